@@ -1,0 +1,32 @@
+# Two entry points: `make demo` runs the main job, `make test` runs the suite.
+# Both create .venv and install what they need on a fresh machine.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[test,bench,dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/lamina demo
+
+test: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests
+
+bench: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/lamina bench write --size 64MiB --ranks 1,2,4
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/lamina bench read --size 64MiB --ranks 1,2,4
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -1,0 +1,39 @@
+"""lamina: parallel I/O for simulations and their analyses.
+
+>>> import lamina
+>>> with lamina.open("run.lam", "w") as f:
+...     t = f.create_dataset("fields/T", shape=(64, 64), dtype="f8")
+...     with f.step():
+...         t[0:32, :] = 1.0
+"""
+
+from .api import Attributes, Dataset, File, Group, StepView, open
+from .engines.base import BlockInfo
+from .errors import (
+    BoundsError,
+    ChecksumError,
+    CodecError,
+    CollectiveMismatchError,
+    DTypeError,
+    ExistsError,
+    FormatError,
+    LaminaError,
+    ModeError,
+    NotALaminaFileError,
+    NotFoundError,
+    OverlapError,
+    RemoteError,
+    ShapeError,
+    StepError,
+    StepTimeoutError,
+)
+from .geometry import Box
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Attributes", "BlockInfo", "BoundsError", "Box", "ChecksumError", "CodecError",
+    "CollectiveMismatchError", "DTypeError", "Dataset", "ExistsError", "File", "FormatError",
+    "Group", "LaminaError", "ModeError", "NotALaminaFileError", "NotFoundError", "OverlapError",
+    "RemoteError", "ShapeError", "StepError", "StepTimeoutError", "StepView", "open",
+]

@@ -1,0 +1,46 @@
+"""Attributes of files, groups and datasets (a dict-like view)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, MutableMapping
+
+from ..catalog import present_attr
+from ..errors import NotFoundError, suggest
+
+
+class Attributes(MutableMapping):
+    """``obj.attrs``: scalars, small arrays and strings.
+
+    Setting or deleting is collective: every rank must make the same change
+    (checked when the next step or close commits).
+    """
+
+    def __init__(self, file, path: str):
+        self._file = file
+        self._path = path
+
+    def _d(self) -> dict:
+        return self._file._engine.catalog.attrs.get(self._path, {})
+
+    def __getitem__(self, name: str):
+        d = self._d()
+        if name not in d:
+            raise NotFoundError(f"no attribute {name!r} on {'/' + self._path!r}.{suggest(name, d)}")
+        return present_attr(d[name])
+
+    def __setitem__(self, name: str, value) -> None:
+        """Collective: set attribute *name*."""
+        self._file._engine.set_attr(self._path, name, value)
+
+    def __delitem__(self, name: str) -> None:
+        """Collective: delete attribute *name*."""
+        self._file._engine.del_attr(self._path, name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._d()))
+
+    def __len__(self) -> int:
+        return len(self._d())
+
+    def __repr__(self) -> str:
+        return f"<Attributes of {'/' + self._path!r}: {sorted(self._d())}>"

@@ -1,0 +1,140 @@
+"""Datasets: N-D arrays of fixed global shape, written and read by boxes, per step."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ShapeError
+from ..geometry import Box
+from .attrs import Attributes
+from .selection import parse
+
+
+class Dataset:
+    """A dataset, like an h5py dataset but parallel and stepped.
+
+    ``ds[sel] = array`` (independent) writes a box in the current step;
+    ``ds[sel]`` (independent) reads a box of this view's step.
+    """
+
+    def __init__(self, file, path: str, step: int | None = None):
+        self._file = file
+        self._path = path
+        self._step = step
+        self._spec = file._engine.catalog.datasets[path]
+
+    # -- description ----------------------------------------------------
+    @property
+    def name(self) -> str:
+        return "/" + self._path
+
+    @property
+    def file(self):
+        return self._file
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._spec.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._spec.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self._spec.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self._spec.shape, dtype=np.int64))
+
+    @property
+    def fill(self):
+        return self._spec.fill_scalar()
+
+    @property
+    def compression(self) -> tuple[dict, ...]:
+        return self._spec.codecs
+
+    @property
+    def attrs(self) -> Attributes:
+        return Attributes(self._file, self._path)
+
+    @property
+    def step(self) -> int | None:
+        return self._step
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-D dataset")
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return f"<lamina.Dataset {self.name!r}: shape {self.shape}, dtype {self.dtype}>"
+
+    def _what(self) -> str:
+        return f"dataset {self.name!r}"
+
+    # -- reading (independent) ------------------------------------------
+    def __getitem__(self, key) -> np.ndarray:
+        """Independent: read a selection (ints, slices, '...') of this view's step."""
+        sel = parse(key, self.shape, self._what())
+        out = self.read(sel.box)
+        if sel.strided:
+            out = out[tuple(slice(None, None, s) for s in sel.steps)]
+        if sel.squeeze:
+            out = out.reshape(sel.result_shape)
+        return out[()] if out.ndim == 0 else out
+
+    def read(self, box: Box | None = None, step: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
+        """Independent: read *box* (default: everything) at *step* (default: this view's step)."""
+        box = Box.from_shape(self.shape) if box is None else box
+        if out is None:
+            out = np.empty(box.shape, dtype=self.dtype)
+        step = self._step if step is None else step
+        self._file._engine.get(self._path, box, step, out)
+        return out
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.read()
+        return a if dtype is None else a.astype(dtype)
+
+    def blocks(self, step: int | None = None):
+        """Independent: blocks written in *step*: box, statistics, stored size, location."""
+        eng = self._file._engine
+        return eng.blocks(self._path, eng.check_step(self._step if step is None else step))
+
+    def coverage(self, step: int | None = None) -> list[Box]:
+        """Independent: the boxes written in *step*; everything else reads as the fill value."""
+        return [b.box for b in self.blocks(step)]
+
+    # -- writing (independent) ------------------------------------------
+    def __setitem__(self, key, value) -> None:
+        """Independent: write *value* (broadcast to the selection) in the current step."""
+        sel = parse(key, self.shape, self._what())
+        if sel.strided:
+            raise ShapeError(f"{self._what()}: writes need contiguous boxes (slice step 1)")
+        arr = np.asarray(value)
+        if arr.shape != sel.result_shape:
+            try:
+                arr = np.broadcast_to(arr, sel.result_shape)
+            except ValueError:
+                raise ShapeError(
+                    f"{self._what()}: cannot write an array of shape {arr.shape} to selection {sel.box} "
+                    f"(shape {sel.result_shape})"
+                ) from None
+        self._file._engine.put(self._path, sel.box, arr.reshape(sel.box.shape), copy=True)
+
+    def write(self, data, offset=None, copy: bool = True) -> None:
+        """Independent: write *data* with its corner at *offset* (default: origin).
+
+        With ``copy=False`` lamina may keep a reference to *data* until the
+        step ends; do not modify it before ``end_step``.
+        """
+        data = np.asarray(data)
+        if data.ndim != self.ndim:
+            raise ShapeError(f"{self._what()}: data has {data.ndim} dimensions, dataset has {self.ndim} (shape {self.shape})")
+        offset = (0,) * data.ndim if offset is None else tuple(int(o) for o in offset)
+        if len(offset) != self.ndim:
+            raise ShapeError(f"{self._what()}: offset {offset} has {len(offset)} entries, dataset has {self.ndim} dimensions")
+        self._file._engine.put(self._path, Box.from_offset(offset, data.shape), data, copy=copy)

@@ -1,0 +1,194 @@
+"""Files: open, steps, views at a step, following a file that is still being written."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+
+from .. import comm as comm_mod
+from ..engines.base import Engine, get_engine_class
+from ..errors import StepError, StepTimeoutError
+from .group import Group
+
+DEFAULT_ENGINE = "native"
+
+
+def _choose_engine(path: str, mode: str, engine: str | Engine | None) -> Engine:
+    if isinstance(engine, Engine):
+        return engine
+    name = engine or os.environ.get("LAMINA_ENGINE") or DEFAULT_ENGINE
+    return get_engine_class(name)()
+
+
+class File(Group):
+    """An open lamina file: the root group plus steps.
+
+    Use :func:`lamina.open`.  Opening and closing are collective over
+    ``f.comm``.
+    """
+
+    def __init__(self, path, mode: str = "r", comm=None, engine: str | Engine | None = None, **options):
+        path = os.fspath(path)
+        self._comm = comm_mod.resolve(comm)
+        self._engine = _choose_engine(path, mode, engine)
+        self._engine.open(path, mode, self._comm, options)
+        self._filename = path
+        super().__init__(self, "", None)
+
+    # -- identity -------------------------------------------------------
+    @property
+    def comm(self):
+        """The communicator the file was opened on (the task's, by default)."""
+        return self._comm
+
+    @property
+    def filename(self) -> str:
+        return self._filename
+
+    @property
+    def mode(self) -> str:
+        return self._engine.mode
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    def __repr__(self) -> str:
+        state = "closed" if self._engine._closed else f"mode {self.mode!r}"
+        return f"<lamina.File {self._filename!r} ({state}, engine {self._engine.name!r}, {self.steps} steps)>"
+
+    # -- steps (writers) --------------------------------------------------
+    @property
+    def steps(self) -> int:
+        """Number of committed steps this rank knows of."""
+        return self._engine.steps
+
+    def begin_step(self) -> int:
+        """Collective: start a step; returns its index."""
+        return self._engine.begin_step()
+
+    def end_step(self) -> None:
+        """Collective: commit the current step atomically (data, then metadata, then commit record)."""
+        self._engine.end_step()
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[int]:
+        """Collective: ``with f.step() as k:`` begins step k and commits it on exit.
+
+        If the block raises, the step is discarded on this rank and the error
+        propagates (under ``python -m mpi4py`` an uncaught error aborts all ranks).
+        """
+        k = self.begin_step()
+        try:
+            yield k
+        except BaseException:
+            self._engine._discard_step()
+            raise
+        self.end_step()
+
+    # -- steps (readers) --------------------------------------------------
+    def at(self, step: int) -> StepView:
+        """Independent: a read-only view of the whole file at committed *step* (negative counts from the end)."""
+        k = self._engine.check_step(step)
+        return StepView(self, k)
+
+    def refresh(self) -> int:
+        """Collective: pick up steps committed by a concurrent writer; returns the step count."""
+        return self._engine.refresh()
+
+    def wait_for_step(self, step: int, timeout: float | None = None, poll: float = 0.05) -> StepView:
+        """Collective: block until *step* is committed (or raise StepTimeoutError / StepError)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = poll
+        while True:
+            if step < self.steps:
+                return self.at(step)
+            if self._engine.writer_closed:
+                raise StepError(f"step {step} will never exist: the writer of {self._filename!r} closed it after {self.steps} steps")
+            expired = deadline is not None and time.monotonic() >= deadline
+            # all ranks must agree on timing out, or they would diverge in refresh()
+            if comm_mod.allreduce_int(self._comm, int(expired), "max"):
+                raise StepTimeoutError(
+                    f"no step {step} in {self._filename!r} after {timeout} s ({self.steps} steps committed)"
+                )
+            time.sleep(delay)
+            delay = min(delay * 1.5, 1.0)
+            self.refresh()
+
+    def iter_steps(self, start: int = 0, timeout: float | None = 30.0, poll: float = 0.05) -> Iterator[StepView]:
+        """Collective: yield each step as it is committed, like a stream.
+
+        Ends when the writer has closed the file and every step was yielded;
+        raises StepTimeoutError if no new step arrives within *timeout* seconds.
+        """
+        k = start
+        while True:
+            if k >= self.steps and self._engine.writer_closed:
+                self.refresh()
+                if k >= self.steps and self._engine.writer_closed:
+                    return
+            try:
+                view = self.wait_for_step(k, timeout=timeout, poll=poll)
+            except StepError:
+                if self._engine.writer_closed and k >= self.steps:
+                    return
+                raise
+            yield view
+            k += 1
+
+    def __iter__(self):
+        return super().__iter__()
+
+    # -- lifetime ---------------------------------------------------------
+    def close(self) -> None:
+        """Collective: commit pending changes (writers) and close."""
+        self._engine.close()
+
+    def __enter__(self) -> File:
+        return self
+
+    def __exit__(self, et, ev, tb) -> None:
+        if ev is not None and self._engine.in_step:
+            self._engine._discard_step()
+        self.close()
+
+
+class StepView(Group):
+    """The file as it was at one committed step (from :meth:`File.at`)."""
+
+    def __init__(self, file: File, step: int):
+        super().__init__(file, "", step)
+
+    @property
+    def index(self) -> int:
+        return self._step
+
+    @property
+    def time(self) -> float:
+        """Wall-clock time at which the step was committed (seconds since the epoch)."""
+        return self._file._engine.catalog.step_times[self._step]
+
+    def __repr__(self) -> str:
+        return f"<lamina step {self._step} of {self._file.filename!r}>"
+
+
+def open(path, mode: str = "r", comm=None, engine: str | Engine | None = None, **options) -> File:  # noqa: A001
+    """Collective: open a lamina file.
+
+    Parameters
+    ----------
+    path : str or path-like
+        A ``.lam`` directory for the native engine; a name for ``memory``.
+    mode : {'r', 'w', 'a'}
+        Read, create (truncate), or append after the last committed step.
+    comm : mpi4py communicator, optional
+        Default: the task's communicator (``MPI.COMM_WORLD`` unless several
+        programs share one MPMD launch).  Without ``mpiexec``: one rank.
+    engine : str, optional
+        ``'native'`` (default, or ``$LAMINA_ENGINE``) or ``'memory'``.
+    **options
+        Engine options, e.g. ``aggregators=2``, ``durable=False``.
+    """
+    return File(path, mode, comm=comm, engine=engine, **options)

@@ -1,0 +1,150 @@
+"""Groups: the nodes of the hierarchy, and views of the file at one step."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from .. import codecs as codec_mod
+from ..catalog import DatasetSpec, check_dtype, normpath
+from ..errors import NotFoundError, suggest
+from .attrs import Attributes
+
+
+class Group:
+    """A group: holds groups and datasets, like an h5py group.
+
+    A group reached through ``File.at(k)`` reads step *k*; otherwise reads
+    see the latest committed step.
+    """
+
+    def __init__(self, file, path: str, step: int | None = None):
+        self._file = file
+        self._path = path
+        self._step = step
+
+    # -- identity -----------------------------------------------------------
+    @property
+    def file(self):
+        return self._file
+
+    @property
+    def name(self) -> str:
+        """Absolute path, '/' for the root."""
+        return "/" + self._path
+
+    @property
+    def attrs(self) -> Attributes:
+        return Attributes(self._file, self._path)
+
+    @property
+    def step(self) -> int | None:
+        """The step this view reads (None: the latest committed step)."""
+        return self._step
+
+    def __repr__(self) -> str:
+        return f"<lamina.Group {self.name!r} ({len(self)} members)>"
+
+    # -- navigation ---------------------------------------------------------
+    def _abs(self, name: str) -> str:
+        return normpath(name, self._path)
+
+    def __getitem__(self, name: str):
+        from .dataset import Dataset
+
+        path = self._abs(name)
+        cat = self._file._engine.catalog
+        kind = cat.kind_of(path)
+        if kind == "dataset":
+            return Dataset(self._file, path, self._step)
+        if kind == "group":
+            return Group(self._file, path, self._step)
+        raise NotFoundError(f"no group or dataset {'/' + path!r} in {self._file.filename!r}.{suggest(path, cat.all_paths())}")
+
+    def get(self, name: str, default=None):
+        try:
+            return self[name]
+        except NotFoundError:
+            return default
+
+    def __contains__(self, name: str) -> bool:
+        try:
+            return self._file._engine.catalog.kind_of(self._abs(name)) is not None
+        except ValueError:
+            return False
+
+    def keys(self) -> list[str]:
+        return self._file._engine.catalog.children(self._path)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.keys())
+
+    def values(self):
+        return [self[k] for k in self.keys()]
+
+    def items(self):
+        return [(k, self[k]) for k in self.keys()]
+
+    def walk(self) -> Iterator[tuple[str, object]]:
+        """Every group and dataset below this one, depth first: (path, object)."""
+        for k in self.keys():
+            obj = self[k]
+            yield obj.name, obj
+            if isinstance(obj, Group):
+                yield from obj.walk()
+
+    # -- creation (collective) ---------------------------------------------
+    def create_group(self, name: str) -> Group:
+        """Collective: create a group (and missing parents)."""
+        path = self._abs(name)
+        self._file._engine.make_group(path)
+        return Group(self._file, path, self._step)
+
+    def require_group(self, name: str) -> Group:
+        """Collective: the group *name*, created if missing."""
+        if name in self:
+            g = self[name]
+            if not isinstance(g, Group):
+                raise TypeError(f"{g.name!r} is a dataset, not a group")
+            return g
+        return self.create_group(name)
+
+    def create_dataset(self, name: str, shape, dtype="f8", fill=0, compression=None, data=None):
+        """Collective: define a dataset of fixed global *shape* and *dtype*.
+
+        Parameters
+        ----------
+        name : str
+            Path relative to this group; parents are created.
+        shape : tuple of int
+            Global shape, the same on every rank.
+        dtype : numpy dtype
+            Any numeric dtype: bool, int, uint, float, complex.
+        fill : scalar
+            Value returned wherever nothing was written (default 0).
+        compression : None, str, tuple, dict or list
+            Codec pipeline: ``"zstd"``, ``"blosc"``, ``"lz4"``, ``"zlib"``,
+            ``("zfp", tolerance)``, or numcodecs-style dicts.  Off by default.
+        data : array, optional
+            Written by rank 0 only, in the current (or an implicit) step.
+        """
+        from .dataset import Dataset
+
+        shape = (int(shape),) if np.isscalar(shape) else tuple(int(n) for n in shape)
+        if any(n < 0 for n in shape):
+            raise ValueError(f"dataset {name!r}: shape {shape} has a negative dimension")
+        dt = check_dtype(dtype)
+        try:
+            fill_v = np.array(fill).astype(dt, casting="same_kind")[()]
+        except TypeError as e:
+            raise TypeError(f"dataset {name!r}: fill value {fill!r} does not fit dtype {dt}") from e
+        codecs = codec_mod.normalize(compression, dt, len(shape))
+        spec = self._file._engine.define(DatasetSpec(self._abs(name), shape, dt, fill_v, codecs))
+        ds = Dataset(self._file, spec.path, self._step)
+        if data is not None and self._file.comm.rank == 0:
+            ds[...] = data
+        return ds

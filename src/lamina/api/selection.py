@@ -1,0 +1,93 @@
+"""numpy-style selections (ints, slices, Ellipsis) -> boxes.  Pure.
+
+Unlike numpy, a slice that reaches past a dimension is an error rather than
+silently clipped: in parallel I/O a box that does not fit is almost always a
+decomposition bug, and a clear error beats a short read.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+
+from ..errors import BoundsError
+from ..geometry import Box
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """A parsed selection: the box to move, the axes an int index removes, per-axis steps."""
+
+    box: Box
+    squeeze: tuple[int, ...]
+    steps: tuple[int, ...]
+
+    @property
+    def strided(self) -> bool:
+        return any(s != 1 for s in self.steps)
+
+    @property
+    def result_shape(self) -> tuple[int, ...]:
+        shape = []
+        for d, (n, s) in enumerate(zip(self.box.shape, self.steps, strict=True)):
+            if d in self.squeeze:
+                continue
+            shape.append(-(-n // s) if n else 0)
+        return tuple(shape)
+
+
+def parse(key, shape: tuple[int, ...], what: str = "dataset") -> Selection:
+    """Parse a ``__getitem__`` key against *shape*; *what* names the dataset in errors."""
+    if not isinstance(key, tuple):
+        key = (key,)
+    nd = len(shape)
+    n_ell = sum(1 for k in key if k is Ellipsis)
+    if n_ell > 1:
+        raise IndexError(f"{what}: an index can only have a single ellipsis ('...')")
+    if n_ell:
+        i = next(j for j, k in enumerate(key) if k is Ellipsis)
+        fill = nd - (len(key) - 1)
+        if fill < 0:
+            raise BoundsError(f"{what}: too many indices ({len(key) - 1}) for {nd} dimensions")
+        key = key[:i] + (slice(None),) * fill + key[i + 1 :]
+    if len(key) > nd:
+        raise BoundsError(f"{what}: too many indices ({len(key)}) for {nd} dimensions (shape {shape})")
+    key = key + (slice(None),) * (nd - len(key))
+    start, stop, squeeze, steps = [], [], [], []
+    for d, (k, n) in enumerate(zip(key, shape, strict=True)):
+        if isinstance(k, (numbers.Integral,)) and not isinstance(k, bool):
+            i = int(k)
+            j = i + n if i < 0 else i
+            if not 0 <= j < n:
+                raise BoundsError(f"{what}: index {i} is out of bounds for dimension {d} of size {n} (shape {shape})")
+            start.append(j)
+            stop.append(j + 1)
+            squeeze.append(d)
+            steps.append(1)
+        elif isinstance(k, slice):
+            st = 1 if k.step is None else k.step
+            if not isinstance(st, numbers.Integral) or st <= 0:
+                raise IndexError(f"{what}: slice step must be a positive integer, got {k.step!r} in dimension {d}")
+            a = _bound(k.start, 0, n, d, what, shape)
+            b = _bound(k.stop, n, n, d, what, shape)
+            b = max(a, b)
+            start.append(a)
+            stop.append(b)
+            steps.append(int(st))
+        else:
+            raise IndexError(
+                f"{what}: unsupported index {k!r} in dimension {d}; use ints, slices and '...'"
+            )
+    return Selection(Box(tuple(start), tuple(stop)), tuple(squeeze), tuple(steps))
+
+
+def _bound(v, default: int, n: int, d: int, what: str, shape) -> int:
+    if v is None:
+        return default
+    if not isinstance(v, numbers.Integral) or isinstance(v, bool):
+        raise IndexError(f"{what}: slice bounds must be integers, got {v!r} in dimension {d}")
+    v = int(v)
+    j = v + n if v < 0 else v
+    if not 0 <= j <= n:
+        raise BoundsError(f"{what}: slice bound {v} is out of bounds for dimension {d} of size {n} (shape {tuple(shape)})")
+    return j

@@ -1,0 +1,590 @@
+"""The metadata data model: dataset definitions, block records, statistics.
+
+Pure (no MPI, no files).  Encoding to bytes lives next to each type so the
+format is defined in one place; ``docs/format.md`` describes the same
+layout in prose.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import DTypeError, FormatError
+from ..geometry import Box
+from .wire import Decoder, Encoder
+
+MAX_NDIM = 32
+MAX_PATH = 4096
+MAX_ATTR_BYTES = 1 << 20
+MAX_CODEC_JSON = 1 << 12
+
+#: dtype kinds a dataset may have: bool, signed, unsigned, float, complex
+NUMERIC_KINDS = "biufc"
+
+
+# --------------------------------------------------------------------------
+# paths
+
+
+def normpath(path: str, base: str = "") -> str:
+    """Canonical form of a node path: 'a/b/c' (no leading slash; '' is the root).
+
+    Relative paths are resolved against *base*.  Components may not be empty,
+    '.', '..', or contain NUL.
+    """
+    if not isinstance(path, str):
+        raise TypeError(f"node names are strings, got {type(path).__name__}")
+    absolute = path.startswith("/")
+    parts = [p for p in path.split("/") if p != ""]
+    for p in parts:
+        if p in (".", "..") or "\0" in p:
+            raise ValueError(f"invalid path component {p!r} in {path!r}")
+    if not absolute and base:
+        parts = base.split("/") + parts
+    out = "/".join(parts)
+    if len(out.encode()) > MAX_PATH:
+        raise ValueError(f"path of {len(out)} characters exceeds the limit of {MAX_PATH}")
+    return out
+
+
+def parent(path: str) -> str:
+    return path.rsplit("/", 1)[0] if "/" in path else ""
+
+
+# --------------------------------------------------------------------------
+# dtypes
+
+
+def check_dtype(dtype) -> np.dtype:
+    """Normalize *dtype* to a numpy dtype lamina can store, or raise DTypeError."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as e:
+        raise DTypeError(f"not a numpy dtype: {dtype!r}") from e
+    if dt.kind not in NUMERIC_KINDS or dt.fields is not None or dt.subdtype is not None:
+        raise DTypeError(
+            f"dtype {dt} is not supported: datasets hold numeric scalars "
+            "(bool, int, uint, float, complex)"
+        )
+    return dt
+
+
+def encode_dtype(e: Encoder, dt: np.dtype) -> None:
+    e.str(dt.str)
+
+
+def decode_dtype(d: Decoder) -> np.dtype:
+    s = d.str()
+    if len(s) > 8:
+        raise FormatError(f"{d.what}: dtype string {s!r} is too long")
+    try:
+        dt = np.dtype(s)
+    except TypeError as e:
+        raise FormatError(f"{d.what}: unknown dtype {s!r}") from e
+    if dt.kind not in NUMERIC_KINDS or dt.fields is not None or dt.subdtype is not None:
+        raise FormatError(f"{d.what}: dtype {s!r} is not a numeric scalar dtype")
+    return dt
+
+
+# --------------------------------------------------------------------------
+# attribute values
+
+
+def normalize_attr(value):
+    """Python/numpy value -> the form stored (str, list[str] or numpy array)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
+        return [str(v) for v in value]
+    if isinstance(value, bytes):
+        raise DTypeError("attribute values may be numbers, arrays or strings; decode bytes to str first")
+    arr = np.asarray(value)
+    if arr.dtype.kind not in NUMERIC_KINDS:
+        raise DTypeError(
+            f"attribute value of dtype {arr.dtype} is not supported: use numbers, numeric arrays or strings"
+        )
+    if arr.nbytes > MAX_ATTR_BYTES:
+        raise ValueError(f"attribute of {arr.nbytes} bytes exceeds the limit of {MAX_ATTR_BYTES}; store it as a dataset")
+    return np.ascontiguousarray(arr)
+
+
+def present_attr(value):
+    """Stored form -> what users get back (0-D arrays become numpy scalars)."""
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        return value[()]
+    return value
+
+
+def encode_attr(e: Encoder, value) -> None:
+    value = normalize_attr(value)
+    if isinstance(value, str):
+        e.u8(1)
+        e.str(value)
+    elif isinstance(value, list):
+        e.u8(3)
+        e.u32(len(value))
+        for s in value:
+            e.str(s)
+    else:
+        e.u8(2)
+        encode_dtype(e, value.dtype)
+        e.u8(value.ndim)
+        for n in value.shape:
+            e.u64(n)
+        e.blob(value.tobytes())
+
+
+def decode_attr(d: Decoder):
+    tag = d.u8()
+    if tag == 1:
+        return d.str()
+    if tag == 3:
+        n = d.count(4, name="strings")
+        return [d.str() for _ in range(n)]
+    if tag == 2:
+        dt = decode_dtype(d)
+        nd = d.u8()
+        if nd > MAX_NDIM:
+            raise FormatError(f"{d.what}: attribute has {nd} dimensions (limit {MAX_NDIM})")
+        shape = tuple(d.u64() for _ in range(nd))
+        raw = d.blob(limit=MAX_ATTR_BYTES)
+        if math.prod(shape) * dt.itemsize != len(raw):
+            raise FormatError(f"{d.what}: attribute of shape {shape} and dtype {dt} does not match its {len(raw)} bytes")
+        return np.frombuffer(raw, dtype=dt).reshape(shape).copy()
+    raise FormatError(f"{d.what}: unknown attribute type tag {tag}")
+
+
+# --------------------------------------------------------------------------
+# datasets
+
+
+@dataclass(slots=True)
+class DatasetSpec:
+    """Definition of one dataset: path, global shape, dtype, fill value, codec pipeline."""
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    fill: object = 0
+    codecs: tuple[dict, ...] = ()
+    id: int = -1
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def fill_scalar(self):
+        return np.array(self.fill, dtype=self.dtype)[()]
+
+    def encode(self, e: Encoder) -> None:
+        e.u32(self.id)
+        e.str(self.path)
+        encode_dtype(e, self.dtype)
+        e.u8(self.ndim)
+        for n in self.shape:
+            e.u64(n)
+        e.raw(np.array(self.fill, dtype=self.dtype).tobytes())
+        e.str(json.dumps(list(self.codecs), sort_keys=True, separators=(",", ":")))
+
+    @classmethod
+    def decode(cls, d: Decoder) -> DatasetSpec:
+        did = d.u32()
+        path = d.str()
+        dt = decode_dtype(d)
+        nd = d.u8()
+        if nd > MAX_NDIM:
+            raise FormatError(f"{d.what}: dataset {path!r} has {nd} dimensions (limit {MAX_NDIM})")
+        shape = tuple(d.u64() for _ in range(nd))
+        if any(n >= 1 << 62 for n in shape):
+            raise FormatError(f"{d.what}: dataset {path!r} has an impossible shape {shape}")
+        fill = np.frombuffer(d.raw(dt.itemsize), dtype=dt)[0]
+        codec_json = d.str()
+        if len(codec_json) > MAX_CODEC_JSON:
+            raise FormatError(f"{d.what}: codec description of dataset {path!r} is too long")
+        try:
+            codecs = json.loads(codec_json)
+        except (ValueError, RecursionError) as e:
+            raise FormatError(f"{d.what}: codec description of dataset {path!r} is not valid JSON") from e
+        if not isinstance(codecs, list) or not all(isinstance(c, dict) for c in codecs):
+            raise FormatError(f"{d.what}: codec description of dataset {path!r} is not a list of objects")
+        try:
+            p = normpath(path)
+        except ValueError as e:
+            raise FormatError(f"{d.what}: bad dataset path {path!r}") from e
+        return cls(p, shape, dt, fill[()], tuple(codecs), did)
+
+    def digest_bytes(self) -> bytes:
+        e = Encoder()
+        self.encode(e)
+        return e.getvalue()
+
+
+# --------------------------------------------------------------------------
+# block statistics
+
+
+@dataclass(slots=True)
+class Stats:
+    """Statistics of one block: NaN-aware min, max, sum and count of non-NaN values.
+
+    For complex data, min and max are of the magnitude ``|z|``.  Integer
+    min/max are exact; sums are float64 (complex128 for complex data).
+    """
+
+    min: float | int
+    max: float | int
+    sum: float | complex
+    count: int
+
+    def encode(self, e: Encoder, dt: np.dtype) -> None:
+        e.raw(_stat_slot(self.min, dt))
+        e.raw(_stat_slot(self.max, dt))
+        s = complex(self.sum)
+        e.f64(s.real)
+        e.f64(s.imag)
+        e.u64(self.count)
+
+    @classmethod
+    def decode(cls, d: Decoder, dt: np.dtype) -> Stats:
+        mn = _stat_value(d.raw(8), dt)
+        mx = _stat_value(d.raw(8), dt)
+        re, im = d.f64(), d.f64()
+        cnt = d.u64()
+        return cls(mn, mx, complex(re, im) if dt.kind == "c" else re, cnt)
+
+    def as_dict(self) -> dict:
+        s = self.sum
+        return {
+            "min": _jsonable(self.min),
+            "max": _jsonable(self.max),
+            "sum": [s.real, s.imag] if isinstance(s, complex) else _jsonable(s),
+            "count": int(self.count),
+        }
+
+
+def _jsonable(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return repr(v)
+    return v
+
+
+def _stat_slot(v, dt: np.dtype) -> bytes:
+    if dt.kind == "i":
+        return np.int64(v).tobytes()
+    if dt.kind in "ub":
+        return np.uint64(v).tobytes()
+    return np.float64(v).tobytes()
+
+
+def _stat_value(b: bytes, dt: np.dtype):
+    if dt.kind == "i":
+        return int(np.frombuffer(b, np.int64)[0])
+    if dt.kind in "ub":
+        return int(np.frombuffer(b, np.uint64)[0])
+    return float(np.frombuffer(b, np.float64)[0])
+
+
+# --------------------------------------------------------------------------
+# blocks
+
+
+@dataclass(slots=True)
+class BlockRecord:
+    """Where one written block lives and what it holds."""
+
+    dataset: int
+    box: Box
+    rank: int = 0
+    session: int = 0
+    agg: int = 0
+    offset: int = 0
+    length: int = 0
+    codec: int = 0  # 0: raw bytes in C order; 1: the dataset's codec pipeline
+    seg: int = 0  # checksum segment size in bytes (0: one checksum over the whole block)
+    crcs: tuple[int, ...] = ()
+    stats: Stats | None = None
+
+    @property
+    def subfile(self) -> str:
+        return subfile_name(self.session, self.agg)
+
+    def encode(self, e: Encoder, dt: np.dtype) -> None:
+        e.u32(self.dataset)
+        for a in self.box.start:
+            e.u64(a)
+        for b in self.box.stop:
+            e.u64(b)
+        e.u32(self.rank)
+        e.u32(self.session)
+        e.u32(self.agg)
+        e.u64(self.offset)
+        e.u64(self.length)
+        e.u8(self.codec)
+        e.u64(self.seg)
+        e.u32(len(self.crcs))
+        for c in self.crcs:
+            e.u32(c)
+        if self.stats is None:
+            e.u8(0)
+        else:
+            e.u8(1)
+            self.stats.encode(e, dt)
+
+    @classmethod
+    def decode(cls, d: Decoder, specs: list[DatasetSpec]) -> BlockRecord:
+        did = d.u32()
+        if did >= len(specs):
+            raise FormatError(f"{d.what}: block refers to dataset id {did}, only {len(specs)} defined")
+        spec = specs[did]
+        start = tuple(d.u64() for _ in range(spec.ndim))
+        stop = tuple(d.u64() for _ in range(spec.ndim))
+        if any(b < a for a, b in zip(start, stop, strict=True)) or any(
+            b > n for b, n in zip(stop, spec.shape, strict=True)
+        ):
+            raise FormatError(f"{d.what}: block box {start}..{stop} is outside dataset {spec.path!r} of shape {spec.shape}")
+        box = Box(start, stop)
+        rank, session, agg = d.u32(), d.u32(), d.u32()
+        offset, length = d.u64(), d.u64()
+        codec = d.u8()
+        if codec > 1:
+            raise FormatError(f"{d.what}: block of {spec.path!r} has unknown codec id {codec}")
+        raw = box.size * spec.dtype.itemsize
+        if codec == 0 and length != raw:
+            raise FormatError(
+                f"{d.what}: raw block of {spec.path!r} at {box} claims {length} bytes, its box holds {raw}"
+            )
+        if offset >= 1 << 62 or length >= 1 << 62:
+            raise FormatError(f"{d.what}: block of {spec.path!r} has an impossible offset/length")
+        seg = d.u64()
+        ncrc = d.count(4, name="checksums")
+        expect = 1 if seg == 0 else max(1, -(-length // seg))
+        if ncrc != expect:
+            raise FormatError(f"{d.what}: block of {spec.path!r} has {ncrc} checksums, expected {expect}")
+        crcs = tuple(d.u32() for _ in range(ncrc))
+        has = d.u8()
+        if has > 1:
+            raise FormatError(f"{d.what}: bad statistics flag {has}")
+        stats = Stats.decode(d, spec.dtype) if has else None
+        return cls(did, box, rank, session, agg, offset, length, codec, seg, crcs, stats)
+
+
+def subfile_name(session: int, agg: int) -> str:
+    return f"data.{session}.{agg}"
+
+
+# --------------------------------------------------------------------------
+# metadata records
+
+KIND_STEP = 1
+KIND_META = 2
+KIND_CLOSE = 3
+KIND_NAMES = {KIND_STEP: "step", KIND_META: "meta", KIND_CLOSE: "close"}
+
+OP_GROUP = 1
+OP_DATASET = 2
+OP_ATTR = 3
+OP_DELATTR = 4
+OP_EXT = 5
+
+
+@dataclass(slots=True)
+class Record:
+    """One committed unit of metadata: a step, a metadata change, or a close mark."""
+
+    kind: int
+    step: int = -1
+    session: int = 0
+    nranks: int = 1
+    time: float = 0.0
+    ops: list[tuple] = field(default_factory=list)
+    blocks: list[BlockRecord] = field(default_factory=list)
+
+    def encode(self, specs_after_ops: list[DatasetSpec]) -> bytes:
+        """Bytes of this record.  *specs_after_ops*: datasets by id, including those this record defines."""
+        e = Encoder()
+        e.u8(self.kind)
+        e.i64(self.step)
+        e.u32(self.session)
+        e.u32(self.nranks)
+        e.f64(self.time)
+        e.u32(len(self.ops))
+        for op in self.ops:
+            encode_op(e, op)
+        e.u32(len(self.blocks))
+        for b in self.blocks:
+            b.encode(e, specs_after_ops[b.dataset].dtype)
+        return e.getvalue()
+
+    @classmethod
+    def decode(cls, buf: bytes, catalog: Catalog, what: str = "metadata record", apply_ops: bool = True) -> Record:
+        """Decode; apply the ops to *catalog* unless already applied (ops may define datasets the blocks use)."""
+        d = Decoder(buf, what)
+        kind = d.u8()
+        if kind not in KIND_NAMES:
+            raise FormatError(f"{what}: unknown record kind {kind}")
+        step = d.i64()
+        session, nranks = d.u32(), d.u32()
+        t = d.f64()
+        rec = cls(kind, step, session, nranks, t)
+        nops = d.count(2, name="operations")
+        for _ in range(nops):
+            op = decode_op(d)
+            if apply_ops:
+                catalog.apply_op(op, what)
+            rec.ops.append(op)
+        nblocks = d.count(50, name="blocks")
+        rec.blocks = [BlockRecord.decode(d, catalog.specs) for _ in range(nblocks)]
+        d.expect_end()
+        return rec
+
+
+def encode_op(e: Encoder, op: tuple) -> None:
+    code = op[0]
+    e.u8(code)
+    if code == OP_GROUP:
+        e.str(op[1])
+    elif code == OP_DATASET:
+        op[1].encode(e)
+    elif code == OP_ATTR:
+        e.str(op[1])
+        e.str(op[2])
+        encode_attr(e, op[3])
+    elif code == OP_DELATTR:
+        e.str(op[1])
+        e.str(op[2])
+    elif code == OP_EXT:
+        e.str(op[1])
+        e.blob(op[2])
+    else:
+        raise ValueError(f"unknown metadata operation {code}")
+
+
+def decode_op(d: Decoder) -> tuple:
+    code = d.u8()
+    if code == OP_GROUP:
+        return (OP_GROUP, _path(d))
+    if code == OP_DATASET:
+        return (OP_DATASET, DatasetSpec.decode(d))
+    if code == OP_ATTR:
+        return (OP_ATTR, _path(d), d.str(), decode_attr(d))
+    if code == OP_DELATTR:
+        return (OP_DELATTR, _path(d), d.str())
+    if code == OP_EXT:
+        return (OP_EXT, d.str(), d.blob(limit=MAX_ATTR_BYTES))
+    raise FormatError(f"{d.what}: unknown metadata operation {code}")
+
+
+def _path(d: Decoder) -> str:
+    s = d.str()
+    try:
+        return normpath(s)
+    except ValueError as e:
+        raise FormatError(f"{d.what}: bad node path {s!r}") from e
+
+
+# --------------------------------------------------------------------------
+# the catalog: the metadata tree and per-step block index
+
+
+class Catalog:
+    """Groups, datasets, attributes and per-step block records of one file.
+
+    Built by applying :class:`Record` objects in commit order; writers apply
+    their own records the same way, so readers and writers share one model.
+    """
+
+    def __init__(self) -> None:
+        self.groups: set[str] = {""}
+        self.datasets: dict[str, DatasetSpec] = {}
+        self.specs: list[DatasetSpec] = []
+        self.attrs: dict[str, dict[str, object]] = {"": {}}
+        self.ext: dict[str, bytes] = {}
+        self.steps: list[dict[int, list[BlockRecord]]] = []
+        self.step_times: list[float] = []
+        self.closed = False
+        self.last_session = -1
+        self.nrecords = 0
+
+    # -- queries --------------------------------------------------------
+    def kind_of(self, path: str) -> str | None:
+        if path in self.datasets:
+            return "dataset"
+        if path in self.groups:
+            return "group"
+        return None
+
+    def children(self, path: str) -> list[str]:
+        prefix = path + "/" if path else ""
+        names = set()
+        for p in list(self.groups) + list(self.datasets):
+            if p and p.startswith(prefix) and p != path:
+                rest = p[len(prefix) :]
+                names.add(rest.split("/", 1)[0])
+        return sorted(names)
+
+    def all_paths(self) -> list[str]:
+        return sorted((self.groups - {""}) | set(self.datasets))
+
+    def blocks(self, dataset_id: int, step: int) -> list[BlockRecord]:
+        return self.steps[step].get(dataset_id, [])
+
+    # -- changes --------------------------------------------------------
+    def apply_op(self, op: tuple, what: str = "metadata") -> None:
+        """Apply one operation; raises FormatError on an inconsistent op from disk."""
+        code = op[0]
+        if code == OP_GROUP:
+            self._add_group(op[1], what)
+        elif code == OP_DATASET:
+            spec: DatasetSpec = op[1]
+            if spec.id != len(self.specs):
+                raise FormatError(f"{what}: dataset {spec.path!r} has id {spec.id}, expected {len(self.specs)}")
+            if spec.path in self.datasets or spec.path in self.groups:
+                raise FormatError(f"{what}: dataset {spec.path!r} defined twice")
+            self._add_group(parent(spec.path), what)
+            self.datasets[spec.path] = spec
+            self.specs.append(spec)
+            self.attrs.setdefault(spec.path, {})
+        elif code == OP_ATTR:
+            if self.kind_of(op[1]) is None:
+                raise FormatError(f"{what}: attribute on unknown node {op[1]!r}")
+            self.attrs.setdefault(op[1], {})[op[2]] = op[3]
+        elif code == OP_DELATTR:
+            self.attrs.get(op[1], {}).pop(op[2], None)
+        elif code == OP_EXT:
+            self.ext[op[1]] = op[2]
+        else:
+            raise FormatError(f"{what}: unknown operation {code}")
+
+    def _add_group(self, path: str, what: str) -> None:
+        parts = path.split("/") if path else []
+        for i in range(1, len(parts) + 1):
+            p = "/".join(parts[:i])
+            if p in self.datasets:
+                raise FormatError(f"{what}: group {path!r} would pass through dataset {p!r}")
+            self.groups.add(p)
+            self.attrs.setdefault(p, {})
+
+    def apply_record(self, rec: Record, ops_applied: bool = False) -> None:
+        """Apply a whole record (its ops unless already applied while decoding)."""
+        if not ops_applied:
+            for op in rec.ops:
+                self.apply_op(op)
+        self.last_session = max(self.last_session, rec.session)
+        self.nrecords += 1
+        if rec.kind == KIND_STEP:
+            if rec.step != len(self.steps):
+                raise FormatError(f"step record {rec.step} out of order: expected step {len(self.steps)}")
+            index: dict[int, list[BlockRecord]] = {}
+            for b in rec.blocks:
+                index.setdefault(b.dataset, []).append(b)
+            self.steps.append(index)
+            self.step_times.append(rec.time)
+            self.closed = False
+        elif rec.kind == KIND_CLOSE:
+            self.closed = True
+        else:
+            self.closed = False

@@ -1,0 +1,143 @@
+"""Little-endian binary encoding with bounds checks on every read.
+
+:class:`Decoder` never trusts a length it reads: every count and size is
+checked against the bytes that remain *before* anything is allocated, so any
+byte string decodes to a value or raises :class:`~lamina.errors.FormatError`,
+never a crash, a hang or a huge allocation.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from ..errors import FormatError
+
+_U8 = struct.Struct("<B")
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_I64 = struct.Struct("<q")
+_F64 = struct.Struct("<d")
+
+MAX_STR = 1 << 16
+
+
+class Encoder:
+    """Append-only byte builder."""
+
+    __slots__ = ("_parts",)
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+
+    def u8(self, v: int) -> None:
+        self._parts.append(_U8.pack(v))
+
+    def u16(self, v: int) -> None:
+        self._parts.append(_U16.pack(v))
+
+    def u32(self, v: int) -> None:
+        self._parts.append(_U32.pack(v))
+
+    def u64(self, v: int) -> None:
+        self._parts.append(_U64.pack(v))
+
+    def i64(self, v: int) -> None:
+        self._parts.append(_I64.pack(v))
+
+    def f64(self, v: float) -> None:
+        self._parts.append(_F64.pack(v))
+
+    def raw(self, b: bytes) -> None:
+        self._parts.append(bytes(b))
+
+    def blob(self, b: bytes) -> None:
+        """Length-prefixed (u64) bytes."""
+        self.u64(len(b))
+        self._parts.append(bytes(b))
+
+    def str(self, s: str) -> None:
+        """Length-prefixed (u32) UTF-8 string, at most MAX_STR bytes."""
+        b = s.encode("utf-8")
+        if len(b) > MAX_STR:
+            raise ValueError(f"string of {len(b)} bytes exceeds the format limit of {MAX_STR}")
+        self.u32(len(b))
+        self._parts.append(b)
+
+    def getvalue(self) -> bytes:
+        return b"".join(self._parts)
+
+
+class Decoder:
+    """Bounds-checked reader over a byte string; *what* names it in errors."""
+
+    __slots__ = ("buf", "pos", "end", "what")
+
+    def __init__(self, buf: bytes | memoryview, what: str = "metadata", pos: int = 0, end: int | None = None):
+        self.buf = memoryview(buf).cast("B") if not isinstance(buf, bytes) else buf
+        self.pos = pos
+        self.end = len(buf) if end is None else end
+        self.what = what
+
+    @property
+    def remaining(self) -> int:
+        return self.end - self.pos
+
+    def _take(self, n: int) -> bytes | memoryview:
+        if n < 0 or n > self.end - self.pos:
+            raise FormatError(
+                f"{self.what}: truncated at byte {self.pos}: need {n} bytes, {self.end - self.pos} left"
+            )
+        b = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        return b
+
+    def u8(self) -> int:
+        return _U8.unpack(self._take(1))[0]
+
+    def u16(self) -> int:
+        return _U16.unpack(self._take(2))[0]
+
+    def u32(self) -> int:
+        return _U32.unpack(self._take(4))[0]
+
+    def u64(self) -> int:
+        return _U64.unpack(self._take(8))[0]
+
+    def i64(self) -> int:
+        return _I64.unpack(self._take(8))[0]
+
+    def f64(self) -> float:
+        return _F64.unpack(self._take(8))[0]
+
+    def raw(self, n: int) -> bytes:
+        return bytes(self._take(n))
+
+    def blob(self, limit: int | None = None) -> bytes:
+        n = self.u64()
+        if limit is not None and n > limit:
+            raise FormatError(f"{self.what}: field of {n} bytes exceeds the limit of {limit}")
+        return bytes(self._take(n))
+
+    def str(self) -> str:
+        n = self.u32()
+        if n > MAX_STR:
+            raise FormatError(f"{self.what}: string of {n} bytes exceeds the limit of {MAX_STR}")
+        try:
+            return bytes(self._take(n)).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise FormatError(f"{self.what}: string at byte {self.pos - n} is not UTF-8") from e
+
+    def count(self, min_item_bytes: int, limit: int | None = None, name: str = "items") -> int:
+        """Read a u32 count of items that each take at least *min_item_bytes*."""
+        n = self.u32()
+        if n * max(1, min_item_bytes) > self.remaining or (limit is not None and n > limit):
+            raise FormatError(
+                f"{self.what}: count of {n} {name} at byte {self.pos - 4} cannot fit in the "
+                f"{self.remaining} bytes that remain"
+            )
+        return n
+
+    def expect_end(self) -> None:
+        if self.pos != self.end:
+            raise FormatError(f"{self.what}: {self.end - self.pos} unexpected trailing bytes at {self.pos}")

@@ -1,0 +1,210 @@
+"""The one place that touches mpi4py.
+
+Provides the world and task communicators (one task per program of an MPMD
+launch, found through the ``MPI.APPNUM`` attribute), duplication so library
+traffic never mixes with the user's, and a few collective helpers that move
+*bytes* (lamina's own encodings) rather than pickled objects.
+
+Every helper here is collective over the communicator it is given.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from .errors import LaminaError, error_from_wire, error_to_wire
+
+Comm = MPI.Comm
+
+_TASK_COMM: MPI.Comm | None = None
+
+
+def world() -> MPI.Comm:
+    """``MPI.COMM_WORLD`` (a single rank when the program was not launched by mpiexec)."""
+    return MPI.COMM_WORLD
+
+
+def appnum() -> int:
+    """Index of this program in an MPMD launch (``mpiexec A : B``), 0 otherwise."""
+    value = MPI.COMM_WORLD.Get_attr(MPI.APPNUM)
+    return 0 if value is None else int(value)
+
+
+def task_comm() -> MPI.Comm:
+    """Communicator of this program's own ranks.  Collective over the world on first call.
+
+    When several programs share one MPMD launch, the world is split by
+    ``APPNUM`` so that each program's ``lamina.open`` sees only its own ranks.
+    """
+    global _TASK_COMM
+    if _TASK_COMM is None:
+        w = MPI.COMM_WORLD
+        mine = appnum()
+        apps = np.zeros(1, dtype=np.int64)
+        w.Allreduce(np.array([mine], dtype=np.int64), apps, op=MPI.MAX)
+        _TASK_COMM = w if apps[0] == 0 else w.Split(mine, w.rank)
+    return _TASK_COMM
+
+
+def resolve(comm: MPI.Comm | None) -> MPI.Comm:
+    """The communicator a file should use: *comm*, else the task communicator."""
+    if comm is None:
+        return task_comm()
+    if not isinstance(comm, MPI.Comm):
+        raise TypeError(f"comm must be an mpi4py communicator, got {type(comm).__name__}")
+    return comm
+
+
+def dup(comm: MPI.Comm) -> MPI.Comm:
+    """Collective: a private duplicate of *comm* for library traffic."""
+    return comm.Dup()
+
+
+def free(comm: MPI.Comm) -> None:
+    """Free a communicator made by :func:`dup` (ignores predefined ones)."""
+    if comm not in (MPI.COMM_WORLD, MPI.COMM_SELF, MPI.COMM_NULL):
+        try:
+            comm.Free()
+        except MPI.Exception:
+            pass
+
+
+# --- byte collectives -----------------------------------------------------
+
+def _as_u8(data: bytes | bytearray | memoryview) -> np.ndarray:
+    return np.frombuffer(data, dtype=np.uint8) if len(data) else np.zeros(0, dtype=np.uint8)
+
+
+def gather_bytes(comm: MPI.Comm, data: bytes, root: int = 0) -> list[bytes] | None:
+    """Collective: gather one byte string from every rank at *root* (None elsewhere)."""
+    if comm.size == 1:
+        return [bytes(data)]
+    n = np.array([len(data)], dtype=np.int64)
+    counts = np.zeros(comm.size, dtype=np.int64) if comm.rank == root else None
+    comm.Gather(n, counts, root=root)
+    if comm.rank == root:
+        displs = np.zeros(comm.size, dtype=np.int64)
+        np.cumsum(counts[:-1], out=displs[1:])
+        buf = np.empty(int(counts.sum()), dtype=np.uint8)
+        comm.Gatherv(_as_u8(data), [buf, counts, displs, MPI.BYTE], root=root)
+        raw = buf.tobytes()
+        return [raw[int(d) : int(d) + int(c)] for d, c in zip(displs, counts, strict=True)]
+    comm.Gatherv(_as_u8(data), None, root=root)
+    return None
+
+
+def allgather_bytes(comm: MPI.Comm, data: bytes) -> list[bytes]:
+    """Collective: every rank gets every rank's byte string."""
+    if comm.size == 1:
+        return [bytes(data)]
+    n = np.array([len(data)], dtype=np.int64)
+    counts = np.zeros(comm.size, dtype=np.int64)
+    comm.Allgather(n, counts)
+    displs = np.zeros(comm.size, dtype=np.int64)
+    np.cumsum(counts[:-1], out=displs[1:])
+    buf = np.empty(int(counts.sum()), dtype=np.uint8)
+    comm.Allgatherv(_as_u8(data), [buf, counts, displs, MPI.BYTE])
+    raw = buf.tobytes()
+    return [raw[int(d) : int(d) + int(c)] for d, c in zip(displs, counts, strict=True)]
+
+
+def bcast_bytes(comm: MPI.Comm, data: bytes | None, root: int = 0) -> bytes:
+    """Collective: *root*'s byte string on every rank."""
+    if comm.size == 1:
+        return bytes(data or b"")
+    n = np.array([len(data) if comm.rank == root and data is not None else 0], dtype=np.int64)
+    comm.Bcast(n, root=root)
+    buf = np.empty(int(n[0]), dtype=np.uint8)
+    if comm.rank == root and n[0]:
+        buf[:] = _as_u8(data)
+    if n[0]:
+        comm.Bcast(buf, root=root)
+    return buf.tobytes()
+
+
+def allreduce_int(comm: MPI.Comm, value: int, op: str = "max") -> int:
+    """Collective: reduce one int64 over all ranks (op: 'max', 'min' or 'sum')."""
+    if comm.size == 1:
+        return int(value)
+    ops = {"max": MPI.MAX, "min": MPI.MIN, "sum": MPI.SUM}
+    out = np.zeros(1, dtype=np.int64)
+    comm.Allreduce(np.array([value], dtype=np.int64), out, op=ops[op])
+    return int(out[0])
+
+
+def barrier(comm: MPI.Comm) -> None:
+    """Collective: wait for all ranks."""
+    if comm.size > 1:
+        comm.Barrier()
+
+
+def agree(comm: MPI.Comm, exc: BaseException | None) -> None:
+    """Collective: raise on every rank if any rank failed.
+
+    Each rank passes the exception it caught in the phase just finished (or
+    None).  If none failed this returns.  Otherwise the lowest failing rank's
+    error is re-raised on every rank as the same lamina error class, so a
+    failure on one rank never leaves the others waiting in a later
+    collective.  The failing rank re-raises its own exception object.
+    """
+    failed = comm.rank if exc is not None else comm.size
+    first = allreduce_int(comm, failed, "min") if comm.size > 1 else failed
+    if first == comm.size:
+        return
+    if comm.size == 1:
+        assert exc is not None
+        raise exc
+    payload = None
+    if comm.rank == first:
+        name, msg = error_to_wire(exc)  # type: ignore[arg-type]
+        payload = name.encode() + b"\0" + msg.encode("utf-8", "replace")
+    raw = bcast_bytes(comm, payload, root=first)
+    if comm.rank == first:
+        assert exc is not None
+        raise exc
+    name, _, msg = raw.partition(b"\0")
+    raise error_from_wire(name.decode("ascii", "replace"), msg.decode("utf-8", "replace"), rank=first)
+
+
+class Guard:
+    """Context manager that records an exception for :func:`agree` instead of raising.
+
+    ::
+
+        g = Guard()
+        with g:
+            risky_local_work()
+        agree(comm, g.error)   # collective: every rank raises if any failed
+    """
+
+    def __init__(self) -> None:
+        self.error: BaseException | None = None
+
+    def __enter__(self) -> Guard:
+        return self
+
+    def __exit__(self, et, ev, tb) -> bool:
+        if ev is not None and isinstance(ev, Exception):
+            self.error = ev
+            return True
+        return False
+
+
+__all__ = [
+    "Comm",
+    "LaminaError",
+    "Guard",
+    "agree",
+    "allgather_bytes",
+    "allreduce_int",
+    "appnum",
+    "barrier",
+    "bcast_bytes",
+    "dup",
+    "free",
+    "gather_bytes",
+    "resolve",
+    "task_comm",
+    "world",
+]

@@ -1,0 +1,530 @@
+"""Logic shared by block-storing engines: definitions, validation, the step commit protocol, reads.
+
+:class:`BlockEngine` implements everything in the engine interface except
+where bytes live.  Subclasses provide four hooks:
+
+``_open_storage(path, mode)``   collective: create/open storage, load the catalog
+``_stage(p)``                   independent: take a :class:`Pending` block at put time
+``_move(headers, mine)``        collective: place every pending block; return locations
+``_write_record(raw)``          rank 0 only: make one metadata record durable
+``_read_region(rec, spec, inter, dst)``   independent: fill *dst* with *inter* of a block
+
+The commit of one step (``end_step``) is four collective phases:
+
+1. **headers**: every rank encodes its pending blocks (dataset, box, stored
+   length, codec) and a digest of its metadata changes; allgather.
+2. **validate** (same verdict on every rank, no messages): ranks agree on
+   definitions; no two boxes of one dataset overlap.
+3. **move**: the engine moves block bytes to where they live (aggregators,
+   memory); statistics and checksums finish on the worker threads meanwhile.
+4. **commit**: trailers (statistics, checksums, locations) are gathered on
+   rank 0, which writes the record (data is already durable), then
+   broadcasts it; every rank applies it to its catalog.
+
+Any failure on any rank is propagated to all ranks (:func:`lamina.comm.agree`)
+so no rank is left waiting; a failed step is discarded and nothing committed
+before it changes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import codecs as codec_mod
+from .. import comm as comm_mod
+from .. import stats as stats_mod
+from ..catalog import (
+    KIND_CLOSE,
+    KIND_META,
+    KIND_STEP,
+    OP_ATTR,
+    OP_DATASET,
+    OP_DELATTR,
+    OP_EXT,
+    OP_GROUP,
+    BlockRecord,
+    Catalog,
+    DatasetSpec,
+    Decoder,
+    Encoder,
+    Record,
+    normalize_attr,
+    normpath,
+    parent,
+)
+from ..catalog.model import encode_op
+from ..errors import (
+    CollectiveMismatchError,
+    DTypeError,
+    ExistsError,
+    FormatError,
+    ModeError,
+    NotFoundError,
+    OverlapError,
+    ShapeError,
+    StepError,
+    suggest,
+)
+from ..geometry import Box, find_overlap
+from .base import Engine
+
+COMMON_OPTIONS = {"checksum_segment", "background_stats"}
+
+
+@dataclass(slots=True)
+class Pending:
+    """A block put in the current step and not yet committed."""
+
+    idx: int
+    spec: DatasetSpec
+    box: Box
+    data: np.ndarray | None  # array to store (copy or caller's buffer), None once stored
+    payload: bytes | None = None  # encoded bytes when the dataset has a codec
+    job: stats_mod.BlockJob | None = None
+    length: int = 0
+    codec: int = 0
+    location: tuple[int, int, int] | None = None  # (session, agg, offset) once stored
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Header:
+    """What every rank learns about a pending block in phase 1."""
+
+    rank: int
+    idx: int
+    dataset: int
+    box: Box
+    length: int
+    codec: int
+    location: tuple[int, int, int] | None
+
+
+def dataset_not_found(catalog: Catalog, name: str) -> NotFoundError:
+    kind = catalog.kind_of(name)
+    if kind == "group":
+        return NotFoundError(f"{name!r} is a group, not a dataset")
+    return NotFoundError(f"no dataset {name!r} in this file.{suggest(name, catalog.datasets)}")
+
+
+class BlockEngine(Engine):
+    """Common base of the memory and native engines (see module docstring)."""
+
+    OPTIONS: set[str] = set()
+
+    def __init__(self) -> None:
+        self.catalog = Catalog()
+        self._pending: list[Pending] = []
+        self._pending_ops: list[tuple] = []
+        self._in_step = False
+        self._closed = False
+        self.session = 0
+
+    # ------------------------------------------------------------------ open
+    def open(self, path: str, mode: str, comm, options: dict) -> None:
+        if mode not in ("r", "w", "a"):
+            raise ValueError(f"mode must be 'r', 'w' or 'a', got {mode!r}")
+        unknown = set(options) - self.OPTIONS - COMMON_OPTIONS
+        if unknown:
+            raise TypeError(
+                f"unknown option(s) {sorted(unknown)} for engine {self.name!r}; "
+                f"accepted: {sorted(self.OPTIONS | COMMON_OPTIONS)}"
+            )
+        self.path = str(path)
+        self.mode = mode
+        self.comm = comm_mod.dup(comm)
+        self.rank = self.comm.rank
+        self.size = self.comm.size
+        self.options = dict(options)
+        seg = int(options.get("checksum_segment", stats_mod.SEGMENT))
+        if seg < 0 or (seg and seg % stats_mod.CHUNK):
+            raise ValueError(f"checksum_segment must be 0 or a multiple of {stats_mod.CHUNK} bytes, got {seg}")
+        self.segment = seg
+        self.background_stats = bool(options.get("background_stats", True))
+        try:
+            self._open_storage(self.path, mode)
+        except BaseException:
+            comm_mod.free(self.comm)
+            raise
+
+    # ----------------------------------------------------------- metadata
+    def _require_write(self, what: str) -> None:
+        if self._closed:
+            raise ValueError(f"cannot {what}: file {self.path!r} is closed")
+        if self.mode == "r":
+            raise ModeError(f"cannot {what}: file {self.path!r} is open read-only (mode 'r')")
+
+    def _check_same(self, what: str, payload: bytes) -> None:
+        """Collective: raise CollectiveMismatchError if ranks passed different *payload*."""
+        if self.size == 1:
+            return
+        c = stats_mod.crc(payload)
+        lo = comm_mod.allreduce_int(self.comm, c, "min")
+        hi = comm_mod.allreduce_int(self.comm, c, "max")
+        if lo != hi:
+            raise CollectiveMismatchError(f"ranks disagree on the collective call {what}")
+
+    def define(self, spec: DatasetSpec) -> DatasetSpec:
+        self._require_write(f"create dataset {spec.path!r}")
+        path = normpath(spec.path)
+        kind = self.catalog.kind_of(path)
+        if kind is not None:
+            raise ExistsError(f"cannot create dataset {path!r}: a {kind} of that name exists")
+        p = parent(path)
+        while p:
+            if p in self.catalog.datasets:
+                raise ExistsError(f"cannot create dataset {path!r}: {p!r} is a dataset, not a group")
+            p = parent(p)
+        spec = DatasetSpec(path, tuple(int(n) for n in spec.shape), spec.dtype, spec.fill, spec.codecs, len(self.catalog.specs))
+        self._check_same(f"create_dataset({path!r}, shape={spec.shape}, dtype={spec.dtype})", spec.digest_bytes())
+        op = (OP_DATASET, spec)
+        self.catalog.apply_op(op)
+        self._pending_ops.append(op)
+        return spec
+
+    def make_group(self, path: str) -> None:
+        self._require_write(f"create group {path!r}")
+        path = normpath(path)
+        if path in self.catalog.datasets:
+            raise ExistsError(f"cannot create group {path!r}: a dataset of that name exists")
+        op = (OP_GROUP, path)
+        self.catalog.apply_op(op)
+        self._pending_ops.append(op)
+
+    def set_attr(self, path: str, name: str, value) -> None:
+        self._require_write(f"set attribute {name!r}")
+        path = normpath(path)
+        if self.catalog.kind_of(path) is None:
+            raise NotFoundError(f"no group or dataset {path!r} to hold attribute {name!r}")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"attribute names are non-empty strings, got {name!r}")
+        op = (OP_ATTR, path, name, normalize_attr(value))
+        self.catalog.apply_op(op)
+        self._pending_ops.append(op)
+
+    def del_attr(self, path: str, name: str) -> None:
+        self._require_write(f"delete attribute {name!r}")
+        path = normpath(path)
+        if name not in self.catalog.attrs.get(path, {}):
+            raise NotFoundError(f"no attribute {name!r} on {path or '/'!r}")
+        op = (OP_DELATTR, path, name)
+        self.catalog.apply_op(op)
+        self._pending_ops.append(op)
+
+    def set_ext(self, key: str, payload: bytes) -> None:
+        self._require_write(f"record {key!r}")
+        op = (OP_EXT, str(key), bytes(payload))
+        self.catalog.apply_op(op)
+        self._pending_ops.append(op)
+
+    # -------------------------------------------------------------- steps
+    @property
+    def in_step(self) -> bool:
+        return self._in_step
+
+    def begin_step(self) -> int:
+        self._require_write("begin a step")
+        if self._in_step:
+            raise StepError(f"step {len(self.catalog.steps)} is already open; call end_step first")
+        self._in_step = True
+        return len(self.catalog.steps)
+
+    def lookup(self, name: str) -> DatasetSpec:
+        path = normpath(name)
+        spec = self.catalog.datasets.get(path)
+        if spec is None:
+            raise dataset_not_found(self.catalog, path)
+        return spec
+
+    def put(self, name: str, box: Box, array: np.ndarray, copy: bool = True) -> None:
+        self._require_write(f"write dataset {name!r}")
+        if not self._in_step:
+            self.begin_step()  # implicit step, committed by the next end_step or close
+        spec = self.lookup(name)
+        box.check_inside(spec.shape, f"dataset {spec.path!r}")
+        arr = np.asarray(array)
+        if arr.shape != box.shape:
+            if arr.size == box.size and arr.ndim == 0:
+                arr = np.broadcast_to(arr, box.shape)
+            else:
+                raise ShapeError(f"cannot write an array of shape {arr.shape} to box {box} (shape {box.shape}) of dataset {spec.path!r}")
+        if arr.dtype != spec.dtype:
+            if arr.dtype.kind not in "biufc" or not np.can_cast(arr.dtype, spec.dtype, casting="same_kind"):
+                raise DTypeError(f"cannot write {arr.dtype} data to dataset {spec.path!r} of dtype {spec.dtype} (unsafe cast)")
+            arr = arr.astype(spec.dtype)
+            copy = False  # astype already made a private copy
+        for p in self._pending:
+            if p.spec.id == spec.id and p.box.overlaps(box):
+                raise OverlapError(
+                    f"dataset {spec.path!r}, step {len(self.catalog.steps)}: box {box} overlaps box {p.box} "
+                    "already written by this rank in this step"
+                )
+        if box.empty:
+            return
+        if not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr)
+            copy = False
+        p = Pending(len(self._pending), spec, box, arr)
+        if spec.codecs:
+            p.payload = codec_mod.pipeline(spec.codecs).encode(arr)
+            p.codec = 1
+            p.length = len(p.payload)
+            if p.length >= arr.nbytes:  # incompressible: store raw, like ADIOS
+                p.payload, p.codec, p.length = None, 0, arr.nbytes
+        else:
+            p.length = arr.nbytes
+        if p.codec == 1:
+            p.job = stats_mod.BlockJob(arr, 0, checksum=False, background=False)
+            p.extra["crcs"] = stats_mod.segment_crcs(p.payload, self.segment)
+            p.data = None
+        else:
+            self._stage(p, copy)
+        self._pending.append(p)
+
+    def end_step(self) -> None:
+        self._require_write("end a step")
+        if not self._in_step:
+            raise StepError("end_step called without begin_step")
+        self._commit(KIND_STEP)
+
+    # ---------------------------------------------------------- commit
+    def _encode_headers(self) -> bytes:
+        e = Encoder()
+        ops = Encoder()
+        for op in self._pending_ops:
+            encode_op(ops, op)
+        e.u32(stats_mod.crc(ops.getvalue()))
+        e.u32(len(self._pending))
+        for p in self._pending:
+            e.u32(p.idx)
+            e.u32(p.spec.id)
+            for a in p.box.start:
+                e.u64(a)
+            for b in p.box.stop:
+                e.u64(b)
+            e.u64(p.length)
+            e.u8(p.codec)
+            if p.location is None:
+                e.u8(0)
+            else:
+                e.u8(1)
+                for v in p.location:
+                    e.u64(v)
+        return e.getvalue()
+
+    def _decode_headers(self, raws: list[bytes]) -> tuple[list[int], list[Header]]:
+        digests, headers = [], []
+        for r, raw in enumerate(raws):
+            d = Decoder(raw, f"step headers from rank {r}")
+            digests.append(d.u32())
+            for _ in range(d.count(20, name="blocks")):
+                idx, did = d.u32(), d.u32()
+                if did >= len(self.catalog.specs):
+                    raise CollectiveMismatchError(f"rank {r} wrote dataset id {did}, unknown on rank {self.rank}")
+                nd = self.catalog.specs[did].ndim
+                box = Box(tuple(d.u64() for _ in range(nd)), tuple(d.u64() for _ in range(nd)))
+                length, codec = d.u64(), d.u8()
+                loc = (d.u64(), d.u64(), d.u64()) if d.u8() else None
+                headers.append(Header(r, idx, did, box, length, codec, loc))
+        return digests, headers
+
+    def _validate(self, digests: list[int], headers: list[Header], step: int) -> None:
+        bad = [r for r, dg in enumerate(digests) if dg != digests[0]]
+        if bad:
+            raise CollectiveMismatchError(
+                f"ranks {bad} made different metadata changes (create_dataset/create_group/attrs) "
+                "than rank 0 before this commit; collective calls need the same arguments on every rank"
+            )
+        by_ds: dict[int, list[Header]] = {}
+        for h in headers:
+            by_ds.setdefault(h.dataset, []).append(h)
+        for did, hs in by_ds.items():
+            pair = find_overlap([h.box for h in hs])
+            if pair is not None:
+                a, b = hs[pair[0]], hs[pair[1]]
+                raise OverlapError(
+                    f"dataset {self.catalog.specs[did].path!r}, step {step}: box {a.box} written by rank "
+                    f"{a.rank} overlaps box {b.box} written by rank {b.rank}; boxes of one step may not overlap"
+                )
+
+    def _encode_trailer(self, locations: list[tuple[int, int, int, int, int]]) -> bytes:
+        e = Encoder()
+        e.u32(len(self._pending))
+        for p in self._pending:
+            st, crcs = p.job.result()
+            if p.codec == 1:
+                crcs = p.extra["crcs"]
+            e.u32(p.idx)
+            e.u64(self.segment)
+            e.u32(len(crcs))
+            for c in crcs:
+                e.u32(c)
+            st.encode(e, p.spec.dtype)
+        e.u32(len(locations))
+        for loc in locations:
+            for v in loc:
+                e.u64(v)
+        return e.getvalue()
+
+    def _build_record(self, kind: int, step: int, headers: list[Header], trailers: list[bytes]) -> Record:
+        from ..catalog.model import Stats
+
+        by_key = {(h.rank, h.idx): h for h in headers}
+        recs: dict[tuple[int, int], BlockRecord] = {}
+        for h in headers:
+            recs[(h.rank, h.idx)] = BlockRecord(h.dataset, h.box, h.rank, length=h.length, codec=h.codec)
+            if h.location is not None:
+                recs[(h.rank, h.idx)].session, recs[(h.rank, h.idx)].agg, recs[(h.rank, h.idx)].offset = h.location
+        for r, raw in enumerate(trailers):
+            d = Decoder(raw, f"step trailer from rank {r}")
+            for _ in range(d.count(16, name="blocks")):
+                idx = d.u32()
+                rec = recs[(r, idx)]
+                rec.seg = d.u64()
+                rec.crcs = tuple(d.u32() for _ in range(d.count(4, name="checksums")))
+                rec.stats = Stats.decode(d, self.catalog.specs[by_key[(r, idx)].dataset].dtype)
+            for _ in range(d.count(40, name="locations")):
+                src, idx, session, agg, off = (d.u64() for _ in range(5))
+                rec = recs[(src, idx)]
+                rec.session, rec.agg, rec.offset = session, agg, off
+        blocks = [recs[(h.rank, h.idx)] for h in headers]
+        return Record(kind, step, self.session, self.size, time.time(), list(self._pending_ops), blocks)
+
+    def _commit(self, kind: int) -> None:
+        """Collective: the four phases described in the module docstring."""
+        step = len(self.catalog.steps) if kind == KIND_STEP else -1
+        try:
+            g = comm_mod.Guard()
+            with g:
+                local = self._encode_headers()
+            comm_mod.agree(self.comm, g.error)
+            raws = comm_mod.allgather_bytes(self.comm, local)
+            digests, headers = self._decode_headers(raws)
+            self._validate(digests, headers, step)  # same verdict on every rank
+
+            g = comm_mod.Guard()
+            locations: list = []
+            with g:
+                locations = self._move(headers, self._pending)
+            comm_mod.agree(self.comm, g.error)
+
+            g = comm_mod.Guard()
+            trailer = b""
+            with g:
+                trailer = self._encode_trailer(locations)
+            comm_mod.agree(self.comm, g.error)
+            trailers = comm_mod.gather_bytes(self.comm, trailer, root=0)
+
+            g = comm_mod.Guard()
+            raw = None
+            with g:
+                if self.rank == 0:
+                    rec = self._build_record(kind, step, headers, trailers)
+                    raw = rec.encode(self.catalog.specs)
+                    self._write_record(raw)
+            comm_mod.agree(self.comm, g.error)
+            raw = comm_mod.bcast_bytes(self.comm, raw, root=0)
+        except BaseException:
+            self._discard_step()
+            raise
+        rec = Record.decode(raw, self.catalog, "committed record", apply_ops=False)
+        self.catalog.apply_record(rec, ops_applied=True)
+        self._committed(raw)
+        self._pending.clear()
+        self._pending_ops.clear()
+        self._in_step = False
+
+    def _discard_step(self) -> None:
+        for p in self._pending:
+            if p.job is not None:
+                try:
+                    p.job.result()
+                except Exception:
+                    pass
+        self._pending.clear()
+        self._in_step = False
+
+    # ---------------------------------------------------------- reading
+    def check_step(self, step: int | None) -> int:
+        n = len(self.catalog.steps)
+        if step is None:
+            if n == 0:
+                raise StepError(f"file {self.path!r} has no committed steps yet")
+            return n - 1
+        step = int(step)
+        if step < 0:
+            step += n
+        if not 0 <= step < n:
+            raise StepError(f"step {step} does not exist in {self.path!r}: {n} committed step(s) (0..{n - 1})")
+        return step
+
+    def get(self, name: str, box: Box, step: int, out: np.ndarray) -> None:
+        spec = self.lookup(name)
+        box.check_inside(spec.shape, f"dataset {spec.path!r}")
+        step = self.check_step(step)
+        if out.shape != box.shape or out.dtype != spec.dtype:
+            raise ShapeError(f"output buffer {out.shape} {out.dtype} does not match box {box} of {spec.dtype}")
+        hits = []
+        covered = 0
+        for rec in self.catalog.blocks(spec.id, step):
+            inter = rec.box.intersect(box)
+            if inter is not None:
+                hits.append((rec, inter))
+                covered += inter.size
+        if covered < box.size:
+            out[...] = spec.fill_scalar()
+        for rec, inter in hits:
+            self._read_region(rec, spec, inter, out[inter.relative_to(box)])
+
+    def decode_payload(self, rec: BlockRecord, spec: DatasetSpec, payload) -> np.ndarray:
+        """Bytes of a whole block as stored -> array of the block's shape."""
+        what = f"dataset {spec.path!r} block {rec.box} in {self.path}/{rec.subfile}"
+        if rec.codec == 0:
+            return np.frombuffer(payload, dtype=spec.dtype).reshape(rec.box.shape)
+        return codec_mod.pipeline(spec.codecs).decode(bytes(payload), spec.dtype, rec.box.shape, what)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            if self.mode != "r":
+                if self._in_step:
+                    self._commit(KIND_STEP)
+                if self._pending_ops:
+                    self._commit(KIND_META)
+                self._commit(KIND_CLOSE)
+        finally:
+            self._closed = True
+            self._close_storage()
+            comm_mod.free(self.comm)
+
+    # ---------------------------------------------------------- hooks
+    def _open_storage(self, path: str, mode: str) -> None:
+        raise NotImplementedError
+
+    def _stage(self, p: Pending, copy: bool) -> None:
+        """Take a raw block at put time: store it now or keep (a copy of) it for _move."""
+        if copy:
+            p.data = p.data.copy()
+        p.job = stats_mod.BlockJob(p.data, self.segment, background=self.background_stats)
+
+    def _move(self, headers: list[Header], mine: list[Pending]) -> list[tuple[int, int, int, int, int]]:
+        raise NotImplementedError
+
+    def _write_record(self, raw: bytes) -> None:
+        raise NotImplementedError
+
+    def _read_region(self, rec: BlockRecord, spec: DatasetSpec, inter: Box, dst: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def _committed(self, raw: bytes) -> None:
+        """Called on every rank once a record is committed."""
+
+    def _close_storage(self) -> None:
+        pass
+
+
+__all__ = ["BlockEngine", "Header", "Pending", "FormatError"]

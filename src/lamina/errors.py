@@ -1,0 +1,125 @@
+"""One error hierarchy for lamina.
+
+Every error subclasses :class:`LaminaError` *and* the builtin exception a user
+would naturally catch (``KeyError``, ``ValueError``, ``OSError``, ...), so
+``except KeyError`` keeps working for code written against h5py or numpy.
+
+Errors travel between ranks by *name* (see :func:`error_from_wire`): a rank
+that detects a problem in a collective call tells the others the class name
+and the message, and each rank raises the same class.  Only names registered
+here can be rebuilt, so nothing read from the wire is ever evaluated.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class LaminaError(Exception):
+    """Base class of every error lamina raises on purpose."""
+
+
+class FormatError(LaminaError, OSError):
+    """A file's bytes do not follow the lamina format (truncated, corrupt, wrong version)."""
+
+
+class NotALaminaFileError(FormatError):
+    """The path exists but is not a lamina file."""
+
+
+class ChecksumError(FormatError):
+    """Data read back does not match the checksum recorded when it was written."""
+
+
+class BoundsError(LaminaError, IndexError):
+    """A box or a selection reaches outside a dataset's shape."""
+
+
+class ShapeError(LaminaError, ValueError):
+    """An array's shape does not match the box it is written to."""
+
+
+class DTypeError(LaminaError, TypeError):
+    """A dtype is not supported, or cannot be converted safely to a dataset's dtype."""
+
+
+class OverlapError(LaminaError, ValueError):
+    """Two boxes written to one dataset in one step overlap."""
+
+
+class NotFoundError(LaminaError, KeyError):
+    """A group, dataset or attribute does not exist."""
+
+    def __str__(self) -> str:  # KeyError would print the repr of its argument
+        return str(self.args[0]) if self.args else ""
+
+
+class ExistsError(LaminaError, ValueError):
+    """A name is already taken by a group or dataset."""
+
+
+class ModeError(LaminaError, PermissionError):
+    """The operation is not allowed in the file's mode (e.g. writing in mode 'r')."""
+
+
+class StepError(LaminaError, IndexError):
+    """A step that does not exist, or a step call out of order."""
+
+
+class StepTimeoutError(LaminaError, TimeoutError):
+    """No new step was committed within the requested time."""
+
+
+class CollectiveMismatchError(LaminaError, RuntimeError):
+    """Ranks disagree on the arguments of a collective call."""
+
+
+class CodecError(LaminaError, ValueError):
+    """A compression codec is unknown, misconfigured or failed."""
+
+
+class RemoteError(LaminaError, RuntimeError):
+    """Another rank failed inside a collective call; this rank aborts with it."""
+
+
+def suggest(name: str, candidates: Iterable[str], n: int = 3) -> str:
+    """Return ' Did you mean ...?' for close matches of *name*, or ''."""
+    cands = list(candidates)
+    close = difflib.get_close_matches(name, cands, n=n, cutoff=0.6)
+    if not close:
+        # also match on the last path component, so 'tempr' finds 'fields/temp'
+        tail = {c.rsplit("/", 1)[-1]: c for c in cands}
+        close = [tail[c] for c in difflib.get_close_matches(name.rsplit("/", 1)[-1], list(tail), n=n, cutoff=0.6)]
+    if not close:
+        return ""
+    return " Did you mean " + " or ".join(repr(c) for c in close) + "?"
+
+
+_REGISTRY: dict[str, type[LaminaError]] = {}
+
+
+def register(cls: type[LaminaError]) -> type[LaminaError]:
+    """Make *cls* rebuildable by :func:`error_from_wire` (used by later modules)."""
+    _REGISTRY[cls.__name__] = cls
+    return cls
+
+
+for _cls in list(globals().values()):
+    if isinstance(_cls, type) and issubclass(_cls, LaminaError):
+        register(_cls)
+
+
+def error_to_wire(exc: BaseException) -> tuple[str, str]:
+    """Name and message of *exc* for sending to other ranks."""
+    if isinstance(exc, LaminaError):
+        return type(exc).__name__, str(exc)
+    return "RemoteError", f"{type(exc).__name__}: {exc}"
+
+
+def error_from_wire(name: str, message: str, rank: int | None = None) -> LaminaError:
+    """Rebuild an error sent by another rank; unknown names become RemoteError."""
+    cls = _REGISTRY.get(name, RemoteError)
+    if rank is not None and not message.startswith("rank "):
+        message = f"rank {rank}: {message}"
+    return cls(message)
