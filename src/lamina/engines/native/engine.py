@@ -284,12 +284,11 @@ class NativeEngine(BlockEngine):
                     self._data_end += p.length
                     p.location = (self.session, agg, off)
                     locations.append((self.rank, p.idx, self.session, agg, off))
-            bufs = [bytearray(MSG_CHUNK), bytearray(MSG_CHUNK)]
             for h in headers:
                 if h.rank == self.rank or self.agg_of[h.rank] != agg or h.location is not None:
                     continue
                 off = self._data_end
-                self._recv_write(h.rank, h.length, off, bufs)
+                self._recv_write(h.rank, h.length, off, self._recv_buffers(h.length))
                 self._data_end += h.length
                 locations.append((h.rank, h.idx, self.session, agg, off))
             if self.durable:
@@ -302,6 +301,14 @@ class NativeEngine(BlockEngine):
                     for a in range(0, len(mv), MSG_CHUNK):
                         self.comm.Send([mv[a : a + MSG_CHUNK], comm_mod.MPI.BYTE], dest=dest, tag=TAG_DATA)
         return locations
+
+    def _recv_buffers(self, length: int) -> list[bytearray]:
+        """Two reusable receive buffers, grown on demand (never larger than MSG_CHUNK)."""
+        need = min(MSG_CHUNK, length)
+        bufs = getattr(self, "_bufs", None)
+        if bufs is None or len(bufs[0]) < need:
+            bufs = self._bufs = [bytearray(need), bytearray(need)]
+        return bufs
 
     def _recv_write(self, src: int, length: int, offset: int, bufs: list[bytearray]) -> None:
         """Receive *length* bytes from *src* in pieces, writing piece k while piece k+1 arrives."""
