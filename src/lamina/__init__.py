@@ -23,6 +23,7 @@ from .errors import (
     NotFoundError,
     OverlapError,
     RemoteError,
+    SelectionError,
     ShapeError,
     StepError,
     StepTimeoutError,
@@ -35,5 +36,5 @@ __all__ = [
     "Attributes", "BlockInfo", "BoundsError", "Box", "ChecksumError", "CodecError",
     "CollectiveMismatchError", "DTypeError", "Dataset", "ExistsError", "File", "FormatError",
     "Group", "LaminaError", "ModeError", "NotALaminaFileError", "NotFoundError", "OverlapError",
-    "RemoteError", "ShapeError", "StepError", "StepTimeoutError", "StepView", "open",
+    "RemoteError", "SelectionError", "ShapeError", "StepError", "StepTimeoutError", "StepView", "open",
 ]

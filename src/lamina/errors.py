@@ -36,6 +36,10 @@ class BoundsError(LaminaError, IndexError):
     """A box or a selection reaches outside a dataset's shape."""
 
 
+class SelectionError(LaminaError, IndexError):
+    """A selection (index expression) is malformed: two ellipses, a zero step, a non-integer bound."""
+
+
 class ShapeError(LaminaError, ValueError):
     """An array's shape does not match the box it is written to."""
 

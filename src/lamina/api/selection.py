@@ -10,7 +10,7 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass
 
-from ..errors import BoundsError
+from ..errors import BoundsError, SelectionError
 from ..geometry import Box
 
 
@@ -43,7 +43,7 @@ def parse(key, shape: tuple[int, ...], what: str = "dataset") -> Selection:
     nd = len(shape)
     n_ell = sum(1 for k in key if k is Ellipsis)
     if n_ell > 1:
-        raise IndexError(f"{what}: an index can only have a single ellipsis ('...')")
+        raise SelectionError(f"{what}: an index can only have a single ellipsis ('...')")
     if n_ell:
         i = next(j for j, k in enumerate(key) if k is Ellipsis)
         fill = nd - (len(key) - 1)
@@ -67,7 +67,7 @@ def parse(key, shape: tuple[int, ...], what: str = "dataset") -> Selection:
         elif isinstance(k, slice):
             st = 1 if k.step is None else k.step
             if not isinstance(st, numbers.Integral) or st <= 0:
-                raise IndexError(f"{what}: slice step must be a positive integer, got {k.step!r} in dimension {d}")
+                raise SelectionError(f"{what}: slice step must be a positive integer, got {k.step!r} in dimension {d}")
             a = _bound(k.start, 0, n, d, what, shape)
             b = _bound(k.stop, n, n, d, what, shape)
             b = max(a, b)
@@ -75,7 +75,7 @@ def parse(key, shape: tuple[int, ...], what: str = "dataset") -> Selection:
             stop.append(b)
             steps.append(int(st))
         else:
-            raise IndexError(
+            raise SelectionError(
                 f"{what}: unsupported index {k!r} in dimension {d}; use ints, slices and '...'"
             )
     return Selection(Box(tuple(start), tuple(stop)), tuple(squeeze), tuple(steps))
@@ -85,7 +85,7 @@ def _bound(v, default: int, n: int, d: int, what: str, shape) -> int:
     if v is None:
         return default
     if not isinstance(v, numbers.Integral) or isinstance(v, bool):
-        raise IndexError(f"{what}: slice bounds must be integers, got {v!r} in dimension {d}")
+        raise SelectionError(f"{what}: slice bounds must be integers, got {v!r} in dimension {d}")
     v = int(v)
     j = v + n if v < 0 else v
     if not 0 <= j <= n:

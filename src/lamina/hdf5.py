@@ -1,0 +1,638 @@
+"""HDF5 interchange: convert lamina files to HDF5 files and back.  Serial (one rank).
+
+``docs/hdf5.md`` describes the layout in prose.  In short: every lamina group
+becomes an HDF5 group and every lamina dataset of shape ``S`` an HDF5 dataset
+of shape ``(steps, *S)``, chunked one step per chunk, whose HDF5 fill value is
+the dataset's fill value.  Attributes are copied.  Bookkeeping lives in
+attributes whose names start with ``lamina_``: the root records the format,
+the step count and the commit times; each dataset records its codec pipeline,
+the steps it was written in and every written box (``lamina_blocks``), so
+that converting back restores the same blocks in the same steps, and regions
+that were never written stay unwritten (they read as the fill value).
+
+Any HDF5 file not made by lamina converts too: each numeric dataset becomes a
+lamina dataset of the same shape written in one step (datasets and attributes
+lamina cannot hold are skipped with a warning).
+
+Data is streamed: one block (or a slab of at most 64 MiB of one) at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import FormatError, LaminaError, register
+from .geometry import Box
+
+FORMAT = "lamina-hdf5"
+FORMAT_VERSION = 1
+
+#: attribute names starting with this are lamina's bookkeeping
+PREFIX = "lamina_"
+#: a user attribute whose name starts with PREFIX is stored under USER_PREFIX + name
+USER_PREFIX = "lamina_user_"
+
+A_FORMAT = "lamina_format"
+A_FORMAT_VERSION = "lamina_format_version"
+A_VERSION = "lamina_version"
+A_STEPS = "lamina_steps"
+A_STEP_TIMES = "lamina_step_times"
+A_COMPRESSION = "lamina_compression"
+A_STEPS_WRITTEN = "lamina_steps_written"
+A_BLOCKS = "lamina_blocks"
+BOOKKEEPING = {
+    A_FORMAT,
+    A_FORMAT_VERSION,
+    A_VERSION,
+    A_STEPS,
+    A_STEP_TIMES,
+    A_COMPRESSION,
+    A_STEPS_WRITTEN,
+    A_BLOCKS,
+}
+
+#: largest piece of data held in memory at once when a block can be split (bytes)
+SLAB_BYTES = 64 << 20
+#: largest HDF5 chunk (a step is split into several chunks beyond this)
+CHUNK_BYTES = 64 << 20
+#: HDF5 chunk cache per open dataset while writing (holds partially written chunks)
+CHUNK_CACHE_BYTES = 2 * CHUNK_BYTES
+#: largest HDF5 chunk when the HDF5 copy is gzip-compressed
+GZIP_CHUNK_BYTES = 4 << 20
+
+
+@register
+class ConvertError(LaminaError, ValueError):
+    """A conversion cannot be done as asked (wrong kind of file, run on several ranks, ...)."""
+
+
+@dataclass
+class ConvertResult:
+    """What a conversion did."""
+
+    src: str
+    dst: str
+    direction: str  # 'lamina->hdf5' or 'hdf5->lamina'
+    groups: int = 0
+    datasets: int = 0
+    steps: int = 0
+    blocks: int = 0
+    nbytes: int = 0  # bytes of array data moved
+    seconds: float = 0.0
+    source_kind: str = ""  # for hdf5->lamina: 'lamina' (made by lamina) or 'plain'
+    warnings: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------
+# entry points
+
+
+def detect(path) -> str:
+    """'lamina' or 'hdf5': what kind of file *path* is; raises if neither or missing."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no such file: {path!r}")
+    if os.path.isdir(path):
+        return "lamina"  # lamina.open says precisely what is wrong if it is not one
+    import h5py
+
+    if h5py.is_hdf5(path):
+        return "hdf5"
+    raise ConvertError(f"{path!r} is neither a lamina file (a .lam directory) nor an HDF5 file")
+
+
+def convert(
+    src, dst, *, overwrite: bool = False, progress: bool | None = None, gzip: int | None = None
+) -> ConvertResult:
+    """Convert a lamina file to HDF5 or an HDF5 file to lamina, by the kind of *src*.
+
+    Parameters
+    ----------
+    src, dst : path-like
+        Source and destination.  The destination is written under a
+        temporary name and renamed when complete.
+    overwrite : bool
+        Replace an existing destination (a file, or a lamina directory).
+    progress : bool or None
+        Show a progress bar on stderr; None: only when stderr is a terminal.
+    gzip : int or None
+        lamina -> HDF5 only: gzip level 0-9 for the HDF5 datasets (default: none).
+    """
+    kind = detect(src)
+    if kind == "lamina":
+        return lamina_to_hdf5(src, dst, overwrite=overwrite, progress=progress, gzip=gzip)
+    if gzip is not None:
+        raise ConvertError("gzip applies to HDF5 output only (the source is already HDF5)")
+    return hdf5_to_lamina(src, dst, overwrite=overwrite, progress=progress)
+
+
+# --------------------------------------------------------------------------
+# lamina -> HDF5
+
+
+def lamina_to_hdf5(
+    src, dst, *, overwrite: bool = False, progress: bool | None = None, gzip: int | None = None
+) -> ConvertResult:
+    """Write the lamina file *src* as the HDF5 file *dst* (layout: docs/hdf5.md)."""
+    import h5py
+
+    import lamina
+
+    from . import __version__
+    from .api import Dataset
+
+    src, dst = os.fspath(src), os.fspath(dst)
+    _check_distinct(src, dst)
+    if gzip is not None and not (isinstance(gzip, int) and 0 <= gzip <= 9):
+        raise ConvertError(f"gzip level must be an integer 0-9, got {gzip!r}")
+    t0 = time.perf_counter()
+    res = ConvertResult(src, dst, "lamina->hdf5")
+    with lamina.open(src, "r") as f:
+        _require_serial(f)
+        nsteps = f.steps
+        res.steps = nsteps
+        nodes = list(f.walk())
+        plan: list[tuple[str, Dataset, list[tuple[int, Box]]]] = []
+        for path, obj in nodes:
+            if isinstance(obj, Dataset):
+                boxes = [(k, b.box) for k in range(nsteps) for b in obj.blocks(k)]
+                plan.append((path, obj, boxes))
+                res.datasets += 1
+            else:
+                res.groups += 1
+        total = sum(b.size * ds.dtype.itemsize for _, ds, boxes in plan for _, b in boxes)
+        with (
+            _staged(dst, overwrite, "hdf5") as tmp,
+            h5py.File(tmp, "w", libver=("v108", "v110"), rdcc_nbytes=CHUNK_CACHE_BYTES) as h,
+        ):
+            h.attrs[A_FORMAT] = FORMAT
+            h.attrs[A_FORMAT_VERSION] = np.int64(FORMAT_VERSION)
+            h.attrs[A_VERSION] = __version__
+            h.attrs[A_STEPS] = np.int64(nsteps)
+            h.attrs[A_STEP_TIMES] = np.asarray(
+                f.engine.catalog.step_times[:nsteps], dtype=np.float64
+            )
+            _copy_attrs_to_h5(f, h.attrs)
+            for path, obj in nodes:
+                if not isinstance(obj, Dataset):
+                    _copy_attrs_to_h5(obj, h.require_group(path).attrs)
+            with _bar(total, os.path.basename(dst.rstrip("/")) or dst, progress) as bar:
+                for path, ds, boxes in plan:
+                    hd = _create_h5_dataset(h, path, ds, nsteps, gzip)
+                    by_step: dict[int, list[Box]] = {}
+                    for k, box in boxes:
+                        by_step.setdefault(k, []).append(box)
+                    itemsize = ds.dtype.itemsize
+                    for k, step_boxes in by_step.items():
+                        moved = sum(b.size for b in step_boxes) * itemsize
+                        if ds.size * itemsize <= SLAB_BYTES:
+                            # small enough: the whole step (fill included) in one write, one chunk
+                            hd[k] = ds.read(step=k)
+                        else:
+                            for box in step_boxes:
+                                for piece in split_box(box, itemsize, SLAB_BYTES):
+                                    hd[(k, *piece.slices)] = ds.read(piece, step=k)
+                        bar.update(moved)
+                        res.nbytes += moved
+                        res.blocks += len(step_boxes)
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def _create_h5_dataset(h, path: str, ds, nsteps: int, gzip: int | None):
+    shape = tuple(ds.shape)
+    cap = GZIP_CHUNK_BYTES if gzip is not None else CHUNK_BYTES
+    kw = {}
+    if gzip is not None:
+        kw = {"compression": "gzip", "compression_opts": gzip, "shuffle": ds.dtype.itemsize > 1}
+    hd = h.create_dataset(
+        path,
+        shape=(nsteps, *shape),
+        maxshape=(None, *(None if n == 0 else n for n in shape)),
+        chunks=chunk_shape(shape, ds.dtype.itemsize, cap),
+        dtype=ds.dtype,
+        fillvalue=ds.fill,
+        **kw,
+    )
+    _copy_attrs_to_h5(ds, hd.attrs)
+    nd = len(shape)
+    rows = [(k, *b.start, *b.stop) for k in range(nsteps) for b in ds.coverage(k)]
+    blocks = np.array(rows, dtype=np.int64).reshape(len(rows), 1 + 2 * nd)
+    hd.attrs[A_COMPRESSION] = json.dumps(list(ds.compression), sort_keys=True)
+    hd.attrs[A_STEPS_WRITTEN] = np.unique(blocks[:, 0]).astype(np.int64)
+    hd.attrs[A_BLOCKS] = blocks
+    return hd
+
+
+def chunk_shape(shape: tuple[int, ...], itemsize: int, cap: int = CHUNK_BYTES) -> tuple[int, ...]:
+    """HDF5 chunk of a ``(steps, *shape)`` dataset: one step, halved along its largest axis while over *cap* bytes."""
+    chunk = [1] + [max(1, int(n)) for n in shape]
+    while math.prod(chunk) * itemsize > cap:
+        i = max(range(1, len(chunk)), key=lambda j: chunk[j])
+        if chunk[i] == 1:
+            break
+        chunk[i] = -(-chunk[i] // 2)
+    return tuple(chunk)
+
+
+def split_box(box: Box, itemsize: int, limit: int = SLAB_BYTES) -> list[Box]:
+    """Split *box* into C-ordered pieces of at most *limit* bytes (or single elements)."""
+    if box.size * itemsize <= limit or box.size == 0:
+        return [box]
+    axis = next((d for d, n in enumerate(box.shape) if n > 1), None)
+    if axis is None:
+        return [box]
+    unit = math.prod(box.shape[axis + 1 :]) * itemsize  # bytes per index along axis
+    step = max(1, limit // max(1, unit))
+    out = []
+    for a in range(box.start[axis], box.stop[axis], step):
+        b = min(a + step, box.stop[axis])
+        piece = Box(
+            box.start[:axis] + (a,) + box.start[axis + 1 :],
+            box.stop[:axis] + (b,) + box.stop[axis + 1 :],
+        )
+        out.extend(split_box(piece, itemsize, limit))
+    return out
+
+
+def _copy_attrs_to_h5(obj, h5attrs) -> None:
+    import h5py
+
+    for name in obj.attrs:
+        value = obj.attrs[name]
+        hname = USER_PREFIX + name if name.startswith(PREFIX) else name
+        if isinstance(value, list):
+            h5attrs.create(hname, data=value, dtype=h5py.string_dtype())
+        else:
+            h5attrs[hname] = value
+
+
+# --------------------------------------------------------------------------
+# HDF5 -> lamina
+
+
+@dataclass
+class _Src:
+    """One HDF5 dataset to copy: where it goes and which (step, box) pieces to move."""
+
+    path: str
+    h5: object
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    fill: object
+    codecs: list
+    stepped: bool  # True: made by lamina, leading step axis
+    boxes: list[tuple[int, Box]]
+
+
+def hdf5_to_lamina(
+    src, dst, *, overwrite: bool = False, progress: bool | None = None
+) -> ConvertResult:
+    """Write the HDF5 file *src* as the lamina file *dst*.
+
+    A file made by :func:`lamina_to_hdf5` gets back its steps, blocks and
+    codecs; any other HDF5 file becomes one step holding every numeric dataset.
+    """
+    import h5py
+
+    import lamina
+
+    src, dst = os.fspath(src), os.fspath(dst)
+    _check_distinct(src, dst)
+    t0 = time.perf_counter()
+    res = ConvertResult(src, dst, "hdf5->lamina")
+    with h5py.File(src, "r") as h:
+        fmt = _h5_str(h.attrs.get(A_FORMAT))
+        made = fmt == FORMAT
+        res.source_kind = "lamina" if made else "plain"
+        if made:
+            version = _h5_int(h.attrs.get(A_FORMAT_VERSION), f"{src}: attribute {A_FORMAT_VERSION}")
+            if version > FORMAT_VERSION:
+                raise FormatError(
+                    f"{src!r} uses lamina-hdf5 layout version {version}; this lamina reads up to {FORMAT_VERSION}"
+                )
+            nsteps = _h5_int(h.attrs.get(A_STEPS), f"{src}: attribute {A_STEPS}")
+            if nsteps < 0:
+                raise FormatError(f"{src!r}: negative step count {nsteps}")
+        else:
+            nsteps = 1
+        groups: list[tuple[str, object]] = []
+        sources: list[_Src] = []
+        _walk_h5(h, groups, sources, made, nsteps, res.warnings)
+        if any(not s.stepped and s.boxes for s in sources):
+            nsteps = max(nsteps, 1)
+        res.steps = nsteps
+        res.groups, res.datasets = len(groups), len(sources)
+        total = sum(b.size * s.dtype.itemsize for s in sources for _, b in s.boxes)
+        by_step: dict[int, list[tuple[_Src, Box]]] = {}
+        for s in sources:
+            for k, b in s.boxes:
+                by_step.setdefault(k, []).append((s, b))
+        with _staged(dst, overwrite, "lamina") as tmp, lamina.open(tmp, "w") as f:
+            _require_serial(f)
+            _copy_attrs_from_h5(h, f.attrs, "/", made, res.warnings)
+            for name, g in groups:
+                _copy_attrs_from_h5(g, f.require_group(name).attrs, "/" + name, made, res.warnings)
+            targets = {}
+            for s in sources:
+                ds = f.create_dataset(
+                    s.path, shape=s.shape, dtype=s.dtype, fill=s.fill, compression=s.codecs or None
+                )
+                _copy_attrs_from_h5(s.h5, ds.attrs, "/" + s.path, made, res.warnings)
+                targets[s.path] = ds
+            with _bar(total, os.path.basename(dst.rstrip("/")) or dst, progress) as bar:
+                for k in range(nsteps):
+                    with f.step():
+                        for s, box in by_step.get(k, []):
+                            sel = ((k,) if s.stepped else ()) + box.slices
+                            data = np.asarray(s.h5[sel]).astype(s.dtype, copy=False)
+                            targets[s.path].write(data.reshape(box.shape), offset=box.start)
+                            bar.update(data.nbytes)
+                            res.nbytes += data.nbytes
+                            res.blocks += 1
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def _walk_h5(h, groups: list, sources: list, made: bool, nsteps: int, warnings: list[str]) -> None:
+    """Collect groups and convertible datasets (each hard-linked object once)."""
+    import h5py
+
+    from .catalog import check_dtype
+    from .errors import DTypeError
+
+    def visit(name: str, obj) -> None:
+        if isinstance(obj, h5py.Group):
+            groups.append((name, obj))
+        elif isinstance(obj, h5py.Dataset):
+            try:
+                dt = check_dtype(np.dtype(obj.dtype.str))  # drops h5py's enum/vlen metadata
+            except (DTypeError, TypeError):
+                warnings.append(f"skipped dataset /{name}: dtype {obj.dtype} is not numeric")
+                return
+            if obj.shape is None:
+                warnings.append(f"skipped dataset /{name}: it has no dataspace (empty)")
+                return
+            fill = obj.fillvalue
+            try:
+                fill = np.asarray(fill).astype(dt)[()]
+            except (TypeError, ValueError):
+                fill = np.zeros((), dt)[()]
+            if made and A_BLOCKS in obj.attrs:
+                sources.append(_lamina_made(name, obj, dt, fill, nsteps))
+            else:
+                if made:
+                    warnings.append(
+                        f"dataset /{name} has no {A_BLOCKS} attribute: copied whole into step 0"
+                    )
+                sources.append(_plain(name, obj, dt, fill))
+        else:
+            warnings.append(f"skipped /{name}: a named datatype")
+
+    h.visititems(visit)
+    if hasattr(h, "visititems_links"):
+
+        def links(name: str, link) -> None:
+            if isinstance(link, h5py.SoftLink):
+                warnings.append(f"skipped soft link /{name} -> {link.path}")
+            elif isinstance(link, h5py.ExternalLink):
+                warnings.append(f"skipped external link /{name} -> {link.filename}:{link.path}")
+
+        h.visititems_links(links)
+
+
+def _lamina_made(name: str, obj, dt: np.dtype, fill, nsteps: int) -> _Src:
+    what = f"dataset /{name}"
+    if obj.ndim < 1 or obj.shape[0] != nsteps:
+        raise FormatError(f"{what}: shape {obj.shape} has no leading step axis of length {nsteps}")
+    shape = tuple(int(n) for n in obj.shape[1:])
+    nd = len(shape)
+    raw = np.asarray(obj.attrs[A_BLOCKS])
+    if raw.dtype.kind not in "iu" or raw.ndim != 2 or raw.shape[1] != 1 + 2 * nd:
+        raise FormatError(
+            f"{what}: attribute {A_BLOCKS} must be integers of shape (n, {1 + 2 * nd}), got {raw.dtype} {raw.shape}"
+        )
+    boxes = []
+    for row in raw.tolist():
+        k, start, stop = row[0], tuple(row[1 : 1 + nd]), tuple(row[1 + nd :])
+        if not 0 <= k < nsteps:
+            raise FormatError(f"{what}: block in step {k}, file has {nsteps} steps")
+        if any(not 0 <= a <= b <= n for a, b, n in zip(start, stop, shape, strict=True)):
+            raise FormatError(f"{what}: block {start}..{stop} does not fit shape {shape}")
+        boxes.append((k, Box(start, stop)))
+    codecs: list = []
+    if A_COMPRESSION in obj.attrs:
+        text = _h5_str(obj.attrs[A_COMPRESSION])
+        try:
+            codecs = json.loads(text) if text else []
+        except (ValueError, RecursionError):
+            raise FormatError(f"{what}: attribute {A_COMPRESSION} is not valid JSON") from None
+        if not isinstance(codecs, list) or not all(isinstance(c, dict) for c in codecs):
+            raise FormatError(f"{what}: attribute {A_COMPRESSION} is not a list of codec objects")
+    return _Src(name, obj, dt, shape, fill, codecs, True, boxes)
+
+
+def _plain(name: str, obj, dt: np.dtype, fill) -> _Src:
+    shape = tuple(int(n) for n in obj.shape)
+    whole = Box.from_shape(shape)
+    boxes: list[tuple[int, Box]] = []
+    stored = obj.is_virtual or obj.external is not None or obj.id.get_storage_size() > 0
+    if whole.size and stored:
+        boxes = [(0, b) for b in split_box(whole, dt.itemsize, SLAB_BYTES)]
+    return _Src(name, obj, dt, shape, fill, [], False, boxes)
+
+
+def _copy_attrs_from_h5(h5obj, attrs, where: str, made: bool, warnings: list[str]) -> None:
+    for hname in h5obj.attrs:
+        if made and hname.startswith(PREFIX):
+            if hname.startswith(USER_PREFIX):
+                name = hname[len(USER_PREFIX) :]
+            elif hname in BOOKKEEPING:
+                continue
+            else:
+                name = hname
+        else:
+            name = hname
+        try:
+            value = h5obj.attrs[hname]
+        except (OSError, TypeError, ValueError) as e:  # e.g. a datatype h5py cannot read
+            warnings.append(f"skipped attribute {hname!r} of {where}: {e}")
+            continue
+        ok, value, why = _from_h5_attr(value)
+        if not ok:
+            warnings.append(f"skipped attribute {hname!r} of {where}: {why}")
+            continue
+        try:
+            attrs[name] = value
+        except (LaminaError, ValueError, TypeError) as e:
+            warnings.append(f"skipped attribute {hname!r} of {where}: {e}")
+
+
+def _from_h5_attr(value) -> tuple[bool, object, str]:
+    """An attribute value as h5py returns it -> (convertible, lamina value, why not)."""
+    import h5py
+
+    if isinstance(value, h5py.Empty):
+        return False, None, "it has a null dataspace (no value)"
+    if isinstance(value, (bytes, np.bytes_)):
+        return True, _decode(bytes(value)), ""
+    if isinstance(value, str):
+        return True, value, ""
+    arr = np.asarray(value)
+    if arr.dtype.kind in "SUO":
+        items = arr.reshape(-1).tolist()
+        if not all(isinstance(v, (str, bytes)) for v in items):
+            return False, None, f"dtype {arr.dtype} is not numeric or string"
+        strs = [_decode(v) if isinstance(v, bytes) else v for v in items]
+        if arr.ndim == 0:
+            return True, strs[0], ""
+        if arr.ndim != 1 or not strs:
+            return (
+                False,
+                None,
+                f"a string array of shape {arr.shape} (lamina keeps 1-D lists of strings)",
+            )
+        return True, strs, ""
+    if arr.dtype.kind not in "biufc" or arr.dtype.fields is not None:
+        return False, None, f"dtype {arr.dtype} is not numeric or string"
+    return True, arr.astype(np.dtype(arr.dtype.str), copy=False), ""
+
+
+def _decode(b: bytes) -> str:
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        return b.decode("latin-1")
+
+
+def _h5_str(v) -> str | None:
+    if v is None:
+        return None
+    if isinstance(v, (bytes, np.bytes_)):
+        return _decode(bytes(v))
+    if isinstance(v, str):
+        return v
+    a = np.asarray(v)
+    if a.ndim == 0 and a.dtype.kind in "SUO":
+        return _h5_str(a[()])
+    return None
+
+
+def _h5_int(v, what: str) -> int:
+    a = np.asarray(v) if v is not None else None
+    if a is None or a.ndim != 0 or a.dtype.kind not in "iu":
+        raise FormatError(f"{what}: expected an integer, got {v!r}")
+    return int(a)
+
+
+# --------------------------------------------------------------------------
+# helpers
+
+
+def _check_distinct(src: str, dst: str) -> None:
+    if os.path.exists(dst) and os.path.exists(src) and os.path.samefile(src, dst):
+        raise ConvertError(f"source and destination are the same file: {src!r}")
+
+
+def _require_serial(f) -> None:
+    if f.comm.size != 1:
+        raise ConvertError(
+            f"HDF5 conversion runs on one rank; it was started on {f.comm.size} (run it without mpiexec)"
+        )
+
+
+class _staged:
+    """Write to a temporary sibling of *dst*; on success move it to *dst*, on failure remove it."""
+
+    def __init__(self, dst: str, overwrite: bool, kind: str):
+        self.dst = dst
+        self.kind = kind
+        parent = os.path.dirname(os.path.abspath(dst))
+        if not os.path.isdir(parent):
+            raise FileNotFoundError(f"cannot write {dst!r}: directory {parent!r} does not exist")
+        if os.path.lexists(dst):
+            if not overwrite:
+                raise FileExistsError(
+                    f"{dst!r} exists; pass --force (overwrite=True) to replace it"
+                )
+            if os.path.isdir(dst) and not os.path.exists(os.path.join(dst, "lamina.commit")):
+                raise FileExistsError(
+                    f"{dst!r} is a directory that is not a lamina file; not replacing it"
+                )
+            if kind == "hdf5" and os.path.isdir(dst):
+                raise FileExistsError(
+                    f"{dst!r} is a lamina directory; not replacing it with an HDF5 file"
+                )
+        self.tmp = os.path.join(
+            parent, f".{os.path.basename(os.path.abspath(dst))}.partial-{os.getpid()}"
+        )
+
+    def __enter__(self) -> str:
+        _remove(self.tmp)
+        return self.tmp
+
+    def __exit__(self, et, ev, tb) -> None:
+        if ev is not None:
+            _remove(self.tmp)
+            return
+        if os.path.lexists(self.dst):
+            _remove(self.dst)
+        os.replace(self.tmp, self.dst)
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+def _bar(total: int, desc: str, progress: bool | None):
+    if progress is None:
+        progress = sys.stderr.isatty()
+    if not progress:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        file=sys.stderr,
+        leave=False,
+    )
+
+
+__all__ = [
+    "ConvertError",
+    "ConvertResult",
+    "FORMAT",
+    "FORMAT_VERSION",
+    "chunk_shape",
+    "convert",
+    "detect",
+    "hdf5_to_lamina",
+    "lamina_to_hdf5",
+    "split_box",
+]

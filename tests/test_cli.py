@@ -1,0 +1,399 @@
+"""The ``lamina`` command, run in-process (``lamina.cli.main``) and once as a real process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+
+import lamina
+from lamina import cli
+from lamina.cli import SelectError, parse_select
+
+SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+
+
+@pytest.fixture
+def run_file(tmp_path) -> str:
+    """Two steps: T (float32, 32 x 16 = 2 KiB per step) in two blocks, then partially; a bool mask; a complex z."""
+    path = str(tmp_path / "run.lam")
+    with lamina.open(path, "w") as f:
+        f.attrs["title"] = "cli test"
+        f.attrs["grid"] = np.arange(3)
+        t = f.create_dataset("fields/T", shape=(32, 16), dtype="f4", fill=-1)
+        t.attrs["units"] = "K"
+        m = f.create_dataset("mask", shape=(4,), dtype="?", fill=False)
+        z = f.create_dataset("z", shape=(3,), dtype="c16")
+        f.create_dataset("never", shape=(2,), dtype="i4", fill=7)
+        f.create_group("empty")
+        with f.step():
+            t[0:16, :] = np.arange(256, dtype=np.float32).reshape(16, 16)
+            t[16:32, :] = 2.5
+            m[1:3] = True
+            z[...] = [1 + 2j, np.nan, -1j]
+        with f.step():
+            t[0:8, 0:8] = np.nan
+    return path
+
+
+def run(argv, capsys) -> tuple[int, str, str]:
+    rc = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def one_error_line(rc: int, err: str) -> str:
+    assert rc == 2, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+# --------------------------------------------------------------------------
+# ls
+
+
+def test_ls_tree(run_file, capsys):
+    rc, out, err = run(["ls", run_file], capsys)
+    assert rc == 0 and err == ""
+    assert "2 steps" in out and "4 datasets" in out
+    assert "fields/" in out and "empty/" in out
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith("T "))
+    assert "float32 (32, 16)" in line and "steps 0-1 (2 of 2)" in line and "3 blocks" in line
+    assert "2.2 KiB" in line and "compression none" in line and "fill -1.0" in line
+    assert "@units = 'K'" in out and "@title = 'cli test'" in out and "@grid = [0, 1, 2]" in out
+    assert "never written" in next(ln for ln in out.splitlines() if ln.strip().startswith("never "))
+    assert "mask  bool (4,)  steps 0 (1 of 2)" in out
+
+
+def test_ls_subtree_and_dataset(run_file, capsys):
+    rc, out, _ = run(["ls", run_file, "fields"], capsys)
+    assert rc == 0 and "/fields/" in out and "T  float32" in out and "mask" not in out
+    rc, out, _ = run(["ls", run_file, "/mask"], capsys)
+    assert rc == 0 and "/mask  bool (4,)" in out and "fields" not in out
+
+
+def test_ls_json(run_file, capsys):
+    rc, out, _ = run(["ls", run_file, "--json"], capsys)
+    assert rc == 0
+    doc = json.loads(out)
+    assert (
+        doc["steps"] == 2
+        and doc["closed"] is True
+        and doc["datasets"] == 4
+        and len(doc["step_times"]) == 2
+    )
+    nodes = {n["path"]: n for n in doc["nodes"]}
+    assert nodes["/"]["attrs"] == {"grid": [0, 1, 2], "title": "cli test"}
+    t = nodes["/fields/T"]
+    assert t["type"] == "dataset" and t["shape"] == [32, 16] and t["dtype"] == "float32"
+    assert t["steps_written"] == [0, 1] and t["blocks"] == 3 and t["nbytes"] == 2048 + 256
+    assert t["fill"] == -1.0 and t["compression"] == [] and t["attrs"] == {"units": "K"}
+    assert nodes["/never"]["steps_written"] == [] and nodes["/empty"]["type"] == "group"
+    assert nodes["/z"]["fill"] == [0.0, 0.0]  # complex as [re, im]
+
+
+# --------------------------------------------------------------------------
+# info
+
+
+def test_info_human(run_file, capsys):
+    rc, out, err = run(["info", run_file, "fields/T"], capsys)
+    assert rc == 0 and err == ""
+    assert out.startswith("/fields/T: float32 (32, 16), fill -1.0, compression none")
+    assert "step 0" in out and "2 blocks, 512 of 512 elements (100.0%), 2.0 KiB stored" in out
+    assert "step 1" in out and "1 block, 64 of 512 elements (12.5%)" in out
+    assert "[0:16, 0:16]" in out and "[16:32, 0:16]" in out and "[0:8, 0:8]" in out
+    row = next(ln for ln in out.splitlines() if "[0:16, 0:16]" in ln).split()
+    # box (2 tokens), min, max, sum, count, stored (2), raw (2), subfile, offset, codec, rank
+    assert row[2:6] == ["0", "255", "32640", "256"] and row[10] == "data.0.0" and row[12] == "raw"
+    nan_row = next(ln for ln in out.splitlines() if "[0:8, 0:8]" in ln).split()
+    assert nan_row[2:6] == ["nan", "nan", "0", "0"]
+
+
+def test_info_step_and_json(run_file, capsys):
+    rc, out, _ = run(["info", run_file, "/mask", "--step", "-1"], capsys)
+    assert (
+        rc == 0
+        and "step 1" in out
+        and "no blocks (reads as the fill value False)" in out
+        and "step 0" not in out
+    )
+    rc, out, _ = run(["info", run_file, "fields/T", "--json"], capsys)
+    doc = json.loads(out)
+    with lamina.open(run_file) as f:
+        ds = f["fields/T"]
+        for k, step in enumerate(doc["steps"]):
+            assert step["step"] == k and step["time"] == f.engine.catalog.step_times[k]
+            blocks = ds.blocks(k)
+            assert len(step["blocks"]) == len(blocks)
+            for bj, b in zip(step["blocks"], blocks, strict=True):
+                assert bj["box"] == {"start": list(b.box.start), "stop": list(b.box.stop)}
+                assert (
+                    bj["nbytes"],
+                    bj["raw_nbytes"],
+                    bj["subfile"],
+                    bj["offset"],
+                    bj["codec"],
+                    bj["rank"],
+                ) == (b.nbytes, b.raw_nbytes, b.subfile, b.offset, b.codec, b.rank)
+                assert bj["stats"]["count"] == b.stats.count
+    assert doc["steps"][1]["blocks"][0]["stats"]["min"] == "nan"  # strict JSON: no NaN literals
+    rc, out, _ = run(["info", run_file, "z", "--json", "--step", "0"], capsys)
+    assert json.loads(out)["steps"][0]["blocks"][0]["stats"]["count"] == 2
+
+
+# --------------------------------------------------------------------------
+# dump and --select
+
+
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        ("0:4,:,7", (slice(0, 4), slice(None), 7)),
+        ("...", (Ellipsis,)),
+        ("", ()),
+        ("[1, -2]", (1, -2)),
+        ("::2, 1:", (slice(None, None, 2), slice(1, None))),
+        (" -3 : -1 : 1 ,...", (slice(-3, -1, 1), Ellipsis)),
+        ("5,", (5,)),
+        ("+2", (2,)),
+        (":", (slice(None),)),
+    ],
+)
+def test_parse_select(text, key):
+    assert parse_select(text) == key
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a",
+        "1:2:3:4",
+        "...,...",
+        "1:2:0",
+        "::-1",
+        "1,,2",
+        ",",
+        "1e3",
+        "1.5",
+        "__import__('os')",
+        "0x10",
+        "[1",
+        "1;2",
+        "(1,2)",
+        "9" * 40,
+    ],
+)
+def test_parse_select_rejects(text):
+    with pytest.raises(SelectError):
+        parse_select(text)
+
+
+def test_select_matches_numpy(run_file, capsys):
+    a = np.full((32, 16), 2.5, dtype=np.float32)
+    a[:16] = np.arange(256).reshape(16, 16)
+    for text, key in [
+        ("2:5,7", (slice(2, 5), 7)),
+        ("...,3", (Ellipsis, 3)),
+        ("1:9:3,::5", (slice(1, 9, 3), slice(None, None, 5))),
+        ("-1", (-1,)),
+        ("4,5", (4, 5)),
+    ]:
+        rc, out, _ = run(
+            ["dump", run_file, "fields/T", "--select", text, "--step", "0", "--json"], capsys
+        )
+        assert rc == 0, text
+        doc = json.loads(out)
+        expect = a[key]
+        assert doc["shape"] == list(np.shape(expect)) and doc["dtype"] == "float32"
+        np.testing.assert_array_equal(np.array(doc["data"], dtype=np.float32), expect)
+
+
+def test_dump_human(run_file, capsys):
+    rc, out, err = run(["dump", run_file, "fields/T", "-s", "0:2,0:4", "--step", "0"], capsys)
+    assert rc == 0 and err == ""
+    assert out.splitlines()[0] == "/fields/T[0:2, 0:4] at step 0 of 2: float32 (2, 4)"
+    np.testing.assert_array_equal(
+        np.array(out.replace("[", " ").replace("]", " ").split()[-8:], float),
+        [0, 1, 2, 3, 16, 17, 18, 19],
+    )
+    rc, out, _ = run(["dump", run_file, "fields/T", "-s", "0,0"], capsys)  # default: last step
+    assert rc == 0 and "at step 1 of 2" in out and out.splitlines()[1] == "nan"
+    rc, out, _ = run(["dump", run_file, "mask", "--step", "0"], capsys)
+    assert out.splitlines()[1] == "[False  True  True False]"
+    rc, out, _ = run(["dump", run_file, "mask"], capsys)  # not written in step 1: the fill value
+    assert out.splitlines()[1] == "[False False False False]"
+    rc, out, _ = run(["dump", run_file, "never"], capsys)
+    assert out.splitlines()[1] == "[7 7]"
+
+
+def test_dump_json_special_values(run_file, capsys):
+    rc, out, _ = run(["dump", run_file, "z", "--json", "--step", "0"], capsys)
+    doc = json.loads(out)
+    assert doc["dtype"] == "complex128" and doc["data"] == [[1.0, 2.0], ["nan", 0.0], [0.0, -1.0]]
+    rc, out, _ = run(["dump", run_file, "mask", "--json", "--step", "0"], capsys)
+    assert json.loads(out)["data"] == [False, True, True, False]
+
+
+# --------------------------------------------------------------------------
+# errors: one line on stderr, status 2
+
+
+def test_missing_file(tmp_path, capsys):
+    rc, out, err = run(["ls", tmp_path / "nope.lam"], capsys)
+    line = one_error_line(rc, err)
+    assert line.startswith("lamina ls: error:") and "nope.lam" in line and out == ""
+
+
+def test_unknown_dataset_suggests(run_file, capsys):
+    rc, _, err = run(["info", run_file, "fields/t"], capsys)
+    line = one_error_line(rc, err)
+    assert "no group or dataset '/fields/t'" in line and "Did you mean 'fields/T'" in line
+    rc, _, err = run(["dump", run_file, "fields"], capsys)
+    assert "is a group, not a dataset" in one_error_line(rc, err)
+    rc, _, err = run(["ls", run_file, "nothing/here"], capsys)
+    one_error_line(rc, err)
+
+
+def test_bad_select_and_step(run_file, capsys):
+    rc, _, err = run(["dump", run_file, "fields/T", "--select", "0:4:0"], capsys)
+    assert "slice step must be a positive integer" in one_error_line(rc, err)
+    rc, _, err = run(["dump", run_file, "fields/T", "--select", "os.system('x')"], capsys)
+    assert "bad selection" in one_error_line(rc, err)
+    rc, _, err = run(["dump", run_file, "fields/T", "--select", "99"], capsys)
+    assert "out of bounds" in one_error_line(rc, err)
+    rc, _, err = run(["dump", run_file, "fields/T", "--select", "0,0,0"], capsys)
+    assert "too many indices" in one_error_line(rc, err)
+    rc, _, err = run(["info", run_file, "fields/T", "--step", "5"], capsys)
+    assert "step 5 does not exist" in one_error_line(rc, err)
+
+
+def test_not_a_lamina_file(tmp_path, run_file, capsys):
+    rc, _, err = run(["ls", tmp_path], capsys)
+    assert "not a lamina file" in one_error_line(rc, err)
+    h5 = tmp_path / "x.h5"
+    assert run(["convert", run_file, h5, "-q"], capsys)[0] == 0
+    rc, _, err = run(["ls", h5], capsys)
+    assert "is an HDF5 file" in one_error_line(rc, err) and "lamina convert" in err
+
+
+def test_usage(capsys):
+    rc, out, _ = run(["--version"], capsys)
+    assert rc == 0 and out.strip() == f"lamina {lamina.__version__}"
+    rc, _, err = run([], capsys)
+    assert rc == 2 and "usage: lamina" in err
+    rc, _, err = run(["frobnicate"], capsys)
+    assert rc == 2 and "invalid choice" in err
+    rc, out, _ = run(["dump", "--help"], capsys)
+    assert rc == 0 and "--select" in out
+
+
+# --------------------------------------------------------------------------
+# convert
+
+
+def test_convert_roundtrip(run_file, tmp_path, capsys):
+    h5 = tmp_path / "run.h5"
+    back = tmp_path / "back.lam"
+    rc, out, err = run(["convert", run_file, h5], capsys)
+    assert rc == 0 and err == ""  # no progress bar: stderr is not a terminal
+    assert "lamina to HDF5" in out and "4 datasets" in out and "2 steps" in out
+    rc, out, err = run(["convert", h5, back, "--quiet"], capsys)
+    assert rc == 0 and out == "" and err == ""
+    with lamina.open(run_file) as a, lamina.open(back) as b:
+        assert [p for p, _ in a.walk()] == [p for p, _ in b.walk()]
+        for k in range(2):
+            for name in ("fields/T", "mask", "z", "never"):
+                assert a[name].coverage(k) == b[name].coverage(k)
+                np.testing.assert_array_equal(a.at(k)[name][...], b.at(k)[name][...])
+    rc, _, err = run(["convert", run_file, h5], capsys)
+    assert "--force" in one_error_line(rc, err)
+    assert run(["convert", run_file, h5, "--force", "--gzip", "6", "-q"], capsys)[0] == 0
+
+
+def test_convert_plain_hdf5_warns(tmp_path, capsys):
+    import h5py
+
+    src = tmp_path / "p.h5"
+    with h5py.File(src, "w") as h:
+        h["x"] = np.arange(5)
+        h["s"] = "text"
+    rc, out, err = run(["convert", src, tmp_path / "p.lam", "-q"], capsys)
+    assert rc == 0 and out == "" and "warning: skipped dataset /s" in err
+
+
+# --------------------------------------------------------------------------
+# demo and bench: arguments pass through unparsed
+
+
+@pytest.mark.parametrize("name", ["demo", "bench"])
+def test_passthrough(name, monkeypatch, capsys):
+    seen = []
+    fake = types.ModuleType(f"lamina.{name}")
+    fake.main = lambda argv: seen.append(argv) or 3
+    monkeypatch.setitem(sys.modules, f"lamina.{name}", fake)
+    rc = cli.main([name, "--help", "-n", "4", "--json", "x y"])
+    assert rc == 3 and seen == [["--help", "-n", "4", "--json", "x y"]]
+
+
+def test_passthrough_missing(monkeypatch, capsys):
+    fake = types.ModuleType("lamina.bench")  # a package without main
+    monkeypatch.setitem(sys.modules, "lamina.bench", fake)
+    rc, _, err = run(["bench", "write"], capsys)
+    assert "not available" in one_error_line(rc, err)
+
+
+# --------------------------------------------------------------------------
+# as a real process
+
+
+def _command() -> list[str]:
+    exe = os.path.join(os.path.dirname(sys.executable), "lamina")
+    return [exe] if os.path.exists(exe) else [sys.executable, "-m", "lamina.cli"]
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def test_subprocess(run_file, tmp_path):
+    r = subprocess.run(
+        [*_command(), "ls", run_file], capture_output=True, text=True, timeout=120, env=_env()
+    )
+    assert r.returncode == 0, r.stderr
+    assert "T  float32 (32, 16)" in r.stdout
+    r = subprocess.run(
+        [*_command(), "info", run_file, "fields/Tx"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+    )
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "Did you mean" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_broken_pipe_is_quiet(tmp_path):
+    path = str(tmp_path / "big.lam")
+    with lamina.open(path, "w") as f:
+        d = f.create_dataset("d", shape=(4000, 8), dtype="f8")  # > a 64 KiB pipe buffer
+        with f.step():
+            d[...] = 1.0
+    p = subprocess.Popen(
+        [*_command(), "dump", path, "d"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env()
+    )
+    p.stdout.readline()
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    p.wait(timeout=120)
+    p.stderr.close()
+    assert "Traceback" not in err and p.returncode in (0, 1)

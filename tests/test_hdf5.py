@@ -1,0 +1,420 @@
+"""HDF5 interchange: lamina -> HDF5 -> lamina round trips, h5py and h5dump reading, plain HDF5 files."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import h5py
+import numpy as np
+import pytest
+
+import lamina
+from lamina import hdf5
+from lamina.geometry import Box
+
+# --------------------------------------------------------------------------
+# a sample file with several dtypes, groups, partial coverage, unwritten steps
+
+
+def make_sample(path) -> str:
+    """Three steps; datasets written in some steps only, some partially, in several blocks."""
+    path = str(path)
+    rng = np.random.default_rng(7)
+    with lamina.open(path, "w") as f:
+        f.attrs["title"] = "sample run"
+        f.attrs["names"] = ["u", "v", "wé"]
+        f.attrs["dt"] = 0.25
+        f.attrs["n"] = np.int32(12)
+        f.attrs["flags"] = np.array([True, False, True])
+        f.attrs["z"] = np.complex64(1 - 2j)
+        f.attrs["grid"] = np.arange(6, dtype=np.uint16).reshape(2, 3)
+        f.attrs["lamina_user_note"] = "a user attribute with the reserved prefix"
+        f.create_group("empty/nested")
+        g = f.create_group("fields")
+        g.attrs["kind"] = "cell"
+        t = f.create_dataset("fields/T", shape=(8, 6), dtype="f4", fill=-1.5)
+        t.attrs["units"] = "K"
+        p = f.create_dataset("fields/deep/p", shape=(4, 3, 5), dtype="i2", fill=-7)
+        c = f.create_dataset("spectra/c", shape=(5, 4), dtype="c16", fill=1 + 1j)
+        m = f.create_dataset("mask", shape=(6,), dtype="?", fill=True)
+        m.attrs["lamina_weird"] = np.float64(3)
+        h = f.create_dataset("half", shape=(3, 3), dtype="f2", fill=np.nan)
+        be = f.create_dataset("bigendian", shape=(4,), dtype=">f8", fill=0.5)
+        u = f.create_dataset("counts", shape=(2, 2), dtype="u8", fill=2**64 - 1)
+        s = f.create_dataset("scalar", shape=(), dtype="f8", fill=-3.0)
+        f.create_dataset("never", shape=(3,), dtype="i4", fill=4)
+        f.create_dataset("zero", shape=(0, 3), dtype="f8")
+        with f.step():  # step 0
+            t[0:4, :] = rng.standard_normal((4, 6))
+            t[4:8, 0:3] = 2.0
+            p[...] = rng.integers(-1000, 1000, (4, 3, 5))
+            c[1:3, :] = rng.standard_normal((2, 4)) + 1j * rng.standard_normal((2, 4))
+            m[0:2] = False
+            h[1, :] = [1.5, np.nan, np.inf]
+            be[:] = [1, 2, 3, 4]
+            u[0, :] = np.array([0, 2**63 + 5], dtype=np.uint64)
+            s[()] = 42.0
+        with f.step():  # step 1: only a few datasets
+            m[2:6] = [False, True, False, True]
+            c[0:1, 0:2] = 5 - 5j
+            t[2:6, 1:5] = np.nan
+        with f.step():  # step 2: T everywhere, p partially in two blocks
+            t[...] = np.arange(48, dtype=np.float32).reshape(8, 6)
+            p[0:2, :, :] = 1
+            p[2:4, 1:3, 0:2] = 2
+    return path
+
+
+def _eq(a, b) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.dtype.kind in "fc":
+        return bool(np.array_equal(a, b, equal_nan=True))
+    return bool(np.array_equal(a, b))
+
+
+def _attrs_equal(x, y) -> None:
+    assert sorted(x.attrs) == sorted(y.attrs)
+    for k in x.attrs:
+        va, vb = x.attrs[k], y.attrs[k]
+        if isinstance(va, (str, list)):
+            assert va == vb and type(va) is type(vb), k
+        else:
+            assert _eq(va, vb), (k, va, vb)
+
+
+def assert_same_lamina(pa, pb) -> None:
+    """Every node, attribute, dtype, fill, codec, step, block box and value is the same."""
+    with lamina.open(pa) as a, lamina.open(pb) as b:
+        assert a.steps == b.steps
+        na, nb = list(a.walk()), list(b.walk())
+        assert [p for p, _ in na] == [p for p, _ in nb]
+        _attrs_equal(a, b)
+        for (path, x), (_, y) in zip(na, nb, strict=True):
+            assert type(x) is type(y), path
+            _attrs_equal(x, y)
+            if not isinstance(x, lamina.Dataset):
+                continue
+            assert x.shape == y.shape and x.dtype == y.dtype, path
+            assert _eq(x.fill, y.fill), (path, x.fill, y.fill)
+            assert x.compression == y.compression, path
+            for k in range(a.steps):
+                assert sorted(x.coverage(k), key=str) == sorted(y.coverage(k), key=str), (path, k)
+                assert _eq(a.at(k)[path][...], b.at(k)[path][...]), (path, k)
+
+
+@pytest.fixture
+def sample(tmp_path):
+    return make_sample(tmp_path / "run.lam")
+
+
+# --------------------------------------------------------------------------
+# lamina -> HDF5 -> lamina
+
+
+def test_roundtrip_restores_everything(sample, tmp_path):
+    h5 = tmp_path / "run.h5"
+    back = tmp_path / "back.lam"
+    r1 = hdf5.convert(sample, h5, progress=False)
+    assert r1.direction == "lamina->hdf5" and r1.steps == 3 and r1.warnings == []
+    r2 = hdf5.convert(h5, back, progress=False)
+    assert r2.direction == "hdf5->lamina" and r2.source_kind == "lamina" and r2.warnings == []
+    assert r1.blocks == r2.blocks and r1.nbytes == r2.nbytes
+    assert_same_lamina(sample, back)
+    with lamina.open(back) as f:  # spot checks on the restored file
+        assert f["never"].coverage(0) == [] and f["never"][...].tolist() == [4, 4, 4]
+        assert f["mask"].coverage(2) == [] and f.at(2)["mask"][...].tolist() == [True] * 6
+        assert sorted(f["fields/deep/p"].coverage(2), key=str) == [
+            Box((0, 0, 0), (2, 3, 5)),
+            Box((2, 1, 0), (4, 3, 2)),
+        ]
+        assert f.attrs["lamina_user_note"].startswith("a user")
+        assert float(f["mask"].attrs["lamina_weird"]) == 3.0
+        assert f["scalar"].coverage(1) == [] and f.at(0)["scalar"][()] == 42.0
+        assert f["counts"].dtype == np.uint64 and int(f.at(0)["counts"][0, 1]) == 2**63 + 5
+
+
+def test_h5py_reads_identical_values(sample, tmp_path):
+    h5 = tmp_path / "run.h5"
+    hdf5.lamina_to_hdf5(sample, h5, progress=False)
+    with lamina.open(sample) as f, h5py.File(h5, "r") as h:
+        assert h.attrs["lamina_format"] == "lamina-hdf5"
+        assert int(h.attrs["lamina_format_version"]) == 1
+        assert int(h.attrs["lamina_steps"]) == f.steps
+        np.testing.assert_array_equal(h.attrs["lamina_step_times"], f.engine.catalog.step_times)
+        assert h.attrs["title"] == "sample run"
+        assert list(h.attrs["names"]) == ["u", "v", "wé"]
+        assert h.attrs["flags"].dtype == np.bool_
+        assert "empty/nested" in h and isinstance(h["empty/nested"], h5py.Group)
+        assert h["fields"].attrs["kind"] == "cell"
+        # the reserved prefix is escaped
+        assert (
+            "lamina_user_lamina_user_note" in h.attrs
+            and "lamina_user_lamina_weird" in h["mask"].attrs
+        )
+        for path, ds in f.walk():
+            if not isinstance(ds, lamina.Dataset):
+                continue
+            hd = h[path]
+            assert hd.dtype == ds.dtype, path
+            assert hd.shape == (f.steps, *ds.shape), path
+            assert hd.chunks == (1, *(max(1, n) for n in ds.shape)), path
+            assert _eq(hd.fillvalue, ds.fill), path  # numpy scalars are native-endian
+            rows = hd.attrs["lamina_blocks"]
+            assert rows.shape == (sum(len(ds.coverage(k)) for k in range(f.steps)), 1 + 2 * ds.ndim)
+            assert list(hd.attrs["lamina_steps_written"]) == [
+                k for k in range(f.steps) if ds.coverage(k)
+            ]
+            for k in range(f.steps):
+                assert _eq(hd[k], f.at(k)[path][...]), (path, k)
+        assert h["fields/T"].attrs["units"] == "K"
+        # mask[0:2] was not written in step 1: the fill value, True
+        assert h["mask"][1].tolist() == [True, True, False, True, False, True]
+        assert h["spectra/c"][1, 0, 0] == 5 - 5j
+
+
+def test_h5dump_reads_the_file(sample, tmp_path):
+    exe = shutil.which("h5dump")
+    if exe is None:
+        pytest.skip("h5dump not installed (apt-get install hdf5-tools)")
+    h5 = tmp_path / "run.h5"
+    hdf5.lamina_to_hdf5(sample, h5, progress=False)
+    out = subprocess.run([exe, str(h5)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    for name in ("fields", "deep", "spectra", "empty", "nested"):
+        assert f'GROUP "{name}"' in text
+    for name in ('"T"', '"p"', '"c"', '"mask"', '"bigendian"', '"counts"', '"scalar"', '"never"'):
+        assert f"DATASET {name}" in text
+    assert '"lamina-hdf5"' in text and 'ATTRIBUTE "lamina_blocks"' in text
+    # step 2 of T is 0..47: h5dump prints the row (2,7,0) as 42..47
+    t = subprocess.run(
+        [exe, "-d", "/fields/T", "-s", "2,7,0", "-c", "1,1,6", str(h5)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert t.returncode == 0, t.stderr
+    assert "42, 43, 44, 45, 46, 47" in t.stdout
+    m = subprocess.run([exe, "-d", "/mask", str(h5)], capture_output=True, text=True, timeout=60)
+    assert "TRUE, TRUE, FALSE, TRUE, FALSE, TRUE" in m.stdout
+    b = subprocess.run(
+        [exe, "-d", "/bigendian", str(h5)], capture_output=True, text=True, timeout=60
+    )
+    assert "H5T_IEEE_F64BE" in b.stdout and "1, 2, 3, 4" in b.stdout
+
+
+def test_zero_steps_and_definitions_only(tmp_path):
+    src = tmp_path / "defs.lam"
+    with lamina.open(src, "w") as f:
+        f.create_dataset("a/x", shape=(3, 2), dtype="i8", fill=5)
+        f.attrs["only"] = "definitions"
+    h5 = tmp_path / "defs.h5"
+    hdf5.convert(src, h5, progress=False)
+    with h5py.File(h5) as h:
+        assert h["a/x"].shape == (0, 3, 2) and h["a/x"].attrs["lamina_blocks"].shape == (0, 5)
+    back = tmp_path / "back.lam"
+    hdf5.convert(h5, back, progress=False)
+    assert_same_lamina(src, back)
+
+
+def test_large_blocks_move_in_slabs(tmp_path, monkeypatch):
+    monkeypatch.setattr(hdf5, "SLAB_BYTES", 100)  # force slabs of a few elements
+    src = tmp_path / "big.lam"
+    data = np.arange(10 * 7 * 3, dtype=np.float64).reshape(10, 7, 3)
+    with lamina.open(src, "w") as f:
+        d = f.create_dataset("d", shape=(10, 7, 3), dtype="f8", fill=-1)
+        with f.step():
+            d[1:9, :, :] = data[1:9]
+    h5 = tmp_path / "big.h5"
+    r = hdf5.convert(src, h5, progress=False)
+    assert r.blocks == 1 and r.nbytes == data[1:9].nbytes
+    with h5py.File(h5) as h:
+        assert _eq(h["d"][0, 1:9], data[1:9]) and (h["d"][0, 0] == -1).all()
+    back = tmp_path / "back.lam"
+    hdf5.convert(h5, back, progress=False)
+    assert_same_lamina(src, back)  # one block in, one block out
+
+
+def test_split_box_and_chunk_shape():
+    box = Box((2, 0, 0), (12, 7, 3))
+    for limit in (8, 24, 100, 168, 10**6):
+        pieces = hdf5.split_box(box, 8, limit)
+        assert sum(p.size for p in pieces) == box.size
+        assert all(p.size * 8 <= max(limit, 8) for p in pieces)
+        assert all(box.contains(p) for p in pieces)
+        cover = np.zeros((12, 7, 3), int)
+        for p in pieces:
+            cover[p.slices] += 1
+        assert (cover[2:12] == 1).all() and (cover[:2] == 0).all()
+    assert hdf5.split_box(Box((0,), (0,)), 8, 1) == [Box((0,), (0,))]
+    assert hdf5.chunk_shape((100, 50), 8) == (1, 100, 50)
+    assert hdf5.chunk_shape((0, 4), 8) == (1, 1, 4)
+    assert hdf5.chunk_shape((), 8) == (1,)
+    c = hdf5.chunk_shape((4096, 4096, 64), 8, 1 << 30)
+    assert np.prod(c) * 8 <= 1 << 30 and c[0] == 1
+
+
+def test_gzip_option(sample, tmp_path):
+    h5 = tmp_path / "z.h5"
+    hdf5.convert(sample, h5, progress=False, gzip=4)
+    with h5py.File(h5) as h:
+        assert h["fields/T"].compression == "gzip"
+    back = tmp_path / "back.lam"
+    hdf5.convert(h5, back, progress=False)
+    assert_same_lamina(sample, back)
+    with pytest.raises(hdf5.ConvertError):
+        hdf5.convert(h5, tmp_path / "x.lam", gzip=4)
+    with pytest.raises(hdf5.ConvertError):
+        hdf5.convert(sample, tmp_path / "y.h5", gzip=12)
+
+
+def test_lamina_compression_is_restored(tmp_path):
+    try:
+        import numcodecs  # noqa: F401
+    except Exception as e:  # a broken numcodecs/zfpy install
+        pytest.skip(f"numcodecs unusable here: {e}")
+    src = tmp_path / "z.lam"
+    with lamina.open(src, "w") as f:
+        d = f.create_dataset("d", shape=(64, 64), dtype="f8", compression="zstd")
+        with f.step():
+            d[...] = np.zeros((64, 64))
+    h5 = tmp_path / "z.h5"
+    hdf5.convert(src, h5, progress=False)
+    back = tmp_path / "back.lam"
+    hdf5.convert(h5, back, progress=False)
+    assert_same_lamina(src, back)
+    with lamina.open(back) as f:
+        assert f["d"].blocks(0)[0].codec != "raw"
+
+
+# --------------------------------------------------------------------------
+# plain HDF5 files
+
+
+def test_plain_hdf5_becomes_one_step(tmp_path):
+    src = tmp_path / "plain.h5"
+    grid = np.arange(24, dtype=np.float32).reshape(4, 6)
+    with h5py.File(src, "w") as h:
+        h.attrs["fixed"] = np.bytes_(b"abc")
+        h.attrs["strs"] = np.array([b"x", b"yy"])
+        h.attrs["pi"] = 3.14
+        h.attrs.create("nothing", data=h5py.Empty("f8"))
+        g = h.create_group("g")
+        d = g.create_dataset("grid", data=grid, chunks=(1, 6))
+        d.attrs["units"] = "m"
+        h.create_dataset("c", data=np.array([1 + 2j, -3j], dtype=np.complex64))
+        h.create_dataset("b", data=np.array([True, False, True]))
+        h.create_dataset("s", data=7, dtype="i8")
+        h.create_dataset("unwritten", shape=(5,), dtype="u2", fillvalue=9)
+        h.create_dataset("text", data="not numeric")
+        h.create_dataset("rec", data=np.zeros(2, dtype=[("x", "i4"), ("y", "f4")]))
+        h["alias"] = h5py.SoftLink("/g/grid")
+        h["hard"] = h["c"]  # the same object under two names: converted once
+    dst = tmp_path / "plain.lam"
+    r = hdf5.convert(src, dst, progress=False)
+    assert r.source_kind == "plain" and r.steps == 1
+    text = "\n".join(r.warnings)
+    assert "/text" in text and "/rec" in text and "soft link /alias" in text and "'nothing'" in text
+    with lamina.open(dst) as f:
+        assert f.steps == 1
+        assert (
+            f.attrs["fixed"] == "abc"
+            and f.attrs["strs"] == ["x", "yy"]
+            and float(f.attrs["pi"]) == 3.14
+        )
+        assert "nothing" not in f.attrs
+        assert _eq(f["g/grid"][...], grid) and f["g/grid"].attrs["units"] == "m"
+        assert f["c"].dtype == np.complex64 and f["c"][...].tolist() == [1 + 2j, -3j]
+        assert f["b"].dtype == np.bool_ and f["b"][...].tolist() == [True, False, True]
+        assert f["s"].shape == () and f["s"][()] == 7
+        assert f["unwritten"].coverage(0) == [] and f["unwritten"][...].tolist() == [9] * 5
+        assert "text" not in f and "rec" not in f and "alias" not in f
+        assert ("c" in f) != ("hard" in f)
+
+
+def test_plain_hdf5_large_dataset_in_slabs(tmp_path, monkeypatch):
+    monkeypatch.setattr(hdf5, "SLAB_BYTES", 64)
+    src = tmp_path / "p.h5"
+    data = np.arange(60, dtype=np.int32).reshape(10, 6)
+    with h5py.File(src, "w") as h:
+        h["d"] = data
+    dst = tmp_path / "p.lam"
+    hdf5.convert(src, dst, progress=False)
+    with lamina.open(dst) as f:
+        assert len(f["d"].coverage(0)) > 1
+        assert _eq(f["d"][...], data)
+
+
+# --------------------------------------------------------------------------
+# errors and destinations
+
+
+def test_existing_destination_needs_overwrite(sample, tmp_path):
+    h5 = tmp_path / "run.h5"
+    hdf5.convert(sample, h5, progress=False)
+    with pytest.raises(FileExistsError, match="exists"):
+        hdf5.convert(sample, h5, progress=False)
+    hdf5.convert(sample, h5, progress=False, overwrite=True)
+    back = tmp_path / "back.lam"
+    hdf5.convert(h5, back, progress=False)
+    hdf5.convert(h5, back, progress=False, overwrite=True)  # replaces a lamina directory
+    other = tmp_path / "somedir"
+    other.mkdir()
+    (other / "keep.txt").write_text("precious")
+    with pytest.raises(FileExistsError, match="not a lamina file"):
+        hdf5.convert(h5, other, progress=False, overwrite=True)
+    assert (other / "keep.txt").read_text() == "precious"
+    assert not [p for p in os.listdir(tmp_path) if ".partial-" in p]
+
+
+def test_source_errors(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        hdf5.convert(tmp_path / "missing.lam", tmp_path / "x.h5")
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(b"not a thing")
+    with pytest.raises(hdf5.ConvertError, match="neither"):
+        hdf5.convert(junk, tmp_path / "x.h5")
+    with pytest.raises(lamina.NotALaminaFileError):
+        hdf5.convert(tmp_path, tmp_path / "x.h5")  # a directory but not a lamina file
+    h5 = tmp_path / "s.h5"
+    hdf5.convert(make_sample(tmp_path / "s2.lam"), h5, progress=False)
+    with pytest.raises(hdf5.ConvertError, match="the same file"):
+        hdf5.convert(h5, h5, overwrite=True)
+    assert h5.is_file()
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        hdf5.convert(make_sample(tmp_path / "s.lam"), tmp_path / "no" / "dir" / "x.h5")
+
+
+def test_corrupt_block_table_is_a_format_error(sample, tmp_path):
+    h5 = tmp_path / "run.h5"
+    hdf5.convert(sample, h5, progress=False)
+    with h5py.File(h5, "a") as h:
+        rows = h["fields/T"].attrs["lamina_blocks"]
+        rows[0, 3] = 99  # stop beyond the shape
+        h["fields/T"].attrs["lamina_blocks"] = rows
+    dst = tmp_path / "back.lam"
+    with pytest.raises(lamina.FormatError, match="does not fit"):
+        hdf5.convert(h5, dst, progress=False)
+    assert not dst.exists()
+    assert not [p for p in os.listdir(tmp_path) if ".partial-" in p]
+    with h5py.File(h5, "a") as h:
+        h["fields/T"].attrs["lamina_blocks"] = np.zeros((1, 3), dtype=np.int64)
+    with pytest.raises(lamina.FormatError, match="shape"):
+        hdf5.convert(h5, dst, progress=False)
+    with h5py.File(h5, "a") as h:
+        h.attrs["lamina_format_version"] = np.int64(99)
+    with pytest.raises(lamina.FormatError, match="version 99"):
+        hdf5.convert(h5, dst, progress=False)
+
+
+def test_progress_bar_goes_to_stderr(sample, tmp_path, capsys):
+    hdf5.convert(sample, tmp_path / "a.h5", progress=True)
+    out, err = capsys.readouterr()
+    assert out == "" and "B" in err
+    hdf5.convert(sample, tmp_path / "b.h5")  # auto: stderr is not a terminal under pytest
+    out, err = capsys.readouterr()
+    assert out == "" and err == ""
