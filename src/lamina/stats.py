@@ -22,6 +22,8 @@ from .catalog.model import Stats
 CHUNK = 1 << 18
 #: default checksum segment: partial reads verify only the segments they touch
 SEGMENT = 1 << 22
+#: smaller blocks are summarized inline: handing them to the thread costs more than it saves
+BACKGROUND_MIN = 1 << 20
 
 
 def crc(data, value: int = 0) -> int:
@@ -85,11 +87,15 @@ def compute(arr: np.ndarray, seg: int = SEGMENT, checksum: bool = True) -> tuple
     count = 0
     crcs: list[int] = []
     item = a.dtype.itemsize
+    if checksum and seg > 0 and seg % item:
+        # segments that split items cannot follow the chunks: checksum the bytes separately
+        st, _ = compute(a, 0, checksum=False)
+        return st, segment_crcs(flat.view(np.uint8), seg)
     step = max(1, CHUNK // item)
-    seg_items = max(step, (seg // item) if seg > 0 else n)
     # make step divide the segment so that checksum segments align with chunks
     if seg > 0 and seg % (step * item):
         step = max(1, math.gcd(step * item, seg) // item)
+    seg_items = (seg // item) if seg > 0 else n  # after adjusting step: a multiple of it
     raw = memoryview(flat.view(np.uint8)) if checksum else None
     cur = 0
     for i in range(0, n, step):
@@ -138,7 +144,7 @@ class BlockJob:
     def __init__(self, arr: np.ndarray, seg: int = SEGMENT, checksum: bool = True, background: bool = True):
         self._future: Future | None = None
         self._result = None
-        if background:
+        if background and arr.nbytes >= BACKGROUND_MIN:
             self._future = _pool().submit(compute, arr, seg, checksum)
         else:
             self._result = compute(arr, seg, checksum)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 
 import numpy as np
 
 from .. import codecs as codec_mod
 from ..catalog import DatasetSpec, check_dtype, normpath
-from ..errors import NotFoundError, suggest
+from ..errors import DTypeError, NotFoundError, suggest
 from .attrs import Attributes
 
 
@@ -138,13 +139,30 @@ class Group:
         if any(n < 0 for n in shape):
             raise ValueError(f"dataset {name!r}: shape {shape} has a negative dimension")
         dt = check_dtype(dtype)
-        try:
-            fill_v = np.array(fill).astype(dt, casting="same_kind")[()]
-        except TypeError as e:
-            raise TypeError(f"dataset {name!r}: fill value {fill!r} does not fit dtype {dt}") from e
+        fill_v = _fill_value(fill, dt, name)
         codecs = codec_mod.normalize(compression, dt, len(shape))
         spec = self._file._engine.define(DatasetSpec(self._abs(name), shape, dt, fill_v, codecs))
         ds = Dataset(self._file, spec.path, self._step)
         if data is not None and self._file.comm.rank == 0:
             ds[...] = data
         return ds
+
+
+def _fill_value(fill, dt: np.dtype, name: str):
+    """*fill* as a scalar of *dt*, or DTypeError if it does not fit.
+
+    Judged by value, not by dtype kind, so the default ``0`` fits bool and
+    unsigned datasets while ``-1`` (uint), ``1.5`` or NaN (int) and ``1j``
+    (float) do not.  Float and complex targets take the nearest value.
+    """
+    arr = np.asarray(fill)
+    ok = arr.ndim == 0 and arr.dtype.kind in "biufc"
+    if ok:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")  # ComplexWarning, invalid-cast RuntimeWarning
+            v = arr.astype(dt)
+            if not (dt.kind == "c" or (dt.kind == "f" and arr.dtype.kind != "c")):
+                ok = bool(v.astype(arr.dtype) == arr) and bool(v == arr)
+    if not ok:
+        raise DTypeError(f"dataset {name!r}: fill value {fill!r} does not fit dtype {dt}")
+    return v[()]

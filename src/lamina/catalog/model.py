@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -77,13 +78,21 @@ def encode_dtype(e: Encoder, dt: np.dtype) -> None:
     e.str(dt.str)
 
 
+#: what encode_dtype writes (numpy's ``dtype.str`` of a numeric scalar dtype, e.g. '<f8', '|b1')
+_DTYPE_STR = re.compile(r"[<>|=]?[biufc][0-9]{1,2}")
+
+
 def decode_dtype(d: Decoder) -> np.dtype:
     s = d.str()
     if len(s) > 8:
         raise FormatError(f"{d.what}: dtype string {s!r} is too long")
+    # only hand numpy strings of the form lamina writes: np.dtype() of arbitrary
+    # text can raise ValueError or even SyntaxError, and warn
+    if not _DTYPE_STR.fullmatch(s):
+        raise FormatError(f"{d.what}: unknown dtype {s!r}")
     try:
         dt = np.dtype(s)
-    except TypeError as e:
+    except (TypeError, ValueError) as e:
         raise FormatError(f"{d.what}: unknown dtype {s!r}") from e
     if dt.kind not in NUMERIC_KINDS or dt.fields is not None or dt.subdtype is not None:
         raise FormatError(f"{d.what}: dtype {s!r} is not a numeric scalar dtype")
@@ -109,7 +118,7 @@ def normalize_attr(value):
         )
     if arr.nbytes > MAX_ATTR_BYTES:
         raise ValueError(f"attribute of {arr.nbytes} bytes exceeds the limit of {MAX_ATTR_BYTES}; store it as a dataset")
-    return np.ascontiguousarray(arr)
+    return np.array(arr, order="C")  # a copy; unlike ascontiguousarray, keeps 0-D scalars 0-D
 
 
 def present_attr(value):
@@ -151,6 +160,8 @@ def decode_attr(d: Decoder):
         if nd > MAX_NDIM:
             raise FormatError(f"{d.what}: attribute has {nd} dimensions (limit {MAX_NDIM})")
         shape = tuple(d.u64() for _ in range(nd))
+        if math.prod(max(1, n) for n in shape) * dt.itemsize >= 1 << 62:
+            raise FormatError(f"{d.what}: attribute has an impossible shape {shape}")
         raw = d.blob(limit=MAX_ATTR_BYTES)
         if math.prod(shape) * dt.itemsize != len(raw):
             raise FormatError(f"{d.what}: attribute of shape {shape} and dtype {dt} does not match its {len(raw)} bytes")
@@ -199,7 +210,7 @@ class DatasetSpec:
         if nd > MAX_NDIM:
             raise FormatError(f"{d.what}: dataset {path!r} has {nd} dimensions (limit {MAX_NDIM})")
         shape = tuple(d.u64() for _ in range(nd))
-        if any(n >= 1 << 62 for n in shape):
+        if math.prod(max(1, n) for n in shape) * dt.itemsize >= 1 << 62:
             raise FormatError(f"{d.what}: dataset {path!r} has an impossible shape {shape}")
         fill = np.frombuffer(d.raw(dt.itemsize), dtype=dt)[0]
         codec_json = d.str()

@@ -118,6 +118,7 @@ class BlockEngine(Engine):
     def __init__(self) -> None:
         self.catalog = Catalog()
         self._pending: list[Pending] = []
+        self._boxes: dict[int, tuple] = {}  # dataset id -> (starts, stops, count) put in this step
         self._pending_ops: list[tuple] = []
         self._in_step = False
         self._closed = False
@@ -149,6 +150,11 @@ class BlockEngine(Engine):
         except BaseException:
             comm_mod.free(self.comm)
             raise
+        if mode == "a" and self.catalog.closed:
+            # Reopened for writing: commit an empty record at once so that readers stop
+            # taking the last writer's close record for the end of the file (a reader
+            # opening before this session's first step would otherwise end iter_steps early).
+            self._commit(KIND_META)
 
     # ----------------------------------------------------------- metadata
     def _require_write(self, what: str) -> None:
@@ -190,6 +196,11 @@ class BlockEngine(Engine):
         path = normpath(path)
         if path in self.catalog.datasets:
             raise ExistsError(f"cannot create group {path!r}: a dataset of that name exists")
+        p = parent(path)
+        while p:
+            if p in self.catalog.datasets:
+                raise ExistsError(f"cannot create group {path!r}: {p!r} is a dataset, not a group")
+            p = parent(p)
         op = (OP_GROUP, path)
         self.catalog.apply_op(op)
         self._pending_ops.append(op)
@@ -256,20 +267,18 @@ class BlockEngine(Engine):
                 raise DTypeError(f"cannot write {arr.dtype} data to dataset {spec.path!r} of dtype {spec.dtype} (unsafe cast)")
             arr = arr.astype(spec.dtype)
             copy = False  # astype already made a private copy
-        for p in self._pending:
-            if p.spec.id == spec.id and p.box.overlaps(box):
-                raise OverlapError(
-                    f"dataset {spec.path!r}, step {len(self.catalog.steps)}: box {box} overlaps box {p.box} "
-                    "already written by this rank in this step"
-                )
+        self._check_local_overlap(spec, box)
         if box.empty:
             return
         if not arr.flags.c_contiguous:
             arr = np.ascontiguousarray(arr)
             copy = False
         p = Pending(len(self._pending), spec, box, arr)
-        if spec.codecs:
-            p.payload = codec_mod.pipeline(spec.codecs).encode(arr)
+        pipe = codec_mod.pipeline(spec.codecs) if spec.codecs else None
+        if pipe is not None and pipe.finite_only and not np.isfinite(arr).all():
+            pipe = None  # zfp cannot represent NaN or inf (it would store other numbers): keep raw
+        if pipe is not None:
+            p.payload = pipe.encode(arr)
             p.codec = 1
             p.length = len(p.payload)
             if p.length >= arr.nbytes:  # incompressible: store raw, like ADIOS
@@ -283,6 +292,36 @@ class BlockEngine(Engine):
         else:
             self._stage(p, copy)
         self._pending.append(p)
+
+    def _check_local_overlap(self, spec: DatasetSpec, box: Box) -> None:
+        """OverlapError now if *box* overlaps a box this rank already put in this step.
+
+        Vectorized over the rank's pending boxes of the dataset; overlaps across
+        ranks are found at end_step by one sweep over all boxes of the step.
+        """
+        if box.empty:
+            return
+        lo, hi, n = self._boxes.get(spec.id, (None, None, 0))
+        if n:
+            start = np.asarray(box.start, dtype=np.int64)
+            stop = np.asarray(box.stop, dtype=np.int64)
+            hit = np.all((lo[:n] < stop) & (hi[:n] > start), axis=1)
+            if hit.any():
+                j = int(np.argmax(hit))
+                other = Box(tuple(int(v) for v in lo[j]), tuple(int(v) for v in hi[j]))
+                raise OverlapError(
+                    f"dataset {spec.path!r}, step {len(self.catalog.steps)}: box {box} overlaps box {other} "
+                    "already written by this rank in this step"
+                )
+        if lo is None or n == len(lo):
+            cap = max(16, 2 * n)
+            nlo = np.empty((cap, spec.ndim), dtype=np.int64)
+            nhi = np.empty((cap, spec.ndim), dtype=np.int64)
+            if n:
+                nlo[:n], nhi[:n] = lo[:n], hi[:n]
+            lo, hi = nlo, nhi
+        lo[n], hi[n] = box.start, box.stop
+        self._boxes[spec.id] = (lo, hi, n + 1)
 
     def end_step(self) -> None:
         self._require_write("end a step")
@@ -320,7 +359,7 @@ class BlockEngine(Engine):
         for r, raw in enumerate(raws):
             d = Decoder(raw, f"step headers from rank {r}")
             digests.append(d.u32())
-            for _ in range(d.count(20, name="blocks")):
+            for _ in range(d.count(18, name="blocks")):
                 idx, did = d.u32(), d.u32()
                 if did >= len(self.catalog.specs):
                     raise CollectiveMismatchError(f"rank {r} wrote dataset id {did}, unknown on rank {self.rank}")
@@ -434,6 +473,7 @@ class BlockEngine(Engine):
         self.catalog.apply_record(rec, ops_applied=True)
         self._committed(raw)
         self._pending.clear()
+        self._boxes.clear()
         self._pending_ops.clear()
         self._in_step = False
 
@@ -445,6 +485,7 @@ class BlockEngine(Engine):
                 except Exception:
                     pass
         self._pending.clear()
+        self._boxes.clear()
         self._in_step = False
 
     # ---------------------------------------------------------- reading
@@ -477,7 +518,7 @@ class BlockEngine(Engine):
         if covered < box.size:
             out[...] = spec.fill_scalar()
         for rec, inter in hits:
-            self._read_region(rec, spec, inter, out[inter.relative_to(box)])
+            self._read_region(rec, spec, inter, out[(*inter.relative_to(box), ...)])
 
     def decode_payload(self, rec: BlockRecord, spec: DatasetSpec, payload) -> np.ndarray:
         """Bytes of a whole block as stored -> array of the block's shape."""

@@ -1,0 +1,301 @@
+"""``lamina demo``: a simulation writes, an analysis with another rank count reads back and checks.
+
+The built-in simulation (:mod:`lamina.demo.simulation`) is an analytic 3-D
+premixed flame: a thin, wrinkled, moving front makes the data uneven, as in
+real combustion data.  The writer runs on ``--ranks`` MPI ranks, writes
+``--steps`` steps of every field, and the reader, on ``--readers`` ranks
+and another decomposition, reads every value back, compares it bit for bit
+with the simulation, checks the per-block statistics, and reports sizes,
+bandwidths and what the block statistics say about the flame.
+
+Started without ``mpiexec`` (the usual way), the demo launches ``mpiexec``
+itself, once for the writer and once for the reader.  Started under
+``mpiexec -n N`` (N > 1), it runs both in place: the writer on all N ranks,
+the reader on fewer.
+
+:func:`main` returns 0 only if every value was read back equal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+from .. import comm as comm_mod
+from . import launch, phases, report
+from .simulation import DEFAULT_SHAPE
+
+__all__ = ["main"]
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    """'64x64x128', '64,64,128', or 'N' for N x N x 2N."""
+    parts = [p for p in text.replace("x", ",").replace("X", ",").split(",") if p.strip()]
+    try:
+        vals = [int(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad shape {text!r}: use e.g. 64x64x128 or 64") from None
+    if len(vals) == 1:
+        vals = [vals[0], vals[0], 2 * vals[0]]
+    if len(vals) != 3 or min(vals) < 1:
+        raise argparse.ArgumentTypeError(
+            f"the shape must be 3 positive integers (or one N for N x N x 2N), got {text!r}"
+        )
+    return tuple(vals)
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="lamina demo",
+        description="Run a built-in 3-D flame simulation on several MPI ranks, write it with lamina, "
+        "read it back on a different number of ranks, check every value and report.",
+    )
+    p.add_argument(
+        "--ranks", type=_positive, default=4, help="writer (simulation) ranks (default 4)"
+    )
+    p.add_argument(
+        "--readers", type=_positive, default=3, help="reader (analysis) ranks (default 3)"
+    )
+    p.add_argument("--steps", type=_positive, default=5, help="steps to write (default 5)")
+    p.add_argument(
+        "--shape",
+        type=_shape,
+        default=DEFAULT_SHAPE,
+        metavar="NXxNYxNZ",
+        help="global grid, e.g. 64x64x128 (default), or N for N x N x 2N",
+    )
+    p.add_argument(
+        "--blocks",
+        type=_positive,
+        default=None,
+        help="blocks per writer rank and field (default: up to 32, of at least 16^3 cells)",
+    )
+    p.add_argument(
+        "--aggregators",
+        type=_positive,
+        default=None,
+        help="subfiles the writers aggregate into (default: one per rank)",
+    )
+    p.add_argument(
+        "--no-fsync", action="store_true", help="do not fsync at each commit (durable=False)"
+    )
+    p.add_argument("--out", default=None, help="directory for the file (default: a temporary one)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary directory and the file")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds allowed to each MPI program (default 300)",
+    )
+    p.add_argument("--quiet", "-q", action="store_true", help="print only the verdict line")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the demo; returns the exit status (0: every value read back equal)."""
+    try:
+        args = parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    except SystemExit as e:  # --help, or a usage error already printed
+        return int(e.code or 0) if not isinstance(e.code, str) else 2
+    world = comm_mod.world()
+    if world.size > 1:
+        return _run_in_place(args, world)
+    if os.environ.get(launch.CHILD_ENV):
+        print(
+            "lamina demo: refusing to start mpiexec from a rank the demo started", file=sys.stderr
+        )
+        return 2
+    mpiexec = launch.find_mpiexec()
+    if mpiexec is None:
+        print(
+            "lamina demo: no mpiexec found (install the 'mpich' wheel or an MPI); "
+            "running writer and reader in this process, on one rank each",
+            file=sys.stderr,
+        )
+        return _run_in_place(args, world)
+    return _run_launched(args, mpiexec)
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _workdir(args) -> tuple[str, str]:
+    """(temporary directory for results, path of the .lam file)."""
+    work = tempfile.mkdtemp(prefix="lamina-demo-")
+    base = work
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        base = args.out
+    return work, os.path.join(os.path.abspath(base), "flame.lam")
+
+
+def _cleanup(args, work: str, ok: bool) -> bool:
+    """Remove what the demo made, unless asked to keep it; returns whether the file is still there.
+
+    After a failure the file stays for inspection (in --out, or in the temporary directory).
+    """
+    if args.keep:
+        return True
+    if ok or args.out:
+        shutil.rmtree(work, ignore_errors=True)
+    return bool(args.out) or not ok
+
+
+def _say(args, msg: str) -> None:
+    if not args.quiet:
+        print(msg, flush=True)
+
+
+def _finish(
+    args, w: dict | None, r: dict | None, path: str, kept: bool, wall: float, how: str
+) -> int:
+    ok = bool(w and r and r.get("ok"))
+    if args.quiet:
+        print(report.verdict_line(w, r, ok))
+        if r and not ok:
+            for e in r.get("errors", []):
+                print(f"  {e}")
+    else:
+        print(report.format_report(w, r, path, kept, wall, how))
+    return 0 if ok else 1
+
+
+def _writer_args(args, path: str, result: str) -> list[str]:
+    out = [
+        "write",
+        path,
+        "--result",
+        result,
+        "--shape",
+        "x".join(map(str, args.shape)),
+        "--steps",
+        str(args.steps),
+        "--blocks",
+        str(args.blocks),
+    ]
+    if args.aggregators:
+        out += ["--aggregators", str(args.aggregators)]
+    if args.no_fsync:
+        out.append("--no-fsync")
+    return out
+
+
+def _run_launched(args, mpiexec: str) -> int:
+    """The usual way: two mpiexec runs, the writer's and the reader's, then the report here."""
+    t0 = time.perf_counter()
+    if args.blocks is None:
+        args.blocks = phases.auto_blocks(args.shape, args.ranks)
+    try:
+        work, path = _workdir(args)
+    except OSError as e:
+        print(f"lamina demo: cannot make the output directory: {e}", file=sys.stderr)
+        return 1
+    try:
+        nx, ny, nz = args.shape
+        _say(
+            args,
+            f"lamina demo: simulating a {nx}x{ny}x{nz} flame for {args.steps} steps on "
+            f"{args.ranks} ranks, then checking it on {args.readers} ranks (in {os.path.dirname(path)})",
+        )
+        results = {}
+        for role, n in (("write", args.ranks), ("read", args.readers)):
+            result = os.path.join(work, f"{role}.json")
+            if role == "write":
+                mod_args = _writer_args(args, path, result)
+            else:
+                mod_args = ["read", path, "--result", result]
+            done = launch.run(launch.mpi_command(mpiexec, n, mod_args), args.timeout)
+            if done.timed_out or done.returncode != 0 or not os.path.exists(result):
+                _report_crash(args, role, n, done, path if _cleanup(args, work, False) else None)
+                return 1
+            with open(result) as fh:
+                results[role] = json.load(fh)
+    except BaseException:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+        raise
+    w, r = results["write"], results["read"]
+    kept = _cleanup(args, work, bool(r.get("ok")))
+    return _finish(args, w, r, path, kept, time.perf_counter() - t0, "2 mpiexec launches")
+
+
+def _report_crash(args, role: str, n: int, done: launch.Launched, kept_path: str | None) -> None:
+    if done.timed_out:
+        why = f"timed out after {args.timeout:g} s"
+    else:
+        why = f"exited with status {done.returncode}"
+    print(
+        f"lamina demo: the {role}r ({n} ranks) {why}:\n  {' '.join(done.command)}", file=sys.stderr
+    )
+    tail = done.output.strip().splitlines()[-20:]
+    if tail:
+        print("\n".join("  | " + line for line in tail), file=sys.stderr)
+    if kept_path:
+        print(f"lamina demo: the file is left in {kept_path}", file=sys.stderr)
+    print("lamina demo: FAILED", file=sys.stderr)
+
+
+def _run_in_place(args, world) -> int:
+    """Under ``mpiexec -n N``: write on all N ranks, read on fewer, report on rank 0."""
+    t0 = time.perf_counter()
+    rank, size = world.rank, world.size
+    if args.blocks is None:
+        args.blocks = phases.auto_blocks(args.shape, size)
+    nread = min(args.readers, size)
+    if nread == size and size > 1:
+        nread = size - 1  # the point is a different rank count
+    work = path = None
+    guard = comm_mod.Guard()
+    with guard:
+        if rank == 0:
+            work, path = _workdir(args)
+    comm_mod.agree(world, guard.error)
+    if rank == 0:
+        if args.ranks != size and size > 1:
+            _say(
+                args,
+                f"lamina demo: running under mpiexec: {size} writer ranks (not {args.ranks}), {nread} readers",
+            )
+    path = comm_mod.bcast_bytes(world, path.encode() if path else None).decode()
+    w = phases.write(
+        path,
+        world,
+        args.shape,
+        args.steps,
+        blocks_per_rank=args.blocks,
+        aggregators=args.aggregators,
+        durable=not args.no_fsync,
+    )
+    sub = world.Split(0 if rank < nread else 1, rank)
+    try:
+        r = phases.read(path, sub) if rank < nread else None
+    finally:
+        comm_mod.free(sub)
+    status = 0
+    if rank == 0:
+        kept = _cleanup(args, work, bool(r and r.get("ok")))
+        status = _finish(
+            args,
+            w,
+            r,
+            path,
+            kept,
+            time.perf_counter() - t0,
+            f"in place under mpiexec -n {size}" if size > 1 else "in this process",
+        )
+    return comm_mod.allreduce_int(world, status, "max") if size > 1 else status
