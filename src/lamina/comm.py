@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from .errors import LaminaError, error_from_wire, error_to_wire
+from .errors import LaminaError, error_from_wire, error_to_wire, mark_collective
 
 Comm = MPI.Comm
 
@@ -154,7 +154,7 @@ def agree(comm: MPI.Comm, exc: BaseException | None) -> None:
         return
     if comm.size == 1:
         assert exc is not None
-        raise exc
+        raise mark_collective(exc)
     payload = None
     if comm.rank == first:
         name, msg = error_to_wire(exc)  # type: ignore[arg-type]
@@ -162,9 +162,9 @@ def agree(comm: MPI.Comm, exc: BaseException | None) -> None:
     raw = bcast_bytes(comm, payload, root=first)
     if comm.rank == first:
         assert exc is not None
-        raise exc
+        raise mark_collective(exc)
     name, _, msg = raw.partition(b"\0")
-    raise error_from_wire(name.decode("ascii", "replace"), msg.decode("utf-8", "replace"), rank=first)
+    raise mark_collective(error_from_wire(name.decode("ascii", "replace"), msg.decode("utf-8", "replace"), rank=first))
 
 
 class Guard:

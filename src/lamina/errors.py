@@ -114,6 +114,20 @@ for _cls in list(globals().values()):
         register(_cls)
 
 
+def mark_collective(exc: BaseException) -> BaseException:
+    """Note that every rank raised *exc* in the same collective call (so all may clean up together)."""
+    try:
+        exc.lamina_collective = True  # type: ignore[attr-defined]
+    except AttributeError:
+        pass
+    return exc
+
+
+def is_collective(exc: BaseException | None) -> bool:
+    """True if *exc* was raised on every rank by the same collective call."""
+    return bool(getattr(exc, "lamina_collective", False))
+
+
 def error_to_wire(exc: BaseException) -> tuple[str, str]:
     """Name and message of *exc* for sending to other ranks."""
     if isinstance(exc, LaminaError):

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 from .. import comm as comm_mod
 from ..engines.base import Engine, get_engine_class
-from ..errors import StepError, StepTimeoutError
+from ..errors import StepError, StepTimeoutError, is_collective
 from .group import Group
 
 DEFAULT_ENGINE = "native"
@@ -150,6 +150,11 @@ class File(Group):
         return self
 
     def __exit__(self, et, ev, tb) -> None:
+        if ev is not None and self._comm.size > 1 and not is_collective(ev):
+            # only this rank may have failed: a collective close could pair with a
+            # different collective call on the others, so leave without committing
+            self._engine.abandon()
+            return
         if ev is not None and self._engine.in_step:
             self._engine._discard_step()
         self.close()

@@ -28,6 +28,7 @@ before it changes.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -55,9 +56,10 @@ from ..catalog import (
     normpath,
     parent,
 )
-from ..catalog.model import encode_op
+from ..catalog.model import MAX_ATTR_BYTES, MAX_NDIM, encode_op
 from ..errors import (
     CollectiveMismatchError,
+    mark_collective,
     DTypeError,
     ExistsError,
     FormatError,
@@ -171,7 +173,7 @@ class BlockEngine(Engine):
         lo = comm_mod.allreduce_int(self.comm, c, "min")
         hi = comm_mod.allreduce_int(self.comm, c, "max")
         if lo != hi:
-            raise CollectiveMismatchError(f"ranks disagree on the collective call {what}")
+            raise mark_collective(CollectiveMismatchError(f"ranks disagree on the collective call {what}"))
 
     def define(self, spec: DatasetSpec) -> DatasetSpec:
         self._require_write(f"create dataset {spec.path!r}")
@@ -185,6 +187,12 @@ class BlockEngine(Engine):
                 raise ExistsError(f"cannot create dataset {path!r}: {p!r} is a dataset, not a group")
             p = parent(p)
         spec = DatasetSpec(path, tuple(int(n) for n in spec.shape), spec.dtype, spec.fill, spec.codecs, len(self.catalog.specs))
+        if spec.ndim > MAX_NDIM or math.prod(max(1, n) for n in spec.shape) * spec.dtype.itemsize >= 1 << 62:
+            # readers refuse such a definition (DatasetSpec.decode): the file would not open again
+            raise ShapeError(
+                f"cannot create dataset {path!r} of shape {spec.shape}: the format allows at most "
+                f"{MAX_NDIM} dimensions and 2**62 bytes"
+            )
         self._check_same(f"create_dataset({path!r}, shape={spec.shape}, dtype={spec.dtype})", spec.digest_bytes())
         op = (OP_DATASET, spec)
         self.catalog.apply_op(op)
@@ -213,6 +221,10 @@ class BlockEngine(Engine):
         if not isinstance(name, str) or not name:
             raise ValueError(f"attribute names are non-empty strings, got {name!r}")
         op = (OP_ATTR, path, name, normalize_attr(value))
+        try:
+            encode_op(Encoder(), op)  # fail here, not in every later commit (and close)
+        except ValueError as e:
+            raise ValueError(f"cannot set attribute {name!r} on {'/' + path!r}: {e}") from None
         self.catalog.apply_op(op)
         self._pending_ops.append(op)
 
@@ -228,6 +240,12 @@ class BlockEngine(Engine):
     def set_ext(self, key: str, payload: bytes) -> None:
         self._require_write(f"record {key!r}")
         op = (OP_EXT, str(key), bytes(payload))
+        if len(op[2]) > MAX_ATTR_BYTES:  # readers refuse longer ones: the file would not open
+            raise ValueError(f"extension record {key!r} of {len(op[2])} bytes exceeds the limit of {MAX_ATTR_BYTES}")
+        try:
+            encode_op(Encoder(), op)
+        except ValueError as e:
+            raise ValueError(f"cannot record {key!r}: {e}") from None
         self.catalog.apply_op(op)
         self._pending_ops.append(op)
 
@@ -292,6 +310,7 @@ class BlockEngine(Engine):
         else:
             self._stage(p, copy)
         self._pending.append(p)
+        self._record_local_box(spec, box)  # only now: a put that failed wrote nothing
 
     def _check_local_overlap(self, spec: DatasetSpec, box: Box) -> None:
         """OverlapError now if *box* overlaps a box this rank already put in this step.
@@ -313,6 +332,9 @@ class BlockEngine(Engine):
                     f"dataset {spec.path!r}, step {len(self.catalog.steps)}: box {box} overlaps box {other} "
                     "already written by this rank in this step"
                 )
+
+    def _record_local_box(self, spec: DatasetSpec, box: Box) -> None:
+        lo, hi, n = self._boxes.get(spec.id, (None, None, 0))
         if lo is None or n == len(lo):
             cap = max(16, 2 * n)
             nlo = np.empty((cap, spec.ndim), dtype=np.int64)
@@ -466,9 +488,10 @@ class BlockEngine(Engine):
                     self._write_record(raw)
             comm_mod.agree(self.comm, g.error)
             raw = comm_mod.bcast_bytes(self.comm, raw, root=0)
-        except BaseException:
+        except Exception as e:
+            # every error here is raised on all ranks alike (agree, or the same verdict)
             self._discard_step()
-            raise
+            raise mark_collective(e)
         rec = Record.decode(raw, self.catalog, "committed record", apply_ops=False)
         self.catalog.apply_record(rec, ops_applied=True)
         self._committed(raw)
@@ -541,6 +564,19 @@ class BlockEngine(Engine):
             self._closed = True
             self._close_storage()
             comm_mod.free(self.comm)
+
+    def abandon(self) -> None:
+        """Independent: release this rank's resources without committing anything.
+
+        For leaving a file after an error that other ranks may not share: a
+        collective close could pair with a different collective call on
+        them.  Committed steps stay intact; the current step is dropped.
+        """
+        if self._closed:
+            return
+        self._discard_step()
+        self._closed = True
+        self._close_storage()
 
     # ---------------------------------------------------------- hooks
     def _open_storage(self, path: str, mode: str) -> None:

@@ -1,0 +1,246 @@
+"""Run the scenario scripts of ``tests/scenarios`` under ``mpiexec`` with a timeout.
+
+Every launch has a wall-clock limit so that a hang fails the test instead of
+blocking the run.  MPICH's hydra puts each rank in a session of its own, so
+killing ``mpiexec``'s process group does not reach the ranks: on a timeout
+(and in :func:`kill_tree`) every descendant process is found through
+``/proc`` and killed by its pid.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SCENARIOS = Path(__file__).resolve().parent / "scenarios"
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+
+def mpiexec() -> str:
+    """The ``mpiexec`` next to this Python (the mpich wheel's), else the one on PATH."""
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.path.exists(here):
+        return here
+    found = shutil.which("mpiexec")
+    if found is None:
+        raise RuntimeError("no mpiexec found next to sys.executable or on PATH")
+    return found
+
+
+def scenario(name: str) -> str:
+    path = SCENARIOS / name
+    if not path.suffix:
+        path = path.with_suffix(".py")
+    return str(path)
+
+
+def child_env(extra: dict | None = None) -> dict:
+    """Environment for a child: lamina importable, no engine override, quiet warnings."""
+    env = dict(os.environ)
+    env.pop("LAMINA_ENGINE", None)
+    env.pop("LAMINA_TRANSPORT", None)
+    pp = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(SRC) + (os.pathsep + pp if pp else "")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if extra:
+        env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def mpi_command(n: int, script: str, *args) -> list[str]:
+    return [
+        mpiexec(),
+        "-n",
+        str(n),
+        sys.executable,
+        "-m",
+        "mpi4py",
+        scenario(script),
+        *map(str, args),
+    ]
+
+
+def python_command(script: str, *args) -> list[str]:
+    return [sys.executable, scenario(script), *map(str, args)]
+
+
+def start(cmd: list[str], env: dict | None = None, **kw) -> subprocess.Popen:
+    """Start *cmd* in a new session (so it can be killed as a tree), text pipes."""
+    return subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(env),
+        start_new_session=True,
+        **kw,
+    )
+
+
+def start_mpi(n: int, script: str, *args, env: dict | None = None) -> subprocess.Popen:
+    return start(mpi_command(n, script, *args), env=env)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of *pid* (found through /proc), deepest last."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # the command name may contain spaces and parentheses: split after the last ')'
+        fields = stat[stat.rfind(")") + 2 :].split()
+        try:
+            ppid = int(fields[1])
+        except (IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        for c in children.get(p, []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _shm_files(pids: list[int]) -> set[str]:
+    """MPICH shared-memory segments (``/dev/shm/mpich_shm_*``) mapped by *pids*."""
+    out = set()
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/maps") as f:
+                for line in f:
+                    parts = line.split()
+                    if len(parts) >= 6 and parts[5].startswith("/dev/shm/mpich_shm_"):
+                        out.add(parts[5])
+        except OSError:
+            pass
+    return out
+
+
+def kill_tree(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    """Send *sig* to *proc*, its process group and every descendant (by pid).
+
+    With SIGKILL, also remove the MPICH shared-memory segments the killed
+    ranks had mapped (a normal MPI_Finalize would have removed them).
+    """
+    pids = descendants(proc.pid)
+    shm = _shm_files(pids) if sig == signal.SIGKILL else set()
+    for p in [proc.pid, *pids]:
+        try:
+            os.kill(p, sig)
+        except ProcessLookupError:
+            pass
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if sig == signal.SIGKILL:
+        # the ranks were reparented when their launcher died: wait until they are gone
+        deadline = time.monotonic() + 10
+        for p in pids:
+            while time.monotonic() < deadline:
+                try:
+                    os.kill(p, 0)
+                except ProcessLookupError:
+                    break
+                if _is_zombie(p):
+                    break
+                time.sleep(0.02)
+        for path in shm:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return True
+    return stat[stat.rfind(")") + 2 :].split()[0] == "Z"
+
+
+class Result:
+    """What a finished launch produced."""
+
+    def __init__(self, cmd, returncode: int, stdout: str, stderr: str, seconds: float):
+        self.cmd = cmd
+        self.returncode = returncode
+        self.stdout = stdout
+        self.stderr = stderr
+        self.seconds = seconds
+
+    def describe(self) -> str:
+        return (
+            f"command: {' '.join(self.cmd)}\nexit status: {self.returncode} after {self.seconds:.1f} s\n"
+            f"--- stdout ---\n{self.stdout[-6000:]}\n--- stderr ---\n{self.stderr[-12000:]}"
+        )
+
+    def lines(self, prefix: str) -> list[str]:
+        return [
+            ln[len(prefix) :].strip() for ln in self.stdout.splitlines() if ln.startswith(prefix)
+        ]
+
+
+def finish(proc: subprocess.Popen, cmd, timeout: float, t0: float | None = None) -> Result:
+    """Wait for *proc* at most *timeout* s; on timeout kill the whole tree and report."""
+    t0 = time.monotonic() if t0 is None else t0
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        out, err = proc.communicate()
+        err = (err or "") + f"\n*** killed: no result after {timeout} s (hang?) ***\n"
+        rc = -9999
+    return Result(cmd, rc, out or "", err or "", time.monotonic() - t0)
+
+
+def check(res: Result, expect_ok: str | None = "OK") -> Result:
+    """Assert that a launch exited 0 (and printed a line starting with *expect_ok*)."""
+    if res.returncode != 0:
+        sys.stderr.write(res.describe() + "\n")
+        raise AssertionError(f"launch failed:\n{res.describe()}")
+    if expect_ok is not None and not res.lines(expect_ok):
+        sys.stderr.write(res.describe() + "\n")
+        raise AssertionError(f"launch did not report {expect_ok!r}:\n{res.describe()}")
+    return res
+
+
+def run_mpi(
+    n: int,
+    script: str,
+    *args,
+    timeout: float = 60,
+    env: dict | None = None,
+    expect_ok: str | None = "OK",
+) -> Result:
+    """``mpiexec -n N python -m mpi4py scenarios/SCRIPT args...``; asserts success."""
+    cmd = mpi_command(n, script, *args)
+    t0 = time.monotonic()
+    proc = start(cmd, env=env)
+    return check(finish(proc, cmd, timeout, t0), expect_ok)
+
+
+def run_python(
+    script: str, *args, timeout: float = 60, env: dict | None = None, expect_ok: str | None = "OK"
+) -> Result:
+    """``python scenarios/SCRIPT args...`` (one rank, no mpiexec); asserts success."""
+    cmd = python_command(script, *args)
+    t0 = time.monotonic()
+    proc = start(cmd, env=env)
+    return check(finish(proc, cmd, timeout, t0), expect_ok)

@@ -1,0 +1,245 @@
+"""MPI scenarios: the scripts of ``tests/scenarios`` under ``mpiexec`` with a timeout.
+
+Each scenario checks every value it reads against values that encode the
+global index and the step (``_common.values``), and prints ``OK ...`` from
+rank 0 when every rank passed; an exception on any rank aborts the job
+(``python -m mpi4py``), and a hang is killed by the timeout.
+
+- round trip: n = 1..4 writer ranks, uneven random 1-D, 2-D and 3-D
+  decompositions (some ranks with nothing to write, some with two blocks,
+  holes that must read as the fill value), float32 / int64 / complex128 /
+  bool (and a compressed int64, and a float64 dataset whose blocks span
+  several checksum segments), aggregators 1, 2 and n, and the memory
+  engine; read back by a different number of ranks with a different
+  decomposition;
+- many steps; append with different rank counts (and a dataset added in
+  an append session); a reader following a live writer (two jobs at once);
+- overlapping boxes from two ranks: OverlapError on every rank, earlier
+  steps intact, the writer goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import mpi_util as mu  # noqa: E402
+
+pytest.importorskip("mpi4py")
+
+try:
+    mu.mpiexec()
+except RuntimeError:  # pragma: no cover - depends on the installation
+    pytest.skip("no mpiexec", allow_module_level=True)
+
+pytestmark = pytest.mark.timeout(180)
+
+# writer ranks -> (reader ranks, aggregator counts written)
+ROUNDTRIP = {1: (3, "1"), 2: (4, "1,n"), 3: (2, "1,2,n"), 4: (1, "1,2,n")}
+
+
+@pytest.mark.parametrize("n", sorted(ROUNDTRIP))
+def test_roundtrip_n_to_m(tmp_path, n):
+    """Write with n ranks (uneven decompositions, every aggregator count), read with m != n."""
+    m, aggs = ROUNDTRIP[n]
+    hist = f"{n}:{100 + n}:3"
+    mu.run_mpi(
+        n,
+        "roundtrip",
+        "write",
+        tmp_path,
+        "--history",
+        hist,
+        "--aggregators",
+        aggs,
+        "--big",
+        "--memory",
+        timeout=90,
+    )
+    res = mu.run_mpi(
+        m,
+        "roundtrip",
+        "read",
+        tmp_path,
+        "--history",
+        hist,
+        "--aggregators",
+        aggs,
+        "--big",
+        "--rseed",
+        7 * n,
+        timeout=90,
+    )
+    assert "values compared" in res.stdout
+
+
+@pytest.mark.slow
+def test_many_steps(tmp_path):
+    """60 steps (a different uneven decomposition each), 3 writers, 2 readers."""
+    hist = "3:4242:60"
+    names = "d1/i64,d2/f32,d3/c128,d2/bool"
+    mu.run_mpi(
+        3,
+        "roundtrip",
+        "write",
+        tmp_path,
+        "--history",
+        hist,
+        "--aggregators",
+        "2",
+        "--names",
+        names,
+        "--durable",
+        0,
+        timeout=120,
+    )
+    mu.run_mpi(
+        2,
+        "roundtrip",
+        "read",
+        tmp_path,
+        "--history",
+        hist,
+        "--aggregators",
+        "2",
+        "--names",
+        names,
+        timeout=120,
+    )
+
+
+@pytest.mark.slow
+def test_append_with_other_rank_counts(tmp_path):
+    """Write with 2 ranks, append with 3 (adding a dataset), then with 1; read with 4."""
+    h1 = "2:11:3"
+    h2 = h1 + ",3:12:2"
+    h3 = h2 + ",1:13:2"
+    mu.run_mpi(
+        2, "roundtrip", "write", tmp_path, "--history", h1, "--aggregators", "1,n", timeout=90
+    )
+    mu.run_mpi(
+        3,
+        "roundtrip",
+        "write",
+        tmp_path,
+        "--history",
+        h2,
+        "--aggregators",
+        "1,n",
+        "--extra",
+        timeout=90,
+    )
+    mu.run_mpi(
+        1,
+        "roundtrip",
+        "write",
+        tmp_path,
+        "--history",
+        h3,
+        "--aggregators",
+        "1,n",
+        "--durable",
+        0,
+        timeout=90,
+    )
+    mu.run_mpi(
+        4,
+        "roundtrip",
+        "read",
+        tmp_path,
+        "--history",
+        h3,
+        "--aggregators",
+        "1,n",
+        "--extra-from",
+        3,
+        "--rseed",
+        3,
+        timeout=90,
+    )
+
+
+def _follow(
+    tmp_path, nr: int, history: str, reader_args=(), writer_args=("--wait",), timeout: float = 90
+):
+    """Start the reader job, then the writer job (the last session of *history*); check both."""
+    path = tmp_path / "live.lam"
+    nw = int(history.split(",")[-1].split(":")[0])
+    t0 = time.monotonic()
+    reader_cmd = mu.mpi_command(nr, "follow", "read", path, "--history", history, *reader_args)
+    writer_cmd = mu.mpi_command(nw, "follow", "write", path, "--history", history, *writer_args)
+    reader = mu.start(reader_cmd)
+    writer = mu.start(writer_cmd)
+    try:
+        r = mu.finish(reader, reader_cmd, timeout, t0)
+        if r.returncode != 0 and writer.poll() is None:
+            mu.kill_tree(writer)  # it would wait for a reader that is gone
+        w = mu.finish(writer, writer_cmd, max(5.0, timeout - (time.monotonic() - t0)), t0)
+    finally:
+        for p in (reader, writer):
+            if p.poll() is None:
+                mu.kill_tree(p)
+                p.communicate()
+    res = mu.check(r)
+    mu.check(w)
+    nsteps = sum(int(part.split(":")[2]) for part in history.split(","))
+    assert f"followed {nsteps} steps" in res.stdout, res.stdout
+    return path
+
+
+@pytest.mark.parametrize("nw,nr", [(2, 3), (3, 1)])
+def test_reader_follows_writer(tmp_path, nw, nr):
+    """A writer job and a reader job started together; the reader checks each step as it arrives."""
+    _follow(tmp_path, nr, f"{nw}:{900 + nw}:10")
+
+
+def test_reader_follows_appending_writer(tmp_path):
+    """A reader that opens a closed file while a new writer appends to it follows the new steps."""
+    path = tmp_path / "live.lam"
+    mu.run_mpi(2, "follow", "write", path, "--history", "2:31:3", timeout=60)
+    _follow(tmp_path, 2, "2:31:3,3:32:4", reader_args=("--after-open",))
+
+
+@pytest.mark.parametrize("n,aggregators", [(1, 1), (2, 1), (3, 2), (4, 4)])
+def test_overlap_error_on_every_rank(tmp_path, n, aggregators):
+    """Overlapping boxes from two ranks in one step: OverlapError everywhere, earlier steps intact."""
+    mu.run_mpi(n, "overlap", tmp_path / "ov.lam", aggregators, timeout=60)
+
+
+def test_checks_catch_wrong_data(tmp_path):
+    """The scenario checks are not vacuous: reading with the wrong writer seed must fail."""
+    hist = "2:5:2"
+    names = "d2/i64,d3/f32"
+    mu.run_mpi(
+        2,
+        "roundtrip",
+        "write",
+        tmp_path,
+        "--history",
+        hist,
+        "--aggregators",
+        "1",
+        "--names",
+        names,
+        timeout=60,
+    )
+    cmd = mu.mpi_command(
+        2,
+        "roundtrip",
+        "read",
+        tmp_path,
+        "--history",
+        "2:6:2",
+        "--aggregators",
+        "1",
+        "--names",
+        names,
+    )
+    res = mu.finish(mu.start(cmd), cmd, 60)
+    assert res.returncode != 0, res.describe()
+    assert "AssertionError" in res.stderr, res.describe()
