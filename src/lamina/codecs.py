@@ -8,11 +8,13 @@ codec (numcodecs also has a *pickle* codec, which lamina never accepts).
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 
 import numpy as np
 
+from .catalog.model import MAX_CODEC_JSON
 from .errors import CodecError
 
 #: codec id -> {parameter: accepted python types}
@@ -57,7 +59,18 @@ def normalize(compression, dtype: np.dtype, ndim: int) -> tuple[dict, ...]:
         else:
             raise CodecError(f"compression must be a codec name, tuple or dict, got {item!r}")
         out.append(_validate(cfg, dtype, ndim))
-    return tuple(out)
+    configs = tuple(out)
+    if len(json.dumps(list(configs), sort_keys=True, separators=(",", ":"))) > MAX_CODEC_JSON:
+        raise CodecError(f"compression pipeline of {len(configs)} codecs is too long to record")
+    # numcodecs checks some parameters (blosc cname/clevel/shuffle, zlib level) only when it
+    # compresses: try a one-value block now rather than define a dataset nobody can write
+    probe = np.zeros((1,) * ndim, dtype=dtype)
+    try:
+        p = pipeline(configs)
+        p.decode(p.encode(probe), dtype, probe.shape, "a test block")
+    except CodecError as e:
+        raise CodecError(f"compression {compression!r} does not work for {dtype} data: {e}") from None
+    return configs
 
 
 def _validate(cfg: dict, dtype: np.dtype, ndim: int) -> dict:
@@ -75,15 +88,29 @@ def _validate(cfg: dict, dtype: np.dtype, ndim: int) -> dict:
     if cid == "zfpy":
         if dtype.kind not in "fi" or dtype.itemsize not in (4, 8):
             raise CodecError(f"zfp compresses float32/float64/int32/int64 data, not {dtype}")
+        if not dtype.isnative:
+            raise CodecError(f"zfp compresses native byte order data, not {dtype.str}")
         if not 1 <= ndim <= 4:
             raise CodecError(f"zfp compresses 1-4 dimensional blocks, not {ndim}-D")
         if not any(k in cfg for k in ("tolerance", "rate", "precision")):
             raise CodecError("zfp needs an error bound: ('zfp', tolerance) or {'id': 'zfpy', 'tolerance': ...}")
         if "tolerance" in cfg:
+            if dtype.kind != "f":
+                # zfp ignores the tolerance for integer data: the bound would silently not hold
+                raise CodecError(
+                    f"zfp's error bound (tolerance) applies to float data only, not {dtype}; "
+                    "use {'id': 'zfpy', 'precision': ...} or 'rate' for integers"
+                )
             cfg["tolerance"] = float(cfg["tolerance"])
             if not (cfg["tolerance"] > 0 and math.isfinite(cfg["tolerance"])):
                 raise CodecError(f"zfp tolerance must be a positive finite number, got {cfg['tolerance']}")
             cfg.setdefault("mode", 4)  # zfp fixed-accuracy mode
+        else:
+            # without a mode numcodecs' ZFPY runs fixed-accuracy and ignores rate/precision
+            key, mode = ("rate", 2) if "rate" in cfg else ("precision", 3)
+            if not 0 < cfg[key] <= 64:  # bits per value / bit planes; more only wastes memory
+                raise CodecError(f"zfp {key} must be a positive number of at most 64 bits, got {cfg[key]}")
+            cfg.setdefault("mode", mode)  # zfp fixed-rate / fixed-precision mode
     return cfg
 
 
@@ -94,6 +121,8 @@ class Pipeline:
         import numcodecs  # lazy: only files with compression pay the import
 
         self.configs = configs
+        #: zfp maps NaN and inf to finite numbers: blocks holding them must not go through it
+        self.finite_only = any(cfg.get("id") == "zfpy" for cfg in configs)
         self.codecs = []
         for cfg in configs:
             if cfg.get("id") not in ALLOWED:  # re-check: configs may come from disk

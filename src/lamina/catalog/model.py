@@ -116,6 +116,8 @@ def normalize_attr(value):
         raise DTypeError(
             f"attribute value of dtype {arr.dtype} is not supported: use numbers, numeric arrays or strings"
         )
+    if arr.ndim > MAX_NDIM:  # readers refuse more (decode_attr)
+        raise ValueError(f"attribute with {arr.ndim} dimensions exceeds the limit of {MAX_NDIM}")
     if arr.nbytes > MAX_ATTR_BYTES:
         raise ValueError(f"attribute of {arr.nbytes} bytes exceeds the limit of {MAX_ATTR_BYTES}; store it as a dataset")
     return np.array(arr, order="C")  # a copy; unlike ascontiguousarray, keeps 0-D scalars 0-D

@@ -108,6 +108,8 @@ def parse_frame(buf: bytes, e: CommitEntry, what: str = META_NAME) -> bytes:
     """Payload of the record that commit entry *e* points at; *buf* holds bytes from e.offset."""
     if len(buf) != e.length:
         raise FormatError(f"{what}: record {e.seq} is truncated ({len(buf)} of {e.length} bytes)")
+    if len(buf) < FRAME_HEAD.size:
+        raise FormatError(f"{what}: record {e.seq} is shorter ({len(buf)} bytes) than its {FRAME_HEAD.size}-byte frame head")
     n, c = FRAME_HEAD.unpack(buf[: FRAME_HEAD.size])
     if n != e.length - FRAME_HEAD.size:
         raise FormatError(f"{what}: record {e.seq} frame says {n} bytes, commit entry says {e.length - FRAME_HEAD.size}")

@@ -1,0 +1,648 @@
+"""Catalog encoding round trips: wire primitives, DatasetSpec, Stats, BlockRecord, Record, attributes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from lamina.catalog import (
+    KIND_CLOSE,
+    KIND_META,
+    KIND_STEP,
+    OP_ATTR,
+    OP_DATASET,
+    OP_DELATTR,
+    OP_EXT,
+    OP_GROUP,
+    BlockRecord,
+    Catalog,
+    DatasetSpec,
+    Decoder,
+    Encoder,
+    Record,
+    Stats,
+    check_dtype,
+    normalize_attr,
+    normpath,
+    parent,
+    present_attr,
+    subfile_name,
+)
+from lamina.catalog.model import decode_attr, decode_dtype, encode_attr, encode_dtype
+from lamina.catalog.wire import MAX_STR
+from lamina.errors import DTypeError, FormatError
+from lamina.geometry import Box
+from lamina.stats import compute
+
+ALL_DTYPES = ["?", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "c8", "c16"]
+
+# --------------------------------------------------------------------------
+# wire
+
+
+@given(
+    st.integers(0, 255),
+    st.integers(0, 2**16 - 1),
+    st.integers(0, 2**32 - 1),
+    st.integers(0, 2**64 - 1),
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(allow_nan=False),
+    st.binary(max_size=64),
+    st.text(max_size=40),
+)
+def test_wire_round_trip(a, b, c, d, e, f, blob, text):
+    enc = Encoder()
+    enc.u8(a)
+    enc.u16(b)
+    enc.u32(c)
+    enc.u64(d)
+    enc.i64(e)
+    enc.f64(f)
+    enc.blob(blob)
+    enc.str(text)
+    enc.raw(b"xyz")
+    dec = Decoder(enc.getvalue(), "test")
+    assert dec.u8() == a
+    assert dec.u16() == b
+    assert dec.u32() == c
+    assert dec.u64() == d
+    assert dec.i64() == e
+    assert dec.f64() == f
+    assert dec.blob() == blob
+    assert dec.str() == text
+    assert dec.raw(3) == b"xyz"
+    assert dec.remaining == 0
+    dec.expect_end()
+
+
+def test_wire_decoder_over_memoryview_and_window():
+    enc = Encoder()
+    enc.u32(7)
+    enc.u32(9)
+    buf = bytearray(b"\xff" * 3 + enc.getvalue() + b"\xee")
+    d = Decoder(memoryview(buf), "win", pos=3, end=11)
+    assert d.u32() == 7 and d.u32() == 9
+    d.expect_end()
+    with pytest.raises(FormatError, match="win: truncated"):
+        d.u8()
+
+
+def test_wire_errors_name_what():
+    with pytest.raises(FormatError, match="thing: truncated at byte 0"):
+        Decoder(b"\x01", "thing").u32()
+    with pytest.raises(FormatError, match="trailing"):
+        Decoder(b"\x01\x02", "thing").expect_end()
+    e = Encoder()
+    e.u32(3)
+    e.raw(b"\xff\xfe\xfd")
+    with pytest.raises(FormatError, match="not UTF-8"):
+        Decoder(e.getvalue()).str()
+    e = Encoder()
+    e.u32(MAX_STR + 1)
+    with pytest.raises(FormatError, match="exceeds the limit"):
+        Decoder(e.getvalue() + b"x" * (MAX_STR + 1)).str()
+    e = Encoder()
+    e.u64(10)
+    with pytest.raises(FormatError, match="exceeds the limit of 4"):
+        Decoder(e.getvalue() + b"x" * 10).blob(limit=4)
+    with pytest.raises(ValueError, match="format limit"):
+        Encoder().str("x" * (MAX_STR + 1))
+
+
+def test_wire_count_refuses_impossible_counts():
+    e = Encoder()
+    e.u32(1_000_000)
+    e.raw(b"\x00" * 100)
+    with pytest.raises(FormatError, match="cannot fit"):
+        Decoder(e.getvalue(), "c").count(4, name="things")
+    e = Encoder()
+    e.u32(5)
+    e.raw(b"\x00" * 100)
+    assert Decoder(e.getvalue()).count(4) == 5
+    with pytest.raises(FormatError):
+        Decoder(e.getvalue()).count(4, limit=4)
+
+
+# --------------------------------------------------------------------------
+# paths and dtypes
+
+
+def test_normpath_and_parent():
+    assert normpath("/a//b/") == "a/b"
+    assert normpath("c", "a/b") == "a/b/c"
+    assert normpath("/c", "a/b") == "c"
+    assert normpath("") == "" and normpath("/") == ""
+    for bad in ("a/../b", "./a", "a/\0b"):
+        with pytest.raises(ValueError):
+            normpath(bad)
+    with pytest.raises(TypeError):
+        normpath(3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="exceeds"):
+        normpath("x" * 5000)
+    assert parent("a/b/c") == "a/b" and parent("a") == ""
+    assert subfile_name(3, 1) == "data.3.1"
+
+
+@pytest.mark.parametrize("dt", ALL_DTYPES + [">f8", "<i4", "f16", "c32"])
+def test_dtype_round_trip(dt):
+    d = check_dtype(dt)
+    e = Encoder()
+    encode_dtype(e, d)
+    assert decode_dtype(Decoder(e.getvalue())) == d
+
+
+@pytest.mark.parametrize("dt", ["O", "U5", "S3", "V8", "M8[s]", "m8", "i4,f8", "(2,)f8"])
+def test_check_dtype_rejects(dt):
+    with pytest.raises(DTypeError, match="not supported"):
+        check_dtype(dt)
+
+
+def test_check_dtype_not_a_dtype():
+    with pytest.raises(DTypeError, match="not a numpy dtype"):
+        check_dtype("notadtype")
+
+
+@pytest.mark.parametrize(
+    "s", ["O", "U5", "f3", "x", "", "i4,f8", "(2)f", "M8", "V8", "<<f8", "a", "4Lh@", "(|20x,l"]
+)
+def test_decode_dtype_rejects_with_format_error(s):
+    e = Encoder()
+    e.str(s)
+    with pytest.raises(FormatError):
+        decode_dtype(Decoder(e.getvalue()))
+
+
+# --------------------------------------------------------------------------
+# attributes
+
+ATTR_VALUES = [
+    "hello",
+    "",
+    "ünïcødé ✓",
+    ["a", "bb", ""],
+    ("x", "y"),
+    3,
+    -7,
+    2.5,
+    float("inf"),
+    True,
+    1 + 2j,
+    np.float32(1.5),
+    np.uint64(2**64 - 1),
+    np.arange(6, dtype="i2").reshape(2, 3),
+    np.linspace(0, 1, 5),
+    np.zeros((0, 3)),
+    np.array([1 + 1j, 2 - 2j], dtype="c8"),
+    np.array([True, False]),
+    [1, 2, 3],
+    [1.5, 2.5],
+]
+
+
+@pytest.mark.parametrize("value", ATTR_VALUES, ids=[repr(v)[:30] for v in ATTR_VALUES])
+def test_attr_round_trip(value):
+    e = Encoder()
+    encode_attr(e, value)
+    d = Decoder(e.getvalue())
+    got = decode_attr(d)
+    d.expect_end()
+    stored = normalize_attr(value)
+    if isinstance(stored, str):
+        assert got == value
+    elif isinstance(stored, list):
+        assert got == list(value)
+    else:
+        assert isinstance(got, np.ndarray)
+        assert got.dtype == stored.dtype and got.shape == stored.shape
+        assert np.array_equal(got, stored)
+        shown = present_attr(got)
+        if np.ndim(value) == 0:
+            assert np.isscalar(shown) or isinstance(shown, np.generic)
+            assert shown == value
+
+
+@given(
+    hnp.arrays(
+        hnp.scalar_dtypes().filter(lambda d: d.kind in "biufc"),
+        hnp.array_shapes(min_dims=0, max_dims=3, max_side=4),
+    )
+)
+def test_attr_round_trip_arrays(arr):
+    e = Encoder()
+    encode_attr(e, arr)
+    got = decode_attr(Decoder(e.getvalue()))
+    assert got.dtype == arr.dtype and got.shape == arr.shape
+    assert got.tobytes() == np.ascontiguousarray(arr).tobytes()
+
+
+@pytest.mark.parametrize(
+    "value",
+    [b"bytes", None, {"a": 1}, ["a", 1], object(), np.array(["x"]), np.datetime64("2020-01-01")],
+)
+def test_attr_bad_values(value):
+    with pytest.raises(DTypeError):
+        normalize_attr(value)
+
+
+def test_attr_too_large():
+    with pytest.raises(ValueError, match="store it as a dataset"):
+        normalize_attr(np.zeros(200_000))
+
+
+def test_attr_decode_errors():
+    with pytest.raises(FormatError, match="unknown attribute type tag 9"):
+        decode_attr(Decoder(b"\x09"))
+    # an array attribute whose byte count does not match its shape
+    e = Encoder()
+    e.u8(2)
+    encode_dtype(e, np.dtype("f8"))
+    e.u8(1)
+    e.u64(3)
+    e.blob(b"\x00" * 16)
+    with pytest.raises(FormatError, match="does not match"):
+        decode_attr(Decoder(e.getvalue()))
+
+
+def test_attr_decode_refuses_impossible_empty_shape():
+    """A zero-size attribute with absurd dimensions must not reach numpy (ValueError there)."""
+    e = Encoder()
+    e.u8(2)
+    encode_dtype(e, np.dtype("f8"))
+    e.u8(2)
+    e.u64(0)
+    e.u64(2**64 - 1)
+    e.blob(b"")
+    with pytest.raises(FormatError):
+        decode_attr(Decoder(e.getvalue()))
+
+
+# --------------------------------------------------------------------------
+# DatasetSpec
+
+
+def roundtrip_spec(spec: DatasetSpec) -> DatasetSpec:
+    e = Encoder()
+    spec.encode(e)
+    d = Decoder(e.getvalue())
+    out = DatasetSpec.decode(d)
+    d.expect_end()
+    return out
+
+
+@pytest.mark.parametrize("dt", ALL_DTYPES)
+@pytest.mark.parametrize("shape", [(), (0,), (5,), (3, 4), (2, 3, 4, 5)])
+def test_dataset_spec_round_trip(dt, shape):
+    dtype = np.dtype(dt)
+    fill = {"b": True, "i": -3, "u": 7, "f": 1.5, "c": 1 - 2j}[dtype.kind]
+    codecs = ({"id": "zstd", "level": 3},) if dtype.kind != "b" else ()
+    spec = DatasetSpec("grp/sub/data", shape, dtype, np.array(fill, dtype=dtype)[()], codecs, 4)
+    out = roundtrip_spec(spec)
+    assert out.path == spec.path and out.shape == shape and out.dtype == dtype
+    assert out.id == 4 and out.codecs == codecs
+    assert out.fill_scalar() == spec.fill_scalar()
+    assert out.digest_bytes() == spec.digest_bytes()
+
+
+def test_dataset_spec_nan_fill():
+    spec = DatasetSpec("x", (3,), np.dtype("f4"), np.float32("nan"), (), 0)
+    assert np.isnan(roundtrip_spec(spec).fill_scalar())
+
+
+def test_dataset_spec_decode_errors():
+    spec = DatasetSpec("x", (3,), np.dtype("f8"), 0.0, (), 0)
+    e = Encoder()
+    spec.encode(e)
+    raw = e.getvalue()
+    # truncated anywhere -> FormatError
+    for n in range(len(raw)):
+        with pytest.raises(FormatError):
+            DatasetSpec.decode(Decoder(raw[:n]))
+
+    def with_codecs(js: str) -> bytes:
+        e = Encoder()
+        e.u32(0)
+        e.str("x")
+        encode_dtype(e, np.dtype("f8"))
+        e.u8(1)
+        e.u64(3)
+        e.raw(b"\x00" * 8)
+        e.str(js)
+        return e.getvalue()
+
+    for js, text in [
+        ("{not json", "not valid JSON"),
+        ('{"id": "zstd"}', "not a list"),
+        ("[1]", "not a list"),
+        ("[" * 3000, "not valid JSON"),
+    ]:
+        with pytest.raises(FormatError, match=text):
+            DatasetSpec.decode(Decoder(with_codecs(js)))
+    # bad path component
+    e = Encoder()
+    DatasetSpec("a/../b", (1,), np.dtype("f8"), 0.0, (), 0).encode(e)
+    with pytest.raises(FormatError, match="bad dataset path"):
+        DatasetSpec.decode(Decoder(e.getvalue()))
+    # impossible shape
+    e = Encoder()
+    DatasetSpec("a", (1 << 62,), np.dtype("f8"), 0.0, (), 0).encode(e)
+    with pytest.raises(FormatError, match="impossible shape"):
+        DatasetSpec.decode(Decoder(e.getvalue()))
+
+
+# --------------------------------------------------------------------------
+# Stats
+
+
+def stats_equal(a: Stats, b: Stats) -> bool:
+    def same(x, y):
+        if isinstance(x, float) and math.isnan(x):
+            return isinstance(y, float) and math.isnan(y)
+        return x == y and type(x) is type(y)
+
+    return (
+        same(a.min, b.min)
+        and same(a.max, b.max)
+        and complex(a.sum) == complex(b.sum)
+        and a.count == b.count
+    )
+
+
+def roundtrip_stats(s: Stats, dt) -> Stats:
+    e = Encoder()
+    s.encode(e, np.dtype(dt))
+    d = Decoder(e.getvalue())
+    out = Stats.decode(d, np.dtype(dt))
+    d.expect_end()
+    return out
+
+
+@pytest.mark.parametrize("dt", ALL_DTYPES)
+def test_stats_round_trip_every_dtype(dt, rng):
+    dtype = np.dtype(dt)
+    if dtype.kind == "b":
+        a = rng.random(50) < 0.5
+    elif dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        a = rng.integers(info.min, info.max, size=50, dtype=dtype, endpoint=True)
+        a[0], a[1] = info.min, info.max  # extremes survive exactly
+    elif dtype.kind == "f":
+        a = (rng.standard_normal(50) * 100).astype(dtype)
+        a[3] = np.nan
+    else:
+        a = (rng.standard_normal(50) + 1j * rng.standard_normal(50)).astype(dtype)
+    s, _ = compute(a)
+    out = roundtrip_stats(s, dtype)
+    assert stats_equal(out, s), (out, s)
+    if dtype.kind in "iu":
+        assert out.min == int(a.min()) and out.max == int(a.max())
+        assert isinstance(out.min, int)
+    if dtype.kind == "c":
+        assert isinstance(out.sum, complex)
+    else:
+        assert isinstance(out.sum, float)
+
+
+@pytest.mark.parametrize("dt", ["f4", "f8", "c16", "i4", "u1", "?"])
+def test_stats_round_trip_empty_and_all_nan(dt):
+    s, _ = compute(np.zeros(0, dtype=dt))
+    assert s.count == 0
+    out = roundtrip_stats(s, dt)
+    assert stats_equal(out, s)
+    if np.dtype(dt).kind in "fc":
+        s, _ = compute(np.full(4, np.nan, dtype=dt))
+        assert s.count == 0 and math.isnan(s.min) and math.isnan(s.max)
+        assert stats_equal(roundtrip_stats(s, dt), s)
+
+
+def test_stats_as_dict_is_json_safe():
+    import json
+
+    d = Stats(float("nan"), float("inf"), complex(1, 2), 3).as_dict()
+    json.dumps(d)
+    assert d["sum"] == [1.0, 2.0] and d["count"] == 3 and d["min"] == "nan" and d["max"] == "inf"
+    d = Stats(1, 5, 6.0, 2).as_dict()
+    assert d == {"min": 1, "max": 5, "sum": 6.0, "count": 2}
+
+
+# --------------------------------------------------------------------------
+# BlockRecord and Record
+
+
+def specs_fixture():
+    return [
+        DatasetSpec("a", (10, 8), np.dtype("f8"), 0.0, (), 0),
+        DatasetSpec("g/b", (100,), np.dtype("i2"), 0, ({"id": "zlib", "level": 1},), 1),
+        DatasetSpec("s", (), np.dtype("c16"), 0j, (), 2),
+    ]
+
+
+def test_block_record_round_trip():
+    specs = specs_fixture()
+    st_ = Stats(-1.5, 2.5, 10.0, 80)
+    recs = [
+        BlockRecord(
+            0,
+            Box((0, 0), (10, 8)),
+            rank=3,
+            session=1,
+            agg=2,
+            offset=4096,
+            length=640,
+            seg=0,
+            crcs=(123,),
+            stats=st_,
+        ),
+        BlockRecord(
+            1,
+            Box((10,), (60,)),
+            rank=0,
+            length=37,
+            codec=1,
+            seg=16,
+            crcs=(1, 2, 3),
+            stats=Stats(-5, 9, 3.0, 50),
+        ),
+        BlockRecord(2, Box((), ()), length=16, crcs=(0xFFFFFFFF,), stats=None),
+    ]
+    for r in recs:
+        e = Encoder()
+        r.encode(e, specs[r.dataset].dtype)
+        d = Decoder(e.getvalue())
+        out = BlockRecord.decode(d, specs)
+        d.expect_end()
+        assert out == r
+        assert out.subfile == subfile_name(r.session, r.agg)
+
+
+def _block_bytes(rec: BlockRecord, specs) -> bytes:
+    e = Encoder()
+    rec.encode(e, specs[rec.dataset].dtype if rec.dataset < len(specs) else np.dtype("f8"))
+    return e.getvalue()
+
+
+def test_block_record_decode_errors():
+    specs = specs_fixture()
+    good = BlockRecord(0, Box((0, 0), (2, 2)), length=32, crcs=(5,))
+    cases = [
+        (BlockRecord(7, Box((0,), (1,)), length=8, crcs=(1,)), "dataset id 7"),
+        (BlockRecord(0, Box((0, 0), (11, 2)), length=176, crcs=(1,)), "outside dataset"),
+        (BlockRecord(0, Box((0, 0), (2, 2)), length=31, crcs=(1,)), "claims 31 bytes"),
+        (BlockRecord(0, Box((0, 0), (2, 2)), length=32, crcs=(1, 2)), "2 checksums, expected 1"),
+        (BlockRecord(0, Box((0, 0), (2, 2)), length=32, codec=2, crcs=(1,)), "unknown codec id 2"),
+        (BlockRecord(1, Box((0,), (4,)), length=1 << 62, codec=1, crcs=(1,)), "impossible"),
+    ]
+    for rec, text in cases:
+        with pytest.raises(FormatError, match=text):
+            BlockRecord.decode(Decoder(_block_bytes(rec, specs)), specs)
+    # stop < start in the stored box
+    raw = bytearray(_block_bytes(good, specs))
+    raw[4:12] = (5).to_bytes(8, "little")  # start[0] = 5 > stop[0] = 2
+    with pytest.raises(FormatError, match="outside"):
+        BlockRecord.decode(Decoder(bytes(raw)), specs)
+    # statistics flag other than 0/1
+    raw = bytearray(_block_bytes(good, specs))
+    raw[-1] = 2
+    with pytest.raises(FormatError, match="statistics flag"):
+        BlockRecord.decode(Decoder(bytes(raw)), specs)
+
+
+def full_record(kind=KIND_STEP, step=0):
+    """A record that defines datasets, groups and attributes and writes blocks to them."""
+    specs = specs_fixture()
+    ops = [
+        (OP_GROUP, "g"),
+        (OP_GROUP, "deep/er/group"),
+        (OP_DATASET, specs[0]),
+        (OP_DATASET, specs[1]),
+        (OP_DATASET, specs[2]),
+        (OP_ATTR, "", "title", "run 1"),
+        (OP_ATTR, "a", "units", ["K", "kelvin"]),
+        (OP_ATTR, "g", "dt", np.float64(0.25)),
+        (OP_ATTR, "g/b", "origin", np.array([1, 2, 3], dtype="i8")),
+        (OP_ATTR, "g", "gone", 1),
+        (OP_DELATTR, "g", "gone"),
+        (OP_EXT, "derived/x", b"\x00\x01payload"),
+    ]
+    blocks = [
+        BlockRecord(
+            0, Box((0, 0), (5, 8)), rank=0, length=320, crcs=(11,), stats=Stats(0.0, 1.0, 2.0, 40)
+        ),
+        BlockRecord(
+            0,
+            Box((5, 0), (10, 8)),
+            rank=1,
+            offset=320,
+            length=320,
+            crcs=(12,),
+            stats=Stats(1.0, 2.0, 3.0, 40),
+        ),
+        BlockRecord(
+            1, Box((0,), (100,)), length=50, codec=1, crcs=(13,), stats=Stats(-3, 4, 5.0, 100)
+        ),
+        BlockRecord(2, Box((), ()), length=16, crcs=(14,), stats=Stats(1.0, 1.0, 1 + 0j, 1)),
+    ]
+    return Record(kind, step, session=2, nranks=2, time=1234.5, ops=ops, blocks=blocks), specs
+
+
+def test_record_round_trip_and_catalog():
+    rec, specs = full_record()
+    raw = rec.encode(specs)
+    cat = Catalog()
+    out = Record.decode(raw, cat)
+    assert (
+        out.kind == KIND_STEP
+        and out.step == 0
+        and out.session == 2
+        and out.nranks == 2
+        and out.time == 1234.5
+    )
+    assert out.blocks == rec.blocks
+    assert len(out.ops) == len(rec.ops)
+    assert out.encode(cat.specs) == raw  # re-encoding is byte-identical
+    cat.apply_record(out, ops_applied=True)
+    assert cat.steps and len(cat.steps) == 1
+    assert (
+        cat.kind_of("a") == "dataset"
+        and cat.kind_of("deep/er") == "group"
+        and cat.kind_of("zzz") is None
+    )
+    assert cat.children("") == ["a", "deep", "g", "s"]
+    assert cat.children("g") == ["b"]
+    assert cat.all_paths() == ["a", "deep", "deep/er", "deep/er/group", "g", "g/b", "s"]
+    assert cat.attrs[""]["title"] == "run 1"
+    assert cat.attrs["a"]["units"] == ["K", "kelvin"]
+    assert present_attr(cat.attrs["g"]["dt"]) == 0.25
+    assert np.array_equal(cat.attrs["g/b"]["origin"], [1, 2, 3])
+    assert "gone" not in cat.attrs["g"]
+    assert cat.ext["derived/x"] == b"\x00\x01payload"
+    assert [b.box for b in cat.blocks(0, 0)] == [Box((0, 0), (5, 8)), Box((5, 0), (10, 8))]
+    assert cat.step_times == [1234.5]
+    assert cat.last_session == 2 and not cat.closed
+
+
+def test_record_kinds_and_order():
+    rec, specs = full_record()
+    cat = Catalog()
+    cat.apply_record(Record.decode(rec.encode(specs), cat), ops_applied=True)
+    meta = Record(KIND_META, -1, session=3, ops=[(OP_ATTR, "", "more", 1.0)])
+    cat.apply_record(Record.decode(meta.encode(cat.specs), cat), ops_applied=True)
+    assert cat.attrs[""]["more"] == 1.0 and len(cat.steps) == 1
+    close = Record(KIND_CLOSE, -1, session=3)
+    cat.apply_record(Record.decode(close.encode(cat.specs), cat), ops_applied=True)
+    assert cat.closed and cat.nrecords == 3 and cat.last_session == 3
+    # a step record out of order
+    bad = Record(KIND_STEP, 5, session=3)
+    with pytest.raises(FormatError, match="out of order"):
+        cat.apply_record(Record.decode(bad.encode(cat.specs), cat), ops_applied=True)
+
+
+def test_record_decode_without_applying_ops():
+    rec, specs = full_record()
+    raw = rec.encode(specs)
+    cat = Catalog()
+    for op in rec.ops:
+        cat.apply_op(op)
+    out = Record.decode(raw, cat, apply_ops=False)
+    assert out.blocks == rec.blocks
+    assert len(cat.specs) == 3
+
+
+def test_record_decode_errors():
+    rec, specs = full_record()
+    raw = rec.encode(specs)
+    with pytest.raises(FormatError, match="unknown record kind 9"):
+        Record.decode(b"\x09" + raw[1:], Catalog())
+    with pytest.raises(FormatError, match="trailing"):
+        Record.decode(raw + b"\x00", Catalog())
+    for n in (0, 1, len(raw) // 2, len(raw) - 1):
+        with pytest.raises(FormatError):
+            Record.decode(raw[:n], Catalog())
+    # blocks that refer to a dataset never defined
+    blocks_only = Record(KIND_STEP, 0, blocks=rec.blocks[:1])
+    with pytest.raises(FormatError, match="dataset id 0"):
+        Record.decode(blocks_only.encode(specs), Catalog())
+
+
+def test_catalog_apply_op_inconsistencies():
+    cat = Catalog()
+    spec = DatasetSpec("d", (2,), np.dtype("f8"), 0.0, (), 0)
+    cat.apply_op((OP_DATASET, spec))
+    with pytest.raises(FormatError, match="has id 0, expected 1"):
+        cat.apply_op((OP_DATASET, DatasetSpec("e", (2,), np.dtype("f8"), 0.0, (), 0)))
+    with pytest.raises(FormatError, match="defined twice"):
+        cat.apply_op((OP_DATASET, DatasetSpec("d", (2,), np.dtype("f8"), 0.0, (), 1)))
+    with pytest.raises(FormatError, match="pass through dataset"):
+        cat.apply_op((OP_GROUP, "d/sub"))
+    with pytest.raises(FormatError, match="unknown node"):
+        cat.apply_op((OP_ATTR, "nowhere", "x", 1))
+    with pytest.raises(FormatError, match="unknown operation"):
+        cat.apply_op((99,))
+    with pytest.raises(ValueError, match="unknown metadata operation"):
+        from lamina.catalog.model import encode_op
+
+        encode_op(Encoder(), (99,))

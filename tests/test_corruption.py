@@ -1,0 +1,225 @@
+"""Damaged files: every byte of data is checksummed, every byte of metadata is framed.
+
+A flipped byte in a data subfile is a ChecksumError that names the file, the
+dataset and the block; damaged or truncated metadata and truncated subfiles
+are FormatErrors when the file is opened.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import lamina
+from lamina.engines import memory as memory_engine
+from lamina.engines.native import format as fmt
+from lamina.errors import ChecksumError, FormatError, NotALaminaFileError
+from lamina.stats import CHUNK
+
+pytestmark = pytest.mark.usefixtures("fast_native")
+
+COMPRESSIONS = [None, "zstd", "zlib", ("zfp", 1e-6)]
+
+
+def flip(path: str, offset: int, mask: int = 0x40) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ mask]))
+
+
+def smooth(shape, k=0):
+    grids = np.meshgrid(*[np.linspace(0, 1, n) for n in shape], indexing="ij")
+    # few mantissa bits, so lossless codecs really compress it
+    return np.round((np.sin(3 * sum(grids) + k) + 2.0) * 8) / 8
+
+
+def make_file(path, compression=None, steps=2, shape=(16, 12)):
+    """Two blocks (first and second half of the rows) per step of 'grid/u' (compressible data)."""
+    truth = []
+    h = shape[0] // 2
+    with lamina.open(path, "w", engine="native") as f:
+        ds = f.create_dataset("grid/u", shape=shape, dtype="f8", compression=compression)
+        for k in range(steps):
+            a = smooth(shape, k)
+            with f.step():
+                ds[:h] = a[:h]
+                ds[h:] = a[h:]
+            truth.append(a)
+    return truth
+
+
+def block_of(path, step, index, name="grid/u"):
+    with lamina.open(path, "r", engine="native") as f:
+        return f[name].blocks(step)[index]
+
+
+@pytest.mark.parametrize("compression", COMPRESSIONS, ids=str)
+def test_flipped_data_byte_is_checksum_error(native_path, compression):
+    truth = make_file(native_path, compression)
+    b = block_of(native_path, 1, 1)
+    if compression is not None:
+        assert b.codec != "raw"  # the data compresses, so the payload is the compressed bytes
+    flip(os.path.join(native_path, b.subfile), b.offset + b.nbytes // 2)
+    with lamina.open(native_path, "r", engine="native") as f:
+        ds = f["grid/u"]
+        # the other block of the same step and the whole previous step are intact
+        np.testing.assert_allclose(ds[:8], truth[1][:8], atol=1e-5)
+        np.testing.assert_allclose(f.at(0)["grid/u"][...], truth[0], atol=1e-5)
+        for key in (Ellipsis, (slice(9, 11), slice(2, 5)), (10,), (slice(None), 3)):
+            with pytest.raises(ChecksumError) as ei:
+                ds[key]
+            msg = str(ei.value)
+            assert b.subfile in msg and native_path in msg
+            assert "grid/u" in msg
+            assert str(b.box) in msg
+        # ChecksumError is a FormatError is an OSError
+        assert isinstance(ei.value, FormatError) and isinstance(ei.value, OSError)
+
+
+def test_partial_reads_verify_only_touched_segments(native_path):
+    """With 256 KiB checksum segments, damage in one segment fails only reads that touch it."""
+    n = 4 * CHUNK // 8  # 4 segments of float64
+    shape = (n // 256, 256)
+    a = np.arange(n, dtype="f8").reshape(shape)
+    with lamina.open(native_path, "w", engine="native", checksum_segment=CHUNK) as f:
+        f.create_dataset("big", shape=shape, dtype="f8")
+        f["big"][...] = a
+    b = block_of(native_path, 0, 0, "big")
+    rows_per_seg = shape[0] // 4
+    flip(os.path.join(native_path, b.subfile), b.offset + 2 * CHUNK + 100)  # inside segment 2
+    with lamina.open(native_path, "r", engine="native") as f:
+        ds = f["big"]
+        np.testing.assert_array_equal(ds[: 2 * rows_per_seg], a[: 2 * rows_per_seg])
+        np.testing.assert_array_equal(ds[3 * rows_per_seg :, 5:9], a[3 * rows_per_seg :, 5:9])
+        with pytest.raises(ChecksumError, match="segment 2") as ei:
+            ds[2 * rows_per_seg + 1, :]
+        assert "'big'" in str(ei.value)
+        with pytest.raises(ChecksumError, match="segment 2"):
+            ds[...]
+        with pytest.raises(ChecksumError, match="segment 2"):
+            ds[rows_per_seg : 3 * rows_per_seg + 1, 0]
+
+
+def test_single_segment_block_detects_every_flip(native_path):
+    truth = make_file(native_path, None, steps=1, shape=(4, 4))
+    b = block_of(native_path, 0, 0)
+    sub = os.path.join(native_path, b.subfile)
+    for pos in range(b.offset, b.offset + b.nbytes, 7):
+        flip(sub, pos)
+        with lamina.open(native_path, "r", engine="native") as f:
+            with pytest.raises(ChecksumError):
+                f["grid/u"][1:3]
+            np.testing.assert_array_equal(f["grid/u"][2:], truth[0][2:])
+        flip(sub, pos)  # undo
+    with lamina.open(native_path, "r", engine="native") as f:
+        np.testing.assert_array_equal(f["grid/u"][...], truth[0])
+
+
+@pytest.mark.parametrize("name", [fmt.META_NAME, fmt.COMMIT_NAME])
+@pytest.mark.parametrize("where", ["header", "middle", "first-record"])
+def test_flipped_metadata_is_format_error(native_path, name, where):
+    make_file(native_path, "zstd")
+    path = os.path.join(native_path, name)
+    size = os.path.getsize(path)
+    pos = {"header": 9, "middle": size // 2, "first-record": fmt.HEADER_SIZE + 5}[where]
+    if name == fmt.COMMIT_NAME and pos >= size - fmt.ENTRY_SIZE:
+        pos = fmt.HEADER_SIZE + 5  # the last entry would be a torn commit, tested in test_fuzz
+    flip(path, pos)
+    with pytest.raises(FormatError) as ei:
+        lamina.open(native_path, "r", engine="native")
+    assert native_path in str(ei.value) or "lamina" in str(ei.value)
+
+
+def test_bad_magic_is_not_a_lamina_file(native_path):
+    make_file(native_path)
+    flip(os.path.join(native_path, fmt.COMMIT_NAME), 0)
+    with pytest.raises(NotALaminaFileError, match="not a lamina file"):
+        lamina.open(native_path, "r", engine="native")
+
+
+def test_truncated_subfile_is_format_error(native_path):
+    make_file(native_path)
+    b = block_of(native_path, 1, 1)
+    sub = os.path.join(native_path, b.subfile)
+    os.truncate(sub, b.offset + b.nbytes - 1)
+    with pytest.raises(FormatError) as ei:
+        lamina.open(native_path, "r", engine="native")
+    msg = str(ei.value)
+    assert b.subfile in msg and "grid/u" in msg and str(b.box) in msg
+
+
+def test_missing_subfile_is_format_error(native_path):
+    make_file(native_path)
+    b = block_of(native_path, 0, 0)
+    os.remove(os.path.join(native_path, b.subfile))
+    with pytest.raises(FormatError, match="missing"):
+        lamina.open(native_path, "r", engine="native")
+
+
+@pytest.mark.parametrize("name", [fmt.META_NAME, fmt.COMMIT_NAME])
+def test_missing_metadata_file(native_path, name):
+    make_file(native_path)
+    os.remove(os.path.join(native_path, name))
+    with pytest.raises(NotALaminaFileError):
+        lamina.open(native_path, "r", engine="native")
+
+
+def test_truncated_meta_is_format_error(native_path):
+    make_file(native_path)
+    meta = os.path.join(native_path, fmt.META_NAME)
+    os.truncate(meta, os.path.getsize(meta) - 3)
+    with pytest.raises(FormatError, match="lamina.meta has"):
+        lamina.open(native_path, "r", engine="native")
+
+
+def test_truncated_commit_drops_only_the_torn_step(native_path):
+    truth = make_file(native_path, steps=3)
+    commit = os.path.join(native_path, fmt.COMMIT_NAME)
+    # records: step 0 (with the definitions), step 1, step 2, close
+    os.truncate(commit, fmt.HEADER_SIZE + 3 * fmt.ENTRY_SIZE - 5)
+    with lamina.open(native_path, "r", engine="native") as f:
+        assert f.steps == 2
+        assert not f.engine.writer_closed
+        for k in range(2):
+            np.testing.assert_array_equal(f.at(k)["grid/u"][...], truth[k])
+
+
+def test_corrupt_file_can_be_rewritten(native_path):
+    make_file(native_path)
+    flip(os.path.join(native_path, fmt.META_NAME), 40)
+    with pytest.raises(FormatError):
+        lamina.open(native_path, "r", engine="native")
+    # mode 'w' replaces it
+    truth = make_file(native_path, steps=1)
+    with lamina.open(native_path, "r", engine="native") as f:
+        np.testing.assert_array_equal(f["grid/u"][...], truth[0])
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_memory_engine_detects_corrupt_block(compression):
+    path = "mem://corruption-test"
+    try:
+        with lamina.open(path, "w", engine="memory") as f:
+            ds = f.create_dataset("x", shape=(64,), dtype="i4", compression=compression)
+            ds[:32] = np.zeros(32, dtype="i4")
+            ds[32:] = np.arange(32, dtype="i4")
+        store = memory_engine._STORES[path]
+        key = max(store.blocks)  # the second block
+        raw = bytearray(store.blocks[key])
+        raw[len(raw) // 2] ^= 1
+        store.blocks[key] = bytes(raw)
+        with lamina.open(path, "r", engine="memory") as f:
+            np.testing.assert_array_equal(f["x"][:32], 0)
+            with pytest.raises(ChecksumError, match="'x'"):
+                f["x"][40:50]
+        # a block gone missing is also reported
+        del store.blocks[key]
+        with lamina.open(path, "r", engine="memory") as f:
+            with pytest.raises(ChecksumError, match="missing"):
+                f["x"][...]
+    finally:
+        memory_engine.drop(path)

@@ -1,0 +1,626 @@
+"""Bad input: each mistake is a clear error that names the thing, and the writer survives it.
+
+Every error is a :class:`lamina.LaminaError` *and* the builtin a user would
+catch (IndexError, ValueError, TypeError, KeyError, OSError, ...).  After an
+error in a writer, earlier committed steps stay readable and the writer can
+go on.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import lamina
+from lamina.errors import (
+    BoundsError,
+    CodecError,
+    DTypeError,
+    ExistsError,
+    LaminaError,
+    ModeError,
+    NotALaminaFileError,
+    NotFoundError,
+    OverlapError,
+    ShapeError,
+    StepError,
+    error_from_wire,
+    error_to_wire,
+    suggest,
+)
+
+pytestmark = pytest.mark.usefixtures("fast_native")
+
+
+@pytest.fixture
+def writer(open_file, new_path):
+    """A writer with one committed step of 'fields/temp' (4x6 float64) and 'fields/count' (int32)."""
+    path = new_path()
+    f = open_file(path, "w")
+    t = f.create_dataset("fields/temp", shape=(4, 6), dtype="f8")
+    c = f.create_dataset("fields/count", shape=(10,), dtype="i4")
+    with f.step():
+        t[...] = np.arange(24.0).reshape(4, 6)
+        c[...] = np.arange(10)
+    f.path_for_test = path
+    return f
+
+
+def committed_ok(f, steps=1):
+    """Earlier steps are intact (read through the writer)."""
+    assert f.steps >= steps
+    np.testing.assert_array_equal(f.at(0)["fields/temp"][...], np.arange(24.0).reshape(4, 6))
+    np.testing.assert_array_equal(f.at(0)["fields/count"][...], np.arange(10))
+
+
+def continue_ok(f):
+    """The writer can commit another step after the error."""
+    n = f.steps
+    with f.step():
+        f["fields/temp"][0] = -1.0
+    assert f.steps == n + 1
+    assert np.all(f["fields/temp"][0] == -1.0)
+    committed_ok(f)
+
+
+def reopen_ok(f, engine):
+    path = f.path_for_test
+    f.close()
+    with lamina.open(path, "r", engine=engine) as r:
+        np.testing.assert_array_equal(r.at(0)["fields/temp"][...], np.arange(24.0).reshape(4, 6))
+
+
+# --------------------------------------------------------------------------
+# the hierarchy
+
+
+def test_every_error_subclasses_a_builtin():
+    pairs = {
+        lamina.FormatError: OSError,
+        lamina.NotALaminaFileError: OSError,
+        lamina.ChecksumError: OSError,
+        BoundsError: IndexError,
+        ShapeError: ValueError,
+        DTypeError: TypeError,
+        OverlapError: ValueError,
+        NotFoundError: KeyError,
+        ExistsError: ValueError,
+        ModeError: PermissionError,
+        StepError: IndexError,
+        lamina.StepTimeoutError: TimeoutError,
+        lamina.CollectiveMismatchError: RuntimeError,
+        CodecError: ValueError,
+        lamina.RemoteError: RuntimeError,
+    }
+    for cls, builtin in pairs.items():
+        assert issubclass(cls, LaminaError) and issubclass(cls, builtin), cls
+
+
+def test_not_found_message_is_not_quoted_like_key_error():
+    assert str(NotFoundError("no dataset 'x'")) == "no dataset 'x'"
+
+
+def test_errors_travel_by_name():
+    name, msg = error_to_wire(OverlapError("boxes overlap"))
+    e = error_from_wire(name, msg, rank=3)
+    assert type(e) is OverlapError and str(e) == "rank 3: boxes overlap"
+    name, msg = error_to_wire(ZeroDivisionError("boom"))
+    e = error_from_wire(name, msg)
+    assert type(e) is lamina.RemoteError and "ZeroDivisionError: boom" in str(e)
+    # unknown names never build anything but RemoteError
+    assert type(error_from_wire("os.system", "x")) is lamina.RemoteError
+
+
+def test_suggest():
+    assert "Did you mean 'fields/temp'?" in suggest("fields/tmp", ["fields/temp", "other"])
+    assert "'fields/temp'" in suggest("tempr", ["fields/temp"])  # matches on the last component
+    assert suggest("zzzz", ["fields/temp"]) == ""
+
+
+# --------------------------------------------------------------------------
+# bounds, shapes, dtypes, overlaps (writers)
+
+
+@pytest.mark.parametrize(
+    "key, dim",
+    [((slice(0, 5), slice(None)), 0), ((0, slice(2, 7)), 1), (4, 0), ((-5,), 0), ((0, 6), 1)],
+)
+def test_write_out_of_bounds(writer, engine, key, dim):
+    with writer.step():
+        with pytest.raises(BoundsError) as ei:
+            writer["fields/temp"][key] = 1.0
+        msg = str(ei.value)
+        assert "fields/temp" in msg and f"dimension {dim}" in msg
+        writer["fields/temp"][0] = 5.0  # the step goes on
+    assert writer["fields/temp"][0, 0] == 5.0
+    committed_ok(writer)
+    reopen_ok(writer, engine)
+
+
+def test_write_with_offset_out_of_bounds(writer):
+    with pytest.raises(BoundsError, match=r"fields/temp.*dimension 1 reaches 7 > 6"):
+        writer["fields/temp"].write(np.zeros((2, 3)), offset=(0, 4))
+    with pytest.raises(ShapeError, match="data has 1 dimensions, dataset has 2"):
+        writer["fields/temp"].write(np.zeros(3))
+    with pytest.raises(ShapeError, match="offset"):
+        writer["fields/temp"].write(np.zeros((1, 1)), offset=(0,))
+    writer.end_step()  # the failed puts opened an implicit step; it commits empty
+    continue_ok(writer)
+
+
+def test_read_out_of_bounds(writer):
+    with pytest.raises(BoundsError, match=r"'/fields/temp'.*dimension 1"):
+        writer["fields/temp"][0, 9]
+    with pytest.raises(BoundsError, match="fields/temp"):
+        writer["fields/temp"].read(lamina.Box((0, 0), (5, 6)))
+    with pytest.raises(BoundsError, match="1 dimensions but dataset 'fields/temp' has 2"):
+        writer["fields/temp"].read(lamina.Box((0,), (1,)))
+    committed_ok(writer)
+
+
+@pytest.mark.parametrize("value_shape", [(3, 6), (4, 5), (2,), (4, 6, 1)])
+def test_shape_mismatch(writer, value_shape):
+    with writer.step():
+        with pytest.raises(ShapeError) as ei:
+            writer["fields/temp"][1:3, :] = (
+                np.zeros(value_shape) if value_shape != (2,) else np.zeros((2, 6, 2))
+            )
+        assert "fields/temp" in str(ei.value)
+        writer["fields/temp"][1:3, :] = 7.0  # broadcasting a scalar is fine
+    assert np.all(writer["fields/temp"][1:3] == 7.0)
+    continue_ok(writer)
+
+
+def test_strided_write_refused(writer):
+    with pytest.raises(ShapeError, match="contiguous"):
+        writer["fields/temp"][::2] = 0.0
+
+
+@pytest.mark.parametrize(
+    "dataset, value",
+    [
+        ("fields/count", np.ones(10, dtype="f8")),  # float -> int
+        ("fields/count", np.ones(10, dtype="c8")),  # complex -> int
+        ("fields/temp", np.ones((4, 6), dtype="c16")),  # complex -> float
+        ("fields/count", np.array(["a"] * 10)),  # strings
+        ("fields/count", np.array([object()] * 10)),  # objects
+    ],
+)
+def test_dtype_mismatch(writer, engine, dataset, value):
+    with writer.step():
+        with pytest.raises(DTypeError) as ei:
+            writer[dataset][...] = value
+        msg = str(ei.value)
+        assert dataset in msg and str(value.dtype) in msg
+    committed_ok(writer, 2)
+    continue_ok(writer)
+    reopen_ok(writer, engine)
+
+
+def test_safe_casts_are_accepted(writer):
+    with writer.step():
+        writer["fields/temp"][0] = np.arange(6, dtype="i2")  # int -> float
+        writer["fields/count"][:5] = np.arange(5, dtype="u1")  # uint8 -> int32
+        writer["fields/count"][5:] = np.ones(5, dtype=bool)  # bool -> int
+    assert writer["fields/temp"].dtype == np.float64
+    np.testing.assert_array_equal(writer["fields/count"][...], [0, 1, 2, 3, 4, 1, 1, 1, 1, 1])
+
+
+def test_overlapping_boxes_in_one_step(writer, engine):
+    with writer.step():
+        writer["fields/temp"][0:2, :] = 1.0
+        with pytest.raises(OverlapError) as ei:
+            writer["fields/temp"][1:3, 2:4] = 2.0
+        msg = str(ei.value)
+        assert "fields/temp" in msg and "[1:3, 2:4]" in msg and "[0:2, 0:6]" in msg
+        writer["fields/temp"][2:4, :] = 3.0  # a disjoint box is still fine
+        writer["fields/count"][0:2] = 1  # other datasets are independent
+    np.testing.assert_array_equal(writer["fields/temp"][:, 0], [1, 1, 3, 3])
+    # overlap across steps is fine: each step is a new version
+    with writer.step():
+        writer["fields/temp"][0:2, :] = 9.0
+    committed_ok(writer)
+    reopen_ok(writer, engine)
+
+
+def test_failed_put_can_be_retried(writer, engine, monkeypatch):
+    """A put that fails after its checks (here: the codec) leaves no trace: the same box can be
+    written again without an OverlapError."""
+    from lamina import codecs
+
+    z = writer.create_dataset("z", shape=(8,), dtype="f8", compression="zstd")
+
+    def broken(self, arr):
+        raise CodecError("compression failed: simulated")
+
+    with writer.step():
+        with monkeypatch.context() as m:
+            m.setattr(codecs.Pipeline, "encode", broken)
+            with pytest.raises(CodecError, match="simulated"):
+                z[:4] = np.ones(4)
+        z[:4] = np.ones(4)  # retry
+        z[4:] = 2.0
+    np.testing.assert_array_equal(writer["z"][...], [1, 1, 1, 1, 2, 2, 2, 2])
+    continue_ok(writer)
+    reopen_ok(writer, engine)
+
+
+def test_overlap_on_zero_dim_dataset(writer):
+    s = writer.create_dataset("scalar", shape=(), dtype="f4")
+    with writer.step():
+        s[()] = 1.0
+        with pytest.raises(OverlapError):
+            s[...] = 2.0
+    assert writer["scalar"][()] == 1.0
+
+
+# --------------------------------------------------------------------------
+# names: not found, exists
+
+
+def test_unknown_dataset_suggests_close_names(writer):
+    with pytest.raises(NotFoundError) as ei:
+        writer["fields/tmp"]
+    assert isinstance(ei.value, KeyError)
+    msg = str(ei.value)
+    assert "fields/tmp" in msg and "Did you mean" in msg and "fields/temp" in msg
+    with pytest.raises(KeyError, match="Did you mean"):
+        writer["fields"]["temperature"]
+    with pytest.raises(NotFoundError, match="Did you mean 'fields/count'"):
+        writer.engine.put("fields/cont", lamina.Box((0,), (1,)), np.zeros(1, "i4"))
+    with pytest.raises(NotFoundError, match="is a group, not a dataset"):
+        writer.engine.put("fields", lamina.Box((0,), (1,)), np.zeros(1, "i4"))
+    assert writer.get("fields/tmp") is None
+    assert "fields/tmp" not in writer and "fields/temp" in writer
+    writer.end_step()
+    continue_ok(writer)
+
+
+def test_unknown_attribute(writer):
+    writer["fields/temp"].attrs["units"] = "K"
+    with pytest.raises(NotFoundError, match="Did you mean 'units'"):
+        writer["fields/temp"].attrs["unit"]
+    with pytest.raises(NotFoundError, match="no attribute 'nope'"):
+        del writer.attrs["nope"]
+    with pytest.raises(NotFoundError, match="no group or dataset"):
+        writer.engine.set_attr("nowhere", "x", 1)
+    with pytest.raises(ValueError, match="attribute names"):
+        writer.attrs[""] = 1
+
+
+@pytest.mark.parametrize("value", [b"raw", None, {"a": 1}, ["a", 2], object()])
+def test_bad_attribute_values(writer, value):
+    with pytest.raises(DTypeError):
+        writer.attrs["bad"] = value
+    assert "bad" not in writer.attrs
+    continue_ok(writer)
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("long", "x" * 70_000),  # over the format's 64 KiB string limit
+        ("longlist", ["ok", "y" * 70_000]),
+        ("surrogate", "\udc80"),  # not encodable as UTF-8
+        ("n" * 70_000, 1),  # the name itself too long
+        ("\udc80", 1),
+    ],
+    ids=["long-str", "long-list", "bad-unicode", "long-name", "bad-unicode-name"],
+)
+def test_unstorable_attribute_is_refused_at_once(writer, engine, name, value):
+    """Refused when set, naming the attribute; before the fix every later commit failed."""
+    with pytest.raises(ValueError) as ei:
+        writer["fields/temp"].attrs[name] = value
+    assert "fields/temp" in str(ei.value)
+    assert name not in writer["fields/temp"].attrs
+    continue_ok(writer)
+    reopen_ok(writer, engine)
+
+
+def test_attribute_with_too_many_dimensions(writer, engine):
+    with pytest.raises(ValueError, match="33 dimensions exceeds the limit of 32"):
+        writer.attrs["deep"] = np.zeros((1,) * 33)
+    writer.attrs["ok"] = np.zeros((1,) * 32)
+    continue_ok(writer)
+    reopen_ok(writer, engine)
+
+
+@pytest.mark.parametrize("shape", [(1,) * 33, (2**40, 2**40), (2**59, 8)])
+def test_dataset_beyond_format_limits(writer, engine, shape):
+    """Refused at definition; before the fix the definition was committed and the file no longer opened."""
+    with pytest.raises(ShapeError, match="format allows"):
+        writer.create_dataset("huge", shape=shape, dtype="f8")
+    assert "huge" not in writer
+    writer.create_dataset("wide", shape=(1,) * 32, dtype="u1")
+    continue_ok(writer)
+    reopen_ok(writer, engine)
+
+
+def test_oversized_extension_record_refused(writer, engine):
+    with pytest.raises(ValueError, match="exceeds the limit"):
+        writer.engine.set_ext("layer/x", b"\0" * (2 << 20))
+    writer.engine.set_ext("layer/x", b"fine")
+    continue_ok(writer)
+    reopen_ok(writer, engine)
+
+
+def test_creating_what_exists(writer, engine):
+    with pytest.raises(ExistsError, match="'fields/temp'.*dataset"):
+        writer.create_dataset("fields/temp", shape=(4, 6))
+    with pytest.raises(ExistsError, match="group"):
+        writer.create_dataset("fields", shape=(1,))
+    with pytest.raises(ExistsError, match="dataset"):
+        writer.create_group("fields/temp")
+    with pytest.raises(ExistsError, match="'fields/temp' is a dataset"):
+        writer.create_dataset("fields/temp/sub", shape=(1,))
+    with pytest.raises(ExistsError, match="'fields/temp'"):
+        writer.create_group("fields/temp/sub")
+    with pytest.raises(TypeError, match="is a dataset, not a group"):
+        writer.require_group("fields/temp")
+    assert writer.require_group("fields").name == "/fields"
+    assert writer.create_group("fields").name == "/fields"  # groups may be re-created
+    committed_ok(writer)
+    continue_ok(writer)
+    reopen_ok(writer, engine)
+
+
+@pytest.mark.parametrize("name", ["a/../b", "./x", "a/\0"])
+def test_invalid_names(writer, name):
+    with pytest.raises(ValueError, match="invalid path component"):
+        writer.create_dataset(name, shape=(1,))
+
+
+# --------------------------------------------------------------------------
+# dtypes, fill values and codecs at creation
+
+
+@pytest.mark.parametrize(
+    "dtype", [object, str, "U4", "S3", "M8[s]", "V8", [("a", "f4")], "notadtype"]
+)
+def test_unsupported_dtype(writer, dtype):
+    with pytest.raises(DTypeError) as ei:
+        writer.create_dataset("bad", shape=(3,), dtype=dtype)
+    assert isinstance(ei.value, TypeError)
+    assert "bad" not in writer
+    continue_ok(writer)
+
+
+@pytest.mark.parametrize(
+    "dtype, fill", [("i4", 1.5), ("i4", np.nan), ("f8", 1j), ("?", 2.5), ("f8", "abc")]
+)
+def test_fill_that_does_not_fit(writer, dtype, fill):
+    with pytest.raises(DTypeError, match="fill value") as ei:
+        writer.create_dataset("bad", shape=(3,), dtype=dtype, fill=fill)
+    assert isinstance(ei.value, TypeError) and "bad" in str(ei.value)
+    assert "bad" not in writer
+
+
+def test_negative_shape(writer):
+    with pytest.raises(ValueError, match="negative"):
+        writer.create_dataset("neg", shape=(3, -1))
+
+
+@pytest.mark.parametrize(
+    "compression, dtype, shape, text",
+    [
+        ("snappy", "f8", (4,), "unknown codec 'snappy'"),
+        ("pickle", "f8", (4,), "unknown codec 'pickle'"),
+        ({"id": "zstd", "level": "high"}, "f8", (4,), "parameter 'level' must be int"),
+        ({"id": "zstd", "levle": 3}, "f8", (4,), "no parameter 'levle'"),
+        ({"id": "zstd", "checksum": 1}, "f8", (4,), "'checksum' must be bool"),
+        ({"id": "zlib", "level": True}, "f8", (4,), "'level' must be int"),
+        ("zfp", "f8", (4,), "error bound"),
+        (("zfp", -1.0), "f8", (4,), "positive finite"),
+        (("zfp", float("nan")), "f8", (4,), "positive finite"),
+        (("zfp", float("inf")), "f8", (4,), "positive finite"),
+        (("zfp", 1e-3), "i2", (4,), "not int16"),
+        (("zfp", 1e-3), "c16", (4,), "not complex128"),
+        (("zfp", 1e-3), "f8", (), "0-D"),
+        (("zfp", 1e-3), "f8", (2, 2, 2, 2, 2), "5-D"),
+        (("zstd", 3), "f8", (4,), "expected"),
+        (("zfp", "tight"), "f8", (4,), "expected"),
+        (42, "f8", (4,), "codec name, tuple or dict"),
+        (True, "f8", (4,), "codec name, tuple or dict"),
+        ([None], "f8", (4,), "codec name, tuple or dict"),
+        ({"level": 3}, "f8", (4,), "unknown codec None"),
+        ({"id": "zfpy", "rate": -4}, "f8", (4,), "positive"),
+    ],
+)
+def test_bad_compression(writer, compression, dtype, shape, text):
+    with pytest.raises(CodecError, match=text) as ei:
+        writer.create_dataset("c", shape=shape, dtype=dtype, compression=compression)
+    assert isinstance(ei.value, ValueError)
+    assert "c" not in writer
+    continue_ok(writer)
+
+
+# --------------------------------------------------------------------------
+# files and modes
+
+
+def test_nonexistent_path_in_read_mode(tmp_path):
+    p = tmp_path / "missing.lam"
+    with pytest.raises(FileNotFoundError, match="missing.lam"):
+        lamina.open(p, "r", engine="native")
+    assert not p.exists()
+
+
+def test_memory_file_that_was_never_written():
+    with pytest.raises(NotALaminaFileError, match="no in-memory lamina file"):
+        lamina.open("mem://never-written", "r", engine="memory")
+
+
+def test_not_a_lamina_file(tmp_path):
+    plain = tmp_path / "plain.txt"
+    plain.write_text("hello")
+    with pytest.raises(NotALaminaFileError, match="plain.txt"):
+        lamina.open(plain, "r", engine="native")
+    with pytest.raises(NotALaminaFileError, match="a file of that name exists"):
+        lamina.open(plain, "w", engine="native")
+    assert plain.read_text() == "hello"  # never clobbered
+    d = tmp_path / "somedir"
+    d.mkdir()
+    (d / "precious.dat").write_text("keep me")
+    with pytest.raises(NotALaminaFileError, match="not a lamina file"):
+        lamina.open(d, "r", engine="native")
+    with pytest.raises(NotALaminaFileError, match="not a lamina file"):
+        lamina.open(d, "w", engine="native")
+    with pytest.raises(NotALaminaFileError):
+        lamina.open(d, "a", engine="native")
+    assert (d / "precious.dat").read_text() == "keep me"
+    # an empty directory may become a lamina file
+    e = tmp_path / "empty"
+    e.mkdir()
+    with lamina.open(e, "w", engine="native") as f:
+        f.create_dataset("x", shape=(1,))
+    # a file whose commit log is not a lamina header
+    junk = tmp_path / "junk.lam"
+    junk.mkdir()
+    (junk / "lamina.commit").write_bytes(b"\x00" * 64)
+    (junk / "lamina.meta").write_bytes(b"\x00" * 64)
+    with pytest.raises(NotALaminaFileError, match="bad magic"):
+        lamina.open(junk, "r", engine="native")
+
+
+def test_bad_mode_engine_and_options(tmp_path, engine):
+    with pytest.raises(ValueError, match="mode must be"):
+        lamina.open(tmp_path / "m.lam", "x", engine=engine)
+    with pytest.raises(ValueError, match="unknown engine 'nativ'.*Did you mean 'native'"):
+        lamina.open(tmp_path / "m.lam", "w", engine="nativ")
+    with pytest.raises(TypeError, match="unknown option"):
+        lamina.open(tmp_path / "m.lam", "w", engine=engine, agregators=2)
+    with pytest.raises(ValueError, match="checksum_segment"):
+        lamina.open(tmp_path / "m.lam", "w", engine=engine, checksum_segment=1000)
+    with pytest.raises(TypeError, match="communicator"):
+        lamina.open(tmp_path / "m.lam", "w", engine=engine, comm="world")
+
+
+def test_native_aggregators_option(tmp_path):
+    with pytest.raises(ValueError, match="aggregators"):
+        lamina.open(tmp_path / "a.lam", "w", engine="native", aggregators=2)
+
+
+def test_writing_in_read_mode(writer, engine):
+    path = writer.path_for_test
+    writer.close()
+    with lamina.open(path, "r", engine=engine) as f:
+        ds = f["fields/temp"]
+        attempts = [
+            lambda: ds.__setitem__(0, 1.0),
+            lambda: ds.write(np.zeros((1, 1))),
+            lambda: f.create_dataset("new", shape=(1,)),
+            lambda: f.create_group("g"),
+            lambda: f.attrs.__setitem__("a", 1),
+            lambda: f.attrs.__delitem__("a"),
+            f.begin_step,
+            f.end_step,
+            lambda: f.engine.set_ext("k", b""),
+        ]
+        for attempt in attempts:
+            with pytest.raises(ModeError) as ei:
+                attempt()
+            assert "read-only" in str(ei.value) and path in str(ei.value)
+            assert isinstance(ei.value, PermissionError)
+        # reading still works
+        np.testing.assert_array_equal(ds[...], np.arange(24.0).reshape(4, 6))
+
+
+def test_use_after_close(writer):
+    writer.close()
+    with pytest.raises(ValueError, match="closed"):
+        writer["fields/temp"][0] = 1.0
+    writer.close()  # closing twice is harmless
+
+
+# --------------------------------------------------------------------------
+# steps
+
+
+def test_step_that_does_not_exist(writer, engine):
+    for k in (1, 5, -2):
+        with pytest.raises(StepError) as ei:
+            writer.at(k)
+        assert f"step {k if k >= 0 else k + 1}" in str(ei.value) and "1 committed step" in str(
+            ei.value
+        )
+    with pytest.raises(StepError):
+        writer["fields/temp"].read(step=3)
+    with pytest.raises(StepError):
+        writer["fields/temp"].blocks(step=7)
+    assert writer.at(-1).index == 0
+    continue_ok(writer)
+    reopen_ok(writer, engine)
+
+
+def test_read_before_any_step(open_file, new_path):
+    f = open_file(new_path(), "w")
+    ds = f.create_dataset("x", shape=(3,))
+    with pytest.raises(StepError, match="no committed steps"):
+        ds[...]
+    with pytest.raises(StepError):
+        f.at(0)
+
+
+def test_step_calls_out_of_order(writer):
+    with pytest.raises(StepError, match="without begin_step"):
+        writer.end_step()
+    writer.begin_step()
+    with pytest.raises(StepError, match="already open"):
+        writer.begin_step()
+    with pytest.raises(StepError, match="already open"):
+        with writer.step():
+            pass
+    writer.end_step()
+    continue_ok(writer)
+
+
+def test_failed_step_is_discarded(writer, engine):
+    n = writer.steps
+    with pytest.raises(RuntimeError, match="simulation blew up"):
+        with writer.step():
+            writer["fields/temp"][...] = 99.0
+            raise RuntimeError("simulation blew up")
+    assert writer.steps == n and not writer.engine.in_step
+    # the next step takes the same index and the discarded data never appears
+    with writer.step() as k:
+        assert k == n
+        writer["fields/count"][...] = 1
+    assert writer.steps == n + 1
+    np.testing.assert_array_equal(writer["fields/temp"][...], 0.0)  # not written in this step
+    committed_ok(writer)
+    reopen_ok(writer, engine)
+
+
+def test_error_inside_with_file_closes_cleanly(new_path, engine):
+    path = new_path()
+    with pytest.raises(ZeroDivisionError):
+        with lamina.open(path, "w", engine=engine) as f:
+            ds = f.create_dataset("x", shape=(4,))
+            with f.step():
+                ds[...] = 1.0
+            ds[...] = 2.0  # implicit step, discarded by the error
+            raise ZeroDivisionError("simulated failure")
+    with lamina.open(path, "r", engine=engine) as f:
+        assert f.steps == 1
+        np.testing.assert_array_equal(f["x"][...], 1.0)
+        assert f.engine.writer_closed
+
+
+def test_errors_name_the_file_and_dataset(writer):
+    """A selection error on a nested dataset names it with its full path."""
+    g = writer.create_group("deep/er")
+    ds = g.create_dataset("d", shape=(2, 2))
+    with pytest.raises(BoundsError, match="'/deep/er/d'"):
+        ds[2, 0] = 1
+    with pytest.raises(IndexError, match="'/deep/er/d'.*unsupported index"):
+        ds[[0, 1]]
+
+
+def test_reading_native_file_with_memory_engine(tmp_path, write_simple):
+    p = str(tmp_path / "n.lam")
+    write_simple(p)
+    assert os.path.isdir(p)
+    with pytest.raises(NotALaminaFileError):
+        lamina.open(p, "r", engine="memory")

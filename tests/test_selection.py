@@ -1,0 +1,183 @@
+"""Selection parsing (``api/selection.py``): numpy-style keys -> boxes, checked against numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lamina.api.selection import parse
+from lamina.errors import BoundsError, LaminaError
+from lamina.geometry import Box
+
+SHAPE = (5, 7, 3)
+
+
+def apply(a: np.ndarray, key) -> np.ndarray:
+    """Read *key* of *a* the way Dataset.__getitem__ does: box, then strides, then squeeze."""
+    sel = parse(key, a.shape, "dataset 'a'")
+    out = a[sel.box.slices]
+    if sel.strided:
+        out = out[tuple(slice(None, None, s) for s in sel.steps)]
+    if sel.squeeze:
+        out = out.reshape(sel.result_shape)
+    assert out.shape == sel.result_shape
+    return out
+
+
+@pytest.mark.parametrize(
+    "key, box, squeeze, result",
+    [
+        (2, Box((2, 0, 0), (3, 7, 3)), (0,), (7, 3)),
+        (-1, Box((4, 0, 0), (5, 7, 3)), (0,), (7, 3)),
+        ((1, 2, 0), Box((1, 2, 0), (2, 3, 1)), (0, 1, 2), ()),
+        ((slice(1, 3),), Box((1, 0, 0), (3, 7, 3)), (), (2, 7, 3)),
+        ((slice(None), -2), Box((0, 5, 0), (5, 6, 3)), (1,), (5, 3)),
+        (Ellipsis, Box((0, 0, 0), (5, 7, 3)), (), (5, 7, 3)),
+        ((Ellipsis, 1), Box((0, 0, 1), (5, 7, 2)), (2,), (5, 7)),
+        ((0, Ellipsis, 1), Box((0, 0, 1), (1, 7, 2)), (0, 2), (7,)),
+        ((0, 1, 2, Ellipsis), Box((0, 1, 2), (1, 2, 3)), (0, 1, 2), ()),
+        ((), Box((0, 0, 0), (5, 7, 3)), (), (5, 7, 3)),
+        ((slice(3, 1),), Box((3, 0, 0), (3, 7, 3)), (), (0, 7, 3)),
+        ((slice(-3, -1),), Box((2, 0, 0), (4, 7, 3)), (), (2, 7, 3)),
+        ((slice(None, None, 2), slice(1, 5)), Box((0, 1, 0), (5, 5, 3)), (), (3, 4, 3)),
+        ((np.int64(3), np.int32(-1)), Box((3, 6, 0), (4, 7, 3)), (0, 1), (3,)),
+    ],
+)
+def test_parse_examples(key, box, squeeze, result):
+    sel = parse(key, SHAPE)
+    assert sel.box == box
+    assert sel.squeeze == squeeze
+    assert sel.result_shape == result
+    a = np.arange(np.prod(SHAPE)).reshape(SHAPE)
+    assert np.array_equal(apply(a, key), a[key])
+
+
+def test_steps_are_recorded():
+    sel = parse((slice(None, None, 2), slice(1, 6, 3)), SHAPE)
+    assert sel.strided
+    assert sel.steps == (2, 3, 1)
+    assert sel.result_shape == (3, 2, 3)
+    assert not parse((slice(0, 2, 1),), SHAPE).strided
+
+
+def test_zero_dim_shape():
+    for key in ((), Ellipsis):
+        sel = parse(key, ())
+        assert sel.box == Box((), ()) and sel.result_shape == ()
+    with pytest.raises(BoundsError, match="too many indices"):
+        parse(0, ())
+
+
+@pytest.mark.parametrize(
+    "key, dim, text",
+    [
+        (5, 0, "index 5"),
+        (-6, 0, "index -6"),
+        ((0, 7), 1, "index 7"),
+        ((0, 0, -4), 2, "index -4"),
+        ((slice(0, 6),), 0, "slice bound 6"),
+        ((slice(-6, None),), 0, "slice bound -6"),
+        ((slice(None), slice(8, None)), 1, "slice bound 8"),
+        ((Ellipsis, slice(0, 4)), 2, "slice bound 4"),
+    ],
+)
+def test_out_of_bounds_names_dataset_and_dimension(key, dim, text):
+    with pytest.raises(BoundsError) as ei:
+        parse(key, SHAPE, "dataset '/fields/T'")
+    msg = str(ei.value)
+    assert "/fields/T" in msg
+    assert f"dimension {dim}" in msg
+    assert text in msg
+    assert isinstance(ei.value, IndexError) and isinstance(ei.value, LaminaError)
+
+
+def test_too_many_indices():
+    with pytest.raises(BoundsError, match="too many indices"):
+        parse((0, 0, 0, 0), SHAPE, "dataset 'x'")
+    with pytest.raises(BoundsError, match="too many indices"):
+        parse((0, 0, 0, 0, Ellipsis), SHAPE, "dataset 'x'")
+
+
+@pytest.mark.parametrize(
+    "key, text",
+    [
+        ((Ellipsis, Ellipsis), "single ellipsis"),
+        ((slice(None, None, -1),), "step must be a positive"),
+        ((slice(None, None, 0),), "step must be a positive"),
+        ((slice(0.5, 2),), "slice bounds must be integers"),
+        ((slice(True, 2),), "slice bounds must be integers"),
+        ((None,), "unsupported index"),
+        ((True,), "unsupported index"),
+        ((1.0,), "unsupported index"),
+        (([0, 1],), "unsupported index"),
+        (("a",), "unsupported index"),
+    ],
+)
+def test_unsupported_keys_raise_index_error(key, text):
+    with pytest.raises(IndexError, match=text) as ei:
+        parse(key, SHAPE, "dataset 'x'")
+    assert "dataset 'x'" in str(ei.value)
+
+
+# --------------------------------------------------------------------------
+# property test against numpy on a real array
+
+
+@st.composite
+def in_bounds_keys(draw, shape):
+    """Keys made of ints, slices (with positive steps) and at most one Ellipsis, all in bounds."""
+    items = []
+    for n in shape:
+        kind = draw(st.sampled_from(["int", "slice", "full"] if n else ["slice", "full"]))
+        if kind == "int":
+            items.append(draw(st.integers(-n, n - 1)))
+        elif kind == "full":
+            items.append(slice(None))
+        else:
+            a = draw(st.one_of(st.none(), st.integers(-n, n)))
+            b = draw(st.one_of(st.none(), st.integers(-n, n)))
+            s = draw(st.one_of(st.none(), st.integers(1, 4)))
+            items.append(slice(a, b, s))
+    # optionally drop trailing full slices, or (not both: the meaning would shift) replace a
+    # run of full slices, possibly empty, by Ellipsis
+    how = draw(st.sampled_from(["explicit", "drop", "ellipsis"]))
+    if how == "drop":
+        while items and items[-1] == slice(None):
+            items.pop()
+    elif how == "ellipsis":
+        i = draw(st.integers(0, len(items)))
+        j = draw(st.integers(i, len(items)))
+        if all(k == slice(None) for k in items[i:j]):
+            items = items[:i] + [Ellipsis] + items[j:]
+    if len(items) == 1 and draw(st.booleans()):
+        return items[0]
+    return tuple(items)
+
+
+@given(
+    st.lists(st.integers(0, 6), min_size=0, max_size=4).flatmap(
+        lambda sh: st.tuples(st.just(tuple(sh)), in_bounds_keys(tuple(sh)))
+    )
+)
+def test_parse_matches_numpy(args):
+    shape, key = args
+    a = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+    expect = a[key]
+    got = apply(a, key)
+    assert got.shape == np.shape(expect)
+    assert np.array_equal(got, expect)
+
+
+@given(
+    st.lists(st.integers(1, 6), min_size=1, max_size=3).flatmap(
+        lambda sh: st.tuples(st.just(tuple(sh)), st.integers(0, len(sh) - 1), st.integers(1, 10))
+    )
+)
+def test_out_of_bounds_int_always_bounds_error(args):
+    shape, dim, excess = args
+    for idx in (shape[dim] - 1 + excess, -shape[dim] - excess):
+        key = tuple([0] * dim + [idx])
+        with pytest.raises(BoundsError, match=f"dimension {dim}"):
+            parse(key, shape, "dataset 'p'")

@@ -1,0 +1,231 @@
+"""Block statistics and checksums (``stats.compute``) against numpy and plain crc32c."""
+
+from __future__ import annotations
+
+import math
+
+import crc32c
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from lamina import stats
+from lamina.stats import CHUNK, SEGMENT, BlockJob, compute, crc, segment_crcs
+
+DTYPES = ["?", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "c8", "c16"]
+
+
+def reference(a: np.ndarray):
+    """(min, max, sum, count) by the definition: NaN-aware; complex min/max of |z|."""
+    a = a.reshape(-1)
+    if a.dtype.kind == "c":
+        ok = ~np.isnan(np.abs(a))
+        v = a[ok]
+        if not v.size:
+            return None, None, 0j, 0
+        return (
+            float(np.abs(v).min()),
+            float(np.abs(v).max()),
+            complex(v.sum(dtype=np.complex128)),
+            int(v.size),
+        )
+    if a.dtype.kind == "f":
+        v = a[~np.isnan(a)]
+        if not v.size:
+            return None, None, 0.0, 0
+        return float(v.min()), float(v.max()), float(v.sum(dtype=np.float64)), int(v.size)
+    if not a.size:
+        return 0, 0, 0.0, 0
+    return int(a.min()), int(a.max()), float(a.sum(dtype=np.float64)), int(a.size)
+
+
+def assert_matches(s, a):
+    mn, mx, total, n = reference(a)
+    assert s.count == n
+    if a.dtype.kind in "fc" and n == 0:
+        assert math.isnan(s.min) and math.isnan(s.max)
+    elif a.dtype.kind in "fc":
+        assert s.min == mn and s.max == mx  # min/max are exact, not approximations
+        assert isinstance(s.min, float) and isinstance(s.max, float)
+    else:
+        assert s.min == mn and s.max == mx
+        assert isinstance(s.min, int) and isinstance(s.max, int)
+    if a.dtype.kind == "c":
+        assert isinstance(s.sum, complex)
+    else:
+        assert isinstance(s.sum, float)
+    # chunked float64 sums differ from numpy's pairwise sum only by rounding
+    scale = (
+        float(np.sum(np.abs(a[~np.isnan(a)]), dtype=np.float64))
+        if a.size and a.dtype.kind in "fc"
+        else abs(total)
+    )
+    assert abs(complex(s.sum) - complex(total)) <= 1e-9 * max(1.0, scale)
+
+
+def make(dtype, n, rng, nan_frac=0.0):
+    dt = np.dtype(dtype)
+    if dt.kind == "b":
+        a = rng.random(n) < 0.5
+    elif dt.kind in "iu":
+        info = np.iinfo(dt)
+        a = rng.integers(info.min, info.max, size=n, dtype=dt, endpoint=True)
+    elif dt.kind == "f":
+        a = (rng.standard_normal(n) * 1e3).astype(dt)
+    else:
+        a = (rng.standard_normal(n) + 1j * rng.standard_normal(n)).astype(dt)
+    if nan_frac and dt.kind in "fc":
+        a[rng.random(n) < nan_frac] = np.nan
+    return a
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [0, 1, 7, 1000])
+def test_compute_small(dtype, n, rng):
+    a = make(dtype, n, rng, nan_frac=0.1)
+    s, crcs = compute(a)
+    assert_matches(s, a)
+    assert crcs == (crc32c.crc32c(a.tobytes()),)
+
+
+@pytest.mark.parametrize("dtype", ["?", "i2", "u8", "f4", "f8", "c16"])
+def test_compute_across_chunks(dtype, rng):
+    """Sizes around and between chunk boundaries: not multiples of the chunk."""
+    item = np.dtype(dtype).itemsize
+    per_chunk = CHUNK // item
+    for n in (per_chunk - 1, per_chunk, per_chunk + 1, 2 * per_chunk + 37):
+        a = make(dtype, n, rng, nan_frac=0.01)
+        s, crcs = compute(a)
+        assert_matches(s, a)
+        assert crcs == (crc32c.crc32c(a.tobytes()),)
+
+
+def test_nan_only_in_later_chunks(rng):
+    a = rng.standard_normal(3 * CHUNK // 8)
+    a[-5:] = np.nan
+    a[CHUNK // 8 + 3] = np.nan
+    s, _ = compute(a)
+    assert_matches(s, a)
+    # a chunk made only of NaN contributes nothing
+    b = np.concatenate([np.full(CHUNK // 8, np.nan), np.array([5.0, -2.0])])
+    s, _ = compute(b)
+    assert (s.min, s.max, s.sum, s.count) == (-2.0, 5.0, 3.0, 2)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf + -inf
+def test_special_values():
+    s, _ = compute(np.array([np.inf, -np.inf, 1.0]))
+    assert s.min == -np.inf and s.max == np.inf and s.count == 3 and math.isnan(s.sum)
+    s, _ = compute(np.array([np.nan, np.nan], dtype="f4"))
+    assert s.count == 0 and math.isnan(s.min) and s.sum == 0.0
+    s, _ = compute(np.array([3 + 4j, np.nan + 0j, 0j], dtype="c8"))
+    assert (s.min, s.max, s.count) == (0.0, 5.0, 2) and s.sum == 3 + 4j
+    s, _ = compute(np.array([True, False, True]))
+    assert (s.min, s.max, s.sum, s.count) == (0, 1, 2.0, 3)
+    info = np.iinfo(np.uint64)
+    s, _ = compute(np.array([info.max, 0], dtype="u8"))
+    assert s.max == 2**64 - 1 and s.min == 0  # exact, not through float
+    s, _ = compute(np.array([-(2**63), 2**63 - 1], dtype="i8"))
+    assert s.min == -(2**63) and s.max == 2**63 - 1
+
+
+def test_multidimensional_and_non_contiguous(rng):
+    a = rng.standard_normal((30, 40, 5))
+    view = a[::2, 5:30, ::-1]
+    s, crcs = compute(view)
+    assert_matches(s, np.ascontiguousarray(view))
+    assert crcs == (crc32c.crc32c(np.ascontiguousarray(view).tobytes()),)
+    s, _ = compute(np.float32(2.5) * np.ones(()))  # 0-D
+    assert (s.min, s.max, s.count) == (2.5, 2.5, 1)
+
+
+@given(
+    hnp.arrays(
+        st.sampled_from([np.dtype(d) for d in DTYPES]),
+        st.integers(0, 300),
+        elements=None,
+    )
+)
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # sums of inf/-inf or of huge values
+def test_compute_property(a):
+    # hypothesis may produce inf and huge values: compare exactly what is exact
+    s, crcs = compute(a)
+    mn, mx, total, n = reference(a)
+    assert s.count == n
+    if n and a.dtype.kind in "biu":
+        assert (s.min, s.max) == (mn, mx)
+    elif n:
+        assert s.min == mn and s.max == mx
+    assert crcs == (crc32c.crc32c(a.tobytes()),)
+
+
+# --------------------------------------------------------------------------
+# segment checksums
+
+
+def slices_crcs(buf: bytes, seg: int) -> tuple[int, ...]:
+    if seg <= 0 or len(buf) <= seg:
+        return (crc32c.crc32c(buf),)
+    return tuple(crc32c.crc32c(buf[i : i + seg]) for i in range(0, len(buf), seg))
+
+
+@pytest.mark.parametrize("dtype", ["u1", "f4", "f8", "c16"])
+@pytest.mark.parametrize("seg", [CHUNK, 2 * CHUNK, 3 * CHUNK])
+def test_segment_checksums_match_crc32c_over_slices(dtype, seg, rng):
+    item = np.dtype(dtype).itemsize
+    for nbytes in (seg - item, seg, seg + item, 3 * seg + 5 * item, 7 * CHUNK + item):
+        a = make(dtype, nbytes // item, rng)
+        raw = a.tobytes()
+        s, crcs = compute(a, seg)
+        assert crcs == slices_crcs(raw, seg)
+        assert crcs == segment_crcs(raw, seg)
+        assert_matches(s, a)
+
+
+@given(
+    st.integers(0, 5000),
+    st.sampled_from([8, 16, 24, 64, 100, 4096, 1 << 18]),
+    st.sampled_from(["u1", "i2", "f4", "f8", "c16"]),
+)
+def test_small_segments_property(n, seg, dtype):
+    """Any segment size (even one that splits items) gives one CRC per seg bytes."""
+    a = np.arange(n).astype(dtype)
+    _, crcs = compute(a, seg)
+    assert crcs == slices_crcs(a.tobytes(), seg)
+
+
+def test_checksum_off_and_zero_segment(rng):
+    a = rng.standard_normal(100_000)
+    s, crcs = compute(a, SEGMENT, checksum=False)
+    assert crcs == ()
+    assert_matches(s, a)
+    _, crcs = compute(a, 0)
+    assert crcs == (crc32c.crc32c(a.tobytes()),)
+
+
+def test_crc_helpers():
+    assert crc(b"") == 0
+    assert crc(b"123456789") == 0xE3069283  # the CRC-32C check value
+    assert crc(b"56789", crc(b"1234")) == crc(b"123456789")
+    assert segment_crcs(b"") == (0,)
+    assert segment_crcs(b"abc", 0) == (crc(b"abc"),)
+    assert segment_crcs(b"abcdef", 2) == (crc(b"ab"), crc(b"cd"), crc(b"ef"))
+    assert segment_crcs(memoryview(np.arange(4, dtype="i4")), 8) == slices_crcs(
+        np.arange(4, dtype="i4").tobytes(), 8
+    )
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_block_job(background, rng):
+    a = rng.standard_normal(50_000)
+    job = BlockJob(a, CHUNK, background=background)
+    s, crcs = job.result()
+    assert_matches(s, a)
+    assert crcs == slices_crcs(a.tobytes(), CHUNK)
+    assert job.result() == (s, crcs)  # result is kept
+
+
+def test_pool_is_shared():
+    assert stats._pool() is stats._pool()
