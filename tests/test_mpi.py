@@ -243,3 +243,10 @@ def test_checks_catch_wrong_data(tmp_path):
     res = mu.finish(mu.start(cmd), cmd, 60)
     assert res.returncode != 0, res.describe()
     assert "AssertionError" in res.stderr, res.describe()
+
+
+@pytest.mark.parametrize("case", ["disk", "implicit", "define"])
+@pytest.mark.parametrize("n", [2, 3])
+def test_failures_reach_every_rank(tmp_path, case, n):
+    """A failure on one rank inside a collective call reaches every rank; nothing hangs."""
+    mu.run_mpi(n, "faults", case, tmp_path / "f.lam", timeout=90)

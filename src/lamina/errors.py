@@ -87,6 +87,25 @@ class RemoteError(LaminaError, RuntimeError):
     """Another rank failed inside a collective call; this rank aborts with it."""
 
 
+class ExpressionError(LaminaError, ValueError):
+    """A derived-quantity expression or query predicate is malformed or cannot be evaluated.
+
+    ``position`` is the 0-based character offset in ``expression`` that the
+    error points at (None when no single place is to blame); the message shows
+    the expression with a caret under that place.
+    """
+
+    def __init__(self, message: str, position: int | None = None, expression: str | None = None) -> None:
+        self.position = position
+        self.expression = expression
+        self.reason = message
+        if position is not None:
+            message = f"{message} (at position {position})"
+            if expression is not None and "\n" not in expression and len(expression) <= 200:
+                message += f"\n    {expression}\n    {' ' * position}^"
+        super().__init__(message)
+
+
 def suggest(name: str, candidates: Iterable[str], n: int = 3) -> str:
     """Return ' Did you mean ...?' for close matches of *name*, or ''."""
     cands = list(candidates)
@@ -128,16 +147,41 @@ def is_collective(exc: BaseException | None) -> bool:
     return bool(getattr(exc, "lamina_collective", False))
 
 
+#: builtins a remote failure is re-raised as (with RemoteError), so that the
+#: same ``except OSError`` works on every rank
+_REMOTE_BASES: dict[str, type[BaseException]] = {
+    b.__name__: b
+    for b in (OSError, MemoryError, ValueError, TypeError, KeyError, IndexError, TimeoutError, RuntimeError)
+}
+_REMOTE_CLASSES: dict[str, type[RemoteError]] = {}
+
+
+def _remote_class(base: str) -> type[RemoteError]:
+    cls = _REMOTE_CLASSES.get(base)
+    if cls is None:
+        b = _REMOTE_BASES[base]
+        cls = _REMOTE_CLASSES[base] = type(f"Remote{base}", (RemoteError, b), {"__str__": lambda self: str(self.args[0]) if self.args else ""})
+    return cls
+
+
 def error_to_wire(exc: BaseException) -> tuple[str, str]:
     """Name and message of *exc* for sending to other ranks."""
     if isinstance(exc, LaminaError):
         return type(exc).__name__, str(exc)
-    return "RemoteError", f"{type(exc).__name__}: {exc}"
+    base = next((b.__name__ for b in type(exc).__mro__ if b.__name__ in _REMOTE_BASES and b in _REMOTE_BASES.values()), None)
+    name = f"Remote:{base}" if base else "RemoteError"
+    return name, f"{type(exc).__name__}: {exc}"
 
 
 def error_from_wire(name: str, message: str, rank: int | None = None) -> LaminaError:
-    """Rebuild an error sent by another rank; unknown names become RemoteError."""
-    cls = _REGISTRY.get(name, RemoteError)
+    """Rebuild an error sent by another rank; unknown names become RemoteError.
+
+    A non-lamina error (an OSError from a full disk, say) comes back as a
+    RemoteError that is also the same builtin, so every rank can catch it alike.
+    """
     if rank is not None and not message.startswith("rank "):
         message = f"rank {rank}: {message}"
+    if name.startswith("Remote:") and name[7:] in _REMOTE_BASES:
+        return _remote_class(name[7:])(message)
+    cls = _REGISTRY.get(name, RemoteError)
     return cls(message)

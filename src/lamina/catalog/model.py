@@ -22,6 +22,8 @@ MAX_NDIM = 32
 MAX_PATH = 4096
 MAX_ATTR_BYTES = 1 << 20
 MAX_CODEC_JSON = 1 << 12
+#: checksum segments are multiples of this many bytes (the statistics chunk)
+SEGMENT_UNIT = 1 << 18
 
 #: dtype kinds a dataset may have: bool, signed, unsigned, float, complex
 NUMERIC_KINDS = "biufc"
@@ -373,6 +375,8 @@ class BlockRecord:
         if offset >= 1 << 62 or length >= 1 << 62:
             raise FormatError(f"{d.what}: block of {spec.path!r} has an impossible offset/length")
         seg = d.u64()
+        if seg % SEGMENT_UNIT:
+            raise FormatError(f"{d.what}: block of {spec.path!r} has checksum segment {seg}, not a multiple of {SEGMENT_UNIT}")
         ncrc = d.count(4, name="checksums")
         expect = 1 if seg == 0 else max(1, -(-length // seg))
         if ncrc != expect:
@@ -544,6 +548,23 @@ class Catalog:
 
     def blocks(self, dataset_id: int, step: int) -> list[BlockRecord]:
         return self.steps[step].get(dataset_id, [])
+
+    # -- rollback ---------------------------------------------------------
+    def checkpoint(self) -> tuple:
+        """A snapshot to :meth:`restore` if applying new records fails part way."""
+        return (
+            set(self.groups), dict(self.datasets), len(self.specs),
+            {k: dict(v) for k, v in self.attrs.items()}, dict(self.ext),
+            len(self.steps), len(self.step_times), self.closed, self.last_session, self.nrecords,
+        )
+
+    def restore(self, cp: tuple) -> None:
+        (groups, datasets, nspecs, attrs, ext, nsteps, ntimes, closed, last_session, nrecords) = cp
+        self.groups, self.datasets, self.attrs, self.ext = groups, datasets, attrs, ext
+        del self.specs[nspecs:]
+        del self.steps[nsteps:]
+        del self.step_times[ntimes:]
+        self.closed, self.last_session, self.nrecords = closed, last_session, nrecords
 
     # -- changes --------------------------------------------------------
     def apply_op(self, op: tuple, what: str = "metadata") -> None:

@@ -59,7 +59,6 @@ from ..catalog import (
 from ..catalog.model import MAX_ATTR_BYTES, MAX_NDIM, encode_op
 from ..errors import (
     CollectiveMismatchError,
-    mark_collective,
     DTypeError,
     ExistsError,
     FormatError,
@@ -68,6 +67,7 @@ from ..errors import (
     OverlapError,
     ShapeError,
     StepError,
+    mark_collective,
     suggest,
 )
 from ..geometry import Box, find_overlap
@@ -136,27 +136,35 @@ class BlockEngine(Engine):
                 f"unknown option(s) {sorted(unknown)} for engine {self.name!r}; "
                 f"accepted: {sorted(self.OPTIONS | COMMON_OPTIONS)}"
             )
+        seg = int(options.get("checksum_segment", stats_mod.SEGMENT))
+        if seg < 0 or (seg and seg % stats_mod.CHUNK):
+            raise ValueError(f"checksum_segment must be 0 or a multiple of {stats_mod.CHUNK} bytes, got {seg}")
         self.path = str(path)
         self.mode = mode
         self.comm = comm_mod.dup(comm)
         self.rank = self.comm.rank
         self.size = self.comm.size
         self.options = dict(options)
-        seg = int(options.get("checksum_segment", stats_mod.SEGMENT))
-        if seg < 0 or (seg and seg % stats_mod.CHUNK):
-            raise ValueError(f"checksum_segment must be 0 or a multiple of {stats_mod.CHUNK} bytes, got {seg}")
         self.segment = seg
         self.background_stats = bool(options.get("background_stats", True))
         try:
+            # ranks that disagree on path, mode or options would diverge later (e.g.
+            # different aggregator maps): refuse now, on every rank
+            self._check_same(
+                f"open({self.path!r}, {mode!r}, options={sorted(options.items())!r})",
+                repr((self.path, mode, sorted((k, repr(v)) for k, v in options.items()))).encode(),
+            )
             self._open_storage(self.path, mode)
+            if mode == "a" and self.catalog.closed:
+                # Reopened for writing: commit an empty record at once so that readers stop
+                # taking the last writer's close record for the end of the file (a reader
+                # opening before this session's first step would otherwise end iter_steps early).
+                self._commit(KIND_META)
         except BaseException:
+            # every failure above is raised on all ranks alike, so freeing is safe
+            self._close_storage()
             comm_mod.free(self.comm)
             raise
-        if mode == "a" and self.catalog.closed:
-            # Reopened for writing: commit an empty record at once so that readers stop
-            # taking the last writer's close record for the end of the file (a reader
-            # opening before this session's first step would otherwise end iter_steps early).
-            self._commit(KIND_META)
 
     # ----------------------------------------------------------- metadata
     def _require_write(self, what: str) -> None:
@@ -176,6 +184,17 @@ class BlockEngine(Engine):
             raise mark_collective(CollectiveMismatchError(f"ranks disagree on the collective call {what}"))
 
     def define(self, spec: DatasetSpec) -> DatasetSpec:
+        g = comm_mod.Guard()
+        with g:
+            spec = self._validate_definition(spec)
+        comm_mod.agree(self.comm, g.error)  # a rank that refuses must not leave the others waiting
+        self._check_same(f"create_dataset({spec.path!r}, shape={spec.shape}, dtype={spec.dtype})", spec.digest_bytes())
+        op = (OP_DATASET, spec)
+        self.catalog.apply_op(op)
+        self._pending_ops.append(op)
+        return spec
+
+    def _validate_definition(self, spec: DatasetSpec) -> DatasetSpec:
         self._require_write(f"create dataset {spec.path!r}")
         path = normpath(spec.path)
         kind = self.catalog.kind_of(path)
@@ -193,10 +212,6 @@ class BlockEngine(Engine):
                 f"cannot create dataset {path!r} of shape {spec.shape}: the format allows at most "
                 f"{MAX_NDIM} dimensions and 2**62 bytes"
             )
-        self._check_same(f"create_dataset({path!r}, shape={spec.shape}, dtype={spec.dtype})", spec.digest_bytes())
-        op = (OP_DATASET, spec)
-        self.catalog.apply_op(op)
-        self._pending_ops.append(op)
         return spec
 
     def make_group(self, path: str) -> None:
@@ -347,8 +362,11 @@ class BlockEngine(Engine):
 
     def end_step(self) -> None:
         self._require_write("end a step")
-        if not self._in_step:
+        # a step opened implicitly by a write exists only on the ranks that wrote:
+        # decide together, so every rank commits it (ranks that wrote nothing add no blocks)
+        if not comm_mod.allreduce_int(self.comm, int(self._in_step), "max"):
             raise StepError("end_step called without begin_step")
+        self._in_step = True
         self._commit(KIND_STEP)
 
     # ---------------------------------------------------------- commit
@@ -491,7 +509,8 @@ class BlockEngine(Engine):
         except Exception as e:
             # every error here is raised on all ranks alike (agree, or the same verdict)
             self._discard_step()
-            raise mark_collective(e)
+            mark_collective(e)
+            raise
         rec = Record.decode(raw, self.catalog, "committed record", apply_ops=False)
         self.catalog.apply_record(rec, ops_applied=True)
         self._committed(raw)
@@ -555,9 +574,10 @@ class BlockEngine(Engine):
             return
         try:
             if self.mode != "r":
-                if self._in_step:
+                if comm_mod.allreduce_int(self.comm, int(self._in_step), "max"):
+                    self._in_step = True
                     self._commit(KIND_STEP)
-                if self._pending_ops:
+                if comm_mod.allreduce_int(self.comm, int(bool(self._pending_ops)), "max"):
                     self._commit(KIND_META)
                 self._commit(KIND_CLOSE)
         finally:

@@ -65,6 +65,11 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def _only_lamina_names(names: list[str]) -> bool:
+    """True if a directory holds nothing but what a lamina writer creates."""
+    return all(n in (fmt.META_NAME, fmt.COMMIT_NAME) or n.startswith("data.") for n in names)
+
+
 @register
 class NativeEngine(BlockEngine):
     """Engine ``native`` (see module docstring).
@@ -118,12 +123,20 @@ class NativeEngine(BlockEngine):
                     self._data_fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 self._data_end = 0
             comm_mod.agree(self.comm, g.error)
+            if self.durable and self.rank == 0:
+                # the new subfiles' directory entries must survive before a commit names them
+                _fsync_dir(path)
 
     def _prepare_dir(self, path: str, mode: str) -> None:
         """Rank 0: create, truncate or check the directory for *mode*."""
         meta = os.path.join(path, fmt.META_NAME)
         commit = os.path.join(path, fmt.COMMIT_NAME)
         exists = os.path.exists(path)
+        if mode == "a" and exists and os.path.isdir(path) and not os.path.exists(commit):
+            if _only_lamina_names(os.listdir(path)):
+                # a writer was killed while creating the file: nothing was committed
+                self._prepare_dir(path, "w")
+                return
         if mode == "r" or (mode == "a" and exists):
             if not exists:
                 raise FileNotFoundError(f"no such lamina file: {path!r}")
@@ -133,7 +146,7 @@ class NativeEngine(BlockEngine):
             if exists:
                 if not os.path.isdir(path):
                     raise NotALaminaFileError(f"cannot create lamina file {path!r}: a file of that name exists")
-                if os.listdir(path) and not os.path.exists(commit):
+                if not os.path.exists(commit) and not _only_lamina_names(os.listdir(path)):
                     raise NotALaminaFileError(
                         f"cannot create lamina file {path!r}: the directory exists and is not a lamina file"
                     )
@@ -143,6 +156,8 @@ class NativeEngine(BlockEngine):
                     elif os.path.exists(name):
                         os.remove(name)
             os.makedirs(path, exist_ok=True)
+            if self.durable:
+                _fsync_dir(os.path.dirname(os.path.abspath(path)))
             for name, magic in ((meta, fmt.META_MAGIC), (commit, fmt.COMMIT_MAGIC)):
                 with open(name, "wb") as f:
                     f.write(fmt.header(magic))
@@ -159,8 +174,9 @@ class NativeEngine(BlockEngine):
             self._commit_fd = os.open(commit, os.O_RDWR)
 
     # ------------------------------------------------------ metadata I/O
-    def _read_new_records(self) -> list[bytes]:
-        """Rank 0: payloads of records committed since the last call (validated)."""
+    def _read_new_records(self) -> tuple[list[bytes], tuple[int, int, int]]:
+        """Rank 0: payloads of records committed since the last call (validated), and the
+        reader state (entries, meta end, commit end) to adopt once every rank applied them."""
         meta = os.path.join(self.path, fmt.META_NAME)
         commit = os.path.join(self.path, fmt.COMMIT_NAME)
         try:
@@ -170,6 +186,11 @@ class NativeEngine(BlockEngine):
         except FileNotFoundError as e:
             raise NotALaminaFileError(f"{self.path!r} is not a lamina file: {e.filename} is missing") from e
         entries, valid_end = fmt.parse_commits(cbuf, meta_size, f"{self.path}/{fmt.COMMIT_NAME}")
+        if len(entries) < self._nentries:
+            raise FormatError(
+                f"{self.path}: {len(entries)} committed records, {self._nentries} seen before: "
+                "the file was truncated or re-created while open"
+            )
         new = entries[self._nentries :]
         out = []
         if new or self._nentries == 0:
@@ -179,19 +200,22 @@ class NativeEngine(BlockEngine):
                 for e in new:
                     f.seek(e.offset)
                     out.append(fmt.parse_frame(f.read(e.length), e, f"{self.path}/{fmt.META_NAME}"))
-        self._nentries = len(entries)
-        if entries:
-            self._meta_end = entries[-1].offset + entries[-1].length
-        self._commit_end = valid_end
-        return out
+        meta_end = entries[-1].offset + entries[-1].length if entries else fmt.HEADER_SIZE
+        return out, (len(entries), meta_end, valid_end)
 
     def _load_new(self) -> int:
-        """Collective: read records committed since the last call on rank 0, apply on all ranks."""
+        """Collective: read records committed since the last call on rank 0, apply on all ranks.
+
+        All or nothing: if any record fails to decode or check on any rank,
+        every rank restores its catalog and rank 0 keeps its reading position,
+        so ranks never disagree on the steps they see.
+        """
         g = comm_mod.Guard()
         blob = None
+        state = None
         with g:
             if self.rank == 0:
-                payloads = self._read_new_records()
+                payloads, state = self._read_new_records()
                 e = Encoder()
                 e.u32(len(payloads))
                 for p in payloads:
@@ -199,6 +223,7 @@ class NativeEngine(BlockEngine):
                 blob = e.getvalue()
         comm_mod.agree(self.comm, g.error)
         blob = comm_mod.bcast_bytes(self.comm, blob, root=0)
+        cp = self.catalog.checkpoint()
         g = comm_mod.Guard()
         with g:
             d = Decoder(blob, "metadata broadcast")
@@ -208,11 +233,17 @@ class NativeEngine(BlockEngine):
                 if self.rank == 0:
                     self._check_locations(rec)
                 self.catalog.apply_record(rec, ops_applied=True)
-        comm_mod.agree(self.comm, g.error)
-        if self.mode != "r" and self.rank == 0:
-            # drop anything a killed writer left past the last commit
-            os.ftruncate(self._meta_fd, self._meta_end)
-            os.ftruncate(self._commit_fd, self._commit_end)
+            if self.rank == 0:
+                self._nentries, self._meta_end, self._commit_end = state
+                if self.mode != "r":
+                    # drop anything a killed writer left past the last commit
+                    os.ftruncate(self._meta_fd, self._meta_end)
+                    os.ftruncate(self._commit_fd, self._commit_end)
+        try:
+            comm_mod.agree(self.comm, g.error)
+        except Exception:
+            self.catalog.restore(cp)
+            raise
         return len(self.catalog.steps)
 
     def _check_locations(self, rec: Record) -> None:
@@ -241,13 +272,22 @@ class NativeEngine(BlockEngine):
     def _write_record(self, raw: bytes) -> None:
         framed = fmt.frame(raw)
         off = self._meta_end
-        _pwrite_all(self._meta_fd, framed, off)
-        if self.durable:
-            os.fsync(self._meta_fd)
-        ent = fmt.entry(self._nentries, off, len(framed), stats_mod.crc(raw))
-        _pwrite_all(self._commit_fd, ent, self._commit_end)
-        if self.durable:
-            os.fsync(self._commit_fd)
+        try:
+            _pwrite_all(self._meta_fd, framed, off)
+            if self.durable:
+                os.fsync(self._meta_fd)
+            ent = fmt.entry(self._nentries, off, len(framed), stats_mod.crc(raw))
+            _pwrite_all(self._commit_fd, ent, self._commit_end)
+            if self.durable:
+                os.fsync(self._commit_fd)
+        except BaseException:
+            # the step is discarded on every rank: make sure no reader can see it either
+            for fd, end in ((self._commit_fd, self._commit_end), (self._meta_fd, self._meta_end)):
+                try:
+                    os.ftruncate(fd, end)
+                except OSError:
+                    pass
+            raise
         self._nentries += 1
         self._meta_end = off + len(framed)
         self._commit_end += len(ent)
@@ -273,14 +313,29 @@ class NativeEngine(BlockEngine):
         return memoryview(p.data).cast("B")
 
     def _move(self, headers: list[Header], mine: list[Pending]):
+        """Collective: members send their deferred blocks to their aggregator, which writes them.
+
+        Every expected byte is always sent and received, even after a local
+        failure (a full disk, say): the aggregator keeps draining its members'
+        messages and raises afterwards, and a member that cannot produce a
+        payload sends zeros, so no message is left to be matched by a later
+        step and no rank is left blocked in a send or receive.  Tags also
+        carry the record number as a second guard.
+        """
+        tag = TAG_DATA + self.catalog.nrecords % 4096
         locations = []
         my_agg = self.agg_of[self.rank]
+        error: BaseException | None = None
         if self.is_agg:
             agg = my_agg
             for p in mine:
                 if p.location is None:
                     off = self._data_end
-                    _pwrite_all(self._data_fd, self._payload(p), off)
+                    try:
+                        if error is None:
+                            _pwrite_all(self._data_fd, self._payload(p), off)
+                    except Exception as e:
+                        error = e
                     self._data_end += p.length
                     p.location = (self.session, agg, off)
                     locations.append((self.rank, p.idx, self.session, agg, off))
@@ -288,18 +343,27 @@ class NativeEngine(BlockEngine):
                 if h.rank == self.rank or self.agg_of[h.rank] != agg or h.location is not None:
                     continue
                 off = self._data_end
-                self._recv_write(h.rank, h.length, off, self._recv_buffers(h.length))
+                e = self._recv_write(h.rank, h.length, off, self._recv_buffers(h.length), tag, write=error is None)
+                error = error or e
                 self._data_end += h.length
                 locations.append((h.rank, h.idx, self.session, agg, off))
-            if self.durable:
+            if error is None and self.durable:
                 os.fsync(self._data_fd)
         else:
             dest = self.agg_rank[my_agg]
             for p in mine:
                 if p.location is None:
-                    mv = self._payload(p)
+                    try:
+                        mv = self._payload(p)
+                        if len(mv) != p.length:
+                            raise ValueError(f"block payload has {len(mv)} bytes, header said {p.length}")
+                    except Exception as e:
+                        error = error or e
+                        mv = memoryview(bytearray(p.length))
                     for a in range(0, len(mv), MSG_CHUNK):
-                        self.comm.Send([mv[a : a + MSG_CHUNK], comm_mod.MPI.BYTE], dest=dest, tag=TAG_DATA)
+                        self.comm.Send([mv[a : a + MSG_CHUNK], comm_mod.MPI.BYTE], dest=dest, tag=tag)
+        if error is not None:
+            raise error
         return locations
 
     def _recv_buffers(self, length: int) -> list[bytearray]:
@@ -310,19 +374,30 @@ class NativeEngine(BlockEngine):
             bufs = self._bufs = [bytearray(need), bytearray(need)]
         return bufs
 
-    def _recv_write(self, src: int, length: int, offset: int, bufs: list[bytearray]) -> None:
-        """Receive *length* bytes from *src* in pieces, writing piece k while piece k+1 arrives."""
+    def _recv_write(self, src: int, length: int, offset: int, bufs: list[bytearray], tag: int,
+                    write: bool = True) -> OSError | None:
+        """Receive *length* bytes from *src* in pieces, writing piece k while piece k+1 arrives.
+
+        Every piece is always received; after a write error (returned, not
+        raised) or with ``write=False`` the remaining pieces are drained unwritten.
+        """
         MPI = comm_mod.MPI
         pieces = [(a, min(MSG_CHUNK, length - a)) for a in range(0, length, MSG_CHUNK)]
+        error: OSError | None = None
         reqs = []
         if pieces:
-            reqs.append(self.comm.Irecv([memoryview(bufs[0])[: pieces[0][1]], MPI.BYTE], source=src, tag=TAG_DATA))
+            reqs.append(self.comm.Irecv([memoryview(bufs[0])[: pieces[0][1]], MPI.BYTE], source=src, tag=tag))
         for k, (a, n) in enumerate(pieces):
             reqs[k].Wait()
             if k + 1 < len(pieces):
                 nb = memoryview(bufs[(k + 1) % 2])[: pieces[k + 1][1]]
-                reqs.append(self.comm.Irecv([nb, MPI.BYTE], source=src, tag=TAG_DATA))
-            _pwrite_all(self._data_fd, memoryview(bufs[k % 2])[:n], offset + a)
+                reqs.append(self.comm.Irecv([nb, MPI.BYTE], source=src, tag=tag))
+            if write and error is None:
+                try:
+                    _pwrite_all(self._data_fd, memoryview(bufs[k % 2])[:n], offset + a)
+                except OSError as e:
+                    error = e
+        return error
 
     # ------------------------------------------------------------ read
     def _fd(self, name: str) -> int:
@@ -395,11 +470,13 @@ class NativeEngine(BlockEngine):
                 )
 
     def _close_storage(self) -> None:
-        for fd in list(self._rfds.values()) + [self._meta_fd, self._commit_fd, self._data_fd]:
+        fds = list(getattr(self, "_rfds", {}).values())
+        fds += [getattr(self, n, -1) for n in ("_meta_fd", "_commit_fd", "_data_fd")]
+        for fd in fds:
             if fd >= 0:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
-        self._rfds.clear()
+        self._rfds = {}
         self._meta_fd = self._commit_fd = self._data_fd = -1
