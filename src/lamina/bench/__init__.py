@@ -1,0 +1,50 @@
+"""Benchmark programs behind ``lamina bench``.
+
+``lamina bench write`` and ``lamina bench read`` measure lamina native and
+its baselines (raw numpy per rank, h5py, ADIOS2 BP5) in one run on the same
+data and print speed ratios; see ``docs/performance.md``.  Absolute times on
+a shared machine are noise; the ratios are the result.
+"""
+
+from __future__ import annotations
+
+import sys
+
+BENCHMARKS = {
+    "write": "write throughput: numpy tofile, h5py, ADIOS2 BP5, lamina native (several aggregator counts)",
+    "read": "read throughput, other decompositions, and bytes touched by a one-block read",
+}
+
+USAGE = "usage: lamina bench {write,read} [options]   (lamina bench NAME --help for the options)"
+
+
+def main(argv: list[str]) -> int:
+    """Run ``lamina bench NAME [options]``; returns the exit status."""
+    argv = list(argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        out = sys.stdout if argv else sys.stderr
+        print(USAGE, file=out)
+        for name, text in BENCHMARKS.items():
+            print(f"  {name:6} {text}", file=out)
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name == "write":
+        from .write import main as run
+    elif name == "read":
+        from .read import main as run
+    else:
+        print(
+            f"lamina bench: unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        return run(rest)
+    except SystemExit as e:  # argparse --help / usage errors
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    except KeyboardInterrupt:
+        print("lamina bench: interrupted", file=sys.stderr)
+        return 130
+
+
+__all__ = ["main"]

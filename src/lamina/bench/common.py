@@ -1,0 +1,405 @@
+"""Pieces shared by the benchmark programs: options, sizes, data, machine, statistics, reporting.
+
+The parent side (``lamina bench write|read``) parses options, launches one
+MPI job per rank count (:mod:`.launch`), shows a progress bar and prints the
+table.  The worker side (:mod:`.worker`, :mod:`.harness`) runs every method
+on the same per-rank array in that one job.
+
+Nothing here imports mpi4py: the worker gets MPI from :mod:`lamina.comm`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": KiB,
+    "kb": 1000,
+    "kib": KiB,
+    "m": MiB,
+    "mb": 1000**2,
+    "mib": MiB,
+    "g": GiB,
+    "gb": 1000**3,
+    "gib": GiB,
+}
+#: worker -> parent progress lines start with this
+PROGRESS = "@@lamina-bench "
+ITEM = 8  # float64
+
+
+# --------------------------------------------------------------- options
+def parse_size(text: str) -> int:
+    """'64MiB', '1GiB', '512k', '1048576' -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a size: {text!r} (use e.g. 64MiB, 1GiB)")
+    n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n < ITEM:
+        raise ValueError(f"size {text!r} is smaller than one float64")
+    return n
+
+
+def fmt_size(n: float) -> str:
+    for unit, k in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if n >= k:
+            v = n / k
+            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def parse_int_list(text: str, what: str) -> list[int]:
+    try:
+        out = [int(t) for t in str(text).split(",") if t.strip()]
+    except ValueError:
+        raise ValueError(f"{what}: expected comma-separated integers, got {text!r}") from None
+    if not out or any(v < 1 for v in out):
+        raise ValueError(f"{what}: expected positive integers, got {text!r}")
+    return out
+
+
+def parse_aggregators(text: str) -> list[str]:
+    """'1,all' -> ['1', 'all']; each entry an integer or 'all' (one per rank)."""
+    out = []
+    for t in str(text).split(","):
+        t = t.strip().lower()
+        if not t:
+            continue
+        if t != "all" and not (t.isdigit() and int(t) >= 1):
+            raise ValueError(f"--aggregators: entries are positive integers or 'all', got {t!r}")
+        out.append(t)
+    if not out:
+        raise ValueError("--aggregators: give at least one entry")
+    return out
+
+
+def resolve_aggregators(spec: Sequence[str], ranks: int) -> list[int]:
+    """Aggregator counts for a job of *ranks* ranks: 'all' -> ranks; too-large counts clipped; deduplicated."""
+    out: list[int] = []
+    for t in spec:
+        a = ranks if t == "all" else min(int(t), ranks)
+        if a not in out:
+            out.append(a)
+    return out
+
+
+# ------------------------------------------------------------------ data
+def block_shape(nbytes: int) -> tuple[int, int, int]:
+    """A 3-D float64 block of about *nbytes* (planes of up to 256 x 256)."""
+    n = max(1, nbytes // ITEM)
+    side = 256
+    while side > 1 and side * side * 4 > n:
+        side //= 2
+    return (max(1, n // (side * side)), side, side)
+
+
+def make_local(shape: Sequence[int], rank: int, seed: int = 12345) -> np.ndarray:
+    """The block a rank writes: smooth-ish random float64, different on every rank."""
+    rng = np.random.default_rng([seed, rank])
+    a = rng.random(tuple(shape))
+    a += rank
+    return a
+
+
+def crc_array(a: np.ndarray) -> int:
+    from ..stats import crc
+
+    return crc(memoryview(np.ascontiguousarray(a)).cast("B"))
+
+
+# ------------------------------------------------------------- machine
+def drop_caches() -> bool:
+    """Write back dirty pages and drop the page cache (needs root); False if not permitted."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def proc_io() -> dict[str, int]:
+    """This process's I/O counters (rchar, read_bytes, ...) from /proc/self/io; {} if unavailable."""
+    try:
+        with open("/proc/self/io") as f:
+            return {k.strip(): int(v) for k, v in (line.split(":") for line in f if ":" in line)}
+    except OSError:
+        return {}
+
+
+def machine() -> dict:
+    info: dict = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "numpy": np.__version__}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    info["mem_gib"] = round(int(line.split()[1]) * KiB / GiB, 1)
+    except OSError:
+        pass
+    return info
+
+
+def remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+
+
+def fsync_path(path: str) -> None:
+    """fsync a file, or every file in a directory and the directory itself."""
+    paths = [path]
+    if os.path.isdir(path):
+        paths = [os.path.join(path, n) for n in sorted(os.listdir(path))] + [path]
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+# ------------------------------------------------------------ statistics
+def summarize(times: Sequence[float]) -> dict:
+    ts = sorted(float(t) for t in times)
+    n = len(ts)
+    med = ts[n // 2] if n % 2 else 0.5 * (ts[n // 2 - 1] + ts[n // 2])
+    return {"median": med, "min": ts[0], "max": ts[-1], "times": list(times)}
+
+
+def speedup(base: dict | None, row: dict | None) -> tuple[float | None, float | None]:
+    """How much faster *row* is than *base*: (paired median, best case).
+
+    Paired: the median over repetitions of base time / row time within the
+    same repetition (all methods of a repetition run back to back, so a
+    burst of load on a shared machine hits both).  Best case: min / min.
+    """
+    if not base or not row:
+        return None, None
+    pairs = [b / t for b, t in zip(base["times"], row["times"], strict=False) if t > 0]
+    best = base["min"] / row["min"] if row["min"] > 0 else None
+    return (summarize(pairs)["median"] if pairs else None), best
+
+
+def paired_fraction(on: dict | None, off: dict | None) -> float | None:
+    """Median over repetitions of (on - off) / on: the share of *on*'s time that *off* does not spend."""
+    if not on or not off:
+        return None
+    fr = [(a - b) / a for a, b in zip(on["times"], off["times"], strict=False) if a > 0]
+    return summarize(fr)["median"] if fr else None
+
+
+def gibps(nbytes: int, seconds: float) -> float:
+    return nbytes / GiB / seconds if seconds > 0 else math.inf
+
+
+# ---------------------------------------------------------- reporting
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: str | None = None) -> str:
+    """A plain text table (markdown pipe syntax, readable as is), followed by a blank line."""
+    align = align or ("l" + "r" * (len(headers) - 1))
+    widths = [
+        max(len(str(h)), *(len(str(r[i])) for r in rows)) if rows else len(str(h))
+        for i, h in enumerate(headers)
+    ]
+
+    def fmt(cells):
+        out = []
+        for c, w, a in zip(cells, widths, align, strict=True):
+            out.append(str(c).ljust(w) if a == "l" else str(c).rjust(w))
+        return "| " + " | ".join(out) + " |"
+
+    sep = (
+        "|"
+        + "|".join(
+            ("-" * (w + 1) + ":") if a == "r" else ("-" * (w + 2))
+            for w, a in zip(widths, align, strict=True)
+        )
+        + "|"
+    )
+    # the blank line ends the table in markdown, so a note right after it stays a paragraph
+    return "\n".join([fmt(headers), sep, *(fmt(r) for r in rows)]) + "\n"
+
+
+def ratio_str(x: float | None) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{x:.2f}x"
+
+
+def verdict(
+    value: float | None, target: float, higher_is_better: bool = True, best: float | None = None
+) -> str:
+    """'met' / 'NOT met' for *value* (the paired median); 'met in best case' if only *best* reaches *target*."""
+    if value is None or not math.isfinite(value):
+        return "n/a"
+
+    def ok(v):
+        return v >= target if higher_is_better else v <= target
+
+    if ok(value):
+        return "met"
+    if best is not None and math.isfinite(best) and ok(best):
+        return "NOT met (met in best case)"
+    return "NOT met"
+
+
+def ratio_cell(pair: tuple[float | None, float | None]) -> str:
+    med, best = pair
+    if med is None:
+        return "-"
+    return f"{ratio_str(med)} ({ratio_str(best)})"
+
+
+@dataclass
+class CommonOptions:
+    size: int
+    ranks: list[int]
+    repeat: int
+    warmup: int
+    aggregators: list[str]
+    dir: str
+    keep: bool
+    fsync: bool
+    drop_caches: bool
+    methods: list[str]
+    json: bool
+    seed: int
+    timeout: float
+
+
+FAMILIES = ("numpy", "h5py", "adios2", "lamina")
+
+
+def add_common_arguments(p) -> None:
+    p.add_argument(
+        "--size",
+        default="64MiB",
+        help="bytes per rank (3-D float64 block), e.g. 64MiB, 1GiB (default 64MiB)",
+    )
+    p.add_argument(
+        "--ranks",
+        default="1,2,4",
+        help="comma-separated rank counts, one MPI job each (default 1,2,4)",
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="timed repetitions of every method (default 3; median and min reported)",
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="untimed runs of every method before the timed ones (default 1)",
+    )
+    p.add_argument(
+        "--aggregators",
+        default="1,all",
+        help="lamina aggregator counts: integers or 'all' = one per rank (default 1,all)",
+    )
+    p.add_argument(
+        "--dir",
+        default=None,
+        help="directory for the files (default: a new one under $TMPDIR, removed afterwards)",
+    )
+    p.add_argument("--keep", action="store_true", help="keep the files written")
+    p.add_argument(
+        "--fsync",
+        action="store_true",
+        help="make every write durable: lamina durable=True, baselines fsync their files (default: page cache only)",
+    )
+    p.add_argument(
+        "--drop-caches",
+        action="store_true",
+        help="sync and drop the page cache (/proc/sys/vm/drop_caches, needs root) before every timed read",
+    )
+    p.add_argument(
+        "--methods",
+        default=",".join(FAMILIES),
+        help=f"comma-separated method families to run (default {','.join(FAMILIES)}; numpy is the reference)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the results as JSON on stdout (the table goes to stderr)",
+    )
+    p.add_argument("--seed", type=int, default=12345, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds per MPI job before it is killed (default: from the size)",
+    )
+
+
+def common_options(ns) -> CommonOptions:
+    ranks = parse_int_list(ns.ranks, "--ranks")
+    if ns.repeat < 1:
+        raise ValueError("--repeat must be at least 1")
+    methods = [m.strip().lower() for m in ns.methods.split(",") if m.strip()]
+    bad = [m for m in methods if m not in FAMILIES]
+    if bad:
+        raise ValueError(f"--methods: unknown {bad}; choose from {', '.join(FAMILIES)}")
+    if "lamina" not in methods:
+        methods.append("lamina")
+    size = parse_size(ns.size)
+    timeout = ns.timeout
+    if timeout is None:
+        # generous: ~20 s per GiB touched per method and repetition, plus start-up
+        timeout = 120 + 20 * size / GiB * max(ranks) * (ns.repeat + max(0, ns.warmup) + 2) * 12
+    return CommonOptions(
+        size=size,
+        ranks=ranks,
+        repeat=ns.repeat,
+        warmup=max(0, ns.warmup),
+        aggregators=parse_aggregators(ns.aggregators),
+        dir=ns.dir,
+        keep=ns.keep,
+        fsync=ns.fsync,
+        drop_caches=ns.drop_caches,
+        methods=methods,
+        json=ns.json,
+        seed=ns.seed,
+        timeout=timeout,
+    )
+
+
+def emit(o: CommonOptions, text: str, doc: dict) -> None:
+    """Print the table (stdout, or stderr with --json) and the JSON document (stdout with --json)."""
+    if o.json:
+        print(text, file=sys.stderr)
+        print(json.dumps(doc, indent=1))
+    else:
+        print(text)
+    sys.stdout.flush()
+
+
+def options_doc(o: CommonOptions, mode: str, argv: list[str]) -> dict:
+    return {
+        "size": o.size,
+        "ranks": o.ranks,
+        "repeat": o.repeat,
+        "warmup": o.warmup,
+        "aggregators": o.aggregators,
+        "fsync": o.fsync,
+        "drop_caches": o.drop_caches,
+        "methods": o.methods,
+        "machine": machine(),
+        "command": f"lamina bench {mode} " + " ".join(argv),
+    }

@@ -1,0 +1,218 @@
+"""Parent side of ``lamina bench``: launch one MPI job per rank count and collect its results.
+
+``mpiexec -n R python -m mpi4py -m lamina.bench.worker MODE ...`` runs every
+method in one job; the worker reports progress lines on stdout (they advance
+a tqdm bar here) and writes its results as JSON to a file we name.  A job
+that fails or runs past its time limit is killed, ranks included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+
+from .common import PROGRESS, CommonOptions, remove
+
+
+def find_mpiexec() -> str:
+    """mpiexec next to the running Python first (the venv's MPI), then on PATH."""
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.access(here, os.X_OK):
+        return here
+    found = shutil.which("mpiexec") or shutil.which("mpirun")
+    if not found:
+        raise FileNotFoundError("no mpiexec found next to python or on PATH")
+    return found
+
+
+def child_env() -> dict[str, str]:
+    """Environment for a launched job: without the PMI variables of any job we are running in."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "HYDRA_"))}
+    env.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _descendants(pid: int) -> list[int]:
+    """Live descendants of *pid*, found through /proc (hydra starts ranks in sessions of their own)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+            ppid = int(stat[stat.rfind(")") + 2 :].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _kill_job(proc: subprocess.Popen) -> None:
+    """Kill the job we launched: mpiexec and every process below it, by pid."""
+    for p in [proc.pid, *_descendants(proc.pid)]:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
+def run_job(ranks: int, args: list[str], bar, timeout: float) -> dict:
+    """Launch ``mpiexec -n ranks python -m mpi4py -m lamina.bench.worker ...``; return its JSON.
+
+    Progress lines from the worker advance *bar* (a tqdm); other output goes
+    to stderr.  Raises RuntimeError if the job fails or times out (the job
+    is then killed, ranks included).
+    """
+    fd, out = tempfile.mkstemp(prefix="lamina-bench-", suffix=".json")
+    os.close(fd)
+    cmd = [
+        find_mpiexec(),
+        "-n",
+        str(ranks),
+        sys.executable,
+        "-m",
+        "mpi4py",
+        "-m",
+        "lamina.bench.worker",
+        *args,
+        "--out",
+        out,
+    ]
+    tail: list[str] = []
+    load0 = os.getloadavg()
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=child_env(),
+        bufsize=1,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        assert proc.stdout is not None
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                _kill_job(proc)
+                raise RuntimeError(
+                    f"benchmark job with {ranks} ranks timed out after {timeout:.0f} s "
+                    "(use --timeout to allow more)\n" + "".join(tail[-20:])
+                )
+            if not sel.select(timeout=min(left, 1.0)):
+                if proc.poll() is not None:
+                    break
+                continue
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith(PROGRESS):
+                parts = line[len(PROGRESS) :].split(None, 1)
+                if parts and parts[0] == "step":
+                    bar.update(1)
+                    if len(parts) > 1:
+                        bar.set_postfix_str(f"{ranks} rank(s): {parts[1].strip()}", refresh=False)
+                continue
+            tail.append(line)
+            bar.write(line.rstrip("\n"), file=sys.stderr)
+        rc = proc.wait()
+        if rc != 0:
+            raise RuntimeError(
+                f"benchmark job with {ranks} ranks failed (exit {rc}): {' '.join(cmd)}\n"
+                + "".join(tail[-20:])
+            )
+        with open(out) as f:
+            doc = json.load(f)
+        doc["loadavg"] = [round(load0[0], 2), round(os.getloadavg()[0], 2)]
+        return doc
+    except BaseException:
+        if proc.poll() is None:
+            _kill_job(proc)
+        raise
+    finally:
+        try:
+            os.remove(out)
+        except OSError:
+            pass
+
+
+def make_bar(total: int, desc: str):
+    """A tqdm bar on stderr (disabled when there is nothing to show)."""
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total,
+        desc=desc,
+        file=sys.stderr,
+        unit="run",
+        dynamic_ncols=True,
+        disable=None if total > 0 else True,
+        leave=False,
+    )
+
+
+def worker_args(mode: str, o: CommonOptions, directory: str) -> list[str]:
+    args = [
+        mode,
+        "--size",
+        str(o.size),
+        "--repeat",
+        str(o.repeat),
+        "--warmup",
+        str(o.warmup),
+        "--aggregators",
+        ",".join(o.aggregators),
+        "--dir",
+        directory,
+        "--methods",
+        ",".join(o.methods),
+        "--seed",
+        str(o.seed),
+    ]
+    if o.fsync:
+        args.append("--fsync")
+    if o.drop_caches:
+        args.append("--drop-caches")
+    return args
+
+
+def run_all(mode: str, o: CommonOptions, steps_for: Callable[[int], int], desc: str) -> list[dict]:
+    """Run one job per rank count; returns the jobs' JSON results, in order."""
+    own_dir = o.dir is None
+    base = tempfile.mkdtemp(prefix=f"lamina-bench-{mode}-") if own_dir else os.path.abspath(o.dir)
+    os.makedirs(base, exist_ok=True)
+    results = []
+    bar = make_bar(sum(steps_for(r) for r in o.ranks), desc)
+    try:
+        for r in o.ranks:
+            d = os.path.join(base, f"{mode}-np{r}")
+            os.makedirs(d, exist_ok=True)
+            try:
+                results.append(run_job(r, worker_args(mode, o, d), bar, o.timeout))
+            finally:
+                if not o.keep:
+                    remove(d)
+    finally:
+        bar.close()
+        if own_dir and not o.keep:
+            remove(base)
+    return results

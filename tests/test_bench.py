@@ -1,0 +1,101 @@
+"""Smoke test of ``lamina bench write|read``: a tiny run that must finish and print its ratios.
+
+Benchmarks are programs, not timed tests: nothing here checks a speed, only
+that every method runs on 1 and 2 ranks, the data it wrote reads back (the
+benchmark verifies that itself and fails otherwise), and the report has
+the method names, the ratios and the targets.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from mpi_util import finish, start
+
+
+def bench(tmp_path, *args, timeout=90):
+    cmd = [
+        sys.executable,
+        "-m",
+        "lamina.bench",
+        *args,
+        "--size",
+        "1MiB",
+        "--ranks",
+        "1,2",
+        "--repeat",
+        "1",
+        "--warmup",
+        "0",
+        "--dir",
+        str(tmp_path),
+    ]
+    res = finish(start(cmd), cmd, timeout)
+    assert res.returncode == 0, res.describe()
+    return res
+
+
+def test_bench_write_smoke(tmp_path):
+    res = bench(tmp_path, "write")
+    out = res.stdout
+    for name in (
+        "numpy tofile",
+        "h5py 1 file",
+        "adios2 BP5",
+        "lamina agg=1",
+        "lamina agg=2",
+        "lamina agg=2 no-stats",
+        "stats+crc only",
+        "vs numpy",
+        "vs h5py",
+        "vs adios2",
+        "### targets",
+        "stats+crc overhead",
+    ):
+        assert name in out, f"{name!r} missing from the report:\n{out}"
+    assert "1.00x" in out  # the reference against itself
+    assert list(tmp_path.iterdir()) == [] or all(
+        p.is_dir() and not any(p.iterdir()) for p in tmp_path.iterdir()
+    )
+
+
+def test_bench_read_smoke_json(tmp_path):
+    res = bench(tmp_path, "read", "--json")
+    doc = json.loads(res.stdout)
+    assert doc["benchmark"] == "read"
+    assert [j["ranks"] for j in doc["jobs"]] == [1, 2]
+    names = {r["name"] for j in doc["jobs"] for r in j["rows"]}
+    assert {
+        "numpy fromfile",
+        "h5py",
+        "adios2 BP5",
+        "lamina agg=1",
+        "lamina agg=2",
+        "lamina agg=2 slabs",
+    } <= names
+    assert all(t["vs_numpy"] and t["vs_numpy"] > 0 for t in doc["targets"])
+    probe = doc["jobs"][-1]["probe"]
+    whole = next(r for r in probe["rows"] if r["what"] == "one whole block")
+    assert (
+        whole["rchar"] == whole["box_bytes"] == 1 << 20
+    )  # one block of 8: only its bytes are read
+    assert "one block of a large file" in res.stderr  # the table goes to stderr with --json
+
+
+def test_bench_usage_errors():
+    from lamina.bench import main
+
+    assert main([]) == 2
+    assert main(["nosuch"]) == 2
+    assert main(["write", "--size", "lots"]) == 2
+
+
+@pytest.mark.parametrize(
+    "text,n", [("64MiB", 64 << 20), ("1GiB", 1 << 30), ("512k", 512 << 10), ("4096", 4096)]
+)
+def test_parse_size(text, n):
+    from lamina.bench.common import parse_size
+
+    assert parse_size(text) == n
