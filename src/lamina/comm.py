@@ -133,6 +133,15 @@ def allreduce_int(comm: MPI.Comm, value: int, op: str = "max") -> int:
     return int(out[0])
 
 
+def same_everywhere(comm: MPI.Comm, value: int) -> bool:
+    """Collective: True if every rank passed the same int64 *value* (one allreduce)."""
+    if comm.size == 1:
+        return True
+    out = np.zeros(2, dtype=np.int64)
+    comm.Allreduce(np.array([value, -value], dtype=np.int64), out, op=MPI.MAX)
+    return int(out[0]) == -int(out[1])
+
+
 def barrier(comm: MPI.Comm) -> None:
     """Collective: wait for all ranks."""
     if comm.size > 1:

@@ -177,10 +177,7 @@ class BlockEngine(Engine):
         """Collective: raise CollectiveMismatchError if ranks passed different *payload*."""
         if self.size == 1:
             return
-        c = stats_mod.crc(payload)
-        lo = comm_mod.allreduce_int(self.comm, c, "min")
-        hi = comm_mod.allreduce_int(self.comm, c, "max")
-        if lo != hi:
+        if not comm_mod.same_everywhere(self.comm, stats_mod.crc(payload)):
             raise mark_collective(CollectiveMismatchError(f"ranks disagree on the collective call {what}"))
 
     def define(self, spec: DatasetSpec) -> DatasetSpec:

@@ -33,8 +33,18 @@ TAG_DATA = 701
 MSG_CHUNK = 1 << 25  # 32 MiB pieces: pipelined, and far below MPI's 2 GiB count limit
 
 
+PREALLOCATE_MIN = 1 << 20
+
+
 def _pwrite_all(fd: int, buf, offset: int) -> None:
     mv = memoryview(buf).cast("B")
+    if len(mv) >= PREALLOCATE_MIN:
+        # reserve the extent first (as numpy's tofile does): one allocation instead of
+        # one per page written; filesystems without it just write
+        try:
+            os.posix_fallocate(fd, offset, len(mv))
+        except OSError:
+            pass
     done = 0
     while done < len(mv):
         n = os.pwrite(fd, mv[done:], offset + done)
