@@ -11,65 +11,15 @@ from __future__ import annotations
 import json
 import os
 import selectors
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 
+from ..launch import child_env, find_mpiexec
+from ..launch import kill_job as _kill_job
 from .common import PROGRESS, CommonOptions, remove
-
-
-def find_mpiexec() -> str:
-    """mpiexec next to the running Python first (the venv's MPI), then on PATH."""
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    if os.access(here, os.X_OK):
-        return here
-    found = shutil.which("mpiexec") or shutil.which("mpirun")
-    if not found:
-        raise FileNotFoundError("no mpiexec found next to python or on PATH")
-    return found
-
-
-def child_env() -> dict[str, str]:
-    """Environment for a launched job: without the PMI variables of any job we are running in."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "HYDRA_"))}
-    env.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-def _descendants(pid: int) -> list[int]:
-    """Live descendants of *pid*, found through /proc (hydra starts ranks in sessions of their own)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-            ppid = int(stat[stat.rfind(")") + 2 :].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def _kill_job(proc: subprocess.Popen) -> None:
-    """Kill the job we launched: mpiexec and every process below it, by pid."""
-    for p in [proc.pid, *_descendants(proc.pid)]:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait()
 
 
 def run_job(ranks: int, args: list[str], bar, timeout: float) -> dict:

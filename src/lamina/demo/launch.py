@@ -2,28 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 
+from .. import launch as _launch
+
 #: set in the environment of the programs the demo starts
 CHILD_ENV = "LAMINA_DEMO_CHILD"
-
-# variables a launcher sets for its ranks; a nested mpiexec must not inherit them
-_LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "HYDI_", "HYDRA_", "MPI_LOCALNRANKS", "MPI_LOCALRANKID")
-
-
-def find_mpiexec() -> str | None:
-    """``mpiexec`` next to the running Python (a venv with the mpich wheel), else on PATH."""
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    if os.path.isfile(here) and os.access(here, os.X_OK):
-        return here
-    return shutil.which("mpiexec") or shutil.which("mpirun")
-
 
 def _is_open_mpi(mpiexec: str) -> bool:
     try:
@@ -35,20 +22,14 @@ def _is_open_mpi(mpiexec: str) -> bool:
     return "Open MPI" in out or "OpenRTE" in out
 
 
+def find_mpiexec() -> str | None:
+    """``mpiexec`` next to the running Python, else on PATH; None if there is none."""
+    return _launch.find_mpiexec(required=False)
+
+
 def child_env() -> dict[str, str]:
     """Environment for the ranks: ours, minus any outer launcher's, plus lamina on the path."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(_LAUNCHER_PREFIXES)
-        and not (k.startswith("OMPI_") and not k.startswith("OMPI_MCA_"))
-    }
-    import lamina
-
-    src = os.path.dirname(os.path.dirname(os.path.abspath(lamina.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    env[CHILD_ENV] = "1"
-    return env
+    return _launch.child_env({CHILD_ENV: "1"})
 
 
 @dataclass
@@ -109,14 +90,5 @@ def run(cmd: list[str], timeout: float) -> Launched:
 
 
 def _end_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the process group we started, then SIGKILL what is left of it."""
-    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    """End the job we started: mpiexec and every rank (ranks run in sessions of their own)."""
+    _launch.kill_job(proc)

@@ -1,0 +1,79 @@
+"""Starting lamina programs under ``mpiexec`` from a running program, and stopping them.
+
+Used by ``lamina demo`` and ``lamina bench`` (and by anything that launches
+MPI jobs of its own).  MPICH's launcher starts each rank in a session of its
+own, so ending ``mpiexec``'s process group does not reach the ranks:
+:func:`kill_job` finds every descendant through ``/proc`` and kills it by pid.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+# variables a launcher sets for its ranks; a nested mpiexec must not inherit them
+_LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "HYDI_", "HYDRA_", "MPI_LOCALNRANKS", "MPI_LOCALRANKID")
+
+
+def find_mpiexec(required: bool = True) -> str | None:
+    """``mpiexec`` next to the running Python (a venv with the mpich wheel), else on PATH.
+
+    Returns None when there is none and *required* is False.
+    """
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.path.isfile(here) and os.access(here, os.X_OK):
+        return here
+    found = shutil.which("mpiexec") or shutil.which("mpirun")
+    if found is None and required:
+        raise FileNotFoundError("no mpiexec next to the running python or on PATH")
+    return found
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for launched ranks: ours, minus any outer launcher's, with lamina importable."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(_LAUNCHER_PREFIXES) and not (k.startswith("OMPI_") and not k.startswith("OMPI_MCA_"))
+    }
+    src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")
+    if extra:
+        env.update(extra)
+    return env
+
+
+def descendants(pid: int) -> list[int]:
+    """Live descendants of *pid*, found through /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+            ppid = int(stat[stat.rfind(")") + 2 :].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def kill_job(proc: subprocess.Popen) -> None:
+    """Kill a launched job: the launcher and every process below it, by pid."""
+    for p in [proc.pid, *descendants(proc.pid)]:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    proc.wait()
