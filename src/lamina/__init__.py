@@ -16,6 +16,7 @@ from .errors import (
     CollectiveMismatchError,
     DTypeError,
     ExistsError,
+    ExpressionError,
     FormatError,
     LaminaError,
     ModeError,
@@ -34,7 +35,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Attributes", "BlockInfo", "BoundsError", "Box", "ChecksumError", "CodecError",
-    "CollectiveMismatchError", "DTypeError", "Dataset", "ExistsError", "File", "FormatError",
+    "CollectiveMismatchError", "DTypeError", "Dataset", "ExistsError", "ExpressionError", "File", "FormatError",
     "Group", "LaminaError", "ModeError", "NotALaminaFileError", "NotFoundError", "OverlapError",
     "RemoteError", "SelectionError", "ShapeError", "StepError", "StepTimeoutError", "StepView", "open",
 ]

@@ -1,0 +1,47 @@
+"""Derived quantities: an expression language over datasets and its kernels.
+
+Pure code (no MPI, no files).  The derived layer and the query engine build on:
+
+* :func:`parse` -- text to an immutable, checked tree (:class:`Expr` and its
+  node types), in ``"expr"`` or ``"predicate"`` mode;
+* static properties of a tree -- :attr:`Expr.inputs`, :attr:`Expr.ncomponents`,
+  :attr:`Expr.halo`, :meth:`Expr.input_box`, :attr:`Expr.op_counts`,
+  :attr:`Expr.flops_per_element`, :meth:`Expr.bytes_per_element`;
+* :func:`check_inputs` -- unknown datasets ("Did you mean ...?"), shapes;
+* :func:`evaluate` -- the values over a region, from arrays covering the
+  region grown by the halo, exactly as ``numpy.gradient(edge_order=2)`` on
+  the assembled global array;
+* :func:`result_dtype`, :func:`component_names`, :func:`needed_boxes`;
+* :func:`truth` / :func:`interval` -- whether a predicate can hold in a block
+  given the block's min/max statistics (query pruning).
+
+>>> from lamina.derived import parse, evaluate
+>>> e = parse("magnitude(vx, vy, vz)")
+>>> sorted(e.inputs), e.ncomponents, e.halo
+(['vx', 'vy', 'vz'], 1, 0)
+>>> str(parse("a+b*-c^2"))
+'a + b * -c ^ 2'
+"""
+
+from .bounds import Interval, interval, truth
+from .functions import COMPONENTS, FUNCTIONS, STENCILS, Function
+from .halo import check_stencils, grow_range, input_box, needed_boxes
+from .kernels import (
+    CHUNK_ELEMENTS,
+    DeviceUnavailableError,
+    check_inputs,
+    component_names,
+    evaluate,
+    gpu_available,
+    result_dtype,
+)
+from .nodes import BinOp, BoolOp, Call, Compare, Expr, Num, Ref, UnaryOp
+from .parser import MAX_DEPTH, MAX_NESTING, check, parse, tokenize
+
+__all__ = [
+    "BinOp", "BoolOp", "CHUNK_ELEMENTS", "COMPONENTS", "Call", "Compare", "DeviceUnavailableError",
+    "Expr", "FUNCTIONS", "Function", "MAX_DEPTH", "MAX_NESTING", "Num", "Ref", "STENCILS", "UnaryOp",
+    "check", "check_inputs", "check_stencils", "component_names", "evaluate", "gpu_available",
+    "Interval", "grow_range", "input_box", "interval", "needed_boxes", "parse", "result_dtype",
+    "tokenize", "truth",
+]
