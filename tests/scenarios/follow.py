@@ -63,7 +63,7 @@ def write(args, comm) -> None:
         if f.steps != before:
             raise AssertionError(f"{f.steps} steps at open, expected {before}")
         if comm.rank == 0:
-            with open(path + ".opened", "w") as m:
+            with open(f"{path}.opened.{len(history)}", "w") as m:  # one marker per writer session
                 m.write("open\n")
         if mode == "w":
             for name in NAMES:
@@ -104,7 +104,10 @@ def read(args, comm) -> None:
     nsteps = sum(h[2] for h in history)
     path = args.path
     if args.after_open:
-        wait_all(comm, lambda: os.path.exists(path + ".opened"), 60, "the writer to open the file")
+        # the marker of the writer session that appends the last part of the history
+        # (an earlier session's marker says nothing about this one)
+        marker = f"{path}.opened.{len(history)}"
+        wait_all(comm, lambda: os.path.exists(marker), 60, "the writer to open the file")
     f = open_when_ready(path, comm, 60)
     seen = 0
     live = 0
