@@ -21,6 +21,7 @@ from lamina.derived import (
     parse,
     result_dtype,
 )
+from lamina.derived import compute as C
 from lamina.derived import kernels as K
 from lamina.derived.nodes import BinOp, BoolOp, Call, Compare, Num, Ref, UnaryOp
 from lamina.derived.parser import axis_value
@@ -31,8 +32,17 @@ from lamina.geometry import Box, decompose
 # an independent reference: numpy on the whole global arrays
 # ---------------------------------------------------------------------------
 
-_FLOAT = {"sqrt": np.sqrt, "exp": np.exp, "log": np.log, "sin": np.sin, "cos": np.cos, "tan": np.tan,
-          "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan}
+_FLOAT = {
+    "sqrt": np.sqrt,
+    "exp": np.exp,
+    "log": np.log,
+    "sin": np.sin,
+    "cos": np.cos,
+    "tan": np.tan,
+    "asin": np.arcsin,
+    "acos": np.arccos,
+    "atan": np.arctan,
+}
 
 
 def _f64(x):
@@ -47,8 +57,11 @@ def reference(node, A, spacing=None):
     def g(x, ax):
         if not isinstance(x, np.ndarray):
             return 0.0
-        return np.gradient(x, h[ax], axis=ax, edge_order=2) if x.dtype != bool else np.gradient(
-            x.astype(np.float64), h[ax], axis=ax, edge_order=2)
+        return (
+            np.gradient(x, h[ax], axis=ax, edge_order=2)
+            if x.dtype != bool
+            else np.gradient(x.astype(np.float64), h[ax], axis=ax, edge_order=2)
+        )
 
     def r(n):
         if isinstance(n, Num):
@@ -57,15 +70,30 @@ def reference(node, A, spacing=None):
             return [A[n.path]]
         if isinstance(n, BinOp):
             x, y = r(n.left)[0], r(n.right)[0]
-            return [{"+": lambda: x + y, "-": lambda: x - y, "*": lambda: x * y, "/": lambda: x / y,
-                     "^": lambda: x ** y}[n.op]()]
+            return [
+                {
+                    "+": lambda: x + y,
+                    "-": lambda: x - y,
+                    "*": lambda: x * y,
+                    "/": lambda: x / y,
+                    "^": lambda: x**y,
+                }[n.op]()
+            ]
         if isinstance(n, UnaryOp):
             x = r(n.operand)[0]
             return [-x if n.op == "-" else ~x]
         if isinstance(n, Compare):
             x, y = r(n.left)[0], r(n.right)[0]
-            return [{"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal,
-                     "==": np.equal, "!=": np.not_equal}[n.op](x, y)]
+            return [
+                {
+                    "<": np.less,
+                    "<=": np.less_equal,
+                    ">": np.greater,
+                    ">=": np.greater_equal,
+                    "==": np.equal,
+                    "!=": np.not_equal,
+                }[n.op](x, y)
+            ]
         if isinstance(n, BoolOp):
             x, y = r(n.left)[0], r(n.right)[0]
             return [x & y if n.op == "&" else x | y]
@@ -139,15 +167,38 @@ def assert_same(got, want):
 # ---------------------------------------------------------------------------
 
 STENCIL_EXPRS = {
-    1: ["gradient(a, 0)", "laplacian(a)", "divergence(a)", "gradient(a, -1) * b + 1",
-        "laplacian(a * b) - gradient(gradient(b, 0), 0)", "sqrt(abs(laplacian(a)))"],
-    2: ["gradient(a, 1)", "gradient(a, 0) + gradient(b, 1)", "laplacian(a)", "divergence(a, b)",
-        "magnitude(gradient(a, 0), gradient(a, 1))", "gradient(gradient(a, 0) * b, 1)",
-        "laplacian(gradient(a, 1))", "max(a, gradient(b, 0), 0.25)"],
-    3: ["gradient(a, 2)", "gradient(a)", "divergence(a, b, c)", "curl(a, b, c)",
-        "magnitude(curl(a, b, c))", "laplacian(a)", "dot(curl(a, b, c), gradient(a))",
-        "cross(curl(a, b, c), a, b, c)", "laplacian(a) + divergence(a, b, c) * c",
-        "gradient(a * b + c, 1) / 2", "magnitude(a, b, c)", "gradient(gradient(a, 0), 2)"],
+    1: [
+        "gradient(a, 0)",
+        "laplacian(a)",
+        "divergence(a)",
+        "gradient(a, -1) * b + 1",
+        "laplacian(a * b) - gradient(gradient(b, 0), 0)",
+        "sqrt(abs(laplacian(a)))",
+    ],
+    2: [
+        "gradient(a, 1)",
+        "gradient(a, 0) + gradient(b, 1)",
+        "laplacian(a)",
+        "divergence(a, b)",
+        "magnitude(gradient(a, 0), gradient(a, 1))",
+        "gradient(gradient(a, 0) * b, 1)",
+        "laplacian(gradient(a, 1))",
+        "max(a, gradient(b, 0), 0.25)",
+    ],
+    3: [
+        "gradient(a, 2)",
+        "gradient(a)",
+        "divergence(a, b, c)",
+        "curl(a, b, c)",
+        "magnitude(curl(a, b, c))",
+        "laplacian(a)",
+        "dot(curl(a, b, c), gradient(a))",
+        "cross(curl(a, b, c), a, b, c)",
+        "laplacian(a) + divergence(a, b, c) * c",
+        "gradient(a * b + c, 1) / 2",
+        "magnitude(a, b, c)",
+        "gradient(gradient(a, 0), 2)",
+    ],
 }
 
 
@@ -182,7 +233,9 @@ def test_region_equals_global_numpy(case, chunk):
     expr = parse(text)
     want = [np.asarray(w)[region.slices] for w in reference(expr, A)]
     inbox = input_box(expr, region, shape)
-    got = evaluate(expr, {k: v[inbox.slices] for k, v in A.items()}, region, shape, chunk_elements=chunk)
+    got = evaluate(
+        expr, {k: v[inbox.slices] for k, v in A.items()}, region, shape, chunk_elements=chunk
+    )
     assert_same(got, want)
 
 
@@ -195,8 +248,10 @@ def test_input_box_is_the_halo_except_thin_boundary_regions(case, extra):
     h = expr.halo
 
     def grown(k):
-        return Box(tuple(max(a - k, 0) for a in region.start),
-                   tuple(min(b + k, n) for b, n in zip(region.stop, shape, strict=True)))
+        return Box(
+            tuple(max(a - k, 0) for a in region.start),
+            tuple(min(b + k, n) for b, n in zip(region.stop, shape, strict=True)),
+        )
 
     assert inbox.contains(region)
     assert grown(h + 1).contains(inbox)
@@ -218,14 +273,26 @@ def test_thin_region_at_the_boundary_needs_one_more_cell():
     assert input_box(e, Box((4,), (6,)), (10,)) == Box((3,), (7,))
     lap = parse("laplacian(a)")
     assert input_box(lap, Box((0, 4), (1, 5)), (10, 10)) == Box((0, 2), (4, 7))
-    assert grow_range(0, 1, 3) == (0, 3) and grow_range(2, 3, 3) == (0, 3) and grow_range(1, 2, 3) == (0, 3)
+    assert (
+        grow_range(0, 1, 3) == (0, 3)
+        and grow_range(2, 3, 3) == (0, 3)
+        and grow_range(1, 2, 3) == (0, 3)
+    )
     nb = needed_boxes(parse("gradient(a, 0) + b"), Box((2, 2), (4, 4)), (8, 8))
     assert nb == {"a": Box((1, 2), (5, 4)), "b": Box((2, 2), (4, 4))}
 
 
 @pytest.mark.parametrize("nranks", [1, 2, 3, 5, 8])
-@pytest.mark.parametrize("text", ["curl(a, b, c)", "laplacian(a)", "magnitude(curl(a, b, c))",
-                                  "divergence(a, b, c)", "gradient(laplacian(a), 1)"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "curl(a, b, c)",
+        "laplacian(a)",
+        "magnitude(curl(a, b, c))",
+        "divergence(a, b, c)",
+        "gradient(laplacian(a), 1)",
+    ],
+)
 def test_any_decomposition_assembles_to_the_global_result(nranks, text):
     shape = (9, 7, 5)
     A = _arrays(shape, "f8", nranks)
@@ -251,7 +318,9 @@ def test_spacing_per_axis():
         want = reference(expr, A, spacing)
         region = Box((0, 1, 1), (3, 5, 2))
         inbox = input_box(expr, region, shape)
-        got = evaluate(expr, {k: v[inbox.slices] for k, v in A.items()}, region, shape, spacing=spacing)
+        got = evaluate(
+            expr, {k: v[inbox.slices] for k, v in A.items()}, region, shape, spacing=spacing
+        )
         assert_same(got, [w[region.slices] for w in want])
     # one number for all axes
     got = evaluate("gradient(a, 1)", A, spacing=0.5)
@@ -262,12 +331,41 @@ def test_spacing_per_axis():
 # pointwise functions, dtypes, numpy semantics
 # ---------------------------------------------------------------------------
 
-POINTWISE = ["a + b", "a - b * c", "a / b", "a ^ 2", "b ^ 3", "-a", "add(a, b)", "subtract(a, 1)",
-             "multiply(a, b)", "divide(1, b)", "pow(a, 0.5)", "sqrt(a)", "abs(b)", "exp(c)", "log(a)",
-             "sin(a)", "cos(b)", "tan(c)", "asin(c)", "acos(c)", "atan(b)", "min(a, b)", "max(a, b, c)",
-             "min(a, 0.5)", "magnitude(a, b, c)", "magnitude(b)", "dot(a, b, c, a, b, c)", "dot(a, b)",
-             "cross(a, b, c, c, a, b)", "(a + b) * (a - b) / (c * c + 1)", "a * (1 / 3)", "sqrt(2) * a",
-             "a + 2 ^ 10 - 3 * 4"]
+POINTWISE = [
+    "a + b",
+    "a - b * c",
+    "a / b",
+    "a ^ 2",
+    "b ^ 3",
+    "-a",
+    "add(a, b)",
+    "subtract(a, 1)",
+    "multiply(a, b)",
+    "divide(1, b)",
+    "pow(a, 0.5)",
+    "sqrt(a)",
+    "abs(b)",
+    "exp(c)",
+    "log(a)",
+    "sin(a)",
+    "cos(b)",
+    "tan(c)",
+    "asin(c)",
+    "acos(c)",
+    "atan(b)",
+    "min(a, b)",
+    "max(a, b, c)",
+    "min(a, 0.5)",
+    "magnitude(a, b, c)",
+    "magnitude(b)",
+    "dot(a, b, c, a, b, c)",
+    "dot(a, b)",
+    "cross(a, b, c, c, a, b)",
+    "(a + b) * (a - b) / (c * c + 1)",
+    "a * (1 / 3)",
+    "sqrt(2) * a",
+    "a + 2 ^ 10 - 3 * 4",
+]
 
 
 @pytest.mark.parametrize("dtype", ["f8", "f4", "i4", "i8", "u1"])
@@ -278,8 +376,11 @@ def test_pointwise_matches_numpy(text, dtype):
     if np.dtype(dtype).kind in "iu":
         A = {k: rng.integers(1, 9, size=shape).astype(dtype) for k in "abc"}
     else:
-        A = {"a": rng.random(shape).astype(dtype) + 0.5, "b": rng.standard_normal(shape).astype(dtype),
-             "c": (rng.random(shape) * 2 - 1).astype(dtype)}
+        A = {
+            "a": rng.random(shape).astype(dtype) + 0.5,
+            "b": rng.standard_normal(shape).astype(dtype),
+            "c": (rng.random(shape) * 2 - 1).astype(dtype),
+        }
     expr = parse(text)
     try:
         want = reference(expr, A)
@@ -297,10 +398,20 @@ def test_pointwise_matches_numpy(text, dtype):
 @pytest.mark.parametrize(
     "text, dtype, out",
     [
-        ("a + 1.5", "f4", "f4"), ("a * 2", "i2", "i2"), ("a / 2", "i4", "f8"), ("sqrt(a)", "i1", "f8"),
-        ("sin(a)", "u2", "f8"), ("sqrt(a)", "f4", "f4"), ("magnitude(a, a)", "i1", "f8"),
-        ("gradient(a, 0)", "i4", "f8"), ("gradient(a, 0)", "f4", "f4"), ("laplacian(a)", "f2", "f2"),
-        ("abs(a)", "i4", "i4"), ("a * sqrt(2)", "f4", "f4"), ("a ^ 0.5", "i4", "f8"), ("a + a", "f4", "f4"),
+        ("a + 1.5", "f4", "f4"),
+        ("a * 2", "i2", "i2"),
+        ("a / 2", "i4", "f8"),
+        ("sqrt(a)", "i1", "f8"),
+        ("sin(a)", "u2", "f8"),
+        ("sqrt(a)", "f4", "f4"),
+        ("magnitude(a, a)", "i1", "f8"),
+        ("gradient(a, 0)", "i4", "f8"),
+        ("gradient(a, 0)", "f4", "f4"),
+        ("laplacian(a)", "f2", "f2"),
+        ("abs(a)", "i4", "i4"),
+        ("a * sqrt(2)", "f4", "f4"),
+        ("a ^ 0.5", "i4", "f8"),
+        ("a + a", "f4", "f4"),
     ],
 )
 def test_dtypes(text, dtype, out):
@@ -339,8 +450,13 @@ def test_predicates():
         got = evaluate(expr, A, chunk_elements=5)
         assert got[0].dtype == bool
         np.testing.assert_array_equal(got[0], want)
-    got = evaluate("magnitude(gradient(T, 0), gradient(T, 1)) >= 400", A, Box((1, 2), (4, 7)), (6, 7))
-    g = np.sqrt(np.gradient(A["T"], axis=0, edge_order=2) ** 2 + np.gradient(A["T"], axis=1, edge_order=2) ** 2)
+    got = evaluate(
+        "magnitude(gradient(T, 0), gradient(T, 1)) >= 400", A, Box((1, 2), (4, 7)), (6, 7)
+    )
+    g = np.sqrt(
+        np.gradient(A["T"], axis=0, edge_order=2) ** 2
+        + np.gradient(A["T"], axis=1, edge_order=2) ** 2
+    )
     np.testing.assert_array_equal(got[0], (g >= 400)[1:4, 2:7])
 
 
@@ -374,7 +490,10 @@ def test_non_contiguous_and_fortran_inputs():
     a = big[::2, 1::2, ::-1]
     f = np.asfortranarray(rng.random(a.shape))
     for text in ["curl(a, f, a)", "magnitude(a, f)", "laplacian(f)"]:
-        assert_same(evaluate(text, {"a": a, "f": f}, chunk_elements=13), reference(parse(text), {"a": a, "f": f}))
+        assert_same(
+            evaluate(text, {"a": a, "f": f}, chunk_elements=13),
+            reference(parse(text), {"a": a, "f": f}),
+        )
 
 
 def test_gpu_code_path_with_a_numpy_stand_in(monkeypatch):
@@ -388,7 +507,7 @@ def test_gpu_code_path_with_a_numpy_stand_in(monkeypatch):
         def asnumpy(x):
             return np.array(x)
 
-    monkeypatch.setattr(K, "_array_module", lambda device: FakeCupy() if device == "gpu" else np)
+    monkeypatch.setattr(C, "_array_module", lambda device: FakeCupy() if device == "gpu" else np)
     shape = (6, 5, 7)
     A = _arrays(shape, "f4", 11)
     for text in STENCIL_EXPRS[3] + ["a + 1", "a", "magnitude(a, b, c) > 3"]:
@@ -396,8 +515,10 @@ def test_gpu_code_path_with_a_numpy_stand_in(monkeypatch):
         region = Box((0, 1, 2), (4, 5, 3))
         inbox = input_box(expr, region, shape)
         arrs = {k: v[inbox.slices] for k, v in A.items()}
-        assert_same(evaluate(expr, arrs, region, shape, device="gpu"),
-                    evaluate(expr, arrs, region, shape, device="cpu"))
+        assert_same(
+            evaluate(expr, arrs, region, shape, device="gpu"),
+            evaluate(expr, arrs, region, shape, device="cpu"),
+        )
 
 
 def test_device_choice():
@@ -489,7 +610,9 @@ def test_arrays_that_do_not_cover_the_region():
     with pytest.raises(ShapeError):
         evaluate(e, {"a": a}, region)  # region without global_shape
     # per-array origins
-    got = evaluate("a + b", {"a": a[4:6, 4:6], "b": a}, region, (10, 10), origin={"a": (4, 4), "b": (0, 0)})
+    got = evaluate(
+        "a + b", {"a": a[4:6, 4:6], "b": a}, region, (10, 10), origin={"a": (4, 4), "b": (0, 0)}
+    )
     assert (got[0] == 2).all()
     # region as slices or (start, stop)
     assert evaluate(e, {"a": a}, (slice(4, 6), slice(4, 6)), (10, 10))[0].shape == (2, 2)
@@ -558,25 +681,45 @@ _values = st.one_of(
 
 
 def _block_exprs():
-    leaves = st.one_of(st.sampled_from([Ref("a"), Ref("b")]),
-                       st.sampled_from([0, 1, 2, 0.3, 0.5, 3.5, 1200]).map(Num))
+    leaves = st.one_of(
+        st.sampled_from([Ref("a"), Ref("b")]),
+        st.sampled_from([0, 1, 2, 0.3, 0.5, 3.5, 1200]).map(Num),
+    )
 
     def extend(ch):
         return st.one_of(
             st.builds(BinOp, st.sampled_from("+-*/^"), ch, ch),
             st.builds(lambda x: UnaryOp("-", x), ch),
-            st.builds(lambda f, x: Call(f, (x,)),
-                      st.sampled_from(["sqrt", "abs", "exp", "log", "sin", "cos", "tan", "asin", "acos", "atan"]), ch),
-            st.builds(lambda f, x, y: Call(f, (x, y)), st.sampled_from(["min", "max", "magnitude", "dot"]), ch, ch),
+            st.builds(
+                lambda f, x: Call(f, (x,)),
+                st.sampled_from(
+                    ["sqrt", "abs", "exp", "log", "sin", "cos", "tan", "asin", "acos", "atan"]
+                ),
+                ch,
+            ),
+            st.builds(
+                lambda f, x, y: Call(f, (x, y)),
+                st.sampled_from(["min", "max", "magnitude", "dot"]),
+                ch,
+                ch,
+            ),
         )
 
     return st.recursive(leaves, extend, max_leaves=5)
 
 
 def _block_preds():
-    cmp = st.builds(Compare, st.sampled_from(["<", "<=", ">", ">=", "==", "!="]), _block_exprs(), _block_exprs())
-    return st.recursive(cmp, lambda ch: st.one_of(st.builds(BoolOp, st.sampled_from("&|"), ch, ch),
-                                                  st.builds(lambda x: UnaryOp("~", x), ch)), max_leaves=3)
+    cmp = st.builds(
+        Compare, st.sampled_from(["<", "<=", ">", ">=", "==", "!="]), _block_exprs(), _block_exprs()
+    )
+    return st.recursive(
+        cmp,
+        lambda ch: st.one_of(
+            st.builds(BoolOp, st.sampled_from("&|"), ch, ch),
+            st.builds(lambda x: UnaryOp("~", x), ch),
+        ),
+        max_leaves=3,
+    )
 
 
 def _stats(x):
@@ -587,8 +730,12 @@ def _stats(x):
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(_block_preds(), st.lists(_values, min_size=1, max_size=6), st.lists(_values, min_size=1, max_size=6),
-       st.sampled_from(["f8", "f4"]))
+@given(
+    _block_preds(),
+    st.lists(_values, min_size=1, max_size=6),
+    st.lists(_values, min_size=1, max_size=6),
+    st.sampled_from(["f8", "f4"]),
+)
 def test_truth_is_conservative(pred, av, bv, dtype):
     from lamina.derived import truth
 

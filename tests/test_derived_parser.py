@@ -67,12 +67,23 @@ def test_parse_structure(text, tree):
 @pytest.mark.parametrize(
     "text, tree",
     [
-        ("vmag < 0.3 & T > 1200",
-         BoolOp("&", Compare("<", Ref("vmag"), Num(0.3)), Compare(">", Ref("T"), Num(1200)))),
-        ("a < 1 | b < 2 & c < 3",
-         BoolOp("|", Compare("<", a, Num(1)), BoolOp("&", Compare("<", b, Num(2)), Compare("<", c, Num(3))))),
+        (
+            "vmag < 0.3 & T > 1200",
+            BoolOp("&", Compare("<", Ref("vmag"), Num(0.3)), Compare(">", Ref("T"), Num(1200))),
+        ),
+        (
+            "a < 1 | b < 2 & c < 3",
+            BoolOp(
+                "|",
+                Compare("<", a, Num(1)),
+                BoolOp("&", Compare("<", b, Num(2)), Compare("<", c, Num(3))),
+            ),
+        ),
         ("~a > 5", UnaryOp("~", Compare(">", a, Num(5)))),
-        ("~a > 5 & b == c", BoolOp("&", UnaryOp("~", Compare(">", a, Num(5))), Compare("==", b, c))),
+        (
+            "~a > 5 & b == c",
+            BoolOp("&", UnaryOp("~", Compare(">", a, Num(5))), Compare("==", b, c)),
+        ),
         ("a + 1 >= b * 2", Compare(">=", BinOp("+", a, Num(1)), BinOp("*", b, Num(2)))),
         ("(a < b) | (c != d)", BoolOp("|", Compare("<", a, b), Compare("!=", c, d))),
         ("~~(a <= b)", UnaryOp("~", UnaryOp("~", Compare("<=", a, b)))),
@@ -303,7 +314,14 @@ def test_bad_mode_and_type():
 
 def test_tokenize():
     kinds = [(t.kind, t.text) for t in tokenize("a**2<=`b c`")]
-    assert kinds == [("name", "a"), ("op", "**"), ("num", "2"), ("op", "<="), ("path", "`b c`"), ("end", "")]
+    assert kinds == [
+        ("name", "a"),
+        ("op", "**"),
+        ("num", "2"),
+        ("op", "<="),
+        ("path", "`b c`"),
+        ("end", ""),
+    ]
 
 
 # ---------------------------------------------------------------------------
@@ -327,7 +345,9 @@ def _call_strategy(children):
         n = f.min_args if f.max_args == f.min_args else f.min_args + 1
         return Call(name, tuple((args * n)[:n]))
 
-    return st.builds(build, st.sampled_from(_scalar_fns), st.lists(children, min_size=1, max_size=3))
+    return st.builds(
+        build, st.sampled_from(_scalar_fns), st.lists(children, min_size=1, max_size=3)
+    )
 
 
 def _scalar_exprs():
@@ -340,7 +360,9 @@ def _scalar_exprs():
             _call_strategy(children),
             st.builds(lambda x, ax: Call("gradient", (x, Num(ax))), children, st.integers(0, 3)),
             st.builds(lambda x: Call("laplacian", (x,)), children),
-            st.builds(lambda xs: Call("magnitude", tuple(xs)), st.lists(children, min_size=1, max_size=3)),
+            st.builds(
+                lambda xs: Call("magnitude", tuple(xs)), st.lists(children, min_size=1, max_size=3)
+            ),
         )
 
     return st.recursive(leaves, extend, max_leaves=12)
@@ -380,7 +402,22 @@ def test_round_trip_predicates(tree: Expr):
 
 _alphabet = st.sampled_from(
     list("abxyT_019.eE+-*/^()<>=!&|~,` \t`")
-    + ["**", "<=", ">=", "==", "!=", "sqrt", "curl", "gradient", "magnitude", "min", "1e400", "é", "%", "'"]
+    + [
+        "**",
+        "<=",
+        ">=",
+        "==",
+        "!=",
+        "sqrt",
+        "curl",
+        "gradient",
+        "magnitude",
+        "min",
+        "1e400",
+        "é",
+        "%",
+        "'",
+    ]
 )
 
 

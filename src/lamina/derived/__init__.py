@@ -24,10 +24,7 @@ Pure code (no MPI, no files).  The derived layer and the query engine build on:
 """
 
 from .bounds import Interval, interval, truth
-from .functions import COMPONENTS, FUNCTIONS, STENCILS, Function
-from .halo import check_stencils, grow_range, input_box, needed_boxes
-from .kernels import (
-    CHUNK_ELEMENTS,
+from .compute import (
     DeviceUnavailableError,
     check_inputs,
     component_names,
@@ -35,13 +32,42 @@ from .kernels import (
     gpu_available,
     result_dtype,
 )
+from .functions import COMPONENTS, FUNCTIONS, STENCILS, Function
+from .halo import check_stencils, grow_range, input_box, needed_boxes
+from .kernels import CHUNK_ELEMENTS
 from .nodes import BinOp, BoolOp, Call, Compare, Expr, Num, Ref, UnaryOp
 from .parser import MAX_DEPTH, MAX_NESTING, check, parse, tokenize
 
 __all__ = [
-    "BinOp", "BoolOp", "CHUNK_ELEMENTS", "COMPONENTS", "Call", "Compare", "DeviceUnavailableError",
-    "Expr", "FUNCTIONS", "Function", "MAX_DEPTH", "MAX_NESTING", "Num", "Ref", "STENCILS", "UnaryOp",
-    "check", "check_inputs", "check_stencils", "component_names", "evaluate", "gpu_available",
-    "Interval", "grow_range", "input_box", "interval", "needed_boxes", "parse", "result_dtype",
-    "tokenize", "truth",
+    "BinOp",
+    "BoolOp",
+    "CHUNK_ELEMENTS",
+    "COMPONENTS",
+    "Call",
+    "Compare",
+    "DeviceUnavailableError",
+    "Expr",
+    "FUNCTIONS",
+    "Function",
+    "MAX_DEPTH",
+    "MAX_NESTING",
+    "Num",
+    "Ref",
+    "STENCILS",
+    "UnaryOp",
+    "check",
+    "check_inputs",
+    "check_stencils",
+    "component_names",
+    "evaluate",
+    "gpu_available",
+    "Interval",
+    "grow_range",
+    "input_box",
+    "interval",
+    "needed_boxes",
+    "parse",
+    "result_dtype",
+    "tokenize",
+    "truth",
 ]

@@ -114,7 +114,9 @@ def _iv(node: Expr, ranges) -> Interval:
         return Interval(_down(v), _up(v))  # against float32 data, a literal is rounded to float32
     if isinstance(node, Ref):
         if node.path not in ranges:
-            raise ExpressionError(f"no range for dataset {node.path!r}", node.pos if node.pos >= 0 else None)
+            raise ExpressionError(
+                f"no range for dataset {node.path!r}", node.pos if node.pos >= 0 else None
+            )
         return Interval.of(ranges[node.path])
     if isinstance(node, UnaryOp):  # '-'
         a = _iv(node.operand, ranges)
@@ -148,7 +150,13 @@ def _binop(op: str, a: Interval, b: Interval, right: Expr | None = None) -> Inte
         if b.lo <= 0 <= b.hi:
             return Interval(-INF, INF, nan or a.lo <= 0 <= a.hi or b.lo == b.hi == 0)
         qs = [a.lo / b.lo, a.lo / b.hi, a.hi / b.lo, a.hi / b.hi]
-        return _make(qs, qs, nan or (math.isinf(a.lo) or math.isinf(a.hi)) and (math.isinf(b.lo) or math.isinf(b.hi)))
+        return _make(
+            qs,
+            qs,
+            nan
+            or (math.isinf(a.lo) or math.isinf(a.hi))
+            and (math.isinf(b.lo) or math.isinf(b.hi)),
+        )
     if op == "^":
         n = right.value if isinstance(right, Num) else None
         if isinstance(n, int) or (isinstance(n, float) and n.is_integer() and abs(n) < 2**53):
@@ -172,8 +180,14 @@ def _pow(x: float, n: float) -> float:
         return INF if x > 0 or (isinstance(n, int) and n % 2 == 0) else -INF
 
 
-def _monotone(fn, a: Interval, lo_dom: float = -INF, hi_dom: float = INF, increasing: bool = True,
-              open_lo: bool = False) -> Interval:
+def _monotone(
+    fn,
+    a: Interval,
+    lo_dom: float = -INF,
+    hi_dom: float = INF,
+    increasing: bool = True,
+    open_lo: bool = False,
+) -> Interval:
     """*fn* applied to *a* clipped to its domain; values outside the domain give NaN."""
     nan = a.nan or a.lo < lo_dom or (open_lo and a.lo <= lo_dom) or a.hi > hi_dom
     lo, hi = max(a.lo, lo_dom), min(a.hi, hi_dom)
@@ -254,8 +268,11 @@ def _call(node: Call, ranges) -> Interval:
 
 def _iv_vector(node: Expr, ranges, k: int) -> Interval:
     if isinstance(node, Call) and node.name == "cross":
-        comps = [c for a in node.args for c in
-                 ([_iv(a, ranges)] if a.ncomponents == 1 else [FULL] * a.ncomponents)]
+        comps = [
+            c
+            for a in node.args
+            for c in ([_iv(a, ranges)] if a.ncomponents == 1 else [FULL] * a.ncomponents)
+        ]
         p, q = comps[:3], comps[3:]
         i, j = ((1, 2), (2, 0), (0, 1))[k]
         return _binop("-", _binop("*", p[i], q[j]), _binop("*", p[j], q[i]))

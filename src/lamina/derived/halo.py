@@ -69,14 +69,18 @@ def as_box(region, global_shape: Sequence[int]) -> Box:
         box = Box.from_shape(shape)
     elif isinstance(region, tuple | list) and all(isinstance(s, slice) for s in region):
         if len(region) != len(shape):
-            raise ShapeError(f"region has {len(region)} slices but the data has {len(shape)} dimensions")
+            raise ShapeError(
+                f"region has {len(region)} slices but the data has {len(shape)} dimensions"
+            )
         box = Box.from_slices(region, shape)
     elif hasattr(region, "start") and hasattr(region, "stop"):
         box = Box(tuple(int(x) for x in region.start), tuple(int(x) for x in region.stop))
     elif isinstance(region, tuple | list) and len(region) == 2:
         box = Box(tuple(int(x) for x in region[0]), tuple(int(x) for x in region[1]))
     else:
-        raise ShapeError(f"cannot read a region from {region!r}: give a Box, slices or (start, stop)")
+        raise ShapeError(
+            f"cannot read a region from {region!r}: give a Box, slices or (start, stop)"
+        )
     box.check_inside(shape, "the global domain")
     return box
 
@@ -122,11 +126,15 @@ def check_stencils(expr: Expr, global_shape: Sequence[int], text: str | None = N
             ax = axis_value(node.args[1])
             if ax is None or not -ndim <= ax < ndim:
                 raise ExpressionError(
-                    f"gradient axis {ax} is out of range for {ndim}-D data of shape {shape}", pos, text
+                    f"gradient axis {ax} is out of range for {ndim}-D data of shape {shape}",
+                    pos,
+                    text,
                 )
         elif node.name in ("curl",) or (node.name == "gradient" and len(node.args) == 1):
             if ndim != 3:
-                raise ExpressionError(f"{what} needs 3-D data, but the data has shape {shape}", pos, text)
+                raise ExpressionError(
+                    f"{what} needs 3-D data, but the data has shape {shape}", pos, text
+                )
         elif node.name == "divergence" and len(node.args) != ndim:
             raise ExpressionError(
                 f"divergence() takes one argument per axis: {ndim} for data of shape {shape}, "

@@ -321,7 +321,9 @@ class UnaryOp(Expr):
         return {"add": 1}
 
     def _text(self) -> str:
-        if self.op == "~":  # '~(a < b)' rather than the equivalent '~a < b', which reads like Python
+        if (
+            self.op == "~"
+        ):  # '~(a < b)' rather than the equivalent '~a < b', which reads like Python
             inner = self.operand
             need = P_NOT if isinstance(inner, UnaryOp) and inner.op == "~" else P_ATOM
             return "~" + _fmt(inner, need)

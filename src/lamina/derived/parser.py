@@ -152,9 +152,13 @@ def tokenize(text: str) -> list[_Tok]:
         if c == "=":
             raise ExpressionError("'=' is not an operator; compare with '=='", i, text)
         if c == "!":
-            raise ExpressionError("'!' is not an operator; use '!=' to compare or '~' for not", i, text)
+            raise ExpressionError(
+                "'!' is not an operator; use '!=' to compare or '~' for not", i, text
+            )
         if c in "'\"":
-            raise ExpressionError(f"unexpected quote {c}; write dataset paths in backticks: `a/b`", i, text)
+            raise ExpressionError(
+                f"unexpected quote {c}; write dataset paths in backticks: `a/b`", i, text
+            )
         raise ExpressionError(f"unexpected character {c!r}", i, text)
     toks.append(_Tok("end", "", n))
     return toks
@@ -187,21 +191,27 @@ class _Parser:
 
     def mk(self, node: Expr) -> Expr:
         if node.depth > MAX_DEPTH:
-            raise self.error(f"expression too deep (more than {MAX_DEPTH} levels of operations)", node.pos)
+            raise self.error(
+                f"expression too deep (more than {MAX_DEPTH} levels of operations)", node.pos
+            )
         return node
 
     def unexpected(self, expecting: str) -> ExpressionError:
         t = self.tok
         if t.kind == "op" and t.text in _PREDICATE_ONLY and self.mode == "expr":
-            return self.error(f"{t.text!r} is only allowed in predicates (queries), not in expressions", t.pos)
+            return self.error(
+                f"{t.text!r} is only allowed in predicates (queries), not in expressions", t.pos
+            )
         if t.kind == "name" and t.text in ("and", "or", "not"):
             sym = {"and": "&", "or": "|", "not": "~"}[t.text]
             return self.error(f"unexpected {t.text!r}; write {sym!r} instead", t.pos)
         if t.kind == "end":
             return self.error(f"unexpected end of expression; expected {expecting}", t.pos)
         hint = ""
-        if expecting == "an operator or the end" and t.kind in ("name", "num", "path") or (
-            t.kind == "op" and t.text == "(" and expecting == "an operator or the end"
+        if (
+            expecting == "an operator or the end"
+            and t.kind in ("name", "num", "path")
+            or (t.kind == "op" and t.text == "(" and expecting == "an operator or the end")
         ):
             hint = " (missing operator?)"
         return self.error(f"unexpected {t.describe()}; expected {expecting}{hint}", t.pos)
@@ -423,7 +433,9 @@ def _kind(node: Expr, text: str | None) -> tuple[str, int]:
     def condition(child: Expr, what: str) -> None:
         k, _ = _kind(child, text)
         if k != "bool":
-            raise err(f"{what} needs a condition (a comparison such as 'T > 1200'), not a number", child)
+            raise err(
+                f"{what} needs a condition (a comparison such as 'T > 1200'), not a number", child
+            )
 
     if isinstance(node, Num | Ref):
         return "num", 1
@@ -488,7 +500,10 @@ def _kind_call(node: Call, text, err, scalar) -> tuple[str, int]:
     if f.name == "gradient" and nargs == 2:
         scalar(node.args[0], "argument 1 of gradient()")
         if axis_value(node.args[1]) is None:
-            raise err("the axis of gradient(a, axis) must be an integer literal such as 0 or -1", node.args[1])
+            raise err(
+                "the axis of gradient(a, axis) must be an integer literal such as 0 or -1",
+                node.args[1],
+            )
         return "num", 1
     for i, a in enumerate(node.args):
         scalar(a, f"argument {i + 1} of {f.name}()")
