@@ -243,17 +243,19 @@ class NativeEngine(BlockEngine):
                 if self.rank == 0:
                     self._check_locations(rec)
                 self.catalog.apply_record(rec, ops_applied=True)
-            if self.rank == 0:
-                self._nentries, self._meta_end, self._commit_end = state
-                if self.mode != "r":
-                    # drop anything a killed writer left past the last commit
-                    os.ftruncate(self._meta_fd, self._meta_end)
-                    os.ftruncate(self._commit_fd, self._commit_end)
+            if self.rank == 0 and self.mode != "r":
+                # drop anything a killed writer left past the last commit
+                _nentries, meta_end, commit_end = state
+                os.ftruncate(self._meta_fd, meta_end)
+                os.ftruncate(self._commit_fd, commit_end)
         try:
             comm_mod.agree(self.comm, g.error)
         except Exception:
             self.catalog.restore(cp)
             raise
+        if self.rank == 0:
+            # only now that every rank applied the records: read on from after them
+            self._nentries, self._meta_end, self._commit_end = state
         return len(self.catalog.steps)
 
     def _check_locations(self, rec: Record) -> None:
