@@ -168,7 +168,7 @@ def error_to_wire(exc: BaseException) -> tuple[str, str]:
     """Name and message of *exc* for sending to other ranks."""
     if isinstance(exc, LaminaError):
         return type(exc).__name__, str(exc)
-    base = next((b.__name__ for b in type(exc).__mro__ if b.__name__ in _REMOTE_BASES and b in _REMOTE_BASES.values()), None)
+    base = next((b.__name__ for b in type(exc).__mro__ if _REMOTE_BASES.get(b.__name__) is b), None)
     name = f"Remote:{base}" if base else "RemoteError"
     return name, f"{type(exc).__name__}: {exc}"
 

@@ -197,11 +197,7 @@ class BlockEngine(Engine):
         kind = self.catalog.kind_of(path)
         if kind is not None:
             raise ExistsError(f"cannot create dataset {path!r}: a {kind} of that name exists")
-        p = parent(path)
-        while p:
-            if p in self.catalog.datasets:
-                raise ExistsError(f"cannot create dataset {path!r}: {p!r} is a dataset, not a group")
-            p = parent(p)
+        self._check_parents_are_groups(path, "dataset")
         spec = DatasetSpec(path, tuple(int(n) for n in spec.shape), spec.dtype, spec.fill, spec.codecs, len(self.catalog.specs))
         if spec.ndim > MAX_NDIM or math.prod(max(1, n) for n in spec.shape) * spec.dtype.itemsize >= 1 << 62:
             # readers refuse such a definition (DatasetSpec.decode): the file would not open again
@@ -211,16 +207,19 @@ class BlockEngine(Engine):
             )
         return spec
 
+    def _check_parents_are_groups(self, path: str, kind: str) -> None:
+        p = parent(path)
+        while p:
+            if p in self.catalog.datasets:
+                raise ExistsError(f"cannot create {kind} {path!r}: {p!r} is a dataset, not a group")
+            p = parent(p)
+
     def make_group(self, path: str) -> None:
         self._require_write(f"create group {path!r}")
         path = normpath(path)
         if path in self.catalog.datasets:
             raise ExistsError(f"cannot create group {path!r}: a dataset of that name exists")
-        p = parent(path)
-        while p:
-            if p in self.catalog.datasets:
-                raise ExistsError(f"cannot create group {path!r}: {p!r} is a dataset, not a group")
-            p = parent(p)
+        self._check_parents_are_groups(path, "group")
         op = (OP_GROUP, path)
         self.catalog.apply_op(op)
         self._pending_ops.append(op)
