@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from ..launch import child_env, find_mpiexec
 from ..launch import kill_job as _kill_job
+from . import common
 from .common import PROGRESS, CommonOptions, remove
 
 
@@ -166,3 +167,15 @@ def run_all(mode: str, o: CommonOptions, steps_for: Callable[[int], int], desc: 
         if own_dir and not o.keep:
             remove(base)
     return results
+
+
+def run_and_report(mode: str, o: CommonOptions, steps_for: Callable[[int], int], report, argv: list[str]) -> int:
+    """Run every rank count's job for ``lamina bench MODE``, then print (or emit as JSON) the report."""
+    try:
+        jobs = run_all(mode, o, steps_for, f"bench {mode}")
+    except (RuntimeError, FileNotFoundError) as e:
+        print(f"lamina bench {mode}: {e}", file=sys.stderr)
+        return 1
+    text, doc = report(o, jobs, argv)
+    common.emit(o, text, doc)
+    return 0

@@ -458,11 +458,4 @@ def main(argv: list[str]) -> int:
         p.error(
             f"--size {ns.size} gives blocks of {side} rows along axis 1, too few to cut into {max(o.ranks)} slabs"
         )
-    try:
-        jobs = launch.run_all("read", o, lambda r: steps(r, o), "bench read")
-    except (RuntimeError, FileNotFoundError) as e:
-        print(f"lamina bench read: {e}", file=sys.stderr)
-        return 1
-    text, doc = report(o, jobs, argv)
-    common.emit(o, text, doc)
-    return 0
+    return launch.run_and_report("read", o, lambda r: steps(r, o), report, argv)

@@ -24,7 +24,6 @@ import argparse
 import contextlib
 import functools
 import os
-import sys
 
 import numpy as np
 
@@ -392,16 +391,6 @@ def main(argv: list[str]) -> int:
         o = common.common_options(ns)
     except ValueError as e:
         p.error(str(e))
-    try:
-        jobs = launch.run_all(
-            "write",
-            o,
-            lambda r: o.warmup + o.repeat * len(method_names(r, o.aggregators, o.methods)),
-            "bench write",
-        )
-    except (RuntimeError, FileNotFoundError) as e:
-        print(f"lamina bench write: {e}", file=sys.stderr)
-        return 1
-    text, doc = report(o, jobs, argv)
-    common.emit(o, text, doc)
-    return 0
+    return launch.run_and_report(
+        "write", o, lambda r: o.warmup + o.repeat * len(method_names(r, o.aggregators, o.methods)), report, argv
+    )
