@@ -123,6 +123,35 @@ def bcast_bytes(comm: MPI.Comm, data: bytes | None, root: int = 0) -> bytes:
     return buf.tobytes()
 
 
+def exchange_bytes(comm: MPI.Comm, sends: list) -> list[np.ndarray]:
+    """Collective: send ``sends[r]`` (bytes-like, possibly empty) to rank *r*; returns what each rank sent here.
+
+    One Alltoall of sizes, then one Alltoallv of the payloads.  Each payload
+    must stay below 2 GiB (MPI counts); used for halos and small pieces.
+    """
+    if len(sends) != comm.size:
+        raise ValueError(f"exchange_bytes needs one payload per rank ({comm.size}), got {len(sends)}")
+    if comm.size == 1:
+        return [np.frombuffer(bytes(sends[0]), dtype=np.uint8)]
+    scounts = np.array([len(memoryview(s).cast("B")) for s in sends], dtype=np.int64)
+    rcounts = np.zeros(comm.size, dtype=np.int64)
+    comm.Alltoall(scounts, rcounts)
+    if scounts.max(initial=0) >= 1 << 31 or rcounts.max(initial=0) >= 1 << 31:
+        raise ValueError("exchange_bytes: one payload is 2 GiB or more")
+    sdispl = np.zeros(comm.size, dtype=np.int64)
+    np.cumsum(scounts[:-1], out=sdispl[1:])
+    rdispl = np.zeros(comm.size, dtype=np.int64)
+    np.cumsum(rcounts[:-1], out=rdispl[1:])
+    sbuf = np.empty(int(scounts.sum()), dtype=np.uint8)
+    for s, d, c in zip(sends, sdispl, scounts, strict=True):
+        if c:
+            sbuf[int(d) : int(d + c)] = np.frombuffer(memoryview(s).cast("B"), dtype=np.uint8)
+    rbuf = np.empty(int(rcounts.sum()), dtype=np.uint8)
+    comm.Alltoallv([sbuf, scounts.astype(np.int32), sdispl.astype(np.int32), MPI.BYTE],
+                   [rbuf, rcounts.astype(np.int32), rdispl.astype(np.int32), MPI.BYTE])
+    return [rbuf[int(d) : int(d + c)] for d, c in zip(rdispl, rcounts, strict=True)]
+
+
 def allreduce_int(comm: MPI.Comm, value: int, op: str = "max") -> int:
     """Collective: reduce one int64 over all ranks (op: 'max', 'min' or 'sum')."""
     if comm.size == 1:

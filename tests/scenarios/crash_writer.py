@@ -99,7 +99,7 @@ def main() -> None:
         # an appending writer defines them too if a killed writer never committed them
         if name not in f:
             f.create_dataset(name, shape, dtype, fill=fill)
-    eng = f.engine
+    eng = f.engine.inner  # the native engine under the derived layer
     armed = {"on": False}
 
     def stop(text: str) -> None:

@@ -16,10 +16,15 @@ DEFAULT_ENGINE = "native"
 
 
 def _choose_engine(path: str, mode: str, engine: str | Engine | None) -> Engine:
-    if isinstance(engine, Engine):
+    """The engine stack: the derived-quantity layer over the chosen engine."""
+    from ..layers import DerivedLayer
+
+    if isinstance(engine, DerivedLayer):
         return engine
-    name = engine or os.environ.get("LAMINA_ENGINE") or DEFAULT_ENGINE
-    return get_engine_class(name)()
+    if not isinstance(engine, Engine):
+        name = engine or os.environ.get("LAMINA_ENGINE") or DEFAULT_ENGINE
+        engine = get_engine_class(name)()
+    return DerivedLayer(engine)
 
 
 class File(Group):
@@ -87,6 +92,44 @@ class File(Group):
             self._engine._discard_step()
             raise
         self.end_step()
+
+    # -- derived quantities ----------------------------------------------
+    def derive(self, name: str, expression: str, strategy: str = "stats", *, spacing=None, **hints):
+        """Collective: declare a derived quantity; returns its dataset (or group of x, y, z for a vector).
+
+        Parameters
+        ----------
+        name : str
+            Path of the new dataset (a group ``name`` with ``x``, ``y``, ``z``
+            for a vector result such as ``curl``).
+        expression : str
+            Over dataset paths, e.g. ``"magnitude(vx, vy, vz)"`` (see docs/derived.md).
+        strategy : {'stats', 'store', 'expression', 'auto'}
+            What the file keeps: statistics only (default), data and
+            statistics, or the expression only; ``'auto'`` asks the cost model
+            (:mod:`lamina.perf`), using *hints*.
+        spacing : float or sequence of float, optional
+            Grid spacing of stencils, one per axis (default 1).
+        **hints
+            For ``'auto'``: ``query_fraction``, ``readers``, ``read_bandwidth``,
+            ``write_bandwidth``.
+
+        On a file opened for reading, the quantity exists in this process
+        only and is computed when read.
+        """
+        d = self._engine.derive(name, expression, strategy, spacing=spacing, hints=hints or None)
+        return self[d.name]
+
+    @property
+    def derived(self) -> dict:
+        """Derived quantities by name: their :class:`~lamina.layers.Definition` (expression, strategy, ...)."""
+        return self._engine.definitions()
+
+    def query(self, where: str, select=(), region=None, step=None, exact: bool = True):
+        """Independent: elements where *where* holds (see :func:`lamina.query.query`)."""
+        from ..query import query
+
+        return query(self, where, select=select, region=region, step=step, exact=exact)
 
     # -- steps (readers) --------------------------------------------------
     def at(self, step: int) -> StepView:
@@ -177,6 +220,10 @@ class StepView(Group):
 
     def __repr__(self) -> str:
         return f"<lamina step {self._step} of {self._file.filename!r}>"
+
+    def query(self, where: str, select=(), region=None, exact: bool = True):
+        """Independent: :meth:`File.query` at this step."""
+        return self._file.query(where, select=select, region=region, step=self._step, exact=exact)
 
 
 def open(path, mode: str = "r", comm=None, engine: str | Engine | None = None, **options) -> File:  # noqa: A001

@@ -318,7 +318,7 @@ class BlockRecord:
     agg: int = 0
     offset: int = 0
     length: int = 0
-    codec: int = 0  # 0: raw bytes in C order; 1: the dataset's codec pipeline
+    codec: int = 0  # 0: raw bytes in C order; 1: the dataset's codec pipeline; 2: statistics only, no data
     seg: int = 0  # checksum segment size in bytes (0: one checksum over the whole block)
     crcs: tuple[int, ...] = ()
     stats: Stats | None = None
@@ -365,8 +365,10 @@ class BlockRecord:
         rank, session, agg = d.u32(), d.u32(), d.u32()
         offset, length = d.u64(), d.u64()
         codec = d.u8()
-        if codec > 1:
+        if codec > 2:
             raise FormatError(f"{d.what}: block of {spec.path!r} has unknown codec id {codec}")
+        if codec == 2 and length != 0:
+            raise FormatError(f"{d.what}: statistics-only block of {spec.path!r} at {box} claims {length} bytes")
         raw = box.size * spec.dtype.itemsize
         if codec == 0 and length != raw:
             raise FormatError(

@@ -36,7 +36,10 @@ class BlockInfo:
 
     @classmethod
     def from_record(cls, rec: BlockRecord, spec: DatasetSpec) -> BlockInfo:
-        codec = "raw" if rec.codec == 0 else "+".join(c["id"] for c in spec.codecs)
+        if rec.codec == 2:
+            codec = "stats-only"
+        else:
+            codec = "raw" if rec.codec == 0 else "+".join(c["id"] for c in spec.codecs)
         return cls(rec.box, rec.stats, rec.length, rec.box.size * spec.dtype.itemsize, rec.subfile, rec.offset, codec, rec.rank)
 
 

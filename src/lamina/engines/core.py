@@ -73,6 +73,9 @@ from ..errors import (
 from ..geometry import Box, find_overlap
 from .base import Engine
 
+#: block codec id of a block with statistics but no stored data (see :meth:`BlockEngine.put_stats`)
+CODEC_STATS_ONLY = 2
+
 COMMON_OPTIONS = {"checksum_segment", "background_stats"}
 
 
@@ -323,6 +326,32 @@ class BlockEngine(Engine):
         self._pending.append(p)
         self._record_local_box(spec, box)  # only now: a put that failed wrote nothing
 
+    def put_stats(self, name: str, box: Box, array: np.ndarray) -> None:
+        """Independent: record the statistics of *array* as a block of *name* without storing its data.
+
+        The block (codec :data:`CODEC_STATS_ONLY`, zero bytes) takes part in
+        the step like any other: boxes may not overlap, and queries prune with
+        its statistics.  Reading its values is up to a layer that can compute
+        them (the derived layer).
+        """
+        self._require_write(f"write statistics of dataset {name!r}")
+        if not self._in_step:
+            self.begin_step()
+        spec = self.lookup(name)
+        box.check_inside(spec.shape, f"dataset {spec.path!r}")
+        arr = np.asarray(array)
+        if arr.shape != box.shape:
+            raise ShapeError(f"statistics of an array of shape {arr.shape} for box {box} (shape {box.shape}) of dataset {spec.path!r}")
+        self._check_local_overlap(spec, box)
+        if box.empty:
+            return
+        p = Pending(len(self._pending), spec, box, None, codec=CODEC_STATS_ONLY, length=0)
+        p.job = stats_mod.BlockJob(arr.astype(spec.dtype, copy=False), 0, checksum=False, background=False)
+        p.extra["crcs"] = (0,)
+        p.location = (self.session, 0, 0)  # nothing to move
+        self._pending.append(p)
+        self._record_local_box(spec, box)
+
     def _check_local_overlap(self, spec: DatasetSpec, box: Box) -> None:
         """OverlapError now if *box* overlaps a box this rank already put in this step.
 
@@ -430,7 +459,7 @@ class BlockEngine(Engine):
         e.u32(len(self._pending))
         for p in self._pending:
             st, crcs = p.job.result()
-            if p.codec == 1:
+            if p.codec != 0:
                 crcs = p.extra["crcs"]
             e.u32(p.idx)
             e.u64(self.segment)
@@ -556,6 +585,11 @@ class BlockEngine(Engine):
         if covered < box.size:
             out[...] = spec.fill_scalar()
         for rec, inter in hits:
+            if rec.codec == CODEC_STATS_ONLY:
+                raise FormatError(
+                    f"dataset {spec.path!r} keeps only statistics at step {step} (block {rec.box}); "
+                    "its values are computed by the derived layer"
+                )
             self._read_region(rec, spec, inter, out[(*inter.relative_to(box), ...)])
 
     def decode_payload(self, rec: BlockRecord, spec: DatasetSpec, payload) -> np.ndarray:

@@ -79,11 +79,14 @@ class MemoryEngine(BlockEngine):
     def _move(self, headers: list[Header], mine: list[Pending]):
         parts = []
         for p in mine:
-            parts.append(p.payload if p.codec == 1 else memoryview(p.data).cast("B").tobytes())
+            if p.location is None:  # statistics-only blocks have nothing to move
+                parts.append(p.payload if p.codec == 1 else memoryview(p.data).cast("B").tobytes())
         everything = comm_mod.allgather_bytes(self.comm, b"".join(parts))
         pos = [0] * self.size
         locations = []
         for h in headers:
+            if h.location is not None:
+                continue
             src = h.rank
             data = everything[src][pos[src] : pos[src] + h.length]
             pos[src] += h.length
