@@ -2,8 +2,10 @@
 
 ``lamina bench write`` and ``lamina bench read`` measure lamina native and
 its baselines (raw numpy per rank, h5py, ADIOS2 BP5) in one run on the same
-data and print speed ratios; see ``docs/performance.md``.  Absolute times on
-a shared machine are noise; the ratios are the result.
+data and print speed ratios; see ``docs/performance.md``.  ``lamina bench
+derived`` measures the derived-quantity kernels against memcpy and plain
+numpy in one process.  Absolute times on a shared machine are noise; the
+ratios are the result.
 """
 
 from __future__ import annotations
@@ -13,9 +15,14 @@ import sys
 BENCHMARKS = {
     "write": "write throughput: numpy tofile, h5py, ADIOS2 BP5, lamina native (several aggregator counts)",
     "read": "read throughput, other decompositions, and bytes touched by a one-block read",
+    "derived": "derived-quantity kernels (add, magnitude, curl) vs memcpy and plain numpy",
 }
 
-USAGE = "usage: lamina bench {write,read} [options]   (lamina bench NAME --help for the options)"
+USAGE = (
+    "usage: lamina bench {"
+    + ",".join(BENCHMARKS)
+    + "} [options]   (lamina bench NAME --help for the options)"
+)
 
 
 def main(argv: list[str]) -> int:
@@ -25,13 +32,15 @@ def main(argv: list[str]) -> int:
         out = sys.stdout if argv else sys.stderr
         print(USAGE, file=out)
         for name, text in BENCHMARKS.items():
-            print(f"  {name:6} {text}", file=out)
+            print(f"  {name:10} {text}", file=out)
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     if name == "write":
         from .write import main as run
     elif name == "read":
         from .read import main as run
+    elif name == "derived":
+        from .derived import main as run
     else:
         print(
             f"lamina bench: unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}",

@@ -52,7 +52,7 @@ over the grown box first.
 
 Measured on this project's 2-core development VM (AMD EPYC, numpy 2.4,
 numexpr 2.14; float64 inputs of 128 MiB each; best of 7, wall clock;
-``python -m lamina.derived.bench`` runs the same comparison), in GB/s of
+``lamina bench derived`` runs the same comparison), in GB/s of
 compulsory traffic (inputs read once, output written once)::
 
                               numpy   numexpr 1 thread / 2   lamina   lamina out=

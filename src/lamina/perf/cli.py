@@ -1,0 +1,320 @@
+"""``lamina model derived``: predicted costs of the Store / Stats / Expression strategies.
+
+::
+
+    lamina model derived --expr "magnitude(vx, vy, vz)" --query-fraction 0.1 \\
+        --readers 3 --read-bandwidth 0.5GB/s [--shape 512,512,512] [--dtype f8] \\
+        [--blocks 64] [--write-bandwidth BW] [--calibration FILE] [--json]
+
+Bad input prints one line on stderr and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+from typing import Any, NoReturn
+
+import numpy as np
+
+from ..errors import ExpressionError
+from .model import STRATEGIES, best, combine, terms
+
+PROG = "lamina model"
+USAGE = f"""usage: {PROG} derived --expr EXPR [options]   ({PROG} derived --help for the options)
+  derived  predicted compute, write, read and total time and storage of keeping a derived
+           quantity as data (store), as statistics only (stats) or as its expression only"""
+
+_RATE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1e3,
+    "kb": 1e3,
+    "m": 1e6,
+    "mb": 1e6,
+    "g": 1e9,
+    "gb": 1e9,
+    "t": 1e12,
+    "tb": 1e12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+
+
+class UsageError(ValueError):
+    """Bad command-line input (one line on stderr, status 2)."""
+
+
+def parse_bandwidth(text: str) -> float:
+    """``'500MB/s'``, ``'0.5GB/s'``, ``'2GiB/s'``, ``'1e9'`` -> bytes per second (> 0).
+
+    Decimal units (kB, MB, GB, TB, or k, M, G, T) count powers of 1000,
+    binary ones (KiB, MiB, GiB, TiB) powers of 1024; ``/s`` is optional; a
+    plain number is bytes per second.
+    """
+    m = re.fullmatch(
+        r"\s*([0-9]+\.?[0-9]*(?:[eE][-+]?[0-9]+)?|\.[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*(/\s*s)?\s*",
+        str(text),
+    )
+    if not m or m.group(2).lower() not in _RATE_UNITS:
+        raise UsageError(f"not a bandwidth: {text!r} (use e.g. 500MB/s, 0.5GB/s, 2GiB/s)")
+    v = float(m.group(1)) * _RATE_UNITS[m.group(2).lower()]
+    if not math.isfinite(v) or v <= 0:
+        raise UsageError(f"a bandwidth must be > 0, got {text!r}")
+    return v
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``'512,512,512'`` (or ``512x512x512``) -> (512, 512, 512)."""
+    parts = [p.strip() for p in re.split(r"[,x]", str(text))]
+    if not parts or any(not p.isdigit() for p in parts):
+        raise UsageError(f"--shape: expected integers separated by commas, got {text!r}")
+    return tuple(int(p) for p in parts)
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, k in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= k:
+            return f"{n / k:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def fmt_rate(bps: float) -> str:
+    return f"{bps / 1e9:.3g} GB/s"
+
+
+def fmt_time(s: float) -> str:
+    if s == 0:
+        return "0"
+    if s < 1e-3:
+        return f"{s * 1e6:.1f} us"
+    if s < 1:
+        return f"{s * 1e3:.1f} ms"
+    return f"{s:.2f} s"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, status 2
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=f"{PROG} derived",
+        description=(
+            "Predict the compute, write, read and total time and the storage of a derived "
+            "quantity kept as data (store), as block statistics (stats) or as its expression "
+            "(expression), and recommend the cheapest. Rates come from this machine's "
+            "calibration (measured once and cached)."
+        ),
+    )
+    p.add_argument(
+        "--expr", required=True, help="the derived quantity, e.g. 'magnitude(vx, vy, vz)'"
+    )
+    p.add_argument(
+        "--shape",
+        default="512,512,512",
+        help="global shape of each input, comma-separated (default 512,512,512)",
+    )
+    p.add_argument("--dtype", default="f8", help="dtype of the inputs (default f8)")
+    p.add_argument("--blocks", default="64", help="blocks per component (default 64)")
+    p.add_argument(
+        "--query-fraction",
+        default="1",
+        help="fraction of the data a query needs, in [0, 1] (default 1)",
+    )
+    p.add_argument("--readers", default="1", help="how many times the data are queried (default 1)")
+    p.add_argument(
+        "--read-bandwidth",
+        default=None,
+        help="read bandwidth of the storage, e.g. 0.5GB/s (default: calibrated page cache)",
+    )
+    p.add_argument(
+        "--write-bandwidth",
+        default=None,
+        help="write bandwidth of the storage, e.g. 2GiB/s (default: calibrated page cache)",
+    )
+    p.add_argument(
+        "--calibration",
+        default=None,
+        metavar="FILE",
+        help="use this calibration file as is (default: the cached one, measured if missing)",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    return p
+
+
+def _number(text: str, what: str, integer: bool = False) -> Any:
+    try:
+        v = int(text) if integer else float(text)
+    except ValueError:
+        kind = "an integer" if integer else "a number"
+        raise UsageError(f"{what} must be {kind}, got {text!r}") from None
+    return v
+
+
+def _expression_message(e: ExpressionError) -> str:
+    msg = getattr(e, "reason", None) or str(e).splitlines()[0]
+    if getattr(e, "position", None) is not None:
+        msg += f" (at position {e.position})"
+        if e.expression is not None:
+            msg += f" in {e.expression!r}"
+    return msg.replace("\n", " ")
+
+
+def run_derived(argv: list[str]) -> int:
+    ns = build_parser().parse_args(argv)
+    shape = parse_shape(ns.shape)
+    nblocks = _number(ns.blocks, "--blocks", integer=True)
+    q = _number(ns.query_fraction, "--query-fraction")
+    if not 0.0 <= q <= 1.0:
+        raise UsageError(f"--query-fraction must be in [0, 1], got {ns.query_fraction}")
+    readers = _number(ns.readers, "--readers", integer=True)
+    if readers < 0:
+        raise UsageError(f"--readers must be >= 0, got {readers}")
+    if nblocks < 1:
+        raise UsageError(f"--blocks must be >= 1, got {nblocks}")
+    b_r = parse_bandwidth(ns.read_bandwidth) if ns.read_bandwidth is not None else None
+    b_w = parse_bandwidth(ns.write_bandwidth) if ns.write_bandwidth is not None else None
+
+    from .calibrate import default_path, load_calibration, read_calibration
+
+    if ns.calibration is not None:
+        try:
+            cal = read_calibration(ns.calibration)
+        except (OSError, ValueError) as e:
+            raise UsageError(f"--calibration {ns.calibration}: {e}") from None
+        source = ns.calibration
+    else:
+        source = default_path()
+
+        def note(path: str) -> None:
+            print(
+                f"{PROG}: calibrating this machine (once; cached at {path})...",
+                file=sys.stderr,
+                flush=True,
+            )
+
+        cal = load_calibration(source, on_measure=note)
+    try:
+        t = terms(
+            ns.expr,
+            shape,
+            ns.dtype,
+            nblocks=nblocks,
+            read_bandwidth=b_r,
+            write_bandwidth=b_w,
+            calibration=cal,
+        )
+    except ExpressionError as e:
+        raise UsageError(_expression_message(e)) from None
+    preds = combine(t, q, readers)
+    choice = best(preds)
+    if ns.json:
+        doc = {
+            "expression": ns.expr,
+            "shape": list(shape),
+            "dtype": np.dtype(ns.dtype).str,
+            "blocks": nblocks,
+            "query_fraction": q,
+            "readers": readers,
+            "read_bandwidth": t.read_bandwidth,
+            "write_bandwidth": t.write_bandwidth,
+            "terms": t.as_dict(),
+            "predictions": {s: preds[s].as_dict() for s in STRATEGIES},
+            "recommendation": choice,
+            "calibration": {"path": source, **json.loads(cal.to_json())},
+        }
+        print(json.dumps(doc, indent=1))
+        return 0
+    print(report(ns.expr, shape, ns.dtype, nblocks, q, readers, t, preds, choice, source, cal))
+    return 0
+
+
+def report(expr, shape, dtype, nblocks, q, readers, t, preds, choice, source, cal) -> str:
+    """The text report: the inputs, a table of the three strategies, the recommendation."""
+    from ..bench.common import table
+
+    lines = [
+        f"{PROG} derived: {expr} over {'x'.join(map(str, shape))} {np.dtype(dtype).name} "
+        f"({t.inputs} input{'s' if t.inputs != 1 else ''}, {t.components} component"
+        f"{'s' if t.components != 1 else ''}, {nblocks} block{'s' if nblocks != 1 else ''})",
+        f"query fraction {q:g}, {readers} reader{'s' if readers != 1 else ''}; "
+        f"read {fmt_rate(t.read_bandwidth)}, write {fmt_rate(t.write_bandwidth)}",
+        f"compute {fmt_time(t.compute_s)} per full evaluation "
+        f"({t.bytes_per_element} B and {t.flops_per_element} operations per element, "
+        f"{fmt_rate(t.memory_bandwidth)}, {cal.flop_rate / 1e9:.3g} Gop/s); "
+        f"statistics {fmt_time(t.stats_s)}",
+        "",
+    ]
+    body = []
+    for s in STRATEGIES:
+        p = preds[s]
+        body.append(
+            [
+                s + (" *" if s == choice else ""),
+                fmt_time(p.compute_s),
+                fmt_time(p.write_s),
+                fmt_time(p.read_s),
+                fmt_time(p.total_s),
+                fmt_bytes(p.storage_bytes),
+            ]
+        )
+    lines.append(
+        table(
+            ["strategy", "compute", "write", "read (each)", "total", "storage"],
+            body,
+            "lrrrrr",
+        )
+    )
+    others = sorted((s for s in STRATEGIES if s != choice), key=lambda s: preds[s].total_s)
+    nxt = others[0]
+    lines.append(
+        f"primary data (written by every strategy, not in the totals): "
+        f"{fmt_bytes(t.input_bytes)}, {fmt_time(preds[choice].primary_write_s)}"
+    )
+    lines.append(f"total = write + {readers} x read; compute = at the write and at every read")
+    lines.append(f"calibration: {source} (host {cal.host})")
+    lines.append(
+        f"recommendation: {choice} (total {fmt_time(preds[choice].total_s)}, "
+        f"storage {fmt_bytes(preds[choice].storage_bytes)}; next: {nxt} "
+        f"{fmt_time(preds[nxt].total_s)})"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``lamina model ARGS`` (*argv* without ``model``); returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        out = sys.stdout if argv else sys.stderr
+        print(USAGE, file=out)
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name != "derived":
+        print(f"{PROG}: error: unknown model {name!r}; choose from: derived", file=sys.stderr)
+        return 2
+    try:
+        return run_derived(rest)
+    except BrokenPipeError:  # e.g. `lamina model derived ... --json | head`
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 1
+    except SystemExit as e:  # --help
+        return e.code if isinstance(e.code, int) else 0
+    except (UsageError, ValueError) as e:
+        msg = str(e).replace("\n", " ")
+        print(f"{PROG} derived: error: {msg}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG} derived: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,400 @@
+"""Cost model of the three strategies of a derived quantity: Store, Stats, Expression.
+
+A derived quantity (``magnitude(vx, vy, vz)``, ``curl(u, v, w)``, ...) can be
+kept in three ways, following "To Derive or Not to Derive" (ADIOS2 derived
+variables):
+
+``store``
+    computed at the end of the step; its data and per-block statistics are written;
+``stats``
+    computed at the end of the step; only per-block statistics (min, max, sum,
+    count) and the expression are kept;
+``expression``
+    only the expression is kept; it is computed when read.
+
+A later query touches a fraction *q* of the data.  With ``store`` it reads *q*
+of the derived data; with ``stats`` the block statistics prune the blocks, so
+it reads *q* of the input data and recomputes them; with ``expression``
+nothing prunes, so it reads all the input data and computes everything.
+
+Notation
+--------
+========== =============================================================
+N          elements per component (the product of the shape)
+k, c       number of inputs, of output components
+s_in       itemsize of an input element; s_out of an output element
+S_in       k N s_in, bytes of input data (the primary datasets)
+S_d        c N s_out, bytes of derived data
+b, f       compulsory bytes and operations per element
+           (:meth:`~lamina.derived.Expr.bytes_per_element`,
+           :attr:`~lamina.derived.Expr.flops_per_element`)
+B_mem      effective memory bandwidth of the kernels: the calibrated
+           pointwise kernel bandwidth, or the stencil bandwidth when the
+           expression has a stencil (halo > 0)
+F          effective operation rate of the kernels (calibrated)
+B_st       bandwidth of the statistics pass (:func:`lamina.stats.compute`)
+B_w, B_r   write and read bandwidth of the storage
+nb         blocks per component
+R          readers (each runs the query once); q the query fraction
+========== =============================================================
+
+Compute time is a roofline over the calibrated effective rates, and the
+statistics pass reads the derived data once::
+
+    T_c  = max(b N / B_mem, f N / F)
+    T_st = S_d / B_st
+
+Eq. 1, write (at the end of a step; the primary data, written by every
+strategy alike, are reported apart as ``T_primary = S_in / B_w``)::
+
+    T_write(store)      = T_c + T_st + S_d / B_w
+    T_write(stats)      = T_c + T_st
+    T_write(expression) = 0
+
+Eq. 2, read (one reader, query fraction q)::
+
+    T_read(store)       = q S_d / B_r
+    T_read(stats)       = q (S_in / B_r + T_c)
+    T_read(expression)  = S_in / B_r + T_c
+
+Eq. 3, storage, with ``S_stats = nb c 56`` (min, max, sum, count and the
+block's box per component) and ``S_expr = len(text) + 64``::
+
+    S(store)            = S_d + S_stats
+    S(stats)            = S_stats + S_expr
+    S(expression)       = S_expr
+
+Total time over the life of the data: ``T_total = T_write + R T_read``;
+:func:`recommend` picks the smallest total, a tie going to the strategy that
+stores less.
+
+The calibrated rates are *effective* rates of lamina's own kernels
+(:mod:`lamina.perf.calibrate`), which already include the Python overhead
+per block and the page faults of fresh results: so ``a + b`` (memory bound)
+and ``magnitude``/``curl`` (bound by the operation rate) are predicted
+close to what they measure.  One rate for every operation is a
+simplification: transcendental functions (``exp``, ``sin``, ...) cost
+several times an addition and are predicted too fast.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..derived import Expr, check_inputs, parse, result_dtype
+from ..errors import ExpressionError
+
+if TYPE_CHECKING:
+    from .calibrate import Calibration
+
+#: the strategies, in order of decreasing storage
+STRATEGIES = ("store", "stats", "expression")
+#: bytes of the statistics of one block of one component (min, max, sum, count, box)
+STATS_BYTES_PER_BLOCK = 56
+#: bytes kept with an expression besides its text (name, dtype, shape, inputs)
+EXPRESSION_OVERHEAD = 64
+#: relative difference of totals under which two strategies count as tied
+TIE = 1e-9
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted costs of one strategy (seconds and bytes).
+
+    ``compute_s`` is the computing of the derived quantity over the life of
+    the data: at the write for ``store`` and ``stats``, plus at every read
+    for ``stats`` (the pruned fraction) and ``expression`` (everything).
+    ``write_s`` is Eq. 1, ``read_s`` Eq. 2 (one reader), ``total_s`` is
+    ``write_s + readers * read_s``, ``storage_bytes`` Eq. 3.
+    ``primary_write_s`` is the writing of the inputs themselves, the same
+    for every strategy and not in ``total_s``.
+    """
+
+    strategy: str
+    compute_s: float
+    write_s: float
+    read_s: float
+    total_s: float
+    storage_bytes: int
+    primary_write_s: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Terms:
+    """The quantities the equations combine (see the module docstring)."""
+
+    elements: int  # N
+    inputs: int  # k
+    components: int  # c
+    input_bytes: int  # S_in
+    derived_bytes: int  # S_d
+    stats_bytes: int  # S_stats
+    expression_bytes: int  # S_expr
+    bytes_per_element: int  # b
+    flops_per_element: int  # f
+    memory_bandwidth: float  # B_mem used
+    compute_s: float  # T_c
+    stats_s: float  # T_st
+    read_bandwidth: float  # B_r
+    write_bandwidth: float  # B_w
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ----------------------------------------------------------------- validation
+def _positive_rate(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a number of bytes per second, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v) or v <= 0:
+        raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+    return v
+
+
+def _fraction(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"query_fraction must be a number in [0, 1], got {value!r}")
+    q = float(value)
+    if not (0.0 <= q <= 1.0):  # also rejects nan
+        raise ValueError(f"query_fraction must be in [0, 1], got {value!r}")
+    return q
+
+
+def _count(value: Any, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if int(value) < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _shape(shape: Any) -> tuple[int, ...]:
+    if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
+        shape = (shape,)
+    if not isinstance(shape, Sequence) or isinstance(shape, str) or not shape:
+        raise ValueError(f"shape must be a non-empty sequence of integers >= 0, got {shape!r}")
+    return tuple(_count(s, "shape", 0) for s in shape)
+
+
+def _expression(expr: Expr | str) -> tuple[Expr, str]:
+    """The tree and the text of *expr* (text parsed as an expression, else as a predicate)."""
+    if isinstance(expr, Expr):
+        return expr, getattr(expr, "source", None) or str(expr)
+    if not isinstance(expr, str):
+        raise ExpressionError(f"an expression must be text or an Expr, not {type(expr).__name__}")
+    try:
+        return parse(expr, "expr"), expr
+    except ExpressionError as first:
+        try:
+            return parse(expr, "predicate"), expr
+        except ExpressionError:
+            raise first from None
+
+
+# ----------------------------------------------------------------- the model
+def terms(
+    expr: Expr | str,
+    shape: Sequence[int] | int,
+    dtype: Any = "f8",
+    *,
+    nblocks: int = 1,
+    read_bandwidth: float | None = None,
+    write_bandwidth: float | None = None,
+    calibration: Calibration | None = None,
+) -> Terms:
+    """The sizes and times the equations combine, for *expr* over data of *shape* and *dtype*.
+
+    Raises ExpressionError for an expression that does not parse or whose
+    stencils do not fit *shape*, ValueError for a bad parameter.
+    """
+    tree, text = _expression(expr)
+    shp = _shape(shape)
+    nb = _count(nblocks, "nblocks", 1)
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as e:
+        raise ValueError(f"dtype: not a numpy dtype: {dtype!r}") from e
+    if calibration is None:
+        from .calibrate import load_calibration
+
+        calibration = load_calibration()
+    b_r = _positive_rate(
+        calibration.read_bandwidth if read_bandwidth is None else read_bandwidth, "read_bandwidth"
+    )
+    b_w = _positive_rate(
+        calibration.write_bandwidth if write_bandwidth is None else write_bandwidth,
+        "write_bandwidth",
+    )
+    inputs = sorted(tree.inputs)
+    if inputs:
+        check_inputs(tree, {p: shp for p in inputs}, text)
+    out_dtypes = result_dtype(tree, {p: dt for p in inputs}, len(shp))
+    s_in = dt.itemsize
+    s_out = max(d.itemsize for d in out_dtypes)
+    n = math.prod(shp)
+    k, c = len(inputs), tree.ncomponents
+    b = tree.bytes_per_element(s_in, s_out)
+    f = tree.flops_per_element
+    b_mem = calibration.stencil_bandwidth if tree.halo > 0 else calibration.kernel_bandwidth
+    t_c = max(b * n / b_mem, f * n / calibration.flop_rate)
+    s_d = c * n * s_out
+    return Terms(
+        elements=n,
+        inputs=k,
+        components=c,
+        input_bytes=k * n * s_in,
+        derived_bytes=s_d,
+        stats_bytes=nb * c * STATS_BYTES_PER_BLOCK,
+        expression_bytes=len(text.encode()) + EXPRESSION_OVERHEAD,
+        bytes_per_element=b,
+        flops_per_element=f,
+        memory_bandwidth=b_mem,
+        compute_s=t_c,
+        stats_s=s_d / calibration.stats_bandwidth,
+        read_bandwidth=b_r,
+        write_bandwidth=b_w,
+    )
+
+
+def combine(t: Terms, query_fraction: float = 1.0, readers: int = 1) -> dict[str, Prediction]:
+    """Eq. 1-3 and the totals from the quantities *t* (see the module docstring)."""
+    q = _fraction(query_fraction)
+    r = _count(readers, "readers", 0)
+    t_c, t_st = t.compute_s, t.stats_s
+    write = {
+        "store": t_c + t_st + t.derived_bytes / t.write_bandwidth,
+        "stats": t_c + t_st,
+        "expression": 0.0,
+    }
+    read = {
+        "store": q * t.derived_bytes / t.read_bandwidth,
+        "stats": q * (t.input_bytes / t.read_bandwidth + t_c),
+        "expression": t.input_bytes / t.read_bandwidth + t_c,
+    }
+    compute = {"store": t_c, "stats": t_c + r * q * t_c, "expression": r * t_c}
+    storage = {
+        "store": t.derived_bytes + t.stats_bytes,
+        "stats": t.stats_bytes + t.expression_bytes,
+        "expression": t.expression_bytes,
+    }
+    primary = t.input_bytes / t.write_bandwidth
+    return {
+        s: Prediction(
+            strategy=s,
+            compute_s=compute[s],
+            write_s=write[s],
+            read_s=read[s],
+            total_s=write[s] + r * read[s],
+            storage_bytes=storage[s],
+            primary_write_s=primary,
+        )
+        for s in STRATEGIES
+    }
+
+
+def predict(
+    expr: Expr | str,
+    shape: Sequence[int] | int,
+    dtype: Any = "f8",
+    *,
+    nblocks: int = 1,
+    query_fraction: float = 1.0,
+    readers: int = 1,
+    read_bandwidth: float | None = None,
+    write_bandwidth: float | None = None,
+    calibration: Calibration | None = None,
+) -> dict[str, Prediction]:
+    """Predicted costs of keeping *expr* as ``store``, ``stats`` and ``expression``.
+
+    Parameters
+    ----------
+    expr
+        The derived quantity: text or a tree from :func:`lamina.derived.parse`.
+    shape, dtype
+        Global shape and dtype of each input dataset (default float64).
+    nblocks
+        Blocks per component (each keeps one set of statistics).
+    query_fraction
+        Fraction q in [0, 1] of the data a query needs.
+    readers
+        How many times the data are queried (an integer >= 0).
+    read_bandwidth, write_bandwidth
+        Bytes per second of the storage; default: the calibration's, which
+        measures this machine's page cache.
+    calibration
+        Rates of this machine; default :func:`~lamina.perf.load_calibration`
+        (measured once and cached).
+
+    Returns
+    -------
+    dict
+        ``{"store": Prediction, "stats": Prediction, "expression": Prediction}``.
+
+    Raises
+    ------
+    ValueError
+        A parameter out of range, naming it and the limit
+        (:class:`~lamina.errors.ExpressionError`, a ValueError, for an
+        expression that does not parse).
+    """
+    q = _fraction(query_fraction)
+    r = _count(readers, "readers", 0)
+    t = terms(
+        expr,
+        shape,
+        dtype,
+        nblocks=nblocks,
+        read_bandwidth=read_bandwidth,
+        write_bandwidth=write_bandwidth,
+        calibration=calibration,
+    )
+    return combine(t, q, r)
+
+
+def best(predictions: Mapping[str, Prediction]) -> str:
+    """The strategy of smallest total time; a tie goes to the one that stores less."""
+
+    def key(s: str) -> tuple[float, int]:
+        return predictions[s].total_s, predictions[s].storage_bytes
+
+    order = sorted(predictions, key=key)
+    lowest = predictions[order[0]].total_s
+    tied = [s for s in order if predictions[s].total_s <= lowest + TIE * max(abs(lowest), 1e-300)]
+    return min(tied, key=lambda s: predictions[s].storage_bytes)
+
+
+def recommend(
+    expr: Expr | str,
+    shape: Sequence[int] | int,
+    dtype: Any = "f8",
+    *,
+    nblocks: int = 1,
+    query_fraction: float = 1.0,
+    readers: int = 1,
+    read_bandwidth: float | None = None,
+    write_bandwidth: float | None = None,
+    calibration: Calibration | None = None,
+) -> tuple[str, dict[str, Prediction]]:
+    """The strategy of least total time and the predictions of all three (see :func:`predict`)."""
+    p = predict(
+        expr,
+        shape,
+        dtype,
+        nblocks=nblocks,
+        query_fraction=query_fraction,
+        readers=readers,
+        read_bandwidth=read_bandwidth,
+        write_bandwidth=write_bandwidth,
+        calibration=calibration,
+    )
+    return best(p), p

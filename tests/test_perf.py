@@ -1,0 +1,422 @@
+"""The cost model of derived-quantity strategies (lamina.perf), its calibration, its command, and
+``lamina bench derived``."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import math
+
+import pytest
+
+import lamina.bench
+import lamina.cli
+import lamina.perf
+from lamina.errors import ExpressionError
+from lamina.perf import (
+    Calibration,
+    calibrate,
+    default_path,
+    load_calibration,
+    parse_bandwidth,
+    predict,
+    recommend,
+)
+
+CAL = Calibration(
+    memcpy_bandwidth=20e9,
+    kernel_bandwidth=10e9,
+    stencil_bandwidth=5e9,
+    flop_rate=1e9,
+    stats_bandwidth=8e9,
+    write_bandwidth=2e9,
+    read_bandwidth=4e9,
+    host="test-host",
+    created=0.0,
+)
+# the module (the package's name ``calibrate`` is the function)
+calmod = importlib.import_module("lamina.perf.calibrate")
+MAG = "magnitude(vx,vy,vz)"
+SHAPE = (100, 100, 100)  # N = 1e6
+
+
+def approx(x):
+    return pytest.approx(x, rel=1e-12, abs=1e-18)
+
+
+# ------------------------------------------------------------------ model
+def test_magnitude_by_hand():
+    p = predict(MAG, SHAPE, "f8", nblocks=8, query_fraction=0.1, readers=3, calibration=CAL)
+    assert list(p) == ["store", "stats", "expression"]
+    # N = 1e6, k = 3, c = 1: S_in = 24e6, S_d = 8e6; b = 32, f = 6
+    t_c = max(32e6 / 10e9, 6e6 / 1e9)  # 6 ms: bound by the operation rate
+    t_st = 8e6 / 8e9
+    assert p["store"].write_s == approx(t_c + t_st + 8e6 / 2e9)
+    assert p["stats"].write_s == approx(t_c + t_st)
+    assert p["expression"].write_s == 0.0
+    assert p["store"].read_s == approx(0.1 * 8e6 / 4e9)
+    assert p["stats"].read_s == approx(0.1 * (24e6 / 4e9 + t_c))
+    assert p["expression"].read_s == approx(24e6 / 4e9 + t_c)
+    s_expr = len(MAG) + 64
+    assert p["store"].storage_bytes == 8_000_000 + 8 * 56
+    assert p["stats"].storage_bytes == 8 * 56 + s_expr
+    assert p["expression"].storage_bytes == s_expr
+    for s in p.values():
+        assert s.total_s == approx(s.write_s + 3 * s.read_s)
+        assert s.primary_write_s == approx(24e6 / 2e9)
+        assert set(s.as_dict()) >= {"strategy", "compute_s", "write_s", "read_s", "total_s"}
+    assert p["store"].compute_s == approx(t_c)
+    assert p["stats"].compute_s == approx(t_c + 3 * 0.1 * t_c)
+    assert p["expression"].compute_s == approx(3 * t_c)
+
+
+def test_roofline_memory_bound_and_stencil():
+    fast = dataclasses.replace(CAL, flop_rate=1e15)
+    t = lamina.perf.terms("a + b", (1000, 1000), calibration=fast)
+    assert t.compute_s == approx(24 * 1e6 / 10e9)  # b = 2*8 in + 8 out, kernel bandwidth
+    t = lamina.perf.terms("curl(u, v, w)", SHAPE, calibration=fast)
+    assert t.components == 3 and t.derived_bytes == 24_000_000
+    assert t.compute_s == approx(48 * 1e6 / 5e9)  # stencil bandwidth
+    t = lamina.perf.terms("curl(u, v, w)", SHAPE, "f4", nblocks=4, calibration=CAL)
+    assert t.stats_bytes == 4 * 3 * 56 and t.input_bytes == 12_000_000
+    assert t.compute_s == approx(t.flops_per_element * 1e6 / 1e9)
+
+
+def test_read_time_and_fraction():
+    base = dict(calibration=CAL, readers=1)
+    p1 = predict(MAG, SHAPE, query_fraction=0.1, **base)
+    p2 = predict(MAG, SHAPE, query_fraction=0.4, **base)
+    assert p2["store"].read_s == approx(4 * p1["store"].read_s)
+    assert p2["stats"].read_s == approx(4 * p1["stats"].read_s)
+    assert p2["expression"].read_s == p1["expression"].read_s  # no pruning
+    slow = predict(MAG, SHAPE, query_fraction=0.1, read_bandwidth=1e9, write_bandwidth=1e9, **base)
+    assert slow["store"].read_s == approx(0.1 * 8e6 / 1e9)
+    assert slow["store"].primary_write_s == approx(24e6 / 1e9)
+
+
+def test_recommendation():
+    assert recommend(MAG, SHAPE, readers=0, query_fraction=0.01, calibration=CAL)[0] == "expression"
+    name, p = recommend(MAG, SHAPE, readers=100, query_fraction=0.01, calibration=CAL)
+    assert name == "store"
+    assert p["store"].total_s < p["stats"].total_s < p["expression"].total_s
+    # one reader of everything: 12 ms (read the inputs, compute) against 13 ms for store
+    # (compute 6, statistics 1, write 4, then read 2) and 19 ms for stats
+    name, p = recommend(MAG, SHAPE, readers=1, query_fraction=1.0, calibration=CAL)
+    assert name == "expression"
+    assert [p[s].total_s for s in ("store", "stats", "expression")] == [
+        approx(0.013),
+        approx(0.019),
+        approx(0.012),
+    ]
+    # a tie (nothing to compute or move) goes to the least storage: one block's statistics
+    # (56 bytes) are smaller than the expression (its text + 64)
+    name, p = recommend(MAG, (0, 10, 10), readers=5, calibration=CAL)
+    assert all(s.total_s == 0 for s in p.values()) and name == "store"
+    name, p = recommend("a", (0,), readers=5, nblocks=1000, calibration=CAL)
+    assert name == "expression"
+
+
+@pytest.mark.parametrize(
+    "kw, word",
+    [
+        ({"query_fraction": 1.5}, "query_fraction"),
+        ({"query_fraction": -0.1}, "query_fraction"),
+        ({"query_fraction": math.nan}, "query_fraction"),
+        ({"readers": -1}, "readers"),
+        ({"readers": 1.5}, "readers"),
+        ({"readers": True}, "readers"),
+        ({"read_bandwidth": 0}, "read_bandwidth"),
+        ({"write_bandwidth": -1e9}, "write_bandwidth"),
+        ({"read_bandwidth": math.inf}, "read_bandwidth"),
+        ({"nblocks": 0}, "nblocks"),
+    ],
+)
+def test_bad_parameters(kw, word):
+    with pytest.raises(ValueError, match=word):
+        predict(MAG, SHAPE, calibration=CAL, **kw)
+
+
+def test_bad_expressions():
+    with pytest.raises(ExpressionError, match="position"):
+        predict("magnitude(vx,,vy)", SHAPE, calibration=CAL)
+    with pytest.raises(ExpressionError):
+        predict("curl(u, v, w)", (10, 10), calibration=CAL)  # a 3-D stencil on 2-D data
+
+
+# ------------------------------------------------------------ calibration
+def test_json_round_trip():
+    assert Calibration.from_json(CAL.to_json()) == CAL
+    assert Calibration.from_json(CAL.to_json().encode()) == CAL
+
+
+def _doc(**change):
+    d = json.loads(CAL.to_json())
+    d.update(change)
+    return d
+
+
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        (json.dumps(_doc(flop_rate="fast")), "flop_rate"),
+        (json.dumps(_doc(read_bandwidth=-1.0)), "read_bandwidth"),
+        (json.dumps(_doc(write_bandwidth=0)), "write_bandwidth"),
+        (json.dumps(_doc(kernel_bandwidth=True)), "kernel_bandwidth"),
+        (json.dumps(_doc(host=5)), "host"),
+        (json.dumps(_doc(version="1")), "version"),
+        (json.dumps(_doc(created=-3)), "created"),
+        (json.dumps(_doc(extra=1)), "extra"),
+        (
+            json.dumps({k: v for k, v in _doc().items() if k != "stats_bandwidth"}),
+            "stats_bandwidth",
+        ),
+        (CAL.to_json().replace("4000000000.0", "NaN"), "NaN"),
+        ("[1, 2]", "object"),
+        ("", "JSON"),
+        (b"\xff\xfe\x00\x01garbage", "UTF-8"),
+        ("{" * 100_000, "calibration"),
+    ],
+)
+def test_corrupt_calibration(text, key):
+    with pytest.raises(ValueError, match=key):
+        Calibration.from_json(text)
+
+
+def test_cache_location(monkeypatch, tmp_path):
+    monkeypatch.setenv("LAMINA_CALIBRATION", str(tmp_path / "mine.json"))
+    assert default_path() == str(tmp_path / "mine.json")
+    monkeypatch.delenv("LAMINA_CALIBRATION")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_path() == str(tmp_path / "xdg" / "lamina" / "calibration.json")
+
+
+def test_load_uses_cache_and_remeasures(monkeypatch, tmp_path):
+    path = tmp_path / "sub" / "cal.json"
+    monkeypatch.setenv("LAMINA_CALIBRATION", str(path))
+    here = dataclasses.replace(CAL, host=calmod.host())
+    measured = []
+
+    def fake(quick=False, directory=None):
+        measured.append(quick)
+        return dataclasses.replace(here, flop_rate=7e9)
+
+    monkeypatch.setattr(calmod, "calibrate", fake)
+    with pytest.raises(FileNotFoundError):
+        load_calibration(measure=False)
+    notes = []
+    got = load_calibration(quick=True, on_measure=notes.append)  # missing: measured and saved
+    assert got.flop_rate == 7e9 and measured == [True] and notes == [str(path)]
+    assert Calibration.from_json(path.read_text()) == got
+    assert load_calibration() == got and measured == [True]  # cached now
+    path.write_text(here.to_json())
+    assert load_calibration() == here  # this host: used as is
+    path.write_text(CAL.to_json())  # another host
+    with pytest.raises(ValueError, match="host"):
+        load_calibration(measure=False)
+    assert load_calibration().flop_rate == 7e9 and len(measured) == 2
+    path.write_text(dataclasses.replace(here, version=99).to_json())  # another version
+    assert load_calibration().version == calmod.CALIBRATION_VERSION and len(measured) == 3
+    path.write_bytes(b"\x00garbage")
+    with pytest.raises(ValueError):
+        load_calibration(measure=False)
+    assert load_calibration().flop_rate == 7e9 and len(measured) == 4
+
+
+def test_calibrate_quick(tmp_path):
+    cal = calibrate(quick=True, directory=str(tmp_path))
+    for name in calmod.RATES:
+        v = getattr(cal, name)
+        assert math.isfinite(v) and v > 0, name
+    assert cal.host == calmod.host() and cal.version == calmod.CALIBRATION_VERSION
+    assert list(tmp_path.iterdir()) == []  # its files are removed
+
+
+# ------------------------------------------------------------ the command
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("500MB/s", 5e8),
+        ("0.5GB/s", 5e8),
+        ("2GiB/s", 2 * 2**30),
+        ("1e9", 1e9),
+        ("100", 100.0),
+        ("1.5 kB / s", 1500.0),
+        ("3M", 3e6),
+    ],
+)
+def test_parse_bandwidth(text, value):
+    assert parse_bandwidth(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", ["fast", "0", "-1GB/s", "5XB/s", "", "1e999"])
+def test_parse_bandwidth_bad(text):
+    with pytest.raises(ValueError):
+        parse_bandwidth(text)
+
+
+@pytest.fixture
+def calfile(tmp_path):
+    p = tmp_path / "cal.json"
+    p.write_text(CAL.to_json())
+    return str(p)
+
+
+def model(*args):
+    return lamina.cli.main(["model", *args])
+
+
+def test_cli_table(calfile, capsys):
+    rc = model(
+        "derived",
+        "--expr",
+        "magnitude(vx,vy,vz)",
+        "--query-fraction",
+        "0.1",
+        "--readers",
+        "3",
+        "--read-bandwidth",
+        "0.5GB/s",
+        "--calibration",
+        calfile,
+    )
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    for word in ("store", "stats", "expression", "compute", "write", "read", "total", "storage"):
+        assert word in out.out
+    assert "512x512x512" in out.out and "64 blocks" in out.out
+    rec = [line for line in out.out.splitlines() if line.startswith("recommendation: ")]
+    assert len(rec) == 1
+    _, p = recommend(
+        "magnitude(vx,vy,vz)",
+        (512, 512, 512),
+        nblocks=64,
+        query_fraction=0.1,
+        readers=3,
+        read_bandwidth=0.5e9,
+        calibration=CAL,
+    )
+    assert rec[0].split()[1] == min(p, key=lambda s: p[s].total_s)
+
+
+def test_cli_json(calfile, capsys):
+    rc = model(
+        "derived",
+        "--expr",
+        "curl(u, v, w)",
+        "--shape",
+        "64,64,64",
+        "--dtype",
+        "f4",
+        "--blocks",
+        "8",
+        "--readers",
+        "0",
+        "--write-bandwidth",
+        "1GB/s",
+        "--calibration",
+        calfile,
+        "--json",
+    )
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    doc = json.loads(out.out)
+    assert doc["recommendation"] == "expression"  # nobody reads
+    want = predict(
+        "curl(u, v, w)",
+        (64, 64, 64),
+        "f4",
+        nblocks=8,
+        readers=0,
+        write_bandwidth=1e9,
+        calibration=CAL,
+    )
+    for s, p in want.items():
+        assert doc["predictions"][s] == pytest.approx(p.as_dict())
+    assert doc["write_bandwidth"] == 1e9 and doc["read_bandwidth"] == CAL.read_bandwidth
+
+
+def test_cli_uses_cache(monkeypatch, tmp_path, capsys):
+    path = tmp_path / "cal.json"
+    path.write_text(dataclasses.replace(CAL, host=calmod.host()).to_json())
+    monkeypatch.setenv("LAMINA_CALIBRATION", str(path))
+    monkeypatch.setattr(calmod, "calibrate", lambda **kw: pytest.fail("measured again"))
+    assert model("derived", "--expr", "a + b", "--json") == 0
+    out = capsys.readouterr()
+    assert "calibrating" not in out.err
+    assert json.loads(out.out)["calibration"]["path"] == str(path)
+
+
+@pytest.mark.parametrize(
+    "args, word",
+    [
+        (["--expr", "magnitude(vx,,vy)"], "position 13"),
+        (["--expr", "magnitude(vx,vy,vz)", "--read-bandwidth", "fast"], "bandwidth"),
+        (["--expr", "magnitude(vx,vy,vz)", "--query-fraction", "1.5"], "query-fraction"),
+        (["--expr", "magnitude(vx,vy,vz)", "--readers", "-2"], "readers"),
+        (["--expr", "magnitude(vx,vy,vz)", "--shape", "5,x"], "shape"),
+        (["--expr", "magnitude(vx,vy,vz)", "--dtype", "nope"], "dtype"),
+        (["--expr", "curl(u,v,w)", "--shape", "10,10"], "curl"),
+        (["--expr", "a", "--bogus"], "bogus"),
+        ([], "--expr"),
+    ],
+)
+def test_cli_bad_input(calfile, capsys, args, word):
+    rc = model("derived", *args, "--calibration", calfile)
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.count("\n") == 1 and word in err, err
+
+
+def test_cli_bad_calibration_file(tmp_path, capsys):
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(_doc(flop_rate=-1)))
+    assert model("derived", "--expr", "a", "--calibration", str(p)) == 2
+    assert "flop_rate" in capsys.readouterr().err
+
+
+def test_cli_usage(capsys):
+    assert model() == 2
+    assert "lamina model derived" in capsys.readouterr().err
+    assert model("--help") == 0
+    assert "usage" in capsys.readouterr().out
+    assert model("derived", "--help") == 0
+    assert "--query-fraction" in capsys.readouterr().out
+    assert model("nonsense") == 2
+    assert "derived" in capsys.readouterr().err
+
+
+# ------------------------------------------------------- lamina bench derived
+def test_bench_derived(capsys):
+    rc = lamina.bench.main(["derived", "--mib", "8", "--repeat", "1"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    for word in ("memcpy", "add", "magnitude", "curl", "numpy", "lamina out=", "### targets"):
+        assert word in out
+    assert "results agree with numpy" in out
+    assert ("GPU path skipped" in out) != any("lamina gpu" in line for line in out.splitlines())
+
+
+def test_bench_derived_json(capsys):
+    rc = lamina.bench.main(
+        [
+            "derived",
+            "--mib",
+            "4",
+            "--repeat",
+            "1",
+            "--kernels",
+            "laplacian,magnitude-curl",
+            "--json",
+        ]
+    )
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {r["kernel"] for r in doc["rows"]} == {"laplacian", "magnitude-curl"}
+    assert doc["memcpy"]["gbps"] > 0 and all(doc["checks"].values())
+    assert doc["targets"] == []
+
+
+def test_bench_derived_bad_option(capsys):
+    assert lamina.bench.main(["derived", "--kernels", "nope"]) == 2
+    assert lamina.bench.main(["derived", "--mib", "0"]) == 2
