@@ -8,6 +8,8 @@
     lamina convert SRC DST [--force] [--quiet] [--gzip N]     lamina <-> HDF5 (docs/hdf5.md)
     lamina demo ...                             lamina.demo.main(args)
     lamina bench ...                            lamina.bench.main(args)
+    lamina query FILE --where EXPR ...          lamina.query.main(args)
+    lamina model derived ...                    lamina.perf.main(args)
 
 Errors that come from the file or the arguments (lamina errors, missing
 files, a bad ``--select``) print one line on stderr and exit with status 2.
@@ -27,11 +29,15 @@ import sys
 
 import numpy as np
 
-#: subcommands whose arguments go unparsed to ``lamina.<name>.main(argv)``
+#: subcommands whose arguments go unparsed to ``<module>.main(argv)``
 PASSTHROUGH = {
     "demo": "run a demonstration (arguments go to lamina.demo)",
     "bench": "run a benchmark (arguments go to lamina.bench)",
+    "query": "select data by a condition over datasets and derived quantities (lamina query --help)",
+    "model": "predict the costs of derived-quantity strategies (lamina model derived --help)",
 }
+#: the module of each pass-through subcommand (default: lamina.<name>)
+PASSTHROUGH_MODULE = {"query": "lamina.query", "model": "lamina.perf"}
 
 
 class CLIError(Exception):
@@ -171,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _passthrough(name: str, rest: list[str]) -> int:
-    modname = f"lamina.{name}"
+    modname = PASSTHROUGH_MODULE.get(name, f"lamina.{name}")
     try:
         mod = importlib.import_module(modname)
     except ModuleNotFoundError as e:
@@ -286,7 +292,7 @@ def cmd_ls(args) -> int:
         pad = "  " * depth
         name = info["path"] if info is infos[0] else info["path"].rsplit("/", 1)[-1]
         if info["type"] == "group":
-            print(f"{pad}{name if name == '/' else name.rstrip('/') + '/'}")
+            print(f"{pad}{name if name == '/' else name.rstrip('/') + '/'}{_derived_note(info)}")
         else:
             print(f"{pad}{name}  {_dataset_line(info, head['steps'])}")
         for k, v in info["_attrs"].items():
@@ -299,6 +305,11 @@ def _node_info(f, path: str, obj) -> dict:
 
     attrs = {k: obj.attrs[k] for k in obj.attrs}
     info: dict = {"path": path, "type": "dataset" if isinstance(obj, Dataset) else "group"}
+    d = f.engine.definition(path) if path.strip("/") else None
+    if d is not None and (isinstance(obj, Dataset) or path.strip("/") == d.name):
+        info["derived"] = {"expression": d.text, "strategy": d.strategy}
+        if len(d.components) > 1:
+            info["derived"]["components"] = list(d.components)
     if isinstance(obj, Dataset):
         written, nblocks, nbytes, raw = [], 0, 0, 0
         for k in range(f.steps):
@@ -332,15 +343,29 @@ def _dataset_line(info: dict, nsteps: int) -> str:
         + ")"
     )
     w = info["steps_written"]
-    steps = f"steps {fmt_ranges(w)} ({len(w)} of {nsteps})" if w else "never written"
+    derived = info.get("derived")
+    if w:
+        steps = f"steps {fmt_ranges(w)} ({len(w)} of {nsteps})"
+    elif derived is not None:
+        steps = "computed when read"
+    else:
+        steps = "never written"
     size = fmt_bytes(info["nbytes"])
     if info["nbytes"] != info["raw_nbytes"]:
         size += f" (raw {fmt_bytes(info['raw_nbytes'])})"
     comp = fmt_codecs(info["compression"])
     return (
         f"{info['dtype']} {shape}  {steps}  {_plural(info['blocks'], 'block')}  {size}  "
-        f"compression {comp}  fill {fmt_value(info['_fill'])}"
+        f"compression {comp}  fill {fmt_value(info['_fill'])}{_derived_note(info)}"
     )
+
+
+def _derived_note(info: dict) -> str:
+    """'  derived = EXPR (strategy S)' for a derived dataset or vector group, else ''."""
+    d = info.get("derived")
+    if d is None:
+        return ""
+    return f"  derived = {d['expression']} (strategy {d['strategy']})"
 
 
 # --------------------------------------------------------------------------

@@ -1,0 +1,145 @@
+"""``lamina query FILE --where EXPR ...``: the query engine from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+USAGE_EPILOG = """\
+examples:
+  lamina query run.lam --where 'T > 1200'
+  lamina query run.lam --where 'T > 1200 & vmag < 0.3' --select T,vx --step -1 --limit 20
+  lamina query run.lam --where 'magnitude(curl(u, v, w)) > 1' --region '0:64,:,10:' --json
+  lamina query run.lam --where '`fields/T` < 300' --blocks-only
+
+Paths with '/' go in backticks. The condition combines comparisons with
+& (and), | (or) and ~ (not); see lamina.derived for the functions.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="lamina query",
+        description=(
+            "Find the elements where a condition over datasets (primary or derived) holds. "
+            "Block statistics first select the candidate blocks; the condition is then "
+            "evaluated on them element by element. Prints what each answer read."
+        ),
+        epilog=USAGE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("file", metavar="FILE")
+    p.add_argument(
+        "--where", "-w", required=True, metavar="EXPR", help="the condition, e.g. 'T > 1200'"
+    )
+    p.add_argument(
+        "--select",
+        "-s",
+        default="",
+        metavar="A,B,...",
+        help="datasets whose values to show at the matches (comma-separated paths)",
+    )
+    p.add_argument(
+        "--step",
+        type=int,
+        default=None,
+        metavar="K",
+        help="step to search (default: the last; negative counts from the end)",
+    )
+    p.add_argument(
+        "--region",
+        "-r",
+        default=None,
+        metavar="R",
+        help="part of the domain to search, numpy-style without brackets, e.g. '0:10,:,5:'",
+    )
+    p.add_argument(
+        "--blocks-only",
+        action="store_true",
+        help="stop after the candidate blocks (no exact answer)",
+    )
+    p.add_argument(
+        "--limit",
+        "-n",
+        type=int,
+        default=10,
+        metavar="N",
+        help="matches (or candidate blocks) to list (default: 10)",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``lamina query`` with *argv* (default: ``sys.argv[1:]``); returns the exit status."""
+    from .. import cli
+    from ..errors import LaminaError
+    from .core import query
+
+    parser = build_parser()
+    try:
+        args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    except SystemExit as e:  # --help, usage errors (argparse printed them)
+        return e.code if isinstance(e.code, int) else 2
+    try:
+        if args.limit < 0:
+            raise cli.CLIError(f"--limit must be >= 0, got {args.limit}")
+        select = [s.strip() for s in args.select.split(",") if s.strip()]
+        region = cli.parse_select(args.region) if args.region is not None else None
+        with cli._open(args.file) as f:
+            res = query(
+                f,
+                args.where,
+                select=select,
+                region=region,
+                step=args.step,
+                exact=not args.blocks_only,
+            )
+        if args.json:
+            cli._print_json({"file": args.file, **res.as_dict(limit=args.limit)})
+        else:
+            _print_text(res, args.limit, cli)
+        return 0
+    except BrokenPipeError:  # e.g. `lamina query ... | head`
+        cli._silence_stdout()
+        return 1
+    except (LaminaError, OSError, cli.CLIError) as e:
+        print(f"lamina query: error: {cli._message(e)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("lamina query: interrupted", file=sys.stderr)
+        return 130
+
+
+def _print_text(res, limit: int, cli) -> None:
+    print(res.summary())
+    if not res.exact:
+        shown = list(zip(res.candidates, res.certain, strict=True))[:limit]
+        if shown:
+            print(
+                f"first {len(shown)} candidate blocks:"
+                if len(shown) < len(res.candidates)
+                else "candidate blocks:"
+            )
+            for b, sure in shown:
+                print(f"  {cli.fmt_box(b)}" + ("  (matches everywhere)" if sure else ""))
+        return
+    rows = res.matches(limit)
+    if not rows:
+        return
+    head = "first " + str(len(rows)) + " matches:" if len(rows) < (res.count or 0) else "matches:"
+    print(head)
+    table = [["index", *res.select]]
+    for idx, vals in rows:
+        table.append(
+            ["(" + ", ".join(str(i) for i in idx) + ")"] + [_fmt(vals[p], cli) for p in res.select]
+        )
+    for line in cli.fmt_table(table, right=set(range(1, len(table[0])))):
+        print("  " + line)
+
+
+def _fmt(v, cli) -> str:
+    v = np.asarray(v)[()]
+    return cli.fmt_num(v)

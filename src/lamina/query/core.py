@@ -1,0 +1,375 @@
+"""Predicates -> candidate blocks -> exact selection."""
+
+from __future__ import annotations
+
+import numbers
+import time
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from ..api import selection as selection_mod
+from ..catalog import normpath
+from ..derived import check, check_inputs, check_stencils, evaluate, needed_boxes, parse, truth
+from ..derived.nodes import Expr
+from ..errors import (
+    BoundsError,
+    ExpressionError,
+    NotFoundError,
+    SelectionError,
+    ShapeError,
+    suggest,
+)
+from ..geometry import Box
+from .result import QueryResult
+from .source import FULL, Source, exact_range
+
+#: most bytes of values read while pruning (datasets without statistics) that are kept for the
+#: exact phase instead of being read again
+CACHE_BYTES = 256 << 20
+
+
+def query(
+    f,
+    where: str | Expr,
+    select: str | Iterable[str] | None = (),
+    region=None,
+    step: int | None = None,
+    exact: bool = True,
+) -> QueryResult:
+    """Independent: the elements of the datasets of *f* where predicate *where* holds.
+
+    Parameters
+    ----------
+    f
+        A lamina :class:`~lamina.File` or a view of one step (``f.at(k)``).
+    where
+        A predicate in the expression language of :mod:`lamina.derived`,
+        e.g. ``"T > 1200 & vmag < 0.3"`` or ``"magnitude(curl(u, v, w)) > 1"``;
+        paths with ``/`` in backticks (```grp/T` > 3``).  Primary and derived
+        datasets may be named; all must have one shape.
+    select
+        Dataset paths whose values to return (a vector derived name stands
+        for its components).
+    region
+        The part of the domain to search: a :class:`~lamina.geometry.Box`,
+        a numpy-style key (ints, slices, ``...``), a ``(start, stop)`` pair,
+        or text such as ``"0:10,:,5:"``.  Default: everything.
+    step
+        Step to search (default: the view's step, else the last; negative
+        counts from the end).
+    exact
+        Also compute the exact element answer (default); False stops after
+        the candidate blocks.
+
+    Returns
+    -------
+    QueryResult
+        Candidate boxes (from block statistics: never misses a match),
+        optionally the exact mask, coordinates and selected values, and the
+        blocks and bytes each answer read.
+
+    Raises
+    ------
+    ExpressionError
+        A malformed predicate, not a predicate, an unknown dataset (with
+        close names suggested), a stencil the shape does not allow.
+    NotFoundError
+        An unknown dataset in *select*.
+    ShapeError
+        Datasets of different shapes.
+    StepError, BoundsError, SelectionError
+        A step that does not exist, a region outside the domain.
+    """
+    src = Source(f, step)
+    text, pred = _predicate(where)
+    available = src.available()
+    check_inputs(pred, available, text)
+    refs = list(dict.fromkeys(r.path for r in pred.refs()))
+    sel = _select(select, src, available)
+    shape = _shape(src, refs + [p for p in sel if p not in refs], text)
+    check_stencils(pred, shape, text)
+    names = ", ".join(repr(p) for p in dict.fromkeys(refs + sel))
+    box = _region(region, shape, f"the query domain (shape {shape} of {names})")
+    grid, units = _units(src, refs, box)
+
+    result = QueryResult(
+        where=text,
+        step=src.step,
+        region=box,
+        grid=grid,
+        select=tuple(sel),
+        unit_boxes=units,
+        candidates=[],
+        certain=[],
+        candidate_values=[],
+    )
+    cache = _block_answer(src, pred, refs, units, sel, exact, result)
+    if exact:
+        _exact_answer(src, pred, shape, cache, result)
+    return result
+
+
+def _block_answer(
+    src: Source, pred: Expr, refs, units, sel, exact: bool, result: QueryResult
+) -> dict:
+    """Prune *units* with statistics; read the selected values over the candidates.
+
+    Returns the values read to find exact ranges that the exact phase may reuse.
+    """
+    t0, b0 = time.perf_counter(), src.bytes_read
+    src.touched = set()
+    cache: dict[tuple[str, Box], np.ndarray] = {}
+    cached = 0
+    for u in units:
+        ranges = {}
+        unknown = []
+        for p in refs:
+            r = src.stat_range(p, u)
+            if r is None:
+                unknown.append(p)
+                r = FULL
+            ranges[p] = r
+        can, can_fail = truth(pred, ranges)
+        arrays = {}
+        if unknown and can and can_fail:  # undecided: read what has no statistics
+            for p in unknown:
+                arrays[p] = src.read(p, u)
+                ranges[p] = exact_range(arrays[p])
+            can, can_fail = truth(pred, ranges)
+        if can:
+            result.candidates.append(u)
+            result.certain.append(not can_fail)
+            for p, a in arrays.items():
+                if (p in sel or (exact and can_fail)) and cached + a.nbytes <= CACHE_BYTES:
+                    cache[(p, u)] = a
+                    cached += a.nbytes
+    for u in result.candidates:
+        got = {}
+        for p in sel:
+            a = cache.get((p, u))
+            got[p] = a if a is not None else src.read(p, u)
+        result.candidate_values.append(got)
+    result.candidate_blocks_read = len(src.touched)
+    result.candidate_bytes_read = src.bytes_read - b0
+    result.candidate_seconds = time.perf_counter() - t0
+    return cache
+
+
+def _exact_answer(src: Source, pred: Expr, shape, cache: dict, result: QueryResult) -> None:
+    """Evaluate the predicate over the candidates that need it: mask, coordinates, values."""
+    t1, b1 = time.perf_counter(), src.bytes_read
+    src.touched = set()
+    box, sel = result.region, result.select
+    mask = np.zeros(box.shape, dtype=bool)
+    flats: list[np.ndarray] = []
+    picked: dict[str, list[np.ndarray]] = {p: [] for p in sel}
+    offset = np.asarray(box.start, dtype=np.int64)
+    for u, sure, got in zip(
+        result.candidates, result.certain, result.candidate_values, strict=True
+    ):
+        if sure:
+            local = np.ones(u.shape, dtype=bool)
+        else:
+            need = needed_boxes(pred, u, shape)
+            arrays = {}
+            for p in sorted(pred.inputs):
+                b = need[p]
+                a = None
+                if b == u:  # already read for the block answer?
+                    a = cache.pop((p, u), None)
+                    a = got.get(p) if a is None else a
+                arrays[p] = a if a is not None else src.read(p, b)
+            origin = {p: need[p].start for p in arrays}
+            local = evaluate(pred, arrays, region=u, global_shape=shape, origin=origin)[0]
+            local = np.asarray(local, dtype=bool)
+        mask[u.relative_to(box)] = local
+        if not sel:
+            continue
+        if box.ndim:  # positions in the region, to put the values of all units in C order
+            nz = np.nonzero(local)
+            rel = np.asarray(u.start, dtype=np.int64) - offset
+            flats.append(
+                np.ravel_multi_index(tuple(nz[d] + rel[d] for d in range(u.ndim)), box.shape)
+            )
+        else:  # a 0-D domain: one element
+            flats.append(np.zeros(int(local.sum()), dtype=np.int64))
+        for p in sel:
+            picked[p].append(got[p].reshape(-1)[local.reshape(-1)])
+    coords = np.argwhere(mask).astype(np.int64, copy=False)
+    coords += offset
+    values: dict[str, np.ndarray] = {}
+    if sel:
+        flat = np.concatenate(flats) if flats else np.zeros(0, dtype=np.int64)
+        order = np.argsort(flat, kind="stable")
+        for p in sel:
+            parts = picked[p]
+            v = np.concatenate(parts) if parts else np.zeros(0, dtype=src.info(p).dtype)
+            values[p] = v[order]
+    result.exact = True
+    result.mask = mask
+    result.coords = coords
+    result.values = values
+    result.count = int(coords.shape[0])
+    result.exact_blocks_read = len(src.touched)
+    result.exact_bytes_read = src.bytes_read - b1
+    result.exact_seconds = time.perf_counter() - t1
+
+
+# ---------------------------------------------------------------------------
+# checking the question
+
+
+def _predicate(where) -> tuple[str, Expr]:
+    if isinstance(where, Expr):
+        text = where.source if where.source is not None else str(where)
+        check(where, "predicate", text)
+        pred = where
+    elif isinstance(where, str):
+        text = where
+        pred = parse(where, mode="predicate")
+    else:
+        raise ExpressionError(
+            f"a query condition is text such as 'T > 1200', not {type(where).__name__}"
+        )
+
+    def norm(path: str) -> str:
+        try:
+            return normpath(path)
+        except (ValueError, TypeError):
+            return path  # check_inputs reports it as unknown
+
+    if any(norm(r.path) != r.path for r in pred.refs()):
+        pred = pred.map_refs(norm)
+    return text, pred
+
+
+def _select(select, src: Source, available: set[str]) -> list[str]:
+    if select is None:
+        select = ()
+    elif isinstance(select, str):
+        select = [select]
+    out: list[str] = []
+    defs = None
+    for name in select:
+        if not isinstance(name, str):
+            raise NotFoundError(f"select names datasets by path, got {name!r}")
+        try:
+            path = normpath(name)
+        except ValueError as e:
+            raise NotFoundError(f"select: {e}") from None
+        if path in available:
+            out.append(path)
+            continue
+        defs = src.definitions() if defs is None else defs
+        if path in defs:  # a vector: its components
+            out.extend(defs[path].components)
+            continue
+        if src.eng.catalog.kind_of(path) == "group":
+            raise NotFoundError(f"select: {name!r} is a group, not a dataset")
+        raise NotFoundError(f"select: unknown dataset {name!r}.{suggest(path, available)}")
+    return list(dict.fromkeys(out))
+
+
+def _shape(src: Source, paths: Sequence[str], text: str) -> tuple[int, ...]:
+    if not paths:
+        raise ExpressionError(
+            "the condition names no dataset and nothing is selected, so the query has no domain",
+            None,
+            text,
+        )
+    first = paths[0]
+    shape = src.info(first).shape
+    for p in paths[1:]:
+        s = src.info(p).shape
+        if s != shape:
+            raise ShapeError(
+                f"datasets of different shapes in the query: {p!r} has shape {s} but {first!r} "
+                f"has shape {shape} (a query compares datasets element by element)"
+            )
+    return shape
+
+
+def _region(region, shape: tuple[int, ...], what: str) -> Box:
+    if region is None:
+        return Box.from_shape(shape)
+    if isinstance(region, str):
+        from ..cli import parse_select
+
+        try:
+            region = parse_select(region)
+        except ValueError as e:
+            raise SelectionError(str(e)) from None
+    if isinstance(region, Box):
+        if region.ndim != len(shape):
+            raise BoundsError(
+                f"region {region} has {region.ndim} dimensions but {what} has {len(shape)}"
+            )
+        region.check_inside(shape, what)
+        return region
+    if isinstance(region, list):
+        region = tuple(region)
+    if (
+        isinstance(region, tuple)
+        and len(region) == 2
+        and all(isinstance(x, tuple | list) for x in region)
+        and all(isinstance(v, numbers.Integral) for x in region for v in x)
+    ):
+        return _region(Box(tuple(map(int, region[0])), tuple(map(int, region[1]))), shape, what)
+    sel = selection_mod.parse(region, shape, what)
+    if sel.strided:
+        raise SelectionError(f"{what}: a query region takes slices of step 1")
+    return sel.box
+
+
+# ---------------------------------------------------------------------------
+# units
+
+
+def _units(src: Source, refs: Sequence[str], region: Box) -> tuple[str | None, list[Box]]:
+    """The grid dataset and the units: its blocks in the region, then the rest of the region."""
+    grid, boxes = None, []
+    for p in refs:
+        t = src.table(p)
+        if t.n:
+            grid, boxes = p, t.boxes
+            break
+    else:
+        for p in refs:  # derived without blocks: the blocks they follow
+            cov = src.coverage(p)
+            if cov:
+                grid, boxes = p, cov
+                break
+    if region.empty:
+        return grid, []
+    units = [b for b in (g.intersect(region) for g in boxes) if b is not None]
+    units += subtract(region, units)
+    units.sort(key=lambda b: b.start)
+    return grid, units
+
+
+def subtract(box: Box, holes: Iterable[Box]) -> list[Box]:
+    """Disjoint boxes covering the part of *box* outside every hole."""
+    pieces = [box]
+    for h in holes:
+        nxt = []
+        for p in pieces:
+            i = p.intersect(h)
+            if i is None:
+                nxt.append(p)
+                continue
+            start, stop = list(p.start), list(p.stop)
+            for d in range(p.ndim):
+                if start[d] < i.start[d]:
+                    hi = list(stop)
+                    hi[d] = i.start[d]
+                    nxt.append(Box(tuple(start), tuple(hi)))
+                if i.stop[d] < stop[d]:
+                    lo = list(start)
+                    lo[d] = i.stop[d]
+                    nxt.append(Box(tuple(lo), tuple(stop)))
+                start[d], stop[d] = i.start[d], i.stop[d]
+        pieces = nxt
+        if not pieces:
+            break
+    return pieces

@@ -1,0 +1,150 @@
+"""The answer to a query: candidate blocks, the exact selection, and what each cost."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..geometry import Box
+
+
+@dataclass
+class QueryResult:
+    """What :func:`lamina.query.query` found, and what it read to find it.
+
+    Two answers, each with its cost:
+
+    * the **block answer** -- ``candidates``, the boxes (units) whose block
+      statistics say the predicate can hold there, ``certain`` (it holds at
+      every element of that box), and ``candidate_values``, the ``select``
+      datasets over each candidate box; ``candidate_blocks_read`` and
+      ``candidate_bytes_read`` count what was read for it (exact ranges of
+      datasets without statistics, the selected values);
+    * the **exact answer** (``exact=True``) -- ``mask`` over the region,
+      ``coords`` of the matching elements (global indices, C order),
+      ``values`` of the ``select`` datasets at those elements, ``count``;
+      ``exact_blocks_read`` and ``exact_bytes_read`` count the exact phase
+      only (it reuses what the block answer already read).
+
+    Bytes are storage bytes as the engine counts them (``bytes_read``);
+    blocks are distinct stored blocks (dataset, block) whose data a read
+    touched, including the inputs a derived value was computed from.
+    """
+
+    where: str
+    step: int
+    region: Box
+    grid: str | None
+    select: tuple[str, ...]
+    unit_boxes: list[Box]
+    candidates: list[Box]
+    certain: list[bool]
+    candidate_values: list[dict[str, np.ndarray]]
+    candidate_blocks_read: int = 0
+    candidate_bytes_read: int = 0
+    candidate_seconds: float = 0.0
+    exact: bool = False
+    mask: np.ndarray | None = None
+    coords: np.ndarray | None = None
+    values: dict[str, np.ndarray] = field(default_factory=dict)
+    count: int | None = None
+    exact_blocks_read: int = 0
+    exact_bytes_read: int = 0
+    exact_seconds: float = 0.0
+
+    # -- derived figures ------------------------------------------------------
+    @property
+    def units(self) -> int:
+        """Number of boxes the region was cut into (grid blocks in it, plus the parts outside them)."""
+        return len(self.unit_boxes)
+
+    @property
+    def candidate_elements(self) -> int:
+        """Elements in the candidate boxes."""
+        return sum(b.size for b in self.candidates)
+
+    @property
+    def certain_elements(self) -> int:
+        """Elements in the candidate boxes where the predicate holds everywhere."""
+        return sum(b.size for b, c in zip(self.candidates, self.certain, strict=True) if c)
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes read by both answers together."""
+        return self.candidate_bytes_read + (self.exact_bytes_read if self.exact else 0)
+
+    def matches(self, limit: int | None = None) -> list[tuple[tuple[int, ...], dict[str, object]]]:
+        """The first *limit* matches (all if None) as ``(index, {path: value})``; exact answers only."""
+        if not self.exact or self.coords is None:
+            return []
+        n = self.coords.shape[0] if limit is None else min(int(limit), self.coords.shape[0])
+        return [
+            (
+                tuple(int(x) for x in self.coords[i]),
+                {p: v[i] for p, v in self.values.items()},
+            )
+            for i in range(n)
+        ]
+
+    # -- presentation ---------------------------------------------------------
+    def summary(self) -> str:
+        """A few lines for humans: units, candidates, the cost of each answer, the count."""
+        from ..cli import fmt_box, fmt_bytes
+
+        grid = f"the blocks of {self.grid!r}" if self.grid else "none (no dataset has blocks)"
+        ncert = sum(self.certain)
+        lines = [
+            f"query {self.where!r} at step {self.step}, region {fmt_box(self.region)} "
+            f"({self.region.size} elements)",
+            f"units: {self.units} (grid: {grid})",
+            f"candidate blocks: {len(self.candidates)} of {self.units} ({ncert} certain), "
+            f"{self.candidate_elements} elements",
+            f"block answer: {self.candidate_blocks_read} blocks read, "
+            f"{fmt_bytes(self.candidate_bytes_read)} read ({self.candidate_bytes_read} B)",
+        ]
+        if self.exact:
+            lines.append(
+                f"exact answer: {self.exact_blocks_read} blocks read, "
+                f"{fmt_bytes(self.exact_bytes_read)} read ({self.exact_bytes_read} B)"
+            )
+            lines.append(f"matching elements: {self.count}")
+        return "\n".join(lines)
+
+    def as_dict(self, limit: int | None = None) -> dict:
+        """Plain JSON data; with *limit*, only the first *limit* matches are listed."""
+        from ..cli import json_value
+
+        def box(b: Box) -> dict:
+            return {"start": list(b.start), "stop": list(b.stop)}
+
+        out: dict = {
+            "where": self.where,
+            "step": self.step,
+            "region": box(self.region),
+            "grid": self.grid,
+            "select": list(self.select),
+            "units": self.units,
+            "candidates": [box(b) for b in self.candidates],
+            "certain": [bool(c) for c in self.certain],
+            "candidate_elements": self.candidate_elements,
+            "block_answer": {
+                "blocks_read": self.candidate_blocks_read,
+                "bytes_read": self.candidate_bytes_read,
+                "seconds": self.candidate_seconds,
+            },
+        }
+        if self.exact:
+            assert self.coords is not None
+            n = self.coords.shape[0] if limit is None else min(int(limit), self.coords.shape[0])
+            out["exact_answer"] = {
+                "blocks_read": self.exact_blocks_read,
+                "bytes_read": self.exact_bytes_read,
+                "seconds": self.exact_seconds,
+                "count": self.count,
+                "coords": self.coords[:n].tolist(),
+                "values": {p: json_value(v[:n]) for p, v in self.values.items()},
+            }
+        else:
+            out["exact_answer"] = None
+        return out
