@@ -13,6 +13,8 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from .errors import BoundsError, ShapeError
 
 
@@ -123,27 +125,27 @@ class Box:
 
 
 def find_overlap(boxes: Sequence[Box]) -> tuple[int, int] | None:
-    """Indices (i, j) of the first pair of overlapping boxes, or None.
+    """Indices (i, j), i < j, of a pair of overlapping boxes, or None.
 
-    Sweep along dimension 0 so that the common case (slabs or blocks of a
-    regular decomposition) is O(n log n) rather than O(n^2).
+    Sorted by start along dimension 0, each box is tested against all boxes
+    before it at once (numpy), so a few thousand blocks cost milliseconds.
     """
-    order = sorted(range(len(boxes)), key=lambda i: boxes[i].start[0] if boxes[i].ndim else 0)
-    active: list[int] = []
-    for i in order:
-        b = boxes[i]
-        if b.empty:
-            continue
-        if b.ndim == 0:
-            for j in active:
-                return (min(i, j), max(i, j))
-            active.append(i)
-            continue
-        active = [j for j in active if boxes[j].stop[0] > b.start[0]]
-        for j in active:
-            if b.overlaps(boxes[j]):
-                return (min(i, j), max(i, j))
-        active.append(i)
+    items = [(i, b) for i, b in enumerate(boxes) if not b.empty]
+    if len(items) < 2:
+        return None
+    if items[0][1].ndim == 0:  # 0-D boxes always overlap
+        return (items[0][0], items[1][0])
+    idx = np.array([i for i, _ in items], dtype=np.int64)
+    lo = np.array([b.start for _, b in items], dtype=np.int64)
+    hi = np.array([b.stop for _, b in items], dtype=np.int64)
+    order = np.argsort(lo[:, 0], kind="stable")
+    idx, lo, hi = idx[order], lo[order], hi[order]
+    for k in range(1, len(idx)):
+        hit = np.all((lo[:k] < hi[k]) & (hi[:k] > lo[k]), axis=1)
+        if hit.any():
+            j = int(idx[int(np.argmax(hit))])
+            i = int(idx[k])
+            return (min(i, j), max(i, j))
     return None
 
 

@@ -527,6 +527,7 @@ class Catalog:
         self.closed = False
         self.last_session = -1
         self.nrecords = 0
+        self._index: dict[tuple[int, int], tuple] = {}  # (dataset id, step) -> block corners (see hits)
 
     # -- queries --------------------------------------------------------
     def kind_of(self, path: str) -> str | None:
@@ -551,6 +552,33 @@ class Catalog:
     def blocks(self, dataset_id: int, step: int) -> list[BlockRecord]:
         return self.steps[step].get(dataset_id, [])
 
+    def hits(self, dataset_id: int, step: int, box) -> list[tuple[BlockRecord, object]]:
+        """The blocks of a dataset at *step* that meet *box*, with the common part: ``[(record, Box)]``.
+
+        Vectorized over the step's blocks (an index of their corners is built
+        once per dataset and step), so reading many small boxes of a dataset
+        with many blocks does not cost blocks x reads box intersections.
+        """
+        recs = self.steps[step].get(dataset_id, [])
+        if not recs or box.empty:
+            return []
+        key = (dataset_id, step)
+        idx = self._index.get(key)
+        if idx is None or idx[0] is not recs or len(idx[1]) != len(recs):
+            lo = np.array([r.box.start for r in recs], dtype=np.int64).reshape(len(recs), -1)
+            hi = np.array([r.box.stop for r in recs], dtype=np.int64).reshape(len(recs), -1)
+            idx = self._index[key] = (recs, lo, hi)
+        _, lo, hi = idx
+        start = np.asarray(box.start, dtype=np.int64)
+        stop = np.asarray(box.stop, dtype=np.int64)
+        a = np.maximum(lo, start)
+        b = np.minimum(hi, stop)
+        ok = np.all(a < b, axis=1)
+        out = []
+        for i in np.flatnonzero(ok):
+            out.append((recs[i], type(box)(tuple(int(v) for v in a[i]), tuple(int(v) for v in b[i]))))
+        return out
+
     # -- rollback ---------------------------------------------------------
     def checkpoint(self) -> tuple:
         """A snapshot to :meth:`restore` if applying new records fails part way."""
@@ -565,6 +593,7 @@ class Catalog:
         self.groups, self.datasets, self.attrs, self.ext = groups, datasets, attrs, ext
         del self.specs[nspecs:]
         del self.steps[nsteps:]
+        self._index.clear()
         del self.step_times[ntimes:]
         self.closed, self.last_session, self.nrecords = closed, last_session, nrecords
 

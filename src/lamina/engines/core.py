@@ -575,13 +575,8 @@ class BlockEngine(Engine):
         step = self.check_step(step)
         if out.shape != box.shape or out.dtype != spec.dtype:
             raise ShapeError(f"output buffer {out.shape} {out.dtype} does not match box {box} of {spec.dtype}")
-        hits = []
-        covered = 0
-        for rec in self.catalog.blocks(spec.id, step):
-            inter = rec.box.intersect(box)
-            if inter is not None:
-                hits.append((rec, inter))
-                covered += inter.size
+        hits = self.catalog.hits(spec.id, step, box)
+        covered = sum(inter.size for _, inter in hits)
         if covered < box.size:
             out[...] = spec.fill_scalar()
         for rec, inter in hits:

@@ -56,9 +56,18 @@ import numpy as np
 
 from .. import comm as comm_mod
 from ..catalog import DatasetSpec, Decoder, Encoder, normpath
-from ..derived import Expr, component_names, evaluate, needed_boxes, parse, result_dtype
+from ..derived import (
+    Expr,
+    check_stencils,
+    component_names,
+    evaluate,
+    needed_boxes,
+    parse,
+    result_dtype,
+)
 from ..derived.compute import check_inputs
 from ..errors import (
+    CollectiveMismatchError,
     ExistsError,
     ExpressionError,
     FormatError,
@@ -69,6 +78,7 @@ from ..errors import (
     suggest,
 )
 from ..geometry import Box
+from ..stats import crc
 from .base import Layer
 
 #: the strategies a derived quantity can be kept with
@@ -78,6 +88,8 @@ FORMAT_VERSION = 1
 #: limits on a definition read from a file
 MAX_TEXT = 1 << 16
 MAX_INFO = 1 << 16
+#: vector results kept after evaluation, so reading x, y, z computes once
+CACHE_VECTORS = 2
 #: block codec ids (see lamina.engines.core)
 _RAW, _STATS_ONLY = 0, 2
 
@@ -181,6 +193,21 @@ def _spacing(spacing, ndim: int, name: str) -> tuple[float, ...]:
     return out
 
 
+def _regions(blocks: list[Box]) -> list[tuple[Box, list[Box]]]:
+    """Where to evaluate: one region for blocks that tile their bounding box, else one per block.
+
+    A rank usually holds several blocks of one box: evaluating over the box
+    at once costs one kernel call and reads halos only at the box's faces.
+    """
+    if len(blocks) > 1:
+        start = tuple(min(b.start[a] for b in blocks) for a in range(blocks[0].ndim))
+        stop = tuple(max(b.stop[a] for b in blocks) for a in range(blocks[0].ndim))
+        bbox = Box(start, stop)
+        if sum(b.size for b in blocks) == bbox.size:  # blocks of one rank never overlap
+            return [(bbox, list(blocks))]
+    return [(b, [b]) for b in blocks]
+
+
 class DerivedLayer(Layer):
     """Derived quantities over any engine (see the module docstring)."""
 
@@ -191,7 +218,7 @@ class DerivedLayer(Layer):
         self._bad: dict[str, str] = {}  # name -> why its record could not be used
         self._held: dict[str, list[tuple[Box, np.ndarray]]] = {}  # path -> blocks of this step
         self._watch: set[str] = set()  # primary datasets whose blocks are held until end_step
-        self._cache: tuple | None = None  # (name, step, box, results) of the last vector evaluation
+        self._cache: dict[tuple, list[np.ndarray]] = {}  # (name, step, box) -> components of recent vector evaluations
         self.device = "cpu"
         self.bytes_read = 0
 
@@ -215,6 +242,10 @@ class DerivedLayer(Layer):
             try:
                 text, strategy, spacing, info = decode_definition(name, raw)
                 d = self._build(name, text, strategy, spacing, info, check_clash=False)
+                for c in d.components:  # a writer defines them with the record, in one commit
+                    spec = self.catalog.datasets.get(c)
+                    if spec is None or spec.shape != d.shape:
+                        raise FormatError(f"derived quantity {name!r}: no dataset {c!r} of shape {d.shape} in the file")
             except (FormatError, ExpressionError, ShapeError, NotFoundError, ValueError) as e:
                 self._bad[name] = str(e)
                 warnings.warn(f"{self.path}: derived quantity {name!r} cannot be used: {e}", stacklevel=3)
@@ -259,22 +290,33 @@ class DerivedLayer(Layer):
     ) -> Definition:
         """Collective: declare derived quantity *name* = *expression*, kept with *strategy*.
 
-        On a file opened for reading the quantity exists only in this process
-        and is computed when read (strategy ``expression``).
+        Every rank must pass the same arguments: if any rank refuses the
+        declaration, every rank raises its error; if ranks pass different
+        arguments, every rank raises CollectiveMismatchError (and nothing is
+        declared).  On a file opened for reading the quantity exists only in
+        this process and is computed when read (strategy ``expression``); no
+        message is exchanged then.
         """
-        name = normpath(name)
-        if not name:
-            raise ValueError("a derived quantity needs a name")
         reader = self.mode == "r"
         requested = strategy
-        if strategy not in (*STRATEGIES, "auto"):
-            raise ValueError(f"derived quantity {name!r}: unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)} or 'auto'.{suggest(str(strategy), STRATEGIES)}")
-        if self.in_step:
-            raise ModeError(f"derived quantity {name!r}: declare it between steps (step {self.steps} is open)")
         info: dict = {}
+        g = comm_mod.Guard()
+        with g:
+            name = normpath(name)
+            if not name:
+                raise ValueError("a derived quantity needs a name")
+            if strategy not in (*STRATEGIES, "auto"):
+                raise ValueError(f"derived quantity {name!r}: unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)} or 'auto'.{suggest(str(strategy), STRATEGIES)}")
+            if self.in_step:
+                raise ModeError(f"derived quantity {name!r}: declare it between steps (step {self.steps} is open)")
+            if reader:
+                strategy = "expression"
+            d = self._build(name, expression, "expression" if strategy == "auto" else strategy, spacing, info, check_clash=True)
         if reader:
-            strategy = "expression"
-        d = self._build(name, expression, "expression" if strategy == "auto" else strategy, spacing, info, check_clash=True)
+            if g.error is not None:
+                raise g.error
+        else:
+            comm_mod.agree(self.comm, g.error)  # a rank that refuses must not leave the others waiting
         if strategy == "auto":
             d.strategy, d.info = self._choose(d, hints or {})
         elif hints:
@@ -285,6 +327,15 @@ class DerivedLayer(Layer):
             d.persistent = False
             self._add_virtual_specs(d)
         else:
+            # ranks computing different quantities at the end of a step would pair different
+            # collectives (and hang): refuse now, on every rank, before anything is recorded
+            if not comm_mod.same_everywhere(self.comm, crc(d.name.encode() + b"\0" + d.encode())):
+                raise mark_collective(
+                    CollectiveMismatchError(
+                        f"derived quantity {d.name!r}: ranks passed different derive() arguments "
+                        "(name, expression, strategy, spacing or hints); every rank must declare the same"
+                    )
+                )
             if len(d.components) > 1:
                 self.inner.make_group(name)
             for c, dt in zip(d.components, d.dtypes, strict=True):
@@ -307,12 +358,13 @@ class DerivedLayer(Layer):
             spec = cat.datasets.get(p)
             if spec is not None:
                 shapes[p] = spec.shape
-        check_inputs(expr, {p: shapes[p] for p in shapes} if len(shapes) == len(expr.inputs) else cat.datasets.keys(), text)
+        check_inputs(expr, cat.datasets.keys(), text)  # unknown names first, with suggestions
         distinct = sorted(set(shapes.values()))
         if len(distinct) > 1:
             listing = ", ".join(f"{p} {s}" for p, s in sorted(shapes.items()))
             raise ShapeError(f"derived quantity {name!r}: inputs have different shapes: {listing}")
         shape = distinct[0]
+        check_stencils(expr, shape, text)
         ncomp = expr.ncomponents
         comps = component_names(name, ncomp)
         if check_clash:
@@ -440,17 +492,18 @@ class DerivedLayer(Layer):
     def _compute_step(self, todo: list[Definition]) -> None:
         """Collective: compute every quantity of *todo* over the anchor boxes each rank wrote."""
         for d in todo:
-            mine = list(self._held.get(d.anchor, []))
+            mine = [b for b, _ in self._held.get(d.anchor, [])]
+            regions = _regions(mine)
             inputs = sorted(d.inputs)
             g = comm_mod.Guard()
-            reqs: dict[tuple[int, int], Box] = {}  # (anchor block, input index) -> needed box
+            reqs: dict[tuple[int, int], Box] = {}  # (region, input index) -> needed box
             local_ok = 1
             with g:
-                for j, (b, _) in enumerate(mine):
-                    need = needed_boxes(d.expr, b, d.shape)
+                for j, (region, _) in enumerate(regions):
+                    need = needed_boxes(d.expr, region, d.shape)
                     for i, p in enumerate(inputs):
                         reqs[(j, i)] = need[p]
-                        if not any(hb.contains(need[p]) for hb, _ in self._held.get(p, [])):
+                        if not self._covered(p, need[p]):
                             local_ok = 0
             comm_mod.agree(self.comm, g.error)
             pieces: dict[tuple[int, int], list[tuple[Box, np.ndarray]]] = {}
@@ -458,21 +511,32 @@ class DerivedLayer(Layer):
                 pieces = self._exchange(d, inputs, reqs)
             g = comm_mod.Guard()
             with g:
-                for j, (b, _) in enumerate(mine):
+                for j, (region, members) in enumerate(regions):
                     arrays, origin = {}, {}
                     for i, p in enumerate(inputs):
                         need = reqs[(j, i)]
                         arrays[p] = self._assemble(p, need, pieces.get((j, i), []))
                         origin[p] = need.start
-                    res = evaluate(d.expr, arrays, b, d.shape, origin=origin, spacing=d.spacing, device=self.device)
-                    for c, arr in zip(d.components, res, strict=True):
-                        arr = np.ascontiguousarray(arr)
-                        if d.strategy == "store":
-                            self.inner.put(c, b, arr, copy=False)
-                        elif d.strategy == "stats":
-                            self.inner.put_stats(c, b, arr)
-                        self._held.setdefault(c, []).append((b, arr))
+                    res = evaluate(d.expr, arrays, region, d.shape, origin=origin, spacing=d.spacing, device=self.device)
+                    del arrays
+                    for c, full in zip(d.components, res, strict=True):
+                        for b in members:
+                            arr = full if b == region else np.ascontiguousarray(full[b.relative_to(region)])
+                            if d.strategy == "store":
+                                self.inner.put(c, b, arr, copy=False)
+                            elif d.strategy == "stats":
+                                self.inner.put_stats(c, b, arr)
+                            self._held.setdefault(c, []).append((b, arr))
             comm_mod.agree(self.comm, g.error)
+
+    def _covered(self, path: str, need: Box) -> bool:
+        """True if this rank's own blocks of *path* in this step cover *need* (they never overlap)."""
+        n = 0
+        for hb, _ in self._held.get(path, []):
+            inter = hb.intersect(need)
+            if inter is not None and not inter.empty:
+                n += inter.size
+        return n == need.size
 
     def _assemble(self, path: str, need: Box, received: list[tuple[Box, np.ndarray]]) -> np.ndarray:
         """Values of *path* over *need*: this rank's blocks, pieces from others, fill elsewhere."""
@@ -607,10 +671,7 @@ class DerivedLayer(Layer):
         except Exception:
             return  # the inner engine raises the proper error
         n = 0
-        for rec in self.catalog.blocks(spec.id, step):
-            inter = rec.box.intersect(box)
-            if inter is None or inter.empty:
-                continue
+        for rec, inter in self.catalog.hits(spec.id, step, box):
             n += inter.size * spec.dtype.itemsize if rec.codec == _RAW else rec.length
         self.bytes_read += n
 
@@ -633,8 +694,8 @@ class DerivedLayer(Layer):
 
     def _evaluate(self, d: Definition, region: Box, step: int) -> list[np.ndarray]:
         key = (d.name, step, region)
-        if self._cache is not None and self._cache[0] == key:
-            return self._cache[1]
+        if key in self._cache:
+            return self._cache[key]
         arrays, origin = {}, {}
         for p, need in needed_boxes(d.expr, region, d.shape).items():
             spec = self.catalog.datasets[p]
@@ -643,7 +704,10 @@ class DerivedLayer(Layer):
             arrays[p] = buf
             origin[p] = need.start
         res = evaluate(d.expr, arrays, region, d.shape, origin=origin, spacing=d.spacing, device=self.device)
-        self._cache = (key, res) if len(res) > 1 else None
+        if len(res) > 1:  # the other components of a vector are likely read next
+            if len(self._cache) >= CACHE_VECTORS:
+                del self._cache[next(iter(self._cache))]
+            self._cache[key] = res
         return res
 
 
