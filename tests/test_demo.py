@@ -160,11 +160,23 @@ def test_demo_end_to_end(tmp_path, capsys):
     assert "write    2 ranks" in out and "read     3 ranks" in out
     assert "bit-identical" in out and "block statistics match" in out
     assert "MiB/s" in out and "query T > 1000 K" in out
+    # derived quantities: checked against numpy, and the query read less with statistics
+    assert "max relative error vs numpy.gradient" in out and "T where speed <" in out
+    unit = {"KiB": 1, "MiB": 1024}
+    reads = {
+        w[0]: float(w[1].replace(",", "")) * unit[w[2]]
+        for w in (line.split() for line in out.splitlines())
+        if w and w[0] in ("store", "stats", "expression")
+    }
+    assert reads["store"] == reads["stats"] < reads["expression"], out
     # the file stays in --out and is an ordinary lamina file
     with lamina.open(str(tmp_path / "flame.lam")) as f:
         assert f.steps == 2
-        assert sorted(f["flame"].keys()) == sorted(sim.FIELDS)
+        derived = {"speed_store", "speed_stats", "speed_expression", "vorticity"}
+        assert sorted(f["flame"].keys()) == sorted([*sim.FIELDS, *derived])
         assert len(f["flame/T"].blocks(0)) == 2 * 4
+        assert {d.strategy for d in f.derived.values()} == {"store", "stats", "expression"}
+        assert [b.codec for b in f["flame/speed_stats"].blocks(0)] == ["stats-only"] * 8
 
 
 @pytest.mark.skipif(launch.find_mpiexec() is None, reason="needs mpiexec")

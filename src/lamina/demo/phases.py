@@ -21,6 +21,10 @@ from ..geometry import Box, decompose, dims_create
 from . import simulation as sim
 
 GROUP = "flame"
+#: the speed |v| kept three ways, to compare what a query reads under each strategy
+SPEED = {strategy: f"{GROUP}/speed_{strategy}" for strategy in ("store", "stats", "expression")}
+#: the vorticity, a vector (group with x, y, z), statistics only
+VORTICITY = f"{GROUP}/vorticity"
 #: the demo writes files that another program reads back
 ENGINE = "native"
 TITLE = "lamina demo: analytic 3-D premixed flame"
@@ -135,6 +139,10 @@ def write(
             ds = f.create_dataset(dataset_path(name), shape, "f8")
             ds.attrs["units"] = unit
             dsets[name] = ds
+        vel = ", ".join(f"`{dataset_path(c)}`" for c in ("vx", "vy", "vz"))
+        for strategy, name in SPEED.items():
+            f.derive(name, f"magnitude({vel})", strategy=strategy)
+        f.derive(VORTICITY, f"curl({vel})", strategy="stats", spacing=sim.H)
         tds = f.create_dataset("time", (), "f8")
         tds.attrs["units"] = "s"
         open_s = time.perf_counter() - t_open
@@ -270,10 +278,16 @@ def read(path: str, comm, max_errors: int = 5) -> dict | None:
             if rank == 0:
                 per_step.append(_summarize_T(infos[dataset_path("T")], k, t, shape))
 
+        derived = _check_derived(f, shape, dt, box, rank, fail) if steps else {}
+        for d in f.derived.values():  # data of derived quantities kept with the store strategy
+            for c in d.components:
+                stored_bytes += sum(b.nbytes for k in range(steps) for b in f[c].blocks(k))
+
         res = {
             "ranks": size,
             "steps": steps,
             "shape": list(shape),
+            "derived": derived,
             "bytes": _sum_over(comm, nbytes),
             "read_s": _max_over(comm, read_s),
             "open_s": _max_over(comm, open_s),
@@ -297,6 +311,67 @@ def read(path: str, comm, max_errors: int = 5) -> dict | None:
         and res["values_checked"] == res["steps"] * len(names) * math.prod(shape)
     )
     return res
+
+
+def _check_derived(f, shape, dt: float, box: Box, rank: int, fail) -> dict:
+    """At the last step: derived values against numpy, and "T where the speed is low" under each strategy.
+
+    Every rank checks the speed over its own box; rank 0 checks the
+    vorticity over the whole grid against ``numpy.gradient`` of the global
+    fields and runs the query once per strategy.  Returns rank 0's findings.
+    """
+    k = f.steps - 1
+    view = f.at(k)
+    t = sim.step_time(k, dt)
+    e = sim.fields(box, shape, t)
+    speed = np.sqrt(e["vx"] ** 2 + e["vy"] ** 2 + e["vz"] ** 2)
+    for strategy, name in SPEED.items():
+        got = view[name].read(box)
+        if not np.allclose(got, speed, rtol=1e-14, atol=0):
+            fail(f"step {k}: {name} ({strategy}) differs from |v| by up to {np.abs(got - speed).max():.3g}")
+    if rank != 0:
+        return {}
+    g = sim.fields(Box.from_shape(shape), shape, t)
+
+    def d(a, axis):
+        return np.gradient(g[a], sim.H, axis=axis, edge_order=2)
+
+    expected = {"x": d("vz", 1) - d("vy", 2), "y": d("vx", 2) - d("vz", 0), "z": d("vy", 0) - d("vx", 1)}
+    worst = 0.0
+    for c, ref in expected.items():
+        got = view[f"{VORTICITY}/{c}"][...]
+        scale = float(np.abs(ref).max()) or 1.0
+        worst = max(worst, float(np.abs(got - ref).max()) / scale)
+    if worst > 1e-12:
+        fail(f"step {k}: vorticity differs from numpy.gradient(edge_order=2) by {worst:.3g} (relative)")
+    # "temperature where the speed is low": a threshold a quarter of the way up the speed range
+    lo = min(b.stats.min for b in view[SPEED["stats"]].blocks())
+    hi = max(b.stats.max for b in view[SPEED["stats"]].blocks())
+    threshold = lo + 0.25 * (hi - lo)
+    queries = {}
+    for strategy, name in SPEED.items():
+        t0 = time.perf_counter()
+        res = view.query(f"`{name}` < {threshold!r}", select=[dataset_path("T")])
+        seconds = time.perf_counter() - t0
+        queries[strategy] = {
+            "units": res.units,
+            "candidates": len(res.candidates),
+            "candidate_bytes": res.candidate_bytes_read,
+            "exact_bytes": res.exact_bytes_read,
+            "matches": res.count,
+            "mean_T": float(res.values[dataset_path("T")].mean()) if res.count else float("nan"),
+            "seconds": seconds,
+        }
+    counts = {q["matches"] for q in queries.values()}
+    if len(counts) != 1:
+        fail(f"step {k}: the speed query found {sorted(counts)} matches under the three strategies")
+    return {
+        "step": k,
+        "vorticity_error": worst,
+        "threshold": threshold,
+        "field_bytes": math.prod(shape) * 8,
+        "queries": queries,
+    }
 
 
 def _check_block_stats(infos: dict, shape, t: float, k: int, rank: int, size: int, fail) -> int:

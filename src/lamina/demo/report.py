@@ -36,6 +36,29 @@ def verdict_line(w: dict | None, r: dict | None, ok: bool) -> str:
     )
 
 
+def _derived_lines(d: dict) -> list[str]:
+    """Derived quantities: the check, and what the same query read under each strategy."""
+    if not d:
+        return []
+    qs = d["queries"]
+    first = next(iter(qs.values()))
+    lines = [
+        f"  derived  speed = magnitude(v) kept as store / stats / expression, vorticity = curl(v) (stats): "
+        f"max relative error vs numpy.gradient {d['vorticity_error']:.1e}",
+        f"  query    T where speed < {d['threshold']:.3f} m/s at step {d['step']}: "
+        f"{first['candidates']} of {first['units']} blocks can match (from statistics), "
+        f"{first['matches']:,} cells, mean T {first['mean_T']:.0f} K",
+        "             strategy     candidate answer reads   exact answer reads   time",
+    ]
+    for strategy, q in qs.items():
+        share = q["candidate_bytes"] / max(1, d["field_bytes"])
+        lines.append(
+            f"             {strategy:11s}  {_mib(q['candidate_bytes']):>12s} ({share:4.0%} of T)  "
+            f"{_mib(q['exact_bytes']):>14s}   {q['seconds'] * 1e3:6.1f} ms"
+        )
+    return lines
+
+
 def format_report(w: dict, r: dict, path: str, kept: bool, wall_s: float, how: str) -> str:
     """The full report (several lines, ending with the verdict line)."""
     nx, ny, nz = w["shape"]
@@ -66,6 +89,7 @@ def format_report(w: dict, r: dict, path: str, kept: bool, wall_s: float, how: s
         f"  storage  {r['blocks_total']:,} blocks, {_mib(r['stored_bytes'])} of data, "
         f"{_mib(w['disk_bytes'])} on disk ({overhead:.2%} metadata)"
     )
+    lines += _derived_lines(r.get("derived") or {})
     lines.append(
         f"  flame    T per block, from the metadata alone (fresh: max <= {sim.T_U + 1:g} K, "
         f"burnt: min >= {sim.T_B - 1:g} K; front z in cells):"
