@@ -1,0 +1,77 @@
+"""strategy="auto": the cost model chooses, and the choice and its predictions are recorded in the file."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import lamina
+from lamina.perf import Calibration
+from lamina.perf.calibrate import host, save_calibration
+
+SHAPE = (16, 16, 16)
+
+
+@pytest.fixture
+def calibration(tmp_path, monkeypatch):
+    cal = Calibration(
+        memcpy_bandwidth=20e9,
+        kernel_bandwidth=10e9,
+        stencil_bandwidth=5e9,
+        flop_rate=1e9,
+        stats_bandwidth=8e9,
+        write_bandwidth=2e9,
+        read_bandwidth=4e9,
+        host=host(),
+        created=0.0,
+    )
+    path = tmp_path / "calibration.json"
+    save_calibration(cal, str(path))
+    monkeypatch.setenv("LAMINA_CALIBRATION", str(path))
+    return cal
+
+
+def _write(path, **hints):
+    rng = np.random.default_rng(1)
+    data = {c: rng.random(SHAPE) for c in ("vx", "vy", "vz")}
+    with lamina.open(path, "w", durable=False) as f:
+        for c in data:
+            f.create_dataset(c, SHAPE)
+        f.derive("vmag", "magnitude(vx, vy, vz)", strategy="auto", **hints)
+        with f.step():
+            for c, a in data.items():
+                f[c][...] = a
+    return data
+
+
+def test_auto_without_readers_keeps_the_expression(tmp_path, calibration):
+    path = str(tmp_path / "a.lam")
+    _write(path, readers=0)
+    with lamina.open(path) as f:
+        d = f.derived["vmag"]
+        assert d.strategy == "expression"
+        assert d.info["requested"] == "auto" and d.info["chosen"] == "expression"
+        assert set(d.info["predicted"]) == {"store", "stats", "expression"}
+        assert d.info["hints"] == {"readers": 0}
+        assert f["vmag"].blocks(0) == []
+
+
+def test_auto_with_many_selective_readers_stores(tmp_path, calibration):
+    path = str(tmp_path / "b.lam")
+    data = _write(path, readers=100, query_fraction=0.01)
+    with lamina.open(path) as f:
+        d = f.derived["vmag"]
+        assert d.strategy == "store"
+        totals = {s: p["total_s"] for s, p in d.info["predicted"].items()}
+        assert totals["store"] == min(totals.values())
+        assert [b.codec for b in f["vmag"].blocks(0)] == ["raw"]
+        np.testing.assert_allclose(f["vmag"][...], np.sqrt(data["vx"] ** 2 + data["vy"] ** 2 + data["vz"] ** 2), rtol=1e-15)
+
+
+def test_auto_rejects_unknown_hints(tmp_path, calibration):
+    with lamina.open(str(tmp_path / "c.lam"), "w", durable=False) as f:
+        f.create_dataset("a", SHAPE)
+        with pytest.raises(ValueError, match="unknown hints.*readrs"):
+            f.derive("b", "a * 2", strategy="auto", readrs=3)
+        assert "b" not in f
+        f.derive("b", "a * 2", strategy="stats")  # the name is still free
