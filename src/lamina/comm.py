@@ -37,14 +37,78 @@ def task_comm() -> MPI.Comm:
     When several programs share one MPMD launch, the world is split by
     ``APPNUM`` so that each program's ``lamina.open`` sees only its own ranks.
     """
-    global _TASK_COMM
+    global _TASK_COMM, _APPNUMS, _PEER_COMM
     if _TASK_COMM is None:
         w = MPI.COMM_WORLD
         mine = appnum()
-        apps = np.zeros(1, dtype=np.int64)
-        w.Allreduce(np.array([mine], dtype=np.int64), apps, op=MPI.MAX)
-        _TASK_COMM = w if apps[0] == 0 else w.Split(mine, w.rank)
+        # every rank's appnum (one allgather instead of the max alone): the in situ
+        # transport finds the other tasks' leaders and sizes from it without more messages
+        apps = np.zeros(w.size, dtype=np.int64)
+        w.Allgather(np.array([mine], dtype=np.int64), apps)
+        _APPNUMS = apps
+        if apps.max(initial=0) == 0:
+            _TASK_COMM = w
+        else:
+            _TASK_COMM = w.Split(mine, w.rank)
+            # a private duplicate of the world for rendezvous between tasks (see peer_comm)
+            _PEER_COMM = w.Dup()
     return _TASK_COMM
+
+
+# --- tasks of an MPMD launch (used by the in situ transport) -------------
+
+_APPNUMS: np.ndarray | None = None
+_PEER_COMM: MPI.Comm | None = None
+
+
+def task_appnums() -> np.ndarray:
+    """The appnum of every world rank (collective over the world on the first call, see :func:`task_comm`)."""
+    task_comm()
+    assert _APPNUMS is not None
+    return _APPNUMS
+
+
+def task_count() -> int:
+    """Number of programs (tasks) in this launch."""
+    return int(task_appnums().max(initial=0)) + 1
+
+
+def task_leader(app: int) -> int:
+    """World rank of the leader of task *app*: its lowest world rank (rank 0 of its task communicator)."""
+    ranks = np.flatnonzero(task_appnums() == app)
+    if not len(ranks):
+        raise ValueError(f"no task {app} in this launch ({task_count()} task(s))")
+    return int(ranks[0])
+
+
+def task_size(app: int) -> int:
+    """Number of ranks of task *app*."""
+    return int(np.count_nonzero(task_appnums() == app))
+
+
+def peer_comm() -> MPI.Comm | None:
+    """Private duplicate of the world for traffic between tasks, None unless several tasks share the launch.
+
+    Made once, collectively over the world, by :func:`task_comm`; task
+    leaders exchange rendezvous messages on it and it is the peer
+    communicator of :func:`intercomm`.
+    """
+    task_comm()
+    return _PEER_COMM
+
+
+def intercomm(local: MPI.Comm, remote_app: int, tag: int) -> MPI.Comm:
+    """Collective over *local* and the matching call in task *remote_app*: an intercommunicator between them.
+
+    *local* must have its leader (rank 0) on the lowest world rank of its
+    group; the remote task's leader is its lowest world rank.  Both sides
+    pass the same *tag*.  Blocks until the other side calls too: agree on
+    it first (the transport does, with a handshake that has a timeout).
+    """
+    peer = peer_comm()
+    if peer is None:
+        raise ValueError("intercommunicators need several tasks in one MPMD launch")
+    return local.Create_intercomm(0, peer, task_leader(remote_app), tag)
 
 
 def resolve(comm: MPI.Comm | None) -> MPI.Comm:
@@ -152,6 +216,57 @@ def exchange_bytes(comm: MPI.Comm, sends: list) -> list[np.ndarray]:
     return [rbuf[int(d) : int(d + c)] for d, c in zip(rdispl, rcounts, strict=True)]
 
 
+# --- point to point (independent; raw bytes, never pickled objects) ------
+
+ANY_SOURCE = MPI.ANY_SOURCE
+
+Request = MPI.Request
+
+
+def poll_bytes(comm: MPI.Comm, source: int, tag: int) -> tuple[int, np.ndarray] | None:
+    """Independent: receive one message of *tag* from *source* if one is waiting, else None.
+
+    Returns ``(source rank, uint8 array)``.  Never blocks for a message that
+    has not arrived, so callers can wait with a timeout (poll, then sleep).
+    """
+    st = MPI.Status()
+    if not comm.Iprobe(source, tag, st):
+        return None
+    n = st.Get_count(MPI.BYTE)
+    src = st.Get_source()
+    buf = np.empty(n, dtype=np.uint8)
+    comm.Recv([buf, MPI.BYTE], src, tag)
+    return src, buf
+
+
+def isend_bytes(comm: MPI.Comm, buf: np.ndarray, dest: int, tag: int) -> MPI.Request:
+    """Independent: start sending the uint8 array *buf*; keep it alive until the request completes."""
+    return comm.Isend([buf, MPI.BYTE], dest, tag)
+
+
+def irecv_bytes(comm: MPI.Comm, buf: np.ndarray, source: int, tag: int) -> MPI.Request:
+    """Independent: start receiving at most ``len(buf)`` bytes into the uint8 array *buf*."""
+    return comm.Irecv([buf, MPI.BYTE], source, tag)
+
+
+def test_requests(reqs: list) -> list[int] | None:
+    """Independent: None while any of *reqs* is pending, else the byte count each one moved."""
+    if not reqs:
+        return []
+    statuses = [MPI.Status() for _ in reqs]
+    if not MPI.Request.Testall(reqs, statuses):
+        return None
+    return [st.Get_count(MPI.BYTE) for st in statuses]
+
+
+def cancel_receives(reqs: list) -> None:
+    """Independent: withdraw receives that may never be matched (after a timeout), so no late message lands in their buffers."""
+    for r in reqs:
+        if r != MPI.REQUEST_NULL:
+            r.Cancel()
+            r.Wait()
+
+
 def allreduce_int(comm: MPI.Comm, value: int, op: str = "max") -> int:
     """Collective: reduce one int64 over all ranks (op: 'max', 'min' or 'sum')."""
     if comm.size == 1:
@@ -230,7 +345,9 @@ class Guard:
 
 
 __all__ = [
+    "ANY_SOURCE",
     "Comm",
+    "Request",
     "LaminaError",
     "Guard",
     "agree",
@@ -239,10 +356,21 @@ __all__ = [
     "appnum",
     "barrier",
     "bcast_bytes",
+    "cancel_receives",
     "dup",
     "free",
     "gather_bytes",
+    "intercomm",
+    "irecv_bytes",
+    "isend_bytes",
+    "poll_bytes",
+    "peer_comm",
     "resolve",
+    "task_appnums",
     "task_comm",
+    "task_count",
+    "task_leader",
+    "task_size",
+    "test_requests",
     "world",
 ]

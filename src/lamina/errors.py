@@ -185,3 +185,8 @@ def error_from_wire(name: str, message: str, rank: int | None = None) -> LaminaE
         return _remote_class(name[7:])(message)
     cls = _REGISTRY.get(name, RemoteError)
     return cls(message)
+
+
+@register
+class TransportError(LaminaError, ConnectionError):
+    """The in situ transport lost its peer: nobody produces a name, or a producer or consumer stopped answering."""

@@ -15,14 +15,28 @@ from .group import Group
 DEFAULT_ENGINE = "native"
 
 
-def _choose_engine(path: str, mode: str, engine: str | Engine | None) -> Engine:
-    """The engine stack: the derived-quantity layer over the chosen engine."""
+def _choose_engine(path: str, mode: str, engine: str | Engine | None, options: dict | None = None) -> Engine:
+    """The engine stack: the derived-quantity layer over the chosen engine.
+
+    Without an explicit *engine*, the transport choice (``transport=`` in
+    *options*, else ``$LAMINA_TRANSPORT``, default ``'file'``) may route
+    *path* through the in situ transport; otherwise ``$LAMINA_ENGINE`` or
+    the native engine.  Options only the transport knows are dropped for
+    other engines, so one program runs unchanged under every choice.
+    """
+    from ..engines.transport import TRANSPORT_OPTIONS, engine_for
     from ..layers import DerivedLayer
 
+    options = {} if options is None else options
+    transport = options.pop("transport", None)
     if isinstance(engine, DerivedLayer):
         return engine
     if not isinstance(engine, Engine):
-        name = engine or os.environ.get("LAMINA_ENGINE") or DEFAULT_ENGINE
+        name = engine or engine_for(path, mode, transport)
+        if name not in ("mpi", "both"):
+            for k in TRANSPORT_OPTIONS:
+                options.pop(k, None)
+        name = name or os.environ.get("LAMINA_ENGINE") or DEFAULT_ENGINE
         engine = get_engine_class(name)()
     return DerivedLayer(engine)
 
@@ -37,7 +51,7 @@ class File(Group):
     def __init__(self, path, mode: str = "r", comm=None, engine: str | Engine | None = None, **options):
         path = os.fspath(path)
         self._comm = comm_mod.resolve(comm)
-        self._engine = _choose_engine(path, mode, engine)
+        self._engine = _choose_engine(path, mode, engine, options)
         self._engine.open(path, mode, self._comm, options)
         self._filename = path
         super().__init__(self, "", None)
@@ -226,7 +240,9 @@ class StepView(Group):
         return self._file.query(where, select=select, region=region, step=self._step, exact=exact)
 
 
-def open(path, mode: str = "r", comm=None, engine: str | Engine | None = None, **options) -> File:  # noqa: A001
+def open(  # noqa: A001
+    path, mode: str = "r", comm=None, engine: str | Engine | None = None, transport: str | None = None, **options
+) -> File:
     """Collective: open a lamina file.
 
     Parameters
@@ -240,7 +256,15 @@ def open(path, mode: str = "r", comm=None, engine: str | Engine | None = None, *
         programs share one MPMD launch).  Without ``mpiexec``: one rank.
     engine : str, optional
         ``'native'`` (default, or ``$LAMINA_ENGINE``) or ``'memory'``.
+    transport : {'file', 'memory', 'both'}, optional
+        Default ``$LAMINA_TRANSPORT``, else ``'file'``.  ``'memory'`` serves
+        the file from the producer program to the consumer programs of the
+        same MPMD launch over MPI instead of writing it; ``'both'`` does
+        both (see docs/transport.md).
     **options
-        Engine options, e.g. ``aggregators=2``, ``durable=False``.
+        Engine options, e.g. ``aggregators=2``, ``durable=False``; for the
+        memory transport ``timeout``, ``queue_limit``, ``shallow``.
     """
+    if transport is not None:
+        options["transport"] = transport
     return File(path, mode, comm=comm, engine=engine, **options)

@@ -143,7 +143,7 @@ def get_engine_class(name: str) -> type[Engine]:
     from ..errors import suggest
 
     # import the built-in engines so they register themselves
-    from . import memory, native  # noqa: F401
+    from . import memory, native, transport  # noqa: F401
 
     try:
         return _REGISTRY[name]
@@ -152,6 +152,6 @@ def get_engine_class(name: str) -> type[Engine]:
 
 
 def engine_names() -> list[str]:
-    from . import memory, native  # noqa: F401
+    from . import memory, native, transport  # noqa: F401
 
     return sorted(_REGISTRY)

@@ -1,0 +1,173 @@
+"""Pairing a producer and its consumers of one name, then connecting them with intercommunicators.
+
+Task leaders (rank 0 of each task, its lowest world rank) talk on the
+private duplicate of the world (:func:`lamina.comm.peer_comm`):
+
+1. each consumer leader sends ``HELLO(name, seq, appnum, size)`` to the
+   producer's leader and waits for ``ACCEPT``;
+2. the producer leader, in its ``open``, waits for the ``HELLO`` of every
+   consumer task of the name (in appnum order), then for each one sends
+   ``ACCEPT`` and its whole task calls ``Create_intercomm`` with it, while
+   the consumer task, having got ``ACCEPT``, does the same.
+
+``seq`` counts the opens of a name in one role by this process, so the
+k-th producer open pairs with the k-th consumer open of the same name.
+Messages for names this task has not opened yet are kept (``_STASH``)
+until it does.  Every wait polls with a timeout: a consumer of a name that
+nobody produces gets :class:`~lamina.errors.TransportError`, not a hang.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ... import comm as comm_mod
+from ...catalog import Decoder, Encoder
+from ...errors import FormatError, TransportError
+
+TAG_HELLO = 0x4C4D0
+TAG_ACCEPT = TAG_HELLO + 1
+TAG_INTERCOMM = TAG_HELLO + 2
+
+# (tag, source world rank, name, seq) -> (appnum, size) of messages not yet wanted
+_STASH: dict[tuple[int, int, str, int], tuple[int, int]] = {}
+# (name, role) -> number of opens so far in this process
+_SEQ: dict[tuple[str, str], int] = {}
+
+
+class Poll:
+    """Sleeps between polls, doubling up to 2 ms; knows when *timeout* seconds passed without progress."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = float(timeout)
+        self.reset()
+
+    def reset(self) -> None:
+        self.deadline = time.monotonic() + self.timeout
+        self.delay = 2e-5
+
+    @property
+    def expired(self) -> bool:
+        return time.monotonic() > self.deadline
+
+    def sleep(self) -> None:
+        time.sleep(self.delay)
+        self.delay = min(2 * self.delay, 2e-3)
+
+
+def next_seq(name: str, role: str) -> int:
+    key = (name, role)
+    n = _SEQ.get(key, 0)
+    _SEQ[key] = n + 1
+    return n
+
+
+def _encode(name: str, seq: int, app: int, size: int) -> np.ndarray:
+    e = Encoder()
+    e.str(name)
+    e.u32(seq)
+    e.u32(app)
+    e.u32(size)
+    return np.frombuffer(e.getvalue(), dtype=np.uint8).copy()
+
+
+def _decode(buf: np.ndarray) -> tuple[str, int, int, int]:
+    d = Decoder(buf.tobytes(), "transport rendezvous message")
+    name = d.str()
+    seq, app, size = d.u32(), d.u32(), d.u32()
+    d.expect_end()
+    return name, seq, app, size
+
+
+def _drain(peer, tag: int) -> None:
+    while True:
+        got = comm_mod.poll_bytes(peer, comm_mod.ANY_SOURCE, tag)
+        if got is None:
+            return
+        src, buf = got
+        try:
+            name, seq, app, size = _decode(buf)
+        except FormatError:
+            continue  # not ours: the peer communicator is private, so this does not happen
+        _STASH[(tag, src, name, seq)] = (app, size)
+
+
+def _await(peer, tag: int, source: int, name: str, seq: int, poll: Poll, what: str) -> tuple[int, int]:
+    key = (tag, source, name, seq)
+    while True:
+        _drain(peer, tag)
+        if key in _STASH:
+            return _STASH.pop(key)
+        if poll.expired:
+            raise TransportError(f"{what}: nothing after {poll.timeout:g} s")
+        poll.sleep()
+
+
+def _send(peer, buf: np.ndarray, dest: int, tag: int, poll: Poll, what: str) -> None:
+    req = comm_mod.isend_bytes(peer, buf, dest, tag)
+    while comm_mod.test_requests([req]) is None:
+        if poll.expired:
+            raise TransportError(f"{what}: the message was not taken in {poll.timeout:g} s")
+        poll.sleep()
+
+
+def _check_task_comm(comm, app: int) -> None:
+    """Collective: the file's communicator must span the whole task, leader first."""
+    ok = comm.size == comm_mod.task_size(app)
+    if comm.rank == 0:
+        ok = ok and comm_mod.world().rank == comm_mod.task_leader(app)
+    if not comm_mod.allreduce_int(comm, int(ok), "min"):
+        raise TransportError(
+            "the memory transport needs a file opened on the task's whole communicator "
+            "(the default), with its lowest world rank as rank 0"
+        )
+
+
+def connect_producer(comm, name: str, app: int, consumers: tuple[int, ...], timeout: float) -> list:
+    """Collective over the producer task: ``[(consumer appnum, intercomm)]``, one per consumer task."""
+    _check_task_comm(comm, app)
+    peer = comm_mod.peer_comm()
+    seq = next_seq(name, "w")
+    g = comm_mod.Guard()
+    with g:
+        if comm.rank == 0:
+            poll = Poll(timeout)
+            for c in consumers:
+                _await(peer, TAG_HELLO, comm_mod.task_leader(c), name, seq, poll,
+                       f"producer of {name!r} (task {app}) waiting for its consumer task {c} to open it")
+    comm_mod.agree(comm, g.error)
+    links = []
+    try:
+        for c in consumers:
+            g = comm_mod.Guard()
+            with g:
+                if comm.rank == 0:
+                    _send(peer, _encode(name, seq, app, comm.size), comm_mod.task_leader(c), TAG_ACCEPT,
+                          Poll(timeout), f"producer of {name!r} accepting task {c}")
+            comm_mod.agree(comm, g.error)
+            links.append((c, comm_mod.intercomm(comm, c, TAG_INTERCOMM)))
+    except BaseException:
+        for _, inter in links:
+            comm_mod.free(inter)
+        raise
+    return links
+
+
+def connect_consumer(comm, name: str, app: int, producer: int, timeout: float):
+    """Collective over a consumer task: the intercommunicator to the producer task of *name*."""
+    _check_task_comm(comm, app)
+    peer = comm_mod.peer_comm()
+    seq = next_seq(name, "r")
+    g = comm_mod.Guard()
+    with g:
+        if comm.rank == 0:
+            poll = Poll(timeout)
+            leader = comm_mod.task_leader(producer)
+            _send(peer, _encode(name, seq, app, comm.size), leader, TAG_HELLO, poll,
+                  f"consumer of {name!r} (task {app}) greeting producer task {producer}")
+            _await(peer, TAG_ACCEPT, leader, name, seq, poll,
+                   f"no producer for {name!r}: task {producer} did not open it for writing")
+    comm_mod.agree(comm, g.error)
+    return comm_mod.intercomm(comm, producer, TAG_INTERCOMM)

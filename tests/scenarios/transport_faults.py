@@ -1,0 +1,82 @@
+"""Transport faults: each must give TransportError within the timeout, never a hang.
+
+    transport_faults.py orphan-idle          a program that opens nothing transported
+    transport_faults.py orphan-read NAME     opens NAME for reading; nobody produces it
+    transport_faults.py stall-write NAME DIR writes steps 0 and 1, then stops answering until DIR/gave-up exists
+    transport_faults.py stall-read NAME DIR  reads step 0, then step 1 and step 2: the producer does not answer
+
+Run with ``LAMINA_TRANSPORT=memory`` and a short ``LAMINA_TRANSPORT_TIMEOUT``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+
+import lamina
+from lamina.errors import TransportError
+
+
+def expect_transport_error(fn, what: str) -> float:
+    limit = float(os.environ["LAMINA_TRANSPORT_TIMEOUT"])
+    t0 = time.monotonic()
+    try:
+        fn()
+    except TransportError as e:
+        took = time.monotonic() - t0
+        if not isinstance(e, ConnectionError):
+            raise AssertionError("TransportError is not a ConnectionError") from e
+        if took > limit + 10:
+            raise AssertionError(f"{what}: TransportError only after {took:.1f} s (timeout {limit} s)") from e
+        return took
+    raise AssertionError(f"{what}: no TransportError")
+
+
+def main() -> None:
+    role = sys.argv[1]
+    comm = lamina.comm.task_comm()  # every program of the launch takes part in the task split
+    if role == "orphan-idle":
+        time.sleep(0.2)
+        print("OK idle", flush=True)
+    elif role == "orphan-read":
+        took = expect_transport_error(lambda: lamina.open(sys.argv[2], "r"), "open of a name nobody produces")
+        if comm.rank == 0:
+            print(f"OK orphan: TransportError after {took:.1f} s", flush=True)
+    elif role == "stall-write":
+        marker = os.path.join(sys.argv[3], "gave-up")
+        with lamina.open(sys.argv[2], "w") as f:
+            f.create_dataset("x", (4,), np.int64)
+            for k in range(2):
+                with f.step():
+                    if f.comm.rank == 0:
+                        f["x"][:] = np.arange(4) + k
+            # busy elsewhere: no step 2, and step 1 is not served until close
+            while not os.path.exists(marker):
+                time.sleep(0.05)
+        if comm.rank == 0:
+            print("OK stalled producer closed", flush=True)
+    elif role == "stall-read":
+        with lamina.open(sys.argv[2], "r") as f:
+            if list(f.at(0)["x"][:]) != [0, 1, 2, 3]:
+                raise AssertionError("step 0")
+            view = f.at(1)  # releases step 0: the producer leaves end_step and stops answering
+            comm.Barrier()
+            time.sleep(0.5)  # every consumer rank released step 0: give the producer time to leave
+            took = expect_transport_error(lambda: view["x"][:], "reading from a producer that does not answer")
+            took2 = expect_transport_error(lambda: f.at(2), "waiting for a step that never comes")
+            comm.Barrier()
+            if comm.rank == 0:
+                with open(os.path.join(sys.argv[3], "gave-up"), "w") as m:
+                    m.write("x\n")
+            # close: the producer answers again in its close, late answers are dropped
+        if comm.rank == 0:
+            print(f"OK stall: TransportError after {took:.1f} s and {took2:.1f} s", flush=True)
+    else:
+        raise SystemExit(f"unknown role {role}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+"""In situ transport: producer and consumer programs of one MPMD launch.
+
+The scenario programs (``scenarios/transport_producer.py`` and
+``transport_consumer.py``) contain no transport code: the same scripts run
+with ``LAMINA_TRANSPORT=file`` (a native file, followed by the consumer)
+and ``=memory`` (served over MPI).  The consumer checks every value of the
+LowFive benchmark data (a uint64 grid written by row slabs and read by
+uneven column slabs, n x 3 float32 particles in uneven ranges, a 3-D
+complex field through random uneven grids on both sides), over several
+steps, with groups and attributes; n > m and n < m; fan-out, fan-in and a
+chain; and faults give TransportError within the timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import mpi_util as mu  # noqa: E402
+
+import lamina  # noqa: E402
+from lamina.engines import transport  # noqa: E402
+from lamina.engines.transport.workflow import Route, Workflow, route_for  # noqa: E402
+from lamina.errors import LaminaError, ModeError, TransportError  # noqa: E402
+
+pytest.importorskip("mpi4py")
+
+TIMEOUT = 60  # per launch
+
+
+def mpmd(*programs) -> list[str]:
+    """``mpiexec -n N1 python -m mpi4py A args : -n N2 ... B args``: one program per (n, script, *args)."""
+    cmd = [mu.mpiexec()]
+    for i, (n, script, *args) in enumerate(programs):
+        if i:
+            cmd.append(":")
+        cmd += ["-n", str(n), sys.executable, "-m", "mpi4py", mu.scenario(script), *map(str, args)]
+    return cmd
+
+
+def run_mpmd(*programs, cwd, env: dict, timeout: float = TIMEOUT, expect_ok: str = "OK") -> mu.Result:
+    cmd = mpmd(*programs)
+    t0 = time.monotonic()
+    env = {"LAMINA_TRANSPORT_TIMEOUT": "20", **env}
+    proc = mu.start(cmd, env=env, cwd=str(cwd))
+    return mu.check(mu.finish(proc, cmd, timeout, t0), expect_ok)
+
+
+def _skip_without_mpiexec():
+    try:
+        mu.mpiexec()
+    except RuntimeError:  # pragma: no cover - depends on the installation
+        pytest.skip("no mpiexec")
+
+
+# ----------------------------------------------------------------- MPMD runs
+
+
+@pytest.mark.parametrize("mode", ["memory", "file", "both"])
+@pytest.mark.parametrize("n,m", [(3, 2), (2, 3), (1, 1)])
+def test_producer_consumer(tmp_path, mode, n, m):
+    """The same unmodified programs, n producer ranks and m consumer ranks, under each transport."""
+    _skip_without_mpiexec()
+    steps = 3
+    res = run_mpmd(
+        (n, "transport_producer", "bench.lam", steps),
+        (m, "transport_consumer", "bench.lam", steps),
+        cwd=tmp_path,
+        env={"LAMINA_TRANSPORT": mode},
+    )
+    [prod] = res.lines("OK producer")
+    [cons] = res.lines("OK consumer")
+    want = "native" if mode == "file" else "mpi" if mode == "memory" else "both"
+    assert want in cons and f"{steps} steps on {m} ranks" in cons, res.describe()
+    assert f"{n} ranks" in prod
+    on_disk = (tmp_path / "bench.lam").exists()
+    assert on_disk == (mode != "memory"), sorted(os.listdir(tmp_path))
+    if mode == "both":  # the file written alongside holds every step too
+        with lamina.open(tmp_path / "bench.lam", "r") as f:
+            assert f.steps == steps
+            assert f.attrs["title"] == "lowfive benchmark"
+            assert int(f.at(2)["grid"][4, 5]) == 4 * 17 + 5 + 2 * 100_000
+
+
+def test_fan_out(tmp_path):
+    """One producer task, two consumer tasks of different sizes."""
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (2, "transport_producer", "a", 3),
+        (1, "transport_consumer", "a", 3),
+        (2, "transport_consumer", "a", 3),
+        cwd=tmp_path,
+        env={"LAMINA_TRANSPORT": "memory", "LAMINA_WORKFLOW": "a=0>1,2"},
+    )
+    assert len(res.lines("OK consumer a: 3 steps")) == 2
+
+
+def test_fan_in(tmp_path):
+    """Two producer tasks, one consumer task reading both names step by step."""
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (2, "transport_producer", "a", 3),
+        (1, "transport_producer", "b", 3),
+        (2, "transport_consumer", "a,b", 3),
+        cwd=tmp_path,
+        env={"LAMINA_TRANSPORT": "memory", "LAMINA_WORKFLOW": "a=0>2; b=1>2"},
+    )
+    assert res.lines("OK consumer a,b: 3 steps on 2 ranks")
+
+
+def test_chain(tmp_path):
+    """A -> B -> C: the middle task reads a, writes b through its own decomposition; C checks b.
+
+    Some names stay files: the workflow routes only ``a`` and ``b`` in memory.
+    """
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (2, "transport_producer", "a", 3),
+        (3, "transport_consumer", "a", 3, "--relay", "b"),
+        (2, "transport_consumer", "b", 3),
+        cwd=tmp_path,
+        env={"LAMINA_TRANSPORT": "memory", "LAMINA_WORKFLOW": "a=0>1\nb=1>2"},
+    )
+    assert res.lines("OK consumer a: 3 steps on 3 ranks")
+    assert res.lines("OK consumer b: 3 steps on 2 ranks")
+    assert not os.listdir(tmp_path)
+
+
+def test_nobody_produces(tmp_path):
+    """A consumer of a name nobody produces gets TransportError within the timeout."""
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (1, "transport_faults", "orphan-idle"),
+        (2, "transport_faults", "orphan-read", "nothing"),
+        cwd=tmp_path,
+        env={"LAMINA_TRANSPORT": "memory", "LAMINA_TRANSPORT_TIMEOUT": "2"},
+        timeout=40,
+    )
+    assert res.lines("OK orphan")
+
+
+def test_stalled_producer(tmp_path):
+    """A producer that stops answering: reads and step waits fail with TransportError; both close cleanly."""
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (2, "transport_faults", "stall-write", "s", tmp_path),
+        (2, "transport_faults", "stall-read", "s", tmp_path),
+        cwd=tmp_path,
+        env={"LAMINA_TRANSPORT": "memory", "LAMINA_TRANSPORT_TIMEOUT": "2"},
+        timeout=40,
+    )
+    assert res.lines("OK stall")
+    assert res.lines("OK stalled producer closed")
+
+
+# ----------------------------------------------------------------- in process
+
+
+def test_workflow_parse_and_route():
+    wf = Workflow.parse("sim*.lam=0>2,1; out/ana.lam = 1>2\n")
+    assert wf.route("sim3.lam") == Route(0, (1, 2))
+    assert wf.route("./dir/sim3.lam") == Route(0, (1, 2))  # the last path component matches too
+    assert wf.route("out/ana.lam") == Route(1, (2,))
+    assert wf.route("other.lam") is None
+    for bad in ("x=0", "x=a>1", "x=0>0", "=0>1", "x=0>1,1"):
+        with pytest.raises(ValueError):
+            Workflow.parse(bad)
+    # the default of two tasks: whoever writes produces, the other task consumes
+    assert route_for("x", "w", 1, 2, None) == Route(1, (0,))
+    assert route_for("x", "r", 1, 2, None) == Route(0, (1,))
+    with pytest.raises(TransportError, match="one MPMD"):
+        route_for("x", "w", 0, 1, None)
+    with pytest.raises(TransportError, match="LAMINA_WORKFLOW"):
+        route_for("x", "w", 0, 3, None)
+    with pytest.raises(TransportError, match="task 0 produces"):
+        route_for("sim1.lam", "w", 2, 3, wf)
+    with pytest.raises(TransportError, match="consumers"):
+        route_for("out/ana.lam", "r", 0, 3, wf)
+    assert issubclass(TransportError, LaminaError) and issubclass(TransportError, ConnectionError)
+
+
+def test_engine_choice(monkeypatch):
+    monkeypatch.delenv("LAMINA_TRANSPORT", raising=False)
+    monkeypatch.delenv("LAMINA_WORKFLOW", raising=False)
+    assert transport.engine_for("x.lam", "w") is None
+    assert transport.engine_for("x.lam", "w", "memory") == "mpi"
+    assert transport.engine_for("x.lam", "w", "both") == "both"
+    monkeypatch.setenv("LAMINA_TRANSPORT", "memory")
+    assert transport.engine_for("x.lam", "r") == "mpi"
+    assert transport.engine_for("x.lam", "r", "file") is None
+    monkeypatch.setenv("LAMINA_WORKFLOW", "sim.lam=0>1")
+    assert transport.engine_for("log.lam", "w") is None  # not in the workflow: stays a file
+    assert transport.engine_for("run/sim.lam", "w") == "mpi"
+    with pytest.raises(ValueError, match="transport must be"):
+        transport.engine_for("x.lam", "w", "disk")
+
+
+def test_file_transport_ignores_transport_options(tmp_path, monkeypatch):
+    """A program that passes transport options runs unchanged when its files are written."""
+    monkeypatch.delenv("LAMINA_TRANSPORT", raising=False)
+    with lamina.open(tmp_path / "a.lam", "w", transport="file", shallow=["x"], queue_limit=3, timeout=5) as f:
+        f.create_dataset("x", (3,), np.int32)
+        with f.step():
+            f["x"][:] = [1, 2, 3]
+    with lamina.open(tmp_path / "a.lam", "r") as f:
+        assert list(f.at(0)["x"][:]) == [1, 2, 3]
+
+
+def test_memory_transport_needs_mpmd(tmp_path):
+    """One program alone cannot transport: TransportError at open, nothing written."""
+    with pytest.raises(TransportError, match="MPMD"):
+        lamina.open(tmp_path / "x.lam", "w", transport="memory")
+    with pytest.raises(ModeError):
+        lamina.open(tmp_path / "x.lam", "a", transport="memory")
+    with pytest.raises(ValueError, match="queue_limit"):
+        lamina.open(tmp_path / "x.lam", "w", transport="memory", queue_limit=1)
+    assert not os.listdir(tmp_path)
