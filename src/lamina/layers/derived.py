@@ -297,6 +297,8 @@ class DerivedLayer(Layer):
         this process and is computed when read (strategy ``expression``); no
         message is exchanged then.
         """
+        if self.inner._closed:  # its communicator is gone: say so before any collective
+            raise ValueError(f"cannot declare derived quantity {name!r}: file {self.path!r} is closed")
         reader = self.mode == "r"
         requested = strategy
         info: dict = {}
