@@ -624,3 +624,10 @@ def test_reading_native_file_with_memory_engine(tmp_path, write_simple):
     assert os.path.isdir(p)
     with pytest.raises(NotALaminaFileError):
         lamina.open(p, "r", engine="memory")
+
+
+def test_create_dataset_on_a_closed_file_says_so(tmp_path):
+    f = lamina.open(str(tmp_path / "closed.lam"), "w", durable=False)
+    f.close()
+    with pytest.raises(ValueError, match="create dataset 'a'.*is closed"):
+        f.create_dataset("a", (3,))

@@ -44,6 +44,12 @@ def segment_crcs(buf, seg: int = SEGMENT) -> tuple[int, ...]:
 
 
 def _reduce_chunk(c: np.ndarray, kind: str):
+    # a block holding both +inf and -inf has a NaN sum: that is the statistic, not a problem
+    with np.errstate(invalid="ignore", over="ignore"):
+        return _reduce(c, kind)
+
+
+def _reduce(c: np.ndarray, kind: str):
     if kind == "c":
         a = np.abs(c)
         mn, mx = a.min(), a.max()

@@ -184,6 +184,7 @@ class BlockEngine(Engine):
             raise mark_collective(CollectiveMismatchError(f"ranks disagree on the collective call {what}"))
 
     def define(self, spec: DatasetSpec) -> DatasetSpec:
+        self._require_write(f"create dataset {spec.path!r}")  # before any message: a closed file has no communicator
         g = comm_mod.Guard()
         with g:
             spec = self._validate_definition(spec)
