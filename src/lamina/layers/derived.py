@@ -29,7 +29,7 @@ neighbouring blocks.  At the end of a step ranks tell each other which boxes
 of which inputs they need (one allgather of boxes), and the ranks that wrote
 those cells send exactly the intersections (one all-to-all).  Pointwise
 expressions on inputs written with one decomposition need no message beyond
-one reduction.  The results equal ``numpy.gradient(global, edge_order=2)``
+a few small reductions.  The results equal ``numpy.gradient(global, edge_order=2)``
 on the assembled global array whatever the decomposition.
 
 **Vectors.**  A vector result (curl, cross, gradient(a)) is a group ``name``
