@@ -327,6 +327,159 @@ def test_spacing_per_axis():
     assert_same(got, [np.gradient(A["a"], 0.5, axis=1, edge_order=2)])
 
 
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    cases(dtypes=("f8", "f4", "i4", "f2")),
+    st.sampled_from([1, 7, 40, 1 << 15]),
+    st.sampled_from([1.0, 0.5, 4.0, -0.25, 0.1, 1 / 3, -3.0]),
+    st.booleans(),
+)
+def test_contiguous_inputs_take_the_flat_way_to_the_same_bits(case, chunk, h, whole):
+    """C-contiguous inputs (whole arrays, or copies of exactly the input box), any spacing."""
+    shape, region, text, dtype, seed = case
+    A = _arrays(shape, dtype, seed)
+    expr = parse(text)
+    spacing = (h,) * len(shape)
+    want = [np.asarray(w)[region.slices] for w in reference(expr, A, spacing)]
+    inbox = input_box(expr, region, shape)
+    if whole:
+        arrays, origin = A, (0,) * len(shape)
+    else:
+        arrays = {k: np.ascontiguousarray(v[inbox.slices]) for k, v in A.items()}
+        origin = inbox.start
+    got = evaluate(expr, arrays, region, shape, origin=origin, spacing=h, chunk_elements=chunk)
+    assert_same(got, want)
+
+
+def test_flat_derivative_of_a_slab(monkeypatch):
+    """Whole planes and parts of planes of a C-contiguous array, each axis, both boundaries."""
+    from lamina.derived import _stencil
+
+    rng = np.random.default_rng(8)
+    a = rng.standard_normal((6, 5, 7))
+    flat, ways = _stencil._flat, []
+
+    def spy(xp, f, *args):
+        r = flat(xp, f, *args)
+        if f.shape == a.shape:  # (not the dtype probe's tiny arrays)
+            ways.append(r)
+        return r
+
+    monkeypatch.setattr(_stencil, "_flat", spy)
+    h = (0.5, 0.3, 2.0)
+    for ax in range(3):
+        want = np.gradient(a, h[ax], axis=ax, edge_order=2)
+        for region in [
+            Box((0, 0, 0), (6, 5, 7)),
+            Box((2, 0, 0), (4, 5, 7)),
+            Box((5, 1, 0), (6, 4, 7)),
+        ]:
+            for chunk in (1, 7, 35, 36, 1000):
+                got = evaluate(
+                    f"gradient(a, {ax})",
+                    {"a": a},
+                    region,
+                    a.shape,
+                    origin=(0, 0, 0),
+                    spacing=h,
+                    chunk_elements=chunk,
+                )
+                assert_same(got, [want[region.slices]])
+    assert ways and all(ways)  # every block the flat way
+    ways.clear()
+    evaluate("curl(a, a, a)", {"a": np.asfortranarray(a)}, chunk_elements=7)
+    assert ways and not any(ways)  # not C-contiguous: strided
+
+
+def test_scale_by_a_power_of_two_is_the_division():
+    from lamina.derived._stencil import _scale
+
+    rng = np.random.default_rng(9)
+    tiny = np.array([5e-324, 1e-310, -2.2e-308, 1e-45, 3e-39, np.inf, -np.inf, np.nan, 0.0, -0.0])
+    x = np.concatenate([rng.standard_normal(1000) * 10.0 ** rng.integers(-300, 300, 1000), tiny])
+    for dtype in ("f8", "f4"):
+        with np.errstate(over="ignore"):
+            y = x.astype(dtype)  # float32: subnormals, and infinities from the large ones
+        for h in (1.0, 0.5, 0.125, -2.0, 1024.0, 2.0**-40, 0.1, 3.0):
+            name, c = _scale(h, np.dtype(dtype))
+            assert (name == "multiply") == (h in (1.0, 0.5, 0.125, -2.0, 1024.0, 2.0**-40))
+            with np.errstate(all="ignore"):
+                np.testing.assert_array_equal(getattr(np, name)(y, c), y / (2.0 * h))
+    assert _scale(1.0, np.dtype("f2"))[0] == "divide"
+
+
+@pytest.fixture
+def two_threads(monkeypatch):
+    from lamina.derived import _parallel
+
+    monkeypatch.setattr(_parallel, "THREADS", 2)
+    monkeypatch.setattr(_parallel, "PARALLEL_MIN_ELEMENTS", 0)
+    run, used = _parallel.run_blocks, []
+
+    def counted(items, work, states):
+        used.append(len(states))
+        run(items, work, states)
+
+    monkeypatch.setattr(_parallel, "run_blocks", counted)
+    yield used
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_threads_give_the_same_bits(two_threads, monkeypatch, threads):
+    from lamina.derived import _parallel
+
+    monkeypatch.setattr(_parallel, "THREADS", threads)
+    shape = (9, 8, 7)
+    A = _arrays(shape, "f8", 12)
+    for text in STENCIL_EXPRS[3] + ["a + b", "a / b - c", "magnitude(a, b, c) > 3"]:
+        expr = parse(text) if ">" not in text else parse(text, "predicate")
+        want = reference(expr, A)
+        for chunk in (1, 13, 56, 1 << 15):
+            assert_same(evaluate(expr, A, chunk_elements=chunk), want)
+        region = Box((2, 1, 0), (7, 8, 7))
+        out = [np.empty(region.shape, w.dtype) for w in want]
+        got = evaluate(expr, A, region, shape, origin=(0, 0, 0), chunk_elements=20, out=out)
+        assert all(g is o for g, o in zip(got, out, strict=True))
+        assert_same(got, [w[region.slices] for w in want])
+    assert two_threads and set(two_threads) == {threads}
+
+
+def test_threads_keep_numpy_quiet_and_raise_errors(two_threads):
+    A = {"a": np.linspace(-1.0, 1.0, 64), "b": np.zeros(64), "i": np.arange(64) - 60}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = evaluate("a / b + log(a)", A, chunk_elements=4)[0]
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(got, A["a"] / A["b"] + np.log(A["a"]))
+    with pytest.raises(ExpressionError, match="negative integer powers"):
+        evaluate("a + i ^ i", A, chunk_elements=4)  # only the first blocks fail (not the probe)
+    assert two_threads == [2, 2]
+
+
+def test_default_threads(monkeypatch):
+    from lamina.derived import _parallel as P
+
+    for k in ("LAMINA_THREADS", *P._LOCAL_SIZE, *P._LAUNCHED):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(P.os, "sched_getaffinity", lambda pid: set(range(12)), raising=False)
+    assert P.default_threads() == P.MAX_THREADS == 8
+    monkeypatch.setenv("MPI_LOCALNRANKS", "4")
+    assert P.default_threads() == 3
+    monkeypatch.setenv("MPI_LOCALNRANKS", "24")
+    assert P.default_threads() == 1
+    monkeypatch.delenv("MPI_LOCALNRANKS")
+    monkeypatch.setenv(
+        "PMI_RANK", "0"
+    )  # a launcher that does not say how many ranks share the node
+    assert P.default_threads() == 1
+    monkeypatch.setenv("LAMINA_THREADS", "16")
+    assert P.default_threads() == 16
+    monkeypatch.setenv("LAMINA_THREADS", "many")
+    assert P.default_threads() == 1
+    monkeypatch.setattr(P, "THREADS", 5)
+    assert P.default_threads() == 5
+
+
 # ---------------------------------------------------------------------------
 # pointwise functions, dtypes, numpy semantics
 # ---------------------------------------------------------------------------

@@ -41,31 +41,40 @@ negative integer power, a literal that does not fit an int8 input) become an
 
 Kernels
 -------
-On the CPU, pointwise work runs block by block over the region, in blocks of
-:data:`CHUNK_ELEMENTS` elements, each operation writing into a reused
-scratch buffer (``out=``) and the last one straight into the result; so
-temporaries stay in cache and memory traffic is close to the compulsory
-"read each input once, write each output once".  Stencils whose arguments
-are datasets (``gradient(a, 0)``, ``curl(u, v, w)``, ...) run block by block
-too; a stencil of an expression, and ``laplacian``, computes its argument
-over the grown box first.
+On the CPU the region is cut into blocks of about :data:`CHUNK_ELEMENTS`
+elements; each operation writes into a reused scratch buffer (``out=``) or
+into the result's own block (``magnitude`` sums its squares there, ``curl``
+and ``divergence`` put their first term there and subtract or add the next
+ones in place), so temporaries stay in cache and the memory traffic is close
+to the compulsory "read each input once, write each output once".  Stencils
+of datasets (``gradient(a, 0)``, ``curl(u, v, w)``, ``laplacian(a)``, ...) run
+block by block too, a derivative of a C-contiguous input being one flat 1-D
+operation (:mod:`lamina.derived._stencil`); a stencil of an expression
+computes its argument over the grown box first.  The blocks are shared among
+a few threads (:mod:`lamina.derived._parallel`: all the cores of the process
+divided among the MPI ranks of the node; ``LAMINA_THREADS`` overrides).
 
-Measured on this project's 2-core development VM (AMD EPYC, numpy 2.4,
-numexpr 2.14; float64 inputs of 128 MiB each; best of 7, wall clock;
-``lamina bench derived`` runs the same comparison), in GB/s of
-compulsory traffic (inputs read once, output written once)::
+Measured on this project's 2-core development VM (AMD EPYC, AVX2, numpy 2.4,
+numexpr 2.14), shared with other work (load 2-3): 512 MiB of float64 input
+per kernel as in ``lamina bench derived``, output preallocated, best wall
+clock of 5 runs or more; GB/s of compulsory traffic (numpy.copyto: 19.5)::
 
-                              numpy   numexpr 1 thread / 2   lamina   lamina out=
-    magnitude(vx, vy, vz)      4.6        4.7 / 8.2            7.1       8.9
-    add(vx, vy)               16.8       14.1 / 19.7          15.9      21.7
-    curl(u, v, w) (256^3)      2.2          -                  3.5        -
-    magnitude(curl(u, v, w))   1.1          -                  2.2        -
+                              numpy   numexpr        lamina before   lamina
+                                      1 / 2 threads  (1 thread)      1 / 2 threads
+    add(a, b)                  16.0   21.6 / 25.8        23.5        23.6 / 30.4
+    magnitude(vx, vy, vz)       4.6    5.5 /  9.9         8.8         9.0 / 14.5
+    curl(u, v, w) (281^3)       2.3    3.8 /  4.6 (a)     3.6         6.3 / 6.3 (b)
+    magnitude(curl(u, v, w))    1.2        -              2.3         3.5 / 5.0
+    laplacian(u) (406^3)        0.5        -              1.2         2.4 / 2.7
 
-One core of numexpr is no faster than numpy here (its sqrt is slower than
-numpy's SIMD one); it wins only with a second thread, which an MPI rank
-does not have to spare.  It also follows its own casting rules rather than
-numpy's and compiles expressions through ``eval``; so lamina does not use it.
-(``out=`` saves the page faults of a fresh 128 MiB result.)
+(a) the central differences of the interior only, from strided views;
+(b) the second core was busy.  numexpr gives the same bits here, but one
+thread of it is slower than numpy's blocks and two are slower than two
+threads of blocks, so lamina does not use it.  ``magnitude`` on one core is
+bound by the square root (vsqrtpd: ~1.4 ns per float64 here, 31 of its 79 ms)
+plus memory passes that separate numpy calls cannot overlap with it: 0.46x
+memcpy, where ``curl`` reaches 0.35-0.4x; 0.6x for ``magnitude`` takes the
+second core (0.75x when it is free).
 
 On a GPU (``device="gpu"``, or ``"auto"`` when CuPy finds a device), the
 same code runs with ``xp = cupy`` on the whole region at once; inputs are
@@ -74,6 +83,7 @@ copied to the device (only the needed box) and results back to the host.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import operator
 from collections.abc import Iterator, Mapping
@@ -83,13 +93,13 @@ import numpy as np
 
 from ..errors import ExpressionError, LaminaError
 from ..geometry import Box
-from .halo import grow, stencil_paths, union
+from . import _parallel
+from ._stencil import derivative, stencil
 from .nodes import BinOp, BoolOp, Call, Compare, Expr, Num, Ref, UnaryOp
-from .parser import axis_value
 
-#: elements per block of the CPU kernels (1 MiB of float64: temporaries stay in L2/L3; smaller
-#: blocks cost more in per-block Python overhead than they gain in cache hits, measured)
-CHUNK_ELEMENTS = 1 << 17
+#: elements per block of the CPU kernels (2 MiB of float64: temporaries stay in L3; smaller blocks
+#: cost more in per-block Python overhead than they gain in cache hits, measured)
+CHUNK_ELEMENTS = 1 << 18
 
 
 _ARITH = {"+": "add", "-": "subtract", "*": "multiply", "/": "divide", "^": "power"}
@@ -201,7 +211,7 @@ class Evaluator:
     a probe run records the dtypes.
     """
 
-    def __init__(self, xp, arrays, shape, spacing, text, *, managed, dtypes, chunk):
+    def __init__(self, xp, arrays, shape, spacing, text, *, managed, dtypes, chunk, threads=None):
         self.xp = xp
         self.arrays = arrays  # path -> (array, global offset of its element 0)
         self.shape = tuple(shape)
@@ -214,6 +224,14 @@ class Evaluator:
         self.free: dict[tuple, list] = {}
         self.promoted: dict[tuple, np.dtype] = {}
         self.array_type = np.ndarray if xp is np else (np.ndarray, xp.ndarray)
+        # threads of the block loop (CPU only; None: _parallel.default_threads())
+        self.threads = (threads or _parallel.default_threads()) if managed else 1
+
+    def worker(self) -> Evaluator:
+        """A copy for another thread: the same inputs and dtypes, buffers of its own."""
+        w = copy.copy(self)
+        w.free, w.promoted = {}, dict(self.promoted)
+        return w
 
     # -- buffers ---------------------------------------------------------------
     def take(self, shape, dtype):
@@ -355,7 +373,7 @@ class Evaluator:
         if f.kind == "stencil":
             if node.is_constant:
                 return [(0.0, False)] * node.ncomponents
-            return self.stencil(node, C, dests, lambda arg, box: self.view(arg.path, box))
+            return self.stencil(node, C, dests, None)  # chunkable: dataset arguments only
         if f.kind == "vector":
             comps = [cv for a in node.args for cv in self.ceval(a, C, None, pre)]
             return self._vector(node, comps, dests)
@@ -384,12 +402,12 @@ class Evaluator:
             return dests[k] if dests else None
 
         if node.name == "magnitude":
-            acc = None
-            for c in comps:  # ((c0*c0 + c1*c1) + c2*c2), integers in float64
+            acc = None  # ((c0*c0 + c1*c1) + c2*c2), integers in float64, summed in the result
+            for c in comps:
                 v = c[0]
                 dt = _F64 if isinstance(v, self.array_type) and v.dtype.kind in "biu" else None
-                sq = self.call("multiply", [c, c], node, dtype=dt)
-                acc = sq if acc is None else self.call("add", [acc, sq], node)
+                sq = self.call("multiply", [c, c], node, None, 0, d(0) if acc is None else None, dt)
+                acc = sq if acc is None else self.call("add", [acc, sq], node, None, 0, d(0))
             assert acc is not None
             return [self.call("sqrt", [acc], node, node, 0, d(0))]
         if node.name == "dot":
@@ -429,40 +447,11 @@ class Evaluator:
     # -- stencils ----------------------------------------------------------------
     def grad(self, f, fstart, obox: Box, ax: int, at: Expr, out=None):
         """First derivative along *ax* over *obox* of *f* (whose element 0 sits at global *fstart*)."""
-        xp = self.xp
-        n, h = self.shape[ax], self.spacing[ax]
-        exact = f.dtype.kind in "fc"
-        otype = f.dtype if exact else _F64
+        otype = f.dtype if f.dtype.kind in "fc" else _F64
         if out is None or out.dtype != otype:
             out = self.take(obox.shape, otype)
-        lo, hi = obox.start[ax], obox.stop[ax]
-        base = [slice(a - s, b - s) for a, b, s in zip(obox.start, obox.stop, fstart, strict=True)]
-
-        def fs(a, b):
-            sl = list(base)
-            sl[ax] = slice(a - fstart[ax], b - fstart[ax])
-            return f[tuple(sl)]
-
-        def os(a, b):
-            sl = [slice(None)] * len(base)
-            sl[ax] = slice(a - lo, b - lo)
-            return out[tuple(sl)]
-
         try:
-            i0, i1 = max(lo, 1), min(hi, n - 1)
-            if i1 > i0:  # interior: central differences, as numpy.gradient
-                o = os(i0, i1)
-                kw = {} if exact else {"dtype": _F64}
-                xp.subtract(fs(i0 + 1, i1 + 1), fs(i0 - 1, i1 - 1), out=o, **kw)
-                xp.divide(o, 2.0 * h, out=o)
-            if lo == 0:  # global boundary: second-order one-sided differences
-                os(0, 1)[...] = (-1.5 / h) * fs(0, 1) + (2.0 / h) * fs(1, 2) + (-0.5 / h) * fs(2, 3)
-            if hi == n:
-                os(n - 1, n)[...] = (
-                    (0.5 / h) * fs(n - 3, n - 2)
-                    + (-2.0 / h) * fs(n - 2, n - 1)
-                    + (1.5 / h) * fs(n - 1, n)
-                )
+            derivative(self.xp, f, fstart, obox, ax, self.shape[ax], self.spacing[ax], out)
         except LaminaError:
             raise
         except (TypeError, ValueError, ArithmeticError) as e:
@@ -471,79 +460,19 @@ class Evaluator:
 
     def stencil(self, node: Call, B: Box, dests, get) -> list[tuple[Any, bool]]:
         """Evaluate stencil *node* over *B*; ``get(arg, box)`` gives an argument over a box."""
-        shape, ndim = self.shape, len(self.shape)
-        paths = stencil_paths(node, ndim)
-        fetched: dict[int, tuple[Any, Box]] = {}
-        for i, (arg, ps) in enumerate(zip(node.args, paths, strict=True)):
-            if not ps or arg.is_constant:
-                continue
-            U = None
-            for p in ps:
-                b = B
-                for ax in p:
-                    b = grow(b, ax, shape)
-                U = union(U, b)
-            fetched[i] = (get(arg, U), U)
-
-        def d(k):
-            return dests[k] if dests else None
-
-        def D(i, ax, out=None):
-            if i not in fetched:
-                return 0.0, False
-            f, U = fetched[i]
-            r = self.grad(f, U.start, B, ax, node, out)
-            return r, r is not out
-
-        name = node.name
-        if name == "gradient":
-            if len(node.args) == 2:
-                result = [D(0, axis_value(node.args[1]) % ndim, d(0))]
-            else:
-                result = [D(0, j, d(j)) for j in range(ndim)]
-        elif name == "divergence":
-            acc = D(0, 0, d(0) if ndim == 1 else None)
-            for j in range(1, ndim):
-                last = j == ndim - 1
-                acc = self.call(
-                    "add", [acc, D(j, j)], node, node if last else None, 0, d(0) if last else None
-                )
-            result = [acc]
-        elif name == "curl":
-            result = []
-            for k, (i, a, j, b) in enumerate(((2, 1, 1, 2), (0, 2, 2, 0), (1, 0, 0, 1))):
-                result.append(self.call("subtract", [D(i, a), D(j, b)], node, node, k, d(k)))
-        elif name == "laplacian":
-            f, U = fetched[0]
-            acc = None
-            for j in range(ndim):
-                B1 = grow(B, j, shape)
-                g1 = self.grad(f, U.start, B1, j, node)
-                last = j == ndim - 1
-                g2 = self.grad(g1, B1.start, B, j, node, d(0) if last and ndim == 1 else None)
-                self.give(g1)
-                term = (g2, g2 is not d(0))
-                acc = (
-                    term
-                    if acc is None
-                    else self.call(
-                        "add", [acc, term], node, node if last else None, 0, d(0) if last else None
-                    )
-                )
-            assert acc is not None
-            result = [acc]
-        else:  # pragma: no cover - the table and this method go together
-            raise ExpressionError(f"no kernel for {name}()", node_pos(node), self.text)
+        result = stencil(self, node, B, dests, get)
         if self.recording:
             self.dtypes[id(node)] = [_dtype_of(v) for v, _ in result]
         return result
 
     # -- a whole box -------------------------------------------------------------
     def chunkable(self, node: Call) -> bool:
-        """A stencil whose arguments are datasets (or constants) runs block by block."""
-        return node.name != "laplacian" and all(
-            isinstance(a, Ref) or a.is_constant for a in node.args
-        )
+        """A stencil whose arguments are datasets (or constants) runs block by block.
+
+        (``laplacian`` too: the first derivative over the block grown by one
+        cell, then the second over the block.)
+        """
+        return all(isinstance(a, Ref) or a.is_constant for a in node.args)
 
     def frontier(self, node: Expr) -> list[Call]:
         """Stencils below *node* (through pointwise operations) that need their argument over a grown box."""
@@ -591,18 +520,32 @@ class Evaluator:
             ]
         if outs is None:
             outs = [xp.empty(B.shape, dtype=dt) for dt in self.dtypes[id(node)]]
-        # one operation without temporaries needs no blocks: one call over the whole box
+        # one operation without temporaries needs no blocks: one call over the whole box (or one
+        # part per thread)
         step = B.size if _single_op(node, pre) else self.chunk
-        for C in chunks(B, step):
-            rel = C.relative_to(B)
-            dests = [_sub(o, rel) for o in outs]
-            vals = self.ceval(node, C, dests, pre)
-            for (v, owned), dst in zip(vals, dests, strict=True):
-                if v is not dst:
-                    dst[...] = v
-                    if owned:
-                        self.give(v)
+        nt = self.threads if B.size >= _parallel.PARALLEL_MIN_ELEMENTS else 1
+        if nt > 1 and step >= B.size:
+            step = -(-B.size // nt)
+        boxes = list(chunks(B, step))
+        nt = min(nt, len(boxes))
+        if nt > 1:
+            states = [self, *(self.worker() for _ in range(nt - 1))]
+            _parallel.run_blocks(boxes, lambda ev, C: ev.block(node, B, C, outs, pre), states)
+        else:
+            for C in boxes:
+                self.block(node, B, C, outs, pre)
         return outs
+
+    def block(self, node: Expr, B: Box, C: Box, outs, pre) -> None:
+        """*node* over the block *C* of *B*, into the blocks of *outs* (arrays over *B*)."""
+        rel = C.relative_to(B)
+        dests = [_sub(o, rel) for o in outs]
+        vals = self.ceval(node, C, dests, pre)
+        for (v, owned), dst in zip(vals, dests, strict=True):
+            if v is not dst:
+                dst[...] = v
+                if owned:
+                    self.give(v)
 
     def _full(self, v, B: Box, node: Expr, k: int):
         if _is_array(v):
