@@ -221,3 +221,56 @@ def test_memory_transport_needs_mpmd(tmp_path):
     with pytest.raises(ValueError, match="queue_limit"):
         lamina.open(tmp_path / "x.lam", "w", transport="memory", queue_limit=1)
     assert not os.listdir(tmp_path)
+
+
+# ----------------------------------------------------------------- flow control
+
+
+def test_flow_latest(tmp_path):
+    """A slow consumer with flow='latest' sees an increasing subsequence ending at the last step.
+
+    The producer never waits for it (its 12 steps take about 12 x 20 ms, the consumer
+    120 ms per step) and holds at most queue_limit (2) steps in memory.
+    """
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (2, "transport_flow", "produce", "f", 12),
+        (1, "transport_flow", "latest", "f", 12),
+        cwd=tmp_path,
+        env={"LAMINA_TRANSPORT": "memory"},
+    )
+    [prod] = res.lines("OK produce:")
+    held = int(prod.split("held at most ")[1].split()[0])
+    took = float(prod.split(" in ")[1].split()[0])
+    assert held <= 2, res.describe()
+    assert took < 12 * 0.12, res.describe()
+    assert res.lines("OK latest:"), res.describe()
+
+
+def test_flow_workflow(tmp_path):
+    """Flows from LAMINA_WORKFLOW: one consumer task takes the latest step, another every 3rd."""
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (2, "transport_flow", "produce", "f", 10),
+        (1, "transport_flow", "latest", "f", 10, "-"),
+        (1, "transport_flow", "every", "f", 10, 3),
+        cwd=tmp_path,
+        env={"LAMINA_TRANSPORT": "memory", "LAMINA_WORKFLOW": "f=0>1:latest,2:3"},
+    )
+    assert res.lines("OK latest:"), res.describe()
+    assert res.lines("OK every 3: [0, 3, 6, 9]"), res.describe()
+
+
+def test_flow_parse():
+    from lamina.engines.transport.workflow import LATEST, parse_flow
+
+    assert parse_flow("all") == 1 and parse_flow("latest") == LATEST and parse_flow(4) == 4
+    assert parse_flow("3") == 3
+    for bad in ("sometimes", 0, -2, True, "0"):
+        with pytest.raises(ValueError, match="flow"):
+            parse_flow(bad)
+    wf = Workflow.parse("a=0>1:latest,2:5; b=1>2")
+    assert wf.route("a") == Route(0, (1, 2))
+    assert wf.flow("a", 1) == LATEST and wf.flow("a", 2) == 5 and wf.flow("b", 2) is None
+    with pytest.raises(ValueError, match="flow"):
+        Workflow.parse("a=0>1:never")

@@ -15,7 +15,7 @@ import argparse
 import time
 
 from mpi4py import MPI
-from transport_common import FIELD, GRID, NPART, check_step, cuts, define
+from transport_common import FIELD, GRID, NPART, check_step, cuts, define, say
 
 import lamina
 from lamina.errors import LaminaError
@@ -82,7 +82,7 @@ def main() -> None:
         out.close()
     total = comm.allreduce(compared)
     if rank == 0:
-        print(f"OK consumer {args.names}: {seen} steps on {size} ranks ({engines}), {total} values compared", flush=True)
+        say(f"OK consumer {args.names}: {seen} steps on {size} ranks ({engines}), {total} values compared")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import sys
 import time
 
 import numpy as np
+from transport_common import say
 
 import lamina
 from lamina.errors import TransportError
@@ -40,11 +41,11 @@ def main() -> None:
     comm = lamina.comm.task_comm()  # every program of the launch takes part in the task split
     if role == "orphan-idle":
         time.sleep(0.2)
-        print("OK idle", flush=True)
+        say("OK idle")
     elif role == "orphan-read":
         took = expect_transport_error(lambda: lamina.open(sys.argv[2], "r"), "open of a name nobody produces")
         if comm.rank == 0:
-            print(f"OK orphan: TransportError after {took:.1f} s", flush=True)
+            say(f"OK orphan: TransportError after {took:.1f} s")
     elif role == "stall-write":
         marker = os.path.join(sys.argv[3], "gave-up")
         with lamina.open(sys.argv[2], "w") as f:
@@ -57,7 +58,7 @@ def main() -> None:
             while not os.path.exists(marker):
                 time.sleep(0.05)
         if comm.rank == 0:
-            print("OK stalled producer closed", flush=True)
+            say("OK stalled producer closed")
     elif role == "stall-read":
         with lamina.open(sys.argv[2], "r") as f:
             if list(f.at(0)["x"][:]) != [0, 1, 2, 3]:
@@ -73,7 +74,7 @@ def main() -> None:
                     m.write("x\n")
             # close: the producer answers again in its close, late answers are dropped
         if comm.rank == 0:
-            print(f"OK stall: TransportError after {took:.1f} s and {took2:.1f} s", flush=True)
+            say(f"OK stall: TransportError after {took:.1f} s and {took2:.1f} s")
     else:
         raise SystemExit(f"unknown role {role}")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from transport_common import define, write_step
+from transport_common import define, say, write_step
 
 import lamina
 
@@ -26,7 +26,7 @@ def main() -> None:
         size = f.comm.size
     if rank == 0:
         engine = "transport" if f.engine.name == "mpi" else f.engine.name
-        print(f"OK producer {name}: {nsteps} steps from {size} ranks ({engine})", flush=True)
+        say(f"OK producer {name}: {nsteps} steps from {size} ranks ({engine})")
 
 
 if __name__ == "__main__":

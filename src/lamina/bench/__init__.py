@@ -16,6 +16,8 @@ BENCHMARKS = {
     "write": "write throughput: numpy tofile, h5py, ADIOS2 BP5, lamina native (several aggregator counts)",
     "read": "read throughput, other decompositions, and bytes touched by a one-block read",
     "derived": "derived-quantity kernels (add, magnitude, curl) vs memcpy and plain numpy",
+    "strategies": "derived quantities kept as store, stats, expression: measured vs the cost model",
+    "insitu": "in situ transport (memory, file) vs hand-written mpi4py and memcpy, producers:consumers 3:1",
 }
 
 USAGE = (
@@ -41,6 +43,10 @@ def main(argv: list[str]) -> int:
         from .read import main as run
     elif name == "derived":
         from .derived import main as run
+    elif name == "strategies":
+        from .strategies import main as run
+    elif name == "insitu":
+        from .insitu import main as run
     else:
         print(
             f"lamina bench: unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}",

@@ -21,10 +21,14 @@ rank, and in ``close`` until every consumer rank has said goodbye.  A
 consumer rank releases every step before *k* when it asks for step *k*
 (``f.at(k)``, the next iteration of ``iter_steps``, ``close``).
 
-Every wait polls (``Iprobe``/``Testall`` and a short sleep) with a
-timeout, so a peer that stops answering gives
-:class:`~lamina.errors.TransportError` instead of a hang.  See
-``docs/transport.md`` for the protocol.
+A consumer task may follow every step (``flow='all'``), only the newest
+one whenever it is ready (``'latest'``: the producer never waits for it)
+or every N-th step; it then sees a stream of its own, numbered 0, 1, 2, ...
+
+Every wait polls with a timeout (:class:`.wire.Poll`: bursts of MPI
+progress while bytes move, sleeps only when idle), so a peer that stops
+answering gives :class:`~lamina.errors.TransportError` instead of a hang.
+See ``docs/transport.md`` for the protocol.
 """
 
 from __future__ import annotations
@@ -36,18 +40,20 @@ import os
 import numpy as np
 
 from ... import comm as comm_mod
+from ... import stats as stats_mod
 from ...catalog import KIND_CLOSE, KIND_META, KIND_STEP, Record
 from ...errors import FormatError, ModeError, ShapeError, StepError, TransportError
 from ...geometry import Box
 from ..base import register
 from ..core import CODEC_STATS_ONLY, BlockEngine, Header, Pending
-from . import rendezvous, workflow
-from .rendezvous import Poll
+from . import rendezvous, wire, workflow
+from .wire import Poll
+from .workflow import LATEST, parse_flow
 
 #: intercommunicator tags
-TAG_RECORD = 11  # producer rank 0 -> every consumer rank: committed record bytes; empty: no more
+TAG_RECORD = 11  # producer rank 0 -> every consumer rank: int64 step + committed record bytes; empty: no more
 TAG_REQUEST = 12  # consumer rank -> producer rank: int64 words, see REQ_*
-TAG_DATA = 13  # producer rank -> consumer rank: the bytes of one requested box; empty: not held
+TAG_DATA = 13  # producer rank -> consumer rank: one chunk of a requested box; empty: not held
 
 REQ_GET = 1  # [1, step, dataset id, ndim, start..., stop...]
 REQ_RELEASE = 2  # [2, k]: every step before k is released by this consumer rank
@@ -59,12 +65,21 @@ DEFAULT_TIMEOUT = 60.0
 TIMEOUT_ENV = "LAMINA_TRANSPORT_TIMEOUT"
 
 #: options only this engine knows; other engines never see them (see lamina.api.file)
-TRANSPORT_OPTIONS = {"timeout", "queue_limit", "shallow"}
+TRANSPORT_OPTIONS = {"timeout", "queue_limit", "shallow", "flow"}
+
+_u8 = wire._u8
+MPI = wire.MPI
 
 
-def _u8(arr: np.ndarray) -> np.ndarray:
-    """The bytes of a C-contiguous array, as a flat uint8 view (no copy)."""
-    return arr.reshape(-1).view(np.uint8)
+class _StatsOnly:
+    """A block's statistics job with one placeholder checksum (the record format wants one per block)."""
+
+    def __init__(self, job) -> None:
+        self.job = job
+
+    def result(self):
+        st, _ = self.job.result()
+        return st, (0,)
 
 
 @dataclasses.dataclass
@@ -76,6 +91,14 @@ class Link:
     size: int
     released: np.ndarray  # per consumer rank: every step before this one is released
     bye: np.ndarray  # per consumer rank: closed
+    flow: int = 1  # every flow-th step; LATEST: the newest step whenever the task is ready
+    delivered: list[int] = dataclasses.field(default_factory=list)  # steps sent, not yet released by all
+    last: int = -1  # the last step delivered
+    count: int = 0  # steps delivered: the consumer's step count
+
+    @property
+    def low(self) -> int:
+        return int(self.released.min())
 
 
 @register
@@ -93,10 +116,16 @@ class TransportEngine(BlockEngine):
         self._inter = None  # consumer: the intercommunicator to the producer task
         self._data: dict[int, dict[int, list[tuple[Box, np.ndarray]]]] = {}  # producer: step -> id -> blocks
         self._staged: list[tuple[int, Box, np.ndarray]] = []
-        self._sends: list[tuple[object, object]] = []  # (request, buffer kept alive)
+        self._sends = wire.SendQueue()  # records and control messages
+        self._answers = wire.SendQueue()  # data answers to GETs
+        self._dirty = False  # producer: releases or steps changed since the last _drop_released
+        self._worst = 0  # producer: _unreleased() as of the last _drop_released
+        self._newest: tuple[int, Record] | None = None  # producer rank 0: the last step, for late delivery
         self._agreed = 0  # consumer: steps every consumer rank has (see refresh)
         self._agreed_closed = False
         self._cursor = 0  # consumer: steps before this one are released
+        self._released_real = 0  # consumer: the producer's steps before this one are released
+        self._real: list[int] = []  # consumer: the producer's step number of each step received
         self._ended = False  # consumer: the producer acknowledged this rank's goodbye
 
     # ------------------------------------------------------------ open
@@ -111,18 +140,28 @@ class TransportEngine(BlockEngine):
         if self.queue_limit < 2:
             # a consumer releases step k when it asks for step k+1, which the producer must be free to make
             raise ValueError(f"queue_limit must be at least 2, got {self.queue_limit}")
+        self.segment = 0  # no checksums in memory: one placeholder per block (see _stage)
         shallow = self.options.get("shallow", ())
         self.shallow = (shallow,) if isinstance(shallow, str) else tuple(str(p) for p in shallow)
         name = workflow.normname(path)
         app = comm_mod.appnum()
-        route = workflow.route_for(name, mode, app, comm_mod.task_count(), workflow.from_env())
+        wf = workflow.from_env()
+        route = workflow.route_for(name, mode, app, comm_mod.task_count(), wf)
         if mode == "w":
+            if "flow" in self.options:
+                raise ValueError("flow is chosen by each consumer (lamina.open(name, 'r', flow=...)), not by the producer")
             links = rendezvous.connect_producer(self.comm, name, app, route.consumers, self.timeout)
-            for c, inter in links:
+            for c, inter, flow in links:
                 n = inter.Get_remote_size()
-                self._links.append(Link(c, inter, n, np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)))
+                self._links.append(Link(c, inter, n, np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool), flow))
         else:
-            self._inter = rendezvous.connect_consumer(self.comm, name, app, route.producer, self.timeout)
+            flow = self.options.get("flow")  # the option wins over the workflow
+            if flow is not None:
+                self.flow = parse_flow(flow)
+            else:
+                said = wf.flow(name, app) if wf is not None else None
+                self.flow = 1 if said is None else said
+            self._inter = rendezvous.connect_consumer(self.comm, name, app, route.producer, self.timeout, self.flow)
             # wait for the producer's first record (its first step, or its close), so that the
             # datasets and definitions are known once open returns, as for a file
             g = comm_mod.Guard()
@@ -136,10 +175,20 @@ class TransportEngine(BlockEngine):
         # blocks stay in memory: no compression (the spec readers see says so)
         return super().define(dataclasses.replace(spec, codecs=()))
 
+    def put(self, name: str, box: Box, array: np.ndarray, copy: bool = True) -> None:
+        # copy=False promises the array only until end_step, but consumers read a step later:
+        # blocks are copied unless their dataset is shallow (see _stage)
+        super().put(name, box, array, True)
+
     def _stage(self, p: Pending, copy: bool) -> None:
         if copy and any(fnmatch.fnmatchcase(p.spec.path, pat) for pat in self.shallow):
             copy = False  # shallow: keep the caller's array until consumers release the step
-        super()._stage(p, copy)
+        if copy:
+            p.data = p.data.copy()
+        # statistics for the index; no checksums: the bytes are never stored, MPI moves them
+        # on this thread unless asked (the serving loop holds the GIL and competes for the CPU)
+        background = bool(self.options.get("background_stats", False))
+        p.job = _StatsOnly(stats_mod.BlockJob(p.data, 0, checksum=False, background=background))
 
     def _move(self, headers: list[Header], mine: list[Pending]):
         self._staged = [(p.spec.id, p.box, p.data) for p in mine if p.data is not None and p.codec == 0]
@@ -149,38 +198,108 @@ class TransportEngine(BlockEngine):
         pass
 
     def _committed(self, raw: bytes) -> None:
-        if raw and raw[0] == KIND_STEP:
+        """Collective (called on every producer rank after each commit): keep the step, send records."""
+        kind = raw[0] if raw else -1
+        step = -1
+        deliver = [True] * len(self._links)
+        rec = None
+        if kind == KIND_STEP:
+            step = len(self.catalog.steps) - 1
             held: dict[int, list[tuple[Box, np.ndarray]]] = {}
             for did, box, arr in self._staged:
                 held.setdefault(did, []).append((box, arr))
-            self._data[len(self.catalog.steps) - 1] = held
+            self._data[step] = held
+            self._dirty = True
+            deliver = self._decide(step)
+            if self.rank == 0 and any(link.flow != 1 for link in self._links):
+                rec = Record.decode(raw, self.catalog, "committed record", apply_ops=False)
+                if any(link.flow == LATEST for link in self._links):
+                    self._newest = (step, rec)
+        elif kind == KIND_CLOSE:
+            self._deliver_newest()
         self._staged = []
+        for link, yes in zip(self._links, deliver, strict=True):
+            if kind == KIND_STEP and yes:
+                link.delivered.append(step)
+                link.last = step
+            if self.rank != 0:
+                continue
+            if kind != KIND_STEP or (yes and link.flow == 1):
+                self._send_record(link, step if kind == KIND_STEP else -1, raw)
+            elif yes:  # a thinned stream: the consumer numbers the steps it gets 0, 1, 2, ...
+                local = dataclasses.replace(rec, step=link.count)
+                self._send_record(link, step, local.encode(self.catalog.specs))
+            elif rec.ops:  # a skipped step's metadata changes still reach the consumer, in order
+                meta = dataclasses.replace(rec, kind=KIND_META, step=-1, blocks=[])
+                self._send_record(link, -1, meta.encode(self.catalog.specs))
+            if kind == KIND_STEP and yes:
+                link.count += 1
+
+    def _decide(self, step: int) -> list[bool]:
+        """Collective: which consumer tasks get *step* (every N-th: fixed; latest: rank 0's view, broadcast)."""
+        out = [link.flow != LATEST and step % link.flow == 0 for link in self._links]
+        if not any(link.flow == LATEST for link in self._links):
+            return out
         if self.rank == 0:
-            buf = np.frombuffer(raw, dtype=np.uint8)
-            for link in self._links:
-                for r in range(link.size):
-                    if not link.bye[r]:
-                        self._isend(link.inter, buf, r, TAG_RECORD)
+            self._serve_once()  # the freshest view of the releases
+            flags = bytes(
+                int(link.flow == LATEST and (link.last < 0 or link.low > link.last)) for link in self._links
+            )
+        else:
+            flags = None
+        flags = comm_mod.bcast_bytes(self.comm, flags, root=0)
+        return [o or bool(f) for o, f in zip(out, flags, strict=True)]
 
-    def _isend(self, inter, buf: np.ndarray, dest: int, tag: int) -> None:
-        self._sends.append((comm_mod.isend_bytes(inter, buf, dest, tag), buf))
+    def _deliver_newest(self) -> None:
+        """Collective, at close: a latest consumer that has not got the last step gets it now."""
+        last = len(self.catalog.steps) - 1
+        for link in self._links:
+            if link.flow != LATEST or last < 0 or link.last == last or link.bye.all():
+                continue
+            link.delivered.append(last)
+            link.last = last
+            if self.rank == 0:
+                s, rec = self._newest
+                assert s == last
+                local = dataclasses.replace(rec, step=link.count, ops=[])  # its ops went out at its commit
+                self._send_record(link, last, local.encode(self.catalog.specs))
+            link.count += 1
 
-    def _low(self) -> int:
-        """The first step some consumer rank has not released (NEVER if all closed)."""
-        return min((int(link.released.min()) for link in self._links), default=NEVER)
+    def _send_record(self, link: Link, step: int, raw: bytes) -> None:
+        buf = np.empty(8 + len(raw), dtype=np.uint8)
+        buf[:8] = np.array([step], dtype=np.int64).view(np.uint8)
+        buf[8:] = np.frombuffer(raw, dtype=np.uint8)
+        for r in range(link.size):
+            if not link.bye[r]:
+                self._sends.send(link.inter, [buf, MPI.BYTE], None, r, TAG_RECORD)
 
     def _unreleased(self) -> int:
-        return max(0, len(self.catalog.steps) - self._low())
+        """The most steps some blocking consumer task holds (delivered, not released by all its ranks)."""
+        if self._dirty:
+            self._drop_released()
+        return self._worst
 
     def _all_bye(self) -> bool:
         return all(bool(link.bye.all()) for link in self._links)
 
-    def _progress_sends(self) -> None:
-        if self._sends:
-            self._sends = [(r, b) for r, b in self._sends if comm_mod.test_requests([r]) is None]
+    def _drop_released(self) -> None:
+        """Independent: forget the data of every step no consumer task may still read."""
+        self._dirty = False
+        keep: set[int] = set()
+        self._worst = 0
+        for link in self._links:
+            low = link.low
+            link.delivered = [k for k in link.delivered if k >= low]
+            keep.update(link.delivered)
+            if link.flow != LATEST and not link.bye.all():
+                self._worst = max(self._worst, len(link.delivered))
+            if link.flow == LATEST and not link.bye.all() and self.catalog.steps:
+                keep.add(len(self.catalog.steps) - 1)  # may still go out, when the task is ready or at close
+        for k in [k for k in self._data if k not in keep]:
+            del self._data[k]
 
     def _serve_once(self) -> bool:
-        """Independent: answer every waiting request; True if there was any."""
+        """Independent: answer every waiting request; True if anything happened."""
         busy = False
         for link in self._links:
             while True:
@@ -189,10 +308,12 @@ class TransportEngine(BlockEngine):
                     break
                 busy = True
                 self._answer(link, *got)
-        self._progress_sends()
-        low = self._low()
-        for k in [k for k in self._data if k < low]:
-            del self._data[k]
+        if self._sends.test():
+            busy = True
+        if self._answers.test(wire.BURST):
+            busy = True
+        if self._dirty:
+            self._drop_released()
         return busy
 
     def _answer(self, link: Link, src: int, buf: np.ndarray) -> None:
@@ -202,27 +323,36 @@ class TransportEngine(BlockEngine):
         kind = int(words[0])
         if kind == REQ_GET and len(words) >= 4:
             step, did, nd = int(words[1]), int(words[2]), int(words[3])
-            if len(words) != 4 + 2 * nd:
+            if len(words) != 4 + 2 * nd or not 0 <= did < len(self.catalog.specs):
                 raise TransportError(f"malformed data request from consumer task {link.app} rank {src}")
             want = Box(tuple(int(v) for v in words[4 : 4 + nd]), tuple(int(v) for v in words[4 + nd :]))
-            piece = np.zeros(0, dtype=np.uint8)  # empty: not held here (released, or never written)
+            item = self.catalog.specs[did].dtype.itemsize
+            found = None
             for box, arr in self._data.get(step, {}).get(did, ()):
                 if box.contains(want):
-                    piece = _u8(np.ascontiguousarray(arr[want.relative_to(box)]))
+                    found = box, arr
                     break
-            self._isend(link.inter, piece, src, TAG_DATA)
+            neg = tuple(-a for a in found[0].start) if found else None
+            for c in wire.chunks(want, item):
+                if found is None:  # not held here (released, or never written): empty answers
+                    self._answers.send(link.inter, [np.zeros(0, dtype=np.uint8), MPI.BYTE], None, src, TAG_DATA)
+                else:
+                    spec, dt = wire.region_spec(found[1], c.shift(neg))
+                    self._answers.send(link.inter, spec, dt, src, TAG_DATA)
         elif kind == REQ_RELEASE and len(words) == 2:
             link.released[src] = max(int(link.released[src]), int(words[1]))
+            self._dirty = True
         elif kind == REQ_BYE and len(words) == 1:
             link.bye[src] = True
             link.released[src] = NEVER
+            self._dirty = True
             if self.rank == 0:  # the last message of the record stream to this rank
-                self._isend(link.inter, np.zeros(0, dtype=np.uint8), src, TAG_RECORD)
+                self._sends.send(link.inter, [np.zeros(0, dtype=np.uint8), MPI.BYTE], None, src, TAG_RECORD)
         else:
             raise TransportError(f"unknown request {kind} from consumer task {link.app} rank {src}")
 
     def _serve(self, until, what: str) -> None:
-        """Independent: serve consumers until *until()*; TransportError after *timeout* s without any request."""
+        """Independent: serve consumers until *until()*; TransportError after *timeout* s without progress."""
         poll = Poll(self.timeout)
         while True:
             busy = self._serve_once()
@@ -233,19 +363,43 @@ class TransportEngine(BlockEngine):
             elif poll.expired:
                 raise TransportError(f"{self.path}: waited {self.timeout:g} s for {what}; no consumer request came")
             else:
-                poll.sleep()
+                poll.sleep(active=len(self._answers) > 0)
 
     def end_step(self) -> None:
         if self.mode == "r":
             return super().end_step()  # raises ModeError
+        self._gather()
         super().end_step()
         g = comm_mod.Guard()
         with g:
+            # serve until the queue has room, and finish the answers already started (a consumer
+            # waiting on them would otherwise wait for this rank's next lamina call)
             self._serve(
-                lambda: self._unreleased() < self.queue_limit,
+                lambda: self._unreleased() < self.queue_limit and not self._data_in_flight(),
                 f"consumers to release step {len(self.catalog.steps) - self.queue_limit}",
             )
         comm_mod.agree(self.comm, g.error)
+
+    def _gather(self) -> None:
+        """Collective: wait for every rank of this task, serving consumers meanwhile.
+
+        Ranks that arrive early would otherwise spin in the blocking
+        collectives of the commit and take the CPU from a rank still
+        sending; here they sleep once idle.  No timeout: the other ranks
+        are this program's own (a blocking collective has none either).
+        """
+        if self.size == 1:
+            return
+        req = self.comm.Ibarrier()
+        poll = Poll(self.timeout)
+        while not req.Test():
+            if self.mode != "r" and self._serve_once():
+                poll.reset()
+            else:
+                poll.sleep(active=len(self._answers) > 0)
+
+    def _data_in_flight(self) -> bool:
+        return len(self._answers) > 0
 
     def _read_region(self, rec, spec, inter, dst) -> None:
         raise ModeError(f"{self.path}: a producer of the memory transport cannot read back what it wrote")
@@ -257,12 +411,18 @@ class TransportEngine(BlockEngine):
         while True:
             got = comm_mod.poll_bytes(self._inter, 0, TAG_RECORD)
             if got is not None:
-                raw = got[1].tobytes()
-                if not raw:
+                buf = got[1]
+                if not len(buf):
                     self._ended = True
+                elif len(buf) < 9:
+                    raise TransportError(f"{self.path}: malformed record message of {len(buf)} bytes")
                 else:
-                    rec = Record.decode(raw, self.catalog, f"{self.path}: record {self.catalog.nrecords}")
+                    real = int(buf[:8].view(np.int64)[0])
+                    where = f"{self.path}: record {self.catalog.nrecords}"
+                    rec = Record.decode(buf[8:].tobytes(), self.catalog, where)
                     self.catalog.apply_record(rec, ops_applied=True)
+                    if rec.kind == KIND_STEP:
+                        self._real.append(real)
                 poll.reset()
                 continue
             if until is None or until():
@@ -279,10 +439,17 @@ class TransportEngine(BlockEngine):
     def writer_closed(self) -> bool:
         return self._agreed_closed if self.mode == "r" else self.catalog.closed
 
+    def producer_step(self, step: int) -> int:
+        """The producer's number of this consumer's *step* (they differ when a flow policy skips steps)."""
+        if self.mode != "r":
+            return int(step)
+        return self._real[step]
+
     def refresh(self) -> int:
         """Collective: take up the steps every consumer rank has received."""
         if self.mode != "r":
             return len(self.catalog.steps)
+        self._gather()
         g = comm_mod.Guard()
         with g:
             self._receive()
@@ -296,7 +463,15 @@ class TransportEngine(BlockEngine):
         if k <= self._cursor:
             return
         self._cursor = k
-        msg = np.array([REQ_RELEASE, k], dtype=np.int64)
+        # in the producer's numbering: up to the step before k (k itself may not have arrived)
+        if k - 1 < len(self._real):
+            real = self._real[k - 1] + 1
+        else:
+            real = k if self.flow == 1 else self._released_real
+        if real <= self._released_real:
+            return
+        self._released_real = real
+        msg = np.array([REQ_RELEASE, real], dtype=np.int64)
         reqs = [comm_mod.isend_bytes(self._inter, _u8(msg), r, TAG_REQUEST) for r in range(self._inter.Get_remote_size())]
         self._wait(reqs, "the producer to take a release")
 
@@ -351,35 +526,53 @@ class TransportEngine(BlockEngine):
         hits = self.catalog.hits(spec.id, step, box)
         if sum(inter.size for _, inter in hits) < box.size:
             out[...] = spec.fill_scalar()
-        reqs, recvs, pieces, keep = [], [], [], []
+        real = self._real[step]
+        item = spec.dtype.itemsize
+        direct = out.flags.c_contiguous
+        xfer = wire.Transfers()
+        pieces = []  # (first request, chunk sizes in bytes, scratch or None, box, producer rank)
+        neg = tuple(-a for a in box.start)
         for rec, inter in hits:
             if rec.codec == CODEC_STATS_ONLY:
                 raise FormatError(
                     f"dataset {spec.path!r} keeps only statistics at step {step} (block {rec.box}); "
                     "its values are computed by the derived layer"
                 )
-            dst = out[(*inter.relative_to(box), ...)]
-            tmp = dst if dst.flags.c_contiguous else np.empty(inter.shape, dtype=spec.dtype)
-            recvs.append(comm_mod.irecv_bytes(self._inter, _u8(tmp), rec.rank, TAG_DATA))
-            reqs.append(recvs[-1])
-            pieces.append((dst, tmp, inter, rec.rank))
-            hdr = np.array([REQ_GET, step, spec.id, spec.ndim, *inter.start, *inter.stop], dtype=np.int64)
-            keep.append(hdr)
-            reqs.append(comm_mod.isend_bytes(self._inter, _u8(hdr), rec.rank, TAG_REQUEST))
-        if not reqs:
+            if direct:  # straight into the output, a subarray datatype where the piece is not contiguous
+                target, shift, tmp = out, neg, None
+            else:
+                tmp = np.empty(inter.shape, dtype=spec.dtype)
+                target, shift = tmp, tuple(-a for a in inter.start)
+            first = len(xfer.reqs)
+            sizes = []
+            for c in wire.chunks(inter, item):
+                bspec, dt = wire.region_spec(target, c.shift(shift))
+                xfer.recv(self._inter, bspec, dt, rec.rank, TAG_DATA)
+                sizes.append(c.size * item)
+            pieces.append((first, sizes, tmp, inter, rec.rank))
+            hdr = np.array([REQ_GET, real, spec.id, spec.ndim, *inter.start, *inter.stop], dtype=np.int64)
+            xfer.send(self._inter, [_u8(hdr), MPI.BYTE], None, rec.rank, TAG_REQUEST)
+        if not xfer.reqs:
             return
-        try:
-            counts = self._wait(reqs, f"{spec.path!r} {box} at step {step}")
-        except TransportError:
-            comm_mod.cancel_receives(recvs)  # a late answer must not land in *out*
-            raise
-        for (dst, tmp, inter, rank), got in zip(pieces, counts[::2], strict=True):
-            if got != tmp.nbytes:
+        poll = Poll(self.timeout)
+        while len(xfer):
+            if xfer.test(wire.BURST):
+                poll.reset()
+            elif poll.expired:
+                xfer.cancel()  # a late answer must not land in *out*
+                raise TransportError(
+                    f"{self.path}: waited {self.timeout:g} s for {spec.path!r} {box} at step {step}; "
+                    "the producer does not answer"
+                )
+            else:
+                poll.sleep(active=True)  # the pipeline moves only while both sides call MPI
+        for first, sizes, tmp, inter, rank in pieces:
+            if xfer.counts[first : first + len(sizes)] != sizes:
                 raise TransportError(
                     f"{self.path}: producer rank {rank} no longer holds {spec.path!r} {inter} of step {step}"
                 )
-            if tmp is not dst:
-                dst[...] = tmp
+            if tmp is not None:
+                out[inter.shift(neg).slices] = tmp
 
     # ------------------------------------------------------------ closing
     def close(self) -> None:
@@ -392,6 +585,7 @@ class TransportEngine(BlockEngine):
                     self._goodbye()
                 comm_mod.agree(self.comm, g.error)
             else:
+                self._gather()
                 if comm_mod.allreduce_int(self.comm, int(self._in_step), "max"):
                     self._in_step = True
                     self._commit(KIND_STEP)
@@ -402,11 +596,13 @@ class TransportEngine(BlockEngine):
                 with g:
                     self._serve(self._all_bye, "every consumer rank to close")
                     poll = Poll(self.timeout)
-                    while self._sends:
-                        self._progress_sends()
-                        if poll.expired:
+                    while len(self._sends) or len(self._answers):
+                        if self._sends.test() + self._answers.test():
+                            poll.reset()
+                        elif poll.expired:
                             raise TransportError(f"{self.path}: consumers did not take the last messages")
-                        poll.sleep()
+                        else:
+                            poll.sleep()
                 comm_mod.agree(self.comm, g.error)
         finally:
             self._closed = True
@@ -435,7 +631,8 @@ class TransportEngine(BlockEngine):
             comm_mod.free(self._inter)
             self._inter = None
         self._data.clear()
-        self._sends = []
+        self._sends = wire.SendQueue()
+        self._answers = wire.SendQueue()
 
 
 __all__ = ["TRANSPORT_OPTIONS", "TransportEngine"]

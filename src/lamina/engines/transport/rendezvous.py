@@ -19,42 +19,21 @@ nobody produces gets :class:`~lamina.errors.TransportError`, not a hang.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from ... import comm as comm_mod
 from ...catalog import Decoder, Encoder
 from ...errors import FormatError, TransportError
+from .wire import Poll
 
 TAG_HELLO = 0x4C4D0
 TAG_ACCEPT = TAG_HELLO + 1
 TAG_INTERCOMM = TAG_HELLO + 2
 
-# (tag, source world rank, name, seq) -> (appnum, size) of messages not yet wanted
-_STASH: dict[tuple[int, int, str, int], tuple[int, int]] = {}
+# (tag, source world rank, name, seq) -> (appnum, size, flow) of messages not yet wanted
+_STASH: dict[tuple[int, int, str, int], tuple[int, int, int]] = {}
 # (name, role) -> number of opens so far in this process
 _SEQ: dict[tuple[str, str], int] = {}
-
-
-class Poll:
-    """Sleeps between polls, doubling up to 2 ms; knows when *timeout* seconds passed without progress."""
-
-    def __init__(self, timeout: float) -> None:
-        self.timeout = float(timeout)
-        self.reset()
-
-    def reset(self) -> None:
-        self.deadline = time.monotonic() + self.timeout
-        self.delay = 2e-5
-
-    @property
-    def expired(self) -> bool:
-        return time.monotonic() > self.deadline
-
-    def sleep(self) -> None:
-        time.sleep(self.delay)
-        self.delay = min(2 * self.delay, 2e-3)
 
 
 def next_seq(name: str, role: str) -> int:
@@ -64,21 +43,22 @@ def next_seq(name: str, role: str) -> int:
     return n
 
 
-def _encode(name: str, seq: int, app: int, size: int) -> np.ndarray:
+def _encode(name: str, seq: int, app: int, size: int, flow: int = 1) -> np.ndarray:
     e = Encoder()
     e.str(name)
     e.u32(seq)
     e.u32(app)
     e.u32(size)
+    e.u32(flow)
     return np.frombuffer(e.getvalue(), dtype=np.uint8).copy()
 
 
-def _decode(buf: np.ndarray) -> tuple[str, int, int, int]:
+def _decode(buf: np.ndarray) -> tuple[str, int, int, int, int]:
     d = Decoder(buf.tobytes(), "transport rendezvous message")
     name = d.str()
-    seq, app, size = d.u32(), d.u32(), d.u32()
+    seq, app, size, flow = d.u32(), d.u32(), d.u32(), d.u32()
     d.expect_end()
-    return name, seq, app, size
+    return name, seq, app, size, flow
 
 
 def _drain(peer, tag: int) -> None:
@@ -88,13 +68,13 @@ def _drain(peer, tag: int) -> None:
             return
         src, buf = got
         try:
-            name, seq, app, size = _decode(buf)
+            name, seq, app, size, flow = _decode(buf)
         except FormatError:
             continue  # not ours: the peer communicator is private, so this does not happen
-        _STASH[(tag, src, name, seq)] = (app, size)
+        _STASH[(tag, src, name, seq)] = (app, size, flow)
 
 
-def _await(peer, tag: int, source: int, name: str, seq: int, poll: Poll, what: str) -> tuple[int, int]:
+def _await(peer, tag: int, source: int, name: str, seq: int, poll: Poll, what: str) -> tuple[int, int, int]:
     key = (tag, source, name, seq)
     while True:
         _drain(peer, tag)
@@ -126,18 +106,24 @@ def _check_task_comm(comm, app: int) -> None:
 
 
 def connect_producer(comm, name: str, app: int, consumers: tuple[int, ...], timeout: float) -> list:
-    """Collective over the producer task: ``[(consumer appnum, intercomm)]``, one per consumer task."""
+    """Collective over the producer task: ``[(consumer appnum, intercomm, flow)]``, one per consumer task.
+
+    *flow* is the consumer task's flow policy from its ``HELLO`` (see :func:`.workflow.parse_flow`).
+    """
     _check_task_comm(comm, app)
     peer = comm_mod.peer_comm()
     seq = next_seq(name, "w")
     g = comm_mod.Guard()
+    flows = np.ones(len(consumers), dtype=np.int64)
     with g:
         if comm.rank == 0:
             poll = Poll(timeout)
-            for c in consumers:
-                _await(peer, TAG_HELLO, comm_mod.task_leader(c), name, seq, poll,
-                       f"producer of {name!r} (task {app}) waiting for its consumer task {c} to open it")
+            for i, c in enumerate(consumers):
+                flows[i] = _await(peer, TAG_HELLO, comm_mod.task_leader(c), name, seq, poll,
+                                  f"producer of {name!r} (task {app}) waiting for its consumer task {c} to open it")[2]
     comm_mod.agree(comm, g.error)
+    raw = comm_mod.bcast_bytes(comm, flows.tobytes() if comm.rank == 0 else None, root=0)
+    flows = np.frombuffer(raw, dtype=np.int64)
     links = []
     try:
         for c in consumers:
@@ -147,15 +133,15 @@ def connect_producer(comm, name: str, app: int, consumers: tuple[int, ...], time
                     _send(peer, _encode(name, seq, app, comm.size), comm_mod.task_leader(c), TAG_ACCEPT,
                           Poll(timeout), f"producer of {name!r} accepting task {c}")
             comm_mod.agree(comm, g.error)
-            links.append((c, comm_mod.intercomm(comm, c, TAG_INTERCOMM)))
+            links.append((c, comm_mod.intercomm(comm, c, TAG_INTERCOMM), int(flows[consumers.index(c)])))
     except BaseException:
-        for _, inter in links:
+        for _, inter, _ in links:
             comm_mod.free(inter)
         raise
     return links
 
 
-def connect_consumer(comm, name: str, app: int, producer: int, timeout: float):
+def connect_consumer(comm, name: str, app: int, producer: int, timeout: float, flow: int = 1):
     """Collective over a consumer task: the intercommunicator to the producer task of *name*."""
     _check_task_comm(comm, app)
     peer = comm_mod.peer_comm()
@@ -165,7 +151,7 @@ def connect_consumer(comm, name: str, app: int, producer: int, timeout: float):
         if comm.rank == 0:
             poll = Poll(timeout)
             leader = comm_mod.task_leader(producer)
-            _send(peer, _encode(name, seq, app, comm.size), leader, TAG_HELLO, poll,
+            _send(peer, _encode(name, seq, app, comm.size, flow), leader, TAG_HELLO, poll,
                   f"consumer of {name!r} (task {app}) greeting producer task {producer}")
             _await(peer, TAG_ACCEPT, leader, name, seq, poll,
                    f"no producer for {name!r}: task {producer} did not open it for writing")

@@ -7,7 +7,12 @@ that writes it and the tasks that read it::
 
 Entries are separated by ``;`` or new lines; a pattern matches the name
 given to ``lamina.open`` or its last path component; the first matching
-entry wins.  Names that match no entry are not transported: they stay
+entry wins.  A consumer may carry a flow policy, ``CONSUMER:FLOW`` with
+FLOW ``all`` (every step, the default), ``latest`` (the newest step
+whenever it is ready; stale steps are dropped) or N (every N-th step)::
+
+    LAMINA_WORKFLOW="sim.lam=0>1:latest,2:10"
+  Names that match no entry are not transported: they stay
 files.  Without a workflow, a launch of exactly two tasks needs none: the
 task that opens a name for writing produces it and the other task consumes
 it.
@@ -19,9 +24,33 @@ import fnmatch
 import os
 from dataclasses import dataclass
 
+import numpy as np
+
 from ...errors import TransportError
 
 ENV = "LAMINA_WORKFLOW"
+
+#: flow policy code of ``latest``; N >= 1 means every N-th step (1: every step)
+LATEST = 0
+
+
+def parse_flow(value) -> int:
+    """``'all'`` -> 1, ``'latest'`` -> :data:`LATEST`, N or ``'N'`` (N >= 1) -> N; ValueError otherwise."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "all":
+            return 1
+        if text == "latest":
+            return LATEST
+        if text.isdigit() and int(text) >= 1:
+            return int(text)
+    elif isinstance(value, int | np.integer) and not isinstance(value, bool) and value >= 1:
+        return int(value)
+    raise ValueError(f"flow must be 'all', 'latest' or a positive integer N (every N-th step), got {value!r}")
+
+
+def flow_name(code: int) -> str:
+    return "latest" if code == LATEST else "all" if code == 1 else str(code)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,12 +69,14 @@ def normname(path: str) -> str:
 class Workflow:
     """Parsed ``LAMINA_WORKFLOW``: ``[(pattern, Route)]`` in order."""
 
-    def __init__(self, entries: list[tuple[str, Route]]) -> None:
+    def __init__(self, entries: list[tuple[str, Route]], flows: list[dict[int, int]] | None = None) -> None:
         self.entries = entries
+        self.flows = flows if flows is not None else [{} for _ in entries]  # per entry: consumer -> flow
 
     @classmethod
     def parse(cls, text: str) -> Workflow:
         entries = []
+        flows = []
         for raw in text.replace("\n", ";").split(";"):
             item = raw.strip()
             if not item:
@@ -55,25 +86,46 @@ class Workflow:
             pattern = pattern.strip()
             if not eq or not gt or not pattern:
                 raise ValueError(f"{ENV}: entry {item!r} is not PATTERN=PRODUCER>CONSUMER[,CONSUMER...]")
+            fl: dict[int, int] = {}
             try:
                 p = int(prod)
-                cs = tuple(int(c) for c in cons.split(",") if c.strip())
-            except ValueError:
+                cs_list = []
+                for c in cons.split(","):
+                    if not c.strip():
+                        continue
+                    task, colon, policy = c.partition(":")
+                    cs_list.append(int(task))
+                    if colon:
+                        fl[int(task)] = parse_flow(policy)
+                cs = tuple(cs_list)
+            except ValueError as e:
+                if "flow" in str(e):
+                    raise ValueError(f"{ENV}: entry {item!r}: {e}") from None
                 raise ValueError(f"{ENV}: entry {item!r}: tasks are MPMD appnums (integers)") from None
             if not cs or p < 0 or min(cs) < 0 or p in cs or len(set(cs)) != len(cs):
                 raise ValueError(
                     f"{ENV}: entry {item!r} needs one producer and distinct consumers other than the producer"
                 )
             entries.append((pattern, Route(p, tuple(sorted(cs)))))
-        return cls(entries)
+            flows.append(fl)
+        return cls(entries, flows)
 
-    def route(self, name: str) -> Route | None:
+    def _match(self, name: str) -> int | None:
         name = normname(name)
         base = os.path.basename(name)
-        for pattern, route in self.entries:
+        for i, (pattern, _) in enumerate(self.entries):
             if fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(base, pattern):
-                return route
+                return i
         return None
+
+    def route(self, name: str) -> Route | None:
+        i = self._match(name)
+        return None if i is None else self.entries[i][1]
+
+    def flow(self, name: str, consumer: int) -> int | None:
+        """The flow policy the workflow gives *consumer* for *name* (None: not said)."""
+        i = self._match(name)
+        return None if i is None else self.flows[i].get(consumer)
 
 
 def from_env(env=None) -> Workflow | None:

@@ -1,0 +1,84 @@
+"""Flow control per consumer: ``latest`` drops stale steps, ``N`` takes every N-th step.
+
+    transport_flow.py produce NAME STEPS          writes x = [k, k, k, k] at step k, a little work per step
+    transport_flow.py latest NAME STEPS [FLOW]    a slow consumer (flow 'latest' unless the workflow says)
+    transport_flow.py every NAME STEPS N          a consumer that must see steps 0, N, 2N, ...
+
+The producer reports how many steps it held at most after each ``end_step``
+(its memory) and how long its steps took (it never waits for a latest
+consumer); consumers check what they saw and report it.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+from transport_common import say
+
+import lamina
+
+
+def produce(name: str, steps: int) -> None:
+    with lamina.open(name, "w", queue_limit=2) as f:
+        f.create_dataset("x", (4,), np.int64)
+        held = 0
+        t0 = time.monotonic()
+        for k in range(steps):
+            with f.step():
+                if f.comm.rank == 0:
+                    f["x"][:2] = k
+                else:
+                    f["x"][2:] = k
+            held = max(held, len(f.engine.inner._data))  # steps kept in this rank's memory
+            time.sleep(0.02)
+        took = time.monotonic() - t0
+        rank = f.comm.rank
+    if rank == 0:
+        say(f"OK produce: {steps} steps in {took:.2f} s, held at most {held} steps")
+
+
+def consume(name: str, steps: int, flow, delay: float) -> list[int]:
+    opts = {} if flow is None else {"flow": flow}
+    seen, index = [], []
+    with lamina.open(name, "r", **opts) as f:
+        for view in f.iter_steps(timeout=60, poll=1e-3):
+            x = view["x"][:]
+            if len(set(x.tolist())) != 1:
+                raise AssertionError(f"step {view.index} mixes steps: {x}")
+            seen.append(int(x[0]))
+            index.append(view.index)
+            time.sleep(delay)
+    if index != list(range(len(index))):
+        raise AssertionError(f"the consumer's step numbers are not 0, 1, ...: {index}")
+    return seen
+
+
+def main() -> None:
+    role, name, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    comm = lamina.comm.task_comm()
+    if role == "produce":
+        produce(name, steps)
+    elif role == "latest":
+        flow = sys.argv[4] if len(sys.argv) > 4 else None
+        seen = consume(name, steps, None if flow == "-" else flow or "latest", 0.12)
+        if any(b <= a for a, b in zip(seen, seen[1:], strict=False)) or seen[-1] != steps - 1:
+            raise AssertionError(f"latest: not an increasing sequence ending at {steps - 1}: {seen}")
+        if len(seen) >= steps:
+            raise AssertionError(f"latest: a slow consumer saw every step: {seen}")
+        if comm.rank == 0:
+            say(f"OK latest: {seen}")
+    elif role == "every":
+        n = int(sys.argv[4])
+        seen = consume(name, steps, None, 0.0)
+        if seen != list(range(0, steps, n)):
+            raise AssertionError(f"every {n}: saw {seen}")
+        if comm.rank == 0:
+            say(f"OK every {n}: {seen}")
+    else:
+        raise SystemExit(f"unknown role {role}")
+
+
+if __name__ == "__main__":
+    main()
