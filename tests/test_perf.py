@@ -58,10 +58,14 @@ def test_magnitude_by_hand():
     assert p["store"].read_s == approx(0.1 * 8e6 / 4e9)
     assert p["stats"].read_s == approx(0.1 * (24e6 / 4e9 + t_c))
     assert p["expression"].read_s == approx(24e6 / 4e9 + t_c)
-    s_expr = len(MAG) + 64
-    assert p["store"].storage_bytes == 8_000_000 + 8 * 56
-    assert p["stats"].storage_bytes == 8 * 56 + s_expr
-    assert p["expression"].storage_bytes == s_expr
+    # Eq. 3: a block record is 90 + 16 d bytes; the definition is the extension record
+    # "derived:derived" (the default name) and the dataset record, plus the strategy's name
+    ext = 1 + (4 + len("derived:derived")) + 8 + 1 + (4 + len(MAG)) + 4 + 1 + 3 * 8 + (4 + 2)
+    dataset = 1 + 4 + (4 + len("derived")) + (4 + len("<f8")) + 1 + 3 * 8 + 8 + (4 + 2)
+    s_def = ext + dataset
+    assert p["store"].storage_bytes == 8_000_000 + 8 * 138 + s_def + len("store")
+    assert p["stats"].storage_bytes == 8 * 138 + s_def + len("stats")
+    assert p["expression"].storage_bytes == s_def + len("expression")
     for s in p.values():
         assert s.total_s == approx(s.write_s + 3 * s.read_s)
         assert s.primary_write_s == approx(24e6 / 2e9)
@@ -79,7 +83,7 @@ def test_roofline_memory_bound_and_stencil():
     assert t.components == 3 and t.derived_bytes == 24_000_000
     assert t.compute_s == approx(48 * 1e6 / 5e9)  # stencil bandwidth
     t = lamina.perf.terms("curl(u, v, w)", SHAPE, "f4", nblocks=4, calibration=CAL)
-    assert t.stats_bytes == 4 * 3 * 56 and t.input_bytes == 12_000_000
+    assert t.stats_bytes == 4 * 3 * (90 + 16 * 3) and t.input_bytes == 12_000_000
     assert t.compute_s == approx(t.flops_per_element * 1e6 / 1e9)
 
 
@@ -109,12 +113,61 @@ def test_recommendation():
         approx(0.019),
         approx(0.012),
     ]
-    # a tie (nothing to compute or move) goes to the least storage: one block's statistics
-    # (56 bytes) are smaller than the expression (its text + 64)
+    # a tie (nothing to compute or move) goes to the least storage: the definition alone
+    # (expression) is smaller than the definition and a block record (store, stats)
     name, p = recommend(MAG, (0, 10, 10), readers=5, calibration=CAL)
-    assert all(s.total_s == 0 for s in p.values()) and name == "store"
+    assert all(s.total_s == 0 for s in p.values()) and name == "expression"
+    assert p["store"].storage_bytes == p["stats"].storage_bytes > p["expression"].storage_bytes
     name, p = recommend("a", (0,), readers=5, nblocks=1000, calibration=CAL)
     assert name == "expression"
+
+
+def test_storage_checksums_of_large_blocks():
+    # 8 blocks of 16 MiB: each stored block has 4 checksum segments, 3 more than one
+    t = lamina.perf.terms(MAG, (64, 512, 512), nblocks=8, calibration=CAL)
+    assert t.checksum_bytes == 8 * 3 * 4
+    p = predict(MAG, (64, 512, 512), nblocks=8, calibration=CAL)
+    assert p["store"].storage_bytes - p["stats"].storage_bytes == t.derived_bytes + 96
+    assert lamina.perf.terms(MAG, SHAPE, nblocks=8, calibration=CAL).checksum_bytes == 0
+
+
+def _file_bytes(path) -> int:
+    return sum(q.stat().st_size for q in path.rglob("*") if q.is_file())
+
+
+@pytest.mark.parametrize(
+    "name, expr, shape, dtype",
+    [
+        ("vmag", "magnitude(vx, vy, vz)", (8, 6, 5), "f8"),
+        ("omega", "curl(vx, vy, vz)", (8, 6, 5), "f8"),
+        ("s", "vx + 2 * vy", (12, 10), "f4"),
+    ],
+)
+def test_storage_is_what_lamina_writes(tmp_path, name, expr, shape, dtype):
+    """Eq. 3 to the byte: each file minus the same file without the derived quantity."""
+    import numpy as np
+
+    import lamina
+
+    nblocks = 4
+    rows = shape[0] // nblocks
+
+    def write(path, strategy):
+        with lamina.open(path, "w", durable=False) as f:
+            dss = {p: f.create_dataset(p, shape, dtype) for p in ("vx", "vy", "vz")}
+            if strategy is not None:
+                f.derive(name, expr, strategy=strategy)
+            with f.step():
+                for i, ds in enumerate(dss.values()):
+                    for b in range(nblocks):
+                        block = np.full((rows, *shape[1:]), i + b + 1.0, dtype=dtype)
+                        ds.write(block, offset=(b * rows,) + (0,) * (len(shape) - 1))
+        return _file_bytes(path)
+
+    base = write(tmp_path / "base.lam", None)
+    p = predict(expr, shape, dtype, nblocks=nblocks, calibration=CAL, name=name)
+    for s in ("store", "stats", "expression"):
+        assert write(tmp_path / f"{s}.lam", s) - base == p[s].storage_bytes, s
 
 
 @pytest.mark.parametrize(

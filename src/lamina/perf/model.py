@@ -57,10 +57,16 @@ Eq. 2, read (one reader, query fraction q)::
     T_read(stats)       = q (S_in / B_r + T_c)
     T_read(expression)  = S_in / B_r + T_c
 
-Eq. 3, storage, with ``S_stats = nb c 56`` (min, max, sum, count and the
-block's box per component) and ``S_expr = len(text) + 64``::
+Eq. 3, storage, as lamina writes it: ``S_stats = nb c (90 + 16 d)``, one
+metadata record per block and component of a d-dimensional quantity (its box,
+location, one checksum, min, max, sum and count), ``S_crc``, the further
+checksums of stored blocks (4 bytes per 4 MiB segment beyond the first), and
+``S_expr``, the definition every strategy keeps: the extension record
+``derived:<name>`` (expression text, strategy, spacing) and one dataset
+record per component (``len(text) + 2 len(name) + 125`` bytes or so for a
+3-D scalar)::
 
-    S(store)            = S_d + S_stats
+    S(store)            = S_d + S_stats + S_crc + S_expr
     S(stats)            = S_stats + S_expr
     S(expression)       = S_expr
 
@@ -87,18 +93,24 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..derived import Expr, check_inputs, parse, result_dtype
+from ..derived import Expr, check_inputs, component_names, parse, result_dtype
 from ..errors import ExpressionError
+from ..stats import SEGMENT
 
 if TYPE_CHECKING:
     from .calibrate import Calibration
 
 #: the strategies, in order of decreasing storage
 STRATEGIES = ("store", "stats", "expression")
-#: bytes of the statistics of one block of one component (min, max, sum, count, box)
-STATS_BYTES_PER_BLOCK = 56
-#: bytes kept with an expression besides its text (name, dtype, shape, inputs)
-EXPRESSION_OVERHEAD = 64
+#: bytes of the metadata record of one block of one component, besides 16 per axis (its box):
+#: dataset id, writer, location, codec, one checksum, statistics (min, max, sum, count)
+BLOCK_RECORD_BYTES = 90
+BLOCK_RECORD_BYTES_PER_AXIS = 16
+#: bytes of each further checksum of a stored block (one per checksum segment of the engine,
+#: :data:`lamina.stats.SEGMENT` by default)
+CHECKSUM_BYTES = 4
+#: name assumed for the derived quantity when none is given (its length counts in Eq. 3)
+DEFAULT_NAME = "derived"
 #: relative difference of totals under which two strategies count as tied
 TIE = 1e-9
 
@@ -138,7 +150,8 @@ class Terms:
     input_bytes: int  # S_in
     derived_bytes: int  # S_d
     stats_bytes: int  # S_stats
-    expression_bytes: int  # S_expr
+    checksum_bytes: int  # further checksums of stored blocks (store only)
+    expression_bytes: int  # S_expr, without the name of the strategy (added per strategy)
     bytes_per_element: int  # b
     flops_per_element: int  # f
     memory_bandwidth: float  # B_mem used
@@ -202,6 +215,27 @@ def _expression(expr: Expr | str) -> tuple[Expr, str]:
 
 
 # ----------------------------------------------------------------- the model
+def definition_bytes(name: str, text: str, ndim: int, components: int, dtypes) -> int:
+    """Bytes of the metadata that defines a derived quantity, but the name of its strategy.
+
+    The extension record ``derived:<name>`` (format version, expression text,
+    strategy, spacing per axis, an empty info object) and one dataset record
+    per component (path, dtype, shape, fill value, no codecs), plus the group
+    record of a vector (see :mod:`lamina.layers.derived`).
+    """
+    ext = 1 + (4 + len(f"derived:{name}".encode())) + 8  # operation, key, length of the value
+    ext += 1 + (4 + len(text.encode())) + 4 + 1 + 8 * ndim + (4 + 2)
+    dts = [np.dtype(d) for d in dtypes]
+    comps = component_names(name, components)
+    each = 0
+    for i, path in enumerate(comps):
+        dt = dts[min(i, len(dts) - 1)]
+        each += 1 + 4 + (4 + len(path.encode())) + (4 + len(dt.str)) + 1 + 8 * ndim
+        each += dt.itemsize + (4 + 2)
+    group = 1 + 4 + len(name.encode()) if components > 1 else 0
+    return ext + each + group
+
+
 def terms(
     expr: Expr | str,
     shape: Sequence[int] | int,
@@ -211,6 +245,7 @@ def terms(
     read_bandwidth: float | None = None,
     write_bandwidth: float | None = None,
     calibration: Calibration | None = None,
+    name: str | None = None,
 ) -> Terms:
     """The sizes and times the equations combine, for *expr* over data of *shape* and *dtype*.
 
@@ -248,14 +283,19 @@ def terms(
     b_mem = calibration.stencil_bandwidth if tree.halo > 0 else calibration.kernel_bandwidth
     t_c = max(b * n / b_mem, f * n / calibration.flop_rate)
     s_d = c * n * s_out
+    block_bytes = -(-n // nb) * s_out  # the largest block of a component
+    segments = max(1, -(-block_bytes // SEGMENT))  # checksums of one stored block
     return Terms(
         elements=n,
         inputs=k,
         components=c,
         input_bytes=k * n * s_in,
         derived_bytes=s_d,
-        stats_bytes=nb * c * STATS_BYTES_PER_BLOCK,
-        expression_bytes=len(text.encode()) + EXPRESSION_OVERHEAD,
+        stats_bytes=nb * c * (BLOCK_RECORD_BYTES + BLOCK_RECORD_BYTES_PER_AXIS * len(shp)),
+        checksum_bytes=nb * c * CHECKSUM_BYTES * (segments - 1),
+        expression_bytes=definition_bytes(
+            DEFAULT_NAME if name is None else name, text, len(shp), c, out_dtypes
+        ),
         bytes_per_element=b,
         flops_per_element=f,
         memory_bandwidth=b_mem,
@@ -282,10 +322,11 @@ def combine(t: Terms, query_fraction: float = 1.0, readers: int = 1) -> dict[str
         "expression": t.input_bytes / t.read_bandwidth + t_c,
     }
     compute = {"store": t_c, "stats": t_c + r * q * t_c, "expression": r * t_c}
+    s_expr = {s: t.expression_bytes + len(s) for s in STRATEGIES}  # the record names the strategy
     storage = {
-        "store": t.derived_bytes + t.stats_bytes,
-        "stats": t.stats_bytes + t.expression_bytes,
-        "expression": t.expression_bytes,
+        "store": t.derived_bytes + t.stats_bytes + t.checksum_bytes + s_expr["store"],
+        "stats": t.stats_bytes + s_expr["stats"],
+        "expression": s_expr["expression"],
     }
     primary = t.input_bytes / t.write_bandwidth
     return {
@@ -313,6 +354,7 @@ def predict(
     read_bandwidth: float | None = None,
     write_bandwidth: float | None = None,
     calibration: Calibration | None = None,
+    name: str | None = None,
 ) -> dict[str, Prediction]:
     """Predicted costs of keeping *expr* as ``store``, ``stats`` and ``expression``.
 
@@ -334,6 +376,9 @@ def predict(
     calibration
         Rates of this machine; default :func:`~lamina.perf.load_calibration`
         (measured once and cached).
+    name
+        Name of the derived quantity (its length counts in the storage);
+        default ``"derived"``.
 
     Returns
     -------
@@ -357,6 +402,7 @@ def predict(
         read_bandwidth=read_bandwidth,
         write_bandwidth=write_bandwidth,
         calibration=calibration,
+        name=name,
     )
     return combine(t, q, r)
 
@@ -384,6 +430,7 @@ def recommend(
     read_bandwidth: float | None = None,
     write_bandwidth: float | None = None,
     calibration: Calibration | None = None,
+    name: str | None = None,
 ) -> tuple[str, dict[str, Prediction]]:
     """The strategy of least total time and the predictions of all three (see :func:`predict`)."""
     p = predict(
@@ -396,5 +443,6 @@ def recommend(
         read_bandwidth=read_bandwidth,
         write_bandwidth=write_bandwidth,
         calibration=calibration,
+        name=name,
     )
     return best(p), p

@@ -1,0 +1,124 @@
+"""Smoke test of ``lamina bench strategies``: a tiny run that must finish and print its tables.
+
+Nothing here checks a speed (a benchmark is a program, not a timed test):
+only that every strategy is written and queried, that the answers agree, the
+bytes read and the storage are what lamina's design says, and that the
+report has the tables and the targets.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import lamina.bench
+from lamina.bench import strategies
+from lamina.perf import Calibration
+
+CAL = Calibration(
+    memcpy_bandwidth=20e9,
+    kernel_bandwidth=10e9,
+    stencil_bandwidth=5e9,
+    flop_rate=1e9,
+    stats_bandwidth=8e9,
+    write_bandwidth=2e9,
+    read_bandwidth=4e9,
+    host="test-host",
+    created=0.0,
+)
+
+
+@pytest.fixture
+def calfile(tmp_path):
+    p = tmp_path / "cal.json"
+    p.write_text(CAL.to_json())
+    return str(p)
+
+
+def test_grid():
+    shape = strategies.grid(256 << 20, 64)
+    assert shape[0] % 64 == 0 and shape[1] == shape[2]
+    n = 3 * math.prod(shape) * 8
+    assert 0.95 * (256 << 20) <= n <= 256 << 20
+    assert strategies.grid(1000, 1)[0] >= 3  # curl needs 3 cells along every axis
+    assert strategies.grid(1 << 20, 7)[0] % 7 == 0
+
+
+def test_curl_fields_ramp():
+    shape = (8, 5, 6)
+    f = strategies.curl_fields(shape)
+    cx = np.gradient(f["vz"], axis=1, edge_order=2) - np.gradient(f["vy"], axis=2, edge_order=2)
+    want = np.broadcast_to(1 + 2 * np.arange(8)[:, None, None] / 7, shape)
+    assert np.allclose(cx, want)
+    m = strategies.magnitude_fields(shape)
+    mag = np.sqrt(m["vx"] ** 2 + m["vy"] ** 2 + m["vz"] ** 2)
+    assert np.all(np.diff(mag.min(axis=(1, 2))) > 0)  # rises along axis 0
+
+
+def test_bench_strategies_json(tmp_path, calfile, capsys):
+    rc = lamina.bench.main(
+        [
+            "strategies",
+            "--size",
+            "2MiB",
+            "--blocks",
+            "8",
+            "--repeat",
+            "1",
+            "--fractions",
+            "10,100",
+            "--calibration",
+            calfile,
+            "--dir",
+            str(tmp_path / "files"),
+            "--json",
+        ]
+    )
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    doc = json.loads(cap.out)
+    text = cap.err
+    for s in (
+        "$ lamina bench strategies --size 2MiB",
+        "1 process (one rank)",
+        f"read from {calfile}",
+        "#### magnitude",
+        "#### curl",
+        "S3D case: vx where vmag < x",
+        "#### targets",
+        "pred/meas",
+    ):
+        assert s in text, f"{s!r} missing from the report:\n{text}"
+    assert [m["kernel"] for m in doc["kernels"]] == ["magnitude", "curl"]
+    n = math.prod(doc["shape"])
+    inputs = 3 * n * 8
+    for m in doc["kernels"]:
+        c = 3 if m["kernel"] == "curl" else 1
+        # storage: the derived data for store, next to nothing for the others
+        assert m["write"]["store"]["storage_measured"] >= c * n * 8
+        assert m["write"]["expression"]["storage_measured"] < 4096
+        assert m["storage_check"]["met"]
+        assert [q["candidates"] for q in m["queries"]] == [1, 8]
+        for q in m["queries"]:
+            assert q["achieved"] == pytest.approx(q["candidates"] / 8)
+            r = q["read"]
+            assert r["store"]["bytes_read"] == pytest.approx(q["achieved"] * c * n * 8)
+            assert r["stats"]["bytes_read"] >= q["achieved"] * inputs
+            assert r["expression"]["bytes_read"] >= inputs
+            for s in strategies.STRATEGIES:
+                assert r[s]["total_predicted"] > 0 and r[s]["total_measured"] > 0
+            chk = q["s3d_check"]
+            assert chk["stats_met"] and chk["expression_met"] and chk["counts_agree"]
+            assert q["s3d"]["store"]["candidate_bytes"] == q["s3d"]["stats"]["candidate_bytes"]
+    # the files were kept in --dir only while running
+    assert not any((tmp_path / "files").iterdir())
+
+
+def test_bench_strategies_bad_options(capsys):
+    assert lamina.bench.main(["strategies", "--kernels", "nope"]) == 2
+    assert lamina.bench.main(["strategies", "--fractions", "0"]) == 2
+    assert lamina.bench.main(["strategies", "--blocks", "0"]) == 2
+    assert "strategies" in lamina.bench.BENCHMARKS
