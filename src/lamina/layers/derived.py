@@ -495,7 +495,9 @@ class DerivedLayer(Layer):
         """Collective: compute every quantity of *todo* over the anchor boxes each rank wrote."""
         for d in todo:
             mine = [b for b, _ in self._held.get(d.anchor, [])]
-            regions = _regions(mine)
+            # pointwise: each block is its own region (its inputs are views, nothing copied);
+            # stencils: one region per rank where its blocks tile a box (halos only at its faces)
+            regions = [(b, [b]) for b in mine] if d.expr.halo == 0 else _regions(mine)
             inputs = sorted(d.inputs)
             g = comm_mod.Guard()
             reqs: dict[tuple[int, int], Box] = {}  # (region, input index) -> needed box
@@ -547,8 +549,17 @@ class DerivedLayer(Layer):
             if hb.contains(need):
                 return ha[need.relative_to(hb)]
         spec = self.catalog.datasets[path]
-        out = np.full(need.shape, spec.fill_scalar(), dtype=spec.dtype)
-        for hb, ha in [*own, *received]:
+        pieces = [*own, *received]
+        covered = 0
+        for hb, _ in pieces:
+            inter = hb.intersect(need)
+            covered += 0 if inter is None or inter.empty else inter.size
+        # blocks never overlap, so full coverage means every cell is written below
+        if covered == need.size:
+            out = np.empty(need.shape, dtype=spec.dtype)
+        else:
+            out = np.full(need.shape, spec.fill_scalar(), dtype=spec.dtype)
+        for hb, ha in pieces:
             inter = hb.intersect(need)
             if inter is not None and not inter.empty:
                 out[inter.relative_to(need)] = ha[inter.relative_to(hb)]
@@ -678,7 +689,6 @@ class DerivedLayer(Layer):
         self.bytes_read += n
 
     def _recompute(self, d: Definition, k: int, box: Box, step: int, out: np.ndarray) -> None:
-        out[...] = d.fill(k)
         if box.empty:
             return
         parts = []
@@ -686,17 +696,21 @@ class DerivedLayer(Layer):
             inter = c.intersect(box)
             if inter is not None and not inter.empty:
                 parts.append(inter)
-        if not parts:
-            return
         if sum(p.size for p in parts) == box.size:
-            parts = [box]  # one evaluation: inputs read once, halos shared
+            # one evaluation: inputs read once, halos shared; a scalar goes straight into *out*
+            direct = len(d.components) == 1 and out.flags.c_contiguous and (d.name, step, box) not in self._cache
+            res = self._evaluate(d, box, step, out=[out] if direct else None)
+            if not direct:
+                out[...] = res[k]
+            return
+        out[...] = d.fill(k)
         for region in parts:
             res = self._evaluate(d, region, step)
             out[region.relative_to(box)] = res[k]
 
-    def _evaluate(self, d: Definition, region: Box, step: int) -> list[np.ndarray]:
+    def _evaluate(self, d: Definition, region: Box, step: int, out: list[np.ndarray] | None = None) -> list[np.ndarray]:
         key = (d.name, step, region)
-        if key in self._cache:
+        if key in self._cache and out is None:
             return self._cache[key]
         arrays, origin = {}, {}
         for p, need in needed_boxes(d.expr, region, d.shape).items():
@@ -705,7 +719,7 @@ class DerivedLayer(Layer):
             self.get(p, need, step, buf)
             arrays[p] = buf
             origin[p] = need.start
-        res = evaluate(d.expr, arrays, region, d.shape, origin=origin, spacing=d.spacing, device=self.device)
+        res = evaluate(d.expr, arrays, region, d.shape, origin=origin, spacing=d.spacing, device=self.device, out=out)
         if len(res) > 1:  # the other components of a vector are likely read next
             if len(self._cache) >= CACHE_VECTORS:
                 del self._cache[next(iter(self._cache))]
