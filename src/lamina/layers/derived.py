@@ -495,9 +495,7 @@ class DerivedLayer(Layer):
         """Collective: compute every quantity of *todo* over the anchor boxes each rank wrote."""
         for d in todo:
             mine = [b for b, _ in self._held.get(d.anchor, [])]
-            # pointwise: each block is its own region (its inputs are views, nothing copied);
-            # stencils: one region per rank where its blocks tile a box (halos only at its faces)
-            regions = [(b, [b]) for b in mine] if d.expr.halo == 0 else _regions(mine)
+            regions = _regions(mine)
             inputs = sorted(d.inputs)
             g = comm_mod.Guard()
             reqs: dict[tuple[int, int], Box] = {}  # (region, input index) -> needed box
