@@ -30,8 +30,6 @@ import argparse
 import json
 import math
 import os
-import selectors
-import subprocess
 import sys
 import tempfile
 import time
@@ -325,54 +323,24 @@ def launch_job(producers: int, consumers: int, args: list[str], timeout: float) 
     Progress lines are shown on stderr; other output too.  A job that fails or
     runs past *timeout* seconds is killed, ranks included (RuntimeError).
     """
-    from ..launch import child_env, find_mpiexec, kill_job
+    from ..launch import find_mpiexec
+    from .launch import run_json_job
 
-    fd, out = tempfile.mkstemp(prefix="lamina-insitu-", suffix=".json")
-    os.close(fd)
-    prog = [sys.executable, "-m", "mpi4py", "-m", "lamina.bench.insitu", *args, "--out", out]
-    cmd = [find_mpiexec(), "-n", str(producers), *prog, ":", "-n", str(consumers), *prog]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=child_env({"LAMINA_TRANSPORT": "file"}), bufsize=1, start_new_session=True)
-    tail: list[str] = []
-    try:
-        deadline = time.monotonic() + timeout
-        assert proc.stdout is not None
-        sel = selectors.DefaultSelector()
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                kill_job(proc)
-                raise RuntimeError(f"job of {producers}+{consumers} ranks timed out after {timeout:.0f} s "
-                                   "(use --timeout to allow more)\n" + "".join(tail[-20:]))
-            if not sel.select(timeout=min(left, 1.0)):
-                if proc.poll() is not None:
-                    break
-                continue
-            line = proc.stdout.readline()
-            if not line:
-                break
-            if line.startswith(common.PROGRESS):
-                print(f"  {producers}+{consumers} ranks: {line[len(common.PROGRESS):].split(None, 1)[-1].strip()}",
-                      file=sys.stderr, flush=True)
-                continue
-            tail.append(line)
-            sys.stderr.write(line)
-        rc = proc.wait()
-        if rc != 0:
-            raise RuntimeError(f"job of {producers}+{consumers} ranks failed (exit {rc}): {' '.join(cmd)}\n"
-                               + "".join(tail[-20:]))
-        with open(out) as f:
-            return json.load(f)
-    except BaseException:
-        if proc.poll() is None:
-            kill_job(proc)
-        raise
-    finally:
-        try:
-            os.remove(out)
-        except OSError:
-            pass
+    def command(out: str) -> list[str]:
+        prog = [sys.executable, "-m", "mpi4py", "-m", "lamina.bench.insitu", *args, "--out", out]
+        return [find_mpiexec(), "-n", str(producers), *prog, ":", "-n", str(consumers), *prog]
+
+    def progress(text: str) -> None:
+        print(f"  {producers}+{consumers} ranks: {text.split(None, 1)[-1].strip()}", file=sys.stderr, flush=True)
+
+    return run_json_job(
+        command,
+        f"job of {producers}+{consumers} ranks",
+        timeout,
+        progress,
+        sys.stderr.write,
+        env={"LAMINA_TRANSPORT": "file"},
+    )
 
 
 def parser() -> argparse.ArgumentParser:

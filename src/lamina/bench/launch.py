@@ -23,36 +23,31 @@ from . import common
 from .common import PROGRESS, CommonOptions, remove
 
 
-def run_job(ranks: int, args: list[str], bar, timeout: float) -> dict:
-    """Launch ``mpiexec -n ranks python -m mpi4py -m lamina.bench.worker ...``; return its JSON.
+def run_json_job(
+    command: Callable[[str], list[str]],
+    what: str,
+    timeout: float,
+    on_progress: Callable[[str], None],
+    on_output: Callable[[str], None],
+    env: dict | None = None,
+) -> dict:
+    """Run the MPI job ``command(out)`` and return the JSON it writes to the file *out*.
 
-    Progress lines from the worker advance *bar* (a tqdm); other output goes
-    to stderr.  Raises RuntimeError if the job fails or times out (the job
-    is then killed, ranks included).
+    Lines starting with :data:`PROGRESS` go to *on_progress* (without the
+    prefix), other output lines to *on_output*.  Raises RuntimeError, naming
+    the job as *what*, if it fails or runs past *timeout* seconds (the job is
+    then killed, ranks included).  *env* adds variables to the child's.
     """
     fd, out = tempfile.mkstemp(prefix="lamina-bench-", suffix=".json")
     os.close(fd)
-    cmd = [
-        find_mpiexec(),
-        "-n",
-        str(ranks),
-        sys.executable,
-        "-m",
-        "mpi4py",
-        "-m",
-        "lamina.bench.worker",
-        *args,
-        "--out",
-        out,
-    ]
+    cmd = command(out)
     tail: list[str] = []
-    load0 = os.getloadavg()
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env=child_env(),
+        env=child_env(env),
         bufsize=1,
         start_new_session=True,
     )
@@ -66,8 +61,7 @@ def run_job(ranks: int, args: list[str], bar, timeout: float) -> dict:
             if left <= 0:
                 _kill_job(proc)
                 raise RuntimeError(
-                    f"benchmark job with {ranks} ranks timed out after {timeout:.0f} s "
-                    "(use --timeout to allow more)\n" + "".join(tail[-20:])
+                    f"{what} timed out after {timeout:.0f} s (use --timeout to allow more)\n" + "".join(tail[-20:])
                 )
             if not sel.select(timeout=min(left, 1.0)):
                 if proc.poll() is not None:
@@ -77,24 +71,15 @@ def run_job(ranks: int, args: list[str], bar, timeout: float) -> dict:
             if not line:
                 break
             if line.startswith(PROGRESS):
-                parts = line[len(PROGRESS) :].split(None, 1)
-                if parts and parts[0] == "step":
-                    bar.update(1)
-                    if len(parts) > 1:
-                        bar.set_postfix_str(f"{ranks} rank(s): {parts[1].strip()}", refresh=False)
+                on_progress(line[len(PROGRESS) :])
                 continue
             tail.append(line)
-            bar.write(line.rstrip("\n"), file=sys.stderr)
+            on_output(line)
         rc = proc.wait()
         if rc != 0:
-            raise RuntimeError(
-                f"benchmark job with {ranks} ranks failed (exit {rc}): {' '.join(cmd)}\n"
-                + "".join(tail[-20:])
-            )
+            raise RuntimeError(f"{what} failed (exit {rc}): {' '.join(cmd)}\n" + "".join(tail[-20:]))
         with open(out) as f:
-            doc = json.load(f)
-        doc["loadavg"] = [round(load0[0], 2), round(os.getloadavg()[0], 2)]
-        return doc
+            return json.load(f)
     except BaseException:
         if proc.poll() is None:
             _kill_job(proc)
@@ -104,6 +89,37 @@ def run_job(ranks: int, args: list[str], bar, timeout: float) -> dict:
             os.remove(out)
         except OSError:
             pass
+
+
+def run_job(ranks: int, args: list[str], bar, timeout: float) -> dict:
+    """Launch ``mpiexec -n ranks python -m mpi4py -m lamina.bench.worker ...``; return its JSON.
+
+    Progress lines from the worker advance *bar* (a tqdm); other output goes
+    to stderr.  Raises RuntimeError if the job fails or times out (the job
+    is then killed, ranks included).
+    """
+
+    def command(out: str) -> list[str]:
+        worker = [sys.executable, "-m", "mpi4py", "-m", "lamina.bench.worker"]
+        return [find_mpiexec(), "-n", str(ranks), *worker, *args, "--out", out]
+
+    def progress(text: str) -> None:
+        parts = text.split(None, 1)
+        if parts and parts[0] == "step":
+            bar.update(1)
+            if len(parts) > 1:
+                bar.set_postfix_str(f"{ranks} rank(s): {parts[1].strip()}", refresh=False)
+
+    load0 = os.getloadavg()
+    doc = run_json_job(
+        command,
+        f"benchmark job with {ranks} ranks",
+        timeout,
+        progress,
+        lambda line: bar.write(line.rstrip("\n"), file=sys.stderr),
+    )
+    doc["loadavg"] = [round(load0[0], 2), round(os.getloadavg()[0], 2)]
+    return doc
 
 
 def make_bar(total: int, desc: str):
