@@ -570,12 +570,17 @@ class BlockEngine(Engine):
             raise StepError(f"step {step} does not exist in {self.path!r}: {n} committed step(s) (0..{n - 1})")
         return step
 
-    def get(self, name: str, box: Box, step: int, out: np.ndarray) -> None:
+    def check_read(self, name: str, box: Box, step: int | None, out: np.ndarray) -> tuple[DatasetSpec, int]:
+        """(spec, step) of a read of *box* of *name* into *out*, after checking all three; raises otherwise."""
         spec = self.lookup(name)
         box.check_inside(spec.shape, f"dataset {spec.path!r}")
         step = self.check_step(step)
         if out.shape != box.shape or out.dtype != spec.dtype:
             raise ShapeError(f"output buffer {out.shape} {out.dtype} does not match box {box} of {spec.dtype}")
+        return spec, step
+
+    def get(self, name: str, box: Box, step: int, out: np.ndarray) -> None:
+        spec, step = self.check_read(name, box, step, out)
         hits = self.catalog.hits(spec.id, step, box)
         covered = sum(inter.size for _, inter in hits)
         if covered < box.size:

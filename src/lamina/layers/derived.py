@@ -660,11 +660,7 @@ class DerivedLayer(Layer):
             self.inner.get(path, box, step, out)  # validates box and step first
             self._count(path, box, step)
             return
-        step = self.check_step(step)
-        spec = self.catalog.datasets[path]
-        box.check_inside(spec.shape, f"dataset {path!r}")
-        if out.shape != box.shape or out.dtype != spec.dtype:
-            raise ShapeError(f"output buffer {out.shape} {out.dtype} does not match box {box} of {spec.dtype}")
+        spec, step = self.inner.check_read(path, box, step, out)
         if d.strategy == "store" and spec.id >= 0:
             recs = self.catalog.blocks(spec.id, step)
             if recs and all(r.codec != _STATS_ONLY for r in recs):

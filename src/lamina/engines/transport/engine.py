@@ -42,7 +42,7 @@ import numpy as np
 from ... import comm as comm_mod
 from ... import stats as stats_mod
 from ...catalog import KIND_CLOSE, KIND_META, KIND_STEP, Record
-from ...errors import FormatError, ModeError, ShapeError, StepError, TransportError
+from ...errors import FormatError, ModeError, StepError, TransportError
 from ...geometry import Box
 from ..base import register
 from ..core import CODEC_STATS_ONLY, BlockEngine, Header, Pending
@@ -518,11 +518,7 @@ class TransportEngine(BlockEngine):
     def get(self, name: str, box: Box, step: int, out: np.ndarray) -> None:
         if self.mode != "r":
             return super().get(name, box, step, out)
-        spec = self.lookup(name)
-        box.check_inside(spec.shape, f"dataset {spec.path!r}")
-        step = self.check_step(step)
-        if out.shape != box.shape or out.dtype != spec.dtype:
-            raise ShapeError(f"output buffer {out.shape} {out.dtype} does not match box {box} of {spec.dtype}")
+        spec, step = self.check_read(name, box, step, out)
         hits = self.catalog.hits(spec.id, step, box)
         if sum(inter.size for _, inter in hits) < box.size:
             out[...] = spec.fill_scalar()
