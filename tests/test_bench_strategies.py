@@ -10,25 +10,19 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 
 import numpy as np
 import pytest
 
 import lamina.bench
 from lamina.bench import strategies
-from lamina.perf import Calibration
 
-CAL = Calibration(
-    memcpy_bandwidth=20e9,
-    kernel_bandwidth=10e9,
-    stencil_bandwidth=5e9,
-    flop_rate=1e9,
-    stats_bandwidth=8e9,
-    write_bandwidth=2e9,
-    read_bandwidth=4e9,
-    host="test-host",
-    created=0.0,
-)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import perf_util  # noqa: E402
+
+CAL = perf_util.CAL
 
 
 @pytest.fixture

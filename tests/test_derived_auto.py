@@ -2,29 +2,24 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 import pytest
 
 import lamina
-from lamina.perf import Calibration
 from lamina.perf.calibrate import host, save_calibration
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import perf_util  # noqa: E402
 
 SHAPE = (16, 16, 16)
 
 
 @pytest.fixture
 def calibration(tmp_path, monkeypatch):
-    cal = Calibration(
-        memcpy_bandwidth=20e9,
-        kernel_bandwidth=10e9,
-        stencil_bandwidth=5e9,
-        flop_rate=1e9,
-        stats_bandwidth=8e9,
-        write_bandwidth=2e9,
-        read_bandwidth=4e9,
-        host=host(),
-        created=0.0,
-    )
+    cal = perf_util.calibration(host())
     path = tmp_path / "calibration.json"
     save_calibration(cal, str(path))
     monkeypatch.setenv("LAMINA_CALIBRATION", str(path))

@@ -7,8 +7,13 @@ import dataclasses
 import importlib
 import json
 import math
+import os
+import sys
 
 import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import perf_util  # noqa: E402
 
 import lamina.bench
 import lamina.cli
@@ -24,17 +29,7 @@ from lamina.perf import (
     recommend,
 )
 
-CAL = Calibration(
-    memcpy_bandwidth=20e9,
-    kernel_bandwidth=10e9,
-    stencil_bandwidth=5e9,
-    flop_rate=1e9,
-    stats_bandwidth=8e9,
-    write_bandwidth=2e9,
-    read_bandwidth=4e9,
-    host="test-host",
-    created=0.0,
-)
+CAL = perf_util.CAL
 # the module (the package's name ``calibrate`` is the function)
 calmod = importlib.import_module("lamina.perf.calibrate")
 MAG = "magnitude(vx,vy,vz)"
