@@ -145,17 +145,20 @@ def test_nobody_produces(tmp_path):
     assert res.lines("OK orphan")
 
 
-def test_stalled_producer(tmp_path):
-    """A producer that stops answering: reads and step waits fail with TransportError; both close cleanly."""
+@pytest.mark.parametrize("serve", ["thread", "calls"])
+def test_stalled_producer(tmp_path, serve):
+    """A producer busy outside lamina: its serving thread still answers reads (without one, reads
+    fail with TransportError); waiting for a step it does not make fails; both sides close cleanly."""
     _skip_without_mpiexec()
     res = run_mpmd(
         (2, "transport_faults", "stall-write", "s", tmp_path),
         (2, "transport_faults", "stall-read", "s", tmp_path),
         cwd=tmp_path,
-        env={"LAMINA_TRANSPORT": "memory", "LAMINA_TRANSPORT_TIMEOUT": "2"},
+        env={"LAMINA_TRANSPORT": "memory", "LAMINA_TRANSPORT_TIMEOUT": "2", "LAMINA_TRANSPORT_SERVE": serve},
         timeout=40,
     )
-    assert res.lines("OK stall")
+    want = "answered in" if serve == "thread" else "TransportError after"
+    assert res.lines(f"OK stall: step 1 {want}")
     assert res.lines("OK stalled producer closed")
 
 
@@ -245,6 +248,25 @@ def test_flow_latest(tmp_path):
     assert held <= 2, res.describe()
     assert took < 12 * 0.12, res.describe()
     assert res.lines("OK latest:"), res.describe()
+
+
+def test_steps_seen_on_arrival(tmp_path):
+    """iter_steps() with its default polling sees a memory step when its record arrives.
+
+    Steps come every 2 s; a file reader polling with the default growing delay
+    (0.05 s up to 1 s) would see them up to ~0.5 s late; the transport wakes
+    the waiting consumer when the record arrives.
+    """
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (1, "transport_flow", "slow", "s", 3, 2.0),
+        (2, "transport_flow", "punctual", "s", 3),
+        cwd=tmp_path,
+        env={"LAMINA_TRANSPORT": "memory"},
+    )
+    [line] = res.lines("OK punctual:")
+    late = [float(t) for t in line.split("late ")[1].split()]
+    assert max(late[1:]) < 0.25, res.describe()  # step 0 also waits for the open
 
 
 def test_flow_workflow(tmp_path):

@@ -3,6 +3,9 @@
     transport_flow.py produce NAME STEPS          writes x = [k, k, k, k] at step k, a little work per step
     transport_flow.py latest NAME STEPS [FLOW]    a slow consumer (flow 'latest' unless the workflow says)
     transport_flow.py every NAME STEPS N          a consumer that must see steps 0, N, 2N, ...
+    transport_flow.py slow NAME STEPS GAP         writes a step every GAP seconds
+    transport_flow.py punctual NAME STEPS         iter_steps() with its default polling: reports how
+                                                  late after its commit each step was seen
 
 The producer reports how many steps it held at most after each ``end_step``
 (its memory) and how long its steps took (it never waits for a latest
@@ -55,6 +58,28 @@ def consume(name: str, steps: int, flow, delay: float) -> list[int]:
     return seen
 
 
+def slow(name: str, steps: int, gap: float) -> None:
+    with lamina.open(name, "w") as f:
+        f.create_dataset("x", (4,), np.int64)
+        for k in range(steps):
+            time.sleep(gap)
+            with f.step():
+                if f.comm.rank == 0:
+                    f["x"][:] = k
+
+
+def punctual(name: str, steps: int) -> list[float]:
+    late = []
+    with lamina.open(name, "r") as f:
+        for view in f.iter_steps():
+            late.append(time.time() - view.time)  # the step's commit time, same machine
+            if list(view["x"][:]) != [view.index] * 4:
+                raise AssertionError(f"step {view.index}: {view['x'][:]}")
+    if len(late) != steps:
+        raise AssertionError(f"saw {len(late)} of {steps} steps")
+    return late
+
+
 def main() -> None:
     role, name, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
     comm = lamina.comm.task_comm()
@@ -76,6 +101,12 @@ def main() -> None:
             raise AssertionError(f"every {n}: saw {seen}")
         if comm.rank == 0:
             say(f"OK every {n}: {seen}")
+    elif role == "slow":
+        slow(name, steps, float(sys.argv[4]))
+    elif role == "punctual":
+        late = punctual(name, steps)
+        if comm.rank == 0:
+            say("OK punctual: late " + " ".join(f"{t:.3f}" for t in late))
     else:
         raise SystemExit(f"unknown role {role}")
 

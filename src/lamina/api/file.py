@@ -170,7 +170,7 @@ class File(Group):
                 raise StepTimeoutError(
                     f"no step {step} in {self._filename!r} after {timeout} s ({self.steps} steps committed)"
                 )
-            time.sleep(delay)
+            self._engine.wait_steps(step + 1, delay)  # returns early when the engine hears of a step
             delay = min(delay * 1.5, 1.0)
             self.refresh()
 

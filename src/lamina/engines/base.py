@@ -12,6 +12,7 @@ the same order; independent calls may be made by any rank alone.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -124,6 +125,16 @@ class Engine(ABC):
     def writer_closed(self) -> bool:
         """True when the last writer of this file has closed it (no more steps coming)."""
         return self.catalog.closed
+
+    def wait_steps(self, count: int, seconds: float) -> None:
+        """Independent: wait up to *seconds* for the writer to reach *count* steps or close.
+
+        A hint for :meth:`lamina.File.wait_for_step`, which calls
+        :meth:`refresh` afterwards: engines that are told of new steps
+        return as soon as news arrives; files are polled, so the default
+        sleeps.
+        """
+        time.sleep(seconds)
 
     @abstractmethod
     def close(self) -> None:

@@ -91,6 +91,9 @@ class Layer(Engine):
     def refresh(self) -> int:
         return self.inner.refresh()
 
+    def wait_steps(self, count: int, seconds: float) -> None:
+        self.inner.wait_steps(count, seconds)
+
     @property
     def writer_closed(self) -> bool:
         return self.inner.writer_closed

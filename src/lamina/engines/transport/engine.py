@@ -36,6 +36,9 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import os
+import threading
+import time
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -63,9 +66,14 @@ NEVER = np.iinfo(np.int64).max
 
 DEFAULT_TIMEOUT = 60.0
 TIMEOUT_ENV = "LAMINA_TRANSPORT_TIMEOUT"
+SERVE_ENV = "LAMINA_TRANSPORT_SERVE"
+#: how producers answer requests: a serving thread (default), or only inside lamina calls
+SERVE_MODES = ("thread", "calls")
+#: longest sleep of an idle serving thread between polls (a new request waits at most this long)
+SERVER_IDLE = 2e-3
 
 #: options only this engine knows; other engines never see them (see lamina.api.file)
-TRANSPORT_OPTIONS = {"timeout", "queue_limit", "shallow", "flow"}
+TRANSPORT_OPTIONS = {"timeout", "queue_limit", "shallow", "flow", "serve"}
 
 _u8 = wire._u8
 MPI = wire.MPI
@@ -127,6 +135,15 @@ class TransportEngine(BlockEngine):
         self._released_real = 0  # consumer: the producer's steps before this one are released
         self._real: list[int] = []  # consumer: the producer's step number of each step received
         self._ended = False  # consumer: the producer acknowledged this rank's goodbye
+        self._heard = time.monotonic()  # consumer: when the last record came
+        self._waiting: tuple[int, float] | None = None  # consumer: (steps waited for, since when)
+        # producer: the serving thread, and the lock it shares with the program's thread (every
+        # use of the links, the held steps and the send queues takes it; re-entrant)
+        self._lock = threading.RLock()
+        self._server: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._server_error: BaseException | None = None
+        self._serving_here = 0  # > 0 while the program's thread serves (in end_step, close): the thread rests
 
     # ------------------------------------------------------------ open
     def _open_storage(self, path: str, mode: str) -> None:
@@ -141,6 +158,15 @@ class TransportEngine(BlockEngine):
             # a consumer releases step k when it asks for step k+1, which the producer must be free to make
             raise ValueError(f"queue_limit must be at least 2, got {self.queue_limit}")
         self.segment = 0  # no checksums in memory: one placeholder per block (see _stage)
+        serve = str(self.options.get("serve", os.environ.get(SERVE_ENV) or "thread")).strip().lower()
+        if serve not in SERVE_MODES:
+            raise ValueError(f"serve must be one of {', '.join(SERVE_MODES)}, got {serve!r}")
+        if serve == "thread" and MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+            raise ValueError(
+                "serve='thread' needs MPI initialized with MPI_THREAD_MULTIPLE "
+                f"(this MPI gives level {MPI.Query_thread()}); use serve='calls'"
+            )
+        self.serve_mode = serve
         shallow = self.options.get("shallow", ())
         self.shallow = (shallow,) if isinstance(shallow, str) else tuple(str(p) for p in shallow)
         name = workflow.normname(path)
@@ -154,6 +180,9 @@ class TransportEngine(BlockEngine):
             for c, inter, flow in links:
                 n = inter.Get_remote_size()
                 self._links.append(Link(c, inter, n, np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool), flow))
+            if self.serve_mode == "thread" and self._links:
+                self._server = threading.Thread(target=self._server_loop, name=f"lamina-serve {name}", daemon=True)
+                self._server.start()
         else:
             flow = self.options.get("flow")  # the option wins over the workflow
             if flow is not None:
@@ -199,6 +228,10 @@ class TransportEngine(BlockEngine):
 
     def _committed(self, raw: bytes) -> None:
         """Collective (called on every producer rank after each commit): keep the step, send records."""
+        with self._lock:
+            self._committed_locked(raw)
+
+    def _committed_locked(self, raw: bytes) -> None:
         kind = raw[0] if raw else -1
         step = -1
         deliver = [True] * len(self._links)
@@ -275,9 +308,10 @@ class TransportEngine(BlockEngine):
 
     def _unreleased(self) -> int:
         """The most steps some blocking consumer task holds (delivered, not released by all its ranks)."""
-        if self._dirty:
-            self._drop_released()
-        return self._worst
+        with self._lock:
+            if self._dirty:
+                self._drop_released()
+            return self._worst
 
     def _all_bye(self) -> bool:
         return all(bool(link.bye.all()) for link in self._links)
@@ -299,7 +333,11 @@ class TransportEngine(BlockEngine):
             del self._data[k]
 
     def _serve_once(self) -> bool:
-        """Independent: answer every waiting request; True if anything happened."""
+        """Independent: answer every waiting request; True if anything happened (either thread)."""
+        with self._lock:
+            return self._serve_once_locked()
+
+    def _serve_once_locked(self) -> bool:
         busy = False
         for link in self._links:
             while True:
@@ -354,20 +392,72 @@ class TransportEngine(BlockEngine):
     def _serve(self, until, what: str) -> None:
         """Independent: serve consumers until *until()*; TransportError after *timeout* s without progress."""
         poll = Poll(self.timeout)
-        while True:
-            busy = self._serve_once()
-            if until():
-                return
-            if busy:
-                poll.reset()
-            elif poll.expired:
-                raise TransportError(f"{self.path}: waited {self.timeout:g} s for {what}; no consumer request came")
-            else:
-                poll.sleep(active=len(self._answers) > 0)
+        with self._serving():
+            while True:
+                busy = self._serve_once()
+                if until():
+                    return
+                if busy:
+                    poll.reset()
+                elif poll.expired:
+                    raise TransportError(f"{self.path}: waited {self.timeout:g} s for {what}; no consumer request came")
+                else:
+                    poll.sleep(active=len(self._answers) > 0)
+
+    # ------------------------------------------------------------ the serving thread
+    def _server_loop(self) -> None:
+        """The serving thread: answer requests while the program computes between lamina calls.
+
+        It rests while the program's thread serves itself (in end_step and
+        close), spins only while its answers are in flight or just after
+        progress, and otherwise sleeps up to :data:`SERVER_IDLE` between
+        polls.  An error ends the thread and is raised by the program's next
+        lamina call on this file.
+        """
+        poll = Poll(float("inf"))
+        try:
+            while not self._stop.is_set():
+                if self._serving_here:
+                    self._stop.wait(SERVER_IDLE)
+                    continue
+                if self._serve_once():
+                    poll.reset()
+                elif len(self._answers) or time.monotonic() < poll.spin_until:
+                    os.sched_yield()
+                else:
+                    self._stop.wait(min(poll.delay, SERVER_IDLE))
+                    poll.delay *= 2
+        except BaseException as e:  # noqa: BLE001 - handed to the program's thread
+            self._server_error = e
+
+    def _check_server(self) -> None:
+        """Raise, on the program's thread, what stopped the serving thread."""
+        if self._server_error is not None:
+            e, self._server_error = self._server_error, None
+            if isinstance(e, TransportError):
+                raise e
+            raise TransportError(f"{self.path}: serving consumers failed: {e}") from e
+
+    @contextmanager
+    def _serving(self):
+        """The program's thread serves; the serving thread rests meanwhile."""
+        self._check_server()
+        self._serving_here += 1
+        try:
+            yield
+        finally:
+            self._serving_here -= 1
+
+    def _stop_server(self) -> None:
+        if self._server is not None:
+            self._stop.set()
+            self._server.join()
+            self._server = None
 
     def end_step(self) -> None:
         if self.mode == "r":
             return super().end_step()  # raises ModeError
+        self._check_server()
         self._gather()
         super().end_step()
         g = comm_mod.Guard()
@@ -392,11 +482,12 @@ class TransportEngine(BlockEngine):
             return
         req = self.comm.Ibarrier()
         poll = Poll(self.timeout)
-        while not req.Test():
-            if self.mode != "r" and self._serve_once():
-                poll.reset()
-            else:
-                poll.sleep(active=len(self._answers) > 0)
+        with self._serving():
+            while not req.Test():
+                if self.mode != "r" and self._serve_once():
+                    poll.reset()
+                else:
+                    poll.sleep(active=len(self._answers) > 0)
 
     def _data_in_flight(self) -> bool:
         return len(self._answers) > 0
@@ -423,6 +514,7 @@ class TransportEngine(BlockEngine):
                     self.catalog.apply_record(rec, ops_applied=True)
                     if rec.kind == KIND_STEP:
                         self._real.append(real)
+                self._heard = time.monotonic()
                 poll.reset()
                 continue
             if until is None or until():
@@ -453,10 +545,39 @@ class TransportEngine(BlockEngine):
         g = comm_mod.Guard()
         with g:
             self._receive()
+            self._check_silence()
         comm_mod.agree(self.comm, g.error)
         self._agreed = comm_mod.allreduce_int(self.comm, len(self.catalog.steps), "min")
         self._agreed_closed = bool(comm_mod.allreduce_int(self.comm, int(self.catalog.closed), "min"))
         return self._agreed
+
+    def wait_steps(self, count: int, seconds: float) -> None:
+        """Independent: wait up to *seconds* for the record of step *count* - 1 (or the close)."""
+        if self.mode != "r":
+            return super().wait_steps(count, seconds)
+        now = time.monotonic()
+        if self._waiting is None or self._waiting[0] != count:
+            self._waiting = (count, now)
+        end = now + seconds
+        self._receive(
+            until=lambda: len(self.catalog.steps) >= count or self.catalog.closed or time.monotonic() >= end,
+            what=f"step {count - 1}",
+        )
+
+    def _check_silence(self) -> None:
+        """In refresh: a producer silent for *timeout* s while this rank waits for a step is gone."""
+        if self._waiting is None:
+            return
+        count, since = self._waiting
+        if len(self.catalog.steps) >= count or self.catalog.closed:
+            self._waiting = None
+            return
+        quiet = time.monotonic() - max(since, self._heard)
+        if quiet > self.timeout:
+            raise TransportError(
+                f"{self.path}: no message from the producer in {quiet:.1f} s waiting for step {count - 1} "
+                f"(timeout {self.timeout:g} s)"
+            )
 
     def _release(self, k: int) -> None:
         """Independent: tell every producer rank that this rank is done with every step before *k*."""
@@ -591,6 +712,8 @@ class TransportEngine(BlockEngine):
                 g = comm_mod.Guard()
                 with g:
                     self._serve(self._all_bye, "every consumer rank to close")
+                    self._stop_server()
+                    self._check_server()
                     poll = Poll(self.timeout)
                     while len(self._sends) or len(self._answers):
                         if self._sends.test() + self._answers.test():
@@ -620,6 +743,7 @@ class TransportEngine(BlockEngine):
         self._receive(until=acknowledged, what="the producer to acknowledge the close")
 
     def _close_storage(self) -> None:
+        self._stop_server()
         for link in self._links:
             comm_mod.free(link.inter)
         self._links = []
