@@ -3,8 +3,9 @@
 The producer side is a :class:`~lamina.engines.core.BlockEngine` whose
 "storage" is the producer ranks' own memory: the commit protocol runs as for
 files (headers allgathered, overlaps refused, statistics computed, one
-record per step), and every committed record is sent by producer rank 0 to
-every consumer rank, so consumers hold the same catalog (groups, datasets,
+record per step), and every committed record reaches every consumer rank
+(consumer rank *j* gets it from producer rank *j* mod P, so the fan-out is
+spread over the producers), so consumers hold the same catalog (groups, datasets,
 attributes, extension records such as derived-quantity definitions,
 per-step blocks with their statistics and producer rank).
 
@@ -15,9 +16,12 @@ piece), and receives the pieces straight into its output buffer
 (``Irecv`` of contiguous numpy memory; a scratch buffer only where the
 destination is not contiguous).  Where no producer wrote, the fill value.
 
-Producers serve while they are blocked in lamina calls: in ``end_step``
-until fewer than ``queue_limit`` steps are unreleased by some consumer
-rank, and in ``close`` until every consumer rank has said goodbye.  A
+Producers answer requests on a serving thread while the program computes
+(``serve='thread'``, the default; it needs ``MPI_THREAD_MULTIPLE``), and
+on the program's thread while it is blocked in lamina calls: in
+``end_step`` until fewer than ``queue_limit`` steps are unreleased by some
+consumer rank, and in ``close`` until every consumer rank has said
+goodbye (``serve='calls'``: only then).  A
 consumer rank releases every step before *k* when it asks for step *k*
 (``f.at(k)``, the next iteration of ``iter_steps``, ``close``).
 
@@ -54,7 +58,7 @@ from .wire import Poll
 from .workflow import LATEST, parse_flow
 
 #: intercommunicator tags
-TAG_RECORD = 11  # producer rank 0 -> every consumer rank: int64 step + committed record bytes; empty: no more
+TAG_RECORD = 11  # producer rank j % P -> consumer rank j: int64 step + committed record bytes; empty: no more
 TAG_REQUEST = 12  # consumer rank -> producer rank: int64 words, see REQ_*
 TAG_DATA = 13  # producer rank -> consumer rank: one chunk of a requested box; empty: not held
 
@@ -128,7 +132,8 @@ class TransportEngine(BlockEngine):
         self._answers = wire.SendQueue()  # data answers to GETs
         self._dirty = False  # producer: releases or steps changed since the last _drop_released
         self._worst = 0  # producer: _unreleased() as of the last _drop_released
-        self._newest: tuple[int, Record] | None = None  # producer rank 0: the last step, for late delivery
+        self._newest: tuple[int, Record] | None = None  # producer: the last step, for late delivery
+        self._source = 0  # consumer: the producer rank that sends this rank its records
         self._agreed = 0  # consumer: steps every consumer rank has (see refresh)
         self._agreed_closed = False
         self._cursor = 0  # consumer: steps before this one are released
@@ -191,6 +196,7 @@ class TransportEngine(BlockEngine):
                 said = wf.flow(name, app) if wf is not None else None
                 self.flow = 1 if said is None else said
             self._inter = rendezvous.connect_consumer(self.comm, name, app, route.producer, self.timeout, self.flow)
+            self._source = self.comm.rank % self._inter.Get_remote_size()  # the producer rank sending records here
             # wait for the producer's first record (its first step, or its close), so that the
             # datasets and definitions are known once open returns, as for a file
             g = comm_mod.Guard()
@@ -244,7 +250,7 @@ class TransportEngine(BlockEngine):
             self._data[step] = held
             self._dirty = True
             deliver = self._decide(step)
-            if self.rank == 0 and any(link.flow != 1 for link in self._links):
+            if any(link.flow != 1 for link in self._links):
                 rec = Record.decode(raw, self.catalog, "committed record", apply_ops=False)
                 if any(link.flow == LATEST for link in self._links):
                     self._newest = (step, rec)
@@ -255,8 +261,6 @@ class TransportEngine(BlockEngine):
             if kind == KIND_STEP and yes:
                 link.delivered.append(step)
                 link.last = step
-            if self.rank != 0:
-                continue
             if kind != KIND_STEP or (yes and link.flow == 1):
                 self._send_record(link, step if kind == KIND_STEP else -1, raw)
             elif yes:  # a thinned stream: the consumer numbers the steps it gets 0, 1, 2, ...
@@ -291,18 +295,17 @@ class TransportEngine(BlockEngine):
                 continue
             link.delivered.append(last)
             link.last = last
-            if self.rank == 0:
-                s, rec = self._newest
-                assert s == last
-                local = dataclasses.replace(rec, step=link.count, ops=[])  # its ops went out at its commit
-                self._send_record(link, last, local.encode(self.catalog.specs))
+            s, rec = self._newest
+            assert s == last
+            local = dataclasses.replace(rec, step=link.count, ops=[])  # its ops went out at its commit
+            self._send_record(link, last, local.encode(self.catalog.specs))
             link.count += 1
 
     def _send_record(self, link: Link, step: int, raw: bytes) -> None:
         buf = np.empty(8 + len(raw), dtype=np.uint8)
         buf[:8] = np.array([step], dtype=np.int64).view(np.uint8)
         buf[8:] = np.frombuffer(raw, dtype=np.uint8)
-        for r in range(link.size):
+        for r in range(self.rank, link.size, self.size):  # this rank's share of the consumer ranks
             if not link.bye[r]:
                 self._sends.send(link.inter, [buf, MPI.BYTE], None, r, TAG_RECORD)
 
@@ -384,7 +387,7 @@ class TransportEngine(BlockEngine):
             link.bye[src] = True
             link.released[src] = NEVER
             self._dirty = True
-            if self.rank == 0:  # the last message of the record stream to this rank
+            if src % self.size == self.rank:  # the last message of the record stream to this rank
                 self._sends.send(link.inter, [np.zeros(0, dtype=np.uint8), MPI.BYTE], None, src, TAG_RECORD)
         else:
             raise TransportError(f"unknown request {kind} from consumer task {link.app} rank {src}")
@@ -500,7 +503,7 @@ class TransportEngine(BlockEngine):
         """Independent: apply the records that have arrived; with *until*, wait for it (timeout)."""
         poll = Poll(self.timeout)
         while True:
-            got = comm_mod.poll_bytes(self._inter, 0, TAG_RECORD)
+            got = comm_mod.poll_bytes(self._inter, self._source, TAG_RECORD)
             if got is not None:
                 buf = got[1]
                 if not len(buf):
