@@ -13,7 +13,7 @@ import pytest
 
 import lamina
 from lamina import comm as comm_mod
-from lamina.demo import launch, main, phases, report
+from lamina.demo import insitu, launch, main, pair, phases, report
 from lamina.demo import simulation as sim
 from lamina.geometry import Box, decompose
 
@@ -153,7 +153,7 @@ DEMO_ARGS = [
 
 @pytest.mark.skipif(launch.find_mpiexec() is None, reason="needs mpiexec")
 def test_demo_end_to_end(tmp_path, capsys):
-    rc = main([*DEMO_ARGS, "--out", str(tmp_path)])
+    rc = main([*DEMO_ARGS, "--out", str(tmp_path), "--skip-insitu"])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "lamina demo: OK" in out.splitlines()[-1]
@@ -182,11 +182,12 @@ def test_demo_end_to_end(tmp_path, capsys):
 @pytest.mark.skipif(launch.find_mpiexec() is None, reason="needs mpiexec")
 def test_demo_quiet_and_cleans_up(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the demo makes its directory
-    rc = main([*DEMO_ARGS, "--quiet", "--aggregators", "1"])
+    rc = main([*DEMO_ARGS, "--quiet", "--aggregators", "1", "--insitu-steps", "2"])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert out.strip().count("\n") == 0 and out.startswith("lamina demo: OK")
-    assert os.listdir(tmp_path) == []
+    assert "every value checked; in situ: 2 steps" in out and "same analysis results" in out
+    assert os.listdir(tmp_path) == []  # the flame, the in situ file and the results are gone
 
 
 @pytest.mark.skipif(launch.find_mpiexec() is None, reason="needs mpiexec")
@@ -214,6 +215,7 @@ def test_demo_in_place_under_mpiexec():
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("lamina demo: OK") == 1
     assert "write    3 ranks" in done.stdout and "read     2 ranks" in done.stdout
+    assert "in situ  skipped: it needs a launch of its own" in done.stdout
 
 
 def test_demo_without_mpiexec_runs_in_process(monkeypatch, capsys):
@@ -225,11 +227,18 @@ def test_demo_without_mpiexec_runs_in_process(monkeypatch, capsys):
     assert rc == 0, captured.out + captured.err
     assert "no mpiexec found" in captured.err
     assert "in this process" in captured.out and "lamina demo: OK" in captured.out
+    assert "in situ  skipped: no mpiexec" in captured.out
+    # asked for the in situ part alone, it says why it cannot run it
+    assert main([*DEMO_ARGS, "--insitu-only"]) == 1
+    assert "no mpiexec found" in capsys.readouterr().err
 
 
 def test_usage_errors_return_2(capsys):
     assert main(["--shape", "1x2"]) == 2
     assert main(["--ranks", "0"]) == 2
+    assert main(["--insitu-ranks", "2"]) == 2
+    assert main(["--insitu-ranks", "0:1"]) == 2
+    assert main(["--insitu-only", "--skip-insitu"]) == 2
     assert main(["--help"]) == 0
     capsys.readouterr()
 
@@ -237,3 +246,131 @@ def test_usage_errors_return_2(capsys):
 def test_launch_times_out_and_ends_the_process_group():
     done = launch.run([sys.executable, "-c", "import time; time.sleep(60)"], timeout=0.5)
     assert done.timed_out and done.seconds < 30
+
+
+# ------------------------------------------------------------------ in situ: simulation and analysis side by side
+
+INSITU_SHAPE = (16, 16, 32)
+
+
+def _expected_step(shape, t: float) -> dict:
+    """What the analysis should find at time *t*, from the whole grid at once."""
+    a = sim.fields(Box.from_shape(shape), shape, t)
+    c = (a["T"] - sim.T_U) / (sim.T_B - sim.T_U)
+    return {
+        "mean_T": a["T"].mean(),
+        "burnt": np.count_nonzero(c > 0.5) / c.size,
+        "front_z": c.sum() / (shape[0] * shape[1]),
+        "max_speed": np.sqrt((a["vx"] ** 2 + a["vy"] ** 2 + a["vz"] ** 2).max()),
+        "fuel_left": a["Y_CH4"].mean() / sim.Y_U,
+    }
+
+
+def test_insitu_programs_in_process(tmp_path, monkeypatch):
+    """One rank each, through a file: the analysis reads every step and finds what the simulation made."""
+    if comm_mod.world().size != 1:
+        pytest.skip("runs on one rank")
+    monkeypatch.delenv("LAMINA_TRANSPORT", raising=False)
+    path = str(tmp_path / "insitu.lam")
+    s = insitu.simulate(path, INSITU_SHAPE, 3, durable=False)
+    assert s["engine"] == "native" and s["steps"] == 3
+    assert s["bytes"] == 3 * pair.step_bytes(INSITU_SHAPE) == 3 * 6 * 16 * 16 * 32 * 8
+    a = insitu.analyze(path, timeout=10)
+    assert a["steps"] == 3 and a["bytes"] == s["bytes"] and len(a["results"]) == 3
+    dt = sim.time_step(INSITU_SHAPE, 3)
+    for k, got in enumerate(a["results"]):
+        assert got["step"] == k and got["time"] == sim.step_time(k, dt)
+        T = sim.fields(Box.from_shape(INSITU_SHAPE), INSITU_SHAPE, got["time"])["T"]
+        assert got["min_T"] == T.min() and got["max_T"] == T.max()
+        assert sum(got["T_histogram"]) == np.prod(INSITU_SHAPE)
+        for key, want in _expected_step(INSITU_SHAPE, got["time"]).items():
+            assert got[key] == pytest.approx(want, rel=1e-12), key
+        if k:
+            assert got["front_speed"] == pytest.approx(sim.S_T, rel=1e-3)
+    assert a["results"][0]["front_speed"] is None
+    # the same file read again gives the same digest and numbers
+    again = insitu.analyze(path, timeout=10)
+    assert again["sha256"] == a["sha256"] and again["results"] == a["results"]
+
+
+def test_insitu_compare_catches_differences():
+    def run(t, results, sha="x", engine=None, left=None, nbytes=None):
+        nbytes = 2 * pair.step_bytes(INSITU_SHAPE) if nbytes is None else nbytes
+        eng = engine or pair.ENGINES[t]
+        times = {"loop_s": 2.0, "lamina_s": 1.0, "compute_s": 0.5, "read_s": 0.5, "decomposition": [1, 1, 1]}
+        return {
+            "transport": t,
+            "job_s": 3.0,
+            "sim": {"engine": eng, "bytes": nbytes, **times},
+            "analysis": {"engine": eng, "bytes": nbytes, "steps": 2, "results": results, "sha256": sha, **times},
+            "left": t == "file" if left is None else left,
+            "left_bytes": 0,
+        }
+
+    row = {"time": 0.0, "burnt": 0.5, "front_z": 3.0, "front_speed": None, "max_speed": 4.0, "fuel_left": 0.5}
+    steps = [{**row, "step": 0, "mean_T": 1.0}, {**row, "step": 1, "mean_T": 2.0, "front_speed": 2.0}]
+    good = pair.compare({"memory": run("memory", steps), "file": run("file", steps)}, INSITU_SHAPE, 2)
+    assert good["ok"] and good["identical"] and not good["problems"]
+    other = [steps[0], {**steps[1], "mean_T": 2.0000000001}]
+    bad = pair.compare({"memory": run("memory", steps), "file": run("file", other)}, INSITU_SHAPE, 2)
+    assert not bad["ok"] and not bad["identical"]
+    bad = pair.compare({"memory": run("memory", steps), "file": run("file", steps, sha="y")}, INSITU_SHAPE, 2)
+    assert not bad["ok"]
+    bad = pair.compare({"memory": run("memory", steps, engine="native"), "file": run("file", steps)}, INSITU_SHAPE, 2)
+    assert not bad["ok"] and "engines" in bad["problems"][0]
+    bad = pair.compare({"memory": run("memory", steps, left=True), "file": run("file", steps)}, INSITU_SHAPE, 2)
+    assert not bad["ok"] and "written" in bad["problems"][0]
+    bad = pair.compare({"memory": run("memory", steps), "file": run("file", steps, nbytes=8)}, INSITU_SHAPE, 2)
+    assert not bad["ok"] and "bytes" in bad["problems"][0]
+    failed = {"transport": "memory", "error": "exited with status 1", "output": ["boom"]}
+    bad = pair.compare({"memory": failed, "file": run("file", steps)}, INSITU_SHAPE, 2)
+    assert not bad["ok"] and "exited with status 1" in bad["problems"][0]
+    bad["ranks"], bad["path"], bad["cpus"], bad["load"] = [2, 1], "x.lam", 2, 0.0
+    text = "\n".join(report.insitu_lines(bad))
+    assert "FAILED: the job exited with status 1" in text and "| boom" in text
+
+
+@pytest.mark.skipif(launch.find_mpiexec() is None, reason="needs mpiexec")
+def test_insitu_pair_memory_and_file(tmp_path):
+    """The pair in one MPMD launch (2 simulation ranks, 1 analysis rank) under memory, then file."""
+    d = pair.run_demo(launch.find_mpiexec(), str(tmp_path), str(tmp_path), INSITU_SHAPE, 3, (2, 1), timeout=120)
+    assert d["ok"], d["problems"]
+    assert d["identical"] and list(d["runs"]) == ["memory", "file"]
+    expected = 3 * pair.step_bytes(INSITU_SHAPE)
+    assert d["expected_bytes"] == expected
+    for t, run in d["runs"].items():
+        s, a = run["sim"], run["analysis"]
+        assert s["engine"] == a["engine"] == pair.ENGINES[t]
+        assert (s["ranks"], a["ranks"]) == (2, 1)
+        assert s["bytes"] == a["bytes"] == expected and a["steps"] == 3
+        assert 0 < a["read_s"] <= a["lamina_s"] <= a["loop_s"] <= run["job_s"]
+        assert 0 < s["lamina_s"] <= s["loop_s"] <= run["job_s"]
+    assert not d["runs"]["memory"]["left"]  # memory: nothing written
+    assert d["runs"]["file"]["left_bytes"] >= expected  # file: the native file is there, readable
+    with lamina.open(d["path"]) as f:
+        assert f.steps == 3 and f["flame/T"].shape == INSITU_SHAPE
+    mem, fil = (d["runs"][t]["analysis"] for t in ("memory", "file"))
+    assert mem["sha256"] == fil["sha256"] and mem["results"] == fil["results"]
+    assert [r["front_speed"] for r in mem["results"][1:]] == pytest.approx([sim.S_T] * 2, rel=1e-3)
+
+
+@pytest.mark.skipif(launch.find_mpiexec() is None, reason="needs mpiexec")
+def test_demo_insitu_only_report(tmp_path, capsys):
+    rc = main(["--insitu-only", "--shape", "16x16x32", "--insitu-steps", "2", "--no-fsync", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "write    " not in out  # only the in situ part ran
+    table = [line.split() for line in out.splitlines() if line.startswith(" " * 13)]
+    rows = {w[0]: w for w in table if w[0] in ("memory", "file")}
+    assert rows["memory"][1] == "mpi" and rows["file"][1] == "native"
+    moved = 2 * pair.step_bytes((16, 16, 32))  # 768 KiB
+    for w in rows.values():
+        assert float(w[2]) * {"KiB": 2**10, "MiB": 2**20}[w[3]] == moved, w
+    assert rows["memory"][-1] == "nothing" and rows["file"][-1] in ("KiB", "MiB")
+    assert "MiB/s" in rows["memory"] and "MiB/s" in rows["file"]
+    assert "file time / memory time:" in out
+    assert "analysis identical under memory and file" in out
+    assert "(the simulation moves the front at 2 m/s)" in out
+    last = out.splitlines()[-1]
+    assert last.startswith("lamina demo: OK (in situ: 2 steps") and "through memory in" in last
+    assert os.path.isdir(tmp_path / "insitu.lam") and not os.path.exists(tmp_path / "flame.lam")

@@ -8,12 +8,21 @@ and another decomposition, reads every value back, compares it bit for bit
 with the simulation, checks the per-block statistics, and reports sizes,
 bandwidths and what the block statistics say about the flame.
 
-Started without ``mpiexec`` (the usual way), the demo launches ``mpiexec``
-itself, once for the writer and once for the reader.  Started under
-``mpiexec -n N`` (N > 1), it runs both in place: the writer on all N ranks,
-the reader on fewer.
+Then, in situ (:mod:`lamina.demo.insitu`): a simulation program and an
+analysis program run side by side in one MPMD launch, the analysis
+following the simulation's steps as they come.  The same pair runs twice,
+under ``LAMINA_TRANSPORT=memory`` (over MPI, nothing written) and
+``LAMINA_TRANSPORT=file`` (through a native file), and the report shows
+what moved, how fast, and that the analysis found the same numbers.
 
-:func:`main` returns 0 only if every value was read back equal.
+Started without ``mpiexec`` (the usual way), the demo launches ``mpiexec``
+itself: once for the writer, once for the reader, and once per transport
+for the in situ pair.  Started under ``mpiexec -n N`` (N > 1), it runs the
+writer and the reader in place (the writer on all N ranks, the reader on
+fewer) and skips the in situ part, which needs a launch of its own.
+
+:func:`main` returns 0 only if every value was read back equal and the in
+situ analysis found the same results under both transports.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ import tempfile
 import time
 
 from .. import comm as comm_mod
-from . import launch, phases, report
+from . import launch, pair, phases, report
 from .simulation import DEFAULT_SHAPE
 
 __all__ = ["main"]
@@ -59,11 +68,24 @@ def _positive(text: str) -> int:
     return n
 
 
+def _ranks_pair(text: str) -> tuple[int, int]:
+    """'P:C': simulation ranks : analysis ranks."""
+    try:
+        p, c = (int(v) for v in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"use SIM:ANALYSIS ranks, e.g. 2:1, not {text!r}") from None
+    if min(p, c) < 1:
+        raise argparse.ArgumentTypeError(f"both rank counts must be at least 1, got {text!r}")
+    return p, c
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="lamina demo",
         description="Run a built-in 3-D flame simulation on several MPI ranks, write it with lamina, "
-        "read it back on a different number of ranks, check every value and report.",
+        "read it back on a different number of ranks, check every value and report; then run a "
+        "simulation and an analysis side by side in one MPMD launch, in memory and through a file, "
+        "and compare.",
     )
     p.add_argument(
         "--ranks", type=_positive, default=4, help="writer (simulation) ranks (default 4)"
@@ -102,6 +124,26 @@ def parser() -> argparse.ArgumentParser:
         default=300.0,
         help="seconds allowed to each MPI program (default 300)",
     )
+    p.add_argument(
+        "--insitu-steps",
+        type=_positive,
+        default=pair.DEFAULT_STEPS,
+        help=f"steps of the in situ pair (default {pair.DEFAULT_STEPS})",
+    )
+    p.add_argument(
+        "--insitu-ranks",
+        type=_ranks_pair,
+        default=pair.DEFAULT_RANKS,
+        metavar="SIM:ANALYSIS",
+        help="ranks of the in situ simulation and analysis (default {}:{})".format(*pair.DEFAULT_RANKS),
+    )
+    which = p.add_mutually_exclusive_group()
+    which.add_argument(
+        "--skip-insitu", action="store_true", help="do not run the in situ pair (memory vs file)"
+    )
+    which.add_argument(
+        "--insitu-only", action="store_true", help="run only the in situ pair (memory vs file)"
+    )
     p.add_argument("--quiet", "-q", action="store_true", help="print only the verdict line")
     return p
 
@@ -114,6 +156,13 @@ def main(argv: list[str] | None = None) -> int:
         return int(e.code or 0) if not isinstance(e.code, str) else 2
     world = comm_mod.world()
     if world.size > 1:
+        if args.insitu_only:
+            if world.rank == 0:
+                print(
+                    "lamina demo: --insitu-only launches its own MPMD job: run it without mpiexec",
+                    file=sys.stderr,
+                )
+            return 1
         return _run_in_place(args, world)
     if os.environ.get(launch.CHILD_ENV):
         print(
@@ -121,6 +170,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     mpiexec = launch.find_mpiexec()
+    if mpiexec is None and args.insitu_only:
+        print(
+            "lamina demo: no mpiexec found (install the 'mpich' wheel or an MPI): "
+            "the in situ pair needs one to run side by side",
+            file=sys.stderr,
+        )
+        return 1
     if mpiexec is None:
         print(
             "lamina demo: no mpiexec found (install the 'mpich' wheel or an MPI); "
@@ -161,17 +217,32 @@ def _say(args, msg: str) -> None:
         print(msg, flush=True)
 
 
+def _insitu_skipped(args, why: str) -> str | None:
+    """The report's note when the in situ pair cannot run here (None if it was not asked for)."""
+    return None if args.skip_insitu else f"skipped: {why}"
+
+
 def _finish(
-    args, w: dict | None, r: dict | None, path: str, kept: bool, wall: float, how: str
+    args,
+    w: dict | None,
+    r: dict | None,
+    path: str,
+    kept: bool,
+    wall: float,
+    how: str,
+    ins: dict | None = None,
+    ins_note: str | None = None,
 ) -> int:
-    ok = bool(w and r and r.get("ok"))
+    ok = report.demo_ok(w, r, ins, main_part=not args.insitu_only)
     if args.quiet:
-        print(report.verdict_line(w, r, ok))
-        if r and not ok:
+        print(report.verdict_line(w, r, ok, ins))
+        if r and not r.get("ok"):
             for e in r.get("errors", []):
                 print(f"  {e}")
+        for e in (ins or {}).get("problems", []):
+            print(f"  in situ: {e}")
     else:
-        print(report.format_report(w, r, path, kept, wall, how))
+        print(report.format_report(w, r, path, kept, wall, how, insitu=ins, insitu_note=ins_note))
     return 0 if ok else 1
 
 
@@ -196,7 +267,7 @@ def _writer_args(args, path: str, result: str) -> list[str]:
 
 
 def _run_launched(args, mpiexec: str) -> int:
-    """The usual way: two mpiexec runs, the writer's and the reader's, then the report here."""
+    """The usual way: mpiexec runs of the writer, the reader and the in situ pair, then the report here."""
     t0 = time.perf_counter()
     if args.blocks is None:
         args.blocks = phases.auto_blocks(args.shape, args.ranks)
@@ -205,33 +276,56 @@ def _run_launched(args, mpiexec: str) -> int:
     except OSError as e:
         print(f"lamina demo: cannot make the output directory: {e}", file=sys.stderr)
         return 1
+    w = r = ins = None
     try:
         nx, ny, nz = args.shape
-        _say(
-            args,
-            f"lamina demo: simulating a {nx}x{ny}x{nz} flame for {args.steps} steps on "
-            f"{args.ranks} ranks, then checking it on {args.readers} ranks (in {os.path.dirname(path)})",
-        )
-        results = {}
-        for role, n in (("write", args.ranks), ("read", args.readers)):
-            result = os.path.join(work, f"{role}.json")
-            if role == "write":
-                mod_args = _writer_args(args, path, result)
-            else:
-                mod_args = ["read", path, "--result", result]
-            done = launch.run(launch.mpi_command(mpiexec, n, mod_args), args.timeout)
-            if done.timed_out or done.returncode != 0 or not os.path.exists(result):
-                _report_crash(args, role, n, done, path if _cleanup(args, work, False) else None)
-                return 1
-            with open(result) as fh:
-                results[role] = json.load(fh)
+        if not args.insitu_only:
+            _say(
+                args,
+                f"lamina demo: simulating a {nx}x{ny}x{nz} flame for {args.steps} steps on "
+                f"{args.ranks} ranks, then checking it on {args.readers} ranks (in {os.path.dirname(path)})",
+            )
+            results = {}
+            for role, n in (("write", args.ranks), ("read", args.readers)):
+                result = os.path.join(work, f"{role}.json")
+                if role == "write":
+                    mod_args = _writer_args(args, path, result)
+                else:
+                    mod_args = ["read", path, "--result", result]
+                done = launch.run(launch.mpi_command(mpiexec, n, mod_args), args.timeout)
+                if done.timed_out or done.returncode != 0 or not os.path.exists(result):
+                    _report_crash(args, role, n, done, path if _cleanup(args, work, False) else None)
+                    return 1
+                with open(result) as fh:
+                    results[role] = json.load(fh)
+            w, r = results["write"], results["read"]
+        if not args.skip_insitu:
+            sims, anas = args.insitu_ranks
+            _say(
+                args,
+                f"lamina demo: in situ: the {nx}x{ny}x{nz} flame on {sims} ranks and an analysis on "
+                f"{anas} rank{'s' if anas > 1 else ''} side by side, {args.insitu_steps} steps, "
+                "through memory, then through a file",
+            )
+            ins = pair.run_demo(
+                mpiexec,
+                os.path.dirname(path),
+                work,
+                args.shape,
+                args.insitu_steps,
+                args.insitu_ranks,
+                timeout=args.timeout,
+                durable=not args.no_fsync,
+            )
     except BaseException:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
         raise
-    w, r = results["write"], results["read"]
-    kept = _cleanup(args, work, bool(r.get("ok")))
-    return _finish(args, w, r, path, kept, time.perf_counter() - t0, "2 mpiexec launches")
+    ok = report.demo_ok(w, r, ins, main_part=not args.insitu_only)
+    kept = _cleanup(args, work, ok)
+    launches = (0 if args.insitu_only else 2) + (len(ins["runs"]) if ins else 0)
+    how = f"{launches} mpiexec launches"
+    return _finish(args, w, r, path, kept, time.perf_counter() - t0, how, ins)
 
 
 def _report_crash(args, role: str, n: int, done: launch.Launched, kept_path: str | None) -> None:
@@ -297,5 +391,11 @@ def _run_in_place(args, world) -> int:
             kept,
             time.perf_counter() - t0,
             f"in place under mpiexec -n {size}" if size > 1 else "in this process",
+            ins_note=_insitu_skipped(
+                args,
+                "it needs a launch of its own: run lamina demo without mpiexec"
+                if size > 1
+                else "no mpiexec to run the simulation and the analysis side by side",
+            ),
         )
     return comm_mod.allreduce_int(world, status, "max") if size > 1 else status

@@ -60,15 +60,30 @@ def mpi_command(mpiexec: str, nranks: int, module_args: list[str]) -> list[str]:
     ]
 
 
-def run(cmd: list[str], timeout: float) -> Launched:
-    """Run *cmd* in its own process group; on timeout (or Ctrl-C) end the whole group."""
+def mpmd_command(mpiexec: str, programs: list[tuple[int, str, list[str]]]) -> list[str]:
+    """One MPMD launch: ``mpiexec -n N1 python -m mpi4py -m MODULE1 ARGS1 : -n N2 ...``."""
+    cmd = [mpiexec]
+    if _is_open_mpi(mpiexec):
+        cmd.append("--oversubscribe")
+    for i, (nranks, module, module_args) in enumerate(programs):
+        if i:
+            cmd.append(":")
+        cmd += ["-n", str(nranks), sys.executable, "-m", "mpi4py", "-m", module, *module_args]
+    return cmd
+
+
+def run(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> Launched:
+    """Run *cmd* in its own process group; on timeout (or Ctrl-C) end the whole group.
+
+    *env*: the environment of the ranks (default :func:`child_env`).
+    """
     t0 = time.perf_counter()
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env=child_env(),
+        env=child_env() if env is None else env,
         start_new_session=True,
     )
     try:
