@@ -5,6 +5,11 @@ blocking the run.  MPICH's hydra puts each rank in a session of its own, so
 killing ``mpiexec``'s process group does not reach the ranks: on a timeout
 (and in :func:`kill_tree`) every descendant process is found through
 ``/proc`` and killed by its pid.
+
+Launches in which a rank is meant to die (SIGKILL) and the others to go on
+need more (see :func:`survivable` and :func:`watch`): hydra's proxy kills
+every rank as soon as one of them is killed by a signal, and the survivors
+of such a launch cannot finish ``MPI_Finalize``.
 """
 
 from __future__ import annotations
@@ -52,9 +57,11 @@ def child_env(extra: dict | None = None) -> dict:
     return env
 
 
-def mpi_command(n: int, script: str, *args) -> list[str]:
+def mpi_command(n: int, script: str, *args, flags=()) -> list[str]:
+    """``mpiexec [FLAGS] -n N python -m mpi4py scenarios/SCRIPT args...``."""
     return [
         mpiexec(),
+        *flags,
         "-n",
         str(n),
         sys.executable,
@@ -228,9 +235,10 @@ def run_mpi(
     timeout: float = 60,
     env: dict | None = None,
     expect_ok: str | None = "OK",
+    flags=(),
 ) -> Result:
-    """``mpiexec -n N python -m mpi4py scenarios/SCRIPT args...``; asserts success."""
-    cmd = mpi_command(n, script, *args)
+    """``mpiexec [FLAGS] -n N python -m mpi4py scenarios/SCRIPT args...``; asserts success."""
+    cmd = mpi_command(n, script, *args, flags=flags)
     t0 = time.monotonic()
     proc = start(cmd, env=env)
     return check(finish(proc, cmd, timeout, t0), expect_ok)
@@ -244,3 +252,79 @@ def run_python(
     t0 = time.monotonic()
     proc = start(cmd, env=env)
     return check(finish(proc, cmd, timeout, t0), expect_ok)
+
+
+# ----------------------------------------------------------------- launches that lose a rank
+
+#: mpiexec flags for a launch whose ranks may die while the others go on: without it
+#: hydra ends the whole launch when a rank exits with an error
+KEEP_GOING = ("-disable-auto-cleanup",)
+
+_SHIM = 'trap "" USR1; "$@"; exit $?'
+
+
+def survivable(cmd: list[str]) -> list[str]:
+    """*cmd* (one program of a launch) run under a shell, so that the launch survives a rank killed by a signal.
+
+    Hydra's proxy SIGKILLs every rank of the launch as soon as one of its
+    children is *killed by a signal*, even with ``-disable-auto-cleanup``
+    (that flag only covers ranks that exit with an error status).  Under
+    ``sh -c '...; exit $?'`` the proxy's child is the shell, which outlives
+    the rank and exits with status 128 + signal.  The shell (and so the
+    rank) ignores SIGUSR1, which the proxy sends to every other rank when
+    one leaves without ``MPI_Finalize``.  Use with :data:`KEEP_GOING`.
+    """
+    return ["sh", "-c", _SHIM, "rank", *cmd]
+
+
+def _unlink_all(paths) -> None:
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def watch(
+    proc: subprocess.Popen, cmd, timeout: float, t0: float | None = None, tick=None
+) -> Result:
+    """:func:`finish` for a launch that loses ranks: calls *tick()* about every 0.2 s while it runs.
+
+    MPICH removes its shared-memory segments (``/dev/shm/mpich_shm_*``) in
+    ``MPI_Finalize``, which a launch that lost a rank never completes (it
+    waits for every process, the dead one included; the survivors leave with
+    ``os._exit``).  The segments its processes map are collected while it
+    runs and removed once it ended.
+    """
+    t0 = time.monotonic() if t0 is None else t0
+    shm: set[str] = set()
+    out, err = "", ""
+    rc = None
+    try:
+        while True:
+            shm |= _shm_files(descendants(proc.pid))
+            try:
+                o, e = proc.communicate(timeout=0.2)
+                out, err, rc = o or "", e or "", proc.returncode
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if time.monotonic() - t0 > timeout:
+                kill_tree(proc)
+                o, e = proc.communicate()
+                out, err = (
+                    o or "",
+                    (e or "") + f"\n*** killed: no result after {timeout} s (hang?) ***\n",
+                )
+                rc = -9999
+                break
+            if tick is not None:
+                tick()
+    except BaseException:
+        if proc.poll() is None:
+            kill_tree(proc)
+            proc.communicate()
+        raise
+    finally:
+        _unlink_all(shm)
+    return Result(cmd, rc, out, err, time.monotonic() - t0)
