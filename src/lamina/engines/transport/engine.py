@@ -148,6 +148,7 @@ class TransportEngine(BlockEngine):
         self._server: threading.Thread | None = None
         self._stop = threading.Event()
         self._server_error: BaseException | None = None
+        self._gave_up = False  # producer: end_step raised TransportError (a consumer stopped answering)
         self._serving_here = 0  # > 0 while the program's thread serves (in end_step, close): the thread rests
 
     # ------------------------------------------------------------ open
@@ -471,7 +472,11 @@ class TransportEngine(BlockEngine):
                 lambda: self._unreleased() < self.queue_limit and not self._data_in_flight(),
                 f"consumers to release step {len(self.catalog.steps) - self.queue_limit}",
             )
-        comm_mod.agree(self.comm, g.error)
+        try:
+            comm_mod.agree(self.comm, g.error)
+        except TransportError:
+            self._gave_up = True  # a consumer is gone: close does not wait for it a second time
+            raise
 
     def _gather(self) -> None:
         """Collective: wait for every rank of this task, serving consumers meanwhile.
@@ -714,6 +719,10 @@ class TransportEngine(BlockEngine):
                 self._commit(KIND_CLOSE)
                 g = comm_mod.Guard()
                 with g:
+                    if self._gave_up:  # end_step already reported the lost consumer: take what came, go
+                        self._serve_once()
+                        self._stop_server()
+                        return
                     self._serve(self._all_bye, "every consumer rank to close")
                     self._stop_server()
                     self._check_server()
