@@ -10,6 +10,7 @@
     lamina bench ...                            lamina.bench.main(args)
     lamina query FILE --where EXPR ...          lamina.query.main(args)
     lamina model derived ...                    lamina.perf.main(args)
+    lamina run WORKFLOW.yaml [--dry-run] ...    lamina.workflow_run.main(args)
 
 Errors that come from the file or the arguments (lamina errors, missing
 files, a bad ``--select``) print one line on stderr and exit with status 2.
@@ -35,9 +36,10 @@ PASSTHROUGH = {
     "bench": "run a benchmark (arguments go to lamina.bench)",
     "query": "select data by a condition over datasets and derived quantities (lamina query --help)",
     "model": "predict the costs of derived-quantity strategies (lamina model derived --help)",
+    "run": "launch the tasks of a workflow file as one MPMD job (lamina run --help)",
 }
 #: the module of each pass-through subcommand (default: lamina.<name>)
-PASSTHROUGH_MODULE = {"query": "lamina.query", "model": "lamina.perf"}
+PASSTHROUGH_MODULE = {"query": "lamina.query", "model": "lamina.perf", "run": "lamina.workflow_run"}
 
 
 class CLIError(Exception):

@@ -155,6 +155,11 @@ class TransportEngine(BlockEngine):
     def _open_storage(self, path: str, mode: str) -> None:
         if mode == "a":
             raise ModeError("the memory transport streams new steps: open with 'w' (producer) or 'r' (consumer)")
+        name = workflow.normname(path)
+        app = comm_mod.appnum()
+        wf = workflow.from_env()
+        for k, v in workflow.options_for(name, mode, app, wf).items():
+            self.options.setdefault(k, v)  # the workflow's defaults; the caller's options win
         env_timeout = os.environ.get(TIMEOUT_ENV)
         self.timeout = float(self.options.get("timeout", env_timeout or DEFAULT_TIMEOUT))
         self.queue_limit = int(self.options.get("queue_limit", 2))
@@ -174,10 +179,8 @@ class TransportEngine(BlockEngine):
             )
         self.serve_mode = serve
         shallow = self.options.get("shallow", ())
-        self.shallow = (shallow,) if isinstance(shallow, str) else tuple(str(p) for p in shallow)
-        name = workflow.normname(path)
-        app = comm_mod.appnum()
-        wf = workflow.from_env()
+        shallow = (shallow,) if isinstance(shallow, str) else shallow
+        self.shallow = tuple(str(p).lstrip("/") for p in shallow)  # dataset paths have no leading /
         route = workflow.route_for(name, mode, app, comm_mod.task_count(), wf)
         if mode == "w":
             if "flow" in self.options:

@@ -12,7 +12,16 @@ FLOW ``all`` (every step, the default), ``latest`` (the newest step
 whenever it is ready; stale steps are dropped) or N (every N-th step)::
 
     LAMINA_WORKFLOW="sim.lam=0>1:latest,2:10"
-  Names that match no entry are not transported: they stay
+
+An entry may end with options for the producer of its names, each after a
+``|``: ``queue_limit=N`` (N >= 2) and ``shallow=GLOB[,GLOB...]`` (datasets
+served without a copy)::
+
+    LAMINA_WORKFLOW="sim.lam=0>1 | queue_limit=3 | shallow=particles,grid/*"
+
+They are defaults: the producer's own ``lamina.open`` options win (see
+:func:`options_for`).  ``lamina run`` writes this variable from a workflow
+file.  Names that match no entry are not transported: they stay
 files.  Without a workflow, a launch of exactly two tasks needs none: the
 task that opens a name for writing produces it and the other task consumes
 it.
@@ -32,6 +41,9 @@ ENV = "LAMINA_WORKFLOW"
 
 #: flow policy code of ``latest``; N >= 1 means every N-th step (1: every step)
 LATEST = 0
+
+#: producer options an entry may carry after ``|`` (defaults for ``lamina.open``)
+OPTION_KEYS = ("queue_limit", "shallow")
 
 
 def parse_flow(value) -> int:
@@ -66,22 +78,63 @@ def normname(path: str) -> str:
     return os.path.normpath(str(path))
 
 
-class Workflow:
-    """Parsed ``LAMINA_WORKFLOW``: ``[(pattern, Route)]`` in order."""
+def parse_options(text: str) -> dict:
+    """``'queue_limit=3'`` or ``'shallow=a,b/*'`` -> ``{'queue_limit': 3}`` / ``{'shallow': ('a', 'b/*')}``."""
+    key, eq, value = text.partition("=")
+    key, value = key.strip(), value.strip()
+    if not eq or key not in OPTION_KEYS:
+        raise ValueError(f"option {text.strip()!r} is not one of " + ", ".join(f"{k}=..." for k in OPTION_KEYS))
+    if key == "queue_limit":
+        if not value.isdigit() or int(value) < 2:
+            raise ValueError(f"queue_limit must be an integer >= 2, got {value!r}")
+        return {key: int(value)}
+    globs = tuple(g.strip().lstrip("/") for g in value.split(","))  # dataset paths have no leading '/'
+    if not globs or not all(globs):
+        raise ValueError(f"shallow needs dataset globs separated by ',', got {value!r}")
+    return {key: globs}
 
-    def __init__(self, entries: list[tuple[str, Route]], flows: list[dict[int, int]] | None = None) -> None:
+
+def format_options(options: dict) -> str:
+    """The ``| key=value`` suffix of an entry (inverse of :func:`parse_options`)."""
+    out = []
+    for key in OPTION_KEYS:
+        if key not in options:
+            continue
+        value = options[key]
+        out.append(f"{key}={','.join(value) if key == 'shallow' else int(value)}")
+    return "".join(f" | {o}" for o in out)
+
+
+class Workflow:
+    """Parsed ``LAMINA_WORKFLOW``: ``[(pattern, Route)]`` in order, with flows and producer options."""
+
+    def __init__(
+        self,
+        entries: list[tuple[str, Route]],
+        flows: list[dict[int, int]] | None = None,
+        options: list[dict] | None = None,
+    ) -> None:
         self.entries = entries
         self.flows = flows if flows is not None else [{} for _ in entries]  # per entry: consumer -> flow
+        self.options = options if options is not None else [{} for _ in entries]  # per entry: producer options
 
     @classmethod
     def parse(cls, text: str) -> Workflow:
         entries = []
         flows = []
+        options = []
         for raw in text.replace("\n", ";").split(";"):
             item = raw.strip()
             if not item:
                 continue
-            pattern, eq, rest = item.rpartition("=")
+            head, *opts = item.split("|")
+            opt: dict = {}
+            for o in opts:
+                try:
+                    opt.update(parse_options(o))
+                except ValueError as e:
+                    raise ValueError(f"{ENV}: entry {item!r}: {e}") from None
+            pattern, eq, rest = head.strip().rpartition("=")
             prod, gt, cons = rest.partition(">")
             pattern = pattern.strip()
             if not eq or not gt or not pattern:
@@ -108,7 +161,16 @@ class Workflow:
                 )
             entries.append((pattern, Route(p, tuple(sorted(cs)))))
             flows.append(fl)
-        return cls(entries, flows)
+            options.append(opt)
+        return cls(entries, flows, options)
+
+    def text(self) -> str:
+        """The ``LAMINA_WORKFLOW`` value of this workflow (:meth:`parse` reads it back)."""
+        items = []
+        for (pattern, route), fl, opt in zip(self.entries, self.flows, self.options, strict=True):
+            cons = ",".join(f"{c}:{flow_name(fl[c])}" if c in fl else str(c) for c in route.consumers)
+            items.append(f"{pattern}={route.producer}>{cons}{format_options(opt)}")
+        return "; ".join(items)
 
     def _match(self, name: str) -> int | None:
         name = normname(name)
@@ -126,6 +188,21 @@ class Workflow:
         """The flow policy the workflow gives *consumer* for *name* (None: not said)."""
         i = self._match(name)
         return None if i is None else self.flows[i].get(consumer)
+
+
+def options_for(name: str, mode: str, app: int, wf: Workflow | None) -> dict:
+    """Defaults the workflow gives the producer task *app* for *name* opened in *mode*.
+
+    ``{'queue_limit': 3, 'shallow': ('grid/*',)}`` or a part of it; empty for
+    a consumer, a name no entry matches, a task other than the entry's
+    producer, or no workflow.  The caller's own options win over these.
+    """
+    if wf is None or mode == "r":
+        return {}
+    i = wf._match(name)
+    if i is None or wf.entries[i][1].producer != app:
+        return {}
+    return dict(wf.options[i])
 
 
 def from_env(env=None) -> Workflow | None:

@@ -1,0 +1,644 @@
+"""``lamina run WORKFLOW.yaml``: launch the tasks of a workflow file as one MPMD job.
+
+A workflow file (YAML) lists the programs of an in situ workflow, how many
+ranks each gets and which names each writes and reads::
+
+    transport: memory            # file | memory | both
+    timeout: 60                  # seconds without progress -> LAMINA_TRANSPORT_TIMEOUT
+    env: {OMP_NUM_THREADS: 1}    # for every task
+    tasks:
+      - name: sim
+        command: python -m mpi4py sim.py --steps 10
+        ranks: 6
+        writes: [sim.lam]
+        shallow: [particles]     # datasets of sim.lam served without a copy
+      - name: analysis
+        command: [python, -m, mpi4py, analysis.py]
+        ranks: 2
+        reads: [{name: sim.lam, flow: latest}]
+
+:func:`load` checks it (:class:`WorkflowFileError` names the file, the task
+and the field), :meth:`WorkflowFile.workflow` gives the ``LAMINA_WORKFLOW``
+routes the transport engine follows (with flows and producer options), and
+:meth:`WorkflowFile.command` the one ``mpiexec A : B`` line that starts every
+task (task order is the MPI appnum).  The full schema is in
+``docs/transport.md`` ("Launching a workflow: lamina run").
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import math
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+from . import launch
+from .engines.transport import workflow as wfmod
+from .errors import LaminaError, suggest
+
+#: upper bound of the ranks of one launch unless ``--max-ranks`` says otherwise
+MAX_RANKS = 1 << 20
+TRANSPORTS = ("file", "memory", "both")
+DEFAULT_TRANSPORT = "memory"
+TRANSPORT_ENV = "LAMINA_TRANSPORT"
+TIMEOUT_ENV = "LAMINA_TRANSPORT_TIMEOUT"
+
+TOP_KEYS = ("transport", "timeout", "env", "tasks")
+TASK_KEYS = ("name", "command", "ranks", "cwd", "env", "writes", "reads", "shallow", "queue_limit")
+WRITE_KEYS = ("name", "shallow", "queue_limit")
+READ_KEYS = ("name", "flow")
+#: set by ``lamina run`` itself from the fields ``transport``, ``timeout`` and the tasks
+RESERVED_ENV = (TRANSPORT_ENV, wfmod.ENV, TIMEOUT_ENV)
+#: a command starting with one of these runs under the Python that runs ``lamina run``
+PYTHONS = ("python", "python3")
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_BAD_NAME_CHARS = (";", "|", "\n", "\r")  # separators of LAMINA_WORKFLOW
+_BAD_GLOB_CHARS = (*_BAD_NAME_CHARS, ",")
+
+
+class WorkflowFileError(LaminaError, ValueError):
+    """A workflow file that cannot be read or does not follow the schema.
+
+    ``path``, ``task`` (the task's name or ``tasks[i]``; None for a
+    top-level field) and ``field`` (e.g. ``reads[0].flow``) say where.
+    """
+
+    def __init__(self, path: str, message: str, task: str | None = None, field: str | None = None) -> None:
+        self.path, self.task, self.field, self.reason = path, task, field, message
+        where = str(path)
+        if task is not None:
+            where += f": task {task}"
+        if field is not None:
+            where += f": {field}"
+        super().__init__(f"{where}: {message}")
+
+
+@dataclass(frozen=True)
+class Write:
+    """A name (or glob) a task writes, with the producer options the transport gets for it."""
+
+    name: str
+    shallow: tuple[str, ...] = ()
+    queue_limit: int | None = None
+
+
+@dataclass(frozen=True)
+class Read:
+    """A name a task reads from another task; *flow* is a :func:`~.workflow.parse_flow` code or None."""
+
+    name: str
+    flow: int | None = None
+
+
+@dataclass(frozen=True)
+class Task:
+    """One program of the launch (its MPI appnum is its index in :attr:`WorkflowFile.tasks`)."""
+
+    name: str
+    command: tuple[str, ...]
+    ranks: int
+    cwd: str | None = None  # absolute; None: the workflow file's directory
+    env: dict[str, str] = field(default_factory=dict)
+    writes: tuple[Write, ...] = ()
+    reads: tuple[Read, ...] = ()
+
+
+@dataclass(frozen=True)
+class WorkflowFile:
+    """A checked workflow file."""
+
+    path: str  # absolute
+    tasks: tuple[Task, ...]
+    transport: str | None = None  # None: not given in the file
+    timeout: float | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def directory(self) -> str:
+        """Where the job runs (relative commands and names are relative to it)."""
+        return os.path.dirname(self.path)
+
+    @property
+    def ranks(self) -> int:
+        return sum(t.ranks for t in self.tasks)
+
+    def workflow(self) -> wfmod.Workflow | None:
+        """The routes of every name some task reads, in task and ``writes`` order; None if there are none."""
+        entries, flows, options = [], [], []
+        for p, task in enumerate(self.tasks):
+            for w in task.writes:
+                readers = [(c, r) for c, t in enumerate(self.tasks) for r in t.reads if r.name == w.name]
+                if not readers:
+                    continue  # nobody reads it: it stays a file
+                entries.append((w.name, wfmod.Route(p, tuple(sorted(c for c, _ in readers)))))
+                flows.append({c: r.flow for c, r in readers if r.flow is not None})
+                opt: dict = {}
+                if w.queue_limit is not None:
+                    opt["queue_limit"] = w.queue_limit
+                if w.shallow:
+                    opt["shallow"] = w.shallow
+                options.append(opt)
+        return wfmod.Workflow(entries, flows, options) if entries else None
+
+    def transport_for(self, transport: str | None = None) -> str:
+        """The transport the job gets: *transport*, else the file's, else ``$LAMINA_TRANSPORT``, else memory.
+
+        ``file`` when no task reads what another writes (nothing to transport).
+        """
+        choice = (transport or self.transport or os.environ.get(TRANSPORT_ENV) or DEFAULT_TRANSPORT).strip().lower()
+        if choice not in TRANSPORTS:
+            raise WorkflowFileError(self.path, f"transport must be one of {list(TRANSPORTS)}, got {choice!r}")
+        return choice if self.workflow() is not None else "file"
+
+    def variables(self, transport: str | None = None) -> dict[str, str]:
+        """The variables ``lamina run`` sets for every task (the file's ``env`` and the transport's)."""
+        out = dict(self.env)
+        out[TRANSPORT_ENV] = self.transport_for(transport)
+        wf = self.workflow()
+        if wf is not None:
+            out[wfmod.ENV] = wf.text()
+        if self.timeout is not None:
+            out[TIMEOUT_ENV] = _number(self.timeout)
+        return out
+
+    def environment(self, transport: str | None = None) -> dict[str, str]:
+        """The job's whole environment: ours without an outer launcher's, lamina importable, :meth:`variables`."""
+        env = launch.child_env()
+        for k in RESERVED_ENV:
+            env.pop(k, None)
+        env.update(self.variables(transport))
+        return env
+
+    def command(self, mpiexec: str, oversubscribe: bool = False) -> list[str]:
+        """``mpiexec -n N1 CMD1 : -n N2 CMD2 ...``: a section per task, in order.
+
+        A task's ``cwd`` becomes ``-wdir DIR`` and its ``env`` an ``env NAME=VALUE``
+        prefix of its command; ``python``/``python3`` as the first word becomes
+        the running Python.  *oversubscribe* adds Open MPI's ``--oversubscribe``.
+        """
+        cmd = [mpiexec]
+        if oversubscribe:
+            cmd.append("--oversubscribe")
+        for i, t in enumerate(self.tasks):
+            if i:
+                cmd.append(":")
+            cmd += ["-n", str(t.ranks)]
+            if t.cwd is not None:
+                cmd += ["-wdir", t.cwd]
+            if t.env:
+                cmd += ["env", *(f"{k}={v}" for k, v in t.env.items())]
+            words = list(t.command)
+            if words[0] in PYTHONS:
+                words[0] = sys.executable
+            cmd += words
+        return cmd
+
+
+# --------------------------------------------------------------------------
+# loading and checking
+
+
+def load(path: str | os.PathLike, max_ranks: int = MAX_RANKS) -> WorkflowFile:
+    """Read and check the workflow file *path*; :class:`WorkflowFileError` if it is not valid."""
+    import yaml
+
+    shown = os.fspath(path)
+    try:
+        with open(shown, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise WorkflowFileError(shown, f"cannot read the workflow file ({getattr(e, 'strerror', None) or e})") from None
+    try:
+        data = yaml.safe_load(text)
+        _check_duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader))
+    except yaml.YAMLError as e:
+        raise WorkflowFileError(shown, f"not valid YAML: {' '.join(str(e).split())}") from None
+    return parse(data, os.path.abspath(shown), max_ranks=max_ranks, shown=shown)
+
+
+def _check_duplicate_keys(root) -> None:
+    """YAML keeps the last of two equal keys of a mapping: refuse them instead (a lost ``reads:``, say)."""
+    import yaml
+
+    todo, visited = [root], set()
+    while todo:
+        node = todo.pop()
+        if id(node) in visited:  # an alias: each node once, however often it is referred to
+            continue
+        visited.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            keys = set()
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode):
+                    if k.value in keys:
+                        raise yaml.YAMLError(f"duplicate key {k.value!r} at line {k.start_mark.line + 1}")
+                    keys.add(k.value)
+                todo.append(v)
+        elif isinstance(node, yaml.SequenceNode):
+            todo.extend(node.value)
+
+
+def parse(data, path: str, max_ranks: int = MAX_RANKS, shown: str | None = None) -> WorkflowFile:
+    """Check the loaded YAML *data* of the workflow file at *path* (absolute; relative paths resolve against its directory)."""
+    shown = path if shown is None else shown
+    base = os.path.dirname(path)
+
+    def fail(message: str, task: str | None = None, fld: str | None = None):
+        raise WorkflowFileError(shown, message, task, fld)
+
+    if not isinstance(data, dict):
+        fail(f"the file must be a mapping with the keys {', '.join(TOP_KEYS)} (got {_kind(data)})")
+    _unknown(data, TOP_KEYS, fail, None, None)
+    transport = None
+    if data.get("transport") is not None:
+        t = data["transport"]
+        if not isinstance(t, str) or t.strip().lower() not in TRANSPORTS:
+            fail(f"must be one of {', '.join(TRANSPORTS)}, got {t!r}", None, "transport")
+        transport = t.strip().lower()
+    timeout = None
+    if data.get("timeout") is not None:
+        t = data["timeout"]
+        if not _is_number(t) or not math.isfinite(t) or t <= 0:
+            fail(f"must be a number of seconds > 0, got {t!r}", None, "timeout")
+        timeout = float(t)
+    env = _env(data.get("env"), fail, None, "env", top=True)
+    raw_tasks = data.get("tasks")
+    if not isinstance(raw_tasks, list) or not raw_tasks:
+        fail(f"must be a non-empty list of tasks (got {_kind(raw_tasks)})", None, "tasks")
+
+    tasks: list[Task] = []
+    names: dict[str, int] = {}
+    for i, raw in enumerate(raw_tasks):
+        label = f"tasks[{i}]"
+        if not isinstance(raw, dict):
+            fail(f"a task must be a mapping with the keys {', '.join(TASK_KEYS)} (got {_kind(raw)})", label)
+        name = raw.get("name", f"task{i}")
+        if not isinstance(name, str) or not name.strip():
+            fail(f"must be a non-empty string, got {name!r}", label, "name")
+        name = name.strip()
+        label = f"{name!r} ({label})"
+        if name in names:
+            fail(f"the name is also that of tasks[{names[name]}]: task names must differ", label, "name")
+        names[name] = i
+        _unknown(raw, TASK_KEYS, fail, label, None)
+        tasks.append(_task(raw, name, label, base, max_ranks, fail))
+
+    total = sum(t.ranks for t in tasks)
+    if total > max_ranks:
+        fail(f"the tasks have {total} ranks in all, more than the limit of {max_ranks} (--max-ranks)", None, "tasks")
+    _check_names(tasks, fail)
+    return WorkflowFile(path, tuple(tasks), transport, timeout, env)
+
+
+def _task(raw: dict, name: str, label: str, base: str, max_ranks: int, fail) -> Task:
+    if "command" not in raw:
+        fail("missing: give the program to run, as a string or a list", label, "command")
+    command = raw["command"]
+    if isinstance(command, str):
+        try:
+            words = shlex.split(command)
+        except ValueError as e:
+            fail(f"cannot be split into words like a shell command ({e}): {command!r}", label, "command")
+    elif isinstance(command, list) and all(_is_scalar(w) for w in command):
+        words = [_number(w) if not isinstance(w, str) else w for w in command]
+    else:
+        fail(f"must be a string or a list of strings, got {command!r}", label, "command")
+    if not words or not words[0]:
+        fail("is empty: give the program to run", label, "command")
+
+    if "ranks" not in raw:
+        fail("missing: give the number of ranks (an integer >= 1)", label, "ranks")
+    ranks = raw["ranks"]
+    if not _is_int(ranks) or not 1 <= ranks <= max_ranks:
+        fail(f"must be an integer from 1 to {max_ranks}, got {ranks!r}", label, "ranks")
+
+    cwd = None
+    if raw.get("cwd") is not None:
+        c = raw["cwd"]
+        if not isinstance(c, str) or not c:
+            fail(f"must be a directory (relative to the workflow file's), got {c!r}", label, "cwd")
+        cwd = os.path.normpath(os.path.join(base, os.path.expanduser(c)))
+        if not os.path.isdir(cwd):
+            fail(f"{cwd} is not a directory", label, "cwd")
+
+    env = _env(raw.get("env"), fail, label, "env", top=False)
+    shallow = _globs(raw.get("shallow"), fail, label, "shallow")
+    queue_limit = _queue_limit(raw.get("queue_limit"), fail, label, "queue_limit")
+
+    writes = []
+    for j, item in enumerate(_listed(raw.get("writes"), fail, label, "writes")):
+        where = f"writes[{j}]"
+        if isinstance(item, dict):
+            _unknown(item, WRITE_KEYS, fail, label, where)
+            wname = _name(item.get("name"), fail, label, f"{where}.name")
+            ws = _globs(item.get("shallow"), fail, label, f"{where}.shallow") if "shallow" in item else shallow
+            wq = _queue_limit(item.get("queue_limit"), fail, label, f"{where}.queue_limit")
+            writes.append(Write(wname, ws, queue_limit if wq is None else wq))
+        else:
+            writes.append(Write(_name(item, fail, label, where), shallow, queue_limit))
+    reads = []
+    for j, item in enumerate(_listed(raw.get("reads"), fail, label, "reads")):
+        where = f"reads[{j}]"
+        if isinstance(item, dict):
+            _unknown(item, READ_KEYS, fail, label, where)
+            rname = _name(item.get("name"), fail, label, f"{where}.name")
+            flow = None
+            if item.get("flow") is not None:
+                try:
+                    flow = wfmod.parse_flow(item["flow"])
+                except ValueError as e:
+                    fail(str(e), label, f"{where}.flow")
+            reads.append(Read(rname, flow))
+        else:
+            reads.append(Read(_name(item, fail, label, where)))
+    for kind, items in (("writes", writes), ("reads", reads)):
+        seen: set[str] = set()
+        for x in items:
+            if x.name in seen:
+                fail(f"{x.name!r} is listed twice", label, kind)
+            seen.add(x.name)
+    if (shallow or queue_limit is not None) and not writes:
+        fail("producer options need names this task writes (writes: [...])", label, "shallow" if shallow else "queue_limit")
+    return Task(name, tuple(words), int(ranks), cwd, env, tuple(writes), tuple(reads))
+
+
+def _check_names(tasks: list[Task], fail) -> None:
+    """Each name has one writer; each name read is written, by another task, exactly as written."""
+    writers = [(i, w.name) for i, t in enumerate(tasks) for w in t.writes]
+    for a, (i, x) in enumerate(writers):
+        for j, y in writers[a + 1 :]:
+            if x == y or fnmatch.fnmatchcase(x, y) or fnmatch.fnmatchcase(y, x):
+                who = f"tasks {tasks[i].name!r} and {tasks[j].name!r}" if i != j else "this task twice"
+                what = f"{x!r}" if x == y else f"{x!r} and {y!r} (the patterns overlap)"
+                fail(
+                    f"{what} written by {who}: each name has one producer",
+                    f"{tasks[j].name!r} (tasks[{j}])",
+                    "writes",
+                )
+    for j, t in enumerate(tasks):
+        label = f"{t.name!r} (tasks[{j}])"
+        own = {w.name for w in t.writes}
+        for k, r in enumerate(t.reads):
+            if r.name in own:
+                fail(f"the task reads {r.name!r}, which it writes itself", label, f"reads[{k}]")
+            if any(r.name == x for _, x in writers):
+                continue
+            close = [x for _, x in writers if fnmatch.fnmatchcase(r.name, x)]
+            if close:
+                hint = f" ({close[0]!r} is written: give a name read exactly as the producer's writes list it)"
+            else:
+                written = ", ".join(repr(x) for _, x in writers) or "nothing"
+                hint = suggest(r.name, [x for _, x in writers]).replace(" Did", ". Did", 1) or f" (written: {written})"
+            fail(f"no task writes {r.name!r}{hint}", label, f"reads[{k}]")
+
+
+def _unknown(mapping: dict, allowed: tuple[str, ...], fail, task, where) -> None:
+    for k in mapping:
+        if k not in allowed:
+            key = f"{where}.{k}" if where else str(k)
+            hint = suggest(str(k), allowed) if isinstance(k, str) else ""
+            fail(f"unknown key (allowed: {', '.join(allowed)}).{hint}", task, key)
+
+
+def _listed(value, fail, task, fld) -> list:
+    if value is None:
+        return []
+    if isinstance(value, str | dict):
+        return [value]
+    if not isinstance(value, list):
+        fail(f"must be a list of names, got {value!r}", task, fld)
+    return value
+
+
+def _name(value, fail, task, fld) -> str:
+    if not isinstance(value, str) or not value.strip():
+        fail(f"must be a name (or glob pattern) as given to lamina.open, got {value!r}", task, fld)
+    value = value.strip()
+    bad = [c for c in _BAD_NAME_CHARS if c in value]
+    if bad:
+        fail(f"{value!r} contains {bad[0]!r}, which LAMINA_WORKFLOW uses as a separator", task, fld)
+    return wfmod.normname(value)
+
+
+def _globs(value, fail, task, fld) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(g, str) and g.strip().lstrip("/") for g in items):
+        fail(f"must be a dataset path glob or a list of them (e.g. [particles, 'grid/*']), got {value!r}", task, fld)
+    out = []
+    for g in items:
+        bad = [c for c in _BAD_GLOB_CHARS if c in g]
+        if bad:
+            fail(f"{g!r} contains {bad[0]!r}, which LAMINA_WORKFLOW uses as a separator", task, fld)
+        out.append(g.strip().lstrip("/"))  # dataset paths have no leading '/'
+    return tuple(out)
+
+
+def _queue_limit(value, fail, task, fld) -> int | None:
+    if value is None:
+        return None
+    if not _is_int(value) or value < 2:
+        fail(
+            f"must be an integer >= 2 (steps a producer keeps before it waits for its consumers), got {value!r}",
+            task,
+            fld,
+        )
+    return int(value)
+
+
+def _env(value, fail, task, fld, top: bool) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        fail(f"must be a mapping NAME: value, got {value!r}", task, fld)
+    out = {}
+    for k, v in value.items():
+        if not isinstance(k, str) or not _ENV_NAME.fullmatch(k):
+            fail(f"{k!r} is not a variable name ([A-Za-z_][A-Za-z0-9_]*)", task, fld)
+        if k in RESERVED_ENV and (top or k != TIMEOUT_ENV):
+            field_of = {TRANSPORT_ENV: "transport", wfmod.ENV: "writes/reads", TIMEOUT_ENV: "timeout"}[k]
+            fail(f"{k} is set by lamina run from the field '{field_of}'", task, f"{fld}.{k}")
+        if not _is_scalar(v):
+            fail(f"the value must be a string or a number, got {v!r} (quote yes/no/true/false)", task, f"{fld}.{k}")
+        out[k] = v if isinstance(v, str) else _number(v)
+    return out
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _is_scalar(v) -> bool:
+    return isinstance(v, str) or _is_number(v)
+
+
+def _number(v) -> str:
+    return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+
+
+def _kind(v) -> str:
+    return "nothing" if v is None else type(v).__name__
+
+
+# --------------------------------------------------------------------------
+# launching
+
+
+def _is_open_mpi(mpiexec: str) -> bool:
+    try:
+        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "Open MPI" in out or "OpenRTE" in out
+
+
+def describe(wf: WorkflowFile, transport: str | None = None) -> list[str]:
+    """Comment lines: the tasks and who sends what to whom."""
+    choice = wf.transport_for(transport)
+    lines = [
+        f"# {wf.path}: {len(wf.tasks)} task(s), {wf.ranks} rank(s), transport {choice}",
+    ]
+    for i, t in enumerate(wf.tasks):
+        lines.append(f"#   task {i} {t.name}: {t.ranks} rank(s): {shlex.join(t.command)}")
+    flow_of = {(c, r.name): r.flow for c, t in enumerate(wf.tasks) for r in t.reads}
+    for t in wf.tasks:
+        for w in t.writes:
+            readers = [
+                wf.tasks[c].name + ("" if flow_of[c, w.name] is None else f" ({wfmod.flow_name(flow_of[c, w.name])})")
+                for c in range(len(wf.tasks))
+                if (c, w.name) in flow_of
+            ]
+            if readers:
+                lines.append(f"#   {w.name}: {t.name} -> {', '.join(readers)}")
+            else:
+                lines.append(f"#   {w.name}: written by {t.name}, read by no task: stays a file")
+    return lines
+
+
+def script(wf: WorkflowFile, cmd: list[str], env: dict[str, str], transport: str | None = None) -> str:
+    """A shell script equivalent to the launch: ``cd``, the variables that differ from ours, the command."""
+    lines = describe(wf, transport)
+    lines.append(f"cd {shlex.quote(wf.directory)}")
+    for k in sorted(set(os.environ) - set(env)):
+        lines.append(f"unset {k}")
+    for k, v in env.items():
+        if os.environ.get(k) != v:
+            lines.append(f"export {k}={shlex.quote(v)}")
+    sections, cur = [], []
+    for word in cmd:
+        if word == ":":
+            sections.append(cur)
+            cur = []
+        else:
+            cur.append(word)
+    sections.append(cur)
+    lines.append(" \\\n  : ".join(shlex.join(s) for s in sections))
+    return "\n".join(lines)
+
+
+class _Terminated(Exception):
+    pass
+
+
+def _on_term(signum, frame):
+    raise _Terminated()
+
+
+def run(
+    wf: WorkflowFile,
+    transport: str | None = None,
+    timeout: float | None = None,
+    mpiexec: str | None = None,
+) -> int:
+    """Launch the job, its output going to ours; returns its exit status.
+
+    After *timeout* seconds, on Ctrl-C or on SIGTERM the whole job is killed
+    (mpiexec and every rank) and 124, 130 or 143 returned.
+    """
+    exe = mpiexec or launch.find_mpiexec()
+    cmd = wf.command(exe, oversubscribe=_is_open_mpi(exe))
+    env = wf.environment(transport)
+    proc = subprocess.Popen(cmd, cwd=wf.directory, env=env, start_new_session=True)
+    old = None
+    try:
+        old = signal.signal(signal.SIGTERM, _on_term)
+    except ValueError:  # not the main thread: no handler, Ctrl-C and the timeout still work
+        pass
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        launch.kill_job(proc)
+        print(f"lamina run: the job ran past --timeout {timeout:g} s: killed", file=sys.stderr)
+        return 124
+    except KeyboardInterrupt:
+        launch.kill_job(proc)
+        print("lamina run: interrupted: job killed", file=sys.stderr)
+        return 130
+    except _Terminated:
+        launch.kill_job(proc)
+        print("lamina run: terminated: job killed", file=sys.stderr)
+        return 143
+    except BaseException:
+        launch.kill_job(proc)
+        raise
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+    return rc if rc >= 0 else 128 - rc
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="lamina run",
+        description=(
+            "Launch the tasks of a workflow file (YAML) as one MPMD job: mpiexec -n N1 CMD1 : -n N2 CMD2 ..., "
+            "with LAMINA_TRANSPORT and LAMINA_WORKFLOW set so that the names tasks write and read travel "
+            "in memory (docs/transport.md, 'Launching a workflow: lamina run')."
+        ),
+    )
+    p.add_argument("file", help="the workflow file")
+    p.add_argument("--dry-run", action="store_true", help="print the command and the variables set; run nothing")
+    p.add_argument("--timeout", type=float, metavar="S", help="kill the whole job after S seconds (exit status 124)")
+    p.add_argument("--transport", choices=TRANSPORTS, help="override the file's transport")
+    p.add_argument(
+        "--max-ranks", type=int, default=MAX_RANKS, metavar="N", help=f"refuse more than N ranks in all (default {MAX_RANKS})"
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
+    try:
+        args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 2
+    if args.timeout is not None and not args.timeout > 0:
+        print(f"lamina run: error: --timeout must be > 0 seconds, got {args.timeout:g}", file=sys.stderr)
+        return 2
+    try:
+        wf = load(args.file, max_ranks=args.max_ranks)
+        if args.dry_run:
+            exe = launch.find_mpiexec(required=False) or "mpiexec"
+            cmd = wf.command(exe, oversubscribe=_is_open_mpi(exe))
+            print(script(wf, cmd, wf.environment(args.transport), args.transport))
+            return 0
+        return run(wf, args.transport, args.timeout)
+    except (LaminaError, OSError) as e:
+        print(f"lamina run: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # python -m lamina.workflow_run
+    sys.exit(main())
