@@ -223,6 +223,10 @@ def test_memory_transport_needs_mpmd(tmp_path):
         lamina.open(tmp_path / "x.lam", "a", transport="memory")
     with pytest.raises(ValueError, match="queue_limit"):
         lamina.open(tmp_path / "x.lam", "w", transport="memory", queue_limit=1)
+    with pytest.raises(ValueError, match="stats must be True or False"):
+        lamina.open(tmp_path / "x.lam", "w", transport="memory", stats="no")
+    with pytest.raises(ValueError, match="serve must be one of thread, calls"):
+        lamina.open(tmp_path / "x.lam", "w", transport="memory", serve="sometimes")
     assert not os.listdir(tmp_path)
 
 
@@ -267,6 +271,18 @@ def test_steps_seen_on_arrival(tmp_path):
     [line] = res.lines("OK punctual:")
     late = [float(t) for t in line.split("late ")[1].split()]
     assert max(late[1:]) < 0.25, res.describe()  # step 0 also waits for the open
+
+
+def test_no_statistics(tmp_path):
+    """stats=False: blocks travel without statistics; values and queries stay right (no pruning)."""
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (2, "transport_flow", "bare", "b", 3),
+        (1, "transport_flow", "bare-read", "b", 3),
+        cwd=tmp_path,
+        env={"LAMINA_TRANSPORT": "memory"},
+    )
+    assert res.lines("OK bare: 3 steps"), res.describe()
 
 
 def test_flow_workflow(tmp_path):

@@ -6,6 +6,8 @@
     transport_flow.py slow NAME STEPS GAP         writes a step every GAP seconds
     transport_flow.py punctual NAME STEPS         iter_steps() with its default polling: reports how
                                                   late after its commit each step was seen
+    transport_flow.py bare NAME STEPS             writes x = arange(8) + k with stats=False
+    transport_flow.py bare-read NAME STEPS        blocks carry no statistics; reads and queries still right
 
 The producer reports how many steps it held at most after each ``end_step``
 (its memory) and how long its steps took (it never waits for a latest
@@ -80,6 +82,33 @@ def punctual(name: str, steps: int) -> list[float]:
     return late
 
 
+def bare(name: str, steps: int) -> None:
+    with lamina.open(name, "w", stats=False) as f:
+        f.create_dataset("x", (8,), np.int64)
+        for k in range(steps):
+            with f.step():
+                a, b = 8 * f.comm.rank // f.comm.size, 8 * (f.comm.rank + 1) // f.comm.size
+                f["x"].write(np.arange(a, b) + k, offset=(a,))
+
+
+def bare_read(name: str, steps: int) -> None:
+    with lamina.open(name, "r") as f:
+        n = 0
+        for view in f.iter_steps():
+            k = view.index
+            if any(b.stats is not None for b in view["x"].blocks()):
+                raise AssertionError("a block of a stats=False producer carries statistics")
+            if list(view["x"][:]) != list(range(k, k + 8)):
+                raise AssertionError(f"step {k}: {view['x'][:]}")
+            res = view.query("x > 5")
+            # no statistics to prune with: the query reads every block to decide
+            if res.count != min(8, k + 2) or res.candidate_blocks_read != len(view["x"].blocks()):
+                raise AssertionError(f"step {k}: query x > 5 gave {res.count} matches, read {res.candidate_blocks_read} blocks")
+            n += 1
+    if n != steps:
+        raise AssertionError(f"saw {n} of {steps} steps")
+
+
 def main() -> None:
     role, name, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
     comm = lamina.comm.task_comm()
@@ -103,6 +132,12 @@ def main() -> None:
             say(f"OK every {n}: {seen}")
     elif role == "slow":
         slow(name, steps, float(sys.argv[4]))
+    elif role == "bare":
+        bare(name, steps)
+    elif role == "bare-read":
+        bare_read(name, steps)
+        if comm.rank == 0:
+            say(f"OK bare: {steps} steps without statistics")
     elif role == "punctual":
         late = punctual(name, steps)
         if comm.rank == 0:

@@ -467,7 +467,11 @@ class BlockEngine(Engine):
             e.u32(len(crcs))
             for c in crcs:
                 e.u32(c)
-            st.encode(e, p.spec.dtype)
+            if st is None:  # an engine that keeps no statistics (the memory transport with stats=False)
+                e.u8(0)
+            else:
+                e.u8(1)
+                st.encode(e, p.spec.dtype)
         e.u32(len(locations))
         for loc in locations:
             for v in loc:
@@ -490,7 +494,8 @@ class BlockEngine(Engine):
                 rec = recs[(r, idx)]
                 rec.seg = d.u64()
                 rec.crcs = tuple(d.u32() for _ in range(d.count(4, name="checksums")))
-                rec.stats = Stats.decode(d, self.catalog.specs[by_key[(r, idx)].dataset].dtype)
+                if d.u8():
+                    rec.stats = Stats.decode(d, self.catalog.specs[by_key[(r, idx)].dataset].dtype)
             for _ in range(d.count(40, name="locations")):
                 src, idx, session, agg, off = (d.u64() for _ in range(5))
                 rec = recs[(src, idx)]

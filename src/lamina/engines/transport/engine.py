@@ -77,10 +77,17 @@ SERVE_MODES = ("thread", "calls")
 SERVER_IDLE = 2e-3
 
 #: options only this engine knows; other engines never see them (see lamina.api.file)
-TRANSPORT_OPTIONS = {"timeout", "queue_limit", "shallow", "flow", "serve"}
+TRANSPORT_OPTIONS = {"timeout", "queue_limit", "shallow", "flow", "serve", "stats"}
 
 _u8 = wire._u8
 MPI = wire.MPI
+
+
+class _NoStats:
+    """A block sent without statistics (``stats=False``): queries on consumers read it whatever they ask."""
+
+    def result(self):
+        return None, (0,)
 
 
 class _StatsOnly:
@@ -178,6 +185,10 @@ class TransportEngine(BlockEngine):
                 f"(this MPI gives level {MPI.Query_thread()}); use serve='calls'"
             )
         self.serve_mode = serve
+        stats = self.options.get("stats", True)
+        if not isinstance(stats, bool | np.bool_):
+            raise ValueError(f"stats must be True or False, got {stats!r}")
+        self.with_stats = bool(stats)
         shallow = self.options.get("shallow", ())
         shallow = (shallow,) if isinstance(shallow, str) else shallow
         self.shallow = tuple(str(p).lstrip("/") for p in shallow)  # dataset paths have no leading /
@@ -226,6 +237,9 @@ class TransportEngine(BlockEngine):
             p.data = p.data.copy()
         # statistics for the index; no checksums: the bytes are never stored, MPI moves them
         # on this thread unless asked (the serving loop holds the GIL and competes for the CPU)
+        if not self.with_stats:
+            p.job = _NoStats()
+            return
         background = bool(self.options.get("background_stats", False))
         p.job = _StatsOnly(stats_mod.BlockJob(p.data, 0, checksum=False, background=background))
 
