@@ -132,6 +132,25 @@ def test_chain(tmp_path):
     assert not os.listdir(tmp_path)
 
 
+@pytest.mark.parametrize("nprod,how", [(3, "ordered"), (1, "numbered")])
+def test_own_task_communicators(nprod, how):
+    """One program splits the world itself (set_task_comm): 3 -> 1 and 1 -> 2 ranks in memory."""
+    _skip_without_mpiexec()
+    res = mu.run_mpi(3 if how == "numbered" else 4, "transport_split", "s", 2, nprod, how,
+                     env={"LAMINA_TRANSPORT": "memory", "LAMINA_TRANSPORT_TIMEOUT": "20"}, timeout=TIMEOUT)
+    assert res.lines("OK split: 2 steps"), res.describe()
+
+
+def test_own_task_communicators_refused():
+    """Task numbers that differ inside one task: ValueError on every rank; after an open, RuntimeError."""
+    _skip_without_mpiexec()
+    res = mu.run_mpi(3, "transport_split", "s", 2, 2, "bad", timeout=TIMEOUT)
+    assert res.lines("OK bad split refused"), res.describe()
+    lamina.comm.task_comm()
+    with pytest.raises(RuntimeError, match="before the first lamina.open"):
+        lamina.comm.set_task_comm(lamina.comm.world())
+
+
 def test_nobody_produces(tmp_path):
     """A consumer of a name nobody produces gets TransportError within the timeout."""
     _skip_without_mpiexec()

@@ -26,7 +26,9 @@ def world() -> MPI.Comm:
 
 
 def appnum() -> int:
-    """Index of this program in an MPMD launch (``mpiexec A : B``), 0 otherwise."""
+    """Index of this program's task: its MPMD appnum (``mpiexec A : B``), or the one :func:`set_task_comm` gave."""
+    if _DECLARED is not None:
+        return _DECLARED
     value = MPI.COMM_WORLD.Get_attr(MPI.APPNUM)
     return 0 if value is None else int(value)
 
@@ -59,6 +61,64 @@ def task_comm() -> MPI.Comm:
 
 _APPNUMS: np.ndarray | None = None
 _PEER_COMM: MPI.Comm | None = None
+_DECLARED: int | None = None  # this rank's task, when the program split the world itself
+
+
+def set_task_comm(comm: MPI.Comm, task: int | None = None) -> MPI.Comm:
+    """Collective over the world: the tasks are *comm*s the program built, not the programs of an MPMD launch.
+
+    For one program that splits ``MPI.COMM_WORLD`` into a producer part and
+    a consumer part itself (``mpiexec -n 8 python workflow.py``).  Every rank
+    of the world passes the communicator of its own task; the communicators
+    must partition the world.  Tasks are numbered by *task* (the same on
+    every rank of a task, 0..T-1, each once) or, when every rank passes
+    None, in the order of their lowest world rank.  These numbers are what
+    ``LAMINA_WORKFLOW`` names.  Returns the task communicator that
+    ``lamina.open`` then uses by default: a copy of *comm*'s group ordered by
+    world rank.  Must come before the first ``lamina.open`` (or
+    :func:`task_comm`) of the process, and only once.
+    """
+    global _TASK_COMM, _APPNUMS, _PEER_COMM, _DECLARED
+    if _TASK_COMM is not None:
+        raise RuntimeError(
+            "set_task_comm must come before the first lamina.open (or lamina.comm.task_comm) "
+            "of the process, and only once: the tasks are already set"
+        )
+    w = MPI.COMM_WORLD
+    leader = allreduce_int(comm, w.rank, "min")
+    want = -1 if task is None else int(task)
+    if task is not None and want < 0:
+        raise ValueError(f"task must be >= 0, got {task}")  # the same verdict on every rank of a task
+    rows = np.zeros((w.size, 3), dtype=np.int64)
+    w.Allgather(np.array([leader, want, comm.size], dtype=np.int64), rows)
+    leaders = np.unique(rows[:, 0])
+    problem = None
+    for lead in leaders:
+        mine = rows[rows[:, 0] == lead]
+        if len(mine) != mine[0, 2] or (mine[:, 2] != mine[0, 2]).any():
+            problem = f"the task communicators do not partition the world (the task led by world rank {lead})"
+        elif (mine[:, 1] != mine[0, 1]).any():
+            problem = f"the ranks of the task led by world rank {lead} passed different task numbers"
+    given = rows[:, 1]
+    if problem is None and (given >= 0).any():
+        ids = {int(rows[rows[:, 0] == lead][0, 1]) for lead in leaders}
+        if (given < 0).any() or ids != set(range(len(leaders))):
+            problem = (
+                f"task numbers must be given on every rank or on none, each of 0..{len(leaders) - 1} "
+                f"once; got {sorted(ids)}"
+            )
+    if problem is not None:
+        raise ValueError(f"set_task_comm: {problem}")  # every rank saw the same rows
+    if (given >= 0).any():
+        apps = given.copy()
+    else:
+        apps = np.searchsorted(leaders, rows[:, 0]).astype(np.int64)
+    _APPNUMS = apps
+    _DECLARED = int(apps[w.rank])
+    _TASK_COMM = w.Split(_DECLARED, w.rank)
+    if len(leaders) > 1:
+        _PEER_COMM = w.Dup()
+    return _TASK_COMM
 
 
 def task_appnums() -> np.ndarray:
@@ -367,6 +427,7 @@ __all__ = [
     "peer_comm",
     "resolve",
     "task_appnums",
+    "set_task_comm",
     "task_comm",
     "task_count",
     "task_leader",
