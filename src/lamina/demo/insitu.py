@@ -46,7 +46,7 @@ from ..geometry import decompose
 from . import simulation as sim
 from .pair import DEFAULT_STEPS
 from .phases import _max_over, _sum_over, process_grid
-from .run import write_result
+from .run import shape_arg, write_result
 
 __all__ = ["analyze", "main", "simulate"]
 
@@ -262,16 +262,6 @@ def analyze(path: str, timeout: float = 120.0) -> dict | None:
 # --------------------------------------------------------------------------- the programs
 
 
-def _shape(text: str) -> tuple[int, ...]:
-    try:
-        shape = tuple(int(p) for p in text.replace("x", ",").split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad shape {text!r}") from None
-    if len(shape) != 3 or min(shape) < 1:
-        raise argparse.ArgumentTypeError(f"the shape must be 3 positive integers, got {text!r}")
-    return shape
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m lamina.demo.insitu",
@@ -280,7 +270,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("program", choices=["sim", "analysis"])
     p.add_argument("path", help="the name both programs open")
-    p.add_argument("--shape", type=_shape, default=sim.DEFAULT_SHAPE, help="global grid (sim)")
+    p.add_argument("--shape", type=shape_arg, default=sim.DEFAULT_SHAPE, help="global grid (sim)")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="steps to write (sim)")
     p.add_argument("--no-fsync", action="store_true", help="open with durable=False (sim)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for a step (analysis)")

@@ -22,7 +22,8 @@ from .. import comm as comm_mod
 from . import phases
 
 
-def _shape(text: str) -> tuple[int, ...]:
+def shape_arg(text: str) -> tuple[int, ...]:
+    """argparse type of a 3-D grid shape: ``64x64x128`` or ``64,64,128``."""
     parts = text.replace("x", ",").split(",")
     try:
         shape = tuple(int(p) for p in parts)
@@ -42,7 +43,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("role", choices=["write", "read"])
     p.add_argument("path", help="the .lam file to write or read")
     p.add_argument("--result", required=True, help="JSON file for rank 0's measurements")
-    p.add_argument("--shape", type=_shape, default=None, help="global grid, e.g. 64x64x128 (write)")
+    p.add_argument("--shape", type=shape_arg, default=None, help="global grid, e.g. 64x64x128 (write)")
     p.add_argument("--steps", type=int, default=5, help="steps to write")
     p.add_argument(
         "--blocks", type=int, default=None, help="blocks per writer rank (default: auto)"
