@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from lamina.launch import descendants, remove_files, shm_segments
+
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 SRC = Path(__file__).resolve().parent.parent / "src"
 
@@ -93,49 +95,6 @@ def start_mpi(n: int, script: str, *args, env: dict | None = None) -> subprocess
     return start(mpi_command(n, script, *args), env=env)
 
 
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of *pid* (found through /proc), deepest last."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # the command name may contain spaces and parentheses: split after the last ')'
-        fields = stat[stat.rfind(")") + 2 :].split()
-        try:
-            ppid = int(fields[1])
-        except (IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out: list[int] = []
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        for c in children.get(p, []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def _shm_files(pids: list[int]) -> set[str]:
-    """MPICH shared-memory segments (``/dev/shm/mpich_shm_*``) mapped by *pids*."""
-    out = set()
-    for p in pids:
-        try:
-            with open(f"/proc/{p}/maps") as f:
-                for line in f:
-                    parts = line.split()
-                    if len(parts) >= 6 and parts[5].startswith("/dev/shm/mpich_shm_"):
-                        out.add(parts[5])
-        except OSError:
-            pass
-    return out
-
-
 def kill_tree(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
     """Send *sig* to *proc*, its process group and every descendant (by pid).
 
@@ -143,7 +102,7 @@ def kill_tree(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
     ranks had mapped (a normal MPI_Finalize would have removed them).
     """
     pids = descendants(proc.pid)
-    shm = _shm_files(pids) if sig == signal.SIGKILL else set()
+    shm = shm_segments([proc.pid, *pids]) if sig == signal.SIGKILL else set()
     for p in [proc.pid, *pids]:
         try:
             os.kill(p, sig)
@@ -165,11 +124,7 @@ def kill_tree(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
                 if _is_zombie(p):
                     break
                 time.sleep(0.02)
-        for path in shm:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+        remove_files(shm)
 
 
 def _is_zombie(pid: int) -> bool:
@@ -277,14 +232,6 @@ def survivable(cmd: list[str]) -> list[str]:
     return ["sh", "-c", _SHIM, "rank", *cmd]
 
 
-def _unlink_all(paths) -> None:
-    for path in paths:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-
-
 def watch(
     proc: subprocess.Popen, cmd, timeout: float, t0: float | None = None, tick=None
 ) -> Result:
@@ -302,7 +249,7 @@ def watch(
     rc = None
     try:
         while True:
-            shm |= _shm_files(descendants(proc.pid))
+            shm |= shm_segments([proc.pid, *descendants(proc.pid)])
             try:
                 o, e = proc.communicate(timeout=0.2)
                 out, err, rc = o or "", e or "", proc.returncode
@@ -326,5 +273,5 @@ def watch(
             proc.communicate()
         raise
     finally:
-        _unlink_all(shm)
+        remove_files(shm)
     return Result(cmd, rc, out, err, time.monotonic() - t0)

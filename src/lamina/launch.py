@@ -69,11 +69,43 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def shm_segments(pids: list[int]) -> set[str]:
+    """MPICH shared-memory segments (``/dev/shm/mpich_shm_*``) mapped by *pids*.
+
+    ``MPI_Finalize`` removes them; ranks that are killed (or cannot finish
+    it because a peer died) leave them behind, so whoever ends such a job
+    collects them first and removes them after (:func:`remove_files`).
+    """
+    out = set()
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/maps") as f:
+                for line in f:
+                    parts = line.split()
+                    if len(parts) >= 6 and parts[5].startswith("/dev/shm/mpich_shm_"):
+                        out.add(parts[5])
+        except OSError:
+            pass
+    return out
+
+
+def remove_files(paths) -> None:
+    """Unlink each of *paths*; missing ones are fine."""
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
 def kill_job(proc: subprocess.Popen) -> None:
-    """Kill a launched job: the launcher and every process below it, by pid."""
-    for p in [proc.pid, *descendants(proc.pid)]:
+    """Kill a launched job: the launcher and every process below it, by pid, and its shared-memory segments."""
+    pids = descendants(proc.pid)
+    shm = shm_segments([proc.pid, *pids])
+    for p in [proc.pid, *pids]:
         try:
             os.kill(p, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
     proc.wait()
+    remove_files(shm)
