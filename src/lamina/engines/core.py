@@ -610,16 +610,20 @@ class BlockEngine(Engine):
             return
         try:
             if self.mode != "r":
-                if comm_mod.allreduce_int(self.comm, int(self._in_step), "max"):
-                    self._in_step = True
-                    self._commit(KIND_STEP)
-                if comm_mod.allreduce_int(self.comm, int(bool(self._pending_ops)), "max"):
-                    self._commit(KIND_META)
-                self._commit(KIND_CLOSE)
+                self._commit_close()
         finally:
             self._closed = True
             self._close_storage()
             comm_mod.free(self.comm)
+
+    def _commit_close(self) -> None:
+        """Collective (writers): commit the step left open on any rank and pending metadata, then the close record."""
+        if comm_mod.allreduce_int(self.comm, int(self._in_step), "max"):
+            self._in_step = True
+            self._commit(KIND_STEP)
+        if comm_mod.allreduce_int(self.comm, int(bool(self._pending_ops)), "max"):
+            self._commit(KIND_META)
+        self._commit(KIND_CLOSE)
 
     def abandon(self) -> None:
         """Independent: release this rank's resources without committing anything.

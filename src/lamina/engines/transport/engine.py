@@ -728,12 +728,7 @@ class TransportEngine(BlockEngine):
                 comm_mod.agree(self.comm, g.error)
             else:
                 self._gather()
-                if comm_mod.allreduce_int(self.comm, int(self._in_step), "max"):
-                    self._in_step = True
-                    self._commit(KIND_STEP)
-                if comm_mod.allreduce_int(self.comm, int(bool(self._pending_ops)), "max"):
-                    self._commit(KIND_META)
-                self._commit(KIND_CLOSE)
+                self._commit_close()
                 g = comm_mod.Guard()
                 with g:
                     if self._gave_up:  # end_step already reported the lost consumer: take what came, go
