@@ -380,11 +380,11 @@ def common_options(ns) -> CommonOptions:
     )
 
 
-def emit(o: CommonOptions, text: str, doc: dict) -> None:
+def emit(as_json: bool, text: str, doc: dict) -> None:
     """Print the table (stdout, or stderr with --json) and the JSON document (stdout with --json)."""
-    if o.json:
+    if as_json:
         print(text, file=sys.stderr)
-        print(json.dumps(doc, indent=1))
+        print(json.dumps(doc, indent=1, default=str))
     else:
         print(text)
     sys.stdout.flush()

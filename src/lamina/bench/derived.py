@@ -32,7 +32,6 @@ round (best case in parentheses), since on a shared machine the load changes.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -404,11 +403,5 @@ def main(argv: list[str]) -> int:
     except (ValueError, MemoryError) as e:
         print(f"lamina bench derived: {e}", file=sys.stderr)
         return 2
-    text = report(doc)
-    if ns.json:
-        print(text, file=sys.stderr)
-        print(json.dumps(doc, indent=1))
-    else:
-        print(text)
-    sys.stdout.flush()
+    common.emit(ns.json, report(doc), doc)
     return 0 if all(doc["checks"].values()) else 1

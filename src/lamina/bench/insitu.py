@@ -461,12 +461,7 @@ def main(argv: list[str]) -> int:
         if own:
             common.remove(base)
     command = "lamina bench insitu " + " ".join(argv)
-    text = report(jobs, command)
-    if ns.json:
-        print(text, file=sys.stderr)
-        print(json.dumps({"command": command, "machine": common.machine(), "jobs": jobs}, indent=1))
-    else:
-        print(text)
+    common.emit(ns.json, report(jobs, command), {"command": command, "machine": common.machine(), "jobs": jobs})
     return 0 if not any(j["failed_checks"] for j in jobs) else 1
 
 

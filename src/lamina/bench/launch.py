@@ -193,5 +193,5 @@ def run_and_report(mode: str, o: CommonOptions, steps_for: Callable[[int], int],
         print(f"lamina bench {mode}: {e}", file=sys.stderr)
         return 1
     text, doc = report(o, jobs, argv)
-    common.emit(o, text, doc)
+    common.emit(o.json, text, doc)
     return 0

@@ -878,12 +878,6 @@ def main(argv: list[str]) -> int:
     except (OSError, ValueError, MemoryError) as e:
         print(f"lamina bench strategies: {e}", file=sys.stderr)
         return 2
-    text = report(doc)
-    if ns.json:
-        print(text, file=sys.stderr)
-        print(json.dumps(doc, indent=1, default=str))
-    else:
-        print(text)
-    sys.stdout.flush()
+    common.emit(ns.json, report(doc), doc)
     ok = all(q["s3d_check"]["counts_agree"] for m in doc["kernels"] for q in m["queries"])
     return 0 if ok else 1
