@@ -8,6 +8,7 @@ own, so ending ``mpiexec``'s process group does not reach the ranks:
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -30,6 +31,16 @@ def find_mpiexec(required: bool = True) -> str | None:
     if found is None and required:
         raise FileNotFoundError("no mpiexec next to the running python or on PATH")
     return found
+
+
+@functools.lru_cache(maxsize=8)
+def is_open_mpi(mpiexec: str) -> bool:
+    """True if *mpiexec* is Open MPI's (it then needs ``--oversubscribe`` for more ranks than cores)."""
+    try:
+        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "Open MPI" in out or "OpenRTE" in out
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -496,14 +496,6 @@ def _kind(v) -> str:
 # launching
 
 
-def _is_open_mpi(mpiexec: str) -> bool:
-    try:
-        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return "Open MPI" in out or "OpenRTE" in out
-
-
 def describe(wf: WorkflowFile, transport: str | None = None) -> list[str]:
     """Comment lines: the tasks and who sends what to whom."""
     choice = wf.transport_for(transport)
@@ -568,7 +560,7 @@ def run(
     (mpiexec and every rank) and 124, 130 or 143 returned.
     """
     exe = mpiexec or launch.find_mpiexec()
-    cmd = wf.command(exe, oversubscribe=_is_open_mpi(exe))
+    cmd = wf.command(exe, oversubscribe=launch.is_open_mpi(exe))
     env = wf.environment(transport)
     proc = subprocess.Popen(cmd, cwd=wf.directory, env=env, start_new_session=True)
     old = None
@@ -631,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
         wf = load(args.file, max_ranks=args.max_ranks)
         if args.dry_run:
             exe = launch.find_mpiexec(required=False) or "mpiexec"
-            cmd = wf.command(exe, oversubscribe=_is_open_mpi(exe))
+            cmd = wf.command(exe, oversubscribe=launch.is_open_mpi(exe))
             print(script(wf, cmd, wf.environment(args.transport), args.transport))
             return 0
         return run(wf, args.transport, args.timeout)

@@ -12,15 +12,6 @@ from .. import launch as _launch
 #: set in the environment of the programs the demo starts
 CHILD_ENV = "LAMINA_DEMO_CHILD"
 
-def _is_open_mpi(mpiexec: str) -> bool:
-    try:
-        out = subprocess.run(
-            [mpiexec, "--version"], capture_output=True, text=True, timeout=20
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return "Open MPI" in out or "OpenRTE" in out
-
 
 def find_mpiexec() -> str | None:
     """``mpiexec`` next to the running Python, else on PATH; None if there is none."""
@@ -45,7 +36,7 @@ class Launched:
 
 def mpi_command(mpiexec: str, nranks: int, module_args: list[str]) -> list[str]:
     cmd = [mpiexec]
-    if _is_open_mpi(mpiexec):
+    if _launch.is_open_mpi(mpiexec):
         cmd.append("--oversubscribe")
     return [
         *cmd,
@@ -63,7 +54,7 @@ def mpi_command(mpiexec: str, nranks: int, module_args: list[str]) -> list[str]:
 def mpmd_command(mpiexec: str, programs: list[tuple[int, str, list[str]]]) -> list[str]:
     """One MPMD launch: ``mpiexec -n N1 python -m mpi4py -m MODULE1 ARGS1 : -n N2 ...``."""
     cmd = [mpiexec]
-    if _is_open_mpi(mpiexec):
+    if _launch.is_open_mpi(mpiexec):
         cmd.append("--oversubscribe")
     for i, (nranks, module, module_args) in enumerate(programs):
         if i:
