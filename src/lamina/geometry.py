@@ -149,12 +149,8 @@ def find_overlap(boxes: Sequence[Box]) -> tuple[int, int] | None:
     return None
 
 
-def dims_create(nparts: int, ndim: int) -> tuple[int, ...]:
-    """Factor *nparts* into *ndim* near-equal factors, largest first (like MPI_Dims_create)."""
-    if nparts < 1 or ndim < 1:
-        raise ValueError(f"need nparts >= 1 and ndim >= 1, got {nparts}, {ndim}")
-    dims = [1] * ndim
-    n = nparts
+def prime_factors(n: int) -> list[int]:
+    """The prime factors of *n* >= 1 with multiplicity, ascending (``[]`` for 1)."""
     primes: list[int] = []
     p = 2
     while p * p <= n:
@@ -164,7 +160,15 @@ def dims_create(nparts: int, ndim: int) -> tuple[int, ...]:
         p += 1
     if n > 1:
         primes.append(n)
-    for p in sorted(primes, reverse=True):
+    return primes
+
+
+def dims_create(nparts: int, ndim: int) -> tuple[int, ...]:
+    """Factor *nparts* into *ndim* near-equal factors, largest first (like MPI_Dims_create)."""
+    if nparts < 1 or ndim < 1:
+        raise ValueError(f"need nparts >= 1 and ndim >= 1, got {nparts}, {ndim}")
+    dims = [1] * ndim
+    for p in sorted(prime_factors(nparts), reverse=True):
         i = dims.index(min(dims))
         dims[i] *= p
     return tuple(sorted(dims, reverse=True))

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from lamina.geometry import Box
+from lamina.geometry import Box, prime_factors
 
 # name -> (shape, dtype, fill, compression)
 DATASETS: dict[str, tuple[tuple[int, ...], str, object, object]] = {
@@ -89,23 +89,11 @@ def dtype_of(name: str) -> np.dtype:
     return np.dtype(EXTRA[name][1])
 
 
-def _factor(n: int) -> list[int]:
-    out, p = [], 2
-    while p * p <= n:
-        while n % p == 0:
-            out.append(p)
-            n //= p
-        p += 1
-    if n > 1:
-        out.append(n)
-    return out
-
-
 def random_grid(region: Box, nparts: int, rng: np.random.Generator) -> list[Box]:
     """*nparts* disjoint boxes tiling *region*: a random process grid, random cut points (some pieces may be empty)."""
     nd = region.ndim
     dims = [1] * nd
-    for p in _factor(nparts):
+    for p in prime_factors(nparts):
         dims[int(rng.integers(nd))] *= p
     cuts = []
     for d in range(nd):

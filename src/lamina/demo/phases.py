@@ -17,7 +17,7 @@ import numpy as np
 import lamina
 
 from .. import comm as comm_mod
-from ..geometry import Box, decompose, dims_create
+from ..geometry import Box, decompose, dims_create, prime_factors
 from . import simulation as sim
 
 GROUP = "flame"
@@ -65,16 +65,8 @@ def writer_blocks(shape: Sequence[int], nranks: int, rank: int, blocks_per_rank:
 
 def _cubic_dims(shape: Sequence[int], n: int) -> tuple[int, ...]:
     """Split counts per dimension with product *n* that make the blocks as close to cubes as possible."""
-    primes, m, p = [], n, 2
-    while p * p <= m:
-        while m % p == 0:
-            primes.append(p)
-            m //= p
-        p += 1
-    if m > 1:
-        primes.append(m)
     dims = [1] * len(shape)
-    for p in sorted(primes, reverse=True):
+    for p in sorted(prime_factors(n), reverse=True):
         d = max(range(len(shape)), key=lambda i: (shape[i] / dims[i], -i))
         dims[d] *= p
     return tuple(dims)
