@@ -31,8 +31,25 @@ def test_bench_insitu_smoke(capsys, monkeypatch, tmp_path):
     except RuntimeError:  # pragma: no cover - depends on the installation
         pytest.skip("no mpiexec")
     monkeypatch.delenv("LAMINA_TRANSPORT", raising=False)
-    rc = insitu.main(["--ranks", "2,4", "--size", "256KiB", "--steps", "2", "--repeat", "2", "--warmup", "0",
-                      "--dir", str(tmp_path), "--timeout", "50", "--json"])
+    rc = insitu.main(
+        [
+            "--ranks",
+            "2,4",
+            "--size",
+            "256KiB",
+            "--steps",
+            "2",
+            "--repeat",
+            "2",
+            "--warmup",
+            "0",
+            "--dir",
+            str(tmp_path),
+            "--timeout",
+            "50",
+            "--json",
+        ]
+    )
     out = capsys.readouterr()
     assert rc == 0, out.err
     doc = json.loads(out.out)
@@ -42,7 +59,11 @@ def test_bench_insitu_smoke(capsys, monkeypatch, tmp_path):
         assert [r["name"] for r in j["rows"]] == list(insitu.METHODS)
         assert all(len(r["times"]) == 2 and r["min"] > 0 for r in j["rows"])
         assert j["memcpy_floor_s"] > 0 and j["bytes"] == 2 * j["step_bytes"]
-    for what in ("lamina memory / hand-written", "lamina file / lamina memory", "lamina file / native write+read",
-                 "oversubscribed" if (os.cpu_count() or 1) < 4 else "3 producer + 1 consumer"):
+    for what in (
+        "lamina memory / hand-written",
+        "lamina file / lamina memory",
+        "lamina file / native write+read",
+        "oversubscribed" if (os.cpu_count() or 1) < 4 else "3 producer + 1 consumer",
+    ):
         assert what in out.err
     assert not os.listdir(tmp_path)  # the job's files are removed

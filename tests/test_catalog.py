@@ -494,7 +494,10 @@ def test_block_record_decode_errors():
         (BlockRecord(0, Box((0, 0), (2, 2)), length=31, crcs=(1,)), "claims 31 bytes"),
         (BlockRecord(0, Box((0, 0), (2, 2)), length=32, crcs=(1, 2)), "2 checksums, expected 1"),
         (BlockRecord(0, Box((0, 0), (2, 2)), length=32, codec=3, crcs=(1,)), "unknown codec id 3"),
-        (BlockRecord(0, Box((0, 0), (2, 2)), length=32, codec=2, crcs=(1,)), "statistics-only block .* claims 32 bytes"),
+        (
+            BlockRecord(0, Box((0, 0), (2, 2)), length=32, codec=2, crcs=(1,)),
+            "statistics-only block .* claims 32 bytes",
+        ),
         (BlockRecord(1, Box((0,), (4,)), length=1 << 62, codec=1, crcs=(1,)), "impossible"),
     ]
     for rec, text in cases:

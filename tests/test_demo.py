@@ -297,30 +297,67 @@ def test_insitu_compare_catches_differences():
     def run(t, results, sha="x", engine=None, left=None, nbytes=None):
         nbytes = 2 * pair.step_bytes(INSITU_SHAPE) if nbytes is None else nbytes
         eng = engine or pair.ENGINES[t]
-        times = {"loop_s": 2.0, "lamina_s": 1.0, "compute_s": 0.5, "read_s": 0.5, "decomposition": [1, 1, 1]}
+        times = {
+            "loop_s": 2.0,
+            "lamina_s": 1.0,
+            "compute_s": 0.5,
+            "read_s": 0.5,
+            "decomposition": [1, 1, 1],
+        }
         return {
             "transport": t,
             "job_s": 3.0,
             "sim": {"engine": eng, "bytes": nbytes, **times},
-            "analysis": {"engine": eng, "bytes": nbytes, "steps": 2, "results": results, "sha256": sha, **times},
+            "analysis": {
+                "engine": eng,
+                "bytes": nbytes,
+                "steps": 2,
+                "results": results,
+                "sha256": sha,
+                **times,
+            },
             "left": t == "file" if left is None else left,
             "left_bytes": 0,
         }
 
-    row = {"time": 0.0, "burnt": 0.5, "front_z": 3.0, "front_speed": None, "max_speed": 4.0, "fuel_left": 0.5}
-    steps = [{**row, "step": 0, "mean_T": 1.0}, {**row, "step": 1, "mean_T": 2.0, "front_speed": 2.0}]
-    good = pair.compare({"memory": run("memory", steps), "file": run("file", steps)}, INSITU_SHAPE, 2)
+    row = {
+        "time": 0.0,
+        "burnt": 0.5,
+        "front_z": 3.0,
+        "front_speed": None,
+        "max_speed": 4.0,
+        "fuel_left": 0.5,
+    }
+    steps = [
+        {**row, "step": 0, "mean_T": 1.0},
+        {**row, "step": 1, "mean_T": 2.0, "front_speed": 2.0},
+    ]
+    good = pair.compare(
+        {"memory": run("memory", steps), "file": run("file", steps)}, INSITU_SHAPE, 2
+    )
     assert good["ok"] and good["identical"] and not good["problems"]
     other = [steps[0], {**steps[1], "mean_T": 2.0000000001}]
-    bad = pair.compare({"memory": run("memory", steps), "file": run("file", other)}, INSITU_SHAPE, 2)
+    bad = pair.compare(
+        {"memory": run("memory", steps), "file": run("file", other)}, INSITU_SHAPE, 2
+    )
     assert not bad["ok"] and not bad["identical"]
-    bad = pair.compare({"memory": run("memory", steps), "file": run("file", steps, sha="y")}, INSITU_SHAPE, 2)
+    bad = pair.compare(
+        {"memory": run("memory", steps), "file": run("file", steps, sha="y")}, INSITU_SHAPE, 2
+    )
     assert not bad["ok"]
-    bad = pair.compare({"memory": run("memory", steps, engine="native"), "file": run("file", steps)}, INSITU_SHAPE, 2)
+    bad = pair.compare(
+        {"memory": run("memory", steps, engine="native"), "file": run("file", steps)},
+        INSITU_SHAPE,
+        2,
+    )
     assert not bad["ok"] and "engines" in bad["problems"][0]
-    bad = pair.compare({"memory": run("memory", steps, left=True), "file": run("file", steps)}, INSITU_SHAPE, 2)
+    bad = pair.compare(
+        {"memory": run("memory", steps, left=True), "file": run("file", steps)}, INSITU_SHAPE, 2
+    )
     assert not bad["ok"] and "written" in bad["problems"][0]
-    bad = pair.compare({"memory": run("memory", steps), "file": run("file", steps, nbytes=8)}, INSITU_SHAPE, 2)
+    bad = pair.compare(
+        {"memory": run("memory", steps), "file": run("file", steps, nbytes=8)}, INSITU_SHAPE, 2
+    )
     assert not bad["ok"] and "bytes" in bad["problems"][0]
     failed = {"transport": "memory", "error": "exited with status 1", "output": ["boom"]}
     bad = pair.compare({"memory": failed, "file": run("file", steps)}, INSITU_SHAPE, 2)
@@ -333,7 +370,9 @@ def test_insitu_compare_catches_differences():
 @pytest.mark.skipif(launch.find_mpiexec() is None, reason="needs mpiexec")
 def test_insitu_pair_memory_and_file(tmp_path):
     """The pair in one MPMD launch (2 simulation ranks, 1 analysis rank) under memory, then file."""
-    d = pair.run_demo(launch.find_mpiexec(), str(tmp_path), str(tmp_path), INSITU_SHAPE, 3, (2, 1), timeout=120)
+    d = pair.run_demo(
+        launch.find_mpiexec(), str(tmp_path), str(tmp_path), INSITU_SHAPE, 3, (2, 1), timeout=120
+    )
     assert d["ok"], d["problems"]
     assert d["identical"] and list(d["runs"]) == ["memory", "file"]
     expected = 3 * pair.step_bytes(INSITU_SHAPE)
@@ -356,7 +395,18 @@ def test_insitu_pair_memory_and_file(tmp_path):
 
 @pytest.mark.skipif(launch.find_mpiexec() is None, reason="needs mpiexec")
 def test_demo_insitu_only_report(tmp_path, capsys):
-    rc = main(["--insitu-only", "--shape", "16x16x32", "--insitu-steps", "2", "--no-fsync", "--out", str(tmp_path)])
+    rc = main(
+        [
+            "--insitu-only",
+            "--shape",
+            "16x16x32",
+            "--insitu-steps",
+            "2",
+            "--no-fsync",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "write    " not in out  # only the in situ part ran

@@ -60,7 +60,9 @@ def test_auto_with_many_selective_readers_stores(tmp_path, calibration):
         totals = {s: p["total_s"] for s, p in d.info["predicted"].items()}
         assert totals["store"] == min(totals.values())
         assert [b.codec for b in f["vmag"].blocks(0)] == ["raw"]
-        np.testing.assert_allclose(f["vmag"][...], np.sqrt(data["vx"] ** 2 + data["vy"] ** 2 + data["vz"] ** 2), rtol=1e-15)
+        np.testing.assert_allclose(
+            f["vmag"][...], np.sqrt(data["vx"] ** 2 + data["vy"] ** 2 + data["vz"] ** 2), rtol=1e-15
+        )
 
 
 def test_auto_rejects_unknown_hints(tmp_path, calibration):

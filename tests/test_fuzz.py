@@ -133,7 +133,17 @@ def _records() -> list[tuple[bytes, int]]:
                 Stats(1.0, 2.0, 3.0, 64),
             ),
             BlockRecord(
-                1, Box((0,), (40,)), 0, 0, 0, 1024, 600_000, 1, 1 << 18, (1, 2, 3), Stats(-4, 12, 30.0, 40)
+                1,
+                Box((0,), (40,)),
+                0,
+                0,
+                0,
+                1024,
+                600_000,
+                1,
+                1 << 18,
+                (1, 2, 3),
+                Stats(-4, 12, 30.0, 40),
             ),
         ],
     )
@@ -360,7 +370,9 @@ def test_component_decoders_mutated(data):
     spec_raw = e.getvalue()
     r = guarded(lambda b: DatasetSpec.decode(Decoder(b)), data.draw(mutated(spec_raw)))
     assert isinstance(r, (DatasetSpec, FormatError))
-    blk = BlockRecord(1, Box((3,), (20,)), 1, 2, 3, 4, 600_000, 1, 1 << 18, (1, 2, 3), Stats(1, 2, 3.0, 17))
+    blk = BlockRecord(
+        1, Box((3,), (20,)), 1, 2, 3, 4, 600_000, 1, 1 << 18, (1, 2, 3), Stats(1, 2, 3.0, 17)
+    )
     e = Encoder()
     blk.encode(e, SPECS[1].dtype)
     r = guarded(lambda b: BlockRecord.decode(Decoder(b), SPECS), data.draw(mutated(e.getvalue())))

@@ -126,11 +126,17 @@ def two_fields(open_file, new_path):
     T0[1, 1] = T0[9, 2] = np.nan
     P0 = (-np.arange(120, dtype="f4").reshape(shape)) % 37
     t_blocks = boxes_of(shape, [6], [5])[:3]  # [6:12, 5:10] never written
-    p_blocks = [Box((0, 0), (4, 10)), Box((4, 0), (8, 10)), Box((9, 0), (12, 10))]  # row 8 unwritten
+    p_blocks = [
+        Box((0, 0), (4, 10)),
+        Box((4, 0), (8, 10)),
+        Box((9, 0), (12, 10)),
+    ]  # row 8 unwritten
     with f.step():
         Ts = write(f, "T", T0, t_blocks, fill=-1.0)
         Ps = write(f, "g/P", P0, p_blocks, fill=np.nan)
-        N = write(f, "n", rng.integers(0, 10, shape).astype("i4"), boxes_of(shape, [3, 7], []), fill=0)
+        N = write(
+            f, "n", rng.integers(0, 10, shape).astype("i4"), boxes_of(shape, [3, 7], []), fill=0
+        )
     with f.step():
         f["T"][...] = T0 + 1000
     return f, {"T": Ts, "g/P": Ps, "n": N}
@@ -164,7 +170,14 @@ def test_matches_brute_force(two_fields, text, fn):
 
 @pytest.mark.parametrize(
     "region",
-    [(slice(2, 9), slice(3, 8)), Box((6, 5), (12, 10)), "0:1, :", (7, ...), ((0, 0), (3, 10)), "5:5,:"],
+    [
+        (slice(2, 9), slice(3, 8)),
+        Box((6, 5), (12, 10)),
+        "0:1, :",
+        (7, ...),
+        ((0, 0), (3, 10)),
+        "5:5,:",
+    ],
 )
 def test_regions(two_fields, region):
     f, arrays = two_fields
@@ -330,7 +343,14 @@ def test_subtract():
 # ---------------------------------------------------------------------------
 # property: random block layouts, data and thresholds
 
-OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne}
+OPS = {
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+    "==": operator.eq,
+    "!=": operator.ne,
+}
 
 
 @st.composite
@@ -345,8 +365,20 @@ def layouts(draw):
         return [b for b, k in zip(blocks, keep, strict=True) if k or len(blocks) == 1]
 
     def data():
-        vals = draw(st.lists(st.sampled_from([-3.0, -1.0, 0.0, 0.5, 2.0, 4.0, np.nan]), min_size=1, max_size=6))
-        return np.asarray(draw(st.lists(st.sampled_from(vals), min_size=shape[0] * shape[1], max_size=shape[0] * shape[1]))).reshape(shape)
+        vals = draw(
+            st.lists(
+                st.sampled_from([-3.0, -1.0, 0.0, 0.5, 2.0, 4.0, np.nan]), min_size=1, max_size=6
+            )
+        )
+        return np.asarray(
+            draw(
+                st.lists(
+                    st.sampled_from(vals),
+                    min_size=shape[0] * shape[1],
+                    max_size=shape[0] * shape[1],
+                )
+            )
+        ).reshape(shape)
 
     a, b = data(), data()
     la, lb = layout(), layout()
@@ -371,7 +403,10 @@ def test_property_random_layouts(case):
     f = lamina.open(name, "w", engine="memory")
     try:
         with f.step():
-            arrays = {"A": write(f, "A", a, la, fill=fills[0]), "B": write(f, "B", b, lb, fill=fills[1])}
+            arrays = {
+                "A": write(f, "A", a, la, fill=fills[0]),
+                "B": write(f, "B", b, lb, fill=fills[1]),
+            }
         with np.errstate(invalid="ignore"):
             x = OPS[ops[0]](arrays["A"], ts[0])
             y = OPS[ops[1]](arrays["B"], ts[1])
@@ -490,15 +525,23 @@ def test_cli_query(lam_file, capsys):
     path, full = lam_file
     vmag = np.sqrt(full["vx"] ** 2 + full["vy"] ** 2 + full["vz"] ** 2)
     n = int((vmag < 0.5).sum())
-    rc, out, err = run(["query", path, "--where", "vmag < 0.5", "--select", "T,vmag", "--limit", "3"], capsys)
+    rc, out, err = run(
+        ["query", path, "--where", "vmag < 0.5", "--select", "T,vmag", "--limit", "3"], capsys
+    )
     assert rc == 0, err
     assert f"matching elements: {n}" in out and "candidate blocks:" in out and "bytes" not in err
     assert "first 3 matches" in out and "vmag" in out.splitlines()[-4]
-    rc, out, err = run(["query", path, "--where", "vmag < 0.5", "--blocks-only", "--region", "0:4,:,:"], capsys)
+    rc, out, err = run(
+        ["query", path, "--where", "vmag < 0.5", "--blocks-only", "--region", "0:4,:,:"], capsys
+    )
     assert rc == 0 and "exact answer" not in out and "[0:4, 0:4, 0:4]" in out
-    rc, out, err = run(["query", path, "-w", "vmag < 0.5", "--json", "-s", "T", "--step", "-1", "-n", "2"], capsys)
+    rc, out, err = run(
+        ["query", path, "-w", "vmag < 0.5", "--json", "-s", "T", "--step", "-1", "-n", "2"], capsys
+    )
     d = json.loads(out)
-    assert rc == 0 and d["exact_answer"]["count"] == n and len(d["exact_answer"]["values"]["T"]) == 2
+    assert (
+        rc == 0 and d["exact_answer"]["count"] == n and len(d["exact_answer"]["values"]["T"]) == 2
+    )
     for argv, msg in [
         (["--where", "vmgn < 1"], "Did you mean 'vmag'"),
         (["--where", "vmag <"], "position"),
@@ -520,7 +563,9 @@ def test_cli_ls_shows_derived(lam_file, capsys):
     assert rc == 0, err
     line = next(x for x in out.splitlines() if x.strip().startswith("vmag "))
     assert "derived = magnitude(vx, vy, vz) (strategy stats)" in line
-    assert "derived = curl(vx, vy, vz)" in next(x for x in out.splitlines() if x.strip() == "w/" or x.strip().startswith("w/ "))
+    assert "derived = curl(vx, vy, vz)" in next(
+        x for x in out.splitlines() if x.strip() == "w/" or x.strip().startswith("w/ ")
+    )
     rc, out, err = run(["ls", path, "--json"], capsys)
     nodes = {n["path"]: n for n in json.loads(out)["nodes"]}
     assert nodes["/vmag"]["derived"] == {"expression": "magnitude(vx, vy, vz)", "strategy": "stats"}

@@ -79,8 +79,18 @@ def test_run_producer_consumer(tmp_path, transport):
             "transport": transport,
             "timeout": 30,
             "tasks": [
-                {"name": "sim", "command": py("transport_producer", "bench.lam", steps), "ranks": 2, "writes": ["bench.lam"]},
-                {"name": "ana", "command": py("transport_consumer", "bench.lam", steps), "ranks": 1, "reads": ["bench.lam"]},
+                {
+                    "name": "sim",
+                    "command": py("transport_producer", "bench.lam", steps),
+                    "ranks": 2,
+                    "writes": ["bench.lam"],
+                },
+                {
+                    "name": "ana",
+                    "command": py("transport_consumer", "bench.lam", steps),
+                    "ranks": 1,
+                    "reads": ["bench.lam"],
+                },
             ],
         },
     )
@@ -91,7 +101,9 @@ def test_run_producer_consumer(tmp_path, transport):
     assert want in cons and f"{steps} steps on 1 ranks" in cons, res.describe()
     assert "2 ranks" in prod, res.describe()
     # names are relative to the workflow file's directory: the job ran there
-    assert (tmp_path / "bench.lam").exists() == (transport != "memory"), sorted(os.listdir(tmp_path))
+    assert (tmp_path / "bench.lam").exists() == (transport != "memory"), sorted(
+        os.listdir(tmp_path)
+    )
 
 
 def test_run_flows_from_the_file(tmp_path):
@@ -168,18 +180,35 @@ def test_run_options_reach_the_tasks(tmp_path):
 def test_run_exit_status_and_timeout(tmp_path):
     """The job's exit status comes back; --timeout kills the whole job (status 124)."""
     _skip_without_mpiexec()
-    fails = write(tmp_path, {"tasks": [{"command": ["python", "-c", "import sys; sys.exit(3)"], "ranks": 1}]}, "fails.yaml")
+    fails = write(
+        tmp_path,
+        {"tasks": [{"command": ["python", "-c", "import sys; sys.exit(3)"], "ranks": 1}]},
+        "fails.yaml",
+    )
     res = lamina_run(fails)
     assert res.returncode == 3, res.describe()
     hangs = write(
         tmp_path,
-        {"tasks": [{"command": ["python", "-c", "import time; print('started', flush=True); time.sleep(300)"], "ranks": 2}]},
+        {
+            "tasks": [
+                {
+                    "command": [
+                        "python",
+                        "-c",
+                        "import time; print('started', flush=True); time.sleep(300)",
+                    ],
+                    "ranks": 2,
+                }
+            ]
+        },
         "hangs.yaml",
     )
     t0 = time.monotonic()
     res = lamina_run(hangs, "--timeout", "3")
     assert res.returncode == 124, res.describe()
-    assert "ran past --timeout 3 s" in res.stderr and res.stdout.count("started") == 2, res.describe()
+    assert "ran past --timeout 3 s" in res.stderr and res.stdout.count("started") == 2, (
+        res.describe()
+    )
     assert time.monotonic() - t0 < 60
 
 
@@ -228,19 +257,48 @@ def test_command_and_environment(tmp_path, monkeypatch):
         tmp_path,
         {
             "tasks": [
-                {"name": "a", "command": "python3 a.py 'x y'", "ranks": 3, "writes": ["a.lam"], "queue_limit": 4},
-                {"name": "b", "command": ["prog", 7, 2.5], "ranks": 1, "cwd": "sub", "reads": ["a.lam"], "env": {"K": 2}},
+                {
+                    "name": "a",
+                    "command": "python3 a.py 'x y'",
+                    "ranks": 3,
+                    "writes": ["a.lam"],
+                    "queue_limit": 4,
+                },
+                {
+                    "name": "b",
+                    "command": ["prog", 7, 2.5],
+                    "ranks": 1,
+                    "cwd": "sub",
+                    "reads": ["a.lam"],
+                    "env": {"K": 2},
+                },
             ]
         },
     )
     wf = wr.load(path)
     assert wf.command("MPIEXEC") == [
-        "MPIEXEC", "-n", "3", sys.executable, "a.py", "x y",
-        ":", "-n", "1", "-wdir", str(tmp_path / "sub"), "env", "K=2", "prog", "7", "2.5",
+        "MPIEXEC",
+        "-n",
+        "3",
+        sys.executable,
+        "a.py",
+        "x y",
+        ":",
+        "-n",
+        "1",
+        "-wdir",
+        str(tmp_path / "sub"),
+        "env",
+        "K=2",
+        "prog",
+        "7",
+        "2.5",
     ]
     assert wf.command("M", oversubscribe=True)[:2] == ["M", "--oversubscribe"]
     env = wf.environment()
-    assert env["LAMINA_TRANSPORT"] == "both" and env["LAMINA_WORKFLOW"] == "a.lam=0>1 | queue_limit=4"
+    assert (
+        env["LAMINA_TRANSPORT"] == "both" and env["LAMINA_WORKFLOW"] == "a.lam=0>1 | queue_limit=4"
+    )
     assert "PMI_RANK" not in env and "LAMINA_TRANSPORT_TIMEOUT" not in wf.variables()
     assert wf.environment("file")["LAMINA_TRANSPORT"] == "file"
     assert wf.ranks == 4 and wf.directory == str(tmp_path)
@@ -249,7 +307,13 @@ def test_command_and_environment(tmp_path, monkeypatch):
 def test_nothing_exchanged_means_files(tmp_path, monkeypatch):
     """A workflow where no task reads what another writes transports nothing: every name stays a file."""
     monkeypatch.setenv("LAMINA_WORKFLOW", "x=0>1")
-    path = write(tmp_path, {"transport": "memory", "tasks": [{"command": "a", "ranks": 1, "writes": ["x"]}, {"command": "b", "ranks": 1}]})
+    path = write(
+        tmp_path,
+        {
+            "transport": "memory",
+            "tasks": [{"command": "a", "ranks": 1, "writes": ["x"]}, {"command": "b", "ranks": 1}],
+        },
+    )
     wf = wr.load(path)
     assert wf.workflow() is None
     env = wf.environment()
@@ -260,13 +324,21 @@ def test_nothing_exchanged_means_files(tmp_path, monkeypatch):
 
 
 def test_workflow_text_options_and_round_trip():
-    wf = wfmod.Workflow.parse("sim.lam=0>1:latest,2:10 | queue_limit=3 | shallow=/particles, grid/*; ana.lam=1>2")
+    wf = wfmod.Workflow.parse(
+        "sim.lam=0>1:latest,2:10 | queue_limit=3 | shallow=/particles, grid/*; ana.lam=1>2"
+    )
     assert wf.route("run/sim.lam") == wfmod.Route(0, (1, 2))
-    assert wfmod.options_for("run/sim.lam", "w", 0, wf) == {"queue_limit": 3, "shallow": ("particles", "grid/*")}
+    assert wfmod.options_for("run/sim.lam", "w", 0, wf) == {
+        "queue_limit": 3,
+        "shallow": ("particles", "grid/*"),
+    }
     assert wfmod.options_for("sim.lam", "r", 1, wf) == {}  # consumers get none
     assert wfmod.options_for("sim.lam", "w", 1, wf) == {}  # not its producer (route_for refuses it)
     assert wfmod.options_for("ana.lam", "w", 1, wf) == {}
-    assert wfmod.options_for("other", "w", 0, wf) == {} and wfmod.options_for("sim.lam", "w", 0, None) == {}
+    assert (
+        wfmod.options_for("other", "w", 0, wf) == {}
+        and wfmod.options_for("sim.lam", "w", 0, None) == {}
+    )
     text = wf.text()
     assert text == "sim.lam=0>1:latest,2:10 | queue_limit=3 | shallow=particles,grid/*; ana.lam=1>2"
     again = wfmod.Workflow.parse(text)
@@ -325,7 +397,12 @@ BAD = [
     # (change, task named in the message or None, field, words of the message)
     (_set("tsks", []), None, "tsks", "unknown key"),
     (_set("tasks", 0, "rank", 2), "'sim' (tasks[0])", "rank", "Did you mean 'ranks'"),
-    (_set("tasks", 1, "reads", 0, {"name": "sim.lam", "flo": 2}), "'ana' (tasks[1])", "reads[0].flo", "unknown key"),
+    (
+        _set("tasks", 1, "reads", 0, {"name": "sim.lam", "flo": 2}),
+        "'ana' (tasks[1])",
+        "reads[0].flo",
+        "unknown key",
+    ),
     (_del("tasks", 0, "command"), "'sim' (tasks[0])", "command", "missing"),
     (_del("tasks", 1, "ranks"), "'ana' (tasks[1])", "ranks", "missing"),
     (_set("tasks", 0, "ranks", 0), "'sim' (tasks[0])", "ranks", "from 1 to"),
@@ -337,24 +414,74 @@ BAD = [
     (_set("transport", "disk"), None, "transport", "file, memory, both"),
     (_set("timeout", 0), None, "timeout", "> 0"),
     (_set("timeout", "soon"), None, "timeout", "> 0"),
-    (_set("tasks", 1, "reads", ["other.lam"]), "'ana' (tasks[1])", "reads[0]", "no task writes 'other.lam'"),
-    (_set("tasks", 1, "reads", ["sim.lm"]), "'ana' (tasks[1])", "reads[0]", "Did you mean 'sim.lam'"),
-    (_set("tasks", 1, "writes", ["sim.lam"]), "'ana' (tasks[1])", "writes", "written by tasks 'sim' and 'ana'"),
+    (
+        _set("tasks", 1, "reads", ["other.lam"]),
+        "'ana' (tasks[1])",
+        "reads[0]",
+        "no task writes 'other.lam'",
+    ),
+    (
+        _set("tasks", 1, "reads", ["sim.lm"]),
+        "'ana' (tasks[1])",
+        "reads[0]",
+        "Did you mean 'sim.lam'",
+    ),
+    (
+        _set("tasks", 1, "writes", ["sim.lam"]),
+        "'ana' (tasks[1])",
+        "writes",
+        "written by tasks 'sim' and 'ana'",
+    ),
     (_set("tasks", 1, "writes", ["*.lam"]), "'ana' (tasks[1])", "writes", "patterns overlap"),
-    (_set("tasks", 0, "reads", ["sim.lam"]), "'sim' (tasks[0])", "reads[0]", "which it writes itself"),
-    (_set("tasks", 1, "reads", [{"name": "sim.lam", "flow": "sometimes"}]), "'ana' (tasks[1])", "reads[0].flow", "latest"),
-    (_set("tasks", 1, "reads", [{"name": "sim.lam", "flow": 0}]), "'ana' (tasks[1])", "reads[0].flow", "positive"),
+    (
+        _set("tasks", 0, "reads", ["sim.lam"]),
+        "'sim' (tasks[0])",
+        "reads[0]",
+        "which it writes itself",
+    ),
+    (
+        _set("tasks", 1, "reads", [{"name": "sim.lam", "flow": "sometimes"}]),
+        "'ana' (tasks[1])",
+        "reads[0].flow",
+        "latest",
+    ),
+    (
+        _set("tasks", 1, "reads", [{"name": "sim.lam", "flow": 0}]),
+        "'ana' (tasks[1])",
+        "reads[0].flow",
+        "positive",
+    ),
     (_set("tasks", 0, "queue_limit", 1), "'sim' (tasks[0])", "queue_limit", ">= 2"),
-    (_set("tasks", 0, "writes", [{"name": "sim.lam", "queue_limit": 1.5}]), "'sim' (tasks[0])", "writes[0].queue_limit", ">= 2"),
-    (_set("tasks", 1, "queue_limit", 3), "'ana' (tasks[1])", "queue_limit", "names this task writes"),
+    (
+        _set("tasks", 0, "writes", [{"name": "sim.lam", "queue_limit": 1.5}]),
+        "'sim' (tasks[0])",
+        "writes[0].queue_limit",
+        ">= 2",
+    ),
+    (
+        _set("tasks", 1, "queue_limit", 3),
+        "'ana' (tasks[1])",
+        "queue_limit",
+        "names this task writes",
+    ),
     (_set("tasks", 0, "shallow", [""]), "'sim' (tasks[0])", "shallow", "glob"),
     (_set("tasks", 0, "shallow", ["a,b"]), "'sim' (tasks[0])", "shallow", "separator"),
     (_set("tasks", 0, "writes", ["a;b"]), "'sim' (tasks[0])", "writes[0]", "separator"),
-    (_set("tasks", 0, "writes", ["sim.lam", "sim.lam"]), "'sim' (tasks[0])", "writes", "listed twice"),
+    (
+        _set("tasks", 0, "writes", ["sim.lam", "sim.lam"]),
+        "'sim' (tasks[0])",
+        "writes",
+        "listed twice",
+    ),
     (_set("tasks", 1, "name", "sim"), "'sim' (tasks[1])", "name", "must differ"),
     (_set("tasks", 0, "cwd", "nowhere"), "'sim' (tasks[0])", "cwd", "not a directory"),
     (_set("env", {"LAMINA_TRANSPORT": "file"}), None, "env.LAMINA_TRANSPORT", "field 'transport'"),
-    (_set("tasks", 0, "env", {"LAMINA_WORKFLOW": "x"}), "'sim' (tasks[0])", "env.LAMINA_WORKFLOW", "set by lamina run"),
+    (
+        _set("tasks", 0, "env", {"LAMINA_WORKFLOW": "x"}),
+        "'sim' (tasks[0])",
+        "env.LAMINA_WORKFLOW",
+        "set by lamina run",
+    ),
     (_set("env", {"A": True}), None, "env.A", "string or a number"),
     (_set("env", {"1A": "x"}), None, "env", "variable name"),
     (_set("tasks", []), None, "tasks", "non-empty list"),
@@ -362,7 +489,9 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("change,task,fld,words", BAD, ids=[f"{i}-{b[3][:20]}" for i, b in enumerate(BAD)])
+@pytest.mark.parametrize(
+    "change,task,fld,words", BAD, ids=[f"{i}-{b[3][:20]}" for i, b in enumerate(BAD)]
+)
 def test_bad_files(tmp_path, change, task, fld, words):
     path = write(tmp_path, _with(change))
     with pytest.raises(wr.WorkflowFileError) as info:
@@ -377,7 +506,9 @@ def test_bad_files(tmp_path, change, task, fld, words):
 def test_total_ranks_limit(tmp_path):
     path = write(tmp_path, GOOD)
     assert wr.load(path, max_ranks=3).ranks == 3
-    with pytest.raises(wr.WorkflowFileError, match="3 ranks in all, more than the limit of 2") as info:
+    with pytest.raises(
+        wr.WorkflowFileError, match="3 ranks in all, more than the limit of 2"
+    ) as info:
         wr.load(path, max_ranks=2)
     assert info.value.field == "tasks"
     with pytest.raises(wr.WorkflowFileError, match="from 1 to 1"):

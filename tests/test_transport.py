@@ -44,7 +44,9 @@ def mpmd(*programs) -> list[str]:
     return cmd
 
 
-def run_mpmd(*programs, cwd, env: dict, timeout: float = TIMEOUT, expect_ok: str = "OK") -> mu.Result:
+def run_mpmd(
+    *programs, cwd, env: dict, timeout: float = TIMEOUT, expect_ok: str = "OK"
+) -> mu.Result:
     cmd = mpmd(*programs)
     t0 = time.monotonic()
     env = {"LAMINA_TRANSPORT_TIMEOUT": "20", **env}
@@ -136,8 +138,16 @@ def test_chain(tmp_path):
 def test_own_task_communicators(nprod, how):
     """One program splits the world itself (set_task_comm): 3 -> 1 and 1 -> 2 ranks in memory."""
     _skip_without_mpiexec()
-    res = mu.run_mpi(3 if how == "numbered" else 4, "transport_split", "s", 2, nprod, how,
-                     env={"LAMINA_TRANSPORT": "memory", "LAMINA_TRANSPORT_TIMEOUT": "20"}, timeout=TIMEOUT)
+    res = mu.run_mpi(
+        3 if how == "numbered" else 4,
+        "transport_split",
+        "s",
+        2,
+        nprod,
+        how,
+        env={"LAMINA_TRANSPORT": "memory", "LAMINA_TRANSPORT_TIMEOUT": "20"},
+        timeout=TIMEOUT,
+    )
     assert res.lines("OK split: 2 steps"), res.describe()
 
 
@@ -173,7 +183,11 @@ def test_stalled_producer(tmp_path, serve):
         (2, "transport_faults", "stall-write", "s", tmp_path),
         (2, "transport_faults", "stall-read", "s", tmp_path),
         cwd=tmp_path,
-        env={"LAMINA_TRANSPORT": "memory", "LAMINA_TRANSPORT_TIMEOUT": "2", "LAMINA_TRANSPORT_SERVE": serve},
+        env={
+            "LAMINA_TRANSPORT": "memory",
+            "LAMINA_TRANSPORT_TIMEOUT": "2",
+            "LAMINA_TRANSPORT_SERVE": serve,
+        },
         timeout=40,
     )
     want = "answered in" if serve == "thread" else "TransportError after"
@@ -226,7 +240,9 @@ def test_engine_choice(monkeypatch):
 def test_file_transport_ignores_transport_options(tmp_path, monkeypatch):
     """A program that passes transport options runs unchanged when its files are written."""
     monkeypatch.delenv("LAMINA_TRANSPORT", raising=False)
-    with lamina.open(tmp_path / "a.lam", "w", transport="file", shallow=["x"], queue_limit=3, timeout=5) as f:
+    with lamina.open(
+        tmp_path / "a.lam", "w", transport="file", shallow=["x"], queue_limit=3, timeout=5
+    ) as f:
         f.create_dataset("x", (3,), np.int32)
         with f.step():
             f["x"][:] = [1, 2, 3]

@@ -52,7 +52,9 @@ def normalize(compression, dtype: np.dtype, ndim: int) -> tuple[dict, ...]:
             elif isinstance(item[1], dict):
                 cfg = {"id": name, **item[1]}
             else:
-                raise CodecError(f"compression {item!r}: expected (name, params-dict) or ('zfp', tolerance)")
+                raise CodecError(
+                    f"compression {item!r}: expected (name, params-dict) or ('zfp', tolerance)"
+                )
         elif isinstance(item, dict):
             cfg = dict(item)
             cfg["id"] = _ALIASES.get(cfg.get("id"), cfg.get("id"))
@@ -69,7 +71,9 @@ def normalize(compression, dtype: np.dtype, ndim: int) -> tuple[dict, ...]:
         p = pipeline(configs)
         p.decode(p.encode(probe), dtype, probe.shape, "a test block")
     except CodecError as e:
-        raise CodecError(f"compression {compression!r} does not work for {dtype} data: {e}") from None
+        raise CodecError(
+            f"compression {compression!r} does not work for {dtype} data: {e}"
+        ) from None
     return configs
 
 
@@ -84,7 +88,9 @@ def _validate(cfg: dict, dtype: np.dtype, ndim: int) -> dict:
         if k not in params:
             raise CodecError(f"codec {cid!r} has no parameter {k!r} (accepted: {sorted(params)})")
         if not isinstance(v, params[k]) or isinstance(v, bool) and bool not in params[k]:
-            raise CodecError(f"codec {cid!r} parameter {k!r} must be {params[k][0].__name__}, got {v!r}")
+            raise CodecError(
+                f"codec {cid!r} parameter {k!r} must be {params[k][0].__name__}, got {v!r}"
+            )
     if cid == "zfpy":
         if dtype.kind not in "fi" or dtype.itemsize not in (4, 8):
             raise CodecError(f"zfp compresses float32/float64/int32/int64 data, not {dtype}")
@@ -93,7 +99,9 @@ def _validate(cfg: dict, dtype: np.dtype, ndim: int) -> dict:
         if not 1 <= ndim <= 4:
             raise CodecError(f"zfp compresses 1-4 dimensional blocks, not {ndim}-D")
         if not any(k in cfg for k in ("tolerance", "rate", "precision")):
-            raise CodecError("zfp needs an error bound: ('zfp', tolerance) or {'id': 'zfpy', 'tolerance': ...}")
+            raise CodecError(
+                "zfp needs an error bound: ('zfp', tolerance) or {'id': 'zfpy', 'tolerance': ...}"
+            )
         if "tolerance" in cfg:
             if dtype.kind != "f":
                 # zfp ignores the tolerance for integer data: the bound would silently not hold
@@ -103,13 +111,17 @@ def _validate(cfg: dict, dtype: np.dtype, ndim: int) -> dict:
                 )
             cfg["tolerance"] = float(cfg["tolerance"])
             if not (cfg["tolerance"] > 0 and math.isfinite(cfg["tolerance"])):
-                raise CodecError(f"zfp tolerance must be a positive finite number, got {cfg['tolerance']}")
+                raise CodecError(
+                    f"zfp tolerance must be a positive finite number, got {cfg['tolerance']}"
+                )
             cfg.setdefault("mode", 4)  # zfp fixed-accuracy mode
         else:
             # without a mode numcodecs' ZFPY runs fixed-accuracy and ignores rate/precision
             key, mode = ("rate", 2) if "rate" in cfg else ("precision", 3)
             if not 0 < cfg[key] <= 64:  # bits per value / bit planes; more only wastes memory
-                raise CodecError(f"zfp {key} must be a positive number of at most 64 bits, got {cfg[key]}")
+                raise CodecError(
+                    f"zfp {key} must be a positive number of at most 64 bits, got {cfg[key]}"
+                )
             cfg.setdefault("mode", mode)  # zfp fixed-rate / fixed-precision mode
     return cfg
 
@@ -126,7 +138,9 @@ class Pipeline:
         self.codecs = []
         for cfg in configs:
             if cfg.get("id") not in ALLOWED:  # re-check: configs may come from disk
-                raise CodecError(f"refusing codec {cfg.get('id')!r}: not in the allowed list {sorted(ALLOWED)}")
+                raise CodecError(
+                    f"refusing codec {cfg.get('id')!r}: not in the allowed list {sorted(ALLOWED)}"
+                )
             try:
                 if cfg["id"] == "zfpy":
                     from numcodecs.zfpy import ZFPY
@@ -157,9 +171,13 @@ class Pipeline:
             raise CodecError(f"{what}: decompression with {self.configs} failed: {e}") from e
         arr = np.asarray(data)
         if arr.dtype != dtype:
-            arr = np.frombuffer(memoryview(arr).cast("B") if arr.dtype.kind != "V" else arr, dtype=np.uint8)
+            arr = np.frombuffer(
+                memoryview(arr).cast("B") if arr.dtype.kind != "V" else arr, dtype=np.uint8
+            )
             if arr.nbytes != math.prod(shape) * dtype.itemsize:
-                raise CodecError(f"{what}: decompressed {arr.nbytes} bytes, expected {math.prod(shape) * dtype.itemsize}")
+                raise CodecError(
+                    f"{what}: decompressed {arr.nbytes} bytes, expected {math.prod(shape) * dtype.itemsize}"
+                )
             arr = arr.view(dtype)
         if arr.size != math.prod(shape):
             raise CodecError(f"{what}: decompressed {arr.size} values, expected {math.prod(shape)}")

@@ -88,7 +88,9 @@ def set_task_comm(comm: MPI.Comm, task: int | None = None) -> MPI.Comm:
     leader = allreduce_int(comm, w.rank, "min")
     want = -1 if task is None else int(task)
     if task is not None and want < 0:
-        raise ValueError(f"task must be >= 0, got {task}")  # the same verdict on every rank of a task
+        raise ValueError(
+            f"task must be >= 0, got {task}"
+        )  # the same verdict on every rank of a task
     rows = np.zeros((w.size, 3), dtype=np.int64)
     w.Allgather(np.array([leader, want, comm.size], dtype=np.int64), rows)
     leaders = np.unique(rows[:, 0])
@@ -98,7 +100,9 @@ def set_task_comm(comm: MPI.Comm, task: int | None = None) -> MPI.Comm:
         if len(mine) != mine[0, 2] or (mine[:, 2] != mine[0, 2]).any():
             problem = f"the task communicators do not partition the world (the task led by world rank {lead})"
         elif (mine[:, 1] != mine[0, 1]).any():
-            problem = f"the ranks of the task led by world rank {lead} passed different task numbers"
+            problem = (
+                f"the ranks of the task led by world rank {lead} passed different task numbers"
+            )
     given = rows[:, 1]
     if problem is None and (given >= 0).any():
         ids = {int(rows[rows[:, 0] == lead][0, 1]) for lead in leaders}
@@ -196,6 +200,7 @@ def free(comm: MPI.Comm) -> None:
 
 # --- byte collectives -----------------------------------------------------
 
+
 def _as_u8(data: bytes | bytearray | memoryview) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8) if len(data) else np.zeros(0, dtype=np.uint8)
 
@@ -254,7 +259,9 @@ def exchange_bytes(comm: MPI.Comm, sends: list) -> list[np.ndarray]:
     must stay below 2 GiB (MPI counts); used for halos and small pieces.
     """
     if len(sends) != comm.size:
-        raise ValueError(f"exchange_bytes needs one payload per rank ({comm.size}), got {len(sends)}")
+        raise ValueError(
+            f"exchange_bytes needs one payload per rank ({comm.size}), got {len(sends)}"
+        )
     if comm.size == 1:
         return [np.frombuffer(bytes(sends[0]), dtype=np.uint8)]
     scounts = np.array([len(memoryview(s).cast("B")) for s in sends], dtype=np.int64)
@@ -271,8 +278,10 @@ def exchange_bytes(comm: MPI.Comm, sends: list) -> list[np.ndarray]:
         if c:
             sbuf[int(d) : int(d + c)] = np.frombuffer(memoryview(s).cast("B"), dtype=np.uint8)
     rbuf = np.empty(int(rcounts.sum()), dtype=np.uint8)
-    comm.Alltoallv([sbuf, scounts.astype(np.int32), sdispl.astype(np.int32), MPI.BYTE],
-                   [rbuf, rcounts.astype(np.int32), rdispl.astype(np.int32), MPI.BYTE])
+    comm.Alltoallv(
+        [sbuf, scounts.astype(np.int32), sdispl.astype(np.int32), MPI.BYTE],
+        [rbuf, rcounts.astype(np.int32), rdispl.astype(np.int32), MPI.BYTE],
+    )
     return [rbuf[int(d) : int(d + c)] for d, c in zip(rdispl, rcounts, strict=True)]
 
 
@@ -377,7 +386,9 @@ def agree(comm: MPI.Comm, exc: BaseException | None) -> None:
         assert exc is not None
         raise mark_collective(exc)
     name, _, msg = raw.partition(b"\0")
-    raise mark_collective(error_from_wire(name.decode("ascii", "replace"), msg.decode("utf-8", "replace"), rank=first))
+    raise mark_collective(
+        error_from_wire(name.decode("ascii", "replace"), msg.decode("utf-8", "replace"), rank=first)
+    )
 
 
 class Guard:

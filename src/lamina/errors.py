@@ -95,7 +95,9 @@ class ExpressionError(LaminaError, ValueError):
     the expression with a caret under that place.
     """
 
-    def __init__(self, message: str, position: int | None = None, expression: str | None = None) -> None:
+    def __init__(
+        self, message: str, position: int | None = None, expression: str | None = None
+    ) -> None:
         self.position = position
         self.expression = expression
         self.reason = message
@@ -113,7 +115,10 @@ def suggest(name: str, candidates: Iterable[str], n: int = 3) -> str:
     if not close:
         # also match on the last path component, so 'tempr' finds 'fields/temp'
         tail = {c.rsplit("/", 1)[-1]: c for c in cands}
-        close = [tail[c] for c in difflib.get_close_matches(name.rsplit("/", 1)[-1], list(tail), n=n, cutoff=0.6)]
+        close = [
+            tail[c]
+            for c in difflib.get_close_matches(name.rsplit("/", 1)[-1], list(tail), n=n, cutoff=0.6)
+        ]
     if not close:
         return ""
     return " Did you mean " + " or ".join(repr(c) for c in close) + "?"
@@ -151,7 +156,16 @@ def is_collective(exc: BaseException | None) -> bool:
 #: same ``except OSError`` works on every rank
 _REMOTE_BASES: dict[str, type[BaseException]] = {
     b.__name__: b
-    for b in (OSError, MemoryError, ValueError, TypeError, KeyError, IndexError, TimeoutError, RuntimeError)
+    for b in (
+        OSError,
+        MemoryError,
+        ValueError,
+        TypeError,
+        KeyError,
+        IndexError,
+        TimeoutError,
+        RuntimeError,
+    )
 }
 _REMOTE_CLASSES: dict[str, type[RemoteError]] = {}
 
@@ -160,7 +174,11 @@ def _remote_class(base: str) -> type[RemoteError]:
     cls = _REMOTE_CLASSES.get(base)
     if cls is None:
         b = _REMOTE_BASES[base]
-        cls = _REMOTE_CLASSES[base] = type(f"Remote{base}", (RemoteError, b), {"__str__": lambda self: str(self.args[0]) if self.args else ""})
+        cls = _REMOTE_CLASSES[base] = type(
+            f"Remote{base}",
+            (RemoteError, b),
+            {"__str__": lambda self: str(self.args[0]) if self.args else ""},
+        )
     return cls
 
 

@@ -41,7 +41,10 @@ class Box:
     @classmethod
     def from_offset(cls, offset: Sequence[int], shape: Sequence[int]) -> Box:
         """The box of *shape* placed at *offset*."""
-        return cls(tuple(int(o) for o in offset), tuple(int(o) + int(s) for o, s in zip(offset, shape, strict=True)))
+        return cls(
+            tuple(int(o) for o in offset),
+            tuple(int(o) + int(s) for o, s in zip(offset, shape, strict=True)),
+        )
 
     @classmethod
     def from_slices(cls, slices: Sequence[slice], shape: Sequence[int]) -> Box:
@@ -99,7 +102,9 @@ class Box:
 
     def relative_to(self, outer: Box) -> tuple[slice, ...]:
         """Slices that select this box inside an array holding *outer*."""
-        return tuple(slice(a - o, b - o) for a, b, o in zip(self.start, self.stop, outer.start, strict=True))
+        return tuple(
+            slice(a - o, b - o) for a, b, o in zip(self.start, self.stop, outer.start, strict=True)
+        )
 
     def shift(self, offset: Sequence[int]) -> Box:
         return Box(
@@ -110,7 +115,9 @@ class Box:
     def check_inside(self, shape: Sequence[int], what: str = "dataset") -> None:
         """Raise BoundsError naming *what* if this box leaves ``[0, shape)``."""
         if len(shape) != self.ndim:
-            raise BoundsError(f"box {self} has {self.ndim} dimensions but {what} has {len(shape)} (shape {tuple(shape)})")
+            raise BoundsError(
+                f"box {self} has {self.ndim} dimensions but {what} has {len(shape)} (shape {tuple(shape)})"
+            )
         for d, (a, b, n) in enumerate(zip(self.start, self.stop, shape, strict=True)):
             if b > n:
                 raise BoundsError(
@@ -195,7 +202,9 @@ def decompose(shape: Sequence[int], nparts: int, dims: Sequence[int] | None = No
     if dims is None:
         dims = _fit_dims(shape, nparts)
     if math.prod(dims) != nparts or len(dims) != len(shape):
-        raise ValueError(f"process grid {tuple(dims)} does not match {nparts} parts of a {len(shape)}-D shape")
+        raise ValueError(
+            f"process grid {tuple(dims)} does not match {nparts} parts of a {len(shape)}-D shape"
+        )
     boxes = []
     for idx in _grid_indices(dims):
         start, stop = [], []

@@ -37,7 +37,9 @@ def find_mpiexec(required: bool = True) -> str | None:
 def is_open_mpi(mpiexec: str) -> bool:
     """True if *mpiexec* is Open MPI's (it then needs ``--oversubscribe`` for more ranks than cores)."""
     try:
-        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=20).stdout
+        out = subprocess.run(
+            [mpiexec, "--version"], capture_output=True, text=True, timeout=20
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return False
     return "Open MPI" in out or "OpenRTE" in out
@@ -48,7 +50,8 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(_LAUNCHER_PREFIXES) and not (k.startswith("OMPI_") and not k.startswith("OMPI_MCA_"))
+        if not k.startswith(_LAUNCHER_PREFIXES)
+        and not (k.startswith("OMPI_") and not k.startswith("OMPI_MCA_"))
     }
     src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)

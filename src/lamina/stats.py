@@ -75,7 +75,9 @@ def _reduce(c: np.ndarray, kind: str):
     return c.min(), c.max(), float(c.sum(dtype=np.float64)), c.size
 
 
-def compute(arr: np.ndarray, seg: int = SEGMENT, checksum: bool = True) -> tuple[Stats, tuple[int, ...]]:
+def compute(
+    arr: np.ndarray, seg: int = SEGMENT, checksum: bool = True
+) -> tuple[Stats, tuple[int, ...]]:
     """Statistics of *arr* and checksums of its raw C-order bytes in one pass.
 
     Returns ``(stats, crcs)``; *crcs* has one CRC-32C per *seg* bytes (empty
@@ -147,7 +149,9 @@ def _pool() -> ThreadPoolExecutor:
 class BlockJob:
     """Statistics + checksums of one block, computed on the worker thread."""
 
-    def __init__(self, arr: np.ndarray, seg: int = SEGMENT, checksum: bool = True, background: bool = True):
+    def __init__(
+        self, arr: np.ndarray, seg: int = SEGMENT, checksum: bool = True, background: bool = True
+    ):
         self._future: Future | None = None
         self._result = None
         if background and arr.nbytes >= BACKGROUND_MIN:

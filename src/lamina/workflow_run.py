@@ -70,7 +70,9 @@ class WorkflowFileError(LaminaError, ValueError):
     top-level field) and ``field`` (e.g. ``reads[0].flow``) say where.
     """
 
-    def __init__(self, path: str, message: str, task: str | None = None, field: str | None = None) -> None:
+    def __init__(
+        self, path: str, message: str, task: str | None = None, field: str | None = None
+    ) -> None:
         self.path, self.task, self.field, self.reason = path, task, field, message
         where = str(path)
         if task is not None:
@@ -134,7 +136,9 @@ class WorkflowFile:
         entries, flows, options = [], [], []
         for p, task in enumerate(self.tasks):
             for w in task.writes:
-                readers = [(c, r) for c, t in enumerate(self.tasks) for r in t.reads if r.name == w.name]
+                readers = [
+                    (c, r) for c, t in enumerate(self.tasks) for r in t.reads if r.name == w.name
+                ]
                 if not readers:
                     continue  # nobody reads it: it stays a file
                 entries.append((w.name, wfmod.Route(p, tuple(sorted(c for c, _ in readers)))))
@@ -152,9 +156,15 @@ class WorkflowFile:
 
         ``file`` when no task reads what another writes (nothing to transport).
         """
-        choice = (transport or self.transport or os.environ.get(TRANSPORT_ENV) or DEFAULT_TRANSPORT).strip().lower()
+        choice = (
+            (transport or self.transport or os.environ.get(TRANSPORT_ENV) or DEFAULT_TRANSPORT)
+            .strip()
+            .lower()
+        )
         if choice not in TRANSPORTS:
-            raise WorkflowFileError(self.path, f"transport must be one of {list(TRANSPORTS)}, got {choice!r}")
+            raise WorkflowFileError(
+                self.path, f"transport must be one of {list(TRANSPORTS)}, got {choice!r}"
+            )
         return choice if self.workflow() is not None else "file"
 
     def variables(self, transport: str | None = None) -> dict[str, str]:
@@ -214,7 +224,9 @@ def load(path: str | os.PathLike, max_ranks: int = MAX_RANKS) -> WorkflowFile:
         with open(shown, encoding="utf-8") as f:
             text = f.read()
     except (OSError, UnicodeDecodeError) as e:
-        raise WorkflowFileError(shown, f"cannot read the workflow file ({getattr(e, 'strerror', None) or e})") from None
+        raise WorkflowFileError(
+            shown, f"cannot read the workflow file ({getattr(e, 'strerror', None) or e})"
+        ) from None
     try:
         data = yaml.safe_load(text)
         _check_duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader))
@@ -238,7 +250,9 @@ def _check_duplicate_keys(root) -> None:
             for k, v in node.value:
                 if isinstance(k, yaml.ScalarNode):
                     if k.value in keys:
-                        raise yaml.YAMLError(f"duplicate key {k.value!r} at line {k.start_mark.line + 1}")
+                        raise yaml.YAMLError(
+                            f"duplicate key {k.value!r} at line {k.start_mark.line + 1}"
+                        )
                     keys.add(k.value)
                 todo.append(v)
         elif isinstance(node, yaml.SequenceNode):
@@ -278,21 +292,32 @@ def parse(data, path: str, max_ranks: int = MAX_RANKS, shown: str | None = None)
     for i, raw in enumerate(raw_tasks):
         label = f"tasks[{i}]"
         if not isinstance(raw, dict):
-            fail(f"a task must be a mapping with the keys {', '.join(TASK_KEYS)} (got {_kind(raw)})", label)
+            fail(
+                f"a task must be a mapping with the keys {', '.join(TASK_KEYS)} (got {_kind(raw)})",
+                label,
+            )
         name = raw.get("name", f"task{i}")
         if not isinstance(name, str) or not name.strip():
             fail(f"must be a non-empty string, got {name!r}", label, "name")
         name = name.strip()
         label = f"{name!r} ({label})"
         if name in names:
-            fail(f"the name is also that of tasks[{names[name]}]: task names must differ", label, "name")
+            fail(
+                f"the name is also that of tasks[{names[name]}]: task names must differ",
+                label,
+                "name",
+            )
         names[name] = i
         _unknown(raw, TASK_KEYS, fail, label, None)
         tasks.append(_task(raw, name, label, base, max_ranks, fail))
 
     total = sum(t.ranks for t in tasks)
     if total > max_ranks:
-        fail(f"the tasks have {total} ranks in all, more than the limit of {max_ranks} (--max-ranks)", None, "tasks")
+        fail(
+            f"the tasks have {total} ranks in all, more than the limit of {max_ranks} (--max-ranks)",
+            None,
+            "tasks",
+        )
     _check_names(tasks, fail)
     return WorkflowFile(path, tuple(tasks), transport, timeout, env)
 
@@ -305,7 +330,11 @@ def _task(raw: dict, name: str, label: str, base: str, max_ranks: int, fail) -> 
         try:
             words = shlex.split(command)
         except ValueError as e:
-            fail(f"cannot be split into words like a shell command ({e}): {command!r}", label, "command")
+            fail(
+                f"cannot be split into words like a shell command ({e}): {command!r}",
+                label,
+                "command",
+            )
     elif isinstance(command, list) and all(_is_scalar(w) for w in command):
         words = [_number(w) if not isinstance(w, str) else w for w in command]
     else:
@@ -338,7 +367,11 @@ def _task(raw: dict, name: str, label: str, base: str, max_ranks: int, fail) -> 
         if isinstance(item, dict):
             _unknown(item, WRITE_KEYS, fail, label, where)
             wname = _name(item.get("name"), fail, label, f"{where}.name")
-            ws = _globs(item.get("shallow"), fail, label, f"{where}.shallow") if "shallow" in item else shallow
+            ws = (
+                _globs(item.get("shallow"), fail, label, f"{where}.shallow")
+                if "shallow" in item
+                else shallow
+            )
             wq = _queue_limit(item.get("queue_limit"), fail, label, f"{where}.queue_limit")
             writes.append(Write(wname, ws, queue_limit if wq is None else wq))
         else:
@@ -365,7 +398,11 @@ def _task(raw: dict, name: str, label: str, base: str, max_ranks: int, fail) -> 
                 fail(f"{x.name!r} is listed twice", label, kind)
             seen.add(x.name)
     if (shallow or queue_limit is not None) and not writes:
-        fail("producer options need names this task writes (writes: [...])", label, "shallow" if shallow else "queue_limit")
+        fail(
+            "producer options need names this task writes (writes: [...])",
+            label,
+            "shallow" if shallow else "queue_limit",
+        )
     return Task(name, tuple(words), int(ranks), cwd, env, tuple(writes), tuple(reads))
 
 
@@ -375,7 +412,11 @@ def _check_names(tasks: list[Task], fail) -> None:
     for a, (i, x) in enumerate(writers):
         for j, y in writers[a + 1 :]:
             if x == y or fnmatch.fnmatchcase(x, y) or fnmatch.fnmatchcase(y, x):
-                who = f"tasks {tasks[i].name!r} and {tasks[j].name!r}" if i != j else "this task twice"
+                who = (
+                    f"tasks {tasks[i].name!r} and {tasks[j].name!r}"
+                    if i != j
+                    else "this task twice"
+                )
                 what = f"{x!r}" if x == y else f"{x!r} and {y!r} (the patterns overlap)"
                 fail(
                     f"{what} written by {who}: each name has one producer",
@@ -395,7 +436,10 @@ def _check_names(tasks: list[Task], fail) -> None:
                 hint = f" ({close[0]!r} is written: give a name read exactly as the producer's writes list it)"
             else:
                 written = ", ".join(repr(x) for _, x in writers) or "nothing"
-                hint = suggest(r.name, [x for _, x in writers]).replace(" Did", ". Did", 1) or f" (written: {written})"
+                hint = (
+                    suggest(r.name, [x for _, x in writers]).replace(" Did", ". Did", 1)
+                    or f" (written: {written})"
+                )
             fail(f"no task writes {r.name!r}{hint}", label, f"reads[{k}]")
 
 
@@ -431,8 +475,14 @@ def _globs(value, fail, task, fld) -> tuple[str, ...]:
     if value is None:
         return ()
     items = [value] if isinstance(value, str) else value
-    if not isinstance(items, list) or not all(isinstance(g, str) and g.strip().lstrip("/") for g in items):
-        fail(f"must be a dataset path glob or a list of them (e.g. [particles, 'grid/*']), got {value!r}", task, fld)
+    if not isinstance(items, list) or not all(
+        isinstance(g, str) and g.strip().lstrip("/") for g in items
+    ):
+        fail(
+            f"must be a dataset path glob or a list of them (e.g. [particles, 'grid/*']), got {value!r}",
+            task,
+            fld,
+        )
     out = []
     for g in items:
         bad = [c for c in _BAD_GLOB_CHARS if c in g]
@@ -464,10 +514,18 @@ def _env(value, fail, task, fld, top: bool) -> dict[str, str]:
         if not isinstance(k, str) or not _ENV_NAME.fullmatch(k):
             fail(f"{k!r} is not a variable name ([A-Za-z_][A-Za-z0-9_]*)", task, fld)
         if k in RESERVED_ENV and (top or k != TIMEOUT_ENV):
-            field_of = {TRANSPORT_ENV: "transport", wfmod.ENV: "writes/reads", TIMEOUT_ENV: "timeout"}[k]
+            field_of = {
+                TRANSPORT_ENV: "transport",
+                wfmod.ENV: "writes/reads",
+                TIMEOUT_ENV: "timeout",
+            }[k]
             fail(f"{k} is set by lamina run from the field '{field_of}'", task, f"{fld}.{k}")
         if not _is_scalar(v):
-            fail(f"the value must be a string or a number, got {v!r} (quote yes/no/true/false)", task, f"{fld}.{k}")
+            fail(
+                f"the value must be a string or a number, got {v!r} (quote yes/no/true/false)",
+                task,
+                f"{fld}.{k}",
+            )
         out[k] = v if isinstance(v, str) else _number(v)
     return out
 
@@ -508,7 +566,12 @@ def describe(wf: WorkflowFile, transport: str | None = None) -> list[str]:
     for t in wf.tasks:
         for w in t.writes:
             readers = [
-                wf.tasks[c].name + ("" if flow_of[c, w.name] is None else f" ({wfmod.flow_name(flow_of[c, w.name])})")
+                wf.tasks[c].name
+                + (
+                    ""
+                    if flow_of[c, w.name] is None
+                    else f" ({wfmod.flow_name(flow_of[c, w.name])})"
+                )
                 for c in range(len(wf.tasks))
                 if (c, w.name) in flow_of
             ]
@@ -519,7 +582,9 @@ def describe(wf: WorkflowFile, transport: str | None = None) -> list[str]:
     return lines
 
 
-def script(wf: WorkflowFile, cmd: list[str], env: dict[str, str], transport: str | None = None) -> str:
+def script(
+    wf: WorkflowFile, cmd: list[str], env: dict[str, str], transport: str | None = None
+) -> str:
     """A shell script equivalent to the launch: ``cd``, the variables that differ from ours, the command."""
     lines = describe(wf, transport)
     lines.append(f"cd {shlex.quote(wf.directory)}")
@@ -601,11 +666,24 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("file", help="the workflow file")
-    p.add_argument("--dry-run", action="store_true", help="print the command and the variables set; run nothing")
-    p.add_argument("--timeout", type=float, metavar="S", help="kill the whole job after S seconds (exit status 124)")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the command and the variables set; run nothing",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        metavar="S",
+        help="kill the whole job after S seconds (exit status 124)",
+    )
     p.add_argument("--transport", choices=TRANSPORTS, help="override the file's transport")
     p.add_argument(
-        "--max-ranks", type=int, default=MAX_RANKS, metavar="N", help=f"refuse more than N ranks in all (default {MAX_RANKS})"
+        "--max-ranks",
+        type=int,
+        default=MAX_RANKS,
+        metavar="N",
+        help=f"refuse more than N ranks in all (default {MAX_RANKS})",
     )
     return p
 
@@ -617,7 +695,10 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
     if args.timeout is not None and not args.timeout > 0:
-        print(f"lamina run: error: --timeout must be > 0 seconds, got {args.timeout:g}", file=sys.stderr)
+        print(
+            f"lamina run: error: --timeout must be > 0 seconds, got {args.timeout:g}",
+            file=sys.stderr,
+        )
         return 2
     try:
         wf = load(args.file, max_ranks=args.max_ranks)

@@ -142,7 +142,11 @@ def main() -> None:
     type(eng)._write_record = write_record
 
     first = f.steps
-    progress = os.open(args.signal + ".progress", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if rank == 0 else -1
+    progress = (
+        os.open(args.signal + ".progress", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        if rank == 0
+        else -1
+    )
     if rank == 0:
         os.write(progress, f"start {first}\n".encode())
     print(f"start {first}", flush=True)

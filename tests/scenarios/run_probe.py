@@ -36,7 +36,10 @@ def main() -> None:
         "timeout": os.environ.get("LAMINA_TRANSPORT_TIMEOUT"),
         "marker": os.environ.get("RUN_PROBE_MARKER"),
         "cwd": os.getcwd(),
-        "options": {k: list(v) if isinstance(v, tuple) else v for k, v in workflow.options_for(name, role[0], app, wf).items()},
+        "options": {
+            k: list(v) if isinstance(v, tuple) else v
+            for k, v in workflow.options_for(name, role[0], app, wf).items()
+        },
     }
     if role == "write":
         with lamina.open(name, "w") as f:

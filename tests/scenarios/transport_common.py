@@ -106,7 +106,9 @@ def check_step(view, step: int, rank: int, size: int) -> int:
     n += want.size
     # particles: uneven ranges
     a, b = cuts(NPART, [(r + step) % 3 + 1 for r in range(size)])[rank]
-    check_equal(view["particles"][a:b], particle_values(a, b, step), f"particles step {step} {a}:{b}")
+    check_equal(
+        view["particles"][a:b], particle_values(a, b, step), f"particles step {step} {a}:{b}"
+    )
     n += (b - a) * 3
     if "pscaled" not in f.derived:
         raise AssertionError(f"derived definitions: {sorted(f.derived)}")
@@ -116,9 +118,13 @@ def check_step(view, step: int, rank: int, size: int) -> int:
     # field: a random uneven grid of the consumer ranks
     rng = np.random.default_rng([23, step, size])
     mine = random_grid(Box.from_shape(FIELD), size, rng)[rank]
-    check_equal(view["fields/z"][mine.slices], field_values(mine, step), f"fields/z step {step} {mine}")
+    check_equal(
+        view["fields/z"][mine.slices], field_values(mine, step), f"fields/z step {step} {mine}"
+    )
     n += mine.size
     if rank == 0:  # one rank also reads everything at once
-        check_equal(view["particles"][...], particle_values(0, NPART, step), f"particles step {step} (all)")
+        check_equal(
+            view["particles"][...], particle_values(0, NPART, step), f"particles step {step} (all)"
+        )
         n += NPART * 3
     return n

@@ -82,7 +82,9 @@ def main() -> None:
         out.close()
     total = comm.allreduce(compared)
     if rank == 0:
-        say(f"OK consumer {args.names}: {seen} steps on {size} ranks ({engines}), {total} values compared")
+        say(
+            f"OK consumer {args.names}: {seen} steps on {size} ranks ({engines}), {total} values compared"
+        )
 
 
 if __name__ == "__main__":

@@ -33,7 +33,9 @@ def expect_transport_error(fn, what: str) -> float:
         if not isinstance(e, ConnectionError):
             raise AssertionError("TransportError is not a ConnectionError") from e
         if took > limit + 10:
-            raise AssertionError(f"{what}: TransportError only after {took:.1f} s (timeout {limit} s)") from e
+            raise AssertionError(
+                f"{what}: TransportError only after {took:.1f} s (timeout {limit} s)"
+            ) from e
         return took
     raise AssertionError(f"{what}: no TransportError")
 
@@ -45,7 +47,9 @@ def main() -> None:
         time.sleep(0.2)
         say("OK idle")
     elif role == "orphan-read":
-        took = expect_transport_error(lambda: lamina.open(sys.argv[2], "r"), "open of a name nobody produces")
+        took = expect_transport_error(
+            lambda: lamina.open(sys.argv[2], "r"), "open of a name nobody produces"
+        )
         if comm.rank == 0:
             say(f"OK orphan: TransportError after {took:.1f} s")
     elif role == "stall-write":
@@ -75,7 +79,9 @@ def main() -> None:
                 took = time.monotonic() - t0
                 what = "answered in"
             else:
-                took = expect_transport_error(lambda: view["x"][:], "reading from a producer that does not answer")
+                took = expect_transport_error(
+                    lambda: view["x"][:], "reading from a producer that does not answer"
+                )
                 what = "TransportError after"
             took2 = expect_transport_error(lambda: f.at(2), "waiting for a step that never comes")
             comm.Barrier()

@@ -103,7 +103,9 @@ def bare_read(name: str, steps: int) -> None:
             res = view.query("x > 5")
             # no statistics to prune with: the query reads every block to decide
             if res.count != min(8, k + 2) or res.candidate_blocks_read != len(view["x"].blocks()):
-                raise AssertionError(f"step {k}: query x > 5 gave {res.count} matches, read {res.candidate_blocks_read} blocks")
+                raise AssertionError(
+                    f"step {k}: query x > 5 gave {res.count} matches, read {res.candidate_blocks_read} blocks"
+                )
             n += 1
     if n != steps:
         raise AssertionError(f"saw {n} of {steps} steps")
@@ -118,7 +120,9 @@ def main() -> None:
         flow = sys.argv[4] if len(sys.argv) > 4 else None
         seen = consume(name, steps, None if flow == "-" else flow or "latest", 0.12)
         if any(b <= a for a, b in zip(seen, seen[1:], strict=False)) or seen[-1] != steps - 1:
-            raise AssertionError(f"latest: not an increasing sequence ending at {steps - 1}: {seen}")
+            raise AssertionError(
+                f"latest: not an increasing sequence ending at {steps - 1}: {seen}"
+            )
         if len(seen) >= steps:
             raise AssertionError(f"latest: a slow consumer saw every step: {seen}")
         if comm.rank == 0:

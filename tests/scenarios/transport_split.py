@@ -27,7 +27,9 @@ def main() -> None:
     numbered = how == "numbered"
     w = MPI.COMM_WORLD
     producer = w.rank < nprod
-    mine = w.Split(int(producer), -w.rank)  # any order: lamina orders its task communicator by world rank
+    mine = w.Split(
+        int(producer), -w.rank
+    )  # any order: lamina orders its task communicator by world rank
     if how == "bad":
         try:
             lamina.comm.set_task_comm(mine, task=w.rank if producer else 0)

@@ -103,7 +103,9 @@ class Dataset:
             out = out.reshape(sel.result_shape)
         return out[()] if out.ndim == 0 else out
 
-    def read(self, box: Box | None = None, step: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
+    def read(
+        self, box: Box | None = None, step: int | None = None, out: np.ndarray | None = None
+    ) -> np.ndarray:
         """Independent: read *box* (default: everything) at *step* (default: this view's step)."""
         box = Box.from_shape(self.shape) if box is None else box
         if out is None:
@@ -150,8 +152,12 @@ class Dataset:
         """
         data = np.asarray(data)
         if data.ndim != self.ndim:
-            raise ShapeError(f"{self._what()}: data has {data.ndim} dimensions, dataset has {self.ndim} (shape {self.shape})")
+            raise ShapeError(
+                f"{self._what()}: data has {data.ndim} dimensions, dataset has {self.ndim} (shape {self.shape})"
+            )
         offset = (0,) * data.ndim if offset is None else tuple(int(o) for o in offset)
         if len(offset) != self.ndim:
-            raise ShapeError(f"{self._what()}: offset {offset} has {len(offset)} entries, dataset has {self.ndim} dimensions")
+            raise ShapeError(
+                f"{self._what()}: offset {offset} has {len(offset)} entries, dataset has {self.ndim} dimensions"
+            )
         self._file._engine.put(self._path, Box.from_offset(offset, data.shape), data, copy=copy)

@@ -15,7 +15,9 @@ from .group import Group
 DEFAULT_ENGINE = "native"
 
 
-def _choose_engine(path: str, mode: str, engine: str | Engine | None, options: dict | None = None) -> Engine:
+def _choose_engine(
+    path: str, mode: str, engine: str | Engine | None, options: dict | None = None
+) -> Engine:
     """The engine stack: the derived-quantity layer over the chosen engine.
 
     Without an explicit *engine*, the transport choice (``transport=`` in
@@ -48,7 +50,9 @@ class File(Group):
     ``f.comm``.
     """
 
-    def __init__(self, path, mode: str = "r", comm=None, engine: str | Engine | None = None, **options):
+    def __init__(
+        self, path, mode: str = "r", comm=None, engine: str | Engine | None = None, **options
+    ):
         path = os.fspath(path)
         self._comm = comm_mod.resolve(comm)
         self._engine = _choose_engine(path, mode, engine, options)
@@ -155,7 +159,9 @@ class File(Group):
         """Collective: pick up steps committed by a concurrent writer; returns the step count."""
         return self._engine.refresh()
 
-    def wait_for_step(self, step: int, timeout: float | None = None, poll: float = 0.05) -> StepView:
+    def wait_for_step(
+        self, step: int, timeout: float | None = None, poll: float = 0.05
+    ) -> StepView:
         """Collective: block until *step* is committed (or raise StepTimeoutError / StepError)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = poll
@@ -163,18 +169,24 @@ class File(Group):
             if step < self.steps:
                 return self.at(step)
             if self._engine.writer_closed:
-                raise StepError(f"step {step} will never exist: the writer of {self._filename!r} closed it after {self.steps} steps")
+                raise StepError(
+                    f"step {step} will never exist: the writer of {self._filename!r} closed it after {self.steps} steps"
+                )
             expired = deadline is not None and time.monotonic() >= deadline
             # all ranks must agree on timing out, or they would diverge in refresh()
             if comm_mod.allreduce_int(self._comm, int(expired), "max"):
                 raise StepTimeoutError(
                     f"no step {step} in {self._filename!r} after {timeout} s ({self.steps} steps committed)"
                 )
-            self._engine.wait_steps(step + 1, delay)  # returns early when the engine hears of a step
+            self._engine.wait_steps(
+                step + 1, delay
+            )  # returns early when the engine hears of a step
             delay = min(delay * 1.5, 1.0)
             self.refresh()
 
-    def iter_steps(self, start: int = 0, timeout: float | None = 30.0, poll: float = 0.05) -> Iterator[StepView]:
+    def iter_steps(
+        self, start: int = 0, timeout: float | None = 30.0, poll: float = 0.05
+    ) -> Iterator[StepView]:
         """Collective: yield each step as it is committed, like a stream.
 
         Ends when the writer has closed the file and every step was yielded;
@@ -241,7 +253,12 @@ class StepView(Group):
 
 
 def open(  # noqa: A001
-    path, mode: str = "r", comm=None, engine: str | Engine | None = None, transport: str | None = None, **options
+    path,
+    mode: str = "r",
+    comm=None,
+    engine: str | Engine | None = None,
+    transport: str | None = None,
+    **options,
 ) -> File:
     """Collective: open a lamina file.
 

@@ -61,7 +61,9 @@ class Group:
             return Dataset(self._file, path, self._step)
         if kind == "group":
             return Group(self._file, path, self._step)
-        raise NotFoundError(f"no group or dataset {'/' + path!r} in {self._file.filename!r}.{suggest(path, cat.all_paths())}")
+        raise NotFoundError(
+            f"no group or dataset {'/' + path!r} in {self._file.filename!r}.{suggest(path, cat.all_paths())}"
+        )
 
     def get(self, name: str, default=None):
         try:

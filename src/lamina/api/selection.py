@@ -51,7 +51,9 @@ def parse(key, shape: tuple[int, ...], what: str = "dataset") -> Selection:
             raise BoundsError(f"{what}: too many indices ({len(key) - 1}) for {nd} dimensions")
         key = key[:i] + (slice(None),) * fill + key[i + 1 :]
     if len(key) > nd:
-        raise BoundsError(f"{what}: too many indices ({len(key)}) for {nd} dimensions (shape {shape})")
+        raise BoundsError(
+            f"{what}: too many indices ({len(key)}) for {nd} dimensions (shape {shape})"
+        )
     key = key + (slice(None),) * (nd - len(key))
     start, stop, squeeze, steps = [], [], [], []
     for d, (k, n) in enumerate(zip(key, shape, strict=True)):
@@ -59,7 +61,9 @@ def parse(key, shape: tuple[int, ...], what: str = "dataset") -> Selection:
             i = int(k)
             j = i + n if i < 0 else i
             if not 0 <= j < n:
-                raise BoundsError(f"{what}: index {i} is out of bounds for dimension {d} of size {n} (shape {shape})")
+                raise BoundsError(
+                    f"{what}: index {i} is out of bounds for dimension {d} of size {n} (shape {shape})"
+                )
             start.append(j)
             stop.append(j + 1)
             squeeze.append(d)
@@ -67,7 +71,9 @@ def parse(key, shape: tuple[int, ...], what: str = "dataset") -> Selection:
         elif isinstance(k, slice):
             st = 1 if k.step is None else k.step
             if not isinstance(st, numbers.Integral) or st <= 0:
-                raise SelectionError(f"{what}: slice step must be a positive integer, got {k.step!r} in dimension {d}")
+                raise SelectionError(
+                    f"{what}: slice step must be a positive integer, got {k.step!r} in dimension {d}"
+                )
             a = _bound(k.start, 0, n, d, what, shape)
             b = _bound(k.stop, n, n, d, what, shape)
             b = max(a, b)
@@ -89,5 +95,7 @@ def _bound(v, default: int, n: int, d: int, what: str, shape) -> int:
     v = int(v)
     j = v + n if v < 0 else v
     if not 0 <= j <= n:
-        raise BoundsError(f"{what}: slice bound {v} is out of bounds for dimension {d} of size {n} (shape {tuple(shape)})")
+        raise BoundsError(
+            f"{what}: slice bound {v} is out of bounds for dimension {d} of size {n} (shape {tuple(shape)})"
+        )
     return j

@@ -124,9 +124,13 @@ class Worker:
         if self.producer:
             return True
         a, b = self.g
-        ok = np.array_equal(self.grid, np.arange(a * ROW, b * ROW, dtype=np.uint64).reshape(b - a, ROW))
+        ok = np.array_equal(
+            self.grid, np.arange(a * ROW, b * ROW, dtype=np.uint64).reshape(b - a, ROW)
+        )
         a, b = self.p
-        ok = ok and np.array_equal(self.part, (np.arange(a * 3, b * 3, dtype=np.float32) * 0.5).reshape(b - a, 3))
+        ok = ok and np.array_equal(
+            self.part, (np.arange(a * 3, b * 3, dtype=np.float32) * 0.5).reshape(b - a, 3)
+        )
         return bool(ok)
 
     def clear(self) -> None:
@@ -168,10 +172,18 @@ class Worker:
                 for q, (ga, gb), (pa, pb) in plan:
                     if gb > ga:
                         buf = self.grid[ga:gb]
-                        reqs.append(inter.Isend(buf, q, 2 * k) if self.producer else inter.Irecv(buf, q, 2 * k))
+                        reqs.append(
+                            inter.Isend(buf, q, 2 * k)
+                            if self.producer
+                            else inter.Irecv(buf, q, 2 * k)
+                        )
                     if pb > pa:
                         buf = self.part[pa:pb]
-                        reqs.append(inter.Isend(buf, q, 2 * k + 1) if self.producer else inter.Irecv(buf, q, 2 * k + 1))
+                        reqs.append(
+                            inter.Isend(buf, q, 2 * k + 1)
+                            if self.producer
+                            else inter.Irecv(buf, q, 2 * k + 1)
+                        )
                 MPI.Request.Waitall(reqs)
         finally:
             inter.Free()
@@ -217,7 +229,12 @@ class Worker:
 
     def memory(self, path: str, shallow: bool, stats: bool = True) -> None:
         if self.producer:
-            self._produce(path, transport="memory", shallow=["grid", "particles"] if shallow else (), stats=stats)
+            self._produce(
+                path,
+                transport="memory",
+                shallow=["grid", "particles"] if shallow else (),
+                stats=stats,
+            )
         else:
             import lamina
 
@@ -335,7 +352,11 @@ def launch_job(producers: int, consumers: int, args: list[str], timeout: float) 
         return [find_mpiexec(), "-n", str(producers), *prog, ":", "-n", str(consumers), *prog]
 
     def progress(text: str) -> None:
-        print(f"  {producers}+{consumers} ranks: {text.split(None, 1)[-1].strip()}", file=sys.stderr, flush=True)
+        print(
+            f"  {producers}+{consumers} ranks: {text.split(None, 1)[-1].strip()}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     return run_json_job(
         command,
@@ -353,20 +374,50 @@ def parser() -> argparse.ArgumentParser:
         description="In situ transport vs hand-written MPI, files and the memcpy floor (the LowFive synthetic "
         "benchmark): producers:consumers = 3:1, grid (uint64) + particles (3 x float32).",
     )
-    p.add_argument("--ranks", default="4,8", help="total ranks per job, producers:consumers = 3:1 (default 4,8)")
-    p.add_argument("--size", default="64MiB", help="bytes moved per step, all producers together (default 64MiB)")
-    p.add_argument("--steps", type=int, default=4, help="steps per run (default 4: 256 MiB per run)")
-    p.add_argument("--repeat", type=int, default=3, help="timed repetitions of every method (default 3)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed runs of every method first (default 1)")
-    p.add_argument("--methods", default=",".join(SHORT),
-                   help=f"comma-separated subset of {','.join(SHORT)} (default all)")
-    p.add_argument("--dir", default=None, help="directory for the files (default: a new one under $TMPDIR)")
-    p.add_argument("--timeout", type=float, default=None, help="seconds per MPI job (default: from the sizes)")
-    p.add_argument("--json", action="store_true", help="print the results as JSON on stdout (table on stderr)")
+    p.add_argument(
+        "--ranks",
+        default="4,8",
+        help="total ranks per job, producers:consumers = 3:1 (default 4,8)",
+    )
+    p.add_argument(
+        "--size",
+        default="64MiB",
+        help="bytes moved per step, all producers together (default 64MiB)",
+    )
+    p.add_argument(
+        "--steps", type=int, default=4, help="steps per run (default 4: 256 MiB per run)"
+    )
+    p.add_argument(
+        "--repeat", type=int, default=3, help="timed repetitions of every method (default 3)"
+    )
+    p.add_argument(
+        "--warmup", type=int, default=1, help="untimed runs of every method first (default 1)"
+    )
+    p.add_argument(
+        "--methods",
+        default=",".join(SHORT),
+        help=f"comma-separated subset of {','.join(SHORT)} (default all)",
+    )
+    p.add_argument(
+        "--dir", default=None, help="directory for the files (default: a new one under $TMPDIR)"
+    )
+    p.add_argument(
+        "--timeout", type=float, default=None, help="seconds per MPI job (default: from the sizes)"
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print the results as JSON on stdout (table on stderr)"
+    )
     return p
 
 
-SHORT = {"hand": HAND, "memory": MEMORY, "deep": DEEP, "nostats": NOSTATS, "file": FILE, "plain": PLAIN}
+SHORT = {
+    "hand": HAND,
+    "memory": MEMORY,
+    "deep": DEEP,
+    "nostats": NOSTATS,
+    "file": FILE,
+    "plain": PLAIN,
+}
 
 
 def report(jobs: list[dict], command: str) -> str:
@@ -382,15 +433,37 @@ def report(jobs: list[dict], command: str) -> str:
         )
         rows = {r["name"]: r for r in j["rows"]}
         hand = rows.get(HAND)
-        table = [[MEMCPY, f"{j['memcpy_floor_s']:.3f}", "-",
-                  f"{common.gibps(j['bytes'], j['memcpy_floor_s']):.2f}", "-"]]
+        table = [
+            [
+                MEMCPY,
+                f"{j['memcpy_floor_s']:.3f}",
+                "-",
+                f"{common.gibps(j['bytes'], j['memcpy_floor_s']):.2f}",
+                "-",
+            ]
+        ]
         for r in j["rows"]:
-            vs = common.ratio_cell(common.speedup(r, hand)) if hand and r is not hand else "-"  # r / hand
-            table.append([r["name"], f"{r['median']:.3f}", f"{r['min']:.3f}",
-                          f"{common.gibps(j['bytes'], r['median']):.2f}", vs])
-        out.append(common.table(["method", "median s", "min s", "GiB/s", "time / hand-written (best)"], table))
+            vs = (
+                common.ratio_cell(common.speedup(r, hand)) if hand and r is not hand else "-"
+            )  # r / hand
+            table.append(
+                [
+                    r["name"],
+                    f"{r['median']:.3f}",
+                    f"{r['min']:.3f}",
+                    f"{common.gibps(j['bytes'], r['median']):.2f}",
+                    vs,
+                ]
+            )
+        out.append(
+            common.table(
+                ["method", "median s", "min s", "GiB/s", "time / hand-written (best)"], table
+            )
+        )
 
-        def ratio(a, b, rows=rows):  # time of a / time of b: paired median over repetitions, and min / min
+        def ratio(
+            a, b, rows=rows
+        ):  # time of a / time of b: paired median over repetitions, and min / min
             if a not in rows or b not in rows:
                 return None, None
             return common.speedup(rows[a], rows[b])
@@ -399,21 +472,50 @@ def report(jobs: list[dict], command: str) -> str:
         for name in (MEMORY, NOSTATS):
             mh = ratio(name, HAND)
             if mh[0] is not None:
-                checks.append([f"{name} / hand-written", common.ratio_cell(mh), "<= 1.10x",
-                               common.verdict(mh[0], 1.1, False, mh[1])])
+                checks.append(
+                    [
+                        f"{name} / hand-written",
+                        common.ratio_cell(mh),
+                        "<= 1.10x",
+                        common.verdict(mh[0], 1.1, False, mh[1]),
+                    ]
+                )
         fm = ratio(FILE, MEMORY)
         if fm[0] is not None:
-            checks.append(["lamina file / lamina memory", common.ratio_cell(fm), ">= 5.00x",
-                           common.verdict(fm[0], 5.0, True, fm[1])])
+            checks.append(
+                [
+                    "lamina file / lamina memory",
+                    common.ratio_cell(fm),
+                    ">= 5.00x",
+                    common.verdict(fm[0], 5.0, True, fm[1]),
+                ]
+            )
         fp = ratio(FILE, PLAIN)
         if fp[0] is not None:
-            checks.append(["lamina file / native write+read", common.ratio_cell(fp), "<= 1.10x",
-                           common.verdict(fp[0], 1.1, False, fp[1])])
+            checks.append(
+                [
+                    "lamina file / native write+read",
+                    common.ratio_cell(fp),
+                    "<= 1.10x",
+                    common.verdict(fp[0], 1.1, False, fp[1]),
+                ]
+            )
         if MEMORY in rows:
-            checks.append(["lamina memory / memcpy floor", f"{rows[MEMORY]['median'] / j['memcpy_floor_s']:.2f}x",
-                           "-", "info"])
-        out.append(common.table(["ratio (paired median, best case)", "value", "target", "verdict"], checks,
-                                align="lrrl"))
+            checks.append(
+                [
+                    "lamina memory / memcpy floor",
+                    f"{rows[MEMORY]['median'] / j['memcpy_floor_s']:.2f}x",
+                    "-",
+                    "info",
+                ]
+            )
+        out.append(
+            common.table(
+                ["ratio (paired median, best case)", "value", "target", "verdict"],
+                checks,
+                align="lrrl",
+            )
+        )
         if j["failed_checks"]:
             out.append(f"DATA CHECK FAILED for: {', '.join(j['failed_checks'])}\n")
     out.append(f"command: {command}")
@@ -437,7 +539,10 @@ def main(argv: list[str]) -> int:
         p.error("--steps and --repeat must be at least 1")
     if not methods:
         p.error("--methods: give at least one")
-    timeout = ns.timeout or 120 + 30 * size * ns.steps / common.GiB * (ns.repeat + ns.warmup) * len(methods) * 4
+    timeout = (
+        ns.timeout
+        or 120 + 30 * size * ns.steps / common.GiB * (ns.repeat + ns.warmup) * len(methods) * 4
+    )
     own = ns.dir is None
     base = tempfile.mkdtemp(prefix="lamina-bench-insitu-") if own else os.path.abspath(ns.dir)
     os.makedirs(base, exist_ok=True)
@@ -448,8 +553,20 @@ def main(argv: list[str]) -> int:
             cons = r - prod
             d = os.path.join(base, f"np{r}")
             os.makedirs(d, exist_ok=True)
-            args = ["--size", str(size), "--steps", str(ns.steps), "--repeat", str(ns.repeat),
-                    "--warmup", str(max(0, ns.warmup)), "--methods", ",".join(methods), "--dir", d]
+            args = [
+                "--size",
+                str(size),
+                "--steps",
+                str(ns.steps),
+                "--repeat",
+                str(ns.repeat),
+                "--warmup",
+                str(max(0, ns.warmup)),
+                "--methods",
+                ",".join(methods),
+                "--dir",
+                d,
+            ]
             try:
                 jobs.append(launch_job(prod, cons, args, timeout))
             except (RuntimeError, FileNotFoundError) as e:
@@ -461,7 +578,11 @@ def main(argv: list[str]) -> int:
         if own:
             common.remove(base)
     command = "lamina bench insitu " + " ".join(argv)
-    common.emit(ns.json, report(jobs, command), {"command": command, "machine": common.machine(), "jobs": jobs})
+    common.emit(
+        ns.json,
+        report(jobs, command),
+        {"command": command, "machine": common.machine(), "jobs": jobs},
+    )
     return 0 if not any(j["failed_checks"] for j in jobs) else 1
 
 

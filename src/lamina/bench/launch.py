@@ -61,7 +61,8 @@ def run_json_job(
             if left <= 0:
                 _kill_job(proc)
                 raise RuntimeError(
-                    f"{what} timed out after {timeout:.0f} s (use --timeout to allow more)\n" + "".join(tail[-20:])
+                    f"{what} timed out after {timeout:.0f} s (use --timeout to allow more)\n"
+                    + "".join(tail[-20:])
                 )
             if not sel.select(timeout=min(left, 1.0)):
                 if proc.poll() is not None:
@@ -77,7 +78,9 @@ def run_json_job(
             on_output(line)
         rc = proc.wait()
         if rc != 0:
-            raise RuntimeError(f"{what} failed (exit {rc}): {' '.join(cmd)}\n" + "".join(tail[-20:]))
+            raise RuntimeError(
+                f"{what} failed (exit {rc}): {' '.join(cmd)}\n" + "".join(tail[-20:])
+            )
         with open(out) as f:
             return json.load(f)
     except BaseException:
@@ -185,7 +188,9 @@ def run_all(mode: str, o: CommonOptions, steps_for: Callable[[int], int], desc: 
     return results
 
 
-def run_and_report(mode: str, o: CommonOptions, steps_for: Callable[[int], int], report, argv: list[str]) -> int:
+def run_and_report(
+    mode: str, o: CommonOptions, steps_for: Callable[[int], int], report, argv: list[str]
+) -> int:
     """Run every rank count's job for ``lamina bench MODE``, then print (or emit as JSON) the report."""
     try:
         jobs = run_all(mode, o, steps_for, f"bench {mode}")

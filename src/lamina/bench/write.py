@@ -392,5 +392,9 @@ def main(argv: list[str]) -> int:
     except ValueError as e:
         p.error(str(e))
     return launch.run_and_report(
-        "write", o, lambda r: o.warmup + o.repeat * len(method_names(r, o.aggregators, o.methods)), report, argv
+        "write",
+        o,
+        lambda r: o.warmup + o.repeat * len(method_names(r, o.aggregators, o.methods)),
+        report,
+        argv,
     )

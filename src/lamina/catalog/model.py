@@ -112,7 +112,9 @@ def normalize_attr(value):
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
         return [str(v) for v in value]
     if isinstance(value, bytes):
-        raise DTypeError("attribute values may be numbers, arrays or strings; decode bytes to str first")
+        raise DTypeError(
+            "attribute values may be numbers, arrays or strings; decode bytes to str first"
+        )
     arr = np.asarray(value)
     if arr.dtype.kind not in NUMERIC_KINDS:
         raise DTypeError(
@@ -121,7 +123,9 @@ def normalize_attr(value):
     if arr.ndim > MAX_NDIM:  # readers refuse more (decode_attr)
         raise ValueError(f"attribute with {arr.ndim} dimensions exceeds the limit of {MAX_NDIM}")
     if arr.nbytes > MAX_ATTR_BYTES:
-        raise ValueError(f"attribute of {arr.nbytes} bytes exceeds the limit of {MAX_ATTR_BYTES}; store it as a dataset")
+        raise ValueError(
+            f"attribute of {arr.nbytes} bytes exceeds the limit of {MAX_ATTR_BYTES}; store it as a dataset"
+        )
     return np.array(arr, order="C")  # a copy; unlike ascontiguousarray, keeps 0-D scalars 0-D
 
 
@@ -168,7 +172,9 @@ def decode_attr(d: Decoder):
             raise FormatError(f"{d.what}: attribute has an impossible shape {shape}")
         raw = d.blob(limit=MAX_ATTR_BYTES)
         if math.prod(shape) * dt.itemsize != len(raw):
-            raise FormatError(f"{d.what}: attribute of shape {shape} and dtype {dt} does not match its {len(raw)} bytes")
+            raise FormatError(
+                f"{d.what}: attribute of shape {shape} and dtype {dt} does not match its {len(raw)} bytes"
+            )
         return np.frombuffer(raw, dtype=dt).reshape(shape).copy()
     raise FormatError(f"{d.what}: unknown attribute type tag {tag}")
 
@@ -223,9 +229,13 @@ class DatasetSpec:
         try:
             codecs = json.loads(codec_json)
         except (ValueError, RecursionError) as e:
-            raise FormatError(f"{d.what}: codec description of dataset {path!r} is not valid JSON") from e
+            raise FormatError(
+                f"{d.what}: codec description of dataset {path!r} is not valid JSON"
+            ) from e
         if not isinstance(codecs, list) or not all(isinstance(c, dict) for c in codecs):
-            raise FormatError(f"{d.what}: codec description of dataset {path!r} is not a list of objects")
+            raise FormatError(
+                f"{d.what}: codec description of dataset {path!r} is not a list of objects"
+            )
         try:
             p = normpath(path)
         except ValueError as e:
@@ -318,7 +328,9 @@ class BlockRecord:
     agg: int = 0
     offset: int = 0
     length: int = 0
-    codec: int = 0  # 0: raw bytes in C order; 1: the dataset's codec pipeline; 2: statistics only, no data
+    codec: int = (
+        0  # 0: raw bytes in C order; 1: the dataset's codec pipeline; 2: statistics only, no data
+    )
     seg: int = 0  # checksum segment size in bytes (0: one checksum over the whole block)
     crcs: tuple[int, ...] = ()
     stats: Stats | None = None
@@ -353,14 +365,18 @@ class BlockRecord:
     def decode(cls, d: Decoder, specs: list[DatasetSpec]) -> BlockRecord:
         did = d.u32()
         if did >= len(specs):
-            raise FormatError(f"{d.what}: block refers to dataset id {did}, only {len(specs)} defined")
+            raise FormatError(
+                f"{d.what}: block refers to dataset id {did}, only {len(specs)} defined"
+            )
         spec = specs[did]
         start = tuple(d.u64() for _ in range(spec.ndim))
         stop = tuple(d.u64() for _ in range(spec.ndim))
         if any(b < a for a, b in zip(start, stop, strict=True)) or any(
             b > n for b, n in zip(stop, spec.shape, strict=True)
         ):
-            raise FormatError(f"{d.what}: block box {start}..{stop} is outside dataset {spec.path!r} of shape {spec.shape}")
+            raise FormatError(
+                f"{d.what}: block box {start}..{stop} is outside dataset {spec.path!r} of shape {spec.shape}"
+            )
         box = Box(start, stop)
         rank, session, agg = d.u32(), d.u32(), d.u32()
         offset, length = d.u64(), d.u64()
@@ -368,7 +384,9 @@ class BlockRecord:
         if codec > 2:
             raise FormatError(f"{d.what}: block of {spec.path!r} has unknown codec id {codec}")
         if codec == 2 and length != 0:
-            raise FormatError(f"{d.what}: statistics-only block of {spec.path!r} at {box} claims {length} bytes")
+            raise FormatError(
+                f"{d.what}: statistics-only block of {spec.path!r} at {box} claims {length} bytes"
+            )
         raw = box.size * spec.dtype.itemsize
         if codec == 0 and length != raw:
             raise FormatError(
@@ -378,11 +396,15 @@ class BlockRecord:
             raise FormatError(f"{d.what}: block of {spec.path!r} has an impossible offset/length")
         seg = d.u64()
         if seg % SEGMENT_UNIT:
-            raise FormatError(f"{d.what}: block of {spec.path!r} has checksum segment {seg}, not a multiple of {SEGMENT_UNIT}")
+            raise FormatError(
+                f"{d.what}: block of {spec.path!r} has checksum segment {seg}, not a multiple of {SEGMENT_UNIT}"
+            )
         ncrc = d.count(4, name="checksums")
         expect = 1 if seg == 0 else max(1, -(-length // seg))
         if ncrc != expect:
-            raise FormatError(f"{d.what}: block of {spec.path!r} has {ncrc} checksums, expected {expect}")
+            raise FormatError(
+                f"{d.what}: block of {spec.path!r} has {ncrc} checksums, expected {expect}"
+            )
         crcs = tuple(d.u32() for _ in range(ncrc))
         has = d.u8()
         if has > 1:
@@ -439,7 +461,9 @@ class Record:
         return e.getvalue()
 
     @classmethod
-    def decode(cls, buf: bytes, catalog: Catalog, what: str = "metadata record", apply_ops: bool = True) -> Record:
+    def decode(
+        cls, buf: bytes, catalog: Catalog, what: str = "metadata record", apply_ops: bool = True
+    ) -> Record:
         """Decode; apply the ops to *catalog* unless already applied (ops may define datasets the blocks use)."""
         d = Decoder(buf, what)
         kind = d.u8()
@@ -527,7 +551,9 @@ class Catalog:
         self.closed = False
         self.last_session = -1
         self.nrecords = 0
-        self._index: dict[tuple[int, int], tuple] = {}  # (dataset id, step) -> block corners (see hits)
+        self._index: dict[
+            tuple[int, int], tuple
+        ] = {}  # (dataset id, step) -> block corners (see hits)
 
     # -- queries --------------------------------------------------------
     def kind_of(self, path: str) -> str | None:
@@ -576,16 +602,25 @@ class Catalog:
         ok = np.all(a < b, axis=1)
         out = []
         for i in np.flatnonzero(ok):
-            out.append((recs[i], type(box)(tuple(int(v) for v in a[i]), tuple(int(v) for v in b[i]))))
+            out.append(
+                (recs[i], type(box)(tuple(int(v) for v in a[i]), tuple(int(v) for v in b[i])))
+            )
         return out
 
     # -- rollback ---------------------------------------------------------
     def checkpoint(self) -> tuple:
         """A snapshot to :meth:`restore` if applying new records fails part way."""
         return (
-            set(self.groups), dict(self.datasets), len(self.specs),
-            {k: dict(v) for k, v in self.attrs.items()}, dict(self.ext),
-            len(self.steps), len(self.step_times), self.closed, self.last_session, self.nrecords,
+            set(self.groups),
+            dict(self.datasets),
+            len(self.specs),
+            {k: dict(v) for k, v in self.attrs.items()},
+            dict(self.ext),
+            len(self.steps),
+            len(self.step_times),
+            self.closed,
+            self.last_session,
+            self.nrecords,
         )
 
     def restore(self, cp: tuple) -> None:
@@ -606,7 +641,9 @@ class Catalog:
         elif code == OP_DATASET:
             spec: DatasetSpec = op[1]
             if spec.id != len(self.specs):
-                raise FormatError(f"{what}: dataset {spec.path!r} has id {spec.id}, expected {len(self.specs)}")
+                raise FormatError(
+                    f"{what}: dataset {spec.path!r} has id {spec.id}, expected {len(self.specs)}"
+                )
             if spec.path in self.datasets or spec.path in self.groups:
                 raise FormatError(f"{what}: dataset {spec.path!r} defined twice")
             self._add_group(parent(spec.path), what)
@@ -642,7 +679,9 @@ class Catalog:
         self.nrecords += 1
         if rec.kind == KIND_STEP:
             if rec.step != len(self.steps):
-                raise FormatError(f"step record {rec.step} out of order: expected step {len(self.steps)}")
+                raise FormatError(
+                    f"step record {rec.step} out of order: expected step {len(self.steps)}"
+                )
             index: dict[int, list[BlockRecord]] = {}
             for b in rec.blocks:
                 index.setdefault(b.dataset, []).append(b)

@@ -73,7 +73,9 @@ class Decoder:
 
     __slots__ = ("buf", "pos", "end", "what")
 
-    def __init__(self, buf: bytes | memoryview, what: str = "metadata", pos: int = 0, end: int | None = None):
+    def __init__(
+        self, buf: bytes | memoryview, what: str = "metadata", pos: int = 0, end: int | None = None
+    ):
         self.buf = memoryview(buf).cast("B") if not isinstance(buf, bytes) else buf
         self.pos = pos
         self.end = len(buf) if end is None else end
@@ -140,4 +142,6 @@ class Decoder:
 
     def expect_end(self) -> None:
         if self.pos != self.end:
-            raise FormatError(f"{self.what}: {self.end - self.pos} unexpected trailing bytes at {self.pos}")
+            raise FormatError(
+                f"{self.what}: {self.end - self.pos} unexpected trailing bytes at {self.pos}"
+            )

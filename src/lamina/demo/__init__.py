@@ -73,7 +73,9 @@ def _ranks_pair(text: str) -> tuple[int, int]:
     try:
         p, c = (int(v) for v in text.split(":"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"use SIM:ANALYSIS ranks, e.g. 2:1, not {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"use SIM:ANALYSIS ranks, e.g. 2:1, not {text!r}"
+        ) from None
     if min(p, c) < 1:
         raise argparse.ArgumentTypeError(f"both rank counts must be at least 1, got {text!r}")
     return p, c
@@ -135,7 +137,9 @@ def parser() -> argparse.ArgumentParser:
         type=_ranks_pair,
         default=pair.DEFAULT_RANKS,
         metavar="SIM:ANALYSIS",
-        help="ranks of the in situ simulation and analysis (default {}:{})".format(*pair.DEFAULT_RANKS),
+        help="ranks of the in situ simulation and analysis (default {}:{})".format(
+            *pair.DEFAULT_RANKS
+        ),
     )
     which = p.add_mutually_exclusive_group()
     which.add_argument(
@@ -294,7 +298,9 @@ def _run_launched(args, mpiexec: str) -> int:
                     mod_args = ["read", path, "--result", result]
                 done = launch.run(launch.mpi_command(mpiexec, n, mod_args), args.timeout)
                 if done.timed_out or done.returncode != 0 or not os.path.exists(result):
-                    _report_crash(args, role, n, done, path if _cleanup(args, work, False) else None)
+                    _report_crash(
+                        args, role, n, done, path if _cleanup(args, work, False) else None
+                    )
                     return 1
                 with open(result) as fh:
                     results[role] = json.load(fh)

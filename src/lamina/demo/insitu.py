@@ -155,7 +155,16 @@ def _partials(a: dict[str, np.ndarray], T_U: float, T_B: float) -> np.ndarray:
     c = (T - T_U) / (T_B - T_U)  # progress variable: 0 fresh, 1 burnt
     v2 = a["vx"] ** 2 + a["vy"] ** 2 + a["vz"] ** 2
     hist, _ = np.histogram(T, bins=HIST_BINS, range=(T_U, T_B))
-    vals = [T.min(), T.max(), T.sum(), np.count_nonzero(c > 0.5), c.sum(), v2.max(), a["Y_CH4"].sum(), T.size]
+    vals = [
+        T.min(),
+        T.max(),
+        T.sum(),
+        np.count_nonzero(c > 0.5),
+        c.sum(),
+        v2.max(),
+        a["Y_CH4"].sum(),
+        T.size,
+    ]
     return np.array([float(v) for v in vals] + [float(h) for h in hist])
 
 
@@ -273,7 +282,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", type=shape_arg, default=sim.DEFAULT_SHAPE, help="global grid (sim)")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="steps to write (sim)")
     p.add_argument("--no-fsync", action="store_true", help="open with durable=False (sim)")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for a step (analysis)")
+    p.add_argument(
+        "--timeout", type=float, default=120.0, help="seconds to wait for a step (analysis)"
+    )
     p.add_argument("--result", default=None, help="JSON file for rank 0's measurements")
     return p
 

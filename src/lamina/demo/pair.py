@@ -74,7 +74,14 @@ def run_pair(
     sim_args = ["sim", path, "--steps", str(steps), *common, results["sim"]]
     if not durable:
         sim_args.append("--no-fsync")
-    ana_args = ["analysis", path, "--timeout", str(min(timeout, 120.0)), *common, results["analysis"]]
+    ana_args = [
+        "analysis",
+        path,
+        "--timeout",
+        str(min(timeout, 120.0)),
+        *common,
+        results["analysis"],
+    ]
     cmd = launch.mpmd_command(
         mpiexec, [(ranks[0], PROGRAM, sim_args), (ranks[1], PROGRAM, ana_args)]
     )
@@ -84,7 +91,11 @@ def run_pair(
     env["LAMINA_TRANSPORT"] = transport
     done = launch.run(cmd, timeout, env=env)
     out = {"transport": transport, "job_s": done.seconds, "command": done.command}
-    if done.timed_out or done.returncode != 0 or not all(os.path.exists(r) for r in results.values()):
+    if (
+        done.timed_out
+        or done.returncode != 0
+        or not all(os.path.exists(r) for r in results.values())
+    ):
         if done.timed_out:
             out["error"] = f"timed out after {timeout:g} s"
         elif done.returncode != 0:
@@ -115,7 +126,9 @@ def compare(runs: dict[str, dict], shape, steps: int) -> dict:
         if a["steps"] != steps or len(a["results"]) != steps:
             problems.append(f"{t}: the analysis saw {a['steps']} steps, expected {steps}")
         if s["bytes"] != expected or a["bytes"] != expected:
-            problems.append(f"{t}: {s['bytes']} bytes written, {a['bytes']} read, expected {expected}")
+            problems.append(
+                f"{t}: {s['bytes']} bytes written, {a['bytes']} read, expected {expected}"
+            )
         if t == "memory" and r["left"]:
             problems.append("memory: something was written under the name")
         if t != "memory" and not r["left"]:

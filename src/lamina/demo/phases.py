@@ -320,7 +320,9 @@ def _check_derived(f, shape, dt: float, box: Box, rank: int, fail) -> dict:
     for strategy, name in SPEED.items():
         got = view[name].read(box)
         if not np.allclose(got, speed, rtol=1e-14, atol=0):
-            fail(f"step {k}: {name} ({strategy}) differs from |v| by up to {np.abs(got - speed).max():.3g}")
+            fail(
+                f"step {k}: {name} ({strategy}) differs from |v| by up to {np.abs(got - speed).max():.3g}"
+            )
     if rank != 0:
         return {}
     g = sim.fields(Box.from_shape(shape), shape, t)
@@ -328,14 +330,20 @@ def _check_derived(f, shape, dt: float, box: Box, rank: int, fail) -> dict:
     def d(a, axis):
         return np.gradient(g[a], sim.H, axis=axis, edge_order=2)
 
-    expected = {"x": d("vz", 1) - d("vy", 2), "y": d("vx", 2) - d("vz", 0), "z": d("vy", 0) - d("vx", 1)}
+    expected = {
+        "x": d("vz", 1) - d("vy", 2),
+        "y": d("vx", 2) - d("vz", 0),
+        "z": d("vy", 0) - d("vx", 1),
+    }
     worst = 0.0
     for c, ref in expected.items():
         got = view[f"{VORTICITY}/{c}"][...]
         scale = float(np.abs(ref).max()) or 1.0
         worst = max(worst, float(np.abs(got - ref).max()) / scale)
     if worst > 1e-12:
-        fail(f"step {k}: vorticity differs from numpy.gradient(edge_order=2) by {worst:.3g} (relative)")
+        fail(
+            f"step {k}: vorticity differs from numpy.gradient(edge_order=2) by {worst:.3g} (relative)"
+        )
     # "temperature where the speed is low": a threshold a quarter of the way up the speed range
     lo = min(b.stats.min for b in view[SPEED["stats"]].blocks())
     hi = max(b.stats.max for b in view[SPEED["stats"]].blocks())

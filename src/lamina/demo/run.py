@@ -43,7 +43,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("role", choices=["write", "read"])
     p.add_argument("path", help="the .lam file to write or read")
     p.add_argument("--result", required=True, help="JSON file for rank 0's measurements")
-    p.add_argument("--shape", type=shape_arg, default=None, help="global grid, e.g. 64x64x128 (write)")
+    p.add_argument(
+        "--shape", type=shape_arg, default=None, help="global grid, e.g. 64x64x128 (write)"
+    )
     p.add_argument("--steps", type=int, default=5, help="steps to write")
     p.add_argument(
         "--blocks", type=int, default=None, help="blocks per writer rank (default: auto)"

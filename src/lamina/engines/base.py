@@ -41,7 +41,16 @@ class BlockInfo:
             codec = "stats-only"
         else:
             codec = "raw" if rec.codec == 0 else "+".join(c["id"] for c in spec.codecs)
-        return cls(rec.box, rec.stats, rec.length, rec.box.size * spec.dtype.itemsize, rec.subfile, rec.offset, codec, rec.rank)
+        return cls(
+            rec.box,
+            rec.stats,
+            rec.length,
+            rec.box.size * spec.dtype.itemsize,
+            rec.subfile,
+            rec.offset,
+            codec,
+            rec.rank,
+        )
 
 
 class Engine(ABC):
@@ -159,7 +168,9 @@ def get_engine_class(name: str) -> type[Engine]:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ValueError(f"unknown engine {name!r}; available: {sorted(_REGISTRY)}.{suggest(name, _REGISTRY)}") from None
+        raise ValueError(
+            f"unknown engine {name!r}; available: {sorted(_REGISTRY)}.{suggest(name, _REGISTRY)}"
+        ) from None
 
 
 def engine_names() -> list[str]:

@@ -141,7 +141,9 @@ class BlockEngine(Engine):
             )
         seg = int(options.get("checksum_segment", stats_mod.SEGMENT))
         if seg < 0 or (seg and seg % stats_mod.CHUNK):
-            raise ValueError(f"checksum_segment must be 0 or a multiple of {stats_mod.CHUNK} bytes, got {seg}")
+            raise ValueError(
+                f"checksum_segment must be 0 or a multiple of {stats_mod.CHUNK} bytes, got {seg}"
+            )
         self.path = str(path)
         self.mode = mode
         self.comm = comm_mod.dup(comm)
@@ -181,15 +183,22 @@ class BlockEngine(Engine):
         if self.size == 1:
             return
         if not comm_mod.same_everywhere(self.comm, stats_mod.crc(payload)):
-            raise mark_collective(CollectiveMismatchError(f"ranks disagree on the collective call {what}"))
+            raise mark_collective(
+                CollectiveMismatchError(f"ranks disagree on the collective call {what}")
+            )
 
     def define(self, spec: DatasetSpec) -> DatasetSpec:
-        self._require_write(f"create dataset {spec.path!r}")  # before any message: a closed file has no communicator
+        self._require_write(
+            f"create dataset {spec.path!r}"
+        )  # before any message: a closed file has no communicator
         g = comm_mod.Guard()
         with g:
             spec = self._validate_definition(spec)
         comm_mod.agree(self.comm, g.error)  # a rank that refuses must not leave the others waiting
-        self._check_same(f"create_dataset({spec.path!r}, shape={spec.shape}, dtype={spec.dtype})", spec.digest_bytes())
+        self._check_same(
+            f"create_dataset({spec.path!r}, shape={spec.shape}, dtype={spec.dtype})",
+            spec.digest_bytes(),
+        )
         op = (OP_DATASET, spec)
         self.catalog.apply_op(op)
         self._pending_ops.append(op)
@@ -202,8 +211,18 @@ class BlockEngine(Engine):
         if kind is not None:
             raise ExistsError(f"cannot create dataset {path!r}: a {kind} of that name exists")
         self._check_parents_are_groups(path, "dataset")
-        spec = DatasetSpec(path, tuple(int(n) for n in spec.shape), spec.dtype, spec.fill, spec.codecs, len(self.catalog.specs))
-        if spec.ndim > MAX_NDIM or math.prod(max(1, n) for n in spec.shape) * spec.dtype.itemsize >= 1 << 62:
+        spec = DatasetSpec(
+            path,
+            tuple(int(n) for n in spec.shape),
+            spec.dtype,
+            spec.fill,
+            spec.codecs,
+            len(self.catalog.specs),
+        )
+        if (
+            spec.ndim > MAX_NDIM
+            or math.prod(max(1, n) for n in spec.shape) * spec.dtype.itemsize >= 1 << 62
+        ):
             # readers refuse such a definition (DatasetSpec.decode): the file would not open again
             raise ShapeError(
                 f"cannot create dataset {path!r} of shape {spec.shape}: the format allows at most "
@@ -256,7 +275,9 @@ class BlockEngine(Engine):
         self._require_write(f"record {key!r}")
         op = (OP_EXT, str(key), bytes(payload))
         if len(op[2]) > MAX_ATTR_BYTES:  # readers refuse longer ones: the file would not open
-            raise ValueError(f"extension record {key!r} of {len(op[2])} bytes exceeds the limit of {MAX_ATTR_BYTES}")
+            raise ValueError(
+                f"extension record {key!r} of {len(op[2])} bytes exceeds the limit of {MAX_ATTR_BYTES}"
+            )
         try:
             encode_op(Encoder(), op)
         except ValueError as e:
@@ -294,10 +315,16 @@ class BlockEngine(Engine):
             if arr.size == box.size and arr.ndim == 0:
                 arr = np.broadcast_to(arr, box.shape)
             else:
-                raise ShapeError(f"cannot write an array of shape {arr.shape} to box {box} (shape {box.shape}) of dataset {spec.path!r}")
+                raise ShapeError(
+                    f"cannot write an array of shape {arr.shape} to box {box} (shape {box.shape}) of dataset {spec.path!r}"
+                )
         if arr.dtype != spec.dtype:
-            if arr.dtype.kind not in "biufc" or not np.can_cast(arr.dtype, spec.dtype, casting="same_kind"):
-                raise DTypeError(f"cannot write {arr.dtype} data to dataset {spec.path!r} of dtype {spec.dtype} (unsafe cast)")
+            if arr.dtype.kind not in "biufc" or not np.can_cast(
+                arr.dtype, spec.dtype, casting="same_kind"
+            ):
+                raise DTypeError(
+                    f"cannot write {arr.dtype} data to dataset {spec.path!r} of dtype {spec.dtype} (unsafe cast)"
+                )
             arr = arr.astype(spec.dtype)
             copy = False  # astype already made a private copy
         self._check_local_overlap(spec, box)
@@ -342,12 +369,16 @@ class BlockEngine(Engine):
         box.check_inside(spec.shape, f"dataset {spec.path!r}")
         arr = np.asarray(array)
         if arr.shape != box.shape:
-            raise ShapeError(f"statistics of an array of shape {arr.shape} for box {box} (shape {box.shape}) of dataset {spec.path!r}")
+            raise ShapeError(
+                f"statistics of an array of shape {arr.shape} for box {box} (shape {box.shape}) of dataset {spec.path!r}"
+            )
         self._check_local_overlap(spec, box)
         if box.empty:
             return
         p = Pending(len(self._pending), spec, box, None, codec=CODEC_STATS_ONLY, length=0)
-        p.job = stats_mod.BlockJob(arr.astype(spec.dtype, copy=False), 0, checksum=False, background=False)
+        p.job = stats_mod.BlockJob(
+            arr.astype(spec.dtype, copy=False), 0, checksum=False, background=False
+        )
         p.extra["crcs"] = (0,)
         p.location = (self.session, 0, 0)  # nothing to move
         self._pending.append(p)
@@ -428,7 +459,9 @@ class BlockEngine(Engine):
             for _ in range(d.count(18, name="blocks")):
                 idx, did = d.u32(), d.u32()
                 if did >= len(self.catalog.specs):
-                    raise CollectiveMismatchError(f"rank {r} wrote dataset id {did}, unknown on rank {self.rank}")
+                    raise CollectiveMismatchError(
+                        f"rank {r} wrote dataset id {did}, unknown on rank {self.rank}"
+                    )
                 nd = self.catalog.specs[did].ndim
                 box = Box(tuple(d.u64() for _ in range(nd)), tuple(d.u64() for _ in range(nd)))
                 length, codec = d.u64(), d.u8()
@@ -467,7 +500,9 @@ class BlockEngine(Engine):
             e.u32(len(crcs))
             for c in crcs:
                 e.u32(c)
-            if st is None:  # an engine that keeps no statistics (the memory transport with stats=False)
+            if (
+                st is None
+            ):  # an engine that keeps no statistics (the memory transport with stats=False)
                 e.u8(0)
             else:
                 e.u8(1)
@@ -478,15 +513,23 @@ class BlockEngine(Engine):
                 e.u64(v)
         return e.getvalue()
 
-    def _build_record(self, kind: int, step: int, headers: list[Header], trailers: list[bytes]) -> Record:
+    def _build_record(
+        self, kind: int, step: int, headers: list[Header], trailers: list[bytes]
+    ) -> Record:
         from ..catalog.model import Stats
 
         by_key = {(h.rank, h.idx): h for h in headers}
         recs: dict[tuple[int, int], BlockRecord] = {}
         for h in headers:
-            recs[(h.rank, h.idx)] = BlockRecord(h.dataset, h.box, h.rank, length=h.length, codec=h.codec)
+            recs[(h.rank, h.idx)] = BlockRecord(
+                h.dataset, h.box, h.rank, length=h.length, codec=h.codec
+            )
             if h.location is not None:
-                recs[(h.rank, h.idx)].session, recs[(h.rank, h.idx)].agg, recs[(h.rank, h.idx)].offset = h.location
+                (
+                    recs[(h.rank, h.idx)].session,
+                    recs[(h.rank, h.idx)].agg,
+                    recs[(h.rank, h.idx)].offset,
+                ) = h.location
         for r, raw in enumerate(trailers):
             d = Decoder(raw, f"step trailer from rank {r}")
             for _ in range(d.count(16, name="blocks")):
@@ -501,7 +544,9 @@ class BlockEngine(Engine):
                 rec = recs[(src, idx)]
                 rec.session, rec.agg, rec.offset = session, agg, off
         blocks = [recs[(h.rank, h.idx)] for h in headers]
-        return Record(kind, step, self.session, self.size, time.time(), list(self._pending_ops), blocks)
+        return Record(
+            kind, step, self.session, self.size, time.time(), list(self._pending_ops), blocks
+        )
 
     def _commit(self, kind: int) -> None:
         """Collective: the four phases described in the module docstring."""
@@ -572,16 +617,22 @@ class BlockEngine(Engine):
         if step < 0:
             step += n
         if not 0 <= step < n:
-            raise StepError(f"step {step} does not exist in {self.path!r}: {n} committed step(s) (0..{n - 1})")
+            raise StepError(
+                f"step {step} does not exist in {self.path!r}: {n} committed step(s) (0..{n - 1})"
+            )
         return step
 
-    def check_read(self, name: str, box: Box, step: int | None, out: np.ndarray) -> tuple[DatasetSpec, int]:
+    def check_read(
+        self, name: str, box: Box, step: int | None, out: np.ndarray
+    ) -> tuple[DatasetSpec, int]:
         """(spec, step) of a read of *box* of *name* into *out*, after checking all three; raises otherwise."""
         spec = self.lookup(name)
         box.check_inside(spec.shape, f"dataset {spec.path!r}")
         step = self.check_step(step)
         if out.shape != box.shape or out.dtype != spec.dtype:
-            raise ShapeError(f"output buffer {out.shape} {out.dtype} does not match box {box} of {spec.dtype}")
+            raise ShapeError(
+                f"output buffer {out.shape} {out.dtype} does not match box {box} of {spec.dtype}"
+            )
         return spec, step
 
     def get(self, name: str, box: Box, step: int, out: np.ndarray) -> None:
@@ -603,7 +654,9 @@ class BlockEngine(Engine):
         what = f"dataset {spec.path!r} block {rec.box} in {self.path}/{rec.subfile}"
         if rec.codec == 0:
             return np.frombuffer(payload, dtype=spec.dtype).reshape(rec.box.shape)
-        return codec_mod.pipeline(spec.codecs).decode(bytes(payload), spec.dtype, rec.box.shape, what)
+        return codec_mod.pipeline(spec.codecs).decode(
+            bytes(payload), spec.dtype, rec.box.shape, what
+        )
 
     def close(self) -> None:
         if self._closed:
@@ -648,13 +701,17 @@ class BlockEngine(Engine):
             p.data = p.data.copy()
         p.job = stats_mod.BlockJob(p.data, self.segment, background=self.background_stats)
 
-    def _move(self, headers: list[Header], mine: list[Pending]) -> list[tuple[int, int, int, int, int]]:
+    def _move(
+        self, headers: list[Header], mine: list[Pending]
+    ) -> list[tuple[int, int, int, int, int]]:
         raise NotImplementedError
 
     def _write_record(self, raw: bytes) -> None:
         raise NotImplementedError
 
-    def _read_region(self, rec: BlockRecord, spec: DatasetSpec, inter: Box, dst: np.ndarray) -> None:
+    def _read_region(
+        self, rec: BlockRecord, spec: DatasetSpec, inter: Box, dst: np.ndarray
+    ) -> None:
         raise NotImplementedError
 
     def _committed(self, raw: bytes) -> None:

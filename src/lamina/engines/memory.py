@@ -112,7 +112,9 @@ class MemoryEngine(BlockEngine):
             raise ChecksumError(f"in-memory block of {spec.path!r} at {rec.box} is missing")
         got = stats_mod.segment_crcs(payload, rec.seg)
         if got != rec.crcs:
-            raise ChecksumError(f"checksum mismatch in {self.path}: dataset {spec.path!r}, block {rec.box}")
+            raise ChecksumError(
+                f"checksum mismatch in {self.path}: dataset {spec.path!r}, block {rec.box}"
+            )
         arr = self.decode_payload(rec, spec, payload)
         dst[...] = arr[inter.relative_to(rec.box)]
 

@@ -159,7 +159,9 @@ def decode_definition(name: str, raw: bytes) -> tuple[str, str, tuple[float, ...
     d = Decoder(raw, f"definition of derived quantity {name!r}")
     version = d.u8()
     if version != FORMAT_VERSION:
-        raise FormatError(f"derived quantity {name!r}: definition version {version} is not supported (expected {FORMAT_VERSION})")
+        raise FormatError(
+            f"derived quantity {name!r}: definition version {version} is not supported (expected {FORMAT_VERSION})"
+        )
     text = d.str()
     strategy = d.str()
     nsp = d.u8()
@@ -186,10 +188,14 @@ def _spacing(spacing, ndim: int, name: str) -> tuple[float, ...]:
         return (1.0,) * ndim
     vals = [spacing] * ndim if np.isscalar(spacing) else list(spacing)
     if len(vals) != ndim:
-        raise ValueError(f"derived quantity {name!r}: spacing has {len(vals)} entries, the data has {ndim} dimensions")
+        raise ValueError(
+            f"derived quantity {name!r}: spacing has {len(vals)} entries, the data has {ndim} dimensions"
+        )
     out = tuple(float(v) for v in vals)
     if not all(math.isfinite(v) and v > 0 for v in out):
-        raise ValueError(f"derived quantity {name!r}: spacing {out} must be finite and > 0 on every axis")
+        raise ValueError(
+            f"derived quantity {name!r}: spacing {out} must be finite and > 0 on every axis"
+        )
     return out
 
 
@@ -218,7 +224,9 @@ class DerivedLayer(Layer):
         self._bad: dict[str, str] = {}  # name -> why its record could not be used
         self._held: dict[str, list[tuple[Box, np.ndarray]]] = {}  # path -> blocks of this step
         self._watch: set[str] = set()  # primary datasets whose blocks are held until end_step
-        self._cache: dict[tuple, list[np.ndarray]] = {}  # (name, step, box) -> components of recent vector evaluations
+        self._cache: dict[
+            tuple, list[np.ndarray]
+        ] = {}  # (name, step, box) -> components of recent vector evaluations
         self.device = "cpu"
         self.bytes_read = 0
 
@@ -245,10 +253,14 @@ class DerivedLayer(Layer):
                 for c in d.components:  # a writer defines them with the record, in one commit
                     spec = self.catalog.datasets.get(c)
                     if spec is None or spec.shape != d.shape:
-                        raise FormatError(f"derived quantity {name!r}: no dataset {c!r} of shape {d.shape} in the file")
+                        raise FormatError(
+                            f"derived quantity {name!r}: no dataset {c!r} of shape {d.shape} in the file"
+                        )
             except (FormatError, ExpressionError, ShapeError, NotFoundError, ValueError) as e:
                 self._bad[name] = str(e)
-                warnings.warn(f"{self.path}: derived quantity {name!r} cannot be used: {e}", stacklevel=3)
+                warnings.warn(
+                    f"{self.path}: derived quantity {name!r} cannot be used: {e}", stacklevel=3
+                )
                 continue
             self._add(d)
         # definitions made by this reader live outside the file: keep them visible after a refresh
@@ -298,7 +310,9 @@ class DerivedLayer(Layer):
         message is exchanged then.
         """
         if self.inner._closed:  # its communicator is gone: say so before any collective
-            raise ValueError(f"cannot declare derived quantity {name!r}: file {self.path!r} is closed")
+            raise ValueError(
+                f"cannot declare derived quantity {name!r}: file {self.path!r} is closed"
+            )
         reader = self.mode == "r"
         requested = strategy
         info: dict = {}
@@ -308,17 +322,30 @@ class DerivedLayer(Layer):
             if not name:
                 raise ValueError("a derived quantity needs a name")
             if strategy not in (*STRATEGIES, "auto"):
-                raise ValueError(f"derived quantity {name!r}: unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)} or 'auto'.{suggest(str(strategy), STRATEGIES)}")
+                raise ValueError(
+                    f"derived quantity {name!r}: unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)} or 'auto'.{suggest(str(strategy), STRATEGIES)}"
+                )
             if self.in_step:
-                raise ModeError(f"derived quantity {name!r}: declare it between steps (step {self.steps} is open)")
+                raise ModeError(
+                    f"derived quantity {name!r}: declare it between steps (step {self.steps} is open)"
+                )
             if reader:
                 strategy = "expression"
-            d = self._build(name, expression, "expression" if strategy == "auto" else strategy, spacing, info, check_clash=True)
+            d = self._build(
+                name,
+                expression,
+                "expression" if strategy == "auto" else strategy,
+                spacing,
+                info,
+                check_clash=True,
+            )
         if reader:
             if g.error is not None:
                 raise g.error
         else:
-            comm_mod.agree(self.comm, g.error)  # a rank that refuses must not leave the others waiting
+            comm_mod.agree(
+                self.comm, g.error
+            )  # a rank that refuses must not leave the others waiting
         if strategy == "auto":
             d.strategy, d.info = self._choose(d, hints or {})
         elif hints:
@@ -348,12 +375,16 @@ class DerivedLayer(Layer):
 
     def _build(self, name, text, strategy, spacing, info, check_clash: bool) -> Definition:
         if not isinstance(text, str):
-            raise TypeError(f"derived quantity {name!r}: the expression must be a string, got {type(text).__name__}")
+            raise TypeError(
+                f"derived quantity {name!r}: the expression must be a string, got {type(text).__name__}"
+            )
         expr = parse(text)
         if expr.is_predicate:
             pass  # a boolean quantity (a mask) is allowed
         if not expr.inputs:
-            raise ExpressionError(f"derived quantity {name!r}: the expression reads no dataset", 0, text)
+            raise ExpressionError(
+                f"derived quantity {name!r}: the expression reads no dataset", 0, text
+            )
         cat = self.catalog
         shapes = {}
         for p in sorted(expr.inputs):
@@ -373,15 +404,25 @@ class DerivedLayer(Layer):
             for p in [name, *comps]:
                 kind = cat.kind_of(p)
                 if kind is not None:
-                    raise ExistsError(f"derived quantity {name!r}: a {kind} {p!r} already exists in {self.path!r}")
+                    raise ExistsError(
+                        f"derived quantity {name!r}: a {kind} {p!r} already exists in {self.path!r}"
+                    )
             for p in (name, *comps):
                 for existing in self._defs:
-                    if p == existing or p.startswith(existing + "/") or existing.startswith(p + "/"):
-                        raise ExistsError(f"derived quantity {name!r} clashes with derived quantity {existing!r}")
+                    if (
+                        p == existing
+                        or p.startswith(existing + "/")
+                        or existing.startswith(p + "/")
+                    ):
+                        raise ExistsError(
+                            f"derived quantity {name!r} clashes with derived quantity {existing!r}"
+                        )
         dtypes = result_dtype(expr, {p: cat.datasets[p].dtype for p in expr.inputs}, len(shape))
         anchor = next(expr.refs()).path
         sp = _spacing(spacing, len(shape), name)
-        return Definition(name, text, expr, strategy, sp, shape, list(dtypes), comps, anchor, dict(info))
+        return Definition(
+            name, text, expr, strategy, sp, shape, list(dtypes), comps, anchor, dict(info)
+        )
 
     def _choose(self, d: Definition, hints: dict) -> tuple[str, dict]:
         """Collective: the strategy of least predicted total cost (decided on rank 0, the same everywhere)."""
@@ -394,8 +435,15 @@ class DerivedLayer(Layer):
                 allowed = {"query_fraction", "readers", "read_bandwidth", "write_bandwidth"}
                 bad = sorted(set(hints) - allowed)
                 if bad:
-                    raise ValueError(f"derived quantity {d.name!r}: unknown hints {bad}; allowed: {sorted(allowed)}")
-                nblocks = max(1, len(self.inner.blocks(d.anchor, self.steps - 1)) if self.steps else self.comm.size)
+                    raise ValueError(
+                        f"derived quantity {d.name!r}: unknown hints {bad}; allowed: {sorted(allowed)}"
+                    )
+                nblocks = max(
+                    1,
+                    len(self.inner.blocks(d.anchor, self.steps - 1))
+                    if self.steps
+                    else self.comm.size,
+                )
                 best, preds = recommend(d.text, d.shape, d.dtype, nblocks=nblocks, **hints)
                 info = {
                     "requested": "auto",
@@ -423,7 +471,9 @@ class DerivedLayer(Layer):
     def define(self, spec: DatasetSpec) -> DatasetSpec:
         for existing in self._defs:
             if spec.path == existing or spec.path.startswith(existing + "/"):
-                raise ExistsError(f"dataset {spec.path!r} clashes with derived quantity {existing!r}")
+                raise ExistsError(
+                    f"dataset {spec.path!r} clashes with derived quantity {existing!r}"
+                )
         return self.inner.define(spec)
 
     def _closure(self, d: Definition) -> set[str]:
@@ -443,14 +493,20 @@ class DerivedLayer(Layer):
             path = name
         d = self._by_component.get(path)
         if d is not None:
-            raise ModeError(f"dataset {path!r} is derived ({d.text!r}, strategy {d.strategy!r}): lamina computes it; write its inputs")
+            raise ModeError(
+                f"dataset {path!r} is derived ({d.text!r}, strategy {d.strategy!r}): lamina computes it; write its inputs"
+            )
         self.inner.put(name, box, array, copy)
         if path in self._watch:  # an input of a quantity computed at the end of the step
             spec = self.catalog.datasets[path]
             a = np.asarray(array)
             if a.shape != box.shape:
                 a = np.broadcast_to(a, box.shape)
-            a = np.array(a, dtype=spec.dtype, order="C", copy=True) if copy else np.ascontiguousarray(a, dtype=spec.dtype)
+            a = (
+                np.array(a, dtype=spec.dtype, order="C", copy=True)
+                if copy
+                else np.ascontiguousarray(a, dtype=spec.dtype)
+            )
             self._held.setdefault(path, []).append((box, a))
 
     def end_step(self) -> None:
@@ -519,11 +575,23 @@ class DerivedLayer(Layer):
                         need = reqs[(j, i)]
                         arrays[p] = self._assemble(p, need, pieces.get((j, i), []))
                         origin[p] = need.start
-                    res = evaluate(d.expr, arrays, region, d.shape, origin=origin, spacing=d.spacing, device=self.device)
+                    res = evaluate(
+                        d.expr,
+                        arrays,
+                        region,
+                        d.shape,
+                        origin=origin,
+                        spacing=d.spacing,
+                        device=self.device,
+                    )
                     del arrays
                     for c, full in zip(d.components, res, strict=True):
                         for b in members:
-                            arr = full if b == region else np.ascontiguousarray(full[b.relative_to(region)])
+                            arr = (
+                                full
+                                if b == region
+                                else np.ascontiguousarray(full[b.relative_to(region)])
+                            )
                             if d.strategy == "store":
                                 self.inner.put(c, b, arr, copy=False)
                             elif d.strategy == "stats":
@@ -563,7 +631,9 @@ class DerivedLayer(Layer):
                 out[inter.relative_to(need)] = ha[inter.relative_to(hb)]
         return out
 
-    def _exchange(self, d: Definition, inputs: list[str], reqs) -> dict[tuple[int, int], list[tuple[Box, np.ndarray]]]:
+    def _exchange(
+        self, d: Definition, inputs: list[str], reqs
+    ) -> dict[tuple[int, int], list[tuple[Box, np.ndarray]]]:
         """Collective: every rank gets the cells of other ranks' blocks inside the boxes it needs."""
         comm = self.comm
         nd = len(d.shape)
@@ -587,7 +657,9 @@ class DerivedLayer(Layer):
                     vals = [dec.u64() for _ in range(2 * nd)]
                     need = Box(tuple(vals[:nd]), tuple(vals[nd:]))
                     if i >= len(inputs):
-                        raise FormatError(f"halo request of rank {r} names input {i} of {len(inputs)}")
+                        raise FormatError(
+                            f"halo request of rank {r} names input {i} of {len(inputs)}"
+                        )
                     for hb, ha in self._held.get(inputs[i], []):
                         inter = hb.intersect(need)
                         if inter is None or inter.empty:
@@ -646,7 +718,9 @@ class DerivedLayer(Layer):
         if blocks is None:
             d = self._defs.get(path)
             if d is None:
-                raise NotFoundError(f"no dataset {path!r} in {self.path!r}.{suggest(path, self.catalog.datasets)}")
+                raise NotFoundError(
+                    f"no dataset {path!r} in {self.path!r}.{suggest(path, self.catalog.datasets)}"
+                )
             return self.coverage(d.anchor, step)
         if blocks:
             return [b.box for b in blocks]
@@ -692,7 +766,11 @@ class DerivedLayer(Layer):
                 parts.append(inter)
         if sum(p.size for p in parts) == box.size:
             # one evaluation: inputs read once, halos shared; a scalar goes straight into *out*
-            direct = len(d.components) == 1 and out.flags.c_contiguous and (d.name, step, box) not in self._cache
+            direct = (
+                len(d.components) == 1
+                and out.flags.c_contiguous
+                and (d.name, step, box) not in self._cache
+            )
             res = self._evaluate(d, box, step, out=[out] if direct else None)
             if not direct:
                 out[...] = res[k]
@@ -702,7 +780,9 @@ class DerivedLayer(Layer):
             res = self._evaluate(d, region, step)
             out[region.relative_to(box)] = res[k]
 
-    def _evaluate(self, d: Definition, region: Box, step: int, out: list[np.ndarray] | None = None) -> list[np.ndarray]:
+    def _evaluate(
+        self, d: Definition, region: Box, step: int, out: list[np.ndarray] | None = None
+    ) -> list[np.ndarray]:
         key = (d.name, step, region)
         if key in self._cache and out is None:
             return self._cache[key]
@@ -713,7 +793,16 @@ class DerivedLayer(Layer):
             self.get(p, need, step, buf)
             arrays[p] = buf
             origin[p] = need.start
-        res = evaluate(d.expr, arrays, region, d.shape, origin=origin, spacing=d.spacing, device=self.device, out=out)
+        res = evaluate(
+            d.expr,
+            arrays,
+            region,
+            d.shape,
+            origin=origin,
+            spacing=d.spacing,
+            device=self.device,
+            out=out,
+        )
         if len(res) > 1:  # the other components of a vector are likely read next
             if len(self._cache) >= CACHE_VECTORS:
                 del self._cache[next(iter(self._cache))]

@@ -58,7 +58,9 @@ def _pread_into(fd: int, mv: memoryview, offset: int, what: str) -> None:
     while done < len(mv):
         n = os.preadv(fd, [mv[done:]], offset + done)
         if n <= 0:
-            raise FormatError(f"{what}: file ends at byte {offset + done}, expected {len(mv) - done} more bytes")
+            raise FormatError(
+                f"{what}: file ends at byte {offset + done}, expected {len(mv) - done} more bytes"
+            )
         done += n
 
 
@@ -101,7 +103,9 @@ class NativeEngine(BlockEngine):
         naggs = self.options.get("aggregators")
         naggs = self.size if naggs is None else int(naggs)
         if not 1 <= naggs <= self.size:
-            raise ValueError(f"aggregators must be between 1 and the number of ranks ({self.size}), got {naggs}")
+            raise ValueError(
+                f"aggregators must be between 1 and the number of ranks ({self.size}), got {naggs}"
+            )
         self.naggs = naggs
         self.agg_of = [0] * self.size
         self.agg_rank = []
@@ -151,11 +155,15 @@ class NativeEngine(BlockEngine):
             if not exists:
                 raise FileNotFoundError(f"no such lamina file: {path!r}")
             if not os.path.isdir(path) or not os.path.exists(commit):
-                raise NotALaminaFileError(f"{path!r} is not a lamina file (no {fmt.COMMIT_NAME} inside)")
+                raise NotALaminaFileError(
+                    f"{path!r} is not a lamina file (no {fmt.COMMIT_NAME} inside)"
+                )
         if mode == "w":
             if exists:
                 if not os.path.isdir(path):
-                    raise NotALaminaFileError(f"cannot create lamina file {path!r}: a file of that name exists")
+                    raise NotALaminaFileError(
+                        f"cannot create lamina file {path!r}: a file of that name exists"
+                    )
                 if not os.path.exists(commit) and not _only_lamina_names(os.listdir(path)):
                     raise NotALaminaFileError(
                         f"cannot create lamina file {path!r}: the directory exists and is not a lamina file"
@@ -194,7 +202,9 @@ class NativeEngine(BlockEngine):
                 cbuf = f.read()
             meta_size = os.path.getsize(meta)
         except FileNotFoundError as e:
-            raise NotALaminaFileError(f"{self.path!r} is not a lamina file: {e.filename} is missing") from e
+            raise NotALaminaFileError(
+                f"{self.path!r} is not a lamina file: {e.filename} is missing"
+            ) from e
         entries, valid_end = fmt.parse_commits(cbuf, meta_size, f"{self.path}/{fmt.COMMIT_NAME}")
         if len(entries) < self._nentries:
             raise FormatError(
@@ -206,7 +216,9 @@ class NativeEngine(BlockEngine):
         if new or self._nentries == 0:
             with open(meta, "rb") as f:
                 if self._nentries == 0:
-                    fmt.check_header(f.read(fmt.HEADER_SIZE), fmt.META_MAGIC, f"{self.path}/{fmt.META_NAME}")
+                    fmt.check_header(
+                        f.read(fmt.HEADER_SIZE), fmt.META_MAGIC, f"{self.path}/{fmt.META_NAME}"
+                    )
                 for e in new:
                     f.seek(e.offset)
                     out.append(fmt.parse_frame(f.read(e.length), e, f"{self.path}/{fmt.META_NAME}"))
@@ -239,7 +251,9 @@ class NativeEngine(BlockEngine):
             d = Decoder(blob, "metadata broadcast")
             for _ in range(d.count(8, name="records")):
                 seq = self.catalog.nrecords
-                rec = Record.decode(d.blob(), self.catalog, f"{self.path}/{fmt.META_NAME} record {seq}")
+                rec = Record.decode(
+                    d.blob(), self.catalog, f"{self.path}/{fmt.META_NAME} record {seq}"
+                )
                 if self.rank == 0:
                     self._check_locations(rec)
                 self.catalog.apply_record(rec, ops_applied=True)
@@ -266,7 +280,9 @@ class NativeEngine(BlockEngine):
                 try:
                     size = os.path.getsize(os.path.join(self.path, name))
                 except OSError:
-                    raise FormatError(f"{self.path}: subfile {name} of dataset block {b.box} is missing") from None
+                    raise FormatError(
+                        f"{self.path}: subfile {name} of dataset block {b.box} is missing"
+                    ) from None
                 self._sizes[name] = size
             if b.offset + b.length > size:
                 spec = self.catalog.specs[b.dataset]
@@ -355,7 +371,9 @@ class NativeEngine(BlockEngine):
                 if h.rank == self.rank or self.agg_of[h.rank] != agg or h.location is not None:
                     continue
                 off = self._data_end
-                e = self._recv_write(h.rank, h.length, off, self._recv_buffers(h.length), tag, write=error is None)
+                e = self._recv_write(
+                    h.rank, h.length, off, self._recv_buffers(h.length), tag, write=error is None
+                )
                 error = error or e
                 self._data_end += h.length
                 locations.append((h.rank, h.idx, self.session, agg, off))
@@ -368,12 +386,16 @@ class NativeEngine(BlockEngine):
                     try:
                         mv = self._payload(p)
                         if len(mv) != p.length:
-                            raise ValueError(f"block payload has {len(mv)} bytes, header said {p.length}")
+                            raise ValueError(
+                                f"block payload has {len(mv)} bytes, header said {p.length}"
+                            )
                     except Exception as e:
                         error = error or e
                         mv = memoryview(bytearray(p.length))
                     for a in range(0, len(mv), MSG_CHUNK):
-                        self.comm.Send([mv[a : a + MSG_CHUNK], comm_mod.MPI.BYTE], dest=dest, tag=tag)
+                        self.comm.Send(
+                            [mv[a : a + MSG_CHUNK], comm_mod.MPI.BYTE], dest=dest, tag=tag
+                        )
         if error is not None:
             raise error
         return locations
@@ -386,8 +408,15 @@ class NativeEngine(BlockEngine):
             bufs = self._bufs = [bytearray(need), bytearray(need)]
         return bufs
 
-    def _recv_write(self, src: int, length: int, offset: int, bufs: list[bytearray], tag: int,
-                    write: bool = True) -> OSError | None:
+    def _recv_write(
+        self,
+        src: int,
+        length: int,
+        offset: int,
+        bufs: list[bytearray],
+        tag: int,
+        write: bool = True,
+    ) -> OSError | None:
         """Receive *length* bytes from *src* in pieces, writing piece k while piece k+1 arrives.
 
         Every piece is always received; after a write error (returned, not
@@ -398,7 +427,11 @@ class NativeEngine(BlockEngine):
         error: OSError | None = None
         reqs = []
         if pieces:
-            reqs.append(self.comm.Irecv([memoryview(bufs[0])[: pieces[0][1]], MPI.BYTE], source=src, tag=tag))
+            reqs.append(
+                self.comm.Irecv(
+                    [memoryview(bufs[0])[: pieces[0][1]], MPI.BYTE], source=src, tag=tag
+                )
+            )
         for k, (a, n) in enumerate(pieces):
             reqs[k].Wait()
             if k + 1 < len(pieces):
@@ -438,8 +471,24 @@ class NativeEngine(BlockEngine):
             return
         # byte span of the region in the block's C order, widened to checksum segments
         bshape = rec.box.shape
-        first = int(np.ravel_multi_index(tuple(a - b for a, b in zip(inter.start, rec.box.start, strict=True)), bshape)) if bshape else 0
-        last = int(np.ravel_multi_index(tuple(a - 1 - b for a, b in zip(inter.stop, rec.box.start, strict=True)), bshape)) if bshape else 0
+        first = (
+            int(
+                np.ravel_multi_index(
+                    tuple(a - b for a, b in zip(inter.start, rec.box.start, strict=True)), bshape
+                )
+            )
+            if bshape
+            else 0
+        )
+        last = (
+            int(
+                np.ravel_multi_index(
+                    tuple(a - 1 - b for a, b in zip(inter.stop, rec.box.start, strict=True)), bshape
+                )
+            )
+            if bshape
+            else 0
+        )
         lo, hi = first * item, (last + 1) * item
         seg = rec.seg
         if seg:
@@ -449,13 +498,20 @@ class NativeEngine(BlockEngine):
             lo, hi = 0, rec.length
         buf = np.empty(hi - lo, dtype=np.uint8)
         self._read_verified(fd, memoryview(buf), rec.offset + lo, lo, rec, what)
-        strides = tuple(item * int(np.prod(bshape[i + 1 :], dtype=np.int64)) for i in range(len(bshape)))
+        strides = tuple(
+            item * int(np.prod(bshape[i + 1 :], dtype=np.int64)) for i in range(len(bshape))
+        )
         view = np.lib.stride_tricks.as_strided(
-            buf[first * item - lo :].view(spec.dtype), shape=inter.shape, strides=strides, writeable=False
+            buf[first * item - lo :].view(spec.dtype),
+            shape=inter.shape,
+            strides=strides,
+            writeable=False,
         )
         dst[...] = view
 
-    def _read_verified(self, fd: int, mv: memoryview, file_off: int, block_off: int, rec, what: str) -> None:
+    def _read_verified(
+        self, fd: int, mv: memoryview, file_off: int, block_off: int, rec, what: str
+    ) -> None:
         """Read bytes [block_off, block_off+len(mv)) of a block and check their segment checksums.
 
         Reads segment by segment; the checksum of segment k runs on the worker

@@ -49,7 +49,9 @@ def check_header(buf: bytes, magic: bytes, what: str) -> int:
     if c != crc(buf[:12]):
         raise FormatError(f"{what}: header checksum mismatch")
     if version > VERSION:
-        raise FormatError(f"{what}: format version {version} is newer than this lamina reads ({VERSION})")
+        raise FormatError(
+            f"{what}: format version {version} is newer than this lamina reads ({VERSION})"
+        )
     return version
 
 
@@ -71,7 +73,9 @@ class CommitEntry:
     payload_crc: int
 
 
-def parse_commits(buf: bytes, meta_size: int, what: str = COMMIT_NAME) -> tuple[list[CommitEntry], int]:
+def parse_commits(
+    buf: bytes, meta_size: int, what: str = COMMIT_NAME
+) -> tuple[list[CommitEntry], int]:
     """Valid commit entries of a commit file and the byte length of that valid prefix.
 
     A torn last entry (shorter than 32 bytes, or with a bad checksum) is a
@@ -94,7 +98,9 @@ def parse_commits(buf: bytes, meta_size: int, what: str = COMMIT_NAME) -> tuple[
         if seq != i:
             raise FormatError(f"{what}: commit entry {i} has sequence number {seq}")
         if off != expect_off or length < FRAME_HEAD.size or length > MAX_RECORD:
-            raise FormatError(f"{what}: commit entry {i} points at bytes {off}+{length}, expected offset {expect_off}")
+            raise FormatError(
+                f"{what}: commit entry {i} points at bytes {off}+{length}, expected offset {expect_off}"
+            )
         if off + length > meta_size:
             raise FormatError(
                 f"{what}: commit entry {i} points at bytes {off}..{off + length} but {META_NAME} has {meta_size} bytes"
@@ -109,11 +115,17 @@ def parse_frame(buf: bytes, e: CommitEntry, what: str = META_NAME) -> bytes:
     if len(buf) != e.length:
         raise FormatError(f"{what}: record {e.seq} is truncated ({len(buf)} of {e.length} bytes)")
     if len(buf) < FRAME_HEAD.size:
-        raise FormatError(f"{what}: record {e.seq} is shorter ({len(buf)} bytes) than its {FRAME_HEAD.size}-byte frame head")
+        raise FormatError(
+            f"{what}: record {e.seq} is shorter ({len(buf)} bytes) than its {FRAME_HEAD.size}-byte frame head"
+        )
     n, c = FRAME_HEAD.unpack(buf[: FRAME_HEAD.size])
     if n != e.length - FRAME_HEAD.size:
-        raise FormatError(f"{what}: record {e.seq} frame says {n} bytes, commit entry says {e.length - FRAME_HEAD.size}")
+        raise FormatError(
+            f"{what}: record {e.seq} frame says {n} bytes, commit entry says {e.length - FRAME_HEAD.size}"
+        )
     payload = buf[FRAME_HEAD.size :]
     if crc(payload) != c or c != e.payload_crc:
-        raise FormatError(f"{what}: record {e.seq} (bytes {e.offset}..{e.offset + e.length}) fails its checksum")
+        raise FormatError(
+            f"{what}: record {e.seq} (bytes {e.offset}..{e.offset + e.length}) fails its checksum"
+        )
     return payload

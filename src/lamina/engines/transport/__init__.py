@@ -24,7 +24,9 @@ def transport_choice(transport: str | None = None) -> str:
     """*transport*, else ``$LAMINA_TRANSPORT``, else ``'file'``; ValueError if unknown."""
     choice = (transport or os.environ.get(ENV) or "file").strip().lower()
     if choice not in CHOICES:
-        raise ValueError(f"transport must be one of {list(CHOICES)} (argument or ${ENV}), got {choice!r}")
+        raise ValueError(
+            f"transport must be one of {list(CHOICES)} (argument or ${ENV}), got {choice!r}"
+        )
     return choice
 
 
@@ -37,6 +39,15 @@ def engine_for(path: str, mode: str, transport: str | None = None) -> str | None
 
 
 __all__ = [
-    "CHOICES", "ENV", "TRANSPORT_OPTIONS", "BothEngine", "WORKFLOW_ENV", "Route", "TransportEngine", "Workflow",
-    "engine_for", "in_memory", "transport_choice",
+    "CHOICES",
+    "ENV",
+    "TRANSPORT_OPTIONS",
+    "BothEngine",
+    "WORKFLOW_ENV",
+    "Route",
+    "TransportEngine",
+    "Workflow",
+    "engine_for",
+    "in_memory",
+    "transport_choice",
 ]

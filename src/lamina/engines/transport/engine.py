@@ -111,7 +111,9 @@ class Link:
     released: np.ndarray  # per consumer rank: every step before this one is released
     bye: np.ndarray  # per consumer rank: closed
     flow: int = 1  # every flow-th step; LATEST: the newest step whenever the task is ready
-    delivered: list[int] = dataclasses.field(default_factory=list)  # steps sent, not yet released by all
+    delivered: list[int] = dataclasses.field(
+        default_factory=list
+    )  # steps sent, not yet released by all
     last: int = -1  # the last step delivered
     count: int = 0  # steps delivered: the consumer's step count
 
@@ -133,7 +135,9 @@ class TransportEngine(BlockEngine):
         super().__init__()
         self._links: list[Link] = []
         self._inter = None  # consumer: the intercommunicator to the producer task
-        self._data: dict[int, dict[int, list[tuple[Box, np.ndarray]]]] = {}  # producer: step -> id -> blocks
+        self._data: dict[
+            int, dict[int, list[tuple[Box, np.ndarray]]]
+        ] = {}  # producer: step -> id -> blocks
         self._staged: list[tuple[int, Box, np.ndarray]] = []
         self._sends = wire.SendQueue()  # records and control messages
         self._answers = wire.SendQueue()  # data answers to GETs
@@ -155,13 +159,19 @@ class TransportEngine(BlockEngine):
         self._server: threading.Thread | None = None
         self._stop = threading.Event()
         self._server_error: BaseException | None = None
-        self._gave_up = False  # producer: end_step raised TransportError (a consumer stopped answering)
-        self._serving_here = 0  # > 0 while the program's thread serves (in end_step, close): the thread rests
+        self._gave_up = (
+            False  # producer: end_step raised TransportError (a consumer stopped answering)
+        )
+        self._serving_here = (
+            0  # > 0 while the program's thread serves (in end_step, close): the thread rests
+        )
 
     # ------------------------------------------------------------ open
     def _open_storage(self, path: str, mode: str) -> None:
         if mode == "a":
-            raise ModeError("the memory transport streams new steps: open with 'w' (producer) or 'r' (consumer)")
+            raise ModeError(
+                "the memory transport streams new steps: open with 'w' (producer) or 'r' (consumer)"
+            )
         name = workflow.normname(path)
         app = comm_mod.appnum()
         wf = workflow.from_env()
@@ -176,7 +186,9 @@ class TransportEngine(BlockEngine):
             # a consumer releases step k when it asks for step k+1, which the producer must be free to make
             raise ValueError(f"queue_limit must be at least 2, got {self.queue_limit}")
         self.segment = 0  # no checksums in memory: one placeholder per block (see _stage)
-        serve = str(self.options.get("serve", os.environ.get(SERVE_ENV) or "thread")).strip().lower()
+        serve = (
+            str(self.options.get("serve", os.environ.get(SERVE_ENV) or "thread")).strip().lower()
+        )
         if serve not in SERVE_MODES:
             raise ValueError(f"serve must be one of {', '.join(SERVE_MODES)}, got {serve!r}")
         if serve == "thread" and MPI.Query_thread() != MPI.THREAD_MULTIPLE:
@@ -195,13 +207,19 @@ class TransportEngine(BlockEngine):
         route = workflow.route_for(name, mode, app, comm_mod.task_count(), wf)
         if mode == "w":
             if "flow" in self.options:
-                raise ValueError("flow is chosen by each consumer (lamina.open(name, 'r', flow=...)), not by the producer")
+                raise ValueError(
+                    "flow is chosen by each consumer (lamina.open(name, 'r', flow=...)), not by the producer"
+                )
             links = rendezvous.connect_producer(self.comm, name, app, route.consumers, self.timeout)
             for c, inter, flow in links:
                 n = inter.Get_remote_size()
-                self._links.append(Link(c, inter, n, np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool), flow))
+                self._links.append(
+                    Link(c, inter, n, np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool), flow)
+                )
             if self.serve_mode == "thread" and self._links:
-                self._server = threading.Thread(target=self._server_loop, name=f"lamina-serve {name}", daemon=True)
+                self._server = threading.Thread(
+                    target=self._server_loop, name=f"lamina-serve {name}", daemon=True
+                )
                 self._server.start()
         else:
             flow = self.options.get("flow")  # the option wins over the workflow
@@ -210,13 +228,19 @@ class TransportEngine(BlockEngine):
             else:
                 said = wf.flow(name, app) if wf is not None else None
                 self.flow = 1 if said is None else said
-            self._inter = rendezvous.connect_consumer(self.comm, name, app, route.producer, self.timeout, self.flow)
-            self._source = self.comm.rank % self._inter.Get_remote_size()  # the producer rank sending records here
+            self._inter = rendezvous.connect_consumer(
+                self.comm, name, app, route.producer, self.timeout, self.flow
+            )
+            self._source = (
+                self.comm.rank % self._inter.Get_remote_size()
+            )  # the producer rank sending records here
             # wait for the producer's first record (its first step, or its close), so that the
             # datasets and definitions are known once open returns, as for a file
             g = comm_mod.Guard()
             with g:
-                self._receive(until=lambda: self.catalog.nrecords > 0, what=f"the first step of {name!r}")
+                self._receive(
+                    until=lambda: self.catalog.nrecords > 0, what=f"the first step of {name!r}"
+                )
             comm_mod.agree(self.comm, g.error)
             self.refresh()
 
@@ -244,7 +268,9 @@ class TransportEngine(BlockEngine):
         p.job = _StatsOnly(stats_mod.BlockJob(p.data, 0, checksum=False, background=background))
 
     def _move(self, headers: list[Header], mine: list[Pending]):
-        self._staged = [(p.spec.id, p.box, p.data) for p in mine if p.data is not None and p.codec == 0]
+        self._staged = [
+            (p.spec.id, p.box, p.data) for p in mine if p.data is not None and p.codec == 0
+        ]
         return []
 
     def _write_record(self, raw: bytes) -> None:
@@ -298,7 +324,8 @@ class TransportEngine(BlockEngine):
         if self.rank == 0:
             self._serve_once()  # the freshest view of the releases
             flags = bytes(
-                int(link.flow == LATEST and (link.last < 0 or link.low > link.last)) for link in self._links
+                int(link.flow == LATEST and (link.last < 0 or link.low > link.last))
+                for link in self._links
             )
         else:
             flags = None
@@ -315,7 +342,9 @@ class TransportEngine(BlockEngine):
             link.last = last
             s, rec = self._newest
             assert s == last
-            local = dataclasses.replace(rec, step=link.count, ops=[])  # its ops went out at its commit
+            local = dataclasses.replace(
+                rec, step=link.count, ops=[]
+            )  # its ops went out at its commit
             self._send_record(link, last, local.encode(self.catalog.specs))
             link.count += 1
 
@@ -349,7 +378,9 @@ class TransportEngine(BlockEngine):
             if link.flow != LATEST and not link.bye.all():
                 self._worst = max(self._worst, len(link.delivered))
             if link.flow == LATEST and not link.bye.all() and self.catalog.steps:
-                keep.add(len(self.catalog.steps) - 1)  # may still go out, when the task is ready or at close
+                keep.add(
+                    len(self.catalog.steps) - 1
+                )  # may still go out, when the task is ready or at close
         for k in [k for k in self._data if k not in keep]:
             del self._data[k]
 
@@ -377,14 +408,20 @@ class TransportEngine(BlockEngine):
 
     def _answer(self, link: Link, src: int, buf: np.ndarray) -> None:
         if len(buf) % 8 or not len(buf):
-            raise TransportError(f"malformed request of {len(buf)} bytes from consumer task {link.app} rank {src}")
+            raise TransportError(
+                f"malformed request of {len(buf)} bytes from consumer task {link.app} rank {src}"
+            )
         words = buf.view(np.int64)
         kind = int(words[0])
         if kind == REQ_GET and len(words) >= 4:
             step, did, nd = int(words[1]), int(words[2]), int(words[3])
             if len(words) != 4 + 2 * nd or not 0 <= did < len(self.catalog.specs):
-                raise TransportError(f"malformed data request from consumer task {link.app} rank {src}")
-            want = Box(tuple(int(v) for v in words[4 : 4 + nd]), tuple(int(v) for v in words[4 + nd :]))
+                raise TransportError(
+                    f"malformed data request from consumer task {link.app} rank {src}"
+                )
+            want = Box(
+                tuple(int(v) for v in words[4 : 4 + nd]), tuple(int(v) for v in words[4 + nd :])
+            )
             item = self.catalog.specs[did].dtype.itemsize
             found = None
             for box, arr in self._data.get(step, {}).get(did, ()):
@@ -394,7 +431,9 @@ class TransportEngine(BlockEngine):
             neg = tuple(-a for a in found[0].start) if found else None
             for c in wire.chunks(want, item):
                 if found is None:  # not held here (released, or never written): empty answers
-                    self._answers.send(link.inter, [np.zeros(0, dtype=np.uint8), MPI.BYTE], None, src, TAG_DATA)
+                    self._answers.send(
+                        link.inter, [np.zeros(0, dtype=np.uint8), MPI.BYTE], None, src, TAG_DATA
+                    )
                 else:
                     spec, dt = wire.region_spec(found[1], c.shift(neg))
                     self._answers.send(link.inter, spec, dt, src, TAG_DATA)
@@ -406,7 +445,9 @@ class TransportEngine(BlockEngine):
             link.released[src] = NEVER
             self._dirty = True
             if src % self.size == self.rank:  # the last message of the record stream to this rank
-                self._sends.send(link.inter, [np.zeros(0, dtype=np.uint8), MPI.BYTE], None, src, TAG_RECORD)
+                self._sends.send(
+                    link.inter, [np.zeros(0, dtype=np.uint8), MPI.BYTE], None, src, TAG_RECORD
+                )
         else:
             raise TransportError(f"unknown request {kind} from consumer task {link.app} rank {src}")
 
@@ -421,7 +462,9 @@ class TransportEngine(BlockEngine):
                 if busy:
                     poll.reset()
                 elif poll.expired:
-                    raise TransportError(f"{self.path}: waited {self.timeout:g} s for {what}; no consumer request came")
+                    raise TransportError(
+                        f"{self.path}: waited {self.timeout:g} s for {what}; no consumer request came"
+                    )
                 else:
                     poll.sleep(active=len(self._answers) > 0)
 
@@ -518,7 +561,9 @@ class TransportEngine(BlockEngine):
         return len(self._answers) > 0
 
     def _read_region(self, rec, spec, inter, dst) -> None:
-        raise ModeError(f"{self.path}: a producer of the memory transport cannot read back what it wrote")
+        raise ModeError(
+            f"{self.path}: a producer of the memory transport cannot read back what it wrote"
+        )
 
     # ------------------------------------------------------------ consumer
     def _receive(self, until=None, what: str = "") -> None:
@@ -531,7 +576,9 @@ class TransportEngine(BlockEngine):
                 if not len(buf):
                     self._ended = True
                 elif len(buf) < 9:
-                    raise TransportError(f"{self.path}: malformed record message of {len(buf)} bytes")
+                    raise TransportError(
+                        f"{self.path}: malformed record message of {len(buf)} bytes"
+                    )
                 else:
                     real = int(buf[:8].view(np.int64)[0])
                     where = f"{self.path}: record {self.catalog.nrecords}"
@@ -545,7 +592,9 @@ class TransportEngine(BlockEngine):
             if until is None or until():
                 return
             if poll.expired:
-                raise TransportError(f"{self.path}: no message from the producer in {self.timeout:g} s waiting for {what}")
+                raise TransportError(
+                    f"{self.path}: no message from the producer in {self.timeout:g} s waiting for {what}"
+                )
             poll.sleep()
 
     @property
@@ -573,7 +622,9 @@ class TransportEngine(BlockEngine):
             self._check_silence()
         comm_mod.agree(self.comm, g.error)
         self._agreed = comm_mod.allreduce_int(self.comm, len(self.catalog.steps), "min")
-        self._agreed_closed = bool(comm_mod.allreduce_int(self.comm, int(self.catalog.closed), "min"))
+        self._agreed_closed = bool(
+            comm_mod.allreduce_int(self.comm, int(self.catalog.closed), "min")
+        )
         return self._agreed
 
     def wait_steps(self, count: int, seconds: float) -> None:
@@ -585,7 +636,9 @@ class TransportEngine(BlockEngine):
             self._waiting = (count, now)
         end = now + seconds
         self._receive(
-            until=lambda: len(self.catalog.steps) >= count or self.catalog.closed or time.monotonic() >= end,
+            until=lambda: (
+                len(self.catalog.steps) >= count or self.catalog.closed or time.monotonic() >= end
+            ),
             what=f"step {count - 1}",
         )
 
@@ -618,7 +671,10 @@ class TransportEngine(BlockEngine):
             return
         self._released_real = real
         msg = np.array([REQ_RELEASE, real], dtype=np.int64)
-        reqs = [comm_mod.isend_bytes(self._inter, _u8(msg), r, TAG_REQUEST) for r in range(self._inter.Get_remote_size())]
+        reqs = [
+            comm_mod.isend_bytes(self._inter, _u8(msg), r, TAG_REQUEST)
+            for r in range(self._inter.Get_remote_size())
+        ]
         self._wait(reqs, "the producer to take a release")
 
     def _wait(self, reqs: list, what: str) -> list[int]:
@@ -628,7 +684,9 @@ class TransportEngine(BlockEngine):
             if counts is not None:
                 return counts
             if poll.expired:
-                raise TransportError(f"{self.path}: waited {self.timeout:g} s for {what}; the producer does not answer")
+                raise TransportError(
+                    f"{self.path}: waited {self.timeout:g} s for {what}; the producer does not answer"
+                )
             poll.sleep()
 
     def check_step(self, step: int | None) -> int:
@@ -645,7 +703,9 @@ class TransportEngine(BlockEngine):
         if step < 0:
             step += n
             if step < 0:
-                raise StepError(f"step {step - n} does not exist in {self.path!r}: {n} step(s) so far")
+                raise StepError(
+                    f"step {step - n} does not exist in {self.path!r}: {n} step(s) so far"
+                )
         if step < self._cursor:
             raise StepError(
                 f"step {step} of {self.path!r} was released: the memory transport keeps a step only "
@@ -653,7 +713,10 @@ class TransportEngine(BlockEngine):
             )
         self._release(step)
         if step >= len(self.catalog.steps):
-            self._receive(until=lambda: step < len(self.catalog.steps) or self.catalog.closed, what=f"step {step}")
+            self._receive(
+                until=lambda: step < len(self.catalog.steps) or self.catalog.closed,
+                what=f"step {step}",
+            )
             if step >= len(self.catalog.steps):
                 raise StepError(
                     f"step {step} will never exist: the producer of {self.path!r} closed it after "
@@ -680,7 +743,9 @@ class TransportEngine(BlockEngine):
                     f"dataset {spec.path!r} keeps only statistics at step {step} (block {rec.box}); "
                     "its values are computed by the derived layer"
                 )
-            if direct:  # straight into the output, a subarray datatype where the piece is not contiguous
+            if (
+                direct
+            ):  # straight into the output, a subarray datatype where the piece is not contiguous
                 target, shift, tmp = out, neg, None
             else:
                 tmp = np.empty(inter.shape, dtype=spec.dtype)
@@ -692,7 +757,9 @@ class TransportEngine(BlockEngine):
                 xfer.recv(self._inter, bspec, dt, rec.rank, TAG_DATA)
                 sizes.append(c.size * item)
             pieces.append((first, sizes, tmp, inter, rec.rank))
-            hdr = np.array([REQ_GET, real, spec.id, spec.ndim, *inter.start, *inter.stop], dtype=np.int64)
+            hdr = np.array(
+                [REQ_GET, real, spec.id, spec.ndim, *inter.start, *inter.stop], dtype=np.int64
+            )
             xfer.send(self._inter, [_u8(hdr), MPI.BYTE], None, rec.rank, TAG_REQUEST)
         if not xfer.reqs:
             return
@@ -731,7 +798,9 @@ class TransportEngine(BlockEngine):
                 self._commit_close()
                 g = comm_mod.Guard()
                 with g:
-                    if self._gave_up:  # end_step already reported the lost consumer: take what came, go
+                    if (
+                        self._gave_up
+                    ):  # end_step already reported the lost consumer: take what came, go
                         self._serve_once()
                         self._stop_server()
                         return
@@ -743,7 +812,9 @@ class TransportEngine(BlockEngine):
                         if self._sends.test() + self._answers.test():
                             poll.reset()
                         elif poll.expired:
-                            raise TransportError(f"{self.path}: consumers did not take the last messages")
+                            raise TransportError(
+                                f"{self.path}: consumers did not take the last messages"
+                            )
                         else:
                             poll.sleep()
                 comm_mod.agree(self.comm, g.error)
@@ -755,7 +826,10 @@ class TransportEngine(BlockEngine):
     def _goodbye(self) -> None:
         """Consumer: release everything, say goodbye to every producer rank, drain the record stream."""
         bye = np.array([REQ_BYE], dtype=np.int64)
-        reqs = [comm_mod.isend_bytes(self._inter, _u8(bye), r, TAG_REQUEST) for r in range(self._inter.Get_remote_size())]
+        reqs = [
+            comm_mod.isend_bytes(self._inter, _u8(bye), r, TAG_REQUEST)
+            for r in range(self._inter.Get_remote_size())
+        ]
         self._wait(reqs, "the producer to take this rank's goodbye")
 
         def acknowledged() -> bool:

@@ -74,7 +74,9 @@ def _drain(peer, tag: int) -> None:
         _STASH[(tag, src, name, seq)] = (app, size, flow)
 
 
-def _await(peer, tag: int, source: int, name: str, seq: int, poll: Poll, what: str) -> tuple[int, int, int]:
+def _await(
+    peer, tag: int, source: int, name: str, seq: int, poll: Poll, what: str
+) -> tuple[int, int, int]:
     key = (tag, source, name, seq)
     while True:
         _drain(peer, tag)
@@ -119,8 +121,15 @@ def connect_producer(comm, name: str, app: int, consumers: tuple[int, ...], time
         if comm.rank == 0:
             poll = Poll(timeout)
             for i, c in enumerate(consumers):
-                flows[i] = _await(peer, TAG_HELLO, comm_mod.task_leader(c), name, seq, poll,
-                                  f"producer of {name!r} (task {app}) waiting for its consumer task {c} to open it")[2]
+                flows[i] = _await(
+                    peer,
+                    TAG_HELLO,
+                    comm_mod.task_leader(c),
+                    name,
+                    seq,
+                    poll,
+                    f"producer of {name!r} (task {app}) waiting for its consumer task {c} to open it",
+                )[2]
     comm_mod.agree(comm, g.error)
     raw = comm_mod.bcast_bytes(comm, flows.tobytes() if comm.rank == 0 else None, root=0)
     flows = np.frombuffer(raw, dtype=np.int64)
@@ -130,10 +139,18 @@ def connect_producer(comm, name: str, app: int, consumers: tuple[int, ...], time
             g = comm_mod.Guard()
             with g:
                 if comm.rank == 0:
-                    _send(peer, _encode(name, seq, app, comm.size), comm_mod.task_leader(c), TAG_ACCEPT,
-                          Poll(timeout), f"producer of {name!r} accepting task {c}")
+                    _send(
+                        peer,
+                        _encode(name, seq, app, comm.size),
+                        comm_mod.task_leader(c),
+                        TAG_ACCEPT,
+                        Poll(timeout),
+                        f"producer of {name!r} accepting task {c}",
+                    )
             comm_mod.agree(comm, g.error)
-            links.append((c, comm_mod.intercomm(comm, c, TAG_INTERCOMM), int(flows[consumers.index(c)])))
+            links.append(
+                (c, comm_mod.intercomm(comm, c, TAG_INTERCOMM), int(flows[consumers.index(c)]))
+            )
     except BaseException:
         for _, inter, _ in links:
             comm_mod.free(inter)
@@ -151,9 +168,22 @@ def connect_consumer(comm, name: str, app: int, producer: int, timeout: float, f
         if comm.rank == 0:
             poll = Poll(timeout)
             leader = comm_mod.task_leader(producer)
-            _send(peer, _encode(name, seq, app, comm.size, flow), leader, TAG_HELLO, poll,
-                  f"consumer of {name!r} (task {app}) greeting producer task {producer}")
-            _await(peer, TAG_ACCEPT, leader, name, seq, poll,
-                   f"no producer for {name!r}: task {producer} did not open it for writing")
+            _send(
+                peer,
+                _encode(name, seq, app, comm.size, flow),
+                leader,
+                TAG_HELLO,
+                poll,
+                f"consumer of {name!r} (task {app}) greeting producer task {producer}",
+            )
+            _await(
+                peer,
+                TAG_ACCEPT,
+                leader,
+                name,
+                seq,
+                poll,
+                f"no producer for {name!r}: task {producer} did not open it for writing",
+            )
     comm_mod.agree(comm, g.error)
     return comm_mod.intercomm(comm, producer, TAG_INTERCOMM)

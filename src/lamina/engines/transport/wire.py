@@ -53,7 +53,9 @@ def chunks(box: Box, itemsize: int, limit: int = CHUNK) -> list[Box]:
     return out
 
 
-def _split(start: list[int], stop: list[int], d: int, item: int, limit: int, out: list[Box]) -> None:
+def _split(
+    start: list[int], stop: list[int], d: int, item: int, limit: int, out: list[Box]
+) -> None:
     row = item * math.prod(stop[k] - start[k] for k in range(d + 1, len(start)))
     if row > limit:  # one slice along axis d is still too big: cut each one along the next axis
         for i in range(start[d], stop[d]):

@@ -58,7 +58,9 @@ def parse_flow(value) -> int:
             return int(text)
     elif isinstance(value, int | np.integer) and not isinstance(value, bool) and value >= 1:
         return int(value)
-    raise ValueError(f"flow must be 'all', 'latest' or a positive integer N (every N-th step), got {value!r}")
+    raise ValueError(
+        f"flow must be 'all', 'latest' or a positive integer N (every N-th step), got {value!r}"
+    )
 
 
 def flow_name(code: int) -> str:
@@ -83,12 +85,16 @@ def parse_options(text: str) -> dict:
     key, eq, value = text.partition("=")
     key, value = key.strip(), value.strip()
     if not eq or key not in OPTION_KEYS:
-        raise ValueError(f"option {text.strip()!r} is not one of " + ", ".join(f"{k}=..." for k in OPTION_KEYS))
+        raise ValueError(
+            f"option {text.strip()!r} is not one of " + ", ".join(f"{k}=..." for k in OPTION_KEYS)
+        )
     if key == "queue_limit":
         if not value.isdigit() or int(value) < 2:
             raise ValueError(f"queue_limit must be an integer >= 2, got {value!r}")
         return {key: int(value)}
-    globs = tuple(g.strip().lstrip("/") for g in value.split(","))  # dataset paths have no leading '/'
+    globs = tuple(
+        g.strip().lstrip("/") for g in value.split(",")
+    )  # dataset paths have no leading '/'
     if not globs or not all(globs):
         raise ValueError(f"shallow needs dataset globs separated by ',', got {value!r}")
     return {key: globs}
@@ -115,8 +121,12 @@ class Workflow:
         options: list[dict] | None = None,
     ) -> None:
         self.entries = entries
-        self.flows = flows if flows is not None else [{} for _ in entries]  # per entry: consumer -> flow
-        self.options = options if options is not None else [{} for _ in entries]  # per entry: producer options
+        self.flows = (
+            flows if flows is not None else [{} for _ in entries]
+        )  # per entry: consumer -> flow
+        self.options = (
+            options if options is not None else [{} for _ in entries]
+        )  # per entry: producer options
 
     @classmethod
     def parse(cls, text: str) -> Workflow:
@@ -138,7 +148,9 @@ class Workflow:
             prod, gt, cons = rest.partition(">")
             pattern = pattern.strip()
             if not eq or not gt or not pattern:
-                raise ValueError(f"{ENV}: entry {item!r} is not PATTERN=PRODUCER>CONSUMER[,CONSUMER...]")
+                raise ValueError(
+                    f"{ENV}: entry {item!r} is not PATTERN=PRODUCER>CONSUMER[,CONSUMER...]"
+                )
             fl: dict[int, int] = {}
             try:
                 p = int(prod)
@@ -154,7 +166,9 @@ class Workflow:
             except ValueError as e:
                 if "flow" in str(e):
                     raise ValueError(f"{ENV}: entry {item!r}: {e}") from None
-                raise ValueError(f"{ENV}: entry {item!r}: tasks are MPMD appnums (integers)") from None
+                raise ValueError(
+                    f"{ENV}: entry {item!r}: tasks are MPMD appnums (integers)"
+                ) from None
             if not cs or p < 0 or min(cs) < 0 or p in cs or len(set(cs)) != len(cs):
                 raise ValueError(
                     f"{ENV}: entry {item!r} needs one producer and distinct consumers other than the producer"
@@ -168,7 +182,9 @@ class Workflow:
         """The ``LAMINA_WORKFLOW`` value of this workflow (:meth:`parse` reads it back)."""
         items = []
         for (pattern, route), fl, opt in zip(self.entries, self.flows, self.options, strict=True):
-            cons = ",".join(f"{c}:{flow_name(fl[c])}" if c in fl else str(c) for c in route.consumers)
+            cons = ",".join(
+                f"{c}:{flow_name(fl[c])}" if c in fl else str(c) for c in route.consumers
+            )
             items.append(f"{pattern}={route.producer}>{cons}{format_options(opt)}")
         return "; ".join(items)
 
@@ -236,7 +252,9 @@ def route_for(name: str, mode: str, app: int, ntasks: int, workflow: Workflow | 
         raise TransportError(f"{ENV} names no producer for {name!r}")
     for t in (route.producer, *route.consumers):
         if t >= ntasks:
-            raise TransportError(f"{ENV} routes {name!r} through task {t}, but the launch has {ntasks} programs")
+            raise TransportError(
+                f"{ENV} routes {name!r} through task {t}, but the launch has {ntasks} programs"
+            )
     if mode != "r" and route.producer != app:
         raise TransportError(
             f"task {app} opens {name!r} for writing, but {ENV} says task {route.producer} produces it"
