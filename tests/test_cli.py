@@ -13,7 +13,8 @@ import pytest
 
 import lamina
 from lamina import cli
-from lamina.cli import SelectError, parse_select
+from lamina.errors import SelectionError
+from lamina.selection import parse_text as parse_select
 
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
 
@@ -107,7 +108,7 @@ def test_info_human(run_file, capsys):
     rc, out, err = run(["info", run_file, "fields/T"], capsys)
     assert rc == 0 and err == ""
     assert out.startswith("/fields/T: float32 (32, 16), fill -1.0, compression none")
-    assert "step 0" in out and "2 blocks, 512 of 512 elements (100.0%), 2.0 KiB stored" in out
+    assert "step 0" in out and "2 blocks, 512 of 512 elements (100.0%), 2 KiB stored" in out
     assert "step 1" in out and "1 block, 64 of 512 elements (12.5%)" in out
     assert "[0:16, 0:16]" in out and "[16:32, 0:16]" in out and "[0:8, 0:8]" in out
     row = next(ln for ln in out.splitlines() if "[0:16, 0:16]" in ln).split()
@@ -192,7 +193,7 @@ def test_parse_select(text, key):
     ],
 )
 def test_parse_select_rejects(text):
-    with pytest.raises(SelectError):
+    with pytest.raises(SelectionError):
         parse_select(text)
 
 

@@ -1,4 +1,4 @@
-"""Selection parsing (``api/selection.py``): numpy-style keys -> boxes, checked against numpy."""
+"""Selection parsing (``lamina/selection.py``): numpy-style keys -> boxes, checked against numpy."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lamina.api.selection import parse
 from lamina.errors import BoundsError, LaminaError
 from lamina.geometry import Box
+from lamina.selection import parse
 
 SHAPE = (5, 7, 3)
 

@@ -6,8 +6,8 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..geometry import Box
+from ..selection import parse
 from .attrs import Attributes
-from .selection import parse
 
 PAGE = 4096
 

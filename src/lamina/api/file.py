@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 
 from .. import comm as comm_mod
+from .. import query as query_mod
 from ..engines.base import Engine, get_engine_class
 from ..errors import StepError, StepTimeoutError, is_collective
 from .group import Group
@@ -144,10 +145,20 @@ class File(Group):
         return self._engine.definitions()
 
     def query(self, where: str, select=(), region=None, step=None, exact: bool = True):
-        """Independent: elements where *where* holds (see :func:`lamina.query.query`)."""
-        from ..query import query
+        """Independent: the elements where predicate *where* holds at *step* (default: the last).
 
-        return query(self, where, select=select, region=region, step=step, exact=exact)
+        See :func:`lamina.query.run` for the arguments and what the
+        :class:`~lamina.query.QueryResult` holds.
+        """
+        return query_mod.run(
+            self._engine,
+            self._filename,
+            where,
+            select=select,
+            region=region,
+            step=step,
+            exact=exact,
+        )
 
     # -- steps (readers) --------------------------------------------------
     def at(self, step: int) -> StepView:
@@ -247,9 +258,15 @@ class StepView(Group):
     def __repr__(self) -> str:
         return f"<lamina step {self._step} of {self._file.filename!r}>"
 
-    def query(self, where: str, select=(), region=None, exact: bool = True):
-        """Independent: :meth:`File.query` at this step."""
-        return self._file.query(where, select=select, region=region, step=self._step, exact=exact)
+    def query(self, where: str, select=(), region=None, step=None, exact: bool = True):
+        """Independent: :meth:`File.query` at this view's step (or at *step*)."""
+        return self._file.query(
+            where,
+            select=select,
+            region=region,
+            step=self._step if step is None else step,
+            exact=exact,
+        )
 
 
 def open(  # noqa: A001

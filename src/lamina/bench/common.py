@@ -14,7 +14,6 @@ import argparse
 import json
 import math
 import os
-import re
 import shutil
 import sys
 from collections.abc import Sequence
@@ -22,43 +21,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": KiB,
-    "kb": 1000,
-    "kib": KiB,
-    "m": MiB,
-    "mb": 1000**2,
-    "mib": MiB,
-    "g": GiB,
-    "gb": 1000**3,
-    "gib": GiB,
-}
+from .. import text
+
+KiB, MiB, GiB = text.KiB, text.MiB, text.GiB
 #: worker -> parent progress lines start with this
 PROGRESS = "@@lamina-bench "
 ITEM = 8  # float64
 
 
 # --------------------------------------------------------------- options
-def parse_size(text: str) -> int:
-    """'64MiB', '1GiB', '512k', '1048576' -> bytes."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"not a size: {text!r} (use e.g. 64MiB, 1GiB)")
-    n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+def parse_size(size: str) -> int:
+    """'64MiB', '1GiB', '512k', '1048576' -> bytes (:func:`lamina.text.parse_size`), at least one float64."""
+    n = text.parse_size(size)
     if n < ITEM:
-        raise ValueError(f"size {text!r} is smaller than one float64")
+        raise ValueError(f"size {size!r} is smaller than one float64")
     return n
-
-
-def fmt_size(n: float) -> str:
-    for unit, k in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if n >= k:
-            v = n / k
-            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.1f} {unit}"
-    return f"{int(n)} B"
 
 
 def parse_int_list(text: str, what: str) -> list[int]:
@@ -211,32 +188,6 @@ def gibps(nbytes: int, seconds: float) -> float:
 
 
 # ---------------------------------------------------------- reporting
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: str | None = None) -> str:
-    """A plain text table (markdown pipe syntax, readable as is), followed by a blank line."""
-    align = align or ("l" + "r" * (len(headers) - 1))
-    widths = [
-        max(len(str(h)), *(len(str(r[i])) for r in rows)) if rows else len(str(h))
-        for i, h in enumerate(headers)
-    ]
-
-    def fmt(cells):
-        out = []
-        for c, w, a in zip(cells, widths, align, strict=True):
-            out.append(str(c).ljust(w) if a == "l" else str(c).rjust(w))
-        return "| " + " | ".join(out) + " |"
-
-    sep = (
-        "|"
-        + "|".join(
-            ("-" * (w + 1) + ":") if a == "r" else ("-" * (w + 2))
-            for w, a in zip(widths, align, strict=True)
-        )
-        + "|"
-    )
-    # the blank line ends the table in markdown, so a note right after it stays a paragraph
-    return "\n".join([fmt(headers), sep, *(fmt(r) for r in rows)]) + "\n"
-
-
 def ratio_str(x: float | None) -> str:
     return "-" if x is None or not math.isfinite(x) else f"{x:.2f}x"
 

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from ..text import fmt_bytes, table
 from . import common
 
 #: bytes of the memcpy: far beyond the caches, but below glibc's threshold for non-temporal
@@ -189,7 +190,7 @@ def run(
 
     say = progress or (lambda _msg: None)
     n = mib * common.MiB // common.ITEM
-    say(f"filling {common.fmt_size(n * common.ITEM)} of float64...")
+    say(f"filling {fmt_bytes(n * common.ITEM)} of float64...")
     buf = np.random.default_rng(0).random(n)
     # memcpy: part of the buffer into a preallocated array, counting bytes read and written; run
     # in every round of every kernel, so that it is measured under the same load
@@ -283,12 +284,12 @@ def report(doc: dict) -> str:
     o = doc["options"]
     mc = doc["memcpy"]
     out = [
-        f"lamina bench derived: float64, {common.fmt_size(o['mib'] * common.MiB)} of input per kernel, "
+        f"lamina bench derived: float64, {fmt_bytes(o['mib'] * common.MiB)} of input per kernel, "
         f"{o['repeat']} round{'s' if o['repeat'] != 1 else ''} after 1 untimed run; a round runs "
         "the memcpy and every implementation of a kernel once",
         "GB/s of compulsory traffic (inputs read once, outputs written once; memcpy: bytes read + "
         "written) in the best round; ratios: paired median over rounds (best case in parentheses)",
-        f"memcpy (numpy.copyto, {common.fmt_size(mc['bytes'])}) over the whole run: "
+        f"memcpy (numpy.copyto, {fmt_bytes(mc['bytes'])}) over the whole run: "
         f"best {mc['gbps']:.2f} GB/s, median {mc['median_gbps']:.2f} GB/s",
         "",
     ]
@@ -306,9 +307,7 @@ def report(doc: dict) -> str:
             ]
         )
     out.append(
-        common.table(
-            ["kernel", "impl", "best ms", "GB/s", "x memcpy", "x numpy", "note"], body, "llrrrrl"
-        )
+        table(["kernel", "impl", "best ms", "GB/s", "x memcpy", "x numpy", "note"], body, "llrrrrl")
     )
     if not doc["gpu"]["used"]:
         out.append(f"GPU path skipped: {doc['gpu']['skipped_because']}")
@@ -331,7 +330,7 @@ def report(doc: dict) -> str:
             for t in doc["targets"]
         ]
         out.append(
-            common.table(
+            table(
                 [
                     "kernel",
                     "target vs memcpy",

@@ -38,6 +38,7 @@ import time
 
 import numpy as np
 
+from ..text import fmt_bytes, table
 from . import common
 
 MEMCPY = "memcpy floor"
@@ -428,12 +429,12 @@ def report(jobs: list[dict], command: str) -> str:
         over = f"; {total} ranks on {cpus} cores: oversubscribed" if total > cpus else ""
         out.append(
             f"{j['producers']} producer + {j['consumers']} consumer ranks{over}: {j['steps']} steps x "
-            f"{common.fmt_size(j['step_bytes'])} = {common.fmt_size(j['bytes'])} moved per run "
+            f"{fmt_bytes(j['step_bytes'])} = {fmt_bytes(j['bytes'])} moved per run "
             f"(grid {j['grid'][0]} x {j['grid'][1]} uint64, {j['particles']} particles)"
         )
         rows = {r["name"]: r for r in j["rows"]}
         hand = rows.get(HAND)
-        table = [
+        body = [
             [
                 MEMCPY,
                 f"{j['memcpy_floor_s']:.3f}",
@@ -446,7 +447,7 @@ def report(jobs: list[dict], command: str) -> str:
             vs = (
                 common.ratio_cell(common.speedup(r, hand)) if hand and r is not hand else "-"
             )  # r / hand
-            table.append(
+            body.append(
                 [
                     r["name"],
                     f"{r['median']:.3f}",
@@ -456,9 +457,7 @@ def report(jobs: list[dict], command: str) -> str:
                 ]
             )
         out.append(
-            common.table(
-                ["method", "median s", "min s", "GiB/s", "time / hand-written (best)"], table
-            )
+            table(["method", "median s", "min s", "GiB/s", "time / hand-written (best)"], body)
         )
 
         def ratio(
@@ -510,7 +509,7 @@ def report(jobs: list[dict], command: str) -> str:
                 ]
             )
         out.append(
-            common.table(
+            table(
                 ["ratio (paired median, best case)", "value", "target", "verdict"],
                 checks,
                 align="lrrl",

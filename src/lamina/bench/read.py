@@ -33,6 +33,7 @@ import sys
 import numpy as np
 
 from ..geometry import Box
+from ..text import fmt_bytes, table
 from . import baselines as bl
 from . import common, launch
 from .harness import MPI, Ctx, Method
@@ -289,7 +290,7 @@ def report(o: common.CommonOptions, jobs: list[dict], argv: list[str]) -> tuple[
         else "reads from the page cache (files written just before)"
     )
     out.append(
-        f"lamina bench read: 3-D float64, {common.fmt_size(first['bytes_per_rank'])} per rank "
+        f"lamina bench read: 3-D float64, {fmt_bytes(first['bytes_per_rank'])} per rank "
         f"(block {tuple(first['local_shape'])}), repeat {o.repeat}, {cache}"
     )
     out.append(
@@ -346,10 +347,10 @@ def report(o: common.CommonOptions, jobs: list[dict], argv: list[str]) -> tuple[
                 targets.append(t)
         out.append("")
         out.append(
-            f"### {R} rank{'s' if R > 1 else ''}: {common.fmt_size(total)} in all, "
+            f"### {R} rank{'s' if R > 1 else ''}: {fmt_bytes(total)} in all, "
             f"global shape {tuple(job['global_shape'])}"
         )
-        out.append(common.table(hdr, body, "llrrrrrrl"))
+        out.append(table(hdr, body, "llrrrrrrl"))
         for n in job.get("notes", []):
             out.append(f"note: {n}")
         if job.get("loadavg"):
@@ -376,7 +377,7 @@ def report(o: common.CommonOptions, jobs: list[dict], argv: list[str]) -> tuple[
             ]
         )
     out.append(
-        common.table(
+        table(
             ["ranks", "lamina", "vs numpy (>= 0.9x fromfile)", "vs h5py", "vs adios2"],
             body,
             "rllll",
@@ -386,8 +387,8 @@ def report(o: common.CommonOptions, jobs: list[dict], argv: list[str]) -> tuple[
     if pr:
         out.append("")
         out.append(
-            f"### one block of a large file: {pr['blocks']} blocks of {common.fmt_size(pr['block_bytes'])}, "
-            f"{common.fmt_size(pr['file_bytes'])} on disk"
+            f"### one block of a large file: {pr['blocks']} blocks of {fmt_bytes(pr['block_bytes'])}, "
+            f"{fmt_bytes(pr['file_bytes'])} on disk"
             + (
                 " (page cache dropped)"
                 if pr["cache_dropped"]
@@ -409,7 +410,7 @@ def report(o: common.CommonOptions, jobs: list[dict], argv: list[str]) -> tuple[
                 ]
             )
         out.append(
-            common.table(
+            table(
                 [
                     "read",
                     "bytes asked",

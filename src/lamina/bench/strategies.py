@@ -66,6 +66,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..text import fmt_bytes, fmt_duration, table
 from . import common
 
 STRATEGIES = ("store", "stats", "expression")
@@ -467,20 +468,6 @@ def evaluate_case(m: dict, shape, blocks: int, readers: int, cal) -> dict:
 
 
 # ------------------------------------------------------------ reporting
-def _t(s: float) -> str:
-    if abs(s) < 1.0:
-        return f"{s * 1e3:.1f} ms"
-    return f"{s:.3f} s"
-
-
-def _b(n: float) -> str:
-    if abs(n) >= common.MiB:
-        return f"{n / common.MiB:.1f} MiB"
-    if abs(n) >= common.KiB:
-        return f"{n / common.KiB:.1f} KiB"
-    return f"{int(n)} B"
-
-
 def _r(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
@@ -513,7 +500,7 @@ def report(doc: dict) -> str:
     out = [
         "$ " + doc["command"],
         f"lamina bench strategies: 3 float64 fields vx, vy, vz of shape {shape} "
-        f"({common.fmt_size(doc['input_bytes'])} in all), {o['blocks']} blocks each (slabs along axis 0); "
+        f"({fmt_bytes(doc['input_bytes'])} in all), {o['blocks']} blocks each (slabs along axis 0); "
         "1 process (one rank): the derived layer computes store and stats at the end of the step; "
         "page cache (durable=False, sync before every write)",
         f"calibration {doc['calibration_source']}: kernels {cal['kernel_bandwidth'] / 1e9:.3g} GB/s, "
@@ -535,8 +522,8 @@ def report(doc: dict) -> str:
         out.append("")
         b = m["baseline"]
         out.append(
-            f"baseline file (3 fields, no derived quantity): {_t(b['measured'])} to write "
-            f"(model: primary data {_t(b['predicted'])}), {_b(b['file_bytes'])} on disk"
+            f"baseline file (3 fields, no derived quantity): {fmt_duration(b['measured'])} to write "
+            f"(model: primary data {fmt_duration(b['predicted'])}), {fmt_bytes(b['file_bytes'])} on disk"
         )
         out.append("")
         body = []
@@ -551,19 +538,19 @@ def report(doc: dict) -> str:
             body.append(
                 [
                     s,
-                    _t(w["measured"]),
-                    _t(w["paired_median"]),
-                    _t(w["predicted"]),
+                    fmt_duration(w["measured"]),
+                    fmt_duration(w["paired_median"]),
+                    fmt_duration(w["predicted"]),
                     _r(ratio),
                     f"{w['storage_measured']:,}",
                     f"{w['storage_predicted']:,}",
                     _r(sratio),
                     f"{w['file_bytes']:,}",
-                    _b(w["fresh_bytes"]),
+                    fmt_bytes(w["fresh_bytes"]),
                 ]
             )
         out.append(
-            common.table(
+            table(
                 [
                     "strategy",
                     "write",
@@ -604,13 +591,13 @@ def report(doc: dict) -> str:
                         f"{qd['fraction']:.0%}",
                         f"{qd['achieved']:.1%} ({qd['candidates']}/{m['blocks']})",
                         s,
-                        _b(r["bytes_read"]),
-                        _b(r["model_bytes"]),
-                        _b(r["fresh_bytes"]),
-                        _t(r["measured"]),
-                        _t(r["predicted"]),
-                        _t(r["total_measured"]),
-                        _t(r["total_predicted"]),
+                        fmt_bytes(r["bytes_read"]),
+                        fmt_bytes(r["model_bytes"]),
+                        fmt_bytes(r["fresh_bytes"]),
+                        fmt_duration(r["measured"]),
+                        fmt_duration(r["predicted"]),
+                        fmt_duration(r["total_measured"]),
+                        fmt_duration(r["total_predicted"]),
                         _r(r["ratio"]),
                         _ok(r["met"]),
                     ]
@@ -624,7 +611,7 @@ def report(doc: dict) -> str:
                     ]
                 )
         out.append(
-            common.table(
+            table(
                 [
                     "query",
                     "achieved",
@@ -659,7 +646,7 @@ def report(doc: dict) -> str:
                         _r(v["candidate_bytes"] / store_b if store_b else None),
                         f"{v['exact_bytes']:,}",
                         f"{v['count']:,}",
-                        _t(v["seconds"]),
+                        fmt_duration(v["seconds"]),
                     ]
                 )
             targets.append(
@@ -679,7 +666,7 @@ def report(doc: dict) -> str:
                 ]
             )
         out.append(
-            common.table(
+            table(
                 [
                     "query",
                     "strategy",
@@ -695,7 +682,7 @@ def report(doc: dict) -> str:
         )
     out.append("#### targets")
     out.append("")
-    out.append(common.table(["kernel", "target", "value", "verdict"], targets, "lllr"))
+    out.append(table(["kernel", "target", "value", "verdict"], targets, "lllr"))
     met = sum(1 for t in targets if t[3] == "met")
     out.append(f"{met} of {len(targets)} targets met")
     return "\n".join(out)

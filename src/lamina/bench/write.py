@@ -27,6 +27,7 @@ import os
 
 import numpy as np
 
+from ..text import fmt_bytes, table
 from . import baselines as bl
 from . import common, launch
 from .harness import Ctx, Method
@@ -269,7 +270,7 @@ def report(o: common.CommonOptions, jobs: list[dict], argv: list[str]) -> tuple[
         else "page cache: nobody fsyncs (durable=False)"
     )
     out.append(
-        f"lamina bench write: 3-D float64, {common.fmt_size(first['bytes_per_rank'])} per rank "
+        f"lamina bench write: 3-D float64, {fmt_bytes(first['bytes_per_rank'])} per rank "
         f"(block {tuple(first['local_shape'])}), repeat {o.repeat}, {mode}"
     )
     out.append(
@@ -301,10 +302,10 @@ def report(o: common.CommonOptions, jobs: list[dict], argv: list[str]) -> tuple[
             )
         out.append("")
         out.append(
-            f"### {R} rank{'s' if R > 1 else ''}: {common.fmt_size(total)} in all, "
+            f"### {R} rank{'s' if R > 1 else ''}: {fmt_bytes(total)} in all, "
             f"global shape {tuple(job['global_shape'])}"
         )
-        out.append(common.table(hdr, body, "lrrrrrrl"))
+        out.append(table(hdr, body, "lrrrrrrl"))
         for n in job.get("notes", []):
             out.append(f"note: {n}")
         if job.get("loadavg"):
@@ -362,7 +363,7 @@ def report(o: common.CommonOptions, jobs: list[dict], argv: list[str]) -> tuple[
                 so,
             ]
         )
-    out.append(common.table(hdr, body, "rlllll"))
+    out.append(table(hdr, body, "rlllll"))
     out.append(
         "stats+crc overhead = (lamina agg=R - lamina agg=R no-stats) / lamina agg=R, paired median (best case); "
         "'compute alone' = stats+crc only / lamina agg=R, medians: the cost if the work were not overlapped"

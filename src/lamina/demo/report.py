@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
+from ..text import fmt_bytes
 from . import simulation as sim
 
 MiB = 1 << 20
 #: steps shown in the table of the flame
 MAX_ROWS = 10
-
-
-def _mib(n: float) -> str:
-    if n < MiB:
-        return f"{n / 1024:,.1f} KiB"
-    return f"{n / MiB:,.1f} MiB"
 
 
 def _rate(nbytes: float, seconds: float) -> str:
@@ -39,7 +34,7 @@ def _insitu_verdict(d: dict) -> str:
         if "analysis" in x
     )
     return (
-        f"in situ: {d['steps']} steps, {_mib(d['expected_bytes'])} from {d['ranks'][0]} to "
+        f"in situ: {d['steps']} steps, {fmt_bytes(d['expected_bytes'])} from {d['ranks'][0]} to "
         f"{d['ranks'][1]} ranks {times}, same analysis results"
     )
 
@@ -50,7 +45,7 @@ def verdict_line(w: dict | None, r: dict | None, ok: bool, insitu: dict | None =
     parts = []
     if w is not None and r is not None:
         parts.append(
-            f"{r['steps']} steps, {_mib(w['bytes'])} written by {w['ranks']} ranks "
+            f"{r['steps']} steps, {fmt_bytes(w['bytes'])} written by {w['ranks']} ranks "
             f"at {_rate(w['bytes'], w['write_s'])}, read back by {r['ranks']} ranks at "
             f"{_rate(r['bytes'], r['read_s'])}, every value checked"
         )
@@ -96,7 +91,7 @@ def insitu_lines(d: dict | None, note: str | None = None) -> list[str]:
         f"  in situ  a simulation on {sims} ranks and an analysis on {anas} rank{'s' if anas > 1 else ''}"
         f"{grids} side by side in one MPMD launch, run twice with",
         f"           LAMINA_TRANSPORT={' and ='.join(runs)}; unchanged programs, {d['steps']} steps x "
-        f"{_mib(d['step_bytes'])} ({nx} x {ny} x {nz}, {len(sim.FIELDS)} fields)",
+        f"{fmt_bytes(d['step_bytes'])} ({nx} x {ny} x {nz}, {len(sim.FIELDS)} fields)",
         f"           {sims + anas} ranks on {d['cpus']} cores{', oversubscribed' if sims + anas > d['cpus'] else ''}"
         f"; load average {d['load']:.1f} before the first run",
         "                                    simulation open..close    analysis open..close",
@@ -109,10 +104,10 @@ def insitu_lines(d: dict | None, note: str | None = None) -> list[str]:
             lines += [f"               | {line}" for line in x.get("output", [])]
             continue
         s, a = x["sim"], x["analysis"]
-        left = _mib(x["left_bytes"]) if x["left"] else "nothing"
+        left = fmt_bytes(x["left_bytes"]) if x["left"] else "nothing"
         wait = max(0.0, a["lamina_s"] - a["read_s"])
         lines.append(
-            f"             {t:9s}  {a['engine']:6s}  {_mib(a['bytes']):>9s}  "
+            f"             {t:9s}  {a['engine']:6s}  {fmt_bytes(a['bytes']):>9s}  "
             f"{s['loop_s']:5.2f} s ({s['compute_s']:.2f} + {s['lamina_s']:.2f})    "
             f"{a['loop_s']:5.2f} s ({a['read_s']:.2f} + {wait:.2f} + {a['compute_s']:.2f})  "
             f"{_rate(a['bytes'], a['loop_s']):>12s}   {x['job_s']:4.1f} s  {left}"
@@ -130,7 +125,7 @@ def insitu_lines(d: dict | None, note: str | None = None) -> list[str]:
     if d["identical"]:
         lines.append(
             f"  analysis identical under {' and '.join(runs)}: every number below and the SHA-256 of all "
-            f"{_mib(d['expected_bytes'])} it read"
+            f"{fmt_bytes(d['expected_bytes'])} it read"
         )
     for p in d["problems"]:
         lines.append(f"  analysis FAILED: {p}")
@@ -169,8 +164,8 @@ def _derived_lines(d: dict) -> list[str]:
     for strategy, q in qs.items():
         share = q["candidate_bytes"] / max(1, d["field_bytes"])
         lines.append(
-            f"             {strategy:11s}  {_mib(q['candidate_bytes']):>12s} ({share:4.0%} of T)  "
-            f"{_mib(q['exact_bytes']):>14s}   {q['seconds'] * 1e3:6.1f} ms"
+            f"             {strategy:11s}  {fmt_bytes(q['candidate_bytes']):>12s} ({share:4.0%} of T)  "
+            f"{fmt_bytes(q['exact_bytes']):>14s}   {q['seconds'] * 1e3:6.1f} ms"
         )
     return lines
 
@@ -211,10 +206,10 @@ def _main_lines(w: dict, r: dict, path: str, kept: bool) -> list[str]:
         f"{nds} fields ({w['dtype']}) + time, {r['steps']} steps",
         f"  write    {w['ranks']} ranks (grid {_grid(w['decomposition'])}, {w['blocks_per_rank']} blocks each), "
         f"{w['subfiles']} subfile(s){'' if w['durable'] else ', no fsync'}: "
-        f"{_mib(w['bytes'])} in {w['write_s']:.2f} s = {_rate(w['bytes'], w['write_s'])}",
+        f"{fmt_bytes(w['bytes'])} in {w['write_s']:.2f} s = {_rate(w['bytes'], w['write_s'])}",
         f"           (+ {w['compute_s']:.2f} s simulating, {w['open_s']:.2f} s open/define, {w['close_s']:.2f} s close)",
         f"  read     {r['ranks']} ranks (grid {_grid(r['decomposition'])}): "
-        f"{_mib(r['bytes'])} in {r['read_s']:.2f} s = {_rate(r['bytes'], r['read_s'])}",
+        f"{fmt_bytes(r['bytes'])} in {r['read_s']:.2f} s = {_rate(r['bytes'], r['read_s'])}",
     ]
     if r["ok"]:
         lines.append(
@@ -229,8 +224,8 @@ def _main_lines(w: dict, r: dict, path: str, kept: bool) -> list[str]:
         lines += [f"           {e}" for e in r["errors"]]
     overhead = (w["disk_bytes"] - r["stored_bytes"]) / max(1, w["disk_bytes"])
     lines.append(
-        f"  storage  {r['blocks_total']:,} blocks, {_mib(r['stored_bytes'])} of data, "
-        f"{_mib(w['disk_bytes'])} on disk ({overhead:.2%} metadata)"
+        f"  storage  {r['blocks_total']:,} blocks, {fmt_bytes(r['stored_bytes'])} of data, "
+        f"{fmt_bytes(w['disk_bytes'])} on disk ({overhead:.2%} metadata)"
     )
     lines += _derived_lines(r.get("derived") or {})
     lines.append(

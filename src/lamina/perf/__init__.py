@@ -6,7 +6,7 @@
   total time and the storage of keeping a derived quantity as data
   (``store``), as block statistics only (``stats``) or as its expression
   only (``expression``), Eq. 1-3 of :mod:`lamina.perf.model`;
-* :func:`main` is ``lamina model derived ...`` (:mod:`lamina.perf.cli`).
+* :func:`main` is ``lamina model derived ...`` (:mod:`lamina.perf.command`).
 
 >>> from lamina.perf import Calibration, recommend
 >>> cal = Calibration(memcpy_bandwidth=2e10, kernel_bandwidth=1e10, stencil_bandwidth=5e9,
@@ -25,7 +25,7 @@ from .calibrate import (
     read_calibration,
     save_calibration,
 )
-from .cli import main, parse_bandwidth
+from .command import main, parse_bandwidth
 from .model import STRATEGIES, Prediction, Terms, predict, recommend, terms
 
 __all__ = [

@@ -13,8 +13,9 @@
    the datasets are read (with the halo stencils need) and the condition is
    evaluated element by element: a mask, the coordinates, the selected values.
 
-``lamina query FILE --where EXPR ...`` (:func:`main`) does the same from the
-command line.  Queries are independent calls: any rank may make them alone.
+``lamina query FILE --where EXPR ...`` (:mod:`lamina.cli.query`) does the
+same from the command line.  The query code sees a file only through its
+engine stack (:class:`~.source.Source`): ``File.query`` calls :func:`run`.  Queries are independent calls: any rank may make them alone.
 
 >>> import lamina, numpy as np
 >>> from lamina.query import query
@@ -29,8 +30,7 @@ command line.  Queries are independent calls: any rank may make them alone.
 >>> f.close()
 """
 
-from .command import main
-from .core import query, subtract
+from .core import query, run, subtract
 from .result import QueryResult
 
-__all__ = ["QueryResult", "main", "query", "subtract"]
+__all__ = ["QueryResult", "query", "run", "subtract"]

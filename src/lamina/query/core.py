@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from ..api import selection as selection_mod
+from .. import selection as selection_mod
 from ..catalog import normpath
 from ..derived import check, check_inputs, check_stencils, evaluate, needed_boxes, parse, truth
 from ..derived.nodes import Expr
@@ -37,12 +37,29 @@ def query(
     step: int | None = None,
     exact: bool = True,
 ) -> QueryResult:
-    """Independent: the elements of the datasets of *f* where predicate *where* holds.
+    """Independent: ``f.query(where, ...)`` for a lamina File or a view of one step (``f.at(k)``)."""
+    method = getattr(f, "query", None)
+    if method is None:
+        raise TypeError(f"a query needs a lamina File or step view, not {type(f).__name__}")
+    return method(where, select=select, region=region, step=step, exact=exact)
+
+
+def run(
+    engine,
+    filename: str,
+    where: str | Expr,
+    select: str | Iterable[str] | None = (),
+    region=None,
+    step: int | None = None,
+    exact: bool = True,
+) -> QueryResult:
+    """Independent: the elements of the datasets of an open file where predicate *where* holds.
 
     Parameters
     ----------
-    f
-        A lamina :class:`~lamina.File` or a view of one step (``f.at(k)``).
+    engine
+        The file's engine stack (:attr:`lamina.File.engine`); *filename*
+        names the file in messages.
     where
         A predicate in the expression language of :mod:`lamina.derived`,
         e.g. ``"T > 1200 & vmag < 0.3"`` or ``"magnitude(curl(u, v, w)) > 1"``;
@@ -56,8 +73,7 @@ def query(
         a numpy-style key (ints, slices, ``...``), a ``(start, stop)`` pair,
         or text such as ``"0:10,:,5:"``.  Default: everything.
     step
-        Step to search (default: the view's step, else the last; negative
-        counts from the end).
+        Step to search (default: the last; negative counts from the end).
     exact
         Also compute the exact element answer (default); False stops after
         the candidate blocks.
@@ -81,7 +97,7 @@ def query(
     StepError, BoundsError, SelectionError
         A step that does not exist, a region outside the domain.
     """
-    src = Source(f, step)
+    src = Source(engine, filename, step)
     text, pred = _predicate(where)
     available = src.available()
     check_inputs(pred, available, text)
@@ -294,12 +310,7 @@ def _region(region, shape: tuple[int, ...], what: str) -> Box:
     if region is None:
         return Box.from_shape(shape)
     if isinstance(region, str):
-        from ..cli import parse_select
-
-        try:
-            region = parse_select(region)
-        except ValueError as e:
-            raise SelectionError(str(e)) from None
+        region = selection_mod.parse_text(region)
     if isinstance(region, Box):
         if region.ndim != len(shape):
             raise BoundsError(

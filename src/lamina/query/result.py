@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..geometry import Box
+from ..text import fmt_box, fmt_bytes, json_value
 
 
 @dataclass
@@ -90,8 +91,6 @@ class QueryResult:
     # -- presentation ---------------------------------------------------------
     def summary(self) -> str:
         """A few lines for humans: units, candidates, the cost of each answer, the count."""
-        from ..cli import fmt_box, fmt_bytes
-
         grid = f"the blocks of {self.grid!r}" if self.grid else "none (no dataset has blocks)"
         ncert = sum(self.certain)
         lines = [
@@ -113,7 +112,6 @@ class QueryResult:
 
     def as_dict(self, limit: int | None = None) -> dict:
         """Plain JSON data; with *limit*, only the first *limit* matches are listed."""
-        from ..cli import json_value
 
         def box(b: Box) -> dict:
             return {"start": list(b.start), "stop": list(b.stop)}

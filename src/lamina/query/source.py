@@ -1,7 +1,7 @@
 """What a query needs of an open file at one step: datasets, their blocks, reads, costs.
 
-The query code talks to the engine (or layer stack) of the file only
-through this class, so that what it assumes of the interface is in one place:
+The query code talks to the engine stack of the file (never to the API's
+File objects) only through this class, so that what it assumes of the interface is in one place:
 ``catalog``, ``check_step``, ``blocks``, ``get``, ``bytes_read``, and, for
 derived quantities, ``definition``, ``definitions`` and ``coverage``.
 """
@@ -109,22 +109,9 @@ class DatasetInfo:
 class Source:
     """An open file (or a view of it) at one step, as the query sees it."""
 
-    def __init__(self, f, step) -> None:
-        from ..api.file import File, StepView
-        from ..api.group import Group
-
-        if isinstance(f, StepView):
-            default, file = f.index, f.file
-        elif isinstance(f, File):
-            default, file = None, f
-        elif isinstance(f, Group):
-            default, file = f.step, f.file
-        else:
-            raise TypeError(f"a query needs a lamina File or step view, not {type(f).__name__}")
-        self.eng = file.engine
-        self.filename = file.filename
-        if step is None:
-            step = default
+    def __init__(self, engine, filename: str, step) -> None:
+        self.eng = engine
+        self.filename = filename
         if step is not None and (not isinstance(step, numbers.Integral) or isinstance(step, bool)):
             raise StepError(f"a step is an integer (negative counts from the end), not {step!r}")
         self.step = self.eng.check_step(None if step is None else int(step))

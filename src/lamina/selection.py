@@ -1,4 +1,9 @@
-"""numpy-style selections (ints, slices, Ellipsis) -> boxes.  Pure.
+"""numpy-style selections (ints, slices, Ellipsis) -> boxes, and their text form.  Pure.
+
+:func:`parse` turns a ``__getitem__`` key into a :class:`Selection` (a box,
+the axes an integer index removes, per-axis steps); :func:`parse_text` turns
+the text form of a key (``'0:4,:,7'``, as ``lamina dump --select`` and query
+regions take it) into such a key.
 
 Unlike numpy, a slice that reaches past a dimension is an error rather than
 silently clipped: in parallel I/O a box that does not fit is almost always a
@@ -8,10 +13,11 @@ decomposition bug, and a clear error beats a short read.
 from __future__ import annotations
 
 import numbers
+import re
 from dataclasses import dataclass
 
-from ..errors import BoundsError, SelectionError
-from ..geometry import Box
+from .errors import BoundsError, SelectionError
+from .geometry import Box
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,3 +105,70 @@ def _bound(v, default: int, n: int, d: int, what: str, shape) -> int:
             f"{what}: slice bound {v} is out of bounds for dimension {d} of size {n} (shape {tuple(shape)})"
         )
     return j
+
+
+_INT = re.compile(r"[+-]?\d{1,19}")
+
+
+def parse_text(text: str) -> tuple:
+    """Parse a selection string like ``'0:4,:,7'`` or ``'...,-1'`` into ints, slices and Ellipsis.
+
+    No ``eval``: the string is split at commas; each item is an int, ``...``,
+    or a slice ``a:b`` / ``a:b:c`` with optional int parts.  Surrounding
+    brackets are allowed; an empty string selects everything.  Raises
+    :class:`~lamina.errors.SelectionError` naming the bad item.
+    """
+    if not isinstance(text, str):
+        raise SelectionError(f"selection must be a string, got {type(text).__name__}")
+    s = text.strip()
+    if s.startswith("[") and s.endswith("]"):
+        s = s[1:-1].strip()
+    if s == "":
+        return ()
+    items = [p.strip() for p in s.split(",")]
+    if len(items) > 1 and items[-1] == "":  # a trailing comma, as in numpy's a[0,]
+        items.pop()
+    out: list = []
+    for i, item in enumerate(items, 1):
+        where = f"bad selection {text!r}: item {i} ({item!r})"
+        if item == "":
+            raise SelectionError(f"bad selection {text!r}: item {i} is empty")
+        if item == "...":
+            if Ellipsis in out:
+                raise SelectionError(f"bad selection {text!r}: only one '...' is allowed")
+            out.append(Ellipsis)
+        elif ":" in item:
+            parts = [p.strip() for p in item.split(":")]
+            if len(parts) > 3:
+                raise SelectionError(f"{where}: a slice has at most two ':' (start:stop:step)")
+            vals = [None if p == "" else _int(p, where) for p in parts]
+            vals += [None] * (3 - len(vals))
+            if vals[2] is not None and vals[2] <= 0:
+                raise SelectionError(f"{where}: the slice step must be a positive integer")
+            out.append(slice(*vals))
+        else:
+            out.append(_int(item, where))
+    return tuple(out)
+
+
+def _int(tok: str, where: str) -> int:
+    if not _INT.fullmatch(tok):
+        raise SelectionError(f"{where}: expected an integer, a slice a:b:c or '...'")
+    return int(tok)
+
+
+def format_key(key: tuple) -> str:
+    """The text form of a key (inverse of :func:`parse_text`): ``(slice(0, 4), 7)`` -> ``'0:4, 7'``."""
+    if not key:
+        return "..."
+    parts = []
+    for k in key:
+        if k is Ellipsis:
+            parts.append("...")
+        elif isinstance(k, slice):
+            a = "" if k.start is None else str(k.start)
+            b = "" if k.stop is None else str(k.stop)
+            parts.append(f"{a}:{b}" + ("" if k.step is None else f":{k.step}"))
+        else:
+            parts.append(str(k))
+    return ", ".join(parts)

@@ -1,11 +1,16 @@
-"""``lamina query FILE --where EXPR ...``: the query engine from the command line."""
+"""``lamina query FILE --where EXPR ...``: the query engine (:mod:`lamina.query`) from the command line."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 
 import numpy as np
+
+from .. import selection
+from ..text import fmt_box, fmt_num, print_json, table
+from .common import CLIError, guarded, open_file
 
 USAGE_EPILOG = """\
 examples:
@@ -74,46 +79,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``lamina query`` with *argv* (default: ``sys.argv[1:]``); returns the exit status."""
-    from .. import cli
-    from ..errors import LaminaError
-    from .core import query
-
     parser = build_parser()
     try:
         args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     except SystemExit as e:  # --help, usage errors (argparse printed them)
         return e.code if isinstance(e.code, int) else 2
-    try:
-        if args.limit < 0:
-            raise cli.CLIError(f"--limit must be >= 0, got {args.limit}")
-        select = [s.strip() for s in args.select.split(",") if s.strip()]
-        region = cli.parse_select(args.region) if args.region is not None else None
-        with cli._open(args.file) as f:
-            res = query(
-                f,
-                args.where,
-                select=select,
-                region=region,
-                step=args.step,
-                exact=not args.blocks_only,
-            )
-        if args.json:
-            cli._print_json({"file": args.file, **res.as_dict(limit=args.limit)})
-        else:
-            _print_text(res, args.limit, cli)
-        return 0
-    except BrokenPipeError:  # e.g. `lamina query ... | head`
-        cli._silence_stdout()
-        return 1
-    except (LaminaError, OSError, cli.CLIError) as e:
-        print(f"lamina query: error: {cli._message(e)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("lamina query: interrupted", file=sys.stderr)
-        return 130
+    return guarded("lamina query", lambda: _run(args))
 
 
-def _print_text(res, limit: int, cli) -> None:
+def _run(args) -> int:
+    if args.limit < 0:
+        raise CLIError(f"--limit must be >= 0, got {args.limit}")
+    select = [s.strip() for s in args.select.split(",") if s.strip()]
+    region = selection.parse_text(args.region) if args.region is not None else None
+    with open_file(args.file) as f:
+        res = f.query(
+            args.where, select=select, region=region, step=args.step, exact=not args.blocks_only
+        )
+    if args.json:
+        print_json({"file": args.file, **res.as_dict(limit=args.limit)})
+    else:
+        _print_text(res, args.limit)
+    return 0
+
+
+def _print_text(res, limit: int) -> None:
     print(res.summary())
     if not res.exact:
         shown = list(zip(res.candidates, res.certain, strict=True))[:limit]
@@ -124,22 +114,16 @@ def _print_text(res, limit: int, cli) -> None:
                 else "candidate blocks:"
             )
             for b, sure in shown:
-                print(f"  {cli.fmt_box(b)}" + ("  (matches everywhere)" if sure else ""))
+                print(f"  {fmt_box(b)}" + ("  (matches everywhere)" if sure else ""))
         return
     rows = res.matches(limit)
     if not rows:
         return
     head = "first " + str(len(rows)) + " matches:" if len(rows) < (res.count or 0) else "matches:"
     print(head)
-    table = [["index", *res.select]]
-    for idx, vals in rows:
-        table.append(
-            ["(" + ", ".join(str(i) for i in idx) + ")"] + [_fmt(vals[p], cli) for p in res.select]
-        )
-    for line in cli.fmt_table(table, right=set(range(1, len(table[0])))):
-        print("  " + line)
-
-
-def _fmt(v, cli) -> str:
-    v = np.asarray(v)[()]
-    return cli.fmt_num(v)
+    rows_text = [
+        ["(" + ", ".join(str(i) for i in idx) + ")"]
+        + [fmt_num(np.asarray(vals[p])[()]) for p in res.select]
+        for idx, vals in rows
+    ]
+    print(textwrap.indent(table(["index", *res.select], rows_text, markdown=False), "  "))

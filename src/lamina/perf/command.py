@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import sys
@@ -22,6 +21,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from ..errors import ExpressionError
+from ..text import fmt_bytes, fmt_duration, fmt_rate, parse_rate, table
 from .model import STRATEGIES, best, combine, terms
 
 PROG = "lamina model"
@@ -29,45 +29,17 @@ USAGE = f"""usage: {PROG} derived --expr EXPR [options]   ({PROG} derived --help
   derived  predicted compute, write, read and total time and storage of keeping a derived
            quantity as data (store), as statistics only (stats) or as its expression only"""
 
-_RATE_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1e3,
-    "kb": 1e3,
-    "m": 1e6,
-    "mb": 1e6,
-    "g": 1e9,
-    "gb": 1e9,
-    "t": 1e12,
-    "tb": 1e12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-
 
 class UsageError(ValueError):
     """Bad command-line input (one line on stderr, status 2)."""
 
 
 def parse_bandwidth(text: str) -> float:
-    """``'500MB/s'``, ``'0.5GB/s'``, ``'2GiB/s'``, ``'1e9'`` -> bytes per second (> 0).
-
-    Decimal units (kB, MB, GB, TB, or k, M, G, T) count powers of 1000,
-    binary ones (KiB, MiB, GiB, TiB) powers of 1024; ``/s`` is optional; a
-    plain number is bytes per second.
-    """
-    m = re.fullmatch(
-        r"\s*([0-9]+\.?[0-9]*(?:[eE][-+]?[0-9]+)?|\.[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*(/\s*s)?\s*",
-        str(text),
-    )
-    if not m or m.group(2).lower() not in _RATE_UNITS:
-        raise UsageError(f"not a bandwidth: {text!r} (use e.g. 500MB/s, 0.5GB/s, 2GiB/s)")
-    v = float(m.group(1)) * _RATE_UNITS[m.group(2).lower()]
-    if not math.isfinite(v) or v <= 0:
-        raise UsageError(f"a bandwidth must be > 0, got {text!r}")
-    return v
+    """``'500MB/s'``, ``'2GiB/s'``, ... -> bytes per second (:func:`lamina.text.parse_rate`); UsageError otherwise."""
+    try:
+        return parse_rate(text)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
@@ -76,27 +48,6 @@ def parse_shape(text: str) -> tuple[int, ...]:
     if not parts or any(not p.isdigit() for p in parts):
         raise UsageError(f"--shape: expected integers separated by commas, got {text!r}")
     return tuple(int(p) for p in parts)
-
-
-def fmt_bytes(n: float) -> str:
-    for unit, k in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= k:
-            return f"{n / k:.1f} {unit}"
-    return f"{int(n)} B"
-
-
-def fmt_rate(bps: float) -> str:
-    return f"{bps / 1e9:.3g} GB/s"
-
-
-def fmt_time(s: float) -> str:
-    if s == 0:
-        return "0"
-    if s < 1e-3:
-        return f"{s * 1e6:.1f} us"
-    if s < 1:
-        return f"{s * 1e3:.1f} ms"
-    return f"{s:.2f} s"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -239,18 +190,16 @@ def run_derived(argv: list[str]) -> int:
 
 def report(expr, shape, dtype, nblocks, q, readers, t, preds, choice, source, cal) -> str:
     """The text report: the inputs, a table of the three strategies, the recommendation."""
-    from ..bench.common import table
-
     lines = [
         f"{PROG} derived: {expr} over {'x'.join(map(str, shape))} {np.dtype(dtype).name} "
         f"({t.inputs} input{'s' if t.inputs != 1 else ''}, {t.components} component"
         f"{'s' if t.components != 1 else ''}, {nblocks} block{'s' if nblocks != 1 else ''})",
         f"query fraction {q:g}, {readers} reader{'s' if readers != 1 else ''}; "
         f"read {fmt_rate(t.read_bandwidth)}, write {fmt_rate(t.write_bandwidth)}",
-        f"compute {fmt_time(t.compute_s)} per full evaluation "
+        f"compute {fmt_duration(t.compute_s)} per full evaluation "
         f"({t.bytes_per_element} B and {t.flops_per_element} operations per element, "
         f"{fmt_rate(t.memory_bandwidth)}, {cal.flop_rate / 1e9:.3g} Gop/s); "
-        f"statistics {fmt_time(t.stats_s)}",
+        f"statistics {fmt_duration(t.stats_s)}",
         "",
     ]
     body = []
@@ -259,10 +208,10 @@ def report(expr, shape, dtype, nblocks, q, readers, t, preds, choice, source, ca
         body.append(
             [
                 s + (" *" if s == choice else ""),
-                fmt_time(p.compute_s),
-                fmt_time(p.write_s),
-                fmt_time(p.read_s),
-                fmt_time(p.total_s),
+                fmt_duration(p.compute_s),
+                fmt_duration(p.write_s),
+                fmt_duration(p.read_s),
+                fmt_duration(p.total_s),
                 fmt_bytes(p.storage_bytes),
             ]
         )
@@ -277,14 +226,14 @@ def report(expr, shape, dtype, nblocks, q, readers, t, preds, choice, source, ca
     nxt = others[0]
     lines.append(
         f"primary data (written by every strategy, not in the totals): "
-        f"{fmt_bytes(t.input_bytes)}, {fmt_time(preds[choice].primary_write_s)}"
+        f"{fmt_bytes(t.input_bytes)}, {fmt_duration(preds[choice].primary_write_s)}"
     )
     lines.append(f"total = write + {readers} x read; compute = at the write and at every read")
     lines.append(f"calibration: {source} (host {cal.host})")
     lines.append(
-        f"recommendation: {choice} (total {fmt_time(preds[choice].total_s)}, "
+        f"recommendation: {choice} (total {fmt_duration(preds[choice].total_s)}, "
         f"storage {fmt_bytes(preds[choice].storage_bytes)}; next: {nxt} "
-        f"{fmt_time(preds[nxt].total_s)})"
+        f"{fmt_duration(preds[nxt].total_s)})"
     )
     return "\n".join(lines)
 

@@ -1,0 +1,85 @@
+"""What every ``lamina`` command shares: usage errors, opening a file to inspect, one-line failures."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+
+from ..errors import LaminaError
+
+
+class CLIError(Exception):
+    """A usage problem found by a command (reported like a lamina error: one line, status 2)."""
+
+
+def message(e: BaseException) -> str:
+    """An error as one line."""
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def guarded(prog: str, fn: Callable[[], int | None]) -> int:
+    """Run a command's body; errors from the file or the arguments print one line and give status 2.
+
+    Lamina errors, OS errors (a missing file) and :class:`CLIError` print
+    ``PROG: error: MESSAGE`` on stderr (status 2); a closed pipe
+    (``lamina dump ... | head``) ends quietly with status 1; Ctrl-C says so
+    (status 130).
+    """
+    try:
+        return int(fn() or 0)
+    except BrokenPipeError:
+        silence_stdout()
+        return 1
+    except (LaminaError, OSError, CLIError) as e:
+        print(f"{prog}: error: {message(e)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null (after a broken pipe, so Python's exit does not complain)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def open_file(path: str):
+    """Open *path* for reading on this one process; an HDF5 file gets a hint to convert it."""
+    import lamina
+    from lamina.errors import NotALaminaFileError
+
+    try:
+        return lamina.open(path, "r")
+    except NotALaminaFileError:
+        if os.path.isfile(path) and _is_hdf5(path):
+            raise CLIError(
+                f"{path!r} is an HDF5 file, not a lamina file; convert it with 'lamina convert {path} OUT.lam'"
+            ) from None
+        raise
+
+
+def _is_hdf5(path: str) -> bool:
+    try:
+        import h5py
+
+        return bool(h5py.is_hdf5(path))
+    except Exception:
+        return False
+
+
+def find_dataset(f, name: str):
+    """The dataset *name* of open file *f*; NotFoundError naming the datasets there if it is a group."""
+    from lamina import Dataset
+    from lamina.errors import NotFoundError
+
+    obj = f[name]
+    if not isinstance(obj, Dataset):
+        names = [p for p, o in f.walk() if isinstance(o, Dataset)]
+        shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+        raise NotFoundError(f"{obj.name!r} is a group, not a dataset; datasets: {shown or 'none'}")
+    return obj

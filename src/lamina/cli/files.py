@@ -1,0 +1,318 @@
+"""``lamina ls``, ``info``, ``dump`` and ``convert``: look into lamina files, convert them to and from HDF5."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import textwrap
+
+import numpy as np
+
+from .. import selection
+from ..text import (
+    fmt_box,
+    fmt_bytes,
+    fmt_codecs,
+    fmt_num,
+    fmt_ranges,
+    fmt_timestamp,
+    fmt_value,
+    json_value,
+    plural,
+    print_json,
+    table,
+)
+from .common import find_dataset, open_file
+
+# --------------------------------------------------------------------------
+# ls
+
+
+def cmd_ls(args) -> int:
+    from lamina import Dataset
+
+    with open_file(args.file) as f:
+        top = f if args.path.strip("/") == "" else f[args.path]
+        nodes = [(top.name, top)]
+        if not isinstance(top, Dataset):
+            nodes += list(top.walk())
+        infos = [_node_info(f, path, obj) for path, obj in nodes]
+        nds = sum(1 for i in infos if i["type"] == "dataset")
+        head = {
+            "file": f.filename,
+            "engine": f.engine.name,
+            "steps": f.steps,
+            "step_times": list(f.engine.catalog.step_times[: f.steps]),
+            "closed": bool(f.engine.writer_closed),
+            "datasets": nds,
+            "nbytes": sum(i.get("nbytes", 0) for i in infos),
+            "raw_nbytes": sum(i.get("raw_nbytes", 0) for i in infos),
+        }
+    if args.json:
+        print_json({**head, "nodes": infos})
+        return 0
+    state = "closed" if head["closed"] else "open for writing"
+    print(
+        f"{head['file']}: {head['engine']}, {plural(head['steps'], 'step')} ({state}), "
+        f"{plural(nds, 'dataset')}, {fmt_bytes(head['nbytes'])} stored"
+    )
+    base = nodes[0][0].rstrip("/").count("/") if nodes[0][0] != "/" else 0
+    for info in infos:
+        depth = 0 if info["path"] == "/" else info["path"].count("/") - base
+        pad = "  " * depth
+        name = info["path"] if info is infos[0] else info["path"].rsplit("/", 1)[-1]
+        if info["type"] == "group":
+            print(f"{pad}{name if name == '/' else name.rstrip('/') + '/'}{_derived_note(info)}")
+        else:
+            print(f"{pad}{name}  {_dataset_line(info, head['steps'])}")
+        for k, v in info["_attrs"].items():
+            print(f"{pad}  @{k} = {fmt_value(v)}")
+    return 0
+
+
+def _node_info(f, path: str, obj) -> dict:
+    from lamina import Dataset
+
+    attrs = {k: obj.attrs[k] for k in obj.attrs}
+    info: dict = {"path": path, "type": "dataset" if isinstance(obj, Dataset) else "group"}
+    d = f.engine.definition(path) if path.strip("/") else None
+    if d is not None and (isinstance(obj, Dataset) or path.strip("/") == d.name):
+        info["derived"] = {"expression": d.text, "strategy": d.strategy}
+        if len(d.components) > 1:
+            info["derived"]["components"] = list(d.components)
+    if isinstance(obj, Dataset):
+        written, nblocks, nbytes, raw = [], 0, 0, 0
+        for k in range(f.steps):
+            blocks = obj.blocks(k)
+            if blocks:
+                written.append(k)
+            nblocks += len(blocks)
+            nbytes += sum(b.nbytes for b in blocks)
+            raw += sum(b.raw_nbytes for b in blocks)
+        info.update(
+            shape=list(obj.shape),
+            dtype=str(obj.dtype),
+            fill=json_value(obj.fill),
+            compression=list(obj.compression),
+            steps_written=written,
+            blocks=nblocks,
+            nbytes=nbytes,
+            raw_nbytes=raw,
+        )
+        info["_fill"] = obj.fill
+    info["attrs"] = {k: json_value(v) for k, v in attrs.items()}
+    info["_attrs"] = attrs
+    return info
+
+
+def _dataset_line(info: dict, nsteps: int) -> str:
+    shape = (
+        "("
+        + ", ".join(str(n) for n in info["shape"])
+        + ("," if len(info["shape"]) == 1 else "")
+        + ")"
+    )
+    w = info["steps_written"]
+    derived = info.get("derived")
+    if w:
+        steps = f"steps {fmt_ranges(w)} ({len(w)} of {nsteps})"
+    elif derived is not None:
+        steps = "computed when read"
+    else:
+        steps = "never written"
+    size = fmt_bytes(info["nbytes"])
+    if info["nbytes"] != info["raw_nbytes"]:
+        size += f" (raw {fmt_bytes(info['raw_nbytes'])})"
+    comp = fmt_codecs(info["compression"])
+    return (
+        f"{info['dtype']} {shape}  {steps}  {plural(info['blocks'], 'block')}  {size}  "
+        f"compression {comp}  fill {fmt_value(info['_fill'])}{_derived_note(info)}"
+    )
+
+
+def _derived_note(info: dict) -> str:
+    """'  derived = EXPR (strategy S)' for a derived dataset or vector group, else ''."""
+    d = info.get("derived")
+    if d is None:
+        return ""
+    return f"  derived = {d['expression']} (strategy {d['strategy']})"
+
+
+# --------------------------------------------------------------------------
+# info
+
+
+def cmd_info(args) -> int:
+    with open_file(args.file) as f:
+        ds = find_dataset(f, args.dataset)
+        eng = f.engine
+        steps = [eng.check_step(args.step)] if args.step is not None else list(range(f.steps))
+        times = eng.catalog.step_times
+        per_step = [(k, times[k] if k < len(times) else None, ds.blocks(k)) for k in steps]
+        nsteps, fname = f.steps, f.filename
+    if args.json:
+        print_json(
+            {
+                "file": fname,
+                "dataset": ds.name,
+                "shape": list(ds.shape),
+                "dtype": str(ds.dtype),
+                "fill": json_value(ds.fill),
+                "compression": list(ds.compression),
+                "steps": [
+                    {
+                        "step": k,
+                        "time": t,
+                        "blocks": [_block_json(b) for b in blocks],
+                        "covered": sum(b.box.size for b in blocks),
+                        "nbytes": sum(b.nbytes for b in blocks),
+                        "raw_nbytes": sum(b.raw_nbytes for b in blocks),
+                    }
+                    for k, t, blocks in per_step
+                ],
+            }
+        )
+        return 0
+    print(
+        f"{ds.name}: {ds.dtype} {tuple(ds.shape)}, fill {fmt_value(ds.fill)}, "
+        f"compression {fmt_codecs(ds.compression)}; {fname}: {plural(nsteps, 'step')}"
+    )
+    if not per_step:
+        print("no committed steps")
+    for k, t, blocks in per_step:
+        when = f"  committed {fmt_timestamp(t)}" if t is not None else ""
+        if not blocks:
+            print(f"step {k}{when}: no blocks (reads as the fill value {fmt_value(ds.fill)})")
+            continue
+        covered = sum(b.box.size for b in blocks)
+        pct = f" ({100.0 * covered / ds.size:.1f}%)" if ds.size else ""
+        stored = sum(b.nbytes for b in blocks)
+        raw = sum(b.raw_nbytes for b in blocks)
+        print(
+            f"step {k}{when}: {plural(len(blocks), 'block')}, {covered} of {ds.size} elements{pct}, "
+            f"{fmt_bytes(stored)} stored, {fmt_bytes(raw)} raw"
+        )
+        headers = [
+            "box",
+            "min",
+            "max",
+            "sum",
+            "count",
+            "stored",
+            "raw",
+            "subfile",
+            "offset",
+            "codec",
+            "rank",
+        ]
+        rows = []
+        for b in blocks:
+            st = b.stats
+            rows.append(
+                [
+                    fmt_box(b.box),
+                    fmt_num(st.min) if st else "-",
+                    fmt_num(st.max) if st else "-",
+                    fmt_num(st.sum) if st else "-",
+                    str(st.count) if st else "-",
+                    fmt_bytes(b.nbytes),
+                    fmt_bytes(b.raw_nbytes),
+                    b.subfile,
+                    str(b.offset),
+                    b.codec,
+                    str(b.rank),
+                ]
+            )
+        print(textwrap.indent(table(headers, rows, align="lrrrrrrlrlr", markdown=False), "  "))
+    return 0
+
+
+def _block_json(b) -> dict:
+    return {
+        "box": {"start": list(b.box.start), "stop": list(b.box.stop)},
+        "stats": None if b.stats is None else _stats_json(b.stats),
+        "nbytes": b.nbytes,
+        "raw_nbytes": b.raw_nbytes,
+        "subfile": b.subfile,
+        "offset": b.offset,
+        "codec": b.codec,
+        "rank": b.rank,
+    }
+
+
+def _stats_json(st) -> dict:
+    return {
+        "min": json_value(st.min),
+        "max": json_value(st.max),
+        "sum": json_value(st.sum),
+        "count": int(st.count),
+    }
+
+
+# --------------------------------------------------------------------------
+# dump
+
+
+def cmd_dump(args) -> int:
+    key = selection.parse_text(args.select)
+    with open_file(args.file) as f:
+        ds = find_dataset(f, args.dataset)
+        view = f.at(args.step)
+        k = view.index
+        data = np.asarray(view[ds.name][key])
+        nsteps = f.steps
+        fname = f.filename
+    sel = selection.format_key(key)
+    if args.json:
+        print_json(
+            {
+                "file": fname,
+                "dataset": ds.name,
+                "step": k,
+                "select": sel,
+                "shape": list(data.shape),
+                "dtype": str(data.dtype),
+                "data": json_value(data),
+            },
+            indent=None,
+        )
+        return 0
+    print(f"{ds.name}[{sel}] at step {k} of {nsteps}: {data.dtype} {tuple(data.shape)}")
+    width = max(40, shutil.get_terminal_size((120, 24)).columns)
+    with np.printoptions(threshold=sys.maxsize, linewidth=width):
+        print(fmt_value(data[()]) if data.ndim == 0 else np.array2string(data, separator=" "))
+    return 0
+
+
+# --------------------------------------------------------------------------
+# convert
+
+
+def cmd_convert(args) -> int:
+    from ..hdf5 import convert
+
+    res = convert(
+        args.src,
+        args.dst,
+        overwrite=args.force,
+        progress=False if args.quiet else None,
+        gzip=args.gzip,
+    )
+    for w in res.warnings:
+        print(f"lamina convert: warning: {w}", file=sys.stderr)
+    if not args.quiet:
+        kind = (
+            "lamina to HDF5"
+            if res.direction == "lamina->hdf5"
+            else (
+                "HDF5 (made by lamina) to lamina"
+                if res.source_kind == "lamina"
+                else "HDF5 to lamina"
+            )
+        )
+        print(
+            f"{res.src} -> {res.dst} ({kind}): {plural(res.groups, 'group')}, {plural(res.datasets, 'dataset')}, "
+            f"{plural(res.steps, 'step')}, {plural(res.blocks, 'block')}, {fmt_bytes(res.nbytes)} "
+            f"in {res.seconds:.2f} s"
+        )
+    return 0
