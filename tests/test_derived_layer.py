@@ -698,7 +698,7 @@ def _declare_in_step(implicit: bool):
         try:
             f.derive("x", "u * 2")
         finally:
-            f.engine._discard_step()
+            f.engine.discard_step()
 
     return act
 

@@ -847,10 +847,15 @@ def test_default_engine_is_native_and_env_override(tmp_path, monkeypatch):
 
 
 def test_engine_registry():
-    from lamina.engines import engine_names, get_engine_class
+    from lamina.engines import registry
 
-    assert {"native", "memory"} <= set(engine_names())
-    assert get_engine_class("memory").name == "memory"
+    assert {"native", "memory", "mpi", "both"} <= set(registry.engine_names())
+    assert registry.engine_entry("memory").factory("w").name == "memory"
+    assert registry.layer_names() == ["derived"] and registry.default_layers() == ["derived"]
+    with pytest.raises(ValueError, match="unknown engine 'memroy'.*Did you mean 'memory'"):
+        registry.engine_entry("memroy")
+    with pytest.raises(ValueError, match="unknown layer 'derivd'.*Did you mean 'derived'"):
+        registry.layer_entry("derivd")
 
 
 def test_memory_files_are_shared_in_process_and_dropped():

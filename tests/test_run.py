@@ -23,8 +23,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mpi_util as mu  # noqa: E402
 
 from lamina import cli  # noqa: E402
-from lamina import workflow_run as wr  # noqa: E402
-from lamina.engines.transport import workflow as wfmod  # noqa: E402
+from lamina.workflow import file as wr  # noqa: E402
+from lamina.workflow import launcher  # noqa: E402
+from lamina.workflow import routes as wfmod  # noqa: E402
 
 yaml = pytest.importorskip("yaml")
 
@@ -276,7 +277,7 @@ def test_command_and_environment(tmp_path, monkeypatch):
         },
     )
     wf = wr.load(path)
-    assert wf.command("MPIEXEC") == [
+    assert launcher.command(wf, "MPIEXEC") == [
         "MPIEXEC",
         "-n",
         "3",
@@ -294,13 +295,13 @@ def test_command_and_environment(tmp_path, monkeypatch):
         "7",
         "2.5",
     ]
-    assert wf.command("M", oversubscribe=True)[:2] == ["M", "--oversubscribe"]
-    env = wf.environment()
+    assert launcher.command(wf, "M", oversubscribe=True)[:2] == ["M", "--oversubscribe"]
+    env = launcher.environment(wf)
     assert (
         env["LAMINA_TRANSPORT"] == "both" and env["LAMINA_WORKFLOW"] == "a.lam=0>1 | queue_limit=4"
     )
     assert "PMI_RANK" not in env and "LAMINA_TRANSPORT_TIMEOUT" not in wf.variables()
-    assert wf.environment("file")["LAMINA_TRANSPORT"] == "file"
+    assert launcher.environment(wf, "file")["LAMINA_TRANSPORT"] == "file"
     assert wf.ranks == 4 and wf.directory == str(tmp_path)
 
 
@@ -316,7 +317,7 @@ def test_nothing_exchanged_means_files(tmp_path, monkeypatch):
     )
     wf = wr.load(path)
     assert wf.workflow() is None
-    env = wf.environment()
+    env = launcher.environment(wf)
     assert env["LAMINA_TRANSPORT"] == "file" and "LAMINA_WORKFLOW" not in env
 
 

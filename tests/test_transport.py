@@ -25,9 +25,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mpi_util as mu  # noqa: E402
 
 import lamina  # noqa: E402
-from lamina.engines import transport  # noqa: E402
-from lamina.engines.transport.workflow import Route, Workflow, route_for  # noqa: E402
 from lamina.errors import LaminaError, ModeError, TransportError  # noqa: E402
+from lamina.workflow import routes as transport  # noqa: E402
+from lamina.workflow.routes import Route, Workflow, route_for  # noqa: E402
 
 pytest.importorskip("mpi4py")
 
@@ -335,7 +335,7 @@ def test_flow_workflow(tmp_path):
 
 
 def test_flow_parse():
-    from lamina.engines.transport.workflow import LATEST, parse_flow
+    from lamina.workflow.routes import LATEST, parse_flow
 
     assert parse_flow("all") == 1 and parse_flow("latest") == LATEST and parse_flow(4) == 4
     assert parse_flow("3") == 3

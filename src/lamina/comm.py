@@ -10,12 +10,40 @@ Every helper here is collective over the communicator it is given.
 
 from __future__ import annotations
 
+from enum import IntEnum
+
 import numpy as np
 from mpi4py import MPI
 
 from .errors import LaminaError, error_from_wire, error_to_wire, mark_collective
 
 Comm = MPI.Comm
+
+
+class Tag(IntEnum):
+    """The message tags of lamina's point-to-point protocols, in one place.
+
+    Each protocol runs on a communicator of its own (a duplicate made by
+    :func:`dup`, an intercommunicator, or the private :func:`peer_comm`), so
+    the tags need not differ between protocols; they do anyway, so that a
+    message in the wrong place cannot be mistaken for another.
+    """
+
+    #: native engine, member -> aggregator: block bytes (plus the record number mod 4096)
+    AGGREGATE = 701
+    #: in situ transport, producer rank j % P -> consumer rank j: int64 step + committed record; empty: no more
+    RECORD = 11
+    #: in situ transport, consumer -> producer: int64 words (see ``engines.transport.wire.Request``)
+    REQUEST = 12
+    #: in situ transport, producer -> consumer: one chunk of a requested box; empty: not held
+    DATA = 13
+    #: rendezvous on the peer communicator, consumer leader -> producer leader
+    HELLO = 0x4C4D0
+    #: rendezvous, producer leader -> consumer leader
+    ACCEPT = 0x4C4D1
+    #: rendezvous: the tag of ``Create_intercomm`` between the two tasks
+    INTERCOMM = 0x4C4D2
+
 
 _TASK_COMM: MPI.Comm | None = None
 
@@ -419,6 +447,7 @@ __all__ = [
     "ANY_SOURCE",
     "Comm",
     "Request",
+    "Tag",
     "LaminaError",
     "Guard",
     "agree",

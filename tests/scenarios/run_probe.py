@@ -20,7 +20,7 @@ from transport_common import say
 
 import lamina
 from lamina.comm import appnum
-from lamina.engines.transport import workflow
+from lamina.workflow import routes as workflow
 
 
 def main() -> None:
@@ -52,8 +52,8 @@ def main() -> None:
                     if f.comm.rank == 0:
                         f["grid"][:] = np.full(4, k)
             report["engine"] = f.engine.name
-            report["queue_limit"] = getattr(f.engine, "queue_limit", None)
-            report["shallow"] = list(getattr(f.engine, "shallow", ()))
+            report["queue_limit"] = getattr(f.engine.stack()[-1], "queue_limit", None)
+            report["shallow"] = list(getattr(f.engine.stack()[-1], "shallow", ()))
     else:
         seen = 0
         with lamina.open(name, "r") as f:

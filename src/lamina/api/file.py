@@ -8,40 +8,12 @@ import time
 from collections.abc import Iterator
 
 from .. import comm as comm_mod
+from .. import layers as _layers  # noqa: F401 - registers the built-in layers
 from .. import query as query_mod
-from ..engines.base import Engine, get_engine_class
+from ..engines import registry
+from ..engines.base import Engine
 from ..errors import StepError, StepTimeoutError, is_collective
 from .group import Group
-
-DEFAULT_ENGINE = "native"
-
-
-def _choose_engine(
-    path: str, mode: str, engine: str | Engine | None, options: dict | None = None
-) -> Engine:
-    """The engine stack: the derived-quantity layer over the chosen engine.
-
-    Without an explicit *engine*, the transport choice (``transport=`` in
-    *options*, else ``$LAMINA_TRANSPORT``, default ``'file'``) may route
-    *path* through the in situ transport; otherwise ``$LAMINA_ENGINE`` or
-    the native engine.  Options only the transport knows are dropped for
-    other engines, so one program runs unchanged under every choice.
-    """
-    from ..engines.transport import TRANSPORT_OPTIONS, engine_for
-    from ..layers import DerivedLayer
-
-    options = {} if options is None else options
-    transport = options.pop("transport", None)
-    if isinstance(engine, DerivedLayer):
-        return engine
-    if not isinstance(engine, Engine):
-        name = engine or engine_for(path, mode, transport)
-        if name not in ("mpi", "both"):
-            for k in TRANSPORT_OPTIONS:
-                options.pop(k, None)
-        name = name or os.environ.get("LAMINA_ENGINE") or DEFAULT_ENGINE
-        engine = get_engine_class(name)()
-    return DerivedLayer(engine)
 
 
 class File(Group):
@@ -52,11 +24,18 @@ class File(Group):
     """
 
     def __init__(
-        self, path, mode: str = "r", comm=None, engine: str | Engine | None = None, **options
+        self,
+        path,
+        mode: str = "r",
+        comm=None,
+        engine: str | Engine | None = None,
+        layers=None,
+        transport: str | None = None,
+        **options,
     ):
         path = os.fspath(path)
         self._comm = comm_mod.resolve(comm)
-        self._engine = _choose_engine(path, mode, engine, options)
+        self._engine, options = registry.build(path, mode, engine, layers, transport, options)
         self._engine.open(path, mode, self._comm, options)
         self._filename = path
         super().__init__(self, "", None)
@@ -80,7 +59,7 @@ class File(Group):
         return self._engine
 
     def __repr__(self) -> str:
-        state = "closed" if self._engine._closed else f"mode {self.mode!r}"
+        state = "closed" if self._engine.closed else f"mode {self.mode!r}"
         return f"<lamina.File {self._filename!r} ({state}, engine {self._engine.name!r}, {self.steps} steps)>"
 
     # -- steps (writers) --------------------------------------------------
@@ -108,7 +87,7 @@ class File(Group):
         try:
             yield k
         except BaseException:
-            self._engine._discard_step()
+            self._engine.discard_step()
             raise
         self.end_step()
 
@@ -236,7 +215,7 @@ class File(Group):
             self._engine.abandon()
             return
         if ev is not None and self._engine.in_step:
-            self._engine._discard_step()
+            self._engine.discard_step()
         self.close()
 
 
@@ -275,6 +254,7 @@ def open(  # noqa: A001
     comm=None,
     engine: str | Engine | None = None,
     transport: str | None = None,
+    layers=None,
     **options,
 ) -> File:
     """Collective: open a lamina file.
@@ -288,17 +268,23 @@ def open(  # noqa: A001
     comm : mpi4py communicator, optional
         Default: the task's communicator (``MPI.COMM_WORLD`` unless several
         programs share one MPMD launch).  Without ``mpiexec``: one rank.
-    engine : str, optional
-        ``'native'`` (default, or ``$LAMINA_ENGINE``) or ``'memory'``.
+    engine : str or Engine, optional
+        ``'native'`` (default, or ``$LAMINA_ENGINE``), ``'memory'``, ``'mpi'``,
+        ``'both'``, or an engine registered by a package
+        (:mod:`lamina.engines.registry`).
     transport : {'file', 'memory', 'both'}, optional
         Default ``$LAMINA_TRANSPORT``, else ``'file'``.  ``'memory'`` serves
         the file from the producer program to the consumer programs of the
         same MPMD launch over MPI instead of writing it; ``'both'`` does
         both (see docs/transport.md).
+    layers : list of str, optional
+        The layers over the engine, innermost first (default: ``['derived']``,
+        which gives derived quantities and queries over them).
     **options
-        Engine options, e.g. ``aggregators=2``, ``durable=False``; for the
-        memory transport ``timeout``, ``queue_limit``, ``shallow``.
+        Options of the engine and the layers, e.g. ``aggregators=2``,
+        ``durable=False``; for the memory transport ``timeout``,
+        ``queue_limit``, ``shallow``; for the derived layer ``device``.
+        Options of the engines a program may be routed to instead are
+        accepted and ignored, so one program runs under every transport.
     """
-    if transport is not None:
-        options["transport"] = transport
-    return File(path, mode, comm=comm, engine=engine, **options)
+    return File(path, mode, comm=comm, engine=engine, layers=layers, transport=transport, **options)

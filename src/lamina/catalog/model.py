@@ -11,6 +11,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
+from enum import IntEnum
 
 import numpy as np
 
@@ -317,6 +318,17 @@ def _stat_value(b: bytes, dt: np.dtype):
 # blocks
 
 
+class BlockCodec(IntEnum):
+    """How a block's bytes are stored: the codec id of a block record (one byte on disk)."""
+
+    #: the block's values in C order, in the dataset's dtype
+    RAW = 0
+    #: the dataset's codec pipeline (compression) applied to the raw bytes
+    PIPELINE = 1
+    #: no bytes at all: only the statistics (derived quantities kept with strategy ``stats``)
+    STATS_ONLY = 2
+
+
 @dataclass(slots=True)
 class BlockRecord:
     """Where one written block lives and what it holds."""
@@ -381,14 +393,14 @@ class BlockRecord:
         rank, session, agg = d.u32(), d.u32(), d.u32()
         offset, length = d.u64(), d.u64()
         codec = d.u8()
-        if codec > 2:
+        if codec > max(BlockCodec):
             raise FormatError(f"{d.what}: block of {spec.path!r} has unknown codec id {codec}")
-        if codec == 2 and length != 0:
+        if codec == BlockCodec.STATS_ONLY and length != 0:
             raise FormatError(
                 f"{d.what}: statistics-only block of {spec.path!r} at {box} claims {length} bytes"
             )
         raw = box.size * spec.dtype.itemsize
-        if codec == 0 and length != raw:
+        if codec == BlockCodec.RAW and length != raw:
             raise FormatError(
                 f"{d.what}: raw block of {spec.path!r} at {box} claims {length} bytes, its box holds {raw}"
             )

@@ -2,12 +2,18 @@
 
 An engine stores and retrieves blocks of N-D datasets, step by step, and
 keeps the metadata tree (:class:`~lamina.catalog.Catalog`).  The API layer
-(``File``, ``Group``, ``Dataset``) talks only to this interface; layers
-(derived quantities, background I/O) are engines that wrap an inner engine
-and forward what they do not change, like HDF5 pass-through VOL connectors.
+(``File``, ``Group``, ``Dataset``), the layers and the query engine talk
+only to this interface.  A *layer* (derived quantities, background I/O) is
+an engine that wraps an inner engine and forwards what it does not change
+(:class:`lamina.layers.base.Layer`), like HDF5 pass-through VOL connectors;
+:mod:`.registry` builds the stack of them for ``lamina.open``.
 
-Collective calls must be made by every rank of the engine's communicator in
-the same order; independent calls may be made by any rank alone.
+Every method says in its docstring whether it is **collective** (every rank
+of the engine's communicator makes the call, in the same order, with the
+same arguments where it says so) or **independent** (any rank alone).
+
+This module imports no engine: the built-in ones register themselves in
+:mod:`lamina.engines`.
 """
 
 from __future__ import annotations
@@ -15,11 +21,15 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from ..catalog import BlockRecord, Catalog, DatasetSpec, Stats
+from ..catalog import BlockCodec, BlockRecord, Catalog, DatasetSpec, Stats
 from ..geometry import Box
+
+if TYPE_CHECKING:
+    from mpi4py.MPI import Comm
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,10 +47,12 @@ class BlockInfo:
 
     @classmethod
     def from_record(cls, rec: BlockRecord, spec: DatasetSpec) -> BlockInfo:
-        if rec.codec == 2:
+        if rec.codec == BlockCodec.STATS_ONLY:
             codec = "stats-only"
+        elif rec.codec == BlockCodec.RAW:
+            codec = "raw"
         else:
-            codec = "raw" if rec.codec == 0 else "+".join(c["id"] for c in spec.codecs)
+            codec = "+".join(c["id"] for c in spec.codecs)
         return cls(
             rec.box,
             rec.stats,
@@ -56,17 +68,44 @@ class BlockInfo:
 class Engine(ABC):
     """Abstract engine.  See the module docstring for the calling rules."""
 
-    #: registry name
+    #: the registry name (an instance may be told another, see lamina.engines.transport)
     name: str = "?"
+    #: True for layers: engines that wrap another engine
+    is_layer: ClassVar[bool] = False
+    #: the options ``open`` takes (the registry gives each level of a stack only its own)
+    OPTIONS: ClassVar[frozenset[str]] = frozenset()
 
-    comm = None
+    comm: Comm
     mode: str = "r"
     path: str = ""
     catalog: Catalog
 
+    # -- lifetime -----------------------------------------------------------
     @abstractmethod
-    def open(self, path: str, mode: str, comm, options: dict) -> None:
-        """Collective: open or create *path* in *mode* ('r', 'w', 'a') over *comm*."""
+    def open(self, path: str, mode: str, comm: Comm, options: dict[str, Any]) -> None:
+        """Collective: open or create *path* in *mode* ('r', 'w', 'a') over *comm* (duplicated for the engine)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Collective: commit what is pending (writers), then release every resource."""
+
+    @abstractmethod
+    def abandon(self) -> None:
+        """Independent: release this rank's resources without committing anything.
+
+        For leaving a file after an error that other ranks may not share: a
+        collective close could pair with a different collective call on
+        them.  Committed steps stay intact; the current step is dropped.
+        """
+
+    @property
+    @abstractmethod
+    def closed(self) -> bool:
+        """Independent: True once :meth:`close` or :meth:`abandon` was called."""
+
+    def stack(self) -> list[Engine]:
+        """Independent: this engine and, for a layer, the engines under it, outermost first."""
+        return [self]
 
     # -- metadata (collective on writers) ---------------------------------
     @abstractmethod
@@ -78,7 +117,7 @@ class Engine(ABC):
         """Collective: add a group (and its parents)."""
 
     @abstractmethod
-    def set_attr(self, path: str, name: str, value) -> None:
+    def set_attr(self, path: str, name: str, value: Any) -> None:
         """Collective: set an attribute; every rank must pass the same value."""
 
     @abstractmethod
@@ -99,32 +138,67 @@ class Engine(ABC):
         """Independent: write *array* to *box* of dataset *name* in the current step.
 
         With ``copy=False`` the engine may keep a reference to *array* until
-        :meth:`end_step`; the caller must not modify it before then.
+        :meth:`end_step`; the caller must not modify it before then.  A put
+        outside a step opens one on this rank (committed by the next
+        ``end_step`` or ``close``, which every rank makes).
         """
+
+    def put_stats(self, name: str, box: Box, array: np.ndarray) -> None:
+        """Independent: record the statistics of *array* as a block of *name*, without its data.
+
+        The block (codec :attr:`~lamina.catalog.BlockCodec.STATS_ONLY`) takes
+        part in the step like any other: boxes may not overlap, queries prune
+        with its statistics; its values are computed by a layer that can (the
+        derived layer).
+        """
+        raise NotImplementedError(f"engine {self.name!r} does not keep statistics-only blocks")
 
     @abstractmethod
     def end_step(self) -> None:
         """Collective: commit the current step atomically."""
 
+    @abstractmethod
+    def discard_step(self) -> None:
+        """Independent: drop what this rank put in the current step; nothing committed changes."""
+
     @property
     @abstractmethod
     def in_step(self) -> bool:
-        """True between begin_step and end_step."""
+        """Independent: True between begin_step (or an implicit step's first put) and end_step."""
 
     # -- reading ----------------------------------------------------------
     @property
     def steps(self) -> int:
-        """Number of committed steps this rank knows of (see :meth:`refresh`)."""
+        """Independent: number of committed steps this rank knows of (see :meth:`refresh`)."""
         return len(self.catalog.steps)
 
     @abstractmethod
-    def get(self, name: str, box: Box, step: int, out: np.ndarray) -> None:
-        """Independent: read *box* of dataset *name* at *step* into *out* (shape of box)."""
+    def check_step(self, step: int | None) -> int:
+        """Independent: the committed step *step* means (None: the last; negative: from the end); StepError if none."""
+
+    @abstractmethod
+    def check_read(
+        self, name: str, box: Box, step: int | None, out: np.ndarray
+    ) -> tuple[DatasetSpec, int]:
+        """Independent: ``(spec, step)`` of a read of *box* of *name* into *out*, after checking all four."""
+
+    @abstractmethod
+    def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
+        """Independent: read *box* of dataset *name* at *step* into *out* (shape of box, dtype of the dataset)."""
 
     def blocks(self, name: str, step: int) -> list[BlockInfo]:
-        """Independent: the blocks of *name* written in *step*."""
+        """Independent: the blocks of *name* written in committed *step*."""
         spec = self.catalog.datasets[name]
         return [BlockInfo.from_record(r, spec) for r in self.catalog.blocks(spec.id, step)]
+
+    def coverage(self, path: str, step: int | None) -> list[Box]:
+        """Independent: the boxes of *path* that hold values at *step*; the rest reads as the fill value."""
+        return [b.box for b in self.blocks(path, self.check_step(step))]
+
+    @property
+    def bytes_read(self) -> int:
+        """Independent: stored bytes of data this stack has read (counted by the derived layer; 0 here)."""
+        return 0
 
     @abstractmethod
     def refresh(self) -> int:
@@ -132,7 +206,7 @@ class Engine(ABC):
 
     @property
     def writer_closed(self) -> bool:
-        """True when the last writer of this file has closed it (no more steps coming)."""
+        """Independent: True when the last writer of this file has closed it (no more steps coming)."""
         return self.catalog.closed
 
     def wait_steps(self, count: int, seconds: float) -> None:
@@ -145,35 +219,28 @@ class Engine(ABC):
         """
         time.sleep(seconds)
 
-    @abstractmethod
-    def close(self) -> None:
-        """Collective: finish (commits pending metadata on writers) and release resources."""
+    # -- derived quantities (implemented by the derived layer) -------------
+    def derive(
+        self,
+        name: str,
+        expression: str,
+        strategy: str = "stats",
+        *,
+        spacing: Any = None,
+        hints: dict | None = None,
+    ) -> Any:
+        """Collective: declare a derived quantity (see :class:`lamina.layers.DerivedLayer`)."""
+        raise NotImplementedError(
+            f"derived quantities need the 'derived' layer; engine {self.name!r} was opened without it"
+        )
+
+    def definitions(self) -> dict[str, Any]:
+        """Independent: the derived quantities known here, by name (none without the derived layer)."""
+        return {}
+
+    def definition(self, path: str) -> Any:
+        """Independent: the definition of derived quantity or component *path*, None for a plain dataset."""
+        return None
 
 
-_REGISTRY: dict[str, type[Engine]] = {}
-
-
-def register(cls: type[Engine]) -> type[Engine]:
-    """Class decorator: make an engine available to ``lamina.open(engine=name)``."""
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def get_engine_class(name: str) -> type[Engine]:
-    from ..errors import suggest
-
-    # import the built-in engines so they register themselves
-    from . import memory, native, transport  # noqa: F401
-
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown engine {name!r}; available: {sorted(_REGISTRY)}.{suggest(name, _REGISTRY)}"
-        ) from None
-
-
-def engine_names() -> list[str]:
-    from . import memory, native, transport  # noqa: F401
-
-    return sorted(_REGISTRY)
+__all__ = ["BlockInfo", "Engine"]

@@ -17,10 +17,9 @@ import numpy as np
 
 from .. import comm as comm_mod
 from .. import stats as stats_mod
-from ..catalog import Catalog, Record
+from ..catalog import BlockCodec, Catalog, Record
 from ..errors import ChecksumError, NotALaminaFileError
-from .base import register
-from .core import BlockEngine, Header, Pending
+from .block import BlockEngine, Header, Pending
 
 
 @dataclass
@@ -40,7 +39,6 @@ def drop(path: str) -> None:
         _STORES.pop(str(path), None)
 
 
-@register
 class MemoryEngine(BlockEngine):
     """Engine ``memory``: blocks and metadata in this process's memory."""
 
@@ -80,7 +78,11 @@ class MemoryEngine(BlockEngine):
         parts = []
         for p in mine:
             if p.location is None:  # statistics-only blocks have nothing to move
-                parts.append(p.payload if p.codec == 1 else memoryview(p.data).cast("B").tobytes())
+                parts.append(
+                    p.payload
+                    if p.codec == BlockCodec.PIPELINE
+                    else memoryview(p.data).cast("B").tobytes()
+                )
         everything = comm_mod.allgather_bytes(self.comm, b"".join(parts))
         pos = [0] * self.size
         locations = []

@@ -2,61 +2,114 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, NoReturn
+
 import numpy as np
 
-from ..catalog import DatasetSpec
+from ..catalog import Catalog, DatasetSpec
 from ..engines.base import BlockInfo, Engine
 from ..geometry import Box
 
+if TYPE_CHECKING:
+    from mpi4py.MPI import Comm
+
+
+def _read_only(what: str) -> NoReturn:
+    raise AttributeError(f"a layer's {what} is its inner engine's; set it there")
+
 
 class Layer(Engine):
-    """An engine that forwards every call to :attr:`inner`.
+    """An engine that forwards every call of the interface to :attr:`inner`.
 
-    Subclasses override the calls they change.  Attributes the interface
-    does not name (the engine's path, catalog, options, private hooks the
-    API uses such as ``check_step``) are forwarded too, so a layer can stand
-    wherever its inner engine stood.
+    Each method is forwarded explicitly (as zarr's ``WrapperStore`` does):
+    what the interface does not declare is not reachable through a layer,
+    so the interface stays the whole contract.  Subclasses override the
+    calls they change; :meth:`open` hands the layer the options it declares
+    (:attr:`OPTIONS`, via :meth:`configure`) and passes the rest inward.
     """
+
+    is_layer = True
 
     def __init__(self, inner: Engine) -> None:
         self.inner = inner
 
-    def __getattr__(self, attr: str):
-        # only called for attributes not found on the layer itself
-        if attr == "inner":
-            raise AttributeError(attr)
-        return getattr(self.inner, attr)
-
-    @property
-    def name(self) -> str:  # type: ignore[override]
+    # -- identity (the inner engine's) --------------------------------------
+    @property  # type: ignore[override]
+    def name(self) -> str:
         return self.inner.name
 
-    @property
-    def comm(self):  # type: ignore[override]
+    @name.setter
+    def name(self, value: str) -> None:
+        _read_only("name")
+
+    @property  # type: ignore[override]
+    def comm(self) -> Comm:
         return self.inner.comm
 
-    @property
-    def mode(self) -> str:  # type: ignore[override]
+    @comm.setter
+    def comm(self, value: Comm) -> None:
+        _read_only("communicator")
+
+    @property  # type: ignore[override]
+    def mode(self) -> str:
         return self.inner.mode
 
-    @property
-    def path(self) -> str:  # type: ignore[override]
+    @mode.setter
+    def mode(self, value: str) -> None:
+        _read_only("mode")
+
+    @property  # type: ignore[override]
+    def path(self) -> str:
         return self.inner.path
 
-    @property
-    def catalog(self):  # type: ignore[override]
+    @path.setter
+    def path(self, value: str) -> None:
+        _read_only("path")
+
+    @property  # type: ignore[override]
+    def catalog(self) -> Catalog:
         return self.inner.catalog
 
-    def open(self, path: str, mode: str, comm, options: dict) -> None:
-        self.inner.open(path, mode, comm, options)
+    @catalog.setter
+    def catalog(self, value: Catalog) -> None:
+        _read_only("catalog")
 
+    def stack(self) -> list[Engine]:
+        return [self, *self.inner.stack()]
+
+    # -- lifetime -------------------------------------------------------------
+    def open(self, path: str, mode: str, comm: Comm, options: dict[str, Any]) -> None:
+        own = {k: v for k, v in options.items() if k in self.OPTIONS}
+        self.configure(own)  # before any message: a refused option fails on every rank alike
+        self.inner.open(
+            path, mode, comm, {k: v for k, v in options.items() if k not in self.OPTIONS}
+        )
+        self.opened()
+
+    def configure(self, options: dict[str, Any]) -> None:
+        """Independent, before the inner engine opens: take this layer's own *options* (check them)."""
+
+    def opened(self) -> None:
+        """Collective, after the inner engine opened: set up what needs the open file."""
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def abandon(self) -> None:
+        self.inner.abandon()
+
+    @property
+    def closed(self) -> bool:
+        return self.inner.closed
+
+    # -- metadata -------------------------------------------------------------
     def define(self, spec: DatasetSpec) -> DatasetSpec:
         return self.inner.define(spec)
 
     def make_group(self, path: str) -> None:
         self.inner.make_group(path)
 
-    def set_attr(self, path: str, name: str, value) -> None:
+    def set_attr(self, path: str, name: str, value: Any) -> None:
         self.inner.set_attr(path, name, value)
 
     def del_attr(self, path: str, name: str) -> None:
@@ -65,38 +118,79 @@ class Layer(Engine):
     def set_ext(self, key: str, payload: bytes) -> None:
         self.inner.set_ext(key, payload)
 
+    # -- steps ----------------------------------------------------------------
     def begin_step(self) -> int:
         return self.inner.begin_step()
 
     def put(self, name: str, box: Box, array: np.ndarray, copy: bool = True) -> None:
         self.inner.put(name, box, array, copy)
 
+    def put_stats(self, name: str, box: Box, array: np.ndarray) -> None:
+        self.inner.put_stats(name, box, array)
+
     def end_step(self) -> None:
         self.inner.end_step()
+
+    def discard_step(self) -> None:
+        self.inner.discard_step()
 
     @property
     def in_step(self) -> bool:
         return self.inner.in_step
 
+    # -- reading --------------------------------------------------------------
     @property
     def steps(self) -> int:
         return self.inner.steps
 
-    def get(self, name: str, box: Box, step: int, out: np.ndarray) -> None:
+    def check_step(self, step: int | None) -> int:
+        return self.inner.check_step(step)
+
+    def check_read(
+        self, name: str, box: Box, step: int | None, out: np.ndarray
+    ) -> tuple[DatasetSpec, int]:
+        return self.inner.check_read(name, box, step, out)
+
+    def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
         self.inner.get(name, box, step, out)
 
     def blocks(self, name: str, step: int) -> list[BlockInfo]:
         return self.inner.blocks(name, step)
 
+    def coverage(self, path: str, step: int | None) -> list[Box]:
+        return self.inner.coverage(path, step)
+
+    @property
+    def bytes_read(self) -> int:
+        return self.inner.bytes_read
+
     def refresh(self) -> int:
         return self.inner.refresh()
-
-    def wait_steps(self, count: int, seconds: float) -> None:
-        self.inner.wait_steps(count, seconds)
 
     @property
     def writer_closed(self) -> bool:
         return self.inner.writer_closed
 
-    def close(self) -> None:
-        self.inner.close()
+    def wait_steps(self, count: int, seconds: float) -> None:
+        self.inner.wait_steps(count, seconds)
+
+    # -- derived quantities ---------------------------------------------------
+    def derive(
+        self,
+        name: str,
+        expression: str,
+        strategy: str = "stats",
+        *,
+        spacing: Any = None,
+        hints: dict | None = None,
+    ) -> Any:
+        return self.inner.derive(name, expression, strategy, spacing=spacing, hints=hints)
+
+    def definitions(self) -> dict[str, Any]:
+        return self.inner.definitions()
+
+    def definition(self, path: str) -> Any:
+        return self.inner.definition(path)
+
+
+__all__ = ["Layer"]

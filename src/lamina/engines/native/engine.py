@@ -22,14 +22,12 @@ import numpy as np
 
 from ... import comm as comm_mod
 from ... import stats as stats_mod
-from ...catalog import Decoder, Encoder, Record
+from ...catalog import BlockCodec, Decoder, Encoder, Record
 from ...errors import ChecksumError, FormatError, NotALaminaFileError
 from ...geometry import Box, split_range
-from ..base import register
-from ..core import BlockEngine, Header, Pending
+from ..block import BlockEngine, Header, Pending
 from . import format as fmt
 
-TAG_DATA = 701
 MSG_CHUNK = 1 << 25  # 32 MiB pieces: pipelined, and far below MPI's 2 GiB count limit
 
 
@@ -82,7 +80,6 @@ def _only_lamina_names(names: list[str]) -> bool:
     return all(n in (fmt.META_NAME, fmt.COMMIT_NAME) or n.startswith("data.") for n in names)
 
 
-@register
 class NativeEngine(BlockEngine):
     """Engine ``native`` (see module docstring).
 
@@ -95,7 +92,7 @@ class NativeEngine(BlockEngine):
     """
 
     name = "native"
-    OPTIONS = {"aggregators", "durable"}
+    OPTIONS = BlockEngine.OPTIONS | {"aggregators", "durable"}
 
     # ------------------------------------------------------------ open
     def _open_storage(self, path: str, mode: str) -> None:
@@ -336,7 +333,7 @@ class NativeEngine(BlockEngine):
         super()._stage(p, copy)
 
     def _payload(self, p: Pending) -> memoryview:
-        if p.codec == 1:
+        if p.codec == BlockCodec.PIPELINE:
             return memoryview(p.payload)
         return memoryview(p.data).cast("B")
 
@@ -350,7 +347,7 @@ class NativeEngine(BlockEngine):
         step and no rank is left blocked in a send or receive.  Tags also
         carry the record number as a second guard.
         """
-        tag = TAG_DATA + self.catalog.nrecords % 4096
+        tag = comm_mod.Tag.AGGREGATE + self.catalog.nrecords % 4096
         locations = []
         my_agg = self.agg_of[self.rank]
         error: BaseException | None = None
@@ -458,7 +455,7 @@ class NativeEngine(BlockEngine):
     def _read_region(self, rec, spec, inter: Box, dst: np.ndarray) -> None:
         what = f"{self.path}/{rec.subfile}: dataset {spec.path!r} block {rec.box}"
         fd = self._fd(rec.subfile)
-        if rec.codec != 0:
+        if rec.codec != BlockCodec.RAW:
             buf = np.empty(rec.length, dtype=np.uint8)
             self._read_verified(fd, memoryview(buf), rec.offset, 0, rec, what)
             arr = self.decode_payload(rec, spec, buf)

@@ -1,41 +1,39 @@
-"""Engine ``both``: a producer writes the native file *and* serves consumers in memory.
+"""Engine ``both`` for writers: a producer that writes the native file *and* serves consumers in memory.
 
-Every collective and independent call of a producer goes to a native engine
-(the file, with the dataset's compression) and to the transport engine
-(memory, served to the consumer programs); consumers read from memory, as
-with engine ``mpi``.  After the run the file holds every step.
+Every collective and independent call of the producer goes to a native
+engine (the file, with the dataset's compression) and to the transport's
+producer (memory, served to the consumer programs); consumers read from
+memory, as with engine ``mpi``.  After the run the file holds every step.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ...geometry import Box
-from ..base import get_engine_class, register
-from .engine import TransportEngine
+from ..native import NativeEngine
+from .producer import Producer
 
 #: options handed to the native engine as well
 NATIVE_OPTIONS = ("aggregators", "durable", "checksum_segment", "background_stats")
 
 
-@register
-class BothEngine(TransportEngine):
-    """Engine ``both``: native file plus in situ transport (see the module docstring)."""
+class BothProducer(Producer):
+    """The producer of engine ``both``: native file plus in situ transport (see the module docstring)."""
 
-    name = "both"
+    OPTIONS = Producer.OPTIONS | NativeEngine.OPTIONS
 
     def __init__(self) -> None:
-        super().__init__()
-        self.file = None  # the native engine (producers only)
+        super().__init__("both")
+        self.file: NativeEngine | None = None
 
-    def open(self, path: str, mode: str, comm, options: dict) -> None:
-        if mode == "r":
-            super().open(path, mode, comm, options)
-            return
+    def open(self, path: str, mode: str, comm, options: dict[str, Any]) -> None:
         if mode != "w":
             super().open(path, mode, comm, options)  # refuses the mode
             return
-        native = get_engine_class("native")()
+        native = NativeEngine()
         native.open(path, mode, comm, {k: v for k, v in options.items() if k in NATIVE_OPTIONS})
         try:
             super().open(path, mode, comm, options)
@@ -45,54 +43,54 @@ class BothEngine(TransportEngine):
         self.file = native
 
     def define(self, spec):
-        if self.file is not None:  # a consumer: the transport refuses the call
-            self.file.define(spec)
+        assert self.file is not None
+        self.file.define(spec)
         return super().define(spec)
 
     def make_group(self, path: str) -> None:
-        if self.file is not None:  # a consumer: the transport refuses the call
-            self.file.make_group(path)
+        assert self.file is not None
+        self.file.make_group(path)
         super().make_group(path)
 
     def set_attr(self, path: str, name: str, value) -> None:
-        if self.file is not None:  # a consumer: the transport refuses the call
-            self.file.set_attr(path, name, value)
+        assert self.file is not None
+        self.file.set_attr(path, name, value)
         super().set_attr(path, name, value)
 
     def del_attr(self, path: str, name: str) -> None:
-        if self.file is not None:  # a consumer: the transport refuses the call
-            self.file.del_attr(path, name)
+        assert self.file is not None
+        self.file.del_attr(path, name)
         super().del_attr(path, name)
 
     def set_ext(self, key: str, payload: bytes) -> None:
-        if self.file is not None:  # a consumer: the transport refuses the call
-            self.file.set_ext(key, payload)
+        assert self.file is not None
+        self.file.set_ext(key, payload)
         super().set_ext(key, payload)
 
     def begin_step(self) -> int:
-        if self.file is not None:  # a consumer: the transport refuses the call
-            self.file.begin_step()
+        assert self.file is not None
+        self.file.begin_step()
         return super().begin_step()
 
     def put(self, name: str, box: Box, array: np.ndarray, copy: bool = True) -> None:
-        if self.file is not None:  # a consumer: the transport refuses the call
-            self.file.put(name, box, array, copy)
+        assert self.file is not None
+        self.file.put(name, box, array, copy)
         super().put(name, box, array, copy)
 
     def put_stats(self, name: str, box: Box, array: np.ndarray) -> None:
-        if self.file is not None:  # a consumer: the transport refuses the call
-            self.file.put_stats(name, box, array)
+        assert self.file is not None
+        self.file.put_stats(name, box, array)
         super().put_stats(name, box, array)
 
     def end_step(self) -> None:
-        if self.file is not None:
-            self.file.end_step()  # durable first, then served
+        assert self.file is not None
+        self.file.end_step()  # durable first, then served
         super().end_step()
 
-    def _discard_step(self) -> None:
+    def discard_step(self) -> None:
         if self.file is not None:
-            self.file._discard_step()
-        super()._discard_step()
+            self.file.discard_step()
+        super().discard_step()
 
     def abandon(self) -> None:
         if self.file is not None:
@@ -109,4 +107,4 @@ class BothEngine(TransportEngine):
             super().close()
 
 
-__all__ = ["BothEngine"]
+__all__ = ["BothProducer"]

@@ -26,10 +26,6 @@ from ...catalog import Decoder, Encoder
 from ...errors import FormatError, TransportError
 from .wire import Poll
 
-TAG_HELLO = 0x4C4D0
-TAG_ACCEPT = TAG_HELLO + 1
-TAG_INTERCOMM = TAG_HELLO + 2
-
 # (tag, source world rank, name, seq) -> (appnum, size, flow) of messages not yet wanted
 _STASH: dict[tuple[int, int, str, int], tuple[int, int, int]] = {}
 # (name, role) -> number of opens so far in this process
@@ -123,7 +119,7 @@ def connect_producer(comm, name: str, app: int, consumers: tuple[int, ...], time
             for i, c in enumerate(consumers):
                 flows[i] = _await(
                     peer,
-                    TAG_HELLO,
+                    comm_mod.Tag.HELLO,
                     comm_mod.task_leader(c),
                     name,
                     seq,
@@ -143,13 +139,17 @@ def connect_producer(comm, name: str, app: int, consumers: tuple[int, ...], time
                         peer,
                         _encode(name, seq, app, comm.size),
                         comm_mod.task_leader(c),
-                        TAG_ACCEPT,
+                        comm_mod.Tag.ACCEPT,
                         Poll(timeout),
                         f"producer of {name!r} accepting task {c}",
                     )
             comm_mod.agree(comm, g.error)
             links.append(
-                (c, comm_mod.intercomm(comm, c, TAG_INTERCOMM), int(flows[consumers.index(c)]))
+                (
+                    c,
+                    comm_mod.intercomm(comm, c, comm_mod.Tag.INTERCOMM),
+                    int(flows[consumers.index(c)]),
+                )
             )
     except BaseException:
         for _, inter, _ in links:
@@ -172,13 +172,13 @@ def connect_consumer(comm, name: str, app: int, producer: int, timeout: float, f
                 peer,
                 _encode(name, seq, app, comm.size, flow),
                 leader,
-                TAG_HELLO,
+                comm_mod.Tag.HELLO,
                 poll,
                 f"consumer of {name!r} (task {app}) greeting producer task {producer}",
             )
             _await(
                 peer,
-                TAG_ACCEPT,
+                comm_mod.Tag.ACCEPT,
                 leader,
                 name,
                 seq,
@@ -186,4 +186,4 @@ def connect_consumer(comm, name: str, app: int, producer: int, timeout: float, f
                 f"no producer for {name!r}: task {producer} did not open it for writing",
             )
     comm_mod.agree(comm, g.error)
-    return comm_mod.intercomm(comm, producer, TAG_INTERCOMM)
+    return comm_mod.intercomm(comm, producer, comm_mod.Tag.INTERCOMM)

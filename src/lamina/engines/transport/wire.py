@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from enum import IntEnum
 
 import numpy as np
 
@@ -33,6 +34,18 @@ from ... import comm as comm_mod
 from ...geometry import Box
 
 MPI = comm_mod.MPI
+
+
+class Request(IntEnum):
+    """What a consumer rank asks of a producer rank: the first int64 word of a ``Tag.REQUEST`` message."""
+
+    #: ``[GET, step, dataset id, ndim, start..., stop...]``: send this box of that step
+    GET = 1
+    #: ``[RELEASE, k]``: every step before *k* is released by this consumer rank
+    RELEASE = 2
+    #: ``[BYE]``: this consumer rank closed; it releases everything
+    BYE = 3
+
 
 #: bytes per message at most (both sides cut boxes the same way)
 CHUNK = 16 << 20

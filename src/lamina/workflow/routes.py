@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...errors import TransportError
+from ..errors import TransportError
 
 ENV = "LAMINA_WORKFLOW"
 
@@ -264,3 +264,30 @@ def route_for(name: str, mode: str, app: int, ntasks: int, workflow: Workflow | 
             f"task {app} opens {name!r} for reading, but {ENV} lists only tasks {list(route.consumers)} as its consumers"
         )
     return route
+
+
+# --------------------------------------------------------------------------
+# the transport choice
+
+TRANSPORT_ENV = "LAMINA_TRANSPORT"
+#: seconds without progress before a transport peer counts as gone (a default for every open)
+TIMEOUT_ENV = "LAMINA_TRANSPORT_TIMEOUT"
+TRANSPORTS = ("file", "memory", "both")
+
+
+def transport_choice(transport: str | None = None) -> str:
+    """*transport*, else ``$LAMINA_TRANSPORT``, else ``'file'``; ValueError if unknown."""
+    choice = (transport or os.environ.get(TRANSPORT_ENV) or "file").strip().lower()
+    if choice not in TRANSPORTS:
+        raise ValueError(
+            f"transport must be one of {list(TRANSPORTS)} (argument or ${TRANSPORT_ENV}), got {choice!r}"
+        )
+    return choice
+
+
+def engine_for(path: str, mode: str, transport: str | None = None) -> str | None:
+    """The engine the transport choice asks for *path* (``'mpi'`` or ``'both'``), or None for a file."""
+    choice = transport_choice(transport)
+    if choice == "file" or not in_memory(path):
+        return None
+    return "mpi" if choice == "memory" else "both"

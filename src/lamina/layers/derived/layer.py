@@ -25,48 +25,33 @@ strategy.  Other inputs are read where the anchor's box needs them; cells
 nobody wrote read as the input's fill value, exactly as a reader sees them.
 
 **Halos.**  Stencils (gradient, divergence, curl, laplacian) need cells of
-neighbouring blocks.  At the end of a step ranks tell each other which boxes
-of which inputs they need (one allgather of boxes), and the ranks that wrote
-those cells send exactly the intersections (one all-to-all).  Pointwise
-expressions on inputs written with one decomposition need no message beyond
-a few small reductions.  The results equal ``numpy.gradient(global, edge_order=2)``
-on the assembled global array whatever the decomposition.
+neighbouring blocks: :mod:`.exchange` moves exactly the intersections
+between ranks at the end of a step.  Pointwise expressions on inputs written
+with one decomposition need no message beyond a few small reductions.  The
+results equal ``numpy.gradient(global, edge_order=2)`` on the assembled
+global array whatever the decomposition.
 
 **Vectors.**  A vector result (curl, cross, gradient(a)) is a group ``name``
 holding datasets ``name/x``, ``name/y``, ``name/z``: each component has its
 own blocks and statistics, so a query can prune on one component, and tools
 that know nothing of lamina (HDF5 export) see three plain datasets.
 
-**On disk.**  A definition is one extension record ``derived:<name>`` in the
-metadata log (version, expression text, strategy, per-axis spacing, and a
-JSON object with what ``auto`` chose and why), committed with the next
-record like any metadata: nothing committed before is touched.  The text is
-parsed again by :func:`lamina.derived.parse` when the file is opened; it is
-never evaluated as Python.
+**On disk.**  A definition is one extension record (:mod:`.definition`),
+committed with the next record like any metadata: nothing committed before
+is touched.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import warnings
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import comm as comm_mod
-from ..catalog import DatasetSpec, Decoder, Encoder, normpath
-from ..derived import (
-    Expr,
-    check_stencils,
-    component_names,
-    evaluate,
-    needed_boxes,
-    parse,
-    result_dtype,
-)
-from ..derived.compute import check_inputs
-from ..errors import (
+from ... import comm as comm_mod
+from ...catalog import BlockCodec, DatasetSpec, normpath
+from ...derived import evaluate, needed_boxes
+from ...errors import (
     CollectiveMismatchError,
     ExistsError,
     ExpressionError,
@@ -77,145 +62,31 @@ from ..errors import (
     mark_collective,
     suggest,
 )
-from ..geometry import Box
-from ..stats import crc
-from .base import Layer
+from ...geometry import Box
+from ...stats import crc
+from ..base import Layer
+from . import exchange as halo
+from .definition import (
+    EXT_PREFIX,
+    STRATEGIES,
+    Definition,
+    build_definition,
+    decode_definition,
+    fill_for,
+)
 
-#: the strategies a derived quantity can be kept with
-STRATEGIES = ("store", "stats", "expression")
-EXT_PREFIX = "derived:"
-FORMAT_VERSION = 1
-#: limits on a definition read from a file
-MAX_TEXT = 1 << 16
-MAX_INFO = 1 << 16
 #: vector results kept after evaluation, so reading x, y, z computes once
 CACHE_VECTORS = 2
-#: block codec ids (see lamina.engines.core)
-_RAW, _STATS_ONLY = 0, 2
-
-
-@dataclass
-class Definition:
-    """One derived quantity: its expression, strategy and what it produces."""
-
-    name: str
-    text: str
-    expr: Expr
-    strategy: str
-    spacing: tuple[float, ...]
-    shape: tuple[int, ...]
-    dtypes: list[np.dtype]
-    components: list[str]
-    anchor: str
-    info: dict = field(default_factory=dict)
-    persistent: bool = True  # False: declared by a reader, lives only in this process
-
-    @property
-    def inputs(self) -> frozenset[str]:
-        return self.expr.inputs
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self.dtypes[0]
-
-    @property
-    def computed_at_write(self) -> bool:
-        return self.strategy in ("store", "stats")
-
-    def fill(self, k: int = 0):
-        return fill_for(self.dtypes[k])
-
-    def encode(self) -> bytes:
-        e = Encoder()
-        e.u8(FORMAT_VERSION)
-        e.str(self.text)
-        e.str(self.strategy)
-        e.u8(len(self.spacing))
-        for s in self.spacing:
-            e.f64(s)
-        e.str(json.dumps(self.info, sort_keys=True, separators=(",", ":")))
-        return e.getvalue()
-
-    def as_dict(self) -> dict:
-        return {
-            "name": self.name,
-            "expression": self.text,
-            "strategy": self.strategy,
-            "components": list(self.components),
-            "spacing": list(self.spacing),
-            "dtype": str(self.dtype),
-            "info": self.info,
-        }
-
-
-def fill_for(dt: np.dtype):
-    """Fill value of a derived dataset: NaN where the dtype has one, else 0."""
-    dt = np.dtype(dt)
-    return dt.type(np.nan) if dt.kind in "fc" else dt.type(0)
-
-
-def decode_definition(name: str, raw: bytes) -> tuple[str, str, tuple[float, ...], dict]:
-    """(text, strategy, spacing, info) of an extension record; FormatError if malformed."""
-    d = Decoder(raw, f"definition of derived quantity {name!r}")
-    version = d.u8()
-    if version != FORMAT_VERSION:
-        raise FormatError(
-            f"derived quantity {name!r}: definition version {version} is not supported (expected {FORMAT_VERSION})"
-        )
-    text = d.str()
-    strategy = d.str()
-    nsp = d.u8()
-    spacing = tuple(d.f64() for _ in range(nsp))
-    info_text = d.str()
-    d.expect_end()
-    if len(text) > MAX_TEXT or len(info_text) > MAX_INFO:
-        raise FormatError(f"derived quantity {name!r}: definition too long")
-    if strategy not in STRATEGIES:
-        raise FormatError(f"derived quantity {name!r}: unknown strategy {strategy!r}")
-    if not all(math.isfinite(s) and s > 0 for s in spacing):
-        raise FormatError(f"derived quantity {name!r}: bad grid spacing {spacing}")
-    try:
-        info = json.loads(info_text)
-    except ValueError as e:
-        raise FormatError(f"derived quantity {name!r}: bad info record: {e}") from None
-    if not isinstance(info, dict):
-        raise FormatError(f"derived quantity {name!r}: info record is not an object")
-    return text, strategy, spacing, info
-
-
-def _spacing(spacing, ndim: int, name: str) -> tuple[float, ...]:
-    if spacing is None:
-        return (1.0,) * ndim
-    vals = [spacing] * ndim if np.isscalar(spacing) else list(spacing)
-    if len(vals) != ndim:
-        raise ValueError(
-            f"derived quantity {name!r}: spacing has {len(vals)} entries, the data has {ndim} dimensions"
-        )
-    out = tuple(float(v) for v in vals)
-    if not all(math.isfinite(v) and v > 0 for v in out):
-        raise ValueError(
-            f"derived quantity {name!r}: spacing {out} must be finite and > 0 on every axis"
-        )
-    return out
-
-
-def _regions(blocks: list[Box]) -> list[tuple[Box, list[Box]]]:
-    """Where to evaluate: one region for blocks that tile their bounding box, else one per block.
-
-    A rank usually holds several blocks of one box: evaluating over the box
-    at once costs one kernel call and reads halos only at the box's faces.
-    """
-    if len(blocks) > 1:
-        start = tuple(min(b.start[a] for b in blocks) for a in range(blocks[0].ndim))
-        stop = tuple(max(b.stop[a] for b in blocks) for a in range(blocks[0].ndim))
-        bbox = Box(start, stop)
-        if sum(b.size for b in blocks) == bbox.size:  # blocks of one rank never overlap
-            return [(bbox, list(blocks))]
-    return [(b, [b]) for b in blocks]
 
 
 class DerivedLayer(Layer):
-    """Derived quantities over any engine (see the module docstring)."""
+    """Derived quantities over any engine (see the module docstring).
+
+    Option ``device``: where quantities are computed, ``'cpu'`` (default),
+    ``'gpu'`` (CuPy) or ``'auto'``.
+    """
+
+    OPTIONS = frozenset({"device"})
 
     def __init__(self, inner) -> None:
         super().__init__(inner)
@@ -228,16 +99,25 @@ class DerivedLayer(Layer):
             tuple, list[np.ndarray]
         ] = {}  # (name, step, box) -> components of recent vector evaluations
         self.device = "cpu"
-        self.bytes_read = 0
+        self._bytes_read = 0
 
-    # ------------------------------------------------------------ open/load
-    def open(self, path: str, mode: str, comm, options: dict) -> None:
-        options = dict(options)
-        self.device = options.pop("device", "cpu")
+    def configure(self, options: dict) -> None:
+        self.device = options.get("device", "cpu")
         if self.device not in ("cpu", "gpu", "auto"):
             raise ValueError(f"device must be 'cpu', 'gpu' or 'auto', got {self.device!r}")
-        self.inner.open(path, mode, comm, options)
+
+    def opened(self) -> None:
         self._load()
+
+    @property
+    def bytes_read(self) -> int:
+        """Stored bytes of data read through this layer (inputs of recomputed quantities too)."""
+        return self._bytes_read
+
+    def _build(self, name, text, strategy, spacing, info, check_clash: bool) -> Definition:
+        return build_definition(
+            name, text, strategy, spacing, info, self.catalog, self._defs, self.path, check_clash
+        )
 
     def _load(self) -> None:
         """Take up the definitions recorded in the file (at open, after refresh)."""
@@ -277,7 +157,6 @@ class DerivedLayer(Layer):
             if x.computed_at_write:
                 self._watch |= self._closure(x)
 
-    # ------------------------------------------------------------ queries
     def definition(self, path: str) -> Definition | None:
         """The definition of derived quantity or component *path* (None for a plain dataset)."""
         try:
@@ -290,7 +169,6 @@ class DerivedLayer(Layer):
         """Every derived quantity known here, in declaration order."""
         return dict(self._defs)
 
-    # ------------------------------------------------------------ declaring
     def derive(
         self,
         name: str,
@@ -309,7 +187,7 @@ class DerivedLayer(Layer):
         this process and is computed when read (strategy ``expression``); no
         message is exchanged then.
         """
-        if self.inner._closed:  # its communicator is gone: say so before any collective
+        if self.inner.closed:  # its communicator is gone: say so before any collective
             raise ValueError(
                 f"cannot declare derived quantity {name!r}: file {self.path!r} is closed"
             )
@@ -373,64 +251,13 @@ class DerivedLayer(Layer):
         self._add(d)
         return d
 
-    def _build(self, name, text, strategy, spacing, info, check_clash: bool) -> Definition:
-        if not isinstance(text, str):
-            raise TypeError(
-                f"derived quantity {name!r}: the expression must be a string, got {type(text).__name__}"
-            )
-        expr = parse(text)
-        if expr.is_predicate:
-            pass  # a boolean quantity (a mask) is allowed
-        if not expr.inputs:
-            raise ExpressionError(
-                f"derived quantity {name!r}: the expression reads no dataset", 0, text
-            )
-        cat = self.catalog
-        shapes = {}
-        for p in sorted(expr.inputs):
-            spec = cat.datasets.get(p)
-            if spec is not None:
-                shapes[p] = spec.shape
-        check_inputs(expr, cat.datasets.keys(), text)  # unknown names first, with suggestions
-        distinct = sorted(set(shapes.values()))
-        if len(distinct) > 1:
-            listing = ", ".join(f"{p} {s}" for p, s in sorted(shapes.items()))
-            raise ShapeError(f"derived quantity {name!r}: inputs have different shapes: {listing}")
-        shape = distinct[0]
-        check_stencils(expr, shape, text)
-        ncomp = expr.ncomponents
-        comps = component_names(name, ncomp)
-        if check_clash:
-            for p in [name, *comps]:
-                kind = cat.kind_of(p)
-                if kind is not None:
-                    raise ExistsError(
-                        f"derived quantity {name!r}: a {kind} {p!r} already exists in {self.path!r}"
-                    )
-            for p in (name, *comps):
-                for existing in self._defs:
-                    if (
-                        p == existing
-                        or p.startswith(existing + "/")
-                        or existing.startswith(p + "/")
-                    ):
-                        raise ExistsError(
-                            f"derived quantity {name!r} clashes with derived quantity {existing!r}"
-                        )
-        dtypes = result_dtype(expr, {p: cat.datasets[p].dtype for p in expr.inputs}, len(shape))
-        anchor = next(expr.refs()).path
-        sp = _spacing(spacing, len(shape), name)
-        return Definition(
-            name, text, expr, strategy, sp, shape, list(dtypes), comps, anchor, dict(info)
-        )
-
     def _choose(self, d: Definition, hints: dict) -> tuple[str, dict]:
         """Collective: the strategy of least predicted total cost (decided on rank 0, the same everywhere)."""
         g = comm_mod.Guard()
         choice = b""
         with g:
             if self.comm.rank == 0:
-                from ..perf import recommend
+                from ...perf import recommend
 
                 allowed = {"query_fraction", "readers", "read_bandwidth", "write_bandwidth"}
                 bad = sorted(set(hints) - allowed)
@@ -467,7 +294,6 @@ class DerivedLayer(Layer):
                 cat.datasets[c] = DatasetSpec(c, d.shape, dt, fill_for(dt), (), -1)
                 cat.attrs.setdefault(c, {})
 
-    # ------------------------------------------------------------ writing
     def define(self, spec: DatasetSpec) -> DatasetSpec:
         for existing in self._defs:
             if spec.path == existing or spec.path.startswith(existing + "/"):
@@ -519,7 +345,7 @@ class DerivedLayer(Layer):
                 try:
                     self._compute_step(todo)
                 except BaseException as e:
-                    self._discard_step()
+                    self.discard_step()
                     mark_collective(e)
                     raise
         try:
@@ -551,7 +377,7 @@ class DerivedLayer(Layer):
         """Collective: compute every quantity of *todo* over the anchor boxes each rank wrote."""
         for d in todo:
             mine = [b for b, _ in self._held.get(d.anchor, [])]
-            regions = _regions(mine)
+            regions = halo.regions(mine)
             inputs = sorted(d.inputs)
             g = comm_mod.Guard()
             reqs: dict[tuple[int, int], Box] = {}  # (region, input index) -> needed box
@@ -561,19 +387,22 @@ class DerivedLayer(Layer):
                     need = needed_boxes(d.expr, region, d.shape)
                     for i, p in enumerate(inputs):
                         reqs[(j, i)] = need[p]
-                        if not self._covered(p, need[p]):
+                        if not halo.covered(self._held, p, need[p]):
                             local_ok = 0
             comm_mod.agree(self.comm, g.error)
             pieces: dict[tuple[int, int], list[tuple[Box, np.ndarray]]] = {}
             if not comm_mod.allreduce_int(self.comm, local_ok, "min"):
-                pieces = self._exchange(d, inputs, reqs)
+                specs = [self.catalog.datasets[p] for p in inputs]
+                pieces = halo.exchange(self.comm, self._held, specs, reqs)
             g = comm_mod.Guard()
             with g:
                 for j, (region, members) in enumerate(regions):
                     arrays, origin = {}, {}
                     for i, p in enumerate(inputs):
                         need = reqs[(j, i)]
-                        arrays[p] = self._assemble(p, need, pieces.get((j, i), []))
+                        arrays[p] = halo.assemble(
+                            self._held, self.catalog.datasets[p], need, pieces.get((j, i), [])
+                        )
                         origin[p] = need.start
                     res = evaluate(
                         d.expr,
@@ -599,107 +428,16 @@ class DerivedLayer(Layer):
                             self._held.setdefault(c, []).append((b, arr))
             comm_mod.agree(self.comm, g.error)
 
-    def _covered(self, path: str, need: Box) -> bool:
-        """True if this rank's own blocks of *path* in this step cover *need* (they never overlap)."""
-        n = 0
-        for hb, _ in self._held.get(path, []):
-            inter = hb.intersect(need)
-            if inter is not None and not inter.empty:
-                n += inter.size
-        return n == need.size
-
-    def _assemble(self, path: str, need: Box, received: list[tuple[Box, np.ndarray]]) -> np.ndarray:
-        """Values of *path* over *need*: this rank's blocks, pieces from others, fill elsewhere."""
-        own = self._held.get(path, [])
-        for hb, ha in own:
-            if hb.contains(need):
-                return ha[need.relative_to(hb)]
-        spec = self.catalog.datasets[path]
-        pieces = [*own, *received]
-        covered = 0
-        for hb, _ in pieces:
-            inter = hb.intersect(need)
-            covered += 0 if inter is None or inter.empty else inter.size
-        # blocks never overlap, so full coverage means every cell is written below
-        if covered == need.size:
-            out = np.empty(need.shape, dtype=spec.dtype)
-        else:
-            out = np.full(need.shape, spec.fill_scalar(), dtype=spec.dtype)
-        for hb, ha in pieces:
-            inter = hb.intersect(need)
-            if inter is not None and not inter.empty:
-                out[inter.relative_to(need)] = ha[inter.relative_to(hb)]
-        return out
-
-    def _exchange(
-        self, d: Definition, inputs: list[str], reqs
-    ) -> dict[tuple[int, int], list[tuple[Box, np.ndarray]]]:
-        """Collective: every rank gets the cells of other ranks' blocks inside the boxes it needs."""
-        comm = self.comm
-        nd = len(d.shape)
-        e = Encoder()
-        e.u32(len(reqs))
-        for (j, i), box in reqs.items():
-            e.u32(j)
-            e.u32(i)
-            for v in (*box.start, *box.stop):
-                e.u64(v)
-        all_reqs = comm_mod.allgather_bytes(comm, e.getvalue())
-        sends = []
-        for r, raw in enumerate(all_reqs):
-            out = Encoder()
-            chunks: list[bytes] = []
-            count = 0
-            if r != comm.rank:
-                dec = Decoder(raw, f"halo requests of rank {r}")
-                for _ in range(dec.count(8, name="requests")):
-                    j, i = dec.u32(), dec.u32()
-                    vals = [dec.u64() for _ in range(2 * nd)]
-                    need = Box(tuple(vals[:nd]), tuple(vals[nd:]))
-                    if i >= len(inputs):
-                        raise FormatError(
-                            f"halo request of rank {r} names input {i} of {len(inputs)}"
-                        )
-                    for hb, ha in self._held.get(inputs[i], []):
-                        inter = hb.intersect(need)
-                        if inter is None or inter.empty:
-                            continue
-                        piece = np.ascontiguousarray(ha[inter.relative_to(hb)])
-                        chunks.append((j, i, inter, piece))
-                        count += 1
-            out.u32(count)
-            for j, i, inter, piece in chunks:
-                out.u32(j)
-                out.u32(i)
-                for v in (*inter.start, *inter.stop):
-                    out.u64(v)
-                out.blob(piece.tobytes())
-            sends.append(out.getvalue())
-        got = comm_mod.exchange_bytes(comm, sends)
-        pieces: dict[tuple[int, int], list[tuple[Box, np.ndarray]]] = {}
-        for r, buf in enumerate(got):
-            if r == comm.rank or not len(buf):
-                continue
-            dec = Decoder(buf.tobytes(), f"halo pieces from rank {r}")
-            for _ in range(dec.count(8, name="pieces")):
-                j, i = dec.u32(), dec.u32()
-                vals = [dec.u64() for _ in range(2 * nd)]
-                inter = Box(tuple(vals[:nd]), tuple(vals[nd:]))
-                dt = self.catalog.datasets[inputs[i]].dtype
-                arr = np.frombuffer(dec.blob(), dtype=dt).reshape(inter.shape)
-                pieces.setdefault((j, i), []).append((inter, arr))
-        return pieces
-
-    def _discard_step(self) -> None:
+    def discard_step(self) -> None:
         self._held.clear()
-        self.inner._discard_step()
+        self.inner.discard_step()
 
     def abandon(self) -> None:
         self._held.clear()
         self.inner.abandon()
 
     def close(self) -> None:
-        if self.mode != "r" and not self.inner._closed and self._plan():
+        if self.mode != "r" and not self.inner.closed and self._plan():
             if comm_mod.allreduce_int(self.comm, int(self.in_step), "max"):
                 self.end_step()
         self.inner.close()
@@ -709,7 +447,6 @@ class DerivedLayer(Layer):
         self._load()
         return n
 
-    # ------------------------------------------------------------ reading
     def coverage(self, path: str, step: int | None) -> list[Box]:
         """Independent: boxes of *path* that hold values at *step* (the rest reads as fill)."""
         step = self.check_step(step)
@@ -737,7 +474,7 @@ class DerivedLayer(Layer):
         spec, step = self.inner.check_read(path, box, step, out)
         if d.strategy == "store" and spec.id >= 0:
             recs = self.catalog.blocks(spec.id, step)
-            if recs and all(r.codec != _STATS_ONLY for r in recs):
+            if recs and all(r.codec != BlockCodec.STATS_ONLY for r in recs):
                 self.inner.get(path, box, step, out)
                 self._count(path, box, step)
                 return
@@ -753,8 +490,8 @@ class DerivedLayer(Layer):
             return  # the inner engine raises the proper error
         n = 0
         for rec, inter in self.catalog.hits(spec.id, step, box):
-            n += inter.size * spec.dtype.itemsize if rec.codec == _RAW else rec.length
-        self.bytes_read += n
+            n += inter.size * spec.dtype.itemsize if rec.codec == BlockCodec.RAW else rec.length
+        self._bytes_read += n
 
     def _recompute(self, d: Definition, k: int, box: Box, step: int, out: np.ndarray) -> None:
         if box.empty:
@@ -810,4 +547,4 @@ class DerivedLayer(Layer):
         return res
 
 
-__all__ = ["DerivedLayer", "Definition", "STRATEGIES", "decode_definition", "fill_for"]
+__all__ = ["DerivedLayer"]

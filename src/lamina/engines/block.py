@@ -46,6 +46,7 @@ from ..catalog import (
     OP_DELATTR,
     OP_EXT,
     OP_GROUP,
+    BlockCodec,
     BlockRecord,
     Catalog,
     DatasetSpec,
@@ -73,10 +74,8 @@ from ..errors import (
 from ..geometry import Box, find_overlap
 from .base import Engine
 
-#: block codec id of a block with statistics but no stored data (see :meth:`BlockEngine.put_stats`)
-CODEC_STATS_ONLY = 2
-
-COMMON_OPTIONS = {"checksum_segment", "background_stats"}
+#: options every block engine takes
+COMMON_OPTIONS = frozenset({"checksum_segment", "background_stats"})
 
 
 @dataclass(slots=True)
@@ -90,7 +89,7 @@ class Pending:
     payload: bytes | None = None  # encoded bytes when the dataset has a codec
     job: stats_mod.BlockJob | None = None
     length: int = 0
-    codec: int = 0
+    codec: int = BlockCodec.RAW
     location: tuple[int, int, int] | None = None  # (session, agg, offset) once stored
     extra: dict = field(default_factory=dict)
 
@@ -118,7 +117,7 @@ def dataset_not_found(catalog: Catalog, name: str) -> NotFoundError:
 class BlockEngine(Engine):
     """Common base of the memory and native engines (see module docstring)."""
 
-    OPTIONS: set[str] = set()
+    OPTIONS = COMMON_OPTIONS
 
     def __init__(self) -> None:
         self.catalog = Catalog()
@@ -133,11 +132,10 @@ class BlockEngine(Engine):
     def open(self, path: str, mode: str, comm, options: dict) -> None:
         if mode not in ("r", "w", "a"):
             raise ValueError(f"mode must be 'r', 'w' or 'a', got {mode!r}")
-        unknown = set(options) - self.OPTIONS - COMMON_OPTIONS
+        unknown = set(options) - self.OPTIONS
         if unknown:
             raise TypeError(
-                f"unknown option(s) {sorted(unknown)} for engine {self.name!r}; "
-                f"accepted: {sorted(self.OPTIONS | COMMON_OPTIONS)}"
+                f"unknown option(s) {sorted(unknown)} for engine {self.name!r}; accepted: {sorted(self.OPTIONS)}"
             )
         seg = int(options.get("checksum_segment", stats_mod.SEGMENT))
         if seg < 0 or (seg and seg % stats_mod.CHUNK):
@@ -339,13 +337,13 @@ class BlockEngine(Engine):
             pipe = None  # zfp cannot represent NaN or inf (it would store other numbers): keep raw
         if pipe is not None:
             p.payload = pipe.encode(arr)
-            p.codec = 1
+            p.codec = BlockCodec.PIPELINE
             p.length = len(p.payload)
             if p.length >= arr.nbytes:  # incompressible: store raw, like ADIOS
-                p.payload, p.codec, p.length = None, 0, arr.nbytes
+                p.payload, p.codec, p.length = None, BlockCodec.RAW, arr.nbytes
         else:
             p.length = arr.nbytes
-        if p.codec == 1:
+        if p.codec == BlockCodec.PIPELINE:
             p.job = stats_mod.BlockJob(arr, 0, checksum=False, background=False)
             p.extra["crcs"] = stats_mod.segment_crcs(p.payload, self.segment)
             p.data = None
@@ -357,7 +355,7 @@ class BlockEngine(Engine):
     def put_stats(self, name: str, box: Box, array: np.ndarray) -> None:
         """Independent: record the statistics of *array* as a block of *name* without storing its data.
 
-        The block (codec :data:`CODEC_STATS_ONLY`, zero bytes) takes part in
+        The block (codec :data:`BlockCodec.STATS_ONLY`, zero bytes) takes part in
         the step like any other: boxes may not overlap, and queries prune with
         its statistics.  Reading its values is up to a layer that can compute
         them (the derived layer).
@@ -375,7 +373,7 @@ class BlockEngine(Engine):
         self._check_local_overlap(spec, box)
         if box.empty:
             return
-        p = Pending(len(self._pending), spec, box, None, codec=CODEC_STATS_ONLY, length=0)
+        p = Pending(len(self._pending), spec, box, None, codec=BlockCodec.STATS_ONLY, length=0)
         p.job = stats_mod.BlockJob(
             arr.astype(spec.dtype, copy=False), 0, checksum=False, background=False
         )
@@ -493,7 +491,7 @@ class BlockEngine(Engine):
         e.u32(len(self._pending))
         for p in self._pending:
             st, crcs = p.job.result()
-            if p.codec != 0:
+            if p.codec != BlockCodec.RAW:
                 crcs = p.extra["crcs"]
             e.u32(p.idx)
             e.u64(self.segment)
@@ -584,7 +582,7 @@ class BlockEngine(Engine):
             raw = comm_mod.bcast_bytes(self.comm, raw, root=0)
         except Exception as e:
             # every error here is raised on all ranks alike (agree, or the same verdict)
-            self._discard_step()
+            self.discard_step()
             mark_collective(e)
             raise
         rec = Record.decode(raw, self.catalog, "committed record", apply_ops=False)
@@ -595,7 +593,11 @@ class BlockEngine(Engine):
         self._pending_ops.clear()
         self._in_step = False
 
-    def _discard_step(self) -> None:
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def discard_step(self) -> None:
         for p in self._pending:
             if p.job is not None:
                 try:
@@ -642,7 +644,7 @@ class BlockEngine(Engine):
         if covered < box.size:
             out[...] = spec.fill_scalar()
         for rec, inter in hits:
-            if rec.codec == CODEC_STATS_ONLY:
+            if rec.codec == BlockCodec.STATS_ONLY:
                 raise FormatError(
                     f"dataset {spec.path!r} keeps only statistics at step {step} (block {rec.box}); "
                     "its values are computed by the derived layer"
@@ -652,7 +654,7 @@ class BlockEngine(Engine):
     def decode_payload(self, rec: BlockRecord, spec: DatasetSpec, payload) -> np.ndarray:
         """Bytes of a whole block as stored -> array of the block's shape."""
         what = f"dataset {spec.path!r} block {rec.box} in {self.path}/{rec.subfile}"
-        if rec.codec == 0:
+        if rec.codec == BlockCodec.RAW:
             return np.frombuffer(payload, dtype=spec.dtype).reshape(rec.box.shape)
         return codec_mod.pipeline(spec.codecs).decode(
             bytes(payload), spec.dtype, rec.box.shape, what
@@ -687,7 +689,7 @@ class BlockEngine(Engine):
         """
         if self._closed:
             return
-        self._discard_step()
+        self.discard_step()
         self._closed = True
         self._close_storage()
 

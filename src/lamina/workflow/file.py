@@ -1,4 +1,4 @@
-"""``lamina run WORKFLOW.yaml``: launch the tasks of a workflow file as one MPMD job.
+"""Workflow files: the YAML that lists the programs of an in situ workflow, checked.
 
 A workflow file (YAML) lists the programs of an in situ workflow, how many
 ranks each gets and which names each writes and reads::
@@ -19,35 +19,31 @@ ranks each gets and which names each writes and reads::
 
 :func:`load` checks it (:class:`WorkflowFileError` names the file, the task
 and the field), :meth:`WorkflowFile.workflow` gives the ``LAMINA_WORKFLOW``
-routes the transport engine follows (with flows and producer options), and
-:meth:`WorkflowFile.command` the one ``mpiexec A : B`` line that starts every
-task (task order is the MPI appnum).  The full schema is in
+routes the transport engine follows (with flows and producer options) and
+:meth:`WorkflowFile.variables` every variable ``lamina run`` sets;
+:mod:`.launcher` starts the tasks as one ``mpiexec A : B`` job (task order
+is the MPI appnum).  The full schema is in
 ``docs/transport.md`` ("Launching a workflow: lamina run").
 """
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import math
 import os
 import re
 import shlex
-import signal
-import subprocess
-import sys
 from dataclasses import dataclass, field
 
-from . import launch
-from .engines.transport import workflow as wfmod
-from .errors import LaminaError, suggest
+from ..errors import LaminaError, suggest
+from . import routes as wfmod
 
 #: upper bound of the ranks of one launch unless ``--max-ranks`` says otherwise
 MAX_RANKS = 1 << 20
-TRANSPORTS = ("file", "memory", "both")
+TRANSPORTS = wfmod.TRANSPORTS
 DEFAULT_TRANSPORT = "memory"
-TRANSPORT_ENV = "LAMINA_TRANSPORT"
-TIMEOUT_ENV = "LAMINA_TRANSPORT_TIMEOUT"
+TRANSPORT_ENV = wfmod.TRANSPORT_ENV
+TIMEOUT_ENV = wfmod.TIMEOUT_ENV
 
 TOP_KEYS = ("transport", "timeout", "env", "tasks")
 TASK_KEYS = ("name", "command", "ranks", "cwd", "env", "writes", "reads", "shallow", "queue_limit")
@@ -55,8 +51,6 @@ WRITE_KEYS = ("name", "shallow", "queue_limit")
 READ_KEYS = ("name", "flow")
 #: set by ``lamina run`` itself from the fields ``transport``, ``timeout`` and the tasks
 RESERVED_ENV = (TRANSPORT_ENV, wfmod.ENV, TIMEOUT_ENV)
-#: a command starting with one of these runs under the Python that runs ``lamina run``
-PYTHONS = ("python", "python3")
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _BAD_NAME_CHARS = (";", "|", "\n", "\r")  # separators of LAMINA_WORKFLOW
@@ -177,38 +171,6 @@ class WorkflowFile:
         if self.timeout is not None:
             out[TIMEOUT_ENV] = _number(self.timeout)
         return out
-
-    def environment(self, transport: str | None = None) -> dict[str, str]:
-        """The job's whole environment: ours without an outer launcher's, lamina importable, :meth:`variables`."""
-        env = launch.child_env()
-        for k in RESERVED_ENV:
-            env.pop(k, None)
-        env.update(self.variables(transport))
-        return env
-
-    def command(self, mpiexec: str, oversubscribe: bool = False) -> list[str]:
-        """``mpiexec -n N1 CMD1 : -n N2 CMD2 ...``: a section per task, in order.
-
-        A task's ``cwd`` becomes ``-wdir DIR`` and its ``env`` an ``env NAME=VALUE``
-        prefix of its command; ``python``/``python3`` as the first word becomes
-        the running Python.  *oversubscribe* adds Open MPI's ``--oversubscribe``.
-        """
-        cmd = [mpiexec]
-        if oversubscribe:
-            cmd.append("--oversubscribe")
-        for i, t in enumerate(self.tasks):
-            if i:
-                cmd.append(":")
-            cmd += ["-n", str(t.ranks)]
-            if t.cwd is not None:
-                cmd += ["-wdir", t.cwd]
-            if t.env:
-                cmd += ["env", *(f"{k}={v}" for k, v in t.env.items())]
-            words = list(t.command)
-            if words[0] in PYTHONS:
-                words[0] = sys.executable
-            cmd += words
-        return cmd
 
 
 # --------------------------------------------------------------------------
@@ -548,170 +510,3 @@ def _number(v) -> str:
 
 def _kind(v) -> str:
     return "nothing" if v is None else type(v).__name__
-
-
-# --------------------------------------------------------------------------
-# launching
-
-
-def describe(wf: WorkflowFile, transport: str | None = None) -> list[str]:
-    """Comment lines: the tasks and who sends what to whom."""
-    choice = wf.transport_for(transport)
-    lines = [
-        f"# {wf.path}: {len(wf.tasks)} task(s), {wf.ranks} rank(s), transport {choice}",
-    ]
-    for i, t in enumerate(wf.tasks):
-        lines.append(f"#   task {i} {t.name}: {t.ranks} rank(s): {shlex.join(t.command)}")
-    flow_of = {(c, r.name): r.flow for c, t in enumerate(wf.tasks) for r in t.reads}
-    for t in wf.tasks:
-        for w in t.writes:
-            readers = [
-                wf.tasks[c].name
-                + (
-                    ""
-                    if flow_of[c, w.name] is None
-                    else f" ({wfmod.flow_name(flow_of[c, w.name])})"
-                )
-                for c in range(len(wf.tasks))
-                if (c, w.name) in flow_of
-            ]
-            if readers:
-                lines.append(f"#   {w.name}: {t.name} -> {', '.join(readers)}")
-            else:
-                lines.append(f"#   {w.name}: written by {t.name}, read by no task: stays a file")
-    return lines
-
-
-def script(
-    wf: WorkflowFile, cmd: list[str], env: dict[str, str], transport: str | None = None
-) -> str:
-    """A shell script equivalent to the launch: ``cd``, the variables that differ from ours, the command."""
-    lines = describe(wf, transport)
-    lines.append(f"cd {shlex.quote(wf.directory)}")
-    for k in sorted(set(os.environ) - set(env)):
-        lines.append(f"unset {k}")
-    for k, v in env.items():
-        if os.environ.get(k) != v:
-            lines.append(f"export {k}={shlex.quote(v)}")
-    sections, cur = [], []
-    for word in cmd:
-        if word == ":":
-            sections.append(cur)
-            cur = []
-        else:
-            cur.append(word)
-    sections.append(cur)
-    lines.append(" \\\n  : ".join(shlex.join(s) for s in sections))
-    return "\n".join(lines)
-
-
-class _Terminated(Exception):
-    pass
-
-
-def _on_term(signum, frame):
-    raise _Terminated()
-
-
-def run(
-    wf: WorkflowFile,
-    transport: str | None = None,
-    timeout: float | None = None,
-    mpiexec: str | None = None,
-) -> int:
-    """Launch the job, its output going to ours; returns its exit status.
-
-    After *timeout* seconds, on Ctrl-C or on SIGTERM the whole job is killed
-    (mpiexec and every rank) and 124, 130 or 143 returned.
-    """
-    exe = mpiexec or launch.find_mpiexec()
-    cmd = wf.command(exe, oversubscribe=launch.is_open_mpi(exe))
-    env = wf.environment(transport)
-    proc = subprocess.Popen(cmd, cwd=wf.directory, env=env, start_new_session=True)
-    old = None
-    try:
-        old = signal.signal(signal.SIGTERM, _on_term)
-    except ValueError:  # not the main thread: no handler, Ctrl-C and the timeout still work
-        pass
-    try:
-        rc = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        launch.kill_job(proc)
-        print(f"lamina run: the job ran past --timeout {timeout:g} s: killed", file=sys.stderr)
-        return 124
-    except KeyboardInterrupt:
-        launch.kill_job(proc)
-        print("lamina run: interrupted: job killed", file=sys.stderr)
-        return 130
-    except _Terminated:
-        launch.kill_job(proc)
-        print("lamina run: terminated: job killed", file=sys.stderr)
-        return 143
-    except BaseException:
-        launch.kill_job(proc)
-        raise
-    finally:
-        if old is not None:
-            signal.signal(signal.SIGTERM, old)
-    return rc if rc >= 0 else 128 - rc
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="lamina run",
-        description=(
-            "Launch the tasks of a workflow file (YAML) as one MPMD job: mpiexec -n N1 CMD1 : -n N2 CMD2 ..., "
-            "with LAMINA_TRANSPORT and LAMINA_WORKFLOW set so that the names tasks write and read travel "
-            "in memory (docs/transport.md, 'Launching a workflow: lamina run')."
-        ),
-    )
-    p.add_argument("file", help="the workflow file")
-    p.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="print the command and the variables set; run nothing",
-    )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        metavar="S",
-        help="kill the whole job after S seconds (exit status 124)",
-    )
-    p.add_argument("--transport", choices=TRANSPORTS, help="override the file's transport")
-    p.add_argument(
-        "--max-ranks",
-        type=int,
-        default=MAX_RANKS,
-        metavar="N",
-        help=f"refuse more than N ranks in all (default {MAX_RANKS})",
-    )
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = build_parser()
-    try:
-        args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else 2
-    if args.timeout is not None and not args.timeout > 0:
-        print(
-            f"lamina run: error: --timeout must be > 0 seconds, got {args.timeout:g}",
-            file=sys.stderr,
-        )
-        return 2
-    try:
-        wf = load(args.file, max_ranks=args.max_ranks)
-        if args.dry_run:
-            exe = launch.find_mpiexec(required=False) or "mpiexec"
-            cmd = wf.command(exe, oversubscribe=launch.is_open_mpi(exe))
-            print(script(wf, cmd, wf.environment(args.transport), args.transport))
-            return 0
-        return run(wf, args.transport, args.timeout)
-    except (LaminaError, OSError) as e:
-        print(f"lamina run: error: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":  # python -m lamina.workflow_run
-    sys.exit(main())

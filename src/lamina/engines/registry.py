@@ -1,0 +1,279 @@
+"""Engines and layers by name, and the one place that builds a file's stack of them.
+
+``lamina.open(path, mode, engine=None, layers=None, transport=None, **options)``
+asks :func:`build` for the stack: the engine that moves the bytes, with the
+layers over it (innermost first), each given only the options it declares.
+
+Names come from three places:
+
+* the built-in engines, registered by :mod:`lamina.engines` (``native``,
+  ``memory``, ``mpi``, ``both``), and the built-in layers, registered by
+  :mod:`lamina.layers` (``derived``);
+* :func:`register_engine` / :func:`register_layer` calls of a program;
+* entry points of installed packages, loaded the first time a name is not
+  found: group ``lamina.engines`` names :class:`~lamina.engines.base.Engine`
+  subclasses, group ``lamina.layers`` names
+  :class:`~lamina.layers.base.Layer` subclasses (as zarr and xarray find
+  outside stores and backends).  Their ``OPTIONS`` class attribute says which
+  options they take.
+
+Which engine serves a path, unless ``engine=`` names one: the in situ
+transport's choice first (``transport=``, else ``$LAMINA_TRANSPORT``; see
+:func:`lamina.workflow.routes.engine_for`), else ``$LAMINA_ENGINE``, else
+``native``.  So that one program runs unchanged whatever the environment
+routes it through, an engine may *ignore* the options of the engines it can
+stand in for (the file engines ignore the transport's ``timeout``, say);
+an option no registered engine or layer knows is a TypeError.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+
+from ..errors import suggest
+from ..workflow import routes
+from .base import Engine
+
+ENGINE_ENV = "LAMINA_ENGINE"
+DEFAULT_ENGINE = "native"
+ENGINE_GROUP = "lamina.engines"
+LAYER_GROUP = "lamina.layers"
+
+
+@dataclass(frozen=True)
+class EngineEntry:
+    """A registered engine."""
+
+    name: str
+    #: ``factory(mode)`` -> a new, unopened engine (an engine may differ by role: producer, consumer)
+    factory: Callable[[str], Engine]
+    #: the options it takes
+    options: frozenset[str]
+    #: options it accepts and ignores: those of the engines a program may be routed to instead
+    ignores: frozenset[str] = frozenset()
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class LayerEntry:
+    """A registered layer."""
+
+    name: str
+    #: ``factory(inner)`` -> the layer over the engine (or layer) *inner*
+    factory: Callable[[Engine], Engine]
+    options: frozenset[str]
+    #: part of every stack unless ``layers=`` says otherwise
+    default: bool = False
+    description: str = ""
+
+
+_ENGINES: dict[str, EngineEntry] = {}
+_LAYERS: dict[str, LayerEntry] = {}
+_LOADED: set[str] = set()  # entry point groups already loaded
+
+
+def register_engine(
+    name: str,
+    factory: Callable[[str], Engine],
+    options: Iterable[str] = (),
+    ignores: Iterable[str] = (),
+    description: str = "",
+    replace: bool = False,
+) -> EngineEntry:
+    """Make an engine available to ``lamina.open(engine=name)``; ValueError if *name* is taken (unless *replace*)."""
+    _check_name(name, _ENGINES, "engine", replace)
+    entry = EngineEntry(name, factory, frozenset(options), frozenset(ignores), description)
+    _ENGINES[name] = entry
+    return entry
+
+
+def register_layer(
+    name: str,
+    factory: Callable[[Engine], Engine],
+    options: Iterable[str] = (),
+    default: bool = False,
+    description: str = "",
+    replace: bool = False,
+) -> LayerEntry:
+    """Make a layer available to ``lamina.open(layers=[..., name])``; *default* layers wrap every stack."""
+    _check_name(name, _LAYERS, "layer", replace)
+    entry = LayerEntry(name, factory, frozenset(options), bool(default), description)
+    _LAYERS[name] = entry
+    return entry
+
+
+def _check_name(name: str, table: dict, kind: str, replace: bool) -> None:
+    if not isinstance(name, str) or not name or name != name.strip():
+        raise ValueError(
+            f"a {kind} name is a non-empty string without surrounding blanks, got {name!r}"
+        )
+    if name in table and not replace:
+        raise ValueError(f"{kind} {name!r} is already registered")
+
+
+def _load_entry_points(group: str) -> None:
+    """Register the engines (or layers) that installed packages declare, once per process."""
+    if group in _LOADED:
+        return
+    _LOADED.add(group)
+    for ep in entry_points(group=group):
+        table = _ENGINES if group == ENGINE_GROUP else _LAYERS
+        if ep.name in table:
+            continue  # built-in or registered by the program: those win
+        try:
+            obj = ep.load()
+        except Exception as e:  # a broken plug-in must not break lamina
+            warnings.warn(
+                f"cannot load {group} entry point {ep.name!r} ({ep.value}): {e}", stacklevel=3
+            )
+            continue
+        opts = getattr(obj, "OPTIONS", ())
+        is_engine = isinstance(obj, type) and issubclass(obj, Engine)
+        if group == ENGINE_GROUP and is_engine and not obj.is_layer:
+            register_engine(
+                ep.name, lambda mode, cls=obj: cls(), opts, description=f"from {ep.value}"
+            )
+        elif group == LAYER_GROUP and is_engine and obj.is_layer:
+            register_layer(ep.name, obj, opts, description=f"from {ep.value}")
+        else:
+            kind = "Engine" if group == ENGINE_GROUP else "Layer"
+            warnings.warn(
+                f"{group} entry point {ep.name!r} ({ep.value}) is not a lamina {kind} subclass",
+                stacklevel=3,
+            )
+
+
+def engine_entry(name: str) -> EngineEntry:
+    """The engine registered as *name*; ValueError naming the engines there are (and close ones)."""
+    if name not in _ENGINES:
+        _load_entry_points(ENGINE_GROUP)
+    try:
+        return _ENGINES[name]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"unknown engine {name!r}; available: {sorted(_ENGINES)}.{suggest(str(name), _ENGINES)}"
+        ) from None
+
+
+def layer_entry(name: str) -> LayerEntry:
+    """The layer registered as *name*; ValueError naming the layers there are (and close ones)."""
+    if name not in _LAYERS:
+        _load_entry_points(LAYER_GROUP)
+    try:
+        return _LAYERS[name]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"unknown layer {name!r}; available: {sorted(_LAYERS)}.{suggest(str(name), _LAYERS)}"
+        ) from None
+
+
+def engine_names() -> list[str]:
+    """Every engine name: built-in, registered, and from installed packages."""
+    _load_entry_points(ENGINE_GROUP)
+    return sorted(_ENGINES)
+
+
+def layer_names() -> list[str]:
+    """Every layer name: built-in, registered, and from installed packages."""
+    _load_entry_points(LAYER_GROUP)
+    return sorted(_LAYERS)
+
+
+def default_layers() -> list[str]:
+    """The layers every stack gets unless ``layers=`` says otherwise, innermost first."""
+    return [n for n, e in _LAYERS.items() if e.default]
+
+
+def choose_engine(
+    path: str, mode: str, engine: str | None = None, transport: str | None = None
+) -> str:
+    """The engine name for *path*: *engine*, else the transport's choice, else ``$LAMINA_ENGINE``, else native.
+
+    ValueError for a transport that does not exist (argument or environment).
+    """
+    if engine:
+        return engine
+    return routes.engine_for(path, mode, transport) or os.environ.get(ENGINE_ENV) or DEFAULT_ENGINE
+
+
+def split_options(entry: EngineEntry, layers: list[LayerEntry], options: dict) -> dict:
+    """The options *entry* and *layers* take, without those the engine ignores; TypeError for unknown ones.
+
+    An option is unknown when neither the engine nor a layer of the stack
+    takes or ignores it.
+    """
+    taken = set(entry.options).union(*(e.options for e in layers))
+    unknown = set(options) - taken - entry.ignores
+    if unknown:
+        raise TypeError(
+            f"unknown option(s) {sorted(unknown)} for engine {entry.name!r}"
+            + (f" with layers {[e.name for e in layers]}" if layers else "")
+            + f"; accepted: {sorted(taken)}"
+        )
+    return {k: v for k, v in options.items() if k in taken}
+
+
+def build(
+    path: str,
+    mode: str,
+    engine: str | Engine | None = None,
+    layers: Iterable[str] | None = None,
+    transport: str | None = None,
+    options: dict | None = None,
+) -> tuple[Engine, dict]:
+    """The stack of engines for ``lamina.open`` and the options to open it with: ``(top, options)``.
+
+    Independent (no messages): every rank builds its own stack alike.
+    *engine* is a name or an engine object; an object that already is a
+    :class:`~lamina.layers.base.Layer` is taken as the whole stack, any other
+    gets the layers.  *layers*: names, innermost first (default:
+    :func:`default_layers`).  Calling ``top.open(path, mode, comm, options)``
+    then opens every level, each layer taking its own options and passing
+    the rest inward.
+    """
+    options = dict(options or {})
+    if mode not in ("r", "w", "a"):
+        raise ValueError(f"mode must be 'r', 'w' or 'a', got {mode!r}")
+    names = default_layers() if layers is None else list(layers)
+    if isinstance(engine, Engine):
+        if engine.is_layer:
+            return engine, options
+        top: Engine = engine
+        for name in names:
+            top = layer_entry(name).factory(top)
+        return top, options
+    if engine is not None and not isinstance(engine, str):
+        raise TypeError(f"engine must be a name or an Engine, got {type(engine).__name__}")
+    entry = engine_entry(choose_engine(path, mode, engine, transport))
+    lays = [layer_entry(n) for n in names]
+    options = split_options(entry, lays, options)
+    top = entry.factory(mode)
+    taken = set(
+        top.OPTIONS
+    )  # what this role of the engine takes; the other roles' options are dropped
+    for lay in lays:
+        top = lay.factory(top)
+        taken |= top.OPTIONS
+    return top, {k: v for k, v in options.items() if k in taken}
+
+
+__all__ = [
+    "DEFAULT_ENGINE",
+    "ENGINE_ENV",
+    "EngineEntry",
+    "LayerEntry",
+    "build",
+    "choose_engine",
+    "default_layers",
+    "engine_entry",
+    "engine_names",
+    "layer_entry",
+    "layer_names",
+    "register_engine",
+    "register_layer",
+    "split_options",
+]

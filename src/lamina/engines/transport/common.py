@@ -1,0 +1,132 @@
+"""What the producer and the consumer side of the in situ transport share: options, routes, the end of a launch.
+
+``LAMINA_TRANSPORT=file|memory|both`` (or ``lamina.open(..., transport=...)``)
+chooses, outside the program, whether a file is written to disk as usual
+(``file``), or served from the producer's memory to the consumer programs
+(``memory``, engine ``mpi``; ``both`` writes the file too).
+``LAMINA_WORKFLOW`` says which program produces which name
+(:mod:`lamina.workflow.routes`); see ``docs/transport.md``.
+
+A program that opens a name for writing gets a :class:`~.producer.Producer`,
+one that opens it for reading a :class:`~.consumer.Consumer`; both are block
+engines whose catalog is built from the same committed records.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+
+from ... import comm as comm_mod
+from ...errors import ModeError
+from ...workflow import routes
+from ..block import BlockEngine
+from . import wire
+from .wire import Poll
+
+DEFAULT_TIMEOUT = 60.0
+TIMEOUT_ENV = routes.TIMEOUT_ENV
+SERVE_ENV = "LAMINA_TRANSPORT_SERVE"
+#: how producers answer requests: a serving thread (default), or only inside lamina calls
+SERVE_MODES = ("thread", "calls")
+
+#: options only the transport knows (the registry drops them for other engines)
+TRANSPORT_OPTIONS = frozenset({"timeout", "queue_limit", "shallow", "flow", "serve", "stats"})
+
+MPI = wire.MPI
+
+
+class TransportBase(BlockEngine):
+    """The options and the route of a transported name, common to both sides."""
+
+    OPTIONS = BlockEngine.OPTIONS | TRANSPORT_OPTIONS
+
+    def __init__(self, name: str = "mpi") -> None:
+        super().__init__()
+        self.name = name
+
+    def _open_storage(self, path: str, mode: str) -> None:
+        if mode == "a":
+            raise ModeError(
+                "the memory transport streams new steps: open with 'w' (producer) or 'r' (consumer)"
+            )
+        name = routes.normname(path)
+        app = comm_mod.appnum()
+        wf = routes.from_env()
+        for k, v in routes.options_for(name, mode, app, wf).items():
+            self.options.setdefault(k, v)  # the workflow's defaults; the caller's options win
+        env_timeout = os.environ.get(TIMEOUT_ENV)
+        self.timeout = float(self.options.get("timeout", env_timeout or DEFAULT_TIMEOUT))
+        self.queue_limit = int(self.options.get("queue_limit", 2))
+        if self.timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
+        if self.queue_limit < 2:
+            # a consumer releases step k when it asks for step k+1, which the producer must be free to make
+            raise ValueError(f"queue_limit must be at least 2, got {self.queue_limit}")
+        self.segment = 0  # no checksums in memory: one placeholder per block (see Producer._stage)
+        serve = (
+            str(self.options.get("serve", os.environ.get(SERVE_ENV) or "thread")).strip().lower()
+        )
+        if serve not in SERVE_MODES:
+            raise ValueError(f"serve must be one of {', '.join(SERVE_MODES)}, got {serve!r}")
+        if serve == "thread" and MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+            raise ValueError(
+                "serve='thread' needs MPI initialized with MPI_THREAD_MULTIPLE "
+                f"(this MPI gives level {MPI.Query_thread()}); use serve='calls'"
+            )
+        self.serve_mode = serve
+        stats = self.options.get("stats", True)
+        if not isinstance(stats, bool | np.bool_):
+            raise ValueError(f"stats must be True or False, got {stats!r}")
+        self.with_stats = bool(stats)
+        shallow = self.options.get("shallow", ())
+        shallow = (shallow,) if isinstance(shallow, str) else shallow
+        self.shallow = tuple(str(p).lstrip("/") for p in shallow)  # dataset paths have no leading /
+        route = routes.route_for(name, mode, app, comm_mod.task_count(), wf)
+        self._connect(name, app, route, wf)
+
+    def _connect(
+        self, name: str, app: int, route: routes.Route, wf: routes.Workflow | None
+    ) -> None:
+        """Collective: meet the other side of *route* (the role's own part of open)."""
+        raise NotImplementedError
+
+    def _serve_once(self) -> bool:
+        """Independent: answer what the other side asked; True if anything happened (producers)."""
+        return False
+
+    def _data_in_flight(self) -> bool:
+        return False
+
+    @contextmanager
+    def _serving(self) -> Iterator[None]:
+        """The program's thread serves for a while (a producer's serving thread rests meanwhile)."""
+        yield
+
+    def _gather(self) -> None:
+        """Collective: wait for every rank of this task, serving consumers meanwhile (producers).
+
+        Ranks that arrive early would otherwise spin in the blocking
+        collectives of the commit and take the CPU from a rank still
+        sending; here they sleep once idle.  No timeout: the other ranks
+        are this program's own (a blocking collective has none either).
+        """
+        if self.size == 1:
+            return
+        req = self.comm.Ibarrier()
+        poll = Poll(self.timeout)
+        with self._serving():
+            while not req.Test():
+                if self._serve_once():
+                    poll.reset()
+                else:
+                    poll.sleep(active=self._data_in_flight())
+
+    def _write_record(self, raw: bytes) -> None:
+        pass
+
+
+__all__ = ["DEFAULT_TIMEOUT", "SERVE_MODES", "TRANSPORT_OPTIONS", "TIMEOUT_ENV", "TransportBase"]

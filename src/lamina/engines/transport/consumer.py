@@ -1,0 +1,320 @@
+"""The consumer side of the in situ transport (engines ``mpi`` and ``both`` opened for reading).
+
+Data never passes through a central rank.  A consumer rank reading a box
+looks up in its catalog the blocks that meet the box and their producer
+ranks, asks each of those ranks for the intersection (one ``GET`` per
+piece), and receives the pieces straight into its output buffer
+(``Irecv`` of contiguous numpy memory; a scratch buffer only where the
+destination is not contiguous).  Where no producer wrote, the fill value.
+
+A consumer rank releases every step before *k* when it asks for step *k*
+(``f.at(k)``, the next iteration of ``iter_steps``, ``close``).  Every
+wait polls with a timeout (:class:`.wire.Poll`), so a producer that stops
+answering gives :class:`~lamina.errors.TransportError` instead of a hang.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ... import comm as comm_mod
+from ...catalog import KIND_STEP, BlockCodec, Record
+from ...errors import FormatError, StepError, TransportError
+from ...geometry import Box
+from ...workflow import routes
+from ...workflow.routes import parse_flow
+from . import rendezvous, wire
+from .common import MPI, TransportBase
+from .wire import Poll, Request
+
+Tag = comm_mod.Tag
+_u8 = wire._u8
+
+
+class Consumer(TransportBase):
+    """The consumer side: reads the steps a producer task serves (module docstring)."""
+
+    def __init__(self, name: str = "mpi") -> None:
+        super().__init__(name)
+        self._inter = None  # the intercommunicator to the producer task
+        self._source = 0  # the producer rank that sends this rank its records
+        self._agreed = 0  # steps every consumer rank has (see refresh)
+        self._agreed_closed = False
+        self._cursor = 0  # steps before this one are released
+        self._released_real = 0  # the producer's steps before this one are released
+        self._real: list[int] = []  # the producer's step number of each step received
+        self._ended = False  # the producer acknowledged this rank's goodbye
+        self._heard = time.monotonic()  # when the last record came
+        self._waiting: tuple[int, float] | None = None  # (steps waited for, since when)
+
+    def _connect(
+        self, name: str, app: int, route: routes.Route, wf: routes.Workflow | None
+    ) -> None:
+        flow = self.options.get("flow")  # the option wins over the workflow
+        if flow is not None:
+            self.flow = parse_flow(flow)
+        else:
+            said = wf.flow(name, app) if wf is not None else None
+            self.flow = 1 if said is None else said
+        self._inter = rendezvous.connect_consumer(
+            self.comm, name, app, route.producer, self.timeout, self.flow
+        )
+        self._source = (
+            self.comm.rank % self._inter.Get_remote_size()
+        )  # the producer rank sending records here
+        # wait for the producer's first record (its first step, or its close), so that the
+        # datasets and definitions are known once open returns, as for a file
+        g = comm_mod.Guard()
+        with g:
+            self._receive(
+                until=lambda: self.catalog.nrecords > 0, what=f"the first step of {name!r}"
+            )
+        comm_mod.agree(self.comm, g.error)
+        self.refresh()
+
+    def _receive(self, until=None, what: str = "") -> None:
+        """Independent: apply the records that have arrived; with *until*, wait for it (timeout)."""
+        poll = Poll(self.timeout)
+        while True:
+            got = comm_mod.poll_bytes(self._inter, self._source, Tag.RECORD)
+            if got is not None:
+                buf = got[1]
+                if not len(buf):
+                    self._ended = True
+                elif len(buf) < 9:
+                    raise TransportError(
+                        f"{self.path}: malformed record message of {len(buf)} bytes"
+                    )
+                else:
+                    real = int(buf[:8].view(np.int64)[0])
+                    where = f"{self.path}: record {self.catalog.nrecords}"
+                    rec = Record.decode(buf[8:].tobytes(), self.catalog, where)
+                    self.catalog.apply_record(rec, ops_applied=True)
+                    if rec.kind == KIND_STEP:
+                        self._real.append(real)
+                self._heard = time.monotonic()
+                poll.reset()
+                continue
+            if until is None or until():
+                return
+            if poll.expired:
+                raise TransportError(
+                    f"{self.path}: no message from the producer in {self.timeout:g} s waiting for {what}"
+                )
+            poll.sleep()
+
+    @property
+    def steps(self) -> int:
+        return self._agreed
+
+    @property
+    def writer_closed(self) -> bool:
+        return self._agreed_closed
+
+    def producer_step(self, step: int) -> int:
+        """The producer's number of this consumer's *step* (they differ when a flow policy skips steps)."""
+        return self._real[step]
+
+    def refresh(self) -> int:
+        """Collective: take up the steps every consumer rank has received."""
+        self._gather()
+        g = comm_mod.Guard()
+        with g:
+            self._receive()
+            self._check_silence()
+        comm_mod.agree(self.comm, g.error)
+        self._agreed = comm_mod.allreduce_int(self.comm, len(self.catalog.steps), "min")
+        self._agreed_closed = bool(
+            comm_mod.allreduce_int(self.comm, int(self.catalog.closed), "min")
+        )
+        return self._agreed
+
+    def wait_steps(self, count: int, seconds: float) -> None:
+        """Independent: wait up to *seconds* for the record of step *count* - 1 (or the close)."""
+        now = time.monotonic()
+        if self._waiting is None or self._waiting[0] != count:
+            self._waiting = (count, now)
+        end = now + seconds
+        self._receive(
+            until=lambda: (
+                len(self.catalog.steps) >= count or self.catalog.closed or time.monotonic() >= end
+            ),
+            what=f"step {count - 1}",
+        )
+
+    def _check_silence(self) -> None:
+        """In refresh: a producer silent for *timeout* s while this rank waits for a step is gone."""
+        if self._waiting is None:
+            return
+        count, since = self._waiting
+        if len(self.catalog.steps) >= count or self.catalog.closed:
+            self._waiting = None
+            return
+        quiet = time.monotonic() - max(since, self._heard)
+        if quiet > self.timeout:
+            raise TransportError(
+                f"{self.path}: no message from the producer in {quiet:.1f} s waiting for step {count - 1} "
+                f"(timeout {self.timeout:g} s)"
+            )
+
+    def _release(self, k: int) -> None:
+        """Independent: tell every producer rank that this rank is done with every step before *k*."""
+        if k <= self._cursor:
+            return
+        self._cursor = k
+        # in the producer's numbering: up to the step before k (k itself may not have arrived)
+        if k - 1 < len(self._real):
+            real = self._real[k - 1] + 1
+        else:
+            real = k if self.flow == 1 else self._released_real
+        if real <= self._released_real:
+            return
+        self._released_real = real
+        msg = np.array([Request.RELEASE, real], dtype=np.int64)
+        reqs = [
+            comm_mod.isend_bytes(self._inter, _u8(msg), r, Tag.REQUEST)
+            for r in range(self._inter.Get_remote_size())
+        ]
+        self._wait(reqs, "the producer to take a release")
+
+    def _wait(self, reqs: list, what: str) -> list[int]:
+        poll = Poll(self.timeout)
+        while True:
+            counts = comm_mod.test_requests(reqs)
+            if counts is not None:
+                return counts
+            if poll.expired:
+                raise TransportError(
+                    f"{self.path}: waited {self.timeout:g} s for {what}; the producer does not answer"
+                )
+            poll.sleep()
+
+    def check_step(self, step: int | None) -> int:
+        """Independent: resolve *step*; on a consumer, wait for it and release every earlier step."""
+        self._receive()
+        n = len(self.catalog.steps)
+        if step is None:
+            if n == 0:
+                raise StepError(f"{self.path!r} has no steps yet")
+            step = n - 1
+        step = int(step)
+        if step < 0:
+            step += n
+            if step < 0:
+                raise StepError(
+                    f"step {step - n} does not exist in {self.path!r}: {n} step(s) so far"
+                )
+        if step < self._cursor:
+            raise StepError(
+                f"step {step} of {self.path!r} was released: the memory transport keeps a step only "
+                f"until its consumers ask for a later one (this rank is at step {self._cursor})"
+            )
+        self._release(step)
+        if step >= len(self.catalog.steps):
+            self._receive(
+                until=lambda: step < len(self.catalog.steps) or self.catalog.closed,
+                what=f"step {step}",
+            )
+            if step >= len(self.catalog.steps):
+                raise StepError(
+                    f"step {step} will never exist: the producer of {self.path!r} closed it after "
+                    f"{len(self.catalog.steps)} steps"
+                )
+        return step
+
+    def get(self, name: str, box: Box, step: int, out: np.ndarray) -> None:
+        spec, step = self.check_read(name, box, step, out)
+        hits = self.catalog.hits(spec.id, step, box)
+        if sum(inter.size for _, inter in hits) < box.size:
+            out[...] = spec.fill_scalar()
+        real = self._real[step]
+        item = spec.dtype.itemsize
+        direct = out.flags.c_contiguous
+        xfer = wire.Transfers()
+        pieces = []  # (first request, chunk sizes in bytes, scratch or None, box, producer rank)
+        neg = tuple(-a for a in box.start)
+        for rec, inter in hits:
+            if rec.codec == BlockCodec.STATS_ONLY:
+                raise FormatError(
+                    f"dataset {spec.path!r} keeps only statistics at step {step} (block {rec.box}); "
+                    "its values are computed by the derived layer"
+                )
+            if (
+                direct
+            ):  # straight into the output, a subarray datatype where the piece is not contiguous
+                target, shift, tmp = out, neg, None
+            else:
+                tmp = np.empty(inter.shape, dtype=spec.dtype)
+                target, shift = tmp, tuple(-a for a in inter.start)
+            first = len(xfer.reqs)
+            sizes = []
+            for c in wire.chunks(inter, item):
+                bspec, dt = wire.region_spec(target, c.shift(shift))
+                xfer.recv(self._inter, bspec, dt, rec.rank, Tag.DATA)
+                sizes.append(c.size * item)
+            pieces.append((first, sizes, tmp, inter, rec.rank))
+            hdr = np.array(
+                [Request.GET, real, spec.id, spec.ndim, *inter.start, *inter.stop], dtype=np.int64
+            )
+            xfer.send(self._inter, [_u8(hdr), MPI.BYTE], None, rec.rank, Tag.REQUEST)
+        if not xfer.reqs:
+            return
+        poll = Poll(self.timeout)
+        while len(xfer):
+            if xfer.test(wire.BURST):
+                poll.reset()
+            elif poll.expired:
+                xfer.cancel()  # a late answer must not land in *out*
+                raise TransportError(
+                    f"{self.path}: waited {self.timeout:g} s for {spec.path!r} {box} at step {step}; "
+                    "the producer does not answer"
+                )
+            else:
+                poll.sleep(active=True)  # the pipeline moves only while both sides call MPI
+        for first, sizes, tmp, inter, rank in pieces:
+            if xfer.counts[first : first + len(sizes)] != sizes:
+                raise TransportError(
+                    f"{self.path}: producer rank {rank} no longer holds {spec.path!r} {inter} of step {step}"
+                )
+            if tmp is not None:
+                out[inter.shift(neg).slices] = tmp
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            g = comm_mod.Guard()
+            with g:
+                self._goodbye()
+            comm_mod.agree(self.comm, g.error)
+        finally:
+            self._closed = True
+            self._close_storage()
+            comm_mod.free(self.comm)
+
+    def _goodbye(self) -> None:
+        """Consumer: release everything, say goodbye to every producer rank, drain the record stream."""
+        bye = np.array([Request.BYE], dtype=np.int64)
+        reqs = [
+            comm_mod.isend_bytes(self._inter, _u8(bye), r, Tag.REQUEST)
+            for r in range(self._inter.Get_remote_size())
+        ]
+        self._wait(reqs, "the producer to take this rank's goodbye")
+
+        def acknowledged() -> bool:
+            # answers to requests given up after a timeout may still come: take and drop them
+            while comm_mod.poll_bytes(self._inter, comm_mod.ANY_SOURCE, Tag.DATA) is not None:
+                pass
+            return self._ended
+
+        self._receive(until=acknowledged, what="the producer to acknowledge the close")
+
+    def _close_storage(self) -> None:
+        if self._inter is not None:
+            comm_mod.free(self._inter)
+            self._inter = None
+
+
+__all__ = ["Consumer"]

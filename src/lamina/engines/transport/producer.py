@@ -1,0 +1,481 @@
+"""The producer side of the in situ transport (engines ``mpi`` and ``both`` opened for writing).
+
+The producer is a :class:`~lamina.engines.block.BlockEngine` whose
+"storage" is the producer ranks' own memory: the commit protocol runs as for
+files (headers allgathered, overlaps refused, statistics computed, one
+record per step), and every committed record reaches every consumer rank
+(consumer rank *j* gets it from producer rank *j* mod P, so the fan-out is
+spread over the producers), so consumers hold the same catalog (groups, datasets,
+attributes, extension records such as derived-quantity definitions,
+per-step blocks with their statistics and producer rank).
+
+Producers answer requests (:class:`~.wire.Request`) on a serving thread
+while the program computes (``serve='thread'``, the default; it needs
+``MPI_THREAD_MULTIPLE``), and on the program's thread while it is blocked in
+lamina calls: in ``end_step`` until fewer than ``queue_limit`` steps are
+unreleased by some consumer rank, and in ``close`` until every consumer rank
+has said goodbye (``serve='calls'``: only then).
+
+A consumer task may follow every step (``flow='all'``), only the newest
+one whenever it is ready (``'latest'``: the producer never waits for it)
+or every N-th step; it then sees a stream of its own, numbered 0, 1, 2, ...
+
+Every wait polls with a timeout (:class:`.wire.Poll`), so a consumer that
+stops answering gives :class:`~lamina.errors.TransportError` instead of a
+hang.  See ``docs/transport.md`` for the protocol.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import os
+import threading
+import time
+from contextlib import contextmanager
+
+import numpy as np
+
+from ... import comm as comm_mod
+from ... import stats as stats_mod
+from ...catalog import KIND_CLOSE, KIND_META, KIND_STEP, BlockCodec, Record
+from ...errors import ModeError, TransportError
+from ...geometry import Box
+from ...workflow import routes
+from ...workflow.routes import LATEST
+from ..block import Header, Pending
+from . import rendezvous, wire
+from .common import MPI, TransportBase
+from .wire import Poll, Request
+
+Tag = comm_mod.Tag
+NEVER = np.iinfo(np.int64).max
+#: longest sleep of an idle serving thread between polls (a new request waits at most this long)
+SERVER_IDLE = 2e-3
+
+
+class _NoStats:
+    """A block sent without statistics (``stats=False``): queries on consumers read it whatever they ask."""
+
+    def result(self):
+        return None, (0,)
+
+
+class _StatsOnly:
+    """A block's statistics job with one placeholder checksum (the record format wants one per block)."""
+
+    def __init__(self, job) -> None:
+        self.job = job
+
+    def result(self):
+        st, _ = self.job.result()
+        return st, (0,)
+
+
+@dataclasses.dataclass
+class Link:
+    """The producer's connection to one consumer task."""
+
+    app: int
+    inter: object
+    size: int
+    released: np.ndarray  # per consumer rank: every step before this one is released
+    bye: np.ndarray  # per consumer rank: closed
+    flow: int = 1  # every flow-th step; LATEST: the newest step whenever the task is ready
+    delivered: list[int] = dataclasses.field(
+        default_factory=list
+    )  # steps sent, not yet released by all
+    last: int = -1  # the last step delivered
+    count: int = 0  # steps delivered: the consumer's step count
+
+    @property
+    def low(self) -> int:
+        return int(self.released.min())
+
+
+class Producer(TransportBase):
+    """The producer side: serves its steps to the consumer tasks of its name (module docstring)."""
+
+    def __init__(self, name: str = "mpi") -> None:
+        super().__init__(name)
+        self._links: list[Link] = []
+        self._data: dict[int, dict[int, list[tuple[Box, np.ndarray]]]] = {}  # step -> id -> blocks
+        self._staged: list[tuple[int, Box, np.ndarray]] = []
+        self._sends = wire.SendQueue()  # records and control messages
+        self._answers = wire.SendQueue()  # data answers to GETs
+        self._dirty = False  # releases or steps changed since the last _drop_released
+        self._worst = 0  # _unreleased() as of the last _drop_released
+        self._newest: tuple[int, Record] | None = None  # the last step, for late delivery
+        # the serving thread, and the lock it shares with the program's thread (every use of
+        # the links, the held steps and the send queues takes it; re-entrant)
+        self._lock = threading.RLock()
+        self._server: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._server_error: BaseException | None = None
+        self._gave_up = False  # end_step raised TransportError (a consumer stopped answering)
+        self._serving_here = (
+            0  # > 0 while the program's thread serves (in end_step, close): the thread rests
+        )
+
+    def _connect(
+        self, name: str, app: int, route: routes.Route, wf: routes.Workflow | None
+    ) -> None:
+        if "flow" in self.options:
+            raise ValueError(
+                "flow is chosen by each consumer (lamina.open(name, 'r', flow=...)), not by the producer"
+            )
+        links = rendezvous.connect_producer(self.comm, name, app, route.consumers, self.timeout)
+        for c, inter, flow in links:
+            n = inter.Get_remote_size()
+            self._links.append(
+                Link(c, inter, n, np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool), flow)
+            )
+        if self.serve_mode == "thread" and self._links:
+            self._server = threading.Thread(
+                target=self._server_loop, name=f"lamina-serve {name}", daemon=True
+            )
+            self._server.start()
+
+    def define(self, spec):
+        # blocks stay in memory: no compression (the spec readers see says so)
+        return super().define(dataclasses.replace(spec, codecs=()))
+
+    def put(self, name: str, box: Box, array: np.ndarray, copy: bool = True) -> None:
+        # copy=False promises the array only until end_step, but consumers read a step later:
+        # blocks are copied unless their dataset is shallow (see _stage)
+        super().put(name, box, array, True)
+
+    def _stage(self, p: Pending, copy: bool) -> None:
+        if copy and any(fnmatch.fnmatchcase(p.spec.path, pat) for pat in self.shallow):
+            copy = False  # shallow: keep the caller's array until consumers release the step
+        if copy:
+            p.data = p.data.copy()
+        # statistics for the index; no checksums: the bytes are never stored, MPI moves them
+        # on this thread unless asked (the serving loop holds the GIL and competes for the CPU)
+        if not self.with_stats:
+            p.job = _NoStats()
+            return
+        background = bool(self.options.get("background_stats", False))
+        p.job = _StatsOnly(stats_mod.BlockJob(p.data, 0, checksum=False, background=background))
+
+    def _move(self, headers: list[Header], mine: list[Pending]):
+        self._staged = [
+            (p.spec.id, p.box, p.data)
+            for p in mine
+            if p.data is not None and p.codec == BlockCodec.RAW
+        ]
+        return []
+
+    def _committed(self, raw: bytes) -> None:
+        """Collective (called on every producer rank after each commit): keep the step, send records."""
+        with self._lock:
+            self._committed_locked(raw)
+
+    def _committed_locked(self, raw: bytes) -> None:
+        kind = raw[0] if raw else -1
+        step = -1
+        deliver = [True] * len(self._links)
+        rec = None
+        if kind == KIND_STEP:
+            step = len(self.catalog.steps) - 1
+            held: dict[int, list[tuple[Box, np.ndarray]]] = {}
+            for did, box, arr in self._staged:
+                held.setdefault(did, []).append((box, arr))
+            self._data[step] = held
+            self._dirty = True
+            deliver = self._decide(step)
+            if any(link.flow != 1 for link in self._links):
+                rec = Record.decode(raw, self.catalog, "committed record", apply_ops=False)
+                if any(link.flow == LATEST for link in self._links):
+                    self._newest = (step, rec)
+        elif kind == KIND_CLOSE:
+            self._deliver_newest()
+        self._staged = []
+        for link, yes in zip(self._links, deliver, strict=True):
+            if kind == KIND_STEP and yes:
+                link.delivered.append(step)
+                link.last = step
+            if kind != KIND_STEP or (yes and link.flow == 1):
+                self._send_record(link, step if kind == KIND_STEP else -1, raw)
+            elif yes:  # a thinned stream: the consumer numbers the steps it gets 0, 1, 2, ...
+                local = dataclasses.replace(rec, step=link.count)
+                self._send_record(link, step, local.encode(self.catalog.specs))
+            elif rec.ops:  # a skipped step's metadata changes still reach the consumer, in order
+                meta = dataclasses.replace(rec, kind=KIND_META, step=-1, blocks=[])
+                self._send_record(link, -1, meta.encode(self.catalog.specs))
+            if kind == KIND_STEP and yes:
+                link.count += 1
+
+    def _decide(self, step: int) -> list[bool]:
+        """Collective: which consumer tasks get *step* (every N-th: fixed; latest: rank 0's view, broadcast)."""
+        out = [link.flow != LATEST and step % link.flow == 0 for link in self._links]
+        if not any(link.flow == LATEST for link in self._links):
+            return out
+        if self.rank == 0:
+            self._serve_once()  # the freshest view of the releases
+            flags = bytes(
+                int(link.flow == LATEST and (link.last < 0 or link.low > link.last))
+                for link in self._links
+            )
+        else:
+            flags = None
+        flags = comm_mod.bcast_bytes(self.comm, flags, root=0)
+        return [o or bool(f) for o, f in zip(out, flags, strict=True)]
+
+    def _deliver_newest(self) -> None:
+        """Collective, at close: a latest consumer that has not got the last step gets it now."""
+        last = len(self.catalog.steps) - 1
+        for link in self._links:
+            if link.flow != LATEST or last < 0 or link.last == last or link.bye.all():
+                continue
+            link.delivered.append(last)
+            link.last = last
+            s, rec = self._newest
+            assert s == last
+            local = dataclasses.replace(
+                rec, step=link.count, ops=[]
+            )  # its ops went out at its commit
+            self._send_record(link, last, local.encode(self.catalog.specs))
+            link.count += 1
+
+    def _send_record(self, link: Link, step: int, raw: bytes) -> None:
+        buf = np.empty(8 + len(raw), dtype=np.uint8)
+        buf[:8] = np.array([step], dtype=np.int64).view(np.uint8)
+        buf[8:] = np.frombuffer(raw, dtype=np.uint8)
+        for r in range(self.rank, link.size, self.size):  # this rank's share of the consumer ranks
+            if not link.bye[r]:
+                self._sends.send(link.inter, [buf, MPI.BYTE], None, r, Tag.RECORD)
+
+    def _unreleased(self) -> int:
+        """The most steps some blocking consumer task holds (delivered, not released by all its ranks)."""
+        with self._lock:
+            if self._dirty:
+                self._drop_released()
+            return self._worst
+
+    def _all_bye(self) -> bool:
+        return all(bool(link.bye.all()) for link in self._links)
+
+    def _drop_released(self) -> None:
+        """Independent: forget the data of every step no consumer task may still read."""
+        self._dirty = False
+        keep: set[int] = set()
+        self._worst = 0
+        for link in self._links:
+            low = link.low
+            link.delivered = [k for k in link.delivered if k >= low]
+            keep.update(link.delivered)
+            if link.flow != LATEST and not link.bye.all():
+                self._worst = max(self._worst, len(link.delivered))
+            if link.flow == LATEST and not link.bye.all() and self.catalog.steps:
+                keep.add(
+                    len(self.catalog.steps) - 1
+                )  # may still go out, when the task is ready or at close
+        for k in [k for k in self._data if k not in keep]:
+            del self._data[k]
+
+    def _serve_once(self) -> bool:
+        """Independent: answer every waiting request; True if anything happened (either thread)."""
+        with self._lock:
+            return self._serve_once_locked()
+
+    def _serve_once_locked(self) -> bool:
+        busy = False
+        for link in self._links:
+            while True:
+                got = comm_mod.poll_bytes(link.inter, comm_mod.ANY_SOURCE, Tag.REQUEST)
+                if got is None:
+                    break
+                busy = True
+                self._answer(link, *got)
+        if self._sends.test():
+            busy = True
+        if self._answers.test(wire.BURST):
+            busy = True
+        if self._dirty:
+            self._drop_released()
+        return busy
+
+    def _answer(self, link: Link, src: int, buf: np.ndarray) -> None:
+        if len(buf) % 8 or not len(buf):
+            raise TransportError(
+                f"malformed request of {len(buf)} bytes from consumer task {link.app} rank {src}"
+            )
+        words = buf.view(np.int64)
+        kind = int(words[0])
+        if kind == Request.GET and len(words) >= 4:
+            step, did, nd = int(words[1]), int(words[2]), int(words[3])
+            if len(words) != 4 + 2 * nd or not 0 <= did < len(self.catalog.specs):
+                raise TransportError(
+                    f"malformed data request from consumer task {link.app} rank {src}"
+                )
+            want = Box(
+                tuple(int(v) for v in words[4 : 4 + nd]), tuple(int(v) for v in words[4 + nd :])
+            )
+            item = self.catalog.specs[did].dtype.itemsize
+            found = None
+            for box, arr in self._data.get(step, {}).get(did, ()):
+                if box.contains(want):
+                    found = box, arr
+                    break
+            neg = tuple(-a for a in found[0].start) if found else None
+            for c in wire.chunks(want, item):
+                if found is None:  # not held here (released, or never written): empty answers
+                    self._answers.send(
+                        link.inter, [np.zeros(0, dtype=np.uint8), MPI.BYTE], None, src, Tag.DATA
+                    )
+                else:
+                    spec, dt = wire.region_spec(found[1], c.shift(neg))
+                    self._answers.send(link.inter, spec, dt, src, Tag.DATA)
+        elif kind == Request.RELEASE and len(words) == 2:
+            link.released[src] = max(int(link.released[src]), int(words[1]))
+            self._dirty = True
+        elif kind == Request.BYE and len(words) == 1:
+            link.bye[src] = True
+            link.released[src] = NEVER
+            self._dirty = True
+            if src % self.size == self.rank:  # the last message of the record stream to this rank
+                self._sends.send(
+                    link.inter, [np.zeros(0, dtype=np.uint8), MPI.BYTE], None, src, Tag.RECORD
+                )
+        else:
+            raise TransportError(f"unknown request {kind} from consumer task {link.app} rank {src}")
+
+    def _serve(self, until, what: str) -> None:
+        """Independent: serve consumers until *until()*; TransportError after *timeout* s without progress."""
+        poll = Poll(self.timeout)
+        with self._serving():
+            while True:
+                busy = self._serve_once()
+                if until():
+                    return
+                if busy:
+                    poll.reset()
+                elif poll.expired:
+                    raise TransportError(
+                        f"{self.path}: waited {self.timeout:g} s for {what}; no consumer request came"
+                    )
+                else:
+                    poll.sleep(active=len(self._answers) > 0)
+
+    def _server_loop(self) -> None:
+        """The serving thread: answer requests while the program computes between lamina calls.
+
+        It rests while the program's thread serves itself (in end_step and
+        close), spins only while its answers are in flight or just after
+        progress, and otherwise sleeps up to :data:`SERVER_IDLE` between
+        polls.  An error ends the thread and is raised by the program's next
+        lamina call on this file.
+        """
+        poll = Poll(float("inf"))
+        try:
+            while not self._stop.is_set():
+                if self._serving_here:
+                    self._stop.wait(SERVER_IDLE)
+                    continue
+                if self._serve_once():
+                    poll.reset()
+                elif len(self._answers) or time.monotonic() < poll.spin_until:
+                    os.sched_yield()
+                else:
+                    self._stop.wait(min(poll.delay, SERVER_IDLE))
+                    poll.delay *= 2
+        except BaseException as e:  # noqa: BLE001 - handed to the program's thread
+            self._server_error = e
+
+    def _check_server(self) -> None:
+        """Raise, on the program's thread, what stopped the serving thread."""
+        if self._server_error is not None:
+            e, self._server_error = self._server_error, None
+            if isinstance(e, TransportError):
+                raise e
+            raise TransportError(f"{self.path}: serving consumers failed: {e}") from e
+
+    @contextmanager
+    def _serving(self):
+        """The program's thread serves; the serving thread rests meanwhile."""
+        self._check_server()
+        self._serving_here += 1
+        try:
+            yield
+        finally:
+            self._serving_here -= 1
+
+    def _stop_server(self) -> None:
+        if self._server is not None:
+            self._stop.set()
+            self._server.join()
+            self._server = None
+
+    def end_step(self) -> None:
+        self._check_server()
+        self._gather()
+        super().end_step()
+        g = comm_mod.Guard()
+        with g:
+            # serve until the queue has room, and finish the answers already started (a consumer
+            # waiting on them would otherwise wait for this rank's next lamina call)
+            self._serve(
+                lambda: self._unreleased() < self.queue_limit and not self._data_in_flight(),
+                f"consumers to release step {len(self.catalog.steps) - self.queue_limit}",
+            )
+        try:
+            comm_mod.agree(self.comm, g.error)
+        except TransportError:
+            self._gave_up = True  # a consumer is gone: close does not wait for it a second time
+            raise
+
+    def refresh(self) -> int:
+        """Collective (trivially): a producer knows every step it committed."""
+        return len(self.catalog.steps)
+
+    def _data_in_flight(self) -> bool:
+        return len(self._answers) > 0
+
+    def _read_region(self, rec, spec, inter, dst) -> None:
+        raise ModeError(
+            f"{self.path}: a producer of the memory transport cannot read back what it wrote"
+        )
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            self._gather()
+            self._commit_close()
+            g = comm_mod.Guard()
+            with g:
+                if self._gave_up:  # end_step already reported the lost consumer: take what came, go
+                    self._serve_once()
+                    self._stop_server()
+                    return
+                self._serve(self._all_bye, "every consumer rank to close")
+                self._stop_server()
+                self._check_server()
+                poll = Poll(self.timeout)
+                while len(self._sends) or len(self._answers):
+                    if self._sends.test() + self._answers.test():
+                        poll.reset()
+                    elif poll.expired:
+                        raise TransportError(
+                            f"{self.path}: consumers did not take the last messages"
+                        )
+                    else:
+                        poll.sleep()
+            comm_mod.agree(self.comm, g.error)
+        finally:
+            self._closed = True
+            self._close_storage()
+            comm_mod.free(self.comm)
+
+    def _close_storage(self) -> None:
+        self._stop_server()
+        for link in self._links:
+            comm_mod.free(link.inter)
+        self._links = []
+        self._data.clear()
+        self._sends = wire.SendQueue()
+        self._answers = wire.SendQueue()
+
+
+__all__ = ["Link", "Producer"]

@@ -1,0 +1,142 @@
+"""Halo exchange for derived quantities computed at the end of a step.
+
+Stencils (gradient, divergence, curl, laplacian) need cells of
+neighbouring blocks.  At the end of a step ranks tell each other which boxes
+of which inputs they need (one allgather of boxes), and the ranks that wrote
+those cells send exactly the intersections (one all-to-all); each rank then
+assembles its inputs from its own blocks, the pieces it received and the
+fill value where nobody wrote.  Pure functions over the blocks a rank holds
+(*held*: dataset path -> ``[(box, array)]``) and the layer's communicator.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ... import comm as comm_mod
+from ...catalog import DatasetSpec, Decoder, Encoder
+from ...errors import FormatError
+from ...geometry import Box
+
+if TYPE_CHECKING:
+    from mpi4py.MPI import Comm
+
+#: blocks a rank holds in the current step: dataset path -> [(box, array)]
+Held = dict[str, list[tuple[Box, np.ndarray]]]
+
+
+def regions(blocks: list[Box]) -> list[tuple[Box, list[Box]]]:
+    """Where to evaluate: one region for blocks that tile their bounding box, else one per block.
+
+    A rank usually holds several blocks of one box: evaluating over the box
+    at once costs one kernel call and reads halos only at the box's faces.
+    """
+    if len(blocks) > 1:
+        start = tuple(min(b.start[a] for b in blocks) for a in range(blocks[0].ndim))
+        stop = tuple(max(b.stop[a] for b in blocks) for a in range(blocks[0].ndim))
+        bbox = Box(start, stop)
+        if sum(b.size for b in blocks) == bbox.size:  # blocks of one rank never overlap
+            return [(bbox, list(blocks))]
+    return [(b, [b]) for b in blocks]
+
+
+def covered(held: Held, path: str, need: Box) -> bool:
+    """True if this rank's own blocks of *path* in this step cover *need* (they never overlap)."""
+    n = 0
+    for hb, _ in held.get(path, []):
+        inter = hb.intersect(need)
+        if inter is not None and not inter.empty:
+            n += inter.size
+    return n == need.size
+
+
+def assemble(
+    held: Held, spec: DatasetSpec, need: Box, received: list[tuple[Box, np.ndarray]]
+) -> np.ndarray:
+    """Values of dataset *spec* over *need*: this rank's blocks, pieces from others, fill elsewhere."""
+    own = held.get(spec.path, [])
+    for hb, ha in own:
+        if hb.contains(need):
+            return ha[need.relative_to(hb)]
+    pieces = [*own, *received]
+    n = 0
+    for hb, _ in pieces:
+        inter = hb.intersect(need)
+        n += 0 if inter is None or inter.empty else inter.size
+    # blocks never overlap, so full coverage means every cell is written below
+    if n == need.size:
+        out = np.empty(need.shape, dtype=spec.dtype)
+    else:
+        out = np.full(need.shape, spec.fill_scalar(), dtype=spec.dtype)
+    for hb, ha in pieces:
+        inter = hb.intersect(need)
+        if inter is not None and not inter.empty:
+            out[inter.relative_to(need)] = ha[inter.relative_to(hb)]
+    return out
+
+
+def exchange(
+    comm: Comm, held: Held, inputs: list[DatasetSpec], reqs: dict[tuple[int, int], Box]
+) -> dict[tuple[int, int], list[tuple[Box, np.ndarray]]]:
+    """Collective: every rank gets the cells of other ranks' blocks inside the boxes it needs.
+
+    *reqs* maps (region index, input index) to the box of that input the
+    region needs; the answer maps the same keys to the pieces other ranks
+    held there (this rank's own blocks are not sent to itself).
+    """
+    nd = inputs[0].ndim if inputs else 0
+    e = Encoder()
+    e.u32(len(reqs))
+    for (j, i), box in reqs.items():
+        e.u32(j)
+        e.u32(i)
+        for v in (*box.start, *box.stop):
+            e.u64(v)
+    all_reqs = comm_mod.allgather_bytes(comm, e.getvalue())
+    sends = []
+    for r, raw in enumerate(all_reqs):
+        out = Encoder()
+        chunks: list[bytes] = []
+        count = 0
+        if r != comm.rank:
+            dec = Decoder(raw, f"halo requests of rank {r}")
+            for _ in range(dec.count(8, name="requests")):
+                j, i = dec.u32(), dec.u32()
+                vals = [dec.u64() for _ in range(2 * nd)]
+                need = Box(tuple(vals[:nd]), tuple(vals[nd:]))
+                if i >= len(inputs):
+                    raise FormatError(f"halo request of rank {r} names input {i} of {len(inputs)}")
+                for hb, ha in held.get(inputs[i].path, []):
+                    inter = hb.intersect(need)
+                    if inter is None or inter.empty:
+                        continue
+                    piece = np.ascontiguousarray(ha[inter.relative_to(hb)])
+                    chunks.append((j, i, inter, piece))
+                    count += 1
+        out.u32(count)
+        for j, i, inter, piece in chunks:
+            out.u32(j)
+            out.u32(i)
+            for v in (*inter.start, *inter.stop):
+                out.u64(v)
+            out.blob(piece.tobytes())
+        sends.append(out.getvalue())
+    got = comm_mod.exchange_bytes(comm, sends)
+    pieces: dict[tuple[int, int], list[tuple[Box, np.ndarray]]] = {}
+    for r, buf in enumerate(got):
+        if r == comm.rank or not len(buf):
+            continue
+        dec = Decoder(buf.tobytes(), f"halo pieces from rank {r}")
+        for _ in range(dec.count(8, name="pieces")):
+            j, i = dec.u32(), dec.u32()
+            vals = [dec.u64() for _ in range(2 * nd)]
+            inter = Box(tuple(vals[:nd]), tuple(vals[nd:]))
+            dt = inputs[i].dtype
+            arr = np.frombuffer(dec.blob(), dtype=dt).reshape(inter.shape)
+            pieces.setdefault((j, i), []).append((inter, arr))
+    return pieces
+
+
+__all__ = ["Held", "assemble", "covered", "exchange", "regions"]

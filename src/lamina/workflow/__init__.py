@@ -1,0 +1,15 @@
+"""Workflows: which program of an MPMD launch produces which name, and launching them.
+
+* :mod:`.routes` -- ``LAMINA_WORKFLOW``: per name, the producer task, the
+  consumer tasks, their flow policies and producer options (pure; the in situ
+  transport reads it);
+* :mod:`.file` -- workflow files (YAML): the programs, their ranks and the
+  names they write and read, checked, turned into ``LAMINA_WORKFLOW``;
+* :mod:`.launcher` -- one ``mpiexec A : B : C`` job for the tasks of a file;
+* :mod:`.command` -- ``lamina run WORKFLOW.yaml``.
+"""
+
+from .file import WorkflowFile, WorkflowFileError, load
+from .routes import Route, Workflow
+
+__all__ = ["Route", "Workflow", "WorkflowFile", "WorkflowFileError", "load"]
