@@ -21,9 +21,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
 
+# the checks CI runs before the tests (.pre-commit-config.yaml runs the same on each commit)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
+	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 bench: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/lamina bench write --size 64MiB --ranks 1,2,4

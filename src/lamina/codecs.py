@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
+from typing import Any
 
 import numpy as np
 
@@ -43,6 +44,7 @@ def normalize(compression, dtype: np.dtype, ndim: int) -> tuple[dict, ...]:
     items = compression if isinstance(compression, list) else [compression]
     out = []
     for item in items:
+        cfg: dict[str, Any]
         if isinstance(item, str):
             cfg = {"id": _ALIASES.get(item, item)}
         elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
@@ -57,7 +59,8 @@ def normalize(compression, dtype: np.dtype, ndim: int) -> tuple[dict, ...]:
                 )
         elif isinstance(item, dict):
             cfg = dict(item)
-            cfg["id"] = _ALIASES.get(cfg.get("id"), cfg.get("id"))
+            ident = cfg.get("id")
+            cfg["id"] = _ALIASES.get(ident, ident) if isinstance(ident, str) else ident
         else:
             raise CodecError(f"compression must be a codec name, tuple or dict, got {item!r}")
         out.append(_validate(cfg, dtype, ndim))
@@ -172,7 +175,7 @@ class Pipeline:
         arr = np.asarray(data)
         if arr.dtype != dtype:
             arr = np.frombuffer(
-                memoryview(arr).cast("B") if arr.dtype.kind != "V" else arr, dtype=np.uint8
+                arr.data.cast("B") if arr.dtype.kind != "V" else arr, dtype=np.uint8
             )
             if arr.nbytes != math.prod(shape) * dtype.itemsize:
                 raise CodecError(

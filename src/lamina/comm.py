@@ -53,6 +53,11 @@ def world() -> MPI.Comm:
     return MPI.COMM_WORLD
 
 
+def self_comm() -> MPI.Comm:
+    """``MPI.COMM_SELF``: this process alone (for work that concerns no other rank)."""
+    return MPI.COMM_SELF
+
+
 def appnum() -> int:
     """Index of this program's task: its MPMD appnum (``mpiexec A : B``), or the one :func:`set_task_comm` gave."""
     if _DECLARED is not None:
@@ -88,7 +93,7 @@ def task_comm() -> MPI.Comm:
 # --- tasks of an MPMD launch (used by the in situ transport) -------------
 
 _APPNUMS: np.ndarray | None = None
-_PEER_COMM: MPI.Comm | None = None
+_PEER_COMM: MPI.Intracomm | None = None
 _DECLARED: int | None = None  # this rank's task, when the program split the world itself
 
 
@@ -178,7 +183,7 @@ def task_size(app: int) -> int:
     return int(np.count_nonzero(task_appnums() == app))
 
 
-def peer_comm() -> MPI.Comm | None:
+def peer_comm() -> MPI.Intracomm | None:
     """Private duplicate of the world for traffic between tasks, None unless several tasks share the launch.
 
     Made once, collectively over the world, by :func:`task_comm`; task
@@ -189,7 +194,7 @@ def peer_comm() -> MPI.Comm | None:
     return _PEER_COMM
 
 
-def intercomm(local: MPI.Comm, remote_app: int, tag: int) -> MPI.Comm:
+def intercomm(local: MPI.Intracomm, remote_app: int, tag: int) -> MPI.Intercomm:
     """Collective over *local* and the matching call in task *remote_app*: an intercommunicator between them.
 
     *local* must have its leader (rank 0) on the lowest world rank of its
@@ -238,15 +243,16 @@ def gather_bytes(comm: MPI.Comm, data: bytes, root: int = 0) -> list[bytes] | No
     if comm.size == 1:
         return [bytes(data)]
     n = np.array([len(data)], dtype=np.int64)
-    counts = np.zeros(comm.size, dtype=np.int64) if comm.rank == root else None
-    comm.Gather(n, counts, root=root)
     if comm.rank == root:
+        counts = np.zeros(comm.size, dtype=np.int64)
+        comm.Gather(n, counts, root=root)
         displs = np.zeros(comm.size, dtype=np.int64)
         np.cumsum(counts[:-1], out=displs[1:])
         buf = np.empty(int(counts.sum()), dtype=np.uint8)
         comm.Gatherv(_as_u8(data), [buf, counts, displs, MPI.BYTE], root=root)
         raw = buf.tobytes()
         return [raw[int(d) : int(d) + int(c)] for d, c in zip(displs, counts, strict=True)]
+    comm.Gather(n, None, root=root)
     comm.Gatherv(_as_u8(data), None, root=root)
     return None
 
@@ -273,7 +279,7 @@ def bcast_bytes(comm: MPI.Comm, data: bytes | None, root: int = 0) -> bytes:
     n = np.array([len(data) if comm.rank == root and data is not None else 0], dtype=np.int64)
     comm.Bcast(n, root=root)
     buf = np.empty(int(n[0]), dtype=np.uint8)
-    if comm.rank == root and n[0]:
+    if comm.rank == root and data is not None and n[0]:
         buf[:] = _as_u8(data)
     if n[0]:
         comm.Bcast(buf, root=root)
@@ -407,8 +413,9 @@ def agree(comm: MPI.Comm, exc: BaseException | None) -> None:
         raise mark_collective(exc)
     payload = None
     if comm.rank == first:
-        name, msg = error_to_wire(exc)  # type: ignore[arg-type]
-        payload = name.encode() + b"\0" + msg.encode("utf-8", "replace")
+        assert exc is not None
+        kind, text = error_to_wire(exc)
+        payload = kind.encode() + b"\0" + text.encode("utf-8", "replace")
     raw = bcast_bytes(comm, payload, root=first)
     if comm.rank == first:
         assert exc is not None
@@ -467,6 +474,7 @@ __all__ = [
     "peer_comm",
     "resolve",
     "task_appnums",
+    "self_comm",
     "set_task_comm",
     "task_comm",
     "task_count",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from types import EllipsisType
 
 import numpy as np
 
@@ -105,6 +106,14 @@ class Box:
         return tuple(
             slice(a - o, b - o) for a, b, o in zip(self.start, self.stop, outer.start, strict=True)
         )
+
+    def within(self, outer: Box) -> tuple[slice | EllipsisType, ...]:
+        """An index that selects this box inside an array holding *outer* as an array (also when 0-D).
+
+        Like :meth:`relative_to` with a trailing ``...``, so that a 0-D box
+        gives a 0-D view to write into rather than a scalar.
+        """
+        return (*self.relative_to(outer), Ellipsis)
 
     def shift(self, offset: Sequence[int]) -> Box:
         return Box(

@@ -26,6 +26,7 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -284,7 +285,7 @@ class _Src:
     """One HDF5 dataset to copy: where it goes and which (step, box) pieces to move."""
 
     path: str
-    h5: object
+    h5: Any  # an h5py.Dataset
     dtype: np.dtype
     shape: tuple[int, ...]
     fill: object

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Protocol
 
 import crc32c as _crc32c
 import numpy as np
@@ -32,7 +33,7 @@ def crc(data, value: int = 0) -> int:
 
 
 def _flat_bytes(arr: np.ndarray) -> memoryview:
-    return memoryview(np.ascontiguousarray(arr)).cast("B")
+    return np.ascontiguousarray(arr).data.cast("B")
 
 
 def segment_crcs(buf, seg: int = SEGMENT) -> tuple[int, ...]:
@@ -90,8 +91,9 @@ def compute(
     if kind == "b":
         flat = flat.view(np.uint8)
     n = flat.size
-    mn = mx = None
-    total = 0j if kind == "c" else 0.0
+    mn: Any = None
+    mx: Any = None
+    total: Any = 0j if kind == "c" else 0.0
     count = 0
     crcs: list[int] = []
     item = a.dtype.itemsize
@@ -104,7 +106,7 @@ def compute(
     if seg > 0 and seg % (step * item):
         step = max(1, math.gcd(step * item, seg) // item)
     seg_items = (seg // item) if seg > 0 else n  # after adjusting step: a multiple of it
-    raw = memoryview(flat.view(np.uint8)) if checksum else None
+    raw = flat.view(np.uint8).data if checksum else None
     cur = 0
     for i in range(0, n, step):
         c = flat[i : i + step]
@@ -134,6 +136,12 @@ def compute(
     return Stats(mn, mx, total, int(count)), tuple(crcs)
 
 
+class StatsJob(Protocol):
+    """What an engine keeps for a block until its step commits: its statistics and checksums, when ready."""
+
+    def result(self) -> tuple[Stats | None, tuple[int, ...]]: ...
+
+
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
 
@@ -153,7 +161,7 @@ class BlockJob:
         self, arr: np.ndarray, seg: int = SEGMENT, checksum: bool = True, background: bool = True
     ):
         self._future: Future | None = None
-        self._result = None
+        self._result: tuple[Stats, tuple[int, ...]] | None = None
         if background and arr.nbytes >= BACKGROUND_MIN:
             self._future = _pool().submit(compute, arr, seg, checksum)
         else:
@@ -163,4 +171,5 @@ class BlockJob:
         if self._future is not None:
             self._result = self._future.result()
             self._future = None
+        assert self._result is not None
         return self._result

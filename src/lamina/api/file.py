@@ -76,8 +76,10 @@ class File(Group):
         """Collective: commit the current step atomically (data, then metadata, then commit record)."""
         self._engine.end_step()
 
+    # on a File, ``step`` begins a step (``with f.step():``), as documented; on views
+    # (Group.step) it is the step a view reads, which a File, reading the latest, has not
     @contextlib.contextmanager
-    def step(self) -> Iterator[int]:
+    def step(self) -> Iterator[int]:  # type: ignore[override]
         """Collective: ``with f.step() as k:`` begins step k and commits it on exit.
 
         If the block raises, the step is discarded on this rank and the error
@@ -227,6 +229,7 @@ class StepView(Group):
 
     @property
     def index(self) -> int:
+        assert self._step is not None  # a view is of one step
         return self._step
 
     @property

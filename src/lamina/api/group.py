@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
+from typing import Any, cast
 
 import numpy as np
 
@@ -137,7 +138,7 @@ class Group:
         """
         from .dataset import Dataset
 
-        shape = (int(shape),) if np.isscalar(shape) else tuple(int(n) for n in shape)
+        shape = (int(cast(Any, shape)),) if np.isscalar(shape) else tuple(int(n) for n in shape)
         if any(n < 0 for n in shape):
             raise ValueError(f"dataset {name!r}: shape {shape} has a negative dimension")
         dt = check_dtype(dtype)

@@ -590,7 +590,7 @@ class Catalog:
     def blocks(self, dataset_id: int, step: int) -> list[BlockRecord]:
         return self.steps[step].get(dataset_id, [])
 
-    def hits(self, dataset_id: int, step: int, box) -> list[tuple[BlockRecord, object]]:
+    def hits(self, dataset_id: int, step: int, box: Box) -> list[tuple[BlockRecord, Box]]:
         """The blocks of a dataset at *step* that meet *box*, with the common part: ``[(record, Box)]``.
 
         Vectorized over the step's blocks (an index of their corners is built
@@ -614,9 +614,7 @@ class Catalog:
         ok = np.all(a < b, axis=1)
         out = []
         for i in np.flatnonzero(ok):
-            out.append(
-                (recs[i], type(box)(tuple(int(v) for v in a[i]), tuple(int(v) for v in b[i])))
-            )
+            out.append((recs[i], Box(tuple(int(v) for v in a[i]), tuple(int(v) for v in b[i]))))
         return out
 
     # -- rollback ---------------------------------------------------------

@@ -8,6 +8,7 @@ never a crash, a hang or a huge allocation.
 
 from __future__ import annotations
 
+import builtins
 import struct
 
 from ..errors import FormatError
@@ -130,7 +131,9 @@ class Decoder:
         except UnicodeDecodeError as e:
             raise FormatError(f"{self.what}: string at byte {self.pos - n} is not UTF-8") from e
 
-    def count(self, min_item_bytes: int, limit: int | None = None, name: str = "items") -> int:
+    def count(
+        self, min_item_bytes: int, limit: int | None = None, name: builtins.str = "items"
+    ) -> int:
         """Read a u32 count of items that each take at least *min_item_bytes*."""
         n = self.u32()
         if n * max(1, min_item_bytes) > self.remaining or (limit is not None and n > limit):

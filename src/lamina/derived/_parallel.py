@@ -21,6 +21,7 @@ import contextvars
 import os
 import threading
 from collections.abc import Callable, Sequence
+from typing import TypeVar, cast
 
 import numpy as np
 
@@ -62,9 +63,11 @@ def default_threads() -> int:
     return max(1, min(MAX_THREADS, cpus // ranks))
 
 
-def run_blocks(
-    items: Sequence, work: Callable[[object, object], None], states: Sequence[object]
-) -> None:
+S = TypeVar("S")
+T = TypeVar("T")
+
+
+def run_blocks(items: Sequence[T], work: Callable[[S, T], None], states: Sequence[S]) -> None:
     """Call ``work(state, item)`` for every item, on ``len(states)`` threads (the caller's included).
 
     Each thread keeps one state (the caller's is ``states[0]``) and takes the
@@ -75,6 +78,7 @@ def run_blocks(
     """
     lock = threading.Lock()
     pending = iter(items)
+    done = object()  # what next() gives once every item is taken
     errors: list[BaseException] = []
     errstate = np.geterr()  # (numpy < 2 keeps it per thread, not in the context)
 
@@ -83,10 +87,10 @@ def run_blocks(
             with np.errstate(**errstate):
                 while not errors:
                     with lock:
-                        item = next(pending, pending)
-                    if item is pending:
+                        item = next(pending, done)
+                    if item is done:
                         return
-                    work(state, item)
+                    work(state, cast(T, item))
         except BaseException as e:  # noqa: BLE001 - handed to the calling thread
             errors.append(e)
 

@@ -155,10 +155,11 @@ def stencil(ev, node: Call, B: Box, dests, get) -> list[tuple[Any, bool]]:
             continue
         U = None
         for p in ps:
-            b = B
+            grown = B
             for ax in p:
-                b = grow(b, ax, shape)
-            U = union(U, b)
+                grown = grow(grown, ax, shape)
+            U = union(U, grown)
+        assert U is not None  # ps is not empty
         fetched[i] = (get(arg, U), U.start)
 
     def d(k):
@@ -174,7 +175,9 @@ def stencil(ev, node: Call, B: Box, dests, get) -> list[tuple[Any, bool]]:
     name = node.name
     if name == "gradient":
         if len(node.args) == 2:
-            result = [D(0, axis_value(node.args[1]) % ndim, d(0))]
+            axis = axis_value(node.args[1])
+            assert axis is not None  # checked when the expression was parsed
+            result = [D(0, axis % ndim, d(0))]
         else:
             result = [D(0, j, d(j)) for j in range(ndim)]
     elif name == "divergence":

@@ -266,7 +266,7 @@ def component_names(name: str, expr: Expr | int) -> list[str]:
 def gpu_available() -> bool:
     """True if CuPy imports and sees at least one CUDA device."""
     try:
-        import cupy  # type: ignore[import-not-found]
+        import cupy
 
         return cupy.cuda.runtime.getDeviceCount() > 0
     except Exception:  # noqa: BLE001 - any failure means: no usable GPU
@@ -339,7 +339,7 @@ def _array_module(device: str):
     if device not in ("gpu", "auto"):
         raise ExpressionError(f"device must be 'cpu', 'gpu' or 'auto', not {device!r}")
     if gpu_available():
-        import cupy  # type: ignore[import-not-found]
+        import cupy
 
         return cupy
     if device == "auto":

@@ -86,7 +86,7 @@ from __future__ import annotations
 import copy
 import itertools
 import operator
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -112,7 +112,7 @@ _COMPARE = {
     "!=": "not_equal",
 }
 _F64 = np.dtype(np.float64)
-_EXACT_INT = {
+_EXACT_INT: dict[str, Callable[..., int]] = {
     "add": operator.add,
     "subtract": operator.sub,
     "multiply": operator.mul,

@@ -87,7 +87,7 @@ class Pending:
     box: Box
     data: np.ndarray | None  # array to store (copy or caller's buffer), None once stored
     payload: bytes | None = None  # encoded bytes when the dataset has a codec
-    job: stats_mod.BlockJob | None = None
+    job: stats_mod.StatsJob | None = None  # statistics and checksums, set at put
     length: int = 0
     codec: int = BlockCodec.RAW
     location: tuple[int, int, int] | None = None  # (session, agg, offset) once stored
@@ -490,6 +490,7 @@ class BlockEngine(Engine):
         e = Encoder()
         e.u32(len(self._pending))
         for p in self._pending:
+            assert p.job is not None  # every put sets it
             st, crcs = p.job.result()
             if p.codec != BlockCodec.RAW:
                 crcs = p.extra["crcs"]
@@ -575,6 +576,7 @@ class BlockEngine(Engine):
             raw = None
             with g:
                 if self.rank == 0:
+                    assert trailers is not None  # gathered on rank 0
                     rec = self._build_record(kind, step, headers, trailers)
                     raw = rec.encode(self.catalog.specs)
                     self._write_record(raw)
@@ -637,7 +639,7 @@ class BlockEngine(Engine):
             )
         return spec, step
 
-    def get(self, name: str, box: Box, step: int, out: np.ndarray) -> None:
+    def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
         spec, step = self.check_read(name, box, step, out)
         hits = self.catalog.hits(spec.id, step, box)
         covered = sum(inter.size for _, inter in hits)
@@ -649,7 +651,7 @@ class BlockEngine(Engine):
                     f"dataset {spec.path!r} keeps only statistics at step {step} (block {rec.box}); "
                     "its values are computed by the derived layer"
                 )
-            self._read_region(rec, spec, inter, out[(*inter.relative_to(box), ...)])
+            self._read_region(rec, spec, inter, out[inter.within(box)])
 
     def decode_payload(self, rec: BlockRecord, spec: DatasetSpec, payload) -> np.ndarray:
         """Bytes of a whole block as stored -> array of the block's shape."""
@@ -699,6 +701,7 @@ class BlockEngine(Engine):
 
     def _stage(self, p: Pending, copy: bool) -> None:
         """Take a raw block at put time: store it now or keep (a copy of) it for _move."""
+        assert p.data is not None  # a raw block keeps its array until it is stored
         if copy:
             p.data = p.data.copy()
         p.job = stats_mod.BlockJob(p.data, self.segment, background=self.background_stats)

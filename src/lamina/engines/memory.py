@@ -78,11 +78,9 @@ class MemoryEngine(BlockEngine):
         parts = []
         for p in mine:
             if p.location is None:  # statistics-only blocks have nothing to move
-                parts.append(
-                    p.payload
-                    if p.codec == BlockCodec.PIPELINE
-                    else memoryview(p.data).cast("B").tobytes()
-                )
+                raw = p.payload if p.codec == BlockCodec.PIPELINE else p.data
+                assert raw is not None  # moved once, at the commit
+                parts.append(bytes(raw.data) if isinstance(raw, np.ndarray) else raw)
         everything = comm_mod.allgather_bytes(self.comm, b"".join(parts))
         pos = [0] * self.size
         locations = []

@@ -134,9 +134,7 @@ def _load_entry_points(group: str) -> None:
         opts = getattr(obj, "OPTIONS", ())
         is_engine = isinstance(obj, type) and issubclass(obj, Engine)
         if group == ENGINE_GROUP and is_engine and not obj.is_layer:
-            register_engine(
-                ep.name, lambda mode, cls=obj: cls(), opts, description=f"from {ep.value}"
-            )
+            register_engine(ep.name, _instantiate(obj), opts, description=f"from {ep.value}")
         elif group == LAYER_GROUP and is_engine and obj.is_layer:
             register_layer(ep.name, obj, opts, description=f"from {ep.value}")
         else:
@@ -145,6 +143,15 @@ def _load_entry_points(group: str) -> None:
                 f"{group} entry point {ep.name!r} ({ep.value}) is not a lamina {kind} subclass",
                 stacklevel=3,
             )
+
+
+def _instantiate(cls: type[Engine]) -> Callable[[str], Engine]:
+    """An engine factory for an engine class from an entry point (the same engine for every mode)."""
+
+    def factory(mode: str) -> Engine:
+        return cls()
+
+    return factory
 
 
 def engine_entry(name: str) -> EngineEntry:

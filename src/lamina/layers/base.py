@@ -34,7 +34,7 @@ class Layer(Engine):
         self.inner = inner
 
     # -- identity (the inner engine's) --------------------------------------
-    @property  # type: ignore[override]
+    @property
     def name(self) -> str:
         return self.inner.name
 
@@ -42,7 +42,7 @@ class Layer(Engine):
     def name(self, value: str) -> None:
         _read_only("name")
 
-    @property  # type: ignore[override]
+    @property
     def comm(self) -> Comm:
         return self.inner.comm
 
@@ -50,7 +50,7 @@ class Layer(Engine):
     def comm(self, value: Comm) -> None:
         _read_only("communicator")
 
-    @property  # type: ignore[override]
+    @property
     def mode(self) -> str:
         return self.inner.mode
 
@@ -58,7 +58,7 @@ class Layer(Engine):
     def mode(self, value: str) -> None:
         _read_only("mode")
 
-    @property  # type: ignore[override]
+    @property
     def path(self) -> str:
         return self.inner.path
 
@@ -66,7 +66,7 @@ class Layer(Engine):
     def path(self, value: str) -> None:
         _read_only("path")
 
-    @property  # type: ignore[override]
+    @property
     def catalog(self) -> Catalog:
         return self.inner.catalog
 

@@ -190,23 +190,37 @@ def _kernel_rates(size: int, repeat: int, rng) -> dict[str, float]:
 
 
 def _io_rates(size: int, repeat: int, directory: str | None, rng) -> dict[str, float]:
-    import lamina
+    """Write and read rates of a native file on this process alone, through the engine (no layers)."""
+    from .. import comm as comm_mod
+    from ..catalog import DatasetSpec
+    from ..engines.native import NativeEngine
+    from ..geometry import Box
 
     arr = rng.random(size // 8)
+    box = Box.from_shape(arr.shape)
     base = tempfile.mkdtemp(prefix="lamina-calibrate-", dir=directory)
     try:
         path = os.path.join(base, "c.lam")
 
         def write() -> None:
             shutil.rmtree(path, ignore_errors=True)
-            with lamina.open(path, "w", durable=False) as f:
-                ds = f.create_dataset("x", arr.shape, arr.dtype)
-                with f.step():
-                    ds[...] = arr
+            eng = NativeEngine()
+            eng.open(path, "w", comm_mod.self_comm(), {"durable": False})
+            try:
+                eng.define(DatasetSpec("x", arr.shape, arr.dtype))
+                eng.begin_step()
+                eng.put("x", box, arr)
+                eng.end_step()
+            finally:
+                eng.close()
 
         def read() -> None:
-            with lamina.open(path, "r") as f:
-                f["x"][...]
+            eng = NativeEngine()
+            eng.open(path, "r", comm_mod.self_comm(), {})
+            try:
+                eng.get("x", box, None, np.empty_like(arr))
+            finally:
+                eng.close()
 
         tw = _best(write, repeat)
         tr = _best(read, repeat)

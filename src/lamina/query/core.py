@@ -161,10 +161,10 @@ def _block_answer(
                     cache[(p, u)] = a
                     cached += a.nbytes
     for u in result.candidates:
-        got = {}
+        got: dict[str, np.ndarray] = {}
         for p in sel:
-            a = cache.get((p, u))
-            got[p] = a if a is not None else src.read(p, u)
+            kept = cache.get((p, u))
+            got[p] = kept if kept is not None else src.read(p, u)
         result.candidate_values.append(got)
     result.candidate_blocks_read = len(src.touched)
     result.candidate_bytes_read = src.bytes_read - b0

@@ -69,12 +69,7 @@ def describe(wf: WorkflowFile, transport: str | None = None) -> list[str]:
     for t in wf.tasks:
         for w in t.writes:
             readers = [
-                wf.tasks[c].name
-                + (
-                    ""
-                    if flow_of[c, w.name] is None
-                    else f" ({wfmod.flow_name(flow_of[c, w.name])})"
-                )
+                wf.tasks[c].name + _flow_note(flow_of[c, w.name])
                 for c in range(len(wf.tasks))
                 if (c, w.name) in flow_of
             ]
@@ -83,6 +78,10 @@ def describe(wf: WorkflowFile, transport: str | None = None) -> list[str]:
             else:
                 lines.append(f"#   {w.name}: written by {t.name}, read by no task: stays a file")
     return lines
+
+
+def _flow_note(flow: int | None) -> str:
+    return "" if flow is None else f" ({wfmod.flow_name(flow)})"
 
 
 def script(
@@ -96,7 +95,8 @@ def script(
     for k, v in env.items():
         if os.environ.get(k) != v:
             lines.append(f"export {k}={shlex.quote(v)}")
-    sections, cur = [], []
+    sections: list[list[str]] = []
+    cur: list[str] = []
     for word in cmd:
         if word == ":":
             sections.append(cur)
@@ -127,7 +127,8 @@ def run(
     After *timeout* seconds, on Ctrl-C or on SIGTERM the whole job is killed
     (mpiexec and every rank) and 124, 130 or 143 returned.
     """
-    exe = mpiexec or launch.find_mpiexec()
+    exe = mpiexec or launch.find_mpiexec(required=True)
+    assert exe is not None  # required: FileNotFoundError otherwise
     cmd = command(wf, exe, oversubscribe=launch.is_open_mpi(exe))
     env = environment(wf, transport)
     proc = subprocess.Popen(cmd, cwd=wf.directory, env=env, start_new_session=True)

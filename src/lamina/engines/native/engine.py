@@ -216,9 +216,11 @@ class NativeEngine(BlockEngine):
                     fmt.check_header(
                         f.read(fmt.HEADER_SIZE), fmt.META_MAGIC, f"{self.path}/{fmt.META_NAME}"
                     )
-                for e in new:
-                    f.seek(e.offset)
-                    out.append(fmt.parse_frame(f.read(e.length), e, f"{self.path}/{fmt.META_NAME}"))
+                for ent in new:
+                    f.seek(ent.offset)
+                    out.append(
+                        fmt.parse_frame(f.read(ent.length), ent, f"{self.path}/{fmt.META_NAME}")
+                    )
         meta_end = entries[-1].offset + entries[-1].length if entries else fmt.HEADER_SIZE
         return out, (len(entries), meta_end, valid_end)
 
@@ -256,6 +258,7 @@ class NativeEngine(BlockEngine):
                 self.catalog.apply_record(rec, ops_applied=True)
             if self.rank == 0 and self.mode != "r":
                 # drop anything a killed writer left past the last commit
+                assert state is not None  # read on rank 0
                 _nentries, meta_end, commit_end = state
                 os.ftruncate(self._meta_fd, meta_end)
                 os.ftruncate(self._commit_fd, commit_end)
@@ -266,6 +269,7 @@ class NativeEngine(BlockEngine):
             raise
         if self.rank == 0:
             # only now that every rank applied the records: read on from after them
+            assert state is not None
             self._nentries, self._meta_end, self._commit_end = state
         return len(self.catalog.steps)
 
@@ -319,6 +323,7 @@ class NativeEngine(BlockEngine):
 
     # ------------------------------------------------------------ data
     def _stage(self, p: Pending, copy: bool) -> None:
+        assert p.data is not None  # a raw block keeps its array until it is stored
         if self.is_agg:
             # write now; the worker thread computes stats/checksums meanwhile
             p.job = stats_mod.BlockJob(p.data, self.segment, background=self.background_stats)
@@ -334,8 +339,10 @@ class NativeEngine(BlockEngine):
 
     def _payload(self, p: Pending) -> memoryview:
         if p.codec == BlockCodec.PIPELINE:
+            assert p.payload is not None
             return memoryview(p.payload)
-        return memoryview(p.data).cast("B")
+        assert p.data is not None
+        return p.data.data.cast("B")
 
     def _move(self, headers: list[Header], mine: list[Pending]):
         """Collective: members send their deferred blocks to their aggregator, which writes them.
@@ -368,10 +375,10 @@ class NativeEngine(BlockEngine):
                 if h.rank == self.rank or self.agg_of[h.rank] != agg or h.location is not None:
                     continue
                 off = self._data_end
-                e = self._recv_write(
+                failed = self._recv_write(
                     h.rank, h.length, off, self._recv_buffers(h.length), tag, write=error is None
                 )
-                error = error or e
+                error = error or failed
                 self._data_end += h.length
                 locations.append((h.rank, h.idx, self.session, agg, off))
             if error is None and self.durable:
@@ -457,14 +464,14 @@ class NativeEngine(BlockEngine):
         fd = self._fd(rec.subfile)
         if rec.codec != BlockCodec.RAW:
             buf = np.empty(rec.length, dtype=np.uint8)
-            self._read_verified(fd, memoryview(buf), rec.offset, 0, rec, what)
+            self._read_verified(fd, buf.data, rec.offset, 0, rec, what)
             arr = self.decode_payload(rec, spec, buf)
             dst[...] = arr[inter.relative_to(rec.box)]
             return
         item = spec.dtype.itemsize
         if inter == rec.box and dst.flags.c_contiguous:
             # the whole block into the caller's memory: no intermediate copy
-            self._read_verified(fd, memoryview(dst).cast("B"), rec.offset, 0, rec, what)
+            self._read_verified(fd, dst.data.cast("B"), rec.offset, 0, rec, what)
             return
         # byte span of the region in the block's C order, widened to checksum segments
         bshape = rec.box.shape
@@ -494,7 +501,7 @@ class NativeEngine(BlockEngine):
         else:
             lo, hi = 0, rec.length
         buf = np.empty(hi - lo, dtype=np.uint8)
-        self._read_verified(fd, memoryview(buf), rec.offset + lo, lo, rec, what)
+        self._read_verified(fd, buf.data, rec.offset + lo, lo, rec, what)
         strides = tuple(
             item * int(np.prod(bshape[i + 1 :], dtype=np.int64)) for i in range(len(bshape))
         )

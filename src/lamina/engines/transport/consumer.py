@@ -16,6 +16,7 @@ answering gives :class:`~lamina.errors.TransportError` instead of a hang.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -29,6 +30,9 @@ from . import rendezvous, wire
 from .common import MPI, TransportBase
 from .wire import Poll, Request
 
+if TYPE_CHECKING:
+    from mpi4py.MPI import Intercomm
+
 Tag = comm_mod.Tag
 _u8 = wire._u8
 
@@ -38,7 +42,7 @@ class Consumer(TransportBase):
 
     def __init__(self, name: str = "mpi") -> None:
         super().__init__(name)
-        self._inter = None  # the intercommunicator to the producer task
+        self._inter: Intercomm | None = None  # the intercommunicator to the producer task
         self._source = 0  # the producer rank that sends this rank its records
         self._agreed = 0  # steps every consumer rank has (see refresh)
         self._agreed_closed = False
@@ -48,6 +52,13 @@ class Consumer(TransportBase):
         self._ended = False  # the producer acknowledged this rank's goodbye
         self._heard = time.monotonic()  # when the last record came
         self._waiting: tuple[int, float] | None = None  # (steps waited for, since when)
+
+    @property
+    def inter(self) -> Intercomm:
+        """The intercommunicator to the producer task (once open)."""
+        if self._inter is None:
+            raise ValueError(f"{self.path!r} is not open")
+        return self._inter
 
     def _connect(
         self, name: str, app: int, route: routes.Route, wf: routes.Workflow | None
@@ -62,7 +73,7 @@ class Consumer(TransportBase):
             self.comm, name, app, route.producer, self.timeout, self.flow
         )
         self._source = (
-            self.comm.rank % self._inter.Get_remote_size()
+            self.comm.rank % self.inter.Get_remote_size()
         )  # the producer rank sending records here
         # wait for the producer's first record (its first step, or its close), so that the
         # datasets and definitions are known once open returns, as for a file
@@ -78,7 +89,7 @@ class Consumer(TransportBase):
         """Independent: apply the records that have arrived; with *until*, wait for it (timeout)."""
         poll = Poll(self.timeout)
         while True:
-            got = comm_mod.poll_bytes(self._inter, self._source, Tag.RECORD)
+            got = comm_mod.poll_bytes(self.inter, self._source, Tag.RECORD)
             if got is not None:
                 buf = got[1]
                 if not len(buf):
@@ -174,8 +185,8 @@ class Consumer(TransportBase):
         self._released_real = real
         msg = np.array([Request.RELEASE, real], dtype=np.int64)
         reqs = [
-            comm_mod.isend_bytes(self._inter, _u8(msg), r, Tag.REQUEST)
-            for r in range(self._inter.Get_remote_size())
+            comm_mod.isend_bytes(self.inter, _u8(msg), r, Tag.REQUEST)
+            for r in range(self.inter.Get_remote_size())
         ]
         self._wait(reqs, "the producer to take a release")
 
@@ -224,7 +235,7 @@ class Consumer(TransportBase):
                 )
         return step
 
-    def get(self, name: str, box: Box, step: int, out: np.ndarray) -> None:
+    def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
         spec, step = self.check_read(name, box, step, out)
         hits = self.catalog.hits(spec.id, step, box)
         if sum(inter.size for _, inter in hits) < box.size:
@@ -252,13 +263,13 @@ class Consumer(TransportBase):
             sizes = []
             for c in wire.chunks(inter, item):
                 bspec, dt = wire.region_spec(target, c.shift(shift))
-                xfer.recv(self._inter, bspec, dt, rec.rank, Tag.DATA)
+                xfer.recv(self.inter, bspec, dt, rec.rank, Tag.DATA)
                 sizes.append(c.size * item)
             pieces.append((first, sizes, tmp, inter, rec.rank))
             hdr = np.array(
                 [Request.GET, real, spec.id, spec.ndim, *inter.start, *inter.stop], dtype=np.int64
             )
-            xfer.send(self._inter, [_u8(hdr), MPI.BYTE], None, rec.rank, Tag.REQUEST)
+            xfer.send(self.inter, [_u8(hdr), MPI.BYTE], None, rec.rank, Tag.REQUEST)
         if not xfer.reqs:
             return
         poll = Poll(self.timeout)
@@ -298,14 +309,14 @@ class Consumer(TransportBase):
         """Consumer: release everything, say goodbye to every producer rank, drain the record stream."""
         bye = np.array([Request.BYE], dtype=np.int64)
         reqs = [
-            comm_mod.isend_bytes(self._inter, _u8(bye), r, Tag.REQUEST)
-            for r in range(self._inter.Get_remote_size())
+            comm_mod.isend_bytes(self.inter, _u8(bye), r, Tag.REQUEST)
+            for r in range(self.inter.Get_remote_size())
         ]
         self._wait(reqs, "the producer to take this rank's goodbye")
 
         def acknowledged() -> bool:
             # answers to requests given up after a timeout may still come: take and drop them
-            while comm_mod.poll_bytes(self._inter, comm_mod.ANY_SOURCE, Tag.DATA) is not None:
+            while comm_mod.poll_bytes(self.inter, comm_mod.ANY_SOURCE, Tag.DATA) is not None:
                 pass
             return self._ended
 

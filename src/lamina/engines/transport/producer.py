@@ -33,12 +33,13 @@ import os
 import threading
 import time
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ... import comm as comm_mod
 from ... import stats as stats_mod
-from ...catalog import KIND_CLOSE, KIND_META, KIND_STEP, BlockCodec, Record
+from ...catalog import KIND_CLOSE, KIND_META, KIND_STEP, BlockCodec, Record, Stats
 from ...errors import ModeError, TransportError
 from ...geometry import Box
 from ...workflow import routes
@@ -47,6 +48,9 @@ from ..block import Header, Pending
 from . import rendezvous, wire
 from .common import MPI, TransportBase
 from .wire import Poll, Request
+
+if TYPE_CHECKING:
+    from mpi4py.MPI import Intercomm
 
 Tag = comm_mod.Tag
 NEVER = np.iinfo(np.int64).max
@@ -57,17 +61,17 @@ SERVER_IDLE = 2e-3
 class _NoStats:
     """A block sent without statistics (``stats=False``): queries on consumers read it whatever they ask."""
 
-    def result(self):
+    def result(self) -> tuple[Stats | None, tuple[int, ...]]:
         return None, (0,)
 
 
 class _StatsOnly:
     """A block's statistics job with one placeholder checksum (the record format wants one per block)."""
 
-    def __init__(self, job) -> None:
+    def __init__(self, job: stats_mod.BlockJob) -> None:
         self.job = job
 
-    def result(self):
+    def result(self) -> tuple[Stats | None, tuple[int, ...]]:
         st, _ = self.job.result()
         return st, (0,)
 
@@ -77,7 +81,7 @@ class Link:
     """The producer's connection to one consumer task."""
 
     app: int
-    inter: object
+    inter: Intercomm
     size: int
     released: np.ndarray  # per consumer rank: every step before this one is released
     bye: np.ndarray  # per consumer rank: closed
@@ -148,6 +152,7 @@ class Producer(TransportBase):
     def _stage(self, p: Pending, copy: bool) -> None:
         if copy and any(fnmatch.fnmatchcase(p.spec.path, pat) for pat in self.shallow):
             copy = False  # shallow: keep the caller's array until consumers release the step
+        assert p.data is not None  # a raw block keeps its array until its step is released
         if copy:
             p.data = p.data.copy()
         # statistics for the index; no checksums: the bytes are never stored, MPI moves them
@@ -198,9 +203,12 @@ class Producer(TransportBase):
             if kind != KIND_STEP or (yes and link.flow == 1):
                 self._send_record(link, step if kind == KIND_STEP else -1, raw)
             elif yes:  # a thinned stream: the consumer numbers the steps it gets 0, 1, 2, ...
+                assert rec is not None  # decoded above whenever a link thins the stream
                 local = dataclasses.replace(rec, step=link.count)
                 self._send_record(link, step, local.encode(self.catalog.specs))
-            elif rec.ops:  # a skipped step's metadata changes still reach the consumer, in order
+            elif (
+                rec is not None and rec.ops
+            ):  # a skipped step's metadata changes still reach the consumer
                 meta = dataclasses.replace(rec, kind=KIND_META, step=-1, blocks=[])
                 self._send_record(link, -1, meta.encode(self.catalog.specs))
             if kind == KIND_STEP and yes:
@@ -219,8 +227,8 @@ class Producer(TransportBase):
             )
         else:
             flags = None
-        flags = comm_mod.bcast_bytes(self.comm, flags, root=0)
-        return [o or bool(f) for o, f in zip(out, flags, strict=True)]
+        got = comm_mod.bcast_bytes(self.comm, flags, root=0)
+        return [o or bool(f) for o, f in zip(out, got, strict=True)]
 
     def _deliver_newest(self) -> None:
         """Collective, at close: a latest consumer that has not got the last step gets it now."""
@@ -230,8 +238,8 @@ class Producer(TransportBase):
                 continue
             link.delivered.append(last)
             link.last = last
-            s, rec = self._newest
-            assert s == last
+            assert self._newest is not None and self._newest[0] == last
+            rec = self._newest[1]
             local = dataclasses.replace(
                 rec, step=link.count, ops=[]
             )  # its ops went out at its commit
@@ -313,19 +321,17 @@ class Producer(TransportBase):
                 tuple(int(v) for v in words[4 : 4 + nd]), tuple(int(v) for v in words[4 + nd :])
             )
             item = self.catalog.specs[did].dtype.itemsize
-            found = None
-            for box, arr in self._data.get(step, {}).get(did, ()):
-                if box.contains(want):
-                    found = box, arr
-                    break
-            neg = tuple(-a for a in found[0].start) if found else None
+            found = next(
+                ((b, a) for b, a in self._data.get(step, {}).get(did, ()) if b.contains(want)), None
+            )
             for c in wire.chunks(want, item):
                 if found is None:  # not held here (released, or never written): empty answers
                     self._answers.send(
                         link.inter, [np.zeros(0, dtype=np.uint8), MPI.BYTE], None, src, Tag.DATA
                     )
                 else:
-                    spec, dt = wire.region_spec(found[1], c.shift(neg))
+                    held_box, held = found
+                    spec, dt = wire.region_spec(held, c.shift(tuple(-a for a in held_box.start)))
                     self._answers.send(link.inter, spec, dt, src, Tag.DATA)
         elif kind == Request.RELEASE and len(words) == 2:
             link.released[src] = max(int(link.released[src]), int(words[1]))

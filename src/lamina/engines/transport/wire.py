@@ -90,7 +90,7 @@ def _u8(arr: np.ndarray) -> np.ndarray:
 
 def region_spec(arr: np.ndarray, rel: Box):
     """Buffer spec for the box *rel* (relative to *arr*) of the C-contiguous *arr*, and a datatype to free (or None)."""
-    view = arr[(*rel.slices, ...)]
+    view = arr[rel.within(Box.from_shape(arr.shape))]
     if view.flags.c_contiguous:
         return [_u8(view), MPI.BYTE], None
     item = arr.dtype.itemsize

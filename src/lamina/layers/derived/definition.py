@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -119,7 +120,7 @@ def decode_definition(name: str, raw: bytes) -> tuple[str, str, tuple[float, ...
 def check_spacing(spacing, ndim: int, name: str) -> tuple[float, ...]:
     if spacing is None:
         return (1.0,) * ndim
-    vals = [spacing] * ndim if np.isscalar(spacing) else list(spacing)
+    vals: list[Any] = [spacing] * ndim if np.isscalar(spacing) else list(spacing)
     if len(vals) != ndim:
         raise ValueError(
             f"derived quantity {name!r}: spacing has {len(vals)} entries, the data has {ndim} dimensions"

@@ -98,8 +98,7 @@ def exchange(
     sends = []
     for r, raw in enumerate(all_reqs):
         out = Encoder()
-        chunks: list[bytes] = []
-        count = 0
+        chunks: list[tuple[int, int, Box, np.ndarray]] = []
         if r != comm.rank:
             dec = Decoder(raw, f"halo requests of rank {r}")
             for _ in range(dec.count(8, name="requests")):
@@ -114,12 +113,11 @@ def exchange(
                         continue
                     piece = np.ascontiguousarray(ha[inter.relative_to(hb)])
                     chunks.append((j, i, inter, piece))
-                    count += 1
-        out.u32(count)
-        for j, i, inter, piece in chunks:
-            out.u32(j)
-            out.u32(i)
-            for v in (*inter.start, *inter.stop):
+        out.u32(len(chunks))
+        for cj, ci, cbox, piece in chunks:
+            out.u32(cj)
+            out.u32(ci)
+            for v in (*cbox.start, *cbox.stop):
                 out.u64(v)
             out.blob(piece.tobytes())
         sends.append(out.getvalue())

@@ -399,11 +399,11 @@ class DerivedLayer(Layer):
                 for j, (region, members) in enumerate(regions):
                     arrays, origin = {}, {}
                     for i, p in enumerate(inputs):
-                        need = reqs[(j, i)]
+                        box = reqs[(j, i)]
                         arrays[p] = halo.assemble(
-                            self._held, self.catalog.datasets[p], need, pieces.get((j, i), [])
+                            self._held, self.catalog.datasets[p], box, pieces.get((j, i), [])
                         )
-                        origin[p] = need.start
+                        origin[p] = box.start
                     res = evaluate(
                         d.expr,
                         arrays,
@@ -464,7 +464,7 @@ class DerivedLayer(Layer):
         d = self._by_component.get(path)
         return self.coverage(d.anchor, step) if d is not None else []
 
-    def get(self, name: str, box: Box, step: int, out: np.ndarray) -> None:
+    def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
         path = normpath(name)
         d = self._by_component.get(path)
         if d is None:
