@@ -292,6 +292,10 @@ class BlockEngine(Engine):
         self._require_write("begin a step")
         if self._in_step:
             raise StepError(f"step {len(self.catalog.steps)} is already open; call end_step first")
+        return self._open_step()
+
+    def _open_step(self) -> int:
+        """This engine's own step opens (a put's implicit step does not go through an overridden begin_step)."""
         self._in_step = True
         return len(self.catalog.steps)
 
@@ -305,7 +309,7 @@ class BlockEngine(Engine):
     def put(self, name: str, box: Box, array: np.ndarray, copy: bool = True) -> None:
         self._require_write(f"write dataset {name!r}")
         if not self._in_step:
-            self.begin_step()  # implicit step, committed by the next end_step or close
+            self._open_step()  # implicit step, committed by the next end_step or close
         spec = self.lookup(name)
         box.check_inside(spec.shape, f"dataset {spec.path!r}")
         arr = np.asarray(array)
@@ -362,7 +366,7 @@ class BlockEngine(Engine):
         """
         self._require_write(f"write statistics of dataset {name!r}")
         if not self._in_step:
-            self.begin_step()
+            self._open_step()
         spec = self.lookup(name)
         box.check_inside(spec.shape, f"dataset {spec.path!r}")
         arr = np.asarray(array)
