@@ -269,7 +269,7 @@ def test_registering_an_engine_and_entry_points(tmp_path, monkeypatch):
         EntryPoint("not-an-engine", "lamina.geometry:Box", "lamina.engines"),
     ]
     monkeypatch.setattr(
-        registry, "entry_points", lambda group: [e for e in eps if e.group == group]
+        registry, "_entry_points", lambda group: [e for e in eps if e.group == group]
     )
     monkeypatch.setattr(registry, "_LOADED", set())
     try:

@@ -32,7 +32,6 @@ import os
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 
 from ..errors import suggest
 from ..workflow import routes
@@ -115,12 +114,23 @@ def _check_name(name: str, table: dict, kind: str, replace: bool) -> None:
         raise ValueError(f"{kind} {name!r} is already registered")
 
 
+def _entry_points(group: str) -> list:
+    """The entry points of *group* in the installed packages.
+
+    importlib.metadata takes 20 ms to import: it is imported only when a
+    name is not built in (or every name is listed).
+    """
+    from importlib.metadata import entry_points
+
+    return list(entry_points(group=group))
+
+
 def _load_entry_points(group: str) -> None:
     """Register the engines (or layers) that installed packages declare, once per process."""
     if group in _LOADED:
         return
     _LOADED.add(group)
-    for ep in entry_points(group=group):
+    for ep in _entry_points(group):
         table = _ENGINES if group == ENGINE_GROUP else _LAYERS
         if ep.name in table:
             continue  # built-in or registered by the program: those win
