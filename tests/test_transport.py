@@ -347,3 +347,22 @@ def test_flow_parse():
     assert wf.flow("a", 1) == LATEST and wf.flow("a", 2) == 5 and wf.flow("b", 2) is None
     with pytest.raises(ValueError, match="flow"):
         Workflow.parse("a=0>1:never")
+
+
+def test_request_before_the_rank_holds_the_step(tmp_path):
+    """A consumer asks a producer rank for a step it has not finished committing: it waits for it.
+
+    Consumers get a step's record from one producer rank and ask all of them
+    for their blocks at once; on an oversubscribed node a producer rank can
+    still be inside the commit.  It used to answer 'not held', and the read
+    failed with 'producer rank R no longer holds ...' (seen in lamina bench
+    insitu at 6+2 ranks on 2 cores).
+    """
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (3, "transport_late_rank", "produce", "late.lam", 4),
+        (2, "transport_late_rank", "consume", "late.lam", 4),
+        cwd=tmp_path,
+        env={"LAMINA_TRANSPORT": "memory"},
+    )
+    assert res.lines("OK late rank")

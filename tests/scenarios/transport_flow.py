@@ -56,7 +56,9 @@ def consume(name: str, steps: int, flow, delay: float) -> list[int]:
             index.append(view.index)
             real = f.engine.stack()[-1].producer_step(view.index)  # as docs/transport.md says
             if real != seen[-1]:
-                raise AssertionError(f"step {view.index} is the producer's step {seen[-1]}, not {real}")
+                raise AssertionError(
+                    f"step {view.index} is the producer's step {seen[-1]}, not {real}"
+                )
             time.sleep(delay)
     if index != list(range(len(index))):
         raise AssertionError(f"the consumer's step numbers are not 0, 1, ...: {index}")

@@ -110,6 +110,10 @@ class Producer(TransportBase):
         self._dirty = False  # releases or steps changed since the last _drop_released
         self._worst = 0  # _unreleased() as of the last _drop_released
         self._newest: tuple[int, Record] | None = None  # the last step, for late delivery
+        self._steps_held = 0  # steps whose blocks this rank holds (committed here)
+        # GETs for a step this rank has not committed yet: a consumer may have its record (from
+        # another producer rank) before this rank is done with the commit; answered once it is
+        self._deferred: list[tuple[Link, int, np.ndarray]] = []
         # the serving thread, and the lock it shares with the program's thread (every use of
         # the links, the held steps and the send queues takes it; re-entrant)
         self._lock = threading.RLock()
@@ -187,6 +191,7 @@ class Producer(TransportBase):
             for did, box, arr in self._staged:
                 held.setdefault(did, []).append((box, arr))
             self._data[step] = held
+            self._steps_held = step + 1
             self._dirty = True
             deliver = self._decide(step)
             if any(link.flow != 1 for link in self._links):
@@ -196,6 +201,10 @@ class Producer(TransportBase):
         elif kind == KIND_CLOSE:
             self._deliver_newest()
         self._staged = []
+        if kind == KIND_STEP and self._deferred:
+            waiting, self._deferred = self._deferred, []
+            for link, src, buf in waiting:
+                self._answer(link, src, buf)
         for link, yes in zip(self._links, deliver, strict=True):
             if kind == KIND_STEP and yes:
                 link.delivered.append(step)
@@ -313,6 +322,9 @@ class Producer(TransportBase):
         kind = int(words[0])
         if kind == Request.GET and len(words) >= 4:
             step, did, nd = int(words[1]), int(words[2]), int(words[3])
+            if step >= self._steps_held:  # not committed here yet: answered at its commit
+                self._deferred.append((link, src, buf))
+                return
             if len(words) != 4 + 2 * nd or not 0 <= did < len(self.catalog.specs):
                 raise TransportError(
                     f"malformed data request from consumer task {link.app} rank {src}"
