@@ -670,12 +670,16 @@ class BlockEngine(Engine):
         if self._closed:
             return
         try:
-            if self.mode != "r":
-                self._commit_close()
+            self._finish()
         finally:
             self._closed = True
             self._close_storage()
             comm_mod.free(self.comm)
+
+    def _finish(self) -> None:
+        """Collective, in close, before resources go: writers commit what is pending."""
+        if self.mode != "r":
+            self._commit_close()
 
     def _commit_close(self) -> None:
         """Collective (writers): commit the step left open on any rank and pending metadata, then the close record."""

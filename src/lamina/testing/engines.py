@@ -52,37 +52,30 @@ def filename(case: Case) -> str:
     return re.sub(r"[^A-Za-z0-9_.+=,-]", "_", case.name)
 
 
-def write_case(
+def run_side(
+    role: str,
     case: Case,
     path: str,
     engine: str,
     capabilities: frozenset[str],
     comm=None,
     options=None,
-    timeout=60.0,
+    timeout: float = 60.0,
+    writers: int | None = None,
 ) -> None:
-    """Collective over *comm* (default: the task's): open *path* for writing with *engine* and run ``case.write``."""
-    f = lamina.open(path, "w", comm=comm, engine=engine, **{**(options or {}), **case.options()})
-    ctx = Context(case.name, engine, capabilities, f.comm.rank, f.comm.size, f.comm.size, timeout)
-    with f:
-        case.write(f, ctx)
+    """Collective over *comm* (default: the task's): one side of *case* on *path* with *engine*.
 
-
-def read_case(
-    case: Case,
-    path: str,
-    engine: str,
-    capabilities: frozenset[str],
-    comm=None,
-    options=None,
-    timeout=60.0,
-    writers: int = 1,
-) -> None:
-    """Collective over *comm*: open *path* for reading with *engine* and run ``case.read`` (*writers* wrote it)."""
-    f = lamina.open(path, "r", comm=comm, engine=engine, **(options or {}))
-    ctx = Context(case.name, engine, capabilities, f.comm.rank, f.comm.size, writers, timeout)
+    *role* ``'write'`` opens the file for writing and runs ``case.write``;
+    ``'read'`` opens it for reading and runs ``case.read``, knowing that
+    *writers* ranks wrote it.
+    """
+    write = role == "write"
+    opts = {**(options or {}), **(case.options() if write else {})}
+    f = lamina.open(path, "w" if write else "r", comm=comm, engine=engine, **opts)
+    n = f.comm.size if write else (writers or 1)
+    ctx = Context(case.name, engine, capabilities, f.comm.rank, f.comm.size, n, timeout)
     with f:
-        case.read(f, ctx)
+        (case.write if write else case.read)(f, ctx)
 
 
 class EngineTests:
@@ -117,8 +110,8 @@ class EngineTests:
     def run_case(self, case: Case, directory: str, request) -> None:
         path = self.location(directory, case)
         try:
-            write_case(case, path, self.engine, self.capabilities, options=self.options)
-            read_case(case, path, self.engine, self.capabilities, options=self.read_options)
+            run_side("write", case, path, self.engine, self.capabilities, options=self.options)
+            run_side("read", case, path, self.engine, self.capabilities, options=self.read_options)
         finally:
             self.cleanup(path)
 
@@ -279,10 +272,9 @@ def main(argv: list[str] | None = None) -> int:
         case = by_name[name]
         path = os.path.join(args.dir, filename(case) + ".lam")
         try:
-            if args.role == "write":
-                write_case(case, path, args.engine, caps, comm, options, args.timeout)
-            else:
-                read_case(case, path, args.engine, caps, comm, options, args.timeout, args.writers)
+            run_side(
+                args.role, case, path, args.engine, caps, comm, options, args.timeout, args.writers
+            )
             mine[name] = None
         except Exception as e:  # recorded; the next case goes on
             mine[name] = f"rank {comm.rank}: {type(e).__name__}: {e}\n{traceback.format_exc()}"

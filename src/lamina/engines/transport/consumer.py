@@ -292,18 +292,11 @@ class Consumer(TransportBase):
             if tmp is not None:
                 out[inter.shift(neg).slices] = tmp
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        try:
-            g = comm_mod.Guard()
-            with g:
-                self._goodbye()
-            comm_mod.agree(self.comm, g.error)
-        finally:
-            self._closed = True
-            self._close_storage()
-            comm_mod.free(self.comm)
+    def _finish(self) -> None:
+        g = comm_mod.Guard()
+        with g:
+            self._goodbye()
+        comm_mod.agree(self.comm, g.error)
 
     def _goodbye(self) -> None:
         """Consumer: release everything, say goodbye to every producer rank, drain the record stream."""

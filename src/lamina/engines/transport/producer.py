@@ -455,36 +455,27 @@ class Producer(TransportBase):
             f"{self.path}: a producer of the memory transport cannot read back what it wrote"
         )
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        try:
-            self._gather()
-            self._commit_close()
-            g = comm_mod.Guard()
-            with g:
-                if self._gave_up:  # end_step already reported the lost consumer: take what came, go
-                    self._serve_once()
-                    self._stop_server()
-                    return
-                self._serve(self._all_bye, "every consumer rank to close")
+    def _finish(self) -> None:
+        self._gather()
+        self._commit_close()
+        g = comm_mod.Guard()
+        with g:
+            if self._gave_up:  # end_step already reported the lost consumer: take what came, go
+                self._serve_once()
                 self._stop_server()
-                self._check_server()
-                poll = Poll(self.timeout)
-                while len(self._sends) or len(self._answers):
-                    if self._sends.test() + self._answers.test():
-                        poll.reset()
-                    elif poll.expired:
-                        raise TransportError(
-                            f"{self.path}: consumers did not take the last messages"
-                        )
-                    else:
-                        poll.sleep()
-            comm_mod.agree(self.comm, g.error)
-        finally:
-            self._closed = True
-            self._close_storage()
-            comm_mod.free(self.comm)
+                return
+            self._serve(self._all_bye, "every consumer rank to close")
+            self._stop_server()
+            self._check_server()
+            poll = Poll(self.timeout)
+            while len(self._sends) or len(self._answers):
+                if self._sends.test() + self._answers.test():
+                    poll.reset()
+                elif poll.expired:
+                    raise TransportError(f"{self.path}: consumers did not take the last messages")
+                else:
+                    poll.sleep()
+        comm_mod.agree(self.comm, g.error)
 
     def _close_storage(self) -> None:
         self._stop_server()
