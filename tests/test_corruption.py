@@ -15,7 +15,7 @@ import pytest
 import lamina
 from lamina.engines import memory as memory_engine
 from lamina.engines.native import format as fmt
-from lamina.errors import ChecksumError, FormatError, NotALaminaFileError
+from lamina.errors import ChecksumError, FormatError, LaminaWarning, NotALaminaFileError
 from lamina.stats import CHUNK
 
 pytestmark = pytest.mark.usefixtures("fast_native")
@@ -141,23 +141,40 @@ def test_bad_magic_is_not_a_lamina_file(native_path):
         lamina.open(native_path, "r", engine="native")
 
 
-def test_truncated_subfile_is_format_error(native_path):
-    make_file(native_path)
+def test_truncated_subfile_opens_the_intact_steps(native_path):
+    """A subfile cut short (an interrupted copy): the steps before open, a warning says what was left out."""
+    truth = make_file(native_path, steps=3)
     b = block_of(native_path, 1, 1)
     sub = os.path.join(native_path, b.subfile)
     os.truncate(sub, b.offset + b.nbytes - 1)
-    with pytest.raises(FormatError) as ei:
-        lamina.open(native_path, "r", engine="native")
-    msg = str(ei.value)
-    assert b.subfile in msg and "grid/u" in msg and str(b.box) in msg
+    with pytest.warns(LaminaWarning) as warned:
+        f = lamina.open(native_path, "r", engine="native")
+    with f:
+        assert f.steps == 1  # step 1's block is cut: steps 1 and 2 are left out
+        np.testing.assert_array_equal(f.at(0)["grid/u"][...], truth[0])
+    msg = str(warned[0].message)
+    assert b.subfile in msg and "grid/u" in msg and str(b.box) in msg and "step 1 on" in msg
+    # a writer goes on after the intact steps; what was left out is gone
+    with pytest.warns(LaminaWarning):
+        w = lamina.open(native_path, "a", engine="native")
+    with w:
+        assert w.steps == 1
+        with w.step() as k:
+            assert k == 1
+            w["grid/u"][...] = 7.0
+    with lamina.open(native_path, "r", engine="native") as f:
+        assert f.steps == 2
+        np.testing.assert_array_equal(f.at(1)["grid/u"][...], 7.0)
 
 
-def test_missing_subfile_is_format_error(native_path):
+def test_missing_subfile_leaves_its_steps_out(native_path):
     make_file(native_path)
     b = block_of(native_path, 0, 0)
     os.remove(os.path.join(native_path, b.subfile))
-    with pytest.raises(FormatError, match="missing"):
-        lamina.open(native_path, "r", engine="native")
+    with pytest.warns(LaminaWarning, match="missing"):
+        f = lamina.open(native_path, "r", engine="native")
+    with f:
+        assert f.steps == 0 and "grid/u" not in f  # the dataset was defined in the first record
 
 
 @pytest.mark.parametrize("name", [fmt.META_NAME, fmt.COMMIT_NAME])

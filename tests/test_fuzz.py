@@ -180,10 +180,13 @@ RECORDS = _records()
 SPECS = _specs()
 
 
+IDENTITY = 0x1234_5678_9ABC
+
+
 def _file_bytes(payloads: list[bytes]) -> tuple[bytes, bytes]:
     """(lamina.meta, lamina.commit) exactly as the native engine writes them."""
-    meta = bytearray(fmt.header(fmt.META_MAGIC))
-    commit = bytearray(fmt.header(fmt.COMMIT_MAGIC))
+    meta = bytearray(fmt.header(fmt.META_MAGIC, IDENTITY))
+    commit = bytearray(fmt.header(fmt.COMMIT_MAGIC, IDENTITY))
     for i, p in enumerate(payloads):
         framed = fmt.frame(p)
         commit += fmt.entry(i, len(meta), len(framed), crc(p))
@@ -196,9 +199,10 @@ META, COMMIT = _file_bytes([r for r, _, _ in RECORDS])
 
 def read_metadata(meta: bytes, commit: bytes) -> Catalog:
     """The native engine's metadata path, on bytes: commit entries -> frames -> records -> catalog."""
-    entries, valid_end = fmt.parse_commits(commit, len(meta), "commit")
-    assert fmt.HEADER_SIZE <= valid_end <= len(commit)
-    fmt.check_header(meta[: fmt.HEADER_SIZE], fmt.META_MAGIC, "meta")
+    entries, valid_end, head = fmt.parse_commits(commit, len(meta), "commit")
+    assert head.size <= valid_end <= len(commit)
+    mhead = fmt.check_header(meta[: fmt.HEADER_SIZE], fmt.META_MAGIC, "meta")
+    assert (mhead.version, mhead.identity) == (head.version, head.identity)
     cat = Catalog()
     for e in entries:
         payload = fmt.parse_frame(meta[e.offset : e.offset + e.length], e, "meta")
@@ -338,8 +342,8 @@ def test_component_decoders_random(buf):
 
 @given(st.binary(max_size=256), st.binary(max_size=256))
 def test_read_metadata_random(meta_tail, commit_tail):
-    meta = fmt.header(fmt.META_MAGIC) + meta_tail
-    commit = fmt.header(fmt.COMMIT_MAGIC) + commit_tail
+    meta = fmt.header(fmt.META_MAGIC, IDENTITY) + meta_tail
+    commit = fmt.header(fmt.COMMIT_MAGIC, IDENTITY) + commit_tail
     r = guarded(read_metadata, meta, commit)
     assert isinstance(r, (Catalog, FormatError))
 
@@ -384,16 +388,16 @@ def test_parse_commits_mutated(bad):
     r = guarded(fmt.parse_commits, bad, len(META), "c")
     assert isinstance(r, (tuple, FormatError))
     if isinstance(r, tuple):
-        entries, end = r
+        entries, end, _head = r
         # whatever survives is a prefix of the real entries
-        good, _ = fmt.parse_commits(COMMIT, len(META))
+        good, _, _ = fmt.parse_commits(COMMIT, len(META))
         assert entries == good[: len(entries)]
         assert end == fmt.HEADER_SIZE + fmt.ENTRY_SIZE * len(entries)
 
 
 @given(st.data())
 def test_parse_frame_mutated(data):
-    entries, _ = fmt.parse_commits(COMMIT, len(META))
+    entries, _, _ = fmt.parse_commits(COMMIT, len(META))
     e = data.draw(st.sampled_from(entries))
     frame = META[e.offset : e.offset + e.length]
     bad = data.draw(mutated(frame))
@@ -421,15 +425,15 @@ def test_read_metadata_mutated(data):
 
 
 def test_torn_last_commit_entry_is_ignored():
-    entries, _ = fmt.parse_commits(COMMIT, len(META))
+    entries, _, _ = fmt.parse_commits(COMMIT, len(META))
     n = len(entries)
     for cut in range(1, fmt.ENTRY_SIZE + 1):
-        got, end = fmt.parse_commits(COMMIT[:-cut], len(META))
+        got, end, _ = fmt.parse_commits(COMMIT[:-cut], len(META))
         assert got == entries[: n - 1] and end == len(COMMIT) - fmt.ENTRY_SIZE
     # a bad checksum in the last entry: also a commit that never happened
     bad = bytearray(COMMIT)
     bad[-10] ^= 0xFF
-    got, _ = fmt.parse_commits(bytes(bad), len(META))
+    got, _, _ = fmt.parse_commits(bytes(bad), len(META))
     assert got == entries[: n - 1]
     # ... but not in an earlier one
     bad = bytearray(COMMIT)
@@ -442,38 +446,50 @@ def test_commit_entries_checked_against_meta():
     with pytest.raises(FormatError, match="lamina.meta has"):
         fmt.parse_commits(COMMIT, len(META) - 1)
     # entries that are each valid but leave a gap between frames
-    meta = fmt.header(fmt.META_MAGIC) + fmt.frame(b"x") * 2
+    h = fmt.HEADER_SIZE
+    meta = fmt.header(fmt.META_MAGIC, IDENTITY) + fmt.frame(b"x") * 2
     commit = (
-        fmt.header(fmt.COMMIT_MAGIC)
-        + fmt.entry(0, 16, 13, crc(b"x"))
-        + fmt.entry(1, 30, 13, crc(b"x"))
+        fmt.header(fmt.COMMIT_MAGIC, IDENTITY)
+        + fmt.entry(0, h, 13, crc(b"x"))
+        + fmt.entry(1, h + 14, 13, crc(b"x"))
     )
-    with pytest.raises(FormatError, match="expected offset 29"):
+    with pytest.raises(FormatError, match=f"expected offset {h + 13}"):
         fmt.parse_commits(commit, len(meta))
     commit = (
-        fmt.header(fmt.COMMIT_MAGIC)
-        + fmt.entry(0, 16, 13, crc(b"x"))
-        + fmt.entry(5, 29, 13, crc(b"x"))
+        fmt.header(fmt.COMMIT_MAGIC, IDENTITY)
+        + fmt.entry(0, h, 13, crc(b"x"))
+        + fmt.entry(5, h + 13, 13, crc(b"x"))
     )
     with pytest.raises(FormatError, match="sequence number 5"):
         fmt.parse_commits(commit, len(meta))
 
 
 def test_header_errors():
-    h = fmt.header(fmt.META_MAGIC)
-    assert fmt.check_header(h, fmt.META_MAGIC, "m") == fmt.VERSION
+    h = fmt.header(fmt.META_MAGIC, IDENTITY)
+    assert fmt.check_header(h, fmt.META_MAGIC, "m") == fmt.Header(fmt.VERSION, 32, IDENTITY)
     with pytest.raises(lamina.NotALaminaFileError, match="bad magic"):
         fmt.check_header(h, fmt.COMMIT_MAGIC, "m")
     with pytest.raises(lamina.NotALaminaFileError):
         fmt.check_header(h[:10], fmt.META_MAGIC, "m")
-    bad = bytearray(h)
-    bad[10] ^= 1
-    with pytest.raises(FormatError, match="header checksum"):
-        fmt.check_header(bytes(bad), fmt.META_MAGIC, "m")
+    with pytest.raises(FormatError, match="truncated"):
+        fmt.check_header(h[:20], fmt.META_MAGIC, "m")
+    for pos in (10, 20):
+        bad = bytearray(h)
+        bad[pos] ^= 1
+        with pytest.raises(FormatError, match="header checksum"):
+            fmt.check_header(bytes(bad), fmt.META_MAGIC, "m")
     newer = fmt.META_MAGIC + struct.pack("<HH", fmt.VERSION + 1, 0)
     newer += struct.pack("<I", crc(newer))
     with pytest.raises(FormatError, match="newer"):
         fmt.check_header(newer, fmt.META_MAGIC, "m")
+    # version 1: 16 bytes, no identity
+    v1 = fmt.META_MAGIC + struct.pack("<HH", 1, 0)
+    v1 += struct.pack("<I", crc(v1))
+    assert fmt.check_header(v1, fmt.META_MAGIC, "m") == fmt.Header(1, 16, 0)
+    zero = fmt.META_MAGIC + struct.pack("<HHIQI", 2, 0, 32, 0, 0)
+    zero += struct.pack("<I", crc(zero))
+    with pytest.raises(FormatError, match="inconsistent header"):
+        fmt.check_header(zero, fmt.META_MAGIC, "m")
 
 
 # --------------------------------------------------------------------------
@@ -621,7 +637,9 @@ def test_open_directory_with_random_metadata(tmp_path, meta, commit):
         (fmt.META_NAME, fmt.META_MAGIC, meta),
         (fmt.COMMIT_NAME, fmt.COMMIT_MAGIC, commit),
     ):
-        (path / name).write_bytes(fmt.header(magic) + tail if tail[:1] != b"\x00" else tail)
+        (path / name).write_bytes(
+            fmt.header(magic, IDENTITY) + tail if tail[:1] != b"\x00" else tail
+        )
     try:
         with lamina.open(str(path), "r", engine="native") as f:
             assert f.steps >= 0

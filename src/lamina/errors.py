@@ -20,12 +20,20 @@ class LaminaError(Exception):
     """Base class of every error lamina raises on purpose."""
 
 
+class LaminaWarning(UserWarning):
+    """Something was left out or done differently, and lamina went on (e.g. steps of a damaged file)."""
+
+
 class FormatError(LaminaError, OSError):
     """A file's bytes do not follow the lamina format (truncated, corrupt, wrong version)."""
 
 
 class NotALaminaFileError(FormatError):
     """The path exists but is not a lamina file."""
+
+
+class LockError(LaminaError, OSError):
+    """Another writer holds the file: one writing job at a time."""
 
 
 class ChecksumError(FormatError):

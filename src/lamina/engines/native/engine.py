@@ -14,19 +14,21 @@ reads new records and broadcasts them, so every rank sees the same steps.
 
 from __future__ import annotations
 
-import glob
+import errno
 import os
-import shutil
+import stat
+import warnings
 
 import numpy as np
 
 from ... import comm as comm_mod
 from ... import stats as stats_mod
-from ...catalog import BlockCodec, Decoder, Encoder, Record
-from ...errors import ChecksumError, FormatError, NotALaminaFileError
+from ...catalog import BlockCodec, Decoder, Encoder, Record, subfile_name
+from ...errors import ChecksumError, FormatError, LaminaWarning, NotALaminaFileError
 from ...geometry import Box, split_range
 from ..block import BlockEngine, Header, Pending
 from . import format as fmt
+from .lock import LOCK_NAME, WriterLock
 
 MSG_CHUNK = 1 << 25  # 32 MiB pieces: pipelined, and far below MPI's 2 GiB count limit
 
@@ -75,9 +77,40 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _only_lamina_names(names: list[str]) -> bool:
-    """True if a directory holds nothing but what a lamina writer creates."""
-    return all(n in (fmt.META_NAME, fmt.COMMIT_NAME) or n.startswith("data.") for n in names)
+def _is_lamina_name(name: str) -> bool:
+    """True for the names lamina writes in its directory (nothing else there is lamina's)."""
+    return (
+        name in (fmt.META_NAME, fmt.COMMIT_NAME, LOCK_NAME)
+        or fmt.DATA_NAME.fullmatch(name) is not None
+    )
+
+
+def _foreign(path: str) -> str | None:
+    """A name in directory *path* that lamina did not write, or None."""
+    return next((n for n in sorted(os.listdir(path)) if not _is_lamina_name(n)), None)
+
+
+def _open_in(directory: str, name: str, flags: int, mode: int = 0o644) -> int:
+    """``os.open`` of *name* inside a lamina directory, never through a symbolic link."""
+    try:
+        return os.open(os.path.join(directory, name), flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EMLINK):
+            raise FormatError(
+                f"{directory}: {name} is a symbolic link; lamina does not follow links inside its files"
+            ) from None
+        raise
+
+
+def _read_all(directory: str, name: str) -> tuple[bytes, os.stat_result]:
+    fd = _open_in(directory, name, os.O_RDONLY)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks), os.fstat(fd)
+    finally:
+        os.close(fd)
 
 
 class NativeEngine(BlockEngine):
@@ -115,9 +148,13 @@ class NativeEngine(BlockEngine):
         self._rfds: dict[str, int] = {}
         self._sizes: dict[str, int] = {}
         self._meta_fd = self._commit_fd = self._data_fd = -1
+        self._lock: WriterLock | None = None
+        self._identity: int | None = None  # the file's, once read (0: a version 1 file has none)
+        self._commit_inode: tuple[int, int] | None = None  # (device, inode) of the commit log read
+        self._held_fd = -1  # that commit log, open while this engine is
         self._nentries = 0
-        self._meta_end = fmt.HEADER_SIZE
-        self._commit_end = fmt.HEADER_SIZE
+        self._meta_end = self._commit_end = fmt.HEADER_SIZE
+        self._warned = -1  # the last record a reader warned it had to leave out
 
         g = comm_mod.Guard()
         with g:
@@ -130,8 +167,8 @@ class NativeEngine(BlockEngine):
             g = comm_mod.Guard()
             with g:
                 if self.is_agg:
-                    name = os.path.join(path, f"data.{self.session}.{self.agg_of[self.rank]}")
-                    self._data_fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                    name = subfile_name(self.session, self.agg_of[self.rank])
+                    self._data_fd = _open_in(path, name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
                 self._data_end = 0
             comm_mod.agree(self.comm, g.error)
             if self.durable and self.rank == 0:
@@ -139,90 +176,127 @@ class NativeEngine(BlockEngine):
                 _fsync_dir(path)
 
     def _prepare_dir(self, path: str, mode: str) -> None:
-        """Rank 0: create, truncate or check the directory for *mode*."""
-        meta = os.path.join(path, fmt.META_NAME)
-        commit = os.path.join(path, fmt.COMMIT_NAME)
+        """Rank 0: check the directory for *mode*; writers take the lock, then create or truncate."""
         exists = os.path.exists(path)
-        if mode == "a" and exists and os.path.isdir(path) and not os.path.exists(commit):
-            if _only_lamina_names(os.listdir(path)):
-                # a writer was killed while creating the file: nothing was committed
-                self._prepare_dir(path, "w")
-                return
-        if mode == "r" or (mode == "a" and exists):
+        if mode == "r":
             if not exists:
                 raise FileNotFoundError(f"no such lamina file: {path!r}")
-            if not os.path.isdir(path) or not os.path.exists(commit):
+            if not os.path.isdir(path) or not os.path.lexists(os.path.join(path, fmt.COMMIT_NAME)):
                 raise NotALaminaFileError(
                     f"{path!r} is not a lamina file (no {fmt.COMMIT_NAME} inside)"
                 )
-        if mode == "w":
-            if exists:
-                if not os.path.isdir(path):
-                    raise NotALaminaFileError(
-                        f"cannot create lamina file {path!r}: a file of that name exists"
-                    )
-                if not os.path.exists(commit) and not _only_lamina_names(os.listdir(path)):
-                    raise NotALaminaFileError(
-                        f"cannot create lamina file {path!r}: the directory exists and is not a lamina file"
-                    )
-                for name in glob.glob(os.path.join(glob.escape(path), "data.*")) + [meta, commit]:
-                    if os.path.isdir(name):
-                        shutil.rmtree(name)
-                    elif os.path.exists(name):
-                        os.remove(name)
+            return
+        if exists and not os.path.isdir(path):
+            raise NotALaminaFileError(
+                f"cannot create lamina file {path!r}: a file of that name exists"
+            )
+        if not exists:
             os.makedirs(path, exist_ok=True)
             if self.durable:
                 _fsync_dir(os.path.dirname(os.path.abspath(path)))
-            for name, magic in ((meta, fmt.META_MAGIC), (commit, fmt.COMMIT_MAGIC)):
-                with open(name, "wb") as f:
-                    f.write(fmt.header(magic))
-                    f.flush()
-                    if self.durable:
-                        os.fsync(f.fileno())
-            if self.durable:
-                _fsync_dir(path)
-        elif mode == "a" and not exists:
-            self._prepare_dir(path, "w")
-            return
-        if mode != "r":
-            self._meta_fd = os.open(meta, os.O_RDWR)
-            self._commit_fd = os.open(commit, os.O_RDWR)
+        self._check_foreign(path)  # before the lock file: leave a stranger's directory as it was
+        self._lock = WriterLock(path)
+        self._lock.acquire()  # before anything changes: one writing job at a time
+        committed = os.path.lexists(os.path.join(path, fmt.COMMIT_NAME))
+        if mode == "w" or not committed:
+            # a new file; or 'a' where nothing was ever committed (a writer killed while creating it)
+            self._check_foreign(path)
+            self._create(path)
+        self._meta_fd = _open_in(path, fmt.META_NAME, os.O_RDWR)
+        self._commit_fd = _open_in(path, fmt.COMMIT_NAME, os.O_RDWR)
+
+    @staticmethod
+    def _check_foreign(path: str) -> None:
+        """Refuse a directory that is not a lamina file and holds something lamina did not write."""
+        if os.path.lexists(os.path.join(path, fmt.COMMIT_NAME)):
+            return  # a lamina file: what else it holds is left alone
+        foreign = _foreign(path)
+        if foreign is not None:
+            raise NotALaminaFileError(
+                f"cannot create lamina file {path!r}: the directory is not a lamina file and holds "
+                f"{foreign!r}, which lamina did not write (lamina removes only its own files)"
+            )
+
+    def _create(self, path: str) -> None:
+        """Rank 0, holding the lock: remove what lamina wrote here before, start empty logs."""
+        for name in sorted(os.listdir(path)):
+            if name == LOCK_NAME or not _is_lamina_name(name):
+                continue  # only what lamina wrote goes; a link goes as a link
+            full = os.path.join(path, name)
+            if os.path.isdir(full) and not os.path.islink(full):
+                raise NotALaminaFileError(
+                    f"cannot truncate lamina file {path!r}: {name} is a directory"
+                )
+            os.unlink(full)
+        identity = fmt.new_identity()
+        for name, magic in ((fmt.META_NAME, fmt.META_MAGIC), (fmt.COMMIT_NAME, fmt.COMMIT_MAGIC)):
+            fd = _open_in(path, name, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            try:
+                _pwrite_all(fd, fmt.header(magic, identity), 0)
+                if self.durable:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+        if self.durable:
+            _fsync_dir(path)
 
     # ------------------------------------------------------ metadata I/O
-    def _read_new_records(self) -> tuple[list[bytes], tuple[int, int, int]]:
-        """Rank 0: payloads of records committed since the last call (validated), and the
-        reader state (entries, meta end, commit end) to adopt once every rank applied them."""
-        meta = os.path.join(self.path, fmt.META_NAME)
-        commit = os.path.join(self.path, fmt.COMMIT_NAME)
+    def _read_new_records(self) -> tuple[list[bytes], list[fmt.CommitEntry], int]:
+        """Rank 0: payloads of records committed since the last call (validated), their
+        commit entries, and the header size of the logs."""
+        where = f"{self.path}/{fmt.COMMIT_NAME}"
         try:
-            with open(commit, "rb") as f:
-                cbuf = f.read()
-            meta_size = os.path.getsize(meta)
+            cbuf, cstat = _read_all(self.path, fmt.COMMIT_NAME)
+            mfd = _open_in(self.path, fmt.META_NAME, os.O_RDONLY)
         except FileNotFoundError as e:
             raise NotALaminaFileError(
                 f"{self.path!r} is not a lamina file: {e.filename} is missing"
             ) from e
-        entries, valid_end = fmt.parse_commits(cbuf, meta_size, f"{self.path}/{fmt.COMMIT_NAME}")
-        if len(entries) < self._nentries:
-            raise FormatError(
-                f"{self.path}: {len(entries)} committed records, {self._nentries} seen before: "
-                "the file was truncated or re-created while open"
-            )
-        new = entries[self._nentries :]
-        out = []
-        if new or self._nentries == 0:
-            with open(meta, "rb") as f:
-                if self._nentries == 0:
-                    fmt.check_header(
-                        f.read(fmt.HEADER_SIZE), fmt.META_MAGIC, f"{self.path}/{fmt.META_NAME}"
+        try:
+            meta_size = os.fstat(mfd).st_size
+            entries, _valid_end, head = fmt.parse_commits(cbuf, meta_size, where)
+            if self._identity is None:
+                mhead = fmt.check_header(
+                    os.pread(mfd, fmt.HEADER_SIZE, 0),
+                    fmt.META_MAGIC,
+                    f"{self.path}/{fmt.META_NAME}",
+                )
+                if (mhead.version, mhead.identity) != (head.version, head.identity):
+                    raise FormatError(
+                        f"{self.path}: {fmt.META_NAME} and {fmt.COMMIT_NAME} belong to different files "
+                        f"(versions {mhead.version}/{head.version}, identities {mhead.identity}/{head.identity})"
                     )
-                for ent in new:
-                    f.seek(ent.offset)
-                    out.append(
-                        fmt.parse_frame(f.read(ent.length), ent, f"{self.path}/{fmt.META_NAME}")
+                self._identity = head.identity
+                self._commit_inode = (cstat.st_dev, cstat.st_ino)
+                # kept open, so that the inode stays this file's and a re-created log gets another
+                self._held_fd = _open_in(self.path, fmt.COMMIT_NAME, os.O_RDONLY)
+                if os.fstat(self._held_fd).st_ino != cstat.st_ino:
+                    raise FormatError(
+                        f"{self.path}: the file was re-created while being opened; open it again"
                     )
-        meta_end = entries[-1].offset + entries[-1].length if entries else fmt.HEADER_SIZE
-        return out, (len(entries), meta_end, valid_end)
+            elif (
+                head.identity != self._identity
+                or (cstat.st_dev, cstat.st_ino) != self._commit_inode
+            ):
+                raise FormatError(
+                    f"{self.path}: the file was re-created while open (another writer opened it "
+                    "in mode 'w'); open it again to read the new one"
+                )
+            if len(entries) < self._nentries:
+                raise FormatError(
+                    f"{self.path}: {len(entries)} committed records, {self._nentries} seen before: "
+                    "the file was truncated or re-created while open"
+                )
+            new = entries[self._nentries :]
+            out = [
+                fmt.parse_frame(
+                    os.pread(mfd, e.length, e.offset), e, f"{self.path}/{fmt.META_NAME}"
+                )
+                for e in new
+            ]
+        finally:
+            os.close(mfd)
+        return out, new, head.size
 
     def _load_new(self) -> int:
         """Collective: read records committed since the last call on rank 0, apply on all ranks.
@@ -230,36 +304,54 @@ class NativeEngine(BlockEngine):
         All or nothing: if any record fails to decode or check on any rank,
         every rank restores its catalog and rank 0 keeps its reading position,
         so ranks never disagree on the steps they see.
+
+        A record whose blocks lie beyond the end of their subfile (a copy
+        cut short, a subfile truncated) ends what is read: the steps before
+        it open, a warning says what was left out, and a writer ('a')
+        continues after the intact prefix.
         """
         g = comm_mod.Guard()
         blob = None
         state = None
+        cp = self.catalog.checkpoint()
         with g:
             if self.rank == 0:
-                payloads, state = self._read_new_records()
+                payloads, entries, header_size = self._read_new_records()
+                good = self._intact_prefix(payloads)
+                n = self._nentries + len(good)
+                meta_end = (
+                    entries[len(good) - 1].offset + entries[len(good) - 1].length if good else None
+                )
+                state = (
+                    n,
+                    meta_end if meta_end is not None else max(self._meta_end, header_size),
+                    header_size + n * fmt.ENTRY_SIZE,
+                )
                 e = Encoder()
-                e.u32(len(payloads))
-                for p in payloads:
+                e.u32(len(good))
+                for p in good:
                     e.blob(p)
                 blob = e.getvalue()
-        comm_mod.agree(self.comm, g.error)
+        try:
+            comm_mod.agree(self.comm, g.error)
+        except Exception:
+            self.catalog.restore(cp)
+            raise
         blob = comm_mod.bcast_bytes(self.comm, blob, root=0)
-        cp = self.catalog.checkpoint()
         g = comm_mod.Guard()
         with g:
-            d = Decoder(blob, "metadata broadcast")
-            for _ in range(d.count(8, name="records")):
-                seq = self.catalog.nrecords
-                rec = Record.decode(
-                    d.blob(), self.catalog, f"{self.path}/{fmt.META_NAME} record {seq}"
-                )
-                if self.rank == 0:
-                    self._check_locations(rec)
-                self.catalog.apply_record(rec, ops_applied=True)
+            if self.rank != 0:  # rank 0 applied them while checking them
+                d = Decoder(blob, "metadata broadcast")
+                for _ in range(d.count(8, name="records")):
+                    seq = self.catalog.nrecords
+                    rec = Record.decode(
+                        d.blob(), self.catalog, f"{self.path}/{fmt.META_NAME} record {seq}"
+                    )
+                    self.catalog.apply_record(rec, ops_applied=True)
             if self.rank == 0 and self.mode != "r":
-                # drop anything a killed writer left past the last commit
+                # drop anything past the intact commits (a killed writer's torn tail, records whose data is gone)
                 assert state is not None  # read on rank 0
-                _nentries, meta_end, commit_end = state
+                _n, meta_end, commit_end = state
                 os.ftruncate(self._meta_fd, meta_end)
                 os.ftruncate(self._commit_fd, commit_end)
         try:
@@ -273,24 +365,53 @@ class NativeEngine(BlockEngine):
             self._nentries, self._meta_end, self._commit_end = state
         return len(self.catalog.steps)
 
-    def _check_locations(self, rec: Record) -> None:
+    def _intact_prefix(self, payloads: list[bytes]) -> list[bytes]:
+        """Rank 0: decode and apply *payloads* in order up to the first whose blocks are not all there."""
+        good: list[bytes] = []
+        for raw in payloads:
+            seq = self.catalog.nrecords
+            before = self.catalog.checkpoint()
+            rec = Record.decode(raw, self.catalog, f"{self.path}/{fmt.META_NAME} record {seq}")
+            missing = self._missing_data(rec)
+            if missing is not None:
+                self.catalog.restore(before)
+                if seq != self._warned:
+                    self._warned = seq
+                    warnings.warn(
+                        f"{self.path}: {len(payloads) - len(good)} committed record(s) from record {seq} "
+                        f"(step {len(self.catalog.steps)} on) left out: {missing}",
+                        LaminaWarning,
+                        stacklevel=5,
+                    )
+                break
+            self.catalog.apply_record(rec, ops_applied=True)
+            good.append(raw)
+        return good
+
+    def _missing_data(self, rec: Record) -> str | None:
+        """What of *rec*'s block data is not in its subfiles (None if everything is)."""
         for b in rec.blocks:
+            if b.length == 0:
+                continue
             name = b.subfile
             size = self._sizes.get(name)
             if size is None or b.offset + b.length > size:
                 try:
-                    size = os.path.getsize(os.path.join(self.path, name))
-                except OSError:
-                    raise FormatError(
-                        f"{self.path}: subfile {name} of dataset block {b.box} is missing"
-                    ) from None
-                self._sizes[name] = size
+                    st = os.lstat(os.path.join(self.path, name))
+                except FileNotFoundError:
+                    return f"subfile {name} of dataset block {b.box} is missing"
+                if stat.S_ISLNK(st.st_mode):
+                    return f"subfile {name} is a symbolic link; lamina does not follow links inside its files"
+                if not stat.S_ISREG(st.st_mode):
+                    return f"subfile {name} is not a regular file"
+                size = self._sizes[name] = st.st_size
             if b.offset + b.length > size:
                 spec = self.catalog.specs[b.dataset]
-                raise FormatError(
-                    f"{self.path}: block {b.box} of dataset {spec.path!r} needs bytes "
+                return (
+                    f"block {b.box} of dataset {spec.path!r} needs bytes "
                     f"{b.offset}..{b.offset + b.length} of {name}, which has {size}"
                 )
+        return None
 
     def refresh(self) -> int:
         """Collective: pick up steps committed by a writer since open (for following a live file)."""
@@ -453,11 +574,36 @@ class NativeEngine(BlockEngine):
         fd = self._rfds.get(name)
         if fd is None:
             try:
-                fd = os.open(os.path.join(self.path, name), os.O_RDONLY)
+                fd = _open_in(self.path, name, os.O_RDONLY)
             except FileNotFoundError:
+                self._check_identity()  # a file re-created under this reader says so, not "missing"
                 raise FormatError(f"{self.path}: subfile {name} is missing") from None
+            try:
+                self._check_identity()  # the subfile opened now must be of the file this rank knows
+            except BaseException:
+                os.close(fd)
+                raise
             self._rfds[name] = fd
         return fd
+
+    def _check_identity(self) -> None:
+        """FormatError if the file at this path is no longer the one opened (re-created since).
+
+        Re-creation makes a new commit log (the identity in its header, checked
+        at each refresh, and its inode, checked here without reading a byte).
+        """
+        if self._commit_inode is None:
+            return
+        try:
+            st = os.stat(os.path.join(self.path, fmt.COMMIT_NAME), follow_symlinks=False)
+            same = (st.st_dev, st.st_ino) == self._commit_inode
+        except OSError:
+            same = False
+        if not same:
+            raise FormatError(
+                f"{self.path}: the file was re-created while open (another writer opened it "
+                "in mode 'w'); open it again to read the new one"
+            )
 
     def _read_region(self, rec, spec, inter: Box, dst: np.ndarray) -> None:
         what = f"{self.path}/{rec.subfile}: dataset {spec.path!r} block {rec.box}"
@@ -543,7 +689,7 @@ class NativeEngine(BlockEngine):
 
     def _close_storage(self) -> None:
         fds = list(getattr(self, "_rfds", {}).values())
-        fds += [getattr(self, n, -1) for n in ("_meta_fd", "_commit_fd", "_data_fd")]
+        fds += [getattr(self, n, -1) for n in ("_meta_fd", "_commit_fd", "_data_fd", "_held_fd")]
         for fd in fds:
             if fd >= 0:
                 try:
@@ -551,4 +697,8 @@ class NativeEngine(BlockEngine):
                 except OSError:
                     pass
         self._rfds = {}
-        self._meta_fd = self._commit_fd = self._data_fd = -1
+        self._meta_fd = self._commit_fd = self._data_fd = self._held_fd = -1
+        lock = getattr(self, "_lock", None)
+        if lock is not None:  # last: a new writer may start once the logs are closed
+            lock.release()
+            self._lock = None

@@ -5,7 +5,14 @@ A lamina file is a directory::
     run.lam/
       lamina.meta     header + metadata records, each framed (length, crc32c)
       lamina.commit   header + one 32-byte commit entry per committed record
+      lamina.lock     who writes the file now (see lock.py); empty when nobody does
       data.S.A        block data written by aggregator A in writer session S
+
+Nothing else in the directory belongs to lamina; lamina never removes it.
+
+Both headers carry the file's identity (version 2), a random number drawn
+when the file is created ('w'): a reader that finds another identity knows
+the file was re-created under it.
 
 Commit protocol: block data is written (and made durable) first, then the
 metadata record is appended to ``lamina.meta``, then its commit entry to
@@ -16,43 +23,75 @@ leaves every earlier step readable.  See ``docs/format.md``.
 
 from __future__ import annotations
 
+import re
+import secrets
 import struct
 from dataclasses import dataclass
 
 from ...errors import FormatError, NotALaminaFileError
 from ...stats import crc
 
-VERSION = 1
+VERSION = 2
 META_MAGIC = b"LAMINA\x89M"
 COMMIT_MAGIC = b"LAMINA\x89C"
 META_NAME = "lamina.meta"
 COMMIT_NAME = "lamina.commit"
-HEADER_SIZE = 16
+#: header bytes per format version (version 1: no file identity)
+HEADER_SIZES = {1: 16, 2: 32}
+HEADER_SIZE = HEADER_SIZES[VERSION]
+#: the names of block data files; with META_NAME, COMMIT_NAME and the lock, all lamina writes
+DATA_NAME = re.compile(r"data\.(0|[1-9][0-9]{0,9})\.(0|[1-9][0-9]{0,9})")
 FRAME_HEAD = struct.Struct("<QI")  # payload length, crc32c of payload
 ENTRY = struct.Struct("<QQQII")  # seq, frame offset, frame length, payload crc, entry crc
 ENTRY_SIZE = ENTRY.size  # 32
 MAX_RECORD = 1 << 31
 
 
-def header(magic: bytes) -> bytes:
-    """16-byte file header: magic (8), version u16, flags u16, crc32c of the first 12 bytes."""
-    head = magic + struct.pack("<HH", VERSION, 0)
+def new_identity() -> int:
+    """A file identity: random, never 0 (0 stands for "none", in version 1 files)."""
+    return secrets.randbits(63) + 1
+
+
+def header(magic: bytes, identity: int) -> bytes:
+    """The 32-byte header of a version 2 file.
+
+    magic (8), version u16, flags u16, header size u32, identity u64,
+    reserved u32 (0), crc32c of the first 28 bytes u32.
+    """
+    head = magic + struct.pack("<HHIQI", VERSION, 0, HEADER_SIZE, identity, 0)
     return head + struct.pack("<I", crc(head))
 
 
-def check_header(buf: bytes, magic: bytes, what: str) -> int:
-    """Validate a file header; returns its version."""
-    if len(buf) < HEADER_SIZE or buf[:8] != magic:
+@dataclass(frozen=True, slots=True)
+class Header:
+    version: int
+    size: int  # bytes: where the first record (meta) or entry (commit) starts
+    identity: int  # 0 for version 1 files
+
+
+def check_header(buf: bytes, magic: bytes, what: str) -> Header:
+    """Validate the header at the start of *buf* (at least its first 32 bytes, or the whole file)."""
+    if len(buf) < 12 or buf[:8] != magic:
         raise NotALaminaFileError(f"{what} is not a lamina file (bad magic)")
     version, _flags = struct.unpack("<HH", buf[8:12])
-    (c,) = struct.unpack("<I", buf[12:16])
-    if c != crc(buf[:12]):
-        raise FormatError(f"{what}: header checksum mismatch")
     if version > VERSION:
         raise FormatError(
             f"{what}: format version {version} is newer than this lamina reads ({VERSION})"
         )
-    return version
+    if version not in HEADER_SIZES:
+        raise FormatError(f"{what}: unknown format version {version}")
+    size = HEADER_SIZES[version]
+    if len(buf) < size:
+        raise FormatError(f"{what}: header truncated ({len(buf)} of {size} bytes)")
+    (c,) = struct.unpack("<I", buf[size - 4 : size])
+    if c != crc(buf[: size - 4]):
+        raise FormatError(f"{what}: header checksum mismatch")
+    if version == 1:
+        return Header(1, size, 0)
+    declared, identity, _reserved = struct.unpack("<IQI", buf[12:28])
+    if declared != size or identity == 0:
+        raise FormatError(f"{what}: inconsistent header (size {declared}, identity {identity})")
+    return Header(version, size, identity)
 
 
 def frame(payload: bytes) -> bytes:
@@ -75,20 +114,20 @@ class CommitEntry:
 
 def parse_commits(
     buf: bytes, meta_size: int, what: str = COMMIT_NAME
-) -> tuple[list[CommitEntry], int]:
-    """Valid commit entries of a commit file and the byte length of that valid prefix.
+) -> tuple[list[CommitEntry], int, Header]:
+    """Valid commit entries of a commit file, the byte length of that valid prefix, and its header.
 
     A torn last entry (shorter than 32 bytes, or with a bad checksum) is a
     commit that did not happen and is ignored; any other inconsistency is a
     FormatError.  *meta_size* is the size of lamina.meta: every committed
-    record must lie inside it.
+    record must lie inside it (after a header of the same version).
     """
-    check_header(buf, COMMIT_MAGIC, what)
-    n = (len(buf) - HEADER_SIZE) // ENTRY_SIZE
+    head = check_header(buf, COMMIT_MAGIC, what)
+    n = (len(buf) - head.size) // ENTRY_SIZE
     entries: list[CommitEntry] = []
-    expect_off = HEADER_SIZE
+    expect_off = head.size
     for i in range(n):
-        pos = HEADER_SIZE + i * ENTRY_SIZE
+        pos = head.size + i * ENTRY_SIZE
         raw = buf[pos : pos + ENTRY_SIZE]
         seq, off, length, pcrc, ecrc = ENTRY.unpack(raw)
         if ecrc != crc(raw[:28]):
@@ -107,7 +146,7 @@ def parse_commits(
             )
         entries.append(CommitEntry(seq, off, length, pcrc))
         expect_off = off + length
-    return entries, HEADER_SIZE + len(entries) * ENTRY_SIZE
+    return entries, head.size + len(entries) * ENTRY_SIZE, head
 
 
 def parse_frame(buf: bytes, e: CommitEntry, what: str = META_NAME) -> bytes:

@@ -1,0 +1,300 @@
+"""The native file under misuse: two writers, a re-created file, foreign directories, planted links, old files."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import lamina
+from lamina.engines.native import format as fmt
+from lamina.engines.native import lock as lock_mod
+from lamina.errors import FormatError, LockError, NotALaminaFileError
+
+pytestmark = pytest.mark.usefixtures("fast_native")
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+
+HOLDER = """
+import sys, time, lamina
+f = lamina.open(sys.argv[1], "a", durable=False)
+print("holding", flush=True)
+time.sleep(float(sys.argv[2]))
+f.close()
+"""
+
+
+def hold(path: str, seconds: float) -> subprocess.Popen:
+    """Another process that opens *path* for writing and keeps it open."""
+    env = {**os.environ, "PYTHONPATH": SRC}
+    env.pop("LAMINA_ENGINE", None)
+    env.pop("LAMINA_TRANSPORT", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, path, str(seconds)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "holding"
+    return proc
+
+
+def write_steps(path: str, mode: str, values) -> None:
+    with lamina.open(path, mode) as f:
+        x = f["x"] if "x" in f else f.create_dataset("x", shape=(4,))
+        for v in values:
+            with f.step():
+                x[...] = v
+
+
+# ------------------------------------------------------------------ two writers
+
+
+def test_second_writing_process_is_refused_naming_the_holder(native_path):
+    write_steps(native_path, "w", [1.0])
+    proc = hold(native_path, 30)
+    try:
+        for mode in ("a", "w"):
+            with pytest.raises(LockError) as ei:
+                lamina.open(native_path, mode)
+            msg = str(ei.value)
+            assert f"pid {proc.pid}" in msg and f"host {socket.gethostname()}" in msg, msg
+        with lamina.open(native_path, "r") as f:  # readers are welcome
+            assert f.steps == 1 and f["x"][0] == 1.0
+    finally:
+        proc.kill()
+        proc.wait()
+    # the holder was killed: its lock went with it, the next writer goes on after step 0
+    write_steps(native_path, "a", [2.0])
+    with lamina.open(native_path, "r") as f:
+        assert f.steps == 2 and f.at(0)["x"][0] == 1.0 and f["x"][0] == 2.0
+
+
+def test_alternating_writers_lose_nothing(native_path):
+    """Two processes that take turns appending: every step of both is there, in order."""
+    write_steps(native_path, "w", [0.0])
+    for k in range(1, 5):
+        if k % 2:
+            write_steps(native_path, "a", [float(k)])
+        else:
+            env = {**os.environ, "PYTHONPATH": SRC}
+            code = (
+                f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
+            )
+            code += f"from test_native_safety import write_steps; write_steps({native_path!r}, 'a', [{float(k)}])"
+            subprocess.run([sys.executable, "-c", code], check=True, env=env)
+    with lamina.open(native_path, "r") as f:
+        assert [f.at(k)["x"][0] for k in range(f.steps)] == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+def test_second_writer_in_the_same_process_is_refused(native_path):
+    with lamina.open(native_path, "w") as f:
+        f.create_dataset("x", shape=(1,))
+        with pytest.raises(LockError, match="already open for writing in this process"):
+            lamina.open(native_path, "a")
+    with lamina.open(native_path, "a") as f:  # released at close
+        assert "x" in f
+
+
+def test_lock_without_file_system_locks(native_path, monkeypatch):
+    """Where fcntl locks are refused, the lock file itself is the lock; a dead holder's is taken over."""
+
+    def no_locks(fd, op, *args):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(lock_mod.fcntl, "lockf", no_locks)
+    write_steps(native_path, "w", [1.0])
+    lockfile = os.path.join(native_path, lock_mod.LOCK_NAME)
+    assert not os.path.exists(lockfile)  # removed at close
+    # a holder of this host that is gone
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with open(lockfile, "w") as fh:
+        fh.write(f"host {socket.gethostname()} pid {dead.pid} since then\n")
+    write_steps(native_path, "a", [2.0])
+    # one that runs
+    with open(lockfile, "w") as fh:
+        fh.write(f"host {socket.gethostname()} pid {os.getppid()} since then\n")
+    with pytest.raises(LockError, match=f"pid {os.getppid()}"):
+        lamina.open(native_path, "a")
+    # one of another host: it may be alive; say what to remove if it is not
+    with open(lockfile, "w") as fh:
+        fh.write("host elsewhere.example pid 12 since then\n")
+    with pytest.raises(
+        LockError, match="elsewhere.example.*no locks: if that process is gone, remove"
+    ):
+        lamina.open(native_path, "a")
+    os.unlink(lockfile)
+    with lamina.open(native_path, "r") as f:
+        assert f.steps == 2
+
+
+def test_lockf_is_what_holds_the_file(native_path):
+    """The lock is a POSIX record lock: another process sees it held through fcntl."""
+    with lamina.open(native_path, "w") as f:
+        f.create_dataset("x", shape=(1,))
+        probe = (
+            "import fcntl, os, sys\n"
+            "fd = os.open(sys.argv[1], os.O_RDWR)\n"
+            "try:\n    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept OSError:\n    print('held')\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", probe, os.path.join(native_path, lock_mod.LOCK_NAME)],
+            capture_output=True,
+            text=True,
+        ).stdout
+        assert out.strip() == "held"
+    assert fcntl  # the module the lock uses
+
+
+# ------------------------------------------------------------------ a file re-created under a reader
+
+
+def test_reader_notices_a_file_recreated_under_it(native_path):
+    write_steps(native_path, "w", [1.0, 2.0])
+    r = lamina.open(native_path, "r")
+    try:
+        assert r.steps == 2
+        write_steps(native_path, "w", [9.0])  # another run starts over
+        with pytest.raises(FormatError, match="re-created while open"):
+            r.refresh()
+        assert r.steps == 2  # nothing of the new run spliced in
+        with pytest.raises(FormatError, match="re-created while open"):
+            r["x"][...]  # the old run's data is gone: said so, not reported as a checksum error
+    finally:
+        r.close()
+    with lamina.open(native_path, "r") as f:
+        assert f.steps == 1 and f["x"][0] == 9.0
+
+
+def test_identity_in_both_headers(native_path):
+    write_steps(native_path, "w", [1.0])
+    heads = []
+    for name, magic in ((fmt.META_NAME, fmt.META_MAGIC), (fmt.COMMIT_NAME, fmt.COMMIT_MAGIC)):
+        with open(os.path.join(native_path, name), "rb") as fh:
+            heads.append(fmt.check_header(fh.read(64), magic, name))
+    assert heads[0] == heads[1] and heads[0].version == fmt.VERSION and heads[0].identity
+    write_steps(native_path, "w", [1.0])
+    with open(os.path.join(native_path, fmt.COMMIT_NAME), "rb") as fh:
+        assert fmt.check_header(fh.read(64), fmt.COMMIT_MAGIC, "c").identity != heads[0].identity
+    # logs of two different files put together
+    other = native_path + "-other"
+    write_steps(other, "w", [5.0])
+    shutil.copy(os.path.join(other, fmt.META_NAME), os.path.join(native_path, fmt.META_NAME))
+    with pytest.raises(FormatError, match="belong to different files"):
+        lamina.open(native_path, "r")
+
+
+# ------------------------------------------------------------------ directories lamina did not make
+
+
+@pytest.mark.parametrize("mode", ["w", "a"])
+@pytest.mark.parametrize(
+    "name", ["data.csv", "notes.txt", "data.1", "data.01.0", "lamina.metadata"]
+)
+def test_foreign_directory_is_refused_and_kept(tmp_path, mode, name):
+    d = tmp_path / "results"
+    d.mkdir()
+    (d / name).write_text("precious")
+    with pytest.raises(NotALaminaFileError, match=f"holds '{name}', which lamina did not write"):
+        lamina.open(d, mode)
+    assert sorted(os.listdir(d)) == [name] and (d / name).read_text() == "precious"
+
+
+def test_truncating_keeps_what_lamina_did_not_write(native_path):
+    write_steps(native_path, "w", [1.0, 2.0])
+    with open(os.path.join(native_path, "README.txt"), "w") as fh:
+        fh.write("mine")
+    os.mkdir(os.path.join(native_path, "data.extra"))
+    write_steps(native_path, "w", [3.0])
+    names = sorted(os.listdir(native_path))
+    assert "README.txt" in names and "data.extra" in names
+    with lamina.open(native_path, "r") as f:
+        assert f.steps == 1 and f["x"][0] == 3.0
+
+
+def test_a_killed_writers_leftovers_are_cleared(native_path):
+    """A directory holding only what a writer killed while creating the file left: 'a' starts it over."""
+    os.mkdir(native_path)
+    open(os.path.join(native_path, "data.0.0"), "wb").close()
+    open(os.path.join(native_path, fmt.META_NAME), "wb").close()
+    write_steps(native_path, "a", [4.0])
+    with lamina.open(native_path, "r") as f:
+        assert f.steps == 1
+
+
+# ------------------------------------------------------------------ links planted inside the file
+
+
+def test_planted_link_to_a_data_file_is_refused(native_path, tmp_path):
+    write_steps(native_path, "w", [1.0])
+    victim = tmp_path / "victim.txt"
+    victim.write_text("do not touch")
+    os.symlink(victim, os.path.join(native_path, "data.1.0"))  # the next session's subfile
+    with pytest.raises(FormatError, match="data.1.0 is a symbolic link"):
+        write_steps(native_path, "a", [2.0])
+    assert victim.read_text() == "do not touch"
+    with lamina.open(native_path, "r") as f:
+        assert f.steps == 1 and f["x"][0] == 1.0
+
+
+@pytest.mark.parametrize("name", [fmt.META_NAME, fmt.COMMIT_NAME])
+def test_readers_do_not_follow_links_either(native_path, tmp_path, name):
+    write_steps(native_path, "w", [1.0])
+    real = tmp_path / "moved"
+    shutil.move(os.path.join(native_path, name), real)
+    os.symlink(real, os.path.join(native_path, name))
+    with pytest.raises(FormatError, match=f"{name} is a symbolic link"):
+        lamina.open(native_path, "r")
+
+
+def test_a_linked_subfile_is_not_read(native_path, tmp_path):
+    write_steps(native_path, "w", [1.0, 2.0])
+    real = tmp_path / "moved"
+    shutil.move(os.path.join(native_path, "data.0.0"), real)
+    os.symlink(real, os.path.join(native_path, "data.0.0"))
+    with pytest.warns(lamina.LaminaWarning, match="data.0.0 is a symbolic link"):
+        f = lamina.open(native_path, "r")
+    with f:
+        assert f.steps == 0  # its steps are left out, with a warning
+
+
+# ------------------------------------------------------------------ files of the previous format version
+
+
+def test_version_1_files_read_and_append(tmp_path):
+    path = str(tmp_path / "v1.lam")
+    shutil.copytree(os.path.join(DATA, "format-v1.lam"), path)
+    with lamina.open(path, "r") as f:
+        assert f.steps == 3 and f.attrs["title"] == "written by format version 1"
+        np.testing.assert_array_equal(f.at(1)["fields/T"][:3], np.arange(15.0).reshape(3, 5) + 1)
+        np.testing.assert_array_equal(f["fields/n"][...], np.arange(8) * 3)
+        np.testing.assert_array_equal(f["T2"][...], 2 * f["fields/T"][...])
+        assert f["fields/T"].attrs["units"] == "K"
+    with lamina.open(path, "a") as f:  # a writer continues the file in its own version
+        with f.step():
+            f["fields/T"][...] = 5.0
+    with open(os.path.join(path, fmt.COMMIT_NAME), "rb") as fh:
+        assert fmt.check_header(fh.read(64), fmt.COMMIT_MAGIC, "c").version == 1
+    with lamina.open(path, "r") as f:
+        assert f.steps == 4 and f["T2"][0, 0] == 10.0 and f.at(0)["fields/T"][5, 0] == 100.0
+
+
+def test_killed_lock_holder_leaves_nothing_to_clean(native_path):
+    write_steps(native_path, "w", [1.0])
+    proc = hold(native_path, 60)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    t = time.monotonic()
+    write_steps(native_path, "a", [2.0])
+    assert time.monotonic() - t < 5
