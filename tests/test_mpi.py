@@ -250,3 +250,16 @@ def test_checks_catch_wrong_data(tmp_path):
 def test_failures_reach_every_rank(tmp_path, case, n):
     """A failure on one rank inside a collective call reaches every rank; nothing hangs."""
     mu.run_mpi(n, "faults", case, tmp_path / "f.lam", timeout=90)
+
+
+@pytest.mark.parametrize("case", ["attrs-subset", "attrs-conflict", "left-writer", "left-reader"])
+@pytest.mark.parametrize("n", [2, 3])
+def test_one_ranks_mistake(tmp_path, case, n):
+    """Attributes from a subset of ranks; a rank's own error: no hang, the file goes on or is let go."""
+    mu.run_mpi(n, "misuse", case, tmp_path / "f.lam", timeout=90)
+
+
+@pytest.mark.parametrize("n,aggregators", [(2, 1), (2, 2), (3, 1), (4, 2), (4, 4)])
+def test_disk_full_during_put(tmp_path, n, aggregators):
+    """The aggregators' writes fail at put (a full disk): end_step raises on every rank, no hang."""
+    mu.run_mpi(n, "misuse", "fsize", tmp_path / "f.lam", aggregators, timeout=90)

@@ -10,6 +10,7 @@ Every helper here is collective over the communicator it is given.
 
 from __future__ import annotations
 
+import time
 from enum import IntEnum
 
 import numpy as np
@@ -395,35 +396,111 @@ def barrier(comm: MPI.Comm) -> None:
         comm.Barrier()
 
 
-def agree(comm: MPI.Comm, exc: BaseException | None) -> None:
-    """Collective: raise on every rank if any rank failed.
+def agree(comm: MPI.Comm, exc: BaseException | None, flag: int = 0) -> int:
+    """Collective: raise on every rank if any rank failed; else return the largest *flag*.
 
     Each rank passes the exception it caught in the phase just finished (or
-    None).  If none failed this returns.  Otherwise the lowest failing rank's
+    None).  If none failed this returns the maximum of the ranks' *flag*
+    (one allreduce carries both).  Otherwise the lowest failing rank's
     error is re-raised on every rank as the same lamina error class, so a
     failure on one rank never leaves the others waiting in a later
     collective.  The failing rank re-raises its own exception object.
+
+    Every collective call of an engine communicates first through this
+    function, so that a rank that gives up on a file (:func:`leave`) meets
+    the others at their next collective call, whichever it is.
     """
-    failed = comm.rank if exc is not None else comm.size
-    first = allreduce_int(comm, failed, "min") if comm.size > 1 else failed
-    if first == comm.size:
-        return
     if comm.size == 1:
-        assert exc is not None
-        raise mark_collective(exc)
-    payload = None
-    if comm.rank == first:
-        assert exc is not None
-        kind, text = error_to_wire(exc)
-        payload = kind.encode() + b"\0" + text.encode("utf-8", "replace")
+        if exc is not None:
+            raise mark_collective(exc)
+        return int(flag)
+    failed = comm.rank if exc is not None else comm.size
+    out = np.empty(2, dtype=np.int64)
+    # non-blocking, then waited for: a nonblocking collective matches only nonblocking ones, and
+    # leave() and PendingAgree must meet this one
+    comm.Iallreduce(np.array([failed, -int(flag)], dtype=np.int64), out, op=MPI.MIN).Wait()
+    first = int(out[0])
+    if first == comm.size:
+        return -int(out[1])
+    payload = _error_payload(exc, left=False) if comm.rank == first else None
     raw = bcast_bytes(comm, payload, root=first)
     if comm.rank == first:
         assert exc is not None
         raise mark_collective(exc)
-    name, _, msg = raw.partition(b"\0")
-    raise mark_collective(
-        error_from_wire(name.decode("ascii", "replace"), msg.decode("utf-8", "replace"), rank=first)
-    )
+    raise _error_from_payload(raw, first)
+
+
+class PendingAgree:
+    """:func:`agree` without blocking: :meth:`test` until True, then :meth:`finish` (for waits that must serve meanwhile)."""
+
+    def __init__(self, comm: MPI.Comm, flag: int = 0) -> None:
+        self.comm = comm
+        self.out = np.empty(2, dtype=np.int64)
+        self.flag = int(flag)
+        self.req = (
+            comm.Iallreduce(np.array([comm.size, -self.flag], dtype=np.int64), self.out, op=MPI.MIN)
+            if comm.size > 1
+            else None
+        )
+
+    def test(self) -> bool:
+        return self.req is None or bool(self.req.Test())
+
+    def finish(self) -> int:
+        """The largest flag; raises what a rank that left said (as :func:`agree`)."""
+        if self.req is None:
+            return self.flag
+        self.req.Wait()
+        first = int(self.out[0])
+        if first == self.comm.size:
+            return -int(self.out[1])
+        raise _error_from_payload(bcast_bytes(self.comm, None, root=first), first)
+
+
+def leave(comm: MPI.Comm, exc: BaseException, timeout: float = 10.0) -> bool:
+    """Tell the other ranks that this one gives up on the file after *exc*; True if they heard it.
+
+    For a rank that leaves a file after an error only it saw: the others
+    are in (or will come to) their next collective call on *comm*, which
+    starts with :func:`agree`; this meets them there, so they raise a
+    :class:`~lamina.errors.RemoteError` marked ``lamina_left`` (let go of
+    the file too: a collective with this rank would wait forever) instead of
+    waiting.  If nobody comes within *timeout* seconds (the others finished
+    with the file), it gives up waiting.
+    """
+    if comm.size == 1:
+        return True
+    out = np.empty(2, dtype=np.int64)
+    req = comm.Iallreduce(np.array([comm.rank, 0], dtype=np.int64), out, op=MPI.MIN)
+    deadline = time.monotonic() + timeout
+    while not req.Test():
+        if time.monotonic() > deadline:
+            return False  # the request stays pending on a communicator nobody uses any more
+        time.sleep(1e-3)
+    first = int(out[0])
+    payload = _error_payload(exc, left=True) if comm.rank == first else None
+    bcast_bytes(comm, payload, root=first)  # every rank is in the same agree now
+    return True
+
+
+def _error_payload(exc: BaseException | None, left: bool) -> bytes:
+    assert exc is not None
+    kind, text = error_to_wire(exc)
+    return (b"L" if left else b"E") + kind.encode() + b"\0" + text.encode("utf-8", "replace")
+
+
+def _error_from_payload(raw: bytes, rank: int) -> BaseException:
+    left, rest = raw[:1] == b"L", raw[1:]
+    name, _, msg = rest.partition(b"\0")
+    text = msg.decode("utf-8", "replace")
+    kind = name.decode("ascii", "replace")
+    if left:  # not this rank's error: a RemoteError that says whose it was
+        text = f"rank {rank} left the file after an error of its own ({kind}: {text}); let go of the file here too"
+        kind = "RemoteError"
+    err = error_from_wire(kind, text, rank=None if left else rank)
+    if left:
+        err.lamina_left = True  # type: ignore[attr-defined]
+    return mark_collective(err)
 
 
 class Guard:
@@ -468,6 +545,8 @@ __all__ = [
     "free",
     "gather_bytes",
     "intercomm",
+    "PendingAgree",
+    "leave",
     "irecv_bytes",
     "isend_bytes",
     "poll_bytes",

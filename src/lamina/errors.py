@@ -160,6 +160,11 @@ def is_collective(exc: BaseException | None) -> bool:
     return bool(getattr(exc, "lamina_collective", False))
 
 
+def is_left(exc: BaseException | None) -> bool:
+    """True if *exc* says that another rank let go of the file: this one must not call collectives on it."""
+    return bool(getattr(exc, "lamina_left", False))
+
+
 #: builtins a remote failure is re-raised as (with RemoteError), so that the
 #: same ``except OSError`` works on every rank
 _REMOTE_BASES: dict[str, type[BaseException]] = {

@@ -12,7 +12,7 @@ from .. import layers as _layers  # noqa: F401 - registers the built-in layers
 from .. import query as query_mod
 from ..engines import registry
 from ..engines.base import Engine
-from ..errors import StepError, StepTimeoutError, is_collective
+from ..errors import StepError, StepTimeoutError, is_collective, is_left
 from .group import Group
 
 
@@ -166,7 +166,7 @@ class File(Group):
                 )
             expired = deadline is not None and time.monotonic() >= deadline
             # all ranks must agree on timing out, or they would diverge in refresh()
-            if comm_mod.allreduce_int(self._comm, int(expired), "max"):
+            if self._engine.agree(int(expired)):
                 raise StepTimeoutError(
                     f"no step {step} in {self._filename!r} after {timeout} s ({self.steps} steps committed)"
                 )
@@ -211,10 +211,13 @@ class File(Group):
         return self
 
     def __exit__(self, et, ev, tb) -> None:
-        if ev is not None and self._comm.size > 1 and not is_collective(ev):
-            # only this rank may have failed: a collective close could pair with a
-            # different collective call on the others, so leave without committing
+        if is_left(ev):  # another rank let go of the file: no collective call with it any more
             self._engine.abandon()
+            return
+        if ev is not None and self._comm.size > 1 and not is_collective(ev):
+            # only this rank failed: a collective close could pair with a different collective
+            # call on the others; tell them (they raise at their next collective call) and go
+            self._engine.leave(ev)
             return
         if ev is not None and self._engine.in_step:
             self._engine.discard_step()

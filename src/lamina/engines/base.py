@@ -98,6 +98,19 @@ class Engine(ABC):
         them.  Committed steps stay intact; the current step is dropped.
         """
 
+    @abstractmethod
+    def leave(self, exc: BaseException) -> None:
+        """Independent: let go of the file after *exc*, an error only this rank saw.
+
+        Unlike :meth:`abandon`, tells the other ranks first: they raise a
+        ``RemoteError`` (marked ``lamina_left``) at their next collective call
+        on this file instead of waiting for this rank there.
+        """
+
+    @abstractmethod
+    def agree(self, flag: int = 0) -> int:
+        """Collective: the largest *flag* over the ranks; raises if a rank left the file (see :meth:`leave`)."""
+
     @property
     @abstractmethod
     def closed(self) -> bool:

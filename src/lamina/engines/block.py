@@ -57,7 +57,7 @@ from ..catalog import (
     normpath,
     parent,
 )
-from ..catalog.model import MAX_ATTR_BYTES, MAX_NDIM, encode_op
+from ..catalog.model import MAX_ATTR_BYTES, MAX_NDIM, decode_op, encode_op
 from ..errors import (
     CollectiveMismatchError,
     DTypeError,
@@ -107,6 +107,57 @@ class Header:
     location: tuple[int, int, int] | None
 
 
+#: metadata operations any subset of ranks may make (merged at commit); the others are collective
+ATTR_OPS = frozenset({OP_ATTR, OP_DELATTR})
+
+
+def attribute_changes(ops: list[tuple]) -> list[tuple]:
+    """This rank's attribute changes since the last commit: the last one per attribute, in first-touch order."""
+    last: dict[tuple[str, str], tuple] = {}
+    for op in ops:
+        if op[0] in ATTR_OPS:
+            key = (op[1], op[2])
+            last.pop(key, None)
+            last[key] = op
+    return list(last.values())
+
+
+def merge_attribute_changes(per_rank: list[list[tuple]]) -> list[tuple]:
+    """The attribute changes of every rank as one list; CollectiveMismatchError where ranks disagree.
+
+    Attributes may be set by any subset of ranks (often rank 0 alone, as in
+    ADIOS2 programs); ranks that change the same attribute in one step must
+    leave it the same (same value, or all delete it).
+    """
+    merged: dict[tuple[str, str], tuple[tuple, bytes, int]] = {}
+    for rank, ops in enumerate(per_rank):
+        for op in ops:
+            e = Encoder()
+            encode_op(e, op)
+            key, raw = (op[1], op[2]), e.getvalue()
+            if key not in merged:
+                merged[key] = (op, raw, rank)
+            elif merged[key][1] != raw:
+                first, _, r0 = merged[key]
+                raise CollectiveMismatchError(
+                    f"attribute {op[2]!r} of {'/' + op[1]!r}: rank {r0} {_attr_change(first)} but rank "
+                    f"{rank} {_attr_change(op)}; ranks that change one attribute in a step must agree"
+                )
+    return [op for op, _, _ in merged.values()]
+
+
+def _attr_change(op: tuple) -> str:
+    if op[0] == OP_DELATTR:
+        return "deletes it"
+    value = op[3]
+    text = (
+        repr(value)
+        if isinstance(value, str | list)
+        else np.array2string(np.asarray(value), threshold=8)
+    )
+    return f"sets it to {text}"
+
+
 def dataset_not_found(catalog: Catalog, name: str) -> NotFoundError:
     kind = catalog.kind_of(name)
     if kind == "group":
@@ -124,6 +175,15 @@ class BlockEngine(Engine):
         self._pending: list[Pending] = []
         self._boxes: dict[int, tuple] = {}  # dataset id -> (starts, stops, count) put in this step
         self._pending_ops: list[tuple] = []
+        self._commit_ops: list[
+            tuple
+        ] = []  # the ops of the record being committed (after merging attributes)
+        self._committed_cp: tuple | None = (
+            None  # the catalog as of the last commit (to undo refused changes)
+        )
+        self._put_error: BaseException | None = (
+            None  # an I/O failure in put, raised by end_step on every rank
+        )
         self._in_step = False
         self._closed = False
         self.session = 0
@@ -163,6 +223,7 @@ class BlockEngine(Engine):
                 # taking the last writer's close record for the end of the file (a reader
                 # opening before this session's first step would otherwise end iter_steps early).
                 self._commit(KIND_META)
+            self._committed_cp = self.catalog.checkpoint()
         except BaseException:
             # every failure above is raised on all ranks alike, so freeing is safe
             self._close_storage()
@@ -423,18 +484,27 @@ class BlockEngine(Engine):
         self._require_write("end a step")
         # a step opened implicitly by a write exists only on the ranks that wrote:
         # decide together, so every rank commits it (ranks that wrote nothing add no blocks)
-        if not comm_mod.allreduce_int(self.comm, int(self._in_step), "max"):
+        if not comm_mod.agree(self.comm, None, flag=int(self._in_step)):
             raise StepError("end_step called without begin_step")
         self._in_step = True
         self._commit(KIND_STEP)
 
     # ---------------------------------------------------------- commit
     def _encode_headers(self) -> bytes:
+        if self._put_error is not None:  # put could not store a block: the step cannot commit
+            raise self._put_error
         e = Encoder()
         ops = Encoder()
         for op in self._pending_ops:
-            encode_op(ops, op)
+            if op[0] not in ATTR_OPS:
+                encode_op(ops, op)
         e.u32(stats_mod.crc(ops.getvalue()))
+        attrs = Encoder()
+        final = attribute_changes(self._pending_ops)
+        attrs.u32(len(final))
+        for op in final:
+            encode_op(attrs, op)
+        e.blob(attrs.getvalue())
         e.u32(len(self._pending))
         for p in self._pending:
             e.u32(p.idx)
@@ -455,9 +525,12 @@ class BlockEngine(Engine):
 
     def _decode_headers(self, raws: list[bytes]) -> tuple[list[int], list[Header]]:
         digests, headers = [], []
+        changes: list[list[tuple]] = []
         for r, raw in enumerate(raws):
             d = Decoder(raw, f"step headers from rank {r}")
             digests.append(d.u32())
+            a = Decoder(d.blob(), f"attribute changes of rank {r}")
+            changes.append([decode_op(a) for _ in range(a.count(2, name="changes"))])
             for _ in range(d.count(18, name="blocks")):
                 idx, did = d.u32(), d.u32()
                 if did >= len(self.catalog.specs):
@@ -469,6 +542,10 @@ class BlockEngine(Engine):
                 length, codec = d.u64(), d.u8()
                 loc = (d.u64(), d.u64(), d.u64()) if d.u8() else None
                 headers.append(Header(r, idx, did, box, length, codec, loc))
+        # the record's metadata: the collective changes (the same on every rank, checked by
+        # _validate), then the attribute changes any subset of ranks made, merged
+        self._commit_ops = [op for op in self._pending_ops if op[0] not in ATTR_OPS]
+        self._commit_ops += merge_attribute_changes(changes)
         return digests, headers
 
     def _validate(self, digests: list[int], headers: list[Header], step: int) -> None:
@@ -548,7 +625,7 @@ class BlockEngine(Engine):
                 rec.session, rec.agg, rec.offset = session, agg, off
         blocks = [recs[(h.rank, h.idx)] for h in headers]
         return Record(
-            kind, step, self.session, self.size, time.time(), list(self._pending_ops), blocks
+            kind, step, self.session, self.size, time.time(), list(self._commit_ops), blocks
         )
 
     def _commit(self, kind: int) -> None:
@@ -589,15 +666,31 @@ class BlockEngine(Engine):
         except Exception as e:
             # every error here is raised on all ranks alike (agree, or the same verdict)
             self.discard_step()
+            if isinstance(e, CollectiveMismatchError):
+                # ranks disagree on the metadata: none of it can be committed, ever; undo it here
+                # so that the file goes on (later steps and close commit) as of the last commit
+                self._undo_metadata()
             mark_collective(e)
             raise
         rec = Record.decode(raw, self.catalog, "committed record", apply_ops=False)
+        for op in rec.ops:
+            if op[0] in ATTR_OPS:  # other ranks' attribute changes; this rank's again (the same)
+                self.catalog.apply_op(op, "committed record")
         self.catalog.apply_record(rec, ops_applied=True)
         self._committed(raw)
         self._pending.clear()
         self._boxes.clear()
         self._pending_ops.clear()
+        self._commit_ops = []
+        self._committed_cp = self.catalog.checkpoint()
         self._in_step = False
+
+    def _undo_metadata(self) -> None:
+        """Forget the metadata changes made since the last commit, in the catalog too."""
+        if self._pending_ops and self._committed_cp is not None:
+            self.catalog.restore(self._committed_cp)
+        self._pending_ops.clear()
+        self._commit_ops = []
 
     @property
     def closed(self) -> bool:
@@ -612,6 +705,7 @@ class BlockEngine(Engine):
                     pass
         self._pending.clear()
         self._boxes.clear()
+        self._put_error = None
         self._in_step = False
 
     # ---------------------------------------------------------- reading
@@ -680,10 +774,23 @@ class BlockEngine(Engine):
         """Collective, in close, before resources go: writers commit what is pending."""
         if self.mode != "r":
             self._commit_close()
+        else:
+            comm_mod.agree(
+                self.comm, None
+            )  # meets a rank that left (leave) rather than freeing under it
+
+    def agree(self, flag: int = 0) -> int:
+        return comm_mod.agree(self.comm, None, flag)
+
+    def leave(self, exc: BaseException) -> None:
+        if self._closed:
+            return
+        comm_mod.leave(self.comm, exc)
+        self.abandon()
 
     def _commit_close(self) -> None:
         """Collective (writers): commit the step left open on any rank and pending metadata, then the close record."""
-        if comm_mod.allreduce_int(self.comm, int(self._in_step), "max"):
+        if comm_mod.agree(self.comm, None, flag=int(self._in_step)):
             self._in_step = True
             self._commit(KIND_STEP)
         if comm_mod.allreduce_int(self.comm, int(bool(self._pending_ops)), "max"):

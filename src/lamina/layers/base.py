@@ -98,6 +98,12 @@ class Layer(Engine):
     def abandon(self) -> None:
         self.inner.abandon()
 
+    def leave(self, exc: BaseException) -> None:
+        self.inner.leave(exc)
+
+    def agree(self, flag: int = 0) -> int:
+        return self.inner.agree(flag)
+
     @property
     def closed(self) -> bool:
         return self.inner.closed

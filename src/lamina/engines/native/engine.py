@@ -449,8 +449,14 @@ class NativeEngine(BlockEngine):
             # write now; the worker thread computes stats/checksums meanwhile
             p.job = stats_mod.BlockJob(p.data, self.segment, background=self.background_stats)
             off = self._data_end
-            _pwrite_all(self._data_fd, p.data, off)
-            self._data_end += p.length
+            try:
+                _pwrite_all(self._data_fd, p.data, off)
+            except OSError as e:
+                # raised by end_step, on every rank: raised here, on this rank only, it would
+                # leave the other ranks waiting in end_step for this one
+                self._put_error = self._put_error or e
+            else:
+                self._data_end += p.length
             p.location = (self.session, self.agg_of[self.rank], off)
             if copy:
                 p.job.result()  # the caller may reuse its buffer as soon as we return

@@ -113,17 +113,20 @@ class TransportBase(BlockEngine):
         collectives of the commit and take the CPU from a rank still
         sending; here they sleep once idle.  No timeout: the other ranks
         are this program's own (a blocking collective has none either).
+        It is an :func:`~lamina.comm.agree`, so a rank that left the file
+        (:meth:`leave`) is heard here.
         """
         if self.size == 1:
             return
-        req = self.comm.Ibarrier()
+        pending = comm_mod.PendingAgree(self.comm)
         poll = Poll(self.timeout)
         with self._serving():
-            while not req.Test():
+            while not pending.test():
                 if self._serve_once():
                     poll.reset()
                 else:
                     poll.sleep(active=self._data_in_flight())
+        pending.finish()
 
     def _write_record(self, raw: bytes) -> None:
         pass

@@ -340,7 +340,7 @@ class DerivedLayer(Layer):
         if todo:
             if self.mode == "r":
                 self.inner.end_step()  # raises the engine's own error
-            active = comm_mod.allreduce_int(self.comm, int(self.in_step), "max")
+            active = comm_mod.agree(self.comm, None, flag=int(self.in_step))
             if active:
                 try:
                     self._compute_step(todo)
@@ -438,7 +438,7 @@ class DerivedLayer(Layer):
 
     def close(self) -> None:
         if self.mode != "r" and not self.inner.closed and self._plan():
-            if comm_mod.allreduce_int(self.comm, int(self.in_step), "max"):
+            if comm_mod.agree(self.comm, None, flag=int(self.in_step)):
                 self.end_step()
         self.inner.close()
 

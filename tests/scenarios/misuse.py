@@ -1,0 +1,156 @@
+"""One rank's mistake or failure, on 2-4 ranks: the others hear of it, the file goes on or is let go, nobody hangs.
+
+Usage: misuse.py CASE PATH [AGGREGATORS]
+  attrs-subset    attributes set by rank 0 only (as ADIOS2 programs do): committed, seen by every rank
+  attrs-conflict  two ranks set one attribute differently: every rank raises, naming both; the file goes on
+  fsize N         the aggregators' disk fills during put (RLIMIT_FSIZE): end_step raises on every
+                  rank; once there is room the next step commits; earlier steps intact
+  left-writer     one rank's own error ends its use of the file (with lamina.open ... as f): the
+                  others raise at their next collective call instead of waiting for it
+  left-reader     the same for ranks following a file
+"""
+
+import resource
+import signal
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import lamina
+
+comm = MPI.COMM_WORLD
+rank, size = comm.rank, comm.size
+case, path = sys.argv[1], sys.argv[2]
+
+
+def attrs_subset() -> None:
+    with lamina.open(path, "w", durable=False) as f:
+        x = f.create_dataset("x", (size,))
+        if rank == 0:
+            f.attrs["title"] = "run 7"
+            x.attrs["units"] = "K"
+        if rank == size - 1:
+            x.attrs["scale"] = 2.5
+        with f.step():
+            x[rank] = rank
+        assert f.attrs["title"] == "run 7" and x.attrs["units"] == "K" and x.attrs["scale"] == 2.5
+        if rank == 0:
+            del x.attrs["units"]
+        with f.step():
+            x[rank] = 10 + rank
+        assert "units" not in x.attrs
+    with lamina.open(path, comm=MPI.COMM_SELF) as f:
+        assert f.steps == 2 and f.attrs["title"] == "run 7" and dict(f["x"].attrs) == {"scale": 2.5}
+
+
+def attrs_conflict() -> None:
+    with lamina.open(path, "w", durable=False) as f:
+        x = f.create_dataset("x", (size,))
+        with f.step():
+            x[rank] = 1.0
+        x.attrs["units"] = "K" if rank == 0 else "C"
+        f.attrs["ok"] = 1  # agreed: committed with the next step
+        try:
+            with f.step():
+                x[rank] = 2.0
+        except lamina.CollectiveMismatchError as e:
+            msg = str(e)
+            assert "'units'" in msg and "'K'" in msg and "'C'" in msg and "rank 0" in msg, msg
+        else:
+            raise AssertionError("conflicting attribute values were committed")
+        assert "units" not in x.attrs  # the refused changes are undone on every rank
+        x.attrs["units"] = "K"
+        with f.step():
+            x[rank] = 3.0
+    with lamina.open(path, comm=MPI.COMM_SELF) as f:
+        assert f.steps == 2, f.steps
+        assert np.all(f.at(0)["x"][...] == 1.0) and np.all(f.at(1)["x"][...] == 3.0)
+        assert f["x"].attrs["units"] == "K" and "ok" not in f.attrs
+
+
+def fsize(naggs: int) -> None:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead
+    n = 4096  # float64 per rank and step: 32 KiB
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    with lamina.open(path, "w", aggregators=naggs, durable=False) as f:
+        x = f.create_dataset("x", (size * n,))
+        with f.step():
+            x[rank * n : (rank + 1) * n] = 1.0 + rank
+        # the disk is full for the aggregators' next writes (made at put time for their own
+        # blocks): no file may grow past the smallest subfile written so far
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8 * n * (size // naggs), hard))
+        try:
+            with f.step():
+                x[rank * n : (rank + 1) * n] = 100.0
+                x.attrs["tried"] = 1
+        except OSError as e:
+            assert "too large" in str(e).lower() or "no space" in str(e).lower(), e
+        else:
+            raise AssertionError("the step committed although its data could not be written")
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))  # room again
+        with f.step():
+            x[rank * n : (rank + 1) * n] = 200.0 + rank
+    with lamina.open(path, comm=MPI.COMM_SELF) as f:
+        assert f.steps == 2, f.steps
+        assert np.array_equal(f.at(0)["x"][...], np.repeat(1.0 + np.arange(size), n))
+        assert np.array_equal(f.at(1)["x"][...], np.repeat(200.0 + np.arange(size), n))
+        assert f["x"].attrs["tried"] == 1  # kept: only the blocks of the failed step were lost
+
+
+def left_writer() -> None:
+    try:
+        with lamina.open(path, "w", durable=False) as f:
+            x = f.create_dataset("x", (size, 3))
+            with f.step():
+                x[rank] = 1.0
+            with f.step():
+                if rank == 1:
+                    x[rank] = np.ones(
+                        4
+                    )  # a mistake of rank 1 alone: ShapeError, out of the with blocks
+                else:
+                    x[rank] = 2.0
+    except lamina.ShapeError:
+        assert rank == 1
+    except lamina.RemoteError as e:
+        assert rank != 1 and "rank 1 left the file" in str(e) and "ShapeError" in str(e), e
+    else:
+        raise AssertionError(f"rank {rank}: no error")
+    comm.Barrier()
+    with lamina.open(path, comm=MPI.COMM_SELF) as f:
+        assert f.steps == 1 and np.all(f["x"][...] == 1.0)
+
+
+def left_reader() -> None:
+    if rank == 0:  # the writer of the file, on its own
+        with lamina.open(path, "w", comm=MPI.COMM_SELF, durable=False) as f:
+            f.create_dataset("x", (3,))[...] = 1.0
+    comm.Barrier()
+    readers = comm.Split(0, rank)
+    try:
+        with lamina.open(path, "r", comm=readers) as f:
+            for view in f.iter_steps(timeout=30):
+                if readers.rank == readers.size - 1:
+                    raise KeyError("this rank's own mistake")
+                assert view["x"][0] == 1.0
+    except KeyError:
+        assert readers.rank == readers.size - 1
+    except lamina.RemoteError as e:
+        assert "left the file" in str(e), e
+    else:
+        raise AssertionError(f"rank {rank}: no error")
+
+
+if case == "fsize":
+    fsize(int(sys.argv[3]))
+else:
+    {
+        "attrs-subset": attrs_subset,
+        "attrs-conflict": attrs_conflict,
+        "left-writer": left_writer,
+        "left-reader": left_reader,
+    }[case]()
+comm.Barrier()
+if rank == 0:
+    print("OK", case)
