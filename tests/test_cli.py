@@ -398,3 +398,31 @@ def test_broken_pipe_is_quiet(tmp_path):
     p.wait(timeout=120)
     p.stderr.close()
     assert "Traceback" not in err and p.returncode in (0, 1)
+
+
+# --------------------------------------------------------------------------
+# errors from the environment and from hostile names: one line, never a traceback
+
+
+@pytest.mark.parametrize(
+    "argv, env, text",
+    [
+        (["info", "{f}", "../../etc/passwd"], {}, "no group or dataset '../../etc/passwd'"),
+        (["dump", "{f}", "/a/./b"], {}, "invalid path component"),
+        (["ls", "{f}"], {"LAMINA_ENGINE": "bogus"}, "$LAMINA_ENGINE='bogus' names no engine"),
+        (["query", "{f}", "--where", "T > 1"], {"LAMINA_ENGINE": "nativ"}, "Did you mean 'native'"),
+    ],
+)
+def test_errors_are_one_line(run_file, capsys, monkeypatch, argv, env, text):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    rc, _, err = run([a.format(f=run_file) for a in argv], capsys)
+    assert text in one_error_line(rc, err)
+
+
+def test_commands_read_files_whatever_the_transport_says(run_file, capsys, monkeypatch):
+    """With LAMINA_TRANSPORT=memory exported (for an in situ run), lamina ls still reads the file."""
+    for transport in ("memory", "both", "bogus"):
+        monkeypatch.setenv("LAMINA_TRANSPORT", transport)
+        rc, out, err = run(["ls", run_file], capsys)
+        assert rc == 0 and "fields/" in out and not err, (transport, err)

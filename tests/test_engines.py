@@ -56,8 +56,8 @@ class TestInProcess:
             got = f.attrs[name]
             if isinstance(value, str):
                 assert got == value
-            elif isinstance(value, list):
-                assert got == value
+            elif isinstance(value, list):  # a list of strings comes back as an array, as in h5py
+                assert got.tolist() == value and got.dtype == object
             else:
                 expect = np.asarray(value)
                 np.testing.assert_array_equal(np.asarray(got), expect)

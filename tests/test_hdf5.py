@@ -323,7 +323,7 @@ def test_plain_hdf5_becomes_one_step(tmp_path):
         assert f.steps == 1
         assert (
             f.attrs["fixed"] == "abc"
-            and f.attrs["strs"] == ["x", "yy"]
+            and f.attrs["strs"].tolist() == ["x", "yy"]
             and float(f.attrs["pi"]) == 3.14
         )
         assert "nothing" not in f.attrs

@@ -298,3 +298,43 @@ def test_killed_lock_holder_leaves_nothing_to_clean(native_path):
     t = time.monotonic()
     write_steps(native_path, "a", [2.0])
     assert time.monotonic() - t < 5
+
+
+# ------------------------------------------------------------------ readers that come first
+
+
+def test_reader_waits_for_a_file_not_created_yet(native_path):
+    """The same program as under LAMINA_TRANSPORT=memory: open first, its writer creates the file later."""
+    writer = (
+        "import sys, time, lamina\n"
+        "time.sleep(0.8)\n"
+        "with lamina.open(sys.argv[1], 'w', durable=False) as f:\n"
+        "    x = f.create_dataset('x', shape=(2,))\n"
+        "    for k in range(3):\n"
+        "        with f.step():\n"
+        "            x[...] = k\n"
+    )
+    env = {**os.environ, "PYTHONPATH": SRC}
+    proc = subprocess.Popen([sys.executable, "-c", writer, native_path], env=env)
+    try:
+        t = time.monotonic()
+        with lamina.open(native_path, "r", wait=30) as f:
+            assert time.monotonic() - t >= 0.5
+            seen = [int(v["x"][0]) for v in f.iter_steps(timeout=30)]
+        assert seen == [0, 1, 2]
+    finally:
+        proc.wait(30)
+
+
+def test_waiting_reader_gives_up_with_a_clear_error(native_path, tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"after waiting 0.3 s"):
+        lamina.open(native_path, "r", wait=0.3)
+    os.mkdir(native_path)  # created, but no commit log yet
+    with pytest.raises(NotALaminaFileError, match=r"after waiting 0.2 s"):
+        lamina.open(native_path, "r", wait=0.2)
+    with pytest.raises(FileNotFoundError, match="no such lamina file"):
+        lamina.open(str(tmp_path / "nope.lam"), "r")  # without wait=: at once, as before
+    with pytest.raises(ValueError, match="wait must be"):
+        lamina.open(native_path, "r", wait=-1)
+    with pytest.raises(lamina.NotALaminaFileError, match="after waiting"):
+        lamina.open("mem://never", "r", engine="memory", wait=0.1)

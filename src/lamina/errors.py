@@ -56,6 +56,14 @@ class DTypeError(LaminaError, TypeError):
     """A dtype is not supported, or cannot be converted safely to a dataset's dtype."""
 
 
+class RangeError(LaminaError, OverflowError):
+    """A value does not fit a dataset's dtype (a Python int of 300 for int8, as numpy says too)."""
+
+
+class ConfigError(LaminaError, ValueError):
+    """An engine, layer or transport name, or an environment variable choosing one, is unknown."""
+
+
 class OverlapError(LaminaError, ValueError):
     """Two boxes written to one dataset in one step overlap."""
 

@@ -11,8 +11,10 @@ from ..errors import NotFoundError, suggest
 class Attributes(MutableMapping):
     """``obj.attrs``: scalars, small arrays and strings.
 
-    Setting or deleting is collective: every rank must make the same change
-    (checked when the next step or close commits).
+    Setting or deleting may be done by any subset of ranks (rank 0 alone,
+    say); the change is committed with the next step or close and then seen
+    on every rank.  Ranks that change one attribute in a step must leave it
+    the same (else CollectiveMismatchError on every rank, naming them).
     """
 
     def __init__(self, file, path: str):
@@ -29,11 +31,11 @@ class Attributes(MutableMapping):
         return present_attr(d[name])
 
     def __setitem__(self, name: str, value) -> None:
-        """Collective: set attribute *name*."""
+        """Independent: set attribute *name* (committed with the next step or close)."""
         self._file._engine.set_attr(self._path, name, value)
 
     def __delitem__(self, name: str) -> None:
-        """Collective: delete attribute *name*."""
+        """Independent: delete attribute *name* (committed with the next step or close)."""
         self._file._engine.del_attr(self._path, name)
 
     def __iter__(self) -> Iterator[str]:

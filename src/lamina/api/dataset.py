@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ShapeError
+from ..errors import DTypeError, RangeError, ShapeError
 from ..geometry import Box
 from ..selection import parse
 from .attrs import Attributes
@@ -94,14 +94,20 @@ class Dataset:
 
     # -- reading (independent) ------------------------------------------
     def __getitem__(self, key) -> np.ndarray:
-        """Independent: read a selection (ints, slices, '...') of this view's step."""
+        """Independent: read a selection (ints, slices, '...') of this view's step.
+
+        As h5py: a selection of one element gives a numpy scalar (``ds[()]``
+        of a 0-D dataset too), except ``ds[...]`` of a 0-D dataset, which
+        gives a 0-D array.
+        """
         sel = parse(key, self.shape, self._what())
         out = self.read(sel.box)
         if sel.strided:
             out = out[tuple(slice(None, None, s) for s in sel.steps)]
         if sel.squeeze:
             out = out.reshape(sel.result_shape)
-        return out[()] if out.ndim == 0 else out
+        ellipsis = key is Ellipsis or (isinstance(key, tuple) and any(k is Ellipsis for k in key))
+        return out[()] if out.ndim == 0 and not (ellipsis and not self.shape) else out
 
     def read(
         self, box: Box | None = None, step: int | None = None, out: np.ndarray | None = None
@@ -115,6 +121,10 @@ class Dataset:
         return out
 
     def __array__(self, dtype=None, copy=None):
+        if copy is False:  # as h5py: reading always makes new memory, there is nothing to view
+            raise ValueError(
+                f"{self._what()}: np.array(ds, copy=False) cannot avoid a copy; reading makes one"
+            )
         a = self.read()
         return a if dtype is None else a.astype(dtype)
 
@@ -133,10 +143,14 @@ class Dataset:
         sel = parse(key, self.shape, self._what())
         if sel.strided:
             raise ShapeError(f"{self._what()}: writes need contiguous boxes (slice step 1)")
-        arr = np.asarray(value)
+        arr = self._values(value)
         if arr.shape != sel.result_shape:
+            # numpy's assignment: leading axes of length 1 may go, the rest broadcasts
+            lead = 0
+            while arr.ndim - lead > len(sel.result_shape) and arr.shape[lead] == 1:
+                lead += 1
             try:
-                arr = np.broadcast_to(arr, sel.result_shape)
+                arr = np.broadcast_to(arr.reshape(arr.shape[lead:]), sel.result_shape)
             except ValueError:
                 raise ShapeError(
                     f"{self._what()}: cannot write an array of shape {arr.shape} to selection {sel.box} "
@@ -144,13 +158,37 @@ class Dataset:
                 ) from None
         self._file._engine.put(self._path, sel.box, arr.reshape(sel.box.shape), copy=True)
 
+    def _values(self, value) -> np.ndarray:
+        """*value* as an array for this dataset.
+
+        numpy arrays and scalars keep their dtype (the engine casts within a
+        kind and refuses other casts); Python numbers and lists of them are
+        cast to the dataset's dtype by value, as numpy does: ``5`` fits
+        uint8, ``300`` does not fit int8 (RangeError, an OverflowError).
+        """
+        if isinstance(value, np.ndarray | np.generic):
+            return np.asarray(value)
+        try:
+            with np.errstate(over="raise"):
+                return np.asarray(value, dtype=self.dtype)
+        except OverflowError as e:
+            raise RangeError(f"{self._what()} of dtype {self.dtype}: {e}") from None
+        except FloatingPointError:
+            raise RangeError(
+                f"{self._what()}: {value!r} is beyond the range of dtype {self.dtype}"
+            ) from None
+        except (TypeError, ValueError) as e:
+            raise DTypeError(
+                f"{self._what()} of dtype {self.dtype}: cannot write {value!r} ({e})"
+            ) from None
+
     def write(self, data, offset=None, copy: bool = True) -> None:
         """Independent: write *data* with its corner at *offset* (default: origin).
 
         With ``copy=False`` lamina may keep a reference to *data* until the
         step ends; do not modify it before ``end_step``.
         """
-        data = np.asarray(data)
+        data = self._values(data)
         if data.ndim != self.ndim:
             raise ShapeError(
                 f"{self._what()}: data has {data.ndim} dimensions, dataset has {self.ndim} (shape {self.shape})"

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import operator
 import warnings
 from collections.abc import Iterator
-from typing import Any, cast
 
 import numpy as np
 
 from .. import codecs as codec_mod
 from ..catalog import DatasetSpec, check_dtype, normpath
-from ..errors import DTypeError, NotFoundError, suggest
+from ..errors import DTypeError, NotFoundError, ShapeError, suggest
 from .attrs import Attributes
 
 
@@ -55,7 +55,12 @@ class Group:
     def __getitem__(self, name: str):
         from .dataset import Dataset
 
-        path = self._abs(name)
+        try:
+            path = self._abs(name)
+        except ValueError as e:  # '..', '.', NUL: no node has such a name
+            raise NotFoundError(
+                f"no group or dataset {name!r} in {self._file.filename!r}: {e}"
+            ) from None
         cat = self._file._engine.catalog
         kind = cat.kind_of(path)
         if kind == "dataset":
@@ -117,17 +122,20 @@ class Group:
             return g
         return self.create_group(name)
 
-    def create_dataset(self, name: str, shape, dtype="f8", fill=0, compression=None, data=None):
+    def create_dataset(
+        self, name: str, shape=None, dtype=None, fill=0, compression=None, data=None
+    ):
         """Collective: define a dataset of fixed global *shape* and *dtype*.
 
         Parameters
         ----------
         name : str
             Path relative to this group; parents are created.
-        shape : tuple of int
-            Global shape, the same on every rank.
-        dtype : numpy dtype
-            Any numeric dtype: bool, int, uint, float, complex.
+        shape : tuple of int, optional
+            Global shape, the same on every rank (default: the shape of *data*).
+        dtype : numpy dtype, optional
+            Any numeric dtype: bool, int, uint, float, complex (default: the
+            dtype of *data*, else float64).
         fill : scalar
             Value returned wherever nothing was written (default 0).
         compression : None, str, tuple, dict or list
@@ -138,10 +146,14 @@ class Group:
         """
         from .dataset import Dataset
 
-        shape = (int(cast(Any, shape)),) if np.isscalar(shape) else tuple(int(n) for n in shape)
-        if any(n < 0 for n in shape):
-            raise ValueError(f"dataset {name!r}: shape {shape} has a negative dimension")
-        dt = check_dtype(dtype)
+        if data is not None:
+            data = np.asarray(data)
+            shape = data.shape if shape is None else shape
+            dtype = data.dtype if dtype is None else dtype
+        if shape is None:
+            raise ShapeError(f"dataset {name!r}: give its shape (or data to take it from)")
+        shape = _shape(shape, name)
+        dt = check_dtype("f8" if dtype is None else dtype)
         fill_v = _fill_value(fill, dt, name)
         codecs = codec_mod.normalize(compression, dt, len(shape))
         spec = self._file._engine.define(DatasetSpec(self._abs(name), shape, dt, fill_v, codecs))
@@ -149,6 +161,31 @@ class Group:
         if data is not None and self._file.comm.rank == 0:
             ds[...] = data
         return ds
+
+
+def _shape(shape, name: str) -> tuple[int, ...]:
+    """*shape* as a tuple of ints >= 0; ShapeError for anything else (2.5 is not 2)."""
+    dims = (
+        [shape] if np.isscalar(shape) else list(shape) if isinstance(shape, tuple | list) else None
+    )
+    if dims is None:
+        raise ShapeError(f"dataset {name!r}: shape {shape!r} is not an int or a tuple of ints")
+    out = []
+    for n in dims:
+        try:
+            v = operator.index(n)  # ints and numpy ints; never floats, never bools rounded
+        except TypeError:
+            raise ShapeError(
+                f"dataset {name!r}: shape {tuple(dims)!r} has a dimension {n!r} that is not an integer"
+            ) from None
+        if isinstance(n, bool | np.bool_):
+            raise ShapeError(
+                f"dataset {name!r}: shape {tuple(dims)!r} has a dimension {n!r} that is not an integer"
+            )
+        if v < 0:
+            raise ShapeError(f"dataset {name!r}: shape {tuple(dims)!r} has a negative dimension")
+        out.append(v)
+    return tuple(out)
 
 
 def _fill_value(fill, dt: np.dtype, name: str):

@@ -131,9 +131,17 @@ def normalize_attr(value):
 
 
 def present_attr(value):
-    """Stored form -> what users get back (0-D arrays become numpy scalars)."""
+    """Stored form -> what users get back, as h5py gives it.
+
+    0-D arrays become numpy scalars; a list of strings comes back as a 1-D
+    numpy array of ``str`` objects (dtype object), as h5py returns it.
+    """
     if isinstance(value, np.ndarray) and value.ndim == 0:
         return value[()]
+    if isinstance(value, list):
+        out = np.empty(len(value), dtype=object)
+        out[:] = value
+        return out
     return value
 
 

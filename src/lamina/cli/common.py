@@ -49,12 +49,16 @@ def silence_stdout() -> None:
 
 
 def open_file(path: str):
-    """Open *path* for reading on this one process; an HDF5 file gets a hint to convert it."""
+    """Open the file at *path* for reading on this one process; an HDF5 file gets a hint to convert it.
+
+    A path names a file on disk whatever ``$LAMINA_TRANSPORT`` says (the
+    commands inspect files; they are not a program of an in situ workflow).
+    """
     import lamina
     from lamina.errors import NotALaminaFileError
 
     try:
-        return lamina.open(path, "r")
+        return lamina.open(path, "r", transport="file")
     except NotALaminaFileError:
         if os.path.isfile(path) and _is_hdf5(path):
             raise CLIError(

@@ -75,7 +75,21 @@ from ..geometry import Box, find_overlap
 from .base import Engine
 
 #: options every block engine takes
-COMMON_OPTIONS = frozenset({"checksum_segment", "background_stats"})
+COMMON_OPTIONS = frozenset({"checksum_segment", "background_stats", "wait"})
+
+
+def wait_for(what: str, seconds: float, ready, missing):
+    """Poll *ready()* until it is true or *seconds* have passed; then raise *missing(seconds)* if it is not.
+
+    For readers that open a file its writer has not created yet (``wait=``).
+    """
+    deadline = time.monotonic() + seconds
+    delay = 0.01
+    while not ready():
+        if time.monotonic() >= deadline:
+            raise missing(seconds)
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 0.5)
 
 
 @dataclass(slots=True)
@@ -210,6 +224,10 @@ class BlockEngine(Engine):
         self.options = dict(options)
         self.segment = seg
         self.background_stats = bool(options.get("background_stats", True))
+        wait = options.get("wait", 0)
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not wait >= 0:
+            raise ValueError(f"wait must be a number of seconds >= 0, got {wait!r}")
+        self.wait = float(wait)  # readers: how long to wait for a file that does not exist yet
         try:
             # ranks that disagree on path, mode or options would diverge later (e.g.
             # different aggregator maps): refuse now, on every rank

@@ -19,7 +19,7 @@ from .. import comm as comm_mod
 from .. import stats as stats_mod
 from ..catalog import BlockCodec, Catalog, Record
 from ..errors import ChecksumError, NotALaminaFileError
-from .block import BlockEngine, Header, Pending
+from .block import BlockEngine, Header, Pending, wait_for
 
 
 @dataclass
@@ -45,6 +45,15 @@ class MemoryEngine(BlockEngine):
     name = "memory"
 
     def _open_storage(self, path: str, mode: str) -> None:
+        if mode == "r" and self.wait:
+            wait_for(
+                path,
+                self.wait,
+                lambda: path in _STORES,
+                lambda s: NotALaminaFileError(
+                    f"no in-memory lamina file {path!r} after waiting {s:g} s"
+                ),
+            )
         with _LOCK:
             if mode == "w":
                 _STORES[path] = MemoryStore()

@@ -33,7 +33,7 @@ import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ..errors import suggest
+from ..errors import ConfigError, suggest
 from ..workflow import routes
 from .base import Engine
 
@@ -171,7 +171,7 @@ def engine_entry(name: str) -> EngineEntry:
     try:
         return _ENGINES[name]
     except (KeyError, TypeError):
-        raise ValueError(
+        raise ConfigError(
             f"unknown engine {name!r}; available: {sorted(_ENGINES)}.{suggest(str(name), _ENGINES)}"
         ) from None
 
@@ -183,7 +183,7 @@ def layer_entry(name: str) -> LayerEntry:
     try:
         return _LAYERS[name]
     except (KeyError, TypeError):
-        raise ValueError(
+        raise ConfigError(
             f"unknown layer {name!r}; available: {sorted(_LAYERS)}.{suggest(str(name), _LAYERS)}"
         ) from None
 
@@ -214,7 +214,17 @@ def choose_engine(
     """
     if engine:
         return engine
-    return routes.engine_for(path, mode, transport) or os.environ.get(ENGINE_ENV) or DEFAULT_ENGINE
+    routed = routes.engine_for(path, mode, transport)
+    if routed:
+        return routed
+    env = os.environ.get(ENGINE_ENV)
+    if env and env not in _ENGINES:
+        _load_entry_points(ENGINE_GROUP)
+        if env not in _ENGINES:
+            raise ConfigError(
+                f"${ENGINE_ENV}={env!r} names no engine; available: {sorted(_ENGINES)}.{suggest(env, _ENGINES)}"
+            )
+    return env or DEFAULT_ENGINE
 
 
 def split_options(entry: EngineEntry, layers: list[LayerEntry], options: dict) -> dict:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import TransportError
+from ..errors import ConfigError, TransportError
 
 ENV = "LAMINA_WORKFLOW"
 
@@ -279,7 +279,7 @@ def transport_choice(transport: str | None = None) -> str:
     """*transport*, else ``$LAMINA_TRANSPORT``, else ``'file'``; ValueError if unknown."""
     choice = (transport or os.environ.get(TRANSPORT_ENV) or "file").strip().lower()
     if choice not in TRANSPORTS:
-        raise ValueError(
+        raise ConfigError(
             f"transport must be one of {list(TRANSPORTS)} (argument or ${TRANSPORT_ENV}), got {choice!r}"
         )
     return choice

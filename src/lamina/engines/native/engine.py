@@ -26,7 +26,7 @@ from ... import stats as stats_mod
 from ...catalog import BlockCodec, Decoder, Encoder, Record, subfile_name
 from ...errors import ChecksumError, FormatError, LaminaWarning, NotALaminaFileError
 from ...geometry import Box, split_range
-from ..block import BlockEngine, Header, Pending
+from ..block import BlockEngine, Header, Pending, wait_for
 from . import format as fmt
 from .lock import LOCK_NAME, WriterLock
 
@@ -179,9 +179,20 @@ class NativeEngine(BlockEngine):
         """Rank 0: check the directory for *mode*; writers take the lock, then create or truncate."""
         exists = os.path.exists(path)
         if mode == "r":
+            commit = os.path.join(path, fmt.COMMIT_NAME)
+            if self.wait and not os.path.lexists(commit):  # its writer may not have created it yet
+                wait_for(
+                    path,
+                    self.wait,
+                    lambda: os.path.lexists(commit),
+                    lambda s: (
+                        FileNotFoundError if not os.path.exists(path) else NotALaminaFileError
+                    )(f"no lamina file {path!r} after waiting {s:g} s for its writer to create it"),
+                )
+                return
             if not exists:
                 raise FileNotFoundError(f"no such lamina file: {path!r}")
-            if not os.path.isdir(path) or not os.path.lexists(os.path.join(path, fmt.COMMIT_NAME)):
+            if not os.path.isdir(path) or not os.path.lexists(commit):
                 raise NotALaminaFileError(
                     f"{path!r} is not a lamina file (no {fmt.COMMIT_NAME} inside)"
                 )

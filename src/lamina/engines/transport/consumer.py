@@ -69,8 +69,9 @@ class Consumer(TransportBase):
         else:
             said = wf.flow(name, app) if wf is not None else None
             self.flow = 1 if said is None else said
+        patience = max(self.timeout, self.wait)  # for the producer to open the name at all
         self._inter = rendezvous.connect_consumer(
-            self.comm, name, app, route.producer, self.timeout, self.flow
+            self.comm, name, app, route.producer, patience, self.flow
         )
         self._source = (
             self.comm.rank % self.inter.Get_remote_size()
