@@ -5,6 +5,7 @@ from __future__ import annotations
 import operator
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -165,7 +166,7 @@ class Group:
 
 def _shape(shape, name: str) -> tuple[int, ...]:
     """*shape* as a tuple of ints >= 0; ShapeError for anything else (2.5 is not 2)."""
-    dims = (
+    dims: list[Any] | None = (
         [shape] if np.isscalar(shape) else list(shape) if isinstance(shape, tuple | list) else None
     )
     if dims is None:
