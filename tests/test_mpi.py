@@ -259,7 +259,8 @@ def test_one_ranks_mistake(tmp_path, case, n):
     mu.run_mpi(n, "misuse", case, tmp_path / "f.lam", timeout=90)
 
 
+@pytest.mark.parametrize("fault", ["fsize", "eacces"])
 @pytest.mark.parametrize("n,aggregators", [(2, 1), (2, 2), (3, 1), (4, 2), (4, 4)])
-def test_disk_full_during_put(tmp_path, n, aggregators):
-    """The aggregators' writes fail at put (a full disk): end_step raises on every rank, no hang."""
-    mu.run_mpi(n, "misuse", "fsize", tmp_path / "f.lam", aggregators, timeout=90)
+def test_write_faults_during_put(tmp_path, fault, n, aggregators):
+    """The aggregators' writes fail at put (a full disk, a lost permission): end_step raises on every rank, no hang."""
+    mu.run_mpi(n, "misuse", fault, tmp_path / "f.lam", aggregators, timeout=90)

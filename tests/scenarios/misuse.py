@@ -5,6 +5,8 @@ Usage: misuse.py CASE PATH [AGGREGATORS]
   attrs-conflict  two ranks set one attribute differently: every rank raises, naming both; the file goes on
   fsize N         the aggregators' disk fills during put (RLIMIT_FSIZE): end_step raises on every
                   rank; once there is room the next step commits; earlier steps intact
+  eacces N        the aggregators lose the permission to write during put (PermissionError
+                  injected into their writes): as fsize
   left-writer     one rank's own error ends its use of the file (with lamina.open ... as f): the
                   others raise at their next collective call instead of waiting for it
   left-reader     the same for ranks following a file
@@ -98,6 +100,41 @@ def fsize(naggs: int) -> None:
         assert f["x"].attrs["tried"] == 1  # kept: only the blocks of the failed step were lost
 
 
+def eacces(naggs: int) -> None:
+    import lamina.engines.native.engine as native
+
+    n = 1024
+    real = native._pwrite_all
+    state = {"deny": False}
+
+    def denied(fd, buf, off):
+        if state["deny"]:
+            raise PermissionError(13, "Permission denied (injected)")
+        return real(fd, buf, off)
+
+    native._pwrite_all = denied
+    try:
+        with lamina.open(path, "w", aggregators=naggs, durable=False) as f:
+            x = f.create_dataset("x", (size * n,))
+            with f.step():
+                x[rank * n : (rank + 1) * n] = 1.0
+            state["deny"] = True
+            try:
+                with f.step():
+                    x[rank * n : (rank + 1) * n] = 2.0
+            except PermissionError as e:
+                assert "Permission denied" in str(e), e
+            else:
+                raise AssertionError("the step committed although its data could not be written")
+            state["deny"] = False
+            with f.step():
+                x[rank * n : (rank + 1) * n] = 3.0
+    finally:
+        native._pwrite_all = real
+    with lamina.open(path, comm=MPI.COMM_SELF) as f:
+        assert f.steps == 2 and np.all(f.at(0)["x"][...] == 1.0) and np.all(f["x"][...] == 3.0)
+
+
 def left_writer() -> None:
     try:
         with lamina.open(path, "w", durable=False) as f:
@@ -142,8 +179,8 @@ def left_reader() -> None:
         raise AssertionError(f"rank {rank}: no error")
 
 
-if case == "fsize":
-    fsize(int(sys.argv[3]))
+if case in ("fsize", "eacces"):
+    {"fsize": fsize, "eacces": eacces}[case](int(sys.argv[3]))
 else:
     {
         "attrs-subset": attrs_subset,
