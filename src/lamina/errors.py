@@ -179,13 +179,22 @@ _REMOTE_BASES: dict[str, type[BaseException]] = {
     b.__name__: b
     for b in (
         OSError,
+        PermissionError,
+        FileNotFoundError,
+        FileExistsError,
+        IsADirectoryError,
+        NotADirectoryError,
+        ConnectionError,
         MemoryError,
         ValueError,
         TypeError,
         KeyError,
         IndexError,
+        OverflowError,
+        ZeroDivisionError,
         TimeoutError,
         RuntimeError,
+        NotImplementedError,
     )
 }
 _REMOTE_CLASSES: dict[str, type[RemoteError]] = {}
