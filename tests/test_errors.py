@@ -108,7 +108,13 @@ def test_errors_travel_by_name():
     assert type(e) is OverlapError and str(e) == "rank 3: boxes overlap"
     name, msg = error_to_wire(ZeroDivisionError("boom"))
     e = error_from_wire(name, msg)
-    assert type(e) is lamina.RemoteError and "ZeroDivisionError: boom" in str(e)
+    assert isinstance(e, lamina.RemoteError) and isinstance(e, ZeroDivisionError)
+    assert "ZeroDivisionError: boom" in str(e)
+    e = error_from_wire(*error_to_wire(PermissionError(13, "denied")))
+    assert isinstance(e, PermissionError) and isinstance(e, lamina.RemoteError)  # caught alike everywhere
+    name, msg = error_to_wire(AssertionError("no builtin of the list"))
+    e = error_from_wire(name, msg)
+    assert type(e) is lamina.RemoteError and "AssertionError" in str(e)
     # unknown names never build anything but RemoteError
     assert type(error_from_wire("os.system", "x")) is lamina.RemoteError
 
