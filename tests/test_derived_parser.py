@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import lamina
 from lamina.derived import (
     FUNCTIONS,
     MAX_DEPTH,
+    MAX_INT_LITERAL,
     BinOp,
     BoolOp,
     Call,
@@ -333,7 +334,7 @@ _names = st.one_of(
     st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=8),
 )
 _numbers = st.one_of(
-    st.integers(0, 10**20),
+    st.integers(0, 2**64 - 1),
     st.floats(min_value=0, max_value=1e300, allow_nan=False, allow_infinity=False).map(abs),
 )
 _scalar_fns = [n for n, f in FUNCTIONS.items() if f.kind in ("binary", "unary", "float", "fold")]
@@ -461,3 +462,87 @@ def test_mutated_expressions_raise_only_expression_errors(tree, data):
         assert err.position is None or 0 <= err.position <= len(text)
         return
     assert parse(str(e)) == e
+
+
+# ---------------------------------------------------------------------------
+# literals lamina cannot represent, and text that is not ASCII
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, pos, words",
+    [
+        ("a + 1" + "0" * 400, 4, "integers must fit 64 bits"),
+        ("a < " + "7" * 5000, 4, "integers must fit 64 bits"),  # beyond int()'s 4300 digits
+        ("a * " + str(2**64), 4, "at most 18446744073709551615"),
+        ("(" + "9" * 400 + ".5)", 1, "must be finite"),
+        ("1e999", 0, "must be finite"),
+        ("2 * 1" + "0" * 400 + "e2", 4, "must be finite"),
+    ],
+)
+def test_literals_too_large_are_expression_errors(text, pos, words):
+    for mode in ("expr", "predicate"):
+        with pytest.raises(ExpressionError) as info:
+            parse(text if mode == "expr" else text + " > 0", mode)
+        assert info.value.position == pos and words in str(info.value)
+
+
+def test_literal_limits():
+    assert MAX_INT_LITERAL == 2**64 - 1
+    assert parse(str(2**64 - 1)) == Num(2**64 - 1)
+    assert parse("000" + str(2**64 - 1)) == Num(2**64 - 1)  # leading zeros do not count
+    assert parse("1e-999") == Num(0.0)  # underflow is a finite number
+    assert parse("1" * 300 + ".0").value == float("1" * 300)
+    # a tree built by hand is checked the same way, at the literal's position
+    tree = BinOp("+", Ref("a", pos=0), Num(10**400, pos=4), pos=2)
+    with pytest.raises(ExpressionError, match="64 bits") as info:
+        lamina.derived.check(tree)
+    assert info.value.position == 4
+    with pytest.raises(ExpressionError, match="64 bits"):
+        lamina.derived.evaluate(tree, {"a": [1.0, 2.0]})
+
+
+def test_huge_constants_fold_into_expression_errors_quickly():
+    import time
+
+    t0 = time.perf_counter()
+    for text in ("a + 2 ^ 1000000000000", "a * 3 ^ 65", "a + 18446744073709551615 * 2"):
+        with pytest.raises(ExpressionError, match="integer overflow|too large") as info:
+            lamina.derived.evaluate(text, {"a": [1.0]})
+        assert info.value.position is not None
+    assert time.perf_counter() - t0 < 5
+    assert lamina.derived.evaluate("a * 1 ^ 1000000000000", {"a": [2.0]})[0][0] == 2.0
+
+
+@pytest.mark.parametrize(
+    "text", [".\u00b9", "1.\u00b2", ".\u0663", "\u0663", "2\u00b3", "a + .\u2075 ", "1e\u00b9"]
+)
+def test_non_ascii_digits_are_not_numbers(text):
+    with pytest.raises(ExpressionError) as info:
+        parse(text)
+    assert info.value.position is not None and 0 <= info.value.position <= len(text)
+
+
+_unicode_numberish = st.text(
+    st.one_of(
+        st.sampled_from(list("0123456789.eE+-*/^()<>=&|~ a`")),
+        st.characters(categories=["Nd", "No", "Nl"]),
+        st.characters(),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(st.text(), _unicode_numberish), st.sampled_from(["expr", "predicate"]))
+@example(".\u00b9", "expr")
+@example(".\u00b9", "predicate")
+@example("1" * 5000, "expr")
+def test_any_text_gives_an_expression_or_an_expression_error(text, mode):
+    try:
+        e = parse(text, mode)
+    except ExpressionError as err:
+        assert err.position is None or 0 <= err.position <= len(text)
+        return
+    assert isinstance(e, Expr)
+    assert parse(str(e), mode) == e

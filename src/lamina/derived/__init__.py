@@ -36,7 +36,7 @@ from .functions import COMPONENTS, FUNCTIONS, STENCILS, Function
 from .halo import check_stencils, grow_range, input_box, needed_boxes
 from .kernels import CHUNK_ELEMENTS
 from .nodes import BinOp, BoolOp, Call, Compare, Expr, Num, Ref, UnaryOp
-from .parser import MAX_DEPTH, MAX_NESTING, check, parse, tokenize
+from .parser import MAX_DEPTH, MAX_INT_LITERAL, MAX_NESTING, check, parse, tokenize
 
 __all__ = [
     "BinOp",
@@ -50,6 +50,7 @@ __all__ = [
     "FUNCTIONS",
     "Function",
     "MAX_DEPTH",
+    "MAX_INT_LITERAL",
     "MAX_NESTING",
     "Num",
     "Ref",

@@ -122,6 +122,19 @@ _EXACT_INT: dict[str, Callable[..., int]] = {
 }
 
 
+def _exact_int(name: str, args) -> int | None:
+    """The exact integer result of folding ``name(*args)``, or None if it cannot fit 64 bits.
+
+    ``power`` is not computed when the result is sure to be too large (``2 ^ 10^12`` would take
+    Python hours): a base of magnitude 2 or more to a power above 64 exceeds 2**64.
+    """
+    if name == "power":
+        base, n = args
+        if type(base) is int and type(n) is int and abs(base) >= 2 and n > 64:
+            return None
+    return _EXACT_INT[name](*args)
+
+
 def probe(
     expr: Expr, dtypes: Mapping[str, Any], ndim: int, spacing, text
 ) -> dict[int, list[np.dtype]]:
@@ -276,8 +289,8 @@ class Evaluator:
             if first is None:  # constant folding, with numpy's rules
                 r = _py(getattr(np, name)(*args, **kw))
                 if type(r) is int and name in _EXACT_INT:  # numpy would wrap around silently
-                    exact = _EXACT_INT[name](*args)
-                    if exact != r:
+                    exact = _exact_int(name, args)
+                    if exact is None or exact != r:
                         raise ExpressionError(
                             f"integer overflow in the constant {_short(at)} (write a float, e.g. 2.0 ^ 100)",
                             node_pos(at),

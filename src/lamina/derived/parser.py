@@ -30,6 +30,7 @@ position it points at; nothing else escapes :func:`parse`, whatever the input.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Literal
 
@@ -62,7 +63,11 @@ MAX_LENGTH = 100_000
 
 Mode = Literal["expr", "predicate"]
 
-_NUMBER = re.compile(r"(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?", re.ASCII)
+_NUMBER = re.compile(r"(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)(?:[eE][+-]?[0-9]+)?")
+#: the digits of a number: ASCII only (``str.isdigit`` also accepts ``'¹'`` and ``'٣'``)
+_DIGITS = frozenset("0123456789")
+#: the largest integer literal: integers must fit int64 or uint64 (as numpy holds them)
+MAX_INT_LITERAL = 2**64 - 1
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 _OPS2 = ("**", "<=", ">=", "==", "!=")
 _OPS1 = "+-*/^(),<>&|~"
@@ -103,18 +108,12 @@ def tokenize(text: str) -> list[_Tok]:
         if c in " \t\r\n":
             i += 1
             continue
-        if c.isdigit() and c.isascii() or (c == "." and i + 1 < n and text[i + 1].isdigit()):
+        if c in _DIGITS or (c == "." and i + 1 < n and text[i + 1] in _DIGITS):
             m = _NUMBER.match(text, i)
-            assert m is not None
+            if m is None:  # unreachable with the pattern above; never an assert on user input
+                raise ExpressionError(f"malformed number at {c!r}", i, text)
             s = m.group()
-            value: int | float
-            if any(ch in s for ch in ".eE"):
-                value = float(s)
-                if value == float("inf"):
-                    raise ExpressionError(f"number {s} is too large", i, text)
-            else:
-                value = int(s)
-            toks.append(_Tok("num", s, i, value))
+            toks.append(_Tok("num", s, i, number_value(s, i, text)))
             i = m.end()
             continue
         m = _NAME.match(text, i)
@@ -162,6 +161,38 @@ def tokenize(text: str) -> list[_Tok]:
         raise ExpressionError(f"unexpected character {c!r}", i, text)
     toks.append(_Tok("end", "", n))
     return toks
+
+
+def number_value(s: str, pos: int | None = None, text: str | None = None) -> int | float:
+    """The value of the numeric literal *s* (matched by the number pattern), or ExpressionError.
+
+    Integers must be at most :data:`MAX_INT_LITERAL` (they must fit int64 or
+    uint64, the widest integers numpy computes with); floats must be finite
+    (``1e999`` is refused, ``1e-999`` is 0.0).
+    """
+    if any(ch in s for ch in ".eE"):
+        value = float(s)  # no digit limit for floats; too large a value is inf
+        if math.isinf(value):
+            raise ExpressionError(
+                f"number {_clip(s)} is too large (floats must be finite, at most 1.8e308)",
+                pos,
+                text,
+            )
+        return value
+    digits = s.lstrip("0")
+    # compared as text first: int() of more than 4300 digits raises ValueError
+    if len(digits) > len(str(MAX_INT_LITERAL)) or int(s) > MAX_INT_LITERAL:
+        raise ExpressionError(
+            f"integer {_clip(s)} is too large: integers must fit 64 bits (at most "
+            f"{MAX_INT_LITERAL}); write a float such as 1.5e20 for a larger number",
+            pos,
+            text,
+        )
+    return int(s)
+
+
+def _clip(s: str) -> str:
+    return s if len(s) <= 30 else s[:27] + "..."
 
 
 class _Parser:
@@ -437,7 +468,18 @@ def _kind(node: Expr, text: str | None) -> tuple[str, int]:
                 f"{what} needs a condition (a comparison such as 'T > 1200'), not a number", child
             )
 
-    if isinstance(node, Num | Ref):
+    if isinstance(node, Num):
+        v = node.value
+        if isinstance(v, int) and not isinstance(v, bool) and v > MAX_INT_LITERAL:
+            raise err(
+                f"integer literal of {v.bit_length()} bits is too large: integers must fit "
+                f"64 bits (at most {MAX_INT_LITERAL})",
+                node,
+            )
+        if isinstance(v, float) and not math.isfinite(v):
+            raise err(f"number {v} is not finite", node)
+        return "num", 1
+    if isinstance(node, Ref):
         return "num", 1
     if isinstance(node, BinOp):
         if node.op not in ("+", "-", "*", "/", "^"):
