@@ -898,7 +898,9 @@ def test_truth_is_conservative(pred, av, bv, dtype):
         actual = evaluate(pred, A)[0]
     except ExpressionError:  # e.g. an integer literal to a negative integer power
         return
-    can_true, can_false = truth(pred, {k: _stats(v) for k, v in A.items()})
+    can_true, can_false = truth(
+        pred, {k: _stats(v) for k, v in A.items()}, {k: v.dtype for k, v in A.items()}
+    )
     assert can_true or not actual.any()
     assert can_false or actual.all()
 

@@ -12,8 +12,9 @@ Pure code (no MPI, no files).  The derived layer and the query engine build on:
   region grown by the halo, exactly as ``numpy.gradient(edge_order=2)`` on
   the assembled global array;
 * :func:`result_dtype`, :func:`component_names`, :func:`needed_boxes`;
-* :func:`truth` / :func:`interval` -- whether a predicate can hold in a block
-  given the block's min/max statistics (query pruning).
+* :func:`truth` / :func:`interval` / :class:`Bounds` -- whether a predicate can
+  hold in a block given the block's min/max statistics and the inputs' dtypes,
+  under the dtypes' own arithmetic (query pruning).
 
 >>> from lamina.derived import parse, evaluate
 >>> e = parse("magnitude(vx, vy, vz)")
@@ -23,7 +24,7 @@ Pure code (no MPI, no files).  The derived layer and the query engine build on:
 'a + b * -c ^ 2'
 """
 
-from .bounds import Interval, interval, truth
+from .bounds import Bounds, Interval, interval, truth
 from .compute import (
     DeviceUnavailableError,
     check_inputs,
@@ -40,6 +41,7 @@ from .parser import MAX_DEPTH, MAX_INT_LITERAL, MAX_NESTING, check, parse, token
 
 __all__ = [
     "BinOp",
+    "Bounds",
     "BoolOp",
     "CHUNK_ELEMENTS",
     "COMPONENTS",

@@ -206,6 +206,23 @@ def result_dtype(
     return list(found[id(expr)])
 
 
+def node_dtypes(expr: Expr, dtypes: Mapping[str, Any]) -> dict[int, list[np.dtype]]:
+    """The dtype of every node of *expr* (by ``id``) that the evaluator computes as an array.
+
+    Found as :func:`result_dtype` finds the result's: by running the kernels
+    on tiny arrays of the input dtypes.  Nodes below a stencil may be left
+    out; constant subexpressions are Python numbers (:func:`~.kernels.fold`).
+    Raises ExpressionError where the evaluator refuses the expression for
+    these dtypes (an integer literal that does not fit an int8 input, a
+    boolean subtraction, ...).
+    """
+    ndim = _default_ndim(expr)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return probe(
+            expr, {p: np.dtype(dtypes[p]) for p in expr.inputs}, ndim, (1.0,) * ndim, expr.source
+        )
+
+
 def check_inputs(expr: Expr, available: Any, text: str | None = None) -> tuple[int, ...] | None:
     """Check that every dataset *expr* reads exists.
 

@@ -146,6 +146,18 @@ def probe(
     return ev.dtypes
 
 
+def fold(node: Expr, text: str | None = None) -> list[Any]:
+    """The values of the constant *node* (it reads no dataset), one per component.
+
+    Each is the Python number the evaluator computes and uses (numpy's rules,
+    then a Python scalar, so it stays weakly typed where it meets an array).
+    Raises ExpressionError where the evaluator would (an integer overflow).
+    """
+    ev = Evaluator(np, {}, (), (), text, managed=False, dtypes={}, chunk=1 << 62)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return [_py(v) for v, _ in ev.ceval(node, Box((), ()), None, {})]
+
+
 def node_pos(node: Expr) -> int | None:
     return node.pos if node.pos >= 0 else None
 

@@ -10,7 +10,15 @@ import numpy as np
 
 from .. import selection as selection_mod
 from ..catalog import normpath
-from ..derived import check, check_inputs, check_stencils, evaluate, needed_boxes, parse, truth
+from ..derived import (
+    Bounds,
+    check,
+    check_inputs,
+    check_stencils,
+    evaluate,
+    needed_boxes,
+    parse,
+)
 from ..derived.nodes import Expr
 from ..errors import (
     BoundsError,
@@ -137,6 +145,9 @@ def _block_answer(
     src.touched = set()
     cache: dict[tuple[str, Box], np.ndarray] = {}
     cached = 0
+    # the bounds follow the dtypes' own arithmetic (wrapping integers, float16 and float32
+    # rounding, literals cast to the data's dtype): pruning and "certain" are proven
+    bounds = Bounds(pred, {p: src.info(p).dtype for p in refs})
     for u in units:
         ranges = {}
         unknown = []
@@ -146,13 +157,13 @@ def _block_answer(
                 unknown.append(p)
                 r = FULL
             ranges[p] = r
-        can, can_fail = truth(pred, ranges)
+        can, can_fail = bounds.truth(ranges)
         arrays = {}
         if unknown and can and can_fail:  # undecided: read what has no statistics
             for p in unknown:
                 arrays[p] = src.read(p, u)
                 ranges[p] = exact_range(arrays[p])
-            can, can_fail = truth(pred, ranges)
+            can, can_fail = bounds.truth(ranges)
         if can:
             result.candidates.append(u)
             result.certain.append(not can_fail)

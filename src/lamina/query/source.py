@@ -58,14 +58,15 @@ def exact_range(a: np.ndarray) -> Interval:
                 return Interval(INF, -INF, True)
             return Interval(float(np.nanmin(a)), float(np.nanmax(a)), True)
         return Interval(float(a.min()), float(a.max()), False)
-    return Interval(lower(a.min()), upper(a.max()), False)
+    return Interval(int(a.min()), int(a.max()), False)  # integers and booleans: exact
 
 
 class Table:
     """The blocks of one dataset at one step, as arrays for vectorized overlap tests."""
 
-    def __init__(self, infos: list, ndim: int) -> None:
+    def __init__(self, infos: list, ndim: int, dtype: np.dtype | None = None) -> None:
         n = len(infos)
+        exact = dtype is not None and dtype.kind in "biu"  # integer bounds stay Python ints
         self.infos = infos
         self.n = n
         self.boxes = [b.box for b in infos]
@@ -73,15 +74,18 @@ class Table:
         self.stops = np.array([b.box.stop for b in infos], dtype=np.int64).reshape(n, ndim)
         self.has_stats = np.array([b.stats is not None for b in infos], dtype=bool)
         self.stored = np.array([b.codec != "stats-only" for b in infos], dtype=bool)
-        self.lo = np.full(n, INF)
-        self.hi = np.full(n, -INF)
+        self.lo = np.full(n, INF, dtype=object if exact else np.float64)
+        self.hi = np.full(n, -INF, dtype=object if exact else np.float64)
         self.nan = np.zeros(n, dtype=bool)
         for i, b in enumerate(infos):
             st = b.stats
             if st is None:
                 continue
             if st.count > 0:
-                self.lo[i], self.hi[i] = lower(st.min), upper(st.max)
+                if exact:
+                    self.lo[i], self.hi[i] = int(st.min), int(st.max)
+                else:
+                    self.lo[i], self.hi[i] = lower(st.min), upper(st.max)
             self.nan[i] = st.count < b.box.size
 
     def hits(self, box: Box) -> tuple[np.ndarray, np.ndarray]:
@@ -149,7 +153,8 @@ class Source:
     def table(self, path: str) -> Table:
         got = self._tables.get(path)
         if got is None:
-            got = Table(list(self.eng.blocks(path, self.step)), len(self.info(path).shape))
+            info = self.info(path)
+            got = Table(list(self.eng.blocks(path, self.step)), len(info.shape), info.dtype)
             self._tables[path] = got
         return got
 
@@ -170,15 +175,20 @@ class Source:
         idx, sizes = t.hits(box)
         if idx.size and not bool(t.has_stats[idx].all()):
             return None
-        lo = float(t.lo[idx].min()) if idx.size else INF
-        hi = float(t.hi[idx].max()) if idx.size else -INF
+        exact = info.dtype.kind in "biu"  # integers: exact Python ints
+        lo = t.lo[idx].min() if idx.size else INF
+        hi = t.hi[idx].max() if idx.size else -INF
         nan = bool(t.nan[idx].any()) if idx.size else False
         if int(sizes.sum()) < box.size:  # partly unwritten: the fill value is there too
             fv = info.fill
-            if isinstance(fv, float | np.floating) and math.isnan(fv):
+            if exact:
+                lo, hi = min(lo, int(fv)), max(hi, int(fv))
+            elif isinstance(fv, float | np.floating) and math.isnan(fv):
                 nan = True
             else:
                 lo, hi = min(lo, lower(fv)), max(hi, upper(fv))
+        if not exact:
+            lo, hi = float(lo), float(hi)
         return Interval(lo, hi, nan)
 
     # -- reading ---------------------------------------------------------------
