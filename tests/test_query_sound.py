@@ -284,3 +284,109 @@ def test_property_query_equals_brute_force(data):
     finally:
         f.close()
         memory_engine.drop(name)
+
+
+# ---------------------------------------------------------------------------
+# memory: the exact answer is built unit by unit, never over the whole domain
+
+
+def test_huge_domain_answers_in_small_memory():
+    import tracemalloc
+
+    shape = (2**20, 2**20)  # 8 TiB of float64, of which 4 blocks of 64 x 64 are written
+    name = f"mem://query-sound/{next(_names)}"
+    f = lamina.open(name, "w", engine="memory")
+    try:
+        a = f.create_dataset("a", shape, dtype="f8", fill=0.0)
+        t = f.create_dataset("t", shape, dtype="i4", fill=-1)
+        rng = np.random.default_rng(5)
+        blocks = [
+            Box((i, j), (i + 64, j + 64))
+            for i, j in [(0, 0), (5000, 70), (2**19, 2**20 - 64), (2**20 - 64, 3)]
+        ]
+        data = {b: rng.uniform(0, 1, (64, 64)) for b in blocks}
+        with f.step():
+            for b in blocks:
+                a[b.slices] = data[b]
+                t[b.slices] = np.arange(b.size, dtype="i4").reshape(64, 64)
+        want = sorted(
+            ((b.start[0] + i, b.start[1] + j), data[b][i, j], 64 * i + j)
+            for b in blocks
+            for i, j in zip(*np.nonzero((data[b] > 0.9) & (data[b] < 0.95)), strict=True)
+        )
+        tracemalloc.start()
+        try:
+            r = f.query("a > 0.9 & a < 0.95", select=["a", "t"])
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < 16 << 20, f"peak {peak} bytes for a query of a few 64 x 64 blocks"
+        assert r.count == len(want) > 0
+        assert [tuple(c) for c in r.coords.tolist()] == [w[0] for w in want]
+        np.testing.assert_array_equal(r.values["a"], [w[1] for w in want])
+        np.testing.assert_array_equal(r.values["t"], [w[2] for w in want])
+        assert set(r.candidates) == set(blocks)
+        # the whole-region mask is built only when asked for, here over a small region
+        small = f.query("a > 0.9 & a < 0.95", region=(slice(4990, 5100), slice(0, 200)))
+        m = small.mask
+        assert m.shape == (110, 200) and m.sum() == small.count
+        np.testing.assert_array_equal(np.argwhere(m) + (4990, 0), small.coords)
+    finally:
+        f.close()
+        memory_engine.drop(name)
+
+
+@pytest.mark.parametrize(
+    "pred",
+    [
+        "a > 0.5",
+        "a > 0.5 & b < 3",
+        "a >= 0",  # every unit certain
+        "gradient(a, 1) > 0.2 | b == 2",  # stencils: halos read part by part
+        "s > 0.6",  # a derived quantity without statistics: exact ranges read part by part
+    ],
+)
+def test_parts_of_units_give_the_same_answer(monkeypatch, pred):
+    from lamina.query import core
+
+    name = f"mem://query-sound/{next(_names)}"
+    f = lamina.open(name, "w", engine="memory")
+    try:
+        shape = (9, 13)
+        rng = np.random.default_rng(8)
+        a = f.create_dataset("a", shape, fill=0.25)
+        b = f.create_dataset("b", shape, dtype="i2", fill=7)
+        f.derive("s", "a * a + 0.1", strategy="expression")
+        with f.step():
+            a[0:5, 0:6] = rng.uniform(0, 1, (5, 6))
+            a[5:9, 2:13] = rng.uniform(0, 1, (4, 11))
+            b[:, 0:13] = rng.integers(0, 5, shape)
+        whole = f.query(pred, select=["a", "b"])
+        monkeypatch.setattr(core, "PART_ELEMENTS", 4)
+        parts = f.query(pred, select=["a", "b"])
+        assert whole.count > 0
+        np.testing.assert_array_equal(parts.coords, whole.coords)
+        for p in ("a", "b"):
+            np.testing.assert_array_equal(parts.values[p], whole.values[p])
+        np.testing.assert_array_equal(parts.mask, whole.mask)
+        np.testing.assert_array_equal(whole.coords, np.argwhere(whole.mask))
+    finally:
+        f.close()
+        memory_engine.drop(name)
+
+
+def test_zero_dimensional_domain():
+    name = f"mem://query-sound/{next(_names)}"
+    f = lamina.open(name, "w", engine="memory")
+    try:
+        x = f.create_dataset("x", (), dtype="i4")
+        with f.step():
+            x[()] = 5
+        r = f.query("x == 5", select=["x"])
+        assert r.count == 1 and r.coords.shape == (1, 0) and r.values["x"].tolist() == [5]
+        assert r.mask.shape == () and bool(r.mask)
+        r = f.query("x + 1 == 5", select=["x"])
+        assert r.count == 0 and r.coords.shape == (0, 0) and not r.mask
+    finally:
+        f.close()
+        memory_engine.drop(name)

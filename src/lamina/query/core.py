@@ -19,6 +19,7 @@ from ..derived import (
     needed_boxes,
     parse,
 )
+from ..derived.kernels import chunks
 from ..derived.nodes import Expr
 from ..errors import (
     BoundsError,
@@ -30,11 +31,14 @@ from ..errors import (
 )
 from ..geometry import Box
 from .result import QueryResult
-from .source import FULL, Source, exact_range
+from .source import FULL, INF, Interval, Source, exact_range
 
 #: most bytes of values read while pruning (datasets without statistics) that are kept for the
 #: exact phase instead of being read again
 CACHE_BYTES = 256 << 20
+#: most elements of a unit read or evaluated at once (for an exact range, for the exact answer):
+#: a larger unit is taken part by part, so memory does not grow with the size of the domain
+PART_ELEMENTS = 1 << 22
 
 
 def query(
@@ -161,8 +165,11 @@ def _block_answer(
         arrays = {}
         if unknown and can and can_fail:  # undecided: read what has no statistics
             for p in unknown:
-                arrays[p] = src.read(p, u)
-                ranges[p] = exact_range(arrays[p])
+                if u.size <= PART_ELEMENTS:
+                    arrays[p] = src.read(p, u)
+                    ranges[p] = exact_range(arrays[p])
+                else:  # a large unit: part by part, not kept
+                    ranges[p] = _range_by_parts(src, p, u)
             can, can_fail = bounds.truth(ranges)
         if can:
             result.candidates.append(u)
@@ -184,63 +191,87 @@ def _block_answer(
 
 
 def _exact_answer(src: Source, pred: Expr, shape, cache: dict, result: QueryResult) -> None:
-    """Evaluate the predicate over the candidates that need it: mask, coordinates, values."""
+    """Evaluate the predicate over the candidates that need it: coordinates and values.
+
+    Unit by unit, and a large unit part by part (:data:`PART_ELEMENTS`), so that memory holds
+    one part's inputs and result and the matches found so far: never an array of the whole
+    region (``result.mask`` is made from the coordinates only when asked for).
+    """
     t1, b1 = time.perf_counter(), src.bytes_read
     src.touched = set()
     box, sel = result.region, result.select
-    mask = np.zeros(box.shape, dtype=bool)
-    flats: list[np.ndarray] = []
+    found: list[np.ndarray] = []
     picked: dict[str, list[np.ndarray]] = {p: [] for p in sel}
-    offset = np.asarray(box.start, dtype=np.int64)
     for u, sure, got in zip(
         result.candidates, result.certain, result.candidate_values, strict=True
     ):
-        if sure:
-            local = np.ones(u.shape, dtype=bool)
-        else:
-            need = needed_boxes(pred, u, shape)
-            arrays = {}
-            for p in sorted(pred.inputs):
-                b = need[p]
-                a = None
-                if b == u:  # already read for the block answer?
-                    a = cache.pop((p, u), None)
-                    a = got.get(p) if a is None else a
-                arrays[p] = a if a is not None else src.read(p, b)
-            origin = {p: need[p].start for p in arrays}
-            local = evaluate(pred, arrays, region=u, global_shape=shape, origin=origin)[0]
-            local = np.asarray(local, dtype=bool)
-        mask[u.relative_to(box)] = local
-        if not sel:
-            continue
-        if box.ndim:  # positions in the region, to put the values of all units in C order
-            nz = np.nonzero(local)
-            rel = np.asarray(u.start, dtype=np.int64) - offset
-            flats.append(
-                np.ravel_multi_index(tuple(nz[d] + rel[d] for d in range(u.ndim)), box.shape)
-            )
-        else:  # a 0-D domain: one element
-            flats.append(np.zeros(int(local.sum()), dtype=np.int64))
-        for p in sel:
-            picked[p].append(got[p].reshape(-1)[local.reshape(-1)])
-    coords = np.argwhere(mask).astype(np.int64, copy=False)
-    coords += offset
+        # values already read over the whole unit (for its exact range, or selected)
+        kept = {p: cache.pop((p, u), None) for p in pred.inputs}
+        for p in pred.inputs:
+            if kept[p] is None and p in got:
+                kept[p] = got[p]
+        for part in chunks(u, PART_ELEMENTS):
+            local = None if sure else _evaluate_part(src, pred, shape, u, part, kept)
+            found.append(_coords(part, local))
+            rel = part.relative_to(u)
+            for p in sel:
+                v = got[p][rel]
+                picked[p].append(v.reshape(-1) if local is None else v[local])
+    ndim = box.ndim
+    coords = np.concatenate(found) if found else np.zeros((0, ndim), dtype=np.int64)
+    order = None
+    if ndim and coords.shape[0] > 1:  # C order over the region (units may interleave)
+        order = np.lexsort(coords.T[::-1])
+        coords = coords[order]
     values: dict[str, np.ndarray] = {}
-    if sel:
-        flat = np.concatenate(flats) if flats else np.zeros(0, dtype=np.int64)
-        order = np.argsort(flat, kind="stable")
-        for p in sel:
-            parts = picked[p]
-            v = np.concatenate(parts) if parts else np.zeros(0, dtype=src.info(p).dtype)
-            values[p] = v[order]
+    for p in sel:
+        parts = picked[p]
+        v = np.concatenate(parts) if parts else np.zeros(0, dtype=src.info(p).dtype)
+        values[p] = v[order] if order is not None else v
     result.exact = True
-    result.mask = mask
     result.coords = coords
     result.values = values
     result.count = int(coords.shape[0])
     result.exact_blocks_read = len(src.touched)
     result.exact_bytes_read = src.bytes_read - b1
     result.exact_seconds = time.perf_counter() - t1
+
+
+def _evaluate_part(src: Source, pred: Expr, shape, unit: Box, part: Box, kept: dict) -> np.ndarray:
+    """The predicate over *part* of *unit*: inputs from *kept* (values over the unit) or read."""
+    need = needed_boxes(pred, part, shape)
+    arrays = {}
+    for p in sorted(pred.inputs):
+        b = need[p]
+        a = kept.get(p)
+        arrays[p] = a[b.relative_to(unit)] if a is not None and unit.contains(b) else src.read(p, b)
+    origin = {p: need[p].start for p in arrays}
+    local = evaluate(pred, arrays, region=part, global_shape=shape, origin=origin)[0]
+    return np.asarray(local, dtype=bool)
+
+
+def _coords(part: Box, local: np.ndarray | None) -> np.ndarray:
+    """Global indices (n x ndim, C order) of the elements of *part* where *local* is True (all
+    of them for None)."""
+    ndim = part.ndim
+    if ndim == 0:  # a 0-D domain: one element
+        n = 1 if local is None or bool(local) else 0
+        return np.zeros((n, 0), dtype=np.int64)
+    if local is None:
+        idx = np.indices(part.shape, dtype=np.int64).reshape(ndim, -1).T
+    else:
+        idx = np.argwhere(local).astype(np.int64, copy=False)
+    idx += np.asarray(part.start, dtype=np.int64)
+    return idx
+
+
+def _range_by_parts(src: Source, path: str, unit: Box) -> Interval:
+    """The exact range of *path* over a large *unit*, read part by part (nothing kept)."""
+    lo, hi, nan = INF, -INF, False
+    for part in chunks(unit, PART_ELEMENTS):
+        r = exact_range(src.read(path, part))
+        lo, hi, nan = min(lo, r.lo), max(hi, r.hi), nan or r.nan
+    return Interval(lo, hi, nan)
 
 
 # ---------------------------------------------------------------------------

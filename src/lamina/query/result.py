@@ -22,11 +22,16 @@ class QueryResult:
       datasets over each candidate box; ``candidate_blocks_read`` and
       ``candidate_bytes_read`` count what was read for it (exact ranges of
       datasets without statistics, the selected values);
-    * the **exact answer** (``exact=True``) -- ``mask`` over the region,
-      ``coords`` of the matching elements (global indices, C order),
-      ``values`` of the ``select`` datasets at those elements, ``count``;
-      ``exact_blocks_read`` and ``exact_bytes_read`` count the exact phase
-      only (it reuses what the block answer already read).
+    * the **exact answer** (``exact=True``) -- ``coords`` of the matching
+      elements (global indices, C order), ``values`` of the ``select``
+      datasets at those elements, ``count``, and ``mask``, a boolean array of
+      the region's shape made from ``coords`` when first asked for (it costs
+      one byte per element of the region: over a large region, use
+      ``coords``); ``exact_blocks_read`` and ``exact_bytes_read`` count the
+      exact phase only (it reuses what the block answer already read).
+      The exact answer itself takes memory for the matches, not for the
+      region: it evaluates the candidates unit by unit, a large unit part by
+      part.
 
     Bytes are storage bytes as the engine counts them (``bytes_read``);
     blocks are distinct stored blocks (dataset, block) whose data a read
@@ -46,13 +51,30 @@ class QueryResult:
     candidate_bytes_read: int = 0
     candidate_seconds: float = 0.0
     exact: bool = False
-    mask: np.ndarray | None = None
     coords: np.ndarray | None = None
     values: dict[str, np.ndarray] = field(default_factory=dict)
     count: int | None = None
     exact_blocks_read: int = 0
     exact_bytes_read: int = 0
     exact_seconds: float = 0.0
+    _mask: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def mask(self) -> np.ndarray | None:
+        """Boolean array of the region's shape, True at the matches (exact answers only).
+
+        Made from :attr:`coords` on first access, then kept: it takes one byte
+        per element of the region, so over a large region use :attr:`coords`.
+        """
+        if not self.exact or self.coords is None:
+            return None
+        if self._mask is None:
+            m = np.zeros(self.region.shape, dtype=bool)
+            if self.coords.shape[0]:  # (a 0-D region: coords of shape (1, 0), m[()] = True)
+                rel = self.coords - np.asarray(self.region.start, dtype=np.int64)
+                m[tuple(rel.T)] = True
+            self._mask = m
+        return self._mask
 
     # -- derived figures ------------------------------------------------------
     @property
