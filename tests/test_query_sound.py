@@ -210,10 +210,23 @@ def _exprs(lits):
             ),
             st.builds(
                 lambda f, x, y: Call(f, (x, y)),
-                st.sampled_from(["min", "max", "magnitude", "add", "multiply"]),
+                st.sampled_from(["min", "max", "magnitude", "add", "subtract", "multiply"]),
                 ch,
                 other,
             ),
+            st.builds(
+                lambda f, x, y, z: Call(f, (x, y, z)),
+                st.sampled_from(["min", "max"]),
+                ch,
+                other,
+                other,
+            ),
+            st.builds(lambda x, y, z, w: Call("dot", (x, y, z, w)), ch, other, other, other),
+            st.builds(
+                lambda xs: Call("magnitude", (Call("cross", tuple(xs)),)),
+                st.lists(other, min_size=6, max_size=6),
+            ),
+            st.builds(lambda x, n: Call("pow", (x, Num(n))), ch, st.sampled_from([1, 2, 3, 0.5])),
         )
 
     return st.recursive(refs, extend, max_leaves=3)

@@ -6,12 +6,15 @@
    the first dataset of the condition that has blocks (plus the unwritten
    rest); each dataset's range over a unit comes from the statistics of its
    blocks there (and its fill value where it was not written), and
-   :func:`lamina.derived.truth` keeps the units where the condition *can*
-   hold -- it never drops a match.  Only datasets without statistics there
-   (derived quantities kept as an expression) are read to find their range;
+   :class:`lamina.derived.Bounds`, under the arithmetic of the datasets'
+   dtypes, keeps the units where the condition *can* hold -- it never drops
+   a match -- and marks those where it provably holds everywhere.  Only
+   datasets without statistics there (derived quantities kept as an
+   expression) are read to find their range;
 2. **exact selection** -- over the candidates where the condition may fail,
-   the datasets are read (with the halo stencils need) and the condition is
-   evaluated element by element: a mask, the coordinates, the selected values.
+   the datasets are read (with the halo stencils need), unit by unit, and
+   the condition is evaluated element by element: the coordinates and the
+   selected values (and a mask of the region, made when asked for).
 
 ``lamina query FILE --where EXPR ...`` (:mod:`lamina.cli.query`) does the
 same from the command line.  The query code sees a file only through its
