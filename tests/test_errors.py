@@ -111,7 +111,9 @@ def test_errors_travel_by_name():
     assert isinstance(e, lamina.RemoteError) and isinstance(e, ZeroDivisionError)
     assert "ZeroDivisionError: boom" in str(e)
     e = error_from_wire(*error_to_wire(PermissionError(13, "denied")))
-    assert isinstance(e, PermissionError) and isinstance(e, lamina.RemoteError)  # caught alike everywhere
+    assert isinstance(e, PermissionError) and isinstance(
+        e, lamina.RemoteError
+    )  # caught alike everywhere
     name, msg = error_to_wire(AssertionError("no builtin of the list"))
     e = error_from_wire(name, msg)
     assert type(e) is lamina.RemoteError and "AssertionError" in str(e)
