@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from lamina import stats
-from lamina.stats import CHUNK, SEGMENT, BlockJob, compute, crc, segment_crcs
+from lamina.stats import CHUNK, SEGMENT, BlockJob, compute, crc, segment_crcs, summarize
 
 DTYPES = ["?", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "c8", "c16"]
 
@@ -229,3 +229,41 @@ def test_block_job(background, rng):
 
 def test_pool_is_shared():
     assert stats._pool() is stats._pool()
+
+
+# --------------------------------------------------------------------------
+# many small blocks at once
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_summarize_agrees_with_compute(dtype, rng):
+    """One reduceat per statistic over many blocks: the same min, max and count; sums to rounding."""
+    blocks = [make(dtype, int(n), rng, nan_frac=0.05) for n in rng.integers(1, 600, size=40)]
+    if np.dtype(dtype).kind in "fc":
+        blocks.append(np.full(7, np.nan, dtype=dtype))  # nothing but NaN
+        blocks.append(
+            np.array([np.inf, -np.inf, 1.0], dtype=dtype)
+        )  # a NaN sum that is the statistic
+    got = summarize(blocks)
+    assert len(got.crcs) == len(blocks)
+    for i, b in enumerate(blocks):
+        st, crcs = got.stats(i), got.crcs[i]
+        want, wcrcs = compute(b, 0)
+        assert crcs == wcrcs == (crc32c.crc32c(b.tobytes()),)
+        assert st.count == want.count
+        if want.count == 0:
+            assert math.isnan(st.min) and math.isnan(st.max)
+            continue
+        assert st.min == want.min and st.max == want.max
+        assert type(st.min) is type(want.min)
+        if np.isnan(want.sum):
+            assert np.isnan(st.sum)
+            continue
+        assert complex(st.sum) == pytest.approx(complex(want.sum), rel=1e-12, abs=1e-9)
+        assert_matches(st, b)
+
+
+def test_summarize_refuses_empty_blocks():
+    with pytest.raises(ValueError, match="non-empty"):
+        summarize([np.ones(3), np.ones(0)])
+    assert len(summarize([]).min) == 0
