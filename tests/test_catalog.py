@@ -339,6 +339,9 @@ def test_dataset_spec_decode_errors():
         ('{"id": "zstd"}', "not a list"),
         ("[1]", "not a list"),
         ("[" * 3000, "not valid JSON"),
+        # valid JSON nested deeper than a codec description ever is: refused before parsing
+        ("[" * 2000 + "]" * 2000, "nested 2000 levels deep"),
+        ('[{"id": "zstd", "level": [[[[1]]]]}]', "nested 6 levels deep"),
     ]:
         with pytest.raises(FormatError, match=text):
             DatasetSpec.decode(Decoder(with_codecs(js)))

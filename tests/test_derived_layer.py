@@ -930,6 +930,8 @@ BAD_RECORDS = {
     "spacing length": (record(spacing=(1.0, 1.0)), "spacing has 2 entries"),
     "info not json": (record(info="{nope"), "bad info record"),
     "info not object": (record(info=json.dumps([1, 2])), "not an object"),
+    # valid JSON, but deeper than Python's parser can recurse: refused before parsing
+    "info nested deeply": (record(info='{"a":' * 5000 + "1" + "}" * 5000), "nested 5000 levels"),
     "parse error": (record(text="u * * 3"), "at position"),
     "unknown dataset": (record(text="nothere * 3"), "unknown dataset 'nothere'"),
     "wrong arity": (record(text="curl(u, v)"), "curl() takes 3 arguments"),

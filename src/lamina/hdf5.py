@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from .catalog.model import MAX_CODEC_DEPTH, MAX_CODEC_JSON
+from .catalog.wire import load_json
 from .errors import FormatError, LaminaError, register
 from .geometry import Box
 
@@ -432,10 +434,16 @@ def _lamina_made(name: str, obj, dt: np.dtype, fill, nsteps: int) -> _Src:
     codecs: list = []
     if A_COMPRESSION in obj.attrs:
         text = _h5_str(obj.attrs[A_COMPRESSION])
-        try:
-            codecs = json.loads(text) if text else []
-        except (ValueError, RecursionError):
-            raise FormatError(f"{what}: attribute {A_COMPRESSION} is not valid JSON") from None
+        codecs = (
+            load_json(
+                text,
+                f"{what}: attribute {A_COMPRESSION}",
+                limit=MAX_CODEC_JSON,
+                max_depth=MAX_CODEC_DEPTH,
+            )
+            if text
+            else []
+        )
         if not isinstance(codecs, list) or not all(isinstance(c, dict) for c in codecs):
             raise FormatError(f"{what}: attribute {A_COMPRESSION} is not a list of codec objects")
     return _Src(name, obj, dt, shape, fill, codecs, True, boxes)

@@ -22,7 +22,7 @@ from .model import (
     present_attr,
     subfile_name,
 )
-from .wire import Decoder, Encoder
+from .wire import Decoder, Encoder, load_json
 
 __all__ = [
     "KIND_CLOSE",
@@ -42,6 +42,7 @@ __all__ = [
     "Record",
     "Stats",
     "check_dtype",
+    "load_json",
     "normalize_attr",
     "normpath",
     "parent",

@@ -17,12 +17,14 @@ import numpy as np
 
 from ..errors import DTypeError, FormatError
 from ..geometry import Box
-from .wire import Decoder, Encoder
+from .wire import Decoder, Encoder, load_json
 
 MAX_NDIM = 32
 MAX_PATH = 4096
 MAX_ATTR_BYTES = 1 << 20
 MAX_CODEC_JSON = 1 << 12
+#: nesting of a codec description: a list of objects, whose values may be lists
+MAX_CODEC_DEPTH = 4
 #: checksum segments are multiples of this many bytes (the statistics chunk)
 SEGMENT_UNIT = 1 << 18
 
@@ -235,12 +237,13 @@ class DatasetSpec:
         codec_json = d.str()
         if len(codec_json) > MAX_CODEC_JSON:
             raise FormatError(f"{d.what}: codec description of dataset {path!r} is too long")
-        try:
-            codecs = json.loads(codec_json)
-        except (ValueError, RecursionError) as e:
-            raise FormatError(
-                f"{d.what}: codec description of dataset {path!r} is not valid JSON"
-            ) from e
+        # a list of flat objects: deeper nesting is never written
+        codecs = load_json(
+            codec_json,
+            f"{d.what}: codec description of dataset {path!r}",
+            limit=MAX_CODEC_JSON,
+            max_depth=MAX_CODEC_DEPTH,
+        )
         if not isinstance(codecs, list) or not all(isinstance(c, dict) for c in codecs):
             raise FormatError(
                 f"{d.what}: codec description of dataset {path!r} is not a list of objects"

@@ -1,15 +1,20 @@
-"""Little-endian binary encoding with bounds checks on every read.
+"""Little-endian binary encoding with bounds checks on every read, and JSON read from outside.
 
 :class:`Decoder` never trusts a length it reads: every count and size is
 checked against the bytes that remain *before* anything is allocated, so any
 byte string decodes to a value or raises :class:`~lamina.errors.FormatError`,
-never a crash, a hang or a huge allocation.
+never a crash, a hang or a huge allocation.  :func:`load_json` is the one
+JSON parser for text that comes from a file or the wire, with the same
+promise.
 """
 
 from __future__ import annotations
 
 import builtins
+import json
+import re
 import struct
+from typing import Any
 
 from ..errors import FormatError
 
@@ -21,6 +26,14 @@ _I64 = struct.Struct("<q")
 _F64 = struct.Struct("<d")
 
 MAX_STR = 1 << 16
+#: longest JSON text :func:`load_json` parses by default (bytes or characters)
+MAX_JSON = 1 << 16
+#: deepest nesting of arrays and objects :func:`load_json` accepts by default
+MAX_JSON_DEPTH = 32
+
+# a JSON string literal (unrolled, so matching is linear), and a run of brackets
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_JSON_BRACKETS = re.compile(r"[\[{]+|[\]}]+")
 
 
 class Encoder:
@@ -148,3 +161,81 @@ class Decoder:
             raise FormatError(
                 f"{self.what}: {self.end - self.pos} unexpected trailing bytes at {self.pos}"
             )
+
+
+def json_depth(text: str) -> int:
+    """The deepest nesting of arrays and objects in the JSON *text*, found without recursion.
+
+    Brackets inside string literals do not count.  For text that is not
+    valid JSON the result is only an estimate (the parser then rejects it).
+    """
+    depth = deepest = 0
+    for run in _JSON_BRACKETS.findall(_JSON_STRING.sub("", text)):
+        if run[0] in "[{":
+            depth += len(run)
+            deepest = max(deepest, depth)
+        else:
+            depth -= len(run)
+    return deepest
+
+
+def load_json(
+    text: str | bytes | bytearray | memoryview,
+    what: builtins.str,
+    limit: int = MAX_JSON,
+    max_depth: int = MAX_JSON_DEPTH,
+    constants: bool = True,
+) -> Any:
+    """Parse JSON read from a file or the wire; :class:`~lamina.errors.FormatError` if it is not usable.
+
+    Parameters
+    ----------
+    text : str or bytes-like
+        The JSON text (bytes must be UTF-8).
+    what : str
+        What is being read, for error messages (e.g. ``"meta: codec description
+        of dataset 'x'"``).
+    limit : int
+        Longest text accepted, in bytes or characters.
+    max_depth : int
+        Deepest nesting of arrays and objects accepted.  It is checked
+        before the parser runs, so deeply nested input never reaches the
+        recursion of :func:`json.loads`.
+    constants : bool
+        Accept ``NaN``, ``Infinity`` and ``-Infinity`` (Python's JSON writes them).
+
+    Returns
+    -------
+    The parsed value.
+
+    Raises
+    ------
+    FormatError
+        Too long, not UTF-8, nested more than *max_depth* levels, or not JSON;
+        the message starts with *what*.
+    """
+    if not isinstance(text, str):
+        if len(text) > limit:
+            raise FormatError(f"{what}: {len(text)} bytes of JSON, more than the limit of {limit}")
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise FormatError(f"{what}: not UTF-8 text (byte {e.start})") from None
+    if len(text) > limit:
+        raise FormatError(f"{what}: {len(text)} characters of JSON, more than the limit of {limit}")
+    depth = json_depth(text)
+    if depth > max_depth:
+        raise FormatError(
+            f"{what}: not valid JSON here: arrays and objects nested {depth} levels deep, "
+            f"more than the limit of {max_depth}"
+        )
+
+    def no_constant(name: builtins.str) -> Any:
+        raise ValueError(f"{name} is not a number JSON allows here")
+
+    try:
+        if constants:
+            return json.loads(text)
+        return json.loads(text, parse_constant=no_constant)
+    except (ValueError, RecursionError) as e:  # RecursionError: cannot happen below max_depth
+        raise FormatError(f"{what}: not valid JSON ({e})") from None

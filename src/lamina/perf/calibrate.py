@@ -31,6 +31,7 @@ import math
 import os
 import platform
 import shutil
+import stat
 import tempfile
 import time
 import warnings
@@ -39,6 +40,9 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
+
+from ..catalog.wire import load_json
+from ..errors import FormatError
 
 #: bumped when what is measured changes: older files are measured again
 CALIBRATION_VERSION = 1
@@ -91,27 +95,13 @@ class Calibration:
         object with exactly the fields of :class:`Calibration`, each of its
         type, the rates finite and > 0.
         """
-        if isinstance(text, bytes | bytearray):
-            if len(text) > MAX_FILE_BYTES:
-                raise ValueError(f"calibration: more than {MAX_FILE_BYTES} bytes")
-            try:
-                text = bytes(text).decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise ValueError(f"calibration: not UTF-8 text ({e.reason})") from None
-        if not isinstance(text, str):
+        if not isinstance(text, str | bytes | bytearray):
             raise ValueError(f"calibration: expected text, got {type(text).__name__}")
-        if len(text) > MAX_FILE_BYTES:
-            raise ValueError(f"calibration: more than {MAX_FILE_BYTES} characters")
-
-        def no_constant(name: str) -> Any:
-            raise ValueError(f"calibration: {name} is not a valid value")
-
         try:
-            doc = json.loads(text, parse_constant=no_constant)
-        except RecursionError:
-            raise ValueError("calibration: nested too deeply") from None
-        except ValueError as e:
-            raise ValueError(f"calibration: not valid JSON ({e})") from None
+            # a flat object: the shared reader bounds its length and nesting before parsing
+            doc = load_json(text, "calibration", limit=MAX_FILE_BYTES, max_depth=2, constants=False)
+        except FormatError as e:
+            raise ValueError(str(e)) from None
         if not isinstance(doc, dict):
             raise ValueError(f"calibration: expected a JSON object, got {type(doc).__name__}")
         _check(doc)
@@ -262,8 +252,15 @@ def default_path() -> str:
 
 
 def read_calibration(path: str) -> Calibration:
-    """The calibration in file *path*, whatever host made it (OSError, ValueError)."""
-    with open(path, "rb") as f:
+    """The calibration in file *path*, whatever host made it (OSError, ValueError).
+
+    Only a regular file is read (a FIFO or a device would block or never
+    end), and at most :data:`MAX_FILE_BYTES` + 1 bytes of it.
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"calibration: {path} is not a regular file")
         data = f.read(MAX_FILE_BYTES + 1)
     return Calibration.from_json(data)
 

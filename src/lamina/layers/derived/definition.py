@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ...catalog import Catalog, Decoder, Encoder
+from ...catalog import Catalog, Decoder, Encoder, load_json
 from ...derived import Expr, check_inputs, check_stencils, component_names, parse, result_dtype
 from ...errors import ExistsError, ExpressionError, FormatError, ShapeError
 
@@ -108,10 +108,7 @@ def decode_definition(name: str, raw: bytes) -> tuple[str, str, tuple[float, ...
         raise FormatError(f"derived quantity {name!r}: unknown strategy {strategy!r}")
     if not all(math.isfinite(s) and s > 0 for s in spacing):
         raise FormatError(f"derived quantity {name!r}: bad grid spacing {spacing}")
-    try:
-        info = json.loads(info_text)
-    except ValueError as e:
-        raise FormatError(f"derived quantity {name!r}: bad info record: {e}") from None
+    info = load_json(info_text, f"derived quantity {name!r}: bad info record", limit=MAX_INFO)
     if not isinstance(info, dict):
         raise FormatError(f"derived quantity {name!r}: info record is not an object")
     return text, strategy, spacing, info
