@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import struct
+import tracemalloc
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -236,3 +239,184 @@ def test_encode_failure_is_codec_error():
     p = codecs.pipeline(codecs.normalize(("zfp", 1e-3), dt("f8"), 1))
     with pytest.raises(CodecError, match="compression with"):
         p.encode(np.zeros((2, 2, 2, 2, 2)))  # zfp has no 5-D mode
+
+
+# --------------------------------------------------------------------------
+# decompression bombs: a small payload that expands far beyond its block
+
+
+BOMB_BYTES = 32 << 20  # what the bombs expand to; the block they claim to be holds 8000
+BLOCK = (1000,)
+WHAT = "dataset 'x' block (0,)..(1000,) in f.lam/data.0.0"
+
+
+def _decode_small(p, payload, shape=BLOCK):
+    """p.decode(payload) as a block of *shape* f8: (result or CodecError, peak bytes allocated)."""
+    tracemalloc.start()
+    try:
+        try:
+            out = p.decode(payload, dt("f8"), shape, WHAT)
+        except CodecError as e:
+            out = e
+        return out, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.fixture(scope="module")
+def bombs():
+    """Each codec's encoding of BOMB_BYTES of zeros (a few KiB to a few hundred)."""
+    zeros = np.zeros(BOMB_BYTES // 8)
+    return {name: _pipe(name).encode(zeros) for name in [*LOSSLESS, "zfp"]}
+
+
+def _pipe(name):
+    arg = ("zfp", 1e-3) if name == "zfp" else name
+    return codecs.pipeline(codecs.normalize(arg, dt("f8"), 1))
+
+
+@pytest.mark.parametrize("name", [*LOSSLESS, "zfp"])
+def test_bomb_is_refused_before_decompressing(bombs, name):
+    payload = bombs[name]
+    assert len(payload) < BOMB_BYTES // 100
+    out, peak = _decode_small(_pipe(name), payload)
+    assert isinstance(out, CodecError), out
+    assert str(out).startswith(WHAT), out
+    assert "more than the 8000" in str(out) or "expands beyond the 8000" in str(out), out
+    assert peak < 2 << 20, f"{name}: {peak} bytes allocated"
+
+
+def _zstd_rle_frame(blocks: int, content_size: int | None) -> bytes:
+    """A zstd frame of RLE blocks, each 128 KiB of zeros in 4 bytes, declaring *content_size*."""
+    if content_size is None:
+        head = b"\x28\xb5\x2f\xfd" + bytes([0x00, 7 << 3])  # no content size; 128 KiB window
+    else:  # content size in 4 or 8 bytes; 128 KiB window
+        wide = content_size >= 1 << 32
+        head = b"\x28\xb5\x2f\xfd" + bytes([0xC0 if wide else 0x80, 7 << 3])
+        head += struct.pack("<Q" if wide else "<I", content_size)
+    body = b"".join(
+        struct.pack("<I", (i == blocks - 1) | (1 << 1) | ((1 << 17) << 3))[:3] + b"\x00"
+        for i in range(blocks)
+    )
+    return head + body
+
+
+@pytest.mark.parametrize(
+    "name, payload",
+    [
+        # zstd: content size as the block's, or not declared; 256 MiB of blocks behind it
+        ("zstd", lambda b: _zstd_rle_frame(2048, 8000)),
+        ("zstd", lambda b: _zstd_rle_frame(2048, None)),
+        # lz4 and blosc: their size headers patched to the block's 8000
+        ("lz4", lambda b: struct.pack("<I", 8000) + b["lz4"][4:]),
+        ("blosc", lambda b: b["blosc"][:4] + struct.pack("<I", 8000) + b["blosc"][8:]),
+    ],
+)
+def test_bomb_whose_header_lies_is_cut_off(bombs, name, payload):
+    """A header that declares the block's size while the data expands further: cut off at the
+    block's size, never more."""
+    out, peak = _decode_small(_pipe(name), payload(bombs))
+    assert isinstance(out, CodecError) and str(out).startswith(WHAT), out
+    assert peak < 2 << 20, f"{name}: {peak} bytes allocated"
+
+
+@pytest.mark.parametrize("name", ["zstd", "blosc", "lz4", "zfp"])  # zlib: no size header
+def test_header_declaring_huge_size_is_refused(name):
+    p = _pipe(name)
+    raw = bytearray(p.encode(np.arange(1000.0)))
+    huge = 1 << 40
+    if name == "zstd":
+        raw = bytearray(_zstd_rle_frame(1, huge))
+    elif name == "lz4":
+        raw[:4] = struct.pack("<I", 1 << 31)
+        huge = 1 << 31
+    elif name == "blosc":
+        raw[4:8] = struct.pack("<I", 1 << 31)
+        huge = 1 << 31
+    else:  # zfp: 2^40 values along x in its 48 bits of 1-D size
+        v = int.from_bytes(raw[:16], "little")
+        v = (v & ~(((1 << 48) - 1) << 36)) | ((huge - 1) << 36)
+        raw[:16] = v.to_bytes(16, "little")
+    out, peak = _decode_small(p, bytes(raw))
+    assert isinstance(out, CodecError), out
+    assert str(out).startswith(WHAT) and "more than the 8000" in str(out), out
+    assert peak < 1 << 20
+
+
+def test_blosc_compressed_size_must_match_the_block():
+    p = _pipe("blosc")
+    raw = p.encode(np.arange(1000.0))
+    with pytest.raises(CodecError, match="declares .* compressed bytes, the block has"):
+        p.decode(raw[:-10], dt("f8"), BLOCK, WHAT)
+
+
+@pytest.mark.parametrize("dtype", ["f4", "i8"])
+def test_zfp_header_of_another_type_is_refused(dtype):
+    p = codecs.pipeline(codecs.normalize({"id": "zfpy", "precision": 20}, dt(dtype), 1))
+    raw = p.encode(np.arange(1000).astype(dtype))
+    with pytest.raises(CodecError, match=f"holds {dtype_name(dtype)} values, the dataset float64"):
+        _pipe("zfp").decode(raw, dt("f8"), BLOCK, WHAT)
+
+
+def dtype_name(s):
+    return str(np.dtype(s))
+
+
+def test_zfp_header_with_an_expensive_mode_is_refused():
+    """A long-form mode asking 32768 bits for every block of 4 values (reading far past the
+    data): lamina never writes more than 64 bits a value."""
+    raw = bytearray(_pipe("zfp").encode(np.arange(1000.0)))
+    v = int.from_bytes(raw[:24], "little")
+    mode = 0xFFF | (0x7FFF << 12) | (0x7FFF << 27) | (0x7F << 42) | (0 << 49)
+    v = (v & ~(((1 << 64) - 1) << 84)) | (mode << 84)
+    raw[:24] = v.to_bytes(24, "little")
+    with pytest.raises(CodecError, match="does not fit a block of shape"):
+        _pipe("zfp").decode(bytes(raw), dt("f8"), BLOCK, WHAT)
+
+
+def test_zfp_data_cut_short_reads_zeros_not_past_its_end(rng):
+    """zfp reads as far as its header says without looking at the length: lamina pads short data
+    with zeros, so the result is the same as with the zeros there, every time."""
+    p = _pipe("zfp")
+    raw = p.encode(rng.standard_normal(1000))
+    cut = raw[:64]
+    a = p.decode(cut, dt("f8"), BLOCK, WHAT)
+    b = p.decode(cut + bytes(codecs.zfp_bound(BLOCK)), dt("f8"), BLOCK, WHAT)
+    np.testing.assert_array_equal(a, b)
+
+
+def test_zfp_must_come_first_in_a_pipeline():
+    with pytest.raises(CodecError, match="zfp must be its first codec"):
+        codecs.Pipeline(({"id": "zstd"}, {"id": "zfpy", "tolerance": 0.1, "mode": 4}))
+
+
+def test_pipeline_parameters_from_disk_are_type_checked():
+    with pytest.raises(CodecError, match="parameter 'level' must be int"):
+        codecs.Pipeline(({"id": "zstd", "level": "9"},))
+
+
+@pytest.mark.parametrize(
+    "config", [["zstd", "zlib"], ["zlib", "lz4"], ["blosc", "zstd"], [("zfp", 1e-3), "zstd"]]
+)
+def test_chained_pipelines_bound_every_stage(config, rng):
+    a = rng.standard_normal(1000)  # incompressible: each stage's output is a little larger
+    p = codecs.pipeline(codecs.normalize(config, dt("f8"), 1))
+    raw = p.encode(a)
+    out = p.decode(raw, dt("f8"), BLOCK, WHAT)
+    assert out.shape == BLOCK
+    limits = p.limits(dt("f8"), BLOCK)
+    assert limits[0] == 8000 and all(n > 8000 for n in limits[1:])
+    # the outer codec wrapping a bomb of the inner one: refused at the inner stage
+    inner = codecs.pipeline(codecs.normalize(config[:1], dt("f8"), 1))
+    outer = codecs.pipeline(codecs.normalize(config[1:], dt("u1"), 1))
+    bomb = outer.encode(np.frombuffer(inner.encode(np.zeros(1 << 20)), np.uint8))
+    out, peak = _decode_small(p, bomb)
+    assert isinstance(out, CodecError), out
+    assert peak < 2 << 20
+
+
+@pytest.mark.parametrize("name", [*LOSSLESS])
+def test_empty_blocks_decode(name):
+    p = _pipe(name)
+    out = p.decode(p.encode(np.zeros(0)), dt("f8"), (0,), WHAT)
+    assert out.shape == (0,)

@@ -4,6 +4,16 @@ A dataset's pipeline is a list of numcodecs configuration dicts, recorded in
 the file.  Only the codec ids in :data:`ALLOWED` are ever instantiated, with
 parameters type-checked, so a file cannot make lamina build an arbitrary
 codec (numcodecs also has a *pickle* codec, which lamina never accepts).
+
+Decoding never trusts the bytes it is given: the size of a block is known
+(its box times the item size), so each stage of :meth:`Pipeline.decode`
+reads the size its codec's header declares (zstd's frame content size,
+blosc's and lz4's headers, zfp's shape and mode) and refuses one larger
+than the block before anything is allocated, then decompresses into a
+buffer of the declared size (zlib: with a bounded output), so data that
+claims a small size but expands further is cut off and refused.  A
+decompression bomb gives a :class:`~lamina.errors.CodecError` naming the
+dataset and the block, never a huge allocation.
 """
 
 from __future__ import annotations
@@ -11,6 +21,8 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import struct
+import zlib
 from typing import Any
 
 import numpy as np
@@ -80,10 +92,9 @@ def normalize(compression, dtype: np.dtype, ndim: int) -> tuple[dict, ...]:
     return configs
 
 
-def _validate(cfg: dict, dtype: np.dtype, ndim: int) -> dict:
-    cid = cfg.get("id")
-    if cid not in ALLOWED:
-        raise CodecError(f"unknown codec {cid!r}; lamina accepts {sorted(ALLOWED) + ['zfp']}")
+def _check_params(cfg: dict) -> None:
+    """Each parameter of an allowed codec's *cfg* is one it has, of an accepted type."""
+    cid = cfg["id"]
     params = ALLOWED[cid]
     for k, v in cfg.items():
         if k == "id":
@@ -94,6 +105,13 @@ def _validate(cfg: dict, dtype: np.dtype, ndim: int) -> dict:
             raise CodecError(
                 f"codec {cid!r} parameter {k!r} must be {params[k][0].__name__}, got {v!r}"
             )
+
+
+def _validate(cfg: dict, dtype: np.dtype, ndim: int) -> dict:
+    cid = cfg.get("id")
+    if cid not in ALLOWED:
+        raise CodecError(f"unknown codec {cid!r}; lamina accepts {sorted(ALLOWED) + ['zfp']}")
+    _check_params(cfg)
     if cid == "zfpy":
         if dtype.kind not in "fi" or dtype.itemsize not in (4, 8):
             raise CodecError(f"zfp compresses float32/float64/int32/int64 data, not {dtype}")
@@ -139,11 +157,15 @@ class Pipeline:
         #: zfp maps NaN and inf to finite numbers: blocks holding them must not go through it
         self.finite_only = any(cfg.get("id") == "zfpy" for cfg in configs)
         self.codecs = []
-        for cfg in configs:
+        for i, cfg in enumerate(configs):
             if cfg.get("id") not in ALLOWED:  # re-check: configs may come from disk
                 raise CodecError(
                     f"refusing codec {cfg.get('id')!r}: not in the allowed list {sorted(ALLOWED)}"
                 )
+            _check_params(cfg)
+            if cfg["id"] == "zfpy" and i:
+                # zfp compresses typed arrays: after another codec it would get bytes
+                raise CodecError(f"refusing pipeline {list(configs)}: zfp must be its first codec")
             try:
                 if cfg["id"] == "zfpy":
                     from numcodecs.zfpy import ZFPY
@@ -166,25 +188,244 @@ class Pipeline:
         return bytes(data) if not isinstance(data, bytes) else data
 
     def decode(self, raw: bytes, dtype: np.dtype, shape: tuple[int, ...], what: str) -> np.ndarray:
-        data = raw
-        try:
-            for c in reversed(self.codecs):
-                data = c.decode(data)
-        except Exception as e:
-            raise CodecError(f"{what}: decompression with {self.configs} failed: {e}") from e
+        """Stored bytes of a block -> its array of *shape* and *dtype*; *what* names it in errors.
+
+        No stage produces more than the block can hold (:meth:`limits`): a
+        codec header that declares more is refused before decompressing,
+        and data that expands beyond what its header declares is cut off.
+        Raises CodecError.
+        """
+        nbytes = math.prod(shape) * dtype.itemsize
+        limits = self.limits(dtype, shape)
+        data: Any = raw
+        for i in reversed(range(len(self.codecs))):
+            data = self._decode_stage(i, data, limits[i], dtype, shape, what)
         arr = np.asarray(data)
         if arr.dtype != dtype:
-            arr = np.frombuffer(
-                arr.data.cast("B") if arr.dtype.kind != "V" else arr, dtype=np.uint8
-            )
-            if arr.nbytes != math.prod(shape) * dtype.itemsize:
-                raise CodecError(
-                    f"{what}: decompressed {arr.nbytes} bytes, expected {math.prod(shape) * dtype.itemsize}"
-                )
+            arr = arr.reshape(-1).view(np.uint8)
+            if arr.nbytes != nbytes:
+                raise CodecError(f"{what}: decompressed {arr.nbytes} bytes, expected {nbytes}")
             arr = arr.view(dtype)
         if arr.size != math.prod(shape):
             raise CodecError(f"{what}: decompressed {arr.size} values, expected {math.prod(shape)}")
         return arr.reshape(shape)
+
+    def limits(self, dtype: np.dtype, shape: tuple[int, ...]) -> list[int]:
+        """Per codec, the most bytes decoding it may give for a block of *shape* and *dtype*.
+
+        The first codec gives the block itself (its size exactly); each
+        later one gives what the codec before it encodes, at most a little
+        more than its input (:func:`encoded_bound`).
+        """
+        out = [math.prod(shape) * dtype.itemsize]
+        for cfg in self.configs[:-1]:
+            out.append(encoded_bound(cfg["id"], out[-1], shape))
+        return out
+
+    def _decode_stage(
+        self, i: int, data, limit: int, dtype: np.dtype, shape: tuple[int, ...], what: str
+    ) -> np.ndarray:
+        cid = self.configs[i]["id"]
+        buf = data if isinstance(data, bytes) else memoryview(data).cast("B")
+        try:
+            if cid == "zlib":
+                return _inflate(buf, limit, what)
+            if cid == "zfpy":
+                return _zfp_decode(self.codecs[i], buf, dtype, shape, limit, what)
+            size = _declared_size(cid, buf, what)
+            if size is None:
+                if i:
+                    raise CodecError(
+                        f"{what}: the {cid} data does not declare its size (lamina always records it)"
+                    )
+                size = limit  # the block itself: numcodecs insists on exactly this size
+            if size > limit:
+                raise CodecError(
+                    f"{what}: the {cid} header declares {size} bytes, more than the {limit} "
+                    f"this block can hold"
+                )
+            out = np.empty(size, np.uint8)
+            if size:
+                self.codecs[i].decode(buf, out=out)
+            return out
+        except CodecError:
+            raise
+        except Exception as e:  # codec libraries raise assorted types
+            raise CodecError(f"{what}: decompression with {self.configs} failed: {e}") from e
+
+
+def encoded_bound(cid: str, nbytes: int, shape: tuple[int, ...]) -> int:
+    """Most bytes codec *cid* gives for *nbytes* of input (a block of *shape* for zfp).
+
+    Lossless codecs add a header and at most a small fraction for data they
+    cannot compress (zstd 1/256, lz4 1/255, deflate 1/1000 and blosc only
+    its 16-byte header); zfp at most :func:`zfp_bound`.
+    """
+    if cid == "zfpy":
+        return zfp_bound(shape)
+    return nbytes + nbytes // 64 + 1024
+
+
+# --------------------------------------------------------------------------
+# codec headers: the size each declares, read before anything is decompressed
+
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_BLOSC_HEADER = struct.Struct(
+    "<BBBBIII"
+)  # version, versionlz, flags, typesize, nbytes, blocksize, cbytes
+
+
+def _declared_size(cid: str, buf, what: str) -> int | None:
+    """Bytes the zstd, blosc or lz4 data in *buf* says it decompresses to (None: zstd does not say)."""
+    n = len(buf)
+    if cid == "zstd":
+        # frame header: magic, descriptor, [window], [dictionary id], [content size]
+        if n < 6 or bytes(buf[:4]) != _ZSTD_MAGIC:
+            raise CodecError(f"{what}: not zstd data (no zstd frame at the start)")
+        fhd = buf[4]
+        single = bool(fhd & 0x20)
+        pos = 5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3]
+        size_bytes = (1 if single else 0, 2, 4, 8)[fhd >> 6]
+        if size_bytes == 0:
+            return None
+        if n < pos + size_bytes:
+            raise CodecError(f"{what}: zstd frame header truncated ({n} bytes)")
+        return int.from_bytes(bytes(buf[pos : pos + size_bytes]), "little") + (
+            256 if size_bytes == 2 else 0
+        )
+    if cid == "blosc":
+        if n < _BLOSC_HEADER.size:
+            raise CodecError(f"{what}: blosc data of {n} bytes is shorter than its header")
+        _, _, _, _, nbytes, _, cbytes = _BLOSC_HEADER.unpack(bytes(buf[: _BLOSC_HEADER.size]))
+        if cbytes != n:  # blosc reads as many bytes as its header says
+            raise CodecError(
+                f"{what}: the blosc header declares {cbytes} compressed bytes, the block has {n}"
+            )
+        return nbytes
+    if cid == "lz4":  # numcodecs' LZ4: a u32 of the decompressed size, then an LZ4 block
+        if n < 4:
+            raise CodecError(f"{what}: lz4 data of {n} bytes is shorter than its header")
+        return int.from_bytes(bytes(buf[:4]), "little")
+    raise CodecError(f"{what}: no header reader for codec {cid!r}")
+
+
+def _inflate(buf, limit: int, what: str) -> np.ndarray:
+    """zlib data -> at most *limit* bytes; CodecError if it would give more, or is cut short."""
+    d = zlib.decompressobj()
+    out = d.decompress(buf, limit + 1)
+    if len(out) > limit:
+        raise CodecError(
+            f"{what}: the zlib data expands beyond the {limit} bytes this block can hold"
+        )
+    if not d.eof:
+        raise CodecError(f"{what}: the zlib data is truncated (no end of stream)")
+    if d.unused_data:
+        raise CodecError(f"{what}: {len(d.unused_data)} bytes after the end of the zlib stream")
+    return np.frombuffer(out, np.uint8)
+
+
+# zfp (https://zfp.readthedocs.io): a stream of bits, least significant first, starting with a
+# header of 'zfp', a version byte, 52 bits of field metadata and a 12- or 64-bit mode; the
+# data follows in blocks of 4^d values (a field is padded to multiples of 4 along each axis).
+
+_ZFP_TYPES: dict[int, np.dtype] = {
+    1: np.dtype("i4"),
+    2: np.dtype("i8"),
+    3: np.dtype("f4"),
+    4: np.dtype("f8"),
+}
+#: header bits at most: magic 32, field 52, long mode 64
+_ZFP_HEADER_BITS = 148
+
+
+def _zfp_blocks(shape: tuple[int, ...]) -> tuple[int, int]:
+    """(blocks, values per block) of a zfp field of *shape*."""
+    return math.prod(-(-max(n, 1) // 4) for n in shape), 4 ** len(shape)
+
+
+def _zfp_block_bits(values: int) -> int:
+    """Most bits lamina's zfp modes spend on a block of *values* values.
+
+    A rate or precision of at most 64 bits a value (:func:`normalize`
+    refuses more), plus zfp's per-block sign, exponent and group-test bits.
+    """
+    return values * 66 + 96
+
+
+def zfp_bound(shape: tuple[int, ...]) -> int:
+    """Most bytes of zfp data for a block of *shape* (the header, every block at its most, a word more)."""
+    blocks, values = _zfp_blocks(shape)
+    return -(-(_ZFP_HEADER_BITS + blocks * _zfp_block_bits(values)) // 64) * 8 + 16
+
+
+def _zfp_header(buf, what: str) -> tuple[np.dtype, tuple[int, ...], int, int]:
+    """(dtype, shape, most bits a block may take, header bits) of zfp data; CodecError if absent."""
+    head = bytes(buf[:19])
+    if len(head) < 12 or head[:3] != b"zfp":
+        raise CodecError(f"{what}: not zfp data (no zfp header)")
+    v = int.from_bytes(head, "little")
+    meta = (v >> 32) & ((1 << 52) - 1)
+    dt = _ZFP_TYPES[(meta & 3) + 1]
+    dims = ((meta >> 2) & 3) + 1
+    width = 48 // dims
+    sizes = meta >> 4
+    shape = tuple(((sizes >> (width * j)) & ((1 << width) - 1)) + 1 for j in reversed(range(dims)))
+    _, values = _zfp_blocks(shape)
+    prec = dt.itemsize * 8
+
+    def variable(maxprec: int) -> int:  # zfp_stream_maximum_size, with a margin
+        return values * (min(maxprec, prec) + 2) + 64
+
+    mode = (v >> 84) & 0xFFF
+    if mode < 0xFFF:  # the short forms
+        bits = 96
+        if mode < 2048:  # fixed rate: every block takes exactly maxbits
+            per_block = mode + 1
+        elif mode < 2176:  # fixed precision
+            per_block = variable(mode - 2047)
+        else:  # reversible, fixed accuracy
+            per_block = variable(prec)
+    else:
+        if len(head) < 19:
+            raise CodecError(f"{what}: zfp header truncated ({len(head)} bytes)")
+        bits = _ZFP_HEADER_BITS
+        long = (v >> 84) & ((1 << 64) - 1)
+        minbits = ((long >> 12) & 0x7FFF) + 1
+        maxbits = ((long >> 27) & 0x7FFF) + 1
+        maxprec = ((long >> 42) & 0x7F) + 1
+        per_block = max(minbits, min(maxbits, variable(maxprec)))
+    return dt, shape, per_block, bits
+
+
+def _zfp_decode(
+    codec, buf, dtype: np.dtype, shape: tuple[int, ...], limit: int, what: str
+) -> np.ndarray:
+    """zfp data -> an array of at most *limit* bytes, its header checked against the block first.
+
+    zfp reads its stream without bounds checks, as far as the header's shape
+    and mode take it: data shorter than that is padded with zeros (at most
+    :func:`zfp_bound` of the block) instead of letting it read past the end.
+    """
+    dt, hshape, per_block, header_bits = _zfp_header(buf, what)
+    count = math.prod(hshape)
+    if dt != dtype:
+        raise CodecError(f"{what}: the zfp data holds {dt} values, the dataset {dtype}")
+    if count * dt.itemsize > limit:
+        raise CodecError(
+            f"{what}: the zfp header declares {hshape} values ({count * dt.itemsize} bytes), "
+            f"more than the {limit} this block can hold"
+        )
+    blocks, values = _zfp_blocks(hshape)
+    need = -(-(header_bits + blocks * per_block) // 64) * 8 + 16
+    if len(hshape) != len(shape) or need > zfp_bound(shape):
+        raise CodecError(
+            f"{what}: the zfp header (shape {hshape}, {per_block} bits a block) does not fit "
+            f"a block of shape {shape}"
+        )
+    data = bytes(buf)
+    if len(data) < need:
+        data += bytes(need - len(data))
+    return codec.decode(data)
 
 
 _CACHE: dict[str, Pipeline] = {}
