@@ -418,3 +418,164 @@ def test_progress_bar_goes_to_stderr(sample, tmp_path, capsys):
     hdf5.convert(sample, tmp_path / "b.h5")  # auto: stderr is not a terminal under pytest
     out, err = capsys.readouterr()
     assert out == "" and err == ""
+
+
+# --------------------------------------------------------------------------
+# files that claim more than they hold: refused or bounded by what they hold
+
+
+def _lamina_made_h5(path, steps: int, times: int | None = None) -> None:
+    """A root that says 'lamina-made' with *steps* steps and *times* step times (None: none)."""
+    with h5py.File(path, "w", libver=("v108", "v110")) as h:
+        h.attrs["lamina_format"] = "lamina-hdf5"
+        h.attrs["lamina_format_version"] = np.int64(1)
+        h.attrs["lamina_steps"] = np.int64(steps)
+        if times is not None:
+            h.attrs["lamina_step_times"] = np.zeros(times)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("times", [None, 0, 3])
+def test_step_count_must_match_the_step_times(tmp_path, times):
+    """A 1 KiB file claiming 10^12 steps committed them one by one, for ever."""
+    src = tmp_path / "steps.h5"
+    _lamina_made_h5(src, 10**12, times)
+    assert os.path.getsize(src) < 16384
+    dst = tmp_path / "back.lam"
+    with pytest.raises(lamina.FormatError, match="lamina_step") as info:
+        hdf5.convert(src, dst, progress=False)
+    assert "10" in str(info.value) and not dst.exists()
+
+
+def _block_file(path, steps: int, blocks, times: bool = True) -> None:
+    """A lamina-made file with one dataset 'd' of shape (steps, 4), step 3 written."""
+    _lamina_made_h5(path, steps, steps if times else None)
+    with h5py.File(path, "a") as h:
+        d = h.create_dataset("d", shape=(steps, 4), maxshape=(None, 4), chunks=(1, 4), dtype="f8")
+        d[3] = 1.0
+        d.attrs["lamina_blocks"] = np.array(blocks, dtype=np.int64)
+        d.attrs["lamina_compression"] = "[]"
+
+
+@pytest.mark.timeout(60)
+def test_blocks_must_lie_on_stored_chunks(tmp_path):
+    """A step axis of 10^12 costs nothing in HDF5; a block table naming steps whose chunks were
+    never written is refused instead of copying terabytes of fill values."""
+    n = 10**12
+    _block_file(tmp_path / "huge.h5", n, [[3, 0, 4], [n - 1, 0, 4]], times=False)
+    with pytest.raises(lamina.FormatError, match="lamina_step_times is missing"):
+        hdf5.convert(tmp_path / "huge.h5", tmp_path / "a.lam", progress=False)
+    # with consistent steps, a block on chunks that were never written is refused
+    _block_file(tmp_path / "five.h5", 5, [[3, 0, 4], [4, 1, 3]])
+    with pytest.raises(lamina.FormatError, match=r"block \(1,\)..\(3,\) of step 4 is not stored"):
+        hdf5.convert(tmp_path / "five.h5", tmp_path / "b.lam", progress=False)
+    _block_file(tmp_path / "ok.h5", 5, [[3, 0, 4]])
+    hdf5.convert(tmp_path / "ok.h5", tmp_path / "c.lam", progress=False)
+    with lamina.open(tmp_path / "c.lam") as f:
+        assert f.steps == 5 and f.at(3)["d"][...].tolist() == [1.0] * 4
+        assert f["d"].coverage(4) == []
+
+
+def test_lamina_made_file_with_a_repacked_layout_converts(sample, tmp_path):
+    """Contiguous storage (h5repack -l CONTI) holds every block: converted as before."""
+    h5 = tmp_path / "run.h5"
+    hdf5.convert(sample, h5, progress=False)
+    flat = tmp_path / "flat.h5"
+    with h5py.File(h5) as a, h5py.File(flat, "w", libver=("v108", "v110")) as b:
+        for k, v in a.attrs.items():
+            b.attrs[k] = v
+
+        def copy(name, obj):
+            if isinstance(obj, h5py.Group):
+                g = b.require_group(name)
+                for k, v in obj.attrs.items():
+                    g.attrs[k] = v
+            else:
+                d = b.create_dataset(name, data=obj[()], fillvalue=obj.fillvalue)  # contiguous
+                for k, v in obj.attrs.items():
+                    d.attrs[k] = v
+
+        a.visititems(copy)
+    back = tmp_path / "back.lam"
+    hdf5.convert(flat, back, progress=False)
+    assert_same_lamina(sample, back)
+
+
+@pytest.mark.timeout(60)
+def test_plain_dataset_copies_only_its_stored_chunks(tmp_path):
+    """A plain chunked dataset of 10^12 rows with two chunks written: two blocks, not 8 TB."""
+    src = tmp_path / "sparse.h5"
+    with h5py.File(src, "w") as h:
+        d = h.create_dataset("d", shape=(10**12, 4), chunks=(10, 4), dtype="f8", fillvalue=-1)
+        d[5] = 1.0
+        d[10**12 - 3 :, 1:3] = 2.0
+    r = hdf5.convert(src, tmp_path / "s.lam", progress=False)
+    assert r.blocks == 2 and r.nbytes == 2 * 10 * 4 * 8
+    with lamina.open(tmp_path / "s.lam") as f:
+        d = f["d"]
+        assert sorted(d.coverage(0), key=str) == sorted(
+            [Box((0, 0), (10, 4)), Box((10**12 - 10, 0), (10**12, 4))], key=str
+        )
+        assert d[4:6].tolist() == [[-1.0] * 4, [1.0] * 4]
+        assert d[10**12 - 1].tolist() == [-1.0, 2.0, 2.0, -1.0]
+        assert d[10**6].tolist() == [-1.0] * 4  # never written: the fill value
+
+
+@pytest.mark.timeout(60)
+def test_plain_external_and_virtual_datasets_are_bounded(tmp_path):
+    """External storage on a device that never ends is skipped; a virtual dataset copies the
+    regions it maps."""
+    src = tmp_path / "ext.h5"
+    raw = tmp_path / "raw.bin"
+    raw.write_bytes(np.arange(6.0).tobytes())
+    with h5py.File(src, "w") as h:
+        if os.path.exists("/dev/zero"):
+            h.create_dataset(
+                "zero", shape=(10**12,), dtype="f8", external=[("/dev/zero", 0, h5py.h5f.UNLIMITED)]
+            )
+        # declared 800 bytes of a file that holds 48
+        h.create_dataset("short", shape=(100,), dtype="f8", external=[(str(raw), 0, 800)])
+        h.create_dataset("ok", shape=(6,), dtype="f8", external=[(str(raw), 0, 48)])
+        base = h.create_dataset("base", data=np.arange(10.0))
+        lay = h5py.VirtualLayout(shape=(10**12,), dtype="f8")
+        lay[100:110] = h5py.VirtualSource(base)
+        h.create_virtual_dataset("v", lay, fillvalue=-1)
+    r = hdf5.convert(src, tmp_path / "e.lam", progress=False)
+    text = "\n".join(r.warnings)
+    assert "skipped dataset /short: its external files hold 48 of its 800 bytes" in text
+    if os.path.exists("/dev/zero"):
+        assert "skipped dataset /zero: its external file '/dev/zero'" in text
+    with lamina.open(tmp_path / "e.lam") as f:
+        assert "zero" not in f and "short" not in f
+        assert f["ok"][...].tolist() == list(np.arange(6.0))
+        assert f["v"].coverage(0) == [Box((100,), (110,))]
+        assert f["v"][98:112].tolist() == [-1, -1, *range(10), -1, -1]
+
+
+def test_large_attribute_is_skipped_unread(tmp_path):
+    src = tmp_path / "attr.h5"
+    with h5py.File(src, "w", libver=("v108", "v110")) as h:
+        h.attrs["big"] = np.zeros(200_000)  # 1.6 MB: more than a lamina attribute holds
+        h.attrs["small"] = 1
+    r = hdf5.convert(src, tmp_path / "a.lam", progress=False)
+    assert any("'big'" in w and "1600000 bytes, more than" in w for w in r.warnings), r.warnings
+    with lamina.open(tmp_path / "a.lam") as f:
+        assert "big" not in f.attrs and int(f.attrs["small"]) == 1
+
+
+def test_deeply_nested_compression_attribute_is_a_format_error(sample, tmp_path):
+    h5 = tmp_path / "run.h5"
+    hdf5.convert(sample, h5, progress=False)
+    with h5py.File(h5, "a") as h:
+        h["fields/T"].attrs["lamina_compression"] = "[" * 2000 + "]" * 2000
+    with pytest.raises(lamina.FormatError, match="lamina_compression: .*nested 2000 levels"):
+        hdf5.convert(h5, tmp_path / "back.lam", progress=False)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_fifo_source_is_refused(tmp_path):
+    fifo = tmp_path / "in.h5"
+    os.mkfifo(fifo)
+    with pytest.raises(hdf5.ConvertError, match="not a regular file"):
+        hdf5.convert(fifo, tmp_path / "x.lam")

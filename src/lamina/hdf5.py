@@ -15,10 +15,19 @@ lamina dataset of the same shape written in one step (datasets and attributes
 lamina cannot hold are skipped with a warning).
 
 Data is streamed: one block (or a slab of at most 64 MiB of one) at a time.
+
+Nothing read from an HDF5 file is trusted to size a loop or an allocation:
+a step count must match the step times the file really holds, every
+recorded block must lie on chunks the file really stores, a plain dataset
+is copied where its storage holds data (stored chunks, the regions a
+virtual dataset maps, external files that exist and are long enough), and
+an attribute too large for lamina is skipped before it is read.  A file
+that claims more than it holds is refused with one FormatError.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -30,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from .catalog.model import MAX_CODEC_DEPTH, MAX_CODEC_JSON
+from .catalog.model import MAX_ATTR_BYTES, MAX_CODEC_DEPTH, MAX_CODEC_JSON
 from .catalog.wire import load_json
 from .errors import FormatError, LaminaError, register
 from .geometry import Box
@@ -105,6 +114,8 @@ def detect(path) -> str:
         raise FileNotFoundError(f"no such file: {path!r}")
     if os.path.isdir(path):
         return "lamina"  # lamina.open says precisely what is wrong if it is not one
+    if not os.path.isfile(path):  # a FIFO or a device: reading it would block or never end
+        raise ConvertError(f"{path!r} is not a regular file")
     import h5py
 
     if h5py.is_hdf5(path):
@@ -325,11 +336,12 @@ def hdf5_to_lamina(
             nsteps = _h5_int(h.attrs.get(A_STEPS), f"{src}: attribute {A_STEPS}")
             if nsteps < 0:
                 raise FormatError(f"{src!r}: negative step count {nsteps}")
+            _check_step_times(h, nsteps, src)
         else:
             nsteps = 1
         groups: list[tuple[str, object]] = []
         sources: list[_Src] = []
-        _walk_h5(h, groups, sources, made, nsteps, res.warnings)
+        _walk_h5(h, groups, sources, made, nsteps, res.warnings, src)
         if any(not s.stepped and s.boxes for s in sources):
             nsteps = max(nsteps, 1)
         res.steps = nsteps
@@ -356,7 +368,13 @@ def hdf5_to_lamina(
                     with f.step():
                         for s, box in by_step.get(k, []):
                             sel = ((k,) if s.stepped else ()) + box.slices
-                            data = np.asarray(s.h5[sel]).astype(s.dtype, copy=False)
+                            try:
+                                data = np.asarray(s.h5[sel]).astype(s.dtype, copy=False)
+                            except OSError as e:  # a damaged chunk, a filter that fails
+                                raise FormatError(
+                                    f"{src!r}: dataset /{s.path}: cannot read {box} "
+                                    f"of step {k}: {e}"
+                                ) from None
                             targets[s.path].write(data.reshape(box.shape), offset=box.start)
                             bar.update(data.nbytes)
                             res.nbytes += data.nbytes
@@ -365,7 +383,71 @@ def hdf5_to_lamina(
     return res
 
 
-def _walk_h5(h, groups: list, sources: list, made: bool, nsteps: int, warnings: list[str]) -> None:
+def _check_step_times(h, nsteps: int, src: str) -> None:
+    """The step count of a lamina-made file must be the length of its step times (data it holds).
+
+    A few bytes could otherwise claim 10^12 steps, each committed in turn.
+    """
+    if A_STEP_TIMES not in h.attrs:
+        raise FormatError(f"{src!r}: attribute {A_STEP_TIMES} is missing ({A_STEPS} = {nsteps})")
+    times = h.attrs.get_id(A_STEP_TIMES)
+    shape = times.shape
+    if shape is None or len(shape) != 1 or times.dtype.kind != "f":
+        raise FormatError(
+            f"{src!r}: attribute {A_STEP_TIMES} must be a 1-D array of floats, "
+            f"got {times.dtype} of shape {shape}"
+        )
+    if shape[0] != nsteps:
+        raise FormatError(
+            f"{src!r}: attribute {A_STEPS} says {nsteps} steps, {A_STEP_TIMES} holds {shape[0]}: "
+            "the file is inconsistent"
+        )
+
+
+def _stored_chunks(obj) -> set[tuple[int, ...]]:
+    """Offsets of the chunks of the chunked HDF5 dataset *obj* that hold data in the file."""
+    out: set[tuple[int, ...]] = set()
+    dsid = obj.id
+    try:
+        dsid.chunk_iter(lambda info: out.add(tuple(info.chunk_offset)))
+    except (AttributeError, NotImplementedError):  # HDF5 older than 1.12.3: one call per chunk
+        for i in range(dsid.get_num_chunks()):
+            out.add(tuple(dsid.get_chunk_info(i).chunk_offset))
+    return out
+
+
+def _on_stored_chunks(box: Box, chunks: tuple[int, ...], stored: set[tuple[int, ...]]) -> bool:
+    """Whether every chunk *box* touches is stored (checking at most len(stored) + 1 chunks)."""
+    if box.size == 0:
+        return True
+    ranges = [
+        range(a // c, (b - 1) // c + 1) for a, b, c in zip(box.start, box.stop, chunks, strict=True)
+    ]
+    if math.prod(len(r) for r in ranges) > len(stored):
+        return False
+    return all(
+        tuple(i * c for i, c in zip(idx, chunks, strict=True)) in stored
+        for idx in itertools.product(*ranges)
+    )
+
+
+def _layout(obj) -> str:
+    """'virtual', 'external', 'chunked', 'contiguous' or 'compact'."""
+    import h5py
+
+    if obj.is_virtual:
+        return "virtual"
+    if obj.external:
+        return "external"
+    if obj.chunks is not None:
+        return "chunked"
+    compact = obj.id.get_create_plist().get_layout() == h5py.h5d.COMPACT
+    return "compact" if compact else "contiguous"
+
+
+def _walk_h5(
+    h, groups: list, sources: list, made: bool, nsteps: int, warnings: list[str], src: str = ""
+) -> None:
     """Collect groups and convertible datasets (each hard-linked object once)."""
     import h5py
 
@@ -390,13 +472,15 @@ def _walk_h5(h, groups: list, sources: list, made: bool, nsteps: int, warnings: 
             except (TypeError, ValueError):
                 fill = np.zeros((), dt)[()]
             if made and A_BLOCKS in obj.attrs:
-                sources.append(_lamina_made(name, obj, dt, fill, nsteps))
+                sources.append(_lamina_made(name, obj, dt, fill, nsteps, src))
             else:
                 if made:
                     warnings.append(
                         f"dataset /{name} has no {A_BLOCKS} attribute: copied whole into step 0"
                     )
-                sources.append(_plain(name, obj, dt, fill))
+                plain = _plain(name, obj, dt, fill, warnings, src)
+                if plain is not None:
+                    sources.append(plain)
         else:
             warnings.append(f"skipped /{name}: a named datatype")
 
@@ -412,17 +496,29 @@ def _walk_h5(h, groups: list, sources: list, made: bool, nsteps: int, warnings: 
         h.visititems_links(links)
 
 
-def _lamina_made(name: str, obj, dt: np.dtype, fill, nsteps: int) -> _Src:
-    what = f"dataset /{name}"
+def _lamina_made(name: str, obj, dt: np.dtype, fill, nsteps: int, src: str = "") -> _Src:
+    what = f"{src!r}: dataset /{name}" if src else f"dataset /{name}"
     if obj.ndim < 1 or obj.shape[0] != nsteps:
         raise FormatError(f"{what}: shape {obj.shape} has no leading step axis of length {nsteps}")
     shape = tuple(int(n) for n in obj.shape[1:])
     nd = len(shape)
-    raw = np.asarray(obj.attrs[A_BLOCKS])
-    if raw.dtype.kind not in "iu" or raw.ndim != 2 or raw.shape[1] != 1 + 2 * nd:
+    table = obj.attrs.get_id(A_BLOCKS)
+    tshape = table.shape
+    if (
+        table.dtype.kind not in "iu"
+        or tshape is None
+        or len(tshape) != 2
+        or tshape[1] != 1 + 2 * nd
+    ):
         raise FormatError(
-            f"{what}: attribute {A_BLOCKS} must be integers of shape (n, {1 + 2 * nd}), got {raw.dtype} {raw.shape}"
+            f"{what}: attribute {A_BLOCKS} must be integers of shape (n, {1 + 2 * nd}), got {table.dtype} {tshape}"
         )
+    raw = np.asarray(obj.attrs[A_BLOCKS])
+    layout = _layout(obj)
+    if layout in ("virtual", "external"):
+        raise FormatError(f"{what}: a {layout} dataset: lamina writes its datasets chunked")
+    stored = _stored_chunks(obj) if layout == "chunked" else None
+    allocated = layout == "compact" or obj.id.get_storage_size() > 0
     boxes = []
     for row in raw.tolist():
         k, start, stop = row[0], tuple(row[1 : 1 + nd]), tuple(row[1 + nd :])
@@ -430,7 +526,17 @@ def _lamina_made(name: str, obj, dt: np.dtype, fill, nsteps: int) -> _Src:
             raise FormatError(f"{what}: block in step {k}, file has {nsteps} steps")
         if any(not 0 <= a <= b <= n for a, b, n in zip(start, stop, shape, strict=True)):
             raise FormatError(f"{what}: block {start}..{stop} does not fit shape {shape}")
-        boxes.append((k, Box(start, stop)))
+        box = Box(start, stop)
+        # a block's data is in the file: the chunks it was written to exist
+        in_file = Box((k, *start), (k + 1, *stop))
+        if box.size and not (
+            _on_stored_chunks(in_file, obj.chunks, stored) if stored is not None else allocated
+        ):
+            raise FormatError(
+                f"{what}: block {start}..{stop} of step {k} is not stored in the file "
+                f"(its chunks were never written): {A_BLOCKS} does not match the dataset"
+            )
+        boxes.append((k, box))
     codecs: list = []
     if A_COMPRESSION in obj.attrs:
         text = _h5_str(obj.attrs[A_COMPRESSION])
@@ -449,14 +555,100 @@ def _lamina_made(name: str, obj, dt: np.dtype, fill, nsteps: int) -> _Src:
     return _Src(name, obj, dt, shape, fill, codecs, True, boxes)
 
 
-def _plain(name: str, obj, dt: np.dtype, fill) -> _Src:
+def _plain(name: str, obj, dt: np.dtype, fill, warnings: list[str], src: str = "") -> _Src | None:
+    """A dataset not made by lamina, copied where the file holds its data (None: skipped).
+
+    The regions copied are found from what the file stores, never from the
+    shape alone: the stored chunks of a chunked dataset (the whole dataset
+    when every chunk is stored), the regions a virtual dataset maps, the
+    whole of a contiguous one once allocated (its bytes are in the file), or
+    of one in external files that exist and hold all of its bytes.
+    """
     shape = tuple(int(n) for n in obj.shape)
     whole = Box.from_shape(shape)
-    boxes: list[tuple[int, Box]] = []
-    stored = obj.is_virtual or obj.external is not None or obj.id.get_storage_size() > 0
-    if whole.size and stored:
-        boxes = [(0, b) for b in split_box(whole, dt.itemsize, SLAB_BYTES)]
+    regions: list[Box] = []
+    layout = _layout(obj)
+    if whole.size == 0:
+        pass
+    elif layout == "chunked":
+        stored = _stored_chunks(obj)
+        grid = math.prod(-(-n // c) for n, c in zip(shape, obj.chunks, strict=True))
+        if len(stored) >= grid:
+            regions = [whole]
+        else:  # partly written: only the chunks that hold data
+            regions = [
+                Box(
+                    off,
+                    tuple(min(o + c, n) for o, c, n in zip(off, obj.chunks, shape, strict=True)),
+                )
+                for off in sorted(stored)
+                if len(off) == len(shape)
+                and all(0 <= o < n for o, n in zip(off, shape, strict=True))
+            ]
+    elif layout == "virtual":
+        regions = _virtual_regions(obj, shape)
+    elif layout == "external":
+        held, why = _external_bytes(obj, src)
+        if held < whole.size * dt.itemsize:
+            warnings.append(f"skipped dataset /{name}: {why}")
+            return None
+        regions = [whole]
+    elif layout == "compact" or obj.id.get_storage_size() > 0:
+        regions = [whole]
+    boxes = [(0, b) for r in regions for b in split_box(r, dt.itemsize, SLAB_BYTES)]
     return _Src(name, obj, dt, shape, fill, [], False, boxes)
+
+
+def _virtual_regions(obj, shape: tuple[int, ...]) -> list[Box]:
+    """The regions of a virtual dataset its mappings cover (bounding boxes, overlaps merged)."""
+    boxes: list[Box] = []
+    for m in obj.virtual_sources():
+        try:
+            lo, hi = m.vspace.get_select_bounds()
+        except (ValueError, RuntimeError, OSError):  # an empty selection
+            continue
+        start = tuple(max(0, int(a)) for a in lo)
+        stop = tuple(min(n, int(b) + 1) for b, n in zip(hi, shape, strict=True))
+        if all(a < b for a, b in zip(start, stop, strict=True)):
+            boxes.append(Box(start, stop))
+    merged = True
+    while merged:  # blocks of one step may not overlap: merge overlapping regions
+        merged = False
+        for i, j in itertools.combinations(range(len(boxes)), 2):
+            a, b = boxes[i], boxes[j]
+            if all(
+                x0 < y1 and y0 < x1
+                for x0, x1, y0, y1 in zip(a.start, a.stop, b.start, b.stop, strict=True)
+            ):
+                hull = Box(tuple(map(min, a.start, b.start)), tuple(map(max, a.stop, b.stop)))
+                boxes = [x for k, x in enumerate(boxes) if k not in (i, j)] + [hull]
+                merged = True
+                break
+    return boxes
+
+
+def _external_bytes(obj, src: str) -> tuple[int, str]:
+    """(bytes the external files of *obj* really hold for it, why fewer than it needs).
+
+    Each must be a regular file (a device such as /dev/zero never ends); a
+    file is looked up as HDF5 does, against the external file prefix of the
+    dataset (by default the current directory).
+    """
+    prefix = b""
+    try:
+        prefix = obj.id.get_access_plist().get_efile_prefix() or b""
+    except (AttributeError, OSError):
+        pass
+    base = os.fsdecode(prefix).replace("${ORIGIN}", os.path.dirname(os.path.abspath(src)))
+    held = 0
+    for fname, offset, size in obj.external:
+        path = os.path.join(base, os.fsdecode(fname))
+        if not os.path.isfile(path):
+            return held, f"its external file {path!r} is missing or not a regular file"
+        avail = max(0, os.path.getsize(path) - int(offset))
+        held += min(avail, int(size))  # size: H5F_UNLIMITED (2^64 - 1) for "to the end"
+    need = math.prod(obj.shape) * obj.dtype.itemsize
+    return held, f"its external files hold {held} of its {need} bytes"
 
 
 def _copy_attrs_from_h5(h5obj, attrs, where: str, made: bool, warnings: list[str]) -> None:
@@ -471,6 +663,14 @@ def _copy_attrs_from_h5(h5obj, attrs, where: str, made: bool, warnings: list[str
         else:
             name = hname
         try:
+            aid = h5obj.attrs.get_id(hname)
+            nbytes = math.prod(aid.shape or ()) * aid.dtype.itemsize
+            if nbytes > MAX_ATTR_BYTES:  # lamina would refuse it: do not read it at all
+                warnings.append(
+                    f"skipped attribute {hname!r} of {where}: {nbytes} bytes, more than "
+                    f"lamina's limit of {MAX_ATTR_BYTES}"
+                )
+                continue
             value = h5obj.attrs[hname]
         except (OSError, TypeError, ValueError) as e:  # e.g. a datatype h5py cannot read
             warnings.append(f"skipped attribute {hname!r} of {where}: {e}")
