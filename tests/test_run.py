@@ -536,6 +536,93 @@ def test_unreadable_files(tmp_path, capsys):
     assert cli.main(["run", path, "--timeout", "0"]) == 2
 
 
+# ----------------------------------------------------------------- hostile YAML
+
+#: nested aliases: 9 lols, 9 of those, ... 9^9 (387 million) values in one task's command
+LAUGHS = (
+    "tasks:\n- name: lol\n  ranks: 1\n  command:\n  - &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"
+    + "".join(
+        f"  - &{x} [{', '.join(['*' + p] * 9)}]\n"
+        for p, x in zip("abcdefg", "bcdefgh", strict=True)
+    )
+    + "  - [*h, *h, *h, *h, *h, *h, *h, *h, *h]\n"
+)
+
+
+@pytest.mark.timeout(60)
+def test_billion_laughs_is_refused(tmp_path, capsys):
+    """Nested aliases: 400 bytes that stand for 10^9 values (the error message printed the
+    command: it never finished)."""
+    path = write(tmp_path, LAUGHS)
+    assert len(LAUGHS) < 600
+    t0 = time.monotonic()
+    with pytest.raises(wr.WorkflowFileError, match="more than 100000 values once its aliases"):
+        wr.load(path)
+    assert time.monotonic() - t0 < 5
+    assert cli.main(["run", path, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lamina run: error: ") and err.count("\n") == 1 and len(err) < 300
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("tasks: " + "[" * 1000 + "]" * 1000, "nested more than 32 levels"),  # RecursionError
+        ("tasks:\n" + "".join("  " * i + "- \n" for i in range(1, 60)), "nested more than 32"),
+        ("a: &x [b, *x]\ntasks: []\n", "refers to a node that contains it"),
+        # an alias that expands deep: each level is shallow, the whole is not
+        (
+            "a: &a [[[[[[[[[[x]]]]]]]]]]\nb: &b [[[[[[[[[[*a]]]]]]]]]]\n"
+            "c: &c [[[[[[[[[[*b]]]]]]]]]]\ntasks: [[[[[*c]]]]]\n",
+            r"nested more than 32 levels deep \(line 4\), aliases expanded",
+        ),
+    ],
+)
+def test_deep_yaml_is_refused(tmp_path, text, words):
+    path = write(tmp_path, text)
+    with pytest.raises(wr.WorkflowFileError, match=words) as info:
+        wr.load(path)
+    assert "\n" not in str(info.value)
+
+
+def test_aliases_within_bounds_still_work(tmp_path):
+    path = write(
+        tmp_path,
+        """
+common: &env {OMP_NUM_THREADS: 1}
+tasks:
+  - {name: a, command: [prog, x], ranks: 1, env: *env, writes: [f]}
+  - {name: b, command: [prog, y], ranks: 1, env: *env, reads: [f]}
+""".replace("common: &env", "env: &env"),
+    )
+    wf = wr.load(path)
+    assert wf.env == {"OMP_NUM_THREADS": "1"} and wf.tasks[1].env == {"OMP_NUM_THREADS": "1"}
+
+
+def test_huge_values_are_shown_short(tmp_path):
+    """A value in an error message is shown in one short line, however large it is."""
+    path = write(tmp_path, {"tasks": [{"command": {"k": list(range(50_000))}, "ranks": 1}]})
+    with pytest.raises(wr.WorkflowFileError, match="string or a list of strings") as info:
+        wr.load(path)
+    assert len(str(info.value)) < 300
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_workflow_file_that_is_not_a_regular_file(tmp_path):
+    fifo = tmp_path / "wf.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(wr.WorkflowFileError, match="not a regular file"):
+        wr.load(fifo)  # opening a FIFO for reading blocked until a writer came
+    big = tmp_path / "big.yaml"
+    big.write_text("# " + "x" * wr.MAX_FILE_BYTES + "\n")
+    with pytest.raises(wr.WorkflowFileError, match="more than 1048576 bytes"):
+        wr.load(big)
+    if os.path.exists("/dev/zero"):
+        with pytest.raises(wr.WorkflowFileError, match="not a regular file"):
+            wr.load("/dev/zero")
+
+
 def test_help_lists_run(capsys):
     assert cli.main(["--help"]) == 0
     assert "run" in capsys.readouterr().out

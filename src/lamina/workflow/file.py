@@ -32,7 +32,9 @@ import fnmatch
 import math
 import os
 import re
+import reprlib
 import shlex
+import stat
 from dataclasses import dataclass, field
 
 from ..errors import LaminaError, suggest
@@ -40,6 +42,12 @@ from . import routes as wfmod
 
 #: upper bound of the ranks of one launch unless ``--max-ranks`` says otherwise
 MAX_RANKS = 1 << 20
+#: largest workflow file read (a real one is a few KiB)
+MAX_FILE_BYTES = 1 << 20
+#: most YAML nodes a workflow file may hold, each alias counted as what it stands for
+MAX_NODES = 100_000
+#: deepest nesting of a workflow file's mappings and lists, aliases expanded
+MAX_DEPTH = 32
 TRANSPORTS = wfmod.TRANSPORTS
 DEFAULT_TRANSPORT = "memory"
 TRANSPORT_ENV = wfmod.TRANSPORT_ENV
@@ -53,6 +61,19 @@ READ_KEYS = ("name", "flow")
 RESERVED_ENV = (TRANSPORT_ENV, wfmod.ENV, TIMEOUT_ENV)
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+# values from the file, shown in errors: one short line however large the value
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 80
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 6
+_REPR.maxlevel = 3
+
+
+def _show(value) -> str:
+    """A short repr of a value read from the file, for error messages."""
+    return _REPR.repr(value)
+
+
 _BAD_NAME_CHARS = (";", "|", "\n", "\r")  # separators of LAMINA_WORKFLOW
 _BAD_GLOB_CHARS = (*_BAD_NAME_CHARS, ",")
 
@@ -178,23 +199,112 @@ class WorkflowFile:
 
 
 def load(path: str | os.PathLike, max_ranks: int = MAX_RANKS) -> WorkflowFile:
-    """Read and check the workflow file *path*; :class:`WorkflowFileError` if it is not valid."""
+    """Read and check the workflow file *path*; :class:`WorkflowFileError` if it is not valid.
+
+    The YAML is read with the safe loader only, and checked before any
+    Python object is built from it: at most :data:`MAX_FILE_BYTES` of a
+    regular file, at most :data:`MAX_NODES` nodes once aliases are expanded
+    (a "billion laughs" of nested aliases is refused, not expanded) and at
+    most :data:`MAX_DEPTH` levels of nesting.
+    """
     import yaml
 
     shown = os.fspath(path)
+    text = _read(shown)
     try:
-        with open(shown, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise WorkflowFileError(
-            shown, f"cannot read the workflow file ({getattr(e, 'strerror', None) or e})"
-        ) from None
-    try:
+        _check_expansion(text, shown)
         data = yaml.safe_load(text)
         _check_duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader))
     except yaml.YAMLError as e:
         raise WorkflowFileError(shown, f"not valid YAML: {' '.join(str(e).split())}") from None
+    except RecursionError:  # PyYAML composes nested nodes recursively
+        raise WorkflowFileError(shown, "nested too deeply for the YAML reader") from None
     return parse(data, os.path.abspath(shown), max_ranks=max_ranks, shown=shown)
+
+
+def _read(shown: str) -> str:
+    """The text of the workflow file: a regular file of at most MAX_FILE_BYTES, UTF-8."""
+    try:
+        fd = os.open(shown, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO must not block
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise WorkflowFileError(shown, "not a regular file")
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise WorkflowFileError(
+            shown, f"cannot read the workflow file ({getattr(e, 'strerror', None) or e})"
+        ) from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise WorkflowFileError(shown, f"more than {MAX_FILE_BYTES} bytes: not a workflow file")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise WorkflowFileError(
+            shown, f"cannot read the workflow file (not UTF-8 at byte {e.start})"
+        ) from None
+
+
+def _check_expansion(text: str, shown: str) -> None:
+    """Refuse YAML that expands beyond MAX_NODES nodes or nests deeper than MAX_DEPTH.
+
+    Walks the parser's events, which PyYAML produces without recursion and
+    without building anything.  The expanded size and height of each
+    anchored node are remembered when it ends, so an alias costs one step
+    however much it stands for: nested aliases that would expand to a
+    billion nodes are refused after a few hundred events.  An alias to a
+    node that contains it (a recursive structure) is refused too.
+    """
+    import yaml
+
+    stack: list[list] = []  # per open collection: [anchor, expanded nodes, height]
+    anchors: dict[str, tuple[int, int]] = {}  # closed anchored nodes: (expanded nodes, height)
+    total = 0
+
+    def add(size: int, height: int, line: int) -> None:
+        nonlocal total
+        if len(stack) + height > MAX_DEPTH:
+            raise WorkflowFileError(
+                shown, f"nested more than {MAX_DEPTH} levels deep (line {line}), aliases expanded"
+            )
+        if stack:
+            stack[-1][1] += size
+            stack[-1][2] = max(stack[-1][2], height + 1)
+            grown = stack[-1][1]
+        else:
+            total += size
+            grown = total
+        if grown > MAX_NODES:
+            raise WorkflowFileError(
+                shown,
+                f"more than {MAX_NODES} values once its aliases are expanded (line {line}): "
+                "not a workflow file",
+            )
+
+    for ev in yaml.parse(text, Loader=yaml.SafeLoader):
+        line = ev.start_mark.line + 1 if ev.start_mark is not None else 0
+        if isinstance(ev, yaml.SequenceStartEvent | yaml.MappingStartEvent):
+            if len(stack) >= MAX_DEPTH:
+                raise WorkflowFileError(
+                    shown, f"nested more than {MAX_DEPTH} levels deep (line {line})"
+                )
+            stack.append([ev.anchor, 1, 1])
+        elif isinstance(ev, yaml.SequenceEndEvent | yaml.MappingEndEvent):
+            anchor, size, height = stack.pop()
+            if anchor is not None:
+                anchors[anchor] = (size, height)
+            add(size, height, line)
+        elif isinstance(ev, yaml.ScalarEvent):
+            if ev.anchor is not None:
+                anchors[ev.anchor] = (1, 1)
+            add(1, 1, line)
+        elif isinstance(ev, yaml.AliasEvent):
+            if any(frame[0] == ev.anchor for frame in stack):
+                raise WorkflowFileError(
+                    shown,
+                    f"the alias *{ev.anchor[:40]} refers to a node that contains it (line {line})",
+                )
+            if ev.anchor in anchors:  # else undefined: the composer says so
+                add(*anchors[ev.anchor], line)
 
 
 def _check_duplicate_keys(root) -> None:
@@ -236,13 +346,13 @@ def parse(data, path: str, max_ranks: int = MAX_RANKS, shown: str | None = None)
     if data.get("transport") is not None:
         t = data["transport"]
         if not isinstance(t, str) or t.strip().lower() not in TRANSPORTS:
-            fail(f"must be one of {', '.join(TRANSPORTS)}, got {t!r}", None, "transport")
+            fail(f"must be one of {', '.join(TRANSPORTS)}, got {_show(t)}", None, "transport")
         transport = t.strip().lower()
     timeout = None
     if data.get("timeout") is not None:
         t = data["timeout"]
         if not _is_number(t) or not math.isfinite(t) or t <= 0:
-            fail(f"must be a number of seconds > 0, got {t!r}", None, "timeout")
+            fail(f"must be a number of seconds > 0, got {_show(t)}", None, "timeout")
         timeout = float(t)
     env = _env(data.get("env"), fail, None, "env", top=True)
     raw_tasks = data.get("tasks")
@@ -260,9 +370,9 @@ def parse(data, path: str, max_ranks: int = MAX_RANKS, shown: str | None = None)
             )
         name = raw.get("name", f"task{i}")
         if not isinstance(name, str) or not name.strip():
-            fail(f"must be a non-empty string, got {name!r}", label, "name")
+            fail(f"must be a non-empty string, got {_show(name)}", label, "name")
         name = name.strip()
-        label = f"{name!r} ({label})"
+        label = f"{_show(name)} ({label})"
         if name in names:
             fail(
                 f"the name is also that of tasks[{names[name]}]: task names must differ",
@@ -293,14 +403,14 @@ def _task(raw: dict, name: str, label: str, base: str, max_ranks: int, fail) -> 
             words = shlex.split(command)
         except ValueError as e:
             fail(
-                f"cannot be split into words like a shell command ({e}): {command!r}",
+                f"cannot be split into words like a shell command ({e}): {_show(command)}",
                 label,
                 "command",
             )
     elif isinstance(command, list) and all(_is_scalar(w) for w in command):
         words = [_number(w) if not isinstance(w, str) else w for w in command]
     else:
-        fail(f"must be a string or a list of strings, got {command!r}", label, "command")
+        fail(f"must be a string or a list of strings, got {_show(command)}", label, "command")
     if not words or not words[0]:
         fail("is empty: give the program to run", label, "command")
 
@@ -308,13 +418,17 @@ def _task(raw: dict, name: str, label: str, base: str, max_ranks: int, fail) -> 
         fail("missing: give the number of ranks (an integer >= 1)", label, "ranks")
     ranks = raw["ranks"]
     if not _is_int(ranks) or not 1 <= ranks <= max_ranks:
-        fail(f"must be an integer from 1 to {max_ranks}, got {ranks!r}", label, "ranks")
+        fail(f"must be an integer from 1 to {max_ranks}, got {_show(ranks)}", label, "ranks")
 
     cwd = None
     if raw.get("cwd") is not None:
         c = raw["cwd"]
         if not isinstance(c, str) or not c:
-            fail(f"must be a directory (relative to the workflow file's), got {c!r}", label, "cwd")
+            fail(
+                f"must be a directory (relative to the workflow file's), got {_show(c)}",
+                label,
+                "cwd",
+            )
         cwd = os.path.normpath(os.path.join(base, os.path.expanduser(c)))
         if not os.path.isdir(cwd):
             fail(f"{cwd} is not a directory", label, "cwd")
@@ -348,8 +462,13 @@ def _task(raw: dict, name: str, label: str, base: str, max_ranks: int, fail) -> 
             if item.get("flow") is not None:
                 try:
                     flow = wfmod.parse_flow(item["flow"])
-                except ValueError as e:
-                    fail(str(e), label, f"{where}.flow")
+                except ValueError:
+                    fail(
+                        "flow must be 'all', 'latest' or a positive integer N (every N-th step), "
+                        f"got {_show(item['flow'])}",
+                        label,
+                        f"{where}.flow",
+                    )
             reads.append(Read(rname, flow))
         else:
             reads.append(Read(_name(item, fail, label, where)))
@@ -357,7 +476,7 @@ def _task(raw: dict, name: str, label: str, base: str, max_ranks: int, fail) -> 
         seen: set[str] = set()
         for x in items:
             if x.name in seen:
-                fail(f"{x.name!r} is listed twice", label, kind)
+                fail(f"{_show(x.name)} is listed twice", label, kind)
             seen.add(x.name)
     if (shallow or queue_limit is not None) and not writes:
         fail(
@@ -375,34 +494,38 @@ def _check_names(tasks: list[Task], fail) -> None:
         for j, y in writers[a + 1 :]:
             if x == y or fnmatch.fnmatchcase(x, y) or fnmatch.fnmatchcase(y, x):
                 who = (
-                    f"tasks {tasks[i].name!r} and {tasks[j].name!r}"
+                    f"tasks {_show(tasks[i].name)} and {_show(tasks[j].name)}"
                     if i != j
                     else "this task twice"
                 )
-                what = f"{x!r}" if x == y else f"{x!r} and {y!r} (the patterns overlap)"
+                what = (
+                    f"{_show(x)}" if x == y else f"{_show(x)} and {_show(y)} (the patterns overlap)"
+                )
                 fail(
                     f"{what} written by {who}: each name has one producer",
-                    f"{tasks[j].name!r} (tasks[{j}])",
+                    f"{_show(tasks[j].name)} (tasks[{j}])",
                     "writes",
                 )
     for j, t in enumerate(tasks):
-        label = f"{t.name!r} (tasks[{j}])"
+        label = f"{_show(t.name)} (tasks[{j}])"
         own = {w.name for w in t.writes}
         for k, r in enumerate(t.reads):
             if r.name in own:
-                fail(f"the task reads {r.name!r}, which it writes itself", label, f"reads[{k}]")
+                fail(
+                    f"the task reads {_show(r.name)}, which it writes itself", label, f"reads[{k}]"
+                )
             if any(r.name == x for _, x in writers):
                 continue
             close = [x for _, x in writers if fnmatch.fnmatchcase(r.name, x)]
             if close:
-                hint = f" ({close[0]!r} is written: give a name read exactly as the producer's writes list it)"
+                hint = f" ({_show(close[0])} is written: give a name read exactly as the producer's writes list it)"
             else:
                 written = ", ".join(repr(x) for _, x in writers) or "nothing"
                 hint = (
                     suggest(r.name, [x for _, x in writers]).replace(" Did", ". Did", 1)
                     or f" (written: {written})"
                 )
-            fail(f"no task writes {r.name!r}{hint}", label, f"reads[{k}]")
+            fail(f"no task writes {_show(r.name)}{hint}", label, f"reads[{k}]")
 
 
 def _unknown(mapping: dict, allowed: tuple[str, ...], fail, task, where) -> None:
@@ -419,17 +542,25 @@ def _listed(value, fail, task, fld) -> list:
     if isinstance(value, str | dict):
         return [value]
     if not isinstance(value, list):
-        fail(f"must be a list of names, got {value!r}", task, fld)
+        fail(f"must be a list of names, got {_show(value)}", task, fld)
     return value
 
 
 def _name(value, fail, task, fld) -> str:
     if not isinstance(value, str) or not value.strip():
-        fail(f"must be a name (or glob pattern) as given to lamina.open, got {value!r}", task, fld)
+        fail(
+            f"must be a name (or glob pattern) as given to lamina.open, got {_show(value)}",
+            task,
+            fld,
+        )
     value = value.strip()
     bad = [c for c in _BAD_NAME_CHARS if c in value]
     if bad:
-        fail(f"{value!r} contains {bad[0]!r}, which LAMINA_WORKFLOW uses as a separator", task, fld)
+        fail(
+            f"{_show(value)} contains {bad[0]!r}, which LAMINA_WORKFLOW uses as a separator",
+            task,
+            fld,
+        )
     return wfmod.normname(value)
 
 
@@ -441,7 +572,7 @@ def _globs(value, fail, task, fld) -> tuple[str, ...]:
         isinstance(g, str) and g.strip().lstrip("/") for g in items
     ):
         fail(
-            f"must be a dataset path glob or a list of them (e.g. [particles, 'grid/*']), got {value!r}",
+            f"must be a dataset path glob or a list of them (e.g. [particles, 'grid/*']), got {_show(value)}",
             task,
             fld,
         )
@@ -449,7 +580,11 @@ def _globs(value, fail, task, fld) -> tuple[str, ...]:
     for g in items:
         bad = [c for c in _BAD_GLOB_CHARS if c in g]
         if bad:
-            fail(f"{g!r} contains {bad[0]!r}, which LAMINA_WORKFLOW uses as a separator", task, fld)
+            fail(
+                f"{_show(g)} contains {bad[0]!r}, which LAMINA_WORKFLOW uses as a separator",
+                task,
+                fld,
+            )
         out.append(g.strip().lstrip("/"))  # dataset paths have no leading '/'
     return tuple(out)
 
@@ -459,7 +594,7 @@ def _queue_limit(value, fail, task, fld) -> int | None:
         return None
     if not _is_int(value) or value < 2:
         fail(
-            f"must be an integer >= 2 (steps a producer keeps before it waits for its consumers), got {value!r}",
+            f"must be an integer >= 2 (steps a producer keeps before it waits for its consumers), got {_show(value)}",
             task,
             fld,
         )
@@ -470,11 +605,11 @@ def _env(value, fail, task, fld, top: bool) -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        fail(f"must be a mapping NAME: value, got {value!r}", task, fld)
+        fail(f"must be a mapping NAME: value, got {_show(value)}", task, fld)
     out = {}
     for k, v in value.items():
         if not isinstance(k, str) or not _ENV_NAME.fullmatch(k):
-            fail(f"{k!r} is not a variable name ([A-Za-z_][A-Za-z0-9_]*)", task, fld)
+            fail(f"{_show(k)} is not a variable name ([A-Za-z_][A-Za-z0-9_]*)", task, fld)
         if k in RESERVED_ENV and (top or k != TIMEOUT_ENV):
             field_of = {
                 TRANSPORT_ENV: "transport",
@@ -484,7 +619,7 @@ def _env(value, fail, task, fld, top: bool) -> dict[str, str]:
             fail(f"{k} is set by lamina run from the field '{field_of}'", task, f"{fld}.{k}")
         if not _is_scalar(v):
             fail(
-                f"the value must be a string or a number, got {v!r} (quote yes/no/true/false)",
+                f"the value must be a string or a number, got {_show(v)} (quote yes/no/true/false)",
                 task,
                 f"{fld}.{k}",
             )
