@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mpi_util as mu  # noqa: E402
 
 from lamina import cli  # noqa: E402
+from lamina.workflow import exec as exec_mod  # noqa: E402
 from lamina.workflow import file as wr  # noqa: E402
 from lamina.workflow import launcher  # noqa: E402
 from lamina.workflow import routes as wfmod  # noqa: E402
@@ -30,6 +31,13 @@ from lamina.workflow import routes as wfmod  # noqa: E402
 yaml = pytest.importorskip("yaml")
 
 TIMEOUT = 120  # per launch: the machine may be shared
+
+#: a task command's program: prints its arguments, directory and two variables as JSON (one
+#: write: ranks share the job's output, unbuffered)
+PRINT_ARGS = (
+    "import json, os, sys; sys.stdout.write('ARGS ' + json.dumps([sys.argv[1:], os.getcwd(), "
+    "os.environ.get('SHARED'), os.environ.get('OWN')]) + '\\n')"
+)
 
 
 def write(tmp_path, data, name="wf.yaml") -> str:
@@ -213,6 +221,174 @@ def test_run_exit_status_and_timeout(tmp_path):
     assert time.monotonic() - t0 < 60
 
 
+# ----------------------------------------------------------------- words mpiexec must not read
+
+#: prints its rank in the launch (one rank a task: the task's index) and its arguments; no MPI
+#: (a program that never initializes MPI would leave MPI ones of the same launch waiting)
+PRINT_APP = (
+    "import json, os, sys; rank = os.environ.get('PMI_RANK', os.environ.get('OMPI_COMM_WORLD_RANK')); "
+    "sys.stdout.write('APP ' + json.dumps([int(rank), sys.argv[1:]]) + '\\n')"
+)
+
+
+def test_run_passes_colons_and_options_to_the_command(tmp_path):
+    """':' in a command was mpiexec's section separator: it started 'echo pwned' as a task of its
+    own and shifted the numbering of the tasks after it; 'prog --select :' did not start."""
+    _skip_without_mpiexec()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    hello = bin_dir / "hello"
+    hello.write_text('#!/bin/sh\necho "HELLO $*"\n')
+    hello.chmod(0o755)
+    path = write(
+        tmp_path,
+        {
+            "tasks": [
+                {
+                    "name": "a",
+                    "command": ["python", "-c", PRINT_APP, "x", ":", "-n", "1", "echo", "pwned"],
+                    "ranks": 1,
+                },
+                {
+                    "name": "b",
+                    "command": f"python -c {shlex.quote(PRINT_APP)} --select :",
+                    "ranks": 1,
+                },
+                {
+                    "name": "c",
+                    "command": "hello -genv A B :",
+                    "ranks": 1,
+                    "env": {"PATH": str(bin_dir)},
+                },
+            ]
+        },
+    )
+    res = mu.check(lamina_run(path), None)
+    got = sorted(json.loads(line) for line in res.lines("APP "))
+    assert got == [[0, ["x", ":", "-n", "1", "echo", "pwned"]], [1, ["--select", ":"]]], (
+        res.describe()
+    )
+    assert res.lines("HELLO") == ["-genv A B :"], res.describe()
+    assert "pwned" not in res.stdout.replace('"pwned"', ""), res.describe()
+
+
+def test_run_refuses_a_leading_genv_and_missing_programs(tmp_path):
+    """A command starting with -genv set variables of the whole job (the docs say they come from
+    the file only); now it is a program name, which does not exist: nothing starts."""
+    _skip_without_mpiexec()
+    marker = tmp_path / "started"
+    touch = ["python", "-c", f"open({str(marker)!r}, 'w').close()"]
+    path = write(
+        tmp_path,
+        {
+            "transport": "memory",
+            "tasks": [
+                {"name": "ok", "command": touch, "ranks": 1},
+                {
+                    "name": "sneaky",
+                    "command": ["-genv", "LAMINA_TRANSPORT", "file", *touch],
+                    "ranks": 1,
+                },
+            ],
+        },
+    )
+    res = lamina_run(path)
+    assert res.returncode == 2, res.describe()
+    assert res.stderr.strip() == (
+        f"lamina run: error: {path}: task 'sneaky' (tasks[1]): command: "
+        "program '-genv' is not found on PATH"
+    ), res.describe()
+    assert not marker.exists()  # nothing started, not even the other task
+
+
+def test_check_programs(tmp_path):
+    (tmp_path / "sub").mkdir()
+    script = tmp_path / "sub" / "run.sh"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    data = tmp_path / "sub" / "data.txt"
+    data.write_text("x")
+    path = write(
+        tmp_path,
+        {
+            "tasks": [
+                {"name": "py", "command": "python -c pass", "ranks": 1},
+                {"name": "rel", "command": "./run.sh", "ranks": 1, "cwd": "sub"},
+                {"name": "path", "command": "sh -c true", "ranks": 1},
+                {"name": "gone", "command": "./missing.sh", "ranks": 1},
+                {"name": "plain", "command": "./data.txt", "ranks": 1, "cwd": "sub"},
+                {"name": "nowhere", "command": "no-such-program-here", "ranks": 1},
+                {"name": "ownpath", "command": "run.sh x", "ranks": 1, "env": {"PATH": "sub"}},
+            ]
+        },
+    )
+    wf = wr.load(path)
+    env = launcher.environment(wf)
+    errors = {e.task: e for e in launcher.check_programs(wf, env)}
+    assert sorted(errors) == ["'gone' (tasks[3])", "'nowhere' (tasks[5])", "'plain' (tasks[4])"]
+    assert (
+        errors["'gone' (tasks[3])"].reason == f"program './missing.sh' is not found in {tmp_path}"
+    )
+    assert errors["'plain' (tasks[4])"].reason == "program './data.txt' is not an executable file"
+    assert (
+        errors["'nowhere' (tasks[5])"].reason
+        == "program 'no-such-program-here' is not found on PATH"
+    )
+    assert all(e.field == "command" and e.path == path for e in errors.values())
+    # a relative PATH entry of the task's own env is relative to its directory (as for execvpe)
+    assert launcher.find_program("run.sh", str(tmp_path), "sub") == str(script)
+    assert launcher.find_program("run.sh", str(tmp_path), "/nonexistent") is None
+
+
+def _trampoline(env: dict, *args: str) -> mu.Result:
+    cmd = [*launcher.TRAMPOLINE, *args]
+    return mu.finish(mu.start(cmd, env=env), cmd, 60)
+
+
+def test_trampoline_runs_the_task(tmp_path):
+    """exec.py: the task's directory and variables, its command in place of itself."""
+    (tmp_path / "d").mkdir()
+    spec = exec_mod.encode(
+        "t",
+        ["sh", "-c", 'echo "$OWN|$(pwd)|$0|$1"', "a : b", "-genv"],
+        str(tmp_path / "d"),
+        {"OWN": "x y"},
+    )
+    res = _trampoline({"LAMINA_RUN_TASK_3": spec, "LAMINA_RUN_TASK_4": "stale"}, "3")
+    assert res.returncode == 0, res.describe()
+    assert res.stdout.strip() == f"x y|{tmp_path / 'd'}|a : b|-genv"
+    # its own variables are not passed on
+    spec = exec_mod.encode(
+        "t", ["sh", "-c", "env | grep -c LAMINA_RUN_TASK_ || true"], str(tmp_path), {}
+    )
+    res = _trampoline({"LAMINA_RUN_TASK_0": spec, "LAMINA_RUN_TASK_1": "x"}, "0")
+    assert res.stdout.strip() == "0", res.describe()
+    # the exit status is the command's own
+    spec = exec_mod.encode("t", ["sh", "-c", "exit 5"], str(tmp_path), {})
+    assert _trampoline({"LAMINA_RUN_TASK_0": spec}, "0").returncode == 5
+
+
+@pytest.mark.parametrize(
+    "env, args, status, words",
+    [
+        ({}, ["0"], 127, "LAMINA_RUN_TASK_0 is not set"),
+        ({"LAMINA_RUN_TASK_0": "[" * 5000}, ["0"], 127, "not JSON"),
+        ({"LAMINA_RUN_TASK_0": '{"name": "t"}'}, ["0"], 127, "name, argv, cwd and env"),
+        ({}, ["x"], 2, "usage"),
+        ({}, [], 2, "usage"),
+        (
+            {"LAMINA_RUN_TASK_0": exec_mod.encode("t", ["./nope"], "/", {})},
+            ["0"],
+            127,
+            "task 't': cannot run './nope' in /: No such file or directory",
+        ),
+    ],
+)
+def test_trampoline_failures(env, args, status, words):
+    res = _trampoline(env, *args)
+    assert res.returncode == status and words in res.stderr, res.describe()
+
+
 # ----------------------------------------------------------------- dry run and the launch line
 
 
@@ -244,10 +420,55 @@ tasks:
     assert "export LAMINA_WORKFLOW='sim.lam=0>1:latest | shallow=particles/*'" in out
     assert "export OMP_NUM_THREADS=1" in out
     assert "log.lam: written by sim, read by no task: stays a file" in out
-    assert f"-n 6 {sys.executable} sim.py --steps 10" in out
-    assert "\\\n  : -n 2 env 'A=x y' ./ana 'two words'" in out
+    # each task's command, quoted, in a comment a person reads ...
+    assert f"# task 0 sim: cd {tmp_path} && {sys.executable} sim.py --steps 10" in out
+    assert f"# task 1 analysis: cd {tmp_path} && env 'A=x y' ./ana 'two words'" in out
+    assert "#   warning: program './ana' is not found in" in out  # nothing named ana there
+    # ... and in the variable the launch reads
+    py = shlex.join(launcher.TRAMPOLINE)
+    assert "\nexport LAMINA_RUN_TASK_1='{" in out and '"argv":["./ana","two words"]' in out
+    assert f"-n 6 {py} 0 \\\n  : -n 2 {py} 1" in out
     assert cli.main(["run", path, "--dry-run", "--transport", "file"]) == 0
     assert "export LAMINA_TRANSPORT=file" in capsys.readouterr().out
+
+
+def test_dry_run_script_runs(tmp_path):
+    """The script --dry-run prints is the launch: run by sh, it gives the job's output."""
+    _skip_without_mpiexec()
+    (tmp_path / "sub").mkdir()
+    path = write(
+        tmp_path,
+        {
+            "env": {"SHARED": "all tasks"},
+            "tasks": [
+                {
+                    "name": "a",
+                    "command": ["python", "-c", PRINT_ARGS, "one :", ":", "-genv", "x y"],
+                    "ranks": 2,
+                },
+                {
+                    "name": "b",
+                    "command": ["python", "-c", PRINT_ARGS, "it's"],
+                    "ranks": 1,
+                    "cwd": "sub",
+                    "env": {"OWN": "b's"},
+                },
+            ],
+        },
+    )
+    res = lamina_run(path, "--dry-run")
+    assert res.returncode == 0, res.describe()
+    proc = mu.start(["sh", "-c", res.stdout])
+    out = mu.finish(proc, ["sh"], TIMEOUT)
+    assert out.returncode == 0, out.describe()
+    got = sorted(json.loads(line) for line in out.lines("ARGS "))
+    assert got == sorted(
+        [
+            [["one :", ":", "-genv", "x y"], str(tmp_path), "all tasks", None],
+            [["one :", ":", "-genv", "x y"], str(tmp_path), "all tasks", None],
+            [["it's"], str(tmp_path / "sub"), "all tasks", "b's"],
+        ]
+    ), out.describe()
 
 
 def test_command_and_environment(tmp_path, monkeypatch):
@@ -277,26 +498,36 @@ def test_command_and_environment(tmp_path, monkeypatch):
         },
     )
     wf = wr.load(path)
+    # only lamina's words on mpiexec's line: each section runs the trampoline with the task's index
+    py = list(launcher.TRAMPOLINE)
+    assert py[:2] == [sys.executable, "-I"] and py[2].endswith(os.path.join("workflow", "exec.py"))
     assert launcher.command(wf, "MPIEXEC") == [
         "MPIEXEC",
         "-n",
         "3",
-        sys.executable,
-        "a.py",
-        "x y",
+        *py,
+        "0",
         ":",
         "-n",
         "1",
-        "-wdir",
-        str(tmp_path / "sub"),
-        "env",
-        "K=2",
-        "prog",
-        "7",
-        "2.5",
+        *py,
+        "1",
     ]
     assert launcher.command(wf, "M", oversubscribe=True)[:2] == ["M", "--oversubscribe"]
     env = launcher.environment(wf)
+    # the trampoline's instructions: the command (python replaced), its directory, its own env
+    assert exec_mod.decode(env["LAMINA_RUN_TASK_0"]) == (
+        "a",
+        [sys.executable, "a.py", "x y"],
+        str(tmp_path),
+        {},
+    )
+    assert exec_mod.decode(env["LAMINA_RUN_TASK_1"]) == (
+        "b",
+        ["prog", "7", "2.5"],
+        str(tmp_path / "sub"),
+        {"K": "2"},
+    )
     assert (
         env["LAMINA_TRANSPORT"] == "both" and env["LAMINA_WORKFLOW"] == "a.lam=0>1 | queue_limit=4"
     )

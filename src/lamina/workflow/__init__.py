@@ -6,6 +6,8 @@
 * :mod:`.file` -- workflow files (YAML): the programs, their ranks and the
   names they write and read, checked, turned into ``LAMINA_WORKFLOW``;
 * :mod:`.launcher` -- one ``mpiexec A : B : C`` job for the tasks of a file;
+* :mod:`.exec` -- what each rank of that job runs: a task's command, read
+  from a variable, so that no word of the file is on ``mpiexec``'s line;
 * :mod:`.command` -- ``lamina run WORKFLOW.yaml``.
 """
 

@@ -15,7 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="lamina run",
         description=(
-            "Launch the tasks of a workflow file (YAML) as one MPMD job: mpiexec -n N1 CMD1 : -n N2 CMD2 ..., "
+            "Launch the tasks of a workflow file (YAML) as one MPMD job, a section of mpiexec per task, "
             "with LAMINA_TRANSPORT and LAMINA_WORKFLOW set so that the names tasks write and read travel "
             "in memory (docs/transport.md, 'Launching a workflow: lamina run')."
         ),
@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--dry-run",
         action="store_true",
-        help="print the command and the variables set; run nothing",
+        help="print an equivalent shell script (the variables, each task's command, the launch); run nothing",
     )
     p.add_argument(
         "--timeout",

@@ -1,10 +1,15 @@
 """Starting the tasks of a workflow file as one MPMD job, and stopping it.
 
-:func:`command` is the ``mpiexec -n N1 CMD1 : -n N2 CMD2 ...`` line (a
-section per task, task order being the MPI appnum), :func:`environment` the
-job's variables, :func:`script` an equivalent shell script (``lamina run
---dry-run``), :func:`run` the launch itself, killed whole on timeout, Ctrl-C
-or SIGTERM.
+The words of the workflow file never reach ``mpiexec``'s command line,
+where a ``:`` would start another program and a leading ``-genv`` would be
+an option of ``mpiexec`` itself.  :func:`command` is ``mpiexec -n N1 PY
+EXEC 0 : -n N2 PY EXEC 1 ...`` (a section per task, task order being the
+MPI appnum), where ``PY EXEC I`` is the small program :mod:`.exec`, which
+reads task I's command, directory and variables from ``LAMINA_RUN_TASK_<I>``
+(set by :func:`environment`) and replaces itself with the command.
+:func:`check_programs` finds every task's program before anything starts,
+:func:`script` is an equivalent shell script (``lamina run --dry-run``) and
+:func:`run` the launch itself, killed whole on timeout, Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -16,28 +21,70 @@ import subprocess
 import sys
 
 from .. import launch
+from . import exec as trampoline
 from . import routes as wfmod
-from .file import RESERVED_ENV, WorkflowFile
+from .file import RESERVED_ENV, WorkflowFile, WorkflowFileError
 
 #: a command starting with one of these runs under the Python that runs ``lamina run``
 PYTHONS = ("python", "python3")
+#: what each rank runs: this Python, isolated, on the trampoline's file (see :mod:`.exec`)
+TRAMPOLINE = (sys.executable, "-I", os.path.abspath(trampoline.__file__))
+#: longest ``NAME=value`` an environment variable may be (Linux: MAX_ARG_STRLEN, 32 pages)
+MAX_VARIABLE_BYTES = 128 * 1024
+
+
+def task_argv(words: tuple[str, ...] | list[str]) -> list[str]:
+    """A task's command as it runs: ``python``/``python3`` first becomes the running Python."""
+    out = list(words)
+    if out and out[0] in PYTHONS:
+        out[0] = sys.executable
+    return out
+
+
+def task_directory(wf: WorkflowFile, i: int) -> str:
+    """Where task *i* runs: its ``cwd``, else the workflow file's directory."""
+    return wf.tasks[i].cwd or wf.directory
+
+
+def task_variables(wf: WorkflowFile) -> dict[str, str]:
+    """``LAMINA_RUN_TASK_<I>`` for every task: what :mod:`.exec` runs on its ranks."""
+    out = {}
+    for i, t in enumerate(wf.tasks):
+        name = trampoline.PREFIX + str(i)
+        value = trampoline.encode(t.name, task_argv(t.command), task_directory(wf, i), t.env)
+        size = len(name) + 1 + len(value.encode("utf-8"))
+        if size > MAX_VARIABLE_BYTES:
+            raise WorkflowFileError(
+                wf.path,
+                f"the command and variables take {size} bytes, more than the "
+                f"{MAX_VARIABLE_BYTES} one environment variable may hold",
+                f"{t.name!r} (tasks[{i}])",
+                "command",
+            )
+        out[name] = value
+    return out
 
 
 def environment(wf: WorkflowFile, transport: str | None = None) -> dict[str, str]:
-    """The job's whole environment: ours without an outer launcher's, lamina importable, ``wf.variables()``."""
+    """The job's whole environment: ours without an outer launcher's, lamina importable,
+    ``wf.variables()`` and each task's ``LAMINA_RUN_TASK_<I>``."""
     env = launch.child_env()
     for k in RESERVED_ENV:
         env.pop(k, None)
+    for k in [k for k in env if k.startswith(trampoline.PREFIX)]:
+        del env[k]
     env.update(wf.variables(transport))
+    env.update(task_variables(wf))
     return env
 
 
 def command(wf: WorkflowFile, mpiexec: str, oversubscribe: bool = False) -> list[str]:
-    """``mpiexec -n N1 CMD1 : -n N2 CMD2 ...``: a section per task, in order.
+    """``mpiexec -n N1 PY EXEC 0 : -n N2 PY EXEC 1 ...``: a section per task, in order.
 
-    A task's ``cwd`` becomes ``-wdir DIR`` and its ``env`` an ``env NAME=VALUE``
-    prefix of its command; ``python``/``python3`` as the first word becomes
-    the running Python.  *oversubscribe* adds Open MPI's ``--oversubscribe``.
+    Only lamina's own words are on this line: each section runs
+    :data:`TRAMPOLINE` with the task's index, which runs the task's command
+    (from :func:`environment`) in the task's directory with its variables.
+    *oversubscribe* adds Open MPI's ``--oversubscribe``.
     """
     cmd = [mpiexec]
     if oversubscribe:
@@ -45,16 +92,45 @@ def command(wf: WorkflowFile, mpiexec: str, oversubscribe: bool = False) -> list
     for i, t in enumerate(wf.tasks):
         if i:
             cmd.append(":")
-        cmd += ["-n", str(t.ranks)]
-        if t.cwd is not None:
-            cmd += ["-wdir", t.cwd]
-        if t.env:
-            cmd += ["env", *(f"{k}={v}" for k, v in t.env.items())]
-        words = list(t.command)
-        if words[0] in PYTHONS:
-            words[0] = sys.executable
-        cmd += words
+        cmd += ["-n", str(t.ranks), *TRAMPOLINE, str(i)]
     return cmd
+
+
+def find_program(program: str, cwd: str, path: str | None) -> str | None:
+    """Where ``os.execvpe`` in *cwd* with ``PATH`` *path* finds *program*; None if nowhere.
+
+    A name with a ``/`` is relative to *cwd*; a bare name is looked up in
+    each directory of *path* (relative ones from *cwd*).
+    """
+    if os.sep in program:
+        candidates = [os.path.join(cwd, program)]
+    else:
+        dirs = (os.defpath if path is None else path).split(os.pathsep)
+        candidates = [os.path.join(cwd, d or os.curdir, program) for d in dirs]
+    for c in candidates:
+        if os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    return None
+
+
+def check_programs(wf: WorkflowFile, env: dict[str, str]) -> list[WorkflowFileError]:
+    """For each task whose program cannot be found (in its directory, on its ``PATH``), the error."""
+    errors = []
+    for i, t in enumerate(wf.tasks):
+        argv = task_argv(t.command)
+        cwd = task_directory(wf, i)
+        path = t.env.get("PATH", env.get("PATH"))
+        if find_program(argv[0], cwd, path) is not None:
+            continue
+        where = f"in {cwd}" if os.sep in argv[0] else "on PATH"
+        exists = os.path.exists(os.path.join(cwd, argv[0])) and os.sep in argv[0]
+        why = "is not an executable file" if exists else f"is not found {where}"
+        errors.append(
+            WorkflowFileError(
+                wf.path, f"program {argv[0]!r} {why}", f"{t.name!r} (tasks[{i}])", "command"
+            )
+        )
+    return errors
 
 
 def describe(wf: WorkflowFile, transport: str | None = None) -> list[str]:
@@ -87,14 +163,36 @@ def _flow_note(flow: int | None) -> str:
 def script(
     wf: WorkflowFile, cmd: list[str], env: dict[str, str], transport: str | None = None
 ) -> str:
-    """A shell script equivalent to the launch: ``cd``, the variables that differ from ours, the command."""
+    """A shell script equivalent to the launch.
+
+    ``cd``, the variables that differ from ours, then per task a comment
+    with what its ranks run (directory, variables, the command, quoted) and
+    the ``LAMINA_RUN_TASK_<I>`` that says it to :mod:`.exec`, then the
+    ``mpiexec`` line.  A program that cannot be found is noted.
+    """
     lines = describe(wf, transport)
     lines.append(f"cd {shlex.quote(wf.directory)}")
+    tasks = task_variables(wf)
     for k in sorted(set(os.environ) - set(env)):
         lines.append(f"unset {k}")
     for k, v in env.items():
-        if os.environ.get(k) != v:
+        if os.environ.get(k) != v and k not in tasks:
             lines.append(f"export {k}={shlex.quote(v)}")
+    lines.append(
+        f"# each rank of task I runs {shlex.join(TRAMPOLINE)} I, which runs the command in "
+        f"${trampoline.PREFIX}I (python -m lamina.workflow.exec I is the same)"
+    )
+    missing = {e.task: e for e in check_programs(wf, env)}
+    for i, t in enumerate(wf.tasks):
+        label = f"{t.name!r} (tasks[{i}])"
+        run = shlex.join(task_argv(t.command))
+        if t.env:
+            run = shlex.join(["env", *(f"{k}={v}" for k, v in t.env.items())]) + " " + run
+        lines.append(f"# task {i} {t.name}: cd {shlex.quote(task_directory(wf, i))} && {run}")
+        if label in missing:
+            lines.append(f"#   warning: {missing[label].reason}: the launch would stop here")
+        name = trampoline.PREFIX + str(i)
+        lines.append(f"export {name}={shlex.quote(tasks[name])}")
     sections: list[list[str]] = []
     cur: list[str] = []
     for word in cmd:
@@ -124,13 +222,18 @@ def run(
 ) -> int:
     """Launch the job, its output going to ours; returns its exit status.
 
+    Every task's program is looked for first (:func:`check_programs`): the
+    first one missing raises its WorkflowFileError and nothing starts.
     After *timeout* seconds, on Ctrl-C or on SIGTERM the whole job is killed
     (mpiexec and every rank) and 124, 130 or 143 returned.
     """
     exe = mpiexec or launch.find_mpiexec(required=True)
     assert exe is not None  # required: FileNotFoundError otherwise
-    cmd = command(wf, exe, oversubscribe=launch.is_open_mpi(exe))
     env = environment(wf, transport)
+    missing = check_programs(wf, env)
+    if missing:
+        raise missing[0]
+    cmd = command(wf, exe, oversubscribe=launch.is_open_mpi(exe))
     proc = subprocess.Popen(cmd, cwd=wf.directory, env=env, start_new_session=True)
     old = None
     try:
