@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lamina
+from lamina import codecs
 from lamina.catalog import (
     KIND_CLOSE,
     KIND_META,
@@ -46,8 +47,9 @@ from lamina.catalog import (
     Stats,
 )
 from lamina.catalog.model import decode_attr, decode_op
+from lamina.catalog.wire import load_json
 from lamina.engines.native import format as fmt
-from lamina.errors import FormatError
+from lamina.errors import CodecError, FormatError
 from lamina.geometry import Box
 from lamina.stats import crc
 
@@ -346,6 +348,57 @@ def test_read_metadata_random(meta_tail, commit_tail):
     commit = fmt.header(fmt.COMMIT_MAGIC, IDENTITY) + commit_tail
     r = guarded(read_metadata, meta, commit)
     assert isinstance(r, (Catalog, FormatError))
+
+
+# --------------------------------------------------------------------------
+# JSON and compressed blocks from a file: a value or a lamina error, within bounds
+
+
+@given(st.text(alphabet='[]{}"\\:,0123456789 aeNIn', max_size=4096))
+def test_load_json_random(text):
+    r = guarded(load_json, text, "json")
+    assert r is None or isinstance(r, (FormatError, int, float, str, list, dict))
+
+
+_BLOCK = np.random.default_rng(3).standard_normal(1000)
+_CODECS = {
+    "zstd": "zstd",
+    "blosc": "blosc",
+    "lz4": "lz4",
+    "zlib": "zlib",
+    "zfp accuracy": ("zfp", 1e-3),
+    "zfp rate": {"id": "zfpy", "rate": 8},
+    "zfp precision": {"id": "zfpy", "precision": 20},
+    "zstd then zlib": ["zstd", "zlib"],
+}
+
+
+def _decode_block(pipe, raw):
+    """pipe.decode(raw) as a block of _BLOCK's shape: its array or the CodecError, within limits."""
+    tracemalloc.start()
+    t0 = time.monotonic()
+    try:
+        return pipe.decode(raw, _BLOCK.dtype, _BLOCK.shape, "block")
+    except CodecError as e:
+        return e
+    finally:
+        elapsed = time.monotonic() - t0
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert peak < 4 * _BLOCK.nbytes + (1 << 20), f"decode allocated {peak} bytes"
+        assert elapsed < TIME_LIMIT
+
+
+@pytest.mark.parametrize("name", list(_CODECS))
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_codec_payload_mutated(name, data):
+    pipe = codecs.pipeline(codecs.normalize(_CODECS[name], _BLOCK.dtype, 1))
+    bad = data.draw(mutated(pipe.encode(_BLOCK)))
+    r = _decode_block(pipe, bad)
+    assert isinstance(r, CodecError) or (r.shape == _BLOCK.shape and r.dtype == _BLOCK.dtype)
 
 
 # --------------------------------------------------------------------------
