@@ -266,4 +266,4 @@ def test_summarize_agrees_with_compute(dtype, rng):
 def test_summarize_refuses_empty_blocks():
     with pytest.raises(ValueError, match="non-empty"):
         summarize([np.ones(3), np.ones(0)])
-    assert len(summarize([]).min) == 0
+    assert len(summarize([]).mins) == 0

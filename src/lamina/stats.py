@@ -158,25 +158,27 @@ def compute(
 
 
 class Summary(NamedTuple):
-    """Statistics of many blocks as columns (block i: ``min[i]``, ``max[i]``, ...), and their checksums."""
+    """Statistics of many blocks as columns (block i: ``mins[i]``, ``maxs[i]``, ...), and their checksums."""
 
-    min: np.ndarray  # int64 (signed), uint64 (unsigned, bool) or float64 (float; complex: of |z|)
-    max: np.ndarray
-    sum: np.ndarray  # float64, complex128 for complex data
-    count: np.ndarray  # int64
+    mins: np.ndarray  # int64 (signed), uint64 (unsigned, bool) or float64 (float; complex: of |z|)
+    maxs: np.ndarray
+    sums: np.ndarray  # float64, complex128 for complex data
+    counts: np.ndarray  # int64
     crcs: list[tuple[int, ...]]  # one CRC-32C per block (empty tuples without checksums)
 
     def stats(self, i: int) -> Stats:
         """Block *i*'s statistics as a :class:`~lamina.catalog.Stats`."""
-        kind = self.min.dtype.kind
+        kind = self.mins.dtype.kind
         if kind in "iu":
-            return Stats(int(self.min[i]), int(self.max[i]), float(self.sum[i]), int(self.count[i]))
-        s = self.sum[i]
+            return Stats(
+                int(self.mins[i]), int(self.maxs[i]), float(self.sums[i]), int(self.counts[i])
+            )
+        s = self.sums[i]
         return Stats(
-            float(self.min[i]),
-            float(self.max[i]),
+            float(self.mins[i]),
+            float(self.maxs[i]),
             complex(s) if np.iscomplexobj(s) else float(s),
-            int(self.count[i]),
+            int(self.counts[i]),
         )
 
 
