@@ -267,3 +267,10 @@ def covered_volume(boxes: Iterable[Box], within: Box) -> int:
         if c is not None:
             total += c.size
     return total
+
+
+def find_overlap_arrays(lo: np.ndarray, hi: np.ndarray) -> tuple[int, int] | None:
+    """:func:`find_overlap` of boxes given as ``(n, ndim)`` corner arrays (box k: ``[lo[k], hi[k])``)."""
+    n = len(lo)
+    boxes = [Box(tuple(int(v) for v in lo[i]), tuple(int(v) for v in hi[i])) for i in range(n)]
+    return find_overlap(boxes)
