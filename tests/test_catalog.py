@@ -27,8 +27,10 @@ from lamina.catalog import (
     Record,
     Stats,
     check_dtype,
+    decode_packed,
     normalize_attr,
     normpath,
+    pack,
     parent,
     present_attr,
     subfile_name,
@@ -553,14 +555,34 @@ def full_record(kind=KIND_STEP, step=0):
         ),
         BlockRecord(2, Box((), ()), length=16, crcs=(14,), stats=Stats(1.0, 1.0, 1 + 0j, 1)),
     ]
-    return Record(kind, step, session=2, nranks=2, time=1234.5, ops=ops, blocks=blocks), specs
+    rec = Record.of_blocks(kind, step, blocks, specs, session=2, nranks=2, time=1234.5, ops=ops)
+    return rec, specs, blocks
 
 
-def test_record_round_trip_and_catalog():
-    rec, specs = full_record()
-    raw = rec.encode(specs)
+def encode(rec, specs, version):
+    """A record as the transports ship it (version 3: head and area packed) or as version 2 stores it."""
+    head, area = rec.encode(specs, version)
+    return pack(head, area) if version >= 3 else head
+
+
+def decode(raw, cat, version, apply_ops=True):
+    """(record, step blocks or None) of what :func:`encode` made."""
+    if version >= 3:
+        return decode_packed(raw, cat, "record", apply_ops)
+    rec = Record.decode(raw, cat, "record", apply_ops, version=version)
+    return rec, (rec.step_blocks(None, "record") if rec.kind == KIND_STEP else None)
+
+
+def all_blocks(blocks, specs) -> list[BlockRecord]:
+    return [r for d in blocks.datasets() for r in blocks.table(specs[d]).records(d)]
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_record_round_trip_and_catalog(version):
+    rec, specs, blocks = full_record()
+    raw = encode(rec, specs, version)
     cat = Catalog()
-    out = Record.decode(raw, cat)
+    out, got = decode(raw, cat, version)
     assert (
         out.kind == KIND_STEP
         and out.step == 0
@@ -568,10 +590,11 @@ def test_record_round_trip_and_catalog():
         and out.nranks == 2
         and out.time == 1234.5
     )
-    assert out.blocks == rec.blocks
+    assert all_blocks(got, cat.specs) == blocks
     assert len(out.ops) == len(rec.ops)
-    assert out.encode(cat.specs) == raw  # re-encoding is byte-identical
-    cat.apply_record(out, ops_applied=True)
+    if version < 3:
+        assert encode(out, cat.specs, version) == raw  # re-encoding is byte-identical
+    cat.apply_record(out, ops_applied=True, blocks=got)
     assert cat.steps and len(cat.steps) == 1
     assert (
         cat.kind_of("a") == "dataset"
@@ -592,47 +615,69 @@ def test_record_round_trip_and_catalog():
     assert cat.last_session == 2 and not cat.closed
 
 
-def test_record_kinds_and_order():
-    rec, specs = full_record()
+@pytest.mark.parametrize("version", [2, 3])
+def test_record_kinds_and_order(version):
+    rec, specs, _ = full_record()
     cat = Catalog()
-    cat.apply_record(Record.decode(rec.encode(specs), cat), ops_applied=True)
-    meta = Record(KIND_META, -1, session=3, ops=[(OP_ATTR, "", "more", 1.0)])
-    cat.apply_record(Record.decode(meta.encode(cat.specs), cat), ops_applied=True)
+
+    def apply(r):
+        out, got = decode(encode(r, cat.specs, version), cat, version)
+        cat.apply_record(out, ops_applied=True, blocks=got)
+
+    out, got = decode(encode(rec, specs, version), cat, version)
+    cat.apply_record(out, ops_applied=True, blocks=got)
+    apply(Record(KIND_META, -1, session=3, ops=[(OP_ATTR, "", "more", 1.0)]))
     assert cat.attrs[""]["more"] == 1.0 and len(cat.steps) == 1
-    close = Record(KIND_CLOSE, -1, session=3)
-    cat.apply_record(Record.decode(close.encode(cat.specs), cat), ops_applied=True)
+    apply(Record(KIND_CLOSE, -1, session=3))
     assert cat.closed and cat.nrecords == 3 and cat.last_session == 3
     # a step record out of order
-    bad = Record(KIND_STEP, 5, session=3)
     with pytest.raises(FormatError, match="out of order"):
-        cat.apply_record(Record.decode(bad.encode(cat.specs), cat), ops_applied=True)
+        apply(Record(KIND_STEP, 5, session=3))
 
 
-def test_record_decode_without_applying_ops():
-    rec, specs = full_record()
-    raw = rec.encode(specs)
+@pytest.mark.parametrize("version", [2, 3])
+def test_record_decode_without_applying_ops(version):
+    rec, specs, blocks = full_record()
+    raw = encode(rec, specs, version)
     cat = Catalog()
     for op in rec.ops:
         cat.apply_op(op)
-    out = Record.decode(raw, cat, apply_ops=False)
-    assert out.blocks == rec.blocks
+    out, got = decode(raw, cat, version, apply_ops=False)
+    assert all_blocks(got, cat.specs) == blocks
     assert len(cat.specs) == 3
 
 
 def test_record_decode_errors():
-    rec, specs = full_record()
-    raw = rec.encode(specs)
+    rec, specs, blocks = full_record()
+    head, area = rec.encode(specs)
     with pytest.raises(FormatError, match="unknown record kind 9"):
-        Record.decode(b"\x09" + raw[1:], Catalog())
+        Record.decode(b"\x09" + head[1:], Catalog())
     with pytest.raises(FormatError, match="trailing"):
-        Record.decode(raw + b"\x00", Catalog())
-    for n in (0, 1, len(raw) // 2, len(raw) - 1):
+        Record.decode(head + b"\x00", Catalog())
+    for n in (0, 1, len(head) // 2, len(head) - 1):
         with pytest.raises(FormatError):
-            Record.decode(raw[:n], Catalog())
+            Record.decode(head[:n], Catalog())
     # blocks that refer to a dataset never defined
-    blocks_only = Record(KIND_STEP, 0, blocks=rec.blocks[:1])
-    with pytest.raises(FormatError, match="dataset id 0"):
-        Record.decode(blocks_only.encode(specs), Catalog())
+    blocks_only = Record.of_blocks(KIND_STEP, 0, blocks[:1], specs)
+    for version in (2, 3):
+        with pytest.raises(FormatError, match="dataset id 0"):
+            Record.decode(blocks_only.encode(specs, version)[0], Catalog(), version=version)
+    # an area that does not match its head
+    cat = Catalog()
+    with pytest.raises(FormatError, match="block area of"):
+        decode_packed(pack(head, area[:-1]), cat, "record")
+    bad = bytearray(area)
+    bad[20] ^= 1
+    out, got = decode_packed(pack(head, bytes(bad)), Catalog(), "record")
+    with pytest.raises(FormatError, match="checksum"):
+        all_blocks(got, specs)
+    # a meta record may not carry blocks
+    meta = Record.of_blocks(KIND_META, -1, blocks, specs)
+    with pytest.raises(FormatError, match="meta record holds blocks"):
+        cat = Catalog()
+        for op in rec.ops:
+            cat.apply_op(op)
+        Record.decode(meta.encode(specs)[0], cat)
 
 
 def test_catalog_apply_op_inconsistencies():

@@ -39,12 +39,15 @@ from lamina.catalog import (
     OP_EXT,
     OP_GROUP,
     BlockRecord,
+    BlockTable,
     Catalog,
     DatasetSpec,
     Decoder,
     Encoder,
     Record,
     Stats,
+    decode_packed,
+    pack,
 )
 from lamina.catalog.model import decode_attr, decode_op
 from lamina.catalog.wire import load_json
@@ -89,8 +92,8 @@ def _specs():
     ]
 
 
-def _records() -> list[tuple[bytes, int]]:
-    """Encoded records of every kind; the int is how many specs precede the record."""
+def _records() -> list[tuple[Record, list[BlockRecord]]]:
+    """Records of every kind, each with its blocks as BlockRecord objects."""
     specs = _specs()
     r0 = Record(
         KIND_STEP,
@@ -107,110 +110,122 @@ def _records() -> list[tuple[bytes, int]]:
             (OP_ATTR, "fields", "origin", np.array([[1.5, 2.5]], dtype="f4")),
             (OP_EXT, "ext/key", b"\x00" * 5),
         ],
-        blocks=[
-            BlockRecord(
-                0,
-                Box((0, 0), (8, 8)),
-                0,
-                0,
-                0,
-                0,
-                512,
-                0,
-                0,
-                (crc(b"a"),),
-                Stats(0.0, 9.0, 3.0, 64),
-            ),
-            BlockRecord(
-                0,
-                Box((8, 0), (16, 8)),
-                1,
-                0,
-                0,
-                512,
-                512,
-                0,
-                0,
-                (crc(b"b"),),
-                Stats(1.0, 2.0, 3.0, 64),
-            ),
-            BlockRecord(
-                1,
-                Box((0,), (40,)),
-                0,
-                0,
-                0,
-                1024,
-                600_000,
-                1,
-                1 << 18,
-                (1, 2, 3),
-                Stats(-4, 12, 30.0, 40),
-            ),
-        ],
     )
+    b0 = [
+        BlockRecord(
+            0, Box((0, 0), (8, 8)), 0, 0, 0, 0, 512, 0, 0, (crc(b"a"),), Stats(0.0, 9.0, 3.0, 64)
+        ),
+        BlockRecord(
+            0, Box((8, 0), (16, 8)), 1, 0, 0, 512, 512, 0, 0, (crc(b"b"),), Stats(1.0, 2.0, 3.0, 64)
+        ),
+        BlockRecord(
+            1,
+            Box((0,), (40,)),
+            0,
+            0,
+            0,
+            1024,
+            600_000,
+            1,
+            1 << 18,
+            (1, 2, 3),
+            Stats(-4, 12, 30.0, 40),
+        ),
+    ]
     r1 = Record(
         KIND_STEP,
         1,
         session=0,
         ops=[(OP_DATASET, specs[2]), (OP_DATASET, specs[3]), (OP_DELATTR, "", "title")],
-        blocks=[
-            BlockRecord(
-                2,
-                Box((0, 0), (3, 2)),
-                length=48,
-                crcs=(7,),
-                stats=Stats(0.5, 3.0, complex(1, -1), 6),
-            ),
-            BlockRecord(3, Box((), ()), length=1, crcs=(9,), stats=Stats(1, 1, 1.0, 1)),
-            BlockRecord(1, Box((5,), (5,)), length=0, crcs=(0,), stats=None),
-        ],
     )
+    b1 = [
+        BlockRecord(
+            2, Box((0, 0), (3, 2)), length=48, crcs=(7,), stats=Stats(0.5, 3.0, complex(1, -1), 6)
+        ),
+        BlockRecord(3, Box((), ()), length=1, crcs=(9,), stats=Stats(1, 1, 1.0, 1)),
+        BlockRecord(1, Box((5,), (5,)), length=0, crcs=(0,), stats=None),
+    ]
     r2 = Record(KIND_META, -1, session=1, ops=[(OP_ATTR, "c", "x", 3)])
     r3 = Record(KIND_CLOSE, -1, session=1)
     out = []
     cat = Catalog()
-    for i, r in enumerate((r0, r1, r2, r3)):
+    for r, blocks in ((r0, b0), (r1, b1), (r2, []), (r3, [])):
         before = len(cat.specs)
         for op in r.ops:
             cat.apply_op(op)
-        out.append((r.encode(cat.specs), before, i))
+        by: dict[int, list[BlockRecord]] = {}
+        for b in blocks:
+            by.setdefault(b.dataset, []).append(b)
+        r.tables = {d: BlockTable.from_records(bs, cat.specs[d]) for d, bs in by.items()}
+        out.append((r, list(cat.specs), before))
     return out
 
 
-RECORDS = _records()
+_RECS = _records()
+
+
+def _encodings(version: int) -> list[tuple[bytes, bytes, int, int, int]]:
+    """(head, area, specs before, index, version) of every record in format *version* (no area before 3)."""
+    return [
+        (*r.encode(specs, version), before, i, version)
+        for i, (r, specs, before) in enumerate(_RECS)
+    ]
+
+
+RECORDS = _encodings(3)
+RECORDS_V2 = _encodings(2)
 SPECS = _specs()
 
 
 IDENTITY = 0x1234_5678_9ABC
 
 
-def _file_bytes(payloads: list[bytes]) -> tuple[bytes, bytes]:
-    """(lamina.meta, lamina.commit) exactly as the native engine writes them."""
+def _file_bytes() -> tuple[bytes, bytes]:
+    """(lamina.meta, lamina.commit) exactly as the native engine writes them: each step's block
+    area, then its record's frame, then the commit entry."""
     meta = bytearray(fmt.header(fmt.META_MAGIC, IDENTITY))
     commit = bytearray(fmt.header(fmt.COMMIT_MAGIC, IDENTITY))
-    for i, p in enumerate(payloads):
-        framed = fmt.frame(p)
-        commit += fmt.entry(i, len(meta), len(framed), crc(p))
+    for i, (rec, specs, _) in enumerate(_RECS):
+        head, area = rec.encode(specs, 3, area_offset=len(meta))
+        meta += area
+        framed = fmt.frame(head)
+        commit += fmt.entry(i, len(meta), len(framed), crc(head))
         meta += framed
     return bytes(meta), bytes(commit)
 
 
-META, COMMIT = _file_bytes([r for r, _, _ in RECORDS])
+META, COMMIT = _file_bytes()
 
 
 def read_metadata(meta: bytes, commit: bytes) -> Catalog:
-    """The native engine's metadata path, on bytes: commit entries -> frames -> records -> catalog."""
+    """The native engine's metadata path, on bytes: commit entries -> frames -> records -> catalog,
+    then every step's blocks decoded from its area."""
     entries, valid_end, head = fmt.parse_commits(commit, len(meta), "commit")
     assert head.size <= valid_end <= len(commit)
     mhead = fmt.check_header(meta[: fmt.HEADER_SIZE], fmt.META_MAGIC, "meta")
     assert (mhead.version, mhead.identity) == (head.version, head.identity)
     cat = Catalog()
+    prev = head.size
     for e in entries:
         payload = fmt.parse_frame(meta[e.offset : e.offset + e.length], e, "meta")
         rec = Record.decode(payload, cat, "record")
-        cat.apply_record(rec, ops_applied=True)
+        if rec.area_length and not (
+            prev <= rec.area_offset and rec.area_offset + rec.area_length <= e.offset
+        ):
+            raise FormatError("record: block area outside its place")
+        base = rec.area_offset
+        cat.apply_record(
+            rec, True, rec.step_blocks(lambda o, n, b=base: meta[b + o : b + o + n], "record")
+        )
+        prev = e.offset + e.length
+    for k in range(len(cat.steps)):
+        step_tables(cat, k)
     return cat
+
+
+def step_tables(cat: Catalog, k: int) -> dict[int, bytes]:
+    """Every table of step *k*, encoded (to compare steps)."""
+    return {d: cat.steps[k].table(cat.specs[d]).encode() for d in cat.steps[k].datasets()}
 
 
 def test_seed_files_are_valid():
@@ -255,16 +270,27 @@ def mutated(draw, base: bytes):
     return bytes(buf)
 
 
-record_and_catalog = st.sampled_from(RECORDS)
+record_and_catalog = st.sampled_from(RECORDS + RECORDS_V2)
 
 
-def _decode_with_prefix(raw: bytes, before: int, index: int):
+def decode_full(head: bytes, area: bytes, cat: Catalog, version: int = 3) -> Record:
+    """Decode a record and every block table of its step (what a reader does, over time)."""
+    if version <= 2:
+        return Record.decode(head, cat, "record", version=version)
+    rec, blocks = decode_packed(pack(head, area), cat, "record")
+    if blocks is not None:
+        for d in blocks.datasets():
+            blocks.table(cat.specs[d])
+    return rec
+
+
+def _decode_with_prefix(head: bytes, area: bytes, before: int, index: int, version: int):
     """Decode a (possibly mutated) record with the catalog state it was encoded against."""
     cat = Catalog()
-    for r, _, _ in RECORDS[:index]:
-        Record.decode(r, cat)
+    for h, _, _, _, _ in RECORDS[:index]:
+        Record.decode(h, cat)
     assert len(cat.specs) == before
-    return Record.decode(raw, cat)
+    return decode_full(head, area, cat, version)
 
 
 # --------------------------------------------------------------------------
@@ -407,17 +433,40 @@ def test_codec_payload_mutated(name, data):
 
 @given(st.data())
 def test_record_decode_mutated(data):
-    raw, before, index = data.draw(record_and_catalog)
-    bad = data.draw(mutated(raw))
-    r = guarded(_decode_with_prefix, bad, before, index)
+    head, area, before, index, version = data.draw(record_and_catalog)
+    if area and data.draw(st.booleans()):
+        area = data.draw(mutated(area))
+    else:
+        head = data.draw(mutated(head))
+    r = guarded(_decode_with_prefix, head, area, before, index, version)
     assert isinstance(r, (Record, FormatError))
 
 
 @given(st.data())
 def test_record_decode_mutated_fresh_catalog(data):
-    raw, _, _ = data.draw(record_and_catalog)
-    r = guarded(Record.decode, data.draw(mutated(raw)), Catalog())
+    head, area, _, _, version = data.draw(record_and_catalog)
+    r = guarded(decode_full, data.draw(mutated(head)), area, Catalog(), version)
     assert isinstance(r, (Record, FormatError))
+
+
+@given(st.data())
+def test_block_section_mutated(data):
+    """The section decoder itself (behind its checksum): any mutation decodes to a table or FormatError."""
+    rec, specs, _ = data.draw(st.sampled_from([x for x in _RECS if x[0].tables]))
+    did = data.draw(st.sampled_from(sorted(rec.tables)))
+    raw = rec.tables[did].encode()
+    r = guarded(BlockTable.decode, data.draw(mutated(raw)), specs[did], "section")
+    assert isinstance(r, (BlockTable, FormatError))
+    if isinstance(r, BlockTable):  # whatever decodes is usable: boxes inside, records buildable
+        for i in range(len(r)):
+            r.record(i, did).box.check_inside(specs[did].shape)
+
+
+@given(st.binary(max_size=512))
+def test_block_section_random(buf):
+    for spec in SPECS:
+        r = guarded(BlockTable.decode, buf, spec, "section")
+        assert isinstance(r, (BlockTable, FormatError))
 
 
 @given(st.data())
@@ -472,7 +521,7 @@ def test_read_metadata_mutated(data):
         assert len(r.steps) <= 2
         good = read_metadata(META, COMMIT)
         for k in range(len(r.steps)):
-            assert r.steps[k] == good.steps[k]
+            assert step_tables(r, k) == step_tables(good, k)
     else:
         assert isinstance(r, FormatError)
 
@@ -498,16 +547,29 @@ def test_torn_last_commit_entry_is_ignored():
 def test_commit_entries_checked_against_meta():
     with pytest.raises(FormatError, match="lamina.meta has"):
         fmt.parse_commits(COMMIT, len(META) - 1)
-    # entries that are each valid but leave a gap between frames
+    # version 2: entries that are each valid but leave a gap between frames
     h = fmt.HEADER_SIZE
-    meta = fmt.header(fmt.META_MAGIC, IDENTITY) + fmt.frame(b"x") * 2
+    v2 = (fmt.header(fmt.META_MAGIC, IDENTITY, 2), fmt.header(fmt.COMMIT_MAGIC, IDENTITY, 2))
+    meta = v2[0] + fmt.frame(b"x") * 3
+    commit = v2[1] + fmt.entry(0, h, 13, crc(b"x")) + fmt.entry(1, h + 14, 13, crc(b"x"))
+    with pytest.raises(FormatError, match=f"expected offset {h + 13}"):
+        fmt.parse_commits(commit, len(meta))
+    # version 3 keeps block areas between frames: gaps are fine, going back is not
+    meta = fmt.header(fmt.META_MAGIC, IDENTITY) + fmt.frame(b"x") * 3
     commit = (
         fmt.header(fmt.COMMIT_MAGIC, IDENTITY)
         + fmt.entry(0, h, 13, crc(b"x"))
         + fmt.entry(1, h + 14, 13, crc(b"x"))
     )
-    with pytest.raises(FormatError, match=f"expected offset {h + 13}"):
+    assert len(fmt.parse_commits(commit, len(meta))[0]) == 2
+    commit = (
+        fmt.header(fmt.COMMIT_MAGIC, IDENTITY)
+        + fmt.entry(0, h, 13, crc(b"x"))
+        + fmt.entry(1, h + 12, 13, crc(b"x"))
+    )
+    with pytest.raises(FormatError, match=f"expected offset at least {h + 13}"):
         fmt.parse_commits(commit, len(meta))
+    meta = fmt.header(fmt.META_MAGIC, IDENTITY) + fmt.frame(b"x") * 2
     commit = (
         fmt.header(fmt.COMMIT_MAGIC, IDENTITY)
         + fmt.entry(0, h, 13, crc(b"x"))

@@ -134,10 +134,11 @@ def main() -> None:
     native._pwrite_all = pwrite
     orig_write_record = type(eng)._write_record
 
-    def write_record(self, raw):
-        orig_write_record(self, raw)
+    def write_record(self, rec):
+        shared = orig_write_record(self, rec)
         if armed["on"] and args.phase == "after_commit":
             stop("after_commit")
+        return shared
 
     type(eng)._write_record = write_record
 

@@ -1,5 +1,6 @@
-"""The metadata tree (groups, datasets, attributes, per-step block records) and its encoding."""
+"""The metadata tree (groups, datasets, attributes, per-step block tables) and its encoding."""
 
+from .blocks import BlockTable, Section, StepBlocks
 from .model import (
     KIND_CLOSE,
     KIND_META,
@@ -11,9 +12,7 @@ from .model import (
     OP_GROUP,
     BlockCodec,
     BlockRecord,
-    Catalog,
     DatasetSpec,
-    Record,
     Stats,
     check_dtype,
     normalize_attr,
@@ -22,6 +21,8 @@ from .model import (
     present_attr,
     subfile_name,
 )
+from .record import Record, decode_packed, pack
+from .tree import Catalog
 from .wire import Decoder, Encoder, load_json
 
 __all__ = [
@@ -35,16 +36,21 @@ __all__ = [
     "OP_GROUP",
     "BlockCodec",
     "BlockRecord",
+    "BlockTable",
     "Catalog",
     "DatasetSpec",
     "Decoder",
     "Encoder",
     "Record",
+    "Section",
     "Stats",
+    "StepBlocks",
     "check_dtype",
+    "decode_packed",
     "load_json",
     "normalize_attr",
     "normpath",
+    "pack",
     "parent",
     "present_attr",
     "subfile_name",

@@ -16,6 +16,8 @@ import re
 import struct
 from typing import Any
 
+import numpy as np
+
 from ..errors import FormatError
 
 _U8 = struct.Struct("<B")
@@ -78,6 +80,10 @@ class Encoder:
         self.u32(len(b))
         self._parts.append(b)
 
+    def array(self, a, dtype) -> None:
+        """The values of *a* as *dtype* (little-endian, C order), no length."""
+        self._parts.append(np.ascontiguousarray(a, dtype=np.dtype(dtype)).tobytes())
+
     def getvalue(self) -> bytes:
         return b"".join(self._parts)
 
@@ -128,6 +134,16 @@ class Decoder:
 
     def raw(self, n: int) -> bytes:
         return bytes(self._take(n))
+
+    def array(self, dtype, count: int) -> np.ndarray:
+        """*count* values of *dtype* (read-only, a view of the buffer)."""
+        dt = np.dtype(dtype)
+        if count < 0 or count * dt.itemsize > self.end - self.pos:
+            raise FormatError(
+                f"{self.what}: truncated at byte {self.pos}: need {count} values of {dt}, "
+                f"{self.end - self.pos} bytes left"
+            )
+        return np.frombuffer(self._take(count * dt.itemsize), dtype=dt, count=count)
 
     def blob(self, limit: int | None = None) -> bytes:
         n = self.u64()

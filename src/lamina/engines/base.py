@@ -18,14 +18,16 @@ This module imports no engine: the built-in ones register themselves in
 
 from __future__ import annotations
 
+import operator
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, overload
 
 import numpy as np
 
-from ..catalog import BlockCodec, BlockRecord, Catalog, DatasetSpec, Stats
+from ..catalog import BlockCodec, BlockRecord, BlockTable, Catalog, DatasetSpec, Stats
 from ..geometry import Box
 
 if TYPE_CHECKING:
@@ -46,6 +48,11 @@ class BlockInfo:
     rank: int
 
     @classmethod
+    def from_row(cls, t: BlockTable, i: int, spec: DatasetSpec) -> BlockInfo:
+        """Block *i* of a table."""
+        return cls.from_record(t.record(i, spec.id), spec)
+
+    @classmethod
     def from_record(cls, rec: BlockRecord, spec: DatasetSpec) -> BlockInfo:
         if rec.codec == BlockCodec.STATS_ONLY:
             codec = "stats-only"
@@ -63,6 +70,46 @@ class BlockInfo:
             codec,
             rec.rank,
         )
+
+
+class BlockInfos(Sequence[BlockInfo]):
+    """The blocks of a dataset at one step as a sequence of :class:`BlockInfo`, each built when used.
+
+    ``len()`` costs nothing; a step of many blocks builds an object only
+    for the blocks a program looks at.
+    """
+
+    __slots__ = ("table", "spec")
+
+    def __init__(self, table: BlockTable, spec: DatasetSpec) -> None:
+        self.table = table
+        self.spec = spec
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    @overload
+    def __getitem__(self, i: int) -> BlockInfo: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[BlockInfo]: ...
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        n = len(self.table)
+        k = operator.index(i)
+        if k < 0:
+            k += n
+        if not 0 <= k < n:
+            raise IndexError(f"block {i} out of range: {n} block(s)")
+        return BlockInfo.from_row(self.table, k, self.spec)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, BlockInfos | list | tuple):
+            return list(self) == list(other)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} block(s) of {self.spec.path!r}>"
 
 
 class Engine(ABC):
@@ -199,14 +246,20 @@ class Engine(ABC):
     def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
         """Independent: read *box* of dataset *name* at *step* into *out* (shape of box, dtype of the dataset)."""
 
-    def blocks(self, name: str, step: int) -> list[BlockInfo]:
-        """Independent: the blocks of *name* written in committed *step*."""
+    def blocks(self, name: str, step: int) -> Sequence[BlockInfo]:
+        """Independent: the blocks of *name* written in committed *step* (each built when used)."""
         spec = self.catalog.datasets[name]
-        return [BlockInfo.from_record(r, spec) for r in self.catalog.blocks(spec.id, step)]
+        return BlockInfos(self.catalog.steps[step].table(spec), spec)
+
+    def block_table(self, name: str, step: int) -> BlockTable:
+        """Independent: the blocks of *name* in committed *step* as columns (for queries and tools)."""
+        spec = self.catalog.datasets[name]  # (a reader's derived quantity has id -1: no blocks)
+        return self.catalog.steps[step].table(spec)
 
     def coverage(self, path: str, step: int | None) -> list[Box]:
         """Independent: the boxes of *path* that hold values at *step*; the rest reads as the fill value."""
-        return [b.box for b in self.blocks(path, self.check_step(step))]
+        t = self.block_table(path, self.check_step(step))
+        return [t.box(i) for i in range(len(t))]
 
     @property
     def bytes_read(self) -> int:
@@ -256,4 +309,4 @@ class Engine(ABC):
         return None
 
 
-__all__ = ["BlockInfo", "Engine"]
+__all__ = ["BlockInfo", "BlockInfos", "Engine"]

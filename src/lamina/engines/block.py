@@ -1,25 +1,33 @@
 """Logic shared by block-storing engines: definitions, validation, the step commit protocol, reads.
 
 :class:`BlockEngine` implements everything in the engine interface except
-where bytes live.  Subclasses provide four hooks:
+where bytes live.  Subclasses provide these hooks:
 
 ``_open_storage(path, mode)``   collective: create/open storage, load the catalog
-``_stage(p)``                   independent: take a :class:`Pending` block at put time
-``_move(headers, mine)``        collective: place every pending block; return locations
-``_write_record(raw)``          rank 0 only: make one metadata record durable
-``_read_region(rec, spec, inter, dst)``   independent: fill *dst* with *inter* of a block
+``_place(row, arr, copy)``      independent: a large raw block at put time: store it now or keep it
+``_seal(chunk)``                independent: a staging chunk is full (write it, or summarize it)
+``_move(heads)``                collective: place every block not placed yet; return where
+``_write_record(rec)``          rank 0 only: make one record durable; the bytes every rank applies
+``_apply_committed(shared)``    every rank: decode those bytes into the catalog
+``_read_blocks(...)``           independent: fill parts of an output array from blocks
 
-The commit of one step (``end_step``) is four collective phases:
+Blocks put in a step are rows of a :class:`~.staging.PutLog` (columns, no
+object per block); small raw blocks are copied into staging chunks and
+summarized a chunk at a time.  The commit of one step (``end_step``) is
+four collective phases, each moving whole columns:
 
-1. **headers**: every rank encodes its pending blocks (dataset, box, stored
-   length, codec) and a digest of its metadata changes; allgather.
+1. **heads**: every rank encodes its blocks (boxes, stored lengths,
+   codecs, locations, per dataset as arrays) and a digest of its metadata
+   changes; allgather.
 2. **validate** (same verdict on every rank, no messages): ranks agree on
-   definitions; no two boxes of one dataset overlap.
+   definitions; no two boxes of one dataset overlap (one sort-and-sweep
+   over the step's boxes, :func:`~lamina.geometry.find_overlap_arrays`).
 3. **move**: the engine moves block bytes to where they live (aggregators,
-   memory); statistics and checksums finish on the worker threads meanwhile.
-4. **commit**: trailers (statistics, checksums, locations) are gathered on
-   rank 0, which writes the record (data is already durable), then
-   broadcasts it; every rank applies it to its catalog.
+   memory); statistics and checksums finish on the worker thread meanwhile.
+4. **commit**: trailers (statistics, checksums, the base offset of each
+   rank's moved blocks) are gathered on rank 0, which builds the step's
+   :class:`~lamina.catalog.BlockTable` per dataset and writes the record
+   (data is already durable), then broadcasts it; every rank applies it.
 
 Any failure on any rank is propagated to all ranks (:func:`lamina.comm.agree`)
 so no rank is left waiting; a failed step is discarded and nothing committed
@@ -48,15 +56,19 @@ from ..catalog import (
     OP_GROUP,
     BlockCodec,
     BlockRecord,
+    BlockTable,
     Catalog,
     DatasetSpec,
     Decoder,
     Encoder,
     Record,
+    decode_packed,
     normalize_attr,
     normpath,
+    pack,
     parent,
 )
+from ..catalog.blocks import stat_dtype, sum_dtype
 from ..catalog.model import MAX_ATTR_BYTES, MAX_NDIM, decode_op, encode_op
 from ..errors import (
     CollectiveMismatchError,
@@ -71,8 +83,9 @@ from ..errors import (
     mark_collective,
     suggest,
 )
-from ..geometry import Box, find_overlap
+from ..geometry import Box, find_overlap_arrays
 from .base import Engine
+from .staging import SMALL, BoxIndex, Chunk, PutLog
 
 #: options every block engine takes
 COMMON_OPTIONS = frozenset({"checksum_segment", "background_stats", "wait"})
@@ -92,33 +105,57 @@ def wait_for(what: str, seconds: float, ready, missing):
         delay = min(delay * 2, 0.5)
 
 
-@dataclass(slots=True)
-class Pending:
-    """A block put in the current step and not yet committed."""
+class _Done:
+    """A statistics job finished at put: (statistics or None, checksums)."""
 
-    idx: int
-    spec: DatasetSpec
-    box: Box
-    data: np.ndarray | None  # array to store (copy or caller's buffer), None once stored
-    payload: bytes | None = None  # encoded bytes when the dataset has a codec
-    job: stats_mod.StatsJob | None = None  # statistics and checksums, set at put
-    length: int = 0
-    codec: int = BlockCodec.RAW
-    location: tuple[int, int, int] | None = None  # (session, agg, offset) once stored
-    extra: dict = field(default_factory=dict)
+    __slots__ = ("value",)
+
+    def __init__(self, value) -> None:
+        self.value = value
+
+    def result(self):
+        return self.value
 
 
 @dataclass(slots=True)
-class Header:
-    """What every rank learns about a pending block in phase 1."""
+class DatasetHead:
+    """One rank's blocks of one dataset in a step, as every rank learns them in phase 1."""
 
-    rank: int
-    idx: int
-    dataset: int
-    box: Box
-    length: int
-    codec: int
-    location: tuple[int, int, int] | None
+    start: np.ndarray  # (n, ndim) int64
+    stop: np.ndarray
+    length: np.ndarray  # int64
+    row: np.ndarray  # int64: the block's row in its rank's PutLog (put order)
+    codec: np.ndarray  # uint8
+    located: np.ndarray  # bool: placed at put time (location below)
+    session: np.ndarray  # uint32
+    agg: np.ndarray  # uint32
+    offset: np.ndarray  # int64
+
+
+@dataclass(slots=True)
+class StepHeads:
+    """What phase 1 gathers from every rank."""
+
+    digests: list[int] = field(default_factory=list)
+    ranks: list[dict[int, DatasetHead]] = field(
+        default_factory=list
+    )  # per rank: dataset id -> head
+
+    def unplaced(self, rank: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows and lengths of *rank*'s blocks still to be placed, in put order (the order they are sent)."""
+        rows, lengths = [], []
+        for h in self.ranks[rank].values():
+            m = ~h.located & (h.codec != BlockCodec.STATS_ONLY)
+            rows.append(h.row[m])
+            lengths.append(h.length[m])
+        if not rows:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        r, n = np.concatenate(rows), np.concatenate(lengths)
+        order = np.argsort(r, kind="stable")
+        return r[order], n[order]
+
+    def unplaced_bytes(self, rank: int) -> int:
+        return int(self.unplaced(rank)[1].sum())
 
 
 #: metadata operations any subset of ranks may make (merged at commit); the others are collective
@@ -183,11 +220,16 @@ class BlockEngine(Engine):
     """Common base of the memory and native engines (see module docstring)."""
 
     OPTIONS = COMMON_OPTIONS
+    #: whether blocks carry CRC-32C checksums (the memory transport's bytes are never stored)
+    CHECKSUMS = True
 
     def __init__(self) -> None:
         self.catalog = Catalog()
-        self._pending: list[Pending] = []
-        self._boxes: dict[int, tuple] = {}  # dataset id -> (starts, stops, count) put in this step
+        self._log = PutLog()  # the blocks of the current step on this rank
+        self._local: dict[int, BoxIndex] = {}  # dataset id -> this rank's boxes in this step
+        self._free_chunks: list[np.ndarray] = []  # staging buffers to use again
+        self._spec_cache: dict[str, DatasetSpec] = {}  # names as passed to put -> definitions
+        self._with_stats = True  # False: blocks carry no statistics (the memory transport's option)
         self._pending_ops: list[tuple] = []
         self._commit_ops: list[
             tuple
@@ -379,61 +421,113 @@ class BlockEngine(Engine):
         return len(self.catalog.steps)
 
     def lookup(self, name: str) -> DatasetSpec:
+        spec = self._spec_cache.get(name)
+        if spec is not None:
+            return spec
         path = normpath(name)
         spec = self.catalog.datasets.get(path)
         if spec is None:
             raise dataset_not_found(self.catalog, path)
+        self._spec_cache[name] = spec
         return spec
 
-    def put(self, name: str, box: Box, array: np.ndarray, copy: bool = True) -> None:
-        self._require_write(f"write dataset {name!r}")
+    def _prepare(self, name: str, box: Box, what: str) -> DatasetSpec:
+        """Checks common to put and put_stats; opens the implicit step."""
+        if self._closed or self.mode == "r":
+            self._require_write(f"{what} {name!r}")
         if not self._in_step:
             self._open_step()  # implicit step, committed by the next end_step or close
         spec = self.lookup(name)
-        box.check_inside(spec.shape, f"dataset {spec.path!r}")
+        shape = spec.shape
+        stop = box.stop
+        if len(stop) != len(shape) or any(b > n for b, n in zip(stop, shape, strict=True)):
+            box.check_inside(shape, f"dataset {spec.path!r}")
+        return spec
+
+    def _enter(self, spec: DatasetSpec, box: Box) -> BoxIndex:
+        """Enter *box* among this rank's boxes of *spec* in this step; OverlapError if it meets one.
+
+        The caller takes it out again (``pop``) if its put fails afterwards.
+        """
+        idx = self._local.get(spec.id)
+        if idx is None:
+            idx = self._local[spec.id] = BoxIndex(spec.ndim)
+        j = idx.insert(box.start, box.stop)
+        if j >= 0:
+            other = Box(idx.starts[j], idx.stops[j])
+            raise OverlapError(
+                f"dataset {spec.path!r}, step {len(self.catalog.steps)}: box {box} overlaps box {other} "
+                "already written by this rank in this step"
+            )
+        return idx
+
+    def put(self, name: str, box: Box, array: np.ndarray, copy: bool = True) -> None:
+        spec = self._prepare(name, box, "write dataset")
         arr = np.asarray(array)
-        if arr.shape != box.shape:
+        bshape = box.shape
+        if arr.shape != bshape:
             if arr.size == box.size and arr.ndim == 0:
-                arr = np.broadcast_to(arr, box.shape)
+                arr = np.broadcast_to(arr, bshape)
             else:
                 raise ShapeError(
-                    f"cannot write an array of shape {arr.shape} to box {box} (shape {box.shape}) of dataset {spec.path!r}"
+                    f"cannot write an array of shape {arr.shape} to box {box} (shape {bshape}) of dataset {spec.path!r}"
                 )
-        if arr.dtype != spec.dtype:
-            if arr.dtype.kind not in "biufc" or not np.can_cast(
-                arr.dtype, spec.dtype, casting="same_kind"
-            ):
+        dt = spec.dtype
+        if arr.dtype != dt:
+            if arr.dtype.kind not in "biufc" or not np.can_cast(arr.dtype, dt, casting="same_kind"):
                 raise DTypeError(
-                    f"cannot write {arr.dtype} data to dataset {spec.path!r} of dtype {spec.dtype} (unsafe cast)"
+                    f"cannot write {arr.dtype} data to dataset {spec.path!r} of dtype {dt} (unsafe cast)"
                 )
-            arr = arr.astype(spec.dtype)
+            arr = arr.astype(dt)
             copy = False  # astype already made a private copy
-        self._check_local_overlap(spec, box)
-        if box.empty:
+        if arr.size == 0:  # an empty box: nothing to store, nothing it could overlap
             return
         if not arr.flags.c_contiguous:
             arr = np.ascontiguousarray(arr)
             copy = False
-        p = Pending(len(self._pending), spec, box, arr)
-        pipe = codec_mod.pipeline(spec.codecs) if spec.codecs else None
-        if pipe is not None and pipe.finite_only and not np.isfinite(arr).all():
-            pipe = None  # zfp cannot represent NaN or inf (it would store other numbers): keep raw
-        if pipe is not None:
-            p.payload = pipe.encode(arr)
-            p.codec = BlockCodec.PIPELINE
-            p.length = len(p.payload)
-            if p.length >= arr.nbytes:  # incompressible: store raw, like ADIOS
-                p.payload, p.codec, p.length = None, BlockCodec.RAW, arr.nbytes
+        index = self._enter(spec, box)
+        try:
+            self._put(spec, box, arr, copy)
+        except BaseException:
+            index.pop()  # a put that failed wrote nothing: the box may be written again
+            raise
+
+    def _put(self, spec: DatasetSpec, box: Box, arr: np.ndarray, copy: bool) -> None:
+        log = self._log
+        start, stop = box.start, box.stop
+        nbytes = arr.nbytes
+        if spec.codecs:
+            pipe = codec_mod.pipeline(spec.codecs)
+            # zfp cannot represent NaN or inf (it would store other numbers): such blocks go raw
+            finite = not pipe.finite_only or bool(np.isfinite(arr).all())
+            payload = pipe.encode(arr) if finite else None
+            if payload is not None and len(payload) < nbytes:
+                st = stats_mod.compute(arr, 0, checksum=False)[0] if self._with_stats else None
+                crcs = stats_mod.segment_crcs(payload, self.segment) if self.CHECKSUMS else (0,)
+                loc = self._place_payload(payload)
+                log.add(
+                    spec.id,
+                    start,
+                    stop,
+                    len(payload),
+                    BlockCodec.PIPELINE,
+                    payload,
+                    _Done((st, crcs)),
+                    loc,
+                )
+                return
+            # incompressible (or not finite for zfp): stored raw, like ADIOS
+        if nbytes <= SMALL:
+            chunks = log.chunks
+            if chunks:
+                c = chunks[-1]
+                if not c.room(nbytes) and c.job is None and c.summaries is None:
+                    self._seal(c)
+            row = log.add(spec.id, start, stop, nbytes, BlockCodec.RAW)
+            log.stage(row, arr, self._new_chunk)
         else:
-            p.length = arr.nbytes
-        if p.codec == BlockCodec.PIPELINE:
-            p.job = stats_mod.BlockJob(arr, 0, checksum=False, background=False)
-            p.extra["crcs"] = stats_mod.segment_crcs(p.payload, self.segment)
-            p.data = None
-        else:
-            self._stage(p, copy)
-        self._pending.append(p)
-        self._record_local_box(spec, box)  # only now: a put that failed wrote nothing
+            payload, job, loc = self._place(spec, arr, copy)
+            log.add(spec.id, start, stop, nbytes, BlockCodec.RAW, payload, job, loc)
 
     def put_stats(self, name: str, box: Box, array: np.ndarray) -> None:
         """Independent: record the statistics of *array* as a block of *name* without storing its data.
@@ -443,60 +537,44 @@ class BlockEngine(Engine):
         its statistics.  Reading its values is up to a layer that can compute
         them (the derived layer).
         """
-        self._require_write(f"write statistics of dataset {name!r}")
-        if not self._in_step:
-            self._open_step()
-        spec = self.lookup(name)
-        box.check_inside(spec.shape, f"dataset {spec.path!r}")
+        spec = self._prepare(name, box, "write statistics of dataset")
         arr = np.asarray(array)
         if arr.shape != box.shape:
             raise ShapeError(
                 f"statistics of an array of shape {arr.shape} for box {box} (shape {box.shape}) of dataset {spec.path!r}"
             )
-        self._check_local_overlap(spec, box)
         if box.empty:
             return
-        p = Pending(len(self._pending), spec, box, None, codec=BlockCodec.STATS_ONLY, length=0)
-        p.job = stats_mod.BlockJob(
-            arr.astype(spec.dtype, copy=False), 0, checksum=False, background=False
+        index = self._enter(spec, box)
+        try:
+            st, _ = stats_mod.compute(arr.astype(spec.dtype, copy=False), 0, checksum=False)
+        except BaseException:
+            index.pop()
+            raise
+        self._log.add(
+            spec.id,
+            box.start,
+            box.stop,
+            0,
+            BlockCodec.STATS_ONLY,
+            None,
+            _Done((st, (0,))),
+            (self.session, 0, 0),  # nothing to move
         )
-        p.extra["crcs"] = (0,)
-        p.location = (self.session, 0, 0)  # nothing to move
-        self._pending.append(p)
-        self._record_local_box(spec, box)
 
-    def _check_local_overlap(self, spec: DatasetSpec, box: Box) -> None:
-        """OverlapError now if *box* overlaps a box this rank already put in this step.
+    def _new_chunk(self) -> Chunk:
+        if self._free_chunks:
+            buf = self._free_chunks.pop()
+            c = Chunk(0)
+            c.buf = buf
+            return c
+        return Chunk()
 
-        Vectorized over the rank's pending boxes of the dataset; overlaps across
-        ranks are found at end_step by one sweep over all boxes of the step.
-        """
-        if box.empty:
-            return
-        lo, hi, n = self._boxes.get(spec.id, (None, None, 0))
-        if n:
-            start = np.asarray(box.start, dtype=np.int64)
-            stop = np.asarray(box.stop, dtype=np.int64)
-            hit = np.all((lo[:n] < stop) & (hi[:n] > start), axis=1)
-            if hit.any():
-                j = int(np.argmax(hit))
-                other = Box(tuple(int(v) for v in lo[j]), tuple(int(v) for v in hi[j]))
-                raise OverlapError(
-                    f"dataset {spec.path!r}, step {len(self.catalog.steps)}: box {box} overlaps box {other} "
-                    "already written by this rank in this step"
-                )
-
-    def _record_local_box(self, spec: DatasetSpec, box: Box) -> None:
-        lo, hi, n = self._boxes.get(spec.id, (None, None, 0))
-        if lo is None or n == len(lo):
-            cap = max(16, 2 * n)
-            nlo = np.empty((cap, spec.ndim), dtype=np.int64)
-            nhi = np.empty((cap, spec.ndim), dtype=np.int64)
-            if n:
-                nlo[:n], nhi[:n] = lo[:n], hi[:n]
-            lo, hi = nlo, nhi
-        lo[n], hi[n] = box.start, box.stop
-        self._boxes[spec.id] = (lo, hi, n + 1)
+    def _recycle(self, c: Chunk) -> None:
+        """The bytes of *c* are stored: its buffer may take the next blocks (its statistics stay)."""
+        if len(c.buf) and len(self._free_chunks) < 4:
+            self._free_chunks.append(c.buf)
+        c.buf = np.empty(0, dtype=np.uint8)
 
     def end_step(self) -> None:
         self._require_write("end a step")
@@ -508,9 +586,12 @@ class BlockEngine(Engine):
         self._commit(KIND_STEP)
 
     # ---------------------------------------------------------- commit
-    def _encode_headers(self) -> bytes:
+    def _encode_heads(self) -> bytes:
         if self._put_error is not None:  # put could not store a block: the step cannot commit
             raise self._put_error
+        log = self._log
+        for c in log.chunks:  # the last chunk's statistics start now, while the heads travel
+            self._summarize(c)
         e = Encoder()
         ops = Encoder()
         for op in self._pending_ops:
@@ -523,127 +604,197 @@ class BlockEngine(Engine):
         for op in final:
             encode_op(attrs, op)
         e.blob(attrs.getvalue())
-        e.u32(len(self._pending))
-        for p in self._pending:
-            e.u32(p.idx)
-            e.u32(p.spec.id)
-            for a in p.box.start:
-                e.u64(a)
-            for b in p.box.stop:
-                e.u64(b)
-            e.u64(p.length)
-            e.u8(p.codec)
-            if p.location is None:
-                e.u8(0)
-            else:
-                e.u8(1)
-                for v in p.location:
-                    e.u64(v)
+        e.u32(len(log.rows))
+        for did, rows in log.rows.items():
+            nd = self.catalog.specs[did].ndim
+            n = len(rows)
+            e.u32(did)
+            e.u64(n)
+            e.array(np.array(log.starts[did], dtype=np.int64).reshape(n, nd), "<i8")
+            e.array(np.array(log.stops[did], dtype=np.int64).reshape(n, nd), "<i8")
+            e.array([log.length[r] for r in rows], "<i8")
+            e.array(rows, "<i8")
+            e.array([log.codec[r] for r in rows], "u1")
+            locs = [log.loc[r] for r in rows]
+            e.array([loc is not None for loc in locs], "u1")
+            placed = [loc or (0, 0, 0) for loc in locs]
+            e.array([loc[0] for loc in placed], "<u4")
+            e.array([loc[1] for loc in placed], "<u4")
+            e.array([loc[2] for loc in placed], "<i8")
         return e.getvalue()
 
-    def _decode_headers(self, raws: list[bytes]) -> tuple[list[int], list[Header]]:
-        digests, headers = [], []
+    def _decode_heads(self, raws: list[bytes]) -> StepHeads:
+        heads = StepHeads()
         changes: list[list[tuple]] = []
         for r, raw in enumerate(raws):
-            d = Decoder(raw, f"step headers from rank {r}")
-            digests.append(d.u32())
+            d = Decoder(raw, f"step heads from rank {r}")
+            heads.digests.append(d.u32())
             a = Decoder(d.blob(), f"attribute changes of rank {r}")
             changes.append([decode_op(a) for _ in range(a.count(2, name="changes"))])
-            for _ in range(d.count(18, name="blocks")):
-                idx, did = d.u32(), d.u32()
+            mine: dict[int, DatasetHead] = {}
+            for _ in range(d.count(12, name="datasets")):
+                did, n = d.u32(), d.u64()
                 if did >= len(self.catalog.specs):
                     raise CollectiveMismatchError(
                         f"rank {r} wrote dataset id {did}, unknown on rank {self.rank}"
                     )
                 nd = self.catalog.specs[did].ndim
-                box = Box(tuple(d.u64() for _ in range(nd)), tuple(d.u64() for _ in range(nd)))
-                length, codec = d.u64(), d.u8()
-                loc = (d.u64(), d.u64(), d.u64()) if d.u8() else None
-                headers.append(Header(r, idx, did, box, length, codec, loc))
+                mine[did] = DatasetHead(
+                    d.array("<i8", n * nd).reshape(n, nd),
+                    d.array("<i8", n * nd).reshape(n, nd),
+                    d.array("<i8", n),
+                    d.array("<i8", n),
+                    d.array("u1", n),
+                    d.array("u1", n).view(np.bool_),
+                    d.array("<u4", n),
+                    d.array("<u4", n),
+                    d.array("<i8", n),
+                )
+            heads.ranks.append(mine)
         # the record's metadata: the collective changes (the same on every rank, checked by
         # _validate), then the attribute changes any subset of ranks made, merged
         self._commit_ops = [op for op in self._pending_ops if op[0] not in ATTR_OPS]
         self._commit_ops += merge_attribute_changes(changes)
-        return digests, headers
+        return heads
 
-    def _validate(self, digests: list[int], headers: list[Header], step: int) -> None:
+    def _validate(self, heads: StepHeads, step: int) -> None:
+        digests = heads.digests
         bad = [r for r, dg in enumerate(digests) if dg != digests[0]]
         if bad:
             raise CollectiveMismatchError(
                 f"ranks {bad} made different metadata changes (create_dataset/create_group/attrs) "
                 "than rank 0 before this commit; collective calls need the same arguments on every rank"
             )
-        by_ds: dict[int, list[Header]] = {}
-        for h in headers:
-            by_ds.setdefault(h.dataset, []).append(h)
-        for did, hs in by_ds.items():
-            pair = find_overlap([h.box for h in hs])
+        if self.size == 1:
+            return  # one rank's boxes were tested against each other at put
+        dids = sorted({did for mine in heads.ranks for did in mine})
+        for did in dids:
+            parts = [(r, mine[did]) for r, mine in enumerate(heads.ranks) if did in mine]
+            if len(parts) < 2:
+                continue  # one rank's boxes were tested at put
+            lo = np.concatenate([h.start for _, h in parts])
+            hi = np.concatenate([h.stop for _, h in parts])
+            pair = find_overlap_arrays(lo, hi)
             if pair is not None:
-                a, b = hs[pair[0]], hs[pair[1]]
+                owner = np.concatenate([np.full(len(h.start), r) for r, h in parts])
+                i, j = pair
+                a = Box(tuple(lo[i].tolist()), tuple(hi[i].tolist()))
+                b = Box(tuple(lo[j].tolist()), tuple(hi[j].tolist()))
                 raise OverlapError(
-                    f"dataset {self.catalog.specs[did].path!r}, step {step}: box {a.box} written by rank "
-                    f"{a.rank} overlaps box {b.box} written by rank {b.rank}; boxes of one step may not overlap"
+                    f"dataset {self.catalog.specs[did].path!r}, step {step}: box {a} written by rank "
+                    f"{int(owner[i])} overlaps box {b} written by rank {int(owner[j])}; boxes of one "
+                    "step may not overlap"
                 )
 
-    def _encode_trailer(self, locations: list[tuple[int, int, int, int, int]]) -> bytes:
+    def _encode_trailer(self, bases: list[tuple[int, int, int, int]]) -> bytes:
+        """Statistics and checksums of this rank's blocks; where this rank placed other ranks' blocks."""
+        log = self._log
         e = Encoder()
-        e.u32(len(self._pending))
-        for p in self._pending:
-            assert p.job is not None  # every put sets it
-            st, crcs = p.job.result()
-            if p.codec != BlockCodec.RAW:
-                crcs = p.extra["crcs"]
-            e.u32(p.idx)
-            e.u64(self.segment)
-            e.u32(len(crcs))
-            for c in crcs:
-                e.u32(c)
-            if (
-                st is None
-            ):  # an engine that keeps no statistics (the memory transport with stats=False)
-                e.u8(0)
-            else:
-                e.u8(1)
-                st.encode(e, p.spec.dtype)
-        e.u32(len(locations))
-        for loc in locations:
-            for v in loc:
-                e.u64(v)
+        e.u32(len(bases))
+        for member, session, agg, base in bases:
+            e.u32(member)
+            e.u32(session)
+            e.u32(agg)
+            e.u64(base)
+        e.u32(len(log.rows))
+        for did in log.rows:
+            dt = self.catalog.specs[did].dtype
+            segs, crcs, has, smin, smax, ssum, count = log.stats_columns(
+                did, dt, self.segment, self.CHECKSUMS, self._with_stats
+            )
+            n = len(segs)
+            flat = [c for cs in crcs for c in cs]
+            e.u32(did)
+            e.u64(n)
+            e.u64(len(flat))
+            e.array(segs, "<i8")
+            e.array([len(c) for c in crcs], "<u4")
+            e.array(flat, "<u4")
+            e.array(has, "u1")
+            e.array(smin, stat_dtype(dt))
+            e.array(smax, stat_dtype(dt))
+            e.array(ssum, sum_dtype(dt))
+            e.array(count, "<i8")
         return e.getvalue()
 
     def _build_record(
-        self, kind: int, step: int, headers: list[Header], trailers: list[bytes]
+        self, kind: int, step: int, heads: StepHeads, trailers: list[bytes]
     ) -> Record:
-        from ..catalog.model import Stats
-
-        by_key = {(h.rank, h.idx): h for h in headers}
-        recs: dict[tuple[int, int], BlockRecord] = {}
-        for h in headers:
-            recs[(h.rank, h.idx)] = BlockRecord(
-                h.dataset, h.box, h.rank, length=h.length, codec=h.codec
-            )
-            if h.location is not None:
-                (
-                    recs[(h.rank, h.idx)].session,
-                    recs[(h.rank, h.idx)].agg,
-                    recs[(h.rank, h.idx)].offset,
-                ) = h.location
+        """Rank 0: the step's record, one table per dataset (rank by rank, each in put order)."""
+        # where each rank's unplaced blocks went: base offsets from the ranks that placed them
+        bases: dict[int, tuple[int, int, int]] = {}
+        stats: list[dict[int, tuple]] = []
         for r, raw in enumerate(trailers):
             d = Decoder(raw, f"step trailer from rank {r}")
-            for _ in range(d.count(16, name="blocks")):
-                idx = d.u32()
-                rec = recs[(r, idx)]
-                rec.seg = d.u64()
-                rec.crcs = tuple(d.u32() for _ in range(d.count(4, name="checksums")))
-                if d.u8():
-                    rec.stats = Stats.decode(d, self.catalog.specs[by_key[(r, idx)].dataset].dtype)
-            for _ in range(d.count(40, name="locations")):
-                src, idx, session, agg, off = (d.u64() for _ in range(5))
-                rec = recs[(src, idx)]
-                rec.session, rec.agg, rec.offset = session, agg, off
-        blocks = [recs[(h.rank, h.idx)] for h in headers]
+            for _ in range(d.count(20, name="bases")):
+                member, sess, ag, base = d.u32(), d.u32(), d.u32(), d.u64()
+                bases[member] = (sess, ag, base)
+            cols: dict[int, tuple] = {}
+            for _ in range(d.count(20, name="datasets")):
+                did, n, ncrcs = d.u32(), d.u64(), d.u64()
+                dt = self.catalog.specs[did].dtype
+                cols[did] = (
+                    d.array("<i8", n),
+                    d.array("<u4", n),
+                    d.array("<u4", ncrcs),
+                    d.array("u1", n).view(np.bool_),
+                    d.array(stat_dtype(dt), n),
+                    d.array(stat_dtype(dt), n),
+                    d.array(sum_dtype(dt), n),
+                    d.array("<i8", n),
+                )
+            stats.append(cols)
+        # offsets of moved blocks: the rank's stream of unplaced blocks (put order) from its base
+        moved: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for r in range(len(heads.ranks)):
+            rows, lengths = heads.unplaced(r)
+            if rows.size and r in bases:
+                offs = bases[r][2] + np.concatenate(([0], np.cumsum(lengths)[:-1]))
+                where = np.full(int(rows.max()) + 1, -1, dtype=np.int64)
+                where[rows] = offs
+                moved[r] = (where, np.array(bases[r][:2], dtype=np.int64))
+        tables: dict[int, BlockTable] = {}
+        dids = sorted({did for mine in heads.ranks for did in mine})
+        for did in dids:
+            spec = self.catalog.specs[did]
+            parts = []
+            for r, mine in enumerate(heads.ranks):
+                h = mine.get(did)
+                if h is None:
+                    continue
+                segs, ncrc, crcs, has, smin, smax, ssum, count = stats[r][did]
+                session = h.session.copy()
+                agg = h.agg.copy()
+                offset = h.offset.copy()
+                if r in moved:
+                    where, (s, a) = moved[r]
+                    m = ~h.located & (h.codec != BlockCodec.STATS_ONLY)
+                    offset[m] = where[h.row[m]]
+                    session[m], agg[m] = s, a
+                parts.append(
+                    BlockTable(
+                        spec.dtype,
+                        h.start,
+                        h.stop,
+                        rank=np.full(len(h.start), r, dtype=np.uint32),
+                        session=session,
+                        agg=agg,
+                        offset=offset,
+                        length=h.length,
+                        codec=h.codec,
+                        seg=segs,
+                        ncrc=ncrc,
+                        crcs=crcs,
+                        has_stats=has,
+                        smin=smin,
+                        smax=smax,
+                        ssum=ssum,
+                        count=count,
+                    )
+                )
+            tables[did] = BlockTable.concat(parts, spec.ndim, spec.dtype)
         return Record(
-            kind, step, self.session, self.size, time.time(), list(self._commit_ops), blocks
+            kind, step, self.session, self.size, time.time(), list(self._commit_ops), tables=tables
         )
 
     def _commit(self, kind: int) -> None:
@@ -652,35 +803,34 @@ class BlockEngine(Engine):
         try:
             g = comm_mod.Guard()
             with g:
-                local = self._encode_headers()
+                local = self._encode_heads()
             comm_mod.agree(self.comm, g.error)
             raws = comm_mod.allgather_bytes(self.comm, local)
-            digests, headers = self._decode_headers(raws)
-            self._validate(digests, headers, step)  # same verdict on every rank
+            heads = self._decode_heads(raws)
+            self._validate(heads, step)  # same verdict on every rank
 
             g = comm_mod.Guard()
-            locations: list = []
+            bases: list = []
             with g:
-                locations = self._move(headers, self._pending)
+                bases = self._move(heads)
             comm_mod.agree(self.comm, g.error)
 
             g = comm_mod.Guard()
             trailer = b""
             with g:
-                trailer = self._encode_trailer(locations)
+                trailer = self._encode_trailer(bases)
             comm_mod.agree(self.comm, g.error)
             trailers = comm_mod.gather_bytes(self.comm, trailer, root=0)
 
             g = comm_mod.Guard()
-            raw = None
+            shared = None
             with g:
                 if self.rank == 0:
                     assert trailers is not None  # gathered on rank 0
-                    rec = self._build_record(kind, step, headers, trailers)
-                    raw = rec.encode(self.catalog.specs)
-                    self._write_record(raw)
+                    rec = self._build_record(kind, step, heads, trailers)
+                    shared = self._write_record(rec)
             comm_mod.agree(self.comm, g.error)
-            raw = comm_mod.bcast_bytes(self.comm, raw, root=0)
+            shared = comm_mod.bcast_bytes(self.comm, shared, root=0)
         except Exception as e:
             # every error here is raised on all ranks alike (agree, or the same verdict)
             self.discard_step()
@@ -690,23 +840,31 @@ class BlockEngine(Engine):
                 self._undo_metadata()
             mark_collective(e)
             raise
-        rec = Record.decode(raw, self.catalog, "committed record", apply_ops=False)
+        rec, blocks = self._apply_committed(shared)
         for op in rec.ops:
             if op[0] in ATTR_OPS:  # other ranks' attribute changes; this rank's again (the same)
                 self.catalog.apply_op(op, "committed record")
-        self.catalog.apply_record(rec, ops_applied=True)
-        self._committed(raw)
-        self._pending.clear()
-        self._boxes.clear()
+        self.catalog.apply_record(rec, ops_applied=True, blocks=blocks)
+        self._committed(shared)
+        self._end_of_step()
         self._pending_ops.clear()
         self._commit_ops = []
         self._committed_cp = self.catalog.checkpoint()
         self._in_step = False
 
+    def _end_of_step(self) -> None:
+        """Forget this step's blocks (committed or discarded); buffers go back for the next step."""
+        for c in self._log.chunks:
+            if len(c.buf):
+                self._recycle(c)
+        self._log.clear()
+        self._local.clear()
+
     def _undo_metadata(self) -> None:
         """Forget the metadata changes made since the last commit, in the catalog too."""
         if self._pending_ops and self._committed_cp is not None:
             self.catalog.restore(self._committed_cp)
+            self._spec_cache.clear()
         self._pending_ops.clear()
         self._commit_ops = []
 
@@ -715,16 +873,19 @@ class BlockEngine(Engine):
         return self._closed
 
     def discard_step(self) -> None:
-        for p in self._pending:
-            if p.job is not None:
-                try:
-                    p.job.result()
-                except Exception:
-                    pass
-        self._pending.clear()
-        self._boxes.clear()
+        self._log.wait()
+        self._end_of_step()
         self._put_error = None
         self._in_step = False
+
+    def _summarize(self, c: Chunk) -> None:
+        """Start the statistics and checksums of the blocks staged in *c* (on the worker thread)."""
+        if c.summaries is not None or c.job is not None:
+            return
+        if not (self._with_stats or self.CHECKSUMS):
+            c.summaries = []
+            return
+        self._log.summarize(c, self.CHECKSUMS, self.background_stats)
 
     # ---------------------------------------------------------- reading
     def check_step(self, step: int | None) -> int:
@@ -757,17 +918,40 @@ class BlockEngine(Engine):
 
     def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
         spec, step = self.check_read(name, box, step, out)
-        hits = self.catalog.hits(spec.id, step, box)
-        covered = sum(inter.size for _, inter in hits)
+        t = self.catalog.table(spec.id, step)
+        idx, lo, hi = t.hits(box.start, box.stop)
+        covered = int(np.prod(hi - lo, axis=1, dtype=np.int64).sum()) if len(idx) else 0
         if covered < box.size:
             out[...] = spec.fill_scalar()
-        for rec, inter in hits:
-            if rec.codec == BlockCodec.STATS_ONLY:
-                raise FormatError(
-                    f"dataset {spec.path!r} keeps only statistics at step {step} (block {rec.box}); "
-                    "its values are computed by the derived layer"
-                )
-            self._read_region(rec, spec, inter, out[inter.within(box)])
+        if not len(idx):
+            return
+        computed = t.codec[idx] == BlockCodec.STATS_ONLY
+        if bool(computed.any()):
+            k = int(idx[int(np.argmax(computed))])
+            raise FormatError(
+                f"dataset {spec.path!r} keeps only statistics at step {step} (block {t.box(k)}); "
+                "its values are computed by the derived layer"
+            )
+        self._read_blocks(spec, t, idx, lo, hi, box, out)
+
+    def _read_blocks(
+        self,
+        spec: DatasetSpec,
+        t: BlockTable,
+        idx: np.ndarray,
+        lo: np.ndarray,
+        hi: np.ndarray,
+        box: Box,
+        out: np.ndarray,
+    ) -> None:
+        """Fill the parts ``[lo[k], hi[k])`` of *out* (which holds *box*) from blocks ``idx[k]`` of *t*.
+
+        By default one :meth:`_read_region` per block; engines that can read
+        many blocks at once override this.
+        """
+        for i, a, b in zip(idx.tolist(), lo.tolist(), hi.tolist(), strict=True):
+            inter = Box(tuple(a), tuple(b))
+            self._read_region(t.record(i, spec.id), spec, inter, out[inter.within(box)])
 
     def decode_payload(self, rec: BlockRecord, spec: DatasetSpec, payload) -> np.ndarray:
         """Bytes of a whole block as stored -> array of the block's shape."""
@@ -832,31 +1016,59 @@ class BlockEngine(Engine):
     def _open_storage(self, path: str, mode: str) -> None:
         raise NotImplementedError
 
-    def _stage(self, p: Pending, copy: bool) -> None:
-        """Take a raw block at put time: store it now or keep (a copy of) it for _move."""
-        assert p.data is not None  # a raw block keeps its array until it is stored
+    def _job(self, arr: np.ndarray):
+        """The statistics (and checksums) job of a block not staged."""
+        if not (self._with_stats or self.CHECKSUMS):
+            return _Done((None, (0,)))
+        return stats_mod.BlockJob(
+            arr,
+            self.segment if self.CHECKSUMS else 0,
+            checksum=self.CHECKSUMS,
+            background=self.background_stats,
+        )
+
+    def _place(self, spec: DatasetSpec, arr: np.ndarray, copy: bool) -> tuple:
+        """A large raw block at put time: ``(payload kept, statistics job, location or None)``.
+
+        By default the block is kept (a copy, or the caller's array with
+        ``copy=False``) until :meth:`_move`.
+        """
         if copy:
-            p.data = p.data.copy()
-        p.job = stats_mod.BlockJob(p.data, self.segment, background=self.background_stats)
+            arr = arr.copy()
+        return arr, self._job(arr), None
 
-    def _move(
-        self, headers: list[Header], mine: list[Pending]
-    ) -> list[tuple[int, int, int, int, int]]:
+    def _place_payload(self, payload: bytes) -> tuple[int, int, int] | None:
+        """An encoded block at put time: its location if stored now, else None (kept until _move)."""
+        return None
+
+    def _seal(self, c: Chunk) -> None:
+        """A staging chunk is full: by default its statistics start on the worker thread."""
+        self._summarize(c)
+
+    def _move(self, heads: StepHeads) -> list[tuple[int, int, int, int]]:
+        """Collective: place every block not placed at put; return ``(rank, session, agg, base)``
+        for each rank whose blocks this rank placed: they lie from *base* on, in put order."""
         raise NotImplementedError
 
-    def _write_record(self, raw: bytes) -> None:
-        raise NotImplementedError
+    def _write_record(self, rec: Record) -> bytes:
+        """Rank 0: make *rec* durable; return the bytes every rank applies (_apply_committed)."""
+        head, area = rec.encode(self.catalog.specs)
+        return pack(head, area)
+
+    def _apply_committed(self, shared: bytes):
+        """Every rank: the committed record and its blocks, from what rank 0 shared."""
+        return decode_packed(shared, self.catalog, "committed record", apply_ops=False)
 
     def _read_region(
         self, rec: BlockRecord, spec: DatasetSpec, inter: Box, dst: np.ndarray
     ) -> None:
         raise NotImplementedError
 
-    def _committed(self, raw: bytes) -> None:
-        """Called on every rank once a record is committed."""
+    def _committed(self, shared: bytes) -> None:
+        """Called on every rank once a record is committed (with what rank 0 shared)."""
 
     def _close_storage(self) -> None:
         pass
 
 
-__all__ = ["BlockEngine", "Header", "Pending", "FormatError"]
+__all__ = ["BlockEngine", "DatasetHead", "StepHeads", "FormatError"]

@@ -17,15 +17,18 @@ import numpy as np
 
 from .. import comm as comm_mod
 from .. import stats as stats_mod
-from ..catalog import BlockCodec, Catalog, Record
+from ..catalog import Catalog, decode_packed
 from ..errors import ChecksumError, NotALaminaFileError
-from .block import BlockEngine, Header, Pending, wait_for
+from .block import BlockEngine, StepHeads, wait_for
 
 
 @dataclass
 class MemoryStore:
+    """One in-memory file: its records (head and block area, packed), and its block bytes."""
+
     records: list[bytes] = field(default_factory=list)
-    blocks: dict[tuple[int, int, int], bytes] = field(default_factory=dict)
+    #: (session, writer rank) -> that rank's blocks of that session, back to back
+    data: dict[tuple[int, int], bytearray] = field(default_factory=dict)
     sessions: int = 0
 
 
@@ -71,8 +74,8 @@ class MemoryEngine(BlockEngine):
 
     def refresh_local(self) -> None:
         for raw in self.store.records[self._seen :]:
-            rec = Record.decode(raw, self.catalog, f"memory record {self._seen}")
-            self.catalog.apply_record(rec, ops_applied=True)
+            rec, blocks = decode_packed(raw, self.catalog, f"memory record {self._seen}")
+            self.catalog.apply_record(rec, ops_applied=True, blocks=blocks)
             self._seen += 1
 
     def refresh(self) -> int:
@@ -80,45 +83,30 @@ class MemoryEngine(BlockEngine):
         self.refresh_local()
         return len(self.catalog.steps)
 
-    def _stage(self, p: Pending, copy: bool) -> None:
-        super()._stage(p, copy)
-
-    def _move(self, headers: list[Header], mine: list[Pending]):
-        parts = []
-        for p in mine:
-            if p.location is None:  # statistics-only blocks have nothing to move
-                raw = p.payload if p.codec == BlockCodec.PIPELINE else p.data
-                assert raw is not None  # moved once, at the commit
-                parts.append(bytes(raw.data) if isinstance(raw, np.ndarray) else raw)
-        everything = comm_mod.allgather_bytes(self.comm, b"".join(parts))
-        pos = [0] * self.size
-        locations = []
-        for h in headers:
-            if h.location is not None:
+    def _move(self, heads: StepHeads) -> list[tuple[int, int, int, int]]:
+        """Every rank's blocks go to every rank (allgather), appended to that writer rank's bytes."""
+        rows, _ = heads.unplaced(self.rank)
+        mine = b"".join(self._log.views(rows.tolist()))
+        everything = comm_mod.allgather_bytes(self.comm, mine)
+        bases = []
+        for src, data in enumerate(everything):
+            if not data:
                 continue
-            src = h.rank
-            data = everything[src][pos[src] : pos[src] + h.length]
-            pos[src] += h.length
-            key = (self.session, src, self._ends[src])
-            self._ends[src] += h.length
-            self.store.blocks[key] = data
-            if src == self.rank:
-                locations.append((src, h.idx, *key))
-        for p in mine:
-            p.data = None
-        return locations
+            held = self.store.data.setdefault((self.session, src), bytearray())
+            bases.append((src, self.session, src, len(held)))
+            held += data
+        return bases
 
-    def _write_record(self, raw: bytes) -> None:
-        pass
-
-    def _committed(self, raw: bytes) -> None:
-        self.store.records.append(raw)
+    def _committed(self, shared: bytes) -> None:
+        self.store.records.append(shared)
         self._seen += 1
 
     def _read_region(self, rec, spec, inter, dst) -> None:
-        payload = self.store.blocks.get((rec.session, rec.agg, rec.offset))
-        if payload is None or len(payload) != rec.length:
+        held = self.store.data.get((rec.session, rec.agg))
+        if held is None or rec.offset + rec.length > len(held):
             raise ChecksumError(f"in-memory block of {spec.path!r} at {rec.box} is missing")
+        # a copy: a view would pin the bytearray, which grows with every step
+        payload = bytes(memoryview(held)[rec.offset : rec.offset + rec.length])
         got = stats_mod.segment_crcs(payload, rec.seg)
         if got != rec.crcs:
             raise ChecksumError(

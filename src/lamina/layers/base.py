@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
-from ..catalog import Catalog, DatasetSpec
+from ..catalog import BlockTable, Catalog, DatasetSpec
 from ..engines.base import BlockInfo, Engine
 from ..geometry import Box
 
@@ -160,8 +161,11 @@ class Layer(Engine):
     def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
         self.inner.get(name, box, step, out)
 
-    def blocks(self, name: str, step: int) -> list[BlockInfo]:
+    def blocks(self, name: str, step: int) -> Sequence[BlockInfo]:
         return self.inner.blocks(name, step)
+
+    def block_table(self, name: str, step: int) -> BlockTable:
+        return self.inner.block_table(name, step)
 
     def coverage(self, path: str, step: int | None) -> list[Box]:
         return self.inner.coverage(path, step)

@@ -13,6 +13,7 @@ import numbers
 
 import numpy as np
 
+from ..catalog import BlockCodec, BlockTable
 from ..derived import Interval, needed_boxes
 from ..errors import StepError
 from ..geometry import Box
@@ -62,39 +63,37 @@ def exact_range(a: np.ndarray) -> Interval:
 
 
 class Table:
-    """The blocks of one dataset at one step, as arrays for vectorized overlap tests."""
+    """The blocks of one dataset at one step, as arrays for vectorized overlap tests and bounds."""
 
-    def __init__(self, infos: list, ndim: int, dtype: np.dtype | None = None) -> None:
-        n = len(infos)
+    def __init__(self, blocks: BlockTable | None, ndim: int, dtype: np.dtype | None = None) -> None:
+        if blocks is None:
+            blocks = BlockTable.empty(ndim, np.dtype(dtype if dtype is not None else "f8"))
+        n = len(blocks)
         exact = dtype is not None and dtype.kind in "biu"  # integer bounds stay Python ints
-        self.infos = infos
+        self.blocks = blocks
         self.n = n
-        self.boxes = [b.box for b in infos]
-        self.starts = np.array([b.box.start for b in infos], dtype=np.int64).reshape(n, ndim)
-        self.stops = np.array([b.box.stop for b in infos], dtype=np.int64).reshape(n, ndim)
-        self.has_stats = np.array([b.stats is not None for b in infos], dtype=bool)
-        self.stored = np.array([b.codec != "stats-only" for b in infos], dtype=bool)
-        self.lo = np.full(n, INF, dtype=object if exact else np.float64)
-        self.hi = np.full(n, -INF, dtype=object if exact else np.float64)
-        self.nan = np.zeros(n, dtype=bool)
-        for i, b in enumerate(infos):
-            st = b.stats
-            if st is None:
-                continue
-            if st.count > 0:
-                if exact:
-                    self.lo[i], self.hi[i] = int(st.min), int(st.max)
-                else:
-                    self.lo[i], self.hi[i] = lower(st.min), upper(st.max)
-            self.nan[i] = st.count < b.box.size
+        self.starts = blocks.start
+        self.stops = blocks.stop
+        self.has_stats = np.asarray(blocks.has_stats, dtype=bool)
+        self.stored = blocks.codec != BlockCodec.STATS_ONLY
+        some = self.has_stats & (blocks.count > 0)
+        if exact:
+            self.lo = np.where(some, blocks.smin.astype(object), INF)
+            self.hi = np.where(some, blocks.smax.astype(object), -INF)
+        else:  # float statistics are the values themselves (complex: of |z|, not used for bounds)
+            self.lo = np.where(some, blocks.smin.astype(np.float64), INF)
+            self.hi = np.where(some, blocks.smax.astype(np.float64), -INF)
+        size = np.prod(self.stops - self.starts, axis=1, dtype=np.int64)
+        self.nan = self.has_stats & (blocks.count < size)
+
+    @property
+    def boxes(self) -> list[Box]:
+        return [self.blocks.box(i) for i in range(self.n)]
 
     def hits(self, box: Box) -> tuple[np.ndarray, np.ndarray]:
         """Indices of the blocks that overlap *box*, and the size of each overlap."""
-        if self.n == 0:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        ext = np.minimum(self.stops, box.stop) - np.maximum(self.starts, box.start)
-        idx = np.nonzero(np.all(ext > 0, axis=1))[0]
-        return idx, np.prod(ext[idx], axis=1, dtype=np.int64)
+        idx, lo, hi = self.blocks.hits(box.start, box.stop)
+        return idx, np.prod(hi - lo, axis=1, dtype=np.int64)
 
 
 class DatasetInfo:
@@ -154,7 +153,10 @@ class Source:
         got = self._tables.get(path)
         if got is None:
             info = self.info(path)
-            got = Table(list(self.eng.blocks(path, self.step)), len(info.shape), info.dtype)
+            blocks = (
+                self.eng.block_table(path, self.step) if path in self.eng.catalog.datasets else None
+            )
+            got = Table(blocks, len(info.shape), info.dtype)
             self._tables[path] = got
         return got
 

@@ -23,14 +23,19 @@ import numpy as np
 
 from ... import comm as comm_mod
 from ... import stats as stats_mod
-from ...catalog import BlockCodec, Decoder, Encoder, Record, subfile_name
+from ...catalog import BlockCodec, BlockTable, Decoder, Encoder, Record, StepBlocks, subfile_name
 from ...errors import ChecksumError, FormatError, LaminaWarning, NotALaminaFileError
 from ...geometry import Box, split_range
-from ..block import BlockEngine, Header, Pending, wait_for
+from ..block import BlockEngine, StepHeads, wait_for
+from ..staging import Chunk
 from . import format as fmt
 from .lock import LOCK_NAME, WriterLock
 
 MSG_CHUNK = 1 << 25  # 32 MiB pieces: pipelined, and far below MPI's 2 GiB count limit
+#: whole raw blocks up to this size that lie back to back in a subfile are read together ...
+COALESCE_BLOCK = 1 << 20
+#: ... in reads of up to this many bytes
+COALESCE_RUN = 1 << 24
 
 
 PREALLOCATE_MIN = 1 << 20
@@ -62,6 +67,32 @@ def _pread_into(fd: int, mv: memoryview, offset: int, what: str) -> None:
                 f"{what}: file ends at byte {offset + done}, expected {len(mv) - done} more bytes"
             )
         done += n
+
+
+def _pieces(views: list[memoryview], size: int):
+    """The bytes of *views* one after the other, cut in pieces of *size* (the last shorter).
+
+    A piece inside one view is that view's slice; only pieces that span
+    views are copied together.
+    """
+    parts: list[memoryview] = []
+    have = 0
+    for v in views:
+        pos, n = 0, len(v)
+        while pos < n:
+            if not parts and n - pos >= size:
+                yield v[pos : pos + size]
+                pos += size
+                continue
+            take = min(size - have, n - pos)
+            parts.append(v[pos : pos + take])
+            have += take
+            pos += take
+            if have == size:
+                yield b"".join(parts)
+                parts, have = [], 0
+    if parts:
+        yield parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def _fsync_dir(path: str) -> None:
@@ -155,6 +186,10 @@ class NativeEngine(BlockEngine):
         self._nentries = 0
         self._meta_end = self._commit_end = fmt.HEADER_SIZE
         self._warned = -1  # the last record a reader warned it had to leave out
+        self._version = (
+            fmt.VERSION
+        )  # the file's format version (an older file is appended in its own)
+        self._meta_rfd = -1  # lamina.meta, read-only: block areas are read from it when used
 
         g = comm_mod.Guard()
         with g:
@@ -278,6 +313,7 @@ class NativeEngine(BlockEngine):
                         f"(versions {mhead.version}/{head.version}, identities {mhead.identity}/{head.identity})"
                     )
                 self._identity = head.identity
+                self._version = head.version  # appended in its own version
                 self._commit_inode = (cstat.st_dev, cstat.st_ino)
                 # kept open, so that the inode stays this file's and a re-created log gets another
                 self._held_fd = _open_in(self.path, fmt.COMMIT_NAME, os.O_RDONLY)
@@ -328,7 +364,7 @@ class NativeEngine(BlockEngine):
         with g:
             if self.rank == 0:
                 payloads, entries, header_size = self._read_new_records()
-                good = self._intact_prefix(payloads)
+                good = self._intact_prefix(payloads, entries)
                 n = self._nentries + len(good)
                 meta_end = (
                     entries[len(good) - 1].offset + entries[len(good) - 1].length if good else None
@@ -339,6 +375,7 @@ class NativeEngine(BlockEngine):
                     header_size + n * fmt.ENTRY_SIZE,
                 )
                 e = Encoder()
+                e.u32(self._version)
                 e.u32(len(good))
                 for p in good:
                     e.blob(p)
@@ -353,12 +390,12 @@ class NativeEngine(BlockEngine):
         with g:
             if self.rank != 0:  # rank 0 applied them while checking them
                 d = Decoder(blob, "metadata broadcast")
+                self._version = d.u32()
                 for _ in range(d.count(8, name="records")):
                     seq = self.catalog.nrecords
-                    rec = Record.decode(
-                        d.blob(), self.catalog, f"{self.path}/{fmt.META_NAME} record {seq}"
-                    )
-                    self.catalog.apply_record(rec, ops_applied=True)
+                    what = f"{self.path}/{fmt.META_NAME} record {seq}"
+                    rec = Record.decode(d.blob(), self.catalog, what, version=self._version)
+                    self.catalog.apply_record(rec, True, self._blocks(rec, what))
             if self.rank == 0 and self.mode != "r":
                 # drop anything past the intact commits (a killed writer's torn tail, records whose data is gone)
                 assert state is not None  # read on rank 0
@@ -376,13 +413,23 @@ class NativeEngine(BlockEngine):
             self._nentries, self._meta_end, self._commit_end = state
         return len(self.catalog.steps)
 
-    def _intact_prefix(self, payloads: list[bytes]) -> list[bytes]:
+    def _intact_prefix(self, payloads: list[bytes], entries: list[fmt.CommitEntry]) -> list[bytes]:
         """Rank 0: decode and apply *payloads* in order up to the first whose blocks are not all there."""
         good: list[bytes] = []
-        for raw in payloads:
+        prev_end = self._meta_end
+        for raw, ent in zip(payloads, entries, strict=True):
             seq = self.catalog.nrecords
+            what = f"{self.path}/{fmt.META_NAME} record {seq}"
             before = self.catalog.checkpoint()
-            rec = Record.decode(raw, self.catalog, f"{self.path}/{fmt.META_NAME} record {seq}")
+            rec = Record.decode(raw, self.catalog, what, version=self._version)
+            if rec.area_length and not (
+                prev_end <= rec.area_offset and rec.area_offset + rec.area_length <= ent.offset
+            ):
+                self.catalog.restore(before)
+                raise FormatError(
+                    f"{what}: its block area (bytes {rec.area_offset}+{rec.area_length}) is not between "
+                    f"the previous record (ends at {prev_end}) and its own (at {ent.offset})"
+                )
             missing = self._missing_data(rec)
             if missing is not None:
                 self.catalog.restore(before)
@@ -395,34 +442,82 @@ class NativeEngine(BlockEngine):
                         stacklevel=5,
                     )
                 break
-            self.catalog.apply_record(rec, ops_applied=True)
+            self.catalog.apply_record(rec, True, self._blocks(rec, what))
             good.append(raw)
+            prev_end = ent.offset + ent.length
         return good
+
+    def _blocks(self, rec: Record, what: str) -> StepBlocks | None:
+        """The blocks of a step record: version 3 reads them from lamina.meta when first used."""
+        if rec.kind != 1:
+            return None
+        base = rec.area_offset
+
+        def load(off: int, n: int) -> bytes:
+            buf = bytearray(n)
+            try:
+                _pread_into(self._meta_reader(), memoryview(buf), base + off, what)
+            except FormatError:
+                self._check_identity()  # a file re-created under this reader says so
+                raise
+            return bytes(buf)
+
+        return rec.step_blocks(load, what)
+
+    def _meta_reader(self) -> int:
+        if self._meta_rfd < 0:
+            self._meta_rfd = _open_in(self.path, fmt.META_NAME, os.O_RDONLY)
+            try:
+                self._check_identity()
+            except BaseException:
+                os.close(self._meta_rfd)
+                self._meta_rfd = -1
+                raise
+        return self._meta_rfd
 
     def _missing_data(self, rec: Record) -> str | None:
         """What of *rec*'s block data is not in its subfiles (None if everything is)."""
-        for b in rec.blocks:
-            if b.length == 0:
-                continue
-            name = b.subfile
+        for session, agg, end in rec.extents:
+            name = subfile_name(session, agg)
             size = self._sizes.get(name)
-            if size is None or b.offset + b.length > size:
+            if size is None or end > size:
                 try:
                     st = os.lstat(os.path.join(self.path, name))
                 except FileNotFoundError:
-                    return f"subfile {name} of dataset block {b.box} is missing"
+                    return f"subfile {name} is missing ({self._first_block_in(rec, session, agg)})"
                 if stat.S_ISLNK(st.st_mode):
                     return f"subfile {name} is a symbolic link; lamina does not follow links inside its files"
                 if not stat.S_ISREG(st.st_mode):
                     return f"subfile {name} is not a regular file"
                 size = self._sizes[name] = st.st_size
-            if b.offset + b.length > size:
-                spec = self.catalog.specs[b.dataset]
+            if end > size:
                 return (
-                    f"block {b.box} of dataset {spec.path!r} needs bytes "
-                    f"{b.offset}..{b.offset + b.length} of {name}, which has {size}"
+                    f"the step's blocks need bytes up to {end} of {name}, which has {size} "
+                    f"({self._first_block_in(rec, session, agg, size)})"
                 )
         return None
+
+    def _first_block_in(self, rec: Record, session: int, agg: int, size: int = -1) -> str:
+        """Names a block of *rec* in subfile (session, agg) that ends beyond *size* (for messages)."""
+        try:
+            blocks = self._blocks(rec, "record")
+            assert blocks is not None  # a step record
+            tables = rec.tables or {
+                did: blocks.table(self.catalog.specs[did]) for did in rec.sections
+            }
+        except (FormatError, OSError):
+            return "its blocks could not be read"
+        for did, t in tables.items():
+            m = (
+                (t.session == session)
+                & (t.agg == agg)
+                & (t.length > 0)
+                & (t.offset + t.length > size)
+            )
+            if bool(m.any()):
+                i = int(np.argmax(m))
+                return f"block {t.box(i)} of dataset {self.catalog.specs[did].path!r}"
+        return "no block named"
 
     def refresh(self) -> int:
         """Collective: pick up steps committed by a writer since open (for following a live file)."""
@@ -430,14 +525,19 @@ class NativeEngine(BlockEngine):
             return len(self.catalog.steps)
         return self._load_new()
 
-    def _write_record(self, raw: bytes) -> None:
-        framed = fmt.frame(raw)
+    def _write_record(self, rec: Record) -> bytes:
+        """Rank 0: the step's block area, then the record's frame, then its commit entry (each fsynced)."""
         off = self._meta_end
+        head, area = rec.encode(self.catalog.specs, self._version, area_offset=off)
+        framed = fmt.frame(head)
+        at = off + len(area)  # the frame follows the area
         try:
-            _pwrite_all(self._meta_fd, framed, off)
+            if area:
+                _pwrite_all(self._meta_fd, area, off)
+            _pwrite_all(self._meta_fd, framed, at)
             if self.durable:
                 os.fsync(self._meta_fd)
-            ent = fmt.entry(self._nentries, off, len(framed), stats_mod.crc(raw))
+            ent = fmt.entry(self._nentries, at, len(framed), stats_mod.crc(head))
             _pwrite_all(self._commit_fd, ent, self._commit_end)
             if self.durable:
                 os.fsync(self._commit_fd)
@@ -450,97 +550,109 @@ class NativeEngine(BlockEngine):
                     pass
             raise
         self._nentries += 1
-        self._meta_end = off + len(framed)
+        self._meta_end = at + len(framed)
         self._commit_end += len(ent)
+        return head
+
+    def _apply_committed(self, shared: bytes):
+        what = f"{self.path}/{fmt.META_NAME} record {self.catalog.nrecords}"
+        rec = Record.decode(shared, self.catalog, what, apply_ops=False, version=self._version)
+        return rec, self._blocks(rec, what)
 
     # ------------------------------------------------------------ data
-    def _stage(self, p: Pending, copy: bool) -> None:
-        assert p.data is not None  # a raw block keeps its array until it is stored
-        if self.is_agg:
-            # write now; the worker thread computes stats/checksums meanwhile
-            p.job = stats_mod.BlockJob(p.data, self.segment, background=self.background_stats)
-            off = self._data_end
+    def _write_data(self, buf) -> int:
+        """Aggregator: append *buf* to this session's subfile; its offset there.
+
+        An I/O error is kept and raised by end_step, on every rank: raised
+        here, on this rank only, it would leave the other ranks waiting in
+        end_step for this one.
+        """
+        off = self._data_end
+        n = memoryview(buf).nbytes
+        if self._put_error is None:
             try:
-                _pwrite_all(self._data_fd, p.data, off)
+                _pwrite_all(self._data_fd, buf, off)
             except OSError as e:
-                # raised by end_step, on every rank: raised here, on this rank only, it would
-                # leave the other ranks waiting in end_step for this one
-                self._put_error = self._put_error or e
-            else:
-                self._data_end += p.length
-            p.location = (self.session, self.agg_of[self.rank], off)
-            if copy:
-                p.job.result()  # the caller may reuse its buffer as soon as we return
-            p.data = None if copy else p.data
+                self._put_error = e
+        self._data_end += n
+        return off
+
+    def _place(self, spec, arr: np.ndarray, copy: bool) -> tuple:
+        if not self.is_agg:
+            return super()._place(spec, arr, copy)
+        # write now; the worker thread computes stats/checksums meanwhile
+        job = self._job(arr)
+        off = self._write_data(arr)
+        if copy:
+            job.result()  # the caller may reuse its buffer as soon as we return
+        return None, job, (self.session, self.agg_of[self.rank], off)
+
+    def _place_payload(self, payload: bytes) -> tuple[int, int, int] | None:
+        if not self.is_agg:
+            return None
+        return (self.session, self.agg_of[self.rank], self._write_data(payload))
+
+    def _seal(self, c: Chunk) -> None:
+        """A full staging chunk: an aggregator writes it at once (summarized meanwhile) and reuses it."""
+        self._summarize(c)
+        if not self.is_agg:
             return
-        super()._stage(p, copy)
+        log = self._log
+        off = self._write_data(c.buf.data[: c.used])
+        loc = (self.session, self.agg_of[self.rank])
+        for r in c.rows:
+            log.loc[r] = (*loc, off + log.coff[r])
+        c.wait()
+        self._recycle(c)
 
-    def _payload(self, p: Pending) -> memoryview:
-        if p.codec == BlockCodec.PIPELINE:
-            assert p.payload is not None
-            return memoryview(p.payload)
-        assert p.data is not None
-        return p.data.data.cast("B")
+    def _move(self, heads: StepHeads) -> list[tuple[int, int, int, int]]:
+        """Collective: members send the blocks not written yet to their aggregator, which writes them.
 
-    def _move(self, headers: list[Header], mine: list[Pending]):
-        """Collective: members send their deferred blocks to their aggregator, which writes them.
-
-        Every expected byte is always sent and received, even after a local
-        failure (a full disk, say): the aggregator keeps draining its members'
-        messages and raises afterwards, and a member that cannot produce a
-        payload sends zeros, so no message is left to be matched by a later
-        step and no rank is left blocked in a send or receive.  Tags also
-        carry the record number as a second guard.
+        A rank's blocks go as one stream in put order, cut in pieces of
+        :data:`MSG_CHUNK` bytes (staged blocks straight from their chunks),
+        so the aggregator knows every piece's size from the heads alone and
+        places the blocks back to back from one base offset.  Every expected
+        byte is always sent and received, even after a local failure (a full
+        disk, say): the aggregator keeps draining its members' messages and
+        raises afterwards, so no message is left to be matched by a later
+        step and no rank is left blocked.  Tags also carry the record number
+        as a second guard.
         """
         tag = comm_mod.Tag.AGGREGATE + self.catalog.nrecords % 4096
-        locations = []
         my_agg = self.agg_of[self.rank]
-        error: BaseException | None = None
+        bases: list[tuple[int, int, int, int]] = []
+        error: BaseException | None = self._put_error
         if self.is_agg:
-            agg = my_agg
-            for p in mine:
-                if p.location is None:
-                    off = self._data_end
-                    try:
-                        if error is None:
-                            _pwrite_all(self._data_fd, self._payload(p), off)
-                    except Exception as e:
-                        error = e
-                    self._data_end += p.length
-                    p.location = (self.session, agg, off)
-                    locations.append((self.rank, p.idx, self.session, agg, off))
-            for h in headers:
-                if h.rank == self.rank or self.agg_of[h.rank] != agg or h.location is not None:
+            mine, _ = heads.unplaced(self.rank)
+            if mine.size:  # nothing is left unwritten on an aggregator, but be safe
+                base = self._data_end
+                for v in self._log.views(mine.tolist()):
+                    self._write_data(v)
+                bases.append((self.rank, self.session, my_agg, base))
+            for r in range(self.size):
+                if r == self.rank or self.agg_of[r] != my_agg:
                     continue
-                off = self._data_end
+                total = heads.unplaced_bytes(r)
+                if not total:
+                    continue
+                base = self._data_end
                 failed = self._recv_write(
-                    h.rank, h.length, off, self._recv_buffers(h.length), tag, write=error is None
+                    r, total, base, self._recv_buffers(total), tag, write=error is None
                 )
                 error = error or failed
-                self._data_end += h.length
-                locations.append((h.rank, h.idx, self.session, agg, off))
+                self._data_end += total
+                bases.append((r, self.session, my_agg, base))
+            error = error or self._put_error
             if error is None and self.durable:
                 os.fsync(self._data_fd)
         else:
+            rows, _ = heads.unplaced(self.rank)
             dest = self.agg_rank[my_agg]
-            for p in mine:
-                if p.location is None:
-                    try:
-                        mv = self._payload(p)
-                        if len(mv) != p.length:
-                            raise ValueError(
-                                f"block payload has {len(mv)} bytes, header said {p.length}"
-                            )
-                    except Exception as e:
-                        error = error or e
-                        mv = memoryview(bytearray(p.length))
-                    for a in range(0, len(mv), MSG_CHUNK):
-                        self.comm.Send(
-                            [mv[a : a + MSG_CHUNK], comm_mod.MPI.BYTE], dest=dest, tag=tag
-                        )
+            for piece in _pieces(self._log.views(rows.tolist()), MSG_CHUNK):
+                self.comm.Send([piece, comm_mod.MPI.BYTE], dest=dest, tag=tag)
         if error is not None:
             raise error
-        return locations
+        return bases
 
     def _recv_buffers(self, length: int) -> list[bytearray]:
         """Two reusable receive buffers, grown on demand (never larger than MSG_CHUNK)."""
@@ -621,6 +733,91 @@ class NativeEngine(BlockEngine):
                 f"{self.path}: the file was re-created while open (another writer opened it "
                 "in mode 'w'); open it again to read the new one"
             )
+
+    def _read_blocks(self, spec, t: BlockTable, idx, lo, hi, box: Box, out: np.ndarray) -> None:
+        """Whole raw blocks that lie back to back in a subfile are read with one pread each run.
+
+        Each block of a run is checked against its checksum and copied into
+        place; blocks read in part, compressed or large go one by one
+        (:meth:`_read_region`, which reads only the checksum segments a part
+        touches).
+        """
+        n = len(idx)
+        if n < 2:
+            return super()._read_blocks(spec, t, idx, lo, hi, box, out)
+        length = t.length[idx]
+        whole = (
+            np.all((lo == t.start[idx]) & (hi == t.stop[idx]), axis=1)
+            & (t.codec[idx] == BlockCodec.RAW)
+            & (t.ncrc[idx] == 1)
+            & (length <= COALESCE_BLOCK)
+        )
+        if int(whole.sum()) < 2:
+            return super()._read_blocks(spec, t, idx, lo, hi, box, out)
+        w = np.flatnonzero(whole)
+        key = t.session[idx[w]].astype(np.int64) << 32 | t.agg[idx[w]].astype(np.int64)
+        off = t.offset[idx[w]]
+        order = np.lexsort((off, key))
+        w, key, off = w[order], key[order], off[order]
+        ln = length[w]
+        # a run goes on while the next block starts where this one ends, in the same subfile
+        brk = np.ones(len(w), dtype=bool)
+        brk[1:] = (key[1:] != key[:-1]) | (off[1:] != off[:-1] + ln[:-1])
+        starts = np.flatnonzero(brk).tolist() + [len(w)]
+        single: list[int] = [int(v) for v in np.flatnonzero(~whole)]
+        base = np.asarray(box.start, dtype=np.int64)
+        rel_lo = (lo - base).tolist()
+        rel_hi = (hi - base).tolist()
+        item = spec.dtype.itemsize
+        for a, b in zip(starts[:-1], starts[1:], strict=True):
+            if b - a == 1:
+                single.append(int(w[a]))
+                continue
+            pos = a
+            while pos < b:  # runs of at most COALESCE_RUN bytes
+                end = pos + 1
+                total = int(ln[pos])
+                while end < b and total + int(ln[end]) <= COALESCE_RUN:
+                    total += int(ln[end])
+                    end += 1
+                if end - pos == 1:
+                    single.append(int(w[pos]))
+                    pos = end
+                    continue
+                self._read_run(
+                    spec, t, idx, w[pos:end], int(off[pos]), total, rel_lo, rel_hi, out, item
+                )
+                pos = end
+        if single:
+            single.sort()
+            s_idx = np.asarray(single, dtype=np.int64)
+            super()._read_blocks(spec, t, idx[s_idx], lo[s_idx], hi[s_idx], box, out)
+
+    def _read_run(
+        self, spec, t: BlockTable, idx, ks, first: int, total: int, rel_lo, rel_hi, out, item
+    ) -> None:
+        """Blocks ``idx[ks]``, back to back in one subfile from byte *first*: one read, then each in place."""
+        i0 = int(idx[ks[0]])
+        name = subfile_name(int(t.session[i0]), int(t.agg[i0]))
+        fd = self._fd(name)
+        buf = np.empty(total, dtype=np.uint8)
+        _pread_into(fd, buf.data, first, f"{self.path}/{name}: dataset {spec.path!r}")
+        crc = stats_mod.crc
+        pos = 0
+        dt = spec.dtype
+        for k in ks.tolist():
+            i = int(idx[k])
+            n = int(t.length[i])
+            piece = buf[pos : pos + n]
+            if crc(piece) != int(t.crcs[t.crc_ptr[i]]):
+                raise ChecksumError(
+                    f"checksum mismatch in {self.path}/{name}: dataset {spec.path!r} block {t.box(i)}, "
+                    f"segment 0 (bytes {first + pos}..{first + pos + n}): the data is corrupt"
+                )
+            a, b = rel_lo[k], rel_hi[k]
+            dst = out[tuple(slice(x, y) for x, y in zip(a, b, strict=True))]
+            dst[...] = piece.view(dt).reshape(dst.shape)
+            pos += n
 
     def _read_region(self, rec, spec, inter: Box, dst: np.ndarray) -> None:
         what = f"{self.path}/{rec.subfile}: dataset {spec.path!r} block {rec.box}"
@@ -706,7 +903,10 @@ class NativeEngine(BlockEngine):
 
     def _close_storage(self) -> None:
         fds = list(getattr(self, "_rfds", {}).values())
-        fds += [getattr(self, n, -1) for n in ("_meta_fd", "_commit_fd", "_data_fd", "_held_fd")]
+        fds += [
+            getattr(self, n, -1)
+            for n in ("_meta_fd", "_commit_fd", "_data_fd", "_held_fd", "_meta_rfd")
+        ]
         for fd in fds:
             if fd >= 0:
                 try:
@@ -714,7 +914,7 @@ class NativeEngine(BlockEngine):
                 except OSError:
                     pass
         self._rfds = {}
-        self._meta_fd = self._commit_fd = self._data_fd = self._held_fd = -1
+        self._meta_fd = self._commit_fd = self._data_fd = self._held_fd = self._meta_rfd = -1
         lock = getattr(self, "_lock", None)
         if lock is not None:  # last: a new writer may start once the logs are closed
             lock.release()

@@ -31,13 +31,13 @@ from dataclasses import dataclass
 from ...errors import FormatError, NotALaminaFileError
 from ...stats import crc
 
-VERSION = 2
+VERSION = 3
 META_MAGIC = b"LAMINA\x89M"
 COMMIT_MAGIC = b"LAMINA\x89C"
 META_NAME = "lamina.meta"
 COMMIT_NAME = "lamina.commit"
 #: header bytes per format version (version 1: no file identity)
-HEADER_SIZES = {1: 16, 2: 32}
+HEADER_SIZES = {1: 16, 2: 32, 3: 32}
 HEADER_SIZE = HEADER_SIZES[VERSION]
 #: the names of block data files; with META_NAME, COMMIT_NAME and the lock, all lamina writes
 DATA_NAME = re.compile(r"data\.(0|[1-9][0-9]{0,9})\.(0|[1-9][0-9]{0,9})")
@@ -52,13 +52,13 @@ def new_identity() -> int:
     return secrets.randbits(63) + 1
 
 
-def header(magic: bytes, identity: int) -> bytes:
-    """The 32-byte header of a version 2 file.
+def header(magic: bytes, identity: int, version: int = VERSION) -> bytes:
+    """The 32-byte header of a version 2 or 3 file.
 
     magic (8), version u16, flags u16, header size u32, identity u64,
     reserved u32 (0), crc32c of the first 28 bytes u32.
     """
-    head = magic + struct.pack("<HHIQI", VERSION, 0, HEADER_SIZE, identity, 0)
+    head = magic + struct.pack("<HHIQI", version, 0, HEADER_SIZES[version], identity, 0)
     return head + struct.pack("<I", crc(head))
 
 
@@ -136,9 +136,12 @@ def parse_commits(
             raise FormatError(f"{what}: commit entry {i} is corrupt (checksum mismatch)")
         if seq != i:
             raise FormatError(f"{what}: commit entry {i} has sequence number {seq}")
-        if off != expect_off or length < FRAME_HEAD.size or length > MAX_RECORD:
+        # version 3 stores a step's block area before its record's frame: frames only move forward
+        misplaced = off < expect_off if head.version >= 3 else off != expect_off
+        if misplaced or length < FRAME_HEAD.size or length > MAX_RECORD:
             raise FormatError(
-                f"{what}: commit entry {i} points at bytes {off}+{length}, expected offset {expect_off}"
+                f"{what}: commit entry {i} points at bytes {off}+{length}, expected offset "
+                f"{'at least ' if head.version >= 3 else ''}{expect_off}"
             )
         if off + length > meta_size:
             raise FormatError(

@@ -43,6 +43,8 @@ class TransportBase(BlockEngine):
     """The options and the route of a transported name, common to both sides."""
 
     OPTIONS = BlockEngine.OPTIONS | TRANSPORT_OPTIONS
+    #: blocks in memory carry no checksums: MPI moves them, nothing stores them
+    CHECKSUMS = False
 
     def __init__(self, name: str = "mpi") -> None:
         super().__init__()
@@ -81,7 +83,10 @@ class TransportBase(BlockEngine):
         stats = self.options.get("stats", True)
         if not isinstance(stats, bool | np.bool_):
             raise ValueError(f"stats must be True or False, got {stats!r}")
-        self.with_stats = bool(stats)
+        self.with_stats = self._with_stats = bool(stats)
+        # statistics on the program's thread unless asked: the serving thread holds the GIL
+        # and competes for the CPU
+        self.background_stats = bool(self.options.get("background_stats", False))
         shallow = self.options.get("shallow", ())
         shallow = (shallow,) if isinstance(shallow, str) else shallow
         self.shallow = tuple(str(p).lstrip("/") for p in shallow)  # dataset paths have no leading /
@@ -127,9 +132,6 @@ class TransportBase(BlockEngine):
                 else:
                     poll.sleep(active=self._data_in_flight())
         pending.finish()
-
-    def _write_record(self, raw: bytes) -> None:
-        pass
 
 
 __all__ = ["DEFAULT_TIMEOUT", "SERVE_MODES", "TRANSPORT_OPTIONS", "TIMEOUT_ENV", "TransportBase"]

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ... import comm as comm_mod
-from ...catalog import KIND_STEP, BlockCodec, Record
+from ...catalog import KIND_STEP, BlockCodec, decode_packed
 from ...errors import FormatError, StepError, TransportError
 from ...geometry import Box
 from ...workflow import routes
@@ -102,8 +102,8 @@ class Consumer(TransportBase):
                 else:
                     real = int(buf[:8].view(np.int64)[0])
                     where = f"{self.path}: record {self.catalog.nrecords}"
-                    rec = Record.decode(buf[8:].tobytes(), self.catalog, where)
-                    self.catalog.apply_record(rec, ops_applied=True)
+                    rec, blocks = decode_packed(buf[8:], self.catalog, where)
+                    self.catalog.apply_record(rec, ops_applied=True, blocks=blocks)
                     if rec.kind == KIND_STEP:
                         self._real.append(real)
                 self._heard = time.monotonic()
@@ -238,8 +238,10 @@ class Consumer(TransportBase):
 
     def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
         spec, step = self.check_read(name, box, step, out)
-        hits = self.catalog.hits(spec.id, step, box)
-        if sum(inter.size for _, inter in hits) < box.size:
+        t = self.catalog.table(spec.id, step)
+        idx, lo, hi = t.hits(box.start, box.stop)
+        covered = int(np.prod(hi - lo, axis=1, dtype=np.int64).sum()) if len(idx) else 0
+        if covered < box.size:
             out[...] = spec.fill_scalar()
         real = self._real[step]
         item = spec.dtype.itemsize
@@ -247,30 +249,33 @@ class Consumer(TransportBase):
         xfer = wire.Transfers()
         pieces = []  # (first request, chunk sizes in bytes, scratch or None, box, producer rank)
         neg = tuple(-a for a in box.start)
-        for rec, inter in hits:
-            if rec.codec == BlockCodec.STATS_ONLY:
+        for i, a, b in zip(idx.tolist(), lo.tolist(), hi.tolist(), strict=True):
+            if t.codec[i] == BlockCodec.STATS_ONLY:
                 raise FormatError(
-                    f"dataset {spec.path!r} keeps only statistics at step {step} (block {rec.box}); "
+                    f"dataset {spec.path!r} keeps only statistics at step {step} (block {t.box(i)}); "
                     "its values are computed by the derived layer"
                 )
+            inter = Box(tuple(a), tuple(b))
+            rank = int(t.rank[i])
             if (
                 direct
             ):  # straight into the output, a subarray datatype where the piece is not contiguous
                 target, shift, tmp = out, neg, None
             else:
                 tmp = np.empty(inter.shape, dtype=spec.dtype)
-                target, shift = tmp, tuple(-a for a in inter.start)
+                target, shift = tmp, tuple(-v for v in inter.start)
             first = len(xfer.reqs)
             sizes = []
             for c in wire.chunks(inter, item):
                 bspec, dt = wire.region_spec(target, c.shift(shift))
-                xfer.recv(self.inter, bspec, dt, rec.rank, Tag.DATA)
+                xfer.recv(self.inter, bspec, dt, rank, Tag.DATA)
                 sizes.append(c.size * item)
-            pieces.append((first, sizes, tmp, inter, rec.rank))
+            pieces.append((first, sizes, tmp, inter, rank))
             hdr = np.array(
-                [Request.GET, real, spec.id, spec.ndim, *inter.start, *inter.stop], dtype=np.int64
+                [Request.GET, real, spec.id, spec.ndim, i, *inter.start, *inter.stop],
+                dtype=np.int64,
             )
-            xfer.send(self.inter, [_u8(hdr), MPI.BYTE], None, rec.rank, Tag.REQUEST)
+            xfer.send(self.inter, [_u8(hdr), MPI.BYTE], None, rank, Tag.REQUEST)
         if not xfer.reqs:
             return
         poll = Poll(self.timeout)

@@ -38,13 +38,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ... import comm as comm_mod
-from ... import stats as stats_mod
-from ...catalog import KIND_CLOSE, KIND_META, KIND_STEP, BlockCodec, Record, Stats
+from ...catalog import KIND_CLOSE, KIND_META, KIND_STEP, BlockCodec, Record, decode_packed, pack
+from ...catalog.record import unpack
 from ...errors import ModeError, TransportError
 from ...geometry import Box
 from ...workflow import routes
 from ...workflow.routes import LATEST
-from ..block import Header, Pending
+from ..block import StepHeads
+from ..staging import Chunk
 from . import rendezvous, wire
 from .common import MPI, TransportBase
 from .wire import Poll, Request
@@ -56,24 +57,6 @@ Tag = comm_mod.Tag
 NEVER = np.iinfo(np.int64).max
 #: longest sleep of an idle serving thread between polls (a new request waits at most this long)
 SERVER_IDLE = 2e-3
-
-
-class _NoStats:
-    """A block sent without statistics (``stats=False``): queries on consumers read it whatever they ask."""
-
-    def result(self) -> tuple[Stats | None, tuple[int, ...]]:
-        return None, (0,)
-
-
-class _StatsOnly:
-    """A block's statistics job with one placeholder checksum (the record format wants one per block)."""
-
-    def __init__(self, job: stats_mod.BlockJob) -> None:
-        self.job = job
-
-    def result(self) -> tuple[Stats | None, tuple[int, ...]]:
-        st, _ = self.job.result()
-        return st, (0,)
 
 
 @dataclasses.dataclass
@@ -103,13 +86,14 @@ class Producer(TransportBase):
     def __init__(self, name: str = "mpi") -> None:
         super().__init__(name)
         self._links: list[Link] = []
-        self._data: dict[int, dict[int, list[tuple[Box, np.ndarray]]]] = {}  # step -> id -> blocks
-        self._staged: list[tuple[int, Box, np.ndarray]] = []
+        # step -> dataset id -> this rank's blocks of it, in put order (their rows in the step's table)
+        self._data: dict[int, dict[int, list[np.ndarray | None]]] = {}
+        self._staged: dict[int, list[np.ndarray | None]] = {}
         self._sends = wire.SendQueue()  # records and control messages
         self._answers = wire.SendQueue()  # data answers to GETs
         self._dirty = False  # releases or steps changed since the last _drop_released
         self._worst = 0  # _unreleased() as of the last _drop_released
-        self._newest: tuple[int, Record] | None = None  # the last step, for late delivery
+        self._newest: tuple[int, bytes] | None = None  # the last step's record, for late delivery
         self._steps_held = 0  # steps whose blocks this rank holds (committed here)
         # GETs for a step this rank has not committed yet: a consumer may have its record (from
         # another producer rank) before this rank is done with the commit; answered once it is
@@ -153,26 +137,32 @@ class Producer(TransportBase):
         # blocks are copied unless their dataset is shallow (see _stage)
         super().put(name, box, array, True)
 
-    def _stage(self, p: Pending, copy: bool) -> None:
-        if copy and any(fnmatch.fnmatchcase(p.spec.path, pat) for pat in self.shallow):
+    def _place(self, spec, arr: np.ndarray, copy: bool) -> tuple:
+        if copy and any(fnmatch.fnmatchcase(spec.path, pat) for pat in self.shallow):
             copy = False  # shallow: keep the caller's array until consumers release the step
-        assert p.data is not None  # a raw block keeps its array until its step is released
-        if copy:
-            p.data = p.data.copy()
-        # statistics for the index; no checksums: the bytes are never stored, MPI moves them
-        # on this thread unless asked (the serving loop holds the GIL and competes for the CPU)
-        if not self.with_stats:
-            p.job = _NoStats()
-            return
-        background = bool(self.options.get("background_stats", False))
-        p.job = _StatsOnly(stats_mod.BlockJob(p.data, 0, checksum=False, background=background))
+        return super()._place(spec, arr, copy)
 
-    def _move(self, headers: list[Header], mine: list[Pending]):
-        self._staged = [
-            (p.spec.id, p.box, p.data)
-            for p in mine
-            if p.data is not None and p.codec == BlockCodec.RAW
-        ]
+    def _recycle(self, c: Chunk) -> None:
+        """Staging chunks hold the blocks served to consumers: never reused (dropped with their step)."""
+
+    def _move(self, heads: StepHeads) -> list[tuple[int, int, int, int]]:
+        """Nothing moves: this rank keeps its blocks (as arrays of their boxes) to serve them."""
+        log = self._log
+        self._staged = {}
+        for did, rows in log.rows.items():
+            dt = self.catalog.specs[did].dtype
+            arrays: list[np.ndarray | None] = []
+            for r, start, stop in zip(rows, log.starts[did], log.stops[did], strict=True):
+                shape = tuple(b - a for a, b in zip(start, stop, strict=True))
+                c = log.chunk[r]
+                if c is not None:
+                    raw = c.buf[log.coff[r] : log.coff[r] + log.length[r]]
+                    arrays.append(raw.view(dt).reshape(shape))
+                elif log.codec[r] == BlockCodec.RAW:
+                    arrays.append(log.payload[r])
+                else:
+                    arrays.append(None)  # statistics only: nothing to serve
+            self._staged[did] = arrays
         return []
 
     def _committed(self, raw: bytes) -> None:
@@ -181,26 +171,24 @@ class Producer(TransportBase):
             self._committed_locked(raw)
 
     def _committed_locked(self, raw: bytes) -> None:
-        kind = raw[0] if raw else -1
+        head, _ = unpack(raw, "committed record")
+        kind = head[0] if len(head) else -1
         step = -1
         deliver = [True] * len(self._links)
         rec = None
         if kind == KIND_STEP:
             step = len(self.catalog.steps) - 1
-            held: dict[int, list[tuple[Box, np.ndarray]]] = {}
-            for did, box, arr in self._staged:
-                held.setdefault(did, []).append((box, arr))
-            self._data[step] = held
+            self._data[step] = self._staged
             self._steps_held = step + 1
             self._dirty = True
             deliver = self._decide(step)
             if any(link.flow != 1 for link in self._links):
-                rec = Record.decode(raw, self.catalog, "committed record", apply_ops=False)
+                rec, _ = decode_packed(raw, self.catalog, "committed record", apply_ops=False)
                 if any(link.flow == LATEST for link in self._links):
-                    self._newest = (step, rec)
+                    self._newest = (step, raw)
         elif kind == KIND_CLOSE:
             self._deliver_newest()
-        self._staged = []
+        self._staged = {}
         if kind == KIND_STEP and self._deferred:
             waiting, self._deferred = self._deferred, []
             for link, src, buf in waiting:
@@ -213,15 +201,20 @@ class Producer(TransportBase):
                 self._send_record(link, step if kind == KIND_STEP else -1, raw)
             elif yes:  # a thinned stream: the consumer numbers the steps it gets 0, 1, 2, ...
                 assert rec is not None  # decoded above whenever a link thins the stream
-                local = dataclasses.replace(rec, step=link.count)
-                self._send_record(link, step, local.encode(self.catalog.specs))
+                self._send_record(link, step, self._restep(raw, rec, link.count, rec.ops))
             elif (
                 rec is not None and rec.ops
             ):  # a skipped step's metadata changes still reach the consumer
-                meta = dataclasses.replace(rec, kind=KIND_META, step=-1, blocks=[])
-                self._send_record(link, -1, meta.encode(self.catalog.specs))
+                meta = Record(KIND_META, -1, rec.session, rec.nranks, rec.time, rec.ops)
+                self._send_record(link, -1, pack(meta.encode(self.catalog.specs)[0], b""))
             if kind == KIND_STEP and yes:
                 link.count += 1
+
+    def _restep(self, raw: bytes, rec: Record, step: int, ops: list) -> bytes:
+        """The packed record *raw* (decoded: *rec*) numbered *step*, with *ops* as its metadata."""
+        _, area = unpack(raw, "committed record")
+        head, _ = dataclasses.replace(rec, step=step, ops=list(ops)).encode(self.catalog.specs)
+        return pack(head, bytes(area))
 
     def _decide(self, step: int) -> list[bool]:
         """Collective: which consumer tasks get *step* (every N-th: fixed; latest: rank 0's view, broadcast)."""
@@ -248,11 +241,10 @@ class Producer(TransportBase):
             link.delivered.append(last)
             link.last = last
             assert self._newest is not None and self._newest[0] == last
-            rec = self._newest[1]
-            local = dataclasses.replace(
-                rec, step=link.count, ops=[]
-            )  # its ops went out at its commit
-            self._send_record(link, last, local.encode(self.catalog.specs))
+            raw = self._newest[1]
+            rec, _ = decode_packed(raw, self.catalog, "committed record", apply_ops=False)
+            # its ops went out at its commit
+            self._send_record(link, last, self._restep(raw, rec, link.count, []))
             link.count += 1
 
     def _send_record(self, link: Link, step: int, raw: bytes) -> None:
@@ -320,22 +312,20 @@ class Producer(TransportBase):
             )
         words = buf.view(np.int64)
         kind = int(words[0])
-        if kind == Request.GET and len(words) >= 4:
-            step, did, nd = int(words[1]), int(words[2]), int(words[3])
+        if kind == Request.GET and len(words) >= 5:
+            step, did, nd, row = int(words[1]), int(words[2]), int(words[3]), int(words[4])
             if step >= self._steps_held:  # not committed here yet: answered at its commit
                 self._deferred.append((link, src, buf))
                 return
-            if len(words) != 4 + 2 * nd or not 0 <= did < len(self.catalog.specs):
+            if len(words) != 5 + 2 * nd or not 0 <= did < len(self.catalog.specs):
                 raise TransportError(
                     f"malformed data request from consumer task {link.app} rank {src}"
                 )
             want = Box(
-                tuple(int(v) for v in words[4 : 4 + nd]), tuple(int(v) for v in words[4 + nd :])
+                tuple(int(v) for v in words[5 : 5 + nd]), tuple(int(v) for v in words[5 + nd :])
             )
             item = self.catalog.specs[did].dtype.itemsize
-            found = next(
-                ((b, a) for b, a in self._data.get(step, {}).get(did, ()) if b.contains(want)), None
-            )
+            found = self._held(step, did, row, want)
             for c in wire.chunks(want, item):
                 if found is None:  # not held here (released, or never written): empty answers
                     self._answers.send(
@@ -358,6 +348,21 @@ class Producer(TransportBase):
                 )
         else:
             raise TransportError(f"unknown request {kind} from consumer task {link.app} rank {src}")
+
+    def _held(self, step: int, did: int, row: int, want: Box) -> tuple[Box, np.ndarray] | None:
+        """Block *row* of dataset *did*'s table at *step*, if this rank holds it and it contains *want*."""
+        arrays = self._data.get(step, {}).get(did)
+        if arrays is None:
+            return None
+        t = self.catalog.table(did, step)
+        if not 0 <= row < len(t) or int(t.rank[row]) != self.rank:
+            return None
+        local = row - int(np.searchsorted(t.rank, self.rank, side="left"))
+        held = arrays[local] if 0 <= local < len(arrays) else None
+        if held is None:
+            return None
+        box = t.box(row)
+        return (box, held) if box.contains(want) else None
 
     def _serve(self, until, what: str) -> None:
         """Independent: serve consumers until *until()*; TransportError after *timeout* s without progress."""

@@ -39,7 +39,8 @@ MPI = comm_mod.MPI
 class Request(IntEnum):
     """What a consumer rank asks of a producer rank: the first int64 word of a ``Tag.REQUEST`` message."""
 
-    #: ``[GET, step, dataset id, ndim, start..., stop...]``: send this box of that step
+    #: ``[GET, step, dataset id, ndim, block, start..., stop...]``: send this box of that block (its
+    #: row in the step's table of the dataset) of that step
     GET = 1
     #: ``[RELEASE, k]``: every step before *k* is released by this consumer rank
     RELEASE = 2

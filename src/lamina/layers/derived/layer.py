@@ -100,6 +100,7 @@ class DerivedLayer(Layer):
         ] = {}  # (name, step, box) -> components of recent vector evaluations
         self.device = "cpu"
         self._bytes_read = 0
+        self._paths: dict[str, str] = {}  # names as passed to put -> normalized paths
 
     def configure(self, options: dict) -> None:
         self.device = options.get("device", "cpu")
@@ -313,10 +314,14 @@ class DerivedLayer(Layer):
         return out
 
     def put(self, name: str, box: Box, array: np.ndarray, copy: bool = True) -> None:
-        try:
-            path = normpath(name)
-        except ValueError:
-            path = name
+        path = self._paths.get(name)
+        if path is None:
+            try:
+                path = normpath(name)
+            except ValueError:
+                path = name
+            if len(self._paths) < 4096:
+                self._paths[name] = path
         d = self._by_component.get(path)
         if d is not None:
             raise ModeError(
@@ -451,7 +456,7 @@ class DerivedLayer(Layer):
         """Independent: boxes of *path* that hold values at *step* (the rest reads as fill)."""
         step = self.check_step(step)
         path = normpath(path)
-        blocks = self.inner.blocks(path, step) if path in self.catalog.datasets else None
+        blocks = self.inner.block_table(path, step) if path in self.catalog.datasets else None
         if blocks is None:
             d = self._defs.get(path)
             if d is None:
@@ -459,8 +464,8 @@ class DerivedLayer(Layer):
                     f"no dataset {path!r} in {self.path!r}.{suggest(path, self.catalog.datasets)}"
                 )
             return self.coverage(d.anchor, step)
-        if blocks:
-            return [b.box for b in blocks]
+        if len(blocks):
+            return [blocks.box(i) for i in range(len(blocks))]
         d = self._by_component.get(path)
         return self.coverage(d.anchor, step) if d is not None else []
 
@@ -473,8 +478,8 @@ class DerivedLayer(Layer):
             return
         spec, step = self.inner.check_read(path, box, step, out)
         if d.strategy == "store" and spec.id >= 0:
-            recs = self.catalog.blocks(spec.id, step)
-            if recs and all(r.codec != BlockCodec.STATS_ONLY for r in recs):
+            t = self.catalog.table(spec.id, step)
+            if len(t) and not bool((t.codec == BlockCodec.STATS_ONLY).any()):
                 self.inner.get(path, box, step, out)
                 self._count(path, box, step)
                 return
@@ -488,10 +493,13 @@ class DerivedLayer(Layer):
             step = self.check_step(step)
         except Exception:
             return  # the inner engine raises the proper error
-        n = 0
-        for rec, inter in self.catalog.hits(spec.id, step, box):
-            n += inter.size * spec.dtype.itemsize if rec.codec == BlockCodec.RAW else rec.length
-        self._bytes_read += n
+        t = self.catalog.table(spec.id, step)
+        idx, lo, hi = t.hits(box.start, box.stop)
+        if not len(idx):
+            return
+        part = np.prod(hi - lo, axis=1, dtype=np.int64) * spec.dtype.itemsize
+        raw = t.codec[idx] == BlockCodec.RAW
+        self._bytes_read += int(np.where(raw, part, t.length[idx]).sum())
 
     def _recompute(self, d: Definition, k: int, box: Box, step: int, out: np.ndarray) -> None:
         if box.empty:

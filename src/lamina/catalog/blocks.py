@@ -1,0 +1,644 @@
+"""Block records as columns: the blocks of one dataset at one step, and the blocks of one step.
+
+A :class:`BlockTable` holds n blocks as arrays (boxes as ``(n, ndim)``
+int64 corners, rank, subfile, offset, length, codec, checksums,
+statistics), from the ``put`` that makes them to the commit that records
+them, the catalog that keeps them and the reads and queries that use
+them.  It is encoded and decoded as whole arrays, so a block costs a few
+bytes of numpy work and no Python object; :meth:`BlockTable.record`
+builds the :class:`~.model.BlockRecord` of one block where a user asks
+for it.
+
+:class:`StepBlocks` holds the tables of one committed step, by dataset,
+each decoded the first time it is used: a reader opening a file of many
+steps reads the small record heads and none of the block sections until a
+step is read.
+
+Memory: a block costs ``16 ndim + 86`` bytes in a table (134 bytes for a
+3-D dataset): two int64 corners per dimension, offset, length, checksum
+segment, min, max, sum (16 bytes for complex data) and count (8 bytes
+each), rank, session, aggregator and checksum count (4 each), its
+checksum (4 bytes per segment), a checksum pointer (8) and codec and
+statistics flags (1 each).  ``docs/format.md`` gives the section layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from crc32c import crc32c
+
+from ..errors import FormatError
+from ..geometry import Box
+from .model import SEGMENT_UNIT, BlockCodec, BlockRecord, DatasetSpec, Stats
+
+#: offsets, lengths and checksum segments read from a file must stay below this
+LIMIT = 1 << 62
+_MAX_CODEC = max(BlockCodec)
+
+
+def stat_dtype(dt: np.dtype) -> np.dtype:
+    """The dtype of the min/max columns of a dataset of dtype *dt* (8 bytes each, as stored)."""
+    kind = dt.kind
+    if kind == "i":
+        return np.dtype("<i8")
+    if kind in "ub":
+        return np.dtype("<u8")
+    return np.dtype("<f8")
+
+
+def sum_dtype(dt: np.dtype) -> np.dtype:
+    """The dtype of the sum column: complex128 for complex datasets, else float64."""
+    return np.dtype("<c16") if dt.kind == "c" else np.dtype("<f8")
+
+
+def row_bytes(ndim: int, dt: np.dtype) -> int:
+    """Bytes one block takes in a section, without its checksums."""
+    return 16 * ndim + 24 + 16 + sum_dtype(dt).itemsize + 8 + 16 + 2
+
+
+class BlockTable:
+    """n blocks of one dataset as columns (see the module docstring).
+
+    Row order is the order blocks were committed (rank by rank, each rank's
+    in ``put`` order).  Tables are immutable once built; columns may be
+    read-only views of the bytes they were decoded from.
+    """
+
+    __slots__ = (
+        "dtype",
+        "ndim",
+        "start",
+        "stop",
+        "rank",
+        "session",
+        "agg",
+        "offset",
+        "length",
+        "codec",
+        "seg",
+        "ncrc",
+        "crc_ptr",
+        "crcs",
+        "has_stats",
+        "smin",
+        "smax",
+        "ssum",
+        "count",
+        "_order",
+        "_first",
+        "_reach",
+    )
+
+    def __init__(
+        self,
+        dtype: np.dtype,
+        start: np.ndarray,
+        stop: np.ndarray,
+        *,
+        rank: np.ndarray,
+        session: np.ndarray,
+        agg: np.ndarray,
+        offset: np.ndarray,
+        length: np.ndarray,
+        codec: np.ndarray,
+        seg: np.ndarray,
+        ncrc: np.ndarray,
+        crcs: np.ndarray,
+        has_stats: np.ndarray,
+        smin: np.ndarray,
+        smax: np.ndarray,
+        ssum: np.ndarray,
+        count: np.ndarray,
+    ) -> None:
+        self.dtype = np.dtype(dtype)
+        self.ndim = start.shape[1]
+        self.start, self.stop = start, stop
+        self.rank, self.session, self.agg = rank, session, agg
+        self.offset, self.length, self.codec, self.seg = offset, length, codec, seg
+        self.ncrc, self.crcs = ncrc, crcs
+        self.crc_ptr = np.zeros(len(ncrc) + 1, dtype=np.int64)
+        np.cumsum(ncrc, out=self.crc_ptr[1:])
+        self.has_stats = has_stats
+        self.smin, self.smax, self.ssum, self.count = smin, smax, ssum, count
+        self._order: np.ndarray | None = None  # rows sorted by start in dimension 0 (hits)
+        self._first: np.ndarray | None = None  # their starts in dimension 0
+        self._reach = 0  # the widest block's extent in dimension 0
+
+    # -- construction -----------------------------------------------------
+    @classmethod
+    def empty(cls, ndim: int, dtype: np.dtype) -> BlockTable:
+        return cls.build(dtype, np.zeros((0, ndim), np.int64), np.zeros((0, ndim), np.int64))
+
+    @classmethod
+    def build(
+        cls,
+        dtype,
+        start,
+        stop,
+        *,
+        rank=0,
+        session=0,
+        agg=0,
+        offset=0,
+        length=None,
+        codec=BlockCodec.RAW,
+        seg=0,
+        crcs: Sequence[Sequence[int]] | None = None,
+        has_stats=False,
+        smin=0,
+        smax=0,
+        ssum=0,
+        count=0,
+    ) -> BlockTable:
+        """A table from columns (arrays, or scalars broadcast to every row); lengths default to raw sizes.
+
+        *crcs* is one sequence of checksums per block (default: one 0 each).
+        """
+        dt = np.dtype(dtype)
+        start = np.ascontiguousarray(start, dtype=np.int64)
+        stop = np.ascontiguousarray(stop, dtype=np.int64)
+        n = start.shape[0]
+
+        def col(v, t) -> np.ndarray:
+            return np.ascontiguousarray(np.broadcast_to(np.asarray(v, dtype=t), (n,)))
+
+        if length is None:
+            length = np.prod(stop - start, axis=1, dtype=np.int64) * dt.itemsize
+        if crcs is None:
+            ncrc = np.ones(n, dtype=np.uint32)
+            flat = np.zeros(n, dtype=np.uint32)
+        else:
+            ncrc = np.fromiter((len(c) for c in crcs), dtype=np.uint32, count=n)
+            flat = np.fromiter(
+                (int(v) for c in crcs for v in c), dtype=np.uint32, count=int(ncrc.sum())
+            )
+        return cls(
+            dt,
+            start,
+            stop,
+            rank=col(rank, np.uint32),
+            session=col(session, np.uint32),
+            agg=col(agg, np.uint32),
+            offset=col(offset, np.int64),
+            length=col(length, np.int64),
+            codec=col(codec, np.uint8),
+            seg=col(seg, np.int64),
+            ncrc=ncrc,
+            crcs=flat,
+            has_stats=col(has_stats, np.bool_),
+            smin=col(smin, stat_dtype(dt)),
+            smax=col(smax, stat_dtype(dt)),
+            ssum=col(ssum, sum_dtype(dt)),
+            count=col(count, np.int64),
+        )
+
+    @classmethod
+    def from_records(cls, records: Sequence[BlockRecord], spec: DatasetSpec) -> BlockTable:
+        """A table of per-block records (files of format versions 1 and 2 store blocks that way)."""
+        n, nd, dt = len(records), spec.ndim, spec.dtype
+        stats = [r.stats for r in records]
+        has = [s is not None for s in stats]
+        zero = Stats(0, 0, 0.0, 0)
+        st = [s if s is not None else zero for s in stats]
+        return cls.build(
+            dt,
+            np.array([r.box.start for r in records], dtype=np.int64).reshape(n, nd),
+            np.array([r.box.stop for r in records], dtype=np.int64).reshape(n, nd),
+            rank=[r.rank for r in records],
+            session=[r.session for r in records],
+            agg=[r.agg for r in records],
+            offset=[r.offset for r in records],
+            length=[r.length for r in records],
+            codec=[r.codec for r in records],
+            seg=[r.seg for r in records],
+            crcs=[r.crcs for r in records],
+            has_stats=has,
+            smin=[s.min for s in st],
+            smax=[s.max for s in st],
+            ssum=[s.sum for s in st],
+            count=[s.count for s in st],
+        )
+
+    @classmethod
+    def concat(cls, tables: Sequence[BlockTable], ndim: int, dtype) -> BlockTable:
+        """The rows of *tables* one after the other."""
+        tables = [t for t in tables if len(t)]
+        if not tables:
+            return cls.empty(ndim, np.dtype(dtype))
+        if len(tables) == 1:
+            return tables[0]
+
+        def cat(name: str) -> np.ndarray:
+            return np.concatenate([getattr(t, name) for t in tables])
+
+        return cls(
+            tables[0].dtype,
+            cat("start"),
+            cat("stop"),
+            rank=cat("rank"),
+            session=cat("session"),
+            agg=cat("agg"),
+            offset=cat("offset"),
+            length=cat("length"),
+            codec=cat("codec"),
+            seg=cat("seg"),
+            ncrc=cat("ncrc"),
+            crcs=cat("crcs"),
+            has_stats=cat("has_stats"),
+            smin=cat("smin"),
+            smax=cat("smax"),
+            ssum=cat("ssum"),
+            count=cat("count"),
+        )
+
+    def take(self, idx: np.ndarray) -> BlockTable:
+        """The rows *idx* (in that order) as a new table."""
+        idx = np.asarray(idx, dtype=np.int64)
+        lo, hi = self.crc_ptr[idx], self.crc_ptr[idx + 1]
+        counts = hi - lo
+        # the checksums of the rows taken, in order: one arange per row, flattened
+        pos = np.repeat(lo - np.concatenate(([0], np.cumsum(counts)[:-1])), counts)
+        flat = self.crcs[pos + np.arange(int(counts.sum()))] if counts.size else self.crcs[:0]
+        return BlockTable(
+            self.dtype,
+            self.start[idx],
+            self.stop[idx],
+            rank=self.rank[idx],
+            session=self.session[idx],
+            agg=self.agg[idx],
+            offset=self.offset[idx],
+            length=self.length[idx],
+            codec=self.codec[idx],
+            seg=self.seg[idx],
+            ncrc=self.ncrc[idx],
+            crcs=flat,
+            has_stats=self.has_stats[idx],
+            smin=self.smin[idx],
+            smax=self.smax[idx],
+            ssum=self.ssum[idx],
+            count=self.count[idx],
+        )
+
+    # -- rows ---------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.start.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        """Memory the columns take (the measure of the catalog's cost per block)."""
+        return sum(
+            getattr(self, name).nbytes
+            for name in self.__slots__
+            if name not in ("dtype", "ndim", "_order", "_first", "_reach")
+        )
+
+    def box(self, i: int) -> Box:
+        return Box(tuple(self.start[i].tolist()), tuple(self.stop[i].tolist()))
+
+    def block_crcs(self, i: int) -> tuple[int, ...]:
+        return tuple(self.crcs[self.crc_ptr[i] : self.crc_ptr[i + 1]].tolist())
+
+    def stats(self, i: int) -> Stats | None:
+        if not self.has_stats[i]:
+            return None
+        kind = self.dtype.kind
+        if kind in "iub":
+            return Stats(
+                int(self.smin[i]), int(self.smax[i]), float(self.ssum[i]), int(self.count[i])
+            )
+        s = self.ssum[i]
+        return Stats(
+            float(self.smin[i]),
+            float(self.smax[i]),
+            complex(s) if kind == "c" else float(s),
+            int(self.count[i]),
+        )
+
+    def record(self, i: int, dataset: int) -> BlockRecord:
+        """Block *i* as a :class:`BlockRecord` (built on demand: tables keep no objects)."""
+        return BlockRecord(
+            dataset,
+            self.box(i),
+            int(self.rank[i]),
+            int(self.session[i]),
+            int(self.agg[i]),
+            int(self.offset[i]),
+            int(self.length[i]),
+            int(self.codec[i]),
+            int(self.seg[i]),
+            self.block_crcs(i),
+            self.stats(i),
+        )
+
+    def records(self, dataset: int) -> list[BlockRecord]:
+        return [self.record(i, dataset) for i in range(len(self))]
+
+    # -- search ---------------------------------------------------------------
+    def hits(
+        self, start: Sequence[int], stop: Sequence[int]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The blocks that meet the box ``[start, stop)``: row indices (ascending) and the common parts.
+
+        Returns ``(idx, lo, hi)``: block ``idx[k]`` meets the box in
+        ``[lo[k], hi[k])``.  Rows are kept sorted by their start in dimension
+        0 (built on first use), so only blocks that start within the widest
+        block's extent before the box are tested: a box among many blocks
+        costs a binary search and a test of its slab, not of every block.
+        """
+        n = len(self)
+        nd = self.ndim
+        if n == 0:
+            z = np.zeros((0, nd), dtype=np.int64)
+            return np.zeros(0, dtype=np.int64), z, z
+        s = np.asarray(start, dtype=np.int64)
+        e = np.asarray(stop, dtype=np.int64)
+        if nd == 0:  # a 0-D box is one element: every 0-D block holds it
+            z = np.zeros((n, 0), dtype=np.int64)
+            return np.arange(n, dtype=np.int64), z, z
+        if bool(np.any(e <= s)):
+            z = np.zeros((0, nd), dtype=np.int64)
+            return np.zeros(0, dtype=np.int64), z, z
+        if self._order is None or self._first is None:
+            self._order = np.argsort(self.start[:, 0], kind="stable")
+            self._first = self.start[self._order, 0]
+            self._reach = int((self.stop[:, 0] - self.start[:, 0]).max())
+        order, first = self._order, self._first
+        a = int(np.searchsorted(first, int(s[0]) - self._reach, side="right"))
+        b = int(np.searchsorted(first, int(e[0]), side="left"))
+        cand = order[a:b]
+        lo = np.maximum(self.start[cand], s)
+        hi = np.minimum(self.stop[cand], e)
+        ok = np.all(lo < hi, axis=1)
+        sel = np.flatnonzero(ok)
+        keep = cand[sel]
+        sort = np.argsort(keep, kind="stable")
+        return keep[sort], lo[sel][sort], hi[sel][sort]
+
+    # -- encoding ---------------------------------------------------------------
+    def encode(self) -> bytes:
+        """The section of this table (``docs/format.md``, version 3)."""
+        n = len(self)
+        parts = [
+            np.array([n, len(self.crcs)], dtype="<u8").tobytes(),
+            self.start.astype("<i8", copy=False).tobytes(),
+            self.stop.astype("<i8", copy=False).tobytes(),
+            self.offset.astype("<u8").tobytes(),
+            self.length.astype("<u8").tobytes(),
+            self.seg.astype("<u8").tobytes(),
+            self.smin.astype(stat_dtype(self.dtype), copy=False).tobytes(),
+            self.smax.astype(stat_dtype(self.dtype), copy=False).tobytes(),
+            self.ssum.astype(sum_dtype(self.dtype), copy=False).tobytes(),
+            self.count.astype("<u8").tobytes(),
+            self.rank.astype("<u4", copy=False).tobytes(),
+            self.session.astype("<u4", copy=False).tobytes(),
+            self.agg.astype("<u4", copy=False).tobytes(),
+            self.ncrc.astype("<u4", copy=False).tobytes(),
+            self.crcs.astype("<u4", copy=False).tobytes(),
+            self.codec.astype("u1", copy=False).tobytes(),
+            self.has_stats.astype("u1").tobytes(),
+        ]
+        return b"".join(parts)
+
+    @classmethod
+    def decode(cls, buf, spec: DatasetSpec, what: str) -> BlockTable:
+        """The table a section encodes, checked against *spec*; FormatError for anything else.
+
+        Every check is on whole columns: boxes inside the dataset, known
+        codecs, raw lengths equal to the box's bytes, offsets and lengths
+        below 2**62, checksum segments that are multiples of 256 KiB and
+        checksum counts that match them.
+        """
+        mv = memoryview(buf).cast("B")
+        dt, nd = spec.dtype, spec.ndim
+        where = f"{what}: blocks of dataset {spec.path!r}"
+        if len(mv) < 16:
+            raise FormatError(
+                f"{where}: section of {len(mv)} bytes is shorter than its 16-byte head"
+            )
+        n, ncrcs = (int(v) for v in np.frombuffer(mv[:16], dtype="<u8"))
+        row = row_bytes(nd, dt)
+        if n > (len(mv) - 16) // row or ncrcs > (len(mv) - 16) // 4:
+            raise FormatError(
+                f"{where}: {n} blocks and {ncrcs} checksums cannot fit in a section of {len(mv)} bytes"
+            )
+        if 16 + n * row + 4 * ncrcs != len(mv):
+            raise FormatError(
+                f"{where}: section of {len(mv)} bytes, {16 + n * row + 4 * ncrcs} expected for "
+                f"{n} blocks and {ncrcs} checksums"
+            )
+        pos = 16
+
+        def take(t, count: int) -> np.ndarray:
+            nonlocal pos
+            t = np.dtype(t)
+            a = np.frombuffer(mv, dtype=t, count=count, offset=pos)
+            pos += t.itemsize * count
+            return a
+
+        start = take("<i8", n * nd).reshape(n, nd)
+        stop = take("<i8", n * nd).reshape(n, nd)
+        offset, length, seg = take("<u8", n), take("<u8", n), take("<u8", n)
+        smin, smax = take(stat_dtype(dt), n), take(stat_dtype(dt), n)
+        ssum = take(sum_dtype(dt), n)
+        count = take("<u8", n)
+        rank, session, agg, ncrc = take("<u4", n), take("<u4", n), take("<u4", n), take("<u4", n)
+        crcs = take("<u4", ncrcs)
+        codec, has = take("u1", n), take("u1", n)
+
+        def fail(mask: np.ndarray, why: str) -> None:
+            if n and bool(mask.any()):
+                i = int(np.argmax(mask))
+                box = f"{tuple(start[i].tolist())}..{tuple(stop[i].tolist())}"
+                raise FormatError(f"{where}: block {i} (box {box}) {why}")
+
+        shape = np.asarray(spec.shape, dtype=np.int64)
+        if nd:
+            fail(
+                np.any((start < 0) | (stop < start) | (stop > shape), axis=1),
+                f"is outside the dataset's shape {spec.shape}",
+            )
+        big = LIMIT
+        fail((offset >= big) | (length >= big), "has an impossible offset or length")
+        fail(codec > _MAX_CODEC, "has an unknown codec id")
+        fail(has > 1, "has a bad statistics flag")
+        off64, len64, seg64 = offset.view("<i8"), length.view("<i8"), seg.view("<i8")
+        fail(
+            (codec == BlockCodec.STATS_ONLY) & (len64 != 0),
+            "keeps statistics only but claims bytes",
+        )
+        raw = (
+            np.prod(stop - start, axis=1, dtype=np.int64) * dt.itemsize
+            if nd
+            else np.full(n, dt.itemsize)
+        )
+        fail(
+            (codec == BlockCodec.RAW) & (len64 != raw),
+            "is raw but its length is not its box's bytes",
+        )
+        fail(
+            (seg >= big) | (seg64 % SEGMENT_UNIT != 0),
+            f"has a checksum segment that is not a multiple of {SEGMENT_UNIT}",
+        )
+        safe = np.where(seg64 > 0, seg64, 1)
+        expect = np.where(seg64 == 0, 1, np.maximum(1, -(-len64 // safe)))
+        fail(ncrc.astype(np.int64) != expect, "has the wrong number of checksums for its length")
+        if int(ncrc.sum(dtype=np.int64)) != ncrcs:
+            raise FormatError(
+                f"{where}: checksum counts add up to {int(ncrc.sum())}, the section holds {ncrcs}"
+            )
+        size = np.prod(stop - start, axis=1, dtype=np.int64) if nd else np.ones(n, np.int64)
+        fail((has == 1) & (count > size.astype(np.uint64)), "counts more values than its box holds")
+        return cls(
+            dt,
+            start,
+            stop,
+            rank=rank,
+            session=session,
+            agg=agg,
+            offset=off64,
+            length=len64,
+            codec=codec,
+            seg=seg64,
+            ncrc=ncrc,
+            crcs=crcs,
+            has_stats=has.view(np.bool_),
+            smin=smin,
+            smax=smax,
+            ssum=ssum,
+            count=count.view("<i8"),
+        )
+
+
+# --------------------------------------------------------------------------
+# the blocks of one step
+
+
+#: reads *length* bytes at *offset* of a step's block area (a file, or bytes in memory)
+Loader = Callable[[int, int], bytes | memoryview]
+
+
+@dataclass(frozen=True, slots=True)
+class Section:
+    """Where the blocks of one dataset at one step lie in the step's block area."""
+
+    dataset: int
+    nblocks: int
+    offset: int  # bytes from the start of the area
+    length: int
+    crc: int  # CRC-32C of the section's bytes
+
+
+def extents_of(tables: dict[int, BlockTable]) -> list[tuple[int, int, int]]:
+    """``(session, aggregator, end)`` for every subfile the blocks of *tables* lie in: the bytes they need."""
+    ends: dict[tuple[int, int], int] = {}
+    for t in tables.values():
+        stored = np.flatnonzero(t.length > 0)
+        if not stored.size:
+            continue
+        key = t.session[stored].astype(np.int64) << 32 | t.agg[stored].astype(np.int64)
+        end = t.offset[stored] + t.length[stored]
+        uniq, inv = np.unique(key, return_inverse=True)
+        top = np.zeros(len(uniq), dtype=np.int64)
+        np.maximum.at(top, inv, end)
+        for k, e in zip(uniq.tolist(), top.tolist(), strict=True):
+            sa = (k >> 32, k & 0xFFFFFFFF)
+            ends[sa] = max(ends.get(sa, 0), e)
+    return sorted((s, a, e) for (s, a), e in ends.items())
+
+
+def encode_area(tables: dict[int, BlockTable]) -> tuple[list[Section], bytes]:
+    """The sections of *tables* (ascending dataset id) and the block area holding them back to back."""
+    sections, parts, pos = [], [], 0
+    for did in sorted(tables):
+        t = tables[did]
+        if not len(t):
+            continue
+        raw = t.encode()
+        sections.append(Section(did, len(t), pos, len(raw), crc32c(raw)))
+        parts.append(raw)
+        pos += len(raw)
+    return sections, b"".join(parts)
+
+
+class StepBlocks:
+    """The blocks of one committed step, by dataset: each section decoded the first time it is used.
+
+    *load* reads bytes of the step's block area (None when every table is
+    given already, as for files of format versions 1 and 2).  A section
+    that fails its checksum or its checks raises FormatError naming the
+    step and the dataset, when it is first used.
+    """
+
+    __slots__ = ("sections", "extents", "_load", "_tables", "what")
+
+    def __init__(
+        self,
+        sections: dict[int, Section],
+        extents: list[tuple[int, int, int]],
+        load: Loader | None,
+        what: str,
+        tables: dict[int, BlockTable] | None = None,
+    ) -> None:
+        self.sections = sections
+        self.extents = extents
+        self._load = load
+        self._tables: dict[int, BlockTable] = dict(tables or {})
+        self.what = what
+
+    @classmethod
+    def of_tables(cls, tables: dict[int, BlockTable], what: str = "step") -> StepBlocks:
+        """A step whose tables are decoded already."""
+        tables = {d: t for d, t in tables.items() if len(t)}
+        sections = {d: Section(d, len(t), 0, 0, 0) for d, t in tables.items()}
+        return cls(sections, extents_of(tables), None, what, tables)
+
+    def datasets(self) -> list[int]:
+        return sorted(self.sections)
+
+    def nblocks(self, dataset: int) -> int:
+        """How many blocks *dataset* has in this step (without decoding them)."""
+        s = self.sections.get(dataset)
+        return 0 if s is None else s.nblocks
+
+    def loaded(self, dataset: int) -> bool:
+        return dataset in self._tables
+
+    def table(self, spec: DatasetSpec) -> BlockTable:
+        """The blocks of dataset *spec* in this step (an empty table if it has none)."""
+        t = self._tables.get(spec.id) if spec.id >= 0 else None
+        if t is not None:
+            return t
+        sec = self.sections.get(spec.id) if spec.id >= 0 else None
+        if sec is None:
+            return BlockTable.empty(spec.ndim, spec.dtype)
+        if self._load is None:
+            raise FormatError(f"{self.what}: the blocks of dataset {spec.path!r} are not available")
+        raw = self._load(sec.offset, sec.length)
+        if len(raw) != sec.length:
+            raise FormatError(
+                f"{self.what}: blocks of dataset {spec.path!r} truncated ({len(raw)} of {sec.length} bytes)"
+            )
+        if crc32c(raw) != sec.crc:
+            raise FormatError(
+                f"{self.what}: blocks of dataset {spec.path!r} fail their checksum: the metadata is corrupt"
+            )
+        t = BlockTable.decode(raw, spec, self.what)
+        if len(t) != sec.nblocks:
+            raise FormatError(
+                f"{self.what}: dataset {spec.path!r} has {len(t)} blocks, its record says {sec.nblocks}"
+            )
+        self._tables[spec.id] = t
+        return t
+
+    def release(self) -> None:
+        """Forget the decoded tables that can be loaded again (they are read back when next used)."""
+        if self._load is not None:
+            self._tables.clear()
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the decoded tables."""
+        return sum(t.nbytes for t in self._tables.values())

@@ -1,0 +1,244 @@
+"""Metadata records: one committed step, metadata change or close, as bytes.
+
+Format version 3 splits a record in two: a small **head** (kind, step,
+metadata operations, and a directory of the step's block sections) and a
+**block area** holding one section per dataset (:class:`~.blocks.BlockTable`
+columns).  Files store the area just before the head's frame and readers
+decode a section only when its step is read; the transports ship head and
+area together (:func:`pack`).  Versions 1 and 2 store every block inline
+in the record, one after the other; lamina reads them, and appends to such
+a file in its own version.  ``docs/format.md`` describes both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import FormatError
+from .blocks import BlockTable, Loader, Section, StepBlocks, encode_area, extents_of, row_bytes
+from .model import (
+    KIND_NAMES,
+    KIND_STEP,
+    BlockRecord,
+    DatasetSpec,
+    decode_op,
+    encode_op,
+)
+from .wire import Decoder, Encoder
+
+#: the newest record format (the native format's version)
+VERSION = 3
+
+_SECTION = 4 + 8 + 8 + 8 + 4
+_EXTENT = 4 + 4 + 8
+
+
+@dataclass(slots=True)
+class Record:
+    """One committed unit of metadata: a step, a metadata change, or a close mark.
+
+    To encode, a step record carries its blocks as ``tables`` (dataset id
+    -> :class:`BlockTable`).  A decoded version 3 record carries the
+    directory of its block area instead (``sections``, ``area_offset``,
+    ``area_length``): the tables are decoded later, from the area, by
+    :class:`StepBlocks`.  ``extents`` says how many bytes of each subfile
+    ``(session, aggregator)`` the step's blocks need.
+    """
+
+    kind: int
+    step: int = -1
+    session: int = 0
+    nranks: int = 1
+    time: float = 0.0
+    ops: list[tuple] = field(default_factory=list)
+    tables: dict[int, BlockTable] = field(default_factory=dict)
+    sections: dict[int, Section] = field(default_factory=dict)
+    extents: list[tuple[int, int, int]] = field(default_factory=list)
+    area_offset: int = 0
+    area_length: int = 0
+    version: int = VERSION
+
+    @classmethod
+    def of_blocks(cls, kind: int, step: int, blocks: list[BlockRecord], specs, **kw) -> Record:
+        """A record of per-block :class:`BlockRecord` objects (their tables built here)."""
+        by: dict[int, list[BlockRecord]] = {}
+        for b in blocks:
+            by.setdefault(b.dataset, []).append(b)
+        tables = {d: BlockTable.from_records(rs, specs[d]) for d, rs in by.items()}
+        return cls(kind, step, tables=tables, **kw)
+
+    # -- encoding ---------------------------------------------------------------
+    def _encode_start(self, e: Encoder) -> None:
+        e.u8(self.kind)
+        e.i64(self.step)
+        e.u32(self.session)
+        e.u32(self.nranks)
+        e.f64(self.time)
+        e.u32(len(self.ops))
+        for op in self.ops:
+            encode_op(e, op)
+
+    def encode(
+        self, specs_after_ops: list[DatasetSpec], version: int = VERSION, area_offset: int = 0
+    ) -> tuple[bytes, bytes]:
+        """``(head, area)``: the bytes of this record in format *version*.
+
+        *specs_after_ops*: datasets by id, including those this record
+        defines.  A decoded version 3 record (sections, no tables) encodes
+        its head with the same directory and an empty area: the area it
+        was decoded from goes with it unchanged.  *area_offset* is where the area will lie (a file offset
+        for the native format; 0 when shipped with the head).  Versions 1
+        and 2 have no area: every block is in the head.
+        """
+        e = Encoder()
+        self._encode_start(e)
+        if version <= 2:
+            rows = [
+                (d, t) for d, t in sorted(self.tables.items()) if len(t)
+            ]  # v1/v2: blocks inline, one record each
+            e.u32(sum(len(t) for _, t in rows))
+            for d, t in rows:
+                dt = specs_after_ops[d].dtype
+                for i in range(len(t)):
+                    t.record(i, d).encode(e, dt)
+            return e.getvalue(), b""
+        if self.tables or not self.sections:
+            sections, area = encode_area(self.tables)
+            extents = extents_of(self.tables)
+        else:  # a decoded record: its directory as it was (the caller ships the area it came with)
+            sections, area = list(self.sections.values()), b""
+            extents = list(self.extents)
+        e.u32(len(sections))
+        for s in sections:
+            e.u32(s.dataset)
+            e.u64(s.nblocks)
+            e.u64(s.offset)
+            e.u64(s.length)
+            e.u32(s.crc)
+        e.u32(len(extents))
+        for sess, agg, end in extents:
+            e.u32(sess)
+            e.u32(agg)
+            e.u64(end)
+        e.u64(area_offset)
+        e.u64(sum(s.length for s in sections))
+        return e.getvalue(), area
+
+    # -- decoding ---------------------------------------------------------------
+    @classmethod
+    def decode(
+        cls,
+        buf: bytes,
+        catalog,
+        what: str = "metadata record",
+        apply_ops: bool = True,
+        version: int = VERSION,
+    ) -> Record:
+        """The record a head encodes (version 3) or a whole record (versions 1 and 2).
+
+        The ops are applied to *catalog* unless already applied (ops may
+        define datasets the blocks use).  A version 3 record's sections are
+        checked against the datasets but not decoded.
+        """
+        d = Decoder(buf, what)
+        kind = d.u8()
+        if kind not in KIND_NAMES:
+            raise FormatError(f"{what}: unknown record kind {kind}")
+        step = d.i64()
+        session, nranks = d.u32(), d.u32()
+        t = d.f64()
+        rec = cls(kind, step, session, nranks, t, version=version)
+        nops = d.count(2, name="operations")
+        for _ in range(nops):
+            op = decode_op(d)
+            if apply_ops:
+                catalog.apply_op(op, what)
+            rec.ops.append(op)
+        specs = catalog.specs
+        if version <= 2:
+            nblocks = d.count(50, name="blocks")
+            by: dict[int, list[BlockRecord]] = {}
+            for _ in range(nblocks):
+                b = BlockRecord.decode(d, specs)
+                by.setdefault(b.dataset, []).append(b)
+            d.expect_end()
+            if by and kind != KIND_STEP:
+                raise FormatError(f"{what}: a {KIND_NAMES[kind]} record holds blocks")
+            rec.tables = {did: BlockTable.from_records(bs, specs[did]) for did, bs in by.items()}
+            rec.extents = extents_of(rec.tables)
+            return rec
+        nsec = d.count(_SECTION, name="block sections")
+        end = 0
+        for _ in range(nsec):
+            did, n, off, length, c = d.u32(), d.u64(), d.u64(), d.u64(), d.u32()
+            if did >= len(specs):
+                raise FormatError(
+                    f"{what}: blocks of dataset id {did}, only {len(specs)} datasets defined"
+                )
+            spec = specs[did]
+            if did in rec.sections or (rec.sections and did < max(rec.sections)):
+                raise FormatError(f"{what}: block sections out of order at dataset {spec.path!r}")
+            if off != end or n == 0 or n > length // row_bytes(spec.ndim, spec.dtype):
+                raise FormatError(
+                    f"{what}: block section of dataset {spec.path!r} ({n} blocks at {off}+{length}) "
+                    f"is inconsistent (expected at {end})"
+                )
+            rec.sections[did] = Section(did, n, off, length, c)
+            end = off + length
+        next_ = d.count(_EXTENT, name="subfile extents")
+        prev = (-1, -1)
+        for _ in range(next_):
+            sess, agg, e = d.u32(), d.u32(), d.u64()
+            if (sess, agg) <= prev or e >= 1 << 62:
+                raise FormatError(f"{what}: subfile extents out of order or impossible")
+            prev = (sess, agg)
+            rec.extents.append((sess, agg, e))
+        rec.area_offset, rec.area_length = d.u64(), d.u64()
+        d.expect_end()
+        if rec.area_length != end or rec.area_offset >= 1 << 62:
+            raise FormatError(
+                f"{what}: block area of {rec.area_length} bytes at {rec.area_offset}; its sections take {end}"
+            )
+        if kind != KIND_STEP and (rec.sections or rec.extents):
+            raise FormatError(f"{what}: a {KIND_NAMES[kind]} record holds blocks")
+        return rec
+
+    def step_blocks(self, load: Loader | None, what: str) -> StepBlocks:
+        """The blocks of this (step) record: decoded already (versions 1, 2, or built here) or loaded by *load*."""
+        if self.tables or not self.sections:
+            return StepBlocks.of_tables(self.tables, what)
+        return StepBlocks(dict(self.sections), list(self.extents), load, what)
+
+
+def pack(head: bytes, area: bytes) -> bytes:
+    """Head and area as one message (the transports, the memory engine): ``u64 len(head), head, area``."""
+    return np.array([len(head)], dtype="<u8").tobytes() + head + area
+
+
+def unpack(buf, what: str) -> tuple[memoryview, memoryview]:
+    """The head and the area of a :func:`pack` message."""
+    mv = memoryview(buf).cast("B")
+    if len(mv) < 8:
+        raise FormatError(f"{what}: message of {len(mv)} bytes is shorter than its 8-byte head")
+    n = int(np.frombuffer(mv[:8], dtype="<u8")[0])
+    if n > len(mv) - 8:
+        raise FormatError(f"{what}: head of {n} bytes in a message of {len(mv)}")
+    return mv[8 : 8 + n], mv[8 + n :]
+
+
+def decode_packed(
+    buf, catalog, what: str, apply_ops: bool = True
+) -> tuple[Record, StepBlocks | None]:
+    """A :func:`pack` message: the record, and for a step its blocks (loaded from the message)."""
+    head, area = unpack(buf, what)
+    rec = Record.decode(bytes(head), catalog, what, apply_ops)
+    if rec.kind != KIND_STEP:
+        return rec, None
+    if len(area) != rec.area_length:
+        raise FormatError(
+            f"{what}: block area of {len(area)} bytes, its head says {rec.area_length}"
+        )
+    area_bytes = bytes(area)
+    return rec, rec.step_blocks(lambda off, n: memoryview(area_bytes)[off : off + n], what)

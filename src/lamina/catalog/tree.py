@@ -1,0 +1,176 @@
+"""The catalog: the metadata tree of a file and the blocks of every step."""
+
+from __future__ import annotations
+
+from ..errors import FormatError
+from ..geometry import Box
+from .blocks import BlockTable, StepBlocks
+from .model import (
+    KIND_CLOSE,
+    KIND_STEP,
+    OP_ATTR,
+    OP_DATASET,
+    OP_DELATTR,
+    OP_EXT,
+    OP_GROUP,
+    BlockRecord,
+    DatasetSpec,
+    parent,
+)
+from .record import Record
+
+
+class Catalog:
+    """Groups, datasets, attributes and per-step block records of one file.
+
+    Built by applying :class:`Record` objects in commit order; writers apply
+    their own records the same way, so readers and writers share one model.
+    """
+
+    def __init__(self) -> None:
+        self.groups: set[str] = {""}
+        self.datasets: dict[str, DatasetSpec] = {}
+        self.specs: list[DatasetSpec] = []
+        self.attrs: dict[str, dict[str, object]] = {"": {}}
+        self.ext: dict[str, bytes] = {}
+        self.steps: list[StepBlocks] = []
+        self.step_times: list[float] = []
+        self.closed = False
+        self.last_session = -1
+        self.nrecords = 0
+
+    # -- queries --------------------------------------------------------
+    def kind_of(self, path: str) -> str | None:
+        if path in self.datasets:
+            return "dataset"
+        if path in self.groups:
+            return "group"
+        return None
+
+    def children(self, path: str) -> list[str]:
+        prefix = path + "/" if path else ""
+        names = set()
+        for p in list(self.groups) + list(self.datasets):
+            if p and p.startswith(prefix) and p != path:
+                rest = p[len(prefix) :]
+                names.add(rest.split("/", 1)[0])
+        return sorted(names)
+
+    def all_paths(self) -> list[str]:
+        return sorted((self.groups - {""}) | set(self.datasets))
+
+    def table(self, dataset_id: int, step: int) -> BlockTable:
+        """The blocks of a dataset at *step* as columns (decoded on first use)."""
+        return self.steps[step].table(self.specs[dataset_id])
+
+    def blocks(self, dataset_id: int, step: int) -> list[BlockRecord]:
+        """The blocks of a dataset at *step* as :class:`BlockRecord` objects (built on each call)."""
+        return self.table(dataset_id, step).records(dataset_id)
+
+    def hits(self, dataset_id: int, step: int, box: Box) -> list[tuple[BlockRecord, Box]]:
+        """The blocks of a dataset at *step* that meet *box*, with the common part: ``[(record, Box)]``.
+
+        A search of the step's table (:meth:`BlockTable.hits`); records are
+        built only for the blocks found.
+        """
+        t = self.table(dataset_id, step)
+        idx, lo, hi = t.hits(box.start, box.stop)
+        return [
+            (t.record(int(i), dataset_id), Box(tuple(a.tolist()), tuple(b.tolist())))
+            for i, a, b in zip(idx, lo, hi, strict=True)
+        ]
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the decoded block tables of every step."""
+        return sum(s.nbytes for s in self.steps)
+
+    # -- rollback ---------------------------------------------------------
+    def checkpoint(self) -> tuple:
+        """A snapshot to :meth:`restore` if applying new records fails part way."""
+        return (
+            set(self.groups),
+            dict(self.datasets),
+            len(self.specs),
+            {k: dict(v) for k, v in self.attrs.items()},
+            dict(self.ext),
+            len(self.steps),
+            len(self.step_times),
+            self.closed,
+            self.last_session,
+            self.nrecords,
+        )
+
+    def restore(self, cp: tuple) -> None:
+        (groups, datasets, nspecs, attrs, ext, nsteps, ntimes, closed, last_session, nrecords) = cp
+        self.groups, self.datasets, self.attrs, self.ext = groups, datasets, attrs, ext
+        del self.specs[nspecs:]
+        del self.steps[nsteps:]
+        del self.step_times[ntimes:]
+        self.closed, self.last_session, self.nrecords = closed, last_session, nrecords
+
+    # -- changes --------------------------------------------------------
+    def apply_op(self, op: tuple, what: str = "metadata") -> None:
+        """Apply one operation; raises FormatError on an inconsistent op from disk."""
+        code = op[0]
+        if code == OP_GROUP:
+            self._add_group(op[1], what)
+        elif code == OP_DATASET:
+            spec: DatasetSpec = op[1]
+            if spec.id != len(self.specs):
+                raise FormatError(
+                    f"{what}: dataset {spec.path!r} has id {spec.id}, expected {len(self.specs)}"
+                )
+            if spec.path in self.datasets or spec.path in self.groups:
+                raise FormatError(f"{what}: dataset {spec.path!r} defined twice")
+            self._add_group(parent(spec.path), what)
+            self.datasets[spec.path] = spec
+            self.specs.append(spec)
+            self.attrs.setdefault(spec.path, {})
+        elif code == OP_ATTR:
+            if self.kind_of(op[1]) is None:
+                raise FormatError(f"{what}: attribute on unknown node {op[1]!r}")
+            self.attrs.setdefault(op[1], {})[op[2]] = op[3]
+        elif code == OP_DELATTR:
+            self.attrs.get(op[1], {}).pop(op[2], None)
+        elif code == OP_EXT:
+            self.ext[op[1]] = op[2]
+        else:
+            raise FormatError(f"{what}: unknown operation {code}")
+
+    def _add_group(self, path: str, what: str) -> None:
+        parts = path.split("/") if path else []
+        for i in range(1, len(parts) + 1):
+            p = "/".join(parts[:i])
+            if p in self.datasets:
+                raise FormatError(f"{what}: group {path!r} would pass through dataset {p!r}")
+            self.groups.add(p)
+            self.attrs.setdefault(p, {})
+
+    def apply_record(
+        self, rec: Record, ops_applied: bool = False, blocks: StepBlocks | None = None
+    ) -> None:
+        """Apply a whole record (its ops unless already applied while decoding).
+
+        *blocks*: the step's blocks (how to load them); by default those the
+        record holds already.
+        """
+        if not ops_applied:
+            for op in rec.ops:
+                self.apply_op(op)
+        self.last_session = max(self.last_session, rec.session)
+        self.nrecords += 1
+        if rec.kind == KIND_STEP:
+            if rec.step != len(self.steps):
+                raise FormatError(
+                    f"step record {rec.step} out of order: expected step {len(self.steps)}"
+                )
+            self.steps.append(
+                blocks if blocks is not None else rec.step_blocks(None, f"step {rec.step}")
+            )
+            self.step_times.append(rec.time)
+            self.closed = False
+        elif rec.kind == KIND_CLOSE:
+            self.closed = True
+        else:
+            self.closed = False

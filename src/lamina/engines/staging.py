@@ -1,0 +1,410 @@
+"""What a rank has put in the current step, until the commit: columns, a staging buffer, an overlap index.
+
+:class:`PutLog` keeps one row per block put (in put order) in plain
+lists, so a ``put`` appends a few values and builds no object; the commit
+turns them into arrays.  Small raw blocks (at most :data:`SMALL` bytes)
+are copied into :class:`Chunk` buffers, one after the other: their
+statistics and checksums are then computed a chunk at a time
+(:func:`lamina.stats.summarize_flat`, a few numpy calls for thousands of
+blocks), and a chunk is written or sent as one piece.  Larger blocks keep
+their own array and a :class:`~lamina.stats.BlockJob`.
+
+:class:`BoxIndex` finds, at ``put``, a box of the same rank and step that
+the new box overlaps, in constant time for the decompositions programs
+write (a hash grid whose cells are the size of the first box).
+"""
+
+from __future__ import annotations
+
+import itertools
+from concurrent.futures import Future
+
+import numpy as np
+
+from .. import stats as stats_mod
+from ..catalog import BlockCodec
+from ..catalog.blocks import stat_dtype, sum_dtype
+
+#: raw blocks of at most this many bytes are staged in chunks and summarized in batches
+SMALL = stats_mod.SMALL
+#: bytes per staging chunk (written or sent as one piece)
+CHUNK_BYTES = 4 << 20
+
+
+class Chunk:
+    """A staging buffer: small blocks' bytes back to back, and their statistics once computed."""
+
+    __slots__ = ("buf", "used", "rows", "dtypes", "job", "summaries")
+
+    def __init__(self, size: int = CHUNK_BYTES) -> None:
+        self.buf = np.empty(size, dtype=np.uint8)
+        self.used = 0
+        self.rows: list[int] = []  # PutLog rows staged here, in order (their bytes are consecutive)
+        self.dtypes: list[np.dtype] = []  # dtype of each such row
+        self.job: Future | None = None
+        # per run of rows of one dtype: (first row index in self.rows, Summary)
+        self.summaries: list[tuple[int, stats_mod.Summary]] | None = None
+
+    def room(self, n: int) -> bool:
+        return self.used + n <= len(self.buf)
+
+    def add(self, row: int, arr: np.ndarray) -> int:
+        """Copy *arr*'s bytes in; the offset where they start."""
+        off = self.used
+        n = arr.nbytes
+        self.buf.data[off : off + n] = arr.data.cast("B")  # arr is C-contiguous
+        self.used = off + n
+        self.rows.append(row)
+        self.dtypes.append(arr.dtype)
+        return off
+
+    def summarize(self, lengths: list[int], offsets: list[int], checksum: bool) -> None:
+        """Compute the statistics (and checksums) of every block staged here, run by run of one dtype."""
+        out: list[tuple[int, stats_mod.Summary]] = []
+        k = 0
+        n = len(self.rows)
+        while k < n:
+            dt = self.dtypes[k]
+            j = k + 1
+            while j < n and self.dtypes[j] == dt:
+                j += 1
+            a = offsets[k]
+            b = offsets[j - 1] + lengths[j - 1]
+            values = self.buf[a:b].view(dt)
+            sizes = np.array(lengths[k:j], dtype=np.int64) // dt.itemsize
+            out.append((k, stats_mod.summarize_flat(values, sizes, checksum)))
+            k = j
+        self.summaries = out
+
+    def start(
+        self, lengths: list[int], offsets: list[int], checksum: bool, background: bool
+    ) -> None:
+        """Summarize, on the worker thread when *background*."""
+        if self.summaries is not None or self.job is not None:
+            return
+        if background:
+            self.job = stats_mod._pool().submit(self.summarize, lengths, offsets, checksum)
+        else:
+            self.summarize(lengths, offsets, checksum)
+
+    def wait(self) -> None:
+        if self.job is not None:
+            job, self.job = self.job, None
+            job.result()
+
+    def reset(self) -> None:
+        self.wait()
+        self.used = 0
+        self.rows = []
+        self.dtypes = []
+        self.summaries = None
+
+
+class PutLog:
+    """The blocks of the current step on this rank, one row per block in put order (module docstring)."""
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        # per row, in put order
+        self.ds: list[int] = []  # dataset id
+        self.length: list[int] = []  # bytes stored
+        self.codec: list[int] = []
+        self.loc: list[tuple[int, int, int] | None] = []  # (session, agg, offset) once placed
+        self.payload: list = []  # the bytes to store (array, bytes), None when staged or stored
+        self.chunk: list[Chunk | None] = []  # the chunk a staged block lies in
+        self.coff: list[int] = []  # its offset there
+        self.job: list[stats_mod.StatsJob | None] = []  # statistics of a block not staged
+        # per dataset: its rows and their boxes, in put order
+        self.rows: dict[int, list[int]] = {}
+        self.starts: dict[int, list[tuple[int, ...]]] = {}
+        self.stops: dict[int, list[tuple[int, ...]]] = {}
+        self.chunks: list[Chunk] = []  # chunks of this step, in order
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def add(
+        self,
+        did: int,
+        start: tuple[int, ...],
+        stop: tuple[int, ...],
+        length: int,
+        codec: int,
+        payload=None,
+        job: stats_mod.StatsJob | None = None,
+        loc: tuple[int, int, int] | None = None,
+    ) -> int:
+        row = len(self.ds)
+        self.ds.append(did)
+        self.length.append(length)
+        self.codec.append(codec)
+        self.loc.append(loc)
+        self.payload.append(payload)
+        self.chunk.append(None)
+        self.coff.append(0)
+        self.job.append(job)
+        rows = self.rows.get(did)
+        if rows is None:
+            self.rows[did], self.starts[did], self.stops[did] = [row], [start], [stop]
+        else:
+            rows.append(row)
+            self.starts[did].append(start)
+            self.stops[did].append(stop)
+        return row
+
+    def stage(self, row: int, arr: np.ndarray, new_chunk) -> Chunk:
+        """Copy a small raw block into the current chunk (a new one from *new_chunk()* when full)."""
+        c = self.chunks[-1] if self.chunks else None
+        if c is None or not c.room(arr.nbytes) or c.summaries is not None or c.job is not None:
+            c = new_chunk()
+            self.chunks.append(c)
+        self.coff[row] = c.add(row, arr)
+        self.chunk[row] = c
+        return c
+
+    def chunk_columns(self, c: Chunk) -> tuple[list[int], list[int]]:
+        """(lengths, offsets) of the rows staged in *c*."""
+        return [self.length[r] for r in c.rows], [self.coff[r] for r in c.rows]
+
+    def summarize(self, c: Chunk, checksum: bool, background: bool) -> None:
+        lengths, offsets = self.chunk_columns(c)
+        c.start(lengths, offsets, checksum, background)
+
+    def pop(self) -> None:
+        """Forget the last row (a put that failed after it was added)."""
+        row = len(self.ds) - 1
+        did = self.ds[row]
+        for col in (
+            self.ds,
+            self.length,
+            self.codec,
+            self.loc,
+            self.payload,
+            self.chunk,
+            self.coff,
+            self.job,
+        ):
+            col.pop()
+        for col in (self.rows[did], self.starts[did], self.stops[did]):
+            col.pop()
+
+    def wait(self) -> None:
+        """Let every background job finish (before a failed step's buffers go)."""
+        for c in self.chunks:
+            try:
+                c.wait()
+            except Exception:
+                pass
+        for j in self.job:
+            if j is not None:
+                try:
+                    j.result()
+                except Exception:
+                    pass
+
+    def views(self, rows: list[int]):
+        """The bytes of *rows* (in that order) as few memoryviews: consecutive staged rows of a chunk as one."""
+        out: list[memoryview] = []
+        cur: tuple[Chunk, int, int] | None = None  # (chunk, start, end) being extended
+        for r in rows:
+            c = self.chunk[r]
+            if c is not None:
+                a, b = self.coff[r], self.coff[r] + self.length[r]
+                if cur is not None and cur[0] is c and cur[2] == a:
+                    cur = (c, cur[1], b)
+                    continue
+                if cur is not None:
+                    out.append(cur[0].buf.data[cur[1] : cur[2]])
+                cur = (c, a, b)
+                continue
+            if cur is not None:
+                out.append(cur[0].buf.data[cur[1] : cur[2]])
+                cur = None
+            p = self.payload[r]
+            out.append(p.data.cast("B") if isinstance(p, np.ndarray) else memoryview(p).cast("B"))
+        if cur is not None:
+            out.append(cur[0].buf.data[cur[1] : cur[2]])
+        return out
+
+    def stats_columns(self, did: int, dtype: np.dtype, seg: int, checksum: bool, stats: bool):
+        """Columns of dataset *did*'s rows, in order: seg, ncrc, crcs (flat), has_stats, min, max, sum, count.
+
+        Without *checksum* every block gets one checksum 0 and segment 0
+        (the record format wants one per block); without *stats*, none.
+        """
+        rows = self.rows.get(did, [])
+        n = len(rows)
+        smin = np.zeros(n, dtype=stat_dtype(dtype))
+        smax = np.zeros(n, dtype=stat_dtype(dtype))
+        ssum = np.zeros(n, dtype=sum_dtype(dtype))
+        count = np.zeros(n, dtype=np.int64)
+        has = np.zeros(n, dtype=bool)
+        crcs: list[tuple[int, ...]] = [(0,)] * n
+        pos = {r: k for k, r in enumerate(rows)}
+        chunks = {id(c): c for c in (self.chunk[r] for r in rows) if c is not None}
+        for c in chunks.values():  # staged rows: from their chunk's summaries, a run at a time
+            c.wait()
+            for first, s in c.summaries or ():
+                ks = [pos.get(r, -1) for r in c.rows[first : first + len(s.counts)]]
+                sel = np.array(ks, dtype=np.int64)
+                mine = np.flatnonzero(sel >= 0)
+                if not mine.size:
+                    continue
+                j = sel[mine]
+                if stats:
+                    smin[j], smax[j] = s.mins[mine], s.maxs[mine]
+                    ssum[j], count[j] = s.sums[mine], s.counts[mine]
+                    has[j] = True
+                if checksum:
+                    for a, b in zip(j.tolist(), mine.tolist(), strict=True):
+                        crcs[a] = s.crcs[b]
+        for k, r in enumerate(rows):
+            job = self.job[r]
+            if job is None:
+                continue
+            st, cr = job.result()
+            if checksum:
+                crcs[k] = cr
+            if st is not None and stats:
+                has[k] = True
+                smin[k], smax[k], ssum[k], count[k] = st.min, st.max, st.sum, st.count
+        segs = np.zeros(n, dtype=np.int64)
+        if checksum:
+            codec = np.array([self.codec[r] for r in rows], dtype=np.uint8)
+            segs[codec != BlockCodec.STATS_ONLY] = seg
+        return segs, crcs, has, smin, smax, ssum, count
+
+
+class BoxIndex:
+    """The boxes one rank put into one dataset in the current step, to test a new box for overlap.
+
+    A hash grid: the cell is the first box's shape; a box is entered in
+    every cell it touches, and a new box is tested against the boxes of
+    the cells it touches.  A box touching more than :data:`MAX_CELLS` cells
+    is kept aside and tested against all boxes at once (numpy); when such
+    boxes become common the grid is rebuilt with the median box shape.
+    """
+
+    MAX_CELLS = 16
+
+    __slots__ = ("ndim", "cell", "grid", "starts", "stops", "big", "n", "_rebuilt_at")
+
+    def __init__(self, ndim: int) -> None:
+        self.ndim = ndim
+        self.cell: tuple[int, ...] | None = None
+        self.grid: dict[tuple[int, ...], list[int]] = {}
+        self.starts: list[tuple[int, ...]] = []
+        self.stops: list[tuple[int, ...]] = []
+        self.big: list[int] = []
+        self.n = 0
+        self._rebuilt_at = 32  # rebuild only after the boxes doubled since the last time
+
+    def insert(self, start: tuple[int, ...], stop: tuple[int, ...]) -> int:
+        """Enter ``[start, stop)`` unless it meets an entered box: -1, or the index of that box."""
+        if self.ndim == 0:
+            if self.n:
+                return 0
+            self._append(start, stop, None)
+            return -1
+        if self.cell is None:
+            self.cell = tuple(max(1, b - a) for a, b in zip(start, stop, strict=True))
+        starts, stops = self.starts, self.stops
+        for j in self.big:
+            if _meets(start, stop, starts[j], stops[j]):
+                return j
+        cells = self._cells(start, stop)
+        if cells is None:  # a big box: test against every box
+            if self.n:
+                lo = np.array(starts, dtype=np.int64)
+                hi = np.array(stops, dtype=np.int64)
+                hit = np.all((lo < np.array(stop)) & (hi > np.array(start)), axis=1)
+                if bool(hit.any()):
+                    return int(np.argmax(hit))
+        else:
+            grid = self.grid
+            for key in cells:
+                got = grid.get(key)
+                if got:
+                    for j in got:
+                        if _meets(start, stop, starts[j], stops[j]):
+                            return j
+        self._append(start, stop, cells)
+        return -1
+
+    def _append(self, start, stop, cells) -> None:
+        j = self.n
+        self.starts.append(start)
+        self.stops.append(stop)
+        self.n = j + 1
+        if self.ndim == 0:
+            return
+        if cells is None:
+            self.big.append(j)
+            if 4 * len(self.big) > self.n and self.n >= 2 * self._rebuilt_at:
+                self._rebuild()
+            return
+        grid = self.grid
+        for key in cells:
+            got = grid.get(key)
+            if got is None:
+                grid[key] = [j]
+            else:
+                got.append(j)
+
+    def pop(self) -> None:
+        """Forget the box entered last (its put failed after the test)."""
+        j = self.n - 1
+        start, stop = self.starts.pop(), self.stops.pop()
+        self.n = j
+        if self.ndim == 0:
+            return
+        if self.big and self.big[-1] == j:
+            self.big.pop()
+            return
+        for key in self._cells(start, stop) or ():
+            got = self.grid.get(key)
+            if got and got[-1] == j:
+                got.pop()
+
+    def _cells(self, start, stop):
+        cell = self.cell
+        assert cell is not None
+        if self.ndim == 3:  # the common case, unrolled
+            c0, c1, c2 = cell
+            a0, a1, a2 = start[0] // c0, start[1] // c1, start[2] // c2
+            b0, b1, b2 = (stop[0] - 1) // c0, (stop[1] - 1) // c1, (stop[2] - 1) // c2
+            if a0 == b0 and a1 == b1 and a2 == b2:
+                return ((a0, a1, a2),)
+            lo, hi = (a0, a1, a2), (b0, b1, b2)
+        else:
+            lo = tuple(a // c for a, c in zip(start, cell, strict=True))
+            hi = tuple((b - 1) // c for b, c in zip(stop, cell, strict=True))
+            if lo == hi:
+                return (lo,)
+        count = 1
+        for a, b in zip(lo, hi, strict=True):
+            count *= b - a + 1
+        if count > self.MAX_CELLS:
+            return None
+        return list(itertools.product(*(range(a, b + 1) for a, b in zip(lo, hi, strict=True))))
+
+    def _rebuild(self) -> None:
+        """Many boxes are big for the grid: make the cell the median box shape and enter every box again."""
+        ext = np.array(self.stops, dtype=np.int64) - np.array(self.starts, dtype=np.int64)
+        self.cell = tuple(max(1, int(v)) for v in np.median(ext, axis=0))
+        self._rebuilt_at = self.n
+        self.grid = {}
+        self.big = []
+        starts, stops = self.starts, self.stops
+        self.starts, self.stops, self.n = [], [], 0
+        for a, b in zip(starts, stops, strict=True):
+            self._append(a, b, self._cells(a, b))
+
+
+def _meets(a0, a1, b0, b1) -> bool:
+    for s, e, t, u in zip(a0, a1, b0, b1, strict=True):
+        if s >= u or t >= e:
+            return False
+    return True
