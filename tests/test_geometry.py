@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 
 import numpy as np
 import pytest
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from lamina import geometry
 from lamina.errors import BoundsError, LaminaError, ShapeError
 from lamina.geometry import (
     Box,
@@ -17,6 +19,7 @@ from lamina.geometry import (
     decompose,
     dims_create,
     find_overlap,
+    find_overlap_arrays,
     morton_key,
     morton_order,
     split_range,
@@ -245,6 +248,243 @@ def test_find_overlap_examples():
     assert find_overlap(bs) == (0, 51)
     assert find_overlap([Box((), ()), Box((), ())]) == (0, 1)
     assert find_overlap([Box((), ())]) is None
+
+
+@st.composite
+def overlap_cases(draw):
+    """Boxes of 0-4 dimensions that repeat, nest, touch, are empty and differ in size."""
+    nd = draw(st.integers(0, 4))
+    bs: list[Box] = []
+    for _ in range(draw(st.integers(0, 40))):
+        kind = draw(st.sampled_from(["free", "aligned", "inside", "beside"])) if bs else "free"
+        if kind == "free":
+            start = [draw(st.integers(0, 12)) for _ in range(nd)]
+            stop = [a + draw(st.integers(0, 6)) for a in start]
+        elif kind == "aligned":  # blocks of a hierarchy: sizes and positions multiples of 2**k
+            size = 2 ** draw(st.integers(0, 5))
+            start = [size * draw(st.integers(0, 8)) for _ in range(nd)]
+            stop = [a + size * draw(st.integers(0, 1)) for a in start]
+        elif kind == "inside":  # nested in an earlier box, possibly equal or empty
+            outer = draw(st.sampled_from(bs))
+            start = [draw(st.integers(a, b)) for a, b in zip(outer.start, outer.stop, strict=True)]
+            stop = [draw(st.integers(a, b)) for a, b in zip(start, outer.stop, strict=True)]
+        else:  # an earlier box moved by its extent along one dimension: touching, or 1 off
+            other = draw(st.sampled_from(bs))
+            start, stop = list(other.start), list(other.stop)
+            if nd:
+                d = draw(st.integers(0, nd - 1))
+                shift = stop[d] - start[d] + draw(st.integers(-1, 1))
+                start[d] += shift
+                stop[d] += shift
+            if any(a < 0 for a in start):
+                continue
+        bs.append(Box(tuple(start), tuple(stop)))
+    return bs
+
+
+def corners(bs: list[Box], ndim: int) -> tuple[np.ndarray, np.ndarray]:
+    lo = np.array([b.start for b in bs], dtype=np.int64).reshape(len(bs), ndim)
+    hi = np.array([b.stop for b in bs], dtype=np.int64).reshape(len(bs), ndim)
+    return lo, hi
+
+
+def check_overlap_answer(bs: list[Box]) -> tuple[int, int] | None:
+    got = find_overlap(bs)
+    assert (got is not None) == brute_overlap(bs)
+    if got is not None:
+        i, j = got
+        assert i < j
+        assert bs[i].overlaps(bs[j])
+    if bs:
+        assert find_overlap_arrays(*corners(bs, bs[0].ndim)) == got
+    return got
+
+
+@settings(max_examples=300)
+@given(overlap_cases())
+def test_find_overlap_exact(bs):
+    check_overlap_answer(bs)
+
+
+@contextlib.contextmanager
+def search_tuning(**values):
+    """Set the search's tuning constants, so that small inputs take the paths large ones take."""
+    saved = {k: getattr(geometry, k) for k in values}
+    try:
+        for k, v in values.items():
+            setattr(geometry, k, v)
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(geometry, k, v)
+
+
+SWEEP = geometry._sweep
+
+
+def sweep_unchecked(*args):
+    """The sweep without its own overlap test: cuts and pair tests must find every overlap."""
+    return SWEEP(*args[:-1], False)
+
+
+@settings(max_examples=150)
+@given(
+    overlap_cases(),
+    st.sampled_from(
+        [
+            {"_STALL": 0, "_SMALL": 0},  # cut after every round
+            {"_STALL": 0, "_SMALL": 0, "_sweep": sweep_unchecked},  # down to single elements
+            {"_STALL": 0, "_SMALL": 3, "_CHUNK": 3, "_sweep": sweep_unchecked},  # small groups
+            {"_STALL": 0, "_SMALL": 0, "_BUDGET": 1, "_CHUNK": 3, "_sweep": sweep_unchecked},
+        ]
+    ),
+)
+def test_find_overlap_exact_when_cutting(bs, tuning):
+    with search_tuning(**tuning):
+        check_overlap_answer(bs)
+
+
+def test_find_overlap_arrays_contract():
+    lo = np.array([[0, 0], [4, 0], [2, 2]])
+    hi = np.array([[4, 4], [8, 4], [6, 3]])
+    assert find_overlap_arrays(lo, hi) in {(0, 2), (1, 2)}
+    assert find_overlap_arrays(lo[:2], hi[:2]) is None
+    # empty boxes (stop <= start somewhere) overlap nothing; negative coordinates are fine
+    assert find_overlap_arrays([[0, 0], [1, 5], [-3, -3]], [[9, 9], [0, 9], [0, 0]]) is None
+    assert find_overlap_arrays(np.zeros((3, 0)), np.zeros((3, 0))) == (0, 1)
+    assert find_overlap_arrays(np.zeros((1, 0)), np.zeros((1, 0))) is None
+    assert find_overlap_arrays(np.zeros((0, 3)), np.zeros((0, 3))) is None
+    big = 2**62
+    assert find_overlap_arrays([[0], [big]], [[big], [2 * big - 1]]) is None
+    with pytest.raises(BoundsError, match="2\\*\\*63"):
+        find_overlap_arrays([[-big], [0]], [[0], [big]])
+    with pytest.raises(ShapeError):
+        find_overlap_arrays(np.zeros((3, 2)), np.zeros((3, 3)))
+    with pytest.raises(ShapeError):
+        find_overlap_arrays(np.zeros(3), np.zeros(3))
+
+
+def test_find_overlap_needs_one_number_of_dimensions():
+    with pytest.raises(ShapeError, match=r"\[2, 3\]"):
+        find_overlap([Box((0, 0), (1, 1)), Box((0, 0, 0), (1, 1, 1)), Box((0,) * 3, (1,) * 3)])
+
+
+def pinwheels(lo: tuple[int, int], hi: tuple[int, int], depth: int) -> list[Box]:
+    """A square split into 4 rectangles around a centre, each split again: no straight cut.
+
+    No line crosses the layout without crossing a box, at any level, so
+    sorting along the axes cannot separate the boxes.
+    """
+    (x0, y0), (x1, y1) = lo, hi
+    if depth == 0:
+        return [Box(lo, hi)]
+    a, b = x0 + (x1 - x0) // 3, x0 + 2 * (x1 - x0) // 3
+    c, d = y0 + (y1 - y0) // 3, y0 + 2 * (y1 - y0) // 3
+    parts = [((x0, y0), (b, c)), ((b, y0), (x1, d)), ((a, d), (x1, y1)), ((x0, c), (a, y1))]
+    return [Box((a, c), (b, d))] + [q for p in parts for q in pinwheels(*p, depth - 1)]
+
+
+def test_find_overlap_pinwheels():
+    bs = pinwheels((0, 0), (3**6, 3**6), 5)
+    assert len(bs) == 1365
+    assert sum(b.size for b in bs) == 3**12
+    assert find_overlap(bs) is None
+    # in 3-D: layers of pinwheels, each turned a quarter, separated by a layer of slabs
+    layers = []
+    for z in range(4):
+        for b in bs:
+            (x0, y0), (x1, y1) = b.start, b.stop
+            if z % 2:
+                (x0, y0), (x1, y1) = (y0, x0), (y1, x1)
+            layers.append(Box((x0, y0, 2 * z), (x1, y1, 2 * z + 1)))
+    layers += [Box((0, 3**6 // 2, 2 * z + 1), (3**6, 3**6, 2 * z + 2)) for z in range(4)]
+    assert find_overlap(layers) is None
+    for k in (7, 700, len(bs) + 100):
+        grown = list(layers)
+        b = grown[k]
+        grown[k] = Box(b.start, (b.stop[0] + 1, *b.stop[1:]))
+        got = find_overlap(grown)
+        assert got is not None and k in got and grown[got[0]].overlaps(grown[got[1]])
+
+
+# --------------------------------------------------------------------------
+# find_overlap at scale: tens of thousands of blocks per step cost a few
+# sweeps over them, not a comparison of every pair (work is counted, not timed)
+
+WORK_PER_BOX = 16  # pieces swept or tested pair by pair, per box and dimension
+
+
+def grid_blocks(blocks: tuple[int, ...], size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Corners of the blocks of a regular grid of *blocks* blocks of *size**ndim* elements."""
+    lo = np.indices(blocks).reshape(len(blocks), -1).T * size
+    return lo, lo + size
+
+
+def bounded(f, *args):
+    """f(*args), checking that the search handled O(n) pieces (n boxes of ndim dimensions)."""
+    work = [0]
+    sweep, pairwise = geometry._sweep, geometry._pairwise
+
+    def counted_sweep(active, *rest):
+        work[0] += active.size
+        return sweep(active, *rest)
+
+    def counted_pairwise(active, *rest):
+        work[0] += active.size
+        return pairwise(active, *rest)
+
+    with search_tuning(_sweep=counted_sweep, _pairwise=counted_pairwise):
+        out = f(*args)
+    boxes = args[0]
+    n = len(boxes)
+    ndim = len(boxes[0]) if len(args) == 2 else boxes[0].ndim
+    assert work[0] <= WORK_PER_BOX * n * ndim, f"{work[0]} pieces handled for {n} boxes"
+    return out
+
+
+def test_find_overlap_scale_grid():
+    lo, hi = grid_blocks((64, 64, 64), 8)
+    bs = [Box(tuple(a), tuple(b)) for a, b in zip(lo.tolist(), hi.tolist(), strict=True)]
+    assert len(bs) == 262_144
+    assert bounded(find_overlap, bs) is None
+    assert bounded(find_overlap_arrays, lo, hi) is None
+    # one block moved by half its size along dimension 0 overlaps its neighbour there
+    k = 12345
+    bs[k] = bs[k].shift((4, 0, 0))
+    assert bounded(find_overlap, bs) == (k, k + 64 * 64)
+
+
+def block_hierarchy(levels: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Leaves of a 3-D block tree: 8^3 blocks of 64^3, refined (into 8) near a sphere.
+
+    A block of level k is 2**k times smaller than one of level 0.
+    """
+    rng = np.random.default_rng(seed)
+    lo, hi = grid_blocks((8, 8, 8), 64)
+    for _ in range(levels):
+        centre = (lo + hi) / 2
+        near = np.abs(np.linalg.norm(centre - 256, axis=1) - 160) < (hi - lo)[:, 0]
+        refine = near & (rng.random(len(lo)) < 0.8) & ((hi - lo)[:, 0] == (hi - lo)[:, 0].min())
+        half = (hi[refine] - lo[refine]) // 2
+        corner = np.indices((2, 2, 2)).reshape(3, -1).T
+        child_lo = (lo[refine][:, None, :] + corner * half[:, None, :]).reshape(-1, 3)
+        child_hi = child_lo + np.repeat(half, 8, axis=0)
+        lo = np.concatenate([lo[~refine], child_lo])
+        hi = np.concatenate([hi[~refine], child_hi])
+    return lo, hi
+
+
+def test_find_overlap_scale_block_hierarchy():
+    lo, hi = block_hierarchy(5)
+    assert len(lo) > 50_000 and len(np.unique(hi[:, 0] - lo[:, 0])) == 6
+    assert np.sum(np.prod(hi - lo, axis=1)) == 512**3  # the blocks tile the domain
+    assert bounded(find_overlap_arrays, lo, hi) is None
+    # a finest block moved by one element overlaps a neighbour
+    k = int(np.argmin(hi[:, 0] - lo[:, 0]))
+    lo[k] += 1
+    hi[k] += 1
+    got = bounded(find_overlap_arrays, lo, hi)
+    assert got is not None and k in got
 
 
 # --------------------------------------------------------------------------

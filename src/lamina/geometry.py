@@ -9,7 +9,9 @@ near-equal factors per dimension (like ``MPI_Dims_create``) and is the
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from types import EllipsisType
@@ -42,10 +44,10 @@ class Box:
     @classmethod
     def from_offset(cls, offset: Sequence[int], shape: Sequence[int]) -> Box:
         """The box of *shape* placed at *offset*."""
-        return cls(
-            tuple(int(o) for o in offset),
-            tuple(int(o) + int(s) for o, s in zip(offset, shape, strict=True)),
-        )
+        start = tuple(map(int, offset))
+        if len(start) != len(shape):
+            raise ShapeError(f"offset {start} and shape {tuple(shape)} differ in rank")
+        return cls(start, tuple(map(operator.add, start, map(int, shape))))
 
     @classmethod
     def from_slices(cls, slices: Sequence[slice], shape: Sequence[int]) -> Box:
@@ -66,7 +68,7 @@ class Box:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(b - a for a, b in zip(self.start, self.stop, strict=True))
+        return tuple(map(operator.sub, self.stop, self.start))
 
     @property
     def size(self) -> int:
@@ -74,7 +76,7 @@ class Box:
 
     @property
     def empty(self) -> bool:
-        return any(b <= a for a, b in zip(self.start, self.stop, strict=True))
+        return any(map(operator.le, self.stop, self.start))
 
     @property
     def slices(self) -> tuple[slice, ...]:
@@ -143,25 +145,302 @@ class Box:
 def find_overlap(boxes: Sequence[Box]) -> tuple[int, int] | None:
     """Indices (i, j), i < j, of a pair of overlapping boxes, or None.
 
-    Sorted by start along dimension 0, each box is tested against all boxes
-    before it at once (numpy), so a few thousand blocks cost milliseconds.
+    Parameters
+    ----------
+    boxes
+        Boxes with the same number of dimensions; empty boxes never overlap
+        anything, and two 0-D boxes always overlap.
+
+    Returns
+    -------
+    tuple of int or None
+        Some overlapping pair, or None when the boxes are pairwise disjoint.
+
+    Raises
+    ------
+    ShapeError
+        If the boxes differ in their number of dimensions.
+
+    See Also
+    --------
+    find_overlap_arrays : the same search on corner arrays; this function calls it.
     """
-    items = [(i, b) for i, b in enumerate(boxes) if not b.empty]
-    if len(items) < 2:
+    n = len(boxes)
+    if n < 2:
         return None
-    if items[0][1].ndim == 0:  # 0-D boxes always overlap
-        return (items[0][0], items[1][0])
-    idx = np.array([i for i, _ in items], dtype=np.int64)
-    lo = np.array([b.start for _, b in items], dtype=np.int64)
-    hi = np.array([b.stop for _, b in items], dtype=np.int64)
-    order = np.argsort(lo[:, 0], kind="stable")
-    idx, lo, hi = idx[order], lo[order], hi[order]
-    for k in range(1, len(idx)):
-        hit = np.all((lo[:k] < hi[k]) & (hi[:k] > lo[k]), axis=1)
+    ndim = boxes[0].ndim
+    if any(len(b.start) != ndim for b in boxes):
+        raise ShapeError(
+            f"boxes of different numbers of dimensions: {sorted({b.ndim for b in boxes})}"
+        )
+    lo = np.fromiter(
+        itertools.chain.from_iterable(b.start for b in boxes), dtype=np.int64, count=n * ndim
+    )
+    hi = np.fromiter(
+        itertools.chain.from_iterable(b.stop for b in boxes), dtype=np.int64, count=n * ndim
+    )
+    return find_overlap_arrays(lo.reshape(n, ndim), hi.reshape(n, ndim))
+
+
+# A round sweeps every dimension once.  After a round that split off less
+# than 1/_STALL of the pieces and added less than 1/_STALL groups, the
+# groups of at most _SMALL pieces are tested pair by pair and the others
+# are cut in two, unless the pieces outnumber the boxes _BUDGET times (as
+# clusters of overlapping boxes can make them): then all groups are tested
+# pair by pair.  Pairs are tested up to _CHUNK at a time.
+_STALL = 8
+_SMALL = 16
+_BUDGET = 8
+_CHUNK = 1 << 20
+
+
+def find_overlap_arrays(lo: np.ndarray, hi: np.ndarray) -> tuple[int, int] | None:
+    """Indices (i, j), i < j, of a pair of overlapping boxes given as corner arrays, or None.
+
+    Box ``k`` is ``[lo[k], hi[k])``; a box with ``hi <= lo`` in some
+    dimension is empty and overlaps nothing.  With 0 dimensions every box
+    is a single element, so any two overlap.
+
+    The search is exact for any input, vectorized, and stops at the first
+    overlap found.  It splits the boxes into ever smaller groups such that
+    boxes of different groups cannot overlap, until every group holds one
+    box (no overlap) or an overlap turns up:
+
+    - *Sweep*: sorted by start along one dimension, the boxes of a group
+      fall into runs whose extents along it chain together (each box starts
+      before the furthest stop of the boxes before it); boxes of different
+      runs cannot overlap, so each run becomes a group.  Sweeping the
+      dimensions in turn splits any layout that some plane cuts in two,
+      each side again, and so on (grids, slabs, bisections, block trees with
+      blocks of many sizes) down to single boxes in a few sweeps.  Each box
+      is also tested against the box that reaches furthest before it: in
+      1-D that finds every overlap, and it finds one at once where many
+      boxes overlap.
+    - *Cut*: when a round of sweeps over all dimensions makes little
+      progress (layouts no plane cuts, such as pinwheels), every group is
+      cut in two at the middle of its bounding box, across the dimension
+      along which it holds the most boxes side by side; a box across the
+      cut goes to both sides, clipped.  Clipping keeps every overlap: the
+      pieces of two boxes that hold a common point stay in one group.  A
+      group whose bounding box is a single element holds pieces that all
+      overlap.
+
+    Sorting dominates: O(n log n) per round, with few rounds for the
+    layouts parallel codes write (regular and irregular decompositions,
+    slabs, block hierarchies, a few huge boxes among small ones).
+
+    Parameters
+    ----------
+    lo, hi
+        Integer arrays of shape ``(n, ndim)``: the start and stop corners.
+        Coordinates may be negative; the largest minus the smallest must be
+        below ``2**63``.
+
+    Returns
+    -------
+    tuple of int or None
+        Some pair ``(i, j)``, ``i < j``, of overlapping boxes, or None when
+        the non-empty boxes are pairwise disjoint.
+
+    Raises
+    ------
+    ShapeError
+        If *lo* and *hi* are not 2-D arrays of the same shape.
+    BoundsError
+        If the coordinates span ``2**63`` or more.
+    """
+    lo = np.asarray(lo, dtype=np.int64)
+    hi = np.asarray(hi, dtype=np.int64)
+    if lo.ndim != 2 or lo.shape != hi.shape:
+        raise ShapeError(
+            f"box corners need two (n, ndim) arrays of one shape, got {lo.shape} and {hi.shape}"
+        )
+    n, ndim = lo.shape
+    if n < 2:
+        return None
+    if ndim == 0:  # 0-D boxes always overlap
+        return (0, 1)
+    keep = np.flatnonzero(np.all(hi > lo, axis=1))
+    if keep.size < 2:
+        return None
+    # one row per dimension: sweeps read one dimension at a time
+    lo_t, hi_t = np.ascontiguousarray(lo[keep].T), np.ascontiguousarray(hi[keep].T)
+    if int(hi_t.max()) - int(lo_t.min()) >= 1 << 63:
+        raise BoundsError("box coordinates span 2**63 or more; overlaps are computed in int64")
+    pair = _search(lo_t, hi_t)
+    if pair is None:
+        return None
+    i, j = int(keep[pair[0]]), int(keep[pair[1]])
+    return (min(i, j), max(i, j))
+
+
+def _search(lo_t: np.ndarray, hi_t: np.ndarray) -> tuple[int, int] | None:
+    """Two overlapping boxes among non-empty boxes (columns of lo_t, hi_t), or None."""
+    ndim, m = lo_t.shape
+    box = np.arange(m)  # the box each piece comes from
+    piece_lo, piece_hi = lo_t, hi_t  # the corners of each piece
+    active = np.arange(m)  # the pieces in groups of two or more, by group
+    group = np.zeros(m, dtype=np.int64)
+    ngroups = 1
+    check = True  # look for overlaps while sweeping: in the first round and after each cut
+    while active.size:
+        size0, groups0 = active.size, ngroups
+        for axis in range(ndim):
+            found, active, group, ngroups = _sweep(
+                active, group, ngroups, piece_lo, piece_hi, axis, check
+            )
+            if found is not None:
+                return int(box[found[0]]), int(box[found[1]])
+            if not active.size:
+                return None
+        stalled = _STALL * (size0 - active.size) < size0 and _STALL * (ngroups - groups0) < groups0
+        check = stalled
+        if not stalled:
+            continue
+        if active.size > _BUDGET * m:
+            found = _pairwise(active, group, piece_lo, piece_hi)
+            return None if found is None else (int(box[found[0]]), int(box[found[1]]))
+        count = np.bincount(group)
+        small = count[group] <= _SMALL
+        if small.any():
+            found = _pairwise(active[small], group[small], piece_lo, piece_hi)
+            if found is not None:
+                return int(box[found[0]]), int(box[found[1]])
+            active, group = active[~small], group[~small]
+            if not active.size:
+                return None
+            ngroups = int(np.count_nonzero(count > _SMALL))
+        found, box, piece_lo, piece_hi, group = _cut(box, piece_lo, piece_hi, active, group)
+        if found is not None:
+            return found
+        active, ngroups = np.arange(box.size), 2 * ngroups
+    return None
+
+
+def _sweep(
+    active: np.ndarray,
+    group: np.ndarray,
+    ngroups: int,
+    piece_lo: np.ndarray,
+    piece_hi: np.ndarray,
+    axis: int,
+    check: bool,
+) -> tuple[tuple[int, int] | None, np.ndarray, np.ndarray, int]:
+    """Split each group of *active* pieces into its runs along *axis*; drop runs of one.
+
+    Returns two overlapping pieces if *check* found some, else the pieces
+    left, their groups (numbered 0, 1, ... in order) and the group count.
+    """
+    start, stop = piece_lo[axis, active], piece_hi[axis, active]
+    origin = int(start.min())
+    span = int(stop.max()) - origin + 1
+    if ngroups * span < 1 << 62:
+        start, stop = start - origin, stop - origin
+    else:  # renumber the coordinates densely, keeping their order
+        values = np.unique(np.concatenate([start, stop]))
+        start, stop = np.searchsorted(values, start), np.searchsorted(values, stop)
+        span = values.size
+    # sort keys: the group, then the coordinate; the keys of a group all lie below the next's
+    key_start = group * span + start
+    order = np.argsort(key_start)
+    active, key_start = active[order], key_start[order]
+    key_stop = (group * span + stop)[order]
+    reach = np.maximum.accumulate(key_stop)
+    # a piece that starts before the reach of the pieces before it (in its group) joins their run
+    joins = np.flatnonzero(key_start[1:] < reach[:-1]) + 1
+    if check:  # against the piece that reaches furthest, which it overlaps along this axis
+        holder = np.maximum.accumulate(np.where(key_stop == reach, np.arange(reach.size), 0))
+        a, b = active[joins], active[holder[joins - 1]]
+        hit = np.ones(joins.size, dtype=bool)
+        for lo_d, hi_d in zip(piece_lo, piece_hi, strict=True):
+            hit &= (lo_d[a] < hi_d[b]) & (lo_d[b] < hi_d[a])
         if hit.any():
-            j = int(idx[int(np.argmax(hit))])
-            i = int(idx[k])
-            return (min(i, j), max(i, j))
+            k = int(np.argmax(hit))
+            return (int(a[k]), int(b[k])), active, group, ngroups
+    first = np.ones(active.size, dtype=bool)
+    first[joins] = False
+    run = np.cumsum(first) - 1
+    shared = np.bincount(run)[run] > 1
+    active, run = active[shared], run[shared]
+    if not active.size:
+        return None, active, run, 0
+    group = np.cumsum(np.r_[True, run[1:] != run[:-1]]) - 1
+    return None, active, group, int(group[-1]) + 1
+
+
+def _cut(
+    box: np.ndarray,
+    piece_lo: np.ndarray,
+    piece_hi: np.ndarray,
+    active: np.ndarray,
+    group: np.ndarray,
+) -> tuple[tuple[int, int] | None, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Cut every group of *active* pieces (sorted by group) in two at the middle of its bounding box.
+
+    The cut goes across the dimension along which the group holds the most
+    pieces side by side (its width over the mean extent of its pieces).
+    Returns two overlapping boxes if a group's bounding box is a single
+    element, else the new pieces: their boxes, corners and groups (the two
+    halves of the k-th group are groups 2k and 2k + 1).
+    """
+    lo, hi = piece_lo[:, active], piece_hi[:, active]
+    first = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+    count = np.diff(np.append(first, active.size))
+    glo = np.minimum.reduceat(lo, first, axis=1)
+    width = np.maximum.reduceat(hi, first, axis=1) - glo
+    extent = np.add.reduceat((hi - lo).astype(np.float64), first, axis=1)
+    score = np.where(width >= 2, width * (count / extent), -1.0)
+    axis = np.argmax(score, axis=0)
+    g = np.arange(first.size)
+    single = np.flatnonzero(score[axis, g] < 0)
+    if single.size:  # every piece of the group covers the same one element
+        k = int(first[single[0]])
+        return (int(box[active[k]]), int(box[active[k + 1]])), box, piece_lo, piece_hi, group
+    middle = glo[axis, g] + width[axis, g] // 2
+    axis, middle, g = np.repeat(axis, count), np.repeat(middle, count), np.repeat(g, count)
+    e = np.arange(active.size)
+    start, stop = lo[axis, e], hi[axis, e]
+    left, right = np.flatnonzero(start < middle), np.flatnonzero(stop > middle)
+    left_hi, right_lo = hi[:, left], lo[:, right]
+    left_hi[axis[left], np.arange(left.size)] = np.minimum(stop[left], middle[left])
+    right_lo[axis[right], np.arange(right.size)] = np.maximum(start[right], middle[right])
+    return (
+        None,
+        box[active[np.concatenate([left, right])]],
+        np.concatenate([lo[:, left], right_lo], axis=1),
+        np.concatenate([left_hi, hi[:, right]], axis=1),
+        np.concatenate([2 * g[left], 2 * g[right] + 1]),
+    )
+
+
+def _pairwise(
+    active: np.ndarray, group: np.ndarray, piece_lo: np.ndarray, piece_hi: np.ndarray
+) -> tuple[int, int] | None:
+    """Two overlapping pieces of one group, testing every pair; *active* is sorted by group.
+
+    Pairs are expanded and tested a chunk at a time, so that memory stays
+    bounded and the first chunk with an overlap ends the search.
+    """
+    n = active.size
+    first = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+    end = np.repeat(np.append(first[1:], n), np.diff(np.append(first, n)))
+    count = end - np.arange(n) - 1  # the later pieces of the group
+    cum = np.cumsum(count)
+    e = 0
+    while e < n:
+        done = int(cum[e] - count[e])
+        f = max(int(np.searchsorted(cum, done + _CHUNK, side="right")), e + 1)
+        c = count[e:f]
+        i = np.repeat(np.arange(e, f), c)
+        j = i + 1 + np.arange(i.size) - np.repeat(cum[e:f] - c - done, c)
+        a, b = active[i], active[j]
+        hit = np.ones(a.size, dtype=bool)
+        for lo_d, hi_d in zip(piece_lo, piece_hi, strict=True):
+            hit &= (lo_d[a] < hi_d[b]) & (lo_d[b] < hi_d[a])
+        if hit.any():
+            k = int(np.argmax(hit))
+            return int(a[k]), int(b[k])
+        e = f
     return None
 
 
@@ -267,10 +546,3 @@ def covered_volume(boxes: Iterable[Box], within: Box) -> int:
         if c is not None:
             total += c.size
     return total
-
-
-def find_overlap_arrays(lo: np.ndarray, hi: np.ndarray) -> tuple[int, int] | None:
-    """:func:`find_overlap` of boxes given as ``(n, ndim)`` corner arrays (box k: ``[lo[k], hi[k])``)."""
-    n = len(lo)
-    boxes = [Box(tuple(int(v) for v in lo[i]), tuple(int(v) for v in hi[i])) for i in range(n)]
-    return find_overlap(boxes)

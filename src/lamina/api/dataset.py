@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from ..errors import DTypeError, RangeError, ShapeError
@@ -193,9 +195,10 @@ class Dataset:
             raise ShapeError(
                 f"{self._what()}: data has {data.ndim} dimensions, dataset has {self.ndim} (shape {self.shape})"
             )
-        offset = (0,) * data.ndim if offset is None else tuple(int(o) for o in offset)
+        offset = (0,) * data.ndim if offset is None else tuple(map(int, offset))
         if len(offset) != self.ndim:
             raise ShapeError(
                 f"{self._what()}: offset {offset} has {len(offset)} entries, dataset has {self.ndim} dimensions"
             )
-        self._file._engine.put(self._path, Box.from_offset(offset, data.shape), data, copy=copy)
+        box = Box(offset, tuple(map(operator.add, offset, data.shape)))
+        self._file._engine.put(self._path, box, data, copy=copy)
