@@ -366,3 +366,23 @@ def test_request_before_the_rank_holds_the_step(tmp_path):
         env={"LAMINA_TRANSPORT": "memory"},
     )
     assert res.lines("OK late rank")
+
+
+def test_statistics_follow_the_record(tmp_path):
+    """Producers reduce their blocks after the commit; consumers fetch the statistics when used.
+
+    3 producer ranks write many small staged blocks (some with NaN), a large
+    shallow block and integer blocks; one consumer task follows every step,
+    another every 2nd (its steps are numbered differently from the
+    producer's).  Every block's statistics equal numpy's and queries prune.
+    """
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (3, "transport_stats", "produce", "s", 5),
+        (2, "transport_stats", "check", "s", 5, 1),
+        (1, "transport_stats", "check", "s", 5, 2),
+        cwd=tmp_path,
+        env={"LAMINA_TRANSPORT": "memory", "LAMINA_WORKFLOW": "s=0>1,2"},
+    )
+    assert res.lines("OK check every 1: 5 steps"), res.describe()
+    assert res.lines("OK check every 2: 3 steps"), res.describe()

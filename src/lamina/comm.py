@@ -32,12 +32,15 @@ class Tag(IntEnum):
 
     #: native engine, member -> aggregator: block bytes (plus the record number mod 4096)
     AGGREGATE = 701
-    #: in situ transport, producer rank j % P -> consumer rank j: int64 step + committed record; empty: no more
+    #: in situ transport, producer rank j % P -> consumer rank j: int64 step, int64 flags, committed
+    #: record; empty: no more
     RECORD = 11
     #: in situ transport, consumer -> producer: int64 words (see ``engines.transport.wire.Request``)
     REQUEST = 12
     #: in situ transport, producer -> consumer: one chunk of a requested box; empty: not held
     DATA = 13
+    #: in situ transport, producer -> consumer: the statistics a ``Request.STATS`` asked for; empty: not held
+    STATS = 14
     #: rendezvous on the peer communicator, consumer leader -> producer leader
     HELLO = 0x4C4D0
     #: rendezvous, producer leader -> consumer leader

@@ -243,6 +243,8 @@ class StatsJob(Protocol):
 
     def result(self) -> tuple[Stats | None, tuple[int, ...]]: ...
 
+    def done(self) -> bool: ...
+
 
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
@@ -268,6 +270,10 @@ class BlockJob:
             self._future = _pool().submit(compute, arr, seg, checksum)
         else:
             self._result = compute(arr, seg, checksum)
+
+    def done(self) -> bool:
+        """Whether :meth:`result` returns without waiting."""
+        return self._future is None or self._future.done()
 
     def result(self) -> tuple[Stats, tuple[int, ...]]:
         if self._future is not None:

@@ -63,7 +63,8 @@ class BlockTable:
     """n blocks of one dataset as columns (see the module docstring).
 
     Row order is the order blocks were committed (rank by rank, each rank's
-    in ``put`` order).  Tables are immutable once built; columns may be
+    in ``put`` order).  Tables are immutable once built, but for statistics
+    that arrive after the record (:meth:`set_stats`); columns may be
     read-only views of the bytes they were decoded from.
     """
 
@@ -126,6 +127,29 @@ class BlockTable:
         self._order: np.ndarray | None = None  # rows sorted by start in dimension 0 (hits)
         self._first: np.ndarray | None = None  # their starts in dimension 0
         self._reach = 0  # the widest block's extent in dimension 0
+
+    def set_stats(
+        self,
+        rows: np.ndarray,
+        has: np.ndarray,
+        smin: np.ndarray,
+        smax: np.ndarray,
+        ssum: np.ndarray,
+        count: np.ndarray,
+    ) -> None:
+        """Fill in the statistics of *rows*, which the record carried without them.
+
+        The in situ transport commits a step before its producers have
+        reduced their blocks; their statistics follow on request.  Columns
+        are copied before the first change (they may be read-only views).
+        """
+        for name in ("has_stats", "smin", "smax", "ssum", "count"):
+            col = getattr(self, name)
+            if not col.flags.writeable:
+                setattr(self, name, col.copy())
+        self.has_stats[rows] = has
+        self.smin[rows], self.smax[rows] = smin, smax
+        self.ssum[rows], self.count[rows] = ssum, count
 
     # -- construction -----------------------------------------------------
     @classmethod

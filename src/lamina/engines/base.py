@@ -251,14 +251,19 @@ class Engine(ABC):
         spec = self.catalog.datasets[name]
         return BlockInfos(self.catalog.steps[step].table(spec), spec)
 
-    def block_table(self, name: str, step: int) -> BlockTable:
-        """Independent: the blocks of *name* in committed *step* as columns (for queries and tools)."""
+    def block_table(self, name: str, step: int, stats: bool = True) -> BlockTable:
+        """Independent: the blocks of *name* in committed *step* as columns (for queries and tools).
+
+        With *stats* False the caller uses boxes and locations only: an
+        engine whose statistics arrive after the step (the memory
+        transport's consumer) need not wait for them.
+        """
         spec = self.catalog.datasets[name]  # (a reader's derived quantity has id -1: no blocks)
         return self.catalog.steps[step].table(spec)
 
     def coverage(self, path: str, step: int | None) -> list[Box]:
         """Independent: the boxes of *path* that hold values at *step*; the rest reads as the fill value."""
-        t = self.block_table(path, self.check_step(step))
+        t = self.block_table(path, self.check_step(step), stats=False)
         return [t.box(i) for i in range(len(t))]
 
     @property

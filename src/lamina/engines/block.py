@@ -116,6 +116,9 @@ class _Done:
     def result(self):
         return self.value
 
+    def done(self) -> bool:
+        return True
+
 
 @dataclass(slots=True)
 class DatasetHead:
@@ -230,6 +233,8 @@ class BlockEngine(Engine):
         self._free_chunks: list[np.ndarray] = []  # staging buffers to use again
         self._spec_cache: dict[str, DatasetSpec] = {}  # names as passed to put -> definitions
         self._with_stats = True  # False: blocks carry no statistics (the memory transport's option)
+        # False: the record goes out without the statistics, which follow (the memory transport)
+        self._stats_in_record = True
         self._pending_ops: list[tuple] = []
         self._commit_ops: list[
             tuple
@@ -700,7 +705,7 @@ class BlockEngine(Engine):
         for did in log.rows:
             dt = self.catalog.specs[did].dtype
             segs, crcs, has, smin, smax, ssum, count = log.stats_columns(
-                did, dt, self.segment, self.CHECKSUMS, self._with_stats
+                did, dt, self.segment, self.CHECKSUMS, self._with_stats and self._stats_in_record
             )
             n = len(segs)
             flat = [c for cs in crcs for c in cs]

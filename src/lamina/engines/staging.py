@@ -87,6 +87,10 @@ class Chunk:
         else:
             self.summarize(lengths, offsets, checksum)
 
+    def done(self) -> bool:
+        """Whether the statistics of the blocks staged here are computed (or never started)."""
+        return self.job is None or self.job.done()
+
     def wait(self) -> None:
         if self.job is not None:
             job, self.job = self.job, None
@@ -190,6 +194,10 @@ class PutLog:
         for col in (self.rows[did], self.starts[did], self.stops[did]):
             col.pop()
 
+    def ready(self) -> bool:
+        """Whether every statistics job of this step has finished (stats_columns will not wait)."""
+        return all(c.done() for c in self.chunks) and all(j is None or j.done() for j in self.job)
+
     def wait(self) -> None:
         """Let every background job finish (before a failed step's buffers go)."""
         for c in self.chunks:
@@ -242,6 +250,9 @@ class PutLog:
         count = np.zeros(n, dtype=np.int64)
         has = np.zeros(n, dtype=bool)
         crcs: list[tuple[int, ...]] = [(0,)] * n
+        segs = np.zeros(n, dtype=np.int64)
+        if not (stats or checksum):  # nothing to wait for (statistics that follow the record)
+            return segs, crcs, has, smin, smax, ssum, count
         pos = {r: k for k, r in enumerate(rows)}
         chunks = {id(c): c for c in (self.chunk[r] for r in rows) if c is not None}
         for c in chunks.values():  # staged rows: from their chunk's summaries, a run at a time
@@ -270,7 +281,6 @@ class PutLog:
             if st is not None and stats:
                 has[k] = True
                 smin[k], smax[k], ssum[k], count[k] = st.min, st.max, st.sum, st.count
-        segs = np.zeros(n, dtype=np.int64)
         if checksum:
             codec = np.array([self.codec[r] for r in rows], dtype=np.uint8)
             segs[codec != BlockCodec.STATS_ONLY] = seg

@@ -164,8 +164,8 @@ class Layer(Engine):
     def blocks(self, name: str, step: int) -> Sequence[BlockInfo]:
         return self.inner.blocks(name, step)
 
-    def block_table(self, name: str, step: int) -> BlockTable:
-        return self.inner.block_table(name, step)
+    def block_table(self, name: str, step: int, stats: bool = True) -> BlockTable:
+        return self.inner.block_table(name, step, stats)
 
     def coverage(self, path: str, step: int | None) -> list[Box]:
         return self.inner.coverage(path, step)

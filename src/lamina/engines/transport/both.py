@@ -24,6 +24,8 @@ class BothProducer(Producer):
     """The producer of engine ``both``: native file plus in situ transport (see the module docstring)."""
 
     OPTIONS = Producer.OPTIONS | NativeEngine.OPTIONS
+    #: the file's record carries the statistics, and consumers get that same record
+    DEFER_STATS = False
 
     def __init__(self) -> None:
         super().__init__("both")

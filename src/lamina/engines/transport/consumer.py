@@ -16,16 +16,18 @@ answering gives :class:`~lamina.errors.TransportError` instead of a hang.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ... import comm as comm_mod
-from ...catalog import KIND_STEP, BlockCodec, decode_packed
+from ...catalog import KIND_STEP, BlockCodec, BlockTable, DatasetSpec, decode_packed
 from ...errors import FormatError, StepError, TransportError
 from ...geometry import Box
 from ...workflow import routes
 from ...workflow.routes import parse_flow
+from ..base import BlockInfo
 from . import rendezvous, wire
 from .common import MPI, TransportBase
 from .wire import Poll, Request
@@ -52,6 +54,10 @@ class Consumer(TransportBase):
         self._ended = False  # the producer acknowledged this rank's goodbye
         self._heard = time.monotonic()  # when the last record came
         self._waiting: tuple[int, float] | None = None  # (steps waited for, since when)
+        # steps whose statistics are still with the producer ranks (asked for when first used),
+        # and the (step, dataset id) pairs asked for already
+        self._stats_follow: set[int] = set()
+        self._stats_got: set[tuple[int, int]] = set()
 
     @property
     def inter(self) -> Intercomm:
@@ -95,17 +101,19 @@ class Consumer(TransportBase):
                 buf = got[1]
                 if not len(buf):
                     self._ended = True
-                elif len(buf) < 9:
+                elif len(buf) < 17:
                     raise TransportError(
                         f"{self.path}: malformed record message of {len(buf)} bytes"
                     )
                 else:
-                    real = int(buf[:8].view(np.int64)[0])
+                    real, flags = (int(v) for v in buf[:16].view(np.int64))
                     where = f"{self.path}: record {self.catalog.nrecords}"
-                    rec, blocks = decode_packed(buf[8:], self.catalog, where)
+                    rec, blocks = decode_packed(buf[16:], self.catalog, where)
                     self.catalog.apply_record(rec, ops_applied=True, blocks=blocks)
                     if rec.kind == KIND_STEP:
                         self._real.append(real)
+                        if flags & wire.STATS_FOLLOW:
+                            self._stats_follow.add(len(self.catalog.steps) - 1)
                 self._heard = time.monotonic()
                 poll.reset()
                 continue
@@ -235,6 +243,57 @@ class Consumer(TransportBase):
                     f"{len(self.catalog.steps)} steps"
                 )
         return step
+
+    def block_table(self, name: str, step: int, stats: bool = True) -> BlockTable:
+        t = super().block_table(name, step, stats)
+        if stats and step in self._stats_follow and len(t):
+            spec = self.catalog.datasets[name]
+            if (step, spec.id) not in self._stats_got:
+                self._fetch_stats(spec, step, t)
+                self._stats_got.add((step, spec.id))
+        return t
+
+    def blocks(self, name: str, step: int) -> Sequence[BlockInfo]:
+        self.block_table(name, step)  # the statistics first, where they follow the record
+        return super().blocks(name, step)
+
+    def _fetch_stats(self, spec: DatasetSpec, step: int, t: BlockTable) -> None:
+        """Independent: ask every producer rank that wrote blocks of *spec* in *step* for their statistics.
+
+        Producers reduce their blocks while consumers fetch the data, and
+        answer once done (module docstring of the producer); the answers
+        fill in the table's statistics.
+        """
+        if step < self._cursor:
+            raise StepError(
+                f"step {step} of {self.path!r} was released: its statistics are gone with it"
+            )
+        ranks = np.unique(t.rank).tolist()
+        msg = np.array([Request.STATS, self._real[step], spec.id], dtype=np.int64)
+        reqs = [comm_mod.isend_bytes(self.inter, _u8(msg), r, Tag.REQUEST) for r in ranks]
+        what = f"statistics of {spec.path!r} at step {step}"
+        left = set(ranks)
+        poll = Poll(self.timeout)
+        while left:
+            got = comm_mod.poll_bytes(self.inter, comm_mod.ANY_SOURCE, Tag.STATS)
+            if got is None:
+                if poll.expired:
+                    raise TransportError(
+                        f"{self.path}: waited {self.timeout:g} s for the {what}; the producer does not answer"
+                    )
+                poll.sleep()
+                continue
+            src, buf = got
+            if src not in left:
+                raise TransportError(f"{self.path}: producer rank {src} sent unasked {what}")
+            left.discard(src)
+            if not len(buf):
+                raise TransportError(f"{self.path}: producer rank {src} no longer holds the {what}")
+            rows = np.flatnonzero(t.rank == src)
+            cols = wire.decode_stats(buf, spec.dtype, len(rows), f"{what} from producer rank {src}")
+            t.set_stats(rows, *cols)
+            poll.reset()
+        self._wait(reqs, f"the producer to take a request for the {what}")
 
     def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
         spec, step = self.check_read(name, box, step, out)

@@ -16,6 +16,11 @@ lamina calls: in ``end_step`` until fewer than ``queue_limit`` steps are
 unreleased by some consumer rank, and in ``close`` until every consumer rank
 has said goodbye (``serve='calls'``: only then).
 
+Statistics follow the record: the commit sends the record without them,
+each rank reduces its blocks on the statistics worker thread while
+consumers fetch data, and answers a consumer's ``Request.STATS`` for a
+step and dataset once its reduction is done (``docs/transport.md``).
+
 A consumer task may follow every step (``flow='all'``), only the newest
 one whenever it is ready (``'latest'``: the producer never waits for it)
 or every N-th step; it then sees a stream of its own, numbered 0, 1, 2, ...
@@ -45,7 +50,7 @@ from ...geometry import Box
 from ...workflow import routes
 from ...workflow.routes import LATEST
 from ..block import StepHeads
-from ..staging import Chunk
+from ..staging import Chunk, PutLog
 from . import rendezvous, wire
 from .common import MPI, TransportBase
 from .wire import Poll, Request
@@ -83,12 +88,18 @@ class Link:
 class Producer(TransportBase):
     """The producer side: serves its steps to the consumer tasks of its name (module docstring)."""
 
+    #: statistics follow the record on request (module docstring); BothProducer's file needs them in it
+    DEFER_STATS = True
+
     def __init__(self, name: str = "mpi") -> None:
         super().__init__(name)
         self._links: list[Link] = []
         # step -> dataset id -> this rank's blocks of it, in put order (their rows in the step's table)
         self._data: dict[int, dict[int, list[np.ndarray | None]]] = {}
         self._staged: dict[int, list[np.ndarray | None]] = {}
+        # step -> this rank's blocks of it, whose statistics are computed after the commit
+        self._stats_logs: dict[int, PutLog] = {}
+        self._stats_waiting: list[tuple[Link, int, np.ndarray]] = []  # STATS requests not ready yet
         self._sends = wire.SendQueue()  # records and control messages
         self._answers = wire.SendQueue()  # data answers to GETs
         self._dirty = False  # releases or steps changed since the last _drop_released
@@ -116,6 +127,10 @@ class Producer(TransportBase):
             raise ValueError(
                 "flow is chosen by each consumer (lamina.open(name, 'r', flow=...)), not by the producer"
             )
+        if self.DEFER_STATS and self._with_stats:
+            # the record goes out first; statistics are reduced on the worker thread meanwhile
+            self._stats_in_record = False
+            self.background_stats = bool(self.options.get("background_stats", True))
         links = rendezvous.connect_producer(self.comm, name, app, route.consumers, self.timeout)
         for c, inter, flow in links:
             n = inter.Get_remote_size()
@@ -179,6 +194,9 @@ class Producer(TransportBase):
         if kind == KIND_STEP:
             step = len(self.catalog.steps) - 1
             self._data[step] = self._staged
+            if not self._stats_in_record:  # keep the step's blocks until their statistics are asked
+                self._stats_logs[step] = self._log
+                self._log = PutLog()
             self._steps_held = step + 1
             self._dirty = True
             deliver = self._decide(step)
@@ -248,9 +266,10 @@ class Producer(TransportBase):
             link.count += 1
 
     def _send_record(self, link: Link, step: int, raw: bytes) -> None:
-        buf = np.empty(8 + len(raw), dtype=np.uint8)
-        buf[:8] = np.array([step], dtype=np.int64).view(np.uint8)
-        buf[8:] = np.frombuffer(raw, dtype=np.uint8)
+        flags = wire.STATS_FOLLOW if step >= 0 and not self._stats_in_record else 0
+        buf = np.empty(16 + len(raw), dtype=np.uint8)
+        buf[:16] = np.array([step, flags], dtype=np.int64).view(np.uint8)
+        buf[16:] = np.frombuffer(raw, dtype=np.uint8)
         for r in range(self.rank, link.size, self.size):  # this rank's share of the consumer ranks
             if not link.bye[r]:
                 self._sends.send(link.inter, [buf, MPI.BYTE], None, r, Tag.RECORD)
@@ -282,6 +301,7 @@ class Producer(TransportBase):
                 )  # may still go out, when the task is ready or at close
         for k in [k for k in self._data if k not in keep]:
             del self._data[k]
+            self._stats_logs.pop(k, None)
 
     def _serve_once(self) -> bool:
         """Independent: answer every waiting request; True if anything happened (either thread)."""
@@ -297,6 +317,11 @@ class Producer(TransportBase):
                     break
                 busy = True
                 self._answer(link, *got)
+        if self._stats_waiting and any(self._stats_ready(w[2]) for w in self._stats_waiting):
+            waiting, self._stats_waiting = self._stats_waiting, []
+            for link, src, buf in waiting:
+                self._answer(link, src, buf)
+            busy = True
         if self._sends.test():
             busy = True
         if self._answers.test(wire.BURST):
@@ -335,6 +360,8 @@ class Producer(TransportBase):
                     held_box, held = found
                     spec, dt = wire.region_spec(held, c.shift(tuple(-a for a in held_box.start)))
                     self._answers.send(link.inter, spec, dt, src, Tag.DATA)
+        elif kind == Request.STATS and len(words) == 3:
+            self._answer_stats(link, src, buf)
         elif kind == Request.RELEASE and len(words) == 2:
             link.released[src] = max(int(link.released[src]), int(words[1]))
             self._dirty = True
@@ -348,6 +375,32 @@ class Producer(TransportBase):
                 )
         else:
             raise TransportError(f"unknown request {kind} from consumer task {link.app} rank {src}")
+
+    def _stats_ready(self, buf: np.ndarray) -> bool:
+        """Whether the STATS request *buf* can be answered now (its step's statistics are reduced)."""
+        step = int(buf.view(np.int64)[1])
+        log = self._stats_logs.get(step)
+        return step < self._steps_held and (log is None or log.ready())
+
+    def _answer_stats(self, link: Link, src: int, buf: np.ndarray) -> None:
+        """``[STATS, step, did]``: this rank's statistics of dataset *did* in *step*, once reduced."""
+        words = buf.view(np.int64)
+        step, did = int(words[1]), int(words[2])
+        if not 0 <= did < len(self.catalog.specs):
+            raise TransportError(
+                f"malformed statistics request from consumer task {link.app} rank {src}"
+            )
+        if not self._stats_ready(buf):  # not committed here yet, or still being reduced
+            self._stats_waiting.append((link, src, buf))
+            return
+        log = self._stats_logs.get(step)
+        if log is None:  # released (or never deferred): nothing to say
+            out = np.zeros(0, dtype=np.uint8)
+        else:
+            dt = self.catalog.specs[did].dtype
+            _, _, has, smin, smax, ssum, count = log.stats_columns(did, dt, 0, False, True)
+            out = wire.encode_stats(dt, has, smin, smax, ssum, count)
+        self._answers.send(link.inter, [out, MPI.BYTE], None, src, Tag.STATS)
 
     def _held(self, step: int, did: int, row: int, want: Box) -> tuple[Box, np.ndarray] | None:
         """Block *row* of dataset *did*'s table at *step*, if this rank holds it and it contains *want*."""
@@ -488,6 +541,8 @@ class Producer(TransportBase):
             comm_mod.free(link.inter)
         self._links = []
         self._data.clear()
+        self._stats_logs.clear()
+        self._stats_waiting = []
         self._sends = wire.SendQueue()
         self._answers = wire.SendQueue()
 

@@ -31,6 +31,9 @@ from enum import IntEnum
 import numpy as np
 
 from ... import comm as comm_mod
+from ...catalog.blocks import stat_dtype, sum_dtype
+from ...catalog.wire import Decoder, Encoder
+from ...errors import FormatError
 from ...geometry import Box
 
 MPI = comm_mod.MPI
@@ -46,6 +49,46 @@ class Request(IntEnum):
     RELEASE = 2
     #: ``[BYE]``: this consumer rank closed; it releases everything
     BYE = 3
+    #: ``[STATS, step, dataset id]``: send the statistics of this producer rank's blocks of that
+    #: dataset in that step (they follow the record: see :func:`encode_stats`)
+    STATS = 4
+
+
+#: first word after the step in a record message: bit 0 set when the statistics follow on request
+STATS_FOLLOW = 1
+
+
+def encode_stats(dtype: np.dtype, has, smin, smax, ssum, count) -> np.ndarray:
+    """A producer rank's statistics of its blocks of one dataset in one step (put order), as bytes.
+
+    Layout: u64 n, then n flags (u1), minima and maxima (the dataset's
+    statistics dtype), sums (its sum dtype) and counts (int64).
+    """
+    e = Encoder()
+    e.u64(len(has))
+    e.array(has, "u1")
+    e.array(smin, stat_dtype(dtype))
+    e.array(smax, stat_dtype(dtype))
+    e.array(ssum, sum_dtype(dtype))
+    e.array(count, "<i8")
+    return np.frombuffer(e.getvalue(), dtype=np.uint8)
+
+
+def decode_stats(buf, dtype: np.dtype, rows: int, what: str) -> tuple[np.ndarray, ...]:
+    """:func:`encode_stats` back: ``(has, min, max, sum, count)``; FormatError unless it holds *rows* rows."""
+    d = Decoder(bytes(buf), what)
+    n = d.u64()
+    if n != rows:
+        raise FormatError(f"{what}: statistics of {n} blocks, expected {rows}")
+    out = (
+        d.array("u1", n).view(np.bool_),
+        d.array(stat_dtype(dtype), n),
+        d.array(stat_dtype(dtype), n),
+        d.array(sum_dtype(dtype), n),
+        d.array("<i8", n),
+    )
+    d.expect_end()
+    return out
 
 
 #: bytes per message at most (both sides cut boxes the same way)

@@ -268,7 +268,7 @@ class DerivedLayer(Layer):
                     )
                 nblocks = max(
                     1,
-                    len(self.inner.blocks(d.anchor, self.steps - 1))
+                    len(self.inner.block_table(d.anchor, self.steps - 1, stats=False))
                     if self.steps
                     else self.comm.size,
                 )
@@ -456,7 +456,11 @@ class DerivedLayer(Layer):
         """Independent: boxes of *path* that hold values at *step* (the rest reads as fill)."""
         step = self.check_step(step)
         path = normpath(path)
-        blocks = self.inner.block_table(path, step) if path in self.catalog.datasets else None
+        blocks = (
+            self.inner.block_table(path, step, stats=False)
+            if path in self.catalog.datasets
+            else None
+        )
         if blocks is None:
             d = self._defs.get(path)
             if d is None:
