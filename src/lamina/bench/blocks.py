@@ -702,7 +702,6 @@ def parser(prog: str = "lamina bench blocks") -> argparse.ArgumentParser:
         help=f"method families (default {','.join(FAMILIES)}; lamina always runs)",
     )
     p.add_argument("--dir", default=None, help="directory for the files (default: under $TMPDIR)")
-    p.add_argument("--keep", action="store_true", help="keep the (empty) job directories")
     p.add_argument("--json", action="store_true", help="JSON on stdout, the table on stderr")
     p.add_argument("--seed", type=int, default=12345, help=argparse.SUPPRESS)
     p.add_argument("--timeout", type=float, default=None, help="seconds per MPI job")
@@ -777,14 +776,13 @@ def main(argv: list[str]) -> int:
                     )
                 )
             finally:
-                if not ns.keep:
-                    common.remove(d)
+                common.remove(d)
     except (RuntimeError, FileNotFoundError) as e:
         print(f"lamina bench blocks: {e}", file=sys.stderr)
         return 1
     finally:
         bar.close()
-        if own and not ns.keep:
+        if own:
             common.remove(base)
     text, doc = report(o, jobs, skipped, argv)
     common.emit(ns.json, text, doc)
