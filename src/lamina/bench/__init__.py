@@ -4,7 +4,9 @@
 its baselines (raw numpy per rank, h5py, ADIOS2 BP5) in one run on the same
 data and print speed ratios; see ``docs/performance.md``.  ``lamina bench
 derived`` measures the derived-quantity kernels against memcpy and plain
-numpy in one process.  Absolute times on a shared machine are noise; the
+numpy in one process.  ``lamina bench blocks`` measures the cost per block
+of many small blocks (write, read, one-block read, query) against the same
+baselines.  Absolute times on a shared machine are noise; the
 ratios are the result.
 """
 
@@ -18,6 +20,7 @@ BENCHMARKS = {
     "derived": "derived-quantity kernels (add, magnitude, curl) vs memcpy and plain numpy",
     "strategies": "derived quantities kept as store, stats, expression: measured vs the cost model",
     "insitu": "in situ transport (memory, file) vs hand-written mpi4py and memcpy, producers:consumers 3:1",
+    "blocks": "cost per block, edges 4-64, 64-65,536 blocks per rank per step: numpy, ADIOS2 BP5, h5py chunked, lamina",
 }
 
 USAGE = (
@@ -47,6 +50,8 @@ def main(argv: list[str]) -> int:
         from .strategies import main as run
     elif name == "insitu":
         from .insitu import main as run
+    elif name == "blocks":
+        from .blocks import main as run
     else:
         print(
             f"lamina bench: unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}",

@@ -94,8 +94,10 @@ def run_json_job(
             pass
 
 
-def run_job(ranks: int, args: list[str], bar, timeout: float) -> dict:
-    """Launch ``mpiexec -n ranks python -m mpi4py -m lamina.bench.worker ...``; return its JSON.
+def run_job(
+    ranks: int, args: list[str], bar, timeout: float, module: str = "lamina.bench.worker"
+) -> dict:
+    """Launch ``mpiexec -n ranks python -m mpi4py -m MODULE ...``; return its JSON.
 
     Progress lines from the worker advance *bar* (a tqdm); other output goes
     to stderr.  Raises RuntimeError if the job fails or times out (the job
@@ -103,7 +105,7 @@ def run_job(ranks: int, args: list[str], bar, timeout: float) -> dict:
     """
 
     def command(out: str) -> list[str]:
-        worker = [sys.executable, "-m", "mpi4py", "-m", "lamina.bench.worker"]
+        worker = [sys.executable, "-m", "mpi4py", "-m", module]
         return [find_mpiexec(), "-n", str(ranks), *worker, *args, "--out", out]
 
     def progress(text: str) -> None:
