@@ -119,7 +119,7 @@ def run(
     check_stencils(pred, shape, text)
     names = ", ".join(repr(p) for p in dict.fromkeys(refs + sel))
     box = _region(region, shape, f"the query domain (shape {shape} of {names})")
-    grid, units = _units(src, refs, box)
+    grid, units, rows = _units(src, refs, box)
 
     result = QueryResult(
         where=text,
@@ -132,16 +132,23 @@ def run(
         certain=[],
         candidate_values=[],
     )
-    cache = _block_answer(src, pred, refs, units, sel, exact, result)
+    cache = _block_answer(src, pred, refs, (grid, units, rows), sel, exact, result)
     if exact:
         _exact_answer(src, pred, shape, cache, result)
     return result
 
 
+#: units judged together by the hull of their ranges, split this many ways when undecided
+FANOUT = 16
+#: fewest units (with statistics) judged in groups; fewer are judged one by one
+GROUP_MIN = 2 * FANOUT
+
+
 def _block_answer(
-    src: Source, pred: Expr, refs, units, sel, exact: bool, result: QueryResult
+    src: Source, pred: Expr, refs, layout, sel, exact: bool, result: QueryResult
 ) -> dict:
-    """Prune *units* with statistics; read the selected values over the candidates.
+    """Prune the units of *layout* (grid, units, rows) with statistics; read the selected values
+    over the candidates.
 
     Returns the values read to find exact ranges that the exact phase may reuse.
     """
@@ -149,14 +156,28 @@ def _block_answer(
     src.touched = set()
     cache: dict[tuple[str, Box], np.ndarray] = {}
     cached = 0
+    grid, units, rows = layout
     # the bounds follow the dtypes' own arithmetic (wrapping integers, float16 and float32
     # rounding, literals cast to the data's dtype): pruning and "certain" are proven
     bounds = Bounds(pred, {p: src.info(p).dtype for p in refs})
-    for u in units:
+    per_ref = {
+        p: src.unit_ranges(p, units, rows)
+        if p == grid and rows is not None
+        else [src.stat_range(p, u) for u in units]
+        for p in refs
+    }
+    decided = _decide(bounds, refs, per_ref, len(units))
+    for k, u in enumerate(units):
+        if decided is not None and k in decided:
+            can, can_fail = decided[k]
+            if can:
+                result.candidates.append(u)
+                result.certain.append(not can_fail)
+            continue
         ranges = {}
         unknown = []
         for p in refs:
-            r = src.stat_range(p, u)
+            r = per_ref[p][k]
             if r is None:
                 unknown.append(p)
                 r = FULL
@@ -188,6 +209,58 @@ def _block_answer(
     result.candidate_bytes_read = src.bytes_read - b0
     result.candidate_seconds = time.perf_counter() - t0
     return cache
+
+
+def _decide(
+    bounds: Bounds, refs, per_ref: dict[str, list[Interval | None]], n: int
+) -> dict[int, tuple[bool, bool]] | None:
+    """``(can, can_fail)`` of every unit whose inputs all have statistics, judged in groups.
+
+    A group of units is judged by the hull of its units' ranges: when the
+    predicate cannot hold anywhere in the hull, it holds in none of them
+    (and likewise when it cannot fail), since each unit's values lie in the
+    hull.  Undecided groups split :data:`FANOUT` ways down to single units,
+    which get exactly the verdict of their own ranges.  Units are ordered
+    by their ranges first, so that alike units share groups: a query that
+    matches few of many blocks judges tens of groups, not every block.
+    """
+    known = [k for k in range(n) if all(per_ref[p][k] is not None for p in refs)]
+    if len(known) < max(GROUP_MIN, 2):
+        return None  # few units: one by one
+    cols = {}
+    for p in refs:
+        ivs = [iv for k in known if (iv := per_ref[p][k]) is not None]
+        exact = any(isinstance(iv.lo, int) for iv in ivs)  # integer bounds are Python ints
+        dt = np.dtype(object) if exact else np.dtype(np.float64)
+        cols[p] = (
+            np.array([iv.lo for iv in ivs], dtype=dt),
+            np.array([iv.hi for iv in ivs], dtype=dt),
+            np.array([iv.nan for iv in ivs], dtype=np.bool_),
+        )
+    lo0, hi0, _ = cols[refs[0]]
+    order = np.lexsort((lo0.astype(np.float64), hi0.astype(np.float64)))
+    index = np.asarray(known, dtype=np.int64)[order]
+    cols = {p: (lo[order], hi[order], nan[order]) for p, (lo, hi, nan) in cols.items()}
+    out: dict[int, tuple[bool, bool]] = {}
+    stack = [(0, len(index))]
+    while stack:
+        a, b = stack.pop()
+        if b - a == 1:
+            k = int(index[a])
+            out[k] = bounds.truth({p: per_ref[p][k] for p in refs})
+            continue
+        hull = {
+            p: Interval(lo[a:b].min(), hi[a:b].max(), bool(nan[a:b].any()))
+            for p, (lo, hi, nan) in cols.items()
+        }
+        can, can_fail = bounds.truth(hull)
+        if can and can_fail:
+            step = -(-(b - a) // FANOUT)
+            stack.extend((c, min(c + step, b)) for c in range(a, b, step))
+            continue
+        for k in index[a:b].tolist():
+            out[k] = (can, can_fail)
+    return out
 
 
 def _exact_answer(src: Source, pred: Expr, shape, cache: dict, result: QueryResult) -> None:
@@ -379,26 +452,43 @@ def _region(region, shape: tuple[int, ...], what: str) -> Box:
 # units
 
 
-def _units(src: Source, refs: Sequence[str], region: Box) -> tuple[str | None, list[Box]]:
-    """The grid dataset and the units: its blocks in the region, then the rest of the region."""
-    grid, boxes = None, []
+def _units(
+    src: Source, refs: Sequence[str], region: Box
+) -> tuple[str | None, list[Box], np.ndarray | None]:
+    """The grid dataset, the units (its blocks in the region, then the rest of the region, in
+    order of their starts) and, per unit, the grid's block it lies in (-1: none; None when the
+    grid is the coverage of a derived quantity without blocks)."""
     for p in refs:
         t = src.table(p)
         if t.n:
-            grid, boxes = p, t.boxes
             break
     else:
         for p in refs:  # derived without blocks: the blocks they follow
             cov = src.coverage(p)
             if cov:
-                grid, boxes = p, cov
-                break
+                if region.empty:
+                    return p, [], None
+                units = [b for b in (g.intersect(region) for g in cov) if b is not None]
+                units += subtract(region, units)
+                units.sort(key=lambda b: b.start)
+                return p, units, None
+        return None, subtract(region, []) if not region.empty else [], None
     if region.empty:
-        return grid, []
-    units = [b for b in (g.intersect(region) for g in boxes) if b is not None]
-    units += subtract(region, units)
-    units.sort(key=lambda b: b.start)
-    return grid, units
+        return p, [], np.zeros(0, dtype=np.int64)
+    # the grid's blocks clipped to the region (blocks of a step never overlap)
+    lo = np.maximum(t.starts, np.asarray(region.start, dtype=np.int64))
+    hi = np.minimum(t.stops, np.asarray(region.stop, dtype=np.int64))
+    rows = np.flatnonzero(np.all(hi > lo, axis=1))
+    lo, hi = lo[rows], hi[rows]
+    units = [
+        Box(a, b) for a, b in zip(map(tuple, lo.tolist()), map(tuple, hi.tolist()), strict=True)
+    ]
+    if int(np.prod(hi - lo, axis=1, dtype=np.int64).sum()) < region.size:
+        holes = subtract(region, units)
+        units += holes
+        rows = np.concatenate([rows, np.full(len(holes), -1, dtype=np.int64)])
+    order = sorted(range(len(units)), key=lambda k: units[k].start)
+    return p, [units[k] for k in order], rows[np.asarray(order, dtype=np.int64)]
 
 
 def subtract(box: Box, holes: Iterable[Box]) -> list[Box]:

@@ -193,6 +193,40 @@ class Source:
             lo, hi = float(lo), float(hi)
         return Interval(lo, hi, nan)
 
+    def unit_ranges(self, path: str, units: list[Box], rows: np.ndarray) -> list[Interval | None]:
+        """:meth:`stat_range` of each unit, where unit *k* lies inside block ``rows[k]`` of *path*.
+
+        ``rows[k] == -1``: unit *k* meets no block of *path*.  Vectorized
+        over the units (the statistics of the one block a unit lies in); the
+        same Intervals as :meth:`stat_range`.
+        """
+        info = self.info(path)
+        t = self.table(path)
+        if info.dtype.kind == "c" or (t.n == 0 and info.definition is not None):
+            return [self.stat_range(path, u) for u in units]  # no statistics to look up
+        inside = rows >= 0
+        r = np.where(inside, rows, 0)
+        known = np.where(inside, t.has_stats[r] if t.n else False, True)
+        exact = info.dtype.kind in "biu"
+        lo = np.where(inside, t.lo[r] if t.n else INF, INF).tolist()
+        hi = np.where(inside, t.hi[r] if t.n else -INF, -INF).tolist()
+        nan = (inside & (t.nan[r] if t.n else False)).tolist()
+        out: list[Interval | None] = []
+        fill = None
+        for k, ok in enumerate(known.tolist()):
+            if not ok:
+                out.append(None)
+            elif inside[k]:
+                a, b = lo[k], hi[k]
+                out.append(
+                    Interval(a, b, nan[k]) if exact else Interval(float(a), float(b), nan[k])
+                )
+            else:  # unwritten: the fill value alone
+                if fill is None:
+                    fill = self.stat_range(path, units[k])
+                out.append(fill)
+        return out
+
     # -- reading ---------------------------------------------------------------
     @property
     def bytes_read(self) -> int:
