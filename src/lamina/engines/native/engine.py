@@ -805,17 +805,17 @@ class NativeEngine(BlockEngine):
         crc = stats_mod.crc
         pos = 0
         dt = spec.dtype
-        for k in ks.tolist():
-            i = int(idx[k])
-            n = int(t.length[i])
+        rows = idx[ks]
+        lengths = t.length[rows].tolist()
+        sums = t.crcs[t.crc_ptr[rows]].tolist()
+        for k, i, n, want in zip(ks.tolist(), rows.tolist(), lengths, sums, strict=True):
             piece = buf[pos : pos + n]
-            if crc(piece) != int(t.crcs[t.crc_ptr[i]]):
+            if crc(piece) != want:
                 raise ChecksumError(
                     f"checksum mismatch in {self.path}/{name}: dataset {spec.path!r} block {t.box(i)}, "
                     f"segment 0 (bytes {first + pos}..{first + pos + n}): the data is corrupt"
                 )
-            a, b = rel_lo[k], rel_hi[k]
-            dst = out[tuple(slice(x, y) for x, y in zip(a, b, strict=True))]
+            dst = out[tuple(map(slice, rel_lo[k], rel_hi[k]))]
             dst[...] = piece.view(dt).reshape(dst.shape)
             pos += n
 
