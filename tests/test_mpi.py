@@ -39,6 +39,18 @@ except RuntimeError:  # pragma: no cover - depends on the installation
 
 pytestmark = pytest.mark.timeout(180)
 
+
+@pytest.mark.parametrize("n, m", [(2, 3), (3, 1)])
+def test_many_blocks_n_to_m(tmp_path, n, m):
+    """Thousands of small blocks per rank per step, shuffled, one aggregator and one per rank,
+    read back by another rank count: rows across writers, odd boxes, one block, the block
+    list, statistics and a query."""
+    res = mu.run_mpi(n, "many_blocks", "write", tmp_path, timeout=120)
+    assert "OK write" in res.stdout
+    res = mu.run_mpi(m, "many_blocks", "read", tmp_path, n, timeout=120)
+    assert f"OK read: {m} ranks, {n} writers" in res.stdout
+
+
 # writer ranks -> (reader ranks, aggregator counts written)
 ROUNDTRIP = {1: (3, "1"), 2: (4, "1,n"), 3: (2, "1,2,n"), 4: (1, "1,2,n")}
 

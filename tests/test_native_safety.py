@@ -290,6 +290,33 @@ def test_version_1_files_read_and_append(tmp_path):
         assert f.steps == 4 and f["T2"][0, 0] == 10.0 and f.at(0)["fields/T"][5, 0] == 100.0
 
 
+def test_version_2_files_read_and_append(tmp_path):
+    """Format version 2 (block records inline in the metadata frames): written by 2 ranks."""
+    path = str(tmp_path / "v2.lam")
+    shutil.copytree(os.path.join(DATA, "format-v2.lam"), path)
+    want = [np.arange(40.0).reshape(8, 5) + k for k in range(3)]
+    with lamina.open(path, "r") as f:
+        assert f.steps == 3 and f.attrs["title"] == "written by format version 2"
+        for k in range(3):
+            np.testing.assert_array_equal(f.at(k)["fields/T"][...], want[k])
+            np.testing.assert_array_equal(f.at(k)["T2"][...], 2 * want[k])
+        np.testing.assert_array_equal(f["fields/n"][...], np.arange(8) * 3)
+        assert f["fields/T"].attrs["units"] == "K"
+        blocks = f["fields/T"].blocks(1)
+        assert len(blocks) == 8 and {b.rank for b in blocks} == {0, 1}
+        assert [b.stats.max for b in blocks] == [float(want[1][i].max()) for i in range(8)]
+        r = f.query("`fields/T` > 37")
+        assert r.count == 4 and len(r.candidates) == 1  # 38..41 at the last step, in one block
+    with lamina.open(path, "a") as f:  # a writer continues the file in its own version
+        with f.step():
+            f["fields/T"][...] = 5.0
+    with open(os.path.join(path, fmt.COMMIT_NAME), "rb") as fh:
+        assert fmt.check_header(fh.read(64), fmt.COMMIT_MAGIC, "c").version == 2
+    with lamina.open(path, "r") as f:
+        assert f.steps == 4 and f["T2"][0, 0] == 10.0
+        np.testing.assert_array_equal(f.at(2)["fields/T"][...], want[2])
+
+
 def test_killed_lock_holder_leaves_nothing_to_clean(native_path):
     write_steps(native_path, "w", [1.0])
     proc = hold(native_path, 60)
