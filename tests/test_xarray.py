@@ -103,6 +103,36 @@ def test_derived_quantity_is_a_variable(tmp_path):
         np.testing.assert_allclose(ds.TP[1].values, ref[1] + (2 * ref[1]).astype("f4"))
 
 
+def test_vector_components_and_computed_quantities_chunk_like_their_inputs(tmp_path):
+    """A curl's components x, y, z over dims (x, y, z) are named vort_x ...; an expression
+    computed on read has the chunks of its inputs."""
+    path = tmp_path / "vec.lam"
+    shape = (6, 8, 10)
+    rng = np.random.default_rng(1)
+    with lamina.open(path, "w") as f:
+        for c in ("u", "v", "w"):
+            f.create_dataset(c, shape=shape).attrs["dims"] = ["x", "y", "z"]
+        f.derive("vort", "curl(u, v, w)", strategy="stats")
+        f.derive("speed", "magnitude(u, v, w)", strategy="expression")
+        data = {c: rng.random(shape) for c in ("u", "v", "w")}
+        with f.step():
+            for c in ("u", "v", "w"):
+                f[c][0:3] = data[c][0:3]
+                f[c][3:6] = data[c][3:6]
+    with xr.open_datatree(path, engine=ENGINE, chunks={}) as tree:
+        vort = tree["vort"].to_dataset()
+        assert sorted(vort.data_vars) == ["vort_x", "vort_y", "vort_z"]
+        assert vort.vort_x.dims == ("step", "x", "y", "z")
+        wx = np.gradient(data["w"], axis=1, edge_order=2) - np.gradient(
+            data["v"], axis=2, edge_order=2
+        )
+        np.testing.assert_allclose(vort.vort_x[0].values, wx, rtol=1e-12, atol=1e-12)
+        speed = tree.to_dataset().speed
+        assert speed.chunks == ((1,), (3, 3), (8,), (10,))
+        want = np.sqrt(data["u"] ** 2 + data["v"] ** 2 + data["w"] ** 2)
+        np.testing.assert_allclose(speed[0].values, want)
+
+
 def test_one_step(tmp_path):
     path = tmp_path / "run.lam"
     ref = _flame(path)
@@ -216,6 +246,17 @@ def test_engine_name_and_guess(tmp_path, registered):
     with xr.open_dataset(str(path), engine="lamina", group="fields", step=0) as ds:
         np.testing.assert_array_equal(ds.T.values, ref[0])
     assert not LaminaBackendEntrypoint().guess_can_open("data.nc")
+
+
+def test_open_file_object_stays_open(tmp_path):
+    """A lamina File (or Group) opened by the program: the Dataset reads it and leaves it open."""
+    path = tmp_path / "run.lam"
+    ref = _flame(path)
+    with lamina.open(path) as f:
+        with xr.open_dataset(f["fields"], engine=ENGINE) as ds:
+            np.testing.assert_array_equal(ds.T[0, :2].values, ref[0, :2])
+        assert not f.engine.closed
+        assert f["fields/T"][0, 0, 0] == ref[-1, 0, 0, 0]
 
 
 def test_level_is_reserved(tmp_path):

@@ -218,13 +218,22 @@ def _definition(f: lamina.File, path: str):
     return None
 
 
-def _input_dims(f: lamina.File, d, shape: tuple[int, ...]) -> dict:
-    """``{"dims": names}`` of the first input of derived definition *d* that has *shape* and names."""
+def _inputs_like(f: lamina.File, d, shape: tuple[int, ...]) -> list[lamina.Dataset]:
+    """The inputs of derived definition *d* that have *shape*, by name."""
+    out = []
     for name in sorted(d.inputs):
         if name in f:
             obj = f[name]
-            if isinstance(obj, lamina.Dataset) and obj.shape == shape and cv.DIMS in obj.attrs:
-                return {cv.DIMS: obj.attrs[cv.DIMS]}
+            if isinstance(obj, lamina.Dataset) and obj.shape == shape:
+                out.append(obj)
+    return out
+
+
+def _input_dims(f: lamina.File, d, shape: tuple[int, ...]) -> dict:
+    """``{"dims": names}`` of the first input of derived definition *d* that has *shape* and names."""
+    for obj in _inputs_like(f, d, shape):
+        if cv.DIMS in obj.attrs:
+            return {cv.DIMS: obj.attrs[cv.DIMS]}
     return {}
 
 
@@ -292,6 +301,11 @@ def group_dataset(
         array = LaminaArray(obj, var_steps, var_at)
         vdims = tuple(dims) if var_steps is None else (cv.STEP, *dims)
         chunks = _chunks(obj, chunk_steps)
+        if d is not None and all(c is None for c in chunks):  # computed when read: as its inputs
+            for src in _inputs_like(f, d, obj.shape):
+                chunks = _chunks(src, chunk_steps)
+                if any(c is not None for c in chunks):
+                    break
         preferred: dict[str, int | tuple[int, ...]] = {
             dim: c for dim, c in zip(dims, chunks, strict=True) if c is not None
         }
@@ -307,6 +321,9 @@ def group_dataset(
             encoding["compression"] = list(obj.compression)
         if d is not None:
             encoding["lamina_derived"] = {"expression": d.text, "strategy": d.strategy}
+        if name in dims and tuple(dims) != (name,):
+            # a vector's component x over dims (x, y, z): xarray would take it for a coordinate
+            name = f"{gpath.strip('/').rsplit('/', 1)[-1] or 'var'}_{name}"
         variables[name] = xr.Variable(
             vdims,
             indexing.LazilyIndexedArray(array),
