@@ -334,13 +334,13 @@ def group_dataset(
         if len(dims) == 1 and dims[0] == name:
             coord_names.add(name)
     if cv.TIME not in variables and cv.TIME not in drop:
-        src = _time_source(f, gpath, inherit_time and stepped)
-        if src is not None:
+        tsrc = _time_source(f, gpath, inherit_time and stepped)
+        if tsrc is not None:
             variables[cv.TIME] = xr.Variable(
                 () if steps is None else (cv.STEP,),
-                indexing.LazilyIndexedArray(LaminaArray(src, steps, at)),
-                attrs=cv.plain_attrs({k: src.attrs[k] for k in src.attrs}, cv.DATASET_KEYS),
-                encoding={"source": f.filename, "lamina_path": src.name},
+                indexing.LazilyIndexedArray(LaminaArray(tsrc, steps, at)),
+                attrs=cv.plain_attrs({k: tsrc.attrs[k] for k in tsrc.attrs}, cv.DATASET_KEYS),
+                encoding={"source": f.filename, "lamina_path": tsrc.name},
             )
     if cv.TIME in variables and variables[cv.TIME].dims in ((), (cv.STEP,)):
         coord_names.add(cv.TIME)
