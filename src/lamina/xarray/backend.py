@@ -55,7 +55,10 @@ class LaminaArray(BackendArray):
 
     def __getitem__(self, key: indexing.ExplicitIndexer) -> np.ndarray:
         return indexing.explicit_indexing_adapter(
-            key, self.shape, indexing.IndexingSupport.OUTER, self._raw
+            _empty_slices_forward(key, self.shape),
+            self.shape,
+            indexing.IndexingSupport.OUTER,
+            self._raw,
         )
 
     def _raw(self, key: tuple) -> np.ndarray:
@@ -85,6 +88,24 @@ class LaminaArray(BackendArray):
         else:
             block = self._ds.read(lamina.Box(tuple(lo), tuple(hi)), step=step)
         return _apply(block, post)
+
+
+def _empty_slices_forward(key: indexing.ExplicitIndexer, shape: tuple[int, ...]):
+    """*key* with every empty slice as ``slice(0, 0)``.
+
+    xarray's decomposition of outer keys fails on an empty slice with a
+    negative step (``5:5:-1``: it asks for the last element of an empty
+    range); the selection is the same.
+    """
+    if not isinstance(key, indexing.BasicIndexer | indexing.OuterIndexer):
+        return key
+    parts = list(key.tuple)
+    changed = False
+    for i, (k, n) in enumerate(zip(parts, shape, strict=True)):
+        if isinstance(k, slice) and not range(*k.indices(n)):
+            parts[i] = slice(0, 0, 1)
+            changed = True
+    return type(key)(tuple(parts)) if changed else key
 
 
 def _positions(k, n: int):
