@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 import subprocess
@@ -169,6 +170,13 @@ def test_demo_end_to_end(tmp_path, capsys):
         if w and w[0] in ("store", "stats", "expression")
     }
     assert reads["store"] == reads["stats"] < reads["expression"], out
+    # the picture of the flame, where the demo says it is
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (
+            f"a picture of the flame (flame/T at step 1, y=8, block outlines): {tmp_path}/flame.png"
+            in out
+        )
+        assert (tmp_path / "flame.png").stat().st_size > 5000
     # the file stays in --out and is an ordinary lamina file
     with lamina.open(str(tmp_path / "flame.lam")) as f:
         assert f.steps == 2

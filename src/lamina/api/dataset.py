@@ -91,6 +91,12 @@ class Dataset:
     def __repr__(self) -> str:
         return f"<lamina.Dataset {self.name!r}: shape {self.shape}, dtype {self.dtype}>"
 
+    def _repr_html_(self) -> str:
+        """Jupyter: shape, dtype, steps written, blocks, sizes, compression, attributes (no data read)."""
+        from .html import dataset_html
+
+        return dataset_html(self)
+
     def _what(self) -> str:
         return f"dataset {self.name!r}"
 

@@ -49,6 +49,12 @@ class Group:
     def __repr__(self) -> str:
         return f"<lamina.Group {self.name!r} ({len(self)} members)>"
 
+    def _repr_html_(self) -> str:
+        """Jupyter: the tree below this group, with shapes, steps and sizes (no data read)."""
+        from .html import group_html
+
+        return group_html(self)
+
     # -- navigation ---------------------------------------------------------
     def _abs(self, name: str) -> str:
         return normpath(name, self._path)

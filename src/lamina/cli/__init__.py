@@ -6,6 +6,7 @@
     lamina info FILE DATASET [--step K] [--json]  blocks per step: box, statistics, size, location
     lamina dump FILE DATASET [--select S] [--step K] [--json]   values of a selection
     lamina convert SRC DST [--force] [--quiet] [--gzip N]     lamina <-> HDF5 (docs/hdf5.md)
+    lamina plot FILE DATASET [--slice z=32] [--step K] [-o OUT.png] [--blocks] [--stats]
     lamina demo ...                             lamina.demo.main(args)
     lamina bench ...                            lamina.bench.main(args)
     lamina query FILE --where EXPR ...          lamina.cli.query.main(args)
@@ -13,7 +14,7 @@
     lamina run WORKFLOW.yaml [--dry-run] ...    lamina.workflow.command.main(args)
 
 The commands that read files live in :mod:`.files` (ls, info, dump,
-convert) and :mod:`.query`; what they print is formatted by
+convert), :mod:`.plot` and :mod:`.query`; what they print is formatted by
 :mod:`lamina.text`.
 
 Errors that come from the file or the arguments (lamina errors, missing
@@ -28,6 +29,7 @@ import sys
 
 from .common import CLIError, guarded
 from .files import cmd_convert, cmd_dump, cmd_info, cmd_ls
+from .plot import add_parser as add_plot_parser
 
 #: subcommands whose arguments go unparsed to ``<module>.main(argv)``
 PASSTHROUGH = {
@@ -155,6 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="compress the HDF5 datasets with gzip at LEVEL 0-9 (lamina -> HDF5 only)",
     )
     s.set_defaults(func=cmd_convert)
+
+    add_plot_parser(sub)
 
     for name, text in PASSTHROUGH.items():
         sub.add_parser(name, help=text, add_help=False)

@@ -148,7 +148,16 @@ def parser() -> argparse.ArgumentParser:
     which.add_argument(
         "--insitu-only", action="store_true", help="run only the in situ pair (memory vs file)"
     )
-    p.add_argument("--quiet", "-q", action="store_true", help="print only the verdict line")
+    p.add_argument(
+        "--picture",
+        default=None,
+        metavar="PNG",
+        help="where to draw the flame (default: flame.png in --out, else lamina-demo-flame.png "
+        "in the temporary directory); needs matplotlib",
+    )
+    p.add_argument(
+        "--quiet", "-q", action="store_true", help="print only the verdict line (and draw nothing)"
+    )
     return p
 
 
@@ -219,6 +228,44 @@ def _cleanup(args, work: str, ok: bool) -> bool:
 def _say(args, msg: str) -> None:
     if not args.quiet:
         print(msg, flush=True)
+
+
+def _picture(args, path: str) -> None:
+    """Draw the temperature of the last step through the middle of y, with the blocks; say where.
+
+    The same picture as ``lamina plot FILE flame/T --slice y=MID --blocks``.
+    """
+    if args.quiet:
+        return
+    from .. import plot
+
+    out = args.picture or (
+        os.path.join(args.out, "flame.png")
+        if args.out
+        else os.path.join(tempfile.gettempdir(), "lamina-demo-flame.png")
+    )
+    name = phases.dataset_path("T")
+    try:
+        with lamina_open(path) as f:
+            mid = f[name].shape[1] // 2
+            pic = plot.slice_png(f, name, out, slices=[f"y={mid}"], blocks=True)
+    except plot.NoMatplotlib as e:
+        print(f"lamina demo: no picture: {e}", flush=True)
+        return
+    except OSError as e:
+        print(f"lamina demo: no picture: cannot write {out!r}: {e}", flush=True)
+        return
+    print(
+        f"lamina demo: a picture of the flame ({pic.what}, block outlines): {pic.path}",
+        flush=True,
+    )
+
+
+def lamina_open(path: str):
+    """The demo's file, on this process alone, to draw it."""
+    import lamina
+
+    return lamina.open(path, "r", comm=comm_mod.self_comm(), transport="file")
 
 
 def _insitu_skipped(args, why: str) -> str | None:
@@ -328,6 +375,8 @@ def _run_launched(args, mpiexec: str) -> int:
             shutil.rmtree(work, ignore_errors=True)
         raise
     ok = report.demo_ok(w, r, ins, main_part=not args.insitu_only)
+    if ok and not args.insitu_only:
+        _picture(args, path)
     kept = _cleanup(args, work, ok)
     launches = (0 if args.insitu_only else 2) + (len(ins["runs"]) if ins else 0)
     how = f"{launches} mpiexec launches"
@@ -388,6 +437,8 @@ def _run_in_place(args, world) -> int:
         comm_mod.free(sub)
     status = 0
     if rank == 0:
+        if r and r.get("ok"):
+            _picture(args, path)
         kept = _cleanup(args, work, bool(r and r.get("ok")))
         status = _finish(
             args,

@@ -88,6 +88,7 @@ def simulate(path: str, shape, steps: int, durable: bool = True) -> dict | None:
         for name, unit in sim.FIELDS.items():
             dsets[name] = f.create_dataset(_field(name), shape, "f8")
             dsets[name].attrs["units"] = unit
+            dsets[name].attrs["dims"] = list(sim.AXES)
         tds = f.create_dataset("time", (), "f8")
         tds.attrs["units"] = "s"
         engine = f.engine.name

@@ -130,6 +130,7 @@ def write(
         for name, unit in sim.FIELDS.items():
             ds = f.create_dataset(dataset_path(name), shape, "f8")
             ds.attrs["units"] = unit
+            ds.attrs["dims"] = list(sim.AXES)  # dimension names for xarray (docs/xarray.md)
             dsets[name] = ds
         vel = ", ".join(f"`{dataset_path(c)}`" for c in ("vx", "vy", "vz"))
         for strategy, name in SPEED.items():

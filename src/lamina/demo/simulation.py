@@ -35,6 +35,8 @@ import numpy as np
 
 from ..geometry import Box
 
+#: the names of the grid's axes, in array order
+AXES = ("x", "y", "z")
 #: grid spacing [m]
 H = 1.0e-4
 #: fresh and burnt gas temperature [K]

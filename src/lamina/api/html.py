@@ -1,0 +1,174 @@
+"""HTML views of files, groups and datasets for Jupyter (``_repr_html_``), from metadata alone.
+
+The tree of groups and datasets with shapes, dtypes, the steps each dataset
+was written in, block counts, stored and raw sizes, compression, fill
+values, derived definitions and attributes, as ``lamina ls`` prints them;
+nothing here reads data.  Collapsible sections are ``<details>`` elements,
+so the output needs no script and reads the same in a notebook, in an
+exported HTML page or in a plain browser.
+"""
+
+from __future__ import annotations
+
+from html import escape
+
+from ..text import fmt_bytes, fmt_codecs, fmt_ranges, fmt_value, plural
+
+#: a tree with more nodes than this is shown to this many, then a count
+MAX_NODES = 200
+
+_STYLE = (
+    "<style>"
+    ".lamina-repr{font-family:var(--jp-code-font-family,monospace);font-size:12px;line-height:1.5}"
+    ".lamina-repr summary{cursor:pointer}"
+    ".lamina-repr ul{list-style:none;margin:0;padding-left:1.4em}"
+    ".lamina-repr .lam-dim{color:var(--jp-content-font-color2,#777)}"
+    ".lamina-repr .lam-name{font-weight:bold}"
+    ".lamina-repr table{border-collapse:collapse;margin:2px 0 4px 0}"
+    ".lamina-repr td{padding:0 8px 0 0;text-align:left;vertical-align:top}"
+    "</style>"
+)
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _definition(file, path: str):
+    d = file.derived
+    p = path.strip("/")
+    return d.get(p)
+
+
+def _attrs_table(obj) -> str:
+    keys = list(obj.attrs)
+    if not keys:
+        return ""
+    rows = "".join(
+        f"<tr><td>@{escape(k)}</td><td>{escape(fmt_value(obj.attrs[k]))}</td></tr>" for k in keys
+    )
+    return f"<table>{rows}</table>"
+
+
+def dataset_facts(ds) -> dict:
+    """What the repr shows of a dataset, from the block index only."""
+    file = ds.file
+    steps = file.steps
+    written, nblocks, stored, raw = [], 0, 0, 0
+    for k in range(steps):
+        blocks = ds.blocks(k)
+        if blocks:
+            written.append(k)
+        nblocks += len(blocks)
+        stored += sum(b.nbytes for b in blocks)
+        raw += sum(b.raw_nbytes for b in blocks)
+    return {
+        "written": written,
+        "steps": steps,
+        "blocks": nblocks,
+        "stored": stored,
+        "raw": raw,
+        "definition": _definition(file, ds.name),
+    }
+
+
+def _dataset_line(ds, facts: dict) -> str:
+    w = facts["written"]
+    d = facts["definition"]
+    if w:
+        steps = f"steps {fmt_ranges(w)} ({len(w)} of {facts['steps']})"
+    elif d is not None:
+        steps = "computed when read"
+    else:
+        steps = "never written"
+    size = fmt_bytes(facts["stored"])
+    if facts["stored"] != facts["raw"]:
+        size += f" (raw {fmt_bytes(facts['raw'])})"
+    parts = [
+        f"{escape(str(ds.dtype))} {_shape(ds.shape)}",
+        steps,
+        plural(facts["blocks"], "block"),
+        size,
+        f"compression {escape(fmt_codecs(ds.compression))}",
+        f"fill {escape(fmt_value(ds.fill))}",
+    ]
+    line = " &nbsp; ".join(parts)
+    if d is not None:
+        line += f" &nbsp; derived = <code>{escape(d.text)}</code> (strategy {escape(d.strategy)})"
+    return line
+
+
+def _node(obj, budget: list[int]) -> str:
+    from .dataset import Dataset
+
+    budget[0] -= 1
+    name = obj.name.rsplit("/", 1)[-1] or "/"
+    if isinstance(obj, Dataset):
+        line = _dataset_line(obj, dataset_facts(obj))
+        attrs = _attrs_table(obj)
+        head = f"<span class='lam-name'>{escape(name)}</span> <span class='lam-dim'>{line}</span>"
+        if attrs:
+            return f"<li><details><summary>{head}</summary>{attrs}</details></li>"
+        return f"<li>{head}</li>"
+    return f"<li><details open><summary>{_group_head(obj, name)}</summary>{_children(obj, budget)}</details></li>"
+
+
+def _group_head(g, name: str) -> str:
+    d = _definition(g.file, g.name) if g.name != "/" else None
+    note = (
+        f" <span class='lam-dim'>derived = <code>{escape(d.text)}</code> (strategy {escape(d.strategy)})</span>"
+        if d is not None
+        else ""
+    )
+    label = name if name == "/" else name + "/"
+    return f"<span class='lam-name'>{escape(label)}</span> <span class='lam-dim'>{plural(len(g), 'member')}</span>{note}"
+
+
+def _children(g, budget: list[int]) -> str:
+    items = []
+    keys = g.keys()
+    for i, k in enumerate(keys):
+        if budget[0] <= 0:
+            items.append(f"<li class='lam-dim'>... {len(keys) - i} more</li>")
+            break
+        items.append(_node(g[k], budget))
+    return _attrs_table(g) + "<ul>" + "".join(items) + "</ul>"
+
+
+def group_html(g) -> str:
+    """A group (or a file, or a view at one step) as a collapsible tree."""
+    file = g.file
+    at = g._step  # on a File, .step begins a step; views keep the step they read here
+    step = "" if at is None else f", at step {int(at)}"
+    engine = file.engine
+    state = "closed" if engine.closed else f"mode {escape(file.mode)!r}"
+    if engine.closed:
+        return f"<div class='lamina-repr'>lamina file {escape(file.filename)} (closed)</div>"
+    if g.name == "/":
+        title = (
+            f"<b>lamina.File</b> {escape(file.filename)} &nbsp;<span class='lam-dim'>"
+            f"{plural(file.steps, 'step')}{step}, engine {escape(engine.name)}, {state}</span>"
+        )
+    else:
+        title = (
+            f"<b>lamina.Group</b> {escape(g.name)} &nbsp;<span class='lam-dim'>"
+            f"{plural(len(g), 'member')} in {escape(file.filename)}{step}</span>"
+        )
+    body = _children(g, [MAX_NODES])
+    return f"{_STYLE}<div class='lamina-repr'>{title}{body}</div>"
+
+
+def dataset_html(ds) -> str:
+    """A dataset: its line of facts, then its blocks per step in short and its attributes."""
+    file = ds.file
+    if file.engine.closed:
+        return f"<div class='lamina-repr'>lamina dataset {escape(ds.name)} (file closed)</div>"
+    facts = dataset_facts(ds)
+    title = (
+        f"<b>lamina.Dataset</b> {escape(ds.name)} &nbsp;<span class='lam-dim'>in "
+        f"{escape(file.filename)}</span>"
+    )
+    return (
+        f"{_STYLE}<div class='lamina-repr'>{title}<ul><li>{_dataset_line(ds, facts)}</li></ul>"
+        f"{_attrs_table(ds)}</div>"
+    )

@@ -1,0 +1,96 @@
+"""``lamina plot``: a 2-D slice of a dataset as a PNG, or its per-step statistics (:mod:`lamina.plot`)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ..text import plural
+from .common import CLIError, open_file
+
+
+def add_parser(sub) -> None:
+    s = sub.add_parser(
+        "plot",
+        help="draw a 2-D slice of a dataset, or its statistics per step, as a PNG",
+        description=(
+            "Draw a 2-D slice of DATASET at one step as an image with a colorbar (a vector derived "
+            "quantity: its magnitude), or with --stats its min, mean and max per step from the "
+            "block statistics alone (no data read). Needs matplotlib: pip install 'lamina[plot]'."
+        ),
+    )
+    s.add_argument("file", metavar="FILE")
+    s.add_argument("dataset", metavar="DATASET")
+    s.add_argument(
+        "--slice",
+        action="append",
+        default=[],
+        metavar="DIM=INDEX",
+        help="fix a dimension, by name (from the dataset's 'dims' attribute) or number, e.g. "
+        "z=32; repeat for more; free dimensions beyond two are cut in the middle",
+    )
+    s.add_argument(
+        "--step", type=int, default=-1, metavar="K", help="step to draw (default: the last, -1)"
+    )
+    s.add_argument(
+        "-o", "--output", metavar="PNG", help="output file (default: a name from the dataset)"
+    )
+    s.add_argument(
+        "--blocks", action="store_true", help="draw the boundaries of the blocks over the image"
+    )
+    s.add_argument(
+        "--index",
+        action="store_true",
+        help="axes in index units even where the group has coordinate datasets",
+    )
+    s.add_argument(
+        "--stats",
+        action="store_true",
+        help="min, mean and max per step from the block statistics instead of a slice",
+    )
+    s.add_argument("--cmap", default="inferno", help="matplotlib colormap (default inferno)")
+    s.add_argument("--dpi", type=int, default=110, help="resolution (default 110)")
+    s.set_defaults(func=cmd_plot)
+
+
+def _default_name(args) -> str:
+    base = args.dataset.strip("/").replace("/", "_") or "data"
+    if args.stats:
+        return f"{base}_stats.png"
+    where = "_".join(s.replace("=", "") for s in args.slice)
+    step = "last" if args.step == -1 else str(args.step)
+    return f"{base}{'_' + where if where else ''}_step{step}.png"
+
+
+def cmd_plot(args) -> int:
+    try:
+        from .. import plot
+    except ImportError as e:  # pragma: no cover - lamina.plot itself imports no matplotlib
+        raise CLIError(str(e)) from None
+    out = args.output or _default_name(args)
+    if os.path.isdir(out):
+        raise CLIError(f"{out!r} is a directory; give a file name with -o")
+    try:
+        with open_file(args.file) as f:
+            if args.stats:
+                pic = plot.stats_png(f, args.dataset, out, dpi=args.dpi)
+            else:
+                pic = plot.slice_png(
+                    f,
+                    args.dataset,
+                    out,
+                    slices=args.slice,
+                    step=args.step,
+                    blocks=args.blocks,
+                    coords=not args.index,
+                    cmap=args.cmap,
+                    dpi=args.dpi,
+                )
+            steps = f.steps
+    except plot.NoMatplotlib as e:
+        print(f"lamina plot: {e}", file=sys.stderr)
+        return 2
+    print(
+        f"{pic.path}: {pic.what} ({pic.width}x{pic.height} px; {plural(steps, 'step')} in {args.file})"
+    )
+    return 0

@@ -1,0 +1,503 @@
+"""The xarray backend: ``xr.open_dataset("run.lam")``, ``xr.open_datatree(...)``, lazily.
+
+Registered through the ``xarray.backends`` entry point as ``lamina``.  A
+group becomes a :class:`xarray.Dataset` (a node of the tree for
+``open_datatree``), each lamina dataset a variable whose data is a
+:class:`LaminaArray`: nothing is read until values are asked for, and then
+only the blocks that the selection touches (``Dataset.read`` of the
+bounding box).  Steps are the leading ``step`` dimension; ``step=K`` opens
+one.  The attributes the mapping uses are in :mod:`.conventions`.
+
+The file is opened on this process alone (``MPI.COMM_SELF``): every rank of
+an analysis may open it and read its own part, as with any lamina reader.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import xarray as xr
+from xarray.backends import BackendArray, BackendEntrypoint
+from xarray.core import indexing
+
+import lamina
+
+from .. import comm as comm_mod
+from . import conventions as cv
+
+#: the file-name ending of native lamina files
+SUFFIX = ".lam"
+
+
+class LaminaArray(BackendArray):
+    """One lamina dataset seen by xarray: ``(step, *shape)``, or ``shape`` at one step.
+
+    Indexing is xarray's basic and outer indexing
+    (:class:`~xarray.core.indexing.IndexingSupport.OUTER`): per axis an
+    integer, a slice (any step, negative too) or an array of integers.  A
+    read asks lamina for the bounding box of the selection in each step it
+    touches, so only blocks that meet the selection are read; strides and
+    index arrays are then taken from that box in memory.
+    """
+
+    def __init__(self, dataset: lamina.Dataset, steps: list[int] | None, at: int | None):
+        self._ds = dataset
+        self._steps = steps  # the steps along the leading axis; None: no step axis
+        self._at = at  # the step read when there is no step axis
+        base = tuple(dataset.shape)
+        self.shape = base if steps is None else (len(steps), *base)
+        self.dtype = np.dtype(dataset.dtype)
+
+    def __getitem__(self, key: indexing.ExplicitIndexer) -> np.ndarray:
+        return indexing.explicit_indexing_adapter(
+            _empty_slices_forward(key, self.shape),
+            self.shape,
+            indexing.IndexingSupport.OUTER,
+            self._raw,
+        )
+
+    def _raw(self, key: tuple) -> np.ndarray:
+        if self._steps is None:
+            return self._read_at(self._at, key)
+        sk, rest = key[0], key[1:]
+        picked = _positions(sk, len(self._steps))
+        parts = [self._read_at(self._steps[i], rest) for i in np.ravel(picked)]
+        if isinstance(picked, int):
+            return parts[0]
+        base = self._read_shape(rest)
+        out = np.empty((len(parts), *base), dtype=self.dtype)
+        for i, p in enumerate(parts):
+            out[i] = p
+        return out
+
+    def _read_shape(self, key: tuple) -> tuple[int, ...]:
+        lo, hi, post = _bounds(key, self._ds.shape)
+        probe = np.empty(tuple(h - lo_ for lo_, h in zip(lo, hi, strict=True)), dtype=np.uint8)
+        return _apply(probe, post).shape
+
+    def _read_at(self, step: int | None, key: tuple) -> np.ndarray:
+        lo, hi, post = _bounds(key, self._ds.shape)
+        shape = tuple(h - lo_ for lo_, h in zip(lo, hi, strict=True))
+        if 0 in shape:
+            block = np.empty(shape, dtype=self.dtype)
+        else:
+            block = self._ds.read(lamina.Box(tuple(lo), tuple(hi)), step=step)
+        return _apply(block, post)
+
+
+def _empty_slices_forward(key: indexing.ExplicitIndexer, shape: tuple[int, ...]):
+    """*key* with every empty slice as ``slice(0, 0)``.
+
+    xarray's decomposition of outer keys fails on an empty slice with a
+    negative step (``5:5:-1``: it asks for the last element of an empty
+    range); the selection is the same.
+    """
+    if not isinstance(key, indexing.BasicIndexer | indexing.OuterIndexer):
+        return key
+    parts = list(key.tuple)
+    changed = False
+    for i, (k, n) in enumerate(zip(parts, shape, strict=True)):
+        if isinstance(k, slice) and not range(*k.indices(n)):
+            parts[i] = slice(0, 0, 1)
+            changed = True
+    return type(key)(tuple(parts)) if changed else key
+
+
+def _positions(k, n: int):
+    """An axis key -> an int, or an array of positions."""
+    if isinstance(k, int | np.integer):
+        i = int(k)
+        return i + n if i < 0 else i
+    if isinstance(k, slice):
+        return np.arange(n)[k]
+    a = np.asarray(k, dtype=np.int64)
+    return np.where(a < 0, a + n, a)
+
+
+def _bounds(key: tuple, shape: tuple[int, ...]) -> tuple[list[int], list[int], list[Any]]:
+    """Per axis: the bounding range [lo, hi) of the key, and what to take from it afterwards."""
+    lo: list[int] = []
+    hi: list[int] = []
+    post: list[Any] = []
+    for k, n in zip(key, shape, strict=True):
+        if isinstance(k, int | np.integer):
+            i = int(k) + (n if int(k) < 0 else 0)
+            lo.append(i)
+            hi.append(i + 1)
+            post.append(0)
+        elif isinstance(k, slice):
+            start, stop, step = k.indices(n)
+            r = range(start, stop, step)
+            if not r:
+                lo.append(0)
+                hi.append(0)
+                post.append(slice(None))
+                continue
+            a, b = min(r[0], r[-1]), max(r[0], r[-1])
+            lo.append(a)
+            hi.append(b + 1)
+            # the box holds r exactly at its ends: a negative step starts from its far end
+            post.append(slice(None, None, step))
+        else:
+            idx = np.asarray(k, dtype=np.int64)
+            idx = np.where(idx < 0, idx + n, idx)
+            if idx.size == 0:
+                lo.append(0)
+                hi.append(0)
+                post.append(idx)
+                continue
+            a, b = int(idx.min()), int(idx.max())
+            lo.append(a)
+            hi.append(b + 1)
+            post.append(idx - a)
+    return lo, hi, post
+
+
+def _apply(block: np.ndarray, post: list) -> np.ndarray:
+    """Take strides, index arrays and integers from *block*, axis by axis (outer indexing)."""
+    out = block
+    for ax in range(len(post) - 1, -1, -1):  # from the last axis: integers drop axes behind us
+        p = post[ax]
+        if isinstance(p, slice) and p == slice(None):
+            continue
+        out = out[(slice(None),) * ax + (p,)]
+    return out
+
+
+# ----------------------------------------------------------------------- groups -> Datasets
+
+
+class _Closer:
+    """Closes the lamina file once, when the last object that uses it is closed."""
+
+    def __init__(self, f: lamina.File, owned: bool):
+        self._f = f
+        self._owned = owned
+        self._lock = threading.Lock()
+
+    def __call__(self) -> None:
+        with self._lock:
+            if self._owned and not self._f.engine.closed:
+                self._f.close()
+
+
+def _open(filename_or_obj) -> tuple[lamina.File, str, bool]:
+    """(file, group path, whether we opened it) for a path or an open lamina File/Group."""
+    if isinstance(filename_or_obj, lamina.Group):
+        return filename_or_obj.file, filename_or_obj.name, False
+    if isinstance(filename_or_obj, lamina.Dataset):
+        raise TypeError("open a lamina File or Group (a Dataset is one variable)")
+    path = os.fspath(filename_or_obj)
+    f = lamina.open(path, "r", comm=comm_mod.self_comm(), transport="file")
+    return f, "/", True
+
+
+def _steps_of(f: lamina.File, step: int | None) -> tuple[list[int] | None, int | None]:
+    if step is None:
+        return list(range(f.steps)), None
+    return None, f.at(step).index
+
+
+def _written(ds: lamina.Dataset, steps: Iterable[int]) -> list[int]:
+    return [k for k in steps if ds.blocks(k)]
+
+
+def _chunks(ds: lamina.Dataset, steps: Iterable[int]) -> list[tuple[int, ...] | None]:
+    """Per axis, the chunk sizes that follow the boundaries of the stored blocks in *steps*."""
+    cuts: list[set[int]] = [set() for _ in ds.shape]
+    seen = False
+    for k in steps:
+        for b in ds.blocks(k):
+            seen = True
+            for ax, (a, z) in enumerate(zip(b.box.start, b.box.stop, strict=True)):
+                cuts[ax].update((a, z))
+    out: list[tuple[int, ...] | None] = []
+    for ax, n in enumerate(ds.shape):
+        if not seen or n == 0:
+            out.append(None)
+            continue
+        edges = sorted({0, n, *(c for c in cuts[ax] if 0 < c < n)})
+        out.append(tuple(b - a for a, b in zip(edges, edges[1:], strict=False)))
+    return out
+
+
+def _definition(f: lamina.File, path: str):
+    """The derived definition of dataset *path* (a component of a vector too), or None."""
+    defs = f.derived
+    p = path.strip("/")
+    if p in defs:
+        return defs[p]
+    parent = p.rsplit("/", 1)[0] if "/" in p else ""
+    d = defs.get(parent)
+    if d is not None and len(getattr(d, "components", ())) > 1:
+        return d
+    return None
+
+
+def _inputs_like(f: lamina.File, d, shape: tuple[int, ...]) -> list[lamina.Dataset]:
+    """The inputs of derived definition *d* that have *shape*, by name."""
+    out = []
+    for name in sorted(d.inputs):
+        if name in f:
+            obj = f[name]
+            if isinstance(obj, lamina.Dataset) and obj.shape == shape:
+                out.append(obj)
+    return out
+
+
+def _input_dims(f: lamina.File, d, shape: tuple[int, ...]) -> dict:
+    """``{"dims": names}`` of the first input of derived definition *d* that has *shape* and names."""
+    for obj in _inputs_like(f, d, shape):
+        if cv.DIMS in obj.attrs:
+            return {cv.DIMS: obj.attrs[cv.DIMS]}
+    return {}
+
+
+def _time_source(f: lamina.File, gpath: str, inherit: bool) -> lamina.Dataset | None:
+    """The 0-D dataset ``time`` of the group (or, with *inherit*, of a parent), if written per step.
+
+    A group whose datasets have the ``step`` dimension takes its parents'
+    ``time``: xarray's trees pass only indexed coordinates down to children.
+    """
+    parts = [p for p in gpath.strip("/").split("/") if p]
+    candidates = ["/".join(parts[:i]) for i in range(len(parts), -1, -1)]
+    if not inherit:
+        candidates = candidates[:1]
+    for g in candidates:
+        name = f"{g}/{cv.TIME}" if g else cv.TIME
+        if name in f:
+            obj = f[name]
+            if isinstance(obj, lamina.Dataset) and obj.shape == () and not cv.is_static(obj.attrs):
+                return obj
+    return None
+
+
+def group_dataset(
+    f: lamina.File,
+    gpath: str,
+    step: int | None = None,
+    drop_variables: Iterable[str] | None = None,
+    inherit_time: bool = True,
+) -> xr.Dataset:
+    """The datasets of group *gpath* of *f* as a lazy :class:`xarray.Dataset`."""
+    g = f if gpath.strip("/") == "" else f[gpath]
+    if not isinstance(g, lamina.Group):
+        raise TypeError(f"{gpath!r} in {f.filename!r} is a dataset, not a group")
+    drop = set([drop_variables] if isinstance(drop_variables, str) else drop_variables or ())
+    steps, at = _steps_of(f, step)
+    all_steps = list(range(f.steps)) if steps is None else steps
+    gattrs = {k: g.attrs[k] for k in g.attrs}
+    coord_names = set(cv.names(gattrs.get(cv.COORDINATES)))
+    sizes: dict[str, int] = {}
+    variables: dict[str, xr.Variable] = {}
+    stepped = False
+    for name, obj in g.items():
+        if not isinstance(obj, lamina.Dataset) or name in drop:
+            continue
+        attrs = {k: obj.attrs[k] for k in obj.attrs}
+        what = f"{f.filename}:{obj.name}"
+        d = _definition(f, obj.name)
+        if cv.DIMS not in attrs and d is not None:  # a derived quantity: the dims of its inputs
+            attrs = {**attrs, **_input_dims(f, d, obj.shape)}
+        dims, problem = cv.dims_of(attrs, obj.shape, what)
+        if problem:
+            warnings.warn(problem, stacklevel=4)
+        explicit = cv.DIMS in attrs and problem is None
+        dims = _fit_dims(dims, obj.shape, sizes, explicit, what)
+        static = cv.is_static(attrs) and f.steps > 0
+        var_steps: list[int] | None
+        var_at: int | None
+        if static:
+            written = _written(obj, range(f.steps))
+            var_steps, var_at = None, (written[0] if written else 0)
+            chunk_steps = [var_at]
+        else:
+            var_steps, var_at = steps, at
+            chunk_steps = all_steps if at is None else [at]
+        array = LaminaArray(obj, var_steps, var_at)
+        vdims = tuple(dims) if var_steps is None else (cv.STEP, *dims)
+        chunks = _chunks(obj, chunk_steps)
+        if d is not None and all(c is None for c in chunks):  # computed when read: as its inputs
+            for src in _inputs_like(f, d, obj.shape):
+                chunks = _chunks(src, chunk_steps)
+                if any(c is not None for c in chunks):
+                    break
+        preferred: dict[str, int | tuple[int, ...]] = {
+            dim: c for dim, c in zip(dims, chunks, strict=True) if c is not None
+        }
+        if var_steps is not None:
+            preferred[cv.STEP] = 1
+        encoding: dict[str, Any] = {
+            "preferred_chunks": preferred,
+            "lamina_fill": obj.fill,
+            "source": f.filename,
+            "lamina_path": obj.name,
+        }
+        if obj.compression:
+            encoding["compression"] = list(obj.compression)
+        if d is not None:
+            encoding["lamina_derived"] = {"expression": d.text, "strategy": d.strategy}
+        if name in dims and tuple(dims) != (name,):
+            # a vector's component x over dims (x, y, z): xarray would take it for a coordinate
+            name = f"{gpath.strip('/').rsplit('/', 1)[-1] or 'var'}_{name}"
+        variables[name] = xr.Variable(
+            vdims,
+            indexing.LazilyIndexedArray(array),
+            attrs=cv.plain_attrs(attrs, cv.DATASET_KEYS),
+            encoding=encoding,
+        )
+        stepped = stepped or not static
+        if len(dims) == 1 and dims[0] == name:
+            coord_names.add(name)
+    if cv.TIME not in variables and cv.TIME not in drop:
+        tsrc = _time_source(f, gpath, inherit_time and stepped)
+        if tsrc is not None:
+            variables[cv.TIME] = xr.Variable(
+                () if steps is None else (cv.STEP,),
+                indexing.LazilyIndexedArray(LaminaArray(tsrc, steps, at)),
+                attrs=cv.plain_attrs({k: tsrc.attrs[k] for k in tsrc.attrs}, cv.DATASET_KEYS),
+                encoding={"source": f.filename, "lamina_path": tsrc.name},
+            )
+    if cv.TIME in variables and variables[cv.TIME].dims in ((), (cv.STEP,)):
+        coord_names.add(cv.TIME)
+    coords = {k: v for k, v in variables.items() if k in coord_names}
+    data_vars = {k: v for k, v in variables.items() if k not in coord_names}
+    if at is not None:
+        coords[cv.STEP] = xr.Variable((), np.int64(at))
+    ds = xr.Dataset(data_vars, coords=coords, attrs=cv.plain_attrs(gattrs, cv.GROUP_KEYS))
+    return ds
+
+
+def _fit_dims(
+    dims: list[str], shape: tuple[int, ...], sizes: dict[str, int], explicit: bool, what: str
+) -> list[str]:
+    """Dimension names that agree with those already used in the group (a name has one size)."""
+    out = []
+    for d, n in zip(dims, shape, strict=True):
+        have = sizes.get(d)
+        if have is not None and have != n:
+            if explicit:
+                raise ValueError(
+                    f"{what}: dimension {d!r} has size {n} here and {have} in another dataset of "
+                    "the group; one name must have one size (fix the 'dims' attribute)"
+                )
+            d = f"{d}_{n}"
+        sizes[d] = n
+        out.append(d)
+    return out
+
+
+# ----------------------------------------------------------------------------- entry point
+
+
+class LaminaBackendEntrypoint(BackendEntrypoint):
+    """``engine="lamina"``: lamina files (``*.lam``) as xarray Datasets and DataTrees.
+
+    Arguments besides xarray's own:
+
+    - ``group``: the group to open (default: the root) for ``open_dataset``;
+    - ``step``: open one committed step (negative counts from the end);
+      default: every step, along the dimension ``step``;
+    - ``level``: reserved for multiresolution datasets (only ``None``
+      or 0 today).
+    """
+
+    description = "Open lamina files (.lam) lazily: blocks read on demand, steps as a dimension"
+    url = ""
+    open_dataset_parameters = ("filename_or_obj", "drop_variables", "group", "step", "level")
+    supports_groups = True
+
+    def guess_can_open(self, filename_or_obj) -> bool:
+        if isinstance(filename_or_obj, lamina.Group):
+            return True
+        try:
+            path = os.fspath(filename_or_obj)
+        except TypeError:
+            return False
+        if isinstance(path, bytes):
+            return False
+        return path.rstrip("/").endswith(SUFFIX)
+
+    def open_dataset(
+        self,
+        filename_or_obj,
+        *,
+        drop_variables: str | Iterable[str] | None = None,
+        group: str | None = None,
+        step: int | None = None,
+        level: int | None = None,
+    ) -> xr.Dataset:
+        _check_level(level)
+        f, base, owned = _open(filename_or_obj)
+        close = _Closer(f, owned)
+        try:
+            gpath = _join(base, group)
+            ds = group_dataset(f, gpath, step, drop_variables)
+        except BaseException:
+            close()
+            raise
+        ds.set_close(close)
+        return ds
+
+    def open_groups_as_dict(
+        self,
+        filename_or_obj,
+        *,
+        drop_variables: str | Iterable[str] | None = None,
+        group: str | None = None,
+        step: int | None = None,
+        level: int | None = None,
+    ) -> dict[str, xr.Dataset]:
+        _check_level(level)
+        f, base, owned = _open(filename_or_obj)
+        close = _Closer(f, owned)
+        try:
+            top = _join(base, group)
+            g = f if top.strip("/") == "" else f[top]
+            paths = [top] + [p for p, o in g.walk() if isinstance(o, lamina.Group)]
+            out = {}
+            for p in paths:
+                rel = "/" + p[len(top) :].strip("/") if p != top else "/"
+                ds = group_dataset(f, p, step, drop_variables)
+                ds.set_close(close)
+                out[rel] = ds
+        except BaseException:
+            close()
+            raise
+        return out
+
+    def open_datatree(
+        self,
+        filename_or_obj,
+        *,
+        drop_variables: str | Iterable[str] | None = None,
+        group: str | None = None,
+        step: int | None = None,
+        level: int | None = None,
+    ) -> xr.DataTree:
+        groups = self.open_groups_as_dict(
+            filename_or_obj, drop_variables=drop_variables, group=group, step=step, level=level
+        )
+        tree = xr.DataTree.from_dict(groups)
+        closer = next(iter(groups.values()))._close
+        if closer is not None:
+            tree.set_close(closer)
+        return tree
+
+
+def _check_level(level: int | None) -> None:
+    if level not in (None, 0):
+        raise ValueError(f"level={level!r}: this file has no multiresolution levels (only 0)")
+
+
+def _join(base: str, group: str | None) -> str:
+    if not group:
+        return base
+    if group.startswith("/"):
+        return group
+    return base.rstrip("/") + "/" + group

@@ -1,0 +1,183 @@
+"""``to_lamina``: an xarray Dataset (or DataTree) as a lamina file, from one rank or many.
+
+Each variable becomes a dataset with a ``dims`` attribute; coordinates that
+are not named like their only dimension are listed in the group's
+``coordinates`` attribute; attributes are copied.  A ``step`` dimension
+becomes lamina's steps: variables with it are written once per step,
+variables without it once (in the first step), marked ``static``.  A
+Dataset without a ``step`` dimension is one step, every variable static, so
+that ``xr.open_dataset`` gives it back without a ``step`` dimension.
+
+In parallel every rank passes the same Dataset (typically lazy: dask, or
+opened from a file) and writes its part: the dask chunks of a variable are
+dealt out to the ranks in turn (each chunk a block), a variable in memory is
+cut with :func:`lamina.geometry.decompose` (one block per rank), and small
+variables are written whole by one rank each.  Only the parts a rank writes
+are computed there.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+import lamina
+from lamina.geometry import Box, decompose
+
+from . import conventions as cv
+
+#: variables smaller than this (bytes) are written whole by one rank
+SMALL = 1 << 16
+
+
+def to_lamina(
+    obj: xr.Dataset | xr.DataTree | xr.DataArray,
+    path: str | os.PathLike,
+    *,
+    mode: str = "w",
+    comm=None,
+    compression=None,
+    **options,
+) -> None:
+    """Collective: write *obj* as the lamina file *path*.
+
+    Parameters
+    ----------
+    obj : xarray.Dataset, DataTree or DataArray
+        A DataTree writes each node as a group; a DataArray is a Dataset of
+        one variable (its name, else ``data``).
+    path : str or path-like
+        The ``.lam`` file to create.
+    mode : {'w', 'a'}
+        Create (truncate), or add to a file that does not hold these names yet.
+    comm : mpi4py communicator, optional
+        The ranks that write (default: the task's, as :func:`lamina.open`);
+        every rank passes the same *obj* and writes its part.
+    compression : optional
+        Codec of every dataset (see ``create_dataset``); a variable's
+        ``encoding["compression"]`` takes precedence.
+    **options
+        Passed to :func:`lamina.open` (``aggregators=``, ``durable=`` ...).
+    """
+    nodes = _nodes(obj)
+    nsteps = _step_count(nodes)
+    with lamina.open(path, mode, comm=comm, **options) as f:
+        plan: list[tuple[lamina.Dataset, xr.Variable, bool]] = []
+        for gpath, ds in nodes:
+            g = f if gpath.strip("/") == "" else f.require_group(gpath)
+            _copy_attrs(g, ds.attrs, f"group {gpath!r}")
+            listed = sorted(str(c) for c in ds.coords if ds[c].dims != (c,))
+            if listed:
+                g.attrs[cv.COORDINATES] = listed
+            for name, var in ds.variables.items():
+                plan.append(_define(g, str(name), var, nsteps, compression))
+        rank, size = f.comm.rank, f.comm.size
+        turn = itertools.count()
+        parts = [(d, v, stepped, _parts(v, stepped, size, turn)) for d, v, stepped in plan]
+        for k in range(max(nsteps, 1)):
+            with f.step():
+                for d, var, stepped, boxes in parts:
+                    if not stepped and k > 0:
+                        continue
+                    data = var[k] if stepped else var
+                    for owner, box in boxes:
+                        if owner != rank:
+                            continue
+                        values = np.asarray(data[box.slices].values if box.ndim else data.values)
+                        if box.ndim:
+                            d[box.slices] = values
+                        else:
+                            d[()] = values
+
+
+def _nodes(obj) -> list[tuple[str, xr.Dataset]]:
+    if isinstance(obj, xr.DataTree):
+        return [(node.path, node.to_dataset(inherit=False)) for node in obj.subtree]
+    if isinstance(obj, xr.DataArray):
+        return [("/", obj.to_dataset(name=obj.name if obj.name is not None else "data"))]
+    if isinstance(obj, xr.Dataset):
+        return [("/", obj)]
+    raise TypeError(
+        f"to_lamina takes an xarray Dataset, DataTree or DataArray, not {type(obj).__name__}"
+    )
+
+
+def _step_count(nodes: list[tuple[str, xr.Dataset]]) -> int:
+    """The length of the ``step`` dimension (0 if no variable has one); the same in every node."""
+    found = {ds.sizes[cv.STEP] for _, ds in nodes if cv.STEP in ds.dims}
+    if len(found) > 1:
+        raise ValueError(f"the {cv.STEP!r} dimension has different lengths: {sorted(found)}")
+    return found.pop() if found else 0
+
+
+def _define(g, name: str, var: xr.Variable, nsteps: int, compression):
+    what = f"variable {name!r}"
+    if var.dtype.kind not in "biufc":
+        raise TypeError(
+            f"{what} has dtype {var.dtype}: lamina stores numbers only (bool, int, float, complex); "
+            "encode it first (e.g. datetimes as numbers with units)"
+        )
+    stepped = cv.STEP in var.dims
+    if stepped:
+        var = var.transpose(cv.STEP, ...)
+    dims = [str(d) for d in var.dims if d != cv.STEP]
+    shape = tuple(var.shape[1:] if stepped else var.shape)
+    comp = var.encoding.get("compression", compression)
+    fill = var.encoding.get("lamina_fill", 0)
+    try:
+        d = g.create_dataset(name, shape, var.dtype, fill=fill, compression=comp)
+    except lamina.DTypeError:  # a fill value read from another file that does not fit this dtype
+        d = g.create_dataset(name, shape, var.dtype, compression=comp)
+    if dims:
+        d.attrs[cv.DIMS] = dims
+    if not stepped:
+        d.attrs[cv.STATIC] = 1
+    _copy_attrs(d, var.attrs, what)
+    return d, var, stepped
+
+
+def _copy_attrs(obj, attrs: dict, what: str) -> None:
+    for k, v in attrs.items():
+        if obj.file.comm.rank != 0:
+            break
+        try:
+            obj.attrs[str(k)] = _attr_value(v)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"{what}: attribute {k!r} = {v!r} cannot be stored: {e}") from None
+
+
+def _attr_value(v: Any):
+    if isinstance(v, bool | np.bool_):
+        return np.bool_(v)
+    if isinstance(v, list | tuple) and v and all(isinstance(x, str) for x in v):
+        return list(v)
+    return v
+
+
+def _parts(var: xr.Variable, stepped: bool, size: int, turn) -> list[tuple[int, Box]]:
+    """(owner rank, box) of each block this variable is written as (per step)."""
+    shape = tuple(var.shape[1:] if stepped else var.shape)
+    if 0 in shape:
+        return []
+    if not shape:
+        return [(next(turn) % size, Box((), ()))]
+    chunks = var.chunks
+    if chunks is not None:
+        per_axis = chunks[1:] if stepped else chunks
+        edges = [np.concatenate(([0], np.cumsum(c))).tolist() for c in per_axis]
+        boxes = [
+            Box(
+                tuple(e[i] for e, i in zip(edges, idx, strict=True)),
+                tuple(e[i + 1] for e, i in zip(edges, idx, strict=True)),
+            )
+            for idx in itertools.product(*(range(len(c)) for c in per_axis))
+        ]
+        return [(next(turn) % size, b) for b in boxes]
+    nbytes = int(np.prod(shape, dtype=np.int64)) * var.dtype.itemsize
+    if size == 1 or nbytes < SMALL:
+        return [(next(turn) % size, Box.from_shape(shape))]
+    return [(r, b) for r, b in enumerate(decompose(shape, size)) if not b.empty]

@@ -1,0 +1,78 @@
+"""Jupyter's HTML view of files, groups and datasets: the tree and its facts, no data read."""
+
+from __future__ import annotations
+
+from html.parser import HTMLParser
+
+import numpy as np
+
+import lamina
+
+
+class _Check(HTMLParser):
+    """Collects the text and checks that every element opened is closed."""
+
+    VOID = {"br", "hr", "img", "input", "meta", "link"}
+
+    def __init__(self):
+        super().__init__()
+        self.stack: list[str] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag not in self.VOID:
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag):
+        assert self.stack and self.stack[-1] == tag, (self.stack, tag)
+        self.stack.pop()
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def _text(html: str) -> str:
+    p = _Check()
+    p.feed(html)
+    p.close()
+    assert not p.stack, p.stack
+    return " ".join(" ".join(p.text).split())
+
+
+def _file(path):
+    with lamina.open(path, "w") as f:
+        f.attrs["title"] = "a <b>bold</b> title"
+        T = f.create_dataset("fields/T", shape=(8, 6), dtype="f4", compression="zstd")
+        T.attrs["units"] = "K"
+        f.create_dataset("fields/u", shape=(8, 6))
+        f.create_dataset("fields/v", shape=(8, 6))
+        f.derive("fields/speed", "magnitude(`fields/u`, `fields/v`)", strategy="stats")
+        for k in range(3):
+            with f.step():
+                T[0:4, :] = np.full((4, 6), k, "f4")
+                T[4:8, :] = np.zeros((4, 6), "f4")
+                f["fields/u"][...] = 1.0
+                f["fields/v"][...] = 2.0
+
+
+def test_file_group_dataset_html(tmp_path, monkeypatch):
+    path = tmp_path / "r.lam"
+    _file(path)
+    with lamina.open(path) as f:
+        reads = []
+        monkeypatch.setattr(f.engine, "get", lambda *a, **k: reads.append(a))
+        text = _text(f._repr_html_())
+        assert "lamina.File" in text and "3 steps" in text
+        assert "T float32 (8, 6) steps 0-2 (3 of 3) 6 blocks" in text
+        assert "compression zstd" in text
+        assert "@units 'K'" in text
+        assert "@title 'a <b>bold</b> title'" in text  # escaped: shown as text, not markup
+        assert "derived = magnitude(`fields/u`, `fields/v`) (strategy stats)" in text
+        g = _text(f["fields"]._repr_html_())
+        assert "lamina.Group /fields" in g and "4 members" in g
+        d = _text(f["fields/T"]._repr_html_())
+        assert "lamina.Dataset /fields/T" in d and "float32 (8, 6)" in d
+        v = _text(f.at(1)._repr_html_())
+        assert "at step 1" in v
+        assert reads == []  # metadata only
+    assert "closed" in _text(f._repr_html_())

@@ -1,0 +1,118 @@
+"""``lamina plot`` and lamina.plot: PNGs of slices (Agg), block outlines, vectors, per-step statistics."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+mpl_image = pytest.importorskip("matplotlib.image")
+
+import lamina  # noqa: E402
+from lamina import plot  # noqa: E402
+from lamina.cli import main  # noqa: E402
+
+
+def _file(path):
+    """A 3-D front on 2 x 2 blocks, 3 steps, a 0-D time, a vector derived quantity (curl)."""
+    shape = (8, 12, 16)
+    z = np.arange(shape[2])
+    with lamina.open(path, "w") as f:
+        T = f.create_dataset("fields/T", shape=shape, dtype="f8")
+        T.attrs["dims"] = ["x", "y", "z"]
+        T.attrs["units"] = "K"
+        for c in ("u", "v", "w"):
+            f.create_dataset(f"fields/{c}", shape=shape).attrs["dims"] = ["x", "y", "z"]
+        f.create_dataset("fields/z", shape=(shape[2],)).attrs["units"] = "m"
+        f.derive("fields/vort", "curl(`fields/u`, `fields/v`, `fields/w`)", strategy="stats")
+        t = f.create_dataset("time", (), "f8")
+        t.attrs["units"] = "s"
+        for k in range(3):
+            with f.step():
+                front = np.where(z < 4 + 3 * k, 1800.0, 300.0)
+                full = np.broadcast_to(front, shape) + np.arange(shape[1])[None, :, None]
+                for x0 in (0, 4):
+                    for y0 in (0, 6):
+                        box = np.s_[x0 : x0 + 4, y0 : y0 + 6, :]
+                        T[box] = full[box]
+                X, Y, Z = np.meshgrid(*(np.arange(n, dtype=float) for n in shape), indexing="ij")
+                f["fields/u"][...] = np.sin(Y / 3.0)
+                f["fields/v"][...] = np.cos(Z / 4.0)
+                f["fields/w"][...] = X * 0.1
+                f["fields/z"][...] = np.linspace(0.0, 1.5e-3, shape[2])
+                t[()] = 1e-4 * k
+
+
+def _image(path):
+    img = mpl_image.imread(path)
+    assert img.ndim == 3 and img.shape[2] in (3, 4)
+    return img
+
+
+def _not_blank(img) -> None:
+    rgb = img[..., :3]
+    assert float(rgb.std()) > 0.05  # more than a background
+    assert len(np.unique(rgb.reshape(-1, 3), axis=0)) > 50  # a colormap, not a few flat colours
+
+
+def test_slice_png_renders(tmp_path):
+    path = tmp_path / "p.lam"
+    _file(path)
+    out = tmp_path / "T.png"
+    with lamina.open(path) as f:
+        pic = plot.slice_png(f, "fields/T", out, slices=["y=5"], step=1, blocks=True, dpi=80)
+    img = _image(out)
+    assert (img.shape[1], img.shape[0]) == (pic.width, pic.height)
+    assert pic.width > 300 and pic.height > 250
+    _not_blank(img)
+    assert "y=5" in pic.what and "step 1" in pic.what
+
+
+def test_vector_magnitude_and_coordinates(tmp_path):
+    path = tmp_path / "p.lam"
+    _file(path)
+    with lamina.open(path) as f:
+        pic = plot.slice_png(f, "fields/vort", tmp_path / "v.png", slices=["z=3"], dpi=70)
+        assert pic.what.startswith("|fields/vort|")
+        with pytest.raises(lamina.NotFoundError, match="vector derived"):
+            plot.slice_png(f, "fields", tmp_path / "g.png")
+        with pytest.raises(lamina.SelectionError, match="no dimension 'q'"):
+            plot.slice_png(f, "fields/T", tmp_path / "g.png", slices=["q=1"])
+    _not_blank(_image(tmp_path / "v.png"))
+
+
+def test_stats_from_block_statistics_alone(tmp_path, monkeypatch):
+    path = tmp_path / "p.lam"
+    _file(path)
+    with lamina.open(path) as f:
+        reads = []
+        monkeypatch.setattr(f.engine, "get", lambda *a, **k: reads.append(a))
+        s = plot.step_stats(f["fields/T"])
+        np.testing.assert_allclose(plot.step_times(f), [0.0, 1e-4, 2e-4])
+        pic = plot.stats_png(f, "fields/T", tmp_path / "s.png", dpi=70)
+        assert reads == []  # no data read
+    assert s["min"].tolist() == [300.0] * 3 and s["max"].tolist() == [1811.0] * 3
+    _not_blank(_image(pic.path))
+
+
+def test_cli_plot(tmp_path, capsys):
+    path = tmp_path / "p.lam"
+    _file(path)
+    out = tmp_path / "cli.png"
+    assert main(["plot", str(path), "fields/T", "--slice", "x=2", "--blocks", "-o", str(out)]) == 0
+    assert "cli.png" in capsys.readouterr().out
+    _not_blank(_image(out))
+    assert main(["plot", str(path), "fields/T", "--stats", "-o", str(tmp_path / "s.png")]) == 0
+    assert main(["plot", str(path), "fields/T", "--slice", "x=99"]) == 2
+    assert "out of range" in capsys.readouterr().err
+
+
+def test_cli_plot_without_matplotlib(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "p.lam"
+    _file(path)
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    assert main(["plot", str(path), "fields/T", "-o", str(tmp_path / "x.png")]) == 2
+    assert "pip install 'lamina[plot]'" in capsys.readouterr().err

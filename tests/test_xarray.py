@@ -1,0 +1,416 @@
+"""The xarray backend and to_lamina: round trips, lazy indexing, dask chunks, steps, trees, MPI writers."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+xr = pytest.importorskip("xarray")
+pytest.importorskip("dask.array")
+
+import mpi_util as mu  # noqa: E402
+
+import lamina  # noqa: E402
+from lamina.xarray import LaminaArray, LaminaBackendEntrypoint, to_lamina  # noqa: E402
+
+ENGINE = LaminaBackendEntrypoint
+
+
+@pytest.fixture
+def registered(tmp_path, monkeypatch):
+    """engine="lamina" and guessing by suffix, as after ``pip install lamina``.
+
+    A source checkout run without installing has no entry point: a stand-in
+    distribution on sys.path declares it the same way pyproject.toml does.
+    """
+    from xarray.backends import plugins
+
+    eps = importlib.metadata.entry_points(group="xarray.backends")
+    if "lamina" not in eps.names:
+        info = tmp_path / "site" / "lamina_xarray_entry-0.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(
+            "Metadata-Version: 2.1\nName: lamina-xarray-entry\nVersion: 0\n"
+        )
+        (info / "entry_points.txt").write_text(
+            "[xarray.backends]\nlamina = lamina.xarray.backend:LaminaBackendEntrypoint\n"
+        )
+        monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    plugins.list_engines.cache_clear()
+    yield
+    plugins.list_engines.cache_clear()
+
+
+def _flame(path, steps=3, shape=(6, 8, 10), split=((0, 3), (0, 4))):
+    """A file like the demo's: fields/T on a 2x2 grid of blocks, a 0-D `time` per step, a grid."""
+    ref = []
+    with lamina.open(path, "w") as f:
+        f.attrs["title"] = "test flame"
+        T = f.create_dataset("fields/T", shape=shape, dtype="f8", compression="zstd")
+        T.attrs["units"] = "K"
+        T.attrs["dims"] = ["z", "y", "x"]
+        P = f.create_dataset("fields/P", shape=shape, dtype="f4")
+        P.attrs["dims"] = ["z", "y", "x"]
+        x = f.create_dataset("fields/x", shape=(shape[2],), dtype="f8")
+        x.attrs["dims"] = ["x"]
+        x.attrs["static"] = 1
+        tds = f.create_dataset("time", (), "f8")
+        tds.attrs["units"] = "s"
+        f.derive("fields/TP", "`fields/T` + `fields/P`", strategy="stats")
+        nz, ny = shape[0] // 2, shape[1] // 2
+        for k in range(steps):
+            with f.step():
+                full = k * 1000.0 + np.arange(np.prod(shape), dtype="f8").reshape(shape) / 7.0
+                for z0 in (0, nz):
+                    for y0 in (0, ny):
+                        box = np.s_[z0 : z0 + nz, y0 : y0 + ny, :]
+                        T[box] = full[box]
+                        P[box] = (2 * full[box]).astype("f4")
+                if k == 0:
+                    x[...] = np.linspace(0.0, 1.0, shape[2])
+                tds[()] = 0.25 * k
+            ref.append(full)
+    return np.stack(ref)
+
+
+# ------------------------------------------------------------------------------ reading
+
+
+def test_open_dataset_steps_dims_attrs_time(tmp_path):
+    path = tmp_path / "run.lam"
+    ref = _flame(path)
+    with xr.open_dataset(path, engine=ENGINE, group="fields") as ds:
+        assert ds.T.dims == ("step", "z", "y", "x")
+        assert ds.sizes == {"step": 3, "z": 6, "y": 8, "x": 10}
+        assert ds.T.attrs == {"units": "K"}
+        assert "x" in ds.coords and ds.x.dims == ("x",)  # static: no step dimension
+        np.testing.assert_array_equal(ds.x.values, np.linspace(0.0, 1.0, 10))
+        assert ds.time.dims == ("step",) and "time" in ds.coords  # from the root's 0-D `time`
+        np.testing.assert_array_equal(ds.time.values, [0.0, 0.25, 0.5])
+        np.testing.assert_array_equal(ds.T.values, ref)
+        np.testing.assert_array_equal(ds.P.values, (2 * ref).astype("f4"))
+        assert ds.T.encoding["compression"] == [{"id": "zstd"}]
+
+
+def test_derived_quantity_is_a_variable(tmp_path):
+    path = tmp_path / "run.lam"
+    ref = _flame(path)
+    with xr.open_dataset(path, engine=ENGINE, group="fields") as ds:
+        assert ds.TP.encoding["lamina_derived"]["strategy"] == "stats"
+        np.testing.assert_allclose(ds.TP[1].values, ref[1] + (2 * ref[1]).astype("f4"))
+
+
+def test_vector_components_and_computed_quantities_chunk_like_their_inputs(tmp_path):
+    """A curl's components x, y, z over dims (x, y, z) are named vort_x ...; an expression
+    computed on read has the chunks of its inputs."""
+    path = tmp_path / "vec.lam"
+    shape = (6, 8, 10)
+    rng = np.random.default_rng(1)
+    with lamina.open(path, "w") as f:
+        for c in ("u", "v", "w"):
+            f.create_dataset(c, shape=shape).attrs["dims"] = ["x", "y", "z"]
+        f.derive("vort", "curl(u, v, w)", strategy="stats")
+        f.derive("speed", "magnitude(u, v, w)", strategy="expression")
+        data = {c: rng.random(shape) for c in ("u", "v", "w")}
+        with f.step():
+            for c in ("u", "v", "w"):
+                f[c][0:3] = data[c][0:3]
+                f[c][3:6] = data[c][3:6]
+    with xr.open_datatree(path, engine=ENGINE, chunks={}) as tree:
+        vort = tree["vort"].to_dataset()
+        assert sorted(vort.data_vars) == ["vort_x", "vort_y", "vort_z"]
+        assert vort.vort_x.dims == ("step", "x", "y", "z")
+        wx = np.gradient(data["w"], axis=1, edge_order=2) - np.gradient(
+            data["v"], axis=2, edge_order=2
+        )
+        np.testing.assert_allclose(vort.vort_x[0].values, wx, rtol=1e-12, atol=1e-12)
+        speed = tree.to_dataset().speed
+        assert speed.chunks == ((1,), (3, 3), (8,), (10,))
+        want = np.sqrt(data["u"] ** 2 + data["v"] ** 2 + data["w"] ** 2)
+        np.testing.assert_allclose(speed[0].values, want)
+
+
+def test_one_step(tmp_path):
+    path = tmp_path / "run.lam"
+    ref = _flame(path)
+    with xr.open_dataset(path, engine=ENGINE, group="fields", step=-2) as ds:
+        assert ds.T.dims == ("z", "y", "x")
+        assert int(ds.step) == 1 and float(ds.time) == 0.25
+        np.testing.assert_array_equal(ds.T.values, ref[1])
+
+
+def test_default_dims_and_attribute_mismatch(tmp_path):
+    path = tmp_path / "plain.lam"
+    with lamina.open(path, "w") as f:
+        f.create_dataset("a", data=np.ones((3, 4)))
+        f.create_dataset("b", data=np.ones((5,)))  # dim_0 of another size: renamed
+        bad = f.create_dataset("c", data=np.ones((2, 2)))
+        bad.attrs["dims"] = ["only_one"]
+    with pytest.warns(UserWarning, match="names 1 dimensions"):
+        ds = xr.open_dataset(path, engine=ENGINE)
+    with ds:
+        assert ds.a.dims == ("step", "dim_0", "dim_1")
+        assert ds.b.dims == ("step", "dim_0_5")
+        assert ds.c.dims == ("step", "dim_0_2", "dim_1_2")
+
+
+SELECTIONS = [
+    np.s_[:, 1:5, 2:7, 3],  # crosses block boundaries in z and y
+    np.s_[-1, ::-1, ::3, :],  # negative step, stride
+    np.s_[0:2, 5:0:-2, -1, ::-4],
+    np.s_[1, 2, 3, 4],
+    np.s_[:, 3:3, :, :],  # empty
+    np.s_[0, 5:5:-1, :, 2:2:-3],  # empty with negative steps
+    np.s_[::-1, 2, :, 9],
+]
+
+
+@pytest.mark.parametrize("key", SELECTIONS, ids=range(len(SELECTIONS)))
+def test_lazy_basic_indexing(tmp_path, key):
+    path = tmp_path / "run.lam"
+    ref = _flame(path)
+    with xr.open_dataset(path, engine=ENGINE, group="fields") as ds:
+        np.testing.assert_array_equal(ds.T[key].values, ref[key])
+
+
+def test_backend_array_takes_empty_negative_slices(tmp_path):
+    """xarray's key decomposition fails on ``slice(None, -1, -1)`` of a raw key; the array copes."""
+    from xarray.core import indexing
+
+    path = tmp_path / "run.lam"
+    _flame(path)
+    with lamina.open(path) as f:
+        arr = LaminaArray(f["fields/T"], [0, 1, 2], None)
+        key = indexing.OuterIndexer((0, slice(None, -1, -1), np.array([1, 2]), slice(None)))
+        assert arr[key].shape == (0, 2, 10)
+
+
+def test_lazy_outer_indexing(tmp_path):
+    path = tmp_path / "run.lam"
+    ref = _flame(path)
+    with xr.open_dataset(path, engine=ENGINE, group="fields") as ds:
+        got = ds.T.isel(step=[2, 0], z=[5, 0, 3], x=[-1, 2, 2]).values
+        np.testing.assert_array_equal(got, ref[[2, 0]][:, [5, 0, 3]][..., [-1, 2, 2]])
+        sel = ds.T.isel(z=slice(4, None), y=[1, 6]).isel(x=slice(None, None, -3))  # chained lazily
+        np.testing.assert_array_equal(sel.values, ref[:, 4:, [1, 6], ::-3])
+
+
+def _axis_keys(n: int):
+    ints = st.integers(-n, n - 1)
+    # not below -n: xarray's lazy slice composition turns slice(-n - 1, None, -1), which is
+    # empty, into the whole reversed axis before any backend sees it (an xarray bug)
+    bounds = st.one_of(st.none(), st.integers(-n, n + 2))
+    steps = st.one_of(st.none(), st.integers(-4, 4).filter(lambda v: v != 0))
+    slices = st.builds(slice, bounds, bounds, steps)
+    arrays = st.lists(ints, min_size=1, max_size=4).map(lambda v: np.asarray(v, dtype=np.int64))
+    return st.one_of(ints, slices, arrays)
+
+
+def _outer_numpy(a: np.ndarray, key: tuple) -> np.ndarray:
+    out = a
+    for ax in range(len(key) - 1, -1, -1):
+        out = out[(slice(None),) * ax + (key[ax],)]
+    return out
+
+
+@settings(max_examples=40)
+@given(data=st.data())
+def test_outer_indexing_matches_numpy(tmp_path_factory, data):
+    """Any mix of integers, slices (any step, empty too) and index arrays per axis, read lazily,
+    equals numpy's outer indexing of the eager array."""
+    path = tmp_path_factory.getbasetemp() / "prop.lam"
+    if not path.exists():
+        _flame(path)
+    ref = np.load(path.parent / "prop.npy") if (path.parent / "prop.npy").exists() else None
+    if ref is None:
+        with lamina.open(path) as f:
+            ref = np.stack([np.asarray(f.at(k)["fields/T"]) for k in range(f.steps)])
+        np.save(path.parent / "prop.npy", ref)
+    key = tuple(data.draw(_axis_keys(n)) for n in ref.shape)
+    with xr.open_dataset(path, engine=ENGINE, group="fields") as ds:
+        lazy = ds.T[key]  # xarray's indexing of 1-D arrays is outer (orthogonal), as here
+        np.testing.assert_array_equal(lazy.values, _outer_numpy(ref, key))
+
+
+def test_reads_only_touched_blocks(tmp_path):
+    """A selection inside one block reads only that block: the others never decode."""
+    path = tmp_path / "run.lam"
+    _flame(path)
+    f = lamina.open(path)
+    seen = []
+    ds = f["fields/T"]
+    orig = ds.read
+
+    def spy(box=None, step=None, out=None):
+        seen.append(box)
+        return orig(box, step, out)
+
+    ds.read = spy  # type: ignore[method-assign]
+    arr = LaminaArray(ds, [0, 1, 2], None)
+    from xarray.core import indexing
+
+    out = arr[indexing.BasicIndexer((1, slice(0, 2), slice(5, 8), slice(None)))]
+    assert out.shape == (2, 3, 10)
+    assert seen == [lamina.Box((0, 5, 0), (2, 8, 10))]
+    touched = [b for b in ds.blocks(1) if b.box.intersect(seen[0]) is not None]
+    assert len(touched) == 1
+    f.close()
+
+
+def test_dask_chunks_follow_blocks_and_equal_eager(tmp_path):
+    path = tmp_path / "run.lam"
+    ref = _flame(path)
+    with xr.open_dataset(path, engine=ENGINE, group="fields", chunks={}) as ds:
+        assert ds.T.chunks == ((1, 1, 1), (3, 3), (4, 4), (10,))
+        assert float(ds.T.mean().compute()) == pytest.approx(ref.mean())
+        with xr.open_dataset(path, engine=ENGINE, group="fields") as eager:
+            xr.testing.assert_identical(ds.compute(), eager.load())
+    with xr.open_dataset(path, engine=ENGINE, group="fields", chunks="auto") as ds:
+        # "auto" merges blocks into larger chunks but never cuts one
+        for dim, sizes in zip(ds.T.dims[1:], ds.T.chunks[1:], strict=True):
+            edges = set(np.cumsum(sizes).tolist())
+            block = {"z": 3, "y": 4, "x": 10}[dim]
+            assert all(e % block == 0 for e in edges)
+
+
+def test_open_datatree(tmp_path):
+    path = tmp_path / "run.lam"
+    ref = _flame(path)
+    with xr.open_datatree(path, engine=ENGINE) as tree:
+        assert set(tree.children) == {"fields"}
+        assert tree.attrs["title"] == "test flame"
+        np.testing.assert_array_equal(tree["fields"].T.values, ref)
+        # the root's time coordinate is inherited by the child node
+        np.testing.assert_array_equal(tree["fields"]["time"].values, [0.0, 0.25, 0.5])
+
+
+def test_engine_name_and_guess(tmp_path, registered):
+    path = tmp_path / "run.lam"
+    ref = _flame(path)
+    assert "lamina" in xr.backends.list_engines()
+    with xr.open_dataset(path, group="fields") as ds:  # no engine=: guessed from .lam
+        np.testing.assert_array_equal(ds.T[2].values, ref[2])
+    with xr.open_dataset(str(path), engine="lamina", group="fields", step=0) as ds:
+        np.testing.assert_array_equal(ds.T.values, ref[0])
+    assert not LaminaBackendEntrypoint().guess_can_open("data.nc")
+
+
+def test_open_file_object_stays_open(tmp_path):
+    """A lamina File (or Group) opened by the program: the Dataset reads it and leaves it open."""
+    path = tmp_path / "run.lam"
+    ref = _flame(path)
+    with lamina.open(path) as f:
+        with xr.open_dataset(f["fields"], engine=ENGINE) as ds:
+            np.testing.assert_array_equal(ds.T[0, :2].values, ref[0, :2])
+        assert not f.engine.closed
+        assert f["fields/T"][0, 0, 0] == ref[-1, 0, 0, 0]
+
+
+def test_level_is_reserved(tmp_path):
+    path = tmp_path / "run.lam"
+    _flame(path)
+    with pytest.raises(ValueError, match="multiresolution"):
+        xr.open_dataset(path, engine=ENGINE, level=1)
+
+
+# ------------------------------------------------------------------------------ writing
+
+
+def _sample(dtype) -> xr.Dataset:
+    rng = np.random.default_rng(0)
+    data = (rng.random((4, 5)) * 100).astype(dtype)
+    return xr.Dataset(
+        {
+            "a": (("y", "x"), data, {"units": "m", "scale": 2.5, "flags": np.array([1, 2, 3])}),
+            "b": ("x", np.arange(5, dtype="i2"), {"long_name": "bee"}),
+            "c": ((), np.float32(3.5)),
+        },
+        coords={
+            "x": ("x", np.arange(5.0) * 0.1, {"units": "km"}),
+            "lat": ("y", np.linspace(-1, 1, 4)),
+        },
+        attrs={"title": "sample", "names": ["p", "q"], "version": 3},
+    )
+
+
+@pytest.mark.parametrize("dtype", ["f8", "f4", "i1", "u2", "i8", "c8", "bool"])
+def test_roundtrip_dtypes_coords_attrs(tmp_path, dtype):
+    src = _sample(dtype)
+    to_lamina(src, tmp_path / "s.lam")
+    with xr.open_dataset(tmp_path / "s.lam", engine=ENGINE) as back:
+        xr.testing.assert_identical(back.load(), src)
+        assert back.a.dtype == np.dtype(dtype)
+
+
+def test_roundtrip_steps_and_time(tmp_path):
+    src = xr.Dataset(
+        {
+            "T": (("step", "z", "x"), np.arange(3 * 4 * 6, dtype="f8").reshape(3, 4, 6)),
+            "grid": ("x", np.linspace(0, 1, 6)),
+        },
+        coords={"time": ("step", [0.0, 0.1, 0.3])},
+    )
+    src.lamina.to_lamina(tmp_path / "s.lam")  # the accessor
+    with lamina.open(tmp_path / "s.lam") as f:
+        assert f.steps == 3
+        assert float(f.at(2)["time"][()]) == 0.3
+        assert f["T"].attrs["dims"].tolist() == ["z", "x"]
+    with xr.open_dataset(tmp_path / "s.lam", engine=ENGINE) as back:
+        xr.testing.assert_identical(back.load(), src)
+    with xr.open_dataset(tmp_path / "s.lam", engine=ENGINE, step=1) as one:
+        xr.testing.assert_identical(one.load().drop_vars("step"), src.isel(step=1))
+
+
+def test_roundtrip_dask_writes_chunks_as_blocks(tmp_path):
+    src = _sample("f8").chunk({"y": 2, "x": 3})
+    to_lamina(src, tmp_path / "s.lam")
+    with lamina.open(tmp_path / "s.lam") as f:
+        assert len(f["a"].blocks(0)) == 4
+    with xr.open_dataset(tmp_path / "s.lam", engine=ENGINE, chunks={}) as back:
+        assert back.a.chunks == ((2, 2), (3, 2))
+        xr.testing.assert_identical(back.compute(), src.compute())
+
+
+def test_roundtrip_datatree(tmp_path):
+    tree = xr.DataTree.from_dict(
+        {
+            "/": xr.Dataset(attrs={"title": "tree"}),
+            "/fluid": _sample("f8"),
+            "/fluid/sub": xr.Dataset({"q": (("k",), np.arange(3, dtype="u1"))}),
+        }
+    )
+    to_lamina(tree, tmp_path / "t.lam")
+    with xr.open_datatree(tmp_path / "t.lam", engine=ENGINE) as back:
+        xr.testing.assert_identical(back.load(), tree)
+
+
+def test_write_refuses_what_lamina_cannot_store(tmp_path):
+    ds = xr.Dataset({"s": ("x", np.array(["a", "b"]))})
+    with pytest.raises(TypeError, match="numbers only"):
+        to_lamina(ds, tmp_path / "s.lam")
+
+
+@pytest.mark.slow
+def test_reads_a_file_written_by_four_ranks(tmp_path):
+    """4 ranks write one Dataset (each its part) with to_lamina; this process reads it back."""
+    path = tmp_path / "mpi.lam"
+    mu.run_mpi(4, "xarray_write", path, timeout=120, env=mu.child_env())
+    want = _scenario("xarray_write").expected()
+    with lamina.open(path) as f:
+        ranks = {b.rank for b in f["T"].blocks(0)}
+        assert ranks == {0, 1, 2, 3}  # every rank wrote a part
+    with xr.open_dataset(path, engine=ENGINE, chunks={}) as back:
+        xr.testing.assert_identical(back.compute(), want)
+
+
+def _scenario(name: str):
+    spec = importlib.util.spec_from_file_location(f"scenario_{name}", mu.scenario(name))
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
