@@ -21,6 +21,7 @@ BENCHMARKS = {
     "strategies": "derived quantities kept as store, stats, expression: measured vs the cost model",
     "insitu": "in situ transport (memory, file) vs hand-written mpi4py and memcpy, producers:consumers 3:1",
     "blocks": "cost per block, edges 4-64, 64-65,536 blocks per rank per step: numpy, ADIOS2 BP5, h5py chunked, lamina",
+    "catalog": "open, step index and memory of a file of 100 steps x 100,000 blocks: lamina vs ADIOS2 BP5",
 }
 
 USAGE = (
@@ -52,6 +53,8 @@ def main(argv: list[str]) -> int:
         from .insitu import main as run
     elif name == "blocks":
         from .blocks import main as run
+    elif name == "catalog":
+        from .catalog import main as run
     else:
         print(
             f"lamina bench: unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}",

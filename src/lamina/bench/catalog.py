@@ -1,0 +1,268 @@
+"""``lamina bench catalog``: opening a file of many steps of many blocks, and what its index costs.
+
+One process writes ``--steps`` steps of ``--blocks`` blocks each (rows of a
+2-D float32 dataset, 16 bytes a block: the data is negligible, the index is
+what is measured), with lamina (native, ``durable=False``) and with ADIOS2
+BP5 (``Put`` deferred, one ``SetSelection`` per block).  Then, each
+``--repeat`` times, in turn:
+
+``open``        open the file and close it again (lamina decodes no step's blocks here)
+``step index``  open, then the block index of the middle step: lamina's
+                ``block_table`` (the step's block section decoded), ADIOS2's
+                ``blocks_info`` (per-block start, count, min and max)
+``read one``    open, read one block of the middle step, close
+
+It also reports the index on disk (lamina: ``lamina.meta``; ADIOS2:
+``md.0`` + ``md.idx`` + ``mmd.0``) and lamina's memory (Python's
+``tracemalloc``): after open, per block of the whole file, and for one
+decoded step, per block of that step.  Targets (the issue "Blocks at
+scale"): open well under a second for 100 steps x 100,000 blocks; memory
+per block in tens of bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import tracemalloc
+
+import numpy as np
+
+from ..text import fmt_bytes, table
+from . import common
+
+ROW = 4  # float32 values per block: a block is one row
+
+
+def _write_lamina(path: str, steps: int, blocks: int) -> None:
+    import lamina
+
+    one = np.ones((1, ROW), dtype=np.float32)
+    with lamina.open(path, "w", durable=False) as f:
+        ds = f.create_dataset("u", (blocks, ROW), np.float32)
+        for _ in range(steps):
+            with f.step():
+                for i in range(blocks):
+                    ds.write(one, offset=(i, 0), copy=False)
+
+
+def _write_adios2(path: str, steps: int, blocks: int) -> None:
+    import adios2
+
+    one = np.ones((1, ROW), dtype=np.float32)
+    ad = adios2.Adios()
+    io = ad.declare_io("lamina-bench-catalog")
+    io.set_engine("BP5")
+    deferred = adios2.bindings.Mode.Deferred
+    with adios2.Stream(io, path, "w") as s:
+        var = io.define_variable("u", one, [blocks, ROW], [0, 0], [1, ROW])
+        for _ in range(steps):
+            s.begin_step()
+            for i in range(blocks):
+                var.set_selection([[i, 0], [1, ROW]])
+                s.engine.put(var, one, deferred)
+            s.end_step()
+
+
+def _lamina_phases(path: str, step: int, row: int):
+    import lamina
+    from lamina.geometry import Box
+
+    def open_close() -> None:
+        lamina.open(path, "r").close()
+
+    def step_index() -> None:
+        with lamina.open(path, "r") as f:
+            f.engine.block_table("u", step)
+
+    def read_one() -> None:
+        with lamina.open(path, "r") as f:
+            f["u"].read(Box((row, 0), (row + 1, ROW)), step=step)
+
+    return {"open": open_close, "step index": step_index, "read one": read_one}
+
+
+def _adios2_phases(path: str, step: int, row: int):
+    import adios2
+
+    def open_close() -> None:
+        with adios2.FileReader(path):
+            pass
+
+    def step_index() -> None:
+        with adios2.FileReader(path) as r:
+            r.engine.blocks_info("u", step)
+
+    def read_one() -> None:
+        out = np.empty((1, ROW), dtype=np.float32)
+        with adios2.FileReader(path) as r:
+            var = r.inquire_variable("u")
+            var.set_selection([[row, 0], [1, ROW]])
+            var.set_step_selection([step, 1])
+            r.read_in_buffer(var, out)
+
+    return {"open": open_close, "step index": step_index, "read one": read_one}
+
+
+def _lamina_memory(path: str, step: int, steps: int, blocks: int) -> dict:
+    import lamina
+
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        f = lamina.open(path, "r")
+        opened = tracemalloc.get_traced_memory()[0]
+        t0 = time.perf_counter()
+        f.engine.block_table("u", step)
+        decode = time.perf_counter() - t0
+        decoded = tracemalloc.get_traced_memory()[0]
+        f.close()
+    finally:
+        tracemalloc.stop()
+    return {
+        "open_bytes_per_block": (opened - base) / (steps * blocks),
+        "step_bytes_per_block": (decoded - opened) / blocks,
+        "step_decode_s": decode,
+    }
+
+
+def _dir_bytes(path: str, names) -> int:
+    return sum(
+        os.path.getsize(os.path.join(path, n))
+        for n in names
+        if os.path.exists(os.path.join(path, n))
+    )
+
+
+def run(ns) -> dict:
+    d = ns.dir or tempfile.mkdtemp(prefix="lamina-bench-catalog-")
+    os.makedirs(d, exist_ok=True)
+    lam, bp = os.path.join(d, "catalog.lam"), os.path.join(d, "catalog.bp")
+    step, row = ns.steps // 2, ns.blocks // 2
+    writes = {}
+    try:
+        for name, fn, path in (("lamina", _write_lamina, lam), ("adios2 BP5", _write_adios2, bp)):
+            print(f"writing {name}: {ns.steps} steps x {ns.blocks} blocks", file=sys.stderr)
+            t0 = time.perf_counter()
+            fn(path, ns.steps, ns.blocks)
+            writes[name] = time.perf_counter() - t0
+        phases = {
+            "lamina": _lamina_phases(lam, step, row),
+            "adios2 BP5": _adios2_phases(bp, step, row),
+        }
+        times: dict[tuple[str, str], list[float]] = {}
+        for _ in range(ns.repeat):
+            for tool, ph in phases.items():
+                for phase, fn in ph.items():
+                    t0 = time.perf_counter()
+                    fn()
+                    times.setdefault((tool, phase), []).append(time.perf_counter() - t0)
+        mem = _lamina_memory(lam, step, ns.steps, ns.blocks)
+        index = {
+            "lamina": _dir_bytes(lam, ["lamina.meta", "lamina.commit"]),
+            "adios2 BP5": _dir_bytes(bp, ["md.0", "md.idx", "mmd.0"]),
+        }
+    finally:
+        if not ns.dir:
+            shutil.rmtree(d, ignore_errors=True)
+        else:
+            for p in (lam, bp):
+                shutil.rmtree(p, ignore_errors=True)
+    n = ns.steps * ns.blocks
+    rows = []
+    for tool in ("lamina", "adios2 BP5"):
+        row_ = {
+            "tool": tool,
+            "write_s": writes[tool],
+            "write_us_per_block": writes[tool] / n * 1e6,
+            "index_bytes": index[tool],
+            "index_bytes_per_block": index[tool] / n,
+        }
+        for phase in ("open", "step index", "read one"):
+            row_[phase] = common.summarize(times[(tool, phase)])
+        rows.append(row_)
+    return {
+        "steps": ns.steps,
+        "blocks": ns.blocks,
+        "repeat": ns.repeat,
+        "rows": rows,
+        "memory": mem,
+    }
+
+
+def report(o: dict) -> str:
+    head = [
+        "tool",
+        "write us/block",
+        "index on disk",
+        "B/block",
+        "open s",
+        "step index s",
+        "read one s",
+    ]
+    body = []
+    for r in o["rows"]:
+        body.append(
+            [
+                r["tool"],
+                f"{r['write_us_per_block']:.2f}",
+                fmt_bytes(r["index_bytes"]),
+                f"{r['index_bytes_per_block']:.0f}",
+                f"{r['open']['median']:.4f}",
+                f"{r['step index']['median']:.4f}",
+                f"{r['read one']['median']:.4f}",
+            ]
+        )
+    m = o["memory"]
+    lam = o["rows"][0]
+    lines = [
+        f"{o['steps']} steps x {o['blocks']} blocks of 1 x {ROW} float32, 1 process, medians of {o['repeat']}",
+        table(head, body),
+        "",
+        f"lamina memory after open: {m['open_bytes_per_block']:.3f} B per block of the file; one decoded step: "
+        f"{m['step_bytes_per_block']:.0f} B per block of that step ({m['step_decode_s'] * 1e3:.1f} ms to decode)",
+        f"target: open well under 1 s ({lam['open']['median']:.4f} s: "
+        f"{'met' if lam['open']['median'] < 1 else 'NOT met'}); memory per block in tens of bytes "
+        f"({m['step_bytes_per_block']:.0f} B: {'met' if m['step_bytes_per_block'] < 100 else 'NOT met'})",
+    ]
+    return "\n".join(lines)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="lamina bench catalog",
+        description="Open time, step index and memory of a file of many steps of many blocks, "
+        "lamina native vs ADIOS2 BP5.",
+    )
+    p.add_argument("--steps", type=int, default=100, help="steps written (default 100)")
+    p.add_argument("--blocks", type=int, default=100_000, help="blocks per step (default 100000)")
+    p.add_argument("--repeat", type=int, default=3, help="timed repetitions (default 3)")
+    p.add_argument(
+        "--dir", default=None, help="directory for the files (default: a new one under $TMPDIR)"
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print the results as JSON on stdout (table on stderr)"
+    )
+    return p
+
+
+def main(argv: list[str]) -> int:
+    ns = parser().parse_args(argv)
+    if ns.steps < 1 or ns.blocks < 2 or ns.repeat < 1:
+        print(
+            "lamina bench catalog: need --steps >= 1, --blocks >= 2, --repeat >= 1", file=sys.stderr
+        )
+        return 2
+    o = run(ns)
+    text = report(o) + f"\n\ncommand: lamina bench catalog {' '.join(argv)}".rstrip()
+    if ns.json:
+        print(text, file=sys.stderr)
+        print(json.dumps(o, indent=1))
+    else:
+        print(text)
+    return 0

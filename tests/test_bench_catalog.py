@@ -1,0 +1,38 @@
+"""Smoke test of ``lamina bench catalog``: a tiny run that reports every phase for both tools.
+
+Not a timed test: it checks that both files are written and opened, that
+each phase is timed for lamina and ADIOS2, and that the index size and the
+memory figures are there and plausible.
+"""
+
+from __future__ import annotations
+
+import json
+
+from lamina.bench import catalog
+
+
+def test_bench_catalog_smoke_json(tmp_path, capsys):
+    assert (
+        catalog.main(
+            ["--steps", "3", "--blocks", "50", "--repeat", "1", "--dir", str(tmp_path), "--json"]
+        )
+        == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert out["steps"] == 3 and out["blocks"] == 50
+    tools = [r["tool"] for r in out["rows"]]
+    assert tools == ["lamina", "adios2 BP5"]
+    for r in out["rows"]:
+        assert r["index_bytes"] > 0 and r["write_s"] > 0
+        for phase in ("open", "step index", "read one"):
+            assert r[phase]["median"] > 0 and len(r[phase]["times"]) == 1
+    mem = out["memory"]
+    # one decoded step of 50 blocks costs more than the whole undecoded file's share per block
+    assert mem["step_bytes_per_block"] > mem["open_bytes_per_block"] >= 0
+    assert not list(tmp_path.iterdir())  # both files removed
+
+
+def test_bench_catalog_refuses_nonsense(capsys):
+    assert catalog.main(["--blocks", "1"]) == 2
+    assert "need --steps >= 1" in capsys.readouterr().err
