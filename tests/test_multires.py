@@ -325,6 +325,48 @@ def test_verify_levels_and_none_agree_with_the_bound():
         assert max(level_errors(x, (16, 16), tol, enc)) <= tol
 
 
+@given(
+    st.sampled_from(KINDS),
+    st.lists(st.integers(1, 40), min_size=1, max_size=3),
+    st.sampled_from([np.float32, np.float64]),
+    st.floats(-5, 0),
+    st.sampled_from([4.0, 32.0, 1e6]),
+    st.integers(0, 2**32 - 1),
+)
+@settings(max_examples=25)
+def test_optimism_keeps_the_bound(kind, shape, dtype, rel_log, optimism, seed):
+    """Larger tolerances tried first are kept only where every level still reads back within it."""
+    shape = tuple(shape)
+    patch = tuple(1 << max(0, min(3, n.bit_length() - 1)) for n in shape)
+    x = field(kind, shape, seed, dtype)
+    tol = (float(np.abs(x).max()) or 1.0) * 10.0**rel_log
+    enc = compress.encode_array(x, patch, tol, optimism=optimism)
+    assert max(level_errors(x, patch, tol, enc)) <= tol
+
+
+def test_optimism_shrinks_smooth_data():
+    x = field("smooth", (64, 64, 64), 1, np.float32)
+    plain = compress.encode_array(x, (32, 32, 32), 0.01)
+    bold = compress.encode_array(x, (32, 32, 32), 0.01, optimism=16)
+    assert bold.nbytes() < 0.9 * plain.nbytes()
+    assert max(level_errors(x, (32, 32, 32), 0.01, bold)) <= 0.01
+    with pytest.raises(ValueError, match="optimism"):
+        compress.encode_array(x, (32, 32, 32), 0.01, optimism=0.5)
+
+
+@given(patch_shapes(), st.integers(0, 2**32 - 1))
+def test_all_levels_in_one_pass(shapes, seed):
+    full, part = shapes
+    levels = wavelet.nlevels(full)
+    x = np.random.default_rng(seed).standard_normal((2, *part))
+    c, exact = wavelet.forward_levels(x, levels)
+    np.testing.assert_array_equal(c, wavelet.forward(x, levels))
+    rec = wavelet.inverse_levels(c, levels)
+    for k in range(levels):
+        np.testing.assert_array_equal(exact[k], wavelet.approximation(x, k))
+        np.testing.assert_array_equal(rec[k], wavelet.inverse(c, levels, k))
+
+
 def test_tiny_tolerance_near_float_precision_stays_exact():
     """A tolerance within rounding of the data's magnitude: such patches are stored losslessly."""
     x = field("smooth", (16, 16), 2, np.float32) + 1000

@@ -370,6 +370,44 @@ def inverse(
     return main
 
 
+def forward_levels(x: np.ndarray, levels: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """:func:`forward`, also returning the exact approximation of every level on the way.
+
+    Returns
+    -------
+    tuple
+        The coefficients, and ``levels`` arrays: entry ``k`` equals
+        ``approximation(x, k)`` bit for bit (it is the same computation).
+    """
+    x = np.asarray(x)
+    shape = _check_batch(x, None, "forward_levels")
+    main = np.array(x, dtype=np.float64, copy=True)
+    scratch = np.empty_like(main)
+    out = [main.copy()]
+    for step in range(1, levels):
+        main, scratch = _passes(
+            main, scratch, level_shape(shape, step - 1), range(len(shape)), _forward_axis, False
+        )
+        out.append(main[_corner(level_shape(shape, step))].copy())
+    return main, out
+
+
+def inverse_levels(c: np.ndarray, levels: int) -> list[np.ndarray]:
+    """Every level of :func:`inverse` from one pass: entry ``k`` equals ``inverse(c, levels, k)``."""
+    c = np.asarray(c)
+    shape = _check_batch(c, None, "inverse_levels")
+    main = np.array(c, dtype=np.float64, copy=True)
+    scratch = np.empty_like(main)
+    out = [main[_corner(level_shape(shape, levels - 1))].copy()]
+    for step in range(levels - 1, 0, -1):
+        box = level_shape(shape, step - 1)
+        main, scratch = _passes(
+            main, scratch, box, list(reversed(range(len(shape)))), _inverse_axis, False
+        )
+        out.append(main[_corner(box)].copy())
+    return out[::-1]
+
+
 def approximation(x: np.ndarray, level: int, *, integer: bool = False) -> np.ndarray:
     """The exact level-*level* approximation of a batch of patches.
 
