@@ -368,8 +368,12 @@ def test_request_before_the_rank_holds_the_step(tmp_path):
     assert res.lines("OK late rank")
 
 
-def test_statistics_follow_the_record(tmp_path):
+@pytest.mark.parametrize("eager", [0, 1])
+def test_statistics_follow_the_record(tmp_path, eager):
     """Producers reduce their blocks after the commit; consumers fetch the statistics when used.
+
+    Reduced when a consumer first asks (the default), or on the worker thread from put on
+    (``background_stats=True``).
 
     3 producer ranks write many small staged blocks (some with NaN), a large
     shallow block and integer blocks; one consumer task follows every step,
@@ -378,7 +382,7 @@ def test_statistics_follow_the_record(tmp_path):
     """
     _skip_without_mpiexec()
     res = run_mpmd(
-        (3, "transport_stats", "produce", "s", 5),
+        (3, "transport_stats", "produce", "s", 5, eager),
         (2, "transport_stats", "check", "s", 5, 1),
         (1, "transport_stats", "check", "s", 5, 2),
         cwd=tmp_path,

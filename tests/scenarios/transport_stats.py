@@ -1,8 +1,10 @@
 """Statistics that follow the record: consumers get every block's statistics right, on request.
 
-    transport_stats.py produce NAME STEPS        each rank writes three datasets per step: 128 small
+    transport_stats.py produce NAME STEPS [EAGER] each rank writes three datasets per step: 128 small
                                                  float64 blocks (some with NaN), one 2 MiB float32 block
-                                                 (shallow), 8 small int32 blocks
+                                                 (shallow), 8 small int32 blocks; EAGER=1: reduced on
+                                                 the worker thread from put on (background_stats=True),
+                                                 else when a consumer first asks
     transport_stats.py check NAME STEPS FLOW     reads every step the flow gives (all, or every N-th),
                                                  compares each block's statistics with numpy's, the
                                                  values with what was written, and checks that a query
@@ -41,8 +43,8 @@ def part(name: str, step: int, rank: int) -> np.ndarray:
     return rng.integers(-1000, 1000, size=INTS, dtype=np.int32) * (step + 1)
 
 
-def produce(name: str, steps: int) -> None:
-    with lamina.open(name, "w", queue_limit=2, shallow=["big"]) as f:
+def produce(name: str, steps: int, eager: bool) -> None:
+    with lamina.open(name, "w", queue_limit=2, shallow=["big"], background_stats=eager) as f:
         size, rank = f.comm.size, f.comm.rank
         f.create_dataset("f", (SLAB[0] * size, *SLAB[1:]), np.float64)
         f.create_dataset("big", (size, *BIG[1:]), np.float32)
@@ -121,7 +123,7 @@ def check(name: str, steps: int, flow: int) -> None:
 def main() -> None:
     role, name, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
     if role == "produce":
-        produce(name, steps)
+        produce(name, steps, len(sys.argv) > 4 and sys.argv[4] == "1")
     elif role == "check":
         check(name, steps, int(sys.argv[4]))
     else:

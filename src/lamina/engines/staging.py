@@ -194,6 +194,12 @@ class PutLog:
         for col in (self.rows[did], self.starts[did], self.stops[did]):
             col.pop()
 
+    def reduce_staged(self, did: int) -> None:
+        """Reduce now (on this thread) the chunks holding blocks of dataset *did* not reduced yet."""
+        for c in {id(c): c for c in (self.chunk[r] for r in self.rows.get(did, ())) if c}.values():
+            if c.summaries is None and c.job is None:
+                self.summarize(c, False, False)
+
     def ready(self) -> bool:
         """Whether every statistics job of this step has finished (stats_columns will not wait)."""
         return all(c.done() for c in self.chunks) and all(j is None or j.done() for j in self.job)

@@ -17,9 +17,10 @@ unreleased by some consumer rank, and in ``close`` until every consumer rank
 has said goodbye (``serve='calls'``: only then).
 
 Statistics follow the record: the commit sends the record without them,
-each rank reduces its blocks on the statistics worker thread while
-consumers fetch data, and answers a consumer's ``Request.STATS`` for a
-step and dataset once its reduction is done (``docs/transport.md``).
+and each rank answers a consumer's ``Request.STATS`` for a step and
+dataset with the statistics of its blocks, reduced at that first request
+(or on the statistics worker thread from ``put`` on, with
+``background_stats=True``; ``docs/transport.md``).
 
 A consumer task may follow every step (``flow='all'``), only the newest
 one whenever it is ready (``'latest'``: the producer never waits for it)
@@ -43,6 +44,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ... import comm as comm_mod
+from ... import stats as stats_mod
 from ...catalog import KIND_CLOSE, KIND_META, KIND_STEP, BlockCodec, Record, decode_packed, pack
 from ...catalog.record import unpack
 from ...errors import ModeError, TransportError
@@ -59,6 +61,27 @@ if TYPE_CHECKING:
     from mpi4py.MPI import Intercomm
 
 Tag = comm_mod.Tag
+
+
+class _Reduce:
+    """The statistics of a block, computed the first time they are asked for (no checksums)."""
+
+    __slots__ = ("arr", "value")
+
+    def __init__(self, arr: np.ndarray) -> None:
+        self.arr: np.ndarray | None = arr
+        self.value: tuple | None = None
+
+    def done(self) -> bool:
+        return True
+
+    def result(self):
+        if self.arr is not None:
+            self.value = (stats_mod.compute(self.arr, 0, checksum=False)[0], (0,))
+            self.arr = None
+        return self.value
+
+
 NEVER = np.iinfo(np.int64).max
 #: longest sleep of an idle serving thread between polls (a new request waits at most this long)
 SERVER_IDLE = 2e-3
@@ -100,6 +123,7 @@ class Producer(TransportBase):
         # step -> this rank's blocks of it, whose statistics are computed after the commit
         self._stats_logs: dict[int, PutLog] = {}
         self._stats_waiting: list[tuple[Link, int, np.ndarray]] = []  # STATS requests not ready yet
+        self._lazy_stats = False  # statistics reduced on request (see _connect)
         self._sends = wire.SendQueue()  # records and control messages
         self._answers = wire.SendQueue()  # data answers to GETs
         self._dirty = False  # releases or steps changed since the last _drop_released
@@ -128,9 +152,10 @@ class Producer(TransportBase):
                 "flow is chosen by each consumer (lamina.open(name, 'r', flow=...)), not by the producer"
             )
         if self.DEFER_STATS and self._with_stats:
-            # the record goes out first; statistics are reduced on the worker thread meanwhile
+            # the record goes out first; statistics are reduced when a consumer first asks for
+            # them (background_stats=True: on the worker thread from put on, asked or not)
             self._stats_in_record = False
-            self.background_stats = bool(self.options.get("background_stats", True))
+            self._lazy_stats = not self.background_stats
         links = rendezvous.connect_producer(self.comm, name, app, route.consumers, self.timeout)
         for c, inter, flow in links:
             n = inter.Get_remote_size()
@@ -159,6 +184,15 @@ class Producer(TransportBase):
 
     def _recycle(self, c: Chunk) -> None:
         """Staging chunks hold the blocks served to consumers: never reused (dropped with their step)."""
+
+    def _job(self, arr: np.ndarray):
+        if self._lazy_stats:
+            return _Reduce(arr)  # when a consumer asks
+        return super()._job(arr)
+
+    def _summarize(self, c: Chunk) -> None:
+        if not self._lazy_stats:  # lazily: the chunk is reduced when a consumer asks
+            super()._summarize(c)
 
     def _move(self, heads: StepHeads) -> list[tuple[int, int, int, int]]:
         """Nothing moves: this rank keeps its blocks (as arrays of their boxes) to serve them."""
@@ -398,6 +432,7 @@ class Producer(TransportBase):
             out = np.zeros(0, dtype=np.uint8)
         else:
             dt = self.catalog.specs[did].dtype
+            log.reduce_staged(did)  # chunks not reduced yet (lazily: the first request does it)
             _, _, has, smin, smax, ssum, count = log.stats_columns(did, dt, 0, False, True)
             out = wire.encode_stats(dt, has, smin, smax, ssum, count)
         self._answers.send(link.inter, [out, MPI.BYTE], None, src, Tag.STATS)
