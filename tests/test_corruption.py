@@ -8,6 +8,7 @@ are FormatErrors when the file is opened.
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -78,6 +79,39 @@ def test_flipped_data_byte_is_checksum_error(native_path, compression):
             assert str(b.box) in msg
         # ChecksumError is a FormatError is an OSError
         assert isinstance(ei.value, FormatError) and isinstance(ei.value, OSError)
+
+
+@pytest.mark.parametrize("shapes", ["one", "mixed"])
+def test_flipped_byte_in_a_run_of_small_blocks(native_path, shapes):
+    """Small blocks back to back in a subfile are read with one pread per run and checked each.
+
+    Blocks of one shape go into place with one scatter per run, blocks of
+    several shapes one by one; both name the damaged block, and every other
+    block reads back right.
+    """
+    rng = np.random.default_rng(3)
+    truth = rng.random((16, 16, 16))
+    edges = [(4, 4, 4)] if shapes == "one" else [(4, 4, 4), (4, 2, 4)]
+    boxes = []
+    for i in range(0, 16, 4):
+        for j in range(0, 16, 4):
+            for k in range(0, 16, 4):
+                e = edges[(i + j + k) // 4 % len(edges)]
+                boxes += [((i, j + m, k), e) for m in range(0, 4, e[1])]
+    with lamina.open(native_path, "w", engine="native") as f:
+        ds = f.create_dataset("u", truth.shape, "f8")
+        with f.step():
+            for (i, j, k), (a, b, c) in boxes:
+                ds.write(truth[i : i + a, j : j + b, k : k + c], offset=(i, j, k))
+    with lamina.open(native_path, "r", engine="native") as f:
+        np.testing.assert_array_equal(f["u"][...], truth)
+        np.testing.assert_array_equal(f["u"][3:13, 1:15, 2:9], truth[3:13, 1:15, 2:9])
+        victim = f["u"].blocks(0)[len(boxes) // 2]
+    flip(os.path.join(native_path, victim.subfile), victim.offset + 9)
+    with lamina.open(native_path, "r", engine="native") as f:
+        with pytest.raises(ChecksumError, match=re.escape(str(victim.box))):
+            f["u"][...]
+        np.testing.assert_array_equal(f["u"][:4], truth[:4])  # the damaged block lies further
 
 
 def test_partial_reads_verify_only_touched_segments(native_path):

@@ -51,6 +51,10 @@ SMALL = 1 << 16
 _fmin, _fmax, _add = np.fmin.reduce, np.fmax.reduce, np.add.reduce
 
 
+#: crc itself, without the wrapper's call: for loops over many small pieces
+crc_raw = _crc32c.crc32c
+
+
 def crc(data, value: int = 0) -> int:
     """CRC-32C of a bytes-like object, continuing from *value*."""
     return _crc32c.crc32c(data, value)

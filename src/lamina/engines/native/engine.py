@@ -36,6 +36,8 @@ MSG_CHUNK = 1 << 25  # 32 MiB pieces: pipelined, and far below MPI's 2 GiB count
 COALESCE_BLOCK = 1 << 20
 #: ... in reads of up to this many bytes
 COALESCE_RUN = 1 << 24
+#: blocks of at most this many elements, of one shape, go into place with one scatter per run
+SCATTER_ELEMENTS = 4096
 
 
 PREALLOCATE_MIN = 1 << 20
@@ -766,20 +768,18 @@ class NativeEngine(BlockEngine):
         starts = np.flatnonzero(brk).tolist() + [len(w)]
         single: list[int] = [int(v) for v in np.flatnonzero(~whole)]
         base = np.asarray(box.start, dtype=np.int64)
-        rel_lo = (lo - base).tolist()
-        rel_hi = (hi - base).tolist()
+        rel_lo, rel_hi = lo - base, hi - base
         item = spec.dtype.itemsize
         for a, b in zip(starts[:-1], starts[1:], strict=True):
             if b - a == 1:
                 single.append(int(w[a]))
                 continue
+            cum = np.cumsum(ln[a:b])  # bytes up to and including each block of the run
             pos = a
-            while pos < b:  # runs of at most COALESCE_RUN bytes
-                end = pos + 1
-                total = int(ln[pos])
-                while end < b and total + int(ln[end]) <= COALESCE_RUN:
-                    total += int(ln[end])
-                    end += 1
+            while pos < b:  # runs of at most COALESCE_RUN bytes (at least one block)
+                done = int(cum[pos - a - 1]) if pos > a else 0
+                end = max(pos + 1, a + int(np.searchsorted(cum, done + COALESCE_RUN, "right")))
+                total = int(cum[end - a - 1]) - done
                 if end - pos == 1:
                     single.append(int(w[pos]))
                     pos = end
@@ -802,22 +802,42 @@ class NativeEngine(BlockEngine):
         fd = self._fd(name)
         buf = np.empty(total, dtype=np.uint8)
         _pread_into(fd, buf.data, first, f"{self.path}/{name}: dataset {spec.path!r}")
-        crc = stats_mod.crc
-        pos = 0
+        crc = stats_mod.crc_raw
         dt = spec.dtype
         rows = idx[ks]
-        lengths = t.length[rows].tolist()
-        sums = t.crcs[t.crc_ptr[rows]].tolist()
-        for k, i, n, want in zip(ks.tolist(), rows.tolist(), lengths, sums, strict=True):
-            piece = buf[pos : pos + n]
-            if crc(piece) != want:
-                raise ChecksumError(
-                    f"checksum mismatch in {self.path}/{name}: dataset {spec.path!r} block {t.box(i)}, "
-                    f"segment 0 (bytes {first + pos}..{first + pos + n}): the data is corrupt"
-                )
-            dst = out[tuple(map(slice, rel_lo[k], rel_hi[k]))]
-            dst[...] = piece.view(dt).reshape(dst.shape)
-            pos += n
+        lengths = t.length[rows]
+        ends = np.cumsum(lengths).tolist()
+        begins = [0, *ends[:-1]]
+        view = buf.data
+        got = [crc(view[a:b]) for a, b in zip(begins, ends, strict=True)]
+        bad = np.flatnonzero(np.asarray(got, dtype=np.int64) != t.crcs[t.crc_ptr[rows]])
+        if bad.size:
+            j = int(bad[0])
+            raise ChecksumError(
+                f"checksum mismatch in {self.path}/{name}: dataset {spec.path!r} block "
+                f"{t.box(int(rows[j]))}, segment 0 (bytes {first + begins[j]}..{first + ends[j]}): "
+                "the data is corrupt"
+            )
+        shape = t.stop[int(rows[0])] - t.start[int(rows[0])]
+        size = int(np.prod(shape))
+        if (
+            out.flags.c_contiguous
+            and size <= SCATTER_ELEMENTS
+            and bool(np.all(lengths == lengths[0]))
+            and bool(np.all(t.stop[rows] - t.start[rows] == shape))
+        ):  # blocks of one shape: one index array, one scatter of the whole run
+            corner = rel_lo[ks]
+            strides = np.asarray(out.strides, dtype=np.int64) // out.itemsize
+            grid = np.indices(tuple(int(v) for v in shape)).reshape(len(shape), -1)
+            within = np.asarray(np.ravel_multi_index(tuple(grid), out.shape), dtype=np.int64)
+            where = (corner @ strides)[:, None] + within[None, :]
+            out.reshape(-1)[where.reshape(-1)] = buf.view(dt)
+            return
+        for lo_k, hi_k, a, b in zip(
+            rel_lo[ks].tolist(), rel_hi[ks].tolist(), begins, ends, strict=True
+        ):
+            dst = out[tuple(map(slice, lo_k, hi_k))]
+            dst[...] = buf[a:b].view(dt).reshape(dst.shape)
 
     def _read_region(self, rec, spec, inter: Box, dst: np.ndarray) -> None:
         what = f"{self.path}/{rec.subfile}: dataset {spec.path!r} block {rec.box}"
