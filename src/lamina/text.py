@@ -134,6 +134,18 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+def fmt_steps_written(written: Sequence[int], nsteps: int, computed: bool) -> str:
+    """Which steps a dataset holds values at: ``'steps 0-2 (3 of 4)'``, or why none."""
+    if written:
+        return f"steps {fmt_ranges(written)} ({len(written)} of {nsteps})"
+    return "computed when read" if computed else "never written"
+
+
+def fmt_stored(stored: int, raw: int) -> str:
+    """Bytes stored, and the raw size beside them when compression changed it."""
+    return fmt_bytes(stored) + (f" (raw {fmt_bytes(raw)})" if stored != raw else "")
+
+
 def fmt_ranges(values: Sequence[int]) -> str:
     """``[0, 1, 2, 5, 7, 8]`` -> ``'0-2,5,7-8'``."""
     out, i = [], 0

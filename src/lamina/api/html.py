@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from html import escape
 
-from ..text import fmt_bytes, fmt_codecs, fmt_ranges, fmt_value, plural
+from ..text import fmt_codecs, fmt_steps_written, fmt_stored, fmt_value, plural
 
 #: a tree with more nodes than this is shown to this many, then a count
 MAX_NODES = 200
@@ -73,17 +73,9 @@ def dataset_facts(ds) -> dict:
 
 
 def _dataset_line(ds, facts: dict) -> str:
-    w = facts["written"]
     d = facts["definition"]
-    if w:
-        steps = f"steps {fmt_ranges(w)} ({len(w)} of {facts['steps']})"
-    elif d is not None:
-        steps = "computed when read"
-    else:
-        steps = "never written"
-    size = fmt_bytes(facts["stored"])
-    if facts["stored"] != facts["raw"]:
-        size += f" (raw {fmt_bytes(facts['raw'])})"
+    steps = fmt_steps_written(facts["written"], facts["steps"], d is not None)
+    size = fmt_stored(facts["stored"], facts["raw"])
     parts = [
         f"{escape(str(ds.dtype))} {_shape(ds.shape)}",
         steps,

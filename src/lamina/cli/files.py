@@ -14,7 +14,8 @@ from ..text import (
     fmt_bytes,
     fmt_codecs,
     fmt_num,
-    fmt_ranges,
+    fmt_steps_written,
+    fmt_stored,
     fmt_timestamp,
     fmt_value,
     json_value,
@@ -112,17 +113,8 @@ def _dataset_line(info: dict, nsteps: int) -> str:
         + ("," if len(info["shape"]) == 1 else "")
         + ")"
     )
-    w = info["steps_written"]
-    derived = info.get("derived")
-    if w:
-        steps = f"steps {fmt_ranges(w)} ({len(w)} of {nsteps})"
-    elif derived is not None:
-        steps = "computed when read"
-    else:
-        steps = "never written"
-    size = fmt_bytes(info["nbytes"])
-    if info["nbytes"] != info["raw_nbytes"]:
-        size += f" (raw {fmt_bytes(info['raw_nbytes'])})"
+    steps = fmt_steps_written(info["steps_written"], nsteps, info.get("derived") is not None)
+    size = fmt_stored(info["nbytes"], info["raw_nbytes"])
     comp = fmt_codecs(info["compression"])
     return (
         f"{info['dtype']} {shape}  {steps}  {plural(info['blocks'], 'block')}  {size}  "
