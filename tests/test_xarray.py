@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -38,7 +41,7 @@ def registered(tmp_path, monkeypatch):
             "Metadata-Version: 2.1\nName: lamina-xarray-entry\nVersion: 0\n"
         )
         (info / "entry_points.txt").write_text(
-            "[xarray.backends]\nlamina = lamina.xarray.backend:LaminaBackendEntrypoint\n"
+            "[xarray.backends]\nlamina = lamina_xarray_entry:LaminaBackendEntrypoint\n"
         )
         monkeypatch.syspath_prepend(str(tmp_path / "site"))
     plugins.list_engines.cache_clear()
@@ -414,3 +417,32 @@ def _scenario(name: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def test_listing_engines_does_not_import_lamina(tmp_path):
+    """xarray loads every backend's entry point to list its engines: lamina's must not start MPI."""
+    site = tmp_path / "site"  # a stand-in for the installed entry point (as in `registered`)
+    if "lamina" not in importlib.metadata.entry_points(group="xarray.backends").names:
+        info = site / "lamina_xarray_entry-0.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(
+            "Metadata-Version: 2.1\nName: lamina-xarray-entry\nVersion: 0\n"
+        )
+        (info / "entry_points.txt").write_text(
+            "[xarray.backends]\nlamina = lamina_xarray_entry:LaminaBackendEntrypoint\n"
+        )
+    src = os.path.dirname(os.path.dirname(lamina.__file__))
+    code = (
+        "import sys, xarray as xr\n"
+        "engines = xr.backends.list_engines()\n"
+        "assert 'lamina' in engines, sorted(engines)\n"
+        "assert engines['lamina'].guess_can_open('run.lam/')\n"
+        "assert not engines['lamina'].guess_can_open('run.nc')\n"
+        "print(sorted(m for m in ('lamina', 'mpi4py') if m in sys.modules))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), src])}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
