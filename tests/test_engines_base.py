@@ -64,3 +64,16 @@ class TestBoth(LaunchedEngineTests):
     mpmd = True
     options = {"timeout": PEER_TIMEOUT, "durable": False}
     read_options = {"timeout": PEER_TIMEOUT}
+
+
+class TestNativeAsync(EngineTests):
+    """The native engine written with background I/O: every round trip, steps committed on a thread."""
+
+    engine = "native"
+    options = {"durable": False, "io": "async"}
+
+
+class TestMemoryAsync(TestMemory):
+    """The memory engine written with background I/O."""
+
+    options = {"io": "async"}
