@@ -71,6 +71,7 @@ from ..errors import (
     LaminaWarning,
     ModeError,
     OverlapError,
+    RemoteError,
     ShapeError,
     StepError,
     error_from_wire,
@@ -97,6 +98,7 @@ class _Step:
     frozen: list[np.ndarray] = field(default_factory=list)  # arrays kept by reference
     boxes: dict[int, BoxIndex] = field(default_factory=dict)  # dataset id -> boxes (overlap)
     index: int = -1  # the step's index, known at end_step
+    doing: str = ""  # what the background thread was doing in it (for the error)
 
 
 @dataclass
@@ -120,11 +122,12 @@ class IOStats:
 class BackgroundError:
     """The failure of one background step, as the application thread reports it."""
 
-    def __init__(self, step: int, exc: BaseException, rank: int, path: str) -> None:
+    def __init__(self, step: int, exc: BaseException, rank: int, path: str, doing: str) -> None:
         self.step = step
         self.exc = exc
         self.rank = rank
         self.path = path
+        self.doing = doing
         self.cancelled: list[int] = []
 
     def build(self) -> BaseException:
@@ -138,8 +141,13 @@ class BackgroundError:
                 if self.cancelled
                 else ""
             )
+            # an error another rank sent says whose it was ("rank N: ...")
+            where = "" if isinstance(self.exc, RemoteError) else f" on rank {self.rank}"
+            doing = (
+                f" ({self.doing})" if self.doing and not isinstance(self.exc, RemoteError) else ""
+            )
             msg = (
-                f"background step {self.step} of {self.path!r} failed on rank {self.rank} and was "
+                f"background step {self.step} of {self.path!r} failed{where}{doing} and was "
                 f"not committed{cancel}; earlier steps are intact: {text}"
             )
         err = error_from_wire(kind, msg)
@@ -606,7 +614,9 @@ class BackgroundLayer(Layer):
                     self.stats.steps_background += 1
                 else:
                     self.stats.steps_failed += 1
-                    f = BackgroundError(step.index, error, self.inner.comm.rank, self.path)
+                    f = BackgroundError(
+                        step.index, error, self.inner.comm.rank, self.path, step.doing
+                    )
                     for s in self._queue:
                         f.cancelled.append(s.index)
                         self._cancel(s)
@@ -635,8 +645,10 @@ class BackgroundLayer(Layer):
     def _replay(self, step: _Step) -> None:
         """The step's calls on the inner stack (the puts of one rank fail together, see _run)."""
         if step.explicit:
+            step.doing = "beginning the step"
             self.inner.begin_step()
         for op in step.ops:
+            step.doing = f"writing dataset {op[1]!r} box {op[2]}"
             if op[0] == "put":
                 self.inner.put(op[1], op[2], op[3], copy=False)
             else:
@@ -648,9 +660,16 @@ class BackgroundLayer(Layer):
         g = comm_mod.Guard()
         with g:
             self._replay(step)
+        if g.error is not None and not isinstance(g.error, RemoteError):
+            # say where, in the text that travels: the other ranks raise this one's error
+            kind, text = error_to_wire(g.error)
+            err = error_from_wire(kind, f"rank {comm.rank}, {step.doing}: {text}")
+            err.__cause__ = g.error
+            g.error = err
         try:
             # a put that failed on one rank must not leave the others in the commit
             comm_mod.agree(comm, g.error)
+            step.doing = "committing"
             self.inner.end_step()
         except BaseException:
             if self.inner.in_step:
