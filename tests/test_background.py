@@ -428,7 +428,43 @@ def test_one_rank_fails_in_the_background(tmp_path, where):
 
 
 @needs_mpiexec
+def test_one_rank_leaves_with_steps_in_flight(tmp_path):
+    """An error on rank 1 alone: the other rank hears it at its next end_step, the steps both
+    ranks ended are written, and nobody waits forever."""
+    mu.run_mpi(2, "background", "leave", tmp_path / "l.lam", timeout=90)
+
+
+@needs_mpiexec
 @pytest.mark.parametrize("n", [2, 3])
 def test_many_steps_no_deadlock(tmp_path, n):
     """Many steps, random compute times, reads of committed and in-flight steps, mixed with sync."""
     mu.run_mpi(n, "background", "stress", tmp_path / "s.lam", 40, timeout=120)
+
+
+EXIT_PROGRAM = """
+import sys, time
+import lamina
+f = lamina.open(sys.argv[1], "w", io="async")
+ds = f.create_dataset("x", (4,), "f8")
+eng = f.engine.stack()[-1]
+orig = eng.end_step
+def slow():
+    time.sleep(0.1)
+    orig()
+eng.end_step = slow
+for k in range(4):
+    with f.step():
+        ds[...] = k
+print("left with", f.steps - f.io_stats["steps_background"], "step(s) in flight")
+"""
+
+
+def test_program_ending_without_close_loses_no_step(path, tmp_path):
+    """Steps ended but still in flight when the program ends are written before it exits."""
+    script = tmp_path / "noclose.py"
+    script.write_text(EXIT_PROGRAM)
+    res = mu.finish(mu.start(mu.python_command(str(script), path)), "noclose", 60)
+    assert res.returncode == 0, res.describe()
+    assert "in flight" in res.stdout
+    got = read_all(path)
+    assert [float(a[0]) for a in got] == [0.0, 1.0, 2.0, 3.0]

@@ -5,6 +5,11 @@
     (``commit``: the native engine's block move) fails in step 3 on the
     background thread.  Both ranks must raise the error at the same call,
     naming step 3; the file goes on from step 3 and reads back.
+``background.py leave PATH``
+    two ranks; three steps are in flight (the background thread is slow)
+    when rank 1 fails on its own inside ``with f:``; rank 0 hears it at
+    its next ``end_step`` (a RemoteError that says rank 1 left), and the
+    three steps both ranks ended are in the file.
 ``background.py stress PATH STEPS``
     any number of ranks; random compute times (seeded), a small budget so
     that end_step waits, reads of committed steps and of steps in flight,
@@ -97,6 +102,41 @@ def fault(path: str, where: str) -> None:
         print("OK", flush=True)
 
 
+def leave(path: str) -> None:
+    comm = comm_mod.world()
+    rank = comm.rank
+    f = lamina.open(path, "w", io="async")
+    native = f.engine.stack()[-1]
+    orig = native.end_step
+
+    def slow() -> None:
+        time.sleep(0.1)
+        orig()
+
+    native.end_step = slow
+    try:
+        with f:
+            ds = f.create_dataset("x", (ROWS * comm.size, COLS), "f8")
+            for k in range(5):
+                with f.step():
+                    ds[rank * ROWS : (rank + 1) * ROWS, :] = block(k, rank)
+                if k == 2 and rank == 1:
+                    raise RuntimeError("rank 1 fails on its own")
+    except RuntimeError as e:
+        text = str(e)
+        assert ("rank 1 fails on its own" in text) if rank == 1 else ("rank 1 left" in text), text
+    else:
+        raise AssertionError("no error")
+    assert f.engine.closed
+    comm.Barrier()
+    if rank == 0:
+        with lamina.open(path, "r", comm=comm_mod.self_comm()) as r:
+            assert r.steps == 3, r.steps
+            for k in range(3):
+                np.testing.assert_array_equal(r.at(k)["x"][...], whole(k, comm.size))
+        print("OK", flush=True)
+
+
 def stress(path: str, steps: int) -> None:
     comm = comm_mod.world()
     rank, size = comm.rank, comm.size
@@ -151,5 +191,7 @@ def stress(path: str, steps: int) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "fault":
         fault(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "leave":
+        leave(sys.argv[2])
     else:
         stress(sys.argv[2], int(sys.argv[3]))

@@ -53,6 +53,7 @@ import collections
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -76,6 +77,7 @@ from ..errors import (
     StepError,
     error_from_wire,
     error_to_wire,
+    is_left,
     mark_collective,
 )
 from ..geometry import Box
@@ -86,6 +88,35 @@ if TYPE_CHECKING:
 
 #: default budget of the copies of the steps in flight
 DEFAULT_INFLIGHT_BYTES = 1 << 30
+
+
+#: layers with a background thread, written out before the interpreter stops its thread pools
+_LIVE: weakref.WeakSet[BackgroundLayer] = weakref.WeakSet()
+_HOOKED = False
+
+
+def _at_exit() -> None:
+    """At interpreter exit, before thread pools refuse work: finish every step ended but not written.
+
+    Runs among ``threading``'s own exit calls (after the main program, before
+    ``concurrent.futures`` shuts its pools, which the engines' statistics use),
+    so that a program that ends without ``close`` loses no step it ended.
+    """
+    for layer in list(_LIVE):
+        try:
+            layer._drain()
+        except Exception as e:  # pragma: no cover - nothing to raise to at exit
+            warnings.warn(f"background I/O at exit: {e}", LaminaWarning, stacklevel=1)
+
+
+def _hook_exit() -> None:
+    global _HOOKED
+    if _HOOKED:
+        return
+    _HOOKED = True
+    register = getattr(threading, "_register_atexit", None)  # CPython >= 3.9
+    if register is not None:
+        register(_at_exit)
 
 
 @dataclass
@@ -220,8 +251,11 @@ class BackgroundLayer(Layer):
         pending = self._take_failure()
         try:
             comm_mod.agree(self._own(), pending)
-        except BaseException:
+        except BaseException as e:
             self._drop_open_step()
+            if is_left(e):  # no collective with a rank that left: let go of the file
+                self.abandon()
+                raise
             try:
                 with self.lock:
                     self.inner.close()
@@ -230,12 +264,21 @@ class BackgroundLayer(Layer):
             raise
         try:
             with self.lock:
-                if self._step is not None:  # left open: committed by close, as without the layer
-                    step, self._step = self._step, None
-                    try:
+                # a step left open is committed by close, as without the layer
+                step, self._step = self._step, None
+                g = comm_mod.Guard()
+                with g:
+                    if step is not None:
                         self._replay(step)
-                    finally:
-                        self._release(step)
+                if step is not None:
+                    self._release(step)
+                try:
+                    comm_mod.agree(self.inner.comm, g.error)  # none may stay out of the close
+                except BaseException:
+                    if self.inner.in_step:
+                        self.inner.discard_step()
+                    self.inner.close()
+                    raise
                 self.inner.close()
         finally:
             self._shutdown()
@@ -311,8 +354,9 @@ class BackgroundLayer(Layer):
             return
         try:
             self._collective_point()
-        except BaseException:
-            self._on_failure_elsewhere()
+        except BaseException as e:
+            if not is_left(e):  # a rank that left: the steps ended by all still complete (abandon)
+                self._on_failure_elsewhere()
             raise
 
     def _guarded(self) -> None:
@@ -506,9 +550,10 @@ class BackgroundLayer(Layer):
         try:
             # a step opened by a put exists only on the ranks that wrote: decide together
             active = comm_mod.agree(self._own(), pending, flag=int(self._step is not None))
-        except BaseException:
+        except BaseException as e:
             self._drop_open_step()
-            self._on_failure_elsewhere()
+            if not is_left(e):
+                self._on_failure_elsewhere()
             raise
         if not active:
             raise mark_collective(StepError("end_step called without begin_step"))
@@ -577,6 +622,8 @@ class BackgroundLayer(Layer):
     def _submit(self, step: _Step) -> None:
         with self._cond:
             if self._thread is None:
+                _hook_exit()
+                _LIVE.add(self)
                 self._stopping = False
                 self._thread = threading.Thread(
                     target=self._work, name=f"lamina-io {self.path}", daemon=False
