@@ -96,6 +96,8 @@ def test_io_environment(path, monkeypatch):
     with lamina.open(path, "w", io="sync", max_inflight_bytes=1 << 20) as f:
         assert f.io == "sync"  # and the background option is accepted and ignored
     with lamina.open(path, "r") as f:
+        assert f.io == "async"  # a reader may read ahead (iter_steps(prefetch=True))
+    with lamina.open(path, "r", io="sync") as f:
         assert f.io == "sync"
     monkeypatch.setenv("LAMINA_IO", "fast")
     with pytest.raises(ConfigError, match=r"\$LAMINA_IO='fast'.*allowed"):
@@ -403,6 +405,60 @@ def test_read_of_a_failed_step(path):
         ds.read(step=2)
     with pytest.raises(OSError, match="background step 2"):
         f.close()
+
+
+# -- reading ahead ---------------------------------------------------------------
+
+
+def _write_steps(path: str, n: int) -> None:
+    with lamina.open(path, "w") as f:
+        ds = f.create_dataset("x", (4, 6), "f8")
+        y = f.create_dataset("y", (5,), "i4")
+        for k in range(n):
+            with f.step():
+                ds[...] = values(k)
+                y[...] = np.arange(5) + k
+
+
+def test_prefetch_serves_the_next_steps(path):
+    _write_steps(path, 6)
+    with lamina.open(path, "r", io="async") as f:
+        slow = f.engine.stack()[-1]
+        orig = slow.get
+
+        def get(name, box, step, out):
+            time.sleep(0.01)  # slow storage: the read ahead has something to hide
+            orig(name, box, step, out)
+
+        slow.get = get
+        seen = []
+        for view in f.iter_steps(prefetch=True, timeout=5):
+            k = view.index
+            np.testing.assert_array_equal(view["x"][1:3, 2:], values(k)[1:3, 2:])
+            np.testing.assert_array_equal(view["y"][...], np.arange(5) + k)
+            if k == 3:  # another selection at one step: read directly, still right
+                np.testing.assert_array_equal(view["x"][0], values(k)[0])
+            time.sleep(0.02)  # compute
+            seen.append(k)
+        stats = f.io_stats
+    assert seen == list(range(6))
+    # step 0 teaches the pattern; steps 1..5 are read ahead (two selections each)
+    assert stats["prefetch_hits"] >= 8, stats
+    assert stats["prefetched_bytes"] > 0
+
+
+def test_prefetch_needs_async(path):
+    _write_steps(path, 2)
+    with lamina.open(path, "r", io="sync") as f, pytest.raises(ConfigError, match="io='async'"):
+        next(iter(f.iter_steps(prefetch=True)))
+
+
+def test_prefetch_over_budget_reads_directly(path):
+    _write_steps(path, 4)
+    with lamina.open(path, "r", io="async", max_inflight_bytes=8) as f:
+        for view in f.iter_steps(prefetch=True, timeout=5):
+            np.testing.assert_array_equal(view["x"][...], values(view.index))
+        assert f.io_stats["prefetch_hits"] == 0
 
 
 # -- under mpiexec -------------------------------------------------------------------

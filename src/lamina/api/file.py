@@ -12,7 +12,7 @@ from .. import layers as _layers  # noqa: F401 - registers the built-in layers
 from .. import query as query_mod
 from ..engines import registry
 from ..engines.base import Engine
-from ..errors import StepError, StepTimeoutError, is_collective, is_left
+from ..errors import ConfigError, StepError, StepTimeoutError, is_collective, is_left
 from ..layers.background import BackgroundLayer, IOStats
 from .group import Group
 
@@ -179,13 +179,26 @@ class File(Group):
             self.refresh()
 
     def iter_steps(
-        self, start: int = 0, timeout: float | None = 30.0, poll: float = 0.05
+        self,
+        start: int = 0,
+        timeout: float | None = 30.0,
+        poll: float = 0.05,
+        prefetch: bool = False,
     ) -> Iterator[StepView]:
         """Collective: yield each step as it is committed, like a stream.
 
         Ends when the writer has closed the file and every step was yielded;
         raises StepTimeoutError if no new step arrives within *timeout* seconds.
+        With *prefetch* (a file opened with ``io='async'``), what the program
+        read at one step is read ahead at the next ones on a background
+        thread while it works (docs/background.md).
         """
+        bg = self._background() if prefetch else None
+        if prefetch and (bg is None or not bg.asynchronous):
+            raise ConfigError(
+                "iter_steps(prefetch=True) reads ahead on a background thread: open the file "
+                "with io='async' (or $LAMINA_IO=async)"
+            )
         k = start
         while True:
             if k >= self.steps and self._engine.writer_closed:
@@ -198,6 +211,8 @@ class File(Group):
                 if self._engine.writer_closed and k >= self.steps:
                     return
                 raise
+            if bg is not None:
+                bg.streaming(k)
             yield view
             k += 1
 
@@ -215,7 +230,7 @@ class File(Group):
     def io(self) -> str:
         """``'async'`` when steps are committed in the background (``io='async'``), else ``'sync'``."""
         bg = self._background()
-        return "async" if bg is not None and bg.active else "sync"
+        return "async" if bg is not None and bg.asynchronous else "sync"
 
     def wait(self) -> None:
         """Collective: wait until every step ended so far is committed (``io='async'``; no-op otherwise).

@@ -287,8 +287,9 @@ def build(
     :class:`~lamina.layers.base.Layer` is taken as the whole stack, any other
     gets the layers.  *layers*: names, innermost first (default:
     :func:`default_layers`).  *io* (:func:`resolve_io`): ``'async'`` puts
-    the background layer at the top of a writer's stack (readers read
-    through the stack as it is); under ``'sync'`` its options are ignored.
+    the background layer at the top of the stack (writers commit steps on
+    its thread, readers may read ahead); under ``'sync'`` its options are
+    ignored.
     Calling ``top.open(path, mode, comm, options)``
     then opens every level, each layer taking its own options and passing
     the rest inward.
@@ -298,7 +299,7 @@ def build(
         raise ValueError(f"mode must be 'r', 'w' or 'a', got {mode!r}")
     names = default_layers() if layers is None else list(layers)
     how = resolve_io(io)
-    if how == "async" and mode != "r" and BACKGROUND_LAYER not in names:
+    if how == "async" and BACKGROUND_LAYER not in names:
         names.append(BACKGROUND_LAYER)  # outermost: the whole stack below runs on its thread
     elif how == "sync" and io is not None and BACKGROUND_LAYER in names:
         raise ConfigError(

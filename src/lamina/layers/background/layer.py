@@ -55,40 +55,41 @@ import time
 import warnings
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import comm as comm_mod
-from ..catalog import BlockTable, DatasetSpec, normpath
-from ..engines.base import BlockInfo, Engine
-from ..engines.block import dataset_not_found
-from ..engines.registry import BACKGROUND_OPTIONS
-from ..engines.staging import BoxIndex
-from ..errors import (
+from ... import comm as comm_mod
+from ...catalog import BlockTable, DatasetSpec, normpath
+from ...engines.base import BlockInfo, Engine
+from ...engines.block import dataset_not_found
+from ...engines.registry import BACKGROUND_OPTIONS
+from ...errors import (
     ConfigError,
-    DTypeError,
     LaminaWarning,
     ModeError,
-    OverlapError,
     RemoteError,
-    ShapeError,
     StepError,
     error_from_wire,
     error_to_wire,
     is_left,
     mark_collective,
 )
-from ..geometry import Box
-from .base import Layer
+from ...geometry import Box
+from ..base import Layer
+from .prefetch import Prefetcher
+from .step import (
+    DEFAULT_INFLIGHT_BYTES,
+    BackgroundError,
+    Frozen,
+    IOStats,
+    Step,
+    check_put,
+    enter,
+)
 
 if TYPE_CHECKING:
     from mpi4py.MPI import Comm
-
-#: default budget of the copies of the steps in flight
-DEFAULT_INFLIGHT_BYTES = 1 << 30
-
 
 #: layers with a background thread, written out before the interpreter stops its thread pools
 _LIVE: weakref.WeakSet[BackgroundLayer] = weakref.WeakSet()
@@ -119,73 +120,6 @@ def _hook_exit() -> None:
         register(_at_exit)
 
 
-@dataclass
-class _Step:
-    """One step as the application made it: the calls to replay on the inner stack."""
-
-    explicit: bool  # begun by begin_step (else opened by a put)
-    ops: list[tuple] = field(default_factory=list)
-    nbytes: int = 0  # bytes of the copies this step holds (counted in the budget)
-    frozen: list[np.ndarray] = field(default_factory=list)  # arrays kept by reference
-    boxes: dict[int, BoxIndex] = field(default_factory=dict)  # dataset id -> boxes (overlap)
-    index: int = -1  # the step's index, known at end_step
-    doing: str = ""  # what the background thread was doing in it (for the error)
-
-
-@dataclass
-class IOStats:
-    """What the background layer did (``File.io_stats``)."""
-
-    mode: str = "sync"
-    steps_background: int = 0  # steps committed by the background thread
-    steps_failed: int = 0
-    steps_cancelled: int = 0
-    waits: int = 0  # times the application thread waited for the budget
-    wait_seconds: float = 0.0
-    inflight_bytes: int = 0
-    peak_inflight_bytes: int = 0
-    max_inflight_bytes: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-class BackgroundError:
-    """The failure of one background step, as the application thread reports it."""
-
-    def __init__(self, step: int, exc: BaseException, rank: int, path: str, doing: str) -> None:
-        self.step = step
-        self.exc = exc
-        self.rank = rank
-        self.path = path
-        self.doing = doing
-        self.cancelled: list[int] = []
-
-    def build(self) -> BaseException:
-        """The error to raise: the original's class (or a RemoteError that is also its builtin)."""
-        kind, text = error_to_wire(self.exc)
-        if text.startswith("background step"):
-            msg = text  # already said by the rank that failed first
-        else:
-            cancel = (
-                f"; step(s) {self.cancelled} queued after it were cancelled"
-                if self.cancelled
-                else ""
-            )
-            # an error another rank sent says whose it was ("rank N: ...")
-            where = "" if isinstance(self.exc, RemoteError) else f" on rank {self.rank}"
-            doing = (
-                f" ({self.doing})" if self.doing and not isinstance(self.exc, RemoteError) else ""
-            )
-            msg = (
-                f"background step {self.step} of {self.path!r} failed{where}{doing} and was "
-                f"not committed{cancel}; earlier steps are intact: {text}"
-            )
-        err = error_from_wire(kind, msg)
-        err.__cause__ = self.exc
-        return err
-
-
 class BackgroundLayer(Layer):
     """Background I/O over any engine (see the module docstring).
 
@@ -199,18 +133,19 @@ class BackgroundLayer(Layer):
         super().__init__(inner)
         self.lock = threading.RLock()  # held for every call into the inner stack
         self._cond = threading.Condition()  # guards the queue, the counters and the failure
-        self._queue: collections.deque[_Step] = collections.deque()
-        self._running: _Step | None = None
+        self._queue: collections.deque[Step] = collections.deque()
+        self._running: Step | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._failure: BackgroundError | None = None
-        self._step: _Step | None = None  # the application's open step
+        self._step: Step | None = None  # the application's open step
         self._next = 0  # index of the next step to end (committed + in flight)
         self._committed = 0  # steps committed (by either thread)
-        self._frozen: dict[int, list] = {}  # id(array) -> [array, holders, was writeable]
+        self._frozen = Frozen()  # arrays kept by reference (copy=False), read-only meanwhile
         self._spec_cache: dict[str, DatasetSpec] = {}
         self._fcomm: Comm | None = None
-        self.active = False
+        self.active = False  # writer: steps are committed in the background
+        self._prefetch: Prefetcher | None = None  # reader: reads may be read ahead
         self.budget = DEFAULT_INFLIGHT_BYTES
         self.stats = IOStats()
 
@@ -224,8 +159,6 @@ class BackgroundLayer(Layer):
 
     def opened(self) -> None:
         self._committed = self._next = self.inner.steps
-        if self.mode == "r":
-            return  # readers read through the inner stack as they are
         level = comm_mod.thread_level()
         if level < comm_mod.THREAD_MULTIPLE:
             warnings.warn(
@@ -235,15 +168,36 @@ class BackgroundLayer(Layer):
                 stacklevel=4,
             )
             return
+        self.stats.mode = "async"
+        if self.mode == "r":  # readers read as they are, and read ahead when streaming
+            self._prefetch = Prefetcher(self.inner, self.lock, self.budget, self.stats)
+            return
         self._fcomm = comm_mod.dup(self.inner.comm)
         self.active = True
-        self.stats.mode = "async"
+
+    @property
+    def asynchronous(self) -> bool:
+        """True when steps are committed in the background (writers) or may be read ahead (readers)."""
+        return self.active or self._prefetch is not None
+
+    def streaming(self, k: int) -> bool:
+        """Independent: the program streams steps and is given step *k* now; read ahead.
+
+        Returns False when this file has no read-ahead (a writer, or MPI
+        below ``MPI_THREAD_MULTIPLE``).
+        """
+        if self._prefetch is None:
+            return False
+        self._prefetch.streaming(k)
+        return True
 
     def _require_open(self, what: str) -> None:
         if self.inner.closed:
             raise ValueError(f"cannot {what}: file {self.path!r} is closed")
 
     def close(self) -> None:
+        if self._prefetch is not None:
+            self._prefetch.close()
         if not self.active or self.inner.closed:
             self.inner.close()
             return
@@ -285,6 +239,8 @@ class BackgroundLayer(Layer):
         self._committed = self._next = self.inner.steps
 
     def abandon(self) -> None:
+        if self._prefetch is not None:
+            self._prefetch.close()
         if self.active:
             self._drop_open_step()
             self._drain()  # the steps queued were ended by every rank: they complete everywhere
@@ -430,14 +386,14 @@ class BackgroundLayer(Layer):
         self._require_open("begin a step")
         if self._step is not None:
             raise StepError(f"step {self._next} is already open; call end_step first")
-        self._step = _Step(explicit=True)
+        self._step = Step(explicit=True)
         return self._next
 
-    def _open_step(self, what: str, name: str) -> _Step:
+    def _open_step(self, what: str, name: str) -> Step:
         if self.inner.closed:
             raise ValueError(f"cannot {what} {name!r}: file {self.path!r} is closed")
         if self._step is None:
-            self._step = _Step(explicit=False)  # implicit: committed by the next end_step or close
+            self._step = Step(explicit=False)  # implicit: committed by the next end_step or close
         return self._step
 
     def _lookup(self, name: str) -> DatasetSpec:
@@ -458,47 +414,13 @@ class BackgroundLayer(Layer):
             self._spec_cache[name] = spec
         return spec
 
-    def _check_put(self, step: _Step, name: str, box: Box, array: np.ndarray):
-        """The checks a put makes without the layer, at the same call: (spec, array of the box's shape)."""
-        spec = self._lookup(name)
-        box.check_inside(spec.shape, f"dataset {spec.path!r}")
-        arr = np.asarray(array)
-        if arr.shape != box.shape:
-            if arr.ndim == 0:
-                arr = np.broadcast_to(arr, box.shape)
-            else:
-                raise ShapeError(
-                    f"cannot write an array of shape {arr.shape} to box {box} (shape {box.shape}) "
-                    f"of dataset {spec.path!r}"
-                )
-        if arr.dtype != spec.dtype and (
-            arr.dtype.kind not in "biufc"
-            or not np.can_cast(arr.dtype, spec.dtype, casting="same_kind")
-        ):
-            raise DTypeError(
-                f"cannot write {arr.dtype} data to dataset {spec.path!r} of dtype {spec.dtype} (unsafe cast)"
-            )
-        return spec, arr
-
-    def _enter(self, step: _Step, spec: DatasetSpec, box: Box) -> BoxIndex:
-        idx = step.boxes.get(spec.id)
-        if idx is None:
-            idx = step.boxes[spec.id] = BoxIndex(spec.ndim)
-        j = idx.insert(box.start, box.stop)
-        if j >= 0:
-            other = Box(idx.starts[j], idx.stops[j])
-            raise OverlapError(
-                f"dataset {spec.path!r}, step {self._next}: box {box} overlaps box {other} "
-                "already written by this rank in this step"
-            )
-        return idx
-
     def put(self, name: str, box: Box, array: np.ndarray, copy: bool = True) -> None:
         if not self.active:
             self.inner.put(name, box, array, copy)
             return
         step = self._open_step("write dataset", name)
-        spec, arr = self._check_put(step, name, box, array)
+        spec = self._lookup(name)
+        arr = check_put(spec, box, array)
         if arr.size == 0:
             return
         keep = (
@@ -509,14 +431,15 @@ class BackgroundLayer(Layer):
             and arr.flags.c_contiguous
         )
         nbytes = 0 if keep else arr.size * spec.dtype.itemsize
-        index = self._enter(step, spec, box)
+        index = enter(step, spec, box, self._next)
         try:
             self._reserve(step, nbytes, f"a block of dataset {spec.path!r} ({box})")
         except BaseException:
             index.pop()
             raise
         if keep:
-            self._freeze(step, arr)
+            with self._cond:
+                self._frozen.freeze(step, arr)
         else:
             arr = np.array(arr, dtype=spec.dtype, order="C", copy=True)
         step.ops.append(("put", name, box, arr))
@@ -557,14 +480,14 @@ class BackgroundLayer(Layer):
             raise
         if not active:
             raise mark_collective(StepError("end_step called without begin_step"))
-        step = self._step or _Step(explicit=False)
+        step = self._step or Step(explicit=False)
         self._step = None
         step.index = self._next
         self._next += 1
         self._submit(step)
 
     # -- the budget -------------------------------------------------------------
-    def _reserve(self, step: _Step, nbytes: int, what: str) -> None:
+    def _reserve(self, step: Step, nbytes: int, what: str) -> None:
         if not nbytes:
             return
         if step.nbytes + nbytes > self.budget:
@@ -590,36 +513,15 @@ class BackgroundLayer(Layer):
             )
         step.nbytes += nbytes
 
-    def _freeze(self, step: _Step, arr: np.ndarray) -> None:
-        """Keep *arr* by reference: read-only until its step is on disk (then as it was)."""
-        entry = self._frozen.get(id(arr))
-        if entry is None:
-            entry = self._frozen[id(arr)] = [arr, 0, bool(arr.flags.writeable)]
-            if entry[2]:
-                arr.flags.writeable = False
-        entry[1] += 1
-        step.frozen.append(arr)
-
-    def _release(self, step: _Step) -> None:
+    def _release(self, step: Step) -> None:
         """The step is done (written, failed or cancelled): its copies go, its arrays thaw."""
         with self._cond:
             self.stats.inflight_bytes -= step.nbytes
-            step.nbytes = 0
-            for arr in step.frozen:
-                entry = self._frozen.get(id(arr))
-                if entry is None:
-                    continue
-                entry[1] -= 1
-                if entry[1] == 0:
-                    del self._frozen[id(arr)]
-                    if entry[2]:
-                        arr.flags.writeable = True
-            step.frozen.clear()
-            step.ops.clear()
+            self._frozen.thaw(step)
             self._cond.notify_all()
 
     # -- the background thread --------------------------------------------------
-    def _submit(self, step: _Step) -> None:
+    def _submit(self, step: Step) -> None:
         with self._cond:
             if self._thread is None:
                 _hook_exit()
@@ -673,23 +575,13 @@ class BackgroundLayer(Layer):
                 self._cond.notify_all()
             self._release(step)
 
-    def _cancel(self, step: _Step) -> None:
+    def _cancel(self, step: Step) -> None:
         """A queued step that will not be written (under ``_cond``)."""
         self.stats.steps_cancelled += 1
         self.stats.inflight_bytes -= step.nbytes
-        step.nbytes = 0
-        for arr in step.frozen:
-            entry = self._frozen.get(id(arr))
-            if entry is not None:
-                entry[1] -= 1
-                if entry[1] == 0:
-                    del self._frozen[id(arr)]
-                    if entry[2]:
-                        arr.flags.writeable = True
-        step.frozen.clear()
-        step.ops.clear()
+        self._frozen.thaw(step)
 
-    def _replay(self, step: _Step) -> None:
+    def _replay(self, step: Step) -> None:
         """The step's calls on the inner stack (the puts of one rank fail together, see _run)."""
         if step.explicit:
             step.doing = "beginning the step"
@@ -701,7 +593,7 @@ class BackgroundLayer(Layer):
             else:
                 self.inner.put_stats(op[1], op[2], op[3])
 
-    def _run(self, step: _Step) -> None:
+    def _run(self, step: Step) -> None:
         """Background thread, holding the lock: one whole step on the inner stack."""
         comm = self.inner.comm
         g = comm_mod.Guard()
@@ -765,6 +657,12 @@ class BackgroundLayer(Layer):
             return self.inner.check_read(name, box, step, out)
 
     def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
+        if self._prefetch is not None and self._prefetch.stream is not None:
+            with self.lock:
+                k = self.inner.check_step(step)
+            if self._prefetch.get(name, box, k, out):
+                return
+            step = k
         step = self._settle(step)
         with self.lock:
             self.inner.get(name, box, step, out)
