@@ -77,3 +77,11 @@ class TestMemoryAsync(TestMemory):
     """The memory engine written with background I/O."""
 
     options = {"io": "async"}
+
+
+@pytest.mark.slow
+class TestNativeLaunchedAsync(LaunchedEngineTests):
+    """Two writer ranks with background I/O, then three reader ranks on the files they left."""
+
+    engine = "native"
+    options = {"durable": False, "io": "async"}

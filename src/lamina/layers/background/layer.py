@@ -163,7 +163,8 @@ class BackgroundLayer(Layer):
         if level < comm_mod.THREAD_MULTIPLE:
             warnings.warn(
                 f"io='async' needs MPI_THREAD_MULTIPLE, MPI provides {comm_mod.thread_level_name(level)}: "
-                f"{self.path!r} is written synchronously",
+                f"{self.path!r} is "
+                + ("read without read-ahead" if self.mode == "r" else "written synchronously"),
                 LaminaWarning,
                 stacklevel=4,
             )
@@ -323,6 +324,7 @@ class BackgroundLayer(Layer):
     # -- metadata (collective: every step in flight first) ---------------------
     def define(self, spec: DatasetSpec) -> DatasetSpec:
         self._guarded()
+        self._spec_cache.clear()  # a refused definition may undo others (CollectiveMismatchError)
         with self.lock:
             return self.inner.define(spec)
 
