@@ -85,3 +85,19 @@ class TestNativeLaunchedAsync(LaunchedEngineTests):
 
     engine = "native"
     options = {"durable": False, "io": "async"}
+
+
+@pytest.mark.slow
+class TestMPIAsync(TestMPI):
+    """The in situ transport with background I/O on both sides: the producer's steps are sent on
+    its background thread, the consumer may read ahead."""
+
+    options = read_options = {"timeout": PEER_TIMEOUT, "io": "async"}
+
+
+@pytest.mark.slow
+class TestBothAsync(TestBoth):
+    """The transport that also writes the native file, its steps committed in the background."""
+
+    options = {"timeout": PEER_TIMEOUT, "durable": False, "io": "async"}
+    read_options = {"timeout": PEER_TIMEOUT, "io": "async"}
