@@ -104,6 +104,32 @@ def test_io_environment(path, monkeypatch):
         lamina.open(path, "w")
 
 
+def test_io_and_layers_must_agree(path):
+    with pytest.raises(ConfigError, match="io='sync' contradicts"):
+        lamina.open(path, "w", io="sync", layers=["derived", "background"])
+    with lamina.open(path, "w", layers=["background"]) as f:  # the layer by name is async I/O
+        assert f.io == "async"
+        assert [type(e).__name__ for e in f.engine.stack()] == ["BackgroundLayer", "NativeEngine"]
+    with lamina.open(path, "w", io="sync") as f:
+        f.wait()  # nothing in flight: a no-op
+        assert f.io_stats["steps_background"] == 0
+
+
+def test_append_in_the_background(path):
+    _write_steps(path, 2)
+    with lamina.open(path, "a", io="async") as f:
+        assert f.steps == 2
+        for k in (2, 3):
+            with f.step() as s:
+                assert s == k
+                f["x"][...] = values(k)
+                f["y"][...] = np.arange(5) + k
+    got = read_all(path)
+    assert len(got) == 4
+    for k, a in enumerate(got):
+        np.testing.assert_array_equal(a, values(k))
+
+
 def test_budget_option_checked(path):
     with pytest.raises(ConfigError, match="max_inflight_bytes must be an int > 0"):
         lamina.open(path, "w", io="async", max_inflight_bytes=0)
