@@ -128,12 +128,19 @@ def kill_tree(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
 
 
 def _is_zombie(pid: int) -> bool:
+    """True when *pid* has exited (a zombie waiting to be reaped), every thread of it too.
+
+    A killed process's leading thread turns zombie before its other threads
+    are gone, and its files (the writer lock of a native file) are released
+    only with the last of them.
+    """
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
+        threads = len(os.listdir(f"/proc/{pid}/task"))
     except OSError:
         return True
-    return stat[stat.rfind(")") + 2 :].split()[0] == "Z"
+    return stat[stat.rfind(")") + 2 :].split()[0] == "Z" and threads <= 1
 
 
 class Result:

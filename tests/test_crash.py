@@ -130,11 +130,17 @@ def append_and_check(path: str, k: int, extra: int = 2, nranks_before: int = 1) 
 
 
 def crash_at(
-    tmp_path, phase: str, k: int, nranks: int = 1, aggregators: int | None = None, signal_ranks=(0,)
+    tmp_path,
+    phase: str,
+    k: int,
+    nranks: int = 1,
+    aggregators: int | None = None,
+    signal_ranks=(0,),
+    io: str = "sync",
 ) -> str:
     path = str(tmp_path / "crash.lam")
     sig = str(tmp_path / "signal")
-    args = [path, "--mode", "w", "--phase", phase, "--at", k, "--signal", sig]
+    args = [path, "--mode", "w", "--phase", phase, "--at", k, "--signal", sig, "--io", io]
     if aggregators:
         args += ["--aggregators", aggregators]
     proc = mu.start(_writer_cmd(nranks, *args))
@@ -183,6 +189,20 @@ def test_kill_two_rank_writer(tmp_path, phase, aggregators):
     time.sleep(0.3)
     out, err = _kill(proc)
     _check_prefix(path, committed + 2, sig, err)
+
+
+@pytest.mark.parametrize(
+    "phase,nranks",
+    [("before_meta", 1), ("before_commit", 1), ("after_commit", 1), ("before_commit", 2)],
+)
+def test_kill_async_writer(tmp_path, phase, nranks):
+    """io='async': killed while its background thread is in the commit of step k and steps k+1,
+    k+2 wait behind it; every step committed before the kill reads back, the rest is gone."""
+    k = 2
+    path = crash_at(tmp_path, phase, k, nranks=nranks, io="async")
+    committed = k + PHASES[phase]
+    check_file(path, committed, closed=False)
+    append_and_check(path, committed)
 
 
 def _progress(sig: str) -> list[str]:

@@ -166,7 +166,8 @@ def test_engine_registry():
 
     assert {"native", "memory", "mpi", "both"} <= set(registry.engine_names())
     assert registry.engine_entry("memory").factory("w").name == "memory"
-    assert registry.layer_names() == ["derived"] and registry.default_layers() == ["derived"]
+    assert registry.layer_names() == ["background", "derived"]
+    assert registry.default_layers() == ["derived"]  # background comes with io="async"
     with pytest.raises(ValueError, match="unknown engine 'memroy'.*Did you mean 'memory'"):
         registry.engine_entry("memroy")
     with pytest.raises(ValueError, match="unknown layer 'derivd'.*Did you mean 'derived'"):

@@ -64,3 +64,40 @@ class TestBoth(LaunchedEngineTests):
     mpmd = True
     options = {"timeout": PEER_TIMEOUT, "durable": False}
     read_options = {"timeout": PEER_TIMEOUT}
+
+
+class TestNativeAsync(EngineTests):
+    """The native engine written with background I/O: every round trip, steps committed on a thread."""
+
+    engine = "native"
+    options = {"durable": False, "io": "async"}
+
+
+class TestMemoryAsync(TestMemory):
+    """The memory engine written with background I/O."""
+
+    options = {"io": "async"}
+
+
+@pytest.mark.slow
+class TestNativeLaunchedAsync(LaunchedEngineTests):
+    """Two writer ranks with background I/O, then three reader ranks on the files they left."""
+
+    engine = "native"
+    options = {"durable": False, "io": "async"}
+
+
+@pytest.mark.slow
+class TestMPIAsync(TestMPI):
+    """The in situ transport with background I/O on both sides: the producer's steps are sent on
+    its background thread, the consumer may read ahead."""
+
+    options = read_options = {"timeout": PEER_TIMEOUT, "io": "async"}
+
+
+@pytest.mark.slow
+class TestBothAsync(TestBoth):
+    """The transport that also writes the native file, its steps committed in the background."""
+
+    options = {"timeout": PEER_TIMEOUT, "durable": False, "io": "async"}
+    read_options = {"timeout": PEER_TIMEOUT, "io": "async"}

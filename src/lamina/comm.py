@@ -221,6 +221,27 @@ def resolve(comm: MPI.Comm | None) -> MPI.Comm:
     return comm
 
 
+#: the thread level background I/O needs (two threads calling MPI at once)
+THREAD_MULTIPLE = MPI.THREAD_MULTIPLE
+
+_THREAD_NAMES = {
+    MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE",
+    MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
+    MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED",
+    MPI.THREAD_MULTIPLE: "MPI_THREAD_MULTIPLE",
+}
+
+
+def thread_level() -> int:
+    """Independent: the thread support MPI gave this process (mpi4py asks for MULTIPLE by default)."""
+    return int(MPI.Query_thread())
+
+
+def thread_level_name(level: int) -> str:
+    """``MPI_THREAD_...`` for a thread level."""
+    return _THREAD_NAMES.get(level, f"thread level {level}")
+
+
 def dup(comm: MPI.Comm) -> MPI.Comm:
     """Collective: a private duplicate of *comm* for library traffic."""
     return comm.Dup()
@@ -563,5 +584,8 @@ __all__ = [
     "task_leader",
     "task_size",
     "test_requests",
+    "THREAD_MULTIPLE",
+    "thread_level",
+    "thread_level_name",
     "world",
 ]

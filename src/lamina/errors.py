@@ -214,6 +214,9 @@ def _remote_class(base: str) -> type[RemoteError]:
 
 def error_to_wire(exc: BaseException) -> tuple[str, str]:
     """Name and message of *exc* for sending to other ranks."""
+    for name, cls in _REMOTE_CLASSES.items():
+        if type(exc) is cls:  # a remote error sent on again: it stays the same builtin
+            return f"Remote:{name}", str(exc)
     if isinstance(exc, LaminaError):
         return type(exc).__name__, str(exc)
     base = next((b.__name__ for b in type(exc).__mro__ if _REMOTE_BASES.get(b.__name__) is b), None)

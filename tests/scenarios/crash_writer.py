@@ -4,6 +4,7 @@ Runs as plain ``python crash_writer.py ...`` (one rank) or under
 ``mpiexec -n N python -m mpi4py crash_writer.py ...``::
 
     crash_writer.py PATH --mode w|a --phase PHASE --at K --signal FILE [--aggregators A] [--durable 0|1]
+                    [--io sync|async]
 
 The writer writes steps from the file's current step count on (0 for mode
 'w').  Each step holds two datasets, ``crash/x`` (int64, 6x10) and
@@ -25,6 +26,10 @@ only for the commit phases) and sleeps until killed:
                     ``FILE.progress`` after each (a file, not stdout: output in
                     flight through mpiexec is lost when the job is killed);
                     creates the signal once the file is open
+
+With ``--io async`` the commit phases stop on the background thread, and
+the program goes on ending two more steps (queued behind the stopped one,
+in flight when the kill comes) before it waits to be killed.
 """
 
 from __future__ import annotations
@@ -87,6 +92,7 @@ def main() -> None:
     p.add_argument("--signal", required=True)
     p.add_argument("--aggregators", type=int, default=None)
     p.add_argument("--durable", type=int, default=1)
+    p.add_argument("--io", default="sync")
     args = p.parse_args()
     comm = comm_mod.world()
     rank, size = comm.rank, comm.size
@@ -94,13 +100,18 @@ def main() -> None:
     if args.aggregators:
         opts["aggregators"] = args.aggregators
 
-    f = lamina.open(args.path, args.mode, **opts)
+    f = lamina.open(args.path, args.mode, io=args.io, **opts)
     for name, (shape, dtype, fill) in DATASETS.items():
         # an appending writer defines them too if a killed writer never committed them
         if name not in f:
             f.create_dataset(name, shape, dtype, fill=fill)
-    eng = f.engine.inner  # the native engine under the derived layer
+    eng = f.engine.stack()[-1]  # the native engine under the layers
     armed = {"on": False}
+
+    def hit() -> bool:
+        # the commit of step K (under io='async' it runs on the background thread, maybe
+        # while the program is at a later step)
+        return armed["on"] and len(eng.catalog.steps) == args.at
 
     def stop(text: str) -> None:
         signal(args.signal, rank, text)
@@ -109,7 +120,7 @@ def main() -> None:
     orig_pwrite = native._pwrite_all
 
     def pwrite(fd, buf, offset):
-        if armed["on"] and fd == eng._meta_fd:
+        if hit() and fd == eng._meta_fd:
             if args.phase == "before_meta":
                 stop("before_meta")
             if args.phase == "torn_meta":
@@ -117,7 +128,7 @@ def main() -> None:
                 orig_pwrite(fd, mv[: len(mv) // 2], offset)
                 os.fsync(fd)
                 stop("torn_meta")
-        if armed["on"] and fd == eng._commit_fd:
+        if hit() and fd == eng._commit_fd:
             if args.phase == "before_commit":
                 stop("before_commit")
             mv = memoryview(buf).cast("B")
@@ -136,7 +147,7 @@ def main() -> None:
 
     def write_record(self, rec):
         shared = orig_write_record(self, rec)
-        if armed["on"] and args.phase == "after_commit":
+        if hit() and args.phase == "after_commit":
             stop("after_commit")
         return shared
 
@@ -155,7 +166,9 @@ def main() -> None:
         signal(args.signal, rank, f"open {first}")
     k = first
     while True:
-        if args.phase != "loop" and k > args.at:
+        if args.io == "async" and args.phase != "loop" and k > args.at + 2:
+            wait_forever()  # steps at+1, at+2 are queued behind the stopped background thread
+        if args.io != "async" and args.phase != "loop" and k > args.at:
             raise SystemExit(f"phase {args.phase!r} was never reached")
         f.begin_step()
         put(f, "crash/x", k, rank, size)

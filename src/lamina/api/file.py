@@ -12,7 +12,8 @@ from .. import layers as _layers  # noqa: F401 - registers the built-in layers
 from .. import query as query_mod
 from ..engines import registry
 from ..engines.base import Engine
-from ..errors import StepError, StepTimeoutError, is_collective, is_left
+from ..errors import ConfigError, StepError, StepTimeoutError, is_collective, is_left
+from ..layers.background import BackgroundLayer, IOStats
 from .group import Group
 
 
@@ -31,11 +32,12 @@ class File(Group):
         engine: str | Engine | None = None,
         layers=None,
         transport: str | None = None,
+        io: str | None = None,
         **options,
     ):
         path = os.fspath(path)
         self._comm = comm_mod.resolve(comm)
-        self._engine, options = registry.build(path, mode, engine, layers, transport, options)
+        self._engine, options = registry.build(path, mode, engine, layers, transport, options, io)
         self._engine.open(path, mode, self._comm, options)
         self._filename = path
         super().__init__(self, "", None)
@@ -177,13 +179,26 @@ class File(Group):
             self.refresh()
 
     def iter_steps(
-        self, start: int = 0, timeout: float | None = 30.0, poll: float = 0.05
+        self,
+        start: int = 0,
+        timeout: float | None = 30.0,
+        poll: float = 0.05,
+        prefetch: bool = False,
     ) -> Iterator[StepView]:
         """Collective: yield each step as it is committed, like a stream.
 
         Ends when the writer has closed the file and every step was yielded;
         raises StepTimeoutError if no new step arrives within *timeout* seconds.
+        With *prefetch* (a file opened with ``io='async'``), what the program
+        read at one step is read ahead at the next ones on a background
+        thread while it works (docs/background.md).
         """
+        bg = self._background() if prefetch else None
+        if prefetch and (bg is None or not bg.asynchronous):
+            raise ConfigError(
+                "iter_steps(prefetch=True) reads ahead on a background thread: open the file "
+                "with io='async' (or $LAMINA_IO=async)"
+            )
         k = start
         while True:
             if k >= self.steps and self._engine.writer_closed:
@@ -196,11 +211,42 @@ class File(Group):
                 if self._engine.writer_closed and k >= self.steps:
                     return
                 raise
+            if bg is not None:
+                bg.streaming(k)
             yield view
             k += 1
 
     def __iter__(self):
         return super().__iter__()
+
+    # -- background I/O ---------------------------------------------------
+    def _background(self) -> BackgroundLayer | None:
+        for e in self._engine.stack():
+            if isinstance(e, BackgroundLayer):
+                return e
+        return None
+
+    @property
+    def io(self) -> str:
+        """``'async'`` when steps are committed in the background (``io='async'``), else ``'sync'``."""
+        bg = self._background()
+        return "async" if bg is not None and bg.asynchronous else "sync"
+
+    def wait(self) -> None:
+        """Collective: wait until every step ended so far is committed (``io='async'``; no-op otherwise).
+
+        Raises, on every rank, the error of a background step that failed
+        (naming the step and the steps cancelled after it).
+        """
+        bg = self._background()
+        if bg is not None:
+            bg.wait()
+
+    @property
+    def io_stats(self) -> dict:
+        """Independent: what background I/O did: steps written in the background, waits for the budget, bytes in flight."""
+        bg = self._background()
+        return (bg.stats if bg is not None else IOStats()).as_dict()
 
     # -- lifetime ---------------------------------------------------------
     def close(self) -> None:
@@ -261,6 +307,7 @@ def open(  # noqa: A001
     engine: str | Engine | None = None,
     transport: str | None = None,
     layers=None,
+    io: str | None = None,
     **options,
 ) -> File:
     """Collective: open a lamina file.
@@ -286,6 +333,11 @@ def open(  # noqa: A001
     layers : list of str, optional
         The layers over the engine, innermost first (default: ``['derived']``,
         which gives derived quantities and queries over them).
+    io : {'sync', 'async'}, optional
+        Default ``$LAMINA_IO``, else ``'sync'``.  ``'async'``: ``end_step``
+        returns once the step's data is copied and the step is committed on
+        a background thread (option ``max_inflight_bytes`` bounds the
+        copies); :meth:`File.wait` waits for it.  See docs/background.md.
     **options
         Options of the engine and the layers, e.g. ``aggregators=2``,
         ``durable=False``; for the memory transport ``timeout``,
@@ -293,4 +345,6 @@ def open(  # noqa: A001
         Options of the engines a program may be routed to instead are
         accepted and ignored, so one program runs under every transport.
     """
-    return File(path, mode, comm=comm, engine=engine, layers=layers, transport=transport, **options)
+    return File(
+        path, mode, comm=comm, engine=engine, layers=layers, transport=transport, io=io, **options
+    )

@@ -39,6 +39,13 @@ from .base import Engine
 
 ENGINE_ENV = "LAMINA_ENGINE"
 DEFAULT_ENGINE = "native"
+#: ``lamina.open(io=...)``, else this variable: synchronous or background I/O
+IO_ENV = "LAMINA_IO"
+IO_MODES = ("sync", "async")
+#: the layer ``io='async'`` puts at the top of a writer's stack (registered by lamina.layers)
+BACKGROUND_LAYER = "background"
+#: its options, accepted and ignored under ``io='sync'`` so that one program runs both ways
+BACKGROUND_OPTIONS = frozenset({"max_inflight_bytes"})
 ENGINE_GROUP = "lamina.engines"
 LAYER_GROUP = "lamina.layers"
 
@@ -227,6 +234,26 @@ def choose_engine(
     return env or DEFAULT_ENGINE
 
 
+def resolve_io(io: str | None = None) -> str:
+    """The I/O mode: *io* (the argument) wins over ``$LAMINA_IO``; default ``'sync'``.
+
+    ConfigError (a ValueError) for any other value, naming the allowed ones;
+    ``'auto'`` (a model choosing per phase) is not available yet.
+    """
+    for value, where in ((io, "io"), (os.environ.get(IO_ENV), f"${IO_ENV}")):
+        if value is None or value == "":
+            continue
+        if value == "auto":
+            raise ConfigError(
+                f"{where}='auto': not yet: the model that chooses between sync and async I/O "
+                f"is not built; use one of {list(IO_MODES)}"
+            )
+        if value not in IO_MODES:
+            raise ConfigError(f"{where}={value!r} is not an I/O mode; allowed: {list(IO_MODES)}")
+        return value
+    return "sync"
+
+
 def split_options(entry: EngineEntry, layers: list[LayerEntry], options: dict) -> dict:
     """The options *entry* and *layers* take, without those the engine ignores; TypeError for unknown ones.
 
@@ -251,6 +278,7 @@ def build(
     layers: Iterable[str] | None = None,
     transport: str | None = None,
     options: dict | None = None,
+    io: str | None = None,
 ) -> tuple[Engine, dict]:
     """The stack of engines for ``lamina.open`` and the options to open it with: ``(top, options)``.
 
@@ -258,7 +286,11 @@ def build(
     *engine* is a name or an engine object; an object that already is a
     :class:`~lamina.layers.base.Layer` is taken as the whole stack, any other
     gets the layers.  *layers*: names, innermost first (default:
-    :func:`default_layers`).  Calling ``top.open(path, mode, comm, options)``
+    :func:`default_layers`).  *io* (:func:`resolve_io`): ``'async'`` puts
+    the background layer at the top of the stack (writers commit steps on
+    its thread, readers may read ahead); under ``'sync'`` its options are
+    ignored.
+    Calling ``top.open(path, mode, comm, options)``
     then opens every level, each layer taking its own options and passing
     the rest inward.
     """
@@ -266,8 +298,21 @@ def build(
     if mode not in ("r", "w", "a"):
         raise ValueError(f"mode must be 'r', 'w' or 'a', got {mode!r}")
     names = default_layers() if layers is None else list(layers)
+    how = resolve_io(io)
+    if how == "async" and BACKGROUND_LAYER not in names:
+        names.append(BACKGROUND_LAYER)  # outermost: the whole stack below runs on its thread
+    elif how == "sync" and io is not None and BACKGROUND_LAYER in names:
+        raise ConfigError(
+            f"io='sync' contradicts layers={names}: the {BACKGROUND_LAYER!r} layer is async I/O"
+        )
+    if BACKGROUND_LAYER not in names:
+        for k in BACKGROUND_OPTIONS:
+            options.pop(k, None)
     if isinstance(engine, Engine):
         if engine.is_layer:
+            bg = layer_entry(BACKGROUND_LAYER)
+            if BACKGROUND_LAYER in names and not any(type(e) is bg.factory for e in engine.stack()):
+                return bg.factory(engine), options
             return engine, options
         top: Engine = engine
         for name in names:
@@ -289,8 +334,11 @@ def build(
 
 
 __all__ = [
+    "BACKGROUND_LAYER",
     "DEFAULT_ENGINE",
     "ENGINE_ENV",
+    "IO_ENV",
+    "IO_MODES",
     "EngineEntry",
     "LayerEntry",
     "build",
@@ -302,5 +350,6 @@ __all__ = [
     "layer_names",
     "register_engine",
     "register_layer",
+    "resolve_io",
     "split_options",
 ]

@@ -7,7 +7,9 @@ be stacked over any engine (native files, memory, the in situ transport).
 * :class:`~lamina.layers.base.Layer` -- the forwarding base;
 * :class:`~lamina.layers.derived.DerivedLayer` -- derived quantities
   (``File.derive``): computed at the end of a step and stored as data, as
-  statistics only, or kept as the expression and computed when read.
+  statistics only, or kept as the expression and computed when read;
+* :class:`~lamina.layers.background.BackgroundLayer` -- background I/O
+  (``lamina.open(io='async')``): steps are committed on a thread of their own.
 
 The built-in layers are registered here (:mod:`lamina.engines.registry`):
 ``derived`` is in every stack unless ``lamina.open(layers=...)`` says
@@ -15,6 +17,7 @@ otherwise.
 """
 
 from ..engines import registry
+from .background import BackgroundLayer
 from .base import Layer
 from .derived import STRATEGIES, Definition, DerivedLayer
 
@@ -26,4 +29,11 @@ registry.register_layer(
     description="derived quantities and the queries over them (docs/derived.md)",
 )
 
-__all__ = ["Definition", "DerivedLayer", "Layer", "STRATEGIES"]
+registry.register_layer(
+    registry.BACKGROUND_LAYER,
+    BackgroundLayer,
+    BackgroundLayer.OPTIONS,
+    description="background I/O: end_step returns once the step is copied (io='async', docs/background.md)",
+)
+
+__all__ = ["BackgroundLayer", "Definition", "DerivedLayer", "Layer", "STRATEGIES"]

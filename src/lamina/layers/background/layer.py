@@ -1,0 +1,692 @@
+"""Background I/O: ``end_step`` returns once the step's data is copied; the commit runs on a thread.
+
+``lamina.open(path, "w", io="async")`` (or ``$LAMINA_IO=async``) puts this
+layer at the top of the stack, over the derived layer and the engine.  A
+step is then a *transaction* kept by this layer:
+
+* ``put`` checks the write at once (dataset, box, shape, dtype, overlap:
+  the same errors as without the layer, at the same call) and copies the
+  caller's array, so the caller may reuse it as soon as ``put`` returns
+  (with ``copy=False`` the array is kept by reference and made read-only
+  until its step is on disk);
+* ``end_step`` hands the whole step (``begin_step``, the puts, ``end_step``)
+  to one background thread, which runs these calls on the inner stack, in
+  order, step after step, and returns.
+
+**Communicators.**  The inner engine duplicates the communicator it is
+opened with; only the background thread uses that duplicate while steps
+are in flight.  This layer's own calls that need messages (the agreement
+in ``end_step``, ``wait``, ``close``) use a second duplicate, so the
+application thread's collectives never interleave with the background
+thread's.  Two threads calling MPI at once need ``MPI_THREAD_MULTIPLE``
+(which :mod:`lamina.comm` asks for); below it the layer writes
+synchronously and warns.
+
+**One lock.**  The inner stack is not thread-safe: every call into it
+holds :attr:`BackgroundLayer.lock`, which the background thread holds for
+a whole step.  Collective calls into the inner stack from the application
+thread (``define``, ``make_group``, ``derive``, ``refresh``,
+``set_ext``, ``close``) first wait until no step is in flight, so that
+both threads' collectives on the inner communicator come in one order on
+every rank.
+
+**Budget.**  The copies of the steps in flight may take at most
+``max_inflight_bytes`` (default 1 GiB); a put that would exceed it waits
+for the oldest steps to be written (the waits are counted in
+:attr:`BackgroundLayer.stats`).  A step whose own copies exceed the budget
+is refused at the put that would exceed it.
+
+**Errors.**  A step that fails in the background is not committed (the
+inner engine discards it) and the steps queued behind it are cancelled;
+the error is raised, naming the step and the cancelled steps, on every rank
+at the next collective call of the application thread (``end_step``,
+``wait``, ``close``, ``define``, ...), through an agreement on this layer's
+communicator: every rank raises it at the same call.  Steps committed
+before it stay intact, and the file goes on from the last committed step.
+
+See docs/background.md.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ... import comm as comm_mod
+from ...catalog import BlockTable, DatasetSpec, normpath
+from ...engines.base import BlockInfo, Engine
+from ...engines.block import dataset_not_found
+from ...engines.registry import BACKGROUND_OPTIONS
+from ...errors import (
+    ConfigError,
+    LaminaWarning,
+    ModeError,
+    RemoteError,
+    StepError,
+    error_from_wire,
+    error_to_wire,
+    is_left,
+    mark_collective,
+)
+from ...geometry import Box
+from ..base import Layer
+from .prefetch import Prefetcher
+from .step import (
+    DEFAULT_INFLIGHT_BYTES,
+    BackgroundError,
+    Frozen,
+    IOStats,
+    Step,
+    check_put,
+    enter,
+)
+
+if TYPE_CHECKING:
+    from mpi4py.MPI import Comm
+
+#: layers with a background thread, written out before the interpreter stops its thread pools
+_LIVE: weakref.WeakSet[BackgroundLayer] = weakref.WeakSet()
+_HOOKED = False
+
+
+def _at_exit() -> None:
+    """At interpreter exit, before thread pools refuse work: finish every step ended but not written.
+
+    Runs among ``threading``'s own exit calls (after the main program, before
+    ``concurrent.futures`` shuts its pools, which the engines' statistics use),
+    so that a program that ends without ``close`` loses no step it ended.
+    """
+    for layer in list(_LIVE):
+        try:
+            layer._drain()
+        except Exception as e:  # pragma: no cover - nothing to raise to at exit
+            warnings.warn(f"background I/O at exit: {e}", LaminaWarning, stacklevel=1)
+
+
+def _hook_exit() -> None:
+    global _HOOKED
+    if _HOOKED:
+        return
+    _HOOKED = True
+    register = getattr(threading, "_register_atexit", None)  # CPython >= 3.9
+    if register is not None:
+        register(_at_exit)
+
+
+class BackgroundLayer(Layer):
+    """Background I/O over any engine (see the module docstring).
+
+    Option ``max_inflight_bytes``: the most bytes the copies of steps in
+    flight may take (default 1 GiB).
+    """
+
+    OPTIONS = BACKGROUND_OPTIONS
+
+    def __init__(self, inner: Engine) -> None:
+        super().__init__(inner)
+        self.lock = threading.RLock()  # held for every call into the inner stack
+        self._cond = threading.Condition()  # guards the queue, the counters and the failure
+        self._queue: collections.deque[Step] = collections.deque()
+        self._running: Step | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._failure: BackgroundError | None = None
+        self._step: Step | None = None  # the application's open step
+        self._next = 0  # index of the next step to end (committed + in flight)
+        self._committed = 0  # steps committed (by either thread)
+        self._frozen = Frozen()  # arrays kept by reference (copy=False), read-only meanwhile
+        self._spec_cache: dict[str, DatasetSpec] = {}
+        self._fcomm: Comm | None = None
+        self.active = False  # writer: steps are committed in the background
+        self._prefetch: Prefetcher | None = None  # reader: reads may be read ahead
+        self.budget = DEFAULT_INFLIGHT_BYTES
+        self.stats = IOStats()
+
+    # -- lifetime -------------------------------------------------------------
+    def configure(self, options: dict[str, Any]) -> None:
+        budget = options.get("max_inflight_bytes", DEFAULT_INFLIGHT_BYTES)
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
+            raise ConfigError(f"max_inflight_bytes must be an int > 0, got {budget!r}")
+        self.budget = budget
+        self.stats.max_inflight_bytes = budget
+
+    def opened(self) -> None:
+        self._committed = self._next = self.inner.steps
+        level = comm_mod.thread_level()
+        if level < comm_mod.THREAD_MULTIPLE:
+            warnings.warn(
+                f"io='async' needs MPI_THREAD_MULTIPLE, MPI provides {comm_mod.thread_level_name(level)}: "
+                f"{self.path!r} is "
+                + ("read without read-ahead" if self.mode == "r" else "written synchronously"),
+                LaminaWarning,
+                stacklevel=4,
+            )
+            return
+        self.stats.mode = "async"
+        if self.mode == "r":  # readers read as they are, and read ahead when streaming
+            self._prefetch = Prefetcher(self.inner, self.lock, self.budget, self.stats)
+            return
+        self._fcomm = comm_mod.dup(self.inner.comm)
+        self.active = True
+
+    @property
+    def asynchronous(self) -> bool:
+        """True when steps are committed in the background (writers) or may be read ahead (readers)."""
+        return self.active or self._prefetch is not None
+
+    def streaming(self, k: int) -> bool:
+        """Independent: the program streams steps and is given step *k* now; read ahead.
+
+        Returns False when this file has no read-ahead (a writer, or MPI
+        below ``MPI_THREAD_MULTIPLE``).
+        """
+        if self._prefetch is None:
+            return False
+        self._prefetch.streaming(k)
+        return True
+
+    def _require_open(self, what: str) -> None:
+        if self.inner.closed:
+            raise ValueError(f"cannot {what}: file {self.path!r} is closed")
+
+    def close(self) -> None:
+        if self._prefetch is not None:
+            self._prefetch.close()
+        if not self.active or self.inner.closed:
+            self.inner.close()
+            return
+        self._drain()
+        pending = self._take_failure()
+        try:
+            comm_mod.agree(self._own(), pending)
+        except BaseException as e:
+            self._drop_open_step()
+            if is_left(e):  # no collective with a rank that left: let go of the file
+                self.abandon()
+                raise
+            try:
+                with self.lock:
+                    self.inner.close()
+            finally:
+                self._shutdown()
+            raise
+        try:
+            with self.lock:
+                # a step left open is committed by close, as without the layer
+                step, self._step = self._step, None
+                g = comm_mod.Guard()
+                with g:
+                    if step is not None:
+                        self._replay(step)
+                if step is not None:
+                    self._release(step)
+                try:
+                    comm_mod.agree(self.inner.comm, g.error)  # none may stay out of the close
+                except BaseException:
+                    if self.inner.in_step:
+                        self.inner.discard_step()
+                    self.inner.close()
+                    raise
+                self.inner.close()
+        finally:
+            self._shutdown()
+        self._committed = self._next = self.inner.steps
+
+    def abandon(self) -> None:
+        if self._prefetch is not None:
+            self._prefetch.close()
+        if self.active:
+            self._drop_open_step()
+            self._drain()  # the steps queued were ended by every rank: they complete everywhere
+            self._shutdown()
+        with self.lock:
+            self.inner.abandon()
+
+    def leave(self, exc: BaseException) -> None:
+        if not self.active or self.inner.closed:
+            self.inner.leave(exc)
+            return
+        # the others meet this at their next collective call of this layer (all start with agree)
+        comm_mod.leave(self._own(), exc)
+        self.abandon()
+
+    def agree(self, flag: int = 0) -> int:
+        if not self.active:
+            return self.inner.agree(flag)
+        return comm_mod.agree(self._own(), None, flag)
+
+    def _own(self) -> Comm:
+        """This layer's communicator (the application thread's collectives, while active)."""
+        assert self._fcomm is not None, "background I/O is not active"
+        return self._fcomm
+
+    def _shutdown(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        self._thread = None
+        if self._fcomm is not None:
+            comm_mod.free(self._fcomm)
+            self._fcomm = None
+        self.active = False
+
+    # -- the collective points of the application thread ------------------------
+    def _collective_point(self) -> None:
+        """Collective: wait for every step in flight, then raise a background failure on every rank."""
+        self._drain()
+        comm_mod.agree(self._own(), self._take_failure())
+
+    def _take_failure(self) -> BaseException | None:
+        """The failure to report (once); afterwards the file goes on from the last committed step."""
+        with self._cond:
+            f, self._failure = self._failure, None
+        if f is None:
+            return None
+        return f.build()
+
+    def _on_failure_elsewhere(self) -> None:
+        """Another rank reported a background failure: cancel what is queued here, forget the rest."""
+        with self._cond:
+            for s in self._queue:
+                self._cancel(s)
+            self._queue.clear()
+        self._drain()
+        with self._cond:
+            self._failure = None
+        self._next = self._committed
+
+    def wait(self) -> None:
+        """Collective: wait for every background step; raise (on every rank) if one failed."""
+        self._require_open("wait for background steps")
+        if not self.active:
+            return
+        try:
+            self._collective_point()
+        except BaseException as e:
+            if not is_left(e):  # a rank that left: the steps ended by all still complete (abandon)
+                self._on_failure_elsewhere()
+            raise
+
+    def _guarded(self) -> None:
+        """A collective call into the inner stack from the application thread."""
+        if self.active:
+            self.wait()
+
+    # -- metadata (collective: every step in flight first) ---------------------
+    def define(self, spec: DatasetSpec) -> DatasetSpec:
+        self._guarded()
+        self._spec_cache.clear()  # a refused definition may undo others (CollectiveMismatchError)
+        with self.lock:
+            return self.inner.define(spec)
+
+    def make_group(self, path: str) -> None:
+        self._guarded()
+        with self.lock:
+            self.inner.make_group(path)
+
+    def set_attr(self, path: str, name: str, value: Any) -> None:
+        # independent: between two background steps, committed with the next record written
+        with self.lock:
+            self.inner.set_attr(path, name, value)
+
+    def del_attr(self, path: str, name: str) -> None:
+        with self.lock:
+            self.inner.del_attr(path, name)
+
+    def set_ext(self, key: str, payload: bytes) -> None:
+        self._guarded()
+        with self.lock:
+            self.inner.set_ext(key, payload)
+
+    def derive(
+        self,
+        name: str,
+        expression: str,
+        strategy: str = "stats",
+        *,
+        spacing: Any = None,
+        hints: dict | None = None,
+    ) -> Any:
+        self._guarded()
+        with self.lock:
+            return self.inner.derive(name, expression, strategy, spacing=spacing, hints=hints)
+
+    def refresh(self) -> int:
+        self._guarded()
+        with self.lock:
+            n = self.inner.refresh()
+        if self.active:
+            self._committed = self._next = n
+        return n
+
+    # -- steps ------------------------------------------------------------------
+    @property
+    def in_step(self) -> bool:
+        if not self.active:
+            return self.inner.in_step
+        return self._step is not None
+
+    @property
+    def steps(self) -> int:
+        """Steps this writer ended (committed, or in flight) under async; committed ones otherwise."""
+        if not self.active:
+            return self.inner.steps
+        return self._next
+
+    def begin_step(self) -> int:
+        if not self.active:
+            return self.inner.begin_step()
+        self._require_open("begin a step")
+        if self._step is not None:
+            raise StepError(f"step {self._next} is already open; call end_step first")
+        self._step = Step(explicit=True)
+        return self._next
+
+    def _open_step(self, what: str, name: str) -> Step:
+        if self.inner.closed:
+            raise ValueError(f"cannot {what} {name!r}: file {self.path!r} is closed")
+        if self._step is None:
+            self._step = Step(explicit=False)  # implicit: committed by the next end_step or close
+        return self._step
+
+    def _lookup(self, name: str) -> DatasetSpec:
+        spec = self._spec_cache.get(name)
+        if spec is not None:
+            return spec
+        path = normpath(name)
+        spec = self.catalog.datasets.get(path)
+        if spec is None:
+            raise dataset_not_found(self.catalog, path)
+        d = self.inner.definition(path)
+        if d is not None:
+            raise ModeError(
+                f"dataset {path!r} is derived ({d.text!r}, strategy {d.strategy!r}): lamina "
+                "computes it; write its inputs"
+            )
+        if len(self._spec_cache) < 4096:
+            self._spec_cache[name] = spec
+        return spec
+
+    def put(self, name: str, box: Box, array: np.ndarray, copy: bool = True) -> None:
+        if not self.active:
+            self.inner.put(name, box, array, copy)
+            return
+        step = self._open_step("write dataset", name)
+        spec = self._lookup(name)
+        arr = check_put(spec, box, array)
+        if arr.size == 0:
+            return
+        keep = (
+            not copy
+            and isinstance(array, np.ndarray)
+            and arr is array
+            and arr.dtype == spec.dtype
+            and arr.flags.c_contiguous
+        )
+        nbytes = 0 if keep else arr.size * spec.dtype.itemsize
+        index = enter(step, spec, box, self._next)
+        try:
+            self._reserve(step, nbytes, f"a block of dataset {spec.path!r} ({box})")
+        except BaseException:
+            index.pop()
+            raise
+        if keep:
+            with self._cond:
+                self._frozen.freeze(step, arr)
+        else:
+            arr = np.array(arr, dtype=spec.dtype, order="C", copy=True)
+        step.ops.append(("put", name, box, arr))
+
+    def put_stats(self, name: str, box: Box, array: np.ndarray) -> None:
+        if not self.active:
+            self.inner.put_stats(name, box, array)
+            return
+        step = self._open_step("write statistics of dataset", name)
+        arr = np.array(array, copy=True)
+        self._reserve(step, arr.nbytes, f"statistics of dataset {name!r} ({box})")
+        step.ops.append(("put_stats", name, box, arr))
+
+    def discard_step(self) -> None:
+        if not self.active:
+            self.inner.discard_step()
+            return
+        self._drop_open_step()
+
+    def _drop_open_step(self) -> None:
+        step, self._step = self._step, None
+        if step is not None:
+            self._release(step)
+
+    def end_step(self) -> None:
+        if not self.active:
+            self.inner.end_step()
+            return
+        self._require_open("end a step")
+        pending = self._take_failure()
+        try:
+            # a step opened by a put exists only on the ranks that wrote: decide together
+            active = comm_mod.agree(self._own(), pending, flag=int(self._step is not None))
+        except BaseException as e:
+            self._drop_open_step()
+            if not is_left(e):
+                self._on_failure_elsewhere()
+            raise
+        if not active:
+            raise mark_collective(StepError("end_step called without begin_step"))
+        step = self._step or Step(explicit=False)
+        self._step = None
+        step.index = self._next
+        self._next += 1
+        self._submit(step)
+
+    # -- the budget -------------------------------------------------------------
+    def _reserve(self, step: Step, nbytes: int, what: str) -> None:
+        if not nbytes:
+            return
+        if step.nbytes + nbytes > self.budget:
+            raise ConfigError(
+                f"{what} of {nbytes} bytes does not fit max_inflight_bytes={self.budget} with the "
+                f"{step.nbytes} bytes this step already holds: raise max_inflight_bytes to at least "
+                f"{step.nbytes + nbytes}, or write this file with io='sync'"
+            )
+        with self._cond:
+            waited = False
+            t0 = time.perf_counter()
+            while self.stats.inflight_bytes + nbytes > self.budget and (
+                self._queue or self._running is not None
+            ):
+                waited = True
+                self._cond.wait(0.5)
+            if waited:
+                self.stats.waits += 1
+                self.stats.wait_seconds += time.perf_counter() - t0
+            self.stats.inflight_bytes += nbytes
+            self.stats.peak_inflight_bytes = max(
+                self.stats.peak_inflight_bytes, self.stats.inflight_bytes
+            )
+        step.nbytes += nbytes
+
+    def _release(self, step: Step) -> None:
+        """The step is done (written, failed or cancelled): its copies go, its arrays thaw."""
+        with self._cond:
+            self.stats.inflight_bytes -= step.nbytes
+            self._frozen.thaw(step)
+            self._cond.notify_all()
+
+    # -- the background thread --------------------------------------------------
+    def _submit(self, step: Step) -> None:
+        with self._cond:
+            if self._thread is None:
+                _hook_exit()
+                _LIVE.add(self)
+                self._stopping = False
+                self._thread = threading.Thread(
+                    target=self._work, name=f"lamina-io {self.path}", daemon=False
+                )
+                self._thread.start()
+            self._queue.append(step)
+            self._cond.notify_all()
+
+    def _drain(self) -> None:
+        """Independent: wait until no step is queued or running on this rank."""
+        with self._cond:
+            while self._queue or self._running is not None:
+                self._cond.wait(0.5)
+
+    def _work(self) -> None:
+        main = threading.main_thread()
+        while True:
+            with self._cond:
+                while not self._queue:
+                    if self._stopping or not main.is_alive():
+                        return  # at interpreter exit, once every step ended is written
+                    self._cond.wait(0.1)
+                step = self._queue.popleft()
+                self._running = step
+            error: BaseException | None = None
+            try:
+                with self.lock:
+                    self._run(step)
+            except BaseException as e:  # reported by the application thread
+                error = e
+            with self._cond:
+                self._running = None
+                if error is None:
+                    self._committed = step.index + 1
+                    self.stats.steps_background += 1
+                else:
+                    self.stats.steps_failed += 1
+                    f = BackgroundError(
+                        step.index, error, self.inner.comm.rank, self.path, step.doing
+                    )
+                    for s in self._queue:
+                        f.cancelled.append(s.index)
+                        self._cancel(s)
+                    self._queue.clear()
+                    if self._failure is None:
+                        self._failure = f
+                self._cond.notify_all()
+            self._release(step)
+
+    def _cancel(self, step: Step) -> None:
+        """A queued step that will not be written (under ``_cond``)."""
+        self.stats.steps_cancelled += 1
+        self.stats.inflight_bytes -= step.nbytes
+        self._frozen.thaw(step)
+
+    def _replay(self, step: Step) -> None:
+        """The step's calls on the inner stack (the puts of one rank fail together, see _run)."""
+        if step.explicit:
+            step.doing = "beginning the step"
+            self.inner.begin_step()
+        for op in step.ops:
+            step.doing = f"writing dataset {op[1]!r} box {op[2]}"
+            if op[0] == "put":
+                self.inner.put(op[1], op[2], op[3], copy=False)
+            else:
+                self.inner.put_stats(op[1], op[2], op[3])
+
+    def _run(self, step: Step) -> None:
+        """Background thread, holding the lock: one whole step on the inner stack."""
+        comm = self.inner.comm
+        g = comm_mod.Guard()
+        with g:
+            self._replay(step)
+        if g.error is not None and not isinstance(g.error, RemoteError):
+            # say where, in the text that travels: the other ranks raise this one's error
+            kind, text = error_to_wire(g.error)
+            err = error_from_wire(kind, f"rank {comm.rank}, {step.doing}: {text}")
+            err.__cause__ = g.error
+            g.error = err
+        try:
+            # a put that failed on one rank must not leave the others in the commit
+            comm_mod.agree(comm, g.error)
+            step.doing = "committing"
+            self.inner.end_step()
+        except BaseException:
+            if self.inner.in_step:
+                self.inner.discard_step()
+            raise
+
+    # -- reading: committed steps directly, steps in flight once written ---------
+    def _settle(self, step: int | None) -> int | None:
+        """The step a read means (absolute); waits until it is committed if it is in flight here.
+
+        Without the layer, ``None`` and negative steps count from the last
+        committed step; here from the last step this writer ended, which may
+        still be in flight: they are made absolute before the inner engine
+        (which knows only the committed ones) sees them.
+        """
+        if not self.active:
+            return step
+        n = self._next
+        k = n - 1 if step is None else int(step)
+        if k < 0 and step is not None:
+            k += n
+        if not 0 <= k < n:
+            return step  # no such step: the inner engine says so, as without the layer
+        if k >= self._committed:
+            with self._cond:
+                while k >= self._committed and (self._queue or self._running is not None):
+                    self._cond.wait(0.5)
+                failed = k >= self._committed
+            if failed:
+                raise StepError(
+                    f"step {k} of {self.path!r} was not committed: its background write failed "
+                    "(the error is raised at the next collective call)"
+                )
+        return k
+
+    def check_step(self, step: int | None) -> int:
+        step = self._settle(step)
+        with self.lock:
+            return self.inner.check_step(step)
+
+    def check_read(
+        self, name: str, box: Box, step: int | None, out: np.ndarray
+    ) -> tuple[DatasetSpec, int]:
+        step = self._settle(step)
+        with self.lock:
+            return self.inner.check_read(name, box, step, out)
+
+    def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
+        if self._prefetch is not None and self._prefetch.stream is not None:
+            with self.lock:
+                k = self.inner.check_step(step)
+            if self._prefetch.get(name, box, k, out):
+                return
+            step = k
+        step = self._settle(step)
+        with self.lock:
+            self.inner.get(name, box, step, out)
+
+    def blocks(self, name: str, step: int) -> Sequence[BlockInfo]:
+        self._settle(step)
+        with self.lock:
+            return self.inner.blocks(name, step)
+
+    def block_table(self, name: str, step: int, stats: bool = True) -> BlockTable:
+        self._settle(step)
+        with self.lock:
+            return self.inner.block_table(name, step, stats)
+
+    def coverage(self, path: str, step: int | None) -> list[Box]:
+        step = self._settle(step)
+        with self.lock:
+            return self.inner.coverage(path, step)
+
+
+__all__ = [
+    "BackgroundLayer",
+    "DEFAULT_INFLIGHT_BYTES",
+    "IOStats",
+]

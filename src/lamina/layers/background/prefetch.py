@@ -1,0 +1,164 @@
+"""Read-ahead for a reader that streams steps: ``f.iter_steps(prefetch=True)`` under ``io='async'``.
+
+A program that streams a file step by step usually reads the same
+selections at every step.  The :class:`Prefetcher` records the reads made
+at each step; when ``iter_steps`` hands out step *k*, it reads, on a thread
+of its own, what the program read at the step before, at steps *k* and
+*k + 1* (those already committed).  A read that finds its block fetched
+(or being fetched) takes it from there; any other read goes to the engine
+as usual, so a change of selections costs nothing but the unused
+read-ahead.  Everything fetched is bounded by the layer's
+``max_inflight_bytes`` and dropped once the stream has moved past its step.
+
+Reads only: the thread makes no collective call, and it calls the engine
+under the layer's lock, as the program's reads do.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any
+
+import numpy as np
+
+from ...catalog import normpath
+from ...engines.base import Engine
+from ...geometry import Box
+
+
+class _Fetch:
+    """One selection of one step: read ahead, or being read."""
+
+    __slots__ = ("done", "array", "error", "nbytes")
+
+    def __init__(self, nbytes: int) -> None:
+        self.done = threading.Event()
+        self.array: np.ndarray | None = None
+        self.error: BaseException | None = None
+        self.nbytes = nbytes
+
+
+class Prefetcher:
+    """Reads ahead of a streaming reader (see the module docstring)."""
+
+    def __init__(self, inner: Engine, lock: Any, budget: int, stats: Any) -> None:
+        self.inner = inner
+        self.lock = lock
+        self.budget = budget
+        self.stats = stats
+        self.stream: int | None = None  # the step iter_steps handed out last
+        self.pattern: dict[int, list[tuple[str, Box]]] = {}  # step -> selections read at it
+        self.cache: dict[tuple[int, str, Box], _Fetch] = {}
+        self.held = 0  # bytes of the fetches in the cache
+        self.jobs: collections.deque[tuple[tuple[int, str, Box], _Fetch]] = collections.deque()
+        self.cond = threading.Condition()
+        self.thread: threading.Thread | None = None
+        self.stopping = False
+
+    # -- the program's side -----------------------------------------------------
+    def streaming(self, k: int) -> None:
+        """Independent: ``iter_steps`` hands out step *k*: read ahead *k* and *k + 1* like *k - 1*."""
+        self.stream = k
+        with self.cond:
+            for key in [key for key in self.cache if key[0] < k]:
+                self._drop(key)
+            for j in [j for j in self.pattern if j < k - 1]:
+                del self.pattern[j]
+        like = self.pattern.get(k - 1)
+        if not like:
+            return
+        known = self.inner.steps
+        for step in (k, k + 1):
+            if step < known:
+                for name, box in like:
+                    self._schedule((step, name, box))
+
+    def get(self, name: str, box: Box, step: int, out: np.ndarray) -> bool:
+        """Independent: fill *out* from a fetch of (*step*, *name*, *box*) if there is one; True if so."""
+        if self.stream is not None and step >= self.stream - 1:
+            seen = self.pattern.setdefault(step, [])
+            if (name, box) not in seen and len(seen) < 256:
+                seen.append((name, box))
+        key = (step, name, box)
+        with self.cond:
+            fetch = self.cache.get(key)
+        if fetch is None:
+            self.stats.prefetch_misses += 1
+            return False
+        fetch.done.wait()
+        with self.cond:
+            if self.cache.get(key) is fetch:
+                self._drop(key)
+        arr = fetch.array
+        if arr is None or arr.shape != out.shape or arr.dtype != out.dtype:
+            self.stats.prefetch_misses += 1
+            return False  # the read ahead failed: read it again, to raise the engine's own error
+        out[...] = arr
+        self.stats.prefetch_hits += 1
+        return True
+
+    def close(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.jobs.clear()
+            self.cond.notify_all()
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        with self.cond:
+            for key in list(self.cache):
+                self._drop(key)
+
+    # -- the thread's side --------------------------------------------------------
+    def _schedule(self, key: tuple[int, str, Box]) -> None:
+        step, name, box = key
+        try:
+            spec = self.inner.catalog.datasets.get(normpath(name))
+        except ValueError:
+            spec = None
+        nbytes = box.size * spec.dtype.itemsize if spec is not None else 0
+        with self.cond:
+            if self.stopping or key in self.cache or not nbytes:
+                return
+            if self.held + nbytes > self.budget:
+                return  # over the budget: this one is read when asked for
+            fetch = _Fetch(nbytes)
+            self.cache[key] = fetch
+            self.held += nbytes
+            self.jobs.append((key, fetch))
+            if self.thread is None:
+                self.thread = threading.Thread(
+                    target=self._work, name="lamina-prefetch", daemon=True
+                )
+                self.thread.start()
+            self.cond.notify_all()
+
+    def _drop(self, key: tuple[int, str, Box]) -> None:
+        """Forget a fetch (under ``cond``)."""
+        fetch = self.cache.pop(key)
+        self.held -= fetch.nbytes
+
+    def _work(self) -> None:
+        while True:
+            with self.cond:
+                while not self.jobs and not self.stopping:
+                    self.cond.wait()
+                if self.stopping:
+                    return
+                key, fetch = self.jobs.popleft()
+            step, name, box = key
+            try:
+                spec = self.inner.catalog.datasets[normpath(name)]
+                arr = np.empty(box.shape, dtype=spec.dtype)
+                with self.lock:
+                    self.inner.get(name, box, step, arr)
+                fetch.array = arr
+                self.stats.prefetched_bytes += arr.nbytes
+            except BaseException as e:  # the program's own read raises it
+                fetch.error = e
+            finally:
+                fetch.done.set()
+
+
+__all__ = ["Prefetcher"]

@@ -1,0 +1,176 @@
+"""A step of background I/O as the program made it, what the layer counts, and how it reports a failure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ...catalog import DatasetSpec
+from ...engines.staging import BoxIndex
+from ...errors import (
+    DTypeError,
+    OverlapError,
+    RemoteError,
+    ShapeError,
+    error_from_wire,
+    error_to_wire,
+)
+from ...geometry import Box
+
+#: default budget of the copies of the steps in flight
+DEFAULT_INFLIGHT_BYTES = 1 << 30
+
+
+@dataclass
+class Step:
+    """One step as the application made it: the calls to replay on the inner stack."""
+
+    explicit: bool  # begun by begin_step (else opened by a put)
+    ops: list[tuple] = field(default_factory=list)
+    nbytes: int = 0  # bytes of the copies this step holds (counted in the budget)
+    frozen: list[np.ndarray] = field(default_factory=list)  # arrays kept by reference
+    boxes: dict[int, BoxIndex] = field(default_factory=dict)  # dataset id -> boxes (overlap)
+    index: int = -1  # the step's index, known at end_step
+    doing: str = ""  # what the background thread was doing in it (for the error)
+
+
+@dataclass
+class IOStats:
+    """What the background layer did (``File.io_stats``)."""
+
+    mode: str = "sync"
+    steps_background: int = 0  # steps committed by the background thread
+    steps_failed: int = 0
+    steps_cancelled: int = 0
+    waits: int = 0  # times the application thread waited for the budget
+    wait_seconds: float = 0.0
+    inflight_bytes: int = 0
+    peak_inflight_bytes: int = 0
+    max_inflight_bytes: int = 0
+    prefetch_hits: int = 0  # reads served from a read ahead (readers, iter_steps(prefetch=True))
+    prefetch_misses: int = 0
+    prefetched_bytes: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class BackgroundError:
+    """The failure of one background step, as the application thread reports it."""
+
+    def __init__(self, step: int, exc: BaseException, rank: int, path: str, doing: str) -> None:
+        self.step = step
+        self.exc = exc
+        self.rank = rank
+        self.path = path
+        self.doing = doing
+        self.cancelled: list[int] = []
+
+    def build(self) -> BaseException:
+        """The error to raise: the original's class (or a RemoteError that is also its builtin)."""
+        kind, text = error_to_wire(self.exc)
+        if text.startswith("background step"):
+            msg = text  # already said by the rank that failed first
+        else:
+            cancel = (
+                f"; step(s) {self.cancelled} queued after it were cancelled"
+                if self.cancelled
+                else ""
+            )
+            # an error another rank sent says whose it was ("rank N: ...")
+            where = "" if isinstance(self.exc, RemoteError) else f" on rank {self.rank}"
+            doing = (
+                f" ({self.doing})" if self.doing and not isinstance(self.exc, RemoteError) else ""
+            )
+            msg = (
+                f"background step {self.step} of {self.path!r} failed{where}{doing} and was "
+                f"not committed{cancel}; earlier steps are intact: {text}"
+            )
+        err = error_from_wire(kind, msg)
+        err.__cause__ = self.exc
+        return err
+
+
+class Frozen:
+    """Arrays kept by reference (``copy=False``): read-only until the last step holding them is done.
+
+    An array in several steps in flight thaws with the last of them, and
+    only if it was writeable when first kept.  Not locked: the layer calls
+    it under its condition.
+    """
+
+    def __init__(self) -> None:
+        self.entries: dict[int, list] = {}  # id(array) -> [array, holders, was writeable]
+
+    def freeze(self, step: Step, arr: np.ndarray) -> None:
+        entry = self.entries.get(id(arr))
+        if entry is None:
+            entry = self.entries[id(arr)] = [arr, 0, bool(arr.flags.writeable)]
+            if entry[2]:
+                arr.flags.writeable = False
+        entry[1] += 1
+        step.frozen.append(arr)
+
+    def thaw(self, step: Step) -> None:
+        """*step* is done: its arrays thaw (those no other step holds); its copies and calls go."""
+        for arr in step.frozen:
+            entry = self.entries.get(id(arr))
+            if entry is None:
+                continue
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self.entries[id(arr)]
+                if entry[2]:
+                    arr.flags.writeable = True
+        step.frozen.clear()
+        step.ops.clear()
+        step.nbytes = 0
+
+
+def check_put(spec: DatasetSpec, box: Box, array: Any) -> np.ndarray:
+    """The checks a put makes without the layer, at the same call: the array, of the box's shape."""
+    box.check_inside(spec.shape, f"dataset {spec.path!r}")
+    arr = np.asarray(array)
+    if arr.shape != box.shape:
+        if arr.ndim == 0:
+            arr = np.broadcast_to(arr, box.shape)
+        else:
+            raise ShapeError(
+                f"cannot write an array of shape {arr.shape} to box {box} (shape {box.shape}) "
+                f"of dataset {spec.path!r}"
+            )
+    if arr.dtype != spec.dtype and (
+        arr.dtype.kind not in "biufc" or not np.can_cast(arr.dtype, spec.dtype, casting="same_kind")
+    ):
+        raise DTypeError(
+            f"cannot write {arr.dtype} data to dataset {spec.path!r} of dtype {spec.dtype} (unsafe cast)"
+        )
+    return arr
+
+
+def enter(step: Step, spec: DatasetSpec, box: Box, index: int) -> BoxIndex:
+    """Enter *box* among the step's boxes of *spec*; OverlapError if it meets one (the caller pops it on failure)."""
+    idx = step.boxes.get(spec.id)
+    if idx is None:
+        idx = step.boxes[spec.id] = BoxIndex(spec.ndim)
+    j = idx.insert(box.start, box.stop)
+    if j >= 0:
+        other = Box(idx.starts[j], idx.stops[j])
+        raise OverlapError(
+            f"dataset {spec.path!r}, step {index}: box {box} overlaps box {other} "
+            "already written by this rank in this step"
+        )
+    return idx
+
+
+__all__ = [
+    "BackgroundError",
+    "DEFAULT_INFLIGHT_BYTES",
+    "Frozen",
+    "IOStats",
+    "Step",
+    "check_put",
+    "enter",
+]

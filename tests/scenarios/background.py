@@ -1,0 +1,205 @@
+"""Background I/O (``io='async'``) under mpiexec.
+
+``background.py fault PATH put|commit``
+    two ranks; rank 1's replayed put (``put``) or its part of the commit
+    (``commit``: the native engine's block move) fails in step 3 on the
+    background thread.  Both ranks must raise the error at the same call,
+    naming step 3; the file goes on from step 3 and reads back.
+``background.py leave PATH``
+    two ranks; three steps are in flight (the background thread is slow)
+    when rank 1 fails on its own inside ``with f:``; rank 0 hears it at
+    its next ``end_step`` (a RemoteError that says rank 1 left), and the
+    three steps both ranks ended are in the file.
+``background.py stress PATH STEPS``
+    any number of ranks; random compute times (seeded), a small budget so
+    that end_step waits, reads of committed steps and of steps in flight,
+    a dataset defined while steps are in flight, ``wait``, a stored
+    derived quantity with a stencil (halo exchange on the background
+    thread), and a second file written synchronously in the same loop,
+    whose derived values must be the same.  Every value is checked
+    at the end.
+
+Prints ``OK`` on rank 0 when everything held (``RAISED`` on each rank that
+raised the injected error).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+import lamina
+from lamina import comm as comm_mod
+
+ROWS = 4  # rows of x per rank
+COLS = 6
+
+
+def block(k: int, rank: int) -> np.ndarray:
+    base = np.arange(ROWS * COLS, dtype=np.float64).reshape(ROWS, COLS) + rank * ROWS * COLS
+    return base + 1000.0 * k
+
+
+def whole(k: int, size: int) -> np.ndarray:
+    return np.concatenate([block(k, r) for r in range(size)])
+
+
+def fault(path: str, where: str) -> None:
+    comm = comm_mod.world()
+    rank, size = comm.rank, comm.size
+    f = lamina.open(path, "w", io="async")
+    ds = f.create_dataset("x", (ROWS * size, COLS), "f8")
+    native = f.engine.stack()[-1]
+    bad = 3
+    if rank == 1 and where == "put":
+        orig_put = native.put
+
+        def put(name, box, arr, copy=True):
+            if len(native.catalog.steps) == bad:
+                raise OSError("injected put failure")
+            orig_put(name, box, arr, copy)
+
+        native.put = put
+    elif rank == 1:
+        orig_move = native._move
+
+        def move(heads):
+            if len(native.catalog.steps) == bad:
+                raise OSError("injected move failure")
+            return orig_move(heads)
+
+        native._move = move
+    raised = None
+    try:
+        for k in range(7):
+            with f.step():
+                ds[rank * ROWS : (rank + 1) * ROWS, :] = block(k, rank)
+            time.sleep(0.01)
+        f.wait()
+    except OSError as e:
+        raised = e
+    assert raised is not None, "the injected failure was never raised"
+    text = str(raised)
+    assert "background step 3 " in text and "not committed" in text, text
+    assert "injected" in text and "rank 1" in text, text
+    if where == "put":
+        assert "dataset 'x'" in text, text
+    print(f"RAISED rank {rank}: {text}", flush=True)
+    # every rank raised at the same call: the file goes on, together, from step 3
+    assert f.steps == bad, f.steps
+    native.put = type(native).put.__get__(native)
+    native._move = type(native)._move.__get__(native)
+    with f.step() as k:
+        assert k == bad
+        ds[rank * ROWS : (rank + 1) * ROWS, :] = block(99, rank)
+    f.close()
+    if rank == 0:
+        with lamina.open(path, "r", comm=comm_mod.self_comm()) as r:
+            assert r.steps == bad + 1, r.steps
+            for k in range(bad):
+                np.testing.assert_array_equal(r.at(k)["x"][...], whole(k, size))
+            np.testing.assert_array_equal(r.at(bad)["x"][...], whole(99, size))
+        print("OK", flush=True)
+
+
+def leave(path: str) -> None:
+    comm = comm_mod.world()
+    rank = comm.rank
+    f = lamina.open(path, "w", io="async")
+    native = f.engine.stack()[-1]
+    orig = native.end_step
+
+    def slow() -> None:
+        time.sleep(0.1)
+        orig()
+
+    native.end_step = slow
+    try:
+        with f:
+            ds = f.create_dataset("x", (ROWS * comm.size, COLS), "f8")
+            for k in range(5):
+                with f.step():
+                    ds[rank * ROWS : (rank + 1) * ROWS, :] = block(k, rank)
+                if k == 2 and rank == 1:
+                    raise RuntimeError("rank 1 fails on its own")
+    except RuntimeError as e:
+        text = str(e)
+        assert ("rank 1 fails on its own" in text) if rank == 1 else ("rank 1 left" in text), text
+    else:
+        raise AssertionError("no error")
+    assert f.engine.closed
+    comm.Barrier()
+    if rank == 0:
+        with lamina.open(path, "r", comm=comm_mod.self_comm()) as r:
+            assert r.steps == 3, r.steps
+            for k in range(3):
+                np.testing.assert_array_equal(r.at(k)["x"][...], whole(k, comm.size))
+        print("OK", flush=True)
+
+
+def stress(path: str, steps: int) -> None:
+    comm = comm_mod.world()
+    rank, size = comm.rank, comm.size
+    rng = np.random.default_rng([7, rank])
+    step_bytes = ROWS * COLS * 8 + 3 * 8
+    f = lamina.open(path, "w", io="async", max_inflight_bytes=3 * step_bytes)
+    g = lamina.open(path + "-sync", "w", io="sync")
+    ds = f.create_dataset("x", (ROWS * size, COLS), "f8")
+    gs = g.create_dataset("x", (ROWS * size, COLS), "f8")
+    # a stencil: its halo exchange runs on the background thread, the sync file's in the program
+    f.derive("lap", "laplacian(x * x)", "store")
+    g.derive("lap", "laplacian(x * x)", "store")
+    mine = slice(rank * ROWS, (rank + 1) * ROWS)
+    y = None
+    for k in range(steps):
+        time.sleep(float(rng.uniform(0, 0.01)))  # compute
+        with f.step():
+            ds[mine, :] = block(k, rank)
+            if y is not None:
+                y[rank * 3 : rank * 3 + 3] = [k, k, k]
+            if rank == 0:
+                f.attrs["k"] = k
+        with g.step():
+            gs[mine, :] = block(k, rank)
+        what = int(rng.integers(0, 5))
+        if what == 0:  # the step just ended (maybe in flight): waits for it
+            np.testing.assert_array_equal(ds[mine, :], block(k, rank))
+        elif what == 1 and k >= 2:  # a step long committed, another rank's rows
+            other = (rank + 1) % size
+            view = f.at(k - 2)["x"]
+            np.testing.assert_array_equal(
+                view[other * ROWS : (other + 1) * ROWS, :], block(k - 2, other)
+            )
+        elif what == 2:
+            np.testing.assert_array_equal(gs[mine, :], block(k, rank))
+        if k % 11 == 5:
+            f.wait()
+        if k == steps // 2:  # collective metadata while steps are in flight
+            y = f.create_dataset("y", (3 * size,), "i8")
+    stats = f.io_stats
+    g.close()
+    f.close()
+    assert stats["steps_background"] >= 1, stats
+    if rank == 0:
+        with lamina.open(path, "r", comm=comm_mod.self_comm()) as r:
+            assert r.steps == steps, r.steps
+            assert r.attrs["k"] == steps - 1
+            for k in range(steps):
+                np.testing.assert_array_equal(r.at(k)["x"][...], whole(k, size))
+            last = r.at(steps - 1)["y"][...]
+            np.testing.assert_array_equal(last, np.full(3 * size, steps - 1))
+            with lamina.open(path + "-sync", "r", comm=comm_mod.self_comm()) as s:
+                for k in range(steps):
+                    np.testing.assert_array_equal(r.at(k)["lap"][...], s.at(k)["lap"][...])
+        print(f"OK {stats}", flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "fault":
+        fault(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "leave":
+        leave(sys.argv[2])
+    else:
+        stress(sys.argv[2], int(sys.argv[3]))

@@ -1,0 +1,552 @@
+"""Background I/O (``io='async'``): the copy at put, the thread, the budget, errors, zero copy.
+
+In-process tests hold the background thread at a gate (the native engine's
+``end_step`` waits for an event), so that steps are in flight exactly when
+a test says; the tests under ``mpiexec`` run ``scenarios/background.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+import lamina
+from lamina import comm as comm_mod
+from lamina.errors import ConfigError, LaminaWarning, OverlapError, ShapeError, StepError
+from lamina.geometry import Box
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import mpi_util as mu  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Gate:
+    """The native engine's end_step under a file's layers, held at an event (and failing on request)."""
+
+    def __init__(self, f, fail_at: int | None = None, delay: float = 0.0) -> None:
+        self.eng = f.engine.stack()[-1]
+        self.orig = self.eng.end_step
+        self.open = threading.Event()
+        self.open.set()
+        self.fail_at = fail_at
+        self.delay = delay
+        self.seen: list[int] = []
+        self.eng.end_step = self.end_step
+
+    def end_step(self) -> None:
+        k = len(self.eng.catalog.steps)
+        self.seen.append(k)
+        assert self.open.wait(30), "the gate was never opened"
+        if self.delay:
+            time.sleep(self.delay)
+        if k == self.fail_at:
+            raise OSError(f"injected failure in step {k}")
+        self.orig()
+
+    def hold(self) -> None:
+        self.open.clear()
+
+
+def values(k: int, shape=(4, 6)) -> np.ndarray:
+    return np.arange(np.prod(shape), dtype=np.float64).reshape(shape) + 100.0 * k
+
+
+def read_all(path: str) -> list[np.ndarray]:
+    with lamina.open(path, "r") as f:
+        return [f.at(k)["x"][...] for k in range(f.steps)]
+
+
+@pytest.fixture
+def path(tmp_path) -> str:
+    return str(tmp_path / "bg.lam")
+
+
+# -- choosing the mode ---------------------------------------------------------
+
+
+def test_io_values(path, monkeypatch):
+    monkeypatch.delenv("LAMINA_IO", raising=False)
+    with pytest.raises(
+        ConfigError, match=r"io='bogus' is not an I/O mode; allowed: \['sync', 'async'\]"
+    ):
+        lamina.open(path, "w", io="bogus")
+    with pytest.raises(ValueError, match="'auto': not yet"):
+        lamina.open(path, "w", io="auto")
+    with lamina.open(path, "w") as f:
+        assert f.io == "sync"
+    with lamina.open(path, "w", io="async") as f:
+        assert f.io == "async"
+        assert f.io_stats["mode"] == "async"
+
+
+def test_io_environment(path, monkeypatch):
+    """$LAMINA_IO switches a program unchanged; the argument wins; readers read as they are."""
+    monkeypatch.setenv("LAMINA_IO", "async")
+    with lamina.open(path, "w", max_inflight_bytes=1 << 20) as f:
+        assert f.io == "async"
+        assert f.io_stats["max_inflight_bytes"] == 1 << 20
+    with lamina.open(path, "w", io="sync", max_inflight_bytes=1 << 20) as f:
+        assert f.io == "sync"  # and the background option is accepted and ignored
+    with lamina.open(path, "r") as f:
+        assert f.io == "async"  # a reader may read ahead (iter_steps(prefetch=True))
+    with lamina.open(path, "r", io="sync") as f:
+        assert f.io == "sync"
+    monkeypatch.setenv("LAMINA_IO", "fast")
+    with pytest.raises(ConfigError, match=r"\$LAMINA_IO='fast'.*allowed"):
+        lamina.open(path, "w")
+
+
+def test_io_and_layers_must_agree(path):
+    with pytest.raises(ConfigError, match="io='sync' contradicts"):
+        lamina.open(path, "w", io="sync", layers=["derived", "background"])
+    with lamina.open(path, "w", layers=["background"]) as f:  # the layer by name is async I/O
+        assert f.io == "async"
+        assert [type(e).__name__ for e in f.engine.stack()] == ["BackgroundLayer", "NativeEngine"]
+    with lamina.open(path, "w", io="sync") as f:
+        f.wait()  # nothing in flight: a no-op
+        assert f.io_stats["steps_background"] == 0
+
+
+def test_append_in_the_background(path):
+    _write_steps(path, 2)
+    with lamina.open(path, "a", io="async") as f:
+        assert f.steps == 2
+        for k in (2, 3):
+            with f.step() as s:
+                assert s == k
+                f["x"][...] = values(k)
+                f["y"][...] = np.arange(5) + k
+    got = read_all(path)
+    assert len(got) == 4
+    for k, a in enumerate(got):
+        np.testing.assert_array_equal(a, values(k))
+
+
+def test_budget_option_checked(path):
+    with pytest.raises(ConfigError, match="max_inflight_bytes must be an int > 0"):
+        lamina.open(path, "w", io="async", max_inflight_bytes=0)
+
+
+def test_below_thread_multiple_writes_synchronously(path, monkeypatch):
+    monkeypatch.setattr(comm_mod, "thread_level", lambda: 2)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        f = lamina.open(path, "w", io="async")
+    assert any(
+        issubclass(x.category, LaminaWarning) and "MPI_THREAD_MULTIPLE" in str(x.message) for x in w
+    )
+    with f:
+        assert f.io == "sync"
+        ds = f.create_dataset("x", (4, 6), "f8")
+        with f.step():
+            ds[...] = values(0)
+    assert len(read_all(path)) == 1
+
+
+# -- the transaction -----------------------------------------------------------
+
+
+def test_round_trip_and_stats(path):
+    with lamina.open(path, "w", io="async") as f:
+        ds = f.create_dataset("x", (4, 6), "f8")
+        for k in range(6):
+            with f.step() as s:
+                assert s == k
+                ds[...] = values(k)
+                f.attrs["k"] = k
+            assert f.steps == k + 1  # ended: committed or in flight
+        f.wait()
+        stats = f.io_stats
+    assert stats["steps_background"] == 6
+    assert stats["inflight_bytes"] == 0
+    got = read_all(path)
+    assert len(got) == 6
+    for k, a in enumerate(got):
+        np.testing.assert_array_equal(a, values(k))
+    with lamina.open(path, "r") as f:
+        assert f.attrs["k"] == 5
+
+
+def test_buffer_reusable_after_put(path):
+    """The copy is made at put: the caller may change its array before end_step returns."""
+    with lamina.open(path, "w", io="async") as f:
+        gate = Gate(f)
+        ds = f.create_dataset("x", (4, 6), "f8")
+        buf = values(0)
+        gate.hold()
+        for k in range(3):
+            with f.step():
+                buf[...] = values(k)
+                ds[...] = buf
+            buf[...] = -1  # the step is in flight (the gate is closed): its copy must not change
+        assert f.io_stats["inflight_bytes"] == 3 * buf.nbytes
+        gate.open.set()
+    for k, a in enumerate(read_all(path)):
+        np.testing.assert_array_equal(a, values(k))
+
+
+def test_put_errors_at_put(path):
+    """Checks happen at put, as without the layer: shape, overlap, unknown names."""
+    with lamina.open(path, "w", io="async") as f:
+        ds = f.create_dataset("x", (4, 6), "f8")
+        f.begin_step()
+        ds[0:2, :] = values(0)[0:2]
+        with pytest.raises(OverlapError, match="overlaps"):
+            ds[1:3, :] = values(0)[1:3]
+        with pytest.raises(IndexError, match="out of bounds"):
+            ds.write(np.zeros((5, 6)))
+        with pytest.raises(ShapeError, match=r"shape \(2, 6\)"):
+            f.engine.put("x", Box((3, 0), (4, 6)), np.zeros((2, 6)))
+        with pytest.raises(TypeError, match="unsafe cast"):
+            f.engine.put("x", Box((3, 0), (4, 6)), np.full((1, 6), "a"))
+        with pytest.raises(KeyError, match="no dataset"):
+            f.engine.put("nope", Box((0,), (1,)), np.zeros(1))
+        ds[2:4, :] = values(0)[2:4]  # the refused boxes may be written
+        f.end_step()
+    np.testing.assert_array_equal(read_all(path)[0], values(0))
+
+
+def test_implicit_step_discard_and_close(path):
+    """A put opens a step; a failed `with f.step()` discards it; close commits a step left open."""
+    with lamina.open(path, "w", io="async") as f:
+        ds = f.create_dataset("x", (4, 6), "f8")
+        ds[...] = values(0)  # implicit step 0
+        f.end_step()
+        with pytest.raises(RuntimeError, match="oops"), f.step():
+            ds[...] = values(99)
+            raise RuntimeError("oops")
+        assert not f.engine.in_step
+        with pytest.raises(StepError, match="without begin_step"):
+            f.end_step()
+        ds[...] = values(1)  # left open: close commits it
+    got = read_all(path)
+    assert len(got) == 2
+    np.testing.assert_array_equal(got[1], values(1))
+
+
+def test_read_of_a_step_in_flight_waits(path):
+    with lamina.open(path, "w", io="async") as f:
+        gate = Gate(f)
+        ds = f.create_dataset("x", (4, 6), "f8")
+        with f.step():
+            ds[...] = values(0)
+        f.wait()
+        gate.hold()
+        with f.step():
+            ds[...] = values(1)
+        threading.Timer(0.3, gate.open.set).start()
+        t0 = time.monotonic()
+        np.testing.assert_array_equal(ds[...], values(1))  # the last step ended: waits for it
+        assert time.monotonic() - t0 > 0.2
+        np.testing.assert_array_equal(f.at(-2)["x"][...], values(0))
+        np.testing.assert_array_equal(f.at(0)["x"][...], values(0))
+        with pytest.raises(StepError):
+            f.at(2)
+
+
+def test_metadata_waits_for_steps_in_flight(path):
+    """define is collective on the inner engine: it comes after the steps in flight."""
+    with lamina.open(path, "w", io="async") as f:
+        gate = Gate(f, delay=0.05)
+        ds = f.create_dataset("x", (4, 6), "f8")
+        for k in range(3):
+            with f.step():
+                ds[...] = values(k)
+        y = f.create_dataset("y", (3,), "i4")
+        assert gate.seen == [0, 1, 2]
+        with f.step():
+            ds[...] = values(3)
+            y[...] = [1, 2, 3]
+    assert len(read_all(path)) == 4
+
+
+# -- the budget ------------------------------------------------------------------
+
+
+def test_budget_makes_end_step_wait(path):
+    block = values(0).nbytes
+    with lamina.open(path, "w", io="async", max_inflight_bytes=2 * block) as f:
+        Gate(f, delay=0.05)
+        ds = f.create_dataset("x", (4, 6), "f8")
+        for k in range(6):
+            with f.step():
+                ds[...] = values(k)
+            assert f.io_stats["inflight_bytes"] <= 2 * block
+        stats = f.io_stats
+    assert stats["waits"] >= 1
+    assert stats["wait_seconds"] > 0
+    assert stats["peak_inflight_bytes"] == 2 * block
+    assert len(read_all(path)) == 6
+
+
+def test_budget_smaller_than_a_block(path):
+    with lamina.open(path, "w", io="async", max_inflight_bytes=100) as f:
+        ds = f.create_dataset("x", (4, 6), "f8")
+        with pytest.raises(ConfigError, match=r"192 bytes does not fit max_inflight_bytes=100"):
+            ds[...] = values(0)
+    with lamina.open(path, "w", io="async", max_inflight_bytes=150) as f:
+        ds = f.create_dataset("x", (4, 6), "f8")
+        ds[0:2] = values(0)[0:2]  # 96 bytes
+        with pytest.raises(ConfigError, match=r"96 bytes this step already holds.*at least 192"):
+            ds[2:4] = values(0)[2:4]
+        ds[2:3] = values(0)[2:3]  # 48 more fit; the refused box was not taken
+        f.end_step()
+    assert len(read_all(path)) == 1
+
+
+# -- zero copy ---------------------------------------------------------------------
+
+
+def test_zero_copy_freezes_until_on_disk(path):
+    with lamina.open(path, "w", io="async") as f:
+        gate = Gate(f)
+        ds = f.create_dataset("x", (4, 6), "f8")
+        a = values(0)
+        ro = values(1)
+        ro.flags.writeable = False
+        gate.hold()
+        with f.step():
+            ds.write(a, copy=False)
+        with f.step():
+            ds.write(ro, copy=False)
+        assert f.io_stats["inflight_bytes"] == 0  # kept by reference, not copied
+        with pytest.raises(ValueError, match="read-only"):
+            a[0, 0] = -1
+        gate.open.set()
+        f.wait()
+        assert a.flags.writeable  # restored, as it was
+        assert not ro.flags.writeable  # it was read-only before
+        a[0, 0] = -1
+    got = read_all(path)
+    np.testing.assert_array_equal(got[0], values(0))
+    np.testing.assert_array_equal(got[1], values(1))
+
+
+def test_zero_copy_same_array_in_two_steps(path):
+    """An array in two steps in flight thaws when the later one is written, not before."""
+    with lamina.open(path, "w", io="async") as f:
+        gate = Gate(f)
+        ds = f.create_dataset("x", (4, 6), "f8")
+        a = values(7)
+        gate.hold()
+        for _ in range(2):
+            with f.step():
+                ds.write(a, copy=False)
+        assert not a.flags.writeable
+        gate.open.set()
+        f.wait()
+        assert a.flags.writeable
+    assert [float(x[0, 0]) for x in read_all(path)] == [700.0, 700.0]
+
+
+def test_zero_copy_of_another_dtype_is_copied(path):
+    with lamina.open(path, "w", io="async") as f:
+        ds = f.create_dataset("x", (4, 6), "f8")
+        a = values(0).astype(np.float32)
+        with f.step():
+            ds.write(a, copy=False)  # cast: a copy is made, the array stays writeable
+            assert a.flags.writeable
+    np.testing.assert_array_equal(read_all(path)[0], values(0))
+
+
+# -- errors --------------------------------------------------------------------------
+
+
+def _three_then_fail(path, fail_at=2, more=2):
+    """Steps 0..fail_at+more ended; step fail_at fails in the background, the later ones queue."""
+    f = lamina.open(path, "w", io="async")
+    gate = Gate(f, fail_at=fail_at)
+    ds = f.create_dataset("x", (4, 6), "f8")
+    for k in range(fail_at):
+        with f.step():
+            ds[...] = values(k)
+    f.wait()
+    gate.hold()
+    for k in range(fail_at, fail_at + more + 1):
+        with f.step():
+            ds[...] = values(k)
+    gate.open.set()
+    return f, ds, gate
+
+
+def test_failed_step_raised_at_wait(path):
+    f, ds, gate = _three_then_fail(path)
+    with pytest.raises(OSError, match=r"background step 2 .*failed on rank 0") as e:
+        f.wait()
+    assert "step(s) [3, 4] queued after it were cancelled" in str(e.value)
+    assert "injected failure in step 2" in str(e.value)
+    stats = f.io_stats
+    assert (stats["steps_failed"], stats["steps_cancelled"]) == (1, 2)
+    assert stats["inflight_bytes"] == 0
+    # the file goes on from the last committed step
+    gate.fail_at = None
+    assert f.steps == 2
+    with f.step() as k:
+        assert k == 2
+        ds[...] = values(20)
+    f.close()
+    got = read_all(path)
+    assert len(got) == 3
+    np.testing.assert_array_equal(got[1], values(1))
+    np.testing.assert_array_equal(got[2], values(20))
+
+
+def test_failed_step_raised_at_end_step(path):
+    f, ds, _ = _three_then_fail(path, more=0)
+    deadline = time.monotonic() + 10
+    while f.io_stats["steps_failed"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    f.begin_step()
+    ds[...] = values(3)
+    with pytest.raises(OSError, match="background step 2"):
+        f.end_step()
+    assert not f.engine.in_step
+    assert f.steps == 2
+    f.close()
+    assert len(read_all(path)) == 2
+
+
+def test_failed_step_raised_at_close(path):
+    f, _, _ = _three_then_fail(path, more=1)
+    with pytest.raises(OSError, match=r"background step 2.*\[3\]"):
+        f.close()
+    assert f.engine.closed
+    got = read_all(path)
+    assert len(got) == 2
+    with lamina.open(path, "r") as r:
+        assert r.engine.writer_closed
+
+
+def test_read_of_a_failed_step(path):
+    f, ds, _ = _three_then_fail(path, more=0)
+    with pytest.raises(StepError, match="step 2 .* was not committed"):
+        ds.read(step=2)
+    with pytest.raises(OSError, match="background step 2"):
+        f.close()
+
+
+# -- reading ahead ---------------------------------------------------------------
+
+
+def _write_steps(path: str, n: int) -> None:
+    with lamina.open(path, "w") as f:
+        ds = f.create_dataset("x", (4, 6), "f8")
+        y = f.create_dataset("y", (5,), "i4")
+        for k in range(n):
+            with f.step():
+                ds[...] = values(k)
+                y[...] = np.arange(5) + k
+
+
+def test_prefetch_serves_the_next_steps(path):
+    _write_steps(path, 6)
+    with lamina.open(path, "r", io="async") as f:
+        slow = f.engine.stack()[-1]
+        orig = slow.get
+
+        def get(name, box, step, out):
+            time.sleep(0.01)  # slow storage: the read ahead has something to hide
+            orig(name, box, step, out)
+
+        slow.get = get
+        seen = []
+        for view in f.iter_steps(prefetch=True, timeout=5):
+            k = view.index
+            np.testing.assert_array_equal(view["x"][1:3, 2:], values(k)[1:3, 2:])
+            np.testing.assert_array_equal(view["y"][...], np.arange(5) + k)
+            if k == 3:  # another selection at one step: read directly, still right
+                np.testing.assert_array_equal(view["x"][0], values(k)[0])
+            time.sleep(0.02)  # compute
+            seen.append(k)
+        stats = f.io_stats
+    assert seen == list(range(6))
+    # step 0 teaches the pattern; steps 1..5 are read ahead (two selections each)
+    assert stats["prefetch_hits"] >= 8, stats
+    assert stats["prefetched_bytes"] > 0
+
+
+def test_prefetch_needs_async(path):
+    _write_steps(path, 2)
+    with lamina.open(path, "r", io="sync") as f, pytest.raises(ConfigError, match="io='async'"):
+        next(iter(f.iter_steps(prefetch=True)))
+
+
+def test_prefetch_over_budget_reads_directly(path):
+    _write_steps(path, 4)
+    with lamina.open(path, "r", io="async", max_inflight_bytes=8) as f:
+        for view in f.iter_steps(prefetch=True, timeout=5):
+            np.testing.assert_array_equal(view["x"][...], values(view.index))
+        assert f.io_stats["prefetch_hits"] == 0
+
+
+# -- under mpiexec -------------------------------------------------------------------
+
+
+def _have_mpiexec() -> bool:
+    try:
+        mu.mpiexec()
+    except RuntimeError:
+        return False
+    return True
+
+
+needs_mpiexec = pytest.mark.skipif(not _have_mpiexec(), reason="no mpiexec")
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("where", ["put", "commit"])
+def test_one_rank_fails_in_the_background(tmp_path, where):
+    """Rank 1's replayed put (or its part of the commit) fails at step 3: both ranks raise it."""
+    res = mu.run_mpi(2, "background", "fault", tmp_path / "f.lam", where, timeout=90)
+    assert res.stdout.count("RAISED") == 2, res.stdout
+
+
+@needs_mpiexec
+def test_one_rank_leaves_with_steps_in_flight(tmp_path):
+    """An error on rank 1 alone: the other rank hears it at its next end_step, the steps both
+    ranks ended are written, and nobody waits forever."""
+    mu.run_mpi(2, "background", "leave", tmp_path / "l.lam", timeout=90)
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("n", [2, 3])
+def test_many_steps_no_deadlock(tmp_path, n):
+    """Many steps, random compute times, reads of committed and in-flight steps, mixed with sync."""
+    mu.run_mpi(n, "background", "stress", tmp_path / "s.lam", 40, timeout=120)
+
+
+EXIT_PROGRAM = """
+import sys, time
+import lamina
+f = lamina.open(sys.argv[1], "w", io="async")
+ds = f.create_dataset("x", (4,), "f8")
+eng = f.engine.stack()[-1]
+orig = eng.end_step
+def slow():
+    time.sleep(0.1)
+    orig()
+eng.end_step = slow
+for k in range(4):
+    with f.step():
+        ds[...] = k
+print("left with", f.steps - f.io_stats["steps_background"], "step(s) in flight")
+"""
+
+
+def test_program_ending_without_close_loses_no_step(path, tmp_path):
+    """Steps ended but still in flight when the program ends are written before it exits."""
+    script = tmp_path / "noclose.py"
+    script.write_text(EXIT_PROGRAM)
+    res = mu.finish(mu.start(mu.python_command(str(script), path)), "noclose", 60)
+    assert res.returncode == 0, res.describe()
+    assert "in flight" in res.stdout
+    got = read_all(path)
+    assert [float(a[0]) for a in got] == [0.0, 1.0, 2.0, 3.0]
