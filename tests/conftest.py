@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import tempfile
 
 import numpy as np
 import pytest
@@ -19,6 +20,12 @@ from hypothesis import HealthCheck, settings
 
 import lamina
 from lamina.engines import memory as memory_engine
+
+# io='async' and 'auto' keep what they measure per machine (~/.cache/lamina/async-history.json):
+# tests keep theirs apart, in a directory of their own (mpiexec scenarios inherit it)
+os.environ["LAMINA_ASYNC_HISTORY"] = os.path.join(
+    tempfile.mkdtemp(prefix="lamina-tests-"), "async-history.json"
+)
 
 # Modest example counts keep the whole in-process suite well under a minute;
 # deadline=None because the first example of a test pays numpy/numcodecs

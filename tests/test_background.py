@@ -75,11 +75,11 @@ def path(tmp_path) -> str:
 def test_io_values(path, monkeypatch):
     monkeypatch.delenv("LAMINA_IO", raising=False)
     with pytest.raises(
-        ConfigError, match=r"io='bogus' is not an I/O mode; allowed: \['sync', 'async'\]"
+        ConfigError, match=r"io='bogus' is not an I/O mode; allowed: \['sync', 'async', 'auto'\]"
     ):
         lamina.open(path, "w", io="bogus")
-    with pytest.raises(ValueError, match="'auto': not yet"):
-        lamina.open(path, "w", io="auto")
+    with lamina.open(path, "w", io="auto") as f:
+        assert f.io == "auto" and f.io_stats["mode"] == "auto"
     with lamina.open(path, "w") as f:
         assert f.io == "sync"
     with lamina.open(path, "w", io="async") as f:

@@ -228,9 +228,12 @@ class File(Group):
 
     @property
     def io(self) -> str:
-        """``'async'`` when steps are committed in the background (``io='async'``), else ``'sync'``."""
+        """``'async'`` when steps are committed in the background (``io='async'``), ``'auto'`` when
+        a model picks per step (``io='auto'``), else ``'sync'``."""
         bg = self._background()
-        return "async" if bg is not None and bg.asynchronous else "sync"
+        if bg is None or not bg.asynchronous:
+            return "sync"
+        return "auto" if bg.auto else "async"
 
     def wait(self) -> None:
         """Collective: wait until every step ended so far is committed (``io='async'``; no-op otherwise).
@@ -333,11 +336,13 @@ def open(  # noqa: A001
     layers : list of str, optional
         The layers over the engine, innermost first (default: ``['derived']``,
         which gives derived quantities and queries over them).
-    io : {'sync', 'async'}, optional
+    io : {'sync', 'async', 'auto'}, optional
         Default ``$LAMINA_IO``, else ``'sync'``.  ``'async'``: ``end_step``
         returns once the step's data is copied and the step is committed on
         a background thread (option ``max_inflight_bytes`` bounds the
-        copies); :meth:`File.wait` waits for it.  See docs/background.md.
+        copies); :meth:`File.wait` waits for it.  ``'auto'``: a model fitted
+        to this machine's measured history picks per step.  See
+        docs/background.md.
     **options
         Options of the engine and the layers, e.g. ``aggregators=2``,
         ``durable=False``; for the memory transport ``timeout``,

@@ -36,7 +36,7 @@ PASSTHROUGH = {
     "demo": "run a demonstration (arguments go to lamina.demo)",
     "bench": "run a benchmark (arguments go to lamina.bench)",
     "query": "select data by a condition over datasets and derived quantities (lamina query --help)",
-    "model": "predict the costs of derived-quantity strategies (lamina model derived --help)",
+    "model": "predicted costs: derived-quantity strategies, sync vs background I/O (lamina model derived|async --help)",
     "run": "launch the tasks of a workflow file as one MPMD job (lamina run --help)",
 }
 #: the module of each pass-through subcommand (default: lamina.<name>)

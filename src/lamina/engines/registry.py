@@ -41,11 +41,11 @@ ENGINE_ENV = "LAMINA_ENGINE"
 DEFAULT_ENGINE = "native"
 #: ``lamina.open(io=...)``, else this variable: synchronous or background I/O
 IO_ENV = "LAMINA_IO"
-IO_MODES = ("sync", "async")
+IO_MODES = ("sync", "async", "auto")
 #: the layer ``io='async'`` puts at the top of a writer's stack (registered by lamina.layers)
 BACKGROUND_LAYER = "background"
 #: its options, accepted and ignored under ``io='sync'`` so that one program runs both ways
-BACKGROUND_OPTIONS = frozenset({"max_inflight_bytes"})
+BACKGROUND_OPTIONS = frozenset({"max_inflight_bytes", "io"})
 ENGINE_GROUP = "lamina.engines"
 LAYER_GROUP = "lamina.layers"
 
@@ -237,17 +237,12 @@ def choose_engine(
 def resolve_io(io: str | None = None) -> str:
     """The I/O mode: *io* (the argument) wins over ``$LAMINA_IO``; default ``'sync'``.
 
-    ConfigError (a ValueError) for any other value, naming the allowed ones;
-    ``'auto'`` (a model choosing per phase) is not available yet.
+    ConfigError (a ValueError) for any other value, naming the allowed ones.
+    ``'auto'``: the background layer, whose model picks sync or async per step.
     """
     for value, where in ((io, "io"), (os.environ.get(IO_ENV), f"${IO_ENV}")):
         if value is None or value == "":
             continue
-        if value == "auto":
-            raise ConfigError(
-                f"{where}='auto': not yet: the model that chooses between sync and async I/O "
-                f"is not built; use one of {list(IO_MODES)}"
-            )
         if value not in IO_MODES:
             raise ConfigError(f"{where}={value!r} is not an I/O mode; allowed: {list(IO_MODES)}")
         return value
@@ -299,8 +294,10 @@ def build(
         raise ValueError(f"mode must be 'r', 'w' or 'a', got {mode!r}")
     names = default_layers() if layers is None else list(layers)
     how = resolve_io(io)
-    if how == "async" and BACKGROUND_LAYER not in names:
+    if how in ("async", "auto") and BACKGROUND_LAYER not in names:
         names.append(BACKGROUND_LAYER)  # outermost: the whole stack below runs on its thread
+    if how in ("async", "auto"):
+        options["io"] = how  # the layer's own option: async, or the model's choice per step
     elif how == "sync" and io is not None and BACKGROUND_LAYER in names:
         raise ConfigError(
             f"io='sync' contradicts layers={names}: the {BACKGROUND_LAYER!r} layer is async I/O"

@@ -1,10 +1,12 @@
-"""``lamina model derived``: predicted costs of the Store / Stats / Expression strategies.
+"""``lamina model derived``: predicted costs of the Store / Stats / Expression strategies;
+``lamina model async``: predicted epoch times of synchronous and background I/O.
 
 ::
 
     lamina model derived --expr "magnitude(vx, vy, vz)" --query-fraction 0.1 \\
         --readers 3 --read-bandwidth 0.5GB/s [--shape 512,512,512] [--dtype f8] \\
         [--blocks 64] [--write-bandwidth BW] [--calibration FILE] [--json]
+    lamina model async --bytes 64MiB [--ranks 4] [--compute 0.1,1] [--history FILE] [--json]
 
 Bad input prints one line on stderr and exits with status 2.
 """
@@ -21,13 +23,16 @@ from typing import Any, NoReturn
 import numpy as np
 
 from ..errors import ExpressionError
-from ..text import fmt_bytes, fmt_duration, fmt_rate, parse_rate, table
+from ..text import fmt_bytes, fmt_duration, fmt_rate, parse_rate, parse_size, table
+from . import asyncmodel as async_model
 from .model import STRATEGIES, best, combine, terms
 
 PROG = "lamina model"
-USAGE = f"""usage: {PROG} derived --expr EXPR [options]   ({PROG} derived --help for the options)
+USAGE = f"""usage: {PROG} {{derived,async}} [options]   ({PROG} NAME --help for the options)
   derived  predicted compute, write, read and total time and storage of keeping a derived
-           quantity as data (store), as statistics only (stats) or as its expression only"""
+           quantity as data (store), as statistics only (stats) or as its expression only
+  async    predicted epoch times of synchronous and background I/O (io='sync' / 'async'), from
+           the I/O history measured on this machine, and the mode io='auto' would pick"""
 
 
 class UsageError(ValueError):
@@ -238,6 +243,79 @@ def report(expr, shape, dtype, nblocks, q, readers, t, preds, choice, source, ca
     return "\n".join(lines)
 
 
+def build_async_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=f"{PROG} async",
+        description="Epoch times of one step of I/O and one compute phase: t_sync = t_io + t_comp, "
+        "t_async = max(t_comp, t_io) + t_copy, with t_io from the I/O rate fitted to the history "
+        "of background steps on this host (linear and linear-log regressions on bytes and ranks) "
+        "and t_copy from the copy rate measured at put.",
+    )
+    p.add_argument(
+        "--bytes", required=True, help="bytes of one step, all ranks together (e.g. 64MiB)"
+    )
+    p.add_argument("--ranks", default="1", help="writer ranks (default 1)")
+    p.add_argument(
+        "--compute",
+        default="0,0.01,0.1,1",
+        help="compute phases to predict for, seconds, comma-separated (default 0,0.01,0.1,1)",
+    )
+    p.add_argument("--history", default=None, help="history file (default: this host's)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    return p
+
+
+def run_async(argv: list[str]) -> int:
+    ns = build_async_parser().parse_args(argv)
+    try:
+        nbytes = parse_size(ns.bytes)
+    except ValueError as e:
+        raise UsageError(f"--bytes: {e}") from None
+    ranks = _number(ns.ranks, "--ranks", integer=True)
+    comps = [_number(c, "--compute") for c in str(ns.compute).split(",") if c.strip()]
+    if nbytes <= 0 or ranks < 1 or not comps or not all(0 <= c < float("inf") for c in comps):
+        raise UsageError("need --bytes > 0, --ranks >= 1 and finite compute times >= 0")
+    path = ns.history or async_model.default_path()
+    m = async_model.AsyncModel(async_model.load_history(path))
+    preds = [m.predict(nbytes, ranks, c) for c in comps]
+    fit = m.fit
+    if ns.json:
+        doc = {
+            "history": path,
+            "samples": len(m.history.io),
+            "fit": fit.kind,
+            "r2": None if fit.r2 != fit.r2 else fit.r2,
+            "copy_rate": m.copy_rate(),
+            "predictions": [p.as_dict() for p in preds],
+        }
+        print(json.dumps(doc, indent=1))
+        return 0
+    rows = [
+        [
+            fmt_duration(p.t_comp),
+            fmt_duration(p.t_io),
+            fmt_duration(p.t_copy),
+            fmt_duration(p.t_sync),
+            fmt_duration(p.t_async),
+            p.mode,
+        ]
+        for p in preds
+    ]
+    r2 = "-" if fit.r2 != fit.r2 else f"{fit.r2:.3f}"
+    print(
+        f"one step of {fmt_bytes(nbytes)} from {ranks} rank(s); history {path}: "
+        f"{len(m.history.io)} background steps, I/O rate fit {fit.kind} (r^2 {r2}), "
+        f"copy rate {fmt_rate(m.copy_rate())}"
+    )
+    print(table(["t_comp", "t_io", "t_copy", "t_sync", "t_async", "io='auto' picks"], rows))
+    if not m.history.io:
+        print(
+            f"(no background step measured on this host yet: t_io assumes "
+            f"{fmt_rate(async_model.DEFAULT_IO_RATE)}; runs with io='async' or 'auto' measure it)"
+        )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``lamina model ARGS`` (*argv* without ``model``); returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -246,11 +324,13 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, file=out)
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
-    if name != "derived":
-        print(f"{PROG}: error: unknown model {name!r}; choose from: derived", file=sys.stderr)
+    if name not in ("derived", "async"):
+        print(
+            f"{PROG}: error: unknown model {name!r}; choose from: derived, async", file=sys.stderr
+        )
         return 2
     try:
-        return run_derived(rest)
+        return run_derived(rest) if name == "derived" else run_async(rest)
     except BrokenPipeError:  # e.g. `lamina model derived ... --json | head`
         try:
             devnull = os.open(os.devnull, os.O_WRONLY)
@@ -262,8 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else 0
     except (UsageError, ValueError) as e:
         msg = str(e).replace("\n", " ")
-        print(f"{PROG} derived: error: {msg}", file=sys.stderr)
+        print(f"{PROG} {name}: error: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"{PROG} derived: interrupted", file=sys.stderr)
+        print(f"{PROG} {name}: interrupted", file=sys.stderr)
         return 130

@@ -76,6 +76,7 @@ from ...errors import (
     mark_collective,
 )
 from ...geometry import Box
+from ...perf.asyncmodel import AsyncModel, Prediction, load_history, save_history
 from ..base import Layer
 from .prefetch import Prefetcher
 from .step import (
@@ -148,6 +149,14 @@ class BackgroundLayer(Layer):
         self._prefetch: Prefetcher | None = None  # reader: reads may be read ahead
         self.budget = DEFAULT_INFLIGHT_BYTES
         self.stats = IOStats()
+        self.auto = False  # io='auto': the model picks sync or async per step
+        self.model: AsyncModel | None = None  # writers: what steps cost here (model.py)
+        self._measured = False  # the model got samples this run (saved at close)
+        self._epoch_start: float | None = None  # when the last end_step returned
+        self._in_calls = 0.0  # seconds inside this layer's write calls since then
+        self._decision: dict[str, Any] | None = None  # the last auto decision, measured next
+        self._decision_started = 0.0
+        self._rank = 0
 
     # -- lifetime -------------------------------------------------------------
     def configure(self, options: dict[str, Any]) -> None:
@@ -156,6 +165,10 @@ class BackgroundLayer(Layer):
             raise ConfigError(f"max_inflight_bytes must be an int > 0, got {budget!r}")
         self.budget = budget
         self.stats.max_inflight_bytes = budget
+        io = options.get("io", "async")
+        if io not in ("async", "auto"):
+            raise ConfigError(f"the background layer runs io='async' or 'auto', not {io!r}")
+        self.auto = io == "auto"
 
     def opened(self) -> None:
         self._committed = self._next = self.inner.steps
@@ -175,6 +188,9 @@ class BackgroundLayer(Layer):
             return
         self._fcomm = comm_mod.dup(self.inner.comm)
         self.active = True
+        self.model = AsyncModel(load_history())
+        self._rank = self.inner.comm.rank
+        self.stats.mode = "auto" if self.auto else "async"
 
     @property
     def asynchronous(self) -> bool:
@@ -267,7 +283,22 @@ class BackgroundLayer(Layer):
         assert self._fcomm is not None, "background I/O is not active"
         return self._fcomm
 
+    def _save_history(self) -> None:
+        """Rank 0: keep what this run measured for the next runs on this host (model.py)."""
+        if self.model is None or not self._measured or self._rank != 0:
+            return
+        self._measured = False
+        try:
+            save_history(self.model.history)
+        except OSError as e:
+            warnings.warn(
+                f"io={self.stats.mode!r}: cannot keep the I/O history: {e}",
+                LaminaWarning,
+                stacklevel=3,
+            )
+
     def _shutdown(self) -> None:
+        self._save_history()
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
@@ -420,6 +451,13 @@ class BackgroundLayer(Layer):
         if not self.active:
             self.inner.put(name, box, array, copy)
             return
+        t0 = time.perf_counter()
+        try:
+            self._put(name, box, array, copy)
+        finally:
+            self._in_calls += time.perf_counter() - t0
+
+    def _put(self, name: str, box: Box, array: np.ndarray, copy: bool) -> None:
         step = self._open_step("write dataset", name)
         spec = self._lookup(name)
         arr = check_put(spec, box, array)
@@ -443,7 +481,11 @@ class BackgroundLayer(Layer):
             with self._cond:
                 self._frozen.freeze(step, arr)
         else:
+            t0 = time.perf_counter()
             arr = np.array(arr, dtype=spec.dtype, order="C", copy=True)
+            if self.model is not None:
+                self.model.add_copy(arr.nbytes, time.perf_counter() - t0)
+        step.data_bytes += arr.size * spec.dtype.itemsize
         step.ops.append(("put", name, box, arr))
 
     def put_stats(self, name: str, box: Box, array: np.ndarray) -> None:
@@ -471,6 +513,8 @@ class BackgroundLayer(Layer):
             self.inner.end_step()
             return
         self._require_open("end a step")
+        t_call = time.perf_counter()
+        self._measure_phase(t_call)
         pending = self._take_failure()
         try:
             # a step opened by a put exists only on the ranks that wrote: decide together
@@ -486,7 +530,46 @@ class BackgroundLayer(Layer):
         self._step = None
         step.index = self._next
         self._next += 1
+        background = self._decide(step, t_call) if self.auto else True
         self._submit(step)
+        if not background:  # the model expects no overlap to pay: the step is written now
+            self.wait()
+        self._epoch_start = time.perf_counter()
+        self._in_calls = 0.0
+
+    # -- io='auto': the model decides, per step ----------------------------------
+    def _measure_phase(self, now: float) -> None:
+        """The compute phase that ends now: time since the last end_step returned, minus lamina calls."""
+        if self._epoch_start is None or self.model is None:
+            return
+        comp = max(0.0, now - self._epoch_start - self._in_calls)
+        self.model.add_compute(comp)
+        d = self._decision
+        if d is not None:  # the epoch that followed the last decision: its I/O phase and this phase
+            d["t_comp_measured"] = comp
+            d["epoch_measured"] = now - self._decision_started
+            self._decision = None
+
+    def _decide(self, step: Step, now: float) -> bool:
+        """Collective: whether *step* goes to the background (every rank alike: all must predict it pays)."""
+        assert self.model is not None
+        size = self.inner.comm.size
+        pred: Prediction = self.model.predict(max(step.data_bytes, 1) * size, size)
+        agreed = comm_mod.allreduce_int(self._own(), int(pred.mode == "async"), "min")
+        mode = "async" if agreed else "sync"
+        d: dict[str, Any] = {"step": step.index, **pred.as_dict()}
+        d["predicted"] = d.pop("mode")  # what this rank's model said; "mode": what all ranks do
+        d["mode"] = mode
+        step.decision = d
+        self._decision, self._decision_started = d, now
+        with self._cond:
+            if agreed:
+                self.stats.steps_auto_async += 1
+            else:
+                self.stats.steps_auto_sync += 1
+            self.stats.decisions.append(d)
+            del self.stats.decisions[:-64]
+        return bool(agreed)
 
     # -- the budget -------------------------------------------------------------
     def _reserve(self, step: Step, nbytes: int, what: str) -> None:
@@ -553,16 +636,24 @@ class BackgroundLayer(Layer):
                 step = self._queue.popleft()
                 self._running = step
             error: BaseException | None = None
+            t0 = time.perf_counter()
             try:
                 with self.lock:
                     self._run(step)
             except BaseException as e:  # reported by the application thread
                 error = e
+            took = time.perf_counter() - t0
             with self._cond:
                 self._running = None
                 if error is None:
                     self._committed = step.index + 1
                     self.stats.steps_background += 1
+                    if self.model is not None and step.data_bytes:
+                        size = self.inner.comm.size
+                        self.model.add_io(step.data_bytes * size, size, took)
+                        self._measured = True
+                    if step.decision is not None:
+                        step.decision["t_io_measured"] = took
                 else:
                     self.stats.steps_failed += 1
                     f = BackgroundError(

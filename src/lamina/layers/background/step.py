@@ -34,6 +34,8 @@ class Step:
     boxes: dict[int, BoxIndex] = field(default_factory=dict)  # dataset id -> boxes (overlap)
     index: int = -1  # the step's index, known at end_step
     doing: str = ""  # what the background thread was doing in it (for the error)
+    data_bytes: int = 0  # bytes of data written in the step (copied or kept)
+    decision: dict[str, Any] | None = None  # io='auto': the prediction made for it, and the outcome
 
 
 @dataclass
@@ -52,6 +54,9 @@ class IOStats:
     prefetch_hits: int = 0  # reads served from a read ahead (readers, iter_steps(prefetch=True))
     prefetch_misses: int = 0
     prefetched_bytes: int = 0
+    steps_auto_async: int = 0  # io='auto': steps the model sent to the background
+    steps_auto_sync: int = 0  # ... and steps it wrote synchronously
+    decisions: list[dict[str, Any]] = field(default_factory=list)  # the last ones, with outcomes
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
