@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import lamina
+from lamina.cli import main as cli_main
 from lamina.errors import FormatError
 from lamina.perf import asyncmodel as am
 from lamina.perf.command import main as model_cli
@@ -145,7 +146,7 @@ def _forced(modes):
     return predict
 
 
-def test_auto_follows_the_model_per_step(tmp_path, history_path, monkeypatch):
+def test_auto_follows_the_model_per_step(tmp_path, history_path, monkeypatch, capsys):
     monkeypatch.setattr(am.AsyncModel, "predict", _forced(["sync", "async", "async", "sync"]))
     path = str(tmp_path / "auto.lam")
     a = np.arange(1 << 16, dtype=np.float64)
@@ -173,6 +174,16 @@ def test_auto_follows_the_model_per_step(tmp_path, history_path, monkeypatch):
     # what the run measured is kept for the next runs on this host
     h = am.load_history(str(history_path))
     assert len(h.io) == 4 and all(b == a.nbytes and r == 1 for b, r, _ in h.io)
+    # and the decisions are in the file: lamina ls shows them
+    assert cli_main(["ls", path, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    got = doc["io_decisions"]
+    assert [x["mode"] for x in got] == ["sync", "async", "async", "sync"]
+    assert all(x["t_io"] == 1.0 and x["t_io_measured"] > 0 for x in got)
+    assert cli_main(["ls", path]) == 0
+    assert (
+        "io='auto' wrote 4 steps: 2 in the background, 2 synchronously" in capsys.readouterr().out
+    )
 
 
 def test_auto_measures_compute_phases_and_decides(tmp_path, history_path):
@@ -220,3 +231,14 @@ def test_model_async_command(tmp_path, capsys):
     assert model_cli(["async", "--bytes", "lots"]) == 2
     assert "--bytes" in capsys.readouterr().err
     assert model_cli(["async", "--bytes", "1MiB", "--compute", "nan"]) == 2
+
+
+def test_decisions_record_round_trip_and_bad_bytes():
+    d = [{"step": 0, "mode": "sync", "t_io": float("nan"), "t_io_measured": 0.25}]
+    back = am.decode_decisions(am.encode_decisions(d))
+    assert (
+        back[0]["mode"] == "sync" and back[0]["t_io"] is None and back[0]["epoch_measured"] is None
+    )
+    for bad in (b"[1]", b'{"fields": ["a"], "decisions": [[1, 2]]}', b"\xff"):
+        with pytest.raises(FormatError):
+            am.decode_decisions(bad)

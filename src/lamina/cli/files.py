@@ -29,6 +29,37 @@ from .common import find_dataset, open_file
 # ls
 
 
+def _io_decisions(f) -> list[dict] | None:
+    """The decisions of the last writer under io='auto' (docs/background.md), if the file has them."""
+    from lamina.errors import FormatError
+    from lamina.perf.asyncmodel import DECISIONS_KEY, decode_decisions
+
+    raw = f.engine.catalog.ext.get(DECISIONS_KEY)
+    if raw is None:
+        return None
+    try:
+        return decode_decisions(raw)
+    except FormatError:
+        return None
+
+
+def _decisions_line(decisions: list[dict]) -> str:
+    """One line: how io='auto' wrote the steps, and how far its I/O predictions were off."""
+    n_async = sum(1 for d in decisions if d.get("mode") == "async")
+    errs = [
+        abs(d["t_io"] - d["t_io_measured"]) / d["t_io_measured"]
+        for d in decisions
+        if isinstance(d.get("t_io"), float | int)
+        and isinstance(d.get("t_io_measured"), float | int)
+        and d["t_io_measured"] > 0
+    ]
+    err = f"; t_io predicted within {100 * float(np.median(errs)):.0f}% (median)" if errs else ""
+    return (
+        f"io='auto' wrote {plural(len(decisions), 'step')}: {n_async} in the background, "
+        f"{len(decisions) - n_async} synchronously{err} (each decision: lamina ls --json)"
+    )
+
+
 def cmd_ls(args) -> int:
     from lamina import Dataset
 
@@ -49,6 +80,9 @@ def cmd_ls(args) -> int:
             "nbytes": sum(i.get("nbytes", 0) for i in infos),
             "raw_nbytes": sum(i.get("raw_nbytes", 0) for i in infos),
         }
+        decisions = _io_decisions(f)
+        if decisions is not None:
+            head["io_decisions"] = decisions
     if args.json:
         print_json({**head, "nodes": infos})
         return 0
@@ -57,6 +91,8 @@ def cmd_ls(args) -> int:
         f"{head['file']}: {head['engine']}, {plural(head['steps'], 'step')} ({state}), "
         f"{plural(nds, 'dataset')}, {fmt_bytes(head['nbytes'])} stored"
     )
+    if decisions:
+        print(_decisions_line(decisions))
     base = nodes[0][0].rstrip("/").count("/") if nodes[0][0] != "/" else 0
     for info in infos:
         depth = 0 if info["path"] == "/" else info["path"].count("/") - base

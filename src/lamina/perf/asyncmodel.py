@@ -187,6 +187,58 @@ def save_history(h: History, path: str | None = None) -> None:
         raise
 
 
+#: the extension record where a writer under io='auto' keeps its decisions (rank 0's)
+DECISIONS_KEY = "lamina.io.decisions"
+#: fields of a decision kept in the file, in this order
+DECISION_FIELDS = (
+    "step",
+    "mode",
+    "predicted",
+    "nbytes",
+    "ranks",
+    "t_io",
+    "t_copy",
+    "t_comp",
+    "t_sync",
+    "t_async",
+    "fit",
+    "r2",
+    "t_io_measured",
+    "t_comp_measured",
+    "epoch_measured",
+)
+
+
+def encode_decisions(decisions: list[dict[str, Any]]) -> bytes:
+    """The decisions as the JSON of their :data:`DECISION_FIELDS` (missing ones: null; NaN: null)."""
+
+    def value(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        return round(v, 6) if isinstance(v, float) else v
+
+    rows = [[value(d.get(k)) for k in DECISION_FIELDS] for d in decisions]
+    return json.dumps({"fields": list(DECISION_FIELDS), "decisions": rows}).encode()
+
+
+def decode_decisions(raw: bytes) -> list[dict[str, Any]]:
+    """:func:`encode_decisions` back; FormatError if it is not that."""
+    doc = load_json(raw, "io decisions", limit=MAX_FILE_BYTES, constants=False)
+    if not isinstance(doc, dict) or not isinstance(doc.get("fields"), list):
+        raise FormatError("io decisions: not a record of decisions")
+    names, rows = doc["fields"], doc.get("decisions")
+    if not all(isinstance(n, str) for n in names) or not isinstance(rows, list):
+        raise FormatError("io decisions: bad field names or rows")
+    out = []
+    for r in rows:
+        if not isinstance(r, list) or len(r) != len(names):
+            raise FormatError(
+                f"io decisions: a row of {len(r) if isinstance(r, list) else '?'} values"
+            )
+        out.append(dict(zip(names, r, strict=True)))
+    return out
+
+
 def fit_rate(samples: list[tuple[int, int, float]]) -> Fit:
     """The I/O rate as a function of (bytes, ranks): the better of the linear and linear-log fits."""
     if not samples:
@@ -280,7 +332,10 @@ class AsyncModel:
 
 
 __all__ = [
+    "DECISIONS_KEY",
     "AsyncModel",
+    "decode_decisions",
+    "encode_decisions",
     "Fit",
     "History",
     "Prediction",

@@ -76,7 +76,14 @@ from ...errors import (
     mark_collective,
 )
 from ...geometry import Box
-from ...perf.asyncmodel import AsyncModel, Prediction, load_history, save_history
+from ...perf.asyncmodel import (
+    DECISIONS_KEY,
+    AsyncModel,
+    Prediction,
+    encode_decisions,
+    load_history,
+    save_history,
+)
 from ..base import Layer
 from .prefetch import Prefetcher
 from .step import (
@@ -250,6 +257,7 @@ class BackgroundLayer(Layer):
                         self.inner.discard_step()
                     self.inner.close()
                     raise
+                self._record_decisions()
                 self.inner.close()
         finally:
             self._shutdown()
@@ -282,6 +290,13 @@ class BackgroundLayer(Layer):
         """This layer's communicator (the application thread's collectives, while active)."""
         assert self._fcomm is not None, "background I/O is not active"
         return self._fcomm
+
+    def _record_decisions(self) -> None:
+        """Collective, at close under io='auto': rank 0's decisions go into the file (``lamina ls``)."""
+        if not self.auto or not self.stats.decisions:
+            return
+        mine = encode_decisions(self.stats.decisions) if self._rank == 0 else None
+        self.inner.set_ext(DECISIONS_KEY, comm_mod.bcast_bytes(self.inner.comm, mine, root=0))
 
     def _save_history(self) -> None:
         """Rank 0: keep what this run measured for the next runs on this host (model.py)."""
