@@ -523,6 +523,13 @@ def test_many_steps_no_deadlock(tmp_path, n):
     mu.run_mpi(n, "background", "stress", tmp_path / "s.lam", 40, timeout=120)
 
 
+@needs_mpiexec
+def test_auto_decides_alike_on_every_rank(tmp_path):
+    """io='auto' on 2 ranks whose compute phases differ: one mode per step, the same on both."""
+    res = mu.run_mpi(2, "background", "auto", tmp_path / "a.lam", 8, timeout=90)
+    assert "OK [" in res.stdout
+
+
 EXIT_PROGRAM = """
 import sys, time
 import lamina

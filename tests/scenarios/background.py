@@ -19,6 +19,12 @@
     whose derived values must be the same.  Every value is checked
     at the end.
 
+``background.py auto PATH STEPS``
+    any number of ranks under ``io='auto'``; rank 0 computes nothing
+    between steps, the others sleep (their compute phases differ, so do
+    their predictions): every rank must write every step the same way (one
+    agreed mode per step), and the file reads back.
+
 Prints ``OK`` on rank 0 when everything held (``RAISED`` on each rank that
 raised the injected error).
 """
@@ -196,8 +202,30 @@ def stress(path: str, steps: int) -> None:
         print(f"OK {stats}", flush=True)
 
 
+def auto(path: str, steps: int) -> None:
+    comm = comm_mod.world()
+    with lamina.open(path, "w", io="auto") as f:
+        f.create_dataset("x", (ROWS * comm.size, COLS), np.float64)
+        for k in range(steps):
+            with f.step():
+                f["x"][ROWS * comm.rank : ROWS * (comm.rank + 1)] = block(k, comm.rank)
+            if comm.rank:
+                time.sleep(0.02)  # a compute phase on every rank but 0
+        modes = [d["mode"] for d in f.io_stats["decisions"]]
+    everyone = comm.allgather(modes)
+    if any(m != everyone[0] for m in everyone) or len(modes) != steps:
+        raise AssertionError(f"ranks wrote steps differently: {everyone}")
+    with lamina.open(path, "r") as f:
+        for k in range(steps):
+            np.testing.assert_array_equal(f.at(k)["x"][...], whole(k, comm.size))
+    if comm.rank == 0:
+        print(f"OK {modes}", flush=True)
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "fault":
+    if sys.argv[1] == "auto":
+        auto(sys.argv[2], int(sys.argv[3]))
+    elif sys.argv[1] == "fault":
         fault(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "leave":
         leave(sys.argv[2])
