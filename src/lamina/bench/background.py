@@ -1,0 +1,805 @@
+"""``lamina bench async``: background I/O (``io='async'``) against synchronous I/O and ADIOS2 BP5 AsyncWrite.
+
+Two kernels from the HDF5 asynchronous I/O papers, at this machine's scale,
+one MPI job per rank count:
+
+**write (VPIC-IO-like)**: every rank holds 8 particle properties (``x y z
+px py pz id1 id2``, 1-D float32, ``--mib`` MiB per rank per step for the 8
+together; rank r owns elements ``[r n, (r+1) n)`` of each global dataset)
+and writes ``--steps`` steps.  A step is a compute phase, then the 8 writes
+and ``end_step``.
+
+**read (BD-CATS-IO-like)**: the file written is read back step by step
+(``iter_steps``), each rank its own range of the 8 properties, then a
+compute phase on what it read.
+
+First, in the same job (after an untimed warm-up): ``t_io``, the mean time
+of a step of a synchronous lamina write without compute (the 8 writes and
+``end_step``; median of 3 runs); ``t_read``, the same for a synchronous
+read (steps after the first); ``t_copy``, one ``memcpy`` of a step's bytes
+into arrays already touched (best of 3, slowest rank; the copy into new
+arrays, as a copy at put makes, is reported beside it).  Then for every compute factor c the
+compute phase lasts ``c x t_io`` (writes) or ``c x t_read`` (reads).
+
+**The compute phase sleeps** (``time.sleep``).  A busy loop would make
+every rank hold a core for the whole phase; with several ranks and their
+background threads on 2 shared cores that measures the scheduler, not the
+overlap (it overstates contention).  Sleeping understates it: the
+background thread has a core to itself while the program computes.  Real
+numpy compute lies in between (it releases the GIL but uses a core).
+
+Write methods (each ``--repeat`` times per compute factor, order rotated):
+
+``sync``              lamina native, ``io='sync'``
+``async``             ``io='async'``, the default budget (1 GiB: every step of a run fits)
+``async 2 in flight`` ``io='async'``, ``max_inflight_bytes`` = 2 steps (the step being
+                      committed and the next one), like ADIOS2's one buffer in flight
+``auto``              ``io='auto'``: run if lamina accepts it, otherwise reported as n/a
+``adios2 BP5``        ADIOS2 BP5 from PyPI, a file per rank, Deferred puts
+``adios2 BP5 async``  the same with engine parameter ``AsyncWrite=On``
+
+lamina runs with ``aggregators=R`` (a subfile per rank, as ADIOS2's file per
+rank) and ``durable=False`` unless ``--durable`` (then ``durable=True`` and
+ADIOS2's files are fsynced after close).  Timed per run: the loop (every
+step: compute, then the calls; the time of the calls is the step's *submit*
+time), then the end (``f.wait()`` and ``close``; ADIOS2's ``close``).
+Open and the dataset definitions are not timed.  ``epoch`` = loop / steps;
+``run/step`` = (loop + end) / steps (what the steps cost including the
+backlog left at the end).  Read methods: ``sync`` and ``async prefetch``
+(``io='async'``, ``iter_steps(prefetch=True)``); the *wait* of a step is
+the time in the 8 read calls.
+
+Predictions (docs/background.md): sync epoch = t_io + t_comp; async epoch =
+max(t_comp, t_io) + t_copy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from ..geometry import Box
+from ..text import fmt_bytes, table
+from . import common, launch
+
+PROPS = ("x", "y", "z", "px", "py", "pz", "id1", "id2")
+SYNC = "sync"
+ASYNC = "async"
+ASYNC2 = "async 2 in flight"
+AUTO = "auto"
+BP5 = "adios2 BP5"
+BP5A = "adios2 BP5 async"
+WRITES = (SYNC, ASYNC, ASYNC2, AUTO, BP5, BP5A)
+PREFETCH = "async prefetch"
+READS = (SYNC, PREFETCH)
+SUBMIT_SLACK = 50e-6  # s: the submit target is 1.1 x memcpy + this
+WAIT_TOL = 0.1  # prefetching readers "wait ~0": at most this share of a synchronous read
+
+
+# ------------------------------------------------------------------ worker (MPI side)
+class Worker:
+    """One rank of the job: its 8 properties, the timing and the runs."""
+
+    def __init__(self, ns) -> None:
+        from .. import comm as lcomm
+        from .harness import Ctx  # MPI: the worker's side only
+
+        comm = lcomm.world()
+        self.ns = ns
+        self.n = max(1, ns.mib * common.MiB // (len(PROPS) * 4))  # elements per property
+        self.step_bytes = self.n * 4 * len(PROPS)
+        rank, size = comm.rank, comm.size
+        rng = np.random.default_rng([ns.seed, rank])
+        self.props = [rng.random(self.n, dtype=np.float32) for _ in PROPS]
+        self.box = Box((rank * self.n,), ((rank + 1) * self.n,))
+        self.gshape = (size * self.n,)
+        self.ctx = Ctx(
+            comm,
+            rank,
+            size,
+            self.props[0],
+            self.box,
+            self.gshape,
+            ns.dir,
+            ns.durable,
+            False,
+            ns.repeat,
+            0,
+            [size],
+            list(WRITES),
+            ns.seed,
+        )
+        self.tag = 0
+
+    # ------------------------------------------------------------ helpers
+    def path(self, what: str) -> str:
+        self.tag += 1
+        return os.path.join(self.ns.dir, f"{what}-{self.tag}")
+
+    def clean(self) -> None:
+        ctx = self.ctx
+        ctx.barrier()
+        if ctx.rank == 0:
+            for name in os.listdir(self.ns.dir):
+                if not name.startswith("read-source"):
+                    common.remove(os.path.join(self.ns.dir, name))
+        ctx.barrier()
+
+    def memcpy(self) -> tuple[float, float]:
+        """Seconds to copy one step's bytes (the 8 properties), best of 3, slowest rank.
+
+        (into arrays already touched, into new arrays): the second pays for
+        the allocation and the first touch of its pages, as a copy at put does.
+        """
+        dst = [np.empty_like(a) for a in self.props]
+        for d, a in zip(dst, self.props, strict=True):
+            np.copyto(d, a)  # touch the pages
+        best = fresh = math.inf
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for d, a in zip(dst, self.props, strict=True):
+                np.copyto(d, a)
+            t1 = time.perf_counter()
+            copies = [a.copy() for a in self.props]
+            t2 = time.perf_counter()
+            del copies
+            best, fresh = min(best, t1 - t0), min(fresh, t2 - t1)
+        return self.ctx.max(best), self.ctx.max(fresh)
+
+    # ------------------------------------------------------------ writers
+    def lamina_write(
+        self, io: str, t_comp: float, budget: int | None = None, what: str = "lamina"
+    ) -> dict:
+        import lamina
+
+        opts: dict = {"comm": self.ctx.comm, "aggregators": self.ctx.size}
+        opts["durable"] = self.ns.durable
+        if budget is not None:
+            opts["max_inflight_bytes"] = budget
+        path = self.path(what) + ".lam"
+        f = lamina.open(path, "w", io=io, **opts)
+        try:
+            dss = [f.create_dataset(p, self.gshape, np.float32) for p in PROPS]
+            mode = f.io
+            self.ctx.barrier()
+            submit = []
+            t0 = time.perf_counter()
+            for _ in range(self.ns.steps):
+                if t_comp > 0:
+                    time.sleep(t_comp)
+                s0 = time.perf_counter()
+                f.begin_step()
+                for ds, a in zip(dss, self.props, strict=True):
+                    ds.write(a, offset=self.box.start)
+                f.end_step()
+                submit.append(time.perf_counter() - s0)
+            t1 = time.perf_counter()
+            f.wait()
+            t2 = time.perf_counter()
+            stats = f.io_stats
+        finally:
+            f.close()
+        t3 = time.perf_counter()
+        return {
+            "loop": t1 - t0,
+            "drain": t2 - t1,
+            "end": t3 - t1,
+            "submit": submit,
+            "io": mode,
+            "io_stats": stats,
+            "path": path,
+        }
+
+    def adios2_write(self, asynchronous: bool, t_comp: float) -> dict:
+        import adios2
+
+        path = self.path(f"adios2.{self.ctx.rank}") + ".bp"
+        ad = adios2.Adios()
+        io = ad.declare_io("lamina-bench-async")
+        io.set_engine("BP5")
+        if asynchronous:
+            io.set_parameter("AsyncWrite", "On")
+        deferred = adios2.bindings.Mode.Deferred
+        s = adios2.Stream(io, path, "w")
+        try:
+            variables = [
+                io.define_variable(p, a, list(self.gshape), list(self.box.start), [self.n])
+                for p, a in zip(PROPS, self.props, strict=True)
+            ]
+            self.ctx.barrier()
+            submit = []
+            t0 = time.perf_counter()
+            for _ in range(self.ns.steps):
+                if t_comp > 0:
+                    time.sleep(t_comp)
+                s0 = time.perf_counter()
+                s.begin_step()
+                for v, a in zip(variables, self.props, strict=True):
+                    s.engine.put(v, a, deferred)
+                s.end_step()
+                submit.append(time.perf_counter() - s0)
+            t1 = time.perf_counter()
+        finally:
+            s.close()
+        if self.ns.durable:
+            common.fsync_path(path)
+        t3 = time.perf_counter()
+        return {"loop": t1 - t0, "drain": 0.0, "end": t3 - t1, "submit": submit, "path": path}
+
+    def write(self, method: str, t_comp: float) -> dict:
+        if method == SYNC:
+            return self.lamina_write("sync", t_comp)
+        if method == ASYNC:
+            return self.lamina_write("async", t_comp)
+        if method == ASYNC2:
+            return self.lamina_write("async", t_comp, budget=2 * self.step_bytes)
+        if method == AUTO:
+            return self.lamina_write("auto", t_comp)
+        return self.adios2_write(method == BP5A, t_comp)
+
+    def sync_step(self) -> float:
+        """Mean seconds of a step of a synchronous write without compute (slowest rank); the file removed."""
+        t = self.reduce_write(self.lamina_write("sync", 0.0))["submit_mean"]
+        self.clean()
+        return t
+
+    # ------------------------------------------------------------ readers
+    def read(self, path: str, prefetch: bool, t_comp: float) -> dict:
+        import lamina
+
+        bufs = [np.empty_like(a) for a in self.props]
+        waits = []
+        with lamina.open(path, "r", comm=self.ctx.comm, io="async" if prefetch else "sync") as f:
+            self.ctx.barrier()
+            t0 = time.perf_counter()
+            for view in f.iter_steps(prefetch=prefetch):
+                s0 = time.perf_counter()
+                for p, b in zip(PROPS, bufs, strict=True):
+                    view[p].read(self.box, out=b)
+                waits.append(time.perf_counter() - s0)
+                if t_comp > 0:
+                    time.sleep(t_comp)
+            loop = time.perf_counter() - t0
+            stats = f.io_stats
+        ok = all(np.array_equal(b, a) for b, a in zip(bufs, self.props, strict=True))
+        return {"loop": loop, "waits": waits, "io_stats": stats, "ok": ok}
+
+    # ------------------------------------------------------------ reductions
+    def reduce_write(self, r: dict) -> dict:
+        """Slowest rank's loop, end and per-step submit times; rank 0's io_stats."""
+        mx = self.ctx.max
+        steps = self.ns.steps
+        loop, end = mx(r["loop"]), mx(r["end"])
+        sub = [mx(x) for x in r["submit"]]
+        out = {
+            "epoch": loop / steps,
+            "run_step": (loop + end) / steps,
+            "submit_mean": sum(sub) / steps,
+            "submit_median": common.summarize(sub)["median"],
+            "end": end,
+            "drain": mx(r["drain"]),
+        }
+        if "io_stats" in r:
+            out["io"] = r["io"]
+            out["io_stats"] = r["io_stats"]
+        return out
+
+    def reduce_read(self, r: dict) -> dict:
+        mx = self.ctx.max
+        waits = [mx(x) for x in r["waits"]]
+        later, rest = waits[1:], waits[2:]
+        return {
+            "epoch": mx(r["loop"]) / max(1, len(waits)),
+            "wait_first": waits[0] if waits else 0.0,
+            "wait_second": waits[1] if len(waits) > 1 else 0.0,
+            "wait_later": sum(later) / len(later) if later else 0.0,
+            "wait_rest": sum(rest) / len(rest) if rest else None,
+            "steps_read": len(waits),
+            "io_stats": r["io_stats"],
+            "ok": self.ctx.all_true(r["ok"]),
+        }
+
+    # ------------------------------------------------------------ the job
+    def run(self) -> dict:
+        from ..errors import ConfigError
+        from .baselines import available
+
+        ctx = self.ctx
+        ns = self.ns
+        notes: list[str] = []
+        methods = list(WRITES)
+        why = available("adios2")
+        if why:
+            methods = [m for m in methods if m not in (BP5, BP5A)]
+            notes.append(why)
+        # io='auto': run it if lamina accepts it, else say why not (never faked)
+        auto_na = None
+        try:
+            self.lamina_write("auto", 0.0)
+        except ConfigError as e:
+            auto_na = str(e)
+        if auto_na:
+            methods.remove(AUTO)
+        self.clean()
+        # calibration: untimed warm-up, then t_io (sync, no compute), t_copy, t_read
+        self.lamina_write("sync", 0.0)
+        self.clean()
+        t_io = median(self.sync_step() for _ in range(3))
+        t_copy, t_copy_new = self.memcpy()
+        # the file every read run reads: kept by clean() (its name starts with read-source)
+        source = self.lamina_write("sync", 0.0, what="read-source")["path"]
+        self.clean()
+        self.read(source, False, 0.0)  # warm-up
+        key = "wait_later" if ns.steps > 1 else "wait_first"
+        t_read = median(self.reduce_read(self.read(source, False, 0.0))[key] for _ in range(3))
+        ctx.progress("calibration")
+        writes: list[dict] = []
+        reads: list[dict] = []
+        bad: list[str] = []
+        for c in ns.compute:
+            tc = c * t_io
+            runs: dict[str, list[dict]] = {m: [] for m in methods}
+            for rep in range(ns.repeat):
+                k = rep % len(methods)
+                for m in methods[k:] + methods[:k]:
+                    if ctx.rank == 0:
+                        os.sync()
+                    ctx.barrier()
+                    runs[m].append(self.reduce_write(self.write(m, tc)))
+                    self.clean()
+                    ctx.progress(f"write c={c:g} {m} ({rep + 1}/{ns.repeat})")
+            for m in methods:
+                writes.append({"compute": c, "t_comp": tc, "method": m, **merge(runs[m])})
+            tr = c * t_read
+            rruns: dict[str, list[dict]] = {m: [] for m in READS}
+            for rep in range(ns.repeat):
+                order = READS if rep % 2 == 0 else READS[::-1]
+                for m in order:
+                    ctx.barrier()
+                    r = self.reduce_read(self.read(source, m == PREFETCH, tr))
+                    if not r["ok"] and m not in bad:
+                        bad.append(m)
+                    rruns[m].append(r)
+                    ctx.progress(f"read c={c:g} {m} ({rep + 1}/{ns.repeat})")
+            for m in READS:
+                reads.append({"compute": c, "t_comp": tr, "method": m, **merge(rruns[m])})
+        ctx.barrier()
+        if ctx.rank == 0:
+            for name in os.listdir(ns.dir):
+                common.remove(os.path.join(ns.dir, name))
+        ctx.barrier()
+        return {
+            "ranks": ctx.size,
+            "steps": ns.steps,
+            "step_bytes": self.step_bytes,
+            "elements": self.n,
+            "durable": ns.durable,
+            "t_io": t_io,
+            "t_copy": t_copy,
+            "t_copy_new": t_copy_new,
+            "t_read": t_read,
+            "auto": auto_na,
+            "writes": writes,
+            "reads": reads,
+            "failed_checks": bad,
+            "notes": notes,
+        }
+
+
+def median(xs) -> float:
+    return common.summarize(list(xs))["median"]
+
+
+def merge(runs: list[dict]) -> dict:
+    """Repetitions of one (compute, method): medians of the numbers, every run's run/step, the last io_stats."""
+    out: dict = {"repeats": len(runs)}
+    for key, v in runs[0].items():
+        if isinstance(v, bool):
+            out[key] = all(r[key] for r in runs)
+        elif isinstance(v, (int, float)):
+            out[key] = common.summarize([r[key] for r in runs])["median"]
+        else:
+            out[key] = runs[-1][key]
+    # for paired ratios (common.speedup): the per-repetition times
+    main = "run_step" if "run_step" in runs[0] else "wait_later"
+    out.update(
+        {k: v for k, v in common.summarize([r[main] for r in runs]).items() if k != "median"}
+    )
+    out["median"] = out[main]
+    return out
+
+
+def worker_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m lamina.bench.background")
+    p.add_argument("--mib", type=int, required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--compute", required=True)
+    p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--durable", action="store_true")
+    p.add_argument("--dir", required=True)
+    p.add_argument("--seed", type=int, default=12345)
+    p.add_argument("--out", required=True)
+    ns = p.parse_args(argv)
+    ns.compute = [float(x) for x in ns.compute.split(",") if x]
+    w = Worker(ns)
+    doc = w.run()
+    if w.ctx.rank == 0:
+        with open(ns.out, "w") as f:
+            json.dump(doc, f)
+    return 0
+
+
+# ------------------------------------------------------------------ parent
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.1f}" if x >= 0.01 else f"{x * 1e3:.2f}"
+
+
+def predict(method: str, t_comp: float, t_io: float, t_copy: float) -> float | None:
+    """The model's epoch time (docs/background.md): sync t_io + t_comp, async max(t_comp, t_io) + t_copy."""
+    if method == SYNC:
+        return t_io + t_comp
+    if method in (ASYNC, ASYNC2, AUTO):
+        return max(t_comp, t_io) + t_copy
+    return None
+
+
+def targets(job: dict) -> list[dict]:
+    """The issue's targets for one job: value, threshold and verdict of each."""
+    t_io, t_copy, t_read = job["t_io"], job["t_copy"], job["t_read"]
+    w = {(r["compute"], r["method"]): r for r in job["writes"]}
+    out = []
+    # 1. async epoch <= 1.1 x (max(t_comp, t_io) + t_copy) when compute >= I/O
+    vals = [
+        (r["epoch"] / (max(r["t_comp"], t_io) + t_copy), r["compute"])
+        for r in job["writes"]
+        if r["method"] == ASYNC and r["compute"] >= 1
+    ]
+    out.append(
+        _target("async epoch / (max(t_comp, t_io) + t_copy), compute >= I/O", vals, 1.1, False, "x")
+    )
+    # 2. async with 2 steps in flight beats ADIOS2 BP5 AsyncWrite when t_io > t_comp (run/step)
+    vals = []
+    for c in sorted({r["compute"] for r in job["writes"] if r["compute"] < 1}):
+        a, b = w.get((c, ASYNC2)), w.get((c, BP5A))
+        if a and b:
+            med, _best = common.speedup(a, b)  # a's time / b's time, paired
+            if med is not None:
+                vals.append((med, c))
+    out.append(
+        _target(
+            "async 2 in flight / adios2 BP5 async (run/step), compute < I/O",
+            vals,
+            1.0,
+            False,
+            "x",
+            strict=True,
+        )
+    )
+    # 3. submit cost <= 1.1 x memcpy + 50 us (the default budget never waits here)
+    limit = 1.1 * t_copy + SUBMIT_SLACK
+    vals = [
+        (r["submit_median"] / limit, r["compute"]) for r in job["writes"] if r["method"] == ASYNC
+    ]
+    out.append(
+        _target(f"async submit / (1.1 x memcpy + 50 us = {_ms(limit)} ms)", vals, 1.0, False, "x")
+    )
+    # 4. prefetching readers wait ~0 after the first step when compute >= I/O
+    vals = [
+        (r["wait_later"] / t_read if t_read > 0 else math.inf, r["compute"])
+        for r in job["reads"]
+        if r["method"] == PREFETCH and r["compute"] >= 1
+    ]
+    out.append(
+        _target(
+            "prefetch wait after step 0 / sync read of a step, compute >= I/O",
+            vals,
+            WAIT_TOL,
+            False,
+            "x",
+        )
+    )
+    vals = [
+        (r["wait_rest"] / t_read if t_read > 0 else math.inf, r["compute"])
+        for r in job["reads"]
+        if r["method"] == PREFETCH and r["compute"] >= 1 and r.get("wait_rest") is not None
+    ]
+    info = _target(
+        "(info) the same for steps >= 2 (step 1 is read ahead only once it is handed out)",
+        vals,
+        WAIT_TOL,
+        False,
+        "x",
+    )
+    if info["value"] is not None:
+        info["verdict"] = f"info ({info['verdict']})"
+        out.append(info)
+    return out
+
+
+def _target(
+    name: str, vals: list, limit: float, higher: bool, unit: str, strict: bool = False
+) -> dict:
+    if not vals:
+        return {"target": name, "value": None, "at": None, "limit": limit, "verdict": "n/a"}
+    worst = min(vals) if higher else max(vals)
+    ok = (
+        (worst[0] > limit if strict else worst[0] >= limit)
+        if higher
+        else (worst[0] < limit if strict else worst[0] <= limit)
+    )
+    return {
+        "target": name,
+        "value": worst[0],
+        "at": worst[1],
+        "limit": limit,
+        "strict": strict,
+        "verdict": "met" if ok else "NOT met",
+    }
+
+
+def report(o: dict, jobs: list[dict], argv: list[str]) -> tuple[str, dict]:
+    cpus = os.cpu_count() or 1
+    out = [
+        f"lamina bench async: VPIC-IO-like write and BD-CATS-IO-like read, 8 float32 properties, "
+        f"{','.join(map(str, o['mib']))} MiB per rank per step, {o['steps']} steps, repeat {o['repeat']}, "
+        + ("durable=True (fsync)" if o["durable"] else "durable=False (page cache, nobody fsyncs)")
+        + "; compute phase = time.sleep; medians over repetitions, slowest rank",
+        "epoch = (compute + I/O calls) per step in the loop; run/step = (loop + wait + close) / steps; "
+        "submit = time of a step's write + end_step calls; meas/pred = epoch / the model's epoch",
+    ]
+    all_targets = []
+    for j in jobs:
+        R = j["ranks"]
+        over = (
+            f" ({R} ranks on {cpus} cores: oversubscribed with the I/O threads)"
+            if R >= cpus
+            else ""
+        )
+        out.append("")
+        out.append(
+            f"### {R} rank(s){over}: {fmt_bytes(j['step_bytes'])} per rank per step "
+            f"(8 x {j['elements']:,} float32); t_io {_ms(j['t_io'])} ms (sync write of a step), "
+            f"t_copy {_ms(j['t_copy'])} ms (memcpy; {_ms(j['t_copy_new'])} ms into new arrays), t_read {_ms(j['t_read'])} ms (sync read of a step)"
+        )
+        body = []
+        for r in j["writes"]:
+            pred = predict(r["method"], r["t_comp"], j["t_io"], j["t_copy"])
+            st = r.get("io_stats") or {}
+            body.append(
+                [
+                    f"{r['compute']:g}",
+                    _ms(r["t_comp"]),
+                    r["method"],
+                    _ms(r["epoch"]),
+                    _ms(pred),
+                    "-" if pred is None else f"{r['epoch'] / pred:.2f}",
+                    _ms(r["submit_median"]),
+                    _ms(r["end"]),
+                    _ms(r["run_step"]),
+                    "-" if not st else f"{st.get('steps_background', 0)}",
+                    "-" if not st else f"{st.get('waits', 0)} / {_ms(st.get('wait_seconds', 0.0))}",
+                ]
+            )
+            if r["method"] == ASYNC2 and j["auto"]:
+                body.append(
+                    [
+                        f"{r['compute']:g}",
+                        _ms(r["t_comp"]),
+                        AUTO,
+                        "n/a (io='auto' not implemented)",
+                        *["-"] * 7,
+                    ]
+                )
+        out.append("#### write")
+        out.append(
+            table(
+                [
+                    "compute x t_io",
+                    "t_comp ms",
+                    "method",
+                    "epoch ms",
+                    "pred ms",
+                    "meas/pred",
+                    "submit ms",
+                    "wait+close ms",
+                    "run/step ms",
+                    "bg steps",
+                    "budget waits / ms",
+                ],
+                body,
+                "rrlrrrrrrrr",
+            )
+        )
+        body = []
+        for r in j["reads"]:
+            st = r.get("io_stats") or {}
+            body.append(
+                [
+                    f"{r['compute']:g}",
+                    _ms(r["t_comp"]),
+                    r["method"],
+                    _ms(r["epoch"]),
+                    _ms(r["wait_first"]),
+                    _ms(r["wait_later"]),
+                    _ms(r["wait_second"]),
+                    _ms(r.get("wait_rest")),
+                    "-"
+                    if r["method"] == SYNC
+                    else f"{st.get('prefetch_hits', 0)} / {st.get('prefetch_misses', 0)}",
+                ]
+            )
+        out.append("#### read")
+        out.append(
+            table(
+                [
+                    "compute x t_read",
+                    "t_comp ms",
+                    "method",
+                    "epoch ms",
+                    "wait step 0 ms",
+                    "wait steps >= 1 ms",
+                    "step 1",
+                    "steps >= 2",
+                    "prefetch hits / misses",
+                ],
+                body,
+                "rrlrrrrrr",
+            )
+        )
+        ts = targets(j)
+        all_targets.append({"ranks": R, "targets": ts})
+        out.append("#### targets")
+        out.append(
+            table(
+                ["target", "value (worst)", "at compute", "limit", "verdict"],
+                [
+                    [
+                        t["target"],
+                        "-" if t["value"] is None else f"{t['value']:.2f}x",
+                        "-" if t["at"] is None else f"{t['at']:g}",
+                        ("< " if t.get("strict") else "<= ") + f"{t['limit']:.2f}x",
+                        t["verdict"],
+                    ]
+                    for t in ts
+                ],
+                "lrrrl",
+            )
+        )
+        if j["auto"]:
+            out.append(f"auto: n/a (io='auto' not implemented): {j['auto']}")
+        for n in j.get("notes", []):
+            out.append(f"note ({R} ranks): {n}")
+        if j.get("loadavg"):
+            out.append(
+                f"load average before/after the {R}-rank job: "
+                f"{j['loadavg'][0]:.2f} / {j['loadavg'][1]:.2f} on {cpus} CPUs"
+            )
+        if j["failed_checks"]:
+            out.append(f"DATA CHECK FAILED for: {', '.join(j['failed_checks'])}")
+    command = "lamina bench async " + " ".join(argv)
+    out.append(f"command: {command}")
+    doc = {
+        "benchmark": "async",
+        "options": {**o, "machine": common.machine(), "command": command},
+        "jobs": jobs,
+        "targets": all_targets,
+    }
+    return "\n".join(out), doc
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="lamina bench async",
+        description="Background I/O (io='async') vs sync and ADIOS2 BP5 AsyncWrite: a VPIC-IO-like "
+        "write and a BD-CATS-IO-like read, compute swept as multiples of the I/O time.",
+    )
+    p.add_argument("--ranks", default="1,2,4", help="rank counts, one MPI job each (default 1,2,4)")
+    p.add_argument(
+        "--mib",
+        default="8,32",
+        help="MiB per rank per step, the 8 properties together (default 8,32)",
+    )
+    p.add_argument("--steps", type=int, default=6, help="steps per run (default 6)")
+    p.add_argument(
+        "--compute",
+        default="0.1,0.5,1,2,10",
+        help="compute phase as multiples of the measured sync I/O time of a step (default 0.1,0.5,1,2,10)",
+    )
+    p.add_argument("--repeat", type=int, default=2, help="timed repetitions (default 2)")
+    p.add_argument(
+        "--durable",
+        action="store_true",
+        help="lamina durable=True and ADIOS2's files fsynced (default: page cache, nobody fsyncs)",
+    )
+    p.add_argument("--dir", default=None, help="directory for the files (default: under $TMPDIR)")
+    p.add_argument("--json", action="store_true", help="JSON on stdout, the table on stderr")
+    p.add_argument("--seed", type=int, default=12345, help=argparse.SUPPRESS)
+    p.add_argument("--timeout", type=float, default=None, help="seconds per MPI job")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    p = parser()
+    ns = p.parse_args(argv)
+    try:
+        ranks = common.parse_int_list(ns.ranks, "--ranks")
+        mibs = common.parse_int_list(ns.mib, "--mib")
+        try:
+            compute = [float(x) for x in ns.compute.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(
+                f"--compute: expected comma-separated numbers, got {ns.compute!r}"
+            ) from None
+        if not compute or any(c < 0 for c in compute):
+            raise ValueError(f"--compute: expected non-negative numbers, got {ns.compute!r}")
+        if ns.steps < 1 or ns.repeat < 1:
+            raise ValueError("--steps and --repeat must be at least 1")
+    except ValueError as e:
+        p.error(str(e))
+    per_run = len(WRITES) - 1 + len(READS)  # io='auto' is not run while lamina refuses it
+    runs = len(compute) * ns.repeat * per_run + 1
+    own = ns.dir is None
+    base = tempfile.mkdtemp(prefix="lamina-bench-async-") if own else os.path.abspath(ns.dir)
+    os.makedirs(base, exist_ok=True)
+    bar = launch.make_bar(runs * len(ranks) * len(mibs), "bench async")
+    jobs = []
+    try:
+        for mib in mibs:
+            for r in ranks:
+                timeout = ns.timeout
+                if timeout is None:  # generous: 4 s per GiB written or read per rank, 3x over
+                    t_io = max(0.02, mib * common.MiB / common.GiB * 4 * r)
+                    timeout = 120 + 3 * ns.steps * runs * t_io * (1 + max(compute))
+                d = os.path.join(base, f"async-np{r}-{mib}mib")
+                os.makedirs(d, exist_ok=True)
+                args = [
+                    "--mib",
+                    str(mib),
+                    "--steps",
+                    str(ns.steps),
+                    "--compute",
+                    ",".join(f"{c:g}" for c in compute),
+                    "--repeat",
+                    str(ns.repeat),
+                    "--seed",
+                    str(ns.seed),
+                    "--dir",
+                    d,
+                ]
+                if ns.durable:
+                    args.append("--durable")
+                try:
+                    jobs.append(
+                        launch.run_job(r, args, bar, timeout, module="lamina.bench.background")
+                    )
+                finally:
+                    common.remove(d)
+    except (RuntimeError, FileNotFoundError) as e:
+        print(f"lamina bench async: {e}", file=sys.stderr)
+        return 1
+    finally:
+        bar.close()
+        if own:
+            common.remove(base)
+    o = {
+        "ranks": ranks,
+        "mib": mibs,
+        "steps": ns.steps,
+        "compute": compute,
+        "repeat": ns.repeat,
+        "durable": ns.durable,
+    }
+    text, doc = report(o, jobs, argv)
+    common.emit(ns.json, text, doc)
+    return 0 if not any(j["failed_checks"] for j in jobs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main(sys.argv[1:]))

@@ -1,0 +1,78 @@
+"""``lamina bench async`` with tiny sizes: every method runs, async runs in the background, the report has the targets."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import mpi_util as mu  # noqa: E402
+
+from lamina.bench import background  # noqa: E402
+
+pytest.importorskip("mpi4py")
+
+
+def test_predict():
+    assert background.predict(background.SYNC, 2.0, 1.0, 0.1) == 3.0
+    assert background.predict(background.ASYNC, 2.0, 1.0, 0.1) == pytest.approx(2.1)
+    assert background.predict(background.ASYNC2, 0.5, 1.0, 0.1) == pytest.approx(1.1)
+    assert background.predict(background.BP5A, 0.5, 1.0, 0.1) is None
+
+
+def test_bench_async_smoke(capsys, monkeypatch, tmp_path):
+    try:
+        mu.mpiexec()
+    except RuntimeError:  # pragma: no cover - depends on the installation
+        pytest.skip("no mpiexec")
+    monkeypatch.delenv("LAMINA_IO", raising=False)
+    rc = background.main(
+        [
+            "--ranks",
+            "1",
+            "--mib",
+            "1",
+            "--steps",
+            "2",
+            "--compute",
+            "1",
+            "--repeat",
+            "1",
+            "--dir",
+            str(tmp_path),
+            "--timeout",
+            "100",
+            "--json",
+        ]
+    )
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    doc = json.loads(out.out)
+    assert doc["benchmark"] == "async" and doc["options"]["durable"] is False
+    (job,) = doc["jobs"]
+    assert job["ranks"] == 1 and job["steps"] == 2 and not job["failed_checks"]
+    assert job["t_io"] > 0 and job["t_copy"] > 0 and job["t_read"] > 0
+    writes = {r["method"]: r for r in job["writes"]}
+    assert {background.SYNC, background.ASYNC, background.ASYNC2} <= set(writes)
+    if job["auto"]:  # refused today: reported, not run
+        assert background.AUTO not in writes
+        assert "n/a (io='auto' not implemented)" in out.err
+    for m in (background.ASYNC, background.ASYNC2):
+        assert writes[m]["io"] == "async"
+        assert writes[m]["io_stats"]["steps_background"] > 0  # committed in the background
+    assert writes[background.SYNC]["io_stats"]["steps_background"] == 0
+    for r in job["writes"]:
+        assert r["epoch"] > 0 and r["run_step"] > 0 and r["submit_median"] > 0
+    reads = {r["method"]: r for r in job["reads"]}
+    assert set(reads) == set(background.READS)
+    assert all(r["steps_read"] == 2 and r["ok"] for r in reads.values())
+    assert reads[background.PREFETCH]["io_stats"]["prefetch_hits"] > 0
+    (t,) = doc["targets"]
+    assert len(t["targets"]) >= 4
+    for what in ("#### write", "#### read", "#### targets", "meas/pred", "submit"):
+        assert what in out.err
+    assert not os.listdir(tmp_path)  # the job's files are removed
