@@ -58,9 +58,13 @@ def test_bench_async_smoke(capsys, monkeypatch, tmp_path):
     assert job["t_io"] > 0 and job["t_copy"] > 0 and job["t_read"] > 0
     writes = {r["method"]: r for r in job["writes"]}
     assert {background.SYNC, background.ASYNC, background.ASYNC2} <= set(writes)
-    if job["auto"]:  # refused today: reported, not run
-        assert background.AUTO not in writes
-        assert "n/a (io='auto' not implemented)" in out.err
+    assert not job["auto"]  # io='auto' runs, beside sync and async
+    assert writes[background.AUTO]["io"] == "auto"
+    assert (
+        writes[background.AUTO]["io_stats"]["steps_auto_sync"]
+        + writes[background.AUTO]["io_stats"]["steps_auto_async"]
+        == 2
+    )
     for m in (background.ASYNC, background.ASYNC2):
         assert writes[m]["io"] == "async"
         assert writes[m]["io_stats"]["steps_background"] > 0  # committed in the background
