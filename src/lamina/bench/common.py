@@ -110,12 +110,26 @@ def drop_caches() -> bool:
 
 
 def proc_io() -> dict[str, int]:
-    """This process's I/O counters (rchar, read_bytes, ...) from /proc/self/io; {} if unavailable."""
+    """This process's I/O counters (rchar, read_bytes, ...) from /proc/self/io; {} if unavailable.
+
+    Read with one ``read`` call; ``own_rchar`` is the length of the text it
+    returned, which the *next* snapshot counts (the text grows by a digit
+    now and then, so a difference must subtract this, not a constant).
+    """
     try:
-        with open("/proc/self/io") as f:
-            return {k.strip(): int(v) for k, v in (line.split(":") for line in f if ":" in line)}
+        fd = os.open("/proc/self/io", os.O_RDONLY)
+        try:
+            raw = os.read(fd, 1 << 16)
+        finally:
+            os.close(fd)
     except OSError:
         return {}
+    text = raw.decode("ascii", "replace")
+    out = {
+        k.strip(): int(v) for k, v in (line.split(":") for line in text.splitlines() if ":" in line)
+    }
+    out["own_rchar"] = len(raw)
+    return out
 
 
 def machine() -> dict:

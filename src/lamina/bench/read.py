@@ -264,8 +264,13 @@ def probe(ctx: Ctx) -> dict | None:
 
 
 def _delta(a: dict, b: dict, own: dict | None = None) -> dict:
+    """Counters from snapshot *a* to *b*, less what reading the snapshots cost (*own*; the text
+    of snapshot *a* exactly, for rchar)."""
     own = own or {}
-    return {k: b.get(k, 0) - a.get(k, 0) - own.get(k, 0) for k in ("rchar", "read_bytes", "syscr")}
+    out = {k: b.get(k, 0) - a.get(k, 0) - own.get(k, 0) for k in ("rchar", "read_bytes", "syscr")}
+    if own:
+        out["rchar"] = b.get("rchar", 0) - a.get("rchar", 0) - a.get("own_rchar", 0)
+    return out
 
 
 def worker(ctx: Ctx) -> dict:
