@@ -557,3 +557,39 @@ def test_program_ending_without_close_loses_no_step(path, tmp_path):
     assert "in flight" in res.stdout
     got = read_all(path)
     assert [float(a[0]) for a in got] == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_pool_reuses_buffers_nobody_else_holds():
+    """Copies of later steps go into the buffers of written steps, unless something still holds them."""
+    from lamina.layers.background.step import Pool
+
+    p = Pool()
+    bufs = [p.take(64), p.take(64)]
+    ids = [id(x) for x in bufs]
+    held = bufs[1].view(np.float64)  # an engine that kept a block by reference
+    p.give(bufs, room=1 << 20)
+    assert p.nbytes == 128 and not bufs
+    got = p.take(64)  # the held buffer is skipped (and forgotten), the other one reused
+    assert id(got) == ids[0] and held.base is not got and p.nbytes == 0
+    p.give([got], room=64)
+    p.give([np.empty(64, np.uint8)], room=64)  # over the room: not kept
+    assert p.nbytes == 64
+    p.clear()
+    assert p.nbytes == 0 and p.take(32).nbytes == 32
+
+
+def test_copies_reuse_the_buffers_of_written_steps(path):
+    a = np.arange(1 << 16, dtype=np.float64)
+    with lamina.open(path, "w", io="async") as f:
+        f.create_dataset("x", a.shape, a.dtype)
+        bg = f._background()
+        seen = set()
+        for k in range(6):
+            with f.step():
+                f["x"][...] = a + k
+            f.wait()  # written: its buffer is back in the pool
+            seen.add(bg._pool.nbytes)
+        assert max(seen) == a.nbytes  # one buffer, reused: the pool never grows past one step
+    with lamina.open(path) as f:
+        for k in range(6):
+            np.testing.assert_array_equal(f.at(k)["x"][...], a + k)

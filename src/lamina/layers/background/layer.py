@@ -91,6 +91,7 @@ from .step import (
     BackgroundError,
     Frozen,
     IOStats,
+    Pool,
     Step,
     check_put,
     enter,
@@ -150,6 +151,7 @@ class BackgroundLayer(Layer):
         self._next = 0  # index of the next step to end (committed + in flight)
         self._committed = 0  # steps committed (by either thread)
         self._frozen = Frozen()  # arrays kept by reference (copy=False), read-only meanwhile
+        self._pool = Pool()  # buffers of written steps' copies, for the next copies
         self._spec_cache: dict[str, DatasetSpec] = {}
         self._fcomm: Comm | None = None
         self.active = False  # writer: steps are committed in the background
@@ -315,6 +317,7 @@ class BackgroundLayer(Layer):
     def _shutdown(self) -> None:
         self._save_history()
         with self._cond:
+            self._pool.clear()
             self._stopping = True
             self._cond.notify_all()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -497,9 +500,14 @@ class BackgroundLayer(Layer):
                 self._frozen.freeze(step, arr)
         else:
             t0 = time.perf_counter()
-            arr = np.array(arr, dtype=spec.dtype, order="C", copy=True)
+            with self._cond:
+                raw = self._pool.take(nbytes)
+            buf = raw.view(spec.dtype).reshape(arr.shape)
+            np.copyto(buf, arr, casting="same_kind")
+            step.copies.append(raw)
+            arr = buf
             if self.model is not None:
-                self.model.add_copy(arr.nbytes, time.perf_counter() - t0)
+                self.model.add_copy(nbytes, time.perf_counter() - t0)
         step.data_bytes += arr.size * spec.dtype.itemsize
         step.ops.append(("put", name, box, arr))
 
@@ -618,6 +626,8 @@ class BackgroundLayer(Layer):
         with self._cond:
             self.stats.inflight_bytes -= step.nbytes
             self._frozen.thaw(step)
+            # the copies' buffers serve later steps, within the budget with what is in flight
+            self._pool.give(step.copies, self.budget - self.stats.inflight_bytes)
             self._cond.notify_all()
 
     # -- the background thread --------------------------------------------------
@@ -688,6 +698,7 @@ class BackgroundLayer(Layer):
         self.stats.steps_cancelled += 1
         self.stats.inflight_bytes -= step.nbytes
         self._frozen.thaw(step)
+        self._pool.give(step.copies, self.budget - self.stats.inflight_bytes)
 
     def _replay(self, step: Step) -> None:
         """The step's calls on the inner stack (the puts of one rank fail together, see _run)."""

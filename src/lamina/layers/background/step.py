@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,7 @@ class Step:
     index: int = -1  # the step's index, known at end_step
     doing: str = ""  # what the background thread was doing in it (for the error)
     data_bytes: int = 0  # bytes of data written in the step (copied or kept)
+    copies: list[np.ndarray] = field(default_factory=list)  # the buffers of its copies (Pool)
     decision: dict[str, Any] | None = None  # io='auto': the prediction made for it, and the outcome
 
 
@@ -96,6 +98,47 @@ class BackgroundError:
         err = error_from_wire(kind, msg)
         err.__cause__ = self.exc
         return err
+
+
+class Pool:
+    """The buffers of the copies of written steps, for the copies of later steps.
+
+    A copy into fresh memory costs its page faults (about 5 times a copy
+    into memory already touched, on the development machine), so the
+    buffers of a step are kept when it is written and taken again by the
+    puts of later steps of the same sizes.  A buffer is taken only if
+    nothing else refers to it any more (``sys.getrefcount``): an engine that
+    keeps a block by reference (the memory transport's shallow datasets)
+    keeps its buffer out of the pool.  Not locked: the layer calls it under
+    its condition.
+    """
+
+    def __init__(self) -> None:
+        self.free: dict[int, list[np.ndarray]] = {}
+        self.nbytes = 0
+
+    def take(self, nbytes: int) -> np.ndarray:
+        """A uint8 buffer of *nbytes* bytes: a free one of that size, else a new one."""
+        got = self.free.get(nbytes)
+        while got:
+            raw = got.pop()
+            self.nbytes -= nbytes
+            if sys.getrefcount(raw) <= 2:  # this name and the call's argument: nobody else
+                return raw
+        return np.empty(nbytes, dtype=np.uint8)
+
+    def give(self, raws: list[np.ndarray], room: int) -> None:
+        """Keep *raws* for later copies, as long as the pool stays within *room* bytes."""
+        for raw in raws:
+            if self.nbytes + raw.nbytes > room:
+                break
+            self.free.setdefault(raw.nbytes, []).append(raw)
+            self.nbytes += raw.nbytes
+        raws.clear()
+
+    def clear(self) -> None:
+        self.free.clear()
+        self.nbytes = 0
 
 
 class Frozen:
@@ -175,6 +218,7 @@ __all__ = [
     "DEFAULT_INFLIGHT_BYTES",
     "Frozen",
     "IOStats",
+    "Pool",
     "Step",
     "check_put",
     "enter",
