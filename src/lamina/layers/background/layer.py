@@ -577,7 +577,8 @@ class BackgroundLayer(Layer):
         """Collective: whether *step* goes to the background (every rank alike: all must predict it pays)."""
         assert self.model is not None
         size = self.inner.comm.size
-        pred: Prediction = self.model.predict(max(step.data_bytes, 1) * size, size)
+        with self._cond:  # the background thread adds samples under it
+            pred: Prediction = self.model.predict(max(step.data_bytes, 1) * size, size)
         agreed = comm_mod.allreduce_int(self._own(), int(pred.mode == "async"), "min")
         mode = "async" if agreed else "sync"
         d: dict[str, Any] = {"step": step.index, **pred.as_dict()}
