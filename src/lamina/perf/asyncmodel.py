@@ -34,9 +34,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import platform
-import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -44,6 +41,7 @@ import numpy as np
 
 from ..catalog.wire import load_json
 from ..errors import FormatError
+from .calibrate import cache_path, host, read_cache_file, write_cache_file
 
 #: bumped when what the history holds changes: older files are ignored
 HISTORY_VERSION = 1
@@ -63,15 +61,7 @@ DEFAULT_IO_RATE = 5e8
 
 def default_path() -> str:
     """``$LAMINA_ASYNC_HISTORY``, else ``$XDG_CACHE_HOME/lamina/async-history.json`` (default ``~/.cache``)."""
-    env = os.environ.get("LAMINA_ASYNC_HISTORY")
-    if env:
-        return os.path.expanduser(env)
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "lamina", "async-history.json")
-
-
-def host() -> str:
-    return platform.node() or "unknown"
+    return cache_path("LAMINA_ASYNC_HISTORY", "async-history.json")
 
 
 @dataclass
@@ -161,30 +151,17 @@ class History:
 
 def load_history(path: str | None = None) -> History:
     """The history at *path* (default :func:`default_path`); an empty one if it is missing or not usable."""
-    path = path or default_path()
     try:
-        with open(path, "rb") as f:
-            return History.from_json(f.read(MAX_FILE_BYTES + 1))
-    except (OSError, FormatError):
+        return History.from_json(
+            read_cache_file(path or default_path(), "async history", MAX_FILE_BYTES)
+        )
+    except (OSError, ValueError):  # FormatError is an OSError
         return History()
 
 
 def save_history(h: History, path: str | None = None) -> None:
     """Write *h* to *path* atomically (a temporary file renamed over it); OSError if it cannot."""
-    path = path or default_path()
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".async-history-", dir=d)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(h.to_json())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_cache_file(path or default_path(), h.to_json())
 
 
 #: the extension record where a writer under io='auto' keeps its decisions (rank 0's)

@@ -242,37 +242,37 @@ def calibrate(quick: bool = False, directory: str | None = None) -> Calibration:
 
 
 # ------------------------------------------------------------- the cache
-def default_path() -> str:
-    """``$LAMINA_CALIBRATION``, else ``$XDG_CACHE_HOME/lamina/calibration.json`` (default ``~/.cache``)."""
-    env = os.environ.get("LAMINA_CALIBRATION")
-    if env:
-        return os.path.expanduser(env)
+def cache_path(env: str, name: str) -> str:
+    """``$env``, else ``$XDG_CACHE_HOME/lamina/name`` (default ``~/.cache``): where a model keeps
+    what it measured on this machine."""
+    given = os.environ.get(env)
+    if given:
+        return os.path.expanduser(given)
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "lamina", "calibration.json")
+    return os.path.join(cache, "lamina", name)
 
 
-def read_calibration(path: str) -> Calibration:
-    """The calibration in file *path*, whatever host made it (OSError, ValueError).
+def read_cache_file(path: str, what: str, limit: int) -> bytes:
+    """At most *limit* + 1 bytes of the file at *path* (OSError, ValueError).
 
     Only a regular file is read (a FIFO or a device would block or never
-    end), and at most :data:`MAX_FILE_BYTES` + 1 bytes of it.
+    end).
     """
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError(f"calibration: {path} is not a regular file")
-        data = f.read(MAX_FILE_BYTES + 1)
-    return Calibration.from_json(data)
+            raise ValueError(f"{what}: {path} is not a regular file")
+        return f.read(limit + 1)
 
 
-def save_calibration(cal: Calibration, path: str) -> None:
-    """Write *cal* to *path* atomically (a temporary file renamed over it)."""
+def write_cache_file(path: str, text: str) -> None:
+    """Write *text* to *path* atomically (a temporary file renamed over it)."""
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".calibration-", dir=d)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + "-", dir=d)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(cal.to_json())
+            f.write(text)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -280,6 +280,24 @@ def save_calibration(cal: Calibration, path: str) -> None:
         except OSError:
             pass
         raise
+
+
+def default_path() -> str:
+    """``$LAMINA_CALIBRATION``, else ``$XDG_CACHE_HOME/lamina/calibration.json`` (default ``~/.cache``)."""
+    return cache_path("LAMINA_CALIBRATION", "calibration.json")
+
+
+def read_calibration(path: str) -> Calibration:
+    """The calibration in file *path*, whatever host made it (OSError, ValueError).
+
+    Only a regular file is read, and at most :data:`MAX_FILE_BYTES` + 1 bytes of it.
+    """
+    return Calibration.from_json(read_cache_file(path, "calibration", MAX_FILE_BYTES))
+
+
+def save_calibration(cal: Calibration, path: str) -> None:
+    """Write *cal* to *path* atomically (a temporary file renamed over it)."""
+    write_cache_file(path, cal.to_json())
 
 
 def cached(path: str | None = None) -> Calibration | None:
