@@ -85,7 +85,7 @@ from ..errors import (
 )
 from ..geometry import Box, find_overlap_arrays
 from .base import Engine
-from .staging import SMALL, BoxIndex, Chunk, PutLog
+from .staging import SMALL, BoxIndex, Chunk, PutLog, enter_box
 
 #: options every block engine takes
 COMMON_OPTIONS = frozenset({"checksum_segment", "background_stats", "wait"})
@@ -450,21 +450,8 @@ class BlockEngine(Engine):
         return spec
 
     def _enter(self, spec: DatasetSpec, box: Box) -> BoxIndex:
-        """Enter *box* among this rank's boxes of *spec* in this step; OverlapError if it meets one.
-
-        The caller takes it out again (``pop``) if its put fails afterwards.
-        """
-        idx = self._local.get(spec.id)
-        if idx is None:
-            idx = self._local[spec.id] = BoxIndex(spec.ndim)
-        j = idx.insert(box.start, box.stop)
-        if j >= 0:
-            other = Box(idx.starts[j], idx.stops[j])
-            raise OverlapError(
-                f"dataset {spec.path!r}, step {len(self.catalog.steps)}: box {box} overlaps box {other} "
-                "already written by this rank in this step"
-            )
-        return idx
+        """Enter *box* among this rank's boxes of *spec* in this step (:func:`.staging.enter_box`)."""
+        return enter_box(self._local, spec, box, len(self.catalog.steps))
 
     def put(self, name: str, box: Box, array: np.ndarray, copy: bool = True) -> None:
         spec = self._prepare(name, box, "write dataset")

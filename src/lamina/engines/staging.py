@@ -22,8 +22,10 @@ from concurrent.futures import Future
 import numpy as np
 
 from .. import stats as stats_mod
-from ..catalog import BlockCodec
+from ..catalog import BlockCodec, DatasetSpec
 from ..catalog.blocks import stat_dtype, sum_dtype
+from ..errors import OverlapError
+from ..geometry import Box
 
 #: raw blocks of at most this many bytes are staged in chunks and summarized in batches
 SMALL = stats_mod.SMALL
@@ -424,3 +426,22 @@ def _meets(a0, a1, b0, b1) -> bool:
         if s >= u or t >= e:
             return False
     return True
+
+
+def enter_box(boxes: dict[int, BoxIndex], spec: DatasetSpec, box: Box, step: int) -> BoxIndex:
+    """Enter *box* among one rank's boxes of *spec* in *step* (*boxes*: dataset id -> index).
+
+    OverlapError, naming both boxes, if it meets one; the caller takes it out
+    again (``pop`` of the index returned) if its put fails afterwards.
+    """
+    idx = boxes.get(spec.id)
+    if idx is None:
+        idx = boxes[spec.id] = BoxIndex(spec.ndim)
+    j = idx.insert(box.start, box.stop)
+    if j >= 0:
+        other = Box(idx.starts[j], idx.stops[j])
+        raise OverlapError(
+            f"dataset {spec.path!r}, step {step}: box {box} overlaps box {other} "
+            "already written by this rank in this step"
+        )
+    return idx

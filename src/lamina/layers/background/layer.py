@@ -64,6 +64,7 @@ from ...catalog import BlockTable, DatasetSpec, normpath
 from ...engines.base import BlockInfo, Engine
 from ...engines.block import dataset_not_found
 from ...engines.registry import BACKGROUND_OPTIONS
+from ...engines.staging import enter_box
 from ...errors import (
     ConfigError,
     LaminaWarning,
@@ -94,7 +95,6 @@ from .step import (
     Pool,
     Step,
     check_put,
-    enter,
 )
 
 if TYPE_CHECKING:
@@ -489,7 +489,7 @@ class BackgroundLayer(Layer):
             and arr.flags.c_contiguous
         )
         nbytes = 0 if keep else arr.size * spec.dtype.itemsize
-        index = enter(step, spec, box, self._next)
+        index = enter_box(step.boxes, spec, box, self._next)
         try:
             self._reserve(step, nbytes, f"a block of dataset {spec.path!r} ({box})")
         except BaseException:

@@ -12,7 +12,6 @@ from ...catalog import DatasetSpec
 from ...engines.staging import BoxIndex
 from ...errors import (
     DTypeError,
-    OverlapError,
     RemoteError,
     ShapeError,
     error_from_wire,
@@ -198,21 +197,6 @@ def check_put(spec: DatasetSpec, box: Box, array: Any) -> np.ndarray:
     return arr
 
 
-def enter(step: Step, spec: DatasetSpec, box: Box, index: int) -> BoxIndex:
-    """Enter *box* among the step's boxes of *spec*; OverlapError if it meets one (the caller pops it on failure)."""
-    idx = step.boxes.get(spec.id)
-    if idx is None:
-        idx = step.boxes[spec.id] = BoxIndex(spec.ndim)
-    j = idx.insert(box.start, box.stop)
-    if j >= 0:
-        other = Box(idx.starts[j], idx.stops[j])
-        raise OverlapError(
-            f"dataset {spec.path!r}, step {index}: box {box} overlaps box {other} "
-            "already written by this rank in this step"
-        )
-    return idx
-
-
 __all__ = [
     "BackgroundError",
     "DEFAULT_INFLIGHT_BYTES",
@@ -221,5 +205,4 @@ __all__ = [
     "Pool",
     "Step",
     "check_put",
-    "enter",
 ]
