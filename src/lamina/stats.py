@@ -172,18 +172,7 @@ class Summary(NamedTuple):
 
     def stats(self, i: int) -> Stats:
         """Block *i*'s statistics as a :class:`~lamina.catalog.Stats`."""
-        kind = self.mins.dtype.kind
-        if kind in "iu":
-            return Stats(
-                int(self.mins[i]), int(self.maxs[i]), float(self.sums[i]), int(self.counts[i])
-            )
-        s = self.sums[i]
-        return Stats(
-            float(self.mins[i]),
-            float(self.maxs[i]),
-            complex(s) if np.iscomplexobj(s) else float(s),
-            int(self.counts[i]),
-        )
+        return Stats.of_row(self.mins[i], self.maxs[i], self.sums[i], self.counts[i])
 
 
 def summarize(arrays: Sequence[np.ndarray], checksum: bool = True) -> Summary:

@@ -328,18 +328,7 @@ class BlockTable:
     def stats(self, i: int) -> Stats | None:
         if not self.has_stats[i]:
             return None
-        kind = self.dtype.kind
-        if kind in "iub":
-            return Stats(
-                int(self.smin[i]), int(self.smax[i]), float(self.ssum[i]), int(self.count[i])
-            )
-        s = self.ssum[i]
-        return Stats(
-            float(self.smin[i]),
-            float(self.smax[i]),
-            complex(s) if kind == "c" else float(s),
-            int(self.count[i]),
-        )
+        return Stats.of_row(self.smin[i], self.smax[i], self.ssum[i], self.count[i])
 
     def record(self, i: int, dataset: int) -> BlockRecord:
         """Block *i* as a :class:`BlockRecord` (built on demand: tables keep no objects)."""

@@ -286,6 +286,19 @@ class Stats:
         e.u64(self.count)
 
     @classmethod
+    def of_row(cls, mn, mx, total, count) -> Stats:
+        """One row of statistics columns (numpy scalars): integer minima and maxima stay exact
+        ints, complex sums complex, the rest floats."""
+        if isinstance(mn, np.integer):
+            return cls(int(mn), int(mx), float(total), int(count))
+        return cls(
+            float(mn),
+            float(mx),
+            complex(total) if np.iscomplexobj(total) else float(total),
+            int(count),
+        )
+
+    @classmethod
     def decode(cls, d: Decoder, dt: np.dtype) -> Stats:
         mn = _stat_value(d.raw(8), dt)
         mx = _stat_value(d.raw(8), dt)
