@@ -196,9 +196,13 @@ class PutLog:
         for col in (self.rows[did], self.starts[did], self.stops[did]):
             col.pop()
 
+    def chunks_of(self, rows: list[int]) -> list[Chunk]:
+        """The chunks the staged ones among *rows* lie in, each once, in order."""
+        return list({id(c): c for c in (self.chunk[r] for r in rows) if c is not None}.values())
+
     def reduce_staged(self, did: int) -> None:
         """Reduce now (on this thread) the chunks holding blocks of dataset *did* not reduced yet."""
-        for c in {id(c): c for c in (self.chunk[r] for r in self.rows.get(did, ())) if c}.values():
+        for c in self.chunks_of(self.rows.get(did, [])):
             if c.summaries is None and c.job is None:
                 self.summarize(c, False, False)
 
@@ -262,8 +266,7 @@ class PutLog:
         if not (stats or checksum):  # nothing to wait for (statistics that follow the record)
             return segs, crcs, has, smin, smax, ssum, count
         pos = {r: k for k, r in enumerate(rows)}
-        chunks = {id(c): c for c in (self.chunk[r] for r in rows) if c is not None}
-        for c in chunks.values():  # staged rows: from their chunk's summaries, a run at a time
+        for c in self.chunks_of(rows):  # staged rows: from their chunk's summaries, a run at a time
             c.wait()
             for first, s in c.summaries or ():
                 ks = [pos.get(r, -1) for r in c.rows[first : first + len(s.counts)]]
