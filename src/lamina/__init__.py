@@ -32,6 +32,7 @@ from .errors import (
     StepTimeoutError,
 )
 from .geometry import Box
+from .layouts import Multires
 
 __version__ = "0.1.0"
 
@@ -53,6 +54,7 @@ __all__ = [
     "LaminaError",
     "LaminaWarning",
     "LockError",
+    "Multires",
     "ModeError",
     "NotALaminaFileError",
     "NotFoundError",

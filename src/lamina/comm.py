@@ -41,6 +41,10 @@ class Tag(IntEnum):
     DATA = 13
     #: in situ transport, producer -> consumer: the statistics a ``Request.STATS`` asked for; empty: not held
     STATS = 14
+    #: multiresolution layout at end_step: pieces of patches to the rank that encodes them
+    PATCH_PIECES = 801
+    #: multiresolution layout at end_step: encoded patches (and their statistics) to their aggregator
+    PATCH_BYTES = 802
     #: rendezvous on the peer communicator, consumer leader -> producer leader
     HELLO = 0x4C4D0
     #: rendezvous, producer leader -> consumer leader
@@ -395,6 +399,21 @@ def cancel_receives(reqs: list) -> None:
             r.Wait()
 
 
+def exchange_pairs(
+    comm: MPI.Comm, sends: dict[int, np.ndarray], recvs: dict[int, np.ndarray], tag: int
+) -> None:
+    """Collective among the ranks named: send each uint8 array ``sends[r]`` to rank *r* and
+    receive into each ``recvs[r]`` from rank *r*, all at once (non-blocking, then waited for).
+
+    Both sides know every size beforehand (each buffer is received whole);
+    a rank that neither sends nor receives returns at once.
+    """
+    reqs = [comm.Irecv([buf, MPI.BYTE], src, tag) for src, buf in recvs.items() if len(buf)]
+    reqs += [comm.Isend([buf, MPI.BYTE], dst, tag) for dst, buf in sends.items() if len(buf)]
+    if reqs:
+        MPI.Request.Waitall(reqs)
+
+
 def allreduce_int(comm: MPI.Comm, value: int, op: str = "max") -> int:
     """Collective: reduce one int64 over all ranks (op: 'max', 'min' or 'sum')."""
     if comm.size == 1:
@@ -558,6 +577,7 @@ __all__ = [
     "Tag",
     "LaminaError",
     "Guard",
+    "exchange_pairs",
     "agree",
     "allgather_bytes",
     "allreduce_int",

@@ -6,8 +6,10 @@ import operator
 
 import numpy as np
 
-from ..errors import DTypeError, RangeError, ShapeError
+from ..errors import BoundsError, DTypeError, RangeError, ShapeError
 from ..geometry import Box
+from ..layouts import read as layout_read
+from ..layouts.spec import Layout, Multires
 from ..selection import parse
 from .attrs import Attributes
 
@@ -27,6 +29,50 @@ def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     raw = np.empty(n + PAGE, dtype=np.uint8)
     start = -raw.ctypes.data % PAGE
     return raw[start : start + n].view(dtype).reshape(shape)
+
+
+def _select(key, shape: tuple[int, ...], what: str, read) -> np.ndarray:
+    """A numpy-style selection *key* of an array of *shape*, read with ``read(box)``."""
+    sel = parse(key, shape, what)
+    out = read(sel.box)
+    if sel.strided:
+        out = out[tuple(slice(None, None, s) for s in sel.steps)]
+    if sel.squeeze:
+        out = out.reshape(sel.result_shape)
+    ellipsis = key is Ellipsis or (isinstance(key, tuple) and any(k is Ellipsis for k in key))
+    return out[()] if out.ndim == 0 and not (ellipsis and not shape) else out
+
+
+class LevelView:
+    """One level of a dataset (:meth:`Dataset.level`): shape, dtype and numpy-style reads."""
+
+    def __init__(self, ds: Dataset, level: int) -> None:
+        self.dataset = ds
+        self.level = level
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.dataset.levels[self.level]
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.dataset.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __repr__(self) -> str:
+        return f"<lamina level {self.level} of {self.dataset.name!r}: shape {self.shape}, dtype {self.dtype}>"
+
+    def __getitem__(self, key) -> np.ndarray:
+        """Independent: a selection in this level's coordinates."""
+        what = f"{self.dataset._what()} at level {self.level}"
+        return _select(key, self.shape, what, lambda box: self.dataset.read(box, level=self.level))
+
+    def __array__(self, dtype=None, copy=None):
+        out = self[...]
+        return out if dtype is None else out.astype(dtype)
 
 
 class Dataset:
@@ -108,25 +154,107 @@ class Dataset:
         of a 0-D dataset too), except ``ds[...]`` of a 0-D dataset, which
         gives a 0-D array.
         """
-        sel = parse(key, self.shape, self._what())
-        out = self.read(sel.box)
-        if sel.strided:
-            out = out[tuple(slice(None, None, s) for s in sel.steps)]
-        if sel.squeeze:
-            out = out.reshape(sel.result_shape)
-        ellipsis = key is Ellipsis or (isinstance(key, tuple) and any(k is Ellipsis for k in key))
-        return out[()] if out.ndim == 0 and not (ellipsis and not self.shape) else out
+        return _select(key, self.shape, self._what(), self.read)
 
     def read(
-        self, box: Box | None = None, step: int | None = None, out: np.ndarray | None = None
+        self,
+        box: Box | None = None,
+        step: int | None = None,
+        out: np.ndarray | None = None,
+        *,
+        level: int = 0,
+        tolerance: float | None = None,
     ) -> np.ndarray:
-        """Independent: read *box* (default: everything) at *step* (default: this view's step)."""
-        box = Box.from_shape(self.shape) if box is None else box
+        """Independent: read *box* (default: everything) at *step* (default: this view's step).
+
+        For a multiresolution dataset, *level* picks the resolution (0: full;
+        *box* is then in that level's coordinates, see :attr:`levels`), and
+        *tolerance* the error a caller accepts: no tighter than the one
+        written (a looser one reads the same bytes: each band is stored at
+        one accuracy).  The stored bytes the read took are in
+        :attr:`last_read_bytes`.
+        """
+        layout = Layout.of(self._spec)
+        if layout is None and tolerance is not None:
+            raise ValueError(
+                f"{self._what()} is not a multiresolution dataset: a read has no tolerance"
+            )
+        if layout is not None:
+            layout.check_read_tolerance(tolerance, self._path)
+            level = layout.check_level(level, self._path)
+        elif level != 0:
+            raise BoundsError(f"{self._what()} has one level (0); level {level} does not exist")
+        shape = self.levels[level]
+        box = Box.from_shape(shape) if box is None else box
         if out is None:
             out = _aligned_empty(box.shape, self.dtype)
         step = self._step if step is None else step
-        self._file._engine.get(self._path, box, step, out)
+        if layout is None:
+            self._file._engine.get(self._path, box, step, out)
+        else:
+            self.last_read_bytes = self._file._engine.get_level(self._path, box, step, out, level)
         return out
+
+    # -- multiresolution ----------------------------------------------------
+    #: stored bytes the last read of a multiresolution dataset took (through this object)
+    last_read_bytes: int = 0
+
+    @property
+    def layout(self) -> Multires | None:
+        """The dataset's layout (:class:`lamina.Multires`), None for a plain dataset."""
+        layout = Layout.of(self._spec)
+        return None if layout is None else layout.user()
+
+    @property
+    def levels(self) -> list[tuple[int, ...]]:
+        """The shape at every level, finest (0) first: ``ceil(shape / 2**k)``; one level for a plain dataset."""
+        layout = Layout.of(self._spec)
+        return [self.shape] if layout is None else layout.shapes(self.shape)
+
+    def level(self, level: int) -> LevelView:
+        """Level *level* as an array-like: ``ds.level(2)[0:10, :]`` reads in that level's coordinates."""
+        layout = Layout.of(self._spec)
+        if layout is None:
+            if level != 0:
+                raise BoundsError(f"{self._what()} has one level (0); level {level} does not exist")
+            return LevelView(self, 0)
+        return LevelView(self, layout.check_level(level, self._path))
+
+    def stored_bytes(self, box: Box | None = None, level: int = 0, step: int | None = None) -> int:
+        """Independent: the stored bytes a read of *box* (level-*level* coordinates) at *level* takes, read from the catalog alone."""
+        layout = Layout.of(self._spec)
+        if layout is None:
+            raise ValueError(f"{self._what()} is not a multiresolution dataset")
+        level = layout.check_level(level, self._path)
+        box = Box.from_shape(self.levels[level]) if box is None else box
+        layout_read.check_box(self._spec, layout, box, level)
+        eng = self._file._engine
+        k = eng.check_step(self._step if step is None else step)
+        return layout_read.nbytes(eng.catalog, self._spec, layout, box, k, level)
+
+    def progressive(self, box: Box | None = None, step: int | None = None):
+        """Independent: yield ``(level, array)`` for *box* (level-0 coordinates), coarsest level first.
+
+        Each refinement reads only the bands the coarser ones did not: all
+        of them together read the bytes of one read of level 0.  A plain
+        dataset yields level 0 alone.
+        """
+        layout = Layout.of(self._spec)
+        box = Box.from_shape(self.shape) if box is None else box
+        box.check_inside(self.shape, self._what())
+        if layout is None:
+            yield 0, self.read(box, step)
+            return
+        eng = self._file._engine
+        step = eng.check_step(self._step if step is None else step)
+        cache: dict = {}
+        total = 0
+        for k in reversed(range(layout.levels)):
+            part = layout_read.scale_box(box, k)
+            out = _aligned_empty(part.shape, self.dtype)
+            total += eng.get_level(self._path, part, step, out, k, cache)
+            self.last_read_bytes = total
+            yield k, out
 
     def __array__(self, dtype=None, copy=None):
         if copy is False:  # as h5py: reading always makes new memory, there is nothing to view

@@ -12,6 +12,7 @@ import numpy as np
 from .. import codecs as codec_mod
 from ..catalog import DatasetSpec, check_dtype, normpath
 from ..errors import DTypeError, NotFoundError, ShapeError, suggest
+from ..layouts.spec import Multires
 from .attrs import Attributes
 
 
@@ -130,7 +131,7 @@ class Group:
         return self.create_group(name)
 
     def create_dataset(
-        self, name: str, shape=None, dtype=None, fill=0, compression=None, data=None
+        self, name: str, shape=None, dtype=None, fill=0, compression=None, data=None, layout=None
     ):
         """Collective: define a dataset of fixed global *shape* and *dtype*.
 
@@ -150,6 +151,11 @@ class Group:
             ``("zfp", tolerance)``, or numcodecs-style dicts.  Off by default.
         data : array, optional
             Written by rank 0 only, in the current (or an implicit) step.
+        layout : lamina.Multires, optional
+            Store the dataset as patches of wavelet levels compressed with
+            zfp, readable by level and region (docs/multires.md); float32
+            or float64 only, and without *compression* (the layout has its
+            own).
         """
         from .dataset import Dataset
 
@@ -163,7 +169,21 @@ class Group:
         dt = check_dtype("f8" if dtype is None else dtype)
         fill_v = _fill_value(fill, dt, name)
         codecs = codec_mod.normalize(compression, dt, len(shape))
-        spec = self._file._engine.define(DatasetSpec(self._abs(name), shape, dt, fill_v, codecs))
+        described = None
+        if layout is not None:
+            if not isinstance(layout, Multires):
+                raise TypeError(
+                    f"dataset {name!r}: layout must be a lamina.Multires, got {layout!r}"
+                )
+            if codecs:
+                raise ValueError(
+                    f"dataset {name!r}: a multiresolution layout compresses with zfp itself; "
+                    "give no compression"
+                )
+            described = layout.describe(self._abs(name), shape, dt)
+        spec = self._file._engine.define(
+            DatasetSpec(self._abs(name), shape, dt, fill_v, codecs, layout=described)
+        )
         ds = Dataset(self._file, spec.path, self._step)
         if data is not None and self._file.comm.rank == 0:
             ds[...] = data

@@ -194,9 +194,22 @@ def decode_attr(d: Decoder):
 # datasets
 
 
+#: the layout of a multiresolution dataset (``lamina.layouts``)
+LAYOUT_MULTIRES = "multires"
+#: the layout of one of its coarser levels (an internal definition)
+LAYOUT_LEVEL = "multires-level"
+
+
 @dataclass(slots=True)
 class DatasetSpec:
-    """Definition of one dataset: path, global shape, dtype, fill value, codec pipeline."""
+    """Definition of one dataset: path, global shape, dtype, fill value, codec pipeline, layout.
+
+    *layout* is None for a plain dataset, else a flat JSON object whose
+    ``"layout"`` key names it (:data:`LAYOUT_MULTIRES`, or
+    :data:`LAYOUT_LEVEL` for a coarser level of one, see
+    ``lamina.layouts``).  On disk it is the first element of the codec
+    list, so that files without layouts read unchanged.
+    """
 
     path: str
     shape: tuple[int, ...]
@@ -204,6 +217,7 @@ class DatasetSpec:
     fill: object = 0
     codecs: tuple[dict, ...] = ()
     id: int = -1
+    layout: dict | None = None
 
     @property
     def ndim(self) -> int:
@@ -220,7 +234,8 @@ class DatasetSpec:
         for n in self.shape:
             e.u64(n)
         e.raw(np.array(self.fill, dtype=self.dtype).tobytes())
-        e.str(json.dumps(list(self.codecs), sort_keys=True, separators=(",", ":")))
+        described = ([self.layout] if self.layout is not None else []) + list(self.codecs)
+        e.str(json.dumps(described, sort_keys=True, separators=(",", ":")))
 
     @classmethod
     def decode(cls, d: Decoder) -> DatasetSpec:
@@ -248,11 +263,18 @@ class DatasetSpec:
             raise FormatError(
                 f"{d.what}: codec description of dataset {path!r} is not a list of objects"
             )
+        layout = None
+        if codecs and "layout" in codecs[0]:
+            layout = codecs.pop(0)
+            if layout["layout"] not in (LAYOUT_MULTIRES, LAYOUT_LEVEL):
+                raise FormatError(
+                    f"{d.what}: dataset {path!r} has an unknown layout {layout['layout']!r}"
+                )
         try:
             p = normpath(path)
         except ValueError as e:
             raise FormatError(f"{d.what}: bad dataset path {path!r}") from e
-        return cls(p, shape, dt, fill[()], tuple(codecs), did)
+        return cls(p, shape, dt, fill[()], tuple(codecs), did, layout)
 
     def digest_bytes(self) -> bytes:
         e = Encoder()
@@ -351,6 +373,9 @@ class BlockCodec(IntEnum):
     PIPELINE = 1
     #: no bytes at all: only the statistics (derived quantities kept with strategy ``stats``)
     STATS_ONLY = 2
+    #: one band of one patch of a multiresolution dataset (``lamina.layouts``): a header, then
+    #: zfp or deflated bytes
+    MULTIRES = 3
 
 
 @dataclass(slots=True)

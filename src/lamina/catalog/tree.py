@@ -8,6 +8,8 @@ from .blocks import BlockTable, StepBlocks
 from .model import (
     KIND_CLOSE,
     KIND_STEP,
+    LAYOUT_LEVEL,
+    LAYOUT_MULTIRES,
     OP_ATTR,
     OP_DATASET,
     OP_DELATTR,
@@ -30,6 +32,8 @@ class Catalog:
     def __init__(self) -> None:
         self.groups: set[str] = {""}
         self.datasets: dict[str, DatasetSpec] = {}
+        #: the coarser levels of multiresolution datasets: path -> {level: internal definition}
+        self.levels: dict[str, dict[int, DatasetSpec]] = {}
         self.specs: list[DatasetSpec] = []
         self.attrs: dict[str, dict[str, object]] = {"": {}}
         self.ext: dict[str, bytes] = {}
@@ -91,6 +95,7 @@ class Catalog:
         return (
             set(self.groups),
             dict(self.datasets),
+            {k: dict(v) for k, v in self.levels.items()},
             len(self.specs),
             {k: dict(v) for k, v in self.attrs.items()},
             dict(self.ext),
@@ -102,8 +107,21 @@ class Catalog:
         )
 
     def restore(self, cp: tuple) -> None:
-        (groups, datasets, nspecs, attrs, ext, nsteps, ntimes, closed, last_session, nrecords) = cp
+        (
+            groups,
+            datasets,
+            levels,
+            nspecs,
+            attrs,
+            ext,
+            nsteps,
+            ntimes,
+            closed,
+            last_session,
+            nrecords,
+        ) = cp
         self.groups, self.datasets, self.attrs, self.ext = groups, datasets, attrs, ext
+        self.levels = levels
         del self.specs[nspecs:]
         del self.steps[nsteps:]
         del self.step_times[ntimes:]
@@ -121,6 +139,9 @@ class Catalog:
                 raise FormatError(
                     f"{what}: dataset {spec.path!r} has id {spec.id}, expected {len(self.specs)}"
                 )
+            if spec.layout is not None and spec.layout.get("layout") == LAYOUT_LEVEL:
+                self._add_level(spec, what)
+                return
             if spec.path in self.datasets or spec.path in self.groups:
                 raise FormatError(f"{what}: dataset {spec.path!r} defined twice")
             self._add_group(parent(spec.path), what)
@@ -137,6 +158,41 @@ class Catalog:
             self.ext[op[1]] = op[2]
         else:
             raise FormatError(f"{what}: unknown operation {code}")
+
+    def _add_level(self, spec: DatasetSpec, what: str) -> None:
+        """A coarser level of a multiresolution dataset: kept beside it, never listed."""
+        assert spec.layout is not None
+        of, k = spec.layout.get("of"), spec.layout.get("level")
+        base = self.datasets.get(of) if isinstance(of, str) else None
+        if (
+            base is None
+            or base.layout is None
+            or base.layout.get("layout") != LAYOUT_MULTIRES
+            or not isinstance(k, int)
+            or isinstance(k, bool)
+            or not 1 <= k < 64
+        ):
+            raise FormatError(
+                f"{what}: level definition {spec.path!r} belongs to no multiresolution dataset"
+            )
+        levels = self.levels.setdefault(base.path, {})
+        expect = tuple(-(-n // (1 << k)) for n in base.shape)
+        if (
+            k in levels
+            or k - 1 not in (0, *levels)
+            or spec.shape != expect
+            or spec.dtype != base.dtype
+        ):
+            raise FormatError(
+                f"{what}: level {k} of dataset {base.path!r} is defined out of order, twice, or "
+                f"with shape {spec.shape} {spec.dtype} (expected {expect} {base.dtype})"
+            )
+        levels[k] = spec
+        self.specs.append(spec)
+
+    def level(self, path: str, level: int) -> DatasetSpec:
+        """The definition of *level* of dataset *path* (level 0: the dataset itself)."""
+        return self.datasets[path] if level == 0 else self.levels[path][level]
 
     def _add_group(self, path: str, what: str) -> None:
         parts = path.split("/") if path else []

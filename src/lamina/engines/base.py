@@ -58,6 +58,8 @@ class BlockInfo:
             codec = "stats-only"
         elif rec.codec == BlockCodec.RAW:
             codec = "raw"
+        elif rec.codec == BlockCodec.MULTIRES:
+            codec = "multires"
         else:
             codec = "+".join(c["id"] for c in spec.codecs)
         return cls(
@@ -245,6 +247,23 @@ class Engine(ABC):
     @abstractmethod
     def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
         """Independent: read *box* of dataset *name* at *step* into *out* (shape of box, dtype of the dataset)."""
+
+    @abstractmethod
+    def get_level(
+        self,
+        name: str,
+        box: Box,
+        step: int | None,
+        out: np.ndarray,
+        level: int = 0,
+        cache: dict | None = None,
+    ) -> int:
+        """Independent: read *box* (level-*level* coordinates) of a multiresolution dataset into *out*.
+
+        Level 0 of a plain dataset is :meth:`get`.  *cache* (a dict kept
+        by the caller across reads) spares reading a stored band twice.
+        Returns the stored bytes read.
+        """
 
     def blocks(self, name: str, step: int) -> Sequence[BlockInfo]:
         """Independent: the blocks of *name* written in committed *step* (each built when used)."""

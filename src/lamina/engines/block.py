@@ -69,9 +69,11 @@ from ..catalog import (
     parent,
 )
 from ..catalog.blocks import stat_dtype, sum_dtype
-from ..catalog.model import MAX_ATTR_BYTES, MAX_NDIM, decode_op, encode_op
+from ..catalog.model import MAX_ATTR_BYTES, MAX_NDIM, Stats, decode_op, encode_op
 from ..errors import (
+    BoundsError,
     CollectiveMismatchError,
+    ConfigError,
     DTypeError,
     ExistsError,
     FormatError,
@@ -84,6 +86,9 @@ from ..errors import (
     suggest,
 )
 from ..geometry import Box, find_overlap_arrays
+from ..layouts import read as layout_read
+from ..layouts import write as layout_write
+from ..layouts.spec import Layout, level_specs
 from .base import Engine
 from .staging import SMALL, BoxIndex, Chunk, PutLog, enter_box
 
@@ -223,6 +228,8 @@ class BlockEngine(Engine):
     """Common base of the memory and native engines (see module docstring)."""
 
     OPTIONS = COMMON_OPTIONS
+    #: whether datasets may have a layout (``lamina.layouts``): every block engine that keeps blocks
+    LAYOUTS = True
     #: whether blocks carry CRC-32C checksums (the memory transport's bytes are never stored)
     CHECKSUMS = True
 
@@ -248,6 +255,11 @@ class BlockEngine(Engine):
         self._in_step = False
         self._closed = False
         self.session = 0
+        # multiresolution datasets: this rank's pieces in this step (encoded at end_step)
+        self._mr_pending: dict[int, list[tuple[Box, np.ndarray]]] = {}
+        self._mr_local: dict[int, BoxIndex] = {}
+        #: what the last step's multiresolution writes did, per dataset (``layouts.write.Report``)
+        self.layout_reports: dict[str, layout_write.Report] = {}
 
     # ------------------------------------------------------------------ open
     def open(self, path: str, mode: str, comm, options: dict) -> None:
@@ -323,9 +335,13 @@ class BlockEngine(Engine):
             f"create_dataset({spec.path!r}, shape={spec.shape}, dtype={spec.dtype})",
             spec.digest_bytes(),
         )
-        op = (OP_DATASET, spec)
-        self.catalog.apply_op(op)
-        self._pending_ops.append(op)
+        ops = [(OP_DATASET, spec)]
+        layout = Layout.of(spec)
+        if layout is not None:
+            ops += [(OP_DATASET, s) for s in level_specs(spec, layout, spec.id + 1)]
+        for op in ops:
+            self.catalog.apply_op(op)
+            self._pending_ops.append(op)
         return spec
 
     def _validate_definition(self, spec: DatasetSpec) -> DatasetSpec:
@@ -335,6 +351,11 @@ class BlockEngine(Engine):
         if kind is not None:
             raise ExistsError(f"cannot create dataset {path!r}: a {kind} of that name exists")
         self._check_parents_are_groups(path, "dataset")
+        if spec.layout is not None and not self.LAYOUTS:
+            raise ConfigError(
+                f"cannot create dataset {path!r} with the {spec.layout.get('layout')!r} layout: "
+                f"engine {self.name!r} does not store layouts (use a file or the memory engine)"
+            )
         spec = DatasetSpec(
             path,
             tuple(int(n) for n in spec.shape),
@@ -342,7 +363,9 @@ class BlockEngine(Engine):
             spec.fill,
             spec.codecs,
             len(self.catalog.specs),
+            spec.layout,
         )
+        Layout.of(spec)  # a layout that does not fit the dataset is refused here
         if (
             spec.ndim > MAX_NDIM
             or math.prod(max(1, n) for n in spec.shape) * spec.dtype.itemsize >= 1 << 62
@@ -477,6 +500,10 @@ class BlockEngine(Engine):
         if not arr.flags.c_contiguous:
             arr = np.ascontiguousarray(arr)
             copy = False
+        if spec.layout is not None:  # encoded at end_step, with every rank's pieces
+            enter_box(self._mr_local, spec, box, len(self.catalog.steps))
+            self._mr_pending.setdefault(spec.id, []).append((box, arr.copy() if copy else arr))
+            return
         index = self._enter(spec, box)
         try:
             self._put(spec, box, arr, copy)
@@ -530,6 +557,10 @@ class BlockEngine(Engine):
         them (the derived layer).
         """
         spec = self._prepare(name, box, "write statistics of dataset")
+        if spec.layout is not None:
+            raise ConfigError(
+                f"dataset {spec.path!r} has a multiresolution layout: its statistics come from its data"
+            )
         arr = np.asarray(array)
         if arr.shape != box.shape:
             raise ShapeError(
@@ -553,6 +584,43 @@ class BlockEngine(Engine):
             _Done((st, (0,))),
             (self.session, 0, 0),  # nothing to move
         )
+
+    def put_block(self, spec: DatasetSpec, box: Box, payload: bytes, stats: Stats | None) -> None:
+        """Independent: one encoded block of a layout (:data:`BlockCodec.MULTIRES`) with its statistics."""
+        index = self._enter(spec, box)
+        try:
+            crcs = stats_mod.segment_crcs(payload, self.segment) if self.CHECKSUMS else (0,)
+            loc = self._place_payload(payload)
+        except BaseException:
+            index.pop()
+            raise
+        st = stats if self._with_stats else None
+        self._log.add(
+            spec.id,
+            box.start,
+            box.stop,
+            len(payload),
+            BlockCodec.MULTIRES,
+            payload,
+            _Done((st, crcs)),
+            loc,
+        )
+
+    def aggregator_ranks(self) -> list[int]:
+        """The ranks whose blocks land in a subfile of their own (each rank, unless the engine aggregates)."""
+        return list(range(self.size))
+
+    def _flush_layouts(self, step: int) -> None:
+        """Collective: encode this step's pieces of multiresolution datasets into level blocks."""
+        specs = [
+            s
+            for s in self.catalog.specs
+            if s.layout is not None and self.catalog.datasets.get(s.path) is s
+        ]
+        self.layout_reports = layout_write.flush(
+            self, specs, self._mr_pending, self.catalog.levels, step, self._with_stats
+        )
+        self._mr_pending = {}
 
     def _new_chunk(self) -> Chunk:
         if self._free_chunks:
@@ -793,6 +861,8 @@ class BlockEngine(Engine):
         """Collective: the four phases described in the module docstring."""
         step = len(self.catalog.steps) if kind == KIND_STEP else -1
         try:
+            if kind == KIND_STEP:
+                self._flush_layouts(step)
             g = comm_mod.Guard()
             with g:
                 local = self._encode_heads()
@@ -851,6 +921,8 @@ class BlockEngine(Engine):
                 self._recycle(c)
         self._log.clear()
         self._local.clear()
+        self._mr_pending = {}
+        self._mr_local.clear()
 
     def _undo_metadata(self) -> None:
         """Forget the metadata changes made since the last commit, in the catalog too."""
@@ -910,6 +982,10 @@ class BlockEngine(Engine):
 
     def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
         spec, step = self.check_read(name, box, step, out)
+        layout = Layout.of(spec)
+        if layout is not None:
+            layout_read.read(self, spec, layout, box, step, 0, out)
+            return
         t = self.catalog.table(spec.id, step)
         idx, lo, hi = t.hits(box.start, box.stop)
         covered = int(np.prod(hi - lo, axis=1, dtype=np.int64).sum()) if len(idx) else 0
@@ -944,6 +1020,38 @@ class BlockEngine(Engine):
         for i, a, b in zip(idx.tolist(), lo.tolist(), hi.tolist(), strict=True):
             inter = Box(tuple(a), tuple(b))
             self._read_region(t.record(i, spec.id), spec, inter, out[inter.within(box)])
+
+    def get_level(
+        self,
+        name: str,
+        box: Box,
+        step: int | None,
+        out: np.ndarray,
+        level: int = 0,
+        cache: dict | None = None,
+    ) -> int:
+        spec = self.lookup(name)
+        layout = Layout.of(spec)
+        step = self.check_step(step)
+        if layout is None:
+            if level != 0:
+                raise BoundsError(f"dataset {spec.path!r} has one level (0), not level {level}")
+            self.get(name, box, step, out)
+            return 0
+        level = layout.check_level(level, spec.path)
+        layout_read.check_box(spec, layout, box, level)
+        if out.shape != box.shape or out.dtype != spec.dtype:
+            raise ShapeError(
+                f"output buffer {out.shape} {out.dtype} does not match box {box} of {spec.dtype}"
+            )
+        return layout_read.read(self, spec, layout, box, step, level, out, cache)
+
+    def payload(self, spec: DatasetSpec, t: BlockTable, row: int) -> np.ndarray:
+        """Independent: the stored bytes of block *row* of table *t* of *spec*, checked against its checksums."""
+        return self._payload(t.record(row, spec.id), spec)
+
+    def _payload(self, rec: BlockRecord, spec: DatasetSpec) -> np.ndarray:
+        raise NotImplementedError
 
     def decode_payload(self, rec: BlockRecord, spec: DatasetSpec, payload) -> np.ndarray:
         """Bytes of a whole block as stored -> array of the block's shape."""

@@ -101,7 +101,7 @@ class MemoryEngine(BlockEngine):
         self.store.records.append(shared)
         self._seen += 1
 
-    def _read_region(self, rec, spec, inter, dst) -> None:
+    def _payload(self, rec, spec) -> np.ndarray:
         held = self.store.data.get((rec.session, rec.agg))
         if held is None or rec.offset + rec.length > len(held):
             raise ChecksumError(f"in-memory block of {spec.path!r} at {rec.box} is missing")
@@ -112,7 +112,10 @@ class MemoryEngine(BlockEngine):
             raise ChecksumError(
                 f"checksum mismatch in {self.path}: dataset {spec.path!r}, block {rec.box}"
             )
-        arr = self.decode_payload(rec, spec, payload)
+        return np.frombuffer(payload, dtype=np.uint8)
+
+    def _read_region(self, rec, spec, inter, dst) -> None:
+        arr = self.decode_payload(rec, spec, self._payload(rec, spec))
         dst[...] = arr[inter.relative_to(rec.box)]
 
 

@@ -161,6 +161,17 @@ class Layer(Engine):
     def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
         self.inner.get(name, box, step, out)
 
+    def get_level(
+        self,
+        name: str,
+        box: Box,
+        step: int | None,
+        out: np.ndarray,
+        level: int = 0,
+        cache: dict | None = None,
+    ) -> int:
+        return self.inner.get_level(name, box, step, out, level, cache)
+
     def blocks(self, name: str, step: int) -> Sequence[BlockInfo]:
         return self.inner.blocks(name, step)
 

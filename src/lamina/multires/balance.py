@@ -175,12 +175,17 @@ class Grid:
 
 @dataclass(frozen=True)
 class Pieces:
-    """Non-empty intersections of rank boxes with patches, one row each."""
+    """Non-empty intersections of rank boxes with patches, one row each.
+
+    ``box[i]``: the row of the boxes given to :func:`pieces` that piece
+    ``i`` comes from (None where a caller built pieces without it).
+    """
 
     rank: np.ndarray
     patch: np.ndarray
     lo: np.ndarray
     hi: np.ndarray
+    box: np.ndarray | None = None
 
     @property
     def volume(self) -> np.ndarray:
@@ -228,7 +233,7 @@ def pieces(grid: Grid, rank: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> Piec
     plo_c = np.maximum(plo, lo[box])
     phi_c = np.minimum(plo + p, hi[box])
     patch_id = grid.index()[tuple(cell.T)]
-    return Pieces(rank[box], patch_id, plo_c, phi_c)
+    return Pieces(rank[box], patch_id, plo_c, phi_c, keep[box])
 
 
 # --------------------------------------------------------------------------

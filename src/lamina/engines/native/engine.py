@@ -839,13 +839,20 @@ class NativeEngine(BlockEngine):
             dst = out[tuple(map(slice, lo_k, hi_k))]
             dst[...] = buf[a:b].view(dt).reshape(dst.shape)
 
+    def aggregator_ranks(self) -> list[int]:
+        return list(self.agg_rank)
+
+    def _payload(self, rec, spec) -> np.ndarray:
+        what = f"{self.path}/{rec.subfile}: dataset {spec.path!r} block {rec.box}"
+        buf = np.empty(rec.length, dtype=np.uint8)
+        self._read_verified(self._fd(rec.subfile), buf.data, rec.offset, 0, rec, what)
+        return buf
+
     def _read_region(self, rec, spec, inter: Box, dst: np.ndarray) -> None:
         what = f"{self.path}/{rec.subfile}: dataset {spec.path!r} block {rec.box}"
         fd = self._fd(rec.subfile)
         if rec.codec != BlockCodec.RAW:
-            buf = np.empty(rec.length, dtype=np.uint8)
-            self._read_verified(fd, buf.data, rec.offset, 0, rec, what)
-            arr = self.decode_payload(rec, spec, buf)
+            arr = self.decode_payload(rec, spec, self._payload(rec, spec))
             dst[...] = arr[inter.relative_to(rec.box)]
             return
         item = spec.dtype.itemsize

@@ -787,6 +787,19 @@ class BackgroundLayer(Layer):
         with self.lock:
             self.inner.get(name, box, step, out)
 
+    def get_level(
+        self,
+        name: str,
+        box: Box,
+        step: int | None,
+        out: np.ndarray,
+        level: int = 0,
+        cache: dict | None = None,
+    ) -> int:
+        step = self._settle(step)
+        with self.lock:
+            return self.inner.get_level(name, box, step, out, level, cache)
+
     def blocks(self, name: str, step: int) -> Sequence[BlockInfo]:
         self._settle(step)
         with self.lock:

@@ -1,0 +1,186 @@
+"""Reading multiresolution datasets: a box at a level, from the bands of the patches it meets.
+
+A read of level ``k`` finds the patches whose level-``k`` block meets the
+box (a search of level ``k``'s block table), then the blocks of the same
+patches in levels ``k+1 .. L-1`` (searches of those tables with the box
+scaled to them), reads each of those blocks once (checked against its
+checksums by the engine), decodes the patches batched by shape
+(:func:`lamina.multires.compress.decode`) and copies the part of each
+that the box holds.  Bands finer than ``k`` are never read.  A *cache*
+shared by several reads (``Dataset.progressive``) reads no band twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+from typing import Protocol
+
+import numpy as np
+
+from ..catalog.blocks import BlockTable
+from ..catalog.model import DatasetSpec
+from ..catalog.tree import Catalog
+from ..errors import CodecError, FormatError
+from ..geometry import Box
+from ..multires import compress, wavelet
+from .spec import Layout
+from .write import HEADER, HEADER_VERSION
+
+
+class Source(Protocol):
+    """What the layout needs of a block engine to read."""
+
+    catalog: Catalog
+
+    def payload(self, spec: DatasetSpec, t: BlockTable, row: int) -> np.ndarray: ...
+
+
+def scale_box(box: Box, down: int) -> Box:
+    """*box* in the coordinates of a level *down* levels coarser (the cells it touches)."""
+    return Box(tuple(a >> down for a in box.start), tuple(-((-b) >> down) for b in box.stop))
+
+
+def _patches_of(
+    t: BlockTable, box: Box, patch_k: np.ndarray, counts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of *t* meeting *box*, and the linear patch number of each."""
+    idx, _, _ = t.hits(box.start, box.stop)
+    coords = t.start[idx] // patch_k
+    return idx, np.ravel_multi_index(tuple(coords.T), tuple(counts.tolist())) if idx.size else idx
+
+
+def plan(
+    catalog: Catalog, spec: DatasetSpec, layout: Layout, box: Box, step: int, level: int
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The patches a read of *box* (level-*level* coordinates) needs and their rows per level.
+
+    Returns ``(patch numbers, rows)`` with ``rows[j - level][i]`` the row of
+    patch ``i``'s block in the table of level ``j``.
+    """
+    patch = np.asarray(layout.patch, dtype=np.int64)
+    counts = -(-np.asarray(spec.shape, dtype=np.int64) // patch)
+    t = catalog.table(catalog.level(spec.path, level).id, step)
+    rows_k, lin = _patches_of(t, box, patch >> level, counts)
+    order = np.argsort(lin, kind="stable")
+    lin, rows_k = lin[order], rows_k[order]
+    rows = [rows_k]
+    for j in range(level + 1, layout.levels):
+        tj = catalog.table(catalog.level(spec.path, j).id, step)
+        r, lj = _patches_of(tj, scale_box(box, j - level), patch >> j, counts)
+        srt = np.argsort(lj, kind="stable")
+        ls = lj[srt]
+        pos = np.minimum(np.searchsorted(ls, lin), max(ls.size - 1, 0))
+        if lin.size and (not ls.size or not bool(np.all(ls[pos] == lin))):
+            raise FormatError(
+                f"dataset {spec.path!r}, step {step}: the blocks of level {j} do not match those of "
+                f"level {level} (a patch lacks a band); the step is damaged"
+            )
+        rows.append(r[srt][pos] if lin.size else r[:0])
+    return lin, rows
+
+
+def nbytes(
+    catalog: Catalog, spec: DatasetSpec, layout: Layout, box: Box, step: int, level: int
+) -> int:
+    """Stored bytes a read of *box* at *level* reads (without reading them)."""
+    _, rows = plan(catalog, spec, layout, box, step, level)
+    total = 0
+    for j, r in enumerate(rows, start=level):
+        t = catalog.table(catalog.level(spec.path, j).id, step)
+        total += int(t.length[r].sum())
+    return total
+
+
+def read(
+    src: Source,
+    spec: DatasetSpec,
+    layout: Layout,
+    box: Box,
+    step: int,
+    level: int,
+    out: np.ndarray,
+    cache: MutableMapping | None = None,
+) -> int:
+    """Fill *out* with *box* (level-*level* coordinates) of *spec* at *step*; returns the bytes read."""
+    cat = src.catalog
+    lin, rows = plan(cat, spec, layout, box, step, level)
+    nl = layout.levels
+    patch = np.asarray(layout.patch, dtype=np.int64)
+    counts = tuple((-(-np.asarray(spec.shape, dtype=np.int64) // patch)).tolist())
+    coords = np.asarray(np.unravel_index(lin, counts), dtype=np.int64).T.reshape(-1, len(counts))
+    lo0 = coords * patch
+    hi0 = np.minimum(lo0 + patch, np.asarray(spec.shape, dtype=np.int64))
+    lo_k, hi_k = lo0 >> level, -((-hi0) >> level)
+    covered = (
+        int(np.prod(np.minimum(hi_k, box.stop) - np.maximum(lo_k, box.start), axis=1).sum())
+        if lin.size
+        else 0
+    )
+    if covered < box.size:
+        out[...] = spec.fill_scalar()
+    if not lin.size:
+        return 0
+    read_bytes = 0
+    blobs: list[list[bytes]] = [[b""] * lin.size for _ in range(nl)]
+    modes = np.zeros(lin.size, dtype=np.uint8)
+    exps = np.zeros(lin.size, dtype=np.int32)
+    for j, r in enumerate(rows, start=level):
+        lspec = cat.level(spec.path, j)
+        t = cat.table(lspec.id, step)
+        for i, row in enumerate(r.tolist()):
+            key = (step, j, int(lin[i]))
+            raw = cache.get(key) if cache is not None else None
+            if raw is None:
+                raw = src.payload(lspec, t, row)
+                read_bytes += len(raw)
+                if cache is not None:
+                    cache[key] = raw
+            if len(raw) < HEADER.size:
+                raise FormatError(
+                    f"dataset {spec.path!r}: block {t.box(row)} of level {j} is too short"
+                )
+            version, mode, exp = HEADER.unpack_from(bytes(raw[: HEADER.size]))
+            if version != HEADER_VERSION or mode > max(compress.Mode):
+                raise FormatError(
+                    f"dataset {spec.path!r}: block {t.box(row)} of level {j} has an unknown header "
+                    f"(version {version}, mode {mode})"
+                )
+            if j == nl - 1:
+                modes[i], exps[i] = mode, exp
+            blobs[j][i] = bytes(raw[HEADER.size :])
+    shapes = hi0 - lo0
+    keys = [tuple(s) for s in shapes.tolist()]
+    tolerances = np.zeros(nl)
+    for s in sorted(set(keys)):
+        sel = np.flatnonzero([k == s for k in keys])
+        enc = compress.Encoded(
+            s,
+            layout.patch,
+            spec.dtype,
+            layout.tolerance,
+            tolerances,
+            modes[sel],
+            exps[sel],
+            [[blobs[b][i] for i in sel.tolist()] for b in range(nl)],
+        )
+        try:
+            vals = compress.decode(enc, level)
+        except CodecError as e:
+            raise CodecError(f"dataset {spec.path!r}, step {step}, level {level}: {e}") from None
+        for k, i in enumerate(sel.tolist()):
+            a = np.maximum(lo_k[i], box.start)
+            b = np.minimum(hi_k[i], box.stop)
+            dst = tuple(slice(x - s0, y - s0) for x, y, s0 in zip(a, b, box.start, strict=True))
+            srcs = tuple(slice(x - s0, y - s0) for x, y, s0 in zip(a, b, lo_k[i], strict=True))
+            out[dst] = vals[k][srcs]
+    return read_bytes
+
+
+def check_box(spec: DatasetSpec, layout: Layout, box: Box, level: int) -> None:
+    """BoundsError naming the dataset and level unless *box* lies inside level *level*."""
+    box.check_inside(
+        wavelet.level_shape(spec.shape, level), f"dataset {spec.path!r} at level {level}"
+    )
+
+
+__all__ = ["Source", "check_box", "nbytes", "plan", "read", "scale_box"]
