@@ -498,7 +498,7 @@ def test_block_record_decode_errors():
         (BlockRecord(0, Box((0, 0), (11, 2)), length=176, crcs=(1,)), "outside dataset"),
         (BlockRecord(0, Box((0, 0), (2, 2)), length=31, crcs=(1,)), "claims 31 bytes"),
         (BlockRecord(0, Box((0, 0), (2, 2)), length=32, crcs=(1, 2)), "2 checksums, expected 1"),
-        (BlockRecord(0, Box((0, 0), (2, 2)), length=32, codec=3, crcs=(1,)), "unknown codec id 3"),
+        (BlockRecord(0, Box((0, 0), (2, 2)), length=32, codec=4, crcs=(1,)), "unknown codec id 4"),
         (
             BlockRecord(0, Box((0, 0), (2, 2)), length=32, codec=2, crcs=(1,)),
             "statistics-only block .* claims 32 bytes",

@@ -7,8 +7,9 @@ Runs as plain ``python crash_writer.py ...`` (one rank) or under
                     [--io sync|async]
 
 The writer writes steps from the file's current step count on (0 for mode
-'w').  Each step holds two datasets, ``crash/x`` (int64, 6x10) and
-``crash/y`` (float32, 13), whose values encode the global index and the
+'w').  Each step holds three datasets, ``crash/x`` (int64, 6x10),
+``crash/y`` (float32, 13) and ``crash/m`` (float64, 20x12, multiresolution,
+lossless), whose values encode the global index and the
 step, split over the ranks by an uneven decomposition that changes every
 step, so a reader needs no knowledge of the writer to check them.
 
@@ -50,7 +51,13 @@ from lamina import comm as comm_mod  # noqa: E402
 from lamina.engines.native import engine as native  # noqa: E402
 from lamina.geometry import Box  # noqa: E402
 
-DATASETS = {"crash/x": ((6, 10), "int64", -1), "crash/y": ((13,), "float32", -2.5)}
+DATASETS = {
+    "crash/x": ((6, 10), "int64", -1),
+    "crash/y": ((13,), "float32", -2.5),
+    "crash/m": ((20, 12), "float64", -3.0),
+}
+#: datasets with a layout: "crash/m" is multiresolution, lossless (so values check bit for bit)
+LAYOUTS = {"crash/m": lamina.Multires(patch=4, tolerance=0)}
 
 
 def expected(name: str, step: int) -> np.ndarray:
@@ -104,7 +111,7 @@ def main() -> None:
     for name, (shape, dtype, fill) in DATASETS.items():
         # an appending writer defines them too if a killed writer never committed them
         if name not in f:
-            f.create_dataset(name, shape, dtype, fill=fill)
+            f.create_dataset(name, shape, dtype, fill=fill, layout=LAYOUTS.get(name))
     eng = f.engine.stack()[-1]  # the native engine under the layers
     armed = {"on": False}
 
@@ -175,6 +182,7 @@ def main() -> None:
         if args.phase == "midstep" and k == args.at:
             stop("midstep")
         put(f, "crash/y", k, rank, size)
+        put(f, "crash/m", k, rank, size)
         if args.phase != "loop" and k == args.at:
             armed["on"] = True
         f.end_step()

@@ -477,6 +477,13 @@ class BlockTable:
         fail((offset >= big) | (length >= big), "has an impossible offset or length")
         fail(codec > _MAX_CODEC, "has an unknown codec id")
         fail(has > 1, "has a bad statistics flag")
+        layered = spec.layout is not None
+        fail(
+            (codec == BlockCodec.MULTIRES) != layered,
+            "is a multiresolution band of a plain dataset"
+            if not layered
+            else "of a multiresolution dataset is not a band",
+        )
         off64, len64, seg64 = offset.view("<i8"), length.view("<i8"), seg.view("<i8")
         fail(
             (codec == BlockCodec.STATS_ONLY) & (len64 != 0),

@@ -448,6 +448,11 @@ class BlockRecord:
             raise FormatError(
                 f"{d.what}: statistics-only block of {spec.path!r} at {box} claims {length} bytes"
             )
+        if (codec == BlockCodec.MULTIRES) != (spec.layout is not None):
+            raise FormatError(
+                f"{d.what}: block of {spec.path!r} at {box} has codec {codec}, which its layout "
+                "does not take"
+            )
         raw = box.size * spec.dtype.itemsize
         if codec == BlockCodec.RAW and length != raw:
             raise FormatError(

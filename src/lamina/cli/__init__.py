@@ -4,7 +4,7 @@
 
     lamina ls FILE [PATH] [--json]              tree of groups and datasets, with attributes
     lamina info FILE DATASET [--step K] [--json]  blocks per step: box, statistics, size, location
-    lamina dump FILE DATASET [--select S] [--step K] [--json]   values of a selection
+    lamina dump FILE DATASET [--select S] [--step K] [--level L] [--json]   values of a selection
     lamina convert SRC DST [--force] [--quiet] [--gzip N]     lamina <-> HDF5 (docs/hdf5.md)
     lamina plot FILE DATASET [--slice z=32] [--step K] [-o OUT.png] [--blocks] [--stats]
     lamina demo ...                             lamina.demo.main(args)
@@ -128,6 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--step", type=int, default=-1, metavar="K", help="step to read (default: the last, -1)"
+    )
+    s.add_argument(
+        "--level",
+        type=int,
+        default=0,
+        metavar="L",
+        help="resolution level of a multiresolution dataset (0: full; SELECT in its coordinates)",
     )
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_dump)

@@ -137,6 +137,11 @@ def _node_info(f, path: str, obj) -> dict:
             raw_nbytes=raw,
         )
         info["_fill"] = obj.fill
+        if obj.layout is not None:
+            lay = _layout(f, obj)
+            info["layout"] = {k: v for k, v in lay.items() if k not in ("levels", "subfiles")}
+            info["layout"]["levels"] = [x["shape"] for x in lay["levels"]]
+            info["nbytes"] = lay["_stored"]
     info["attrs"] = {k: json_value(v) for k, v in attrs.items()}
     info["_attrs"] = attrs
     return info
@@ -152,10 +157,58 @@ def _dataset_line(info: dict, nsteps: int) -> str:
     steps = fmt_steps_written(info["steps_written"], nsteps, info.get("derived") is not None)
     size = fmt_stored(info["nbytes"], info["raw_nbytes"])
     comp = fmt_codecs(info["compression"])
+    lay = info.get("layout")
+    if lay is not None:
+        comp = _layout_words(lay)
     return (
         f"{info['dtype']} {shape}  {steps}  {plural(info['blocks'], 'block')}  {size}  "
         f"compression {comp}  fill {fmt_value(info['_fill'])}{_derived_note(info)}"
     )
+
+
+def _layout(f, ds) -> dict:
+    """:func:`lamina.layouts.read.describe` of the dataset's last step written, plus its
+    bytes over all steps (``_stored``)."""
+    from ..layouts import read as layout_read
+    from ..layouts.spec import Layout
+
+    eng = f.engine
+    spec = eng.catalog.datasets[ds.name.lstrip("/")]
+    layout = Layout.of(spec)
+    assert layout is not None
+    last = None
+    stored = 0
+    for k in range(f.steps):
+        t = eng.catalog.table(spec.id, k)
+        if len(t):
+            last = k
+            for j in range(layout.levels):
+                stored += int(eng.catalog.table(eng.catalog.level(spec.path, j).id, k).length.sum())
+    out: dict = {
+        "patch": list(layout.patch),
+        "tolerance": layout.tolerance,
+        "order": layout.order,
+        "levels": [{"shape": list(s)} for s in layout.shapes(spec.shape)],
+        "subfiles": {},
+    }
+    if last is not None:
+        out = layout_read.describe(_engine_of(eng), spec, layout, last)
+        out["step"] = last
+    out["_stored"] = stored
+    return out
+
+
+def _engine_of(eng):
+    """The block engine under the layers (it reads stored bytes)."""
+    return eng.stack()[-1]
+
+
+def _layout_words(lay: dict) -> str:
+    patch = "x".join(str(p) for p in lay["patch"])
+    words = f"multires(patch {patch}, tolerance {lay['tolerance']:g}, {len(lay['levels'])} levels"
+    if lay.get("lossless_patches"):
+        words += f", {lay['lossless_patches']} patches lossless (NaN/inf or precision)"
+    return words + ")"
 
 
 def _derived_note(info: dict) -> str:
@@ -178,6 +231,7 @@ def cmd_info(args) -> int:
         times = eng.catalog.step_times
         per_step = [(k, times[k] if k < len(times) else None, ds.blocks(k)) for k in steps]
         nsteps, fname = f.steps, f.filename
+        lay = _layout(f, ds) if ds.layout is not None else None
     if args.json:
         print_json(
             {
@@ -187,6 +241,7 @@ def cmd_info(args) -> int:
                 "dtype": str(ds.dtype),
                 "fill": json_value(ds.fill),
                 "compression": list(ds.compression),
+                "layout": None if lay is None else {k: v for k, v in lay.items() if k != "_stored"},
                 "steps": [
                     {
                         "step": k,
@@ -203,8 +258,43 @@ def cmd_info(args) -> int:
         return 0
     print(
         f"{ds.name}: {ds.dtype} {tuple(ds.shape)}, fill {fmt_value(ds.fill)}, "
-        f"compression {fmt_codecs(ds.compression)}; {fname}: {plural(nsteps, 'step')}"
+        f"compression {fmt_codecs(ds.compression) if lay is None else _layout_words(lay)}; "
+        f"{fname}: {plural(nsteps, 'step')}"
     )
+    if lay is not None and "step" in lay:
+        print(
+            f"layout at step {lay['step']}: {lay['patches']} patches, order {lay['order']}, "
+            f"distribution {lay['distribution']}, aggregation {lay['aggregation']}"
+        )
+        rows = [
+            [
+                str(x["level"]),
+                "x".join(map(str, x["shape"])),
+                str(x["blocks"]),
+                fmt_bytes(x["stored"]),
+                fmt_bytes(x["raw"]),
+                f"{x['ratio']:.1f}" if x["ratio"] else "-",
+            ]
+            for x in lay["levels"]
+        ]
+        print(
+            textwrap.indent(
+                table(
+                    ["level", "shape", "patches", "stored", "raw", "ratio"],
+                    rows,
+                    align="llrrrr",
+                    markdown=False,
+                ),
+                "  ",
+            )
+        )
+        loads = list(lay["subfiles"].values())
+        mean = sum(loads) / len(loads) if loads else 0
+        print(
+            "  bytes per subfile: "
+            + ", ".join(f"{n} {fmt_bytes(b)}" for n, b in lay["subfiles"].items())
+            + (f" (max/mean {max(loads) / mean:.2f})" if mean else "")
+        )
     if not per_step:
         print("no committed steps")
     for k, t, blocks in per_step:
@@ -287,7 +377,8 @@ def cmd_dump(args) -> int:
         ds = find_dataset(f, args.dataset)
         view = f.at(args.step)
         k = view.index
-        data = np.asarray(view[ds.name][key])
+        level = getattr(args, "level", 0)
+        data = np.asarray(view[ds.name].level(level)[key])
         nsteps = f.steps
         fname = f.filename
     sel = selection.format_key(key)
@@ -298,6 +389,7 @@ def cmd_dump(args) -> int:
                 "dataset": ds.name,
                 "step": k,
                 "select": sel,
+                "level": level,
                 "shape": list(data.shape),
                 "dtype": str(data.dtype),
                 "data": json_value(data),
@@ -305,7 +397,8 @@ def cmd_dump(args) -> int:
             indent=None,
         )
         return 0
-    print(f"{ds.name}[{sel}] at step {k} of {nsteps}: {data.dtype} {tuple(data.shape)}")
+    at = f" level {level}" if level else ""
+    print(f"{ds.name}[{sel}]{at} at step {k} of {nsteps}: {data.dtype} {tuple(data.shape)}")
     width = max(40, shutil.get_terminal_size((120, 24)).columns)
     with np.printoptions(threshold=sys.maxsize, linewidth=width):
         print(fmt_value(data[()]) if data.ndim == 0 else np.array2string(data, separator=" "))

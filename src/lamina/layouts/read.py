@@ -176,6 +176,54 @@ def read(
     return read_bytes
 
 
+def describe(src: Source, spec: DatasetSpec, layout: Layout, step: int) -> dict:
+    """What a step of a multiresolution dataset holds: bytes and ratio per level, patches,
+    patches stored losslessly under a lossy tolerance (NaN, inf, or data too close to its
+    precision), and bytes per subfile (the aggregators' load).  Reads the coarsest band of
+    every patch (its header says how the patch is stored)."""
+    cat = src.catalog
+    levels = []
+    subfiles: dict[str, int] = {}
+    for k in range(layout.levels):
+        lspec = cat.level(spec.path, k)
+        t = cat.table(lspec.id, step)
+        stored = int(t.length.sum())
+        raw = int(np.prod(lspec.shape, dtype=np.int64)) * spec.dtype.itemsize
+        covered = int(np.prod(t.stop - t.start, axis=1, dtype=np.int64).sum()) * spec.dtype.itemsize
+        levels.append(
+            {
+                "level": k,
+                "shape": list(lspec.shape),
+                "blocks": len(t),
+                "stored": stored,
+                "raw": raw,
+                "ratio": covered / stored if stored else None,
+            }
+        )
+        for i in range(len(t)):
+            name = t.record(i, lspec.id).subfile
+            subfiles[name] = subfiles.get(name, 0) + int(t.length[i])
+    last = cat.level(spec.path, layout.levels - 1)
+    t = cat.table(last.id, step)
+    lossless = 0
+    for i in range(len(t)):
+        raw_bytes = src.payload(last, t, i)
+        if len(raw_bytes) >= HEADER.size:
+            mode = HEADER.unpack_from(bytes(raw_bytes[: HEADER.size]))[1]
+            lossless += int(layout.tolerance > 0 and mode == compress.Mode.RAW)
+    return {
+        "patch": list(layout.patch),
+        "tolerance": layout.tolerance,
+        "order": layout.order,
+        "distribution": layout.distribution,
+        "aggregation": layout.aggregation,
+        "patches": len(t),
+        "lossless_patches": lossless,
+        "levels": levels,
+        "subfiles": dict(sorted(subfiles.items())),
+    }
+
+
 def check_box(spec: DatasetSpec, layout: Layout, box: Box, level: int) -> None:
     """BoundsError naming the dataset and level unless *box* lies inside level *level*."""
     box.check_inside(
@@ -183,4 +231,4 @@ def check_box(spec: DatasetSpec, layout: Layout, box: Box, level: int) -> None:
     )
 
 
-__all__ = ["Source", "check_box", "nbytes", "plan", "read", "scale_box"]
+__all__ = ["Source", "check_box", "describe", "nbytes", "plan", "read", "scale_box"]

@@ -17,6 +17,7 @@ from ..catalog import BlockCodec, BlockTable
 from ..derived import Interval, needed_boxes
 from ..errors import StepError
 from ..geometry import Box
+from ..layouts.spec import Layout
 
 INF = math.inf
 #: any value, possibly NaN
@@ -65,7 +66,15 @@ def exact_range(a: np.ndarray) -> Interval:
 class Table:
     """The blocks of one dataset at one step, as arrays for vectorized overlap tests and bounds."""
 
-    def __init__(self, blocks: BlockTable | None, ndim: int, dtype: np.dtype | None = None) -> None:
+    def __init__(
+        self,
+        blocks: BlockTable | None,
+        ndim: int,
+        dtype: np.dtype | None = None,
+        widen: float = 0.0,
+    ) -> None:
+        """*widen*: how far values read may lie from those the statistics describe (the tolerance
+        of a lossy multiresolution dataset, whose statistics are of the values written)."""
         if blocks is None:
             blocks = BlockTable.empty(ndim, np.dtype(dtype if dtype is not None else "f8"))
         n = len(blocks)
@@ -81,8 +90,8 @@ class Table:
             self.lo = np.where(some, blocks.smin.astype(object), INF)
             self.hi = np.where(some, blocks.smax.astype(object), -INF)
         else:  # float statistics are the values themselves (complex: of |z|, not used for bounds)
-            self.lo = np.where(some, blocks.smin.astype(np.float64), INF)
-            self.hi = np.where(some, blocks.smax.astype(np.float64), -INF)
+            self.lo = np.where(some, blocks.smin.astype(np.float64) - widen, INF)
+            self.hi = np.where(some, blocks.smax.astype(np.float64) + widen, -INF)
         size = np.prod(self.stops - self.starts, axis=1, dtype=np.int64)
         self.nan = self.has_stats & (blocks.count < size)
 
@@ -156,7 +165,9 @@ class Source:
             blocks = (
                 self.eng.block_table(path, self.step) if path in self.eng.catalog.datasets else None
             )
-            got = Table(blocks, len(info.shape), info.dtype)
+            spec = self.eng.catalog.datasets.get(path)
+            layout = Layout.of(spec) if spec is not None else None
+            got = Table(blocks, len(info.shape), info.dtype, layout.tolerance if layout else 0.0)
             self._tables[path] = got
         return got
 

@@ -1,0 +1,308 @@
+"""The multiresolution layout as users meet it: create_dataset(layout=lamina.Multires(...)), write, read levels.
+
+The algorithms themselves (wavelet, error bound, zfp per band, balancing)
+are tested in test_multires.py and test_multires_balance.py; here they run
+through the engines: steps, commits, checksums, statistics, queries, n
+writers to m readers, bad input and damaged files.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import lamina
+from lamina.errors import ConfigError
+from lamina.geometry import Box
+from lamina.multires import compress
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import mpi_util as mu  # noqa: E402
+
+DATA = Path(
+    os.environ.get("LAMINA_TEST_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
+)
+CTH = DATA / "cth_shock_128x64x64.npz"
+
+
+def smooth(shape, seed=0, dtype=np.float64):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape)
+    for ax in range(len(shape)):
+        x = np.cumsum(x, axis=ax)
+    return (x / np.sqrt(np.prod(shape))).astype(dtype)
+
+
+def path_for(tmp_path, engine):
+    return str(tmp_path / "f.lam") if engine == "native" else f"mem-{tmp_path.name}"
+
+
+def write(path, engine, arr, layout, steps=1, boxes=None, **open_kw):
+    with lamina.open(path, "w", engine=engine, **open_kw) as f:
+        ds = f.create_dataset("T", arr.shape, arr.dtype, layout=layout)
+        for s in range(steps):
+            with f.step():
+                for box in boxes or [Box.from_shape(arr.shape)]:
+                    ds[box.slices] = arr[box.slices] + s
+    return path
+
+
+@pytest.mark.parametrize("engine", ["native", "memory"])
+@pytest.mark.parametrize(
+    "shape, patch",
+    [((100,), 16), ((37, 50), (16, 8)), ((33, 20, 17), 8), ((64, 64), 32)],
+)
+def test_lossless_round_trip_bit_for_bit(tmp_path, engine, shape, patch):
+    """Tolerance 0: level 0 reads back bit for bit (partial patches included), level k as the integer transform gives it."""
+    x = smooth(shape, 1)
+    p = write(path_for(tmp_path, engine), engine, x, lamina.Multires(patch=patch, tolerance=0))
+    with lamina.open(p, "r", engine=engine) as f:
+        ds = f["T"]
+        assert np.array_equal(ds[...], x)
+        for k in range(len(ds.levels)):
+            want = compress.reference_array(x, ds.layout.patch, k, 0)
+            assert np.array_equal(ds.level(k)[...], want), k
+
+
+@pytest.mark.parametrize("engine", ["native", "memory"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("tol", [1e-1, 1e-3, 1e-6])
+def test_every_level_within_tolerance(tmp_path, engine, dtype, tol):
+    x = smooth((40, 33, 21), 2, dtype) * 10
+    p = write(
+        path_for(tmp_path, engine), engine, x, lamina.Multires(patch=(16, 16, 8), tolerance=tol)
+    )
+    with lamina.open(p, "r", engine=engine) as f:
+        ds = f["T"]
+        for k in range(len(ds.levels)):
+            want = compress.reference_array(x, (16, 16, 8), k, tol)
+            got = ds.level(k)[...]
+            assert got.dtype == dtype and got.shape == ds.levels[k]
+            assert np.abs(got.astype(np.float64) - want).max() <= tol, k
+
+
+@pytest.mark.skipif(not CTH.exists(), reason="shared data not present")
+@pytest.mark.parametrize("name", ["pressure", "x_velocity", "volume_fraction_for_armor_plate"])
+def test_real_data_through_the_file(tmp_path, name):
+    """CTH fields (sharp fronts, empty regions) written by boxes that cut patches, every level within the bound."""
+    x = np.load(CTH)[name][:, 5:60, 3:]
+    tol = float(np.ptp(x)) * 1e-4
+    boxes = [Box((0, 0, 0), (30, 55, 125)), Box((30, 0, 0), (64, 55, 125))]
+    p = write(
+        str(tmp_path / "c.lam"), "native", x, lamina.Multires(patch=32, tolerance=tol), boxes=boxes
+    )
+    with lamina.open(p) as f:
+        ds = f["T"]
+        for k in range(len(ds.levels)):
+            want = compress.reference_array(x, (32, 32, 32), k, tol)
+            assert np.abs(ds.level(k)[...].astype(np.float64) - want).max() <= tol
+        assert ds.stored_bytes() < x.nbytes / 2
+
+
+def test_levels_regions_and_bytes(tmp_path):
+    x = smooth((64, 48), 3)
+    p = write(str(tmp_path / "f.lam"), "native", x, lamina.Multires(patch=16, tolerance=1e-4))
+    with lamina.open(p) as f:
+        ds = f["T"]
+        assert ds.levels == [(64, 48), (32, 24), (16, 12), (8, 6), (4, 3)]
+        assert isinstance(ds.layout, lamina.Multires) and ds.layout.tolerance == 1e-4
+        # a region of level 2 in its own coordinates, numpy-style selections
+        ref = compress.reference_array(x, (16, 16), 2, 1e-4)
+        assert np.abs(ds.level(2)[3:9, ::2] - ref[3:9, ::2]).max() <= 1e-4
+        assert np.abs(ds.level(2)[5] - ref[5]).max() <= 1e-4
+        got = ds.read(Box((3, 2), (9, 7)), level=2, tolerance=1e-3)
+        assert np.abs(got - ref[3:9, 2:7]).max() <= 1e-4
+        # only the patches the box meets, only the bands of its level and coarser
+        assert ds.last_read_bytes == ds.stored_bytes(Box((3, 2), (9, 7)), level=2)
+        whole = [ds.stored_bytes(level=k) for k in range(5)]
+        assert whole == sorted(whole, reverse=True) and whole[4] < whole[0] / 10
+        one_patch = ds.stored_bytes(Box((0, 0), (16, 16)))
+        assert one_patch < whole[0] / 8
+        # coarse to fine: all refinements together read what one read of level 0 reads
+        out = list(ds.progressive())
+        assert [k for k, _ in out] == [4, 3, 2, 1, 0]
+        assert ds.last_read_bytes == whole[0]
+        assert np.abs(out[-1][1] - x).max() <= 1e-4
+
+
+def test_mixed_file_steps_blocks_and_statistics(tmp_path):
+    """A plain and a multiresolution dataset side by side; blocks are patches with statistics of their level."""
+    x = smooth((48, 40), 4)
+    with lamina.open(tmp_path / "f.lam", "w") as f:
+        t = f.create_dataset("T", x.shape, x.dtype, layout=lamina.Multires(patch=16, tolerance=0))
+        p = f.create_dataset("g/P", x.shape, x.dtype)
+        for s in range(3):
+            with f.step():
+                t[...] = x + s
+                p[...] = x - s
+        assert sorted(f.keys()) == ["T", "g"]
+    with lamina.open(tmp_path / "f.lam") as f:
+        assert f.steps == 3 and sorted(f.keys()) == ["T", "g"]
+        for s in range(3):
+            assert np.array_equal(f.at(s)["T"][...], x + s)
+            assert np.array_equal(f.at(s)["g/P"][...], x - s)
+        blocks = f["T"].blocks(1)
+        assert len(blocks) == 9 and {b.codec for b in blocks} == {"multires"}
+        b = blocks[4]
+        v = (x + 1)[b.box.slices]
+        assert (b.stats.min, b.stats.max, b.stats.count) == (v.min(), v.max(), v.size)
+        assert f["T"].coverage(0)
+
+
+def test_queries_prune_by_patch_and_stay_exact(tmp_path):
+    """Statistics are of the values written; a lossy read may differ by the tolerance, and the query widens by it."""
+    x = smooth((64, 64), 5)
+    tol = 1e-3
+    p = write(str(tmp_path / "f.lam"), "native", x, lamina.Multires(patch=16, tolerance=tol))
+    with lamina.open(p) as f:
+        got = f["T"][...]
+        for thr in (float(np.quantile(got, 0.99)), float(got.max()) - tol / 2, float(got.max())):
+            res = f.query(f"T >= {thr!r}")
+            assert res.count == int((got >= thr).sum())
+        res = f.query(f"T >= {float(np.quantile(got, 0.99))!r}")
+        assert len(res.candidates) < 16  # of 16 patches: the others are pruned
+
+
+def test_unwritten_parts_read_as_fill(tmp_path):
+    x = smooth((40, 40), 6)
+    with lamina.open(tmp_path / "f.lam", "w") as f:
+        t = f.create_dataset(
+            "T", x.shape, x.dtype, fill=-5.0, layout=lamina.Multires(patch=16, tolerance=0)
+        )
+        with f.step():
+            t[0:10, 0:20] = x[0:10, 0:20]
+    with lamina.open(tmp_path / "f.lam") as f:
+        got = f["T"][...]
+        assert np.array_equal(got[0:10, 0:20], x[0:10, 0:20])
+        assert (got[10:] == -5).all() and (got[:, 20:] == -5).all()
+        assert len(f["T"].blocks(0)) == 2  # patches nobody wrote are not stored
+
+
+def test_special_values_stored_losslessly(tmp_path):
+    x = smooth((32, 32), 7)
+    x[3, 4] = np.nan
+    x[20, 30] = np.inf
+    p = write(str(tmp_path / "f.lam"), "native", x, lamina.Multires(patch=16, tolerance=1e-2))
+    with lamina.open(p) as f:
+        got = f["T"][...]
+        assert np.array_equal(got[:16, :16], x[:16, :16], equal_nan=True)
+        assert got[20, 30] == np.inf
+        assert np.abs(got[16:, :16] - x[16:, :16]).max() <= 1e-2
+        b = [b for b in f["T"].blocks(0) if b.box.start == (0, 0)][0]
+        assert b.stats.count == 255  # NaN-aware statistics
+
+
+def test_flipped_byte_in_a_level_gives_checksum_error(tmp_path):
+    x = smooth((32, 32), 8)
+    p = write(str(tmp_path / "f.lam"), "native", x, lamina.Multires(patch=16, tolerance=1e-3))
+    with lamina.open(p) as f:
+        coarse = f["T"].level(4)[...]
+        b = f["T"].blocks(0)[1]
+    data = tmp_path / "f.lam" / b.subfile
+    raw = bytearray(data.read_bytes())
+    raw[b.offset + b.nbytes // 2] ^= 0x10
+    data.write_bytes(bytes(raw))
+    with lamina.open(p) as f:
+        with pytest.raises(lamina.ChecksumError, match="checksum"):
+            f["T"][...]
+        assert np.array_equal(f["T"].level(4)[...], coarse)  # the coarse bands are intact
+
+
+def test_bad_input_names_the_dataset_and_the_limit(tmp_path):
+    with lamina.open(tmp_path / "f.lam", "w") as f:
+        with pytest.raises(lamina.ShapeError, match=r"'A'.*not a power of two"):
+            f.create_dataset("A", (64, 64), "f8", layout=lamina.Multires(patch=24))
+        with pytest.raises(lamina.ShapeError, match=r"'A'.*larger than the dataset's extent 20"):
+            f.create_dataset("A", (64, 20), "f8", layout=lamina.Multires(patch=32))
+        for bad in (-1.0, float("nan"), float("inf")):
+            with pytest.raises(ValueError, match=r"'A'.*tolerance"):
+                f.create_dataset("A", (64, 64), "f8", layout=lamina.Multires(tolerance=bad))
+        with pytest.raises(lamina.DTypeError, match=r"'A'.*float32 or float64"):
+            f.create_dataset("A", (64, 64), "i4", layout=lamina.Multires())
+        with pytest.raises(ValueError, match="compression"):
+            f.create_dataset("A", (64, 64), "f8", compression="zstd", layout=lamina.Multires())
+        with pytest.raises(ValueError, match="order"):
+            f.create_dataset("A", (64, 64), "f8", layout=lamina.Multires(order="random"))
+        with pytest.raises(TypeError, match="lamina.Multires"):
+            f.create_dataset("A", (64, 64), "f8", layout={"patch": 32})
+        t = f.create_dataset("T", (64, 64), "f8", layout=lamina.Multires(tolerance=1e-3))
+        t[...] = smooth((64, 64))
+        with pytest.raises(ConfigError, match="statistics"):
+            f._engine.put_stats("T", Box((0, 0), (2, 2)), np.zeros((2, 2)))
+    with lamina.open(tmp_path / "f.lam") as f:
+        t = f["T"]
+        with pytest.raises(lamina.BoundsError, match=r"'T' has levels 0 to 5.*level 6"):
+            t.level(6)
+        with pytest.raises(lamina.BoundsError, match="level -1"):
+            t.read(level=-1)
+        with pytest.raises(ValueError, match=r"'T' was written with tolerance 0.001.*1e-05"):
+            t.read(tolerance=1e-5)
+        with pytest.raises(lamina.BoundsError, match="level 1"):
+            t.read(Box((0, 0), (33, 2)), level=1)
+        assert f.keys() == ["T"]  # nothing committed was lost
+
+
+def test_overlapping_writes_are_refused_naming_both_boxes(tmp_path):
+    with lamina.open(tmp_path / "f.lam", "w") as f:
+        t = f.create_dataset("T", (32, 32), "f4", layout=lamina.Multires(patch=16))
+        with f.step():
+            t[0:10] = 1.0
+            with pytest.raises(
+                lamina.OverlapError, match=r"\[5:12, 0:32\] overlaps box \[0:10, 0:32\]"
+            ):
+                t[5:12] = 2.0
+
+
+def test_transport_refuses_layouts_clearly():
+    from lamina.engines.transport.common import TransportBase
+
+    assert TransportBase.LAYOUTS is False
+
+
+def test_files_without_layouts_and_older_versions_read_as_before():
+    """The layout lives in the codec list's first element: a plain definition encodes as it always did."""
+    from lamina.catalog.model import DatasetSpec, Decoder, Encoder
+
+    s = DatasetSpec("a/b", (4, 5), np.dtype("f4"), 0.0, ({"id": "zstd"},), 3)
+    e = Encoder()
+    s.encode(e)
+    assert b'[{"id":"zstd"}]' in e.getvalue()
+    back = DatasetSpec.decode(Decoder(e.getvalue(), "test"))
+    assert back.layout is None and back.codecs == ({"id": "zstd"},)
+
+
+@pytest.mark.parametrize("n, m", [(1, 3), (3, 2), (4, 1)])
+def test_n_writers_m_readers_every_level(tmp_path, n, m):
+    """Uneven slabs that cut patches, three files (lossy and lossless, patch and level order,
+    balanced/greedy distribution, balanced/counts/local aggregation), every level read by
+    slabs, random boxes and progressively by another rank count, and queried."""
+    res = mu.run_mpi(n, "multires", "write", tmp_path, timeout=150)
+    assert "OK write" in res.stdout
+    res = mu.run_mpi(m, "multires", "read", tmp_path, n, timeout=150)
+    assert f"OK read: {m} ranks, {n} writers" in res.stdout
+
+
+def test_command_line_shows_layout_levels_and_loads(tmp_path, capsys):
+    from lamina.cli import main
+
+    x = smooth((40, 36), 9)
+    x[0, 0] = np.nan
+    write(str(tmp_path / "f.lam"), "native", x, lamina.Multires(patch=16, tolerance=1e-3))
+    assert main(["ls", str(tmp_path / "f.lam")]) == 0
+    out = capsys.readouterr().out
+    assert "multires(patch 16x16, tolerance 0.001, 5 levels, 1 patches lossless" in out
+    assert main(["info", str(tmp_path / "f.lam"), "T"]) == 0
+    out = capsys.readouterr().out
+    assert "9 patches" in out and "bytes per subfile" in out and "20x18" in out
+    assert main(["dump", str(tmp_path / "f.lam"), "T", "--level", "3", "--json"]) == 0
+    import json
+
+    got = json.loads(capsys.readouterr().out)
+    assert got["level"] == 3 and got["shape"] == [5, 5]
+    assert main(["dump", str(tmp_path / "f.lam"), "T", "--level", "9"]) != 0
+    assert "levels 0 to 4" in capsys.readouterr().err
