@@ -92,7 +92,7 @@ def read(d: str, writers: int) -> None:
     rng = np.random.default_rng(100 + r)
     for name, (tol, *_rest) in FILES.items():
         with lamina.open(f"{d}/{name}.lam", "r", comm=comm) as f:
-            t, p = f["T"], f["P"]
+            t = f["T"]
             levels = t.levels
             assert len(levels) == 4 and levels[0] == SHAPE, levels
             for step in range(STEPS):
