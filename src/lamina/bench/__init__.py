@@ -7,7 +7,10 @@ derived`` measures the derived-quantity kernels against memcpy and plain
 numpy in one process.  ``lamina bench blocks`` measures the cost per block
 of many small blocks (write, read, one-block read, query) against the same
 baselines.  ``lamina bench async`` measures background I/O (``io='async'``)
-against synchronous I/O and ADIOS2 BP5 ``AsyncWrite``.  Absolute times on a shared machine are noise; the
+against synchronous I/O and ADIOS2 BP5 ``AsyncWrite``.  ``lamina bench
+multires`` measures the multiresolution layout's write pipeline per
+balancing scheme, its compression next to zfp and zstd, and reads by
+level.  Absolute times on a shared machine are noise; the
 ratios are the result.
 """
 
@@ -24,6 +27,7 @@ BENCHMARKS = {
     "blocks": "cost per block, edges 4-64, 64-65,536 blocks per rank per step: numpy, ADIOS2 BP5, h5py chunked, lamina",
     "catalog": "open, step index and memory of a file of 100 steps x 100,000 blocks: lamina vs ADIOS2 BP5",
     "async": "background I/O: VPIC-IO-like write, BD-CATS-IO-like read, sync vs async vs ADIOS2 BP5 AsyncWrite",
+    "multires": "multiresolution layout: write phases and balance per scheme, compression vs zfp and zstd, reads by level, 10^4-10^5 simulated ranks",
 }
 
 USAGE = (
@@ -59,6 +63,8 @@ def main(argv: list[str]) -> int:
         from .catalog import main as run
     elif name == "async":
         from .background import main as run
+    elif name == "multires":
+        from .multires import main as run
     else:
         print(
             f"lamina bench: unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}",
