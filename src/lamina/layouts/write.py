@@ -38,6 +38,7 @@ from typing import Protocol
 import numpy as np
 
 from .. import comm as comm_mod
+from .. import stats as stats_mod
 from ..catalog.model import DatasetSpec, Stats
 from ..errors import OverlapError
 from ..geometry import Box, find_overlap_arrays
@@ -109,25 +110,13 @@ def _parse_boxes(raws: list[bytes], specs: dict[int, DatasetSpec]) -> dict[int, 
     return out
 
 
-def level_stats(x: np.ndarray) -> np.ndarray:
-    """``(n, 4)`` NaN-aware min, max, sum, count of each patch of a batch ``(n, ...)``."""
+def _patch_stats(x: np.ndarray) -> np.ndarray:
+    """``(n, 4)`` min, max, sum, count of each patch of a batch ``(n, ...)``, as every block's
+    statistics are computed (:func:`lamina.stats.summarize_flat`: NaN-aware)."""
     n = x.shape[0]
-    flat = x.reshape(n, -1)
-    nan = np.isnan(flat)
-    out = np.empty((n, 4), dtype=np.float64)
-    if not nan.any():
-        out[:, 0] = flat.min(axis=1) if flat.shape[1] else np.nan
-        out[:, 1] = flat.max(axis=1) if flat.shape[1] else np.nan
-        out[:, 2] = flat.sum(axis=1, dtype=np.float64)
-        out[:, 3] = flat.shape[1]
-        return out
-    out[:, 0] = np.where(nan, np.inf, flat).min(axis=1)
-    out[:, 1] = np.where(nan, -np.inf, flat).max(axis=1)
-    out[:, 2] = np.where(nan, 0, flat).sum(axis=1, dtype=np.float64)
-    out[:, 3] = (~nan).sum(axis=1)
-    empty = out[:, 3] == 0
-    out[empty, :2] = np.nan
-    return out
+    sizes = np.full(n, x.size // n if n else 0, dtype=np.int64)
+    s = stats_mod.summarize_flat(np.ascontiguousarray(x).reshape(-1), sizes, checksum=False)
+    return np.column_stack([s.mins, s.maxs, s.sums, s.counts])
 
 
 def flush(
@@ -283,9 +272,9 @@ def _flush_one(
             )
             st = np.empty((len(js), nl, 4), dtype=np.float64)
             if with_stats:
-                st[:, 0] = level_stats(buf)
+                st[:, 0] = _patch_stats(buf)
                 for k in range(1, nl):
-                    st[:, k] = level_stats(compress.decode(enc, k))
+                    st[:, k] = _patch_stats(compress.decode(enc, k))
             rep.raw_patches += int((enc.modes == compress.Mode.RAW).sum())
             for k, j in enumerate(js):
                 p = int(owned[j])
@@ -374,4 +363,4 @@ def _flush_one(
     comm_mod.agree(comm, g.error)
 
 
-__all__ = ["HEADER", "HEADER_VERSION", "Report", "Sink", "flush", "level_stats"]
+__all__ = ["HEADER", "HEADER_VERSION", "Report", "Sink", "flush"]
