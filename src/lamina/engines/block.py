@@ -522,18 +522,7 @@ class BlockEngine(Engine):
             payload = pipe.encode(arr) if finite else None
             if payload is not None and len(payload) < nbytes:
                 st = stats_mod.compute(arr, 0, checksum=False)[0] if self._with_stats else None
-                crcs = stats_mod.segment_crcs(payload, self.segment) if self.CHECKSUMS else (0,)
-                loc = self._place_payload(payload)
-                log.add(
-                    spec.id,
-                    start,
-                    stop,
-                    len(payload),
-                    BlockCodec.PIPELINE,
-                    payload,
-                    _Done((st, crcs)),
-                    loc,
-                )
+                self._add_encoded(spec, start, stop, payload, BlockCodec.PIPELINE, st)
                 return
             # incompressible (or not finite for zfp): stored raw, like ADIOS
         if nbytes <= SMALL:
@@ -589,22 +578,25 @@ class BlockEngine(Engine):
         """Independent: one encoded block of a layout (:data:`BlockCodec.MULTIRES`) with its statistics."""
         index = self._enter(spec, box)
         try:
-            crcs = stats_mod.segment_crcs(payload, self.segment) if self.CHECKSUMS else (0,)
-            loc = self._place_payload(payload)
+            self._add_encoded(
+                spec,
+                box.start,
+                box.stop,
+                payload,
+                BlockCodec.MULTIRES,
+                stats if self._with_stats else None,
+            )
         except BaseException:
             index.pop()
             raise
-        st = stats if self._with_stats else None
-        self._log.add(
-            spec.id,
-            box.start,
-            box.stop,
-            len(payload),
-            BlockCodec.MULTIRES,
-            payload,
-            _Done((st, crcs)),
-            loc,
-        )
+
+    def _add_encoded(
+        self, spec: DatasetSpec, start, stop, payload: bytes, codec: BlockCodec, st: Stats | None
+    ) -> None:
+        """Log an encoded block: its checksums, its place (written now by an aggregator), its statistics."""
+        crcs = stats_mod.segment_crcs(payload, self.segment) if self.CHECKSUMS else (0,)
+        loc = self._place_payload(payload)
+        self._log.add(spec.id, start, stop, len(payload), codec, payload, _Done((st, crcs)), loc)
 
     def aggregator_ranks(self) -> list[int]:
         """The ranks whose blocks land in a subfile of their own (each rank, unless the engine aggregates)."""
