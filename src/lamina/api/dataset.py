@@ -174,16 +174,13 @@ class Dataset:
         one accuracy).  The stored bytes the read took are in
         :attr:`last_read_bytes`.
         """
-        layout = Layout.of(self._spec)
+        layout, level = self._level(level)
         if layout is None and tolerance is not None:
             raise ValueError(
                 f"{self._what()} is not a multiresolution dataset: a read has no tolerance"
             )
         if layout is not None:
             layout.check_read_tolerance(tolerance, self._path)
-            level = layout.check_level(level, self._path)
-        elif level != 0:
-            raise BoundsError(f"{self._what()} has one level (0); level {level} does not exist")
         shape = self.levels[level]
         box = Box.from_shape(shape) if box is None else box
         if out is None:
@@ -213,12 +210,16 @@ class Dataset:
 
     def level(self, level: int) -> LevelView:
         """Level *level* as an array-like: ``ds.level(2)[0:10, :]`` reads in that level's coordinates."""
+        return LevelView(self, self._level(level)[1])
+
+    def _level(self, level) -> tuple[Layout | None, int]:
+        """The layout (None: plain) and *level* checked: BoundsError naming the levels there are."""
         layout = Layout.of(self._spec)
-        if layout is None:
-            if level != 0:
-                raise BoundsError(f"{self._what()} has one level (0); level {level} does not exist")
-            return LevelView(self, 0)
-        return LevelView(self, layout.check_level(level, self._path))
+        if layout is not None:
+            return layout, layout.check_level(level, self._path)
+        if level != 0:
+            raise BoundsError(f"{self._what()} has one level (0); level {level} does not exist")
+        return None, 0
 
     def stored_bytes(self, box: Box | None = None, level: int = 0, step: int | None = None) -> int:
         """Independent: the stored bytes a read of *box* (level-*level* coordinates) at *level* takes, read from the catalog alone."""
