@@ -492,7 +492,10 @@ class LaminaBackendEntrypoint(BackendEntrypoint):
 
 def _check_level(level: int | None) -> None:
     if level not in (None, 0):
-        raise ValueError(f"level={level!r}: this file has no multiresolution levels (only 0)")
+        raise ValueError(
+            f"level={level!r}: the xarray backend reads level 0 only; read coarser levels of a "
+            "multiresolution dataset with lamina (Dataset.level)"
+        )
 
 
 def _join(base: str, group: str | None) -> str:
