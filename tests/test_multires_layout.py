@@ -197,6 +197,38 @@ def test_special_values_stored_losslessly(tmp_path):
         assert b.stats.count == 255  # NaN-aware statistics
 
 
+@pytest.mark.parametrize("order", ["patch", "level"])
+def test_bands_back_to_back_are_read_together(tmp_path, monkeypatch, order):
+    """Level order: the coarsest level of the whole domain is one read of the subfile (patch
+    order: one per patch); in both orders the whole dataset at level 0 is one read."""
+    from lamina.engines.native import engine as native
+
+    x = smooth((64, 48), 3)
+    layout = lamina.Multires(patch=16, tolerance=1e-4, order=order)
+    p = write(str(tmp_path / "f.lam"), "native", x, layout)
+    calls = []
+    plain = native._pread_into
+
+    def counting(fd, mv, offset, what):
+        calls.append(len(mv))
+        return plain(fd, mv, offset, what)
+
+    with lamina.open(p) as f:
+        ds = f["T"]
+        need = [ds.stored_bytes(level=k) for k in range(5)]  # loads the step's block tables
+        monkeypatch.setattr(native, "_pread_into", counting)
+        coarse = ds.level(4)[...]
+        assert len(calls) == (1 if order == "level" else 12)  # 12 patches
+        assert sum(calls) == ds.last_read_bytes == need[4]
+        calls.clear()
+        whole = ds[...]
+        assert len(calls) == 1  # every band of every patch, back to back in either order
+        assert sum(calls) == need[0]
+        monkeypatch.undo()
+        assert np.abs(whole - x).max() <= 1e-4
+        assert np.abs(coarse - compress.reference_array(x, (16, 16), 4, 1e-4)).max() <= 1e-4
+
+
 def test_flipped_byte_in_a_level_gives_checksum_error(tmp_path):
     x = smooth((32, 32), 8)
     p = write(str(tmp_path / "f.lam"), "native", x, lamina.Multires(patch=16, tolerance=1e-3))

@@ -86,11 +86,30 @@ def check(got: np.ndarray, want: np.ndarray, tol: float, what: str) -> None:
         raise AssertionError(f"{what}: error {err:g} above tolerance {tol:g}")
 
 
+def coarsest_reads(view) -> dict[int, int]:
+    """Reads per open subfile (file descriptor) of one read of the coarsest level, whole domain."""
+    from lamina.engines.native import engine as native
+
+    touched: dict[int, int] = {}
+    plain = native._pread_into
+
+    def counting(fd, mv, offset, what):
+        touched[fd] = touched.get(fd, 0) + 1
+        return plain(fd, mv, offset, what)
+
+    native._pread_into = counting
+    try:
+        view.level(len(view.levels) - 1)[...]
+    finally:
+        native._pread_into = plain
+    return touched
+
+
 def read(d: str, writers: int) -> None:
     comm = MPI.COMM_WORLD
     r, m = comm.rank, comm.size
     rng = np.random.default_rng(100 + r)
-    for name, (tol, *_rest) in FILES.items():
+    for name, (tol, order, *_rest) in FILES.items():
         with lamina.open(f"{d}/{name}.lam", "r", comm=comm) as f:
             t = f["T"]
             levels = t.levels
@@ -121,6 +140,10 @@ def read(d: str, writers: int) -> None:
                         f"{name} progressive {k}",
                     )
                 final = view.last_read_bytes
+                if r == 0:
+                    touched = coarsest_reads(view)
+                    if order == "level" and max(touched.values()) > 1:
+                        raise AssertionError(f"{name}: the coarsest level read {touched} per file")
                 one = f.at(step)["T"]
                 one.read()
                 if final != one.last_read_bytes or final != one.stored_bytes():

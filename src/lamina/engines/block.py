@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -1041,6 +1042,16 @@ class BlockEngine(Engine):
     def payload(self, spec: DatasetSpec, t: BlockTable, row: int) -> np.ndarray:
         """Independent: the stored bytes of block *row* of table *t* of *spec*, checked against its checksums."""
         return self._payload(t.record(row, spec.id), spec)
+
+    def payloads(
+        self, wanted: Sequence[tuple[DatasetSpec, BlockTable, np.ndarray]]
+    ) -> list[list[np.ndarray]]:
+        """Independent: the stored bytes of many blocks, ``[spec, table, rows]`` per group, checked.
+
+        By default one :meth:`payload` per block; engines that can read blocks
+        lying back to back in storage with one request override this.
+        """
+        return [[self.payload(spec, t, int(r)) for r in rows.tolist()] for spec, t, rows in wanted]
 
     def _payload(self, rec: BlockRecord, spec: DatasetSpec) -> np.ndarray:
         raise NotImplementedError

@@ -12,7 +12,7 @@ shared by several reads (``Dataset.progressive``) reads no band twice.
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+from collections.abc import MutableMapping, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -32,7 +32,9 @@ class Source(Protocol):
 
     catalog: Catalog
 
-    def payload(self, spec: DatasetSpec, t: BlockTable, row: int) -> np.ndarray: ...
+    def payloads(
+        self, wanted: Sequence[tuple[DatasetSpec, BlockTable, np.ndarray]]
+    ) -> list[list[np.ndarray]]: ...
 
 
 def scale_box(box: Box, down: int) -> Box:
@@ -124,27 +126,38 @@ def read(
     blobs: list[list[bytes]] = [[b""] * lin.size for _ in range(nl)]
     modes = np.zeros(lin.size, dtype=np.uint8)
     exps = np.zeros(lin.size, dtype=np.int32)
+    raws: list[list] = [[None] * lin.size for _ in range(nl)]
+    wanted, where = [], []
     for j, r in enumerate(rows, start=level):
         lspec = cat.level(spec.path, j)
         t = cat.table(lspec.id, step)
+        missing = []
+        for i in range(lin.size):
+            raws[j][i] = cache.get((step, j, int(lin[i]))) if cache is not None else None
+            if raws[j][i] is None:
+                missing.append(i)
+        if missing:
+            wanted.append((lspec, t, r[missing]))
+            where.append((j, missing))
+    # one request for all the bands: those back to back in a subfile are read together
+    for (j, missing), got in zip(where, src.payloads(wanted), strict=True):
+        for i, raw in zip(missing, got, strict=True):
+            raws[j][i] = raw
+            read_bytes += len(raw)
+            if cache is not None:
+                cache[(step, j, int(lin[i]))] = raw
+    for j, r in enumerate(rows, start=level):
         for i, row in enumerate(r.tolist()):
-            key = (step, j, int(lin[i]))
-            raw = cache.get(key) if cache is not None else None
-            if raw is None:
-                raw = src.payload(lspec, t, row)
-                read_bytes += len(raw)
-                if cache is not None:
-                    cache[key] = raw
-            if len(raw) < HEADER.size:
-                raise FormatError(
-                    f"dataset {spec.path!r}: block {t.box(row)} of level {j} is too short"
-                )
-            version, mode, exp = HEADER.unpack_from(bytes(raw[: HEADER.size]))
-            if version != HEADER_VERSION or mode > max(compress.Mode):
-                raise FormatError(
-                    f"dataset {spec.path!r}: block {t.box(row)} of level {j} has an unknown header "
-                    f"(version {version}, mode {mode})"
-                )
+            raw = raws[j][i]
+            bad = "is too short" if len(raw) < HEADER.size else ""
+            version, mode, exp = (
+                HEADER.unpack_from(bytes(raw[: HEADER.size])) if not bad else (0, 0, 0)
+            )
+            if not bad and (version != HEADER_VERSION or mode > max(compress.Mode)):
+                bad = f"has an unknown header (version {version}, mode {mode})"
+            if bad:
+                t = cat.table(cat.level(spec.path, j).id, step)
+                raise FormatError(f"dataset {spec.path!r}: block {t.box(row)} of level {j} {bad}")
             if j == nl - 1:
                 modes[i], exps[i] = mode, exp
             blobs[j][i] = bytes(raw[HEADER.size :])
@@ -206,8 +219,7 @@ def describe(src: Source, spec: DatasetSpec, layout: Layout, step: int) -> dict:
     last = cat.level(spec.path, layout.levels - 1)
     t = cat.table(last.id, step)
     lossless = 0
-    for i in range(len(t)):
-        raw_bytes = src.payload(last, t, i)
+    for raw_bytes in src.payloads([(last, t, np.arange(len(t)))])[0]:
         if len(raw_bytes) >= HEADER.size:
             mode = HEADER.unpack_from(bytes(raw_bytes[: HEADER.size]))[1]
             lossless += int(layout.tolerance > 0 and mode == compress.Mode.RAW)
