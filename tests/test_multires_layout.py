@@ -168,6 +168,50 @@ def test_queries_prune_by_patch_and_stay_exact(tmp_path):
         assert len(res.candidates) < 16  # of 16 patches: the others are pruned
 
 
+@pytest.mark.parametrize("engine", ["native", "memory"])
+def test_query_at_a_coarse_level(tmp_path, engine):
+    """f.query(..., level=k): in level-k coordinates, the values ds.level(k) reads, from the
+    bands of level k and coarser only; datasets without that level are refused by name."""
+    x = smooth((128, 96), 5) * 100
+    tol = 1e-3
+    p = path_for(tmp_path, engine)
+    with lamina.open(p, "w", engine=engine) as f:
+        f.create_dataset("T", x.shape, x.dtype, layout=lamina.Multires(patch=16, tolerance=tol))
+        f.create_dataset("U", x.shape, x.dtype, layout=lamina.Multires(patch=32, tolerance=0))
+        f.create_dataset("P", x.shape, x.dtype)
+        f.derive("twice", "2 * T", "expression")
+        with f.step():
+            f["T"][...] = x
+            f["U"][...] = -x
+            f["P"][...] = x
+    with lamina.open(p, engine=engine) as f:
+        spent = []
+        for k in (1, 2, 3):
+            t, u = f["T"].level(k)[...], f["U"].level(k)[...]
+            thr = float(np.quantile(t, 0.9))
+            res = f.query(f"T >= {thr!r} & U < 0", select="T", level=k)
+            want = (t >= thr) & (u < 0)
+            assert res.level == k and res.region.shape == t.shape
+            assert res.count == int(want.sum()) and np.array_equal(res.mask, want)
+            assert np.array_equal(res.values["T"], t[want])
+            assert len(res.candidates) < len(res.unit_boxes)  # patches pruned at level k
+            fine = f.query(f"T >= {thr!r} & U < 0", select="T")
+            assert 0 < res.bytes_read < fine.bytes_read  # no band finer than level k
+            spent.append(res.bytes_read / fine.bytes_read)
+            sub = f.query(f"T >= {thr!r}", region=(slice(0, 4), slice(None)), level=k)
+            assert sub.count == int((t[:4] >= thr).sum())
+        assert spent == sorted(spent, reverse=True) and spent[-1] < 0.5, spent
+        assert "level 2" in f.query("T > 0", level=2).summary()
+        with pytest.raises(lamina.BoundsError, match="'P' has one level"):
+            f.query("P > 0", level=1)
+        with pytest.raises(lamina.BoundsError, match="'twice' is a derived"):
+            f.query("twice > 0", level=1)
+        with pytest.raises(lamina.BoundsError, match="level 5"):
+            f.query("T > 0 & U > 0", level=5)  # U (patch 32) has level 5, T (patch 16) not
+        with pytest.raises(lamina.BoundsError, match="level"):
+            f.query("T > 0", level=-1)
+
+
 def test_unwritten_parts_read_as_fill(tmp_path):
     x = smooth((40, 40), 6)
     with lamina.open(tmp_path / "f.lam", "w") as f:

@@ -127,10 +127,13 @@ class File(Group):
         """Derived quantities by name: their :class:`~lamina.layers.Definition` (expression, strategy, ...)."""
         return self._engine.definitions()
 
-    def query(self, where: str, select=(), region=None, step=None, exact: bool = True):
+    def query(
+        self, where: str, select=(), region=None, step=None, exact: bool = True, level: int = 0
+    ):
         """Independent: the elements where predicate *where* holds at *step* (default: the last).
 
-        See :func:`lamina.query.run` for the arguments and what the
+        See :func:`lamina.query.run` for the arguments (*level*: answer at a
+        coarser level of multiresolution datasets) and what the
         :class:`~lamina.query.QueryResult` holds.
         """
         return query_mod.run(
@@ -141,6 +144,7 @@ class File(Group):
             region=region,
             step=step,
             exact=exact,
+            level=level,
         )
 
     # -- steps (readers) --------------------------------------------------
@@ -292,7 +296,9 @@ class StepView(Group):
     def __repr__(self) -> str:
         return f"<lamina step {self._step} of {self._file.filename!r}>"
 
-    def query(self, where: str, select=(), region=None, step=None, exact: bool = True):
+    def query(
+        self, where: str, select=(), region=None, step=None, exact: bool = True, level: int = 0
+    ):
         """Independent: :meth:`File.query` at this view's step (or at *step*)."""
         return self._file.query(
             where,
@@ -300,6 +306,7 @@ class StepView(Group):
             region=region,
             step=self._step if step is None else step,
             exact=exact,
+            level=level,
         )
 
 

@@ -61,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="part of the domain to search, numpy-style without brackets, e.g. '0:10,:,5:'",
     )
     p.add_argument(
+        "--level",
+        type=int,
+        default=0,
+        metavar="K",
+        help="answer at level K of multiresolution datasets (coordinates of that level; default 0)",
+    )
+    p.add_argument(
         "--blocks-only",
         action="store_true",
         help="stop after the candidate blocks (no exact answer)",
@@ -94,7 +101,12 @@ def _run(args) -> int:
     region = selection.parse_text(args.region) if args.region is not None else None
     with open_file(args.file) as f:
         res = f.query(
-            args.where, select=select, region=region, step=args.step, exact=not args.blocks_only
+            args.where,
+            select=select,
+            region=region,
+            step=args.step,
+            exact=not args.blocks_only,
+            level=args.level,
         )
     if args.json:
         print_json({"file": args.file, **res.as_dict(limit=args.limit)})

@@ -48,6 +48,7 @@ def query(
     region=None,
     step: int | None = None,
     exact: bool = True,
+    level: int = 0,
 ) -> QueryResult:
     """Independent: ``f.query(where, ...)`` for a lamina File or a view of one step (``f.at(k)``)."""
     method = getattr(f, "query", None)
@@ -64,6 +65,7 @@ def run(
     region=None,
     step: int | None = None,
     exact: bool = True,
+    level: int = 0,
 ) -> QueryResult:
     """Independent: the elements of the datasets of an open file where predicate *where* holds.
 
@@ -89,6 +91,13 @@ def run(
     exact
         Also compute the exact element answer (default); False stops after
         the candidate blocks.
+    level
+        The resolution to answer at (multiresolution datasets, docs/multires.md):
+        0 (default) is full resolution; at level ``k`` every dataset named
+        must be a multiresolution dataset with that level, the region and the
+        coordinates are in level-``k`` coordinates, the values are those
+        ``ds.level(k)`` reads, and only the bands of level ``k`` and coarser
+        are read.
 
     Returns
     -------
@@ -107,9 +116,10 @@ def run(
     ShapeError
         Datasets of different shapes.
     StepError, BoundsError, SelectionError
-        A step that does not exist, a region outside the domain.
+        A step that does not exist, a region outside the domain, a level a
+        dataset does not have (or a derived quantity at a level above 0).
     """
-    src = Source(engine, filename, step)
+    src = Source(engine, filename, step, level)
     text, pred = _predicate(where)
     available = src.available()
     check_inputs(pred, available, text)
@@ -124,6 +134,7 @@ def run(
     result = QueryResult(
         where=text,
         step=src.step,
+        level=src.level,
         region=box,
         grid=grid,
         select=tuple(sel),

@@ -57,6 +57,9 @@ class QueryResult:
     exact_blocks_read: int = 0
     exact_bytes_read: int = 0
     exact_seconds: float = 0.0
+    level: int = (
+        0  # the resolution the query ran at (0: full); region and coords are in its coordinates
+    )
     _mask: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -116,7 +119,9 @@ class QueryResult:
         grid = f"the blocks of {self.grid!r}" if self.grid else "none (no dataset has blocks)"
         ncert = sum(self.certain)
         lines = [
-            f"query {self.where!r} at step {self.step}, region {fmt_box(self.region)} "
+            f"query {self.where!r} at step {self.step}"
+            + (f", level {self.level}" if self.level else "")
+            + f", region {fmt_box(self.region)} "
             f"({self.region.size} elements)",
             f"units: {self.units} (grid: {grid})",
             f"candidate blocks: {len(self.candidates)} of {self.units} ({ncert} certain), "
@@ -141,6 +146,7 @@ class QueryResult:
         out: dict = {
             "where": self.where,
             "step": self.step,
+            "level": self.level,
             "region": box(self.region),
             "grid": self.grid,
             "select": list(self.select),

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..catalog import BlockCodec, BlockTable
 from ..derived import Interval, needed_boxes
-from ..errors import StepError
+from ..errors import BoundsError, StepError
 from ..geometry import Box
 from ..layouts.spec import Layout
 
@@ -121,12 +121,18 @@ class DatasetInfo:
 class Source:
     """An open file (or a view of it) at one step, as the query sees it."""
 
-    def __init__(self, engine, filename: str, step) -> None:
+    def __init__(self, engine, filename: str, step, level: int = 0) -> None:
         self.eng = engine
         self.filename = filename
         if step is not None and (not isinstance(step, numbers.Integral) or isinstance(step, bool)):
             raise StepError(f"a step is an integer (negative counts from the end), not {step!r}")
-        self.step = self.eng.check_step(None if step is None else int(step))
+        if not isinstance(level, numbers.Integral) or isinstance(level, bool) or level < 0:
+            raise BoundsError(f"a level is an integer >= 0 (0: full resolution), not {level!r}")
+        self.step: int = self.eng.check_step(None if step is None else int(step))
+        #: the resolution the query runs at: every dataset it names is read at this level
+        #: (multiresolution datasets, docs/multires.md), in that level's coordinates
+        self.level: int = int(level)
+        self._level_bytes: int = 0  # stored bytes of reads at a level > 0
         self._tables: dict[str, Table] = {}
         self._infos: dict[str, DatasetInfo] = {}
         self.touched: set[tuple[str, int]] = set()
@@ -150,7 +156,9 @@ class Source:
         if got is None:
             spec = self.eng.catalog.datasets.get(path)
             d = self.definition(path)
-            if spec is not None:
+            if self.level:
+                got = self._level_info(path, spec, d)
+            elif spec is not None:
                 got = DatasetInfo(path, spec.shape, spec.dtype, spec.fill_scalar(), d)
             else:
                 dt = np.dtype(d.dtype)
@@ -158,13 +166,35 @@ class Source:
             self._infos[path] = got
         return got
 
+    def _level_info(self, path: str, spec, d) -> DatasetInfo:
+        """A dataset seen at :attr:`level`: a multiresolution dataset with that level, or an error."""
+        at = f"a query at level {self.level}"
+        if d is not None:
+            raise BoundsError(
+                f"{at} reads multiresolution datasets at that level; {path!r} is a derived "
+                "quantity, computed at level 0 only"
+            )
+        layout = Layout.of(spec)
+        if layout is None:
+            raise BoundsError(f"{at}: dataset {path!r} has one level (0), not level {self.level}")
+        layout.check_level(self.level, path)
+        lspec = self.eng.catalog.level(path, self.level)
+        return DatasetInfo(path, lspec.shape, spec.dtype, spec.fill_scalar(), None)
+
     def table(self, path: str) -> Table:
         got = self._tables.get(path)
         if got is None:
             info = self.info(path)
-            blocks = (
-                self.eng.block_table(path, self.step) if path in self.eng.catalog.datasets else None
-            )
+            if self.level:  # the level's own blocks: a band per patch, statistics at that level
+                blocks = self.eng.catalog.table(
+                    self.eng.catalog.level(path, self.level).id, self.step
+                )
+            else:
+                blocks = (
+                    self.eng.block_table(path, self.step)
+                    if path in self.eng.catalog.datasets
+                    else None
+                )
             spec = self.eng.catalog.datasets.get(path)
             layout = Layout.of(spec) if spec is not None else None
             got = Table(blocks, len(info.shape), info.dtype, layout.tolerance if layout else 0.0)
@@ -241,14 +271,17 @@ class Source:
     # -- reading ---------------------------------------------------------------
     @property
     def bytes_read(self) -> int:
-        return int(self.eng.bytes_read)
+        return int(self.eng.bytes_read) + self._level_bytes
 
     def read(self, path: str, box: Box) -> np.ndarray:
-        """Values of *path* over *box* (one ``get``); notes the blocks it touches."""
+        """Values of *path* over *box* (one ``get``, or a read of :attr:`level`); notes the blocks it touches."""
         info = self.info(path)
         out = np.empty(box.shape, dtype=info.dtype)
         if not box.empty:
-            self.eng.get(path, box, self.step, out)
+            if self.level:
+                self._level_bytes += self.eng.get_level(path, box, self.step, out, self.level)
+            else:
+                self.eng.get(path, box, self.step, out)
             self._touch(path, box, 0)
         return out
 

@@ -63,6 +63,8 @@ from ...errors import (
     suggest,
 )
 from ...geometry import Box
+from ...layouts import read as layout_read
+from ...layouts.spec import Layout
 from ...stats import crc
 from ..base import Layer
 from . import exchange as halo
@@ -497,6 +499,10 @@ class DerivedLayer(Layer):
             step = self.check_step(step)
         except Exception:
             return  # the inner engine raises the proper error
+        layout = Layout.of(spec)
+        if layout is not None:  # the bands of every level a level-0 read decodes
+            self._bytes_read += layout_read.nbytes(self.catalog, spec, layout, box, step, 0)
+            return
         t = self.catalog.table(spec.id, step)
         idx, lo, hi = t.hits(box.start, box.stop)
         if not len(idx):
