@@ -334,10 +334,21 @@ def test_overlapping_writes_are_refused_naming_both_boxes(tmp_path):
                 t[5:12] = 2.0
 
 
-def test_transport_refuses_layouts_clearly():
-    from lamina.engines.transport.common import TransportBase
+@pytest.mark.parametrize("mode", ["memory", "both"])
+def test_in_situ_transport_serves_the_levels(tmp_path, mode):
+    """The same writer and reader programs as one launch, the reader taking the encoded bands
+    from the writers' memory: every level, boxes, progressive reads, queries (3 -> 2 ranks)."""
+    from test_transport import run_mpmd
 
-    assert TransportBase.LAYOUTS is False
+    res = run_mpmd(
+        (3, "multires", "write", "."),
+        (2, "multires", "read", ".", 3),
+        cwd=tmp_path,
+        env={"LAMINA_TRANSPORT": mode},
+        timeout=240,
+    )
+    assert res.lines("OK write: 3 ranks") and res.lines("OK read: 2 ranks, 3 writers")
+    assert (tmp_path / "a.lam").exists() == (mode == "both")
 
 
 def test_files_without_layouts_and_older_versions_read_as_before():

@@ -270,14 +270,17 @@ class Engine(ABC):
         spec = self.catalog.datasets[name]
         return BlockInfos(self.catalog.steps[step].table(spec), spec)
 
-    def block_table(self, name: str, step: int, stats: bool = True) -> BlockTable:
+    def block_table(self, name: str, step: int, stats: bool = True, level: int = 0) -> BlockTable:
         """Independent: the blocks of *name* in committed *step* as columns (for queries and tools).
 
         With *stats* False the caller uses boxes and locations only: an
         engine whose statistics arrive after the step (the memory
-        transport's consumer) need not wait for them.
+        transport's consumer) need not wait for them.  *level* > 0: the
+        bands of that level of a multiresolution dataset (boxes in its
+        coordinates, statistics of the values there).
         """
-        spec = self.catalog.datasets[name]  # (a reader's derived quantity has id -1: no blocks)
+        # (a reader's derived quantity has id -1: no blocks)
+        spec = self.catalog.level(name, level)
         return self.catalog.steps[step].table(spec)
 
     def coverage(self, path: str, step: int | None) -> list[Box]:

@@ -1044,9 +1044,9 @@ class BlockEngine(Engine):
         return self._payload(t.record(row, spec.id), spec)
 
     def payloads(
-        self, wanted: Sequence[tuple[DatasetSpec, BlockTable, np.ndarray]]
+        self, step: int, wanted: Sequence[tuple[DatasetSpec, BlockTable, np.ndarray]]
     ) -> list[list[np.ndarray]]:
-        """Independent: the stored bytes of many blocks, ``[spec, table, rows]`` per group, checked.
+        """Independent: the stored bytes of many blocks of *step*, ``[spec, table, rows]`` per group, checked.
 
         By default one :meth:`payload` per block; engines that can read blocks
         lying back to back in storage with one request override this.

@@ -175,8 +175,8 @@ class Layer(Engine):
     def blocks(self, name: str, step: int) -> Sequence[BlockInfo]:
         return self.inner.blocks(name, step)
 
-    def block_table(self, name: str, step: int, stats: bool = True) -> BlockTable:
-        return self.inner.block_table(name, step, stats)
+    def block_table(self, name: str, step: int, stats: bool = True, level: int = 0) -> BlockTable:
+        return self.inner.block_table(name, step, stats, level)
 
     def coverage(self, path: str, step: int | None) -> list[Box]:
         return self.inner.coverage(path, step)

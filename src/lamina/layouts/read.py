@@ -33,7 +33,7 @@ class Source(Protocol):
     catalog: Catalog
 
     def payloads(
-        self, wanted: Sequence[tuple[DatasetSpec, BlockTable, np.ndarray]]
+        self, step: int, wanted: Sequence[tuple[DatasetSpec, BlockTable, np.ndarray]]
     ) -> list[list[np.ndarray]]: ...
 
 
@@ -140,7 +140,7 @@ def read(
             wanted.append((lspec, t, r[missing]))
             where.append((j, missing))
     # one request for all the bands: those back to back in a subfile are read together
-    for (j, missing), got in zip(where, src.payloads(wanted), strict=True):
+    for (j, missing), got in zip(where, src.payloads(step, wanted), strict=True):
         for i, raw in zip(missing, got, strict=True):
             raws[j][i] = raw
             read_bytes += len(raw)
@@ -219,7 +219,7 @@ def describe(src: Source, spec: DatasetSpec, layout: Layout, step: int) -> dict:
     last = cat.level(spec.path, layout.levels - 1)
     t = cat.table(last.id, step)
     lossless = 0
-    for raw_bytes in src.payloads([(last, t, np.arange(len(t)))])[0]:
+    for raw_bytes in src.payloads(step, [(last, t, np.arange(len(t)))])[0]:
         if len(raw_bytes) >= HEADER.size:
             mode = HEADER.unpack_from(bytes(raw_bytes[: HEADER.size]))[1]
             lossless += int(layout.tolerance > 0 and mode == compress.Mode.RAW)

@@ -185,16 +185,12 @@ class Source:
         got = self._tables.get(path)
         if got is None:
             info = self.info(path)
-            if self.level:  # the level's own blocks: a band per patch, statistics at that level
-                blocks = self.eng.catalog.table(
-                    self.eng.catalog.level(path, self.level).id, self.step
-                )
-            else:
-                blocks = (
-                    self.eng.block_table(path, self.step)
-                    if path in self.eng.catalog.datasets
-                    else None
-                )
+            # at a level > 0, that level's own blocks: a band per patch, statistics at that level
+            blocks = (
+                self.eng.block_table(path, self.step, level=self.level)
+                if path in self.eng.catalog.datasets
+                else None
+            )
             spec = self.eng.catalog.datasets.get(path)
             layout = Layout.of(spec) if spec is not None else None
             got = Table(blocks, len(info.shape), info.dtype, layout.tolerance if layout else 0.0)

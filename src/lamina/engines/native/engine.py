@@ -842,7 +842,7 @@ class NativeEngine(BlockEngine):
     def aggregator_ranks(self) -> list[int]:
         return list(self.agg_rank)
 
-    def payloads(self, wanted) -> list[list[np.ndarray]]:
+    def payloads(self, step: int, wanted) -> list[list[np.ndarray]]:
         """Blocks that lie back to back in a subfile (bands of a multiresolution dataset in
         patch or level order) are read with one pread per run, then each is checked against
         its segment checksums; a run holds at most :data:`COALESCE_RUN` bytes."""
@@ -852,7 +852,7 @@ class NativeEngine(BlockEngine):
             for g, (spec, t, rows) in enumerate(wanted)
         ]
         if sum(r.size for *_, r in cols) < 2:
-            return super().payloads(wanted)
+            return super().payloads(step, wanted)
         grp = np.concatenate([np.full(r.size, g, dtype=np.int64) for g, _, _, r in cols])
         pos = np.concatenate([np.arange(r.size, dtype=np.int64) for *_, r in cols])
         key = np.concatenate(

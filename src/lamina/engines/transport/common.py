@@ -45,8 +45,6 @@ class TransportBase(BlockEngine):
     OPTIONS = BlockEngine.OPTIONS | TRANSPORT_OPTIONS
     #: blocks in memory carry no checksums: MPI moves them, nothing stores them
     CHECKSUMS = False
-    #: consumers read boxes from producers' memory; encoded level blocks are not served yet
-    LAYOUTS = False
 
     def __init__(self, name: str = "mpi") -> None:
         super().__init__()

@@ -25,6 +25,8 @@ from ... import comm as comm_mod
 from ...catalog import KIND_STEP, BlockCodec, BlockTable, DatasetSpec, decode_packed
 from ...errors import FormatError, StepError, TransportError
 from ...geometry import Box
+from ...layouts import read as layout_read
+from ...layouts.spec import Layout
 from ...workflow import routes
 from ...workflow.routes import parse_flow
 from ..base import BlockInfo
@@ -244,10 +246,10 @@ class Consumer(TransportBase):
                 )
         return step
 
-    def block_table(self, name: str, step: int, stats: bool = True) -> BlockTable:
-        t = super().block_table(name, step, stats)
+    def block_table(self, name: str, step: int, stats: bool = True, level: int = 0) -> BlockTable:
+        t = super().block_table(name, step, stats, level)
         if stats and step in self._stats_follow and len(t):
-            spec = self.catalog.datasets[name]
+            spec = self.catalog.level(name, level)
             if (step, spec.id) not in self._stats_got:
                 self._fetch_stats(spec, step, t)
                 self._stats_got.add((step, spec.id))
@@ -295,8 +297,54 @@ class Consumer(TransportBase):
             poll.reset()
         self._wait(reqs, f"the producer to take a request for the {what}")
 
+    def payloads(self, step: int, wanted) -> list[list[np.ndarray]]:
+        """The stored bytes of blocks (bands of multiresolution datasets), whole, from the producer
+        ranks that hold them: one ``PAYLOAD`` request and one receive per block, all in flight
+        together; the layout decodes them as it does a file's."""
+        xfer = wire.Transfers()
+        got: list[list[np.ndarray]] = []
+        asked = []  # (request index, group, position, producer rank, expected bytes)
+        for g, (spec, t, rows) in enumerate(wanted):
+            got.append([])
+            for k, r in enumerate(np.asarray(rows, dtype=np.int64).tolist()):
+                n, rank = int(t.length[r]), int(t.rank[r])
+                buf = np.empty(n, dtype=np.uint8)
+                got[g].append(buf)
+                asked.append(
+                    (xfer.recv(self.inter, [buf, MPI.BYTE], None, rank, Tag.DATA), g, k, rank, n)
+                )
+                msg = np.array([Request.PAYLOAD, self._real[step], spec.id, r], dtype=np.int64)
+                xfer.send(self.inter, [_u8(msg), MPI.BYTE], None, rank, Tag.REQUEST)
+        self._transfer(xfer, lambda: f"{len(asked)} encoded blocks")
+        for i, g, k, rank, n in asked:
+            if xfer.counts[i] != n:
+                spec, t, rows = wanted[g]
+                raise TransportError(
+                    f"{self.path}: producer rank {rank} no longer holds block "
+                    f"{t.box(int(rows[k]))} of {spec.path!r}"
+                )
+        return got
+
+    def _transfer(self, xfer: wire.Transfers, what) -> None:
+        """Independent: complete *xfer*; TransportError after *timeout* s without progress."""
+        poll = Poll(self.timeout)
+        while len(xfer):
+            if xfer.test(wire.BURST):
+                poll.reset()
+            elif poll.expired:
+                xfer.cancel()  # a late answer must not land in the caller's memory
+                raise TransportError(
+                    f"{self.path}: waited {self.timeout:g} s for {what()}; the producer does not answer"
+                )
+            else:
+                poll.sleep(active=True)  # the pipeline moves only while both sides call MPI
+
     def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
         spec, step = self.check_read(name, box, step, out)
+        layout = Layout.of(spec)
+        if layout is not None:  # encoded bands, fetched whole and decoded here
+            layout_read.read(self, spec, layout, box, step, 0, out)
+            return
         t = self.catalog.table(spec.id, step)
         idx, lo, hi = t.hits(box.start, box.stop)
         covered = int(np.prod(hi - lo, axis=1, dtype=np.int64).sum()) if len(idx) else 0
@@ -337,18 +385,7 @@ class Consumer(TransportBase):
             xfer.send(self.inter, [_u8(hdr), MPI.BYTE], None, rank, Tag.REQUEST)
         if not xfer.reqs:
             return
-        poll = Poll(self.timeout)
-        while len(xfer):
-            if xfer.test(wire.BURST):
-                poll.reset()
-            elif poll.expired:
-                xfer.cancel()  # a late answer must not land in *out*
-                raise TransportError(
-                    f"{self.path}: waited {self.timeout:g} s for {spec.path!r} {box} at step {step}; "
-                    "the producer does not answer"
-                )
-            else:
-                poll.sleep(active=True)  # the pipeline moves only while both sides call MPI
+        self._transfer(xfer, lambda: f"{spec.path!r} {box} at step {step}")
         for first, sizes, tmp, inter, rank in pieces:
             if xfer.counts[first : first + len(sizes)] != sizes:
                 raise TransportError(

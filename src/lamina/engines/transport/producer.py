@@ -45,7 +45,16 @@ import numpy as np
 
 from ... import comm as comm_mod
 from ... import stats as stats_mod
-from ...catalog import KIND_CLOSE, KIND_META, KIND_STEP, BlockCodec, Record, decode_packed, pack
+from ...catalog import (
+    KIND_CLOSE,
+    KIND_META,
+    KIND_STEP,
+    BlockCodec,
+    BlockTable,
+    Record,
+    decode_packed,
+    pack,
+)
 from ...catalog.record import unpack
 from ...errors import ModeError, TransportError
 from ...geometry import Box
@@ -209,6 +218,8 @@ class Producer(TransportBase):
                     arrays.append(raw.view(dt).reshape(shape))
                 elif log.codec[r] == BlockCodec.RAW:
                     arrays.append(log.payload[r])
+                elif log.codec[r] == BlockCodec.MULTIRES:  # a band: served whole (Request.PAYLOAD)
+                    arrays.append(np.frombuffer(log.payload[r], dtype=np.uint8))
                 else:
                     arrays.append(None)  # statistics only: nothing to serve
             self._staged[did] = arrays
@@ -394,6 +405,14 @@ class Producer(TransportBase):
                     held_box, held = found
                     spec, dt = wire.region_spec(held, c.shift(tuple(-a for a in held_box.start)))
                     self._answers.send(link.inter, spec, dt, src, Tag.DATA)
+        elif kind == Request.PAYLOAD and len(words) == 4:
+            step, did, row = int(words[1]), int(words[2]), int(words[3])
+            if step >= self._steps_held:  # not committed here yet: answered at its commit
+                self._deferred.append((link, src, buf))
+                return
+            band = self._held_band(step, did, row)
+            out = band if band is not None else np.zeros(0, dtype=np.uint8)
+            self._answers.send(link.inter, [out, MPI.BYTE], None, src, Tag.DATA)
         elif kind == Request.STATS and len(words) == 3:
             self._answer_stats(link, src, buf)
         elif kind == Request.RELEASE and len(words) == 2:
@@ -439,6 +458,23 @@ class Producer(TransportBase):
 
     def _held(self, step: int, did: int, row: int, want: Box) -> tuple[Box, np.ndarray] | None:
         """Block *row* of dataset *did*'s table at *step*, if this rank holds it and it contains *want*."""
+        got = self._held_row(step, did, row)
+        if got is None or got[0].codec[row] == BlockCodec.MULTIRES:
+            return None  # (a band is bytes: served whole, never as a box)
+        box = got[0].box(row)
+        return (box, got[1]) if box.contains(want) else None
+
+    def _held_band(self, step: int, did: int, row: int) -> np.ndarray | None:
+        """The stored bytes of band *row* of dataset *did* at *step*, if this rank holds it."""
+        got = self._held_row(step, did, row)
+        if got is None or got[0].codec[row] != BlockCodec.MULTIRES:
+            return None
+        return got[1]
+
+    def _held_row(self, step: int, did: int, row: int) -> tuple[BlockTable, np.ndarray] | None:
+        """(the table, what this rank keeps of block *row*) of dataset *did* at *step*, if it holds it."""
+        if not 0 <= did < len(self.catalog.specs):
+            return None
         arrays = self._data.get(step, {}).get(did)
         if arrays is None:
             return None
@@ -447,10 +483,7 @@ class Producer(TransportBase):
             return None
         local = row - int(np.searchsorted(t.rank, self.rank, side="left"))
         held = arrays[local] if 0 <= local < len(arrays) else None
-        if held is None:
-            return None
-        box = t.box(row)
-        return (box, held) if box.contains(want) else None
+        return None if held is None else (t, held)
 
     def _serve(self, until, what: str) -> None:
         """Independent: serve consumers until *until()*; TransportError after *timeout* s without progress."""

@@ -52,6 +52,9 @@ class Request(IntEnum):
     #: ``[STATS, step, dataset id]``: send the statistics of this producer rank's blocks of that
     #: dataset in that step (they follow the record: see :func:`encode_stats`)
     STATS = 4
+    #: ``[PAYLOAD, step, dataset id, block]``: send that block's stored bytes whole (the encoded
+    #: bands of a multiresolution dataset, which consumers decode as a file reader does)
+    PAYLOAD = 5
 
 
 #: first word after the step in a record message: bit 0 set when the statistics follow on request

@@ -805,10 +805,10 @@ class BackgroundLayer(Layer):
         with self.lock:
             return self.inner.blocks(name, step)
 
-    def block_table(self, name: str, step: int, stats: bool = True) -> BlockTable:
+    def block_table(self, name: str, step: int, stats: bool = True, level: int = 0) -> BlockTable:
         self._settle(step)
         with self.lock:
-            return self.inner.block_table(name, step, stats)
+            return self.inner.block_table(name, step, stats, level)
 
     def coverage(self, path: str, step: int | None) -> list[Box]:
         step = self._settle(step)
