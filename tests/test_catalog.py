@@ -568,7 +568,7 @@ def encode(rec, specs, version):
 def decode(raw, cat, version, apply_ops=True):
     """(record, step blocks or None) of what :func:`encode` made."""
     if version >= 3:
-        return decode_packed(raw, cat, "record", apply_ops)
+        return decode_packed(raw, cat, "record", apply_ops, version)
     rec = Record.decode(raw, cat, "record", apply_ops, version=version)
     return rec, (rec.step_blocks(None, "record") if rec.kind == KIND_STEP else None)
 
@@ -577,7 +577,7 @@ def all_blocks(blocks, specs) -> list[BlockRecord]:
     return [r for d in blocks.datasets() for r in blocks.table(specs[d]).records(d)]
 
 
-@pytest.mark.parametrize("version", [2, 3])
+@pytest.mark.parametrize("version", [2, 3, 4])
 def test_record_round_trip_and_catalog(version):
     rec, specs, blocks = full_record()
     raw = encode(rec, specs, version)
@@ -698,3 +698,45 @@ def test_catalog_apply_op_inconsistencies():
         from lamina.catalog.model import encode_op
 
         encode_op(Encoder(), (99,))
+
+
+def test_format_4_compresses_band_sections_and_checks_them():
+    """Format 4 stores the block tables of multiresolution datasets zlib-compressed (where that is
+    shorter); a section whose compressed bytes do not hold what it claims is a FormatError."""
+    import dataclasses
+    import zlib
+
+    from crc32c import crc32c
+
+    from lamina.catalog.blocks import BlockTable, StepBlocks, encode_area, unsqueeze
+
+    spec = DatasetSpec("T", (64, 64), np.dtype("f4"), 0.0, (), 0)
+    recs = [
+        BlockRecord(
+            0,
+            Box((i * 8, j * 8), (i * 8 + 8, j * 8 + 8)),
+            0,
+            0,
+            0,
+            (i * 8 + j) * 256,
+            256,
+            0,
+            0,
+            (i * 8 + j,),
+            Stats(float(i), float(i + j), 1.0, 64),
+        )
+        for i in range(8)
+        for j in range(8)
+    ]
+    t = BlockTable.from_records(recs, spec)
+    plain_secs, plain = encode_area({0: t})
+    secs, area = encode_area({0: t}, squeeze=[0])
+    assert plain_secs[0].raw == 0 and secs[0].raw == len(plain) and len(area) < len(plain) / 3
+    loaded = StepBlocks({0: secs[0]}, [], lambda o, n: area[o : o + n], "step 0")
+    assert loaded.table(spec).records(0) == recs
+    bad = zlib.compress(plain[:-1], 1)  # one byte short of what the section claims
+    sec = dataclasses.replace(secs[0], length=len(bad), crc=crc32c(bad))
+    with pytest.raises(FormatError, match="do not hold the"):
+        StepBlocks({0: sec}, [], lambda o, n: bad[o : o + n], "step 0").table(spec)
+    with pytest.raises(FormatError, match="do not decompress"):
+        unsqueeze(b"not zlib at all", 100, "step 0")

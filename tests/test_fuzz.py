@@ -174,6 +174,7 @@ def _encodings(version: int) -> list[tuple[bytes, bytes, int, int, int]]:
 
 RECORDS = _encodings(3)
 RECORDS_V2 = _encodings(2)
+RECORDS_V4 = _encodings(4)
 SPECS = _specs()
 
 
@@ -186,7 +187,7 @@ def _file_bytes() -> tuple[bytes, bytes]:
     meta = bytearray(fmt.header(fmt.META_MAGIC, IDENTITY))
     commit = bytearray(fmt.header(fmt.COMMIT_MAGIC, IDENTITY))
     for i, (rec, specs, _) in enumerate(_RECS):
-        head, area = rec.encode(specs, 3, area_offset=len(meta))
+        head, area = rec.encode(specs, fmt.VERSION, area_offset=len(meta))
         meta += area
         framed = fmt.frame(head)
         commit += fmt.entry(i, len(meta), len(framed), crc(head))
@@ -208,7 +209,7 @@ def read_metadata(meta: bytes, commit: bytes) -> Catalog:
     prev = head.size
     for e in entries:
         payload = fmt.parse_frame(meta[e.offset : e.offset + e.length], e, "meta")
-        rec = Record.decode(payload, cat, "record")
+        rec = Record.decode(payload, cat, "record", version=mhead.version)
         if rec.area_length and not (
             prev <= rec.area_offset and rec.area_offset + rec.area_length <= e.offset
         ):
@@ -270,14 +271,14 @@ def mutated(draw, base: bytes):
     return bytes(buf)
 
 
-record_and_catalog = st.sampled_from(RECORDS + RECORDS_V2)
+record_and_catalog = st.sampled_from(RECORDS + RECORDS_V2 + RECORDS_V4)
 
 
 def decode_full(head: bytes, area: bytes, cat: Catalog, version: int = 3) -> Record:
     """Decode a record and every block table of its step (what a reader does, over time)."""
     if version <= 2:
         return Record.decode(head, cat, "record", version=version)
-    rec, blocks = decode_packed(pack(head, area), cat, "record")
+    rec, blocks = decode_packed(pack(head, area), cat, "record", version=version)
     if blocks is not None:
         for d in blocks.datasets():
             blocks.table(cat.specs[d])
@@ -287,8 +288,8 @@ def decode_full(head: bytes, area: bytes, cat: Catalog, version: int = 3) -> Rec
 def _decode_with_prefix(head: bytes, area: bytes, before: int, index: int, version: int):
     """Decode a (possibly mutated) record with the catalog state it was encoded against."""
     cat = Catalog()
-    for h, _, _, _, _ in RECORDS[:index]:
-        Record.decode(h, cat)
+    for h, _, _, _, v in RECORDS[:index]:
+        Record.decode(h, cat, version=v)
     assert len(cat.specs) == before
     return decode_full(head, area, cat, version)
 

@@ -25,6 +25,7 @@ import os
 import sys
 
 import numpy as np
+
 import lamina
 from lamina.comm import task_comm
 from lamina.geometry import Box, split_range

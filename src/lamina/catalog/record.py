@@ -29,9 +29,12 @@ from .model import (
 from .wire import Decoder, Encoder
 
 #: the newest record format (the native format's version)
-VERSION = 3
+VERSION = 4
 
-_SECTION = 4 + 8 + 8 + 8 + 4
+#: bytes of a section's entry in the directory, by format version (4 adds the raw length)
+_SECTION = {3: 4 + 8 + 8 + 8 + 4, 4: 4 + 8 + 8 + 8 + 4 + 8}
+#: longest table a compressed section may claim to hold
+_MAX_RAW = 1 << 40
 _EXTENT = 4 + 4 + 8
 
 
@@ -105,7 +108,12 @@ class Record:
                     t.record(i, d).encode(e, dt)
             return e.getvalue(), b""
         if self.tables or not self.sections:
-            sections, area = encode_area(self.tables)
+            squeeze = (
+                [d for d in self.tables if specs_after_ops[d].layout is not None]
+                if version >= 4
+                else []
+            )
+            sections, area = encode_area(self.tables, squeeze)
             extents = extents_of(self.tables)
         else:  # a decoded record: its directory as it was (the caller ships the area it came with)
             sections, area = list(self.sections.values()), b""
@@ -117,6 +125,10 @@ class Record:
             e.u64(s.offset)
             e.u64(s.length)
             e.u32(s.crc)
+            if version >= 4:
+                e.u64(s.raw)
+            elif s.raw:
+                raise ValueError("a compressed block section cannot be written in format 3")
         e.u32(len(extents))
         for sess, agg, end in extents:
             e.u32(sess)
@@ -169,10 +181,11 @@ class Record:
             rec.tables = {did: BlockTable.from_records(bs, specs[did]) for did, bs in by.items()}
             rec.extents = extents_of(rec.tables)
             return rec
-        nsec = d.count(_SECTION, name="block sections")
+        nsec = d.count(_SECTION[min(version, 4)], name="block sections")
         end = 0
         for _ in range(nsec):
             did, n, off, length, c = d.u32(), d.u64(), d.u64(), d.u64(), d.u32()
+            raw = d.u64() if version >= 4 else 0
             if did >= len(specs):
                 raise FormatError(
                     f"{what}: blocks of dataset id {did}, only {len(specs)} datasets defined"
@@ -180,12 +193,18 @@ class Record:
             spec = specs[did]
             if did in rec.sections or (rec.sections and did < max(rec.sections)):
                 raise FormatError(f"{what}: block sections out of order at dataset {spec.path!r}")
-            if off != end or n == 0 or n > length // row_bytes(spec.ndim, spec.dtype):
+            table_bytes = raw if raw else length
+            if (
+                off != end
+                or n == 0
+                or n > table_bytes // row_bytes(spec.ndim, spec.dtype)
+                or raw >= _MAX_RAW
+            ):
                 raise FormatError(
                     f"{what}: block section of dataset {spec.path!r} ({n} blocks at {off}+{length}) "
                     f"is inconsistent (expected at {end})"
                 )
-            rec.sections[did] = Section(did, n, off, length, c)
+            rec.sections[did] = Section(did, n, off, length, c, raw)
             end = off + length
         next_ = d.count(_EXTENT, name="subfile extents")
         prev = (-1, -1)
@@ -229,11 +248,12 @@ def unpack(buf, what: str) -> tuple[memoryview, memoryview]:
 
 
 def decode_packed(
-    buf, catalog, what: str, apply_ops: bool = True
+    buf, catalog, what: str, apply_ops: bool = True, version: int = VERSION
 ) -> tuple[Record, StepBlocks | None]:
-    """A :func:`pack` message: the record, and for a step its blocks (loaded from the message)."""
+    """A :func:`pack` message (format *version*, 3 or later): the record, and for a step its
+    blocks (loaded from the message)."""
     head, area = unpack(buf, what)
-    rec = Record.decode(bytes(head), catalog, what, apply_ops)
+    rec = Record.decode(bytes(head), catalog, what, apply_ops, version=version)
     if rec.kind != KIND_STEP:
         return rec, None
     if len(area) != rec.area_length:

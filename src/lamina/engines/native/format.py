@@ -31,13 +31,13 @@ from dataclasses import dataclass
 from ...errors import FormatError, NotALaminaFileError
 from ...stats import crc
 
-VERSION = 3
+VERSION = 4
 META_MAGIC = b"LAMINA\x89M"
 COMMIT_MAGIC = b"LAMINA\x89C"
 META_NAME = "lamina.meta"
 COMMIT_NAME = "lamina.commit"
 #: header bytes per format version (version 1: no file identity)
-HEADER_SIZES = {1: 16, 2: 32, 3: 32}
+HEADER_SIZES = {1: 16, 2: 32, 3: 32, 4: 32}
 HEADER_SIZE = HEADER_SIZES[VERSION]
 #: the names of block data files; with META_NAME, COMMIT_NAME and the lock, all lamina writes
 DATA_NAME = re.compile(r"data\.(0|[1-9][0-9]{0,9})\.(0|[1-9][0-9]{0,9})")
