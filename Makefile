@@ -12,7 +12,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[test,bench,dev,xarray,plot]"
+	$(BIN)/python -m pip install --quiet -e ".[test,bench,dev,xarray,plot,zarr]"
 	touch $(STAMP)
 
 demo: $(STAMP)

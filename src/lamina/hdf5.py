@@ -92,14 +92,14 @@ class ConvertResult:
 
     src: str
     dst: str
-    direction: str  # 'lamina->hdf5' or 'hdf5->lamina'
+    direction: str  # 'lamina->hdf5', 'hdf5->lamina', 'lamina->zarr' or 'zarr->lamina'
     groups: int = 0
     datasets: int = 0
     steps: int = 0
     blocks: int = 0
     nbytes: int = 0  # bytes of array data moved
     seconds: float = 0.0
-    source_kind: str = ""  # for hdf5->lamina: 'lamina' (made by lamina) or 'plain'
+    source_kind: str = ""  # for hdf5/zarr->lamina: 'lamina' (made by lamina) or 'plain'
     warnings: list[str] = field(default_factory=list)
 
 
@@ -107,11 +107,28 @@ class ConvertResult:
 # entry points
 
 
+#: files whose presence in a directory makes it a Zarr store (format 2: the first three; 3: the last)
+ZARR_MARKERS = (".zgroup", ".zattrs", ".zarray", "zarr.json")
+
+
+def is_zarr_store(path) -> bool:
+    """Whether *path* is a directory holding Zarr metadata (a Zarr store, not a lamina file)."""
+    path = os.fspath(path)
+    return os.path.isdir(path) and any(os.path.isfile(os.path.join(path, m)) for m in ZARR_MARKERS)
+
+
 def detect(path) -> str:
-    """'lamina' or 'hdf5': what kind of file *path* is; raises if neither or missing."""
+    """'lamina', 'hdf5' or 'zarr': what kind of file *path* is; raises if none or missing.
+
+    A directory holding ``.zgroup``, ``.zattrs``, ``.zarray`` or
+    ``zarr.json`` is a Zarr store (:mod:`lamina.omezarr` converts it); any
+    other directory is taken for a lamina file.
+    """
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"no such file: {path!r}")
+    if is_zarr_store(path):
+        return "zarr"
     if os.path.isdir(path):
         return "lamina"  # lamina.open says precisely what is wrong if it is not one
     if not os.path.isfile(path):  # a FIFO or a device: reading it would block or never end
@@ -141,6 +158,11 @@ def convert(
         lamina -> HDF5 only: gzip level 0-9 for the HDF5 datasets (default: none).
     """
     kind = detect(src)
+    if kind == "zarr":
+        raise ConvertError(
+            f"{os.fspath(src)!r} is a Zarr store: lamina.omezarr.convert converts it "
+            "(as 'lamina convert' does)"
+        )
     if kind == "lamina":
         return lamina_to_hdf5(src, dst, overwrite=overwrite, progress=progress, gzip=gzip)
     if gzip is not None:
@@ -751,10 +773,10 @@ def _check_distinct(src: str, dst: str) -> None:
         raise ConvertError(f"source and destination are the same file: {src!r}")
 
 
-def _require_serial(f) -> None:
+def _require_serial(f, what: str = "HDF5") -> None:
     if f.comm.size != 1:
         raise ConvertError(
-            f"HDF5 conversion runs on one rank; it was started on {f.comm.size} (run it without mpiexec)"
+            f"{what} conversion runs on one rank; it was started on {f.comm.size} (run it without mpiexec)"
         )
 
 
@@ -772,7 +794,12 @@ class _staged:
                 raise FileExistsError(
                     f"{dst!r} exists; pass --force (overwrite=True) to replace it"
                 )
-            if os.path.isdir(dst) and not os.path.exists(os.path.join(dst, "lamina.commit")):
+            if kind == "zarr" and os.path.isdir(dst):
+                if not is_zarr_store(dst):
+                    raise FileExistsError(
+                        f"{dst!r} is a directory that is not a Zarr store; not replacing it"
+                    )
+            elif os.path.isdir(dst) and not os.path.exists(os.path.join(dst, "lamina.commit")):
                 raise FileExistsError(
                     f"{dst!r} is a directory that is not a lamina file; not replacing it"
                 )
@@ -842,6 +869,7 @@ __all__ = [
     "convert",
     "detect",
     "hdf5_to_lamina",
+    "is_zarr_store",
     "lamina_to_hdf5",
     "split_box",
 ]

@@ -1,11 +1,11 @@
-"""The ``lamina`` command: inspect files, dump data, convert to and from HDF5, demos, benchmarks.
+"""The ``lamina`` command: inspect files, dump data, convert to and from HDF5 and OME-Zarr, demos, benchmarks.
 
 ::
 
     lamina ls FILE [PATH] [--json]              tree of groups and datasets, with attributes
     lamina info FILE DATASET [--step K] [--json]  blocks per step: box, statistics, size, location
     lamina dump FILE DATASET [--select S] [--step K] [--level L] [--json]   values of a selection
-    lamina convert SRC DST [--force] [--quiet] [--gzip N]     lamina <-> HDF5 (docs/hdf5.md)
+    lamina convert SRC DST [--force] [--quiet] [--gzip N]     lamina <-> HDF5, OME-Zarr (docs/hdf5.md, docs/omezarr.md)
     lamina plot FILE DATASET [--slice z=32] [--step K] [-o OUT.png] [--blocks] [--stats]
     lamina demo ...                             lamina.demo.main(args)
     lamina bench ...                            lamina.bench.main(args)
@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(
         prog="lamina",
-        description="Inspect lamina files, dump their data, convert them to and from HDF5.",
+        description="Inspect lamina files, dump their data, convert them to and from HDF5 and OME-Zarr.",
         epilog="Run 'lamina COMMAND --help' for the options of a command.",
     )
     p.add_argument("--version", action="version", version=f"lamina {__version__}")
@@ -141,10 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser(
         "convert",
-        help="convert lamina <-> HDF5",
+        help="convert lamina <-> HDF5 or OME-Zarr",
         description=(
-            "Convert a lamina file to HDF5 or an HDF5 file to lamina; the direction follows the kind "
-            "of SRC. The HDF5 layout is described in docs/hdf5.md. Runs on one rank."
+            "Convert a lamina file to HDF5, or to OME-Zarr when DST ends in .zarr; convert an HDF5 "
+            "file or an OME-Zarr store (a directory holding .zgroup, .zattrs or zarr.json) to "
+            "lamina. The direction follows the kind of SRC. The layouts are described in "
+            "docs/hdf5.md and docs/omezarr.md (OME-Zarr needs zarr-python: pip install "
+            "'lamina[zarr]'). Runs on one rank."
         ),
     )
     s.add_argument("src", metavar="SRC")

@@ -1,4 +1,4 @@
-"""``lamina ls``, ``info``, ``dump`` and ``convert``: look into lamina files, convert them to and from HDF5."""
+"""``lamina ls``, ``info``, ``dump`` and ``convert``: look into lamina files, convert them to and from HDF5 and OME-Zarr."""
 
 from __future__ import annotations
 
@@ -410,7 +410,7 @@ def cmd_dump(args) -> int:
 
 
 def cmd_convert(args) -> int:
-    from ..hdf5 import convert
+    from ..omezarr import convert
 
     res = convert(
         args.src,
@@ -422,17 +422,13 @@ def cmd_convert(args) -> int:
     for w in res.warnings:
         print(f"lamina convert: warning: {w}", file=sys.stderr)
     if not args.quiet:
-        kind = (
-            "lamina to HDF5"
-            if res.direction == "lamina->hdf5"
-            else (
-                "HDF5 (made by lamina) to lamina"
-                if res.source_kind == "lamina"
-                else "HDF5 to lamina"
-            )
+        a, b = res.direction.split("->")
+        names = {"lamina": "lamina", "hdf5": "HDF5", "zarr": "OME-Zarr"}
+        source = names[a] + (
+            " (made by lamina)" if a != "lamina" and res.source_kind == "lamina" else ""
         )
         print(
-            f"{res.src} -> {res.dst} ({kind}): {plural(res.groups, 'group')}, {plural(res.datasets, 'dataset')}, "
+            f"{res.src} -> {res.dst} ({source} to {names[b]}): {plural(res.groups, 'group')}, {plural(res.datasets, 'dataset')}, "
             f"{plural(res.steps, 'step')}, {plural(res.blocks, 'block')}, {fmt_bytes(res.nbytes)} "
             f"in {res.seconds:.2f} s"
         )

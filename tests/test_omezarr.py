@@ -1,0 +1,398 @@
+"""OME-Zarr interchange: lamina -> OME-Zarr read by zarr-python alone, back to lamina, foreign stores, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import lamina
+from lamina import cli, hdf5, omezarr
+from lamina.errors import FormatError
+from lamina.hdf5 import ConvertError
+
+zarr = pytest.importorskip("zarr")
+
+TOL = 1e-3
+SHAPE = (40, 36, 20)
+
+
+def make_sample(path) -> str:
+    """Two steps: a multires T (patch 16; part of it written in step 0), a plain 2-D p in a group, a 0-D s."""
+    path = str(path)
+    rng = np.random.default_rng(3)
+    z, y, x = np.meshgrid(*(np.linspace(0, 1, n) for n in SHAPE), indexing="ij")
+    smooth = np.sin(3 * z) * np.cos(2 * y) + x
+    with lamina.open(path, "w") as f:
+        f.attrs["title"] = "sample"
+        f.attrs["grid"] = np.arange(6, dtype=np.uint16).reshape(2, 3)
+        f.attrs["z"] = np.complex64(1 - 2j)
+        f.attrs["bad"] = np.float32(np.nan)
+        f.attrs["names"] = ["u", "v"]
+        f.attrs["multiscales"] = "a user attribute of a reserved name"
+        t = f.create_dataset(
+            "T", SHAPE, "f4", fill=np.nan, layout=lamina.Multires(patch=16, tolerance=TOL)
+        )
+        t.attrs["units"] = "K"
+        g = f.create_group("fields")
+        g.attrs["kind"] = "cell"
+        p = f.create_dataset("fields/p", (30, 25), "i2", fill=-7, compression="zstd")
+        s = f.create_dataset("s", (), "f8", fill=-3.0)
+        with f.step():
+            t[0:20] = (smooth[0:20] + 0.01 * rng.standard_normal((20, *SHAPE[1:]))).astype("f4")
+            t[20:40, 0:16] = 1.5
+            p[0:10] = rng.integers(-100, 100, (10, 25))
+            s[()] = 42.0
+        with f.step():
+            t[...] = (2 * smooth + 0.01 * rng.standard_normal(SHAPE)).astype("f4")
+            p[5:30, 3:7] = 3
+    return path
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory) -> str:
+    return make_sample(tmp_path_factory.mktemp("omezarr") / "run.lam")
+
+
+@pytest.fixture(scope="module")
+def store(sample, tmp_path_factory) -> tuple[str, omezarr.ConvertResult]:
+    dst = str(tmp_path_factory.mktemp("omezarr-out") / "run.zarr")
+    return dst, omezarr.convert(sample, dst, progress=False)
+
+
+# --------------------------------------------------------------------------
+# lamina -> OME-Zarr, read with zarr-python alone
+
+
+def test_multiscales_metadata(sample, store):
+    dst, res = store
+    assert res.direction == "lamina->zarr" and res.datasets == 3 and res.groups == 1
+    assert res.steps == 2 and res.nbytes > 0
+    assert any("/s has 0 dimensions" in w for w in res.warnings)
+    with open(os.path.join(dst, "T", ".zattrs")) as fh:  # zarr format 2 on disk
+        attrs = json.load(fh)
+    assert os.path.isfile(os.path.join(dst, ".zgroup"))
+    (ms,) = attrs["multiscales"]
+    assert ms["version"] == "0.4" and ms["name"] == "T"
+    assert ms["axes"] == [
+        {"name": "t", "type": "time"},
+        {"name": "z", "type": "space"},
+        {"name": "y", "type": "space"},
+        {"name": "x", "type": "space"},
+    ]
+    with lamina.open(sample) as f:
+        nlevels = len(f["T"].levels)
+    assert nlevels == 5
+    assert [d["path"] for d in ms["datasets"]] == ["0", "1", "2", "3", "4"]
+    for k, d in enumerate(ms["datasets"]):
+        assert d["coordinateTransformations"] == [{"type": "scale", "scale": [1] + [2**k] * 3}]
+    lm = attrs["lamina"]
+    assert lm["layout"]["patch"] == [16, 16, 16] and lm["layout"]["tolerance"] == TOL
+    assert lm["dtype"] == "<f4" and lm["shape"] == list(SHAPE)
+    assert attrs["units"] == "K"
+    root = zarr.open_group(dst, mode="r")
+    assert root.attrs["lamina"]["steps"] == 2 and len(root.attrs["lamina"]["step_times"]) == 2
+    assert root.attrs["title"] == "sample" and root.attrs["names"] == ["u", "v"]
+    assert root.attrs["lamina_user_multiscales"].startswith("a user")
+    assert root.attrs["bad"] == "NaN"  # JSON has no NaN: written as zarr writes fill values
+    p = zarr.open_group(dst, mode="r")["fields/p"]
+    (pms,) = p.attrs["multiscales"]
+    assert [a["name"] for a in pms["axes"]] == ["t", "y", "x"] and len(pms["datasets"]) == 1
+    assert zarr.open_group(dst, mode="r")["fields"].attrs["kind"] == "cell"
+
+
+def test_levels_equal_lamina_reads(sample, store):
+    dst, _ = store
+    root = zarr.open_group(dst, mode="r")
+    with lamina.open(sample) as f:
+        t = f["T"]
+        for k, shape in enumerate(t.levels):
+            a = root["T"][str(k)]
+            assert a.shape == (2, *shape) and a.dtype == np.float32
+            assert a.chunks == (1, *(16 >> k,) * 3)
+            for step in range(2):
+                np.testing.assert_array_equal(a[step], f.at(step)["T"].level(k)[...])
+        p = root["fields/p"]["0"]
+        assert p.fill_value == -7 and p.dtype == np.int16
+        for step in range(2):
+            np.testing.assert_array_equal(p[step], f.at(step)["fields/p"][...])
+            assert root["s"]["0"][step] == f.at(step)["s"][()]
+    # patches never written store no chunk: they read as the fill value
+    assert not os.path.exists(os.path.join(dst, "T", "0", "0", "2", "1", "0"))
+    assert os.path.exists(os.path.join(dst, "T", "0", "0", "2", "0", "0"))
+
+
+def test_round_trip(sample, store, tmp_path):
+    dst, _ = store
+    back = tmp_path / "back.lam"
+    res = omezarr.convert(dst, back, progress=False)
+    assert res.direction == "zarr->lamina" and res.source_kind == "lamina"
+    assert res.datasets == 3 and res.steps == 2 and res.warnings == []
+    with lamina.open(sample) as a, lamina.open(back) as b:
+        assert [p for p, _ in a.walk()] == [p for p, _ in b.walk()]
+        assert b["T"].layout == a["T"].layout
+        assert b["T"].layout.patch == (16, 16, 16) and b["T"].layout.tolerance == TOL
+        assert b["fields/p"].compression == a["fields/p"].compression
+        assert b["fields/p"].fill == -7 and np.isnan(b["T"].fill)
+        for k in range(2):
+            assert sorted(map(str, a["T"].coverage(k))) == sorted(map(str, b["T"].coverage(k)))
+            for level in range(len(a["T"].levels)):
+                x = a.at(k)["T"].level(level)[...]
+                y = b.at(k)["T"].level(level)[...]
+                np.testing.assert_array_equal(np.isnan(x), np.isnan(y))
+                assert np.nanmax(np.abs(x - y)) <= TOL * (1 + 1e-6)
+            np.testing.assert_array_equal(a.at(k)["fields/p"][...], b.at(k)["fields/p"][...])
+            assert a.at(k)["s"][()] == b.at(k)["s"][()]
+        for name in a.attrs:
+            v, w = a.attrs[name], b.attrs[name]
+            assert np.asarray(v).dtype == np.asarray(w).dtype, name
+            np.testing.assert_array_equal(np.asarray(v), np.asarray(w))
+        assert b["T"].attrs["units"] == "K" and b["fields"].attrs["kind"] == "cell"
+
+
+# --------------------------------------------------------------------------
+# OME-Zarr stores not made by lamina
+
+
+def _foreign(path, fmt: int, axes, shape, levels: int = 2, time_written=None):
+    """An image at /img of a store of Zarr format *fmt* (2: NGFF 0.4, 3: NGFF 0.5)."""
+    root = zarr.open_group(str(path), mode="w", zarr_format=fmt)
+    root.attrs["origin"] = "microscope"
+    img = root.create_group("img")
+    rng = np.random.default_rng(1)
+    data = rng.random(shape).astype("f4")
+    kw = {"chunk_key_encoding": {"name": "v2", "separator": "/"}} if fmt == 2 else {}
+    for k in range(levels):
+        sl = tuple(
+            slice(None, None, 2**k) if a.get("type") == "space" else slice(None) for a in axes
+        )
+        lvl = data[sl]
+        chunks = tuple(
+            1 if a.get("type") == "time" else n for a, n in zip(axes, lvl.shape, strict=True)
+        )
+        arr = img.create_array(str(k), shape=lvl.shape, chunks=chunks, dtype="f4", **kw)
+        if time_written is None:
+            arr[...] = lvl
+        else:
+            arr[:time_written] = lvl[:time_written]
+    ms = {
+        "name": "img",
+        "axes": axes,
+        "datasets": [
+            {
+                "path": str(k),
+                "coordinateTransformations": [
+                    {
+                        "type": "scale",
+                        "scale": [2.0**k if a.get("type") == "space" else 1.0 for a in axes],
+                    }
+                ],
+            }
+            for k in range(levels)
+        ],
+    }
+    if fmt == 2:
+        img.attrs["multiscales"] = [{"version": "0.4", **ms}]
+    else:
+        img.attrs["ome"] = {"version": "0.5", "multiscales": [ms]}
+    img.attrs["pixel"] = 0.5
+    img.attrs["omero"] = {"channels": []}
+    return data
+
+
+T, Z, Y, X = (
+    {"name": "t", "type": "time"},
+    {"name": "z", "type": "space"},
+    {"name": "y", "type": "space"},
+    {"name": "x", "type": "space"},
+)
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_foreign_time_series(tmp_path, fmt):
+    src = tmp_path / "cells.zarr"
+    data = _foreign(src, fmt, [T, Z, Y, X], (3, 6, 5, 4))
+    res = omezarr.convert(src, tmp_path / "cells.lam", progress=False)
+    assert res.source_kind == "plain" and res.steps == 3 and res.datasets == 1
+    assert any("coarser levels of its pyramid are not kept" in w for w in res.warnings)
+    with lamina.open(tmp_path / "cells.lam") as f:
+        ds = f["img"]
+        assert ds.shape == (6, 5, 4) and ds.layout is None and f.steps == 3
+        for k in range(3):
+            np.testing.assert_array_equal(f.at(k)["img"][...], data[k])
+        assert f.attrs["origin"] == "microscope" and ds.attrs["pixel"] == 0.5
+        assert "omero" not in ds.attrs
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_foreign_one_step_and_root_image(tmp_path, fmt):
+    src = tmp_path / "plane.zarr"
+    data = _foreign(src, fmt, [Y, X], (7, 9), levels=1)
+    res = omezarr.convert(src, tmp_path / "plane.lam", progress=False)
+    assert res.steps == 1 and not any("pyramid" in w for w in res.warnings)
+    with lamina.open(tmp_path / "plane.lam") as f:
+        np.testing.assert_array_equal(f["img"][...], data)
+    # a store that is one image: the dataset is named after the store
+    one = tmp_path / "one.zarr"
+    g = zarr.open_group(str(one), mode="w", zarr_format=fmt)
+    g.create_array("s0", shape=(4, 4), chunks=(2, 2), dtype="u2")[...] = np.arange(16).reshape(4, 4)
+    ms = {"axes": [Y, X], "datasets": [{"path": "s0"}]}
+    if fmt == 2:
+        g.attrs["multiscales"] = [{"version": "0.4", **ms}]
+    else:
+        g.attrs["ome"] = {"version": "0.5", "multiscales": [ms]}
+    omezarr.convert(one, tmp_path / "one.lam", progress=False)
+    with lamina.open(tmp_path / "one.lam") as f:
+        assert f["one"].dtype == np.uint16
+        np.testing.assert_array_equal(f["one"][...], np.arange(16).reshape(4, 4))
+
+
+def test_foreign_singleton_channel_and_unwritten_time(tmp_path):
+    src = tmp_path / "c.zarr"
+    c = {"name": "c", "type": "channel"}
+    data = _foreign(src, 2, [T, c, Y, X], (5, 1, 4, 3), levels=1, time_written=2)
+    res = omezarr.convert(src, tmp_path / "c.lam", progress=False)
+    assert any("'c' of type 'channel' (length 1) is dropped" in w for w in res.warnings)
+    assert any("time points 2 to 4 hold no stored data" in w for w in res.warnings)
+    with lamina.open(tmp_path / "c.lam") as f:
+        assert f.steps == 2 and f["img"].shape == (4, 3)
+        np.testing.assert_array_equal(f.at(1)["img"][...], data[1, 0])
+
+
+def _bad(tmp_path, axes, shape, name="bad.zarr"):
+    src = tmp_path / name
+    _foreign(src, 2, axes, shape, levels=1)
+    return src
+
+
+def test_bad_inputs(tmp_path):
+    # no multiscales anywhere
+    src = tmp_path / "plain.zarr"
+    zarr.open_group(str(src), mode="w", zarr_format=2).create_array("a", shape=(3,), dtype="i4")
+    with pytest.raises(ConvertError, match=r"plain\.zarr.*holds no OME-Zarr image"):
+        omezarr.convert(src, tmp_path / "x.lam")
+    # axes that do not match the array
+    src = tmp_path / "axes.zarr"
+    _foreign(src, 2, [Y, X], (4, 4), levels=1)
+    attrs = zarr.open_group(str(src), mode="a")["img"].attrs
+    attrs["multiscales"] = [{"version": "0.4", "axes": [Z, Y, X], "datasets": [{"path": "0"}]}]
+    with pytest.raises(ConvertError, match=r"axes\.zarr.*image /img.*3 axes.*2 dimensions"):
+        omezarr.convert(src, tmp_path / "x.lam")
+    # more than 3 space axes
+    w = {"name": "w", "type": "space"}
+    with pytest.raises(ConvertError, match=r"bad4\.zarr.*4 space axes"):
+        omezarr.convert(_bad(tmp_path, [w, Z, Y, X], (2, 2, 2, 2), "bad4.zarr"), tmp_path / "x.lam")
+    # a channel axis of several channels
+    c = {"name": "c", "type": "channel"}
+    with pytest.raises(ConvertError, match=r"chan\.zarr.*axis 'c' of type 'channel' has 3"):
+        omezarr.convert(_bad(tmp_path, [c, Y, X], (3, 4, 4), "chan.zarr"), tmp_path / "x.lam")
+    # a dataset path that is not an array
+    src = tmp_path / "path.zarr"
+    _foreign(src, 2, [Y, X], (4, 4), levels=1)
+    attrs = zarr.open_group(str(src), mode="a")["img"].attrs
+    attrs["multiscales"] = [{"version": "0.4", "axes": [Y, X], "datasets": [{"path": "nope"}]}]
+    with pytest.raises(ConvertError, match=r"path\.zarr.*'nope'.*not an array"):
+        omezarr.convert(src, tmp_path / "x.lam")
+    assert not os.path.exists(tmp_path / "x.lam")
+    # HDF5 to OME-Zarr directly, gzip for Zarr, Zarr to Zarr
+    with pytest.raises(ConvertError, match="gzip applies to HDF5 output only"):
+        omezarr.convert(src, tmp_path / "y.lam", gzip=3)
+
+
+def test_lamina_made_inconsistent(store, tmp_path):
+    import shutil
+
+    dst, _ = store
+    copy = tmp_path / "copy.zarr"
+    shutil.copytree(dst, copy)
+    root = zarr.open_group(str(copy), mode="a")
+    meta = dict(root.attrs["lamina"])
+    meta["step_times"] = meta["step_times"][:1]
+    root.attrs["lamina"] = meta
+    with pytest.raises(FormatError, match=r"copy\.zarr.*'steps' says 2 steps"):
+        omezarr.convert(copy, tmp_path / "x.lam")
+
+
+@pytest.fixture
+def tiny(tmp_path) -> str:
+    """One step: a 16 x 16 multires dataset (patch 8) and a plain 1-D one."""
+    path = str(tmp_path / "tiny.lam")
+    with lamina.open(path, "w") as f:
+        m = f.create_dataset("m", (16, 16), "f8", layout=lamina.Multires(patch=8, tolerance=TOL))
+        v = f.create_dataset("v", (5,), "i4", fill=-1)
+        with f.step():
+            m[...] = np.arange(256.0).reshape(16, 16)
+            v[1:3] = 7
+    return path
+
+
+def test_dispatch_and_force(tiny, tmp_path):
+    assert hdf5.detect(tiny) == "lamina"
+    dst = tmp_path / "o.zarr"
+    res = omezarr.convert(tiny, dst, progress=False)
+    assert res.direction == "lamina->zarr" and res.warnings == []
+    assert hdf5.detect(dst) == "zarr" and hdf5.is_zarr_store(dst)
+    with open(os.path.join(dst, "v", ".zattrs")) as fh:
+        (ms,) = json.load(fh)["multiscales"]
+    assert [a["name"] for a in ms["axes"]] == ["t", "x"]
+    with pytest.raises(FileExistsError, match="--force"):
+        omezarr.convert(tiny, dst)
+    omezarr.convert(tiny, dst, overwrite=True, progress=False)
+    with pytest.raises(ConvertError, match="gzip applies to HDF5 output only"):
+        omezarr.convert(tiny, tmp_path / "g.zarr", gzip=4)
+    with pytest.raises(ConvertError, match="lamina.omezarr"):
+        hdf5.convert(dst, tmp_path / "h.lam")
+    with pytest.raises(ConvertError, match="give a lamina destination"):
+        omezarr.convert(dst, tmp_path / "again.zarr")
+    # a lamina file is never replaced by a Zarr store, nor a Zarr store by a lamina file
+    lam = tmp_path / "keep.lam"
+    omezarr.convert(dst, lam, progress=False)
+    with pytest.raises(FileExistsError, match="not a Zarr store"):
+        omezarr.lamina_to_zarr(tiny, lam, overwrite=True)
+    other = tmp_path / "other.zarr"
+    zarr.open_group(str(other), mode="w", zarr_format=2)
+    with pytest.raises(FileExistsError, match="not a lamina file"):
+        omezarr.zarr_to_lamina(dst, other, overwrite=True)
+    # HDF5 goes on as before
+    h5 = tmp_path / "o.h5"
+    assert omezarr.convert(tiny, h5, progress=False).direction == "lamina->hdf5"
+    with pytest.raises(ConvertError, match="convert it to lamina first"):
+        omezarr.convert(h5, tmp_path / "h.zarr")
+
+
+# --------------------------------------------------------------------------
+# the command
+
+
+def run(argv, capsys) -> tuple[int, str, str]:
+    rc = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_cli_convert(tiny, tmp_path, capsys):
+    dst = tmp_path / "c.zarr"
+    rc, out, err = run(["convert", tiny, dst], capsys)
+    assert rc == 0 and "lamina to OME-Zarr" in out and "2 datasets" in out and "1 step" in out
+    assert err == ""
+    rc, out, err = run(["convert", dst, tmp_path / "c.lam"], capsys)
+    assert rc == 0 and "OME-Zarr (made by lamina) to lamina" in out and err == ""
+    with lamina.open(tmp_path / "c.lam") as f:
+        assert f["m"].layout.patch == (8, 8)
+        np.testing.assert_array_equal(f["v"][...], [-1, 7, 7, -1, -1])
+    rc, _, err = run(["convert", tiny, dst], capsys)
+    assert rc == 2 and "--force" in err
+    rc, out, err = run(["convert", tiny, dst, "--force", "-q"], capsys)
+    assert rc == 0 and out == "" and err == ""
+    rc, _, err = run(["convert", tiny, tmp_path / "g.zarr", "--gzip", "3"], capsys)
+    assert rc == 2 and "gzip applies to HDF5 output only" in err
+    src = tmp_path / "f.zarr"
+    _foreign(src, 3, [T, Y, X], (2, 3, 4))
+    rc, out, err = run(["convert", src, tmp_path / "f.lam"], capsys)
+    assert rc == 0 and "(OME-Zarr to lamina)" in out and "pyramid are not kept" in err
+    bad = tmp_path / "bad.zarr"
+    zarr.open_group(str(bad), mode="w", zarr_format=2)
+    rc, _, err = run(["convert", bad, tmp_path / "b.lam"], capsys)
+    assert rc == 2 and "bad.zarr" in err and "no OME-Zarr image" in err
