@@ -334,6 +334,31 @@ def test_overlapping_writes_are_refused_naming_both_boxes(tmp_path):
                 t[5:12] = 2.0
 
 
+def test_background_io_encodes_behind_the_program(tmp_path):
+    """io='async': end_step copies the pieces and returns; distribution, transform, zfp and the
+    write run on the background thread, step after step, and every level reads back."""
+    from lamina.layers.background import BackgroundLayer
+
+    x = smooth((64, 48, 40), 11, np.float32)
+    p = str(tmp_path / "f.lam")
+    with lamina.open(p, "w", io="async") as f:
+        assert any(isinstance(e, BackgroundLayer) for e in f.engine.stack())
+        ds = f.create_dataset(
+            "T", x.shape, x.dtype, layout=lamina.Multires(patch=16, tolerance=1e-3)
+        )
+        for s in range(3):
+            with f.step():
+                ds[:30] = x[:30] + s
+                ds[30:] = x[30:] + s
+        f.wait()
+    with lamina.open(p) as f:
+        assert f.steps == 3
+        for s in range(3):
+            for k in range(len(f["T"].levels)):
+                want = compress.reference_array(x + s, (16, 16, 16), k, 1e-3)
+                assert np.abs(f.at(s)["T"].level(k)[...] - want).max() <= 1e-3
+
+
 @pytest.mark.parametrize("mode", ["memory", "both"])
 def test_in_situ_transport_serves_the_levels(tmp_path, mode):
     """The same writer and reader programs as one launch, the reader taking the encoded bands
