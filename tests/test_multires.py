@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import os
@@ -342,6 +343,56 @@ def test_optimism_keeps_the_bound(kind, shape, dtype, rel_log, optimism, seed):
     tol = (float(np.abs(x).max()) or 1.0) * 10.0**rel_log
     enc = compress.encode_array(x, patch, tol, optimism=optimism)
     assert max(level_errors(x, patch, tol, enc)) <= tol
+
+
+@given(
+    st.sampled_from(KINDS),
+    st.lists(st.integers(4, 40), min_size=1, max_size=3),
+    st.sampled_from([np.float32, np.float64]),
+    st.floats(-5, -1),
+    st.floats(-1, 3),
+    st.booleans(),
+    st.integers(0, 2**32 - 1),
+)
+@settings(max_examples=40)
+def test_bands_left_out_keep_the_looser_bound(kind, shape, dtype, rel_log, slack_log, opt, seed):
+    """Bands left out by skippable (coefficients read as 0) move every level by at most the
+    slack: a looser read stays within written tolerance + slack."""
+    shape = tuple(shape)
+    patch = tuple(1 << max(0, min(3, n.bit_length() - 1)) for n in shape)
+    x = field(kind, shape, seed, dtype)
+    tol = (float(np.abs(x).max()) or 1.0) * 10.0**rel_log
+    slack = tol * 10.0**slack_log
+    enc = compress.encode_array(x, patch, tol, optimism=8.0 if opt else 1.0)
+    levels = wavelet.nlevels(patch)
+    for k in range(levels):
+        want = compress.reference_array(x, patch, k, tol)
+        parts = []
+        for b, e in enc.batches:
+            skip = compress.skippable(e.amax, x.ndim, slack, k)
+            assert not skip[:, levels - 1].any() and not skip[:, :k].any()
+            blobs = [
+                [None if skip[i, j] else e.blobs[j][i] for i in range(e.npatches)]
+                for j in range(levels)
+            ]
+            cut = dataclasses.replace(e, blobs=blobs)
+            parts.append(patches.Batch(b.shape, b.coords, compress.decode(cut, k)))
+        got = patches.join(parts, x.shape, patch, k)
+        err = float(np.max(np.abs(got.astype(np.float64) - want), initial=0.0))
+        assert err <= tol + slack, (k, err, tol, slack)
+
+
+def test_skippable_leaves_out_finest_bands_first_within_the_slack():
+    amax = np.array([[0.1, 0.2, 0.4, 5.0], [np.inf, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
+    # 2-D: detail bands weigh 3, the coarsest approximation is never left out
+    got = compress.skippable(amax, 2, 1.0, 0)
+    assert got.tolist() == [
+        [True, True, False, False],
+        [False, False, False, False],  # an unknown finest band stops the run
+        [True, True, True, False],
+    ]
+    assert compress.skippable(amax, 2, 1.0, 1).tolist()[0] == [False, True, False, False]
+    assert not compress.skippable(amax, 2, 0.0, 0).any()
 
 
 def test_optimism_shrinks_smooth_data():

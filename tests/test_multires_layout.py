@@ -212,6 +212,43 @@ def test_query_at_a_coarse_level(tmp_path, engine):
             f.query("T > 0", level=-1)
 
 
+def test_looser_read_tolerance_leaves_out_small_bands(tmp_path):
+    """Every band records its largest coefficient magnitude (as encode gives it); a read at a
+    looser tolerance leaves out the bands those magnitudes allow, reads fewer bytes (as
+    stored_bytes predicts) and stays within the looser tolerance at every level."""
+    rng = np.random.default_rng(3)
+    yy, xx = np.meshgrid(np.linspace(0, 1, 64), np.linspace(0, 1, 64), indexing="ij")
+    x = np.sin(3 * yy) + xx  # smooth on the left ...
+    x[:, 32:] += 0.05 * rng.standard_normal((64, 32))  # ... rough on the right
+    tol = 1e-4
+    p = write(str(tmp_path / "f.lam"), "native", x, lamina.Multires(patch=16, tolerance=tol))
+    with lamina.open(p) as f:
+        ds = f["T"]
+        eng = f.engine.stack()[-1]
+        for k in range(5):
+            t = eng.catalog.table(eng.catalog.level("T", k).id, 0)
+            assert t.amax is not None and len(t.amax) == 16
+            for i in range(len(t)):  # the magnitudes encode gives the same patch
+                lo = t.box(i).start
+                p0 = tuple(a << k for a in lo)
+                enc = compress.encode(
+                    x[None, p0[0] : p0[0] + 16, p0[1] : p0[1] + 16], (16, 16), tol
+                )
+                assert t.amax[i] == enc.amax[0, k]
+        for k in range(4):
+            full = ds.stored_bytes(level=k)
+            ref = compress.reference_array(x, (16, 16), k, tol)
+            for loose in (10 * tol, 0.2, 1.0):
+                got = ds.read(level=k, tolerance=loose)
+                assert ds.last_read_bytes == ds.stored_bytes(level=k, tolerance=loose)
+                assert np.abs(got - ref).max() <= loose
+            assert ds.last_read_bytes < full  # tolerance 1: only the coarse bands
+        # at 0.2 the smooth half leaves out its finest bands, the rough half needs them
+        half = [Box((0, 0), (64, 32)), Box((0, 32), (64, 64))]
+        left, right = (ds.stored_bytes(b, tolerance=0.2) for b in half)
+        assert left < ds.stored_bytes(half[0]) and right == ds.stored_bytes(half[1])
+
+
 def test_unwritten_parts_read_as_fill(tmp_path):
     x = smooth((40, 40), 6)
     with lamina.open(tmp_path / "f.lam", "w") as f:

@@ -170,9 +170,10 @@ class Dataset:
         For a multiresolution dataset, *level* picks the resolution (0: full;
         *box* is then in that level's coordinates, see :attr:`levels`), and
         *tolerance* the error a caller accepts: no tighter than the one
-        written (a looser one reads the same bytes: each band is stored at
-        one accuracy).  The stored bytes the read took are in
-        :attr:`last_read_bytes`.
+        written; a looser one leaves out the bands whose largest
+        coefficients (recorded per patch and band) cannot move a value by
+        more than the difference, so smooth regions read fewer bytes.  The
+        stored bytes the read took are in :attr:`last_read_bytes`.
         """
         layout, level = self._level(level)
         if layout is None and tolerance is not None:
@@ -189,7 +190,9 @@ class Dataset:
         if layout is None:
             self._file._engine.get(self._path, box, step, out)
         else:
-            self.last_read_bytes = self._file._engine.get_level(self._path, box, step, out, level)
+            self.last_read_bytes = self._file._engine.get_level(
+                self._path, box, step, out, level, None, tolerance
+            )
         return out
 
     # -- multiresolution ----------------------------------------------------
@@ -221,17 +224,25 @@ class Dataset:
             raise BoundsError(f"{self._what()} has one level (0); level {level} does not exist")
         return None, 0
 
-    def stored_bytes(self, box: Box | None = None, level: int = 0, step: int | None = None) -> int:
-        """Independent: the stored bytes a read of *box* (level-*level* coordinates) at *level* takes, read from the catalog alone."""
+    def stored_bytes(
+        self,
+        box: Box | None = None,
+        level: int = 0,
+        step: int | None = None,
+        tolerance: float | None = None,
+    ) -> int:
+        """Independent: the stored bytes a read of *box* (level-*level* coordinates) at *level*
+        (and *tolerance*) takes, from the catalog alone."""
         layout = Layout.of(self._spec)
         if layout is None:
             raise ValueError(f"{self._what()} is not a multiresolution dataset")
+        layout.check_read_tolerance(tolerance, self._path)
         level = layout.check_level(level, self._path)
         box = Box.from_shape(self.levels[level]) if box is None else box
         layout_read.check_box(self._spec, layout, box, level)
         eng = self._file._engine
         k = eng.check_step(self._step if step is None else step)
-        return layout_read.nbytes(eng.catalog, self._spec, layout, box, k, level)
+        return layout_read.nbytes(eng.catalog, self._spec, layout, box, k, level, tolerance)
 
     def progressive(self, box: Box | None = None, step: int | None = None):
         """Independent: yield ``(level, array)`` for *box* (level-0 coordinates), coarsest level first.

@@ -89,6 +89,7 @@ class BlockTable:
         "smax",
         "ssum",
         "count",
+        "amax",
         "_order",
         "_first",
         "_reach",
@@ -114,6 +115,7 @@ class BlockTable:
         smax: np.ndarray,
         ssum: np.ndarray,
         count: np.ndarray,
+        amax: np.ndarray | None = None,
     ) -> None:
         self.dtype = np.dtype(dtype)
         self.ndim = start.shape[1]
@@ -125,6 +127,9 @@ class BlockTable:
         np.cumsum(ncrc, out=self.crc_ptr[1:])
         self.has_stats = has_stats
         self.smin, self.smax, self.ssum, self.count = smin, smax, ssum, count
+        #: bands of multiresolution datasets (format 4): the largest magnitude of each band's
+        #: decoded coefficients (inf: unknown); None for other tables
+        self.amax = amax
         self._order: np.ndarray | None = None  # rows sorted by start in dimension 0 (hits)
         self._first: np.ndarray | None = None  # their starts in dimension 0
         self._reach = 0  # the widest block's extent in dimension 0
@@ -277,6 +282,13 @@ class BlockTable:
             smax=cat("smax"),
             ssum=cat("ssum"),
             count=cat("count"),
+            amax=(
+                np.concatenate(
+                    [t.amax if t.amax is not None else np.full(len(t), np.inf) for t in tables]
+                )
+                if any(t.amax is not None for t in tables)
+                else None
+            ),
         )
 
     def take(self, idx: np.ndarray) -> BlockTable:
@@ -305,6 +317,7 @@ class BlockTable:
             smax=self.smax[idx],
             ssum=self.ssum[idx],
             count=self.count[idx],
+            amax=None if self.amax is None else self.amax[idx],
         )
 
     # -- rows ---------------------------------------------------------------
@@ -318,6 +331,7 @@ class BlockTable:
             getattr(self, name).nbytes
             for name in self.__slots__
             if name not in ("dtype", "ndim", "_order", "_first", "_reach")
+            and getattr(self, name) is not None
         )
 
     def box(self, i: int) -> Box:
@@ -393,7 +407,8 @@ class BlockTable:
 
     # -- encoding ---------------------------------------------------------------
     def encode(self) -> bytes:
-        """The section of this table (``docs/format.md``, version 3)."""
+        """The section of this table (``docs/format.md``, versions 3 and 4: a table with
+        :attr:`amax` ends with that column, which version 4 keeps for multiresolution datasets)."""
         n = len(self)
         parts = [
             np.array([n, len(self.crcs)], dtype="<u8").tobytes(),
@@ -414,10 +429,12 @@ class BlockTable:
             self.codec.astype("u1", copy=False).tobytes(),
             self.has_stats.astype("u1").tobytes(),
         ]
+        if self.amax is not None:
+            parts.append(self.amax.astype("<f8", copy=False).tobytes())
         return b"".join(parts)
 
     @classmethod
-    def decode(cls, buf, spec: DatasetSpec, what: str) -> BlockTable:
+    def decode(cls, buf, spec: DatasetSpec, what: str, amax: bool = False) -> BlockTable:
         """The table a section encodes, checked against *spec*; FormatError for anything else.
 
         Every check is on whole columns: boxes inside the dataset, known
@@ -433,7 +450,7 @@ class BlockTable:
                 f"{where}: section of {len(mv)} bytes is shorter than its 16-byte head"
             )
         n, ncrcs = (int(v) for v in np.frombuffer(mv[:16], dtype="<u8"))
-        row = row_bytes(nd, dt)
+        row = row_bytes(nd, dt) + (8 if amax else 0)
         if n > (len(mv) - 16) // row or ncrcs > (len(mv) - 16) // 4:
             raise FormatError(
                 f"{where}: {n} blocks and {ncrcs} checksums cannot fit in a section of {len(mv)} bytes"
@@ -461,6 +478,7 @@ class BlockTable:
         rank, session, agg, ncrc = take("<u4", n), take("<u4", n), take("<u4", n), take("<u4", n)
         crcs = take("<u4", ncrcs)
         codec, has = take("u1", n), take("u1", n)
+        mags = take("<f8", n) if amax else None
 
         def fail(mask: np.ndarray, why: str) -> None:
             if n and bool(mask.any()):
@@ -512,6 +530,8 @@ class BlockTable:
             )
         size = np.prod(stop - start, axis=1, dtype=np.int64) if nd else np.ones(n, np.int64)
         fail((has == 1) & (count > size.astype(np.uint64)), "counts more values than its box holds")
+        if mags is not None:
+            fail(~(mags >= 0), "has a coefficient magnitude that is negative or NaN")
         return cls(
             dt,
             start,
@@ -530,6 +550,7 @@ class BlockTable:
             smax=smax,
             ssum=ssum,
             count=count.view("<i8"),
+            amax=mags,
         )
 
 
@@ -624,7 +645,7 @@ class StepBlocks:
     step and the dataset, when it is first used.
     """
 
-    __slots__ = ("sections", "extents", "_load", "_tables", "what")
+    __slots__ = ("sections", "extents", "_load", "_tables", "what", "version")
 
     def __init__(
         self,
@@ -633,12 +654,14 @@ class StepBlocks:
         load: Loader | None,
         what: str,
         tables: dict[int, BlockTable] | None = None,
+        version: int = 4,
     ) -> None:
         self.sections = sections
         self.extents = extents
         self._load = load
         self._tables: dict[int, BlockTable] = dict(tables or {})
         self.what = what
+        self.version = version  # the format of the sections (4: band tables end with amax)
 
     @classmethod
     def of_tables(cls, tables: dict[int, BlockTable], what: str = "step") -> StepBlocks:
@@ -679,7 +702,7 @@ class StepBlocks:
             )
         if sec.raw:
             raw = unsqueeze(raw, sec.raw, f"{self.what}: dataset {spec.path!r}")
-        t = BlockTable.decode(raw, spec, self.what)
+        t = BlockTable.decode(raw, spec, self.what, self.version >= 4 and spec.layout is not None)
         if len(t) != sec.nblocks:
             raise FormatError(
                 f"{self.what}: dataset {spec.path!r} has {len(t)} blocks, its record says {sec.nblocks}"

@@ -113,8 +113,12 @@ class Record:
                 if version >= 4
                 else []
             )
-            sections, area = encode_area(self.tables, squeeze)
-            extents = extents_of(self.tables)
+            tables = {
+                d: _with_amax(t, version >= 4 and specs_after_ops[d].layout is not None)
+                for d, t in self.tables.items()
+            }
+            sections, area = encode_area(tables, squeeze)
+            extents = extents_of(tables)
         else:  # a decoded record: its directory as it was (the caller ships the area it came with)
             sections, area = list(self.sections.values()), b""
             extents = list(self.extents)
@@ -228,7 +232,16 @@ class Record:
         """The blocks of this (step) record: decoded already (versions 1, 2, or built here) or loaded by *load*."""
         if self.tables or not self.sections:
             return StepBlocks.of_tables(self.tables, what)
-        return StepBlocks(dict(self.sections), list(self.extents), load, what)
+        return StepBlocks(dict(self.sections), list(self.extents), load, what, version=self.version)
+
+
+def _with_amax(t: BlockTable, amax: bool) -> BlockTable:
+    """*t* with the coefficient magnitudes its format wants: a column (inf where unknown) or none."""
+    if amax == (t.amax is not None):
+        return t
+    out = t.take(np.arange(len(t)))
+    out.amax = np.full(len(t), np.inf) if amax else None
+    return out
 
 
 def pack(head: bytes, area: bytes) -> bytes:

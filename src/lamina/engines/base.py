@@ -257,11 +257,14 @@ class Engine(ABC):
         out: np.ndarray,
         level: int = 0,
         cache: dict | None = None,
+        tolerance: float | None = None,
     ) -> int:
         """Independent: read *box* (level-*level* coordinates) of a multiresolution dataset into *out*.
 
         Level 0 of a plain dataset is :meth:`get`.  *cache* (a dict kept
         by the caller across reads) spares reading a stored band twice.
+        *tolerance* (None: the one written) looser than the one written
+        lets the read leave out bands whose coefficients are small enough.
         Returns the stored bytes read.
         """
 

@@ -575,8 +575,16 @@ class BlockEngine(Engine):
             (self.session, 0, 0),  # nothing to move
         )
 
-    def put_block(self, spec: DatasetSpec, box: Box, payload: bytes, stats: Stats | None) -> None:
-        """Independent: one encoded block of a layout (:data:`BlockCodec.MULTIRES`) with its statistics."""
+    def put_block(
+        self,
+        spec: DatasetSpec,
+        box: Box,
+        payload: bytes,
+        stats: Stats | None,
+        amax: float = math.inf,
+    ) -> None:
+        """Independent: one encoded block of a layout (:data:`BlockCodec.MULTIRES`) with its
+        statistics and its largest coefficient magnitude (*amax*, inf: unknown)."""
         index = self._enter(spec, box)
         try:
             self._add_encoded(
@@ -586,18 +594,28 @@ class BlockEngine(Engine):
                 payload,
                 BlockCodec.MULTIRES,
                 stats if self._with_stats else None,
+                float(amax),
             )
         except BaseException:
             index.pop()
             raise
 
     def _add_encoded(
-        self, spec: DatasetSpec, start, stop, payload: bytes, codec: BlockCodec, st: Stats | None
+        self,
+        spec: DatasetSpec,
+        start,
+        stop,
+        payload: bytes,
+        codec: BlockCodec,
+        st: Stats | None,
+        amax: float | None = None,
     ) -> None:
         """Log an encoded block: its checksums, its place (written now by an aggregator), its statistics."""
         crcs = stats_mod.segment_crcs(payload, self.segment) if self.CHECKSUMS else (0,)
         loc = self._place_payload(payload)
-        self._log.add(spec.id, start, stop, len(payload), codec, payload, _Done((st, crcs)), loc)
+        self._log.add(
+            spec.id, start, stop, len(payload), codec, payload, _Done((st, crcs)), loc, amax
+        )
 
     def aggregator_ranks(self) -> list[int]:
         """The ranks whose blocks land in a subfile of their own (each rank, unless the engine aggregates)."""
@@ -768,6 +786,9 @@ class BlockEngine(Engine):
             e.array(smax, stat_dtype(dt))
             e.array(ssum, sum_dtype(dt))
             e.array(count, "<i8")
+            if self.catalog.specs[did].layout is not None:  # bands: their coefficient magnitudes
+                mags = log.amax.get(did, [])
+                e.array(mags if len(mags) == n else np.full(n, np.inf), "<f8")
         return e.getvalue()
 
     def _build_record(
@@ -795,6 +816,7 @@ class BlockEngine(Engine):
                     d.array(stat_dtype(dt), n),
                     d.array(sum_dtype(dt), n),
                     d.array("<i8", n),
+                    d.array("<f8", n) if self.catalog.specs[did].layout is not None else None,
                 )
             stats.append(cols)
         # offsets of moved blocks: the rank's stream of unplaced blocks (put order) from its base
@@ -815,7 +837,7 @@ class BlockEngine(Engine):
                 h = mine.get(did)
                 if h is None:
                     continue
-                segs, ncrc, crcs, has, smin, smax, ssum, count = stats[r][did]
+                segs, ncrc, crcs, has, smin, smax, ssum, count, amax = stats[r][did]
                 session = h.session.copy()
                 agg = h.agg.copy()
                 offset = h.offset.copy()
@@ -843,6 +865,7 @@ class BlockEngine(Engine):
                         smax=smax,
                         ssum=ssum,
                         count=count,
+                        amax=amax,
                     )
                 )
             tables[did] = BlockTable.concat(parts, spec.ndim, spec.dtype)
@@ -1022,6 +1045,7 @@ class BlockEngine(Engine):
         out: np.ndarray,
         level: int = 0,
         cache: dict | None = None,
+        tolerance: float | None = None,
     ) -> int:
         spec = self.lookup(name)
         layout = Layout.of(spec)
@@ -1037,7 +1061,7 @@ class BlockEngine(Engine):
             raise ShapeError(
                 f"output buffer {out.shape} {out.dtype} does not match box {box} of {spec.dtype}"
             )
-        return layout_read.read(self, spec, layout, box, step, level, out, cache)
+        return layout_read.read(self, spec, layout, box, step, level, out, cache, tolerance)
 
     def payload(self, spec: DatasetSpec, t: BlockTable, row: int) -> np.ndarray:
         """Independent: the stored bytes of block *row* of table *t* of *spec*, checked against its checksums."""

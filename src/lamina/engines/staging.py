@@ -126,6 +126,8 @@ class PutLog:
         self.rows: dict[int, list[int]] = {}
         self.starts: dict[int, list[tuple[int, ...]]] = {}
         self.stops: dict[int, list[tuple[int, ...]]] = {}
+        # per dataset with a layout: each band's largest coefficient magnitude, in put order
+        self.amax: dict[int, list[float]] = {}
         self.chunks: list[Chunk] = []  # chunks of this step, in order
 
     def __len__(self) -> int:
@@ -141,8 +143,11 @@ class PutLog:
         payload=None,
         job: stats_mod.StatsJob | None = None,
         loc: tuple[int, int, int] | None = None,
+        amax: float | None = None,
     ) -> int:
         row = len(self.ds)
+        if amax is not None:
+            self.amax.setdefault(did, []).append(amax)
         self.ds.append(did)
         self.length.append(length)
         self.codec.append(codec)
@@ -182,6 +187,8 @@ class PutLog:
         """Forget the last row (a put that failed after it was added)."""
         row = len(self.ds) - 1
         did = self.ds[row]
+        if len(self.amax.get(did, ())) == len(self.rows[did]):
+            self.amax[did].pop()
         for col in (
             self.ds,
             self.length,

@@ -169,8 +169,9 @@ class Layer(Engine):
         out: np.ndarray,
         level: int = 0,
         cache: dict | None = None,
+        tolerance: float | None = None,
     ) -> int:
-        return self.inner.get_level(name, box, step, out, level, cache)
+        return self.inner.get_level(name, box, step, out, level, cache, tolerance)
 
     def blocks(self, name: str, step: int) -> Sequence[BlockInfo]:
         return self.inner.blocks(name, step)

@@ -81,15 +81,45 @@ def plan(
     return lin, rows
 
 
+def skipped(
+    catalog: Catalog,
+    spec: DatasetSpec,
+    layout: Layout,
+    rows: list[np.ndarray],
+    step: int,
+    level: int,
+    tolerance: float | None,
+) -> np.ndarray:
+    """bool ``(patches, levels)``: the bands a read at *tolerance* leaves out (none unless it is
+    looser than the one written; :func:`lamina.multires.compress.skippable` says which)."""
+    n = rows[0].size if rows else 0
+    out = np.zeros((n, layout.levels), dtype=bool)
+    if tolerance is None or not tolerance > layout.tolerance or not n:
+        return out
+    amax = np.full((n, layout.levels), np.inf)
+    for j, r in enumerate(rows, start=level):
+        t = catalog.table(catalog.level(spec.path, j).id, step)
+        if t.amax is not None:  # (files of format 3 do not record it: nothing is left out)
+            amax[:, j] = t.amax[r]
+    return compress.skippable(amax, spec.ndim, tolerance - layout.tolerance, level)
+
+
 def nbytes(
-    catalog: Catalog, spec: DatasetSpec, layout: Layout, box: Box, step: int, level: int
+    catalog: Catalog,
+    spec: DatasetSpec,
+    layout: Layout,
+    box: Box,
+    step: int,
+    level: int,
+    tolerance: float | None = None,
 ) -> int:
-    """Stored bytes a read of *box* at *level* reads (without reading them)."""
+    """Stored bytes a read of *box* at *level* (and *tolerance*) reads (without reading them)."""
     _, rows = plan(catalog, spec, layout, box, step, level)
+    skip = skipped(catalog, spec, layout, rows, step, level, tolerance)
     total = 0
     for j, r in enumerate(rows, start=level):
         t = catalog.table(catalog.level(spec.path, j).id, step)
-        total += int(t.length[r].sum())
+        total += int(t.length[r][~skip[:, j]].sum())
     return total
 
 
@@ -102,10 +132,16 @@ def read(
     level: int,
     out: np.ndarray,
     cache: MutableMapping | None = None,
+    tolerance: float | None = None,
 ) -> int:
-    """Fill *out* with *box* (level-*level* coordinates) of *spec* at *step*; returns the bytes read."""
+    """Fill *out* with *box* (level-*level* coordinates) of *spec* at *step*; returns the bytes read.
+
+    A *tolerance* looser than the one written leaves out the bands :func:`skipped` names
+    (their coefficients read as 0), so the values stay within it.
+    """
     cat = src.catalog
     lin, rows = plan(cat, spec, layout, box, step, level)
+    skip = skipped(cat, spec, layout, rows, step, level, tolerance)
     nl = layout.levels
     patch = np.asarray(layout.patch, dtype=np.int64)
     counts = tuple((-(-np.asarray(spec.shape, dtype=np.int64) // patch)).tolist())
@@ -123,7 +159,7 @@ def read(
     if not lin.size:
         return 0
     read_bytes = 0
-    blobs: list[list[bytes]] = [[b""] * lin.size for _ in range(nl)]
+    blobs: list[list[bytes | None]] = [[b""] * lin.size for _ in range(nl)]
     modes = np.zeros(lin.size, dtype=np.uint8)
     exps = np.zeros(lin.size, dtype=np.int32)
     raws: list[list] = [[None] * lin.size for _ in range(nl)]
@@ -133,6 +169,8 @@ def read(
         t = cat.table(lspec.id, step)
         missing = []
         for i in range(lin.size):
+            if skip[i, j]:
+                continue
             raws[j][i] = cache.get((step, j, int(lin[i]))) if cache is not None else None
             if raws[j][i] is None:
                 missing.append(i)
@@ -149,6 +187,9 @@ def read(
     for j, r in enumerate(rows, start=level):
         for i, row in enumerate(r.tolist()):
             raw = raws[j][i]
+            if skip[i, j]:
+                blobs[j][i] = None  # left out: read as zero coefficients
+                continue
             bad = "is too short" if len(raw) < HEADER.size else ""
             version, mode, exp = (
                 HEADER.unpack_from(bytes(raw[: HEADER.size])) if not bad else (0, 0, 0)
@@ -243,4 +284,4 @@ def check_box(spec: DatasetSpec, layout: Layout, box: Box, level: int) -> None:
     )
 
 
-__all__ = ["Source", "check_box", "describe", "nbytes", "plan", "read", "scale_box"]
+__all__ = ["Source", "check_box", "describe", "nbytes", "plan", "read", "scale_box", "skipped"]

@@ -48,6 +48,9 @@ from .spec import Layout
 #: band header: format version, Mode, 2 spare bytes, power-of-two exponent (integer mode)
 HEADER = struct.Struct("<BBxxi")
 HEADER_VERSION = 1
+#: what travels with each band to its aggregator: min, max, sum, count, largest coefficient magnitude
+STAT_COLS = 5
+STAT_BYTES = 8 * STAT_COLS
 
 
 class Sink(Protocol):
@@ -60,7 +63,7 @@ class Sink(Protocol):
     def aggregator_ranks(self) -> list[int]: ...
 
     def put_block(
-        self, spec: DatasetSpec, box: Box, payload: bytes, stats: Stats | None
+        self, spec: DatasetSpec, box: Box, payload: bytes, stats: Stats | None, amax: float
     ) -> None: ...
 
 
@@ -270,16 +273,20 @@ def _flush_one(
             enc = compress.encode(
                 buf, layout.patch, layout.tolerance, verify=layout.verify, optimism=layout.optimism
             )
-            st = np.empty((len(js), nl, 4), dtype=np.float64)
+            # per band: min, max, sum, count of the level's values, then the largest
+            # coefficient magnitude (what a looser read may leave out follows from it)
+            st = np.empty((len(js), nl, STAT_COLS), dtype=np.float64)
             if with_stats:
-                st[:, 0] = _patch_stats(buf)
+                st[:, 0, :4] = _patch_stats(buf)
                 for k in range(1, nl):
-                    st[:, k] = _patch_stats(compress.decode(enc, k))
+                    st[:, k, :4] = _patch_stats(compress.decode(enc, k))
+            assert enc.amax is not None
+            st[:, :, 4] = enc.amax
             rep.raw_patches += int((enc.modes == compress.Mode.RAW).sum())
             for k, j in enumerate(js):
                 p = int(owned[j])
                 head = HEADER.pack(HEADER_VERSION, int(enc.modes[k]), int(enc.exponents[k]))
-                payloads[p] = [head + enc.blobs[b][k] for b in range(nl)]
+                payloads[p] = [head + (enc.blobs[b][k] or b"") for b in range(nl)]
                 stats[p] = st[k]
         t0 = rep.add("transform", t0)
     comm_mod.agree(comm, g.error)
@@ -325,7 +332,7 @@ def _flush_one(
         incoming = np.flatnonzero((dest == me) & (owner != me) & written)
         for src in np.unique(owner[incoming]).tolist():
             ps = incoming[owner[incoming] == src]
-            recvs[src] = np.empty(int(total[ps].sum()) + len(ps) * nl * 32, dtype=np.uint8)
+            recvs[src] = np.empty(int(total[ps].sum()) + len(ps) * nl * STAT_BYTES, dtype=np.uint8)
     comm_mod.agree(comm, g.error)
     comm_mod.exchange_pairs(comm, sends, recvs, comm_mod.Tag.PATCH_BYTES)
     t0 = rep.add("exchange", t0)
@@ -334,8 +341,10 @@ def _flush_one(
     with g:
         for src, raw in recvs.items():
             ps = incoming[owner[incoming] == src]
-            st_in = raw[: len(ps) * nl * 32].view(np.float64).reshape(len(ps), nl, 4)
-            pos = len(ps) * nl * 32
+            st_in = (
+                raw[: len(ps) * nl * STAT_BYTES].view(np.float64).reshape(len(ps), nl, STAT_COLS)
+            )
+            pos = len(ps) * nl * STAT_BYTES
             for k, p in enumerate(ps.tolist()):
                 bands = []
                 for b in range(nl):
@@ -357,7 +366,11 @@ def _flush_one(
             hi_b = -((-grid.hi[p]) >> b)
             st_obj = Stats(float(s[0]), float(s[1]), float(s[2]), int(s[3])) if with_stats else None
             sink.put_block(
-                specs[b], Box(tuple(lo_b.tolist()), tuple(hi_b.tolist())), payloads[p][b], st_obj
+                specs[b],
+                Box(tuple(lo_b.tolist()), tuple(hi_b.tolist())),
+                payloads[p][b],
+                st_obj,
+                float(s[4]),
             )
         rep.add("put", t0)
     comm_mod.agree(comm, g.error)

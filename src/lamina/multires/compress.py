@@ -84,7 +84,12 @@ class Encoded:
         are scaled by (0 for other modes).
     blobs
         ``blobs[b][i]``: the bytes of band ``b`` of patch ``i`` (empty for
-        bands a raw patch does not use).
+        bands a raw patch does not use; None for a band a reader leaves
+        out: its coefficients read as 0, see :func:`skippable`).
+    amax
+        ``(npatches, levels)``: the largest magnitude of each band's
+        coefficients as stored (decoded), inf where not known (patches
+        stored losslessly); what a reader may leave out follows from it.
     """
 
     shape: tuple[int, ...]
@@ -94,7 +99,8 @@ class Encoded:
     tolerances: np.ndarray
     modes: np.ndarray
     exponents: np.ndarray
-    blobs: list[list[bytes]] = field(default_factory=list)
+    blobs: list[list[bytes | None]] = field(default_factory=list)
+    amax: np.ndarray | None = None
 
     @property
     def levels(self) -> int:
@@ -108,7 +114,7 @@ class Encoded:
         """Bytes per patch and band, shape ``(npatches, levels)``."""
         out = np.zeros((self.npatches, self.levels), dtype=np.int64)
         for b, blobs in enumerate(self.blobs):
-            out[:, b] = [len(x) for x in blobs]
+            out[:, b] = [0 if x is None else len(x) for x in blobs]
         return out
 
     def nbytes(self, level: int = 0) -> int:
@@ -210,27 +216,31 @@ def encode(
     tolerances = bound.band_tolerances(tol, p)
     modes = np.full(n, Mode.RAW if tol == 0 else Mode.WAVELET, dtype=np.uint8)
     exponents = np.zeros(n, dtype=np.int32)
-    blobs: list[list[bytes]] = [[b""] * n for _ in range(levels)]
+    blobs: list[list[bytes | None]] = [[b""] * n for _ in range(levels)]
+    amax = np.full((n, levels), np.inf)
     finite = np.isfinite(x).all(axis=_axes(x)) if n else np.zeros(0, dtype=bool)
     if tol == 0:
         _encode_integer(x, finite, levels, modes, exponents, blobs, verify)
     elif optimism > 1:
-        _encode_wavelet(x, finite, tol, tolerances * optimism, modes, blobs, "levels")
+        _encode_wavelet(x, finite, tol, tolerances * optimism, modes, blobs, "levels", amax)
         redo = np.flatnonzero((modes == Mode.RAW) & finite)
         if redo.size:
             again = encode(x[redo], p, tol, verify=verify)
             modes[redo] = again.modes
+            assert again.amax is not None
+            amax[redo] = again.amax
             for b in range(levels):
                 for j, i in enumerate(redo):
                     blobs[b][i] = again.blobs[b][j]
     else:
-        _encode_wavelet(x, finite, tol, tolerances, modes, blobs, verify)
+        _encode_wavelet(x, finite, tol, tolerances, modes, blobs, verify, amax)
     raw = np.flatnonzero(modes == Mode.RAW)
+    amax[modes != Mode.WAVELET] = np.inf
     for i in raw:
         for b in range(levels):
             blobs[b][i] = b""
         blobs[levels - 1][i] = _deflate(x[i])
-    return Encoded(shape, p, x.dtype, tol, tolerances, modes, exponents, blobs)
+    return Encoded(shape, p, x.dtype, tol, tolerances, modes, exponents, blobs, amax)
 
 
 def _encode_wavelet(
@@ -239,10 +249,13 @@ def _encode_wavelet(
     tol: float,
     tolerances: np.ndarray,
     modes: np.ndarray,
-    blobs: list[list[bytes]],
+    blobs: list[list[bytes | None]],
     verify: str,
+    amax: np.ndarray,
 ) -> None:
-    """zfp-compress the bands of the finite patches; mark the others RAW."""
+    """zfp-compress the bands of the finite patches; mark the others RAW.  *amax* gets each
+    band's largest decoded coefficient magnitude (without ``verify``: the largest exact one
+    plus the band's tolerance, which zfp's error bound then covers)."""
     import zfpy
 
     levels = len(tolerances)
@@ -277,6 +290,9 @@ def _encode_wavelet(
                     continue
                 if check_levels:
                     decoded[b][j] = back
+                amax[i, b] = float(np.abs(back).max()) if back.size else 0.0
+            else:
+                amax[i, b] = (float(np.abs(data).max()) if data.size else 0.0) + float(t)
             out[i] = blob
     if check_levels and ok.any():
         sel = np.flatnonzero(ok)
@@ -332,7 +348,7 @@ def _encode_integer(
     levels: int,
     modes: np.ndarray,
     exponents: np.ndarray,
-    blobs: list[list[bytes]],
+    blobs: list[list[bytes | None]],
     verify: str,
 ) -> None:
     """Lossless: integer lifting, zfp reversible; patches that do not fit stay RAW."""
@@ -415,7 +431,11 @@ def _bands(enc: Encoded, idx: np.ndarray, level: int, dtype: np.dtype) -> list[n
         shape = wavelet.band_shape(enc.shape, enc.levels, b)
         arr = np.empty((idx.size, *shape), dtype=dtype)
         for j, i in enumerate(idx):
-            arr[j] = _zfp_decode(enc.blobs[b][i], shape, dtype, f"band {b} of patch {i}")
+            blob = enc.blobs[b][i]
+            if blob is None:  # left out by the reader: its coefficients read as 0
+                arr[j] = 0
+            else:
+                arr[j] = _zfp_decode(blob, shape, dtype, f"band {b} of patch {i}")
         out[b] = arr
     return out
 
@@ -424,6 +444,44 @@ def _decode_wavelet(enc: Encoded, idx: np.ndarray, level: int) -> np.ndarray:
     bands = _bands(enc, idx, level, np.dtype(np.float64))
     c = wavelet.unpack(bands, enc.shape, enc.levels, level)
     return wavelet.inverse(c, enc.levels, level)
+
+
+def skippable(amax: np.ndarray, ndim: int, slack: float, level: int = 0) -> np.ndarray:
+    """Which bands a read of *level* may leave out and stay within *slack* more error.
+
+    Leaving out band ``b`` of a patch reads its coefficients as 0, which
+    moves them by at most ``amax[b]`` (the largest magnitude stored); by the
+    bound of :mod:`.bound` a level ``k <= b`` moves by at most ``w_b
+    amax[b]`` more.  Per patch, bands are left out finest first (``level``,
+    ``level + 1``, ...) while the sum of ``w_b amax[b]`` stays within
+    *slack*; the coarsest approximation is always read.
+
+    Parameters
+    ----------
+    amax
+        ``(npatches, levels)`` largest coefficient magnitudes (inf: unknown,
+        never left out).
+    ndim
+        The data's number of dimensions.
+    slack
+        The error allowed on top of the written tolerance: a read tolerance
+        minus the written one.
+    level
+        The level read.
+
+    Returns
+    -------
+    numpy.ndarray
+        bool ``(npatches, levels)``: True where a band may be left out.
+    """
+    a = np.asarray(amax, dtype=np.float64)
+    out = np.zeros(a.shape, dtype=bool)
+    if not slack > 0 or a.shape[1] < 2:
+        return out
+    w = bound.weights(ndim, a.shape[1])
+    cost = np.cumsum((w * a)[:, level:-1], axis=1)  # leaving out bands level .. b
+    out[:, level:-1] = cost <= slack
+    return out
 
 
 def decode(enc: Encoded, level: int = 0, patches: Sequence[int] | None = None) -> np.ndarray:

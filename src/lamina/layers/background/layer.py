@@ -795,10 +795,11 @@ class BackgroundLayer(Layer):
         out: np.ndarray,
         level: int = 0,
         cache: dict | None = None,
+        tolerance: float | None = None,
     ) -> int:
         step = self._settle(step)
         with self.lock:
-            return self.inner.get_level(name, box, step, out, level, cache)
+            return self.inner.get_level(name, box, step, out, level, cache, tolerance)
 
     def blocks(self, name: str, step: int) -> Sequence[BlockInfo]:
         self._settle(step)
