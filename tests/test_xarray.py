@@ -314,11 +314,47 @@ def test_open_file_object_stays_open(tmp_path):
         assert f["fields/T"][0, 0, 0] == ref[-1, 0, 0, 0]
 
 
-def test_level_is_reserved(tmp_path):
-    path = tmp_path / "run.lam"
-    _flame(path)
-    with pytest.raises(ValueError, match="multiresolution"):
-        xr.open_dataset(path, engine=ENGINE, level=1)
+def test_levels_of_multiresolution_datasets(tmp_path):
+    """level=k: multiresolution variables at level k (what Dataset.level reads), 1-D coordinates
+    every 2**k-th value, datasets without that level left out with a warning; lazily."""
+    from lamina.multires import compress
+
+    path = tmp_path / "mr.lam"
+    shape = (40, 36)
+    yy, xx = np.meshgrid(np.linspace(0, 1, shape[0]), np.linspace(0, 2, shape[1]), indexing="ij")
+    ref = [np.sin(3 * yy) * xx + k for k in range(2)]
+    with lamina.open(path, "w") as f:
+        T = f.create_dataset("T", shape, "f8", layout=lamina.Multires(patch=8, tolerance=1e-6))
+        T.attrs["dims"] = ["y", "x"]
+        x = f.create_dataset("x", (shape[1],), "f8")
+        x.attrs["dims"] = ["x"]
+        x.attrs["static"] = 1
+        P = f.create_dataset("P", shape, "f4")
+        P.attrs["dims"] = ["y", "x"]
+        for k in range(2):
+            with f.step():
+                T[...] = ref[k]
+                P[...] = ref[k]
+                if k == 0:
+                    x[...] = np.linspace(0, 2, shape[1])
+    with xr.open_dataset(path, engine=ENGINE) as ds:  # level 0: everything
+        assert set(ds.data_vars) == {"T", "P"} and ds.T.shape == (2, 40, 36)
+    for level in (1, 2, 3):
+        with pytest.warns(UserWarning, match="'P' in .* no level"):
+            ds = xr.open_dataset(path, engine=ENGINE, level=level)
+        with ds:
+            assert set(ds.data_vars) == {"T"} and ds.T.encoding["lamina_level"] == level
+            n = [-(-s // 2**level) for s in shape]
+            assert ds.T.shape == (2, *n) and ds.sizes["x"] == n[1]
+            np.testing.assert_array_equal(ds.x.values, np.linspace(0, 2, shape[1])[:: 2**level])
+            for k in range(2):
+                want = compress.reference_array(ref[k], (8, 8), level, 1e-6)
+                assert np.abs(ds.T[k].values - want).max() <= 1e-6
+                assert np.abs(ds.T[k, 1:3, ::2].values - want[1:3, ::2]).max() <= 1e-6
+            with lamina.open(path) as f:
+                np.testing.assert_array_equal(ds.T[1].values, f["T"].level(level)[...])
+    with pytest.raises(ValueError, match="level=-1"):
+        xr.open_dataset(path, engine=ENGINE, level=-1)
 
 
 # ------------------------------------------------------------------------------ writing

@@ -45,11 +45,24 @@ class LaminaArray(BackendArray):
     index arrays are then taken from that box in memory.
     """
 
-    def __init__(self, dataset: lamina.Dataset, steps: list[int] | None, at: int | None):
+    def __init__(
+        self,
+        dataset: lamina.Dataset,
+        steps: list[int] | None,
+        at: int | None,
+        level: int = 0,
+        stride: int = 1,
+    ):
         self._ds = dataset
         self._steps = steps  # the steps along the leading axis; None: no step axis
         self._at = at  # the step read when there is no step axis
-        base = tuple(dataset.shape)
+        self._level = level  # a multiresolution dataset's level (its own coordinates)
+        self._stride = stride  # every stride-th element (a coordinate seen at a coarse level)
+        if level:
+            base = tuple(dataset.levels[level])
+        else:
+            base = tuple(-(-n // stride) for n in dataset.shape)
+        self._base = base
         self.shape = base if steps is None else (len(steps), *base)
         self.dtype = np.dtype(dataset.dtype)
 
@@ -76,15 +89,21 @@ class LaminaArray(BackendArray):
         return out
 
     def _read_shape(self, key: tuple) -> tuple[int, ...]:
-        lo, hi, post = _bounds(key, self._ds.shape)
+        lo, hi, post = _bounds(key, self._base)
         probe = np.empty(tuple(h - lo_ for lo_, h in zip(lo, hi, strict=True)), dtype=np.uint8)
         return _apply(probe, post).shape
 
     def _read_at(self, step: int | None, key: tuple) -> np.ndarray:
-        lo, hi, post = _bounds(key, self._ds.shape)
+        lo, hi, post = _bounds(key, self._base)
         shape = tuple(h - lo_ for lo_, h in zip(lo, hi, strict=True))
+        s = self._stride
         if 0 in shape:
             block = np.empty(shape, dtype=self.dtype)
+        elif self._level:
+            block = self._ds.read(lamina.Box(tuple(lo), tuple(hi)), step=step, level=self._level)
+        elif s > 1:  # the fine elements the coarse ones sit on: every s-th, from lo * s
+            box = lamina.Box(tuple(a * s for a in lo), tuple((b - 1) * s + 1 for b in hi))
+            block = self._ds.read(box, step=step)[(slice(None, None, s),) * len(lo)]
         else:
             block = self._ds.read(lamina.Box(tuple(lo), tuple(hi)), step=step)
         return _apply(block, post)
@@ -207,17 +226,20 @@ def _written(ds: lamina.Dataset, steps: Iterable[int]) -> list[int]:
     return [k for k in steps if ds.blocks(k)]
 
 
-def _chunks(ds: lamina.Dataset, steps: Iterable[int]) -> list[tuple[int, ...] | None]:
-    """Per axis, the chunk sizes that follow the boundaries of the stored blocks in *steps*."""
+def _chunks(
+    ds: lamina.Dataset, steps: Iterable[int], down: int = 0
+) -> list[tuple[int, ...] | None]:
+    """Per axis, the chunk sizes that follow the boundaries of the stored blocks in *steps*
+    (seen *down* levels coarser: edges at ``ceil(edge / 2**down)``)."""
     cuts: list[set[int]] = [set() for _ in ds.shape]
     seen = False
     for k in steps:
         for b in ds.blocks(k):
             seen = True
             for ax, (a, z) in enumerate(zip(b.box.start, b.box.stop, strict=True)):
-                cuts[ax].update((a, z))
+                cuts[ax].update((-(-a >> down), -(-z >> down)))
     out: list[tuple[int, ...] | None] = []
-    for ax, n in enumerate(ds.shape):
+    for ax, n in enumerate(-(-m >> down) for m in ds.shape):
         if not seen or n == 0:
             out.append(None)
             continue
@@ -283,12 +305,21 @@ def group_dataset(
     step: int | None = None,
     drop_variables: Iterable[str] | None = None,
     inherit_time: bool = True,
+    level: int = 0,
 ) -> xr.Dataset:
-    """The datasets of group *gpath* of *f* as a lazy :class:`xarray.Dataset`."""
+    """The datasets of group *gpath* of *f* as a lazy :class:`xarray.Dataset`.
+
+    At *level* > 0 the group's multiresolution datasets are seen at that
+    level (:meth:`lamina.Dataset.level`); 1-D coordinates keep every
+    ``2**level``-th value (where the coarse samples sit); other datasets
+    have no such level and are left out, with a warning naming them.
+    """
     g = f if gpath.strip("/") == "" else f[gpath]
     if not isinstance(g, lamina.Group):
         raise TypeError(f"{gpath!r} in {f.filename!r} is a dataset, not a group")
     drop = set([drop_variables] if isinstance(drop_variables, str) else drop_variables or ())
+    if level:
+        drop |= _without_level(f, g, level, drop)
     steps, at = _steps_of(f, step)
     all_steps = list(range(f.steps)) if steps is None else steps
     gattrs = {k: g.attrs[k] for k in g.attrs}
@@ -308,7 +339,12 @@ def group_dataset(
         if problem:
             warnings.warn(problem, stacklevel=4)
         explicit = cv.DIMS in attrs and problem is None
-        dims = _fit_dims(dims, obj.shape, sizes, explicit, what)
+        at_level = level if level and obj.layout is not None else 0
+        stride = 1 << level if level and not at_level else 1
+        shape = (
+            tuple(obj.levels[at_level]) if at_level else tuple(-(-n // stride) for n in obj.shape)
+        )
+        dims = _fit_dims(dims, shape, sizes, explicit, what)
         static = cv.is_static(attrs) and f.steps > 0
         var_steps: list[int] | None
         var_at: int | None
@@ -319,9 +355,9 @@ def group_dataset(
         else:
             var_steps, var_at = steps, at
             chunk_steps = all_steps if at is None else [at]
-        array = LaminaArray(obj, var_steps, var_at)
+        array = LaminaArray(obj, var_steps, var_at, at_level, stride)
         vdims = tuple(dims) if var_steps is None else (cv.STEP, *dims)
-        chunks = _chunks(obj, chunk_steps)
+        chunks = _chunks(obj, chunk_steps, level)
         if d is not None and all(c is None for c in chunks):  # computed when read: as its inputs
             for src in _inputs_like(f, d, obj.shape):
                 chunks = _chunks(src, chunk_steps)
@@ -338,6 +374,8 @@ def group_dataset(
             "source": f.filename,
             "lamina_path": obj.name,
         }
+        if level:
+            encoding["lamina_level"] = level
         if obj.compression:
             encoding["compression"] = list(obj.compression)
         if d is not None:
@@ -373,6 +411,30 @@ def group_dataset(
     return ds
 
 
+def _without_level(f: lamina.File, g, level: int, drop: set[str]) -> set[str]:
+    """Names of the datasets of *g* that a view at *level* leaves out (with one warning): all
+    but multiresolution datasets with that level, 0-D datasets and 1-D coordinates."""
+    out = []
+    for name, obj in g.items():
+        if not isinstance(obj, lamina.Dataset) or name in drop:
+            continue
+        if obj.layout is not None and level < len(obj.levels):
+            continue
+        dims = cv.names(obj.attrs[cv.DIMS]) if cv.DIMS in obj.attrs else []
+        coordinate = obj.ndim == 1 and list(dims) == [name]
+        if obj.ndim == 0 or (coordinate and _definition(f, obj.name) is None):
+            continue
+        out.append(name)
+    if out:
+        warnings.warn(
+            f"level {level}: {', '.join(repr(n) for n in out)} in {f.filename!r} "
+            f"{'has' if len(out) == 1 else 'have'} no level {level} (not multiresolution "
+            "datasets with that many levels): left out",
+            stacklevel=5,
+        )
+    return set(out)
+
+
 def _fit_dims(
     dims: list[str], shape: tuple[int, ...], sizes: dict[str, int], explicit: bool, what: str
 ) -> list[str]:
@@ -403,8 +465,8 @@ class LaminaBackendEntrypoint(BackendEntrypoint):
     - ``group``: the group to open (default: the root) for ``open_dataset``;
     - ``step``: open one committed step (negative counts from the end);
       default: every step, along the dimension ``step``;
-    - ``level``: reserved for multiresolution datasets (only ``None``
-      or 0 today).
+    - ``level``: the resolution level of multiresolution datasets (0 or
+      None: full resolution; see :func:`group_dataset`).
     """
 
     description = "Open lamina files (.lam) lazily: blocks read on demand, steps as a dimension"
@@ -432,12 +494,12 @@ class LaminaBackendEntrypoint(BackendEntrypoint):
         step: int | None = None,
         level: int | None = None,
     ) -> xr.Dataset:
-        _check_level(level)
+        level = _check_level(level)
         f, base, owned = _open(filename_or_obj)
         close = _Closer(f, owned)
         try:
             gpath = _join(base, group)
-            ds = group_dataset(f, gpath, step, drop_variables)
+            ds = group_dataset(f, gpath, step, drop_variables, level=level)
         except BaseException:
             close()
             raise
@@ -453,7 +515,7 @@ class LaminaBackendEntrypoint(BackendEntrypoint):
         step: int | None = None,
         level: int | None = None,
     ) -> dict[str, xr.Dataset]:
-        _check_level(level)
+        level = _check_level(level)
         f, base, owned = _open(filename_or_obj)
         close = _Closer(f, owned)
         try:
@@ -463,7 +525,7 @@ class LaminaBackendEntrypoint(BackendEntrypoint):
             out = {}
             for p in paths:
                 rel = "/" + p[len(top) :].strip("/") if p != top else "/"
-                ds = group_dataset(f, p, step, drop_variables)
+                ds = group_dataset(f, p, step, drop_variables, level=level)
                 ds.set_close(close)
                 out[rel] = ds
         except BaseException:
@@ -490,12 +552,13 @@ class LaminaBackendEntrypoint(BackendEntrypoint):
         return tree
 
 
-def _check_level(level: int | None) -> None:
-    if level not in (None, 0):
-        raise ValueError(
-            f"level={level!r}: the xarray backend reads level 0 only; read coarser levels of a "
-            "multiresolution dataset with lamina (Dataset.level)"
-        )
+def _check_level(level: int | None) -> int:
+    """*level* as an int >= 0 (None: 0); ValueError otherwise."""
+    if level is None:
+        return 0
+    if isinstance(level, bool) or not isinstance(level, int | np.integer) or level < 0:
+        raise ValueError(f"level={level!r}: a level is an integer >= 0 (0: full resolution)")
+    return int(level)
 
 
 def _join(base: str, group: str | None) -> str:
