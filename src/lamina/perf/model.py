@@ -57,9 +57,10 @@ Eq. 2, read (one reader, query fraction q)::
     T_read(stats)       = q (S_in / B_r + T_c)
     T_read(expression)  = S_in / B_r + T_c
 
-Eq. 3, storage, as lamina writes it: ``S_stats = nb c (90 + 16 d)``, one
-metadata record per block and component of a d-dimensional quantity (its box,
-location, one checksum, min, max, sum and count), ``S_crc``, the further
+Eq. 3, storage, as lamina writes it: ``S_stats = c (nb (78 + 16 d) + 56)``,
+one metadata row per block and component of a d-dimensional quantity (its
+box, location, one checksum, min, max, sum and count) and one section per
+component and step (its head and its directory entry, format 4), ``S_crc``, the further
 checksums of stored blocks (4 bytes per 4 MiB segment beyond the first), and
 ``S_expr``, the definition every strategy keeps: the extension record
 ``derived:<name>`` (expression text, strategy, spacing) and one dataset
@@ -102,10 +103,13 @@ if TYPE_CHECKING:
 
 #: the strategies, in order of decreasing storage
 STRATEGIES = ("store", "stats", "expression")
-#: bytes of the metadata record of one block of one component, besides 16 per axis (its box):
-#: dataset id, writer, location, codec, one checksum, statistics (min, max, sum, count)
-BLOCK_RECORD_BYTES = 90
+#: bytes of the metadata row of one block of one component, besides 16 per axis (its box):
+#: writer, location, codec, one checksum, statistics (min, max, sum, count)
+BLOCK_RECORD_BYTES = 78
 BLOCK_RECORD_BYTES_PER_AXIS = 16
+#: bytes of the section of one component in a step (docs/format.md: its 16-byte head, its
+#: 36-byte directory entry and the record's growth by one section)
+SECTION_BYTES = 56
 #: bytes of each further checksum of a stored block (one per checksum segment of the engine,
 #: :data:`lamina.stats.SEGMENT` by default)
 CHECKSUM_BYTES = 4
@@ -291,7 +295,8 @@ def terms(
         components=c,
         input_bytes=k * n * s_in,
         derived_bytes=s_d,
-        stats_bytes=nb * c * (BLOCK_RECORD_BYTES + BLOCK_RECORD_BYTES_PER_AXIS * len(shp)),
+        stats_bytes=c
+        * (nb * (BLOCK_RECORD_BYTES + BLOCK_RECORD_BYTES_PER_AXIS * len(shp)) + SECTION_BYTES),
         checksum_bytes=nb * c * CHECKSUM_BYTES * (segments - 1),
         expression_bytes=definition_bytes(
             DEFAULT_NAME if name is None else name, text, len(shp), c, out_dtypes
