@@ -235,3 +235,18 @@ def test_simulation_with_real_sizes():
     rep = balance.simulate(64, (256, 256), (16, 16), 4, sizes=sizes)
     assert rep["aggregate/balanced"]["bytes_max_over_mean"] <= 1.05
     assert math.isfinite(rep["aggregate/counts"]["bytes_min_over_mean"])
+
+
+def test_aggregation_of_broadcast_bounds_is_the_same():
+    """layouts.write plans on rank 0 and broadcasts the run bounds: rebuilt, they give the same
+    aggregation; bounds that do not cover the patches are refused."""
+    rng = np.random.default_rng(5)
+    sizes = rng.integers(10, 10_000, 1000)
+    for scheme in ("balanced", "counts"):
+        agg = balance.aggregate(sizes, 7, 20, scheme=scheme)
+        again = balance.Aggregation.of_bounds(agg.bounds.copy(), sizes, 20)
+        assert np.array_equal(again.bounds, agg.bounds) and np.array_equal(again.ranks, agg.ranks)
+        assert np.array_equal(again.bytes, agg.bytes)
+    for bad in ([0, 10], [1, 1000], [0, 600, 500, 1000], [0]):
+        with pytest.raises(ValueError, match="do not cover 1000 patches"):
+            balance.Aggregation.of_bounds(np.array(bad), sizes, 20)

@@ -113,6 +113,28 @@ def _parse_boxes(raws: list[bytes], specs: dict[int, DatasetSpec]) -> dict[int, 
     return out
 
 
+def plan_aggregation(
+    comm: comm_mod.Comm, sizes: np.ndarray, naggregators: int, scheme: str
+) -> balance.Aggregation:
+    """Collective: :func:`balance.aggregate` of the allgathered *sizes*, computed on rank 0 alone
+    and its ``F + 1`` run bounds broadcast.  The plan is a few passes over every patch of the
+    dataset (about 0.1 s per 10^5 patches): once, rather than on every rank at once, which on
+    oversubscribed or shared nodes is what made the balanced scheme slower than counts."""
+    raw: bytes | None = None
+    failure: BaseException | None = None
+    if comm.rank == 0:
+        try:
+            raw = balance.aggregate(sizes, naggregators, comm.size, scheme=scheme).bounds.tobytes()
+        except Exception as e:  # every rank must leave the broadcast: an empty plan says failed
+            failure, raw = e, b""
+    got = comm_mod.bcast_bytes(comm, raw)
+    if failure is not None:
+        raise failure
+    if not got:
+        raise RuntimeError("rank 0 could not plan the aggregation (its error is raised there)")
+    return balance.Aggregation.of_bounds(np.frombuffer(got, dtype=np.int64), sizes, comm.size)
+
+
 def _patch_stats(x: np.ndarray) -> np.ndarray:
     """``(n, 4)`` min, max, sum, count of each patch of a batch ``(n, ...)``, as every block's
     statistics are computed (:func:`lamina.stats.summarize_flat`: NaN-aware)."""
@@ -307,7 +329,7 @@ def _flush_one(
     if layout.aggregation == "local":
         dest = owner.copy()
     else:
-        agg = balance.aggregate(total, len(aggs), nranks, scheme=layout.aggregation)
+        agg = plan_aggregation(comm, total, len(aggs), layout.aggregation)
         dest = aggs[agg.of_patch()]
     dest[~written] = -1
     rep.patches = np.bincount(owner[written], minlength=nranks)
@@ -376,4 +398,4 @@ def _flush_one(
     comm_mod.agree(comm, g.error)
 
 
-__all__ = ["HEADER", "HEADER_VERSION", "Report", "Sink", "flush"]
+__all__ = ["HEADER", "HEADER_VERSION", "Report", "Sink", "flush", "plan_aggregation"]

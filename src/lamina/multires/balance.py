@@ -437,6 +437,23 @@ class Aggregation:
     ranks: np.ndarray
     bytes: np.ndarray
 
+    @classmethod
+    def of_bounds(cls, bounds: np.ndarray, sizes: np.ndarray, nranks: int) -> Aggregation:
+        """The aggregation whose runs are *bounds* (as :func:`aggregate` cut them elsewhere)."""
+        bounds = np.asarray(bounds, dtype=np.int64)
+        cum = np.concatenate([[0], np.cumsum(np.asarray(sizes, dtype=np.int64))])
+        if (
+            bounds.size < 2
+            or bounds[0] != 0
+            or bounds[-1] != cum.size - 1
+            or np.any(np.diff(bounds) < 0)
+        ):
+            raise ValueError(
+                f"run bounds {bounds.tolist()[:8]} do not cover {cum.size - 1} patches"
+            )
+        f = bounds.size - 1
+        return cls(bounds, aggregator_ranks(f, nranks), cum[bounds[1:]] - cum[bounds[:-1]])
+
     def of_patch(self) -> np.ndarray:
         """Aggregator of each patch."""
         m = int(self.bounds[-1])
@@ -490,6 +507,10 @@ def aggregate(
     return Aggregation(bounds, ranks, cum[bounds[1:]] - cum[bounds[:-1]])
 
 
+#: how close the bisection of :func:`_running_target` brings the cap to its smallest value
+CAP_PRECISION = 1e-4
+
+
 def _fits(cum: np.ndarray, cap: float, runs: int) -> bool:
     """Whether runs of at most *cap* bytes cover all patches in at most *runs* runs.
 
@@ -524,13 +545,15 @@ def _running_target(cum: np.ndarray, f: int) -> np.ndarray:
     lo = max(total / f, float(sizes.max(initial=0)))
     hi = max(lo, total)
     if m and not _fits(cum, lo, f):
+        # to a part in 10^4 of the smallest possible largest run (or a byte): closer changes
+        # no aggregator's load measurably and costs a pass over the patches per halving
         for _ in range(60):
             mid = (lo + hi) / 2
             if _fits(cum, mid, f):
                 hi = mid
             else:
                 lo = mid
-            if hi - lo <= 0.5:
+            if hi - lo <= max(0.5, CAP_PRECISION * lo):
                 break
         cap = hi
     else:
