@@ -27,7 +27,7 @@ BENCHMARKS = {
     "blocks": "cost per block, edges 4-64, 64-65,536 blocks per rank per step: numpy, ADIOS2 BP5, h5py chunked, lamina",
     "catalog": "open, step index and memory of a file of 100 steps x 100,000 blocks: lamina vs ADIOS2 BP5",
     "async": "background I/O: VPIC-IO-like write, BD-CATS-IO-like read, sync vs async vs ADIOS2 BP5 AsyncWrite",
-    "multires": "multiresolution layout: write phases and balance per scheme, compression vs zfp and zstd, reads by level, 10^4-10^5 simulated ranks",
+    "multires": "multiresolution layout: write phases and balance per scheme, compression vs zfp and zstd, reads by level, the size-grid micro-benchmark (--size-grid), 10^4-10^5 simulated ranks",
 }
 
 USAGE = (
