@@ -44,7 +44,12 @@ Fields: ``cth`` (the CTH shock pressure of the shared data, tiled to the
 size asked for; skipped when absent), ``uneven`` (a synthetic field whose
 noise grows 100x across the domain: smooth on one side, noisy on the
 other; at a tolerance of 1e-3 of the range its patches' compressed sizes
-differ by about 1.6x, the CTH field's by about 150x).
+differ by about 1.6x, the CTH field's by about 150x), ``flame`` (the
+temperature of ``lamina demo``'s premixed flame, its front across the
+middle: uniform 300 K and 1800 K on either side, all the structure in a
+thin wrinkled sheet) and ``steep`` (a constant under noise whose amplitude
+grows 10^6x across the domain: its patches' compressed sizes differ about
+50x at 1e-3).
 """
 
 from __future__ import annotations
@@ -80,6 +85,10 @@ def find_cth() -> str | None:
     return None
 
 
+#: the benchmark's fields (module docstring)
+FIELDS = ("cth", "uneven", "flame", "steep")
+
+
 def field(name: str, shape: tuple[int, ...]) -> np.ndarray:
     """The benchmark's fields, float32, deterministic (every rank builds the same)."""
     if name == "cth":
@@ -89,12 +98,22 @@ def field(name: str, shape: tuple[int, ...]) -> np.ndarray:
         p = np.load(path)["pressure"].astype(np.float32)
         reps = [-(-n // m) for n, m in zip(shape, p.shape, strict=True)]
         return np.ascontiguousarray(np.tile(p, reps)[tuple(slice(0, n) for n in shape)])
+    if name == "flame":  # the demo's flame temperature, its front across the middle
+        from ..demo import simulation
+        from ..geometry import Box
+
+        grid = tuple(reversed(shape))  # the demo's axes are (x, y, z), z the longest
+        t = (0.5 - simulation.FRONT_START) * grid[2] * simulation.H / simulation.S_T
+        temp = simulation.fields(Box.from_shape(grid), grid, t)["T"]
+        return np.ascontiguousarray(temp.transpose().astype(np.float32))
     rng = np.random.default_rng(3)
     axes = np.meshgrid(*(np.linspace(0, 1, n, dtype=np.float32) for n in shape), indexing="ij")
+    noise = rng.standard_normal(shape).astype(np.float32)
+    if name == "steep":  # a constant under noise growing 10^6x: patches compress 50x apart
+        return (1 + noise * 10 ** (-6 + 6 * axes[0])).astype(np.float32)
     smooth = np.sin(6 * axes[0]) * np.cos(4 * axes[1]) + axes[-1]
     # noise grows 100x from one side of the domain to the other
-    noise = rng.standard_normal(shape).astype(np.float32) * (1e-3 * 100 ** axes[0])
-    return (smooth + noise).astype(np.float32)
+    return (smooth + noise * (1e-3 * 100 ** axes[0])).astype(np.float32)
 
 
 def _tolerance(x: np.ndarray, rel: float) -> float:
@@ -694,7 +713,7 @@ def parser() -> argparse.ArgumentParser:
         default=[256, 128, 128],
         help="field shape (default 256 128 128)",
     )
-    p.add_argument("--fields", nargs="+", default=["cth", "uneven"], choices=["cth", "uneven"])
+    p.add_argument("--fields", nargs="+", default=["cth", "uneven"], choices=list(FIELDS))
     p.add_argument("--rel", type=float, default=1e-3, help="tolerance relative to the range (1e-3)")
     p.add_argument("--repeat", type=int, default=3, help="runs per configuration; the best counts")
     p.add_argument(
