@@ -468,9 +468,25 @@ def test_prefetch_serves_the_next_steps(path):
             seen.append(k)
         stats = f.io_stats
     assert seen == list(range(6))
-    # step 0 teaches the pattern; steps 1..5 are read ahead (two selections each)
-    assert stats["prefetch_hits"] >= 8, stats
+    # step 0 teaches the pattern and starts step 1's reads at once: steps 1..5 are read
+    # ahead (two selections each), step 1 included
+    assert stats["prefetch_hits"] >= 10, stats
     assert stats["prefetched_bytes"] > 0
+
+
+def test_prefetch_reads_the_second_step_during_the_first(path):
+    """The first step's reads are read ahead at the second step at once: by the end of the
+    first step's compute the second step's selections are fetched (not when it is handed out)."""
+    _write_steps(path, 3)
+    with lamina.open(path, "r", io="async") as f:
+        for view in f.iter_steps(prefetch=True, timeout=5):
+            np.testing.assert_array_equal(view["x"][1:3], values(view.index)[1:3])
+            if view.index == 0:
+                deadline = time.monotonic() + 10
+                while f.io_stats["prefetched_bytes"] == 0 and time.monotonic() < deadline:
+                    time.sleep(0.005)  # compute on step 0
+                assert f.io_stats["prefetched_bytes"] == 2 * 6 * 8  # x[1:3] of step 1
+        assert f.io_stats["prefetch_hits"] >= 2
 
 
 def test_prefetch_needs_async(path):

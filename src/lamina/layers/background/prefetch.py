@@ -4,7 +4,9 @@ A program that streams a file step by step usually reads the same
 selections at every step.  The :class:`Prefetcher` records the reads made
 at each step; when ``iter_steps`` hands out step *k*, it reads, on a thread
 of its own, what the program read at the step before, at steps *k* and
-*k + 1* (those already committed).  A read that finds its block fetched
+*k + 1* (those already committed); and a selection read at step *k* for
+the first time is read ahead at step *k + 1* at once, so the step after
+the first one is ready too while the program computes on the first.  A read that finds its block fetched
 (or being fetched) takes it from there; any other read goes to the engine
 as usual, so a change of selections costs nothing but the unused
 read-ahead.  Everything fetched is bounded by the layer's
@@ -80,6 +82,8 @@ class Prefetcher:
             seen = self.pattern.setdefault(step, [])
             if (name, box) not in seen and len(seen) < 256:
                 seen.append((name, box))
+                if step == self.stream and step + 1 < self.inner.steps:
+                    self._schedule((step + 1, name, box))  # the next step, while this one computes
         key = (step, name, box)
         with self.cond:
             fetch = self.cache.get(key)
