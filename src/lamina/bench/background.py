@@ -523,7 +523,7 @@ def targets(job: dict) -> list[dict]:
         if r["method"] == PREFETCH and r["compute"] >= 1 and r.get("wait_rest") is not None
     ]
     info = _target(
-        "(info) the same for steps >= 2 (step 1 is read ahead only once it is handed out)",
+        "(info) the same for steps >= 2 alone",
         vals,
         WAIT_TOL,
         False,
