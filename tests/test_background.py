@@ -489,6 +489,28 @@ def test_prefetch_reads_the_second_step_during_the_first(path):
         assert f.io_stats["prefetch_hits"] >= 2
 
 
+def test_prefetch_hands_its_arrays_over_without_a_copy(path, monkeypatch):
+    """A read of a whole selection that was read ahead returns the array fetched: the copy path
+    (Prefetcher.get, which fills a buffer the caller gave) is not taken."""
+    from lamina.layers.background.prefetch import Prefetcher
+
+    _write_steps(path, 4)
+
+    copying = Prefetcher.get
+
+    def no_copy(self, name, box, step, out):
+        assert not copying(self, name, box, step, out), "copied out of the read-ahead buffer"
+        return False
+
+    monkeypatch.setattr(Prefetcher, "get", no_copy)
+    with lamina.open(path, "r", io="async") as f:
+        for view in f.iter_steps(prefetch=True, timeout=5):
+            got = view["x"][...]
+            np.testing.assert_array_equal(got, values(view.index))
+            got[0, 0] = -1.0  # the caller owns it
+        assert f.io_stats["prefetch_hits"] >= 3
+
+
 def test_prefetch_needs_async(path):
     _write_steps(path, 2)
     with lamina.open(path, "r", io="sync") as f, pytest.raises(ConfigError, match="io='async'"):

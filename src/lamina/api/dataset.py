@@ -184,9 +184,13 @@ class Dataset:
             layout.check_read_tolerance(tolerance, self._path)
         shape = self.levels[level]
         box = Box.from_shape(shape) if box is None else box
+        step = self._step if step is None else step
+        if out is None and layout is None:
+            ahead = self._file._engine.take_read_ahead(self._path, box, step)
+            if ahead is not None:  # read ahead (iter_steps(prefetch=True)): no copy
+                return ahead
         if out is None:
             out = _aligned_empty(box.shape, self.dtype)
-        step = self._step if step is None else step
         if layout is None:
             self._file._engine.get(self._path, box, step, out)
         else:

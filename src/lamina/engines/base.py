@@ -248,6 +248,12 @@ class Engine(ABC):
     def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
         """Independent: read *box* of dataset *name* at *step* into *out* (shape of box, dtype of the dataset)."""
 
+    def take_read_ahead(self, name: str, box: Box, step: int | None) -> np.ndarray | None:
+        """Independent: *box* of *name* at *step* if it was read ahead, handed over without a
+        copy (the caller owns it); None otherwise (then :meth:`get` reads it).  Only the
+        background layer reads ahead (``iter_steps(prefetch=True)``)."""
+        return None
+
     @abstractmethod
     def get_level(
         self,

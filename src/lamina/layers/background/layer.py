@@ -776,6 +776,13 @@ class BackgroundLayer(Layer):
         with self.lock:
             return self.inner.check_read(name, box, step, out)
 
+    def take_read_ahead(self, name: str, box: Box, step: int | None) -> np.ndarray | None:
+        if self._prefetch is None or self._prefetch.stream is None:
+            return None
+        with self.lock:
+            k = self.inner.check_step(step)
+        return self._prefetch.take(name, box, k)
+
     def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
         if self._prefetch is not None and self._prefetch.stream is not None:
             with self.lock:

@@ -78,6 +78,15 @@ class Prefetcher:
 
     def get(self, name: str, box: Box, step: int, out: np.ndarray) -> bool:
         """Independent: fill *out* from a fetch of (*step*, *name*, *box*) if there is one; True if so."""
+        arr = self.take(name, box, step)
+        if arr is None or arr.shape != out.shape or arr.dtype != out.dtype:
+            return False
+        out[...] = arr
+        return True
+
+    def take(self, name: str, box: Box, step: int) -> np.ndarray | None:
+        """Independent: the fetch of (*step*, *name*, *box*), handed over (None if there is none
+        or it failed: then the program's own read raises the engine's error)."""
         if self.stream is not None and step >= self.stream - 1:
             seen = self.pattern.setdefault(step, [])
             if (name, box) not in seen and len(seen) < 256:
@@ -89,18 +98,16 @@ class Prefetcher:
             fetch = self.cache.get(key)
         if fetch is None:
             self.stats.prefetch_misses += 1
-            return False
+            return None
         fetch.done.wait()
         with self.cond:
             if self.cache.get(key) is fetch:
                 self._drop(key)
-        arr = fetch.array
-        if arr is None or arr.shape != out.shape or arr.dtype != out.dtype:
+        if fetch.array is None:
             self.stats.prefetch_misses += 1
-            return False  # the read ahead failed: read it again, to raise the engine's own error
-        out[...] = arr
+            return None  # the read ahead failed: read it again, to raise the engine's own error
         self.stats.prefetch_hits += 1
-        return True
+        return fetch.array
 
     def close(self) -> None:
         with self.cond:
