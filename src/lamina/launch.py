@@ -45,6 +45,13 @@ def is_open_mpi(mpiexec: str) -> bool:
     return "Open MPI" in out or "OpenRTE" in out
 
 
+def mpi_command(mpiexec: str, nranks: int, module: str, args: list[str]) -> list[str]:
+    """``mpiexec -n N python -m mpi4py -m MODULE ARGS`` (Open MPI: with ``--oversubscribe``, so
+    that more ranks than cores may run, as MPICH allows)."""
+    cmd = [mpiexec, "--oversubscribe"] if is_open_mpi(mpiexec) else [mpiexec]
+    return [*cmd, "-n", str(nranks), sys.executable, "-m", "mpi4py", "-m", module, *args]
+
+
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for launched ranks: ours, minus any outer launcher's, with lamina importable."""
     env = {

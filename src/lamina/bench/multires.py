@@ -89,6 +89,13 @@ def find_cth() -> str | None:
 FIELDS = ("cth", "uneven", "flame", "steep")
 
 
+def _job(nranks: int, *args: str) -> list[str]:
+    """The command of an MPI job of *nranks* running this benchmark's worker with *args*."""
+    from ..launch import find_mpiexec, mpi_command
+
+    return mpi_command(str(find_mpiexec()), nranks, "lamina.bench", ["multires", *args])
+
+
 def field(name: str, shape: tuple[int, ...]) -> np.ndarray:
     """The benchmark's fields, float32, deterministic (every rank builds the same)."""
     if name == "cth":
@@ -617,7 +624,6 @@ def size_grid(args, fields: list[str], directory: str) -> tuple[dict, dict[str, 
     Returns the document's ``size_grid`` part and the measured patch sizes
     per field.
     """
-    from ..launch import find_mpiexec
     from .launch import run_json_job
 
     shape = tuple(args.shape)
@@ -660,16 +666,8 @@ def size_grid(args, fields: list[str], directory: str) -> tuple[dict, dict[str, 
         os.makedirs(job_dir, exist_ok=True)
 
         def command(out: str, nranks: int = nranks, sizes_path: str = sizes_path, d=job_dir):
-            return [
-                find_mpiexec(),
-                "-n",
-                str(nranks),
-                sys.executable,
-                "-m",
-                "mpi4py",
-                "-m",
-                "lamina.bench",
-                "multires",
+            return _job(
+                nranks,
                 "--grid-worker",
                 "--sizes",
                 sizes_path,
@@ -681,7 +679,7 @@ def size_grid(args, fields: list[str], directory: str) -> tuple[dict, dict[str, 
                 str(args.repeat),
                 "--fields",
                 *fields,
-            ]
+            )
 
         job = run_json_job(
             command,
@@ -784,18 +782,8 @@ def main(argv: list[str]) -> int:
         shape = tuple(args.shape)
 
         def command(out: str) -> list[str]:
-            from ..launch import find_mpiexec
-
-            return [
-                find_mpiexec(),
-                "-n",
-                str(args.ranks),
-                sys.executable,
-                "-m",
-                "mpi4py",
-                "-m",
-                "lamina.bench",
-                "multires",
+            return _job(
+                args.ranks,
                 "--worker",
                 "--dir",
                 directory,
@@ -809,7 +797,7 @@ def main(argv: list[str]) -> int:
                 str(args.repeat),
                 "--fields",
                 *args.fields,
-            ]
+            )
 
         if "write" in parts:
             doc["write"] = run_json_job(

@@ -35,20 +35,7 @@ class Launched:
 
 
 def mpi_command(mpiexec: str, nranks: int, module_args: list[str]) -> list[str]:
-    cmd = [mpiexec]
-    if _launch.is_open_mpi(mpiexec):
-        cmd.append("--oversubscribe")
-    return [
-        *cmd,
-        "-n",
-        str(nranks),
-        sys.executable,
-        "-m",
-        "mpi4py",
-        "-m",
-        "lamina.demo.run",
-        *module_args,
-    ]
+    return _launch.mpi_command(mpiexec, nranks, "lamina.demo.run", module_args)
 
 
 def mpmd_command(mpiexec: str, programs: list[tuple[int, str, list[str]]]) -> list[str]:
