@@ -18,7 +18,7 @@ from types import EllipsisType
 
 import numpy as np
 
-from .errors import BoundsError, ShapeError
+from .errors import BoundsError, OverlapError, ShapeError
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +272,25 @@ def find_overlap_arrays(lo: np.ndarray, hi: np.ndarray) -> tuple[int, int] | Non
         return None
     i, j = int(keep[pair[0]]), int(keep[pair[1]])
     return (min(i, j), max(i, j))
+
+
+def check_ranks_disjoint(lo: np.ndarray, hi: np.ndarray, rank: np.ndarray, where: str) -> None:
+    """OverlapError naming both boxes and the ranks that wrote them if two boxes overlap.
+
+    *lo*, *hi*: the boxes of one dataset in one step from every rank (as
+    :func:`find_overlap_arrays` takes them); *rank*: the writer of each;
+    *where* starts the message (``dataset 'T', step 3``).
+    """
+    pair = find_overlap_arrays(lo, hi)
+    if pair is None:
+        return
+    i, j = pair
+    a = Box(tuple(lo[i].tolist()), tuple(hi[i].tolist()))
+    b = Box(tuple(lo[j].tolist()), tuple(hi[j].tolist()))
+    raise OverlapError(
+        f"{where}: box {a} written by rank {int(rank[i])} overlaps box {b} written by rank "
+        f"{int(rank[j])}; boxes of one step may not overlap"
+    )
 
 
 def _search(lo_t: np.ndarray, hi_t: np.ndarray) -> tuple[int, int] | None:

@@ -80,13 +80,12 @@ from ..errors import (
     FormatError,
     ModeError,
     NotFoundError,
-    OverlapError,
     ShapeError,
     StepError,
     mark_collective,
     suggest,
 )
-from ..geometry import Box, find_overlap_arrays
+from ..geometry import Box, check_ranks_disjoint
 from ..layouts import read as layout_read
 from ..layouts import write as layout_write
 from ..layouts.spec import Layout, level_specs
@@ -743,19 +742,12 @@ class BlockEngine(Engine):
             parts = [(r, mine[did]) for r, mine in enumerate(heads.ranks) if did in mine]
             if len(parts) < 2:
                 continue  # one rank's boxes were tested at put
-            lo = np.concatenate([h.start for _, h in parts])
-            hi = np.concatenate([h.stop for _, h in parts])
-            pair = find_overlap_arrays(lo, hi)
-            if pair is not None:
-                owner = np.concatenate([np.full(len(h.start), r) for r, h in parts])
-                i, j = pair
-                a = Box(tuple(lo[i].tolist()), tuple(hi[i].tolist()))
-                b = Box(tuple(lo[j].tolist()), tuple(hi[j].tolist()))
-                raise OverlapError(
-                    f"dataset {self.catalog.specs[did].path!r}, step {step}: box {a} written by rank "
-                    f"{int(owner[i])} overlaps box {b} written by rank {int(owner[j])}; boxes of one "
-                    "step may not overlap"
-                )
+            check_ranks_disjoint(
+                np.concatenate([h.start for _, h in parts]),
+                np.concatenate([h.stop for _, h in parts]),
+                np.concatenate([np.full(len(h.start), r) for r, h in parts]),
+                f"dataset {self.catalog.specs[did].path!r}, step {step}",
+            )
 
     def _encode_trailer(self, bases: list[tuple[int, int, int, int]]) -> bytes:
         """Statistics and checksums of this rank's blocks; where this rank placed other ranks' blocks."""

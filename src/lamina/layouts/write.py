@@ -40,8 +40,7 @@ import numpy as np
 from .. import comm as comm_mod
 from .. import stats as stats_mod
 from ..catalog.model import DatasetSpec, Stats
-from ..errors import OverlapError
-from ..geometry import Box, find_overlap_arrays
+from ..geometry import Box, check_ranks_disjoint
 from ..multires import balance, compress
 from .spec import Layout
 
@@ -203,16 +202,8 @@ def _flush_one(
     lo = np.concatenate([lo for _, lo, _ in parts])
     hi = np.concatenate([hi for _, _, hi in parts])
     first_row = {r: int(np.flatnonzero(rank == r)[0]) for r, _, _ in parts}
-    if len({r for r, _, _ in parts}) > 1:
-        pair = find_overlap_arrays(lo, hi)
-        if pair is not None:  # the same verdict on every rank
-            i, j = pair
-            first = Box(tuple(lo[i].tolist()), tuple(hi[i].tolist()))
-            second = Box(tuple(lo[j].tolist()), tuple(hi[j].tolist()))
-            raise OverlapError(
-                f"dataset {spec.path!r}, step {step}: box {first} written by rank {int(rank[i])} "
-                f"overlaps box {second} written by rank {int(rank[j])}; boxes of one step may not overlap"
-            )
+    if len({r for r, _, _ in parts}) > 1:  # the same verdict on every rank
+        check_ranks_disjoint(lo, hi, rank, f"dataset {spec.path!r}, step {step}")
     grid = balance.Grid.of(spec.shape, layout.patch)
     pcs = balance.pieces(grid, rank, lo, hi)
     assert pcs.box is not None
