@@ -11,26 +11,20 @@ import pytest
 pytestmark = pytest.mark.timeout(300)
 
 
-def test_bench_multires_quick_json():
+def bench_json(*args: str) -> dict:
+    """``lamina bench multires --quick --json ARGS`` in a child process: its JSON document."""
     out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lamina.bench",
-            "multires",
-            "--quick",
-            "--ranks",
-            "2",
-            "--json",
-            "--fields",
-            "uneven",
-        ],
+        [sys.executable, "-m", "lamina.bench", "multires", "--quick", "--json", *args],
         capture_output=True,
         text=True,
         timeout=280,
     )
     assert out.returncode == 0, out.stderr
-    doc = json.loads(out.stdout)
+    return json.loads(out.stdout)
+
+
+def test_bench_multires_quick_json():
+    doc = bench_json("--ranks", "2", "--fields", "uneven")
     rows = doc["write"]["rows"]
     schemes = {(r["distribution"], r["aggregation"]) for r in rows}
     assert {
@@ -62,28 +56,7 @@ def test_bench_multires_quick_json():
 
 def test_bench_multires_size_grid_quick_json():
     """The size-grid path: measured sizes interpolated to 4 ranks, aggregated and written."""
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lamina.bench",
-            "multires",
-            "--quick",
-            "--parts",
-            "size-grid",
-            "--size-grid",
-            "4",
-            "--json",
-            "--fields",
-            "uneven",
-            "cth",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
-    assert out.returncode == 0, out.stderr
-    doc = json.loads(out.stdout)
+    doc = bench_json("--parts", "size-grid", "--size-grid", "4", "--fields", "uneven", "cth")
     assert "write" not in doc and "simulate" not in doc
     g = doc["size_grid"]
     assert "uneven" in g["measured"]
