@@ -78,15 +78,25 @@ class Prefetcher:
 
     def get(self, name: str, box: Box, step: int, out: np.ndarray) -> bool:
         """Independent: fill *out* from a fetch of (*step*, *name*, *box*) if there is one; True if so."""
-        arr = self.take(name, box, step)
+        arr = self._fetched(name, box, step)
         if arr is None or arr.shape != out.shape or arr.dtype != out.dtype:
+            self.stats.prefetch_misses += 1
             return False
         out[...] = arr
+        self.stats.prefetch_hits += 1
         return True
 
     def take(self, name: str, box: Box, step: int) -> np.ndarray | None:
-        """Independent: the fetch of (*step*, *name*, *box*), handed over (None if there is none
-        or it failed: then the program's own read raises the engine's error)."""
+        """Independent: the fetch of (*step*, *name*, *box*), handed over without a copy; None if
+        there is none (the read then goes through :meth:`get`, which counts the miss)."""
+        arr = self._fetched(name, box, step)
+        if arr is not None:
+            self.stats.prefetch_hits += 1
+        return arr
+
+    def _fetched(self, name: str, box: Box, step: int) -> np.ndarray | None:
+        """Note the read in the pattern; the array fetched for it (dropped from the cache), or
+        None if there is none or it failed (the program's own read then raises the error)."""
         if self.stream is not None and step >= self.stream - 1:
             seen = self.pattern.setdefault(step, [])
             if (name, box) not in seen and len(seen) < 256:
@@ -97,16 +107,11 @@ class Prefetcher:
         with self.cond:
             fetch = self.cache.get(key)
         if fetch is None:
-            self.stats.prefetch_misses += 1
             return None
         fetch.done.wait()
         with self.cond:
             if self.cache.get(key) is fetch:
                 self._drop(key)
-        if fetch.array is None:
-            self.stats.prefetch_misses += 1
-            return None  # the read ahead failed: read it again, to raise the engine's own error
-        self.stats.prefetch_hits += 1
         return fetch.array
 
     def close(self) -> None:
