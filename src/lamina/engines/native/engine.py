@@ -18,6 +18,7 @@ import errno
 import os
 import stat
 import warnings
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -95,6 +96,24 @@ def _pieces(views: list[memoryview], size: int):
                 parts, have = [], 0
     if parts:
         yield parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _runs(key: np.ndarray, off: np.ndarray, ln: np.ndarray) -> Iterator[tuple[int, int]]:
+    """Index ranges ``[a, b)`` of blocks (sorted by subfile *key*, then offset *off*; lengths
+    *ln*) that lie back to back in one subfile, each at most :data:`COALESCE_RUN` bytes (at
+    least one block): what one pread reads."""
+    # a run goes on while the next block starts where this one ends, in the same subfile
+    brk = np.ones(len(key), dtype=bool)
+    brk[1:] = (key[1:] != key[:-1]) | (off[1:] != off[:-1] + ln[:-1])
+    bounds = np.flatnonzero(brk).tolist() + [len(key)]
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        cum = np.cumsum(ln[a:b])  # bytes up to and including each block of the run
+        i = a
+        while i < b:
+            done = int(cum[i - a - 1]) if i > a else 0
+            end = max(i + 1, a + int(np.searchsorted(cum, done + COALESCE_RUN, "right")))
+            yield i, end
+            i = end
 
 
 def _fsync_dir(path: str) -> None:
@@ -762,32 +781,16 @@ class NativeEngine(BlockEngine):
         order = np.lexsort((off, key))
         w, key, off = w[order], key[order], off[order]
         ln = length[w]
-        # a run goes on while the next block starts where this one ends, in the same subfile
-        brk = np.ones(len(w), dtype=bool)
-        brk[1:] = (key[1:] != key[:-1]) | (off[1:] != off[:-1] + ln[:-1])
-        starts = np.flatnonzero(brk).tolist() + [len(w)]
         single: list[int] = [int(v) for v in np.flatnonzero(~whole)]
         base = np.asarray(box.start, dtype=np.int64)
         rel_lo, rel_hi = lo - base, hi - base
         item = spec.dtype.itemsize
-        for a, b in zip(starts[:-1], starts[1:], strict=True):
+        for a, b in _runs(key, off, ln):
             if b - a == 1:
                 single.append(int(w[a]))
                 continue
-            cum = np.cumsum(ln[a:b])  # bytes up to and including each block of the run
-            pos = a
-            while pos < b:  # runs of at most COALESCE_RUN bytes (at least one block)
-                done = int(cum[pos - a - 1]) if pos > a else 0
-                end = max(pos + 1, a + int(np.searchsorted(cum, done + COALESCE_RUN, "right")))
-                total = int(cum[end - a - 1]) - done
-                if end - pos == 1:
-                    single.append(int(w[pos]))
-                    pos = end
-                    continue
-                self._read_run(
-                    spec, t, idx, w[pos:end], int(off[pos]), total, rel_lo, rel_hi, out, item
-                )
-                pos = end
+            total = int(ln[a:b].sum())
+            self._read_run(spec, t, idx, w[a:b], int(off[a]), total, rel_lo, rel_hi, out, item)
         if single:
             single.sort()
             s_idx = np.asarray(single, dtype=np.int64)
@@ -862,17 +865,8 @@ class NativeEngine(BlockEngine):
         ln = np.concatenate([t.length[r].astype(np.int64) for _, _, t, r in cols])
         order = np.lexsort((off, key))
         grp, pos, key, off, ln = grp[order], pos[order], key[order], off[order], ln[order]
-        brk = np.ones(len(order), dtype=bool)
-        brk[1:] = (key[1:] != key[:-1]) | (off[1:] != off[:-1] + ln[:-1])
-        bounds = np.flatnonzero(brk).tolist() + [len(order)]
-        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-            cum = np.cumsum(ln[a:b])
-            i = a
-            while i < b:  # runs of at most COALESCE_RUN bytes (at least one block)
-                done = int(cum[i - a - 1]) if i > a else 0
-                end = max(i + 1, a + int(np.searchsorted(cum, done + COALESCE_RUN, "right")))
-                self._payload_run(cols, grp[i:end], pos[i:end], int(off[i]), ln[i:end], out)
-                i = end
+        for a, b in _runs(key, off, ln):
+            self._payload_run(cols, grp[a:b], pos[a:b], int(off[a]), ln[a:b], out)
         return out
 
     def _payload_run(self, cols, grp, pos, first: int, lengths, out) -> None:
