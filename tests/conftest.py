@@ -21,11 +21,19 @@ from hypothesis import HealthCheck, settings
 import lamina
 from lamina.engines import memory as memory_engine
 
-# io='async' and 'auto' keep what they measure per machine (~/.cache/lamina/async-history.json):
-# tests keep theirs apart, in a directory of their own (mpiexec scenarios inherit it)
-os.environ["LAMINA_ASYNC_HISTORY"] = os.path.join(
-    tempfile.mkdtemp(prefix="lamina-tests-"), "async-history.json"
-)
+# lamina keeps what it measures per machine (~/.cache/lamina/history.json: background I/O,
+# derived quantities): tests keep theirs apart, a fresh file per test (autouse fixture below),
+# in a directory of their own (mpiexec scenarios inherit it through the environment), so that
+# what one test measured never steers another's io='auto' or strategy='auto'
+HISTORY_DIR = tempfile.mkdtemp(prefix="lamina-tests-")
+os.environ["LAMINA_HISTORY"] = os.path.join(HISTORY_DIR, "history.json")
+_histories = itertools.count()
+
+
+@pytest.fixture(autouse=True)
+def _own_history(monkeypatch):
+    monkeypatch.setenv("LAMINA_HISTORY", os.path.join(HISTORY_DIR, f"h{next(_histories)}.json"))
+
 
 # Modest example counts keep the whole in-process suite well under a minute;
 # deadline=None because the first example of a test pays numpy/numcodecs

@@ -72,3 +72,24 @@ def test_auto_rejects_unknown_hints(tmp_path, calibration):
             f.derive("b", "a * 2", strategy="auto", readrs=3)
         assert "b" not in f
         f.derive("b", "a * 2", strategy="stats")  # the name is still free
+
+
+def test_auto_follows_the_measured_history(tmp_path, calibration):
+    """With the calibration alone, no readers keep the expression; a history in which writing
+    the statistics costs nothing and recomputing is slow does not change that (no reader ever
+    recomputes), but one reader of a hundredth then picks stats over expression."""
+    from lamina.perf.history import History, save_history, signature
+
+    sig = signature("magnitude(vx, vy, vz)", "f8")
+    h = History()
+    for x2 in (1e2, 1e3, 1e4):
+        h.add(f"derive.stats.{sig}", 1e6, x2, 1e-6)  # free
+        h.add(f"derive.store.{sig}", 1e6, x2, 10.0)  # very slow
+        h.add(f"compute.{sig}", 1e6, x2, 10.0)  # very slow
+    save_history(h)  # to $LAMINA_HISTORY, this test's own
+    path = str(tmp_path / "h.lam")
+    _write(path, readers=1, query_fraction=0.01)
+    with lamina.open(path) as f:
+        d = f.derived["vmag"]
+        assert d.strategy == "stats"
+        assert {p["source"] for p in d.info["predicted"].values()} >= {"history"}

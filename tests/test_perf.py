@@ -52,6 +52,7 @@ def test_magnitude_by_hand():
     assert p["expression"].write_s == 0.0
     assert p["store"].read_s == approx(0.1 * 8e6 / 4e9)
     assert p["stats"].read_s == approx(0.1 * (24e6 / 4e9 + t_c))
+    # every block computed for its range; a scalar's candidate values kept from there
     assert p["expression"].read_s == approx(24e6 / 4e9 + t_c)
     # Eq. 3: a block row is 78 + 16 d bytes, a section 56; the definition is the extension record
     # "derived:derived" (the default name) and the dataset record, plus the strategy's name
@@ -68,6 +69,7 @@ def test_magnitude_by_hand():
     assert p["store"].compute_s == approx(t_c)
     assert p["stats"].compute_s == approx(t_c + 3 * 0.1 * t_c)
     assert p["expression"].compute_s == approx(3 * t_c)
+    assert {s.source for s in p.values()} == {"calibration"}
 
 
 def test_roofline_memory_bound_and_stencil():
@@ -89,6 +91,10 @@ def test_read_time_and_fraction():
     assert p2["store"].read_s == approx(4 * p1["store"].read_s)
     assert p2["stats"].read_s == approx(4 * p1["stats"].read_s)
     assert p2["expression"].read_s == p1["expression"].read_s  # no pruning
+    # a vector: every block for the ranges, the candidates again for the other components
+    c1 = predict("curl(vx, vy, vz)", SHAPE, query_fraction=0.1, **base)["expression"]
+    c2 = predict("curl(vx, vy, vz)", SHAPE, query_fraction=0.4, **base)["expression"]
+    assert c2.read_s == approx(1.4 / 1.1 * c1.read_s)
     slow = predict(MAG, SHAPE, query_fraction=0.1, read_bandwidth=1e9, write_bandwidth=1e9, **base)
     assert slow["store"].read_s == approx(0.1 * 8e6 / 1e9)
     assert slow["store"].primary_write_s == approx(24e6 / 1e9)
@@ -108,6 +114,10 @@ def test_recommendation():
         approx(0.019),
         approx(0.012),
     ]
+    # one reader of a tenth: 12 ms for expression, 7 + 1.2 for stats, 11 + 0.2 for store
+    name, p = recommend(MAG, SHAPE, readers=1, query_fraction=0.1, calibration=CAL)
+    assert name == "stats" and p["expression"].total_s == approx(0.012)
+    assert p["stats"].total_s == approx(0.0082) and p["store"].total_s == approx(0.0112)
     # a tie (nothing to compute or move) goes to the least storage: the definition alone
     # (expression) is smaller than the definition and a block record (store, stats)
     name, p = recommend(MAG, (0, 10, 10), readers=5, calibration=CAL)
@@ -468,3 +478,79 @@ def test_bench_derived_json(capsys):
 def test_bench_derived_bad_option(capsys):
     assert lamina.bench.main(["derived", "--kernels", "nope"]) == 2
     assert lamina.bench.main(["derived", "--mib", "0"]) == 2
+
+
+# ------------------------------------------------------- the model on measured history
+def _hist(series_rates, x2s=(1e3, 1e4, 1e5)):
+    """A history whose series run at constant rates: {series: rate}, samples at block sizes *x2s*."""
+    from lamina.perf.history import History
+
+    h = History()
+    for name, rate in series_rates.items():
+        for x2 in x2s:
+            h.add(name, 1e6, x2, 1e6 / rate)
+    return h
+
+
+def test_history_terms_by_hand():
+    from lamina.perf.history import signature
+
+    sig = signature(MAG, "f8")
+    h = _hist(
+        {
+            f"derive.store.{sig}": 1e8,  # elements/s
+            f"derive.stats.{sig}": 2e8,
+            f"compute.{sig}": 5e7,
+            "write": 1e9,  # bytes/s
+            "read": 4e9,
+        }
+    )
+    p = predict(MAG, SHAPE, nblocks=8, query_fraction=0.1, readers=2, calibration=CAL, history=h)
+    n, s_d = 1e6, 8e6
+    assert p["store"].write_s == approx(n / 1e8 + s_d / 1e9)
+    assert p["stats"].write_s == approx(n / 2e8)
+    assert p["expression"].write_s == 0.0
+    assert p["store"].read_s == approx(0.1 * s_d / 4e9)
+    assert p["stats"].read_s == approx(0.1 * n / 5e7)
+    assert p["expression"].read_s == approx(n / 5e7)  # a scalar: computed once
+    assert {s.source for s in p.values()} == {"history"}
+    for s in p.values():
+        assert s.total_s == approx(s.write_s + 2 * s.read_s)
+    # storage does not come from history: the same bytes either way
+    cal_only = predict(MAG, SHAPE, nblocks=8, query_fraction=0.1, readers=2, calibration=CAL)
+    assert [s.storage_bytes for s in p.values()] == [s.storage_bytes for s in cal_only.values()]
+
+
+def test_history_of_another_expression_is_not_used_and_terms_mix():
+    from lamina.perf.history import signature
+
+    other = signature("curl(vx, vy, vz)", "f8")
+    h = _hist({f"compute.{other}": 1e3, "read": 4e9})
+    p = predict(MAG, SHAPE, query_fraction=0.5, calibration=CAL, history=h)
+    base = predict(MAG, SHAPE, query_fraction=0.5, calibration=CAL)
+    assert p["stats"].read_s == approx(base["stats"].read_s) and p["stats"].source == "calibration"
+    assert p["expression"].source == "calibration"
+    # store: its read from history, its write from the calibration
+    assert p["store"].source == "history+calibration"
+    assert p["store"].write_s == approx(base["store"].write_s)
+    assert p["store"].read_s == approx(0.5 * 8e6 / 4e9)
+    # renamed inputs are the same expression
+    sig = signature(MAG, "f8")
+    h = _hist({f"compute.{sig}": 1e7})
+    q = predict("magnitude(a, b, c)", SHAPE, query_fraction=0.5, calibration=CAL, history=h)
+    assert q["stats"].read_s == approx(0.5 * 1e6 / 1e7)
+
+
+def test_history_rate_follows_the_block_size():
+    """Samples where blocks of 1e3 elements run at 1e7/s and blocks of 1e5 at 1e8/s: the model
+    predicts a slower read for small blocks than for large ones."""
+    from lamina.perf.history import History, signature
+
+    sig = signature(MAG, "f8")
+    h = History()
+    for x2, rate in ((1e3, 1e7), (1e4, 5.5e7), (1e5, 1e8)):
+        h.add(f"compute.{sig}", 1e6, x2, 1e6 / rate)
+    small = predict(MAG, SHAPE, nblocks=1000, calibration=CAL, history=h)["stats"].read_s
+    large = predict(MAG, SHAPE, nblocks=10, calibration=CAL, history=h)["stats"].read_s
+    assert small == pytest.approx(1e6 / 1e7, rel=0.05)
+    assert large == pytest.approx(1e6 / 1e8, rel=0.05)

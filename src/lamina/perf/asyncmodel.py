@@ -14,19 +14,22 @@ a step outlasts the compute phase, the next epoch waits for it, so an
 epoch takes at least ``t_io``.  The consistent form is used here.)
 
 * ``t_io = bytes / rate``, the rate fitted to the measured history of
-  background steps: ``rate = c0 + c1 x1 + c2 x2`` with ``x = (bytes, ranks)``
-  (linear) and with ``x = (log bytes, log ranks)`` (linear-log), by least
-  squares; the fit with the larger ``r^2`` is used, and its ``r^2`` is
-  reported.  With fewer than :data:`MIN_FIT` samples the rate is the mean
-  of the measured ones.
-* ``t_copy = bytes / copy rate``, the rate of the copies measured at put.
+  background steps (series ``async.io`` of :mod:`lamina.perf.history`, the
+  machinery the derived-quantity model uses too): ``rate = c0 + c1 x1 + c2
+  x2`` with ``x = (bytes, ranks)`` (linear) and with ``x = (log bytes, log
+  ranks)`` (linear-log), by least squares; the fit with the larger ``r^2``
+  is used, and its ``r^2`` is reported.  With fewer than
+  :data:`~lamina.perf.history.MIN_FIT` samples the rate is the mean of the
+  measured ones.
+* ``t_copy = bytes / copy rate``, the median rate of the copies measured at
+  put (series ``async.copy``).
 * ``t_comp``: a weighted average of past compute phases (weights halving
   with each older phase), measured as the time between two ``end_step``
   returns minus the time spent inside lamina calls.
 
-The history persists per machine (:func:`default_path`), like the
-calibration of the derived-quantity model: a new run starts from what the
-last runs measured on this host.  ``io='auto'`` picks, per step, the mode
+The history persists per machine (:func:`lamina.perf.history.default_path`),
+like the calibration of the derived-quantity model: a new run starts from
+what the last runs measured on this host.  ``io='auto'`` picks, per step, the mode
 with the smaller predicted epoch (:meth:`AsyncModel.predict`).
 """
 
@@ -34,56 +37,27 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
 from ..catalog.wire import load_json
 from ..errors import FormatError
-from .calibrate import cache_path, host, read_cache_file, write_cache_file
+from .history import Fit, History, default_path, fit_rate, load_history, save_history
 
-#: bumped when what the history holds changes: older files are ignored
-HISTORY_VERSION = 1
-#: most I/O samples kept (the newest)
-MAX_SAMPLES = 256
-#: samples needed before a regression is fitted
-MIN_FIT = 3
-#: largest history file read
-MAX_FILE_BYTES = 1 << 20
+#: the series of the history this model fits and keeps
+IO_SERIES = "async.io"
+COPY_SERIES = "async.copy"
+#: largest record of decisions read back
+MAX_DECISIONS_BYTES = 1 << 20
+
 #: weight of a compute phase relative to the next newer one
 DECAY = 0.5
 #: copy rate assumed before any copy was measured (bytes/s)
 DEFAULT_COPY_RATE = 2e9
 #: I/O rate assumed before any step was measured (bytes/s): async is tried first
 DEFAULT_IO_RATE = 5e8
-
-
-def default_path() -> str:
-    """``$LAMINA_ASYNC_HISTORY``, else ``$XDG_CACHE_HOME/lamina/async-history.json`` (default ``~/.cache``)."""
-    return cache_path("LAMINA_ASYNC_HISTORY", "async-history.json")
-
-
-@dataclass
-class Fit:
-    """A fitted I/O rate: ``kind`` 'linear', 'linear-log', 'mean' or 'none'; ``r2`` of the fit."""
-
-    kind: str
-    coef: tuple[float, ...] = ()
-    r2: float = float("nan")
-    samples: int = 0
-
-    def rate(self, nbytes: float, ranks: float, floor: float) -> float:
-        if self.kind == "linear":
-            x = (1.0, nbytes, ranks)
-        elif self.kind == "linear-log":
-            x = (1.0, math.log(max(nbytes, 1.0)), math.log(max(ranks, 1.0)))
-        elif self.kind == "mean":
-            return self.coef[0]
-        else:
-            return DEFAULT_IO_RATE
-        r = sum(c * v for c, v in zip(self.coef, x, strict=True))
-        return max(r, floor)  # a line fitted to a few points may dip below anything measured
 
 
 @dataclass
@@ -103,65 +77,6 @@ class Prediction:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-@dataclass
-class History:
-    """What was measured on this host: I/O samples ``(bytes, ranks, seconds)`` and copy rates."""
-
-    io: list[tuple[int, int, float]] = field(default_factory=list)
-    copy_rates: list[float] = field(default_factory=list)
-
-    def to_json(self) -> str:
-        doc = {
-            "version": HISTORY_VERSION,
-            "host": host(),
-            "io": [list(s) for s in self.io[-MAX_SAMPLES:]],
-            "copy_rates": self.copy_rates[-MAX_SAMPLES:],
-        }
-        return json.dumps(doc)
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> History:
-        """The history in *text*; FormatError unless it is one of this version, from this host."""
-        doc = load_json(text, "async history", limit=MAX_FILE_BYTES, constants=False)
-        if not isinstance(doc, dict) or doc.get("version") != HISTORY_VERSION:
-            raise FormatError("async history: not a history of this version")
-        if doc.get("host") != host():
-            raise FormatError("async history: measured on another host")
-        io, rates = doc.get("io"), doc.get("copy_rates")
-        if not isinstance(io, list) or not isinstance(rates, list):
-            raise FormatError("async history: 'io' and 'copy_rates' must be lists")
-        out = cls()
-        for s in io[-MAX_SAMPLES:]:
-            if (
-                not isinstance(s, list)
-                or len(s) != 3
-                or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in s)
-                or not (s[0] > 0 and s[1] >= 1 and s[2] > 0 and math.isfinite(s[2]))
-            ):
-                raise FormatError(f"async history: bad sample {s!r}")
-            out.io.append((int(s[0]), int(s[1]), float(s[2])))
-        for r in rates[-MAX_SAMPLES:]:
-            if not isinstance(r, int | float) or isinstance(r, bool) or not 0 < r < math.inf:
-                raise FormatError(f"async history: bad copy rate {r!r}")
-            out.copy_rates.append(float(r))
-        return out
-
-
-def load_history(path: str | None = None) -> History:
-    """The history at *path* (default :func:`default_path`); an empty one if it is missing or not usable."""
-    try:
-        return History.from_json(
-            read_cache_file(path or default_path(), "async history", MAX_FILE_BYTES)
-        )
-    except (OSError, ValueError):  # FormatError is an OSError
-        return History()
-
-
-def save_history(h: History, path: str | None = None) -> None:
-    """Write *h* to *path* atomically (a temporary file renamed over it); OSError if it cannot."""
-    write_cache_file(path or default_path(), h.to_json())
 
 
 #: the extension record where a writer under io='auto' keeps its decisions (rank 0's)
@@ -200,7 +115,7 @@ def encode_decisions(decisions: list[dict[str, Any]]) -> bytes:
 
 def decode_decisions(raw: bytes) -> list[dict[str, Any]]:
     """:func:`encode_decisions` back; FormatError if it is not that."""
-    doc = load_json(raw, "io decisions", limit=MAX_FILE_BYTES, constants=False)
+    doc = load_json(raw, "io decisions", limit=MAX_DECISIONS_BYTES, constants=False)
     if not isinstance(doc, dict) or not isinstance(doc.get("fields"), list):
         raise FormatError("io decisions: not a record of decisions")
     names, rows = doc["fields"], doc.get("decisions")
@@ -216,49 +131,20 @@ def decode_decisions(raw: bytes) -> list[dict[str, Any]]:
     return out
 
 
-def fit_rate(samples: list[tuple[int, int, float]]) -> Fit:
-    """The I/O rate as a function of (bytes, ranks): the better of the linear and linear-log fits."""
-    if not samples:
-        return Fit("none")
-    a = np.asarray(samples, dtype=np.float64)
-    nbytes, ranks, secs = a[:, 0], a[:, 1], a[:, 2]
-    rate = nbytes / secs
-    if len(samples) < MIN_FIT:
-        return Fit("mean", (float(rate.mean()),), float("nan"), len(samples))
-    best = Fit("mean", (float(rate.mean()),), 0.0, len(samples))
-    ss_tot = float(((rate - rate.mean()) ** 2).sum())
-    for kind, x1, x2 in (
-        ("linear", nbytes, ranks),
-        ("linear-log", np.log(nbytes), np.log(ranks)),
-    ):
-        design = np.column_stack([np.ones_like(x1), x1, x2])
-        coef, *_ = np.linalg.lstsq(design, rate, rcond=None)
-        ss_res = float(((design @ coef - rate) ** 2).sum())
-        r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
-        if r2 > best.r2:
-            best = Fit(kind, tuple(float(c) for c in coef), r2, len(samples))
-    return best
-
-
 class AsyncModel:
     """The epoch model (module docstring) over a :class:`History` and this run's compute phases."""
 
     def __init__(self, history: History | None = None) -> None:
         self.history = history or History()
         self.compute: list[float] = []  # compute phases of this run, oldest first
-        self._fit: Fit | None = None
 
     # -- measurements ---------------------------------------------------------------
     def add_io(self, nbytes: int, ranks: int, seconds: float) -> None:
-        if nbytes > 0 and seconds > 0 and math.isfinite(seconds):
-            self.history.io.append((int(nbytes), int(ranks), float(seconds)))
-            del self.history.io[:-MAX_SAMPLES]
-            self._fit = None
+        self.history.add(IO_SERIES, nbytes, ranks, seconds)
 
     def add_copy(self, nbytes: int, seconds: float) -> None:
-        if nbytes >= 1 << 16 and seconds > 0:  # small copies measure call overhead, not a rate
-            self.history.copy_rates.append(nbytes / seconds)
-            del self.history.copy_rates[:-MAX_SAMPLES]
+        if nbytes >= 1 << 16:  # small copies measure call overhead, not a rate
+            self.history.add(COPY_SERIES, nbytes, 1, seconds)
 
     def add_compute(self, seconds: float) -> None:
         if seconds >= 0 and math.isfinite(seconds):
@@ -268,12 +154,10 @@ class AsyncModel:
     # -- the model --------------------------------------------------------------------
     @property
     def fit(self) -> Fit:
-        if self._fit is None:
-            self._fit = fit_rate(self.history.io)
-        return self._fit
+        return self.history.fit(IO_SERIES)
 
     def copy_rate(self) -> float:
-        r = self.history.copy_rates
+        r = [b / s for b, _, s in self.history.samples(COPY_SERIES)]
         return float(np.median(r)) if r else DEFAULT_COPY_RATE
 
     def t_comp(self) -> float:
@@ -287,9 +171,7 @@ class AsyncModel:
     def predict(self, nbytes: int, ranks: int, t_comp: float | None = None) -> Prediction:
         """Epoch times of a step of *nbytes* bytes (all ranks together) written by *ranks* ranks."""
         fit = self.fit
-        measured = [b / s for b, _, s in self.history.io]
-        floor = 0.25 * min(measured) if measured else DEFAULT_IO_RATE
-        t_io = nbytes / fit.rate(nbytes, ranks, floor)
+        t_io = nbytes / fit.rate(nbytes, ranks, DEFAULT_IO_RATE)
         t_copy = nbytes / ranks / self.copy_rate()  # each rank copies its share, at once
         comp = self.t_comp() if t_comp is None else t_comp
         t_sync = t_io + comp
@@ -311,6 +193,8 @@ class AsyncModel:
 __all__ = [
     "DECISIONS_KEY",
     "AsyncModel",
+    "COPY_SERIES",
+    "IO_SERIES",
     "decode_decisions",
     "encode_decisions",
     "Fit",

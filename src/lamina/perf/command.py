@@ -282,7 +282,7 @@ def run_async(argv: list[str]) -> int:
     if ns.json:
         doc = {
             "history": path,
-            "samples": len(m.history.io),
+            "samples": len(m.history.samples(async_model.IO_SERIES)),
             "fit": fit.kind,
             "r2": None if fit.r2 != fit.r2 else fit.r2,
             "copy_rate": m.copy_rate(),
@@ -304,11 +304,11 @@ def run_async(argv: list[str]) -> int:
     r2 = "-" if fit.r2 != fit.r2 else f"{fit.r2:.3f}"
     print(
         f"one step of {fmt_bytes(nbytes)} from {ranks} rank(s); history {path}: "
-        f"{len(m.history.io)} background steps, I/O rate fit {fit.kind} (r^2 {r2}), "
+        f"{len(m.history.samples(async_model.IO_SERIES))} background steps, I/O rate fit {fit.kind} (r^2 {r2}), "
         f"copy rate {fmt_rate(m.copy_rate())}"
     )
     print(table(["t_comp", "t_io", "t_copy", "t_sync", "t_async", "io='auto' picks"], rows))
-    if not m.history.io:
+    if not m.history.samples(async_model.IO_SERIES):
         print(
             f"(no background step measured on this host yet: t_io assumes "
             f"{fmt_rate(async_model.DEFAULT_IO_RATE)}; runs with io='async' or 'auto' measure it)"

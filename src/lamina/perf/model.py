@@ -55,7 +55,14 @@ Eq. 2, read (one reader, query fraction q)::
 
     T_read(store)       = q S_d / B_r
     T_read(stats)       = q (S_in / B_r + T_c)
-    T_read(expression)  = S_in / B_r + T_c
+    T_read(expression)  = a (S_in / B_r + T_c),   a = 1 + q for a vector, 1 for a scalar
+
+The query reads the derived values of the candidates, as Store's does:
+with Stats the block statistics find them, so only they are computed; with
+Expression nothing prunes, every block is computed to find its range.  A
+scalar's values are kept from there; a vector's candidates are computed
+again for the components the condition did not test (the layer keeps the
+last two vectors only: all of them would hold the whole quantity in memory).
 
 Eq. 3, storage, as lamina writes it: ``S_stats = c (nb (78 + 16 d) + 56)``,
 one metadata row per block and component of a d-dimensional quantity (its
@@ -97,6 +104,7 @@ import numpy as np
 from ..derived import Expr, check_inputs, component_names, parse, result_dtype
 from ..errors import ExpressionError
 from ..stats import SEGMENT
+from .history import History, signature
 
 if TYPE_CHECKING:
     from .calibrate import Calibration
@@ -139,6 +147,9 @@ class Prediction:
     total_s: float
     storage_bytes: int
     primary_write_s: float = 0.0
+    #: where the times come from: 'calibration' (Eq. 1-2 at the calibrated rates), 'history'
+    #: (rates fitted to measured history), or 'history+calibration' (some terms each)
+    source: str = "calibration"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -163,6 +174,8 @@ class Terms:
     stats_s: float  # T_st
     read_bandwidth: float  # B_r
     write_bandwidth: float  # B_w
+    blocks: int = 1  # nb
+    signature: str = ""  # the expression's key in the measured history
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -308,11 +321,16 @@ def terms(
         stats_s=s_d / calibration.stats_bandwidth,
         read_bandwidth=b_r,
         write_bandwidth=b_w,
+        blocks=nb,
+        signature=signature(tree, dt),
     )
 
 
-def combine(t: Terms, query_fraction: float = 1.0, readers: int = 1) -> dict[str, Prediction]:
-    """Eq. 1-3 and the totals from the quantities *t* (see the module docstring)."""
+def combine(
+    t: Terms, query_fraction: float = 1.0, readers: int = 1, history: History | None = None
+) -> dict[str, Prediction]:
+    """Eq. 1-3 and the totals from the quantities *t* (see the module docstring); with a
+    *history*, each time term it has samples for comes from its fitted rates instead."""
     q = _fraction(query_fraction)
     r = _count(readers, "readers", 0)
     t_c, t_st = t.compute_s, t.stats_s
@@ -321,12 +339,16 @@ def combine(t: Terms, query_fraction: float = 1.0, readers: int = 1) -> dict[str
         "stats": t_c + t_st,
         "expression": 0.0,
     }
+    again = 1 + q if t.components > 1 else 1.0  # a vector's candidates are computed twice
     read = {
         "store": q * t.derived_bytes / t.read_bandwidth,
         "stats": q * (t.input_bytes / t.read_bandwidth + t_c),
-        "expression": t.input_bytes / t.read_bandwidth + t_c,
+        "expression": again * (t.input_bytes / t.read_bandwidth + t_c),
     }
-    compute = {"store": t_c, "stats": t_c + r * q * t_c, "expression": r * t_c}
+    compute = {"store": t_c, "stats": t_c + r * q * t_c, "expression": r * again * t_c}
+    source = dict.fromkeys(STRATEGIES, "calibration")
+    if history is not None:
+        _from_history(t, q, history, write, read, source)
     s_expr = {s: t.expression_bytes + len(s) for s in STRATEGIES}  # the record names the strategy
     storage = {
         "store": t.derived_bytes + t.stats_bytes + t.checksum_bytes + s_expr["store"],
@@ -343,9 +365,57 @@ def combine(t: Terms, query_fraction: float = 1.0, readers: int = 1) -> dict[str
             total_s=write[s] + r * read[s],
             storage_bytes=storage[s],
             primary_write_s=primary,
+            source=source[s],
         )
         for s in STRATEGIES
     }
+
+
+def _from_history(
+    t: Terms,
+    q: float,
+    history: History,
+    write: dict[str, float],
+    read: dict[str, float],
+    source: dict[str, str],
+) -> None:
+    """Replace the terms of *write* and *read* that *history* has samples for (in place).
+
+    The series (:mod:`lamina.perf.history`) are timed by the derived layer
+    itself, so they hold what the equations leave out: gathering the inputs,
+    per-block overheads, page faults of fresh buffers, threads that do not
+    start on small blocks.  Each is a rate at the size of a block:
+    ``derive.<strategy>.<e>`` the computing at the end of a step,
+    ``compute.<e>`` the recomputing at a read (inputs read included),
+    ``write`` and ``read`` the engine's bytes.
+    """
+    n, nb, c, s_d = t.elements, max(1, t.blocks), t.components, t.derived_bytes
+    per_block = n / nb
+    again = 1 + q if c > 1 else 1.0
+    sig = t.signature
+
+    def term(series: str, x1: float, x2: float, fallback: float) -> tuple[float, bool]:
+        got = history.seconds(series, x1, x2) if x1 > 0 else None
+        return (fallback, False) if got is None else (got, True)
+
+    parts: dict[str, list[tuple[float, bool]]] = {
+        "store": [
+            term(f"derive.store.{sig}", n, per_block, t.compute_s + t.stats_s),
+            term("write", s_d, s_d / (c * nb), s_d / t.write_bandwidth),
+        ],
+        "stats": [term(f"derive.stats.{sig}", n, per_block, write["stats"])],
+    }
+    for s, lst in parts.items():
+        write[s] = sum(v for v, _ in lst)
+    reads = {
+        "store": term("read", q * s_d, s_d / (c * nb), read["store"]),
+        "stats": term(f"compute.{sig}", q * n, per_block, read["stats"]),
+        "expression": term(f"compute.{sig}", again * n, per_block, read["expression"]),
+    }
+    for s in STRATEGIES:
+        read[s] = reads[s][0]
+        used = [reads[s][1], *(h for _, h in parts.get(s, []))]
+        source[s] = "history" if all(used) else "history+calibration" if any(used) else source[s]
 
 
 def predict(
@@ -360,6 +430,7 @@ def predict(
     write_bandwidth: float | None = None,
     calibration: Calibration | None = None,
     name: str | None = None,
+    history: History | None = None,
 ) -> dict[str, Prediction]:
     """Predicted costs of keeping *expr* as ``store``, ``stats`` and ``expression``.
 
@@ -384,6 +455,11 @@ def predict(
     name
         Name of the derived quantity (its length counts in the storage);
         default ``"derived"``.
+    history
+        Measured history (:func:`lamina.perf.history.load_history`): each
+        time term it has samples for is predicted from the rates fitted to
+        them (``Prediction.source`` says which); default none, Eq. 1-2 at
+        the calibrated rates alone.
 
     Returns
     -------
@@ -409,7 +485,7 @@ def predict(
         calibration=calibration,
         name=name,
     )
-    return combine(t, q, r)
+    return combine(t, q, r, history)
 
 
 def best(predictions: Mapping[str, Prediction]) -> str:
@@ -436,6 +512,7 @@ def recommend(
     write_bandwidth: float | None = None,
     calibration: Calibration | None = None,
     name: str | None = None,
+    history: History | None = None,
 ) -> tuple[str, dict[str, Prediction]]:
     """The strategy of least total time and the predictions of all three (see :func:`predict`)."""
     p = predict(
@@ -449,5 +526,6 @@ def recommend(
         write_bandwidth=write_bandwidth,
         calibration=calibration,
         name=name,
+        history=history,
     )
     return best(p), p

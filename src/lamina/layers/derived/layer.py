@@ -44,6 +44,7 @@ is touched.
 from __future__ import annotations
 
 import json
+import time
 import warnings
 
 import numpy as np
@@ -56,6 +57,7 @@ from ...errors import (
     ExistsError,
     ExpressionError,
     FormatError,
+    LaminaWarning,
     ModeError,
     NotFoundError,
     ShapeError,
@@ -65,6 +67,7 @@ from ...errors import (
 from ...geometry import Box
 from ...layouts import read as layout_read
 from ...layouts.spec import Layout
+from ...perf.history import Recorder, load_history, signature
 from ...stats import crc
 from ..base import Layer
 from . import exchange as halo
@@ -103,6 +106,13 @@ class DerivedLayer(Layer):
         self.device = "cpu"
         self._bytes_read = 0
         self._paths: dict[str, str] = {}  # names as passed to put -> normalized paths
+        # the measured history of the cost model (lamina.perf.history): what this layer timed
+        self._timed = Recorder()
+        self._sigs: dict[str, str] = {}  # derived name -> signature of its expression
+        self._step_bytes = 0  # bytes put in this step (primary and stored derived data)
+        self._step_puts = 0
+        self._step_put_s = 0.0  # seconds inside the engine's put in this step
+        self._computed = 0  # elements evaluated when read (recomputed quantities)
 
     def configure(self, options: dict) -> None:
         self.device = options.get("device", "cpu")
@@ -274,7 +284,9 @@ class DerivedLayer(Layer):
                     if self.steps
                     else self.comm.size,
                 )
-                best, preds = recommend(d.text, d.shape, d.dtype, nblocks=nblocks, **hints)
+                best, preds = recommend(
+                    d.text, d.shape, d.dtype, nblocks=nblocks, history=load_history(), **hints
+                )
                 info = {
                     "requested": "auto",
                     "hints": hints,
@@ -329,7 +341,14 @@ class DerivedLayer(Layer):
             raise ModeError(
                 f"dataset {path!r} is derived ({d.text!r}, strategy {d.strategy!r}): lamina computes it; write its inputs"
             )
-        self.inner.put(name, box, array, copy)
+        if not self._defs:
+            self.inner.put(name, box, array, copy)
+        else:  # the engine writes at put or at end_step: both are the step's write
+            t0 = time.perf_counter()
+            self.inner.put(name, box, array, copy)
+            self._step_put_s += time.perf_counter() - t0
+            self._step_bytes += box.size * self.catalog.datasets[path].dtype.itemsize
+            self._step_puts += 1
         if path in self._watch:  # an input of a quantity computed at the end of the step
             spec = self.catalog.datasets[path]
             a = np.asarray(array)
@@ -355,8 +374,14 @@ class DerivedLayer(Layer):
                     self.discard_step()
                     mark_collective(e)
                     raise
+        nbytes, puts, put_s = self._step_bytes, self._step_puts, self._step_put_s
+        self._step_bytes = self._step_puts = 0
+        self._step_put_s = 0.0
         try:
+            t0 = time.perf_counter()
             self.inner.end_step()
+            if nbytes:
+                self._timed.add("write", nbytes, nbytes / puts, put_s + time.perf_counter() - t0)
         finally:
             self._held.clear()
 
@@ -383,6 +408,7 @@ class DerivedLayer(Layer):
     def _compute_step(self, todo: list[Definition]) -> None:
         """Collective: compute every quantity of *todo* over the anchor boxes each rank wrote."""
         for d in todo:
+            t0, put0 = time.perf_counter(), self._step_put_s
             mine = [b for b, _ in self._held.get(d.anchor, [])]
             regions = halo.regions(mine)
             inputs = sorted(d.inputs)
@@ -428,15 +454,29 @@ class DerivedLayer(Layer):
                                 if b == region
                                 else np.ascontiguousarray(full[b.relative_to(region)])
                             )
-                            if d.strategy == "store":
+                            if d.strategy == "store":  # its write: apart, in the step's
+                                t1 = time.perf_counter()
                                 self.inner.put(c, b, arr, copy=False)
+                                self._step_put_s += time.perf_counter() - t1
+                                self._step_bytes += arr.nbytes
+                                self._step_puts += 1
                             elif d.strategy == "stats":
                                 self.inner.put_stats(c, b, arr)
                             self._held.setdefault(c, []).append((b, arr))
             comm_mod.agree(self.comm, g.error)
+            if mine:
+                n = sum(b.size for b in mine)
+                self._timed.add(
+                    f"derive.{d.strategy}.{self._signature(d)}",
+                    n,
+                    n / len(mine),
+                    time.perf_counter() - t0 - (self._step_put_s - put0),
+                )
 
     def discard_step(self) -> None:
         self._held.clear()
+        self._step_bytes = self._step_puts = 0
+        self._step_put_s = 0.0
         self.inner.discard_step()
 
     def abandon(self) -> None:
@@ -447,7 +487,29 @@ class DerivedLayer(Layer):
         if self.mode != "r" and not self.inner.closed and self._plan():
             if comm_mod.agree(self.comm, None, flag=int(self.in_step)):
                 self.end_step()
+        rank = -1 if self.inner.closed else self.comm.rank  # close frees the communicator
         self.inner.close()
+        if rank == 0:
+            self._save_timings()
+
+    def _signature(self, d: Definition) -> str:
+        sig = self._sigs.get(d.name)
+        if sig is None:
+            sig = self._sigs[d.name] = signature(d.expr, d.dtype)
+        return sig
+
+    def _save_timings(self) -> None:
+        """Merge what this layer timed into the measured history of this host (rank 0 only)."""
+        if not self._timed:
+            return
+        try:
+            self._timed.save()
+        except OSError as e:
+            warnings.warn(
+                f"{self.path}: cannot keep the measured history of derived quantities: {e}",
+                LaminaWarning,
+                stacklevel=3,
+            )
 
     def refresh(self) -> int:
         n = self.inner.refresh()
@@ -479,19 +541,31 @@ class DerivedLayer(Layer):
         path = normpath(name)
         d = self._by_component.get(path)
         if d is None:
+            t0 = time.perf_counter()
             self.inner.get(path, box, step, out)  # validates box and step first
-            self._count(path, box, step)
+            self._count(path, box, step, time.perf_counter() - t0)
             return
         spec, step = self.inner.check_read(path, box, step, out)
         if d.strategy == "store" and spec.id >= 0:
             t = self.catalog.table(spec.id, step)
             if len(t) and not bool((t.codec == BlockCodec.STATS_ONLY).any()):
+                t0 = time.perf_counter()
                 self.inner.get(path, box, step, out)
-                self._count(path, box, step)
+                self._count(path, box, step, time.perf_counter() - t0)
                 return
-        self._recompute(d, d.components.index(path), box, step, out)
+        t0, n0 = time.perf_counter(), self._computed
+        per_block = self._recompute(d, d.components.index(path), box, step, out)
+        if per_block:  # elements computed, not those a vector's earlier evaluation gave
+            self._timed.add(
+                f"compute.{self._signature(d)}",
+                self._computed - n0,
+                per_block,
+                time.perf_counter() - t0,
+            )
 
-    def _count(self, path: str, box: Box, step) -> None:
+    def _count(self, path: str, box: Box, step, seconds: float = 0.0) -> None:
+        """Count the stored bytes a read of *box* took; with the *seconds* it took, a sample of
+        the measured history (files with derived quantities only)."""
         spec = self.catalog.datasets.get(path)
         if spec is None or spec.id < 0:
             return
@@ -510,10 +584,15 @@ class DerivedLayer(Layer):
         part = np.prod(hi - lo, axis=1, dtype=np.int64) * spec.dtype.itemsize
         raw = t.codec[idx] == BlockCodec.RAW
         self._bytes_read += int(np.where(raw, part, t.length[idx]).sum())
+        if seconds > 0 and self._defs:
+            nbytes = box.size * spec.dtype.itemsize
+            self._timed.add("read", nbytes, nbytes / len(idx), seconds)
 
-    def _recompute(self, d: Definition, k: int, box: Box, step: int, out: np.ndarray) -> None:
+    def _recompute(self, d: Definition, k: int, box: Box, step: int, out: np.ndarray) -> float:
+        """Component *k* of *d* over *box* into *out*; the mean elements per block of the
+        anchor it computed (0 if none)."""
         if box.empty:
-            return
+            return 0.0
         parts = []
         for c in self.coverage(d.anchor, step):
             inter = c.intersect(box)
@@ -529,11 +608,12 @@ class DerivedLayer(Layer):
             res = self._evaluate(d, box, step, out=[out] if direct else None)
             if not direct:
                 out[...] = res[k]
-            return
+            return box.size / len(parts)
         out[...] = d.fill(k)
         for region in parts:
             res = self._evaluate(d, region, step)
             out[region.relative_to(box)] = res[k]
+        return sum(p.size for p in parts) / len(parts) if parts else 0.0
 
     def _evaluate(
         self, d: Definition, region: Box, step: int, out: list[np.ndarray] | None = None
@@ -558,6 +638,7 @@ class DerivedLayer(Layer):
             device=self.device,
             out=out,
         )
+        self._computed += region.size
         if len(res) > 1:  # the other components of a vector are likely read next
             if len(self._cache) >= CACHE_VECTORS:
                 del self._cache[next(iter(self._cache))]

@@ -1,0 +1,342 @@
+"""Measured history: the one machinery both cost models fit their rates to.
+
+lamina times what it does while it runs (a background step's write, a
+transactional copy, the computing of a derived quantity at the end of a
+step, its recomputation at a read, the engine's write and read of a step)
+and keeps each as a *sample* of a named *series*: ``(x1, x2, seconds)``,
+where ``x1`` is the amount of work (bytes or elements) and ``x2`` the
+second variable the rate depends on: the number of ranks for background
+I/O, the size of a block for everything done block by block (per-block
+overheads, page faults of fresh blocks, threads that only start on large
+blocks all make the rate a function of the block size).
+
+:func:`fit_rate` fits ``rate = x1 / seconds`` to a series by least squares,
+linear in ``(x1, x2)`` and linear in ``(log x1, log x2)`` (a variable that
+varies less than :data:`SPREAD`-fold over the samples is left out); the fit
+with the larger ``r^2`` is used and its ``r^2`` reported; with fewer than
+:data:`MIN_FIT` samples the rate is their mean.  A prediction is
+``x1 / rate``, the rate kept above a quarter of the slowest rate measured
+(a line fitted to a few points may dip below anything seen).  A third
+form, ``per-block``, fits a cost per unit and a cost per block,
+``seconds / x1 = c0 + c1 / x2`` (both >= 0), to the same samples and
+competes on the same ``r^2`` of the rate: it is what block-by-block work
+costs, and unlike a line in ``x2`` it extrapolates to smaller blocks.
+
+The samples persist per machine (:func:`default_path`), like the
+calibration: a run starts from what earlier runs measured on this host, and
+what it measures is merged into the file when it ends
+(:func:`save_history`, which appends to what other runs saved meanwhile).
+The series in use:
+
+=========================  ==========================  ==========================
+series                     x1                          x2
+=========================  ==========================  ==========================
+``async.io``               bytes of a step, all ranks  ranks
+``async.copy``             bytes copied at put         1
+``derive.<strategy>.<e>``  elements computed at the    elements per block
+                           end of a step (store/stats)
+``compute.<e>``            elements recomputed at a    elements per block
+                           read (stats/expression)
+``write``                  bytes of a step (engine)    bytes per block
+``read``                   bytes read (engine)         bytes per block
+=========================  ==========================  ==========================
+
+``<e>`` is :func:`signature`: the expression with its inputs numbered, and
+the input dtype, so that ``magnitude(u, v, w)`` learns from
+``magnitude(vx, vy, vz)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..catalog.wire import load_json
+from ..errors import FormatError
+from .calibrate import cache_path, host, read_cache_file, write_cache_file
+
+#: bumped when what the history holds changes: older files are ignored
+HISTORY_VERSION = 2
+#: most samples kept per series (the newest)
+MAX_SAMPLES = 256
+#: most series kept
+MAX_SERIES = 256
+#: samples needed before a regression is fitted
+MIN_FIT = 3
+#: largest history file read
+MAX_FILE_BYTES = 4 << 20
+#: a prediction's rate is kept above this fraction of the slowest measured rate
+FLOOR = 0.25
+#: a variable enters a fit only if its largest sample is at least this times its smallest
+SPREAD = 1.5
+
+Sample = tuple[float, float, float]
+
+
+def default_path() -> str:
+    """``$LAMINA_HISTORY``, else ``$XDG_CACHE_HOME/lamina/history.json`` (default ``~/.cache``)."""
+    return cache_path("LAMINA_HISTORY", "history.json")
+
+
+@dataclass
+class Fit:
+    """A fitted rate: ``kind`` 'linear', 'linear-log', 'per-block', 'mean' or 'none'; ``r2``
+    of the fit (on the rate, whatever the form)."""
+
+    kind: str
+    coef: tuple[float, ...] = ()
+    r2: float = float("nan")
+    samples: int = 0
+    floor: float = 0.0  # FLOOR x the slowest rate measured
+
+    def rate(self, x1: float, x2: float, default: float = math.nan) -> float:
+        """The rate (x1 per second) at ``(x1, x2)``; *default* without samples."""
+        if self.kind == "per-block":  # seconds per x1 = c0 + c1 / x2
+            per = self.coef[0] + self.coef[1] / max(x2, 1.0)
+            return max(1.0 / per, self.floor) if per > 0 else self.floor
+        if self.kind == "linear":
+            x = (1.0, x1, x2)
+        elif self.kind == "linear-log":
+            x = (1.0, math.log(max(x1, 1.0)), math.log(max(x2, 1.0)))
+        elif self.kind == "mean":
+            return self.coef[0]
+        else:
+            return default
+        r = sum(c * v for c, v in zip(self.coef, x, strict=True))
+        return max(r, self.floor)
+
+    def seconds(self, x1: float, x2: float) -> float | None:
+        """Predicted seconds for *x1* at *x2*; None without samples."""
+        if self.kind == "none":
+            return None
+        return x1 / self.rate(x1, x2) if x1 > 0 else 0.0
+
+
+def fit_rate(samples: list[Sample]) -> Fit:
+    """The rate ``x1 / seconds`` as a function of ``(x1, x2)``: the best of the per-block,
+    linear and linear-log least-squares fits by ``r^2`` (module docstring)."""
+    if not samples:
+        return Fit("none")
+    a = np.asarray(samples, dtype=np.float64)
+    x1, x2, secs = a[:, 0], a[:, 1], a[:, 2]
+    rate = x1 / secs
+    floor = FLOOR * float(rate.min())
+    mean = float(rate.mean())
+    if len(samples) < MIN_FIT:
+        return Fit("mean", (mean,), float("nan"), len(samples), floor)
+    best = Fit("mean", (mean,), 0.0, len(samples), floor)
+    ss_tot = float(((rate - mean) ** 2).sum())
+    if ss_tot <= 0:
+        return dataclasses.replace(best, r2=1.0)
+    # a variable that hardly varies over the samples says nothing about the rate: fitted
+    # anyway it would tilt the plane at random and throw predictions elsewhere far off
+    keep = [float(x.max()) >= SPREAD * float(x.min()) for x in (x1, x2)]
+    if not any(keep):
+        return best
+    # first, so that it wins a tie: a cost per unit and one per block, secs / x1 = c0 + c1 / x2
+    if keep[1]:
+        design = np.column_stack([np.ones_like(x2), 1.0 / x2])
+        sol, *_ = np.linalg.lstsq(design, secs / x1, rcond=None)
+        if sol[0] > 0 and sol[1] >= 0:  # only costs that cannot be negative
+            per = design @ sol
+            r2 = 1.0 - float(((1.0 / per - rate) ** 2).sum()) / ss_tot
+            if r2 > best.r2 + 1e-12:
+                best = Fit("per-block", (float(sol[0]), float(sol[1])), r2, len(samples), floor)
+    for kind, u, v in (("linear", x1, x2), ("linear-log", np.log(x1), np.log(x2))):
+        cols = [c for c, k in zip((u, v), keep, strict=True) if k]
+        design = np.column_stack([np.ones_like(u), *cols])
+        sol, *_ = np.linalg.lstsq(design, rate, rcond=None)
+        r2 = 1.0 - float(((design @ sol - rate) ** 2).sum()) / ss_tot
+        if r2 > best.r2 + 1e-12:
+            it = iter(sol[1:])
+            coef = (float(sol[0]), *(float(next(it)) if k else 0.0 for k in keep))
+            best = Fit(kind, coef, r2, len(samples), floor)
+    return best
+
+
+@dataclass
+class History:
+    """Samples per series, those measured by this run (``added``) kept apart for saving."""
+
+    series: dict[str, list[Sample]] = field(default_factory=dict)
+    added: dict[str, list[Sample]] = field(default_factory=dict)
+    _fits: dict[str, Fit] = field(default_factory=dict, repr=False, compare=False)
+
+    def add(self, name: str, x1: float, x2: float, seconds: float) -> None:
+        """Record one measurement (ignored unless x1 > 0, x2 >= 1 and seconds > 0, finite)."""
+        s = (float(x1), float(x2), float(seconds))
+        if not _valid(s):
+            return
+        for d in (self.series, self.added):
+            lst = d.setdefault(name, [])
+            lst.append(s)
+            del lst[:-MAX_SAMPLES]
+        self._fits.pop(name, None)
+
+    def samples(self, name: str) -> list[Sample]:
+        return self.series.get(name, [])
+
+    def fit(self, name: str) -> Fit:
+        f = self._fits.get(name)
+        if f is None:
+            f = self._fits[name] = fit_rate(self.samples(name))
+        return f
+
+    def seconds(self, name: str, x1: float, x2: float) -> float | None:
+        """Predicted seconds of *x1* at *x2* from series *name*; None if it has no samples."""
+        return self.fit(name).seconds(x1, x2)
+
+    def merged(self, *others: History) -> History:
+        """A new history with the samples of this one and *others* (none of them 'added')."""
+        out = History()
+        for h in (self, *others):
+            for name, lst in h.series.items():
+                out.series.setdefault(name, []).extend(lst)
+        for lst in out.series.values():
+            del lst[:-MAX_SAMPLES]
+        return out
+
+    # -- persistence ------------------------------------------------------------------
+    def to_json(self) -> str:
+        names = sorted(self.series)[-MAX_SERIES:]
+        doc = {
+            "version": HISTORY_VERSION,
+            "host": host(),
+            "series": {n: [list(s) for s in self.series[n][-MAX_SAMPLES:]] for n in names},
+        }
+        return json.dumps(doc)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> History:
+        """The history in *text*; FormatError unless it is one of this version, from this host."""
+        doc = load_json(text, "history", limit=MAX_FILE_BYTES, constants=False)
+        if not isinstance(doc, dict) or doc.get("version") != HISTORY_VERSION:
+            raise FormatError("history: not a history of this version")
+        if doc.get("host") != host():
+            raise FormatError("history: measured on another host")
+        series = doc.get("series")
+        if not isinstance(series, dict) or len(series) > MAX_SERIES:
+            raise FormatError(f"history: 'series' must be a mapping of at most {MAX_SERIES}")
+        out = cls()
+        for name, lst in series.items():
+            if not isinstance(lst, list):
+                raise FormatError(f"history: series {name!r} is not a list")
+            for s in lst[-MAX_SAMPLES:]:
+                if (
+                    not isinstance(s, list)
+                    or len(s) != 3
+                    or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in s)
+                    or not _valid(s)
+                ):
+                    raise FormatError(f"history: series {name!r}: bad sample {s!r}")
+                out.series.setdefault(name, []).append((float(s[0]), float(s[1]), float(s[2])))
+        return out
+
+
+def _valid(s) -> bool:
+    x1, x2, t = s
+    return all(math.isfinite(v) for v in s) and x1 > 0 and x2 >= 1 and t > 0
+
+
+def load_history(path: str | None = None) -> History:
+    """The history at *path* (default :func:`default_path`); an empty one if it is missing or
+    not usable (another version, another host, not a history)."""
+    try:
+        return History.from_json(read_cache_file(path or default_path(), "history", MAX_FILE_BYTES))
+    except (OSError, ValueError):  # FormatError is an OSError
+        return History()
+
+
+def save_history(h: History, path: str | None = None) -> None:
+    """Merge the samples *h* measured (``h.added``) into the file at *path* (default
+    :func:`default_path`), atomically; OSError if it cannot be written.
+
+    The file is read again first, so that what other runs saved since *h*
+    was loaded is kept; the samples saved are then no longer 'added'.
+    """
+    if not any(h.added.values()):
+        return
+    p = path or default_path()
+    on_disk = load_history(p)
+    for name, lst in h.added.items():
+        dst = on_disk.series.setdefault(name, [])
+        dst.extend(lst)
+        del dst[:-MAX_SAMPLES]
+    write_cache_file(p, on_disk.to_json())
+    h.added = {}
+
+
+class Recorder:
+    """What a running program timed, summed per series and block size until it is saved.
+
+    A query reads many blocks, a run writes many steps: one sample per
+    series and block size (``x2`` to two significant digits) per file keeps
+    the history short and each sample long enough to time well.
+    """
+
+    def __init__(self) -> None:
+        self._acc: dict[tuple[str, float], list[float]] = {}
+
+    def add(self, series: str, x1: float, x2: float, seconds: float) -> None:
+        if x1 > 0 and x2 > 0 and seconds > 0:
+            a = self._acc.setdefault((series, float(f"{x2:.2g}")), [0.0, 0.0])
+            a[0] += x1
+            a[1] += seconds
+
+    def __bool__(self) -> bool:
+        return bool(self._acc)
+
+    def history(self) -> History:
+        """The sums as samples of a new history (all 'added')."""
+        h = History()
+        for (series, x2), (x1, secs) in sorted(self._acc.items()):
+            h.add(series, x1, max(x2, 1.0), secs)
+        return h
+
+    def save(self, path: str | None = None) -> None:
+        """Merge the sums into the history file (:func:`save_history`) and start again."""
+        h = self.history()
+        self._acc.clear()
+        save_history(h, path)
+
+
+def signature(expr: Any, dtype: Any) -> str:
+    """The key of a derived expression in the history: its text with the inputs named
+    ``$0, $1, ...`` in sorted order of their paths, and the input dtype."""
+    from ..derived import Expr, parse
+    from ..derived.nodes import Ref
+
+    tree = parse(expr) if isinstance(expr, str) else expr
+    order = {p: i for i, p in enumerate(sorted(tree.inputs))}
+
+    def rename(node: Any) -> Any:
+        if isinstance(node, Ref):
+            return dataclasses.replace(node, path=f"${order[node.path]}")
+        changes = {}
+        for f in dataclasses.fields(node):
+            v = getattr(node, f.name)
+            if isinstance(v, Expr):
+                changes[f.name] = rename(v)
+            elif isinstance(v, tuple) and v and all(isinstance(c, Expr) for c in v):
+                changes[f.name] = tuple(rename(c) for c in v)
+        return dataclasses.replace(node, **changes) if changes else node
+
+    return f"{rename(tree)}|{np.dtype(dtype).str}"
+
+
+__all__ = [
+    "Fit",
+    "History",
+    "MIN_FIT",
+    "Recorder",
+    "default_path",
+    "fit_rate",
+    "load_history",
+    "save_history",
+    "signature",
+]
