@@ -59,7 +59,7 @@ def test_bench_strategies_json(tmp_path, calfile, capsys):
             "--size",
             "2MiB",
             "--blocks",
-            "8",
+            "8,4",
             "--repeat",
             "1",
             "--fractions",
@@ -86,18 +86,39 @@ def test_bench_strategies_json(tmp_path, calfile, capsys):
         "pred/meas",
     ):
         assert s in text, f"{s!r} missing from the report:\n{text}"
-    assert [m["kernel"] for m in doc["kernels"]] == ["magnitude", "curl"]
-    n = math.prod(doc["shape"])
-    inputs = 3 * n * 8
+    assert "history: pred/meas" in text and "model on history within" in text
+    assert [(m["kernel"], m["blocks"]) for m in doc["kernels"]] == [
+        ("magnitude", 8),
+        ("curl", 8),
+        ("magnitude", 4),
+        ("curl", 4),
+    ]
+    assert doc["history_source"].startswith("what the derived layer timed in this run")
+    before = os.environ["LAMINA_HISTORY"]
+    assert not os.path.exists(before)  # the runs' history went elsewhere, and was removed
+    for m in doc["kernels"][:2]:  # 8 blocks: predicted from what was timed at 4, and back
+        for s in ("store", "stats"):
+            assert m["write"][s]["source_history"] == "history"
+            assert m["write"][s]["predicted_history"] > 0
+        for q in m["queries"]:
+            for s in strategies.STRATEGIES:
+                r = q["read"][s]
+                assert r["source_history"] == "history" and r["total_predicted_history"] > 0
+                assert r["ratio_history"] == pytest.approx(
+                    r["total_predicted_history"] / r["total_measured"]
+                )
     for m in doc["kernels"]:
+        n = math.prod(m["shape"])
+        inputs = 3 * n * 8
+        blocks = m["blocks"]
         c = 3 if m["kernel"] == "curl" else 1
         # storage: the derived data for store, next to nothing for the others
         assert m["write"]["store"]["storage_measured"] >= c * n * 8
         assert m["write"]["expression"]["storage_measured"] < 4096
         assert m["storage_check"]["met"]
-        assert [q["candidates"] for q in m["queries"]] == [1, 8]
+        assert [q["candidates"] for q in m["queries"]] == [1, blocks]
         for q in m["queries"]:
-            assert q["achieved"] == pytest.approx(q["candidates"] / 8)
+            assert q["achieved"] == pytest.approx(q["candidates"] / blocks)
             r = q["read"]
             assert r["store"]["bytes_read"] == pytest.approx(q["achieved"] * c * n * 8)
             assert r["stats"]["bytes_read"] >= q["achieved"] * inputs
@@ -115,4 +136,6 @@ def test_bench_strategies_bad_options(capsys):
     assert lamina.bench.main(["strategies", "--kernels", "nope"]) == 2
     assert lamina.bench.main(["strategies", "--fractions", "0"]) == 2
     assert lamina.bench.main(["strategies", "--blocks", "0"]) == 2
+    assert lamina.bench.main(["strategies", "--blocks", "8,8"]) == 2
+    assert lamina.bench.main(["strategies", "--blocks", "8,x"]) == 2
     assert "strategies" in lamina.bench.BENCHMARKS

@@ -366,8 +366,9 @@ def verdict_within(pred: float, meas: float, tol: float) -> tuple[float | None, 
     return ratio, abs(ratio - 1.0) <= tol
 
 
-def evaluate_case(m: dict, shape, blocks: int, readers: int, cal) -> dict:
-    """Predictions, ratios and verdicts of one kernel's measurements (added to *m*)."""
+def evaluate_case(m: dict, shape, blocks: int, readers: int, cal, history=None) -> dict:
+    """Predictions, ratios and verdicts of one kernel's measurements (added to *m*): the model
+    at the calibrated rates, and the model on the measured *history* (none: not shown)."""
     from ..perf import predict, terms
 
     n = math.prod(shape)
@@ -387,6 +388,7 @@ def evaluate_case(m: dict, shape, blocks: int, readers: int, cal) -> dict:
         calibration=cal,
         name=name,
     )
+    h1 = _with_history(m, shape, blocks, 1.0, 0, cal, history)
     for s in STRATEGIES:
         measured = best[s] - base
         paired = common.summarize(
@@ -402,6 +404,8 @@ def evaluate_case(m: dict, shape, blocks: int, readers: int, cal) -> dict:
             "measured": measured,
             "paired_median": paired,
             "predicted": p1[s].write_s,
+            "predicted_history": h1[s].write_s if h1 else None,
+            "source_history": h1[s].source if h1 else None,
             "storage_measured": storage,
             "storage_predicted": p1[s].storage_bytes,
             "file_bytes": m["sizes"][s],
@@ -424,6 +428,7 @@ def evaluate_case(m: dict, shape, blocks: int, readers: int, cal) -> dict:
             calibration=cal,
             name=name,
         )
+        ph = _with_history(m, shape, blocks, qd["achieved"], readers, cal, history)
         model_bytes = {
             "store": qd["achieved"] * t.derived_bytes,
             "stats": qd["achieved"] * t.input_bytes,
@@ -434,6 +439,17 @@ def evaluate_case(m: dict, shape, blocks: int, readers: int, cal) -> dict:
             read = r["min"]
             total = m["write"][s]["measured"] + readers * read
             ratio, ok = verdict_within(p[s].total_s, total, TOTAL_TOLERANCE)
+            if ph:
+                hratio, hok = verdict_within(ph[s].total_s, total, TOTAL_TOLERANCE)
+                r.update(
+                    {
+                        "predicted_history": ph[s].read_s,
+                        "total_predicted_history": ph[s].total_s,
+                        "ratio_history": hratio,
+                        "met_history": hok,
+                        "source_history": ph[s].source,
+                    }
+                )
             r.update(
                 {
                     "measured": read,
@@ -467,9 +483,36 @@ def evaluate_case(m: dict, shape, blocks: int, readers: int, cal) -> dict:
     return m
 
 
+def _with_history(m: dict, shape, blocks: int, q: float, readers: int, cal, history):
+    """The model's predictions on *history* (None without one)."""
+    from ..perf import predict
+
+    if history is None:
+        return None
+    return predict(
+        m["expression"],
+        shape,
+        "f8",
+        nblocks=blocks,
+        query_fraction=q,
+        readers=readers,
+        calibration=cal,
+        name=m["derived"],
+        history=history,
+    )
+
+
 # ------------------------------------------------------------ reporting
 def _r(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
+
+
+def _hist_cell(pred: float | None, meas: float, source: str | None) -> str:
+    """pred/meas of the model on history, '-' where its terms all came from the calibration."""
+    if pred is None or source in (None, "calibration"):
+        return "-"
+    mark = "" if source == "history" else " (part)"
+    return (_r(pred / meas) if meas > 0 else "-") + mark
 
 
 def _ok(flag: bool) -> str:
@@ -500,7 +543,8 @@ def report(doc: dict) -> str:
     out = [
         "$ " + doc["command"],
         f"lamina bench strategies: 3 float64 fields vx, vy, vz of shape {shape} "
-        f"({fmt_bytes(doc['input_bytes'])} in all), {o['blocks']} blocks each (slabs along axis 0); "
+        f"({fmt_bytes(doc['input_bytes'])} in all), {', '.join(map(str, o['blocks']))} blocks each "
+        "(slabs along axis 0); "
         "1 process (one rank): the derived layer computes store and stats at the end of the step; "
         "page cache (durable=False, sync before every write)",
         f"calibration {doc['calibration_source']}: kernels {cal['kernel_bandwidth'] / 1e9:.3g} GB/s, "
@@ -514,11 +558,16 @@ def report(doc: dict) -> str:
         f"pred/meas within {TOTAL_TOLERANCE:.0%} = met; fresh memory = minor page faults "
         "(first touches of new memory) in the fastest run, write: minus the baseline's",
         f"load average before/after: {doc['load'][0]:.2f} / {doc['load'][1]:.2f} on {os.cpu_count()} CPUs",
+        f"history: the model on measured history (lamina.perf.history) predicts from "
+        f"{doc.get('history_source', 'none')}; '-' where it has no samples for a term",
         "",
     ]
     targets = []
     for m in doc["kernels"]:
-        out.append(f"#### {m['kernel']}: {m['derived']} = {m['expression']}")
+        out.append(
+            f"#### {m['kernel']}, {m['blocks']} blocks of shape {tuple(m['shape'])}: "
+            f"{m['derived']} = {m['expression']}"
+        )
         out.append("")
         b = m["baseline"]
         out.append(
@@ -535,6 +584,7 @@ def report(doc: dict) -> str:
                 if w["storage_measured"] > 0
                 else None
             )
+            hp = w.get("predicted_history")
             body.append(
                 [
                     s,
@@ -542,6 +592,7 @@ def report(doc: dict) -> str:
                     fmt_duration(w["paired_median"]),
                     fmt_duration(w["predicted"]),
                     _r(ratio),
+                    _hist_cell(hp, w["measured"], w.get("source_history")),
                     f"{w['storage_measured']:,}",
                     f"{w['storage_predicted']:,}",
                     _r(sratio),
@@ -557,6 +608,7 @@ def report(doc: dict) -> str:
                     "(paired median)",
                     "model",
                     "pred/meas",
+                    "history: pred/meas",
                     "storage B",
                     "model B",
                     "pred/meas",
@@ -564,7 +616,7 @@ def report(doc: dict) -> str:
                     "fresh memory",
                 ],
                 body,
-                "lrrrrrrrrr",
+                "lrrrrrrrrrr",
             )
         )
         sc = m["storage_check"]
@@ -600,16 +652,32 @@ def report(doc: dict) -> str:
                         fmt_duration(r["total_predicted"]),
                         _r(r["ratio"]),
                         _ok(r["met"]),
+                        _hist_cell(
+                            r.get("total_predicted_history"),
+                            r["total_measured"],
+                            r.get("source_history"),
+                        ),
+                        _ok(r["met_history"]) if "met_history" in r else "-",
                     ]
                 )
+                at = f"{m['blocks']} blocks, {s} total at {qd['fraction']:.0%}"
                 targets.append(
                     [
                         m["kernel"],
-                        f"{s} total at {qd['fraction']:.0%}: model within {TOTAL_TOLERANCE:.0%}",
+                        f"{at}: model within {TOTAL_TOLERANCE:.0%}",
                         _r(r["ratio"]),
                         _ok(r["met"]),
                     ]
                 )
+                if "met_history" in r:
+                    targets.append(
+                        [
+                            m["kernel"],
+                            f"{at}: model on history within {TOTAL_TOLERANCE:.0%}",
+                            _r(r["ratio_history"]),
+                            _ok(r["met_history"]),
+                        ]
+                    )
         out.append(
             table(
                 [
@@ -625,9 +693,11 @@ def report(doc: dict) -> str:
                     "model total",
                     "pred/meas",
                     "verdict",
+                    "history: pred/meas",
+                    "verdict",
                 ],
                 body,
-                "lrlrrrrrrrrl",
+                "lrlrrrrrrrrlrl",
             )
         )
         out.append(f"S3D case: vx where {first} < x (select=['vx'], exact answer)")
@@ -702,7 +772,12 @@ def parser(prog: str = "lamina bench strategies") -> argparse.ArgumentParser:
         default="256MiB",
         help="primary data in all, three float64 fields (default 256MiB)",
     )
-    p.add_argument("--blocks", type=int, default=64, help="blocks per dataset (default 64)")
+    p.add_argument(
+        "--blocks",
+        default="64",
+        help="blocks per dataset, comma-separated (default 64); with several, the model on "
+        "measured history predicts each count from what was timed at the others",
+    )
     p.add_argument(
         "--fractions",
         default=DEFAULT_FRACTIONS,
@@ -752,9 +827,26 @@ def _fractions(text: str) -> list[float]:
     return [v / 100 for v in vals]
 
 
+def _histories(base: str, blocks: list[int], before):
+    """Per block count, the measured history its predictions may use (module docstring):
+    with several block counts, what the runs at the *other* counts measured (leave one out);
+    with one, *before*, the history of this host as it was before the run."""
+    from ..perf.history import History, load_history
+
+    if len(blocks) == 1:
+        return {blocks[0]: before}, "this host's history before the run"
+    runs = {b: load_history(_history_file(base, b)) for b in blocks}
+    out = {b: History().merged(*(runs[o] for o in blocks if o != b)) for b in blocks}
+    return out, "what the derived layer timed in this run at the other block counts"
+
+
+def _history_file(base: str, b: int) -> str:
+    return os.path.join(base, f"history-{b}.json")
+
+
 def run(
     size: int,
-    blocks: int,
+    blocks: int | list[int],
     fractions: list[float],
     readers: int,
     repeat: int,
@@ -765,30 +857,48 @@ def run(
     command: str = "lamina bench strategies",
     progress: Callable[[str], None] | None = None,
 ) -> dict:
-    """Measure every kernel and strategy; the JSON document of the run."""
+    """Measure every kernel and strategy at every block count; the JSON document of the run."""
+    from ..perf.history import load_history
+
     say = progress or (lambda _msg: None)
-    shape = grid(size, blocks)
+    counts = [blocks] if isinstance(blocks, int) else list(blocks)
     load0 = os.getloadavg()[0]
     measure = calibration in ("run", "quick")
     quick = calibration == "quick"
     cals = [calibrate_now(quick, say)] if measure else []
     if not measure:  # read now: a bad file fails before the measurements
         cal, how = fixed_calibration(calibration)
+    before = load_history()
     made = directory is None
     base = tempfile.mkdtemp(prefix="lamina-bench-strategies-") if made else directory
     os.makedirs(base, exist_ok=True)
     results = []
+    saved = os.environ.get("LAMINA_HISTORY")
     try:
-        for k in kernels:
-            m = measure_case(CASES[k], shape, blocks, fractions, repeat, base, say)
-            m["blocks"] = blocks
-            results.append(m)
-            if not keep:
-                for p in m["paths"].values():
-                    common.remove(p)
-            if measure:  # again after every kernel: a burst of load during one does not decide
-                cals.append(calibrate_now(quick, say))
+        for b in counts:
+            shape = grid(size, b)
+            # what the derived layer times in these runs goes to a history of their own
+            os.environ["LAMINA_HISTORY"] = _history_file(base, b)
+            common.remove(_history_file(base, b))
+            for k in kernels:
+                m = measure_case(CASES[k], shape, b, fractions, repeat, base, say)
+                m["blocks"] = b
+                m["shape"] = list(shape)
+                results.append(m)
+                if not keep:
+                    for p in m["paths"].values():
+                        common.remove(p)
+                if measure:  # again after every kernel: a burst of load during one does not decide
+                    cals.append(calibrate_now(quick, say))
+        histories, history_source = _histories(base, counts, before)
     finally:
+        if saved is None:
+            os.environ.pop("LAMINA_HISTORY", None)
+        else:
+            os.environ["LAMINA_HISTORY"] = saved
+        if not keep:
+            for b in counts:
+                common.remove(_history_file(base, b))
         if made and not keep:
             shutil.rmtree(base, ignore_errors=True)
     if measure:
@@ -798,34 +908,37 @@ def run(
             f"lamina.perf.calibrate({'quick=True' if quick else ''})), the best of each rate"
         )
     for m in results:
-        evaluate_case(m, shape, blocks, readers, cal)
+        evaluate_case(m, tuple(m["shape"]), m["blocks"], readers, cal, histories[m["blocks"]])
+    reads = [r for m in results for q in m["queries"] for r in q["read"].values()]
     return {
         "benchmark": "strategies",
         "command": command,
         "options": {
             "size": size,
-            "blocks": blocks,
+            "blocks": counts,
             "fractions": fractions,
             "readers": readers,
             "repeat": repeat,
             "kernels": kernels,
             "calibration": calibration,
         },
-        "shape": list(shape),
-        "input_bytes": len(INPUTS) * math.prod(shape) * common.ITEM,
+        "shape": results[0]["shape"] if results else list(grid(size, counts[0])),
+        "input_bytes": len(INPUTS) * math.prod(grid(size, counts[0])) * common.ITEM,
         "machine": common.machine(),
         "load": [load0, os.getloadavg()[0]],
         "calibration_source": how,
         "calibration": json.loads(cal.to_json()),
         "calibrations": [json.loads(c.to_json()) for c in cals],
+        "history_source": history_source,
         "kernels": results,
-        "all_met": all(r["met"] for m in results for q in m["queries"] for r in q["read"].values())
+        "all_met": all(r["met"] for r in reads)
         and all(
             q["s3d_check"]["stats_met"] and q["s3d_check"]["expression_met"]
             for m in results
             for q in m["queries"]
         )
         and all(m["storage_check"]["met"] for m in results),
+        "all_met_history": bool(reads) and all(r.get("met_history", False) for r in reads),
     }
 
 
@@ -837,8 +950,12 @@ def main(argv: list[str]) -> int:
         fractions = _fractions(ns.fractions)
     except ValueError as e:
         p.error(str(e))
-    if ns.blocks < 1:
-        p.error("--blocks must be at least 1")
+    try:
+        blocks = [int(t) for t in ns.blocks.split(",") if t.strip()]
+    except ValueError:
+        p.error(f"--blocks: expected comma-separated integers, got {ns.blocks!r}")
+    if not blocks or min(blocks) < 1 or len(set(blocks)) != len(blocks):
+        p.error(f"--blocks: distinct integers of at least 1, got {ns.blocks!r}")
     if ns.repeat < 1:
         p.error("--repeat must be at least 1")
     if ns.readers < 0:
@@ -851,7 +968,7 @@ def main(argv: list[str]) -> int:
     try:
         doc = run(
             size,
-            ns.blocks,
+            blocks,
             fractions,
             ns.readers,
             ns.repeat,
