@@ -554,3 +554,35 @@ def test_history_rate_follows_the_block_size():
     large = predict(MAG, SHAPE, nblocks=10, calibration=CAL, history=h)["stats"].read_s
     assert small == pytest.approx(1e6 / 1e7, rel=0.05)
     assert large == pytest.approx(1e6 / 1e8, rel=0.05)
+
+
+def test_cli_predicts_from_the_measured_history(calfile, tmp_path, capsys, monkeypatch):
+    from lamina.perf.history import save_history, signature
+
+    sig = signature(MAG, "f8")
+    h = _hist({f"compute.{sig}": 1e6, f"derive.stats.{sig}": 1e9})
+    path = tmp_path / "h.json"
+    save_history(h, str(path))
+    args = ["--expr", MAG, "--shape", "100,100,100", "--blocks", "8", "--calibration", calfile]
+    # the machine's history by default (here the test's own, empty): the calibration alone
+    assert model("derived", *args, "--json") == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {p["source"] for p in doc["predictions"].values()} == {"calibration"}
+    monkeypatch.setenv("LAMINA_HISTORY", str(path))
+    assert model("derived", *args, "--json") == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["history"] == str(path)
+    assert doc["predictions"]["expression"]["source"] == "history"
+    assert doc["predictions"]["expression"]["read_s"] == approx(1e6 / 1e6)
+    assert doc["predictions"]["stats"]["write_s"] == approx(1e6 / 1e9)
+    assert model("derived", *args, "--history", "none", "--json") == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {p["source"] for p in doc["predictions"].values()} == {"calibration"}
+    assert model("derived", *args) == 0
+    out = capsys.readouterr().out
+    assert "times from" in out and f"measured history: {path}" in out
+    # a file that is not a history of this host is refused by name
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert model("derived", *args, "--history", str(bad)) == 2
+    assert "--history" in capsys.readouterr().err

@@ -102,6 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="use this calibration file as is (default: the cached one, measured if missing)",
     )
+    p.add_argument(
+        "--history",
+        default=None,
+        metavar="FILE|none",
+        help="measured history the times come from where it has samples (default: this "
+        "machine's, as strategy='auto' uses; 'none': the calibration alone)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     return p
 
@@ -170,7 +177,19 @@ def run_derived(argv: list[str]) -> int:
         )
     except ExpressionError as e:
         raise UsageError(_expression_message(e)) from None
-    preds = combine(t, q, readers)
+    from .history import default_path as history_default
+    from .history import load_history
+
+    if ns.history == "none":
+        hist, hist_source = None, "none"
+    else:
+        hist_source = ns.history or history_default()
+        hist = load_history(hist_source)
+        if ns.history is not None and not hist.series:
+            raise UsageError(
+                f"--history {ns.history}: no samples of this host in it (not a measured history, another host or version, or empty)"
+            )
+    preds = combine(t, q, readers, hist)
     choice = best(preds)
     if ns.json:
         doc = {
@@ -186,10 +205,13 @@ def run_derived(argv: list[str]) -> int:
             "predictions": {s: preds[s].as_dict() for s in STRATEGIES},
             "recommendation": choice,
             "calibration": {"path": source, **json.loads(cal.to_json())},
+            "history": hist_source,
         }
         print(json.dumps(doc, indent=1))
         return 0
     print(report(ns.expr, shape, ns.dtype, nblocks, q, readers, t, preds, choice, source, cal))
+    used = sorted({p.source for p in preds.values()})
+    print(f"measured history: {hist_source} (times from: {', '.join(used)})")
     return 0
 
 
@@ -218,13 +240,14 @@ def report(expr, shape, dtype, nblocks, q, readers, t, preds, choice, source, ca
                 fmt_duration(p.read_s),
                 fmt_duration(p.total_s),
                 fmt_bytes(p.storage_bytes),
+                p.source,
             ]
         )
     lines.append(
         table(
-            ["strategy", "compute", "write", "read (each)", "total", "storage"],
+            ["strategy", "compute", "write", "read (each)", "total", "storage", "times from"],
             body,
-            "lrrrrr",
+            "lrrrrrl",
         )
     )
     others = sorted((s for s in STRATEGIES if s != choice), key=lambda s: preds[s].total_s)
