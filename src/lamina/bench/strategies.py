@@ -44,6 +44,15 @@ Totals are ``write + R x read`` (``--readers``).  The predictions come from
 and after each, keeping the best of each rate as the times keep the best run
 (``--calibration quick``, ``cached`` or a file to choose otherwise).
 
+Two models predict side by side: Eq. 1-2 at the calibrated rates, and the
+model on measured history (:mod:`lamina.perf.history`), whose samples the
+derived layer records while the runs above write and query.  ``--blocks``
+takes several counts (``16,64,256``): each count is measured with a history
+of its own, and predicted from the histories of the *other* counts (leave
+one out), so that the history model is judged on block sizes it has not
+seen; with one count it predicts from this host's history as it was before
+the run.
+
 Targets: predicted totals within 25 % of measured; in the S3D case, Stats
 reads the same bytes as Store (within 5 %) and Expression reads all the
 inputs; the Stats file within 1 % of the Expression file in size.
