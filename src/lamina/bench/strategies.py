@@ -378,7 +378,8 @@ def verdict_within(pred: float, meas: float, tol: float) -> tuple[float | None, 
 def evaluate_case(m: dict, shape, blocks: int, readers: int, cal, history=None) -> dict:
     """Predictions, ratios and verdicts of one kernel's measurements (added to *m*): the model
     at the calibrated rates, and the model on the measured *history* (none: not shown)."""
-    from ..perf import predict, terms
+    from ..perf import terms
+    from ..perf.model import combine
 
     n = math.prod(shape)
     name = m["derived"]
@@ -387,17 +388,9 @@ def evaluate_case(m: dict, shape, blocks: int, readers: int, cal, history=None) 
     base = best["baseline"]
     m["terms"] = t.as_dict()
     m["write"] = {}
-    p1 = predict(
-        m["expression"],
-        shape,
-        "f8",
-        nblocks=blocks,
-        query_fraction=1.0,
-        readers=0,
-        calibration=cal,
-        name=name,
-    )
-    h1 = _with_history(m, shape, blocks, 1.0, 0, cal, history)
+    # the terms once; each fraction and each model combines them (lamina.perf.predict does both)
+    p1 = combine(t, 1.0, 0)
+    h1 = combine(t, 1.0, 0, history) if history is not None else None
     for s in STRATEGIES:
         measured = best[s] - base
         paired = common.summarize(
@@ -427,17 +420,8 @@ def evaluate_case(m: dict, shape, blocks: int, readers: int, cal, history=None) 
     }
     input_bytes = len(INPUTS) * n * common.ITEM
     for qd in m["queries"]:
-        p = predict(
-            m["expression"],
-            shape,
-            "f8",
-            nblocks=blocks,
-            query_fraction=qd["achieved"],
-            readers=readers,
-            calibration=cal,
-            name=name,
-        )
-        ph = _with_history(m, shape, blocks, qd["achieved"], readers, cal, history)
+        p = combine(t, qd["achieved"], readers)
+        ph = combine(t, qd["achieved"], readers, history) if history is not None else None
         model_bytes = {
             "store": qd["achieved"] * t.derived_bytes,
             "stats": qd["achieved"] * t.input_bytes,
@@ -490,25 +474,6 @@ def evaluate_case(m: dict, shape, blocks: int, readers: int, cal, history=None) 
         "met": abs(st - ex) <= STORAGE_TOLERANCE * ex,
     }
     return m
-
-
-def _with_history(m: dict, shape, blocks: int, q: float, readers: int, cal, history):
-    """The model's predictions on *history* (None without one)."""
-    from ..perf import predict
-
-    if history is None:
-        return None
-    return predict(
-        m["expression"],
-        shape,
-        "f8",
-        nblocks=blocks,
-        query_fraction=q,
-        readers=readers,
-        calibration=cal,
-        name=m["derived"],
-        history=history,
-    )
 
 
 # ------------------------------------------------------------ reporting
