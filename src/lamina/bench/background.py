@@ -730,10 +730,7 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="lamina durable=True and ADIOS2's files fsynced (default: page cache, nobody fsyncs)",
     )
-    p.add_argument("--dir", default=None, help="directory for the files (default: under $TMPDIR)")
-    p.add_argument("--json", action="store_true", help="JSON on stdout, the table on stderr")
-    p.add_argument("--seed", type=int, default=12345, help=argparse.SUPPRESS)
-    p.add_argument("--timeout", type=float, default=None, help="seconds per MPI job")
+    common.add_job_arguments(p)
     return p
 
 

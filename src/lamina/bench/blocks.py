@@ -701,10 +701,7 @@ def parser(prog: str = "lamina bench blocks") -> argparse.ArgumentParser:
         default=",".join(FAMILIES),
         help=f"method families (default {','.join(FAMILIES)}; lamina always runs)",
     )
-    p.add_argument("--dir", default=None, help="directory for the files (default: under $TMPDIR)")
-    p.add_argument("--json", action="store_true", help="JSON on stdout, the table on stderr")
-    p.add_argument("--seed", type=int, default=12345, help=argparse.SUPPRESS)
-    p.add_argument("--timeout", type=float, default=None, help="seconds per MPI job")
+    common.add_job_arguments(p)
     return p
 
 

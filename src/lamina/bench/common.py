@@ -250,6 +250,15 @@ class CommonOptions:
 FAMILIES = ("numpy", "h5py", "adios2", "lamina")
 
 
+def add_job_arguments(p) -> None:
+    """The options of a benchmark that runs one MPI job per rank count: files, output, seed
+    and time limit (``lamina bench async``, ``lamina bench blocks``)."""
+    p.add_argument("--dir", default=None, help="directory for the files (default: under $TMPDIR)")
+    p.add_argument("--json", action="store_true", help="JSON on stdout, the table on stderr")
+    p.add_argument("--seed", type=int, default=12345, help=argparse.SUPPRESS)
+    p.add_argument("--timeout", type=float, default=None, help="seconds per MPI job")
+
+
 def add_common_arguments(p) -> None:
     p.add_argument(
         "--size",
