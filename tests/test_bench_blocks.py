@@ -70,14 +70,23 @@ def test_bench_blocks_smoke_json(tmp_path):
     assert sorted(e["phase"] for e in entries) == sorted(blocks.PHASES)
     for e in entries:
         assert (e["edge"], e["blocks"], e["bytes_per_step"]) == (4, 64, 64 * 4**3 * 8)
-        assert set(e["per_block"]) == set(blocks.FAMILIES)
+        want = set(blocks.FAMILIES) - ({blocks.BATCH} if e["phase"] != "write" else set())
+        assert set(e["per_block"]) == want  # write_blocks: in the write phase only
         assert all(0 < v < 10 for v in e["per_block"].values()), e
         assert e["vs_adios2"] > 0 and e["vs_numpy"] > 0
         assert e["flat"] is None  # 64 blocks: below the flatness range
     (t,) = doc["targets"]
     assert t["ranks"] == 1 and t["edge"] == 4 and t["write_vs_adios2"] > 0
+    assert t["batch_vs_adios2"] > 0
     err = res.stderr
-    for text in ("### write", "### read-all", "### read-one", "### query", "### targets"):
+    for text in (
+        "### write",
+        "### read-all",
+        "### read-one",
+        "### query",
+        "### targets",
+        "batch/adios2",
+    ):
         assert text in err, f"{text!r} missing from the report:\n{err}"
     assert "skipped (over --max-bytes 64 KiB" in err
     assert list(tmp_path.iterdir()) == []

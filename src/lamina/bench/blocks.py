@@ -54,7 +54,9 @@ from . import baselines as bl
 from . import common, launch
 from .harness import Ctx, Method
 
-FAMILIES = ("numpy", "adios2", "h5py", "lamina")
+FAMILIES = ("numpy", "adios2", "h5py", "lamina", "lamina-batch")
+#: lamina writing a step's blocks with one ``write_blocks`` call (write only: the file is the same)
+BATCH = "lamina-batch"
 PHASES = ("write", "read-all", "read-one", "query")
 FLAT_FROM = 1000  # blocks per rank per step: the flatness target applies from here up
 FLAT_TOL = 0.20
@@ -311,8 +313,8 @@ def h5py_query(ctx: Ctx, c: Case) -> int:
 
 
 # ------------------------------------------------------------------ lamina
-def lamina_path(ctx: Ctx) -> str:
-    return os.path.join(ctx.dir, "lamina.lam")
+def lamina_path(ctx: Ctx, family: str = "lamina") -> str:
+    return os.path.join(ctx.dir, f"{family}.lam")
 
 
 def lamina_write(ctx: Ctx, c: Case) -> None:
@@ -327,6 +329,19 @@ def lamina_write(ctx: Ctx, c: Case) -> None:
             with f.step():
                 for b, start in zip(blocks, c.starts, strict=True):
                     ds.write(b, offset=start, copy=False)
+
+
+def lamina_batch_write(ctx: Ctx, c: Case) -> None:
+    import lamina
+
+    starts = np.array(c.starts, dtype=np.int64)
+    with lamina.open(
+        lamina_path(ctx, BATCH), "w", comm=ctx.comm, aggregators=ctx.size, durable=False
+    ) as f:
+        ds = f.create_dataset(bl.DATASET, c.gshape, c.data.dtype)
+        for _ in range(c.steps):
+            with f.step():
+                ds.write_blocks(c.data, starts, copy=False)
 
 
 def lamina_read_all(ctx: Ctx, c: Case) -> np.ndarray:
@@ -360,12 +375,14 @@ RUNS = {
     "adios2": (adios2_write, adios2_read_all, adios2_read_one, adios2_query),
     "h5py": (h5py_write, h5py_read_all, h5py_read_one, h5py_query),
     "lamina": (lamina_write, lamina_read_all, lamina_read_one, lamina_query),
+    BATCH: (lamina_batch_write, None, None, None),
 }
 NOTES = {
     "numpy": "file per rank, a write per block, index",
     "adios2": "BP5 file per rank, Deferred puts",
     "h5py": "one file, chunk per block, ranks in turn",
     "lamina": "native, aggregators=R, durable=False",
+    BATCH: "the same, one write_blocks call per step",
 }
 
 
@@ -378,7 +395,7 @@ def _output(ctx: Ctx, family: str) -> str | None:
         return bl.adios2_path(ctx)
     if ctx.rank != 0:
         return None
-    return bl.h5py_path(ctx) if family == "h5py" else lamina_path(ctx)
+    return bl.h5py_path(ctx) if family == "h5py" else lamina_path(ctx, family)
 
 
 def _remove_outputs(ctx: Ctx, families: list[str]) -> None:
@@ -396,7 +413,10 @@ def phase_methods(ctx: Ctx, c: Case, phase: str, families: list[str]) -> list[Me
     i = PHASES.index(phase)
     ms = []
     for fam in families:
-        run = functools.partial(RUNS[fam][i], ctx, c)
+        fn = RUNS[fam][i]
+        if fn is None:  # a family of the write phase only
+            continue
+        run = functools.partial(fn, ctx, c)
         prepare = after = None
         if phase == "write":
             prepare = functools.partial(_remove_outputs, ctx, [fam])
@@ -515,6 +535,9 @@ def analyse(jobs: list[dict], steps: int) -> list[dict]:
             # cost ratios lamina / baseline: paired median over repetitions (best case min/min)
             for base in ("adios2", "numpy", "h5py"):
                 e[f"vs_{base}"], e[f"vs_{base}_best"] = common.speedup(lam, fams.get(base))
+            e["batch_vs_adios2"], e["batch_vs_adios2_best"] = common.speedup(
+                fams.get(BATCH), fams.get("adios2")
+            )
             out.append(e)
     # flatness: lamina's per-block cost over its cost at the fewest blocks >= FLAT_FROM
     for e in out:
@@ -548,6 +571,13 @@ def targets(entries: list[dict]) -> list[dict]:
             t[f"{phase}_vs_adios2_best"] = max(best) if best else None
             flat = [x["per_block"]["lamina"] for x in mine if x["flat"] is not None]
             t[f"{phase}_spread"] = max(flat) / min(flat) - 1 if len(flat) > 1 else None
+        mine = [x for x in entries if (x["ranks"], x["edge"], x["phase"]) == (R, edge, "write")]
+        vs = [x["batch_vs_adios2"] for x in mine if x.get("batch_vs_adios2") is not None]
+        best = [
+            x["batch_vs_adios2_best"] for x in mine if x.get("batch_vs_adios2_best") is not None
+        ]
+        t["batch_vs_adios2"] = max(vs) if vs else None
+        t["batch_vs_adios2_best"] = max(best) if best else None
         out.append(t)
     return out
 
@@ -580,25 +610,33 @@ def report(o: dict, jobs: list[dict], skipped: list, argv: list[str]) -> tuple[s
         "lamina/numpy",
         "flat",
     ]
+    batch = BATCH in fams
     for phase in PHASES:
         body = []
+        cols = [f for f in fams if phase == "write" or f != BATCH]
         for e in (x for x in entries if x["phase"] == phase):
             pb = e["per_block"]
-            body.append(
-                [
-                    str(e["ranks"]),
-                    str(e["edge"]),
-                    f"{e['blocks']:,}",
-                    fmt_bytes(e["bytes_per_step"]),
-                    *(_us(pb.get(f)) for f in fams),
-                    common.ratio_cell((e["vs_adios2"], e["vs_adios2_best"])),
-                    common.ratio_cell((e["vs_numpy"], e["vs_numpy_best"])),
-                    "-" if e["flat"] is None else f"{e['flat']:.2f}",
-                ]
-            )
+            row = [
+                str(e["ranks"]),
+                str(e["edge"]),
+                f"{e['blocks']:,}",
+                fmt_bytes(e["bytes_per_step"]),
+                *(_us(pb.get(f)) for f in cols),
+                common.ratio_cell((e["vs_adios2"], e["vs_adios2_best"])),
+            ]
+            if batch and phase == "write":
+                row.append(common.ratio_cell((e["batch_vs_adios2"], e["batch_vs_adios2_best"])))
+            row += [
+                common.ratio_cell((e["vs_numpy"], e["vs_numpy_best"])),
+                "-" if e["flat"] is None else f"{e['flat']:.2f}",
+            ]
+            body.append(row)
+        h = [x for x in hdr if x in cols or x not in fams]
+        if batch and phase == "write":
+            h.insert(h.index("lamina/adios2") + 1, "batch/adios2")
         out.append("")
         out.append(f"### {TITLES[phase]}")
-        out.append(table(hdr, body, "rrrr" + "r" * (len(fams) + 3)))
+        out.append(table(h, body, "r" * len(h)))
     if skipped:
         out.append(
             f"skipped (over --max-bytes {fmt_bytes(o['max_bytes'])} per rank per step): "
@@ -616,8 +654,8 @@ def report(o: dict, jobs: list[dict], skipped: list, argv: list[str]) -> tuple[s
     body = []
     for t in ts:
 
-        def vs(phase: str, t=t) -> str:
-            v, b = t[f"{phase}_vs_adios2"], t[f"{phase}_vs_adios2_best"]
+        def vs(key: str, t=t) -> str:
+            v, b = t.get(key), t.get(f"{key}_best")
             if v is None:
                 return "n/a"
             return (
@@ -635,8 +673,9 @@ def report(o: dict, jobs: list[dict], skipped: list, argv: list[str]) -> tuple[s
             [
                 str(t["ranks"]),
                 str(t["edge"]),
-                vs("write"),
-                vs("read-all"),
+                vs("write_vs_adios2"),
+                vs("batch_vs_adios2"),
+                vs("read-all_vs_adios2"),
                 flat("write"),
                 flat("read-all"),
             ]
@@ -649,16 +688,18 @@ def report(o: dict, jobs: list[dict], skipped: list, argv: list[str]) -> tuple[s
                 "ranks",
                 "edge",
                 "write vs adios2 (<= 1.0x, worst)",
+                "write_blocks vs adios2 (<= 1.0x, worst)",
                 "read-all vs adios2 (<= 1.0x, worst)",
                 f"write flat (max/min - 1 <= {FLAT_TOL:.0%})",
                 f"read-all flat (<= {FLAT_TOL:.0%})",
             ],
             body,
-            "rrllll",
+            "rrlllll",
         )
     )
     out.append(
-        "worst = the largest lamina/adios2 cost ratio over the block counts of that edge; "
+        "worst = the largest lamina/adios2 cost ratio over the block counts of that edge "
+        "(write: a write per block; write_blocks: one call per step); "
         f"flat = spread of lamina's per-block cost over the block counts >= {FLAT_FROM:,}"
     )
     doc = {

@@ -205,6 +205,20 @@ class Engine(ABC):
         ``end_step`` or ``close``, which every rank makes).
         """
 
+    def put_many(self, name: str, starts: np.ndarray, arrays, copy: bool = True) -> None:
+        """Independent: write many blocks of dataset *name* in the current step.
+
+        *starts*: an ``(n, ndim)`` integer array of the blocks' corners;
+        *arrays*: one array of shape ``(n, *block_shape)`` (block ``k`` is
+        ``arrays[k]``) or a sequence of ``n`` arrays.  Like ``n`` calls of
+        :meth:`put`, except that the built-in engines check every block first
+        and store none if one is bad.  This default calls :meth:`put` per block.
+        """
+        for k in range(len(starts)):
+            a = np.asarray(arrays[k])
+            start = tuple(int(v) for v in starts[k])
+            self.put(name, Box(start, tuple(map(operator.add, start, a.shape))), a, copy)
+
     def put_stats(self, name: str, box: Box, array: np.ndarray) -> None:
         """Independent: record the statistics of *array* as a block of *name*, without its data.
 

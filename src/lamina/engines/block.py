@@ -90,7 +90,8 @@ from ..layouts import read as layout_read
 from ..layouts import write as layout_write
 from ..layouts.spec import Layout, level_specs
 from .base import Engine
-from .staging import SMALL, BoxIndex, Chunk, PutLog, enter_box
+from .batch import Batch, check_batch
+from .staging import SMALL, BoxIndex, Chunk, PutLog, enter_box, enter_boxes
 
 #: options every block engine takes
 COMMON_OPTIONS = frozenset({"checksum_segment", "background_stats", "wait"})
@@ -506,14 +507,74 @@ class BlockEngine(Engine):
             return
         index = self._enter(spec, box)
         try:
-            self._put(spec, box, arr, copy)
+            self._put(spec, box.start, box.stop, arr, copy)
         except BaseException:
             index.pop()  # a put that failed wrote nothing: the box may be written again
             raise
 
-    def _put(self, spec: DatasetSpec, box: Box, arr: np.ndarray, copy: bool) -> None:
+    def put_many(self, name: str, starts, arrays, copy: bool = True) -> None:
+        """Independent: many blocks of *name* in one call (:mod:`.batch`), checked as a whole.
+
+        A bad block (shape, dtype, bounds, overlap) raises before any block
+        of the call is stored.  Small raw blocks given stacked are staged
+        with one copy per staging chunk instead of one ``put`` each.
+        """
+        if self._closed or self.mode == "r":
+            self._require_write(f"write dataset {name!r}")
+        if not self._in_step:
+            self._open_step()  # implicit step, as put
+        spec = self.lookup(name)
+        batch = check_batch(spec, starts, arrays)
+        n = len(batch)
+        if not n:
+            return
+        copy = copy and not batch.owned
+        step = len(self.catalog.steps)
+        if spec.layout is not None:  # encoded at end_step, with every rank's pieces
+            enter_boxes(self._mr_local, spec, batch.starts, batch.stops, step)
+            pending = self._mr_pending.setdefault(spec.id, [])
+            for k, box in enumerate(batch.boxes()):
+                a = batch.block(k)
+                pending.append((box, a.copy() if copy else a))
+            return
+        enter_boxes(self._local, spec, batch.starts, batch.stops, step)
+        try:
+            self._put_batch(spec, batch, copy)
+        except BaseException as e:
+            # some blocks may be staged or written already: this step cannot commit
+            if self._put_error is None:
+                self._put_error = e
+            raise
+
+    def _put_batch(self, spec: DatasetSpec, batch: Batch, copy: bool) -> None:
         log = self._log
-        start, stop = box.start, box.stop
+        n = len(batch)
+        b = int(batch.nbytes[0])
+        if spec.codecs or not batch.stacked or b > SMALL:
+            starts = map(tuple, batch.starts.tolist())
+            stops = map(tuple, batch.stops.tolist())
+            for k, (a, z) in enumerate(zip(starts, stops, strict=True)):  # each as put stores it
+                self._put(spec, a, z, batch.block(k), copy)
+            return
+        # small raw blocks of one shape, back to back in one array: staged a chunk at a time
+        assert isinstance(batch.arrays, np.ndarray)
+        flat = batch.arrays.reshape(-1).view(np.uint8)
+        first = log.add_many(spec.id, batch.starts, batch.stops, b, BlockCodec.RAW)
+        k = 0
+        while k < n:
+            c = log.usable(b)
+            if c is None:
+                last = log.chunks[-1] if log.chunks else None
+                if last is not None and last.job is None and last.summaries is None:
+                    self._seal(last)
+                c = self._new_chunk()
+                log.chunks.append(c)
+            fit = min(n - k, (len(c.buf) - c.used) // b)
+            log.stage_run(first + k, fit, b, spec.dtype, flat[k * b : (k + fit) * b], c)
+            k += fit
+
+    def _put(self, spec: DatasetSpec, start, stop, arr: np.ndarray, copy: bool) -> None:
+        log = self._log
         nbytes = arr.nbytes
         if spec.codecs:
             pipe = codec_mod.pipeline(spec.codecs)
@@ -675,22 +736,25 @@ class BlockEngine(Engine):
             encode_op(attrs, op)
         e.blob(attrs.getvalue())
         e.u32(len(log.rows))
+        length = np.array(log.length, dtype=np.int64)
+        codec = np.array(log.codec, dtype=np.uint8)
         for did, rows in log.rows.items():
             nd = self.catalog.specs[did].ndim
             n = len(rows)
+            sel = np.array(rows, dtype=np.int64)
+            starts, stops = log.boxes(did, nd)
             e.u32(did)
             e.u64(n)
-            e.array(np.array(log.starts[did], dtype=np.int64).reshape(n, nd), "<i8")
-            e.array(np.array(log.stops[did], dtype=np.int64).reshape(n, nd), "<i8")
-            e.array([log.length[r] for r in rows], "<i8")
-            e.array(rows, "<i8")
-            e.array([log.codec[r] for r in rows], "u1")
-            locs = [log.loc[r] for r in rows]
-            e.array([loc is not None for loc in locs], "u1")
-            placed = [loc or (0, 0, 0) for loc in locs]
-            e.array([loc[0] for loc in placed], "<u4")
-            e.array([loc[1] for loc in placed], "<u4")
-            e.array([loc[2] for loc in placed], "<i8")
+            e.array(starts, "<i8")
+            e.array(stops, "<i8")
+            e.array(length[sel], "<i8")
+            e.array(sel, "<i8")
+            e.array(codec[sel], "u1")
+            located, session, agg, offset = log.locations(rows)
+            e.array(located, "u1")
+            e.array(session, "<u4")
+            e.array(agg, "<u4")
+            e.array(offset, "<i8")
         return e.getvalue()
 
     def _decode_heads(self, raws: list[bytes]) -> StepHeads:

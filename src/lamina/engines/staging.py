@@ -36,7 +36,7 @@ CHUNK_BYTES = 4 << 20
 class Chunk:
     """A staging buffer: small blocks' bytes back to back, and their statistics once computed."""
 
-    __slots__ = ("buf", "used", "rows", "dtypes", "job", "summaries")
+    __slots__ = ("buf", "used", "rows", "dtypes", "job", "summaries", "loc")
 
     def __init__(self, size: int = CHUNK_BYTES) -> None:
         self.buf = np.empty(size, dtype=np.uint8)
@@ -46,6 +46,8 @@ class Chunk:
         self.job: Future | None = None
         # per run of rows of one dtype: (first row index in self.rows, Summary)
         self.summaries: list[tuple[int, stats_mod.Summary]] | None = None
+        # (session, aggregator, offset) where the chunk's bytes were stored, once they are
+        self.loc: tuple[int, int, int] | None = None
 
     def room(self, n: int) -> bool:
         return self.used + n <= len(self.buf)
@@ -58,6 +60,17 @@ class Chunk:
         self.used = off + n
         self.rows.append(row)
         self.dtypes.append(arr.dtype)
+        return off
+
+    def add_run(self, first_row: int, count: int, nbytes: int, dtype: np.dtype, data) -> int:
+        """Copy *count* blocks of *nbytes* each, back to back in *data* (bytes), for rows
+        ``first_row, first_row + 1, ...``; the offset where they start."""
+        off = self.used
+        n = count * nbytes
+        self.buf[off : off + n] = data
+        self.used = off + n
+        self.rows.extend(range(first_row, first_row + count))
+        self.dtypes.extend([dtype] * count)
         return off
 
     def summarize(self, lengths: list[int], offsets: list[int], checksum: bool) -> None:
@@ -104,6 +117,7 @@ class Chunk:
         self.rows = []
         self.dtypes = []
         self.summaries = None
+        self.loc = None
 
 
 class PutLog:
@@ -117,15 +131,18 @@ class PutLog:
         self.ds: list[int] = []  # dataset id
         self.length: list[int] = []  # bytes stored
         self.codec: list[int] = []
-        self.loc: list[tuple[int, int, int] | None] = []  # (session, agg, offset) once placed
+        # (session, agg, offset) of rows placed on their own; staged rows: their chunk's loc
+        self.placed: dict[int, tuple[int, int, int]] = {}
         self.payload: list = []  # the bytes to store (array, bytes), None when staged or stored
         self.chunk: list[Chunk | None] = []  # the chunk a staged block lies in
         self.coff: list[int] = []  # its offset there
         self.job: list[stats_mod.StatsJob | None] = []  # statistics of a block not staged
-        # per dataset: its rows and their boxes, in put order
+        # per dataset: its rows and their boxes, in put order; the boxes as pieces (arrays
+        # of a batch or of earlier single puts) and a tail of single puts' tuples
         self.rows: dict[int, list[int]] = {}
         self.starts: dict[int, list[tuple[int, ...]]] = {}
         self.stops: dict[int, list[tuple[int, ...]]] = {}
+        self.pieces: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
         # per dataset with a layout: each band's largest coefficient magnitude, in put order
         self.amax: dict[int, list[float]] = {}
         self.chunks: list[Chunk] = []  # chunks of this step, in order
@@ -151,7 +168,8 @@ class PutLog:
         self.ds.append(did)
         self.length.append(length)
         self.codec.append(codec)
-        self.loc.append(loc)
+        if loc is not None:
+            self.placed[row] = loc
         self.payload.append(payload)
         self.chunk.append(None)
         self.coff.append(0)
@@ -164,6 +182,90 @@ class PutLog:
             self.starts[did].append(start)
             self.stops[did].append(stop)
         return row
+
+    def add_many(
+        self, did: int, starts: np.ndarray, stops: np.ndarray, length: int, codec: int
+    ) -> int:
+        """Rows for blocks ``[starts[k], stops[k])`` of dataset *did*, *length* bytes each
+        (nothing placed or staged yet); the first row."""
+        row = len(self.ds)
+        n = len(starts)
+        self.ds.extend([did] * n)
+        self.length.extend([length] * n)
+        self.codec.extend([codec] * n)
+        self.payload.extend([None] * n)
+        self.chunk.extend([None] * n)
+        self.coff.extend([0] * n)
+        self.job.extend([None] * n)
+        if did not in self.rows:
+            self.rows[did], self.starts[did], self.stops[did] = [], [], []
+        self.rows[did].extend(range(row, row + n))
+        pieces = self.pieces.setdefault(did, [])
+        self._flush_tail(did, pieces)
+        pieces.append((starts, stops))
+        return row
+
+    def _flush_tail(self, did: int, pieces: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        tail = self.starts[did]
+        if tail:
+            shape = (len(tail), len(tail[0]))
+            pieces.append(
+                (
+                    np.array(tail, dtype=np.int64).reshape(shape),
+                    np.array(self.stops[did], dtype=np.int64).reshape(shape),
+                )
+            )
+            self.starts[did], self.stops[did] = [], []
+
+    def boxes(self, did: int, ndim: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(starts, stops)`` of dataset *did*'s rows, in put order, as ``(n, ndim)`` int64 arrays."""
+        pieces = self.pieces.setdefault(did, [])
+        self._flush_tail(did, pieces)
+        if not pieces:
+            return np.zeros((0, ndim), np.int64), np.zeros((0, ndim), np.int64)
+        if len(pieces) > 1:
+            pieces[:] = [
+                (np.concatenate([p[0] for p in pieces]), np.concatenate([p[1] for p in pieces]))
+            ]
+        return pieces[0]
+
+    def locations(self, rows: list[int]):
+        """Where *rows* are stored: ``(located, session, aggregator, offset)`` arrays (unplaced: 0)."""
+        n = len(self.ds)
+        located = np.zeros(n, dtype=bool)
+        session = np.zeros(n, dtype=np.uint32)
+        agg = np.zeros(n, dtype=np.uint32)
+        offset = np.zeros(n, dtype=np.int64)
+        coff = None
+        for c in self.chunks:
+            if c.loc is None or not c.rows:
+                continue
+            if coff is None:
+                coff = np.array(self.coff, dtype=np.int64)
+            at = np.array(c.rows, dtype=np.int64)
+            located[at] = True
+            session[at], agg[at] = c.loc[0], c.loc[1]
+            offset[at] = c.loc[2] + coff[at]
+        for r, loc in self.placed.items():
+            located[r] = True
+            session[r], agg[r], offset[r] = loc
+        sel = np.array(rows, dtype=np.int64)
+        return located[sel], session[sel], agg[sel], offset[sel]
+
+    def usable(self, nbytes: int) -> Chunk | None:
+        """The current chunk if it can take *nbytes* more (not full, not being summarized)."""
+        c = self.chunks[-1] if self.chunks else None
+        if c is None or not c.room(nbytes) or c.summaries is not None or c.job is not None:
+            return None
+        return c
+
+    def stage_run(self, first_row: int, count: int, nbytes: int, dtype, data, chunk: Chunk) -> None:
+        """Stage rows ``first_row..first_row + count`` (blocks of *nbytes* each, back to back in
+        *data*) in *chunk*, which has room for them."""
+        off = chunk.add_run(first_row, count, nbytes, dtype, data)
+        end = first_row + count
+        self.coff[first_row:end] = range(off, off + count * nbytes, nbytes)
+        self.chunk[first_row:end] = [chunk] * count
 
     def stage(self, row: int, arr: np.ndarray, new_chunk) -> Chunk:
         """Copy a small raw block into the current chunk (a new one from *new_chunk()* when full)."""
@@ -183,29 +285,17 @@ class PutLog:
         lengths, offsets = self.chunk_columns(c)
         c.start(lengths, offsets, checksum, background)
 
-    def pop(self) -> None:
-        """Forget the last row (a put that failed after it was added)."""
-        row = len(self.ds) - 1
-        did = self.ds[row]
-        if len(self.amax.get(did, ())) == len(self.rows[did]):
-            self.amax[did].pop()
-        for col in (
-            self.ds,
-            self.length,
-            self.codec,
-            self.loc,
-            self.payload,
-            self.chunk,
-            self.coff,
-            self.job,
-        ):
-            col.pop()
-        for col in (self.rows[did], self.starts[did], self.stops[did]):
-            col.pop()
-
     def chunks_of(self, rows: list[int]) -> list[Chunk]:
         """The chunks the staged ones among *rows* lie in, each once, in order."""
-        return list({id(c): c for c in (self.chunk[r] for r in rows) if c is not None}.values())
+        if len(rows) == len(self.ds):  # every row (one dataset): every chunk with rows
+            return [c for c in self.chunks if c.rows]
+        mine = self._mask(rows)
+        return [c for c in self.chunks if c.rows and mine[np.array(c.rows)].any()]
+
+    def _mask(self, rows: list[int]) -> np.ndarray:
+        m = np.zeros(len(self.ds), dtype=bool)
+        m[np.array(rows, dtype=np.int64)] = True
+        return m
 
     def reduce_staged(self, did: int) -> None:
         """Reduce now (on this thread) the chunks holding blocks of dataset *did* not reduced yet."""
@@ -272,12 +362,13 @@ class PutLog:
         segs = np.zeros(n, dtype=np.int64)
         if not (stats or checksum):  # nothing to wait for (statistics that follow the record)
             return segs, crcs, has, smin, smax, ssum, count
-        pos = {r: k for k, r in enumerate(rows)}
+        pos = np.full(len(self.ds), -1, dtype=np.int64)  # row -> its place among *rows*
+        pos[np.array(rows, dtype=np.int64)] = np.arange(n)
         for c in self.chunks_of(rows):  # staged rows: from their chunk's summaries, a run at a time
             c.wait()
+            crows = np.array(c.rows, dtype=np.int64)
             for first, s in c.summaries or ():
-                ks = [pos.get(r, -1) for r in c.rows[first : first + len(s.counts)]]
-                sel = np.array(ks, dtype=np.int64)
+                sel = pos[crows[first : first + len(s.counts)]]
                 mine = np.flatnonzero(sel >= 0)
                 if not mine.size:
                     continue
@@ -287,10 +378,20 @@ class PutLog:
                     ssum[j], count[j] = s.sums[mine], s.counts[mine]
                     has[j] = True
                 if checksum:
-                    for a, b in zip(j.tolist(), mine.tolist(), strict=True):
-                        crcs[a] = s.crcs[b]
+                    got = s.crcs
+                    m = len(mine)
+                    if (
+                        m == len(got)
+                        and int(j[-1]) - int(j[0]) == m - 1
+                        and bool((np.diff(j) == 1).all())
+                    ):
+                        crcs[int(j[0]) : int(j[0]) + m] = got  # the common case: a run of rows
+                    else:
+                        for a, b in zip(j.tolist(), mine.tolist(), strict=True):
+                            crcs[a] = got[b]
+        jobs = self.job
         for k, r in enumerate(rows):
-            job = self.job[r]
+            job = jobs[r]
             if job is None:
                 continue
             st, cr = job.result()
@@ -316,11 +417,29 @@ class BoxIndex:
     """
 
     MAX_CELLS = 16
+    #: batches of at least this many boxes are checked with numpy and kept as arrays
+    LAZY_BATCH = 256
 
-    __slots__ = ("ndim", "cell", "grid", "starts", "stops", "big", "n", "_rebuilt_at")
+    __slots__ = (
+        "ndim",
+        "shape",
+        "cell",
+        "grid",
+        "starts",
+        "stops",
+        "big",
+        "n",
+        "_rebuilt_at",
+        "keys",
+        "lazy",
+    )
 
-    def __init__(self, ndim: int) -> None:
+    def __init__(self, ndim: int, shape: tuple[int, ...] | None = None) -> None:
         self.ndim = ndim
+        self.shape = shape  # the dataset's, to number the cells of a batch (insert_many)
+        # boxes of batches not entered in the grid yet: their (sorted) cell numbers and arrays
+        self.keys: np.ndarray | None = None
+        self.lazy: list[tuple[np.ndarray, np.ndarray]] = []
         self.cell: tuple[int, ...] | None = None
         self.grid: dict[tuple[int, ...], list[int]] = {}
         self.starts: list[tuple[int, ...]] = []
@@ -331,6 +450,8 @@ class BoxIndex:
 
     def insert(self, start: tuple[int, ...], stop: tuple[int, ...]) -> int:
         """Enter ``[start, stop)`` unless it meets an entered box: -1, or the index of that box."""
+        if self.lazy:
+            self._materialize()
         if self.ndim == 0:
             if self.n:
                 return 0
@@ -381,8 +502,115 @@ class BoxIndex:
             else:
                 got.append(j)
 
+    def insert_many(self, starts: np.ndarray, stops: np.ndarray) -> tuple[int, int] | None:
+        """Enter the boxes ``[starts[k], stops[k])`` (``(n, ndim)`` arrays) unless one meets an
+        entered box or an earlier one of them: then ``(k, index of the box it meets)`` and
+        nothing is entered (a box of this batch met has index ``self.n + its position``)."""
+        n = len(starts)
+        base = self.n
+        if self.ndim == 0 or self.big:
+            return self._insert_each(starts, stops)
+        if self.cell is None:
+            self.cell = tuple(max(1, int(v)) for v in (stops[0] - starts[0]))
+        cell = np.array(self.cell, dtype=np.int64)
+        lo = starts // cell
+        if not ((stops - 1) // cell == lo).all():  # a box over several cells: one at a time
+            return self._insert_each(starts, stops)
+        if self._insert_lazy(starts, stops, lo):
+            return None
+        if self.lazy:
+            self._materialize()
+        s_t = list(map(tuple, starts.tolist()))
+        e_t = list(map(tuple, stops.tolist()))
+        grid = self.grid
+        old_starts, old_stops = self.starts, self.stops
+        entered: list[tuple[int, ...]] = []
+        hit: tuple[int, int] | None = None
+        for k, key in enumerate(map(tuple, lo.tolist())):
+            got = grid.get(key)
+            if got is None:
+                grid[key] = [base + k]
+            else:
+                a, b = s_t[k], e_t[k]
+                for j in got:
+                    if j < base:
+                        meets = _meets(a, b, old_starts[j], old_stops[j])
+                    else:
+                        meets = _meets(a, b, s_t[j - base], e_t[j - base])
+                    if meets:
+                        hit = (k, j)
+                        break
+                if hit is not None:
+                    break
+                got.append(base + k)
+            entered.append(key)
+        if hit is not None:
+            for key in entered:  # undo: each key holds the indices of this batch last
+                got = grid.get(key)
+                if got is None:
+                    continue
+                while got and got[-1] >= base:
+                    got.pop()
+                if not got:
+                    del grid[key]
+            return hit
+        old_starts.extend(s_t)
+        old_stops.extend(e_t)
+        self.n = base + n
+        return None
+
+    def _insert_lazy(self, starts: np.ndarray, stops: np.ndarray, lo: np.ndarray) -> bool:
+        """Enter a batch of one-cell boxes with numpy, kept as arrays, if that is sure to be exact.
+
+        Boxes that each lie in one cell can only meet boxes of the same
+        cell; a batch whose cells are all distinct and new holds no
+        overlap.  Only while the grid is empty (every box so far came this
+        way) and for large batches; otherwise False and nothing is entered.
+        """
+        if len(starts) < self.LAZY_BATCH or self.shape is None or (self.n and not self.lazy):
+            return False
+        cell = np.array(self.cell, dtype=np.int64)
+        dims = -(-np.array(self.shape, dtype=np.int64) // cell)
+        if float(np.prod(dims.astype(np.float64))) >= 2.0**62:
+            return False
+        keys = np.ravel_multi_index(tuple(lo.T), tuple(dims.tolist()))
+        keys.sort()
+        if bool((keys[1:] == keys[:-1]).any()):
+            return False  # two boxes in one cell: the grid tells whether they meet
+        if self.keys is not None and len(self.keys):
+            at = np.searchsorted(self.keys, keys).clip(max=len(self.keys) - 1)
+            if bool((self.keys[at] == keys).any()):
+                return False
+            keys = np.concatenate((self.keys, keys))
+            keys.sort()
+        self.keys = keys
+        self.lazy.append((starts, stops))
+        self.n += len(starts)
+        return True
+
+    def _materialize(self) -> None:
+        """Enter the boxes kept as arrays in the grid, in order (before any other change)."""
+        pieces, self.lazy, self.keys = self.lazy, [], None
+        self.n -= sum(len(p[0]) for p in pieces)
+        for starts, stops in pieces:
+            for a, b in zip(map(tuple, starts.tolist()), map(tuple, stops.tolist()), strict=True):
+                self._append(a, b, self._cells(a, b))
+
+    def _insert_each(self, starts: np.ndarray, stops: np.ndarray) -> tuple[int, int] | None:
+        s_t = list(map(tuple, starts.tolist()))
+        e_t = list(map(tuple, stops.tolist()))
+        for k, (a, b) in enumerate(zip(s_t, e_t, strict=True)):
+            j = self.insert(a, b)
+            if j >= 0:
+                for _ in range(k):
+                    self.pop()
+                return (k, j)
+        return None
+
     def pop(self) -> None:
         """Forget the box entered last (its put failed after the test)."""
+        if self.lazy:
+            self._materialize()
         j = self.n - 1
         start, stop = self.starts.pop(), self.stops.pop()
         self.n = j
@@ -431,6 +659,35 @@ class BoxIndex:
             self._append(a, b, self._cells(a, b))
 
 
+def enter_boxes(
+    boxes: dict[int, BoxIndex], spec: DatasetSpec, starts: np.ndarray, stops: np.ndarray, step: int
+) -> BoxIndex:
+    """Enter a batch of boxes (``(n, ndim)`` arrays) like :func:`enter_box`, all or none.
+
+    OverlapError, naming both boxes (and the batch position of the new one),
+    if one meets a box entered before or an earlier box of the batch.
+    """
+    idx = boxes.get(spec.id)
+    if idx is None:
+        idx = boxes[spec.id] = BoxIndex(spec.ndim, spec.shape)
+    base = idx.n
+    got = idx.insert_many(starts, stops)
+    if got is not None:
+        k, j = got
+        box = Box(tuple(starts[k].tolist()), tuple(stops[k].tolist()))
+        if j < base:
+            other = Box(idx.starts[j], idx.stops[j])
+            where = "already written by this rank in this step"
+        else:
+            other = Box(tuple(starts[j - base].tolist()), tuple(stops[j - base].tolist()))
+            where = f"block {j - base} of the same call"
+        raise OverlapError(
+            f"dataset {spec.path!r}, step {step}: box {box} (block {k} of {len(starts)}) "
+            f"overlaps box {other} {where}"
+        )
+    return idx
+
+
 def _meets(a0, a1, b0, b1) -> bool:
     for s, e, t, u in zip(a0, a1, b0, b1, strict=True):
         if s >= u or t >= e:
@@ -446,7 +703,7 @@ def enter_box(boxes: dict[int, BoxIndex], spec: DatasetSpec, box: Box, step: int
     """
     idx = boxes.get(spec.id)
     if idx is None:
-        idx = boxes[spec.id] = BoxIndex(spec.ndim)
+        idx = boxes[spec.id] = BoxIndex(spec.ndim, spec.shape)
     j = idx.insert(box.start, box.stop)
     if j >= 0:
         other = Box(idx.starts[j], idx.stops[j])

@@ -132,6 +132,9 @@ class Layer(Engine):
     def put(self, name: str, box: Box, array: np.ndarray, copy: bool = True) -> None:
         self.inner.put(name, box, array, copy)
 
+    def put_many(self, name: str, starts: np.ndarray, arrays, copy: bool = True) -> None:
+        self.inner.put_many(name, starts, arrays, copy)
+
     def put_stats(self, name: str, box: Box, array: np.ndarray) -> None:
         self.inner.put_stats(name, box, array)
 

@@ -1055,6 +1055,124 @@ class ManyRanksBlocks(Case):
             assert {b.rank for b in ds.blocks()} == {ctx.owner(i) for i in range(6)}
 
 
+class WriteBlocks(Case):
+    """Many blocks per call (``Dataset.write_blocks``): stacked, as a list of shapes, cast,
+    compressed or large, mixed with single writes; every block's statistics are its own."""
+
+    SHAPE = (24, 20, 18)
+    EDGE = (2, 2, 3)  # 12 x 10 x 6 = 720 blocks: a writer's share is a large batch
+
+    def _grid(self) -> np.ndarray:
+        e = np.array(self.EDGE)
+        counts = [n // k for n, k in zip(self.SHAPE, self.EDGE, strict=True)]
+        idx = np.stack(np.meshgrid(*map(np.arange, counts), indexing="ij"), axis=-1)
+        return idx.reshape(-1, 3) * e
+
+    def options(self):
+        form = self.params["form"]
+        return {"checksum_segment": CHUNK} if form == "large" else {}
+
+    def _data(self, ctx) -> np.ndarray:
+        return ctx.rng().standard_normal(self.SHAPE).astype("f4")
+
+    def write(self, f, ctx):
+        form = self.params["form"]
+        a = self._data(ctx)
+        kw = {"compression": "zstd"} if form == "compressed" else {}
+        ds = f.create_dataset("u", shape=self.SHAPE, dtype="f4", **kw)
+        big = f.create_dataset("big", shape=(4, CHUNK // 4 + 9), dtype="f4")
+        corners = np.array(ctx.mine(list(self._grid())), dtype=np.int64).reshape(-1, 3)
+        ex, ey, ez = self.EDGE
+        stacked = np.stack([a[x : x + ex, y : y + ey, z : z + ez] for x, y, z in corners])
+        if not len(stacked):
+            stacked = np.zeros((0, *self.EDGE), dtype="f4")
+        with f.step():
+            if form == "list":  # a list of arrays of different shapes: pairs of blocks merged
+                pairs = [c for c in corners if c[2] in (0, 2 * ez)]  # z in [0, 4 ez): merged
+                rest = [c for c in corners if c[2] >= 4 * ez]  # the last two, single
+                blocks = [a[x : x + ex, y : y + ey, z : z + 2 * ez] for x, y, z in pairs]
+                blocks += [a[x : x + ex, y : y + ey, z : z + ez] for x, y, z in rest]
+                ds.write_blocks(blocks, np.array(pairs + rest, dtype=np.int64).reshape(-1, 3))
+            elif form == "cast":  # float64 blocks into a float32 dataset, lent without a copy
+                ds.write_blocks(stacked.astype("f8"), corners, copy=False)
+            elif form == "mixed":  # single writes, then two batches, in one step
+                half = len(corners) // 2
+                for k in range(min(5, half)):
+                    ds.write(stacked[k], offset=corners[k])
+                lo = min(5, half)
+                ds.write_blocks(stacked[lo:half], corners[lo:half])
+                ds.write_blocks(stacked[half:], corners[half:])
+            elif form == "large":  # blocks bigger than the staging limit, each a row
+                rows = [r for r in range(4) if ctx.owner(r) == ctx.rank]
+                b = self._big(ctx)
+                big.write_blocks(
+                    b[rows][:, None, :], np.array([[r, 0] for r in rows]).reshape(-1, 2)
+                )
+                ds.write_blocks(stacked, corners)
+            else:
+                ds.write_blocks(stacked, corners)
+
+    def _big(self, ctx) -> np.ndarray:
+        return ctx.rng().standard_normal((4, CHUNK // 4 + 9)).astype("f4")
+
+    def read(self, f, ctx):
+        form = self.params["form"]
+        a = self._data(ctx)
+        ds = ctx.last(f)["u"]
+        np.testing.assert_array_equal(ds[...], a)
+        np.testing.assert_array_equal(ds[3:17, 1:19, 4:11], a[3:17, 1:19, 4:11])
+        blocks = ds.blocks()
+        assert sum(b.box.size for b in blocks) == a.size
+        if form != "list":
+            assert len(blocks) == len(self._grid())
+        for b in blocks[:: max(1, len(blocks) // 7)]:
+            check_stats(b.stats, a[b.box.slices])
+        assert {b.rank for b in blocks} <= set(range(ctx.writers))
+        if form == "large":
+            big = ctx.last(f)["big"]
+            np.testing.assert_array_equal(big[...], self._big(ctx))
+            for b in big.blocks():
+                check_stats(b.stats, self._big(ctx)[b.box.slices])
+
+
+class WriteBlocksRefused(Case):
+    """A bad batch raises before any of its blocks is stored: the step holds the others."""
+
+    def write(self, f, ctx):
+        ds = f.create_dataset("v", shape=(8, 8), dtype="i4")
+        with f.step():
+            if ctx.rank == 0:
+                ds.write_blocks(np.ones((2, 2, 2), "i4"), [[0, 0], [2, 0]])
+                bad = [
+                    (np.ones((2, 2, 2), "i4"), [[4, 0], [7, 0]], lamina.BoundsError),
+                    (np.ones((2, 2, 2), "i4"), [[4, 0], [0, 1]], lamina.OverlapError),
+                    (np.ones((2, 2, 2), "i4"), [[4, 0], [5, 0]], lamina.OverlapError),
+                    (np.ones((2, 2, 2), "c8"), [[4, 0], [6, 0]], lamina.DTypeError),
+                    (np.ones((2, 2, 2), "i4"), [[4, 0]], lamina.ShapeError),
+                    (np.ones((2, 2, 2), "i4"), [[4.0, 0.0], [6.0, 0.0]], TypeError),
+                    (
+                        [np.ones((2, 2), "i4"), np.ones(3, "i4")],
+                        [[4, 0], [6, 0]],
+                        lamina.ShapeError,
+                    ),
+                ]
+                for blocks, offsets, err in bad:
+                    try:
+                        ds.write_blocks(blocks, offsets)
+                    except err as e:
+                        assert "'v'" in str(e) or "/v" in str(e), e
+                    else:
+                        raise AssertionError(f"{offsets} was accepted")
+                ds.write_blocks(np.full((2, 2, 2), 5, "i4"), [[4, 0], [6, 0]])
+
+    def read(self, f, ctx):
+        got = ctx.last(f)["v"][...]
+        want = np.zeros((8, 8), "i4")
+        want[:4, :2] = 1
+        want[4:, :2] = 5
+        np.testing.assert_array_equal(got, want)
+
+
 # --------------------------------------------------------------------------- the list
 
 
@@ -1125,6 +1243,10 @@ def all_cases() -> list[Case]:
         )
     ]
     out.append(ManyRanksBlocks())
+    out += [
+        WriteBlocks(form=f) for f in ("stacked", "list", "cast", "mixed", "compressed", "large")
+    ]
+    out.append(WriteBlocksRefused())
     names = [c.name for c in out]
     assert len(set(names)) == len(names), "case names must differ"
     return out

@@ -618,11 +618,8 @@ class NativeEngine(BlockEngine):
         self._summarize(c)
         if not self.is_agg:
             return
-        log = self._log
         off = self._write_data(c.buf.data[: c.used])
-        loc = (self.session, self.agg_of[self.rank])
-        for r in c.rows:
-            log.loc[r] = (*loc, off + log.coff[r])
+        c.loc = (self.session, self.agg_of[self.rank], off)  # its rows lie at off + their offset
         c.wait()
         self._recycle(c)
 

@@ -79,6 +79,11 @@ class BothProducer(Producer):
         self.file.put(name, box, array, copy)
         super().put(name, box, array, copy)
 
+    def put_many(self, name: str, starts: np.ndarray, arrays, copy: bool = True) -> None:
+        assert self.file is not None
+        self.file.put_many(name, starts, arrays, copy)
+        super().put_many(name, starts, arrays, copy)
+
     def put_stats(self, name: str, box: Box, array: np.ndarray) -> None:
         assert self.file is not None
         self.file.put_stats(name, box, array)

@@ -186,6 +186,9 @@ class Producer(TransportBase):
         # blocks are copied unless their dataset is shallow (see _stage)
         super().put(name, box, array, True)
 
+    def put_many(self, name: str, starts: np.ndarray, arrays, copy: bool = True) -> None:
+        super().put_many(name, starts, arrays, True)  # copied, as put
+
     def _place(self, spec, arr: np.ndarray, copy: bool) -> tuple:
         if copy and any(fnmatch.fnmatchcase(spec.path, pat) for pat in self.shallow):
             copy = False  # shallow: keep the caller's array until consumers release the step
@@ -210,8 +213,8 @@ class Producer(TransportBase):
         for did, rows in log.rows.items():
             dt = self.catalog.specs[did].dtype
             arrays: list[np.ndarray | None] = []
-            for r, start, stop in zip(rows, log.starts[did], log.stops[did], strict=True):
-                shape = tuple(b - a for a, b in zip(start, stop, strict=True))
+            starts, stops = log.boxes(did, self.catalog.specs[did].ndim)
+            for r, shape in zip(rows, map(tuple, (stops - starts).tolist()), strict=True):
                 c = log.chunk[r]
                 if c is not None:
                     raw = c.buf[log.coff[r] : log.coff[r] + log.length[r]]

@@ -62,9 +62,10 @@ import numpy as np
 from ... import comm as comm_mod
 from ...catalog import BlockTable, DatasetSpec, normpath
 from ...engines.base import BlockInfo, Engine
+from ...engines.batch import check_batch
 from ...engines.block import dataset_not_found
 from ...engines.registry import BACKGROUND_OPTIONS
-from ...engines.staging import enter_box
+from ...engines.staging import enter_box, enter_boxes
 from ...errors import (
     ConfigError,
     LaminaWarning,
@@ -511,6 +512,61 @@ class BackgroundLayer(Layer):
         step.data_bytes += arr.size * spec.dtype.itemsize
         step.ops.append(("put", name, box, arr))
 
+    def put_many(self, name: str, starts: np.ndarray, arrays, copy: bool = True) -> None:
+        if not self.active:
+            self.inner.put_many(name, starts, arrays, copy)
+            return
+        t0 = time.perf_counter()
+        try:
+            self._put_many(name, starts, arrays, copy)
+        finally:
+            self._in_calls += time.perf_counter() - t0
+
+    def _put_many(self, name: str, starts: np.ndarray, arrays, copy: bool) -> None:
+        """A batch as one call: checked and entered as a whole, copied into one buffer."""
+        step = self._open_step("write dataset", name)
+        spec = self._lookup(name)
+        batch = check_batch(spec, starts, arrays)
+        n = len(batch)
+        if not n:
+            return
+        keep = not copy and not batch.copied  # the caller's arrays, frozen until written
+        private = batch.owned and not keep  # casts made private copies: nothing to copy
+        total = int(batch.nbytes.sum())
+        nbytes = 0 if keep else total
+        index = enter_boxes(step.boxes, spec, batch.starts, batch.stops, self._next)
+        try:
+            self._reserve(step, nbytes, f"{n} blocks of dataset {spec.path!r}")
+        except BaseException:
+            for _ in range(n):
+                index.pop()
+            raise
+        out: np.ndarray | list[np.ndarray] = batch.arrays
+        if keep:
+            with self._cond:
+                lent = [batch.arrays] if isinstance(batch.arrays, np.ndarray) else batch.arrays
+                for a in lent:
+                    self._frozen.freeze(step, a)
+        elif not private:
+            t0 = time.perf_counter()
+            with self._cond:
+                raw = self._pool.take(total)
+            if isinstance(batch.arrays, np.ndarray):
+                out = raw.view(spec.dtype).reshape(batch.arrays.shape)
+                np.copyto(out, batch.arrays)
+            else:
+                out, pos = [], 0
+                for a, nb in zip(batch.arrays, batch.nbytes.tolist(), strict=True):
+                    buf = raw[pos : pos + nb].view(spec.dtype).reshape(a.shape)
+                    np.copyto(buf, a)
+                    out.append(buf)
+                    pos += nb
+            step.copies.append(raw)
+            if self.model is not None:
+                self.model.add_copy(total, time.perf_counter() - t0)
+        step.data_bytes += total
+        step.ops.append(("put_many", name, batch.starts, out))
+
     def put_stats(self, name: str, box: Box, array: np.ndarray) -> None:
         if not self.active:
             self.inner.put_stats(name, box, array)
@@ -707,6 +763,10 @@ class BackgroundLayer(Layer):
             step.doing = "beginning the step"
             self.inner.begin_step()
         for op in step.ops:
+            if op[0] == "put_many":
+                step.doing = f"writing {len(op[2])} blocks of dataset {op[1]!r}"
+                self.inner.put_many(op[1], op[2], op[3], copy=False)
+                continue
             step.doing = f"writing dataset {op[1]!r} box {op[2]}"
             if op[0] == "put":
                 self.inner.put(op[1], op[2], op[3], copy=False)

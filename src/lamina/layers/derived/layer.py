@@ -327,7 +327,8 @@ class DerivedLayer(Layer):
                 out.add(p)
         return out
 
-    def put(self, name: str, box: Box, array: np.ndarray, copy: bool = True) -> None:
+    def _written(self, name: str) -> str:
+        """The path of dataset *name* a program writes; ModeError if lamina computes it."""
         path = self._paths.get(name)
         if path is None:
             try:
@@ -341,6 +342,29 @@ class DerivedLayer(Layer):
             raise ModeError(
                 f"dataset {path!r} is derived ({d.text!r}, strategy {d.strategy!r}): lamina computes it; write its inputs"
             )
+        return path
+
+    def put_many(self, name: str, starts: np.ndarray, arrays, copy: bool = True) -> None:
+        path = self._written(name)
+        if not self._defs:
+            self.inner.put_many(name, starts, arrays, copy)
+            return
+        t0 = time.perf_counter()
+        self.inner.put_many(name, starts, arrays, copy)
+        self._step_put_s += time.perf_counter() - t0
+        n = len(starts)
+        sizes = [int(np.asarray(arrays[k]).size) for k in range(n)]
+        self._step_bytes += sum(sizes) * self.catalog.datasets[path].dtype.itemsize
+        self._step_puts += n
+        if path in self._watch:  # the engine checked the batch: hold each block as put does
+            for k in range(n):
+                a = np.asarray(arrays[k])
+                start = tuple(int(v) for v in starts[k])
+                box = Box(start, tuple(s + w for s, w in zip(start, a.shape, strict=True)))
+                self._hold(path, box, a, copy)
+
+    def put(self, name: str, box: Box, array: np.ndarray, copy: bool = True) -> None:
+        path = self._written(name)
         if not self._defs:
             self.inner.put(name, box, array, copy)
         else:  # the engine writes at put or at end_step: both are the step's write
@@ -350,16 +374,20 @@ class DerivedLayer(Layer):
             self._step_bytes += box.size * self.catalog.datasets[path].dtype.itemsize
             self._step_puts += 1
         if path in self._watch:  # an input of a quantity computed at the end of the step
-            spec = self.catalog.datasets[path]
-            a = np.asarray(array)
-            if a.shape != box.shape:
-                a = np.broadcast_to(a, box.shape)
-            a = (
-                np.array(a, dtype=spec.dtype, order="C", copy=True)
-                if copy
-                else np.ascontiguousarray(a, dtype=spec.dtype)
-            )
-            self._held.setdefault(path, []).append((box, a))
+            self._hold(path, box, array, copy)
+
+    def _hold(self, path: str, box: Box, array: np.ndarray, copy: bool) -> None:
+        """Keep a block of an input of a quantity computed at the end of the step."""
+        spec = self.catalog.datasets[path]
+        a = np.asarray(array)
+        if a.shape != box.shape:
+            a = np.broadcast_to(a, box.shape)
+        a = (
+            np.array(a, dtype=spec.dtype, order="C", copy=True)
+            if copy
+            else np.ascontiguousarray(a, dtype=spec.dtype)
+        )
+        self._held.setdefault(path, []).append((box, a))
 
     def end_step(self) -> None:
         todo = self._plan()

@@ -1,0 +1,169 @@
+"""Many blocks of one dataset in one call (``Dataset.write_blocks``, ``Engine.put_many``).
+
+A program holding thousands of small blocks (AMR patches, particles in
+cells) pays the Python of a ``put`` per block, about 10 us.  A batch is
+checked as a whole with a few numpy calls (:func:`check_batch`) and
+stored without building a :class:`~lamina.geometry.Box` per block.
+
+The blocks come either *stacked*, one array of shape ``(n, *block_shape)``
+whose ``k``-th entry is block ``k`` (the common case: patches of one size),
+or as a list of ``n`` arrays of any shapes; their corners are an ``(n,
+ndim)`` integer array.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..catalog import DatasetSpec
+from ..errors import DTypeError, ShapeError
+from ..geometry import Box
+
+
+@dataclass(slots=True)
+class Batch:
+    """Blocks checked against a dataset: corners, ends and the arrays, in the dataset's dtype.
+
+    ``arrays`` is one C-contiguous array of shape ``(n, *shape)`` when
+    *stacked*, else a list of C-contiguous arrays.  *owned*: every array is a
+    private copy made by a cast or a reordering (a caller's ``copy=True``
+    need not copy them again); *copied*: at least one is.  Blocks of no
+    element are left out.
+    """
+
+    starts: np.ndarray  # (n, ndim) int64
+    stops: np.ndarray  # (n, ndim) int64
+    arrays: np.ndarray | list[np.ndarray]
+    stacked: bool
+    owned: bool
+    copied: bool
+    nbytes: np.ndarray  # (n,) int64, bytes of each block
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def box(self, k: int) -> Box:
+        return Box(tuple(self.starts[k].tolist()), tuple(self.stops[k].tolist()))
+
+    def block(self, k: int) -> np.ndarray:
+        return self.arrays[k]
+
+    def boxes(self) -> list[Box]:
+        return [
+            Box(a, b)
+            for a, b in zip(
+                map(tuple, self.starts.tolist()), map(tuple, self.stops.tolist()), strict=True
+            )
+        ]
+
+
+def _cast(spec: DatasetSpec, arr: np.ndarray, what: str) -> tuple[np.ndarray, bool]:
+    """*arr* in the dataset's dtype, C-contiguous; whether that made a copy."""
+    dt = spec.dtype
+    copied = False
+    if arr.dtype != dt:
+        if arr.dtype.kind not in "biufc" or not np.can_cast(arr.dtype, dt, casting="same_kind"):
+            raise DTypeError(
+                f"cannot write {arr.dtype} data to dataset {spec.path!r} of dtype {dt} "
+                f"(unsafe cast; {what})"
+            )
+        arr = arr.astype(dt)
+        copied = True
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)
+        copied = True
+    return arr, copied
+
+
+def corners(spec: DatasetSpec, offsets, n: int | None = None) -> np.ndarray:
+    """*offsets* as an ``(n, ndim)`` int64 array; ShapeError/TypeError naming the dataset if it is not one."""
+    o = np.asarray(offsets)
+    if o.size == 0 and (n in (None, 0)):
+        return np.zeros((0, spec.ndim), dtype=np.int64)
+    if o.dtype.kind not in "iu":
+        raise TypeError(
+            f"dataset {spec.path!r}: block offsets must be integers, got an array of {o.dtype}"
+        )
+    if o.ndim != 2 or o.shape[1] != spec.ndim:
+        raise ShapeError(
+            f"dataset {spec.path!r} has {spec.ndim} dimensions: block offsets must have shape "
+            f"(blocks, {spec.ndim}), got {o.shape}"
+        )
+    if n is not None and len(o) != n:
+        raise ShapeError(f"dataset {spec.path!r}: {n} blocks but {len(o)} offsets")
+    return o.astype(np.int64, copy=False)
+
+
+def check_batch(spec: DatasetSpec, starts, arrays) -> Batch:
+    """The checks ``put`` makes on each block, made on the whole batch; nothing is stored.
+
+    *starts*: ``(n, ndim)`` corners; *arrays*: ``(n, *shape)`` stacked
+    blocks or a sequence of ``n`` arrays.  Raises what ``put`` raises for
+    the first bad block (ShapeError, DTypeError, BoundsError), naming its
+    position in the batch, its box and the dataset.
+    """
+    nd = spec.ndim
+    if isinstance(arrays, np.ndarray):
+        if arrays.ndim != nd + 1:
+            raise ShapeError(
+                f"dataset {spec.path!r} has {nd} dimensions: stacked blocks need {nd + 1} "
+                f"(blocks first), got an array of shape {arrays.shape}"
+            )
+        n = arrays.shape[0]
+        st = corners(spec, starts, n)
+        arr, owned = _cast(spec, arrays, f"{n} stacked blocks")
+        shape = np.array(arr.shape[1:], dtype=np.int64)
+        stops = st + shape
+        if arr.size == 0:  # every block is empty: nothing to store, nothing to overlap
+            st, stops = st[:0], stops[:0]
+            arr = arr[:0]
+        _check_bounds(spec, st, stops)
+        nbytes = np.full(len(st), int(np.prod(shape)) * spec.dtype.itemsize, dtype=np.int64)
+        return Batch(st, stops, arr, True, owned, owned, nbytes)
+    if not isinstance(arrays, Sequence):
+        raise TypeError(
+            f"dataset {spec.path!r}: blocks must be one stacked array or a sequence of arrays, "
+            f"got {type(arrays).__name__}"
+        )
+    n = len(arrays)
+    st = corners(spec, starts, n)
+    out: list[np.ndarray] = []
+    shapes = np.empty((n, nd), dtype=np.int64)
+    owned, any_copy = True, False
+    for k, a in enumerate(arrays):
+        a = np.asarray(a)
+        if a.ndim != nd:
+            raise ShapeError(
+                f"dataset {spec.path!r}: block {k} of {n} has {a.ndim} dimensions "
+                f"(shape {a.shape}), the dataset {nd}"
+            )
+        a, copied = _cast(spec, a, f"block {k} of {n}")
+        owned = owned and copied
+        any_copy = any_copy or copied
+        shapes[k] = a.shape
+        out.append(a)
+    stops = st + shapes
+    _check_bounds(spec, st, stops)
+    keep = np.flatnonzero(shapes.prod(axis=1) > 0) if n else np.zeros(0, dtype=np.int64)
+    if len(keep) < n:
+        st, stops, shapes = st[keep], stops[keep], shapes[keep]
+        out = [out[k] for k in keep.tolist()]
+    nbytes = shapes.prod(axis=1) * spec.dtype.itemsize
+    return Batch(st, stops, out, False, owned and n > 0, any_copy, nbytes)
+
+
+def _check_bounds(spec: DatasetSpec, starts: np.ndarray, stops: np.ndarray) -> None:
+    if not len(starts):
+        return
+    shape = np.array(spec.shape, dtype=np.int64)
+    bad = (starts < 0).any(axis=1) | (stops > shape).any(axis=1)
+    if bad.any():
+        k = int(np.argmax(bad))
+        box = Box(tuple(starts[k].tolist()), tuple(stops[k].tolist()))  # BoundsError if start < 0
+        box.check_inside(spec.shape, f"dataset {spec.path!r} (block {k} of {len(starts)})")
+
+
+__all__ = ["Batch", "check_batch", "corners"]

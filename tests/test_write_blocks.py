@@ -1,0 +1,224 @@
+"""Many blocks per call (``Dataset.write_blocks``, ``Engine.put_many``).
+
+The round trips (every engine, 2 writers and 3 readers under mpiexec) are
+the ``WriteBlocks`` cases of :mod:`lamina.testing.cases`.  Here: the
+overlap index against a brute-force oracle, a batch stores exactly what
+single writes store, and the layers (background I/O, derived quantities).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import lamina
+from lamina.catalog import DatasetSpec
+from lamina.engines import staging
+from lamina.engines.staging import BoxIndex, enter_box, enter_boxes
+from lamina.errors import OverlapError
+from lamina.geometry import Box
+
+pytestmark = pytest.mark.usefixtures("fast_native")
+
+SHAPE = (12, 10)
+
+
+def _meets(a: tuple, b: tuple) -> bool:
+    return all(s < u and t < e for s, e, t, u in zip(a[0], a[1], b[0], b[1], strict=True))
+
+
+@st.composite
+def boxes(draw, aligned: bool):
+    if aligned:  # the cells of a grid of 2 x 2 boxes (what programs write), sometimes smaller
+        x, y = draw(st.integers(0, 5)) * 2, draw(st.integers(0, 4)) * 2
+        w, h = draw(st.sampled_from([(2, 2), (2, 2), (1, 2), (2, 1)]))
+        return (x, y), (x + w, y + h)
+    x, y = draw(st.integers(0, 11)), draw(st.integers(0, 9))
+    return (x, y), (draw(st.integers(x + 1, 12)), draw(st.integers(y + 1, 10)))
+
+
+@st.composite
+def programs(draw):
+    """A step's puts: single boxes and batches, aligned or not."""
+    ops = []
+    for _ in range(draw(st.integers(1, 6))):
+        aligned = draw(st.booleans())
+        if draw(st.booleans()):
+            ops.append(("one", [draw(boxes(aligned))]))
+        else:
+            ops.append(("many", draw(st.lists(boxes(aligned), min_size=1, max_size=30))))
+    return ops
+
+
+@settings(max_examples=300, deadline=None)
+@given(prog=programs(), lazy=st.sampled_from([1, 3, 256]))
+def test_overlap_index_agrees_with_brute_force(prog, lazy):
+    """A batch is entered whole or not at all; it is refused exactly when a box of it meets an
+    entered box or an earlier box of the batch, and the pair named does meet."""
+    old = staging.BoxIndex.LAZY_BATCH
+    staging.BoxIndex.LAZY_BATCH = lazy  # small: the numpy path sees hypothesis-sized batches
+    try:
+        spec = DatasetSpec(path="d", shape=SHAPE, dtype=np.dtype("f8"), id=0)
+        idx: dict[int, BoxIndex] = {}
+        entered: list[tuple] = []
+        for kind, bs in prog:
+            if kind == "one":
+                a, b = bs[0]
+                clash = any(_meets((a, b), e) for e in entered)
+                try:
+                    enter_box(idx, spec, Box(a, b), 0)
+                except OverlapError:
+                    assert clash
+                else:
+                    assert not clash
+                    entered.append((a, b))
+                continue
+            starts = np.array([s for s, _ in bs], dtype=np.int64)
+            stops = np.array([e for _, e in bs], dtype=np.int64)
+            clash = any(
+                any(_meets(bs[k], e) for e in entered)
+                or any(_meets(bs[k], bs[j]) for j in range(k))
+                for k in range(len(bs))
+            )
+            try:
+                enter_boxes(idx, spec, starts, stops, 0)
+            except OverlapError as e:
+                assert clash, e
+                assert "overlaps box" in str(e)
+            else:
+                assert not clash
+                entered.extend(bs)
+            assert idx[0].n == len(entered)
+        # what was entered is what later puts meet: every entered box is refused again
+        for a, b in entered:
+            with pytest.raises(OverlapError):
+                enter_box(idx, spec, Box(a, b), 0)
+        # and popping takes the last ones out again
+        index = idx.get(0)
+        if index is not None and entered:
+            index.pop()
+            enter_box(idx, spec, Box(*entered[-1]), 0)
+    finally:
+        staging.BoxIndex.LAZY_BATCH = old
+
+
+def _grid(shape, edge):
+    idx = np.stack(
+        np.meshgrid(*(np.arange(0, n, e) for n, e in zip(shape, edge, strict=True)), indexing="ij"),
+        -1,
+    )
+    return idx.reshape(-1, len(shape))
+
+
+@pytest.mark.parametrize("edge", [(2, 3, 4), (32, 24, 16)])  # staged in chunks; stored on their own
+def test_a_batch_stores_what_single_writes_store(tmp_path, rng, edge):
+    shape = (32, 48, 64)
+    a = rng.standard_normal(shape)
+    a[3, 4, 5] = np.nan
+    corners = _grid(shape, edge)
+    stacked = np.stack(
+        [a[x : x + edge[0], y : y + edge[1], z : z + edge[2]] for x, y, z in corners]
+    )
+    tables = []
+    for how in ("write", "write_blocks"):
+        path = str(tmp_path / f"{how}.lam")
+        with lamina.open(path, "w", checksum_segment=262144) as f:
+            ds = f.create_dataset("u", shape=shape, dtype="f8")
+            for step in range(2):
+                with f.step():
+                    if how == "write":
+                        for b, c in zip(stacked + step, corners, strict=True):
+                            ds.write(b, offset=c)
+                    else:
+                        ds.write_blocks(stacked + step, corners)
+        with lamina.open(path) as f:
+            np.testing.assert_array_equal(f["u"].read(step=1), a + 1)
+            blocks = f["u"].blocks(1)
+            tables.append(
+                [(b.box, b.stats, b.nbytes, b.offset, b.subfile, b.codec) for b in blocks]
+            )
+    assert tables[0] == tables[1]
+
+
+def test_batch_under_background_io_is_copied_or_frozen(tmp_path):
+    path = str(tmp_path / "a.lam")
+    stacked = np.arange(4 * 2 * 3, dtype="f8").reshape(4, 2, 3)
+    corners = np.array([[0, 0], [2, 0], [4, 0], [6, 0]])
+    with lamina.open(path, "w", io="async") as f:
+        ds = f.create_dataset("x", (8, 3), "f8")
+        with f.step():
+            ds.write_blocks(stacked, corners)  # copied: the program may change its array at once
+        stacked += 100
+        with f.step():
+            ds.write_blocks(stacked, corners, copy=False)  # lent: read-only until written
+            assert not stacked.flags.writeable
+            with pytest.raises(ValueError, match="read-only"):
+                stacked[0, 0, 0] = -1
+        f.wait()
+        assert stacked.flags.writeable
+        with f.step():
+            with pytest.raises(OverlapError, match="block 1 of 2"):
+                ds.write_blocks(np.zeros((2, 2, 3)), [[0, 0], [1, 0]])
+            ds.write_blocks(
+                np.zeros((2, 4, 3)), [[0, 0], [4, 0]]
+            )  # the refused boxes may be written
+    with lamina.open(path) as f:
+        np.testing.assert_array_equal(f["x"].read(step=0), stacked.reshape(8, 3) - 100)
+        np.testing.assert_array_equal(f["x"].read(step=1), stacked.reshape(8, 3))
+        np.testing.assert_array_equal(f["x"].read(step=2), np.zeros((8, 3)))
+
+
+@pytest.mark.parametrize("strategy", ["store", "stats", "expression"])
+def test_derived_quantities_of_batched_inputs(tmp_path, rng, strategy):
+    path = str(tmp_path / "d.lam")
+    shape, edge = (8, 8, 8), (2, 4, 4)
+    corners = _grid(shape, edge)
+    comps = [rng.standard_normal(shape) for _ in range(3)]
+    with lamina.open(path, "w") as f:
+        for name in "xyz":
+            f.create_dataset("v" + name, shape=shape, dtype="f8")
+        f.derive("speed", "magnitude(vx, vy, vz)", strategy=strategy)
+        with f.step():
+            for name, c in zip("xyz", comps, strict=True):
+                blocks = np.stack([c[x : x + 2, y : y + 4, z : z + 4] for x, y, z in corners])
+                f["v" + name].write_blocks(blocks, corners)
+    want = np.sqrt(sum(c * c for c in comps))
+    with lamina.open(path) as f:
+        np.testing.assert_allclose(f["speed"][...], want, rtol=1e-12)
+        assert len(f["speed"].blocks()) == (0 if strategy == "expression" else len(corners))
+
+
+def test_writing_a_derived_quantity_with_a_batch_is_refused(tmp_path):
+    with lamina.open(str(tmp_path / "d.lam"), "w") as f:
+        f.create_dataset("a", shape=(4,), dtype="f8")
+        f.derive("b", "a * 2", strategy="store")
+        with f.step():
+            with pytest.raises(lamina.ModeError, match="derived"):
+                f["b"].write_blocks(np.ones((2, 2)), [[0], [2]])
+            f["a"].write_blocks(np.ones((2, 2)), [[0], [2]])
+
+
+def test_read_only_file_refuses_a_batch(tmp_path):
+    path = str(tmp_path / "r.lam")
+    with lamina.open(path, "w") as f:
+        f.create_dataset("a", shape=(4,), dtype="f8")
+        with f.step():
+            f["a"][...] = 1
+    with lamina.open(path) as f, pytest.raises(lamina.ModeError):
+        f["a"].write_blocks(np.ones((1, 4)), [[0]])
+
+
+def test_empty_batches_and_empty_blocks(tmp_path):
+    path = str(tmp_path / "e.lam")
+    with lamina.open(path, "w") as f:
+        ds = f.create_dataset("a", shape=(6, 4), dtype="i2")
+        with f.step():
+            ds.write_blocks(np.zeros((0, 2, 4), "i2"), np.zeros((0, 2), "i8"))
+            ds.write_blocks([], [])
+            ds.write_blocks([np.ones((0, 4), "i2"), np.full((3, 4), 7, "i2")], [[0, 0], [3, 0]])
+            ds.write_blocks(np.ones((3, 0, 4), "i2"), [[0, 0], [1, 0], [2, 0]])
+    with lamina.open(path) as f:
+        assert len(f["a"].blocks()) == 1
+        np.testing.assert_array_equal(f["a"][3:], 7)
