@@ -24,6 +24,22 @@ def test_predict():
     assert background.predict(background.BP5A, 0.5, 1.0, 0.1) is None
 
 
+def test_auto_errors_take_the_mode_taken_from_step_3():
+    d = {"t_sync": 1.0, "t_async": 2.0}
+    r = {
+        "io_stats": {
+            "decisions": [
+                {"step": 2, "mode": "sync", "epoch_measured": 5.0, **d},  # too early
+                {"step": 3, "mode": "async", "epoch_measured": 2.5, **d},
+                {"step": 4, "mode": "sync", "epoch_measured": 0.9, **d},
+                {"step": 5, "mode": "sync", "epoch_measured": None, **d},  # not measured yet
+            ]
+        }
+    }
+    assert background.auto_errors(r) == [pytest.approx(0.25), pytest.approx(0.1)]
+    assert background.auto_errors({}) == []
+
+
 def test_bench_async_smoke(capsys, monkeypatch, tmp_path):
     try:
         mu.mpiexec()
