@@ -222,3 +222,22 @@ def test_empty_batches_and_empty_blocks(tmp_path):
     with lamina.open(path) as f:
         assert len(f["a"].blocks()) == 1
         np.testing.assert_array_equal(f["a"][3:], 7)
+
+
+def test_zero_dim_dataset_and_bad_offsets(tmp_path):
+    path = str(tmp_path / "z.lam")
+    with lamina.open(path, "w") as f:
+        s = f.create_dataset("s", shape=(), dtype="f8")
+        v = f.create_dataset("v", shape=(4,), dtype="f8")
+        with f.step():
+            s.write_blocks(np.array([3.5]), [[]])  # one 0-D block at the only corner there is
+            with pytest.raises(lamina.ShapeError, match="2 blocks but no offsets"):
+                v.write_blocks(np.ones((2, 2)), [])
+            with pytest.raises(lamina.ShapeError, match="2 blocks but 3 offsets"):
+                v.write_blocks(np.ones((2, 2)), [[0], [2], [3]])
+            with pytest.raises(TypeError, match="must be integers"):
+                v.write_blocks(np.ones((2, 2)), [[0.5], [2]])
+            with pytest.raises(TypeError, match="sequence of arrays"):
+                v.write_blocks("ab", [[0]])
+    with lamina.open(path) as f:
+        assert f["s"][()] == 3.5 and f["s"].blocks(0)[0].stats.count == 1

@@ -45,9 +45,6 @@ class Batch:
     def __len__(self) -> int:
         return len(self.starts)
 
-    def box(self, k: int) -> Box:
-        return Box(tuple(self.starts[k].tolist()), tuple(self.stops[k].tolist()))
-
     def block(self, k: int) -> np.ndarray:
         return self.arrays[k]
 
@@ -81,9 +78,11 @@ def _cast(spec: DatasetSpec, arr: np.ndarray, what: str) -> tuple[np.ndarray, bo
 def corners(spec: DatasetSpec, offsets, n: int | None = None) -> np.ndarray:
     """*offsets* as an ``(n, ndim)`` int64 array; ShapeError/TypeError naming the dataset if it is not one."""
     o = np.asarray(offsets)
-    if o.size == 0 and (n in (None, 0)):
+    if o.size == 0 and not (o.ndim == 2 and o.shape[0]):  # no offsets (a 0-D dataset has (n, 0))
+        if n:
+            raise ShapeError(f"dataset {spec.path!r}: {n} blocks but no offsets")
         return np.zeros((0, spec.ndim), dtype=np.int64)
-    if o.dtype.kind not in "iu":
+    if o.size and o.dtype.kind not in "iu":
         raise TypeError(
             f"dataset {spec.path!r}: block offsets must be integers, got an array of {o.dtype}"
         )

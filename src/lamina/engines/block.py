@@ -36,6 +36,7 @@ before it changes.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Sequence
@@ -830,12 +831,12 @@ class BlockEngine(Engine):
                 did, dt, self.segment, self.CHECKSUMS, self._with_stats and self._stats_in_record
             )
             n = len(segs)
-            flat = [c for cs in crcs for c in cs]
+            flat = np.fromiter(itertools.chain.from_iterable(crcs), dtype=np.uint32)
             e.u32(did)
             e.u64(n)
             e.u64(len(flat))
             e.array(segs, "<i8")
-            e.array([len(c) for c in crcs], "<u4")
+            e.array(np.fromiter(map(len, crcs), dtype=np.uint32, count=n), "<u4")
             e.array(flat, "<u4")
             e.array(has, "u1")
             e.array(smin, stat_dtype(dt))

@@ -279,7 +279,13 @@ class PutLog:
 
     def chunk_columns(self, c: Chunk) -> tuple[list[int], list[int]]:
         """(lengths, offsets) of the rows staged in *c*."""
-        return [self.length[r] for r in c.rows], [self.coff[r] for r in c.rows]
+        rows = c.rows
+        if (
+            rows and rows[-1] - rows[0] == len(rows) - 1
+        ):  # consecutive (no block between kept apart)
+            a, b = rows[0], rows[-1] + 1
+            return self.length[a:b], self.coff[a:b]
+        return [self.length[r] for r in rows], [self.coff[r] for r in rows]
 
     def summarize(self, c: Chunk, checksum: bool, background: bool) -> None:
         lengths, offsets = self.chunk_columns(c)
@@ -401,7 +407,7 @@ class PutLog:
                 has[k] = True
                 smin[k], smax[k], ssum[k], count[k] = st.min, st.max, st.sum, st.count
         if checksum:
-            codec = np.array([self.codec[r] for r in rows], dtype=np.uint8)
+            codec = np.array(self.codec, dtype=np.uint8)[np.array(rows, dtype=np.int64)]
             segs[codec != BlockCodec.STATS_ONLY] = seg
         return segs, crcs, has, smin, smax, ssum, count
 
