@@ -84,43 +84,88 @@ def _forced(modes):
 
 
 def test_auto_follows_the_model_per_step(tmp_path, history_path, monkeypatch, capsys):
-    monkeypatch.setattr(am.AsyncModel, "predict", _forced(["sync", "async", "async", "sync"]))
+    """The model decides at each end_step; after a step it wrote synchronously, the next
+    explicit step goes straight to the engine (no copy at put) and its decision is for the
+    step after it."""
+    forced = ["sync", "async", "async", "sync", "sync"]
+    monkeypatch.setattr(am.AsyncModel, "predict", _forced(list(forced)))
     path = str(tmp_path / "auto.lam")
     a = np.arange(1 << 16, dtype=np.float64)
     with lamina.open(path, "w", io="auto") as f:
         assert f.io == "auto"
         f.create_dataset("x", a.shape, a.dtype)
-        for k in range(4):
+        for k in range(5):
             with f.step():
                 f["x"][...] = a + k
+                if k in (1, 4):  # direct: nothing copied, nothing in flight
+                    assert f.io_stats["inflight_bytes"] == 0
             if k == 0:  # written before end_step returned: committed already
                 assert f.io_stats["steps_background"] == 1
         s = f.io_stats
-    assert s["steps_auto_sync"] == 2 and s["steps_auto_async"] == 2
+    assert s["steps_auto_sync"] == 4 and s["steps_auto_async"] == 1
+    assert s["steps_direct"] == 2 and s["steps_background"] == 3
     d = s["decisions"]
-    assert [x["mode"] for x in d] == ["sync", "async", "async", "sync"]
+    assert [x["predicted"] for x in d] == forced
+    # step 1 and step 4 were written directly (sync) whatever their own decision said
+    assert [x["mode"] for x in d] == ["sync", "sync", "async", "sync", "sync"]
     for x in d:
         assert x["nbytes"] == a.nbytes and x["ranks"] == 1
         assert {"t_io", "t_copy", "t_comp", "t_sync", "t_async", "fit", "r2"} <= set(x)
         assert x["t_io_measured"] > 0
     assert all("epoch_measured" in x and "t_comp_measured" in x for x in d[:-1])
     with lamina.open(path) as f:
-        assert f.steps == 4
-        for k in range(4):
+        assert f.steps == 5
+        for k in range(5):
             np.testing.assert_array_equal(f.at(k)["x"][...], a + k)
     # what the run measured is kept for the next runs on this host
     io = load_history(str(history_path)).samples(am.IO_SERIES)
-    assert len(io) == 4 and all(b == a.nbytes and r == 1 for b, r, _ in io)
+    assert len(io) == 5 and all(b == a.nbytes and r == 1 for b, r, _ in io)
     # and the decisions are in the file: lamina ls shows them
     assert cli_main(["ls", path, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     got = doc["io_decisions"]
-    assert [x["mode"] for x in got] == ["sync", "async", "async", "sync"]
+    assert [x["mode"] for x in got] == ["sync", "sync", "async", "sync", "sync"]
     assert all(x["t_io"] == 1.0 and x["t_io_measured"] > 0 for x in got)
     assert cli_main(["ls", path]) == 0
     assert (
-        "io='auto' wrote 4 steps: 2 in the background, 2 synchronously" in capsys.readouterr().out
+        "io='auto' wrote 5 steps: 1 in the background, 4 synchronously" in capsys.readouterr().out
     )
+
+
+def test_a_step_written_directly_behaves_as_a_synchronous_one(tmp_path, history_path, monkeypatch):
+    """Errors at the put that made them, discard_step, implicit steps and close, in a step
+    io='auto' writes straight to the engine."""
+    monkeypatch.setattr(am.AsyncModel, "predict", _forced(["sync"] * 8))
+    path = str(tmp_path / "direct.lam")
+    with lamina.open(path, "w", io="auto") as f:
+        ds = f.create_dataset("x", (4, 6), "f8")
+        with f.step():  # copied, then written at end_step: the model said sync
+            ds[...] = 0.0
+        f.begin_step()  # direct from here on
+        assert f.engine.in_step
+        ds[0:2] = 1.0
+        with pytest.raises(lamina.OverlapError, match="overlaps"):
+            ds[1:3] = 9.0
+        with pytest.raises(IndexError, match="out of bounds"):
+            ds.write(np.zeros((5, 6)))
+        ds[2:4] = 1.0  # the refused boxes may be written
+        f.end_step()
+        with pytest.raises(RuntimeError, match="mid-step"):
+            with f.step():
+                ds[...] = 99.0
+                raise RuntimeError("the program fails mid-step")  # the step is discarded
+        assert not f.engine.in_step
+        with f.step():
+            ds[...] = 2.0
+        ds[...] = 3.0  # an implicit step (no begin_step): copied, as always
+        f.end_step()
+        f.begin_step()
+        ds[...] = 4.0  # left open: close commits it, as without the layer
+        s = f.io_stats
+    assert s["steps_direct"] >= 2
+    with lamina.open(path) as f:
+        got = [float(f.at(k)["x"][0, 0]) for k in range(f.steps)]
+    assert got == [0.0, 1.0, 2.0, 3.0, 4.0]
 
 
 def test_auto_measures_compute_phases_and_decides(tmp_path, history_path):

@@ -166,6 +166,10 @@ class BackgroundLayer(Layer):
         self._in_calls = 0.0  # seconds inside this layer's write calls since then
         self._decision: dict[str, Any] | None = None  # the last auto decision, measured next
         self._decision_started = 0.0
+        # io='auto': the last decision was sync, so the next explicit step is written directly
+        # (no copy at put, no thread); _direct: such a step is open (bytes put, seconds in I/O)
+        self._next_direct = False
+        self._direct: list[float] | None = None
         self._rank = 0
 
     # -- lifetime -------------------------------------------------------------
@@ -423,7 +427,7 @@ class BackgroundLayer(Layer):
     def in_step(self) -> bool:
         if not self.active:
             return self.inner.in_step
-        return self._step is not None
+        return self._step is not None or self._direct is not None
 
     @property
     def steps(self) -> int:
@@ -436,10 +440,31 @@ class BackgroundLayer(Layer):
         if not self.active:
             return self.inner.begin_step()
         self._require_open("begin a step")
-        if self._step is not None:
+        if self._step is not None or self._direct is not None:
             raise StepError(f"step {self._next} is already open; call end_step first")
+        if self._next_direct:  # io='auto' wrote the last step synchronously: so this one
+            t0 = time.perf_counter()
+            self.wait()  # collective, as begin_step is: every rank goes direct alike
+            with self.lock:
+                self.inner.begin_step()
+            took = time.perf_counter() - t0
+            self._in_calls += took
+            self._direct = [0.0, took]
+            return self._next
         self._step = Step(explicit=True)
         return self._next
+
+    def _direct_call(self, fn, *args) -> None:
+        """A write call of a step written directly (io='auto'), timed as the step's I/O."""
+        assert self._direct is not None
+        t0 = time.perf_counter()
+        try:
+            with self.lock:
+                fn(*args)
+        finally:
+            took = time.perf_counter() - t0
+            self._direct[1] += took
+            self._in_calls += took
 
     def _open_step(self, what: str, name: str) -> Step:
         if self.inner.closed:
@@ -469,6 +494,10 @@ class BackgroundLayer(Layer):
     def put(self, name: str, box: Box, array: np.ndarray, copy: bool = True) -> None:
         if not self.active:
             self.inner.put(name, box, array, copy)
+            return
+        if self._direct is not None:
+            self._direct_call(self.inner.put, name, box, array, copy)
+            self._direct[0] += box.size * self._lookup(name).dtype.itemsize
             return
         t0 = time.perf_counter()
         try:
@@ -515,6 +544,11 @@ class BackgroundLayer(Layer):
     def put_many(self, name: str, starts: np.ndarray, arrays, copy: bool = True) -> None:
         if not self.active:
             self.inner.put_many(name, starts, arrays, copy)
+            return
+        if self._direct is not None:
+            self._direct_call(self.inner.put_many, name, starts, arrays, copy)
+            sizes = sum(int(np.asarray(arrays[k]).size) for k in range(len(starts)))
+            self._direct[0] += sizes * self._lookup(name).dtype.itemsize
             return
         t0 = time.perf_counter()
         try:
@@ -571,6 +605,9 @@ class BackgroundLayer(Layer):
         if not self.active:
             self.inner.put_stats(name, box, array)
             return
+        if self._direct is not None:
+            self._direct_call(self.inner.put_stats, name, box, array)
+            return
         step = self._open_step("write statistics of dataset", name)
         arr = np.array(array, copy=True)
         self._reserve(step, arr.nbytes, f"statistics of dataset {name!r} ({box})")
@@ -583,6 +620,11 @@ class BackgroundLayer(Layer):
         self._drop_open_step()
 
     def _drop_open_step(self) -> None:
+        if self._direct is not None:  # written directly: the engine holds the open step
+            self._direct = None
+            with self.lock:
+                if not self.inner.closed and self.inner.in_step:
+                    self.inner.discard_step()
         step, self._step = self._step, None
         if step is not None:
             self._release(step)
@@ -594,6 +636,9 @@ class BackgroundLayer(Layer):
         self._require_open("end a step")
         t_call = time.perf_counter()
         self._measure_phase(t_call)
+        if self._direct is not None:
+            self._end_direct(t_call)
+            return
         pending = self._take_failure()
         try:
             # a step opened by a put exists only on the ranks that wrote: decide together
@@ -609,7 +654,8 @@ class BackgroundLayer(Layer):
         self._step = None
         step.index = self._next
         self._next += 1
-        background = self._decide(step, t_call) if self.auto else True
+        background = self._decide(step.data_bytes, step.index, t_call, step) if self.auto else True
+        self._next_direct = not background  # the next step the same way, without the copies
         self._submit(step)
         if not background:  # the model expects no overlap to pay: the step is written now
             self.wait()
@@ -629,21 +675,55 @@ class BackgroundLayer(Layer):
             d["epoch_measured"] = now - self._decision_started
             self._decision = None
 
-    def _decide(self, step: Step, now: float) -> bool:
-        """Collective: whether *step* goes to the background (every rank alike: all must predict it pays)."""
+    def _end_direct(self, t_call: float) -> None:
+        """Collective: end a step written directly; decide how the next one is written."""
+        assert self._direct is not None
+        nbytes, io = int(self._direct[0]), self._direct[1]
+        t0 = time.perf_counter()
+        try:
+            with self.lock:
+                self.inner.end_step()  # raises as a synchronous end_step does; the step is gone
+        finally:
+            self._direct = None
+        io += time.perf_counter() - t0
+        self.stats.steps_direct += 1
+        index = self._next
+        self._next += 1
+        self._committed = self._next
+        size = self.inner.comm.size
+        with self._cond:
+            if self.model is not None and nbytes:
+                self.model.add_io(nbytes * size, size, io)
+                self._measured = True
+        # the step is written (sync); what the model says for its size decides the next one
+        agreed = self._decide(nbytes, index, t_call, None, done="sync")
+        self._next_direct = not agreed
+        with self._cond:
+            if self._decision is not None:
+                self._decision["t_io_measured"] = io
+        self._epoch_start = time.perf_counter()
+        self._in_calls = 0.0
+
+    def _decide(
+        self, nbytes: int, index: int, now: float, step: Step | None, done: str | None = None
+    ) -> bool:
+        """Collective: whether a step of *nbytes* per rank goes to the background (every rank
+        alike: all must predict it pays).  *done*: the mode step *index* was written in
+        already (a step written directly), recorded instead of the one decided."""
         assert self.model is not None
         size = self.inner.comm.size
         with self._cond:  # the background thread adds samples under it
-            pred: Prediction = self.model.predict(max(step.data_bytes, 1) * size, size)
+            pred: Prediction = self.model.predict(max(nbytes, 1) * size, size)
         agreed = comm_mod.allreduce_int(self._own(), int(pred.mode == "async"), "min")
-        mode = "async" if agreed else "sync"
-        d: dict[str, Any] = {"step": step.index, **pred.as_dict()}
+        mode = done or ("async" if agreed else "sync")
+        d: dict[str, Any] = {"step": index, **pred.as_dict()}
         d["predicted"] = d.pop("mode")  # what this rank's model said; "mode": what all ranks do
         d["mode"] = mode
-        step.decision = d
+        if step is not None:
+            step.decision = d
         self._decision, self._decision_started = d, now
         with self._cond:
-            if agreed:
+            if mode == "async":
                 self.stats.steps_auto_async += 1
             else:
                 self.stats.steps_auto_sync += 1

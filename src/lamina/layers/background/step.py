@@ -57,6 +57,7 @@ class IOStats:
     prefetched_bytes: int = 0
     steps_auto_async: int = 0  # io='auto': steps the model sent to the background
     steps_auto_sync: int = 0  # ... and steps it wrote synchronously
+    steps_direct: int = 0  # ... of which straight to the engine (no copy at put, no thread)
     decisions: list[dict[str, Any]] = field(default_factory=list)  # the last ones, with outcomes
 
     def as_dict(self) -> dict[str, Any]:
