@@ -195,6 +195,31 @@ def test_stalled_producer(tmp_path, serve):
     assert res.lines("OK stalled producer closed")
 
 
+@pytest.mark.parametrize("mode,n,m", [("same", 2, 3), ("change", 3, 2), ("early", 2, 3)])
+def test_read_ahead(tmp_path, mode, n, m):
+    """A consumer task streams with iter_steps(prefetch=True) under io='async': its read-ahead
+    thread asks producer ranks for the next step while the program computes on this one.
+
+    Every value is right; reads after the first step are served by the read-ahead, and some
+    steps were fetched whole during the step before (``same``); other selections from the
+    middle on miss at that step and hit again after it (``change``); a consumer that closes
+    after 3 of 8 steps with reads in flight, and the producer that goes on without it,
+    finish (``early``).  (Reading step k+1 ahead used to release step k on the consumer: the
+    program's next read of step k failed with StepError, 'step k of 'a' was released'.)
+    """
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (n, "transport_prefetch", "produce", "a", 8),
+        (m, "transport_prefetch", mode, "a", 8),
+        cwd=tmp_path,
+        env={},
+    )
+    assert res.lines("OK produce a: 8 steps"), res.describe()
+    [line] = res.lines(f"OK consume {mode}:")
+    assert f"{3 if mode == 'early' else 8} steps on {m} ranks" in line, res.describe()
+    assert not os.listdir(tmp_path)
+
+
 # ----------------------------------------------------------------- in process
 
 

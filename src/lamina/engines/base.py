@@ -22,6 +22,7 @@ import operator
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, overload
 
@@ -267,6 +268,13 @@ class Engine(ABC):
         copy (the caller owns it); None otherwise (then :meth:`get` reads it).  Only the
         background layer reads ahead (``iter_steps(prefetch=True)``)."""
         return None
+
+    def reading_ahead(self) -> AbstractContextManager[None]:
+        """Independent: the reads made inside are made ahead of the program (the background
+        layer's read-ahead thread): they leave the steps the program may read as they were.
+        An engine that lets a reader's earlier steps go when it asks for a later one (the in
+        situ transport's consumer) keeps them here; the others read as usual."""
+        return nullcontext()
 
     @abstractmethod
     def get_level(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
@@ -166,6 +167,9 @@ class Layer(Engine):
 
     def take_read_ahead(self, name: str, box: Box, step: int | None) -> np.ndarray | None:
         return self.inner.take_read_ahead(name, box, step)
+
+    def reading_ahead(self) -> AbstractContextManager[None]:
+        return self.inner.reading_ahead()
 
     def get_level(
         self,

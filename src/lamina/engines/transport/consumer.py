@@ -8,7 +8,9 @@ piece), and receives the pieces straight into its output buffer
 destination is not contiguous).  Where no producer wrote, the fill value.
 
 A consumer rank releases every step before *k* when it asks for step *k*
-(``f.at(k)``, the next iteration of ``iter_steps``, ``close``).  Every
+(``f.at(k)``, the next iteration of ``iter_steps``, ``close``); reads made
+ahead of the program (``iter_steps(prefetch=True)``, in
+:meth:`Consumer.reading_ahead`) release nothing.  Every
 wait polls with a timeout (:class:`.wire.Poll`), so a producer that stops
 answering gives :class:`~lamina.errors.TransportError` instead of a hang.
 """
@@ -16,7 +18,8 @@ answering gives :class:`~lamina.errors.TransportError` instead of a hang.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -60,6 +63,7 @@ class Consumer(TransportBase):
         # and the (step, dataset id) pairs asked for already
         self._stats_follow: set[int] = set()
         self._stats_got: set[tuple[int, int]] = set()
+        self._ahead = False  # reads are made ahead of the program: they release nothing
 
     @property
     def inter(self) -> Intercomm:
@@ -181,6 +185,17 @@ class Consumer(TransportBase):
                 f"(timeout {self.timeout:g} s)"
             )
 
+    @contextmanager
+    def reading_ahead(self) -> Iterator[None]:
+        """Independent: reads of later steps made inside (the background layer's read-ahead of
+        step k + 1 while the program reads step k) release no step: the program does, when it
+        asks for a step itself."""
+        self._ahead = True
+        try:
+            yield
+        finally:
+            self._ahead = False
+
     def _release(self, k: int) -> None:
         """Independent: tell every producer rank that this rank is done with every step before *k*."""
         if k <= self._cursor:
@@ -233,7 +248,8 @@ class Consumer(TransportBase):
                 f"step {step} of {self.path!r} was released: the memory transport keeps a step only "
                 f"until its consumers ask for a later one (this rank is at step {self._cursor})"
             )
-        self._release(step)
+        if not self._ahead:
+            self._release(step)
         if step >= len(self.catalog.steps):
             self._receive(
                 until=lambda: step < len(self.catalog.steps) or self.catalog.closed,

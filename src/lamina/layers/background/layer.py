@@ -916,6 +916,15 @@ class BackgroundLayer(Layer):
         with self.lock:
             return self.inner.check_read(name, box, step, out)
 
+    def wait_steps(self, count: int, seconds: float) -> None:
+        if self._prefetch is None:
+            self.inner.wait_steps(count, seconds)
+            return
+        # under the lock: an engine told of new steps (the in situ transport's consumer) takes
+        # in what arrives, which the read-ahead thread's reads do too
+        with self.lock:
+            self.inner.wait_steps(count, seconds)
+
     def take_read_ahead(self, name: str, box: Box, step: int | None) -> np.ndarray | None:
         if self._prefetch is None or self._prefetch.stream is None:
             return None

@@ -13,7 +13,11 @@ read-ahead.  Everything fetched is bounded by the layer's
 ``max_inflight_bytes`` and dropped once the stream has moved past its step.
 
 Reads only: the thread makes no collective call, and it calls the engine
-under the layer's lock, as the program's reads do.
+under the layer's lock, as the program's reads do, inside
+:meth:`~lamina.engines.base.Engine.reading_ahead`: an engine that lets a
+reader's earlier steps go when it asks for a later one (the in situ
+transport's consumer) keeps the step the program is reading while the next
+one is read ahead.
 """
 
 from __future__ import annotations
@@ -163,11 +167,14 @@ class Prefetcher:
                 if self.stopping:
                     return
                 key, fetch = self.jobs.popleft()
+                if self.cache.get(key) is not fetch:  # dropped: the stream has moved past it
+                    fetch.done.set()
+                    continue
             step, name, box = key
             try:
                 spec = self.inner.catalog.datasets[normpath(name)]
                 arr = np.empty(box.shape, dtype=spec.dtype)
-                with self.lock:
+                with self.lock, self.inner.reading_ahead():
                     self.inner.get(name, box, step, arr)
                 fetch.array = arr
                 self.stats.prefetched_bytes += arr.nbytes
