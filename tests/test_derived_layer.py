@@ -343,6 +343,63 @@ def test_read_region_reads_region_plus_halo(open_file, new_path, strategy, case)
     close(got, full[0][region.slices])
 
 
+def test_reading_block_by_block_costs_the_same_per_block(open_file, new_path, monkeypatch):
+    """A read of one block of a quantity computed when read looks up only the blocks it meets
+    (no box per block of the step, which made reading every block quadratic in their number),
+    and a scalar is evaluated straight into the caller's buffer, also where the anchor leaves
+    part of the read unwritten."""
+    from lamina.catalog.blocks import BlockTable
+    from lamina.layers.derived import layer as layer_mod
+
+    n = 48
+    shape = (n, 4, 5)
+    slabs = [Box((i, 0, 0), (i + 1, 4, 5)) for i in range(n)]
+    p = new_path()
+    f = open_file(p, "w")
+    create_inputs(f, shape)
+    f.derive("vmag", "magnitude(u, v, w)", "expression")
+    f.derive("lap", "laplacian(u)", "expression")
+    seen = write_step(f, 0, slabs, shape=shape, skip={("u", 7)})
+    f.close()
+    u, v, w = seen["u"], seen["v"], seen["w"]
+    vmag = np.sqrt(u * u + v * v + w * w)
+    vmag[7] = np.nan  # the anchor u was not written there
+    lap = sum(grad(grad(u, a), a) for a in range(3))  # u reads as its fill (0) in slab 7
+    lap[7] = np.nan
+
+    built = []  # boxes of block rows the derived layer builds (the engine's reads build their own)
+    box_of_row = BlockTable.box
+
+    def box(t, i):
+        if sys._getframe(1).f_code.co_filename == layer_mod.__file__:
+            built.append(i)
+        return box_of_row(t, i)
+
+    monkeypatch.setattr(BlockTable, "box", box)
+    outs = []
+    evaluate = layer_mod.evaluate
+
+    def spy(*args, **kw):
+        outs.append(kw.get("out"))
+        return evaluate(*args, **kw)
+
+    monkeypatch.setattr(layer_mod, "evaluate", spy)
+    f = open_file(p)
+    e = f.engine
+    for b in [*slabs, Box((5, 0, 0), (10, 4, 5))]:
+        outs.clear()
+        got = np.empty(b.shape)
+        e.get("vmag", b, None, got)
+        if b.start[0] == 7:  # nothing to compute where the anchor u was not written
+            assert np.isnan(got).all() and outs == []
+            continue
+        close(got, vmag[b.slices])
+        assert outs and all(o is not None and np.shares_memory(o[0], got) for o in outs)
+        e.get("lap", b, None, got)
+        close(got, lap[b.slices])
+    assert built == []
+
+
 def test_vector_results_are_a_group_of_x_y_z(open_file, new_path):
     p = new_path()
     f = open_file(p, "w")

@@ -485,6 +485,68 @@ def test_derived_strategies_agree(engine, new_path):
     assert store[1].candidate_bytes_read == 8 * sum(c.size for c in store[1].candidates)
 
 
+def test_blocks_without_statistics_are_read_together(tmp_path, monkeypatch):
+    """Units whose ranges only reading can tell, and that make a box together, are read at once:
+    a quantity kept as its expression is evaluated once over many blocks, not once per block;
+    the answers are those of the stored quantity, and only the candidates' values are kept."""
+    from lamina.layers.derived import layer as layer_mod
+
+    n = 40
+    shape = (n, 6, 5)
+    rng = np.random.default_rng(5)
+    ramp = 2 * (np.arange(n)[:, None, None] / n) ** 2  # from 0 to 2 along axis 0
+    full = {"vx": ramp + 0.01 * rng.uniform(-1, 1, shape), "vy": 0.1 * rng.uniform(-1, 1, shape)}
+    slabs = [Box((i, 0, 0), (i + 1, 6, 5)) for i in range(n)]
+    results = {}
+    evaluations = []
+    evaluate = layer_mod.evaluate
+
+    def spy(*args, **kw):
+        evaluations.append(args[2])
+        return evaluate(*args, **kw)
+
+    monkeypatch.setattr(layer_mod, "evaluate", spy)
+    for strategy in ("store", "expression"):
+        path = str(tmp_path / f"{strategy}.lam")
+        with lamina.open(path, "w") as f:
+            ds = {c: f.create_dataset(c, shape) for c in full}
+            f.derive("sp", "vx * vx + vy * vy", strategy=strategy)
+            f.derive("g", "gradient(vx)", strategy=strategy)
+            with f.step():
+                for c, d in ds.items():
+                    for b in slabs:
+                        d[b.slices] = full[c][b.slices]
+        with lamina.open(path) as f:
+            evaluations.clear()
+            results[strategy] = [
+                f.query("sp < 0.5", select=["sp", "vy"]),
+                f.query("`g/x` > 0.05", select="g", region="3:37, 1:, :"),
+                f.query("sp > 3", select="sp"),
+            ]
+            computed = list(evaluations)
+    store, expr = results["store"], results["expression"]
+    # the units are the blocks of the inputs: the condition is evaluated once over all of them;
+    # the other components of g selected, once over the candidates (consecutive ones here)
+    everything = Box((0, 0, 0), shape)
+    cands = expr[1].candidates
+    g_over_candidates = Box(cands[0].start, cands[-1].stop)
+    assert g_over_candidates.size == sum(c.size for c in cands)
+    assert computed == [everything, Box((3, 1, 0), (37, 6, 5)), g_over_candidates, everything]
+    for a, b in zip(store, expr, strict=True):
+        assert 0 < len(b.candidates) < len(b.unit_boxes)
+        assert a.candidates == b.candidates and a.certain == b.certain
+        np.testing.assert_array_equal(a.coords, b.coords)
+        for p in a.values:
+            np.testing.assert_array_equal(a.values[p], b.values[p])
+        for va, vb in zip(a.candidate_values, b.candidate_values, strict=True):
+            for p in va:
+                np.testing.assert_array_equal(va[p], vb[p])
+        # the candidates' values hold no memory of the units that were pruned
+        arrays = [v for got in b.candidate_values for v in got.values()]
+        owners = {id(o): o for o in (a if a.base is None else a.base for a in arrays)}
+        assert sum(o.nbytes for o in owners.values()) == sum(a.nbytes for a in arrays)
+
+
 def test_derived_declared_by_a_reader(tmp_path):
     path = str(tmp_path / "v.lam")
     f, full = _velocity_file(path, "native", "stats")

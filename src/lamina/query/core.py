@@ -178,12 +178,54 @@ def _block_answer(
         for p in refs
     }
     decided = _decide(bounds, refs, per_ref, len(units))
+    # consecutive undecided units that read the same datasets and together make a box of at
+    # most PART_ELEMENTS elements (a run) are read at once: one read per run, not one per unit,
+    # so that the cost of a read does not grow with the number of blocks
+    pending: list[tuple[Box, dict]] = []
+    unknown_of_pending: list[str] = []
+    run: Box | None = None
+
+    def judge(u: Box, can: bool, can_fail: bool, arrays: dict) -> list[str]:
+        """Take unit *u* as a candidate or not; the datasets whose *arrays* are kept."""
+        nonlocal cached
+        kept = []
+        if can:
+            result.candidates.append(u)
+            result.certain.append(not can_fail)
+            for p, a in arrays.items():
+                if (p in sel or (exact and can_fail)) and cached + a.nbytes <= CACHE_BYTES:
+                    cache[(p, u)] = a
+                    cached += a.nbytes
+                    kept.append(p)
+        return kept
+
+    def flush() -> None:
+        """Read the pending run once per dataset; judge its units in order."""
+        nonlocal run
+        if run is None:
+            return
+        values = {p: src.read(p, run) for p in unknown_of_pending}
+        members = [u for u, _ in pending]
+        kept: dict[str, list[Box]] = {p: [] for p in values}
+        for u, ranges in pending:
+            arrays = {p: _part(v, u, run) for p, v in values.items()}
+            for p, a in arrays.items():
+                ranges[p] = exact_range(a)
+            for p in judge(u, *bounds.truth(ranges), arrays):
+                kept[p].append(u)
+        for p, us in kept.items():
+            if len(us) < len(members):  # views would keep all of the run's values alive
+                for u in us:
+                    a = cache[(p, u)]
+                    if a.base is not None:
+                        cache[(p, u)] = a.copy()
+        pending.clear()
+        run = None
+
     for k, u in enumerate(units):
         if decided is not None and k in decided:
-            can, can_fail = decided[k]
-            if can:
-                result.candidates.append(u)
-                result.certain.append(not can_fail)
+            flush()
+            judge(u, *decided[k], {})
             continue
         ranges = {}
         unknown = []
@@ -194,32 +236,77 @@ def _block_answer(
                 r = FULL
             ranges[p] = r
         can, can_fail = bounds.truth(ranges)
-        arrays = {}
         if unknown and can and can_fail:  # undecided: read what has no statistics
-            for p in unknown:
-                if u.size <= PART_ELEMENTS:
-                    arrays[p] = src.read(p, u)
-                    ranges[p] = exact_range(arrays[p])
-                else:  # a large unit: part by part, not kept
-                    ranges[p] = _range_by_parts(src, p, u)
+            if u.size <= PART_ELEMENTS:
+                joined = (
+                    _join(run, u) if run is not None and unknown == unknown_of_pending else None
+                )
+                if joined is None or joined.size > PART_ELEMENTS:
+                    flush()
+                    joined = u
+                pending.append((u, ranges))
+                unknown_of_pending = unknown
+                run = joined
+                continue
+            for p in unknown:  # a large unit: part by part, not kept
+                ranges[p] = _range_by_parts(src, p, u)
             can, can_fail = bounds.truth(ranges)
-        if can:
-            result.candidates.append(u)
-            result.certain.append(not can_fail)
-            for p, a in arrays.items():
-                if (p in sel or (exact and can_fail)) and cached + a.nbytes <= CACHE_BYTES:
-                    cache[(p, u)] = a
-                    cached += a.nbytes
-    for u in result.candidates:
-        got: dict[str, np.ndarray] = {}
-        for p in sel:
-            kept = cache.get((p, u))
-            got[p] = kept if kept is not None else src.read(p, u)
-        result.candidate_values.append(got)
+        flush()
+        judge(u, can, can_fail, {})
+    flush()
+    cands = result.candidates
+    got: list[dict[str, np.ndarray]] = [{} for _ in cands]
+    for _, group in _runs(cands):
+        for p in sel:  # the components of a vector one after the other: computed once per run
+            todo = []
+            for i in group:
+                kept = cache.get((p, cands[i]))
+                if kept is not None:
+                    got[i][p] = kept
+                else:
+                    todo.append(i)
+            for box, idx in _runs([cands[i] for i in todo]):
+                a = src.read(p, box)
+                for j in idx:
+                    got[todo[j]][p] = _part(a, cands[todo[j]], box)
+    result.candidate_values.extend(got)
     result.candidate_blocks_read = len(src.touched)
     result.candidate_bytes_read = src.bytes_read - b0
     result.candidate_seconds = time.perf_counter() - t0
     return cache
+
+
+def _join(run: Box, u: Box) -> Box | None:
+    """The box *run* and *u* make together, or None if they do not make one (they never overlap)."""
+    start = tuple(map(min, run.start, u.start))
+    stop = tuple(map(max, run.stop, u.stop))
+    joined = Box(start, stop)
+    return joined if joined.size == run.size + u.size else None
+
+
+def _runs(boxes: Sequence[Box], limit: int = PART_ELEMENTS) -> list[tuple[Box, list[int]]]:
+    """Consecutive *boxes* grouped into runs that make a box of at most *limit* elements (a
+    larger box is a run of its own): ``[(run, indices of its boxes)]``, in order."""
+    out: list[tuple[Box, list[int]]] = []
+    for i, b in enumerate(boxes):
+        if out:
+            joined = _join(out[-1][0], b)
+            if joined is not None and joined.size <= limit:
+                out[-1][1].append(i)
+                out[-1] = (joined, out[-1][1])
+                continue
+        out.append((b, [i]))
+    return out
+
+
+def _part(values: np.ndarray, u: Box, run: Box) -> np.ndarray:
+    """The values of unit *u* out of *values*, read over the *run* of units it is in: *values*
+    itself for a run of one unit, else a view of them, or a copy where the view would not be
+    contiguous."""
+    if u == run:
+        return values
+    v = values[u.within(run)]
+    return v if v.flags.c_contiguous else v.copy()
 
 
 def _decide(

@@ -134,6 +134,7 @@ class Source:
         self.level: int = int(level)
         self._level_bytes: int = 0  # stored bytes of reads at a level > 0
         self._tables: dict[str, Table] = {}
+        self._covers: dict[str, tuple[list[Box], np.ndarray, np.ndarray]] = {}
         self._infos: dict[str, DatasetInfo] = {}
         self.touched: set[tuple[str, int]] = set()
 
@@ -198,7 +199,33 @@ class Source:
         return got
 
     def coverage(self, path: str) -> list[Box]:
-        return list(self.eng.coverage(path, self.step))
+        return list(self._cover(path)[0])
+
+    def _cover(self, path: str) -> tuple[list[Box], np.ndarray, np.ndarray]:
+        """The coverage of *path* at this step (asked of the engine once), with its starts and
+        stops as arrays for vectorized overlap tests."""
+        got = self._covers.get(path)
+        if got is None:
+            boxes = list(self.eng.coverage(path, self.step))
+            nd = boxes[0].ndim if boxes else 0
+            starts = np.array([b.start for b in boxes], dtype=np.int64).reshape(len(boxes), nd)
+            stops = np.array([b.stop for b in boxes], dtype=np.int64).reshape(len(boxes), nd)
+            got = self._covers[path] = (boxes, starts, stops)
+        return got
+
+    def covered_parts(self, path: str, box: Box) -> list[Box]:
+        """The parts of *box* in the coverage of *path*: each covered box that meets *box*, cut
+        to it, in the order of :meth:`coverage`."""
+        boxes, starts, stops = self._cover(path)
+        if not boxes:
+            return []
+        lo = np.maximum(starts, np.asarray(box.start, dtype=np.int64))
+        hi = np.minimum(stops, np.asarray(box.stop, dtype=np.int64))
+        rows = np.flatnonzero(np.all(hi > lo, axis=1))
+        return [
+            Box(tuple(a), tuple(b))
+            for a, b in zip(lo[rows].tolist(), hi[rows].tolist(), strict=True)
+        ]
 
     # -- ranges ----------------------------------------------------------------
     def stat_range(self, path: str, box: Box) -> Interval | None:
@@ -298,7 +325,7 @@ class Source:
         if d is None or not (computed or t.n == 0):
             return
         # recomputed where its anchor has values (as the derived layer does), from the inputs
-        parts = [b for b in (c.intersect(box) for c in self.coverage(d.anchor)) if b is not None]
+        parts = self.covered_parts(d.anchor, box)
         if sum(b.size for b in parts) == box.size:
             parts = [box]
         for part in parts:

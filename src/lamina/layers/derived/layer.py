@@ -44,13 +44,14 @@ is touched.
 from __future__ import annotations
 
 import json
+import math
 import time
 import warnings
 
 import numpy as np
 
 from ... import comm as comm_mod
-from ...catalog import BlockCodec, DatasetSpec, normpath
+from ...catalog import BlockCodec, BlockTable, DatasetSpec, normpath
 from ...derived import evaluate, needed_boxes
 from ...errors import (
     CollectiveMismatchError,
@@ -82,6 +83,8 @@ from .definition import (
 
 #: vector results kept after evaluation, so reading x, y, z computes once
 CACHE_VECTORS = 2
+#: most bytes of buffers kept for the inputs of the next recomputed reads
+SCRATCH_BYTES = 64 << 20
 
 
 class DerivedLayer(Layer):
@@ -113,6 +116,7 @@ class DerivedLayer(Layer):
         self._step_puts = 0
         self._step_put_s = 0.0  # seconds inside the engine's put in this step
         self._computed = 0  # elements evaluated when read (recomputed quantities)
+        self._scratch: list[np.ndarray] = []  # flat buffers free for the inputs of the next read
 
     def configure(self, options: dict) -> None:
         self.device = options.get("device", "cpu")
@@ -516,6 +520,7 @@ class DerivedLayer(Layer):
             if comm_mod.agree(self.comm, None, flag=int(self.in_step)):
                 self.end_step()
         rank = -1 if self.inner.closed else self.comm.rank  # close frees the communicator
+        self._scratch.clear()
         self.inner.close()
         if rank == 0:
             self._save_timings()
@@ -546,24 +551,46 @@ class DerivedLayer(Layer):
 
     def coverage(self, path: str, step: int | None) -> list[Box]:
         """Independent: boxes of *path* that hold values at *step* (the rest reads as fill)."""
-        step = self.check_step(step)
-        path = normpath(path)
-        blocks = (
-            self.inner.block_table(path, step, stats=False)
-            if path in self.catalog.datasets
-            else None
-        )
+        blocks = self._anchor_blocks(normpath(path), self.check_step(step))
+        return [] if blocks is None else [blocks.box(i) for i in range(len(blocks))]
+
+    def _covered_parts(self, path: str, step: int, box: Box) -> list[Box]:
+        """The parts of *box* where *path* holds values at checked *step*: each box of
+        :meth:`coverage` that meets *box*, cut to it, in the same order.
+
+        A search of the block table (:meth:`BlockTable.hits`) instead of a box per block, so a
+        read costs the same whatever the number of blocks of the step.
+        """
+        blocks = self._anchor_blocks(path, step)
         if blocks is None:
-            d = self._defs.get(path)
+            return []
+        _, lo, hi = blocks.hits(box.start, box.stop)
+        return [Box(tuple(a), tuple(b)) for a, b in zip(lo.tolist(), hi.tolist(), strict=True)]
+
+    def _anchor_blocks(self, path: str, step: int) -> BlockTable | None:
+        """The blocks that say where *path* holds values at checked *step*: its own, or down
+        the chain of anchors (a quantity without blocks of its own, or a component of one
+        whose anchor wrote them); None if nothing was written."""
+        while True:
+            blocks = (
+                self.inner.block_table(path, step, stats=False)
+                if path in self.catalog.datasets
+                else None
+            )
+            if blocks is None:
+                d = self._defs.get(path)
+                if d is None:
+                    raise NotFoundError(
+                        f"no dataset {path!r} in {self.path!r}.{suggest(path, self.catalog.datasets)}"
+                    )
+                path = d.anchor
+                continue
+            if len(blocks):
+                return blocks
+            d = self._by_component.get(path)
             if d is None:
-                raise NotFoundError(
-                    f"no dataset {path!r} in {self.path!r}.{suggest(path, self.catalog.datasets)}"
-                )
-            return self.coverage(d.anchor, step)
-        if len(blocks):
-            return [blocks.box(i) for i in range(len(blocks))]
-        d = self._by_component.get(path)
-        return self.coverage(d.anchor, step) if d is not None else []
+                return None
+            path = d.anchor
 
     def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
         path = normpath(name)
@@ -621,11 +648,7 @@ class DerivedLayer(Layer):
         anchor it computed (0 if none)."""
         if box.empty:
             return 0.0
-        parts = []
-        for c in self.coverage(d.anchor, step):
-            inter = c.intersect(box)
-            if inter is not None and not inter.empty:
-                parts.append(inter)
+        parts = self._covered_parts(d.anchor, step, box)
         if sum(p.size for p in parts) == box.size:
             # one evaluation: inputs read once, halos shared; a scalar goes straight into *out*
             direct = (
@@ -639,8 +662,11 @@ class DerivedLayer(Layer):
             return box.size / len(parts)
         out[...] = d.fill(k)
         for region in parts:
-            res = self._evaluate(d, region, step)
-            out[region.relative_to(box)] = res[k]
+            view = out[region.relative_to(box)]
+            direct = len(d.components) == 1 and view.flags.c_contiguous
+            res = self._evaluate(d, region, step, out=[view] if direct else None)
+            if not direct:
+                view[...] = res[k]
         return sum(p.size for p in parts) / len(parts) if parts else 0.0
 
     def _evaluate(
@@ -650,9 +676,10 @@ class DerivedLayer(Layer):
         if key in self._cache and out is None:
             return self._cache[key]
         arrays, origin = {}, {}
+        taken: list[np.ndarray] = []  # scratch buffers holding the inputs
         for p, need in needed_boxes(d.expr, region, d.shape).items():
-            spec = self.catalog.datasets[p]
-            buf = np.empty(need.shape, dtype=spec.dtype)
+            flat, buf = self._take(need.shape, self.catalog.datasets[p].dtype)
+            taken.append(flat)
             self.get(p, need, step, buf)
             arrays[p] = buf
             origin[p] = need.start
@@ -666,12 +693,42 @@ class DerivedLayer(Layer):
             device=self.device,
             out=out,
         )
+        del arrays
+        self._give(taken, res)
         self._computed += region.size
         if len(res) > 1:  # the other components of a vector are likely read next
             if len(self._cache) >= CACHE_VECTORS:
                 del self._cache[next(iter(self._cache))]
             self._cache[key] = res
         return res
+
+    def _take(self, shape: tuple[int, ...], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+        """A buffer for *shape* elements of *dtype* to read an input into: ``(flat, array)``,
+        *array* a view of the start of the 1-D *flat*, which goes back with :meth:`_give`.
+
+        The smallest kept buffer that is large enough, else a new one: reads of many blocks
+        reuse memory already touched instead of faulting fresh pages for every block.
+        """
+        n = math.prod(shape)
+        best = -1
+        for i, b in enumerate(self._scratch):
+            if b.dtype == dtype and b.size >= n and (best < 0 or b.size < self._scratch[best].size):
+                best = i
+        flat = self._scratch.pop(best) if best >= 0 else np.empty(n, dtype=dtype)
+        return flat, flat[:n].reshape(shape)
+
+    def _give(self, flats: list[np.ndarray], results: list[np.ndarray]) -> None:
+        """Keep the buffers *flats* for the next reads (at most :data:`SCRATCH_BYTES` in all),
+        except any that *results* may share memory with."""
+        for flat in flats:
+            if flat.nbytes > SCRATCH_BYTES or any(
+                isinstance(r, np.ndarray) and np.may_share_memory(r, flat) for r in results
+            ):
+                continue
+            self._scratch.append(flat)
+        total = sum(b.nbytes for b in self._scratch)
+        while total > SCRATCH_BYTES:  # the oldest go first
+            total -= self._scratch.pop(0).nbytes
 
 
 __all__ = ["DerivedLayer"]
