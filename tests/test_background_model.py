@@ -59,6 +59,23 @@ def test_epoch_times_and_the_choice():
     assert m.predict(1 << 30, 4, t_comp=1.0).t_copy == pytest.approx(0.125 / 4)
 
 
+def test_steps_written_in_the_background_and_waited_for_are_timed_apart():
+    """t_sync from the steps the program waited for, t_async from those written beside it."""
+    m = am.AsyncModel(_history(io=[(1 << 30, 1, 2.0)] * 3, copy_rates=[1 << 33]))
+    p = m.predict(1 << 30, 1, t_comp=1.5)  # no synchronous samples: both from the background's
+    assert p.t_io == pytest.approx(2.0) and p.t_io_sync == pytest.approx(2.0)
+    assert p.mode == "async"  # 2.125 < 3.5
+    for _ in range(3):
+        m.add_io(1 << 30, 1, 1.0, waited=True)  # alone, a step takes half as long
+    p = m.predict(1 << 30, 1, t_comp=1.5)
+    assert p.t_io == pytest.approx(2.0) and p.t_io_sync == pytest.approx(1.0)
+    assert p.t_sync == pytest.approx(2.5) and p.t_async == pytest.approx(2.125)
+    p = m.predict(1 << 30, 1, t_comp=0.5)  # too little compute to hide the slower background
+    assert p.t_sync == pytest.approx(1.5) and p.t_async == pytest.approx(2.125)
+    assert p.mode == "sync"
+    assert m.history.samples(am.SYNC_IO_SERIES) == [(float(1 << 30), 1.0, 1.0)] * 3
+
+
 def test_compute_is_a_weighted_average_of_past_phases():
     m = am.AsyncModel()
     assert m.t_comp() == 0.0
@@ -118,8 +135,10 @@ def test_auto_follows_the_model_per_step(tmp_path, history_path, monkeypatch, ca
         for k in range(5):
             np.testing.assert_array_equal(f.at(k)["x"][...], a + k)
     # what the run measured is kept for the next runs on this host
-    io = load_history(str(history_path)).samples(am.IO_SERIES)
-    assert len(io) == 5 and all(b == a.nbytes and r == 1 for b, r, _ in io)
+    h = load_history(str(history_path))
+    io, waited = h.samples(am.IO_SERIES), h.samples(am.SYNC_IO_SERIES)
+    assert len(io) == 1 and len(waited) == 4  # step 2 in the background; 0, 1, 3, 4 waited for
+    assert all(b == a.nbytes and r == 1 for b, r, _ in io + waited)
     # and the decisions are in the file: lamina ls shows them
     assert cli_main(["ls", path, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)

@@ -104,6 +104,22 @@ def test_save_merges_with_what_others_saved(tmp_path):
     assert hist.load_history(path).samples("x") == back.samples("x")
 
 
+def test_a_file_changed_since_it_was_loaded_is_read_again_before_saving(tmp_path):
+    path = str(tmp_path / "h.json")
+    seed = hist.History()
+    seed.add("x", 1, 1, 1.0)
+    hist.save_history(seed, path)
+    a, b = hist.load_history(path), hist.load_history(path)
+    assert a.stamp is not None and a.stamp == b.stamp
+    a.add("x", 2, 1, 1.0)
+    hist.save_history(a, path)  # the file is as a found it: written from a, not read again
+    b.add("x", 3, 1, 1.0)
+    hist.save_history(b, path)  # a changed it since b loaded it: read again and merged
+    a.add("x", 4, 1, 1.0)
+    hist.save_history(a, path)  # and b since a saved
+    assert [s[0] for s in hist.load_history(path).samples("x")] == [1, 2, 3, 4]
+
+
 def test_merged_keeps_every_series():
     a, b = hist.History(), hist.History()
     a.add("x", 1, 1, 1.0)
@@ -129,6 +145,18 @@ def test_merged_keeps_every_series():
         json.dumps(
             {"version": hist.HISTORY_VERSION, "host": host(), "series": {"s": [[1, True, 2]]}}
         ),
+        json.dumps(
+            {"version": hist.HISTORY_VERSION, "host": host(), "series": {"s": [["1", 1, 2]]}}
+        ),
+        json.dumps(
+            {"version": hist.HISTORY_VERSION, "host": host(), "series": {"s": [[1, 0.5, 2]]}}
+        ),
+        # inf: JSON has no such number, Python's parser makes one
+        '{"version": '
+        + str(hist.HISTORY_VERSION)
+        + ', "host": '
+        + json.dumps(host())
+        + ', "series": {"s": [[1e400, 1, 2]]}}',
     ],
 )
 def test_unusable_history_is_a_format_error_and_ignored(tmp_path, doc):

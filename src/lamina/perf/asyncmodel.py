@@ -14,13 +14,19 @@ a step outlasts the compute phase, the next epoch waits for it, so an
 epoch takes at least ``t_io``.  The consistent form is used here.)
 
 * ``t_io = bytes / rate``, the rate fitted to the measured history of
-  background steps (series ``async.io`` of :mod:`lamina.perf.history`, the
-  machinery the derived-quantity model uses too): ``rate = c0 + c1 x1 + c2
-  x2`` with ``x = (bytes, ranks)`` (linear) and with ``x = (log bytes, log
-  ranks)`` (linear-log), by least squares; the fit with the larger ``r^2``
-  is used, and its ``r^2`` is reported.  With fewer than
-  :data:`~lamina.perf.history.MIN_FIT` samples the rate is the mean of the
-  measured ones.
+  steps (:mod:`lamina.perf.history`, the machinery the derived-quantity
+  model uses too): ``rate = c0 + c1 x1 + c2 x2`` with ``x = (bytes,
+  ranks)`` (linear) and with ``x = (log bytes, log ranks)`` (linear-log),
+  by least squares; the fit with the larger ``r^2`` is used, and its
+  ``r^2`` is reported.  With fewer than :data:`~lamina.perf.history.MIN_FIT`
+  samples the rate is the mean of the measured ones.  Two series: steps
+  written while the program computes (series ``async.io``, the background
+  thread's) and steps written while the program waits for them (series
+  ``sync.io``: ``io='auto'``'s synchronous steps).  They differ where no
+  core is spare: a step written beside the program's next copies and calls
+  takes longer than one written alone.  ``t_sync`` takes ``t_io`` from
+  ``sync.io``, ``t_async`` from ``async.io``, each from the other series
+  while it has no samples of its own.
 * ``t_copy = bytes / copy rate``, the median rate of the copies measured at
   put (series ``async.copy``).
 * ``t_comp``: a weighted average of past compute phases (weights halving
@@ -46,8 +52,10 @@ from ..catalog.wire import load_json
 from ..errors import FormatError
 from .history import Fit, History, default_path, fit_rate, load_history, save_history
 
-#: the series of the history this model fits and keeps
+#: the series of the history this model fits and keeps: steps written in the background,
+#: steps written while the program waited for them, and the copies made at put
 IO_SERIES = "async.io"
+SYNC_IO_SERIES = "sync.io"
 COPY_SERIES = "async.copy"
 #: largest record of decisions read back
 MAX_DECISIONS_BYTES = 1 << 20
@@ -74,6 +82,7 @@ class Prediction:
     mode: str
     fit: str
     r2: float
+    t_io_sync: float = math.nan  # t_io of a step written while the program waits (t_sync's)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,6 +107,7 @@ DECISION_FIELDS = (
     "t_io_measured",
     "t_comp_measured",
     "epoch_measured",
+    "t_io_sync",
 )
 
 
@@ -139,8 +149,10 @@ class AsyncModel:
         self.compute: list[float] = []  # compute phases of this run, oldest first
 
     # -- measurements ---------------------------------------------------------------
-    def add_io(self, nbytes: int, ranks: int, seconds: float) -> None:
-        self.history.add(IO_SERIES, nbytes, ranks, seconds)
+    def add_io(self, nbytes: int, ranks: int, seconds: float, waited: bool = False) -> None:
+        """A step of *nbytes* (all ranks) written in *seconds*; *waited*: while the program
+        waited for it (a synchronous step), else in the background."""
+        self.history.add(SYNC_IO_SERIES if waited else IO_SERIES, nbytes, ranks, seconds)
 
     def add_copy(self, nbytes: int, seconds: float) -> None:
         if nbytes >= 1 << 16:  # small copies measure call overhead, not a rate
@@ -154,7 +166,16 @@ class AsyncModel:
     # -- the model --------------------------------------------------------------------
     @property
     def fit(self) -> Fit:
-        return self.history.fit(IO_SERIES)
+        """The rate of steps written in the background (the synchronous ones' without samples)."""
+        return self._fit(IO_SERIES, SYNC_IO_SERIES)
+
+    @property
+    def fit_sync(self) -> Fit:
+        """The rate of steps written while the program waits (the background's without samples)."""
+        return self._fit(SYNC_IO_SERIES, IO_SERIES)
+
+    def _fit(self, series: str, other: str) -> Fit:
+        return self.history.fit(series if self.history.samples(series) else other)
 
     def copy_rate(self) -> float:
         r = [b / s for b, _, s in self.history.samples(COPY_SERIES)]
@@ -172,9 +193,10 @@ class AsyncModel:
         """Epoch times of a step of *nbytes* bytes (all ranks together) written by *ranks* ranks."""
         fit = self.fit
         t_io = nbytes / fit.rate(nbytes, ranks, DEFAULT_IO_RATE)
+        t_io_sync = nbytes / self.fit_sync.rate(nbytes, ranks, DEFAULT_IO_RATE)
         t_copy = nbytes / ranks / self.copy_rate()  # each rank copies its share, at once
         comp = self.t_comp() if t_comp is None else t_comp
-        t_sync = t_io + comp
+        t_sync = t_io_sync + comp
         t_async = max(comp, t_io) + t_copy
         return Prediction(
             nbytes,
@@ -187,6 +209,7 @@ class AsyncModel:
             "async" if t_async < t_sync else "sync",
             fit.kind,
             fit.r2,
+            t_io_sync,
         )
 
 
@@ -195,6 +218,7 @@ __all__ = [
     "AsyncModel",
     "COPY_SERIES",
     "IO_SERIES",
+    "SYNC_IO_SERIES",
     "decode_decisions",
     "encode_decisions",
     "Fit",

@@ -306,6 +306,7 @@ def run_async(argv: list[str]) -> int:
         doc = {
             "history": path,
             "samples": len(m.history.samples(async_model.IO_SERIES)),
+            "samples_waited": len(m.history.samples(async_model.SYNC_IO_SERIES)),
             "fit": fit.kind,
             "r2": None if fit.r2 != fit.r2 else fit.r2,
             "copy_rate": m.copy_rate(),
@@ -316,6 +317,7 @@ def run_async(argv: list[str]) -> int:
     rows = [
         [
             fmt_duration(p.t_comp),
+            fmt_duration(p.t_io_sync),
             fmt_duration(p.t_io),
             fmt_duration(p.t_copy),
             fmt_duration(p.t_sync),
@@ -327,10 +329,25 @@ def run_async(argv: list[str]) -> int:
     r2 = "-" if fit.r2 != fit.r2 else f"{fit.r2:.3f}"
     print(
         f"one step of {fmt_bytes(nbytes)} from {ranks} rank(s); history {path}: "
-        f"{len(m.history.samples(async_model.IO_SERIES))} background steps, I/O rate fit {fit.kind} (r^2 {r2}), "
+        f"{len(m.history.samples(async_model.IO_SERIES))} background steps, "
+        f"{len(m.history.samples(async_model.SYNC_IO_SERIES))} waited for, "
+        f"background I/O rate fit {fit.kind} (r^2 {r2}), "
         f"copy rate {fmt_rate(m.copy_rate())}"
     )
-    print(table(["t_comp", "t_io", "t_copy", "t_sync", "t_async", "io='auto' picks"], rows))
+    print(
+        table(
+            [
+                "t_comp",
+                "t_io waited",
+                "t_io background",
+                "t_copy",
+                "t_sync",
+                "t_async",
+                "io='auto' picks",
+            ],
+            rows,
+        )
+    )
     if not m.history.samples(async_model.IO_SERIES):
         print(
             f"(no background step measured on this host yet: t_io assumes "

@@ -51,6 +51,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,6 +167,9 @@ class History:
     series: dict[str, list[Sample]] = field(default_factory=dict)
     added: dict[str, list[Sample]] = field(default_factory=dict)
     _fits: dict[str, Fit] = field(default_factory=dict, repr=False, compare=False)
+    #: (path, inode, size, mtime) of the file this history was loaded from or saved to:
+    #: while the file still has it, saving need not read the file again
+    stamp: tuple | None = field(default=None, repr=False, compare=False)
 
     def add(self, name: str, x1: float, x2: float, seconds: float) -> None:
         """Record one measurement (ignored unless x1 > 0, x2 >= 1 and seconds > 0, finite)."""
@@ -223,18 +227,22 @@ class History:
         if not isinstance(series, dict) or len(series) > MAX_SERIES:
             raise FormatError(f"history: 'series' must be a mapping of at most {MAX_SERIES}")
         out = cls()
+        numbers = (int, float)  # not bool (true/false), not strings
         for name, lst in series.items():
             if not isinstance(lst, list):
                 raise FormatError(f"history: series {name!r} is not a list")
+            got = out.series.setdefault(name, [])
             for s in lst[-MAX_SAMPLES:]:
-                if (
-                    not isinstance(s, list)
-                    or len(s) != 3
-                    or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in s)
-                    or not _valid(s)
-                ):
+                if type(s) is not list or len(s) != 3:
                     raise FormatError(f"history: series {name!r}: bad sample {s!r}")
-                out.series.setdefault(name, []).append((float(s[0]), float(s[1]), float(s[2])))
+                a, b, c = s
+                if type(a) not in numbers or type(b) not in numbers or type(c) not in numbers:
+                    raise FormatError(f"history: series {name!r}: bad sample {s!r}")
+                x1, x2, t = float(a), float(b), float(c)
+                # NaN fails every comparison; inf fails the upper bounds
+                if not (0 < x1 < math.inf and 1 <= x2 < math.inf and 0 < t < math.inf):
+                    raise FormatError(f"history: series {name!r}: bad sample {s!r}")
+                got.append((x1, x2, t))
         return out
 
 
@@ -246,10 +254,22 @@ def _valid(s) -> bool:
 def load_history(path: str | None = None) -> History:
     """The history at *path* (default :func:`default_path`); an empty one if it is missing or
     not usable (another version, another host, not a history)."""
+    p = path or default_path()
     try:
-        return History.from_json(read_cache_file(path or default_path(), "history", MAX_FILE_BYTES))
+        before = _stamp(p)
+        h = History.from_json(read_cache_file(p, "history", MAX_FILE_BYTES))
     except (OSError, ValueError):  # FormatError is an OSError
         return History()
+    h.stamp = before if before == _stamp(p) else None  # None: it changed while being read
+    return h
+
+
+def _stamp(path: str) -> tuple | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (os.path.abspath(path), st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def save_history(h: History, path: str | None = None) -> None:
@@ -262,13 +282,17 @@ def save_history(h: History, path: str | None = None) -> None:
     if not any(h.added.values()):
         return
     p = path or default_path()
-    on_disk = load_history(p)
-    for name, lst in h.added.items():
-        dst = on_disk.series.setdefault(name, [])
-        dst.extend(lst)
-        del dst[:-MAX_SAMPLES]
-    write_cache_file(p, on_disk.to_json())
+    if h.stamp is not None and h.stamp == _stamp(p):  # the file is what h was loaded from
+        merged = h
+    else:
+        merged = load_history(p)
+        for name, lst in h.added.items():
+            dst = merged.series.setdefault(name, [])
+            dst.extend(lst)
+            del dst[:-MAX_SAMPLES]
+    write_cache_file(p, merged.to_json())
     h.added = {}
+    h.stamp = _stamp(p) if merged is h else None
 
 
 class Recorder:

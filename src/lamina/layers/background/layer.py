@@ -693,7 +693,7 @@ class BackgroundLayer(Layer):
         size = self.inner.comm.size
         with self._cond:
             if self.model is not None and nbytes:
-                self.model.add_io(nbytes * size, size, io)
+                self.model.add_io(nbytes * size, size, io, waited=True)
                 self._measured = True
         # the step is written (sync); what the model says for its size decides the next one
         agreed = self._decide(nbytes, index, t_call, None, done="sync")
@@ -812,7 +812,8 @@ class BackgroundLayer(Layer):
                     self.stats.steps_background += 1
                     if self.model is not None and step.data_bytes:
                         size = self.inner.comm.size
-                        self.model.add_io(step.data_bytes * size, size, took)
+                        waited = step.decision is not None and step.decision["mode"] == "sync"
+                        self.model.add_io(step.data_bytes * size, size, took, waited)
                         self._measured = True
                     if step.decision is not None:
                         step.decision["t_io_measured"] = took
