@@ -12,6 +12,13 @@ their own array and a :class:`~lamina.stats.BlockJob`.
 :class:`BoxIndex` finds, at ``put``, a box of the same rank and step that
 the new box overlaps, in constant time for the decompositions programs
 write (a hash grid whose cells are the size of the first box).
+
+A batch (``put_many``) adds its rows with a few list extensions, keeps its
+boxes as the arrays it came with (:meth:`PutLog.boxes` joins them at the
+commit), is staged a chunk at a time (:meth:`PutLog.stage_run`), and is
+entered in the overlap index with numpy when its boxes lie in distinct
+cells of their own (:meth:`BoxIndex.insert_many`).  A chunk written
+whole records where once (``Chunk.loc``), not per row.
 """
 
 from __future__ import annotations
