@@ -217,8 +217,7 @@ class Engine(ABC):
         """
         for k in range(len(starts)):
             a = np.asarray(arrays[k])
-            start = tuple(int(v) for v in starts[k])
-            self.put(name, Box(start, tuple(map(operator.add, start, a.shape))), a, copy)
+            self.put(name, Box.from_offset(starts[k], a.shape), a, copy)
 
     def put_stats(self, name: str, box: Box, array: np.ndarray) -> None:
         """Independent: record the statistics of *array* as a block of *name*, without its data.

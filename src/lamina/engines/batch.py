@@ -57,17 +57,26 @@ class Batch:
         ]
 
 
-def _cast(spec: DatasetSpec, arr: np.ndarray, what: str) -> tuple[np.ndarray, bool]:
-    """*arr* in the dataset's dtype, C-contiguous; whether that made a copy."""
+def check_dtype(spec: DatasetSpec, dtype: np.dtype, what: str | None = None) -> None:
+    """DTypeError unless data of *dtype* may be written to *spec* (the same kind or a safe
+    cast within numbers, as numpy's ``same_kind``); *what* says which block, if any."""
     dt = spec.dtype
+    if dtype != dt and (
+        dtype.kind not in "biufc" or not np.can_cast(dtype, dt, casting="same_kind")
+    ):
+        raise DTypeError(
+            f"cannot write {dtype} data to dataset {spec.path!r} of dtype {dt} "
+            f"(unsafe cast{'; ' + what if what else ''})"
+        )
+
+
+def cast(spec: DatasetSpec, arr: np.ndarray, what: str | None = None) -> tuple[np.ndarray, bool]:
+    """*arr* in the dataset's dtype, C-contiguous (:func:`check_dtype`); whether that made a
+    copy (the caller's ``copy=True`` need not copy it again)."""
     copied = False
-    if arr.dtype != dt:
-        if arr.dtype.kind not in "biufc" or not np.can_cast(arr.dtype, dt, casting="same_kind"):
-            raise DTypeError(
-                f"cannot write {arr.dtype} data to dataset {spec.path!r} of dtype {dt} "
-                f"(unsafe cast; {what})"
-            )
-        arr = arr.astype(dt)
+    if arr.dtype != spec.dtype:
+        check_dtype(spec, arr.dtype, what)
+        arr = arr.astype(spec.dtype)
         copied = True
     if not arr.flags.c_contiguous:
         arr = np.ascontiguousarray(arr)
@@ -113,7 +122,7 @@ def check_batch(spec: DatasetSpec, starts, arrays) -> Batch:
             )
         n = arrays.shape[0]
         st = corners(spec, starts, n)
-        arr, owned = _cast(spec, arrays, f"{n} stacked blocks")
+        arr, owned = cast(spec, arrays, f"{n} stacked blocks")
         shape = np.array(arr.shape[1:], dtype=np.int64)
         stops = st + shape
         if arr.size == 0:  # every block is empty: nothing to store, nothing to overlap
@@ -139,7 +148,7 @@ def check_batch(spec: DatasetSpec, starts, arrays) -> Batch:
                 f"dataset {spec.path!r}: block {k} of {n} has {a.ndim} dimensions "
                 f"(shape {a.shape}), the dataset {nd}"
             )
-        a, copied = _cast(spec, a, f"block {k} of {n}")
+        a, copied = cast(spec, a, f"block {k} of {n}")
         owned = owned and copied
         any_copy = any_copy or copied
         shapes[k] = a.shape
@@ -165,4 +174,11 @@ def _check_bounds(spec: DatasetSpec, starts: np.ndarray, stops: np.ndarray) -> N
         box.check_inside(spec.shape, f"dataset {spec.path!r} (block {k} of {len(starts)})")
 
 
-__all__ = ["Batch", "check_batch", "corners"]
+def elements(arrays) -> int:
+    """Elements of the blocks of a batch as ``put_many`` takes it (stacked, or a sequence)."""
+    if isinstance(arrays, np.ndarray):
+        return int(arrays.size)
+    return sum(int(np.asarray(a).size) for a in arrays)
+
+
+__all__ = ["Batch", "cast", "check_batch", "check_dtype", "corners", "elements"]

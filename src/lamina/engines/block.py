@@ -76,7 +76,6 @@ from ..errors import (
     BoundsError,
     CollectiveMismatchError,
     ConfigError,
-    DTypeError,
     ExistsError,
     FormatError,
     ModeError,
@@ -91,7 +90,7 @@ from ..layouts import read as layout_read
 from ..layouts import write as layout_write
 from ..layouts.spec import Layout, level_specs
 from .base import Engine
-from .batch import Batch, check_batch
+from .batch import Batch, cast, check_batch
 from .staging import SMALL, BoxIndex, Chunk, PutLog, enter_box, enter_boxes
 
 #: options every block engine takes
@@ -461,13 +460,16 @@ class BlockEngine(Engine):
         self._spec_cache[name] = spec
         return spec
 
-    def _prepare(self, name: str, box: Box, what: str) -> DatasetSpec:
-        """Checks common to put and put_stats; opens the implicit step."""
+    def _prepare(self, name: str, box: Box | None, what: str) -> DatasetSpec:
+        """Checks common to put, put_many and put_stats (*box* within the dataset, unless
+        None); opens the implicit step."""
         if self._closed or self.mode == "r":
             self._require_write(f"{what} {name!r}")
         if not self._in_step:
             self._open_step()  # implicit step, committed by the next end_step or close
         spec = self.lookup(name)
+        if box is None:
+            return spec
         shape = spec.shape
         stop = box.stop
         if len(stop) != len(shape) or any(b > n for b, n in zip(stop, shape, strict=True)):
@@ -489,19 +491,11 @@ class BlockEngine(Engine):
                 raise ShapeError(
                     f"cannot write an array of shape {arr.shape} to box {box} (shape {bshape}) of dataset {spec.path!r}"
                 )
-        dt = spec.dtype
-        if arr.dtype != dt:
-            if arr.dtype.kind not in "biufc" or not np.can_cast(arr.dtype, dt, casting="same_kind"):
-                raise DTypeError(
-                    f"cannot write {arr.dtype} data to dataset {spec.path!r} of dtype {dt} (unsafe cast)"
-                )
-            arr = arr.astype(dt)
-            copy = False  # astype already made a private copy
+        if arr.dtype != spec.dtype or not arr.flags.c_contiguous:
+            arr, private = cast(spec, arr)
+            copy = copy and not private  # a cast or reordering made a private copy already
         if arr.size == 0:  # an empty box: nothing to store, nothing it could overlap
             return
-        if not arr.flags.c_contiguous:
-            arr = np.ascontiguousarray(arr)
-            copy = False
         if spec.layout is not None:  # encoded at end_step, with every rank's pieces
             enter_box(self._mr_local, spec, box, len(self.catalog.steps))
             self._mr_pending.setdefault(spec.id, []).append((box, arr.copy() if copy else arr))
@@ -520,11 +514,7 @@ class BlockEngine(Engine):
         of the call is stored.  Small raw blocks given stacked are staged
         with one copy per staging chunk instead of one ``put`` each.
         """
-        if self._closed or self.mode == "r":
-            self._require_write(f"write dataset {name!r}")
-        if not self._in_step:
-            self._open_step()  # implicit step, as put
-        spec = self.lookup(name)
+        spec = self._prepare(name, None, "write dataset")
         batch = check_batch(spec, starts, arrays)
         n = len(batch)
         if not n:
@@ -563,13 +553,7 @@ class BlockEngine(Engine):
         first = log.add_many(spec.id, batch.starts, batch.stops, b, BlockCodec.RAW)
         k = 0
         while k < n:
-            c = log.usable(b)
-            if c is None:
-                last = log.chunks[-1] if log.chunks else None
-                if last is not None and last.job is None and last.summaries is None:
-                    self._seal(last)
-                c = self._new_chunk()
-                log.chunks.append(c)
+            c = self._chunk_for(b)
             fit = min(n - k, (len(c.buf) - c.used) // b)
             log.stage_run(first + k, fit, b, spec.dtype, flat[k * b : (k + fit) * b], c)
             k += fit
@@ -588,13 +572,9 @@ class BlockEngine(Engine):
                 return
             # incompressible (or not finite for zfp): stored raw, like ADIOS
         if nbytes <= SMALL:
-            chunks = log.chunks
-            if chunks:
-                c = chunks[-1]
-                if not c.room(nbytes) and c.job is None and c.summaries is None:
-                    self._seal(c)
+            c = self._chunk_for(nbytes)
             row = log.add(spec.id, start, stop, nbytes, BlockCodec.RAW)
-            log.stage(row, arr, self._new_chunk)
+            log.stage(row, arr, c)
         else:
             payload, job, loc = self._place(spec, arr, copy)
             log.add(spec.id, start, stop, nbytes, BlockCodec.RAW, payload, job, loc)
@@ -693,6 +673,19 @@ class BlockEngine(Engine):
             self, specs, self._mr_pending, self.catalog.levels, step, self._with_stats
         )
         self._mr_pending = {}
+
+    def _chunk_for(self, nbytes: int) -> Chunk:
+        """The staging chunk the next *nbytes* go into: the current one if it has room, else a
+        new one (the current one, full, is sealed first unless its statistics started)."""
+        chunks = self._log.chunks
+        c = chunks[-1] if chunks else None
+        if c is not None and c.job is None and c.summaries is None:
+            if c.used + nbytes <= len(c.buf):
+                return c
+            self._seal(c)  # full: written (aggregators) while its statistics are computed
+        c = self._new_chunk()
+        chunks.append(c)
+        return c
 
     def _new_chunk(self) -> Chunk:
         if self._free_chunks:

@@ -56,9 +56,6 @@ class Chunk:
         # (session, aggregator, offset) where the chunk's bytes were stored, once they are
         self.loc: tuple[int, int, int] | None = None
 
-    def room(self, n: int) -> bool:
-        return self.used + n <= len(self.buf)
-
     def add(self, row: int, arr: np.ndarray) -> int:
         """Copy *arr*'s bytes in; the offset where they start."""
         off = self.used
@@ -259,13 +256,6 @@ class PutLog:
         sel = np.array(rows, dtype=np.int64)
         return located[sel], session[sel], agg[sel], offset[sel]
 
-    def usable(self, nbytes: int) -> Chunk | None:
-        """The current chunk if it can take *nbytes* more (not full, not being summarized)."""
-        c = self.chunks[-1] if self.chunks else None
-        if c is None or not c.room(nbytes) or c.summaries is not None or c.job is not None:
-            return None
-        return c
-
     def stage_run(self, first_row: int, count: int, nbytes: int, dtype, data, chunk: Chunk) -> None:
         """Stage rows ``first_row..first_row + count`` (blocks of *nbytes* each, back to back in
         *data*) in *chunk*, which has room for them."""
@@ -274,15 +264,10 @@ class PutLog:
         self.coff[first_row:end] = range(off, off + count * nbytes, nbytes)
         self.chunk[first_row:end] = [chunk] * count
 
-    def stage(self, row: int, arr: np.ndarray, new_chunk) -> Chunk:
-        """Copy a small raw block into the current chunk (a new one from *new_chunk()* when full)."""
-        c = self.chunks[-1] if self.chunks else None
-        if c is None or not c.room(arr.nbytes) or c.summaries is not None or c.job is not None:
-            c = new_chunk()
-            self.chunks.append(c)
-        self.coff[row] = c.add(row, arr)
-        self.chunk[row] = c
-        return c
+    def stage(self, row: int, arr: np.ndarray, chunk: Chunk) -> None:
+        """Copy a small raw block into *chunk*, which has room for it."""
+        self.coff[row] = chunk.add(row, arr)
+        self.chunk[row] = chunk
 
     def chunk_columns(self, c: Chunk) -> tuple[list[int], list[int]]:
         """(lengths, offsets) of the rows staged in *c*."""
@@ -518,61 +503,15 @@ class BoxIndex:
     def insert_many(self, starts: np.ndarray, stops: np.ndarray) -> tuple[int, int] | None:
         """Enter the boxes ``[starts[k], stops[k])`` (``(n, ndim)`` arrays) unless one meets an
         entered box or an earlier one of them: then ``(k, index of the box it meets)`` and
-        nothing is entered (a box of this batch met has index ``self.n + its position``)."""
-        n = len(starts)
-        base = self.n
-        if self.ndim == 0 or self.big:
-            return self._insert_each(starts, stops)
-        if self.cell is None:
-            self.cell = tuple(max(1, int(v)) for v in (stops[0] - starts[0]))
-        cell = np.array(self.cell, dtype=np.int64)
-        lo = starts // cell
-        if not ((stops - 1) // cell == lo).all():  # a box over several cells: one at a time
-            return self._insert_each(starts, stops)
-        if self._insert_lazy(starts, stops, lo):
-            return None
-        if self.lazy:
-            self._materialize()
-        s_t = list(map(tuple, starts.tolist()))
-        e_t = list(map(tuple, stops.tolist()))
-        grid = self.grid
-        old_starts, old_stops = self.starts, self.stops
-        entered: list[tuple[int, ...]] = []
-        hit: tuple[int, int] | None = None
-        for k, key in enumerate(map(tuple, lo.tolist())):
-            got = grid.get(key)
-            if got is None:
-                grid[key] = [base + k]
-            else:
-                a, b = s_t[k], e_t[k]
-                for j in got:
-                    if j < base:
-                        meets = _meets(a, b, old_starts[j], old_stops[j])
-                    else:
-                        meets = _meets(a, b, s_t[j - base], e_t[j - base])
-                    if meets:
-                        hit = (k, j)
-                        break
-                if hit is not None:
-                    break
-                got.append(base + k)
-            entered.append(key)
-        if hit is not None:
-            for key in entered:  # undo: each key holds the indices of this batch last
-                got = grid.get(key)
-                if got is None:
-                    continue
-                while got and got[-1] >= base:
-                    got.pop()
-                if not got:
-                    del grid[key]
-            return hit
-        old_starts.extend(s_t)
-        old_stops.extend(e_t)
-        self.n = base + n
-        return None
+        nothing is entered (a box of this batch met has index ``self.n + its position``).
 
-    def _insert_lazy(self, starts: np.ndarray, stops: np.ndarray, lo: np.ndarray) -> bool:
+        A large batch of one-cell boxes in distinct new cells is checked with numpy
+        (:meth:`_insert_lazy`); any other batch box by box, as :meth:`insert` enters them."""
+        if self._insert_lazy(starts, stops):
+            return None
+        return self._insert_each(starts, stops)
+
+    def _insert_lazy(self, starts: np.ndarray, stops: np.ndarray) -> bool:
         """Enter a batch of one-cell boxes with numpy, kept as arrays, if that is sure to be exact.
 
         Boxes that each lie in one cell can only meet boxes of the same
@@ -580,9 +519,19 @@ class BoxIndex:
         overlap.  Only while the grid is empty (every box so far came this
         way) and for large batches; otherwise False and nothing is entered.
         """
-        if len(starts) < self.LAZY_BATCH or self.shape is None or (self.n and not self.lazy):
+        if (
+            self.ndim == 0
+            or len(starts) < self.LAZY_BATCH
+            or self.shape is None
+            or (self.n and not self.lazy)
+        ):
             return False
+        if self.cell is None:
+            self.cell = tuple(max(1, int(v)) for v in (stops[0] - starts[0]))
         cell = np.array(self.cell, dtype=np.int64)
+        lo = starts // cell
+        if not ((stops - 1) // cell == lo).all():  # a box over several cells
+            return False
         dims = -(-np.array(self.shape, dtype=np.int64) // cell)
         if float(np.prod(dims.astype(np.float64))) >= 2.0**62:
             return False

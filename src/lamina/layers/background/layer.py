@@ -62,7 +62,7 @@ import numpy as np
 from ... import comm as comm_mod
 from ...catalog import BlockTable, DatasetSpec, normpath
 from ...engines.base import BlockInfo, Engine
-from ...engines.batch import check_batch
+from ...engines.batch import check_batch, elements
 from ...engines.block import dataset_not_found
 from ...engines.registry import BACKGROUND_OPTIONS
 from ...engines.staging import enter_box, enter_boxes
@@ -547,8 +547,7 @@ class BackgroundLayer(Layer):
             return
         if self._direct is not None:
             self._direct_call(self.inner.put_many, name, starts, arrays, copy)
-            sizes = sum(int(np.asarray(arrays[k]).size) for k in range(len(starts)))
-            self._direct[0] += sizes * self._lookup(name).dtype.itemsize
+            self._direct[0] += elements(arrays) * self._lookup(name).dtype.itemsize
             return
         t0 = time.perf_counter()
         try:
@@ -690,11 +689,8 @@ class BackgroundLayer(Layer):
         index = self._next
         self._next += 1
         self._committed = self._next
-        size = self.inner.comm.size
         with self._cond:
-            if self.model is not None and nbytes:
-                self.model.add_io(nbytes * size, size, io, waited=True)
-                self._measured = True
+            self._sample_io(nbytes, io, waited=True)
         # the step is written (sync); what the model says for its size decides the next one
         agreed = self._decide(nbytes, index, t_call, None, done="sync")
         self._next_direct = not agreed
@@ -703,6 +699,13 @@ class BackgroundLayer(Layer):
                 self._decision["t_io_measured"] = io
         self._epoch_start = time.perf_counter()
         self._in_calls = 0.0
+
+    def _sample_io(self, nbytes: int, seconds: float, waited: bool) -> None:
+        """A step of *nbytes* per rank written in *seconds*, for the model (under ``_cond``)."""
+        if self.model is not None and nbytes:
+            size = self.inner.comm.size
+            self.model.add_io(nbytes * size, size, seconds, waited)
+            self._measured = True
 
     def _decide(
         self, nbytes: int, index: int, now: float, step: Step | None, done: str | None = None
@@ -810,11 +813,8 @@ class BackgroundLayer(Layer):
                 if error is None:
                     self._committed = step.index + 1
                     self.stats.steps_background += 1
-                    if self.model is not None and step.data_bytes:
-                        size = self.inner.comm.size
-                        waited = step.decision is not None and step.decision["mode"] == "sync"
-                        self.model.add_io(step.data_bytes * size, size, took, waited)
-                        self._measured = True
+                    waited = step.decision is not None and step.decision["mode"] == "sync"
+                    self._sample_io(step.data_bytes, took, waited)
                     if step.decision is not None:
                         step.decision["t_io_measured"] = took
                 else:

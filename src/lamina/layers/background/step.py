@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 
 from ...catalog import DatasetSpec
+from ...engines.batch import check_dtype
 from ...engines.staging import BoxIndex
 from ...errors import (
-    DTypeError,
     RemoteError,
     ShapeError,
     error_from_wire,
@@ -189,12 +189,7 @@ def check_put(spec: DatasetSpec, box: Box, array: Any) -> np.ndarray:
                 f"cannot write an array of shape {arr.shape} to box {box} (shape {box.shape}) "
                 f"of dataset {spec.path!r}"
             )
-    if arr.dtype != spec.dtype and (
-        arr.dtype.kind not in "biufc" or not np.can_cast(arr.dtype, spec.dtype, casting="same_kind")
-    ):
-        raise DTypeError(
-            f"cannot write {arr.dtype} data to dataset {spec.path!r} of dtype {spec.dtype} (unsafe cast)"
-        )
+    check_dtype(spec, arr.dtype)
     return arr
 
 

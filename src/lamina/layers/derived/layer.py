@@ -53,6 +53,7 @@ import numpy as np
 from ... import comm as comm_mod
 from ...catalog import BlockCodec, BlockTable, DatasetSpec, normpath
 from ...derived import evaluate, needed_boxes
+from ...engines.batch import elements
 from ...errors import (
     CollectiveMismatchError,
     ExistsError,
@@ -350,35 +351,35 @@ class DerivedLayer(Layer):
 
     def put_many(self, name: str, starts: np.ndarray, arrays, copy: bool = True) -> None:
         path = self._written(name)
-        if not self._defs:
-            self.inner.put_many(name, starts, arrays, copy)
-            return
-        t0 = time.perf_counter()
-        self.inner.put_many(name, starts, arrays, copy)
-        self._step_put_s += time.perf_counter() - t0
-        n = len(starts)
-        sizes = [int(np.asarray(arrays[k]).size) for k in range(n)]
-        self._step_bytes += sum(sizes) * self.catalog.datasets[path].dtype.itemsize
-        self._step_puts += n
+        self._timed_put(
+            path, self.inner.put_many, (name, starts, arrays, copy), arrays, len(starts)
+        )
         if path in self._watch:  # the engine checked the batch: hold each block as put does
-            for k in range(n):
+            for k in range(len(starts)):
                 a = np.asarray(arrays[k])
-                start = tuple(int(v) for v in starts[k])
-                box = Box(start, tuple(s + w for s, w in zip(start, a.shape, strict=True)))
-                self._hold(path, box, a, copy)
+                self._hold(path, Box.from_offset(starts[k], a.shape), a, copy)
 
     def put(self, name: str, box: Box, array: np.ndarray, copy: bool = True) -> None:
         path = self._written(name)
-        if not self._defs:
+        if self._defs:
+            self._timed_put(path, self.inner.put, (name, box, array, copy), box.size, 1)
+        else:
             self.inner.put(name, box, array, copy)
-        else:  # the engine writes at put or at end_step: both are the step's write
-            t0 = time.perf_counter()
-            self.inner.put(name, box, array, copy)
-            self._step_put_s += time.perf_counter() - t0
-            self._step_bytes += box.size * self.catalog.datasets[path].dtype.itemsize
-            self._step_puts += 1
         if path in self._watch:  # an input of a quantity computed at the end of the step
             self._hold(path, box, array, copy)
+
+    def _timed_put(self, path: str, fn, args: tuple, blocks, puts: int) -> None:
+        """``fn(*args)``; in a file with derived quantities, timed as the step's write of *puts*
+        blocks (*blocks*: their element count, or the blocks as ``put_many`` takes them)."""
+        if not self._defs:
+            fn(*args)
+            return
+        t0 = time.perf_counter()  # the engine writes at put or at end_step: both are the write
+        fn(*args)
+        self._step_put_s += time.perf_counter() - t0
+        n = blocks if isinstance(blocks, int) else elements(blocks)
+        self._step_bytes += n * self.catalog.datasets[path].dtype.itemsize
+        self._step_puts += puts
 
     def _hold(self, path: str, box: Box, array: np.ndarray, copy: bool) -> None:
         """Keep a block of an input of a quantity computed at the end of the step."""
