@@ -217,6 +217,52 @@ def test_crc_helpers():
     )
 
 
+@given(
+    st.integers(1, 300),
+    st.integers(0, 70),
+    st.integers(0, 2**32 - 1),
+)
+def test_crc_concat_is_the_crc_of_the_pieces_back_to_back(length, n, seed):
+    """The CRC of a run follows from its pieces' CRCs (any length, any count)."""
+    rng = np.random.default_rng(seed)
+    buf = rng.integers(0, 256, n * length, dtype=np.uint8).tobytes()
+    pieces = np.array(
+        [crc32c.crc32c(buf[i * length : (i + 1) * length]) for i in range(n)], dtype=np.uint32
+    )
+    assert stats.crc_concat(pieces, length) == crc32c.crc32c(buf)
+
+
+def test_crc_concat_large_pieces(rng):
+    for length in (1 << 18, (1 << 20) + 8, 3 * 4096):
+        buf = rng.integers(0, 256, 5 * length, dtype=np.uint8)
+        pieces = [crc32c.crc32c(buf[i * length : (i + 1) * length]) for i in range(5)]
+        assert stats.crc_concat(np.array(pieces), length) == crc32c.crc32c(buf)
+
+
+@pytest.mark.parametrize("lengths", [[64] * 37, [8, 8], [512] * 1000, [3, 9, 3, 100, 1, 64]])
+def test_first_bad_piece_finds_each_corrupt_piece(lengths, rng):
+    """A flipped bit in any piece is found and named by its position; a clean run gives -1."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    buf = rng.integers(0, 256, int(lengths.sum()), dtype=np.uint8)
+    ends = np.cumsum(lengths)
+    begins = ends - lengths
+    good = np.array(
+        [crc32c.crc32c(buf[a:b]) for a, b in zip(begins, ends, strict=True)], dtype=np.uint32
+    )
+    assert stats.first_bad_piece(buf, lengths, good) == -1
+    for k in sorted({0, len(lengths) // 2, len(lengths) - 1}):
+        bad = buf.copy()
+        bad[begins[k] + rng.integers(0, lengths[k])] ^= 1 << int(rng.integers(0, 8))
+        assert stats.first_bad_piece(bad, lengths, good) == k
+        wrong = good.copy()  # the stored checksum changed instead of the bytes
+        wrong[k] ^= 0x80
+        assert stats.first_bad_piece(buf, lengths, wrong) == k
+    two = buf.copy()  # two corrupt pieces: the first is named
+    two[begins[-1]] ^= 1
+    two[begins[0]] ^= 1
+    assert stats.first_bad_piece(two, lengths, good) == 0
+
+
 @pytest.mark.parametrize("background", [True, False])
 def test_block_job(background, rng):
     a = rng.standard_normal(50_000)

@@ -60,6 +60,99 @@ def crc(data, value: int = 0) -> int:
     return _crc32c.crc32c(data, value)
 
 
+# -- checking many pieces with one CRC call -------------------------------
+#
+# CRC-32C is linear: for pieces A and B, crc(A + B) = Z_len(B)(crc(A)) ^ crc(B),
+# where Z_n is the (invertible, GF(2)-linear) effect on the register of n zero
+# bytes (zlib's crc32_combine).  So the CRC of a run of pieces follows from the
+# pieces' own CRCs without touching their bytes, and one CRC call over the run
+# checks every piece: a piece whose bytes changed changes the run's CRC too
+# (Z_n is invertible), so a run that matches holds no piece that would fail
+# alone, except for changes in several pieces that cancel (as likely as a
+# collision of one CRC-32C over the run).  An operator is kept as four
+# 256-entry tables, one per byte of the register, so applying it to an array
+# of CRCs is four lookups.
+
+_POLY = 0x82F63B78  # CRC-32C (Castagnoli), bit-reflected
+_BYTE_BITS = ((np.arange(256)[:, None] >> np.arange(8)) & 1).astype(bool)
+_ZEROS: dict[int, np.ndarray] = {}
+
+
+def _tables(images: np.ndarray) -> np.ndarray:
+    """Lookup tables (4, 256) of the linear map sending bit j to ``images[j]``."""
+    out = np.empty((4, 256), dtype=np.uint32)
+    for i in range(4):
+        out[i] = np.bitwise_xor.reduce(
+            np.where(_BYTE_BITS, images[8 * i : 8 * i + 8], np.uint32(0)), axis=1
+        )
+    return out
+
+
+def _apply(tab: np.ndarray, x: np.ndarray) -> np.ndarray:
+    return tab[0][x & 0xFF] ^ tab[1][(x >> 8) & 0xFF] ^ tab[2][(x >> 16) & 0xFF] ^ tab[3][x >> 24]
+
+
+_UNIT = np.uint32(1) << np.arange(32, dtype=np.uint32)
+
+
+def _zeros(n: int) -> np.ndarray:
+    """Tables of Z_n, the register's change over *n* zero bytes (cached)."""
+    tab = _ZEROS.get(n)
+    if tab is not None:
+        return tab
+    if n == 1:
+        images = []
+        for j in range(32):
+            r = 1 << j
+            for _ in range(8):
+                r = (r >> 1) ^ (_POLY if r & 1 else 0)
+            images.append(r)
+        tab = _tables(np.asarray(images, dtype=np.uint32))
+    else:
+        half = 1 << (n.bit_length() - 1)
+        if half == n:  # a power of two: Z_n = Z_(n/2) twice
+            inner = outer = _zeros(n // 2)
+        else:  # Z_n = Z_half after Z_(n - half)
+            inner, outer = _zeros(n - half), _zeros(half)
+        tab = _tables(_apply(outer, _apply(inner, _UNIT)))
+    _ZEROS[n] = tab
+    return tab
+
+
+def crc_concat(crcs: np.ndarray, length: int) -> int:
+    """CRC-32C of pieces of *length* bytes each, back to back, from the pieces' CRCs."""
+    c = np.asarray(crcs, dtype=np.uint32)
+    if c.size == 0:
+        return 0
+    pad = (1 << (c.size - 1).bit_length()) - c.size
+    if pad:  # a zero CRC in front adds nothing, whatever its length
+        c = np.concatenate([np.zeros(pad, dtype=np.uint32), c])
+    while c.size > 1:  # pairs of equal length: one operator per level
+        c = _apply(_zeros(length), c[0::2]) ^ c[1::2]
+        length *= 2
+    return int(c[0])
+
+
+def first_bad_piece(buf, lengths: np.ndarray, expected: np.ndarray) -> int:
+    """Index of the first piece of *buf* (pieces of *lengths* bytes, back to back) whose
+    CRC-32C is not *expected*, or -1 when all match.
+
+    Pieces of one length are checked with one CRC call over the whole buffer
+    (:func:`crc_concat`); only a mismatch, or pieces of different lengths, cost
+    a call per piece.
+    """
+    view = memoryview(buf).cast("B")
+    n = len(lengths)
+    if n >= 2 and int(lengths[0]) > 0 and bool(np.all(lengths == lengths[0])):
+        if crc_raw(view) == crc_concat(expected, int(lengths[0])):
+            return -1
+    ends = np.cumsum(lengths).tolist()
+    begins = [0, *ends[:-1]]
+    got = [crc_raw(view[a:b]) for a, b in zip(begins, ends, strict=True)]
+    bad = np.flatnonzero(np.asarray(got, dtype=np.int64) != np.asarray(expected, dtype=np.int64))
+    return int(bad[0]) if bad.size else -1
+
+
 def _flat_bytes(arr: np.ndarray) -> memoryview:
     return np.ascontiguousarray(arr).data.cast("B")
 

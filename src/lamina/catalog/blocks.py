@@ -93,6 +93,7 @@ class BlockTable:
         "_order",
         "_first",
         "_reach",
+        "_hull",
     )
 
     def __init__(
@@ -133,6 +134,7 @@ class BlockTable:
         self._order: np.ndarray | None = None  # rows sorted by start in dimension 0 (hits)
         self._first: np.ndarray | None = None  # their starts in dimension 0
         self._reach = 0  # the widest block's extent in dimension 0
+        self._hull: tuple[np.ndarray, np.ndarray] | None = None  # the box around every block
 
     def set_stats(
         self,
@@ -330,7 +332,7 @@ class BlockTable:
         return sum(
             getattr(self, name).nbytes
             for name in self.__slots__
-            if name not in ("dtype", "ndim", "_order", "_first", "_reach")
+            if name not in ("dtype", "ndim", "_order", "_first", "_reach", "_hull")
             and getattr(self, name) is not None
         )
 
@@ -389,6 +391,11 @@ class BlockTable:
         if bool(np.any(e <= s)):
             z = np.zeros((0, nd), dtype=np.int64)
             return np.zeros(0, dtype=np.int64), z, z
+        if self._hull is None:
+            self._hull = (self.start.min(axis=0), self.stop.max(axis=0))
+        if bool(np.all(s <= self._hull[0])) and bool(np.all(e >= self._hull[1])):
+            # the box holds every block (a read of everything): no search, no clipping
+            return np.arange(n, dtype=np.int64), self.start.copy(), self.stop.copy()
         if self._order is None or self._first is None:
             self._order = np.argsort(self.start[:, 0], kind="stable")
             self._first = self.start[self._order, 0]
@@ -481,17 +488,22 @@ class BlockTable:
         mags = take("<f8", n) if amax else None
 
         def fail(mask: np.ndarray, why: str) -> None:
-            if n and bool(mask.any()):
-                i = int(np.argmax(mask))
+            """Raise naming the first block where *mask* (one row per block) holds."""
+            if n and bool(mask.any()):  # the rows are looked at only when something is wrong
+                i = int(np.argmax(mask.reshape(n, -1).any(axis=1)))
                 box = f"{tuple(start[i].tolist())}..{tuple(stop[i].tolist())}"
                 raise FormatError(f"{where}: block {i} (box {box}) {why}")
 
         shape = np.asarray(spec.shape, dtype=np.int64)
+        ext = stop - start
         if nd:
             fail(
-                np.any((start < 0) | (stop < start) | (stop > shape), axis=1),
+                (start < 0) | (ext < 0) | (stop > shape),
                 f"is outside the dataset's shape {spec.shape}",
             )
+        size = np.ones(n, dtype=np.int64)  # elements per box, a column at a time
+        for d in range(nd):
+            size *= ext[:, d]
         big = LIMIT
         fail((offset >= big) | (length >= big), "has an impossible offset or length")
         fail(codec > _MAX_CODEC, "has an unknown codec id")
@@ -508,13 +520,8 @@ class BlockTable:
             (codec == BlockCodec.STATS_ONLY) & (len64 != 0),
             "keeps statistics only but claims bytes",
         )
-        raw = (
-            np.prod(stop - start, axis=1, dtype=np.int64) * dt.itemsize
-            if nd
-            else np.full(n, dt.itemsize)
-        )
         fail(
-            (codec == BlockCodec.RAW) & (len64 != raw),
+            (codec == BlockCodec.RAW) & (len64 != size * dt.itemsize),
             "is raw but its length is not its box's bytes",
         )
         fail(
@@ -528,7 +535,6 @@ class BlockTable:
             raise FormatError(
                 f"{where}: checksum counts add up to {int(ncrc.sum())}, the section holds {ncrcs}"
             )
-        size = np.prod(stop - start, axis=1, dtype=np.int64) if nd else np.ones(n, np.int64)
         fail((has == 1) & (count > size.astype(np.uint64)), "counts more values than its box holds")
         if mags is not None:
             fail(~(mags >= 0), "has a coefficient magnitude that is negative or NaN")

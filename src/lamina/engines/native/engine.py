@@ -44,6 +44,40 @@ SCATTER_ELEMENTS = 4096
 PREALLOCATE_MIN = 1 << 20
 
 
+def _place_grid(out: np.ndarray, corner: np.ndarray, shape: np.ndarray, values) -> bool:
+    """Put blocks of one *shape* (values back to back, block k at ``corner[k]`` of *out*)
+    in place with one strided copy when they tile a box of *out* without gaps; False
+    (nothing written) when they do not."""
+    n = len(corner)
+    shape = np.asarray(shape, dtype=np.int64)
+    if n < 2 or out.ndim == 0 or bool(np.any(shape <= 0)):
+        return False
+    cell, phase = np.divmod(corner, shape)
+    if bool(np.any(phase != phase[0])):
+        return False
+    low = cell.min(axis=0)
+    extent = cell.max(axis=0) - low + 1
+    if int(np.prod(extent)) != n:
+        return False
+    lin = np.ravel_multi_index(tuple((cell - low).T), tuple(int(v) for v in extent))
+    order = np.argsort(lin, kind="stable")
+    if not bool(np.array_equal(lin[order], np.arange(n))):
+        return False  # a cell twice (overlapping blocks): not a tiling
+    start = phase[0] + low * shape
+    stop = start + extent * shape
+    if bool(np.any(stop > np.asarray(out.shape))):
+        return False
+    region = out[tuple(slice(int(a), int(b)) for a, b in zip(start, stop, strict=True))]
+    nd = out.ndim
+    split = [int(v) for pair in zip(extent, shape, strict=True) for v in pair]
+    view = region.reshape(split).transpose([*range(0, 2 * nd, 2), *range(1, 2 * nd, 2)])
+    src = np.asarray(values).reshape(n, *(int(v) for v in shape))
+    if not bool(np.array_equal(order, np.arange(n))):
+        src = src[order]
+    view[...] = src.reshape(view.shape)
+    return True
+
+
 def _pwrite_all(fd: int, buf, offset: int) -> None:
     mv = memoryview(buf).cast("B")
     if len(mv) >= PREALLOCATE_MIN:
@@ -474,14 +508,16 @@ class NativeEngine(BlockEngine):
             return None
         base = rec.area_offset
 
-        def load(off: int, n: int) -> bytes:
-            buf = bytearray(n)
+        def load(off: int, n: int) -> memoryview:
+            # read into memory nobody cleared, handed over read-only: no second copy
+            buf = np.empty(n, dtype=np.uint8)
             try:
-                _pread_into(self._meta_reader(), memoryview(buf), base + off, what)
+                _pread_into(self._meta_reader(), buf.data, base + off, what)
             except FormatError:
                 self._check_identity()  # a file re-created under this reader says so
                 raise
-            return bytes(buf)
+            buf.flags.writeable = False
+            return buf.data
 
         return rec.step_blocks(load, what)
 
@@ -802,39 +838,36 @@ class NativeEngine(BlockEngine):
         fd = self._fd(name)
         buf = np.empty(total, dtype=np.uint8)
         _pread_into(fd, buf.data, first, f"{self.path}/{name}: dataset {spec.path!r}")
-        crc = stats_mod.crc_raw
         dt = spec.dtype
         rows = idx[ks]
         lengths = t.length[rows]
-        ends = np.cumsum(lengths).tolist()
-        begins = [0, *ends[:-1]]
-        view = buf.data
-        got = [crc(view[a:b]) for a, b in zip(begins, ends, strict=True)]
-        bad = np.flatnonzero(np.asarray(got, dtype=np.int64) != t.crcs[t.crc_ptr[rows]])
-        if bad.size:
-            j = int(bad[0])
+        j = stats_mod.first_bad_piece(buf, lengths, t.crcs[t.crc_ptr[rows]])
+        if j >= 0:
+            begin = int(lengths[:j].sum())
             raise ChecksumError(
                 f"checksum mismatch in {self.path}/{name}: dataset {spec.path!r} block "
-                f"{t.box(int(rows[j]))}, segment 0 (bytes {first + begins[j]}..{first + ends[j]}): "
-                "the data is corrupt"
+                f"{t.box(int(rows[j]))}, segment 0 (bytes {first + begin}.."
+                f"{first + begin + int(lengths[j])}): the data is corrupt"
             )
         shape = t.stop[int(rows[0])] - t.start[int(rows[0])]
-        size = int(np.prod(shape))
-        if (
-            out.flags.c_contiguous
-            and size <= SCATTER_ELEMENTS
-            and bool(np.all(lengths == lengths[0]))
-            and bool(np.all(t.stop[rows] - t.start[rows] == shape))
-        ):  # blocks of one shape: one index array, one scatter of the whole run
-            corner = rel_lo[ks]
+        one_shape = bool(np.all(lengths == lengths[0])) and bool(
+            np.all(t.stop[rows] - t.start[rows] == shape)
+        )
+        corner = rel_lo[ks]
+        if one_shape and _place_grid(out, corner, shape, buf.view(dt)):
+            return
+        if one_shape and out.flags.c_contiguous and int(np.prod(shape)) <= SCATTER_ELEMENTS:
+            # blocks of one shape: one index array, one scatter of the whole run
             strides = np.asarray(out.strides, dtype=np.int64) // out.itemsize
             grid = np.indices(tuple(int(v) for v in shape)).reshape(len(shape), -1)
             within = np.asarray(np.ravel_multi_index(tuple(grid), out.shape), dtype=np.int64)
             where = (corner @ strides)[:, None] + within[None, :]
             out.reshape(-1)[where.reshape(-1)] = buf.view(dt)
             return
+        ends = np.cumsum(lengths).tolist()
+        begins = [0, *ends[:-1]]
         for lo_k, hi_k, a, b in zip(
-            rel_lo[ks].tolist(), rel_hi[ks].tolist(), begins, ends, strict=True
+            corner.tolist(), rel_hi[ks].tolist(), begins, ends, strict=True
         ):
             dst = out[tuple(map(slice, lo_k, hi_k))]
             dst[...] = buf[a:b].view(dt).reshape(dst.shape)

@@ -1,0 +1,103 @@
+"""Reads of many small blocks against numpy.
+
+Blocks back to back in a subfile are read with one pread per run, checked
+with one CRC call per run and, where blocks of one shape tile a box of the
+output, put in place with one strided copy (``_place_grid``); otherwise one
+scatter or a copy per block.  Whatever the path, a read gives what numpy
+gives on the array the blocks were cut from: here with grids in any order,
+grids with holes, blocks off the grid's phase, blocks of several shapes and
+read boxes that cut blocks.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import lamina
+from lamina.engines.native.engine import _place_grid
+
+pytestmark = pytest.mark.usefixtures("fast_native")
+
+FILL = -1.0
+
+
+@st.composite
+def tilings(draw):
+    nd = draw(st.integers(1, 3))
+    shape = tuple(draw(st.integers(1, 4)) for _ in range(nd))
+    grid = tuple(draw(st.integers(1, 4)) for _ in range(nd))
+    phase = tuple(draw(st.integers(0, 3)) for _ in range(nd))
+    extra = tuple(draw(st.integers(0, 3)) for _ in range(nd))
+    cells = list(np.ndindex(*grid))
+    order = draw(st.permutations(range(len(cells))))
+    holes = draw(st.sets(st.integers(0, len(cells) - 1), max_size=max(0, len(cells) - 2)))
+    odd = draw(st.booleans())  # one block cut in two along axis 0 (a block of another shape)
+    seed = draw(st.integers(0, 2**32 - 1))
+    return shape, grid, phase, extra, [cells[i] for i in order if i not in holes], odd, seed
+
+
+@settings(max_examples=60, deadline=None)
+@given(tilings(), st.data())
+def test_reads_match_numpy(tiling, data):
+    shape, grid, phase, extra, cells, odd, seed = tiling
+    nd = len(shape)
+    full = tuple(p + g * s + x for p, g, s, x in zip(phase, grid, shape, extra, strict=True))
+    rng = np.random.default_rng(seed)
+    truth = np.full(full, FILL)
+    boxes = []
+    for cell in cells:
+        lo = tuple(p + c * s for p, c, s in zip(phase, cell, shape, strict=True))
+        hi = tuple(a + s for a, s in zip(lo, shape, strict=True))
+        if odd and cell == cells[0] and shape[0] > 1:  # this block as two of other shapes
+            mid = lo[0] + 1
+            boxes += [(lo, (mid, *hi[1:])), ((mid, *lo[1:]), hi)]
+        else:
+            boxes.append((lo, hi))
+    for lo, hi in boxes:
+        truth[tuple(map(slice, lo, hi))] = rng.random(
+            tuple(b - a for a, b in zip(lo, hi, strict=True))
+        )
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "runs.lam")
+        with lamina.open(path, "w", engine="native") as f:
+            ds = f.create_dataset("u", full, "f8", fill=FILL)
+            with f.step():
+                for lo, hi in boxes:
+                    ds.write(truth[tuple(map(slice, lo, hi))], offset=lo)
+        with lamina.open(path, "r", engine="native") as f:
+            ds = f["u"]
+            np.testing.assert_array_equal(ds[...], truth)
+            for _ in range(3):  # boxes that cut blocks, hold some whole, or miss them all
+                lo = [data.draw(st.integers(0, n - 1)) for n in full]
+                hi = [data.draw(st.integers(a + 1, n)) for a, n in zip(lo, full, strict=True)]
+                key = tuple(map(slice, lo, hi))
+                np.testing.assert_array_equal(ds[key], truth[key])
+            if nd > 1:  # into a strided output (not C-contiguous)
+                out = np.zeros(full[::-1]).T
+                ds.read(out=out)
+                np.testing.assert_array_equal(out, truth)
+
+
+def test_place_grid_refuses_what_is_not_a_tiling():
+    out = np.zeros((8, 8))
+    shape = np.array([2, 2])
+    vals = np.arange(16.0)
+    # four blocks of a 2 x 2 grid in reverse order: one copy, each block in its cell
+    corners = np.array([[2, 2], [2, 0], [0, 2], [0, 0]])
+    assert _place_grid(out, corners, shape, vals)
+    for k, (i, j) in enumerate(corners):
+        np.testing.assert_array_equal(out[i : i + 2, j : j + 2].ravel(), vals[4 * k : 4 * k + 4])
+    before = out.copy()
+    # a hole (three blocks of a 2 x 2 grid), the same cell twice, blocks off the phase,
+    # a grid reaching past the output: nothing written
+    assert not _place_grid(out, corners[:3], shape, vals[:12])
+    assert not _place_grid(out, np.array([[0, 0], [0, 0], [2, 0], [2, 2]]), shape, vals)
+    assert not _place_grid(out, np.array([[0, 0], [0, 3]]), shape, vals[:8])
+    assert not _place_grid(out, np.array([[6, 6], [6, 8]]), shape, vals[:8])
+    np.testing.assert_array_equal(out, before)
