@@ -293,7 +293,7 @@ def test_summarize_agrees_with_compute(dtype, rng):
     got = summarize(blocks)
     assert len(got.crcs) == len(blocks)
     for i, b in enumerate(blocks):
-        st, crcs = got.stats(i), got.crcs[i]
+        st, crcs = got.stats(i), (int(got.crcs[i]),)
         want, wcrcs = compute(b, 0)
         assert crcs == wcrcs == (crc32c.crc32c(b.tobytes()),)
         assert st.count == want.count
@@ -313,3 +313,14 @@ def test_summarize_refuses_empty_blocks():
     with pytest.raises(ValueError, match="non-empty"):
         summarize([np.ones(3), np.ones(0)])
     assert len(summarize([]).mins) == 0
+
+
+def test_summarize_checksums_are_one_column(rng):
+    """One uint32 CRC-32C per block, or None when checksums are off."""
+    blocks = [rng.standard_normal(int(n)) for n in (1, 5, 64)]
+    got = summarize(blocks)
+    assert got.crcs is not None and got.crcs.dtype == np.uint32
+    assert got.crcs.tolist() == [crc32c.crc32c(b.tobytes()) for b in blocks]
+    assert summarize(blocks, checksum=False).crcs is None
+    assert summarize([], checksum=False).crcs is None
+    assert summarize([]).crcs is not None and summarize([]).crcs.size == 0

@@ -241,3 +241,56 @@ def test_zero_dim_dataset_and_bad_offsets(tmp_path):
                 v.write_blocks("ab", [[0]])
     with lamina.open(path) as f:
         assert f["s"][()] == 3.5 and f["s"].blocks(0)[0].stats.count == 1
+
+
+@pytest.mark.parametrize("layout", ["mixed", "staged", "gap"])
+def test_log_views_give_each_rows_bytes_in_order(rng, layout):
+    """The bytes a commit sends for a set of rows: staged batches, staged single blocks, blocks
+    kept apart (payloads) and two datasets interleaved, whole or in part, in row order.
+    "staged": every row in a chunk, in order (one view per chunk, no look at each row);
+    "gap": a block kept apart between two chunks."""
+    log = staging.PutLog()
+    want: dict[int, bytes] = {}
+    chunk = staging.Chunk(1 << 12)
+    log.chunks.append(chunk)
+
+    def batch(did: int, n: int, c: staging.Chunk) -> None:
+        data = rng.integers(0, 256, (n, 16), dtype=np.uint8)
+        starts = np.zeros((n, 1), dtype=np.int64)
+        first = log.add_many(did, starts, starts + 16, 16, 0)
+        log.stage_run(first, n, 16, np.dtype("u1"), data.reshape(-1), c)
+        for k in range(n):
+            want[first + k] = data[k].tobytes()
+
+    def single(did: int, staged: bool) -> None:
+        arr = rng.integers(0, 256, 8, dtype=np.uint8)
+        row = log.add(did, (0,), (8,), 8, 0, payload=None if staged else arr)
+        if staged:
+            log.stage(row, arr, chunk)
+        want[row] = arr.tobytes()
+
+    batch(0, 5, chunk)
+    if layout == "gap":
+        single(0, False)
+        chunk = staging.Chunk(1 << 12)
+        log.chunks.append(chunk)
+    single(0, True)
+    if layout == "mixed":
+        single(0, False)  # kept apart: the rows around it are in one chunk, not one run of bytes
+    batch(0, 3, chunk)
+    later = staging.Chunk(1 << 12)
+    log.chunks.append(later)
+    batch(0, 4, later)
+    if layout == "mixed":
+        batch(1, 2, later)  # another dataset between
+    batch(0, 2, later)
+    n = len(log)
+    rows_of = {d: [r for r in range(n) if log.ds[r] == d] for d in (0, 1)}
+    cases = [list(range(n)), rows_of[0], rows_of[1], list(range(0, 6)), list(range(7, 14))]
+    cases += [list(range(9, n)), list(range(6, 7)), [0, 2, 9]]
+    for rows in cases:
+        views = log.views(rows)
+        got = b"".join(bytes(v) for v in views)
+        assert got == b"".join(want[r] for r in rows), rows
+        if layout == "staged" and rows == list(range(n)):
+            assert len(views) == 2  # one per chunk

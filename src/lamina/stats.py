@@ -261,7 +261,7 @@ class Summary(NamedTuple):
     maxs: np.ndarray
     sums: np.ndarray  # float64, complex128 for complex data
     counts: np.ndarray  # int64
-    crcs: list[tuple[int, ...]]  # one CRC-32C per block (empty tuples without checksums)
+    crcs: np.ndarray | None  # uint32: one CRC-32C per block (None without checksums)
 
     def stats(self, i: int) -> Stats:
         """Block *i*'s statistics as a :class:`~lamina.catalog.Stats`."""
@@ -277,7 +277,9 @@ def summarize(arrays: Sequence[np.ndarray], checksum: bool = True) -> Summary:
     """
     if not arrays:
         e = np.zeros(0)
-        return Summary(e, e, e, np.zeros(0, dtype=np.int64), [])
+        return Summary(
+            e, e, e, np.zeros(0, dtype=np.int64), np.zeros(0, np.uint32) if checksum else None
+        )
     flats = [_values(np.ascontiguousarray(a)) for a in arrays]
     sizes = np.fromiter((f.size for f in flats), dtype=np.int64, count=len(flats))
     values = np.concatenate(flats) if len(flats) > 1 else flats[0]
@@ -316,11 +318,16 @@ def summarize_flat(values: np.ndarray, sizes: np.ndarray, checksum: bool = True)
                 a = int(starts[i])
                 st, _ = compute(values[a : a + int(sizes[i])], 0, checksum=False)
                 mn[i], mx[i], sums[i], count[i] = st.min, st.max, st.sum, st.count
-    crcs: list[tuple[int, ...]] = [()] * len(sizes)
+    crcs = None
     if checksum:
         raw = values.view(np.uint8).data
         edges = (np.append(starts, flat.size) * dt.itemsize).tolist()
-        crcs = [(crc(raw[a:b]),) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+        c = crc_raw
+        crcs = np.fromiter(
+            (c(raw[a:b]) for a, b in zip(edges[:-1], edges[1:], strict=True)),
+            dtype=np.uint32,
+            count=len(sizes),
+        )
     return Summary(mn, mx, sums, count, crcs)
 
 

@@ -36,7 +36,6 @@ before it changes.
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from collections.abc import Sequence
@@ -85,13 +84,13 @@ from ..errors import (
     mark_collective,
     suggest,
 )
-from ..geometry import Box, check_ranks_disjoint
+from ..geometry import Box, check_ranks_disjoint, find_overlap_arrays
 from ..layouts import read as layout_read
 from ..layouts import write as layout_write
 from ..layouts.spec import Layout, level_specs
 from .base import Engine
 from .batch import Batch, cast, check_batch
-from .staging import SMALL, BoxIndex, Chunk, PutLog, enter_box, enter_boxes
+from .staging import SMALL, BoxIndex, Chunk, PutLog, enter_box, enter_boxes, index_of
 
 #: options every block engine takes
 COMMON_OPTIONS = frozenset({"checksum_segment", "background_stats", "wait"})
@@ -223,6 +222,14 @@ def dataset_not_found(catalog: Catalog, name: str) -> NotFoundError:
     if kind == "group":
         return NotFoundError(f"{name!r} is a group, not a dataset")
     return NotFoundError(f"no dataset {name!r} in this file.{suggest(name, catalog.datasets)}")
+
+
+def _hulls_apart(heads: list[DatasetHead]) -> bool:
+    """Whether the boxes around each rank's blocks are pairwise disjoint (then no block of
+    one rank overlaps a block of another: each rank's own were tested at put)."""
+    lo = np.stack([h.start.min(axis=0) if len(h.start) else h.start.sum(axis=0) for h in heads])
+    hi = np.stack([h.stop.max(axis=0) if len(h.stop) else h.stop.sum(axis=0) for h in heads])
+    return find_overlap_arrays(lo, hi) is None
 
 
 class BlockEngine(Engine):
@@ -735,7 +742,7 @@ class BlockEngine(Engine):
         for did, rows in log.rows.items():
             nd = self.catalog.specs[did].ndim
             n = len(rows)
-            sel = np.array(rows, dtype=np.int64)
+            sel = index_of(rows)
             starts, stops = log.boxes(did, nd)
             e.u32(did)
             e.u64(n)
@@ -800,6 +807,8 @@ class BlockEngine(Engine):
             parts = [(r, mine[did]) for r, mine in enumerate(heads.ranks) if did in mine]
             if len(parts) < 2:
                 continue  # one rank's boxes were tested at put
+            if _hulls_apart([h for _, h in parts]):
+                continue  # no box of one rank can meet a box of another
             check_ranks_disjoint(
                 np.concatenate([h.start for _, h in parts]),
                 np.concatenate([h.stop for _, h in parts]),
@@ -820,16 +829,15 @@ class BlockEngine(Engine):
         e.u32(len(log.rows))
         for did in log.rows:
             dt = self.catalog.specs[did].dtype
-            segs, crcs, has, smin, smax, ssum, count = log.stats_columns(
+            segs, ncrc, flat, has, smin, smax, ssum, count = log.stats_columns(
                 did, dt, self.segment, self.CHECKSUMS, self._with_stats and self._stats_in_record
             )
             n = len(segs)
-            flat = np.fromiter(itertools.chain.from_iterable(crcs), dtype=np.uint32)
             e.u32(did)
             e.u64(n)
             e.u64(len(flat))
             e.array(segs, "<i8")
-            e.array(np.fromiter(map(len, crcs), dtype=np.uint32, count=n), "<u4")
+            e.array(ncrc, "<u4")
             e.array(flat, "<u4")
             e.array(has, "u1")
             e.array(smin, stat_dtype(dt))

@@ -141,6 +141,7 @@ class PutLog:
         self.chunk: list[Chunk | None] = []  # the chunk a staged block lies in
         self.coff: list[int] = []  # its offset there
         self.job: list[stats_mod.StatsJob | None] = []  # statistics of a block not staged
+        self.jobbed: list[int] = []  # the rows that have one
         # per dataset: its rows and their boxes, in put order; the boxes as pieces (arrays
         # of a batch or of earlier single puts) and a tail of single puts' tuples
         self.rows: dict[int, list[int]] = {}
@@ -178,6 +179,8 @@ class PutLog:
         self.chunk.append(None)
         self.coff.append(0)
         self.job.append(job)
+        if job is not None:
+            self.jobbed.append(row)
         rows = self.rows.get(did)
         if rows is None:
             self.rows[did], self.starts[did], self.stops[did] = [row], [start], [stop]
@@ -246,14 +249,14 @@ class PutLog:
                 continue
             if coff is None:
                 coff = np.array(self.coff, dtype=np.int64)
-            at = np.array(c.rows, dtype=np.int64)
+            at = index_of(c.rows)
             located[at] = True
             session[at], agg[at] = c.loc[0], c.loc[1]
             offset[at] = c.loc[2] + coff[at]
         for r, loc in self.placed.items():
             located[r] = True
             session[r], agg[r], offset[r] = loc
-        sel = np.array(rows, dtype=np.int64)
+        sel = index_of(rows)
         return located[sel], session[sel], agg[sel], offset[sel]
 
     def stage_run(self, first_row: int, count: int, nbytes: int, dtype, data, chunk: Chunk) -> None:
@@ -288,11 +291,11 @@ class PutLog:
         if len(rows) == len(self.ds):  # every row (one dataset): every chunk with rows
             return [c for c in self.chunks if c.rows]
         mine = self._mask(rows)
-        return [c for c in self.chunks if c.rows and mine[np.array(c.rows)].any()]
+        return [c for c in self.chunks if c.rows and mine[index_of(c.rows)].any()]
 
     def _mask(self, rows: list[int]) -> np.ndarray:
         m = np.zeros(len(self.ds), dtype=bool)
-        m[np.array(rows, dtype=np.int64)] = True
+        m[index_of(rows)] = True
         return m
 
     def reduce_staged(self, did: int) -> None:
@@ -303,7 +306,10 @@ class PutLog:
 
     def ready(self) -> bool:
         """Whether every statistics job of this step has finished (stats_columns will not wait)."""
-        return all(c.done() for c in self.chunks) and all(j is None or j.done() for j in self.job)
+        jobs = self.job
+        return all(c.done() for c in self.chunks) and all(
+            (j := jobs[r]) is None or j.done() for r in self.jobbed
+        )
 
     def wait(self) -> None:
         """Let every background job finish (before a failed step's buffers go)."""
@@ -312,7 +318,8 @@ class PutLog:
                 c.wait()
             except Exception:
                 pass
-        for j in self.job:
+        for r in self.jobbed:
+            j = self.job[r]
             if j is not None:
                 try:
                     j.result()
@@ -321,6 +328,9 @@ class PutLog:
 
     def views(self, rows: list[int]):
         """The bytes of *rows* (in that order) as few memoryviews: consecutive staged rows of a chunk as one."""
+        spans = self._chunk_spans(rows)
+        if spans is not None:
+            return spans
         out: list[memoryview] = []
         cur: tuple[Chunk, int, int] | None = None  # (chunk, start, end) being extended
         for r in rows:
@@ -343,8 +353,34 @@ class PutLog:
             out.append(cur[0].buf.data[cur[1] : cur[2]])
         return out
 
+    def _chunk_spans(self, rows: list[int]) -> list[memoryview] | None:
+        """:meth:`views` of a run of consecutive rows that chunks hold whole, one view per
+        chunk without a look at each row; None for anything else."""
+        n = len(rows)
+        if not n or rows[-1] - rows[0] != n - 1:
+            return None
+        a, b = rows[0], rows[-1] + 1
+        spans = []
+        for c in self.chunks:
+            cr = c.rows
+            if not cr or cr[-1] < a or cr[0] >= b:
+                continue
+            if cr[0] < a or cr[-1] >= b or cr[-1] - cr[0] != len(cr) - 1:
+                return None
+            spans.append((cr[0], cr[-1], c))
+        spans.sort(key=lambda s: s[0])
+        out = []
+        expect = a
+        for first, last, c in spans:
+            if first != expect:
+                return None  # a row between them is not staged
+            out.append(c.buf.data[self.coff[first] : self.coff[last] + self.length[last]])
+            expect = last + 1
+        return out if expect == b else None
+
     def stats_columns(self, did: int, dtype: np.dtype, seg: int, checksum: bool, stats: bool):
-        """Columns of dataset *did*'s rows, in order: seg, ncrc, crcs (flat), has_stats, min, max, sum, count.
+        """Columns of dataset *did*'s rows, in order: seg, ncrc, crcs (flat), has_stats, min,
+        max, sum, count.
 
         Without *checksum* every block gets one checksum 0 and segment 0
         (the record format wants one per block); without *stats*, none.
@@ -356,52 +392,64 @@ class PutLog:
         ssum = np.zeros(n, dtype=sum_dtype(dtype))
         count = np.zeros(n, dtype=np.int64)
         has = np.zeros(n, dtype=bool)
-        crcs: list[tuple[int, ...]] = [(0,)] * n
+        one = np.zeros(n, dtype=np.uint32)  # the checksum of each block that has one
+        many: dict[int, tuple[int, ...]] = {}  # blocks with another number of checksums
         segs = np.zeros(n, dtype=np.int64)
-        if not (stats or checksum):  # nothing to wait for (statistics that follow the record)
-            return segs, crcs, has, smin, smax, ssum, count
-        pos = np.full(len(self.ds), -1, dtype=np.int64)  # row -> its place among *rows*
-        pos[np.array(rows, dtype=np.int64)] = np.arange(n)
-        for c in self.chunks_of(rows):  # staged rows: from their chunk's summaries, a run at a time
-            c.wait()
-            crows = np.array(c.rows, dtype=np.int64)
-            for first, s in c.summaries or ():
-                sel = pos[crows[first : first + len(s.counts)]]
-                mine = np.flatnonzero(sel >= 0)
-                if not mine.size:
+        if stats or checksum:  # else nothing to wait for (statistics that follow the record)
+            sel = index_of(rows)
+            pos = np.full(len(self.ds), -1, dtype=np.int64)  # row -> its place among *rows*
+            pos[sel] = np.arange(n)
+            for c in self.chunks_of(rows):  # staged rows: their chunk's summaries, run by run
+                c.wait()
+                crows = index_of(c.rows)
+                for first, s in c.summaries or ():
+                    j = pos[crows[first : first + len(s.counts)]]
+                    mine = np.flatnonzero(j >= 0)
+                    if not mine.size:
+                        continue
+                    j = j[mine]
+                    if stats:
+                        smin[j], smax[j] = s.mins[mine], s.maxs[mine]
+                        ssum[j], count[j] = s.sums[mine], s.counts[mine]
+                        has[j] = True
+                    if checksum and s.crcs is not None:
+                        one[j] = s.crcs[mine]
+            for r in self.jobbed:  # blocks summarized on their own
+                k = int(pos[r])
+                job = self.job[r]
+                if k < 0 or job is None:
                     continue
-                j = sel[mine]
-                if stats:
-                    smin[j], smax[j] = s.mins[mine], s.maxs[mine]
-                    ssum[j], count[j] = s.sums[mine], s.counts[mine]
-                    has[j] = True
+                st, cr = job.result()
                 if checksum:
-                    got = s.crcs
-                    m = len(mine)
-                    if (
-                        m == len(got)
-                        and int(j[-1]) - int(j[0]) == m - 1
-                        and bool((np.diff(j) == 1).all())
-                    ):
-                        crcs[int(j[0]) : int(j[0]) + m] = got  # the common case: a run of rows
+                    if len(cr) == 1:
+                        one[k] = cr[0]
                     else:
-                        for a, b in zip(j.tolist(), mine.tolist(), strict=True):
-                            crcs[a] = got[b]
-        jobs = self.job
-        for k, r in enumerate(rows):
-            job = jobs[r]
-            if job is None:
-                continue
-            st, cr = job.result()
+                        many[k] = cr
+                if st is not None and stats:
+                    has[k] = True
+                    smin[k], smax[k], ssum[k], count[k] = st.min, st.max, st.sum, st.count
             if checksum:
-                crcs[k] = cr
-            if st is not None and stats:
-                has[k] = True
-                smin[k], smax[k], ssum[k], count[k] = st.min, st.max, st.sum, st.count
-        if checksum:
-            codec = np.array(self.codec, dtype=np.uint8)[np.array(rows, dtype=np.int64)]
-            segs[codec != BlockCodec.STATS_ONLY] = seg
-        return segs, crcs, has, smin, smax, ssum, count
+                codec = np.array(self.codec, dtype=np.uint8)[sel]
+                segs[codec != BlockCodec.STATS_ONLY] = seg
+        ncrc = np.ones(n, dtype=np.uint32)
+        if not many:
+            return segs, ncrc, one, has, smin, smax, ssum, count
+        for k, cr in many.items():
+            ncrc[k] = len(cr)
+        flat = np.fromiter(
+            itertools.chain.from_iterable(many.get(k, (int(one[k]),)) for k in range(n)),
+            dtype=np.uint32,
+        )
+        return segs, ncrc, flat, has, smin, smax, ssum, count
+
+
+def index_of(rows: list[int]) -> np.ndarray:
+    """*rows* (ascending, as the log appends them) as an int64 array; a run of consecutive
+    rows, the common case, without reading the list."""
+    n = len(rows)
+    if n and rows[-1] - rows[0] == n - 1:
+        return np.arange(rows[0], rows[0] + n, dtype=np.int64)
+    return np.array(rows, dtype=np.int64)
 
 
 class BoxIndex:

@@ -455,7 +455,7 @@ class Producer(TransportBase):
         else:
             dt = self.catalog.specs[did].dtype
             log.reduce_staged(did)  # chunks not reduced yet (lazily: the first request does it)
-            _, _, has, smin, smax, ssum, count = log.stats_columns(did, dt, 0, False, True)
+            _, _, _, has, smin, smax, ssum, count = log.stats_columns(did, dt, 0, False, True)
             out = wire.encode_stats(dt, has, smin, smax, ssum, count)
         self._answers.send(link.inter, [out, MPI.BYTE], None, src, Tag.STATS)
 
