@@ -391,9 +391,12 @@ def _exact_answer(src: Source, pred: Expr, shape, cache: dict, result: QueryResu
     ndim = box.ndim
     coords = np.concatenate(found) if found else np.zeros((0, ndim), dtype=np.int64)
     order = None
-    if ndim and coords.shape[0] > 1:  # C order over the region (units may interleave)
-        order = np.lexsort(coords.T[::-1])
-        coords = coords[order]
+    if ndim and coords.shape[0] > 1 and len(found) > 1:
+        # C order over the region (units may interleave; each part's coordinates are in order)
+        lin = np.ravel_multi_index(tuple((coords - np.asarray(box.start)).T), box.shape)
+        if not bool(np.all(lin[1:] > lin[:-1])):
+            order = np.argsort(lin, kind="stable")
+            coords = coords[order]
     values: dict[str, np.ndarray] = {}
     for p in sel:
         parts = picked[p]
