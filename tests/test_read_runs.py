@@ -101,3 +101,15 @@ def test_place_grid_refuses_what_is_not_a_tiling():
     assert not _place_grid(out, np.array([[0, 0], [0, 3]]), shape, vals[:8])
     assert not _place_grid(out, np.array([[6, 6], [6, 8]]), shape, vals[:8])
     np.testing.assert_array_equal(out, before)
+
+
+@pytest.mark.parametrize("kind", ["fortran", "sliced"])
+def test_place_grid_writes_into_strided_outputs(kind):
+    """The copy goes into the caller's array whatever its strides (never into a copy of it)."""
+    base = np.zeros((10, 12)) if kind == "sliced" else np.zeros((12, 8)).T
+    out = base[1:9, 2:10] if kind == "sliced" else base
+    corners = np.array([[0, 0], [0, 4], [4, 0], [4, 4]])
+    vals = np.arange(64.0)
+    assert _place_grid(out, corners, np.array([4, 4]), vals)
+    for k, (i, j) in enumerate(corners):
+        np.testing.assert_array_equal(out[i : i + 4, j : j + 4].ravel(), vals[16 * k : 16 * k + 16])

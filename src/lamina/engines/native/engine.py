@@ -71,6 +71,8 @@ def _place_grid(out: np.ndarray, corner: np.ndarray, shape: np.ndarray, values) 
     nd = out.ndim
     split = [int(v) for pair in zip(extent, shape, strict=True) for v in pair]
     view = region.reshape(split).transpose([*range(0, 2 * nd, 2), *range(1, 2 * nd, 2)])
+    if not np.may_share_memory(view, out):  # splitting axes is a view for any strides; be sure
+        return False
     src = np.asarray(values).reshape(n, *(int(v) for v in shape))
     if not bool(np.array_equal(order, np.arange(n))):
         src = src[order]
