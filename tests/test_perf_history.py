@@ -89,6 +89,38 @@ def test_add_ignores_nonsense_and_keeps_the_newest():
     assert h.samples("s")[-1] == (1000 + hist.MAX_SAMPLES + 4, 2, 0.5)
 
 
+def test_a_long_series_is_fitted_again_once_enough_new_samples_could_move_it():
+    """A run adds a sample per step; refitting a full series at every step would cost more
+    than the step's decision is worth, so the fit follows 1/REFIT of new samples."""
+    h = hist.History()
+    for b in (1 << 20, 4 << 20, 16 << 20):
+        for _ in range(hist.MAX_SAMPLES // 3 + 1):
+            h.add("s", b, 1, b / 1e9)  # 1 GB/s
+    assert len(h.samples("s")) == hist.MAX_SAMPLES
+    first = h.fit("s")
+    assert first.rate(4 << 20, 1) == pytest.approx(1e9)
+    assert h.median_rate("s") == pytest.approx(1e9)
+    # (the adds above left the count of new samples somewhere below the threshold)
+    for _ in range(hist.MAX_SAMPLES // hist.REFIT + 1):
+        h.add("s", 4 << 20, 1, (4 << 20) / 1e8)  # much slower now
+    assert h.fit("s").rate(4 << 20, 1) < 0.99e9  # fitted again
+    assert h.median_rate("s") == pytest.approx(1e9)  # most samples still say 1 GB/s
+    short = hist.History()
+    short.add("t", 1 << 20, 1, (1 << 20) / 1e9)
+    assert short.fit("t").rate(1 << 20, 1) == pytest.approx(1e9)
+    short.add("t", 1 << 20, 1, (1 << 20) / 3e9)  # a short series follows every sample
+    assert short.fit("t").rate(1 << 20, 1) == pytest.approx(2e9)
+
+
+@pytest.mark.parametrize("rates", [[3.0], [1.0, 5.0], [4.0, 1.0, 9.0], [2.0, 2.0, 8.0, 1.0]])
+def test_median_rate_is_numpys_median(rates):
+    h = hist.History()
+    assert h.median_rate("c") is None
+    for r in rates:
+        h.add("c", 1 << 20, 1, (1 << 20) / r)
+    assert h.median_rate("c") == pytest.approx(float(np.median(rates)))
+
+
 def test_save_merges_with_what_others_saved(tmp_path):
     path = str(tmp_path / "h.json")
     a, b = hist.load_history(path), hist.load_history(path)  # two runs, both from nothing

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -85,8 +85,10 @@ class Prediction:
     t_io_sync: float = math.nan  # t_io of a step written while the program waits (t_sync's)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {f: getattr(self, f) for f in _PREDICTION_FIELDS}
 
+
+_PREDICTION_FIELDS = tuple(f.name for f in fields(Prediction))
 
 #: the extension record where a writer under io='auto' keeps its decisions (rank 0's)
 DECISIONS_KEY = "lamina.io.decisions"
@@ -178,8 +180,8 @@ class AsyncModel:
         return self.history.fit(series if self.history.samples(series) else other)
 
     def copy_rate(self) -> float:
-        r = [b / s for b, _, s in self.history.samples(COPY_SERIES)]
-        return float(np.median(r)) if r else DEFAULT_COPY_RATE
+        r = self.history.median_rate(COPY_SERIES)
+        return DEFAULT_COPY_RATE if r is None else r
 
     def t_comp(self) -> float:
         """Weighted average of this run's compute phases (the newest weighs most); 0 before any."""

@@ -75,6 +75,9 @@ MAX_FILE_BYTES = 4 << 20
 FLOOR = 0.25
 #: a variable enters a fit only if its largest sample is at least this times its smallest
 SPREAD = 1.5
+#: a series is fitted again once the samples added since its fit are 1/REFIT of it (every
+#: sample while it is short; every 16th of a full series)
+REFIT = 16
 
 Sample = tuple[float, float, float]
 
@@ -167,6 +170,10 @@ class History:
     series: dict[str, list[Sample]] = field(default_factory=dict)
     added: dict[str, list[Sample]] = field(default_factory=dict)
     _fits: dict[str, Fit] = field(default_factory=dict, repr=False, compare=False)
+    _medians: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
+    #: samples added to each series since its fit: a long series is fitted again only once
+    #: enough new samples could move it (REFIT), not at every step of a run
+    _stale: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
     #: (path, inode, size, mtime) of the file this history was loaded from or saved to:
     #: while the file still has it, saving need not read the file again
     stamp: tuple | None = field(default=None, repr=False, compare=False)
@@ -180,7 +187,12 @@ class History:
             lst = d.setdefault(name, [])
             lst.append(s)
             del lst[:-MAX_SAMPLES]
-        self._fits.pop(name, None)
+        stale = self._stale.get(name, 0) + 1
+        if stale * REFIT >= len(self.series[name]):  # enough new samples to move the fit
+            self._fits.pop(name, None)
+            self._medians.pop(name, None)
+            stale = 0
+        self._stale[name] = stale
 
     def samples(self, name: str) -> list[Sample]:
         return self.series.get(name, [])
@@ -190,6 +202,18 @@ class History:
         if f is None:
             f = self._fits[name] = fit_rate(self.samples(name))
         return f
+
+    def median_rate(self, name: str) -> float | None:
+        """The median of ``x1 / seconds`` over series *name*; None without samples."""
+        m = self._medians.get(name)
+        if m is None:
+            got = self.samples(name)
+            if not got:
+                return None
+            r = np.sort(np.fromiter((x1 / t for x1, _, t in got), np.float64, len(got)))
+            k = len(r) // 2  # np.median's first call imports numpy.ma: milliseconds
+            m = self._medians[name] = float(r[k] if len(r) % 2 else 0.5 * (r[k - 1] + r[k]))
+        return m
 
     def seconds(self, name: str, x1: float, x2: float) -> float | None:
         """Predicted seconds of *x1* at *x2* from series *name*; None if it has no samples."""
