@@ -199,7 +199,9 @@ def test_auto_measures_compute_phases_and_decides(tmp_path, history_path):
         s = f.io_stats
     assert s["steps_auto_sync"] + s["steps_auto_async"] == 5
     d = s["decisions"]
-    assert d[0]["t_comp"] == 0.0  # nothing measured yet
+    # the first phase runs from open to the first end_step (less the writes): the program's
+    # work before it, here the definitions
+    assert 0 < d[0]["t_comp"] < 1.0
     assert all(x["t_comp_measured"] > 0 for x in d[:-1])
     assert d[-1]["t_comp"] > 0  # the average of the phases before it
 

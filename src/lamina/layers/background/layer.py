@@ -205,6 +205,9 @@ class BackgroundLayer(Layer):
         self.model = AsyncModel(load_history())
         self._rank = self.inner.comm.rank
         self.stats.mode = "auto" if self.auto else "async"
+        # the program's work before its first end_step is the first compute phase: without
+        # it the first decision would take t_comp = 0 and write the first steps at once
+        self._epoch_start = time.perf_counter()
 
     @property
     def asynchronous(self) -> bool:
