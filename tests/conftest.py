@@ -32,7 +32,11 @@ _histories = itertools.count()
 
 @pytest.fixture(autouse=True)
 def _own_history(monkeypatch):
+    from lamina.perf.history import wait_saves
+
     monkeypatch.setenv("LAMINA_HISTORY", os.path.join(HISTORY_DIR, f"h{next(_histories)}.json"))
+    yield
+    wait_saves()  # a writer's close saves on a thread: done before the next test
 
 
 # Modest example counts keep the whole in-process suite well under a minute;

@@ -121,6 +121,28 @@ def test_median_rate_is_numpys_median(rates):
     assert h.median_rate("c") == pytest.approx(float(np.median(rates)))
 
 
+def test_saves_on_threads_keep_every_sample_and_report_failures(tmp_path):
+    """A writer's close hands its history to a thread: saves in a row all land (one at a time),
+    load_history waits for them, and a save that cannot write says why."""
+    path = str(tmp_path / "h.json")
+    for k in range(4):  # each from its own load, as four writers closing one after another
+        h = hist.load_history(path) if k % 2 else hist.History()
+        h.add("async.io", 1 << 20 << k, 1, 0.001)
+        hist.save_history_soon(h, path)
+    got = hist.load_history(path).samples("async.io")  # waits for the saves first
+    assert sorted(x1 for x1, _, _ in got) == [1 << 20 << k for k in range(4)]
+    errors: list[OSError] = []
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    h = hist.History()
+    h.add("async.io", 1 << 20, 1, 0.001)
+    hist.save_history_soon(h, str(blocker / "h.json"), on_error=errors.append)
+    hist.wait_saves()
+    assert len(errors) == 1 and isinstance(errors[0], OSError)
+    hist.save_history_soon(hist.History(), path)  # nothing measured: no thread at all
+    hist.wait_saves()
+
+
 def test_save_merges_with_what_others_saved(tmp_path):
     path = str(tmp_path / "h.json")
     a, b = hist.load_history(path), hist.load_history(path)  # two runs, both from nothing

@@ -50,7 +50,15 @@ import numpy as np
 
 from ..catalog.wire import load_json
 from ..errors import FormatError
-from .history import Fit, History, default_path, fit_rate, load_history, save_history
+from .history import (
+    Fit,
+    History,
+    default_path,
+    fit_rate,
+    load_history,
+    save_history,
+    save_history_soon,
+)
 
 #: the series of the history this model fits and keeps: steps written in the background,
 #: steps written while the program waited for them, and the copies made at put
@@ -230,4 +238,5 @@ __all__ = [
     "fit_rate",
     "load_history",
     "save_history",
+    "save_history_soon",
 ]

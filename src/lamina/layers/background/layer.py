@@ -84,7 +84,7 @@ from ...perf.asyncmodel import (
     Prediction,
     encode_decisions,
     load_history,
-    save_history,
+    save_history_soon,
 )
 from ..base import Layer
 from .prefetch import Prefetcher
@@ -313,14 +313,16 @@ class BackgroundLayer(Layer):
         if self.model is None or not self._measured or self._rank != 0:
             return
         self._measured = False
-        try:
-            save_history(self.model.history)
-        except OSError as e:
+        mode = self.stats.mode
+
+        def failed(e: OSError) -> None:
             warnings.warn(
-                f"io={self.stats.mode!r}: cannot keep the I/O history: {e}",
-                LaminaWarning,
-                stacklevel=3,
+                f"io={mode!r}: cannot keep the I/O history: {e}", LaminaWarning, stacklevel=2
             )
+
+        # on a thread: the close need not wait for the file (a later open in this process,
+        # or the interpreter's exit, does)
+        save_history_soon(self.model.history, on_error=failed)
 
     def _shutdown(self) -> None:
         self._save_history()
