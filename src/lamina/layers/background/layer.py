@@ -325,7 +325,6 @@ class BackgroundLayer(Layer):
         save_history_soon(self.model.history, on_error=failed)
 
     def _shutdown(self) -> None:
-        self._save_history()
         with self._cond:
             self._pool.clear()
             self._stopping = True
@@ -333,6 +332,7 @@ class BackgroundLayer(Layer):
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
         self._thread = None
+        self._save_history()  # after the join: the save's JSON holds the GIL the thread needs
         if self._fcomm is not None:
             comm_mod.free(self._fcomm)
             self._fcomm = None
