@@ -8,6 +8,7 @@ they record (every decision with its predictions and measured outcome).
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -191,6 +192,7 @@ def test_auto_measures_compute_phases_and_decides(tmp_path, history_path):
     path = str(tmp_path / "auto.lam")
     a = np.ones(1 << 18)
     with lamina.open(path, "w", io="auto") as f:
+        time.sleep(0.3)  # set-up before the definitions: not the first compute phase
         f.create_dataset("x", a.shape, a.dtype)
         for k in range(5):
             with f.step():
@@ -201,7 +203,7 @@ def test_auto_measures_compute_phases_and_decides(tmp_path, history_path):
     d = s["decisions"]
     # the first phase runs from open to the first end_step (less the writes): the program's
     # work before it, here the definitions
-    assert 0 < d[0]["t_comp"] < 1.0
+    assert 0 < d[0]["t_comp"] < 0.2
     assert all(x["t_comp_measured"] > 0 for x in d[:-1])
     assert d[-1]["t_comp"] > 0  # the average of the phases before it
 

@@ -205,8 +205,9 @@ class BackgroundLayer(Layer):
         self.model = AsyncModel(load_history())
         self._rank = self.inner.comm.rank
         self.stats.mode = "auto" if self.auto else "async"
-        # the program's work before its first end_step is the first compute phase: without
-        # it the first decision would take t_comp = 0 and write the first steps at once
+        # the program's work before its first end_step (from open, or from its last dataset
+        # definition) is the first compute phase: without it the first decision would take
+        # t_comp = 0 and write the first steps at once
         self._epoch_start = time.perf_counter()
 
     @property
@@ -385,7 +386,11 @@ class BackgroundLayer(Layer):
         self._guarded()
         self._spec_cache.clear()  # a refused definition may undo others (CollectiveMismatchError)
         with self.lock:
-            return self.inner.define(spec)
+            out = self.inner.define(spec)
+        if self.model is not None and not self.model.compute:
+            # before the first end_step: definitions are set-up, the compute phase follows them
+            self._epoch_start = time.perf_counter()
+        return out
 
     def make_group(self, path: str) -> None:
         self._guarded()
