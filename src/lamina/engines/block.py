@@ -1023,7 +1023,10 @@ class BlockEngine(Engine):
         if not (self._with_stats or self.CHECKSUMS):
             c.summaries = []
             return
-        self._log.summarize(c, self.CHECKSUMS, self.background_stats)
+        # a chunk of a few blocks is summarized here: handing it to the thread costs more
+        self._log.summarize(
+            c, self.CHECKSUMS, self.background_stats and c.used >= stats_mod.BACKGROUND_MIN
+        )
 
     # ---------------------------------------------------------- reading
     def check_step(self, step: int | None) -> int:
