@@ -239,6 +239,17 @@ def test_crc_concat_large_pieces(rng):
         assert stats.crc_concat(np.array(pieces), length) == crc32c.crc32c(buf)
 
 
+def test_crc_concat_keeps_few_operators(monkeypatch, rng):
+    """Runs of many different block lengths do not grow the operator cache without bound."""
+    monkeypatch.setattr(stats, "_ZEROS", {})
+    monkeypatch.setattr(stats, "_ZEROS_MAX", 8)
+    for length in range(1, 80):
+        buf = rng.integers(0, 256, 5 * length, dtype=np.uint8)
+        pieces = [crc32c.crc32c(buf[i * length : (i + 1) * length]) for i in range(5)]
+        assert stats.crc_concat(np.array(pieces), length) == crc32c.crc32c(buf)
+        assert len(stats._ZEROS) <= 8
+
+
 @pytest.mark.parametrize("lengths", [[64] * 37, [8, 8], [512] * 1000, [3, 9, 3, 100, 1, 64]])
 def test_first_bad_piece_finds_each_corrupt_piece(lengths, rng):
     """A flipped bit in any piece is found and named by its position; a clean run gives -1."""

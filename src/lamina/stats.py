@@ -76,6 +76,8 @@ def crc(data, value: int = 0) -> int:
 _POLY = 0x82F63B78  # CRC-32C (Castagnoli), bit-reflected
 _BYTE_BITS = ((np.arange(256)[:, None] >> np.arange(8)) & 1).astype(bool)
 _ZEROS: dict[int, np.ndarray] = {}
+#: most operators kept (4 KiB each): runs of many different block lengths start it again
+_ZEROS_MAX = 2048
 
 
 def _tables(images: np.ndarray) -> np.ndarray:
@@ -115,6 +117,8 @@ def _zeros(n: int) -> np.ndarray:
         else:  # Z_n = Z_half after Z_(n - half)
             inner, outer = _zeros(n - half), _zeros(half)
         tab = _tables(_apply(outer, _apply(inner, _UNIT)))
+    if len(_ZEROS) >= _ZEROS_MAX:
+        _ZEROS.clear()
     _ZEROS[n] = tab
     return tab
 
