@@ -279,8 +279,7 @@ def gather_bytes(comm: MPI.Comm, data: bytes, root: int = 0) -> list[bytes] | No
         np.cumsum(counts[:-1], out=displs[1:])
         buf = np.empty(int(counts.sum()), dtype=np.uint8)
         comm.Gatherv(_as_u8(data), [buf, counts, displs, MPI.BYTE], root=root)
-        raw = buf.tobytes()
-        return [raw[int(d) : int(d) + int(c)] for d, c in zip(displs, counts, strict=True)]
+        return _split(buf, displs, counts)
     comm.Gather(n, None, root=root)
     comm.Gatherv(_as_u8(data), None, root=root)
     return None
@@ -297,8 +296,12 @@ def allgather_bytes(comm: MPI.Comm, data: bytes) -> list[bytes]:
     np.cumsum(counts[:-1], out=displs[1:])
     buf = np.empty(int(counts.sum()), dtype=np.uint8)
     comm.Allgatherv(_as_u8(data), [buf, counts, displs, MPI.BYTE])
-    raw = buf.tobytes()
-    return [raw[int(d) : int(d) + int(c)] for d, c in zip(displs, counts, strict=True)]
+    return _split(buf, displs, counts)
+
+
+def _split(buf: np.ndarray, displs: np.ndarray, counts: np.ndarray) -> list[bytes]:
+    """Each rank's bytes of a gathered buffer (one copy each, not a copy of the whole first)."""
+    return [buf[d : d + c].tobytes() for d, c in zip(displs.tolist(), counts.tolist(), strict=True)]
 
 
 def bcast_bytes(comm: MPI.Comm, data: bytes | None, root: int = 0) -> bytes:

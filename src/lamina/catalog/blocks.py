@@ -60,6 +60,11 @@ def row_bytes(ndim: int, dt: np.dtype) -> int:
     return 16 * ndim + 24 + 16 + sum_dtype(dt).itemsize + 8 + 16 + 2
 
 
+def _col(a: np.ndarray, dtype) -> memoryview:
+    """Column *a* as little-endian *dtype*, C order, without a copy where it is one already."""
+    return memoryview(np.ascontiguousarray(a.astype(dtype, copy=False)).reshape(-1)).cast("B")
+
+
 class BlockTable:
     """n blocks of one dataset as columns (see the module docstring).
 
@@ -419,25 +424,26 @@ class BlockTable:
         n = len(self)
         parts = [
             np.array([n, len(self.crcs)], dtype="<u8").tobytes(),
-            self.start.astype("<i8", copy=False).tobytes(),
-            self.stop.astype("<i8", copy=False).tobytes(),
-            self.offset.astype("<u8").tobytes(),
-            self.length.astype("<u8").tobytes(),
-            self.seg.astype("<u8").tobytes(),
-            self.smin.astype(stat_dtype(self.dtype), copy=False).tobytes(),
-            self.smax.astype(stat_dtype(self.dtype), copy=False).tobytes(),
-            self.ssum.astype(sum_dtype(self.dtype), copy=False).tobytes(),
-            self.count.astype("<u8").tobytes(),
-            self.rank.astype("<u4", copy=False).tobytes(),
-            self.session.astype("<u4", copy=False).tobytes(),
-            self.agg.astype("<u4", copy=False).tobytes(),
-            self.ncrc.astype("<u4", copy=False).tobytes(),
-            self.crcs.astype("<u4", copy=False).tobytes(),
-            self.codec.astype("u1", copy=False).tobytes(),
-            self.has_stats.astype("u1").tobytes(),
+            # each column as it is (or converted) into the one join: a single copy
+            _col(self.start, "<i8"),
+            _col(self.stop, "<i8"),
+            _col(self.offset, "<u8"),
+            _col(self.length, "<u8"),
+            _col(self.seg, "<u8"),
+            _col(self.smin, stat_dtype(self.dtype)),
+            _col(self.smax, stat_dtype(self.dtype)),
+            _col(self.ssum, sum_dtype(self.dtype)),
+            _col(self.count, "<u8"),
+            _col(self.rank, "<u4"),
+            _col(self.session, "<u4"),
+            _col(self.agg, "<u4"),
+            _col(self.ncrc, "<u4"),
+            _col(self.crcs, "<u4"),
+            _col(self.codec, "u1"),
+            _col(self.has_stats, "u1"),
         ]
         if self.amax is not None:
-            parts.append(self.amax.astype("<f8", copy=False).tobytes())
+            parts.append(_col(self.amax, "<f8"))
         return b"".join(parts)
 
     @classmethod
