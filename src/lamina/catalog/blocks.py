@@ -62,7 +62,7 @@ def row_bytes(ndim: int, dt: np.dtype) -> int:
 
 def _col(a: np.ndarray, dtype) -> memoryview:
     """Column *a* as little-endian *dtype*, C order, without a copy where it is one already."""
-    return memoryview(np.ascontiguousarray(a.astype(dtype, copy=False)).reshape(-1)).cast("B")
+    return np.ascontiguousarray(a.astype(dtype, copy=False)).reshape(-1).data.cast("B")
 
 
 class BlockTable:
@@ -422,7 +422,7 @@ class BlockTable:
         """The section of this table (``docs/format.md``, versions 3 and 4: a table with
         :attr:`amax` ends with that column, which version 4 keeps for multiresolution datasets)."""
         n = len(self)
-        parts = [
+        parts: list[bytes | memoryview] = [
             np.array([n, len(self.crcs)], dtype="<u8").tobytes(),
             # each column as it is (or converted) into the one join: a single copy
             _col(self.start, "<i8"),
