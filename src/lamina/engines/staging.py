@@ -24,6 +24,8 @@ whole records where once (``Chunk.loc``), not per row.
 from __future__ import annotations
 
 import itertools
+from array import array
+from collections.abc import Sequence
 from concurrent.futures import Future
 
 import numpy as np
@@ -77,7 +79,7 @@ class Chunk:
         self.dtypes.extend([dtype] * count)
         return off
 
-    def summarize(self, lengths: list[int], offsets: list[int], checksum: bool) -> None:
+    def summarize(self, lengths: Sequence[int], offsets: Sequence[int], checksum: bool) -> None:
         """Compute the statistics (and checksums) of every block staged here, run by run of one dtype."""
         out: list[tuple[int, stats_mod.Summary]] = []
         k = 0
@@ -96,7 +98,7 @@ class Chunk:
         self.summaries = out
 
     def start(
-        self, lengths: list[int], offsets: list[int], checksum: bool, background: bool
+        self, lengths: Sequence[int], offsets: Sequence[int], checksum: bool, background: bool
     ) -> None:
         """Summarize, on the worker thread when *background*."""
         if self.summaries is not None or self.job is not None:
@@ -133,13 +135,14 @@ class PutLog:
     def clear(self) -> None:
         # per row, in put order
         self.ds: list[int] = []  # dataset id
-        self.length: list[int] = []  # bytes stored
-        self.codec: list[int] = []
+        # numeric columns as machine arrays: a commit takes them as numpy arrays in one copy
+        self.length = array("q")  # bytes stored
+        self.codec = array("B")
         # (session, agg, offset) of rows placed on their own; staged rows: their chunk's loc
         self.placed: dict[int, tuple[int, int, int]] = {}
         self.payload: list = []  # the bytes to store (array, bytes), None when staged or stored
         self.chunk: list[Chunk | None] = []  # the chunk a staged block lies in
-        self.coff: list[int] = []  # its offset there
+        self.coff = array("q")  # its offset there
         self.job: list[stats_mod.StatsJob | None] = []  # statistics of a block not staged
         self.jobbed: list[int] = []  # the rows that have one
         # per dataset: its rows and their boxes, in put order; the boxes as pieces (arrays
@@ -198,11 +201,11 @@ class PutLog:
         row = len(self.ds)
         n = len(starts)
         self.ds.extend([did] * n)
-        self.length.extend([length] * n)
-        self.codec.extend([codec] * n)
+        self.length.extend(array("q", [length]) * n)
+        self.codec.extend(array("B", [codec]) * n)
         self.payload.extend([None] * n)
         self.chunk.extend([None] * n)
-        self.coff.extend([0] * n)
+        self.coff.extend(array("q", [0]) * n)
         self.job.extend([None] * n)
         if did not in self.rows:
             self.rows[did], self.starts[did], self.stops[did] = [], [], []
@@ -248,7 +251,7 @@ class PutLog:
             if c.loc is None or not c.rows:
                 continue
             if coff is None:
-                coff = np.array(self.coff, dtype=np.int64)
+                coff = np.array(self.coff, dtype=np.int64)  # one copy of the machine array
             at = index_of(c.rows)
             located[at] = True
             session[at], agg[at] = c.loc[0], c.loc[1]
@@ -264,7 +267,9 @@ class PutLog:
         *data*) in *chunk*, which has room for them."""
         off = chunk.add_run(first_row, count, nbytes, dtype, data)
         end = first_row + count
-        self.coff[first_row:end] = range(off, off + count * nbytes, nbytes)
+        self.coff[first_row:end] = array(
+            "q", np.arange(off, off + count * nbytes, nbytes, dtype=np.int64).tobytes()
+        )
         self.chunk[first_row:end] = [chunk] * count
 
     def stage(self, row: int, arr: np.ndarray, chunk: Chunk) -> None:
@@ -272,7 +277,7 @@ class PutLog:
         self.coff[row] = chunk.add(row, arr)
         self.chunk[row] = chunk
 
-    def chunk_columns(self, c: Chunk) -> tuple[list[int], list[int]]:
+    def chunk_columns(self, c: Chunk) -> tuple[Sequence[int], Sequence[int]]:
         """(lengths, offsets) of the rows staged in *c*."""
         rows = c.rows
         if (
