@@ -42,7 +42,7 @@ def tilings(draw):
     return shape, grid, phase, extra, [cells[i] for i in order if i not in holes], odd, seed
 
 
-@settings(max_examples=60, deadline=None)
+@settings(deadline=None)  # example counts from the profile (conftest.py)
 @given(tilings(), st.data())
 def test_reads_match_numpy(tiling, data):
     shape, grid, phase, extra, cells, odd, seed = tiling
