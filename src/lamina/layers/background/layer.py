@@ -546,8 +546,8 @@ class BackgroundLayer(Layer):
             np.copyto(buf, arr, casting="same_kind")
             step.copies.append(raw)
             arr = buf
-            if self.model is not None:
-                self.model.add_copy(nbytes, time.perf_counter() - t0)
+            step.copied += nbytes
+            step.copy_seconds += time.perf_counter() - t0
         step.data_bytes += arr.size * spec.dtype.itemsize
         step.ops.append(("put", name, box, arr))
 
@@ -605,8 +605,8 @@ class BackgroundLayer(Layer):
                     out.append(buf)
                     pos += nb
             step.copies.append(raw)
-            if self.model is not None:
-                self.model.add_copy(total, time.perf_counter() - t0)
+            step.copied += total
+            step.copy_seconds += time.perf_counter() - t0
         step.data_bytes += total
         step.ops.append(("put_many", name, batch.starts, out))
 
@@ -661,6 +661,9 @@ class BackgroundLayer(Layer):
             raise mark_collective(StepError("end_step called without begin_step"))
         step = self._step or Step(explicit=False)
         self._step = None
+        if self.model is not None and step.copied:  # the step's copies: one sample
+            with self._cond:  # the background thread adds samples under it
+                self.model.add_copy(step.copied, step.copy_seconds)
         step.index = self._next
         self._next += 1
         background = self._decide(step.data_bytes, step.index, t_call, step) if self.auto else True

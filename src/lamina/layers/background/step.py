@@ -36,6 +36,8 @@ class Step:
     doing: str = ""  # what the background thread was doing in it (for the error)
     data_bytes: int = 0  # bytes of data written in the step (copied or kept)
     copies: list[np.ndarray] = field(default_factory=list)  # the buffers of its copies (Pool)
+    copied: int = 0  # bytes copied at put, and the seconds it took (one sample per step)
+    copy_seconds: float = 0.0
     decision: dict[str, Any] | None = None  # io='auto': the prediction made for it, and the outcome
 
 
