@@ -502,16 +502,33 @@ class BackgroundLayer(Layer):
         return spec
 
     def put(self, name: str, box: Box, array: np.ndarray, copy: bool = True) -> None:
+        self._write(self.inner.put, self._put, name, lambda: box.size, box, array, copy)
+
+    def put_many(self, name: str, starts: np.ndarray, arrays, copy: bool = True) -> None:
+        self._write(
+            self.inner.put_many,
+            self._put_many,
+            name,
+            lambda: elements(arrays),
+            starts,
+            arrays,
+            copy,
+        )
+
+    def _write(self, inner, own, name: str, count, *args) -> None:
+        """A write call: to the inner stack while the layer is not active, straight to the
+        engine in a step written directly (``count()``: its elements, the step's bytes), else
+        into the open step by *own*; timed as time in the layer's calls."""
         if not self.active:
-            self.inner.put(name, box, array, copy)
+            inner(name, *args)
             return
         if self._direct is not None:
-            self._direct_call(self.inner.put, name, box, array, copy)
-            self._direct[0] += box.size * self._lookup(name).dtype.itemsize
+            self._direct_call(inner, name, *args)
+            self._direct[0] += count() * self._lookup(name).dtype.itemsize
             return
         t0 = time.perf_counter()
         try:
-            self._put(name, box, array, copy)
+            own(name, *args)
         finally:
             self._in_calls += time.perf_counter() - t0
 
@@ -550,20 +567,6 @@ class BackgroundLayer(Layer):
             step.copy_seconds += time.perf_counter() - t0
         step.data_bytes += arr.size * spec.dtype.itemsize
         step.ops.append(("put", name, box, arr))
-
-    def put_many(self, name: str, starts: np.ndarray, arrays, copy: bool = True) -> None:
-        if not self.active:
-            self.inner.put_many(name, starts, arrays, copy)
-            return
-        if self._direct is not None:
-            self._direct_call(self.inner.put_many, name, starts, arrays, copy)
-            self._direct[0] += elements(arrays) * self._lookup(name).dtype.itemsize
-            return
-        t0 = time.perf_counter()
-        try:
-            self._put_many(name, starts, arrays, copy)
-        finally:
-            self._in_calls += time.perf_counter() - t0
 
     def _put_many(self, name: str, starts: np.ndarray, arrays, copy: bool) -> None:
         """A batch as one call: checked and entered as a whole, copied into one buffer."""
