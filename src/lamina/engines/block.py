@@ -739,6 +739,7 @@ class BlockEngine(Engine):
         e.u32(len(log.rows))
         length = np.array(log.length, dtype=np.int64)
         codec = np.array(log.codec, dtype=np.uint8)
+        located, session, agg, offset = log.locations()  # every row's, once for all datasets
         for did, rows in log.rows.items():
             nd = self.catalog.specs[did].ndim
             n = len(rows)
@@ -751,11 +752,10 @@ class BlockEngine(Engine):
             e.array(length[sel], "<i8")
             e.array(sel, "<i8")
             e.array(codec[sel], "u1")
-            located, session, agg, offset = log.locations(rows)
-            e.array(located, "u1")
-            e.array(session, "<u4")
-            e.array(agg, "<u4")
-            e.array(offset, "<i8")
+            e.array(located[sel], "u1")
+            e.array(session[sel], "<u4")
+            e.array(agg[sel], "<u4")
+            e.array(offset[sel], "<i8")
         return e.getvalue()
 
     def _decode_heads(self, raws: list[bytes]) -> StepHeads:

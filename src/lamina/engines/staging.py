@@ -239,8 +239,9 @@ class PutLog:
             ]
         return pieces[0]
 
-    def locations(self, rows: list[int]):
-        """Where *rows* are stored: ``(located, session, aggregator, offset)`` arrays (unplaced: 0)."""
+    def locations(self):
+        """Where every row is stored: ``(located, session, aggregator, offset)`` arrays, one
+        entry per row (unplaced: 0)."""
         n = len(self.ds)
         located = np.zeros(n, dtype=bool)
         session = np.zeros(n, dtype=np.uint32)
@@ -259,8 +260,7 @@ class PutLog:
         for r, loc in self.placed.items():
             located[r] = True
             session[r], agg[r], offset[r] = loc
-        sel = index_of(rows)
-        return located[sel], session[sel], agg[sel], offset[sel]
+        return located, session, agg, offset
 
     def stage_run(self, first_row: int, count: int, nbytes: int, dtype, data, chunk: Chunk) -> None:
         """Stage rows ``first_row..first_row + count`` (blocks of *nbytes* each, back to back in
