@@ -264,17 +264,18 @@ class History:
                 a, b, c = s
                 if type(a) not in numbers or type(b) not in numbers or type(c) not in numbers:
                     raise FormatError(f"history: series {name!r}: bad sample {s!r}")
-                x1, x2, t = float(a), float(b), float(c)
-                # NaN fails every comparison; inf fails the upper bounds
-                if not (0 < x1 < math.inf and 1 <= x2 < math.inf and 0 < t < math.inf):
+                sample = (float(a), float(b), float(c))
+                if not _valid(sample):
                     raise FormatError(f"history: series {name!r}: bad sample {s!r}")
-                got.append((x1, x2, t))
+                got.append(sample)
         return out
 
 
-def _valid(s) -> bool:
+def _valid(s: Sample) -> bool:
+    """A usable sample: x1 > 0, x2 >= 1, seconds > 0, all finite (NaN fails every comparison,
+    inf the upper bounds)."""
     x1, x2, t = s
-    return all(math.isfinite(v) for v in s) and x1 > 0 and x2 >= 1 and t > 0
+    return 0 < x1 < math.inf and 1 <= x2 < math.inf and 0 < t < math.inf
 
 
 #: saves running on threads of their own (save_history_soon), oldest first
