@@ -557,6 +557,12 @@ def analyse(jobs: list[dict], steps: int) -> list[dict]:
     return out
 
 
+def _worst(rows: list[dict], key: str) -> float | None:
+    """The largest *key* of *rows* that have one (the worst cost ratio), None if none has."""
+    vals = [x[key] for x in rows if x.get(key) is not None]
+    return max(vals) if vals else None
+
+
 def targets(entries: list[dict]) -> list[dict]:
     """Per (ranks, edge): write and read-all cost vs ADIOS2 (<= 1.0 at every block count), flatness."""
     out = []
@@ -565,19 +571,13 @@ def targets(entries: list[dict]) -> list[dict]:
         t: dict = {"ranks": R, "edge": edge}
         for phase in ("write", "read-all"):
             mine = [x for x in entries if (x["ranks"], x["edge"], x["phase"]) == (R, edge, phase)]
-            vs = [x["vs_adios2"] for x in mine if x["vs_adios2"] is not None]
-            best = [x["vs_adios2_best"] for x in mine if x["vs_adios2_best"] is not None]
-            t[f"{phase}_vs_adios2"] = max(vs) if vs else None
-            t[f"{phase}_vs_adios2_best"] = max(best) if best else None
+            t[f"{phase}_vs_adios2"] = _worst(mine, "vs_adios2")
+            t[f"{phase}_vs_adios2_best"] = _worst(mine, "vs_adios2_best")
             flat = [x["per_block"]["lamina"] for x in mine if x["flat"] is not None]
             t[f"{phase}_spread"] = max(flat) / min(flat) - 1 if len(flat) > 1 else None
-        mine = [x for x in entries if (x["ranks"], x["edge"], x["phase"]) == (R, edge, "write")]
-        vs = [x["batch_vs_adios2"] for x in mine if x.get("batch_vs_adios2") is not None]
-        best = [
-            x["batch_vs_adios2_best"] for x in mine if x.get("batch_vs_adios2_best") is not None
-        ]
-        t["batch_vs_adios2"] = max(vs) if vs else None
-        t["batch_vs_adios2_best"] = max(best) if best else None
+            if phase == "write":  # write_blocks, written in the write phase only
+                t["batch_vs_adios2"] = _worst(mine, "batch_vs_adios2")
+                t["batch_vs_adios2_best"] = _worst(mine, "batch_vs_adios2_best")
         out.append(t)
     return out
 
