@@ -150,11 +150,20 @@ def first_bad_piece(buf, lengths: np.ndarray, expected: np.ndarray) -> int:
     if n >= 2 and int(lengths[0]) > 0 and bool(np.all(lengths == lengths[0])):
         if crc_raw(view) == crc_concat(expected, int(lengths[0])):
             return -1
-    ends = np.cumsum(lengths).tolist()
-    begins = [0, *ends[:-1]]
-    got = [crc_raw(view[a:b]) for a, b in zip(begins, ends, strict=True)]
-    bad = np.flatnonzero(np.asarray(got, dtype=np.int64) != np.asarray(expected, dtype=np.int64))
+    edges = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=edges[1:])
+    got = piece_crcs(view, edges)
+    bad = np.flatnonzero(got.astype(np.int64) != np.asarray(expected, dtype=np.int64))
     return int(bad[0]) if bad.size else -1
+
+
+def piece_crcs(view, edges) -> np.ndarray:
+    """CRC-32C of each piece ``view[edges[k]:edges[k + 1]]`` (byte offsets), as uint32."""
+    e = np.asarray(edges).tolist()
+    c = crc_raw
+    return np.fromiter(
+        (c(view[a:b]) for a, b in zip(e[:-1], e[1:], strict=True)), np.uint32, len(e) - 1
+    )
 
 
 def _flat_bytes(arr: np.ndarray) -> memoryview:
@@ -324,14 +333,7 @@ def summarize_flat(values: np.ndarray, sizes: np.ndarray, checksum: bool = True)
                 mn[i], mx[i], sums[i], count[i] = st.min, st.max, st.sum, st.count
     crcs = None
     if checksum:
-        raw = values.view(np.uint8).data
-        edges = (np.append(starts, flat.size) * dt.itemsize).tolist()
-        c = crc_raw
-        crcs = np.fromiter(
-            (c(raw[a:b]) for a, b in zip(edges[:-1], edges[1:], strict=True)),
-            dtype=np.uint32,
-            count=len(sizes),
-        )
+        crcs = piece_crcs(values.view(np.uint8).data, np.append(starts, flat.size) * dt.itemsize)
     return Summary(mn, mx, sums, count, crcs)
 
 
