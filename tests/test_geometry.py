@@ -151,6 +151,28 @@ def test_check_inside_names_dataset_and_dimension():
         b.check_inside((3, 9, 1), "dataset 'x'")
 
 
+@given(
+    st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6)), min_size=0, max_size=4),
+    st.lists(st.integers(0, 8), min_size=0, max_size=4),
+)
+def test_inside_agrees_with_check_inside(extents, shape):
+    """The cheap test puts call first says yes exactly when check_inside raises nothing."""
+    box = Box(tuple(a for a, _ in extents), tuple(a + n for a, n in extents))
+    try:
+        box.check_inside(tuple(shape))
+        ok = True
+    except BoundsError:
+        ok = False
+    assert box.inside(tuple(shape)) == ok
+
+
+def test_box_rejects_any_negative_start_or_reversed_axis():
+    for start, stop in (((0, -1, 0), (1, 1, 1)), ((0, 0, 3), (1, 1, 2)), ((5, 0), (4, 9))):
+        with pytest.raises(BoundsError):
+            Box(start, stop)
+    assert Box((), ()).shape == ()
+
+
 # --------------------------------------------------------------------------
 # intersect properties
 

@@ -264,9 +264,11 @@ def test_log_views_give_each_rows_bytes_in_order(rng, layout):
 
     def single(did: int, staged: bool) -> None:
         arr = rng.integers(0, 256, 8, dtype=np.uint8)
-        row = log.add(did, (0,), (8,), 8, 0, payload=None if staged else arr)
+        row = len(log)
         if staged:
-            log.stage(row, arr, chunk)
+            log.add_staged(did, (0,), (8,), arr, chunk)
+        else:
+            log.add(did, (0,), (8,), 8, 0, payload=arr)
         want[row] = arr.tobytes()
 
     batch(0, 5, chunk)

@@ -29,11 +29,12 @@ class Box:
     stop: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        if len(self.start) != len(self.stop):
-            raise ShapeError(f"box start {self.start} and stop {self.stop} differ in rank")
-        for a, b in zip(self.start, self.stop, strict=True):
-            if a < 0 or b < a:
-                raise BoundsError(f"invalid box {self.start}..{self.stop}: need 0 <= start <= stop")
+        start, stop = self.start, self.stop
+        if len(start) != len(stop):
+            raise ShapeError(f"box start {start} and stop {stop} differ in rank")
+        # checked with C-level iteration: boxes are made at every put and read
+        if start and (min(start) < 0 or not all(map(operator.le, start, stop))):
+            raise BoundsError(f"invalid box {start}..{stop}: need 0 <= start <= stop")
 
     # -- construction -----------------------------------------------------
     @classmethod
@@ -122,6 +123,11 @@ class Box:
             tuple(a + o for a, o in zip(self.start, offset, strict=True)),
             tuple(b + o for b, o in zip(self.stop, offset, strict=True)),
         )
+
+    def inside(self, shape: Sequence[int]) -> bool:
+        """Whether this box lies in ``[0, shape)`` (cheap: callers build :meth:`check_inside`'s
+        message only when it does not)."""
+        return len(shape) == len(self.stop) and all(map(operator.le, self.stop, shape))
 
     def check_inside(self, shape: Sequence[int], what: str = "dataset") -> None:
         """Raise BoundsError naming *what* if this box leaves ``[0, shape)``."""

@@ -341,17 +341,20 @@ class Dataset:
         With ``copy=False`` lamina may keep a reference to *data* until the
         step ends; do not modify it before ``end_step``.
         """
-        data = self._values(data)
-        if data.ndim != self.ndim:
+        if type(data) is not np.ndarray:  # a plain array is taken as it is (the common case)
+            data = self._values(data)
+        shape = data.shape
+        nd = len(self._spec.shape)
+        if len(shape) != nd:
             raise ShapeError(
-                f"{self._what()}: data has {data.ndim} dimensions, dataset has {self.ndim} (shape {self.shape})"
+                f"{self._what()}: data has {data.ndim} dimensions, dataset has {nd} (shape {self.shape})"
             )
-        offset = (0,) * data.ndim if offset is None else tuple(map(int, offset))
-        if len(offset) != self.ndim:
+        offset = (0,) * nd if offset is None else tuple(map(int, offset))
+        if len(offset) != nd:
             raise ShapeError(
-                f"{self._what()}: offset {offset} has {len(offset)} entries, dataset has {self.ndim} dimensions"
+                f"{self._what()}: offset {offset} has {len(offset)} entries, dataset has {nd} dimensions"
             )
-        box = Box(offset, tuple(map(operator.add, offset, data.shape)))
+        box = Box(offset, tuple(map(operator.add, offset, shape)))
         self._file._engine.put(self._path, box, data, copy=copy)
 
     def write_blocks(self, blocks, offsets, copy: bool = True) -> None:

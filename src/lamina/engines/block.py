@@ -477,10 +477,8 @@ class BlockEngine(Engine):
         spec = self.lookup(name)
         if box is None:
             return spec
-        shape = spec.shape
-        stop = box.stop
-        if len(stop) != len(shape) or any(b > n for b, n in zip(stop, shape, strict=True)):
-            box.check_inside(shape, f"dataset {spec.path!r}")
+        if not box.inside(spec.shape):
+            box.check_inside(spec.shape, f"dataset {spec.path!r}")
         return spec
 
     def _enter(self, spec: DatasetSpec, box: Box) -> BoxIndex:
@@ -489,7 +487,7 @@ class BlockEngine(Engine):
 
     def put(self, name: str, box: Box, array: np.ndarray, copy: bool = True) -> None:
         spec = self._prepare(name, box, "write dataset")
-        arr = np.asarray(array)
+        arr = array if type(array) is np.ndarray else np.asarray(array)
         bshape = box.shape
         if arr.shape != bshape:
             if arr.size == box.size and arr.ndim == 0:
@@ -579,9 +577,7 @@ class BlockEngine(Engine):
                 return
             # incompressible (or not finite for zfp): stored raw, like ADIOS
         if nbytes <= SMALL:
-            c = self._chunk_for(nbytes)
-            row = log.add(spec.id, start, stop, nbytes, BlockCodec.RAW)
-            log.stage(row, arr, c)
+            log.add_staged(spec.id, start, stop, arr, self._chunk_for(nbytes))
         else:
             payload, job, loc = self._place(spec, arr, copy)
             log.add(spec.id, start, stop, nbytes, BlockCodec.RAW, payload, job, loc)
@@ -696,17 +692,14 @@ class BlockEngine(Engine):
 
     def _new_chunk(self) -> Chunk:
         if self._free_chunks:
-            buf = self._free_chunks.pop()
-            c = Chunk(0)
-            c.buf = buf
-            return c
+            return Chunk(buf=self._free_chunks.pop())
         return Chunk()
 
     def _recycle(self, c: Chunk) -> None:
         """The bytes of *c* are stored: its buffer may take the next blocks (its statistics stay)."""
         if len(c.buf) and len(self._free_chunks) < 4:
             self._free_chunks.append(c.buf)
-        c.buf = np.empty(0, dtype=np.uint8)
+        c.set_buffer(np.empty(0, dtype=np.uint8))
 
     def end_step(self) -> None:
         self._require_write("end a step")

@@ -40,15 +40,16 @@ from ..geometry import Box
 SMALL = stats_mod.SMALL
 #: bytes per staging chunk (written or sent as one piece)
 CHUNK_BYTES = 4 << 20
+_RAW = int(BlockCodec.RAW)
 
 
 class Chunk:
     """A staging buffer: small blocks' bytes back to back, and their statistics once computed."""
 
-    __slots__ = ("buf", "used", "rows", "dtypes", "job", "summaries", "loc")
+    __slots__ = ("buf", "_mv", "used", "rows", "dtypes", "job", "summaries", "loc")
 
-    def __init__(self, size: int = CHUNK_BYTES) -> None:
-        self.buf = np.empty(size, dtype=np.uint8)
+    def __init__(self, size: int = CHUNK_BYTES, buf: np.ndarray | None = None) -> None:
+        self.set_buffer(np.empty(size, dtype=np.uint8) if buf is None else buf)
         self.used = 0
         self.rows: list[int] = []  # PutLog rows staged here, in order (their bytes are consecutive)
         self.dtypes: list[np.dtype] = []  # dtype of each such row
@@ -58,11 +59,16 @@ class Chunk:
         # (session, aggregator, offset) where the chunk's bytes were stored, once they are
         self.loc: tuple[int, int, int] | None = None
 
+    def set_buffer(self, buf: np.ndarray) -> None:
+        """Stage into *buf* (uint8) from now on."""
+        self.buf = buf
+        self._mv = buf.data  # kept: a put of a small block copies through it
+
     def add(self, row: int, arr: np.ndarray) -> int:
         """Copy *arr*'s bytes in; the offset where they start."""
         off = self.used
         n = arr.nbytes
-        self.buf.data[off : off + n] = arr.data.cast("B")  # arr is C-contiguous
+        self._mv[off : off + n] = arr.data.cast("B")  # arr is C-contiguous
         self.used = off + n
         self.rows.append(row)
         self.dtypes.append(arr.dtype)
@@ -184,6 +190,25 @@ class PutLog:
         self.job.append(job)
         if job is not None:
             self.jobbed.append(row)
+        self._add_box(did, row, start, stop)
+        return row
+
+    def add_staged(
+        self, did: int, start: tuple[int, ...], stop: tuple[int, ...], arr: np.ndarray, c: Chunk
+    ) -> None:
+        """A small raw block, copied into chunk *c* (which has room for it): :meth:`add` and
+        :meth:`stage` in one call, the path of every ``put`` of a small block."""
+        row = len(self.ds)
+        self.ds.append(did)
+        self.length.append(arr.nbytes)
+        self.codec.append(_RAW)
+        self.payload.append(None)
+        self.chunk.append(c)
+        self.coff.append(c.add(row, arr))
+        self.job.append(None)
+        self._add_box(did, row, start, stop)
+
+    def _add_box(self, did: int, row: int, start: tuple[int, ...], stop: tuple[int, ...]) -> None:
         rows = self.rows.get(did)
         if rows is None:
             self.rows[did], self.starts[did], self.stops[did] = [row], [start], [stop]
@@ -191,7 +216,6 @@ class PutLog:
             rows.append(row)
             self.starts[did].append(start)
             self.stops[did].append(stop)
-        return row
 
     def add_many(
         self, did: int, starts: np.ndarray, stops: np.ndarray, length: int, codec: int
@@ -271,11 +295,6 @@ class PutLog:
             "q", np.arange(off, off + count * nbytes, nbytes, dtype=np.int64).tobytes()
         )
         self.chunk[first_row:end] = [chunk] * count
-
-    def stage(self, row: int, arr: np.ndarray, chunk: Chunk) -> None:
-        """Copy a small raw block into *chunk*, which has room for it."""
-        self.coff[row] = chunk.add(row, arr)
-        self.chunk[row] = chunk
 
     def chunk_columns(self, c: Chunk) -> tuple[Sequence[int], Sequence[int]]:
         """(lengths, offsets) of the rows staged in *c*."""
