@@ -54,7 +54,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -548,17 +548,17 @@ class BackgroundLayer(Layer):
         nbytes = 0 if keep else arr.size * spec.dtype.itemsize
         index = enter_box(step.boxes, spec, box, self._next)
         try:
-            self._reserve(step, nbytes, f"a block of dataset {spec.path!r} ({box})")
+            raw = self._reserve(
+                step, nbytes, lambda: f"a block of dataset {spec.path!r} ({box})", take=not keep
+            )
         except BaseException:
             index.pop()
             raise
-        if keep:
+        if raw is None:
             with self._cond:
                 self._frozen.freeze(step, arr)
         else:
             t0 = time.perf_counter()
-            with self._cond:
-                raw = self._pool.take(nbytes)
             buf = raw.view(spec.dtype).reshape(arr.shape)
             np.copyto(buf, arr, casting="same_kind")
             step.copies.append(raw)
@@ -582,7 +582,7 @@ class BackgroundLayer(Layer):
         nbytes = 0 if keep else total
         index = enter_boxes(step.boxes, spec, batch.starts, batch.stops, self._next)
         try:
-            self._reserve(step, nbytes, f"{n} blocks of dataset {spec.path!r}")
+            self._reserve(step, nbytes, lambda: f"{n} blocks of dataset {spec.path!r}")
         except BaseException:
             for _ in range(n):
                 index.pop()
@@ -594,9 +594,9 @@ class BackgroundLayer(Layer):
                 for a in lent:
                     self._frozen.freeze(step, a)
         elif not private:
-            t0 = time.perf_counter()
             with self._cond:
                 raw = self._pool.take(total)
+            t0 = time.perf_counter()
             if isinstance(batch.arrays, np.ndarray):
                 out = raw.view(spec.dtype).reshape(batch.arrays.shape)
                 np.copyto(out, batch.arrays)
@@ -622,7 +622,7 @@ class BackgroundLayer(Layer):
             return
         step = self._open_step("write statistics of dataset", name)
         arr = np.array(array, copy=True)
-        self._reserve(step, arr.nbytes, f"statistics of dataset {name!r} ({box})")
+        self._reserve(step, arr.nbytes, lambda: f"statistics of dataset {name!r} ({box})")
         step.ops.append(("put_stats", name, box, arr))
 
     def discard_step(self) -> None:
@@ -751,12 +751,17 @@ class BackgroundLayer(Layer):
         return bool(agreed)
 
     # -- the budget -------------------------------------------------------------
-    def _reserve(self, step: Step, nbytes: int, what: str) -> None:
+    def _reserve(
+        self, step: Step, nbytes: int, what: Callable[[], str], take: bool = False
+    ) -> np.ndarray | None:
+        """Count *nbytes* more of *step* in flight, waiting while the budget is short;
+        ConfigError (naming ``what()``) if one step cannot hold them.  With *take*, a buffer of
+        *nbytes* from the pool, taken under the same lock."""
         if not nbytes:
-            return
+            return None
         if step.nbytes + nbytes > self.budget:
             raise ConfigError(
-                f"{what} of {nbytes} bytes does not fit max_inflight_bytes={self.budget} with the "
+                f"{what()} of {nbytes} bytes does not fit max_inflight_bytes={self.budget} with the "
                 f"{step.nbytes} bytes this step already holds: raise max_inflight_bytes to at least "
                 f"{step.nbytes + nbytes}, or write this file with io='sync'"
             )
@@ -775,7 +780,9 @@ class BackgroundLayer(Layer):
             self.stats.peak_inflight_bytes = max(
                 self.stats.peak_inflight_bytes, self.stats.inflight_bytes
             )
+            raw = self._pool.take(nbytes) if take else None
         step.nbytes += nbytes
+        return raw
 
     def _release(self, step: Step) -> None:
         """The step is done (written, failed or cancelled): its copies go, its arrays thaw."""
