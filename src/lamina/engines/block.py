@@ -29,6 +29,10 @@ four collective phases, each moving whole columns:
    :class:`~lamina.catalog.BlockTable` per dataset and writes the record
    (data is already durable), then broadcasts it; every rank applies it.
 
+On one rank, phases 1 and 4 hand the columns over as they are: nothing is
+encoded to bytes and decoded again (``_pack_heads``/``_unpack_heads`` and
+``_pack_trailer``/``_unpack_trailer`` are used only between ranks).
+
 Any failure on any rank is propagated to all ranks (:func:`lamina.comm.agree`)
 so no rank is left waiting; a failed step is discarded and nothing committed
 before it changes.
@@ -711,73 +715,99 @@ class BlockEngine(Engine):
         self._commit(KIND_STEP)
 
     # ---------------------------------------------------------- commit
-    def _encode_heads(self) -> bytes:
+    def _local_heads(self) -> tuple[int, bytes, dict[int, DatasetHead]]:
+        """Phase 1 on this rank: the digest of its collective metadata changes, its attribute
+        changes (encoded) and its blocks per dataset, as :meth:`_unpack_heads` gives them back."""
         if self._put_error is not None:  # put could not store a block: the step cannot commit
             raise self._put_error
         log = self._log
         for c in log.chunks:  # the last chunk's statistics start now, while the heads travel
             self._summarize(c)
-        e = Encoder()
         ops = Encoder()
         for op in self._pending_ops:
             if op[0] not in ATTR_OPS:
                 encode_op(ops, op)
-        e.u32(stats_mod.crc(ops.getvalue()))
         attrs = Encoder()
         final = attribute_changes(self._pending_ops)
         attrs.u32(len(final))
         for op in final:
             encode_op(attrs, op)
-        e.blob(attrs.getvalue())
-        e.u32(len(log.rows))
         length = np.array(log.length, dtype=np.int64)
         codec = np.array(log.codec, dtype=np.uint8)
         located, session, agg, offset = log.locations()  # every row's, once for all datasets
+        mine: dict[int, DatasetHead] = {}
         for did, rows in log.rows.items():
-            nd = self.catalog.specs[did].ndim
-            n = len(rows)
-            sel = index_of(rows)
-            starts, stops = log.boxes(did, nd)
+            sel = np.asarray(index_of(rows), dtype=np.int64)
+            starts, stops = log.boxes(did, self.catalog.specs[did].ndim)
+            mine[did] = DatasetHead(
+                starts.astype(np.int64, copy=False),
+                stops.astype(np.int64, copy=False),
+                length[sel],
+                sel,
+                codec[sel],
+                located[sel],
+                session[sel],
+                agg[sel],
+                offset[sel],
+            )
+        return stats_mod.crc(ops.getvalue()), attrs.getvalue(), mine
+
+    @staticmethod
+    def _pack_heads(digest: int, attrs: bytes, mine: dict[int, DatasetHead]) -> bytes:
+        """This rank's heads as the bytes other ranks decode (:meth:`_unpack_heads`)."""
+        e = Encoder()
+        e.u32(digest)
+        e.blob(attrs)
+        e.u32(len(mine))
+        for did, h in mine.items():
             e.u32(did)
-            e.u64(n)
-            e.array(starts, "<i8")
-            e.array(stops, "<i8")
-            e.array(length[sel], "<i8")
-            e.array(sel, "<i8")
-            e.array(codec[sel], "u1")
-            e.array(located[sel], "u1")
-            e.array(session[sel], "<u4")
-            e.array(agg[sel], "<u4")
-            e.array(offset[sel], "<i8")
+            e.u64(len(h.row))
+            e.array(h.start, "<i8")
+            e.array(h.stop, "<i8")
+            e.array(h.length, "<i8")
+            e.array(h.row, "<i8")
+            e.array(h.codec, "u1")
+            e.array(h.located, "u1")
+            e.array(h.session, "<u4")
+            e.array(h.agg, "<u4")
+            e.array(h.offset, "<i8")
         return e.getvalue()
 
-    def _decode_heads(self, raws: list[bytes]) -> StepHeads:
+    def _unpack_heads(self, r: int, raw: bytes) -> tuple[int, bytes, dict[int, DatasetHead]]:
+        """Rank *r*'s heads from its bytes; FormatError or CollectiveMismatchError if they
+        cannot be this step's."""
+        d = Decoder(raw, f"step heads from rank {r}")
+        digest = d.u32()
+        attrs = d.blob()
+        mine: dict[int, DatasetHead] = {}
+        for _ in range(d.count(12, name="datasets")):
+            did, n = d.u32(), d.u64()
+            if did >= len(self.catalog.specs):
+                raise CollectiveMismatchError(
+                    f"rank {r} wrote dataset id {did}, unknown on rank {self.rank}"
+                )
+            nd = self.catalog.specs[did].ndim
+            mine[did] = DatasetHead(
+                d.array("<i8", n * nd).reshape(n, nd),
+                d.array("<i8", n * nd).reshape(n, nd),
+                d.array("<i8", n),
+                d.array("<i8", n),
+                d.array("u1", n),
+                d.array("u1", n).view(np.bool_),
+                d.array("<u4", n),
+                d.array("<u4", n),
+                d.array("<i8", n),
+            )
+        return digest, attrs, mine
+
+    def _heads_of(self, parts: list[tuple[int, bytes, dict[int, DatasetHead]]]) -> StepHeads:
+        """Every rank's heads (rank order) as one :class:`StepHeads`; the record's metadata."""
         heads = StepHeads()
         changes: list[list[tuple]] = []
-        for r, raw in enumerate(raws):
-            d = Decoder(raw, f"step heads from rank {r}")
-            heads.digests.append(d.u32())
-            a = Decoder(d.blob(), f"attribute changes of rank {r}")
+        for r, (digest, attrs, mine) in enumerate(parts):
+            heads.digests.append(digest)
+            a = Decoder(attrs, f"attribute changes of rank {r}")
             changes.append([decode_op(a) for _ in range(a.count(2, name="changes"))])
-            mine: dict[int, DatasetHead] = {}
-            for _ in range(d.count(12, name="datasets")):
-                did, n = d.u32(), d.u64()
-                if did >= len(self.catalog.specs):
-                    raise CollectiveMismatchError(
-                        f"rank {r} wrote dataset id {did}, unknown on rank {self.rank}"
-                    )
-                nd = self.catalog.specs[did].ndim
-                mine[did] = DatasetHead(
-                    d.array("<i8", n * nd).reshape(n, nd),
-                    d.array("<i8", n * nd).reshape(n, nd),
-                    d.array("<i8", n),
-                    d.array("<i8", n),
-                    d.array("u1", n),
-                    d.array("u1", n).view(np.bool_),
-                    d.array("<u4", n),
-                    d.array("<u4", n),
-                    d.array("<i8", n),
-                )
             heads.ranks.append(mine)
         # the record's metadata: the collective changes (the same on every rank, checked by
         # _validate), then the attribute changes any subset of ranks made, merged
@@ -809,9 +839,30 @@ class BlockEngine(Engine):
                 f"dataset {self.catalog.specs[did].path!r}, step {step}",
             )
 
-    def _encode_trailer(self, bases: list[tuple[int, int, int, int]]) -> bytes:
-        """Statistics and checksums of this rank's blocks; where this rank placed other ranks' blocks."""
+    def _local_trailer(self, bases: list[tuple[int, int, int, int]]) -> tuple[list, dict]:
+        """Phase 3 on this rank: where it placed other ranks' blocks (*bases*), and the
+        statistics and checksums of its own blocks per dataset (the columns of
+        :meth:`_unpack_trailer`)."""
         log = self._log
+        cols: dict[int, tuple] = {}
+        for did in log.rows:
+            spec = self.catalog.specs[did]
+            segs, ncrc, flat, has, smin, smax, ssum, count = log.stats_columns(
+                did,
+                spec.dtype,
+                self.segment,
+                self.CHECKSUMS,
+                self._with_stats and self._stats_in_record,
+            )
+            amax = None
+            if spec.layout is not None:  # bands: their coefficient magnitudes
+                mags = log.amax.get(did, [])
+                amax = np.asarray(mags if len(mags) == len(segs) else np.full(len(segs), np.inf))
+            cols[did] = (segs, ncrc, flat, has, smin, smax, ssum, count, amax)
+        return bases, cols
+
+    def _pack_trailer(self, bases: list[tuple[int, int, int, int]], cols: dict) -> bytes:
+        """This rank's trailer as the bytes rank 0 decodes (:meth:`_unpack_trailer`)."""
         e = Encoder()
         e.u32(len(bases))
         for member, session, agg, base in bases:
@@ -819,15 +870,11 @@ class BlockEngine(Engine):
             e.u32(session)
             e.u32(agg)
             e.u64(base)
-        e.u32(len(log.rows))
-        for did in log.rows:
+        e.u32(len(cols))
+        for did, (segs, ncrc, flat, has, smin, smax, ssum, count, amax) in cols.items():
             dt = self.catalog.specs[did].dtype
-            segs, ncrc, flat, has, smin, smax, ssum, count = log.stats_columns(
-                did, dt, self.segment, self.CHECKSUMS, self._with_stats and self._stats_in_record
-            )
-            n = len(segs)
             e.u32(did)
-            e.u64(n)
+            e.u64(len(segs))
             e.u64(len(flat))
             e.array(segs, "<i8")
             e.array(ncrc, "<u4")
@@ -837,38 +884,42 @@ class BlockEngine(Engine):
             e.array(smax, stat_dtype(dt))
             e.array(ssum, sum_dtype(dt))
             e.array(count, "<i8")
-            if self.catalog.specs[did].layout is not None:  # bands: their coefficient magnitudes
-                mags = log.amax.get(did, [])
-                e.array(mags if len(mags) == n else np.full(n, np.inf), "<f8")
+            if amax is not None:
+                e.array(amax, "<f8")
         return e.getvalue()
 
+    def _unpack_trailer(self, r: int, raw: bytes) -> tuple[list, dict]:
+        """Rank *r*'s trailer from its bytes (FormatError if they cannot be one)."""
+        d = Decoder(raw, f"step trailer from rank {r}")
+        bases = [(d.u32(), d.u32(), d.u32(), d.u64()) for _ in range(d.count(20, name="bases"))]
+        cols: dict[int, tuple] = {}
+        for _ in range(d.count(20, name="datasets")):
+            did, n, ncrcs = d.u32(), d.u64(), d.u64()
+            spec = self.catalog.specs[did]
+            dt = spec.dtype
+            cols[did] = (
+                d.array("<i8", n),
+                d.array("<u4", n),
+                d.array("<u4", ncrcs),
+                d.array("u1", n).view(np.bool_),
+                d.array(stat_dtype(dt), n),
+                d.array(stat_dtype(dt), n),
+                d.array(sum_dtype(dt), n),
+                d.array("<i8", n),
+                d.array("<f8", n) if spec.layout is not None else None,
+            )
+        return bases, cols
+
     def _build_record(
-        self, kind: int, step: int, heads: StepHeads, trailers: list[bytes]
+        self, kind: int, step: int, heads: StepHeads, trailers: list[tuple[list, dict]]
     ) -> Record:
         """Rank 0: the step's record, one table per dataset (rank by rank, each in put order)."""
         # where each rank's unplaced blocks went: base offsets from the ranks that placed them
         bases: dict[int, tuple[int, int, int]] = {}
         stats: list[dict[int, tuple]] = []
-        for r, raw in enumerate(trailers):
-            d = Decoder(raw, f"step trailer from rank {r}")
-            for _ in range(d.count(20, name="bases")):
-                member, sess, ag, base = d.u32(), d.u32(), d.u32(), d.u64()
+        for placed, cols in trailers:
+            for member, sess, ag, base in placed:
                 bases[member] = (sess, ag, base)
-            cols: dict[int, tuple] = {}
-            for _ in range(d.count(20, name="datasets")):
-                did, n, ncrcs = d.u32(), d.u64(), d.u64()
-                dt = self.catalog.specs[did].dtype
-                cols[did] = (
-                    d.array("<i8", n),
-                    d.array("<u4", n),
-                    d.array("<u4", ncrcs),
-                    d.array("u1", n).view(np.bool_),
-                    d.array(stat_dtype(dt), n),
-                    d.array(stat_dtype(dt), n),
-                    d.array(sum_dtype(dt), n),
-                    d.array("<i8", n),
-                    d.array("<f8", n) if self.catalog.specs[did].layout is not None else None,
-                )
             stats.append(cols)
         # offsets of moved blocks: the rank's stream of unplaced blocks (put order) from its base
         moved: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -931,11 +982,16 @@ class BlockEngine(Engine):
             if kind == KIND_STEP:
                 self._flush_layouts(step)
             g = comm_mod.Guard()
+            local = None
             with g:
-                local = self._encode_heads()
+                local = self._local_heads()
             comm_mod.agree(self.comm, g.error)
-            raws = comm_mod.allgather_bytes(self.comm, local)
-            heads = self._decode_heads(raws)
+            assert local is not None
+            if self.size == 1:  # nothing to exchange: no bytes made and decoded again
+                heads = self._heads_of([local])
+            else:
+                raws = comm_mod.allgather_bytes(self.comm, self._pack_heads(*local))
+                heads = self._heads_of([self._unpack_heads(r, raw) for r, raw in enumerate(raws)])
             self._validate(heads, step)  # same verdict on every rank
 
             g = comm_mod.Guard()
@@ -945,17 +1001,21 @@ class BlockEngine(Engine):
             comm_mod.agree(self.comm, g.error)
 
             g = comm_mod.Guard()
-            trailer = b""
+            mine: tuple[list, dict] = ([], {})
             with g:
-                trailer = self._encode_trailer(bases)
+                mine = self._local_trailer(bases)
             comm_mod.agree(self.comm, g.error)
-            trailers = comm_mod.gather_bytes(self.comm, trailer, root=0)
+            gathered = None
+            if self.size > 1:
+                gathered = comm_mod.gather_bytes(self.comm, self._pack_trailer(*mine), root=0)
 
             g = comm_mod.Guard()
             shared = None
             with g:
                 if self.rank == 0:
-                    assert trailers is not None  # gathered on rank 0
+                    trailers = [mine]
+                    if gathered is not None:  # gathered on rank 0
+                        trailers = [self._unpack_trailer(r, raw) for r, raw in enumerate(gathered)]
                     rec = self._build_record(kind, step, heads, trailers)
                     shared = self._write_record(rec)
             comm_mod.agree(self.comm, g.error)
