@@ -296,3 +296,50 @@ def test_log_views_give_each_rows_bytes_in_order(rng, layout):
         assert got == b"".join(want[r] for r in rows), rows
         if layout == "staged" and rows == list(range(n)):
             assert len(views) == 2  # one per chunk
+
+
+def _same_columns(a, b, what: str) -> None:
+    a = a if isinstance(a, tuple) else tuple(getattr(a, f) for f in a.__slots__)
+    b = b if isinstance(b, tuple) else tuple(getattr(b, f) for f in b.__slots__)
+    assert len(a) == len(b), what
+    for k, (x, y) in enumerate(zip(a, b, strict=True)):
+        if x is None or y is None:
+            assert x is None and y is None, f"{what}: column {k}"
+            continue
+        x, y = np.asarray(x), np.asarray(y)
+        assert x.dtype == y.dtype and x.shape == y.shape, f"{what}: column {k}"
+        assert np.array_equal(x, y, equal_nan=x.dtype.kind in "fc"), f"{what}: column {k}"
+
+
+def test_one_rank_commit_hands_over_what_other_ranks_decode(tmp_path):
+    """On one rank the commit skips the bytes between ranks: the heads and trailer it keeps
+    must be exactly what packing and unpacking them gives (dtypes included)."""
+    rng = np.random.default_rng(7)
+    f = lamina.open(tmp_path / "h.lam", "w", durable=False)
+    u = f.create_dataset("u", (64, 8), np.float32)
+    v = f.create_dataset("v", (4, 4, 40000), np.float64)
+    u.attrs["units"] = "m"
+    f.begin_step()
+    u.write_blocks(rng.random((8, 4, 8), dtype=np.float32), np.arange(8)[:, None] * [4, 0])
+    u.write(np.full((4, 8), np.nan, np.float32), offset=(40, 0))
+    v.write(rng.random((1, 4, 40000)), offset=(0, 0, 0))  # large: placed at put, a job of its own
+    v.write(rng.random((1, 1, 5)), offset=(3, 3, 0))
+    eng = f._engine
+    while hasattr(eng, "inner"):
+        eng = eng.inner
+    digest, attrs, mine = eng._local_heads()
+    d2, a2, m2 = eng._unpack_heads(0, eng._pack_heads(digest, attrs, mine))
+    assert (d2, a2) == (digest, attrs) and sorted(m2) == sorted(mine) == [0, 1]
+    for did in mine:
+        _same_columns(mine[did], m2[did], f"heads of dataset {did}")
+    bases = [(0, 1, 2, 3)]
+    placed, cols = eng._local_trailer(bases)
+    p2, c2 = eng._unpack_trailer(0, eng._pack_trailer(placed, cols))
+    assert p2 == placed == bases and sorted(c2) == sorted(cols)
+    for did in cols:
+        _same_columns(cols[did], c2[did], f"trailer of dataset {did}")
+    f.end_step()
+    f.close()
+    with lamina.open(tmp_path / "h.lam") as r:
+        assert r["u"].attrs["units"] == "m"
+        assert np.isnan(r["u"][40:44]).all() and r["v"].read(step=0)[3, 3, :5].size == 5
