@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -740,3 +741,37 @@ def test_format_4_compresses_band_sections_and_checks_them():
         StepBlocks({0: sec}, [], lambda o, n: bad[o : o + n], "step 0").table(spec)
     with pytest.raises(FormatError, match="do not decompress"):
         unsqueeze(b"not zlib at all", 100, "step 0")
+
+
+@st.composite
+def _subfile_rows(draw):
+    """Rows (session, aggregator, offset, length): often all in one subfile, as one
+    aggregator writes them."""
+    k = draw(st.sampled_from([1, 1, 3]))
+    row = st.tuples(
+        st.integers(0, k - 1), st.integers(0, k - 1), st.integers(0, 1000), st.integers(0, 50)
+    )
+    return draw(st.lists(row, min_size=1, max_size=12))
+
+
+@given(st.lists(_subfile_rows(), min_size=1, max_size=3))
+def test_extents_of_against_a_loop(tables):
+    """The bytes each subfile must hold: the largest end of a stored block in it (one
+    subfile or several, blocks of length 0 not counted)."""
+    from lamina.catalog.blocks import extents_of
+
+    built, want = {}, {}
+    for did, rows in enumerate(tables):
+        n = len(rows)
+        cols = np.array(rows, dtype=np.int64)
+        built[did] = SimpleNamespace(  # the columns extents_of reads, as a table has them
+            session=cols[:, 0].astype(np.uint32),
+            agg=cols[:, 1].astype(np.uint32),
+            offset=cols[:, 2],
+            length=cols[:, 3],
+        )
+        assert n
+        for s, a, off, ln in rows:
+            if ln > 0:
+                want[(s, a)] = max(want.get((s, a), 0), off + ln)
+    assert extents_of(built) == sorted((s, a, e) for (s, a), e in want.items())

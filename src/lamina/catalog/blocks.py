@@ -595,9 +595,12 @@ def extents_of(tables: dict[int, BlockTable]) -> list[tuple[int, int, int]]:
             continue
         key = t.session[stored].astype(np.int64) << 32 | t.agg[stored].astype(np.int64)
         end = t.offset[stored] + t.length[stored]
-        uniq, inv = np.unique(key, return_inverse=True)
-        top = np.zeros(len(uniq), dtype=np.int64)
-        np.maximum.at(top, inv, end)
+        if bool((key == key[0]).all()):  # one subfile (one aggregator): no grouping
+            uniq, top = key[:1], end.max(keepdims=True)
+        else:
+            uniq, inv = np.unique(key, return_inverse=True)
+            top = np.zeros(len(uniq), dtype=np.int64)
+            np.maximum.at(top, inv, end)
         for k, e in zip(uniq.tolist(), top.tolist(), strict=True):
             sa = (k >> 32, k & 0xFFFFFFFF)
             ends[sa] = max(ends.get(sa, 0), e)

@@ -152,9 +152,16 @@ class StepHeads:
     ranks: list[dict[int, DatasetHead]] = field(
         default_factory=list
     )  # per rank: dataset id -> head
+    _unplaced: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     def unplaced(self, rank: int) -> tuple[np.ndarray, np.ndarray]:
         """Rows and lengths of *rank*'s blocks still to be placed, in put order (the order they are sent)."""
+        got = self._unplaced.get(rank)
+        if got is None:  # asked by the move and again by the record: computed once
+            got = self._unplaced[rank] = self._find_unplaced(rank)
+        return got
+
+    def _find_unplaced(self, rank: int) -> tuple[np.ndarray, np.ndarray]:
         rows, lengths = [], []
         for h in self.ranks[rank].values():
             m = ~h.located & (h.codec != BlockCodec.STATS_ONLY)
