@@ -625,3 +625,22 @@ def test_covered_volume():
     within = Box((0, 0), (4, 4))
     bs = [Box((0, 0), (2, 2)), Box((3, 3), (10, 10)), Box((5, 5), (6, 6))]
     assert covered_volume(bs, within) == 4 + 1
+
+
+@given(st.integers(0, 40), st.integers(0, 4), st.integers(0, 2**31))
+def test_column_reductions_match_numpy_axis_reductions(n, nd, seed):
+    """rows_* and cols_* give what numpy's axis reductions give, empty shapes included."""
+    from lamina.geometry import cols_max, cols_min, rows_all, rows_any, rows_less, rows_prod
+
+    rng = np.random.default_rng(seed)
+    lo = rng.integers(-3, 4, (n, nd))
+    hi = rng.integers(-3, 4, (n, nd))
+    m = lo < hi
+    assert np.array_equal(rows_all(m), m.all(axis=1))
+    assert np.array_equal(rows_any(m), m.any(axis=1))
+    assert np.array_equal(rows_less(lo, hi), m.all(axis=1))
+    assert np.array_equal(rows_prod(hi - lo), (hi - lo).prod(axis=1))
+    if n:
+        assert np.array_equal(cols_min(lo), lo.min(axis=0))
+        assert np.array_equal(cols_max(hi), hi.max(axis=0))
+        assert cols_min(lo).dtype == lo.dtype

@@ -148,6 +148,56 @@ class Box:
         return "[" + ", ".join(f"{a}:{b}" for a, b in zip(self.start, self.stop, strict=True)) + "]"
 
 
+# -- columns of corners ------------------------------------------------------------
+#
+# Many blocks' corners are (n, ndim) int64 arrays.  numpy reduces their short last
+# axis (and their first axis into ndim values) ten or more times slower than it
+# reduces a column: 0.8 ms against 0.06 ms for 65,536 rows of 3.  These reduce a
+# column at a time and give what the axis reductions give.
+
+
+def rows_all(m: np.ndarray) -> np.ndarray:
+    """``m.all(axis=1)`` of an ``(n, ndim)`` boolean array."""
+    out = np.ones(m.shape[0], dtype=bool)
+    for k in range(m.shape[1]):
+        out &= m[:, k]
+    return out
+
+
+def rows_any(m: np.ndarray) -> np.ndarray:
+    """``m.any(axis=1)`` of an ``(n, ndim)`` boolean array."""
+    out = np.zeros(m.shape[0], dtype=bool)
+    for k in range(m.shape[1]):
+        out |= m[:, k]
+    return out
+
+
+def rows_less(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """``(lo < hi).all(axis=1)``: the boxes ``[lo, hi)`` that are not empty."""
+    out = np.ones(lo.shape[0], dtype=bool)
+    for k in range(lo.shape[1]):
+        out &= lo[:, k] < hi[:, k]
+    return out
+
+
+def rows_prod(a: np.ndarray) -> np.ndarray:
+    """``a.prod(axis=1)`` of an ``(n, ndim)`` int64 array (the cells of each box's extent)."""
+    out = np.ones(a.shape[0], dtype=np.int64)
+    for k in range(a.shape[1]):
+        out *= a[:, k]
+    return out
+
+
+def cols_min(a: np.ndarray) -> np.ndarray:
+    """``a.min(axis=0)`` of a non-empty ``(n, ndim)`` array."""
+    return np.array([a[:, k].min() for k in range(a.shape[1])], dtype=a.dtype)
+
+
+def cols_max(a: np.ndarray) -> np.ndarray:
+    """``a.max(axis=0)`` of a non-empty ``(n, ndim)`` array."""
+    return np.array([a[:, k].max() for k in range(a.shape[1])], dtype=a.dtype)
+
+
 def find_overlap(boxes: Sequence[Box]) -> tuple[int, int] | None:
     """Indices (i, j), i < j, of a pair of overlapping boxes, or None.
 
@@ -266,7 +316,7 @@ def find_overlap_arrays(lo: np.ndarray, hi: np.ndarray) -> tuple[int, int] | Non
         return None
     if ndim == 0:  # 0-D boxes always overlap
         return (0, 1)
-    keep = np.flatnonzero(np.all(hi > lo, axis=1))
+    keep = np.flatnonzero(rows_less(lo, hi))
     if keep.size < 2:
         return None
     # one row per dimension: sweeps read one dimension at a time

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..catalog import DatasetSpec
 from ..errors import DTypeError, ShapeError
-from ..geometry import Box
+from ..geometry import Box, rows_any, rows_prod
 
 
 @dataclass(slots=True)
@@ -155,11 +155,12 @@ def check_batch(spec: DatasetSpec, starts, arrays) -> Batch:
         out.append(a)
     stops = st + shapes
     _check_bounds(spec, st, stops)
-    keep = np.flatnonzero(shapes.prod(axis=1) > 0) if n else np.zeros(0, dtype=np.int64)
+    cells = rows_prod(shapes)
+    keep = np.flatnonzero(cells > 0) if n else np.zeros(0, dtype=np.int64)
     if len(keep) < n:
-        st, stops, shapes = st[keep], stops[keep], shapes[keep]
+        st, stops, shapes, cells = st[keep], stops[keep], shapes[keep], cells[keep]
         out = [out[k] for k in keep.tolist()]
-    nbytes = shapes.prod(axis=1) * spec.dtype.itemsize
+    nbytes = cells * spec.dtype.itemsize
     return Batch(st, stops, out, False, owned and n > 0, any_copy, nbytes)
 
 
@@ -167,7 +168,7 @@ def _check_bounds(spec: DatasetSpec, starts: np.ndarray, stops: np.ndarray) -> N
     if not len(starts):
         return
     shape = np.array(spec.shape, dtype=np.int64)
-    bad = (starts < 0).any(axis=1) | (stops > shape).any(axis=1)
+    bad = rows_any((starts < 0) | (stops > shape))
     if bad.any():
         k = int(np.argmax(bad))
         box = Box(tuple(starts[k].tolist()), tuple(stops[k].tolist()))  # BoundsError if start < 0

@@ -88,7 +88,7 @@ from ..errors import (
     mark_collective,
     suggest,
 )
-from ..geometry import Box, check_ranks_disjoint, find_overlap_arrays
+from ..geometry import Box, check_ranks_disjoint, cols_max, cols_min, find_overlap_arrays
 from ..layouts import read as layout_read
 from ..layouts import write as layout_write
 from ..layouts.spec import Layout, level_specs
@@ -238,8 +238,8 @@ def dataset_not_found(catalog: Catalog, name: str) -> NotFoundError:
 def _hulls_apart(heads: list[DatasetHead]) -> bool:
     """Whether the boxes around each rank's blocks are pairwise disjoint (then no block of
     one rank overlaps a block of another: each rank's own were tested at put)."""
-    lo = np.stack([h.start.min(axis=0) if len(h.start) else h.start.sum(axis=0) for h in heads])
-    hi = np.stack([h.stop.max(axis=0) if len(h.stop) else h.stop.sum(axis=0) for h in heads])
+    lo = np.stack([cols_min(h.start) if len(h.start) else h.start.sum(axis=0) for h in heads])
+    hi = np.stack([cols_max(h.stop) if len(h.stop) else h.stop.sum(axis=0) for h in heads])
     return find_overlap_arrays(lo, hi) is None
 
 

@@ -29,7 +29,7 @@ from ..errors import (
     ShapeError,
     suggest,
 )
-from ..geometry import Box
+from ..geometry import Box, rows_less
 from .result import QueryResult
 from .source import FULL, INF, Interval, Source, exact_range
 
@@ -579,7 +579,7 @@ def _units(
     # the grid's blocks clipped to the region (blocks of a step never overlap)
     lo = np.maximum(t.starts, np.asarray(region.start, dtype=np.int64))
     hi = np.minimum(t.stops, np.asarray(region.stop, dtype=np.int64))
-    rows = np.flatnonzero(np.all(hi > lo, axis=1))
+    rows = np.flatnonzero(rows_less(lo, hi))
     lo, hi = lo[rows], hi[rows]
     units = [
         Box(a, b) for a, b in zip(map(tuple, lo.tolist()), map(tuple, hi.tolist()), strict=True)

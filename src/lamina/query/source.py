@@ -16,7 +16,7 @@ import numpy as np
 from ..catalog import BlockCodec, BlockTable
 from ..derived import Interval, needed_boxes
 from ..errors import BoundsError, StepError
-from ..geometry import Box
+from ..geometry import Box, rows_less
 from ..layouts.spec import Layout
 
 INF = math.inf
@@ -221,7 +221,7 @@ class Source:
             return []
         lo = np.maximum(starts, np.asarray(box.start, dtype=np.int64))
         hi = np.minimum(stops, np.asarray(box.stop, dtype=np.int64))
-        rows = np.flatnonzero(np.all(hi > lo, axis=1))
+        rows = np.flatnonzero(rows_less(lo, hi))
         return [
             Box(tuple(a), tuple(b))
             for a, b in zip(lo[rows].tolist(), hi[rows].tolist(), strict=True)

@@ -26,7 +26,7 @@ from ... import comm as comm_mod
 from ... import stats as stats_mod
 from ...catalog import BlockCodec, BlockTable, Decoder, Encoder, Record, StepBlocks, subfile_name
 from ...errors import ChecksumError, FormatError, LaminaWarning, NotALaminaFileError
-from ...geometry import Box, split_range
+from ...geometry import Box, cols_max, cols_min, rows_all, split_range
 from ..block import BlockEngine, StepHeads, wait_for
 from ..staging import Chunk
 from . import format as fmt
@@ -55,8 +55,8 @@ def _place_grid(out: np.ndarray, corner: np.ndarray, shape: np.ndarray, values) 
     cell, phase = np.divmod(corner, shape)
     if bool(np.any(phase != phase[0])):
         return False
-    low = cell.min(axis=0)
-    extent = cell.max(axis=0) - low + 1
+    low = cols_min(cell)
+    extent = cols_max(cell) - low + 1
     if int(np.prod(extent)) != n:
         return False
     lin = np.ravel_multi_index(tuple((cell - low).T), tuple(int(v) for v in extent))
@@ -803,7 +803,7 @@ class NativeEngine(BlockEngine):
             return super()._read_blocks(spec, t, idx, lo, hi, box, out)
         length = t.length[idx]
         whole = (
-            np.all((lo == t.start[idx]) & (hi == t.stop[idx]), axis=1)
+            rows_all((lo == t.start[idx]) & (hi == t.stop[idx]))
             & (t.codec[idx] == BlockCodec.RAW)
             & (t.ncrc[idx] == 1)
             & (length <= COALESCE_BLOCK)
