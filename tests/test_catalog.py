@@ -21,6 +21,7 @@ from lamina.catalog import (
     OP_EXT,
     OP_GROUP,
     BlockRecord,
+    BlockTable,
     Catalog,
     DatasetSpec,
     Decoder,
@@ -775,3 +776,70 @@ def test_extents_of_against_a_loop(tables):
             if ln > 0:
                 want[(s, a)] = max(want.get((s, a), 0), off + ln)
     assert extents_of(built) == sorted((s, a, e) for (s, a), e in want.items())
+
+
+@given(
+    st.sampled_from(["same", "mixed"]),
+    st.lists(st.sampled_from([0, 1, 2, 3, 4, 16]), min_size=1, max_size=8),
+    st.lists(st.integers(0, 5 << 20), min_size=1, max_size=8),
+)
+def test_crc_counts_against_a_loop(kind, units, lengths):
+    """Checksums per block: one without segments, else one per segment begun (at least
+    one); tables of one power-of-two segment take the shift, the others the division."""
+    from lamina.catalog.blocks import _crc_counts
+    from lamina.catalog.model import SEGMENT_UNIT
+
+    n = min(len(units), len(lengths))
+    segs = (
+        [units[0] * SEGMENT_UNIT] * n if kind == "same" else [u * SEGMENT_UNIT for u in units[:n]]
+    )
+    want = [1 if s == 0 else max(1, -(-ln // s)) for s, ln in zip(segs, lengths[:n], strict=True)]
+    got = _crc_counts(np.array(segs, dtype=np.int64), np.array(lengths[:n], dtype=np.int64))
+    assert got.tolist() == want
+
+
+def _table_of_boxes(lo: np.ndarray, hi: np.ndarray) -> BlockTable:
+    n = len(lo)
+    z4, z8 = np.zeros(n, np.uint32), np.zeros(n, np.int64)
+    return BlockTable(
+        np.dtype("f8"),
+        lo,
+        hi,
+        rank=z4,
+        session=z4,
+        agg=z4,
+        offset=z8,
+        length=z8,
+        codec=np.zeros(n, np.uint8),
+        seg=z8,
+        ncrc=np.ones(n, np.uint32),
+        crcs=z4,
+        has_stats=np.zeros(n, bool),
+        smin=np.zeros(n),
+        smax=np.zeros(n),
+        ssum=np.zeros(n),
+        count=z8,
+    )
+
+
+@given(st.integers(1, 3), st.integers(0, 30), st.integers(0, 2**31))
+def test_hits_against_brute_force_over_several_searches(nd, n, seed):
+    """The blocks a box meets, first by a scan, then by the sorted index, a box asked
+    again answered alike; answers are read-only, ascending, with the common parts."""
+    rng = np.random.default_rng(seed)
+    lo = rng.integers(0, 12, (n, nd))
+    hi = lo + rng.integers(1, 5, (n, nd))
+    t = _table_of_boxes(lo, hi)
+    boxes = [rng.integers(0, 12, nd) for _ in range(3)]
+    queries = [(b, b + rng.integers(0, 6, nd)) for b in boxes]
+    queries += [queries[1], (np.zeros(nd, np.int64), np.full(nd, 20)), queries[0]]
+    for s, e in queries:
+        idx, a, b = t.hits(s, e)
+        clo, chi = np.maximum(lo, s), np.minimum(hi, e)
+        want = np.flatnonzero((clo < chi).all(axis=1)) if n else np.zeros(0, np.int64)
+        if bool((e <= s).any()):
+            want = want[:0]
+        assert idx.tolist() == want.tolist()
+        assert np.array_equal(a, clo[want]) and np.array_equal(b, chi[want])
+        if len(want) and not (s <= lo.min(axis=0)).all():
+            assert not idx.flags.writeable and not a.flags.writeable

@@ -32,7 +32,7 @@ import numpy as np
 from crc32c import crc32c
 
 from ..errors import FormatError
-from ..geometry import Box
+from ..geometry import Box, cols_max, cols_min, rows_any, rows_less, rows_prod
 from .model import SEGMENT_UNIT, BlockCodec, BlockRecord, DatasetSpec, Stats
 
 #: offsets, lengths and checksum segments read from a file must stay below this
@@ -99,6 +99,7 @@ class BlockTable:
         "_first",
         "_reach",
         "_hull",
+        "_last",
     )
 
     def __init__(
@@ -140,6 +141,9 @@ class BlockTable:
         self._first: np.ndarray | None = None  # their starts in dimension 0
         self._reach = 0  # the widest block's extent in dimension 0
         self._hull: tuple[np.ndarray, np.ndarray] | None = None  # the box around every block
+        # the last search that was not of everything: (box, its answer), or None before any;
+        # () after a first search by scan (the next one builds the sorted order)
+        self._last: tuple | None = None
 
     def set_stats(
         self,
@@ -337,7 +341,7 @@ class BlockTable:
         return sum(
             getattr(self, name).nbytes
             for name in self.__slots__
-            if name not in ("dtype", "ndim", "_order", "_first", "_reach", "_hull")
+            if name not in ("dtype", "ndim", "_order", "_first", "_reach", "_hull", "_last")
             and getattr(self, name) is not None
         )
 
@@ -377,11 +381,15 @@ class BlockTable:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The blocks that meet the box ``[start, stop)``: row indices (ascending) and the common parts.
 
-        Returns ``(idx, lo, hi)``: block ``idx[k]`` meets the box in
-        ``[lo[k], hi[k])``.  Rows are kept sorted by their start in dimension
-        0 (built on first use), so only blocks that start within the widest
-        block's extent before the box are tested: a box among many blocks
-        costs a binary search and a test of its slab, not of every block.
+        Returns ``(idx, lo, hi)`` (read-only): block ``idx[k]`` meets the box
+        in ``[lo[k], hi[k])``.  The first search of a table scans dimension 0
+        of every block (one pass: a step opened to read one block pays no
+        sort); later ones keep the rows sorted by their start in dimension 0,
+        so only blocks that start within the widest block's extent before the
+        box are tested: a box among many blocks costs a binary search and a
+        test of its slab, not of every block.  The same box asked again (a
+        read, then the layer that counts what it read) gets the same answer
+        without a search.
         """
         n = len(self)
         nd = self.ndim
@@ -397,25 +405,33 @@ class BlockTable:
             z = np.zeros((0, nd), dtype=np.int64)
             return np.zeros(0, dtype=np.int64), z, z
         if self._hull is None:
-            self._hull = (self.start.min(axis=0), self.stop.max(axis=0))
+            self._hull = (cols_min(self.start), cols_max(self.stop))
         if bool(np.all(s <= self._hull[0])) and bool(np.all(e >= self._hull[1])):
             # the box holds every block (a read of everything): no search, no clipping
             return np.arange(n, dtype=np.int64), self.start.copy(), self.stop.copy()
-        if self._order is None or self._first is None:
-            self._order = np.argsort(self.start[:, 0], kind="stable")
-            self._first = self.start[self._order, 0]
-            self._reach = int((self.stop[:, 0] - self.start[:, 0]).max())
-        order, first = self._order, self._first
-        a = int(np.searchsorted(first, int(s[0]) - self._reach, side="right"))
-        b = int(np.searchsorted(first, int(e[0]), side="left"))
-        cand = order[a:b]
+        key = (s.tobytes(), e.tobytes())
+        last = self._last
+        if last and last[0] == key:
+            return last[1]
+        if last is None:  # the first search: one scan of dimension 0, ascending rows
+            cand = np.flatnonzero((self.start[:, 0] < e[0]) & (self.stop[:, 0] > s[0]))
+        else:
+            if self._order is None or self._first is None:
+                self._order = np.argsort(self.start[:, 0], kind="stable")
+                self._first = self.start[self._order, 0]
+                self._reach = int((self.stop[:, 0] - self.start[:, 0]).max())
+            order, first = self._order, self._first
+            a = int(np.searchsorted(first, int(s[0]) - self._reach, side="right"))
+            b = int(np.searchsorted(first, int(e[0]), side="left"))
+            cand = np.sort(order[a:b])
         lo = np.maximum(self.start[cand], s)
         hi = np.minimum(self.stop[cand], e)
-        ok = np.all(lo < hi, axis=1)
-        sel = np.flatnonzero(ok)
-        keep = cand[sel]
-        sort = np.argsort(keep, kind="stable")
-        return keep[sort], lo[sel][sort], hi[sel][sort]
+        sel = np.flatnonzero(rows_less(lo, hi))
+        got = (cand[sel], lo[sel], hi[sel])
+        for a_ in got:
+            a_.flags.writeable = False
+        self._last = (key, got)
+        return got
 
     # -- encoding ---------------------------------------------------------------
     def encode(self) -> bytes:
@@ -496,20 +512,27 @@ class BlockTable:
         def fail(mask: np.ndarray, why: str) -> None:
             """Raise naming the first block where *mask* (one row per block) holds."""
             if n and bool(mask.any()):  # the rows are looked at only when something is wrong
-                i = int(np.argmax(mask.reshape(n, -1).any(axis=1)))
+                i = int(np.argmax(rows_any(mask.reshape(n, -1))))
                 box = f"{tuple(start[i].tolist())}..{tuple(stop[i].tolist())}"
                 raise FormatError(f"{where}: block {i} (box {box}) {why}")
 
         shape = np.asarray(spec.shape, dtype=np.int64)
         ext = stop - start
-        if nd:
+        # a column at a time: a sound table costs a few reductions, a bad one names its row
+        if (
+            nd
+            and n
+            and (
+                bool((ext < 0).any())
+                or bool((cols_min(start) < 0).any())
+                or bool((cols_max(stop) > shape).any())
+            )
+        ):
             fail(
                 (start < 0) | (ext < 0) | (stop > shape),
                 f"is outside the dataset's shape {spec.shape}",
             )
-        size = np.ones(n, dtype=np.int64)  # elements per box, a column at a time
-        for d in range(nd):
-            size *= ext[:, d]
+        size = rows_prod(ext)  # elements per box
         big = LIMIT
         fail((offset >= big) | (length >= big), "has an impossible offset or length")
         fail(codec > _MAX_CODEC, "has an unknown codec id")
@@ -531,12 +554,13 @@ class BlockTable:
             "is raw but its length is not its box's bytes",
         )
         fail(
-            (seg >= big) | (seg64 % SEGMENT_UNIT != 0),
+            (seg >= big) | (seg64 & (SEGMENT_UNIT - 1) != 0),  # SEGMENT_UNIT: a power of 2
             f"has a checksum segment that is not a multiple of {SEGMENT_UNIT}",
         )
-        safe = np.where(seg64 > 0, seg64, 1)
-        expect = np.where(seg64 == 0, 1, np.maximum(1, -(-len64 // safe)))
-        fail(ncrc.astype(np.int64) != expect, "has the wrong number of checksums for its length")
+        fail(
+            ncrc.astype(np.int64) != _crc_counts(seg64, len64),
+            "has the wrong number of checksums for its length",
+        )
         if int(ncrc.sum(dtype=np.int64)) != ncrcs:
             raise FormatError(
                 f"{where}: checksum counts add up to {int(ncrc.sum())}, the section holds {ncrcs}"
@@ -564,6 +588,22 @@ class BlockTable:
             count=count.view("<i8"),
             amax=mags,
         )
+
+
+def _crc_counts(seg: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """Checksums a block of *length* bytes has with segments of *seg* bytes (0: one for
+    the whole block; else one per segment begun, at least one).  The common table, every
+    block with the same power-of-two segment, takes a shift instead of a division."""
+    if not len(seg):
+        return np.zeros(0, dtype=np.int64)
+    s0 = int(seg[0])
+    if bool((seg == s0).all()):
+        if s0 == 0:
+            return np.ones(len(seg), dtype=np.int64)
+        if s0 & (s0 - 1) == 0:
+            return np.maximum(1, (length + (s0 - 1)) >> (s0.bit_length() - 1))
+    safe = np.where(seg > 0, seg, 1)
+    return np.where(seg == 0, 1, np.maximum(1, -(-length // safe)))
 
 
 # --------------------------------------------------------------------------
