@@ -207,7 +207,7 @@ class BlockTable:
             return np.ascontiguousarray(np.broadcast_to(np.asarray(v, dtype=t), (n,)))
 
         if length is None:
-            length = np.prod(stop - start, axis=1, dtype=np.int64) * dt.itemsize
+            length = rows_prod(stop - start) * dt.itemsize
         if crcs is None:
             ncrc = np.ones(n, dtype=np.uint32)
             flat = np.zeros(n, dtype=np.uint32)

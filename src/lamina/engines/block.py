@@ -88,7 +88,7 @@ from ..errors import (
     mark_collective,
     suggest,
 )
-from ..geometry import Box, check_ranks_disjoint, cols_max, cols_min, find_overlap_arrays
+from ..geometry import Box, check_ranks_disjoint, cols_max, cols_min, find_overlap_arrays, rows_prod
 from ..layouts import read as layout_read
 from ..layouts import write as layout_write
 from ..layouts.spec import Layout, level_specs
@@ -1125,7 +1125,7 @@ class BlockEngine(Engine):
             return
         t = self.catalog.table(spec.id, step)
         idx, lo, hi = t.hits(box.start, box.stop)
-        covered = int(np.prod(hi - lo, axis=1, dtype=np.int64).sum()) if len(idx) else 0
+        covered = int(rows_prod(hi - lo).sum()) if len(idx) else 0
         if covered < box.size:
             out[...] = spec.fill_scalar()
         if not len(idx):

@@ -21,7 +21,7 @@ from ..catalog.blocks import BlockTable
 from ..catalog.model import DatasetSpec
 from ..catalog.tree import Catalog
 from ..errors import CodecError, FormatError
-from ..geometry import Box
+from ..geometry import Box, rows_prod
 from ..multires import compress, wavelet
 from .spec import Layout
 from .write import HEADER, HEADER_VERSION
@@ -243,7 +243,7 @@ def describe(src: Source, spec: DatasetSpec, layout: Layout, step: int) -> dict:
         t = cat.table(lspec.id, step)
         stored = int(t.length.sum())
         raw = int(np.prod(lspec.shape, dtype=np.int64)) * spec.dtype.itemsize
-        covered = int(np.prod(t.stop - t.start, axis=1, dtype=np.int64).sum()) * spec.dtype.itemsize
+        covered = int(rows_prod(t.stop - t.start).sum()) * spec.dtype.itemsize
         levels.append(
             {
                 "level": k,

@@ -29,7 +29,7 @@ from ..errors import (
     ShapeError,
     suggest,
 )
-from ..geometry import Box, rows_less
+from ..geometry import Box, rows_less, rows_prod
 from .result import QueryResult
 from .source import FULL, INF, Interval, Source, exact_range
 
@@ -584,7 +584,7 @@ def _units(
     units = [
         Box(a, b) for a, b in zip(map(tuple, lo.tolist()), map(tuple, hi.tolist()), strict=True)
     ]
-    if int(np.prod(hi - lo, axis=1, dtype=np.int64).sum()) < region.size:
+    if int(rows_prod(hi - lo).sum()) < region.size:
         holes = subtract(region, units)
         units += holes
         rows = np.concatenate([rows, np.full(len(holes), -1, dtype=np.int64)])

@@ -16,7 +16,7 @@ import numpy as np
 from ..catalog import BlockCodec, BlockTable
 from ..derived import Interval, needed_boxes
 from ..errors import BoundsError, StepError
-from ..geometry import Box, rows_less
+from ..geometry import Box, rows_less, rows_prod
 from ..layouts.spec import Layout
 
 INF = math.inf
@@ -92,7 +92,7 @@ class Table:
         else:  # float statistics are the values themselves (complex: of |z|, not used for bounds)
             self.lo = np.where(some, blocks.smin.astype(np.float64) - widen, INF)
             self.hi = np.where(some, blocks.smax.astype(np.float64) + widen, -INF)
-        size = np.prod(self.stops - self.starts, axis=1, dtype=np.int64)
+        size = rows_prod(self.stops - self.starts)
         self.nan = self.has_stats & (blocks.count < size)
 
     @property
@@ -102,7 +102,7 @@ class Table:
     def hits(self, box: Box) -> tuple[np.ndarray, np.ndarray]:
         """Indices of the blocks that overlap *box*, and the size of each overlap."""
         idx, lo, hi = self.blocks.hits(box.start, box.stop)
-        return idx, np.prod(hi - lo, axis=1, dtype=np.int64)
+        return idx, rows_prod(hi - lo)
 
 
 class DatasetInfo:

@@ -27,7 +27,7 @@ import numpy as np
 from ... import comm as comm_mod
 from ...catalog import KIND_STEP, BlockCodec, BlockTable, DatasetSpec, decode_packed
 from ...errors import FormatError, StepError, TransportError
-from ...geometry import Box
+from ...geometry import Box, rows_prod
 from ...layouts import read as layout_read
 from ...layouts.spec import Layout
 from ...workflow import routes
@@ -363,7 +363,7 @@ class Consumer(TransportBase):
             return
         t = self.catalog.table(spec.id, step)
         idx, lo, hi = t.hits(box.start, box.stop)
-        covered = int(np.prod(hi - lo, axis=1, dtype=np.int64).sum()) if len(idx) else 0
+        covered = int(rows_prod(hi - lo).sum()) if len(idx) else 0
         if covered < box.size:
             out[...] = spec.fill_scalar()
         real = self._real[step]

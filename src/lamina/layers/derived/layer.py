@@ -66,7 +66,7 @@ from ...errors import (
     mark_collective,
     suggest,
 )
-from ...geometry import Box
+from ...geometry import Box, rows_prod
 from ...layouts import read as layout_read
 from ...layouts.spec import Layout
 from ...perf.history import Recorder, load_history, signature
@@ -637,7 +637,7 @@ class DerivedLayer(Layer):
         idx, lo, hi = t.hits(box.start, box.stop)
         if not len(idx):
             return
-        part = np.prod(hi - lo, axis=1, dtype=np.int64) * spec.dtype.itemsize
+        part = rows_prod(hi - lo) * spec.dtype.itemsize
         raw = t.codec[idx] == BlockCodec.RAW
         self._bytes_read += int(np.where(raw, part, t.length[idx]).sum())
         if seconds > 0 and self._defs:
