@@ -343,3 +343,48 @@ def test_one_rank_commit_hands_over_what_other_ranks_decode(tmp_path):
     with lamina.open(tmp_path / "h.lam") as r:
         assert r["u"].attrs["units"] == "m"
         assert np.isnan(r["u"][40:44]).all() and r["v"].read(step=0)[3, 3, :5].size == 5
+
+
+@given(st.integers(1, 12), st.integers(1, 3), st.integers(0, 2**31))
+def test_hulls_apart_against_brute_force(nranks, nd, seed):
+    """The commit skips the cross-rank sweep only when the boxes around each rank's blocks
+    are pairwise disjoint (ranks without blocks count for nothing); few ranks are compared
+    pair by pair, many by the sweep."""
+    from lamina.engines.block import DatasetHead, _hulls_apart
+
+    rng = np.random.default_rng(seed)
+    heads, hulls = [], []
+    for _ in range(nranks):
+        n = int(rng.integers(0, 4))
+        if rng.random() < 0.5:  # cells of a grid: hulls that touch without meeting
+            lo = rng.integers(0, 4, (n, nd)) * 5
+            hi = lo + 5
+        else:
+            lo = rng.integers(0, 20, (n, nd))
+            hi = lo + rng.integers(1, 6, (n, nd))
+        heads.append(DatasetHead(lo, hi, *[None] * 7))
+        if n:
+            hulls.append((lo.min(axis=0), hi.max(axis=0)))
+    meet = any(
+        bool(np.all(a0 < b1) and np.all(b0 < a1))
+        for i, (a0, a1) in enumerate(hulls)
+        for b0, b1 in hulls[:i]
+    )
+    assert _hulls_apart(heads) == (not meet)
+
+
+def test_hulls_apart_touching_is_apart_and_empty_ranks_count_for_nothing():
+    from lamina.engines.block import DatasetHead, _hulls_apart
+
+    def head(*boxes):
+        lo = np.array([b[0] for b in boxes], dtype=np.int64).reshape(len(boxes), -1)
+        hi = np.array([b[1] for b in boxes], dtype=np.int64).reshape(len(boxes), -1)
+        return DatasetHead(lo, hi, *[None] * 7)
+
+    left, right = head(((0, 0), (4, 4)), ((0, 4), (4, 8))), head(((4, 0), (8, 8)))
+    empty = DatasetHead(np.zeros((0, 2), np.int64), np.zeros((0, 2), np.int64), *[None] * 7)
+    assert _hulls_apart([left, right, empty])
+    assert _hulls_apart([right, left])
+    assert not _hulls_apart([left, head(((3, 7), (5, 9)))])
+    # interleaved blocks: the hulls meet though no block does (the sweep decides then)
+    assert not _hulls_apart([head(((0, 0), (1, 1)), ((2, 2), (3, 3))), head(((1, 1), (2, 2)))])

@@ -41,6 +41,7 @@ before it changes.
 from __future__ import annotations
 
 import math
+import operator
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -240,7 +241,16 @@ def _hulls_apart(heads: list[DatasetHead]) -> bool:
     one rank overlaps a block of another: each rank's own were tested at put)."""
     lo = np.stack([cols_min(h.start) if len(h.start) else h.start.sum(axis=0) for h in heads])
     hi = np.stack([cols_max(h.stop) if len(h.stop) else h.stop.sum(axis=0) for h in heads])
-    return find_overlap_arrays(lo, hi) is None
+    if len(heads) > 8:
+        return find_overlap_arrays(lo, hi) is None
+    # a few ranks: every pair, in Python (the sweep's fixed cost is tens of microseconds)
+    a, b = lo.tolist(), hi.tolist()
+    for i in range(len(a)):
+        for j in range(i):
+            if all(map(operator.lt, a[i], b[j])) and all(map(operator.lt, a[j], b[i])):
+                if all(map(operator.lt, a[i], b[i])) and all(map(operator.lt, a[j], b[j])):
+                    return False  # two boxes, neither empty, that meet
+    return True
 
 
 class BlockEngine(Engine):
