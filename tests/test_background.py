@@ -603,18 +603,21 @@ def test_pool_reuses_buffers_nobody_else_holds():
     from lamina.layers.background.step import Pool
 
     p = Pool()
-    bufs = [p.take(64), p.take(64)]
+    (b0, w0), (b1, w1) = p.take(64), p.take(64)
+    assert not w0 and not w1  # new: their pages not touched yet
+    bufs = [b0, b1]
+    del b0, b1
     ids = [id(x) for x in bufs]
     held = bufs[1].view(np.float64)  # an engine that kept a block by reference
     p.give(bufs, room=1 << 20)
     assert p.nbytes == 128 and not bufs
-    got = p.take(64)  # the held buffer is skipped (and forgotten), the other one reused
-    assert id(got) == ids[0] and held.base is not got and p.nbytes == 0
+    got, warm = p.take(64)  # the held buffer is skipped (and forgotten), the other one reused
+    assert warm and id(got) == ids[0] and held.base is not got and p.nbytes == 0
     p.give([got], room=64)
     p.give([np.empty(64, np.uint8)], room=64)  # over the room: not kept
     assert p.nbytes == 64
     p.clear()
-    assert p.nbytes == 0 and p.take(32).nbytes == 32
+    assert p.nbytes == 0 and p.take(32)[0].nbytes == 32
 
 
 def test_copies_reuse_the_buffers_of_written_steps(path):

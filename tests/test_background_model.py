@@ -208,16 +208,18 @@ def test_auto_measures_compute_phases_and_decides(tmp_path, history_path):
     assert d[-1]["t_comp"] > 0  # the average of the phases before it
 
 
-def test_copies_are_one_sample_per_step(tmp_path, history_path):
-    """t_copy's rate comes from each step's copies together (here 4 puts of 128 KiB a step)."""
+def test_copies_are_one_sample_per_step_into_reused_buffers(tmp_path, history_path):
+    """t_copy's rate comes from each step's copies together (here 4 puts of 128 KiB a step),
+    copies into buffers of earlier steps only: the first step's go into new memory."""
     with lamina.open(str(tmp_path / "c.lam"), "w", io="async") as f:
         f.create_dataset("x", (4, 1 << 14), "f8")
         for k in range(3):
             with f.step():
                 for r in range(4):
                     f["x"][r] = k
+            f.wait()  # written: the step's buffers serve the next one
     got = load_history(str(history_path)).samples(am.COPY_SERIES)
-    assert len(got) == 3 and all(x1 == 4 << 17 for x1, _, _ in got)
+    assert len(got) == 2 and all(x1 == 4 << 17 for x1, _, _ in got)
 
 
 def test_async_keeps_a_history_too(tmp_path, history_path):

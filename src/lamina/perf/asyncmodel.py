@@ -28,7 +28,12 @@ epoch takes at least ``t_io``.  The consistent form is used here.)
   ``sync.io``, ``t_async`` from ``async.io``, each from the other series
   while it has no samples of its own.
 * ``t_copy = bytes / copy rate``, the median rate of the copies measured at
-  put (series ``async.copy``: one sample per step, its copies together).
+  put (series ``async.copy``: one sample per step, its copies together),
+  into buffers reused from earlier steps only: the copies of the first
+  steps go into new memory and pay a page fault per page (about 5x slower
+  here), once; counted in the rate they kept ``io='auto'`` from choosing
+  the background, and its direct steps copy nothing, so the rate never
+  learned better.
 * ``t_comp``: a weighted average of past compute phases (weights halving
   with each older phase), measured as the time between two ``end_step``
   returns minus the time spent inside lamina calls.

@@ -558,13 +558,15 @@ class BackgroundLayer(Layer):
             with self._cond:
                 self._frozen.freeze(step, arr)
         else:
+            buf, warm = raw
             t0 = time.perf_counter()
-            buf = raw.view(spec.dtype).reshape(arr.shape)
-            np.copyto(buf, arr, casting="same_kind")
-            step.copies.append(raw)
-            arr = buf
-            step.copied += nbytes
-            step.copy_seconds += time.perf_counter() - t0
+            view = buf.view(spec.dtype).reshape(arr.shape)
+            np.copyto(view, arr, casting="same_kind")
+            step.copies.append(buf)
+            arr = view
+            if warm:
+                step.copied += nbytes
+                step.copy_seconds += time.perf_counter() - t0
         step.data_bytes += arr.size * spec.dtype.itemsize
         step.ops.append(("put", name, box, arr))
 
@@ -595,7 +597,7 @@ class BackgroundLayer(Layer):
                     self._frozen.freeze(step, a)
         elif not private:
             with self._cond:
-                raw = self._pool.take(total)
+                raw, warm = self._pool.take(total)
             t0 = time.perf_counter()
             if isinstance(batch.arrays, np.ndarray):
                 out = raw.view(spec.dtype).reshape(batch.arrays.shape)
@@ -608,8 +610,9 @@ class BackgroundLayer(Layer):
                     out.append(buf)
                     pos += nb
             step.copies.append(raw)
-            step.copied += total
-            step.copy_seconds += time.perf_counter() - t0
+            if warm:
+                step.copied += total
+                step.copy_seconds += time.perf_counter() - t0
         step.data_bytes += total
         step.ops.append(("put_many", name, batch.starts, out))
 
@@ -753,10 +756,10 @@ class BackgroundLayer(Layer):
     # -- the budget -------------------------------------------------------------
     def _reserve(
         self, step: Step, nbytes: int, what: Callable[[], str], take: bool = False
-    ) -> np.ndarray | None:
+    ) -> tuple[np.ndarray, bool] | None:
         """Count *nbytes* more of *step* in flight, waiting while the budget is short;
         ConfigError (naming ``what()``) if one step cannot hold them.  With *take*, a buffer of
-        *nbytes* from the pool, taken under the same lock."""
+        *nbytes* from the pool, taken under the same lock (:meth:`.Pool.take`)."""
         if not nbytes:
             return None
         if step.nbytes + nbytes > self.budget:

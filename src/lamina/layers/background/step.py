@@ -36,7 +36,9 @@ class Step:
     doing: str = ""  # what the background thread was doing in it (for the error)
     data_bytes: int = 0  # bytes of data written in the step (copied or kept)
     copies: list[np.ndarray] = field(default_factory=list)  # the buffers of its copies (Pool)
-    copied: int = 0  # bytes copied at put, and the seconds it took (one sample per step)
+    # bytes copied at put into buffers reused from earlier steps, and the seconds it took
+    # (one sample of the copy rate per step; copies into new buffers are a warm-up cost)
+    copied: int = 0
     copy_seconds: float = 0.0
     decision: dict[str, Any] | None = None  # io='auto': the prediction made for it, and the outcome
 
@@ -119,15 +121,17 @@ class Pool:
         self.free: dict[int, list[np.ndarray]] = {}
         self.nbytes = 0
 
-    def take(self, nbytes: int) -> np.ndarray:
-        """A uint8 buffer of *nbytes* bytes: a free one of that size, else a new one."""
+    def take(self, nbytes: int) -> tuple[np.ndarray, bool]:
+        """A uint8 buffer of *nbytes* bytes: a free one of that size, else a new one; and
+        whether it was free (its pages touched already: a copy into it runs at memory
+        speed, a copy into a new one also pays a page fault per page)."""
         got = self.free.get(nbytes)
         while got:
             raw = got.pop()
             self.nbytes -= nbytes
             if sys.getrefcount(raw) <= 2:  # this name and the call's argument: nobody else
-                return raw
-        return np.empty(nbytes, dtype=np.uint8)
+                return raw, True
+        return np.empty(nbytes, dtype=np.uint8), False
 
     def give(self, raws: list[np.ndarray], room: int) -> None:
         """Keep *raws* for later copies, as long as the pool stays within *room* bytes."""
