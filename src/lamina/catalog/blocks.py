@@ -141,8 +141,8 @@ class BlockTable:
         self._first: np.ndarray | None = None  # their starts in dimension 0
         self._reach = 0  # the widest block's extent in dimension 0
         self._hull: tuple[np.ndarray, np.ndarray] | None = None  # the box around every block
-        # the last search that was not of everything: (box, its answer), or None before any;
-        # () after a first search by scan (the next one builds the sorted order)
+        # the last search that was not of everything: (box, its answer); None before any
+        # (the first search scans, the next ones build and use the sorted order)
         self._last: tuple | None = None
 
     def set_stats(
