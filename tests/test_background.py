@@ -635,3 +635,33 @@ def test_copies_reuse_the_buffers_of_written_steps(path):
     with lamina.open(path) as f:
         for k in range(6):
             np.testing.assert_array_equal(f.at(k)["x"][...], a + k)
+
+
+def test_a_failed_copy_buffer_leaves_the_budget_and_the_box_as_they_were(path, monkeypatch):
+    """No memory for a put's copy: the put raises, nothing of it stays counted in flight,
+    and its box may be written again."""
+    from lamina.layers.background.step import Pool
+
+    a = np.arange(1024, dtype=np.float64)
+    with lamina.open(path, "w", io="async") as f:
+        f.create_dataset("x", a.shape, a.dtype)
+        bg = f._background()
+        real = Pool.take
+        calls = {"n": 0}
+
+        def once(self, nbytes):
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise MemoryError("no memory for the copy")
+            return real(self, nbytes)
+
+        monkeypatch.setattr(Pool, "take", once)
+        with f.step():
+            with pytest.raises(MemoryError):
+                f["x"][...] = a
+            assert bg.stats.inflight_bytes == 0
+            f["x"][...] = a + 1  # the same box again
+        f.wait()
+        assert bg.stats.inflight_bytes == 0
+    with lamina.open(path) as r:
+        assert np.array_equal(r["x"][...], a + 1)

@@ -261,3 +261,17 @@ def test_decisions_record_round_trip_and_bad_bytes():
     for bad in (b"[1]", b'{"fields": ["a"], "decisions": [[1, 2]]}', b"\xff"):
         with pytest.raises(FormatError):
             am.decode_decisions(bad)
+
+
+def test_copies_into_new_buffers_count_once_the_pool_has_served(tmp_path, history_path):
+    """Blocks whose size changes every step never find a reused buffer: after the first
+    step is written their copies into new memory are this run's copies, and are sampled;
+    the first step's (before any buffer came back) are not."""
+    with lamina.open(str(tmp_path / "v.lam"), "w", io="async") as f:
+        f.create_dataset("x", (1 << 16,), "f8")
+        for k in range(4):
+            with f.step():
+                f["x"][: (1 << 13) * (k + 1)] = k  # 64, 128, 192, 256 KiB
+            f.wait()
+    got = load_history(str(history_path)).samples(am.COPY_SERIES)
+    assert [x1 for x1, _, _ in got] == [(1 << 16) * (k + 1) for k in range(1, 4)]

@@ -841,5 +841,17 @@ def test_hits_against_brute_force_over_several_searches(nd, n, seed):
             want = want[:0]
         assert idx.tolist() == want.tolist()
         assert np.array_equal(a, clo[want]) and np.array_equal(b, chi[want])
-        if len(want) and not (s <= lo.min(axis=0)).all():
-            assert not idx.flags.writeable and not a.flags.writeable
+        assert not (idx.flags.writeable or a.flags.writeable or b.flags.writeable)
+        again = t.hits(s, e)  # the same box at once: the same answer
+        assert all(np.array_equal(x, y) for x, y in zip(again, (idx, a, b), strict=True))
+
+
+def test_hits_keeps_the_last_search_and_only_for_its_box():
+    lo = np.array([[0, 0], [4, 0], [0, 4], [4, 4]], dtype=np.int64)
+    t = _table_of_boxes(lo, lo + 4)
+    first = t.hits((1, 1), (5, 3))  # a scan
+    assert t.hits((1, 1), (5, 3)) is first  # kept
+    other = t.hits((3, 3), (5, 5))  # another box: searched (the sorted order now)
+    assert other is not first and other[0].tolist() == [0, 1, 2, 3]
+    back = t.hits((1, 1), (5, 3))
+    assert back is not first and back[0].tolist() == first[0].tolist() == [0, 1]

@@ -644,3 +644,19 @@ def test_column_reductions_match_numpy_axis_reductions(n, nd, seed):
         assert np.array_equal(cols_min(lo), lo.min(axis=0))
         assert np.array_equal(cols_max(hi), hi.max(axis=0))
         assert cols_min(lo).dtype == lo.dtype
+
+
+def test_box_from_numpy_corners_is_checked_like_tuples():
+    assert Box(np.array([1, 2]), np.array([3, 4])).shape == (2, 2)
+    for start, stop in ((np.array([0]), np.array([-1])), (np.array([-1, 0]), np.array([1, 1]))):
+        with pytest.raises(BoundsError):
+            Box(start, stop)
+
+
+def test_rows_prod_takes_any_integer_columns():
+    from lamina.geometry import rows_prod
+
+    for dt in (np.int32, np.uint32, np.uint64, np.int64):
+        a = np.array([[2, 3, 4], [1, 5, 0]], dtype=dt)
+        got = rows_prod(a)
+        assert got.dtype == np.int64 and got.tolist() == [24, 0]

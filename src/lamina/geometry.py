@@ -33,7 +33,7 @@ class Box:
         if len(start) != len(stop):
             raise ShapeError(f"box start {start} and stop {stop} differ in rank")
         # checked with C-level iteration: boxes are made at every put and read
-        if start and (min(start) < 0 or not all(map(operator.le, start, stop))):
+        if len(start) and (min(start) < 0 or not all(map(operator.le, start, stop))):
             raise BoundsError(f"invalid box {start}..{stop}: need 0 <= start <= stop")
 
     # -- construction -----------------------------------------------------
@@ -182,6 +182,7 @@ def rows_less(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 
 def rows_prod(a: np.ndarray) -> np.ndarray:
     """``a.prod(axis=1)`` of an ``(n, ndim)`` int64 array (the cells of each box's extent)."""
+    a = np.asarray(a, dtype=np.int64)  # no copy for int64 (the corners' dtype)
     out = np.ones(a.shape[0], dtype=np.int64)
     for k in range(a.shape[1]):
         out *= a[:, k]

@@ -395,20 +395,20 @@ class BlockTable:
         nd = self.ndim
         if n == 0:
             z = np.zeros((0, nd), dtype=np.int64)
-            return np.zeros(0, dtype=np.int64), z, z
+            return _read_only(np.zeros(0, dtype=np.int64), z, z)
         s = np.asarray(start, dtype=np.int64)
         e = np.asarray(stop, dtype=np.int64)
         if nd == 0:  # a 0-D box is one element: every 0-D block holds it
             z = np.zeros((n, 0), dtype=np.int64)
-            return np.arange(n, dtype=np.int64), z, z
+            return _read_only(np.arange(n, dtype=np.int64), z, z)
         if bool(np.any(e <= s)):
             z = np.zeros((0, nd), dtype=np.int64)
-            return np.zeros(0, dtype=np.int64), z, z
+            return _read_only(np.zeros(0, dtype=np.int64), z, z)
         if self._hull is None:
             self._hull = (cols_min(self.start), cols_max(self.stop))
         if bool(np.all(s <= self._hull[0])) and bool(np.all(e >= self._hull[1])):
             # the box holds every block (a read of everything): no search, no clipping
-            return np.arange(n, dtype=np.int64), self.start.copy(), self.stop.copy()
+            return _read_only(np.arange(n, dtype=np.int64), self.start, self.stop)
         key = (s.tobytes(), e.tobytes())
         last = self._last
         if last and last[0] == key:
@@ -427,9 +427,7 @@ class BlockTable:
         lo = np.maximum(self.start[cand], s)
         hi = np.minimum(self.stop[cand], e)
         sel = np.flatnonzero(rows_less(lo, hi))
-        got = (cand[sel], lo[sel], hi[sel])
-        for a_ in got:
-            a_.flags.writeable = False
+        got = _read_only(cand[sel], lo[sel], hi[sel])
         self._last = (key, got)
         return got
 
@@ -588,6 +586,17 @@ class BlockTable:
             count=count.view("<i8"),
             amax=mags,
         )
+
+
+def _read_only(
+    idx: np.ndarray, lo: np.ndarray, hi: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Read-only views of an answer of :meth:`BlockTable.hits` (it may be kept and returned
+    again, or be the table's own columns)."""
+    out = (idx.view(), lo.view(), hi.view())
+    for a in out:
+        a.flags.writeable = False
+    return out
 
 
 def _crc_counts(seg: np.ndarray, length: np.ndarray) -> np.ndarray:

@@ -1000,14 +1000,17 @@ class BlockEngine(Engine):
                 self._flush_layouts(step)
             g = comm_mod.Guard()
             local = None
+            packed = b""
             with g:
                 local = self._local_heads()
+                if self.size > 1:
+                    packed = self._pack_heads(*local)
             comm_mod.agree(self.comm, g.error)
             assert local is not None
             if self.size == 1:  # nothing to exchange: no bytes made and decoded again
                 heads = self._heads_of([local])
             else:
-                raws = comm_mod.allgather_bytes(self.comm, self._pack_heads(*local))
+                raws = comm_mod.allgather_bytes(self.comm, packed)
                 heads = self._heads_of([self._unpack_heads(r, raw) for r, raw in enumerate(raws)])
             self._validate(heads, step)  # same verdict on every rank
 
@@ -1019,12 +1022,15 @@ class BlockEngine(Engine):
 
             g = comm_mod.Guard()
             mine: tuple[list, dict] = ([], {})
+            packed = b""
             with g:
                 mine = self._local_trailer(bases)
+                if self.size > 1:
+                    packed = self._pack_trailer(*mine)
             comm_mod.agree(self.comm, g.error)
             gathered = None
             if self.size > 1:
-                gathered = comm_mod.gather_bytes(self.comm, self._pack_trailer(*mine), root=0)
+                gathered = comm_mod.gather_bytes(self.comm, packed, root=0)
 
             g = comm_mod.Guard()
             shared = None

@@ -29,11 +29,12 @@ epoch takes at least ``t_io``.  The consistent form is used here.)
   while it has no samples of its own.
 * ``t_copy = bytes / copy rate``, the median rate of the copies measured at
   put (series ``async.copy``: one sample per step, its copies together),
-  into buffers reused from earlier steps only: the copies of the first
-  steps go into new memory and pay a page fault per page (about 5x slower
-  here), once; counted in the rate they kept ``io='auto'`` from choosing
-  the background, and its direct steps copy nothing, so the rate never
-  learned better.
+  into buffers reused from earlier steps: the copies of the first steps go
+  into new memory and pay a page fault per page (about 5x slower here),
+  once; counted in the rate they kept ``io='auto'`` from choosing the
+  background, and its direct steps copy nothing, so the rate never learned
+  better.  A step without any reused buffer after the pool has had
+  buffers back samples its copies into new memory (the layer's ``Step.copy_sample``).
 * ``t_comp``: a weighted average of past compute phases (weights halving
   with each older phase), measured as the time between two ``end_step``
   returns minus the time spent inside lamina calls.

@@ -564,9 +564,7 @@ class BackgroundLayer(Layer):
             np.copyto(view, arr, casting="same_kind")
             step.copies.append(buf)
             arr = view
-            if warm:
-                step.copied += nbytes
-                step.copy_seconds += time.perf_counter() - t0
+            step.count_copy(nbytes, time.perf_counter() - t0, warm)
         step.data_bytes += arr.size * spec.dtype.itemsize
         step.ops.append(("put", name, box, arr))
 
@@ -610,9 +608,7 @@ class BackgroundLayer(Layer):
                     out.append(buf)
                     pos += nb
             step.copies.append(raw)
-            if warm:
-                step.copied += total
-                step.copy_seconds += time.perf_counter() - t0
+            step.count_copy(total, time.perf_counter() - t0, warm)
         step.data_bytes += total
         step.ops.append(("put_many", name, batch.starts, out))
 
@@ -667,9 +663,11 @@ class BackgroundLayer(Layer):
             raise mark_collective(StepError("end_step called without begin_step"))
         step = self._step or Step(explicit=False)
         self._step = None
-        if self.model is not None and step.copied:  # the step's copies: one sample
+        if self.model is not None:  # the step's copies: one sample
             with self._cond:  # the background thread adds samples under it
-                self.model.add_copy(step.copied, step.copy_seconds)
+                sample = step.copy_sample(self._pool.served)
+                if sample is not None:
+                    self.model.add_copy(*sample)
         step.index = self._next
         self._next += 1
         background = self._decide(step.data_bytes, step.index, t_call, step) if self.auto else True
@@ -779,11 +777,11 @@ class BackgroundLayer(Layer):
             if waited:
                 self.stats.waits += 1
                 self.stats.wait_seconds += time.perf_counter() - t0
+            raw = self._pool.take(nbytes) if take else None  # first: it may fail (memory)
             self.stats.inflight_bytes += nbytes
             self.stats.peak_inflight_bytes = max(
                 self.stats.peak_inflight_bytes, self.stats.inflight_bytes
             )
-            raw = self._pool.take(nbytes) if take else None
         step.nbytes += nbytes
         return raw
 

@@ -36,11 +36,38 @@ class Step:
     doing: str = ""  # what the background thread was doing in it (for the error)
     data_bytes: int = 0  # bytes of data written in the step (copied or kept)
     copies: list[np.ndarray] = field(default_factory=list)  # the buffers of its copies (Pool)
-    # bytes copied at put into buffers reused from earlier steps, and the seconds it took
-    # (one sample of the copy rate per step; copies into new buffers are a warm-up cost)
+    # bytes copied at put into buffers reused from earlier steps and the seconds it took,
+    # then the same for copies into new buffers (copy_sample: one sample per step)
     copied: int = 0
     copy_seconds: float = 0.0
+    fresh_copied: int = 0
+    fresh_seconds: float = 0.0
     decision: dict[str, Any] | None = None  # io='auto': the prediction made for it, and the outcome
+
+    def count_copy(self, nbytes: int, seconds: float, warm: bool) -> None:
+        """A copy at put of *nbytes* that took *seconds*, into a reused buffer if *warm*."""
+        if warm:
+            self.copied += nbytes
+            self.copy_seconds += seconds
+        else:
+            self.fresh_copied += nbytes
+            self.fresh_seconds += seconds
+
+    def copy_sample(self, pool_served: bool) -> tuple[int, float] | None:
+        """``(bytes, seconds)`` of this step's sample of the copy rate, or None.
+
+        Its copies into reused buffers; if it had none, its copies into new
+        buffers, but only once the pool has had buffers back (*pool_served*):
+        a run's first steps copy into new memory once (a page fault per page,
+        several times slower) and would make every later copy look as dear,
+        while copies into new memory after that are what this run pays
+        (blocks whose sizes change, steps faster than their writes).
+        """
+        if self.copied:
+            return self.copied, self.copy_seconds
+        if self.fresh_copied and pool_served:
+            return self.fresh_copied, self.fresh_seconds
+        return None
 
 
 @dataclass
@@ -120,6 +147,7 @@ class Pool:
     def __init__(self) -> None:
         self.free: dict[int, list[np.ndarray]] = {}
         self.nbytes = 0
+        self.served = False  # buffers came back once (a step was written): past the warm-up
 
     def take(self, nbytes: int) -> tuple[np.ndarray, bool]:
         """A uint8 buffer of *nbytes* bytes: a free one of that size, else a new one; and
@@ -135,6 +163,7 @@ class Pool:
 
     def give(self, raws: list[np.ndarray], room: int) -> None:
         """Keep *raws* for later copies, as long as the pool stays within *room* bytes."""
+        self.served = True
         for raw in raws:
             if self.nbytes + raw.nbytes > room:
                 break
