@@ -132,10 +132,110 @@ def test_bench_strategies_json(tmp_path, calfile, capsys):
     assert not any((tmp_path / "files").iterdir())
 
 
+def test_bench_strategies_predicts_from_an_earlier_run(tmp_path, calfile, capsys):
+    """One block count: an untimed run before the timed ones records the history that predicts
+    them, as a job run again on the same machine; nothing of it reaches the host's history."""
+    rc = lamina.bench.main(
+        [
+            "strategies",
+            "--size",
+            "1MiB",
+            "--blocks",
+            "4",
+            "--repeat",
+            "1",
+            "--fractions",
+            "100",
+            "--kernels",
+            "magnitude",
+            "--calibration",
+            calfile,
+            "--dir",
+            str(tmp_path / "files"),
+            "--json",
+        ]
+    )
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    doc = json.loads(cap.out)
+    assert doc["history"] == "earlier" and doc["options"]["history"] == "earlier"
+    assert doc["history_source"] == strategies.HISTORY_SOURCES["earlier"]
+    assert doc["history_source"] in cap.err
+    (m,) = doc["kernels"]
+    for s in ("store", "stats"):
+        assert m["write"][s]["source_history"] == "history"
+    for s in strategies.STRATEGIES:
+        r = m["queries"][0]["read"][s]
+        assert r["source_history"] == "history" and r["total_predicted_history"] > 0
+    assert not os.path.exists(os.environ["LAMINA_HISTORY"])
+    assert not any((tmp_path / "files").iterdir())
+
+
+def test_bench_strategies_host_history_without_samples(tmp_path, calfile, capsys):
+    """--history host on a host without history: the model on history has nothing to say."""
+    rc = lamina.bench.main(
+        [
+            "strategies",
+            "--size",
+            "1MiB",
+            "--blocks",
+            "4",
+            "--repeat",
+            "1",
+            "--fractions",
+            "100",
+            "--kernels",
+            "magnitude",
+            "--calibration",
+            calfile,
+            "--history",
+            "host",
+            "--json",
+        ]
+    )
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    doc = json.loads(cap.out)
+    assert doc["history_source"] == strategies.HISTORY_SOURCES["host"]
+    (m,) = doc["kernels"]
+    assert m["write"]["store"]["source_history"] != "history"
+
+
 def test_bench_strategies_bad_options(capsys):
+    assert lamina.bench.main(["strategies", "--history", "others", "--blocks", "8"]) == 2
+    assert "two block counts" in capsys.readouterr().err
+    assert lamina.bench.main(["strategies", "--history", "nope"]) == 2
     assert lamina.bench.main(["strategies", "--kernels", "nope"]) == 2
     assert lamina.bench.main(["strategies", "--fractions", "0"]) == 2
     assert lamina.bench.main(["strategies", "--blocks", "0"]) == 2
     assert lamina.bench.main(["strategies", "--blocks", "8,8"]) == 2
     assert lamina.bench.main(["strategies", "--blocks", "8,x"]) == 2
     assert "strategies" in lamina.bench.BENCHMARKS
+
+
+def test_expression_computes_what_the_model_counts(tmp_path):
+    """Eq. 2's factor a for a vector kept as an expression is what the derived layer computes:
+    the candidates twice (once to find them, once for the other components) unless every
+    block is a candidate (the layer still holds the box the condition was computed over)."""
+    from lamina.perf.model import _again
+
+    case = strategies.CASES["curl"]
+    blocks = 8
+    shape = strategies.grid(1 << 20, blocks)
+    n = math.prod(shape)
+    paths = {s: str(tmp_path / f"{s}.lam") for s in ("store", "expression")}
+    fields = case.fields(shape)
+    for s, p in paths.items():
+        strategies.write_file(p, case, fields, blocks, s)
+    fractions = [1 / blocks, 0.5, 1.0]
+    xs = strategies.thresholds(paths["store"], case, blocks, fractions)
+    for q, x in zip(fractions, xs, strict=True):
+        with lamina.open(paths["expression"], "r") as f:
+            layer = f._engine
+            while not hasattr(layer, "_computed"):
+                layer = layer.inner
+            res = f.query(f"{case.cond} < {x!r}", select=[case.derived], exact=False)
+            got = res.candidate_elements / n
+            assert got == pytest.approx(q)
+            # halos: a candidate computed again reads its neighbours' planes, not more elements
+            assert layer._computed == pytest.approx(_again(3, got) * n, rel=0.01)

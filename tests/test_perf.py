@@ -95,6 +95,9 @@ def test_read_time_and_fraction():
     c1 = predict("curl(vx, vy, vz)", SHAPE, query_fraction=0.1, **base)["expression"]
     c2 = predict("curl(vx, vy, vz)", SHAPE, query_fraction=0.4, **base)["expression"]
     assert c2.read_s == approx(1.4 / 1.1 * c1.read_s)
+    # every block a candidate: the values are read over the box the layer computed, once
+    c3 = predict("curl(vx, vy, vz)", SHAPE, query_fraction=1.0, **base)["expression"]
+    assert c3.read_s == approx(c1.read_s / 1.1)
     slow = predict(MAG, SHAPE, query_fraction=0.1, read_bandwidth=1e9, write_bandwidth=1e9, **base)
     assert slow["store"].read_s == approx(0.1 * 8e6 / 1e9)
     assert slow["store"].primary_write_s == approx(24e6 / 1e9)

@@ -46,12 +46,17 @@ and after each, keeping the best of each rate as the times keep the best run
 
 Two models predict side by side: Eq. 1-2 at the calibrated rates, and the
 model on measured history (:mod:`lamina.perf.history`), whose samples the
-derived layer records while the runs above write and query.  ``--blocks``
-takes several counts (``16,64,256``): each count is measured with a history
-of its own, and predicted from the histories of the *other* counts (leave
-one out), so that the history model is judged on block sizes it has not
-seen; with one count it predicts from this host's history as it was before
-the run.
+derived layer records while the runs above write and query.  Which
+history predicts a run (``--history``):
+
+* ``earlier`` (the default with one block count): before the timed runs,
+  one untimed run of every write and query at the same count records a
+  history of its own, and the timed runs are predicted from it: a job run
+  again on the same machine, the case the per-machine history serves;
+* ``others`` (the default with several counts, ``--blocks 16,64,256``):
+  each count is predicted from what was timed at the *other* counts (leave
+  one out), so that the model is judged on block sizes it has not seen;
+* ``host``: this host's history as it was before the run.
 
 Targets: predicted totals within 25 % of measured; in the S3D case, Stats
 reads the same bytes as Store (within 5 %) and Expression reads all the
@@ -749,8 +754,15 @@ def parser(prog: str = "lamina bench strategies") -> argparse.ArgumentParser:
     p.add_argument(
         "--blocks",
         default="64",
-        help="blocks per dataset, comma-separated (default 64); with several, the model on "
-        "measured history predicts each count from what was timed at the others",
+        help="blocks per dataset, comma-separated (default 64)",
+    )
+    p.add_argument(
+        "--history",
+        choices=list(HISTORY_SOURCES),
+        default=None,
+        help="what the model on measured history predicts from: earlier (an untimed run "
+        "before, at the same block count; the default with one count), others (the runs at "
+        "the other block counts; the default with several), host (this host's history)",
     )
     p.add_argument(
         "--fractions",
@@ -801,21 +813,30 @@ def _fractions(text: str) -> list[float]:
     return [v / 100 for v in vals]
 
 
-def _histories(base: str, blocks: list[int], before):
-    """Per block count, the measured history its predictions may use (module docstring):
-    with several block counts, what the runs at the *other* counts measured (leave one out);
-    with one, *before*, the history of this host as it was before the run."""
+#: what ``--history`` may name, and what each predicts from (module docstring)
+HISTORY_SOURCES = {
+    "earlier": "an earlier, untimed run of the same writes and queries at the same block count",
+    "others": "what the derived layer timed in this run at the other block counts",
+    "host": "this host's history before the run",
+}
+
+
+def _histories(base: str, blocks: list[int], before, source: str):
+    """Per block count, the measured history its predictions may use (``HISTORY_SOURCES``)."""
     from ..perf.history import History, load_history
 
-    if len(blocks) == 1:
-        return {blocks[0]: before}, "this host's history before the run"
-    runs = {b: load_history(_history_file(base, b)) for b in blocks}
-    out = {b: History().merged(*(runs[o] for o in blocks if o != b)) for b in blocks}
-    return out, "what the derived layer timed in this run at the other block counts"
+    if source == "host":
+        out = dict.fromkeys(blocks, before)
+    elif source == "earlier":
+        out = {b: load_history(_history_file(base, b, "earlier")) for b in blocks}
+    else:
+        runs = {b: load_history(_history_file(base, b)) for b in blocks}
+        out = {b: History().merged(*(runs[o] for o in blocks if o != b)) for b in blocks}
+    return out, HISTORY_SOURCES[source]
 
 
-def _history_file(base: str, b: int) -> str:
-    return os.path.join(base, f"history-{b}.json")
+def _history_file(base: str, b: int, run: str = "timed") -> str:
+    return os.path.join(base, f"history-{run}-{b}.json")
 
 
 def run(
@@ -830,12 +851,21 @@ def run(
     keep: bool = False,
     command: str = "lamina bench strategies",
     progress: Callable[[str], None] | None = None,
+    history: str | None = None,
 ) -> dict:
-    """Measure every kernel and strategy at every block count; the JSON document of the run."""
+    """Measure every kernel and strategy at every block count; the JSON document of the run.
+
+    *history* names what the model on history predicts from (``HISTORY_SOURCES``; None:
+    ``others`` with several block counts, ``earlier`` with one)."""
     from ..perf.history import load_history
 
     say = progress or (lambda _msg: None)
     counts = [blocks] if isinstance(blocks, int) else list(blocks)
+    history = history or ("others" if len(counts) > 1 else "earlier")
+    if history not in HISTORY_SOURCES:
+        raise ValueError(f"history: one of {', '.join(HISTORY_SOURCES)}, got {history!r}")
+    if history == "others" and len(counts) < 2:
+        raise ValueError("history 'others' needs at least two block counts")
     load0 = os.getloadavg()[0]
     measure = calibration in ("run", "quick")
     quick = calibration == "quick"
@@ -851,7 +881,15 @@ def run(
     try:
         for b in counts:
             shape = grid(size, b)
-            # what the derived layer times in these runs goes to a history of their own
+            if history == "earlier":  # the job run before: what it times predicts the timed runs
+                os.environ["LAMINA_HISTORY"] = _history_file(base, b, "earlier")
+                common.remove(_history_file(base, b, "earlier"))
+                for k in kernels:
+                    say(f"{k}, {b} blocks: the earlier run, untimed, records its history...")
+                    m = measure_case(CASES[k], shape, b, fractions, 1, base, lambda _m: None)
+                    for p in m["paths"].values():
+                        common.remove(p)
+            # what the derived layer times in the timed runs goes to a history of their own
             os.environ["LAMINA_HISTORY"] = _history_file(base, b)
             common.remove(_history_file(base, b))
             for k in kernels:
@@ -864,7 +902,7 @@ def run(
                         common.remove(p)
                 if measure:  # again after every kernel: a burst of load during one does not decide
                     cals.append(calibrate_now(quick, say))
-        histories, history_source = _histories(base, counts, before)
+        histories, history_source = _histories(base, counts, before, history)
     finally:
         if saved is None:
             os.environ.pop("LAMINA_HISTORY", None)
@@ -873,6 +911,7 @@ def run(
         if not keep:
             for b in counts:
                 common.remove(_history_file(base, b))
+                common.remove(_history_file(base, b, "earlier"))
         if made and not keep:
             shutil.rmtree(base, ignore_errors=True)
     if measure:
@@ -895,6 +934,7 @@ def run(
             "repeat": repeat,
             "kernels": kernels,
             "calibration": calibration,
+            "history": history,
         },
         "shape": results[0]["shape"] if results else list(grid(size, counts[0])),
         "input_bytes": len(INPUTS) * math.prod(grid(size, counts[0])) * common.ITEM,
@@ -903,6 +943,7 @@ def run(
         "calibration_source": how,
         "calibration": json.loads(cal.to_json()),
         "calibrations": [json.loads(c.to_json()) for c in cals],
+        "history": history,
         "history_source": history_source,
         "kernels": results,
         "all_met": all(r["met"] for r in reads)
@@ -934,6 +975,8 @@ def main(argv: list[str]) -> int:
         p.error("--repeat must be at least 1")
     if ns.readers < 0:
         p.error("--readers must be at least 0")
+    if ns.history == "others" and len(blocks) < 2:
+        p.error("--history others: needs at least two block counts in --blocks")
     kernels = [k.strip() for k in ns.kernels.split(",") if k.strip()]
     bad = [k for k in kernels if k not in CASES]
     if bad or not kernels:
@@ -952,6 +995,7 @@ def main(argv: list[str]) -> int:
             ns.keep,
             command,
             progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True),
+            history=ns.history,
         )
     except (OSError, ValueError, MemoryError) as e:
         print(f"lamina bench strategies: {e}", file=sys.stderr)

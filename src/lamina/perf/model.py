@@ -55,14 +55,18 @@ Eq. 2, read (one reader, query fraction q)::
 
     T_read(store)       = q S_d / B_r
     T_read(stats)       = q (S_in / B_r + T_c)
-    T_read(expression)  = a (S_in / B_r + T_c),   a = 1 + q for a vector, 1 for a scalar
+    T_read(expression)  = a (S_in / B_r + T_c),   a = 1 + q for a vector (q < 1), else 1
 
 The query reads the derived values of the candidates, as Store's does:
 with Stats the block statistics find them, so only they are computed; with
 Expression nothing prunes, every block is computed to find its range.  A
 scalar's values are kept from there; a vector's candidates are computed
 again for the components the condition did not test (the layer keeps the
-last two vectors only: all of them would hold the whole quantity in memory).
+last two vectors only: all of them would hold the whole quantity in memory),
+unless every block is a candidate: the values are then read over the box
+the condition was computed over, which the layer still holds (``a = 1``;
+measured: curl over 64 blocks computes 1.02 n elements at q = 1/64, 1.5 n at
+q = 1/2 and n at q = 1).
 
 Eq. 3, storage, as lamina writes it: ``S_stats = c (nb (78 + 16 d) + 56)``,
 one metadata row per block and component of a d-dimensional quantity (its
@@ -326,6 +330,13 @@ def terms(
     )
 
 
+def _again(components: int, q: float) -> float:
+    """How many times Expression computes the candidates of a query of fraction *q* (Eq. 2):
+    a vector's candidates twice, once to find them and once for the components the condition
+    did not test, unless every block is one (the layer still holds the box it computed)."""
+    return 1.0 + q if components > 1 and q < 1.0 else 1.0
+
+
 def combine(
     t: Terms, query_fraction: float = 1.0, readers: int = 1, history: History | None = None
 ) -> dict[str, Prediction]:
@@ -339,7 +350,7 @@ def combine(
         "stats": t_c + t_st,
         "expression": 0.0,
     }
-    again = 1 + q if t.components > 1 else 1.0  # a vector's candidates are computed twice
+    again = _again(t.components, q)
     read = {
         "store": q * t.derived_bytes / t.read_bandwidth,
         "stats": q * (t.input_bytes / t.read_bandwidth + t_c),
@@ -391,7 +402,7 @@ def _from_history(
     """
     n, nb, c, s_d = t.elements, max(1, t.blocks), t.components, t.derived_bytes
     per_block = n / nb
-    again = 1 + q if c > 1 else 1.0
+    again = _again(c, q)
     sig = t.signature
 
     def term(series: str, x1: float, x2: float, fallback: float) -> tuple[float, bool]:
