@@ -524,6 +524,38 @@ def test_history_terms_by_hand():
     assert [s.storage_bytes for s in p.values()] == [s.storage_bytes for s in cal_only.values()]
 
 
+def test_history_query_term_is_added_to_every_read():
+    """Series ``query`` (what a query costs besides its reads) adds its fitted seconds for the
+    elements each strategy's block answer reads: the selected components of the candidates,
+    and for Expression the tested component everywhere first."""
+    from lamina.perf.history import signature
+
+    sig = signature(MAG, "f8")
+    rates = {f"compute.{sig}": 5e7, "read": 4e9}
+    base = predict(MAG, SHAPE, nblocks=8, query_fraction=0.1, calibration=CAL, history=_hist(rates))
+    p = predict(
+        MAG,
+        SHAPE,
+        nblocks=8,
+        query_fraction=0.1,
+        calibration=CAL,
+        history=_hist({**rates, "query": 1e8}),
+    )
+    n = 1e6
+    assert p["store"].read_s == approx(base["store"].read_s + 0.1 * n / 1e8)
+    assert p["stats"].read_s == approx(base["stats"].read_s + 0.1 * n / 1e8)
+    assert p["expression"].read_s == approx(base["expression"].read_s + n / 1e8)
+    assert [s.source for s in p.values()] == [s.source for s in base.values()]
+    # a vector: three components of the candidates; Expression's tested one is kept
+    curl = "curl(vx, vy, vz)"
+    rates = {f"compute.{signature(curl, 'f8')}": 5e7, "read": 4e9}
+    kw = dict(nblocks=8, query_fraction=0.1, calibration=CAL)
+    base = predict(curl, SHAPE, history=_hist(rates), **kw)
+    p = predict(curl, SHAPE, history=_hist({**rates, "query": 1e8}), **kw)
+    assert p["stats"].read_s == approx(base["stats"].read_s + 3 * 0.1 * n / 1e8)
+    assert p["expression"].read_s == approx(base["expression"].read_s + (1 + 2 * 0.1) * n / 1e8)
+
+
 def test_history_of_another_expression_is_not_used_and_terms_mix():
     from lamina.perf.history import signature
 

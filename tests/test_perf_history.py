@@ -283,6 +283,17 @@ def test_the_derived_layer_times_its_work(tmp_path, monkeypatch):
     reads = h.samples("read")  # the inputs of the recomputation and the stored quantity
     assert len(reads) == 1 and reads[0][0] == 4 * n * 8
     assert reads[0][1] == pytest.approx(per_block * 8, rel=0.01)
+    assert h.samples("query") == []  # no query yet
+    with lamina.open(f_path) as f:
+        top = float(f["m_expr"][...].max())
+        # Expression: every unit's values read to find its range, all candidates (kept)
+        assert len(f.query(f"m_expr <= {top}", select=["m_expr"], exact=False).candidates) == 4
+        # Store, pruned by its statistics: only the selected values of the candidates are read
+        res = f.query(f"m_store > {top + 1}", select=["m_store"], exact=False)
+        assert res.candidates == []
+        f.query(f"m_store <= {top}", select=["m_store"], exact=False)
+    ((x1, x2, t),) = hist.load_history(str(path)).samples("query")  # summed per block size
+    assert x1 == 2 * n and x2 == pytest.approx(per_block, rel=0.01) and t > 0
 
 
 def test_a_file_without_derived_quantities_keeps_no_history(tmp_path, monkeypatch):
@@ -296,6 +307,7 @@ def test_a_file_without_derived_quantities_keeps_no_history(tmp_path, monkeypatc
             f["x"][...] = 1.0
     with lamina.open(str(tmp_path / "p.lam")) as f:
         f["x"][...]
+        f.query("x > 0", select=["x"])
     assert not path.exists()
 
 

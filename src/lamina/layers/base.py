@@ -224,5 +224,8 @@ class Layer(Engine):
     def definition(self, path: str) -> Any:
         return self.inner.definition(path)
 
+    def note_query(self, elements: int, per_unit: float, seconds: float) -> None:
+        self.inner.note_query(elements, per_unit, seconds)
+
 
 __all__ = ["Layer"]

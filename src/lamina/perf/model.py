@@ -398,7 +398,9 @@ def _from_history(
     start on small blocks.  Each is a rate at the size of a block:
     ``derive.<strategy>.<e>`` the computing at the end of a step,
     ``compute.<e>`` the recomputing at a read (inputs read included),
-    ``write`` and ``read`` the engine's bytes.
+    ``write`` and ``read`` the engine's bytes, and ``query`` what a query
+    spends besides its reads (statistics, ranges, judging the units, cutting
+    values out of runs), added to every read.
     """
     n, nb, c, s_d = t.elements, max(1, t.blocks), t.components, t.derived_bytes
     per_block = n / nb
@@ -423,8 +425,12 @@ def _from_history(
         "stats": term(f"compute.{sig}", q * n, per_block, read["stats"]),
         "expression": term(f"compute.{sig}", again * n, per_block, read["expression"]),
     }
+    # the query's own time besides its reads, per element it reads and per unit: the selected
+    # components of the candidates; Expression first the tested component everywhere (its
+    # values are kept for the selection), then the other components of the candidates
+    handled = {"store": c * q * n, "stats": c * q * n, "expression": n + (c - 1) * q * n}
     for s in STRATEGIES:
-        read[s] = reads[s][0]
+        read[s] = reads[s][0] + term("query", handled[s], per_block, 0.0)[0]
         used = [reads[s][1], *(h for _, h in parts.get(s, []))]
         source[s] = "history" if all(used) else "history+calibration" if any(used) else source[s]
 

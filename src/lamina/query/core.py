@@ -119,6 +119,7 @@ def run(
         A step that does not exist, a region outside the domain, a level a
         dataset does not have (or a derived quantity at a level above 0).
     """
+    t0 = time.perf_counter()
     src = Source(engine, filename, step, level)
     text, pred = _predicate(where)
     available = src.available()
@@ -144,6 +145,14 @@ def run(
         candidate_values=[],
     )
     cache = _block_answer(src, pred, refs, (grid, units, rows), sel, exact, result)
+    if src.elements_read and units:
+        # what the block answer costs besides its reads (statistics, ranges, judging, cutting
+        # values out of runs): a sample of the measured history, per element read and per unit
+        engine.note_query(
+            src.elements_read,
+            box.size / len(units),
+            time.perf_counter() - t0 - src.read_seconds,
+        )
     if exact:
         _exact_answer(src, pred, shape, cache, result)
     return result

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import time
 
 import numpy as np
 
@@ -137,6 +138,9 @@ class Source:
         self._covers: dict[str, tuple[list[Box], np.ndarray, np.ndarray]] = {}
         self._infos: dict[str, DatasetInfo] = {}
         self.touched: set[tuple[str, int]] = set()
+        #: elements read through :meth:`read`, and the seconds those reads took
+        self.elements_read: int = 0
+        self.read_seconds: float = 0.0
 
     # -- catalog ---------------------------------------------------------------
     def definitions(self) -> dict:
@@ -301,10 +305,13 @@ class Source:
         info = self.info(path)
         out = np.empty(box.shape, dtype=info.dtype)
         if not box.empty:
+            t0 = time.perf_counter()
             if self.level:
                 self._level_bytes += self.eng.get_level(path, box, self.step, out, self.level)
             else:
                 self.eng.get(path, box, self.step, out)
+            self.read_seconds += time.perf_counter() - t0
+            self.elements_read += box.size
             self._touch(path, box, 0)
         return out
 

@@ -187,6 +187,12 @@ class DerivedLayer(Layer):
         """Every derived quantity known here, in declaration order."""
         return dict(self._defs)
 
+    def note_query(self, elements: int, per_unit: float, seconds: float) -> None:
+        """A sample of series ``query`` of the measured history (files with derived quantities
+        only, like the reads): what a query costs besides reading and computing."""
+        if self._defs:
+            self._timed.add("query", elements, per_unit, seconds)
+
     def derive(
         self,
         name: str,
