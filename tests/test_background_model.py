@@ -104,7 +104,8 @@ def _forced(modes):
 def test_auto_follows_the_model_per_step(tmp_path, history_path, monkeypatch, capsys):
     """The model decides at each end_step; after a step it wrote synchronously, the next
     explicit step goes straight to the engine (no copy at put) and its decision is for the
-    step after it."""
+    step after it.  The first step goes straight to the engine too (its size is known only
+    at its end)."""
     forced = ["sync", "async", "async", "sync", "sync"]
     monkeypatch.setattr(am.AsyncModel, "predict", _forced(list(forced)))
     path = str(tmp_path / "auto.lam")
@@ -115,16 +116,18 @@ def test_auto_follows_the_model_per_step(tmp_path, history_path, monkeypatch, ca
         for k in range(5):
             with f.step():
                 f["x"][...] = a + k
-                if k in (1, 4):  # direct: nothing copied, nothing in flight
+                if k in (0, 1, 4):  # direct: nothing copied, nothing in flight
                     assert f.io_stats["inflight_bytes"] == 0
-            if k == 0:  # written before end_step returned: committed already
-                assert f.io_stats["steps_background"] == 1
+                else:  # copied (steps before may still be in flight too)
+                    assert f.io_stats["inflight_bytes"] >= a.nbytes
+            if k == 0:  # written before end_step returned, by the program's thread
+                assert f.io_stats["steps_direct"] == 1 and f.io_stats["steps_background"] == 0
         s = f.io_stats
     assert s["steps_auto_sync"] == 4 and s["steps_auto_async"] == 1
-    assert s["steps_direct"] == 2 and s["steps_background"] == 3
+    assert s["steps_direct"] == 3 and s["steps_background"] == 2
     d = s["decisions"]
     assert [x["predicted"] for x in d] == forced
-    # step 1 and step 4 were written directly (sync) whatever their own decision said
+    # steps 0, 1 and 4 were written directly (sync) whatever their own decision said
     assert [x["mode"] for x in d] == ["sync", "sync", "async", "sync", "sync"]
     for x in d:
         assert x["nbytes"] == a.nbytes and x["ranks"] == 1

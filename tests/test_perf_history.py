@@ -121,16 +121,22 @@ def test_median_rate_is_numpys_median(rates):
     assert h.median_rate("c") == pytest.approx(float(np.median(rates)))
 
 
-def test_saves_on_threads_keep_every_sample_and_report_failures(tmp_path):
-    """A writer's close hands its history to a thread: saves in a row all land (one at a time),
-    load_history waits for them, and a save that cannot write says why."""
-    path = str(tmp_path / "h.json")
+def test_saves_later_keep_every_sample_and_report_failures(tmp_path):
+    """A writer's close hands its history over to be saved later: nothing is written then,
+    load_history in the process sees the samples at once, wait_saves (or the interpreter's
+    exit) merges them into the file in one save, and a save that cannot write says why."""
+    path = tmp_path / "h.json"
     for k in range(4):  # each from its own load, as four writers closing one after another
-        h = hist.load_history(path) if k % 2 else hist.History()
+        h = hist.load_history(str(path)) if k % 2 else hist.History()
         h.add("async.io", 1 << 20 << k, 1, 0.001)
-        hist.save_history_soon(h, path)
-    got = hist.load_history(path).samples("async.io")  # waits for the saves first
-    assert sorted(x1 for x1, _, _ in got) == [1 << 20 << k for k in range(4)]
+        hist.save_history_soon(h, str(path))
+    assert not path.exists()  # nothing written at close
+    want = [1 << 20 << k for k in range(4)]
+    got = hist.load_history(str(path)).samples("async.io")  # pending samples, in memory
+    assert sorted(x1 for x1, _, _ in got) == want
+    hist.wait_saves()
+    got = hist.load_history(str(path)).samples("async.io")
+    assert sorted(x1 for x1, _, _ in got) == want  # each once: written, no longer pending
     errors: list[OSError] = []
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
@@ -139,8 +145,26 @@ def test_saves_on_threads_keep_every_sample_and_report_failures(tmp_path):
     hist.save_history_soon(h, str(blocker / "h.json"), on_error=errors.append)
     hist.wait_saves()
     assert len(errors) == 1 and isinstance(errors[0], OSError)
-    hist.save_history_soon(hist.History(), path)  # nothing measured: no thread at all
-    hist.wait_saves()
+    hist.save_history_soon(hist.History(), str(path))  # nothing measured: nothing pending
+    assert not hist._PENDING
+
+
+def test_a_history_changed_on_disk_is_read_again(tmp_path):
+    """Loads in one process reuse what was read while the file is unchanged, and read it
+    again once another process saved to it."""
+    path = str(tmp_path / "h.json")
+    a = hist.History()
+    a.add("x", 10, 1, 1.0)
+    hist.save_history(a, path)
+    assert hist.load_history(path).samples("x") == [(10, 1, 1.0)]
+    first = hist.load_history(path)
+    first.series["x"].append((99, 1, 1.0))  # a caller's copy: the next load is not changed
+    assert hist.load_history(path).samples("x") == [(10, 1, 1.0)]
+    doc = json.loads(open(path).read())  # another process adds a sample
+    doc["series"]["x"].append([20, 1, 1.0])
+    with open(path, "w") as f:
+        f.write(json.dumps(doc) + " " * 7)  # another size: another stamp
+    assert hist.load_history(path).samples("x") == [(10, 1, 1.0), (20, 1, 1.0)]
 
 
 def test_save_merges_with_what_others_saved(tmp_path):

@@ -857,7 +857,7 @@ def run(
 
     *history* names what the model on history predicts from (``HISTORY_SOURCES``; None:
     ``others`` with several block counts, ``earlier`` with one)."""
-    from ..perf.history import load_history
+    from ..perf.history import load_history, wait_saves
 
     say = progress or (lambda _msg: None)
     counts = [blocks] if isinstance(blocks, int) else list(blocks)
@@ -902,6 +902,7 @@ def run(
                         common.remove(p)
                 if measure:  # again after every kernel: a burst of load during one does not decide
                     cals.append(calibrate_now(quick, say))
+        wait_saves()  # the runs' samples into their files now, before those files go
         histories, history_source = _histories(base, counts, before, history)
     finally:
         if saved is None:

@@ -24,8 +24,9 @@ costs, and unlike a line in ``x2`` it extrapolates to smaller blocks.
 
 The samples persist per machine (:func:`default_path`), like the
 calibration: a run starts from what earlier runs measured on this host, and
-what it measures is merged into the file when it ends
-(:func:`save_history`, which appends to what other runs saved meanwhile).
+what it measures is merged into the file when the process exits
+(:func:`save_history_soon`; :func:`save_history` at once), appended to what
+other runs saved meanwhile.
 The series in use:
 
 =========================  ==========================  ==========================
@@ -50,6 +51,7 @@ the input dtype, so that ``magnitude(u, v, w)`` learns from
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import math
@@ -280,72 +282,94 @@ def _valid(s: Sample) -> bool:
     return 0 < x1 < math.inf and 1 <= x2 < math.inf and 0 < t < math.inf
 
 
-#: saves running on threads of their own (save_history_soon), oldest first
-_SAVING: list[threading.Thread] = []
-_SAVING_LOCK = threading.Lock()
+#: histories handed to save_history_soon and not written yet, per file, oldest first
+_PENDING: dict[str, list[tuple[History, Callable[[OSError], None] | None]]] = {}
+_PENDING_LOCK = threading.Lock()
+_AT_EXIT = [False]  # wait_saves registered with atexit
 #: held while a history file is read, merged and replaced: one save at a time per process
 _SAVE_ORDER = threading.Lock()
+#: per file, the series last read from it and the stamp it had: read again only once changed
+_LOADED: dict[str, tuple[tuple, dict[str, list[Sample]]]] = {}
 
 
 def wait_saves() -> None:
-    """Return once the histories handed to :func:`save_history_soon` are saved."""
-    while True:
-        with _SAVING_LOCK:
-            if not _SAVING:
-                return
-            t = _SAVING[0]
-        t.join()
-        with _SAVING_LOCK:
-            if t in _SAVING:
-                _SAVING.remove(t)
+    """Write what :func:`save_history_soon` was handed: the samples meant for one file merged
+    into it in one save; an OSError goes to the *on_error* of each history it held."""
+    with _PENDING_LOCK:
+        todo = dict(_PENDING)
+        _PENDING.clear()
+    for p, lst in todo.items():
+        acc = History()
+        for h, _ in lst:
+            for name, samples in h.added.items():
+                for x1, x2, t in samples:
+                    acc.add(name, x1, x2, t)
+        try:
+            with _SAVE_ORDER:
+                _save(acc, p)
+        except OSError as e:
+            for _, on_error in lst:
+                if on_error is not None:
+                    on_error(e)
+            continue
+        for h, _ in lst:
+            h.added = {}
 
 
 def save_history_soon(
     h: History, path: str | None = None, on_error: Callable[[OSError], None] | None = None
 ) -> None:
-    """:func:`save_history` on a thread of its own, so that a writer's close does not wait
-    for the file (about 3 ms for a full history).
+    """:func:`save_history`, later: at the interpreter's exit or at :func:`wait_saves`, so
+    that a writer's close does not wait for the file (about 3 ms for a full history, and a
+    thread would hold the GIL the program wants back), and a process that writes many files
+    merges their samples in one save.
 
-    *h* must not change any more.  :func:`load_history` and :func:`save_history` in this
-    process wait for it first, and the interpreter does at exit (the thread is not a
-    daemon); *on_error* gets the OSError of a save that failed.
+    *h* must not change any more.  :func:`load_history` in this process sees its samples at
+    once (merged in memory); a process killed before it exits loses them (the history only
+    advises).  *on_error* gets the OSError of a save that failed.
     """
     if not any(h.added.values()):
         return
     p = path or default_path()
-
-    def run() -> None:
-        try:
-            with _SAVE_ORDER:
-                _save(h, p)
-        except OSError as e:
-            if on_error is not None:
-                on_error(e)
-        finally:
-            with _SAVING_LOCK:
-                if me in _SAVING:
-                    _SAVING.remove(me)
-
-    me = threading.Thread(target=run, name="lamina-history", daemon=False)
-    with _SAVING_LOCK:
-        _SAVING.append(me)
-    me.start()
+    with _PENDING_LOCK:
+        _PENDING.setdefault(p, []).append((h, on_error))
+        if not _AT_EXIT[0]:
+            atexit.register(wait_saves)
+            _AT_EXIT[0] = True
 
 
 def load_history(path: str | None = None) -> History:
-    """The history at *path* (default :func:`default_path`); an empty one if it is missing or
-    not usable (another version, another host, not a history)."""
-    wait_saves()
-    return _load(path or default_path())
+    """The history at *path* (default :func:`default_path`), with the samples this process
+    still has to save there; an empty one if the file is missing or not usable (another
+    version, another host, not a history)."""
+    p = path or default_path()
+    h = _load(p)
+    with _PENDING_LOCK:
+        pending = [ph for ph, _ in _PENDING.get(p, ())]
+    if pending:
+        for ph in pending:
+            for name, samples in ph.added.items():
+                lst = h.series.setdefault(name, [])
+                lst.extend(samples)
+                del lst[:-MAX_SAMPLES]
+        h.stamp = None  # it holds samples the file has not: a save merges with the file
+    return h
 
 
 def _load(p: str) -> History:
+    before = _stamp(p)
+    got = _LOADED.get(p)
+    if before is not None and got is not None and got[0] == before:
+        h = History(series={n: list(v) for n, v in got[1].items()})
+        h.stamp = before
+        return h
     try:
-        before = _stamp(p)
         h = History.from_json(read_cache_file(p, "history", MAX_FILE_BYTES))
     except (OSError, ValueError):  # FormatError is an OSError
         return History()
     h.stamp = before if before == _stamp(p) else None  # None: it changed while being read
+    if h.stamp is not None:
+        _LOADED[p] = (h.stamp, {n: list(v) for n, v in h.series.items()})
     return h
 
 
@@ -366,7 +390,6 @@ def save_history(h: History, path: str | None = None) -> None:
     """
     if not any(h.added.values()):
         return
-    wait_saves()
     with _SAVE_ORDER:
         _save(h, path or default_path())
 
@@ -382,7 +405,10 @@ def _save(h: History, p: str) -> None:
             del dst[:-MAX_SAMPLES]
     write_cache_file(p, merged.to_json())
     h.added = {}
-    h.stamp = _stamp(p) if merged is h else None
+    after = _stamp(p)
+    h.stamp = after if merged is h else None
+    if after is not None:  # what the file holds now: the next load need not parse it
+        _LOADED[p] = (after, {n: list(v) for n, v in merged.series.items()})
 
 
 class Recorder:
@@ -417,6 +443,12 @@ class Recorder:
         h = self.history()
         self._acc.clear()
         save_history(h, path)
+
+    def save_soon(self, on_error: Callable[[OSError], None] | None = None) -> None:
+        """The sums to the history file later (:func:`save_history_soon`); start again."""
+        h = self.history()
+        self._acc.clear()
+        save_history_soon(h, on_error=on_error)
 
 
 def signature(expr: Any, dtype: Any) -> str:

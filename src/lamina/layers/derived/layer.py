@@ -542,14 +542,17 @@ class DerivedLayer(Layer):
         """Merge what this layer timed into the measured history of this host (rank 0 only)."""
         if not self._timed:
             return
-        try:
-            self._timed.save()
-        except OSError as e:
+        path = self.path
+
+        def failed(e: OSError) -> None:
             warnings.warn(
-                f"{self.path}: cannot keep the measured history of derived quantities: {e}",
+                f"{path}: cannot keep the measured history of derived quantities: {e}",
                 LaminaWarning,
-                stacklevel=3,
+                stacklevel=2,
             )
+
+        # later (at exit, merged with what other files measured): the close does not wait
+        self._timed.save_soon(on_error=failed)
 
     def refresh(self) -> int:
         n = self.inner.refresh()
