@@ -278,3 +278,52 @@ def test_copies_into_new_buffers_count_once_the_pool_has_served(tmp_path, histor
             f.wait()
     got = load_history(str(history_path)).samples(am.COPY_SERIES)
     assert [x1 for x1, _, _ in got] == [(1 << 16) * (k + 1) for k in range(1, 4)]
+
+
+def test_pool_missing_and_touched_buffers():
+    from lamina.layers.background.step import Pool, touched
+
+    pool = Pool()
+    assert pool.missing([8, 8, 16]) == [8, 8, 16]
+    pool.give(touched([8, 16, 4096 * 3]), room=1 << 20)
+    assert pool.missing([8, 8, 16, 32, 4096 * 3]) == [8, 32]
+    raw, warm = pool.take(4096 * 3)
+    assert warm and raw.dtype == np.uint8 and raw.nbytes == 4096 * 3
+
+
+def test_auto_readies_the_buffers_of_a_copied_step_after_a_direct_one(
+    tmp_path, history_path, monkeypatch
+):
+    """When a step written directly decides that the next goes to the background, the worker
+    makes buffers of its puts' sizes while the program computes: the next step's copies go
+    into memory already touched, not into new pages."""
+    from lamina.layers.background.step import Pool
+
+    monkeypatch.setattr(am.AsyncModel, "predict", _forced(["async", "async", "async"]))
+    warm: list[bool] = []
+    take = Pool.take
+
+    def spy(self, nbytes):
+        got = take(self, nbytes)
+        warm.append(got[1])
+        return got
+
+    monkeypatch.setattr(Pool, "take", spy)
+    a, b = np.ones(1 << 15), np.ones(1 << 14, dtype=np.float32)
+    with lamina.open(str(tmp_path / "w.lam"), "w", io="auto") as f:
+        f.create_dataset("a", a.shape, a.dtype)
+        f.create_dataset("b", b.shape, b.dtype)
+        layer = f._engine
+        for k in range(2):
+            with f.step():  # step 0: direct; step 1: copied
+                f["a"][...] = a + k
+                f["b"][...] = b + k
+            deadline = time.monotonic() + 10
+            while k == 0 and sorted(layer._pool.free) != sorted([a.nbytes, b.nbytes]):
+                assert time.monotonic() < deadline, "the buffers were not made ready"
+                time.sleep(0.001)
+        assert f.io_stats["steps_direct"] == 1
+    assert warm == [True, True]  # step 1's two copies, both into ready buffers
+    with lamina.open(str(tmp_path / "w.lam")) as f:
+        np.testing.assert_array_equal(f.at(1)["a"][...], a + 1)
+        np.testing.assert_array_equal(f.at(1)["b"][...], b + 1)

@@ -96,6 +96,7 @@ from .step import (
     Pool,
     Step,
     check_put,
+    touched,
 )
 
 if TYPE_CHECKING:
@@ -170,6 +171,8 @@ class BackgroundLayer(Layer):
         # (no copy at put, no thread); _direct: such a step is open (bytes put, seconds in I/O)
         self._next_direct = False
         self._direct: list[float] | None = None
+        self._direct_sizes: list[int] = []  # the buffers its puts would have copied into
+        self._warm: list[int] = []  # buffers for the worker to make ready (under _cond)
         self._rank = 0
 
     # -- lifetime -------------------------------------------------------------
@@ -467,6 +470,7 @@ class BackgroundLayer(Layer):
             took = time.perf_counter() - t0
             self._in_calls += took
             self._direct = [0.0, took]
+            self._direct_sizes = []
             return self._next
         self._step = Step(explicit=True)
         return self._next
@@ -531,7 +535,10 @@ class BackgroundLayer(Layer):
             return
         if self._direct is not None:
             self._direct_call(inner, name, *args)
-            self._direct[0] += count() * self._lookup(name).dtype.itemsize
+            nbytes = count() * self._lookup(name).dtype.itemsize
+            self._direct[0] += nbytes
+            if args[-1] and nbytes:  # copy=True: copied, were the step in the background
+                self._direct_sizes.append(nbytes)
             return
         t0 = time.perf_counter()
         try:
@@ -721,6 +728,10 @@ class BackgroundLayer(Layer):
         with self._cond:
             if self._decision is not None:
                 self._decision["t_io_measured"] = io
+            if agreed:  # the next step is copied: its buffers made ready while the program computes
+                self._warm = self._pool.missing(self._direct_sizes)
+                self._cond.notify_all()
+        self._direct_sizes = []
         self._epoch_start = time.perf_counter()
         self._in_calls = 0.0
 
@@ -829,12 +840,22 @@ class BackgroundLayer(Layer):
         main = threading.main_thread()
         while True:
             with self._cond:
-                while not self._queue:
+                while not self._queue and not self._warm:
                     if self._stopping or not main.is_alive():
                         return  # at interpreter exit, once every step ended is written
                     self._cond.wait(0.1)
-                step = self._queue.popleft()
-                self._running = step
+                sizes: list[int] = []
+                if self._queue:
+                    step = self._queue.popleft()
+                    self._running = step
+                else:
+                    sizes, self._warm = self._warm, []
+            if sizes:  # nothing to write: buffers for the next step's copies, pages touched
+                raws = touched(sizes)
+                with self._cond:
+                    if not self._stopping:
+                        self._pool.give(raws, self.budget - self.stats.inflight_bytes)
+                continue
             error: BaseException | None = None
             t0 = time.perf_counter()
             try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,6 +132,10 @@ class BackgroundError:
         return err
 
 
+#: bytes of a page of memory: touching one byte faults the whole page in
+PAGE = mmap.PAGESIZE
+
+
 class Pool:
     """The buffers of the copies of written steps, for the copies of later steps.
 
@@ -161,6 +166,17 @@ class Pool:
                 return raw, True
         return np.empty(nbytes, dtype=np.uint8), False
 
+    def missing(self, sizes: list[int]) -> list[int]:
+        """The buffers of *sizes* the pool cannot serve from what it holds now."""
+        have = {n: len(lst) for n, lst in self.free.items()}
+        out = []
+        for n in sizes:
+            if have.get(n, 0) > 0:
+                have[n] -= 1
+            else:
+                out.append(n)
+        return out
+
     def give(self, raws: list[np.ndarray], room: int) -> None:
         """Keep *raws* for later copies, as long as the pool stays within *room* bytes."""
         self.served = True
@@ -174,6 +190,17 @@ class Pool:
     def clear(self) -> None:
         self.free.clear()
         self.nbytes = 0
+
+
+def touched(sizes: list[int]) -> list[np.ndarray]:
+    """New uint8 buffers of *sizes* bytes with every page touched: the page faults paid here
+    (the worker, while the program computes), not by the copies of the program's puts."""
+    out = []
+    for n in sizes:
+        raw = np.empty(n, dtype=np.uint8)
+        raw[::PAGE] = 0
+        out.append(raw)
+    return out
 
 
 class Frozen:
@@ -237,4 +264,5 @@ __all__ = [
     "Pool",
     "Step",
     "check_put",
+    "touched",
 ]
