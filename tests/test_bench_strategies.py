@@ -132,35 +132,24 @@ def test_bench_strategies_json(tmp_path, calfile, capsys):
     assert not any((tmp_path / "files").iterdir())
 
 
-def test_bench_strategies_predicts_from_an_earlier_run(tmp_path, calfile, capsys):
-    """One block count: an untimed run before the timed ones records the history that predicts
-    them, as a job run again on the same machine; nothing of it reaches the host's history."""
+def _tiny_run(capsys, calfile: str, *more: str) -> tuple[dict, str]:
+    """One block count of magnitude at 1 MiB, one query: (the JSON document, the report)."""
     rc = lamina.bench.main(
-        [
-            "strategies",
-            "--size",
-            "1MiB",
-            "--blocks",
-            "4",
-            "--repeat",
-            "1",
-            "--fractions",
-            "100",
-            "--kernels",
-            "magnitude",
-            "--calibration",
-            calfile,
-            "--dir",
-            str(tmp_path / "files"),
-            "--json",
-        ]
+        ["strategies", "--size", "1MiB", "--blocks", "4", "--repeat", "1", "--fractions", "100"]
+        + ["--kernels", "magnitude", "--calibration", calfile, "--json", *more]
     )
     cap = capsys.readouterr()
     assert rc == 0, cap.err
-    doc = json.loads(cap.out)
+    return json.loads(cap.out), cap.err
+
+
+def test_bench_strategies_predicts_from_an_earlier_run(tmp_path, calfile, capsys):
+    """One block count: an untimed run before the timed ones records the history that predicts
+    them, as a job run again on the same machine; nothing of it reaches the host's history."""
+    doc, err = _tiny_run(capsys, calfile, "--dir", str(tmp_path / "files"))
     assert doc["history"] == "earlier" and doc["options"]["history"] == "earlier"
     assert doc["history_source"] == strategies.HISTORY_SOURCES["earlier"]
-    assert doc["history_source"] in cap.err
+    assert doc["history_source"] in err
     (m,) = doc["kernels"]
     for s in ("store", "stats"):
         assert m["write"][s]["source_history"] == "history"
@@ -173,29 +162,7 @@ def test_bench_strategies_predicts_from_an_earlier_run(tmp_path, calfile, capsys
 
 def test_bench_strategies_host_history_without_samples(tmp_path, calfile, capsys):
     """--history host on a host without history: the model on history has nothing to say."""
-    rc = lamina.bench.main(
-        [
-            "strategies",
-            "--size",
-            "1MiB",
-            "--blocks",
-            "4",
-            "--repeat",
-            "1",
-            "--fractions",
-            "100",
-            "--kernels",
-            "magnitude",
-            "--calibration",
-            calfile,
-            "--history",
-            "host",
-            "--json",
-        ]
-    )
-    cap = capsys.readouterr()
-    assert rc == 0, cap.err
-    doc = json.loads(cap.out)
+    doc, _ = _tiny_run(capsys, calfile, "--history", "host")
     assert doc["history_source"] == strategies.HISTORY_SOURCES["host"]
     (m,) = doc["kernels"]
     assert m["write"]["store"]["source_history"] != "history"
