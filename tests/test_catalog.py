@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -37,7 +38,7 @@ from lamina.catalog import (
     present_attr,
     subfile_name,
 )
-from lamina.catalog.model import decode_attr, decode_dtype, encode_attr, encode_dtype
+from lamina.catalog.model import BlockCodec, decode_attr, decode_dtype, encode_attr, encode_dtype
 from lamina.catalog.wire import MAX_STR
 from lamina.errors import DTypeError, FormatError
 from lamina.geometry import Box
@@ -855,3 +856,38 @@ def test_hits_keeps_the_last_search_and_only_for_its_box():
     assert other is not first and other[0].tolist() == [0, 1, 2, 3]
     back = t.hits((1, 1), (5, 3))
     assert back is not first and back[0].tolist() == first[0].tolist() == [0, 1]
+
+
+@pytest.mark.parametrize(
+    "column, k, value, text",
+    [
+        ("offset", 2, 1 << 62, "impossible offset or length"),
+        ("codec", 1, 9, "unknown codec id"),
+        ("has_stats", 3, 2, "bad statistics flag"),
+        ("codec", 0, int(BlockCodec.MULTIRES), "multiresolution band of a plain dataset"),
+        ("codec", 2, int(BlockCodec.STATS_ONLY), "keeps statistics only but claims bytes"),
+        ("length", 3, 8, "is raw but its length is not its box's bytes"),
+        ("seg", 1, 1000, "checksum segment that is not a multiple"),
+    ],
+)
+def test_block_table_decode_names_the_check_and_the_block(column, k, value, text):
+    """Each check of a decoded block section names what is wrong and the first block where it
+    is, whichever of them fail (the checks run on whole columns, the rows only on failure)."""
+    spec = specs_fixture()[0]  # (10, 8) float64
+    recs = [
+        BlockRecord(0, Box((2 * i, 0), (2 * i + 2, 8)), offset=128 * i, length=128, crcs=(i,))
+        for i in range(5)
+    ]
+    t = BlockTable.from_records(recs, spec)
+    assert BlockTable.decode(t.encode(), spec, "s").length.tolist() == [128] * 5
+    if column == "has_stats":  # a flag other than 0 or 1 exists only in bytes: the last column
+        raw = bytearray(t.encode())
+        raw[len(raw) - len(t) + k] = value
+    else:
+        col = getattr(t, column).copy()
+        col[k] = value
+        setattr(t, column, col)
+        raw = bytearray(t.encode())
+    box = f"({2 * k}, 0)..({2 * k + 2}, 8)"
+    with pytest.raises(FormatError, match=rf"block {k} \(box {re.escape(box)}\) .*{text}"):
+        BlockTable.decode(bytes(raw), spec, "s")

@@ -123,6 +123,12 @@ def _zeros(n: int) -> np.ndarray:
     return tab
 
 
+#: pieces from which one CRC call and :func:`crc_concat` check a run faster than a call per
+#: piece: the combination costs about 6 us per doubling, a call about 0.2 us per piece
+#: (64 pieces: 44 us against 16; 512: 78 against 104)
+CONCAT_MIN = 320
+
+
 def crc_concat(crcs: np.ndarray, length: int) -> int:
     """CRC-32C of pieces of *length* bytes each, back to back, from the pieces' CRCs."""
     c = np.asarray(crcs, dtype=np.uint32)
@@ -141,13 +147,13 @@ def first_bad_piece(buf, lengths: np.ndarray, expected: np.ndarray) -> int:
     """Index of the first piece of *buf* (pieces of *lengths* bytes, back to back) whose
     CRC-32C is not *expected*, or -1 when all match.
 
-    Pieces of one length are checked with one CRC call over the whole buffer
-    (:func:`crc_concat`); only a mismatch, or pieces of different lengths, cost
-    a call per piece.
+    From :data:`CONCAT_MIN` pieces of one length on, they are checked with one
+    CRC call over the whole buffer (:func:`crc_concat`); fewer pieces, pieces
+    of different lengths or a mismatch cost a call per piece.
     """
     view = memoryview(buf).cast("B")
     n = len(lengths)
-    if n >= 2 and int(lengths[0]) > 0 and bool(np.all(lengths == lengths[0])):
+    if n >= CONCAT_MIN and int(lengths[0]) > 0 and bool(np.all(lengths == lengths[0])):
         if crc_raw(view) == crc_concat(expected, int(lengths[0])):
             return -1
     edges = np.zeros(n + 1, dtype=np.int64)
