@@ -327,3 +327,40 @@ def test_auto_readies_the_buffers_of_a_copied_step_after_a_direct_one(
     with lamina.open(str(tmp_path / "w.lam")) as f:
         np.testing.assert_array_equal(f.at(1)["a"][...], a + 1)
         np.testing.assert_array_equal(f.at(1)["b"][...], b + 1)
+
+
+@pytest.mark.timeout(120)
+def test_a_failure_to_make_buffers_ready_leaves_the_worker_writing(
+    tmp_path, history_path, monkeypatch
+):
+    """Making buffers ready is only a saving: when it fails (no memory), the background thread
+    goes on writing steps and the file closes."""
+    from lamina.layers.background import layer as layer_mod
+    from lamina.layers.background.step import Pool
+
+    def no_memory(sizes):
+        raise MemoryError("no memory for the buffers")
+
+    monkeypatch.setattr(layer_mod, "touched", no_memory)
+    monkeypatch.setattr(am.AsyncModel, "predict", _forced(["async"] * 4))
+    a = np.arange(1 << 14, dtype=np.float64)
+    with lamina.open(str(tmp_path / "f.lam"), "w", io="auto") as f:
+        f.create_dataset("a", a.shape, a.dtype)
+        layer = f._engine
+        for k in range(4):
+            with f.step():  # step 0 direct, its buffers fail; then the background
+                f["a"][...] = a + k
+            deadline = time.monotonic() + 10
+            while k == 0 and layer._warm:  # the worker took the job (and failed it)
+                assert time.monotonic() < deadline
+                time.sleep(0.001)
+        f.wait()
+        assert f.io_stats["steps_background"] == 3
+    with lamina.open(str(tmp_path / "f.lam")) as f:
+        assert f.steps == 4
+        np.testing.assert_array_equal(f.at(3)["a"][...], a + 3)
+    pool = Pool()
+    pool.give([np.empty(8, dtype=np.uint8)], room=64, served=False)
+    assert not pool.served and pool.missing([8]) == []  # made ready: not a step come back
+    pool.give([np.empty(8, dtype=np.uint8)], room=64)
+    assert pool.served

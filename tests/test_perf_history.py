@@ -167,6 +167,51 @@ def test_a_history_changed_on_disk_is_read_again(tmp_path):
     assert hist.load_history(path).samples("x") == [(10, 1, 1.0), (20, 1, 1.0)]
 
 
+def test_a_save_racing_another_keeps_the_others_samples(tmp_path, monkeypatch):
+    """Another process replaces the file right after this one's save: the next load here
+    reads the file (not what this process wrote), and the next save keeps both."""
+    path = str(tmp_path / "h.json")
+    real = hist.write_cache_file
+
+    def racy(p, text):
+        st = real(p, text)
+        other = hist.History.from_json(open(p).read())  # another process adds its sample
+        other.series.setdefault("other", []).append((1.0, 1.0, 1.0))
+        real(p, other.to_json() + " " * 3)
+        return st
+
+    a = hist.History()
+    a.add("mine", 1, 1, 1)
+    monkeypatch.setattr(hist, "write_cache_file", racy)
+    hist.save_history(a, path)
+    monkeypatch.setattr(hist, "write_cache_file", real)
+    assert sorted(hist.load_history(path).series) == ["mine", "other"]
+    b = hist.History()
+    b.add("later", 1, 1, 1)
+    hist.save_history(b, path)
+    assert sorted(json.loads(open(path).read())["series"]) == ["later", "mine", "other"]
+
+
+def test_pending_samples_are_not_saved_twice_by_a_forked_child(tmp_path):
+    """A child made by fork does not save the samples its parent still has pending."""
+    import os
+
+    path = tmp_path / "h.json"
+    h = hist.History()
+    h.add("async.io", 1 << 20, 1, 0.001)
+    hist.save_history_soon(h, str(path))
+    pid = os.fork()
+    if pid == 0:  # the child: its exit would run wait_saves
+        code = 0 if not hist._PENDING else 1
+        hist.wait_saves()
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert not path.exists()
+    hist.wait_saves()
+    assert len(hist.load_history(str(path)).samples("async.io")) == 1
+
+
 def test_save_merges_with_what_others_saved(tmp_path):
     path = str(tmp_path / "h.json")
     a, b = hist.load_history(path), hist.load_history(path)  # two runs, both from nothing

@@ -905,6 +905,7 @@ def run(
         wait_saves()  # the runs' samples into their files now, before those files go
         histories, history_source = _histories(base, counts, before, history)
     finally:
+        wait_saves()  # whatever the runs measured goes to its files before they are removed
         if saved is None:
             os.environ.pop("LAMINA_HISTORY", None)
         else:

@@ -265,15 +265,19 @@ def read_cache_file(path: str, what: str, limit: int) -> bytes:
         return f.read(limit + 1)
 
 
-def write_cache_file(path: str, text: str) -> None:
-    """Write *text* to *path* atomically (a temporary file renamed over it)."""
+def write_cache_file(path: str, text: str) -> os.stat_result:
+    """Write *text* to *path* atomically (a temporary file renamed over it); the status of the
+    file written, taken before the rename (a stat after it could see another process's file)."""
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + "-", dir=d)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+            f.flush()
+            st = os.fstat(f.fileno())
         os.replace(tmp, path)
+        return st
     except BaseException:
         try:
             os.remove(tmp)

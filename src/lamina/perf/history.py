@@ -57,6 +57,7 @@ import json
 import math
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -282,60 +283,82 @@ def _valid(s: Sample) -> bool:
     return 0 < x1 < math.inf and 1 <= x2 < math.inf and 0 < t < math.inf
 
 
-#: histories handed to save_history_soon and not written yet, per file, oldest first
-_PENDING: dict[str, list[tuple[History, Callable[[OSError], None] | None]]] = {}
+#: per file, the samples handed to save_history_soon and not written yet (one history, all
+#: 'added'), the callbacks of their failures, and when the oldest of them came
+_PENDING: dict[str, tuple[History, list[Callable[[OSError], None]], float]] = {}
 _PENDING_LOCK = threading.Lock()
 _AT_EXIT = [False]  # wait_saves registered with atexit
+#: pending samples older than this many seconds are saved at the next handing-over: a long run
+#: killed at its time limit loses only its last minutes
+FLUSH_AFTER = 300.0
 #: held while a history file is read, merged and replaced: one save at a time per process
 _SAVE_ORDER = threading.Lock()
-#: per file, the series last read from it and the stamp it had: read again only once changed
+#: per file, the series last read from it or written to it and the stamp it had then: parsed
+#: again only once the path names another file
 _LOADED: dict[str, tuple[tuple, dict[str, list[Sample]]]] = {}
 
 
+def _forget_pending() -> None:
+    """In a child made by fork: the parent saves what it had pending, not the child too."""
+    _PENDING.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pending)
+
+
 def wait_saves() -> None:
-    """Write what :func:`save_history_soon` was handed: the samples meant for one file merged
-    into it in one save; an OSError goes to the *on_error* of each history it held."""
-    with _PENDING_LOCK:
-        todo = dict(_PENDING)
-        _PENDING.clear()
-    for p, lst in todo.items():
-        acc = History()
-        for h, _ in lst:
-            for name, samples in h.added.items():
-                for x1, x2, t in samples:
-                    acc.add(name, x1, x2, t)
+    """Write what :func:`save_history_soon` was handed, one file at a time, each in one save
+    merging all its samples; an OSError goes to the *on_error* of every history it held (those
+    samples are dropped: the history only advises)."""
+    while True:
+        with _PENDING_LOCK:
+            if not _PENDING:
+                return
+            p = next(iter(_PENDING))
+            acc, callbacks, _ = _PENDING.pop(p)
         try:
             with _SAVE_ORDER:
                 _save(acc, p)
         except OSError as e:
-            for _, on_error in lst:
-                if on_error is not None:
-                    on_error(e)
-            continue
-        for h, _ in lst:
-            h.added = {}
+            for on_error in callbacks:
+                on_error(e)
 
 
 def save_history_soon(
     h: History, path: str | None = None, on_error: Callable[[OSError], None] | None = None
 ) -> None:
-    """:func:`save_history`, later: at the interpreter's exit or at :func:`wait_saves`, so
-    that a writer's close does not wait for the file (about 3 ms for a full history, and a
-    thread would hold the GIL the program wants back), and a process that writes many files
-    merges their samples in one save.
+    """:func:`save_history`, later: at the interpreter's exit or at :func:`wait_saves` (or at
+    a handing-over once samples have waited :data:`FLUSH_AFTER` seconds), so that a writer's
+    close does not wait for the file (about 3 ms for a full history, and a thread would hold
+    the GIL the program wants back), and a process that writes many files merges their
+    samples in one save.
 
-    *h* must not change any more.  :func:`load_history` in this process sees its samples at
-    once (merged in memory); a process killed before it exits loses them (the history only
-    advises).  *on_error* gets the OSError of a save that failed.
+    The samples *h* measured (``h.added``) are taken over now: *h* keeps none of them.
+    :func:`load_history` in this process sees them at once (merged in memory); a process
+    killed before it exits loses them (the history only advises).  *on_error* gets the
+    OSError of a save that failed.
     """
     if not any(h.added.values()):
         return
     p = path or default_path()
+    now = time.monotonic()
     with _PENDING_LOCK:
-        _PENDING.setdefault(p, []).append((h, on_error))
+        got = _PENDING.get(p)
+        if got is None:
+            got = _PENDING[p] = (History(), [], now)
+        acc, callbacks, since = got
+        for name, samples in h.added.items():
+            for x1, x2, t in samples:
+                acc.add(name, x1, x2, t)
+        h.added = {}
+        if on_error is not None:
+            callbacks.append(on_error)
         if not _AT_EXIT[0]:
             atexit.register(wait_saves)
             _AT_EXIT[0] = True
+    if now - since >= FLUSH_AFTER:
+        wait_saves()
 
 
 def load_history(path: str | None = None) -> History:
@@ -345,13 +368,13 @@ def load_history(path: str | None = None) -> History:
     p = path or default_path()
     h = _load(p)
     with _PENDING_LOCK:
-        pending = [ph for ph, _ in _PENDING.get(p, ())]
+        got = _PENDING.get(p)
+        pending = {n: list(v) for n, v in got[0].series.items()} if got else {}
     if pending:
-        for ph in pending:
-            for name, samples in ph.added.items():
-                lst = h.series.setdefault(name, [])
-                lst.extend(samples)
-                del lst[:-MAX_SAMPLES]
+        for name, samples in pending.items():
+            lst = h.series.setdefault(name, [])
+            lst.extend(samples)
+            del lst[:-MAX_SAMPLES]
         h.stamp = None  # it holds samples the file has not: a save merges with the file
     return h
 
@@ -403,12 +426,12 @@ def _save(h: History, p: str) -> None:
             dst = merged.series.setdefault(name, [])
             dst.extend(lst)
             del dst[:-MAX_SAMPLES]
-    write_cache_file(p, merged.to_json())
+    st = write_cache_file(p, merged.to_json())
     h.added = {}
-    after = _stamp(p)
+    after = (os.path.abspath(p), st.st_ino, st.st_size, st.st_mtime_ns)  # the file we wrote
     h.stamp = after if merged is h else None
-    if after is not None:  # what the file holds now: the next load need not parse it
-        _LOADED[p] = (after, {n: list(v) for n, v in merged.series.items()})
+    # what that file holds: a later load need not parse it while the path still names it
+    _LOADED[p] = (after, {n: list(v) for n, v in merged.series.items()})
 
 
 class Recorder:

@@ -338,6 +338,7 @@ class BackgroundLayer(Layer):
     def _shutdown(self) -> None:
         with self._cond:
             self._pool.clear()
+            self._warm = []
             self._stopping = True
             self._cond.notify_all()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -840,7 +841,7 @@ class BackgroundLayer(Layer):
         main = threading.main_thread()
         while True:
             with self._cond:
-                while not self._queue and not self._warm:
+                while not self._queue and not (self._warm and not self._stopping):
                     if self._stopping or not main.is_alive():
                         return  # at interpreter exit, once every step ended is written
                     self._cond.wait(0.1)
@@ -851,10 +852,7 @@ class BackgroundLayer(Layer):
                 else:
                     sizes, self._warm = self._warm, []
             if sizes:  # nothing to write: buffers for the next step's copies, pages touched
-                raws = touched(sizes)
-                with self._cond:
-                    if not self._stopping:
-                        self._pool.give(raws, self.budget - self.stats.inflight_bytes)
+                self._make_ready(sizes)
                 continue
             error: BaseException | None = None
             t0 = time.perf_counter()
@@ -886,6 +884,19 @@ class BackgroundLayer(Layer):
                         self._failure = f
                 self._cond.notify_all()
             self._release(step)
+
+    def _make_ready(self, sizes: list[int]) -> None:
+        """Worker, idle: buffers of *sizes* with their pages touched, into the pool (within
+        the budget).  Only a saving: a failure (no memory) leaves the copies to make new ones."""
+        try:
+            raws = touched(sizes)
+        except Exception:
+            return
+        with self._cond:
+            if not self._stopping:
+                # not 'served': these buffers did not come back from a step, and copies into
+                # new memory before any did are still the warm-up (copy_sample)
+                self._pool.give(raws, self.budget - self.stats.inflight_bytes, served=False)
 
     def _cancel(self, step: Step) -> None:
         """A queued step that will not be written (under ``_cond``)."""

@@ -177,9 +177,10 @@ class Pool:
                 out.append(n)
         return out
 
-    def give(self, raws: list[np.ndarray], room: int) -> None:
-        """Keep *raws* for later copies, as long as the pool stays within *room* bytes."""
-        self.served = True
+    def give(self, raws: list[np.ndarray], room: int, served: bool = True) -> None:
+        """Keep *raws* for later copies, as long as the pool stays within *room* bytes;
+        *served*: they come back from a written step (the warm-up is over)."""
+        self.served = self.served or served
         for raw in raws:
             if self.nbytes + raw.nbytes > room:
                 break
