@@ -364,3 +364,30 @@ def test_a_failure_to_make_buffers_ready_leaves_the_worker_writing(
     assert not pool.served and pool.missing([8]) == []  # made ready: not a step come back
     pool.give([np.empty(8, dtype=np.uint8)], room=64)
     assert pool.served
+
+
+@pytest.mark.parametrize("ranks_in_history, copied", [(1, True), (2, False), (None, False)])
+def test_auto_judges_the_first_step_on_the_last_step_this_host_wrote(
+    tmp_path, history_path, ranks_in_history, copied
+):
+    """The first explicit step under io='auto': its size is known only at its end, so the last
+    step this host wrote with as many ranks stands in for it (with the time since open as the
+    compute phase).  A history that says the background pays: the step is copied; a history
+    of other rank counts, or none: written directly."""
+    a = np.arange(1 << 16, dtype=np.float64)
+    h = History()
+    if ranks_in_history is not None:
+        for _ in range(3):  # background steps far cheaper than waited ones, copies cheap
+            h.add(am.IO_SERIES, a.nbytes * ranks_in_history, ranks_in_history, 1e-5)
+            h.add(am.SYNC_IO_SERIES, a.nbytes * ranks_in_history, ranks_in_history, 0.05)
+            h.add(am.COPY_SERIES, 1 << 30, 1, (1 << 30) / 1e10)
+        save_history(h, str(history_path))
+    with lamina.open(str(tmp_path / "g.lam"), "w", io="auto") as f:
+        f.create_dataset("a", a.shape, a.dtype)
+        time.sleep(0.02)  # the program computes before its first step
+        with f.step():
+            f["a"][...] = a
+            assert (f.io_stats["inflight_bytes"] == a.nbytes) == copied
+        assert f.io_stats["steps_direct"] == (0 if copied else 1)
+    with lamina.open(str(tmp_path / "g.lam")) as f:
+        np.testing.assert_array_equal(f.at(0)["a"][...], a)

@@ -80,6 +80,8 @@ from ...errors import (
 from ...geometry import Box
 from ...perf.asyncmodel import (
     DECISIONS_KEY,
+    IO_SERIES,
+    SYNC_IO_SERIES,
     AsyncModel,
     Prediction,
     encode_decisions,
@@ -172,6 +174,7 @@ class BackgroundLayer(Layer):
         self._next_direct = False
         self._direct: list[float] | None = None
         self._direct_sizes: list[int] = []  # the buffers its puts would have copied into
+        self._first = False  # io='auto', no step begun yet: the first is judged on history
         self._warm: list[int] = []  # buffers for the worker to make ready (under _cond)
         self._rank = 0
 
@@ -212,10 +215,12 @@ class BackgroundLayer(Layer):
         # thread took the GIL from the program for up to a switch interval (5 ms)
         with self._cond:
             self._start()
-        # io='auto' writes the first step directly: its size is not known before its end_step,
-        # and copying it first (into new memory) to find there that the model prefers to wait
-        # for it cost about a copy and a write (8 ms against 3.5 for a step of 8 MiB here)
+        # io='auto' writes the first step directly unless this host's history says otherwise
+        # (_first_step): its size is not known before its end_step, and copying it first (into
+        # new memory) to find there that the model prefers to wait for it cost about a copy
+        # and a write (8 ms against 3.5 for a step of 8 MiB here)
         self._next_direct = self.auto
+        self._first = self.auto
         # the program's work before its first end_step (from open, or from its last dataset
         # definition) is the first compute phase: without it the first decision would take
         # t_comp = 0 and write the first steps at once
@@ -463,6 +468,9 @@ class BackgroundLayer(Layer):
         self._require_open("begin a step")
         if self._step is not None or self._direct is not None:
             raise StepError(f"step {self._next} is already open; call end_step first")
+        if self._first:
+            self._first = False
+            self._next_direct = not self._first_step()
         if self._next_direct:  # io='auto' wrote the last step synchronously: so this one
             t0 = time.perf_counter()
             self.wait()  # collective, as begin_step is: every rank goes direct alike
@@ -475,6 +483,30 @@ class BackgroundLayer(Layer):
             return self._next
         self._step = Step(explicit=True)
         return self._next
+
+    def _first_step(self) -> bool:
+        """Collective, at the first explicit begin_step under io='auto': whether that step goes
+        to the background.  Its size is known only at its end; the last step this host wrote
+        with as many ranks (the history) stands in for it, with the time since open as the
+        compute phase.  Without such a step: no (written directly)."""
+        assert self.model is not None
+        size = self.inner.comm.size
+        ok = 0
+        with self._cond:  # the worker adds samples under it
+            h = self.model.history
+            last = next(
+                (
+                    x1
+                    for series in (IO_SERIES, SYNC_IO_SERIES)
+                    for x1, x2, _ in reversed(h.samples(series))
+                    if x2 == size
+                ),
+                None,
+            )
+            if last is not None and self._epoch_start is not None:
+                comp = max(0.0, time.perf_counter() - self._epoch_start - self._in_calls)
+                ok = int(self.model.predict(int(last), size, t_comp=comp).mode == "async")
+        return bool(comm_mod.allreduce_int(self._own(), ok, "min"))
 
     def _direct_call(self, fn, *args) -> None:
         """A write call of a step written directly (io='auto'), timed as the step's I/O."""
@@ -660,6 +692,7 @@ class BackgroundLayer(Layer):
             self.inner.end_step()
             return
         self._require_open("end a step")
+        self._first = False  # a step opened by a put came first: the model decides from now
         t_call = time.perf_counter()
         self._measure_phase(t_call)
         if self._direct is not None:
