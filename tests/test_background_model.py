@@ -391,3 +391,21 @@ def test_auto_judges_the_first_step_on_the_last_step_this_host_wrote(
         assert f.io_stats["steps_direct"] == (0 if copied else 1)
     with lamina.open(str(tmp_path / "g.lam")) as f:
         np.testing.assert_array_equal(f.at(0)["a"][...], a)
+
+
+def test_steps_of_the_same_size_and_ranks_predict_by_their_median_rate():
+    """A history of many sizes fits a line that may miss any one size; steps of the same rank
+    count within a factor 2 of the size asked (3 or more) give their median rate instead."""
+    h = History()
+    sizes = (1 << 20, 4 << 20, 16 << 20, 256 << 20)
+    for b, r, t in _samples(lambda b, r: 1e9 if b < (32 << 20) else 4e9, sizes, ranks=(1,)):
+        h.add(am.IO_SERIES, b, r, t)
+    m = am.AsyncModel(h)
+    p = m.predict(64 << 20, 1, t_comp=0.0)  # one step of that size: the fit
+    assert p.fit != "local"
+    for t in (0.020, 0.022, 0.030):  # three steps of 60 MiB on one rank: 3.0, 2.86, 2.1 GB/s
+        m.add_io(60 << 20, 1, t)
+    p = m.predict(64 << 20, 1, t_comp=0.0)
+    assert p.fit == "local" and p.t_io == pytest.approx((64 << 20) / ((60 << 20) / 0.022))
+    assert m.predict(64 << 20, 2, t_comp=0.0).fit != "local"  # other rank count: the fit
+    assert m.predict(256 << 20, 1, t_comp=0.0).fit != "local"  # 4x the size: the fit

@@ -26,7 +26,12 @@ epoch takes at least ``t_io``.  The consistent form is used here.)
   core is spare: a step written beside the program's next copies and calls
   takes longer than one written alone.  ``t_sync`` takes ``t_io`` from
   ``sync.io``, ``t_async`` from ``async.io``, each from the other series
-  while it has no samples of its own.
+  while it has no samples of its own.  Where a series holds at least 3
+  steps of the same rank count within a factor :data:`LOCAL_SPAN` of the
+  step's size (a run again, the usual case), their median rate (the newest
+  :data:`LOCAL_MAX`) predicts instead of the fit to every step, which a
+  history of many sizes and conditions bends away from any one of them
+  (fit kind ``local``).
 * ``t_copy = bytes / copy rate``, the median rate of the copies measured at
   put (series ``async.copy``: one sample per step, its copies together),
   into buffers reused from earlier steps: the copies of the first steps go
@@ -57,6 +62,7 @@ import numpy as np
 from ..catalog.wire import load_json
 from ..errors import FormatError
 from .history import (
+    MIN_FIT,
     Fit,
     History,
     default_path,
@@ -65,6 +71,11 @@ from .history import (
     save_history,
     save_history_soon,
 )
+
+#: steps of the same rank count within this factor of a step's size predict it by their
+#: median rate (the newest LOCAL_MAX of them) instead of the fit to every step
+LOCAL_SPAN = 2.0
+LOCAL_MAX = 32
 
 #: the series of the history this model fits and keeps: steps written in the background,
 #: steps written while the program waited for them, and the copies made at put
@@ -205,11 +216,37 @@ class AsyncModel:
         w = DECAY ** np.arange(len(c) - 1, -1, -1, dtype=np.float64)
         return float(np.dot(w, c) / w.sum())
 
+    def _local_rate(self, series: str, nbytes: int, ranks: int) -> float | None:
+        """The median rate of the newest :data:`LOCAL_MAX` steps of *series* written by as
+        many ranks with sizes within :data:`LOCAL_SPAN` of *nbytes*; None with fewer than
+        :data:`~lamina.perf.history.MIN_FIT` of them."""
+        rates = []
+        for x1, x2, t in reversed(self.history.samples(series)):
+            if x2 == ranks and nbytes <= x1 * LOCAL_SPAN and x1 <= nbytes * LOCAL_SPAN:
+                rates.append(x1 / t)
+                if len(rates) == LOCAL_MAX:
+                    break
+        if len(rates) < MIN_FIT:
+            return None
+        return float(np.median(rates))
+
+    def _io_rate(self, series: str, other: str, nbytes: int, ranks: int) -> tuple[float, Fit]:
+        """The rate of *series* (of *other* while it has no samples) for a step of *nbytes*: the
+        steps of that size and rank count (a run again, the usual case) where the history has
+        enough of them, else the fit to every step; with the fit used (kind ``local``)."""
+        name = series if self.history.samples(series) else other
+        local = self._local_rate(name, nbytes, ranks)
+        if local is not None:
+            return local, Fit("local", (), math.nan, len(self.history.samples(name)))
+        fit = self.history.fit(name)
+        return fit.rate(nbytes, ranks, DEFAULT_IO_RATE), fit
+
     def predict(self, nbytes: int, ranks: int, t_comp: float | None = None) -> Prediction:
         """Epoch times of a step of *nbytes* bytes (all ranks together) written by *ranks* ranks."""
-        fit = self.fit
-        t_io = nbytes / fit.rate(nbytes, ranks, DEFAULT_IO_RATE)
-        t_io_sync = nbytes / self.fit_sync.rate(nbytes, ranks, DEFAULT_IO_RATE)
+        rate, fit = self._io_rate(IO_SERIES, SYNC_IO_SERIES, nbytes, ranks)
+        t_io = nbytes / rate
+        rate_sync, _ = self._io_rate(SYNC_IO_SERIES, IO_SERIES, nbytes, ranks)
+        t_io_sync = nbytes / rate_sync
         t_copy = nbytes / ranks / self.copy_rate()  # each rank copies its share, at once
         comp = self.t_comp() if t_comp is None else t_comp
         t_sync = t_io_sync + comp
