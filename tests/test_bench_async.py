@@ -40,6 +40,14 @@ def test_auto_errors_take_the_mode_taken_from_step_3():
     assert background.auto_errors({}) == []
 
 
+def test_auto_run_error_compares_the_run_with_the_mean_predicted_epoch():
+    d = {"t_sync": 1.0, "t_async": 2.0}
+    modes = ["sync", "async", "async", "sync"]  # predicted epochs 1, 2, 2, 1: mean 1.5
+    r = {"run_step": 1.8, "io_stats": {"decisions": [{"mode": m, **d} for m in modes]}}
+    assert background.auto_run_error(r) == pytest.approx(0.2)
+    assert background.auto_run_error({"run_step": 1.0}) is None
+
+
 def test_bench_async_smoke(capsys, monkeypatch, tmp_path):
     try:
         mu.mpiexec()

@@ -470,6 +470,20 @@ def auto_errors(r: dict) -> list[float]:
     return out
 
 
+def auto_run_error(r: dict) -> float | None:
+    """|run/step / the mean predicted epoch of the modes ``io="auto"`` took - 1| over the whole
+    run (Eq. 1: the run is the sum of its epochs): unlike a step's epoch in the loop, run/step
+    holds the backlog of background steps a run leaves for ``close``.  None without decisions."""
+    preds = [
+        d.get("t_async") if d.get("mode") == "async" else d.get("t_sync")
+        for d in (r.get("io_stats") or {}).get("decisions") or []
+    ]
+    preds = [p for p in preds if p]
+    if not preds or not r.get("run_step"):
+        return None
+    return abs(r["run_step"] / (sum(preds) / len(preds)) - 1)
+
+
 def targets(job: dict) -> list[dict]:
     """The issue's targets for one job: value, threshold and verdict of each."""
     t_io, t_copy, t_read = job["t_io"], job["t_copy"], job["t_read"]
@@ -537,6 +551,22 @@ def targets(job: dict) -> list[dict]:
                 "",
             )
         )
+    # (info) the same over the whole run, backlog included (Eq. 1)
+    vals = [
+        (e, r["compute"])
+        for r in job["writes"]
+        if r["method"] == AUTO and (e := auto_run_error(r)) is not None
+    ]
+    info = _target(
+        "(info) auto: model error over the run, |run/step / mean predicted epoch - 1|",
+        vals,
+        MODEL_TOL,
+        False,
+        "",
+    )
+    if info["value"] is not None:
+        info["verdict"] = f"info ({info['verdict']})"
+        out.append(info)
     # 4. prefetching readers wait ~0 after the first step when compute >= I/O
     vals = [
         (r["wait_later"] / t_read if t_read > 0 else math.inf, r["compute"])
