@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -228,7 +229,7 @@ class AsyncModel:
                     break
         if len(rates) < MIN_FIT:
             return None
-        return float(np.median(rates))
+        return statistics.median(rates)  # np.median costs ~30 us here, at every end_step
 
     def _io_rate(self, series: str, other: str, nbytes: int, ranks: int) -> tuple[float, Fit]:
         """The rate of *series* (of *other* while it has no samples) for a step of *nbytes*: the
