@@ -557,16 +557,7 @@ def targets(job: dict) -> list[dict]:
         for r in job["writes"]
         if r["method"] == AUTO and (e := auto_run_error(r)) is not None
     ]
-    info = _target(
-        "(info) auto: model error over the run, |run/step / mean predicted epoch - 1|",
-        vals,
-        MODEL_TOL,
-        False,
-        "",
-    )
-    if info["value"] is not None:
-        info["verdict"] = f"info ({info['verdict']})"
-        out.append(info)
+    _info(out, "(info) auto: model error over the run, |run/step / mean predicted epoch - 1|", vals)
     # 4. prefetching readers wait ~0 after the first step when compute >= I/O
     vals = [
         (r["wait_later"] / t_read if t_read > 0 else math.inf, r["compute"])
@@ -587,17 +578,16 @@ def targets(job: dict) -> list[dict]:
         for r in job["reads"]
         if r["method"] == PREFETCH and r["compute"] >= 1 and r.get("wait_rest") is not None
     ]
-    info = _target(
-        "(info) the same for steps >= 2 alone",
-        vals,
-        WAIT_TOL,
-        False,
-        "x",
-    )
+    _info(out, "(info) the same for steps >= 2 alone", vals, WAIT_TOL, "x")
+    return out
+
+
+def _info(out: list[dict], name: str, vals: list, limit: float = MODEL_TOL, unit: str = "") -> None:
+    """A row shown beside the targets, not one of them (its verdict in parentheses)."""
+    info = _target(name, vals, limit, False, unit)
     if info["value"] is not None:
         info["verdict"] = f"info ({info['verdict']})"
         out.append(info)
-    return out
 
 
 def _target(
