@@ -197,13 +197,12 @@ class AsyncModel:
         """The rate of steps written in the background (the synchronous ones' without samples)."""
         return self._fit(IO_SERIES, SYNC_IO_SERIES)
 
-    @property
-    def fit_sync(self) -> Fit:
-        """The rate of steps written while the program waits (the background's without samples)."""
-        return self._fit(SYNC_IO_SERIES, IO_SERIES)
-
     def _fit(self, series: str, other: str) -> Fit:
-        return self.history.fit(series if self.history.samples(series) else other)
+        return self.history.fit(self._series(series, other))
+
+    def _series(self, series: str, other: str) -> str:
+        """*series*, or *other* while *series* has no samples."""
+        return series if self.history.samples(series) else other
 
     def copy_rate(self) -> float:
         r = self.history.median_rate(COPY_SERIES)
@@ -235,7 +234,7 @@ class AsyncModel:
         """The rate of *series* (of *other* while it has no samples) for a step of *nbytes*: the
         steps of that size and rank count (a run again, the usual case) where the history has
         enough of them, else the fit to every step; with the fit used (kind ``local``)."""
-        name = series if self.history.samples(series) else other
+        name = self._series(series, other)
         local = self._local_rate(name, nbytes, ranks)
         if local is not None:
             return local, Fit("local", (), math.nan, len(self.history.samples(name)))

@@ -401,6 +401,11 @@ def _stamp(path: str) -> tuple | None:
         st = os.stat(path)
     except OSError:
         return None
+    return _stamp_of(path, st)
+
+
+def _stamp_of(path: str, st: os.stat_result) -> tuple:
+    """What tells one file at *path* from another: (path, inode, size, mtime)."""
     return (os.path.abspath(path), st.st_ino, st.st_size, st.st_mtime_ns)
 
 
@@ -428,7 +433,7 @@ def _save(h: History, p: str) -> None:
             del dst[:-MAX_SAMPLES]
     st = write_cache_file(p, merged.to_json())
     h.added = {}
-    after = (os.path.abspath(p), st.st_ino, st.st_size, st.st_mtime_ns)  # the file we wrote
+    after = _stamp_of(p, st)  # the file we wrote
     h.stamp = after if merged is h else None
     # what that file holds: a later load need not parse it while the path still names it
     _LOADED[p] = (after, {n: list(v) for n, v in merged.series.items()})
