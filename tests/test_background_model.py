@@ -250,9 +250,28 @@ def test_model_async_command(tmp_path, capsys):
     assert model_cli(args) == 0
     out = capsys.readouterr().out
     assert "io='auto' picks" in out and "12 background steps" in out
+    assert f"{doc['fit']} fit to every step" in out and "median of the newest" not in out
+    assert doc["fit"] == doc["fit_all"] != "local"
     assert model_cli(["async", "--bytes", "lots"]) == 2
     assert "--bytes" in capsys.readouterr().err
     assert model_cli(["async", "--bytes", "1MiB", "--compute", "nan"]) == 2
+
+
+def test_model_async_command_names_the_rate_its_rows_used(tmp_path, capsys):
+    """Three steps of the asked size and rank count: the rows' rate is their median, not the
+    fit to every step, and the header says so (it named the fit before)."""
+    hist = tmp_path / "h.json"
+    io = _samples(lambda b, r: 1e9) + [(64 << 20, 2, (64 << 20) / 4e8)] * 3
+    save_history(_history(io=io, copy_rates=[4e9]), str(hist))
+    args = ["async", "--bytes", "64MiB", "--ranks", "2", "--compute", "0", "--history", str(hist)]
+    assert model_cli(args + ["--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["fit"] == "local" and doc["r2"] is None and doc["fit_all"] != "local"
+    assert doc["predictions"][0]["t_io"] == pytest.approx((64 << 20) / 4e8)
+    assert model_cli(args) == 0
+    out = capsys.readouterr().out
+    assert "median of the newest steps of this size and rank count" in out
+    assert f"not the {doc['fit_all']} fit to every step" in out
 
 
 def test_decisions_record_round_trip_and_bad_bytes():

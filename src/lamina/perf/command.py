@@ -288,6 +288,21 @@ def build_async_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _rate_source(kind: str, r2: float, fit_all: async_model.Fit) -> str:
+    """Words for where a prediction's I/O rate came from: the median rate of the history's
+    steps of that size and rank count (kind ``local``) or the fit to every step."""
+
+    def fit_words(k: str, r: float) -> str:
+        return f"{k} fit to every step, r^2 {'-' if r != r else f'{r:.3f}'}"
+
+    if kind == "local":
+        return (
+            "median of the newest steps of this size and rank count "
+            f"(not the {fit_words(fit_all.kind, fit_all.r2)})"
+        )
+    return fit_words(kind, r2)
+
+
 def run_async(argv: list[str]) -> int:
     ns = build_async_parser().parse_args(argv)
     try:
@@ -302,13 +317,16 @@ def run_async(argv: list[str]) -> int:
     m = async_model.AsyncModel(async_model.load_history(path))
     preds = [m.predict(nbytes, ranks, c) for c in comps]
     fit = m.fit
+    used = preds[0]  # every row is the same step size, so one rate source for all rows
     if ns.json:
         doc = {
             "history": path,
             "samples": len(m.history.samples(async_model.IO_SERIES)),
             "samples_waited": len(m.history.samples(async_model.SYNC_IO_SERIES)),
-            "fit": fit.kind,
-            "r2": None if fit.r2 != fit.r2 else fit.r2,
+            "fit": used.fit,
+            "r2": None if used.r2 != used.r2 else used.r2,
+            "fit_all": fit.kind,
+            "r2_all": None if fit.r2 != fit.r2 else fit.r2,
             "copy_rate": m.copy_rate(),
             "predictions": [p.as_dict() for p in preds],
         }
@@ -326,12 +344,11 @@ def run_async(argv: list[str]) -> int:
         ]
         for p in preds
     ]
-    r2 = "-" if fit.r2 != fit.r2 else f"{fit.r2:.3f}"
     print(
         f"one step of {fmt_bytes(nbytes)} from {ranks} rank(s); history {path}: "
         f"{len(m.history.samples(async_model.IO_SERIES))} background steps, "
-        f"{len(m.history.samples(async_model.SYNC_IO_SERIES))} waited for, "
-        f"background I/O rate fit {fit.kind} (r^2 {r2}), "
+        f"{len(m.history.samples(async_model.SYNC_IO_SERIES))} waited for; "
+        f"background I/O rate: {_rate_source(used.fit, used.r2, fit)}; "
         f"copy rate {fmt_rate(m.copy_rate())}"
     )
     print(
