@@ -48,6 +48,24 @@ def test_auto_run_error_compares_the_run_with_the_mean_predicted_epoch():
     assert background.auto_run_error({"run_step": 1.0}) is None
 
 
+def test_steady_epoch_leaves_the_first_steps_out():
+    """The steady epoch is the median of the per-step epochs from step STEADY_FROM on, the
+    slowest rank's each; the loop's mean keeps the first steps' copies into new memory."""
+    from types import SimpleNamespace
+
+    ctx = SimpleNamespace(max=lambda x: x)
+    w = SimpleNamespace(ctx=ctx, ns=SimpleNamespace(steps=6))
+    epochs = [9.0, 5.0, 1.0, 1.2, 1.1, 3.0]  # two slow first steps, one outlier later
+    r = {"loop": sum(epochs), "end": 0.5, "submit": [0.1] * 6, "epochs": epochs, "drain": 0.0}
+    out = background.Worker.reduce_write(w, r)
+    assert background.STEADY_FROM == 2
+    assert out["epoch_steady"] == pytest.approx(1.15)  # median of 1.0, 1.2, 1.1, 3.0
+    assert out["epoch"] == pytest.approx(sum(epochs) / 6)
+    r2 = {**r, "epochs": epochs[:2], "loop": 14.0}
+    w.ns.steps = 2  # no step after the first two: the loop's mean stands in
+    assert background.Worker.reduce_write(w, r2)["epoch_steady"] == pytest.approx(7.0)
+
+
 def test_bench_async_smoke(capsys, monkeypatch, tmp_path):
     try:
         mu.mpiexec()
@@ -95,12 +113,13 @@ def test_bench_async_smoke(capsys, monkeypatch, tmp_path):
     assert writes[background.SYNC]["io_stats"]["steps_background"] == 0
     for r in job["writes"]:
         assert r["epoch"] > 0 and r["run_step"] > 0 and r["submit_median"] > 0
+        assert r["epoch_steady"] > 0
     reads = {r["method"]: r for r in job["reads"]}
     assert set(reads) == set(background.READS)
     assert all(r["steps_read"] == 2 and r["ok"] for r in reads.values())
     assert reads[background.PREFETCH]["io_stats"]["prefetch_hits"] > 0
     (t,) = doc["targets"]
     assert len(t["targets"]) >= 4
-    for what in ("#### write", "#### read", "#### targets", "meas/pred", "submit"):
+    for what in ("#### write", "#### read", "#### targets", "meas/pred", "submit", "steps >= 2"):
         assert what in out.err
     assert not os.listdir(tmp_path)  # the job's files are removed
