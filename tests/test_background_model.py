@@ -310,6 +310,31 @@ def test_pool_missing_and_touched_buffers():
     assert warm and raw.dtype == np.uint8 and raw.nbytes == 4096 * 3
 
 
+def test_new_buffers_of_copies_are_populated_at_once_where_linux_allows():
+    """A new buffer of POPULATE_MIN bytes or more is mapped with its pages populated by the
+    kernel (a copy into it takes no page faults), writeable, and served again by the pool; a
+    smaller one comes from malloc; the pool reports what making a buffer cost."""
+    import mmap
+
+    from lamina.layers.background.step import POPULATE_MIN, Pool, new_buffer
+
+    big, populated = new_buffer(POPULATE_MIN)
+    assert populated == hasattr(mmap, "MAP_POPULATE")
+    assert big.dtype == np.uint8 and big.nbytes == POPULATE_MIN and big.flags.writeable
+    big[:] = 7
+    assert int(big[::4096].sum()) == 7 * (POPULATE_MIN // 4096)
+    small, populated = new_buffer(POPULATE_MIN - 1)
+    assert not populated and small.nbytes == POPULATE_MIN - 1
+    pool = Pool()
+    raw, warm = pool.take(POPULATE_MIN)
+    assert not warm and pool.made_seconds > 0
+    ident = id(raw)
+    pool.give([raw], room=1 << 30)
+    del raw
+    again, warm = pool.take(POPULATE_MIN)
+    assert warm and id(again) == ident and pool.made_seconds == 0.0
+
+
 def test_auto_readies_the_buffers_of_a_copied_step_after_a_direct_one(
     tmp_path, history_path, monkeypatch
 ):

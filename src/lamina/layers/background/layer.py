@@ -606,12 +606,13 @@ class BackgroundLayer(Layer):
                 self._frozen.freeze(step, arr)
         else:
             buf, warm = raw
+            made = self._pool.made_seconds  # a new buffer's pages, paid for this copy
             t0 = time.perf_counter()
             view = buf.view(spec.dtype).reshape(arr.shape)
             np.copyto(view, arr, casting="same_kind")
             step.copies.append(buf)
             arr = view
-            step.count_copy(nbytes, time.perf_counter() - t0, warm)
+            step.count_copy(nbytes, time.perf_counter() - t0 + made, warm)
         step.data_bytes += arr.size * spec.dtype.itemsize
         step.ops.append(("put", name, box, arr))
 
@@ -643,6 +644,7 @@ class BackgroundLayer(Layer):
         elif not private:
             with self._cond:
                 raw, warm = self._pool.take(total)
+                made = self._pool.made_seconds
             t0 = time.perf_counter()
             if isinstance(batch.arrays, np.ndarray):
                 out = raw.view(spec.dtype).reshape(batch.arrays.shape)
@@ -655,7 +657,7 @@ class BackgroundLayer(Layer):
                     out.append(buf)
                     pos += nb
             step.copies.append(raw)
-            step.count_copy(total, time.perf_counter() - t0, warm)
+            step.count_copy(total, time.perf_counter() - t0 + made, warm)
         step.data_bytes += total
         step.ops.append(("put_many", name, batch.starts, out))
 
