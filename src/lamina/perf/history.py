@@ -230,10 +230,7 @@ class History:
         """A new history with the samples of this one and *others* (none of them 'added')."""
         out = History()
         for h in (self, *others):
-            for name, lst in h.series.items():
-                out.series.setdefault(name, []).extend(lst)
-        for lst in out.series.values():
-            del lst[:-MAX_SAMPLES]
+            _extend(out.series, h.series)
         return out
 
     # -- persistence ------------------------------------------------------------------
@@ -369,13 +366,9 @@ def load_history(path: str | None = None) -> History:
     h = _load(p)
     with _PENDING_LOCK:
         got = _PENDING.get(p)
-        pending = {n: list(v) for n, v in got[0].series.items()} if got else {}
-    if pending:
-        for name, samples in pending.items():
-            lst = h.series.setdefault(name, [])
-            lst.extend(samples)
-            del lst[:-MAX_SAMPLES]
-        h.stamp = None  # it holds samples the file has not: a save merges with the file
+        if got is not None:
+            _extend(h.series, got[0].series)
+            h.stamp = None  # it holds samples the file has not: a save merges with the file
     return h
 
 
@@ -383,7 +376,7 @@ def _load(p: str) -> History:
     before = _stamp(p)
     got = _LOADED.get(p)
     if before is not None and got is not None and got[0] == before:
-        h = History(series={n: list(v) for n, v in got[1].items()})
+        h = History(series=_copied(got[1]))
         h.stamp = before
         return h
     try:
@@ -392,8 +385,22 @@ def _load(p: str) -> History:
         return History()
     h.stamp = before if before == _stamp(p) else None  # None: it changed while being read
     if h.stamp is not None:
-        _LOADED[p] = (h.stamp, {n: list(v) for n, v in h.series.items()})
+        _LOADED[p] = (h.stamp, _copied(h.series))
     return h
+
+
+def _extend(series: dict[str, list[Sample]], more: dict[str, list[Sample]]) -> None:
+    """Append the samples of *more* to *series*, series by series, each keeping its newest
+    :data:`MAX_SAMPLES`."""
+    for name, lst in more.items():
+        dst = series.setdefault(name, [])
+        dst.extend(lst)
+        del dst[:-MAX_SAMPLES]
+
+
+def _copied(series: dict[str, list[Sample]]) -> dict[str, list[Sample]]:
+    """*series* with lists of its own (the samples are tuples: shared)."""
+    return {n: list(v) for n, v in series.items()}
 
 
 def _stamp(path: str) -> tuple | None:
@@ -427,16 +434,13 @@ def _save(h: History, p: str) -> None:
         merged = h
     else:
         merged = _load(p)
-        for name, lst in h.added.items():
-            dst = merged.series.setdefault(name, [])
-            dst.extend(lst)
-            del dst[:-MAX_SAMPLES]
+        _extend(merged.series, h.added)
     st = write_cache_file(p, merged.to_json())
     h.added = {}
     after = _stamp_of(p, st)  # the file we wrote
     h.stamp = after if merged is h else None
     # what that file holds: a later load need not parse it while the path still names it
-    _LOADED[p] = (after, {n: list(v) for n, v in merged.series.items()})
+    _LOADED[p] = (after, _copied(merged.series))
 
 
 class Recorder:
