@@ -71,6 +71,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -169,6 +170,25 @@ class Worker:
         return self.ctx.max(best), self.ctx.max(fresh)
 
     # ------------------------------------------------------------ writers
+    def steps(
+        self, t_comp: float, step: Callable[[], None]
+    ) -> tuple[float, float, list[float], list[float]]:
+        """The timed loop of a write run: ``--steps`` times a compute phase of *t_comp*
+        seconds, then *step* (the calls).  (start, end, each step's submit: its calls, each
+        step's epoch: its compute phase and calls)."""
+        submit, epochs = [], []
+        t0 = e0 = time.perf_counter()
+        for _ in range(self.ns.steps):
+            if t_comp > 0:
+                time.sleep(t_comp)
+            s0 = time.perf_counter()
+            step()
+            e1 = time.perf_counter()
+            submit.append(e1 - s0)
+            epochs.append(e1 - e0)
+            e0 = e1
+        return t0, time.perf_counter(), submit, epochs
+
     def lamina_write(
         self, io: str, t_comp: float, budget: int | None = None, what: str = "lamina"
     ) -> dict:
@@ -184,21 +204,14 @@ class Worker:
             dss = [f.create_dataset(p, self.gshape, np.float32) for p in PROPS]
             mode = f.io
             self.ctx.barrier()
-            submit, epochs = [], []
-            t0 = e0 = time.perf_counter()
-            for _ in range(self.ns.steps):
-                if t_comp > 0:
-                    time.sleep(t_comp)
-                s0 = time.perf_counter()
+
+            def step() -> None:
                 f.begin_step()
                 for ds, a in zip(dss, self.props, strict=True):
                     ds.write(a, offset=self.box.start)
                 f.end_step()
-                e1 = time.perf_counter()
-                submit.append(e1 - s0)
-                epochs.append(e1 - e0)
-                e0 = e1
-            t1 = time.perf_counter()
+
+            t0, t1, submit, epochs = self.steps(t_comp, step)
             f.wait()
             t2 = time.perf_counter()
             stats = f.io_stats
@@ -233,21 +246,14 @@ class Worker:
                 for p, a in zip(PROPS, self.props, strict=True)
             ]
             self.ctx.barrier()
-            submit, epochs = [], []
-            t0 = e0 = time.perf_counter()
-            for _ in range(self.ns.steps):
-                if t_comp > 0:
-                    time.sleep(t_comp)
-                s0 = time.perf_counter()
+
+            def step() -> None:
                 s.begin_step()
                 for v, a in zip(variables, self.props, strict=True):
                     s.engine.put(v, a, deferred)
                 s.end_step()
-                e1 = time.perf_counter()
-                submit.append(e1 - s0)
-                epochs.append(e1 - e0)
-                e0 = e1
-            t1 = time.perf_counter()
+
+            t0, t1, submit, epochs = self.steps(t_comp, step)
         finally:
             s.close()
         if self.ns.durable:
@@ -482,12 +488,22 @@ def predict(method: str, t_comp: float, t_io: float, t_copy: float) -> float | N
     return None
 
 
+def _decisions(r: dict) -> list[dict]:
+    """The decisions ``io="auto"`` logged in a run (rank 0's, from ``io_stats``)."""
+    return (r.get("io_stats") or {}).get("decisions") or []
+
+
+def _predicted(d: dict) -> float | None:
+    """The epoch a decision predicted for the mode it took."""
+    return d.get("t_async") if d.get("mode") == "async" else d.get("t_sync")
+
+
 def auto_errors(r: dict) -> list[float]:
     """|measured / predicted - 1| of the epochs ``io="auto"`` decided from step 3 on (the
     prediction of the mode it took; rank 0's decisions, from ``io_stats``)."""
     out = []
-    for d in (r.get("io_stats") or {}).get("decisions") or []:
-        pred = d.get("t_async") if d.get("mode") == "async" else d.get("t_sync")
+    for d in _decisions(r):
+        pred = _predicted(d)
         meas = d.get("epoch_measured")
         if d.get("step", 0) >= 3 and pred and meas:
             out.append(abs(meas / pred - 1))
@@ -498,11 +514,7 @@ def auto_run_error(r: dict) -> float | None:
     """|run/step / the mean predicted epoch of the modes ``io="auto"`` took - 1| over the whole
     run (Eq. 1: the run is the sum of its epochs): unlike a step's epoch in the loop, run/step
     holds the backlog of background steps a run leaves for ``close``.  None without decisions."""
-    preds = [
-        d.get("t_async") if d.get("mode") == "async" else d.get("t_sync")
-        for d in (r.get("io_stats") or {}).get("decisions") or []
-    ]
-    preds = [p for p in preds if p]
+    preds = [p for p in map(_predicted, _decisions(r)) if p]
     if not preds or not r.get("run_step"):
         return None
     return abs(r["run_step"] / (sum(preds) / len(preds)) - 1)
