@@ -453,3 +453,38 @@ def test_steps_of_the_same_size_and_ranks_predict_by_their_median_rate():
     assert p.fit == "local" and p.t_io == pytest.approx((64 << 20) / ((60 << 20) / 0.022))
     assert m.predict(64 << 20, 2, t_comp=0.0).fit != "local"  # other rank count: the fit
     assert m.predict(256 << 20, 1, t_comp=0.0).fit != "local"  # 4x the size: the fit
+
+
+@pytest.mark.parametrize("huge", [True, False])
+def test_new_buffers_cut_from_shared_regions_are_arrays_of_their_own(monkeypatch, huge):
+    """Buffers smaller than a huge page are cut from shared regions where huge pages are
+    given: each is populated, writeable, apart from the others, and an array of its own, so
+    that a view an engine keeps refers to it and the pool does not hand it out again."""
+    from lamina.layers.background import step as step_mod
+
+    monkeypatch.setattr(step_mod, "HUGE_PAGES", huge)
+    big, small = step_mod.HUGE + 4096, step_mod.POPULATE_MIN
+    sizes = [small, 3 * small + 8, small, big, 100]
+    got = step_mod.Regions().make(sizes)
+    assert [raw.nbytes for raw, _ in got] == sizes
+    assert [populated for _, populated in got][:4] == [True] * 4 and not got[4][1]
+    spans = sorted((raw.ctypes.data, raw.ctypes.data + raw.nbytes) for raw, _ in got)
+    assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:], strict=False))
+    for k, (raw, _) in enumerate(got):
+        raw[:] = k + 1
+    for k, (raw, _) in enumerate(got):
+        assert raw.flags.writeable and raw.dtype == np.uint8
+        assert int(raw.min()) == int(raw.max()) == k + 1
+        if huge and k < 3:  # cut from one region, each its own array over the mapping
+            held = raw.view(np.float32)[1:]
+            assert held.base is raw
+    raws = [raw for raw, _ in got]
+    del got, raw
+    pool = step_mod.Pool()
+    pool.give(raws, room=1 << 30)
+    first, second = pool.free[small]
+    held = second.view(np.float64)  # an engine keeps a view of one of them
+    ident = id(first)
+    del first, second
+    again, warm = pool.take(small)  # the one held is skipped, the other one served
+    assert warm and id(again) == ident and held.base is not again

@@ -142,19 +142,117 @@ PAGE = mmap.PAGESIZE
 #: Smaller buffers come from malloc's heap, as do all where MAP_POPULATE does not exist.
 POPULATE_MIN = 256 << 10
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+#: bytes of a huge page (x86-64; aarch64 with 4 KiB pages): where the kernel gives
+#: transparent huge pages to memory advised for them, new buffers of POPULATE_MIN bytes or
+#: more come from regions of whole huge pages, one page fault and one clear per HUGE bytes
+#: instead of one per page (8 MiB made: 0.36 ms against 0.97 ms with MAP_POPULATE, and the
+#: copy into it 0.63 against 0.79 ms, fewer TLB misses; development machine)
+HUGE = 2 << 20
+
+
+def _transparent_huge_pages() -> bool:
+    """Whether Linux gives huge pages to memory advised for them (THP 'always' or 'madvise')."""
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
+        return False
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as fh:
+            text = fh.read()
+    except OSError:
+        return False
+    return "[always]" in text or "[madvise]" in text
+
+
+#: new copy buffers come from huge-page regions (see HUGE); False: MAP_POPULATE or malloc
+HUGE_PAGES = _transparent_huge_pages()
+
+
+def _round_up(n: int, unit: int) -> int:
+    return -(-n // unit) * unit
+
+
+class _Region:
+    """New memory, advised for huge pages and every page touched, cut into buffers.
+
+    Each buffer is an array of its own over the mapping (``np.frombuffer`` at
+    an offset), not a slice of one array: numpy's views of a slice refer to
+    the array sliced, so :meth:`Pool.take` could not see (by the buffer's
+    reference count) that an engine still holds a view of it.  The mapping
+    lives as long as one of its buffers does.
+    """
+
+    __slots__ = ("mm", "pos", "end")
+
+    def __init__(self, size: int) -> None:
+        """*size* bytes (a multiple of PAGE); the whole huge pages among them advised."""
+        # a huge page must start at a multiple of HUGE: map one more and start there
+        self.mm = mmap.mmap(-1, size + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        addr = np.frombuffer(self.mm, dtype=np.uint8, count=1).ctypes.data
+        self.pos = -addr % HUGE
+        self.end = self.pos + size
+        if size >= HUGE:
+            try:
+                self.mm.madvise(mmap.MADV_HUGEPAGE, self.pos, size // HUGE * HUGE)
+            except OSError:  # not given: pages of PAGE bytes, touched below all the same
+                pass
+        # every page touched now: one fault per huge page (per page where none was given)
+        np.frombuffer(self.mm, dtype=np.uint8, count=size, offset=self.pos)[::PAGE] = 0
+
+    def room(self) -> int:
+        return self.end - self.pos
+
+    def cut(self, nbytes: int) -> np.ndarray:
+        """A buffer of *nbytes* (at most :meth:`room`), its pages populated."""
+        out = np.frombuffer(self.mm, dtype=np.uint8, count=nbytes, offset=self.pos)
+        self.pos = min(self.end, self.pos + _round_up(nbytes, 64))
+        return out
 
 
 def new_buffer(nbytes: int) -> tuple[np.ndarray, bool]:
     """A new uint8 buffer of *nbytes* bytes, and whether its pages are in memory already
-    (populated by the kernel, see :data:`POPULATE_MIN`)."""
-    if _POPULATE and nbytes >= POPULATE_MIN:
+    (huge pages where the kernel gives them, see :data:`HUGE`; else populated by the
+    kernel, see :data:`POPULATE_MIN`; else malloc's)."""
+    if nbytes >= POPULATE_MIN:
         try:
-            m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _POPULATE)
+            if HUGE_PAGES:
+                return _Region(_round_up(nbytes, PAGE)).cut(nbytes), True
+            if _POPULATE:
+                flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _POPULATE
+                return np.frombuffer(mmap.mmap(-1, nbytes, flags=flags), dtype=np.uint8), True
         except (OSError, ValueError):  # no mapping to be had: malloc's memory, faulted as used
             pass
-        else:
-            return np.frombuffer(m, dtype=np.uint8), True  # the array keeps the mapping alive
     return np.empty(nbytes, dtype=np.uint8), False
+
+
+def _shared(nbytes: int) -> bool:
+    """Whether a new buffer of *nbytes* is cut from a region shared with others."""
+    return HUGE_PAGES and POPULATE_MIN <= nbytes < HUGE
+
+
+class Regions:
+    """Where new buffers come from: those smaller than a huge page cut from shared
+    huge-page regions (a huge page each would hold up to twice their bytes, and small pages
+    cost a fault each), the others from :func:`new_buffer`.  The last region is kept while
+    it has room for more."""
+
+    def __init__(self) -> None:
+        self.last: _Region | None = None
+
+    def make(self, sizes: list[int]) -> list[tuple[np.ndarray, bool]]:
+        """New buffers of *sizes* bytes, and whether each one's pages are in memory already."""
+        out: list[tuple[np.ndarray, bool]] = []
+        left = sum(n for n in sizes if _shared(n))
+        for n in sizes:
+            if _shared(n):
+                try:
+                    if self.last is None or self.last.room() < n:
+                        self.last = _Region(_round_up(left, HUGE))  # the rest of them, at once
+                    out.append((self.last.cut(n), True))
+                    left -= n
+                    continue
+                except (OSError, ValueError):
+                    self.last = None
+            out.append(new_buffer(n))
+        return out
 
 
 class Pool:
@@ -175,10 +273,11 @@ class Pool:
         self.nbytes = 0
         self.served = False  # buffers came back once (a step was written): past the warm-up
         self.made_seconds = 0.0  # what the last take spent making a new buffer (0 if served)
+        self.regions = Regions()  # where new buffers come from
 
     def take(self, nbytes: int) -> tuple[np.ndarray, bool]:
         """A uint8 buffer of *nbytes* bytes: a free one of that size, else a new one
-        (:func:`new_buffer`, its cost in :attr:`made_seconds`); and whether it was free (its
+        (:class:`Regions`, its cost in :attr:`made_seconds`); and whether it was free (its
         pages touched already: a copy into it runs at memory speed, a new one costs its
         pages, populated at once or faulted by the copy)."""
         self.made_seconds = 0.0
@@ -189,7 +288,7 @@ class Pool:
             if sys.getrefcount(raw) <= 2:  # this name and the call's argument: nobody else
                 return raw, True
         t0 = time.perf_counter()
-        raw, _ = new_buffer(nbytes)
+        ((raw, _),) = self.regions.make([nbytes])
         self.made_seconds = time.perf_counter() - t0
         return raw, False
 
@@ -218,14 +317,14 @@ class Pool:
     def clear(self) -> None:
         self.free.clear()
         self.nbytes = 0
+        self.regions = Regions()
 
 
 def touched(sizes: list[int]) -> list[np.ndarray]:
     """New uint8 buffers of *sizes* bytes with every page touched: the page faults paid here
     (the worker, while the program computes), not by the copies of the program's puts."""
     out = []
-    for n in sizes:
-        raw, populated = new_buffer(n)
+    for raw, populated in Regions().make(sizes):
         if not populated:
             raw[::PAGE] = 0
         out.append(raw)
@@ -291,6 +390,7 @@ __all__ = [
     "Frozen",
     "IOStats",
     "Pool",
+    "Regions",
     "Step",
     "check_put",
     "new_buffer",
