@@ -625,13 +625,16 @@ def test_copies_reuse_the_buffers_of_written_steps(path):
     with lamina.open(path, "w", io="async") as f:
         f.create_dataset("x", a.shape, a.dtype)
         bg = f._background()
-        seen = set()
+        seen = []
         for k in range(6):
             with f.step():
                 f["x"][...] = a + k
             f.wait()  # written: its buffer is back in the pool
-            seen.add(bg._pool.nbytes)
-        assert max(seen) == a.nbytes  # one buffer, reused: the pool never grows past one step
+            if bg._ahead is not None:  # and one made for the next step while it was written
+                bg._ahead.result(timeout=30)
+            seen.append(bg._pool.nbytes)
+        # buffers reused: the pool never grows past a step more than was in flight
+        assert max(seen) <= 2 * a.nbytes and len(set(seen[1:])) == 1
     with lamina.open(path) as f:
         for k in range(6):
             np.testing.assert_array_equal(f.at(k)["x"][...], a + k)

@@ -488,3 +488,58 @@ def test_new_buffers_cut_from_shared_regions_are_arrays_of_their_own(monkeypatch
     del first, second
     again, warm = pool.take(small)  # the one held is skipped, the other one served
     assert warm and id(again) == ident and held.base is not again
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("cores", [2, 1])
+def test_buffers_of_the_next_step_are_made_while_a_step_is_written(
+    tmp_path, history_path, monkeypatch, cores
+):
+    """A step submitted while the worker has it (or others) in flight: the buffers of the
+    next step's copies are made on a thread of their own while the program computes, so the
+    next step copies into memory already touched, not into new pages.  Not where the rank
+    has no core beside the program's: there the thread would slow the writes."""
+    import threading
+
+    from lamina.layers.background import layer as layer_mod
+    from lamina.layers.background.step import Pool
+
+    monkeypatch.setattr(layer_mod, "cores_per_rank", lambda: cores)
+    gate = threading.Event()
+    run = layer_mod.BackgroundLayer._run
+
+    def held(self, step):  # the worker writes step 0 only once the test lets it
+        assert gate.wait(30)
+        return run(self, step)
+
+    monkeypatch.setattr(layer_mod.BackgroundLayer, "_run", held)
+    warm: list[bool] = []
+    take = Pool.take
+
+    def spy(self, nbytes):
+        got = take(self, nbytes)
+        warm.append(got[1])
+        return got
+
+    monkeypatch.setattr(Pool, "take", spy)
+    a, b = np.arange(1 << 16, dtype=np.float64), np.arange(1 << 15, dtype=np.float32)
+    with lamina.open(str(tmp_path / "m.lam"), "w", io="async") as f:
+        f.create_dataset("a", a.shape, a.dtype)
+        f.create_dataset("b", b.shape, b.dtype)
+        layer = f._engine
+        for k in range(2):
+            with f.step():
+                f["a"][...] = a + k
+                f["b"][...] = b + k
+            if k == 0 and cores == 1:
+                assert layer._ahead is None and not layer._pool.free
+            elif k == 0:  # step 0 is in flight: the buffers of step 1 are being made
+                assert layer._ahead is not None
+                layer._ahead.result(timeout=30)
+                assert sorted(layer._pool.free) == sorted([a.nbytes, b.nbytes])
+        gate.set()
+    assert warm == [False, False, cores > 1, cores > 1]
+    with lamina.open(str(tmp_path / "m.lam")) as f:
+        for k in range(2):
+            np.testing.assert_array_equal(f.at(k)["a"][...], a + k)
+            np.testing.assert_array_equal(f.at(k)["b"][...], b + k)

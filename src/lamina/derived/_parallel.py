@@ -51,6 +51,12 @@ def default_threads() -> int:
     asked = _positive(os.environ.get("LAMINA_THREADS"))
     if asked is not None:
         return asked
+    return max(1, min(MAX_THREADS, cores_per_rank()))
+
+
+def cores_per_rank() -> int:
+    """This process's share of the cores it may run on: those cores over the ranks the MPI
+    launcher says share the node (1 under a launcher that does not say), at least 1."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not on Linux
@@ -60,7 +66,7 @@ def default_threads() -> int:
         if any(k in os.environ for k in _LAUNCHED):
             return 1  # under an MPI launcher that does not say how many ranks share the node
         ranks = 1
-    return max(1, min(MAX_THREADS, cpus // ranks))
+    return max(1, cpus // ranks)
 
 
 S = TypeVar("S")

@@ -55,12 +55,14 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ... import comm as comm_mod
 from ...catalog import BlockTable, DatasetSpec, normpath
+from ...derived._parallel import cores_per_rank
 from ...engines.base import BlockInfo, Engine
 from ...engines.batch import check_batch, elements
 from ...engines.block import dataset_not_found
@@ -107,6 +109,17 @@ if TYPE_CHECKING:
 #: layers with a background thread, written out before the interpreter stops its thread pools
 _LIVE: weakref.WeakSet[BackgroundLayer] = weakref.WeakSet()
 _HOOKED = False
+_MAKER: ThreadPoolExecutor | None = None
+_MAKER_LOCK = threading.Lock()
+
+
+def _maker() -> ThreadPoolExecutor:
+    """The thread that makes buffers of copies ahead while steps queue (one per process)."""
+    global _MAKER
+    with _MAKER_LOCK:
+        if _MAKER is None:
+            _MAKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lamina-buffers")
+        return _MAKER
 
 
 def _at_exit() -> None:
@@ -176,6 +189,9 @@ class BackgroundLayer(Layer):
         self._direct_sizes: list[int] = []  # the buffers its puts would have copied into
         self._first = False  # io='auto', no step begun yet: the first is judged on history
         self._warm: list[int] = []  # buffers for the worker to make ready (under _cond)
+        self._ahead: Future | None = None  # buffers being made for the next step (_make_ahead)
+        self._last_sizes: list[int] | None = None  # the copies of the last step submitted
+        self._spare_core = False  # this rank has a core of its own beside the program's
         self._rank = 0
 
     # -- lifetime -------------------------------------------------------------
@@ -209,6 +225,7 @@ class BackgroundLayer(Layer):
         self._fcomm = comm_mod.dup(self.inner.comm)
         self.active = True
         self.model = AsyncModel(load_history())
+        self._spare_core = cores_per_rank() >= 2
         self._rank = self.inner.comm.rank
         self.stats.mode = "auto" if self.auto else "async"
         # started now, idle until the first step: started at that step's submit, the new
@@ -722,9 +739,12 @@ class BackgroundLayer(Layer):
         self._next += 1
         background = self._decide(step.data_bytes, step.index, t_call, step) if self.auto else True
         self._next_direct = not background  # the next step the same way, without the copies
+        sizes = [raw.nbytes for raw in step.copies]
         self._submit(step)
         if not background:  # the model expects no overlap to pay: the step is written now
             self.wait()
+        else:
+            self._make_ahead(sizes)
         self._epoch_start = time.perf_counter()
         self._in_calls = 0.0
 
@@ -920,9 +940,40 @@ class BackgroundLayer(Layer):
                 self._cond.notify_all()
             self._release(step)
 
+    def _make_ahead(self, sizes: list[int]) -> None:
+        """A step of copies of *sizes* bytes was submitted: unless it is written before the
+        program's next puts, their buffers are not back in time and the next step copies into
+        new memory (2-4x a warm copy).  Make what the pool lacks now, on a thread of its own,
+        while the program computes and the worker writes; the buffers wait in the pool.  Once
+        the pool holds a step more than is in flight, nothing is made.
+
+        Only where it can pay: the rank has a core beside the program's (with ranks = cores
+        the thread's page clearing slowed the worker's writes: 1.2x the time of a step at
+        compute = half the I/O, 2 ranks on 2 cores), the copies are the same as the step
+        before (a program whose steps differ would make buffers nobody takes), and the budget
+        has room for them beside what is in flight and pooled (else they are dropped)."""
+        last, self._last_sizes = self._last_sizes, sizes
+        if not sizes or not self._spare_core or (last is not None and last != sizes):
+            return
+        with self._cond:
+            if not (self._queue or self._running is not None) or (
+                self._ahead is not None and not self._ahead.done()
+            ):
+                return
+            missing = self._pool.missing(sizes)
+            room = self.budget - self.stats.inflight_bytes - self._pool.nbytes
+            if sum(missing) > room:
+                return
+        if missing:
+            try:
+                self._ahead = _maker().submit(self._make_ready, missing)
+            except RuntimeError:  # the interpreter is stopping: the copies make their own
+                pass
+
     def _make_ready(self, sizes: list[int]) -> None:
-        """Worker, idle: buffers of *sizes* with their pages touched, into the pool (within
-        the budget).  Only a saving: a failure (no memory) leaves the copies to make new ones."""
+        """Worker, idle (or the thread of :meth:`_make_ahead`): buffers of *sizes* with their
+        pages touched, into the pool (within the budget).  Only a saving: a failure (no
+        memory) leaves the copies to make new ones."""
         try:
             raws = touched(sizes)
         except Exception:
