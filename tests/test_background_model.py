@@ -90,6 +90,22 @@ def test_compute_is_a_weighted_average_of_past_phases():
 # -- io='auto' ------------------------------------------------------------------------------------
 
 
+def _spy_on_takes(monkeypatch) -> list[bool]:
+    """Whether each buffer the pool hands out from now on was free (warm) or new."""
+    from lamina.layers.background.step import Pool
+
+    warm: list[bool] = []
+    take = Pool.take
+
+    def spy(self, nbytes):
+        got = take(self, nbytes)
+        warm.append(got[1])
+        return got
+
+    monkeypatch.setattr(Pool, "take", spy)
+    return warm
+
+
 def _forced(modes):
     """Stands in for AsyncModel.predict: the modes to pick, one per step."""
     modes = list(modes)
@@ -341,18 +357,9 @@ def test_auto_readies_the_buffers_of_a_copied_step_after_a_direct_one(
     """When a step written directly decides that the next goes to the background, the worker
     makes buffers of its puts' sizes while the program computes: the next step's copies go
     into memory already touched, not into new pages."""
-    from lamina.layers.background.step import Pool
 
     monkeypatch.setattr(am.AsyncModel, "predict", _forced(["async", "async", "async"]))
-    warm: list[bool] = []
-    take = Pool.take
-
-    def spy(self, nbytes):
-        got = take(self, nbytes)
-        warm.append(got[1])
-        return got
-
-    monkeypatch.setattr(Pool, "take", spy)
+    warm = _spy_on_takes(monkeypatch)
     a, b = np.ones(1 << 15), np.ones(1 << 14, dtype=np.float32)
     with lamina.open(str(tmp_path / "w.lam"), "w", io="auto") as f:
         f.create_dataset("a", a.shape, a.dtype)
@@ -502,7 +509,6 @@ def test_buffers_of_the_next_step_are_made_while_a_step_is_written(
     import threading
 
     from lamina.layers.background import layer as layer_mod
-    from lamina.layers.background.step import Pool
 
     monkeypatch.setattr(layer_mod, "cores_per_rank", lambda: cores)
     gate = threading.Event()
@@ -513,15 +519,7 @@ def test_buffers_of_the_next_step_are_made_while_a_step_is_written(
         return run(self, step)
 
     monkeypatch.setattr(layer_mod.BackgroundLayer, "_run", held)
-    warm: list[bool] = []
-    take = Pool.take
-
-    def spy(self, nbytes):
-        got = take(self, nbytes)
-        warm.append(got[1])
-        return got
-
-    monkeypatch.setattr(Pool, "take", spy)
+    warm = _spy_on_takes(monkeypatch)
     a, b = np.arange(1 << 16, dtype=np.float64), np.arange(1 << 15, dtype=np.float32)
     with lamina.open(str(tmp_path / "m.lam"), "w", io="async") as f:
         f.create_dataset("a", a.shape, a.dtype)

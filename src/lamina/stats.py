@@ -351,16 +351,27 @@ class StatsJob(Protocol):
     def done(self) -> bool: ...
 
 
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
+class OneThread:
+    """A thread of its own for background work of one kind, started at the first use (one per
+    process: ``get()`` returns the same executor every time)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._executor: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.name)
+            return self._executor
+
+
+_POOL = OneThread("lamina-stats")
 
 
 def _pool() -> ThreadPoolExecutor:
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lamina-stats")
-        return _POOL
+    return _POOL.get()
 
 
 class BlockJob:

@@ -55,7 +55,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -90,6 +90,7 @@ from ...perf.asyncmodel import (
     load_history,
     save_history_soon,
 )
+from ...stats import OneThread
 from ..base import Layer
 from .prefetch import Prefetcher
 from .step import (
@@ -109,17 +110,8 @@ if TYPE_CHECKING:
 #: layers with a background thread, written out before the interpreter stops its thread pools
 _LIVE: weakref.WeakSet[BackgroundLayer] = weakref.WeakSet()
 _HOOKED = False
-_MAKER: ThreadPoolExecutor | None = None
-_MAKER_LOCK = threading.Lock()
-
-
-def _maker() -> ThreadPoolExecutor:
-    """The thread that makes buffers of copies ahead while steps queue (one per process)."""
-    global _MAKER
-    with _MAKER_LOCK:
-        if _MAKER is None:
-            _MAKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lamina-buffers")
-        return _MAKER
+#: the thread that makes buffers of copies ahead while steps queue (_make_ahead)
+_MAKER = OneThread("lamina-buffers")
 
 
 def _at_exit() -> None:
@@ -966,7 +958,7 @@ class BackgroundLayer(Layer):
                 return
         if missing:
             try:
-                self._ahead = _maker().submit(self._make_ready, missing)
+                self._ahead = _MAKER.get().submit(self._make_ready, missing)
             except RuntimeError:  # the interpreter is stopping: the copies make their own
                 pass
 
