@@ -183,17 +183,17 @@ class _Region:
     __slots__ = ("mm", "pos", "end")
 
     def __init__(self, size: int) -> None:
-        """*size* bytes (a multiple of PAGE); the whole huge pages among them advised."""
+        """*size* bytes (at least HUGE, a multiple of PAGE); the whole huge pages among them
+        advised."""
         # a huge page must start at a multiple of HUGE: map one more and start there
         self.mm = mmap.mmap(-1, size + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         addr = np.frombuffer(self.mm, dtype=np.uint8, count=1).ctypes.data
         self.pos = -addr % HUGE
         self.end = self.pos + size
-        if size >= HUGE:
-            try:
-                self.mm.madvise(mmap.MADV_HUGEPAGE, self.pos, size // HUGE * HUGE)
-            except OSError:  # not given: pages of PAGE bytes, touched below all the same
-                pass
+        try:
+            self.mm.madvise(mmap.MADV_HUGEPAGE, self.pos, size // HUGE * HUGE)
+        except OSError:  # not given: pages of PAGE bytes, touched below all the same
+            pass
         # every page touched now: one fault per huge page (per page where none was given)
         np.frombuffer(self.mm, dtype=np.uint8, count=size, offset=self.pos)[::PAGE] = 0
 
@@ -209,11 +209,12 @@ class _Region:
 
 def new_buffer(nbytes: int) -> tuple[np.ndarray, bool]:
     """A new uint8 buffer of *nbytes* bytes, and whether its pages are in memory already
-    (huge pages where the kernel gives them, see :data:`HUGE`; else populated by the
-    kernel, see :data:`POPULATE_MIN`; else malloc's)."""
+    (from HUGE bytes on, huge pages where the kernel gives them, see :data:`HUGE`; else
+    populated by the kernel, see :data:`POPULATE_MIN`; else malloc's).  Smaller buffers
+    share huge pages only through :class:`Regions`."""
     if nbytes >= POPULATE_MIN:
         try:
-            if HUGE_PAGES:
+            if HUGE_PAGES and nbytes >= HUGE:
                 return _Region(_round_up(nbytes, PAGE)).cut(nbytes), True
             if _POPULATE:
                 flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _POPULATE
