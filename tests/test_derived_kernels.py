@@ -657,8 +657,14 @@ def test_gpu_code_path_with_a_numpy_stand_in(monkeypatch):
             return getattr(np, name)
 
         @staticmethod
-        def asnumpy(x):
-            return np.array(x)
+        def asnumpy(x, out=None):
+            copies.append(x.nbytes)
+            if out is None:
+                return np.array(x)
+            out[...] = x
+            return out
+
+    copies: list[int] = []
 
     monkeypatch.setattr(C, "_array_module", lambda device: FakeCupy() if device == "gpu" else np)
     shape = (6, 5, 7)
@@ -668,10 +674,15 @@ def test_gpu_code_path_with_a_numpy_stand_in(monkeypatch):
         region = Box((0, 1, 2), (4, 5, 3))
         inbox = input_box(expr, region, shape)
         arrs = {k: v[inbox.slices] for k, v in A.items()}
-        assert_same(
-            evaluate(expr, arrs, region, shape, device="gpu"),
-            evaluate(expr, arrs, region, shape, device="cpu"),
-        )
+        want = evaluate(expr, arrs, region, shape, device="cpu")
+        assert_same(evaluate(expr, arrs, region, shape, device="gpu"), want)
+        # into host arrays given: one copy from the device each, straight into them
+        out = [np.full(w.shape, 7, w.dtype) for w in want]
+        copies.clear()
+        got = evaluate(expr, arrs, region, shape, device="gpu", out=out)
+        assert all(g is o for g, o in zip(got, out, strict=True))
+        assert copies == [w.nbytes for w in want]
+        assert_same(got, want)
 
 
 def test_device_choice():

@@ -16,6 +16,8 @@ and, with ``--kernels``, ``magnitude-curl`` (``magnitude(curl(u, v, w))``) and
 ``lamina``        :func:`lamina.derived.evaluate`, returning new arrays
 ``lamina out=``   the same into preallocated arrays (no page faults of a new result)
 ``lamina gpu``    ``device="gpu"``, host to device and back included (only with CuPy and a device)
+``lamina gpu out=``     the same into preallocated host arrays
+``lamina gpu resident`` inputs already on the device, results left there: the device's kernels alone
 
 Speeds are GB/s of compulsory memory traffic: inputs read once, outputs
 written once (:meth:`lamina.derived.Expr.bytes_per_element`).  The same run
@@ -107,6 +109,8 @@ NOTES = {
     "lamina": "evaluate, new result",
     "lamina out=": "evaluate(out=...)",
     "lamina gpu": "device='gpu', host<->device copies included",
+    "lamina gpu out=": "the same into preallocated host arrays",
+    "lamina gpu resident": "inputs and results on the device: the kernels alone",
 }
 
 
@@ -126,6 +130,29 @@ def _measure(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, lis
             fns[n]()
             times[n].append(time.perf_counter() - t)
     return times
+
+
+def _gpu_fns(e, arrays: dict, outs: list) -> dict[str, Callable[[], object]]:
+    """The GPU rows: from and to host memory, into preallocated host arrays, and on the device.
+
+    Each waits for the device to finish, so that its time is the work's.
+    """
+    import cupy  # type: ignore[import-not-found]
+
+    from ..derived import evaluate
+
+    sync = cupy.cuda.Device().synchronize
+    on_device = {p: cupy.asarray(a) for p, a in arrays.items()}
+
+    def resident():
+        evaluate(e, on_device, device="gpu", to_host=False)
+        sync()
+
+    return {
+        "lamina gpu": lambda: evaluate(e, arrays, device="gpu"),
+        "lamina gpu out=": lambda: evaluate(e, arrays, device="gpu", out=outs),
+        "lamina gpu resident": resident,
+    }
 
 
 def _gpu_status() -> tuple[bool, str]:
@@ -216,7 +243,7 @@ def run(
             ),
         }
         if gpu:
-            fns["lamina gpu"] = lambda e=e, arrays=arrays: evaluate(e, arrays, device="gpu")
+            fns.update(_gpu_fns(e, arrays, outs))
         say(f"{name}: {', '.join(fns)}...")
         times = _measure(fns, repeat)
         copy = times.pop("memcpy")

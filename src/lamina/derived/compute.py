@@ -56,6 +56,8 @@ def evaluate(
     arrays
         Input arrays by dataset path.  Each covers a box of the global domain
         that contains what the region needs (:func:`input_box`; more is fine).
+        On a GPU they may be CuPy arrays already on the device: then nothing
+        crosses from the host.
     region
         The part of the global domain to compute: a :class:`~lamina.geometry.Box`,
         a tuple of slices, or ``(start, stop)``.  Default: the whole domain.
@@ -77,11 +79,13 @@ def evaluate(
     chunk_elements
         Block size of the CPU kernels (default :data:`CHUNK_ELEMENTS`).
     to_host
-        Return numpy arrays also when computing on a GPU (default).
+        Return numpy arrays also when computing on a GPU (default).  With
+        ``False`` the results stay on the device as CuPy arrays.
     out
         Arrays to write the result into, one per component, of the region's
         shape and of the result's dtype (:func:`result_dtype`); saves the
-        allocation (and its page faults) of a fresh result.
+        allocation (and its page faults) of a fresh result.  On a GPU the
+        results are copied from the device straight into them.
 
     Returns
     -------
@@ -144,7 +148,11 @@ def evaluate(
                 if not need.empty
                 else a[tuple(slice(0, 0) for _ in shape)]
             )
-            prepared[path] = (xp.asarray(np.ascontiguousarray(sub)), need.start)
+            if isinstance(sub, xp.ndarray):  # already on the device
+                sub = xp.ascontiguousarray(sub)
+            else:  # host memory: only the needed box travels
+                sub = xp.asarray(np.ascontiguousarray(sub))
+            prepared[path] = (sub, need.start)
         else:
             prepared[path] = (a, org)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -165,7 +173,14 @@ def evaluate(
                 chunk=chunk_elements or CHUNK_ELEMENTS,
             )
             outs = ev.materialize(expr, box, copy=True, outs=out if xp is np else None)
-    if xp is not np and (to_host or out is not None):
+    if xp is not np and out is not None:
+        for o, r in zip(out, outs, strict=True):
+            if isinstance(o, np.ndarray) and o.flags.c_contiguous and o.flags.writeable:
+                xp.asnumpy(r, out=o)  # straight into the host array: no second copy
+            else:
+                o[...] = xp.asnumpy(r) if isinstance(o, np.ndarray) else r
+        return list(out)
+    if xp is not np and to_host:
         outs = [xp.asnumpy(o) for o in outs]
     if out is not None:
         for o, r in zip(out, outs, strict=True):
