@@ -104,6 +104,41 @@ def test_overlap_index_agrees_with_brute_force(prog, lazy):
         staging.BoxIndex.LAZY_BATCH = old
 
 
+@st.composite
+def boxes_nd(draw, ndim: int):
+    """A box of a small domain of *ndim* dimensions, often on a grid of 3-cell edges."""
+    start, stop = [], []
+    for _ in range(ndim):
+        if draw(st.booleans()):
+            a = draw(st.integers(0, 3)) * 3
+            b = a + draw(st.sampled_from([3, 3, 1, 5]))
+        else:
+            a = draw(st.integers(0, 11))
+            b = draw(st.integers(a + 1, 14))
+        start.append(a)
+        stop.append(b)
+    return tuple(start), tuple(stop)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), ndim=st.sampled_from([1, 3, 4]))
+def test_overlap_index_of_one_three_and_four_dimensions_agrees_with_brute_force(data, ndim):
+    """Single puts in 1-D, 3-D and 4-D (each with its own way of numbering cells): refused
+    exactly when they meet an entered box."""
+    spec = DatasetSpec(path="d", shape=(14,) * ndim, dtype=np.dtype("f8"), id=0)
+    idx: dict[int, BoxIndex] = {}
+    entered: list[tuple] = []
+    for a, b in data.draw(st.lists(boxes_nd(ndim), min_size=1, max_size=40)):
+        clash = any(_meets((a, b), e) for e in entered)
+        try:
+            enter_box(idx, spec, Box(a, b), 0)
+        except OverlapError:
+            assert clash
+        else:
+            assert not clash
+            entered.append((a, b))
+
+
 def _grid(shape, edge):
     idx = np.stack(
         np.meshgrid(*(np.arange(0, n, e) for n, e in zip(shape, edge, strict=True)), indexing="ij"),

@@ -662,13 +662,27 @@ class BoxIndex:
     def _cells(self, start, stop):
         cell = self.cell
         assert cell is not None
-        if self.ndim == 3:  # the common case, unrolled
+        ndim = self.ndim
+        if ndim == 3:  # the common cases, unrolled
             c0, c1, c2 = cell
             a0, a1, a2 = start[0] // c0, start[1] // c1, start[2] // c2
             b0, b1, b2 = (stop[0] - 1) // c0, (stop[1] - 1) // c1, (stop[2] - 1) // c2
             if a0 == b0 and a1 == b1 and a2 == b2:
                 return ((a0, a1, a2),)
             lo, hi = (a0, a1, a2), (b0, b1, b2)
+        elif ndim == 1:
+            c0 = cell[0]
+            a0, b0 = start[0] // c0, (stop[0] - 1) // c0
+            if a0 == b0:
+                return ((a0,),)
+            lo, hi = (a0,), (b0,)
+        elif ndim == 2:
+            c0, c1 = cell
+            a0, a1 = start[0] // c0, start[1] // c1
+            b0, b1 = (stop[0] - 1) // c0, (stop[1] - 1) // c1
+            if a0 == b0 and a1 == b1:
+                return ((a0, a1),)
+            lo, hi = (a0, a1), (b0, b1)
         else:
             lo = tuple(a // c for a, c in zip(start, cell, strict=True))
             hi = tuple((b - 1) // c for b, c in zip(stop, cell, strict=True))
