@@ -33,7 +33,12 @@ from lamina.geometry import Box, decompose
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from test_derived_kernels import POINTWISE, STENCIL_EXPRS, _arrays  # noqa: E402
+from test_derived_kernels import (  # noqa: E402
+    POINTWISE,
+    STENCIL_EXPRS,
+    _arrays,
+    pointwise_inputs,
+)
 
 pytestmark = [
     pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA device"),
@@ -71,16 +76,7 @@ def _agree(got: list, want: list, text: str) -> None:
 
 @pytest.mark.parametrize("dtype", ["f8", "f4", "i4", "i8", "u1"])
 def test_pointwise_on_the_device_equals_the_host(dtype):
-    rng = np.random.default_rng(5)
-    shape = (37, 41)
-    if np.dtype(dtype).kind in "iu":
-        A = {k: rng.integers(1, 9, size=shape).astype(dtype) for k in "abc"}
-    else:
-        A = {
-            "a": rng.random(shape).astype(dtype) + 0.5,
-            "b": rng.standard_normal(shape).astype(dtype),
-            "c": (rng.random(shape) * 2 - 1).astype(dtype),
-        }
+    A = pointwise_inputs((37, 41), dtype)
     for text in POINTWISE:
         try:
             want = evaluate(text, A)

@@ -521,19 +521,23 @@ POINTWISE = [
 ]
 
 
+def pointwise_inputs(shape, dtype) -> dict[str, np.ndarray]:
+    """Inputs a, b, c in the domains of the pointwise functions (a > 0, |c| < 1)."""
+    rng = np.random.default_rng(5)
+    if np.dtype(dtype).kind in "iu":
+        return {k: rng.integers(1, 9, size=shape).astype(dtype) for k in "abc"}
+    return {
+        "a": rng.random(shape).astype(dtype) + 0.5,
+        "b": rng.standard_normal(shape).astype(dtype),
+        "c": (rng.random(shape) * 2 - 1).astype(dtype),
+    }
+
+
 @pytest.mark.parametrize("dtype", ["f8", "f4", "i4", "i8", "u1"])
 @pytest.mark.parametrize("text", POINTWISE)
 def test_pointwise_matches_numpy(text, dtype):
-    rng = np.random.default_rng(5)
     shape = (7, 9)
-    if np.dtype(dtype).kind in "iu":
-        A = {k: rng.integers(1, 9, size=shape).astype(dtype) for k in "abc"}
-    else:
-        A = {
-            "a": rng.random(shape).astype(dtype) + 0.5,
-            "b": rng.standard_normal(shape).astype(dtype),
-            "c": (rng.random(shape) * 2 - 1).astype(dtype),
-        }
+    A = pointwise_inputs(shape, dtype)
     expr = parse(text)
     try:
         want = reference(expr, A)

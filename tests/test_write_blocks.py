@@ -29,6 +29,18 @@ def _meets(a: tuple, b: tuple) -> bool:
     return all(s < u and t < e for s, e, t, u in zip(a[0], a[1], b[0], b[1], strict=True))
 
 
+def _enter_one(idx: dict, spec: DatasetSpec, box: tuple, entered: list) -> None:
+    """Enter one box; it must be refused exactly when it meets a box of *entered* (the oracle)."""
+    clash = any(_meets(box, e) for e in entered)
+    try:
+        enter_box(idx, spec, Box(*box), 0)
+    except OverlapError:
+        assert clash
+    else:
+        assert not clash
+        entered.append(box)
+
+
 @st.composite
 def boxes(draw, aligned: bool):
     if aligned:  # the cells of a grid of 2 x 2 boxes (what programs write), sometimes smaller
@@ -65,15 +77,7 @@ def test_overlap_index_agrees_with_brute_force(prog, lazy):
         entered: list[tuple] = []
         for kind, bs in prog:
             if kind == "one":
-                a, b = bs[0]
-                clash = any(_meets((a, b), e) for e in entered)
-                try:
-                    enter_box(idx, spec, Box(a, b), 0)
-                except OverlapError:
-                    assert clash
-                else:
-                    assert not clash
-                    entered.append((a, b))
+                _enter_one(idx, spec, bs[0], entered)
                 continue
             starts = np.array([s for s, _ in bs], dtype=np.int64)
             stops = np.array([e for _, e in bs], dtype=np.int64)
@@ -128,15 +132,8 @@ def test_overlap_index_of_one_three_and_four_dimensions_agrees_with_brute_force(
     spec = DatasetSpec(path="d", shape=(14,) * ndim, dtype=np.dtype("f8"), id=0)
     idx: dict[int, BoxIndex] = {}
     entered: list[tuple] = []
-    for a, b in data.draw(st.lists(boxes_nd(ndim), min_size=1, max_size=40)):
-        clash = any(_meets((a, b), e) for e in entered)
-        try:
-            enter_box(idx, spec, Box(a, b), 0)
-        except OverlapError:
-            assert clash
-        else:
-            assert not clash
-            entered.append((a, b))
+    for box in data.draw(st.lists(boxes_nd(ndim), min_size=1, max_size=40)):
+        _enter_one(idx, spec, box, entered)
 
 
 def _grid(shape, edge):
