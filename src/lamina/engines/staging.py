@@ -663,6 +663,8 @@ class BoxIndex:
         cell = self.cell
         assert cell is not None
         ndim = self.ndim
+        lo: tuple[int, ...]
+        hi: tuple[int, ...]
         if ndim == 3:  # the common cases, unrolled
             c0, c1, c2 = cell
             a0, a1, a2 = start[0] // c0, start[1] // c1, start[2] // c2
