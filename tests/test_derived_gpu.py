@@ -39,6 +39,7 @@ from test_derived_kernels import (  # noqa: E402
     _arrays,
     pointwise_inputs,
 )
+from test_derived_layer import fields  # noqa: E402
 
 pytestmark = [
     pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA device"),
@@ -143,15 +144,6 @@ def test_inputs_on_the_device_and_results_into_host_arrays():
         _agree(got, want, text)
 
 
-def _fields(step: int, shape) -> dict[str, np.ndarray]:
-    i, j, k = np.meshgrid(*[np.arange(n, dtype=np.float64) for n in shape], indexing="ij")
-    return {
-        "u": np.sin(0.3 * i + 0.2 * j + step) * np.cos(0.25 * k),
-        "v": np.exp(0.1 * j) * np.cos(0.2 * i - 0.1 * k) + step,
-        "w": 0.5 * i * i - 0.3 * i * j + 0.2 * k * k + j - 0.5 * k + 1.0 + step,
-    }
-
-
 @pytest.mark.parametrize("strategy", ["store", "stats", "expression"])
 def test_files_written_on_the_device_read_back_as_on_the_host(tmp_path, strategy):
     shape = (24, 20, 16)
@@ -165,7 +157,7 @@ def test_files_written_on_the_device_read_back_as_on_the_host(tmp_path, strategy
             f.derive("m", "magnitude(u, v, w)", strategy)
             f.derive("c", "curl(u, v, w)", strategy, spacing=(0.5, 2.0, 1.0))
             for s in range(2):
-                F = _fields(s, shape)
+                F = fields(s, shape)
                 with f.step():
                     for n in "uvw":
                         for b in blocks:
