@@ -53,6 +53,8 @@ def test_many_blocks_n_to_m(tmp_path, n, m):
 
 # writer ranks -> (reader ranks, aggregator counts written)
 ROUNDTRIP = {1: (3, "1"), 2: (4, "1,n"), 3: (2, "1,2,n"), 4: (1, "1,2,n")}
+#: pieces sent to an aggregator (bytes) in these runs: blocks go as many pieces, two in flight
+MSG_CHUNK = {2: 1 << 16, 3: 12_345}
 
 
 @pytest.mark.parametrize("n", sorted(ROUNDTRIP))
@@ -60,6 +62,7 @@ def test_roundtrip_n_to_m(tmp_path, n):
     """Write with n ranks (uneven decompositions, every aggregator count), read with m != n."""
     m, aggs = ROUNDTRIP[n]
     hist = f"{n}:{100 + n}:3"
+    chunk = ["--msg-chunk", MSG_CHUNK[n]] if n in MSG_CHUNK else []
     mu.run_mpi(
         n,
         "roundtrip",
@@ -71,6 +74,7 @@ def test_roundtrip_n_to_m(tmp_path, n):
         aggs,
         "--big",
         "--memory",
+        *chunk,
         timeout=90,
     )
     res = mu.run_mpi(

@@ -10,6 +10,7 @@ Every helper here is collective over the communicator it is given.
 
 from __future__ import annotations
 
+import os
 import time
 from enum import IntEnum
 
@@ -442,7 +443,35 @@ def barrier(comm: MPI.Comm) -> None:
         comm.Barrier()
 
 
-def agree(comm: MPI.Comm, exc: BaseException | None, flag: int = 0) -> int:
+#: how long :func:`wait_quietly` yields the CPU before it starts to sleep, and its longest sleep
+QUIET_SPIN = 2e-3
+QUIET_MAX_SLEEP = 1e-3
+
+
+def wait_quietly(reqs: list) -> None:
+    """Independent: wait for every request of *reqs* without holding the CPU meanwhile.
+
+    MPICH's ``Wait`` polls without pause: a rank waiting for another one
+    that has work to do takes a core from it when the node has fewer cores
+    than ranks.  This tests, yields the CPU for :data:`QUIET_SPIN` seconds,
+    then sleeps between tests (20 us, doubling up to
+    :data:`QUIET_MAX_SLEEP`), so it answers within about that much after
+    the last request completes.  For waits expected to be long (a member
+    rank while its aggregator writes); short ones are done at the first test.
+    """
+    if MPI.Request.Testall(reqs):
+        return
+    spin_until = time.monotonic() + QUIET_SPIN
+    delay = 2e-5
+    while not MPI.Request.Testall(reqs):
+        if time.monotonic() < spin_until:
+            os.sched_yield()
+        else:
+            time.sleep(delay)
+            delay = min(2 * delay, QUIET_MAX_SLEEP)
+
+
+def agree(comm: MPI.Comm, exc: BaseException | None, flag: int = 0, quiet: bool = False) -> int:
     """Collective: raise on every rank if any rank failed; else return the largest *flag*.
 
     Each rank passes the exception it caught in the phase just finished (or
@@ -451,6 +480,9 @@ def agree(comm: MPI.Comm, exc: BaseException | None, flag: int = 0) -> int:
     error is re-raised on every rank as the same lamina error class, so a
     failure on one rank never leaves the others waiting in a later
     collective.  The failing rank re-raises its own exception object.
+
+    With *quiet* it waits with :func:`wait_quietly` (for ranks expected
+    to wait long, so that they leave the CPU to the ones still working).
 
     Every collective call of an engine communicates first through this
     function, so that a rank that gives up on a file (:func:`leave`) meets
@@ -464,7 +496,11 @@ def agree(comm: MPI.Comm, exc: BaseException | None, flag: int = 0) -> int:
     out = np.empty(2, dtype=np.int64)
     # non-blocking, then waited for: a nonblocking collective matches only nonblocking ones, and
     # leave() and PendingAgree must meet this one
-    comm.Iallreduce(np.array([failed, -int(flag)], dtype=np.int64), out, op=MPI.MIN).Wait()
+    req = comm.Iallreduce(np.array([failed, -int(flag)], dtype=np.int64), out, op=MPI.MIN)
+    if quiet:
+        wait_quietly([req])
+    else:
+        req.Wait()
     first = int(out[0])
     if first == comm.size:
         return -int(out[1])
@@ -607,6 +643,7 @@ __all__ = [
     "task_leader",
     "task_size",
     "test_requests",
+    "wait_quietly",
     "THREAD_MULTIPLE",
     "thread_level",
     "thread_level_name",

@@ -3,6 +3,7 @@
 Run under ``mpiexec -n N python -m mpi4py roundtrip.py``::
 
     roundtrip.py write DIR --history H [--aggregators 1,2,n] [--durable 0|1] [--extra] [--names a,b] [--memory]
+                       [--msg-chunk BYTES]
     roundtrip.py read  DIR --history H --rseed R [--aggregators 1,2,n] [--extra-from K] [--names a,b]
 
 *H* lists the writer sessions ``ranks:seed:steps,...``.  ``write`` performs
@@ -13,7 +14,9 @@ the pieces :func:`_common.write_plan` gives it (uneven, some empty, some
 split in two), with values that encode the global index and the step.
 ``read`` checks every step of every file with its own decomposition (a
 different rank count and different cuts), so every value is compared.
-``--memory`` also runs the session through the ``memory`` engine in this
+``--msg-chunk`` makes the pieces members send to their aggregator that
+small, so that a block travels as many pieces, several in flight, some
+joined from several blocks.  ``--memory`` also runs the session through the ``memory`` engine in this
 job and reads it back on a sub-communicator of fewer ranks.
 """
 
@@ -38,6 +41,7 @@ from _common import (
 from mpi4py import MPI
 
 import lamina
+from lamina.engines.native import engine as native_engine
 from lamina.geometry import Box
 
 
@@ -153,6 +157,8 @@ def do_write(args, comm) -> None:
     mode = "w" if len(history) == 1 else "a"
     names = _names(args)
     opts = {"checksum_segment": 1 << 18} if args.big else {}
+    if args.msg_chunk:
+        native_engine.MSG_CHUNK = args.msg_chunk  # every rank alike: members and aggregators
     cells = 0
     for aggs, path in _files(args, comm.size):
         with lamina.open(path, mode, aggregators=aggs, durable=bool(args.durable), **opts) as f:
@@ -209,6 +215,7 @@ def main() -> None:
     p.add_argument("--names", default=None)
     p.add_argument("--rseed", type=int, default=12345)
     p.add_argument("--memory", action="store_true")
+    p.add_argument("--msg-chunk", type=int, default=0)
     p.add_argument(
         "--big", action="store_true", help="add a dataset of blocks larger than a checksum segment"
     )

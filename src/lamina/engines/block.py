@@ -992,6 +992,10 @@ class BlockEngine(Engine):
             kind, step, self.session, self.size, time.time(), list(self._commit_ops), tables=tables
         )
 
+    def _waits_after_move(self, heads) -> bool:
+        """Whether this rank may wait long for the others after the move (then it waits quietly)."""
+        return False
+
     def _commit(self, kind: int) -> None:
         """Collective: the four phases described in the module docstring."""
         step = len(self.catalog.steps) if kind == KIND_STEP else -1
@@ -1018,7 +1022,7 @@ class BlockEngine(Engine):
             bases: list = []
             with g:
                 bases = self._move(heads)
-            comm_mod.agree(self.comm, g.error)
+            comm_mod.agree(self.comm, g.error, quiet=self._waits_after_move(heads))
 
             g = comm_mod.Guard()
             mine: tuple[list, dict] = ([], {})

@@ -33,6 +33,8 @@ from . import format as fmt
 from .lock import LOCK_NAME, WriterLock
 
 MSG_CHUNK = 1 << 25  # 32 MiB pieces: pipelined, and far below MPI's 2 GiB count limit
+#: a member rank waits for its aggregator without polling when the aggregator writes this much
+QUIET_MOVE = 1 << 20
 #: whole raw blocks up to this size that lie back to back in a subfile are read together ...
 COALESCE_BLOCK = 1 << 20
 #: ... in reads of up to this many bytes
@@ -704,11 +706,27 @@ class NativeEngine(BlockEngine):
         else:
             rows, _ = heads.unplaced(self.rank)
             dest = self.agg_rank[my_agg]
+            # two pieces in flight (the aggregator receives two at a time), waited for quietly:
+            # a member blocked in Send would poll without pause and, on a node with fewer cores
+            # than ranks, take the CPU from the aggregator it waits for
+            flight: list = []  # (request, piece): the piece stays alive until it is sent
             for piece in _pieces(self._log.views(rows.tolist()), MSG_CHUNK):
-                self.comm.Send([piece, comm_mod.MPI.BYTE], dest=dest, tag=tag)
+                if len(flight) == 2:
+                    comm_mod.wait_quietly([flight.pop(0)[0]])
+                req = self.comm.Isend([piece, comm_mod.MPI.BYTE], dest=dest, tag=tag)
+                flight.append((req, piece))
+            comm_mod.wait_quietly([r for r, _ in flight])
         if error is not None:
             raise error
         return bases
+
+    def _waits_after_move(self, heads: StepHeads) -> bool:
+        """A member whose aggregator has at least :data:`QUIET_MOVE` bytes to write waits for it quietly."""
+        if self.is_agg:
+            return False
+        group = self.agg_of[self.rank]
+        total = sum(heads.unplaced_bytes(r) for r in range(self.size) if self.agg_of[r] == group)
+        return total >= QUIET_MOVE
 
     def _recv_buffers(self, length: int) -> list[bytearray]:
         """Two reusable receive buffers, grown on demand (never larger than MSG_CHUNK)."""
