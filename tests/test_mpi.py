@@ -280,3 +280,10 @@ def test_one_ranks_mistake(tmp_path, case, n):
 def test_write_faults_during_put(tmp_path, fault, n, aggregators):
     """The aggregators' writes fail at put (a full disk, a lost permission): end_step raises on every rank, no hang."""
     mu.run_mpi(n, "misuse", fault, tmp_path / "f.lam", aggregators, timeout=90)
+
+
+@pytest.mark.parametrize("n,writers", [(2, 2), (3, 2), (4, 3)])
+def test_collective_read(tmp_path, n, writers):
+    """ds.read(box, collective=True): any boxes, every value checked; misuse and damage raise everywhere."""
+    res = mu.run_mpi(n, "collective_read", tmp_path / "c.lam", writers, timeout=120)
+    assert "OK collective reads" in res.stdout

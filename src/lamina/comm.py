@@ -42,6 +42,8 @@ class Tag(IntEnum):
     DATA = 13
     #: in situ transport, producer -> consumer: the statistics a ``Request.STATS`` asked for; empty: not held
     STATS = 14
+    #: collective read: a part of a block, from the rank that read the block to one that needs it
+    COLLECTIVE_READ = 901
     #: multiresolution layout at end_step: pieces of patches to the rank that encodes them
     PATCH_PIECES = 801
     #: multiresolution layout at end_step: encoded patches (and their statistics) to their aggregator

@@ -7,11 +7,19 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..errors import BoundsError, DTypeError, RangeError, ShapeError
+from ..errors import (
+    BoundsError,
+    CollectiveMismatchError,
+    DTypeError,
+    RangeError,
+    ShapeError,
+    mark_collective,
+)
 from ..geometry import Box
 from ..layouts import read as layout_read
 from ..layouts.spec import Layout, Multires
 from ..selection import parse
+from ..stats import crc
 from .attrs import Attributes
 
 PAGE = 4096
@@ -165,8 +173,17 @@ class Dataset:
         *,
         level: int = 0,
         tolerance: float | None = None,
+        collective: bool = False,
     ) -> np.ndarray:
         """Independent: read *box* (default: everything) at *step* (default: this view's step).
+
+        With ``collective=True`` the call is collective: every rank calls it
+        for the same dataset and step, each with its own *box* (possibly
+        empty), and a block that several ranks need is read once, by one of
+        them, and its parts sent to the others over MPI (two-phase I/O, as
+        MPI-IO's collective reads): for reading with another decomposition
+        than the one written.  Plain datasets only (a multiresolution one
+        reads as without it).
 
         For a multiresolution dataset, *level* picks the resolution (0: full;
         *box* is then in that level's coordinates, see :attr:`levels`), and
@@ -190,15 +207,31 @@ class Dataset:
             ahead = self._file._engine.take_read_ahead(self._path, box, step)
             if ahead is not None:  # read ahead (iter_steps(prefetch=True)): no copy
                 return ahead
+        if collective:
+            self._same_everywhere(step, level)
         if out is None:
             out = _aligned_empty(box.shape, self.dtype)
-        if layout is None:
+        if layout is None and collective:
+            self._file._engine.get_collective(self._path, box, step, out)
+        elif layout is None:
             self._file._engine.get(self._path, box, step, out)
         else:
             self.last_read_bytes = self._file._engine.get_level(
                 self._path, box, step, out, level, None, tolerance
             )
         return out
+
+    def _same_everywhere(self, step, level: int) -> None:
+        """Collective: CollectiveMismatchError on every rank unless all read this dataset at
+        the same step and level (a collective read)."""
+        eng = self._file._engine
+        key = crc(f"{self._path}\0{step}\0{level}".encode())
+        if eng.agree(key) != -eng.agree(-key):
+            raise mark_collective(
+                CollectiveMismatchError(
+                    f"{self._what()}: ranks made a collective read of different datasets, steps or levels"
+                )
+            )
 
     # -- multiresolution ----------------------------------------------------
     #: stored bytes the last read of a multiresolution dataset took (through this object)

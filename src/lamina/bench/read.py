@@ -12,7 +12,8 @@ Set-up (untimed) writes the same per-rank blocks with every method (as in
 * **slabs** (more than one rank): every rank reads a slab of the global
   array along axis 1, which cuts through every rank's block
   (``numpy memmap`` over the per-rank files, h5py hyperslab, ADIOS2
-  selections, lamina box read);
+  selections, lamina box read, and the same read with ``collective=True``:
+  each block read once, by one rank, and its parts sent to the others);
 * **one block of a large file** (rank 0, once): a lamina file of 8 blocks;
   reading one block must touch only that block's bytes, counted with
   ``/proc/self/io`` (``rchar``: bytes the process read through system calls;
@@ -44,8 +45,10 @@ REF_SLAB = "numpy memmap slabs"
 PROBE_BLOCKS = 8
 
 
-def lamina_name(aggs: int, slabs: bool = False) -> str:
-    return f"lamina agg={aggs}" + (" slabs" if slabs else "")
+def lamina_name(aggs: int, slabs: bool = False, collective: bool = False) -> str:
+    return (
+        f"lamina agg={aggs}" + (" slabs" if slabs else "") + (" collective" if collective else "")
+    )
 
 
 def method_names(ranks: int, aggregators: list[str], families: list[str]) -> list[tuple[str, str]]:
@@ -67,6 +70,7 @@ def method_names(ranks: int, aggregators: list[str], families: list[str]) -> lis
         if "adios2" in families:
             out.append(("adios2 slabs", "slabs"))
         out.append((lamina_name(max(aggs), True), "slabs"))
+        out.append((lamina_name(max(aggs), True, True), "slabs"))
     return out
 
 
@@ -96,11 +100,11 @@ def _lamina_write(
                 ds.write(ctx.local, offset=b.start, copy=False)
 
 
-def _lamina_read(ctx: Ctx, path: str, box: Box) -> np.ndarray:
+def _lamina_read(ctx: Ctx, path: str, box: Box, collective: bool = False) -> np.ndarray:
     import lamina
 
     with lamina.open(path, "r", comm=ctx.comm) as f:
-        return f[bl.DATASET].read(box)
+        return f[bl.DATASET].read(box, collective=collective)
 
 
 def _expected_slab_crc(ctx: Ctx, slab: Box) -> int:
@@ -179,6 +183,10 @@ def build_methods(ctx: Ctx, families: list[str]) -> list[Method]:
     big = max(ctx.aggregators)
     runs[lamina_name(big, True)] = lambda: _lamina_read(ctx, _lamina_path(ctx, big), slab)
     notes[lamina_name(big, True)] = "box read"
+    runs[lamina_name(big, True, True)] = lambda: _lamina_read(
+        ctx, _lamina_path(ctx, big), slab, collective=True
+    )
+    notes[lamina_name(big, True, True)] = "read(box, collective=True)"
     ms = []
     for name, group in names.items():
         ms.append(

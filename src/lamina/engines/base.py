@@ -262,6 +262,12 @@ class Engine(ABC):
     def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
         """Independent: read *box* of dataset *name* at *step* into *out* (shape of box, dtype of the dataset)."""
 
+    def get_collective(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
+        """Collective: as :meth:`get`, every rank with its own *box*; an engine may read the
+        blocks several ranks need once and share them (the block engines do).  By default
+        each rank reads its own."""
+        self.get(name, box, step, out)
+
     def take_read_ahead(self, name: str, box: Box, step: int | None) -> np.ndarray | None:
         """Independent: *box* of *name* at *step* if it was read ahead, handed over without a
         copy (the caller owns it); None otherwise (then :meth:`get` reads it).  Only the

@@ -93,6 +93,7 @@ from ..geometry import Box, check_ranks_disjoint, cols_max, cols_min, find_overl
 from ..layouts import read as layout_read
 from ..layouts import write as layout_write
 from ..layouts.spec import Layout, level_specs
+from . import collective
 from .base import Engine
 from .batch import Batch, cast, check_batch
 from .staging import SMALL, BoxIndex, Chunk, PutLog, enter_box, enter_boxes, index_of
@@ -1158,6 +1159,41 @@ class BlockEngine(Engine):
                 "its values are computed by the derived layer"
             )
         self._read_blocks(spec, t, idx, lo, hi, box, out)
+
+    def get_collective(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
+        """Collective: each rank reads its own *box*; a block several ranks need is read once
+        and its parts sent to them (:mod:`.collective`).  Multiresolution datasets, and a
+        rank alone, read as :meth:`get` does."""
+        g = comm_mod.Guard()
+        spec: DatasetSpec | None = None
+        with g:
+            spec, step = self.check_read(name, box, step, out)
+        comm_mod.agree(self.comm, g.error)
+        assert spec is not None and step is not None
+        self._check_same(
+            f"collective read of {spec.path!r} at step {step}", f"{spec.path}\0{step}".encode()
+        )
+        if self.size == 1 or Layout.of(spec) is not None or spec.ndim == 0:
+            self.get(name, box, step, out)
+            return
+        raws = comm_mod.allgather_bytes(
+            self.comm, np.array([box.start, box.stop], dtype=np.int64).tobytes()
+        )
+        boxes = []
+        for raw in raws:
+            a, b = np.frombuffer(raw, dtype=np.int64).reshape(2, spec.ndim).tolist()
+            boxes.append(Box(tuple(a), tuple(b)))
+        t = self.catalog.table(spec.id, step)
+        if not collective.fits(t, boxes, spec.dtype.itemsize):
+            g = comm_mod.Guard()
+            with g:
+                self.get(name, box, step, out)
+            comm_mod.agree(self.comm, g.error)
+            return
+        dst = out if out.flags.c_contiguous else np.empty(out.shape, dtype=out.dtype)
+        collective.read(self, spec, t, box, step, dst, boxes)
+        if dst is not out:
+            out[...] = dst
 
     def _read_blocks(
         self,

@@ -165,6 +165,9 @@ class Layer(Engine):
     def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
         self.inner.get(name, box, step, out)
 
+    def get_collective(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
+        self.inner.get_collective(name, box, step, out)
+
     def take_read_ahead(self, name: str, box: Box, step: int | None) -> np.ndarray | None:
         return self.inner.take_read_ahead(name, box, step)
 

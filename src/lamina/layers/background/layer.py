@@ -1089,6 +1089,11 @@ class BackgroundLayer(Layer):
         with self.lock:
             self.inner.get(name, box, step, out)
 
+    def get_collective(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
+        step = self._settle(step)
+        with self.lock:
+            self.inner.get_collective(name, box, step, out)
+
     def get_level(
         self,
         name: str,

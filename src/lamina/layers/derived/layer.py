@@ -628,6 +628,15 @@ class DerivedLayer(Layer):
                 time.perf_counter() - t0,
             )
 
+    def get_collective(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
+        path = normpath(name)
+        if path not in self._by_component:  # stored data: read together
+            t0 = time.perf_counter()
+            self.inner.get_collective(path, box, step, out)
+            self._count(path, box, step, time.perf_counter() - t0)
+            return
+        self.get(path, box, step, out)  # computed on read: each rank computes its own box
+
     def _count(self, path: str, box: Box, step, seconds: float = 0.0) -> None:
         """Count the stored bytes a read of *box* took; with the *seconds* it took, a sample of
         the measured history (files with derived quantities only)."""

@@ -1,0 +1,202 @@
+"""Collective reads: each block that several ranks need is read once, whole, and its parts sent on.
+
+Reading with another decomposition than the one written (four ranks each
+reading an axis-1 slab of a file written as axis-0 slabs) makes every rank
+need a part of every block.  Read independently, each rank reads and
+checks every block it touches in whole checksum segments, so the ranks
+together read the file as many times as there are ranks.  A collective
+read (:meth:`BlockEngine.get_collective`, ``ds.read(box, collective=True)``)
+does what MPI-IO's two-phase collective reads do:
+
+1. every rank's box goes to every rank (one allgather), and every rank
+   finds the same plan from the step's block table: a block that one rank
+   needs is read by that rank, as an independent read would; a block that
+   several ranks need is read once, over the hull of their parts, by one of
+   them, chosen to balance the bytes each rank reads (largest blocks first,
+   to the needing rank with the least so far);
+2. the ranks read their blocks (checked against their checksums as every
+   read is) and agree: a failure on any rank raises on every rank, before
+   any data moves;
+3. each reading rank sends every other needing rank its part straight out
+   of the block read (an MPI subarray type: no packing copy), received
+   straight into the reader's output the same way.
+
+A rank holds the blocks it reads for others until they are sent: about
+its share of the data read, balanced over the ranks.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .. import comm as comm_mod
+from ..catalog import BlockCodec, BlockTable, DatasetSpec
+from ..errors import FormatError
+from ..geometry import Box, rows_prod
+
+if TYPE_CHECKING:
+    from .block import BlockEngine
+
+MPI = comm_mod.MPI
+#: MPI subarray types count in C ints: a dimension (bytes, in the last one) must stay below this
+_INT_MAX = (1 << 31) - 1
+
+
+class Plan:
+    """Who reads which block, and which parts travel where (the same on every rank)."""
+
+    __slots__ = ("own", "shared", "owner", "parts")
+
+    def __init__(self) -> None:
+        #: blocks only this rank needs: (row, lo, hi) of its part
+        self.own: list[tuple[int, np.ndarray, np.ndarray]] = []
+        #: blocks several ranks need, ascending rows
+        self.shared: list[int] = []
+        #: row -> the rank that reads it
+        self.owner: dict[int, int] = {}
+        #: row -> [(rank, lo, hi)] of every rank that needs a part
+        self.parts: dict[int, list[tuple[int, np.ndarray, np.ndarray]]] = {}
+
+
+def plan(t: BlockTable, boxes: list[Box], rank: int, itemsize: int) -> Plan:
+    """The plan for the ranks' *boxes* (rank r's at ``boxes[r]``) over table *t*."""
+    p = Plan()
+    need: dict[int, list[tuple[int, np.ndarray, np.ndarray]]] = {}
+    for r, box in enumerate(boxes):
+        if box.empty:
+            continue
+        idx, lo, hi = t.hits(box.start, box.stop)
+        for k, i in enumerate(idx.tolist()):
+            need.setdefault(i, []).append((r, lo[k], hi[k]))
+    load = np.zeros(len(boxes), dtype=np.int64)
+    shared = []
+    for i, parts in need.items():
+        if len(parts) == 1:
+            r, lo, hi = parts[0]
+            load[r] += int(np.prod(hi - lo)) * itemsize
+            if r == rank:
+                p.own.append((i, lo, hi))
+        else:
+            shared.append(i)
+    # the largest first, each to the needing rank that reads least so far (lowest rank on ties)
+    size = {}
+    for i in shared:
+        a, b = _hull(need[i])
+        size[i] = int(np.prod(b - a)) * itemsize
+    for i in sorted(shared, key=lambda i: (-size[i], i)):
+        ranks = [r for r, _, _ in need[i]]
+        o = min(ranks, key=lambda r: (int(load[r]), r))
+        load[o] += size[i]
+        p.owner[i] = o
+        p.parts[i] = need[i]
+    p.shared = sorted(shared)
+    return p
+
+
+def _hull(parts) -> tuple[np.ndarray, np.ndarray]:
+    lo = np.min([a for _, a, _ in parts], axis=0)
+    hi = np.max([b for _, _, b in parts], axis=0)
+    return lo, hi
+
+
+def fits(t: BlockTable, boxes: list[Box], itemsize: int) -> bool:
+    """Whether every array a part travels in can be described by an MPI subarray type."""
+    for box in boxes:
+        if (
+            box.shape
+            and box.shape[-1] * itemsize > _INT_MAX
+            or any(n > _INT_MAX for n in box.shape)
+        ):
+            return False
+    ext = (t.stop - t.start) if len(t) else np.zeros((0, t.ndim), dtype=np.int64)
+    if len(ext) and (int(ext.max()) > _INT_MAX or int(ext[:, -1].max()) * itemsize > _INT_MAX):
+        return False
+    return True
+
+
+def _subarray(shape: tuple[int, ...], lo, hi, origin, itemsize: int):
+    """A committed MPI type for the part ``[lo, hi)`` of a C-ordered array of *shape* whose
+    corner is at *origin* (global coordinates), in bytes."""
+    sizes = list(shape)
+    subs = [int(b - a) for a, b in zip(lo, hi, strict=True)]
+    starts = [int(a - o) for a, o in zip(lo, origin, strict=True)]
+    sizes[-1] *= itemsize
+    subs[-1] *= itemsize
+    starts[-1] *= itemsize
+    return MPI.BYTE.Create_subarray(sizes, subs, starts, order=MPI.ORDER_C).Commit()
+
+
+def read(
+    engine: BlockEngine,
+    spec: DatasetSpec,
+    t: BlockTable,
+    box: Box,
+    step: int,
+    out: np.ndarray,
+    boxes: list[Box],
+) -> None:
+    """Collective: this rank's *box* into *out* (C-contiguous), the ranks' boxes being *boxes*."""
+    comm = engine.comm
+    rank = engine.rank
+    item = spec.dtype.itemsize
+    p = plan(t, boxes, rank, item)
+    held: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # row -> (its hull's corner, values)
+    g = comm_mod.Guard()
+    with g:
+        if not box.empty:
+            idx, lo, hi = t.hits(box.start, box.stop)
+            covered = int(rows_prod(hi - lo).sum()) if len(idx) else 0
+            if covered < box.size:
+                out[...] = spec.fill_scalar()
+        rows = [i for i, _, _ in p.own] + [i for i in p.shared if p.owner[i] == rank]
+        stats_only = [i for i in rows if t.codec[i] == BlockCodec.STATS_ONLY]
+        if stats_only:
+            raise FormatError(
+                f"dataset {spec.path!r} keeps only statistics at step {step} "
+                f"(block {t.box(stats_only[0])}); its values are computed by the derived layer"
+            )
+        for i, a, b in p.own:
+            part = Box(tuple(a.tolist()), tuple(b.tolist()))
+            engine._read_region(t.record(i, spec.id), spec, part, out[part.within(box)])
+        for i in p.shared:
+            if p.owner[i] != rank:
+                continue
+            a, b = _hull(p.parts[i])
+            hull = Box(tuple(a.tolist()), tuple(b.tolist()))
+            vals = np.empty(hull.shape, dtype=spec.dtype)
+            engine._read_region(t.record(i, spec.id), spec, hull, vals)
+            held[i] = (a, vals)
+    comm_mod.agree(comm, g.error)  # a block that failed its checks raises on every rank
+    reqs, types = [], []
+    try:
+        for i in p.shared:
+            o = p.owner[i]
+            for r, a, b in p.parts[i]:
+                if r == o:
+                    if r == rank:  # the reader's own part: a copy
+                        corner, vals = held[i]
+                        part = Box(tuple(a.tolist()), tuple(b.tolist()))
+                        hull = Box(tuple(corner.tolist()), tuple((corner + vals.shape).tolist()))
+                        out[part.within(box)] = vals[part.within(hull)]
+                    continue
+                if r == rank:
+                    dt = _subarray(out.shape, a, b, box.start, item)
+                    types.append(dt)
+                    reqs.append(comm.Irecv([out.reshape(-1).view(np.uint8), 1, dt], o, _TAG))
+                elif o == rank:
+                    corner, vals = held[i]
+                    dt = _subarray(vals.shape, a, b, corner, item)
+                    types.append(dt)
+                    reqs.append(comm.Isend([vals.reshape(-1).view(np.uint8), 1, dt], r, _TAG))
+        if reqs:
+            MPI.Request.Waitall(reqs)
+    finally:
+        for dt in types:
+            dt.Free()
+
+
+_TAG = int(comm_mod.Tag.COLLECTIVE_READ)
+
+__all__ = ["Plan", "fits", "plan", "read"]
