@@ -254,6 +254,24 @@ def _hulls_apart(heads: list[DatasetHead]) -> bool:
     return True
 
 
+def fill_uncovered(spec: DatasetSpec, box: Box, lo: np.ndarray, hi: np.ndarray, out) -> None:
+    """Fill *out* (holding *box*) with the fill value unless the blocks' parts ``[lo, hi)`` cover it."""
+    covered = int(rows_prod(hi - lo).sum()) if len(lo) else 0
+    if covered < box.size:
+        out[...] = spec.fill_scalar()
+
+
+def refuse_stats_only(spec: DatasetSpec, t: BlockTable, rows: np.ndarray, step: int) -> None:
+    """FormatError if any of *rows* of *t* keeps only statistics (no values to read)."""
+    computed = t.codec[rows] == BlockCodec.STATS_ONLY
+    if bool(computed.any()):
+        k = int(rows[int(np.argmax(computed))])
+        raise FormatError(
+            f"dataset {spec.path!r} keeps only statistics at step {step} (block {t.box(k)}); "
+            "its values are computed by the derived layer"
+        )
+
+
 class BlockEngine(Engine):
     """Common base of the memory and native engines (see module docstring)."""
 
@@ -1146,18 +1164,10 @@ class BlockEngine(Engine):
             return
         t = self.catalog.table(spec.id, step)
         idx, lo, hi = t.hits(box.start, box.stop)
-        covered = int(rows_prod(hi - lo).sum()) if len(idx) else 0
-        if covered < box.size:
-            out[...] = spec.fill_scalar()
+        fill_uncovered(spec, box, lo, hi, out)
         if not len(idx):
             return
-        computed = t.codec[idx] == BlockCodec.STATS_ONLY
-        if bool(computed.any()):
-            k = int(idx[int(np.argmax(computed))])
-            raise FormatError(
-                f"dataset {spec.path!r} keeps only statistics at step {step} (block {t.box(k)}); "
-                "its values are computed by the derived layer"
-            )
+        refuse_stats_only(spec, t, idx, step)
         self._read_blocks(spec, t, idx, lo, hi, box, out)
 
     def get_collective(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:

@@ -32,9 +32,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import comm as comm_mod
-from ..catalog import BlockCodec, BlockTable, DatasetSpec
-from ..errors import FormatError
-from ..geometry import Box, rows_prod
+from ..catalog import BlockTable, DatasetSpec
+from ..geometry import Box
 
 if TYPE_CHECKING:
     from .block import BlockEngine
@@ -47,7 +46,7 @@ _INT_MAX = (1 << 31) - 1
 class Plan:
     """Who reads which block, and which parts travel where (the same on every rank)."""
 
-    __slots__ = ("own", "shared", "owner", "parts")
+    __slots__ = ("own", "shared", "owner", "parts", "hull")
 
     def __init__(self) -> None:
         #: blocks only this rank needs: (row, lo, hi) of its part
@@ -58,6 +57,8 @@ class Plan:
         self.owner: dict[int, int] = {}
         #: row -> [(rank, lo, hi)] of every rank that needs a part
         self.parts: dict[int, list[tuple[int, np.ndarray, np.ndarray]]] = {}
+        #: row -> the box its reader reads: the hull of the parts
+        self.hull: dict[int, Box] = {}
 
 
 def plan(t: BlockTable, boxes: list[Box], rank: int, itemsize: int) -> Plan:
@@ -80,25 +81,19 @@ def plan(t: BlockTable, boxes: list[Box], rank: int, itemsize: int) -> Plan:
                 p.own.append((i, lo, hi))
         else:
             shared.append(i)
-    # the largest first, each to the needing rank that reads least so far (lowest rank on ties)
-    size = {}
     for i in shared:
-        a, b = _hull(need[i])
-        size[i] = int(np.prod(b - a)) * itemsize
-    for i in sorted(shared, key=lambda i: (-size[i], i)):
-        ranks = [r for r, _, _ in need[i]]
-        o = min(ranks, key=lambda r: (int(load[r]), r))
-        load[o] += size[i]
+        parts = need[i]
+        lo = np.min([a for _, a, _ in parts], axis=0).tolist()
+        hi = np.max([b for _, _, b in parts], axis=0).tolist()
+        p.hull[i] = Box(tuple(lo), tuple(hi))
+        p.parts[i] = parts
+    # the largest first, each to the needing rank that reads least so far (lowest rank on ties)
+    for i in sorted(shared, key=lambda i: (-p.hull[i].size, i)):
+        o = min((r for r, _, _ in need[i]), key=lambda r: (int(load[r]), r))
+        load[o] += p.hull[i].size * itemsize
         p.owner[i] = o
-        p.parts[i] = need[i]
     p.shared = sorted(shared)
     return p
-
-
-def _hull(parts) -> tuple[np.ndarray, np.ndarray]:
-    lo = np.min([a for _, a, _ in parts], axis=0)
-    hi = np.max([b for _, _, b in parts], axis=0)
-    return lo, hi
 
 
 def fits(t: BlockTable, boxes: list[Box], itemsize: int) -> bool:
@@ -138,36 +133,27 @@ def read(
     boxes: list[Box],
 ) -> None:
     """Collective: this rank's *box* into *out* (C-contiguous), the ranks' boxes being *boxes*."""
+    from .block import fill_uncovered, refuse_stats_only  # (block imports this module)
+
     comm = engine.comm
     rank = engine.rank
     item = spec.dtype.itemsize
     p = plan(t, boxes, rank, item)
-    held: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # row -> (its hull's corner, values)
+    mine = [i for i in p.shared if p.owner[i] == rank]  # the shared blocks this rank reads
+    held: dict[int, np.ndarray] = {}  # row -> the values of its hull
     g = comm_mod.Guard()
     with g:
         if not box.empty:
-            idx, lo, hi = t.hits(box.start, box.stop)
-            covered = int(rows_prod(hi - lo).sum()) if len(idx) else 0
-            if covered < box.size:
-                out[...] = spec.fill_scalar()
-        rows = [i for i, _, _ in p.own] + [i for i in p.shared if p.owner[i] == rank]
-        stats_only = [i for i in rows if t.codec[i] == BlockCodec.STATS_ONLY]
-        if stats_only:
-            raise FormatError(
-                f"dataset {spec.path!r} keeps only statistics at step {step} "
-                f"(block {t.box(stats_only[0])}); its values are computed by the derived layer"
-            )
+            _, lo, hi = t.hits(box.start, box.stop)
+            fill_uncovered(spec, box, lo, hi, out)
+        rows = [i for i, _, _ in p.own] + mine
+        refuse_stats_only(spec, t, np.array(rows, dtype=np.int64), step)
         for i, a, b in p.own:
             part = Box(tuple(a.tolist()), tuple(b.tolist()))
             engine._read_region(t.record(i, spec.id), spec, part, out[part.within(box)])
-        for i in p.shared:
-            if p.owner[i] != rank:
-                continue
-            a, b = _hull(p.parts[i])
-            hull = Box(tuple(a.tolist()), tuple(b.tolist()))
-            vals = np.empty(hull.shape, dtype=spec.dtype)
-            engine._read_region(t.record(i, spec.id), spec, hull, vals)
-            held[i] = (a, vals)
+        for i in mine:
+            held[i] = np.empty(p.hull[i].shape, dtype=spec.dtype)
+            engine._read_region(t.record(i, spec.id), spec, p.hull[i], held[i])
     comm_mod.agree(comm, g.error)  # a block that failed its checks raises on every rank
     reqs, types = [], []
     try:
@@ -176,18 +162,16 @@ def read(
             for r, a, b in p.parts[i]:
                 if r == o:
                     if r == rank:  # the reader's own part: a copy
-                        corner, vals = held[i]
                         part = Box(tuple(a.tolist()), tuple(b.tolist()))
-                        hull = Box(tuple(corner.tolist()), tuple((corner + vals.shape).tolist()))
-                        out[part.within(box)] = vals[part.within(hull)]
+                        out[part.within(box)] = held[i][part.within(p.hull[i])]
                     continue
                 if r == rank:
                     dt = _subarray(out.shape, a, b, box.start, item)
                     types.append(dt)
                     reqs.append(comm.Irecv([out.reshape(-1).view(np.uint8), 1, dt], o, _TAG))
                 elif o == rank:
-                    corner, vals = held[i]
-                    dt = _subarray(vals.shape, a, b, corner, item)
+                    vals = held[i]
+                    dt = _subarray(vals.shape, a, b, p.hull[i].start, item)
                     types.append(dt)
                     reqs.append(comm.Isend([vals.reshape(-1).view(np.uint8), 1, dt], r, _TAG))
         if reqs:
