@@ -99,7 +99,10 @@ def test_bench_async_smoke(capsys, monkeypatch, tmp_path):
     assert job["ranks"] == 1 and job["steps"] == 2 and not job["failed_checks"]
     assert job["t_io"] > 0 and job["t_copy"] > 0 and job["t_read"] > 0
     writes = {r["method"]: r for r in job["writes"]}
-    assert {background.SYNC, background.ASYNC, background.ASYNC2} <= set(writes)
+    assert {background.SYNC, background.ASYNC, background.ASYNC2, background.HAND} <= set(writes)
+    # the hand-written writer: its copies timed alone, within its submit
+    hand = writes[background.HAND]
+    assert 0 < hand["copy_median"] <= hand["submit_median"]
     assert not job["auto"]  # io='auto' runs, beside sync and async
     assert writes[background.AUTO]["io"] == "auto"
     assert (
@@ -113,13 +116,70 @@ def test_bench_async_smoke(capsys, monkeypatch, tmp_path):
     assert writes[background.SYNC]["io_stats"]["steps_background"] == 0
     for r in job["writes"]:
         assert r["epoch"] > 0 and r["run_step"] > 0 and r["submit_median"] > 0
-        assert r["epoch_steady"] > 0
+        assert r["epoch_steady"] > 0 and r["submit_steady"] > 0
     reads = {r["method"]: r for r in job["reads"]}
     assert set(reads) == set(background.READS)
     assert all(r["steps_read"] == 2 and r["ok"] for r in reads.values())
     assert reads[background.PREFETCH]["io_stats"]["prefetch_hits"] > 0
     (t,) = doc["targets"]
     assert len(t["targets"]) >= 4
-    for what in ("#### write", "#### read", "#### targets", "meas/pred", "submit", "steps >= 2"):
+    names = [x["target"] for x in t["targets"]]
+    assert any("memcpy in the loop" in n for n in names)
+    for what in (
+        "#### write",
+        "#### read",
+        "#### targets",
+        "meas/pred",
+        "submit",
+        "steps >= 2",
+        "numpy thread",
+    ):
         assert what in out.err
     assert not os.listdir(tmp_path)  # the job's files are removed
+
+
+def test_targets_take_the_copy_in_the_loop():
+    """The epoch and submit targets take t_copy as the hand-written writer's copy at the same
+    compute factor; the warm memcpy of the calibration is the reference of info rows."""
+    common = {"compute": 1.0, "t_comp": 1.0}
+    job = {
+        "t_io": 1.0,
+        "t_copy": 0.1,
+        "t_read": 1.0,
+        "reads": [],
+        "writes": [
+            {
+                **common,
+                "method": background.ASYNC,
+                "epoch": 1.4,
+                "epoch_steady": 1.3,
+                "submit_median": 0.3,
+                "submit_steady": 0.25,
+            },
+            {
+                **common,
+                "method": background.HAND,
+                "epoch": 1.2,
+                "epoch_steady": 1.2,
+                "submit_median": 0.21,
+                "submit_steady": 0.21,
+                "copy_median": 0.2,
+            },
+        ],
+    }
+    got = {t["target"]: t for t in background.targets(job)}
+
+    def value(start: str) -> float:
+        (t,) = [t for name, t in got.items() if name.startswith(start)]
+        return t["value"]
+
+    assert value("async epoch (steps >= 2) / (max") == pytest.approx(1.3 / 1.2)
+    assert value("(info) the same with t_copy a warm") == pytest.approx(1.3 / 1.1)
+    assert value("(info) async epoch (steps >= 2) / the hand-written") == pytest.approx(1.3 / 1.2)
+    assert value("async submit (steps >= 2)") == pytest.approx(0.25 / (1.1 * 0.2 + 50e-6))
+    assert value("(info) the same over all steps") == pytest.approx(0.3 / (1.1 * 0.2 + 50e-6))
+    assert value("(info) the same against a warm") == pytest.approx(0.25 / (1.1 * 0.1 + 50e-6))
+    # without the hand-written run, the warm memcpy stands in
+    job["writes"] = job["writes"][:1]
+    got = {t["target"]: t for t in background.targets(job)}
+    assert value("async submit (steps >= 2)") == pytest.approx(0.25 / (1.1 * 0.1 + 50e-6))
