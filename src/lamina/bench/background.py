@@ -267,15 +267,7 @@ class Worker:
             s.close()
         if self.ns.durable:
             common.fsync_path(path)
-        t3 = time.perf_counter()
-        return {
-            "loop": t1 - t0,
-            "drain": 0.0,
-            "end": t3 - t1,
-            "submit": submit,
-            "epochs": epochs,
-            "path": path,
-        }
+        return _timed_run(t0, t1, time.perf_counter(), submit, epochs, path)
 
     def hand_write(self, t_comp: float) -> dict:
         """The asynchronous writer a program would write by hand, the bar for ``io='async'``.
@@ -344,15 +336,7 @@ class Worker:
         t3 = time.perf_counter()
         if errors:
             raise errors[0]
-        return {
-            "loop": t1 - t0,
-            "drain": 0.0,
-            "end": t3 - t1,
-            "submit": submit,
-            "epochs": epochs,
-            "copies": copies,
-            "path": path,
-        }
+        return {**_timed_run(t0, t1, t3, submit, epochs, path), "copies": copies}
 
     def write(self, method: str, t_comp: float) -> dict:
         if method == HAND:
@@ -520,6 +504,21 @@ class Worker:
             "failed_checks": bad,
             "notes": notes,
         }
+
+
+def _timed_run(
+    t0: float, t1: float, t3: float, submit: list[float], epochs: list[float], path: str
+) -> dict:
+    """A write run of a baseline without a background drain: the loop from *t0* to *t1*, its
+    end (close) until *t3*."""
+    return {
+        "loop": t1 - t0,
+        "drain": 0.0,
+        "end": t3 - t1,
+        "submit": submit,
+        "epochs": epochs,
+        "path": path,
+    }
 
 
 def median(xs) -> float:
