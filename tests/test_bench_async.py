@@ -183,3 +183,45 @@ def test_targets_take_the_copy_in_the_loop():
     job["writes"] = job["writes"][:1]
     got = {t["target"]: t for t in background.targets(job)}
     assert value("async submit (steps >= 2)") == pytest.approx(0.25 / (1.1 * 0.1 + 50e-6))
+
+
+def _hand_worker(tmp_path, steps: int):
+    """A Worker with only what hand_write uses: 8 small properties, one rank."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    w = background.Worker.__new__(background.Worker)
+    w.ns = SimpleNamespace(dir=str(tmp_path), steps=steps, durable=False)
+    w.props = [np.full(1024, i, dtype=np.float32) for i in range(8)]
+    w.step_bytes = 8 * 4096
+    w.tag = 0
+    w.ctx = SimpleNamespace(rank=0)
+    return w
+
+
+def test_hand_written_writer_writes_every_step(tmp_path):
+    import numpy as np
+
+    w = _hand_worker(tmp_path, 5)
+    r = w.hand_write(0.0)
+    assert len(r["copies"]) == len(r["submit"]) == 5
+    data = np.fromfile(r["path"], dtype=np.float32).reshape(5, 8, 1024)
+    assert (data == np.arange(8, dtype=np.float32)[None, :, None]).all()
+
+
+def test_hand_written_writer_raises_its_threads_error(tmp_path, monkeypatch):
+    """A failed write on the thread is raised at the program's next step: never a hang."""
+    real = os.pwrite
+    calls = []
+
+    def full(fd, data, off):
+        calls.append(off)
+        if len(calls) > 3:
+            raise OSError(28, "No space left on device")
+        return real(fd, data, off)
+
+    monkeypatch.setattr(os, "pwrite", full)
+    w = _hand_worker(tmp_path, 6)
+    with pytest.raises(OSError, match="No space left"):
+        w.hand_write(0.0)

@@ -63,10 +63,11 @@ Predictions (docs/background.md): sync epoch = t_io + t_comp; async epoch =
 max(t_comp, t_io) + t_copy.  The targets take t_copy, and the submit target
 its memcpy, as ``numpy thread``'s copy at the same compute factor: a memcpy
 of the step's bytes where the program makes it, after a compute phase
-(1.1-2.1x the warm back-to-back memcpy of the calibration on the development
-machine; the info rows beside the targets use that one).  For ``auto`` the report also gives the error
-of the model's own per-step predictions (fitted to the measured history)
-from step 3 on: |measured epoch / predicted epoch of the mode taken - 1|.
+(1.1-2.1x the warm back-to-back memcpy of the calibration on the
+development machine; the info rows beside the targets use that one).  For
+``auto`` the report also gives the error of the model's own per-step
+predictions (fitted to the measured history) from step 3 on: |measured
+epoch / predicted epoch of the mode taken - 1|.
 """
 
 from __future__ import annotations
@@ -304,7 +305,7 @@ class Worker:
                             n = os.pwrite(fd, view, off)
                             view, off = view[n:], off + n
                     free[k].set()
-            except BaseException as e:  # surfaced after the loop
+            except BaseException as e:  # surfaced at the next step or after the loop
                 errors.append(e)
                 for ev in free:
                     ev.set()
@@ -317,6 +318,8 @@ class Worker:
         def step() -> None:
             k = count[0] % 2
             free[k].wait()
+            if errors:  # the writer failed: raised now, never waited for again
+                raise errors[0]
             free[k].clear()
             c0 = time.perf_counter()
             for d, a in zip(sets[k], self.props, strict=True):
