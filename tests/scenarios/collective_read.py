@@ -9,6 +9,7 @@ collectively, each with its own box, and compare every value:
 - random boxes (seeded by rank), some overlapping between ranks, one
   rank's empty;
 - everything on every rank, and a step read with a non-contiguous ``out``;
+- a dataset written only in part: what no block covers reads as its fill value;
 - the names or steps differ between ranks: CollectiveMismatchError on every rank;
 - one rank's box leaves the dataset: the same error on every rank;
 - a byte of a block flipped on disk: FormatError on every rank.
@@ -29,6 +30,7 @@ from lamina.geometry import Box
 
 A = (24, 20, 12)  # float64, axis-0 slabs
 B = (30, 21)  # int32, a grid of blocks
+H = (16, 10)  # float32, fill -7, only its top half written (rank 0, two blocks)
 
 
 def value_a(box: Box, step: int) -> np.ndarray:
@@ -56,9 +58,13 @@ def write(path: str, comm) -> None:
         a = f.create_dataset("a", A, "f8")
         b = f.create_dataset("g/b", B, "i4")
         c = cuts(A[0], comm.size)
+        h = f.create_dataset("h", H, "f4", fill=-7)
         rows, cols = cuts(B[0], 3), cuts(B[1], 2 * comm.size)
         for step in range(2):
             with f.step():
+                if comm.rank == 0 and step == 0:
+                    h.write(np.full((H[0] // 2, H[1] // 2), 1, np.float32), offset=(0, 0))
+                    h.write(np.full((H[0] // 2, H[1] // 2), 2, np.float32), offset=(0, H[1] // 2))
                 box = Box((c[comm.rank], 0, 0), (c[comm.rank + 1], *A[1:]))
                 if not box.empty:
                     a.write(value_a(box, step), offset=box.start)
@@ -116,6 +122,12 @@ def main() -> None:
             out = np.zeros((B[1], B[0]), dtype=np.int32).T  # not C-contiguous
             b.read(full, step=step, out=out, collective=True)
             check_equal(out, value_b(full, step), "everything, Fortran-ordered out")
+        # unwritten parts: the fill value, also where a rank's box touches no block at all
+        want = np.full(H, -7, dtype=np.float32)
+        want[: H[0] // 2, : H[1] // 2], want[: H[0] // 2, H[1] // 2 :] = 1, 2
+        hb = Box((0, 0), H) if r % 2 == 0 else Box((H[0] // 2 - r % 3, 1), (H[0], H[1] - 1))
+        got = f["h"].read(hb, step=0, collective=True)
+        check_equal(got, want[hb.slices], f"fill around the written part, box {hb}")
         # misuse: different names or steps, a box outside the dataset on one rank
         expect_everywhere(
             comm,
