@@ -46,9 +46,12 @@ _INT_MAX = (1 << 31) - 1
 class Plan:
     """Who reads which block, and which parts travel where (the same on every rank)."""
 
-    __slots__ = ("own", "shared", "owner", "parts", "hull")
+    __slots__ = ("lo", "hi", "own", "shared", "owner", "parts", "hull")
 
     def __init__(self) -> None:
+        #: the parts of every block this rank's box touches, as ``t.hits`` gives them
+        self.lo: np.ndarray | None = None
+        self.hi: np.ndarray | None = None
         #: blocks only this rank needs: (row, lo, hi) of its part
         self.own: list[tuple[int, np.ndarray, np.ndarray]] = []
         #: blocks several ranks need, ascending rows
@@ -69,6 +72,8 @@ def plan(t: BlockTable, boxes: list[Box], rank: int, itemsize: int) -> Plan:
         if box.empty:
             continue
         idx, lo, hi = t.hits(box.start, box.stop)
+        if r == rank:
+            p.lo, p.hi = lo, hi
         for k, i in enumerate(idx.tolist()):
             need.setdefault(i, []).append((r, lo[k], hi[k]))
     load = np.zeros(len(boxes), dtype=np.int64)
@@ -143,9 +148,8 @@ def read(
     held: dict[int, np.ndarray] = {}  # row -> the values of its hull
     g = comm_mod.Guard()
     with g:
-        if not box.empty:
-            _, lo, hi = t.hits(box.start, box.stop)
-            fill_uncovered(spec, box, lo, hi, out)
+        if p.lo is not None and p.hi is not None:  # (None: an empty box, nothing to fill)
+            fill_uncovered(spec, box, p.lo, p.hi, out)
         rows = [i for i, _, _ in p.own] + mine
         refuse_stats_only(spec, t, np.array(rows, dtype=np.int64), step)
         for i, a, b in p.own:
