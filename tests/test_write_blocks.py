@@ -154,15 +154,17 @@ def test_a_batch_stores_what_single_writes_store(tmp_path, rng, edge):
         [a[x : x + edge[0], y : y + edge[1], z : z + edge[2]] for x, y, z in corners]
     )
     tables = []
-    for how in ("write", "write_blocks"):
+    for how in ("write", "write_blocks", "lent", "list"):
         path = str(tmp_path / f"{how}.lam")
         with lamina.open(path, "w", checksum_segment=262144) as f:
             ds = f.create_dataset("u", shape=shape, dtype="f8")
             for step in range(2):
                 with f.step():
-                    if how == "write":
+                    if how in ("write", "lent"):  # lent: small blocks staged at the commit
                         for b, c in zip(stacked + step, corners, strict=True):
-                            ds.write(b, offset=c)
+                            ds.write(b, offset=c, copy=how == "write")
+                    elif how == "list":  # separate arrays of one shape: staged like stacked ones
+                        ds.write_blocks(list(stacked + step), corners)
                     else:
                         ds.write_blocks(stacked + step, corners)
         with lamina.open(path) as f:
@@ -171,7 +173,97 @@ def test_a_batch_stores_what_single_writes_store(tmp_path, rng, edge):
             tables.append(
                 [(b.box, b.stats, b.nbytes, b.offset, b.subfile, b.codec) for b in blocks]
             )
-    assert tables[0] == tables[1]
+    assert tables[0] == tables[1] == tables[2] == tables[3]
+
+
+def test_lent_blocks_of_many_shapes_dtypes_and_datasets(tmp_path, rng):
+    """Small blocks written with copy=False are kept until the commit, then entered and staged
+    by dataset and shape: interleaved with copied, cast and large blocks, every value and
+    statistic is what copied writes give, and the caller's arrays are not modified."""
+    shape = (40, 36)
+    a = rng.standard_normal(shape)
+    a[5, 7] = np.nan
+    b = rng.integers(-1000, 1000, size=shape).astype(np.int32)
+    pieces = []  # (dataset, corner, block shape): rows of 2, 3 and 4, and one large block
+    for x in range(0, 24, 4):
+        for y in range(0, 36, 6):
+            pieces.append(("a", (x, y), (4, 6)))
+    for x in range(24, 40, 2):
+        for y in range(0, 36, 3):
+            pieces.append(("a", (x, y), (2, 3)))
+    pieces.append(("b", (0, 0), (40, 36)))
+    order = rng.permutation(len(pieces)).tolist()
+    big = rng.standard_normal((200, 100))  # 160 KB: stored on its own even when lent
+    tables = {}
+    for how in ("copied", "lent"):
+        path = str(tmp_path / f"{how}.lam")
+        with lamina.open(path, "w") as f:
+            da = f.create_dataset("a", shape=shape, dtype="f8")
+            db = f.create_dataset("b", shape=shape, dtype="i8")
+            f.create_dataset("big", shape=(200, 100), dtype="f8")
+            kept = [a.copy(), b.copy()]
+            with f.step():
+                for n, k in enumerate(order):
+                    name, (x, y), (h, w) = pieces[k]
+                    src = a if name == "a" else b
+                    blk = src[x : x + h, y : y + w]  # a view: not contiguous, copied by the cast
+                    if n % 3 == 0:
+                        blk = np.ascontiguousarray(blk)  # lent as it is
+                    if name == "a" and n % 5 == 0:
+                        blk = blk.astype("f4").astype("f8")
+                        a[x : x + h, y : y + w] = blk
+                    (da if name == "a" else db).write(blk, offset=(x, y), copy=how == "copied")
+                    if n == len(order) // 2:
+                        f["big"].write(big, copy=how == "copied")
+            np.testing.assert_array_equal(b, kept[1])
+        with lamina.open(path) as f:
+            np.testing.assert_array_equal(f["a"][...], a)
+            np.testing.assert_array_equal(f["b"][...], b)
+            np.testing.assert_array_equal(f["big"][...], big)
+            tables[how] = {
+                name: sorted(
+                    (bl.box.start, bl.box.stop, bl.stats, bl.nbytes) for bl in f[name].blocks(0)
+                )
+                for name in ("a", "b", "big")
+            }
+    assert tables["copied"] == tables["lent"]
+    assert len(tables["lent"]["a"]) == len(pieces) - 1
+
+
+def test_lent_blocks_overlap_is_found_at_end_step_and_the_step_dropped(tmp_path):
+    """Lent blocks are checked for bounds at the write, for overlap at the commit: end_step
+    raises OverlapError naming both boxes, the step is not committed, the file goes on."""
+    path = str(tmp_path / "a.lam")
+    with lamina.open(path, "w") as f:
+        ds = f.create_dataset("u", shape=(8, 8), dtype="f8", fill=-1.0)
+        with f.step():
+            ds.write(np.zeros((8, 8)), copy=False)
+        f.begin_step()
+        with pytest.raises(lamina.BoundsError, match=r"dataset 'u'"):
+            ds.write(np.ones((2, 2)), offset=(7, 0), copy=False)  # at the write, lent or not
+        ds.write(np.ones((2, 2)), offset=(0, 0), copy=False)
+        ds.write(np.ones((4, 4)), offset=(4, 4))  # copied: entered at once
+        ds.write(np.ones((2, 2)), offset=(5, 5), copy=False)  # meets the copied block
+        with pytest.raises(OverlapError, match=r"\[5:7, 5:7\] overlaps box \[4:8, 4:8\].*rank 0"):
+            f.end_step()
+        assert f.steps == 1 and not f.engine.in_step
+        with f.step():  # nothing of the dropped step is left: the same boxes go in again
+            ds.write(np.full((2, 2), 2.0), offset=(0, 0), copy=False)
+            ds.write(np.full((2, 2), 3.0), offset=(5, 5), copy=False)
+        with pytest.raises(RuntimeError):  # a step abandoned by an error forgets its lent blocks
+            with f.step():
+                ds.write(np.full((2, 2), 9.0), offset=(2, 2), copy=False)
+                raise RuntimeError("the program fails inside the step")
+        with f.step():
+            ds.write(np.full((2, 2), 4.0), offset=(2, 2), copy=False)
+    with lamina.open(path) as f:
+        assert f.steps == 3
+        want = np.full((8, 8), -1.0)
+        want[0:2, 0:2], want[5:7, 5:7] = 2.0, 3.0
+        np.testing.assert_array_equal(f["u"].read(step=1), want)
+        want = np.full((8, 8), -1.0)
+        want[2:4, 2:4] = 4.0
+        np.testing.assert_array_equal(f["u"].read(step=2), want)
 
 
 def test_batch_under_background_io_is_copied_or_frozen(tmp_path):

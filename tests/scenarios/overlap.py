@@ -6,7 +6,11 @@ box covering cell (0, 1) of a 2-D dataset (and everybody else writes its
 proper piece).  Every rank must get OverlapError from ``end_step``; steps 0
 and 1 must stay readable (by the writer, and by a reader after close); the
 writer can then write step 2 again correctly.  On one rank alone, two puts
-of the same rank that overlap fail at once, in ``put``.
+of the same rank that overlap fail at once, in ``put``.  Lent with
+``copy=False``, small blocks are checked when the step is committed: two
+such puts of one rank that overlap are accepted, and ``end_step`` raises
+OverlapError on every rank, naming both boxes and the rank, and drops the
+step.
 """
 
 from __future__ import annotations
@@ -50,6 +54,33 @@ def check_steps(f, nsteps: int) -> None:
         check_equal(f.at(k)["grid"][...], value(full, k), f"step {k}")
 
 
+def lent_overlap(f, comm, steps: int) -> None:
+    """The last rank lends two small blocks that overlap (copy=False): accepted at the
+    write, refused by end_step on every rank; the file still holds *steps* steps, the
+    first two of them good."""
+    last = comm.size - 1
+    row = np.arange(4, dtype=np.int64)
+    k = f.begin_step()
+    assert k == steps, (k, steps)
+    if comm.rank == last:
+        f["grid"].write(row.reshape(1, 4), offset=(1, 0), copy=False)
+        f["grid"].write(row.reshape(2, 2), offset=(0, 2), copy=False)  # meets (1, 2) and (1, 3)
+    try:
+        f.end_step()
+    except OverlapError as e:
+        msg = str(e)
+        want = ("[1:2, 0:4]", "[0:2, 2:4]", f"rank {last}", "copy=False")
+        if not all(w in msg for w in want):
+            raise AssertionError(f"rank {comm.rank}: message lacks {want}: {msg}") from None
+    else:
+        raise AssertionError(f"rank {comm.rank}: overlapping lent blocks were committed")
+    if f.engine.in_step or f.steps != steps:
+        raise AssertionError(
+            f"after the refused lent blocks: {f.steps} steps, in step {f.engine.in_step}"
+        )
+    check_steps(f, 2)
+
+
 def main() -> None:
     comm = MPI.COMM_WORLD
     path = sys.argv[1]
@@ -78,7 +109,10 @@ def main() -> None:
             want = np.full(SHAPE, -1, dtype=np.int64)
             want[0, 0:2] = 5
             check_equal(f.at(2)["grid"][...], want, "step 2 after a rejected put")
-            log(comm, "OK single-rank overlap rejected at put; the step went on")
+            lent_overlap(f, comm, 3)
+            log(
+                comm, "OK single-rank overlap rejected at put (lent: at end_step); the step went on"
+            )
             return
         # still in step 2 on every rank (the rejected put did not end it): finish it with a
         # cross-rank overlap.  Rank 0 holds [0, 0:2]; the last rank writes a box over (0, 1).
@@ -115,6 +149,7 @@ def main() -> None:
         if comm.allreduce(errors) != 2 * comm.size:
             raise AssertionError("the second overlapping step did not fail on every rank")
         check_steps(f, 2)
+        lent_overlap(f, comm, 2)
 
         # the writer goes on: step 2 again, correctly, then step 3
         good_step(f, comm, 2)

@@ -13,7 +13,12 @@ where bytes live.  Subclasses provide these hooks:
 
 Blocks put in a step are rows of a :class:`~.staging.PutLog` (columns, no
 object per block); small raw blocks are copied into staging chunks and
-summarized a chunk at a time.  The commit of one step (``end_step``) is
+summarized a chunk at a time.  A small raw block lent with ``copy=False``
+is checked for bounds and shape at ``put`` and only referenced: the commit
+enters and stages the step's lent blocks by dataset and shape, one overlap
+search and one copy per staging chunk (ADIOS2 defers a ``Put`` likewise).
+So an overlap among lent blocks is raised by ``end_step`` (on every rank,
+and the step is dropped) rather than by the write.  The commit of one step (``end_step``) is
 four collective phases, each moving whole columns:
 
 1. **heads**: every rank encodes its blocks (boxes, stored lengths,
@@ -40,6 +45,7 @@ before it changes.
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 import time
@@ -97,6 +103,8 @@ from . import collective
 from .base import Engine
 from .batch import Batch, cast, check_batch
 from .staging import SMALL, BoxIndex, Chunk, PutLog, enter_box, enter_boxes, index_of
+
+_chain = itertools.chain.from_iterable
 
 #: options every block engine takes
 COMMON_OPTIONS = frozenset({"checksum_segment", "background_stats", "wait"})
@@ -285,6 +293,9 @@ class BlockEngine(Engine):
         self.catalog = Catalog()
         self._log = PutLog()  # the blocks of the current step on this rank
         self._local: dict[int, BoxIndex] = {}  # dataset id -> this rank's boxes in this step
+        # small blocks put with copy=False, entered and staged at the commit (_flush_lent):
+        # (definition, start, stop, array)
+        self._lent: list[tuple[DatasetSpec, tuple, tuple, np.ndarray]] = []
         self._free_chunks: list[np.ndarray] = []  # staging buffers to use again
         self._spec_cache: dict[str, DatasetSpec] = {}  # names as passed to put -> definitions
         self._with_stats = True  # False: blocks carry no statistics (the memory transport's option)
@@ -527,6 +538,7 @@ class BlockEngine(Engine):
 
     def put(self, name: str, box: Box, array: np.ndarray, copy: bool = True) -> None:
         spec = self._prepare(name, box, "write dataset")
+        lent = not copy  # the caller's word (a cast below may make copy False as well)
         arr = array if type(array) is np.ndarray else np.asarray(array)
         bshape = box.shape
         if arr.shape != bshape:
@@ -544,6 +556,11 @@ class BlockEngine(Engine):
         if spec.layout is not None:  # encoded at end_step, with every rank's pieces
             enter_box(self._mr_local, spec, box, len(self.catalog.steps))
             self._mr_pending.setdefault(spec.id, []).append((box, arr.copy() if copy else arr))
+            return
+        if lent and arr.nbytes <= SMALL and arr.ndim and not spec.codecs:
+            # lent, small and raw: kept as it is until the commit enters and stages it with the
+            # step's other lent blocks (_flush_lent), as ADIOS2 defers a Put
+            self._lent.append((spec, box.start, box.stop, arr))
             return
         index = self._enter(spec, box)
         try:
@@ -583,25 +600,69 @@ class BlockEngine(Engine):
             raise
 
     def _put_batch(self, spec: DatasetSpec, batch: Batch, copy: bool) -> None:
-        log = self._log
-        n = len(batch)
         b = int(batch.nbytes[0])
-        if spec.codecs or not batch.stacked or b > SMALL:
-            starts = map(tuple, batch.starts.tolist())
-            stops = map(tuple, batch.stops.tolist())
-            for k, (a, z) in enumerate(zip(starts, stops, strict=True)):  # each as put stores it
-                self._put(spec, a, z, batch.block(k), copy)
-            return
-        # small raw blocks of one shape, back to back in one array: staged a chunk at a time
-        assert isinstance(batch.arrays, np.ndarray)
-        flat = batch.arrays.reshape(-1).view(np.uint8)
-        first = log.add_many(spec.id, batch.starts, batch.stops, b, BlockCodec.RAW)
+        if not spec.codecs and b <= SMALL:
+            if isinstance(batch.arrays, np.ndarray):  # stacked: back to back already
+                self._stage_run(
+                    spec, batch.starts, batch.stops, b, batch.arrays.reshape(-1).view(np.uint8)
+                )
+                return
+            shapes = batch.stops - batch.starts
+            if spec.ndim and bool((shapes == shapes[0]).all()):  # a list of one shape
+                self._stage_run(spec, batch.starts, batch.stops, b, batch.arrays)
+                return
+        starts = map(tuple, batch.starts.tolist())
+        stops = map(tuple, batch.stops.tolist())
+        for k, (a, z) in enumerate(zip(starts, stops, strict=True)):  # each as put stores it
+            self._put(spec, a, z, batch.block(k), copy)
+
+    def _stage_run(self, spec: DatasetSpec, starts, stops, b: int, data) -> None:
+        """Rows for small raw blocks of *b* bytes each, entered already, staged a chunk at a
+        time: *data* their bytes back to back, or a list of arrays of one shape."""
+        log = self._log
+        n = len(starts)
+        first = log.add_many(spec.id, starts, stops, b, BlockCodec.RAW)
+        lists = isinstance(data, list)
         k = 0
         while k < n:
             c = self._chunk_for(b)
             fit = min(n - k, (len(c.buf) - c.used) // b)
-            log.stage_run(first + k, fit, b, spec.dtype, flat[k * b : (k + fit) * b], c)
+            piece = data[k : k + fit] if lists else data[k * b : (k + fit) * b]
+            log.stage_run(first + k, fit, b, spec.dtype, piece, c)
             k += fit
+
+    def _flush_lent(self) -> None:
+        """Enter and stage the small blocks ``put`` kept with ``copy=False``, grouped by dataset
+        and shape: one overlap search and one copy per staging chunk for each group.
+
+        An overlap among them, or with another block of the step, is found here,
+        when the step is committed: OverlapError naming both boxes, raised on
+        every rank by the commit, which then drops the step.
+        """
+        lent, self._lent = self._lent, []
+        if not lent:
+            return
+        keys = [(item[0].id, item[3].shape) for item in lent]
+        if keys.count(keys[0]) == len(keys):  # one dataset, one block shape: the common case
+            groups = [lent]
+        else:
+            by_key: dict[tuple, list] = {}
+            for key, item in zip(keys, lent, strict=True):
+                g = by_key.get(key)
+                if g is None:
+                    by_key[key] = [item]
+                else:
+                    g.append(item)
+            groups = list(by_key.values())
+        step = len(self.catalog.steps)
+        for items in groups:
+            spec = items[0][0]
+            arrays = [it[3] for it in items]
+            n, nd = len(items), spec.ndim
+            starts = np.fromiter(_chain([it[1] for it in items]), np.int64, n * nd).reshape(n, nd)
+            stops = starts + np.array(arrays[0].shape, dtype=np.int64)
+            enter_boxes(self._local, spec, starts, stops, step, lent_by=self.rank)
+            self._stage_run(spec, starts, stops, arrays[0].nbytes, arrays)
 
     def _put(self, spec: DatasetSpec, start, stop, arr: np.ndarray, copy: bool) -> None:
         log = self._log
@@ -754,6 +815,7 @@ class BlockEngine(Engine):
     def _local_heads(self) -> tuple[int, bytes, dict[int, DatasetHead]]:
         """Phase 1 on this rank: the digest of its collective metadata changes, its attribute
         changes (encoded) and its blocks per dataset, as :meth:`_unpack_heads` gives them back."""
+        self._flush_lent()
         if self._put_error is not None:  # put could not store a block: the step cannot commit
             raise self._put_error
         log = self._log
@@ -1094,6 +1156,7 @@ class BlockEngine(Engine):
                 self._recycle(c)
         self._log.clear()
         self._local.clear()
+        self._lent = []
         self._mr_pending = {}
         self._mr_local.clear()
 

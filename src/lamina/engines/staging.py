@@ -75,11 +75,16 @@ class Chunk:
         return off
 
     def add_run(self, first_row: int, count: int, nbytes: int, dtype: np.dtype, data) -> int:
-        """Copy *count* blocks of *nbytes* each, back to back in *data* (bytes), for rows
-        ``first_row, first_row + 1, ...``; the offset where they start."""
+        """Copy *count* blocks of *nbytes* each for rows ``first_row, first_row + 1, ...``:
+        back to back in *data* (bytes), or *data* a list of *count* C-contiguous arrays of
+        one shape (of at least one dimension) and of *dtype*; the offset where they start."""
         off = self.used
         n = count * nbytes
-        self.buf[off : off + n] = data
+        if isinstance(data, list):  # one copy, straight into place: the blocks joined on axis 0
+            shape = data[0].shape
+            np.concatenate(data, out=self.buf[off : off + n].view(dtype).reshape((-1, *shape[1:])))
+        else:
+            self.buf[off : off + n] = data
         self.used = off + n
         self.rows.extend(range(first_row, first_row + count))
         self.dtypes.extend([dtype] * count)
@@ -288,7 +293,7 @@ class PutLog:
 
     def stage_run(self, first_row: int, count: int, nbytes: int, dtype, data, chunk: Chunk) -> None:
         """Stage rows ``first_row..first_row + count`` (blocks of *nbytes* each, back to back in
-        *data*) in *chunk*, which has room for them."""
+        *data*, or a list of arrays: :meth:`Chunk.add_run`) in *chunk*, which has room for them."""
         off = chunk.add_run(first_row, count, nbytes, dtype, data)
         end = first_row + count
         self.coff[first_row:end] = array(
@@ -711,12 +716,19 @@ class BoxIndex:
 
 
 def enter_boxes(
-    boxes: dict[int, BoxIndex], spec: DatasetSpec, starts: np.ndarray, stops: np.ndarray, step: int
+    boxes: dict[int, BoxIndex],
+    spec: DatasetSpec,
+    starts: np.ndarray,
+    stops: np.ndarray,
+    step: int,
+    lent_by: int | None = None,
 ) -> BoxIndex:
     """Enter a batch of boxes (``(n, ndim)`` arrays) like :func:`enter_box`, all or none.
 
     OverlapError, naming both boxes (and the batch position of the new one),
-    if one meets a box entered before or an earlier box of the batch.
+    if one meets a box entered before or an earlier box of the batch.  With
+    *lent_by* (a rank), the batch is the blocks that rank's writes lent with
+    ``copy=False``, entered at the commit: the error says so instead.
     """
     idx = boxes.get(spec.id)
     if idx is None:
@@ -728,10 +740,19 @@ def enter_boxes(
         box = Box(tuple(starts[k].tolist()), tuple(stops[k].tolist()))
         if j < base:
             other = Box(idx.starts[j], idx.stops[j])
-            where = "already written by this rank in this step"
         else:
             other = Box(tuple(starts[j - base].tolist()), tuple(stops[j - base].tolist()))
-            where = f"block {j - base} of the same call"
+        if lent_by is not None:
+            raise OverlapError(
+                f"dataset {spec.path!r}, step {step}: box {box} overlaps box {other}, both "
+                f"written by rank {lent_by} in this step (a write with copy=False is checked "
+                "for overlap when its step is committed; this step is not committed)"
+            )
+        where = (
+            "already written by this rank in this step"
+            if j < base
+            else f"block {j - base} of the same call"
+        )
         raise OverlapError(
             f"dataset {spec.path!r}, step {step}: box {box} (block {k} of {len(starts)}) "
             f"overlaps box {other} {where}"
