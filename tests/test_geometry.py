@@ -15,6 +15,7 @@ from lamina import geometry
 from lamina.errors import BoundsError, LaminaError, ShapeError
 from lamina.geometry import (
     Box,
+    box_of,
     covered_volume,
     decompose,
     dims_create,
@@ -660,3 +661,26 @@ def test_rows_prod_takes_any_integer_columns():
         a = np.array([[2, 3, 4], [1, 5, 0]], dtype=dt)
         got = rows_prod(a)
         assert got.dtype == np.int64 and got.tolist() == [24, 0]
+
+
+@given(
+    st.lists(st.integers(-3, 50), min_size=0, max_size=4).flatmap(
+        lambda off: st.tuples(
+            st.just(tuple(off)), st.lists(st.integers(0, 9), min_size=len(off), max_size=len(off))
+        )
+    )
+)
+def test_box_of_is_the_checked_box(case):
+    """box_of (a write's box, made without the generic checks) equals Box, and refuses what Box
+    refuses."""
+    off, shape = case[0], tuple(case[1])
+    try:
+        want = Box(off, tuple(a + s for a, s in zip(off, shape, strict=True)))
+    except BoundsError:
+        with pytest.raises(BoundsError):
+            box_of(off, shape)
+        return
+    got = box_of(off, shape)
+    assert got == want and hash(got) == hash(want) and got.shape == shape
+    with pytest.raises(AttributeError):
+        got.start = off  # frozen as Box is

@@ -241,6 +241,10 @@ def test_lent_blocks_overlap_is_found_at_end_step_and_the_step_dropped(tmp_path)
         f.begin_step()
         with pytest.raises(lamina.BoundsError, match=r"dataset 'u'"):
             ds.write(np.ones((2, 2)), offset=(7, 0), copy=False)  # at the write, lent or not
+        with pytest.raises(
+            lamina.BoundsError, match=r"dataset '/u' of shape \(8, 8\): offset \(-1, 0\)"
+        ):
+            ds.write(np.ones((2, 2)), offset=(-1, 0), copy=False)
         ds.write(np.ones((2, 2)), offset=(0, 0), copy=False)
         ds.write(np.ones((4, 4)), offset=(4, 4))  # copied: entered at once
         ds.write(np.ones((2, 2)), offset=(5, 5), copy=False)  # meets the copied block

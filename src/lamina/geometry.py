@@ -148,6 +148,23 @@ class Box:
         return "[" + ", ".join(f"{a}:{b}" for a, b in zip(self.start, self.stop, strict=True)) + "]"
 
 
+_new_box = object.__new__
+_set_start = Box.__dict__["start"].__set__  # the slot itself: no frozen-class __setattr__
+_set_stop = Box.__dict__["stop"].__set__
+
+
+def box_of(offset: tuple[int, ...], shape: tuple[int, ...]) -> Box:
+    """The box of *shape* at *offset* (tuples of Python ints, of one length, the shape's
+    entries >= 0), checked as :class:`Box` checks but without its generic checks: for
+    the paths that make a box per write of a small block."""
+    if offset and min(offset) < 0:
+        return Box(offset, tuple(map(operator.add, offset, shape)))  # BoundsError, as Box says
+    b = _new_box(Box)
+    _set_start(b, offset)
+    _set_stop(b, tuple(map(operator.add, offset, shape)))
+    return b
+
+
 # -- columns of corners ------------------------------------------------------------
 #
 # Many blocks' corners are (n, ndim) int64 arrays.  numpy reduces their short last

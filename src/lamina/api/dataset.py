@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 
 import numpy as np
@@ -15,7 +14,7 @@ from ..errors import (
     ShapeError,
     mark_collective,
 )
-from ..geometry import Box
+from ..geometry import Box, box_of
 from ..layouts import read as layout_read
 from ..layouts.spec import Layout, Multires
 from ..selection import parse
@@ -387,7 +386,12 @@ class Dataset:
             raise ShapeError(
                 f"{self._what()}: offset {offset} has {len(offset)} entries, dataset has {nd} dimensions"
             )
-        box = Box(offset, tuple(map(operator.add, offset, shape)))
+        try:
+            box = box_of(offset, shape)
+        except BoundsError as e:
+            raise BoundsError(
+                f"{self._what()} of shape {self.shape}: offset {offset}: {e}"
+            ) from None
         self._file._engine.put(self._path, box, data, copy=copy)
 
     def write_blocks(self, blocks, offsets, copy: bool = True) -> None:
