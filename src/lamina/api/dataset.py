@@ -371,7 +371,9 @@ class Dataset:
         """Independent: write *data* with its corner at *offset* (default: origin).
 
         With ``copy=False`` lamina may keep a reference to *data* until the
-        step ends; do not modify it before ``end_step``.
+        step ends; do not modify it before ``end_step``.  A small raw block so
+        lent is staged by ``end_step``, which also finds its overlaps with the
+        step's other blocks of this rank (docs/api.md).
         """
         if type(data) is not np.ndarray:  # a plain array is taken as it is (the common case)
             data = self._values(data)
