@@ -522,3 +522,41 @@ def test_hulls_apart_touching_is_apart_and_empty_ranks_count_for_nothing():
     assert not _hulls_apart([left, head(((3, 7), (5, 9)))])
     # interleaved blocks: the hulls meet though no block does (the sweep decides then)
     assert not _hulls_apart([head(((0, 0), (1, 1)), ((2, 2), (3, 3))), head(((1, 1), (2, 2)))])
+
+
+def test_lent_arrays_are_read_only_until_the_step_is_committed(tmp_path):
+    """A lent array cannot be changed before its step is committed (a change would be stored
+    silently otherwise); it is writeable again after the commit, a failed commit or a
+    discarded step; one that was read-only stays so; a cast copy leaves the array alone."""
+    path = str(tmp_path / "a.lam")
+    with lamina.open(path, "w") as f:
+        ds = f.create_dataset("u", shape=(8, 8), dtype="f8")
+        a, b = np.ones((2, 2)), np.full((2, 2), 2.0)
+        ro = np.full((2, 2), 3.0)
+        ro.flags.writeable = False
+        f32 = np.full((2, 2), 4.0, dtype="f4")  # cast: lamina lends its own copy
+        with f.step():
+            ds.write(a, offset=(0, 0), copy=False)
+            ds.write(a, offset=(2, 2), copy=False)  # the same array twice
+            ds.write(ro, offset=(4, 4), copy=False)
+            ds.write(f32, offset=(6, 6), copy=False)
+            with pytest.raises(ValueError, match="read-only"):
+                a[0, 0] = 9.0
+            f32[0, 0] = 5.0  # not lent itself: stored as it was at the write
+        assert a.flags.writeable and not ro.flags.writeable and f32.flags.writeable
+        f.begin_step()
+        ds.write(b, offset=(0, 0), copy=False)
+        ds.write(a, offset=(1, 1), copy=False)  # overlaps b: the commit fails
+        with pytest.raises(OverlapError):
+            f.end_step()
+        assert a.flags.writeable and b.flags.writeable
+        with pytest.raises(RuntimeError), f.step():
+            ds.write(b, offset=(0, 0), copy=False)
+            raise RuntimeError("the program fails inside the step")
+        assert b.flags.writeable
+    with lamina.open(path) as f:
+        got = f["u"].read(step=0)
+        np.testing.assert_array_equal(got[0:2, 0:2], 1.0)
+        np.testing.assert_array_equal(got[2:4, 2:4], 1.0)
+        np.testing.assert_array_equal(got[4:6, 4:6], 3.0)
+        np.testing.assert_array_equal(got[6:8, 6:8], 4.0)

@@ -14,12 +14,13 @@ where bytes live.  Subclasses provide these hooks:
 Blocks put in a step are rows of a :class:`~.staging.PutLog` (columns, no
 object per block); small raw blocks are copied into staging chunks and
 summarized a chunk at a time.  A small raw block lent with ``copy=False``
-is checked for bounds and shape at ``put`` and only referenced: the commit
-enters and stages the step's lent blocks by dataset and shape, one overlap
-search and one copy per staging chunk (ADIOS2 defers a ``Put`` likewise).
-So an overlap among lent blocks is raised by ``end_step`` (on every rank,
-and the step is dropped) rather than by the write.  The commit of one step (``end_step``) is
-four collective phases, each moving whole columns:
+is checked for bounds and shape at ``put`` and only referenced (and made
+read-only until then): the commit enters and stages the step's lent
+blocks by dataset and shape, one overlap search and one copy per staging
+chunk (ADIOS2 defers a ``Put`` likewise).  So an overlap among lent blocks
+is raised by ``end_step`` (on every rank, and the step is dropped) rather
+than by the write.  The commit of one step (``end_step``) is four
+collective phases, each moving whole columns:
 
 1. **heads**: every rank encodes its blocks (boxes, stored lengths,
    codecs, locations, per dataset as arrays) and a digest of its metadata
@@ -294,8 +295,8 @@ class BlockEngine(Engine):
         self._log = PutLog()  # the blocks of the current step on this rank
         self._local: dict[int, BoxIndex] = {}  # dataset id -> this rank's boxes in this step
         # small blocks put with copy=False, entered and staged at the commit (_flush_lent):
-        # (definition, start, stop, array)
-        self._lent: list[tuple[DatasetSpec, tuple, tuple, np.ndarray]] = []
+        # (definition, start, stop, array, whether put made the array read-only)
+        self._lent: list[tuple[DatasetSpec, tuple, tuple, np.ndarray, bool]] = []
         self._free_chunks: list[np.ndarray] = []  # staging buffers to use again
         self._spec_cache: dict[str, DatasetSpec] = {}  # names as passed to put -> definitions
         self._with_stats = True  # False: blocks carry no statistics (the memory transport's option)
@@ -559,8 +560,12 @@ class BlockEngine(Engine):
             return
         if lent and arr.nbytes <= SMALL and arr.ndim and not spec.codecs:
             # lent, small and raw: kept as it is until the commit enters and stages it with the
-            # step's other lent blocks (_flush_lent), as ADIOS2 defers a Put
-            self._lent.append((spec, box.start, box.stop, arr))
+            # step's other lent blocks (_flush_lent), as ADIOS2 defers a Put; the caller's
+            # array is read-only until then, so that a change too early fails, not corrupts
+            frozen = arr is array and arr.flags.writeable
+            if frozen:
+                arr.flags.writeable = False
+            self._lent.append((spec, box.start, box.stop, arr, frozen))
             return
         index = self._enter(spec, box)
         try:
@@ -637,11 +642,26 @@ class BlockEngine(Engine):
 
         An overlap among them, or with another block of the step, is found here,
         when the step is committed: OverlapError naming both boxes, raised on
-        every rank by the commit, which then drops the step.
+        every rank by the commit, which then drops the step.  The arrays are
+        writeable again afterwards, whatever happens.
         """
-        lent, self._lent = self._lent, []
+        lent = self._lent
         if not lent:
             return
+        try:
+            self._stage_lent(lent)
+        finally:
+            self._thaw_lent()
+
+    def _thaw_lent(self) -> None:
+        """The lent arrays that put made read-only are writeable again; none is kept."""
+        lent, self._lent = self._lent, []
+        for item in lent:
+            if item[4]:
+                item[3].flags.writeable = True
+
+    def _stage_lent(self, lent: list) -> None:
+        """Enter and stage the items *lent* (as put kept them), by dataset and block shape."""
         keys = [(item[0].id, item[3].shape) for item in lent]
         if keys.count(keys[0]) == len(keys):  # one dataset, one block shape: the common case
             groups = [lent]
@@ -1156,7 +1176,7 @@ class BlockEngine(Engine):
                 self._recycle(c)
         self._log.clear()
         self._local.clear()
-        self._lent = []
+        self._thaw_lent()
         self._mr_pending = {}
         self._mr_local.clear()
 
