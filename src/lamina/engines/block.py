@@ -295,8 +295,9 @@ class BlockEngine(Engine):
         self._log = PutLog()  # the blocks of the current step on this rank
         self._local: dict[int, BoxIndex] = {}  # dataset id -> this rank's boxes in this step
         # small blocks put with copy=False, entered and staged at the commit (_flush_lent):
-        # (definition, start, stop, array, whether put made the array read-only)
-        self._lent: list[tuple[DatasetSpec, tuple, tuple, np.ndarray, bool]] = []
+        # (definition, start, array, whether put made the array read-only); the stop is
+        # start + the array's shape
+        self._lent: list[tuple[DatasetSpec, tuple, np.ndarray, bool]] = []
         self._free_chunks: list[np.ndarray] = []  # staging buffers to use again
         self._spec_cache: dict[str, DatasetSpec] = {}  # names as passed to put -> definitions
         self._with_stats = True  # False: blocks carry no statistics (the memory transport's option)
@@ -565,7 +566,7 @@ class BlockEngine(Engine):
             frozen = arr is array and arr.flags.writeable
             if frozen:
                 arr.flags.writeable = False
-            self._lent.append((spec, box.start, box.stop, arr, frozen))
+            self._lent.append((spec, box.start, arr, frozen))
             return
         index = self._enter(spec, box)
         try:
@@ -657,12 +658,12 @@ class BlockEngine(Engine):
         """The lent arrays that put made read-only are writeable again; none is kept."""
         lent, self._lent = self._lent, []
         for item in lent:
-            if item[4]:
-                item[3].flags.writeable = True
+            if item[3]:
+                item[2].flags.writeable = True
 
     def _stage_lent(self, lent: list) -> None:
         """Enter and stage the items *lent* (as put kept them), by dataset and block shape."""
-        keys = [(item[0].id, item[3].shape) for item in lent]
+        keys = [(item[0].id, item[2].shape) for item in lent]
         if keys.count(keys[0]) == len(keys):  # one dataset, one block shape: the common case
             groups = [lent]
         else:
@@ -677,7 +678,7 @@ class BlockEngine(Engine):
         step = len(self.catalog.steps)
         for items in groups:
             spec = items[0][0]
-            arrays = [it[3] for it in items]
+            arrays = [it[2] for it in items]
             n, nd = len(items), spec.ndim
             starts = np.fromiter(_chain([it[1] for it in items]), np.int64, n * nd).reshape(n, nd)
             stops = starts + np.array(arrays[0].shape, dtype=np.int64)

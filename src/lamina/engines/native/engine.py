@@ -843,20 +843,19 @@ class NativeEngine(BlockEngine):
         single: list[int] = [int(v) for v in np.flatnonzero(~whole)]
         base = np.asarray(box.start, dtype=np.int64)
         rel_lo, rel_hi = lo - base, hi - base
-        item = spec.dtype.itemsize
         for a, b in _runs(key, off, ln):
             if b - a == 1:
                 single.append(int(w[a]))
                 continue
             total = int(ln[a:b].sum())
-            self._read_run(spec, t, idx, w[a:b], int(off[a]), total, rel_lo, rel_hi, out, item)
+            self._read_run(spec, t, idx, w[a:b], int(off[a]), total, rel_lo, rel_hi, out)
         if single:
             single.sort()
             s_idx = np.asarray(single, dtype=np.int64)
             super()._read_blocks(spec, t, idx[s_idx], lo[s_idx], hi[s_idx], box, out)
 
     def _read_run(
-        self, spec, t: BlockTable, idx, ks, first: int, total: int, rel_lo, rel_hi, out, item
+        self, spec, t: BlockTable, idx, ks, first: int, total: int, rel_lo, rel_hi, out
     ) -> None:
         """Blocks ``idx[ks]``, back to back in one subfile from byte *first*: one read, then each
         in place, through a buffer used again by the next run (at most one kept, of at most
