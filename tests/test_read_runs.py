@@ -18,9 +18,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_corruption import flip
 
 import lamina
+from lamina.engines.native import engine as native
 from lamina.engines.native.engine import _place_grid
+from lamina.errors import ChecksumError
 
 pytestmark = pytest.mark.usefixtures("fast_native")
 
@@ -119,9 +122,6 @@ def test_runs_of_larger_blocks_and_the_run_buffer_used_again(tmp_path):
     """Blocks above the scatter size (8 x 8 x 9 = 576 elements) in shuffled order with holes,
     read in runs through one buffer that the next run uses again: reads of different sizes
     in turn give what numpy gives, and a byte flipped after a clean read is still caught."""
-    from lamina.engines.native import engine as native
-    from lamina.errors import ChecksumError
-
     edge = (8, 8, 9)
     grid = (4, 3, 5)
     full = tuple(g * e for g, e in zip(grid, edge, strict=True))
@@ -157,11 +157,3 @@ def test_runs_of_larger_blocks_and_the_run_buffer_used_again(tmp_path):
         sub = tuple(slice(a, b) for a, b in zip(victim.box.start, victim.box.stop, strict=True))
         with pytest.raises(ChecksumError):
             ds[sub]
-
-
-def flip(path: str, offset: int) -> None:
-    with open(path, "r+b") as fh:
-        fh.seek(offset)
-        b = fh.read(1)
-        fh.seek(offset)
-        fh.write(bytes([b[0] ^ 0x40]))
