@@ -479,6 +479,53 @@ def test_one_rank_commit_hands_over_what_other_ranks_decode(tmp_path):
         assert int(r["w"][()]) == 5 and not r["z"][...].any()
 
 
+def test_statistics_of_a_step_by_dataset_match_those_of_each_dataset(tmp_path):
+    """The commit takes every dataset's statistics and checksums from one pass over the step
+    (``stats_by_dataset``): the same columns as ``stats_columns`` gives one dataset at a
+    time, for staged, lent, batched, encoded, 0-D and large blocks of several checksum
+    segments, of float, integer, bool and complex dtypes."""
+    rng = np.random.default_rng(11)
+    f = lamina.open(tmp_path / "s.lam", "w", durable=False, checksum_segment=1 << 20)
+    u = f.create_dataset("u", (64, 8), np.float32)
+    big = f.create_dataset("big", (2, 400000), np.float64)  # 3.2 MB a block: 4 segments
+    i = f.create_dataset("i", (32,), np.int16)
+    b = f.create_dataset("b", (16,), np.bool_)
+    c = f.create_dataset("c", (8,), np.complex64)
+    w = f.create_dataset("w", (), np.uint8)  # 0-D
+    z = f.create_dataset("z", (64,), np.float64, compression="zstd")  # encoded
+    f.begin_step()
+    u.write_blocks(rng.random((8, 4, 8), dtype=np.float32), np.arange(8)[:, None] * [4, 0])
+    u.write(np.full((4, 8), np.nan, np.float32), offset=(40, 0), copy=False)
+    big.write(rng.random((1, 400000)), offset=(0, 0))
+    big.write(rng.random((1, 400000)), offset=(1, 0), copy=False)
+    i.write(np.arange(-8, 8, dtype=np.int16), offset=(16,), copy=False)
+    i.write(np.arange(16, dtype=np.int16))
+    b.write(np.arange(16) % 3 == 0, copy=False)
+    c.write((rng.random(8) + 1j * rng.random(8)).astype(np.complex64), copy=False)
+    w.write(np.uint8(200))
+    z.write(np.zeros(64))
+    eng = f._engine
+    while hasattr(eng, "inner"):
+        eng = eng.inner
+    eng._local_heads()  # stages the lent blocks, starts the last chunk's statistics
+    log = eng._log
+    specs = eng.catalog.specs
+    for checksum, stats in ((True, True), (True, False), (False, True)):
+        by = log.stats_by_dataset(
+            {did: specs[did].dtype for did in log.rows}, eng.segment, checksum, stats
+        )
+        assert sorted(by) == sorted(log.rows) and len(by) == 7
+        for did, got in by.items():
+            want = log.stats_columns(did, specs[did].dtype, eng.segment, checksum, stats)
+            _same_columns(got, want, f"dataset {specs[did].path} ({checksum=}, {stats=})")
+        ncrc = by[eng.catalog.datasets["big"].id][1]
+        assert ncrc.tolist() == ([4, 4] if checksum else [1, 1])  # 3.2 MB in 1 MiB segments
+    f.end_step()
+    f.close()
+    with lamina.open(tmp_path / "s.lam") as r:
+        assert r["i"][16:].tolist() == list(range(-8, 8)) and r["b"][...].sum() == 6
+
+
 @given(st.integers(1, 12), st.integers(1, 3), st.integers(0, 2**31))
 def test_hulls_apart_against_brute_force(nranks, nd, seed):
     """The commit skips the cross-rank sweep only when the boxes around each rank's blocks

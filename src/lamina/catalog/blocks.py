@@ -24,6 +24,7 @@ statistics flags (1 each).  ``docs/format.md`` gives the section layout.
 
 from __future__ import annotations
 
+import struct
 import zlib
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -69,6 +70,17 @@ def row_bytes(ndim: int, dt: np.dtype) -> int:
 def _col(a: np.ndarray, dtype) -> memoryview:
     """Column *a* as little-endian *dtype*, C order, without a copy where it is one already."""
     return np.ascontiguousarray(a.astype(dtype, copy=False)).reshape(-1).data.cast("B")
+
+
+def _small_col(a: np.ndarray, dtype) -> bytes:
+    """:func:`_col` of a short column: a copy, which costs less than the views for a few rows."""
+    return a.astype(dtype, copy=False).tobytes()
+
+
+#: tables of at most this many rows encode their columns as copies (_small_col)
+SMALL_TABLE = 256
+#: a section's first 16 bytes: its number of blocks and of checksums
+_HEAD = struct.Struct("<QQ")
 
 
 class BlockTable:
@@ -442,28 +454,29 @@ class BlockTable:
         """The section of this table (``docs/format.md``, versions 3 and 4: a table with
         :attr:`amax` ends with that column, which version 4 keeps for multiresolution datasets)."""
         n = len(self)
+        col = _small_col if n <= SMALL_TABLE else _col
         parts: list[bytes | memoryview] = [
-            np.array([n, len(self.crcs)], dtype="<u8").tobytes(),
+            _HEAD.pack(n, len(self.crcs)),
             # each column as it is (or converted) into the one join: a single copy
-            _col(self.start, "<i8"),
-            _col(self.stop, "<i8"),
-            _col(self.offset, "<u8"),
-            _col(self.length, "<u8"),
-            _col(self.seg, "<u8"),
-            _col(self.smin, stat_dtype(self.dtype)),
-            _col(self.smax, stat_dtype(self.dtype)),
-            _col(self.ssum, sum_dtype(self.dtype)),
-            _col(self.count, "<u8"),
-            _col(self.rank, "<u4"),
-            _col(self.session, "<u4"),
-            _col(self.agg, "<u4"),
-            _col(self.ncrc, "<u4"),
-            _col(self.crcs, "<u4"),
-            _col(self.codec, "u1"),
-            _col(self.has_stats, "u1"),
+            col(self.start, "<i8"),
+            col(self.stop, "<i8"),
+            col(self.offset, "<u8"),
+            col(self.length, "<u8"),
+            col(self.seg, "<u8"),
+            col(self.smin, stat_dtype(self.dtype)),
+            col(self.smax, stat_dtype(self.dtype)),
+            col(self.ssum, sum_dtype(self.dtype)),
+            col(self.count, "<u8"),
+            col(self.rank, "<u4"),
+            col(self.session, "<u4"),
+            col(self.agg, "<u4"),
+            col(self.ncrc, "<u4"),
+            col(self.crcs, "<u4"),
+            col(self.codec, "u1"),
+            col(self.has_stats, "u1"),
         ]
         if self.amax is not None:
-            parts.append(_col(self.amax, "<f8"))
+            parts.append(col(self.amax, "<f8"))
         return b"".join(parts)
 
     @classmethod
@@ -650,23 +663,27 @@ class Section:
 
 def extents_of(tables: dict[int, BlockTable]) -> list[tuple[int, int, int]]:
     """``(session, aggregator, end)`` for every subfile the blocks of *tables* lie in: the bytes they need."""
-    ends: dict[tuple[int, int], int] = {}
-    for t in tables.values():
-        stored = np.flatnonzero(t.length > 0)
-        if not stored.size:
-            continue
-        key = t.session[stored].astype(np.int64) << 32 | t.agg[stored].astype(np.int64)
-        end = t.offset[stored] + t.length[stored]
-        if bool((key == key[0]).all()):  # one subfile (one aggregator): no grouping
-            uniq, top = key[:1], end.max(keepdims=True)
-        else:
-            uniq, inv = np.unique(key, return_inverse=True)
-            top = np.zeros(len(uniq), dtype=np.int64)
-            np.maximum.at(top, inv, end)
-        for k, e in zip(uniq.tolist(), top.tolist(), strict=True):
-            sa = (k >> 32, k & 0xFFFFFFFF)
-            ends[sa] = max(ends.get(sa, 0), e)
-    return sorted((s, a, e) for (s, a), e in ends.items())
+    ts = [t for t in tables.values() if len(t.length)]
+    if not ts:
+        return []
+
+    def cat(name: str) -> np.ndarray:  # every table's blocks at once: one grouping for the step
+        cols = [getattr(t, name).astype(np.int64, copy=False) for t in ts]
+        return cols[0] if len(cols) == 1 else np.concatenate(cols)
+
+    length = cat("length")
+    stored = np.flatnonzero(length > 0)
+    if not stored.size:
+        return []
+    key = cat("session")[stored] << 32 | cat("agg")[stored]
+    end = cat("offset")[stored] + length[stored]
+    if bool((key == key[0]).all()):  # one subfile (one aggregator): no grouping
+        uniq, top = key[:1], end.max(keepdims=True)
+    else:
+        uniq, inv = np.unique(key, return_inverse=True)
+        top = np.zeros(len(uniq), dtype=np.int64)
+        np.maximum.at(top, inv, end)
+    return [(k >> 32, k & 0xFFFFFFFF, e) for k, e in zip(uniq.tolist(), top.tolist(), strict=True)]
 
 
 #: zlib level of the sections format 4 compresses (level 1: about 150 MB/s, most of the gain)

@@ -12,6 +12,7 @@ a file in its own version.  ``docs/format.md`` describes both.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,11 +32,16 @@ from .wire import Decoder, Encoder
 #: the newest record format (the native format's version)
 VERSION = 4
 
-#: bytes of a section's entry in the directory, by format version (4 adds the raw length)
-_SECTION = {3: 4 + 8 + 8 + 8 + 4, 4: 4 + 8 + 8 + 8 + 4 + 8}
+#: a section's entry in the directory (dataset, blocks, offset, length, crc; version 4 adds
+#: the raw length), by format version
+_ENTRY = {3: struct.Struct("<IQQQI"), 4: struct.Struct("<IQQQIQ")}
+#: bytes of a section's entry in the directory, by format version
+_SECTION = {v: e.size for v, e in _ENTRY.items()}
+#: an extent: session, aggregator, end
+_EXTENT_ENTRY = struct.Struct("<IIQ")
 #: longest table a compressed section may claim to hold
 _MAX_RAW = 1 << 40
-_EXTENT = 4 + 4 + 8
+_EXTENT = _EXTENT_ENTRY.size
 
 
 @dataclass(slots=True)
@@ -123,21 +129,20 @@ class Record:
             sections, area = list(self.sections.values()), b""
             extents = list(self.extents)
         e.u32(len(sections))
-        for s in sections:
-            e.u32(s.dataset)
-            e.u64(s.nblocks)
-            e.u64(s.offset)
-            e.u64(s.length)
-            e.u32(s.crc)
-            if version >= 4:
-                e.u64(s.raw)
-            elif s.raw:
+        if version >= 4:
+            pack = _ENTRY[4].pack
+            e.raw(
+                b"".join(
+                    pack(s.dataset, s.nblocks, s.offset, s.length, s.crc, s.raw) for s in sections
+                )
+            )
+        else:
+            if any(s.raw for s in sections):
                 raise ValueError("a compressed block section cannot be written in format 3")
+            pack = _ENTRY[3].pack
+            e.raw(b"".join(pack(s.dataset, s.nblocks, s.offset, s.length, s.crc) for s in sections))
         e.u32(len(extents))
-        for sess, agg, end in extents:
-            e.u32(sess)
-            e.u32(agg)
-            e.u64(end)
+        e.raw(b"".join(_EXTENT_ENTRY.pack(*x) for x in extents))
         e.u64(area_offset)
         e.u64(sum(s.length for s in sections))
         return e.getvalue(), area

@@ -103,7 +103,7 @@ from ..layouts.spec import Layout, level_specs
 from . import collective
 from .base import Engine
 from .batch import Batch, cast, check_batch
-from .staging import SMALL, BoxIndex, Chunk, PutLog, enter_box, enter_boxes, index_of
+from .staging import SMALL, BoxIndex, Chunk, PutLog, enter_box, enter_boxes, enter_lent, index_of
 
 _chain = itertools.chain.from_iterable
 
@@ -677,6 +677,12 @@ class BlockEngine(Engine):
             groups = list(by_key.values())
         step = len(self.catalog.steps)
         for items in groups:
+            if len(items) == 1:  # one block (of a dataset written once in the step): as put would
+                spec, start, arr, _ = items[0]
+                stop = tuple(map(operator.add, start, arr.shape))
+                enter_lent(self._local, spec, start, stop, step, self.rank)
+                self._log.add_staged(spec.id, start, stop, arr, self._chunk_for(arr.nbytes))
+                continue
             spec = items[0][0]
             arrays = [it[2] for it in items]
             n, nd = len(items), spec.ndim
@@ -963,21 +969,21 @@ class BlockEngine(Engine):
         statistics and checksums of its own blocks per dataset (the columns of
         :meth:`_unpack_trailer`)."""
         log = self._log
+        specs = self.catalog.specs
+        by = log.stats_by_dataset(
+            {did: specs[did].dtype for did in log.rows},
+            self.segment,
+            self.CHECKSUMS,
+            self._with_stats and self._stats_in_record,
+        )
         cols: dict[int, tuple] = {}
-        for did in log.rows:
-            spec = self.catalog.specs[did]
-            segs, ncrc, flat, has, smin, smax, ssum, count = log.stats_columns(
-                did,
-                spec.dtype,
-                self.segment,
-                self.CHECKSUMS,
-                self._with_stats and self._stats_in_record,
-            )
+        for did, c in by.items():
             amax = None
-            if spec.layout is not None:  # bands: their coefficient magnitudes
+            if specs[did].layout is not None:  # bands: their coefficient magnitudes
                 mags = log.amax.get(did, [])
-                amax = np.asarray(mags if len(mags) == len(segs) else np.full(len(segs), np.inf))
-            cols[did] = (segs, ncrc, flat, has, smin, smax, ssum, count, amax)
+                n = len(c[0])
+                amax = np.asarray(mags if len(mags) == n else np.full(n, np.inf))
+            cols[did] = (*c, amax)
         return bases, cols
 
     def _pack_trailer(self, bases: list[tuple[int, int, int, int]], cols: dict) -> bytes:
@@ -1051,6 +1057,7 @@ class BlockEngine(Engine):
                 moved[r] = (where, np.array(bases[r][:2], dtype=np.int64))
         tables: dict[int, BlockTable] = {}
         dids = sorted({did for mine in heads.ranks for did in mine})
+        stats_only = int(BlockCodec.STATS_ONLY)
         for did in dids:
             spec = self.catalog.specs[did]
             parts = []
@@ -1059,14 +1066,18 @@ class BlockEngine(Engine):
                 if h is None:
                     continue
                 segs, ncrc, crcs, has, smin, smax, ssum, count, amax = stats[r][did]
-                session = h.session.copy()
-                agg = h.agg.copy()
-                offset = h.offset.copy()
+                session, agg, offset = h.session, h.agg, h.offset
                 if r in moved:
                     where, (s, a) = moved[r]
-                    m = ~h.located & (h.codec != BlockCodec.STATS_ONLY)
-                    offset[m] = where[h.row[m]]
-                    session[m], agg[m] = s, a
+                    m = ~h.located & (h.codec != stats_only)
+                    if m.all():  # every block moved (staged small blocks, the common case)
+                        offset = where[h.row]
+                        session = np.full(len(m), s, dtype=np.uint32)
+                        agg = np.full(len(m), a, dtype=np.uint32)
+                    elif m.any():
+                        session, agg, offset = session.copy(), agg.copy(), offset.copy()
+                        offset[m] = where[h.row[m]]
+                        session[m], agg[m] = s, a
                 parts.append(
                     BlockTable(
                         spec.dtype,

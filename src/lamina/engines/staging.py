@@ -471,6 +471,92 @@ class PutLog:
         )
         return segs, ncrc, flat, has, smin, smax, ssum, count
 
+    def stats_by_dataset(
+        self, dtypes: dict[int, np.dtype], seg: int, checksum: bool, stats: bool
+    ) -> dict[int, tuple]:
+        """:meth:`stats_columns` of every dataset with rows (*dtypes*: their dtypes), from one
+        pass over the step's chunks and jobs: the columns of all rows are filled once, then cut
+        per dataset, so a step of many datasets pays a few numpy calls per dataset, not a
+        pass over the step's chunks each (as :meth:`stats_columns` does, for one dataset)."""
+        n = len(self.ds)
+        has = np.zeros(n, dtype=bool)
+        count = np.zeros(n, dtype=np.int64)
+        one = np.zeros(n, dtype=np.uint32)
+        # min/max by their stored dtype (int64, uint64 or float64), sums float64 or complex128
+        mins: dict[str, np.ndarray] = {}
+        maxs: dict[str, np.ndarray] = {}
+        sums: dict[str, np.ndarray] = {}
+
+        def col(into: dict[str, np.ndarray], dt: np.dtype) -> np.ndarray:
+            got = into.get(dt.str)
+            if got is None:
+                got = into[dt.str] = np.zeros(n, dtype=dt)
+            return got
+
+        many: dict[int, tuple[int, ...]] = {}
+        if stats or checksum:
+            for c in self.chunks:  # staged rows: their chunk's summaries, run by run
+                if not c.rows:
+                    continue
+                c.wait()
+                crows = index_of(c.rows)
+                for first, s in c.summaries or ():
+                    j = crows[first : first + len(s.counts)]
+                    if stats:
+                        col(mins, s.mins.dtype)[j] = s.mins
+                        col(maxs, s.maxs.dtype)[j] = s.maxs
+                        col(sums, s.sums.dtype)[j] = s.sums
+                        count[j] = s.counts
+                        has[j] = True
+                    if checksum and s.crcs is not None:
+                        one[j] = s.crcs
+            ds = self.ds
+            for r in self.jobbed:  # blocks summarized on their own
+                job = self.job[r]
+                if job is None:
+                    continue
+                st, cr = job.result()
+                if checksum:
+                    if len(cr) == 1:
+                        one[r] = cr[0]
+                    else:
+                        many[r] = cr
+                if st is not None and stats:
+                    dt = dtypes[ds[r]]
+                    has[r] = True
+                    col(mins, stat_dtype(dt))[r] = st.min
+                    col(maxs, stat_dtype(dt))[r] = st.max
+                    col(sums, sum_dtype(dt))[r] = st.sum
+                    count[r] = st.count
+        segs = np.zeros(n, dtype=np.int64)
+        if checksum:
+            segs[np.frombuffer(self.codec, dtype=np.uint8) != BlockCodec.STATS_ONLY] = seg
+        out: dict[int, tuple] = {}
+        for did, rows in self.rows.items():
+            dt = dtypes[did]
+            sel = index_of(rows)
+            k = len(rows)
+            sd, md = stat_dtype(dt).str, sum_dtype(dt).str
+            smin = mins[sd][sel] if sd in mins else np.zeros(k, dtype=sd)
+            smax = maxs[sd][sel] if sd in maxs else np.zeros(k, dtype=sd)
+            ssum = sums[md][sel] if md in sums else np.zeros(k, dtype=md)
+            ncrc = np.ones(k, dtype=np.uint32)
+            flat = one[sel]
+            if many:
+                mine = [(i, many[r]) for i, r in enumerate(rows) if r in many]
+                if mine:
+                    for i, cr in mine:
+                        ncrc[i] = len(cr)
+                    got = dict(mine)
+                    flat = np.fromiter(
+                        itertools.chain.from_iterable(
+                            got.get(i, (int(flat[i]),)) for i in range(k)
+                        ),
+                        dtype=np.uint32,
+                    )
+            out[did] = (segs[sel], ncrc, flat, has[sel], smin, smax, ssum, count[sel])
+        return out
+
 
 def index_of(rows: list[int]) -> np.ndarray:
     """*rows* (ascending, as the log appends them) as an int64 array; a run of consecutive
@@ -743,11 +829,7 @@ def enter_boxes(
         else:
             other = Box(tuple(starts[j - base].tolist()), tuple(stops[j - base].tolist()))
         if lent_by is not None:
-            raise OverlapError(
-                f"dataset {spec.path!r}, step {step}: box {box} overlaps box {other}, both "
-                f"written by rank {lent_by} in this step (a write with copy=False is checked "
-                "for overlap when its step is committed; this step is not committed)"
-            )
+            raise _lent_overlap(spec, step, box, other, lent_by)
         where = (
             "already written by this rank in this step"
             if j < base
@@ -758,6 +840,31 @@ def enter_boxes(
             f"overlaps box {other} {where}"
         )
     return idx
+
+
+def _lent_overlap(spec: DatasetSpec, step: int, box: Box, other: Box, rank: int) -> OverlapError:
+    return OverlapError(
+        f"dataset {spec.path!r}, step {step}: box {box} overlaps box {other}, both "
+        f"written by rank {rank} in this step (a write with copy=False is checked "
+        "for overlap when its step is committed; this step is not committed)"
+    )
+
+
+def enter_lent(
+    boxes: dict[int, BoxIndex],
+    spec: DatasetSpec,
+    start: tuple[int, ...],
+    stop: tuple[int, ...],
+    step: int,
+    rank: int,
+) -> None:
+    """:func:`enter_boxes` of one lent box, without making arrays of it."""
+    idx = boxes.get(spec.id)
+    if idx is None:
+        idx = boxes[spec.id] = BoxIndex(spec.ndim, spec.shape)
+    j = idx.insert(start, stop)
+    if j >= 0:
+        raise _lent_overlap(spec, step, Box(start, stop), Box(idx.starts[j], idx.stops[j]), rank)
 
 
 def _meets(a0, a1, b0, b1) -> bool:
