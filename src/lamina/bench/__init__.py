@@ -6,7 +6,8 @@ data and print speed ratios; see ``docs/performance.md``.  ``lamina bench
 derived`` measures the derived-quantity kernels against memcpy and plain
 numpy in one process.  ``lamina bench blocks`` measures the cost per block
 of many small blocks (write, read, one-block read, query) against the same
-baselines.  ``lamina bench async`` measures background I/O (``io='async'``)
+baselines; ``lamina bench steps`` the cost of a step by the number of
+datasets written in it.  ``lamina bench async`` measures background I/O (``io='async'``)
 against synchronous I/O and ADIOS2 BP5 ``AsyncWrite``.  ``lamina bench
 multires`` measures the multiresolution layout's write pipeline per
 balancing scheme, its compression next to zfp and zstd, and reads by
@@ -26,6 +27,7 @@ BENCHMARKS = {
     "insitu": "in situ transport (memory, file) vs hand-written mpi4py and memcpy, producers:consumers 3:1",
     "blocks": "cost per block, edges 4-64, 64-65,536 blocks per rank per step: numpy, ADIOS2 BP5, h5py chunked, lamina",
     "catalog": "open, step index and memory of a file of 100 steps x 100,000 blocks: lamina vs ADIOS2 BP5",
+    "steps": "the cost of a step by the number of datasets in it: numpy, ADIOS2 BP5, h5py, lamina",
     "async": "background I/O: VPIC-IO-like write, BD-CATS-IO-like read, sync vs async vs ADIOS2 BP5 AsyncWrite",
     "multires": "multiresolution layout: write phases and balance per scheme, compression vs zfp and zstd, reads by level, the size-grid micro-benchmark (--size-grid), 10^4-10^5 simulated ranks",
 }
@@ -61,6 +63,8 @@ def main(argv: list[str]) -> int:
         from .blocks import main as run
     elif name == "catalog":
         from .catalog import main as run
+    elif name == "steps":
+        from .steps import main as run
     elif name == "async":
         from .background import main as run
     elif name == "multires":

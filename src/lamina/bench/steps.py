@@ -1,0 +1,248 @@
+"""``lamina bench steps``: what a step costs by the number of datasets written in it.
+
+A simulation writes many variables per step; each is a block of its own
+dataset.  One process writes ``--steps`` steps of D datasets (one 1-D
+float64 block of ``--elements`` values each, the same array every time),
+for each D of ``--datasets``, with every method on the same data, the
+methods in rotated order ``--repeat`` times:
+
+``numpy``       one raw file, a buffered ``write`` per dataset, ``flush`` at the end of a step
+``adios2 BP5``  ADIOS2 BP5 from PyPI, D variables, ``Put`` (deferred) per variable, ``EndStep``
+``h5py``        D datasets of shape (steps, elements), chunked a step per chunk, ``ds[s] = a``,
+                ``flush`` at the end of a step
+``lamina``      native, ``durable=False``, ``ds.write(a, copy=False)`` per dataset in
+                ``with f.step():``
+
+Timed: the steps only (open and the definitions are not; ``--warmup``
+untimed steps come first).  Reported: microseconds per step and per
+dataset in a step, and lamina's ratio to each baseline (< 1: lamina
+cheaper).  lamina's last step is read back and checked, untimed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from ..text import table
+from . import common
+
+METHODS = ("numpy", "adios2 BP5", "h5py", "lamina")
+
+
+def _numpy(path: str, arrays: list[np.ndarray], steps: int, warmup: int) -> float:
+    with open(path, "wb") as f:
+        t0 = 0.0
+        for s in range(warmup + steps):
+            if s == warmup:
+                t0 = time.perf_counter()
+            for a in arrays:
+                f.write(a.data)
+            f.flush()
+        return time.perf_counter() - t0
+
+
+def _adios2(path: str, arrays: list[np.ndarray], steps: int, warmup: int) -> float:
+    import adios2
+
+    n = arrays[0].size
+    ad = adios2.Adios()
+    io = ad.declare_io("lamina-bench-steps")
+    io.set_engine("BP5")
+    vs = [io.define_variable(f"v{i}", a, [n], [0], [n]) for i, a in enumerate(arrays)]
+    e = io.open(path, adios2.bindings.Mode.Write)
+    try:
+        t0 = 0.0
+        for s in range(warmup + steps):
+            if s == warmup:
+                t0 = time.perf_counter()
+            e.begin_step()
+            for v, a in zip(vs, arrays, strict=True):
+                e.put(v, a)
+            e.end_step()
+        return time.perf_counter() - t0
+    finally:
+        e.close()
+
+
+def _h5py(path: str, arrays: list[np.ndarray], steps: int, warmup: int) -> float:
+    import h5py
+
+    n = arrays[0].size
+    with h5py.File(path, "w") as f:
+        dss = [
+            f.create_dataset(f"v{i}", (warmup + steps, n), "f8", chunks=(1, n))
+            for i in range(len(arrays))
+        ]
+        t0 = 0.0
+        for s in range(warmup + steps):
+            if s == warmup:
+                t0 = time.perf_counter()
+            for ds, a in zip(dss, arrays, strict=True):
+                ds[s] = a
+            f.flush()
+        return time.perf_counter() - t0
+
+
+def _lamina(path: str, arrays: list[np.ndarray], steps: int, warmup: int) -> float:
+    import lamina
+
+    n = arrays[0].size
+    with lamina.open(path, "w", durable=False) as f:
+        dss = [f.create_dataset(f"v{i}", (n,), "f8") for i in range(len(arrays))]
+        t0 = 0.0
+        for s in range(warmup + steps):
+            if s == warmup:
+                t0 = time.perf_counter()
+            with f.step():
+                for ds, a in zip(dss, arrays, strict=True):
+                    ds.write(a, copy=False)
+        took = time.perf_counter() - t0
+    with lamina.open(path, "r") as f:  # untimed: the last step holds what was written
+        last = f.steps - 1
+        for i in (0, len(arrays) - 1):
+            got = f.at(last)[f"v{i}"][...]
+            if not np.array_equal(got, arrays[i]):
+                raise AssertionError(f"lamina bench steps: dataset v{i} read back differs")
+    return took
+
+
+RUN = {"numpy": _numpy, "adios2 BP5": _adios2, "h5py": _h5py, "lamina": _lamina}
+SUFFIX = {"numpy": ".raw", "adios2 BP5": ".bp", "h5py": ".h5", "lamina": ".lam"}
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.exists(path):
+        os.remove(path)
+
+
+def run(ns) -> dict:
+    d = ns.dir or tempfile.mkdtemp(prefix="lamina-bench-steps-")
+    os.makedirs(d, exist_ok=True)
+    rng = np.random.default_rng(ns.seed)
+    rows = []
+    try:
+        for k, nd in enumerate(ns.datasets):
+            arrays = [rng.random(ns.elements) for _ in range(nd)]
+            times: dict[str, list[float]] = {m: [] for m in ns.methods}
+            for rep in range(ns.repeat):
+                order = (
+                    ns.methods[(rep + k) % len(ns.methods) :]
+                    + ns.methods[: (rep + k) % len(ns.methods)]
+                )
+                for m in order:
+                    path = os.path.join(d, f"steps-{nd}{SUFFIX[m]}")
+                    _remove(path)
+                    times[m].append(RUN[m](path, arrays, ns.steps, ns.warmup) / ns.steps)
+                    _remove(path)
+            row = {"datasets": nd, "elements": ns.elements}
+            for m in ns.methods:
+                row[m] = common.summarize(times[m])
+            rows.append(row)
+    finally:
+        if not ns.dir:
+            shutil.rmtree(d, ignore_errors=True)
+    return {
+        "datasets": ns.datasets,
+        "elements": ns.elements,
+        "steps": ns.steps,
+        "warmup": ns.warmup,
+        "repeat": ns.repeat,
+        "methods": list(ns.methods),
+        "rows": rows,
+    }
+
+
+def report(o: dict) -> str:
+    methods = o["methods"]
+    base = [m for m in methods if m != "lamina"]
+    head = ["datasets", *[f"{m} us/step" for m in methods]]
+    if "lamina" in methods:
+        head += ["lamina us/dataset", *[f"lamina/{m}" for m in base]]
+    body = []
+    for r in o["rows"]:
+        line = [f"{r['datasets']:,}", *[f"{r[m]['median'] * 1e6:.0f}" for m in methods]]
+        if "lamina" in methods:
+            lam = r["lamina"]["median"]
+            line.append(f"{lam / r['datasets'] * 1e6:.1f}")
+            line += [f"{lam / r[m]['median']:.2f}x" for m in base]
+        body.append(line)
+    return "\n".join(
+        [
+            f"lamina bench steps: one process, {o['steps']} timed steps after {o['warmup']} untimed, "
+            f"each dataset one float64 block of {o['elements']:,} values a step, medians of "
+            f"{o['repeat']} runs in rotated order; ratios: lamina's time over the baseline's",
+            table(head, body),
+        ]
+    )
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="lamina bench steps",
+        description="The cost of a step by the number of datasets written in it (one block "
+        "each): numpy, ADIOS2 BP5, h5py, lamina native, one process.",
+    )
+    p.add_argument(
+        "--datasets", default="1,8,32,128", help="datasets per step (default 1,8,32,128)"
+    )
+    p.add_argument("--elements", type=int, default=16, help="float64 values per block (default 16)")
+    p.add_argument("--steps", type=int, default=50, help="timed steps (default 50)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
+    p.add_argument("--repeat", type=int, default=3, help="runs per method (default 3)")
+    p.add_argument("--methods", default=",".join(METHODS), help="methods (default: all)")
+    p.add_argument("--seed", type=int, default=12345, help="seed of the data")
+    p.add_argument(
+        "--dir", default=None, help="directory for the files (default: a new one under $TMPDIR)"
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print the results as JSON on stdout (table on stderr)"
+    )
+    return p
+
+
+def main(argv: list[str]) -> int:
+    ns = parser().parse_args(argv)
+    try:
+        ns.datasets = [int(v) for v in ns.datasets.split(",") if v.strip()]
+    except ValueError:
+        ns.datasets = []
+    ns.methods = [m.strip() for m in ns.methods.split(",") if m.strip()]
+    bad = [m for m in ns.methods if m not in RUN]
+    if bad or not ns.methods:
+        print(
+            f"lamina bench steps: unknown method(s) {bad}; choose from {', '.join(METHODS)}",
+            file=sys.stderr,
+        )
+        return 2
+    if (
+        not ns.datasets
+        or min(ns.datasets) < 1
+        or ns.elements < 1
+        or ns.steps < 1
+        or ns.warmup < 0
+        or ns.repeat < 1
+    ):
+        print(
+            "lamina bench steps: need --datasets of integers >= 1, --elements >= 1, "
+            "--steps >= 1, --warmup >= 0, --repeat >= 1",
+            file=sys.stderr,
+        )
+        return 2
+    o = run(ns)
+    text = report(o) + f"\n\ncommand: lamina bench steps {' '.join(argv)}".rstrip()
+    if ns.json:
+        print(text, file=sys.stderr)
+        print(json.dumps(o, indent=1))
+    else:
+        print(text)
+    return 0
