@@ -23,7 +23,6 @@ per block in tens of bytes.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -242,12 +241,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=100, help="steps written (default 100)")
     p.add_argument("--blocks", type=int, default=100_000, help="blocks per step (default 100000)")
     p.add_argument("--repeat", type=int, default=3, help="timed repetitions (default 3)")
-    p.add_argument(
-        "--dir", default=None, help="directory for the files (default: a new one under $TMPDIR)"
-    )
-    p.add_argument(
-        "--json", action="store_true", help="print the results as JSON on stdout (table on stderr)"
-    )
+    common.add_dir_json(p)
     return p
 
 
@@ -260,9 +254,5 @@ def main(argv: list[str]) -> int:
         return 2
     o = run(ns)
     text = report(o) + f"\n\ncommand: lamina bench catalog {' '.join(argv)}".rstrip()
-    if ns.json:
-        print(text, file=sys.stderr)
-        print(json.dumps(o, indent=1))
-    else:
-        print(text)
+    common.emit(ns.json, text, o)
     return 0

@@ -354,6 +354,16 @@ def common_options(ns) -> CommonOptions:
     )
 
 
+def add_dir_json(p: argparse.ArgumentParser) -> None:
+    """``--dir`` (where the files go) and ``--json``, as one-process benchmarks take them."""
+    p.add_argument(
+        "--dir", default=None, help="directory for the files (default: a new one under $TMPDIR)"
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print the results as JSON on stdout (table on stderr)"
+    )
+
+
 def emit(as_json: bool, text: str, doc: dict) -> None:
     """Print the table (stdout, or stderr with --json) and the JSON document (stdout with --json)."""
     if as_json:

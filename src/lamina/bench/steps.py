@@ -22,7 +22,6 @@ cheaper).  lamina's last step is read back and checked, untimed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -201,12 +200,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=3, help="runs per method (default 3)")
     p.add_argument("--methods", default=",".join(METHODS), help="methods (default: all)")
     p.add_argument("--seed", type=int, default=12345, help="seed of the data")
-    p.add_argument(
-        "--dir", default=None, help="directory for the files (default: a new one under $TMPDIR)"
-    )
-    p.add_argument(
-        "--json", action="store_true", help="print the results as JSON on stdout (table on stderr)"
-    )
+    common.add_dir_json(p)
     return p
 
 
@@ -240,9 +234,5 @@ def main(argv: list[str]) -> int:
         return 2
     o = run(ns)
     text = report(o) + f"\n\ncommand: lamina bench steps {' '.join(argv)}".rstrip()
-    if ns.json:
-        print(text, file=sys.stderr)
-        print(json.dumps(o, indent=1))
-    else:
-        print(text)
+    common.emit(ns.json, text, o)
     return 0

@@ -450,25 +450,14 @@ class PutLog:
                     continue
                 st, cr = job.result()
                 if checksum:
-                    if len(cr) == 1:
-                        one[k] = cr[0]
-                    else:
-                        many[k] = cr
+                    _keep_crcs(cr, k, one, many)
                 if st is not None and stats:
                     has[k] = True
                     smin[k], smax[k], ssum[k], count[k] = st.min, st.max, st.sum, st.count
             if checksum:
                 codec = np.array(self.codec, dtype=np.uint8)[sel]
                 segs[codec != BlockCodec.STATS_ONLY] = seg
-        ncrc = np.ones(n, dtype=np.uint32)
-        if not many:
-            return segs, ncrc, one, has, smin, smax, ssum, count
-        for k, cr in many.items():
-            ncrc[k] = len(cr)
-        flat = np.fromiter(
-            itertools.chain.from_iterable(many.get(k, (int(one[k]),)) for k in range(n)),
-            dtype=np.uint32,
-        )
+        ncrc, flat = _crc_columns(one, many)
         return segs, ncrc, flat, has, smin, smax, ssum, count
 
     def stats_by_dataset(
@@ -517,10 +506,7 @@ class PutLog:
                     continue
                 st, cr = job.result()
                 if checksum:
-                    if len(cr) == 1:
-                        one[r] = cr[0]
-                    else:
-                        many[r] = cr
+                    _keep_crcs(cr, r, one, many)
                 if st is not None and stats:
                     dt = dtypes[ds[r]]
                     has[r] = True
@@ -540,22 +526,35 @@ class PutLog:
             smin = mins[sd][sel] if sd in mins else np.zeros(k, dtype=sd)
             smax = maxs[sd][sel] if sd in maxs else np.zeros(k, dtype=sd)
             ssum = sums[md][sel] if md in sums else np.zeros(k, dtype=md)
-            ncrc = np.ones(k, dtype=np.uint32)
-            flat = one[sel]
-            if many:
-                mine = [(i, many[r]) for i, r in enumerate(rows) if r in many]
-                if mine:
-                    for i, cr in mine:
-                        ncrc[i] = len(cr)
-                    got = dict(mine)
-                    flat = np.fromiter(
-                        itertools.chain.from_iterable(
-                            got.get(i, (int(flat[i]),)) for i in range(k)
-                        ),
-                        dtype=np.uint32,
-                    )
+            mine = {i: many[r] for i, r in enumerate(rows) if r in many} if many else {}
+            ncrc, flat = _crc_columns(one[sel], mine)
             out[did] = (segs[sel], ncrc, flat, has[sel], smin, smax, ssum, count[sel])
         return out
+
+
+def _keep_crcs(crcs: tuple[int, ...], k: int, one: np.ndarray, many: dict) -> None:
+    """Block *k*'s checksums: the one of a single segment in *one*, several in *many*."""
+    if len(crcs) == 1:
+        one[k] = crcs[0]
+    else:
+        many[k] = crcs
+
+
+def _crc_columns(
+    one: np.ndarray, many: dict[int, tuple[int, ...]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(ncrc, crcs)`` of blocks with one checksum each in *one*, but those in *many* (block ->
+    its checksums): how many each block has, and all of them, block after block."""
+    ncrc = np.ones(len(one), dtype=np.uint32)
+    if not many:
+        return ncrc, one
+    for k, cr in many.items():
+        ncrc[k] = len(cr)
+    flat = np.fromiter(
+        itertools.chain.from_iterable(many.get(k, (int(one[k]),)) for k in range(len(one))),
+        dtype=np.uint32,
+    )
+    return ncrc, flat
 
 
 def index_of(rows: list[int]) -> np.ndarray:
