@@ -270,6 +270,30 @@ def test_lent_blocks_overlap_is_found_at_end_step_and_the_step_dropped(tmp_path)
         np.testing.assert_array_equal(f["u"].read(step=2), want)
 
 
+def test_a_single_lent_block_overlap_names_the_lent_write(tmp_path):
+    """The one lent block of a dataset in a step is entered on its own at the commit: its
+    overlap with a copied block is raised by end_step, saying it was written with copy=False."""
+    path = str(tmp_path / "one.lam")
+    with lamina.open(path, "w") as f:
+        ds = f.create_dataset("u", shape=(8, 8), dtype="f8", fill=-1.0)
+        v = f.create_dataset("v", shape=(4,), dtype="f8")
+        f.begin_step()
+        ds.write(np.ones((4, 4)), offset=(4, 4))  # copied: entered at once
+        v.write(np.ones(4), copy=False)  # another dataset's single lent block: no overlap
+        ds.write(np.ones((2, 3)), offset=(5, 5), copy=False)  # the only lent block of u
+        with pytest.raises(
+            OverlapError, match=r"\[5:7, 5:8\] overlaps box \[4:8, 4:8\].*rank 0.*copy=False"
+        ):
+            f.end_step()
+        assert f.steps == 0
+        with f.step():
+            ds.write(np.full((2, 3), 2.0), offset=(5, 5), copy=False)
+    with lamina.open(path) as f:
+        want = np.full((8, 8), -1.0)
+        want[5:7, 5:8] = 2.0
+        np.testing.assert_array_equal(f["u"].read(step=0), want)
+
+
 def test_batch_under_background_io_is_copied_or_frozen(tmp_path):
     path = str(tmp_path / "a.lam")
     stacked = np.arange(4 * 2 * 3, dtype="f8").reshape(4, 2, 3)

@@ -96,14 +96,22 @@ from ..errors import (
     mark_collective,
     suggest,
 )
-from ..geometry import Box, check_ranks_disjoint, cols_max, cols_min, find_overlap_arrays, rows_prod
+from ..geometry import (
+    Box,
+    box_of,
+    check_ranks_disjoint,
+    cols_max,
+    cols_min,
+    find_overlap_arrays,
+    rows_prod,
+)
 from ..layouts import read as layout_read
 from ..layouts import write as layout_write
 from ..layouts.spec import Layout, level_specs
 from . import collective
 from .base import Engine
 from .batch import Batch, cast, check_batch
-from .staging import SMALL, BoxIndex, Chunk, PutLog, enter_box, enter_boxes, enter_lent, index_of
+from .staging import SMALL, BoxIndex, Chunk, PutLog, enter_box, enter_boxes, index_of
 
 _chain = itertools.chain.from_iterable
 
@@ -679,9 +687,9 @@ class BlockEngine(Engine):
         for items in groups:
             if len(items) == 1:  # one block (of a dataset written once in the step): as put would
                 spec, start, arr, _ = items[0]
-                stop = tuple(map(operator.add, start, arr.shape))
-                enter_lent(self._local, spec, start, stop, step, self.rank)
-                self._log.add_staged(spec.id, start, stop, arr, self._chunk_for(arr.nbytes))
+                box = box_of(start, arr.shape)
+                enter_box(self._local, spec, box, step, lent_by=self.rank)
+                self._log.add_staged(spec.id, start, box.stop, arr, self._chunk_for(arr.nbytes))
                 continue
             spec = items[0][0]
             arrays = [it[2] for it in items]

@@ -41,6 +41,7 @@ SMALL = stats_mod.SMALL
 #: bytes per staging chunk (written or sent as one piece)
 CHUNK_BYTES = 4 << 20
 _RAW = int(BlockCodec.RAW)
+_chain = itertools.chain.from_iterable
 
 
 class Chunk:
@@ -409,68 +410,26 @@ class PutLog:
 
     def stats_columns(self, did: int, dtype: np.dtype, seg: int, checksum: bool, stats: bool):
         """Columns of dataset *did*'s rows, in order: seg, ncrc, crcs (flat), has_stats, min,
-        max, sum, count.
+        max, sum, count (:meth:`stats_by_dataset` of that dataset alone: only its chunks are
+        waited for and only its blocks' jobs asked).
 
         Without *checksum* every block gets one checksum 0 and segment 0
         (the record format wants one per block); without *stats*, none.
         """
-        rows = self.rows.get(did, [])
-        n = len(rows)
-        smin = np.zeros(n, dtype=stat_dtype(dtype))
-        smax = np.zeros(n, dtype=stat_dtype(dtype))
-        ssum = np.zeros(n, dtype=sum_dtype(dtype))
-        count = np.zeros(n, dtype=np.int64)
-        has = np.zeros(n, dtype=bool)
-        one = np.zeros(n, dtype=np.uint32)  # the checksum of each block that has one
-        many: dict[int, tuple[int, ...]] = {}  # blocks with another number of checksums
-        segs = np.zeros(n, dtype=np.int64)
-        if stats or checksum:  # else nothing to wait for (statistics that follow the record)
-            sel = index_of(rows)
-            pos = np.full(len(self.ds), -1, dtype=np.int64)  # row -> its place among *rows*
-            pos[sel] = np.arange(n)
-            for c in self.chunks_of(rows):  # staged rows: their chunk's summaries, run by run
-                c.wait()
-                crows = index_of(c.rows)
-                for first, s in c.summaries or ():
-                    j = pos[crows[first : first + len(s.counts)]]
-                    mine = np.flatnonzero(j >= 0)
-                    if not mine.size:
-                        continue
-                    j = j[mine]
-                    if stats:
-                        smin[j], smax[j] = s.mins[mine], s.maxs[mine]
-                        ssum[j], count[j] = s.sums[mine], s.counts[mine]
-                        has[j] = True
-                    if checksum and s.crcs is not None:
-                        one[j] = s.crcs[mine]
-            for r in self.jobbed:  # blocks summarized on their own
-                k = int(pos[r])
-                job = self.job[r]
-                if k < 0 or job is None:
-                    continue
-                st, cr = job.result()
-                if checksum:
-                    _keep_crcs(cr, k, one, many)
-                if st is not None and stats:
-                    has[k] = True
-                    smin[k], smax[k], ssum[k], count[k] = st.min, st.max, st.sum, st.count
-            if checksum:
-                codec = np.array(self.codec, dtype=np.uint8)[sel]
-                segs[codec != BlockCodec.STATS_ONLY] = seg
-        ncrc, flat = _crc_columns(one, many)
-        return segs, ncrc, flat, has, smin, smax, ssum, count
+        return self.stats_by_dataset({did: dtype}, seg, checksum, stats)[did]
 
     def stats_by_dataset(
         self, dtypes: dict[int, np.dtype], seg: int, checksum: bool, stats: bool
     ) -> dict[int, tuple]:
-        """:meth:`stats_columns` of every dataset with rows (*dtypes*: their dtypes), from one
-        pass over the step's chunks and jobs: the columns of all rows are filled once, then cut
-        per dataset, so a step of many datasets pays a few numpy calls per dataset, not a
-        pass over the step's chunks each (as :meth:`stats_columns` does, for one dataset)."""
+        """:meth:`stats_columns` of the datasets in *dtypes* (their ids and dtypes; the commit
+        asks for every dataset of the step at once), from one pass over their chunks and
+        jobs: the columns of the rows are filled once, then cut per dataset, so a step of many
+        datasets pays a few numpy calls per dataset, not a pass over the step each."""
         n = len(self.ds)
         has = np.zeros(n, dtype=bool)
         count = np.zeros(n, dtype=np.int64)
-        one = np.zeros(n, dtype=np.uint32)
+        one = np.zeros(n, dtype=np.uint32)  # the checksum of each block that has one
+        many: dict[int, tuple[int, ...]] = {}  # blocks with another number of checksums
         # min/max by their stored dtype (int64, uint64 or float64), sums float64 or complex128
         mins: dict[str, np.ndarray] = {}
         maxs: dict[str, np.ndarray] = {}
@@ -482,11 +441,12 @@ class PutLog:
                 got = into[dt.str] = np.zeros(n, dtype=dt)
             return got
 
-        many: dict[int, tuple[int, ...]] = {}
-        if stats or checksum:
-            for c in self.chunks:  # staged rows: their chunk's summaries, run by run
-                if not c.rows:
-                    continue
+        if stats or checksum:  # else nothing to wait for (statistics that follow the record)
+            if all(did in dtypes for did in self.rows):
+                chunks = [c for c in self.chunks if c.rows]
+            else:  # some datasets: their chunks only (others may not be reduced yet)
+                chunks = self.chunks_of(sorted(_chain(self.rows.get(d, []) for d in dtypes)))
+            for c in chunks:  # staged rows: their chunk's summaries, run by run
                 c.wait()
                 crows = index_of(c.rows)
                 for first, s in c.summaries or ():
@@ -502,13 +462,16 @@ class PutLog:
             ds = self.ds
             for r in self.jobbed:  # blocks summarized on their own
                 job = self.job[r]
-                if job is None:
+                dt = dtypes.get(ds[r])
+                if job is None or dt is None:
                     continue
                 st, cr = job.result()
                 if checksum:
-                    _keep_crcs(cr, r, one, many)
+                    if len(cr) == 1:
+                        one[r] = cr[0]
+                    else:
+                        many[r] = cr
                 if st is not None and stats:
-                    dt = dtypes[ds[r]]
                     has[r] = True
                     col(mins, stat_dtype(dt))[r] = st.min
                     col(maxs, stat_dtype(dt))[r] = st.max
@@ -518,43 +481,26 @@ class PutLog:
         if checksum:
             segs[np.frombuffer(self.codec, dtype=np.uint8) != BlockCodec.STATS_ONLY] = seg
         out: dict[int, tuple] = {}
-        for did, rows in self.rows.items():
-            dt = dtypes[did]
+        for did, dt in dtypes.items():
+            rows = self.rows.get(did, [])
             sel = index_of(rows)
             k = len(rows)
             sd, md = stat_dtype(dt).str, sum_dtype(dt).str
             smin = mins[sd][sel] if sd in mins else np.zeros(k, dtype=sd)
             smax = maxs[sd][sel] if sd in maxs else np.zeros(k, dtype=sd)
             ssum = sums[md][sel] if md in sums else np.zeros(k, dtype=md)
-            mine = {i: many[r] for i, r in enumerate(rows) if r in many} if many else {}
-            ncrc, flat = _crc_columns(one[sel], mine)
-            out[did] = (segs[sel], ncrc, flat, has[sel], smin, smax, ssum, count[sel])
+            ncrc = np.ones(k, dtype=np.uint32)
+            crcs = one[sel]
+            mine = [(i, many[r]) for i, r in enumerate(rows) if r in many] if many else []
+            if mine:
+                for i, cr in mine:
+                    ncrc[i] = len(cr)
+                got = dict(mine)
+                crcs = np.fromiter(
+                    _chain(got.get(i, (int(crcs[i]),)) for i in range(k)), dtype=np.uint32
+                )
+            out[did] = (segs[sel], ncrc, crcs, has[sel], smin, smax, ssum, count[sel])
         return out
-
-
-def _keep_crcs(crcs: tuple[int, ...], k: int, one: np.ndarray, many: dict) -> None:
-    """Block *k*'s checksums: the one of a single segment in *one*, several in *many*."""
-    if len(crcs) == 1:
-        one[k] = crcs[0]
-    else:
-        many[k] = crcs
-
-
-def _crc_columns(
-    one: np.ndarray, many: dict[int, tuple[int, ...]]
-) -> tuple[np.ndarray, np.ndarray]:
-    """``(ncrc, crcs)`` of blocks with one checksum each in *one*, but those in *many* (block ->
-    its checksums): how many each block has, and all of them, block after block."""
-    ncrc = np.ones(len(one), dtype=np.uint32)
-    if not many:
-        return ncrc, one
-    for k, cr in many.items():
-        ncrc[k] = len(cr)
-    flat = np.fromiter(
-        itertools.chain.from_iterable(many.get(k, (int(one[k]),)) for k in range(len(one))),
-        dtype=np.uint32,
-    )
-    return ncrc, flat
 
 
 def index_of(rows: list[int]) -> np.ndarray:
@@ -849,23 +795,6 @@ def _lent_overlap(spec: DatasetSpec, step: int, box: Box, other: Box, rank: int)
     )
 
 
-def enter_lent(
-    boxes: dict[int, BoxIndex],
-    spec: DatasetSpec,
-    start: tuple[int, ...],
-    stop: tuple[int, ...],
-    step: int,
-    rank: int,
-) -> None:
-    """:func:`enter_boxes` of one lent box, without making arrays of it."""
-    idx = boxes.get(spec.id)
-    if idx is None:
-        idx = boxes[spec.id] = BoxIndex(spec.ndim, spec.shape)
-    j = idx.insert(start, stop)
-    if j >= 0:
-        raise _lent_overlap(spec, step, Box(start, stop), Box(idx.starts[j], idx.stops[j]), rank)
-
-
 def _meets(a0, a1, b0, b1) -> bool:
     for s, e, t, u in zip(a0, a1, b0, b1, strict=True):
         if s >= u or t >= e:
@@ -873,11 +802,15 @@ def _meets(a0, a1, b0, b1) -> bool:
     return True
 
 
-def enter_box(boxes: dict[int, BoxIndex], spec: DatasetSpec, box: Box, step: int) -> BoxIndex:
+def enter_box(
+    boxes: dict[int, BoxIndex], spec: DatasetSpec, box: Box, step: int, lent_by: int | None = None
+) -> BoxIndex:
     """Enter *box* among one rank's boxes of *spec* in *step* (*boxes*: dataset id -> index).
 
     OverlapError, naming both boxes, if it meets one; the caller takes it out
-    again (``pop`` of the index returned) if its put fails afterwards.
+    again (``pop`` of the index returned) if its put fails afterwards.  With
+    *lent_by*, as for :func:`enter_boxes`: the box of a lent block, entered at
+    the commit.
     """
     idx = boxes.get(spec.id)
     if idx is None:
@@ -885,6 +818,8 @@ def enter_box(boxes: dict[int, BoxIndex], spec: DatasetSpec, box: Box, step: int
     j = idx.insert(box.start, box.stop)
     if j >= 0:
         other = Box(idx.starts[j], idx.stops[j])
+        if lent_by is not None:
+            raise _lent_overlap(spec, step, box, other, lent_by)
         raise OverlapError(
             f"dataset {spec.path!r}, step {step}: box {box} overlaps box {other} "
             "already written by this rank in this step"
