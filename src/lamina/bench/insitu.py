@@ -400,14 +400,9 @@ def parser() -> argparse.ArgumentParser:
         help=f"comma-separated subset of {','.join(SHORT)} (default all)",
     )
     p.add_argument(
-        "--dir", default=None, help="directory for the files (default: a new one under $TMPDIR)"
-    )
-    p.add_argument(
         "--timeout", type=float, default=None, help="seconds per MPI job (default: from the sizes)"
     )
-    p.add_argument(
-        "--json", action="store_true", help="print the results as JSON on stdout (table on stderr)"
-    )
+    common.add_dir_json(p)
     return p
 
 

@@ -117,13 +117,6 @@ RUN = {"numpy": _numpy, "adios2 BP5": _adios2, "h5py": _h5py, "lamina": _lamina}
 SUFFIX = {"numpy": ".raw", "adios2 BP5": ".bp", "h5py": ".h5", "lamina": ".lam"}
 
 
-def _remove(path: str) -> None:
-    if os.path.isdir(path):
-        shutil.rmtree(path, ignore_errors=True)
-    elif os.path.exists(path):
-        os.remove(path)
-
-
 def run(ns) -> dict:
     d = ns.dir or tempfile.mkdtemp(prefix="lamina-bench-steps-")
     os.makedirs(d, exist_ok=True)
@@ -140,9 +133,9 @@ def run(ns) -> dict:
                 )
                 for m in order:
                     path = os.path.join(d, f"steps-{nd}{SUFFIX[m]}")
-                    _remove(path)
+                    common.remove(path)
                     times[m].append(RUN[m](path, arrays, ns.steps, ns.warmup) / ns.steps)
-                    _remove(path)
+                    common.remove(path)
             row = {"datasets": nd, "elements": ns.elements}
             for m in ns.methods:
                 row[m] = common.summarize(times[m])
