@@ -1,18 +1,21 @@
 """Reads of many small blocks against numpy.
 
-Blocks back to back in a subfile are read with one pread per run, checked
-with one CRC call per run and, where blocks of one shape tile a box of the
-output, put in place with one strided copy (``_place_grid``); otherwise one
-scatter or a copy per block.  Whatever the path, a read gives what numpy
-gives on the array the blocks were cut from: here with grids in any order,
-grids with holes, blocks off the grid's phase, blocks of several shapes and
-read boxes that cut blocks.
+Blocks back to back in a subfile are read as one run, in pieces of whole
+blocks (``READ_PIECE`` bytes) that are checked and put in place while they
+are in the cache: a slab of the grid per piece where blocks of one shape
+tile a box of the output in C order, otherwise one fancy-indexed copy, one
+scatter or a copy per block.  A run of many blocks of one length is checked
+with one CRC over all of its pieces.  Whatever the path, a read gives what
+numpy gives on the array the blocks were cut from: here with grids in any
+order, grids with holes, blocks off the grid's phase, blocks of several
+shapes, read boxes that cut blocks, and pieces of one block to the whole run.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -46,8 +49,14 @@ def tilings(draw):
 
 
 @settings(deadline=None)  # example counts from the profile (conftest.py)
-@given(tilings(), st.data())
-def test_reads_match_numpy(tiling, data):
+@given(tilings(), st.sampled_from([1, 40, 300, native.READ_PIECE]), st.data())
+def test_reads_match_numpy(tiling, piece, data):
+    """*piece*: bytes read at a time (1: a block per piece; the default: whole runs here)."""
+    with mock.patch.object(native, "READ_PIECE", piece):
+        _reads_match_numpy(tiling, data)
+
+
+def _reads_match_numpy(tiling, data):
     shape, grid, phase, extra, cells, odd, seed = tiling
     nd = len(shape)
     full = tuple(p + g * s + x for p, g, s, x in zip(phase, grid, shape, extra, strict=True))
@@ -157,3 +166,41 @@ def test_runs_of_larger_blocks_and_the_run_buffer_used_again(tmp_path):
         sub = tuple(slice(a, b) for a, b in zip(victim.box.start, victim.box.stop, strict=True))
         with pytest.raises(ChecksumError):
             ds[sub]
+
+
+@pytest.mark.parametrize("order", ["c", "reversed", "holes"])
+@pytest.mark.parametrize("piece", [1, 1000, 1 << 20])
+def test_a_run_of_many_blocks_checked_with_one_crc(tmp_path, order, piece):
+    """A run of more blocks than ``CONCAT_MIN`` (24 x 24 blocks of 2 x 3) is checked with one
+    CRC over all its pieces: read in pieces of one block, of a few rows of the grid, or whole,
+    with the grid in C order (slabs), reversed (one fancy-indexed copy per piece) or with
+    holes (one scatter per piece), it gives what numpy gives; a byte flipped in one block
+    is caught after the run and the error names that block."""
+    edge, grid = (2, 3), (24, 24)
+    full = (edge[0] * grid[0], edge[1] * grid[1])
+    cells = list(np.ndindex(*grid))
+    if order == "reversed":
+        cells = cells[::-1]
+    elif order == "holes":
+        cells = [c for k, c in enumerate(cells) if k % 11 != 5]
+    assert len(cells) > lamina.stats.CONCAT_MIN
+    rng = np.random.default_rng(3)
+    truth = np.full(full, FILL)
+    path = str(tmp_path / "many.lam")
+    with lamina.open(path, "w") as f:
+        ds = f.create_dataset("u", full, "f8", fill=FILL)
+        with f.step():
+            for c in cells:
+                lo = (c[0] * edge[0], c[1] * edge[1])
+                key = (slice(lo[0], lo[0] + edge[0]), slice(lo[1], lo[1] + edge[1]))
+                truth[key] = rng.random(edge)
+                ds.write(truth[key], offset=lo)
+    with mock.patch.object(native, "READ_PIECE", piece), lamina.open(path) as f:
+        ds = f["u"]
+        np.testing.assert_array_equal(ds[...], truth)
+        np.testing.assert_array_equal(ds[4:30, :], truth[4:30, :])
+        victim = ds.blocks()[len(cells) * 2 // 3]
+        flip(os.path.join(path, victim.subfile), victim.offset + 5)
+        with pytest.raises(ChecksumError, match="checksum mismatch") as err:
+            ds[...]
+        assert str(victim.box) in str(err.value)
