@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from test_corruption import flip
 
 import lamina
+from lamina.derived import _parallel
 from lamina.engines.native import engine as native
 from lamina.engines.native.engine import _place_grid
 from lamina.errors import ChecksumError
@@ -169,13 +170,22 @@ def test_runs_of_larger_blocks_and_the_run_buffer_used_again(tmp_path):
 
 
 @pytest.mark.parametrize("order", ["c", "reversed", "holes"])
-@pytest.mark.parametrize("piece", [1, 1000, 1 << 20])
-def test_a_run_of_many_blocks_checked_with_one_crc(tmp_path, order, piece):
+@pytest.mark.parametrize("piece,threads", [(1, 1), (1000, 1), (1 << 20, 1), (1, 3), (1000, 2)])
+def test_a_run_of_many_blocks_checked_with_one_crc(tmp_path, monkeypatch, order, piece, threads):
     """A run of more blocks than ``CONCAT_MIN`` (24 x 24 blocks of 2 x 3) is checked with one
     CRC over all its pieces: read in pieces of one block, of a few rows of the grid, or whole,
-    with the grid in C order (slabs), reversed (one fancy-indexed copy per piece) or with
-    holes (one scatter per piece), it gives what numpy gives; a byte flipped in one block
-    is caught after the run and the error names that block."""
+    on one thread or several, with the grid in C order (slabs), reversed (one fancy-indexed
+    copy per piece) or with holes (one scatter per piece), it gives what numpy gives; a byte
+    flipped in one block is caught after the run and the error names that block."""
+    monkeypatch.setattr(native, "PARALLEL_READ_MIN", 0)
+    monkeypatch.setattr(_parallel, "THREADS", threads)
+    run, used = _parallel.run_blocks, []
+
+    def counted(items, work, states):
+        used.append(len(states))
+        return run(items, work, states)
+
+    monkeypatch.setattr(_parallel, "run_blocks", counted)
     edge, grid = (2, 3), (24, 24)
     full = (edge[0] * grid[0], edge[1] * grid[1])
     cells = list(np.ndindex(*grid))
@@ -199,6 +209,8 @@ def test_a_run_of_many_blocks_checked_with_one_crc(tmp_path, order, piece):
         ds = f["u"]
         np.testing.assert_array_equal(ds[...], truth)
         np.testing.assert_array_equal(ds[4:30, :], truth[4:30, :])
+        assert max(used) == (threads if piece < 1 << 20 else 1)  # the whole run: one piece
+        assert 1 <= len(f.engine.inner._run_bufs) <= threads
         victim = ds.blocks()[len(cells) * 2 // 3]
         flip(os.path.join(path, victim.subfile), victim.offset + 5)
         with pytest.raises(ChecksumError, match="checksum mismatch") as err:

@@ -232,6 +232,16 @@ def test_crc_concat_is_the_crc_of_the_pieces_back_to_back(length, n, seed):
     assert stats.crc_concat(pieces, length) == crc32c.crc32c(buf)
 
 
+@given(st.lists(st.integers(0, 5000), max_size=12), st.integers(0, 2**32 - 1))
+def test_crc_combine_is_the_crc_of_pieces_of_any_lengths(lengths, seed):
+    """Pieces of different lengths, empty ones among them: their CRCs and lengths give the
+    CRC of the pieces back to back."""
+    rng = np.random.default_rng(seed)
+    pieces = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in lengths]
+    crcs = [crc32c.crc32c(p) for p in pieces]
+    assert stats.crc_combine(crcs, lengths) == crc32c.crc32c(b"".join(pieces))
+
+
 def test_crc_concat_large_pieces(rng):
     for length in (1 << 18, (1 << 20) + 8, 3 * 4096):
         buf = rng.integers(0, 256, 5 * length, dtype=np.uint8)

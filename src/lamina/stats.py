@@ -152,6 +152,16 @@ def crc_concat(crcs: np.ndarray, length: int) -> int:
     return int(c[0])
 
 
+def crc_combine(crcs: Sequence[int], lengths: Sequence[int]) -> int:
+    """CRC-32C of pieces back to back (any lengths) from each piece's CRC and length: zlib's
+    ``crc32_combine`` folded over the pieces, one operator per distinct length (cached)."""
+    cur = 0
+    for c, n in zip(crcs, lengths, strict=True):
+        if n:
+            cur = int(_apply(_zeros(int(n)), np.asarray(cur, dtype=np.uint32))) ^ int(c)
+    return cur
+
+
 def first_bad_piece(buf, lengths: np.ndarray, expected: np.ndarray) -> int:
     """Index of the first piece of *buf* (pieces of *lengths* bytes, back to back) whose
     CRC-32C is not *expected*, or -1 when all match.

@@ -26,6 +26,7 @@ import numpy as np
 from ... import comm as comm_mod
 from ... import stats as stats_mod
 from ...catalog import BlockCodec, BlockTable, Decoder, Encoder, Record, StepBlocks, subfile_name
+from ...derived import _parallel
 from ...errors import ChecksumError, FormatError, LaminaWarning, NotALaminaFileError
 from ...geometry import Box, cols_max, cols_min, rows_all, split_range
 from ..block import BlockEngine, StepHeads, wait_for
@@ -37,12 +38,14 @@ MSG_CHUNK = 1 << 25  # 32 MiB pieces: pipelined, and far below MPI's 2 GiB count
 #: a member rank waits for its aggregator without polling when the aggregator writes this much
 QUIET_MOVE = 1 << 20
 #: whole raw blocks up to this size that lie back to back in a subfile are read together ...
-COALESCE_BLOCK = 1 << 20
+COALESCE_BLOCK = 1 << 22
 #: ... in reads of up to this many bytes
 COALESCE_RUN = 1 << 24
 #: a run is read, checked and put in place this many bytes at a time (whole blocks), each piece
 #: while it is in the cache: 16 MiB of 32^3 blocks through one buffer took 5.3 ms, in pieces 2.9
 READ_PIECE = 1 << 20
+#: runs of at least this many bytes are read by a few threads (a thread's start costs ~0.1 ms)
+PARALLEL_READ_MIN = 1 << 22
 #: blocks of at most this many elements, of one shape, go into place with one scatter per run
 #: (an index per element); larger ones a copy each (16^3 blocks scattered: 1.4-1.7x the copies)
 SCATTER_ELEMENTS = 512
@@ -911,35 +914,22 @@ class NativeEngine(BlockEngine):
     def _read_run(
         self, spec, t: BlockTable, idx, ks, first: int, total: int, rel_lo, rel_hi, out
     ) -> None:
-        """Blocks ``idx[ks]``, back to back in one subfile from byte *first* (*total* bytes),
-        through a buffer of a piece (:data:`READ_PIECE`) that the next run uses again (one
-        kept)."""
-        need = min(total, max(READ_PIECE, int(t.length[idx[ks]].max())))
-        try:
-            buf = self._run_bufs.pop()
-        except IndexError:
-            buf = np.empty(0, dtype=np.uint8)
-        if len(buf) < need:
-            buf = np.empty(need, dtype=np.uint8)
-        try:
-            self._place_run(spec, t, idx, ks, first, rel_lo, rel_hi, out, buf)
-        finally:
-            if not self._run_bufs and len(buf) <= COALESCE_RUN:
-                self._run_bufs.append(buf)
+        """Blocks ``idx[ks]``, back to back in one subfile from byte *first* (*total* bytes):
+        read in pieces of whole blocks (about :data:`READ_PIECE` bytes), each checked and put in
+        place while it is still in the cache.
 
-    def _place_run(
-        self, spec, t: BlockTable, idx, ks, first: int, rel_lo, rel_hi, out, buf
-    ) -> None:
-        """:meth:`_read_run` piece by piece: each piece (whole blocks) read into *buf*, checked
-        and put in place while it is still in the cache.
+        Pieces go to a few threads when the run is large (:data:`PARALLEL_READ_MIN`): the
+        cores of this process shared among the ranks of its node, as for the derived
+        kernels (:func:`lamina.derived._parallel.default_threads`); pread, CRC and numpy's
+        copies release the GIL.  Each thread reads through a buffer of a piece, kept by the
+        engine for the next run.
 
-        A run of many blocks of one length is checked with one CRC over all of
-        its pieces against the blocks' own (:func:`~lamina.stats.crc_concat`),
-        at the end: on a mismatch the run is read again to name the corrupt
-        block, and *out* holds what was read (as after any failed read, its
-        contents are then undefined).  Fewer or unequal blocks are checked a
-        piece at a time, before they are placed.  Blocks of one shape that tile
-        a box of *out* in C order are placed a slab of the grid per piece;
+        A run of many blocks of one length is checked with one CRC over it (the pieces'
+        CRCs combined) against the blocks' own (:func:`~lamina.stats.crc_concat`), at the
+        end: on a mismatch the run is read again to name the corrupt block, and *out* holds
+        what was read (as after any failed read, its contents are then undefined).  Fewer or
+        unequal blocks are checked a piece at a time, before they are placed.  Blocks of one
+        shape that tile a box of *out* in C order are placed a slab of the grid per piece;
         otherwise one fancy-indexed copy, one scatter or a copy per block.
         """
         i0 = int(idx[ks[0]])
@@ -965,12 +955,12 @@ class NativeEngine(BlockEngine):
         one_shape = one_length and bool(np.all(t.stop[rows] - t.start[rows] == shape))
         corner = rel_lo[ks]
         grid = _grid_of(out, corner, shape) if one_shape else None
-        cut: Iterator[tuple[int, int, Any]]
+        pieces: list[tuple[int, int, Any]]
         if grid is not None and grid.order is None:  # a slab of the grid per piece
-            cut = _slabs(grid.view.shape[: out.ndim], int(lengths[0]), READ_PIECE)
+            pieces = list(_slabs(grid.view.shape[: out.ndim], int(lengths[0]), READ_PIECE))
         else:
-            cut = ((a, b, None) for a, b in _cuts(ends, READ_PIECE))
-        within = None
+            pieces = [(a, b, None) for a, b in _cuts(ends, READ_PIECE)]
+        within = at = None
         if grid is None and one_shape and out.flags.c_contiguous:
             if int(np.prod(shape)) <= SCATTER_ELEMENTS:  # an index array for every block
                 strides = np.asarray(out.strides, dtype=np.int64) // out.itemsize
@@ -978,13 +968,15 @@ class NativeEngine(BlockEngine):
                 within = np.asarray(np.ravel_multi_index(tuple(cells), out.shape), dtype=np.int64)
                 at = corner @ strides
         one_crc = n >= stats_mod.CONCAT_MIN and one_length and int(lengths[0]) > 0
-        run_crc = 0
-        for a, b, key in cut:
+        got = [0] * len(pieces)  # each piece's CRC (one_crc)
+
+        def place(buf: np.ndarray, k: int) -> None:
+            a, b, key = pieces[k]
             begin = int(ends[a - 1]) if a else 0
             piece = buf[: int(ends[b - 1]) - begin]
             _pread_into(fd, piece.data, first + begin, what)
             if one_crc:
-                run_crc = stats_mod.crc_raw(piece.data, run_crc)
+                got[k] = stats_mod.crc_raw(piece.data)
             else:
                 j = stats_mod.first_bad_piece(piece, lengths[a:b], expected[a:b])
                 if j >= 0:
@@ -995,10 +987,10 @@ class NativeEngine(BlockEngine):
                 dst = grid.view[key]
                 dst[...] = vals.reshape(dst.shape)
             elif grid is not None:
-                grid.view[tuple(grid.cells[a:b].T)] = vals.reshape(
-                    b - a, *grid.view.shape[out.ndim :]
-                )
+                block = grid.view.shape[out.ndim :]
+                grid.view[tuple(grid.cells[a:b].T)] = vals.reshape(b - a, *block)
             elif within is not None:
+                assert at is not None
                 out.reshape(-1)[(at[a:b, None] + within[None, :]).reshape(-1)] = vals
             else:
                 e = (ends[a:b] - begin).tolist()
@@ -1007,7 +999,22 @@ class NativeEngine(BlockEngine):
                 ):
                     dst = out[tuple(map(slice, lo_k, hi_k))]
                     dst[...] = vals[u // dt.itemsize : v // dt.itemsize].reshape(dst.shape)
-        if one_crc and run_crc != stats_mod.crc_concat(expected, int(lengths[0])):
+
+        threads = 1
+        if len(pieces) > 1 and total >= PARALLEL_READ_MIN:
+            threads = min(len(pieces), _parallel.default_threads())
+        need = max(int(ends[b - 1]) - (int(ends[a - 1]) if a else 0) for a, b, _ in pieces)
+        bufs = [self._run_buffer(need) for _ in range(threads)]
+        try:
+            _parallel.run_blocks(range(len(pieces)), place, bufs)
+        finally:
+            for buf in bufs:
+                if len(self._run_bufs) < threads and len(buf) <= COALESCE_RUN:
+                    self._run_bufs.append(buf)
+        if not one_crc:
+            return
+        sizes = [int(ends[b - 1]) - (int(ends[a - 1]) if a else 0) for a, b, _ in pieces]
+        if stats_mod.crc_combine(got, sizes) != stats_mod.crc_concat(expected, int(lengths[0])):
             again = np.empty(int(ends[-1]), dtype=np.uint8)  # which block: each one's CRC
             _pread_into(fd, again.data, first, what)
             j = stats_mod.first_bad_piece(again, lengths, expected)
@@ -1017,6 +1024,14 @@ class NativeEngine(BlockEngine):
                 f"checksum mismatch in {self.path}/{name}: dataset {spec.path!r}, the blocks at "
                 f"bytes {first}..{first + int(ends[-1])} read differently twice"
             )
+
+    def _run_buffer(self, need: int) -> np.ndarray:
+        """A buffer of at least *need* bytes: one kept from an earlier run, or a new one."""
+        try:
+            buf = self._run_bufs.pop()
+        except IndexError:
+            return np.empty(need, dtype=np.uint8)
+        return buf if len(buf) >= need else np.empty(need, dtype=np.uint8)
 
     def aggregator_ranks(self) -> list[int]:
         return list(self.agg_rank)
