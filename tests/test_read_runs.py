@@ -216,3 +216,25 @@ def test_a_run_of_many_blocks_checked_with_one_crc(tmp_path, monkeypatch, order,
         with pytest.raises(ChecksumError, match="checksum mismatch") as err:
             ds[...]
         assert str(victim.box) in str(err.value)
+
+
+@given(
+    st.lists(st.integers(1, 6), min_size=1, max_size=4),
+    st.integers(1, 64),
+    st.integers(1, 2000),
+)
+def test_slabs_cut_a_grid_into_boxes_of_consecutive_cells(extent, block, limit):
+    """``_slabs`` cuts a grid of cells (C order) into pieces that each cover consecutive cells
+    forming the box they name, every cell once, each piece within *limit* bytes unless it is
+    a single cell."""
+    from lamina.engines.native.engine import _slabs
+
+    n = int(np.prod(extent))
+    lin = np.arange(n).reshape(extent)
+    seen = []
+    for a, b, key in _slabs(extent, block, limit):
+        assert b > a
+        assert (b - a) * block <= limit or b - a == 1
+        assert lin[key].reshape(-1).tolist() == list(range(a, b))
+        seen.append((a, b))
+    assert [a for a, _ in seen] == [0] + [b for _, b in seen[:-1]] and seen[-1][1] == n
