@@ -1144,10 +1144,23 @@ class NativeEngine(BlockEngine):
         """Read bytes [block_off, block_off+len(mv)) of a block and check their segment checksums.
 
         Reads segment by segment; the checksum of segment k runs on the worker
-        thread while segment k+1 is read.
+        thread while segment k+1 is read.  A read within one segment is checked
+        on this thread: handing it over would cost a thread's wake-up for nothing.
         """
         seg = rec.seg if rec.seg else rec.length
         n = len(mv)
+
+        def check(k: int, got: int) -> None:
+            if k >= len(rec.crcs) or got != rec.crcs[k]:
+                raise ChecksumError(
+                    f"checksum mismatch in {what}, segment {k} (bytes {rec.offset + k * seg}.."
+                    f"{rec.offset + min(rec.length, (k + 1) * seg)}): the data is corrupt"
+                )
+
+        if n and block_off + n <= (block_off // seg + 1) * seg:
+            _pread_into(fd, mv, file_off, what)
+            check(block_off // seg, stats_mod.crc(mv))
+            return
         futures = []
         pool = stats_mod._pool()
         pos = 0
@@ -1159,12 +1172,7 @@ class NativeEngine(BlockEngine):
             futures.append((k, pool.submit(stats_mod.crc, piece)))
             pos = end
         for k, fut in futures:
-            got = fut.result()
-            if k >= len(rec.crcs) or got != rec.crcs[k]:
-                raise ChecksumError(
-                    f"checksum mismatch in {what}, segment {k} (bytes {rec.offset + k * seg}.."
-                    f"{rec.offset + min(rec.length, (k + 1) * seg)}): the data is corrupt"
-                )
+            check(k, fut.result())
 
     def _close_storage(self) -> None:
         fds = list(getattr(self, "_rfds", {}).values())
