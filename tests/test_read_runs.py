@@ -26,7 +26,7 @@ from test_corruption import flip
 import lamina
 from lamina.derived import _parallel
 from lamina.engines.native import engine as native
-from lamina.engines.native.engine import _place_grid
+from lamina.engines.native.engine import _grid_of
 from lamina.errors import ChecksumError
 
 pytestmark = pytest.mark.usefixtures("fast_native")
@@ -95,6 +95,19 @@ def _reads_match_numpy(tiling, data):
                 out = np.zeros(full[::-1]).T
                 ds.read(out=out)
                 np.testing.assert_array_equal(out, truth)
+
+
+def _place_grid(out, corner, shape, values) -> bool:
+    """Blocks of one *shape* (values back to back, block k at ``corner[k]``) into *out* through
+    the view ``_grid_of`` gives; False (nothing written) when they do not tile a box of it."""
+    g = _grid_of(out, corner, shape)
+    if g is None:
+        return False
+    src = np.asarray(values).reshape(len(corner), *(int(v) for v in shape))
+    if g.order is not None:
+        src = src[g.order]
+    g.view[...] = src.reshape(g.view.shape)
+    return True
 
 
 def test_place_grid_refuses_what_is_not_a_tiling():

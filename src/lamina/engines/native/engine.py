@@ -46,7 +46,7 @@ COALESCE_RUN = 1 << 24
 READ_PIECE = 1 << 20
 #: runs of at least this many bytes are read by a few threads (a thread's start costs ~0.1 ms)
 PARALLEL_READ_MIN = 1 << 22
-#: blocks of at most this many elements, of one shape, go into place with one scatter per run
+#: blocks of at most this many elements, of one shape, go into place with one scatter per piece
 #: (an index per element); larger ones a copy each (16^3 blocks scattered: 1.4-1.7x the copies)
 SCATTER_ELEMENTS = 512
 
@@ -95,20 +95,6 @@ def _grid_of(out: np.ndarray, corner: np.ndarray, shape) -> _Grid | None:
     if not np.may_share_memory(view, out):  # splitting axes is a view for any strides; be sure
         return None
     return _Grid(view, cell, order)
-
-
-def _place_grid(out: np.ndarray, corner: np.ndarray, shape: np.ndarray, values) -> bool:
-    """Put blocks of one *shape* (values back to back, block k at ``corner[k]`` of *out*)
-    in place with one strided copy when they tile a box of *out* without gaps; False
-    (nothing written) when they do not."""
-    g = _grid_of(out, corner, shape)
-    if g is None:
-        return False
-    src = np.asarray(values).reshape(len(corner), *(int(v) for v in shape))
-    if g.order is not None:
-        src = src[g.order]
-    g.view[...] = src.reshape(g.view.shape)
-    return True
 
 
 def _slabs(extent: Sequence[int], block_bytes: int, limit: int) -> Iterator[tuple[int, int, tuple]]:
@@ -294,10 +280,10 @@ class NativeEngine(BlockEngine):
                 self.agg_of[r] = a
         self.is_agg = self.agg_rank[self.agg_of[self.rank]] == self.rank
         self._rfds: dict[str, int] = {}
-        # the buffer of runs read (_read_run), used again: a run into fresh memory pays a page
-        # fault per 4 KiB (1-2 ms for a run of 16 MiB); a thread takes it (list.pop and
-        # append are atomic: a second thread meanwhile makes its own) and gives it back once
-        # the run's blocks are in place
+        # the buffers of the pieces of runs read (_read_run), one per reading thread, used
+        # again: a piece into fresh memory pays a page fault per 4 KiB; a thread takes one
+        # (list.pop and append are atomic: a thread that finds none makes its own) and gives
+        # it back once the run's blocks are in place
         self._run_bufs: list[np.ndarray] = []
         self._sizes: dict[str, int] = {}
         self._meta_fd = self._commit_fd = self._data_fd = -1
