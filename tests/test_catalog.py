@@ -683,6 +683,28 @@ def test_record_decode_errors():
         Record.decode(meta.encode(specs)[0], cat)
 
 
+@pytest.mark.parametrize("version", [3, 4])
+@pytest.mark.parametrize("order", [(1, 0), (1, 1)])
+def test_record_decode_refuses_block_sections_out_of_order(version, order):
+    """The directory lists one section per dataset, by ascending dataset: a section of a
+    lower dataset after a higher one, or of the same dataset twice, is refused."""
+    from lamina.catalog.blocks import Section
+
+    rec, specs, _ = full_record()
+    head, area = rec.encode(specs, version)
+    cat = Catalog()
+    for op in rec.ops:
+        cat.apply_op(op)
+    one = Record.decode(head, cat, apply_ops=False, version=version).sections[0]
+    sections = {
+        k: Section(did, one.nblocks, k * one.length, one.length, one.crc)
+        for k, did in enumerate(order)
+    }
+    bad = Record(KIND_STEP, 0, session=2, nranks=2, sections=sections)
+    with pytest.raises(FormatError, match="block sections out of order"):
+        Record.decode(bad.encode(cat.specs, version)[0], cat, apply_ops=False, version=version)
+
+
 def test_catalog_apply_op_inconsistencies():
     cat = Catalog()
     spec = DatasetSpec("d", (2,), np.dtype("f8"), 0.0, (), 0)

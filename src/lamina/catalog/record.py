@@ -35,13 +35,10 @@ VERSION = 4
 #: a section's entry in the directory (dataset, blocks, offset, length, crc; version 4 adds
 #: the raw length), by format version
 _ENTRY = {3: struct.Struct("<IQQQI"), 4: struct.Struct("<IQQQIQ")}
-#: bytes of a section's entry in the directory, by format version
-_SECTION = {v: e.size for v, e in _ENTRY.items()}
 #: an extent: session, aggregator, end
 _EXTENT_ENTRY = struct.Struct("<IIQ")
 #: longest table a compressed section may claim to hold
 _MAX_RAW = 1 << 40
-_EXTENT = _EXTENT_ENTRY.size
 
 
 @dataclass(slots=True)
@@ -190,18 +187,21 @@ class Record:
             rec.tables = {did: BlockTable.from_records(bs, specs[did]) for did, bs in by.items()}
             rec.extents = extents_of(rec.tables)
             return rec
-        nsec = d.count(_SECTION[min(version, 4)], name="block sections")
+        entry = _ENTRY[min(version, 4)]
+        nsec = d.count(entry.size, name="block sections")
         end = 0
+        last = -1  # the dataset of the section before: sections come by ascending dataset
         for _ in range(nsec):
-            did, n, off, length, c = d.u32(), d.u64(), d.u64(), d.u64(), d.u32()
-            raw = d.u64() if version >= 4 else 0
+            did, n, off, length, c, *more = entry.unpack(d.raw(entry.size))
+            raw = more[0] if more else 0
             if did >= len(specs):
                 raise FormatError(
                     f"{what}: blocks of dataset id {did}, only {len(specs)} datasets defined"
                 )
             spec = specs[did]
-            if did in rec.sections or (rec.sections and did < max(rec.sections)):
+            if did <= last:
                 raise FormatError(f"{what}: block sections out of order at dataset {spec.path!r}")
+            last = did
             table_bytes = raw if raw else length
             if (
                 off != end
@@ -215,10 +215,10 @@ class Record:
                 )
             rec.sections[did] = Section(did, n, off, length, c, raw)
             end = off + length
-        next_ = d.count(_EXTENT, name="subfile extents")
+        next_ = d.count(_EXTENT_ENTRY.size, name="subfile extents")
         prev = (-1, -1)
         for _ in range(next_):
-            sess, agg, e = d.u32(), d.u32(), d.u64()
+            sess, agg, e = _EXTENT_ENTRY.unpack(d.raw(_EXTENT_ENTRY.size))
             if (sess, agg) <= prev or e >= 1 << 62:
                 raise FormatError(f"{what}: subfile extents out of order or impossible")
             prev = (sess, agg)
