@@ -989,7 +989,8 @@ class NativeEngine(BlockEngine):
         threads = 1
         if len(pieces) > 1 and total >= PARALLEL_READ_MIN:
             threads = min(len(pieces), _parallel.default_threads())
-        need = max(int(ends[b - 1]) - (int(ends[a - 1]) if a else 0) for a, b, _ in pieces)
+        sizes = [int(ends[b - 1]) - (int(ends[a - 1]) if a else 0) for a, b, _ in pieces]
+        need = max(sizes)
         bufs = [self._run_buffer(need) for _ in range(threads)]
         try:
             _parallel.run_blocks(range(len(pieces)), place, bufs)
@@ -999,7 +1000,6 @@ class NativeEngine(BlockEngine):
                     self._run_bufs.append(buf)
         if not one_crc:
             return
-        sizes = [int(ends[b - 1]) - (int(ends[a - 1]) if a else 0) for a, b, _ in pieces]
         if stats_mod.crc_combine(got, sizes) != stats_mod.crc_concat(expected, int(lengths[0])):
             again = np.empty(int(ends[-1]), dtype=np.uint8)  # which block: each one's CRC
             _pread_into(fd, again.data, first, what)
