@@ -728,7 +728,6 @@ def test_catalog_apply_op_inconsistencies():
 def test_format_4_compresses_band_sections_and_checks_them():
     """Format 4 stores the block tables of multiresolution datasets zlib-compressed (where that is
     shorter); a section whose compressed bytes do not hold what it claims is a FormatError."""
-    import dataclasses
     import zlib
 
     from crc32c import crc32c
@@ -760,7 +759,7 @@ def test_format_4_compresses_band_sections_and_checks_them():
     loaded = StepBlocks({0: secs[0]}, [], lambda o, n: area[o : o + n], "step 0")
     assert loaded.table(spec).records(0) == recs
     bad = zlib.compress(plain[:-1], 1)  # one byte short of what the section claims
-    sec = dataclasses.replace(secs[0], length=len(bad), crc=crc32c(bad))
+    sec = secs[0]._replace(length=len(bad), crc=crc32c(bad))
     with pytest.raises(FormatError, match="do not hold the"):
         StepBlocks({0: sec}, [], lambda o, n: bad[o : o + n], "step 0").table(spec)
     with pytest.raises(FormatError, match="do not decompress"):

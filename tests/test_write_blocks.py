@@ -631,3 +631,36 @@ def test_lent_arrays_are_read_only_until_the_step_is_committed(tmp_path):
         np.testing.assert_array_equal(got[2:4, 2:4], 1.0)
         np.testing.assert_array_equal(got[4:6, 4:6], 3.0)
         np.testing.assert_array_equal(got[6:8, 6:8], 4.0)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 4), st.booleans(), st.integers(1, 3)), min_size=1, max_size=30
+    )
+)
+def test_log_boxes_of_every_dataset_are_each_datasets_boxes(puts):
+    """The commit takes every dataset's boxes at once (datasets of single puts joined by
+    ndim, then cut); each dataset gets what ``boxes`` alone gives: its rows' corners in put
+    order, whatever mix of single puts and batches, of datasets of 1-3 dimensions, came."""
+    ndim = {did: 1 + did % 3 for did in range(5)}
+    logs = (staging.PutLog(), staging.PutLog())
+    for k, (did, batched, n) in enumerate(puts):
+        nd = ndim[did]
+        starts = np.arange(n * nd, dtype=np.int64).reshape(n, nd) + 100 * k
+        for log in logs:
+            if batched:
+                log.add_many(did, starts, starts + 2, 8, 0)
+            else:
+                for s in starts:
+                    log.add(did, tuple(s.tolist()), tuple((s + 1).tolist()), 8, 0)
+    asked = {did: ndim[did] for did in logs[0].rows}
+    got = logs[0].boxes_by_dataset(asked)
+    assert set(got) == set(asked)
+    for did, nd in asked.items():
+        want = logs[1].boxes(did, nd)
+        for a, b in zip(got[did], want, strict=True):
+            assert a.dtype == np.int64 and a.shape == (len(logs[1].rows[did]), nd)
+            np.testing.assert_array_equal(a, b)
+        # and asked again (a commit that is retried): the same, from the joined piece
+        np.testing.assert_array_equal(logs[0].boxes(did, nd)[0], want[0])

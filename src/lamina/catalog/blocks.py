@@ -27,7 +27,7 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from crc32c import crc32c
@@ -105,7 +105,7 @@ class BlockTable:
         "codec",
         "seg",
         "ncrc",
-        "crc_ptr",
+        "_crc_ptr",
         "crcs",
         "has_stats",
         "smin",
@@ -148,8 +148,7 @@ class BlockTable:
         self.rank, self.session, self.agg = rank, session, agg
         self.offset, self.length, self.codec, self.seg = offset, length, codec, seg
         self.ncrc, self.crcs = ncrc, crcs
-        self.crc_ptr = np.zeros(len(ncrc) + 1, dtype=np.int64)
-        np.cumsum(ncrc, out=self.crc_ptr[1:])
+        self._crc_ptr: np.ndarray | None = None  # made when first asked for (crc_ptr)
         self.has_stats = has_stats
         self.smin, self.smax, self.ssum, self.count = smin, smax, ssum, count
         #: bands of multiresolution datasets (format 4): the largest magnitude of each band's
@@ -162,6 +161,17 @@ class BlockTable:
         # the last search that was not of everything: (box, its answer); None before any
         # (the first search scans, the next ones build and use the sorted order)
         self._last: tuple | None = None
+
+    @property
+    def crc_ptr(self) -> np.ndarray:
+        """Where each block's checksums start in :attr:`crcs` (``n + 1`` entries, the last the
+        total).  Made at the first use: a commit encodes tables that never need it, and its
+        cumulative sum costs a few microseconds a table."""
+        p = self._crc_ptr
+        if p is None:
+            p = self._crc_ptr = np.zeros(len(self.ncrc) + 1, dtype=np.int64)
+            np.cumsum(self.ncrc, out=p[1:])
+        return p
 
     def set_stats(
         self,
@@ -284,7 +294,9 @@ class BlockTable:
     @classmethod
     def concat(cls, tables: Sequence[BlockTable], ndim: int, dtype) -> BlockTable:
         """The rows of *tables* one after the other."""
-        tables = [t for t in tables if len(t)]
+        if len(tables) == 1 and len(tables[0].length):  # one part (one rank's): as it is
+            return tables[0]
+        tables = [t for t in tables if len(t.length)]
         if not tables:
             return cls.empty(ndim, np.dtype(dtype))
         if len(tables) == 1:
@@ -649,9 +661,9 @@ def _crc_counts(seg: np.ndarray, length: np.ndarray) -> np.ndarray:
 Loader = Callable[[int, int], bytes | memoryview]
 
 
-@dataclass(frozen=True, slots=True)
-class Section:
-    """Where the blocks of one dataset at one step lie in the step's block area."""
+class Section(NamedTuple):
+    """Where the blocks of one dataset at one step lie in the step's block area (a named
+    tuple: a commit makes one per dataset, at a fraction of a frozen dataclass's cost)."""
 
     dataset: int
     nblocks: int

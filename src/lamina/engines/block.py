@@ -181,16 +181,20 @@ class StepHeads:
         return got
 
     def _find_unplaced(self, rank: int) -> tuple[np.ndarray, np.ndarray]:
-        rows, lengths = [], []
-        for h in self.ranks[rank].values():
-            m = ~h.located & (h.codec != BlockCodec.STATS_ONLY)
-            rows.append(h.row[m])
-            lengths.append(h.length[m])
-        if not rows:
+        hs = list(self.ranks[rank].values())
+        if not hs:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        r, n = np.concatenate(rows), np.concatenate(lengths)
-        order = np.argsort(r, kind="stable")
-        return r[order], n[order]
+
+        def cat(name: str) -> np.ndarray:  # every dataset's column at once: one mask for all
+            cols = [getattr(h, name) for h in hs]
+            return cols[0] if len(cols) == 1 else np.concatenate(cols)
+
+        row, length = cat("row"), cat("length")
+        m = ~cat("located") & (cat("codec") != BlockCodec.STATS_ONLY)
+        if not m.all():
+            row, length = row[m], length[m]
+        order = np.argsort(row, kind="stable")
+        return row[order], length[order]
 
     def unplaced_bytes(self, rank: int) -> int:
         return int(self.unplaced(rank)[1].sum())
@@ -245,6 +249,25 @@ def _attr_change(op: tuple) -> str:
         else np.array2string(np.asarray(value), threshold=8)
     )
     return f"sets it to {text}"
+
+
+class _Constants:
+    """Read-only columns of one value, each a slice of one array per value: a commit of many
+    small datasets would otherwise make a new array for every dataset and column."""
+
+    __slots__ = ("_u4",)
+
+    def __init__(self) -> None:
+        self._u4: dict[int, np.ndarray] = {}
+
+    def u4(self, value: int, n: int) -> np.ndarray:
+        """*n* times *value* as uint32."""
+        a = self._u4.get(value)
+        if a is None or len(a) < n:
+            a = np.full(max(n, 4096), value, dtype=np.uint32)
+            a.flags.writeable = False
+            self._u4[value] = a
+        return a[:n]
 
 
 def dataset_not_found(catalog: Catalog, name: str) -> NotFoundError:
@@ -687,9 +710,12 @@ class BlockEngine(Engine):
         for items in groups:
             if len(items) == 1:  # one block (of a dataset written once in the step): as put would
                 spec, start, arr, _ = items[0]
-                box = box_of(start, arr.shape)
-                enter_box(self._local, spec, box, step, lent_by=self.rank)
-                self._log.add_staged(spec.id, start, box.stop, arr, self._chunk_for(arr.nbytes))
+                stop = tuple(map(operator.add, start, arr.shape))
+                if spec.id in self._local:  # the dataset has other blocks in the step: checked
+                    enter_box(self._local, spec, box_of(start, arr.shape), step, lent_by=self.rank)
+                # else the dataset's only block: nothing to meet, and nothing enters the index
+                # after the commit that flushes it (the step's boxes are forgotten then)
+                self._log.add_staged(spec.id, start, stop, arr, self._chunk_for(arr.nbytes))
                 continue
             spec = items[0][0]
             arrays = [it[2] for it in items]
@@ -869,12 +895,14 @@ class BlockEngine(Engine):
         codec = np.array(log.codec, dtype=np.uint8)
         located, session, agg, offset = log.locations()  # every row's, once for all datasets
         mine: dict[int, DatasetHead] = {}
+        specs = self.catalog.specs
+        boxes = log.boxes_by_dataset({did: specs[did].ndim for did in log.rows})
         for did, rows in log.rows.items():
-            sel = np.asarray(index_of(rows), dtype=np.int64)
-            starts, stops = log.boxes(did, self.catalog.specs[did].ndim)
+            sel = index_of(rows)
+            starts, stops = boxes[did]
             mine[did] = DatasetHead(
-                starts.astype(np.int64, copy=False),
-                stops.astype(np.int64, copy=False),
+                starts,
+                stops,
                 length[sel],
                 sel,
                 codec[sel],
@@ -1063,6 +1091,13 @@ class BlockEngine(Engine):
                 where = np.full(int(rows.max()) + 1, -1, dtype=np.int64)
                 where[rows] = offs
                 moved[r] = (where, np.array(bases[r][:2], dtype=np.int64))
+        # a rank whose every block moved (staged small blocks, the common case) takes its
+        # location columns as they are for all its datasets: no mask per dataset
+        every = {
+            r: len(heads.unplaced(r)[0]) == sum(len(h.length) for h in heads.ranks[r].values())
+            for r in moved
+        }
+        const = _Constants()  # columns of one value: slices of one array per value
         tables: dict[int, BlockTable] = {}
         dids = sorted({did for mine in heads.ranks for did in mine})
         stats_only = int(BlockCodec.STATS_ONLY)
@@ -1075,23 +1110,24 @@ class BlockEngine(Engine):
                     continue
                 segs, ncrc, crcs, has, smin, smax, ssum, count, amax = stats[r][did]
                 session, agg, offset = h.session, h.agg, h.offset
+                n = len(h.length)
                 if r in moved:
                     where, (s, a) = moved[r]
-                    m = ~h.located & (h.codec != stats_only)
-                    if m.all():  # every block moved (staged small blocks, the common case)
+                    if every[r]:
                         offset = where[h.row]
-                        session = np.full(len(m), s, dtype=np.uint32)
-                        agg = np.full(len(m), a, dtype=np.uint32)
-                    elif m.any():
-                        session, agg, offset = session.copy(), agg.copy(), offset.copy()
-                        offset[m] = where[h.row[m]]
-                        session[m], agg[m] = s, a
+                        session, agg = const.u4(s, n), const.u4(a, n)
+                    else:
+                        m = ~h.located & (h.codec != stats_only)
+                        if m.any():
+                            session, agg, offset = session.copy(), agg.copy(), offset.copy()
+                            offset[m] = where[h.row[m]]
+                            session[m], agg[m] = s, a
                 parts.append(
                     BlockTable(
                         spec.dtype,
                         h.start,
                         h.stop,
-                        rank=np.full(len(h.start), r, dtype=np.uint32),
+                        rank=const.u4(r, n),
                         session=session,
                         agg=agg,
                         offset=offset,

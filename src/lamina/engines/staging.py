@@ -269,6 +269,37 @@ class PutLog:
             ]
         return pieces[0]
 
+    def boxes_by_dataset(self, ndims: dict[int, int]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """:meth:`boxes` of every dataset in *ndims* (dataset id -> its ndim; the commit asks for
+        every dataset of the step).  The datasets whose blocks all came by single puts (a tail
+        of tuples, no batch) are joined by ndim into one array per corner, then cut: a step
+        of many datasets of a block or a few each pays two array conversions for all of
+        them, not two each."""
+        out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        by_ndim: dict[int, list[int]] = {}
+        for did, nd in ndims.items():
+            if self.pieces.get(did) or not self.starts.get(did):
+                starts, stops = self.boxes(did, nd)
+                out[did] = (starts.astype(np.int64, copy=False), stops.astype(np.int64, copy=False))
+            else:
+                by_ndim.setdefault(nd, []).append(did)
+        for nd, dids in by_ndim.items():
+            tails = [self.starts[d] for d in dids]
+            n = sum(map(len, tails))
+            starts = np.array(list(_chain(tails)), dtype=np.int64).reshape(n, nd)
+            stops = np.array(list(_chain(self.stops[d] for d in dids)), dtype=np.int64).reshape(
+                n, nd
+            )
+            at = 0
+            for d, tail in zip(dids, tails, strict=True):
+                k = len(tail)
+                box = (starts[at : at + k], stops[at : at + k])
+                self.pieces[d] = [box]  # as boxes() leaves them: one piece, no tail
+                self.starts[d], self.stops[d] = [], []
+                out[d] = box
+                at += k
+        return out
+
     def locations(self):
         """Where every row is stored: ``(located, session, aggregator, offset)`` arrays, one
         entry per row (unplaced: 0)."""
@@ -481,18 +512,25 @@ class PutLog:
         if checksum:
             segs[np.frombuffer(self.codec, dtype=np.uint8) != BlockCodec.STATS_ONLY] = seg
         out: dict[int, tuple] = {}
+        ones = np.ones(n, dtype=np.uint32)  # one checksum per block, the common case: cut from
+        ones.flags.writeable = False  # this, read-only (the tables take the slices as they are)
+        kinds: dict[np.dtype, tuple[str, str]] = {}
         for did, dt in dtypes.items():
             rows = self.rows.get(did, [])
             sel = index_of(rows)
             k = len(rows)
-            sd, md = stat_dtype(dt).str, sum_dtype(dt).str
+            kind = kinds.get(dt)
+            if kind is None:
+                kind = kinds[dt] = (stat_dtype(dt).str, sum_dtype(dt).str)
+            sd, md = kind
             smin = mins[sd][sel] if sd in mins else np.zeros(k, dtype=sd)
             smax = maxs[sd][sel] if sd in maxs else np.zeros(k, dtype=sd)
             ssum = sums[md][sel] if md in sums else np.zeros(k, dtype=md)
-            ncrc = np.ones(k, dtype=np.uint32)
+            ncrc = ones[:k]
             crcs = one[sel]
             mine = [(i, many[r]) for i, r in enumerate(rows) if r in many] if many else []
             if mine:
+                ncrc = np.ones(k, dtype=np.uint32)
                 for i, cr in mine:
                     ncrc[i] = len(cr)
                 got = dict(mine)
