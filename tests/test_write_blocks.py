@@ -294,6 +294,34 @@ def test_a_single_lent_block_overlap_names_the_lent_write(tmp_path):
         np.testing.assert_array_equal(f["u"].read(step=0), want)
 
 
+def test_lent_blocks_of_two_shapes_that_overlap_are_refused(tmp_path):
+    """Two lent blocks of one dataset, of different shapes (each the only one of its shape),
+    that overlap: end_step raises OverlapError naming both; a dataset's single lent block
+    beside them goes in unchecked and is dropped with the step."""
+    path = str(tmp_path / "two.lam")
+    with lamina.open(path, "w") as f:
+        ds = f.create_dataset("u", shape=(4, 4), dtype="i8", fill=-1)
+        v = f.create_dataset("v", shape=(4,), dtype="i8", fill=-1)
+        f.begin_step()
+        v.write(np.arange(4), copy=False)
+        ds.write(np.arange(4).reshape(1, 4), offset=(1, 0), copy=False)
+        ds.write(np.arange(4).reshape(2, 2), offset=(0, 2), copy=False)
+        with pytest.raises(
+            OverlapError, match=r"\[1:2, 0:4\].*\[0:2, 2:4\]|\[0:2, 2:4\].*\[1:2, 0:4\]"
+        ):
+            f.end_step()
+        assert f.steps == 0
+        with f.step():
+            ds.write(np.arange(4).reshape(1, 4), offset=(1, 0), copy=False)
+            ds.write(np.arange(4).reshape(2, 2), offset=(2, 2), copy=False)
+    with lamina.open(path) as f:
+        assert f.steps == 1
+        want = np.full((4, 4), -1)
+        want[1], want[2:4, 2:4] = np.arange(4), np.arange(4).reshape(2, 2)
+        np.testing.assert_array_equal(f["u"][...], want)
+        np.testing.assert_array_equal(f["v"][...], np.full(4, -1))
+
+
 def test_batch_under_background_io_is_copied_or_frozen(tmp_path):
     path = str(tmp_path / "a.lam")
     stacked = np.arange(4 * 2 * 3, dtype="f8").reshape(4, 2, 3)

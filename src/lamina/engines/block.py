@@ -46,11 +46,12 @@ before it changes.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import math
 import operator
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -695,8 +696,11 @@ class BlockEngine(Engine):
     def _stage_lent(self, lent: list) -> None:
         """Enter and stage the items *lent* (as put kept them), by dataset and block shape."""
         keys = [(item[0].id, item[2].shape) for item in lent]
+        alone: Collection[int] = ()  # the datasets of a single lent block in the step
         if keys.count(keys[0]) == len(keys):  # one dataset, one block shape: the common case
             groups = [lent]
+            if len(lent) == 1:
+                alone = {keys[0][0]}
         else:
             by_key: dict[tuple, list] = {}
             for key, item in zip(keys, lent, strict=True):
@@ -706,15 +710,17 @@ class BlockEngine(Engine):
                 else:
                     g.append(item)
             groups = list(by_key.values())
+            n_of = collections.Counter(key[0] for key in keys)
+            alone = {did for did, n in n_of.items() if n == 1}
         step = len(self.catalog.steps)
         for items in groups:
             if len(items) == 1:  # one block (of a dataset written once in the step): as put would
                 spec, start, arr, _ = items[0]
                 stop = tuple(map(operator.add, start, arr.shape))
-                if spec.id in self._local:  # the dataset has other blocks in the step: checked
+                if spec.id in self._local or spec.id not in alone:  # other blocks: checked
                     enter_box(self._local, spec, box_of(start, arr.shape), step, lent_by=self.rank)
-                # else the dataset's only block: nothing to meet, and nothing enters the index
-                # after the commit that flushes it (the step's boxes are forgotten then)
+                # else the dataset's only block in the step: nothing to meet, and nothing
+                # enters the index after the commit that flushes it (the step forgets it then)
                 self._log.add_staged(spec.id, start, stop, arr, self._chunk_for(arr.nbytes))
                 continue
             spec = items[0][0]
