@@ -72,15 +72,12 @@ def _col(a: np.ndarray, dtype) -> memoryview:
     return np.ascontiguousarray(a.astype(dtype, copy=False)).reshape(-1).data.cast("B")
 
 
-def _small_col(a: np.ndarray, dtype) -> bytes:
-    """:func:`_col` of a short column: a copy, which costs less than the views for a few rows."""
-    return a.astype(dtype, copy=False).tobytes()
-
-
-#: tables of at most this many rows encode their columns as copies (_small_col)
+#: tables of at most this many rows encode their columns as copies (fewer calls than views)
 SMALL_TABLE = 256
 #: a section's first 16 bytes: its number of blocks and of checksums
 _HEAD = struct.Struct("<QQ")
+#: the column types of a section (docs/format.md), made once
+_I8, _U8, _U4, _U1, _F8 = (np.dtype(t) for t in ("<i8", "<u8", "<u4", "u1", "<f8"))
 
 
 class BlockTable:
@@ -465,31 +462,33 @@ class BlockTable:
     def encode(self) -> bytes:
         """The section of this table (``docs/format.md``, versions 3 and 4: a table with
         :attr:`amax` ends with that column, which version 4 keeps for multiresolution datasets)."""
-        n = len(self)
-        col = _small_col if n <= SMALL_TABLE else _col
-        parts: list[bytes | memoryview] = [
-            _HEAD.pack(n, len(self.crcs)),
-            # each column as it is (or converted) into the one join: a single copy
-            col(self.start, "<i8"),
-            col(self.stop, "<i8"),
-            col(self.offset, "<u8"),
-            col(self.length, "<u8"),
-            col(self.seg, "<u8"),
-            col(self.smin, stat_dtype(self.dtype)),
-            col(self.smax, stat_dtype(self.dtype)),
-            col(self.ssum, sum_dtype(self.dtype)),
-            col(self.count, "<u8"),
-            col(self.rank, "<u4"),
-            col(self.session, "<u4"),
-            col(self.agg, "<u4"),
-            col(self.ncrc, "<u4"),
-            col(self.crcs, "<u4"),
-            col(self.codec, "u1"),
-            col(self.has_stats, "u1"),
+        n = len(self.length)
+        sd, md = stat_dtype(self.dtype), sum_dtype(self.dtype)
+        cols = [
+            (self.start, _I8),
+            (self.stop, _I8),
+            (self.offset, _U8),
+            (self.length, _U8),
+            (self.seg, _U8),
+            (self.smin, sd),
+            (self.smax, sd),
+            (self.ssum, md),
+            (self.count, _U8),
+            (self.rank, _U4),
+            (self.session, _U4),
+            (self.agg, _U4),
+            (self.ncrc, _U4),
+            (self.crcs, _U4),
+            (self.codec, _U1),
+            (self.has_stats, _U1),
         ]
         if self.amax is not None:
-            parts.append(col(self.amax, "<f8"))
-        return b"".join(parts)
+            cols.append((self.amax, _F8))
+        head = _HEAD.pack(n, len(self.crcs))
+        if n <= SMALL_TABLE:  # a few rows: copies cost less than views
+            return head + b"".join([a.astype(t, copy=False).tobytes() for a, t in cols])
+        # each column as it is (or converted) into the one join: a single copy
+        return b"".join([head, *(_col(a, t) for a, t in cols)])
 
     @classmethod
     def decode(cls, buf, spec: DatasetSpec, what: str, amax: bool = False) -> BlockTable:
