@@ -912,3 +912,118 @@ def test_block_table_decode_names_the_check_and_the_block(column, k, value, text
     box = f"({2 * k}, 0)..({2 * k + 2}, 8)"
     with pytest.raises(FormatError, match=rf"block {k} \(box {re.escape(box)}\) .*{text}"):
         BlockTable.decode(bytes(raw), spec, "s")
+
+
+_BIG = 1 << 62
+
+
+def _sound_block(nd: int, layered: bool, seg: int) -> tuple[DatasetSpec, dict]:
+    """A dataset and the fields of a sound block of it (its box, location, codec, ...)."""
+    shape = (8, 5, 6)[:nd]
+    spec = DatasetSpec(
+        "/d", shape, np.dtype("f4"), layout={"layout": "multires"} if layered else None
+    )
+    lo, hi = [1, 0, 2][:nd], [8, 3, 6][:nd]
+    size = math.prod(b - a for a, b in zip(lo, hi, strict=True))
+    length = size * 4
+    ncrc = 1 if seg == 0 else max(1, -(-length // seg))
+    codec = int(BlockCodec.MULTIRES) if layered else int(BlockCodec.RAW)
+    f = dict(
+        lo=lo, hi=hi, offset=4096, length=length, seg=seg, codec=codec, has=1, ncrc=ncrc,
+        ncrcs=ncrc, count=size, mag=2.5 if layered else None,
+    )  # fmt: skip
+    return spec, f
+
+
+def _wrong_values(spec: DatasetSpec, f: dict) -> list[tuple[str, int, object]]:
+    """``(field, dimension, value)``: each field of block *f* set to values at and past its limits."""
+    size, out = f["count"], []
+    for k, n in enumerate(spec.shape):
+        a, b = f["lo"][k], f["hi"][k]
+        out += [("lo", k, v) for v in (-1, 0, b - 1, b, b + 1)]
+        out += [("hi", k, v) for v in (a - 1, a, n, n + 1, -1)]
+    out += [("offset", 0, v) for v in (0, _BIG - 1, _BIG, (1 << 64) - 1)]
+    out += [("length", 0, v) for v in (0, 1, f["length"] - 1, f["length"] + 4, _BIG, 1 << 63)]
+    out += [("seg", 0, v) for v in (0, 7, 1 << 18, (1 << 18) + 1, 1 << 19, _BIG, 1 << 63)]
+    out += [("codec", 0, v) for v in [int(c) for c in BlockCodec] + [max(BlockCodec) + 1, 255]]
+    out += [("has", 0, v) for v in (0, 1, 2, 255)]
+    out += [("ncrc", 0, v) for v in (0, f["ncrc"] - 1, f["ncrc"] + 1)]
+    out += [("ncrcs", 0, v) for v in (0, f["ncrc"] + 1)]
+    out += [("count", 0, v) for v in (0, size, size + 1, (1 << 64) - 1)]
+    if f["mag"] is not None:
+        out += [("mag", 0, v) for v in (0.0, -1.0, -0.0, math.nan, math.inf)]
+    return out
+
+
+def _both_checks(spec: DatasetSpec, f: dict) -> list[str | None]:
+    """What the one-block check and the column check say of block *f*: None, or the message."""
+    from lamina.catalog import blocks as cb
+
+    nd = spec.ndim
+    u8 = lambda v: np.array([v], dtype="<u8")  # noqa: E731
+    cols = (
+        np.array(f["lo"], dtype=np.int64).reshape(1, nd),
+        np.array(f["hi"], dtype=np.int64).reshape(1, nd),
+        u8(f["offset"]),
+        u8(f["length"]),
+        u8(f["seg"]),
+        np.array([f["ncrc"]], dtype="<u4"),
+        f["ncrcs"],
+        np.array([f["codec"]], dtype="u1"),
+        np.array([f["has"]], dtype="u1"),
+        u8(f["count"]),
+        None if f["mag"] is None else np.array([f["mag"]], dtype="<f8"),
+    )
+    outcome: list[str | None] = []
+    for check in (cb._check_one, cb._check_columns):
+        try:
+            check(spec, "section", *cols)
+            outcome.append(None)
+        except FormatError as e:
+            outcome.append(str(e))
+    return outcome
+
+
+def _changed(f: dict, field: str, k: int, value) -> dict:
+    g = dict(f)
+    if field in ("lo", "hi"):
+        g[field] = [value if i == k else v for i, v in enumerate(f[field])]
+    else:
+        g[field] = value
+    return g
+
+
+@pytest.mark.parametrize("nd", [0, 1, 3])
+@pytest.mark.parametrize("layered", [False, True])
+@pytest.mark.parametrize("seg", [0, 1 << 18])
+def test_one_block_section_checks_agree_with_the_column_checks(nd, layered, seg):
+    """A section of one block is checked on its values as Python numbers (the common case:
+    a dataset written once a step); a section of many, on whole columns.  For a sound block
+    and for the same block with each field set at and past its limits in turn (a corner
+    outside the dataset, an impossible offset, an unknown codec, a wrong checksum count,
+    more values counted than the box holds, ...), the two accept alike or raise the same
+    FormatError message."""
+    spec, f = _sound_block(nd, layered, seg)
+    assert _both_checks(spec, f) == [None, None]
+    refused = 0
+    for field, k, value in _wrong_values(spec, f):
+        got = _both_checks(spec, _changed(f, field, k, value))
+        assert got[0] == got[1], (field, k, value)
+        refused += got[0] is not None
+    for codec in [int(c) for c in BlockCodec]:  # each codec with the lengths it allows or not
+        for length in (0, 1, f["length"]):
+            got = _both_checks(spec, dict(f, codec=codec, length=length))
+            assert got[0] == got[1], (codec, length)
+    assert refused >= 20  # the values past the limits are refused, not only the sound ones taken
+
+
+@given(data=st.data(), nd=st.sampled_from([0, 1, 3]), layered=st.booleans())
+def test_one_block_section_checks_agree_with_two_fields_wrong(data, nd, layered):
+    """As above, with two fields wrong at once: the first error in the checks' order wins
+    in both."""
+    spec, f = _sound_block(nd, layered, data.draw(st.sampled_from([0, 1 << 18])))
+    wrong = _wrong_values(spec, f)
+    for _ in range(2):
+        f = _changed(f, *data.draw(st.sampled_from(wrong)))
+    got = _both_checks(spec, f)
+    assert got[0] == got[1]
