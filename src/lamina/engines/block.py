@@ -51,7 +51,7 @@ import itertools
 import math
 import operator
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -696,11 +696,9 @@ class BlockEngine(Engine):
     def _stage_lent(self, lent: list) -> None:
         """Enter and stage the items *lent* (as put kept them), by dataset and block shape."""
         keys = [(item[0].id, item[2].shape) for item in lent]
-        alone: Collection[int] = ()  # the datasets of a single lent block in the step
         if keys.count(keys[0]) == len(keys):  # one dataset, one block shape: the common case
             groups = [lent]
-            if len(lent) == 1:
-                alone = {keys[0][0]}
+            lent_of = {keys[0][0]: len(lent)}  # lent blocks per dataset
         else:
             by_key: dict[tuple, list] = {}
             for key, item in zip(keys, lent, strict=True):
@@ -710,14 +708,13 @@ class BlockEngine(Engine):
                 else:
                     g.append(item)
             groups = list(by_key.values())
-            n_of = collections.Counter(key[0] for key in keys)
-            alone = {did for did, n in n_of.items() if n == 1}
+            lent_of = collections.Counter(key[0] for key in keys)
         step = len(self.catalog.steps)
         for items in groups:
             if len(items) == 1:  # one block (of a dataset written once in the step): as put would
                 spec, start, arr, _ = items[0]
                 stop = tuple(map(operator.add, start, arr.shape))
-                if spec.id in self._local or spec.id not in alone:  # other blocks: checked
+                if spec.id in self._local or lent_of[spec.id] > 1:  # other blocks: checked
                     enter_box(self._local, spec, box_of(start, arr.shape), step, lent_by=self.rank)
                 # else the dataset's only block in the step: nothing to meet, and nothing
                 # enters the index after the commit that flushes it (the step forgets it then)
