@@ -977,7 +977,7 @@ def _both_checks(spec: DatasetSpec, f: dict) -> list[str | None]:
     outcome: list[str | None] = []
     for check in (cb._check_one, cb._check_columns):
         try:
-            check(spec, "section", *cols)
+            check(spec, "section", cb._Columns(*cols))
             outcome.append(None)
         except FormatError as e:
             outcome.append(str(e))

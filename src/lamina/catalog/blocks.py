@@ -538,11 +538,9 @@ class BlockTable:
         codec, has = take(_U1, n), take(_U1, n)
         mags = take(_F8, n) if amax else None
 
-        cols = (start, stop, offset, length, seg, ncrc, ncrcs, codec, has, count, mags)
-        if n == 1:  # one block (a dataset written once a step): the same checks, on its values
-            _check_one(spec, where, *cols)
-        else:
-            _check_columns(spec, where, *cols)
+        cols = _Columns(start, stop, offset, length, seg, ncrc, ncrcs, codec, has, count, mags)
+        # one block (a dataset written once a step): the same checks, on its values
+        (_check_one if n == 1 else _check_columns)(spec, where, cols)
         off64, len64, seg64 = offset.view("<i8"), length.view("<i8"), seg.view("<i8")
         return cls(
             dt,
@@ -593,24 +591,28 @@ def _crc_counts(seg: np.ndarray, length: np.ndarray) -> np.ndarray:
     return np.where(seg == 0, 1, np.maximum(1, -(-length // safe)))
 
 
-def _check_columns(
-    spec: DatasetSpec,
-    where: str,
-    start: np.ndarray,
-    stop: np.ndarray,
-    offset: np.ndarray,
-    length: np.ndarray,
-    seg: np.ndarray,
-    ncrc: np.ndarray,
-    ncrcs: int,
-    codec: np.ndarray,
-    has: np.ndarray,
-    count: np.ndarray,
-    mags: np.ndarray | None,
-) -> None:
+class _Columns(NamedTuple):
+    """The columns of a decoded section that its checks look at (:func:`_check_columns`,
+    :func:`_check_one`), as :meth:`BlockTable.decode` reads them from the bytes."""
+
+    start: np.ndarray  # (n, ndim) int64
+    stop: np.ndarray
+    offset: np.ndarray  # uint64
+    length: np.ndarray
+    seg: np.ndarray
+    ncrc: np.ndarray  # uint32
+    ncrcs: int  # the checksums the section's head says it holds
+    codec: np.ndarray  # uint8
+    has: np.ndarray
+    counts: np.ndarray  # uint64: the values each block counts
+    mags: np.ndarray | None  # float64, the bands' magnitudes (multiresolution), else None
+
+
+def _check_columns(spec: DatasetSpec, where: str, cols: _Columns) -> None:
     """FormatError, naming the first bad block, unless the columns of a decoded section
     (as :meth:`BlockTable.decode` reads them) describe blocks of *spec*.  Every check is on
     whole columns; :func:`_check_one` makes the same checks on the values of one block."""
+    start, stop, offset, length, seg, ncrc, ncrcs, codec, has, count, mags = cols
     n, nd, dt = len(offset), spec.ndim, spec.dtype
 
     def fail(mask: np.ndarray, why: str) -> None:
@@ -681,24 +683,11 @@ def _check_columns(
         fail(~(mags >= 0), "has a coefficient magnitude that is negative or NaN")
 
 
-def _check_one(
-    spec: DatasetSpec,
-    where: str,
-    start: np.ndarray,
-    stop: np.ndarray,
-    offset: np.ndarray,
-    length: np.ndarray,
-    seg: np.ndarray,
-    ncrc: np.ndarray,
-    ncrcs: int,
-    codec: np.ndarray,
-    has: np.ndarray,
-    count: np.ndarray,
-    mags: np.ndarray | None,
-) -> None:
+def _check_one(spec: DatasetSpec, where: str, cols: _Columns) -> None:
     """:func:`_check_columns` of a section of one block, on its values as Python numbers:
     the same checks in the same order with the same messages, at a tenth of the cost of
     twenty numpy calls on arrays of one element (a test holds the two to each other)."""
+    start, stop, offset, length, seg, ncrc, ncrcs, codec, has, count, mags = cols
     s, e = start[0].tolist(), stop[0].tolist()
 
     def fail(why: str) -> None:
