@@ -1,8 +1,8 @@
 """Smoke test of ``lamina bench steps``: a tiny run that times every method at two dataset counts.
 
-Not a timed test: it checks that each method ran (lamina's file is read
-back and compared inside the benchmark), that the files are gone, and that
-nonsense arguments are refused.
+Not a timed test: it checks that each method wrote and read (what every
+method reads back is compared inside the benchmark), that the files are
+gone, and that nonsense arguments are refused.
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ def test_bench_steps_smoke_json(tmp_path, capsys):
     out = json.loads(captured.out)
     assert [r["datasets"] for r in out["rows"]] == [1, 3]
     for r in out["rows"]:
-        for m in steps.METHODS:
-            assert r[m]["median"] > 0 and len(r[m]["times"]) == 1
+        for phase in ("write", "read"):
+            for m in steps.METHODS:
+                assert r[phase][m]["median"] > 0 and len(r[phase][m]["times"]) == 1
     assert "lamina/adios2 BP5" in captured.err
+    assert "\nwrite\n" in captured.err and "\nread\n" in captured.err
     assert not list(tmp_path.iterdir())  # every file removed
 
 

@@ -13,10 +13,21 @@ methods in rotated order ``--repeat`` times:
 ``lamina``      native, ``durable=False``, ``ds.write(a, copy=False)`` per dataset in
                 ``with f.step():``
 
-Timed: the steps only (open and the definitions are not; ``--warmup``
-untimed steps come first).  Reported: microseconds per step and per
-dataset in a step, and lamina's ratio to each baseline (< 1: lamina
-cheaper).  lamina's last step is read back and checked, untimed.
+Then every method reads its file back as a time series is read: for
+every step, every dataset's block, each into a new array, with the
+handles (h5py datasets, ADIOS2 variables, lamina datasets) taken once
+after the open:
+
+``numpy``       ``os.preadv`` of the block's bytes at its offset into a new array
+``adios2 BP5``  ``FileReader``, ``set_step_selection([s, 1])`` and ``read`` per variable
+``h5py``        ``ds[s]``
+``lamina``      ``ds.read(step=s)``
+
+Timed: the steps only, written or read (open, the definitions and close
+are not; ``--warmup`` untimed steps come first in both phases).  Reported:
+microseconds per step and per dataset in a step, and lamina's ratio to
+each baseline (< 1: lamina cheaper).  What every method read at the last
+step is compared with what was written, untimed.
 """
 
 from __future__ import annotations
@@ -103,17 +114,77 @@ def _lamina(path: str, arrays: list[np.ndarray], steps: int, warmup: int) -> flo
             with f.step():
                 for ds, a in zip(dss, arrays, strict=True):
                     ds.write(a, copy=False)
-        took = time.perf_counter() - t0
-    with lamina.open(path, "r") as f:  # untimed: the last step holds what was written
-        last = f.steps - 1
-        for i in (0, len(arrays) - 1):
-            got = f.at(last)[f"v{i}"][...]
-            if not np.array_equal(got, arrays[i]):
-                raise AssertionError(f"lamina bench steps: dataset v{i} read back differs")
-    return took
+        return time.perf_counter() - t0
+
+
+# -- reads: every dataset at every step; (seconds of the timed steps, the arrays of the last step)
+def _numpy_read(path: str, d: int, n: int, steps: int, warmup: int) -> tuple[float, list]:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        t0, got, size = 0.0, [], n * 8
+        for s in range(warmup + steps):
+            if s == warmup:
+                t0 = time.perf_counter()
+            got = []
+            for i in range(d):
+                a = np.empty(n)
+                os.preadv(fd, [a], (s * d + i) * size)
+                got.append(a)
+        return time.perf_counter() - t0, got
+    finally:
+        os.close(fd)
+
+
+def _adios2_read(path: str, d: int, n: int, steps: int, warmup: int) -> tuple[float, list]:
+    import adios2
+
+    with adios2.FileReader(path) as r:
+        vs = [r.inquire_variable(f"v{i}") for i in range(d)]
+        t0, got = 0.0, []
+        for s in range(warmup + steps):
+            if s == warmup:
+                t0 = time.perf_counter()
+            got = []
+            for v in vs:
+                v.set_step_selection([s, 1])
+                got.append(r.read(v))
+        return time.perf_counter() - t0, got
+
+
+def _h5py_read(path: str, d: int, n: int, steps: int, warmup: int) -> tuple[float, list]:
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        dss = [f[f"v{i}"] for i in range(d)]
+        t0, got = 0.0, []
+        for s in range(warmup + steps):
+            if s == warmup:
+                t0 = time.perf_counter()
+            got = [ds[s] for ds in dss]
+        return time.perf_counter() - t0, got
+
+
+def _lamina_read(path: str, d: int, n: int, steps: int, warmup: int) -> tuple[float, list]:
+    import lamina
+
+    with lamina.open(path, "r") as f:
+        dss = [f[f"v{i}"] for i in range(d)]
+        t0, got = 0.0, []
+        for s in range(warmup + steps):
+            if s == warmup:
+                t0 = time.perf_counter()
+            got = [ds.read(step=s) for ds in dss]
+        return time.perf_counter() - t0, got
 
 
 RUN = {"numpy": _numpy, "adios2 BP5": _adios2, "h5py": _h5py, "lamina": _lamina}
+READ = {
+    "numpy": _numpy_read,
+    "adios2 BP5": _adios2_read,
+    "h5py": _h5py_read,
+    "lamina": _lamina_read,
+}
+PHASES = ("write", "read")
 SUFFIX = {"numpy": ".raw", "adios2 BP5": ".bp", "h5py": ".h5", "lamina": ".lam"}
 
 
@@ -125,7 +196,9 @@ def run(ns) -> dict:
     try:
         for k, nd in enumerate(ns.datasets):
             arrays = [rng.random(ns.elements) for _ in range(nd)]
-            times: dict[str, list[float]] = {m: [] for m in ns.methods}
+            times: dict[str, dict[str, list[float]]] = {
+                ph: {m: [] for m in ns.methods} for ph in PHASES
+            }
             for rep in range(ns.repeat):
                 order = (
                     ns.methods[(rep + k) % len(ns.methods) :]
@@ -134,11 +207,19 @@ def run(ns) -> dict:
                 for m in order:
                     path = os.path.join(d, f"steps-{nd}{SUFFIX[m]}")
                     common.remove(path)
-                    times[m].append(RUN[m](path, arrays, ns.steps, ns.warmup) / ns.steps)
+                    took = RUN[m](path, arrays, ns.steps, ns.warmup)
+                    times["write"][m].append(took / ns.steps)
+                    took, got = READ[m](path, nd, ns.elements, ns.steps, ns.warmup)
+                    times["read"][m].append(took / ns.steps)
                     common.remove(path)
-            row = {"datasets": nd, "elements": ns.elements}
-            for m in ns.methods:
-                row[m] = common.summarize(times[m])
+                    for i, (g, a) in enumerate(zip(got, arrays, strict=True)):  # untimed
+                        if not np.array_equal(g, a):
+                            raise AssertionError(
+                                f"lamina bench steps: {m} read dataset v{i} back different"
+                            )
+            row: dict = {"datasets": nd, "elements": ns.elements}
+            for ph in PHASES:
+                row[ph] = {m: common.summarize(times[ph][m]) for m in ns.methods}
             rows.append(row)
     finally:
         if not ns.dir:
@@ -154,7 +235,7 @@ def run(ns) -> dict:
     }
 
 
-def report(o: dict) -> str:
+def _phase_table(o: dict, phase: str) -> str:
     methods = o["methods"]
     base = [m for m in methods if m != "lamina"]
     head = ["datasets", *[f"{m} us/step" for m in methods]]
@@ -162,18 +243,24 @@ def report(o: dict) -> str:
         head += ["lamina us/dataset", *[f"lamina/{m}" for m in base]]
     body = []
     for r in o["rows"]:
-        line = [f"{r['datasets']:,}", *[f"{r[m]['median'] * 1e6:.0f}" for m in methods]]
+        t = r[phase]
+        line = [f"{r['datasets']:,}", *[f"{t[m]['median'] * 1e6:.0f}" for m in methods]]
         if "lamina" in methods:
-            lam = r["lamina"]["median"]
+            lam = t["lamina"]["median"]
             line.append(f"{lam / r['datasets'] * 1e6:.1f}")
-            line += [f"{lam / r[m]['median']:.2f}x" for m in base]
+            line += [f"{lam / t[m]['median']:.2f}x" for m in base]
         body.append(line)
-    return "\n".join(
+    return f"{phase}\n{table(head, body)}"
+
+
+def report(o: dict) -> str:
+    return "\n\n".join(
         [
             f"lamina bench steps: one process, {o['steps']} timed steps after {o['warmup']} untimed, "
-            f"each dataset one float64 block of {o['elements']:,} values a step, medians of "
-            f"{o['repeat']} runs in rotated order; ratios: lamina's time over the baseline's",
-            table(head, body),
+            f"each dataset one float64 block of {o['elements']:,} values a step, written, then "
+            f"read back a step at a time; medians of {o['repeat']} runs in rotated order; "
+            "ratios: lamina's time over the baseline's",
+            *[_phase_table(o, ph) for ph in PHASES],
         ]
     )
 
@@ -182,7 +269,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="lamina bench steps",
         description="The cost of a step by the number of datasets written in it (one block "
-        "each): numpy, ADIOS2 BP5, h5py, lamina native, one process.",
+        "each), written and read back: numpy, ADIOS2 BP5, h5py, lamina native, one process.",
     )
     p.add_argument(
         "--datasets", default="1,8,32,128", help="datasets per step (default 1,8,32,128)"
