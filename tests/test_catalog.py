@@ -868,6 +868,32 @@ def test_hits_against_brute_force_over_several_searches(nd, n, seed):
         assert all(np.array_equal(x, y) for x, y in zip(again, (idx, a, b), strict=True))
 
 
+@given(st.integers(1, 3), st.integers(1, 12), st.integers(0, 2**31))
+def test_read_cost_against_brute_force(nd, n, seed):
+    """The elements the parts of a search cover and the stored bytes a read of them takes: a
+    raw block's part, a coded block whole; one block (on its values) as many (on columns)."""
+    rng = np.random.default_rng(seed)
+    lo = rng.integers(0, 12, (n, nd))
+    hi = lo + rng.integers(1, 5, (n, nd))
+    t = _table_of_boxes(lo, hi)
+    coded = rng.random(n) < 0.4
+    t.codec = np.where(coded, int(BlockCodec.PIPELINE), int(BlockCodec.RAW)).astype(np.uint8)
+    t.length = np.where(coded, rng.integers(1, 1000, n), (hi - lo).prod(axis=1) * 8)
+    for s, e in [(np.zeros(nd, np.int64), np.full(nd, 20))] + [
+        (b, b + rng.integers(1, 8, nd)) for b in rng.integers(0, 12, (4, nd))
+    ]:
+        idx, a, b = t.hits(s, e)
+        part = (b - a).prod(axis=1)
+        want = (int(part.sum()), int(np.where(coded[idx], t.length[idx], part * 8).sum()))
+        assert t.read_cost(idx, a, b) == want
+        for k in range(len(idx)):  # each part alone: the one-block path
+            one = (idx[k : k + 1], a[k : k + 1], b[k : k + 1])
+            assert t.read_cost(*one) == (
+                int(part[k]),
+                int(t.length[idx[k]]) if coded[idx[k]] else int(part[k]) * 8,
+            )
+
+
 def test_hits_keeps_the_last_search_and_only_for_its_box():
     lo = np.array([[0, 0], [4, 0], [0, 4], [4, 4]], dtype=np.int64)
     t = _table_of_boxes(lo, lo + 4)

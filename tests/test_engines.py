@@ -238,6 +238,39 @@ def test_layers_argument(tmp_path):
         lamina.open(tmp_path / "bare.lam", "r", layers=[], device="cpu")  # no layer takes it now
 
 
+@pytest.mark.parametrize("layers", [[], ["derived"]])
+def test_engine_counts_the_stored_bytes_its_reads_take(tmp_path, layers):
+    """bytes_read, with or without the derived layer: a raw block's part in the box, a
+    compressed block whole, nothing for the fill value outside every block, and nothing for
+    a read that fails."""
+    path = tmp_path / "count.lam"
+    with lamina.open(path, "w", layers=layers) as f:
+        u = f.create_dataset("u", shape=(8, 6), dtype="f8")
+        z = f.create_dataset("z", shape=(64,), dtype="f8", compression="zstd")
+        with f.step():
+            u.write(np.ones((4, 6)), offset=(0, 0))
+            u.write(np.ones((2, 6)), offset=(6, 0))  # rows 4 and 5 hold no block
+            z.write(np.zeros(64))
+    with lamina.open(path, "r", layers=layers) as f:
+        e = f.engine
+        stored = f["z"].blocks(0)[0].nbytes
+        assert 0 < stored < 64 * 8
+        for read, want in [
+            (lambda: f["u"][...], (4 + 2) * 6 * 8),  # the fill rows cost nothing
+            (lambda: f["u"][1:3, 2:5], 2 * 3 * 8),  # the part of one block
+            (lambda: f["u"][4:6], 0),  # only the fill value
+            (lambda: f["u"][3:7, 0], 2 * 8),  # the parts of two blocks
+            (lambda: f["z"][10:20], stored),  # a compressed block is read whole
+        ]:
+            before = e.bytes_read
+            read()
+            assert e.bytes_read - before == want
+        before = e.bytes_read
+        with pytest.raises(lamina.BoundsError):
+            f["u"].read(lamina.Box((0, 0), (9, 6)))
+        assert e.bytes_read == before
+
+
 def test_registering_an_engine_and_entry_points(tmp_path, monkeypatch):
     from importlib.metadata import EntryPoint
 

@@ -115,6 +115,7 @@ class BlockTable:
         "_first",
         "_reach",
         "_hull",
+        "_whole",
         "_last",
     )
 
@@ -155,7 +156,9 @@ class BlockTable:
         self._order: np.ndarray | None = None  # rows sorted by start in dimension 0 (hits)
         self._first: np.ndarray | None = None  # their starts in dimension 0
         self._reach = 0  # the widest block's extent in dimension 0
-        self._hull: tuple[np.ndarray, np.ndarray] | None = None  # the box around every block
+        # the box around every block, as tuples of ints; the answer of a search that holds it
+        self._hull: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+        self._whole: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         # the last search that was not of everything: (box, its answer); None before any
         # (the first search scans, the next ones build and use the sorted order)
         self._last: tuple | None = None
@@ -369,7 +372,8 @@ class BlockTable:
         return sum(
             getattr(self, name).nbytes
             for name in self.__slots__
-            if name not in ("dtype", "ndim", "_order", "_first", "_reach", "_hull", "_last")
+            if name
+            not in ("dtype", "ndim", "_order", "_first", "_reach", "_hull", "_whole", "_last")
             and getattr(self, name) is not None
         )
 
@@ -377,6 +381,8 @@ class BlockTable:
         return Box(tuple(self.start[i].tolist()), tuple(self.stop[i].tolist()))
 
     def block_crcs(self, i: int) -> tuple[int, ...]:
+        if len(self.ncrc) == 1:  # a table of one block: its checksums are all there are
+            return tuple(self.crcs.tolist())
         return tuple(self.crcs[self.crc_ptr[i] : self.crc_ptr[i + 1]].tolist())
 
     def stats(self, i: int) -> Stats | None:
@@ -384,8 +390,9 @@ class BlockTable:
             return None
         return Stats.of_row(self.smin[i], self.smax[i], self.ssum[i], self.count[i])
 
-    def record(self, i: int, dataset: int) -> BlockRecord:
-        """Block *i* as a :class:`BlockRecord` (built on demand: tables keep no objects)."""
+    def record(self, i: int, dataset: int, stats: bool = True) -> BlockRecord:
+        """Block *i* as a :class:`BlockRecord` (built on demand: tables keep no objects);
+        without its statistics unless *stats* (a read of its values needs none)."""
         return BlockRecord(
             dataset,
             self.box(i),
@@ -397,7 +404,7 @@ class BlockTable:
             int(self.codec[i]),
             int(self.seg[i]),
             self.block_crcs(i),
-            self.stats(i),
+            self.stats(i) if stats else None,
         )
 
     def records(self, dataset: int) -> list[BlockRecord]:
@@ -415,28 +422,31 @@ class BlockTable:
         sort); later ones keep the rows sorted by their start in dimension 0,
         so only blocks that start within the widest block's extent before the
         box are tested: a box among many blocks costs a binary search and a
-        test of its slab, not of every block.  The same box asked again (a
-        read, then the layer that counts what it read) gets the same answer
-        without a search.
+        test of its slab, not of every block.  The same box asked again gets
+        the same answer without a search.
         """
         n = len(self)
         nd = self.ndim
         if n == 0:
             z = np.zeros((0, nd), dtype=np.int64)
             return _read_only(np.zeros(0, dtype=np.int64), z, z)
-        s = np.asarray(start, dtype=np.int64)
-        e = np.asarray(stop, dtype=np.int64)
         if nd == 0:  # a 0-D box is one element: every 0-D block holds it
             z = np.zeros((n, 0), dtype=np.int64)
             return _read_only(np.arange(n, dtype=np.int64), z, z)
-        if bool(np.any(e <= s)):
+        # the box's own tests on its values: a read is often of everything in a small table
+        if any(b <= a for a, b in zip(start, stop, strict=True)):
             z = np.zeros((0, nd), dtype=np.int64)
             return _read_only(np.zeros(0, dtype=np.int64), z, z)
-        if self._hull is None:
-            self._hull = (cols_min(self.start), cols_max(self.stop))
-        if bool(np.all(s <= self._hull[0])) and bool(np.all(e >= self._hull[1])):
+        low, high = self.hull
+        if all(a <= h for a, h in zip(start, low, strict=True)) and all(
+            b >= h for b, h in zip(stop, high, strict=True)
+        ):
             # the box holds every block (a read of everything): no search, no clipping
-            return _read_only(np.arange(n, dtype=np.int64), self.start, self.stop)
+            if self._whole is None:
+                self._whole = _read_only(np.arange(n, dtype=np.int64), self.start, self.stop)
+            return self._whole
+        s = np.asarray(start, dtype=np.int64)
+        e = np.asarray(stop, dtype=np.int64)
         key = (s.tobytes(), e.tobytes())
         last = self._last
         if last and last[0] == key:
@@ -458,6 +468,38 @@ class BlockTable:
         got = _read_only(cand[sel], lo[sel], hi[sel])
         self._last = (key, got)
         return got
+
+    @property
+    def hull(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """``(start, stop)`` of the box around every block, made at the first use (non-empty tables)."""
+        h = self._hull
+        if h is None:
+            if len(self) == 1:
+                h = (tuple(self.start[0].tolist()), tuple(self.stop[0].tolist()))
+            else:
+                h = (tuple(cols_min(self.start).tolist()), tuple(cols_max(self.stop).tolist()))
+            self._hull = h
+        return h
+
+    def read_cost(self, idx: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[int, int]:
+        """``(elements, stored bytes)`` of reading the parts ``[lo[k], hi[k])`` of blocks
+        ``idx[k]`` (as :meth:`hits` gives them): the elements they cover and the bytes a
+        read takes, the part's bytes of a raw block, the whole stored block of a coded one."""
+        k = len(idx)
+        if k == 0:
+            return 0, 0
+        item = self.dtype.itemsize
+        if k == 1:  # a dataset written as one block: on its values
+            part = math.prod((hi[0] - lo[0]).tolist())
+            i = int(idx[0])
+            raw = int(self.codec[i]) == BlockCodec.RAW
+            return part, part * item if raw else int(self.length[i])
+        parts = rows_prod(hi - lo)
+        raw = self.codec[idx] == BlockCodec.RAW
+        covered = int(parts.sum())
+        if bool(raw.all()):
+            return covered, covered * item
+        return covered, int(np.where(raw, parts * item, self.length[idx]).sum())
 
     # -- encoding ---------------------------------------------------------------
     def encode(self) -> bytes:

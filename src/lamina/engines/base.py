@@ -326,7 +326,7 @@ class Engine(ABC):
 
     @property
     def bytes_read(self) -> int:
-        """Independent: stored bytes of data this stack has read (counted by the derived layer; 0 here)."""
+        """Independent: stored bytes of data this stack has read (counted by the block engines; 0 here)."""
         return 0
 
     @abstractmethod

@@ -304,9 +304,14 @@ def fill_uncovered(spec: DatasetSpec, box: Box, lo: np.ndarray, hi: np.ndarray, 
 
 def refuse_stats_only(spec: DatasetSpec, t: BlockTable, rows: np.ndarray, step: int) -> None:
     """FormatError if any of *rows* of *t* keeps only statistics (no values to read)."""
-    computed = t.codec[rows] == BlockCodec.STATS_ONLY
-    if bool(computed.any()):
-        k = int(rows[int(np.argmax(computed))])
+    if len(rows) == 1:
+        k = int(rows[0])
+        computed = int(t.codec[k]) == BlockCodec.STATS_ONLY
+    else:
+        flags = t.codec[rows] == BlockCodec.STATS_ONLY
+        computed = bool(flags.any())
+        k = int(rows[int(np.argmax(flags))]) if computed else -1
+    if computed:
         raise FormatError(
             f"dataset {spec.path!r} keeps only statistics at step {step} (block {t.box(k)}); "
             "its values are computed by the derived layer"
@@ -336,6 +341,7 @@ class BlockEngine(Engine):
         # False: the record goes out without the statistics, which follow (the memory transport)
         self._stats_in_record = True
         self._pending_ops: list[tuple] = []
+        self._bytes_read = 0  # stored bytes read by get and get_collective (bytes_read)
         self._commit_ops: list[
             tuple
         ] = []  # the ops of the record being committed (after merging attributes)
@@ -1270,6 +1276,13 @@ class BlockEngine(Engine):
         )
 
     # ---------------------------------------------------------- reading
+    @property
+    def bytes_read(self) -> int:
+        """Stored bytes of data :meth:`get` and :meth:`get_collective` read: a raw block's
+        part in the box, a coded block whole (a collective read counts each rank's box as
+        if it read it alone, whichever rank read each block)."""
+        return self._bytes_read
+
     def check_step(self, step: int | None) -> int:
         n = len(self.catalog.steps)
         if step is None:
@@ -1302,15 +1315,18 @@ class BlockEngine(Engine):
         spec, step = self.check_read(name, box, step, out)
         layout = Layout.of(spec)
         if layout is not None:
-            layout_read.read(self, spec, layout, box, step, 0, out)
+            self._bytes_read += layout_read.read(self, spec, layout, box, step, 0, out)
             return
         t = self.catalog.table(spec.id, step)
         idx, lo, hi = t.hits(box.start, box.stop)
-        fill_uncovered(spec, box, lo, hi, out)
+        covered, stored = t.read_cost(idx, lo, hi)
+        if covered < box.size:
+            out[...] = spec.fill_scalar()
         if not len(idx):
             return
         refuse_stats_only(spec, t, idx, step)
         self._read_blocks(spec, t, idx, lo, hi, box, out)
+        self._bytes_read += stored
 
     def get_collective(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
         """Collective: each rank reads its own *box*; a block several ranks need is read once
@@ -1346,6 +1362,8 @@ class BlockEngine(Engine):
         collective.read(self, spec, t, box, step, dst, boxes)
         if dst is not out:
             out[...] = dst
+        # counted as this rank's box read alone, whichever rank read each block
+        self._bytes_read += t.read_cost(*t.hits(box.start, box.stop))[1]
 
     def _read_blocks(
         self,
@@ -1364,7 +1382,9 @@ class BlockEngine(Engine):
         """
         for i, a, b in zip(idx.tolist(), lo.tolist(), hi.tolist(), strict=True):
             inter = Box(tuple(a), tuple(b))
-            self._read_region(t.record(i, spec.id), spec, inter, out[inter.within(box)])
+            self._read_region(
+                t.record(i, spec.id, stats=False), spec, inter, out[inter.within(box)]
+            )
 
     def get_level(
         self,
@@ -1394,7 +1414,7 @@ class BlockEngine(Engine):
 
     def payload(self, spec: DatasetSpec, t: BlockTable, row: int) -> np.ndarray:
         """Independent: the stored bytes of block *row* of table *t* of *spec*, checked against its checksums."""
-        return self._payload(t.record(row, spec.id), spec)
+        return self._payload(t.record(row, spec.id, stats=False), spec)
 
     def payloads(
         self, step: int, wanted: Sequence[tuple[DatasetSpec, BlockTable, np.ndarray]]

@@ -154,10 +154,12 @@ def read(
         refuse_stats_only(spec, t, np.array(rows, dtype=np.int64), step)
         for i, a, b in p.own:
             part = Box(tuple(a.tolist()), tuple(b.tolist()))
-            engine._read_region(t.record(i, spec.id), spec, part, out[part.within(box)])
+            engine._read_region(
+                t.record(i, spec.id, stats=False), spec, part, out[part.within(box)]
+            )
         for i in mine:
             held[i] = np.empty(p.hull[i].shape, dtype=spec.dtype)
-            engine._read_region(t.record(i, spec.id), spec, p.hull[i], held[i])
+            engine._read_region(t.record(i, spec.id, stats=False), spec, p.hull[i], held[i])
     comm_mod.agree(comm, g.error)  # a block that failed its checks raises on every rank
     reqs, types = [], []
     try:

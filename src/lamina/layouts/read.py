@@ -255,7 +255,7 @@ def describe(src: Source, spec: DatasetSpec, layout: Layout, step: int) -> dict:
             }
         )
         for i in range(len(t)):
-            name = t.record(i, lspec.id).subfile
+            name = t.record(i, lspec.id, stats=False).subfile
             subfiles[name] = subfiles.get(name, 0) + int(t.length[i])
     last = cat.level(spec.path, layout.levels - 1)
     t = cat.table(last.id, step)

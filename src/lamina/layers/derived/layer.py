@@ -66,8 +66,7 @@ from ...errors import (
     mark_collective,
     suggest,
 )
-from ...geometry import Box, rows_prod
-from ...layouts import read as layout_read
+from ...geometry import Box
 from ...layouts.spec import Layout
 from ...perf.history import Recorder, load_history, signature
 from ...stats import crc
@@ -108,7 +107,6 @@ class DerivedLayer(Layer):
             tuple, list[np.ndarray]
         ] = {}  # (name, step, box) -> components of recent vector evaluations
         self.device = "cpu"
-        self._bytes_read = 0
         self._paths: dict[str, str] = {}  # names as passed to put -> normalized paths
         # the measured history of the cost model (lamina.perf.history): what this layer timed
         self._timed = Recorder()
@@ -126,11 +124,6 @@ class DerivedLayer(Layer):
 
     def opened(self) -> None:
         self._load()
-
-    @property
-    def bytes_read(self) -> int:
-        """Stored bytes of data read through this layer (inputs of recomputed quantities too)."""
-        return self._bytes_read
 
     def _build(self, name, text, strategy, spacing, info, check_clash: bool) -> Definition:
         return build_definition(
@@ -606,9 +599,12 @@ class DerivedLayer(Layer):
         path = normpath(name)
         d = self._by_component.get(path)
         if d is None:
+            if not self._defs:  # no derived quantities: no history of reads to keep
+                self.inner.get(path, box, step, out)
+                return
             t0 = time.perf_counter()
             self.inner.get(path, box, step, out)  # validates box and step first
-            self._count(path, box, step, time.perf_counter() - t0)
+            self._sample_read(path, box, step, time.perf_counter() - t0)
             return
         spec, step = self.inner.check_read(path, box, step, out)
         if d.strategy == "store" and spec.id >= 0:
@@ -616,7 +612,7 @@ class DerivedLayer(Layer):
             if len(t) and not bool((t.codec == BlockCodec.STATS_ONLY).any()):
                 t0 = time.perf_counter()
                 self.inner.get(path, box, step, out)
-                self._count(path, box, step, time.perf_counter() - t0)
+                self._sample_read(path, box, step, time.perf_counter() - t0)
                 return
         t0, n0 = time.perf_counter(), self._computed
         per_block = self._recompute(d, d.components.index(path), box, step, out)
@@ -633,34 +629,23 @@ class DerivedLayer(Layer):
         if path not in self._by_component:  # stored data: read together
             t0 = time.perf_counter()
             self.inner.get_collective(path, box, step, out)
-            self._count(path, box, step, time.perf_counter() - t0)
+            self._sample_read(path, box, step, time.perf_counter() - t0)
             return
         self.get(path, box, step, out)  # computed on read: each rank computes its own box
 
-    def _count(self, path: str, box: Box, step, seconds: float = 0.0) -> None:
-        """Count the stored bytes a read of *box* took; with the *seconds* it took, a sample of
-        the measured history (files with derived quantities only)."""
+    def _sample_read(self, path: str, box: Box, step, seconds: float) -> None:
+        """A read of stored data that took *seconds*, a sample of the measured history (files
+        with derived quantities only: the engines count the bytes every read takes)."""
+        if not self._defs or seconds <= 0:
+            return
         spec = self.catalog.datasets.get(path)
-        if spec is None or spec.id < 0:
+        if spec is None or spec.id < 0 or Layout.of(spec) is not None:
             return
-        try:
-            step = self.check_step(step)
-        except Exception:
-            return  # the inner engine raises the proper error
-        layout = Layout.of(spec)
-        if layout is not None:  # the bands of every level a level-0 read decodes
-            self._bytes_read += layout_read.nbytes(self.catalog, spec, layout, box, step, 0)
-            return
-        t = self.catalog.table(spec.id, step)
-        idx, lo, hi = t.hits(box.start, box.stop)
-        if not len(idx):
-            return
-        part = rows_prod(hi - lo) * spec.dtype.itemsize
-        raw = t.codec[idx] == BlockCodec.RAW
-        self._bytes_read += int(np.where(raw, part, t.length[idx]).sum())
-        if seconds > 0 and self._defs:
+        t = self.catalog.table(spec.id, self.check_step(step))
+        blocks = len(t.hits(box.start, box.stop)[0])
+        if blocks:
             nbytes = box.size * spec.dtype.itemsize
-            self._timed.add("read", nbytes, nbytes / len(idx), seconds)
+            self._timed.add("read", nbytes, nbytes / blocks, seconds)
 
     def _recompute(self, d: Definition, k: int, box: Box, step: int, out: np.ndarray) -> float:
         """Component *k* of *d* over *box* into *out*; the mean elements per block of the
