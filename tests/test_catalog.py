@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -941,6 +941,53 @@ def test_block_table_decode_names_the_check_and_the_block(column, k, value, text
 
 
 _BIG = 1 << 62
+
+
+@settings(max_examples=60)
+@given(
+    n=st.integers(1, 70),
+    nd=st.integers(0, 3),
+    dt=st.sampled_from(["f4", "i8", "u1", "c16", "?"]),
+    amax=st.booleans(),
+    seed=st.integers(0, 2**31),
+)
+def test_small_sections_decode_as_one_record_as_column_by_column(n, nd, dt, amax, seed):
+    """A section of a few rows is read as the fields of one record (one call); the table is
+    the one the column-by-column decode gives: every column's values, dtype and shape."""
+    from unittest import mock
+
+    from lamina.catalog import blocks as cb
+
+    rng = np.random.default_rng(seed)
+    spec = DatasetSpec("/d", (40, 30, 20)[:nd], np.dtype(dt))
+    lo = rng.integers(0, 10, (n, nd))
+    hi = lo + rng.integers(0, 10, (n, nd))
+    size = (hi - lo).prod(axis=1)
+    t = _table_of_boxes(lo, hi)
+    t.dtype = spec.dtype
+    t.length = size * spec.dtype.itemsize
+    t.offset = rng.integers(0, 1 << 40, n)
+    t.rank, t.session, t.agg = (rng.integers(0, 1 << 32, n, dtype=np.uint32) for _ in range(3))
+    t.crcs = rng.integers(0, 1 << 32, n, dtype=np.uint32)
+    t.has_stats = rng.random(n) < 0.5
+    t.count = np.minimum(size, rng.integers(0, 100, n))
+    t.smin, t.smax = rng.random(n), rng.random(n)
+    t.ssum = rng.random(n) + (1j * rng.random(n) if dt == "c16" else 0)
+    t.amax = rng.random(n) if amax else None
+    raw = t.encode()
+    one = BlockTable.decode(raw, spec, "s", amax)
+    if n <= cb._FEW_ROWS:  # the columns are fields of one record indeed
+        assert one.smin.base.dtype.names == cb._FIELDS[: len(one.smin.base.dtype.names)]
+    with mock.patch.object(cb, "_FEW_ROWS", 0):
+        cols = BlockTable.decode(raw, spec, "s", amax)
+    for name in [*cb._FIELDS[:13], "crcs", "codec", "has_stats", "amax"]:
+        name = {"has": "has_stats"}.get(name, name)
+        a, b = getattr(one, name), getattr(cols, name)
+        if b is None:
+            assert a is None
+            continue
+        assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), name
+    assert one.encode() == raw
 
 
 def _sound_block(nd: int, layered: bool, seg: int) -> tuple[DatasetSpec, dict]:

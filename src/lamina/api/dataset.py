@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -31,7 +32,7 @@ def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     page run several times slower on common x86 CPUs (4K aliasing);
     numpy's own allocations start 16 bytes in.
     """
-    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    n = math.prod(shape) * dtype.itemsize
     if n < 1 << 16:
         return np.empty(shape, dtype=dtype)
     raw = np.empty(n + PAGE, dtype=np.uint8)
@@ -199,7 +200,7 @@ class Dataset:
             )
         if layout is not None:
             layout.check_read_tolerance(tolerance, self._path)
-        shape = self.levels[level]
+        shape = self._spec.shape if layout is None else layout.shapes(self._spec.shape)[level]
         box = Box.from_shape(shape) if box is None else box
         step = self._step if step is None else step
         if out is None and layout is None:

@@ -24,6 +24,7 @@ statistics flags (1 each).  ``docs/format.md`` gives the section layout.
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 import zlib
@@ -66,6 +67,52 @@ def sum_dtype(dt: np.dtype) -> np.dtype:
 def row_bytes(ndim: int, dt: np.dtype) -> int:
     """Bytes one block takes in a section, without its checksums."""
     return 16 * ndim + 24 + 16 + sum_dtype(dt).itemsize + 8 + 16 + 2
+
+
+#: sections of at most this many rows are decoded as one structured record (_section_dtype)
+_FEW_ROWS = 64
+#: the columns of a section in the order they are stored (docs/format.md)
+_FIELDS = (
+    "start",
+    "stop",
+    "offset",
+    "length",
+    "seg",
+    "smin",
+    "smax",
+    "ssum",
+    "count",
+    "rank",
+    "session",
+    "agg",
+    "ncrc",
+    "crcs",
+    "codec",
+    "has",
+    "amax",
+)
+
+
+@functools.lru_cache(maxsize=256)
+def _section_dtype(n: int, nd: int, dt: np.dtype, ncrcs: int, amax: bool) -> np.dtype:
+    """A section's columns after its head as the fields of one packed record, the way
+    :meth:`BlockTable.decode` reads the columns of a small section with one call."""
+    sd, md = stat_dtype(dt), sum_dtype(dt)
+    shapes = [(_I8, (n, nd)), (_I8, (n, nd)), *[(_U8, (n,))] * 3, (sd, (n,)), (sd, (n,))]
+    shapes += [(md, (n,)), (_U8, (n,)), *[(_U4, (n,))] * 4, (_U4, (ncrcs,)), (_U1, (n,))]
+    shapes += [(_U1, (n,))] + ([(_F8, (n,))] if amax else [])
+    offsets, pos = [], 0
+    for t, shape in shapes:
+        offsets.append(pos)
+        pos += t.itemsize * math.prod(shape)
+    return np.dtype(
+        {
+            "names": list(_FIELDS[: len(shapes)]),
+            "formats": [(t, shape) for t, shape in shapes],
+            "offsets": offsets,
+            "itemsize": pos,
+        }
+    )
 
 
 def _col(a: np.ndarray, dtype) -> memoryview:
@@ -560,25 +607,33 @@ class BlockTable:
                 f"{where}: section of {len(mv)} bytes, {16 + n * row + 4 * ncrcs} expected for "
                 f"{n} blocks and {ncrcs} checksums"
             )
-        pos = 16
+        if 0 < n <= _FEW_ROWS:  # every column a field of one record: one frombuffer
+            sec = np.frombuffer(mv, dtype=_section_dtype(n, nd, dt, ncrcs, amax), offset=16)[0]
+            start, stop, offset, length, seg, smin, smax, ssum, count = [
+                sec[k] for k in _FIELDS[:9]
+            ]
+            rank, session, agg, ncrc, crcs, codec, has = [sec[k] for k in _FIELDS[9:16]]
+            mags = sec["amax"] if amax else None
+        else:
+            pos = 16
 
-        def take(t: np.dtype, count: int) -> np.ndarray:
-            nonlocal pos
-            a = np.frombuffer(mv, dtype=t, count=count, offset=pos)
-            pos += t.itemsize * count
-            return a
+            def take(t: np.dtype, count: int) -> np.ndarray:
+                nonlocal pos
+                a = np.frombuffer(mv, dtype=t, count=count, offset=pos)
+                pos += t.itemsize * count
+                return a
 
-        sd, md = stat_dtype(dt), sum_dtype(dt)
-        start = take(_I8, n * nd).reshape(n, nd)
-        stop = take(_I8, n * nd).reshape(n, nd)
-        offset, length, seg = take(_U8, n), take(_U8, n), take(_U8, n)
-        smin, smax = take(sd, n), take(sd, n)
-        ssum = take(md, n)
-        count = take(_U8, n)
-        rank, session, agg, ncrc = take(_U4, n), take(_U4, n), take(_U4, n), take(_U4, n)
-        crcs = take(_U4, ncrcs)
-        codec, has = take(_U1, n), take(_U1, n)
-        mags = take(_F8, n) if amax else None
+            sd, md = stat_dtype(dt), sum_dtype(dt)
+            start = take(_I8, n * nd).reshape(n, nd)
+            stop = take(_I8, n * nd).reshape(n, nd)
+            offset, length, seg = take(_U8, n), take(_U8, n), take(_U8, n)
+            smin, smax = take(sd, n), take(sd, n)
+            ssum = take(md, n)
+            count = take(_U8, n)
+            rank, session, agg, ncrc = take(_U4, n), take(_U4, n), take(_U4, n), take(_U4, n)
+            crcs = take(_U4, ncrcs)
+            codec, has = take(_U1, n), take(_U1, n)
+            mags = take(_F8, n) if amax else None
 
         cols = _Columns(start, stop, offset, length, seg, ncrc, ncrcs, codec, has, count, mags)
         # one block (a dataset written once a step): the same checks, on its values

@@ -148,7 +148,20 @@ def _pwrite_all(fd: int, buf, offset: int) -> None:
         done += n
 
 
-def _pread_into(fd: int, mv: memoryview, offset: int, what: str) -> None:
+class _BlockName:
+    """Names a block in an error message (``path/subfile: dataset 'd' block box``), formatted
+    only when a message is made: a read of a small block is a few microseconds."""
+
+    __slots__ = ("path", "rec", "dataset")
+
+    def __init__(self, path: str, rec, dataset: str) -> None:
+        self.path, self.rec, self.dataset = path, rec, dataset
+
+    def __str__(self) -> str:
+        return f"{self.path}/{self.rec.subfile}: dataset {self.dataset!r} block {self.rec.box}"
+
+
+def _pread_into(fd: int, mv: memoryview, offset: int, what: str | _BlockName) -> None:
     done = 0
     while done < len(mv):
         n = os.preadv(fd, [mv[done:]], offset + done)
@@ -1067,13 +1080,13 @@ class NativeEngine(BlockEngine):
             begin += n
 
     def _payload(self, rec, spec) -> np.ndarray:
-        what = f"{self.path}/{rec.subfile}: dataset {spec.path!r} block {rec.box}"
+        what = _BlockName(self.path, rec, spec.path)
         buf = np.empty(rec.length, dtype=np.uint8)
         self._read_verified(self._fd(rec.subfile), buf.data, rec.offset, 0, rec, what)
         return buf
 
     def _read_region(self, rec, spec, inter: Box, dst: np.ndarray) -> None:
-        what = f"{self.path}/{rec.subfile}: dataset {spec.path!r} block {rec.box}"
+        what = _BlockName(self.path, rec, spec.path)
         fd = self._fd(rec.subfile)
         if rec.codec != BlockCodec.RAW:
             arr = self.decode_payload(rec, spec, self._payload(rec, spec))
@@ -1125,7 +1138,7 @@ class NativeEngine(BlockEngine):
         dst[...] = view
 
     def _read_verified(
-        self, fd: int, mv: memoryview, file_off: int, block_off: int, rec, what: str
+        self, fd: int, mv: memoryview, file_off: int, block_off: int, rec, what: _BlockName
     ) -> None:
         """Read bytes [block_off, block_off+len(mv)) of a block and check their segment checksums.
 
