@@ -330,6 +330,27 @@ def test_summarize_agrees_with_compute(dtype, rng):
         assert_matches(st, b)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_summarize_a_block_alone_as_among_others(dtype, rng):
+    """A block summarized alone (a dataset written once a step takes fewer calls) gets the
+    same statistics and checksum, bit for bit, as the same block among others: NaN inside,
+    nothing but NaN, infinities, integers at their limits."""
+    blocks = [make(dtype, int(n), rng, nan_frac=0.1) for n in (1, 2, 7, 64, 601)]
+    if np.dtype(dtype).kind in "fc":
+        blocks += [np.full(5, np.nan, dtype=dtype), np.array([np.inf, -np.inf, 1], dtype=dtype)]
+        if np.dtype(dtype).kind == "c":
+            blocks.append(np.array([1 + 1j, complex(1, np.nan)], dtype=dtype))
+    together = summarize(blocks)
+    for i, b in enumerate(blocks):
+        alone = summarize([b])
+        for col in ("mins", "maxs", "sums", "counts", "crcs"):
+            a, t = getattr(alone, col), getattr(together, col)[i : i + 1]
+            assert a.dtype == t.dtype and a.tobytes() == t.tobytes(), (col, i)
+    assert summarize([blocks[0]], checksum=False).crcs is None
+    with pytest.raises(ValueError, match="non-empty"):
+        stats.summarize_flat(blocks[0].reshape(-1)[:0], np.zeros(1, np.int64))
+
+
 def test_summarize_refuses_empty_blocks():
     with pytest.raises(ValueError, match="non-empty"):
         summarize([np.ones(3), np.ones(0)])

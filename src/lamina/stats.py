@@ -334,12 +334,16 @@ def summarize_flat(values: np.ndarray, sizes: np.ndarray, checksum: bool = True)
     """
     dt = values.dtype
     kind = dt.kind
-    if sizes.size and sizes.min() <= 0:
+    one = len(sizes) == 1  # a block alone (a dataset written once a step): fewer calls
+    if (int(sizes[0]) <= 0) if one else (sizes.size and sizes.min() <= 0):
         raise ValueError("summarize() takes non-empty blocks")
     slot = np.int64 if kind == "i" else np.uint64 if kind in "ub" else np.float64
     flat = values.view(np.uint8) if kind == "b" else values
-    starts = np.zeros(len(sizes), dtype=np.int64)
-    np.cumsum(sizes[:-1], out=starts[1:])
+    if one:
+        starts = _FIRST
+    else:
+        starts = np.zeros(len(sizes), dtype=np.int64)
+        np.cumsum(sizes[:-1], out=starts[1:])
     count = sizes.astype(np.int64, copy=True)
     with np.errstate(invalid="ignore", over="ignore"):
         if kind in "iub":
@@ -351,15 +355,29 @@ def summarize_flat(values: np.ndarray, sizes: np.ndarray, checksum: bool = True)
             mn = np.fmin.reduceat(m, starts).astype(np.float64)
             mx = np.fmax.reduceat(m, starts).astype(np.float64)
             sums = np.add.reduceat(flat, starts, dtype=np.complex128 if kind == "c" else np.float64)
-            redo = np.isnan(sums.real) | np.isnan(sums.imag) if kind == "c" else np.isnan(sums)
-            for i in np.flatnonzero(redo):  # NaN values inside: counted and left out, one by one
+            if one:
+                redo = [0] if sums[0] != sums[0] else []  # (a complex NaN is unequal too)
+            else:
+                redo = np.flatnonzero(
+                    np.isnan(sums.real) | np.isnan(sums.imag) if kind == "c" else np.isnan(sums)
+                ).tolist()
+            for i in redo:  # NaN values inside: counted and left out, one by one
                 a = int(starts[i])
                 st, _ = compute(values[a : a + int(sizes[i])], 0, checksum=False)
                 mn[i], mx[i], sums[i], count[i] = st.min, st.max, st.sum, st.count
     crcs = None
     if checksum:
-        crcs = piece_crcs(values.view(np.uint8).data, np.append(starts, flat.size) * dt.itemsize)
+        if one:
+            crcs = np.array([crc_raw(values.view(np.uint8).data)], dtype=np.uint32)
+        else:
+            edges = np.append(starts, flat.size) * dt.itemsize
+            crcs = piece_crcs(values.view(np.uint8).data, edges)
     return Summary(mn, mx, sums, count, crcs)
+
+
+#: the start of a block alone in summarize_flat (read-only: shared by every call)
+_FIRST = np.zeros(1, dtype=np.int64)
+_FIRST.flags.writeable = False
 
 
 class StatsJob(Protocol):
