@@ -107,9 +107,14 @@ def main() -> None:
         c = cuts(A[1], n)
         for step in range(2):
             slab = Box((0, c[r], 0), (A[0], c[r + 1], A[2]))
+            before = f.engine.bytes_read
             check_equal(
                 a.read(slab, step=step, collective=True), value_a(slab, step), "axis-1 slab"
             )
+            # counted as this rank's box read alone, whichever rank read each block
+            counted = f.engine.bytes_read - before
+            if counted != slab.size * 8:
+                raise AssertionError(f"a collective read of {slab} counted {counted} bytes")
             for k in range(3):
                 box = Box((0, 0), (0, 0)) if (r == n - 1 and k == 1) else random_box(rng, B)
                 got = b.read(box, step=step, collective=True)
