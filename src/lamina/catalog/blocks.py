@@ -40,7 +40,7 @@ from .model import SEGMENT_UNIT, BlockCodec, BlockRecord, DatasetSpec, Stats
 
 #: offsets, lengths and checksum segments read from a file must stay below this
 LIMIT = 1 << 62
-_MAX_CODEC = max(BlockCodec)
+_MAX_CODEC = int(max(BlockCodec))  # an int: an IntEnum member takes numpy's slow path
 # plain ints: an IntEnum member looked up on every decode costs a microsecond each
 _RAW, _STATS_ONLY, _MULTIRES = (
     int(BlockCodec.RAW),
@@ -722,15 +722,7 @@ def _check_columns(spec: DatasetSpec, where: str, cols: _Columns) -> None:
     shape = np.asarray(spec.shape, dtype=np.int64)
     ext = stop - start
     # a column at a time: a sound table costs a few reductions, a bad one names its row
-    if (
-        nd
-        and n
-        and (
-            bool((ext < 0).any())
-            or bool((cols_min(start) < 0).any())
-            or bool((cols_max(stop) > shape).any())
-        )
-    ):
+    if nd and n and (bool((ext < 0).any()) or int(start.min()) < 0 or bool((stop > shape).any())):
         fail(
             (start < 0) | (ext < 0) | (stop > shape),
             f"is outside the dataset's shape {spec.shape}",

@@ -82,6 +82,10 @@ def run_blocks(items: Sequence[T], work: Callable[[S, T], None], states: Sequenc
     a copy of the caller's context and with the caller's numpy error state
     (``numpy.errstate``).
     """
+    if len(states) == 1:  # the caller alone: no lock, no copy of its error state
+        for item in items:
+            work(states[0], item)
+        return
     lock = threading.Lock()
     pending = iter(items)
     done = object()  # what next() gives once every item is taken
