@@ -118,19 +118,29 @@ def _lamina(path: str, arrays: list[np.ndarray], steps: int, warmup: int) -> flo
 
 
 # -- reads: every dataset at every step; (seconds of the timed steps, the arrays of the last step)
+def _read_steps(read_step, steps: int, warmup: int) -> tuple[float, list]:
+    """``read_step(s)`` for every step, the clock started at step *warmup*."""
+    t0, got = 0.0, []
+    for s in range(warmup + steps):
+        if s == warmup:
+            t0 = time.perf_counter()
+        got = read_step(s)
+    return time.perf_counter() - t0, got
+
+
 def _numpy_read(path: str, d: int, n: int, steps: int, warmup: int) -> tuple[float, list]:
     fd = os.open(path, os.O_RDONLY)
+
+    def step(s: int) -> list:
+        got = []
+        for i in range(d):
+            a = np.empty(n)
+            os.preadv(fd, [a], (s * d + i) * n * 8)
+            got.append(a)
+        return got
+
     try:
-        t0, got, size = 0.0, [], n * 8
-        for s in range(warmup + steps):
-            if s == warmup:
-                t0 = time.perf_counter()
-            got = []
-            for i in range(d):
-                a = np.empty(n)
-                os.preadv(fd, [a], (s * d + i) * size)
-                got.append(a)
-        return time.perf_counter() - t0, got
+        return _read_steps(step, steps, warmup)
     finally:
         os.close(fd)
 
@@ -140,15 +150,15 @@ def _adios2_read(path: str, d: int, n: int, steps: int, warmup: int) -> tuple[fl
 
     with adios2.FileReader(path) as r:
         vs = [r.inquire_variable(f"v{i}") for i in range(d)]
-        t0, got = 0.0, []
-        for s in range(warmup + steps):
-            if s == warmup:
-                t0 = time.perf_counter()
+
+        def step(s: int) -> list:
             got = []
             for v in vs:
                 v.set_step_selection([s, 1])
                 got.append(r.read(v))
-        return time.perf_counter() - t0, got
+            return got
+
+        return _read_steps(step, steps, warmup)
 
 
 def _h5py_read(path: str, d: int, n: int, steps: int, warmup: int) -> tuple[float, list]:
@@ -156,12 +166,7 @@ def _h5py_read(path: str, d: int, n: int, steps: int, warmup: int) -> tuple[floa
 
     with h5py.File(path, "r") as f:
         dss = [f[f"v{i}"] for i in range(d)]
-        t0, got = 0.0, []
-        for s in range(warmup + steps):
-            if s == warmup:
-                t0 = time.perf_counter()
-            got = [ds[s] for ds in dss]
-        return time.perf_counter() - t0, got
+        return _read_steps(lambda s: [ds[s] for ds in dss], steps, warmup)
 
 
 def _lamina_read(path: str, d: int, n: int, steps: int, warmup: int) -> tuple[float, list]:
@@ -169,12 +174,7 @@ def _lamina_read(path: str, d: int, n: int, steps: int, warmup: int) -> tuple[fl
 
     with lamina.open(path, "r") as f:
         dss = [f[f"v{i}"] for i in range(d)]
-        t0, got = 0.0, []
-        for s in range(warmup + steps):
-            if s == warmup:
-                t0 = time.perf_counter()
-            got = [ds.read(step=s) for ds in dss]
-        return time.perf_counter() - t0, got
+        return _read_steps(lambda s: [ds.read(step=s) for ds in dss], steps, warmup)
 
 
 RUN = {"numpy": _numpy, "adios2 BP5": _adios2, "h5py": _h5py, "lamina": _lamina}
