@@ -69,8 +69,6 @@ def row_bytes(ndim: int, dt: np.dtype) -> int:
     return 16 * ndim + 24 + 16 + sum_dtype(dt).itemsize + 8 + 16 + 2
 
 
-#: sections of at most this many rows are decoded as one structured record (_section_dtype)
-_FEW_ROWS = 64
 #: the columns of a section in the order they are stored (docs/format.md)
 _FIELDS = (
     "start",
@@ -96,7 +94,8 @@ _FIELDS = (
 @functools.lru_cache(maxsize=256)
 def _section_dtype(n: int, nd: int, dt: np.dtype, ncrcs: int, amax: bool) -> np.dtype:
     """A section's columns after its head as the fields of one packed record, the way
-    :meth:`BlockTable.decode` reads the columns of a small section with one call."""
+    :meth:`BlockTable.decode` reads them with one call (the dtypes of the sizes met last
+    are kept: a file's steps often hold the same number of blocks)."""
     sd, md = stat_dtype(dt), sum_dtype(dt)
     shapes = [(_I8, (n, nd)), (_I8, (n, nd)), *[(_U8, (n,))] * 3, (sd, (n,)), (sd, (n,))]
     shapes += [(md, (n,)), (_U8, (n,)), *[(_U4, (n,))] * 4, (_U4, (ncrcs,)), (_U1, (n,))]
@@ -607,33 +606,12 @@ class BlockTable:
                 f"{where}: section of {len(mv)} bytes, {16 + n * row + 4 * ncrcs} expected for "
                 f"{n} blocks and {ncrcs} checksums"
             )
-        if 0 < n <= _FEW_ROWS:  # every column a field of one record: one frombuffer
-            sec = np.frombuffer(mv, dtype=_section_dtype(n, nd, dt, ncrcs, amax), offset=16)[0]
-            start, stop, offset, length, seg, smin, smax, ssum, count = [
-                sec[k] for k in _FIELDS[:9]
-            ]
-            rank, session, agg, ncrc, crcs, codec, has = [sec[k] for k in _FIELDS[9:16]]
-            mags = sec["amax"] if amax else None
-        else:
-            pos = 16
-
-            def take(t: np.dtype, count: int) -> np.ndarray:
-                nonlocal pos
-                a = np.frombuffer(mv, dtype=t, count=count, offset=pos)
-                pos += t.itemsize * count
-                return a
-
-            sd, md = stat_dtype(dt), sum_dtype(dt)
-            start = take(_I8, n * nd).reshape(n, nd)
-            stop = take(_I8, n * nd).reshape(n, nd)
-            offset, length, seg = take(_U8, n), take(_U8, n), take(_U8, n)
-            smin, smax = take(sd, n), take(sd, n)
-            ssum = take(md, n)
-            count = take(_U8, n)
-            rank, session, agg, ncrc = take(_U4, n), take(_U4, n), take(_U4, n), take(_U4, n)
-            crcs = take(_U4, ncrcs)
-            codec, has = take(_U1, n), take(_U1, n)
-            mags = take(_F8, n) if amax else None
+        # every column a field of one record: one frombuffer (count=1: an empty table's
+        # record may have no bytes at all)
+        sec = np.frombuffer(mv, dtype=_section_dtype(n, nd, dt, ncrcs, amax), count=1, offset=16)[0]
+        start, stop, offset, length, seg, smin, smax, ssum, count = [sec[k] for k in _FIELDS[:9]]
+        rank, session, agg, ncrc, crcs, codec, has = [sec[k] for k in _FIELDS[9:16]]
+        mags = sec["amax"] if amax else None
 
         cols = _Columns(start, stop, offset, length, seg, ncrc, ncrcs, codec, has, count, mags)
         # one block (a dataset written once a step): the same checks, on its values
