@@ -208,6 +208,23 @@ def test_truncated_subfile_opens_the_intact_steps(native_path):
         np.testing.assert_array_equal(f.at(1)["grid/u"][...], 7.0)
 
 
+@pytest.mark.parametrize("what", ["one block", "a run of blocks"])
+def test_subfile_cut_under_an_open_reader_names_file_and_dataset(native_path, what):
+    """A subfile cut short after the reader opened it: the read of a block alone, or of a
+    run of blocks back to back, is a FormatError naming the subfile and the dataset."""
+    make_file(native_path, steps=1)
+    b = block_of(native_path, 0, 0)
+    with lamina.open(native_path, "r", engine="native") as f:
+        ds = f["grid/u"]
+        os.truncate(os.path.join(native_path, b.subfile), b.offset + 8)
+        with pytest.raises(FormatError, match="file ends at byte") as ei:
+            ds.read(lamina.Box((1, 0), (3, 12)) if what == "one block" else None)
+        msg = str(ei.value)
+        assert f"{native_path}/{b.subfile}: dataset 'grid/u'" in msg
+        if what == "one block":
+            assert f"block {b.box}" in msg
+
+
 def test_missing_subfile_leaves_its_steps_out(native_path):
     make_file(native_path)
     b = block_of(native_path, 0, 0)

@@ -18,7 +18,7 @@ import errno
 import os
 import stat
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -148,20 +148,21 @@ def _pwrite_all(fd: int, buf, offset: int) -> None:
         done += n
 
 
-class _BlockName:
-    """Names a block in an error message (``path/subfile: dataset 'd' block box``), formatted
-    only when a message is made: a read of a small block is a few microseconds."""
+class _Lazy:
+    """What a read names in its error messages (``path/subfile: dataset 'd' ...``), formatted
+    by *make* only when a message is made: a read of a small block is a few microseconds,
+    and formatting its box took as long as a tenth of it."""
 
-    __slots__ = ("path", "rec", "dataset")
+    __slots__ = ("make",)
 
-    def __init__(self, path: str, rec, dataset: str) -> None:
-        self.path, self.rec, self.dataset = path, rec, dataset
+    def __init__(self, make: Callable[[], str]) -> None:
+        self.make = make
 
     def __str__(self) -> str:
-        return f"{self.path}/{self.rec.subfile}: dataset {self.dataset!r} block {self.rec.box}"
+        return self.make()
 
 
-def _pread_into(fd: int, mv: memoryview, offset: int, what: str | _BlockName) -> None:
+def _pread_into(fd: int, mv: memoryview, offset: int, what: str | _Lazy) -> None:
     done = 0
     while done < len(mv):
         n = os.preadv(fd, [mv[done:]], offset + done)
@@ -933,7 +934,7 @@ class NativeEngine(BlockEngine):
         """
         i0 = int(idx[ks[0]])
         name = subfile_name(int(t.session[i0]), int(t.agg[i0]))
-        fd, what = self._fd(name), f"{self.path}/{name}: dataset {spec.path!r}"
+        fd, what = self._fd(name), _Lazy(lambda: f"{self.path}/{name}: dataset {spec.path!r}")
         dt = spec.dtype
         rows = idx[ks]
         lengths = t.length[rows]
@@ -1079,14 +1080,17 @@ class NativeEngine(BlockEngine):
             out[g][p] = piece
             begin += n
 
+    def _block_name(self, rec, spec) -> _Lazy:
+        return _Lazy(lambda: f"{self.path}/{rec.subfile}: dataset {spec.path!r} block {rec.box}")
+
     def _payload(self, rec, spec) -> np.ndarray:
-        what = _BlockName(self.path, rec, spec.path)
+        what = self._block_name(rec, spec)
         buf = np.empty(rec.length, dtype=np.uint8)
         self._read_verified(self._fd(rec.subfile), buf.data, rec.offset, 0, rec, what)
         return buf
 
     def _read_region(self, rec, spec, inter: Box, dst: np.ndarray) -> None:
-        what = _BlockName(self.path, rec, spec.path)
+        what = self._block_name(rec, spec)
         fd = self._fd(rec.subfile)
         if rec.codec != BlockCodec.RAW:
             arr = self.decode_payload(rec, spec, self._payload(rec, spec))
@@ -1138,7 +1142,7 @@ class NativeEngine(BlockEngine):
         dst[...] = view
 
     def _read_verified(
-        self, fd: int, mv: memoryview, file_off: int, block_off: int, rec, what: _BlockName
+        self, fd: int, mv: memoryview, file_off: int, block_off: int, rec, what: _Lazy
     ) -> None:
         """Read bytes [block_off, block_off+len(mv)) of a block and check their segment checksums.
 
