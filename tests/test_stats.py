@@ -217,6 +217,26 @@ def test_crc_helpers():
     )
 
 
+def test_large_buffers_take_awscrt_and_give_crc32c_values(rng):
+    """Buffers from FAST_MIN bytes go to awscrt's CRC-32C (a dependency: its absence here
+    is a failure, not a skip); at and around the switch, continued from any value and
+    from any buffer type, the CRC is crc32c's."""
+    from awscrt.checksums import crc32c as aws
+
+    buf = rng.integers(0, 256, 3 * stats.FAST_MIN + 7, dtype=np.uint8)
+    assert crc(buf[: stats.FAST_MIN]) == crc32c.crc32c(buf[: stats.FAST_MIN])
+    assert stats._fast_crc is aws
+    for n in (stats.FAST_MIN - 1, stats.FAST_MIN, stats.FAST_MIN + 1, len(buf)):
+        for start in (0, 0x12345678, 0xFFFFFFFF):
+            want = crc32c.crc32c(buf[:n], start)
+            assert crc(buf[:n], start) == want
+            assert crc(buf[:n].tobytes(), start) == want
+            assert crc(memoryview(buf[:n]), start) == want
+    head = crc(buf[:100])  # a small buffer continued by a large one, and the other way round
+    assert crc(buf[100:], head) == crc32c.crc32c(buf)
+    assert crc(buf[-50:], crc(buf[:-50])) == crc32c.crc32c(buf)
+
+
 @given(
     st.integers(1, 300),
     st.integers(0, 70),
@@ -260,7 +280,10 @@ def test_crc_concat_keeps_few_operators(monkeypatch, rng):
         assert len(stats._ZEROS) <= 8
 
 
-@pytest.mark.parametrize("lengths", [[64] * 37, [8, 8], [512] * 1000, [3, 9, 3, 100, 1, 64]])
+@pytest.mark.parametrize(
+    "lengths",
+    [[64] * 37, [8, 8], [512] * 1000, [3, 9, 3, 100, 1, 64], [1 << 15] * 3, [5, 1 << 16, 40000]],
+)
 def test_first_bad_piece_finds_each_corrupt_piece(lengths, rng):
     """A flipped bit in any piece is found and named by its position; a clean run gives -1."""
     lengths = np.asarray(lengths, dtype=np.int64)

@@ -63,9 +63,33 @@ def _sum(c: np.ndarray, dtype) -> Any:
 #: crc itself, without the wrapper's call: for loops over many small pieces
 crc_raw = _crc32c.crc32c
 
+#: buffers from this many bytes are checksummed by awscrt's CRC-32C (:func:`crc`)
+FAST_MIN = 1 << 14
+_fast_crc: Any = None
+
+
+def _load_fast_crc() -> Any:
+    """awscrt's CRC-32C, imported at the first large checksum (about 50 ms, which a process
+    that checksums only small buffers never pays); ``crc32c``'s where awscrt is missing.
+
+    Both compute the same CRC-32C.  awscrt (the AWS Common Runtime's aws-checksums) folds
+    with carry-less multiplies (AVX-512 VPCLMULQDQ where the CPU has them): 2x the
+    throughput of ``crc32c``'s three-way SSE 4.2 loop here, 56 against 28 GB/s on a
+    MiB in cache, and it too releases the GIL on large buffers.
+    """
+    global _fast_crc
+    try:
+        from awscrt.checksums import crc32c as fast
+    except ImportError:  # pragma: no cover - awscrt is a dependency; the result is the same
+        fast = _crc32c.crc32c
+    _fast_crc = fast
+    return fast
+
 
 def crc(data, value: int = 0) -> int:
     """CRC-32C of a bytes-like object, continuing from *value*."""
+    if len(data) >= FAST_MIN:
+        return (_fast_crc or _load_fast_crc())(data, value)
     return _crc32c.crc32c(data, value)
 
 
@@ -173,7 +197,7 @@ def first_bad_piece(buf, lengths: np.ndarray, expected: np.ndarray) -> int:
     view = memoryview(buf).cast("B")
     n = len(lengths)
     if n >= CONCAT_MIN and int(lengths[0]) > 0 and bool(np.all(lengths == lengths[0])):
-        if crc_raw(view) == crc_concat(expected, int(lengths[0])):
+        if crc(view) == crc_concat(expected, int(lengths[0])):
             return -1
     edges = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(lengths, out=edges[1:])
@@ -185,7 +209,7 @@ def first_bad_piece(buf, lengths: np.ndarray, expected: np.ndarray) -> int:
 def piece_crcs(view, edges) -> np.ndarray:
     """CRC-32C of each piece ``view[edges[k]:edges[k + 1]]`` (byte offsets), as uint32."""
     e = np.asarray(edges).tolist()
-    c = crc_raw
+    c = crc if e[-1] - e[0] >= FAST_MIN * (len(e) - 1) else crc_raw  # large pieces: the fast CRC
     return np.fromiter(
         (c(view[a:b]) for a, b in zip(e[:-1], e[1:], strict=True)), np.uint32, len(e) - 1
     )

@@ -976,7 +976,7 @@ class NativeEngine(BlockEngine):
             piece = buf[: int(ends[b - 1]) - begin]
             _pread_into(fd, piece.data, first + begin, what)
             if one_crc:
-                got[k] = stats_mod.crc_raw(piece.data)
+                got[k] = stats_mod.crc(piece.data)
             else:
                 j = stats_mod.first_bad_piece(piece, lengths[a:b], expected[a:b])
                 if j >= 0:
