@@ -392,7 +392,7 @@ def summarize_flat(values: np.ndarray, sizes: np.ndarray, checksum: bool = True)
     crcs = None
     if checksum:
         if one:
-            crcs = np.array([crc_raw(values.view(np.uint8).data)], dtype=np.uint32)
+            crcs = np.array([crc(values.view(np.uint8).data)], dtype=np.uint32)
         else:
             edges = np.append(starts, flat.size) * dt.itemsize
             crcs = piece_crcs(values.view(np.uint8).data, edges)
