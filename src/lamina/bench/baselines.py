@@ -158,7 +158,6 @@ def adios2_read(ctx: Ctx, box: Box) -> np.ndarray:
     Reads into a preallocated array (``read_in_buffer``), ADIOS2's path
     without an extra zero-filled allocation.
     """
-    import adios2
 
     n0 = ctx.local.shape[0]
     out = np.empty(box.shape, dtype=ctx.local.dtype)
@@ -168,7 +167,7 @@ def adios2_read(ctx: Ctx, box: Box) -> np.ndarray:
         if inter is None:
             continue
         dst = out if inter == box else np.empty(inter.shape, dtype=out.dtype)
-        with adios2.FileReader(adios2_path(ctx, q)) as r:
+        with common.adios2_reader(adios2_path(ctx, q)) as r:
             var = r.inquire_variable(DATASET)
             var.set_selection([list(inter.start), list(inter.shape)])
             r.read_in_buffer(var, dst)

@@ -213,10 +213,9 @@ def adios2_write(ctx: Ctx, c: Case) -> None:
 
 
 def adios2_read_all(ctx: Ctx, c: Case) -> np.ndarray:
-    import adios2
 
     out = np.empty(c.box.shape)
-    with adios2.FileReader(bl.adios2_path(ctx)) as r:
+    with common.adios2_reader(bl.adios2_path(ctx)) as r:
         var = r.inquire_variable(bl.DATASET)
         var.set_selection([list(c.box.start), list(c.box.shape)])
         for s in range(c.steps):
@@ -226,10 +225,9 @@ def adios2_read_all(ctx: Ctx, c: Case) -> np.ndarray:
 
 
 def adios2_read_one(ctx: Ctx, c: Case) -> np.ndarray:
-    import adios2
 
     out = np.empty((c.edge,) * 3)
-    with adios2.FileReader(bl.adios2_path(ctx)) as r:
+    with common.adios2_reader(bl.adios2_path(ctx)) as r:
         var = r.inquire_variable(bl.DATASET)
         var.set_selection([c.starts[c.one], [c.edge] * 3])
         var.set_step_selection([c.step, 1])
@@ -239,10 +237,9 @@ def adios2_read_one(ctx: Ctx, c: Case) -> np.ndarray:
 
 def adios2_query(ctx: Ctx, c: Case) -> int:
     """Per-block min/max from the metadata (``blocks_info``), then read the blocks that may match."""
-    import adios2
 
     n = 0
-    with adios2.FileReader(bl.adios2_path(ctx)) as r:
+    with common.adios2_reader(bl.adios2_path(ctx)) as r:
         info = r.engine.blocks_info(bl.DATASET, c.step)
         var = r.inquire_variable(bl.DATASET)
         var.set_step_selection([c.step, 1])

@@ -87,19 +87,18 @@ def _lamina_phases(path: str, step: int, row: int):
 
 
 def _adios2_phases(path: str, step: int, row: int):
-    import adios2
 
     def open_close() -> None:
-        with adios2.FileReader(path):
+        with common.adios2_reader(path):
             pass
 
     def step_index() -> None:
-        with adios2.FileReader(path) as r:
+        with common.adios2_reader(path) as r:
             r.engine.blocks_info("u", step)
 
     def read_one() -> None:
         out = np.empty((1, ROW), dtype=np.float32)
-        with adios2.FileReader(path) as r:
+        with common.adios2_reader(path) as r:
             var = r.inquire_variable("u")
             var.set_selection([[row, 0], [1, ROW]])
             var.set_step_selection([step, 1])

@@ -11,6 +11,7 @@ Nothing here imports mpi4py: the worker gets MPI from :mod:`lamina.comm`.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import math
 import os
@@ -152,6 +153,34 @@ def remove(path: str) -> None:
             os.remove(path)
         except FileNotFoundError:
             pass
+
+
+#: profiles ADIOS2's BP5 reader left in /tmp for this process (adios2_reader)
+_ADIOS2_PROFILES: set[str] = set()
+
+
+def _remove_adios2_profiles() -> None:
+    for name in _ADIOS2_PROFILES:
+        remove(name)
+
+
+def adios2_reader(path: str):
+    """``adios2.FileReader(path)``, for a baseline's reads.
+
+    ADIOS2's BP5 reader writes ``/tmp/<name>_<pid in hex>_profiling.json`` at
+    every close, whatever the IO's ``Profile`` parameter says
+    (``BP5Reader::FlushProfiler``, ADIOS2 2.10-2.12).  The file is removed when
+    this process exits, not after each read, so that the read's time does not
+    include it.
+    """
+    import adios2
+
+    name = f"/tmp/{os.path.basename(path)}_{os.getpid():x}_profiling.json"
+    if name not in _ADIOS2_PROFILES:
+        if not _ADIOS2_PROFILES:
+            atexit.register(_remove_adios2_profiles)
+        _ADIOS2_PROFILES.add(name)
+    return adios2.FileReader(path)
 
 
 def fsync_path(path: str) -> None:
