@@ -112,7 +112,16 @@ from ..layouts.spec import Layout, level_specs
 from . import collective
 from .base import Engine
 from .batch import Batch, cast, check_batch
-from .staging import SMALL, BoxIndex, Chunk, PutLog, enter_box, enter_boxes, index_of
+from .staging import (
+    SMALL,
+    BoxIndex,
+    Chunk,
+    LentBlocks,
+    PutLog,
+    enter_box,
+    enter_boxes,
+    index_of,
+)
 
 _chain = itertools.chain.from_iterable
 
@@ -331,10 +340,8 @@ class BlockEngine(Engine):
         self.catalog = Catalog()
         self._log = PutLog()  # the blocks of the current step on this rank
         self._local: dict[int, BoxIndex] = {}  # dataset id -> this rank's boxes in this step
-        # small blocks put with copy=False, entered and staged at the commit (_flush_lent):
-        # (definition, start, array, whether put made the array read-only); the stop is
-        # start + the array's shape
-        self._lent: list[tuple[DatasetSpec, tuple, np.ndarray, bool]] = []
+        # small blocks put with copy=False, entered and staged at the commit (_flush_lent)
+        self._lent = LentBlocks()
         self._free_chunks: list[np.ndarray] = []  # staging buffers to use again
         self._spec_cache: dict[str, DatasetSpec] = {}  # names as passed to put -> definitions
         self._with_stats = True  # False: blocks carry no statistics (the memory transport's option)
@@ -565,11 +572,13 @@ class BlockEngine(Engine):
             self._require_write(f"{what} {name!r}")
         if not self._in_step:
             self._open_step()  # implicit step, committed by the next end_step or close
-        spec = self.lookup(name)
-        if box is None:
-            return spec
-        if not box.inside(spec.shape):
-            box.check_inside(spec.shape, f"dataset {spec.path!r}")
+        spec = self._spec_cache.get(name)
+        if spec is None:
+            spec = self.lookup(name)
+        if box is not None:
+            shape = spec.shape  # within it: the start is >= 0 in every Box
+            if len(shape) != len(box.stop) or not all(map(operator.le, box.stop, shape)):
+                box.check_inside(shape, f"dataset {spec.path!r}")
         return spec
 
     def _enter(self, spec: DatasetSpec, box: Box) -> BoxIndex:
@@ -580,7 +589,7 @@ class BlockEngine(Engine):
         spec = self._prepare(name, box, "write dataset")
         lent = not copy  # the caller's word (a cast below may make copy False as well)
         arr = array if type(array) is np.ndarray else np.asarray(array)
-        bshape = box.shape
+        bshape = tuple(map(operator.sub, box.stop, box.start))
         if arr.shape != bshape:
             if arr.size == box.size and arr.ndim == 0:
                 arr = np.broadcast_to(arr, bshape)
@@ -601,10 +610,7 @@ class BlockEngine(Engine):
             # lent, small and raw: kept as it is until the commit enters and stages it with the
             # step's other lent blocks (_flush_lent), as ADIOS2 defers a Put; the caller's
             # array is read-only until then, so that a change too early fails, not corrupts
-            frozen = arr is array and arr.flags.writeable
-            if frozen:
-                arr.flags.writeable = False
-            self._lent.append((spec, box.start, arr, frozen))
+            self._lent.add(spec, box.start, arr, arr is array)
             return
         index = self._enter(spec, box)
         try:
@@ -690,35 +696,19 @@ class BlockEngine(Engine):
         try:
             self._stage_lent(lent)
         finally:
-            self._thaw_lent()
+            lent.thaw()
 
-    def _thaw_lent(self) -> None:
-        """The lent arrays that put made read-only are writeable again; none is kept."""
-        lent, self._lent = self._lent, []
-        for item in lent:
-            if item[3]:
-                item[2].flags.writeable = True
-
-    def _stage_lent(self, lent: list) -> None:
-        """Enter and stage the items *lent* (as put kept them), by dataset and block shape."""
-        keys = [(item[0].id, item[2].shape) for item in lent]
-        if keys.count(keys[0]) == len(keys):  # one dataset, one block shape: the common case
-            groups = [lent]
-            lent_of = {keys[0][0]: len(lent)}  # lent blocks per dataset
+    def _stage_lent(self, lent: LentBlocks) -> None:
+        """Enter and stage the blocks *lent*, by dataset and block shape."""
+        groups = lent.groups()
+        if len(groups) == 1:  # lent blocks per dataset
+            lent_of = {groups[0][0][0].id: len(groups[0])}
         else:
-            by_key: dict[tuple, list] = {}
-            for key, item in zip(keys, lent, strict=True):
-                g = by_key.get(key)
-                if g is None:
-                    by_key[key] = [item]
-                else:
-                    g.append(item)
-            groups = list(by_key.values())
-            lent_of = collections.Counter(key[0] for key in keys)
+            lent_of = collections.Counter(item[0].id for item in lent.items)
         step = len(self.catalog.steps)
         for items in groups:
             if len(items) == 1:  # one block (of a dataset written once in the step): as put would
-                spec, start, arr, _ = items[0]
+                spec, start, arr = items[0]
                 stop = tuple(map(operator.add, start, arr.shape))
                 if spec.id in self._local or lent_of[spec.id] > 1:  # other blocks: checked
                     enter_box(self._local, spec, box_of(start, arr.shape), step, lent_by=self.rank)
@@ -1241,7 +1231,7 @@ class BlockEngine(Engine):
                 self._recycle(c)
         self._log.clear()
         self._local.clear()
-        self._thaw_lent()
+        self._lent.thaw()
         self._mr_pending = {}
         self._mr_local.clear()
 

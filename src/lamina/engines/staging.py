@@ -541,6 +541,68 @@ class PutLog:
         return out
 
 
+_setflags = np.ndarray.setflags  # unbound: a quarter of the cost of ``a.flags.writeable = ...``
+
+
+class LentBlocks:
+    """Small raw blocks a program lent (``put`` with ``copy=False``), kept until the commit
+    enters and stages them with the step's other blocks (``BlockEngine._flush_lent``).
+
+    Kept as ``put`` gives them, one tuple (definition, start, array) per block; an array
+    that was writeable is made read-only until :meth:`thaw`, so that a program that
+    changes it before its step is committed gets numpy's error, not corrupt data.
+    :attr:`uniform` says whether every block is of one dataset and one shape, the
+    common case, which the commit stages as a single group.
+    """
+
+    __slots__ = ("items", "frozen", "uniform", "_spec", "_shape")
+
+    def __init__(self) -> None:
+        self.items: list[tuple[DatasetSpec, tuple, np.ndarray]] = []
+        self.frozen: list[np.ndarray] = []  # the arrays add made read-only
+        self.uniform = True
+        self._spec: DatasetSpec | None = None
+        self._shape: tuple = ()
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def add(self, spec: DatasetSpec, start: tuple, arr: np.ndarray, freeze: bool) -> None:
+        """Keep *arr* (C-contiguous, of *spec*'s dtype) for the box at *start*; read-only until
+        :meth:`thaw` when *freeze* and it is writeable."""
+        if self.items:
+            if spec is not self._spec or arr.shape != self._shape:
+                self.uniform = False
+        else:
+            self._spec, self._shape = spec, arr.shape
+        if freeze and arr.flags.writeable:
+            _setflags(arr, False)
+            self.frozen.append(arr)
+        self.items.append((spec, start, arr))
+
+    def groups(self) -> list[list[tuple[DatasetSpec, tuple, np.ndarray]]]:
+        """The blocks by dataset and block shape, in the order each group first appears."""
+        if self.uniform:
+            return [self.items]
+        by_key: dict[tuple, list] = {}
+        for item in self.items:
+            key = (item[0].id, item[2].shape)
+            g = by_key.get(key)
+            if g is None:
+                by_key[key] = [item]
+            else:
+                g.append(item)
+        return list(by_key.values())
+
+    def thaw(self) -> None:
+        """Make writeable again the arrays :meth:`add` made read-only, and forget every block."""
+        frozen = self.frozen
+        self.items, self.frozen = [], []
+        self.uniform, self._spec = True, None
+        for a in frozen:
+            _setflags(a, True)
+
+
 def index_of(rows: list[int]) -> np.ndarray:
     """*rows* (ascending, as the log appends them) as an int64 array; a run of consecutive
     rows, the common case, without reading the list."""
