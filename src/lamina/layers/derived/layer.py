@@ -359,11 +359,11 @@ class DerivedLayer(Layer):
                 self._hold(path, Box.from_offset(starts[k], a.shape), a, copy)
 
     def put(self, name: str, box: Box, array: np.ndarray, copy: bool = True) -> None:
-        path = self._written(name)
-        if self._defs:
-            self._timed_put(path, self.inner.put, (name, box, array, copy), box.size, 1)
-        else:
+        if not self._defs:  # no derived quantity: nothing to refuse, hold or time
             self.inner.put(name, box, array, copy)
+            return
+        path = self._written(name)
+        self._timed_put(path, self.inner.put, (name, box, array, copy), box.size, 1)
         if path in self._watch:  # an input of a quantity computed at the end of the step
             self._hold(path, box, array, copy)
 
