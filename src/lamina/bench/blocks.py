@@ -213,7 +213,6 @@ def adios2_write(ctx: Ctx, c: Case) -> None:
 
 
 def adios2_read_all(ctx: Ctx, c: Case) -> np.ndarray:
-
     out = np.empty(c.box.shape)
     with common.adios2_reader(bl.adios2_path(ctx)) as r:
         var = r.inquire_variable(bl.DATASET)
@@ -225,7 +224,6 @@ def adios2_read_all(ctx: Ctx, c: Case) -> np.ndarray:
 
 
 def adios2_read_one(ctx: Ctx, c: Case) -> np.ndarray:
-
     out = np.empty((c.edge,) * 3)
     with common.adios2_reader(bl.adios2_path(ctx)) as r:
         var = r.inquire_variable(bl.DATASET)

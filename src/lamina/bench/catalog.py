@@ -87,7 +87,6 @@ def _lamina_phases(path: str, step: int, row: int):
 
 
 def _adios2_phases(path: str, step: int, row: int):
-
     def open_close() -> None:
         with common.adios2_reader(path):
             pass

@@ -146,7 +146,6 @@ def _numpy_read(path: str, d: int, n: int, steps: int, warmup: int) -> tuple[flo
 
 
 def _adios2_read(path: str, d: int, n: int, steps: int, warmup: int) -> tuple[float, list]:
-
     with common.adios2_reader(path) as r:
         vs = [r.inquire_variable(f"v{i}") for i in range(d)]
 
