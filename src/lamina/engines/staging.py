@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
 import numpy as np
@@ -541,7 +541,10 @@ class PutLog:
         return out
 
 
-_setflags = np.ndarray.setflags  # unbound: a quarter of the cost of ``a.flags.writeable = ...``
+#: ``setflags`` unbound and called positionally: a quarter of the cost of
+#: ``a.flags.writeable = ...`` (numpy's stubs make ``write`` keyword-only; passed by
+#: keyword the call costs twice as much)
+_setflags: Callable[[np.ndarray, bool], None] = np.ndarray.setflags  # type: ignore[assignment]
 
 
 class LentBlocks:
