@@ -572,13 +572,9 @@ class BlockEngine(Engine):
             self._require_write(f"{what} {name!r}")
         if not self._in_step:
             self._open_step()  # implicit step, committed by the next end_step or close
-        spec = self._spec_cache.get(name)
-        if spec is None:
-            spec = self.lookup(name)
-        if box is not None:
-            shape = spec.shape  # within it: the start is >= 0 in every Box
-            if len(shape) != len(box.stop) or not all(map(operator.le, box.stop, shape)):
-                box.check_inside(shape, f"dataset {spec.path!r}")
+        spec = self.lookup(name)
+        if box is not None and not box.inside(spec.shape):
+            box.check_inside(spec.shape, f"dataset {spec.path!r}")
         return spec
 
     def _enter(self, spec: DatasetSpec, box: Box) -> BoxIndex:
@@ -589,7 +585,7 @@ class BlockEngine(Engine):
         spec = self._prepare(name, box, "write dataset")
         lent = not copy  # the caller's word (a cast below may make copy False as well)
         arr = array if type(array) is np.ndarray else np.asarray(array)
-        bshape = tuple(map(operator.sub, box.stop, box.start))
+        bshape = box.shape
         if arr.shape != bshape:
             if arr.size == box.size and arr.ndim == 0:
                 arr = np.broadcast_to(arr, bshape)
@@ -701,16 +697,14 @@ class BlockEngine(Engine):
     def _stage_lent(self, lent: LentBlocks) -> None:
         """Enter and stage the blocks *lent*, by dataset and block shape."""
         groups = lent.groups()
-        if len(groups) == 1:  # lent blocks per dataset
-            lent_of = {groups[0][0][0].id: len(groups[0])}
-        else:
-            lent_of = collections.Counter(item[0].id for item in lent.items)
+        # lent blocks per dataset, where several groups may share one
+        lent_of = collections.Counter(it[0].id for it in lent.items) if len(groups) > 1 else {}
         step = len(self.catalog.steps)
         for items in groups:
             if len(items) == 1:  # one block (of a dataset written once in the step): as put would
                 spec, start, arr = items[0]
                 stop = tuple(map(operator.add, start, arr.shape))
-                if spec.id in self._local or lent_of[spec.id] > 1:  # other blocks: checked
+                if spec.id in self._local or lent_of.get(spec.id, 1) > 1:  # other blocks: checked
                     enter_box(self._local, spec, box_of(start, arr.shape), step, lent_by=self.rank)
                 # else the dataset's only block in the step: nothing to meet, and nothing
                 # enters the index after the commit that flushes it (the step forgets it then)
