@@ -51,10 +51,12 @@ def test_a_per_block_overhead_is_learnt_from_block_sizes():
     assert got == pytest.approx(secs(n, 1 << 16), rel=0.15)
 
 
-def test_few_samples_use_the_mean_rate_and_none_nothing():
+def test_few_samples_use_the_median_rate_and_none_nothing():
     fit = hist.fit_rate([(1 << 20, 1, 0.01), (1 << 20, 1, 0.02)])
-    assert fit.kind == "mean" and math.isnan(fit.r2)
+    assert fit.kind == "median" and math.isnan(fit.r2)
     assert fit.coef[0] == pytest.approx(((1 << 20) / 0.01 + (1 << 20) / 0.02) / 2)
+    fit = hist.fit_rate([(1 << 20, 1, 0.01), (1 << 20, 1, 0.01), (1 << 20, 1, 0.07)])
+    assert fit.kind == "median" and fit.rate(1 << 20, 1) == pytest.approx((1 << 20) / 0.01)
     none = hist.fit_rate([])
     assert none.kind == "none" and none.seconds(1, 1) is None
     assert none.rate(1, 1, default=7.0) == 7.0
@@ -73,6 +75,47 @@ def test_noisy_samples_report_their_r2_and_the_rate_stays_above_the_floor():
     slowest = min(b / s for b, _, s in samples)
     assert fit.rate(1e30, 1e30) >= hist.FLOOR * slowest * (1 - 1e-12)
     assert fit.rate(1.0, 1.0) >= hist.FLOOR * slowest * (1 - 1e-12)
+
+
+def test_a_few_slow_samples_do_not_drag_the_fit():
+    """Writes of a step at 4 GB/s, two of seven 7x slower (the page cache flushing): the line
+    goes through the bulk, and a size below the samples is predicted at their rate, not at a
+    rate that a least-squares line through the slow ones would send below zero."""
+    fast, slow = 4e9, 4e9 / 7
+    sizes = [66e6, 66e6, 89e6, 133e6, 66e6, 89e6, 133e6]
+    rates = [fast, slow, fast, fast, slow, fast, fast]
+    samples = [(b, 1.4e6, b / r) for b, r in zip(sizes, rates, strict=True)]
+    fit = hist.fit_rate(samples)
+    for b in (22e6, 66e6, 100e6, 1e9):
+        assert fit.rate(b, 1.4e6) == pytest.approx(fast, rel=0.02)
+    # least squares on the same samples: what the fit used to be
+    a = np.asarray(samples)
+    design = np.column_stack([np.ones(len(a)), a[:, 0]])
+    ls = np.linalg.lstsq(design, a[:, 0] / a[:, 2], rcond=None)[0]
+    assert ls @ (1.0, 22e6) < 0.5 * fast
+
+
+def test_a_line_is_not_extrapolated_beyond_its_samples():
+    fit = hist.fit_rate(_samples(lambda b, r: 1e8 + 2.0 * b + 3e7 * r))
+    assert fit.kind == "linear"
+    top = 1e8 + 2.0 * (64 << 20) + 3e7 * 4
+    assert fit.rate(1 << 40, 64) == pytest.approx(top, rel=1e-6)
+    assert fit.rate(1, 1) == pytest.approx(1e8 + 2.0 * (1 << 20) + 3e7, rel=1e-6)
+
+
+def test_samples_close_to_a_prediction_predict_it_by_their_median():
+    """A run again: three samples at the size predicted (one of them slow) give their median
+    rate; other sizes and other block sizes (x2) leave it to the fit."""
+    h = hist.History()
+    for b in (1 << 20, 4 << 20, 16 << 20, 64 << 20):
+        h.add("s", b, 1e3, b / 1e9)  # 1 GB/s elsewhere
+    for t in (0.010, 0.011, 0.050):
+        h.add("s", 256 << 20, 1e3, t)
+    assert h.local_rate("s", 256 << 20, 1e3) == pytest.approx((256 << 20) / 0.011)
+    assert h.seconds("s", 256 << 20, 1e3) == pytest.approx(0.011)
+    assert h.local_rate("s", 256 << 20, 2e3) is None  # another block size
+    assert h.local_rate("s", 1 << 30, 1e3) is None  # 4x larger: too far
+    assert h.seconds("s", 0, 1e3) == 0.0 and h.seconds("t", 1, 1) is None
 
 
 # -- the history ---------------------------------------------------------------------------
@@ -103,7 +146,10 @@ def test_a_long_series_is_fitted_again_once_enough_new_samples_could_move_it():
     # (the adds above left the count of new samples somewhere below the threshold)
     for _ in range(hist.MAX_SAMPLES // hist.REFIT + 1):
         h.add("s", 4 << 20, 1, (4 << 20) / 1e8)  # much slower now
-    assert h.fit("s").rate(4 << 20, 1) < 0.99e9  # fitted again
+    again = h.fit("s")
+    assert again is not first and again.samples == hist.MAX_SAMPLES  # fitted again
+    assert again.floor == pytest.approx(hist.FLOOR * 1e8)  # with the slow samples in it
+    # (a robust fit: 17 slow samples of 256 do not move the rate; nor does the median)
     assert h.median_rate("s") == pytest.approx(1e9)  # most samples still say 1 GB/s
     short = hist.History()
     short.add("t", 1 << 20, 1, (1 << 20) / 1e9)

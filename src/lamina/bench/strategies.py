@@ -50,9 +50,10 @@ derived layer records while the runs above write and query.  Which
 history predicts a run (``--history``):
 
 * ``earlier`` (the default with one block count): before the timed runs,
-  one untimed run of every write and query at the same count records a
-  history of its own, and the timed runs are predicted from it: a job run
-  again on the same machine, the case the per-machine history serves;
+  an untimed run of every write and query at the same count, as many
+  times (``--repeat``), records a history of its own, and the timed runs
+  are predicted from it: a job run again on the same machine, the case the
+  per-machine history serves;
 * ``others`` (the default with several counts, ``--blocks 16,64,256``):
   each count is predicted from what was timed at the *other* counts (leave
   one out), so that the model is judged on block sizes it has not seen;
@@ -888,7 +889,7 @@ def run(
                 common.remove(_history_file(base, b, "earlier"))
                 for k in kernels:
                     say(f"{k}, {b} blocks: the earlier run, untimed, records its history...")
-                    m = measure_case(CASES[k], shape, b, fractions, 1, base, lambda _m: None)
+                    m = measure_case(CASES[k], shape, b, fractions, repeat, base, lambda _m: None)
                     for p in m["paths"].values():
                         common.remove(p)
             # what the derived layer times in the timed runs goes to a history of their own

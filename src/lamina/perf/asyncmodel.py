@@ -17,21 +17,22 @@ epoch takes at least ``t_io``.  The consistent form is used here.)
   steps (:mod:`lamina.perf.history`, the machinery the derived-quantity
   model uses too): ``rate = c0 + c1 x1 + c2 x2`` with ``x = (bytes,
   ranks)`` (linear) and with ``x = (log bytes, log ranks)`` (linear-log),
-  by least squares; the fit with the larger ``r^2`` is used, and its
-  ``r^2`` is reported.  With fewer than :data:`~lamina.perf.history.MIN_FIT`
-  samples the rate is the mean of the measured ones.  Two series: steps
-  written while the program computes (series ``async.io``, the background
-  thread's) and steps written while the program waits for them (series
-  ``sync.io``: ``io='auto'``'s synchronous steps).  They differ where no
-  core is spare: a step written beside the program's next copies and calls
+  by least absolute deviations (a few slow steps do not drag the line);
+  the fit with the smaller error is used, and its ``r^2`` is reported.
+  With fewer than :data:`~lamina.perf.history.MIN_FIT` samples the rate is
+  their median.  Two series: steps written while the program computes
+  (series ``async.io``, the background thread's) and steps written while
+  the program waits for them (series ``sync.io``: ``io='auto'``'s
+  synchronous steps).  They differ where no core is spare: a step written beside the program's next copies and calls
   takes longer than one written alone.  ``t_sync`` takes ``t_io`` from
   ``sync.io``, ``t_async`` from ``async.io``, each from the other series
   while it has no samples of its own.  Where a series holds at least 3
-  steps of the same rank count within a factor :data:`LOCAL_SPAN` of the
-  step's size (a run again, the usual case), their median rate (the newest
-  :data:`LOCAL_MAX`) predicts instead of the fit to every step, which a
-  history of many sizes and conditions bends away from any one of them
-  (fit kind ``local``).
+  steps of the same rank count within a factor
+  :data:`~lamina.perf.history.LOCAL_SPAN` of the step's size (a run again,
+  the usual case), their median rate (the newest
+  :data:`~lamina.perf.history.LOCAL_MAX`) predicts instead of the fit to
+  every step, which a history of many sizes and conditions bends away from
+  any one of them (fit kind ``local``; :meth:`~lamina.perf.history.History.local_rate`).
 * ``t_copy = bytes / copy rate``, the median rate of the copies measured at
   put (series ``async.copy``: one sample per step, its copies together),
   into buffers reused from earlier steps: the copies of the first steps go
@@ -54,7 +55,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -63,7 +63,6 @@ import numpy as np
 from ..catalog.wire import load_json
 from ..errors import FormatError
 from .history import (
-    MIN_FIT,
     Fit,
     History,
     default_path,
@@ -72,11 +71,6 @@ from .history import (
     save_history,
     save_history_soon,
 )
-
-#: steps of the same rank count within this factor of a step's size predict it by their
-#: median rate (the newest LOCAL_MAX of them) instead of the fit to every step
-LOCAL_SPAN = 2.0
-LOCAL_MAX = 32
 
 #: the series of the history this model fits and keeps: steps written in the background,
 #: steps written while the program waited for them, and the copies made at put
@@ -216,26 +210,12 @@ class AsyncModel:
         w = DECAY ** np.arange(len(c) - 1, -1, -1, dtype=np.float64)
         return float(np.dot(w, c) / w.sum())
 
-    def _local_rate(self, series: str, nbytes: int, ranks: int) -> float | None:
-        """The median rate of the newest :data:`LOCAL_MAX` steps of *series* written by as
-        many ranks with sizes within :data:`LOCAL_SPAN` of *nbytes*; None with fewer than
-        :data:`~lamina.perf.history.MIN_FIT` of them."""
-        rates = []
-        for x1, x2, t in reversed(self.history.samples(series)):
-            if x2 == ranks and nbytes <= x1 * LOCAL_SPAN and x1 <= nbytes * LOCAL_SPAN:
-                rates.append(x1 / t)
-                if len(rates) == LOCAL_MAX:
-                    break
-        if len(rates) < MIN_FIT:
-            return None
-        return statistics.median(rates)  # np.median costs ~30 us here, at every end_step
-
     def _io_rate(self, series: str, other: str, nbytes: int, ranks: int) -> tuple[float, Fit]:
         """The rate of *series* (of *other* while it has no samples) for a step of *nbytes*: the
         steps of that size and rank count (a run again, the usual case) where the history has
         enough of them, else the fit to every step; with the fit used (kind ``local``)."""
         name = self._series(series, other)
-        local = self._local_rate(name, nbytes, ranks)
+        local = self.history.local_rate(name, nbytes, ranks)
         if local is not None:
             return local, Fit("local", (), math.nan, len(self.history.samples(name)))
         fit = self.history.fit(name)

@@ -10,17 +10,33 @@ I/O, the size of a block for everything done block by block (per-block
 overheads, page faults of fresh blocks, threads that only start on large
 blocks all make the rate a function of the block size).
 
-:func:`fit_rate` fits ``rate = x1 / seconds`` to a series by least squares,
-linear in ``(x1, x2)`` and linear in ``(log x1, log x2)`` (a variable that
-varies less than :data:`SPREAD`-fold over the samples is left out); the fit
-with the larger ``r^2`` is used and its ``r^2`` reported; with fewer than
-:data:`MIN_FIT` samples the rate is their mean.  A prediction is
-``x1 / rate``, the rate kept above a quarter of the slowest rate measured
-(a line fitted to a few points may dip below anything seen).  A third
-form, ``per-block``, fits a cost per unit and a cost per block,
-``seconds / x1 = c0 + c1 / x2`` (both >= 0), to the same samples and
-competes on the same ``r^2`` of the rate: it is what block-by-block work
-costs, and unlike a line in ``x2`` it extrapolates to smaller blocks.
+:func:`fit_rate` fits ``rate = x1 / seconds`` to a series, linear in
+``(x1, x2)`` and linear in ``(log x1, log x2)`` (a variable that varies
+less than :data:`SPREAD`-fold over the samples is left out), by least
+absolute deviations: the fitted line passes through the bulk of the
+samples, and a few slow ones (a write that met the page cache flushing, a
+step beside a burst of other work: 3-7x slower here, a third of the
+writes in some runs) do not drag it, where least squares gave them the
+weight of their square and could bend the line below zero.  Of the median
+rate and the fits, the one with the smallest absolute error per degree of
+freedom is used (a form with more coefficients must fit better by more
+than its coefficients take up of noise) and its ``r^2`` over every sample
+reported (0 for the median; a fit that leaves slow samples aside can
+score a little below it); with fewer than :data:`MIN_FIT` samples, or
+where no variable varies, the rate is their median.  A line is not
+extrapolated: beyond the sampled range of a variable the rate is the one
+at the range's edge.  A prediction is ``x1 / rate``, the rate kept above a
+quarter of the slowest rate measured.  A third form, ``per-block``, fits
+a cost per unit and a cost per block, ``seconds / x1 = c0 + c1 / x2``
+(both >= 0), to the same samples and competes on the same error: it is what block-by-block work costs, and
+unlike a line in ``x2`` it extrapolates to smaller blocks.
+
+Where a series holds at least :data:`MIN_FIT` samples close to the one
+predicted (``x1`` within a factor :data:`LOCAL_SPAN`, ``x2`` within
+:data:`LOCAL_X2` of it: a run again, the usual case), the median rate of
+the newest :data:`LOCAL_MAX` of them predicts instead of the fit to the
+whole series, which a history of many sizes and conditions bends away
+from any one of them (:meth:`History.local_rate`).
 
 The samples persist per machine (:func:`default_path`), like the
 calibration: a run starts from what earlier runs measured on this host, and
@@ -56,6 +72,7 @@ import dataclasses
 import json
 import math
 import os
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -82,6 +99,13 @@ MAX_FILE_BYTES = 4 << 20
 FLOOR = 0.25
 #: a variable enters a fit only if its largest sample is at least this times its smallest
 SPREAD = 1.5
+#: samples with x1 within this factor and x2 within LOCAL_X2 (relative) of a prediction's
+#: predict it by their median rate (the newest LOCAL_MAX of them) instead of the fit
+LOCAL_SPAN = 2.0
+LOCAL_X2 = 0.1
+LOCAL_MAX = 32
+#: iterations of the least-absolute-deviations fit (reweighted least squares) at most
+LAD_ITERATIONS = 10
 #: a series is fitted again once the samples added since its fit are 1/REFIT of it (every
 #: sample while it is short; every 16th of a full series)
 REFIT = 16
@@ -96,28 +120,33 @@ def default_path() -> str:
 
 @dataclass
 class Fit:
-    """A fitted rate: ``kind`` 'linear', 'linear-log', 'per-block', 'mean' or 'none'; ``r2``
-    of the fit (on the rate, whatever the form)."""
+    """A fitted rate: ``kind`` 'linear', 'linear-log', 'per-block', 'median' or 'none'; ``r2``
+    of the fit (on the rate, whatever the form); ``lo``/``hi`` the sampled range of
+    ``(x1, x2)``, beyond which a line is not extrapolated."""
 
     kind: str
     coef: tuple[float, ...] = ()
     r2: float = float("nan")
     samples: int = 0
     floor: float = 0.0  # FLOOR x the slowest rate measured
+    lo: tuple[float, float] = (0.0, 0.0)
+    hi: tuple[float, float] = (math.inf, math.inf)
 
     def rate(self, x1: float, x2: float, default: float = math.nan) -> float:
         """The rate (x1 per second) at ``(x1, x2)``; *default* without samples."""
         if self.kind == "per-block":  # seconds per x1 = c0 + c1 / x2
             per = self.coef[0] + self.coef[1] / max(x2, 1.0)
             return max(1.0 / per, self.floor) if per > 0 else self.floor
+        if self.kind == "median":
+            return self.coef[0]
+        if self.kind not in ("linear", "linear-log"):
+            return default
+        x1 = min(max(x1, self.lo[0]), self.hi[0])  # the rate at the edge beyond the samples
+        x2 = min(max(x2, self.lo[1]), self.hi[1])
         if self.kind == "linear":
             x = (1.0, x1, x2)
-        elif self.kind == "linear-log":
-            x = (1.0, math.log(max(x1, 1.0)), math.log(max(x2, 1.0)))
-        elif self.kind == "mean":
-            return self.coef[0]
         else:
-            return default
+            x = (1.0, math.log(max(x1, 1.0)), math.log(max(x2, 1.0)))
         r = sum(c * v for c, v in zip(self.coef, x, strict=True))
         return max(r, self.floor)
 
@@ -128,22 +157,72 @@ class Fit:
         return x1 / self.rate(x1, x2) if x1 > 0 else 0.0
 
 
+def _median(values: np.ndarray) -> float:
+    """The median of a non-empty 1-D array (``np.median``'s first call imports numpy.ma)."""
+    r = np.sort(values)
+    k = len(r) // 2
+    return float(r[k] if len(r) % 2 else 0.5 * (r[k - 1] + r[k]))
+
+
+def _lad(design: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least absolute deviations: the coefficients minimizing ``sum |y - design @ c|``, by
+    iteratively reweighted least squares from the least-squares solution (the columns
+    scaled to at most 1, each step's normal equations solved: a fit of 256 samples in about
+    a millisecond)."""
+    scale = np.abs(design).max(axis=0)
+    scale[scale == 0] = 1.0
+    d = design / scale
+    sol = np.linalg.lstsq(d, y, rcond=None)[0]
+    # residuals below this count as this: no weight without bound on a sample fitted exactly
+    tiny = 1e-9 * max(float(np.abs(y).max()), 1e-300)
+    for _ in range(LAD_ITERATIONS):
+        w = 1.0 / np.maximum(np.abs(y - d @ sol), tiny)
+        dw = d.T * w
+        try:
+            new = np.linalg.solve(dw @ d, dw @ y)
+        except np.linalg.LinAlgError:
+            break
+        done = np.allclose(new, sol, rtol=1e-6, atol=0.0)
+        sol = new
+        if done:
+            break
+    return sol / scale
+
+
 def fit_rate(samples: list[Sample]) -> Fit:
-    """The rate ``x1 / seconds`` as a function of ``(x1, x2)``: the best of the per-block,
-    linear and linear-log least-squares fits by ``r^2`` (module docstring)."""
+    """The rate ``x1 / seconds`` as a function of ``(x1, x2)``: the median, or the per-block,
+    linear or linear-log least-absolute-deviations fit, whichever has the smallest absolute
+    error of the rate per degree of freedom (module docstring)."""
     if not samples:
         return Fit("none")
     a = np.asarray(samples, dtype=np.float64)
     x1, x2, secs = a[:, 0], a[:, 1], a[:, 2]
     rate = x1 / secs
     floor = FLOOR * float(rate.min())
-    mean = float(rate.mean())
+    lo = (float(x1.min()), float(x2.min()))
+    hi = (float(x1.max()), float(x2.max()))
+    med = _median(rate)
+    best = Fit("median", (med,), float("nan"), len(samples), floor, lo, hi)
     if len(samples) < MIN_FIT:
-        return Fit("mean", (mean,), float("nan"), len(samples), floor)
-    best = Fit("mean", (mean,), 0.0, len(samples), floor)
+        return best
+    mean = float(rate.mean())
     ss_tot = float(((rate - mean) ** 2).sum())
-    if ss_tot <= 0:
-        return dataclasses.replace(best, r2=1.0)
+
+    def r2_of(fitted: np.ndarray) -> float:
+        return 1.0 - float(((fitted - rate) ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0
+
+    best.r2 = 0.0 if ss_tot > 0 else 1.0  # the median explains nothing of the variation
+    n = len(samples)
+
+    def error(fitted: np.ndarray, params: int) -> float:
+        """Absolute error of the rate per degree of freedom: a form with more coefficients
+        must fit better by more than what its coefficients take up of noise."""
+        return float(np.abs(fitted - rate).sum()) / (n - params) if n > params else math.inf
+
+    err = error(np.full_like(rate, med), 1)
+    tie = 1e-9 * med  # errors apart by less are rounding: the form tried first keeps it
+    if err <= 0:
+        return best
     # a variable that hardly varies over the samples says nothing about the rate: fitted
     # anyway it would tilt the plane at random and throw predictions elsewhere far off
     keep = [float(x.max()) >= SPREAD * float(x.min()) for x in (x1, x2)]
@@ -152,21 +231,25 @@ def fit_rate(samples: list[Sample]) -> Fit:
     # first, so that it wins a tie: a cost per unit and one per block, secs / x1 = c0 + c1 / x2
     if keep[1]:
         design = np.column_stack([np.ones_like(x2), 1.0 / x2])
-        sol, *_ = np.linalg.lstsq(design, secs / x1, rcond=None)
+        sol = _lad(design, secs / x1)
         if sol[0] > 0 and sol[1] >= 0:  # only costs that cannot be negative
-            per = design @ sol
-            r2 = 1.0 - float(((1.0 / per - rate) ** 2).sum()) / ss_tot
-            if r2 > best.r2 + 1e-12:
-                best = Fit("per-block", (float(sol[0]), float(sol[1])), r2, len(samples), floor)
+            fitted = 1.0 / (design @ sol)
+            e = error(fitted, 2)
+            if e < err * (1 - 1e-9) - tie:
+                err = e
+                pb = (float(sol[0]), float(sol[1]))
+                best = Fit("per-block", pb, r2_of(fitted), n, floor, lo, hi)
     for kind, u, v in (("linear", x1, x2), ("linear-log", np.log(x1), np.log(x2))):
         cols = [c for c, k in zip((u, v), keep, strict=True) if k]
         design = np.column_stack([np.ones_like(u), *cols])
-        sol, *_ = np.linalg.lstsq(design, rate, rcond=None)
-        r2 = 1.0 - float(((design @ sol - rate) ** 2).sum()) / ss_tot
-        if r2 > best.r2 + 1e-12:
+        sol = _lad(design, rate)
+        fitted = np.maximum(design @ sol, floor)
+        e = error(fitted, design.shape[1])
+        if e < err * (1 - 1e-9) - tie:
+            err = e
             it = iter(sol[1:])
-            coef = (float(sol[0]), *(float(next(it)) if k else 0.0 for k in keep))
-            best = Fit(kind, coef, r2, len(samples), floor)
+            line = (float(sol[0]), *(float(next(it)) if k else 0.0 for k in keep))
+            best = Fit(kind, line, r2_of(fitted), n, floor, lo, hi)
     return best
 
 
@@ -217,14 +300,33 @@ class History:
             got = self.samples(name)
             if not got:
                 return None
-            r = np.sort(np.fromiter((x1 / t for x1, _, t in got), np.float64, len(got)))
-            k = len(r) // 2  # np.median's first call imports numpy.ma: milliseconds
-            m = self._medians[name] = float(r[k] if len(r) % 2 else 0.5 * (r[k - 1] + r[k]))
+            rates = np.fromiter((x1 / t for x1, _, t in got), np.float64, len(got))
+            m = self._medians[name] = _median(rates)
         return m
 
+    def local_rate(self, name: str, x1: float, x2: float) -> float | None:
+        """The median rate of the newest :data:`LOCAL_MAX` samples of series *name* with
+        ``x1`` within :data:`LOCAL_SPAN` of *x1* and ``x2`` within :data:`LOCAL_X2` of *x2*;
+        None with fewer than :data:`MIN_FIT` of them."""
+        rates = []
+        lo2, hi2 = x2 * (1.0 - LOCAL_X2), x2 * (1.0 + LOCAL_X2)
+        for s1, s2, t in reversed(self.samples(name)):
+            if lo2 <= s2 <= hi2 and x1 <= s1 * LOCAL_SPAN and s1 <= x1 * LOCAL_SPAN:
+                rates.append(s1 / t)
+                if len(rates) == LOCAL_MAX:
+                    break
+        if len(rates) < MIN_FIT:
+            return None
+        return statistics.median(rates)  # np.median costs ~30 us here, at every end_step
+
     def seconds(self, name: str, x1: float, x2: float) -> float | None:
-        """Predicted seconds of *x1* at *x2* from series *name*; None if it has no samples."""
-        return self.fit(name).seconds(x1, x2)
+        """Predicted seconds of *x1* at *x2* from series *name*: the median rate of its samples
+        close to ``(x1, x2)`` where it has enough of them (:meth:`local_rate`), else its fit;
+        None if it has no samples."""
+        if x1 <= 0:
+            return 0.0 if self.samples(name) else None
+        local = self.local_rate(name, x1, x2)
+        return x1 / local if local is not None else self.fit(name).seconds(x1, x2)
 
     def merged(self, *others: History) -> History:
         """A new history with the samples of this one and *others* (none of them 'added')."""
