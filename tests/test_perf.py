@@ -546,6 +546,18 @@ def test_history_query_term_is_added_to_every_read():
     assert p["stats"].read_s == approx(base["stats"].read_s + 0.1 * n / 1e8)
     assert p["expression"].read_s == approx(base["expression"].read_s + n / 1e8)
     assert [s.source for s in p.values()] == [s.source for s in base.values()]
+    # a strategy's own series (queries judging its quantities) before the series of all
+    own = predict(
+        MAG,
+        SHAPE,
+        nblocks=8,
+        query_fraction=0.1,
+        calibration=CAL,
+        history=_hist({**rates, "query": 1e8, "query.store": 1e7}),
+    )
+    assert own["store"].read_s == approx(base["store"].read_s + 0.1 * n / 1e7)
+    assert own["stats"].read_s == approx(p["stats"].read_s)
+    assert own["expression"].read_s == approx(p["expression"].read_s)
     # a vector: three components of the candidates; Expression's tested one is kept
     curl = "curl(vx, vy, vz)"
     rates = {f"compute.{signature(curl, 'f8')}": 5e7, "read": 4e9}

@@ -398,7 +398,7 @@ def test_the_derived_layer_times_its_work(tmp_path, monkeypatch):
     reads = h.samples("read")  # the inputs of the recomputation and the stored quantity
     assert len(reads) == 1 and reads[0][0] == 4 * n * 8
     assert reads[0][1] == pytest.approx(per_block * 8, rel=0.01)
-    assert h.samples("query") == []  # no query yet
+    assert [n for n in h.series if n.startswith("query")] == []  # no query yet
     with lamina.open(f_path) as f:
         top = float(f["m_expr"][...].max())
         # Expression: every unit's values read to find its range, all candidates (kept)
@@ -407,8 +407,15 @@ def test_the_derived_layer_times_its_work(tmp_path, monkeypatch):
         res = f.query(f"m_store > {top + 1}", select=["m_store"], exact=False)
         assert res.candidates == []
         f.query(f"m_store <= {top}", select=["m_store"], exact=False)
-    ((x1, x2, t),) = hist.load_history(str(path)).samples("query")  # summed per block size
-    assert x1 == 2 * n and x2 == pytest.approx(per_block, rel=0.01) and t > 0
+    h = hist.load_history(str(path))
+    for s in ("expression", "store"):  # one series per strategy judged
+        ((x1, x2, t),) = h.samples(f"query.{s}")
+        assert x1 == n and x2 == pytest.approx(per_block, rel=0.01) and t > 0
+    assert h.samples("query") == [] and h.samples("query.stats") == []
+    with lamina.open(f_path) as f:  # two strategies judged together: the series of all queries
+        f.query(f"m_store <= {top} & m_expr <= {top}", select=["m_store"], exact=False)
+    ((x1, _, t),) = hist.load_history(str(path)).samples("query")
+    assert x1 >= n and t > 0
 
 
 def test_a_file_without_derived_quantities_keeps_no_history(tmp_path, monkeypatch):

@@ -371,10 +371,12 @@ class Engine(ABC):
         """Independent: the definition of derived quantity or component *path*, None for a plain dataset."""
         return None
 
-    def note_query(self, elements: int, per_unit: float, seconds: float) -> None:
+    def note_query(
+        self, elements: int, per_unit: float, seconds: float, judged: Sequence[str] = ()
+    ) -> None:
         """Independent: a query spent *seconds* besides its reads judging *elements* elements in
-        units of *per_unit* elements each; the layer that keeps the measured history of derived
-        quantities records it (here: nothing)."""
+        units of *per_unit* elements each, its condition over the datasets *judged*; the layer
+        that keeps the measured history of derived quantities records it (here: nothing)."""
         return None
 
 

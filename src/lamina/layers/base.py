@@ -227,8 +227,10 @@ class Layer(Engine):
     def definition(self, path: str) -> Any:
         return self.inner.definition(path)
 
-    def note_query(self, elements: int, per_unit: float, seconds: float) -> None:
-        self.inner.note_query(elements, per_unit, seconds)
+    def note_query(
+        self, elements: int, per_unit: float, seconds: float, judged: Sequence[str] = ()
+    ) -> None:
+        self.inner.note_query(elements, per_unit, seconds, judged)
 
 
 __all__ = ["Layer"]

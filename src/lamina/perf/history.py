@@ -56,8 +56,11 @@ series                     x1                          x2
                            read (stats/expression)
 ``write``                  bytes of a step (engine)    bytes per block
 ``read``                   bytes read (engine)         bytes per block
-``query``                  elements a query read, its  elements per unit (block)
+``query.<strategy>``       elements a query read, its  elements per unit (block)
                            time besides the reads
+                           (``query``: no derived
+                           quantity, or several
+                           strategies, judged)
 =========================  ==========================  ==========================
 
 ``<e>`` is :func:`signature`: the expression with its inputs numbered, and

@@ -398,9 +398,10 @@ def _from_history(
     start on small blocks.  Each is a rate at the size of a block:
     ``derive.<strategy>.<e>`` the computing at the end of a step,
     ``compute.<e>`` the recomputing at a read (inputs read included),
-    ``write`` and ``read`` the engine's bytes, and ``query`` what a query
-    spends besides its reads (statistics, ranges, judging the units, cutting
-    values out of runs), added to every read.
+    ``write`` and ``read`` the engine's bytes, and ``query.<strategy>`` (else
+    ``query``) what a query judging the strategy's quantity spends besides
+    its reads (statistics, ranges, judging the units, cutting values out of
+    runs), added to every read.
     """
     n, nb, c, s_d = t.elements, max(1, t.blocks), t.components, t.derived_bytes
     per_block = n / nb
@@ -430,7 +431,10 @@ def _from_history(
     # values are kept for the selection), then the other components of the candidates
     handled = {"store": c * q * n, "stats": c * q * n, "expression": n + (c - 1) * q * n}
     for s in STRATEGIES:
-        read[s] = reads[s][0] + term("query", handled[s], per_block, 0.0)[0]
+        # the series of queries judging this strategy's quantities, else of every query
+        own = term(f"query.{s}", handled[s], per_block, math.nan)[0]
+        q_s = own if own == own else term("query", handled[s], per_block, 0.0)[0]
+        read[s] = reads[s][0] + q_s
         used = [reads[s][1], *(h for _, h in parts.get(s, []))]
         source[s] = "history" if all(used) else "history+calibration" if any(used) else source[s]
 

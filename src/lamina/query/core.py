@@ -152,6 +152,7 @@ def run(
             src.elements_read,
             box.size / len(units),
             time.perf_counter() - t0 - src.read_seconds,
+            refs,
         )
     if exact:
         _exact_answer(src, pred, shape, cache, result)

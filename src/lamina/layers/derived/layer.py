@@ -47,6 +47,7 @@ import json
 import math
 import time
 import warnings
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -180,11 +181,20 @@ class DerivedLayer(Layer):
         """Every derived quantity known here, in declaration order."""
         return dict(self._defs)
 
-    def note_query(self, elements: int, per_unit: float, seconds: float) -> None:
-        """A sample of series ``query`` of the measured history (files with derived quantities
-        only, like the reads): what a query costs besides reading and computing."""
-        if self._defs:
-            self._timed.add("query", elements, per_unit, seconds)
+    def note_query(
+        self, elements: int, per_unit: float, seconds: float, judged: Sequence[str] = ()
+    ) -> None:
+        """A sample of the measured history (files with derived quantities only, like the
+        reads): what a query costs besides reading and computing.  Series
+        ``query.<strategy>`` where the condition judges derived quantities of one strategy (a
+        Store answer cuts the candidates' values, an Expression answer first takes the range of
+        every unit: different costs per element), else ``query``."""
+        if not self._defs:
+            return
+        kinds = {d.strategy for d in map(self.definition, judged) if d is not None}
+        self._timed.add(
+            f"query.{kinds.pop()}" if len(kinds) == 1 else "query", elements, per_unit, seconds
+        )
 
     def derive(
         self,
