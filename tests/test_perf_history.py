@@ -398,7 +398,7 @@ def test_the_derived_layer_times_its_work(tmp_path, monkeypatch):
     reads = h.samples("read")  # the inputs of the recomputation and the stored quantity
     assert len(reads) == 1 and reads[0][0] == 4 * n * 8
     assert reads[0][1] == pytest.approx(per_block * 8, rel=0.01)
-    assert [n for n in h.series if n.startswith("query")] == []  # no query yet
+    assert [s for s in h.series if s.startswith("query")] == []  # no query yet
     with lamina.open(f_path) as f:
         top = float(f["m_expr"][...].max())
         # Expression: every unit's values read to find its range, all candidates (kept)
