@@ -2,6 +2,9 @@
 
 from .blocks import BlockTable, Section, StepBlocks
 from .model import (
+    CODEC_MULTIRES,
+    CODEC_RAW,
+    CODEC_STATS_ONLY,
     KIND_CLOSE,
     KIND_META,
     KIND_STEP,
@@ -26,6 +29,9 @@ from .tree import Catalog
 from .wire import Decoder, Encoder, load_json
 
 __all__ = [
+    "CODEC_MULTIRES",
+    "CODEC_RAW",
+    "CODEC_STATS_ONLY",
     "KIND_CLOSE",
     "KIND_META",
     "KIND_STEP",

@@ -36,17 +36,20 @@ from crc32c import crc32c
 
 from ..errors import FormatError
 from ..geometry import Box, cols_max, cols_min, rows_any, rows_less, rows_prod
-from .model import SEGMENT_UNIT, BlockCodec, BlockRecord, DatasetSpec, Stats
+from .model import (
+    CODEC_MULTIRES,
+    CODEC_RAW,
+    CODEC_STATS_ONLY,
+    SEGMENT_UNIT,
+    BlockCodec,
+    BlockRecord,
+    DatasetSpec,
+    Stats,
+)
 
 #: offsets, lengths and checksum segments read from a file must stay below this
 LIMIT = 1 << 62
 _MAX_CODEC = int(max(BlockCodec))  # an int: an IntEnum member takes numpy's slow path
-# plain ints: an IntEnum member looked up on every decode costs a microsecond each
-_RAW, _STATS_ONLY, _MULTIRES = (
-    int(BlockCodec.RAW),
-    int(BlockCodec.STATS_ONLY),
-    int(BlockCodec.MULTIRES),
-)
 
 
 def stat_dtype(dt: np.dtype) -> np.dtype:
@@ -538,10 +541,10 @@ class BlockTable:
         if k == 1:  # a dataset written as one block: on its values
             part = math.prod((hi[0] - lo[0]).tolist())
             i = int(idx[0])
-            raw = int(self.codec[i]) == BlockCodec.RAW
+            raw = int(self.codec[i]) == CODEC_RAW
             return part, part * item if raw else int(self.length[i])
         parts = rows_prod(hi - lo)
-        raw = self.codec[idx] == BlockCodec.RAW
+        raw = self.codec[idx] == CODEC_RAW
         covered = int(parts.sum())
         if bool(raw.all()):
             return covered, covered * item
@@ -716,14 +719,14 @@ def _check_columns(spec: DatasetSpec, where: str, cols: _Columns) -> None:
         (codec > _MAX_CODEC, "has an unknown codec id"),
         (has > 1, "has a bad statistics flag"),
         (
-            (codec == _MULTIRES) != layered,
+            (codec == CODEC_MULTIRES) != layered,
             "is a multiresolution band of a plain dataset"
             if not layered
             else "of a multiresolution dataset is not a band",
         ),
-        ((codec == _STATS_ONLY) & (len64 != 0), "keeps statistics only but claims bytes"),
+        ((codec == CODEC_STATS_ONLY) & (len64 != 0), "keeps statistics only but claims bytes"),
         (
-            (codec == _RAW) & (len64 != size * dt.itemsize),
+            (codec == CODEC_RAW) & (len64 != size * dt.itemsize),
             "is raw but its length is not its box's bytes",
         ),
         (
@@ -773,15 +776,15 @@ def _check_one(spec: DatasetSpec, where: str, cols: _Columns) -> None:
         fail("has an unknown codec id")
     if h > 1:
         fail("has a bad statistics flag")
-    if (c == _MULTIRES) != layered:
+    if (c == CODEC_MULTIRES) != layered:
         fail(
             "is a multiresolution band of a plain dataset"
             if not layered
             else "of a multiresolution dataset is not a band"
         )
-    if c == _STATS_ONLY and ln != 0:
+    if c == CODEC_STATS_ONLY and ln != 0:
         fail("keeps statistics only but claims bytes")
-    if c == _RAW and ln != size * spec.dtype.itemsize:
+    if c == CODEC_RAW and ln != size * spec.dtype.itemsize:
         fail("is raw but its length is not its box's bytes")
     if sg >= LIMIT or sg & (SEGMENT_UNIT - 1):
         fail(f"has a checksum segment that is not a multiple of {SEGMENT_UNIT}")

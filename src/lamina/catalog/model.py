@@ -378,6 +378,15 @@ class BlockCodec(IntEnum):
     MULTIRES = 3
 
 
+#: the codecs as plain ints, for comparisons with numpy columns: numpy takes a slow path for
+#: an IntEnum member (3.2 against 0.8 us to compare 64 codecs here)
+CODEC_RAW, CODEC_STATS_ONLY, CODEC_MULTIRES = (
+    int(BlockCodec.RAW),
+    int(BlockCodec.STATS_ONLY),
+    int(BlockCodec.MULTIRES),
+)
+
+
 @dataclass(slots=True)
 class BlockRecord:
     """Where one written block lives and what it holds."""

@@ -60,6 +60,7 @@ from .. import codecs as codec_mod
 from .. import comm as comm_mod
 from .. import stats as stats_mod
 from ..catalog import (
+    CODEC_STATS_ONLY,
     KIND_CLOSE,
     KIND_META,
     KIND_STEP,
@@ -200,7 +201,7 @@ class StepHeads:
             return cols[0] if len(cols) == 1 else np.concatenate(cols)
 
         row, length = cat("row"), cat("length")
-        m = ~cat("located") & (cat("codec") != BlockCodec.STATS_ONLY)
+        m = ~cat("located") & (cat("codec") != CODEC_STATS_ONLY)
         if not m.all():
             row, length = row[m], length[m]
         order = np.argsort(row, kind="stable")
@@ -315,9 +316,9 @@ def refuse_stats_only(spec: DatasetSpec, t: BlockTable, rows: np.ndarray, step: 
     """FormatError if any of *rows* of *t* keeps only statistics (no values to read)."""
     if len(rows) == 1:
         k = int(rows[0])
-        computed = int(t.codec[k]) == BlockCodec.STATS_ONLY
+        computed = int(t.codec[k]) == CODEC_STATS_ONLY
     else:
-        flags = t.codec[rows] == BlockCodec.STATS_ONLY
+        flags = t.codec[rows] == CODEC_STATS_ONLY
         computed = bool(flags.any())
         k = int(rows[int(np.argmax(flags))]) if computed else -1
     if computed:

@@ -31,7 +31,7 @@ from concurrent.futures import Future
 import numpy as np
 
 from .. import stats as stats_mod
-from ..catalog import BlockCodec, DatasetSpec
+from ..catalog import CODEC_STATS_ONLY, BlockCodec, DatasetSpec
 from ..catalog.blocks import stat_dtype, sum_dtype
 from ..errors import OverlapError
 from ..geometry import Box
@@ -510,7 +510,7 @@ class PutLog:
                     count[r] = st.count
         segs = np.zeros(n, dtype=np.int64)
         if checksum:
-            segs[np.frombuffer(self.codec, dtype=np.uint8) != BlockCodec.STATS_ONLY] = seg
+            segs[np.frombuffer(self.codec, dtype=np.uint8) != CODEC_STATS_ONLY] = seg
         out: dict[int, tuple] = {}
         ones = np.ones(n, dtype=np.uint32)  # one checksum per block, the common case: cut from
         ones.flags.writeable = False  # this, read-only (the tables take the slices as they are)

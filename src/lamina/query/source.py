@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from ..catalog import BlockCodec, BlockTable
+from ..catalog import CODEC_STATS_ONLY, BlockTable
 from ..derived import Interval, needed_boxes
 from ..errors import BoundsError, StepError
 from ..geometry import Box, rows_less, rows_prod
@@ -85,7 +85,7 @@ class Table:
         self.starts = blocks.start
         self.stops = blocks.stop
         self.has_stats = np.asarray(blocks.has_stats, dtype=bool)
-        self.stored = blocks.codec != BlockCodec.STATS_ONLY
+        self.stored = blocks.codec != CODEC_STATS_ONLY
         some = self.has_stats & (blocks.count > 0)
         if exact:
             self.lo = np.where(some, blocks.smin.astype(object), INF)

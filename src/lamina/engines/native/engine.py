@@ -25,7 +25,16 @@ import numpy as np
 
 from ... import comm as comm_mod
 from ... import stats as stats_mod
-from ...catalog import BlockCodec, BlockTable, Decoder, Encoder, Record, StepBlocks, subfile_name
+from ...catalog import (
+    CODEC_RAW,
+    BlockCodec,
+    BlockTable,
+    Decoder,
+    Encoder,
+    Record,
+    StepBlocks,
+    subfile_name,
+)
 from ...derived import _parallel
 from ...errors import ChecksumError, FormatError, LaminaWarning, NotALaminaFileError
 from ...geometry import Box, cols_max, cols_min, rows_all, split_range
@@ -885,7 +894,7 @@ class NativeEngine(BlockEngine):
         length = t.length[idx]
         whole = (
             rows_all((lo == t.start[idx]) & (hi == t.stop[idx]))
-            & (t.codec[idx] == BlockCodec.RAW)
+            & (t.codec[idx] == CODEC_RAW)
             & (t.ncrc[idx] == 1)
             & (length <= COALESCE_BLOCK)
         )

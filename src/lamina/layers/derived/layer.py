@@ -52,7 +52,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ... import comm as comm_mod
-from ...catalog import BlockCodec, BlockTable, DatasetSpec, normpath
+from ...catalog import CODEC_STATS_ONLY, BlockTable, DatasetSpec, normpath
 from ...derived import evaluate, needed_boxes
 from ...engines.batch import elements
 from ...errors import (
@@ -619,7 +619,7 @@ class DerivedLayer(Layer):
         spec, step = self.inner.check_read(path, box, step, out)
         if d.strategy == "store" and spec.id >= 0:
             t = self.catalog.table(spec.id, step)
-            if len(t) and not bool((t.codec == BlockCodec.STATS_ONLY).any()):
+            if len(t) and not bool((t.codec == CODEC_STATS_ONLY).any()):
                 t0 = time.perf_counter()
                 self.inner.get(path, box, step, out)
                 self._sample_read(path, box, step, time.perf_counter() - t0)
