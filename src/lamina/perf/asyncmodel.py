@@ -23,8 +23,9 @@ epoch takes at least ``t_io``.  The consistent form is used here.)
   their median.  Two series: steps written while the program computes
   (series ``async.io``, the background thread's) and steps written while
   the program waits for them (series ``sync.io``: ``io='auto'``'s
-  synchronous steps).  They differ where no core is spare: a step written beside the program's next copies and calls
-  takes longer than one written alone.  ``t_sync`` takes ``t_io`` from
+  synchronous steps).  They differ where no core is spare: a step written
+  beside the program's next copies and calls takes longer than one written
+  alone.  ``t_sync`` takes ``t_io`` from
   ``sync.io``, ``t_async`` from ``async.io``, each from the other series
   while it has no samples of its own.  Where a series holds at least 3
   steps of the same rank count within a factor
@@ -32,7 +33,8 @@ epoch takes at least ``t_io``.  The consistent form is used here.)
   the usual case), their median rate (the newest
   :data:`~lamina.perf.history.LOCAL_MAX`) predicts instead of the fit to
   every step, which a history of many sizes and conditions bends away from
-  any one of them (fit kind ``local``; :meth:`~lamina.perf.history.History.local_rate`).
+  any one of them (fit kind ``local``;
+  :meth:`~lamina.perf.history.History.local_rate`).
 * ``t_copy = bytes / copy rate``, the median rate of the copies measured at
   put (series ``async.copy``: one sample per step, its copies together),
   into buffers reused from earlier steps: the copies of the first steps go

@@ -432,9 +432,8 @@ def _from_history(
     handled = {"store": c * q * n, "stats": c * q * n, "expression": n + (c - 1) * q * n}
     for s in STRATEGIES:
         # the series of queries judging this strategy's quantities, else of every query
-        own = term(f"query.{s}", handled[s], per_block, math.nan)[0]
-        q_s = own if own == own else term("query", handled[s], per_block, 0.0)[0]
-        read[s] = reads[s][0] + q_s
+        own, has_own = term(f"query.{s}", handled[s], per_block, 0.0)
+        read[s] = reads[s][0] + (own if has_own else term("query", handled[s], per_block, 0.0)[0])
         used = [reads[s][1], *(h for _, h in parts.get(s, []))]
         source[s] = "history" if all(used) else "history+calibration" if any(used) else source[s]
 
