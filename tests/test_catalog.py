@@ -1076,7 +1076,38 @@ def _both_checks(spec: DatasetSpec, f: dict) -> list[str | None]:
             outcome.append(None)
         except FormatError as e:
             outcome.append(str(e))
+    # the checks of one-block sections decoded together take a block where these accept it
+    assert _sound_together(spec, f) == (outcome[0] is None), outcome[0]
     return outcome
+
+
+def _sound_together(spec: DatasetSpec, f: dict) -> bool:
+    """Whether block *f*, decoded with other one-block sections of its layout, passes their
+    whole-column checks (:meth:`_OnesColumns.sound`); the other rows are sound blocks."""
+    from lamina.catalog import blocks as cb
+
+    if f["ncrcs"] < 1:  # no checksum: not a layout decoded together (decoded alone, refused)
+        return False
+    layered = spec.layout is not None
+    rec = np.zeros(3, dtype=cb._ones_dtype(spec.ndim, spec.dtype, f["ncrcs"], layered))
+    _, good = _sound_block(spec.ndim, layered, f["seg"] if f["seg"] in (0, 1 << 18) else 0)
+    for k, g in ((0, good), (1, f), (2, good)):
+        row = rec[k : k + 1]
+        row["n"], row["c"] = 1, f["ncrcs"] if k == 1 else g["ncrc"]
+        row["start"] = np.array(g["lo"]).reshape(1, 1, -1)
+        row["stop"] = np.array(g["hi"]).reshape(1, 1, -1)
+        for name, key in (("offset", "offset"), ("length", "length"), ("seg", "seg")):
+            row[name] = np.array([g[key]], dtype="<u8")
+        row["codec"], row["has"], row["ncrc"] = g["codec"], g["has"], g["ncrc"]
+        row["count"] = np.array([g["count"]], dtype="<u8")
+        if layered:
+            row["amax"] = g["mag"]
+    if good["ncrc"] != f["ncrcs"]:  # the sound rows need a layout of their own: row 1 alone
+        rec = rec[1:2]
+        return bool(cb._OnesColumns(rec, layered).sound([spec], f["ncrcs"])[0])
+    ok = cb._OnesColumns(rec, layered).sound([spec] * 3, f["ncrcs"])
+    assert ok[0] and ok[2]
+    return bool(ok[1])
 
 
 def _changed(f: dict, field: str, k: int, value) -> dict:
@@ -1122,3 +1153,160 @@ def test_one_block_section_checks_agree_with_two_fields_wrong(data, nd, layered)
         f = _changed(f, *data.draw(st.sampled_from(wrong)))
     got = _both_checks(spec, f)
     assert got[0] == got[1]
+
+
+def _one_block_tables(rng, n_each: int = 5) -> tuple[list[DatasetSpec], dict[int, BlockTable]]:
+    """Datasets of several layouts (ndim, dtype, checksums, multiresolution bands) and a
+    one-block table of each, with a few tables of three blocks among them."""
+    from lamina.catalog.blocks import BlockTable
+
+    specs, tables = [], {}
+    kinds = [(nd, dt, nc, band) for nd in (1, 3) for dt in ("f8", "i2", "c16") for nc in (1, 2)
+             for band in (False, True)]  # fmt: skip
+    for nd, dt, nc, band in kinds:
+        for j in range(n_each + 1):
+            did = len(specs)
+            n = 3 if j == n_each else 1
+            shape = (40,) * nd
+            spec = DatasetSpec(
+                f"d{did}", shape, np.dtype(dt), None, (), did,
+                layout={"layout": "multires"} if band else None,
+            )  # fmt: skip
+            specs.append(spec)
+            lo = rng.integers(0, 20, (n, nd))
+            hi = lo + rng.integers(1, 20, (n, nd))
+            seg = (1 << 18) if nc == 2 else 0
+            length = (
+                np.prod(hi - lo, axis=1) * np.dtype(dt).itemsize
+                if not band
+                else np.full(n, (1 << 18) + 100 if nc == 2 else 64)
+            )
+            # bands of 2 checksums a block (segments of 256 KiB); raw blocks here have one
+            nc_rows = [1 if seg == 0 else max(1, -(-int(x) // seg)) for x in length]
+            t = BlockTable.build(
+                dt, lo, hi, rank=rng.integers(0, 4, n), session=1, agg=2,
+                offset=rng.integers(0, 1 << 40, n), length=length,
+                codec=int(BlockCodec.MULTIRES) if band else int(BlockCodec.RAW), seg=seg,
+                crcs=[[int(v) for v in rng.integers(0, 1 << 32, c)] for c in nc_rows],
+                has_stats=True, smin=rng.integers(-5, 5, n), smax=rng.integers(5, 9, n),
+                ssum=rng.random(n), count=rng.integers(0, 2, n),
+            )  # fmt: skip
+            if band:
+                t.amax = rng.random(n)
+            tables[did] = t
+    return specs, tables
+
+
+def _columns_equal(a: BlockTable, b: BlockTable) -> None:
+    for name in BlockTable.__slots__:
+        if name.startswith("_") or name in ("dtype", "ndim"):
+            continue
+        x, y = getattr(a, name), getattr(b, name)
+        if x is None or y is None:
+            assert x is None and y is None, name
+            continue
+        assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes(), name
+        assert not x.flags.writeable, name  # decoded columns are read-only views
+
+
+def test_one_block_sections_encode_and_decode_together_as_alone(rng):
+    """A step of many datasets written as one block each (many simulation variables) has its
+    one-block sections encoded together, layout by layout, and decoded together at the
+    second such dataset a reader asks for.  The bytes are those of each table encoded alone,
+    and every table decoded together equals the one decoded alone, column by column."""
+    from lamina.catalog.blocks import StepBlocks, encode_area
+
+    specs, tables = _one_block_tables(rng)
+    secs, area = encode_area(tables)
+    for sec in secs:
+        assert area[sec.offset : sec.offset + sec.length] == tables[sec.dataset].encode()
+    loads: list[tuple[int, int]] = []
+
+    def load(o: int, n: int):
+        loads.append((o, n))
+        return memoryview(area)[o : o + n]
+
+    together = StepBlocks({s.dataset: s for s in secs}, [], load, "step 0")
+    alone = StepBlocks({s.dataset: s for s in secs}, [], lambda o, n: area[o : o + n], "step 0")
+    order = list(rng.permutation(len(specs)))
+    for did in order:
+        _columns_equal(together.table(specs[did], specs), alone.table(specs[did]))
+    # the first dataset asked for is read alone, then one load for every one-block section
+    # left; the tables of three blocks are read alone
+    many = sum(1 for s in secs if s.nblocks > 1)
+    assert len(loads) == many + 1 + (tables[order[0]].length.size == 1)
+    together.release()
+    _columns_equal(together.table(specs[order[0]], specs), alone.table(specs[order[0]]))
+
+
+def test_one_block_sections_decoded_together_name_a_bad_one(rng):
+    """A damaged one-block section among many (a flipped byte: its checksum fails; a bad
+    value under a good checksum: its check fails) is left out of the sections decoded
+    together: the datasets around it read as written, and it raises the error that names
+    it when it is asked for, as it would alone."""
+    from crc32c import crc32c
+
+    from lamina.catalog.blocks import StepBlocks, encode_area
+
+    specs, tables = _one_block_tables(rng)
+    secs, area = encode_area(tables)
+    ones = [s for s in secs if s.nblocks == 1 and specs[s.dataset].dtype == np.dtype("f8")]
+    flipped, wrong = ones[2], ones[3]
+    raw = bytearray(area)
+    raw[flipped.offset + 20] ^= 0x10  # in its first corner
+    # the second block claims an unknown codec under a checksum that matches
+    codec_at = wrong.offset + wrong.length - 2 - (8 if specs[wrong.dataset].layout else 0)
+    raw[codec_at] = 250
+    fixed = crc32c(bytes(raw[wrong.offset : wrong.offset + wrong.length]))
+    directory = {s.dataset: s for s in secs}
+    directory[wrong.dataset] = wrong._replace(crc=fixed)
+    blocks = StepBlocks(directory, [], lambda o, n: memoryview(bytes(raw))[o : o + n], "step 3")
+    alone = StepBlocks({s.dataset: s for s in secs}, [], lambda o, n: area[o : o + n], "step 3")
+    for did in sorted(directory):
+        if did == flipped.dataset:
+            with pytest.raises(FormatError, match=f"dataset 'd{did}' fail their checksum"):
+                blocks.table(specs[did], specs)
+        elif did == wrong.dataset:
+            with pytest.raises(FormatError, match=f"'d{did}': block 0 .* unknown codec id"):
+                blocks.table(specs[did], specs)
+        else:
+            _columns_equal(blocks.table(specs[did], specs), alone.table(specs[did]))
+
+
+def test_steps_of_many_one_block_datasets_round_trip(tmp_path):
+    """Through the file: steps of many datasets of several dtypes and shapes, most written
+    as one block, some as two, some skipped, read back a step at a time with statistics."""
+    import lamina
+
+    kinds = [("f8", (16,)), ("i4", (4, 5)), ("c16", (3, 3, 3)), ("u2", (7,)), ("f4", (2, 2))]
+    path = str(tmp_path / "many.lam")
+
+    def values(ds, s: int, i: int) -> np.ndarray:
+        a = np.arange(math.prod(ds.shape)) + s + i
+        return a.reshape(ds.shape).astype(ds.dtype)
+
+    with lamina.open(path, "w", durable=False) as f:
+        dss = [f.create_dataset(f"v{i}", shape=kinds[i % 5][1], dtype=kinds[i % 5][0])
+               for i in range(40)]  # fmt: skip
+        for s in range(3):
+            with f.step():
+                for i, ds in enumerate(dss):
+                    if (i + s) % 7 == 3:
+                        continue
+                    a = values(ds, s, i)
+                    if i % 11 == 5:
+                        ds.write(a[:1])
+                        ds.write(a[1:], offset=(1,) + (0,) * (a.ndim - 1))
+                    else:
+                        ds.write(a, copy=False)
+    with lamina.open(path) as f:
+        for s in range(3):
+            for i in range(40):
+                ds = f[f"v{i}"]
+                if (i + s) % 7 == 3:
+                    assert ds.blocks(s) == []
+                    continue
+                a = values(ds, s, i)
+                assert np.array_equal(ds.read(step=s), a)
+                (st_,) = ds.blocks(s)[:1]
+                assert st_.stats is not None and st_.stats.count >= 1

@@ -65,7 +65,7 @@ class Catalog:
 
     def table(self, dataset_id: int, step: int) -> BlockTable:
         """The blocks of a dataset at *step* as columns (decoded on first use)."""
-        return self.steps[step].table(self.specs[dataset_id])
+        return self.steps[step].table(self.specs[dataset_id], self.specs)
 
     def blocks(self, dataset_id: int, step: int) -> list[BlockRecord]:
         """The blocks of a dataset at *step* as :class:`BlockRecord` objects (built on each call)."""

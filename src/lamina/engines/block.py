@@ -892,13 +892,16 @@ class BlockEngine(Engine):
         specs = self.catalog.specs
         boxes = log.boxes_by_dataset({did: specs[did].ndim for did in log.rows})
         for did, rows in log.rows.items():
-            sel = index_of(rows)
+            row = index_of(rows)
+            n = len(rows)
+            # a run of rows (the common case) is taken as views, not copied by an index
+            sel = slice(rows[0], rows[0] + n) if n and rows[-1] - rows[0] == n - 1 else row
             starts, stops = boxes[did]
             mine[did] = DatasetHead(
                 starts,
                 stops,
                 length[sel],
-                sel,
+                row,
                 codec[sel],
                 located[sel],
                 session[sel],
