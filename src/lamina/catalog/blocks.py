@@ -1183,7 +1183,10 @@ class StepBlocks:
         if hi - lo > 2 * sum(s.length for s in secs) + (64 << 10):
             return {}
         assert self._load is not None
-        area = memoryview(self._load(lo, hi - lo)).cast("B")
+        try:
+            area = memoryview(self._load(lo, hi - lo)).cast("B")
+        except FormatError:
+            return {}  # each section says what is wrong with it when asked for
         if len(area) != hi - lo:
             return {}  # cut short: each section says so when asked for
         flat = np.frombuffer(area, dtype=np.uint8)
