@@ -878,25 +878,7 @@ def _ones_key(t: BlockTable) -> tuple:
 
 
 #: the table's columns in the order of a section's fields (:data:`_FIELDS`)
-_ATTRS = (
-    "start",
-    "stop",
-    "offset",
-    "length",
-    "seg",
-    "smin",
-    "smax",
-    "ssum",
-    "count",
-    "rank",
-    "session",
-    "agg",
-    "ncrc",
-    "crcs",
-    "codec",
-    "has_stats",
-    "amax",
-)
+_ATTRS = tuple("has_stats" if f == "has" else f for f in _FIELDS)
 
 
 def _encode_ones(ts: Sequence[BlockTable]) -> np.ndarray:
@@ -971,26 +953,7 @@ class _OnesColumns:
     """The columns of many one-block sections of one layout, decoded as one array of records
     (:meth:`StepBlocks._decode_ones`): row k is the block of one dataset."""
 
-    __slots__ = (
-        "start",
-        "stop",
-        "offset",
-        "length",
-        "seg",
-        "smin",
-        "smax",
-        "ssum",
-        "count",
-        "rank",
-        "session",
-        "agg",
-        "ncrc",
-        "crcs",
-        "codec",
-        "has",
-        "amax",
-        "head",
-    )
+    __slots__ = (*_FIELDS, "head")
 
     def __init__(self, rec: np.ndarray, amax: bool) -> None:
         k = len(rec)
