@@ -850,7 +850,8 @@ SQUEEZE_LEVEL = 1
 SQUEEZE_MIN = 512
 
 
-#: a step with at least this many one-block tables of one layout encodes them together
+#: one-block tables of one layout are encoded together from this many; a step of at least
+#: this many sections decodes its one-block sections together
 ONES_MIN = 4
 
 
