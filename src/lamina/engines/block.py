@@ -121,7 +121,7 @@ from .staging import (
     PutLog,
     enter_box,
     enter_boxes,
-    index_of,
+    selector_of,
 )
 
 _chain = itertools.chain.from_iterable
@@ -892,10 +892,7 @@ class BlockEngine(Engine):
         specs = self.catalog.specs
         boxes = log.boxes_by_dataset({did: specs[did].ndim for did in log.rows})
         for did, rows in log.rows.items():
-            row = index_of(rows)
-            n = len(rows)
-            # a run of rows (the common case) is taken as views, not copied by an index
-            sel = slice(rows[0], rows[0] + n) if n and rows[-1] - rows[0] == n - 1 else row
+            row, sel = selector_of(rows)
             starts, stops = boxes[did]
             mine[did] = DatasetHead(
                 starts,

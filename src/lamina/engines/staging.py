@@ -606,13 +606,25 @@ class LentBlocks:
             _setflags(a, True)
 
 
+def _is_run(rows: list[int]) -> bool:
+    """Whether *rows* (ascending, as the log appends them) are consecutive, the common case."""
+    n = len(rows)
+    return bool(n) and rows[-1] - rows[0] == n - 1
+
+
 def index_of(rows: list[int]) -> np.ndarray:
     """*rows* (ascending, as the log appends them) as an int64 array; a run of consecutive
     rows, the common case, without reading the list."""
-    n = len(rows)
-    if n and rows[-1] - rows[0] == n - 1:
-        return np.arange(rows[0], rows[0] + n, dtype=np.int64)
+    if _is_run(rows):
+        return np.arange(rows[0], rows[0] + len(rows), dtype=np.int64)
     return np.array(rows, dtype=np.int64)
+
+
+def selector_of(rows: list[int]) -> tuple[np.ndarray, slice | np.ndarray]:
+    """``(index_of(rows), what takes those rows of a column)``: a slice for a run of rows,
+    so that the columns taken are views, not copies made by an index."""
+    idx = index_of(rows)
+    return idx, slice(rows[0], rows[0] + len(rows)) if _is_run(rows) else idx
 
 
 class BoxIndex:
