@@ -27,6 +27,8 @@ from lamina.engines import memory as memory_engine
 # what one test measured never steers another's io='auto' or strategy='auto'
 HISTORY_DIR = tempfile.mkdtemp(prefix="lamina-tests-")
 os.environ["LAMINA_HISTORY"] = os.path.join(HISTORY_DIR, "history.json")
+# the benchmarks record their models' errors per machine too (lamina.perf.checks)
+os.environ["LAMINA_MODEL_CHECKS"] = os.path.join(HISTORY_DIR, "model-checks.json")
 _histories = itertools.count()
 
 
@@ -34,7 +36,9 @@ _histories = itertools.count()
 def _own_history(monkeypatch):
     from lamina.perf.history import wait_saves
 
-    monkeypatch.setenv("LAMINA_HISTORY", os.path.join(HISTORY_DIR, f"h{next(_histories)}.json"))
+    k = next(_histories)
+    monkeypatch.setenv("LAMINA_HISTORY", os.path.join(HISTORY_DIR, f"h{k}.json"))
+    monkeypatch.setenv("LAMINA_MODEL_CHECKS", os.path.join(HISTORY_DIR, f"checks{k}.json"))
     yield
     wait_saves()  # a writer's close saves on a thread: done before the next test
 

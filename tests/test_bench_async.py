@@ -133,8 +133,11 @@ def test_bench_async_smoke(capsys, monkeypatch, tmp_path):
         "submit",
         "steps >= 2",
         "numpy thread",
+        "model errors: no model checked on this host yet",
     ):
         assert what in out.err
+    # 2 steps: io='auto' decided none from step 3 on, so no check of the model is recorded
+    assert doc["model_checks"] == {}
     assert not os.listdir(tmp_path)  # the job's files are removed
 
 

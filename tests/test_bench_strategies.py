@@ -206,3 +206,31 @@ def test_expression_computes_what_the_model_counts(tmp_path):
             assert got == pytest.approx(q)
             # halos: a candidate computed again reads its neighbours' planes, not more elements
             assert layer._computed == pytest.approx(_again(3, got) * n, rel=0.01)
+
+
+def test_bench_strategies_shows_both_models_errors(tmp_path, calfile, capsys):
+    """The derived model's errors of this run beside the background I/O model's last recorded
+    run on this host, in one table; this run's recorded for the other benchmark to show."""
+    from lamina.perf import checks
+
+    earlier = checks.Check.of("async", [(1.0, 1.25), (2.0, 2.0)], "lamina bench async --ranks 2")
+    checks.record([earlier])
+    doc, err = _tiny_run(capsys, calfile)
+    mc = doc["model_checks"]
+    assert list(mc) == ["derived-history", "derived-calibration", "async"]
+    reads = [r for m in doc["kernels"] for q in m["queries"] for r in q["read"].values()]
+    assert mc["derived-calibration"]["pairs"] == [
+        [r["total_predicted"], r["total_measured"]] for r in reads
+    ]
+    assert mc["derived-history"]["pairs"] == [
+        [r["total_predicted_history"], r["total_measured"]] for r in reads
+    ]
+    assert mc["async"]["pairs"] == [[1.0, 1.25], [2.0, 2.0]]
+    assert mc["async"]["summary"]["within_goal"] == 1
+    rows = [ln for ln in err.splitlines() if ln.startswith(("| derived-", "| async"))]
+    assert len(rows) == 3 and all("this run" in r for r in rows[:2])
+    assert "this run" not in rows[2] and "2 of 2" in rows[2]
+    assert "lamina bench async --ranks 2" in err
+    got = checks.load()
+    assert got["async"] == earlier
+    assert [list(p) for p in got["derived-history"].pairs] == mc["derived-history"]["pairs"]

@@ -438,7 +438,7 @@ def test_cli_bad_calibration_file(tmp_path, capsys):
 
 def test_cli_usage(capsys):
     assert model() == 2
-    assert "lamina model {derived,async}" in capsys.readouterr().err
+    assert "lamina model {derived,async,checks}" in capsys.readouterr().err
     assert model("--help") == 0
     assert "usage" in capsys.readouterr().out
     assert model("derived", "--help") == 0

@@ -81,6 +81,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..perf import checks
+from ..perf.checks import Check
 from ..text import fmt_bytes, fmt_duration, table
 from . import common
 
@@ -961,6 +963,24 @@ def run(
     }
 
 
+def model_checks(doc: dict) -> list[Check]:
+    """The derived-quantity model's checks of this run: every total (write + queries) the
+    model on history and the model on calibrated rates predicted, beside the measured one."""
+    history: list[tuple[float, float]] = []
+    calibrated: list[tuple[float, float]] = []
+    for m in doc["kernels"]:
+        for qd in m["queries"]:
+            for s in STRATEGIES:
+                r = qd["read"][s]
+                calibrated.append((r["total_predicted"], r["total_measured"]))
+                if r.get("total_predicted_history") is not None:
+                    history.append((r["total_predicted_history"], r["total_measured"]))
+    out = [Check.of("derived-calibration", calibrated, doc["command"])]
+    if history:
+        out.insert(0, Check.of("derived-history", history, doc["command"]))
+    return out
+
+
 def main(argv: list[str]) -> int:
     p = parser()
     ns = p.parse_args(argv)
@@ -1002,6 +1022,7 @@ def main(argv: list[str]) -> int:
     except (OSError, ValueError, MemoryError) as e:
         print(f"lamina bench strategies: {e}", file=sys.stderr)
         return 2
-    common.emit(ns.json, report(doc), doc)
+    text = checks.add_to_report(model_checks(doc), report(doc), doc)
+    common.emit(ns.json, text, doc)
     ok = all(q["s3d_check"]["counts_agree"] for m in doc["kernels"] for q in m["queries"])
     return 0 if ok else 1

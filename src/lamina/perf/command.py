@@ -7,6 +7,7 @@
         --readers 3 --read-bandwidth 0.5GB/s [--shape 512,512,512] [--dtype f8] \\
         [--blocks 64] [--write-bandwidth BW] [--calibration FILE] [--json]
     lamina model async --bytes 64MiB [--ranks 4] [--compute 0.1,1] [--history FILE] [--json]
+    lamina model checks [--file FILE] [--json]
 
 Bad input prints one line on stderr and exits with status 2.
 """
@@ -25,14 +26,17 @@ import numpy as np
 from ..errors import ExpressionError
 from ..text import fmt_bytes, fmt_duration, fmt_rate, parse_rate, parse_size, table
 from . import asyncmodel as async_model
+from . import checks
 from .model import STRATEGIES, best, combine, terms
 
 PROG = "lamina model"
-USAGE = f"""usage: {PROG} {{derived,async}} [options]   ({PROG} NAME --help for the options)
+USAGE = f"""usage: {PROG} {{derived,async,checks}} [options]   ({PROG} NAME --help for the options)
   derived  predicted compute, write, read and total time and storage of keeping a derived
            quantity as data (store), as statistics only (stats) or as its expression only
   async    predicted epoch times of synchronous and background I/O (io='sync' / 'async'), from
-           the I/O history measured on this machine, and the mode io='auto' would pick"""
+           the I/O history measured on this machine, and the mode io='auto' would pick
+  checks   how far both models' predictions fell from what their benchmarks measured on this
+           machine (lamina bench strategies, lamina bench async), side by side"""
 
 
 class UsageError(ValueError):
@@ -373,6 +377,29 @@ def run_async(argv: list[str]) -> int:
     return 0
 
 
+def run_checks(argv: list[str]) -> int:
+    """``lamina model checks``: the models' last recorded errors on this host, side by side."""
+    p = _Parser(
+        prog=f"{PROG} checks",
+        description=(
+            "How far the derived-quantity model and the background I/O model predicted what "
+            "their benchmarks (lamina bench strategies, lamina bench async) last measured on "
+            "this machine: one row per model."
+        ),
+    )
+    p.add_argument(
+        "--file", help=f"the records (default $LAMINA_MODEL_CHECKS or {checks.default_path()})"
+    )
+    p.add_argument("--json", action="store_true", help="print the records as JSON")
+    ns = p.parse_args(argv)
+    got = checks.load(ns.file)
+    if ns.json:
+        print(json.dumps({m: c.as_dict() for m, c in got.items()}, indent=1))
+    else:
+        print(checks.table(got))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``lamina model ARGS`` (*argv* without ``model``); returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -381,13 +408,15 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, file=out)
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
-    if name not in ("derived", "async"):
+    commands = {"derived": run_derived, "async": run_async, "checks": run_checks}
+    if name not in commands:
         print(
-            f"{PROG}: error: unknown model {name!r}; choose from: derived, async", file=sys.stderr
+            f"{PROG}: error: unknown model {name!r}; choose from: {', '.join(commands)}",
+            file=sys.stderr,
         )
         return 2
     try:
-        return run_derived(rest) if name == "derived" else run_async(rest)
+        return commands[name](rest)
     except BrokenPipeError:  # e.g. `lamina model derived ... --json | head`
         try:
             devnull = os.open(os.devnull, os.O_WRONLY)

@@ -1,0 +1,197 @@
+"""Both cost models' errors side by side (``lamina.perf.checks``, ``lamina model checks``)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+
+from lamina.bench import background
+from lamina.perf import checks
+from lamina.perf import main as model_main
+from lamina.perf.checks import Check
+
+
+def _check(model="async", pairs=((1.0, 1.0),), command="lamina bench async", **kw) -> Check:
+    c = Check.of(model, pairs, command)
+    return Check(**{**c.__dict__, **kw}) if kw else c
+
+
+def test_summary_counts_errors_relative_to_the_measured_time():
+    # errors 0.0, 0.1, 0.2, 0.5, 1.0 (predicted 2 for measured 1)
+    c = _check(pairs=[(1.0, 1.0), (1.1, 1.0), (0.8, 1.0), (0.5, 1.0), (2.0, 1.0)])
+    s = c.summary()
+    assert s["predictions"] == 5
+    assert s["within_target"] == 3 and s["within_goal"] == 2
+    assert s["median_error"] == pytest.approx(0.2)
+    assert s["largest_error"] == pytest.approx(1.0)
+    assert s["ratio_range"] == (0.5, 2.0)
+    even = _check(pairs=[(1.0, 1.0), (1.1, 1.0), (1.3, 1.0), (1.5, 1.0)]).summary()
+    assert even["median_error"] == pytest.approx(0.2)  # the mean of the middle two
+    empty = _check(pairs=[]).summary()
+    assert empty["predictions"] == 0 and empty["median_error"] is None
+
+
+def test_pairs_that_are_not_two_positive_finite_times_are_left_out():
+    c = _check(
+        pairs=[
+            (1.0, 2.0),
+            (0.0, 1.0),
+            (1.0, -1.0),
+            (math.nan, 1.0),
+            (1.0, math.inf),
+            (True, 1.0),
+            ("1", 1.0),
+            (1.0,),
+            None,
+            (3, 4),
+        ]
+    )
+    assert c.pairs == ((1.0, 2.0), (3.0, 4.0))
+    with pytest.raises(ValueError, match="unknown model 'nope'"):
+        Check.of("nope", [], "x")
+
+
+def test_records_round_trip_and_keep_the_other_models(tmp_path):
+    p = str(tmp_path / "sub" / "checks.json")
+    assert checks.load(p) == {}
+    a = _check("async", [(1.0, 1.2)], "lamina bench async --ranks 1")
+    checks.record([a], p)
+    d = _check("derived-history", [(2.0, 1.0), (1.0, 1.0)], "lamina bench strategies")
+    checks.record([d], p)
+    got = checks.load(p)
+    assert list(got) == ["derived-history", "async"]  # the table's order
+    assert got["async"] == a and got["derived-history"] == d
+    a2 = _check("async", [(5.0, 5.0)], "again")
+    checks.record([a2], p)
+    assert checks.load(p)["async"] == a2 and checks.load(p)["derived-history"] == d
+
+
+def test_records_of_another_host_are_not_this_machines(tmp_path):
+    p = str(tmp_path / "checks.json")
+    checks.record([_check(host="elsewhere"), _check("derived-history")], p)
+    assert list(checks.load(p)) == ["derived-history"]
+    # kept in the file all the same: the other host's record is its own
+    assert set(json.loads(open(p).read())["checks"]) == {"async", "derived-history"}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "not json",
+        "[]",
+        '{"version": 99, "checks": {}}',
+        '{"version": 1, "checks": []}',
+        '{"version": 1}',
+        '{"version": 1, "checks": {"async": NaN}}',
+        "[" * 100000 + "]" * 100000,  # deeper than any parser's recursion
+        b"\xff\xfe",
+    ],
+)
+def test_a_file_that_is_not_a_record_is_ignored(tmp_path, text):
+    p = tmp_path / "checks.json"
+    p.write_bytes(text if isinstance(text, bytes) else text.encode())
+    assert checks.load(str(p)) == {}
+    checks.record([_check()], str(p))  # written over
+    assert list(checks.load(str(p))) == ["async"]
+
+
+def test_a_bad_record_is_ignored_alone(tmp_path):
+    p = tmp_path / "checks.json"
+    good = {"command": "c", "when": 1.0, "host": checks.host(), "pairs": [[1.0, 2.0]]}
+    bad = [
+        {**good, "pairs": [[1.0, -2.0]]},
+        {**good, "pairs": "x"},
+        {**good, "when": "now"},
+        {**good, "host": 3},
+        {**good, "command": None},
+        "x",
+    ]
+    for b in bad:
+        p.write_text(
+            json.dumps({"version": 1, "checks": {"async": b, "derived-history": good, "x": good}})
+        )
+        assert list(checks.load(str(p))) == ["derived-history"], b
+
+
+def test_a_file_too_long_or_not_regular_is_ignored(tmp_path):
+    p = tmp_path / "checks.json"
+    p.write_text(" " * (checks.MAX_FILE_BYTES + 1))
+    assert checks.load(str(p)) == {}
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert checks.load(str(fifo)) == {}  # not opened for a read that would block
+    assert checks.load(str(tmp_path)) == {}  # a directory
+
+
+def test_table_puts_the_models_side_by_side(tmp_path):
+    p = str(tmp_path / "checks.json")
+    assert "no model checked on this host yet" in checks.table({})
+    old = _check("async", [(1.0, 1.0), (1.3, 1.0)], "lamina bench async --ranks 1,2", when=0.0)
+    checks.record([old], p)
+    mine = [
+        _check("derived-history", [(1.1, 1.0), (1.2, 1.0), (0.7, 1.0)], "lamina bench strategies"),
+        _check("derived-calibration", [(0.3, 1.0)], "lamina bench strategies"),
+    ]
+    both = checks.side_by_side(mine, p)
+    assert list(both) == ["derived-history", "derived-calibration", "async"]
+    text = checks.table(both, ("derived-history", "derived-calibration"))
+    lines = text.splitlines()
+    rows = [ln for ln in lines if ln.startswith("| derived") or ln.startswith("| async")]
+    assert len(rows) == 3
+    assert "this run" in rows[0] and "2 of 3" in rows[0] and "0.70-1.20" in rows[0]
+    assert "this run" in rows[1] and "0 of 1" in rows[1]
+    assert "1970-01-01 00:00 UTC" in rows[2] and "1 of 2" in rows[2]
+    assert "[3] background I/O (io='auto')" in text and "lamina bench async --ranks 1,2" in text
+
+
+def test_add_to_report_records_this_runs_checks(tmp_path):
+    p = str(tmp_path / "checks.json")
+    doc: dict = {}
+    text = checks.add_to_report([_check("async", [(1.0, 2.0)])], "REPORT", doc, p)
+    assert text.startswith("REPORT\n\n") and "| async [1] | this run" in text
+    assert doc["model_checks"]["async"]["summary"]["largest_error"] == pytest.approx(0.5)
+    assert list(checks.load(p)) == ["async"]
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    doc = {}
+    text = checks.add_to_report([_check()], "R", doc, str(blocked / "checks.json"))
+    assert "model errors not recorded" in text and "async" in doc["model_checks"]
+
+
+def test_the_async_benchmark_checks_the_steps_auto_decided_from_step_3():
+    d = {"t_sync": 1.0, "t_async": 2.0}
+    auto = {
+        "method": background.AUTO,
+        "io_stats": {
+            "decisions": [
+                {"step": 2, "mode": "sync", "epoch_measured": 5.0, **d},
+                {"step": 3, "mode": "async", "epoch_measured": 2.5, **d},
+                {"step": 4, "mode": "sync", "epoch_measured": 0.9, **d},
+            ]
+        },
+    }
+    jobs = [{"writes": [auto, {"method": background.SYNC}]}, {"writes": [auto]}]
+    (c,) = background.model_checks(jobs, "lamina bench async")
+    assert c.model == "async" and c.pairs == ((2.0, 2.5), (1.0, 0.9)) * 2
+    assert background.model_checks([{"writes": [{"method": background.SYNC}]}], "x") == []
+
+
+def test_lamina_model_checks(tmp_path, capsys, monkeypatch):
+    p = str(tmp_path / "checks.json")
+    assert model_main(["checks", "--file", p]) == 0
+    assert "no model checked on this host yet" in capsys.readouterr().out
+    checks.record([_check("async", [(1.0, 1.1)], "lamina bench async --ranks 2")], p)
+    assert model_main(["checks", "--file", p]) == 0
+    out = capsys.readouterr().out
+    assert "| async [1]" in out and "lamina bench async --ranks 2" in out
+    assert model_main(["checks", "--file", p, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["async"]["pairs"] == [[1.0, 1.1]] and doc["async"]["summary"]["predictions"] == 1
+    monkeypatch.setenv("LAMINA_MODEL_CHECKS", p)  # the default file
+    assert model_main(["checks"]) == 0 and "| async [1]" in capsys.readouterr().out
+    assert model_main(["checks", "--bogus"]) == 2
+    assert model_main(["nope"]) == 2
+    assert "derived, async, checks" in capsys.readouterr().err
