@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -15,8 +16,7 @@ from lamina.perf.checks import Check
 
 
 def _check(model="async", pairs=((1.0, 1.0),), command="lamina bench async", **kw) -> Check:
-    c = Check.of(model, pairs, command)
-    return Check(**{**c.__dict__, **kw}) if kw else c
+    return dataclasses.replace(Check.of(model, pairs, command), **kw)
 
 
 def test_summary_counts_errors_relative_to_the_measured_time():

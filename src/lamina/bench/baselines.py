@@ -158,7 +158,6 @@ def adios2_read(ctx: Ctx, box: Box) -> np.ndarray:
     Reads into a preallocated array (``read_in_buffer``), ADIOS2's path
     without an extra zero-filled allocation.
     """
-
     n0 = ctx.local.shape[0]
     out = np.empty(box.shape, dtype=ctx.local.dtype)
     for q in range(ctx.size):

@@ -235,7 +235,6 @@ def adios2_read_one(ctx: Ctx, c: Case) -> np.ndarray:
 
 def adios2_query(ctx: Ctx, c: Case) -> int:
     """Per-block min/max from the metadata (``blocks_info``), then read the blocks that may match."""
-
     n = 0
     with common.adios2_reader(bl.adios2_path(ctx)) as r:
         info = r.engine.blocks_info(bl.DATASET, c.step)

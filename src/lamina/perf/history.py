@@ -28,8 +28,9 @@ extrapolated: beyond the sampled range of a variable the rate is the one
 at the range's edge.  A prediction is ``x1 / rate``, the rate kept above a
 quarter of the slowest rate measured.  A third form, ``per-block``, fits
 a cost per unit and a cost per block, ``seconds / x1 = c0 + c1 / x2``
-(both >= 0), to the same samples and competes on the same error: it is what block-by-block work costs, and
-unlike a line in ``x2`` it extrapolates to smaller blocks.
+(both >= 0), to the same samples and competes on the same error: it is
+what block-by-block work costs, and unlike a line in ``x2`` it
+extrapolates to smaller blocks.
 
 Where a series holds at least :data:`MIN_FIT` samples close to the one
 predicted (``x1`` within a factor :data:`LOCAL_SPAN`, ``x2`` within
