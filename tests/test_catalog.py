@@ -1310,3 +1310,221 @@ def test_steps_of_many_one_block_datasets_round_trip(tmp_path):
                 assert np.array_equal(ds.read(step=s), a)
                 (st_,) = ds.blocks(s)[:1]
                 assert st_.stats is not None and st_.stats.count >= 1
+
+
+_STEP_DTYPES = ("f4", "f8", "i2", "i8", "u1", "?", "c8", "c16")
+
+
+_STEP_DATASET = st.tuples(st.integers(0, 3), st.sampled_from(_STEP_DTYPES), st.booleans())
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(_STEP_DATASET, max_size=8),
+    st.tuples(_STEP_DATASET, st.integers(4, 12)),  # many datasets of one layout
+    st.integers(1, 3),
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([3, 4]),
+)
+def test_step_table_encodes_as_its_tables_do(datasets, common, nranks, seed, version):
+    """A commit encodes the step's blocks from one table of every dataset's rows (ranks one
+    after the other, datasets in any order within a rank): the same sections, bytes and
+    extents as one table per dataset gives, built from the same rows independently, for
+    datasets of 0-3 dimensions, of float, integer, bool and complex dtypes, bands of
+    multiresolution datasets (magnitudes and compression in format 4), blocks of several
+    checksums, and enough one-block sections of one layout to be encoded together."""
+    from lamina.catalog.blocks import (
+        ONES_MIN,
+        BlockTable,
+        StepTable,
+        encode_area,
+        encode_step,
+        extents_of,
+        stat_dtype,
+        sum_dtype,
+    )
+    from lamina.catalog.record import _with_amax
+
+    rng = np.random.default_rng(seed)
+    datasets = [*datasets, *[common[0]] * common[1]]
+    if not datasets:
+        return
+    specs = [
+        DatasetSpec(
+            f"d{i}",
+            (50,) * nd,
+            np.dtype(dt),
+            0,
+            (),
+            i,
+            {"layout": "multires"} if lay and nd else None,
+        )
+        for i, (nd, dt, lay) in enumerate(datasets)
+    ]
+    width = max(s.ndim for s in specs)
+    plain = len(specs) - common[1]  # datasets from here on are of the common layout
+    common_nc = int(rng.choice([1, 1, 2, 3]))  # their blocks' number of checksums
+    rows = []  # (rank, did, columns of the row)
+    for r in range(nranks):
+        # many datasets of one block (encoded together), some of several
+        k = len(specs) if rng.random() < 0.5 else int(rng.integers(0, len(specs) + 1))
+        once = rng.permutation(len(specs))[:k]
+        more = rng.integers(0, len(specs), int(rng.integers(0, ONES_MIN)))
+        for did in np.concatenate([once, more]).tolist():
+            spec = specs[did]
+            nd = spec.ndim
+            lo = rng.integers(0, 40, nd)
+            nc = common_nc if did >= plain else int(rng.choice([1] * 8 + [2, 3]))
+            sd, md = stat_dtype(spec.dtype), sum_dtype(spec.dtype)
+            if sd.kind == "f":
+                lo_hi = rng.normal(size=2)
+                if rng.random() < 0.1:
+                    lo_hi[0] = np.nan
+            else:
+                lo_hi = rng.integers(0, 100, 2)
+            total = rng.normal() + (1j * rng.normal() if md.kind == "c" else 0)
+            rows.append(
+                (
+                    r,
+                    did,
+                    dict(
+                        start=lo,
+                        stop=lo + rng.integers(1, 10, nd),
+                        offset=int(rng.integers(0, 10**6)),
+                        length=int(rng.integers(0, 5000)),
+                        seg=int(rng.choice([0, 1 << 18])),
+                        smin=np.array(lo_hi[0], dtype=sd),
+                        smax=np.array(lo_hi[1], dtype=sd),
+                        ssum=np.array(total, dtype=md),
+                        count=int(rng.integers(0, 100)),
+                        session=int(rng.integers(0, 2)),
+                        agg=int(rng.integers(0, 3)),
+                        crcs=rng.integers(0, 2**32, nc).astype(np.uint32),
+                        codec=int(rng.choice([0, 1, 3])),
+                        has_stats=bool(rng.random() < 0.8),
+                        amax=float(rng.random()) if spec.layout is not None else np.inf,
+                    ),
+                )
+            )
+    complex_sums = any(sum_dtype(specs[d].dtype).kind == "c" for _, d, _ in rows)
+
+    def padded(c, nd):
+        out = np.zeros(width, dtype=np.int64)
+        out[:nd] = c
+        return out
+
+    n = len(rows)
+    if n:
+        columns = StepTable(
+            np.array([d for _, d, _ in rows], dtype=np.int64),
+            start=np.array([padded(c["start"], specs[d].ndim) for _, d, c in rows]).reshape(
+                n, width
+            ),
+            stop=np.array([padded(c["stop"], specs[d].ndim) for _, d, c in rows]).reshape(n, width),
+            rank=np.array([r for r, _, _ in rows], dtype=np.uint32),
+            session=np.array([c["session"] for *_, c in rows], dtype=np.uint32),
+            agg=np.array([c["agg"] for *_, c in rows], dtype=np.uint32),
+            offset=np.array([c["offset"] for *_, c in rows], dtype=np.int64),
+            length=np.array([c["length"] for *_, c in rows], dtype=np.int64),
+            codec=np.array([c["codec"] for *_, c in rows], dtype=np.uint8),
+            seg=np.array([c["seg"] for *_, c in rows], dtype=np.int64),
+            ncrc=np.array([len(c["crcs"]) for *_, c in rows], dtype=np.uint32),
+            crcs=np.concatenate([c["crcs"] for *_, c in rows]),
+            has_stats=np.array([c["has_stats"] for *_, c in rows], dtype=bool),
+            smin=np.array([c["smin"].view("<u8") for *_, c in rows], dtype="<u8"),
+            smax=np.array([c["smax"].view("<u8") for *_, c in rows], dtype="<u8"),
+            ssum=np.array([c["ssum"] for *_, c in rows], dtype="<c16" if complex_sums else "<f8"),
+            count=np.array([c["count"] for *_, c in rows], dtype=np.int64),
+            amax=np.array([c["amax"] for *_, c in rows])
+            if any(s.layout is not None for s in specs)
+            else None,
+        )
+    else:
+        columns = StepTable.empty()
+    tables = {}
+    for did, spec in enumerate(specs):  # the oracle: each dataset's rows, ranks in order
+        mine = [c for _, d, c in sorted(rows, key=lambda x: x[0]) if d == did]
+        if not mine:
+            continue
+        nd = spec.ndim
+        t = BlockTable(
+            spec.dtype,
+            np.array([c["start"] for c in mine], dtype=np.int64).reshape(len(mine), nd),
+            np.array([c["stop"] for c in mine], dtype=np.int64).reshape(len(mine), nd),
+            rank=np.array([r for r, d, _ in sorted(rows, key=lambda x: x[0]) if d == did], "<u4"),
+            session=np.array([c["session"] for c in mine], "<u4"),
+            agg=np.array([c["agg"] for c in mine], "<u4"),
+            offset=np.array([c["offset"] for c in mine], "<i8"),
+            length=np.array([c["length"] for c in mine], "<i8"),
+            codec=np.array([c["codec"] for c in mine], "u1"),
+            seg=np.array([c["seg"] for c in mine], "<i8"),
+            ncrc=np.array([len(c["crcs"]) for c in mine], "<u4"),
+            crcs=np.concatenate([c["crcs"] for c in mine]),
+            has_stats=np.array([c["has_stats"] for c in mine], bool),
+            smin=np.array([c["smin"] for c in mine]),
+            smax=np.array([c["smax"] for c in mine]),
+            ssum=np.array([c["ssum"] for c in mine]),
+            count=np.array([c["count"] for c in mine], "<i8"),
+            amax=np.array([c["amax"] for c in mine]) if spec.layout is not None else None,
+        )
+        tables[did] = _with_amax(t, version >= 4 and spec.layout is not None)
+    squeeze = [d for d in tables if specs[d].layout is not None] if version >= 4 else []
+    assert encode_step(columns, specs, version) == encode_area(tables, squeeze)
+    assert columns.extents() == extents_of(tables)
+    assert columns.dids == sorted(tables)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.integers(0, 12),
+    st.sampled_from([3, 4]),
+    st.integers(0, 2**32 - 1),
+    st.sampled_from(["none", "dataset", "order", "offset", "blocks", "raw", "length", "zero"]),
+)
+def test_record_directory_checked_at_once_as_one_by_one(nsec, version, seed, spoil):
+    """A record's directory of block sections is checked as whole columns; whatever the
+    entries (sound, or one field spoiled), the sections it gives are those the entry-by-entry
+    checks give, and it gives none where those raise (they then name the entry)."""
+    import struct
+
+    from lamina.catalog.record import _ENTRY, _sections_at_once, _sections_one_by_one
+
+    rng = np.random.default_rng(seed)
+    specs = [
+        DatasetSpec(f"d{i}", (9,) * int(rng.integers(0, 4)), np.dtype("f8"), 0, (), i)
+        for i in range(16)
+    ]
+    ids = sorted(rng.choice(16, size=min(nsec, 16), replace=False).tolist())
+    rows = []
+    pos = 0
+    for did in ids:
+        rb = 16 * specs[did].ndim + 24 + 16 + 8 + 8 + 16 + 2
+        n = int(rng.integers(1, 5))
+        length = 16 + n * (rb + 4)
+        raw = int(length) if version >= 4 and rng.random() < 0.3 else 0
+        rows.append([did, n, pos, length - (7 if raw else 0), int(rng.integers(0, 2**32)), raw])
+        pos += rows[-1][3]
+    if rows and spoil != "none":
+        k = int(rng.integers(0, len(rows)))
+        field = {"dataset": 0, "order": 0, "offset": 2, "blocks": 1, "raw": 5, "length": 3}
+        if spoil == "order" and len(rows) > 1:
+            rows[k][0] = rows[k - 1][0]
+        elif spoil == "zero":
+            rows[k][1] = 0
+        elif spoil == "dataset":
+            rows[k][0] = 16 + k
+        elif spoil in field:
+            rows[k][field[spoil]] += int(rng.choice([1, 1 << 40, 1 << 62]))
+    entry = _ENTRY[version]
+    directory = b"".join(entry.pack(*(r if version >= 4 else r[:5])) for r in rows)
+    try:
+        want = _sections_one_by_one(directory, len(rows), specs, version, "record 0")
+    except (FormatError, struct.error):
+        want = None
+    got = _sections_at_once(directory, len(rows), specs, version)
+    if want is None:
+        assert got is None
+    elif got is not None:
+        assert got == want
+    if spoil == "none":
+        assert got == want

@@ -514,21 +514,69 @@ def test_one_rank_commit_hands_over_what_other_ranks_decode(tmp_path):
         eng = eng.inner
     digest, attrs, mine = eng._local_heads()
     d2, a2, m2 = eng._unpack_heads(0, eng._pack_heads(digest, attrs, mine))
-    assert (d2, a2) == (digest, attrs) and sorted(m2) == sorted(mine) and len(mine) == 4
-    for did in mine:
-        _same_columns(mine[did], m2[did], f"heads of dataset {did}")
+    assert (d2, a2) == (digest, attrs) and len(set(mine.did.tolist())) == 4
+    assert mine.start.shape == (len(mine.did), 3)  # the widest dataset's boxes
+    _same_columns(mine, m2, "heads")
     bases = [(0, 1, 2, 3)]
     placed, cols = eng._local_trailer(bases)
     p2, c2 = eng._unpack_trailer(0, eng._pack_trailer(placed, cols))
-    assert p2 == placed == bases and sorted(c2) == sorted(cols)
-    for did in cols:
-        _same_columns(cols[did], c2[did], f"trailer of dataset {did}")
+    assert p2 == placed == bases
+    _same_columns(cols, c2, "trailer")
     f.end_step()
     f.close()
     with lamina.open(tmp_path / "h.lam") as r:
         assert r["u"].attrs["units"] == "m"
         assert np.isnan(r["u"][40:44]).all() and r["v"].read(step=0)[3, 3, :5].size == 5
         assert int(r["w"][()]) == 5 and not r["z"][...].any()
+
+
+def test_heads_and_trailers_that_cannot_be_this_steps_are_errors(tmp_path):
+    """Another rank's heads naming a dataset this rank does not know, boxes narrower than
+    their dataset, cut bytes, or a trailer whose checksum counts do not add up: each a clear
+    error (the commit then fails on every rank), never a wrong record."""
+    from lamina.catalog.wire import Decoder, Encoder
+    from lamina.errors import CollectiveMismatchError, FormatError
+
+    f = lamina.open(tmp_path / "b.lam", "w", durable=False)
+    u = f.create_dataset("u", (64, 8), np.float32)
+    f.begin_step()
+    u.write(np.ones((4, 8), np.float32), offset=(0, 0))
+    u.write(np.ones((4, 8), np.float32), offset=(8, 0))
+    eng = f._engine
+    while hasattr(eng, "inner"):
+        eng = eng.inner
+    digest, attrs, mine = eng._local_heads()
+    good = eng._pack_heads(digest, attrs, mine)
+    eng._unpack_heads(1, good)
+    d = Decoder(good)
+    d.u32(), d.blob(), d.u32(), d.u32()  # digest, attributes, blocks, width
+    at = d.pos  # the dataset column
+    bad = bytearray(good)
+    bad[at : at + 8] = np.int64(7).tobytes()
+    with pytest.raises(CollectiveMismatchError, match="rank 1 wrote dataset id 7, unknown"):
+        eng._unpack_heads(1, bytes(bad))
+    narrow = bytearray(good)
+    narrow[at - 4 : at] = np.uint32(1).tobytes()  # boxes of 1 dimension for a 2-D dataset
+    with pytest.raises(FormatError, match="narrower than their datasets"):
+        eng._unpack_heads(1, bytes(narrow))
+    with pytest.raises(FormatError, match="step heads from rank 1"):
+        eng._unpack_heads(1, good[:-3])
+    with pytest.raises(FormatError, match="trailing bytes"):
+        eng._unpack_heads(1, good + b"x")
+    placed, cols = eng._local_trailer([])
+    raw = eng._pack_trailer(placed, cols)
+    eng._unpack_trailer(1, raw)
+    e = Encoder()
+    e.u32(0)
+    e.u32(2)
+    e.u64(3)  # three checksums claimed, the counts say two
+    bogus = e.getvalue() + raw[len(e.getvalue()) :] + np.uint32(0).tobytes()
+    with pytest.raises(FormatError, match="checksum counts do not add up"):
+        eng._unpack_trailer(1, bogus)
+    f.end_step()
+    f.close()
+    with lamina.open(tmp_path / "b.lam") as r:
+        assert r["u"][0:4].sum() == 32 and r["u"][8:12].sum() == 32
 
 
 def test_statistics_of_a_step_by_dataset_match_those_of_each_dataset(tmp_path):
@@ -583,7 +631,7 @@ def test_hulls_apart_against_brute_force(nranks, nd, seed):
     """The commit skips the cross-rank sweep only when the boxes around each rank's blocks
     are pairwise disjoint (ranks without blocks count for nothing); few ranks are compared
     pair by pair, many by the sweep."""
-    from lamina.engines.block import DatasetHead, _hulls_apart
+    from lamina.engines.block import _hulls_apart
 
     rng = np.random.default_rng(seed)
     heads, hulls = [], []
@@ -595,7 +643,7 @@ def test_hulls_apart_against_brute_force(nranks, nd, seed):
         else:
             lo = rng.integers(0, 20, (n, nd))
             hi = lo + rng.integers(1, 6, (n, nd))
-        heads.append(DatasetHead(lo, hi, *[None] * 7))
+        heads.append((lo, hi))
         if n:
             hulls.append((lo.min(axis=0), hi.max(axis=0)))
     meet = any(
@@ -607,15 +655,15 @@ def test_hulls_apart_against_brute_force(nranks, nd, seed):
 
 
 def test_hulls_apart_touching_is_apart_and_empty_ranks_count_for_nothing():
-    from lamina.engines.block import DatasetHead, _hulls_apart
+    from lamina.engines.block import _hulls_apart
 
     def head(*boxes):
         lo = np.array([b[0] for b in boxes], dtype=np.int64).reshape(len(boxes), -1)
         hi = np.array([b[1] for b in boxes], dtype=np.int64).reshape(len(boxes), -1)
-        return DatasetHead(lo, hi, *[None] * 7)
+        return lo, hi
 
     left, right = head(((0, 0), (4, 4)), ((0, 4), (4, 8))), head(((4, 0), (8, 8)))
-    empty = DatasetHead(np.zeros((0, 2), np.int64), np.zeros((0, 2), np.int64), *[None] * 7)
+    empty = np.zeros((0, 2), np.int64), np.zeros((0, 2), np.int64)
     assert _hulls_apart([left, right, empty])
     assert _hulls_apart([right, left])
     assert not _hulls_apart([left, head(((3, 7), (5, 9)))])

@@ -826,22 +826,10 @@ def extents_of(tables: dict[int, BlockTable]) -> list[tuple[int, int, int]]:
         return []
 
     def cat(name: str) -> np.ndarray:  # every table's blocks at once: one grouping for the step
-        cols = [getattr(t, name).astype(np.int64, copy=False) for t in ts]
+        cols = [getattr(t, name) for t in ts]
         return cols[0] if len(cols) == 1 else np.concatenate(cols)
 
-    length = cat("length")
-    stored = np.flatnonzero(length > 0)
-    if not stored.size:
-        return []
-    key = cat("session")[stored] << 32 | cat("agg")[stored]
-    end = cat("offset")[stored] + length[stored]
-    if bool((key == key[0]).all()):  # one subfile (one aggregator): no grouping
-        uniq, top = key[:1], end.max(keepdims=True)
-    else:
-        uniq, inv = np.unique(key, return_inverse=True)
-        top = np.zeros(len(uniq), dtype=np.int64)
-        np.maximum.at(top, inv, end)
-    return [(k >> 32, k & 0xFFFFFFFF, e) for k, e in zip(uniq.tolist(), top.tolist(), strict=True)]
+    return _extents(cat("length"), cat("session"), cat("agg"), cat("offset"))
 
 
 #: zlib level of the sections format 4 compresses (level 1: about 150 MB/s, most of the gain)
@@ -933,6 +921,248 @@ def encode_area(
                 if len(packed) < len(raw):
                     raw, size = packed, len(raw)
         sections.append(Section(did, len(tables[did]), pos, len(raw), crc32c(raw), size))
+        parts.append(raw)
+        pos += len(raw)
+    return sections, b"".join(parts)
+
+
+def _extents(
+    length: np.ndarray, session: np.ndarray, agg: np.ndarray, offset: np.ndarray
+) -> list[tuple[int, int, int]]:
+    """``(session, aggregator, end)`` of every subfile the blocks of these columns lie in."""
+    stored = np.flatnonzero(length > 0)
+    if not stored.size:
+        return []
+    key = session[stored].astype(np.int64) << 32 | agg[stored].astype(np.int64)
+    end = offset[stored].astype(np.int64) + length[stored]
+    if bool((key == key[0]).all()):  # one subfile (one aggregator): no grouping
+        uniq, top = key[:1], end.max(keepdims=True)
+    else:
+        uniq, inv = np.unique(key, return_inverse=True)
+        top = np.zeros(len(uniq), dtype=np.int64)
+        np.maximum.at(top, inv, end)
+    return [(k >> 32, k & 0xFFFFFFFF, e) for k, e in zip(uniq.tolist(), top.tolist(), strict=True)]
+
+
+def _sum_as(col: np.ndarray, md: np.dtype) -> np.ndarray:
+    """A sums column (float64 or complex128) as *md*, the sum dtype of one dataset."""
+    if col.dtype == md:
+        return col
+    return col.real if md.kind == "f" else col.astype(md)
+
+
+class StepTable:
+    """The blocks of one step, every dataset's, as one set of columns: what a commit builds
+    from every rank's columns and encodes as the step's sections.
+
+    Rows come by dataset id, then rank, then put order: section k holds rows
+    ``bounds[k]:bounds[k + 1]``, the blocks of dataset ``dids[k]``.  The columns are those
+    of :class:`BlockTable`, but for three: the corners are ``(n, width)`` int64, *width*
+    the most dimensions of the step's datasets (a dataset's own first, zeros after); min
+    and max are their 8 stored bytes as ``<u8`` (int64, uint64 or float64 by dataset); sums
+    are float64, or complex128 where any dataset is complex.  A commit of many datasets
+    thereby makes no table per dataset: :func:`encode_step` writes the sections of one
+    block together from these columns, and :meth:`table` cuts the others.
+    """
+
+    __slots__ = (*_ATTRS, "dids", "bounds", "_ptr")
+    start: np.ndarray
+    stop: np.ndarray
+    offset: np.ndarray
+    length: np.ndarray
+    seg: np.ndarray
+    smin: np.ndarray
+    smax: np.ndarray
+    ssum: np.ndarray
+    count: np.ndarray
+    rank: np.ndarray
+    session: np.ndarray
+    agg: np.ndarray
+    ncrc: np.ndarray
+    crcs: np.ndarray
+    codec: np.ndarray
+    has_stats: np.ndarray
+    amax: np.ndarray | None
+
+    def __init__(self, did: np.ndarray, **cols: np.ndarray | None) -> None:
+        """A table of the rows given as *cols* (every name of :data:`_ATTRS`, ``amax``
+        None where no dataset has one), of datasets *did*; sorted by dataset here (stably)
+        when they are not already."""
+        for name in _ATTRS:
+            setattr(self, name, cols[name])
+        self._ptr: np.ndarray | None = None
+        n = len(did)
+        if n and bool((did[1:] < did[:-1]).any()):  # ranks' rows interleave: by dataset
+            order = np.argsort(did, kind="stable")
+            did = did[order]
+            lo, counts = self.crc_ptr[order], self.ncrc[order].astype(np.int64)
+            pos = np.repeat(lo - np.concatenate(([0], np.cumsum(counts)[:-1])), counts)
+            self.crcs = self.crcs[pos + np.arange(len(pos))]
+            for name in _ATTRS:
+                col = getattr(self, name)
+                if name != "crcs" and col is not None:
+                    setattr(self, name, col[order])
+            self._ptr = None
+        cuts = np.flatnonzero(did[1:] != did[:-1]) + 1
+        self.bounds: list[int] = [0, *cuts.tolist(), n] if n else [0]
+        self.dids: list[int] = did[self.bounds[:-1]].tolist() if n else []
+
+    @classmethod
+    def empty(cls) -> StepTable:
+        """A step of no blocks."""
+        z8, z4 = np.zeros(0, np.int64), np.zeros(0, np.uint32)
+        return cls(
+            z8,
+            start=np.zeros((0, 0), np.int64),
+            stop=np.zeros((0, 0), np.int64),
+            offset=z8,
+            length=z8,
+            seg=z8,
+            smin=np.zeros(0, "<u8"),
+            smax=np.zeros(0, "<u8"),
+            ssum=np.zeros(0, "<f8"),
+            count=z8,
+            rank=z4,
+            session=z4,
+            agg=z4,
+            ncrc=z4,
+            crcs=z4,
+            codec=np.zeros(0, np.uint8),
+            has_stats=np.zeros(0, bool),
+            amax=None,
+        )
+
+    def __len__(self) -> int:
+        return len(self.length)
+
+    @property
+    def crc_ptr(self) -> np.ndarray:
+        """Where each row's checksums start in :attr:`crcs` (``n + 1`` entries)."""
+        p = self._ptr
+        if p is None:
+            p = np.zeros(len(self.ncrc) + 1, dtype=np.int64)
+            np.cumsum(self.ncrc, out=p[1:])
+            self._ptr = p
+        return p
+
+    def table(self, k: int, spec: DatasetSpec, amax: bool) -> BlockTable:
+        """Section *k* (dataset ``dids[k]``, described by *spec*) as a :class:`BlockTable`,
+        with its coefficient magnitudes (inf where unknown) if *amax*."""
+        lo, hi = self.bounds[k], self.bounds[k + 1]
+        nd, dt = spec.ndim, spec.dtype
+        sd = stat_dtype(dt)
+        ptr = self.crc_ptr
+        mags = None
+        if amax:
+            mags = np.full(hi - lo, np.inf) if self.amax is None else self.amax[lo:hi]
+        return BlockTable(
+            dt,
+            np.ascontiguousarray(self.start[lo:hi, :nd]),
+            np.ascontiguousarray(self.stop[lo:hi, :nd]),
+            rank=self.rank[lo:hi],
+            session=self.session[lo:hi],
+            agg=self.agg[lo:hi],
+            offset=self.offset[lo:hi],
+            length=self.length[lo:hi],
+            codec=self.codec[lo:hi],
+            seg=self.seg[lo:hi],
+            ncrc=self.ncrc[lo:hi],
+            crcs=self.crcs[int(ptr[lo]) : int(ptr[hi])],
+            has_stats=self.has_stats[lo:hi],
+            smin=self.smin[lo:hi].view(sd),
+            smax=self.smax[lo:hi].view(sd),
+            ssum=_sum_as(self.ssum[lo:hi], sum_dtype(dt)),
+            count=self.count[lo:hi],
+            amax=mags,
+        )
+
+    def tables(self, specs: Sequence[DatasetSpec], amax: bool = True) -> dict[int, BlockTable]:
+        """Every section as a table (by dataset id); multiresolution datasets' with their
+        coefficient magnitudes if *amax*."""
+        return {
+            did: self.table(k, specs[did], amax and specs[did].layout is not None)
+            for k, did in enumerate(self.dids)
+        }
+
+    def extents(self) -> list[tuple[int, int, int]]:
+        """:func:`extents_of` the step's blocks."""
+        return _extents(self.length, self.session, self.agg, self.offset)
+
+
+def encode_step(
+    st: StepTable, specs: Sequence[DatasetSpec], version: int
+) -> tuple[list[Section], bytes]:
+    """:func:`encode_area` of ``st.tables(specs)`` (version 4 keeps the coefficient
+    magnitudes of multiresolution datasets and compresses their sections where that is
+    shorter; version 3 neither), the same bytes, without a table per one-block section:
+    those of one layout are packed from the step's columns at once."""
+    v4 = version >= 4
+    bounds = st.bounds
+    first_ncrc = st.ncrc[bounds[:-1]].tolist() if st.dids else []
+    kinds: dict[np.dtype, tuple] = {}
+    ones: dict[tuple, list[int]] = {}  # layout -> sections of one block of that layout
+    for k, did in enumerate(st.dids):
+        spec = specs[did]
+        if bounds[k + 1] - bounds[k] != 1 or (v4 and spec.layout is not None):
+            continue
+        dt = spec.dtype
+        kind = kinds.get(dt)
+        if kind is None:
+            kind = kinds[dt] = (stat_dtype(dt), sum_dtype(dt))
+        key = (spec.ndim, *kind, first_ncrc[k])
+        group = ones.get(key)
+        if group is None:
+            ones[key] = [k]
+        else:
+            group.append(k)
+    together: dict[int, memoryview] = {}  # section -> its bytes, from a group
+    for (nd, sd, md, c), group in ones.items():
+        if len(group) < ONES_MIN:
+            continue
+        rows = np.array([bounds[k] for k in group], dtype=np.int64)
+        dt = _ones_dtype(nd, specs[st.dids[group[0]]].dtype, c, False)
+        rec = np.zeros(len(group), dtype=dt)
+        rec["n"] = 1
+        rec["c"] = c
+        shape = (len(group), 1)
+        if nd:
+            rec["start"] = st.start[rows, :nd].reshape(*shape, nd)
+            rec["stop"] = st.stop[rows, :nd].reshape(*shape, nd)
+        for name, attr in (
+            ("offset", "offset"),
+            ("length", "length"),
+            ("seg", "seg"),
+            ("count", "count"),
+            ("rank", "rank"),
+            ("session", "session"),
+            ("agg", "agg"),
+            ("ncrc", "ncrc"),
+            ("codec", "codec"),
+            ("has", "has_stats"),
+        ):
+            rec[name] = getattr(st, attr)[rows].reshape(shape)
+        rec["smin"] = st.smin[rows].view(sd).reshape(shape)
+        rec["smax"] = st.smax[rows].view(sd).reshape(shape)
+        rec["ssum"] = _sum_as(st.ssum[rows], md).reshape(shape)
+        first = st.crc_ptr[rows]
+        rec["crcs"] = st.crcs[first[:, None] + np.arange(c)].reshape(len(group), c)
+        flat, size = rec.view(np.uint8).reshape(-1).data, dt.itemsize
+        together.update((k, flat[j * size : (j + 1) * size]) for j, k in enumerate(group))
+    sections: list[Section] = []
+    parts: list[bytes | memoryview] = []
+    pos = 0
+    for k, did in enumerate(st.dids):
+        raw: bytes | memoryview | None = together.get(k)
+        size = 0
+        if raw is None:
+            spec = specs[did]
+            layered = v4 and spec.layout is not None
+            raw = st.table(k, spec, layered).encode()
+            if layered and len(raw) >= SQUEEZE_MIN:
+                packed = zlib.compress(raw, SQUEEZE_LEVEL)
+                if len(packed) < len(raw):
+                    raw, size = packed, len(raw)
+        sections.append(Section(did, bounds[k + 1] - bounds[k], pos, len(raw), crc32c(raw), size))
         parts.append(raw)
         pos += len(raw)
     return sections, b"".join(parts)

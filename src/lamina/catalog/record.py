@@ -18,7 +18,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import FormatError
-from .blocks import BlockTable, Loader, Section, StepBlocks, encode_area, extents_of, row_bytes
+from .blocks import (
+    BlockTable,
+    Loader,
+    Section,
+    StepBlocks,
+    StepTable,
+    encode_area,
+    encode_step,
+    extents_of,
+    row_bytes,
+)
 from .model import (
     KIND_NAMES,
     KIND_STEP,
@@ -50,7 +60,9 @@ class Record:
     directory of its block area instead (``sections``, ``area_offset``,
     ``area_length``): the tables are decoded later, from the area, by
     :class:`StepBlocks`.  ``extents`` says how many bytes of each subfile
-    ``(session, aggregator)`` the step's blocks need.
+    ``(session, aggregator)`` the step's blocks need.  A commit gives its blocks as
+    ``columns`` instead of ``tables``: one :class:`StepTable` for the step, which
+    encodes to the same bytes without a table per dataset.
     """
 
     kind: int
@@ -65,6 +77,7 @@ class Record:
     area_offset: int = 0
     area_length: int = 0
     version: int = VERSION
+    columns: StepTable | None = None
 
     @classmethod
     def of_blocks(cls, kind: int, step: int, blocks: list[BlockRecord], specs, **kw) -> Record:
@@ -101,16 +114,20 @@ class Record:
         e = Encoder()
         self._encode_start(e)
         if version <= 2:
-            rows = [
-                (d, t) for d, t in sorted(self.tables.items()) if len(t)
-            ]  # v1/v2: blocks inline, one record each
+            tables = self.tables
+            if self.columns is not None:
+                tables = self.columns.tables(specs_after_ops, amax=False)
+            rows = [(d, t) for d, t in sorted(tables.items()) if len(t)]  # v1/v2: blocks inline
             e.u32(sum(len(t) for _, t in rows))
             for d, t in rows:
                 dt = specs_after_ops[d].dtype
                 for i in range(len(t)):
                     t.record(i, d).encode(e, dt)
             return e.getvalue(), b""
-        if self.tables or not self.sections:
+        if self.columns is not None:  # a commit's: one table for the step
+            sections, area = encode_step(self.columns, specs_after_ops, version)
+            extents = self.columns.extents()
+        elif self.tables or not self.sections:
             squeeze = (
                 [d for d in self.tables if specs_after_ops[d].layout is not None]
                 if version >= 4
@@ -189,32 +206,11 @@ class Record:
             return rec
         entry = _ENTRY[min(version, 4)]
         nsec = d.count(entry.size, name="block sections")
-        end = 0
-        last = -1  # the dataset of the section before: sections come by ascending dataset
-        for _ in range(nsec):
-            did, n, off, length, c, *more = entry.unpack(d.raw(entry.size))
-            raw = more[0] if more else 0
-            if did >= len(specs):
-                raise FormatError(
-                    f"{what}: blocks of dataset id {did}, only {len(specs)} datasets defined"
-                )
-            spec = specs[did]
-            if did <= last:
-                raise FormatError(f"{what}: block sections out of order at dataset {spec.path!r}")
-            last = did
-            table_bytes = raw if raw else length
-            if (
-                off != end
-                or n == 0
-                or n > table_bytes // row_bytes(spec.ndim, spec.dtype)
-                or raw >= _MAX_RAW
-            ):
-                raise FormatError(
-                    f"{what}: block section of dataset {spec.path!r} ({n} blocks at {off}+{length}) "
-                    f"is inconsistent (expected at {end})"
-                )
-            rec.sections[did] = Section(did, n, off, length, c, raw)
-            end = off + length
+        directory = d.raw(entry.size * nsec)
+        got = _sections_at_once(directory, nsec, specs, version)
+        if got is None:  # a bad entry, or one the quick checks cannot judge: one at a time
+            got = _sections_one_by_one(directory, nsec, specs, version, what)
+        rec.sections, end = got
         next_ = d.count(_EXTENT_ENTRY.size, name="subfile extents")
         prev = (-1, -1)
         for _ in range(next_):
@@ -235,9 +231,108 @@ class Record:
 
     def step_blocks(self, load: Loader | None, what: str) -> StepBlocks:
         """The blocks of this (step) record: decoded already (versions 1, 2, or built here) or loaded by *load*."""
+        if self.columns is not None:
+            raise ValueError("a record of step columns is encoded, not read: decode its bytes")
         if self.tables or not self.sections:
             return StepBlocks.of_tables(self.tables, what)
         return StepBlocks(dict(self.sections), list(self.extents), load, what, version=self.version)
+
+
+#: a directory entry as numpy reads it, by format version (:data:`_ENTRY`)
+_ENTRY_DTYPE = {
+    v: np.dtype(
+        {
+            "names": ["d", "n", "o", "l", "c", *(["r"] if v >= 4 else [])],
+            "formats": ["<u4", "<u8", "<u8", "<u8", "<u4", *(["<u8"] if v >= 4 else [])],
+            "offsets": [0, 4, 12, 20, 28, *([32] if v >= 4 else [])],
+            "itemsize": _ENTRY[v].size,
+        }
+    )
+    for v in (3, 4)
+}
+
+
+def _sections_at_once(
+    directory: bytes, nsec: int, specs, version: int
+) -> tuple[dict[int, Section], int] | None:
+    """The sections of a directory of *nsec* entries and where they end, every entry checked
+    as :func:`_sections_one_by_one` checks it but as whole columns; None if any fails (that
+    one then names it)."""
+    if not nsec:
+        return {}, 0
+    a = np.frombuffer(directory, dtype=_ENTRY_DTYPE[min(version, 4)], count=nsec)
+    did, n, off, length = a["d"], a["n"], a["o"], a["l"]
+    raw = a["r"] if version >= 4 else np.zeros(nsec, dtype=np.uint64)
+    if int(did[-1]) >= len(specs) or (nsec > 1 and bool((did[1:] <= did[:-1]).any())):
+        return None
+    if bool((length >= 1 << 62).any()) or bool((raw >= _MAX_RAW).any()) or bool((n == 0).any()):
+        return None
+    end = np.cumsum(length)
+    if int(off[0]) != 0 or (nsec > 1 and bool((off[1:] != end[:-1]).any())):
+        return None
+    rows = [_row_bytes_of(specs[k]) for k in did.tolist()]
+    table = np.where(raw != 0, raw, length)
+    if bool((n > table // np.array(rows, dtype=np.uint64)).any()):
+        return None
+    ids = did.tolist()
+    sections = dict(
+        zip(
+            ids,
+            map(
+                Section._make,
+                zip(
+                    ids,
+                    n.tolist(),
+                    off.tolist(),
+                    length.tolist(),
+                    a["c"].tolist(),
+                    raw.tolist(),
+                    strict=True,
+                ),
+            ),
+            strict=True,
+        )
+    )
+    return sections, int(end[-1])
+
+
+def _row_bytes_of(spec: DatasetSpec) -> int:
+    return row_bytes(spec.ndim, spec.dtype)
+
+
+def _sections_one_by_one(
+    directory: bytes, nsec: int, specs, version: int, what: str
+) -> tuple[dict[int, Section], int]:
+    """The sections of a directory, entry by entry; FormatError naming the first bad one."""
+    entry = _ENTRY[min(version, 4)]
+    sections: dict[int, Section] = {}
+    end = 0
+    last = -1  # the dataset of the section before: sections come by ascending dataset
+    for k in range(nsec):
+        did, n, off, length, c, *more = entry.unpack_from(directory, k * entry.size)
+        raw = more[0] if more else 0
+        if did >= len(specs):
+            raise FormatError(
+                f"{what}: blocks of dataset id {did}, only {len(specs)} datasets defined"
+            )
+        spec = specs[did]
+        if did <= last:
+            raise FormatError(f"{what}: block sections out of order at dataset {spec.path!r}")
+        last = did
+        table_bytes = raw if raw else length
+        if (
+            off != end
+            or n == 0
+            or n > table_bytes // row_bytes(spec.ndim, spec.dtype)
+            or raw >= _MAX_RAW
+        ):
+            raise FormatError(
+                f"{what}: block section of dataset {spec.path!r} ({n} blocks at {off}+{length}) "
+                f"is inconsistent (expected at {end})"
+            )
+        sections[did] = Section(did, n, off, length, c, raw)
+        end = off + length
+    return sections, end
 
 
 def _with_amax(t: BlockTable, amax: bool) -> BlockTable:

@@ -22,18 +22,21 @@ is raised by ``end_step`` (on every rank, and the step is dropped) rather
 than by the write.  The commit of one step (``end_step``) is four
 collective phases, each moving whole columns:
 
-1. **heads**: every rank encodes its blocks (boxes, stored lengths,
-   codecs, locations, per dataset as arrays) and a digest of its metadata
-   changes; allgather.
+1. **heads**: every rank encodes its blocks (dataset, boxes, stored
+   lengths, codecs, locations: one set of columns for every dataset of the
+   step, in put order) and a digest of its metadata changes; allgather.
 2. **validate** (same verdict on every rank, no messages): ranks agree on
    definitions; no two boxes of one dataset overlap (one sort-and-sweep
    over the step's boxes, :func:`~lamina.geometry.find_overlap_arrays`).
 3. **move**: the engine moves block bytes to where they live (aggregators,
    memory); statistics and checksums finish on the worker thread meanwhile.
 4. **commit**: trailers (statistics, checksums, the base offset of each
-   rank's moved blocks) are gathered on rank 0, which builds the step's
-   :class:`~lamina.catalog.BlockTable` per dataset and writes the record
-   (data is already durable), then broadcasts it; every rank applies it.
+   rank's moved blocks, again one set of columns for the step) are gathered
+   on rank 0, which joins every rank's columns into one
+   :class:`~lamina.catalog.blocks.StepTable` (rows by dataset) and writes
+   the record from it (data is already durable), then broadcasts it; every
+   rank applies it.  No table or object is made per dataset: a step of many
+   datasets costs a few numpy calls per column, not per dataset.
 
 On one rank, phases 1 and 4 hand the columns over as they are: nothing is
 encoded to bytes and decoded again (``_pack_heads``/``_unpack_heads`` and
@@ -83,7 +86,7 @@ from ..catalog import (
     pack,
     parent,
 )
-from ..catalog.blocks import stat_dtype, sum_dtype
+from ..catalog.blocks import StepTable
 from ..catalog.model import MAX_ATTR_BYTES, MAX_NDIM, Stats, decode_op, encode_op
 from ..errors import (
     BoundsError,
@@ -121,7 +124,7 @@ from .staging import (
     PutLog,
     enter_box,
     enter_boxes,
-    selector_of,
+    index_of,
 )
 
 _chain = itertools.chain.from_iterable
@@ -160,18 +163,35 @@ class _Done:
 
 
 @dataclass(slots=True)
-class DatasetHead:
-    """One rank's blocks of one dataset in a step, as every rank learns them in phase 1."""
+class RankHead:
+    """One rank's blocks of a step, every dataset's, as every rank learns them in phase 1:
+    row k is the rank's PutLog row k (put order)."""
 
-    start: np.ndarray  # (n, ndim) int64
+    did: np.ndarray  # int64: the dataset of each block
+    start: np.ndarray  # (n, width) int64: a dataset's own dimensions first, zeros after
     stop: np.ndarray
     length: np.ndarray  # int64
-    row: np.ndarray  # int64: the block's row in its rank's PutLog (put order)
     codec: np.ndarray  # uint8
     located: np.ndarray  # bool: placed at put time (location below)
     session: np.ndarray  # uint32
     agg: np.ndarray  # uint32
     offset: np.ndarray  # int64
+
+    def by_dataset(self) -> dict[int, slice | np.ndarray]:
+        """The rows of each dataset (dataset id -> what takes them of a column)."""
+        did = self.did
+        n = len(did)
+        if not n:
+            return {}
+        order = None
+        if bool((did[1:] < did[:-1]).any()):
+            order = np.argsort(did, kind="stable")
+            did = did[order]
+        cuts = [0, *(np.flatnonzero(did[1:] != did[:-1]) + 1).tolist(), n]
+        ids = did[cuts[:-1]].tolist()
+        if order is None:
+            return {d: slice(a, b) for d, a, b in zip(ids, cuts, cuts[1:], strict=False)}
+        return {d: order[a:b] for d, a, b in zip(ids, cuts, cuts[1:], strict=False)}
 
 
 @dataclass(slots=True)
@@ -179,33 +199,17 @@ class StepHeads:
     """What phase 1 gathers from every rank."""
 
     digests: list[int] = field(default_factory=list)
-    ranks: list[dict[int, DatasetHead]] = field(
-        default_factory=list
-    )  # per rank: dataset id -> head
+    ranks: list[RankHead] = field(default_factory=list)  # per rank
     _unplaced: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     def unplaced(self, rank: int) -> tuple[np.ndarray, np.ndarray]:
         """Rows and lengths of *rank*'s blocks still to be placed, in put order (the order they are sent)."""
         got = self._unplaced.get(rank)
         if got is None:  # asked by the move and again by the record: computed once
-            got = self._unplaced[rank] = self._find_unplaced(rank)
+            h = self.ranks[rank]
+            m = ~h.located & (h.codec != CODEC_STATS_ONLY)
+            got = self._unplaced[rank] = (np.flatnonzero(m), h.length[m])
         return got
-
-    def _find_unplaced(self, rank: int) -> tuple[np.ndarray, np.ndarray]:
-        hs = list(self.ranks[rank].values())
-        if not hs:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
-
-        def cat(name: str) -> np.ndarray:  # every dataset's column at once: one mask for all
-            cols = [getattr(h, name) for h in hs]
-            return cols[0] if len(cols) == 1 else np.concatenate(cols)
-
-        row, length = cat("row"), cat("length")
-        m = ~cat("located") & (cat("codec") != CODEC_STATS_ONLY)
-        if not m.all():
-            row, length = row[m], length[m]
-        order = np.argsort(row, kind="stable")
-        return row[order], length[order]
 
     def unplaced_bytes(self, rank: int) -> int:
         return int(self.unplaced(rank)[1].sum())
@@ -262,25 +266,6 @@ def _attr_change(op: tuple) -> str:
     return f"sets it to {text}"
 
 
-class _Constants:
-    """Read-only columns of one value, each a slice of one array per value: a commit of many
-    small datasets would otherwise make a new array for every dataset and column."""
-
-    __slots__ = ("_u4",)
-
-    def __init__(self) -> None:
-        self._u4: dict[int, np.ndarray] = {}
-
-    def u4(self, value: int, n: int) -> np.ndarray:
-        """*n* times *value* as uint32."""
-        a = self._u4.get(value)
-        if a is None or len(a) < n:
-            a = np.full(max(n, 4096), value, dtype=np.uint32)
-            a.flags.writeable = False
-            self._u4[value] = a
-        return a[:n]
-
-
 def dataset_not_found(catalog: Catalog, name: str) -> NotFoundError:
     kind = catalog.kind_of(name)
     if kind == "group":
@@ -288,12 +273,13 @@ def dataset_not_found(catalog: Catalog, name: str) -> NotFoundError:
     return NotFoundError(f"no dataset {name!r} in this file.{suggest(name, catalog.datasets)}")
 
 
-def _hulls_apart(heads: list[DatasetHead]) -> bool:
-    """Whether the boxes around each rank's blocks are pairwise disjoint (then no block of
-    one rank overlaps a block of another: each rank's own were tested at put)."""
-    lo = np.stack([cols_min(h.start) if len(h.start) else h.start.sum(axis=0) for h in heads])
-    hi = np.stack([cols_max(h.stop) if len(h.stop) else h.stop.sum(axis=0) for h in heads])
-    if len(heads) > 8:
+def _hulls_apart(boxes: list[tuple[np.ndarray, np.ndarray]]) -> bool:
+    """Whether the boxes around each rank's blocks (*boxes*: per rank, ``(starts, stops)``)
+    are pairwise disjoint (then no block of one rank overlaps a block of another: each
+    rank's own were tested at put)."""
+    lo = np.stack([cols_min(a) if len(a) else a.sum(axis=0) for a, _ in boxes])
+    hi = np.stack([cols_max(b) if len(b) else b.sum(axis=0) for _, b in boxes])
+    if len(boxes) > 8:
         return find_overlap_arrays(lo, hi) is None
     # a few ranks: every pair, in Python (the sweep's fixed cost is tens of microseconds)
     a, b = lo.tolist(), hi.tolist()
@@ -867,7 +853,7 @@ class BlockEngine(Engine):
         self._commit(KIND_STEP)
 
     # ---------------------------------------------------------- commit
-    def _local_heads(self) -> tuple[int, bytes, dict[int, DatasetHead]]:
+    def _local_heads(self) -> tuple[int, bytes, RankHead]:
         """Phase 1 on this rank: the digest of its collective metadata changes, its attribute
         changes (encoded) and its blocks per dataset, as :meth:`_unpack_heads` gives them back."""
         self._flush_lent()
@@ -885,77 +871,76 @@ class BlockEngine(Engine):
         attrs.u32(len(final))
         for op in final:
             encode_op(attrs, op)
-        length = np.array(log.length, dtype=np.int64)
-        codec = np.array(log.codec, dtype=np.uint8)
-        located, session, agg, offset = log.locations()  # every row's, once for all datasets
-        mine: dict[int, DatasetHead] = {}
         specs = self.catalog.specs
-        boxes = log.boxes_by_dataset({did: specs[did].ndim for did in log.rows})
-        for did, rows in log.rows.items():
-            row, sel = selector_of(rows)
-            starts, stops = boxes[did]
-            mine[did] = DatasetHead(
-                starts,
-                stops,
-                length[sel],
-                row,
-                codec[sel],
-                located[sel],
-                session[sel],
-                agg[sel],
-                offset[sel],
-            )
+        ndims = {did: specs[did].ndim for did in log.rows}
+        start, stop = log.boxes_by_row(ndims, max(ndims.values(), default=0))
+        located, session, agg, offset = log.locations()  # every row's
+        mine = RankHead(
+            np.array(log.ds, dtype=np.int64),
+            start,
+            stop,
+            np.array(log.length, dtype=np.int64),
+            np.array(log.codec, dtype=np.uint8),
+            located,
+            session,
+            agg,
+            offset,
+        )
         return stats_mod.crc(ops.getvalue()), attrs.getvalue(), mine
 
     @staticmethod
-    def _pack_heads(digest: int, attrs: bytes, mine: dict[int, DatasetHead]) -> bytes:
+    def _pack_heads(digest: int, attrs: bytes, mine: RankHead) -> bytes:
         """This rank's heads as the bytes other ranks decode (:meth:`_unpack_heads`)."""
         e = Encoder()
         e.u32(digest)
         e.blob(attrs)
-        e.u32(len(mine))
-        for did, h in mine.items():
-            e.u32(did)
-            e.u64(len(h.row))
-            e.array(h.start, "<i8")
-            e.array(h.stop, "<i8")
-            e.array(h.length, "<i8")
-            e.array(h.row, "<i8")
-            e.array(h.codec, "u1")
-            e.array(h.located, "u1")
-            e.array(h.session, "<u4")
-            e.array(h.agg, "<u4")
-            e.array(h.offset, "<i8")
+        e.u32(len(mine.did))
+        e.u32(mine.start.shape[1])
+        e.array(mine.did, "<i8")
+        e.array(mine.start, "<i8")
+        e.array(mine.stop, "<i8")
+        e.array(mine.length, "<i8")
+        e.array(mine.codec, "u1")
+        e.array(mine.located, "u1")
+        e.array(mine.session, "<u4")
+        e.array(mine.agg, "<u4")
+        e.array(mine.offset, "<i8")
         return e.getvalue()
 
-    def _unpack_heads(self, r: int, raw: bytes) -> tuple[int, bytes, dict[int, DatasetHead]]:
+    def _unpack_heads(self, r: int, raw: bytes) -> tuple[int, bytes, RankHead]:
         """Rank *r*'s heads from its bytes; FormatError or CollectiveMismatchError if they
         cannot be this step's."""
         d = Decoder(raw, f"step heads from rank {r}")
         digest = d.u32()
         attrs = d.blob()
-        mine: dict[int, DatasetHead] = {}
-        for _ in range(d.count(12, name="datasets")):
-            did, n = d.u32(), d.u64()
-            if did >= len(self.catalog.specs):
-                raise CollectiveMismatchError(
-                    f"rank {r} wrote dataset id {did}, unknown on rank {self.rank}"
-                )
-            nd = self.catalog.specs[did].ndim
-            mine[did] = DatasetHead(
-                d.array("<i8", n * nd).reshape(n, nd),
-                d.array("<i8", n * nd).reshape(n, nd),
-                d.array("<i8", n),
-                d.array("<i8", n),
-                d.array("u1", n),
-                d.array("u1", n).view(np.bool_),
-                d.array("<u4", n),
-                d.array("<u4", n),
-                d.array("<i8", n),
+        n = d.count(34, name="blocks")
+        width = d.u32()
+        if width > MAX_NDIM:
+            raise FormatError(f"step heads from rank {r}: boxes of {width} dimensions")
+        did = d.array("<i8", n)
+        specs = self.catalog.specs
+        if n and (int(did.min()) < 0 or int(did.max()) >= len(specs)):
+            bad = int(did.max()) if int(did.min()) >= 0 else int(did.min())
+            raise CollectiveMismatchError(
+                f"rank {r} wrote dataset id {bad}, unknown on rank {self.rank}"
             )
+        if n and max(specs[x].ndim for x in np.unique(did).tolist()) > width:
+            raise FormatError(f"step heads from rank {r}: boxes narrower than their datasets")
+        mine = RankHead(
+            did,
+            d.array("<i8", n * width).reshape(n, width),
+            d.array("<i8", n * width).reshape(n, width),
+            d.array("<i8", n),
+            d.array("u1", n),
+            d.array("u1", n).view(np.bool_),
+            d.array("<u4", n),
+            d.array("<u4", n),
+            d.array("<i8", n),
+        )
+        d.expect_end()
         return digest, attrs, mine
 
-    def _heads_of(self, parts: list[tuple[int, bytes, dict[int, DatasetHead]]]) -> StepHeads:
+    def _heads_of(self, parts: list[tuple[int, bytes, RankHead]]) -> StepHeads:
         """Every rank's heads (rank order) as one :class:`StepHeads`; the record's metadata."""
         heads = StepHeads()
         changes: list[list[tuple]] = []
@@ -980,43 +965,50 @@ class BlockEngine(Engine):
             )
         if self.size == 1:
             return  # one rank's boxes were tested against each other at put
-        dids = sorted({did for mine in heads.ranks for did in mine})
-        for did in dids:
-            parts = [(r, mine[did]) for r, mine in enumerate(heads.ranks) if did in mine]
+        rows = [h.by_dataset() for h in heads.ranks]
+        for did in sorted(set().union(*rows)):
+            parts = [(r, sel[did]) for r, sel in enumerate(rows) if did in sel]
             if len(parts) < 2:
                 continue  # one rank's boxes were tested at put
-            if _hulls_apart([h for _, h in parts]):
+            nd = self.catalog.specs[did].ndim
+            boxes = [
+                (heads.ranks[r].start[at, :nd], heads.ranks[r].stop[at, :nd]) for r, at in parts
+            ]
+            if _hulls_apart(boxes):
                 continue  # no box of one rank can meet a box of another
             check_ranks_disjoint(
-                np.concatenate([h.start for _, h in parts]),
-                np.concatenate([h.stop for _, h in parts]),
-                np.concatenate([np.full(len(h.start), r) for r, h in parts]),
+                np.concatenate([a for a, _ in boxes]),
+                np.concatenate([b for _, b in boxes]),
+                np.concatenate(
+                    [np.full(len(a), r) for (r, _), (a, _) in zip(parts, boxes, strict=True)]
+                ),
                 f"dataset {self.catalog.specs[did].path!r}, step {step}",
             )
 
-    def _local_trailer(self, bases: list[tuple[int, int, int, int]]) -> tuple[list, dict]:
+    def _local_trailer(self, bases: list[tuple[int, int, int, int]]) -> tuple[list, tuple]:
         """Phase 3 on this rank: where it placed other ranks' blocks (*bases*), and the
-        statistics and checksums of its own blocks per dataset (the columns of
-        :meth:`_unpack_trailer`)."""
+        statistics and checksums of every block it put, in put order (the columns of
+        :meth:`_unpack_trailer`): seg, ncrc, crcs, has_stats, min, max (their 8 bytes),
+        sum, count, and the coefficient magnitudes of bands (None if it put none)."""
         log = self._log
         specs = self.catalog.specs
-        by = log.stats_by_dataset(
+        cols = log.step_stats(
             {did: specs[did].dtype for did in log.rows},
             self.segment,
             self.CHECKSUMS,
             self._with_stats and self._stats_in_record,
         )
-        cols: dict[int, tuple] = {}
-        for did, c in by.items():
-            amax = None
+        amax = None
+        for did, rows in log.rows.items():
             if specs[did].layout is not None:  # bands: their coefficient magnitudes
+                if amax is None:
+                    amax = np.full(len(log), np.inf)
                 mags = log.amax.get(did, [])
-                n = len(c[0])
-                amax = np.asarray(mags if len(mags) == n else np.full(n, np.inf))
-            cols[did] = (*c, amax)
-        return bases, cols
+                if len(mags) == len(rows):
+                    amax[index_of(rows)] = mags
+        return bases, (*cols, amax)
 
-    def _pack_trailer(self, bases: list[tuple[int, int, int, int]], cols: dict) -> bytes:
+    def _pack_trailer(self, bases: list[tuple[int, int, int, int]], cols: tuple) -> bytes:
         """This rank's trailer as the bytes rank 0 decodes (:meth:`_unpack_trailer`)."""
         e = Encoder()
         e.u32(len(bases))
@@ -1025,122 +1017,127 @@ class BlockEngine(Engine):
             e.u32(session)
             e.u32(agg)
             e.u64(base)
-        e.u32(len(cols))
-        for did, (segs, ncrc, flat, has, smin, smax, ssum, count, amax) in cols.items():
-            dt = self.catalog.specs[did].dtype
-            e.u32(did)
-            e.u64(len(segs))
-            e.u64(len(flat))
-            e.array(segs, "<i8")
-            e.array(ncrc, "<u4")
-            e.array(flat, "<u4")
-            e.array(has, "u1")
-            e.array(smin, stat_dtype(dt))
-            e.array(smax, stat_dtype(dt))
-            e.array(ssum, sum_dtype(dt))
-            e.array(count, "<i8")
-            if amax is not None:
-                e.array(amax, "<f8")
+        segs, ncrc, flat, has, smin, smax, ssum, count, amax = cols
+        e.u32(len(segs))
+        e.u64(len(flat))
+        e.u8((ssum.dtype.kind == "c") | (amax is not None) << 1)
+        e.array(segs, "<i8")
+        e.array(ncrc, "<u4")
+        e.array(flat, "<u4")
+        e.array(has, "u1")
+        e.array(smin, "<u8")
+        e.array(smax, "<u8")
+        e.array(ssum, ssum.dtype.newbyteorder("<"))
+        e.array(count, "<i8")
+        if amax is not None:
+            e.array(amax, "<f8")
         return e.getvalue()
 
-    def _unpack_trailer(self, r: int, raw: bytes) -> tuple[list, dict]:
+    def _unpack_trailer(self, r: int, raw: bytes) -> tuple[list, tuple]:
         """Rank *r*'s trailer from its bytes (FormatError if they cannot be one)."""
         d = Decoder(raw, f"step trailer from rank {r}")
         bases = [(d.u32(), d.u32(), d.u32(), d.u64()) for _ in range(d.count(20, name="bases"))]
-        cols: dict[int, tuple] = {}
-        for _ in range(d.count(20, name="datasets")):
-            did, n, ncrcs = d.u32(), d.u64(), d.u64()
-            spec = self.catalog.specs[did]
-            dt = spec.dtype
-            cols[did] = (
-                d.array("<i8", n),
-                d.array("<u4", n),
-                d.array("<u4", ncrcs),
-                d.array("u1", n).view(np.bool_),
-                d.array(stat_dtype(dt), n),
-                d.array(stat_dtype(dt), n),
-                d.array(sum_dtype(dt), n),
-                d.array("<i8", n),
-                d.array("<f8", n) if spec.layout is not None else None,
-            )
+        n = d.count(45, name="blocks")
+        ncrcs, flags = d.u64(), d.u8()
+        cols = (
+            d.array("<i8", n),
+            d.array("<u4", n),
+            d.array("<u4", ncrcs),
+            d.array("u1", n).view(np.bool_),
+            d.array("<u8", n),
+            d.array("<u8", n),
+            d.array("<c16" if flags & 1 else "<f8", n),
+            d.array("<i8", n),
+            d.array("<f8", n) if flags & 2 else None,
+        )
+        d.expect_end()
+        if int(cols[1].sum(dtype=np.int64)) != ncrcs:
+            raise FormatError(f"step trailer from rank {r}: checksum counts do not add up")
         return bases, cols
 
     def _build_record(
-        self, kind: int, step: int, heads: StepHeads, trailers: list[tuple[list, dict]]
+        self, kind: int, step: int, heads: StepHeads, trailers: list[tuple[list, tuple]]
     ) -> Record:
-        """Rank 0: the step's record, one table per dataset (rank by rank, each in put order)."""
+        """Rank 0: the step's record, one :class:`StepTable` of every dataset's blocks (by
+        dataset, then rank, then put order)."""
         # where each rank's unplaced blocks went: base offsets from the ranks that placed them
         bases: dict[int, tuple[int, int, int]] = {}
-        stats: list[dict[int, tuple]] = []
-        for placed, cols in trailers:
+        for placed, _ in trailers:
             for member, sess, ag, base in placed:
                 bases[member] = (sess, ag, base)
-            stats.append(cols)
-        # offsets of moved blocks: the rank's stream of unplaced blocks (put order) from its base
-        moved: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        for r in range(len(heads.ranks)):
+        parts = []
+        for r, h in enumerate(heads.ranks):
+            n = len(h.did)
+            if not n:
+                continue
+            if len(trailers[r][1][0]) != n:
+                raise FormatError(f"step trailer from rank {r}: not one row per block of its head")
+            session, agg, offset = h.session, h.agg, h.offset
             rows, lengths = heads.unplaced(r)
-            if rows.size and r in bases:
-                offs = bases[r][2] + np.concatenate(([0], np.cumsum(lengths)[:-1]))
-                where = np.full(int(rows.max()) + 1, -1, dtype=np.int64)
-                where[rows] = offs
-                moved[r] = (where, np.array(bases[r][:2], dtype=np.int64))
-        # a rank whose every block moved (staged small blocks, the common case) takes its
-        # location columns as they are for all its datasets: no mask per dataset
-        every = {
-            r: len(heads.unplaced(r)[0]) == sum(len(h.length) for h in heads.ranks[r].values())
-            for r in moved
-        }
-        const = _Constants()  # columns of one value: slices of one array per value
-        tables: dict[int, BlockTable] = {}
-        dids = sorted({did for mine in heads.ranks for did in mine})
-        stats_only = int(BlockCodec.STATS_ONLY)
-        for did in dids:
-            spec = self.catalog.specs[did]
-            parts = []
-            for r, mine in enumerate(heads.ranks):
-                h = mine.get(did)
-                if h is None:
-                    continue
-                segs, ncrc, crcs, has, smin, smax, ssum, count, amax = stats[r][did]
-                session, agg, offset = h.session, h.agg, h.offset
-                n = len(h.length)
-                if r in moved:
-                    where, (s, a) = moved[r]
-                    if every[r]:
-                        offset = where[h.row]
-                        session, agg = const.u4(s, n), const.u4(a, n)
-                    else:
-                        m = ~h.located & (h.codec != stats_only)
-                        if m.any():
-                            session, agg, offset = session.copy(), agg.copy(), offset.copy()
-                            offset[m] = where[h.row[m]]
-                            session[m], agg[m] = s, a
-                parts.append(
-                    BlockTable(
-                        spec.dtype,
-                        h.start,
-                        h.stop,
-                        rank=const.u4(r, n),
-                        session=session,
-                        agg=agg,
-                        offset=offset,
-                        length=h.length,
-                        codec=h.codec,
-                        seg=segs,
-                        ncrc=ncrc,
-                        crcs=crcs,
-                        has_stats=has,
-                        smin=smin,
-                        smax=smax,
-                        ssum=ssum,
-                        count=count,
-                        amax=amax,
-                    )
-                )
-            tables[did] = BlockTable.concat(parts, spec.ndim, spec.dtype)
+            if rows.size and r in bases:  # the rank's stream of unplaced blocks, from its base
+                s, a, base = bases[r]
+                offs = base + np.concatenate(([0], np.cumsum(lengths)[:-1]))
+                if len(rows) == n:  # every block moved (staged small blocks, the common case)
+                    offset = offs
+                    session, agg = np.full(n, s, np.uint32), np.full(n, a, np.uint32)
+                else:
+                    session, agg, offset = session.copy(), agg.copy(), offset.copy()
+                    offset[rows] = offs
+                    session[rows], agg[rows] = s, a
+            parts.append((r, h, session, agg, offset, trailers[r][1]))
+        width = max((h.start.shape[1] for _, h, *_ in parts), default=0)
+
+        def cat(cols: list[np.ndarray]) -> np.ndarray:
+            return cols[0] if len(cols) == 1 else np.concatenate(cols)
+
+        def corner(c: np.ndarray) -> np.ndarray:  # padded to the widest rank's boxes
+            if c.shape[1] == width:
+                return c
+            out = np.zeros((len(c), width), dtype=np.int64)
+            out[:, : c.shape[1]] = c
+            return out
+
+        stats = [t for *_, t in parts]
+        sums = [t[6] for t in stats]
+        if len({x.dtype for x in sums}) > 1:  # float and complex datasets on different ranks
+            sums = [x.astype("<c16") for x in sums]
+        amax = None
+        if any(t[8] is not None for t in stats):
+            amax = cat([t[8] if t[8] is not None else np.full(len(t[0]), np.inf) for t in stats])
+        if not parts:
+            columns = StepTable.empty()
+        else:
+            heads_ = [h for _, h, *_ in parts]
+            columns = StepTable(
+                cat([h.did for h in heads_]),
+                start=cat([corner(h.start) for h in heads_]),
+                stop=cat([corner(h.stop) for h in heads_]),
+                rank=np.repeat(
+                    np.array([r for r, *_ in parts], dtype=np.uint32), [len(h.did) for h in heads_]
+                ),
+                session=cat([p[2] for p in parts]),
+                agg=cat([p[3] for p in parts]),
+                offset=cat([p[4] for p in parts]),
+                length=cat([h.length for h in heads_]),
+                codec=cat([h.codec for h in heads_]),
+                seg=cat([t[0] for t in stats]),
+                ncrc=cat([t[1] for t in stats]),
+                crcs=cat([t[2] for t in stats]),
+                has_stats=cat([t[3] for t in stats]),
+                smin=cat([t[4] for t in stats]),
+                smax=cat([t[5] for t in stats]),
+                ssum=cat(sums),
+                count=cat([t[7] for t in stats]),
+                amax=amax,
+            )
         return Record(
-            kind, step, self.session, self.size, time.time(), list(self._commit_ops), tables=tables
+            kind,
+            step,
+            self.session,
+            self.size,
+            time.time(),
+            list(self._commit_ops),
+            columns=columns,
         )
 
     def _waits_after_move(self, heads) -> bool:
@@ -1176,7 +1173,7 @@ class BlockEngine(Engine):
             comm_mod.agree(self.comm, g.error, quiet=self._waits_after_move(heads))
 
             g = comm_mod.Guard()
-            mine: tuple[list, dict] = ([], {})
+            mine: tuple[list, tuple] = ([], ())
             packed = b""
             with g:
                 mine = self._local_trailer(bases)
@@ -1532,4 +1529,4 @@ class BlockEngine(Engine):
         pass
 
 
-__all__ = ["BlockEngine", "DatasetHead", "StepHeads", "FormatError"]
+__all__ = ["BlockEngine", "RankHead", "StepHeads", "FormatError"]

@@ -300,6 +300,38 @@ class PutLog:
                 at += k
         return out
 
+    def boxes_by_row(self, ndims: dict[int, int], width: int) -> tuple[np.ndarray, np.ndarray]:
+        """Every row's corners in row order, as ``(n, width)`` int64 arrays: a dataset's own
+        dimensions first (*ndims*: dataset id -> its ndim, for every dataset of the step),
+        zeros after.  Datasets written by single puts are joined by ndim and placed with
+        one scatter each: a step of many datasets pays a few numpy calls, not a few each."""
+        n = len(self.ds)
+        start = np.zeros((n, width), dtype=np.int64)
+        stop = np.zeros((n, width), dtype=np.int64)
+        by_ndim: dict[int, list[int]] = {}
+        for did, nd in ndims.items():
+            if self.pieces.get(did) or not self.starts.get(did):
+                s, e = self.boxes(did, nd)
+                rows = index_of(self.rows[did])
+                start[rows, :nd], stop[rows, :nd] = s, e
+            else:
+                by_ndim.setdefault(nd, []).append(did)
+        for nd, dids in by_ndim.items():
+            if not nd:
+                continue
+            tails = [self.starts[d] for d in dids]
+            k = sum(map(len, tails))
+            s = np.array(list(_chain(tails)), dtype=np.int64).reshape(k, nd)
+            e = np.array(list(_chain(self.stops[d] for d in dids)), dtype=np.int64).reshape(k, nd)
+            if k == n and nd == width:  # every row, of one ndim (many datasets of one shape)
+                rows = np.fromiter(_chain(self.rows[d] for d in dids), np.int64, k)
+                if bool((rows[1:] > rows[:-1]).all()):  # in row order already
+                    return s, e
+            else:
+                rows = np.fromiter(_chain(self.rows[d] for d in dids), np.int64, k)
+            start[rows, :nd], stop[rows, :nd] = s, e
+        return start, stop
+
     def locations(self):
         """Where every row is stored: ``(located, session, aggregator, offset)`` arrays, one
         entry per row (unplaced: 0)."""
@@ -449,13 +481,12 @@ class PutLog:
         """
         return self.stats_by_dataset({did: dtype}, seg, checksum, stats)[did]
 
-    def stats_by_dataset(
-        self, dtypes: dict[int, np.dtype], seg: int, checksum: bool, stats: bool
-    ) -> dict[int, tuple]:
-        """:meth:`stats_columns` of the datasets in *dtypes* (their ids and dtypes; the commit
-        asks for every dataset of the step at once), from one pass over their chunks and
-        jobs: the columns of the rows are filled once, then cut per dataset, so a step of many
-        datasets pays a few numpy calls per dataset, not a pass over the step each."""
+    def _stat_rows(self, dtypes: dict[int, np.dtype], seg: int, checksum: bool, stats: bool):
+        """Statistics and checksums of every row, from one pass over the chunks and jobs of
+        the datasets in *dtypes*: ``(segs, one, many, has, mins, maxs, sums, count)``, with
+        *one* the checksum of each block of one segment, *many* the checksums of the others
+        (by row), and min, max and sum by their stored dtype's ``str`` (a column each, zero
+        in the rows of other dtypes)."""
         n = len(self.ds)
         has = np.zeros(n, dtype=bool)
         count = np.zeros(n, dtype=np.int64)
@@ -511,6 +542,55 @@ class PutLog:
         segs = np.zeros(n, dtype=np.int64)
         if checksum:
             segs[np.frombuffer(self.codec, dtype=np.uint8) != CODEC_STATS_ONLY] = seg
+        return segs, one, many, has, mins, maxs, sums, count
+
+    def step_stats(self, dtypes: dict[int, np.dtype], seg: int, checksum: bool, stats: bool):
+        """The columns of :meth:`stats_by_dataset` for every row of the step at once, in row
+        order (*dtypes*: every dataset of the step): seg, ncrc, crcs (flat), has_stats, min
+        and max as their 8 stored bytes (``<u8``), sum (float64, or complex128 where any
+        dataset is complex), count."""
+        segs, one, many, has, mins, maxs, sums, count = self._stat_rows(
+            dtypes, seg, checksum, stats
+        )
+        n = len(segs)
+        ncrc = np.ones(n, dtype=np.uint32)
+        crcs = one
+        if many:
+            rows = list(many)
+            ncrc[rows] = [len(many[r]) for r in rows]
+            crcs = np.repeat(one, ncrc)
+            at = np.cumsum(ncrc) - ncrc  # where each row's checksums start
+            for r in rows:
+                a = int(at[r])
+                crcs[a : a + len(many[r])] = many[r]
+
+        def bits(cols: dict[str, np.ndarray]) -> np.ndarray:  # one column of 8-byte patterns
+            got = [c.view("<u8") for c in cols.values()]
+            if not got:
+                return np.zeros(n, dtype="<u8")
+            out = got[0]
+            for c in got[1:]:  # each is zero in the others' rows
+                out = out | c
+            return out
+
+        if not sums:
+            ssum = np.zeros(n, dtype="<f8")
+        elif len(sums) == 1:
+            ssum = next(iter(sums.values()))
+        else:  # float and complex datasets in one step
+            ssum = sum(c.astype("<c16") for c in sums.values())
+        return segs, ncrc, crcs, has, bits(mins), bits(maxs), ssum, count
+
+    def stats_by_dataset(
+        self, dtypes: dict[int, np.dtype], seg: int, checksum: bool, stats: bool
+    ) -> dict[int, tuple]:
+        """:meth:`stats_columns` of the datasets in *dtypes* (their ids and dtypes), from one
+        pass over their chunks and jobs: the columns of the rows are filled once, then cut
+        per dataset."""
+        segs, one, many, has, mins, maxs, sums, count = self._stat_rows(
+            dtypes, seg, checksum, stats
+        )
+        n = len(segs)
         out: dict[int, tuple] = {}
         ones = np.ones(n, dtype=np.uint32)  # one checksum per block, the common case: cut from
         ones.flags.writeable = False  # this, read-only (the tables take the slices as they are)
