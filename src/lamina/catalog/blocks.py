@@ -930,6 +930,13 @@ def _extents(
     length: np.ndarray, session: np.ndarray, agg: np.ndarray, offset: np.ndarray
 ) -> list[tuple[int, int, int]]:
     """``(session, aggregator, end)`` of every subfile the blocks of these columns lie in."""
+    if len(length) <= 8:  # a few blocks: a loop costs less than numpy's calls
+        ends: dict[tuple[int, int], int] = {}
+        cols = (session.tolist(), agg.tolist(), offset.tolist(), length.tolist())
+        for s, a, o, n in zip(*cols, strict=True):
+            if n > 0 and o + n > ends.get((s, a), -1):
+                ends[(s, a)] = o + n
+        return [(s, a, e) for (s, a), e in sorted(ends.items())]
     stored = np.flatnonzero(length > 0)
     if not stored.size:
         return []
@@ -983,6 +990,8 @@ class StepTable:
     codec: np.ndarray
     has_stats: np.ndarray
     amax: np.ndarray | None
+    bounds: list[int]  # section k: rows bounds[k]:bounds[k + 1]
+    dids: list[int]  # section k: dataset dids[k]
 
     def __init__(self, did: np.ndarray, **cols: np.ndarray | None) -> None:
         """A table of the rows given as *cols* (every name of :data:`_ATTRS`, ``amax``
@@ -992,7 +1001,10 @@ class StepTable:
             setattr(self, name, cols[name])
         self._ptr: np.ndarray | None = None
         n = len(did)
-        if n and bool((did[1:] < did[:-1]).any()):  # ranks' rows interleave: by dataset
+        if n < 2:  # no block or one: one section at most
+            self.bounds, self.dids = [0, *([n] if n else [])], did.tolist()
+            return
+        if bool((did[1:] < did[:-1]).any()):  # ranks' rows interleave: by dataset
             order = np.argsort(did, kind="stable")
             did = did[order]
             lo, counts = self.crc_ptr[order], self.ncrc[order].astype(np.int64)
@@ -1004,8 +1016,8 @@ class StepTable:
                     setattr(self, name, col[order])
             self._ptr = None
         cuts = np.flatnonzero(did[1:] != did[:-1]) + 1
-        self.bounds: list[int] = [0, *cuts.tolist(), n] if n else [0]
-        self.dids: list[int] = did[self.bounds[:-1]].tolist() if n else []
+        self.bounds = [0, *cuts.tolist(), n]
+        self.dids = did[self.bounds[:-1]].tolist()
 
     @classmethod
     def empty(cls) -> StepTable:
@@ -1098,10 +1110,11 @@ def encode_step(
     those of one layout are packed from the step's columns at once."""
     v4 = version >= 4
     bounds = st.bounds
-    first_ncrc = st.ncrc[bounds[:-1]].tolist() if st.dids else []
+    grouped = len(st.dids) >= ONES_MIN  # else no layout can have enough sections
+    first_ncrc = st.ncrc[bounds[:-1]].tolist() if grouped else []
     kinds: dict[np.dtype, tuple] = {}
     ones: dict[tuple, list[int]] = {}  # layout -> sections of one block of that layout
-    for k, did in enumerate(st.dids):
+    for k, did in enumerate(st.dids if grouped else ()):
         spec = specs[did]
         if bounds[k + 1] - bounds[k] != 1 or (v4 and spec.layout is not None):
             continue

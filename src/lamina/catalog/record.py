@@ -207,7 +207,7 @@ class Record:
         entry = _ENTRY[min(version, 4)]
         nsec = d.count(entry.size, name="block sections")
         directory = d.raw(entry.size * nsec)
-        got = _sections_at_once(directory, nsec, specs, version)
+        got = _sections_at_once(directory, nsec, specs, version) if nsec > _FEW else None
         if got is None:  # a bad entry, or one the quick checks cannot judge: one at a time
             got = _sections_one_by_one(directory, nsec, specs, version, what)
         rec.sections, end = got
@@ -237,6 +237,10 @@ class Record:
             return StepBlocks.of_tables(self.tables, what)
         return StepBlocks(dict(self.sections), list(self.extents), load, what, version=self.version)
 
+
+#: directories of at most this many sections are checked entry by entry (numpy's calls cost
+#: more than a loop over a few)
+_FEW = 8
 
 #: a directory entry as numpy reads it, by format version (:data:`_ENTRY`)
 _ENTRY_DTYPE = {
