@@ -386,11 +386,7 @@ class BlockTable:
     def take(self, idx: np.ndarray) -> BlockTable:
         """The rows *idx* (in that order) as a new table."""
         idx = np.asarray(idx, dtype=np.int64)
-        lo, hi = self.crc_ptr[idx], self.crc_ptr[idx + 1]
-        counts = hi - lo
-        # the checksums of the rows taken, in order: one arange per row, flattened
-        pos = np.repeat(lo - np.concatenate(([0], np.cumsum(counts)[:-1])), counts)
-        flat = self.crcs[pos + np.arange(int(counts.sum()))] if counts.size else self.crcs[:0]
+        flat = _take_crcs(self.crcs, self.crc_ptr, idx)
         return BlockTable(
             self.dtype,
             self.start[idx],
@@ -951,6 +947,17 @@ def _extents(
     return [(k >> 32, k & 0xFFFFFFFF, e) for k, e in zip(uniq.tolist(), top.tolist(), strict=True)]
 
 
+def _take_crcs(crcs: np.ndarray, ptr: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """The checksums of rows *idx* (in that order) of flat checksums *crcs* whose rows start
+    at *ptr* (``n + 1`` entries): one arange per row, flattened."""
+    lo, hi = ptr[idx], ptr[idx + 1]
+    counts = hi - lo
+    if not counts.size:
+        return crcs[:0]
+    pos = np.repeat(lo - np.concatenate(([0], np.cumsum(counts)[:-1])), counts)
+    return crcs[pos + np.arange(int(counts.sum()))]
+
+
 def _sum_as(col: np.ndarray, md: np.dtype) -> np.ndarray:
     """A sums column (float64 or complex128) as *md*, the sum dtype of one dataset."""
     if col.dtype == md:
@@ -1007,9 +1014,7 @@ class StepTable:
         if bool((did[1:] < did[:-1]).any()):  # ranks' rows interleave: by dataset
             order = np.argsort(did, kind="stable")
             did = did[order]
-            lo, counts = self.crc_ptr[order], self.ncrc[order].astype(np.int64)
-            pos = np.repeat(lo - np.concatenate(([0], np.cumsum(counts)[:-1])), counts)
-            self.crcs = self.crcs[pos + np.arange(len(pos))]
+            self.crcs = _take_crcs(self.crcs, self.crc_ptr, order)
             for name in _ATTRS:
                 col = getattr(self, name)
                 if name != "crcs" and col is not None:
