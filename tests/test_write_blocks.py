@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import lamina
 from lamina.catalog import DatasetSpec
+from lamina.catalog.blocks import stat_dtype, sum_dtype
 from lamina.engines import staging
 from lamina.engines.staging import BoxIndex, enter_box, enter_boxes
 from lamina.errors import OverlapError
@@ -580,10 +581,11 @@ def test_heads_and_trailers_that_cannot_be_this_steps_are_errors(tmp_path):
 
 
 def test_statistics_of_a_step_by_dataset_match_those_of_each_dataset(tmp_path):
-    """The commit takes every dataset's statistics and checksums from one pass over the step
-    (``stats_by_dataset``): the same columns as ``stats_columns`` gives one dataset at a
-    time, for staged, lent, batched, encoded, 0-D and large blocks of several checksum
-    segments, of float, integer, bool and complex dtypes."""
+    """The commit takes the statistics and checksums of every block of the step from one
+    pass (``step_stats``: min and max as their 8 bytes, sums complex where any dataset is):
+    each dataset's rows hold the columns ``stats_columns`` gives it alone, for staged,
+    lent, batched, encoded, 0-D and large blocks of several checksum segments, of float,
+    integer, bool and complex dtypes."""
     rng = np.random.default_rng(11)
     f = lamina.open(tmp_path / "s.lam", "w", durable=False, checksum_segment=1 << 20)
     u = f.create_dataset("u", (64, 8), np.float32)
@@ -611,15 +613,29 @@ def test_statistics_of_a_step_by_dataset_match_those_of_each_dataset(tmp_path):
     log = eng._log
     specs = eng.catalog.specs
     for checksum, stats in ((True, True), (True, False), (False, True)):
-        by = log.stats_by_dataset(
+        step = log.step_stats(
             {did: specs[did].dtype for did in log.rows}, eng.segment, checksum, stats
         )
-        assert sorted(by) == sorted(log.rows) and len(by) == 7
-        for did, got in by.items():
-            want = log.stats_columns(did, specs[did].dtype, eng.segment, checksum, stats)
-            _same_columns(got, want, f"dataset {specs[did].path} ({checksum=}, {stats=})")
-        ncrc = by[eng.catalog.datasets["big"].id][1]
-        assert ncrc.tolist() == ([4, 4] if checksum else [1, 1])  # 3.2 MB in 1 MiB segments
+        segs, ncrc, crcs, has, smin, smax, ssum, count = step
+        assert len(log.rows) == 7 and all(len(c) == len(log) for c in step if c is not crcs)
+        ptr = np.concatenate(([0], np.cumsum(ncrc)))
+        for did, rows in log.rows.items():
+            dt = specs[did].dtype
+            sd, md = stat_dtype(dt), sum_dtype(dt)
+            mine = (
+                segs[rows],
+                ncrc[rows],
+                np.concatenate([crcs[int(ptr[r]) : int(ptr[r + 1])] for r in rows]),
+                has[rows],
+                smin[rows].view(sd),
+                smax[rows].view(sd),
+                ssum[rows].astype(md) if md.kind == "c" else ssum[rows].real.astype(md),
+                count[rows],
+            )
+            want = log.stats_columns(did, dt, eng.segment, checksum, stats)
+            _same_columns(mine, want, f"dataset {specs[did].path} ({checksum=}, {stats=})")
+        big = log.rows[eng.catalog.datasets["big"].id]
+        assert ncrc[big].tolist() == ([4, 4] if checksum else [1, 1])  # 3.2 MB in 1 MiB segments
     f.end_step()
     f.close()
     with lamina.open(tmp_path / "s.lam") as r:
@@ -715,10 +731,11 @@ def test_lent_arrays_are_read_only_until_the_step_is_committed(tmp_path):
         st.tuples(st.integers(0, 4), st.booleans(), st.integers(1, 3)), min_size=1, max_size=30
     )
 )
-def test_log_boxes_of_every_dataset_are_each_datasets_boxes(puts):
-    """The commit takes every dataset's boxes at once (datasets of single puts joined by
-    ndim, then cut); each dataset gets what ``boxes`` alone gives: its rows' corners in put
-    order, whatever mix of single puts and batches, of datasets of 1-3 dimensions, came."""
+def test_log_boxes_of_every_row_are_each_datasets_boxes(puts):
+    """The commit takes every row's box at once (datasets of single puts joined by ndim,
+    then placed), padded to the widest dataset; each dataset's rows hold what ``boxes``
+    alone gives, in put order, and zeros past its own dimensions, whatever mix of single
+    puts and batches, of datasets of 1-3 dimensions, came."""
     ndim = {did: 1 + did % 3 for did in range(5)}
     logs = (staging.PutLog(), staging.PutLog())
     for k, (did, batched, n) in enumerate(puts):
@@ -731,12 +748,17 @@ def test_log_boxes_of_every_dataset_are_each_datasets_boxes(puts):
                 for s in starts:
                     log.add(did, tuple(s.tolist()), tuple((s + 1).tolist()), 8, 0)
     asked = {did: ndim[did] for did in logs[0].rows}
-    got = logs[0].boxes_by_dataset(asked)
-    assert set(got) == set(asked)
+    width = max(asked.values())
+    start, stop = logs[0].boxes_by_row(asked, width)
+    assert start.dtype == stop.dtype == np.int64
+    assert start.shape == stop.shape == (len(logs[0]), width)
     for did, nd in asked.items():
+        rows = logs[1].rows[did]
         want = logs[1].boxes(did, nd)
-        for a, b in zip(got[did], want, strict=True):
-            assert a.dtype == np.int64 and a.shape == (len(logs[1].rows[did]), nd)
-            np.testing.assert_array_equal(a, b)
-        # and asked again (a commit that is retried): the same, from the joined piece
-        np.testing.assert_array_equal(logs[0].boxes(did, nd)[0], want[0])
+        np.testing.assert_array_equal(start[rows, :nd], want[0])
+        np.testing.assert_array_equal(stop[rows, :nd], want[1])
+        assert not start[rows, nd:].any() and not stop[rows, nd:].any()
+    # and asked again (a commit that is retried): the same
+    again = logs[0].boxes_by_row(asked, width)
+    np.testing.assert_array_equal(again[0], start)
+    np.testing.assert_array_equal(again[1], stop)

@@ -855,7 +855,8 @@ class BlockEngine(Engine):
     # ---------------------------------------------------------- commit
     def _local_heads(self) -> tuple[int, bytes, RankHead]:
         """Phase 1 on this rank: the digest of its collective metadata changes, its attribute
-        changes (encoded) and its blocks per dataset, as :meth:`_unpack_heads` gives them back."""
+        changes (encoded) and its blocks (one :class:`RankHead` for every dataset), as
+        :meth:`_unpack_heads` gives them back."""
         self._flush_lent()
         if self._put_error is not None:  # put could not store a block: the step cannot commit
             raise self._put_error

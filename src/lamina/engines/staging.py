@@ -269,37 +269,6 @@ class PutLog:
             ]
         return pieces[0]
 
-    def boxes_by_dataset(self, ndims: dict[int, int]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-        """:meth:`boxes` of every dataset in *ndims* (dataset id -> its ndim; the commit asks for
-        every dataset of the step).  The datasets whose blocks all came by single puts (a tail
-        of tuples, no batch) are joined by ndim into one array per corner, then cut: a step
-        of many datasets of a block or a few each pays two array conversions for all of
-        them, not two each."""
-        out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        by_ndim: dict[int, list[int]] = {}
-        for did, nd in ndims.items():
-            if self.pieces.get(did) or not self.starts.get(did):
-                starts, stops = self.boxes(did, nd)
-                out[did] = (starts.astype(np.int64, copy=False), stops.astype(np.int64, copy=False))
-            else:
-                by_ndim.setdefault(nd, []).append(did)
-        for nd, dids in by_ndim.items():
-            tails = [self.starts[d] for d in dids]
-            n = sum(map(len, tails))
-            starts = np.array(list(_chain(tails)), dtype=np.int64).reshape(n, nd)
-            stops = np.array(list(_chain(self.stops[d] for d in dids)), dtype=np.int64).reshape(
-                n, nd
-            )
-            at = 0
-            for d, tail in zip(dids, tails, strict=True):
-                k = len(tail)
-                box = (starts[at : at + k], stops[at : at + k])
-                self.pieces[d] = [box]  # as boxes() leaves them: one piece, no tail
-                self.starts[d], self.stops[d] = [], []
-                out[d] = box
-                at += k
-        return out
-
     def boxes_by_row(self, ndims: dict[int, int], width: int) -> tuple[np.ndarray, np.ndarray]:
         """Every row's corners in row order, as ``(n, width)`` int64 arrays: a dataset's own
         dimensions first (*ndims*: dataset id -> its ndim, for every dataset of the step),
