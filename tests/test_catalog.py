@@ -1333,9 +1333,16 @@ def test_step_table_encodes_as_its_tables_do(datasets, common, nranks, seed, ver
     datasets of 0-3 dimensions, of float, integer, bool and complex dtypes, bands of
     multiresolution datasets (magnitudes and compression in format 4), blocks of several
     checksums, and enough one-block sections of one layout to be encoded together."""
+    import zlib
+
+    from crc32c import crc32c
+
     from lamina.catalog.blocks import (
         ONES_MIN,
+        SQUEEZE_LEVEL,
+        SQUEEZE_MIN,
         BlockTable,
+        Section,
         StepTable,
         encode_area,
         encode_step,
@@ -1469,7 +1476,24 @@ def test_step_table_encodes_as_its_tables_do(datasets, common, nranks, seed, ver
         )
         tables[did] = _with_amax(t, version >= 4 and spec.layout is not None)
     squeeze = [d for d in tables if specs[d].layout is not None] if version >= 4 else []
-    assert encode_step(columns, specs, version) == encode_area(tables, squeeze)
+
+    def alone(squeeze):  # the reference: each table encoded alone
+        sections, parts, pos = [], [], 0
+        for did in sorted(tables):
+            raw, size = tables[did].encode(), 0
+            if did in squeeze and len(raw) >= SQUEEZE_MIN:
+                packed = zlib.compress(raw, SQUEEZE_LEVEL)
+                if len(packed) < len(raw):
+                    raw, size = packed, len(raw)
+            sections.append(Section(did, len(tables[did]), pos, len(raw), crc32c(raw), size))
+            parts.append(raw)
+            pos += len(raw)
+        return sections, b"".join(parts)
+
+    assert encode_step(columns, specs, version) == alone(squeeze)
+    assert encode_area(tables, squeeze) == alone(squeeze)
+    # tables with magnitudes, none compressed: one-block ones of one layout still together
+    assert encode_area(tables) == alone(())
     assert columns.extents() == extents_of(tables)
     assert columns.dids == sorted(tables)
 

@@ -29,8 +29,8 @@ import functools
 import math
 import struct
 import zlib
-from collections.abc import Callable, Collection, Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 from crc32c import crc32c
@@ -842,7 +842,7 @@ ONES_MIN = 4
 @functools.lru_cache(maxsize=64)
 def _ones_dtype(nd: int, dt: np.dtype, ncrcs: int, amax: bool) -> np.dtype:
     """The whole section of a table of one block (its 16-byte head, then its columns) as one
-    packed record: many such sections are encoded (:func:`encode_area`) and decoded
+    packed record: many such sections are encoded (:func:`_encode_sections`) and decoded
     (:meth:`StepBlocks.table`) as one array of these."""
     sec = _section_dtype(1, nd, dt, ncrcs, amax)
     names = list(sec.names or ())
@@ -857,28 +857,8 @@ def _ones_dtype(nd: int, dt: np.dtype, ncrcs: int, amax: bool) -> np.dtype:
     )
 
 
-def _ones_key(t: BlockTable) -> tuple:
-    """What makes the sections of two one-block tables the same layout."""
-    return t.ndim, stat_dtype(t.dtype), sum_dtype(t.dtype), len(t.crcs), t.amax is not None
-
-
 #: the table's columns in the order of a section's fields (:data:`_FIELDS`)
 _ATTRS = tuple("has_stats" if f == "has" else f for f in _FIELDS)
-
-
-def _encode_ones(ts: Sequence[BlockTable]) -> np.ndarray:
-    """The sections of the one-block tables *ts*, all of one layout (:func:`_ones_key`), as
-    the rows of a ``(len(ts), section bytes)`` uint8 array: row k is ``ts[k].encode()``,
-    made with one concatenation per column instead of a dozen calls per table."""
-    t0 = ts[0]
-    dt = _ones_dtype(t0.ndim, t0.dtype, len(t0.crcs), t0.amax is not None)
-    rec = np.empty(len(ts), dtype=dt)
-    rec["n"] = 1
-    rec["c"] = len(t0.crcs)
-    for name, attr in zip((dt.names or ())[2:], _ATTRS, strict=False):
-        f = rec[name]
-        f[...] = np.concatenate([getattr(t, attr) for t in ts]).reshape(f.shape)
-    return rec.view(np.uint8).reshape(len(ts), dt.itemsize)
 
 
 def encode_area(
@@ -890,36 +870,17 @@ def encode_area(
     multiresolution datasets, many small blocks with regular columns) are
     stored zlib-compressed where that is shorter.  Tables of one block (a
     step of many datasets written once each) are encoded together, layout
-    by layout (:func:`_encode_ones`); the bytes are those each would encode.
+    by layout (:func:`_encode_sections`); the bytes are those each would encode.
     """
     dids = [d for d in sorted(tables) if len(tables[d])]
-    ones: dict[tuple, list[int]] = {}
-    for did in dids:
-        t = tables[did]
-        if len(t) == 1 and did not in squeeze:
-            ones.setdefault(_ones_key(t), []).append(did)
-    together: dict[int, memoryview] = {}  # dataset -> its section, from a group
-    for group in ones.values():
-        if len(group) >= ONES_MIN:
-            rows = _encode_ones([tables[d] for d in group])
-            flat, size = rows.reshape(-1).data, rows.shape[1]
-            together.update((d, flat[k * size : (k + 1) * size]) for k, d in enumerate(group))
-    sections: list[Section] = []
-    parts: list[bytes | memoryview] = []
-    pos = 0
-    for did in dids:
-        raw: bytes | memoryview | None = together.get(did)
-        size = 0
-        if raw is None:
-            raw = tables[did].encode()
-            if did in squeeze and len(raw) >= SQUEEZE_MIN:
-                packed = zlib.compress(raw, SQUEEZE_LEVEL)
-                if len(packed) < len(raw):
-                    raw, size = packed, len(raw)
-        sections.append(Section(did, len(tables[did]), pos, len(raw), crc32c(raw), size))
-        parts.append(raw)
-        pos += len(raw)
-    return sections, b"".join(parts)
+    ts = [tables[d] for d in dids]
+    return _encode_sections(
+        StepTable.of_tables(dids, ts),
+        [t.ndim for t in ts],
+        [t.dtype for t in ts],
+        [t.amax is not None for t in ts],
+        [d in squeeze for d in dids],
+    )
 
 
 def _extents(
@@ -956,6 +917,31 @@ def _take_crcs(crcs: np.ndarray, ptr: np.ndarray, idx: np.ndarray) -> np.ndarray
         return crcs[:0]
     pos = np.repeat(lo - np.concatenate(([0], np.cumsum(counts)[:-1])), counts)
     return crcs[pos + np.arange(int(counts.sum()))]
+
+
+#: the columns of no block, as :meth:`StepTable.join` takes a part
+_NO_ROWS: dict[str, Any] = {
+    "did": np.zeros(0, np.int64),
+    "start": np.zeros((0, 0), np.int64),
+    "stop": np.zeros((0, 0), np.int64),
+    **{name: np.zeros(0, np.int64) for name in ("offset", "length", "seg", "count")},
+    **{name: np.zeros(0, np.uint32) for name in ("rank", "session", "agg", "ncrc", "crcs")},
+    "smin": np.zeros(0, "<u8"),
+    "smax": np.zeros(0, "<u8"),
+    "ssum": np.zeros(0, "<f8"),
+    "codec": np.zeros(0, np.uint8),
+    "has_stats": np.zeros(0, bool),
+    "amax": None,
+}
+
+
+def _widened(corners: np.ndarray, width: int) -> np.ndarray:
+    """*corners* ``(n, d)`` as ``(n, width)``, zeros after its own columns."""
+    if corners.shape[1] == width:
+        return corners
+    out = np.zeros((len(corners), width), dtype=np.int64)
+    out[:, : corners.shape[1]] = corners
+    return out
 
 
 def _sum_as(col: np.ndarray, md: np.dtype) -> np.ndarray:
@@ -1025,28 +1011,48 @@ class StepTable:
         self.dids = did[self.bounds[:-1]].tolist()
 
     @classmethod
-    def empty(cls) -> StepTable:
-        """A step of no blocks."""
-        z8, z4 = np.zeros(0, np.int64), np.zeros(0, np.uint32)
-        return cls(
-            z8,
-            start=np.zeros((0, 0), np.int64),
-            stop=np.zeros((0, 0), np.int64),
-            offset=z8,
-            length=z8,
-            seg=z8,
-            smin=np.zeros(0, "<u8"),
-            smax=np.zeros(0, "<u8"),
-            ssum=np.zeros(0, "<f8"),
-            count=z8,
-            rank=z4,
-            session=z4,
-            agg=z4,
-            ncrc=z4,
-            crcs=z4,
-            codec=np.zeros(0, np.uint8),
-            has_stats=np.zeros(0, bool),
-            amax=None,
+    def join(cls, parts: Sequence[Mapping[str, Any]]) -> StepTable:
+        """The rows of *parts* one after the other (then by dataset), each part the columns
+        ``did`` and :data:`_ATTRS` of some blocks: corners of any width (padded to the
+        widest), sums float64 or complex128, ``amax`` None where a part has none (inf)."""
+        if not parts:
+            parts = [_NO_ROWS]
+
+        def cat(cols: list[np.ndarray]) -> np.ndarray:
+            return cols[0] if len(cols) == 1 else np.concatenate(cols)
+
+        width = max(p["start"].shape[1] for p in parts)
+        sums = [p["ssum"] for p in parts]
+        if len({c.dtype for c in sums}) > 1:  # float and complex datasets in different parts
+            sums = [c.astype("<c16") for c in sums]
+        cols: dict[str, np.ndarray | None] = {
+            name: cat([p[name] for p in parts])
+            for name in _ATTRS
+            if name not in ("start", "stop", "ssum", "amax")
+        }
+        cols["start"] = cat([_widened(p["start"], width) for p in parts])
+        cols["stop"] = cat([_widened(p["stop"], width) for p in parts])
+        cols["ssum"] = cat(sums)
+        cols["amax"] = (
+            cat([np.full(len(p["did"]), np.inf) if p["amax"] is None else p["amax"] for p in parts])
+            if any(p["amax"] is not None for p in parts)
+            else None
+        )
+        return cls(cat([p["did"] for p in parts]), **cols)
+
+    @classmethod
+    def of_tables(cls, dids: Sequence[int], tables: Sequence[BlockTable]) -> StepTable:
+        """The rows of *tables*, the blocks of datasets *dids* (ascending)."""
+        return cls.join(
+            [
+                {
+                    **{name: getattr(t, name) for name in _ATTRS},
+                    "did": np.full(len(t), did, dtype=np.int64),
+                    "smin": t.smin.view("<u8"),
+                    "smax": t.smax.view("<u8"),
+                }
+                for did, t in zip(dids, tables, strict=True)
+            ]
         )
 
     def __len__(self) -> int:
@@ -1065,8 +1071,10 @@ class StepTable:
     def table(self, k: int, spec: DatasetSpec, amax: bool) -> BlockTable:
         """Section *k* (dataset ``dids[k]``, described by *spec*) as a :class:`BlockTable`,
         with its coefficient magnitudes (inf where unknown) if *amax*."""
+        return self._cut(k, spec.ndim, spec.dtype, amax)
+
+    def _cut(self, k: int, nd: int, dt: np.dtype, amax: bool) -> BlockTable:
         lo, hi = self.bounds[k], self.bounds[k + 1]
-        nd, dt = spec.ndim, spec.dtype
         sd = stat_dtype(dt)
         ptr = self.crc_ptr
         mags = None
@@ -1111,34 +1119,49 @@ def encode_step(
 ) -> tuple[list[Section], bytes]:
     """:func:`encode_area` of ``st.tables(specs)`` (version 4 keeps the coefficient
     magnitudes of multiresolution datasets and compresses their sections where that is
-    shorter; version 3 neither), the same bytes, without a table per one-block section:
-    those of one layout are packed from the step's columns at once."""
-    v4 = version >= 4
+    shorter; version 3 neither): the same bytes, without a table per one-block section."""
+    mine = [specs[did] for did in st.dids]
+    layered = [version >= 4 and s.layout is not None for s in mine]
+    return _encode_sections(st, [s.ndim for s in mine], [s.dtype for s in mine], layered, layered)
+
+
+def _encode_sections(
+    st: StepTable,
+    ndims: Sequence[int],
+    dtypes: Sequence[np.dtype],
+    amax: Sequence[bool],
+    squeeze: Sequence[bool],
+) -> tuple[list[Section], bytes]:
+    """The sections of *st* and the block area holding them back to back, section k of
+    ``ndims[k]`` dimensions and dtype ``dtypes[k]``, ending with its coefficient
+    magnitudes if ``amax[k]``, zlib-compressed where shorter if ``squeeze[k]``.  The
+    one-block sections of one layout, at least :data:`ONES_MIN` of them, are packed from
+    the step's columns at once (one indexed copy per column); the bytes are those each
+    section's table would encode."""
     bounds = st.bounds
     grouped = len(st.dids) >= ONES_MIN  # else no layout can have enough sections
     first_ncrc = st.ncrc[bounds[:-1]].tolist() if grouped else []
     kinds: dict[np.dtype, tuple] = {}
     ones: dict[tuple, list[int]] = {}  # layout -> sections of one block of that layout
-    for k, did in enumerate(st.dids if grouped else ()):
-        spec = specs[did]
-        if bounds[k + 1] - bounds[k] != 1 or (v4 and spec.layout is not None):
+    for k in range(len(st.dids) if grouped else 0):
+        if bounds[k + 1] - bounds[k] != 1 or squeeze[k]:
             continue
-        dt = spec.dtype
+        dt = dtypes[k]
         kind = kinds.get(dt)
         if kind is None:
             kind = kinds[dt] = (stat_dtype(dt), sum_dtype(dt))
-        key = (spec.ndim, *kind, first_ncrc[k])
+        key = (ndims[k], *kind, first_ncrc[k], amax[k])
         group = ones.get(key)
         if group is None:
             ones[key] = [k]
         else:
             group.append(k)
     together: dict[int, memoryview] = {}  # section -> its bytes, from a group
-    for (nd, sd, md, c), group in ones.items():
+    for (nd, sd, md, c, mags), group in ones.items():
         if len(group) < ONES_MIN:
             continue
         rows = np.array([bounds[k] for k in group], dtype=np.int64)
-        dt = _ones_dtype(nd, specs[st.dids[group[0]]].dtype, c, False)
+        dt = _ones_dtype(nd, dtypes[group[0]], c, mags)
         rec = np.zeros(len(group), dtype=dt)
         rec["n"] = 1
         rec["c"] = c
@@ -1162,6 +1185,10 @@ def encode_step(
         rec["smin"] = st.smin[rows].view(sd).reshape(shape)
         rec["smax"] = st.smax[rows].view(sd).reshape(shape)
         rec["ssum"] = _sum_as(st.ssum[rows], md).reshape(shape)
+        if mags:
+            rec["amax"] = (
+                np.full(len(rows), np.inf) if st.amax is None else st.amax[rows]
+            ).reshape(shape)
         first = st.crc_ptr[rows]
         rec["crcs"] = st.crcs[first[:, None] + np.arange(c)].reshape(len(group), c)
         flat, size = rec.view(np.uint8).reshape(-1).data, dt.itemsize
@@ -1173,10 +1200,8 @@ def encode_step(
         raw: bytes | memoryview | None = together.get(k)
         size = 0
         if raw is None:
-            spec = specs[did]
-            layered = v4 and spec.layout is not None
-            raw = st.table(k, spec, layered).encode()
-            if layered and len(raw) >= SQUEEZE_MIN:
+            raw = st._cut(k, ndims[k], dtypes[k], amax[k]).encode()
+            if squeeze[k] and len(raw) >= SQUEEZE_MIN:
                 packed = zlib.compress(raw, SQUEEZE_LEVEL)
                 if len(packed) < len(raw):
                     raw, size = packed, len(raw)

@@ -274,7 +274,7 @@ def _sections_at_once(
     end = np.cumsum(length)
     if int(off[0]) != 0 or (nsec > 1 and bool((off[1:] != end[:-1]).any())):
         return None
-    rows = [_row_bytes_of(specs[k]) for k in did.tolist()]
+    rows = [row_bytes(specs[k].ndim, specs[k].dtype) for k in did.tolist()]
     table = np.where(raw != 0, raw, length)
     if bool((n > table // np.array(rows, dtype=np.uint64)).any()):
         return None
@@ -298,10 +298,6 @@ def _sections_at_once(
         )
     )
     return sections, int(end[-1])
-
-
-def _row_bytes_of(spec: DatasetSpec) -> int:
-    return row_bytes(spec.ndim, spec.dtype)
 
 
 def _sections_one_by_one(

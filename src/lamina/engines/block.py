@@ -1071,7 +1071,8 @@ class BlockEngine(Engine):
             n = len(h.did)
             if not n:
                 continue
-            if len(trailers[r][1][0]) != n:
+            segs, ncrc, crcs, has, smin, smax, ssum, count, amax = trailers[r][1]
+            if len(segs) != n:
                 raise FormatError(f"step trailer from rank {r}: not one row per block of its head")
             session, agg, offset = h.session, h.agg, h.offset
             rows, lengths = heads.unplaced(r)
@@ -1085,52 +1086,29 @@ class BlockEngine(Engine):
                     session, agg, offset = session.copy(), agg.copy(), offset.copy()
                     offset[rows] = offs
                     session[rows], agg[rows] = s, a
-            parts.append((r, h, session, agg, offset, trailers[r][1]))
-        width = max((h.start.shape[1] for _, h, *_ in parts), default=0)
-
-        def cat(cols: list[np.ndarray]) -> np.ndarray:
-            return cols[0] if len(cols) == 1 else np.concatenate(cols)
-
-        def corner(c: np.ndarray) -> np.ndarray:  # padded to the widest rank's boxes
-            if c.shape[1] == width:
-                return c
-            out = np.zeros((len(c), width), dtype=np.int64)
-            out[:, : c.shape[1]] = c
-            return out
-
-        stats = [t for *_, t in parts]
-        sums = [t[6] for t in stats]
-        if len({x.dtype for x in sums}) > 1:  # float and complex datasets on different ranks
-            sums = [x.astype("<c16") for x in sums]
-        amax = None
-        if any(t[8] is not None for t in stats):
-            amax = cat([t[8] if t[8] is not None else np.full(len(t[0]), np.inf) for t in stats])
-        if not parts:
-            columns = StepTable.empty()
-        else:
-            heads_ = [h for _, h, *_ in parts]
-            columns = StepTable(
-                cat([h.did for h in heads_]),
-                start=cat([corner(h.start) for h in heads_]),
-                stop=cat([corner(h.stop) for h in heads_]),
-                rank=np.repeat(
-                    np.array([r for r, *_ in parts], dtype=np.uint32), [len(h.did) for h in heads_]
-                ),
-                session=cat([p[2] for p in parts]),
-                agg=cat([p[3] for p in parts]),
-                offset=cat([p[4] for p in parts]),
-                length=cat([h.length for h in heads_]),
-                codec=cat([h.codec for h in heads_]),
-                seg=cat([t[0] for t in stats]),
-                ncrc=cat([t[1] for t in stats]),
-                crcs=cat([t[2] for t in stats]),
-                has_stats=cat([t[3] for t in stats]),
-                smin=cat([t[4] for t in stats]),
-                smax=cat([t[5] for t in stats]),
-                ssum=cat(sums),
-                count=cat([t[7] for t in stats]),
-                amax=amax,
+            parts.append(
+                dict(
+                    did=h.did,
+                    start=h.start,
+                    stop=h.stop,
+                    rank=np.full(n, r, np.uint32),
+                    session=session,
+                    agg=agg,
+                    offset=offset,
+                    length=h.length,
+                    codec=h.codec,
+                    seg=segs,
+                    ncrc=ncrc,
+                    crcs=crcs,
+                    has_stats=has,
+                    smin=smin,
+                    smax=smax,
+                    ssum=ssum,
+                    count=count,
+                    amax=amax,
+                )
             )
+        columns = StepTable.join(parts)
         return Record(
             kind,
             step,
