@@ -908,6 +908,21 @@ def _extents(
     return [(k >> 32, k & 0xFFFFFFFF, e) for k, e in zip(uniq.tolist(), top.tolist(), strict=True)]
 
 
+def dataset_runs(did: np.ndarray) -> tuple[np.ndarray | None, list[int], list[int]]:
+    """Rows of datasets *did* grouped by dataset: ``(order, bounds, ids)``, *order* the
+    rows sorted by dataset (stably; None when they already are), and run k rows
+    ``bounds[k]:bounds[k + 1]`` of that order, the blocks of dataset ``ids[k]``."""
+    n = len(did)
+    if n < 2:  # no block or one: one run at most
+        return None, [0, *([n] if n else [])], did.tolist()
+    order = None
+    if bool((did[1:] < did[:-1]).any()):
+        order = np.argsort(did, kind="stable")
+        did = did[order]
+    bounds = [0, *(np.flatnonzero(did[1:] != did[:-1]) + 1).tolist(), n]
+    return order, bounds, did[bounds[:-1]].tolist()
+
+
 def _take_crcs(crcs: np.ndarray, ptr: np.ndarray, idx: np.ndarray) -> np.ndarray:
     """The checksums of rows *idx* (in that order) of flat checksums *crcs* whose rows start
     at *ptr* (``n + 1`` entries): one arange per row, flattened."""
@@ -993,22 +1008,14 @@ class StepTable:
         for name in _ATTRS:
             setattr(self, name, cols[name])
         self._ptr: np.ndarray | None = None
-        n = len(did)
-        if n < 2:  # no block or one: one section at most
-            self.bounds, self.dids = [0, *([n] if n else [])], did.tolist()
-            return
-        if bool((did[1:] < did[:-1]).any()):  # ranks' rows interleave: by dataset
-            order = np.argsort(did, kind="stable")
-            did = did[order]
+        order, self.bounds, self.dids = dataset_runs(did)
+        if order is not None:  # ranks' rows interleave: by dataset
             self.crcs = _take_crcs(self.crcs, self.crc_ptr, order)
             for name in _ATTRS:
                 col = getattr(self, name)
                 if name != "crcs" and col is not None:
                     setattr(self, name, col[order])
             self._ptr = None
-        cuts = np.flatnonzero(did[1:] != did[:-1]) + 1
-        self.bounds = [0, *cuts.tolist(), n]
-        self.dids = did[self.bounds[:-1]].tolist()
 
     @classmethod
     def join(cls, parts: Sequence[Mapping[str, Any]]) -> StepTable:

@@ -86,7 +86,7 @@ from ..catalog import (
     pack,
     parent,
 )
-from ..catalog.blocks import StepTable
+from ..catalog.blocks import StepTable, dataset_runs
 from ..catalog.model import MAX_ATTR_BYTES, MAX_NDIM, Stats, decode_op, encode_op
 from ..errors import (
     BoundsError,
@@ -179,19 +179,11 @@ class RankHead:
 
     def by_dataset(self) -> dict[int, slice | np.ndarray]:
         """The rows of each dataset (dataset id -> what takes them of a column)."""
-        did = self.did
-        n = len(did)
-        if not n:
-            return {}
-        order = None
-        if bool((did[1:] < did[:-1]).any()):
-            order = np.argsort(did, kind="stable")
-            did = did[order]
-        cuts = [0, *(np.flatnonzero(did[1:] != did[:-1]) + 1).tolist(), n]
-        ids = did[cuts[:-1]].tolist()
+        order, bounds, ids = dataset_runs(self.did)
+        runs = zip(ids, bounds, bounds[1:], strict=False)
         if order is None:
-            return {d: slice(a, b) for d, a, b in zip(ids, cuts, cuts[1:], strict=False)}
-        return {d: order[a:b] for d, a, b in zip(ids, cuts, cuts[1:], strict=False)}
+            return {d: slice(a, b) for d, a, b in runs}
+        return {d: order[a:b] for d, a, b in runs}
 
 
 @dataclass(slots=True)

@@ -292,12 +292,9 @@ class PutLog:
             k = sum(map(len, tails))
             s = np.array(list(_chain(tails)), dtype=np.int64).reshape(k, nd)
             e = np.array(list(_chain(self.stops[d] for d in dids)), dtype=np.int64).reshape(k, nd)
-            if k == n and nd == width:  # every row, of one ndim (many datasets of one shape)
-                rows = np.fromiter(_chain(self.rows[d] for d in dids), np.int64, k)
-                if bool((rows[1:] > rows[:-1]).all()):  # in row order already
-                    return s, e
-            else:
-                rows = np.fromiter(_chain(self.rows[d] for d in dids), np.int64, k)
+            rows = np.fromiter(_chain(self.rows[d] for d in dids), np.int64, k)
+            if k == n and nd == width and bool((rows[1:] > rows[:-1]).all()):
+                return s, e  # every row, in order, of one ndim (many datasets of one shape)
             start[rows, :nd], stop[rows, :nd] = s, e
         return start, stop
 
@@ -442,13 +439,22 @@ class PutLog:
 
     def stats_columns(self, did: int, dtype: np.dtype, seg: int, checksum: bool, stats: bool):
         """Columns of dataset *did*'s rows, in order: seg, ncrc, crcs (flat), has_stats, min,
-        max, sum, count (:meth:`stats_by_dataset` of that dataset alone: only its chunks are
-        waited for and only its blocks' jobs asked).
+        max, sum, count (only its chunks are waited for and only its blocks' jobs asked).
 
         Without *checksum* every block gets one checksum 0 and segment 0
         (the record format wants one per block); without *stats*, none.
         """
-        return self.stats_by_dataset({did: dtype}, seg, checksum, stats)[did]
+        segs, one, many, has, mins, maxs, sums, count = self._stat_rows(
+            {did: dtype}, seg, checksum, stats
+        )
+        sel = index_of(self.rows.get(did, []))
+        k = len(sel)
+        sd, md = stat_dtype(dtype).str, sum_dtype(dtype).str
+        smin = mins[sd][sel] if sd in mins else np.zeros(k, dtype=sd)
+        smax = maxs[sd][sel] if sd in maxs else np.zeros(k, dtype=sd)
+        ssum = sums[md][sel] if md in sums else np.zeros(k, dtype=md)
+        ncrc, crcs = _crc_columns(one, many, sel)
+        return segs[sel], ncrc, crcs, has[sel], smin, smax, ssum, count[sel]
 
     def _stat_rows(self, dtypes: dict[int, np.dtype], seg: int, checksum: bool, stats: bool):
         """Statistics and checksums of every row, from one pass over the chunks and jobs of
@@ -514,7 +520,7 @@ class PutLog:
         return segs, one, many, has, mins, maxs, sums, count
 
     def step_stats(self, dtypes: dict[int, np.dtype], seg: int, checksum: bool, stats: bool):
-        """The columns of :meth:`stats_by_dataset` for every row of the step at once, in row
+        """The columns of :meth:`stats_columns` for every row of the step at once, in row
         order (*dtypes*: every dataset of the step): seg, ncrc, crcs (flat), has_stats, min
         and max as their 8 stored bytes (``<u8``), sum (float64, or complex128 where any
         dataset is complex), count."""
@@ -522,16 +528,7 @@ class PutLog:
             dtypes, seg, checksum, stats
         )
         n = len(segs)
-        ncrc = np.ones(n, dtype=np.uint32)
-        crcs = one
-        if many:
-            rows = list(many)
-            ncrc[rows] = [len(many[r]) for r in rows]
-            crcs = np.repeat(one, ncrc)
-            at = np.cumsum(ncrc) - ncrc  # where each row's checksums start
-            for r in rows:
-                a = int(at[r])
-                crcs[a : a + len(many[r])] = many[r]
+        ncrc, crcs = _crc_columns(one, many, np.arange(n))
 
         def bits(cols: dict[str, np.ndarray]) -> np.ndarray:  # one column of 8-byte patterns
             got = [c.view("<u8") for c in cols.values()]
@@ -549,45 +546,6 @@ class PutLog:
         else:  # float and complex datasets in one step
             ssum = sum(c.astype("<c16") for c in sums.values())
         return segs, ncrc, crcs, has, bits(mins), bits(maxs), ssum, count
-
-    def stats_by_dataset(
-        self, dtypes: dict[int, np.dtype], seg: int, checksum: bool, stats: bool
-    ) -> dict[int, tuple]:
-        """:meth:`stats_columns` of the datasets in *dtypes* (their ids and dtypes), from one
-        pass over their chunks and jobs: the columns of the rows are filled once, then cut
-        per dataset."""
-        segs, one, many, has, mins, maxs, sums, count = self._stat_rows(
-            dtypes, seg, checksum, stats
-        )
-        n = len(segs)
-        out: dict[int, tuple] = {}
-        ones = np.ones(n, dtype=np.uint32)  # one checksum per block, the common case: cut from
-        ones.flags.writeable = False  # this, read-only (the tables take the slices as they are)
-        kinds: dict[np.dtype, tuple[str, str]] = {}
-        for did, dt in dtypes.items():
-            rows = self.rows.get(did, [])
-            sel = index_of(rows)
-            k = len(rows)
-            kind = kinds.get(dt)
-            if kind is None:
-                kind = kinds[dt] = (stat_dtype(dt).str, sum_dtype(dt).str)
-            sd, md = kind
-            smin = mins[sd][sel] if sd in mins else np.zeros(k, dtype=sd)
-            smax = maxs[sd][sel] if sd in maxs else np.zeros(k, dtype=sd)
-            ssum = sums[md][sel] if md in sums else np.zeros(k, dtype=md)
-            ncrc = ones[:k]
-            crcs = one[sel]
-            mine = [(i, many[r]) for i, r in enumerate(rows) if r in many] if many else []
-            if mine:
-                ncrc = np.ones(k, dtype=np.uint32)
-                for i, cr in mine:
-                    ncrc[i] = len(cr)
-                got = dict(mine)
-                crcs = np.fromiter(
-                    _chain(got.get(i, (int(crcs[i]),)) for i in range(k)), dtype=np.uint32
-                )
-            out[did] = (segs[sel], ncrc, crcs, has[sel], smin, smax, ssum, count[sel])
-        return out
 
 
 #: ``setflags`` unbound and called positionally: a quarter of the cost of
@@ -655,25 +613,36 @@ class LentBlocks:
             _setflags(a, True)
 
 
-def _is_run(rows: list[int]) -> bool:
-    """Whether *rows* (ascending, as the log appends them) are consecutive, the common case."""
-    n = len(rows)
-    return bool(n) and rows[-1] - rows[0] == n - 1
-
-
 def index_of(rows: list[int]) -> np.ndarray:
     """*rows* (ascending, as the log appends them) as an int64 array; a run of consecutive
     rows, the common case, without reading the list."""
-    if _is_run(rows):
-        return np.arange(rows[0], rows[0] + len(rows), dtype=np.int64)
+    n = len(rows)
+    if n and rows[-1] - rows[0] == n - 1:
+        return np.arange(rows[0], rows[0] + n, dtype=np.int64)
     return np.array(rows, dtype=np.int64)
 
 
-def selector_of(rows: list[int]) -> tuple[np.ndarray, slice | np.ndarray]:
-    """``(index_of(rows), what takes those rows of a column)``: a slice for a run of rows,
-    so that the columns taken are views, not copies made by an index."""
-    idx = index_of(rows)
-    return idx, slice(rows[0], rows[0] + len(rows)) if _is_run(rows) else idx
+def _crc_columns(
+    one: np.ndarray, many: dict[int, tuple[int, ...]], rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(ncrc, crcs)`` of *rows* (ascending): one checksum each from *one*, or the several
+    *many* holds for a row (a block of several checksum segments), flattened in row order."""
+    ncrc = np.ones(len(rows), dtype=np.uint32)
+    crcs = one[rows]
+    if not many or not len(rows):
+        return ncrc, crcs
+    keys = np.array(sorted(many), dtype=np.int64)
+    at = np.minimum(np.searchsorted(rows, keys), len(rows) - 1)
+    mine = [(int(i), many[int(r)]) for i, r in zip(at, keys, strict=True) if rows[i] == r]
+    if not mine:
+        return ncrc, crcs
+    for i, cr in mine:
+        ncrc[i] = len(cr)
+    flat = np.repeat(crcs, ncrc)
+    first = np.cumsum(ncrc) - ncrc  # where each row's checksums start
+    for i, cr in mine:
+        flat[first[i] : first[i] + len(cr)] = cr
+    return ncrc, flat
 
 
 class BoxIndex:
