@@ -151,28 +151,37 @@ def _read(path: str) -> dict[str, Check]:
     return out
 
 
+def _on_this_host(every: dict[str, Check]) -> dict[str, Check]:
+    me = host()
+    return {m: c for m, c in every.items() if c.host == me}
+
+
 def load(path: str | None = None) -> dict[str, Check]:
     """The last recorded check of each model made on this host."""
-    me = host()
-    return {m: c for m, c in _read(path or default_path()).items() if c.host == me}
+    return _on_this_host(_read(path or default_path()))
 
 
 def record(checks: list[Check], path: str | None = None) -> None:
     """Keep *checks* as their models' last records (others' records stay); OSError if the
     file cannot be written."""
     p = path or default_path()
-    kept = _read(p)
-    for c in checks:
-        kept[c.model] = c
-    body = {m: c.stored() for m, c in kept.items()}
-    write_cache_file(p, json.dumps({"version": VERSION, "checks": body}))
+    _write(p, _read(p), checks)
+
+
+def _write(path: str, kept: dict[str, Check], checks: list[Check]) -> None:
+    """The records *kept* (as read from *path*) with *checks* in their models' place."""
+    body = {m: c.stored() for m, c in {**kept, **{c.model: c for c in checks}}.items()}
+    write_cache_file(path, json.dumps({"version": VERSION, "checks": body}))
 
 
 def side_by_side(mine: list[Check], path: str | None = None) -> dict[str, Check]:
     """This run's checks (*mine*) with the other models' last records on this host."""
-    out = load(path)
-    for c in mine:
-        out[c.model] = c
+    return _beside(_read(path or default_path()), mine)
+
+
+def _beside(every: dict[str, Check], mine: list[Check]) -> dict[str, Check]:
+    out = _on_this_host(every)
+    out.update((c.model, c) for c in mine)
     return {m: out[m] for m in MODELS if m in out}
 
 
@@ -229,12 +238,14 @@ def add_to_report(mine: list[Check], text: str, doc: dict, path: str | None = No
     """A benchmark's report *text* followed by :func:`table` of its checks (*mine*) beside the
     other models' last records; *mine* recorded as their models' last, and every row in
     ``doc["model_checks"]``.  A file that cannot be written is said, not raised."""
-    both = side_by_side(mine, path)
+    p = path or default_path()
+    every = _read(p)  # read once: shown beside this run, and kept when this run is recorded
+    both = _beside(every, mine)
     doc["model_checks"] = {m: c.as_dict() for m, c in both.items()}
     note = ""
     if mine:
         try:
-            record(mine, path)
+            _write(p, every, mine)
         except OSError as e:
             note = f"\n(this run's model errors not recorded: {e})"
     return text + "\n\n" + table(both, tuple(c.model for c in mine)) + note
