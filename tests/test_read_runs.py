@@ -231,6 +231,46 @@ def test_a_run_of_many_blocks_checked_with_one_crc(tmp_path, monkeypatch, order,
         assert str(victim.box) in str(err.value)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_runs_of_one_read_share_one_set_of_threads(tmp_path, monkeypatch, threads):
+    """A read whose blocks make several runs (runs cut at ``COALESCE_RUN`` bytes) hands the
+    pieces of all of them to one set of threads, once per read; every run checked with one CRC
+    is still checked, and a byte flipped in a block of the last run is named after the read."""
+    monkeypatch.setattr(native, "PARALLEL_READ_MIN", 0)
+    monkeypatch.setattr(native, "COALESCE_RUN", 48 * 400)  # runs of 400 blocks
+    monkeypatch.setattr(native, "READ_PIECE", 48 * 70)  # pieces of 70 blocks
+    monkeypatch.setattr(_parallel, "THREADS", threads)
+    run, calls = _parallel.run_blocks, []
+
+    def counted(items, work, states):
+        calls.append((len(list(items)), len(states)))
+        return run(items, work, states)
+
+    monkeypatch.setattr(_parallel, "run_blocks", counted)
+    edge, grid = (2, 3), (40, 50)  # 2,000 blocks of 48 bytes: 5 runs of 400
+    full = (edge[0] * grid[0], edge[1] * grid[1])
+    truth = np.random.default_rng(5).random(full)
+    path = str(tmp_path / "runs.lam")
+    with lamina.open(path, "w") as f:
+        ds = f.create_dataset("u", full, "f8")
+        with f.step():
+            for c in np.ndindex(*grid):
+                lo = (c[0] * edge[0], c[1] * edge[1])
+                ds.write(truth[lo[0] : lo[0] + edge[0], lo[1] : lo[1] + edge[1]], offset=lo)
+    assert 400 > lamina.stats.CONCAT_MIN  # each run is checked as a whole
+    with lamina.open(path) as f:
+        ds = f["u"]
+        np.testing.assert_array_equal(ds[...], truth)
+        # one call for the whole read: 5 runs of 400 blocks (8 rows of the grid), each read a
+        # row of 50 blocks at a time (the slabs that fit in a piece of 70 blocks)
+        assert calls == [(40, threads)]
+        victim = ds.blocks()[-3]  # in the last run
+        flip(os.path.join(path, victim.subfile), victim.offset + 17)
+        with pytest.raises(ChecksumError, match="checksum mismatch") as err:
+            ds[...]
+        assert str(victim.box) in str(err.value)
+
+
 @given(
     st.lists(st.integers(1, 6), min_size=1, max_size=4),
     st.integers(1, 64),

@@ -208,6 +208,20 @@ def _pieces(views: list[memoryview], size: int):
         yield parts[0] if len(parts) == 1 else b"".join(parts)
 
 
+class _Run(NamedTuple):
+    """One run of a read planned (:meth:`NativeEngine._plan_run`): its pieces' sizes, its bytes,
+    how to read piece k through a buffer and put it in place, and the check once all are read."""
+
+    sizes: list[int]
+    total: int
+    place: Callable[[np.ndarray, int], None]
+    check: Callable[[], None]
+
+
+def _place_piece(buf: np.ndarray, item: tuple[_Run, int]) -> None:
+    item[0].place(buf, item[1])
+
+
 def _runs(key: np.ndarray, off: np.ndarray, ln: np.ndarray) -> Iterator[tuple[int, int]]:
     """Index ranges ``[a, b)`` of blocks (sorted by subfile *key*, then offset *off*; lengths
     *ln*) that lie back to back in one subfile, each at most :data:`COALESCE_RUN` bytes (at
@@ -909,29 +923,50 @@ class NativeEngine(BlockEngine):
         single: list[int] = [int(v) for v in np.flatnonzero(~whole)]
         base = np.asarray(box.start, dtype=np.int64)
         rel_lo, rel_hi = lo - base, hi - base
+        runs: list[_Run] = []
         for a, b in _runs(key, off, ln):
             if b - a == 1:
                 single.append(int(w[a]))
                 continue
-            total = int(ln[a:b].sum())
-            self._read_run(spec, t, idx, w[a:b], int(off[a]), total, rel_lo, rel_hi, out)
+            runs.append(self._plan_run(spec, t, idx, w[a:b], int(off[a]), rel_lo, rel_hi, out))
+        if runs:
+            self._read_runs(runs)
         if single:
             single.sort()
             s_idx = np.asarray(single, dtype=np.int64)
             super()._read_blocks(spec, t, idx[s_idx], lo[s_idx], hi[s_idx], box, out)
 
-    def _read_run(
-        self, spec, t: BlockTable, idx, ks, first: int, total: int, rel_lo, rel_hi, out
-    ) -> None:
-        """Blocks ``idx[ks]``, back to back in one subfile from byte *first* (*total* bytes):
-        read in pieces of whole blocks (about :data:`READ_PIECE` bytes), each checked and put in
-        place while it is still in the cache.
+    def _read_runs(self, runs: list[_Run]) -> None:
+        """Read the pieces of every run of a read, then check the runs checked as a whole.
 
-        Pieces go to a few threads when the run is large (:data:`PARALLEL_READ_MIN`): the
-        cores of this process shared among the ranks of its node, as for the derived
-        kernels (:func:`lamina.derived._parallel.default_threads`); pread, CRC and numpy's
-        copies release the GIL.  Each thread reads through a buffer of a piece, kept by the
-        engine for the next run.
+        The pieces of all the runs go to a few threads together when they are large
+        (:data:`PARALLEL_READ_MIN` bytes in all): the cores of this process shared among the
+        ranks of its node, as for the derived kernels
+        (:func:`lamina.derived._parallel.default_threads`); pread, CRC and numpy's copies
+        release the GIL.  One set of threads for the whole read, not one per run: a run
+        holds at most :data:`COALESCE_RUN` bytes, and threads started per run wait for the
+        slowest piece of each.  Each thread reads through a buffer of a piece, kept by the
+        engine for the next read.
+        """
+        items = [(r, k) for r in runs for k in range(len(r.sizes))]
+        threads = 1
+        if len(items) > 1 and sum(r.total for r in runs) >= PARALLEL_READ_MIN:
+            threads = min(len(items), _parallel.default_threads())
+        need = max(max(r.sizes) for r in runs)
+        bufs = [self._run_buffer(need) for _ in range(threads)]
+        try:
+            _parallel.run_blocks(items, _place_piece, bufs)
+        finally:
+            for buf in bufs:
+                if len(self._run_bufs) < threads and len(buf) <= COALESCE_RUN:
+                    self._run_bufs.append(buf)
+        for r in runs:
+            r.check()
+
+    def _plan_run(self, spec, t: BlockTable, idx, ks, first: int, rel_lo, rel_hi, out) -> _Run:
+        """How to read blocks ``idx[ks]``, back to back in one subfile from byte *first*: in
+        pieces of whole blocks (about :data:`READ_PIECE` bytes), each checked and put in place
+        while it is still in the cache (:meth:`_read_runs` reads them).
 
         A run of many blocks of one length is checked with one CRC over it (the pieces'
         CRCs combined) against the blocks' own (:func:`~lamina.stats.crc_concat`), at the
@@ -1009,21 +1044,14 @@ class NativeEngine(BlockEngine):
                     dst = out[tuple(map(slice, lo_k, hi_k))]
                     dst[...] = vals[u // dt.itemsize : v // dt.itemsize].reshape(dst.shape)
 
-        threads = 1
-        if len(pieces) > 1 and total >= PARALLEL_READ_MIN:
-            threads = min(len(pieces), _parallel.default_threads())
         sizes = [int(ends[b - 1]) - (int(ends[a - 1]) if a else 0) for a, b, _ in pieces]
-        need = max(sizes)
-        bufs = [self._run_buffer(need) for _ in range(threads)]
-        try:
-            _parallel.run_blocks(range(len(pieces)), place, bufs)
-        finally:
-            for buf in bufs:
-                if len(self._run_bufs) < threads and len(buf) <= COALESCE_RUN:
-                    self._run_bufs.append(buf)
-        if not one_crc:
-            return
-        if stats_mod.crc_combine(got, sizes) != stats_mod.crc_concat(expected, int(lengths[0])):
+
+        def check() -> None:
+            """The run checked as a whole (many blocks of one length), once every piece is read."""
+            if not one_crc or stats_mod.crc_combine(got, sizes) == stats_mod.crc_concat(
+                expected, int(lengths[0])
+            ):
+                return
             again = np.empty(int(ends[-1]), dtype=np.uint8)  # which block: each one's CRC
             _pread_into(fd, again.data, first, what)
             j = stats_mod.first_bad_piece(again, lengths, expected)
@@ -1033,6 +1061,8 @@ class NativeEngine(BlockEngine):
                 f"checksum mismatch in {self.path}/{name}: dataset {spec.path!r}, the blocks at "
                 f"bytes {first}..{first + int(ends[-1])} read differently twice"
             )
+
+        return _Run(sizes, int(ends[-1]), place, check)
 
     def _run_buffer(self, need: int) -> np.ndarray:
         """A buffer of at least *need* bytes: one kept from an earlier run, or a new one."""
