@@ -17,6 +17,7 @@ import lamina
 from lamina.engines import memory as memory_engine
 from lamina.engines.native import format as fmt
 from lamina.errors import ChecksumError, FormatError, LaminaWarning, NotALaminaFileError
+from lamina.geometry import Box
 from lamina.stats import CHUNK
 
 pytestmark = pytest.mark.usefixtures("fast_native")
@@ -112,6 +113,58 @@ def test_flipped_byte_in_a_run_of_small_blocks(native_path, shapes):
         with pytest.raises(ChecksumError, match=re.escape(str(victim.box))):
             f["u"][...]
         np.testing.assert_array_equal(f["u"][:4], truth[:4])  # the damaged block lies further
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"], ids=str)
+def test_a_dataset_of_one_block_a_step_read_whole(native_path, monkeypatch, compression):
+    """A dataset written as one block a step and read whole at a step is read straight from
+    the step's table (no block record made): the values, the bytes counted and every checksum
+    segment checked as on the general path; a flipped byte names the dataset and the block.
+    A part of the block, a strided output or a compressed block take the general path."""
+    from lamina.catalog.blocks import BlockTable
+
+    seg = CHUNK
+    shapes = {"s": (), "v": (7,), "g": (3, 4, 5), "big": (3 * seg // 8 // 64, 64)}
+    rng = np.random.default_rng(11)
+    truth = {k: [rng.random(sh) for _ in range(2)] for k, sh in shapes.items()}
+    with lamina.open(native_path, "w", engine="native", checksum_segment=seg) as f:
+        dss = {
+            k: f.create_dataset(k, sh, "f8", compression=compression) for k, sh in shapes.items()
+        }
+        for step in range(2):
+            with f.step():
+                for k, ds in dss.items():
+                    ds.write(truth[k][step])
+    made = []
+    record = BlockTable.record
+    monkeypatch.setattr(BlockTable, "record", lambda *a, **k: made.append(1) or record(*a, **k))
+    with lamina.open(native_path, "r", engine="native") as f:
+        for k in shapes:
+            for step in range(2):
+                before = f.engine.bytes_read
+                np.testing.assert_array_equal(f[k].read(step=step), truth[k][step])
+                if compression is None:
+                    assert f.engine.bytes_read - before == truth[k][step].nbytes
+        assert (made == []) == (compression is None)  # the raw blocks: no record made
+        made.clear()
+        np.testing.assert_array_equal(
+            f["g"].read(Box((1, 0, 0), (3, 4, 5)), step=1), truth["g"][1][1:]
+        )
+        strided = np.empty((3, 4, 10))[:, :, ::2]
+        f["g"].read(step=0, out=strided)
+        np.testing.assert_array_equal(strided, truth["g"][0])
+        assert len(made) == 2  # the part and the strided output: the general path
+    b = block_of(native_path, 1, 0, "big")
+    assert b.nbytes > 2 * seg  # several checksum segments
+    flip(os.path.join(native_path, b.subfile), b.offset + 2 * seg + 5)
+    with lamina.open(native_path, "r", engine="native") as f:
+        np.testing.assert_array_equal(f["big"].read(step=0), truth["big"][0])
+        with pytest.raises(ChecksumError) as err:
+            f["big"].read(step=1)
+        msg = str(err.value)
+        assert "'big'" in msg and str(b.box) in msg and b.subfile in msg
+        if compression is None:
+            assert "segment 2" in msg
 
 
 def test_partial_reads_verify_only_touched_segments(native_path):

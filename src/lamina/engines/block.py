@@ -1271,6 +1271,8 @@ class BlockEngine(Engine):
             self._bytes_read += layout_read.read(self, spec, layout, box, step, 0, out)
             return
         t = self.catalog.table(spec.id, step)
+        if len(t) == 1 and self._read_sole(spec, t, box, out):
+            return
         idx, lo, hi = t.hits(box.start, box.stop)
         covered, stored = t.read_cost(idx, lo, hi)
         if covered < box.size:
@@ -1492,6 +1494,13 @@ class BlockEngine(Engine):
         self, rec: BlockRecord, spec: DatasetSpec, inter: Box, dst: np.ndarray
     ) -> None:
         raise NotImplementedError
+
+    def _read_sole(self, spec: DatasetSpec, t: BlockTable, box: Box, out: np.ndarray) -> bool:
+        """A read of the one block of a step's table, when *box* is that block: read it into
+        *out* and say True, or say False and let :meth:`get` read it as any other.  For the
+        engines that can do it cheaper than the general path (a dataset written as one block
+        a step, read back a step at a time); by default False."""
+        return False
 
     def _committed(self, shared: bytes) -> None:
         """Called on every rank once a record is committed (with what rank 0 shared)."""

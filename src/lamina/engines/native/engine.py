@@ -208,6 +208,16 @@ def _pieces(views: list[memoryview], size: int):
         yield parts[0] if len(parts) == 1 else b"".join(parts)
 
 
+class _Sole(NamedTuple):
+    """What :meth:`NativeEngine._read_verified` needs of a block (a :class:`BlockRecord` has it
+    too): where it lies, its length, its checksum segment and its checksums."""
+
+    offset: int
+    length: int
+    seg: int
+    crcs: tuple[int, ...]
+
+
 class _Run(NamedTuple):
     """One run of a read planned (:meth:`NativeEngine._plan_run`): its pieces' sizes, its bytes,
     how to read piece k through a buffer and put it in place, and the check once all are read."""
@@ -1127,6 +1137,22 @@ class NativeEngine(BlockEngine):
         buf = np.empty(rec.length, dtype=np.uint8)
         self._read_verified(self._fd(rec.subfile), buf.data, rec.offset, 0, rec, what)
         return buf
+
+    def _read_sole(self, spec, t: BlockTable, box: Box, out: np.ndarray) -> bool:
+        """The block read whole into *out* straight from the table's columns, as
+        :meth:`_read_region` reads a whole block (no record, search or box made for it): a
+        raw block that is exactly *box*, into C-contiguous memory."""
+        if int(t.codec[0]) != CODEC_RAW or not out.flags.c_contiguous:
+            return False
+        start, stop = t.hull
+        if start != box.start or stop != box.stop:
+            return False
+        name = subfile_name(int(t.session[0]), int(t.agg[0]))
+        one = _Sole(int(t.offset[0]), int(t.length[0]), int(t.seg[0]), t.block_crcs(0))
+        what = _Lazy(lambda: f"{self.path}/{name}: dataset {spec.path!r} block {box}")
+        self._read_verified(self._fd(name), out.data.cast("B"), one.offset, 0, one, what)
+        self._bytes_read += one.length
+        return True
 
     def _read_region(self, rec, spec, inter: Box, dst: np.ndarray) -> None:
         what = self._block_name(rec, spec)
