@@ -21,6 +21,7 @@ from lamina.geometry import (
     dims_create,
     find_overlap,
     find_overlap_arrays,
+    fits,
     morton_key,
     morton_order,
     split_range,
@@ -684,3 +685,41 @@ def test_box_of_is_the_checked_box(case):
     assert got == want and hash(got) == hash(want) and got.shape == shape
     with pytest.raises(AttributeError):
         got.start = off  # frozen as Box is
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(0, 4).flatmap(
+        lambda n: st.tuples(
+            st.lists(st.integers(-3, 12), min_size=n, max_size=n),
+            st.lists(st.integers(0, 6), min_size=n, max_size=n),
+            st.lists(st.integers(-1, 2), min_size=n, max_size=n),  # extent - (start + shape)
+            st.integers(-1, 1),  # a start or a shape one entry off in length
+            st.sampled_from([int, np.int64, float, bool]),  # the start's entries
+        )
+    )
+)
+def test_fits_is_box_of_inside(case):
+    """fits (a lent write's bounds test, made without a box) says what box_of(start,
+    shape).inside(extent) says for corners of Python ints; False for any other corner
+    (numpy ints and floats: put converts or refuses them) and for lengths that differ."""
+    start, shape, slack, off, kind = case
+    extent = tuple(max(0, a + n + d) for a, n, d in zip(start, shape, slack, strict=True))
+    start = tuple(kind(a) for a in start)
+    shape = tuple(shape)
+    if off < 0 and start:
+        start = start[:-1]
+    elif off > 0:
+        shape = (*shape, 1)
+    got = fits(start, shape, extent)
+    if len(start) != len(extent) or len(shape) != len(extent):
+        assert got is False
+        return
+    if start and kind is not int:
+        assert got is False
+        return
+    try:
+        want = box_of(start, shape).inside(extent)
+    except BoundsError:
+        want = False  # below 0
+    assert got is want

@@ -762,3 +762,102 @@ def test_log_boxes_of_every_row_are_each_datasets_boxes(puts):
     again = logs[0].boxes_by_row(asked, width)
     np.testing.assert_array_equal(again[0], start)
     np.testing.assert_array_equal(again[1], stop)
+
+
+def _innermost(f) -> lamina.engines.base.Engine:
+    return f.engine.stack()[-1]
+
+
+def _noting(put, boxes: list):
+    """*put*, noting the box of every call in *boxes*."""
+
+    def noted(name, box, array, copy=True):
+        boxes.append(box)
+        put(name, box, array, copy)
+
+    return noted
+
+
+@pytest.mark.parametrize("ndim", [1, 2, 3, 4])
+def test_lent_writes_are_kept_without_put_and_store_what_put_stores(tmp_path, rng, ndim):
+    """A small raw block lent at a corner of ints (a tuple or a list) is kept by the engine
+    without going through ``put`` (``Engine.lend``); corners of numpy ints, arrays of another
+    dtype or order, blocks out of bounds and the first write of a dataset go through ``put``.
+    Both store the same values, statistics and boxes as copied writes."""
+    edge = 2
+    shape = (4,) * ndim
+    data = rng.standard_normal(shape)
+    corners = [tuple(int(v) for v in c) for c in np.ndindex(*(n // edge for n in shape))]
+    corners = [tuple(edge * v for v in c) for c in corners]
+    kinds = [tuple, list, tuple, np.array, lambda c: tuple(np.int64(v) for v in c)]
+    tables = {}
+    for how in ("copied", "lent"):
+        path = str(tmp_path / f"{how}.lam")
+        with lamina.open(path, "w") as f:
+            ds = f.create_dataset("u", shape=shape, dtype="f8")
+            inner = _innermost(f)
+            puts: list[Box] = []
+            inner.put = _noting(inner.put, puts)
+            with f.step():
+                for k, c in enumerate(corners):
+                    blk = np.ascontiguousarray(data[tuple(slice(a, a + edge) for a in c)])
+                    if k % 7 == 3:
+                        blk = blk.astype("f4")  # cast by put: not lent
+                    ds.write(blk, offset=kinds[k % len(kinds)](c), copy=how == "copied")
+            through = range(len(corners))  # copied: every write
+            if how == "lent":  # the first write and those lend cannot keep
+                through = [
+                    k
+                    for k in through
+                    if k == 0 or k % 7 == 3 or k % len(kinds) in (3, 4)  # cast, numpy corners
+                ]
+            assert [b.start for b in puts] == [corners[k] for k in through]
+        data32 = data.copy()
+        for k, c in enumerate(corners):
+            if k % 7 == 3:
+                sel = tuple(slice(a, a + edge) for a in c)
+                data32[sel] = data32[sel].astype("f4")
+        with lamina.open(path) as f:
+            np.testing.assert_array_equal(f["u"][...], data32)
+            tables[how] = sorted(
+                (b.box.start, b.box.stop, b.stats, b.nbytes) for b in f["u"].blocks(0)
+            )
+    assert tables["copied"] == tables["lent"]
+
+
+def test_no_block_is_lent_past_a_layer_that_changes_writes(tmp_path, rng):
+    """The derived layer with a quantity defined, and background I/O while it is active, take
+    every write through their own ``put``: the quantity is computed, the array is frozen
+    until its step is on disk; without them, lent blocks reach the engine directly."""
+    shape = (4, 4)
+    a, b = rng.standard_normal(shape), rng.standard_normal(shape)
+    path = str(tmp_path / "d.lam")
+    with lamina.open(path, "w") as f:
+        for n in ("a", "b"):
+            f.create_dataset(n, shape=shape, dtype="f8")
+        f.derive("s", "a + b", strategy="store")
+        assert not f.engine.lend("a", (0, 0), a[:2].copy())
+        with f.step():
+            for x in (0, 2):
+                f["a"].write(np.ascontiguousarray(a[x : x + 2]), offset=(x, 0), copy=False)
+                f["b"].write(np.ascontiguousarray(b[x : x + 2]), offset=(x, 0), copy=False)
+    with lamina.open(path) as f:
+        np.testing.assert_array_equal(f["s"][...], a + b)
+    path = str(tmp_path / "bg.lam")
+    with lamina.open(path, "w", io="async") as f:
+        ds = f.create_dataset("u", shape=shape, dtype="f8")
+        blocks = [np.ascontiguousarray(a[x : x + 2]) for x in (0, 2)]
+        with f.step():
+            ds.write(blocks[0], offset=(0, 0), copy=False)
+            assert not f.engine.lend("u", (2, 0), blocks[1])
+            ds.write(blocks[1], offset=(2, 0), copy=False)
+        f.wait()
+    with lamina.open(path) as f:
+        np.testing.assert_array_equal(f["u"][...], a)
+    with lamina.open(str(tmp_path / "plain.lam"), "w") as f:
+        ds = f.create_dataset("u", shape=shape, dtype="f8")
+        with f.step():
+            ds.write(blocks[0], offset=(0, 0), copy=False)  # the first: through put
+            assert f.engine.lend("u", (2, 0), blocks[1])
+            assert not blocks[1].flags.writeable
+        assert blocks[1].flags.writeable

@@ -206,6 +206,19 @@ class Engine(ABC):
         ``end_step`` or ``close``, which every rank makes).
         """
 
+    def lend(self, name: str, start: tuple[int, ...], array: np.ndarray) -> bool:
+        """Independent: keep *array*, lent with its corner at *start*, if this engine takes it
+        as it is; False where the caller must go through :meth:`put` instead.
+
+        The common case of a program that writes many small blocks: ``put(name,
+        box, array, copy=False)`` without the box, for an engine that can
+        check and keep such a block for less than ``put`` costs.  *start* is
+        a tuple; a block taken is kept as ``put`` keeps a lent one.  This
+        default takes none, and so does a layer unless it changes no write
+        (it then asks its inner engine).
+        """
+        return False
+
     def put_many(self, name: str, starts: np.ndarray, arrays, copy: bool = True) -> None:
         """Independent: write many blocks of dataset *name* in the current step.
 

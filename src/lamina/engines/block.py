@@ -108,6 +108,7 @@ from ..geometry import (
     cols_max,
     cols_min,
     find_overlap_arrays,
+    fits,
     rows_prod,
 )
 from ..layouts import read as layout_read
@@ -323,6 +324,7 @@ class BlockEngine(Engine):
         self._lent = LentBlocks()
         self._free_chunks: list[np.ndarray] = []  # staging buffers to use again
         self._spec_cache: dict[str, DatasetSpec] = {}  # names as passed to put -> definitions
+        self._lendable: dict[str, DatasetSpec] = {}  # the same, of the datasets lend may keep
         self._with_stats = True  # False: blocks carry no statistics (the memory transport's option)
         # False: the record goes out without the statistics, which follow (the memory transport)
         self._stats_in_record = True
@@ -542,6 +544,8 @@ class BlockEngine(Engine):
         if spec is None:
             raise dataset_not_found(self.catalog, path)
         self._spec_cache[name] = spec
+        if spec.shape and not spec.codecs and spec.layout is None:
+            self._lendable[name] = spec  # raw blocks of at least one dimension: lend may keep them
         return spec
 
     def _prepare(self, name: str, box: Box | None, what: str) -> DatasetSpec:
@@ -585,7 +589,7 @@ class BlockEngine(Engine):
             # lent, small and raw: kept as it is until the commit enters and stages it with the
             # step's other lent blocks (_flush_lent), as ADIOS2 defers a Put; the caller's
             # array is read-only until then, so that a change too early fails, not corrupts
-            self._lent.add(spec, box.start, arr, arr is array)
+            self._lent.add(spec, box.start, arr, arr is array and arr.flags.writeable)
             return
         index = self._enter(spec, box)
         try:
@@ -593,6 +597,28 @@ class BlockEngine(Engine):
         except BaseException:
             index.pop()  # a put that failed wrote nothing: the box may be written again
             raise
+
+    def lend(self, name: str, start: tuple[int, ...], array: np.ndarray) -> bool:
+        """Independent: keep a small raw block lent inside a step, as :meth:`put` keeps it.
+
+        Taken: a block of a dataset already written through ``put`` or looked up
+        (raw, of at least one dimension), of its dtype, C-contiguous, of
+        1 to :data:`SMALL` bytes, within its bounds, at a corner of ints.  The
+        checks ``put`` makes for such a block, spelled out, without a box:
+        about a third of ``put``'s cost.  Anything else is left to ``put``.
+        """
+        spec = self._lendable.get(name)
+        if spec is None or not self._in_step or self._closed or array.dtype is not spec.dtype:
+            return False
+        flags = array.flags
+        if not (
+            flags.c_contiguous
+            and 0 < array.nbytes <= SMALL
+            and fits(start, array.shape, spec.shape)
+        ):
+            return False
+        self._lent.add(spec, start, array, flags.writeable)
+        return True
 
     def put_many(self, name: str, starts, arrays, copy: bool = True) -> None:
         """Independent: many blocks of *name* in one call (:mod:`.batch`), checked as a whole.
@@ -676,23 +702,23 @@ class BlockEngine(Engine):
     def _stage_lent(self, lent: LentBlocks) -> None:
         """Enter and stage the blocks *lent*, by dataset and block shape."""
         groups = lent.groups()
-        # lent blocks per dataset, where several groups may share one
-        lent_of = collections.Counter(it[0].id for it in lent.items) if len(groups) > 1 else {}
+        lent_of: collections.Counter[int] = collections.Counter()
+        if len(groups) > 1:  # lent blocks per dataset, where several groups may share one
+            for spec, _, arrays in groups:
+                lent_of[spec.id] += len(arrays)
         step = len(self.catalog.steps)
-        for items in groups:
-            if len(items) == 1:  # one block (of a dataset written once in the step): as put would
-                spec, start, arr = items[0]
+        for spec, corners, arrays in groups:
+            if len(arrays) == 1:  # one block (of a dataset written once in the step): as put would
+                start, arr = corners[0], arrays[0]
                 stop = tuple(map(operator.add, start, arr.shape))
-                if spec.id in self._local or lent_of.get(spec.id, 1) > 1:  # other blocks: checked
+                if spec.id in self._local or lent_of[spec.id] > 1:  # other blocks: checked
                     enter_box(self._local, spec, box_of(start, arr.shape), step, lent_by=self.rank)
                 # else the dataset's only block in the step: nothing to meet, and nothing
                 # enters the index after the commit that flushes it (the step forgets it then)
                 self._log.add_staged(spec.id, start, stop, arr, self._chunk_for(arr.nbytes))
                 continue
-            spec = items[0][0]
-            arrays = [it[2] for it in items]
-            n, nd = len(items), spec.ndim
-            starts = np.fromiter(_chain([it[1] for it in items]), np.int64, n * nd).reshape(n, nd)
+            n, nd = len(arrays), spec.ndim
+            starts = np.fromiter(_chain(corners), np.int64, n * nd).reshape(n, nd)
             stops = starts + np.array(arrays[0].shape, dtype=np.int64)
             enter_boxes(self._local, spec, starts, stops, step, lent_by=self.rank)
             self._stage_run(spec, starts, stops, arrays[0].nbytes, arrays)
@@ -1203,6 +1229,7 @@ class BlockEngine(Engine):
         if self._pending_ops and self._committed_cp is not None:
             self.catalog.restore(self._committed_cp)
             self._spec_cache.clear()
+            self._lendable.clear()
         self._pending_ops.clear()
         self._commit_ops = []
 

@@ -47,13 +47,14 @@ _chain = itertools.chain.from_iterable
 class Chunk:
     """A staging buffer: small blocks' bytes back to back, and their statistics once computed."""
 
-    __slots__ = ("buf", "_mv", "used", "rows", "dtypes", "job", "summaries", "loc")
+    __slots__ = ("buf", "_mv", "used", "rows", "runs", "job", "summaries", "loc")
 
     def __init__(self, size: int = CHUNK_BYTES, buf: np.ndarray | None = None) -> None:
         self.set_buffer(np.empty(size, dtype=np.uint8) if buf is None else buf)
         self.used = 0
         self.rows: list[int] = []  # PutLog rows staged here, in order (their bytes are consecutive)
-        self.dtypes: list[np.dtype] = []  # dtype of each such row
+        # runs of those rows of one dtype: (index in self.rows of the run's first, dtype)
+        self.runs: list[tuple[int, np.dtype]] = []
         self.job: Future | None = None
         # per run of rows of one dtype: (first row index in self.rows, Summary)
         self.summaries: list[tuple[int, stats_mod.Summary]] | None = None
@@ -71,8 +72,8 @@ class Chunk:
         n = arr.nbytes
         self._mv[off : off + n] = arr.data.cast("B")  # arr is C-contiguous
         self.used = off + n
+        self._note(arr.dtype)
         self.rows.append(row)
-        self.dtypes.append(arr.dtype)
         return off
 
     def add_run(self, first_row: int, count: int, nbytes: int, dtype: np.dtype, data) -> int:
@@ -87,26 +88,28 @@ class Chunk:
         else:
             self.buf[off : off + n] = data
         self.used = off + n
+        self._note(dtype)
         self.rows.extend(range(first_row, first_row + count))
-        self.dtypes.extend([dtype] * count)
         return off
+
+    def _note(self, dtype: np.dtype) -> None:
+        """The rows added next are of *dtype*: a new run unless the last is of it."""
+        runs = self.runs
+        if not runs or runs[-1][1] != dtype:
+            runs.append((len(self.rows), dtype))
 
     def summarize(self, lengths: Sequence[int], offsets: Sequence[int], checksum: bool) -> None:
         """Compute the statistics (and checksums) of every block staged here, run by run of one dtype."""
         out: list[tuple[int, stats_mod.Summary]] = []
-        k = 0
+        runs = self.runs
         n = len(self.rows)
-        while k < n:
-            dt = self.dtypes[k]
-            j = k + 1
-            while j < n and self.dtypes[j] == dt:
-                j += 1
+        for i, (k, dt) in enumerate(runs):
+            j = runs[i + 1][0] if i + 1 < len(runs) else n
             a = offsets[k]
             b = offsets[j - 1] + lengths[j - 1]
             values = self.buf[a:b].view(dt)
             sizes = np.array(lengths[k:j], dtype=np.int64) // dt.itemsize
             out.append((k, stats_mod.summarize_flat(values, sizes, checksum)))
-            k = j
         self.summaries = out
 
     def start(
@@ -133,7 +136,7 @@ class Chunk:
         self.wait()
         self.used = 0
         self.rows = []
-        self.dtypes = []
+        self.runs = []
         self.summaries = None
         self.loc = None
 
@@ -558,56 +561,62 @@ class LentBlocks:
     """Small raw blocks a program lent (``put`` with ``copy=False``), kept until the commit
     enters and stages them with the step's other blocks (``BlockEngine._flush_lent``).
 
-    Kept as ``put`` gives them, one tuple (definition, start, array) per block; an array
-    that was writeable is made read-only until :meth:`thaw`, so that a program that
-    changes it before its step is committed gets numpy's error, not corrupt data.
-    :attr:`uniform` says whether every block is of one dataset and one shape, the
-    common case, which the commit stages as a single group.
+    Kept as ``put`` gives them, in three lists side by side (definitions, corners,
+    arrays); an array that was writeable is made read-only until :meth:`thaw`, so that
+    a program that changes it before its step is committed gets numpy's error, not
+    corrupt data.  :attr:`uniform` says whether every block is of one dataset and one
+    shape, the common case, which the commit stages as a single group.
     """
 
-    __slots__ = ("items", "frozen", "uniform", "_spec", "_shape")
+    __slots__ = ("specs", "starts", "arrays", "frozen", "uniform", "_spec", "_shape")
 
     def __init__(self) -> None:
-        self.items: list[tuple[DatasetSpec, tuple, np.ndarray]] = []
+        self.specs: list[DatasetSpec] = []
+        self.starts: list[tuple] = []
+        self.arrays: list[np.ndarray] = []
         self.frozen: list[np.ndarray] = []  # the arrays add made read-only
         self.uniform = True
         self._spec: DatasetSpec | None = None
         self._shape: tuple = ()
 
     def __len__(self) -> int:
-        return len(self.items)
+        return len(self.arrays)
 
     def add(self, spec: DatasetSpec, start: tuple, arr: np.ndarray, freeze: bool) -> None:
         """Keep *arr* (C-contiguous, of *spec*'s dtype) for the box at *start*; read-only until
-        :meth:`thaw` when *freeze* and it is writeable."""
-        if self.items:
+        :meth:`thaw` when *freeze* (the caller's own array, writeable)."""
+        if self.arrays:
             if spec is not self._spec or arr.shape != self._shape:
                 self.uniform = False
         else:
             self._spec, self._shape = spec, arr.shape
-        if freeze and arr.flags.writeable:
+        if freeze:
             _setflags(arr, False)
             self.frozen.append(arr)
-        self.items.append((spec, start, arr))
+        self.specs.append(spec)
+        self.starts.append(start)
+        self.arrays.append(arr)
 
-    def groups(self) -> list[list[tuple[DatasetSpec, tuple, np.ndarray]]]:
-        """The blocks by dataset and block shape, in the order each group first appears."""
+    def groups(self) -> list[tuple[DatasetSpec, list[tuple], list[np.ndarray]]]:
+        """The blocks by dataset and block shape, in the order each group first appears:
+        ``(definition, corners, arrays)`` each."""
         if self.uniform:
-            return [self.items]
-        by_key: dict[tuple, list] = {}
-        for item in self.items:
-            key = (item[0].id, item[2].shape)
+            return [(self.specs[0], self.starts, self.arrays)] if self.arrays else []
+        by_key: dict[tuple, tuple[DatasetSpec, list[tuple], list[np.ndarray]]] = {}
+        for spec, start, arr in zip(self.specs, self.starts, self.arrays, strict=True):
+            key = (spec.id, arr.shape)
             g = by_key.get(key)
             if g is None:
-                by_key[key] = [item]
+                by_key[key] = (spec, [start], [arr])
             else:
-                g.append(item)
+                g[1].append(start)
+                g[2].append(arr)
         return list(by_key.values())
 
     def thaw(self) -> None:
         """Make writeable again the arrays :meth:`add` made read-only, and forget every block."""
         frozen = self.frozen
-        self.items, self.frozen = [], []
+        self.specs, self.starts, self.arrays, self.frozen = [], [], [], []
         self.uniform, self._spec = True, None
         for a in frozen:
             _setflags(a, True)

@@ -133,6 +133,11 @@ class Layer(Engine):
     def put(self, name: str, box: Box, array: np.ndarray, copy: bool = True) -> None:
         self.inner.put(name, box, array, copy)
 
+    def lend(self, name: str, start: tuple[int, ...], array: np.ndarray) -> bool:
+        # not forwarded: no block goes past a layer's own put unless the layer says so (one
+        # that changes no write asks its inner engine)
+        return False
+
     def put_many(self, name: str, starts: np.ndarray, arrays, copy: bool = True) -> None:
         self.inner.put_many(name, starts, arrays, copy)
 

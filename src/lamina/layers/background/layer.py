@@ -554,6 +554,10 @@ class BackgroundLayer(Layer):
             self._spec_cache[name] = spec
         return spec
 
+    def lend(self, name: str, start: tuple[int, ...], array: np.ndarray) -> bool:
+        # while active, every write goes through the transactional copy (put)
+        return not self.active and self.inner.lend(name, start, array)
+
     def put(self, name: str, box: Box, array: np.ndarray, copy: bool = True) -> None:
         self._write(self.inner.put, self._put, name, lambda: box.size, box, array, copy)
 

@@ -368,6 +368,10 @@ class DerivedLayer(Layer):
                 a = np.asarray(arrays[k])
                 self._hold(path, Box.from_offset(starts[k], a.shape), a, copy)
 
+    def lend(self, name: str, start: tuple[int, ...], array: np.ndarray) -> bool:
+        # no derived quantity: nothing to refuse, hold or time
+        return not self._defs and self.inner.lend(name, start, array)
+
     def put(self, name: str, box: Box, array: np.ndarray, copy: bool = True) -> None:
         if not self._defs:  # no derived quantity: nothing to refuse, hold or time
             self.inner.put(name, box, array, copy)
