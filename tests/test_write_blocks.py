@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import lamina
@@ -861,3 +861,45 @@ def test_no_block_is_lent_past_a_layer_that_changes_writes(tmp_path, rng):
             assert f.engine.lend("u", (2, 0), blocks[1])
             assert not blocks[1].flags.writeable
         assert blocks[1].flags.writeable
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from([3, 3, 1, 2, 4]).flatmap(
+        lambda n: st.tuples(
+            st.lists(st.integers(-2, 6), min_size=n, max_size=n),
+            st.lists(st.integers(0, 3), min_size=n, max_size=n).filter(lambda s: 0 not in s)
+            | st.just([0] * n),
+            st.lists(st.integers(-1, 1), min_size=n, max_size=n),  # extent - (start + shape)
+            st.none() | st.tuples(st.integers(0, n - 1), st.sampled_from([np.int64, float, bool])),
+            st.integers(-1, 1),  # the corner one entry off in length
+        )
+    )
+)
+@example(([1, 2, 3], [2, 2, 2], [0, 1, 0], (2, float), 0))  # a 3-D corner within bounds
+@example(([1, 2, 3], [2, 2, 2], [0, 1, 0], (1, np.int64), 0))
+@example(([1, 2, 3], [2, 2, 2], [0, 1, 0], (0, bool), 0))
+@example(([1, 2, 3], [2, 2, 2], [0, 0, 0], None, 0))
+def test_lent_blocks_take_what_fits_says(case):
+    """LentBlocks.take keeps a block exactly when it has bytes and geometry.fits says its
+    corner is of ints and within the extent (3-D corners are tested by take itself)."""
+    from lamina.geometry import fits
+
+    start, shape, slack, odd, off = case
+    extent = tuple(max(0, a + x + d) for a, x, d in zip(start, shape, slack, strict=True))
+    if odd is not None:  # one entry of the corner not a Python int
+        j, kind = odd
+        start[j] = kind(start[j])
+    start = tuple(start)
+    if off < 0:
+        start = start[:-1]
+    elif off > 0:
+        start = (*start, 0)
+    arr = np.ones(tuple(shape))
+    spec = DatasetSpec("u", extent, np.dtype("f8"))
+    lent = staging.LentBlocks()
+    want = arr.size > 0 and fits(start, arr.shape, extent)
+    assert lent.take(spec, start, arr) is want
+    assert len(lent) == int(want) and arr.flags.writeable is not want
+    lent.thaw()
+    assert arr.flags.writeable

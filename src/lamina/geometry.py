@@ -182,19 +182,12 @@ def fits(start: tuple, shape: tuple[int, ...], extent: tuple[int, ...]) -> bool:
     """Whether *start* is a corner of Python ints at which a box of *shape* lies in
     ``[0, extent)``: what ``box_of(start, shape).inside(extent)`` tests, without making
     the box, for the write of a small block.  False where the three differ in length or
-    *start* holds anything but ints (bool included).  3-D boxes are spelled out."""
+    *start* holds anything but ints (bool included)."""
     n = len(extent)
     if len(start) != n or len(shape) != n:
         return False
-    if n == 3:
-        a, b, c = start
-        if not (type(a) is int and type(b) is int and type(c) is int):
-            return False
-        x, y, z = shape
-        X, Y, Z = extent
-        return 0 <= a and 0 <= b and 0 <= c and a + x <= X and b + y <= Y and c + z <= Z
-    for a, x, X in zip(start, shape, extent, strict=True):
-        if type(a) is not int or a < 0 or a + x > X:
+    for a, x, e in zip(start, shape, extent, strict=True):
+        if type(a) is not int or a < 0 or a + x > e:
             return False
     return True
 

@@ -108,7 +108,6 @@ from ..geometry import (
     cols_max,
     cols_min,
     find_overlap_arrays,
-    fits,
     rows_prod,
 )
 from ..layouts import read as layout_read
@@ -610,15 +609,7 @@ class BlockEngine(Engine):
         spec = self._lendable.get(name)
         if spec is None or not self._in_step or self._closed or array.dtype is not spec.dtype:
             return False
-        flags = array.flags
-        if not (
-            flags.c_contiguous
-            and 0 < array.nbytes <= SMALL
-            and fits(start, array.shape, spec.shape)
-        ):
-            return False
-        self._lent.add(spec, start, array, flags.writeable)
-        return True
+        return self._lent.take(spec, start, array)
 
     def put_many(self, name: str, starts, arrays, copy: bool = True) -> None:
         """Independent: many blocks of *name* in one call (:mod:`.batch`), checked as a whole.
