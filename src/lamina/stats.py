@@ -18,10 +18,11 @@ calls.  Both give the same min, max and count; sums agree to rounding.
 reductions and crc32c release the GIL), so on a machine with a spare core
 the cost hides behind the write itself.
 
-numba was measured for this (a single-loop kernel reached about 1.7 times
-the numpy pass's speed on one core) and not taken: importing it and loading
-its compiled kernels costs about 0.75 s in every process, which every rank
-of every launch would pay.
+numba was measured for this twice and not taken: importing it and loading
+its compiled kernels costs 0.3-0.75 s in every process, which every rank of
+every launch would pay, and kernels that keep numpy's NaN rules were not
+faster than this pass (docs/performance.md, "Statistics and checksums in
+the write").
 """
 
 from __future__ import annotations
