@@ -603,7 +603,8 @@ class LentBlocks:
         so: of *spec*'s dtype (the caller checked), C-contiguous, of 1 to :data:`SMALL`
         bytes, within *spec*'s bounds at a corner of ints (:func:`~lamina.geometry.fits`;
         3-D corners, the common ones, tested here: a call less per block).  Else False, and
-        nothing is kept."""
+        nothing is kept.  What it keeps, and how, is :meth:`add`'s, spelled out here for
+        the same reason (calling it costs 5 % of a lent block's write and commit)."""
         flags = arr.flags
         shape = arr.shape
         extent = spec.shape
