@@ -782,13 +782,12 @@ def _noting(put, boxes: list):
 def test_lent_writes_are_kept_without_put_and_store_what_put_stores(tmp_path, rng, ndim):
     """A small raw block lent at a corner of ints (a tuple or a list) is kept by the engine
     without going through ``put`` (``Engine.lend``); corners of numpy ints, arrays of another
-    dtype or order, blocks out of bounds and the first write of a dataset go through ``put``.
-    Both store the same values, statistics and boxes as copied writes."""
+    dtype and the first write of a dataset go through ``put``.  Both store the same values,
+    statistics and boxes as copied writes."""
     edge = 2
     shape = (4,) * ndim
     data = rng.standard_normal(shape)
-    corners = [tuple(int(v) for v in c) for c in np.ndindex(*(n // edge for n in shape))]
-    corners = [tuple(edge * v for v in c) for c in corners]
+    corners = [tuple(edge * v for v in c) for c in np.ndindex(*(n // edge for n in shape))]
     kinds = [tuple, list, tuple, np.array, lambda c: tuple(np.int64(v) for v in c)]
     tables = {}
     for how in ("copied", "lent"):
@@ -851,7 +850,9 @@ def test_no_block_is_lent_past_a_layer_that_changes_writes(tmp_path, rng):
             ds.write(blocks[0], offset=(0, 0), copy=False)
             assert not f.engine.lend("u", (2, 0), blocks[1])
             ds.write(blocks[1], offset=(2, 0), copy=False)
+            assert not blocks[1].flags.writeable  # the layer's own freeze, until on disk
         f.wait()
+        assert blocks[1].flags.writeable
     with lamina.open(path) as f:
         np.testing.assert_array_equal(f["u"][...], a)
     with lamina.open(str(tmp_path / "plain.lam"), "w") as f:
@@ -860,6 +861,12 @@ def test_no_block_is_lent_past_a_layer_that_changes_writes(tmp_path, rng):
             ds.write(blocks[0], offset=(0, 0), copy=False)  # the first: through put
             assert f.engine.lend("u", (2, 0), blocks[1])
             assert not blocks[1].flags.writeable
+            spare = np.ones((2, 4))
+            for corner in ((3, 0), (-1, 0), (0, 1)):  # out of bounds: left to put, which refuses
+                assert not f.engine.lend("u", corner, spare)
+                with pytest.raises(lamina.BoundsError, match="'/?u'"):
+                    ds.write(spare, offset=corner, copy=False)
+            assert spare.flags.writeable
         assert blocks[1].flags.writeable
 
 
