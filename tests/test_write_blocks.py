@@ -910,3 +910,22 @@ def test_lent_blocks_take_what_fits_says(case):
     assert len(lent) == int(want) and arr.flags.writeable is not want
     lent.thaw()
     assert arr.flags.writeable
+
+
+def test_a_lent_write_at_the_origin_is_kept_without_put(tmp_path):
+    """``ds.write(a, copy=False)`` with no offset (a dataset written whole each step) is lent
+    at the origin: after the first step's write through ``put``, no write calls it."""
+    path = str(tmp_path / "o.lam")
+    with lamina.open(path, "w") as f:
+        ds = f.create_dataset("u", shape=(3, 4), dtype="f8")
+        puts: list[Box] = []
+        inner = _innermost(f)
+        inner.put = _noting(inner.put, puts)
+        for s in range(3):
+            with f.step():
+                ds.write(np.full((3, 4), float(s)), copy=False)
+        assert [b.start for b in puts] == [(0, 0)]
+        with f.step(), pytest.raises(lamina.ShapeError, match="dimensions"):
+            ds.write(np.ones(4), copy=False)  # of another rank of array: left to put, which refuses
+    with lamina.open(path) as f:
+        assert [float(f["u"].read(step=s)[2, 3]) for s in range(3)] == [0.0, 1.0, 2.0]

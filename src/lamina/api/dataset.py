@@ -376,11 +376,16 @@ class Dataset:
         lent is staged by ``end_step``, which also finds its overlaps with the
         step's other blocks of this rank (docs/api.md).
         """
-        if not copy and type(data) is np.ndarray and offset is not None:
+        if not copy and type(data) is np.ndarray:
             # a block lent: kept by the engine if it can, as put would (the common case of
-            # many small blocks); a corner of ints as a tuple or a list
-            kind = type(offset)
-            start = offset if kind is tuple else tuple(offset) if kind is list else None
+            # many small blocks); a corner of ints as a tuple or a list, or the origin
+            start: tuple | None = None
+            if type(offset) is tuple:
+                start = offset
+            elif offset is None:
+                start = (0,) * len(self._spec.shape)
+            elif type(offset) is list:
+                start = tuple(offset)
             if start is not None and self._file._engine.lend(self._path, start, data):
                 return
         if type(data) is not np.ndarray:  # a plain array is taken as it is
