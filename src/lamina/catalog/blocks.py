@@ -1024,6 +1024,9 @@ class StepTable:
         widest), sums float64 or complex128, ``amax`` None where a part has none (inf)."""
         if not parts:
             parts = [_NO_ROWS]
+        if len(parts) == 1:  # one rank's rows (every step of one rank): its columns as they are
+            p = parts[0]
+            return cls(p["did"], **{name: p[name] for name in _ATTRS})
 
         def cat(cols: list[np.ndarray]) -> np.ndarray:
             return cols[0] if len(cols) == 1 else np.concatenate(cols)
@@ -1071,7 +1074,7 @@ class StepTable:
         p = self._ptr
         if p is None:
             p = np.zeros(len(self.ncrc) + 1, dtype=np.int64)
-            np.cumsum(self.ncrc, out=p[1:])
+            self.ncrc.cumsum(out=p[1:])  # the method: np.cumsum's wrapper costs as much again
             self._ptr = p
         return p
 

@@ -147,6 +147,13 @@ def wait_for(what: str, seconds: float, ready, missing):
         delay = min(delay * 2, 0.5)
 
 
+def _filled(n: int, value: int, dtype) -> np.ndarray:
+    """``np.full(n, value, dtype)`` without its Python wrapper (a commit makes a few a step)."""
+    a = np.empty(n, dtype)
+    a.fill(value)
+    return a
+
+
 class _Done:
     """A statistics job finished at put: (statistics or None, checksums)."""
 
@@ -1087,10 +1094,12 @@ class BlockEngine(Engine):
             rows, lengths = heads.unplaced(r)
             if rows.size and r in bases:  # the rank's stream of unplaced blocks, from its base
                 s, a, base = bases[r]
-                offs = base + np.concatenate(([0], np.cumsum(lengths)[:-1]))
+                offs = lengths.cumsum()  # each block's end, then its start
+                offs -= lengths
+                offs += base
                 if len(rows) == n:  # every block moved (staged small blocks, the common case)
                     offset = offs
-                    session, agg = np.full(n, s, np.uint32), np.full(n, a, np.uint32)
+                    session, agg = _filled(n, s, np.uint32), _filled(n, a, np.uint32)
                 else:
                     session, agg, offset = session.copy(), agg.copy(), offset.copy()
                     offset[rows] = offs
@@ -1100,7 +1109,7 @@ class BlockEngine(Engine):
                     did=h.did,
                     start=h.start,
                     stop=h.stop,
-                    rank=np.full(n, r, np.uint32),
+                    rank=_filled(n, r, np.uint32),
                     session=session,
                     agg=agg,
                     offset=offset,

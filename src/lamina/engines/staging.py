@@ -487,6 +487,20 @@ class PutLog:
                 chunks = [c for c in self.chunks if c.rows]
             else:  # some datasets: their chunks only (others may not be reduced yet)
                 chunks = self.chunks_of(sorted(_chain(self.rows.get(d, []) for d in dtypes)))
+            if len(chunks) == 1 and not self.jobbed:
+                whole = self._one_summary(chunks[0], n)
+                if whole is not None:  # every row, in order, in one run of one chunk
+                    segs = np.zeros(n, dtype=np.int64)
+                    if checksum:
+                        segs[np.frombuffer(self.codec, dtype=np.uint8) != CODEC_STATS_ONLY] = seg
+                        one = whole.crcs if whole.crcs is not None else one
+                    if stats:
+                        dt = whole.mins.dtype.str
+                        mins, maxs = {dt: whole.mins}, {dt: whole.maxs}
+                        sums = {whole.sums.dtype.str: whole.sums}
+                        has[:] = True
+                        count = whole.counts
+                    return segs, one, many, has, mins, maxs, sums, count
             for c in chunks:  # staged rows: their chunk's summaries, run by run
                 c.wait()
                 crows = index_of(c.rows)
@@ -522,6 +536,20 @@ class PutLog:
         if checksum:
             segs[np.frombuffer(self.codec, dtype=np.uint8) != CODEC_STATS_ONLY] = seg
         return segs, one, many, has, mins, maxs, sums, count
+
+    @staticmethod
+    def _one_summary(c: Chunk, n: int) -> stats_mod.Summary | None:
+        """The summary of chunk *c* when it holds rows ``0..n-1`` in order in one run of one
+        dtype (a step of small blocks of one dataset, or of datasets of one dtype, staged in
+        one chunk): its columns are the step's as they are.  Else None."""
+        c.wait()
+        got = c.summaries
+        rows = c.rows
+        if got is None or len(got) != 1 or len(rows) != n or not n:
+            return None
+        if rows[0] != 0 or rows[-1] != n - 1:
+            return None  # (rows are ascending: n of them from 0 to n - 1 are every row)
+        return got[0][1]
 
     def step_stats(self, dtypes: dict[int, np.dtype], seg: int, checksum: bool, stats: bool):
         """The columns of :meth:`stats_columns` for every row of the step at once, in row
