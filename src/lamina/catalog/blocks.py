@@ -1086,7 +1086,11 @@ class StepTable:
     def _cut(self, k: int, nd: int, dt: np.dtype, amax: bool) -> BlockTable:
         lo, hi = self.bounds[k], self.bounds[k + 1]
         sd = stat_dtype(dt)
-        ptr = self.crc_ptr
+        if lo == 0 and hi == len(self.length):  # the step's only section: every checksum
+            crcs = self.crcs
+        else:
+            ptr = self.crc_ptr
+            crcs = self.crcs[int(ptr[lo]) : int(ptr[hi])]
         mags = None
         if amax:
             mags = np.full(hi - lo, np.inf) if self.amax is None else self.amax[lo:hi]
@@ -1102,7 +1106,7 @@ class StepTable:
             codec=self.codec[lo:hi],
             seg=self.seg[lo:hi],
             ncrc=self.ncrc[lo:hi],
-            crcs=self.crcs[int(ptr[lo]) : int(ptr[hi])],
+            crcs=crcs,
             has_stats=self.has_stats[lo:hi],
             smin=self.smin[lo:hi].view(sd),
             smax=self.smax[lo:hi].view(sd),

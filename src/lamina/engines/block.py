@@ -207,7 +207,7 @@ class StepHeads:
         if got is None:  # asked by the move and again by the record: computed once
             h = self.ranks[rank]
             m = ~h.located & (h.codec != CODEC_STATS_ONLY)
-            got = self._unplaced[rank] = (np.flatnonzero(m), h.length[m])
+            got = self._unplaced[rank] = (m.nonzero()[0], h.length[m])
         return got
 
     def unplaced_bytes(self, rank: int) -> int:

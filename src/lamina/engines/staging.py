@@ -109,7 +109,10 @@ class Chunk:
             a = offsets[k]
             b = offsets[j - 1] + lengths[j - 1]
             values = self.buf[a:b].view(dt)
-            sizes = np.array(lengths[k:j], dtype=np.int64) // dt.itemsize
+            if j - k == 1:  # a block alone (a dataset written once a step): no array of lengths
+                sizes = np.array([lengths[k] // dt.itemsize], dtype=np.int64)
+            else:
+                sizes = np.array(lengths[k:j], dtype=np.int64) // dt.itemsize
             out.append((k, stats_mod.summarize_flat(values, sizes, checksum)))
         self.summaries = out
 
@@ -279,12 +282,13 @@ class PutLog:
         zeros after.  Datasets written by single puts are joined by ndim and placed with
         one scatter each: a step of many datasets pays a few numpy calls, not a few each."""
         n = len(self.ds)
-        start = np.zeros((n, width), dtype=np.int64)
-        stop = np.zeros((n, width), dtype=np.int64)
+        start = stop = None
         by_ndim: dict[int, list[int]] = {}
         for did, nd in ndims.items():
             if self.pieces.get(did) or not self.starts.get(did):
                 s, e = self.boxes(did, nd)
+                if start is None or stop is None:
+                    start, stop = _zeros2(n, width), _zeros2(n, width)
                 rows = index_of(self.rows[did])
                 start[rows, :nd], stop[rows, :nd] = s, e
             else:
@@ -296,10 +300,15 @@ class PutLog:
             k = sum(map(len, tails))
             s = np.array(list(_chain(tails)), dtype=np.int64).reshape(k, nd)
             e = np.array(list(_chain(self.stops[d] for d in dids)), dtype=np.int64).reshape(k, nd)
-            rows = np.fromiter(_chain(self.rows[d] for d in dids), np.int64, k)
-            if k == n and nd == width and bool((rows[1:] > rows[:-1]).all()):
+            mine = [self.rows[d] for d in dids]
+            if k == n and nd == width and _one_after_another(mine):
                 return s, e  # every row, in order, of one ndim (many datasets of one shape)
+            if start is None or stop is None:
+                start, stop = _zeros2(n, width), _zeros2(n, width)
+            rows = np.fromiter(_chain(mine), np.int64, k)
             start[rows, :nd], stop[rows, :nd] = s, e
+        if start is None or stop is None:
+            return _zeros2(n, width), _zeros2(n, width)
         return start, stop
 
     def locations(self):
@@ -467,21 +476,12 @@ class PutLog:
         (by row), and min, max and sum by their stored dtype's ``str`` (a column each, zero
         in the rows of other dtypes)."""
         n = len(self.ds)
-        has = np.zeros(n, dtype=bool)
-        count = np.zeros(n, dtype=np.int64)
-        one = np.zeros(n, dtype=np.uint32)  # the checksum of each block that has one
         many: dict[int, tuple[int, ...]] = {}  # blocks with another number of checksums
         # min/max by their stored dtype (int64, uint64 or float64), sums float64 or complex128
         mins: dict[str, np.ndarray] = {}
         maxs: dict[str, np.ndarray] = {}
         sums: dict[str, np.ndarray] = {}
-
-        def col(into: dict[str, np.ndarray], dt: np.dtype) -> np.ndarray:
-            got = into.get(dt.str)
-            if got is None:
-                got = into[dt.str] = np.zeros(n, dtype=dt)
-            return got
-
+        chunks: list[Chunk] = []
         if stats or checksum:  # else nothing to wait for (statistics that follow the record)
             if all(did in dtypes for did in self.rows):
                 chunks = [c for c in self.chunks if c.rows]
@@ -489,18 +489,32 @@ class PutLog:
                 chunks = self.chunks_of(sorted(_chain(self.rows.get(d, []) for d in dtypes)))
             if len(chunks) == 1 and not self.jobbed:
                 whole = self._one_summary(chunks[0], n)
-                if whole is not None:  # every row, in order, in one run of one chunk
-                    segs = np.zeros(n, dtype=np.int64)
-                    if checksum:
-                        segs[np.frombuffer(self.codec, dtype=np.uint8) != CODEC_STATS_ONLY] = seg
-                        one = whole.crcs if whole.crcs is not None else one
-                    if stats:
-                        dt = whole.mins.dtype.str
-                        mins, maxs = {dt: whole.mins}, {dt: whole.maxs}
-                        sums = {whole.sums.dtype.str: whole.sums}
-                        has[:] = True
-                        count = whole.counts
-                    return segs, one, many, has, mins, maxs, sums, count
+                if whole is not None:  # every row, in order, in one run of one chunk: its columns
+                    one = (
+                        whole.crcs
+                        if checksum and whole.crcs is not None
+                        else np.zeros(n, dtype=np.uint32)
+                    )
+                    if not stats:
+                        has, count = np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64)
+                        return self._segs(n, seg, checksum), one, many, has, mins, maxs, sums, count
+                    dt = whole.mins.dtype.str
+                    mins, maxs = {dt: whole.mins}, {dt: whole.maxs}
+                    sums = {whole.sums.dtype.str: whole.sums}
+                    has = np.ones(n, dtype=bool)
+                    segs = self._segs(n, seg, checksum)
+                    return segs, one, many, has, mins, maxs, sums, whole.counts
+        has = np.zeros(n, dtype=bool)
+        count = np.zeros(n, dtype=np.int64)
+        one = np.zeros(n, dtype=np.uint32)  # the checksum of each block that has one
+
+        def col(into: dict[str, np.ndarray], dt: np.dtype) -> np.ndarray:
+            got = into.get(dt.str)
+            if got is None:
+                got = into[dt.str] = np.zeros(n, dtype=dt)
+            return got
+
+        if stats or checksum:
             for c in chunks:  # staged rows: their chunk's summaries, run by run
                 c.wait()
                 crows = index_of(c.rows)
@@ -532,10 +546,20 @@ class PutLog:
                     col(maxs, stat_dtype(dt))[r] = st.max
                     col(sums, sum_dtype(dt))[r] = st.sum
                     count[r] = st.count
+        return self._segs(n, seg, checksum), one, many, has, mins, maxs, sums, count
+
+    def _segs(self, n: int, seg: int, checksum: bool) -> np.ndarray:
+        """The checksum segment of every row: *seg*, 0 for statistics-only blocks (and
+        every block without checksums)."""
+        if not checksum:
+            return np.zeros(n, dtype=np.int64)
+        if CODEC_STATS_ONLY not in self.codec:  # (a scan of the bytes, no array made)
+            a = np.empty(n, dtype=np.int64)
+            a.fill(seg)
+            return a
         segs = np.zeros(n, dtype=np.int64)
-        if checksum:
-            segs[np.frombuffer(self.codec, dtype=np.uint8) != CODEC_STATS_ONLY] = seg
-        return segs, one, many, has, mins, maxs, sums, count
+        segs[np.frombuffer(self.codec, dtype=np.uint8) != CODEC_STATS_ONLY] = seg
+        return segs
 
     @staticmethod
     def _one_summary(c: Chunk, n: int) -> stats_mod.Summary | None:
@@ -560,7 +584,7 @@ class PutLog:
             dtypes, seg, checksum, stats
         )
         n = len(segs)
-        ncrc, crcs = _crc_columns(one, many, np.arange(n))
+        ncrc, crcs = _crc_columns(one, many, None)
 
         def bits(cols: dict[str, np.ndarray]) -> np.ndarray:  # one column of 8-byte patterns
             got = [c.view("<u8") for c in cols.values()]
@@ -686,6 +710,15 @@ class LentBlocks:
             _setflags(a, True)
 
 
+def _one_after_another(runs: list[list[int]]) -> bool:
+    """Whether ascending lists of rows follow each other (together ascending)."""
+    return all(a[-1] < b[0] for a, b in zip(runs, runs[1:], strict=False))
+
+
+def _zeros2(n: int, width: int) -> np.ndarray:
+    return np.zeros((n, width), dtype=np.int64)
+
+
 def index_of(rows: list[int]) -> np.ndarray:
     """*rows* (ascending, as the log appends them) as an int64 array; a run of consecutive
     rows, the common case, without reading the list."""
@@ -696,14 +729,18 @@ def index_of(rows: list[int]) -> np.ndarray:
 
 
 def _crc_columns(
-    one: np.ndarray, many: dict[int, tuple[int, ...]], rows: np.ndarray
+    one: np.ndarray, many: dict[int, tuple[int, ...]], rows: np.ndarray | None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(ncrc, crcs)`` of *rows* (ascending): one checksum each from *one*, or the several
-    *many* holds for a row (a block of several checksum segments), flattened in row order."""
-    ncrc = np.ones(len(rows), dtype=np.uint32)
-    crcs = one[rows]
-    if not many or not len(rows):
+    """``(ncrc, crcs)`` of *rows* (ascending; None: every row): one checksum each from
+    *one*, or the several *many* holds for a row (a block of several checksum segments),
+    flattened in row order."""
+    crcs = one if rows is None else one[rows]
+    ncrc = np.empty(len(crcs), dtype=np.uint32)
+    ncrc.fill(1)
+    if not many or not len(crcs):
         return ncrc, crcs
+    if rows is None:
+        rows = np.arange(len(one))
     keys = np.array(sorted(many), dtype=np.int64)
     at = np.minimum(np.searchsorted(rows, keys), len(rows) - 1)
     mine = [(int(i), many[int(r)]) for i, r in zip(at, keys, strict=True) if rows[i] == r]
