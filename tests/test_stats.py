@@ -7,7 +7,7 @@ import math
 import crc32c
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -250,6 +250,28 @@ def test_crc_concat_is_the_crc_of_the_pieces_back_to_back(length, n, seed):
         [crc32c.crc32c(buf[i * length : (i + 1) * length]) for i in range(n)], dtype=np.uint32
     )
     assert stats.crc_concat(pieces, length) == crc32c.crc32c(buf)
+
+
+@given(
+    st.integers(0, 40),
+    st.lists(st.integers(0, 20_000), min_size=1, max_size=12),
+    st.booleans(),
+    st.integers(0, 2**32 - 1),
+)
+@example(3, [4, 2, 6], False, 0)  # unequal pieces that add up to n times the first
+@example(5, [512] * 9, True, 1)
+def test_piece_crcs_are_each_piece_s_crc(start, lengths, same, seed):
+    """Pieces of one size (read as the rows of one array) and of any sizes, empty ones,
+    large ones (awscrt's CRC), from any offset: each piece's CRC-32C."""
+    if same:
+        lengths = [lengths[0]] * len(lengths)
+    edges = np.cumsum([start, *lengths])
+    rng = np.random.default_rng(seed)
+    buf = rng.integers(0, 256, int(edges[-1]) + 7, dtype=np.uint8)
+    want = [crc32c.crc32c(buf[a:b].tobytes()) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+    got = stats.piece_crcs(buf.data, edges)
+    assert got.dtype == np.uint32
+    assert got.tolist() == want
 
 
 @given(st.lists(st.integers(0, 5000), max_size=12), st.integers(0, 2**32 - 1))

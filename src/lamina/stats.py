@@ -209,10 +209,19 @@ def first_bad_piece(buf, lengths: np.ndarray, expected: np.ndarray) -> int:
 
 def piece_crcs(view, edges) -> np.ndarray:
     """CRC-32C of each piece ``view[edges[k]:edges[k + 1]]`` (byte offsets), as uint32."""
-    e = np.asarray(edges).tolist()
-    c = crc if e[-1] - e[0] >= FAST_MIN * (len(e) - 1) else crc_raw  # large pieces: the fast CRC
+    edges = np.asarray(edges)
+    n = len(edges) - 1
+    first, last = int(edges[0]), int(edges[-1])
+    c = crc if last - first >= FAST_MIN * n else crc_raw  # large pieces: the fast CRC
+    size = int(edges[1]) - first if n > 1 else 0
+    if size > 0 and last - first == n * size and bool((edges[1:] - edges[:-1] == size).all()):
+        # pieces of one size (many blocks of one shape): the rows of a 2-D array, which numpy
+        # hands out without a slice object per piece (0.78 against 1.08 ms for 4,096 of 512 B)
+        rows = np.frombuffer(view, np.uint8, n * size, first).reshape(n, size)
+        return np.fromiter(map(c, rows), np.uint32, n)
+    e = edges.tolist()
     pieces = map(view.__getitem__, map(slice, e[:-1], e[1:]))  # no Python frame per piece
-    return np.fromiter(map(c, pieces), np.uint32, len(e) - 1)
+    return np.fromiter(map(c, pieces), np.uint32, n)
 
 
 def _flat_bytes(arr: np.ndarray) -> memoryview:

@@ -41,6 +41,7 @@ SMALL = stats_mod.SMALL
 #: bytes per staging chunk (written or sent as one piece)
 CHUNK_BYTES = 4 << 20
 _RAW = int(BlockCodec.RAW)
+_STATS_ONLY_BYTE = bytes([CODEC_STATS_ONLY])
 _chain = itertools.chain.from_iterable
 
 
@@ -553,7 +554,7 @@ class PutLog:
         every block without checksums)."""
         if not checksum:
             return np.zeros(n, dtype=np.int64)
-        if CODEC_STATS_ONLY not in self.codec:  # (a scan of the bytes, no array made)
+        if _STATS_ONLY_BYTE not in self.codec.tobytes():  # (memchr over a copy of n bytes)
             a = np.empty(n, dtype=np.int64)
             a.fill(seg)
             return a
