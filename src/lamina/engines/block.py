@@ -276,18 +276,29 @@ def _hulls_apart(boxes: list[tuple[np.ndarray, np.ndarray]]) -> bool:
     """Whether the boxes around each rank's blocks (*boxes*: per rank, ``(starts, stops)``)
     are pairwise disjoint (then no block of one rank overlaps a block of another: each
     rank's own were tested at put)."""
-    lo = np.stack([cols_min(a) if len(a) else a.sum(axis=0) for a, _ in boxes])
-    hi = np.stack([cols_max(b) if len(b) else b.sum(axis=0) for _, b in boxes])
+    hulls = [_hull(a, b) for a, b in boxes]
+    a, b = [h[0] for h in hulls], [h[1] for h in hulls]
     if len(boxes) > 8:
-        return find_overlap_arrays(lo, hi) is None
+        return find_overlap_arrays(np.array(a, np.int64), np.array(b, np.int64)) is None
     # a few ranks: every pair, in Python (the sweep's fixed cost is tens of microseconds)
-    a, b = lo.tolist(), hi.tolist()
     for i in range(len(a)):
         for j in range(i):
             if all(map(operator.lt, a[i], b[j])) and all(map(operator.lt, a[j], b[i])):
                 if all(map(operator.lt, a[i], b[i])) and all(map(operator.lt, a[j], b[j])):
                     return False  # two boxes, neither empty, that meet
     return True
+
+
+def _hull(starts: np.ndarray, stops: np.ndarray) -> tuple[list[int], list[int]]:
+    """The corners of the box around boxes ``[starts[k], stops[k])`` (an empty box for none);
+    a few boxes in Python, where numpy's calls per column cost more."""
+    if not len(starts):
+        zero = [0] * starts.shape[1]
+        return zero, zero
+    if len(starts) <= 16:
+        lo = [min(c) for c in zip(*starts.tolist(), strict=True)]
+        return lo, [max(c) for c in zip(*stops.tolist(), strict=True)]
+    return cols_min(starts).tolist(), cols_max(stops).tolist()
 
 
 def fill_uncovered(spec: DatasetSpec, box: Box, lo: np.ndarray, hi: np.ndarray, out) -> None:
@@ -936,13 +947,15 @@ class BlockEngine(Engine):
             raise FormatError(f"step heads from rank {r}: boxes of {width} dimensions")
         did = d.array("<i8", n)
         specs = self.catalog.specs
-        if n and (int(did.min()) < 0 or int(did.max()) >= len(specs)):
-            bad = int(did.max()) if int(did.min()) >= 0 else int(did.min())
-            raise CollectiveMismatchError(
-                f"rank {r} wrote dataset id {bad}, unknown on rank {self.rank}"
-            )
-        if n and max(specs[x].ndim for x in np.unique(did).tolist()) > width:
-            raise FormatError(f"step heads from rank {r}: boxes narrower than their datasets")
+        if n:  # the datasets written (a set of a few ids costs less than numpy's unique)
+            ids = sorted(set(did.tolist())) if n <= 64 else np.unique(did).tolist()
+            if ids[0] < 0 or ids[-1] >= len(specs):
+                bad = ids[-1] if ids[0] >= 0 else ids[0]
+                raise CollectiveMismatchError(
+                    f"rank {r} wrote dataset id {bad}, unknown on rank {self.rank}"
+                )
+            if max(specs[x].ndim for x in ids) > width:
+                raise FormatError(f"step heads from rank {r}: boxes narrower than their datasets")
         mine = RankHead(
             did,
             d.array("<i8", n * width).reshape(n, width),
@@ -1160,7 +1173,12 @@ class BlockEngine(Engine):
                 heads = self._heads_of([local])
             else:
                 raws = comm_mod.allgather_bytes(self.comm, packed)
-                heads = self._heads_of([self._unpack_heads(r, raw) for r, raw in enumerate(raws)])
+                heads = self._heads_of(  # this rank's own heads as it made them, not decoded again
+                    [
+                        local if r == self.rank else self._unpack_heads(r, raw)
+                        for r, raw in enumerate(raws)
+                    ]
+                )
             self._validate(heads, step)  # same verdict on every rank
 
             g = comm_mod.Guard()
@@ -1174,7 +1192,7 @@ class BlockEngine(Engine):
             packed = b""
             with g:
                 mine = self._local_trailer(bases)
-                if self.size > 1:
+                if self.size > 1 and self.rank != 0:  # rank 0 keeps its own as it made it
                     packed = self._pack_trailer(*mine)
             comm_mod.agree(self.comm, g.error)
             gathered = None
@@ -1186,8 +1204,10 @@ class BlockEngine(Engine):
             with g:
                 if self.rank == 0:
                     trailers = [mine]
-                    if gathered is not None:  # gathered on rank 0
-                        trailers = [self._unpack_trailer(r, raw) for r, raw in enumerate(gathered)]
+                    if gathered is not None:  # gathered on rank 0 (its own not sent)
+                        trailers += [
+                            self._unpack_trailer(r, raw) for r, raw in enumerate(gathered) if r
+                        ]
                     rec = self._build_record(kind, step, heads, trailers)
                     shared = self._write_record(rec)
             comm_mod.agree(self.comm, g.error)
