@@ -168,6 +168,25 @@ def test_read_out_of_bounds(writer):
     committed_ok(writer)
 
 
+def test_read_takes_a_box_or_slices_and_names_anything_else(writer):
+    """read() takes a Box or a tuple of slices (numpy's clipping); anything else is a TypeError
+    naming the dataset and what was given, not an error from inside the engine."""
+    ds = writer["fields/temp"]
+    whole = ds.read()
+    assert np.array_equal(ds.read(np.s_[1:3, 2:]), whole[1:3, 2:])
+    assert np.array_equal(ds.read(np.s_[1:99, :]), whole[1:99, :])
+    out = np.empty((2, 6))
+    assert ds.read(np.s_[0:2, :], out=out) is out and np.array_equal(out, whole[:2])
+    with pytest.raises(BoundsError, match=r"1 slices for dataset '.*temp' of 2 dimensions"):
+        ds.read(np.s_[0:2])
+    with pytest.raises(BoundsError, match="step"):
+        ds.read(np.s_[0:4:2, :])
+    for bad in ((0, 2), [slice(0, 2), slice(None)], "0:2", 3):
+        with pytest.raises(TypeError, match=r"read\(\) of dataset '.*temp' takes a lamina.Box"):
+            ds.read(bad)
+    committed_ok(writer)
+
+
 @pytest.mark.parametrize("value_shape", [(3, 6), (4, 5), (2,), (4, 6, 1)])
 def test_shape_mismatch(writer, value_shape):
     with writer.step():

@@ -177,6 +177,9 @@ class Dataset:
     ) -> np.ndarray:
         """Independent: read *box* (default: everything) at *step* (default: this view's step).
 
+        *box* is a :class:`~lamina.Box` or a tuple of slices of step 1, one per
+        dimension (``np.s_[0:16, :]``; clipped to the shape as numpy clips them).
+
         With ``collective=True`` the call is collective: every rank calls it
         for the same dataset and step, each with its own *box* (possibly
         empty), and a block that several ranks need is read once, by one of
@@ -201,7 +204,7 @@ class Dataset:
         if layout is not None:
             layout.check_read_tolerance(tolerance, self._path)
         shape = self._spec.shape if layout is None else layout.shapes(self._spec.shape)[level]
-        box = Box.from_shape(shape) if box is None else box
+        box = Box.from_shape(shape) if box is None else self._box(box, shape)
         step = self._step if step is None else step
         if out is None and layout is None:
             ahead = self._file._engine.take_read_ahead(self._path, box, step)
@@ -220,6 +223,24 @@ class Dataset:
                 self._path, box, step, out, level, None, tolerance
             )
         return out
+
+    def _box(self, box, shape: tuple[int, ...]) -> Box:
+        """*box* as a :class:`Box`: one already, or a tuple of slices of step 1 (``np.s_[a:b,
+        :]``, clipped to *shape* as numpy clips them, one per dimension); TypeError otherwise."""
+        if isinstance(box, Box):
+            return box
+        if isinstance(box, slice):
+            box = (box,)
+        if isinstance(box, tuple) and all(isinstance(s, slice) for s in box):
+            if len(box) != len(shape):
+                raise BoundsError(
+                    f"{len(box)} slices for {self._what()} of {len(shape)} dimensions {shape}"
+                )
+            return Box.from_slices(box, shape)
+        raise TypeError(
+            f"read() of {self._what()} takes a lamina.Box or a tuple of slices (np.s_[...]), "
+            f"got {type(box).__name__} {box!r}"
+        )
 
     def _same_everywhere(self, step, level: int) -> None:
         """Collective: CollectiveMismatchError on every rank unless all read this dataset at
