@@ -212,7 +212,7 @@ def piece_crcs(view, edges) -> np.ndarray:
     edges = np.asarray(edges)
     n = len(edges) - 1
     first, last = int(edges[0]), int(edges[-1])
-    c = crc if last - first >= FAST_MIN * n else crc_raw  # large pieces: the fast CRC
+    c: Any = crc if last - first >= FAST_MIN * n else crc_raw  # large pieces: the fast CRC
     size = int(edges[1]) - first if n > 1 else 0
     if size > 0 and last - first == n * size and bool((edges[1:] - edges[:-1] == size).all()):
         # pieces of one size (many blocks of one shape): the rows of a 2-D array, which numpy

@@ -499,8 +499,8 @@ class PutLog:
                     if not stats:
                         has, count = np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64)
                         return self._segs(n, seg, checksum), one, many, has, mins, maxs, sums, count
-                    dt = whole.mins.dtype.str
-                    mins, maxs = {dt: whole.mins}, {dt: whole.maxs}
+                    key = whole.mins.dtype.str
+                    mins, maxs = {key: whole.mins}, {key: whole.maxs}
                     sums = {whole.sums.dtype.str: whole.sums}
                     has = np.ones(n, dtype=bool)
                     segs = self._segs(n, seg, checksum)

@@ -816,6 +816,10 @@ class NativeEngine(BlockEngine):
             raise error
         return bases
 
+    def _places_own_blocks(self) -> bool:
+        """Every rank its own aggregator (the default): each writes its own blocks."""
+        return self.naggs == self.size
+
     def _waits_after_move(self, heads: StepHeads) -> bool:
         """A member whose aggregator has at least :data:`QUIET_MOVE` bytes to write waits for it quietly."""
         if self.is_agg:
