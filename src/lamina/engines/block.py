@@ -49,8 +49,8 @@ the commit takes two exchanges instead of four (``_commit_gathered``): each
 rank writes its blocks and sends its heads and trailer to rank 0 in one
 message; rank 0 validates the step (the verdict phase 2 gives on every
 rank, raised on every rank by the ``agree`` that follows), writes the record
-and broadcasts it.  Two ranks writing one small block a step: 0.41-0.42 ms
-a step against 0.58-0.62 ms through the four phases.
+and broadcasts it (two ranks writing one small block a step: 0.47-0.52 ms
+a step against 0.66-0.96 ms through the four phases, docs/performance.md).
 
 Any failure on any rank is propagated to all ranks (:func:`lamina.comm.agree`)
 so no rank is left waiting; a failed step is discarded and nothing committed
