@@ -129,6 +129,29 @@ def test_place_grid_refuses_what_is_not_a_tiling():
     np.testing.assert_array_equal(out, before)
 
 
+def test_grid_found_again_for_the_same_corners_is_the_new_output_s():
+    """The search is kept for the next call with the same corners, shape and output shape
+    (a reader of one region step after step): the view is always into the output given,
+    and an output of another shape or other corners are searched again."""
+    shape = np.array([2, 2])
+    corners = np.array([[2, 2], [2, 0], [0, 2], [0, 0]])
+    vals = np.arange(16.0)
+    outs = [np.zeros((4, 4)), np.zeros((4, 4)), np.zeros((8, 4)).T[:, :4]]
+    for out in outs + outs[:1]:
+        assert _place_grid(out, corners, shape, vals)
+        for k, (i, j) in enumerate(corners):
+            np.testing.assert_array_equal(
+                out[i : i + 2, j : j + 2].ravel(), vals[4 * k : 4 * k + 4]
+            )
+    assert not _place_grid(np.zeros((3, 4)), corners, shape, vals)  # past the output's end
+    assert _place_grid(np.zeros((4, 4)), corners, shape, vals)
+    moved = corners + np.array([0, 1])  # other corners, same bytes length: searched again
+    out = np.zeros((4, 5))
+    assert _place_grid(out, moved, shape, vals)
+    np.testing.assert_array_equal(out[0:2, 1:3].ravel(), vals[12:16])
+    assert not _place_grid(np.zeros((4, 4)), moved, shape, vals)
+
+
 @pytest.mark.parametrize("kind", ["fortran", "sliced"])
 def test_place_grid_writes_into_strided_outputs(kind):
     """The copy goes into the caller's array whatever its strides (never into a copy of it)."""

@@ -71,13 +71,48 @@ class _Grid(NamedTuple):
     order: np.ndarray | None  # the blocks in C order of their cells; None when they come so
 
 
+class _GridPlan(NamedTuple):
+    """What :func:`_grid_of` finds of blocks tiling a box, apart from the output array."""
+
+    cells: np.ndarray
+    order: np.ndarray | None
+    slices: tuple[slice, ...]  # the box of the output
+    split: list[int]  # the box's shape as (cells, block) pairs, axis by axis
+
+
+#: the last plan found, with its key: a reader of one region step after step meets the
+#: same blocks at the same corners every step (kept whole, so threads see a key and its plan)
+_last_plan: tuple[tuple, _GridPlan | None] | None = None
+
+
 def _grid_of(out: np.ndarray, corner: np.ndarray, shape) -> _Grid | None:
     """How blocks of one *shape* (block k at ``corner[k]`` of *out*) tile a box of *out*,
     or None when they do not (a hole, a cell twice, off the grid's phase, out of bounds)."""
+    global _last_plan
     n = len(corner)
     shape = np.asarray(shape, dtype=np.int64)
     if n < 2 or out.ndim == 0 or bool(np.any(shape <= 0)):
         return None
+    key = (corner.dtype.str, corner.shape, corner.tobytes(), shape.tobytes(), out.shape)
+    last = _last_plan
+    if last is not None and last[0] == key:
+        plan = last[1]
+    else:
+        plan = _grid_plan(corner, shape, out.shape)
+        _last_plan = (key, plan)
+    if plan is None:
+        return None
+    nd = out.ndim
+    view = out[plan.slices].reshape(plan.split)
+    view = view.transpose([*range(0, 2 * nd, 2), *range(1, 2 * nd, 2)])
+    if not np.may_share_memory(view, out):  # splitting axes is a view for any strides; be sure
+        return None
+    return _Grid(view, plan.cells, plan.order)
+
+
+def _grid_plan(corner: np.ndarray, shape: np.ndarray, out_shape: tuple) -> _GridPlan | None:
+    """:func:`_grid_of`'s search, for an output of *out_shape* (its cells are read-only)."""
+    n = len(corner)
     cell, phase = np.divmod(corner, shape)
     if bool(np.any(phase != phase[0])):
         return None
@@ -93,17 +128,15 @@ def _grid_of(out: np.ndarray, corner: np.ndarray, shape) -> _Grid | None:
         order = np.argsort(lin, kind="stable")
         if not bool(np.array_equal(lin[order], np.arange(n))):
             return None  # a cell twice (overlapping blocks): not a tiling
+        order.flags.writeable = False
     start = phase[0] + low * shape
     stop = start + extent * shape
-    if bool(np.any(stop > np.asarray(out.shape))):
+    if bool(np.any(stop > np.asarray(out_shape))):
         return None
-    region = out[tuple(slice(int(a), int(b)) for a, b in zip(start, stop, strict=True))]
-    nd = out.ndim
+    cell.flags.writeable = False
+    box = tuple(slice(int(a), int(b)) for a, b in zip(start, stop, strict=True))
     split = [int(v) for pair in zip(extent, shape, strict=True) for v in pair]
-    view = region.reshape(split).transpose([*range(0, 2 * nd, 2), *range(1, 2 * nd, 2)])
-    if not np.may_share_memory(view, out):  # splitting axes is a view for any strides; be sure
-        return None
-    return _Grid(view, cell, order)
+    return _GridPlan(cell, order, box, split)
 
 
 def _slabs(extent: Sequence[int], block_bytes: int, limit: int) -> Iterator[tuple[int, int, tuple]]:
