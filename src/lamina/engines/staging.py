@@ -783,6 +783,7 @@ class BoxIndex:
         "_rebuilt_at",
         "keys",
         "lazy",
+        "loose",
     )
 
     def __init__(self, ndim: int, shape: tuple[int, ...] | None = None) -> None:
@@ -798,6 +799,9 @@ class BoxIndex:
         self.big: list[int] = []
         self.n = 0
         self._rebuilt_at = 32  # rebuild only after the boxes doubled since the last time
+        # the first box, kept out of the grid until a second comes: a dataset written once a
+        # step (most of them) never pays for its cells
+        self.loose = False
 
     def insert(self, start: tuple[int, ...], stop: tuple[int, ...]) -> int:
         """Enter ``[start, stop)`` unless it meets an entered box: -1, or the index of that box."""
@@ -810,6 +814,14 @@ class BoxIndex:
             return -1
         if self.cell is None:
             self.cell = tuple(max(1, b - a) for a, b in zip(start, stop, strict=True))
+        if not self.n:  # nothing to meet
+            self.starts.append(start)
+            self.stops.append(stop)
+            self.n = 1
+            self.loose = True
+            return -1
+        if self.loose:
+            self._settle()
         starts, stops = self.starts, self.stops
         for j in self.big:
             if _meets(start, stop, starts[j], stops[j]):
@@ -832,6 +844,20 @@ class BoxIndex:
                             return j
         self._append(start, stop, cells)
         return -1
+
+    def _settle(self) -> None:
+        """Enter the first box in the grid (a second one has come)."""
+        self.loose = False
+        cells = self._cells(self.starts[0], self.stops[0])
+        if cells is None:
+            self.big.append(0)
+            return
+        for key in cells:
+            got = self.grid.get(key)
+            if got is None:
+                self.grid[key] = [0]
+            else:
+                got.append(0)
 
     def _append(self, start, stop, cells) -> None:
         j = self.n
@@ -926,6 +952,11 @@ class BoxIndex:
         """Forget the box entered last (its put failed after the test)."""
         if self.lazy:
             self._materialize()
+        if self.loose:  # the first box, alone and out of the grid
+            self.starts.pop()
+            self.stops.pop()
+            self.n, self.loose = 0, False
+            return
         j = self.n - 1
         start, stop = self.starts.pop(), self.stops.pop()
         self.n = j
@@ -982,6 +1013,7 @@ class BoxIndex:
         ext = np.array(self.stops, dtype=np.int64) - np.array(self.starts, dtype=np.int64)
         self.cell = tuple(max(1, int(v)) for v in np.median(ext, axis=0))
         self._rebuilt_at = self.n
+        self.loose = False  # every box is entered again below
         self.grid = {}
         self.big = []
         starts, stops = self.starts, self.stops
