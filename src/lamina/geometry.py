@@ -233,13 +233,21 @@ def rows_prod(a: np.ndarray) -> np.ndarray:
     return out
 
 
+#: at most this many rows are reduced in Python (numpy's two calls a column cost more)
+FEW_ROWS = 16
+
+
 def cols_min(a: np.ndarray) -> np.ndarray:
-    """``a.min(axis=0)`` of a non-empty ``(n, ndim)`` array."""
+    """``a.min(axis=0)`` of a non-empty ``(n, ndim)`` array of ints."""
+    if len(a) <= FEW_ROWS:
+        return np.array([min(c) for c in zip(*a.tolist(), strict=True)], dtype=a.dtype)
     return np.array([a[:, k].min() for k in range(a.shape[1])], dtype=a.dtype)
 
 
 def cols_max(a: np.ndarray) -> np.ndarray:
-    """``a.max(axis=0)`` of a non-empty ``(n, ndim)`` array."""
+    """``a.max(axis=0)`` of a non-empty ``(n, ndim)`` array of ints."""
+    if len(a) <= FEW_ROWS:
+        return np.array([max(c) for c in zip(*a.tolist(), strict=True)], dtype=a.dtype)
     return np.array([a[:, k].max() for k in range(a.shape[1])], dtype=a.dtype)
 
 

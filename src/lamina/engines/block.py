@@ -64,7 +64,7 @@ import itertools
 import math
 import operator
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -134,6 +134,7 @@ from .staging import (
     PutLog,
     enter_box,
     enter_boxes,
+    filled,
     index_of,
 )
 
@@ -155,13 +156,6 @@ def wait_for(what: str, seconds: float, ready, missing):
             raise missing(seconds)
         time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
         delay = min(delay * 2, 0.5)
-
-
-def _filled(n: int, value: int, dtype) -> np.ndarray:
-    """``np.full(n, value, dtype)`` without its Python wrapper (a commit makes a few a step)."""
-    a = np.empty(n, dtype)
-    a.fill(value)
-    return a
 
 
 class _Done:
@@ -300,14 +294,10 @@ def _hulls_apart(boxes: list[tuple[np.ndarray, np.ndarray]]) -> bool:
 
 
 def _hull(starts: np.ndarray, stops: np.ndarray) -> tuple[list[int], list[int]]:
-    """The corners of the box around boxes ``[starts[k], stops[k])`` (an empty box for none);
-    a few boxes in Python, where numpy's calls per column cost more."""
+    """The corners of the box around boxes ``[starts[k], stops[k])`` (an empty box for none)."""
     if not len(starts):
         zero = [0] * starts.shape[1]
         return zero, zero
-    if len(starts) <= 16:
-        lo = [min(c) for c in zip(*starts.tolist(), strict=True)]
-        return lo, [max(c) for c in zip(*stops.tolist(), strict=True)]
     return cols_min(starts).tolist(), cols_max(stops).tolist()
 
 
@@ -1122,7 +1112,7 @@ class BlockEngine(Engine):
                 offs += base
                 if len(rows) == n:  # every block moved (staged small blocks, the common case)
                     offset = offs
-                    session, agg = _filled(n, s, np.uint32), _filled(n, a, np.uint32)
+                    session, agg = filled(n, s, np.uint32), filled(n, a, np.uint32)
                 else:
                     session, agg, offset = session.copy(), agg.copy(), offset.copy()
                     offset[rows] = offs
@@ -1132,7 +1122,7 @@ class BlockEngine(Engine):
                     did=h.did,
                     start=h.start,
                     stop=h.stop,
-                    rank=_filled(n, r, np.uint32),
+                    rank=filled(n, r, np.uint32),
                     session=session,
                     agg=agg,
                     offset=offset,
@@ -1205,19 +1195,13 @@ class BlockEngine(Engine):
         if self.size > 1:
             gathered = comm_mod.gather_bytes(self.comm, packed, root=0)
 
-        g = comm_mod.Guard()
-        shared = None
-        with g:
-            if self.rank == 0:
-                trailers = [mine]
-                if gathered is not None:  # gathered on rank 0 (its own not sent)
-                    trailers += [
-                        self._unpack_trailer(r, raw) for r, raw in enumerate(gathered) if r
-                    ]
-                rec = self._build_record(kind, step, heads, trailers)
-                shared = self._write_record(rec)
-        comm_mod.agree(self.comm, g.error)
-        return comm_mod.bcast_bytes(self.comm, shared, root=0)
+        def parts() -> tuple[StepHeads, list[tuple[list, tuple]]]:
+            trailers = [mine]
+            if gathered is not None:  # gathered on rank 0 (its own not sent)
+                trailers += [self._unpack_trailer(r, raw) for r, raw in enumerate(gathered) if r]
+            return heads, trailers
+
+        return self._share_record(kind, step, parts)
 
     def _commit_gathered(self, kind: int, step: int) -> bytes:
         """A commit where every rank places its own blocks (:meth:`_places_own_blocks`): each
@@ -1244,19 +1228,32 @@ class BlockEngine(Engine):
                 packed = e.getvalue()
         comm_mod.agree(self.comm, g.error)
         gathered = comm_mod.gather_bytes(self.comm, packed, root=0)
+
+        def parts() -> tuple[StepHeads, list[tuple[list, tuple]]]:
+            assert local is not None and mine is not None and gathered is not None
+            every, trailers = [local], [mine]
+            for r in range(1, self.size):
+                d = Decoder(gathered[r], f"step heads and trailer from rank {r}")
+                every.append(self._unpack_heads(r, d.blob()))
+                trailers.append(self._unpack_trailer(r, d.blob()))
+                d.expect_end()
+            heads = self._heads_of(every)
+            self._validate(heads, step)
+            return heads, trailers
+
+        return self._share_record(kind, step, parts)
+
+    def _share_record(
+        self, kind: int, step: int, parts: Callable[[], tuple[StepHeads, list]]
+    ) -> bytes:
+        """The last phase of a commit: rank 0 builds the record of what *parts()* gives it
+        (the step's heads and every rank's trailer) and writes it; every rank gets its bytes
+        (an error on rank 0 raised on every rank instead)."""
         g = comm_mod.Guard()
         shared = None
         with g:
             if self.rank == 0:
-                assert local is not None and mine is not None and gathered is not None
-                parts, trailers = [local], [mine]
-                for r in range(1, self.size):
-                    d = Decoder(gathered[r], f"step heads and trailer from rank {r}")
-                    parts.append(self._unpack_heads(r, d.blob()))
-                    trailers.append(self._unpack_trailer(r, d.blob()))
-                    d.expect_end()
-                heads = self._heads_of(parts)
-                self._validate(heads, step)
+                heads, trailers = parts()
                 shared = self._write_record(self._build_record(kind, step, heads, trailers))
         comm_mod.agree(self.comm, g.error)
         return comm_mod.bcast_bytes(self.comm, shared, root=0)

@@ -555,9 +555,7 @@ class PutLog:
         if not checksum:
             return np.zeros(n, dtype=np.int64)
         if _STATS_ONLY_BYTE not in self.codec.tobytes():  # (memchr over a copy of n bytes)
-            a = np.empty(n, dtype=np.int64)
-            a.fill(seg)
-            return a
+            return filled(n, seg, np.int64)
         segs = np.zeros(n, dtype=np.int64)
         segs[np.frombuffer(self.codec, dtype=np.uint8) != CODEC_STATS_ONLY] = seg
         return segs
@@ -716,6 +714,13 @@ def _one_after_another(runs: list[list[int]]) -> bool:
     return all(a[-1] < b[0] for a, b in zip(runs, runs[1:], strict=False))
 
 
+def filled(n: int, value: int, dtype) -> np.ndarray:
+    """``np.full(n, value, dtype)`` without its Python wrapper (a commit makes a few a step)."""
+    a = np.empty(n, dtype)
+    a.fill(value)
+    return a
+
+
 def _zeros2(n: int, width: int) -> np.ndarray:
     return np.zeros((n, width), dtype=np.int64)
 
@@ -736,8 +741,7 @@ def _crc_columns(
     *one*, or the several *many* holds for a row (a block of several checksum segments),
     flattened in row order."""
     crcs = one if rows is None else one[rows]
-    ncrc = np.empty(len(crcs), dtype=np.uint32)
-    ncrc.fill(1)
+    ncrc = filled(len(crcs), 1, np.uint32)
     if not many or not len(crcs):
         return ncrc, crcs
     if rows is None:
@@ -851,13 +855,8 @@ class BoxIndex:
         cells = self._cells(self.starts[0], self.stops[0])
         if cells is None:
             self.big.append(0)
-            return
-        for key in cells:
-            got = self.grid.get(key)
-            if got is None:
-                self.grid[key] = [0]
-            else:
-                got.append(0)
+        else:
+            self._enter_cells(0, cells)
 
     def _append(self, start, stop, cells) -> None:
         j = self.n
@@ -871,6 +870,10 @@ class BoxIndex:
             if 4 * len(self.big) > self.n and self.n >= 2 * self._rebuilt_at:
                 self._rebuild()
             return
+        self._enter_cells(j, cells)
+
+    def _enter_cells(self, j: int, cells) -> None:
+        """Box *j* in each of the grid's *cells*."""
         grid = self.grid
         for key in cells:
             got = grid.get(key)
