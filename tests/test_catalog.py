@@ -1012,6 +1012,82 @@ def test_sections_decode_as_one_record_as_column_by_column(n, nd, dt, amax, seed
     assert one.encode() == raw
 
 
+@settings(max_examples=40)
+@given(
+    extra=st.integers(0, 300),
+    nd=st.integers(1, 3),
+    dt=st.sampled_from(["f8", "f4", "i4", "c16", "?"]),
+    amax=st.booleans(),
+    same=st.sets(st.sampled_from(["length", "count", "rank", "agg", "has", "smin", "ssum"])),
+    seed=st.integers(0, 2**31),
+)
+def test_large_tables_decode_folded_with_the_values_of_their_bytes(extra, nd, dt, amax, same, seed):
+    """A table of FOLD_MIN rows or more is decoded into memory of its own: every column
+    holds the bytes of its section; a column whose rows all hold one value (bit for bit)
+    is that value once, at stride 0; the others are copies; all read-only; its nbytes
+    counts what it holds.  Rows that differ only in the sign of a zero, in a NaN's payload
+    or in the imaginary part of a sum are not folded."""
+    from lamina.catalog import blocks as cb
+
+    n = cb.FOLD_MIN + extra
+    rng = np.random.default_rng(seed)
+    spec = DatasetSpec("/d", (400, 30, 20)[:nd], np.dtype(dt))
+    lo = rng.integers(0, 10, (n, nd))
+    hi = lo + (rng.integers(1, 10, (n, nd)) if "length" not in same else 3)
+    size = (hi - lo).prod(axis=1)
+    t = _table_of_boxes(lo, hi)
+    t.dtype = spec.dtype
+    t.length = size * spec.dtype.itemsize
+    t.offset = rng.integers(0, 1 << 40, n)
+    t.rank = np.full(n, 3, np.uint32) if "rank" in same else rng.integers(0, 4, n, np.uint32)
+    t.agg = np.full(n, 1, np.uint32) if "agg" in same else rng.integers(0, 4, n, np.uint32)
+    t.crcs = rng.integers(0, 1 << 32, n, dtype=np.uint32)
+    t.has_stats = np.ones(n, bool) if "has" in same else rng.random(n) < 0.5
+    t.count = size if "count" in same else np.minimum(size, rng.integers(0, 100, n))
+    stat = cb.stat_dtype(spec.dtype)
+    if "smin" in same:  # zeros, one of them negative: equal values, different bits
+        t.smin = np.zeros(n, stat)
+        if stat == np.float64 and rng.random() < 0.5:
+            t.smin[rng.integers(n)] = -0.0
+    else:
+        t.smin = rng.integers(0, 3, n).astype(stat)
+    t.smax = np.full(n, np.nan) if stat == np.float64 else np.full(n, 7, stat)
+    if stat == np.float64 and rng.random() < 0.5:  # another NaN: unequal bits
+        t.smax[rng.integers(n)] = np.frombuffer(b"\x01\x00\x00\x00\x00\x00\xf8\x7f", "<f8")[0]
+    if "ssum" in same:
+        t.ssum = np.full(n, 2.5 + (1j if dt == "c16" else 0))
+        if dt == "c16" and rng.random() < 0.5:  # the real part alike, the imaginary not
+            t.ssum[rng.integers(n)] = 2.5 - 1j
+    else:
+        t.ssum = rng.random(n) + (1j * rng.random(n) if dt == "c16" else 0)
+    t.amax = (np.full(n, 4.0) if rng.random() < 0.5 else rng.random(n)) if amax else None
+    raw = t.encode()
+    got = BlockTable.decode(raw, spec, "s", amax)
+    cols = _columns_one_by_one(raw, nd, spec.dtype, amax)
+    held = 0
+    for name, b in cols.items():
+        a = getattr(got, name)
+        assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), name
+        assert not a.flags.writeable, name
+        bits = b.view(np.uint8).reshape(len(b), -1)
+        one_value = bool((bits == bits[0]).all())
+        if name in cb._FOLDABLE:
+            assert (a.strides[0] == 0) == one_value, name
+        else:
+            assert a.strides[0] != 0 or len(a) <= 1, name
+        if a.strides[0] == 0:
+            held += a.itemsize
+        else:
+            assert a.base is None or a.base.size == a.size, name  # not a view of the section
+            held += a.nbytes
+    assert got.nbytes == held
+    assert got.encode() == raw
+    # statistics that come later still go in (the folded columns become arrays again)
+    rows = np.arange(0, n, 7)
+    got.set_stats(rows, True, np.ones(len(rows)), np.ones(len(rows)), np.ones(len(rows)), 1)
+    assert bool(got.has_stats[rows].all()) and bool((got.count[rows] == 1).all())
+
+
 def _sound_block(nd: int, layered: bool, seg: int) -> tuple[DatasetSpec, dict]:
     """A dataset and the fields of a sound block of it (its box, location, codec, ...)."""
     shape = (8, 5, 6)[:nd]

@@ -1,8 +1,8 @@
 """``lamina bench catalog``: opening a file of many steps of many blocks, and what its index costs.
 
 One process writes ``--steps`` steps of ``--blocks`` blocks each (rows of a
-2-D float32 dataset, 16 bytes a block: the data is negligible, the index is
-what is measured), with lamina (native, ``durable=False``) and with ADIOS2
+2-D float32 dataset, 16 bytes a block of random values: the data is
+negligible, the index is what is measured), with lamina (native, ``durable=False``) and with ADIOS2
 BP5 (``Put`` deferred, one ``SetSelection`` per block).  Then, each
 ``--repeat`` times, in turn:
 
@@ -38,33 +38,41 @@ from . import common
 ROW = 4  # float32 values per block: a block is one row
 
 
+def _rows(blocks: int) -> list[np.ndarray]:
+    """The blocks both tools write at every step: rows of random values, each block's own,
+    so that no statistic is the same in every block (a decoded lamina step keeps a column
+    whose rows all hold one value as that value once)."""
+    data = np.random.default_rng(0).random((blocks, 1, ROW)).astype(np.float32)
+    return list(data)
+
+
 def _write_lamina(path: str, steps: int, blocks: int) -> None:
     import lamina
 
-    one = np.ones((1, ROW), dtype=np.float32)
+    rows = _rows(blocks)
     with lamina.open(path, "w", durable=False) as f:
         ds = f.create_dataset("u", (blocks, ROW), np.float32)
         for _ in range(steps):
             with f.step():
-                for i in range(blocks):
-                    ds.write(one, offset=(i, 0), copy=False)
+                for i, row in enumerate(rows):
+                    ds.write(row, offset=(i, 0), copy=False)
 
 
 def _write_adios2(path: str, steps: int, blocks: int) -> None:
     import adios2
 
-    one = np.ones((1, ROW), dtype=np.float32)
+    rows = _rows(blocks)
     ad = adios2.Adios()
     io = ad.declare_io("lamina-bench-catalog")
     io.set_engine("BP5")
     deferred = adios2.bindings.Mode.Deferred
     with adios2.Stream(io, path, "w") as s:
-        var = io.define_variable("u", one, [blocks, ROW], [0, 0], [1, ROW])
+        var = io.define_variable("u", rows[0], [blocks, ROW], [0, 0], [1, ROW])
         for _ in range(steps):
             s.begin_step()
-            for i in range(blocks):
+            for i, row in enumerate(rows):
                 var.set_selection([[i, 0], [1, ROW]])
-                s.engine.put(var, one, deferred)
+                s.engine.put(var, row, deferred)
             s.end_step()
 
 

@@ -15,12 +15,19 @@ steps reads the small record heads and none of the block sections until a
 step is read.  The sections of one block each (a step of many datasets
 written once) are encoded together and decoded together, layout by layout.
 
-Memory: a block costs ``16 ndim + 86`` bytes in a table (134 bytes for a
+Memory: a section stores ``16 ndim + 86`` bytes a block (134 bytes for a
 3-D dataset): two int64 corners per dimension, offset, length, checksum
 segment, min, max, sum (16 bytes for complex data) and count (8 bytes
 each), rank, session, aggregator and checksum count (4 each), its
-checksum (4 bytes per segment), a checksum pointer (8) and codec and
-statistics flags (1 each).  ``docs/format.md`` gives the section layout.
+checksum (4 bytes per segment) and codec and statistics flags (1 each).
+A decoded table of :data:`FOLD_MIN` blocks or more holds its columns in
+memory of its own and each column whose rows all hold one value as that
+value once (:meth:`BlockTable._fold`): blocks of one shape from one writer
+cost their corners, offset, checksum and statistics, ``16 ndim + 36``
+bytes (84 for 3-D), and less where the statistics are the same too.
+Smaller tables stay views of their section's bytes.  A checksum pointer
+(8 bytes a block) is made when first needed.  ``docs/format.md`` gives
+the section layout.
 """
 
 from __future__ import annotations
@@ -125,6 +132,28 @@ def _col(a: np.ndarray, dtype) -> memoryview:
 
 #: tables of at most this many rows encode their columns as copies (fewer calls than views)
 SMALL_TABLE = 256
+#: decoded tables of at least this many rows hold their columns in memory of their own,
+#: folded where every row holds one value (BlockTable._fold); smaller ones stay views of
+#: their section's bytes (a few hundred bytes, and a fold costs a few numpy calls a column)
+FOLD_MIN = 256
+#: the columns a decoded table folds where every row holds one value
+_FOLDABLE = (
+    "length",
+    "seg",
+    "count",
+    "rank",
+    "session",
+    "agg",
+    "ncrc",
+    "codec",
+    "has_stats",
+    "smin",
+    "smax",
+    "ssum",
+    "amax",
+)
+#: unsigned integers of each item size, to compare a column bit for bit
+_BITS = {1: np.uint8, 4: np.uint32, 8: np.uint64, 16: np.uint64}
 #: a section's first 16 bytes: its number of blocks and of checksums
 _HEAD = struct.Struct("<QQ")
 #: the column types of a section (docs/format.md), made once
@@ -414,9 +443,10 @@ class BlockTable:
 
     @property
     def nbytes(self) -> int:
-        """Memory the columns take (the measure of the catalog's cost per block)."""
+        """Memory the columns take (the measure of the catalog's cost per block; a folded
+        column, one value for every row, counts that value once)."""
         return sum(
-            getattr(self, name).nbytes
+            _held(getattr(self, name))
             for name in self.__slots__
             if name
             not in ("dtype", "ndim", "_order", "_first", "_reach", "_hull", "_whole", "_last")
@@ -617,7 +647,7 @@ class BlockTable:
         # one block (a dataset written once a step): the same checks, on its values
         (_check_one if n == 1 else _check_columns)(spec, where, cols)
         off64, len64, seg64 = offset.view("<i8"), length.view("<i8"), seg.view("<i8")
-        return cls(
+        table = cls(
             dt,
             start,
             stop,
@@ -637,6 +667,46 @@ class BlockTable:
             count=count.view("<i8"),
             amax=mags,
         )
+        if n >= FOLD_MIN:
+            table._fold()
+        return table
+
+    def _fold(self) -> None:
+        """Hold the columns in memory of their own, a column whose rows are all the same value
+        as that value once (a read-only view of stride 0): the section's bytes can go.
+
+        A decoded table's columns are views of its section, ``16 ndim + 86`` bytes a block
+        whatever they hold; most columns of a step are the same in every row (segment,
+        count and length of blocks of one shape, session, aggregator and rank of one
+        writer, codec, statistics flag, checksum count; min, max and sum of a constant
+        field), and a column is compared bit for bit, so a folded float keeps its sign of
+        zero and its NaN payload.
+        """
+        for name in _FOLDABLE:
+            col = getattr(self, name)
+            if col is None:
+                continue
+            bits = col.view(_BITS[col.dtype.itemsize]).reshape(len(col), -1)
+            # the last row first: a column that varies mostly says so there, in one call
+            if bool((bits[-1] == bits[0]).all()) and bool((bits == bits[0]).all()):
+                col = np.broadcast_to(col[:1].copy(), col.shape)
+            else:
+                col = _frozen_copy(col)
+            setattr(self, name, col)
+        self.start, self.stop = _frozen_copy(self.start), _frozen_copy(self.stop)
+        self.offset, self.crcs = _frozen_copy(self.offset), _frozen_copy(self.crcs)
+
+
+def _frozen_copy(col: np.ndarray) -> np.ndarray:
+    """A read-only copy of *col* (decoded columns are read-only, copied or not)."""
+    out = col.copy()
+    out.flags.writeable = False
+    return out
+
+
+def _held(col: np.ndarray) -> int:
+    """Bytes *col* holds: an item for a column of one value broadcast (stride 0)."""
+    return col.itemsize if col.ndim == 1 and col.strides[0] == 0 else col.nbytes
 
 
 def _read_only(
