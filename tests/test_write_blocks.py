@@ -930,3 +930,36 @@ def test_a_lent_write_at_the_origin_is_kept_without_put(tmp_path):
             ds.write(np.ones(4), copy=False)  # of another rank of array: left to put, which refuses
     with lamina.open(path) as f:
         assert [float(f["u"].read(step=s)[2, 3]) for s in range(3)] == [0.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize(
+    "edge, threaded", [(4, False), (8, False), (16, True)], ids=["512B", "4KiB", "32KiB"]
+)
+def test_chunks_of_small_blocks_are_summarized_on_the_program_s_thread(
+    tmp_path, rng, edge, threaded, monkeypatch
+):
+    """A staging chunk of blocks smaller than FAST_MIN on average is summarized where it is
+    sealed (their checksums hold the interpreter lock); one of larger blocks goes to the
+    worker thread.  Either way the statistics are the blocks' own."""
+    from lamina import stats
+
+    where: list[bool] = []
+    start = staging.Chunk.start
+
+    def spy(self, lengths, offsets, checksum, background):
+        where.append(background)
+        start(self, lengths, offsets, checksum, background)
+
+    monkeypatch.setattr(staging.Chunk, "start", spy)
+    n = (2 * stats.BACKGROUND_MIN) // (8 * edge**3)  # 2 MiB of float64 blocks
+    blocks = rng.random((n, edge, edge, edge))
+    with lamina.open(str(tmp_path / "c.lam"), "w", durable=False) as f:
+        ds = f.create_dataset("u", (n * edge, edge, edge), np.float64)
+        with f.step():
+            for k in range(n):
+                ds.write(blocks[k], offset=(k * edge, 0, 0))
+    assert where and all(w == threaded for w in where)
+    with lamina.open(str(tmp_path / "c.lam")) as f:
+        t = f.engine.block_table("u", 0)
+        assert np.array_equal(t.smin, blocks.reshape(n, -1).min(axis=1))
+        assert np.allclose(t.ssum, blocks.reshape(n, -1).sum(axis=1))

@@ -1332,10 +1332,8 @@ class BlockEngine(Engine):
         if not (self._with_stats or self.CHECKSUMS):
             c.summaries = []
             return
-        # a chunk of a few blocks is summarized here: handing it to the thread costs more
-        self._log.summarize(
-            c, self.CHECKSUMS, self.background_stats and c.used >= stats_mod.BACKGROUND_MIN
-        )
+        # a chunk of a few blocks, or of small ones, is summarized here (Chunk.worth_a_thread)
+        self._log.summarize(c, self.CHECKSUMS, self.background_stats and c.worth_a_thread())
 
     # ---------------------------------------------------------- reading
     @property
