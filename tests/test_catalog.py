@@ -38,7 +38,14 @@ from lamina.catalog import (
     present_attr,
     subfile_name,
 )
-from lamina.catalog.model import BlockCodec, decode_attr, decode_dtype, encode_attr, encode_dtype
+from lamina.catalog.model import (
+    BlockCodec,
+    decode_attr,
+    decode_dtype,
+    encode_attr,
+    encode_dtype,
+    encode_op,
+)
 from lamina.catalog.wire import MAX_STR
 from lamina.errors import DTypeError, FormatError
 from lamina.geometry import Box
@@ -648,6 +655,45 @@ def test_record_decode_without_applying_ops(version):
     out, got = decode(raw, cat, version, apply_ops=False)
     assert all_blocks(got, cat.specs) == blocks
     assert len(cat.specs) == 3
+
+
+@pytest.mark.parametrize("version", [3, 4])
+@pytest.mark.parametrize("kind", ["step", "meta", "close", "empty step"])
+def test_record_encoded_for_reading_is_what_its_head_decodes_to(version, kind):
+    """``encode_read`` gives the bytes ``encode`` gives and the record ``decode`` makes of the
+    head: the same fields, the same section directory (whose blocks read back), the same
+    operations."""
+    rec, specs, blocks = full_record()
+    if kind == "meta":
+        rec = Record(KIND_META, -1, session=3, time=5.5, ops=rec.ops)
+    elif kind == "close":
+        rec = Record(KIND_CLOSE, -1, session=3, time=6.5)
+    elif kind == "empty step":
+        rec = Record(KIND_STEP, 0, session=3, time=7.5, ops=rec.ops)
+    head, area, read = rec.encode_read(specs, version, area_offset=4096)
+    assert (head, area) == rec.encode(specs, version, area_offset=4096)
+    cat = Catalog()
+    for op in rec.ops:
+        cat.apply_op(op)
+    dec = Record.decode(head, cat, "record", apply_ops=False, version=version)
+    for name in ("kind", "step", "session", "nranks", "time", "sections", "extents"):
+        assert getattr(read, name) == getattr(dec, name), name
+    assert (read.area_offset, read.area_length, read.version) == (
+        dec.area_offset,
+        dec.area_length,
+        dec.version,
+    )
+    assert not read.tables and read.columns is None
+    ops = [Encoder() for _ in range(2)]
+    for e, r in zip(ops, (read, dec), strict=True):
+        for op in r.ops:
+            encode_op(e, op)
+    assert ops[0].getvalue() == ops[1].getvalue()
+    if kind == "step":  # the directory finds the blocks in the area
+        got = read.step_blocks(lambda o, n: memoryview(area)[o : o + n], "record")
+        assert all_blocks(got, cat.specs) == blocks
+    with pytest.raises(ValueError, match="holds its blocks"):
+        rec.encode_read(specs, 2)
 
 
 def test_record_decode_errors():

@@ -102,7 +102,43 @@ class Record:
     def encode(
         self, specs_after_ops: list[DatasetSpec], version: int = VERSION, area_offset: int = 0
     ) -> tuple[bytes, bytes]:
-        """``(head, area)``: the bytes of this record in format *version*.
+        """``(head, area)``: the bytes of this record in format *version* (:meth:`_encode`)."""
+        head, area, _ = self._encode(specs_after_ops, version, area_offset)
+        return head, area
+
+    def encode_read(
+        self, specs_after_ops: list[DatasetSpec], version: int = VERSION, area_offset: int = 0
+    ) -> tuple[bytes, bytes, Record]:
+        """``(head, area, record)``: :meth:`encode`, and the record :meth:`decode` gives of
+        *head* (format 3 and up: the directory of the area, no tables) without decoding it.
+
+        For the writer that applies the record it just wrote: decoding its head again costs
+        a fifth of a one-block step's commit.
+        """
+        head, area, directory = self._encode(specs_after_ops, version, area_offset)
+        if directory is None:
+            raise ValueError(f"a record of format {version} holds its blocks: decode its bytes")
+        sections, extents = directory
+        read = Record(
+            self.kind,
+            self.step,
+            self.session,
+            self.nranks,
+            self.time,
+            list(self.ops),
+            sections={s.dataset: s for s in sections},
+            extents=list(extents),
+            area_offset=area_offset,
+            area_length=sum(s.length for s in sections),
+            version=version,
+        )
+        return head, area, read
+
+    def _encode(
+        self, specs_after_ops: list[DatasetSpec], version: int, area_offset: int
+    ) -> tuple[bytes, bytes, tuple[list[Section], list[tuple[int, int, int]]] | None]:
+        """``(head, area, (sections, extents))``: the bytes of this record in format *version*,
+        and the directory its head holds (None for versions 1 and 2, which have none).
 
         *specs_after_ops*: datasets by id, including those this record
         defines.  A decoded version 3 record (sections, no tables) encodes
@@ -123,7 +159,7 @@ class Record:
                 dt = specs_after_ops[d].dtype
                 for i in range(len(t)):
                     t.record(i, d).encode(e, dt)
-            return e.getvalue(), b""
+            return e.getvalue(), b"", None
         if self.columns is not None:  # a commit's: one table for the step
             sections, area = encode_step(self.columns, specs_after_ops, version)
             extents = self.columns.extents()
@@ -159,7 +195,7 @@ class Record:
         e.raw(b"".join(_EXTENT_ENTRY.pack(*x) for x in extents))
         e.u64(area_offset)
         e.u64(sum(s.length for s in sections))
-        return e.getvalue(), area
+        return e.getvalue(), area, (sections, extents)
 
     # -- decoding ---------------------------------------------------------------
     @classmethod

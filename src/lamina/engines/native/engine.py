@@ -378,6 +378,9 @@ class NativeEngine(BlockEngine):
             fmt.VERSION
         )  # the file's format version (an older file is appended in its own)
         self._meta_rfd = -1  # lamina.meta, read-only: block areas are read from it when used
+        # rank 0: the head of the record it wrote last and that record as a reader decodes it
+        # (None for formats 1 and 2), applied without decoding the head again
+        self._written: tuple[bytes, Record | None] | None = None
 
         g = comm_mod.Guard()
         with g:
@@ -718,7 +721,11 @@ class NativeEngine(BlockEngine):
     def _write_record(self, rec: Record) -> bytes:
         """Rank 0: the step's block area, then the record's frame, then its commit entry (each fsynced)."""
         off = self._meta_end
-        head, area = rec.encode(self.catalog.specs, self._version, area_offset=off)
+        read: Record | None = None
+        if self._version >= 3:
+            head, area, read = rec.encode_read(self.catalog.specs, self._version, area_offset=off)
+        else:
+            head, area = rec.encode(self.catalog.specs, self._version, area_offset=off)
         framed = fmt.frame(head)
         at = off + len(area)  # the frame follows the area
         try:
@@ -742,11 +749,16 @@ class NativeEngine(BlockEngine):
         self._nentries += 1
         self._meta_end = at + len(framed)
         self._commit_end += len(ent)
+        self._written = (head, read)
         return head
 
     def _apply_committed(self, shared: bytes):
         what = f"{self.path}/{fmt.META_NAME} record {self.catalog.nrecords}"
-        rec = Record.decode(shared, self.catalog, what, apply_ops=False, version=self._version)
+        written, self._written = self._written, None
+        if written is not None and written[1] is not None and written[0] == shared:
+            rec = written[1]  # rank 0: the record it wrote, as decoding its head would give it
+        else:
+            rec = Record.decode(shared, self.catalog, what, apply_ops=False, version=self._version)
         return rec, self._blocks(rec, what)
 
     # ------------------------------------------------------------ data
