@@ -1302,7 +1302,7 @@ def _back_to_back(dids: Sequence[int], flat, size: int) -> list[Section]:
     back in *flat*: made column by column, each checksum taken of a row of one 2-D view
     (no slice object or Python frame per section)."""
     n = len(dids)
-    rows = np.frombuffer(flat, np.uint8, n * size).reshape(n, size)
+    rows: Any = np.frombuffer(flat, np.uint8, n * size).reshape(n, size)  # rows are buffers
     crcs = list(map(crc32c, rows))
     at = range(0, n * size, size)
     return list(map(Section._make, zip(dids, [1] * n, at, [size] * n, crcs, [0] * n, strict=True)))
