@@ -963,3 +963,46 @@ def test_chunks_of_small_blocks_are_summarized_on_the_program_s_thread(
         t = f.engine.block_table("u", 0)
         assert np.array_equal(t.smin, blocks.reshape(n, -1).min(axis=1))
         assert np.allclose(t.ssum, blocks.reshape(n, -1).sum(axis=1))
+
+
+def test_many_lent_datasets_of_one_block_each_store_what_copied_writes_store(tmp_path, rng):
+    """A step of many datasets written once each with copy=False (a simulation's variables)
+    is staged a chunk at a time: datasets of several dtypes and sizes, more bytes than one
+    staging chunk holds, a dataset of two blocks among them.  Every value and statistic is
+    what copied writes give, step after step."""
+    dtypes = ["f8", "f4", "i4", "u1", "c8", "?"]
+    sizes = [1, 7, 1000, 4096, 8192, 8192]  # elements: up to 64 KiB, the largest staged
+    specs = [(f"v{i}", dtypes[i % 6], sizes[(i // 6) % 6]) for i in range(300)]
+    total = sum(np.dtype(d).itemsize * n for _, d, n in specs)
+    assert total > staging.CHUNK_BYTES
+    steps = []
+    for _ in range(2):
+        data = {}
+        for name, dt, n in specs:
+            v = rng.standard_normal(n) * 100
+            data[name] = (v > 0) if dt == "?" else v.astype(dt)
+        steps.append(data)
+    tables = {}
+    for how in ("copied", "lent"):
+        path = str(tmp_path / f"{how}.lam")
+        with lamina.open(path, "w", durable=False) as f:
+            dss = {name: f.create_dataset(name, shape=(n,), dtype=dt) for name, dt, n in specs}
+            two = f.create_dataset("two", shape=(8,), dtype="f8")
+            for data in steps:
+                with f.step():
+                    for k, (name, _, _) in enumerate(specs):
+                        dss[name].write(data[name], copy=how == "copied")
+                        if k == 40:
+                            two.write(np.arange(4.0), offset=(4,), copy=how == "copied")
+                            two.write(np.arange(4.0) + 10, copy=how == "copied")
+        with lamina.open(path) as f:
+            for s, data in enumerate(steps):
+                for name, _, _ in specs:
+                    np.testing.assert_array_equal(f[name].read(step=s), data[name])
+                np.testing.assert_array_equal(f["two"].read(step=s), [10.0, 11, 12, 13, 0, 1, 2, 3])
+            tables[how] = {
+                name: [(bl.box, bl.stats, bl.nbytes) for bl in f[name].blocks(s)]
+                for name in [*dss, "two"]
+                for s in range(len(steps))
+            }
+    assert tables["copied"] == tables["lent"]

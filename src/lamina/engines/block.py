@@ -233,6 +233,11 @@ def attribute_changes(ops: list[tuple]) -> list[tuple]:
     return list(last.values())
 
 
+def _stop(start: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The far corner of a block of *shape* at *start*."""
+    return tuple(map(operator.add, start, shape))
+
+
 def merge_attribute_changes(per_rank: list[list[tuple]]) -> list[tuple]:
     """The attribute changes of every rank as one list; CollectiveMismatchError where ranks disagree.
 
@@ -716,21 +721,52 @@ class BlockEngine(Engine):
             for spec, _, arrays in groups:
                 lent_of[spec.id] += len(arrays)
         step = len(self.catalog.steps)
+        alone: list[tuple[DatasetSpec, tuple, np.ndarray]] = []  # staged together, in order
         for spec, corners, arrays in groups:
             if len(arrays) == 1:  # one block (of a dataset written once in the step): as put would
                 start, arr = corners[0], arrays[0]
-                stop = tuple(map(operator.add, start, arr.shape))
                 if spec.id in self._local or lent_of[spec.id] > 1:  # other blocks: checked
                     enter_box(self._local, spec, box_of(start, arr.shape), step, lent_by=self.rank)
                 # else the dataset's only block in the step: nothing to meet, and nothing
                 # enters the index after the commit that flushes it (the step forgets it then)
-                self._log.add_staged(spec.id, start, stop, arr, self._chunk_for(arr.nbytes))
+                alone.append((spec, start, arr))
                 continue
+            self._stage_alone(alone)
             n, nd = len(arrays), spec.ndim
             starts = np.fromiter(_chain(corners), np.int64, n * nd).reshape(n, nd)
             stops = starts + np.array(arrays[0].shape, dtype=np.int64)
             enter_boxes(self._local, spec, starts, stops, step, lent_by=self.rank)
             self._stage_run(spec, starts, stops, arrays[0].nbytes, arrays)
+        self._stage_alone(alone)
+
+    def _stage_alone(self, alone: list[tuple[DatasetSpec, tuple, np.ndarray]]) -> None:
+        """Stage lent blocks of one each ``(definition, corner, array)``, entered already: as
+        many as the current chunk holds at a time with one copy (many datasets of one block
+        each, a simulation's variables), the others one by one; *alone* is emptied."""
+        log = self._log
+        k, n = 0, len(alone)
+        while k < n:
+            spec, start, arr = alone[k]
+            c = self._chunk_for(arr.nbytes)
+            room = len(c.buf) - c.used
+            j = k
+            while j < n and alone[j][2].nbytes <= room:
+                room -= alone[j][2].nbytes
+                j += 1
+            if j - k < 2:  # one fits (or none more): as put stages it
+                log.add_staged(spec.id, start, _stop(start, arr.shape), arr, c)
+                k += 1
+                continue
+            part = alone[k:j]
+            log.add_staged_each(
+                [s.id for s, _, _ in part],
+                [a for _, a, _ in part],
+                [_stop(a, x.shape) for _, a, x in part],
+                [x for _, _, x in part],
+                c,
+            )
+            k = j
+        alone.clear()
 
     def _put(self, spec: DatasetSpec, start, stop, arr: np.ndarray, copy: bool) -> None:
         log = self._log

@@ -27,6 +27,7 @@ import itertools
 from array import array
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from typing import Any
 
 import numpy as np
 
@@ -41,6 +42,7 @@ SMALL = stats_mod.SMALL
 #: bytes per staging chunk (written or sent as one piece)
 CHUNK_BYTES = 4 << 20
 _RAW = int(BlockCodec.RAW)
+_RAWS = array("B", [_RAW])
 _STATS_ONLY_BYTE = bytes([CODEC_STATS_ONLY])
 _chain = itertools.chain.from_iterable
 
@@ -76,6 +78,22 @@ class Chunk:
         self._note(arr.dtype)
         self.rows.append(row)
         return off
+
+    def add_each(self, first_row: int, arrays: Sequence[Any], sizes: list[int]) -> list[int]:
+        """Copy *arrays* (C-contiguous, of any shapes and dtypes; *sizes* their bytes) for rows
+        ``first_row, first_row + 1, ...`` with one join; where each starts."""
+        off = self.used
+        total = sum(sizes)
+        self._mv[off : off + total] = b"".join(arrays)
+        self.used = off + total
+        at = list(itertools.accumulate(sizes[:-1], initial=off))
+        runs = self.runs
+        for k, a in enumerate(arrays):
+            dt = a.dtype
+            if not runs or runs[-1][1] != dt:
+                runs.append((len(self.rows) + k, dt))
+        self.rows.extend(range(first_row, first_row + len(arrays)))
+        return at
 
     def add_run(self, first_row: int, count: int, nbytes: int, dtype: np.dtype, data) -> int:
         """Copy *count* blocks of *nbytes* each for rows ``first_row, first_row + 1, ...``:
@@ -238,6 +256,29 @@ class PutLog:
         self.coff.append(c.add(row, arr))
         self.job.append(None)
         self._add_box(did, row, start, stop)
+
+    def add_staged_each(
+        self,
+        dids: list[int],
+        starts: list[tuple[int, ...]],
+        stops: list[tuple[int, ...]],
+        arrays: list[np.ndarray],
+        c: Chunk,
+    ) -> None:
+        """:meth:`add_staged` of several small raw blocks, in order, that chunk *c* has room
+        for: the rows' columns extended and the bytes copied in once."""
+        row = len(self.ds)
+        n = len(dids)
+        sizes = [a.nbytes for a in arrays]
+        self.ds.extend(dids)
+        self.length.extend(sizes)
+        self.codec.extend(_RAWS * n)
+        self.payload.extend([None] * n)
+        self.chunk.extend([c] * n)
+        self.coff.extend(c.add_each(row, arrays, sizes))
+        self.job.extend([None] * n)
+        for did, r, a, b in zip(dids, range(row, row + n), starts, stops, strict=True):
+            self._add_box(did, r, a, b)
 
     def _add_box(self, did: int, row: int, start: tuple[int, ...], stop: tuple[int, ...]) -> None:
         rows = self.rows.get(did)
