@@ -1127,6 +1127,7 @@ def test_large_tables_decode_folded_with_the_values_of_their_bytes(extra, nd, dt
             assert a.base is None or a.base.size == a.size, name  # not a view of the section
             held += a.nbytes
     assert got.nbytes == held
+    assert BlockTable.empty(nd, spec.dtype).nbytes == 0  # no row: nothing held
     assert got.encode() == raw
     # statistics that come later still go in (the folded columns become arrays again)
     rows = np.arange(0, n, 7)

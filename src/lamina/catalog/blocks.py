@@ -706,7 +706,7 @@ def _frozen_copy(col: np.ndarray) -> np.ndarray:
 
 def _held(col: np.ndarray) -> int:
     """Bytes *col* holds: an item for a column of one value broadcast (stride 0)."""
-    return col.itemsize if col.ndim == 1 and col.strides[0] == 0 else col.nbytes
+    return col.itemsize if col.ndim == 1 and len(col) > 1 and col.strides[0] == 0 else col.nbytes
 
 
 def _read_only(
