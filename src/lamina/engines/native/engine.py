@@ -378,8 +378,8 @@ class NativeEngine(BlockEngine):
             fmt.VERSION
         )  # the file's format version (an older file is appended in its own)
         self._meta_rfd = -1  # lamina.meta, read-only: block areas are read from it when used
-        # rank 0: the head of the record it wrote last and that record as a reader decodes it
-        # (None for formats 1 and 2), applied without decoding the head again
+        # a writer alone: the head of the record it wrote last and that record as a reader
+        # decodes it (None for formats 1 and 2, or ranks > 1), applied without decoding it
         self._written: tuple[bytes, Record | None] | None = None
 
         g = comm_mod.Guard()
@@ -722,7 +722,9 @@ class NativeEngine(BlockEngine):
         """Rank 0: the step's block area, then the record's frame, then its commit entry (each fsynced)."""
         off = self._meta_end
         read: Record | None = None
-        if self._version >= 3:
+        if self._version >= 3 and self.size == 1:
+            # a writer alone applies the record as written; with more ranks every rank decodes
+            # the same bytes, so that a record the decoder refused is refused on every rank
             head, area, read = rec.encode_read(self.catalog.specs, self._version, area_offset=off)
         else:
             head, area = rec.encode(self.catalog.specs, self._version, area_offset=off)
@@ -756,7 +758,7 @@ class NativeEngine(BlockEngine):
         what = f"{self.path}/{fmt.META_NAME} record {self.catalog.nrecords}"
         written, self._written = self._written, None
         if written is not None and written[1] is not None and written[0] == shared:
-            rec = written[1]  # rank 0: the record it wrote, as decoding its head would give it
+            rec = written[1]  # the record this rank wrote, as decoding its head would give it
         else:
             rec = Record.decode(shared, self.catalog, what, apply_ops=False, version=self._version)
         return rec, self._blocks(rec, what)
