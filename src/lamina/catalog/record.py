@@ -112,8 +112,9 @@ class Record:
         """``(head, area, record)``: :meth:`encode`, and the record :meth:`decode` gives of
         *head* (format 3 and up: the directory of the area, no tables) without decoding it.
 
-        For the writer that applies the record it just wrote: decoding its head again costs
-        a fifth of a one-block step's commit.
+        For the writer that applies the record it just wrote: decoding its head again cost
+        about 7 % of the instructions of a step of one block, 200-300 us of a step of 128
+        one-block datasets.
         """
         head, area, directory = self._encode(specs_after_ops, version, area_offset)
         if directory is None:
