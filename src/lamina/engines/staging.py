@@ -346,8 +346,10 @@ class PutLog:
         for did, nd in ndims.items():
             if self.pieces.get(did) or not self.starts.get(did):
                 s, e = self.boxes(did, nd)
+                if len(s) == n and nd == width:  # every row, in order (rows ascend): one dataset
+                    return s, e
                 if start is None or stop is None:
-                    start, stop = _zeros2(n, width), _zeros2(n, width)
+                    start, stop = _zero_corners(n, width)
                 rows = index_of(self.rows[did])
                 start[rows, :nd], stop[rows, :nd] = s, e
             else:
@@ -363,11 +365,11 @@ class PutLog:
             if k == n and nd == width and _one_after_another(mine):
                 return s, e  # every row, in order, of one ndim (many datasets of one shape)
             if start is None or stop is None:
-                start, stop = _zeros2(n, width), _zeros2(n, width)
+                start, stop = _zero_corners(n, width)
             rows = np.fromiter(_chain(mine), np.int64, k)
             start[rows, :nd], stop[rows, :nd] = s, e
         if start is None or stop is None:
-            return _zeros2(n, width), _zeros2(n, width)
+            return _zero_corners(n, width)
         return start, stop
 
     def locations(self):
@@ -779,8 +781,9 @@ def filled(n: int, value: int, dtype) -> np.ndarray:
     return a
 
 
-def _zeros2(n: int, width: int) -> np.ndarray:
-    return np.zeros((n, width), dtype=np.int64)
+def _zero_corners(n: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(start, stop)`` of *n* rows, *width* int64 corners each, all zero."""
+    return np.zeros((n, width), dtype=np.int64), np.zeros((n, width), dtype=np.int64)
 
 
 def index_of(rows: list[int]) -> np.ndarray:
