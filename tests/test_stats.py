@@ -56,13 +56,15 @@ def assert_matches(s, a):
         assert isinstance(s.sum, complex)
     else:
         assert isinstance(s.sum, float)
-    # chunked float64 sums differ from numpy's pairwise sum only by rounding
+    # chunked float64 sums differ from numpy's pairwise sum only by rounding; float32 sums
+    # of large chunks by float32's, at most F32_LANE roundings of a lane's partial sum
     scale = (
         float(np.sum(np.abs(a[~np.isnan(a)]), dtype=np.float64))
         if a.size and a.dtype.kind in "fc"
         else abs(total)
     )
-    assert abs(complex(s.sum) - complex(total)) <= 1e-9 * max(1.0, scale)
+    rel = 64 * 2.0**-24 if a.dtype == np.float32 else 1e-9
+    assert abs(complex(s.sum) - complex(total)) <= rel * max(1.0, scale)
 
 
 def make(dtype, n, rng, nan_frac=0.0):
@@ -129,6 +131,59 @@ def test_special_values():
     assert s.max == 2**64 - 1 and s.min == 0  # exact, not through float
     s, _ = compute(np.array([-(2**63), 2**63 - 1], dtype="i8"))
     assert s.min == -(2**63) and s.max == 2**63 - 1
+
+
+@pytest.mark.parametrize("dtype", ["?", "i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8"])
+def test_integer_sums_of_large_chunks_are_exact(dtype, rng):
+    """Integer chunks from LANES_MIN values are summed exactly (in lanes of a wider type, or in
+    64 bits) and rounded once: the float nearest the exact sum, over several passes and a tail
+    that fills no lane.  64-bit values are large enough that a float64 accumulation rounds."""
+    dt = np.dtype(dtype)
+    n = 2 * stats.PASS // dt.itemsize + 4099
+    if dt.kind == "b":
+        a = rng.random(n) < 0.5
+    elif dt.itemsize == 8:  # a pass's sum near 2**62: float64 partial sums round
+        a = rng.integers(2**44, 2**45, n, dtype=dt)
+        a[::7] *= -1 if dt.kind == "i" else 1
+    else:
+        info = np.iinfo(dt)
+        a = rng.integers(info.min, info.max, n, dtype=dt, endpoint=True)
+    exact = sum(int(v) for v in np.add.reduceat(a.astype(object), np.arange(0, n, 4096)))
+    s, _ = compute(a)
+    assert s.sum == float(exact) and s.count == n
+    assert (s.min, s.max) == (int(a.min()), int(a.max()))
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+def test_large_sums_past_the_fast_types_range():
+    """Sums that would overflow the fast path's type are taken in float64, as before: 64-bit
+    integers whose exact sum leaves 64 bits, float32 lanes past float32's range (with
+    infinities of both signs inside lanes, where float64 sums to zero)."""
+    n = stats.LANES_MIN + 5
+    s, _ = compute(np.full(n, 2**62, dtype=np.int64))
+    assert s.sum == pytest.approx(2.0**62 * n)
+    s, _ = compute(np.full(n, 2**63, dtype=np.uint64))
+    assert s.sum == pytest.approx(2.0**63 * n)
+    s, _ = compute(np.full(2 * stats.LANES_MIN, 3e38, dtype=np.float32))
+    assert s.sum == pytest.approx(float(np.float32(3e38)) * 2 * stats.LANES_MIN)
+    assert s.count == 2 * stats.LANES_MIN
+    half = np.full(stats.LANES_MIN, 3e38, dtype=np.float32)
+    s, _ = compute(np.concatenate([half, -half]))
+    assert s.sum == 0.0 and s.count == 2 * stats.LANES_MIN and s.max == float(half[0])
+
+
+def test_float32_sums_keep_float32_rounding(rng):
+    """A float32 sum of large chunks keeps float32's rounding, not that of one long float32
+    partial sum.  (A chunk with NaN inside is summed in float64 again: test_compute_across_chunks.)"""
+    # values of one magnitude: a float32 sum rounding each addition in one long partial
+    # sum drifts far past that bound (an accumulation in fewer, wider lanes too)
+    a = rng.uniform(0.5, 1.5, 3 * stats.PASS // 4 + 17).astype(np.float32)
+    exact = math.fsum(a.astype(np.float64).tolist())
+    s, _ = compute(a)
+    assert s.count == a.size
+    # the bound is 64 roundings of 2**-24 each; lanes of 64 random values do far better (1e-9
+    # here), where one long float32 partial sum drifts by 5e-7 to 3e-6
+    assert abs(s.sum - exact) <= 2 * 2.0**-24 * exact
 
 
 def test_multidimensional_and_non_contiguous(rng):

@@ -13,6 +13,9 @@ again).  :func:`summarize` takes many small blocks of one dtype at once:
 their values side by side, one ``reduceat`` per statistic, so a block of a
 few kilobytes costs a fraction of a microsecond instead of a few numpy
 calls.  Both give the same min, max and count; sums agree to rounding.
+Large chunks are summed without casting every value to float64: integers
+exactly in a type wide enough (:func:`_int_sum`), float32 in float32 lanes
+(:func:`_float32_sum`, float32's rounding).
 
 :class:`BlockJob` runs :func:`compute` on a worker thread (numpy
 reductions and crc32c release the GIL), so on a machine with a spare core
@@ -59,6 +62,61 @@ def _sum(c: np.ndarray, dtype) -> Any:
     ``np.add.reduce(c, dtype=...)``, whose casting goes through a buffer.
     """
     return np.einsum("i->", c, dtype=dtype)
+
+
+#: chunks from this many values on are summed in lanes (:func:`_float32_sum`, :func:`_int_sum`)
+LANES_MIN = 1 << 14
+#: float32 values each float32 lane accumulates, at most (its rounding: at most this many
+#: float32 roundings of the lane's partial sums, as numpy's own float32 sum has a few)
+F32_LANE = 64
+#: narrow integers: (accumulator, values per lane) that cannot overflow it
+_INT_LANES: dict[np.dtype, tuple[np.dtype, int]] = {
+    np.dtype(np.int8): (np.dtype(np.int16), 256),
+    np.dtype(np.uint8): (np.dtype(np.uint16), 256),
+    np.dtype(np.int16): (np.dtype(np.int32), 1024),
+    np.dtype(np.uint16): (np.dtype(np.uint32), 1024),
+}
+
+
+def _float32_sum(c: np.ndarray) -> Any:
+    """Sum of a 1-D float32 chunk as a float64: :data:`F32_LANE` rows added element by element
+    in float32 (vectorized adds of whole rows), the lanes then summed in float64.
+
+    Casting every value to float64 (``einsum``) cost 70-90 us a MiB in the cache against
+    30-37 for the lanes, and kept the pass over float32 blocks at 2.2x a memcpy.  The sum
+    is then exact to float32's rounding, as numpy's own sum of float32 values is, not
+    float64's: each lane rounds at most :data:`F32_LANE` times.  A sum that comes out
+    NaN or infinite (a NaN value, infinities, or a lane past float32's range) is taken
+    again in float64, so NaN and overflow behave exactly as before.
+    """
+    rows = F32_LANE
+    body = c.size - c.size % rows
+    lanes = np.add.reduce(c[:body].reshape(rows, -1), axis=0)
+    s = lanes.sum(dtype=np.float64) + np.einsum("i->", c[body:], dtype=np.float64)
+    if not np.isfinite(s):
+        return np.einsum("i->", c, dtype=np.float64)
+    return s
+
+
+def _int_sum(c: np.ndarray, mn: int, mx: int) -> Any:
+    """Sum of a 1-D chunk of integers (*mn* and *mx* its extremes), exact as a Python int:
+    narrow integers in lanes of a wider type that cannot overflow, 32-bit ones in 64 bits,
+    64-bit ones in their own type when ``max |x| * n`` cannot overflow it; otherwise
+    (64-bit values too large) a float64 sum as before.  :func:`compute` adds the chunks'
+    exact sums and rounds once, at the end."""
+    dt = c.dtype
+    lane = _INT_LANES.get(dt)
+    if lane is not None:
+        acc, rows = lane
+        body = c.size - c.size % rows
+        lanes = np.add.reduce(c[:body].reshape(rows, -1), axis=0, dtype=acc)
+        wide = np.int64 if dt.kind == "i" else np.uint64
+        return int(lanes.sum(dtype=wide)) + int(c[body:].sum(dtype=wide))
+    if dt.itemsize == 4:
+        return int(np.add.reduce(c, dtype=np.int64 if dt.kind == "i" else np.uint64))
+    if max(-int(mn), int(mx)) * c.size < (1 << 63 if dt.kind == "i" else 1 << 64):
+        return int(np.add.reduce(c))
+    return _sum(c, np.float64)
 
 
 #: crc itself, without the wrapper's call: for loops over many small pieces
@@ -245,7 +303,10 @@ def _values(a: np.ndarray) -> np.ndarray:
 def _reduce(c: np.ndarray, kind: str) -> tuple[Any, Any, Any, int]:
     """(min, max, sum, count) of one chunk; min and max None when it holds no value (all NaN)."""
     if kind in "iub":  # exact min/max, float64 sum
-        return c.min(), c.max(), _sum(c, np.float64), c.size
+        mn, mx = c.min(), c.max()
+        if c.size >= LANES_MIN:
+            return mn, mx, _int_sum(c, mn, mx), c.size
+        return mn, mx, _sum(c, np.float64), c.size
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: a NaN sum is the statistic
         if kind == "c":
             m = np.abs(c)
@@ -253,7 +314,8 @@ def _reduce(c: np.ndarray, kind: str) -> tuple[Any, Any, Any, int]:
             nan = np.isnan(s.real) or np.isnan(s.imag)
         else:
             m = c
-            s = _sum(c, np.float64)
+            big32 = c.dtype == np.float32 and c.size >= LANES_MIN
+            s = _float32_sum(c) if big32 else _sum(c, np.float64)
             nan = np.isnan(s)
         mn, mx = _fmin(m), _fmax(m)  # fmin/fmax skip NaN (NaN only if every value is NaN)
         if not nan:
@@ -303,7 +365,7 @@ def compute(
     raw = a.reshape(-1).view(np.uint8).data if checksum else None
     mn: Any = None
     mx: Any = None
-    total: Any = 0j if kind == "c" else 0.0
+    total: Any = 0j if kind == "c" else 0 if kind in "iub" else 0.0  # ints: exact if it can
     count = 0
     crcs: list[int] = []
     cur = 0
