@@ -371,17 +371,20 @@ def compute(
     cur = 0
     for i in range(0, n, step):
         c = flat[i : i + step]
+        # the checksum first: it streams the chunk from memory fastest, and the reductions
+        # then find it in the cache (float32: 6-7 ms a 64 MiB array against 9-11 the other
+        # way round)
+        if raw is not None:
+            cur = crc(raw[i * item : (i + c.size) * item], cur)
+            if seg > 0 and ((i + c.size) % seg_items == 0) and i + c.size < n:
+                crcs.append(cur)
+                cur = 0
         r_mn, r_mx, r_s, r_n = _reduce(c, kind)
         if r_n:
             mn = r_mn if mn is None or r_mn < mn else mn
             mx = r_mx if mx is None or r_mx > mx else mx
             total += r_s
             count += r_n
-        if raw is not None:
-            cur = crc(raw[i * item : (i + c.size) * item], cur)
-            if seg > 0 and ((i + c.size) % seg_items == 0) and i + c.size < n:
-                crcs.append(cur)
-                cur = 0
     if raw is not None:
         crcs.append(cur)
     return _finish(kind, mn, mx, total, count), tuple(crcs)
