@@ -20,6 +20,7 @@ from lamina.engines import staging
 from lamina.engines.staging import BoxIndex, enter_box, enter_boxes
 from lamina.errors import OverlapError
 from lamina.geometry import Box
+from lamina.testing.cases import check_extents
 
 pytestmark = pytest.mark.usefixtures("fast_native")
 
@@ -170,6 +171,7 @@ def test_a_batch_stores_what_single_writes_store(tmp_path, rng, edge):
                         ds.write_blocks(stacked + step, corners)
         with lamina.open(path) as f:
             np.testing.assert_array_equal(f["u"].read(step=1), a + 1)
+            check_extents(f, how)  # small blocks: one stream of a step's staged blocks
             blocks = f["u"].blocks(1)
             tables.append(
                 [(b.box, b.stats, b.nbytes, b.offset, b.subfile, b.codec) for b in blocks]
@@ -529,6 +531,7 @@ def test_one_rank_commit_hands_over_what_other_ranks_decode(tmp_path):
         assert r["u"].attrs["units"] == "m"
         assert np.isnan(r["u"][40:44]).all() and r["v"].read(step=0)[3, 3, :5].size == 5
         assert int(r["w"][()]) == 5 and not r["z"][...].any()
+        check_extents(r)  # staged blocks, one placed at put, encoded ones
 
 
 def test_heads_and_trailers_that_cannot_be_this_steps_are_errors(tmp_path):

@@ -3,8 +3,9 @@
 Run under ``mpiexec -n N python -m mpi4py many_blocks.py``::
 
     many_blocks.py write DIR     # every rank writes 2,048 blocks of 2^3 of "u" (float64) and 512
-                                 # strips of "s" (uint16) per step, in a shuffled order, 2 steps,
-                                 # into DIR/agg1.lam (one aggregator) and DIR/aggn.lam (one per rank)
+                                 # strips of "s" (uint16) per step, in a shuffled order, and one
+                                 # large block of "w" (stored as it is put), 2 steps, into
+                                 # DIR/agg1.lam (one aggregator) and DIR/aggn.lam (one per rank)
     many_blocks.py read DIR W    # W ranks wrote; this job's ranks read their own row slabs, a box
                                  # across many blocks, one block, the block list, and a query
 
@@ -20,11 +21,13 @@ from mpi4py import MPI
 
 import lamina
 from lamina.geometry import Box, split_range
+from lamina.testing.cases import check_extents
 
 ROWS, COLS = 16, 32  # each writer's slab of "u": ROWS x COLS x COLS, in blocks of EDGE^3
 EDGE = 2
 STRIP = 4  # "s": each writer's ROWS x COLS*8 part in strips of 1 x STRIP
 STEPS = 2
+WIDE = (160, 1024)  # "w": each writer's one block, 1.25 MiB of float64
 
 
 def u_values(box: Box, step: int) -> np.ndarray:
@@ -35,6 +38,10 @@ def u_values(box: Box, step: int) -> np.ndarray:
 def s_values(box: Box, step: int) -> np.ndarray:
     i, j = np.ogrid[tuple(slice(a, b) for a, b in zip(box.start, box.stop, strict=True))]
     return ((i * 7 + j * 3 + step * 11) % 65521).astype(np.uint16)
+
+
+def w_values(rank: int, step: int) -> np.ndarray:
+    return np.arange(WIDE[0] * WIDE[1], dtype=np.float64).reshape(WIDE) + 10 * rank + step
 
 
 def write(d: str) -> None:
@@ -57,8 +64,10 @@ def write(d: str) -> None:
         with lamina.open(path, "w", comm=comm, aggregators=1 if agg == "1" else n) as f:
             u = f.create_dataset("u", (ROWS * n, COLS, COLS), np.float64)
             s = f.create_dataset("s", (ROWS * n, 8 * COLS), np.uint16)
+            w = f.create_dataset("w", (WIDE[0] * n, WIDE[1]), np.float64)
             for step in range(STEPS):
                 with f.step():
+                    w[WIDE[0] * r : WIDE[0] * (r + 1)] = w_values(r, step)
                     for k in rng.permutation(len(ublocks)).tolist():
                         b = ublocks[k]
                         u.write(u_values(b, step), offset=b.start, copy=False)
@@ -109,6 +118,11 @@ def read(d: str, writers: int) -> None:
                         f"agg{agg} step {step}: u >= max: {res.count} matches, "
                         f"{len(res.candidates)} candidate blocks"
                     )
+                for k in range(writers):
+                    wk = Box((WIDE[0] * k, 0), (WIDE[0] * (k + 1), WIDE[1]))
+                    if not np.array_equal(f["w"].read(wk, step=step), w_values(k, step)):
+                        raise AssertionError(f"agg{agg} step {step}: writer {k}'s block of w")
+            check_extents(f, f"agg{agg}")
     if r == 0:
         print(f"OK read: {m} ranks, {writers} writers")
 

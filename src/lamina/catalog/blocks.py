@@ -36,7 +36,7 @@ import functools
 import math
 import struct
 import zlib
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -953,6 +953,25 @@ def encode_area(
     )
 
 
+def merge_extents(extents: Iterable[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """``(session, aggregator, end)`` extents of parts of a step as :func:`extents_of` gives
+    them for the whole: the furthest end in each subfile, in order.  A writer that stored a
+    stream of blocks back to back knows where the stream ends without a look at each block
+    (and :func:`column_extents` gives the rest)."""
+    ends: dict[tuple[int, int], int] = {}
+    for s, a, e in extents:
+        if e > ends.get((s, a), -1):
+            ends[(s, a)] = e
+    return [(s, a, e) for (s, a), e in sorted(ends.items())]
+
+
+def column_extents(
+    length: np.ndarray, session: np.ndarray, agg: np.ndarray, offset: np.ndarray
+) -> list[tuple[int, int, int]]:
+    """``(session, aggregator, end)`` of every subfile the blocks of these columns lie in."""
+    return _extents(length, session, agg, offset)
+
+
 def _extents(
     length: np.ndarray, session: np.ndarray, agg: np.ndarray, offset: np.ndarray
 ) -> list[tuple[int, int, int]]:
@@ -1050,7 +1069,7 @@ class StepTable:
     block together from these columns, and :meth:`table` cuts the others.
     """
 
-    __slots__ = (*_ATTRS, "dids", "bounds", "_ptr")
+    __slots__ = (*_ATTRS, "dids", "bounds", "_ptr", "ends")
     start: np.ndarray
     stop: np.ndarray
     offset: np.ndarray
@@ -1070,6 +1089,8 @@ class StepTable:
     amax: np.ndarray | None
     bounds: list[int]  # section k: rows bounds[k]:bounds[k + 1]
     dids: list[int]  # section k: dataset dids[k]
+    #: :meth:`extents`, where whoever built the table knew them (None: from the columns)
+    ends: list[tuple[int, int, int]] | None
 
     def __init__(self, did: np.ndarray, **cols: np.ndarray | None) -> None:
         """A table of the rows given as *cols* (every name of :data:`_ATTRS`, ``amax``
@@ -1078,6 +1099,7 @@ class StepTable:
         for name in _ATTRS:
             setattr(self, name, cols[name])
         self._ptr: np.ndarray | None = None
+        self.ends = None
         order, self.bounds, self.dids = dataset_runs(did)
         if order is not None:  # ranks' rows interleave: by dataset
             self.crcs = _take_crcs(self.crcs, self.crc_ptr, order)
@@ -1194,7 +1216,9 @@ class StepTable:
         }
 
     def extents(self) -> list[tuple[int, int, int]]:
-        """:func:`extents_of` the step's blocks."""
+        """:func:`extents_of` the step's blocks (:attr:`ends` where they were known)."""
+        if self.ends is not None:
+            return self.ends
         return _extents(self.length, self.session, self.agg, self.offset)
 
 

@@ -96,7 +96,7 @@ from ..catalog import (
     pack,
     parent,
 )
-from ..catalog.blocks import StepTable, dataset_runs
+from ..catalog.blocks import StepTable, column_extents, dataset_runs, merge_extents
 from ..catalog.model import MAX_ATTR_BYTES, MAX_NDIM, Stats, decode_op, encode_op
 from ..errors import (
     BoundsError,
@@ -1132,6 +1132,7 @@ class BlockEngine(Engine):
             for member, sess, ag, base in placed:
                 bases[member] = (sess, ag, base)
         parts = []
+        extents: list[tuple[int, int, int]] = []  # (session, aggregator, end) of each part
         for r, h in enumerate(heads.ranks):
             n = len(h.did)
             if not n:
@@ -1141,18 +1142,25 @@ class BlockEngine(Engine):
                 raise FormatError(f"step trailer from rank {r}: not one row per block of its head")
             session, agg, offset = h.session, h.agg, h.offset
             rows, lengths = heads.unplaced(r)
+            streamed = False
             if rows.size and r in bases:  # the rank's stream of unplaced blocks, from its base
                 s, a, base = bases[r]
                 offs = lengths.cumsum()  # each block's end, then its start
+                end = base + int(offs[-1])  # where the stream ends
                 offs -= lengths
                 offs += base
                 if len(rows) == n:  # every block moved (staged small blocks, the common case)
                     offset = offs
                     session, agg = filled(n, s, np.uint32), filled(n, a, np.uint32)
+                    streamed = True
+                    if end > base:  # (a stream of statistics-only blocks holds no byte)
+                        extents.append((s, a, end))
                 else:
                     session, agg, offset = session.copy(), agg.copy(), offset.copy()
                     offset[rows] = offs
                     session[rows], agg[rows] = s, a
+            if not streamed:
+                extents.extend(column_extents(h.length, session, agg, offset))
             parts.append(
                 dict(
                     did=h.did,
@@ -1176,6 +1184,7 @@ class BlockEngine(Engine):
                 )
             )
         columns = StepTable.join(parts)
+        columns.ends = extents if len(parts) == 1 else merge_extents(extents)
         return Record(
             kind,
             step,

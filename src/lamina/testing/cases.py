@@ -185,7 +185,24 @@ def check_stats(stats, a: np.ndarray) -> None:
             mx,
         )
     tol = 1e-6 * max(1.0, abs(s))
+    if a.dtype == np.float32:  # float32's rounding (lamina.stats.F32_LANE): of sum |x|, not of s
+        tol = max(tol, 64 * 2.0**-24 * float(np.abs(a[~np.isnan(a)]).sum(dtype=np.float64)))
     assert abs(complex(stats.sum) - complex(s)) <= max(tol, 1e-9 * abs(s)), (stats.sum, s)
+
+
+def check_extents(f: lamina.File, what: str = "") -> None:
+    """Assert that each committed step's record says of every subfile where the step's blocks
+    end there, as the step's own block columns say (a native writer takes the end of a stream
+    of blocks it stored back to back without a look at each block)."""
+    from lamina.catalog.blocks import extents_of
+
+    eng = f._engine
+    while hasattr(eng, "inner"):
+        eng = eng.inner
+    cat = eng.catalog
+    for step, sb in enumerate(cat.steps):
+        want = extents_of({d: cat.table(d, step) for d in sb.datasets()})
+        assert sb.extents == want, f"{what} step {step}: extents {sb.extents}, blocks say {want}"
 
 
 def put_blocks(ds: lamina.Dataset, a: np.ndarray, boxes: Sequence[Box], ctx: Context) -> None:
