@@ -347,14 +347,29 @@ def test_crc_concat_large_pieces(rng):
 
 
 def test_crc_concat_keeps_few_operators(monkeypatch, rng):
-    """Runs of many different block lengths do not grow the operator cache without bound."""
+    """Runs of many different block lengths do not grow the operator caches without bound."""
     monkeypatch.setattr(stats, "_ZEROS", {})
     monkeypatch.setattr(stats, "_ZEROS_MAX", 8)
+    monkeypatch.setattr(stats, "_RADIX_TABLES", {})
+    monkeypatch.setattr(stats, "_RADIX_MAX", 3)
     for length in range(1, 80):
         buf = rng.integers(0, 256, 5 * length, dtype=np.uint8)
         pieces = [crc32c.crc32c(buf[i * length : (i + 1) * length]) for i in range(5)]
         assert stats.crc_concat(np.array(pieces), length) == crc32c.crc32c(buf)
-        assert len(stats._ZEROS) <= 8
+        assert len(stats._ZEROS) <= 8 and len(stats._RADIX_TABLES) <= 3
+
+
+@pytest.mark.parametrize("n", [15, 16, 17, 255, 256, 257, 4097])
+def test_crc_concat_over_several_steps(n, rng):
+    """Counts around powers of the radix (groups filled exactly, or padded in front), up to
+    four steps of combination."""
+    length = 3
+    buf = rng.integers(0, 256, n * length, dtype=np.uint8)
+    pieces = stats.piece_crcs(buf.data, np.arange(n + 1) * length)
+    assert stats.crc_concat(pieces, length) == crc32c.crc32c(buf)
+    bad = pieces.copy()
+    bad[n // 2] ^= 1 << 7  # one stored checksum wrong: the run's CRC differs
+    assert stats.crc_concat(bad, length) != crc32c.crc32c(buf)
 
 
 @pytest.mark.parametrize(
