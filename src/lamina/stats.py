@@ -408,22 +408,26 @@ def compute(
     count = 0
     crcs: list[int] = []
     cur = 0
+    # the checksum first: it streams a chunk from memory fastest, and the reductions then
+    # find it in the cache (64 MiB of float32: 8.6-9.6 ms against 10.6-11.5 the other way
+    # round); complex data last, after the pass that takes |z| (10.2 against 11.2 ms)
+    crc_first = kind != "c"
     for i in range(0, n, step):
         c = flat[i : i + step]
-        # the checksum first: it streams the chunk from memory fastest, and the reductions
-        # then find it in the cache (float32: 6-7 ms a 64 MiB array against 9-11 the other
-        # way round)
-        if raw is not None:
+        if raw is not None and crc_first:
             cur = crc(raw[i * item : (i + c.size) * item], cur)
-            if seg > 0 and ((i + c.size) % seg_items == 0) and i + c.size < n:
-                crcs.append(cur)
-                cur = 0
         r_mn, r_mx, r_s, r_n = _reduce(c, kind)
         if r_n:
             mn = r_mn if mn is None or r_mn < mn else mn
             mx = r_mx if mx is None or r_mx > mx else mx
             total += r_s
             count += r_n
+        if raw is not None:
+            if not crc_first:
+                cur = crc(raw[i * item : (i + c.size) * item], cur)
+            if seg > 0 and ((i + c.size) % seg_items == 0) and i + c.size < n:
+                crcs.append(cur)
+                cur = 0
     if raw is not None:
         crcs.append(cur)
     return _finish(kind, mn, mx, total, count), tuple(crcs)
