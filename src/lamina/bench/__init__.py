@@ -8,7 +8,8 @@ numpy in one process.  ``lamina bench blocks`` measures the cost per block
 of many small blocks (write, read, one-block read, query) against the same
 baselines; ``lamina bench steps`` the cost of a step by the number of
 datasets written in it.  ``lamina bench async`` measures background I/O (``io='async'``)
-against synchronous I/O and ADIOS2 BP5 ``AsyncWrite``.  ``lamina bench
+against synchronous I/O and ADIOS2 BP5 ``AsyncWrite``; ``lamina bench stats`` the
+statistics and checksum pass against a memcpy.  ``lamina bench
 multires`` measures the multiresolution layout's write pipeline per
 balancing scheme, its compression next to zfp and zstd, and reads by
 level.  Absolute times on a shared machine are noise; the
@@ -29,6 +30,7 @@ BENCHMARKS = {
     "catalog": "open, step index and memory of a file of 100 steps x 100,000 blocks: lamina vs ADIOS2 BP5",
     "steps": "the cost of a step by the number of datasets in it: numpy, ADIOS2 BP5, h5py, lamina",
     "async": "background I/O: VPIC-IO-like write, BD-CATS-IO-like read, sync vs async vs ADIOS2 BP5 AsyncWrite",
+    "stats": "the statistics and checksum pass of a block against a memcpy, by dtype",
     "multires": "multiresolution layout: write phases and balance per scheme, compression vs zfp and zstd, reads by level, the size-grid micro-benchmark (--size-grid), 10^4-10^5 simulated ranks",
 }
 
@@ -69,6 +71,8 @@ def main(argv: list[str]) -> int:
         from .background import main as run
     elif name == "multires":
         from .multires import main as run
+    elif name == "stats":
+        from .stats import main as run
     else:
         print(
             f"lamina bench: unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}",

@@ -17,7 +17,8 @@ import math
 import os
 import shutil
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -197,6 +198,25 @@ def fsync_path(path: str) -> None:
 
 
 # ------------------------------------------------------------ statistics
+def rounds(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, list[float]]:
+    """Times of each function of one process: one untimed run each, then *repeat* rounds that
+    run them all.
+
+    The order rotates between rounds, and every round runs every function, so
+    that a burst of load on a shared machine hits all of them alike.
+    """
+    names = list(fns)
+    for n in names:
+        fns[n]()  # untimed: first touch of new memory, imports, GPU start-up
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(repeat):
+        for n in names[r % len(names) :] + names[: r % len(names)]:
+            t = time.perf_counter()
+            fns[n]()
+            times[n].append(time.perf_counter() - t)
+    return times
+
+
 def summarize(times: Sequence[float]) -> dict:
     ts = sorted(float(t) for t in times)
     n = len(ts)

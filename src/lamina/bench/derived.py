@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -112,24 +111,6 @@ NOTES = {
     "lamina gpu out=": "the same into preallocated host arrays",
     "lamina gpu resident": "inputs and results on the device: the kernels alone",
 }
-
-
-def _measure(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, list[float]]:
-    """Times of each function: one untimed run each, then *repeat* rounds that run them all.
-
-    The order rotates between rounds, and every round runs every function, so
-    that a burst of load on a shared machine hits all of them alike.
-    """
-    names = list(fns)
-    for n in names:
-        fns[n]()  # untimed: first touch of new memory, imports, GPU start-up
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(repeat):
-        for n in names[r % len(names) :] + names[: r % len(names)]:
-            t = time.perf_counter()
-            fns[n]()
-            times[n].append(time.perf_counter() - t)
-    return times
 
 
 def _gpu_fns(e, arrays: dict, outs: list) -> dict[str, Callable[[], object]]:
@@ -245,7 +226,7 @@ def run(
         if gpu:
             fns.update(_gpu_fns(e, arrays, outs))
         say(f"{name}: {', '.join(fns)}...")
-        times = _measure(fns, repeat)
+        times = common.rounds(fns, repeat)
         copy = times.pop("memcpy")
         copy_times += copy
         copy_gbps = [2 * src.nbytes / t / 1e9 for t in copy]
