@@ -279,8 +279,9 @@ def crc_combine(crcs: Sequence[int], lengths: Sequence[int]) -> int:
     ``crc32_combine`` folded over the pieces, one operator per distinct length (cached)."""
     cur = 0
     for c, n in zip(crcs, lengths, strict=True):
-        if n:
-            cur = int(_apply(_zeros(int(n)), np.asarray(cur, dtype=np.uint32))) ^ int(c)
+        if n:  # (a zero register stays zero: the first piece needs no operator)
+            shifted = int(_apply(_zeros(int(n)), np.asarray(cur, dtype=np.uint32))) if cur else 0
+            cur = shifted ^ int(c)
     return cur
 
 
