@@ -1271,6 +1271,54 @@ def test_one_block_section_checks_agree_with_the_column_checks(nd, layered, seg)
     assert refused >= 20  # the values past the limits are refused, not only the sound ones taken
 
 
+@pytest.mark.parametrize("nd", [1, 3])
+@pytest.mark.parametrize("layered", [False, True])
+@pytest.mark.parametrize("seg", [0, 1 << 18])
+def test_whole_column_judgement_passes_no_table_the_row_checks_refuse(
+    monkeypatch, nd, layered, seg
+):
+    """A section's checks judge a table of one codec and one flag on reductions of whole
+    columns first (``_looks_sound``) and look row by row only when that fails.  Tables of
+    three blocks, the middle one with each field in turn at and past its limits: whenever
+    the row checks refuse the table, the whole-column judgement does not pass it; and it
+    passes the sound table (else the row checks would run for every table)."""
+    from lamina.catalog import blocks as cb
+
+    spec, f = _sound_block(nd, layered, seg)
+
+    def cols_of(rows: list[dict]) -> cb._Columns:
+        u8 = lambda key: np.array([r[key] for r in rows], dtype="<u8")  # noqa: E731
+        return cb._Columns(
+            np.array([r["lo"] for r in rows], dtype=np.int64),
+            np.array([r["hi"] for r in rows], dtype=np.int64),
+            u8("offset"),
+            u8("length"),
+            u8("seg"),
+            np.array([r["ncrc"] for r in rows], dtype="<u4"),
+            sum(r["ncrc"] for r in rows) + rows[1]["ncrcs"] - rows[1]["ncrc"],
+            np.array([r["codec"] for r in rows], dtype="u1"),
+            np.array([r["has"] for r in rows], dtype="u1"),
+            u8("count"),
+            None if f["mag"] is None else np.array([r["mag"] for r in rows], dtype="<f8"),
+        )
+
+    judged = cb._looks_sound
+    size = np.full(3, f["count"], dtype=np.int64)
+    assert judged(cols_of([f, f, f]), size, 4, layered)
+    monkeypatch.setattr(cb, "_looks_sound", lambda *a: False)  # the row checks alone
+    refused = 0
+    wrong = [w for w in _wrong_values(spec, f) if w[0] not in ("lo", "hi")]  # bounds: checked first
+    wrong += [("codec", 0, int(c)) for c in BlockCodec]
+    for field, k, value in wrong:
+        cols = cols_of([f, _changed(f, field, k, value), f])
+        try:
+            cb._check_columns(spec, "section", cols)
+        except FormatError:
+            refused += 1
+            assert not judged(cols, size, 4, layered), (field, value)
+    assert refused >= 15
+
+
 @given(data=st.data(), nd=st.sampled_from([0, 1, 3]), layered=st.booleans())
 def test_one_block_section_checks_agree_with_two_fields_wrong(data, nd, layered):
     """As above, with two fields wrong at once: the first error in the checks' order wins
