@@ -154,6 +154,14 @@ def test_integer_sums_of_large_chunks_are_exact(dtype, rng):
     assert (s.min, s.max) == (int(a.min()), int(a.max()))
 
 
+@pytest.mark.parametrize("top", [1, 2, 3])
+def test_sums_of_small_bytes_are_exact(top, rng):
+    """Bytes of 0 and 1 (a mask) are counted; any larger byte takes the lanes: both exact."""
+    a = rng.integers(0, top + 1, stats.PASS + 999, dtype=np.uint8)
+    s, _ = compute(a)
+    assert s.sum == float(int(a.sum(dtype=np.uint64))) and s.max == top
+
+
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 def test_large_sums_past_the_fast_types_range():
     """Sums that would overflow the fast path's type are taken in float64, as before: 64-bit
