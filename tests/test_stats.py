@@ -384,6 +384,9 @@ def test_crc_concat_over_several_steps(n, rng):
     bad = pieces.copy()
     bad[n // 2] ^= 1 << 7  # one stored checksum wrong: the run's CRC differs
     assert stats.crc_concat(bad, length) != crc32c.crc32c(buf)
+    every_other = np.repeat(pieces, 2)[::2]  # strided, a list and big-endian: the same CRC
+    for crcs in (every_other, pieces.tolist(), pieces.astype(">u4")):
+        assert stats.crc_concat(crcs, length) == crc32c.crc32c(buf)
 
 
 @pytest.mark.parametrize(
