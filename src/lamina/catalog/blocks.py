@@ -947,7 +947,7 @@ def extents_of(tables: dict[int, BlockTable]) -> list[tuple[int, int, int]]:
         cols = [getattr(t, name) for t in ts]
         return cols[0] if len(cols) == 1 else np.concatenate(cols)
 
-    return _extents(cat("length"), cat("session"), cat("agg"), cat("offset"))
+    return column_extents(cat("length"), cat("session"), cat("agg"), cat("offset"))
 
 
 #: zlib level of the sections format 4 compresses (level 1: about 150 MB/s, most of the gain)
@@ -1018,13 +1018,6 @@ def merge_extents(extents: Iterable[tuple[int, int, int]]) -> list[tuple[int, in
 
 
 def column_extents(
-    length: np.ndarray, session: np.ndarray, agg: np.ndarray, offset: np.ndarray
-) -> list[tuple[int, int, int]]:
-    """``(session, aggregator, end)`` of every subfile the blocks of these columns lie in."""
-    return _extents(length, session, agg, offset)
-
-
-def _extents(
     length: np.ndarray, session: np.ndarray, agg: np.ndarray, offset: np.ndarray
 ) -> list[tuple[int, int, int]]:
     """``(session, aggregator, end)`` of every subfile the blocks of these columns lie in."""
@@ -1271,7 +1264,7 @@ class StepTable:
         """:func:`extents_of` the step's blocks (:attr:`ends` where they were known)."""
         if self.ends is not None:
             return self.ends
-        return _extents(self.length, self.session, self.agg, self.offset)
+        return column_extents(self.length, self.session, self.agg, self.offset)
 
 
 def encode_step(

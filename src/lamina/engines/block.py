@@ -1184,7 +1184,7 @@ class BlockEngine(Engine):
                 )
             )
         columns = StepTable.join(parts)
-        columns.ends = extents if len(parts) == 1 else merge_extents(extents)
+        columns.ends = merge_extents(extents)
         return Record(
             kind,
             step,

@@ -87,11 +87,9 @@ class Chunk:
         self._mv[off : off + total] = b"".join(arrays)
         self.used = off + total
         at = list(itertools.accumulate(sizes[:-1], initial=off))
-        runs = self.runs
+        first = len(self.rows)
         for k, a in enumerate(arrays):
-            dt = a.dtype
-            if not runs or runs[-1][1] != dt:
-                runs.append((len(self.rows) + k, dt))
+            self._note(a.dtype, first + k)
         self.rows.extend(range(first_row, first_row + len(arrays)))
         return at
 
@@ -112,11 +110,12 @@ class Chunk:
         self.rows.extend(range(first_row, first_row + count))
         return off
 
-    def _note(self, dtype: np.dtype) -> None:
-        """The rows added next are of *dtype*: a new run unless the last is of it."""
+    def _note(self, dtype: np.dtype, at: int | None = None) -> None:
+        """The rows added next (from row *at* of the chunk, by default the next one) are of
+        *dtype*: a new run unless the last is of it."""
         runs = self.runs
         if not runs or runs[-1][1] != dtype:
-            runs.append((len(self.rows), dtype))
+            runs.append((len(self.rows) if at is None else at, dtype))
 
     def summarize(self, lengths: Sequence[int], offsets: Sequence[int], checksum: bool) -> None:
         """Compute the statistics (and checksums) of every block staged here, run by run of one dtype."""

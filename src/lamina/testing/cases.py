@@ -196,10 +196,7 @@ def check_extents(f: lamina.File, what: str = "") -> None:
     of blocks it stored back to back without a look at each block)."""
     from lamina.catalog.blocks import extents_of
 
-    eng = f._engine
-    while hasattr(eng, "inner"):
-        eng = eng.inner
-    cat = eng.catalog
+    cat = f.engine.catalog  # (the layers hand on their engine's)
     for step, sb in enumerate(cat.steps):
         want = extents_of({d: cat.table(d, step) for d in sb.datasets()})
         assert sb.extents == want, f"{what} step {step}: extents {sb.extents}, blocks say {want}"
