@@ -78,22 +78,29 @@ def _reads_match_numpy(tiling, data):
         )
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "runs.lam")
+        later = np.where(truth == FILL, FILL, 2 * truth + 1)  # a second step written alike
         with lamina.open(path, "w", engine="native") as f:
             ds = f.create_dataset("u", full, "f8", fill=FILL)
-            with f.step():
-                for lo, hi in boxes:
-                    ds.write(truth[tuple(map(slice, lo, hi))], offset=lo)
+            for values in (truth, later):
+                with f.step():
+                    for lo, hi in boxes:
+                        ds.write(values[tuple(map(slice, lo, hi))], offset=lo)
         with lamina.open(path, "r", engine="native") as f:
             ds = f["u"]
-            np.testing.assert_array_equal(ds[...], truth)
+            out = np.empty(full)
+            for step, values in ((0, truth), (1, later), (0, truth)):  # one plan, each step's own
+                ds.read(step=step, out=out)
+                np.testing.assert_array_equal(out, values)
+            np.testing.assert_array_equal(ds[...], later)
             for _ in range(3):  # boxes that cut blocks, hold some whole, or miss them all
                 lo = [data.draw(st.integers(0, n - 1)) for n in full]
                 hi = [data.draw(st.integers(a + 1, n)) for a, n in zip(lo, full, strict=True)]
                 key = tuple(map(slice, lo, hi))
-                np.testing.assert_array_equal(ds[key], truth[key])
+                np.testing.assert_array_equal(ds.read(key, step=0), truth[key])
+                np.testing.assert_array_equal(ds.read(key, step=1), later[key])
             if nd > 1:  # into a strided output (not C-contiguous)
                 out = np.zeros(full[::-1]).T
-                ds.read(out=out)
+                ds.read(out=out, step=0)
                 np.testing.assert_array_equal(out, truth)
 
 
@@ -314,3 +321,63 @@ def test_slabs_cut_a_grid_into_boxes_of_consecutive_cells(extent, block, limit):
         assert lin[key].reshape(-1).tolist() == list(range(a, b))
         seen.append((a, b))
     assert [a for a, _ in seen] == [0] + [b for _, b in seen[:-1]] and seen[-1][1] == n
+
+
+def test_a_read_planned_once_for_steps_written_alike(tmp_path, monkeypatch):
+    """A reader of one region step after step plans the read once: steps whose blocks lie
+    alike (boxes, lengths, subfiles, offsets from the first block's) are read with the plan
+    of the first, each with its own offsets and checksums.  A step laid out otherwise, an
+    output of other strides or a box that cuts blocks is planned again; the plans kept are
+    bounded; a byte flipped in a later step is caught and the error names its block."""
+    planned = []
+    lay_out = native.NativeEngine._lay_out
+
+    def counted(self, *args):
+        planned.append(1)
+        return lay_out(self, *args)
+
+    monkeypatch.setattr(native.NativeEngine, "_lay_out", counted)
+    edge, grid = (2, 3), (6, 6)
+    full = (edge[0] * grid[0], edge[1] * grid[1])
+    cells = list(np.ndindex(*grid))
+    rng = np.random.default_rng(11)
+    truths = [rng.random(full) for _ in range(4)]
+    path = str(tmp_path / "steps.lam")
+    with lamina.open(path, "w") as f:
+        ds = f.create_dataset("u", full, "f8")
+        for s, truth in enumerate(truths):
+            order = rng.permutation(len(cells)).tolist() if s == 2 else range(len(cells))
+            with f.step():
+                for k in order:
+                    lo = (cells[k][0] * edge[0], cells[k][1] * edge[1])
+                    ds.write(truth[lo[0] : lo[0] + edge[0], lo[1] : lo[1] + edge[1]], offset=lo)
+    with lamina.open(path) as f:
+        ds = f["u"]
+        eng = f.engine.inner
+        out = np.empty(full)
+        for s in (0, 1, 3):  # written alike: one plan
+            ds.read(step=s, out=out)
+            np.testing.assert_array_equal(out, truths[s])
+        assert len(planned) == 1
+        ds.read(step=2, out=out)  # put in another order: other offsets, planned again
+        np.testing.assert_array_equal(out, truths[2])
+        assert len(planned) == 2
+        strided = np.empty(full[::-1]).T
+        for s in (0, 1):
+            ds.read(step=s, out=strided)
+            np.testing.assert_array_equal(strided, truths[s])
+        assert len(planned) == 3
+        cut = (slice(1, 9), slice(2, 17))
+        for s in (0, 1, 3):
+            np.testing.assert_array_equal(ds.read(cut, step=s), truths[s][cut])
+        assert len(planned) == 4
+        for a in range(native.READ_PLANS + 2):  # other boxes: the plans kept are bounded
+            ds.read((slice(a, full[0]), slice(None)), step=0)
+        assert len(eng._read_plans) == native.READ_PLANS
+        victim = ds.blocks(1)[len(cells) // 3]
+        flip(os.path.join(path, victim.subfile), victim.offset + 3)
+        ds.read(step=0, out=out)
+        np.testing.assert_array_equal(out, truths[0])
+        with pytest.raises(ChecksumError, match="checksum mismatch") as err:
+            ds.read(step=1, out=out)
+        assert str(victim.box) in str(err.value)

@@ -242,6 +242,33 @@ class BlockTable:
         # (the first search scans, the next ones build and use the sorted order)
         self._last: tuple | None = None
 
+    def layout_key(self, rows: np.ndarray) -> tuple:
+        """What a read of blocks *rows* (ascending, as :meth:`hits` gives them) is planned
+        on: their number, dimensions and dtype, and as bytes their boxes, lengths, codecs,
+        checksum counts and subfiles, and their offsets from the first one's.  Steps written
+        alike (a simulation's decomposition, step after step) give equal keys and are read
+        alike: the native engine keeps the plan of a read with this key (and the box and the
+        output's geometry) for the next step.  Statistics and checksums are not in it: a
+        plan takes them from the table it reads.  Made at each call, not kept (a key held by
+        every table read would double the catalog's memory per block)."""
+        if len(rows) == len(self):  # every block (rows ascend, each once)
+            cols = (self.start, self.stop, self.length, self.codec, self.ncrc)
+            where = (self.session, self.agg, self.offset)
+        else:
+            cols = tuple(
+                c[rows] for c in (self.start, self.stop, self.length, self.codec, self.ncrc)
+            )
+            where = tuple(c[rows] for c in (self.session, self.agg, self.offset))
+        session, agg, off = where
+        return (
+            cols[0].shape,
+            self.dtype.str,
+            *(c.tobytes() for c in cols),
+            session.tobytes(),
+            agg.tobytes(),
+            (off - off[0]).tobytes() if len(off) else b"",
+        )
+
     @property
     def crc_ptr(self) -> np.ndarray:
         """Where each block's checksums start in :attr:`crcs` (``n + 1`` entries, the last the

@@ -62,6 +62,13 @@ SCATTER_ELEMENTS = 512
 
 PREALLOCATE_MIN = 1 << 20
 
+#: reads planned that an engine keeps (:meth:`NativeEngine._read_blocks`), one per box and
+#: output geometry: a reader of a few regions step after step finds each one's plan
+READ_PLANS = 4
+#: reads of more blocks than this are planned each time (planning costs a few percent of
+#: them) and not kept (a plan and its key take about 250 bytes a block)
+PLANNED_MAX = 4096
+
 
 class _Grid(NamedTuple):
     """Blocks of one shape that tile a box of the output without gaps."""
@@ -88,6 +95,13 @@ _last_plan: tuple[tuple, _GridPlan | None] | None = None
 def _grid_of(out: np.ndarray, corner: np.ndarray, shape) -> _Grid | None:
     """How blocks of one *shape* (block k at ``corner[k]`` of *out*) tile a box of *out*,
     or None when they do not (a hole, a cell twice, off the grid's phase, out of bounds)."""
+    plan = _grid_plan_for(out, corner, shape)
+    return None if plan is None else _Grid(_grid_view(out, plan), plan.cells, plan.order)
+
+
+def _grid_plan_for(out: np.ndarray, corner: np.ndarray, shape) -> _GridPlan | None:
+    """:func:`_grid_of`'s plan, apart from the output array: the same for any output of
+    *out*'s shape and strides (:func:`_grid_view` makes the view into one)."""
     global _last_plan
     n = len(corner)
     shape = np.asarray(shape, dtype=np.int64)
@@ -102,12 +116,16 @@ def _grid_of(out: np.ndarray, corner: np.ndarray, shape) -> _Grid | None:
         _last_plan = (key, plan)
     if plan is None:
         return None
+    if not np.may_share_memory(_grid_view(out, plan), out):
+        return None  # splitting axes is a view for any strides; be sure
+    return plan
+
+
+def _grid_view(out: np.ndarray, plan: _GridPlan) -> np.ndarray:
+    """The box of *out* that *plan* found, split as (cells along each axis..., block shape...)."""
     nd = out.ndim
     view = out[plan.slices].reshape(plan.split)
-    view = view.transpose([*range(0, 2 * nd, 2), *range(1, 2 * nd, 2)])
-    if not np.may_share_memory(view, out):  # splitting axes is a view for any strides; be sure
-        return None
-    return _Grid(view, plan.cells, plan.order)
+    return view.transpose([*range(0, 2 * nd, 2), *range(1, 2 * nd, 2)])
 
 
 def _grid_plan(corner: np.ndarray, shape: np.ndarray, out_shape: tuple) -> _GridPlan | None:
@@ -261,6 +279,31 @@ class _Run(NamedTuple):
     check: Callable[[], None]
 
 
+class _RunPlan(NamedTuple):
+    """How a run of a read is read (:meth:`NativeEngine._lay_out_run`), apart from the step
+    it is read from and the array it fills (:meth:`NativeEngine._bind_run` adds them)."""
+
+    ks: np.ndarray  # positions (in the read's blocks) of the run's blocks, in subfile order
+    lengths: np.ndarray
+    ends: np.ndarray  # each block's end in the run (the cumulative lengths)
+    pieces: list[tuple[int, int, Any]]  # (first block, end block, slab of the grid or None)
+    sizes: list[int]  # each piece's bytes
+    grid: _GridPlan | None  # blocks of one shape tiling a box of the output
+    within: np.ndarray | None  # the scatter: each element's index in a block at 0
+    at: np.ndarray | None  # and each block's first element in the output
+    corner: np.ndarray  # each block's part in the output: [corner, hi)
+    hi: np.ndarray
+    one_crc: bool  # checked with one CRC over the run
+
+
+class _ReadPlan(NamedTuple):
+    """How a read of many blocks is read (:meth:`NativeEngine._lay_out`): its runs, and
+    the positions of the blocks read one by one (None: none)."""
+
+    single: np.ndarray | None
+    runs: list[_RunPlan]
+
+
 def _place_piece(buf: np.ndarray, item: tuple[_Run, int]) -> None:
     item[0].place(buf, item[1])
 
@@ -365,6 +408,8 @@ class NativeEngine(BlockEngine):
         # (list.pop and append are atomic: a thread that finds none makes its own) and gives
         # it back once the run's blocks are in place
         self._run_bufs: list[np.ndarray] = []
+        # reads planned, for the next read of blocks laid out alike (_read_blocks)
+        self._read_plans: dict[tuple, tuple[tuple, _ReadPlan]] = {}
         self._sizes: dict[str, int] = {}
         self._meta_fd = self._commit_fd = self._data_fd = -1
         self._lock: WriterLock | None = None
@@ -961,11 +1006,45 @@ class NativeEngine(BlockEngine):
         Each block of a run is checked against its checksum and copied into
         place; blocks read in part, compressed or large go one by one
         (:meth:`_read_region`, which reads only the checksum segments a part
-        touches).
+        touches).  How (:meth:`_lay_out`) is kept for the next read of blocks laid out
+        alike (:meth:`~lamina.catalog.BlockTable.layout_key`) into the same box of an
+        output of the same geometry: a reader of one region step after step plans once.
         """
         n = len(idx)
         if n < 2:
             return super()._read_blocks(spec, t, idx, lo, hi, box, out)
+        if n > PLANNED_MAX:  # planning is a small part of such a read: not kept
+            plan = self._lay_out(t, idx, lo, hi, box, out)
+        else:
+            key = (
+                box.start,
+                box.stop,
+                out.shape,
+                out.strides,
+                out.dtype.str,
+                (COALESCE_BLOCK, COALESCE_RUN, READ_PIECE, SCATTER_ELEMENTS, stats_mod.CONCAT_MIN),
+            )
+            layout = t.layout_key(idx)
+            kept = self._read_plans.get(key)
+            if kept is not None and kept[0] == layout:
+                plan = kept[1]
+            else:
+                plan = self._lay_out(t, idx, lo, hi, box, out)
+                if kept is None and len(self._read_plans) >= READ_PLANS:
+                    del self._read_plans[next(iter(self._read_plans))]  # the oldest
+                self._read_plans[key] = (layout, plan)
+        if plan.runs:
+            self._read_runs([self._bind_run(spec, t, idx, r, out) for r in plan.runs])
+        if plan.single is not None:
+            k = plan.single
+            super()._read_blocks(spec, t, idx[k], lo[k], hi[k], box, out)
+
+    def _lay_out(self, t: BlockTable, idx, lo, hi, box: Box, out: np.ndarray) -> _ReadPlan:
+        """How :meth:`_read_blocks` reads blocks ``idx`` of *t* (parts ``[lo, hi)``) into
+        *out*, which holds *box*: the runs of whole raw blocks back to back in a subfile
+        (:meth:`_lay_out_run`), the others one by one.  Nothing in it depends on where the
+        step's blocks start in their subfile, on their checksums, or on *out*'s memory."""
+        n = len(idx)
         length = t.length[idx]
         whole = (
             rows_all((lo == t.start[idx]) & (hi == t.stop[idx]))
@@ -974,7 +1053,7 @@ class NativeEngine(BlockEngine):
             & (length <= COALESCE_BLOCK)
         )
         if int(whole.sum()) < 2:
-            return super()._read_blocks(spec, t, idx, lo, hi, box, out)
+            return _ReadPlan(np.arange(n, dtype=np.int64), [])
         w = np.flatnonzero(whole)
         key = t.session[idx[w]].astype(np.int64) << 32 | t.agg[idx[w]].astype(np.int64)
         off = t.offset[idx[w]]
@@ -984,18 +1063,16 @@ class NativeEngine(BlockEngine):
         single: list[int] = [int(v) for v in np.flatnonzero(~whole)]
         base = np.asarray(box.start, dtype=np.int64)
         rel_lo, rel_hi = lo - base, hi - base
-        runs: list[_Run] = []
+        runs: list[_RunPlan] = []
         for a, b in _runs(key, off, ln):
             if b - a == 1:
                 single.append(int(w[a]))
                 continue
-            runs.append(self._plan_run(spec, t, idx, w[a:b], int(off[a]), rel_lo, rel_hi, out))
-        if runs:
-            self._read_runs(runs)
-        if single:
-            single.sort()
-            s_idx = np.asarray(single, dtype=np.int64)
-            super()._read_blocks(spec, t, idx[s_idx], lo[s_idx], hi[s_idx], box, out)
+            runs.append(self._lay_out_run(t, idx, w[a:b], rel_lo, rel_hi, out))
+        if not single:
+            return _ReadPlan(None, runs)
+        single.sort()
+        return _ReadPlan(np.asarray(single, dtype=np.int64), runs)
 
     def _read_runs(self, runs: list[_Run]) -> None:
         """Read the pieces of every run of a read, then check the runs checked as a whole.
@@ -1024,45 +1101,30 @@ class NativeEngine(BlockEngine):
         for r in runs:
             r.check()
 
-    def _plan_run(self, spec, t: BlockTable, idx, ks, first: int, rel_lo, rel_hi, out) -> _Run:
-        """How to read blocks ``idx[ks]``, back to back in one subfile from byte *first*: in
-        pieces of whole blocks (about :data:`READ_PIECE` bytes), each checked and put in place
-        while it is still in the cache (:meth:`_read_runs` reads them).
+    @staticmethod
+    def _lay_out_run(t: BlockTable, idx, ks, rel_lo, rel_hi, out) -> _RunPlan:
+        """How to read blocks ``idx[ks]``, back to back in one subfile: in pieces of whole
+        blocks (about :data:`READ_PIECE` bytes), each checked and put in place while it is
+        still in the cache (:meth:`_bind_run`, :meth:`_read_runs`).
 
         A run of many blocks of one length is checked with one CRC over it (the pieces'
         CRCs combined) against the blocks' own (:func:`~lamina.stats.crc_concat`), at the
-        end: on a mismatch the run is read again to name the corrupt block, and *out* holds
-        what was read (as after any failed read, its contents are then undefined).  Fewer or
-        unequal blocks are checked a piece at a time, before they are placed.  Blocks of one
-        shape that tile a box of *out* in C order are placed a slab of the grid per piece;
-        otherwise one fancy-indexed copy, one scatter or a copy per block.
+        end.  Fewer or unequal blocks are checked a piece at a time, before they are placed.
+        Blocks of one shape that tile a box of *out* in C order are placed a slab of the grid
+        per piece; otherwise one fancy-indexed copy, one scatter or a copy per block.
         """
-        i0 = int(idx[ks[0]])
-        name = subfile_name(int(t.session[i0]), int(t.agg[i0]))
-        fd, what = self._fd(name), _Lazy(lambda: f"{self.path}/{name}: dataset {spec.path!r}")
-        dt = spec.dtype
         rows = idx[ks]
         lengths = t.length[rows]
-        expected = t.crcs[t.crc_ptr[rows]]
         ends = np.cumsum(lengths)
-
-        def corrupt(j: int) -> ChecksumError:
-            begin = first + (int(ends[j - 1]) if j else 0)
-            return ChecksumError(
-                f"checksum mismatch in {self.path}/{name}: dataset {spec.path!r} block "
-                f"{t.box(int(rows[j]))}, segment 0 (bytes {begin}..{first + int(ends[j])}): "
-                "the data is corrupt"
-            )
-
         n = len(rows)
         one_length = bool(np.all(lengths == lengths[0]))
         shape = t.stop[int(rows[0])] - t.start[int(rows[0])]
         one_shape = one_length and bool(np.all(t.stop[rows] - t.start[rows] == shape))
         corner = rel_lo[ks]
-        grid = _grid_of(out, corner, shape) if one_shape else None
+        grid = _grid_plan_for(out, corner, shape) if one_shape else None
         pieces: list[tuple[int, int, Any]]
         if grid is not None and grid.order is None:  # a slab of the grid per piece
-            pieces = list(_slabs(grid.view.shape[: out.ndim], int(lengths[0]), READ_PIECE))
+            pieces = list(_slabs(grid.split[0 : 2 * out.ndim : 2], int(lengths[0]), READ_PIECE))
         else:
             pieces = [(a, b, None) for a, b in _cuts(ends, READ_PIECE)]
         within = at = None
@@ -1072,8 +1134,47 @@ class NativeEngine(BlockEngine):
                 cells = np.indices(tuple(int(v) for v in shape)).reshape(len(shape), -1)
                 within = np.asarray(np.ravel_multi_index(tuple(cells), out.shape), dtype=np.int64)
                 at = corner @ strides
-        one_crc = n >= stats_mod.CONCAT_MIN and one_length and int(lengths[0]) > 0
+        sizes = [int(ends[b - 1]) - (int(ends[a - 1]) if a else 0) for a, b, _ in pieces]
+        return _RunPlan(
+            ks,
+            lengths,
+            ends,
+            pieces,
+            sizes,
+            grid,
+            within,
+            at,
+            corner,
+            rel_hi[ks],
+            n >= stats_mod.CONCAT_MIN and one_length and int(lengths[0]) > 0,
+        )
+
+    def _bind_run(self, spec, t: BlockTable, idx, plan: _RunPlan, out) -> _Run:
+        """The run *plan* lays out, of blocks ``idx[plan.ks]`` of *t* (one step's), into *out*:
+        where it starts, the checksums it is checked against, and how each piece is placed.
+
+        On a checksum mismatch of a run checked as a whole, the run is read again to name
+        the corrupt block, and *out* holds what was read (as after any failed read, its
+        contents are then undefined).
+        """
+        rows = idx[plan.ks]
+        i0 = int(rows[0])
+        first = int(t.offset[i0])
+        name = subfile_name(int(t.session[i0]), int(t.agg[i0]))
+        fd, what = self._fd(name), _Lazy(lambda: f"{self.path}/{name}: dataset {spec.path!r}")
+        dt = spec.dtype
+        expected = t.crcs[t.crc_ptr[rows]]
+        lengths, ends, pieces, one_crc = plan.lengths, plan.ends, plan.pieces, plan.one_crc
+        grid = None if plan.grid is None else _grid_view(out, plan.grid)
         got = [0] * len(pieces)  # each piece's CRC (one_crc)
+
+        def corrupt(j: int) -> ChecksumError:
+            begin = first + (int(ends[j - 1]) if j else 0)
+            return ChecksumError(
+                f"checksum mismatch in {self.path}/{name}: dataset {spec.path!r} block "
+                f"{t.box(int(rows[j]))}, segment 0 (bytes {begin}..{first + int(ends[j])}): "
+                "the data is corrupt"
+            )
 
         def place(buf: np.ndarray, k: int) -> None:
             a, b, key = pieces[k]
@@ -1089,27 +1190,26 @@ class NativeEngine(BlockEngine):
             vals = piece.view(dt)
             if key is not None:
                 assert grid is not None
-                dst = grid.view[key]
+                dst = grid[key]
                 dst[...] = vals.reshape(dst.shape)
             elif grid is not None:
-                block = grid.view.shape[out.ndim :]
-                grid.view[tuple(grid.cells[a:b].T)] = vals.reshape(b - a, *block)
-            elif within is not None:
-                assert at is not None
-                out.reshape(-1)[(at[a:b, None] + within[None, :]).reshape(-1)] = vals
+                assert plan.grid is not None
+                block = grid.shape[out.ndim :]
+                grid[tuple(plan.grid.cells[a:b].T)] = vals.reshape(b - a, *block)
+            elif plan.within is not None:
+                assert plan.at is not None
+                out.reshape(-1)[(plan.at[a:b, None] + plan.within[None, :]).reshape(-1)] = vals
             else:
                 e = (ends[a:b] - begin).tolist()
                 for lo_k, hi_k, u, v in zip(
-                    corner[a:b].tolist(), rel_hi[ks[a:b]].tolist(), [0, *e[:-1]], e, strict=True
+                    plan.corner[a:b].tolist(), plan.hi[a:b].tolist(), [0, *e[:-1]], e, strict=True
                 ):
                     dst = out[tuple(map(slice, lo_k, hi_k))]
                     dst[...] = vals[u // dt.itemsize : v // dt.itemsize].reshape(dst.shape)
 
-        sizes = [int(ends[b - 1]) - (int(ends[a - 1]) if a else 0) for a, b, _ in pieces]
-
         def check() -> None:
             """The run checked as a whole (many blocks of one length), once every piece is read."""
-            if not one_crc or stats_mod.crc_combine(got, sizes) == stats_mod.crc_concat(
+            if not one_crc or stats_mod.crc_combine(got, plan.sizes) == stats_mod.crc_concat(
                 expected, int(lengths[0])
             ):
                 return
@@ -1123,7 +1223,7 @@ class NativeEngine(BlockEngine):
                 f"bytes {first}..{first + int(ends[-1])} read differently twice"
             )
 
-        return _Run(sizes, int(ends[-1]), place, check)
+        return _Run(plan.sizes, int(ends[-1]), place, check)
 
     def _run_buffer(self, need: int) -> np.ndarray:
         """A buffer of at least *need* bytes: one kept from an earlier run, or a new one."""
