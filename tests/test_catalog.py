@@ -1319,6 +1319,59 @@ def test_whole_column_judgement_passes_no_table_the_row_checks_refuse(
     assert refused >= 15
 
 
+@pytest.mark.parametrize("nd", [1, 3])
+@pytest.mark.parametrize("layered", [False, True])
+@pytest.mark.parametrize("seg", [0, 1 << 18])
+def test_a_section_judged_like_the_last_sound_one_gets_the_same_verdict(
+    monkeypatch, nd, layered, seg
+):
+    """A decoded section whose judged bytes (boxes, lengths, segments, counts, checksum
+    counts, codecs, flags, magnitudes) equal those of the last sound section of the same
+    dataset kind skips the column checks but for its offsets.  Sections of three blocks,
+    the middle one with each field in turn at and past its limits, decoded right after the
+    sound one: each gets the verdict (the same FormatError message, or none) it gets
+    decoded first; and the sound one decoded again is not checked again."""
+    from lamina.catalog import blocks as cb
+
+    spec, f = _sound_block(nd, layered, seg)
+
+    def section(rows: list[dict]) -> bytes:
+        ncrcs = sum(r["ncrc"] for r in rows) + rows[1]["ncrcs"] - rows[1]["ncrc"]
+        rec = np.zeros(1, dtype=cb._section_dtype(3, nd, spec.dtype, ncrcs, layered))
+        for name, key in (("offset", "offset"), ("length", "length"), ("seg", "seg")):
+            rec[name] = [r[key] for r in rows]
+        rec["start"], rec["stop"] = [r["lo"] for r in rows], [r["hi"] for r in rows]
+        for name in ("ncrc", "codec", "has", "count"):
+            rec[name] = [r[name] for r in rows]
+        if layered:
+            rec["amax"] = [r["mag"] for r in rows]
+        return cb._HEAD.pack(3, ncrcs) + rec.tobytes()
+
+    def verdict(raw: bytes) -> str | None:
+        try:
+            cb.BlockTable.decode(raw, spec, "section", amax=layered)
+        except FormatError as e:
+            return str(e)
+        return None
+
+    good = section([f, f, f])
+    checked = []
+    check = cb._check_columns
+    monkeypatch.setattr(cb, "_check_columns", lambda *a: (checked.append(1), check(*a)))
+    assert verdict(good) is None and verdict(good) is None
+    assert len(checked) == 1  # the second time judged like the first
+    refused = 0
+    wrong = _wrong_values(spec, f) + [("codec", 0, int(c)) for c in BlockCodec]
+    for field, k, value in wrong:
+        bad = section([f, _changed(f, field, k, value), f])
+        monkeypatch.setattr(cb, "_sound_last", None)
+        first = verdict(bad)
+        verdict(good)
+        assert verdict(bad) == first, (field, k, value)
+        refused += first is not None
+    assert refused >= 20
+
+
 @given(data=st.data(), nd=st.sampled_from([0, 1, 3]), layered=st.booleans())
 def test_one_block_section_checks_agree_with_two_fields_wrong(data, nd, layered):
     """As above, with two fields wrong at once: the first error in the checks' order wins
