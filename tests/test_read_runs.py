@@ -326,9 +326,10 @@ def test_slabs_cut_a_grid_into_boxes_of_consecutive_cells(extent, block, limit):
 def test_a_read_planned_once_for_steps_written_alike(tmp_path, monkeypatch):
     """A reader of one region step after step plans the read once: steps whose blocks lie
     alike (boxes, lengths, subfiles, offsets from the first block's) are read with the plan
-    of the first, each with its own offsets and checksums.  A step laid out otherwise, an
-    output of other strides or a box that cuts blocks is planned again; the plans kept are
-    bounded; a byte flipped in a later step is caught and the error names its block."""
+    of the first, each with its own offsets and checksums, also after the file is opened
+    again.  A step laid out otherwise, an output of other strides or a box that cuts blocks
+    is planned again; the plans kept are bounded; a byte flipped in a later step is caught
+    and the error names its block."""
     planned = []
     lay_out = native.NativeEngine._lay_out
 
@@ -337,6 +338,7 @@ def test_a_read_planned_once_for_steps_written_alike(tmp_path, monkeypatch):
         return lay_out(self, *args)
 
     monkeypatch.setattr(native.NativeEngine, "_lay_out", counted)
+    monkeypatch.setattr(native, "_plans", {})  # none kept from other tests
     edge, grid = (2, 3), (6, 6)
     full = (edge[0] * grid[0], edge[1] * grid[1])
     cells = list(np.ndindex(*grid))
@@ -353,7 +355,6 @@ def test_a_read_planned_once_for_steps_written_alike(tmp_path, monkeypatch):
                     ds.write(truth[lo[0] : lo[0] + edge[0], lo[1] : lo[1] + edge[1]], offset=lo)
     with lamina.open(path) as f:
         ds = f["u"]
-        eng = f.engine.inner
         out = np.empty(full)
         for s in (0, 1, 3):  # written alike: one plan
             ds.read(step=s, out=out)
@@ -371,9 +372,13 @@ def test_a_read_planned_once_for_steps_written_alike(tmp_path, monkeypatch):
         for s in (0, 1, 3):
             np.testing.assert_array_equal(ds.read(cut, step=s), truths[s][cut])
         assert len(planned) == 4
+        with lamina.open(path) as again:  # opened again: the plans are the process's
+            again["u"].read(step=2, out=out)
+            np.testing.assert_array_equal(out, truths[2])
+        assert len(planned) == 4
         for a in range(native.READ_PLANS + 2):  # other boxes: the plans kept are bounded
             ds.read((slice(a, full[0]), slice(None)), step=0)
-        assert len(eng._read_plans) == native.READ_PLANS
+        assert len(native._plans) == native.READ_PLANS
         victim = ds.blocks(1)[len(cells) // 3]
         flip(os.path.join(path, victim.subfile), victim.offset + 3)
         ds.read(step=0, out=out)

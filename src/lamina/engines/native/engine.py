@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
@@ -62,8 +63,8 @@ SCATTER_ELEMENTS = 512
 
 PREALLOCATE_MIN = 1 << 20
 
-#: reads planned that an engine keeps (:meth:`NativeEngine._read_blocks`), one per box and
-#: output geometry: a reader of a few regions step after step finds each one's plan
+#: reads planned that are kept (:meth:`NativeEngine._read_blocks`), one per box and output
+#: geometry: a reader of a few regions step after step finds each one's plan
 READ_PLANS = 4
 #: reads of more blocks than this are planned each time (planning costs a few percent of
 #: them) and not kept (a plan and its key take about 250 bytes a block)
@@ -304,6 +305,13 @@ class _ReadPlan(NamedTuple):
     runs: list[_RunPlan]
 
 
+#: reads planned (:meth:`NativeEngine._read_blocks`): (box, output geometry, tuning) ->
+#: (the blocks' layout key, plan).  Kept for the process, not for an engine: a plan names no
+#: file, and a program that reads file after file of one decomposition plans once
+_plans: dict[tuple, tuple[tuple, _ReadPlan]] = {}
+_plans_lock = threading.Lock()
+
+
 def _place_piece(buf: np.ndarray, item: tuple[_Run, int]) -> None:
     item[0].place(buf, item[1])
 
@@ -408,8 +416,6 @@ class NativeEngine(BlockEngine):
         # (list.pop and append are atomic: a thread that finds none makes its own) and gives
         # it back once the run's blocks are in place
         self._run_bufs: list[np.ndarray] = []
-        # reads planned, for the next read of blocks laid out alike (_read_blocks)
-        self._read_plans: dict[tuple, tuple[tuple, _ReadPlan]] = {}
         self._sizes: dict[str, int] = {}
         self._meta_fd = self._commit_fd = self._data_fd = -1
         self._lock: WriterLock | None = None
@@ -1008,7 +1014,9 @@ class NativeEngine(BlockEngine):
         (:meth:`_read_region`, which reads only the checksum segments a part
         touches).  How (:meth:`_lay_out`) is kept for the next read of blocks laid out
         alike (:meth:`~lamina.catalog.BlockTable.layout_key`) into the same box of an
-        output of the same geometry: a reader of one region step after step plans once.
+        output of the same geometry: a reader of one region step after step plans once
+        (the plans are the process's: a file opened again, or another file written alike,
+        finds them too).
         """
         n = len(idx)
         if n < 2:
@@ -1025,14 +1033,16 @@ class NativeEngine(BlockEngine):
                 (COALESCE_BLOCK, COALESCE_RUN, READ_PIECE, SCATTER_ELEMENTS, stats_mod.CONCAT_MIN),
             )
             layout = t.layout_key(idx)
-            kept = self._read_plans.get(key)
+            with _plans_lock:
+                kept = _plans.get(key)
             if kept is not None and kept[0] == layout:
                 plan = kept[1]
             else:
                 plan = self._lay_out(t, idx, lo, hi, box, out)
-                if kept is None and len(self._read_plans) >= READ_PLANS:
-                    del self._read_plans[next(iter(self._read_plans))]  # the oldest
-                self._read_plans[key] = (layout, plan)
+                with _plans_lock:
+                    if key not in _plans and len(_plans) >= READ_PLANS:
+                        del _plans[next(iter(_plans))]  # the oldest
+                    _plans[key] = (layout, plan)
         if plan.runs:
             self._read_runs([self._bind_run(spec, t, idx, r, out) for r in plan.runs])
         if plan.single is not None:
