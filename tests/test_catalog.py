@@ -1330,7 +1330,8 @@ def test_a_section_judged_like_the_last_sound_one_gets_the_same_verdict(
     dataset kind skips the column checks but for its offsets.  Sections of three blocks,
     the middle one with each field in turn at and past its limits, decoded right after the
     sound one: each gets the verdict (the same FormatError message, or none) it gets
-    decoded first; and the sound one decoded again is not checked again."""
+    decoded first; and the sound one decoded again is not checked again (unless it holds
+    more than ``JUDGED_MAX`` blocks)."""
     from lamina.catalog import blocks as cb
 
     spec, f = _sound_block(nd, layered, seg)
@@ -1370,6 +1371,10 @@ def test_a_section_judged_like_the_last_sound_one_gets_the_same_verdict(
         assert verdict(bad) == first, (field, k, value)
         refused += first is not None
     assert refused >= 20
+    monkeypatch.setattr(cb, "JUDGED_MAX", 2)  # larger sections: always checked
+    checked.clear()
+    assert verdict(good) is None and verdict(good) is None
+    assert len(checked) == 2
 
 
 @given(data=st.data(), nd=st.sampled_from([0, 1, 3]), layered=st.booleans())

@@ -152,6 +152,9 @@ def _judged_bytes(mv: memoryview, sec: np.dtype, spec: DatasetSpec, ncrcs: int) 
 #: like the one before it (a simulation's decomposition) is sound for the same reasons, and
 #: its checks cost two thirds of decoding a table of 64 blocks; its offsets are checked
 _sound_last: tuple | None = None
+#: sections of more blocks are always checked: the bytes a verdict is kept on are copied,
+#: and at 32,768 blocks their copy into new memory costs as much as the checks
+JUDGED_MAX = 4096
 
 
 def _remember_sound(judged: tuple) -> None:
@@ -707,6 +710,8 @@ class BlockTable:
         cols = _Columns(start, stop, offset, length, seg, ncrc, ncrcs, codec, has, count, mags)
         if n == 1:  # one block (a dataset written once a step): the same checks, on its values
             _check_one(spec, where, cols)
+        elif n > JUDGED_MAX:
+            _check_columns(spec, where, cols)
         else:
             judged = _judged_bytes(mv, sec.dtype, spec, ncrcs)
             if judged != _sound_last or (n and int(offset.max()) >= LIMIT):
