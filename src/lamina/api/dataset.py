@@ -96,6 +96,7 @@ class Dataset:
         self._path = path
         self._step = step
         self._spec = file._engine.catalog.datasets[path]
+        self._whole: Box | None = None  # the box of everything, made at the first read of it
 
     # -- description ----------------------------------------------------
     @property
@@ -203,8 +204,17 @@ class Dataset:
             )
         if layout is not None:
             layout.check_read_tolerance(tolerance, self._path)
-        shape = self._spec.shape if layout is None else layout.shapes(self._spec.shape)[level]
-        box = Box.from_shape(shape) if box is None else self._box(box, shape)
+        if layout is None:
+            shape = self._spec.shape
+            if box is None:  # everything: the box made once
+                box = self._whole
+                if box is None:
+                    box = self._whole = Box.from_shape(shape)
+            else:
+                box = self._box(box, shape)
+        else:
+            shape = layout.shapes(self._spec.shape)[level]
+            box = Box.from_shape(shape) if box is None else self._box(box, shape)
         step = self._step if step is None else step
         if out is None and layout is None:
             ahead = self._file._engine.take_read_ahead(self._path, box, step)

@@ -610,12 +610,12 @@ class DerivedLayer(Layer):
             path = d.anchor
 
     def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
+        if not self._defs:  # no derived quantities: nothing to compute, no history to keep
+            self.inner.get(name, box, step, out)
+            return
         path = normpath(name)
         d = self._by_component.get(path)
         if d is None:
-            if not self._defs:  # no derived quantities: no history of reads to keep
-                self.inner.get(path, box, step, out)
-                return
             t0 = time.perf_counter()
             self.inner.get(path, box, step, out)  # validates box and step first
             self._sample_read(path, box, step, time.perf_counter() - t0)
