@@ -138,6 +138,29 @@ def test_overlap_index_of_one_three_and_four_dimensions_agrees_with_brute_force(
         _enter_one(idx, spec, box, entered)
 
 
+def test_a_batch_like_the_last_steps_is_entered_as_it_was(monkeypatch):
+    """The first batch of a step that holds the boxes of the step before's (a new index each
+    step) is entered with the cells found then; the index then refuses what it would have
+    refused, and a batch that differs in one box is judged on its own."""
+    monkeypatch.setattr(staging, "_lazy_last", None)
+    spec = DatasetSpec(path="d", shape=(16, 16, 16), dtype=np.dtype("f8"), id=0)
+    starts = _grid((16, 16, 16), (4, 4, 4))
+    stops = starts + 4
+    first: dict[int, BoxIndex] = {}
+    enter_boxes(first, spec, starts.copy(), stops.copy(), 0)
+    kept = staging._lazy_last
+    assert kept is not None and first[0].keys is kept[1]
+    again: dict[int, BoxIndex] = {}
+    enter_boxes(again, spec, starts.copy(), stops.copy(), 1)
+    assert again[0].keys is kept[1] and again[0].n == len(starts)
+    with pytest.raises(OverlapError, match="overlaps box"):
+        enter_box(again, spec, Box((5, 5, 5), (6, 6, 6)), 1)
+    moved = starts.copy()
+    moved[7] = moved[6] + (0, 0, 1)  # block 7 now meets block 6
+    with pytest.raises(OverlapError, match="overlaps box"):
+        enter_boxes({}, spec, moved, moved + 4, 2)
+
+
 def _grid(shape, edge):
     idx = np.stack(
         np.meshgrid(*(np.arange(0, n, e) for n, e in zip(shape, edge, strict=True)), indexing="ij"),
