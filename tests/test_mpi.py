@@ -15,7 +15,9 @@ rank 0 when every rank passed; an exception on any rank aborts the job
 - many steps; append with different rank counts (and a dataset added in
   an append session); a reader following a live writer (two jobs at once);
 - overlapping boxes from two ranks: OverlapError on every rank, earlier
-  steps intact, the writer goes on.
+  steps intact, the writer goes on;
+- a file whose last step lost its data, opened and appended to by 2 and 3
+  ranks: every rank sees the intact steps alike.
 """
 
 from __future__ import annotations
@@ -49,6 +51,17 @@ def test_many_blocks_n_to_m(tmp_path, n, m):
     assert "OK write" in res.stdout
     res = mu.run_mpi(m, "many_blocks", "read", tmp_path, n, timeout=120)
     assert f"OK read: {m} ranks, {n} writers" in res.stdout
+
+
+@pytest.mark.parametrize("m", [2, 3])
+def test_ranks_open_the_intact_steps_alike(tmp_path, m):
+    """A file whose last step lost its data: rank 0 keeps the steps before it, and the other
+    ranks, which decode the records while rank 0 checks them, drop that step and the dataset
+    it created; appending on every rank goes on after the intact steps."""
+    path = tmp_path / "cut.lam"
+    assert "OK write" in mu.run_mpi(1, "open_cut", "write", path).stdout
+    assert "steps 0-1 alike" in mu.run_mpi(m, "open_cut", "read", path).stdout
+    assert "OK append" in mu.run_mpi(m, "open_cut", "append", path).stdout
 
 
 # writer ranks -> (reader ranks, aggregator counts written)

@@ -598,46 +598,72 @@ class NativeEngine(BlockEngine):
         cut short, a subfile truncated) ends what is read: the steps before
         it open, a warning says what was left out, and a writer ('a')
         continues after the intact prefix.
+
+        Rank 0 broadcasts every record it read before it checks them: the other ranks
+        decode them while it does (the open costs one decode, not two in turn), and then
+        keep as many as rank 0 found intact.
         """
         g = comm_mod.Guard()
         blob = None
         state = None
+        read: tuple[list[bytes], list[fmt.CommitEntry], int] | None = None
         cp = self.catalog.checkpoint()
         with g:
             if self.rank == 0:
-                payloads, entries, header_size = self._read_new_records()
+                read = self._read_new_records()
+                if self.size > 1:
+                    e = Encoder()
+                    e.u32(self._version)
+                    e.u32(len(read[0]))
+                    for p in read[0]:
+                        e.blob(p)
+                    blob = e.getvalue()
+        comm_mod.agree(self.comm, g.error)
+        if self.size > 1:
+            blob = comm_mod.bcast_bytes(self.comm, blob, root=0)
+        g = comm_mod.Guard()
+        intact = 0  # records rank 0 found whole (its flag in the agreement below)
+        raws: list[bytes] = []
+        applied, late = (
+            0,
+            None,
+        )  # on the other ranks: records applied, and the error that stopped them
+        with g:
+            if self.rank == 0:
+                assert read is not None
+                payloads, entries, header_size = read
                 good = self._intact_prefix(payloads, entries)
-                n = self._nentries + len(good)
-                meta_end = (
-                    entries[len(good) - 1].offset + entries[len(good) - 1].length if good else None
-                )
+                intact = len(good)
+                meta_end = entries[intact - 1].offset + entries[intact - 1].length if good else None
                 state = (
-                    n,
+                    self._nentries + intact,
                     meta_end if meta_end is not None else max(self._meta_end, header_size),
-                    header_size + n * fmt.ENTRY_SIZE,
+                    header_size + (self._nentries + intact) * fmt.ENTRY_SIZE,
                 )
-                e = Encoder()
-                e.u32(self._version)
-                e.u32(len(good))
-                for p in good:
-                    e.blob(p)
-                blob = e.getvalue()
+            else:
+                d = Decoder(blob, "metadata broadcast")
+                self._version = d.u32()
+                raws = [d.blob() for _ in range(d.count(8, name="records"))]
+                d.expect_end()
+                applied, late = self._apply_raws(raws)
         try:
-            comm_mod.agree(self.comm, g.error)
+            # every rank learns how many records rank 0 kept (the others pass 0)
+            intact = comm_mod.agree(self.comm, g.error, flag=intact)
         except Exception:
             self.catalog.restore(cp)
             raise
-        blob = comm_mod.bcast_bytes(self.comm, blob, root=0)
         g = comm_mod.Guard()
         with g:
-            if self.rank != 0:  # rank 0 applied them while checking them
-                d = Decoder(blob, "metadata broadcast")
-                self._version = d.u32()
-                for _ in range(d.count(8, name="records")):
-                    seq = self.catalog.nrecords
-                    what = f"{self.path}/{fmt.META_NAME} record {seq}"
-                    rec = Record.decode(d.blob(), self.catalog, what, version=self._version)
-                    self.catalog.apply_record(rec, True, self._blocks(rec, what))
+            if self.rank != 0 and (applied != intact or late is not None):
+                if applied < intact:  # a record rank 0 kept failed here
+                    assert late is not None
+                    raise late
+                # records past the intact prefix were applied here (or a part of one, that
+                # then failed): as of before, then the prefix
+                self.catalog.restore(cp)
+                _, late = self._apply_raws(raws[:intact])
+                if late is not None:
+                    raise late
             if self.rank == 0 and self.mode != "r":
                 # drop anything past the intact commits (a killed writer's torn tail, records whose data is gone)
                 assert state is not None  # read on rank 0
@@ -654,6 +680,19 @@ class NativeEngine(BlockEngine):
             assert state is not None
             self._nentries, self._meta_end, self._commit_end = state
         return len(self.catalog.steps)
+
+    def _apply_raws(self, raws: list[bytes]) -> tuple[int, Exception | None]:
+        """Decode and apply records *raws* in order (not rank 0): how many were applied, and
+        the error that stopped the next one (None: none did)."""
+        for k, raw in enumerate(raws):
+            seq = self.catalog.nrecords
+            what = f"{self.path}/{fmt.META_NAME} record {seq}"
+            try:
+                rec = Record.decode(raw, self.catalog, what, version=self._version)
+                self.catalog.apply_record(rec, True, self._blocks(rec, what))
+            except Exception as e:  # noqa: BLE001 - raised if rank 0 kept this record
+                return k, e
+        return len(raws), None
 
     def _intact_prefix(self, payloads: list[bytes], entries: list[fmt.CommitEntry]) -> list[bytes]:
         """Rank 0: decode and apply *payloads* in order up to the first whose blocks are not all there."""
