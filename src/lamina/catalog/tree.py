@@ -107,6 +107,8 @@ class Catalog:
         )
 
     def restore(self, cp: tuple) -> None:
+        """Go back to *cp* (:meth:`checkpoint`); *cp* stays as it was, so that it may be
+        restored again after more changes."""
         (
             groups,
             datasets,
@@ -120,8 +122,9 @@ class Catalog:
             last_session,
             nrecords,
         ) = cp
-        self.groups, self.datasets, self.attrs, self.ext = groups, datasets, attrs, ext
-        self.levels = levels
+        self.groups, self.datasets, self.ext = set(groups), dict(datasets), dict(ext)
+        self.attrs = {k: dict(v) for k, v in attrs.items()}
+        self.levels = {k: dict(v) for k, v in levels.items()}
         del self.specs[nspecs:]
         del self.steps[nsteps:]
         del self.step_times[ntimes:]
