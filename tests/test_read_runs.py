@@ -328,8 +328,8 @@ def test_a_read_planned_once_for_steps_written_alike(tmp_path, monkeypatch):
     alike (boxes, lengths, subfiles, offsets from the first block's) are read with the plan
     of the first, each with its own offsets and checksums, also after the file is opened
     again.  A step laid out otherwise, an output of other strides or a box that cuts blocks
-    is planned again; the plans kept are bounded; a byte flipped in a later step is caught
-    and the error names its block."""
+    is planned again; the plans kept are bounded (the least recently used goes); a byte
+    flipped in a later step is caught and the error names its block."""
     planned = []
     lay_out = native.NativeEngine._lay_out
 
@@ -379,6 +379,14 @@ def test_a_read_planned_once_for_steps_written_alike(tmp_path, monkeypatch):
         for a in range(native.READ_PLANS + 2):  # other boxes: the plans kept are bounded
             ds.read((slice(a, full[0]), slice(None)), step=0)
         assert len(native._plans) == native.READ_PLANS
+        regions = [(slice(a, full[0]), slice(None)) for a in range(native.READ_PLANS)]
+        for key in regions:
+            ds.read(key, step=0)
+        before = len(planned)
+        ds.read(regions[0], step=0)  # used again: the most recently used
+        ds.read((slice(0, 5), slice(None)), step=0)  # a new one: the least recently used goes
+        ds.read(regions[0], step=0)
+        assert len(planned) == before + 1
         victim = ds.blocks(1)[len(cells) // 3]
         flip(os.path.join(path, victim.subfile), victim.offset + 3)
         ds.read(step=0, out=out)

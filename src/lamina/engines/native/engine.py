@@ -1073,14 +1073,16 @@ class NativeEngine(BlockEngine):
             )
             layout = t.layout_key(idx)
             with _plans_lock:
-                kept = _plans.get(key)
+                kept = _plans.pop(key, None)
+                if kept is not None:
+                    _plans[key] = kept  # the most recently used last: the oldest goes first
             if kept is not None and kept[0] == layout:
                 plan = kept[1]
             else:
                 plan = self._lay_out(t, idx, lo, hi, box, out)
                 with _plans_lock:
                     if key not in _plans and len(_plans) >= READ_PLANS:
-                        del _plans[next(iter(_plans))]  # the oldest
+                        del _plans[next(iter(_plans))]  # the least recently used
                     _plans[key] = (layout, plan)
         if plan.runs:
             self._read_runs([self._bind_run(spec, t, idx, r, out) for r in plan.runs])
