@@ -130,7 +130,9 @@ def _judged_ranges(sec: np.dtype) -> tuple[tuple[int, int], ...]:
     """The byte ranges of a section (after its head) that :func:`_check_columns` judges,
     the offsets apart: boxes, lengths and segments, counts, checksum counts, codecs, flags
     and magnitudes (statistics, ranks, offsets and checksums are not judged)."""
-    at = {name: sec.fields[name][1] for name in sec.names}
+    fields, names = sec.fields, sec.names
+    assert fields is not None and names is not None  # a section's record dtype
+    at = {name: fields[name][1] for name in names}
     return (
         (at["start"], at["offset"]),
         (at["length"], at["smin"]),
