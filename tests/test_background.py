@@ -668,3 +668,76 @@ def test_a_failed_copy_buffer_leaves_the_budget_and_the_box_as_they_were(path, m
         assert bg.stats.inflight_bytes == 0
     with lamina.open(path) as r:
         assert np.array_equal(r["x"][...], a + 1)
+
+
+def _fsynced(monkeypatch) -> list[str]:
+    """The names of the files and directories lamina fsyncs from now on (the last path part)."""
+    from lamina.engines.native import engine as native
+
+    names: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        names.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        real(fd)
+
+    monkeypatch.setattr(native.os, "fsync", fsync)
+    return names
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names fds through /proc")
+@pytest.mark.parametrize("io", ["sync", "async"])
+def test_flush_makes_the_steps_ended_so_far_durable(path, monkeypatch, io):
+    """``f.flush()`` on a file opened with ``durable=False``: every step ended before it is
+    committed (a background step waited for) and fsynced: the subfile, then the metadata and
+    commit logs and the directory.  ``flush(durable=False)`` only waits; a reader, a file
+    opened durable and the memory engine have nothing to do; a closed file refuses."""
+    synced = _fsynced(monkeypatch)
+    f = lamina.open(path, "w", io=io, durable=False)
+    ds = f.create_dataset("x", (4, 6), "f8")
+    for s in range(3):
+        with f.step():
+            ds[...] = values(s)
+    f.flush(durable=False)
+    assert synced == []
+    with lamina.open(path, "r") as r:  # committed: another open sees every step
+        assert r.steps == 3
+        r.flush()
+    assert synced == []
+    f.flush()
+    assert synced[0].startswith("data.") and synced[1:] == [
+        "lamina.meta",
+        "lamina.commit",
+        os.path.basename(path),
+    ]
+    f.close()
+    with pytest.raises(ValueError, match="closed"):
+        f.flush()
+    with lamina.open(path, "a") as f:  # durable: every commit fsynced already, flush too
+        with f.step():
+            f["x"][...] = values(3)
+        synced.clear()
+        f.flush()
+        assert len(synced) == 4
+    with lamina.open("flushed", "w", engine="memory") as m:
+        m.flush()
+    assert len(read_all(path)) == 4
+
+
+def test_flush_waits_for_the_steps_in_flight(path):
+    """A step held in the background: ``flush`` returns only once it is committed."""
+    with lamina.open(path, "w", io="async", durable=False) as f:
+        gate = Gate(f)
+        ds = f.create_dataset("x", (4, 6), "f8")
+        with f.step():
+            ds[...] = values(0)
+        f.wait()
+        gate.hold()
+        with f.step():
+            ds[...] = values(1)
+        threading.Timer(0.3, gate.open.set).start()
+        t0 = time.monotonic()
+        f.flush()
+        assert time.monotonic() - t0 > 0.2
+        with lamina.open(path, "r") as r:
+            assert r.steps == 2

@@ -61,7 +61,8 @@ def write(d: str) -> None:
     ]
     for agg in ("1", "n"):
         path = f"{d}/agg{agg}.lam"
-        with lamina.open(path, "w", comm=comm, aggregators=1 if agg == "1" else n) as f:
+        aggs = 1 if agg == "1" else n
+        with lamina.open(path, "w", comm=comm, aggregators=aggs) as f:
             u = f.create_dataset("u", (ROWS * n, COLS, COLS), np.float64)
             s = f.create_dataset("s", (ROWS * n, 8 * COLS), np.uint16)
             w = f.create_dataset("w", (WIDE[0] * n, WIDE[1]), np.float64)
@@ -74,6 +75,8 @@ def write(d: str) -> None:
                     for k in rng.permutation(len(sblocks)).tolist():
                         b = sblocks[k]
                         s[b.slices] = s_values(b, step)
+                if step == 0:
+                    f.flush()  # collective: every aggregator's subfile, then the logs
     if r == 0:
         print(f"OK write: {n} ranks x {len(ublocks)} + {len(sblocks)} blocks x {STEPS} steps")
 

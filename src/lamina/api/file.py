@@ -249,6 +249,19 @@ class File(Group):
         if bg is not None:
             bg.wait()
 
+    def flush(self, durable: bool = True) -> None:
+        """Collective: every step ended so far committed (waiting for background steps, as
+        :meth:`wait` does) and, with *durable*, on stable storage.
+
+        A file opened with ``durable=False`` skips the fsyncs at each commit (a
+        killed process still leaves a consistent file, a power loss may not);
+        ``f.flush()`` makes what it committed durable at the points the program
+        chooses (every few steps, before a checkpoint is reported done).  Files
+        opened with ``durable=True``, readers and engines without storage
+        (``memory``, ``mpi``) have nothing more to do.
+        """
+        self._engine.flush(durable)
+
     @property
     def io_stats(self) -> dict:
         """Independent: what background I/O did: steps written in the background, waits for the budget, bytes in flight."""

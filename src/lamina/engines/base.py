@@ -346,6 +346,10 @@ class Engine(ABC):
     def refresh(self) -> int:
         """Collective: pick up steps committed since open; returns the step count."""
 
+    def flush(self, durable: bool = True) -> None:  # noqa: B027 - a no-op unless overridden
+        """Collective: every step committed so far on stable storage where *durable* (a file's
+        bytes fsynced).  Engines that keep nothing on storage have nothing to do."""
+
     @property
     def writer_closed(self) -> bool:
         """Independent: True when the last writer of this file has closed it (no more steps coming)."""

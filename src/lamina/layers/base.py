@@ -207,6 +207,9 @@ class Layer(Engine):
     def refresh(self) -> int:
         return self.inner.refresh()
 
+    def flush(self, durable: bool = True) -> None:
+        self.inner.flush(durable)
+
     @property
     def writer_closed(self) -> bool:
         return self.inner.writer_closed

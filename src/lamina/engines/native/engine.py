@@ -641,6 +641,7 @@ class NativeEngine(BlockEngine):
                     header_size + (self._nentries + intact) * fmt.ENTRY_SIZE,
                 )
             else:
+                assert blob is not None  # broadcast by rank 0
                 d = Decoder(blob, "metadata broadcast")
                 self._version = d.u32()
                 raws = [d.blob() for _ in range(d.count(8, name="records"))]
@@ -807,6 +808,29 @@ class NativeEngine(BlockEngine):
         if self.mode != "r":
             return len(self.catalog.steps)
         return self._load_new()
+
+    def flush(self, durable: bool = True) -> None:
+        """Collective: with *durable*, every step committed so far on stable storage: each
+        aggregator fsyncs its subfile, then rank 0 the metadata and commit logs and the
+        directory.  The bytes of a commit are in the operating system's cache once it
+        returns; a file opened with ``durable=False`` (no fsync at each commit) is made
+        durable at the points a program chooses this way.  Readers have nothing to flush."""
+        if self._closed:
+            raise ValueError(f"cannot flush: file {self.path!r} is closed")
+        if self.mode == "r" or not durable:
+            return
+        g = comm_mod.Guard()
+        with g:
+            if self.is_agg and self._data_fd >= 0:
+                os.fsync(self._data_fd)
+        comm_mod.agree(self.comm, g.error)  # the data before the records that name it
+        g = comm_mod.Guard()
+        with g:
+            if self.rank == 0:
+                os.fsync(self._meta_fd)
+                os.fsync(self._commit_fd)
+                _fsync_dir(self.path)
+        comm_mod.agree(self.comm, g.error)
 
     def _write_record(self, rec: Record) -> bytes:
         """Rank 0: the step's block area, then the record's frame, then its commit entry (each fsynced)."""

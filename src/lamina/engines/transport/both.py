@@ -74,6 +74,10 @@ class BothProducer(Producer):
         self.file.begin_step()
         return super().begin_step()
 
+    def flush(self, durable: bool = True) -> None:
+        assert self.file is not None
+        self.file.flush(durable)
+
     def put(self, name: str, box: Box, array: np.ndarray, copy: bool = True) -> None:
         assert self.file is not None
         self.file.put(name, box, array, copy)

@@ -389,6 +389,12 @@ class BackgroundLayer(Layer):
             self._failure = None
         self._next = self._committed
 
+    def flush(self, durable: bool = True) -> None:
+        """Collective: wait for every background step (:meth:`wait`), then flush the engine."""
+        self.wait()
+        with self.lock:
+            self.inner.flush(durable)
+
     def wait(self) -> None:
         """Collective: wait for every background step; raise (on every rank) if one failed."""
         self._require_open("wait for background steps")
