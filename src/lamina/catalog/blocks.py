@@ -60,24 +60,31 @@ LIMIT = 1 << 62
 _MAX_CODEC = int(max(BlockCodec))  # an int: an IntEnum member takes numpy's slow path
 
 
+#: the stored dtypes of statistics (made once: a call of np.dtype costs as much as the rest
+#: of these functions, which an open calls for every section of every step)
+_STAT_I8, _STAT_U8, _STAT_F8, _SUM_C16 = (np.dtype(t) for t in ("<i8", "<u8", "<f8", "<c16"))
+
+
 def stat_dtype(dt: np.dtype) -> np.dtype:
     """The dtype of the min/max columns of a dataset of dtype *dt* (8 bytes each, as stored)."""
     kind = dt.kind
     if kind == "i":
-        return np.dtype("<i8")
+        return _STAT_I8
     if kind in "ub":
-        return np.dtype("<u8")
-    return np.dtype("<f8")
+        return _STAT_U8
+    return _STAT_F8
 
 
 def sum_dtype(dt: np.dtype) -> np.dtype:
     """The dtype of the sum column: complex128 for complex datasets, else float64."""
-    return np.dtype("<c16") if dt.kind == "c" else np.dtype("<f8")
+    return _SUM_C16 if dt.kind == "c" else _STAT_F8
 
 
 def row_bytes(ndim: int, dt: np.dtype) -> int:
-    """Bytes one block takes in a section, without its checksums."""
-    return 16 * ndim + 24 + 16 + sum_dtype(dt).itemsize + 8 + 16 + 2
+    """Bytes one block takes in a section, without its checksums: corners (16 a dimension),
+    offset, length, segment (24), min and max (16), the sum (8, complex 16), count (8),
+    rank, session, aggregator and checksum count (16), codec and flag (2)."""
+    return 16 * ndim + (82 if dt.kind == "c" else 74)
 
 
 #: the columns of a section in the order they are stored (docs/format.md)

@@ -12,6 +12,7 @@ a file in its own version.  ``docs/format.md`` describes both.
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass, field
 
@@ -293,6 +294,10 @@ _ENTRY_DTYPE = {
 }
 
 
+#: a Section of a 6-tuple, as Section._make makes it without its frame and length check
+_new_section = functools.partial(tuple.__new__, Section)
+
+
 def _sections_at_once(
     directory: bytes, nsec: int, specs, version: int
 ) -> tuple[dict[int, Section], int] | None:
@@ -311,16 +316,24 @@ def _sections_at_once(
     end = np.cumsum(length)
     if int(off[0]) != 0 or (nsec > 1 and bool((off[1:] != end[:-1]).any())):
         return None
-    rows = [row_bytes(specs[k].ndim, specs[k].dtype) for k in did.tolist()]
+    ids = did.tolist()
+    row_of: dict[int, int] = {}  # a dataset's row size, by its spec's dimensions and kind
+    rows = []
+    for k in ids:
+        spec = specs[k]
+        key = spec.ndim * 2 + (spec.dtype.kind == "c")
+        got = row_of.get(key)
+        if got is None:
+            got = row_of[key] = row_bytes(spec.ndim, spec.dtype)
+        rows.append(got)
     table = np.where(raw != 0, raw, length)
     if bool((n > table // np.array(rows, dtype=np.uint64)).any()):
         return None
-    ids = did.tolist()
     sections = dict(
         zip(
             ids,
             map(
-                Section._make,
+                _new_section,  # (Section._make less its Python frame: one per section)
                 zip(
                     ids,
                     n.tolist(),
