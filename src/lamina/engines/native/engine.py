@@ -632,7 +632,7 @@ class NativeEngine(BlockEngine):
             if self.rank == 0:
                 assert read is not None
                 payloads, entries, header_size = read
-                good = self._intact_prefix(payloads, entries)
+                good = self._intact_prefix(payloads, entries, cp)
                 intact = len(good)
                 meta_end = entries[intact - 1].offset + entries[intact - 1].length if good else None
                 state = (
@@ -683,8 +683,9 @@ class NativeEngine(BlockEngine):
         return len(self.catalog.steps)
 
     def _apply_raws(self, raws: list[bytes]) -> tuple[int, Exception | None]:
-        """Decode and apply records *raws* in order (not rank 0): how many were applied, and
-        the error that stopped the next one (None: none did)."""
+        """Decode and apply records *raws* in order (the other ranks' records, or rank 0's
+        intact ones again): how many were applied, and the error that stopped the next one
+        (None: none did)."""
         for k, raw in enumerate(raws):
             seq = self.catalog.nrecords
             what = f"{self.path}/{fmt.META_NAME} record {seq}"
@@ -695,26 +696,32 @@ class NativeEngine(BlockEngine):
                 return k, e
         return len(raws), None
 
-    def _intact_prefix(self, payloads: list[bytes], entries: list[fmt.CommitEntry]) -> list[bytes]:
-        """Rank 0: decode and apply *payloads* in order up to the first whose blocks are not all there."""
+    def _intact_prefix(
+        self, payloads: list[bytes], entries: list[fmt.CommitEntry], cp: tuple
+    ) -> list[bytes]:
+        """Rank 0: decode and apply *payloads* in order up to the first whose blocks are not all
+        there (the catalog as of checkpoint *cp* before the first: no checkpoint a record,
+        which copies the catalog's names and attributes, is taken for the rare record left
+        out; the catalog goes back to *cp* and the intact ones are applied again)."""
         good: list[bytes] = []
         prev_end = self._meta_end
         for raw, ent in zip(payloads, entries, strict=True):
             seq = self.catalog.nrecords
             what = f"{self.path}/{fmt.META_NAME} record {seq}"
-            before = self.catalog.checkpoint()
             rec = Record.decode(raw, self.catalog, what, version=self._version)
             if rec.area_length and not (
                 prev_end <= rec.area_offset and rec.area_offset + rec.area_length <= ent.offset
-            ):
-                self.catalog.restore(before)
+            ):  # (the caller restores the catalog)
                 raise FormatError(
                     f"{what}: its block area (bytes {rec.area_offset}+{rec.area_length}) is not between "
                     f"the previous record (ends at {prev_end}) and its own (at {ent.offset})"
                 )
             missing = self._missing_data(rec)
             if missing is not None:
-                self.catalog.restore(before)
+                self.catalog.restore(cp)
+                _, late = self._apply_raws(good)
+                if late is not None:  # (they applied a moment ago)
+                    raise late
                 if seq != self._warned:
                     self._warned = seq
                     warnings.warn(
