@@ -232,17 +232,23 @@ def test_implicit_step_discard_and_close(path):
     np.testing.assert_array_equal(got[1], values(1))
 
 
+def _second_step_held(f):
+    """Step 0 of dataset "x" committed, step 1 held at the gate for 0.3 s from now: "x"."""
+    gate = Gate(f)
+    ds = f.create_dataset("x", (4, 6), "f8")
+    with f.step():
+        ds[...] = values(0)
+    f.wait()
+    gate.hold()
+    with f.step():
+        ds[...] = values(1)
+    threading.Timer(0.3, gate.open.set).start()
+    return ds
+
+
 def test_read_of_a_step_in_flight_waits(path):
     with lamina.open(path, "w", io="async") as f:
-        gate = Gate(f)
-        ds = f.create_dataset("x", (4, 6), "f8")
-        with f.step():
-            ds[...] = values(0)
-        f.wait()
-        gate.hold()
-        with f.step():
-            ds[...] = values(1)
-        threading.Timer(0.3, gate.open.set).start()
+        ds = _second_step_held(f)
         t0 = time.monotonic()
         np.testing.assert_array_equal(ds[...], values(1))  # the last step ended: waits for it
         assert time.monotonic() - t0 > 0.2
@@ -727,15 +733,7 @@ def test_flush_makes_the_steps_ended_so_far_durable(path, monkeypatch, io):
 def test_flush_waits_for_the_steps_in_flight(path):
     """A step held in the background: ``flush`` returns only once it is committed."""
     with lamina.open(path, "w", io="async", durable=False) as f:
-        gate = Gate(f)
-        ds = f.create_dataset("x", (4, 6), "f8")
-        with f.step():
-            ds[...] = values(0)
-        f.wait()
-        gate.hold()
-        with f.step():
-            ds[...] = values(1)
-        threading.Timer(0.3, gate.open.set).start()
+        _second_step_held(f)
         t0 = time.monotonic()
         f.flush()
         assert time.monotonic() - t0 > 0.2
