@@ -624,10 +624,8 @@ class NativeEngine(BlockEngine):
         g = comm_mod.Guard()
         intact = 0  # records rank 0 found whole (its flag in the agreement below)
         raws: list[bytes] = []
-        applied, late = (
-            0,
-            None,
-        )  # on the other ranks: records applied, and the error that stopped them
+        # on the other ranks: records applied, and the error that stopped them
+        applied, late = 0, None
         with g:
             if self.rank == 0:
                 assert read is not None
