@@ -317,15 +317,7 @@ def _sections_at_once(
     if int(off[0]) != 0 or (nsec > 1 and bool((off[1:] != end[:-1]).any())):
         return None
     ids = did.tolist()
-    row_of: dict[int, int] = {}  # a dataset's row size, by its spec's dimensions and kind
-    rows = []
-    for k in ids:
-        spec = specs[k]
-        key = spec.ndim * 2 + (spec.dtype.kind == "c")
-        got = row_of.get(key)
-        if got is None:
-            got = row_of[key] = row_bytes(spec.ndim, spec.dtype)
-        rows.append(got)
+    rows = [row_bytes(specs[k].ndim, specs[k].dtype) for k in ids]
     table = np.where(raw != 0, raw, length)
     if bool((n > table // np.array(rows, dtype=np.uint64)).any()):
         return None
