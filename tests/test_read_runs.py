@@ -26,7 +26,7 @@ from test_corruption import flip
 import lamina
 from lamina.derived import _parallel
 from lamina.engines.native import engine as native
-from lamina.engines.native.engine import _grid_of
+from lamina.engines.native.engine import _grid_plan_for, _grid_view
 from lamina.errors import ChecksumError
 
 pytestmark = pytest.mark.usefixtures("fast_native")
@@ -106,14 +106,15 @@ def _reads_match_numpy(tiling, data):
 
 def _place_grid(out, corner, shape, values) -> bool:
     """Blocks of one *shape* (values back to back, block k at ``corner[k]``) into *out* through
-    the view ``_grid_of`` gives; False (nothing written) when they do not tile a box of it."""
-    g = _grid_of(out, corner, shape)
-    if g is None:
+    the view the grid's plan gives; False (nothing written) when they do not tile a box of it."""
+    plan = _grid_plan_for(out, corner, shape)
+    if plan is None:
         return False
+    view = _grid_view(out, plan)
     src = np.asarray(values).reshape(len(corner), *(int(v) for v in shape))
-    if g.order is not None:
-        src = src[g.order]
-    g.view[...] = src.reshape(g.view.shape)
+    if plan.order is not None:
+        src = src[plan.order]
+    view[...] = src.reshape(view.shape)
     return True
 
 

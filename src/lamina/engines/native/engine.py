@@ -71,19 +71,12 @@ READ_PLANS = 4
 PLANNED_MAX = 4096
 
 
-class _Grid(NamedTuple):
-    """Blocks of one shape that tile a box of the output without gaps."""
+class _GridPlan(NamedTuple):
+    """How blocks of one shape tile a box of the output without gaps (:func:`_grid_plan_for`),
+    apart from the output array (:func:`_grid_view` makes the view into one)."""
 
-    view: np.ndarray  # the box of out split as (cells along each axis..., block shape...)
     cells: np.ndarray  # (n, ndim): each block's cell, blocks in their order
     order: np.ndarray | None  # the blocks in C order of their cells; None when they come so
-
-
-class _GridPlan(NamedTuple):
-    """What :func:`_grid_of` finds of blocks tiling a box, apart from the output array."""
-
-    cells: np.ndarray
-    order: np.ndarray | None
     slices: tuple[slice, ...]  # the box of the output
     split: list[int]  # the box's shape as (cells, block) pairs, axis by axis
 
@@ -93,16 +86,10 @@ class _GridPlan(NamedTuple):
 _last_plan: tuple[tuple, _GridPlan | None] | None = None
 
 
-def _grid_of(out: np.ndarray, corner: np.ndarray, shape) -> _Grid | None:
-    """How blocks of one *shape* (block k at ``corner[k]`` of *out*) tile a box of *out*,
-    or None when they do not (a hole, a cell twice, off the grid's phase, out of bounds)."""
-    plan = _grid_plan_for(out, corner, shape)
-    return None if plan is None else _Grid(_grid_view(out, plan), plan.cells, plan.order)
-
-
 def _grid_plan_for(out: np.ndarray, corner: np.ndarray, shape) -> _GridPlan | None:
-    """:func:`_grid_of`'s plan, apart from the output array: the same for any output of
-    *out*'s shape and strides (:func:`_grid_view` makes the view into one)."""
+    """How blocks of one *shape* (block k at ``corner[k]`` of *out*) tile a box of *out*,
+    or None when they do not (a hole, a cell twice, off the grid's phase, out of bounds):
+    the same for any output of *out*'s shape and strides."""
     global _last_plan
     n = len(corner)
     shape = np.asarray(shape, dtype=np.int64)
@@ -130,7 +117,7 @@ def _grid_view(out: np.ndarray, plan: _GridPlan) -> np.ndarray:
 
 
 def _grid_plan(corner: np.ndarray, shape: np.ndarray, out_shape: tuple) -> _GridPlan | None:
-    """:func:`_grid_of`'s search, for an output of *out_shape* (its cells are read-only)."""
+    """:func:`_grid_plan_for`'s search, for an output of *out_shape* (its cells are read-only)."""
     n = len(corner)
     cell, phase = np.divmod(corner, shape)
     if bool(np.any(phase != phase[0])):
