@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from types import SimpleNamespace
@@ -1505,6 +1506,89 @@ def test_one_block_sections_decoded_together_name_a_bad_one(rng):
                 blocks.table(specs[did], specs)
         else:
             _columns_equal(blocks.table(specs[did], specs), alone.table(specs[did]))
+
+
+@pytest.mark.parametrize("band", [False, True])
+def test_one_block_sections_judged_like_the_last_sound_group_get_the_same_verdict(
+    rng, monkeypatch, band
+):
+    """A group of one-block sections decoded together whose judged bytes (heads, boxes,
+    lengths, segments, counts, checksum counts, codecs, flags, magnitudes) and datasets
+    equal the last sound group's skips the column checks but for its offsets (a step of
+    many variables written like the one before).  Each judged field of one section made
+    wrong in turn, and its offset past the limit, under a checksum that matches: decoded
+    right after the sound group, every dataset gets the outcome (its table, or the
+    FormatError naming it) it gets when the wrong group is decoded first."""
+    from crc32c import crc32c
+
+    from lamina.catalog import blocks as cb
+
+    specs, tables = _one_block_tables(rng)
+    secs, area = cb.encode_area(tables)
+    # a group of one layout: 3-D float64 sections of one checksum, plain or bands
+    group = [
+        s
+        for s in secs
+        if s.nblocks == 1
+        and specs[s.dataset].ndim == 3
+        and specs[s.dataset].dtype == np.dtype("f8")
+        and (specs[s.dataset].layout is not None) == band
+        and tables[s.dataset].ncrc[0] == 1
+    ]
+    assert len(group) >= cb.ONES_MIN + 1
+    first, victim = group[0], group[2]  # the first asked for is decoded alone
+    directory = {s.dataset: s for s in group}
+    rdt = cb._ones_dtype(3, np.dtype("f8"), 1, band)
+
+    def outcomes_of(defs: list, raw: bytes, dirs: dict) -> list:
+        blocks = cb.StepBlocks(dirs, [], lambda o, n: memoryview(raw)[o : o + n], "step 2")
+        got = []
+        for did in [first.dataset, *sorted(set(dirs) - {first.dataset})]:
+            try:
+                t = blocks.table(defs[did], defs)
+            except FormatError as e:
+                got.append(str(e))
+            else:
+                got.append(t.encode())
+        return got
+
+    def outcomes(raw: bytes, dirs: dict) -> list:
+        return outcomes_of(specs, raw, dirs)
+
+    def wrong(field: str, value) -> tuple[bytes, dict]:
+        raw = bytearray(area)
+        rec = np.frombuffer(raw, dtype=rdt, count=1, offset=victim.offset)
+        rec[field] = value
+        fixed = crc32c(bytes(raw[victim.offset : victim.offset + victim.length]))
+        return bytes(raw), {**directory, victim.dataset: victim._replace(crc=fixed)}
+
+    sound = cb._OnesColumns.sound
+    checked = []
+    monkeypatch.setattr(cb._OnesColumns, "sound", lambda *a: (checked.append(1), sound(*a))[1])
+    monkeypatch.setattr(cb, "_ones_sound_last", None)
+    good = outcomes(area, directory)
+    assert outcomes(area, directory) == good and len(checked) == 1  # judged like the first
+    cases = [
+        ("n", 2), ("c", 5), ("start", -1), ("stop", 10**6), ("length", 1), ("seg", 3),
+        ("count", 10**9), ("ncrc", 7), ("length", cb.LIMIT), ("codec", 250), ("has", 2), ("offset", cb.LIMIT),
+    ] + ([("amax", -1.0)] if band else [])  # fmt: skip
+    for field, value in cases:
+        raw, dirs = wrong(field, value)
+        monkeypatch.setattr(cb, "_ones_sound_last", None)
+        alone = outcomes(raw, dirs)
+        if (field, value) != ("length", 1) or not band:  # (a band's length is its own)
+            assert any(isinstance(x, str) for x in alone), field  # the wrong value is refused
+        assert outcomes(area, directory) == good
+        assert outcomes(raw, dirs) == alone, field
+    # the same bytes, the datasets decoded together defined smaller: judged on their
+    # definitions too
+    small = list(specs)
+    for s in group[1:]:
+        small[s.dataset] = dataclasses.replace(specs[s.dataset], shape=(4, 4, 4))
+    monkeypatch.setattr(cb, "_ones_sound_last", None)
+    alone = outcomes_of(small, area, directory)
+    assert outcomes(area, directory) == good
+    assert outcomes_of(small, area, directory) == alone != good
 
 
 def test_steps_of_many_one_block_datasets_round_trip(tmp_path):

@@ -171,6 +171,40 @@ def _remember_sound(judged: tuple) -> None:
     _sound_last = judged
 
 
+#: what the last group of one-block sections found sound was judged on
+#: (:meth:`StepBlocks._decode_ones`): their record layout, checksum count, the datasets'
+#: definitions (the objects: a definition is never changed in place) and the bytes
+#: :func:`_ones_mask` keeps.  A step of many datasets written like the one before it is
+#: sound for the same reasons; its offsets are checked
+_ones_sound_last: tuple | None = None
+
+
+def _remember_ones(judged: tuple) -> None:
+    global _ones_sound_last
+    _ones_sound_last = judged
+
+
+#: the fields of a one-block section :meth:`_OnesColumns.sound` judges
+_ONES_JUDGED = tuple("n c start stop length seg count ncrc codec has amax".split())
+
+
+@functools.lru_cache(maxsize=64)
+def _ones_mask(rdt: np.dtype) -> np.ndarray:
+    """A byte mask over one record of :func:`_ones_dtype`: 0xFF on the bytes
+    :meth:`_OnesColumns.sound` judges (the head, boxes, lengths, segments, counts, checksum
+    counts, codec, flag and magnitude), 0 on the others (offsets, statistics, ranks,
+    subfiles and checksums)."""
+    fields = rdt.fields
+    assert fields is not None  # a record dtype
+    mask = np.zeros(rdt.itemsize, dtype=np.uint8)
+    for name in _ONES_JUDGED:
+        if name in fields:
+            t, at = fields[name][:2]
+            mask[at : at + t.itemsize] = 0xFF
+    mask.flags.writeable = False
+    return mask
+
+
 def _col(a: np.ndarray, dtype) -> memoryview:
     """Column *a* as little-endian *dtype*, C order, without a copy where it is one already."""
     return np.ascontiguousarray(a.astype(dtype, copy=False)).reshape(-1).data.cast("B")
@@ -1690,7 +1724,18 @@ class StepBlocks:
             rec = rows.view(rdt)
             dspecs = [specs[s.dataset] for s in good]
             cols = _OnesColumns(rec, amax)
-            ok = cols.sound(dspecs, c)
+            judged = (
+                rdt,
+                c,
+                tuple(dspecs),
+                (rows.reshape(len(good), -1) & _ones_mask(rdt)).tobytes(),
+            )
+            if judged == _ones_sound_last and bool((cols.offset.view("<u8") < LIMIT).all()):
+                ok = np.ones(len(good), dtype=bool)  # judged like the last sound group
+            else:
+                ok = cols.sound(dspecs, c)
+                if bool(ok.all()):
+                    _remember_ones(judged)
             for k in np.flatnonzero(ok).tolist():
                 out[good[k].dataset] = (cols, k)
         return out
