@@ -78,6 +78,8 @@ def test_io_values(path, monkeypatch):
         ConfigError, match=r"io='bogus' is not an I/O mode; allowed: \['sync', 'async', 'auto'\]"
     ):
         lamina.open(path, "w", io="bogus")
+    with pytest.raises(ConfigError, match=r"io='' is not an I/O mode"):
+        lamina.open(path, "w", io="")  # the argument said nothing: not taken as unset
     with lamina.open(path, "w", io="auto") as f:
         assert f.io == "auto" and f.io_stats["mode"] == "auto"
     with lamina.open(path, "w") as f:
@@ -131,8 +133,95 @@ def test_append_in_the_background(path):
 
 
 def test_budget_option_checked(path):
-    with pytest.raises(ConfigError, match="max_inflight_bytes must be an int > 0"):
-        lamina.open(path, "w", io="async", max_inflight_bytes=0)
+    for bad in (0, -1, 1.5, "8", True, np.float64(8)):
+        with pytest.raises(ConfigError, match="max_inflight_bytes must be an int > 0"):
+            lamina.open(path, "w", io="async", max_inflight_bytes=bad)
+    with lamina.open(path, "w", io="async", max_inflight_bytes=np.int64(4096)) as f:
+        assert f.io_stats["max_inflight_bytes"] == 4096  # numpy's integers too
+
+
+@pytest.mark.parametrize("io", ["sync", "async", "auto"])
+def test_a_refused_write_opens_the_step_as_without_the_layer(path, io):
+    """A write refused (or empty) outside a step opens the step all the same; its end_step
+    commits it, empty, in every mode alike, and the next step is written as it should be
+    (under async it was replayed without its begin, failed in the background, and the
+    error took the next step with it)."""
+    with lamina.open(path, "w", io=io) as f:
+        ds = f.create_dataset("x", (4, 6), "f8")
+        n = f.create_dataset("n", (4,), "i4")
+        with pytest.raises(TypeError, match="unsafe cast"):
+            n.write(np.zeros(4))
+        f.end_step()
+        ds.write(np.zeros((0, 6)), offset=(2, 0))  # empty: nothing stored
+        f.end_step()
+        with f.step():
+            ds[...] = values(2)
+        f.wait()
+        assert f.steps == 3
+    with lamina.open(path, "r") as r:
+        assert r.steps == 3
+        assert r.at(0)["x"].blocks(0) == [] and r.at(1)["n"].blocks(1) == []
+        np.testing.assert_array_equal(r.at(2)["x"][...], values(2))
+
+
+@pytest.mark.parametrize("io", ["sync", "auto"])
+def test_a_large_block_lent_is_read_only_until_its_step_ends(path, io, monkeypatch):
+    """A block above the staging size written with ``copy=False`` is kept by reference (written
+    at once while its statistics and checksum are taken on a thread): changing it before the
+    step ends raises numpy's error instead of leaving a block whose checksum is not that of
+    its bytes; it is writeable again once the step ends (as under io='async')."""
+    monkeypatch.setenv("LAMINA_HISTORY", os.path.join(os.path.dirname(path), "history.json"))
+    big = np.zeros((256, 1024))  # 2 MiB
+    with lamina.open(path, "w", io=io) as f:
+        ds = f.create_dataset("x", big.shape, "f8")
+        with f.step():
+            ds.write(big, copy=False)
+            assert not big.flags.writeable
+            with pytest.raises(ValueError, match="read-only"):
+                big[0, 0] = -1
+        assert big.flags.writeable
+        big[0, 0] = 7.0  # after the step: the caller's again
+        stacked = np.ones((2, 128, 1024))
+        with f.step():
+            ds.write_blocks(stacked, [(0, 0), (128, 0)], copy=False)
+            assert not stacked.flags.writeable
+        assert stacked.flags.writeable
+    with lamina.open(path, "r") as r:
+        assert float(r.at(0)["x"][0, 0]) == 0.0 and float(r.at(1)["x"][0, 0]) == 1.0
+
+
+def test_auto_writes_directly_steps_over_the_budget(path, monkeypatch):
+    """io='auto' with steps larger than the budget: each is written directly (a copy of it would
+    be refused), none fails, and every decision after the first says sync."""
+    monkeypatch.setenv("LAMINA_HISTORY", os.path.join(os.path.dirname(path), "history.json"))
+    with lamina.open(path, "w", io="auto", max_inflight_bytes=1000) as f:
+        ds = f.create_dataset("x", (64, 64), "f8")  # 32 KiB a step
+        for k in range(5):
+            with f.step():
+                ds[...] = k
+        modes = [d["mode"] for d in f.io_stats["decisions"]]
+    assert modes == ["sync"] * 5, modes
+    with lamina.open(path, "r") as r:
+        assert r.steps == 5 and float(r.at(4)["x"][0, 0]) == 4.0
+
+
+def test_pool_stays_within_the_budget_with_what_is_in_flight(path):
+    """Buffers kept for copies of one size give way to copies of another: the pool and the
+    copies in flight together never hold more than the budget."""
+    mib = 1 << 20
+    with lamina.open(path, "w", io="async", max_inflight_bytes=8 * mib) as f:
+        Gate(f, delay=0.02)
+        ds = f.create_dataset("x", (4096, 1024), "f8")
+        layer = f.engine
+        peak = 0
+        for rows in (128, 96, 64, 48):  # two blocks of 1 MiB a step, then smaller ones
+            for k in range(6):
+                with f.step():
+                    ds[0:rows] = k
+                    ds[rows : 2 * rows] = k
+                    peak = max(peak, layer.stats.inflight_bytes + layer._pool.nbytes)
+            f.wait()
+    assert 0 < peak <= 8 * mib, peak
 
 
 def test_below_thread_multiple_writes_synchronously(path, monkeypatch):
@@ -569,6 +658,16 @@ def test_many_steps_no_deadlock(tmp_path, n):
 
 
 @needs_mpiexec
+@pytest.mark.parametrize("n", [2, 3])
+def test_collective_reads_with_steps_in_flight(tmp_path, n):
+    """A collective read after each step, while the step is in flight and one rank hands its
+    steps to its thread late: the read waits for the steps in flight, so that no rank's read
+    meets another rank's commit on the inner communicator (it hung)."""
+    res = mu.run_mpi(n, "background", "collective", tmp_path / "c.lam", 8, timeout=90)
+    assert "OK" in res.stdout
+
+
+@needs_mpiexec
 def test_auto_decides_alike_on_every_rank(tmp_path):
     """io='auto' on 2 ranks whose compute phases differ: one mode per step, the same on both."""
     res = mu.run_mpi(2, "background", "auto", tmp_path / "a.lam", 8, timeout=90)
@@ -602,6 +701,22 @@ def test_program_ending_without_close_loses_no_step(path, tmp_path):
     assert "in flight" in res.stdout
     got = read_all(path)
     assert [float(a[0]) for a in got] == [0.0, 1.0, 2.0, 3.0]
+
+
+FAILING_EXIT_PROGRAM = EXIT_PROGRAM.replace(
+    'print("left with"',
+    'eng._move = lambda h: (_ for _ in ()).throw(OSError("disk gone"))\nprint("left with"',
+)
+
+
+def test_a_failure_found_at_exit_is_said(path, tmp_path):
+    """A program that ends without close while its steps fail in the background: nobody is
+    left to raise the failure to, so it is said, as a LaminaWarning naming the step."""
+    script = tmp_path / "failing.py"
+    script.write_text(FAILING_EXIT_PROGRAM)
+    res = mu.finish(mu.start(mu.python_command(str(script), path)), "failing", 60)
+    assert "LaminaWarning" in res.stderr and "disk gone" in res.stderr, res.describe()
+    assert "was not committed" in res.stderr, res.describe()
 
 
 def test_pool_reuses_buffers_nobody_else_holds():
@@ -728,6 +843,20 @@ def test_flush_makes_the_steps_ended_so_far_durable(path, monkeypatch, io):
     with lamina.open("flushed", "w", engine="memory") as m:
         m.flush()
     assert len(read_all(path)) == 4
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names fds through /proc")
+def test_flush_after_a_failed_step_makes_the_steps_before_it_durable(path, monkeypatch):
+    """A flush that raises a background failure has made the steps committed before it
+    durable all the same (a caller that catches the error may count on them)."""
+    f, _, _ = _three_then_fail(path)
+    f.engine.stack()[-1].durable = False
+    synced = _fsynced(monkeypatch)
+    with pytest.raises(OSError, match="background step 2"):
+        f.flush()
+    assert synced[0].startswith("data.") and "lamina.commit" in synced
+    f.close()
+    assert len(read_all(path)) == 2
 
 
 def test_flush_waits_for_the_steps_in_flight(path):

@@ -19,6 +19,13 @@
     whose derived values must be the same.  Every value is checked
     at the end.
 
+``background.py collective PATH STEPS``
+    any number of ranks; after each step, a collective read of step 0
+    while the step just ended is in flight, rank 1 handing its steps to
+    its background thread late (so that its read would come first on the
+    inner communicator, before its share of the step's commit).  No rank
+    may hang, and every read and step must hold what was written.
+
 ``background.py auto PATH STEPS``
     any number of ranks under ``io='auto'``; rank 0 computes nothing
     between steps, the others sleep (their compute phases differ, so do
@@ -202,6 +209,35 @@ def stress(path: str, steps: int) -> None:
         print(f"OK {stats}", flush=True)
 
 
+def collective(path: str, steps: int) -> None:
+    import threading
+
+    comm = comm_mod.world()
+    rank, size = comm.rank, comm.size
+    f = lamina.open(path, "w", io="async")
+    ds = f.create_dataset("x", (ROWS * size, COLS), "f8")
+    mine = slice(rank * ROWS, (rank + 1) * ROWS)
+    with f.step():
+        ds[mine, :] = block(0, rank)
+    f.wait()
+    layer = f.engine
+    if rank == 1:
+        submit = layer._submit
+        layer._submit = lambda step: threading.Timer(0.05, submit, [step]).start()
+    for k in range(1, steps):
+        with f.step():
+            ds[mine, :] = block(k, rank)
+        got = ds.read(np.s_[:, :], step=0, collective=True)
+        np.testing.assert_array_equal(got, whole(0, size))
+    f.close()
+    with lamina.open(path, "r") as r:
+        assert r.steps == steps, r.steps
+        for k in range(steps):
+            np.testing.assert_array_equal(r.at(k)["x"][...], whole(k, size))
+    if rank == 0:
+        print("OK", flush=True)
+
+
 def auto(path: str, steps: int) -> None:
     comm = comm_mod.world()
     with lamina.open(path, "w", io="auto") as f:
@@ -227,6 +263,8 @@ if __name__ == "__main__":
         auto(sys.argv[2], int(sys.argv[3]))
     elif sys.argv[1] == "fault":
         fault(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "collective":
+        collective(sys.argv[2], int(sys.argv[3]))
     elif sys.argv[1] == "leave":
         leave(sys.argv[2])
     else:

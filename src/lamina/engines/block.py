@@ -606,6 +606,8 @@ class BlockEngine(Engine):
         if spec.layout is not None:  # encoded at end_step, with every rank's pieces
             enter_box(self._mr_local, spec, box, len(self.catalog.steps))
             self._mr_pending.setdefault(spec.id, []).append((box, arr.copy() if copy else arr))
+            if lent and arr is array and arr.flags.writeable:
+                self._lent.hold(arr)
             return
         if lent and arr.nbytes <= SMALL and arr.ndim and not spec.codecs:
             # lent, small and raw: kept as it is until the commit enters and stages it with the
@@ -619,6 +621,8 @@ class BlockEngine(Engine):
         except BaseException:
             index.pop()  # a put that failed wrote nothing: the box may be written again
             raise
+        if lent and arr is array and arr.flags.writeable and arr.nbytes > SMALL:
+            self._lent.hold(arr)  # kept by reference (staged blocks were copied)
 
     def lend(self, name: str, start: tuple[int, ...], array: np.ndarray) -> bool:
         """Independent: keep a small raw block lent inside a step, as :meth:`put` keeps it.
@@ -646,6 +650,7 @@ class BlockEngine(Engine):
         n = len(batch)
         if not n:
             return
+        lent = not copy and not batch.copied  # the caller's own arrays, kept by reference
         copy = copy and not batch.owned
         step = len(self.catalog.steps)
         if spec.layout is not None:  # encoded at end_step, with every rank's pieces
@@ -654,6 +659,8 @@ class BlockEngine(Engine):
             for k, box in enumerate(batch.boxes()):
                 a = batch.block(k)
                 pending.append((box, a.copy() if copy else a))
+            if lent:
+                self._hold_batch(batch)
             return
         enter_boxes(self._local, spec, batch.starts, batch.stops, step)
         try:
@@ -663,6 +670,15 @@ class BlockEngine(Engine):
             if self._put_error is None:
                 self._put_error = e
             raise
+        if lent and (spec.codecs or int(batch.nbytes.max()) > SMALL):  # not all staged (copied)
+            self._hold_batch(batch)
+
+    def _hold_batch(self, batch: Batch) -> None:
+        """The caller's arrays of *batch*, lent and kept by reference: read-only until the step ends."""
+        arrays = [batch.arrays] if isinstance(batch.arrays, np.ndarray) else batch.arrays
+        for a in arrays:
+            if a.flags.writeable:
+                self._lent.hold(a)
 
     def _put_batch(self, spec: DatasetSpec, batch: Batch, copy: bool) -> None:
         b = int(batch.nbytes[0])
@@ -1348,6 +1364,7 @@ class BlockEngine(Engine):
         self._log.clear()
         self._local.clear()
         self._lent.thaw()
+        self._lent.release()
         self._mr_pending = {}
         self._mr_local.clear()
 

@@ -241,7 +241,7 @@ def resolve_io(io: str | None = None) -> str:
     ``'auto'``: the background layer, whose model picks sync or async per step.
     """
     for value, where in ((io, "io"), (os.environ.get(IO_ENV), f"${IO_ENV}")):
-        if value is None or value == "":
+        if value is None or (value == "" and where != "io"):  # an empty variable is unset
             continue
         if value not in IO_MODES:
             raise ConfigError(f"{where}={value!r} is not an I/O mode; allowed: {list(IO_MODES)}")

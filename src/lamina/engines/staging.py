@@ -679,13 +679,15 @@ class LentBlocks:
     shape, the common case, which the commit stages as a single group.
     """
 
-    __slots__ = ("specs", "starts", "arrays", "frozen", "uniform", "_spec", "_shape")
+    __slots__ = ("specs", "starts", "arrays", "frozen", "held", "uniform", "_spec", "_shape")
 
     def __init__(self) -> None:
         self.specs: list[DatasetSpec] = []
         self.starts: list[tuple] = []
         self.arrays: list[np.ndarray] = []
         self.frozen: list[np.ndarray] = []  # the arrays add made read-only
+        # larger arrays lent to put, made read-only by hold until the step ends (release)
+        self.held: list[np.ndarray] = []
         self.uniform = True
         self._spec: DatasetSpec | None = None
         self._shape: tuple = ()
@@ -758,6 +760,21 @@ class LentBlocks:
                 g[1].append(start)
                 g[2].append(arr)
         return list(by_key.values())
+
+    def hold(self, arr: np.ndarray) -> None:
+        """*arr*, the caller's own writeable array lent to ``put`` with ``copy=False`` and kept
+        by reference past the call (written by its aggregator while its statistics are taken
+        on a thread, sent to the aggregator at the commit, or encoded then): read-only until
+        :meth:`release`, so that a change before the step ends fails instead of leaving a
+        block whose checksum or statistics are not those of its bytes."""
+        _setflags(arr, False)
+        self.held.append(arr)
+
+    def release(self) -> None:
+        """Make writeable again the arrays :meth:`hold` made read-only (the step ended)."""
+        held, self.held = self.held, []
+        for a in held:
+            _setflags(a, True)
 
     def thaw(self) -> None:
         """Make writeable again the arrays :meth:`add` made read-only, and forget every block."""

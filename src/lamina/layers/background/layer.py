@@ -26,7 +26,7 @@ synchronously and warns.
 holds :attr:`BackgroundLayer.lock`, which the background thread holds for
 a whole step.  Collective calls into the inner stack from the application
 thread (``define``, ``make_group``, ``derive``, ``refresh``,
-``set_ext``, ``close``) first wait until no step is in flight, so that
+``set_ext``, a collective read, ``close``) first wait until no step is in flight, so that
 both threads' collectives on the inner communicator come in one order on
 every rank.
 
@@ -50,6 +50,7 @@ See docs/background.md.
 from __future__ import annotations
 
 import collections
+import numbers
 import threading
 import time
 import warnings
@@ -124,8 +125,13 @@ def _at_exit() -> None:
     for layer in list(_LIVE):
         try:
             layer._drain()
+            failure = layer._take_failure()  # nobody is left to raise it to: say it
         except Exception as e:  # pragma: no cover - nothing to raise to at exit
-            warnings.warn(f"background I/O at exit: {e}", LaminaWarning, stacklevel=1)
+            failure = e
+        if failure is not None:
+            warnings.warn(
+                f"background I/O of {layer.path!r} at exit: {failure}", LaminaWarning, stacklevel=1
+            )
 
 
 def _hook_exit() -> None:
@@ -189,10 +195,13 @@ class BackgroundLayer(Layer):
     # -- lifetime -------------------------------------------------------------
     def configure(self, options: dict[str, Any]) -> None:
         budget = options.get("max_inflight_bytes", DEFAULT_INFLIGHT_BYTES)
-        if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
+        # any integer (numpy's too), as numpy takes sizes
+        if isinstance(budget, bool | np.bool_) or not isinstance(budget, numbers.Integral):
             raise ConfigError(f"max_inflight_bytes must be an int > 0, got {budget!r}")
-        self.budget = budget
-        self.stats.max_inflight_bytes = budget
+        if budget <= 0:
+            raise ConfigError(f"max_inflight_bytes must be an int > 0, got {budget!r}")
+        self.budget = int(budget)
+        self.stats.max_inflight_bytes = self.budget
         io = options.get("io", "async")
         if io not in ("async", "auto"):
             raise ConfigError(f"the background layer runs io='async' or 'auto', not {io!r}")
@@ -390,8 +399,21 @@ class BackgroundLayer(Layer):
         self._next = self._committed
 
     def flush(self, durable: bool = True) -> None:
-        """Collective: wait for every background step (:meth:`wait`), then flush the engine."""
-        self.wait()
+        """Collective: wait for every background step (:meth:`wait`), then flush the engine.
+
+        A background failure raised by the wait (on every rank) is raised once the steps
+        committed before it are flushed all the same."""
+        try:
+            self.wait()
+        except BaseException as e:
+            if is_left(e) or self.inner.closed:  # no collective with a rank that left
+                raise
+            try:
+                with self.lock:
+                    self.inner.flush(durable)
+            except BaseException as late:
+                e.add_note(f"flushing the steps committed before it failed too: {late}")
+            raise
         with self.lock:
             self.inner.flush(durable)
 
@@ -518,7 +540,8 @@ class BackgroundLayer(Layer):
                 ),
                 None,
             )
-            if last is not None and self._epoch_start is not None:
+            # a step that did not fit the budget (its bytes over all ranks) is written directly
+            if last is not None and self._epoch_start is not None and last <= self.budget * size:
                 comp = max(0.0, time.perf_counter() - self._epoch_start - self._in_calls)
                 ok = int(self.model.predict(int(last), size, t_comp=comp).mode == "async")
         return bool(comm_mod.allreduce_int(self._own(), ok, "min"))
@@ -810,7 +833,10 @@ class BackgroundLayer(Layer):
         size = self.inner.comm.size
         with self._cond:  # the background thread adds samples under it
             pred: Prediction = self.model.predict(max(nbytes, 1) * size, size)
-        agreed = comm_mod.allreduce_int(self._own(), int(pred.mode == "async"), "min")
+        # the next step copied only if one like this one fits the budget: else it is written
+        # directly (in the background it would be refused at the put that overflows)
+        fits = nbytes <= self.budget
+        agreed = comm_mod.allreduce_int(self._own(), int(pred.mode == "async" and fits), "min")
         mode = done or ("async" if agreed else "sync")
         d: dict[str, Any] = {"step": index, **pred.as_dict()}
         d["predicted"] = d.pop("mode")  # what this rank's model said; "mode": what all ranks do
@@ -855,6 +881,7 @@ class BackgroundLayer(Layer):
                 self.stats.wait_seconds += time.perf_counter() - t0
             raw = self._pool.take(nbytes) if take else None  # first: it may fail (memory)
             self.stats.inflight_bytes += nbytes
+            self._pool.trim(self.budget - self.stats.inflight_bytes)
             self.stats.peak_inflight_bytes = max(
                 self.stats.peak_inflight_bytes, self.stats.inflight_bytes
             )
@@ -995,7 +1022,9 @@ class BackgroundLayer(Layer):
 
     def _replay(self, step: Step) -> None:
         """The step's calls on the inner stack (the puts of one rank fail together, see _run)."""
-        if step.explicit:
+        if step.explicit or not step.ops:
+            # an implicit step is opened by its first write; one whose writes were all refused
+            # or empty (they open the step without the layer too) is opened here
             step.doing = "beginning the step"
             self.inner.begin_step()
         for op in step.ops:
@@ -1055,8 +1084,9 @@ class BackgroundLayer(Layer):
                 failed = k >= self._committed
             if failed:
                 raise StepError(
-                    f"step {k} of {self.path!r} was not committed: its background write failed "
-                    "(the error is raised at the next collective call)"
+                    f"step {k} of {self.path!r} was not committed: its background write failed, "
+                    "or it was cancelled behind a step that failed (the error is raised at the "
+                    "next collective call)"
                 )
         return k
 
@@ -1100,6 +1130,9 @@ class BackgroundLayer(Layer):
             self.inner.get(name, box, step, out)
 
     def get_collective(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
+        # collective on the inner communicator, as the background steps' commits are: every
+        # step in flight first, so that both come in one order on every rank
+        self._guarded()
         step = self._settle(step)
         with self.lock:
             self.inner.get_collective(name, box, step, out)

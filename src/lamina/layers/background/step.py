@@ -315,6 +315,20 @@ class Pool:
             self.nbytes += raw.nbytes
         raws.clear()
 
+    def trim(self, room: int) -> None:
+        """Let go of buffers, the largest first, until the pool holds at most *room* bytes
+        (the budget less what is in flight: buffers kept for copies of one size do not stay
+        beside copies of other sizes past the budget)."""
+        for n in sorted(self.free, reverse=True):
+            got = self.free[n]
+            while got and self.nbytes > room:
+                got.pop()
+                self.nbytes -= n
+            if not got:
+                del self.free[n]
+            if self.nbytes <= room:
+                return
+
     def clear(self) -> None:
         self.free.clear()
         self.nbytes = 0
