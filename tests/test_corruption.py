@@ -351,3 +351,126 @@ def test_memory_engine_detects_corrupt_block(compression):
                 f["x"][...]
     finally:
         memory_engine.drop(path)
+
+
+def _with_boxes(t, start, stop):
+    """Table *t* with its boxes replaced: what a section forged with valid checksums decodes to."""
+    from lamina.catalog.blocks import BlockTable
+
+    cols = {
+        k: getattr(t, k)
+        for k in ("rank", "session", "agg", "offset", "length", "codec", "seg", "ncrc", "crcs")
+    }
+    cols.update(has_stats=t.has_stats, smin=t.smin, smax=t.smax, ssum=t.ssum, count=t.count)
+    return BlockTable(
+        t.dtype, np.array(start, dtype=np.int64), np.array(stop, dtype=np.int64), **cols
+    )
+
+
+def test_overlapping_blocks_in_forged_metadata_are_a_format_error(native_path):
+    """A section whose checksums match but whose boxes overlap (forged or damaged metadata; a
+    writer never commits one) is refused by any read that puts two of its blocks together,
+    naming both, instead of returning one block's values where the other's belong or memory
+    nobody wrote.  A read of a region one block alone covers reads that block."""
+    with lamina.open(native_path, "w") as f:
+        z = f.create_dataset("z", shape=(8,), dtype="i8", fill=7)
+        with f.step():
+            z[0:4] = np.arange(4)
+            z[4:8] = np.arange(4, 8)
+    with lamina.open(native_path) as r:
+        eng = r.engine.stack()[-1]
+        spec = eng.catalog.datasets["z"]
+        t = eng.catalog.table(spec.id, 0)
+        eng.catalog.steps[0]._tables[spec.id] = _with_boxes(t, [[0], [0]], [[4], [4]])
+        for sel in (np.s_[...], np.s_[2:8], np.s_[0:4]):
+            with pytest.raises(FormatError, match=r"step 0: blocks \[0:4\] and \[0:4\] overlap"):
+                r["z"][sel]
+        np.testing.assert_array_equal(r["z"][4:8], np.full(4, 7))  # no block: the fill
+
+
+def test_tables_found_disjoint_once_for_boxes_alike(monkeypatch):
+    """The overlap check runs once for a table and once for boxes like the last table found
+    disjoint (a step written like the one before); boxes that differ are checked again."""
+    from lamina import geometry
+    from lamina.catalog import blocks as cb
+    from lamina.catalog.blocks import BlockTable
+
+    calls = []
+    real = cb.find_overlap_arrays
+    monkeypatch.setattr(cb, "find_overlap_arrays", lambda *a: (calls.append(1), real(*a))[1])
+    monkeypatch.setattr(cb, "_disjoint_last", None)
+
+    def table(lo, width=(3, 5, 4)):  # blocks of several widths: no grid, the full search
+        lo = np.array(lo, dtype=np.int64).reshape(-1, 1)
+        return BlockTable.build("f8", lo, lo + np.array(width).reshape(-1, 1))
+
+    a, b = table([0, 3, 8]), table([0, 3, 8])
+    a.check_disjoint("t")
+    a.check_disjoint("t")
+    b.check_disjoint("t")
+    assert len(calls) == 1
+    table([0, 3, 9]).check_disjoint("t")
+    assert len(calls) == 2
+    with pytest.raises(FormatError, match=r"blocks \[3:8\] and \[6:10\] overlap"):
+        table([0, 3, 6]).check_disjoint("t")
+    table([0, 4, 8], (4, 4, 4)).check_disjoint("t")  # cells of a grid: counted, not searched
+    assert len(calls) == 3 and geometry.find_overlap_arrays is real
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_grid_cells_apart_agrees_with_the_full_search(seed):
+    """The grid shortcut says disjoint only when the full search finds no overlap: grids of
+    1-3 dimensions in any order, with a cell repeated, a block shifted off the grid, a block of
+    another shape, negative corners and sparse cells."""
+    from lamina.catalog.blocks import _grid_cells_apart
+    from lamina.geometry import find_overlap_arrays
+
+    rng = np.random.default_rng(seed)
+    nd = int(rng.integers(1, 4))
+    shape = rng.integers(1, 5, nd)
+    cells = rng.choice(6**nd, size=int(rng.integers(2, min(30, 6**nd) + 1)), replace=False)
+    lo = np.stack(np.unravel_index(cells, (6,) * nd), axis=1) * shape * int(rng.choice([1, 3]))
+    lo = lo - int(rng.integers(0, 10))
+    hi = lo + shape
+    change = seed % 4
+    if change == 1:
+        lo[-1], hi[-1] = lo[0], hi[0]  # a cell twice
+    elif change == 2:
+        lo[-1] += 1  # off the grid
+        hi[-1] += 1
+    elif change == 3:
+        hi[-1] += 1  # another shape
+    got = _grid_cells_apart(lo, hi)
+    truth = find_overlap_arrays(lo, hi) is None
+    assert not got or truth
+    if change == 0:
+        assert got
+
+
+def test_an_encoded_block_longer_than_its_subfile_is_refused_before_allocation(
+    native_path, monkeypatch
+):
+    """A compressed block whose recorded length reaches past its subfile (damaged or forged
+    metadata under valid checksums) is a FormatError naming the block, raised before a
+    buffer of that length is made."""
+    with lamina.open(native_path, "w") as f:
+        z = f.create_dataset("z", shape=(2048,), dtype="i8", compression="zlib")
+        with f.step():
+            z[...] = 0
+    with lamina.open(native_path) as r:
+        eng = r.engine.stack()[-1]
+        spec = eng.catalog.datasets["z"]
+        t = eng.catalog.table(spec.id, 0)
+        forged = _with_boxes(t, t.start, t.stop)
+        forged.length = np.array([1 << 50], dtype=np.int64)
+        forged.seg = np.zeros(1, dtype=np.int64)
+        eng.catalog.steps[0]._tables[spec.id] = forged
+        made = []
+        real = np.empty
+        monkeypatch.setattr(
+            "lamina.engines.native.engine.np.empty",
+            lambda n, *a, **k: (made.append(n), real(n, *a, **k))[1],
+        )
+        with pytest.raises(FormatError, match=r"block \[0:2048\]: its 1125899906842624 bytes"):
+            r["z"][0:10]
+        assert all(int(n) < 1 << 40 for n in made if np.isscalar(n))

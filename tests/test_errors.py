@@ -9,6 +9,7 @@ go on.
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from lamina.errors import (
     NotALaminaFileError,
     NotFoundError,
     OverlapError,
+    SelectionError,
     ShapeError,
     StepError,
     error_from_wire,
@@ -563,6 +565,48 @@ def test_use_after_close(writer):
 
 # --------------------------------------------------------------------------
 # steps
+
+
+def test_write_corners_must_be_integers(writer):
+    """A write's corner of anything but integers is refused, not rounded or parsed (2.5 was
+    written at 2, "5" at 5); numpy's integers are corners; offsets of write_blocks too."""
+    c = writer["fields/count"]
+    for offset, text in (
+        ((2.5,), "holds 2.5"),
+        (("5",), "holds '5'"),
+        ((np.float64(0.9),), "holds np.float64"),
+        ((True,), "holds True"),
+        (8, "offset 8 is not a sequence"),
+        ("5", "offset '5' is not a sequence"),
+    ):
+        for copy in (True, False):
+            with pytest.raises(SelectionError, match=re.escape(text)):
+                c.write(np.full(2, 7, "i4"), offset=offset, copy=copy)
+    c.write(np.full(2, 7, "i4"), offset=(np.int64(2),))
+    c.write(np.full(2, 8, "i4"), offset=np.array([6]))
+    with pytest.raises(DTypeError, match="block offsets must be integers"):
+        c.write_blocks(np.zeros((2, 1), "i4"), np.array([[4.0], [5.0]]))
+    with pytest.raises(BoundsError, match="past the largest corner"):
+        c.write_blocks(np.zeros((1, 1), "i4"), np.array([[2**64 - 1]], dtype=np.uint64))
+    writer.end_step()
+    got = writer.at(1)["fields/count"]
+    np.testing.assert_array_equal(got[2:4], [7, 7])
+    np.testing.assert_array_equal(got[6:8], [8, 8])
+    continue_ok(writer)
+
+
+def test_steps_must_be_integers(writer, engine):
+    """A step of anything but an integer is a StepError, not rounded: -0.5 read step 0 (int()
+    rounds toward 0), not the last; numpy's integers are steps."""
+    with writer.step():
+        writer["fields/count"][...] = 5
+    for bad in (1.7, "1", True, -0.5, None.__class__):
+        with pytest.raises(StepError, match="a step is an integer"):
+            writer.at(bad)
+    with pytest.raises(StepError, match="a step is an integer"):
+        writer["fields/count"].read(step=0.5)
+    assert writer.at(np.int64(1)).index == 1 and writer.at(-1).index == 1
+    continue_ok(writer)
 
 
 def test_step_that_does_not_exist(writer, engine):

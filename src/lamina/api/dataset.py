@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 
 import numpy as np
@@ -12,6 +13,7 @@ from ..errors import (
     CollectiveMismatchError,
     DTypeError,
     RangeError,
+    SelectionError,
     ShapeError,
     mark_collective,
 )
@@ -427,7 +429,7 @@ class Dataset:
             raise ShapeError(
                 f"{self._what()}: data has {data.ndim} dimensions, dataset has {nd} (shape {self.shape})"
             )
-        offset = (0,) * nd if offset is None else tuple(map(int, offset))
+        offset = (0,) * nd if offset is None else self._corner(offset)
         if len(offset) != nd:
             raise ShapeError(
                 f"{self._what()}: offset {offset} has {len(offset)} entries, dataset has {nd} dimensions"
@@ -439,6 +441,22 @@ class Dataset:
                 f"{self._what()} of shape {self.shape}: offset {offset}: {e}"
             ) from None
         self._file._engine.put(self._path, box, data, copy=copy)
+
+    def _corner(self, offset) -> tuple[int, ...]:
+        """A write's *offset* as a tuple of ints: SelectionError for anything but a sequence
+        of integers (numpy's too; a float, a string or a bool is not rounded or parsed)."""
+        if isinstance(offset, str | bytes) or not isinstance(offset, Sequence | np.ndarray):
+            raise SelectionError(
+                f"{self._what()}: offset {offset!r} is not a sequence of integers (one per dimension)"
+            )
+        out = []
+        for v in offset:
+            if isinstance(v, bool | np.bool_) or not isinstance(v, numbers.Integral):
+                raise SelectionError(
+                    f"{self._what()}: offset {tuple(offset)!r} holds {v!r}, not an integer"
+                )
+            out.append(int(v))
+        return tuple(out)
 
     def write_blocks(self, blocks, offsets, copy: bool = True) -> None:
         """Independent: write many blocks in one call, block ``k`` with its corner at ``offsets[k]``.

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..catalog import DatasetSpec
-from ..errors import DTypeError, ShapeError
+from ..errors import BoundsError, DTypeError, ShapeError
 from ..geometry import Box, rows_any, rows_prod
 
 
@@ -85,15 +85,21 @@ def cast(spec: DatasetSpec, arr: np.ndarray, what: str | None = None) -> tuple[n
 
 
 def corners(spec: DatasetSpec, offsets, n: int | None = None) -> np.ndarray:
-    """*offsets* as an ``(n, ndim)`` int64 array; ShapeError/TypeError naming the dataset if it is not one."""
+    """*offsets* as an ``(n, ndim)`` int64 array; ShapeError, DTypeError (a TypeError: offsets
+    that are not integers) or BoundsError (past int64) naming the dataset if it is not one."""
     o = np.asarray(offsets)
     if o.size == 0 and not (o.ndim == 2 and o.shape[0]):  # no offsets (a 0-D dataset has (n, 0))
         if n:
             raise ShapeError(f"dataset {spec.path!r}: {n} blocks but no offsets")
         return np.zeros((0, spec.ndim), dtype=np.int64)
     if o.size and o.dtype.kind not in "iu":
-        raise TypeError(
+        raise DTypeError(
             f"dataset {spec.path!r}: block offsets must be integers, got an array of {o.dtype}"
+        )
+    if o.size and o.dtype.kind == "u" and int(o.max()) > np.iinfo(np.int64).max:
+        raise BoundsError(
+            f"dataset {spec.path!r}: block offset {int(o.max())} is past the largest corner "
+            f"({np.iinfo(np.int64).max})"
         )
     if o.ndim != 2 or o.shape[1] != spec.ndim:
         raise ShapeError(

@@ -124,7 +124,7 @@ from ..layouts import read as layout_read
 from ..layouts import write as layout_write
 from ..layouts.spec import Layout, level_specs
 from . import collective
-from .base import Engine
+from .base import Engine, step_number
 from .batch import Batch, cast, check_batch
 from .staging import (
     SMALL,
@@ -1411,7 +1411,7 @@ class BlockEngine(Engine):
             if n == 0:
                 raise StepError(f"file {self.path!r} has no committed steps yet")
             return n - 1
-        step = int(step)
+        step = step_number(step)
         if step < 0:
             step += n
         if not 0 <= step < n:
@@ -1443,6 +1443,8 @@ class BlockEngine(Engine):
         if len(t) == 1 and self._read_sole(spec, t, box, out):
             return
         idx, lo, hi = t.hits(box.start, box.stop)
+        if len(idx) > 1:  # blocks put together: none may hold another's values
+            t.check_disjoint(f"{self.path}: dataset {spec.path!r} step {step}")
         covered, stored = t.read_cost(idx, lo, hi)
         if covered < box.size:
             out[...] = spec.fill_scalar()

@@ -148,6 +148,7 @@ def read(
     held: dict[int, np.ndarray] = {}  # row -> the values of its hull
     g = comm_mod.Guard()
     with g:
+        t.check_disjoint(f"{engine.path}: dataset {spec.path!r} step {step}")
         if p.lo is not None and p.hi is not None:  # (None: an empty box, nothing to fill)
             fill_uncovered(spec, box, p.lo, p.hi, out)
         rows = [i for i, _, _ in p.own] + mine

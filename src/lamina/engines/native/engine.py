@@ -1352,8 +1352,17 @@ class NativeEngine(BlockEngine):
 
     def _payload(self, rec, spec) -> np.ndarray:
         what = self._block_name(rec, spec)
+        fd = self._fd(rec.subfile)
+        # an encoded block's length is its record's word alone (a raw one's is its box's
+        # bytes): held to the subfile's size before its buffer is made
+        size = os.fstat(fd).st_size
+        if rec.offset + rec.length > size:
+            raise FormatError(
+                f"{what}: its {rec.length} bytes at offset {rec.offset} lie past the end of the "
+                f"subfile ({size} bytes): the metadata is corrupt or the subfile was cut short"
+            )
         buf = np.empty(rec.length, dtype=np.uint8)
-        self._read_verified(self._fd(rec.subfile), buf.data, rec.offset, 0, rec, what)
+        self._read_verified(fd, buf.data, rec.offset, 0, rec, what)
         return buf
 
     def _read_sole(self, spec, t: BlockTable, box: Box, out: np.ndarray) -> bool:

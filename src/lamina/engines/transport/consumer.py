@@ -32,7 +32,7 @@ from ...layouts import read as layout_read
 from ...layouts.spec import Layout
 from ...workflow import routes
 from ...workflow.routes import parse_flow
-from ..base import BlockInfo
+from ..base import BlockInfo, step_number
 from . import rendezvous, wire
 from .common import MPI, TransportBase
 from .wire import Poll, Request
@@ -236,7 +236,7 @@ class Consumer(TransportBase):
             if n == 0:
                 raise StepError(f"{self.path!r} has no steps yet")
             step = n - 1
-        step = int(step)
+        step = step_number(step)
         if step < 0:
             step += n
             if step < 0:

@@ -64,7 +64,7 @@ import numpy as np
 from ... import comm as comm_mod
 from ...catalog import BlockTable, DatasetSpec, normpath
 from ...derived._parallel import cores_per_rank
-from ...engines.base import BlockInfo, Engine
+from ...engines.base import BlockInfo, Engine, step_number
 from ...engines.batch import check_batch, elements
 from ...engines.block import dataset_not_found
 from ...engines.registry import BACKGROUND_OPTIONS
@@ -1072,7 +1072,7 @@ class BackgroundLayer(Layer):
         if not self.active:
             return step
         n = self._next
-        k = n - 1 if step is None else int(step)
+        k = n - 1 if step is None else step_number(step)
         if k < 0 and step is not None:
             k += n
         if not 0 <= k < n:
