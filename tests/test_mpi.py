@@ -281,7 +281,9 @@ def test_failures_reach_every_rank(tmp_path, case, n):
     mu.run_mpi(n, "faults", case, tmp_path / "f.lam", timeout=90)
 
 
-@pytest.mark.parametrize("case", ["attrs-subset", "attrs-conflict", "left-writer", "left-reader"])
+@pytest.mark.parametrize(
+    "case", ["attrs-subset", "attrs-conflict", "left-writer", "left-reader", "step-apart"]
+)
 @pytest.mark.parametrize("n", [2, 3])
 def test_one_ranks_mistake(tmp_path, case, n):
     """Attributes from a subset of ranks; a rank's own error: no hang, the file goes on or is let go."""

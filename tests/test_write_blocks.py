@@ -576,7 +576,7 @@ def test_heads_and_trailers_that_cannot_be_this_steps_are_errors(tmp_path):
     good = eng._pack_heads(digest, attrs, mine)
     eng._unpack_heads(1, good)
     d = Decoder(good)
-    d.u32(), d.blob(), d.u32(), d.u32()  # digest, attributes, blocks, width
+    d.u64(), d.blob(), d.u32(), d.u32()  # digest (and step count), attributes, blocks, width
     at = d.pos  # the dataset column
     bad = bytearray(good)
     bad[at : at + 8] = np.int64(7).tobytes()

@@ -10,6 +10,10 @@ Usage: misuse.py CASE PATH [AGGREGATORS]
   left-writer     one rank's own error ends its use of the file (with lamina.open ... as f): the
                   others raise at their next collective call instead of waiting for it
   left-reader     the same for ranks following a file
+  step-apart      rank 1 raises inside `with f.step()` and goes on to its next step while the
+                  others end theirs: every later step's commit raises a StepError on every rank
+                  naming the ranks a step ahead, none pairs one rank's step k with another's
+                  k + 1, and the file closes with the steps before it
 """
 
 import resource
@@ -179,6 +183,29 @@ def left_reader() -> None:
         raise AssertionError(f"rank {rank}: no error")
 
 
+def step_apart() -> None:
+    f = lamina.open(path, "w", durable=False)
+    x = f.create_dataset("x", (size,))
+    apart = []
+    for s in range(5 if rank == 1 else 4):  # rank 1's failed step makes one more with block
+        try:
+            with f.step():
+                if rank == 1 and s == 1:
+                    raise ValueError("rank 1 fails in its step")
+                x[rank] = 10 * s + rank
+        except ValueError:
+            assert rank == 1 and s == 1
+        except lamina.StepError as e:
+            assert "have opened more steps than rank" in str(e) and "[1]" in str(e), e
+            apart.append(s)
+    assert apart == ([2, 3, 4] if rank == 1 else [1, 2, 3]), apart
+    f.close()  # no step to commit: the close record pairs
+    comm.Barrier()
+    with lamina.open(path, comm=MPI.COMM_SELF) as g:
+        assert g.steps == 1 and g.engine.writer_closed
+        np.testing.assert_array_equal(g["x"][...], np.arange(size, dtype=float))
+
+
 if case in ("fsize", "eacces"):
     {"fsize": fsize, "eacces": eacces}[case](int(sys.argv[3]))
 else:
@@ -187,6 +214,7 @@ else:
         "attrs-conflict": attrs_conflict,
         "left-writer": left_writer,
         "left-reader": left_reader,
+        "step-apart": step_apart,
     }[case]()
 comm.Barrier()
 if rank == 0:

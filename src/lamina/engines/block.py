@@ -362,6 +362,11 @@ class BlockEngine(Engine):
             None  # an I/O failure in put, raised by end_step on every rank
         )
         self._in_step = False
+        # steps this rank has opened (begun, opened by a write, or joined at end_step): the
+        # ranks compare it at each commit, so that a step ended on some ranks and discarded on
+        # others (an error inside ``with f.step()`` on one rank) is not committed with another
+        # rank's next step (_validate)
+        self._serial = 0
         self._closed = False
         self.session = 0
         # multiresolution datasets: this rank's pieces in this step (encoded at end_step)
@@ -555,6 +560,7 @@ class BlockEngine(Engine):
     def _open_step(self) -> int:
         """This engine's own step opens (a put's implicit step does not go through an overridden begin_step)."""
         self._in_step = True
+        self._serial += 1
         return len(self.catalog.steps)
 
     def lookup(self, name: str) -> DatasetSpec:
@@ -928,8 +934,14 @@ class BlockEngine(Engine):
         # decide together, so every rank commits it (ranks that wrote nothing add no blocks)
         if not comm_mod.agree(self.comm, None, flag=int(self._in_step)):
             raise StepError("end_step called without begin_step")
-        self._in_step = True
+        self._join_step()
         self._commit(KIND_STEP)
+
+    def _join_step(self) -> None:
+        """A step another rank opened: this rank takes part in it (with no blocks of its own)."""
+        if not self._in_step:
+            self._in_step = True
+            self._serial += 1
 
     # ---------------------------------------------------------- commit
     def _local_heads(self) -> tuple[int, bytes, RankHead]:
@@ -966,13 +978,15 @@ class BlockEngine(Engine):
             agg,
             offset,
         )
-        return stats_mod.crc(ops.getvalue()), attrs.getvalue(), mine
+        # the metadata changes' checksum, and this rank's step count above it (_validate)
+        digest = stats_mod.crc(ops.getvalue()) | (self._serial & 0xFFFFFFFF) << 32
+        return digest, attrs.getvalue(), mine
 
     @staticmethod
     def _pack_heads(digest: int, attrs: bytes, mine: RankHead) -> bytes:
         """This rank's heads as the bytes other ranks decode (:meth:`_unpack_heads`)."""
         e = Encoder()
-        e.u32(digest)
+        e.u64(digest)
         e.blob(attrs)
         e.u32(len(mine.did))
         e.u32(mine.start.shape[1])
@@ -991,7 +1005,7 @@ class BlockEngine(Engine):
         """Rank *r*'s heads from its bytes; FormatError or CollectiveMismatchError if they
         cannot be this step's."""
         d = Decoder(raw, f"step heads from rank {r}")
-        digest = d.u32()
+        digest = d.u64()
         attrs = d.blob()
         n = d.count(34, name="blocks")
         width = d.u32()
@@ -1038,7 +1052,18 @@ class BlockEngine(Engine):
         return heads
 
     def _validate(self, heads: StepHeads, step: int) -> None:
-        digests = heads.digests
+        serials = [dg >> 32 for dg in heads.digests]
+        if step >= 0 and any(s != serials[0] for s in serials):  # (a step's commit)
+            # not counted alike again: the ranks' programs are a step apart from here on, and
+            # every later commit would pair one rank's step k with another's k + 1
+            ahead = [r for r, s in enumerate(serials) if s != min(serials)]
+            raise StepError(
+                f"ranks {ahead} have opened more steps than rank {serials.index(min(serials))} "
+                f"(steps opened by each rank: {serials}): a step was ended on some ranks and "
+                "discarded on others (an error inside `with f.step()` on one rank), so this "
+                "commit would mix their steps; nothing of it is committed"
+            )
+        digests = [dg & 0xFFFFFFFF for dg in heads.digests]
         bad = [r for r, dg in enumerate(digests) if dg != digests[0]]
         if bad:
             raise CollectiveMismatchError(
@@ -1595,7 +1620,7 @@ class BlockEngine(Engine):
     def _commit_close(self) -> None:
         """Collective (writers): commit the step left open on any rank and pending metadata, then the close record."""
         if comm_mod.agree(self.comm, None, flag=int(self._in_step)):
-            self._in_step = True
+            self._join_step()
             self._commit(KIND_STEP)
         if comm_mod.allreduce_int(self.comm, int(bool(self._pending_ops)), "max"):
             self._commit(KIND_META)
