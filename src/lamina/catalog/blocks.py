@@ -283,6 +283,10 @@ _BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64, 16: np.uint64}
 _I8, _U8, _U4, _U1, _F8 = (np.dtype(t) for t in ("<i8", "<u8", "<u4", "u1", "<f8"))
 
 
+#: the slots of a :class:`BlockTable` that hold no column (its dtype, shape and search state)
+_NOT_COLUMNS = frozenset("dtype ndim _order _first _reach _hull _whole _last _disjoint".split())
+
+
 class BlockTable:
     """n blocks of one dataset as columns (see the module docstring).
 
@@ -600,19 +604,7 @@ class BlockTable:
         return sum(
             _held(getattr(self, name))
             for name in self.__slots__
-            if name
-            not in (
-                "dtype",
-                "ndim",
-                "_order",
-                "_first",
-                "_reach",
-                "_hull",
-                "_whole",
-                "_last",
-                "_disjoint",
-            )
-            and getattr(self, name) is not None
+            if name not in _NOT_COLUMNS and getattr(self, name) is not None
         )
 
     def box(self, i: int) -> Box:
