@@ -569,6 +569,41 @@ def test_prefetch_serves_the_next_steps(path):
     assert stats["prefetched_bytes"] > 0
 
 
+def test_dataset_prefetch_reads_a_box_of_a_step_ahead(path):
+    """``ds.prefetch(box, step)`` on a reader opened with io='async': the box is read on the
+    read-ahead thread while the program works, and the later read of that box at that step
+    takes it (a hit, the values of that step); other reads read as usual; the budget bounds
+    what is read ahead; a step the file lacks is a StepError, a file without read-ahead a
+    ConfigError."""
+    _write_steps(path, 4)
+    with lamina.open(path, "r", io="async", max_inflight_bytes=400) as f:
+        ds = f["x"]
+        fetched = []
+        eng = f.engine.stack()[-1]
+        orig = eng.get
+
+        def get(name, box, step, out):
+            fetched.append((threading.current_thread().name, step))
+            orig(name, box, step, out)
+
+        eng.get = get
+        assert ds.prefetch(np.s_[1:3, 2:], step=2)
+        assert ds.prefetch(step=3)  # everything: 192 bytes, 224 with the box above
+        assert not ds.prefetch(step=1)  # past the budget: read when asked for
+        time.sleep(0.2)
+        assert ("lamina-prefetch", 2) in fetched and ("lamina-prefetch", 3) in fetched
+        np.testing.assert_array_equal(ds.read(np.s_[1:3, 2:], step=2), values(2)[1:3, 2:])
+        np.testing.assert_array_equal(f.at(3)["x"][...], values(3))
+        np.testing.assert_array_equal(ds.read(step=1), values(1))  # not read ahead
+        assert f.io_stats["prefetch_hits"] == 2, f.io_stats
+        with pytest.raises(StepError):
+            ds.prefetch(step=9)
+    with lamina.open(path, "r") as f, pytest.raises(ConfigError, match="io='async'"):
+        f["x"].prefetch(step=0)
+    with lamina.open(path + "-w", "w", io="async") as f, pytest.raises(ConfigError):
+        f.create_dataset("x", (4, 6), "f8").prefetch()
+
+
 def test_prefetch_reads_the_second_step_during_the_first(path):
     """The first step's reads are read ahead at the second step at once: by the end of the
     first step's compute the second step's selections are fetched (not when it is handed out)."""

@@ -11,6 +11,7 @@ import numpy as np
 from ..errors import (
     BoundsError,
     CollectiveMismatchError,
+    ConfigError,
     DTypeError,
     RangeError,
     SelectionError,
@@ -235,6 +236,30 @@ class Dataset:
                 self._path, box, step, out, level, None, tolerance
             )
         return out
+
+    def prefetch(self, box: Box | None = None, step: int | None = None) -> bool:
+        """Independent: read *box* (as :meth:`read` takes it; default everything) at *step*
+        (default: this view's step) ahead, on the read-ahead thread of a file opened for
+        reading with ``io='async'``, while the program works; a later read of that box at that
+        step (``ds.read(box, step)``, ``ds[...]``) takes it without waiting for the storage.
+
+        Returns whether it is being read ahead: False when it would exceed the file's
+        ``max_inflight_bytes`` with what is read ahead already (the later read then reads as
+        usual), and for a multiresolution dataset (read by level, not ahead).  ConfigError
+        on a file without read-ahead (docs/background.md); StepError for a step the file
+        does not have.
+        """
+        bg = self._file._background()
+        if bg is None or bg.mode != "r" or not bg.asynchronous:
+            raise ConfigError(
+                f"{self._what()}: prefetch reads ahead on a background thread: open the file "
+                "for reading with io='async' (or $LAMINA_IO=async)"
+            )
+        if Layout.of(self._spec) is not None:
+            return False
+        shape = self._spec.shape
+        box = Box.from_shape(shape) if box is None else self._box(box, shape)
+        return bg.prefetch(self._path, box, self._step if step is None else step)
 
     def _box(self, box, shape: tuple[int, ...]) -> Box:
         """*box* as a :class:`Box`: one already, or a tuple of slices of step 1 (``np.s_[a:b,

@@ -1111,15 +1111,28 @@ class BackgroundLayer(Layer):
         with self.lock:
             self.inner.wait_steps(count, seconds)
 
+    def prefetch(self, name: str, box: Box, step: int | None) -> bool:
+        """Independent (readers): read *box* of *name* at *step* ahead on the read-ahead thread,
+        for a later read of that box at that step; whether it is fetched or being fetched."""
+        if self._prefetch is None:
+            raise ConfigError(
+                f"prefetch reads ahead for a reader of a file opened with io='async' "
+                f"(or $LAMINA_IO=async): {self.path!r} is "
+                + ("written" if self.mode != "r" else "read without read-ahead")
+            )
+        with self.lock:
+            k = self.inner.check_step(step)
+        return self._prefetch.request(name, box, k)
+
     def take_read_ahead(self, name: str, box: Box, step: int | None) -> np.ndarray | None:
-        if self._prefetch is None or self._prefetch.stream is None:
+        if self._prefetch is None or not self._prefetch.serving:
             return None
         with self.lock:
             k = self.inner.check_step(step)
         return self._prefetch.take(name, box, k)
 
     def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
-        if self._prefetch is not None and self._prefetch.stream is not None:
+        if self._prefetch is not None and self._prefetch.serving:
             with self.lock:
                 k = self.inner.check_step(step)
             if self._prefetch.get(name, box, k, out):

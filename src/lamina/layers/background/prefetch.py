@@ -1,4 +1,5 @@
-"""Read-ahead for a reader that streams steps: ``f.iter_steps(prefetch=True)`` under ``io='async'``.
+"""Read-ahead for a reader that streams steps: ``f.iter_steps(prefetch=True)`` under ``io='async'``,
+or that names what it reads next: ``ds.prefetch(box, step)``.
 
 A program that streams a file step by step usually reads the same
 selections at every step.  The :class:`Prefetcher` records the reads made
@@ -79,6 +80,18 @@ class Prefetcher:
             if step < known:
                 for name, box in like:
                     self._schedule((step, name, box))
+
+    def request(self, name: str, box: Box, step: int) -> bool:
+        """Independent: read (*step*, *name*, *box*) ahead now (``ds.prefetch``); whether it is
+        fetched or being fetched (False: over the budget, or not a dataset of this file)."""
+        self._schedule((step, name, box))
+        with self.cond:
+            return (step, name, box) in self.cache
+
+    @property
+    def serving(self) -> bool:
+        """Whether reads should look here: a stream is read ahead, or fetches were asked for."""
+        return self.stream is not None or bool(self.cache)
 
     def get(self, name: str, box: Box, step: int, out: np.ndarray) -> bool:
         """Independent: fill *out* from a fetch of (*step*, *name*, *box*) if there is one; True if so."""
