@@ -190,6 +190,50 @@ def test_a_large_block_lent_is_read_only_until_its_step_ends(path, io, monkeypat
         assert float(r.at(0)["x"][0, 0]) == 0.0 and float(r.at(1)["x"][0, 0]) == 1.0
 
 
+@pytest.mark.parametrize("io", ["sync", "async"])
+def test_an_array_and_views_of_it_lent_in_one_step_are_writeable_afterwards(path, io):
+    """An array and views of it written with copy=False in one step, in either order, large
+    and small: each is read-only while the step is in flight and all are writeable again
+    after it (numpy refuses to thaw a view before its base: the views wait for their base)."""
+    with lamina.open(path, "w", io=io) as f:
+        a = f.create_dataset("a", (64, 4096), "f8")
+        b = f.create_dataset("b", (4096,), "f8")
+        c = f.create_dataset("c", (16, 4096), "f8")
+        base = np.ones((64, 4096))
+        row, part = base[0], base[:16]  # views: 32 KiB (lent), 512 KiB (held)
+        with f.step():
+            c.write(part, offset=(0, 0), copy=False)
+            a.write(base, offset=(0, 0), copy=False)
+            b.write(row, offset=(0,), copy=False)
+            assert not base.flags.writeable
+        f.wait()
+        assert base.flags.writeable and row.flags.writeable and part.flags.writeable
+        base[0, 0] = 5.0
+    with lamina.open(path, "r") as r:
+        assert float(r["a"][0, 0]) == 1.0 and float(r["b"][0]) == 1.0
+
+
+def test_write_blocks_copies_into_the_buffers_of_written_steps(path, monkeypatch):
+    """A step of write_blocks takes its copy's buffer with its share of the budget: a step
+    over half the budget still reuses the buffer of the step before (the pool, trimmed for
+    the budget, let go of it first)."""
+    from lamina.layers.background import step as st
+
+    warm = []
+    take = st.Pool.take
+    monkeypatch.setattr(st.Pool, "take", lambda self, n: (r := take(self, n), warm.append(r[1]))[0])
+    mib = 1 << 20
+    with lamina.open(path, "w", io="async", max_inflight_bytes=3 * mib // 2) as f:
+        ds = f.create_dataset("x", (16, 8192), "f8")
+        a = np.ones((16, 1, 8192))  # 1 MiB
+        corners = np.stack([np.arange(16), np.zeros(16, dtype=np.int64)], axis=1)
+        for _ in range(4):
+            with f.step():
+                ds.write_blocks(a, corners)
+            f.wait()
+    assert warm == [False, True, True, True], warm
+
+
 def test_auto_writes_directly_steps_over_the_budget(path, monkeypatch):
     """io='auto' with steps larger than the budget: each is written directly (a copy of it would
     be refused), none fails, and every decision after the first says sync."""

@@ -415,6 +415,12 @@ def test_tables_found_disjoint_once_for_boxes_alike(monkeypatch):
         table([0, 3, 6]).check_disjoint("t")
     table([0, 4, 8], (4, 4, 4)).check_disjoint("t")  # cells of a grid: counted, not searched
     assert len(calls) == 3 and geometry.find_overlap_arrays is real
+    # the bytes of two 2-D blocks side by side are those of four 1-D blocks that overlap
+    two = BlockTable.build("f8", np.array([[0, 0], [0, 4]]), np.array([[4, 4], [4, 8]]))
+    two.check_disjoint("t")
+    four = BlockTable.build("f8", np.array([[0], [0], [0], [4]]), np.array([[4], [4], [4], [8]]))
+    with pytest.raises(FormatError, match="overlap"):
+        four.check_disjoint("t")
 
 
 @pytest.mark.parametrize("seed", range(40))

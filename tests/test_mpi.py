@@ -282,7 +282,15 @@ def test_failures_reach_every_rank(tmp_path, case, n):
 
 
 @pytest.mark.parametrize(
-    "case", ["attrs-subset", "attrs-conflict", "left-writer", "left-reader", "step-apart"]
+    "case",
+    [
+        "attrs-subset",
+        "attrs-conflict",
+        "left-writer",
+        "left-reader",
+        "step-apart",
+        "step-apart-async",
+    ],
 )
 @pytest.mark.parametrize("n", [2, 3])
 def test_one_ranks_mistake(tmp_path, case, n):

@@ -14,6 +14,9 @@ Usage: misuse.py CASE PATH [AGGREGATORS]
                   others end theirs: every later step's commit raises a StepError on every rank
                   naming the ranks a step ahead, none pairs one rank's step k with another's
                   k + 1, and the file closes with the steps before it
+  step-apart-async  the same under io='async' (the layer drops the step before the engine
+                  began it: the engine is told, Engine.skip_steps): the ranks raise the error
+                  at the background step's next collective point, and no step mixes
 """
 
 import resource
@@ -206,6 +209,31 @@ def step_apart() -> None:
         np.testing.assert_array_equal(g["x"][...], np.arange(size, dtype=float))
 
 
+def step_apart_async() -> None:
+    f = lamina.open(path, "w", durable=False, io="async")
+    x = f.create_dataset("x", (size,))
+    said = []
+    for s in range(5 if rank == 1 else 4):
+        try:
+            with f.step():
+                if rank == 1 and s == 1:
+                    raise ValueError("rank 1 fails in its step")
+                x[rank] = 10 * s + rank
+        except ValueError:
+            assert rank == 1 and s == 1
+        except lamina.LaminaError as e:
+            said.append(str(e))
+    try:
+        f.close()
+    except lamina.LaminaError as e:
+        said.append(str(e))
+    assert said and all("have opened more steps than rank" in t for t in said), said
+    comm.Barrier()
+    with lamina.open(path, comm=MPI.COMM_SELF) as g:
+        assert g.steps == 1, g.steps
+        np.testing.assert_array_equal(g["x"][...], np.arange(size, dtype=float))
+
+
 if case in ("fsize", "eacces"):
     {"fsize": fsize, "eacces": eacces}[case](int(sys.argv[3]))
 else:
@@ -215,6 +243,7 @@ else:
         "left-writer": left_writer,
         "left-reader": left_reader,
         "step-apart": step_apart,
+        "step-apart-async": step_apart_async,
     }[case]()
 comm.Barrier()
 if rank == 0:

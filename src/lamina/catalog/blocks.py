@@ -620,7 +620,8 @@ class BlockTable:
         are those of the last table found disjoint (a step written like the one before)."""
         if self._disjoint or len(self.length) < 2:
             return
-        boxes = (self.start.tobytes(), self.stop.tobytes())  # (n, ndim) each: the shape follows
+        # the corners' shape too: 2 blocks of 2-D corners have the bytes of 4 blocks of 1-D ones
+        boxes = (self.start.shape, self.start.tobytes(), self.stop.tobytes())
         if boxes != _disjoint_last:
             pair = None
             if not _grid_cells_apart(self.start, self.stop):

@@ -262,6 +262,12 @@ class Engine(ABC):
     def discard_step(self) -> None:
         """Independent: drop what this rank put in the current step; nothing committed changes."""
 
+    def skip_steps(self, n: int) -> None:  # noqa: B027 - a no-op unless overridden
+        """Independent: *n* steps this rank began and discarded in a layer above this engine,
+        which never handed them down: counted as the engine counts the steps it opens, so
+        that the step counts the ranks compare at each commit stay true (a step discarded on
+        one rank alone puts the ranks a step apart).  Engines that count none ignore it."""
+
     @property
     @abstractmethod
     def in_step(self) -> bool:

@@ -937,6 +937,9 @@ class BlockEngine(Engine):
         self._join_step()
         self._commit(KIND_STEP)
 
+    def skip_steps(self, n: int) -> None:
+        self._serial += n
+
     def _join_step(self) -> None:
         """A step another rank opened: this rank takes part in it (with no blocks of its own)."""
         if not self._in_step:
@@ -1389,7 +1392,7 @@ class BlockEngine(Engine):
         self._log.clear()
         self._local.clear()
         self._lent.thaw()
-        self._lent.release()
+        self._lent.release()  # after thaw: the lent views of held arrays thaw with them
         self._mr_pending = {}
         self._mr_local.clear()
 

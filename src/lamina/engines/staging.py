@@ -668,6 +668,25 @@ class PutLog:
 _setflags: Callable[[np.ndarray, bool], None] = np.ndarray.setflags  # type: ignore[assignment]
 
 
+def make_writeable(arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """Make *arrays* writeable again (lamina made them read-only), the last made read-only
+    first; the ones numpy refuses (a view whose base is still read-only) are tried again
+    once the others are thawed.  Returns those it could not thaw at all (a base made
+    read-only by something else keeps its views so, as numpy wants)."""
+    left = arrays[::-1]
+    while left:
+        refused = []
+        for a in left:
+            try:
+                _setflags(a, True)
+            except ValueError:
+                refused.append(a)
+        if len(refused) == len(left):
+            return refused
+        left = refused
+    return []
+
+
 class LentBlocks:
     """Small raw blocks a program lent (``put`` with ``copy=False``), kept until the commit
     enters and stages them with the step's other blocks (``BlockEngine._flush_lent``).
@@ -771,18 +790,18 @@ class LentBlocks:
         self.held.append(arr)
 
     def release(self) -> None:
-        """Make writeable again the arrays :meth:`hold` made read-only (the step ended)."""
+        """Make writeable again the arrays :meth:`hold` made read-only (the step ended), and
+        the lent ones :meth:`thaw` could not thaw while a base of theirs was held."""
         held, self.held = self.held, []
-        for a in held:
-            _setflags(a, True)
+        make_writeable(held)
 
     def thaw(self) -> None:
-        """Make writeable again the arrays :meth:`add` made read-only, and forget every block."""
+        """Make writeable again the arrays :meth:`add` made read-only, and forget every block
+        (a view whose base :meth:`hold` keeps read-only thaws with it, at :meth:`release`)."""
         frozen = self.frozen
         self.specs, self.starts, self.arrays, self.frozen = [], [], [], []
         self.uniform, self._spec = True, None
-        for a in frozen:
-            _setflags(a, True)
+        self.held.extend(make_writeable(frozen)[::-1])
 
 
 def _one_after_another(runs: list[list[int]]) -> bool:

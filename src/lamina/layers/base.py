@@ -150,6 +150,9 @@ class Layer(Engine):
     def discard_step(self) -> None:
         self.inner.discard_step()
 
+    def skip_steps(self, n: int) -> None:
+        self.inner.skip_steps(n)
+
     @property
     def in_step(self) -> bool:
         return self.inner.in_step

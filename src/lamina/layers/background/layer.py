@@ -191,6 +191,9 @@ class BackgroundLayer(Layer):
         self._last_sizes: list[int] | None = None  # the copies of the last step submitted
         self._spare_core = False  # this rank has a core of its own beside the program's
         self._rank = 0
+        # steps dropped here (discarded, never handed to the engine) since the last one handed
+        # down: the engine counts them as it counts the steps it opens (Engine.skip_steps)
+        self._dropped = 0
 
     # -- lifetime -------------------------------------------------------------
     def configure(self, options: dict[str, Any]) -> None:
@@ -289,6 +292,7 @@ class BackgroundLayer(Layer):
             with self.lock:
                 # a step left open is committed by close, as without the layer
                 step, self._step = self._step, None
+                self.inner.skip_steps(self._take_dropped())
                 g = comm_mod.Guard()
                 with g:
                     if step is not None:
@@ -512,6 +516,7 @@ class BackgroundLayer(Layer):
             t0 = time.perf_counter()
             self.wait()  # collective, as begin_step is: every rank goes direct alike
             with self.lock:
+                self.inner.skip_steps(self._take_dropped())
                 self.inner.begin_step()
             took = time.perf_counter() - t0
             self._in_calls += took
@@ -672,7 +677,11 @@ class BackgroundLayer(Layer):
         nbytes = 0 if keep else total
         index = enter_boxes(step.boxes, spec, batch.starts, batch.stops, self._next)
         try:
-            self._reserve(step, nbytes, lambda: f"{n} blocks of dataset {spec.path!r}")
+            # the buffer taken with the budget, under one lock (trimming the pool for the budget
+            # would otherwise let go of the very buffer the copy below takes)
+            got = self._reserve(
+                step, nbytes, lambda: f"{n} blocks of dataset {spec.path!r}", take=not private
+            )
         except BaseException:
             for _ in range(n):
                 index.pop()
@@ -683,9 +692,9 @@ class BackgroundLayer(Layer):
                 lent = [batch.arrays] if isinstance(batch.arrays, np.ndarray) else batch.arrays
                 for a in lent:
                     self._frozen.freeze(step, a)
-        elif not private:
+        elif got is not None:
+            raw, warm = got
             with self._cond:
-                raw, warm = self._pool.take(total)
                 made = self._pool.made_seconds
             t0 = time.perf_counter()
             if isinstance(batch.arrays, np.ndarray):
@@ -730,6 +739,14 @@ class BackgroundLayer(Layer):
         step, self._step = self._step, None
         if step is not None:
             self._release(step)
+            with self._cond:
+                self._dropped += 1
+
+    def _take_dropped(self) -> int:
+        """The steps dropped here since the last one handed down (they go with the next)."""
+        with self._cond:
+            n, self._dropped = self._dropped, 0
+        return n
 
     def end_step(self) -> None:
         if not self.active:
@@ -762,7 +779,11 @@ class BackgroundLayer(Layer):
                     self.model.add_copy(*sample)
         step.index = self._next
         self._next += 1
-        background = self._decide(step.data_bytes, step.index, t_call, step) if self.auto else True
+        background = (
+            self._decide(step.data_bytes, step.index, t_call, step, copied=step.nbytes)
+            if self.auto
+            else True
+        )
         self._next_direct = not background  # the next step the same way, without the copies
         sizes = [raw.nbytes for raw in step.copies]
         self._submit(step)
@@ -804,7 +825,9 @@ class BackgroundLayer(Layer):
         with self._cond:
             self._sample_io(nbytes, io, waited=True)
         # the step is written (sync); what the model says for its size decides the next one
-        agreed = self._decide(nbytes, index, t_call, None, done="sync")
+        agreed = self._decide(
+            nbytes, index, t_call, None, done="sync", copied=sum(self._direct_sizes)
+        )
         self._next_direct = not agreed
         with self._cond:
             if self._decision is not None:
@@ -824,18 +847,26 @@ class BackgroundLayer(Layer):
             self._measured = True
 
     def _decide(
-        self, nbytes: int, index: int, now: float, step: Step | None, done: str | None = None
+        self,
+        nbytes: int,
+        index: int,
+        now: float,
+        step: Step | None,
+        done: str | None = None,
+        copied: int = 0,
     ) -> bool:
         """Collective: whether a step of *nbytes* per rank goes to the background (every rank
-        alike: all must predict it pays).  *done*: the mode step *index* was written in
-        already (a step written directly), recorded instead of the one decided."""
+        alike: all must predict it pays, and a step like this one, *copied* bytes of copies a
+        rank, must fit the budget).  *done*: the mode step *index* was written in already (a
+        step written directly), recorded instead of the one decided."""
         assert self.model is not None
         size = self.inner.comm.size
         with self._cond:  # the background thread adds samples under it
             pred: Prediction = self.model.predict(max(nbytes, 1) * size, size)
         # the next step copied only if one like this one fits the budget: else it is written
-        # directly (in the background it would be refused at the put that overflows)
-        fits = nbytes <= self.budget
+        # directly (in the background it would be refused at the put that overflows); what
+        # it lent (copy=False) is kept by reference, outside the budget
+        fits = copied <= self.budget
         agreed = comm_mod.allreduce_int(self._own(), int(pred.mode == "async" and fits), "min")
         mode = done or ("async" if agreed else "sync")
         d: dict[str, Any] = {"step": index, **pred.as_dict()}
@@ -910,6 +941,7 @@ class BackgroundLayer(Layer):
             self._thread.start()
 
     def _submit(self, step: Step) -> None:
+        step.skipped = self._take_dropped()
         with self._cond:
             self._start()
             self._queue.append(step)
@@ -1015,6 +1047,7 @@ class BackgroundLayer(Layer):
 
     def _cancel(self, step: Step) -> None:
         """A queued step that will not be written (under ``_cond``)."""
+        self._dropped += step.skipped  # still to be counted, with the next step handed down
         self.stats.steps_cancelled += 1
         self.stats.inflight_bytes -= step.nbytes
         self._frozen.thaw(step)
@@ -1022,6 +1055,9 @@ class BackgroundLayer(Layer):
 
     def _replay(self, step: Step) -> None:
         """The step's calls on the inner stack (the puts of one rank fail together, see _run)."""
+        if step.skipped:
+            self.inner.skip_steps(step.skipped)
+            step.skipped = 0
         if step.explicit or not step.ops:
             # an implicit step is opened by its first write; one whose writes were all refused
             # or empty (they open the step without the layer too) is opened here

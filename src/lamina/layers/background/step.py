@@ -12,7 +12,7 @@ import numpy as np
 
 from ...catalog import DatasetSpec
 from ...engines.batch import check_dtype
-from ...engines.staging import BoxIndex
+from ...engines.staging import BoxIndex, make_writeable
 from ...errors import (
     RemoteError,
     ShapeError,
@@ -45,6 +45,8 @@ class Step:
     fresh_copied: int = 0
     fresh_seconds: float = 0.0
     decision: dict[str, Any] | None = None  # io='auto': the prediction made for it, and the outcome
+    # steps this rank dropped before this one without handing them down (Engine.skip_steps)
+    skipped: int = 0
 
     def count_copy(self, nbytes: int, seconds: float, warm: bool) -> None:
         """A copy at put of *nbytes* that took *seconds*, into a reused buffer if *warm*."""
@@ -368,6 +370,7 @@ class Frozen:
 
     def thaw(self, step: Step) -> None:
         """*step* is done: its arrays thaw (those no other step holds); its copies and calls go."""
+        thawed = []
         for arr in step.frozen:
             entry = self.entries.get(id(arr))
             if entry is None:
@@ -376,7 +379,8 @@ class Frozen:
             if entry[1] == 0:
                 del self.entries[id(arr)]
                 if entry[2]:
-                    arr.flags.writeable = True
+                    thawed.append(arr)
+        make_writeable(thawed)  # (a view after its base, whatever the order they came in)
         step.frozen.clear()
         step.ops.clear()
         step.nbytes = 0
