@@ -642,6 +642,12 @@ def test_dataset_prefetch_reads_a_box_of_a_step_ahead(path):
         assert f.io_stats["prefetch_hits"] == 2, f.io_stats
         with pytest.raises(StepError):
             ds.prefetch(step=9)
+        # asked for and never read: a request for step k lets go of those before step k - 1
+        assert ds.prefetch(step=0) and ds.prefetch(step=1)  # 384 bytes held
+        assert not ds.prefetch(np.s_[0:1, :], step=1)  # 48 more: over the budget
+        assert ds.prefetch(step=3)  # steps 0 and 1 give way
+        np.testing.assert_array_equal(ds.read(step=3), values(3))
+        assert f.io_stats["prefetch_hits"] == 3, f.io_stats
     with lamina.open(path, "r") as f, pytest.raises(ConfigError, match="io='async'"):
         f["x"].prefetch(step=0)
     with lamina.open(path + "-w", "w", io="async") as f, pytest.raises(ConfigError):

@@ -582,7 +582,7 @@ def test_write_corners_must_be_integers(writer):
         for copy in (True, False):
             with pytest.raises(SelectionError, match=re.escape(text)):
                 c.write(np.full(2, 7, "i4"), offset=offset, copy=copy)
-    c.write(np.full(2, 7, "i4"), offset=(np.int64(2),))
+    c.write(np.full(2, 7, "i4"), offset=(np.array(2),))  # as numpy indexes: 0-D arrays too
     c.write(np.full(2, 8, "i4"), offset=np.array([6]))
     with pytest.raises(DTypeError, match="block offsets must be integers"):
         c.write_blocks(np.zeros((2, 1), "i4"), np.array([[4.0], [5.0]]))
@@ -606,6 +606,7 @@ def test_steps_must_be_integers(writer, engine):
     with pytest.raises(StepError, match="a step is an integer"):
         writer["fields/count"].read(step=0.5)
     assert writer.at(np.int64(1)).index == 1 and writer.at(-1).index == 1
+    assert writer.at(np.array(1)).index == 1  # a 0-D array of an integer, as numpy indexes
     continue_ok(writer)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-import numbers
+import operator
 from collections.abc import Sequence
 
 import numpy as np
@@ -476,11 +476,14 @@ class Dataset:
             )
         out = []
         for v in offset:
-            if isinstance(v, bool | np.bool_) or not isinstance(v, numbers.Integral):
+            try:
+                if isinstance(v, bool | np.bool_):
+                    raise TypeError
+                out.append(operator.index(v))  # ints, numpy integers and their 0-D arrays
+            except TypeError:
                 raise SelectionError(
                     f"{self._what()}: offset {tuple(offset)!r} holds {v!r}, not an integer"
-                )
-            out.append(int(v))
+                ) from None
         return tuple(out)
 
     def write_blocks(self, blocks, offsets, copy: bool = True) -> None:

@@ -18,7 +18,6 @@ This module imports no engine: the built-in ones register themselves in
 
 from __future__ import annotations
 
-import numbers
 import operator
 import time
 from abc import ABC, abstractmethod
@@ -38,9 +37,12 @@ def step_number(step: Any) -> int:
     """*step* (an int or a numpy integer; negative counts from the end) as an int;
     StepError for anything else: a float, a string or a bool is not rounded, parsed or
     taken as 0 and 1 (``int(-0.5)`` would read step 0, not the last)."""
-    if isinstance(step, bool | np.bool_) or not isinstance(step, numbers.Integral):
-        raise StepError(f"a step is an integer (negative counts from the end), not {step!r}")
-    return int(step)
+    if not isinstance(step, bool | np.bool_):
+        try:
+            return operator.index(step)  # ints, numpy integers and their 0-D arrays
+        except TypeError:
+            pass
+    raise StepError(f"a step is an integer (negative counts from the end), not {step!r}")
 
 
 if TYPE_CHECKING:

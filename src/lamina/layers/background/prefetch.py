@@ -83,10 +83,18 @@ class Prefetcher:
 
     def request(self, name: str, box: Box, step: int) -> bool:
         """Independent: read (*step*, *name*, *box*) ahead now (``ds.prefetch``); whether it is
-        fetched or being fetched (False: over the budget, or not a dataset of this file)."""
-        self._schedule((step, name, box))
+        fetched or being fetched (False: over the budget with what is fetched already, an
+        empty box, or not a dataset of this file).  Fetches of steps before *step* - 1 that
+        were never read go first: a program that reads step k and asks for step k + 1 has
+        moved past them, and boxes it asked for and did not read do not keep the budget
+        from later ones."""
+        key = (step, name, box)
         with self.cond:
-            return (step, name, box) in self.cache
+            for old in [k for k in self.cache if k[0] < step - 1]:
+                self._drop(old)
+        self._schedule(key)
+        with self.cond:
+            return key in self.cache
 
     @property
     def serving(self) -> bool:
@@ -144,13 +152,17 @@ class Prefetcher:
                 self._drop(key)
 
     # -- the thread's side --------------------------------------------------------
-    def _schedule(self, key: tuple[int, str, Box]) -> None:
-        step, name, box = key
+    def _nbytes(self, name: str, box: Box) -> int:
+        """Bytes of *box* of dataset *name* (0: no such dataset)."""
         try:
             spec = self.inner.catalog.datasets.get(normpath(name))
         except ValueError:
             spec = None
-        nbytes = box.size * spec.dtype.itemsize if spec is not None else 0
+        return box.size * spec.dtype.itemsize if spec is not None else 0
+
+    def _schedule(self, key: tuple[int, str, Box]) -> None:
+        step, name, box = key
+        nbytes = self._nbytes(name, box)
         with self.cond:
             if self.stopping or key in self.cache or not nbytes:
                 return
