@@ -1055,6 +1055,8 @@ class BlockEngine(Engine):
         return heads
 
     def _validate(self, heads: StepHeads, step: int) -> None:
+        if self.size == 1:
+            return  # one rank's boxes were tested against each other at put
         serials = [dg >> 32 for dg in heads.digests]
         if step >= 0 and any(s != serials[0] for s in serials):  # (a step's commit)
             # not counted alike again: the ranks' programs are a step apart from here on, and
@@ -1073,8 +1075,6 @@ class BlockEngine(Engine):
                 f"ranks {bad} made different metadata changes (create_dataset/create_group/attrs) "
                 "than rank 0 before this commit; collective calls need the same arguments on every rank"
             )
-        if self.size == 1:
-            return  # one rank's boxes were tested against each other at put
         rows = [h.by_dataset() for h in heads.ranks]
         for did in sorted(set().union(*rows)):
             parts = [(r, sel[did]) for r, sel in enumerate(rows) if did in sel]
@@ -1392,7 +1392,8 @@ class BlockEngine(Engine):
         self._log.clear()
         self._local.clear()
         self._lent.thaw()
-        self._lent.release()  # after thaw: the lent views of held arrays thaw with them
+        if self._lent.held:  # after thaw: the lent views of held arrays thaw with them
+            self._lent.release()
         self._mr_pending = {}
         self._mr_local.clear()
 

@@ -674,17 +674,16 @@ def make_writeable(arrays: list[np.ndarray]) -> list[np.ndarray]:
     once the others are thawed.  Returns those it could not thaw at all (a base made
     read-only by something else keeps its views so, as numpy wants)."""
     left = arrays[::-1]
-    while left:
+    while True:
         refused = []
         for a in left:
             try:
                 _setflags(a, True)
             except ValueError:
                 refused.append(a)
-        if len(refused) == len(left):
+        if not refused or len(refused) == len(left):
             return refused
         left = refused
-    return []
 
 
 class LentBlocks:
@@ -801,7 +800,8 @@ class LentBlocks:
         frozen = self.frozen
         self.specs, self.starts, self.arrays, self.frozen = [], [], [], []
         self.uniform, self._spec = True, None
-        self.held.extend(make_writeable(frozen)[::-1])
+        if frozen:
+            self.held.extend(make_writeable(frozen)[::-1])
 
 
 def _one_after_another(runs: list[list[int]]) -> bool:
