@@ -1630,6 +1630,33 @@ def test_steps_of_many_one_block_datasets_round_trip(tmp_path):
                 assert st_.stats is not None and st_.stats.count >= 1
 
 
+def test_a_reader_of_every_variable_decodes_the_next_steps_sections_together(tmp_path):
+    """A reader that took several one-block tables of a step decodes the next step's one-block
+    sections together from its first read (the first table of the first step is decoded
+    alone, as a reader of one variable a step has it); a reader of one variable a step
+    keeps decoding that one alone, and the values are the same either way."""
+    import lamina
+
+    path = str(tmp_path / "vars.lam")
+    with lamina.open(path, "w", durable=False) as f:
+        dss = [f.create_dataset(f"v{i}", shape=(5,), dtype="f8") for i in range(6)]
+        for s in range(3):
+            with f.step():
+                for i, ds in enumerate(dss):
+                    ds.write(np.full(5, 10.0 * s + i), copy=False)
+    with lamina.open(path) as r:
+        steps = r.engine.stack()[-1].catalog.steps
+        for s in range(3):
+            for i in range(6):
+                np.testing.assert_array_equal(r[f"v{i}"].read(step=s), np.full(5, 10.0 * s + i))
+        assert [b.taken for b in steps] == [5, 6, 6]
+    with lamina.open(path) as r:
+        steps = r.engine.stack()[-1].catalog.steps
+        for s in range(3):
+            np.testing.assert_array_equal(r["v2"].read(step=s), np.full(5, 10.0 * s + 2))
+        assert [b.taken for b in steps] == [0, 0, 0] and all(len(b._tables) == 1 for b in steps)
+
+
 _STEP_DTYPES = ("f4", "f8", "i2", "i8", "u1", "?", "c8", "c16")
 
 

@@ -1657,7 +1657,7 @@ class StepBlocks:
     step and the dataset, when it is first used.
     """
 
-    __slots__ = ("sections", "extents", "_load", "_tables", "what", "version", "_ones")
+    __slots__ = ("sections", "extents", "_load", "_tables", "what", "version", "_ones", "taken")
 
     def __init__(
         self,
@@ -1677,6 +1677,7 @@ class StepBlocks:
         # one-block sections decoded together (_decode_ones): dataset -> (columns, row); None
         # until then
         self._ones: dict[int, tuple[_OnesColumns, int]] | None = None
+        self.taken = 0  # tables made from those decoded together
 
     @classmethod
     def of_tables(cls, tables: dict[int, BlockTable], what: str = "step") -> StepBlocks:
@@ -1696,14 +1697,17 @@ class StepBlocks:
     def loaded(self, dataset: int) -> bool:
         return dataset in self._tables
 
-    def table(self, spec: DatasetSpec, specs: Sequence[DatasetSpec] | None = None) -> BlockTable:
+    def table(
+        self, spec: DatasetSpec, specs: Sequence[DatasetSpec] | None = None, eager: bool = False
+    ) -> BlockTable:
         """The blocks of dataset *spec* in this step (an empty table if it has none).
 
         With *specs* (every dataset, by id), the second one-block dataset of a
         step of many asked for decodes all the step's one-block sections at
         once (:meth:`_decode_ones`): a reader of every variable of a step
         pays one load and one set of checks for them, a reader of one
-        variable a step pays nothing more.
+        variable a step pays nothing more.  With *eager* (the reader took
+        several such tables of the step it read before) the first one does.
         """
         t = self._tables.get(spec.id) if spec.id >= 0 else None
         if t is not None:
@@ -1714,7 +1718,7 @@ class StepBlocks:
         if (
             self._ones is None
             and specs is not None
-            and self._tables
+            and (self._tables or eager)
             and self._load is not None
             and sec.nblocks == 1
             and len(self.sections) >= ONES_MIN
@@ -1723,6 +1727,7 @@ class StepBlocks:
         got = self._ones.pop(spec.id, None) if self._ones else None
         if got is not None:
             t = self._tables[spec.id] = got[0].table(got[1], spec.dtype)
+            self.taken += 1
             return t
         if self._load is None:
             raise FormatError(f"{self.what}: the blocks of dataset {spec.path!r} are not available")

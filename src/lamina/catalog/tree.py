@@ -42,6 +42,10 @@ class Catalog:
         self.closed = False
         self.last_session = -1
         self.nrecords = 0
+        # the step a reader asked tables of last, and whether it took several one-block tables
+        # of the step before (then a step's one-block sections are decoded together at once)
+        self._reading: StepBlocks | None = None
+        self._together = False
 
     # -- queries --------------------------------------------------------
     def kind_of(self, path: str) -> str | None:
@@ -65,7 +69,11 @@ class Catalog:
 
     def table(self, dataset_id: int, step: int) -> BlockTable:
         """The blocks of a dataset at *step* as columns (decoded on first use)."""
-        return self.steps[step].table(self.specs[dataset_id], self.specs)
+        sb = self.steps[step]
+        if sb is not self._reading:  # a reader of every variable a step reads them all again
+            self._together = self._reading is not None and self._reading.taken >= 2
+            self._reading = sb
+        return sb.table(self.specs[dataset_id], self.specs, self._together)
 
     def blocks(self, dataset_id: int, step: int) -> list[BlockRecord]:
         """The blocks of a dataset at *step* as :class:`BlockRecord` objects (built on each call)."""
