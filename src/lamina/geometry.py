@@ -15,6 +15,7 @@ import operator
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from types import EllipsisType
+from typing import Any
 
 import numpy as np
 
@@ -176,6 +177,15 @@ def box_of(offset: tuple[int, ...], shape: tuple[int, ...]) -> Box:
     _set_start(box, offset)
     _set_stop(box, stop)
     return box
+
+
+def as_int(v: Any) -> int:
+    """*v* as an int if it is an integer as numpy takes one for an index (Python's, numpy's,
+    or a 0-D array of one); TypeError for anything else: a float, a string or a bool is
+    not rounded, parsed or taken as 0 and 1.  The rule of shapes, corners and steps."""
+    if isinstance(v, bool | np.bool_):
+        raise TypeError(f"{v!r} is a bool, not an integer")
+    return operator.index(v)
 
 
 def fits(start: tuple, shape: tuple[int, ...], extent: tuple[int, ...]) -> bool:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Sequence
 
 import numpy as np
@@ -18,7 +17,7 @@ from ..errors import (
     ShapeError,
     mark_collective,
 )
-from ..geometry import Box, box_of
+from ..geometry import Box, as_int, box_of
 from ..layouts import read as layout_read
 from ..layouts.spec import Layout, Multires
 from ..selection import parse
@@ -477,9 +476,7 @@ class Dataset:
         out = []
         for v in offset:
             try:
-                if isinstance(v, bool | np.bool_):
-                    raise TypeError
-                out.append(operator.index(v))  # ints, numpy integers and their 0-D arrays
+                out.append(as_int(v))
             except TypeError:
                 raise SelectionError(
                     f"{self._what()}: offset {tuple(offset)!r} holds {v!r}, not an integer"

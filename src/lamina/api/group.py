@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -12,6 +11,7 @@ import numpy as np
 from .. import codecs as codec_mod
 from ..catalog import DatasetSpec, check_dtype, normpath
 from ..errors import DTypeError, NotFoundError, ShapeError, suggest
+from ..geometry import as_int
 from ..layouts.spec import Multires
 from .attrs import Attributes
 
@@ -200,15 +200,11 @@ def _shape(shape, name: str) -> tuple[int, ...]:
     out = []
     for n in dims:
         try:
-            v = operator.index(n)  # ints and numpy ints; never floats, never bools rounded
+            v = as_int(n)
         except TypeError:
             raise ShapeError(
                 f"dataset {name!r}: shape {tuple(dims)!r} has a dimension {n!r} that is not an integer"
             ) from None
-        if isinstance(n, bool | np.bool_):
-            raise ShapeError(
-                f"dataset {name!r}: shape {tuple(dims)!r} has a dimension {n!r} that is not an integer"
-            )
         if v < 0:
             raise ShapeError(f"dataset {name!r}: shape {tuple(dims)!r} has a negative dimension")
         out.append(v)

@@ -30,19 +30,19 @@ import numpy as np
 
 from ..catalog import BlockCodec, BlockRecord, BlockTable, Catalog, DatasetSpec, Stats
 from ..errors import StepError
-from ..geometry import Box
+from ..geometry import Box, as_int
 
 
 def step_number(step: Any) -> int:
     """*step* (an int or a numpy integer; negative counts from the end) as an int;
     StepError for anything else: a float, a string or a bool is not rounded, parsed or
     taken as 0 and 1 (``int(-0.5)`` would read step 0, not the last)."""
-    if not isinstance(step, bool | np.bool_):
-        try:
-            return operator.index(step)  # ints, numpy integers and their 0-D arrays
-        except TypeError:
-            pass
-    raise StepError(f"a step is an integer (negative counts from the end), not {step!r}")
+    try:
+        return as_int(step)
+    except TypeError:
+        raise StepError(
+            f"a step is an integer (negative counts from the end), not {step!r}"
+        ) from None
 
 
 if TYPE_CHECKING:
