@@ -186,6 +186,28 @@ def test_read_takes_a_box_or_slices_and_names_anything_else(writer):
     for bad in ((0, 2), [slice(0, 2), slice(None)], "0:2", 3):
         with pytest.raises(TypeError, match=r"read\(\) of dataset '.*temp' takes a lamina.Box"):
             ds.read(bad)
+
+
+def test_read_into_a_buffer_it_cannot_write_names_the_dataset(writer):
+    """out= must be a writeable numpy array of the box's shape and the dataset's dtype: anything
+    else is refused before anything is read, naming the dataset (a read-only array used to
+    reach memoryview's BufferError, a list an AttributeError); a strided view is fine."""
+    ds = writer["fields/temp"]
+    whole = ds.read()
+    frozen = np.zeros((2, 6))
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match=r"dataset '.*temp'.*read-only"):
+        ds.read(np.s_[0:2, :], out=frozen)
+    assert not frozen.any()
+    with pytest.raises(TypeError, match=r"dataset '.*temp'.*must be a numpy array, not list"):
+        ds.read(np.s_[0:2, :], out=[[0.0] * 6] * 2)
+    with pytest.raises(ShapeError, match=r"dataset '.*temp'.*output buffer \(2, 6\) float32"):
+        ds.read(np.s_[0:2, :], out=np.zeros((2, 6), np.float32))
+    with pytest.raises(ShapeError, match=r"dataset '.*temp'.*output buffer \(3, 6\)"):
+        ds.read(np.s_[0:2, :], out=np.zeros((3, 6)))
+    strided = np.zeros((4, 6))[::2]
+    assert ds.read(np.s_[0:2, :], out=strided) is strided and np.array_equal(strided, whole[:2])
+    committed_ok(writer)
     committed_ok(writer)
 
 

@@ -150,6 +150,14 @@ def main() -> None:
         expect_everywhere(
             comm, lambda: a.read(bad, step=0, collective=True), BoundsError, "a box outside"
         )
+        frozen = np.zeros(A)
+        frozen.flags.writeable = r != n - 1  # read-only on one rank
+        expect_everywhere(
+            comm,
+            lambda: a.read(None, step=0, out=frozen, collective=True),
+            ValueError,
+            "a read-only out on one rank",
+        )
         # the file is still usable collectively afterwards
         check_equal(a.read(None, step=1, collective=True), value_a(Box.from_shape(A), 1), "after")
     comm.Barrier()

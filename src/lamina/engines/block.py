@@ -102,6 +102,7 @@ from ..errors import (
     BoundsError,
     CollectiveMismatchError,
     ConfigError,
+    DTypeError,
     ExistsError,
     FormatError,
     ModeError,
@@ -311,6 +312,23 @@ def fill_uncovered(spec: DatasetSpec, box: Box, lo: np.ndarray, hi: np.ndarray, 
     covered = int(rows_prod(hi - lo).sum()) if len(lo) else 0
     if covered < box.size:
         out[...] = spec.fill_scalar()
+
+
+def _check_out(out, box: Box, spec: DatasetSpec) -> None:
+    """*out*, the buffer a read of *box* of *spec* fills: a writeable numpy array (any strides)
+    of the box's shape and the dataset's dtype, else an error naming the dataset (DTypeError,
+    ValueError for a read-only array, ShapeError), before anything is read."""
+    what = f"dataset {spec.path!r}"
+    if not isinstance(out, np.ndarray):
+        raise DTypeError(
+            f"{what}: the output buffer must be a numpy array, not {type(out).__name__}"
+        )
+    if out.shape != box.shape or out.dtype != spec.dtype:
+        raise ShapeError(
+            f"{what}: output buffer {out.shape} {out.dtype} does not match box {box} of {spec.dtype}"
+        )
+    if not out.flags.writeable:
+        raise ValueError(f"{what}: output buffer {out.shape} {out.dtype} is read-only")
 
 
 def refuse_stats_only(spec: DatasetSpec, t: BlockTable, rows: np.ndarray, step: int) -> None:
@@ -1456,10 +1474,7 @@ class BlockEngine(Engine):
         spec = self.lookup(name)
         box.check_inside(spec.shape, f"dataset {spec.path!r}")
         step = self.check_step(step)
-        if out.shape != box.shape or out.dtype != spec.dtype:
-            raise ShapeError(
-                f"output buffer {out.shape} {out.dtype} does not match box {box} of {spec.dtype}"
-            )
+        _check_out(out, box, spec)
         return spec, step
 
     def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
@@ -1561,10 +1576,7 @@ class BlockEngine(Engine):
             return 0
         level = layout.check_level(level, spec.path)
         layout_read.check_box(spec, layout, box, level)
-        if out.shape != box.shape or out.dtype != spec.dtype:
-            raise ShapeError(
-                f"output buffer {out.shape} {out.dtype} does not match box {box} of {spec.dtype}"
-            )
+        _check_out(out, box, spec)
         return layout_read.read(self, spec, layout, box, step, level, out, cache, tolerance)
 
     def payload(self, spec: DatasetSpec, t: BlockTable, row: int) -> np.ndarray:
