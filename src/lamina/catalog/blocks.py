@@ -1482,7 +1482,21 @@ def _encode_sections(
     first_ncrc = st.ncrc[bounds[:-1]].tolist() if grouped else []
     kinds: dict[np.dtype, tuple] = {}
     ones: dict[tuple, list[int]] = {}  # layout -> sections of one block of that layout
-    for k in range(len(st.dids) if grouped else 0):
+    n = len(st.dids)
+    if (
+        grouped
+        and bounds[-1] == n  # a block each
+        and not any(squeeze)
+        and ndims.count(ndims[0]) == n
+        and dtypes.count(dtypes[0]) == n
+        and amax.count(amax[0]) == n
+        and first_ncrc.count(first_ncrc[0]) == n
+    ):  # every section of one layout (a simulation's variables): one group, found without a loop
+        ones[(ndims[0], stat_dtype(dtypes[0]), sum_dtype(dtypes[0]), first_ncrc[0], amax[0])] = (
+            list(range(n))
+        )
+        grouped = False
+    for k in range(n if grouped else 0):
         if bounds[k + 1] - bounds[k] != 1 or squeeze[k]:
             continue
         dt = dtypes[k]

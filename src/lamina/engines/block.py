@@ -757,6 +757,22 @@ class BlockEngine(Engine):
         """Enter and stage the blocks *lent*, by dataset and block shape."""
         groups = lent.groups()
         lent_of: collections.Counter[int] = collections.Counter()
+        if len(groups) == len(lent) and len({spec.id for spec, _, _ in groups}) == len(groups):
+            # a block each of as many datasets (a simulation's variables): each the only lent
+            # block of its dataset, staged in order with one copy per chunk
+            if self._local:  # datasets that have put blocks too: their lent ones are checked
+                step = len(self.catalog.steps)
+                for spec, corners, arrays in groups:
+                    if spec.id in self._local:
+                        enter_box(
+                            self._local,
+                            spec,
+                            box_of(corners[0], arrays[0].shape),
+                            step,
+                            lent_by=self.rank,
+                        )
+            self._stage_alone([(spec, c[0], a[0]) for spec, c, a in groups])
+            return
         if len(groups) > 1:  # lent blocks per dataset, where several groups may share one
             for spec, _, arrays in groups:
                 lent_of[spec.id] += len(arrays)

@@ -276,8 +276,15 @@ class PutLog:
         self.chunk.extend([c] * n)
         self.coff.extend(c.add_each(row, arrays, sizes))
         self.job.extend([None] * n)
+        rows_of, starts_of, stops_of = self.rows, self.starts, self.stops
         for did, r, a, b in zip(dids, range(row, row + n), starts, stops, strict=True):
-            self._add_box(did, r, a, b)
+            rows = rows_of.get(did)  # _add_box, spelled out: a call less per block
+            if rows is None:
+                rows_of[did], starts_of[did], stops_of[did] = [r], [a], [b]
+            else:
+                rows.append(r)
+                starts_of[did].append(a)
+                stops_of[did].append(b)
 
     def _add_box(self, did: int, row: int, start: tuple[int, ...], stop: tuple[int, ...]) -> None:
         rows = self.rows.get(did)
