@@ -132,12 +132,27 @@ def test_append_in_the_background(path):
         np.testing.assert_array_equal(a, values(k))
 
 
-def test_budget_option_checked(path):
-    for bad in (0, -1, 1.5, "8", True, np.float64(8)):
+@pytest.mark.parametrize("io", ["sync", "async", "auto"])
+def test_budget_option_checked(path, io):
+    """Checked under io='sync' too, where it is ignored: a program that runs both ways
+    (LAMINA_IO) fails alike (sync took any value and async refused it at open)."""
+    for bad in (0, -1, 1.5, "8", True, None, np.float64(8)):
         with pytest.raises(ConfigError, match="max_inflight_bytes must be an int > 0"):
-            lamina.open(path, "w", io="async", max_inflight_bytes=bad)
-    with lamina.open(path, "w", io="async", max_inflight_bytes=np.int64(4096)) as f:
-        assert f.io_stats["max_inflight_bytes"] == 4096  # numpy's integers too
+            lamina.open(path, "w", io=io, max_inflight_bytes=bad)
+    with lamina.open(path, "w", io=io, max_inflight_bytes=np.int64(4096)) as f:
+        if io != "sync":
+            assert f.io_stats["max_inflight_bytes"] == 4096  # numpy's integers too
+
+
+@pytest.mark.parametrize("io", ["sync", "async"])
+def test_wait_and_flush_after_close_behave_alike(path, io):
+    """wait() after close has nothing to wait for, in every mode (async raised); flush()
+    after close says it cannot flush (async said it could not wait)."""
+    f = lamina.open(path, "w", io=io)
+    f.close()
+    f.wait()
+    with pytest.raises(ValueError, match="cannot flush: file .* is closed"):
+        f.flush()
 
 
 @pytest.mark.parametrize("io", ["sync", "async", "auto"])
@@ -726,6 +741,32 @@ def test_one_rank_fails_in_the_background(tmp_path, where):
     """Rank 1's replayed put (or its part of the commit) fails at step 3: both ranks raise it."""
     res = mu.run_mpi(2, "background", "fault", tmp_path / "f.lam", where, timeout=90)
     assert res.stdout.count("RAISED") == 2, res.stdout
+
+
+@needs_mpiexec
+def test_a_step_ended_while_another_fails_is_cancelled_on_every_rank(tmp_path):
+    """Rank 1 queues step 4 before its thread fails step 3, rank 0 only after: both cancel
+    step 4 and say so (rank 0 wrote it and waited forever in its commit), and go on."""
+    res = mu.run_mpi(2, "background", "race", tmp_path / "r.lam", timeout=90)
+    assert "OK raised" in res.stdout and "[4] queued after it were cancelled" in res.stdout
+
+
+@needs_mpiexec
+def test_a_failure_raised_at_a_step_opened_on_one_rank_leaves_the_file_going_on(tmp_path):
+    """The failure is raised by the end_step of a step opened by a put on rank 0 alone: every
+    rank counts that step dropped, so later steps commit (they were refused as a step apart)."""
+    res = mu.run_mpi(2, "background", "implicit", tmp_path / "i.lam", timeout=90)
+    assert "OK" in res.stdout
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_collective_read_is_collective_whatever_was_read_ahead(tmp_path, n):
+    """A box read ahead on rank 0 only, then read collectively by every rank; iter_steps with
+    prefetch and a collective read of a box per rank, only rank 0's small enough to be read
+    ahead: rank 0 took its read-ahead array and left the others in the collective."""
+    res = mu.run_mpi(n, "background", "ahead", tmp_path / "a.lam", timeout=90)
+    assert "OK" in res.stdout
 
 
 @needs_mpiexec

@@ -473,7 +473,13 @@ def wait_quietly(reqs: list) -> None:
             delay = min(2 * delay, QUIET_MAX_SLEEP)
 
 
-def agree(comm: MPI.Comm, exc: BaseException | None, flag: int = 0, quiet: bool = False) -> int:
+def agree(
+    comm: MPI.Comm,
+    exc: BaseException | None,
+    flag: int = 0,
+    quiet: bool = False,
+    seen: list[int] | None = None,
+) -> int:
     """Collective: raise on every rank if any rank failed; else return the largest *flag*.
 
     Each rank passes the exception it caught in the phase just finished (or
@@ -485,12 +491,16 @@ def agree(comm: MPI.Comm, exc: BaseException | None, flag: int = 0, quiet: bool 
 
     With *quiet* it waits with :func:`wait_quietly` (for ranks expected
     to wait long, so that they leave the CPU to the ones still working).
+    *seen*, a list, gets the largest flag appended whether or not a rank
+    failed (a caller that must act alike on every rank after a failure).
 
     Every collective call of an engine communicates first through this
     function, so that a rank that gives up on a file (:func:`leave`) meets
     the others at their next collective call, whichever it is.
     """
     if comm.size == 1:
+        if seen is not None:
+            seen.append(int(flag))
         if exc is not None:
             raise mark_collective(exc)
         return int(flag)
@@ -504,6 +514,8 @@ def agree(comm: MPI.Comm, exc: BaseException | None, flag: int = 0, quiet: bool 
     else:
         req.Wait()
     first = int(out[0])
+    if seen is not None:
+        seen.append(-int(out[1]))
     if first == comm.size:
         return -int(out[1])
     payload = _error_payload(exc, left=False) if comm.rank == first else None

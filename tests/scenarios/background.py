@@ -32,6 +32,27 @@
     their predictions): every rank must write every step the same way (one
     agreed mode per step), and the file reads back.
 
+``background.py race PATH``
+    two ranks; rank 1's replayed put fails in step 3.  Rank 1 hands step 4
+    to its background thread before that thread has failed step 3 (so it
+    is queued when the failure cancels what is queued), rank 0 only once
+    its thread has failed step 3 (queued after the cancelling): both must
+    cancel step 4 (rank 0 wrote it and waited forever in its commit), raise
+    the failure at the next collective call naming step 3, and go on.
+``background.py implicit PATH``
+    two ranks; rank 1's replayed put fails in step 2; rank 0 alone opens
+    the next step with a put (a step opened by a put), and both ranks'
+    ``end_step`` raises the failure.  The file must go on: every rank counts
+    the step dropped there, not only the one that had it open (later steps
+    were refused as "a step apart").
+``background.py ahead PATH``
+    any number of ranks reading with ``io='async'``: rank 0 has a box read
+    ahead (``ds.prefetch``), then every rank reads it collectively; and
+    ``iter_steps(prefetch=True)`` with a collective read of a box per rank,
+    one of them too large to be read ahead.  A collective read is one on
+    every rank (rank 0 took its read-ahead array and left the others in
+    the collective).
+
 Prints ``OK`` on rank 0 when everything held (``RAISED`` on each rank that
 raised the injected error).
 """
@@ -258,8 +279,140 @@ def auto(path: str, steps: int) -> None:
         print(f"OK {modes}", flush=True)
 
 
+def _fail_put_at(native, bad: int) -> None:
+    """*native*'s put raises OSError once, when the step being written is step *bad*."""
+    orig = native.put
+    fired = []
+
+    def put(name, box, arr, copy=True):
+        if len(native.catalog.steps) == bad and not fired:
+            fired.append(True)
+            raise OSError("injected put failure")
+        orig(name, box, arr, copy)
+
+    native.put = put
+
+
+def _until(what: str, ready, seconds: float = 30.0) -> None:
+    t0 = time.monotonic()
+    while not ready():
+        if time.monotonic() - t0 > seconds:
+            raise AssertionError(f"waited {seconds} s for {what}")
+        time.sleep(0.001)
+
+
+def race(path: str) -> None:
+    comm = comm_mod.world()
+    rank, size = comm.rank, comm.size
+    bad = 3
+    f = lamina.open(path, "w", io="async")
+    ds = f.create_dataset("x", (ROWS * size, COLS), "f8")
+    layer = f.engine
+    if rank == 1:
+        _fail_put_at(layer.stack()[-1], bad)
+    submit = layer._submit
+
+    def late(step):  # rank 0: step 4 queued only once its thread has failed step 3
+        if step.index == bad + 1:
+            _until("the failure of step 3", lambda: layer.stats.steps_failed)
+        submit(step)
+
+    if rank == 0:
+        layer._submit = late
+    raised = []
+    for k in range(bad + 4):
+        try:
+            with f.step():
+                ds[rank * ROWS : (rank + 1) * ROWS, :] = block(k, rank)
+        except OSError as e:
+            raised.append((k, str(e)))
+    layer._submit = submit
+    assert len(raised) == 1, raised
+    text = raised[0][1]
+    assert "background step 3 " in text and "rank 1" in text, text
+    assert "cancelled" in text and "4" in text, text
+    f.close()
+    if rank == 0:
+        with lamina.open(path, "r", comm=comm_mod.self_comm()) as r:
+            assert r.steps >= bad + 1, r.steps  # the steps after the failure go on
+            for k in range(bad):
+                np.testing.assert_array_equal(r.at(k)["x"][...], whole(k, size))
+            np.testing.assert_array_equal(r.at(r.steps - 1)["x"][...], whole(bad + 3, size))
+        print(f"OK raised at step {raised[0][0]}: {text}", flush=True)
+
+
+def implicit(path: str) -> None:
+    comm = comm_mod.world()
+    rank, size = comm.rank, comm.size
+    f = lamina.open(path, "w", io="async")
+    ds = f.create_dataset("x", (size, COLS), "f8")
+    layer = f.engine
+    if rank == 1:
+        _fail_put_at(layer.stack()[-1], 2)
+    for k in range(3):
+        with f.step():
+            ds[rank] = block(k, rank)[0]
+    _until("the failure of step 2", lambda: layer.stats.steps_failed)
+    if rank == 0:
+        ds[0] = block(50, 0)[0]  # a step opened by a put, on rank 0 alone
+    try:
+        f.end_step()
+        raise AssertionError("the failure of step 2 was not raised")
+    except OSError as e:
+        assert "background step 2 " in str(e), e
+    assert f.steps == 2, f.steps
+    for k in (3, 4):
+        with f.step():
+            ds[rank] = block(k, rank)[0]
+        f.wait()
+    assert f.steps == 4, f.steps
+    f.close()
+    if rank == 0:
+        with lamina.open(path, "r", comm=comm_mod.self_comm()) as r:
+            want = [0, 1, 3, 4]
+            assert r.steps == len(want), r.steps
+            for s, k in enumerate(want):
+                np.testing.assert_array_equal(
+                    r.at(s)["x"][...], np.stack([block(k, q)[0] for q in range(size)])
+                )
+        print("OK", flush=True)
+
+
+def ahead(path: str) -> None:
+    comm = comm_mod.world()
+    rank, size = comm.rank, comm.size
+    rows = 16 * size
+    if rank == 0:
+        with lamina.open(path, "w", comm=comm_mod.self_comm()) as w:
+            x = w.create_dataset("x", (rows, COLS), "f8")
+            for k in range(4):
+                with w.step():
+                    x[...] = whole(k, 4 * size)
+    comm.Barrier()
+    with lamina.open(path, "r", io="async", max_inflight_bytes=8 * COLS * 8) as f:
+        ds = f["x"]
+        box = np.s_[0:4, :]
+        if rank == 0:
+            assert ds.prefetch(box, 1)
+        got = ds.read(box, step=1, collective=True)
+        np.testing.assert_array_equal(got, whole(1, 4 * size)[box])
+        # a box per rank, rank 0's small enough to be read ahead, the others' not
+        mine = np.s_[0:2, :] if rank == 0 else np.s_[2 * rank : rows, :]
+        for view in f.iter_steps(prefetch=True, timeout=30):
+            got = view["x"].read(mine, collective=True)
+            np.testing.assert_array_equal(got, whole(view.index, 4 * size)[mine])
+    if rank == 0:
+        print("OK", flush=True)
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "auto":
+    if sys.argv[1] == "race":
+        race(sys.argv[2])
+    elif sys.argv[1] == "implicit":
+        implicit(sys.argv[2])
+    elif sys.argv[1] == "ahead":
+        ahead(sys.argv[2])
+    elif sys.argv[1] == "auto":
         auto(sys.argv[2], int(sys.argv[3]))
     elif sys.argv[1] == "fault":
         fault(sys.argv[2], sys.argv[3])

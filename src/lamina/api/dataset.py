@@ -218,7 +218,8 @@ class Dataset:
             shape = layout.shapes(self._spec.shape)[level]
             box = Box.from_shape(shape) if box is None else self._box(box, shape)
         step = self._step if step is None else step
-        if out is None and layout is None:
+        if out is None and layout is None and not collective:
+            # a collective read is one on every rank, whatever this rank has read ahead
             ahead = self._file._engine.take_read_ahead(self._path, box, step)
             if ahead is not None:  # read ahead (iter_steps(prefetch=True)): no copy
                 return ahead

@@ -28,6 +28,7 @@ an option no registered engine or layer knows is a TypeError.
 
 from __future__ import annotations
 
+import numbers
 import os
 import warnings
 from collections.abc import Callable, Iterable
@@ -46,6 +47,19 @@ IO_MODES = ("sync", "async", "auto")
 BACKGROUND_LAYER = "background"
 #: its options, accepted and ignored under ``io='sync'`` so that one program runs both ways
 BACKGROUND_OPTIONS = frozenset({"max_inflight_bytes", "io"})
+
+
+def inflight_bytes(value: object) -> int:
+    """``max_inflight_bytes`` as given: any integer > 0 (numpy's too, as numpy takes sizes),
+    else ConfigError.  Checked under ``io='sync'`` too, where it is ignored: a program runs
+    both ways (:data:`IO_ENV`) and fails alike."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):  # numpy's bool is not
+        raise ConfigError(f"max_inflight_bytes must be an int > 0, got {value!r}")
+    if int(value) <= 0:
+        raise ConfigError(f"max_inflight_bytes must be an int > 0, got {value!r}")
+    return int(value)
+
+
 ENGINE_GROUP = "lamina.engines"
 LAYER_GROUP = "lamina.layers"
 
@@ -303,6 +317,8 @@ def build(
             f"io='sync' contradicts layers={names}: the {BACKGROUND_LAYER!r} layer is async I/O"
         )
     if BACKGROUND_LAYER not in names:
+        if "max_inflight_bytes" in options:
+            inflight_bytes(options["max_inflight_bytes"])
         for k in BACKGROUND_OPTIONS:
             options.pop(k, None)
     if isinstance(engine, Engine):

@@ -50,7 +50,6 @@ See docs/background.md.
 from __future__ import annotations
 
 import collections
-import numbers
 import threading
 import time
 import warnings
@@ -67,7 +66,7 @@ from ...derived._parallel import cores_per_rank
 from ...engines.base import BlockInfo, Engine, step_number
 from ...engines.batch import check_batch, elements
 from ...engines.block import dataset_not_found
-from ...engines.registry import BACKGROUND_OPTIONS
+from ...engines.registry import BACKGROUND_OPTIONS, inflight_bytes
 from ...engines.staging import enter_box, enter_boxes
 from ...errors import (
     ConfigError,
@@ -162,6 +161,9 @@ class BackgroundLayer(Layer):
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._failure: BackgroundError | None = None
+        # the step that failed, until every rank has raised it (_on_failure_elsewhere): the
+        # worker cancels the steps ended after it instead of writing them
+        self._failed_at: int | None = None
         self._step: Step | None = None  # the application's open step
         self._next = 0  # index of the next step to end (committed + in flight)
         self._committed = 0  # steps committed (by either thread)
@@ -197,13 +199,7 @@ class BackgroundLayer(Layer):
 
     # -- lifetime -------------------------------------------------------------
     def configure(self, options: dict[str, Any]) -> None:
-        budget = options.get("max_inflight_bytes", DEFAULT_INFLIGHT_BYTES)
-        # any integer (numpy's too), as numpy takes sizes
-        if isinstance(budget, bool | np.bool_) or not isinstance(budget, numbers.Integral):
-            raise ConfigError(f"max_inflight_bytes must be an int > 0, got {budget!r}")
-        if budget <= 0:
-            raise ConfigError(f"max_inflight_bytes must be an int > 0, got {budget!r}")
-        self.budget = int(budget)
+        self.budget = inflight_bytes(options.get("max_inflight_bytes", DEFAULT_INFLIGHT_BYTES))
         self.stats.max_inflight_bytes = self.budget
         io = options.get("io", "async")
         if io not in ("async", "auto"):
@@ -387,6 +383,12 @@ class BackgroundLayer(Layer):
         """The failure to report (once); afterwards the file goes on from the last committed step."""
         with self._cond:
             f, self._failure = self._failure, None
+            if f is not None:  # what is queued behind it is cancelled (the worker would): say so
+                for s in self._queue:
+                    f.cancelled.append(s.index)
+                    self._cancel(s)
+                self._queue.clear()
+                self._cond.notify_all()
         if f is None:
             return None
         return f.build()
@@ -400,6 +402,7 @@ class BackgroundLayer(Layer):
         self._drain()
         with self._cond:
             self._failure = None
+            self._failed_at = None  # every rank is here: the steps ended from now on are written
         self._next = self._committed
 
     def flush(self, durable: bool = True) -> None:
@@ -407,6 +410,7 @@ class BackgroundLayer(Layer):
 
         A background failure raised by the wait (on every rank) is raised once the steps
         committed before it are flushed all the same."""
+        self._require_open("flush")
         try:
             self.wait()
         except BaseException as e:
@@ -422,9 +426,9 @@ class BackgroundLayer(Layer):
             self.inner.flush(durable)
 
     def wait(self) -> None:
-        """Collective: wait for every background step; raise (on every rank) if one failed."""
-        self._require_open("wait for background steps")
-        if not self.active:
+        """Collective: wait for every background step; raise (on every rank) if one failed.
+        Nothing to wait for once the file is closed (its close waited), as under io='sync'."""
+        if not self.active or self.inner.closed:
             return
         try:
             self._collective_point()
@@ -730,7 +734,11 @@ class BackgroundLayer(Layer):
             return
         self._drop_open_step()
 
-    def _drop_open_step(self) -> None:
+    def _drop_open_step(self, anywhere: bool = False) -> None:
+        """Drop the step open here, if any: counted as a step dropped (handed down with the
+        next, :meth:`.Engine.skip_steps`).  *anywhere*: a step was open on some rank (a step
+        opened by a put exists only on the ranks that wrote), counted here even if none was,
+        as ending it would have ended an empty one here: every rank's count stays alike."""
         if self._direct is not None:  # written directly: the engine holds the open step
             self._direct = None
             with self.lock:
@@ -739,6 +747,7 @@ class BackgroundLayer(Layer):
         step, self._step = self._step, None
         if step is not None:
             self._release(step)
+        if step is not None or anywhere:
             with self._cond:
                 self._dropped += 1
 
@@ -760,11 +769,14 @@ class BackgroundLayer(Layer):
             self._end_direct(t_call)
             return
         pending = self._take_failure()
+        opened: list[int] = []  # whether a step was open on some rank, even if this raises
         try:
             # a step opened by a put exists only on the ranks that wrote: decide together
-            active = comm_mod.agree(self._own(), pending, flag=int(self._step is not None))
+            active = comm_mod.agree(
+                self._own(), pending, flag=int(self._step is not None), seen=opened
+            )
         except BaseException as e:
-            self._drop_open_step()
+            self._drop_open_step(anywhere=bool(opened and opened[0]))
             if not is_left(e):
                 self._on_failure_elsewhere()
             raise
@@ -962,6 +974,18 @@ class BackgroundLayer(Layer):
                         return  # at interpreter exit, once every step ended is written
                     self._cond.wait(0.1)
                 sizes: list[int] = []
+                if self._queue and self._failed_at is not None:
+                    # a step failed and the ranks have not parted with it together yet: every
+                    # step ended after it is cancelled, whether it was queued when the step
+                    # failed or came later (ranks hand their steps over at their own pace; a
+                    # step one rank runs and another cancels leaves the first in its commit)
+                    for s in self._queue:
+                        if self._failure is not None:
+                            self._failure.cancelled.append(s.index)
+                        self._cancel(s)
+                    self._queue.clear()
+                    self._cond.notify_all()
+                    continue
                 if self._queue:
                     step = self._queue.popleft()
                     self._running = step
@@ -998,6 +1022,8 @@ class BackgroundLayer(Layer):
                     self._queue.clear()
                     if self._failure is None:
                         self._failure = f
+                    if self._failed_at is None:
+                        self._failed_at = step.index
                 self._cond.notify_all()
             self._release(step)
 
