@@ -20,7 +20,7 @@ import stat
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 
@@ -208,6 +208,14 @@ class _Lazy:
 
     def __str__(self) -> str:
         return self.make()
+
+
+def _mismatch(rec, seg: int, k: int, what: str | _Lazy) -> NoReturn:
+    """Segment *k* (of *seg* bytes) of block *rec* read back with another checksum."""
+    raise ChecksumError(
+        f"checksum mismatch in {what}, segment {k} (bytes {rec.offset + k * seg}.."
+        f"{rec.offset + min(rec.length, (k + 1) * seg)}): the data is corrupt"
+    )
 
 
 def _pread_into(fd: int, mv: memoryview, offset: int, what: str | _Lazy) -> None:
@@ -1444,18 +1452,18 @@ class NativeEngine(BlockEngine):
         """
         seg = rec.seg if rec.seg else rec.length
         n = len(mv)
+        if n and block_off + n <= (block_off // seg + 1) * seg:
+            _pread_into(fd, mv, file_off, what)
+            k = block_off // seg
+            got = stats_mod.crc(mv)
+            if k >= len(rec.crcs) or got != rec.crcs[k]:
+                _mismatch(rec, seg, k, what)
+            return
 
         def check(k: int, got: int) -> None:
             if k >= len(rec.crcs) or got != rec.crcs[k]:
-                raise ChecksumError(
-                    f"checksum mismatch in {what}, segment {k} (bytes {rec.offset + k * seg}.."
-                    f"{rec.offset + min(rec.length, (k + 1) * seg)}): the data is corrupt"
-                )
+                _mismatch(rec, seg, k, what)
 
-        if n and block_off + n <= (block_off // seg + 1) * seg:
-            _pread_into(fd, mv, file_off, what)
-            check(block_off // seg, stats_mod.crc(mv))
-            return
         futures = []
         pool = stats_mod._pool()
         pos = 0
