@@ -669,6 +669,48 @@ def test_dataset_prefetch_reads_a_box_of_a_step_ahead(path):
         f.create_dataset("x", (4, 6), "f8").prefetch()
 
 
+def test_a_read_ahead_box_into_a_bad_buffer_is_refused_by_name_and_kept(path):
+    """A read into a buffer it cannot fill is refused as any read is (naming the dataset)
+    when the box was read ahead too, before the read-ahead array is taken: a retry into a
+    good buffer still finds it (numpy's own errors came first, and the array was gone)."""
+    _write_steps(path, 3)
+    with lamina.open(path, "r", io="async") as f:
+        ds = f["x"]
+        assert ds.prefetch(step=1)
+        time.sleep(0.1)
+        frozen = np.zeros((4, 6))
+        frozen.flags.writeable = False
+        with pytest.raises(ValueError, match="dataset '.*x'.*read-only"):
+            ds.read(step=1, out=frozen)
+        with pytest.raises(TypeError, match="dataset '.*x'.*numpy array, not list"):
+            ds.read(step=1, out=[[0.0] * 6] * 4)
+        out = np.zeros((4, 6))
+        assert ds.read(step=1, out=out) is out
+        np.testing.assert_array_equal(out, values(1))
+        assert f.io_stats["prefetch_hits"] == 1, f.io_stats
+
+
+def test_a_closed_file_reads_nothing(path):
+    """A dataset of a closed file reads nothing, as h5py's (it reopened its subfiles and
+    read), prefetches nothing (async returned False), and says the file is closed."""
+    _write_steps(path, 2)
+    for io in ("sync", "async"):
+        f = lamina.open(path, "r", io=io)
+        ds = f["x"]
+        f.close()
+        with pytest.raises(ValueError, match="cannot read: file .* is closed"):
+            ds.read()
+        with pytest.raises(ValueError, match="cannot read: file .* is closed"):
+            ds[0:2]
+        with pytest.raises(ValueError, match="cannot read: file .* is closed"):
+            ds.blocks(0)
+        with pytest.raises(ValueError, match="cannot read: file .* is closed"):
+            f.at(0)
+        if io == "async":
+            with pytest.raises(ValueError, match="is closed"):
+                ds.prefetch(step=0)
+
+
 def test_prefetch_reads_the_second_step_during_the_first(path):
     """The first step's reads are read ahead at the second step at once: by the end of the
     first step's compute the second step's selections are fetched (not when it is handed out)."""

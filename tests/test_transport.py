@@ -220,6 +220,22 @@ def test_read_ahead(tmp_path, mode, n, m):
     assert not os.listdir(tmp_path)
 
 
+@pytest.mark.parametrize("n,m", [(1, 1), (2, 2)])
+def test_prefetch_of_the_next_step_leaves_this_one_readable(tmp_path, n, m):
+    """ds.prefetch(box, k + 1) on a consumer task at step k: step k stays readable (the
+    step's resolution released it: the next read of step k raised StepError), and a step far
+    ahead, not yet sent, is not waited for (False at once)."""
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (n, "transport_prefetch", "produce", "a", 6),
+        (m, "transport_prefetch", "explicit", "a", 6),
+        cwd=tmp_path,
+        env={},
+    )
+    assert res.lines("OK produce a: 6 steps"), res.describe()
+    assert res.lines("OK consume explicit: 6 steps"), res.describe()
+
+
 # ----------------------------------------------------------------- in process
 
 

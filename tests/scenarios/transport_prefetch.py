@@ -4,6 +4,7 @@
     transport_prefetch.py same NAME STEPS           m consumer ranks read the same boxes at every step
     transport_prefetch.py change NAME STEPS         ... and other boxes from step STEPS // 2 on
     transport_prefetch.py early NAME STEPS          ... and close after 3 steps, with reads in flight
+    transport_prefetch.py explicit NAME STEPS       ... with iter_steps() and ds.prefetch(box, k + 1)
 
 The consumer opens the name with ``engine="mpi", io="async"``: its reads
 ask producer ranks for their pieces over MPI, on the read-ahead thread
@@ -139,6 +140,41 @@ def consume(mode: str, name: str, steps: int) -> None:
         )
 
 
+def explicit(name: str, steps: int) -> None:
+    """Plain iter_steps(); at step k, after reading u, ``ds.prefetch`` of u at step k + 1 and of
+    a step far ahead, then the rest of step k: asking for step k + 1 ahead releases no step (it
+    released step k, and the read of p at step k raised StepError), and a step that has not
+    arrived is not waited for (False at once)."""
+    with lamina.open(name, "r", engine="mpi", io="async") as f:
+        rank, size = f.comm.rank, f.comm.size
+        seen = 0
+        asked = 0
+        for view in f.iter_steps(timeout=30):
+            k = view.index
+            box, (pa, pb) = selections(rank, size, False)
+            check_equal(view["u"][box.slices], u_values(box, k), f"u step {k} {box}")
+            t = time.monotonic()
+            try:  # not yet: read when asked for (a StepError once the producer closed)
+                far = view["u"].prefetch(box, step=k + 50)
+            except lamina.StepError as e:
+                if "will never exist" not in str(e):
+                    raise
+                far = False
+            if far or time.monotonic() - t > 5:
+                raise AssertionError(f"prefetch of step {k + 50}: {far} after waiting for it")
+            if k + 1 < steps:
+                asked += bool(view["u"].prefetch(box, step=k + 1))
+            check_equal(view["p"][pa:pb], p_values(pa, pb, k), f"p step {k} {pa}:{pb}")
+            check_equal(view["u"][box.slices], u_values(box, k), f"u step {k} {box} again")
+            time.sleep(COMPUTE)
+            seen += 1
+        stats = f.io_stats
+    if seen != steps:
+        raise AssertionError(f"saw {seen} steps, expected {steps}")
+    if rank == 0:
+        say(f"OK consume explicit: {seen} steps on {size} ranks, {asked} read ahead, {stats}")
+
+
 def check_counts(hits: list[int], misses: list[int], change_at: int | None) -> None:
     """Read-ahead served every read after the first step; changed selections miss, then hit again."""
     where = f"hits after each step {hits}, misses {misses}"
@@ -159,6 +195,8 @@ def main() -> None:
         produce(name, steps)
     elif role in ("same", "change", "early"):
         consume(role, name, steps)
+    elif role == "explicit":
+        explicit(name, steps)
     else:
         raise SystemExit(f"unknown role {role}")
 

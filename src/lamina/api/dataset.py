@@ -245,9 +245,10 @@ class Dataset:
 
         Returns whether it is being read ahead: False when it would exceed the file's
         ``max_inflight_bytes`` with what is read ahead already (the later read then reads as
-        usual), and for a multiresolution dataset (read by level, not ahead).  ConfigError
-        on a file without read-ahead (docs/background.md); StepError for a step the file
-        does not have.
+        usual), for a multiresolution dataset (read by level, not ahead), and for a step
+        not there yet while its writer (or in situ producer) goes on.  ConfigError on a file
+        without read-ahead (docs/background.md); StepError for a step the file does not
+        have.  It releases no step of an in situ consumer.
         """
         bg = self._file._background()
         if bg is None or bg.mode != "r" or not bg.asynchronous:

@@ -1469,6 +1469,8 @@ class BlockEngine(Engine):
         return self._bytes_read
 
     def check_step(self, step: int | None) -> int:
+        if self._closed:  # as h5py: a dataset of a closed file reads nothing (nor reopens it)
+            raise ValueError(f"cannot read: file {self.path!r} is closed")
         n = len(self.catalog.steps)
         if step is None:
             if n == 0:

@@ -1182,7 +1182,14 @@ class BackgroundLayer(Layer):
                 f"(or $LAMINA_IO=async): {self.path!r} is "
                 + ("written" if self.mode != "r" else "read without read-ahead")
             )
-        with self.lock:
+        # resolving the step releases none (the in situ consumer lets earlier steps go when the
+        # program asks for a later one) and waits for none: a step not here yet while the
+        # writer goes on is read when asked for
+        with self.lock, self.inner.reading_ahead():
+            if step is not None:
+                k = step_number(step)
+                if k >= self.inner.steps and not self.inner.writer_closed:
+                    return False
             k = self.inner.check_step(step)
         return self._prefetch.request(name, box, k)
 
@@ -1195,8 +1202,8 @@ class BackgroundLayer(Layer):
 
     def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
         if self._prefetch is not None and self._prefetch.serving:
-            with self.lock:
-                k = self.inner.check_step(step)
+            with self.lock:  # the box and the caller's buffer checked as any read checks them
+                _, k = self.inner.check_read(name, box, step, out)
             if self._prefetch.get(name, box, k, out):
                 return
             step = k
