@@ -290,6 +290,7 @@ def test_failures_reach_every_rank(tmp_path, case, n):
         "left-reader",
         "step-apart",
         "step-apart-async",
+        "io-apart",
     ],
 )
 @pytest.mark.parametrize("n", [2, 3])

@@ -17,6 +17,10 @@ Usage: misuse.py CASE PATH [AGGREGATORS]
   step-apart-async  the same under io='async' (the layer drops the step before the engine
                   began it: the engine is told, Engine.skip_steps): the ranks raise the error
                   at the background step's next collective point, and no step mixes
+  io-apart        the last rank opens with io='async' (as under $LAMINA_IO set on some ranks),
+                  the others with 'sync': every rank raises CollectiveMismatchError at the open
+                  (the background layer's own collectives made the ranks wait forever), and
+                  the file opened alike next writes
 """
 
 import resource
@@ -231,6 +235,21 @@ def step_apart_async() -> None:
     _only_the_first_step()
 
 
+def io_apart() -> None:
+    io = "async" if rank == size - 1 else "sync"
+    try:
+        lamina.open(path, "w", io=io)
+        raise AssertionError("ranks opened with different io modes")
+    except lamina.CollectiveMismatchError as e:
+        assert "different I/O modes" in str(e) and repr(io) in str(e), e
+    with lamina.open(path, "w", io="async") as f:
+        x = f.create_dataset("x", (size,))
+        with f.step():
+            x[rank] = rank
+    with lamina.open(path, "r") as f:
+        np.testing.assert_array_equal(f["x"][...], np.arange(size))
+
+
 if case in ("fsize", "eacces"):
     {"fsize": fsize, "eacces": eacces}[case](int(sys.argv[3]))
 else:
@@ -241,6 +260,7 @@ else:
         "left-reader": left_reader,
         "step-apart": step_apart,
         "step-apart-async": step_apart_async,
+        "io-apart": io_apart,
     }[case]()
 comm.Barrier()
 if rank == 0:

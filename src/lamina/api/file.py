@@ -12,7 +12,15 @@ from .. import layers as _layers  # noqa: F401 - registers the built-in layers
 from .. import query as query_mod
 from ..engines import registry
 from ..engines.base import Engine
-from ..errors import ConfigError, StepError, StepTimeoutError, is_collective, is_left
+from ..errors import (
+    CollectiveMismatchError,
+    ConfigError,
+    StepError,
+    StepTimeoutError,
+    is_collective,
+    is_left,
+    mark_collective,
+)
 from ..layers.background import BackgroundLayer, IOStats
 from .group import Group
 
@@ -37,6 +45,16 @@ class File(Group):
     ):
         path = os.fspath(path)
         self._comm = comm_mod.resolve(comm)
+        how = registry.resolve_io(io)
+        # one I/O mode on every rank: background I/O makes collective calls of its own from the
+        # open on (a rank under $LAMINA_IO=async beside sync ones waited forever)
+        if not comm_mod.same_everywhere(self._comm, registry.IO_MODES.index(how)):
+            raise mark_collective(
+                CollectiveMismatchError(
+                    f"{path}: ranks open it with different I/O modes (io= or "
+                    f"${registry.IO_ENV}); this rank's is {how!r}"
+                )
+            )
         self._engine, options = registry.build(path, mode, engine, layers, transport, options, io)
         self._engine.open(path, mode, self._comm, options)
         self._filename = path
