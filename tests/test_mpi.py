@@ -290,6 +290,8 @@ def test_failures_reach_every_rank(tmp_path, case, n):
         "left-reader",
         "step-apart",
         "step-apart-async",
+        "step-apart-close",
+        "step-apart-close-async",
         "io-apart",
     ],
 )

@@ -17,6 +17,10 @@ Usage: misuse.py CASE PATH [AGGREGATORS]
   step-apart-async  the same under io='async' (the layer drops the step before the engine
                   began it: the engine is told, Engine.skip_steps): the ranks raise the error
                   at the background step's next collective point, and no step mixes
+  step-apart-close  as step-apart, rank 1 making as many steps as the others (one end_step
+                  fewer): its close meets the others' last end_step, under sync and async; it
+                  leaves the file (it closed, and the others waited forever in their close),
+                  every rank raises and returns, and the first step is in the file
   io-apart        the last rank opens with io='async' (as under $LAMINA_IO set on some ranks),
                   the others with 'sync': every rank raises CollectiveMismatchError at the open
                   (the background layer's own collectives made the ranks wait forever), and
@@ -190,11 +194,12 @@ def left_reader() -> None:
         raise AssertionError(f"rank {rank}: no error")
 
 
-def _apart(f, x) -> list[tuple[int, str]]:
+def _apart(f, x, extra: bool = True) -> list[tuple[int, str]]:
     """Rank 1 fails inside its step 1 and goes on, one ``with f.step()`` more than the others
-    make: the lamina errors each rank caught, with the loop's step."""
+    make (*extra*; else as many, so one end_step fewer): the lamina errors each rank caught,
+    with the loop's step."""
     said = []
-    for s in range(5 if rank == 1 else 4):
+    for s in range(5 if rank == 1 and extra else 4):
         try:
             with f.step():
                 if rank == 1 and s == 1:
@@ -235,6 +240,20 @@ def step_apart_async() -> None:
     _only_the_first_step()
 
 
+def step_apart_close(io: str) -> None:
+    f = lamina.open(path, "w", durable=False, io=io)
+    said = [text for _, text in _apart(f, f.create_dataset("x", (size,)), extra=False)]
+    try:
+        f.close()  # rank 1's close meets the others' last end_step: it leaves, they hear it
+    except lamina.LaminaError as e:
+        said.append(f"close: {e}")
+    assert said, "no rank a step apart raised"
+    comm.Barrier()
+    with lamina.open(path, comm=MPI.COMM_SELF) as g:
+        assert g.steps == 1, g.steps
+        np.testing.assert_array_equal(g["x"][...], np.arange(size, dtype=float))
+
+
 def io_apart() -> None:
     io = "async" if rank == size - 1 else "sync"
     try:
@@ -261,6 +280,8 @@ else:
         "step-apart": step_apart,
         "step-apart-async": step_apart_async,
         "io-apart": io_apart,
+        "step-apart-close": lambda: step_apart_close("sync"),
+        "step-apart-close-async": lambda: step_apart_close("async"),
     }[case]()
 comm.Barrier()
 if rank == 0:

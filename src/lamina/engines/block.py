@@ -109,6 +109,7 @@ from ..errors import (
     NotFoundError,
     ShapeError,
     StepError,
+    is_left,
     mark_collective,
     suggest,
 )
@@ -1628,6 +1629,14 @@ class BlockEngine(Engine):
             return
         try:
             self._finish()
+        except BaseException as e:
+            # the close failed on this rank: if another rank is in another collective call (a
+            # program that put the ranks a step apart, its close paired with their end_step),
+            # it would wait forever for this one; tell it, as a rank that leaves does (ranks
+            # whose close failed together meet each other here).  Not when a rank left first.
+            if not is_left(e) and self.size > 1:
+                comm_mod.leave(self.comm, e)
+            raise
         finally:
             self._closed = True
             self._close_storage()

@@ -69,6 +69,7 @@ from ...engines.block import dataset_not_found
 from ...engines.registry import BACKGROUND_OPTIONS, inflight_bytes
 from ...engines.staging import enter_box, enter_boxes
 from ...errors import (
+    CollectiveMismatchError,
     ConfigError,
     LaminaWarning,
     ModeError,
@@ -141,6 +142,12 @@ def _hook_exit() -> None:
     register = getattr(threading, "_register_atexit", None)  # CPython >= 3.9
     if register is not None:
         register(_at_exit)
+
+
+#: the least flag of end_step's agreement (1 more where this rank has a step open); other
+#: collective calls of the program's thread agree with 0, so a close that meets a rank's
+#: end_step (ranks a call apart) sees it
+ENDING = 1
 
 
 class BackgroundLayer(Layer):
@@ -271,12 +278,25 @@ class BackgroundLayer(Layer):
             return
         self._drain()
         pending = self._take_failure()
+        others: list[int] = []  # ENDING if a rank is in end_step while this one closes
         try:
-            comm_mod.agree(self._own(), pending)
+            if comm_mod.agree(self._own(), pending, seen=others):
+                raise mark_collective(
+                    CollectiveMismatchError(
+                        f"closing {self.path!r} while another rank ends a step: the ranks are a "
+                        "collective call apart (a step discarded on some ranks only)"
+                    )
+                )
         except BaseException as e:
             self._drop_open_step()
             if is_left(e):  # no collective with a rank that left: let go of the file
                 self.abandon()
+                raise
+            if others and others[0] >= ENDING:
+                # this close met another rank's end_step: the ranks' calls do not pair from
+                # here on, and a collective close would wait forever for ranks that never
+                # come to it; leave instead, which their next collective call meets
+                self.leave(e)
                 raise
             try:
                 with self.lock:
@@ -771,12 +791,19 @@ class BackgroundLayer(Layer):
         pending = self._take_failure()
         opened: list[int] = []  # whether a step was open on some rank, even if this raises
         try:
-            # a step opened by a put exists only on the ranks that wrote: decide together
-            active = comm_mod.agree(
-                self._own(), pending, flag=int(self._step is not None), seen=opened
+            # a step opened by a put exists only on the ranks that wrote: decide together (the
+            # flag is ENDING at least, so that a rank that closes meanwhile knows it)
+            active = (
+                comm_mod.agree(
+                    self._own(),
+                    pending,
+                    flag=ENDING + int(self._step is not None),
+                    seen=opened,
+                )
+                - ENDING
             )
         except BaseException as e:
-            self._drop_open_step(anywhere=bool(opened and opened[0]))
+            self._drop_open_step(anywhere=bool(opened and opened[0] > ENDING))
             if not is_left(e):
                 self._on_failure_elsewhere()
             raise
