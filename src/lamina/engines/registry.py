@@ -48,6 +48,9 @@ BACKGROUND_LAYER = "background"
 #: its options, accepted and ignored under ``io='sync'`` so that one program runs both ways
 BACKGROUND_OPTIONS = frozenset({"max_inflight_bytes", "io"})
 
+ENGINE_GROUP = "lamina.engines"
+LAYER_GROUP = "lamina.layers"
+
 
 def inflight_bytes(value: object) -> int:
     """``max_inflight_bytes`` as given: any integer > 0 (numpy's too, as numpy takes sizes),
@@ -58,10 +61,6 @@ def inflight_bytes(value: object) -> int:
     if int(value) <= 0:
         raise ConfigError(f"max_inflight_bytes must be an int > 0, got {value!r}")
     return int(value)
-
-
-ENGINE_GROUP = "lamina.engines"
-LAYER_GROUP = "lamina.layers"
 
 
 @dataclass(frozen=True)
