@@ -404,11 +404,7 @@ class BackgroundLayer(Layer):
         with self._cond:
             f, self._failure = self._failure, None
             if f is not None:  # what is queued behind it is cancelled (the worker would): say so
-                for s in self._queue:
-                    f.cancelled.append(s.index)
-                    self._cancel(s)
-                self._queue.clear()
-                self._cond.notify_all()
+                self._cancel_queued(f)
         if f is None:
             return None
         return f.build()
@@ -416,9 +412,7 @@ class BackgroundLayer(Layer):
     def _on_failure_elsewhere(self) -> None:
         """Another rank reported a background failure: cancel what is queued here, forget the rest."""
         with self._cond:
-            for s in self._queue:
-                self._cancel(s)
-            self._queue.clear()
+            self._cancel_queued(None)
         self._drain()
         with self._cond:
             self._failure = None
@@ -1006,12 +1000,7 @@ class BackgroundLayer(Layer):
                     # step ended after it is cancelled, whether it was queued when the step
                     # failed or came later (ranks hand their steps over at their own pace; a
                     # step one rank runs and another cancels leaves the first in its commit)
-                    for s in self._queue:
-                        if self._failure is not None:
-                            self._failure.cancelled.append(s.index)
-                        self._cancel(s)
-                    self._queue.clear()
-                    self._cond.notify_all()
+                    self._cancel_queued(self._failure)
                     continue
                 if self._queue:
                     step = self._queue.popleft()
@@ -1043,10 +1032,7 @@ class BackgroundLayer(Layer):
                     f = BackgroundError(
                         step.index, error, self.inner.comm.rank, self.path, step.doing
                     )
-                    for s in self._queue:
-                        f.cancelled.append(s.index)
-                        self._cancel(s)
-                    self._queue.clear()
+                    self._cancel_queued(f)
                     if self._failure is None:
                         self._failure = f
                     if self._failed_at is None:
@@ -1098,13 +1084,19 @@ class BackgroundLayer(Layer):
                 # new memory before any did are still the warm-up (copy_sample)
                 self._pool.give(raws, self.budget - self.stats.inflight_bytes, served=False)
 
-    def _cancel(self, step: Step) -> None:
-        """A queued step that will not be written (under ``_cond``)."""
-        self._dropped += step.skipped  # still to be counted, with the next step handed down
-        self.stats.steps_cancelled += 1
-        self.stats.inflight_bytes -= step.nbytes
-        self._frozen.thaw(step)
-        self._pool.give(step.copies, self.budget - self.stats.inflight_bytes)
+    def _cancel_queued(self, failure: BackgroundError | None) -> None:
+        """Every queued step will not be written (under ``_cond``): its copies freed, its lent
+        arrays thawed, its index noted on *failure* (the error names the steps cancelled)."""
+        for step in self._queue:
+            if failure is not None:
+                failure.cancelled.append(step.index)
+            self._dropped += step.skipped  # still to be counted, with the next step handed down
+            self.stats.steps_cancelled += 1
+            self.stats.inflight_bytes -= step.nbytes
+            self._frozen.thaw(step)
+            self._pool.give(step.copies, self.budget - self.stats.inflight_bytes)
+        self._queue.clear()
+        self._cond.notify_all()
 
     def _replay(self, step: Step) -> None:
         """The step's calls on the inner stack (the puts of one rank fail together, see _run)."""
