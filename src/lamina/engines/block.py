@@ -631,7 +631,7 @@ class BlockEngine(Engine):
         if spec.layout is not None:  # encoded at end_step, with every rank's pieces
             enter_box(self._mr_local, spec, box, len(self.catalog.steps))
             self._mr_pending.setdefault(spec.id, []).append((box, arr.copy() if copy else arr))
-            if lent and arr is array and arr.flags.writeable:
+            if lent and arr is array:
                 self._lent.hold(arr)
             return
         if lent and arr.nbytes <= SMALL and arr.ndim and not spec.codecs:
@@ -646,7 +646,7 @@ class BlockEngine(Engine):
         except BaseException:
             index.pop()  # a put that failed wrote nothing: the box may be written again
             raise
-        if lent and arr is array and arr.flags.writeable and arr.nbytes > SMALL:
+        if lent and arr is array and arr.nbytes > SMALL:
             self._lent.hold(arr)  # kept by reference (staged blocks were copied)
 
     def lend(self, name: str, start: tuple[int, ...], array: np.ndarray) -> bool:
@@ -702,8 +702,7 @@ class BlockEngine(Engine):
         """The caller's arrays of *batch*, lent and kept by reference: read-only until the step ends."""
         arrays = [batch.arrays] if isinstance(batch.arrays, np.ndarray) else batch.arrays
         for a in arrays:
-            if a.flags.writeable:
-                self._lent.hold(a)
+            self._lent.hold(a)
 
     def _put_batch(self, spec: DatasetSpec, batch: Batch, copy: bool) -> None:
         b = int(batch.nbytes[0])
@@ -757,7 +756,6 @@ class BlockEngine(Engine):
     def _stage_lent(self, lent: LentBlocks) -> None:
         """Enter and stage the blocks *lent*, by dataset and block shape."""
         groups = lent.groups()
-        lent_of: collections.Counter[int] = collections.Counter()
         if len(groups) == len(lent) and len({spec.id for spec, _, _ in groups}) == len(groups):
             # a block each of as many datasets (a simulation's variables): each the only lent
             # block of its dataset, staged in order with one copy per chunk
@@ -774,6 +772,7 @@ class BlockEngine(Engine):
                         )
             self._stage_alone([(spec, c[0], a[0]) for spec, c, a in groups])
             return
+        lent_of: collections.Counter[int] = collections.Counter()
         if len(groups) > 1:  # lent blocks per dataset, where several groups may share one
             for spec, _, arrays in groups:
                 lent_of[spec.id] += len(arrays)

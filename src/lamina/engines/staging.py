@@ -787,13 +787,15 @@ class LentBlocks:
         return list(by_key.values())
 
     def hold(self, arr: np.ndarray) -> None:
-        """*arr*, the caller's own writeable array lent to ``put`` with ``copy=False`` and kept
-        by reference past the call (written by its aggregator while its statistics are taken
-        on a thread, sent to the aggregator at the commit, or encoded then): read-only until
+        """*arr*, the caller's own array lent to ``put`` with ``copy=False`` and kept by
+        reference past the call (written by its aggregator while its statistics are taken on a
+        thread, sent to the aggregator at the commit, or encoded then): read-only until
         :meth:`release`, so that a change before the step ends fails instead of leaving a
-        block whose checksum or statistics are not those of its bytes."""
-        _setflags(arr, False)
-        self.held.append(arr)
+        block whose checksum or statistics are not those of its bytes.  An array read-only
+        already is left as it is (and so after the step)."""
+        if arr.flags.writeable:
+            _setflags(arr, False)
+            self.held.append(arr)
 
     def release(self) -> None:
         """Make writeable again the arrays :meth:`hold` made read-only (the step ended), and
