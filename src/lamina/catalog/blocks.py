@@ -1478,11 +1478,10 @@ def _encode_sections(
     the step's columns at once (one indexed copy per column); the bytes are those each
     section's table would encode."""
     bounds = st.bounds
-    grouped = len(st.dids) >= ONES_MIN  # else no layout can have enough sections
-    first_ncrc = st.ncrc[bounds[:-1]].tolist() if grouped else []
-    kinds: dict[np.dtype, tuple] = {}
-    ones: dict[tuple, list[int]] = {}  # layout -> sections of one block of that layout
     n = len(st.dids)
+    grouped = n >= ONES_MIN  # else no layout can have enough sections
+    first_ncrc = st.ncrc[bounds[:-1]].tolist() if grouped else []
+    ones: dict[tuple, list[int]] = {}  # layout -> sections of one block of that layout
     if (
         grouped
         and bounds[-1] == n  # a block each
@@ -1495,20 +1494,21 @@ def _encode_sections(
         ones[(ndims[0], stat_dtype(dtypes[0]), sum_dtype(dtypes[0]), first_ncrc[0], amax[0])] = (
             list(range(n))
         )
-        grouped = False
-    for k in range(n if grouped else 0):
-        if bounds[k + 1] - bounds[k] != 1 or squeeze[k]:
-            continue
-        dt = dtypes[k]
-        kind = kinds.get(dt)
-        if kind is None:
-            kind = kinds[dt] = (stat_dtype(dt), sum_dtype(dt))
-        key = (ndims[k], *kind, first_ncrc[k], amax[k])
-        group = ones.get(key)
-        if group is None:
-            ones[key] = [k]
-        else:
-            group.append(k)
+    elif grouped:
+        kinds: dict[np.dtype, tuple] = {}
+        for k in range(n):
+            if bounds[k + 1] - bounds[k] != 1 or squeeze[k]:
+                continue
+            dt = dtypes[k]
+            kind = kinds.get(dt)
+            if kind is None:
+                kind = kinds[dt] = (stat_dtype(dt), sum_dtype(dt))
+            key = (ndims[k], *kind, first_ncrc[k], amax[k])
+            group = ones.get(key)
+            if group is None:
+                ones[key] = [k]
+            else:
+                group.append(k)
     together: dict[int, memoryview] = {}  # section -> its bytes, from a group
     for (nd, sd, md, c, mags), group in ones.items():
         if len(group) < ONES_MIN:

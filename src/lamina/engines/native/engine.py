@@ -20,7 +20,7 @@ import stat
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple, NoReturn
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -210,8 +210,10 @@ class _Lazy:
         return self.make()
 
 
-def _mismatch(rec, seg: int, k: int, what: str | _Lazy) -> NoReturn:
-    """Segment *k* (of *seg* bytes) of block *rec* read back with another checksum."""
+def _verify(rec, seg: int, k: int, got: int, what: str | _Lazy) -> None:
+    """ChecksumError unless *got* is the checksum of segment *k* (of *seg* bytes) of block *rec*."""
+    if k < len(rec.crcs) and got == rec.crcs[k]:
+        return
     raise ChecksumError(
         f"checksum mismatch in {what}, segment {k} (bytes {rec.offset + k * seg}.."
         f"{rec.offset + min(rec.length, (k + 1) * seg)}): the data is corrupt"
@@ -1454,16 +1456,8 @@ class NativeEngine(BlockEngine):
         n = len(mv)
         if n and block_off + n <= (block_off // seg + 1) * seg:
             _pread_into(fd, mv, file_off, what)
-            k = block_off // seg
-            got = stats_mod.crc(mv)
-            if k >= len(rec.crcs) or got != rec.crcs[k]:
-                _mismatch(rec, seg, k, what)
+            _verify(rec, seg, block_off // seg, stats_mod.crc(mv), what)
             return
-
-        def check(k: int, got: int) -> None:
-            if k >= len(rec.crcs) or got != rec.crcs[k]:
-                _mismatch(rec, seg, k, what)
-
         futures = []
         pool = stats_mod._pool()
         pos = 0
@@ -1475,7 +1469,7 @@ class NativeEngine(BlockEngine):
             futures.append((k, pool.submit(stats_mod.crc, piece)))
             pos = end
         for k, fut in futures:
-            check(k, fut.result())
+            _verify(rec, seg, k, fut.result(), what)
 
     def _close_storage(self) -> None:
         fds = list(getattr(self, "_rfds", {}).values())
