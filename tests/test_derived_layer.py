@@ -258,6 +258,41 @@ def test_quadratic_stencils_exact_at_block_edges_and_boundary(open_file, new_pat
     close(f["d"][...], sum(exact))
 
 
+def test_blocks_with_gaps_computed_block_by_block(open_file, new_path):
+    """A writer whose blocks do not tile their box computes each block on its own: its inputs
+    are the blocks of the same box (found by the box), a stencil's halo outside them is the
+    fill value where nobody wrote."""
+    p = new_path()
+    f = open_file(p, "w")
+    u = f.create_dataset("u", (40, 6), "f8", fill=0.0)
+    v = f.create_dataset("v", (40, 6), "f8", fill=0.0)
+    f.derive("s", "u * v + 1", "store")
+    f.derive("g", "gradient(u, 1)", "stats")
+    f.derive("d", "gradient(u, 0)", "store")
+    rng = np.random.default_rng(7)
+    uu, vv = np.zeros((40, 6)), np.zeros((40, 6))
+    with f.step():
+        for r in range(0, 40, 4):  # rows r, r+1 written, r+2, r+3 not
+            a, b = rng.random((2, 6)), rng.random((2, 6))
+            uu[r : r + 2], vv[r : r + 2] = a, b
+            u.write(a, offset=(r, 0))
+            v.write(b, offset=(r, 0))
+    f.close()
+    f = open_file(p)
+    rows = np.concatenate([[r, r + 1] for r in range(0, 40, 4)])
+    np.testing.assert_array_equal(f["s"][...][rows], (uu * vv + 1)[rows])
+    np.testing.assert_array_equal(f["g"][...][rows], np.gradient(uu, axis=1, edge_order=2)[rows])
+    # along axis 0 each block's halo is the fill value (0) where nobody wrote
+    np.testing.assert_allclose(
+        f["d"][...][rows], np.gradient(uu, axis=0, edge_order=2)[rows], rtol=1e-14
+    )
+    blocks = f["s"].blocks(0)
+    assert len(blocks) == 10
+    for blk in blocks:
+        want = (uu * vv + 1)[blk.box.slices]
+        assert blk.stats.min == want.min() and blk.stats.max == want.max()
+
+
 # ---------------------------------------------------------------------------
 # reading: region plus halo only
 # ---------------------------------------------------------------------------

@@ -458,6 +458,8 @@ class DerivedLayer(Layer):
             mine = [b for b, _ in self._held.get(d.anchor, [])]
             regions = halo.regions(mine)
             inputs = sorted(d.inputs)
+            # an input's block of the very box a region needs is used as it is (no search)
+            same = {p: {b: a for b, a in self._held.get(p, [])} for p in inputs}
             g = comm_mod.Guard()
             reqs: dict[tuple[int, int], Box] = {}  # (region, input index) -> needed box
             local_ok = 1
@@ -466,7 +468,7 @@ class DerivedLayer(Layer):
                     need = needed_boxes(d.expr, region, d.shape)
                     for i, p in enumerate(inputs):
                         reqs[(j, i)] = need[p]
-                        if not halo.covered(self._held, p, need[p]):
+                        if need[p] not in same[p] and not halo.covered(self._held, p, need[p]):
                             local_ok = 0
             comm_mod.agree(self.comm, g.error)
             pieces: dict[tuple[int, int], list[tuple[Box, np.ndarray]]] = {}
@@ -479,8 +481,13 @@ class DerivedLayer(Layer):
                     arrays, origin = {}, {}
                     for i, p in enumerate(inputs):
                         box = reqs[(j, i)]
-                        arrays[p] = halo.assemble(
-                            self._held, self.catalog.datasets[p], box, pieces.get((j, i), [])
+                        got = same[p].get(box)
+                        arrays[p] = (
+                            got
+                            if got is not None
+                            else halo.assemble(
+                                self._held, self.catalog.datasets[p], box, pieces.get((j, i), [])
+                            )
                         )
                         origin[p] = box.start
                     res = evaluate(
