@@ -115,8 +115,9 @@ def test_no_json_loads_outside_the_shared_reader():
 def test_calibration_nested_deeply_is_a_value_error():
     with pytest.raises(ValueError, match="calibration: .*nested"):
         calmod.Calibration.from_json("[" * 5000 + "]" * 5000)
-    with pytest.raises(ValueError, match="calibration: .*nested 3 levels"):
-        calmod.Calibration.from_json('{"host": [[1]]}')
+    # an object of tables of [size, seconds] pairs is 4 levels deep: one more is refused
+    with pytest.raises(ValueError, match="calibration: .*nested 5 levels"):
+        calmod.Calibration.from_json('{"block_seconds": {"read": [[[1]]]}}')
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")

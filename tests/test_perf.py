@@ -28,6 +28,7 @@ from lamina.perf import (
     predict,
     recommend,
 )
+from lamina.perf.model import combine
 
 CAL = perf_util.CAL
 # the module (the package's name ``calibrate`` is the function)
@@ -47,8 +48,9 @@ def test_magnitude_by_hand():
     # N = 1e6, k = 3, c = 1: S_in = 24e6, S_d = 8e6; b = 32, f = 6
     t_c = max(32e6 / 10e9, 6e6 / 1e9)  # 6 ms: bound by the operation rate
     t_st = 8e6 / 8e9
-    assert p["store"].write_s == approx(t_c + t_st + 8e6 / 2e9)
-    assert p["stats"].write_s == approx(t_c + t_st)
+    t_g = 2 * 24e6 / 20e9  # 8 blocks: the inputs copied into the box of a writer's blocks
+    assert p["store"].write_s == approx(t_g + t_c + t_st + 8e6 / 2e9)
+    assert p["stats"].write_s == approx(t_g + t_c + t_st)
     assert p["expression"].write_s == 0.0
     assert p["store"].read_s == approx(0.1 * 8e6 / 4e9)
     assert p["stats"].read_s == approx(0.1 * (24e6 / 4e9 + t_c))
@@ -233,6 +235,15 @@ def _doc(**change):
             "stats_bandwidth",
         ),
         (CAL.to_json().replace("4000000000.0", "NaN"), "NaN"),
+        (json.dumps(_doc(fresh_copy_bandwidth=-1)), "fresh_copy_bandwidth"),
+        (json.dumps(_doc(block_seconds=[1])), "block_seconds"),
+        (json.dumps(_doc(block_seconds={"fast": [[1, 1]]})), "unknown kind 'fast'"),
+        (json.dumps(_doc(block_seconds={"read": []})), r"block_seconds\['read'\]"),
+        (json.dumps(_doc(block_seconds={"read": [[1, 1]] * 17})), "1 to 16"),
+        (json.dumps(_doc(block_seconds={"read": [[2, 1], [1, 1]]})), "sizes must increase"),
+        (json.dumps(_doc(block_seconds={"read": [[1, 0]]})), "finite numbers > 0"),
+        (json.dumps(_doc(block_seconds={"read": [[1, True]]})), "finite numbers > 0"),
+        (json.dumps(_doc(block_seconds={"read": [[1, 2, 3]]})), "pair"),
         ("[1, 2]", "object"),
         ("", "JSON"),
         (b"\xff\xfe\x00\x01garbage", "UTF-8"),
@@ -286,11 +297,131 @@ def test_load_uses_cache_and_remeasures(monkeypatch, tmp_path):
 
 def test_calibrate_quick(tmp_path):
     cal = calibrate(quick=True, directory=str(tmp_path))
-    for name in calmod.RATES:
+    for name in (*calmod.RATES, "fresh_copy_bandwidth"):
         v = getattr(cal, name)
         assert math.isfinite(v) and v > 0, name
     assert cal.host == calmod.host() and cal.version == calmod.CALIBRATION_VERSION
     assert list(tmp_path.iterdir()) == []  # its files are removed
+    # a table per kind of work, at the sizes but the largest
+    assert set(cal.block_seconds) == set(calmod.TABLES)
+    for kind, points in cal.block_seconds.items():
+        sizes = calmod.BLOCK_ELEMENTS if calmod.TABLES[kind] else calmod.BLOCK_BYTES
+        assert [n for n, _ in points] == list(sizes[:-1]), kind
+        assert all(math.isfinite(t) and t > 0 for _, t in points), kind
+    assert Calibration.from_json(cal.to_json()) == cal
+
+
+def test_calibration_of_the_previous_version_is_measured_again(monkeypatch, tmp_path):
+    """A file of version 1 (no per-block tables) is not used: the model would lack them."""
+    path = tmp_path / "cal.json"
+    doc = json.loads(dataclasses.replace(CAL, host=calmod.host(), version=1).to_json())
+    del doc["block_seconds"], doc["fresh_copy_bandwidth"]
+    path.write_text(json.dumps(doc))
+    assert calmod.cached(str(path)) is None
+    new = dataclasses.replace(CAL, host=calmod.host(), flop_rate=3e9)
+    monkeypatch.setattr(calmod, "calibrate", lambda quick=False, directory=None: new)
+    assert load_calibration(str(path)) == new and calmod.cached(str(path)) == new
+
+
+# ------------------------------------------------------- per-block tables
+def _tabled(**tables) -> Calibration:
+    return dataclasses.replace(CAL, block_seconds=tables)
+
+
+def test_block_time_interpolates_and_extrapolates():
+    cal = _tabled(read=[[1e3, 1e-4], [1e5, 1e-3], [1e7, 1e-1]])
+    bt = calmod.block_time
+    assert bt(cal, "read", 1e3) == pytest.approx(1e-4)
+    assert bt(cal, "read", 1e5) == pytest.approx(1e-3)
+    assert bt(cal, "read", 1e4) == pytest.approx(10**-3.5)  # log-log between 1e3 and 1e5
+    assert bt(cal, "read", 1e6) == pytest.approx(1e-2)
+    assert bt(cal, "read", 1e8) == pytest.approx(1.0)  # the largest size's time per byte
+    # below the smallest: the line through the two smallest points, whose fixed cost stays
+    per = (1e-3 - 1e-4) / (1e5 - 1e3)
+    assert bt(cal, "read", 500) == pytest.approx(1e-4 - per * 500)
+    assert bt(cal, "read", 1) == pytest.approx(1e-4 - per * 999)
+    assert bt(cal, "read", 0) == 0.0
+    assert bt(cal, "write", 1e4) is None  # no table: the caller takes the bandwidth
+    one = _tabled(stats=[[100, 1e-6]])
+    assert bt(one, "stats", 50) == pytest.approx(0.5e-6)
+
+
+def _tables_for_magnitude() -> Calibration:
+    # 1 us a call plus 1 ns an element for every kernel; statistics 0.1 us + 0.1 ns an element;
+    # reads 10 us a block plus 1 ns a byte, writes 2 ns a byte (interpolated in log-log, a line
+    # is exact only at its points: the test's blocks are of those sizes)
+    el = [4096, 32768, 262144]
+    line = lambda a, b, xs: [[x, a + b * x] for x in xs]  # noqa: E731
+    by = [32768, 262144, 2097152]
+    return _tabled(
+        kernel=line(1e-6, 1e-9, el),
+        stencil=line(1e-6, 2e-9, el),
+        magnitude=line(1e-6, 3e-9, el),
+        curl=line(1e-6, 30e-9, el),
+        stats=line(1e-7, 1e-10, el),
+        read=line(1e-5, 1e-9, by),
+        write=line(1e-5, 2e-9, by),
+    )
+
+
+def test_model_takes_each_term_at_its_block_size():
+    cal = _tables_for_magnitude()
+    shape = (64, 64, 64)  # N = 262144: 8 blocks of 32768 elements, 256 KiB
+    t = lamina.perf.terms(MAG, shape, nblocks=8, calibration=cal)
+    n = 262144
+    assert t.compute_s == pytest.approx(1e-6 + 3e-9 * n)  # the table of magnitude itself
+    assert t.stats_s == pytest.approx(8 * (1e-7 + 1e-10 * 32768))  # a pass per block
+    assert t.gather_s == pytest.approx(2 * 3 * n * 8 / CAL.memcpy_bandwidth)
+    assert t.read_s(8 * 262144, 262144) == pytest.approx(8 * (1e-5 + 1e-9 * 262144))
+    assert t.write_s(8 * 262144, 262144) == pytest.approx(8 * (1e-5 + 2e-9 * 262144))
+    assert t.compute_at(32768) == pytest.approx(1e-6 + 3e-9 * 32768)
+    p = combine(t, 0.125, 1)  # one block of eight
+    assert p["stats"].write_s == pytest.approx(t.gather_s + t.compute_s + t.stats_s)
+    assert p["store"].write_s == pytest.approx(
+        t.gather_s + t.compute_s + t.stats_s + 8 * (1e-5 + 2e-9 * 262144)
+    )
+    assert p["store"].read_s == pytest.approx(1e-5 + 1e-9 * 262144)
+    assert p["stats"].read_s == pytest.approx(3 * (1e-5 + 1e-9 * 262144) + t.compute_at(32768))
+    assert p["expression"].read_s == pytest.approx(24 * (1e-5 + 1e-9 * 262144) + t.compute_s)
+    # one block: nothing gathered; a rate the caller gives replaces its table
+    assert lamina.perf.terms(MAG, shape, calibration=cal).gather_s == 0.0
+    given = lamina.perf.terms(MAG, shape, nblocks=8, calibration=cal, read_bandwidth=1e9)
+    assert given.read_s(8 * 262144, 262144) == pytest.approx(8 * 262144 / 1e9)
+    assert given.write_s(8 * 262144, 262144) == pytest.approx(8 * (1e-5 + 2e-9 * 262144))
+
+
+def test_model_counts_new_memory_at_the_write():
+    """The gathering of a writer's inputs and the first touches of the new result, at the rate
+    of a copy into new memory (the memcpy rate where it was not measured: no first touches)."""
+    assert lamina.perf.terms(MAG, SHAPE, nblocks=8, calibration=CAL).fresh_s == 0.0
+    cal = dataclasses.replace(CAL, fresh_copy_bandwidth=5e9)  # memcpy 20e9
+    t = lamina.perf.terms(MAG, SHAPE, nblocks=8, calibration=cal)
+    assert t.gather_s == pytest.approx(2 * 24e6 / 5e9)
+    assert t.fresh_s == pytest.approx(2 * 8e6 * (1 / 5e9 - 1 / 20e9))
+    p = predict(MAG, SHAPE, nblocks=8, calibration=cal)
+    extra = t.gather_s + t.fresh_s
+    assert p["stats"].write_s == pytest.approx(extra + t.compute_s + t.stats_s)
+    assert p["store"].write_s == pytest.approx(extra + t.compute_s + t.stats_s + 8e6 / 2e9)
+    one = lamina.perf.terms(MAG, SHAPE, calibration=cal)  # one block: nothing gathered
+    assert one.gather_s == 0.0 and one.fresh_s == t.fresh_s
+
+
+def test_model_roofline_of_the_tables_for_other_expressions():
+    cal = _tables_for_magnitude()
+    n = 262144
+    # float32 magnitude is not the calibrated kernel: the roofline of the tables
+    t = lamina.perf.terms(MAG, (64, 64, 64), "f4", calibration=cal)
+    ops = (1e-6 + 3e-9 * n) + (1e-6 + 30e-9 * n)  # magnitude and curl together
+    f_tables = 6 + lamina.derived.parse("curl(u, v, w)").flops_per_element
+    mem = (1e-6 + 1e-9 * n) * t.bytes_per_element / 24  # a + b moves 24 bytes an element
+    assert t.compute_s == pytest.approx(max(mem, ops * t.flops_per_element / f_tables))
+    # a stencil: the memory term from gradient(u, 0), 16 bytes an element
+    g = lamina.perf.terms("gradient(u, 1)", (64, 64, 64), calibration=cal)
+    mem = (1e-6 + 2e-9 * n) * g.bytes_per_element / 16
+    assert g.compute_s == pytest.approx(max(mem, ops * g.flops_per_element / f_tables))
+    # curl of float64 is a calibrated kernel: its own table
+    c = lamina.perf.terms("curl(a, b, c)", (64, 64, 64), calibration=cal)
+    assert c.compute_s == pytest.approx(1e-6 + 30e-9 * n)
 
 
 # ------------------------------------------------------------ the command

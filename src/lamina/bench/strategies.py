@@ -360,8 +360,12 @@ def best_rates(cals: list):
     from ..perf.calibrate import RATES
 
     doc = json.loads(cals[-1].to_json())
-    for r in RATES:
+    for r in (*RATES, "fresh_copy_bandwidth"):
         doc[r] = max(getattr(c, r) for c in cals)
+    for kind, points in doc["block_seconds"].items():  # the shortest time at each size
+        for i, (size, _) in enumerate(points):
+            times = [p[1] for c in cals for p in c.block_seconds.get(kind, ()) if p[0] == size]
+            points[i] = [size, min(times)]
     return Calibration(**doc)
 
 
@@ -534,7 +538,9 @@ def report(doc: dict) -> str:
         f"calibration {doc['calibration_source']}: kernels {cal['kernel_bandwidth'] / 1e9:.3g} GB/s, "
         f"stencils {cal['stencil_bandwidth'] / 1e9:.3g} GB/s, {cal['flop_rate'] / 1e9:.3g} Gop/s, "
         f"statistics {cal['stats_bandwidth'] / 1e9:.3g} GB/s, write {cal['write_bandwidth'] / 1e9:.3g} GB/s, "
-        f"read {cal['read_bandwidth'] / 1e9:.3g} GB/s",
+        f"read {cal['read_bandwidth'] / 1e9:.3g} GB/s, "
+        f"copy into new memory {cal.get('fresh_copy_bandwidth', 0) / 1e9:.3g} GB/s, "
+        f"per-block tables: {', '.join(cal.get('block_seconds', {})) or 'none'}",
         *_spread(doc.get("calibrations") or []),
         f"times: best of {o['repeat']}; write = the file's open..close minus the baseline file's "
         "(the same fields, no derived quantity); read = one query (block answer) of the file opened just before; "
@@ -924,7 +930,7 @@ def run(
         cal = best_rates(cals)
         how = (
             f"measured in this run, {len(cals)} times (before the first kernel and after each; "
-            f"lamina.perf.calibrate({'quick=True' if quick else ''})), the best of each rate"
+            f"lamina.perf.calibrate({'quick=True' if quick else ''})), the best of each rate and of each block time"
         )
     for m in results:
         evaluate_case(m, tuple(m["shape"]), m["blocks"], readers, cal, histories[m["blocks"]])

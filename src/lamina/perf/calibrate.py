@@ -14,9 +14,27 @@ state):
 ``stats_bandwidth``    :func:`lamina.stats.compute` without checksums (the statistics pass)
 ``write_bandwidth``    a native lamina file written with ``durable=False`` (page cache)
 ``read_bandwidth``     the same file read back into a new array
+``fresh_copy_bandwidth``  a copy into a new array (the gathering of a derived quantity's
+                       inputs): bytes read and written, page faults of the new memory included
+``block_seconds``      seconds per block at several block sizes (below)
 
-The kernels return fresh arrays, as the derived layer does, so the rates
-include the page faults of new results.
+The kernels return new arrays, as the derived layer does; timed after an
+untimed run, they get memory the allocator kept, so their rates leave out
+the page faults of new memory.  ``fresh_copy_bandwidth`` measures those (the
+allocator hands its free memory back before each run), and the model adds
+them where the layer touches new memory.
+
+The rates above are measured on large arrays.  lamina works block by block,
+and a block costs more than its bytes at those rates: each kernel call, each
+statistics pass and each read or write of a block has a fixed cost, and the
+kernels start a second thread only on large arrays.  ``block_seconds`` holds,
+per kind of work, the seconds one block takes at :data:`BLOCK_ELEMENTS`
+float64 elements (``kernel``: ``a + b``, ``stencil``: ``gradient(u, 0)``,
+``magnitude``: ``magnitude(vx, vy, vz)``, ``curl``: ``curl(u, v, w)``,
+``stats``: the statistics pass) or :data:`BLOCK_BYTES` bytes (``write``: one
+block of a step of several written through the engine, ``read``: one block
+read back alone); :func:`block_time` interpolates between them (see
+:mod:`lamina.perf.model` for where the model uses them).
 
 :func:`load_calibration` keeps the result at ``$LAMINA_CALIBRATION``, else
 ``$XDG_CACHE_HOME/lamina/calibration.json`` (``~/.cache`` by default), and
@@ -26,6 +44,8 @@ another host or by another version of the calibration.
 
 from __future__ import annotations
 
+import ctypes
+import itertools
 import json
 import math
 import os
@@ -35,8 +55,9 @@ import stat
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -45,12 +66,40 @@ from ..catalog.wire import load_json
 from ..errors import FormatError
 
 #: bumped when what is measured changes: older files are measured again
-CALIBRATION_VERSION = 1
+#: (2: the copy into new memory and the per-block tables)
+CALIBRATION_VERSION = 2
 #: bytes of the arrays measured (quick: a quarter)
 SIZE = 64 << 20
 QUICK_SIZE = 16 << 20
-#: largest calibration file read (a real one is a few hundred bytes)
+#: largest calibration file read (a real one is about two kilobytes)
 MAX_FILE_BYTES = 1 << 16
+#: block sizes of the per-block tables: float64 elements (kernels, statistics) and bytes
+#: (the engine's writes and reads); quick calibrations leave out the largest
+BLOCK_ELEMENTS = (1 << 12, 1 << 15, 1 << 18, 1 << 21)
+BLOCK_BYTES = (1 << 15, 1 << 18, 1 << 21, 1 << 24)
+#: the kinds of work timed per block, and whether their sizes are elements (else bytes)
+TABLES = {
+    "kernel": True,
+    "stencil": True,
+    "magnitude": True,
+    "curl": True,
+    "stats": True,
+    "write": False,
+    "read": False,
+}
+#: the kernel each table of kernels times, and whether over a cube (a stencil) or a line
+TABLE_KERNELS = {
+    "kernel": ("a + b", False),
+    "stencil": ("gradient(u, 0)", True),
+    "magnitude": ("magnitude(vx, vy, vz)", False),
+    "curl": ("curl(u, v, w)", True),
+}
+#: the tables whose kernels are bound by the operation rate (their sum: the roofline's)
+FLOP_TABLES = ("magnitude", "curl")
+#: most points of one table in a calibration file
+MAX_POINTS = 16
+#: bytes a step of the write table writes at least (in blocks of each size, 4 blocks or more)
+TABLE_STEP_BYTES = 8 << 20
 
 RATES = (
     "memcpy_bandwidth",
@@ -80,9 +129,20 @@ class Calibration:
     host: str
     created: float
     version: int = CALIBRATION_VERSION
+    #: 0 where not measured (a calibration made by hand): the model takes ``memcpy_bandwidth``
+    fresh_copy_bandwidth: float = 0.0
+    #: kind -> ((block size, seconds per block), ...), sizes increasing; a kind left out (a
+    #: calibration made by hand) is predicted from the rate of large arrays alone
+    block_seconds: Mapping[str, tuple[tuple[float, float], ...]] = field(
+        default_factory=dict, hash=False
+    )
 
     def __post_init__(self) -> None:
         _check(asdict(self))
+        tables = {
+            k: tuple((float(n), float(t)) for n, t in v) for k, v in self.block_seconds.items()
+        }
+        object.__setattr__(self, "block_seconds", tables)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True) + "\n"
@@ -99,7 +159,7 @@ class Calibration:
             raise ValueError(f"calibration: expected text, got {type(text).__name__}")
         try:
             # a flat object: the shared reader bounds its length and nesting before parsing
-            doc = load_json(text, "calibration", limit=MAX_FILE_BYTES, max_depth=2, constants=False)
+            doc = load_json(text, "calibration", limit=MAX_FILE_BYTES, max_depth=4, constants=False)
         except FormatError as e:
             raise ValueError(str(e)) from None
         if not isinstance(doc, dict):
@@ -130,6 +190,64 @@ def _check(doc: dict[str, Any]) -> None:
     v = doc["version"]
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ValueError(f"calibration: 'version' must be an integer >= 1, got {v!r}")
+    c = doc["fresh_copy_bandwidth"]
+    if isinstance(c, bool) or not isinstance(c, int | float) or not math.isfinite(c) or c < 0:
+        raise ValueError(f"calibration: 'fresh_copy_bandwidth' must be finite and >= 0, got {c!r}")
+    _check_tables(doc["block_seconds"])
+
+
+def _number(v: Any) -> bool:
+    return not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v) and v > 0
+
+
+def _check_tables(tables: Any) -> None:
+    if not isinstance(tables, Mapping):
+        raise ValueError(
+            f"calibration: 'block_seconds' must be an object, got {type(tables).__name__}"
+        )
+    for kind, points in tables.items():
+        what = f"calibration: block_seconds[{kind!r}]"
+        if kind not in TABLES:
+            raise ValueError(
+                f"calibration: unknown kind {kind!r} in 'block_seconds' (known: {', '.join(TABLES)})"
+            )
+        if not isinstance(points, list | tuple) or not 1 <= len(points) <= MAX_POINTS:
+            raise ValueError(f"{what} must be a list of 1 to {MAX_POINTS} [size, seconds] pairs")
+        last = 0.0
+        for pt in points:
+            if not isinstance(pt, list | tuple) or len(pt) != 2 or not all(map(_number, pt)):
+                raise ValueError(f"{what}: {pt!r} is not a pair of finite numbers > 0")
+            if pt[0] <= last:
+                raise ValueError(f"{what}: sizes must increase, got {pt[0]!r} after {last!r}")
+            last = pt[0]
+
+
+def block_time(cal: Calibration, kind: str, size: float) -> float | None:
+    """Seconds one block of *size* (elements or bytes, see :data:`TABLES`) takes for *kind* of
+    work, from the calibration's table; None where it has none.
+
+    Between two measured sizes the time is interpolated linearly in log-log; below the
+    smallest, ``seconds = a + size / rate`` through the two smallest points (the fixed cost
+    of a block stays); above the largest, the largest point's time per unit, scaled.
+    """
+    points = cal.block_seconds.get(kind)
+    if not points or size <= 0:
+        return None if not points else 0.0
+    if size >= points[-1][0]:
+        n, t = points[-1]
+        return t * size / n
+    if size <= points[0][0]:
+        n0, t0 = points[0]
+        if len(points) == 1:
+            return t0 * size / n0
+        n1, t1 = points[1]
+        per = max(0.0, (t1 - t0) / (n1 - n0))
+        return max(t0 - per * (n0 - size), t0 * size / n0)
+    for (n0, t0), (n1, t1) in itertools.pairwise(points):
+        if size <= n1:
+            w = math.log(size / n0) / math.log(n1 / n0)
+            return math.exp(math.log(t0) + w * (math.log(t1) - math.log(t0)))
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def host() -> str:
@@ -219,8 +337,141 @@ def _io_rates(size: int, repeat: int, directory: str | None, rng) -> dict[str, f
     return {"write_bandwidth": arr.nbytes / tw, "read_bandwidth": arr.nbytes / tr}
 
 
+def _fresh_copy_rate(src: np.ndarray, repeat: int) -> float:
+    """Bytes read and written per second copying *src* into new memory, as the derived layer
+    gathers the inputs of an expression at the end of a step: three arrays, each new, all
+    alive until the last is copied.  Before each run the allocator hands its free memory back
+    to the system (glibc's ``malloc_trim``, as it does itself between steps once freed memory
+    passes its threshold), so that every run faults its pages in: without it the runs after
+    the first reuse the same pages and time a plain memcpy."""
+    parts = np.array_split(src, 3)
+    times = []
+    for r in range(repeat + 1):  # the first run untimed
+        _trim()
+        t = time.perf_counter()
+        held = []
+        for p in parts:
+            held.append(np.empty_like(p))
+            np.copyto(held[-1], p)
+        if r:
+            times.append(time.perf_counter() - t)
+        del held
+    return 2 * src.nbytes / max(min(times), 1e-9)
+
+
+def _trim() -> None:
+    """Hand the C allocator's free memory back to the system (glibc; elsewhere nothing)."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            _malloc_trim = ctypes.CDLL(None).malloc_trim
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim: Any = None
+
+
+def _times(repeat: int, n: int) -> int:
+    """Timed runs of a block of *n* units: more for small blocks, whose times are short and
+    scattered by the scheduler."""
+    return max(repeat, min(15, (1 << 20) // max(1, n)))
+
+
+def _kernel_tables(
+    sizes: tuple[int, ...], repeat: int, rng
+) -> dict[str, list[tuple[float, float]]]:
+    """Seconds per block of the kernels and of the statistics pass at *sizes* float64 elements."""
+    from .. import stats
+    from ..derived import evaluate, parse
+
+    def timed(text: str, n: int, cube: bool) -> float:
+        e = parse(text)
+        shape: tuple[int, ...] = (n,)
+        if cube:
+            side = max(3, round(n ** (1 / 3)))
+            shape = (side, side, side)
+        arrays = {p: rng.random(shape) + 0.5 for p in sorted(e.inputs)}
+        return _best(lambda: evaluate(e, arrays), _times(repeat, n)) * n / math.prod(shape)
+
+    tables: dict[str, list[tuple[float, float]]] = {k: [] for k in TABLE_KERNELS}
+    tables["stats"] = []
+    for n in sizes:
+        for kind, (text, cube) in TABLE_KERNELS.items():
+            tables[kind].append((n, timed(text, n, cube)))
+        a = rng.random(n)
+        tables["stats"].append(
+            (n, _best(partial(stats.compute, a, checksum=False), _times(repeat, n)))
+        )
+    return tables
+
+
+def _io_tables(
+    sizes: tuple[int, ...], repeat: int, directory: str | None, rng
+) -> dict[str, list[tuple[float, float]]]:
+    """Seconds per block of a step written through the engine and of a block read alone, at
+    *sizes* bytes of float64 per block (:func:`_io_block`)."""
+    tables: dict[str, list[tuple[float, float]]] = {"write": [], "read": []}
+    base = tempfile.mkdtemp(prefix="lamina-calibrate-", dir=directory)
+    try:
+        for size in sizes:
+            w, r = _io_block(os.path.join(base, f"b{size}.lam"), size, repeat, rng)
+            tables["write"].append((size, w))
+            tables["read"].append((size, r))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return tables
+
+
+def _io_block(path: str, size: int, repeat: int, rng) -> tuple[float, float]:
+    """(write, read) seconds per block of *size* bytes: steps of at least 4 blocks and
+    :data:`TABLE_STEP_BYTES` written to one file opened once (each step timed, the first not),
+    then every block read alone (each pass timed)."""
+    from .. import comm as comm_mod
+    from ..catalog import DatasetSpec
+    from ..engines.native import NativeEngine
+    from ..geometry import Box
+
+    n = size // 8
+    k = max(4, TABLE_STEP_BYTES // size)
+    arr = rng.random(n * k)
+    boxes = [Box((i * n,), ((i + 1) * n,)) for i in range(k)]
+    runs = _times(repeat, size // 64)
+    eng = NativeEngine()
+    eng.open(path, "w", comm_mod.self_comm(), {"durable": False})
+    try:
+        eng.define(DatasetSpec("x", arr.shape, arr.dtype))
+        times = []
+        for r in range(runs + 1):  # the first step untimed: fresh file, fresh memory
+            t = time.perf_counter()
+            eng.begin_step()
+            for b in boxes:
+                eng.put("x", b, arr[b.start[0] : b.stop[0]])
+            eng.end_step()
+            if r:
+                times.append(time.perf_counter() - t)
+    finally:
+        eng.close()
+    reader = NativeEngine()
+    reader.open(path, "r", comm_mod.self_comm(), {})
+    try:
+        out = np.empty(n)
+
+        def read() -> None:
+            for b in boxes:
+                reader.get("x", b, None, out)
+
+        t_read = _best(read, runs)
+    finally:
+        reader.close()
+    shutil.rmtree(path, ignore_errors=True)
+    return max(min(times), 1e-9) / k, t_read / k
+
+
 def calibrate(quick: bool = False, directory: str | None = None) -> Calibration:
-    """Measure this machine (a second or two; ``quick``: a fraction of that).
+    """Measure this machine (a few seconds; ``quick``: a fraction of that).
 
     Files go to a temporary directory under *directory* (default: the
     system's), removed afterwards.  Nothing is cached: see
@@ -234,11 +485,23 @@ def calibrate(quick: bool = False, directory: str | None = None) -> Calibration:
     src = rng.random(size // 8)
     rates: dict[str, float] = {
         "memcpy_bandwidth": _memcpy_rate(src, repeat),
-        "stats_bandwidth": src.nbytes / _best(lambda: stats.compute(src, checksum=False), repeat),
+        "stats_bandwidth": src.nbytes / _best(partial(stats.compute, src, checksum=False), repeat),
     }
     rates.update(_kernel_rates(size, repeat, rng))
     rates.update(_io_rates(size, repeat, directory, rng))
-    return Calibration(**rates, host=host(), created=time.time(), version=CALIBRATION_VERSION)
+    fresh = _fresh_copy_rate(src, repeat)
+    del src
+    keep = -1 if quick else None
+    tables = _kernel_tables(BLOCK_ELEMENTS[:keep], repeat, rng)
+    tables.update(_io_tables(BLOCK_BYTES[:keep], repeat, directory, rng))
+    return Calibration(
+        **rates,
+        host=host(),
+        created=time.time(),
+        version=CALIBRATION_VERSION,
+        fresh_copy_bandwidth=fresh,
+        block_seconds={k: tuple(v) for k, v in tables.items()},
+    )
 
 
 # ------------------------------------------------------------- the cache

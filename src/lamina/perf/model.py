@@ -86,21 +86,65 @@ Total time over the life of the data: ``T_total = T_write + R T_read``;
 :func:`recommend` picks the smallest total, a tie going to the strategy that
 stores less.
 
+Blocks
+------
+The equations above move and compute every byte at the rates of large
+arrays.  lamina works block by block, and a calibration made by
+:func:`~lamina.perf.calibrate.calibrate` also times blocks
+(``Calibration.block_seconds``: a kernel call, a statistics pass, an engine
+write and read of one block, at block sizes from 4 Ki to 2 Mi elements or
+32 KiB to 16 MiB).  Where it has them, each term is taken at the size it
+works on instead (:func:`lamina.perf.calibrate.block_time` interpolates):
+
+* ``T_c(n)``, one evaluation over n elements: the calibration's own table
+  where the expression is one of its kernels (``magnitude``, ``curl`` of
+  float64), else the roofline of the tables at n (``a + b`` or
+  ``gradient(u, 0)`` scaled by bytes per element, ``magnitude`` and
+  ``curl`` by operations).  At the end of a step a writer evaluates the
+  box of its blocks at once (``T_c = T_c(N)``); a query computes its
+  candidates together (``T_c(q N)``), so a small query pays a kernel call's
+  fixed cost and runs on one thread;
+* ``T_st = c nb t_st(N / nb)``: one statistics pass per block and component;
+* the engine's writes and reads: ``S / s_b`` blocks of ``s_b`` bytes at
+  ``t_w(s_b)`` or ``t_r(s_b)`` each (a read or write bandwidth given by the
+  caller replaces its table);
+* ``T_g = 2 S_in / B_fresh`` when a writer holds several blocks
+  (``nb > 1``): the layer copies each input into a new array of the box of
+  its blocks before evaluating (bytes read and written, at the calibrated
+  rate of a copy into new memory, page faults included; the memcpy rate in
+  a calibration without it);
+* ``T_f = 2 S_d (1 / B_fresh - 1 / B_memcpy)``: the result of the
+  evaluation at the end of a step is new memory too, and its first touches
+  cost what a copy into new memory costs beyond a memcpy (the kernel tables
+  are timed on memory already touched).  ``T_g + T_f`` is added to Eq. 1's
+  Store and Stats writes.
+
+Eq. 2 becomes ``T_read(stats) = R(q S_in) + T_c(q N)`` and
+``T_read(expression) = R(S_in) + T_c(N)``, plus ``R(q S_in) + T_c(q N)``
+for a vector's candidates computed again (``R``: the engine's reads of
+blocks).  Without the tables (a calibration made by hand) these reduce to
+the equations above.
+
 The calibrated rates are *effective* rates of lamina's own kernels
-(:mod:`lamina.perf.calibrate`), which already include the Python overhead
-per block and the page faults of fresh results: so ``a + b`` (memory bound)
-and ``magnitude``/``curl`` (bound by the operation rate) are predicted
-close to what they measure.  One rate for every operation is a
-simplification: transcendental functions (``exp``, ``sin``, ...) cost
-several times an addition and are predicted too fast.
+(:mod:`lamina.perf.calibrate`), Python overhead of a call included (the
+tables: at each block size), so ``a + b`` (memory bound) and
+``magnitude``/``curl`` (bound by the operation rate) are predicted close
+to what they measure.  One rate for every operation is a simplification:
+transcendental functions (``exp``, ``sin``, ...) cost several times an
+addition and are predicted too fast.  What the model still leaves out: a
+query's own fixed cost (its statistics tables and units, 1-2 ms here,
+which the measured history holds as the series ``query``), and the
+contention of the step's other work (the statistics of the primary blocks
+on their own thread) with the computing at the end of a step.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -180,9 +224,101 @@ class Terms:
     write_bandwidth: float  # B_w
     blocks: int = 1  # nb
     signature: str = ""  # the expression's key in the measured history
+    gather_s: float = 0.0  # T_g
+    fresh_s: float = 0.0  # T_f
+    #: the calibration's per-block tables, where it has them (not in :meth:`as_dict`); None:
+    #: every term at the rates of large arrays
+    tables: _Tables | None = field(default=None, compare=False, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        del d["tables"]
+        return d
+
+    def compute_at(self, n: float) -> float:
+        """Seconds to evaluate the expression over *n* elements at once (``T_c`` at ``n = N``)."""
+        if n <= 0 or self.elements == 0:
+            return 0.0
+        if self.tables is None or not self.tables.kernels:
+            return self.compute_s * n / self.elements
+        return self.tables.compute(n, self.bytes_per_element, self.flops_per_element)
+
+    def read_s(self, nbytes: float, block_bytes: float) -> float:
+        """Seconds to read *nbytes* stored in blocks of *block_bytes* each."""
+        if nbytes <= 0:
+            return 0.0
+        t = self.tables.per_block("read", block_bytes) if self.tables is not None else None
+        return nbytes / self.read_bandwidth if t is None else nbytes / block_bytes * t
+
+    def write_s(self, nbytes: float, block_bytes: float) -> float:
+        """Seconds to write *nbytes* in blocks of *block_bytes* each (in a step of several)."""
+        if nbytes <= 0:
+            return 0.0
+        t = self.tables.per_block("write", block_bytes) if self.tables is not None else None
+        return nbytes / self.write_bandwidth if t is None else nbytes / block_bytes * t
+
+
+@dataclass(frozen=True)
+class _Tables:
+    """The per-block tables of a calibration (:func:`lamina.perf.calibrate.block_time`) as
+    they apply to one expression."""
+
+    calibration: Calibration
+    #: the table of the calibration's kernel this expression is, if it is one (float64 inputs)
+    own: str | None
+    stencil: bool  # the expression has a halo: the stencil table bounds its memory traffic
+    given: tuple[str, ...]  # "read", "write": rates the caller gave, which replace the tables
+
+    @property
+    def kernels(self) -> bool:
+        return all(k in self.calibration.block_seconds for k in _table_work())
+
+    def per_block(self, kind: str, size: float) -> float | None:
+        if kind in self.given:
+            return None
+        from .calibrate import block_time
+
+        return block_time(self.calibration, kind, size)
+
+    def compute(self, n: float, b: int, f: int) -> float:
+        """Seconds of one evaluation over *n* elements of the expression (*b* bytes and *f*
+        operations per element): its own table if the calibration timed it, else the roofline
+        of the tables at that size (memory: ``a + b`` or ``gradient(u, 0)`` scaled by bytes,
+        operations: ``magnitude`` and ``curl`` together scaled by operations)."""
+        from .calibrate import FLOP_TABLES, block_time
+
+        def at(kind: str) -> float:
+            return block_time(self.calibration, kind, n) or 0.0
+
+        if self.own is not None:
+            return at(self.own)
+        work = _table_work()
+        mem = "stencil" if self.stencil else "kernel"
+        t_op = sum(at(k) for k in FLOP_TABLES) * f / sum(work[k] for k in FLOP_TABLES)
+        return max(at(mem) * b / work[mem], t_op)
+
+
+@functools.cache
+def _table_work() -> dict[str, int]:
+    """Per element, the bytes of the tables' memory-bound kernels and the operations of their
+    operation-bound ones (:data:`lamina.perf.calibrate.TABLE_KERNELS`, float64)."""
+    from .calibrate import FLOP_TABLES, TABLE_KERNELS
+
+    out = {}
+    for kind, (text, _) in TABLE_KERNELS.items():
+        tree = parse(text)
+        out[kind] = tree.flops_per_element if kind in FLOP_TABLES else tree.bytes_per_element(8)
+    return out
+
+
+@functools.cache
+def _table_signatures() -> dict[str, str]:
+    """The signature (:func:`lamina.perf.history.signature`) of each table's kernel -> its kind."""
+    from .calibrate import TABLE_KERNELS
+
+    return {
+        signature(parse(text), np.dtype("f8")): kind for kind, (text, _) in TABLE_KERNELS.items()
+    }
 
 
 # ----------------------------------------------------------------- validation
@@ -306,6 +442,31 @@ def terms(
     s_d = c * n * s_out
     block_bytes = -(-n // nb) * s_out  # the largest block of a component
     segments = max(1, -(-block_bytes // SEGMENT))  # checksums of one stored block
+    tables = None
+    if calibration.block_seconds:
+        sig = signature(tree, dt)
+        tables = _Tables(
+            calibration,
+            own=_table_signatures().get(sig),
+            stencil=tree.halo > 0,
+            given=tuple(
+                k
+                for k, v in (("read", read_bandwidth), ("write", write_bandwidth))
+                if v is not None
+            ),
+        )
+        if tables.kernels and n:
+            t_c = tables.compute(n, b, f)
+    t_st = s_d / calibration.stats_bandwidth
+    per_stats = tables.per_block("stats", n / nb) if tables is not None and n else None
+    if per_stats is not None:  # the table times float64 elements: scaled to the result's bytes
+        t_st = c * nb * per_stats * s_out / 8
+    # a rank holding several blocks evaluates over their box, its inputs first copied into it;
+    # the result at the end of a step is new memory, its first touches cost what a copy into
+    # new memory costs beyond a plain memcpy
+    fresh = calibration.fresh_copy_bandwidth or calibration.memcpy_bandwidth
+    gather = 2 * k * n * s_in / fresh if nb > 1 else 0.0
+    first_touch = max(0.0, 2 * s_d * (1 / fresh - 1 / calibration.memcpy_bandwidth))
     return Terms(
         elements=n,
         inputs=k,
@@ -322,11 +483,14 @@ def terms(
         flops_per_element=f,
         memory_bandwidth=b_mem,
         compute_s=t_c,
-        stats_s=s_d / calibration.stats_bandwidth,
+        stats_s=t_st,
         read_bandwidth=b_r,
         write_bandwidth=b_w,
         blocks=nb,
         signature=signature(tree, dt),
+        gather_s=gather,
+        fresh_s=first_touch,
+        tables=tables,
     )
 
 
@@ -344,19 +508,31 @@ def combine(
     *history*, each time term it has samples for comes from its fitted rates instead."""
     q = _fraction(query_fraction)
     r = _count(readers, "readers", 0)
-    t_c, t_st = t.compute_s, t.stats_s
+    t_c, t_st, t_g = t.compute_s, t.stats_s, t.gather_s + t.fresh_s
+    nb, c = max(1, t.blocks), max(1, t.components)
+    d_block = t.derived_bytes / (c * nb)  # bytes of a stored block of one component
+    in_block = t.input_bytes / (max(1, t.inputs) * nb)  # bytes of a block of one input
     write = {
-        "store": t_c + t_st + t.derived_bytes / t.write_bandwidth,
-        "stats": t_c + t_st,
+        "store": t_g + t_c + t_st + t.write_s(t.derived_bytes, d_block),
+        "stats": t_g + t_c + t_st,
         "expression": 0.0,
     }
-    again = _again(t.components, q)
+    # the candidates of a query are computed in one evaluation (consecutive blocks are read
+    # and computed together); a vector's, again for the other components (_again)
+    t_cq = t.compute_at(q * t.elements)
+    again = _again(t.components, q) > 1.0
     read = {
-        "store": q * t.derived_bytes / t.read_bandwidth,
-        "stats": q * (t.input_bytes / t.read_bandwidth + t_c),
-        "expression": again * (t.input_bytes / t.read_bandwidth + t_c),
+        "store": t.read_s(q * t.derived_bytes, d_block),
+        "stats": t.read_s(q * t.input_bytes, in_block) + t_cq,
+        "expression": t.read_s(t.input_bytes, in_block)
+        + t_c
+        + (t.read_s(q * t.input_bytes, in_block) + t_cq if again else 0.0),
     }
-    compute = {"store": t_c, "stats": t_c + r * q * t_c, "expression": r * again * t_c}
+    compute = {
+        "store": t_c,
+        "stats": t_c + r * t_cq,
+        "expression": r * (t_c + (t_cq if again else 0.0)),
+    }
     source = dict.fromkeys(STRATEGIES, "calibration")
     if history is not None:
         _from_history(t, q, history, write, read, source)
@@ -414,8 +590,13 @@ def _from_history(
 
     parts: dict[str, list[tuple[float, bool]]] = {
         "store": [
-            term(f"derive.store.{sig}", n, per_block, t.compute_s + t.stats_s),
-            term("write", s_d, s_d / (c * nb), s_d / t.write_bandwidth),
+            term(
+                f"derive.store.{sig}",
+                n,
+                per_block,
+                t.gather_s + t.fresh_s + t.compute_s + t.stats_s,
+            ),
+            term("write", s_d, s_d / (c * nb), t.write_s(s_d, s_d / (c * nb))),
         ],
         "stats": [term(f"derive.stats.{sig}", n, per_block, write["stats"])],
     }
