@@ -42,14 +42,30 @@ def regions(blocks: list[Box]) -> list[tuple[Box, list[Box]]]:
     return [(b, [b]) for b in blocks]
 
 
+def _meet(pieces: list[tuple[Box, np.ndarray]], need: Box) -> tuple[int, list[tuple[int, list]]]:
+    """Where *pieces* meet *need*, over all pieces at once: the cells of *need* they cover
+    (they never overlap) and, per piece that meets it, ``(index, [(start, stop) per axis])``
+    of the common part."""
+    if not pieces:
+        return 0, []
+    nd = need.ndim
+    starts = np.array([b.start for b, _ in pieces], dtype=np.int64).reshape(len(pieces), nd)
+    stops = np.array([b.stop for b, _ in pieces], dtype=np.int64).reshape(len(pieces), nd)
+    lo = np.maximum(starts, np.asarray(need.start, dtype=np.int64))
+    hi = np.minimum(stops, np.asarray(need.stop, dtype=np.int64))
+    ext = hi - lo
+    rows = np.flatnonzero((ext > 0).all(axis=1))
+    cells = int(ext[rows].prod(axis=1).sum())
+    parts = [
+        (int(i), list(zip(a, b, strict=True)))
+        for i, a, b in zip(rows.tolist(), lo[rows].tolist(), hi[rows].tolist(), strict=True)
+    ]
+    return cells, parts
+
+
 def covered(held: Held, path: str, need: Box) -> bool:
     """True if this rank's own blocks of *path* in this step cover *need* (they never overlap)."""
-    n = 0
-    for hb, _ in held.get(path, []):
-        inter = hb.intersect(need)
-        if inter is not None and not inter.empty:
-            n += inter.size
-    return n == need.size
+    return _meet(held.get(path, []), need)[0] == need.size
 
 
 def assemble(
@@ -57,23 +73,25 @@ def assemble(
 ) -> np.ndarray:
     """Values of dataset *spec* over *need*: this rank's blocks, pieces from others, fill elsewhere."""
     own = held.get(spec.path, [])
-    for hb, ha in own:
-        if hb.contains(need):
-            return ha[need.relative_to(hb)]
     pieces = [*own, *received]
-    n = 0
-    for hb, _ in pieces:
-        inter = hb.intersect(need)
-        n += 0 if inter is None or inter.empty else inter.size
+    cells, parts = _meet(pieces, need)
+
+    def part_of(i: int, part: list) -> np.ndarray:
+        hb, ha = pieces[i]
+        return ha[tuple(slice(a - o, b - o) for (a, b), o in zip(part, hb.start, strict=True))]
+
+    if len(parts) == 1 and cells == need.size and parts[0][0] < len(own):
+        return part_of(*parts[0])  # one own block holds it all: a view, nothing copied
     # blocks never overlap, so full coverage means every cell is written below
-    if n == need.size:
+    if cells == need.size:
         out = np.empty(need.shape, dtype=spec.dtype)
     else:
         out = np.full(need.shape, spec.fill_scalar(), dtype=spec.dtype)
-    for hb, ha in pieces:
-        inter = hb.intersect(need)
-        if inter is not None and not inter.empty:
-            out[inter.relative_to(need)] = ha[inter.relative_to(hb)]
+    n0 = need.start
+    for i, part in parts:
+        out[tuple(slice(a - o, b - o) for (a, b), o in zip(part, n0, strict=True))] = part_of(
+            i, part
+        )
     return out
 
 
