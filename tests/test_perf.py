@@ -244,6 +244,10 @@ def _doc(**change):
         (json.dumps(_doc(block_seconds={"read": [[1, 0]]})), "finite numbers > 0"),
         (json.dumps(_doc(block_seconds={"read": [[1, True]]})), "finite numbers > 0"),
         (json.dumps(_doc(block_seconds={"read": [[1, 2, 3]]})), "pair"),
+        # integers too large for a float: a ValueError naming the key, not an OverflowError
+        (json.dumps(_doc(flop_rate=10**400)), "flop_rate"),
+        (json.dumps(_doc(fresh_copy_bandwidth=10**400)), "fresh_copy_bandwidth"),
+        (json.dumps(_doc(block_seconds={"read": [[10**400, 1]]})), "finite numbers > 0"),
         ("[1, 2]", "object"),
         ("", "JSON"),
         (b"\xff\xfe\x00\x01garbage", "UTF-8"),
@@ -302,11 +306,16 @@ def test_calibrate_quick(tmp_path):
         assert math.isfinite(v) and v > 0, name
     assert cal.host == calmod.host() and cal.version == calmod.CALIBRATION_VERSION
     assert list(tmp_path.iterdir()) == []  # its files are removed
-    # a table per kind of work, at the sizes but the largest
+    # a table per kind of work, at the sizes but the largest; the query engine's own, by its
+    # probe (lamina.query registers it)
     assert set(cal.block_seconds) == set(calmod.TABLES)
+    sizes = {
+        "elements": calmod.BLOCK_ELEMENTS,
+        "bytes": calmod.BLOCK_BYTES,
+        "blocks": calmod.QUERY_BLOCKS,
+    }
     for kind, points in cal.block_seconds.items():
-        sizes = calmod.BLOCK_ELEMENTS if calmod.TABLES[kind] else calmod.BLOCK_BYTES
-        assert [n for n, _ in points] == list(sizes[:-1]), kind
+        assert [n for n, _ in points] == list(sizes[calmod.TABLES[kind]][:-1]), kind
         assert all(math.isfinite(t) and t > 0 for _, t in points), kind
     assert Calibration.from_json(cal.to_json()) == cal
 
@@ -318,6 +327,8 @@ def test_calibration_of_the_previous_version_is_measured_again(monkeypatch, tmp_
     del doc["block_seconds"], doc["fresh_copy_bandwidth"]
     path.write_text(json.dumps(doc))
     assert calmod.cached(str(path)) is None
+    with pytest.raises(ValueError, match="made by version 1 of the calibration, not 2"):
+        load_calibration(str(path), measure=False)
     new = dataclasses.replace(CAL, host=calmod.host(), flop_rate=3e9)
     monkeypatch.setattr(calmod, "calibrate", lambda quick=False, directory=None: new)
     assert load_calibration(str(path)) == new and calmod.cached(str(path)) == new
@@ -326,6 +337,24 @@ def test_calibration_of_the_previous_version_is_measured_again(monkeypatch, tmp_
 # ------------------------------------------------------- per-block tables
 def _tabled(**tables) -> Calibration:
     return dataclasses.replace(CAL, block_seconds=tables)
+
+
+def test_calibration_tables_are_read_only_and_any_mapping():
+    import types
+
+    cal = _tabled(read=[[1e3, 1e-4]])
+    with pytest.raises(TypeError):
+        cal.block_seconds["read"] = "junk"  # type: ignore[index]
+    assert cal.block_seconds["read"] == ((1e3, 1e-4),)
+    again = dataclasses.replace(CAL, block_seconds=types.MappingProxyType({"read": ((1e3, 1e-4),)}))
+    assert again == cal and hash(again) == hash(cal)
+    assert Calibration.from_json(cal.to_json()) == cal
+    assert dataclasses.asdict(cal)["block_seconds"] == {"read": ((1e3, 1e-4),)}
+    import copy
+
+    assert copy.deepcopy(cal) == cal
+    with pytest.raises(ValueError, match="block_seconds"):
+        dataclasses.replace(CAL, block_seconds=(p for p in [(1, 1)]))
 
 
 def test_block_time_interpolates_and_extrapolates():
@@ -383,11 +412,46 @@ def test_model_takes_each_term_at_its_block_size():
     assert p["store"].read_s == pytest.approx(1e-5 + 1e-9 * 262144)
     assert p["stats"].read_s == pytest.approx(3 * (1e-5 + 1e-9 * 262144) + t.compute_at(32768))
     assert p["expression"].read_s == pytest.approx(24 * (1e-5 + 1e-9 * 262144) + t.compute_s)
+    # a query's own time, by the blocks of the dataset it judges, on every read
+    q = dataclasses.replace(
+        cal, block_seconds={**cal.block_seconds, "query": ((4, 1e-3), (16, 2e-3))}
+    )
+    tq = lamina.perf.terms(MAG, shape, nblocks=8, calibration=q)
+    t_q = math.sqrt(1e-3 * 2e-3)  # 8 blocks: half way between 4 and 16 in log-log
+    assert tq.query_s == pytest.approx(t_q)
+    pq = combine(tq, 0.125, 1)
+    for s in pq:
+        assert pq[s].read_s == pytest.approx(p[s].read_s + t_q), s
+        assert pq[s].write_s == p[s].write_s
+    # statistics per element: a float32 block's pass is timed as a float64 block's
+    f4 = lamina.perf.terms(MAG, shape, "f4", nblocks=8, calibration=cal)
+    assert f4.stats_s == pytest.approx(t.stats_s)
     # one block: nothing gathered; a rate the caller gives replaces its table
     assert lamina.perf.terms(MAG, shape, calibration=cal).gather_s == 0.0
     given = lamina.perf.terms(MAG, shape, nblocks=8, calibration=cal, read_bandwidth=1e9)
     assert given.read_s(8 * 262144, 262144) == pytest.approx(8 * 262144 / 1e9)
     assert given.write_s(8 * 262144, 262144) == pytest.approx(8 * (1e-5 + 2e-9 * 262144))
+
+
+def test_model_query_time_counted_once_with_a_history():
+    """A history of the engine's reads but no query series: the calibrated query time is added
+    to the read from the history; a history with a query series replaces it."""
+    from lamina.perf.history import History
+
+    cal = dataclasses.replace(
+        _tables_for_magnitude(), block_seconds={"query": ((4, 1e-3), (64, 1e-3))}
+    )
+    t = lamina.perf.terms(MAG, (64, 64, 64), nblocks=8, calibration=cal)
+    assert t.query_s == pytest.approx(1e-3)
+    h = History()
+    for k in range(4):
+        h.add("read", 1e6 * (k + 1), 262144, 1e-3 * (k + 1))  # 1 GB/s
+    p = combine(t, 0.5, 1, h)
+    assert p["store"].read_s == pytest.approx(1e-3 + 0.5 * 2097152 / 1e9)
+    for k in range(4):
+        h.add("query.store", 1e5 * (k + 1), 32768, 5e-3 * (k + 1))
+    p = combine(t, 0.5, 1, h)
+    assert p["store"].read_s == pytest.approx(5e-3 * 131072 / 1e5 + 0.5 * 2097152 / 1e9)
 
 
 def test_model_counts_new_memory_at_the_write():

@@ -33,8 +33,13 @@ float64 elements (``kernel``: ``a + b``, ``stencil``: ``gradient(u, 0)``,
 ``magnitude``: ``magnitude(vx, vy, vz)``, ``curl``: ``curl(u, v, w)``,
 ``stats``: the statistics pass) or :data:`BLOCK_BYTES` bytes (``write``: one
 block of a step of several written through the engine, ``read``: one block
-read back alone); :func:`block_time` interpolates between them (see
-:mod:`lamina.perf.model` for where the model uses them).
+read back alone), and ``query``, a query's own time besides its reads by the
+blocks of the dataset it judges (:data:`QUERY_BLOCKS`); :func:`block_time`
+interpolates between them (see :mod:`lamina.perf.model` for where the model
+uses them).
+
+The query engine sits above this package, so it measures itself: it
+registers a probe (:func:`register_probe`) that :func:`calibrate` calls.
 
 :func:`load_calibration` keeps the result at ``$LAMINA_CALIBRATION``, else
 ``$XDG_CACHE_HOME/lamina/calibration.json`` (``~/.cache`` by default), and
@@ -56,7 +61,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import Any
 
@@ -77,16 +82,19 @@ MAX_FILE_BYTES = 1 << 16
 #: (the engine's writes and reads); quick calibrations leave out the largest
 BLOCK_ELEMENTS = (1 << 12, 1 << 15, 1 << 18, 1 << 21)
 BLOCK_BYTES = (1 << 15, 1 << 18, 1 << 21, 1 << 24)
-#: the kinds of work timed per block, and whether their sizes are elements (else bytes)
+#: the kinds of work timed per block, and what their sizes count
 TABLES = {
-    "kernel": True,
-    "stencil": True,
-    "magnitude": True,
-    "curl": True,
-    "stats": True,
-    "write": False,
-    "read": False,
+    "kernel": "elements",
+    "stencil": "elements",
+    "magnitude": "elements",
+    "curl": "elements",
+    "stats": "elements",
+    "write": "bytes",
+    "read": "bytes",
+    "query": "blocks",  # a query's own time by blocks of the dataset it judges (a probe's)
 }
+#: blocks of the dataset a query judges, for the ``query`` table (quick: the first two)
+QUERY_BLOCKS = (16, 256, 4096)
 #: the kernel each table of kernels times, and whether over a cube (a stencil) or a line
 TABLE_KERNELS = {
     "kernel": ("a + b", False),
@@ -98,7 +106,8 @@ TABLE_KERNELS = {
 FLOP_TABLES = ("magnitude", "curl")
 #: most points of one table in a calibration file
 MAX_POINTS = 16
-#: bytes a step of the write table writes at least (in blocks of each size, 4 blocks or more)
+#: bytes a step of the write table writes at least (in blocks of each size, 4 blocks or more;
+#: quick: a quarter)
 TABLE_STEP_BYTES = 8 << 20
 
 RATES = (
@@ -138,14 +147,18 @@ class Calibration:
     )
 
     def __post_init__(self) -> None:
-        _check(asdict(self))
+        doc = {f.name: getattr(self, f.name) for f in fields(self)}
+        _check(doc)
+        # read-only: a frozen calibration whose tables could change would not be one
         tables = {
-            k: tuple((float(n), float(t)) for n, t in v) for k, v in self.block_seconds.items()
+            k: tuple((float(n), float(t)) for n, t in v) for k, v in doc["block_seconds"].items()
         }
-        object.__setattr__(self, "block_seconds", tables)
+        object.__setattr__(self, "block_seconds", _ReadOnly(tables))
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, sort_keys=True) + "\n"
+        doc = {f.name: getattr(self, f.name) for f in fields(self)}
+        doc["block_seconds"] = {k: [list(p) for p in v] for k, v in self.block_seconds.items()}
+        return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Calibration:
@@ -158,7 +171,7 @@ class Calibration:
         if not isinstance(text, str | bytes | bytearray):
             raise ValueError(f"calibration: expected text, got {type(text).__name__}")
         try:
-            # a flat object: the shared reader bounds its length and nesting before parsing
+            # the shared reader bounds its length and nesting before parsing (tables: 4 deep)
             doc = load_json(text, "calibration", limit=MAX_FILE_BYTES, max_depth=4, constants=False)
         except FormatError as e:
             raise ValueError(str(e)) from None
@@ -168,8 +181,28 @@ class Calibration:
         return cls(**doc)
 
 
+class _ReadOnly(dict):
+    """A dict that refuses changes: the tables of a frozen :class:`Calibration` (still a dict to
+    ``dataclasses.asdict``, ``json`` and ``copy``)."""
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("the tables of a Calibration are read-only (use dataclasses.replace)")
+
+    __setitem__ = __delitem__ = __ior__ = _refuse
+    clear = pop = popitem = setdefault = update = _refuse
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (dict(self),))
+
+
 def _check(doc: dict[str, Any]) -> None:
     names = [f.name for f in fields(Calibration)]
+    v = doc.get("version")
+    if set(doc) != set(names) and isinstance(v, int) and v != CALIBRATION_VERSION:
+        raise ValueError(
+            f"calibration: made by version {v} of the calibration, not {CALIBRATION_VERSION} "
+            "(its fields differ): measure again"
+        )
     for key in doc:
         if key not in names:
             raise ValueError(f"calibration: unknown key {key!r}")
@@ -177,27 +210,30 @@ def _check(doc: dict[str, Any]) -> None:
         if key not in doc:
             raise ValueError(f"calibration: missing key {key!r}")
     for key in RATES:
-        v = doc[key]
-        if isinstance(v, bool) or not isinstance(v, int | float):
-            raise ValueError(f"calibration: {key!r} must be a number, got {type(v).__name__}")
-        if not math.isfinite(v) or v <= 0:
-            raise ValueError(f"calibration: {key!r} must be finite and > 0, got {v!r}")
+        if not _number(doc[key]):
+            raise ValueError(f"calibration: {key!r} must be a finite number > 0, got {doc[key]!r}")
     if not isinstance(doc["host"], str):
         raise ValueError(f"calibration: 'host' must be text, got {type(doc['host']).__name__}")
     c = doc["created"]
-    if isinstance(c, bool) or not isinstance(c, int | float) or not math.isfinite(c) or c < 0:
+    if not (_number(c) or c == 0) or isinstance(c, bool):
         raise ValueError(f"calibration: 'created' must be a time in seconds >= 0, got {c!r}")
     v = doc["version"]
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ValueError(f"calibration: 'version' must be an integer >= 1, got {v!r}")
     c = doc["fresh_copy_bandwidth"]
-    if isinstance(c, bool) or not isinstance(c, int | float) or not math.isfinite(c) or c < 0:
+    if not (_number(c) or c == 0) or isinstance(c, bool):
         raise ValueError(f"calibration: 'fresh_copy_bandwidth' must be finite and >= 0, got {c!r}")
     _check_tables(doc["block_seconds"])
 
 
 def _number(v: Any) -> bool:
-    return not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v) and v > 0
+    """A finite number > 0 that is not a bool (an integer too large for a float is not one)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return False
+    try:
+        return math.isfinite(float(v)) and v > 0
+    except OverflowError:
+        return False
 
 
 def _check_tables(tables: Any) -> None:
@@ -231,8 +267,10 @@ def block_time(cal: Calibration, kind: str, size: float) -> float | None:
     of a block stays); above the largest, the largest point's time per unit, scaled.
     """
     points = cal.block_seconds.get(kind)
-    if not points or size <= 0:
-        return None if not points else 0.0
+    if not points:
+        return None
+    if not size > 0:  # also nan
+        return 0.0
     if size >= points[-1][0]:
         n, t = points[-1]
         return t * size / n
@@ -364,8 +402,9 @@ def _trim() -> None:
     global _malloc_trim
     if _malloc_trim is None:
         try:
-            _malloc_trim = ctypes.CDLL(None).malloc_trim
-        except (OSError, AttributeError):
+            _malloc_trim = ctypes.CDLL(None).malloc_trim  # glibc
+            _malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError, TypeError):  # no such C library (TypeError: Windows)
             _malloc_trim = False
     if _malloc_trim:
         _malloc_trim(0)
@@ -376,8 +415,8 @@ _malloc_trim: Any = None
 
 def _times(repeat: int, n: int) -> int:
     """Timed runs of a block of *n* units: more for small blocks, whose times are short and
-    scattered by the scheduler."""
-    return max(repeat, min(15, (1 << 20) // max(1, n)))
+    scattered by the scheduler (at most 5 times *repeat*)."""
+    return max(repeat, min(5 * repeat, (1 << 20) // max(1, n)))
 
 
 def _kernel_tables(
@@ -409,7 +448,7 @@ def _kernel_tables(
 
 
 def _io_tables(
-    sizes: tuple[int, ...], repeat: int, directory: str | None, rng
+    sizes: tuple[int, ...], repeat: int, directory: str | None, rng, step_bytes: int
 ) -> dict[str, list[tuple[float, float]]]:
     """Seconds per block of a step written through the engine and of a block read alone, at
     *sizes* bytes of float64 per block (:func:`_io_block`)."""
@@ -417,7 +456,7 @@ def _io_tables(
     base = tempfile.mkdtemp(prefix="lamina-calibrate-", dir=directory)
     try:
         for size in sizes:
-            w, r = _io_block(os.path.join(base, f"b{size}.lam"), size, repeat, rng)
+            w, r = _io_block(os.path.join(base, f"b{size}.lam"), size, repeat, rng, step_bytes)
             tables["write"].append((size, w))
             tables["read"].append((size, r))
     finally:
@@ -425,17 +464,17 @@ def _io_tables(
     return tables
 
 
-def _io_block(path: str, size: int, repeat: int, rng) -> tuple[float, float]:
+def _io_block(path: str, size: int, repeat: int, rng, step_bytes: int) -> tuple[float, float]:
     """(write, read) seconds per block of *size* bytes: steps of at least 4 blocks and
-    :data:`TABLE_STEP_BYTES` written to one file opened once (each step timed, the first not),
-    then every block read alone (each pass timed)."""
+    *step_bytes* written to one file opened once (each step timed, the first not), then every
+    block read alone (each pass timed)."""
     from .. import comm as comm_mod
     from ..catalog import DatasetSpec
     from ..engines.native import NativeEngine
     from ..geometry import Box
 
     n = size // 8
-    k = max(4, TABLE_STEP_BYTES // size)
+    k = max(4, step_bytes // size)
     arr = rng.random(n * k)
     boxes = [Box((i * n,), ((i + 1) * n,)) for i in range(k)]
     runs = _times(repeat, size // 64)
@@ -470,6 +509,19 @@ def _io_block(path: str, size: int, repeat: int, rng) -> tuple[float, float]:
     return max(min(times), 1e-9) / k, t_read / k
 
 
+#: measurements made by packages above this one: name -> ``probe(directory, quick)``, which
+#: returns tables to add to ``block_seconds`` (:func:`register_probe`)
+PROBES: dict[str, Callable[[str | None, bool], dict[str, list[tuple[float, float]]]]] = {}
+
+
+def register_probe(
+    name: str, probe: Callable[[str | None, bool], dict[str, list[tuple[float, float]]]]
+) -> None:
+    """Have :func:`calibrate` call *probe(directory, quick)* and keep the tables it returns
+    (kinds of :data:`TABLES`): how a package above this one (the query engine) is timed."""
+    PROBES[name] = probe
+
+
 def calibrate(quick: bool = False, directory: str | None = None) -> Calibration:
     """Measure this machine (a few seconds; ``quick``: a fraction of that).
 
@@ -493,7 +545,10 @@ def calibrate(quick: bool = False, directory: str | None = None) -> Calibration:
     del src
     keep = -1 if quick else None
     tables = _kernel_tables(BLOCK_ELEMENTS[:keep], repeat, rng)
-    tables.update(_io_tables(BLOCK_BYTES[:keep], repeat, directory, rng))
+    step_bytes = TABLE_STEP_BYTES // 4 if quick else TABLE_STEP_BYTES
+    tables.update(_io_tables(BLOCK_BYTES[:keep], repeat, directory, rng, step_bytes))
+    for probe in PROBES.values():
+        tables.update(probe(directory, quick))
     return Calibration(
         **rates,
         host=host(),

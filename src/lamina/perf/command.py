@@ -231,7 +231,9 @@ def report(expr, shape, dtype, nblocks, q, readers, t, preds, choice, source, ca
         f"({t.bytes_per_element} B and {t.flops_per_element} operations per element, "
         f"{fmt_rate(t.memory_bandwidth)}, {cal.flop_rate / 1e9:.3g} Gop/s); "
         f"statistics {fmt_duration(t.stats_s)}"
-        + (f"; gathering a writer's inputs {fmt_duration(t.gather_s)}" if t.gather_s else ""),
+        + (f"; gathering a writer's inputs {fmt_duration(t.gather_s)}" if t.gather_s else "")
+        + (f"; first touches of the result {fmt_duration(t.fresh_s)}" if t.fresh_s else "")
+        + (f"; a query's own time {fmt_duration(t.query_s)}" if t.query_s else ""),
         "times per block size, from the calibration's tables"
         if t.tables is not None
         else "times at the rates of large arrays (the calibration has no per-block tables)",

@@ -113,17 +113,23 @@ works on instead (:func:`lamina.perf.calibrate.block_time` interpolates):
   its blocks before evaluating (bytes read and written, at the calibrated
   rate of a copy into new memory, page faults included; the memcpy rate in
   a calibration without it);
+* ``T_q = t_q(nb)``: a query's own time besides its reads and computing
+  (statistics tables, units, judging, selecting), timed by the query
+  engine by the blocks of the dataset it judges, added to every read;
 * ``T_f = 2 S_d (1 / B_fresh - 1 / B_memcpy)``: the result of the
   evaluation at the end of a step is new memory too, and its first touches
   cost what a copy into new memory costs beyond a memcpy (the kernel tables
   are timed on memory already touched).  ``T_g + T_f`` is added to Eq. 1's
-  Store and Stats writes.
+  Store and Stats writes.  A query reads into new buffers as well (a
+  reader opens the file anew): every byte ``R`` reads pays the same first
+  touches.
 
-Eq. 2 becomes ``T_read(stats) = R(q S_in) + T_c(q N)`` and
-``T_read(expression) = R(S_in) + T_c(N)``, plus ``R(q S_in) + T_c(q N)``
-for a vector's candidates computed again (``R``: the engine's reads of
-blocks).  Without the tables (a calibration made by hand) these reduce to
-the equations above.
+Eq. 2 becomes ``T_read(store) = T_q + R(q S_d)``,
+``T_read(stats) = T_q + R(q S_in) + T_c(q N)`` and
+``T_read(expression) = T_q + R(S_in) + T_c(N)``, plus
+``R(q S_in) + T_c(q N)`` for a vector's candidates computed again (``R``:
+the engine's reads of blocks).  Without the tables (a calibration made by
+hand) these reduce to the equations above.
 
 The calibrated rates are *effective* rates of lamina's own kernels
 (:mod:`lamina.perf.calibrate`), Python overhead of a call included (the
@@ -131,11 +137,9 @@ tables: at each block size), so ``a + b`` (memory bound) and
 ``magnitude``/``curl`` (bound by the operation rate) are predicted close
 to what they measure.  One rate for every operation is a simplification:
 transcendental functions (``exp``, ``sin``, ...) cost several times an
-addition and are predicted too fast.  What the model still leaves out: a
-query's own fixed cost (its statistics tables and units, 1-2 ms here,
-which the measured history holds as the series ``query``), and the
-contention of the step's other work (the statistics of the primary blocks
-on their own thread) with the computing at the end of a step.
+addition and are predicted too fast.  What the model still leaves out:
+the contention of the step's other work (the statistics of the primary
+blocks on their own thread) with the computing at the end of a step.
 """
 
 from __future__ import annotations
@@ -144,7 +148,7 @@ import functools
 import math
 import numbers
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -226,14 +230,16 @@ class Terms:
     signature: str = ""  # the expression's key in the measured history
     gather_s: float = 0.0  # T_g
     fresh_s: float = 0.0  # T_f
+    query_s: float = 0.0  # T_q
+    #: seconds per byte of the first touches of new memory beyond a memcpy: 2 (1/B_fresh -
+    #: 1/B_memcpy); paid by the result at the end of a step (T_f) and by a reader's buffers
+    touch_s_per_byte: float = 0.0
     #: the calibration's per-block tables, where it has them (not in :meth:`as_dict`); None:
     #: every term at the rates of large arrays
     tables: _Tables | None = field(default=None, compare=False, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        del d["tables"]
-        return d
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "tables"}
 
     def compute_at(self, n: float) -> float:
         """Seconds to evaluate the expression over *n* elements at once (``T_c`` at ``n = N``)."""
@@ -244,11 +250,13 @@ class Terms:
         return self.tables.compute(n, self.bytes_per_element, self.flops_per_element)
 
     def read_s(self, nbytes: float, block_bytes: float) -> float:
-        """Seconds to read *nbytes* stored in blocks of *block_bytes* each."""
+        """Seconds to read *nbytes* stored in blocks of *block_bytes* each into new buffers (a
+        query's, on a file opened anew)."""
         if nbytes <= 0:
             return 0.0
         t = self.tables.per_block("read", block_bytes) if self.tables is not None else None
-        return nbytes / self.read_bandwidth if t is None else nbytes / block_bytes * t
+        moved = nbytes / self.read_bandwidth if t is None else nbytes / block_bytes * t
+        return moved + nbytes * self.touch_s_per_byte
 
     def write_s(self, nbytes: float, block_bytes: float) -> float:
         """Seconds to write *nbytes* in blocks of *block_bytes* each (in a step of several)."""
@@ -459,14 +467,15 @@ def terms(
             t_c = tables.compute(n, b, f)
     t_st = s_d / calibration.stats_bandwidth
     per_stats = tables.per_block("stats", n / nb) if tables is not None and n else None
-    if per_stats is not None:  # the table times float64 elements: scaled to the result's bytes
-        t_st = c * nb * per_stats * s_out / 8
+    if per_stats is not None:  # per element: a block's pass costs about the same in float32
+        t_st = c * nb * per_stats
     # a rank holding several blocks evaluates over their box, its inputs first copied into it;
     # the result at the end of a step is new memory, its first touches cost what a copy into
     # new memory costs beyond a plain memcpy
     fresh = calibration.fresh_copy_bandwidth or calibration.memcpy_bandwidth
     gather = 2 * k * n * s_in / fresh if nb > 1 else 0.0
-    first_touch = max(0.0, 2 * s_d * (1 / fresh - 1 / calibration.memcpy_bandwidth))
+    touch = max(0.0, 2 * (1 / fresh - 1 / calibration.memcpy_bandwidth))
+    t_q = (tables.per_block("query", nb) if tables is not None else None) or 0.0
     return Terms(
         elements=n,
         inputs=k,
@@ -489,7 +498,9 @@ def terms(
         blocks=nb,
         signature=signature(tree, dt),
         gather_s=gather,
-        fresh_s=first_touch,
+        fresh_s=touch * s_d,
+        query_s=t_q,
+        touch_s_per_byte=touch,
         tables=tables,
     )
 
@@ -521,10 +532,12 @@ def combine(
     # and computed together); a vector's, again for the other components (_again)
     t_cq = t.compute_at(q * t.elements)
     again = _again(t.components, q) > 1.0
+    t_q = t.query_s  # the query's own time besides its reads and computing
     read = {
-        "store": t.read_s(q * t.derived_bytes, d_block),
-        "stats": t.read_s(q * t.input_bytes, in_block) + t_cq,
-        "expression": t.read_s(t.input_bytes, in_block)
+        "store": t_q + t.read_s(q * t.derived_bytes, d_block),
+        "stats": t_q + t.read_s(q * t.input_bytes, in_block) + t_cq,
+        "expression": t_q
+        + t.read_s(t.input_bytes, in_block)
         + t_c
         + (t.read_s(q * t.input_bytes, in_block) + t_cq if again else 0.0),
     }
@@ -602,10 +615,11 @@ def _from_history(
     }
     for s, lst in parts.items():
         write[s] = sum(v for v, _ in lst)
+    bare = {k: v - t.query_s for k, v in read.items()}  # the calibrated reads, the query apart
     reads = {
-        "store": term("read", q * s_d, s_d / (c * nb), read["store"]),
-        "stats": term(f"compute.{sig}", q * n, per_block, read["stats"]),
-        "expression": term(f"compute.{sig}", again * n, per_block, read["expression"]),
+        "store": term("read", q * s_d, s_d / (c * nb), bare["store"]),
+        "stats": term(f"compute.{sig}", q * n, per_block, bare["stats"]),
+        "expression": term(f"compute.{sig}", again * n, per_block, bare["expression"]),
     }
     # the query's own time besides its reads, per element it reads and per unit: the selected
     # components of the candidates; Expression first the tested component everywhere (its
@@ -614,7 +628,9 @@ def _from_history(
     for s in STRATEGIES:
         # the series of queries judging this strategy's quantities, else of every query
         own, has_own = term(f"query.{s}", handled[s], per_block, 0.0)
-        read[s] = reads[s][0] + (own if has_own else term("query", handled[s], per_block, 0.0)[0])
+        if not has_own:  # else the calibrated query (0 without the table)
+            own = term("query", handled[s], per_block, t.query_s)[0]
+        read[s] = reads[s][0] + own
         used = [reads[s][1], *(h for _, h in parts.get(s, []))]
         source[s] = "history" if all(used) else "history+calibration" if any(used) else source[s]
 

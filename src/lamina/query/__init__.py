@@ -33,6 +33,7 @@ engine stack (:class:`~.source.Source`): ``File.query`` calls :func:`run`.  Quer
 >>> f.close()
 """
 
+from . import probe as _probe  # noqa: F401 - registers the calibration's query probe
 from .core import query, run, subtract
 from .result import QueryResult
 
