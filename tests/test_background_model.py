@@ -7,7 +7,10 @@ they record (every decision with its predictions and measured outcome).
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import sys
 import time
 
 import numpy as np
@@ -19,6 +22,9 @@ from lamina.errors import FormatError
 from lamina.perf import asyncmodel as am
 from lamina.perf.command import main as model_cli
 from lamina.perf.history import History, load_history, save_history
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import perf_util  # noqa: E402
 
 
 @pytest.fixture
@@ -271,6 +277,46 @@ def test_model_async_command(tmp_path, capsys):
     assert model_cli(["async", "--bytes", "lots"]) == 2
     assert "--bytes" in capsys.readouterr().err
     assert model_cli(["async", "--bytes", "1MiB", "--compute", "nan"]) == 2
+
+
+def test_a_new_machine_is_predicted_from_its_calibration(tmp_path, monkeypatch, capsys):
+    """No step in the history: t_io is the calibration's write of the step's bytes by one
+    process, t_copy its memcpy; once a step is measured the history takes over."""
+    from lamina.perf.calibrate import host, save_calibration
+
+    cal = dataclasses.replace(
+        perf_util.calibration(host()), block_seconds={"write": ((1 << 20, 1e-3), (1 << 24, 8e-3))}
+    )
+    m = am.AsyncModel(History(), calibration=cal)
+    p = m.predict(1 << 24, 2, t_comp=0.0)
+    assert p.t_io == pytest.approx(8e-3) and p.t_io_sync == pytest.approx(8e-3)
+    assert p.fit == "calibration"
+    assert p.t_copy == pytest.approx((1 << 23) / (cal.memcpy_bandwidth / 2))
+    # without a table: the calibration's write bandwidth
+    bare = am.AsyncModel(History(), calibration=perf_util.calibration(host()))
+    assert bare.predict(1 << 24, 1).t_io == pytest.approx((1 << 24) / 2e9)
+    # a measured step wins
+    m.add_io(1 << 24, 2, 0.5)
+    assert (
+        m.predict(1 << 24, 2).t_io == pytest.approx(0.5)
+        and m.predict(1 << 24, 2).fit != "calibration"
+    )
+    # the command: this host's cached calibration when the history is empty
+    path = tmp_path / "cal.json"
+    save_calibration(cal, str(path))
+    monkeypatch.setenv("LAMINA_CALIBRATION", str(path))
+    empty = tmp_path / "none.json"
+    args = ["async", "--bytes", "16MiB", "--ranks", "2", "--compute", "0", "--history", str(empty)]
+    assert model_cli(args + ["--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["fit"] == "calibration" and doc["predictions"][0]["t_io"] == pytest.approx(8e-3)
+    assert model_cli(args) == 0
+    assert "this machine's calibration" in capsys.readouterr().out
+    monkeypatch.setenv("LAMINA_CALIBRATION", str(tmp_path / "missing.json"))  # never measured
+    assert model_cli(args + ["--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["predictions"][0]["t_io"] == pytest.approx((16 << 20) / am.DEFAULT_IO_RATE)
+    assert not (tmp_path / "missing.json").exists()
 
 
 def test_model_async_command_names_the_rate_its_rows_used(tmp_path, capsys):

@@ -47,6 +47,15 @@ epoch takes at least ``t_io``.  The consistent form is used here.)
   with each older phase), measured as the time between two ``end_step``
   returns minus the time spent inside lamina calls.
 
+Before the history holds a step (a new machine), a model given this
+machine's calibration (:mod:`lamina.perf.calibrate`, the derived-quantity
+model's) takes ``t_io`` from its write table, the step's bytes written by
+one process (ranks on one node share its memory and storage), and
+``t_copy`` from its memcpy rate (fit kind ``calibration``); without one,
+:data:`DEFAULT_IO_RATE` and :data:`DEFAULT_COPY_RATE`.  ``io='auto'``
+builds its model without the calibration: with no history it writes its
+first steps in the background to measure them.
+
 The history persists per machine (:func:`lamina.perf.history.default_path`),
 like the calibration of the derived-quantity model: a new run starts from
 what the last runs measured on this host.  ``io='auto'`` picks, per step, the mode
@@ -64,6 +73,7 @@ import numpy as np
 
 from ..catalog.wire import load_json
 from ..errors import FormatError
+from .calibrate import Calibration, block_time
 from .history import (
     Fit,
     History,
@@ -168,8 +178,11 @@ def decode_decisions(raw: bytes) -> list[dict[str, Any]]:
 class AsyncModel:
     """The epoch model (module docstring) over a :class:`History` and this run's compute phases."""
 
-    def __init__(self, history: History | None = None) -> None:
+    def __init__(
+        self, history: History | None = None, calibration: Calibration | None = None
+    ) -> None:
         self.history = history or History()
+        self.calibration = calibration  # what a step costs before the history has one
         self.compute: list[float] = []  # compute phases of this run, oldest first
 
     # -- measurements ---------------------------------------------------------------
@@ -201,8 +214,14 @@ class AsyncModel:
         return series if self.history.samples(series) else other
 
     def copy_rate(self) -> float:
+        """Bytes copied per second at put: the history's median, else the calibration's memcpy
+        (which counts the bytes read and written), else :data:`DEFAULT_COPY_RATE`."""
         r = self.history.median_rate(COPY_SERIES)
-        return DEFAULT_COPY_RATE if r is None else r
+        if r is not None:
+            return r
+        if self.calibration is not None:
+            return self.calibration.memcpy_bandwidth / 2
+        return DEFAULT_COPY_RATE
 
     def t_comp(self) -> float:
         """Weighted average of this run's compute phases (the newest weighs most); 0 before any."""
@@ -217,6 +236,11 @@ class AsyncModel:
         steps of that size and rank count (a run again, the usual case) where the history has
         enough of them, else the fit to every step; with the fit used (kind ``local``)."""
         name = self._series(series, other)
+        if self.calibration is not None and not self.history.samples(name):
+            t = block_time(self.calibration, "write", nbytes)
+            if t is None:
+                t = nbytes / self.calibration.write_bandwidth
+            return nbytes / max(t, 1e-12), Fit("calibration", (), math.nan, 0)
         local = self.history.local_rate(name, nbytes, ranks)
         if local is not None:
             return local, Fit("local", (), math.nan, len(self.history.samples(name)))

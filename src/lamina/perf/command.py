@@ -305,6 +305,8 @@ def _rate_source(kind: str, r2: float, fit_all: async_model.Fit) -> str:
     def fit_words(k: str, r: float) -> str:
         return f"{k} fit to every step, r^2 {'-' if r != r else f'{r:.3f}'}"
 
+    if kind == "calibration":
+        return "this machine's calibration (no step in the history)"
     if kind == "local":
         return (
             "median of the newest steps of this size and rank count "
@@ -324,7 +326,13 @@ def run_async(argv: list[str]) -> int:
     if nbytes <= 0 or ranks < 1 or not comps or not all(0 <= c < float("inf") for c in comps):
         raise UsageError("need --bytes > 0, --ranks >= 1 and finite compute times >= 0")
     path = ns.history or async_model.default_path()
-    m = async_model.AsyncModel(async_model.load_history(path))
+    hist = async_model.load_history(path)
+    cal = None
+    if not hist.samples(async_model.IO_SERIES) and not hist.samples(async_model.SYNC_IO_SERIES):
+        from .calibrate import cached
+
+        cal = cached()  # a new machine: what its calibration says (never measured here)
+    m = async_model.AsyncModel(hist, calibration=cal)
     preds = [m.predict(nbytes, ranks, c) for c in comps]
     fit = m.fit
     used = preds[0]  # every row is the same step size, so one rate source for all rows
@@ -375,7 +383,13 @@ def run_async(argv: list[str]) -> int:
             rows,
         )
     )
-    if not m.history.samples(async_model.IO_SERIES):
+    if cal is not None:
+        print(
+            "(no step measured on this host yet: t_io from the calibration's write of the "
+            "step's bytes by one process, t_copy from its memcpy rate; runs with io='async' "
+            "or 'auto' measure them)"
+        )
+    elif not m.history.samples(async_model.IO_SERIES):
         print(
             f"(no background step measured on this host yet: t_io assumes "
             f"{fmt_rate(async_model.DEFAULT_IO_RATE)}; runs with io='async' or 'auto' measure it)"
