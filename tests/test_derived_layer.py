@@ -293,6 +293,49 @@ def test_blocks_with_gaps_computed_block_by_block(open_file, new_path):
         assert blk.stats.min == want.min() and blk.stats.max == want.max()
 
 
+def test_pointwise_over_large_blocks_is_computed_in_place(open_file, new_path, monkeypatch):
+    """Blocks of IN_PLACE_ELEMENTS or more: a pointwise expression is evaluated block by block on
+    the arrays as written (nothing gathered into a box over them); a stencil still gathers."""
+    from lamina.layers.derived import exchange
+    from lamina.perf import model
+
+    assert model.IN_PLACE_ELEMENTS == exchange.IN_PLACE_ELEMENTS  # the model follows the layer
+    monkeypatch.setattr(exchange, "IN_PLACE_ELEMENTS", 16)
+    gathered = []
+    real = exchange.assemble
+    monkeypatch.setattr(
+        exchange,
+        "assemble",
+        lambda held, spec, need, rec: gathered.append(need) or real(held, spec, need, rec),
+    )
+    p = new_path()
+    f = open_file(p, "w")
+    u = f.create_dataset("u", (8, 6), "f8")
+    v = f.create_dataset("v", (8, 6), "f8")
+    f.derive("s", "u * v + 1", "store")
+    rng = np.random.default_rng(3)
+    uu, vv = rng.random((8, 6)), rng.random((8, 6))
+    with f.step():
+        for r in (0, 4):  # two blocks of 24 elements, tiling the dataset
+            u.write(uu[r : r + 4], offset=(r, 0))
+            v.write(vv[r : r + 4], offset=(r, 0))
+    assert gathered == []
+    f.derive("g", "gradient(u, 0)", "store")
+    with f.step():
+        for r in (0, 4):
+            u.write(uu[r : r + 4], offset=(r, 0))
+            v.write(vv[r : r + 4], offset=(r, 0))
+    assert gathered == [Box((0, 0), (8, 6))]  # the stencil: once, over the box of both blocks
+    f.close()
+    f = open_file(p)
+    for k in (0, 1):
+        np.testing.assert_array_equal(f["s"].read(step=k), uu * vv + 1)
+        assert [b.box for b in f["s"].blocks(k)] == [Box((0, 0), (4, 6)), Box((4, 0), (8, 6))]
+    np.testing.assert_allclose(
+        f["g"].read(step=1), np.gradient(uu, axis=0, edge_order=2), rtol=1e-14
+    )
+
+
 # ---------------------------------------------------------------------------
 # reading: region plus halo only
 # ---------------------------------------------------------------------------

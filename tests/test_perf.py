@@ -470,6 +470,23 @@ def test_model_counts_new_memory_at_the_write():
     assert one.gather_s == 0.0 and one.fresh_s == t.fresh_s
 
 
+def test_model_pointwise_over_large_blocks_is_computed_in_place():
+    """Blocks of IN_PLACE_ELEMENTS or more: a pointwise expression is evaluated block by block
+    at the write (nothing gathered, a kernel call per block); a stencil still gathers."""
+    cal = dataclasses.replace(_tables_for_magnitude(), fresh_copy_bandwidth=5e9)
+    n_b = lamina.perf.model.IN_PLACE_ELEMENTS
+    shape = (4, n_b)  # 4 blocks of n_b elements
+    t = lamina.perf.terms(MAG, shape, nblocks=4, calibration=cal)
+    assert t.in_place and t.gather_s == 0.0
+    assert t.write_compute_s() == pytest.approx(4 * t.compute_at(n_b))
+    p = combine(t, 1.0, 0)
+    assert p["stats"].write_s == pytest.approx(t.fresh_s + t.write_compute_s() + t.stats_s)
+    small = lamina.perf.terms(MAG, (8, n_b // 2), nblocks=8, calibration=cal)
+    assert not small.in_place and small.gather_s > 0
+    stencil = lamina.perf.terms("gradient(u, 1)", shape, nblocks=4, calibration=cal)
+    assert not stencil.in_place and stencil.gather_s > 0
+
+
 def test_model_roofline_of_the_tables_for_other_expressions():
     cal = _tables_for_magnitude()
     n = 262144

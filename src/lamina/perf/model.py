@@ -112,7 +112,10 @@ works on instead (:func:`lamina.perf.calibrate.block_time` interpolates):
   (``nb > 1``): the layer copies each input into a new array of the box of
   its blocks before evaluating (bytes read and written, at the calibrated
   rate of a copy into new memory, page faults included; the memcpy rate in
-  a calibration without it);
+  a calibration without it).  A pointwise expression over blocks of at
+  least :data:`IN_PLACE_ELEMENTS` is evaluated block by block on the
+  blocks as written instead: no ``T_g``, and ``nb T_c(N / nb)`` at the
+  write;
 * ``T_q = t_q(nb)``: a query's own time besides its reads and computing
   (statistics tables, units, judging, selecting), timed by the query
   engine by the blocks of the dataset it judges, added to every read;
@@ -154,6 +157,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..derived import Expr, check_inputs, component_names, parse, result_dtype
+from ..derived._parallel import PARALLEL_MIN_ELEMENTS
 from ..errors import ExpressionError
 from ..stats import SEGMENT
 from .history import History, signature
@@ -175,6 +179,9 @@ SECTION_BYTES = 56
 CHECKSUM_BYTES = 4
 #: name assumed for the derived quantity when none is given (its length counts in Eq. 3)
 DEFAULT_NAME = "derived"
+#: elements per block from which the derived layer evaluates a pointwise expression block by
+#: block at the end of a step (its rule: lamina.layers.derived.exchange.IN_PLACE_ELEMENTS)
+IN_PLACE_ELEMENTS = PARALLEL_MIN_ELEMENTS
 #: relative difference of totals under which two strategies count as tied
 TIE = 1e-9
 
@@ -234,12 +241,22 @@ class Terms:
     #: seconds per byte of the first touches of new memory beyond a memcpy: 2 (1/B_fresh -
     #: 1/B_memcpy); paid by the result at the end of a step (T_f) and by a reader's buffers
     touch_s_per_byte: float = 0.0
+    #: a pointwise expression over blocks of at least IN_PLACE_ELEMENTS: evaluated block by
+    #: block at the end of a step, on the blocks as written (nothing gathered)
+    in_place: bool = False
     #: the calibration's per-block tables, where it has them (not in :meth:`as_dict`); None:
     #: every term at the rates of large arrays
     tables: _Tables | None = field(default=None, compare=False, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "tables"}
+
+    def write_compute_s(self) -> float:
+        """``T_c`` at the end of a step: over the box of a writer's blocks at once, or block by
+        block where the expression is evaluated in place."""
+        if self.in_place:
+            return self.blocks * self.compute_at(self.elements / self.blocks)
+        return self.compute_s
 
     def compute_at(self, n: float) -> float:
         """Seconds to evaluate the expression over *n* elements at once (``T_c`` at ``n = N``)."""
@@ -469,11 +486,13 @@ def terms(
     per_stats = tables.per_block("stats", n / nb) if tables is not None and n else None
     if per_stats is not None:  # per element: a block's pass costs about the same in float32
         t_st = c * nb * per_stats
-    # a rank holding several blocks evaluates over their box, its inputs first copied into it;
-    # the result at the end of a step is new memory, its first touches cost what a copy into
-    # new memory costs beyond a plain memcpy
+    # a rank holding several blocks evaluates over their box, its inputs first copied into it,
+    # unless the expression is pointwise and the blocks large (the derived layer's rule:
+    # lamina.layers.derived.exchange.regions); the result at the end of a step is new memory,
+    # its first touches cost what a copy into new memory costs beyond a plain memcpy
+    in_place = tree.halo == 0 and nb > 1 and n / nb >= IN_PLACE_ELEMENTS
     fresh = calibration.fresh_copy_bandwidth or calibration.memcpy_bandwidth
-    gather = 2 * k * n * s_in / fresh if nb > 1 else 0.0
+    gather = 2 * k * n * s_in / fresh if nb > 1 and not in_place else 0.0
     touch = max(0.0, 2 * (1 / fresh - 1 / calibration.memcpy_bandwidth))
     t_q = (tables.per_block("query", nb) if tables is not None else None) or 0.0
     return Terms(
@@ -501,6 +520,7 @@ def terms(
         fresh_s=touch * s_d,
         query_s=t_q,
         touch_s_per_byte=touch,
+        in_place=in_place,
         tables=tables,
     )
 
@@ -520,12 +540,13 @@ def combine(
     q = _fraction(query_fraction)
     r = _count(readers, "readers", 0)
     t_c, t_st, t_g = t.compute_s, t.stats_s, t.gather_s + t.fresh_s
+    t_cw = t.write_compute_s()
     nb, c = max(1, t.blocks), max(1, t.components)
     d_block = t.derived_bytes / (c * nb)  # bytes of a stored block of one component
     in_block = t.input_bytes / (max(1, t.inputs) * nb)  # bytes of a block of one input
     write = {
-        "store": t_g + t_c + t_st + t.write_s(t.derived_bytes, d_block),
-        "stats": t_g + t_c + t_st,
+        "store": t_g + t_cw + t_st + t.write_s(t.derived_bytes, d_block),
+        "stats": t_g + t_cw + t_st,
         "expression": 0.0,
     }
     # the candidates of a query are computed in one evaluation (consecutive blocks are read
@@ -542,8 +563,8 @@ def combine(
         + (t.read_s(q * t.input_bytes, in_block) + t_cq if again else 0.0),
     }
     compute = {
-        "store": t_c,
-        "stats": t_c + r * t_cq,
+        "store": t_cw,
+        "stats": t_cw + r * t_cq,
         "expression": r * (t_c + (t_cq if again else 0.0)),
     }
     source = dict.fromkeys(STRATEGIES, "calibration")
@@ -607,7 +628,7 @@ def _from_history(
                 f"derive.store.{sig}",
                 n,
                 per_block,
-                t.gather_s + t.fresh_s + t.compute_s + t.stats_s,
+                t.gather_s + t.fresh_s + t.write_compute_s() + t.stats_s,
             ),
             term("write", s_d, s_d / (c * nb), t.write_s(s_d, s_d / (c * nb))),
         ],

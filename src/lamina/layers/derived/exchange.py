@@ -17,6 +17,7 @@ import numpy as np
 
 from ... import comm as comm_mod
 from ...catalog import DatasetSpec, Decoder, Encoder
+from ...derived._parallel import PARALLEL_MIN_ELEMENTS
 from ...errors import FormatError
 from ...geometry import Box
 
@@ -27,13 +28,28 @@ if TYPE_CHECKING:
 Held = dict[str, list[tuple[Box, np.ndarray]]]
 
 
-def regions(blocks: list[Box]) -> list[tuple[Box, list[Box]]]:
+#: a pointwise expression over a rank's blocks of at least this many elements on average is
+#: evaluated block by block: each block's inputs are its arrays as written, nothing is copied
+#: into a box over them, and each block is large enough for the kernels' threads
+IN_PLACE_ELEMENTS = PARALLEL_MIN_ELEMENTS
+
+
+def regions(blocks: list[Box], pointwise: bool = False) -> list[tuple[Box, list[Box]]]:
     """Where to evaluate: one region for blocks that tile their bounding box, else one per block.
 
     A rank usually holds several blocks of one box: evaluating over the box
-    at once costs one kernel call and reads halos only at the box's faces.
+    at once costs one kernel call and reads halos only at the box's faces,
+    but first copies every input into new memory over the box.  A
+    *pointwise* expression (no halo) over blocks of at least
+    :data:`IN_PLACE_ELEMENTS` on average is evaluated block by block instead:
+    on two cores, 66 MB of inputs in 2 blocks each took 15-18 ms against
+    30-36 over their box, in 4 blocks 19-24 against 28-31, in 8 blocks
+    (below the threshold, where a block's evaluation runs on one thread)
+    34-39 against 32-35.
     """
     if len(blocks) > 1:
+        if pointwise and sum(b.size for b in blocks) >= IN_PLACE_ELEMENTS * len(blocks):
+            return [(b, [b]) for b in blocks]
         start = tuple(min(b.start[a] for b in blocks) for a in range(blocks[0].ndim))
         stop = tuple(max(b.stop[a] for b in blocks) for a in range(blocks[0].ndim))
         bbox = Box(start, stop)

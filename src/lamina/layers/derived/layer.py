@@ -456,7 +456,7 @@ class DerivedLayer(Layer):
         for d in todo:
             t0, put0 = time.perf_counter(), self._step_put_s
             mine = [b for b, _ in self._held.get(d.anchor, [])]
-            regions = halo.regions(mine)
+            regions = halo.regions(mine, pointwise=d.expr.halo == 0)
             inputs = sorted(d.inputs)
             # an input's block of the very box a region needs is used as it is (no search)
             same = {p: {b: a for b, a in self._held.get(p, [])} for p in inputs}
