@@ -308,8 +308,9 @@ def test_a_new_machine_is_predicted_from_its_calibration(tmp_path, monkeypatch, 
     empty = tmp_path / "none.json"
     args = ["async", "--bytes", "16MiB", "--ranks", "2", "--compute", "0", "--history", str(empty)]
     assert model_cli(args + ["--json"]) == 0
-    doc = json.loads(capsys.readouterr().out)
+    doc = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(c))  # strict
     assert doc["fit"] == "calibration" and doc["predictions"][0]["t_io"] == pytest.approx(8e-3)
+    assert doc["predictions"][0]["r2"] is None
     assert model_cli(args) == 0
     assert "this machine's calibration" in capsys.readouterr().out
     monkeypatch.setenv("LAMINA_CALIBRATION", str(tmp_path / "missing.json"))  # never measured

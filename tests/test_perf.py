@@ -236,6 +236,8 @@ def _doc(**change):
         ),
         (CAL.to_json().replace("4000000000.0", "NaN"), "NaN"),
         (json.dumps(_doc(fresh_copy_bandwidth=-1)), "fresh_copy_bandwidth"),
+        (json.dumps(_doc(fresh_copy_bandwidth=False)), "fresh_copy_bandwidth"),
+        (json.dumps(_doc(created=True)), "created"),
         (json.dumps(_doc(block_seconds=[1])), "block_seconds"),
         (json.dumps(_doc(block_seconds={"fast": [[1, 1]]})), "unknown kind 'fast'"),
         (json.dumps(_doc(block_seconds={"read": []})), r"block_seconds\['read'\]"),
@@ -320,6 +322,30 @@ def test_calibrate_quick(tmp_path):
     assert Calibration.from_json(cal.to_json()) == cal
 
 
+def test_a_failing_probe_leaves_its_table_out(monkeypatch, tmp_path):
+    def broken(directory, quick):
+        raise RuntimeError("no disk")
+
+    monkeypatch.setitem(calmod.PROBES, "query", broken)
+    with pytest.warns(UserWarning, match="'query' probe failed .*no disk"):
+        cal = calibrate(quick=True, directory=str(tmp_path))
+    assert "query" not in cal.block_seconds and "read" in cal.block_seconds
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_calibration_values_equal_to_zero_but_not_numbers_are_refused():
+    from fractions import Fraction
+
+    for bad in (0j, Fraction(0), True):
+        with pytest.raises(ValueError, match="created"):
+            dataclasses.replace(CAL, created=bad)
+    # a version that is a bool is no version: not "made by version True"
+    with pytest.raises(ValueError, match="unknown key 'extra'"):
+        Calibration.from_json(json.dumps({**_doc(version=True), "extra": 1}))
+    with pytest.raises(ValueError, match="'version' must be an integer"):
+        Calibration.from_json(json.dumps(_doc(version=True)))
+
+
 def test_calibration_of_the_previous_version_is_measured_again(monkeypatch, tmp_path):
     """A file of version 1 (no per-block tables) is not used: the model would lack them."""
     path = tmp_path / "cal.json"
@@ -327,7 +353,9 @@ def test_calibration_of_the_previous_version_is_measured_again(monkeypatch, tmp_
     del doc["block_seconds"], doc["fresh_copy_bandwidth"]
     path.write_text(json.dumps(doc))
     assert calmod.cached(str(path)) is None
-    with pytest.raises(ValueError, match="made by version 1 of the calibration, not 2"):
+    with pytest.raises(
+        ValueError, match=f"made by version 1 of the calibration, not {calmod.CALIBRATION_VERSION}"
+    ):
         load_calibration(str(path), measure=False)
     new = dataclasses.replace(CAL, host=calmod.host(), flop_rate=3e9)
     monkeypatch.setattr(calmod, "calibrate", lambda quick=False, directory=None: new)
@@ -373,6 +401,13 @@ def test_block_time_interpolates_and_extrapolates():
     assert bt(cal, "write", 1e4) is None  # no table: the caller takes the bandwidth
     one = _tabled(stats=[[100, 1e-6]])
     assert bt(one, "stats", 50) == pytest.approx(0.5e-6)
+    assert bt(one, "stats", 400) == pytest.approx(4e-6)
+    # above the largest: the line through the two largest points, its fixed cost kept
+    q = _tabled(query=[[16, 1e-3], [256, 3e-3]])
+    assert bt(q, "query", 4096) == pytest.approx(3e-3 + (2e-3 / 240) * 3840)
+    flat = _tabled(read=[[1e3, 2e-3], [1e4, 1e-3]])  # a line that does not rise: per unit
+    assert bt(flat, "read", 1e5) == pytest.approx(1e-2)
+    assert bt(q, "query", float("nan")) == 0.0
 
 
 def _tables_for_magnitude() -> Calibration:

@@ -71,8 +71,8 @@ from ..catalog.wire import load_json
 from ..errors import FormatError
 
 #: bumped when what is measured changes: older files are measured again
-#: (2: the copy into new memory and the per-block tables)
-CALIBRATION_VERSION = 2
+#: (2: the copy into new memory and the per-block tables; 3: a query's own time)
+CALIBRATION_VERSION = 3
 #: bytes of the arrays measured (quick: a quarter)
 SIZE = 64 << 20
 QUICK_SIZE = 16 << 20
@@ -198,7 +198,12 @@ class _ReadOnly(dict):
 def _check(doc: dict[str, Any]) -> None:
     names = [f.name for f in fields(Calibration)]
     v = doc.get("version")
-    if set(doc) != set(names) and isinstance(v, int) and v != CALIBRATION_VERSION:
+    if (
+        set(doc) != set(names)
+        and isinstance(v, int)
+        and not isinstance(v, bool)
+        and v != CALIBRATION_VERSION
+    ):
         raise ValueError(
             f"calibration: made by version {v} of the calibration, not {CALIBRATION_VERSION} "
             "(its fields differ): measure again"
@@ -215,15 +220,19 @@ def _check(doc: dict[str, Any]) -> None:
     if not isinstance(doc["host"], str):
         raise ValueError(f"calibration: 'host' must be text, got {type(doc['host']).__name__}")
     c = doc["created"]
-    if not (_number(c) or c == 0) or isinstance(c, bool):
+    if not (_number(c) or _zero(c)):
         raise ValueError(f"calibration: 'created' must be a time in seconds >= 0, got {c!r}")
     v = doc["version"]
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ValueError(f"calibration: 'version' must be an integer >= 1, got {v!r}")
     c = doc["fresh_copy_bandwidth"]
-    if not (_number(c) or c == 0) or isinstance(c, bool):
+    if not (_number(c) or _zero(c)):
         raise ValueError(f"calibration: 'fresh_copy_bandwidth' must be finite and >= 0, got {c!r}")
     _check_tables(doc["block_seconds"])
+
+
+def _zero(v: Any) -> bool:
+    return type(v) in (int, float) and v == 0
 
 
 def _number(v: Any) -> bool:
@@ -264,7 +273,9 @@ def block_time(cal: Calibration, kind: str, size: float) -> float | None:
 
     Between two measured sizes the time is interpolated linearly in log-log; below the
     smallest, ``seconds = a + size / rate`` through the two smallest points (the fixed cost
-    of a block stays); above the largest, the largest point's time per unit, scaled.
+    of a block stays); above the largest, the line through the two largest points (a query's
+    fixed cost stays too), or the largest point's time per unit where that line does not
+    rise.
     """
     points = cal.block_seconds.get(kind)
     if not points:
@@ -272,8 +283,9 @@ def block_time(cal: Calibration, kind: str, size: float) -> float | None:
     if not size > 0:  # also nan
         return 0.0
     if size >= points[-1][0]:
-        n, t = points[-1]
-        return t * size / n
+        n1, t1 = points[-1]
+        per = (t1 - points[-2][1]) / (n1 - points[-2][0]) if len(points) > 1 else 0.0
+        return t1 + (per if per > 0 else t1 / n1) * (size - n1)
     if size <= points[0][0]:
         n0, t0 = points[0]
         if len(points) == 1:
@@ -547,8 +559,15 @@ def calibrate(quick: bool = False, directory: str | None = None) -> Calibration:
     tables = _kernel_tables(BLOCK_ELEMENTS[:keep], repeat, rng)
     step_bytes = TABLE_STEP_BYTES // 4 if quick else TABLE_STEP_BYTES
     tables.update(_io_tables(BLOCK_BYTES[:keep], repeat, directory, rng, step_bytes))
-    for probe in PROBES.values():
-        tables.update(probe(directory, quick))
+    for name, probe in PROBES.items():
+        try:
+            tables.update(probe(directory, quick))
+        except Exception as e:  # noqa: BLE001 - the other rates are still good
+            warnings.warn(
+                f"calibration: the {name!r} probe failed ({type(e).__name__}: {e}); "
+                "its table is left out",
+                stacklevel=2,
+            )
     return Calibration(
         **rates,
         host=host(),

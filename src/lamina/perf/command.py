@@ -346,7 +346,11 @@ def run_async(argv: list[str]) -> int:
             "fit_all": fit.kind,
             "r2_all": None if fit.r2 != fit.r2 else fit.r2,
             "copy_rate": m.copy_rate(),
-            "predictions": [p.as_dict() for p in preds],
+            # strict JSON: a rate without a fit (r^2 NaN) is null
+            "predictions": [
+                {k: None if isinstance(v, float) and v != v else v for k, v in p.as_dict().items()}
+                for p in preds
+            ],
         }
         print(json.dumps(doc, indent=1))
         return 0
