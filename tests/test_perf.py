@@ -503,6 +503,17 @@ def test_model_counts_new_memory_at_the_write():
     assert p["store"].write_s == pytest.approx(extra + t.compute_s + t.stats_s + 8e6 / 2e9)
     one = lamina.perf.terms(MAG, SHAPE, calibration=cal)  # one block: nothing gathered
     assert one.gather_s == 0.0 and one.fresh_s == t.fresh_s
+    # a query reads into new buffers and computes into new memory: the same first touches
+    touch = 2 * (1 / 5e9 - 1 / 20e9)
+    assert t.touch_s_per_byte == pytest.approx(touch)
+    p = predict(MAG, SHAPE, nblocks=8, query_fraction=0.5, calibration=cal)
+    assert p["store"].read_s == pytest.approx(0.5 * 8e6 * (1 / 4e9 + touch))
+    assert p["stats"].read_s == pytest.approx(
+        0.5 * 24e6 * (1 / 4e9 + touch) + 0.5 * t.compute_s + 0.5 * 8e6 * touch
+    )
+    assert p["expression"].read_s == pytest.approx(
+        24e6 * (1 / 4e9 + touch) + t.compute_s + 8e6 * touch
+    )
 
 
 def test_model_pointwise_over_large_blocks_is_computed_in_place():

@@ -124,8 +124,8 @@ works on instead (:func:`lamina.perf.calibrate.block_time` interpolates):
   cost what a copy into new memory costs beyond a memcpy (the kernel tables
   are timed on memory already touched).  ``T_g + T_f`` is added to Eq. 1's
   Store and Stats writes.  A query reads into new buffers as well (a
-  reader opens the file anew): every byte ``R`` reads pays the same first
-  touches.
+  reader opens the file anew): every byte ``R`` reads, and every byte of
+  the values a query computes, pays the same first touches.
 
 Eq. 2 becomes ``T_read(store) = T_q + R(q S_d)``,
 ``T_read(stats) = T_q + R(q S_in) + T_c(q N)`` and
@@ -554,13 +554,16 @@ def combine(
     t_cq = t.compute_at(q * t.elements)
     again = _again(t.components, q) > 1.0
     t_q = t.query_s  # the query's own time besides its reads and computing
+    # what a query computes lands in new memory too, as what it reads (Terms.read_s)
+    touch_d = t.touch_s_per_byte * t.derived_bytes
     read = {
         "store": t_q + t.read_s(q * t.derived_bytes, d_block),
-        "stats": t_q + t.read_s(q * t.input_bytes, in_block) + t_cq,
+        "stats": t_q + t.read_s(q * t.input_bytes, in_block) + t_cq + q * touch_d,
         "expression": t_q
         + t.read_s(t.input_bytes, in_block)
         + t_c
-        + (t.read_s(q * t.input_bytes, in_block) + t_cq if again else 0.0),
+        + touch_d
+        + (t.read_s(q * t.input_bytes, in_block) + t_cq + q * touch_d if again else 0.0),
     }
     compute = {
         "store": t_cw,
