@@ -321,6 +321,16 @@ def _memcpy_rate(src: np.ndarray, repeat: int) -> float:
     return 2 * src.nbytes / _best(lambda: np.copyto(dst, src), repeat)
 
 
+def _kernel_inputs(e: Any, n: int, cube: bool, rng) -> tuple[dict[str, np.ndarray], int]:
+    """Inputs of expression *e* of about *n* elements each (a line, or a cube for a stencil),
+    values in [0.5, 1.5), and their elements."""
+    shape: tuple[int, ...] = (n,)
+    if cube:
+        side = max(3, round(n ** (1 / 3)))
+        shape = (side, side, side)
+    return {p: rng.random(shape) + 0.5 for p in sorted(e.inputs)}, math.prod(shape)
+
+
 def _kernel_rates(size: int, repeat: int, rng) -> dict[str, float]:
     from ..derived import evaluate, parse
 
@@ -328,14 +338,8 @@ def _kernel_rates(size: int, repeat: int, rng) -> dict[str, float]:
 
     def run(text: str, cube: bool) -> tuple[float, int, Any]:
         e = parse(text)
-        n = size // 8 // len(e.inputs)
-        shape: tuple[int, ...] = (n,)
-        if cube:
-            side = max(3, round(n ** (1 / 3)))
-            shape = (side, side, side)
-        arrays = {p: rng.random(shape) + 0.5 for p in sorted(e.inputs)}
-        t = _best(lambda: evaluate(e, arrays), repeat)
-        return t, math.prod(shape), e
+        arrays, n = _kernel_inputs(e, size // 8 // len(e.inputs), cube, rng)
+        return _best(lambda: evaluate(e, arrays), repeat), n, e
 
     t, n, e = run("a + b", False)
     out["kernel_bandwidth"] = e.bytes_per_element(8) * n / t
@@ -440,12 +444,8 @@ def _kernel_tables(
 
     def timed(text: str, n: int, cube: bool) -> float:
         e = parse(text)
-        shape: tuple[int, ...] = (n,)
-        if cube:
-            side = max(3, round(n ** (1 / 3)))
-            shape = (side, side, side)
-        arrays = {p: rng.random(shape) + 0.5 for p in sorted(e.inputs)}
-        return _best(lambda: evaluate(e, arrays), _times(repeat, n)) * n / math.prod(shape)
+        arrays, m = _kernel_inputs(e, n, cube, rng)
+        return _best(lambda: evaluate(e, arrays), _times(repeat, n)) * n / m
 
     tables: dict[str, list[tuple[float, float]]] = {k: [] for k in TABLE_KERNELS}
     tables["stats"] = []

@@ -152,7 +152,7 @@ import math
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -160,10 +160,8 @@ from ..derived import Expr, check_inputs, component_names, parse, result_dtype
 from ..derived._parallel import PARALLEL_MIN_ELEMENTS
 from ..errors import ExpressionError
 from ..stats import SEGMENT
+from .calibrate import FLOP_TABLES, TABLE_KERNELS, Calibration, block_time
 from .history import History, signature
-
-if TYPE_CHECKING:
-    from .calibrate import Calibration
 
 #: the strategies, in order of decreasing storage
 STRATEGIES = ("store", "stats", "expression")
@@ -301,8 +299,6 @@ class _Tables:
     def per_block(self, kind: str, size: float) -> float | None:
         if kind in self.given:
             return None
-        from .calibrate import block_time
-
         return block_time(self.calibration, kind, size)
 
     def compute(self, n: float, b: int, f: int) -> float:
@@ -310,7 +306,6 @@ class _Tables:
         operations per element): its own table if the calibration timed it, else the roofline
         of the tables at that size (memory: ``a + b`` or ``gradient(u, 0)`` scaled by bytes,
         operations: ``magnitude`` and ``curl`` together scaled by operations)."""
-        from .calibrate import FLOP_TABLES, block_time
 
         def at(kind: str) -> float:
             return block_time(self.calibration, kind, n) or 0.0
@@ -327,8 +322,6 @@ class _Tables:
 def _table_work() -> dict[str, int]:
     """Per element, the bytes of the tables' memory-bound kernels and the operations of their
     operation-bound ones (:data:`lamina.perf.calibrate.TABLE_KERNELS`, float64)."""
-    from .calibrate import FLOP_TABLES, TABLE_KERNELS
-
     out = {}
     for kind, (text, _) in TABLE_KERNELS.items():
         tree = parse(text)
@@ -339,8 +332,6 @@ def _table_work() -> dict[str, int]:
 @functools.cache
 def _table_signatures() -> dict[str, str]:
     """The signature (:func:`lamina.perf.history.signature`) of each table's kernel -> its kind."""
-    from .calibrate import TABLE_KERNELS
-
     return {
         signature(parse(text), np.dtype("f8")): kind for kind, (text, _) in TABLE_KERNELS.items()
     }
@@ -627,12 +618,8 @@ def _from_history(
 
     parts: dict[str, list[tuple[float, bool]]] = {
         "store": [
-            term(
-                f"derive.store.{sig}",
-                n,
-                per_block,
-                t.gather_s + t.fresh_s + t.write_compute_s() + t.stats_s,
-            ),
+            # the computing at the end of a step: Stats' whole write, Store's but its own
+            term(f"derive.store.{sig}", n, per_block, write["stats"]),
             term("write", s_d, s_d / (c * nb), t.write_s(s_d, s_d / (c * nb))),
         ],
         "stats": [term(f"derive.stats.{sig}", n, per_block, write["stats"])],
