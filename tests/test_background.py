@@ -836,6 +836,40 @@ def test_collective_reads_with_steps_in_flight(tmp_path, n):
 
 
 @needs_mpiexec
+@pytest.mark.parametrize(("io", "mode"), [("async", "-"), ("auto", "sync"), ("auto", "async")])
+def test_a_close_that_meets_an_end_step_raises_on_both(tmp_path, io, mode):
+    """Rank 0 drops its last step on its own and closes while rank 1 ends that step: both
+    raise (rank 1's end_step and close, rank 0's close), nothing hangs, and the steps before
+    are intact.  Written directly (io='auto' deciding sync) the step's end waited for the
+    close in the engine's commit, and the close in the layer's agreement; in the background,
+    rank 1's thread waited in a commit rank 0 never made."""
+    res = mu.run_mpi(2, "background", "apart", tmp_path / "a.lam", io, mode, timeout=90)
+    assert "OK" in res.stdout
+
+
+#: extra seeds of the randomized switches test: LAMINA_STRESS_RUNS=50 make test (0 in CI)
+STRESS_RUNS = int(os.environ.get("LAMINA_STRESS_RUNS", "0"))
+SWITCHES = [(2, 1, 0), (3, 2, 1), (2, 4, 1), (4, 3, 1)] + [
+    (2 + seed % 3, 100 + seed, seed % 2) for seed in range(STRESS_RUNS)
+]
+
+
+@needs_mpiexec
+@pytest.mark.parametrize(("n", "seed", "discard"), SWITCHES)
+def test_random_switches_never_hang(tmp_path, n, seed, discard):
+    """40 steps under io='auto' whose mode each rank's model picks at random (so steps go
+    directly and to the background by turns), random compute times, the program's own
+    collectives, waits, flushes, reads, definitions, implicit steps, steps refused on every
+    rank, a synchronous file beside; with *discard*, a late step dropped on one rank alone,
+    after which the ranks are a step apart.  Nothing may hang (the timeout), and the file
+    holds exactly the steps every rank ended, with their values."""
+    res = mu.run_mpi(
+        n, "background", "switches", tmp_path / "s.lam", 40, seed, discard, timeout=120
+    )
+    assert "OK" in res.stdout
+
+
+@needs_mpiexec
 def test_auto_decides_alike_on_every_rank(tmp_path):
     """io='auto' on 2 ranks whose compute phases differ: one mode per step, the same on both."""
     res = mu.run_mpi(2, "background", "auto", tmp_path / "a.lam", 8, timeout=90)

@@ -52,6 +52,27 @@
     one of them too large to be read ahead.  A collective read is one on
     every rank (rank 0 took its read-ahead array and left the others in
     the collective).
+``background.py switches PATH STEPS SEED DISCARD``
+    any number of ranks under ``io='auto'``, each rank's model picking
+    sync or async at random (seeded) so that the agreed mode switches
+    between steps (steps written directly and in the background), with
+    random compute times, and between steps, chosen alike on every rank:
+    collectives of the application, ``wait``, ``flush``, collective and
+    independent reads, definitions, implicit steps (a put, then
+    ``end_step``), steps that fail on every rank (a box out of bounds),
+    and a second file written synchronously.  With DISCARD 1, one rank
+    drops one late step on its own (an error inside ``with f.step()``) and
+    the program goes on writing steps, then closes: from there the ranks
+    are a step apart, so steps and close may raise (lamina errors only),
+    but no call may hang.  Every step ended on every rank before that must
+    be in the file, and nothing else.
+``background.py apart PATH IO MODE``
+    two ranks; rank 0 drops the last of four steps on its own (an error
+    inside ``with f.step()``), then closes while rank 1 ends that step.
+    IO is ``async`` or ``auto`` with the model's choice forced to MODE
+    (``sync``: steps written directly; ``async``).  Rank 1's ``end_step``
+    and both closes must raise, naming the mismatch (nothing hangs), and
+    the three steps before are in the file.
 
 Prints ``OK`` on rank 0 when everything held (``RAISED`` on each rank that
 raised the injected error).
@@ -66,6 +87,7 @@ import numpy as np
 
 import lamina
 from lamina import comm as comm_mod
+from lamina.errors import is_left
 
 ROWS = 4  # rows of x per rank
 COLS = 6
@@ -405,8 +427,145 @@ def ahead(path: str) -> None:
         print("OK", flush=True)
 
 
+def _force(mode) -> None:
+    """io='auto' picks *mode* (a str, or a callable giving one) at every decision."""
+    import lamina.perf.asyncmodel as am
+
+    def predict(model, nbytes, ranks, t_comp=None):
+        m = mode() if callable(mode) else mode
+        return am.Prediction(nbytes, ranks, 1e-3, 1e-4, 1e-3, 2e-3, 1.1e-3, m, "none", 0.0)
+
+    am.AsyncModel.predict = predict
+
+
+def apart(path: str, io: str, mode: str) -> None:
+    from lamina.errors import CollectiveMismatchError, LaminaError
+
+    comm = comm_mod.world()
+    rank = comm.rank
+    _force(mode)
+    f = lamina.open(path, "w", io=io)
+    ds = f.create_dataset("x", (ROWS * comm.size, COLS), "f8")
+    raised = []
+    for k in range(4):
+        try:
+            with f.step():
+                ds[rank * ROWS : (rank + 1) * ROWS, :] = block(k, rank)
+                if k == 3 and rank == 0:
+                    raise RuntimeError("rank 0 fails on its own")
+        except (LaminaError, RuntimeError) as e:
+            raised.append((k, e))
+    try:
+        f.close()
+    except LaminaError as e:
+        raised.append(("close", e))
+    if rank == 0:
+        assert [k for k, _ in raised] == [3, "close"], raised
+        assert isinstance(raised[1][1], CollectiveMismatchError), raised
+        assert "another rank ends a step" in str(raised[1][1])
+    else:  # its end_step met rank 0's close; its close, rank 0 leaving
+        assert [k for k, _ in raised] == [3, "close"], raised
+        assert isinstance(raised[0][1], CollectiveMismatchError), raised
+        assert "another rank closes" in str(raised[0][1])
+        assert is_left(raised[1][1]), raised
+    comm.Barrier()
+    if rank == 0:
+        with lamina.open(path, "r", comm=comm_mod.self_comm()) as r:
+            assert r.steps == 3, r.steps
+            for k in range(3):
+                np.testing.assert_array_equal(r.at(k)["x"][...], whole(k, comm.size))
+        print("OK", flush=True)
+
+
+def switches(path: str, steps: int, seed: int, discard: bool) -> None:
+    from lamina.errors import BoundsError, LaminaError
+
+    comm = comm_mod.world()
+    rank, size = comm.rank, comm.size
+    alike = np.random.default_rng([seed])  # choices every rank makes the same
+    own = np.random.default_rng([seed, rank, 1])  # this rank's compute times and predictions
+
+    _force(lambda: "async" if own.random() < 0.5 else "sync")
+    where = int(alike.integers(steps * 2 // 3, steps)) if discard else -1
+    who = int(alike.integers(0, size))
+    mine = slice(rank * ROWS, (rank + 1) * ROWS)
+    f = lamina.open(path, "w", io="auto")
+    g = lamina.open(path + "-sync", "w", io="sync")
+    ds = f.create_dataset("x", (ROWS * size, COLS), "f8")
+    gs = g.create_dataset("x", (ROWS * size, COLS), "f8")
+    committed: list[int] = []  # the program steps every rank ended, in file order
+    defined = 0
+    for k in range(steps):
+        time.sleep(float(own.uniform(0, 0.004)))  # compute
+        if k >= where >= 0:  # the ranks are a step apart from here: steps only
+            try:
+                with f.step():
+                    ds[mine, :] = block(k, rank)
+                    if k == where and rank == who:
+                        raise RuntimeError("rank fails on its own")
+            except (LaminaError, RuntimeError, ValueError):
+                if f.engine.closed:  # a rank left: this one let go too
+                    break
+            continue
+        kind = alike.choice(["step", "step", "step", "implicit", "fails"])
+        if kind == "fails":  # refused on every rank: dropped everywhere
+            try:
+                with f.step():
+                    ds[mine, :] = block(k, rank)
+                    ds[ROWS * size : ROWS * size + 1, :] = 0.0
+            except BoundsError:
+                pass
+            else:
+                raise AssertionError("a box out of bounds was written")
+        else:
+            if kind == "implicit":  # a step opened by the put
+                ds[mine, :] = block(k, rank)
+                f.end_step()
+            else:
+                with f.step():
+                    ds[mine, :] = block(k, rank)
+                    if rank == 0:
+                        f.attrs["k"] = k
+            committed.append(k)
+        with g.step():
+            gs[mine, :] = block(k, rank)
+        op = alike.choice(["none", "wait", "app", "read", "mine", "flush", "define"])
+        if op == "wait":
+            f.wait()
+        elif op == "app":  # a collective of the program's own, steps in flight
+            assert comm.allreduce(k + rank) == size * k + size * (size - 1) // 2
+        elif op == "read" and committed:
+            j = int(alike.integers(0, len(committed)))
+            got = ds.read(np.s_[:, :], step=j, collective=True)
+            np.testing.assert_array_equal(got, whole(committed[j], size))
+        elif op == "mine" and kind != "fails":  # the step just ended: waits for it
+            np.testing.assert_array_equal(ds[mine, :], block(k, rank))
+        elif op == "flush":
+            f.flush(durable=False)
+        elif op == "define" and defined < 3:
+            f.create_dataset(f"y{defined}", (size,), "i8")
+            defined += 1
+    try:  # first: a rank a step behind ends it here while the others close
+        f.close()
+    except LaminaError:
+        if where < 0:
+            raise
+    g.close()
+    comm.Barrier()
+    if rank == 0:
+        with lamina.open(path, "r", comm=comm_mod.self_comm()) as r:
+            assert r.steps == len(committed), (r.steps, committed)
+            for j, k in enumerate(committed):
+                np.testing.assert_array_equal(r.at(j)["x"][...], whole(k, size))
+        print(f"OK {len(committed)} steps; discarded at {where} on rank {who}", flush=True)
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "race":
+    if sys.argv[1] == "apart":
+        apart(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif sys.argv[1] == "switches":
+        switches(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1")
+    elif sys.argv[1] == "race":
         race(sys.argv[2])
     elif sys.argv[1] == "implicit":
         implicit(sys.argv[2])

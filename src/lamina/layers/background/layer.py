@@ -145,9 +145,13 @@ def _hook_exit() -> None:
 
 
 #: the least flag of end_step's agreement (1 more where this rank has a step open); other
-#: collective calls of the program's thread agree with 0, so a close that meets a rank's
-#: end_step (ranks a call apart) sees it
+#: collective calls of the program's thread agree with 0 (or a key below 2**32)
 ENDING = 1
+#: close's flag: above every other, so that any call that meets a close sees it.  Where the
+#: largest flag is CLOSING every rank agrees once more (:meth:`BackgroundLayer._apart`), to
+#: learn whether some rank came to another call (ranks a call apart: a step discarded on some
+#: ranks only, then the program went on): then the closers leave and the others raise
+CLOSING = 1 << 40
 
 
 class BackgroundLayer(Layer):
@@ -277,33 +281,43 @@ class BackgroundLayer(Layer):
             self.inner.close()
             return
         self._drain()
-        pending = self._take_failure()
-        others: list[int] = []  # ENDING if a rank is in end_step while this one closes
+        error: BaseException | None = None
         try:
-            if comm_mod.agree(self._own(), pending, seen=others):
-                raise mark_collective(
+            comm_mod.agree(self._own(), self._take_failure(), flag=CLOSING)
+        except BaseException as e:
+            error = e
+        apart = False
+        if error is None or not is_left(error):
+            try:
+                apart = self._apart(False)
+            except BaseException as e:  # a rank left meanwhile
+                error = e
+        if apart:
+            # this close met another rank's end_step (or another call): the ranks' calls do
+            # not pair from here on, and a collective close would wait forever for ranks
+            # that never come to it; leave instead, which their next collective call meets
+            if error is None:
+                error = mark_collective(
                     CollectiveMismatchError(
-                        f"closing {self.path!r} while another rank ends a step: the ranks are a "
-                        "collective call apart (a step discarded on some ranks only)"
+                        f"closing {self.path!r} while another rank ends a step or makes "
+                        "another collective call: the ranks are a call apart (a step "
+                        "discarded on some ranks only); this rank leaves the file"
                     )
                 )
-        except BaseException as e:
             self._drop_open_step()
-            if is_left(e):  # no collective with a rank that left: let go of the file
+            self.leave(error)
+            raise error
+        if error is not None:
+            self._drop_open_step()
+            if is_left(error):  # no collective with a rank that left: let go of the file
                 self.abandon()
-                raise
-            if others and others[0] >= ENDING:
-                # this close met another rank's end_step: the ranks' calls do not pair from
-                # here on, and a collective close would wait forever for ranks that never
-                # come to it; leave instead, which their next collective call meets
-                self.leave(e)
-                raise
+                raise error
             try:
                 with self.lock:
                     self.inner.close()
             finally:
                 self._shutdown()
-            raise
+            raise error
         try:
             with self.lock:
                 # a step left open is committed by close, as without the layer
@@ -349,7 +363,39 @@ class BackgroundLayer(Layer):
     def agree(self, flag: int = 0) -> int:
         if not self.active:
             return self.inner.agree(flag)
-        return comm_mod.agree(self._own(), None, flag)
+        return self._meet(None, flag)
+
+    def _meet(self, pending: BaseException | None, flag: int, seen: list[int] | None = None) -> int:
+        """Collective, at the start of every call of the program's thread but close:
+        :func:`comm.agree` on this layer's communicator.  Where it meets a close on some rank
+        (the ranks a call apart), every rank learns it (:meth:`_apart`) and this raises
+        :class:`CollectiveMismatchError` (or the failure the agreement raised); the closers
+        leave the file, which the next collective call here meets."""
+        got: list[int] = []
+        try:
+            top = comm_mod.agree(self._own(), pending, flag, seen=got)
+        except BaseException as e:
+            if not is_left(e) and got and got[0] >= CLOSING:
+                self._apart(True)
+            raise
+        finally:
+            if seen is not None:
+                seen.extend(got)
+        if top >= CLOSING:
+            self._apart(True)
+            raise mark_collective(
+                CollectiveMismatchError(
+                    f"another rank closes {self.path!r} while this one ends a step or makes "
+                    "another collective call: the ranks are a call apart (a step discarded "
+                    "on some ranks only); the closing ranks leave the file"
+                )
+            )
+        return top
+
+    def _apart(self, here: bool) -> bool:
+        """Collective, after an agreement whose largest flag was CLOSING: whether some rank
+        came to a call other than close (*here*: this one did)."""
+        return bool(comm_mod.agree(self._own(), None, flag=int(here)))
 
     def _own(self) -> Comm:
         """This layer's communicator (the application thread's collectives, while active)."""
@@ -397,7 +443,7 @@ class BackgroundLayer(Layer):
     def _collective_point(self) -> None:
         """Collective: wait for every step in flight, then raise a background failure on every rank."""
         self._drain()
-        comm_mod.agree(self._own(), self._take_failure())
+        self._meet(self._take_failure(), 0)
 
     def _take_failure(self) -> BaseException | None:
         """The failure to report (once); afterwards the file goes on from the last committed step."""
@@ -532,7 +578,13 @@ class BackgroundLayer(Layer):
             self._next_direct = not self._first_step()
         if self._next_direct:  # io='auto' wrote the last step synchronously: so this one
             t0 = time.perf_counter()
-            self.wait()  # collective, as begin_step is: every rank goes direct alike
+            # Every rank decided alike (_decide, _first_step are collective) and nothing is in
+            # flight: the call that decided waited for the steps before.  No collective here,
+            # as the engine's begin_step has none: a rank that discarded its step on its own
+            # (an error inside `with f.step()`) comes here while the others end theirs, and
+            # meets them at the commit, which refuses steps the ranks counted apart (a
+            # collective here would wait for one the others never start).
+            self._drain()
             with self.lock:
                 self.inner.skip_steps(self._take_dropped())
                 self.inner.begin_step()
@@ -787,17 +839,9 @@ class BackgroundLayer(Layer):
         try:
             # a step opened by a put exists only on the ranks that wrote: decide together (the
             # flag is ENDING at least, so that a rank that closes meanwhile knows it)
-            active = (
-                comm_mod.agree(
-                    self._own(),
-                    pending,
-                    flag=ENDING + int(self._step is not None),
-                    seen=opened,
-                )
-                - ENDING
-            )
+            active = self._meet(pending, ENDING + int(self._step is not None), opened) - ENDING
         except BaseException as e:
-            self._drop_open_step(anywhere=bool(opened and opened[0] > ENDING))
+            self._drop_open_step(anywhere=bool(opened and opened[0] == ENDING + 1))
             if not is_left(e):
                 self._on_failure_elsewhere()
             raise
@@ -845,6 +889,13 @@ class BackgroundLayer(Layer):
         assert self._direct is not None
         nbytes, io = int(self._direct[0]), self._direct[1]
         t0 = time.perf_counter()
+        try:
+            # the agreement every end_step starts with (nothing is in flight to fail): so that
+            # a rank that closes meanwhile meets it here, not the engine's commit
+            self._meet(None, ENDING + 1)
+        except BaseException:
+            self._drop_open_step()
+            raise
         try:
             with self.lock:
                 self.inner.end_step()  # raises as a synchronous end_step does; the step is gone
