@@ -837,13 +837,15 @@ def test_collective_reads_with_steps_in_flight(tmp_path, n):
 
 @needs_mpiexec
 @pytest.mark.parametrize(("io", "mode"), [("async", "-"), ("auto", "sync"), ("auto", "async")])
-def test_a_close_that_meets_an_end_step_raises_on_both(tmp_path, io, mode):
-    """Rank 0 drops its last step on its own and closes while rank 1 ends that step: both
-    raise (rank 1's end_step and close, rank 0's close), nothing hangs, and the steps before
-    are intact.  Written directly (io='auto' deciding sync) the step's end waited for the
-    close in the engine's commit, and the close in the layer's agreement; in the background,
-    rank 1's thread waited in a commit rank 0 never made."""
-    res = mu.run_mpi(2, "background", "apart", tmp_path / "a.lam", io, mode, timeout=90)
+@pytest.mark.parametrize("op", ["close", "wait", "flush", "define", "read"])
+def test_a_step_dropped_on_one_rank_then_the_ranks_pair_again(tmp_path, io, mode, op):
+    """Rank 0 drops step 1 on its own; the program then closes, or makes *op* after each
+    step and writes two more.  Rank 1's end of step 1 meets rank 0's next call: it raises
+    CollectiveMismatchError and drops the step too, rank 0's call waits for rank 1's, and
+    the steps after are committed; both closes succeed.  Before, each of these waited
+    forever: a close left while rank 1's thread (or the engine, for a step written
+    directly) waited in a commit rank 0 never made, and a point met an end_step."""
+    res = mu.run_mpi(2, "background", "apart", tmp_path / "a.lam", io, mode, op, timeout=90)
     assert "OK" in res.stdout
 
 
@@ -860,9 +862,9 @@ def test_random_switches_never_hang(tmp_path, n, seed, discard):
     """40 steps under io='auto' whose mode each rank's model picks at random (so steps go
     directly and to the background by turns), random compute times, the program's own
     collectives, waits, flushes, reads, definitions, implicit steps, steps refused on every
-    rank, a synchronous file beside; with *discard*, a late step dropped on one rank alone,
-    after which the ranks are a step apart.  Nothing may hang (the timeout), and the file
-    holds exactly the steps every rank ended, with their values."""
+    rank, a synchronous file beside; with *discard*, a step dropped on one rank alone, then
+    steps, waits, flushes, reads and definitions.  Nothing may hang (the timeout); the file
+    holds the steps every rank ended before, then steps of one program step each."""
     res = mu.run_mpi(
         n, "background", "switches", tmp_path / "s.lam", 40, seed, discard, timeout=120
     )

@@ -66,13 +66,17 @@
     are a step apart, so steps and close may raise (lamina errors only),
     but no call may hang.  Every step ended on every rank before that must
     be in the file, and nothing else.
-``background.py apart PATH IO MODE``
-    two ranks; rank 0 drops the last of four steps on its own (an error
-    inside ``with f.step()``), then closes while rank 1 ends that step.
-    IO is ``async`` or ``auto`` with the model's choice forced to MODE
-    (``sync``: steps written directly; ``async``).  Rank 1's ``end_step``
-    and both closes must raise, naming the mismatch (nothing hangs), and
-    the three steps before are in the file.
+``background.py apart PATH IO MODE OP``
+    two ranks; rank 0 drops step 1 of four on its own (an error inside
+    ``with f.step()``).  IO is ``async`` or ``auto`` with the model's
+    choice forced to MODE (``sync``: steps written directly; ``async``).
+    OP ``close``: the program closes after step 1 (rank 0 closes while
+    rank 1 ends step 1); ``wait``, ``flush``, ``define``, ``read`` (a
+    collective read): the program makes that call after each step, then
+    writes steps 2 and 3 and closes.  Rank 1's end of step 1 must raise
+    CollectiveMismatchError and be dropped there too; rank 0's call must
+    wait for rank 1's, so that the ranks pair again: steps 2 and 3 are
+    committed and both closes succeed.  Nothing hangs.
 
 Prints ``OK`` on rank 0 when everything held (``RAISED`` on each rank that
 raised the injected error).
@@ -87,7 +91,6 @@ import numpy as np
 
 import lamina
 from lamina import comm as comm_mod
-from lamina.errors import is_left
 
 ROWS = 4  # rows of x per rank
 COLS = 6
@@ -438,7 +441,7 @@ def _force(mode) -> None:
     am.AsyncModel.predict = predict
 
 
-def apart(path: str, io: str, mode: str) -> None:
+def apart(path: str, io: str, mode: str, op: str) -> None:
     from lamina.errors import CollectiveMismatchError, LaminaError
 
     comm = comm_mod.world()
@@ -447,33 +450,37 @@ def apart(path: str, io: str, mode: str) -> None:
     f = lamina.open(path, "w", io=io)
     ds = f.create_dataset("x", (ROWS * comm.size, COLS), "f8")
     raised = []
-    for k in range(4):
+    for k in range(2 if op == "close" else 4):
         try:
             with f.step():
                 ds[rank * ROWS : (rank + 1) * ROWS, :] = block(k, rank)
-                if k == 3 and rank == 0:
+                if k == 1 and rank == 0:
                     raise RuntimeError("rank 0 fails on its own")
         except (LaminaError, RuntimeError) as e:
             raised.append((k, e))
-    try:
-        f.close()
-    except LaminaError as e:
-        raised.append(("close", e))
+        if op == "wait":
+            f.wait()
+        elif op == "flush":
+            f.flush(durable=False)
+        elif op == "define":
+            f.create_dataset(f"y{k}", (comm.size,), "i8")
+        elif op == "read":
+            got = ds.read(np.s_[:, :], step=0, collective=True)
+            np.testing.assert_array_equal(got, whole(0, comm.size))
+    f.close()
+    assert [k for k, _ in raised] == [1], raised
     if rank == 0:
-        assert [k for k, _ in raised] == [3, "close"], raised
-        assert isinstance(raised[1][1], CollectiveMismatchError), raised
-        assert "another rank ends a step" in str(raised[1][1])
-    else:  # its end_step met rank 0's close; its close, rank 0 leaving
-        assert [k for k, _ in raised] == [3, "close"], raised
+        assert isinstance(raised[0][1], RuntimeError), raised
+    else:  # its end of step 1 met rank 0's next call
         assert isinstance(raised[0][1], CollectiveMismatchError), raised
-        assert "another rank closes" in str(raised[0][1])
-        assert is_left(raised[1][1]), raised
+        assert "the ranks are a call apart" in str(raised[0][1])
     comm.Barrier()
     if rank == 0:
+        kept = [0] if op == "close" else [0, 2, 3]
         with lamina.open(path, "r", comm=comm_mod.self_comm()) as r:
-            assert r.steps == 3, r.steps
-            for k in range(3):
-                np.testing.assert_array_equal(r.at(k)["x"][...], whole(k, comm.size))
+            assert r.steps == len(kept), r.steps
+            for j, k in enumerate(kept):
+                np.testing.assert_array_equal(r.at(j)["x"][...], whole(k, comm.size))
         print("OK", flush=True)
 
 
@@ -486,7 +493,7 @@ def switches(path: str, steps: int, seed: int, discard: bool) -> None:
     own = np.random.default_rng([seed, rank, 1])  # this rank's compute times and predictions
 
     _force(lambda: "async" if own.random() < 0.5 else "sync")
-    where = int(alike.integers(steps * 2 // 3, steps)) if discard else -1
+    where = int(alike.integers(steps // 3, steps)) if discard else -1
     who = int(alike.integers(0, size))
     mine = slice(rank * ROWS, (rank + 1) * ROWS)
     f = lamina.open(path, "w", io="auto")
@@ -497,15 +504,30 @@ def switches(path: str, steps: int, seed: int, discard: bool) -> None:
     defined = 0
     for k in range(steps):
         time.sleep(float(own.uniform(0, 0.004)))  # compute
-        if k >= where >= 0:  # the ranks are a step apart from here: steps only
+        if k >= where >= 0:
+            # the ranks may be a call apart from here: calls of this file only (a collective
+            # of the program's, or of the other file, would wait for a rank a call behind, as
+            # in MPI); a rank behind raises, one ahead at a point or close waits for it
             try:
                 with f.step():
                     ds[mine, :] = block(k, rank)
                     if k == where and rank == who:
                         raise RuntimeError("rank fails on its own")
-            except (LaminaError, RuntimeError, ValueError):
-                if f.engine.closed:  # a rank left: this one let go too
-                    break
+            except (LaminaError, RuntimeError):
+                pass
+            op = alike.choice(["none", "none", "wait", "read", "flush", "define"])
+            try:
+                if op == "wait":
+                    f.wait()
+                elif op == "read":
+                    got = ds.read(np.s_[:, :], step=0, collective=True)
+                    np.testing.assert_array_equal(got, whole(committed[0], size))
+                elif op == "flush":
+                    f.flush(durable=False)
+                elif op == "define":
+                    f.create_dataset(f"z{k}", (size,), "i8")
+            except LaminaError:
+                pass
             continue
         kind = alike.choice(["step", "step", "step", "implicit", "fails"])
         if kind == "fails":  # refused on every rank: dropped everywhere
@@ -545,24 +567,37 @@ def switches(path: str, steps: int, seed: int, discard: bool) -> None:
         elif op == "define" and defined < 3:
             f.create_dataset(f"y{defined}", (size,), "i8")
             defined += 1
-    try:  # first: a rank a step behind ends it here while the others close
+    try:  # first: a rank a call behind makes it here while the others close
         f.close()
-    except LaminaError:
+    except LaminaError:  # a refused step's failure, raised at the close on every rank
         if where < 0:
             raise
     g.close()
     comm.Barrier()
     if rank == 0:
         with lamina.open(path, "r", comm=comm_mod.self_comm()) as r:
-            assert r.steps == len(committed), (r.steps, committed)
+            assert r.steps >= len(committed), (r.steps, committed)
             for j, k in enumerate(committed):
                 np.testing.assert_array_equal(r.at(j)["x"][...], whole(k, size))
-        print(f"OK {len(committed)} steps; discarded at {where} on rank {who}", flush=True)
+            # after the dropped step: steps the ranks wrote together again, never one that
+            # mixes program steps (every rank's rows are those of one step k > where)
+            later = []
+            for j in range(len(committed), r.steps):
+                got = r.at(j)["x"][...]
+                k = int(got[0, 0]) // 1000
+                np.testing.assert_array_equal(got, whole(k, size))
+                later.append(k)
+            assert all(where < a < b for a, b in zip(later[:-1], later[1:], strict=True)), later
+            assert not later or later[0] > where, later
+        print(
+            f"OK {len(committed)} steps, then {len(later)}; dropped at {where} on rank {who}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "apart":
-        apart(sys.argv[2], sys.argv[3], sys.argv[4])
+        apart(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5])
     elif sys.argv[1] == "switches":
         switches(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1")
     elif sys.argv[1] == "race":

@@ -144,14 +144,24 @@ def _hook_exit() -> None:
         register(_at_exit)
 
 
-#: the least flag of end_step's agreement (1 more where this rank has a step open); other
-#: collective calls of the program's thread agree with 0 (or a key below 2**32)
+#: The flags of the agreement every collective call of the program's thread starts with
+#: (:meth:`BackgroundLayer._meet`): end_step's is ENDING (1 more where this rank has a step
+#: open); wait, flush, definitions and collective reads agree with POINT; close with CLOSING;
+#: :meth:`BackgroundLayer.agree` with its caller's key (below 2**32).  Where the largest is
+#: POINT or CLOSING every rank agrees once more (:meth:`BackgroundLayer._apart`), to learn
+#: whether some rank came to another call: the ranks are then a call apart (a step dropped on
+#: some ranks only, the program going on).  The ranks behind raise CollectiveMismatchError
+#: there (a step they were ending is dropped); the ranks ahead agree again, with the others'
+#: next call, so that the calls pair once more and no rank waits for a call never made.
 ENDING = 1
-#: close's flag: above every other, so that any call that meets a close sees it.  Where the
-#: largest flag is CLOSING every rank agrees once more (:meth:`BackgroundLayer._apart`), to
-#: learn whether some rank came to another call (ranks a call apart: a step discarded on some
-#: ranks only, then the program went on): then the closers leave and the others raise
+POINT = 1 << 39
 CLOSING = 1 << 40
+KEYS = 1 << 32  # agree()'s keys: POINT + key, |key| < KEYS
+
+
+def _kind(flag: int) -> int:
+    """0: an end_step; 1: a point (wait, flush, a definition, agree()); 2: close."""
+    return 2 if flag >= CLOSING else int(flag > POINT - KEYS)
 
 
 class BackgroundLayer(Layer):
@@ -282,31 +292,24 @@ class BackgroundLayer(Layer):
             return
         self._drain()
         error: BaseException | None = None
-        try:
-            comm_mod.agree(self._own(), self._take_failure(), flag=CLOSING)
-        except BaseException as e:
-            error = e
-        apart = False
-        if error is None or not is_left(error):
+        pending = self._take_failure()
+        while True:
             try:
-                apart = self._apart(False)
+                comm_mod.agree(self._own(), pending, flag=CLOSING)
+            except BaseException as e:
+                if is_left(e):  # no more collectives with a rank that left
+                    error = e
+                    break
+                error = error or e
+            pending = None
+            try:
+                # ranks a call behind (their end_step, or another call, met this close) raise
+                # there; this close meets their next call, until every rank closes
+                if not self._apart(False):
+                    break
             except BaseException as e:  # a rank left meanwhile
                 error = e
-        if apart:
-            # this close met another rank's end_step (or another call): the ranks' calls do
-            # not pair from here on, and a collective close would wait forever for ranks
-            # that never come to it; leave instead, which their next collective call meets
-            if error is None:
-                error = mark_collective(
-                    CollectiveMismatchError(
-                        f"closing {self.path!r} while another rank ends a step or makes "
-                        "another collective call: the ranks are a call apart (a step "
-                        "discarded on some ranks only); this rank leaves the file"
-                    )
-                )
-            self._drop_open_step()
-            self.leave(error)
-            raise error
+                break
         if error is not None:
             self._drop_open_step()
             if is_left(error):  # no collective with a rank that left: let go of the file
@@ -363,38 +366,51 @@ class BackgroundLayer(Layer):
     def agree(self, flag: int = 0) -> int:
         if not self.active:
             return self.inner.agree(flag)
-        return self._meet(None, flag)
+        if not -KEYS < flag < KEYS:
+            raise ValueError(f"agree(): flag {flag} out of range (|flag| < 2**32)")
+        return self._meet(None, POINT + flag) - POINT
 
     def _meet(self, pending: BaseException | None, flag: int, seen: list[int] | None = None) -> int:
-        """Collective, at the start of every call of the program's thread but close:
-        :func:`comm.agree` on this layer's communicator.  Where it meets a close on some rank
-        (the ranks a call apart), every rank learns it (:meth:`_apart`) and this raises
-        :class:`CollectiveMismatchError` (or the failure the agreement raised); the closers
-        leave the file, which the next collective call here meets."""
-        got: list[int] = []
-        try:
-            top = comm_mod.agree(self._own(), pending, flag, seen=got)
-        except BaseException as e:
-            if not is_left(e) and got and got[0] >= CLOSING:
-                self._apart(True)
-            raise
-        finally:
-            if seen is not None:
-                seen.extend(got)
-        if top >= CLOSING:
-            self._apart(True)
-            raise mark_collective(
-                CollectiveMismatchError(
-                    f"another rank closes {self.path!r} while this one ends a step or makes "
-                    "another collective call: the ranks are a call apart (a step discarded "
-                    "on some ranks only); the closing ranks leave the file"
+        """Collective: the agreement a call of the program's thread (not close) starts with,
+        on this layer's communicator (:func:`comm.agree`: raises on every rank if one failed,
+        else the largest flag; *seen* gets it either way).
+
+        Where the ranks are a call apart (see POINT): a rank behind raises
+        :class:`CollectiveMismatchError` (or the failure the agreement raised); a rank ahead
+        at a point (*flag* POINT, the largest) agrees again, with the others' next call."""
+        while True:
+            got: list[int] = []
+            try:
+                top = comm_mod.agree(self._own(), pending, flag, seen=got)
+            except BaseException as e:
+                if seen is not None:
+                    seen.extend(got)
+                if not is_left(e) and got and _kind(got[0]):
+                    self._apart(_kind(flag) != _kind(got[0]))
+                raise
+            if not _kind(top) or not self._apart(_kind(flag) != _kind(top)):
+                if seen is not None:
+                    seen.append(top)
+                return top
+            if _kind(flag) != _kind(top):
+                what = (
+                    "closes"
+                    if top >= CLOSING
+                    else "waits for its steps (wait, flush, a definition or a collective read)"
                 )
-            )
-        return top
+                raise mark_collective(
+                    CollectiveMismatchError(
+                        f"another rank {what} on {self.path!r} while this one ends a step or "
+                        "makes another collective call: the ranks are a call apart (a step "
+                        "dropped on some ranks only); this call is not made (a step it ends is "
+                        "dropped on every rank)"
+                    )
+                )
+            pending = None  # a call ahead: the ranks behind dropped theirs; meet their next
 
     def _apart(self, here: bool) -> bool:
-        """Collective, after an agreement whose largest flag was CLOSING: whether some rank
-        came to a call other than close (*here*: this one did)."""
+        """Collective, after an agreement whose largest flag was a point's or close's:
+        whether some rank came to a call of another kind (*here*: this one did)."""
         return bool(comm_mod.agree(self._own(), None, flag=int(here)))
 
     def _own(self) -> Comm:
@@ -443,7 +459,7 @@ class BackgroundLayer(Layer):
     def _collective_point(self) -> None:
         """Collective: wait for every step in flight, then raise a background failure on every rank."""
         self._drain()
-        self._meet(self._take_failure(), 0)
+        self._meet(self._take_failure(), POINT)
 
     def _take_failure(self) -> BaseException | None:
         """The failure to report (once); afterwards the file goes on from the last committed step."""
@@ -838,7 +854,7 @@ class BackgroundLayer(Layer):
         opened: list[int] = []  # whether a step was open on some rank, even if this raises
         try:
             # a step opened by a put exists only on the ranks that wrote: decide together (the
-            # flag is ENDING at least, so that a rank that closes meanwhile knows it)
+            # flag is ENDING at least: a rank at a point or a close meanwhile is told, see POINT)
             active = self._meet(pending, ENDING + int(self._step is not None), opened) - ENDING
         except BaseException as e:
             self._drop_open_step(anywhere=bool(opened and opened[0] == ENDING + 1))
