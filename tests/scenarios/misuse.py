@@ -18,8 +18,9 @@ Usage: misuse.py CASE PATH [AGGREGATORS]
                   began it: the engine is told, Engine.skip_steps): the ranks raise the error
                   at the background step's next collective point, and no step mixes
   step-apart-close  as step-apart, rank 1 making as many steps as the others (one end_step
-                  fewer): its close meets the others' last end_step, under sync and async; it
-                  leaves the file (it closed, and the others waited forever in their close),
+                  fewer): its close meets the others' last end_step, under sync and async;
+                  under sync it leaves the file (it closed, and the others waited forever in
+                  their close), under async it waits for their close and closes with them;
                   every rank raises and returns, and the first step is in the file
   io-apart        the last rank opens with io='async' (as under $LAMINA_IO set on some ranks),
                   the others with 'sync': every rank raises CollectiveMismatchError at the open

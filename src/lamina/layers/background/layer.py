@@ -292,15 +292,15 @@ class BackgroundLayer(Layer):
             return
         self._drain()
         error: BaseException | None = None
+        earlier: BaseException | None = None  # raised with ranks that had not come to close
         pending = self._take_failure()
         while True:
             try:
                 comm_mod.agree(self._own(), pending, flag=CLOSING)
             except BaseException as e:
+                error = e
                 if is_left(e):  # no more collectives with a rank that left
-                    error = e
                     break
-                error = error or e
             pending = None
             try:
                 # ranks a call behind (their end_step, or another call, met this close) raise
@@ -310,6 +310,17 @@ class BackgroundLayer(Layer):
             except BaseException as e:  # a rank left meanwhile
                 error = e
                 break
+            # what the ranks raised together there is theirs (they raised it at their call):
+            # how the close goes on is decided with the ranks that close with this one
+            earlier, error = earlier or error, None
+        if error is None and earlier is not None:
+            # the failure raised where the ranks met apart: the file is closed as usual, then
+            # it is raised here too
+            try:
+                self._close_together()
+            except BaseException as late:
+                earlier.add_note(f"closing the file failed too: {late}")
+            raise earlier
         if error is not None:
             self._drop_open_step()
             if is_left(error):  # no collective with a rank that left: let go of the file
@@ -321,6 +332,11 @@ class BackgroundLayer(Layer):
             finally:
                 self._shutdown()
             raise error
+        self._close_together()
+
+    def _close_together(self) -> None:
+        """Collective, in close, every rank closing with no failure: commit a step left open,
+        the decisions, and close the inner stack."""
         try:
             with self.lock:
                 # a step left open is committed by close, as without the layer
