@@ -52,20 +52,25 @@
     one of them too large to be read ahead.  A collective read is one on
     every rank (rank 0 took its read-ahead array and left the others in
     the collective).
+
 ``background.py switches PATH STEPS SEED DISCARD``
-    any number of ranks under ``io='auto'``, each rank's model picking
-    sync or async at random (seeded) so that the agreed mode switches
-    between steps (steps written directly and in the background), with
-    random compute times, and between steps, chosen alike on every rank:
-    collectives of the application, ``wait``, ``flush``, collective and
-    independent reads, definitions, implicit steps (a put, then
-    ``end_step``), steps that fail on every rank (a box out of bounds),
-    and a second file written synchronously.  With DISCARD 1, one rank
-    drops one late step on its own (an error inside ``with f.step()``) and
-    the program goes on writing steps, then closes: from there the ranks
-    are a step apart, so steps and close may raise (lamina errors only),
-    but no call may hang.  Every step ended on every rank before that must
-    be in the file, and nothing else.
+    any number of ranks under ``io='auto'`` (a third of the seeds:
+    ``'async'``), each rank's model picking sync or async at random
+    (seeded) so that the agreed mode switches between steps (steps written
+    directly and in the background), with random compute times, and
+    between steps, chosen alike on every rank: collectives of the
+    application, ``wait``, ``flush``, collective and independent reads,
+    definitions, implicit steps (a put, then ``end_step``), steps that fail
+    on every rank (a box out of bounds), and a second file written
+    synchronously.  With DISCARD 1, one rank drops one step on its own (an
+    error inside ``with f.step()``) and the program goes on writing steps
+    (with waits, flushes, reads and definitions for half of the seeds),
+    then closes: the ranks are a call apart until a point or the close
+    pairs them again, so calls may raise (lamina errors only), but none
+    may hang.  Every step ended on every rank before that must be in the
+    file, and every step after it must hold one program step's values on
+    every rank.
+
 ``background.py apart PATH IO MODE OP``
     two ranks; rank 0 drops step 1 of four on its own (an error inside
     ``with f.step()``).  IO is ``async`` or ``auto`` with the model's
@@ -495,8 +500,9 @@ def switches(path: str, steps: int, seed: int, discard: bool) -> None:
     _force(lambda: "async" if own.random() < 0.5 else "sync")
     where = int(alike.integers(steps // 3, steps)) if discard else -1
     who = int(alike.integers(0, size))
+    calls = bool(alike.integers(0, 2))  # after the dropped step: other calls too, or steps only
     mine = slice(rank * ROWS, (rank + 1) * ROWS)
-    f = lamina.open(path, "w", io="auto")
+    f = lamina.open(path, "w", io=str(alike.choice(["auto", "auto", "async"])))
     g = lamina.open(path + "-sync", "w", io="sync")
     ds = f.create_dataset("x", (ROWS * size, COLS), "f8")
     gs = g.create_dataset("x", (ROWS * size, COLS), "f8")
@@ -515,7 +521,9 @@ def switches(path: str, steps: int, seed: int, discard: bool) -> None:
                         raise RuntimeError("rank fails on its own")
             except (LaminaError, RuntimeError):
                 pass
-            op = alike.choice(["none", "none", "wait", "read", "flush", "define"])
+            op = alike.choice(
+                ["none", "none", "wait", "read", "flush", "define"] if calls else ["none"]
+            )
             try:
                 if op == "wait":
                     f.wait()
