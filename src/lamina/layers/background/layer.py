@@ -157,11 +157,23 @@ ENDING = 1
 POINT = 1 << 39
 CLOSING = 1 << 40
 KEYS = 1 << 32  # agree()'s keys: POINT + key, |key| < KEYS
+#: each point names its call (POINT + call * SPAN), so that two different calls never pair as
+#: one: agree() (0, whatever its key), wait, flush, a definition, ...
+SPAN = 2 * KEYS
+(AGREE, WAIT, FLUSH, DEFINE, GROUP, EXT, DERIVE, REFRESH, READ, SYNC_STEP) = range(10)
+
+
+def _point(call: int) -> int:
+    return POINT + call * SPAN
 
 
 def _kind(flag: int) -> int:
-    """0: an end_step; 1: a point (wait, flush, a definition, agree()); 2: close."""
-    return 2 if flag >= CLOSING else int(flag > POINT - KEYS)
+    """0: an end_step; 1 + call: a point (see SPAN); CLOSING: close."""
+    if flag >= CLOSING:
+        return CLOSING
+    if flag <= POINT - KEYS:
+        return 0
+    return 1 + (flag - POINT + KEYS) // SPAN
 
 
 class BackgroundLayer(Layer):
@@ -384,7 +396,7 @@ class BackgroundLayer(Layer):
             return self.inner.agree(flag)
         if not -KEYS < flag < KEYS:
             raise ValueError(f"agree(): flag {flag} out of range (|flag| < 2**32)")
-        return self._meet(None, POINT + flag) - POINT
+        return self._meet(None, _point(AGREE) + flag) - POINT
 
     def _meet(self, pending: BaseException | None, flag: int, seen: list[int] | None = None) -> int:
         """Collective: the agreement a call of the program's thread (not close) starts with,
@@ -472,10 +484,11 @@ class BackgroundLayer(Layer):
         self.active = False
 
     # -- the collective points of the application thread ------------------------
-    def _collective_point(self) -> None:
-        """Collective: wait for every step in flight, then raise a background failure on every rank."""
+    def _collective_point(self, call: int) -> None:
+        """Collective: wait for every step in flight, then raise a background failure on every
+        rank (*call*: which call of the program's this is, see SPAN)."""
         self._drain()
-        self._meet(self._take_failure(), POINT)
+        self._meet(self._take_failure(), _point(call))
 
     def _take_failure(self) -> BaseException | None:
         """The failure to report (once); afterwards the file goes on from the last committed step."""
@@ -504,7 +517,7 @@ class BackgroundLayer(Layer):
         committed before it are flushed all the same."""
         self._require_open("flush")
         try:
-            self.wait()
+            self.wait(FLUSH)
         except BaseException as e:
             if is_left(e) or self.inner.closed:  # no collective with a rank that left
                 raise
@@ -517,26 +530,27 @@ class BackgroundLayer(Layer):
         with self.lock:
             self.inner.flush(durable)
 
-    def wait(self) -> None:
+    def wait(self, call: int = WAIT) -> None:
         """Collective: wait for every background step; raise (on every rank) if one failed.
-        Nothing to wait for once the file is closed (its close waited), as under io='sync'."""
+        Nothing to wait for once the file is closed (its close waited), as under io='sync'.
+        *call*: the program's call this wait is part of (see SPAN)."""
         if not self.active or self.inner.closed:
             return
         try:
-            self._collective_point()
+            self._collective_point(call)
         except BaseException as e:
             if not is_left(e):  # a rank that left: the steps ended by all still complete (abandon)
                 self._on_failure_elsewhere()
             raise
 
-    def _guarded(self) -> None:
-        """A collective call into the inner stack from the application thread."""
+    def _guarded(self, call: int) -> None:
+        """A collective call into the inner stack from the application thread (*call*: which)."""
         if self.active:
-            self.wait()
+            self.wait(call)
 
     # -- metadata (collective: every step in flight first) ---------------------
     def define(self, spec: DatasetSpec) -> DatasetSpec:
-        self._guarded()
+        self._guarded(DEFINE)
         self._spec_cache.clear()  # a refused definition may undo others (CollectiveMismatchError)
         with self.lock:
             out = self.inner.define(spec)
@@ -546,7 +560,7 @@ class BackgroundLayer(Layer):
         return out
 
     def make_group(self, path: str) -> None:
-        self._guarded()
+        self._guarded(GROUP)
         with self.lock:
             self.inner.make_group(path)
 
@@ -560,7 +574,7 @@ class BackgroundLayer(Layer):
             self.inner.del_attr(path, name)
 
     def set_ext(self, key: str, payload: bytes) -> None:
-        self._guarded()
+        self._guarded(EXT)
         with self.lock:
             self.inner.set_ext(key, payload)
 
@@ -573,12 +587,12 @@ class BackgroundLayer(Layer):
         spacing: Any = None,
         hints: dict | None = None,
     ) -> Any:
-        self._guarded()
+        self._guarded(DERIVE)
         with self.lock:
             return self.inner.derive(name, expression, strategy, spacing=spacing, hints=hints)
 
     def refresh(self) -> int:
-        self._guarded()
+        self._guarded(REFRESH)
         with self.lock:
             n = self.inner.refresh()
         if self.active:
@@ -897,7 +911,7 @@ class BackgroundLayer(Layer):
         sizes = [raw.nbytes for raw in step.copies]
         self._submit(step)
         if not background:  # the model expects no overlap to pay: the step is written now
-            self.wait()
+            self.wait(SYNC_STEP)
         else:
             self._make_ahead(sizes)
         self._epoch_start = time.perf_counter()
@@ -1316,7 +1330,7 @@ class BackgroundLayer(Layer):
     def get_collective(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
         # collective on the inner communicator, as the background steps' commits are: every
         # step in flight first, so that both come in one order on every rank
-        self._guarded()
+        self._guarded(READ)
         step = self._settle(step)
         with self.lock:
             self.inner.get_collective(name, box, step, out)
