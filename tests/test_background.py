@@ -860,6 +860,17 @@ def test_a_step_dropped_on_one_rank_then_the_ranks_pair_again(tmp_path, io, mode
     assert "OK" in res.stdout
 
 
+@needs_mpiexec
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_auto_a_rank_joins_a_step_it_did_not_begin(tmp_path, mode):
+    """Under io='auto', a rank that ends a step without beginning it or writing, and one
+    that writes without begin_step, take part in the step as the ranks that began it do:
+    written directly (*mode* sync), their end_step went to the background and waited for
+    collective calls the others never made."""
+    res = mu.run_mpi(2, "background", "joined", tmp_path / "j.lam", mode, timeout=90)
+    assert "OK" in res.stdout
+
+
 #: extra seeds of the randomized switches test: LAMINA_STRESS_RUNS=50 make test (0 in CI)
 STRESS_RUNS = int(os.environ.get("LAMINA_STRESS_RUNS", "0"))
 SWITCHES = [(2, 1, 0), (3, 2, 1), (2, 8, 1), (4, 1, 1)] + [

@@ -82,6 +82,13 @@
     CollectiveMismatchError and be dropped there too; rank 0's call must
     wait for rank 1's, so that the ranks pair again: steps 2 and 3 are
     committed and both closes succeed.  Nothing hangs.
+``background.py joined PATH MODE``
+    two ranks under ``io='auto'`` with the model's choice forced to MODE:
+    a step rank 0 ends without beginning it or writing (legal: it joins
+    the step), one rank 0 writes without ``begin_step`` (opened by the
+    put) while rank 1 begins it, and one both begin.  With steps written
+    directly (``sync``) the ranks' end_step went different ways (direct
+    on rank 1, in the background on rank 0) and waited for each other.
 
 Prints ``OK`` on rank 0 when everything held (``RAISED`` on each rank that
 raised the injected error).
@@ -489,6 +496,39 @@ def apart(path: str, io: str, mode: str, op: str) -> None:
         print("OK", flush=True)
 
 
+def joined(path: str, mode: str) -> None:
+    comm = comm_mod.world()
+    rank = comm.rank
+    _force(mode)
+    with lamina.open(path, "w", io="auto") as f:
+        ds = f.create_dataset("x", (ROWS * comm.size, COLS), "f8")
+        mine = slice(rank * ROWS, (rank + 1) * ROWS)
+        with f.step():  # the first step: the model has not judged yet
+            ds[mine, :] = block(0, rank)
+        if rank == 0:
+            f.end_step()  # nothing written here: rank 0 joins rank 1's step
+        else:
+            with f.step():
+                ds[mine, :] = block(1, rank)
+        if rank == 0:
+            ds[mine, :] = block(2, rank)  # opened by the put
+            f.end_step()
+        else:
+            with f.step():
+                ds[mine, :] = block(2, rank)
+        with f.step():
+            ds[mine, :] = block(3, rank)
+    comm.Barrier()
+    if rank == 0:
+        with lamina.open(path, "r", comm=comm_mod.self_comm()) as r:
+            assert r.steps == 4, r.steps
+            for k in (0, 2, 3):
+                np.testing.assert_array_equal(r.at(k)["x"][...], whole(k, comm.size))
+            got = r.at(1)["x"][...]
+            np.testing.assert_array_equal(got[ROWS:], whole(1, comm.size)[ROWS:])
+        print("OK", flush=True)
+
+
 def switches(path: str, steps: int, seed: int, discard: bool) -> None:
     from lamina.errors import BoundsError, LaminaError
 
@@ -604,7 +644,9 @@ def switches(path: str, steps: int, seed: int, discard: bool) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "apart":
+    if sys.argv[1] == "joined":
+        joined(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "apart":
         apart(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5])
     elif sys.argv[1] == "switches":
         switches(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1")

@@ -160,7 +160,7 @@ KEYS = 1 << 32  # agree()'s keys: POINT + key, |key| < KEYS
 #: each point names its call (POINT + call * SPAN), so that two different calls never pair as
 #: one: agree() (0, whatever its key), wait, flush, a definition, ...
 SPAN = 2 * KEYS
-(AGREE, WAIT, FLUSH, DEFINE, GROUP, EXT, DERIVE, REFRESH, READ, SYNC_STEP) = range(10)
+(AGREE, WAIT, FLUSH, DEFINE, GROUP, EXT, DERIVE, REFRESH, READ, SYNC_STEP, FIRST) = range(11)
 
 
 def _point(call: int) -> int:
@@ -221,6 +221,7 @@ class BackgroundLayer(Layer):
         self._direct: list[float] | None = None
         self._direct_sizes: list[int] = []  # the buffers its puts would have copied into
         self._first = False  # io='auto', no step begun yet: the first is judged on history
+        self._parted = False  # the last agreement found the ranks at different calls
         self._warm: list[int] = []  # buffers for the worker to make ready (under _cond)
         self._ahead: Future | None = None  # buffers being made for the next step (_make_ahead)
         self._last_sizes: list[int] | None = None  # the copies of the last step submitted
@@ -406,6 +407,7 @@ class BackgroundLayer(Layer):
         Where the ranks are a call apart (see POINT): a rank behind raises
         :class:`CollectiveMismatchError` (or the failure the agreement raised); a rank ahead
         at a point (*flag* POINT, the largest) agrees again, with the others' next call."""
+        self._parted = False
         while True:
             got: list[int] = []
             try:
@@ -414,13 +416,14 @@ class BackgroundLayer(Layer):
                 if seen is not None:
                     seen.extend(got)
                 if not is_left(e) and got and _kind(got[0]):
-                    self._apart(_kind(flag) != _kind(got[0]))
+                    self._parted = self._apart(_kind(flag) != _kind(got[0]))
                 raise
             if not _kind(top) or not self._apart(_kind(flag) != _kind(top)):
                 if seen is not None:
                     seen.append(top)
                 return top
             if _kind(flag) != _kind(top):
+                self._parted = True
                 what = (
                     "closes"
                     if top >= CLOSING
@@ -519,7 +522,8 @@ class BackgroundLayer(Layer):
         try:
             self.wait(FLUSH)
         except BaseException as e:
-            if is_left(e) or self.inner.closed:  # no collective with a rank that left
+            # no collective with a rank that left, nor with ranks that came to another call
+            if is_left(e) or self.inner.closed or self._parted:
                 raise
             try:
                 with self.lock:
@@ -665,7 +669,22 @@ class BackgroundLayer(Layer):
             if last is not None and self._epoch_start is not None and last <= self.budget * size:
                 comp = max(0.0, time.perf_counter() - self._epoch_start - self._in_calls)
                 ok = int(self.model.predict(int(last), size, t_comp=comp).mode == "async")
-        return bool(comm_mod.allreduce_int(self._own(), ok, "min"))
+        # the agreement of a point (not a blocking allreduce): it meets a rank that left, and
+        # a rank that came to another call (see POINT); the largest of 1 - ok is 0 if all said 1
+        return self._meet(None, _point(FIRST) + 1 - ok) == _point(FIRST)
+
+    def _implicit_direct(self) -> None:
+        """Independent: where io='auto' writes the steps directly and no step is open here, a
+        write (or an end_step) outside begin_step takes part in the step directly too, as
+        the ranks that began it do: the engine opens it at the write (or joins it at its end),
+        as without the layer.  (In the background instead, its end_step would make other
+        collective calls than theirs.)  Before the first begin_step the model has not judged
+        yet: such a step is copied, on every rank alike."""
+        if self._direct is None and self._step is None and self._next_direct and not self._first:
+            with self.lock:
+                self.inner.skip_steps(self._take_dropped())
+            self._direct = [0.0, 0.0]
+            self._direct_sizes = []
 
     def _direct_call(self, fn, *args) -> None:
         """A write call of a step written directly (io='auto'), timed as the step's I/O."""
@@ -729,6 +748,7 @@ class BackgroundLayer(Layer):
         if not self.active:
             inner(name, *args)
             return
+        self._implicit_direct()
         if self._direct is not None:
             self._direct_call(inner, name, *args)
             nbytes = count() * self._lookup(name).dtype.itemsize
@@ -832,6 +852,7 @@ class BackgroundLayer(Layer):
         if not self.active:
             self.inner.put_stats(name, box, array)
             return
+        self._implicit_direct()
         if self._direct is not None:
             self._direct_call(self.inner.put_stats, name, box, array)
             return
@@ -874,6 +895,7 @@ class BackgroundLayer(Layer):
             self.inner.end_step()
             return
         self._require_open("end a step")
+        self._implicit_direct()  # a rank that neither began this step nor wrote in it
         self._first = False  # a step opened by a put came first: the model decides from now
         t_call = time.perf_counter()
         self._measure_phase(t_call)
@@ -938,7 +960,7 @@ class BackgroundLayer(Layer):
         try:
             # the agreement every end_step starts with (nothing is in flight to fail): so that
             # a rank that closes meanwhile meets it here, not the engine's commit
-            self._meet(None, ENDING + 1)
+            self._meet(None, ENDING + int(self.inner.in_step))
         except BaseException:
             self._drop_open_step()
             raise
@@ -997,7 +1019,9 @@ class BackgroundLayer(Layer):
         # directly (in the background it would be refused at the put that overflows); what
         # it lent (copy=False) is kept by reference, outside the budget
         fits = copied <= self.budget
-        agreed = comm_mod.allreduce_int(self._own(), int(pred.mode == "async" and fits), "min")
+        # every rank came here from the same end_step (its agreement paired them); this one is
+        # nonblocking, as agree() is, so that it meets a rank that leaves meanwhile
+        agreed = not comm_mod.agree(self._own(), None, 1 - int(pred.mode == "async" and fits))
         mode = done or ("async" if agreed else "sync")
         d: dict[str, Any] = {"step": index, **pred.as_dict()}
         d["predicted"] = d.pop("mode")  # what this rank's model said; "mode": what all ranks do
