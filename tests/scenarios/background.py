@@ -78,12 +78,15 @@
     OP ``close``: the program closes after step 1 (rank 0 closes while
     rank 1 ends step 1); ``wait``, ``flush``, ``define``, ``read`` (a
     collective read): the program makes that call after each step, then
-    writes steps 2 and 3 and closes.  Rank 1's end of step 1 must raise
+    writes steps 2 and 3 and closes; ``join``: as ``wait``, rank 1 ending
+    step 1 without beginning it or writing.  Rank 1's end of step 1 must raise
     CollectiveMismatchError and be dropped there too; rank 0's call must
     wait for rank 1's, so that the ranks pair again: steps 2 and 3 are
     committed and both closes succeed.  Nothing hangs.
 ``background.py joined PATH MODE``
     two ranks under ``io='auto'`` with the model's choice forced to MODE:
+    a first step rank 0 begins and rank 1 opens by a put (the model's
+    first judgement made at rank 0's begin_step and rank 1's end_step),
     a step rank 0 ends without beginning it or writing (legal: it joins
     the step), one rank 0 writes without ``begin_step`` (opened by the
     put) while rank 1 begins it, and one both begin.  With steps written
@@ -464,12 +467,18 @@ def apart(path: str, io: str, mode: str, op: str) -> None:
     raised = []
     for k in range(2 if op == "close" else 4):
         try:
+            if op == "join" and k == 1 and rank == 1:
+                f.end_step()  # nothing to write: it joins the step (which rank 0 drops)
+                continue
             with f.step():
                 ds[rank * ROWS : (rank + 1) * ROWS, :] = block(k, rank)
                 if k == 1 and rank == 0:
                     raise RuntimeError("rank 0 fails on its own")
         except (LaminaError, RuntimeError) as e:
             raised.append((k, e))
+        finally:
+            if op == "join":
+                f.wait()
         if op == "wait":
             f.wait()
         elif op == "flush":
@@ -503,8 +512,14 @@ def joined(path: str, mode: str) -> None:
     with lamina.open(path, "w", io="auto") as f:
         ds = f.create_dataset("x", (ROWS * comm.size, COLS), "f8")
         mine = slice(rank * ROWS, (rank + 1) * ROWS)
-        with f.step():  # the first step: the model has not judged yet
+        # the first step, begun on rank 0 (judged at its begin_step) and opened by the put on
+        # rank 1 (judged at its end_step, with rank 0)
+        if rank == 0:
+            with f.step():
+                ds[mine, :] = block(0, rank)
+        else:
             ds[mine, :] = block(0, rank)
+            f.end_step()
         if rank == 0:
             f.end_step()  # nothing written here: rank 0 joins rank 1's step
         else:

@@ -673,6 +673,24 @@ class BackgroundLayer(Layer):
         # a rank that came to another call (see POINT); the largest of 1 - ok is 0 if all said 1
         return self._meet(None, _point(FIRST) + 1 - ok) == _point(FIRST)
 
+    def _step_to_engine(self) -> Step | None:
+        """The step open here (copied) is written directly: its calls go to the engine now,
+        as a step written directly makes them.  Returns it (its copies are released once the
+        step is committed), or None if no step was open here."""
+        step, self._step = self._step, None
+        with self.lock:
+            self.inner.skip_steps(self._take_dropped())
+        self._direct = [float(step.data_bytes if step is not None else 0), 0.0]
+        self._direct_sizes = []
+        if step is not None:
+            try:
+                with self.lock:
+                    self._replay(step)
+            except BaseException:
+                self._release(step)
+                raise
+        return step
+
     def _implicit_direct(self) -> None:
         """Independent: where io='auto' writes the steps directly and no step is open here, a
         write (or an end_step) outside begin_step takes part in the step directly too, as
@@ -872,15 +890,17 @@ class BackgroundLayer(Layer):
         next, :meth:`.Engine.skip_steps`).  *anywhere*: a step was open on some rank (a step
         opened by a put exists only on the ranks that wrote), counted here even if none was,
         as ending it would have ended an empty one here: every rank's count stays alike."""
+        counted = False  # the engine counted it (it discards a step it opened)
         if self._direct is not None:  # written directly: the engine holds the open step
             self._direct = None
             with self.lock:
                 if not self.inner.closed and self.inner.in_step:
                     self.inner.discard_step()
+                    counted = True
         step, self._step = self._step, None
         if step is not None:
             self._release(step)
-        if step is not None or anywhere:
+        if not counted and (step is not None or anywhere):
             with self._cond:
                 self._dropped += 1
 
@@ -895,12 +915,23 @@ class BackgroundLayer(Layer):
             self.inner.end_step()
             return
         self._require_open("end a step")
+        copied = None  # the first step, copied here, written directly after all
+        if self._first:
+            # the first step, opened by a put here (or ended without one): ranks that began it
+            # judged it at begin_step (_first_step, collective); this rank judges it with them
+            self._first = False
+            self._next_direct = not self._first_step()
+            if self._next_direct:
+                copied = self._step_to_engine()
         self._implicit_direct()  # a rank that neither began this step nor wrote in it
-        self._first = False  # a step opened by a put came first: the model decides from now
         t_call = time.perf_counter()
         self._measure_phase(t_call)
         if self._direct is not None:
-            self._end_direct(t_call)
+            try:
+                self._end_direct(t_call)
+            finally:
+                if copied is not None:  # the engine held its copies until the commit
+                    self._release(copied)
             return
         pending = self._take_failure()
         opened: list[int] = []  # whether a step was open on some rank, even if this raises
@@ -909,7 +940,9 @@ class BackgroundLayer(Layer):
             # flag is ENDING at least: a rank at a point or a close meanwhile is told, see POINT)
             active = self._meet(pending, ENDING + int(self._step is not None), opened) - ENDING
         except BaseException as e:
-            self._drop_open_step(anywhere=bool(opened and opened[0] == ENDING + 1))
+            # a step open on some rank is counted dropped here too, and one the ranks met apart
+            # over (this rank behind: it ends a step the others dropped) even if none was here
+            self._drop_open_step(anywhere=bool(opened and opened[0] == ENDING + 1) or self._parted)
             if not is_left(e):
                 self._on_failure_elsewhere()
             raise
@@ -962,7 +995,7 @@ class BackgroundLayer(Layer):
             # a rank that closes meanwhile meets it here, not the engine's commit
             self._meet(None, ENDING + int(self.inner.in_step))
         except BaseException:
-            self._drop_open_step()
+            self._drop_open_step(anywhere=self._parted)  # as end_step's
             raise
         try:
             with self.lock:
