@@ -849,6 +849,8 @@ def test_collective_reads_with_steps_in_flight(tmp_path, n):
         ("async", "-", "read"),
         ("async", "-", "join"),
         ("auto", "sync", "join"),
+        ("auto", "async", "first"),
+        ("auto", "sync", "first"),
     ],
 )
 def test_a_step_dropped_on_one_rank_then_the_ranks_pair_again(tmp_path, io, mode, op):

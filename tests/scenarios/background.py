@@ -79,7 +79,9 @@
     rank 1 ends step 1); ``wait``, ``flush``, ``define``, ``read`` (a
     collective read): the program makes that call after each step, then
     writes steps 2 and 3 and closes; ``join``: as ``wait``, rank 1 ending
-    step 1 without beginning it or writing.  Rank 1's end of step 1 must raise
+    step 1 without beginning it or writing; ``first``: steps opened by a
+    put, a wait after each, rank 0 dropping the first (before io='auto'
+    judged it: it owes the others that judgement), steps 1-3 kept.  Rank 1's end of step 1 must raise
     CollectiveMismatchError and be dropped there too; rank 0's call must
     wait for rank 1's, so that the ranks pair again: steps 2 and 3 are
     committed and both closes succeed.  Nothing hangs.
@@ -470,6 +472,13 @@ def apart(path: str, io: str, mode: str, op: str) -> None:
             if op == "join" and k == 1 and rank == 1:
                 f.end_step()  # nothing to write: it joins the step (which rank 0 drops)
                 continue
+            if op == "first":  # steps opened by a put; rank 0 drops the first before it ends
+                ds[rank * ROWS : (rank + 1) * ROWS, :] = block(k, rank)
+                if k == 0 and rank == 0:
+                    f.engine.discard_step()
+                else:
+                    f.end_step()
+                continue
             with f.step():
                 ds[rank * ROWS : (rank + 1) * ROWS, :] = block(k, rank)
                 if k == 1 and rank == 0:
@@ -477,7 +486,7 @@ def apart(path: str, io: str, mode: str, op: str) -> None:
         except (LaminaError, RuntimeError) as e:
             raised.append((k, e))
         finally:
-            if op == "join":
+            if op in ("join", "first"):
                 f.wait()
         if op == "wait":
             f.wait()
@@ -489,15 +498,19 @@ def apart(path: str, io: str, mode: str, op: str) -> None:
             got = ds.read(np.s_[:, :], step=0, collective=True)
             np.testing.assert_array_equal(got, whole(0, comm.size))
     f.close()
-    assert [k for k, _ in raised] == [1], raised
+    dropped = 0 if op == "first" else 1
+    if op == "first" and rank == 0:
+        assert raised == [], raised
+    else:
+        assert [k for k, _ in raised] == [dropped], raised
     if rank == 0:
-        assert isinstance(raised[0][1], RuntimeError), raised
-    else:  # its end of step 1 met rank 0's next call
+        assert op == "first" or isinstance(raised[0][1], RuntimeError), raised
+    else:  # its end of the dropped step met rank 0's next call
         assert isinstance(raised[0][1], CollectiveMismatchError), raised
         assert "the ranks are a call apart" in str(raised[0][1])
     comm.Barrier()
     if rank == 0:
-        kept = [0] if op == "close" else [0, 2, 3]
+        kept = {"close": [0], "first": [1, 2, 3]}.get(op, [0, 2, 3])
         with lamina.open(path, "r", comm=comm_mod.self_comm()) as r:
             assert r.steps == len(kept), r.steps
             for j, k in enumerate(kept):

@@ -222,6 +222,7 @@ class BackgroundLayer(Layer):
         self._direct_sizes: list[int] = []  # the buffers its puts would have copied into
         self._first = False  # io='auto', no step begun yet: the first is judged on history
         self._parted = False  # the last agreement found the ranks at different calls
+        self._first_owed = False  # the first step dropped here before it was judged
         self._warm: list[int] = []  # buffers for the worker to make ready (under _cond)
         self._ahead: Future | None = None  # buffers being made for the next step (_make_ahead)
         self._last_sizes: list[int] | None = None  # the copies of the last step submitted
@@ -306,6 +307,14 @@ class BackgroundLayer(Layer):
         self._drain()
         error: BaseException | None = None
         earlier: BaseException | None = None  # raised with ranks that had not come to close
+        try:
+            self._judge_owed()
+        except BaseException as e:
+            earlier = e
+            if is_left(e):
+                self._drop_open_step()
+                self.abandon()
+                raise
         pending = self._take_failure()
         while True:
             try:
@@ -491,7 +500,15 @@ class BackgroundLayer(Layer):
         """Collective: wait for every step in flight, then raise a background failure on every
         rank (*call*: which call of the program's this is, see SPAN)."""
         self._drain()
+        self._judge_owed()
         self._meet(self._take_failure(), _point(call))
+
+    def _judge_owed(self) -> None:
+        """Collective where this rank dropped its first step before it was judged (see
+        _drop_open_step): the judgement the other ranks made of it, made here too."""
+        if self._first_owed:
+            self._first_owed = self._first = False
+            self._next_direct = not self._first_step()
 
     def _take_failure(self) -> BaseException | None:
         """The failure to report (once); afterwards the file goes on from the last committed step."""
@@ -624,7 +641,7 @@ class BackgroundLayer(Layer):
         if self._step is not None or self._direct is not None:
             raise StepError(f"step {self._next} is already open; call end_step first")
         if self._first:
-            self._first = False
+            self._first = self._first_owed = False
             self._next_direct = not self._first_step()
         if self._next_direct:  # io='auto' wrote the last step synchronously: so this one
             t0 = time.perf_counter()
@@ -681,12 +698,13 @@ class BackgroundLayer(Layer):
         with self.lock:
             self.inner.skip_steps(self._take_dropped())
         self._direct = [float(step.data_bytes if step is not None else 0), 0.0]
-        self._direct_sizes = []
+        self._direct_sizes = [raw.nbytes for raw in step.copies] if step is not None else []
         if step is not None:
             try:
                 with self.lock:
                     self._replay(step)
             except BaseException:
+                self._drop_open_step()
                 self._release(step)
                 raise
         return step
@@ -900,6 +918,10 @@ class BackgroundLayer(Layer):
         step, self._step = self._step, None
         if step is not None:
             self._release(step)
+            # the first step, opened by a put here, dropped before it was judged: the ranks
+            # that end it judge it at its end (or at their begin_step): this rank owes them
+            # that agreement, at its next collective call
+            self._first_owed = self._first
         if not counted and (step is not None or anywhere):
             with self._cond:
                 self._dropped += 1
@@ -919,8 +941,12 @@ class BackgroundLayer(Layer):
         if self._first:
             # the first step, opened by a put here (or ended without one): ranks that began it
             # judged it at begin_step (_first_step, collective); this rank judges it with them
-            self._first = False
-            self._next_direct = not self._first_step()
+            self._first = self._first_owed = False
+            try:
+                self._next_direct = not self._first_step()
+            except BaseException:
+                self._drop_open_step(anywhere=self._parted)  # as when end_step's agreement raises
+                raise
             if self._next_direct:
                 copied = self._step_to_engine()
         self._implicit_direct()  # a rank that neither began this step nor wrote in it
