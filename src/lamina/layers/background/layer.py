@@ -146,9 +146,10 @@ def _hook_exit() -> None:
 
 #: The flags of the agreement every collective call of the program's thread starts with
 #: (:meth:`BackgroundLayer._meet`): end_step's is ENDING (1 more where this rank has a step
-#: open); wait, flush, definitions and collective reads agree with POINT; close with CLOSING;
-#: :meth:`BackgroundLayer.agree` with its caller's key (below 2**32).  Where the largest is
-#: POINT or CLOSING every rank agrees once more (:meth:`BackgroundLayer._apart`), to learn
+#: open); wait, flush, definitions, collective reads, the first step's judgement and
+#: :meth:`BackgroundLayer.agree` (with its caller's key, below 2**32) with a point's flag that
+#: names the call (see SPAN); close with CLOSING.  Where the largest is a point's or CLOSING
+#: every rank agrees once more (:meth:`BackgroundLayer._apart`), to learn
 #: whether some rank came to another call: the ranks are then a call apart (a step dropped on
 #: some ranks only, the program going on).  The ranks behind raise CollectiveMismatchError
 #: there (a step they were ending is dropped); the ranks ahead agree again, with the others'
@@ -414,8 +415,9 @@ class BackgroundLayer(Layer):
         else the largest flag; *seen* gets it either way).
 
         Where the ranks are a call apart (see POINT): a rank behind raises
-        :class:`CollectiveMismatchError` (or the failure the agreement raised); a rank ahead
-        at a point (*flag* POINT, the largest) agrees again, with the others' next call."""
+        :class:`CollectiveMismatchError` (or the failure the agreement raised) and notes it
+        (``_parted``); a rank ahead (its call's flag the largest) agrees again, with the
+        others' next call."""
         self._parted = False
         while True:
             got: list[int] = []
