@@ -854,8 +854,8 @@ def test_collective_reads_with_steps_in_flight(tmp_path, n):
     ],
 )
 def test_a_step_dropped_on_one_rank_then_the_ranks_pair_again(tmp_path, io, mode, op):
-    """Rank 0 drops step 1 on its own; the program then closes, or makes *op* after each
-    step and writes two more.  Rank 1's end of step 1 meets rank 0's next call: it raises
+    """Rank 0 drops step 1 on its own (*first*: step 0, opened by a put, before io='auto'
+    judged it); the program then closes, or makes *op* after each step and writes two more.  Rank 1's end of step 1 meets rank 0's next call: it raises
     CollectiveMismatchError and drops the step too, rank 0's call waits for rank 1's, and
     the steps after are committed; both closes succeed.  Before, each of these waited
     forever: a close left while rank 1's thread (or the engine, for a step written
@@ -886,7 +886,8 @@ SWITCHES = [(2, 1, 0), (3, 2, 1), (2, 8, 1), (4, 1, 1)] + [
 @pytest.mark.parametrize(("n", "seed", "discard"), SWITCHES)
 def test_random_switches_never_hang(tmp_path, n, seed, discard):
     """40 steps under io='auto' whose mode each rank's model picks at random (so steps go
-    directly and to the background by turns), random compute times, the program's own
+    directly and to the background by turns; io='async' for a third of the seeds), random
+    compute times, the program's own
     collectives, waits, flushes, reads, definitions, implicit steps, steps refused on every
     rank, a synchronous file beside; with *discard*, a step dropped on one rank alone, then
     steps, waits, flushes, reads and definitions.  Nothing may hang (the timeout); the file
