@@ -1397,17 +1397,21 @@ class BackgroundLayer(Layer):
     def take_read_ahead(self, name: str, box: Box, step: int | None) -> np.ndarray | None:
         if self._prefetch is None or not self._prefetch.serving:
             return None
-        with self.lock:
-            k = self.inner.check_step(step)
-        return self._prefetch.take(name, box, k)
+        with self._prefetch.reads():
+            with self.lock:
+                k = self.inner.check_step(step)
+            return self._prefetch.take(name, box, k)
 
     def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
         if self._prefetch is not None and self._prefetch.serving:
-            with self.lock:  # the box and the caller's buffer checked as any read checks them
-                _, k = self.inner.check_read(name, box, step, out)
-            if self._prefetch.get(name, box, k, out):
+            with self._prefetch.reads():  # no read ahead beside the program's own reads
+                with self.lock:  # the box and the caller's buffer checked as any read checks them
+                    _, k = self.inner.check_read(name, box, step, out)
+                if self._prefetch.get(name, box, k, out):
+                    return
+                with self.lock:
+                    self.inner.get(name, box, self._settle(k), out)
                 return
-            step = k
         step = self._settle(step)
         with self.lock:
             self.inner.get(name, box, step, out)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,27 @@ class _Fetch:
         self.nbytes = nbytes
 
 
+#: seconds without a read of the program's before the thread reads ahead
+QUIET = 3e-4
+
+
+class _Reading:
+    __slots__ = ("p",)
+
+    def __init__(self, p: Prefetcher) -> None:
+        self.p = p
+
+    def __enter__(self) -> None:
+        with self.p.cond:
+            self.p.reading += 1
+
+    def __exit__(self, *exc) -> None:
+        with self.p.cond:
+            self.p.reading -= 1
+            self.p.last_read = time.monotonic()
+            self.p.cond.notify_all()
+
+
 class Prefetcher:
     """Reads ahead of a streaming reader (see the module docstring)."""
 
@@ -62,6 +84,11 @@ class Prefetcher:
         self.cond = threading.Condition()
         self.thread: threading.Thread | None = None
         self.stopping = False
+        # the program's reads: how many are under way, and when the last one ended (the
+        # thread reads ahead between them, not beside them: both take the layer's lock)
+        self.reading = 0
+        self.last_read = 0.0
+        self.waiting = 0  # the program waits for a fetch: the thread goes on meanwhile
 
     # -- the program's side -----------------------------------------------------
     def streaming(self, k: int) -> None:
@@ -119,6 +146,11 @@ class Prefetcher:
             self.stats.prefetch_hits += 1
         return arr
 
+    def reads(self) -> _Reading:
+        """Context of a read of the program's: the thread waits until it is over (and the
+        program has not read for :data:`QUIET` seconds) before it reads ahead again."""
+        return _Reading(self)
+
     def _fetched(self, name: str, box: Box, step: int) -> np.ndarray | None:
         """Note the read in the pattern; the array fetched for it (dropped from the cache), or
         None if there is none or it failed (the program's own read then raises the error)."""
@@ -133,7 +165,15 @@ class Prefetcher:
             fetch = self.cache.get(key)
         if fetch is None:
             return None
-        fetch.done.wait()
+        if not fetch.done.is_set():
+            with self.cond:
+                self.waiting += 1
+                self.cond.notify_all()
+            try:
+                fetch.done.wait()
+            finally:
+                with self.cond:
+                    self.waiting -= 1
         with self.cond:
             if self.cache.get(key) is fetch:
                 self._drop(key)
@@ -189,6 +229,16 @@ class Prefetcher:
             with self.cond:
                 while not self.jobs and not self.stopping:
                     self.cond.wait()
+                if self.stopping:
+                    return
+                # the program reads a step's selections one after the other: read ahead once
+                # it has done so (its compute phase), not between two of its reads
+                while (
+                    not self.stopping
+                    and not self.waiting
+                    and (self.reading or time.monotonic() - self.last_read < QUIET)
+                ):
+                    self.cond.wait(QUIET)
                 if self.stopping:
                     return
                 key, fetch = self.jobs.popleft()
