@@ -319,23 +319,18 @@ class BackgroundLayer(Layer):
         pending = self._take_failure()
         while True:
             try:
-                comm_mod.agree(self._own(), pending, flag=CLOSING)
-            except BaseException as e:
-                error = e
-                if is_left(e):  # no more collectives with a rank that left
-                    break
-            pending = None
-            try:
                 # ranks a call behind (their end_step, or another call, met this close) raise
                 # there; this close meets their next call, until every rank closes
-                if not self._apart(False):
-                    break
-            except BaseException as e:  # a rank left meanwhile
-                error = e
+                self._meet(pending, CLOSING)
                 break
-            # what the ranks raised together there is theirs (they raised it at their call):
-            # how the close goes on is decided with the ranks that close with this one
-            earlier, error = earlier or error, None
+            except BaseException as e:
+                if is_left(e) or not self._parted:  # raised with every rank closing
+                    error = e
+                    break
+                # raised where the ranks met apart: theirs too (they raised it at their call);
+                # how the close goes on is decided with the ranks that close with this one
+                earlier = earlier or e
+                pending = None
         if error is None and earlier is not None:
             # the failure raised where the ranks met apart: the file is closed as usual, then
             # it is raised here too
@@ -410,7 +405,7 @@ class BackgroundLayer(Layer):
         return self._meet(None, _point(AGREE) + flag) - POINT
 
     def _meet(self, pending: BaseException | None, flag: int, seen: list[int] | None = None) -> int:
-        """Collective: the agreement a call of the program's thread (not close) starts with,
+        """Collective: the agreement a call of the program's thread starts with,
         on this layer's communicator (:func:`comm.agree`: raises on every rank if one failed,
         else the largest flag; *seen* gets it either way).
 
@@ -697,18 +692,17 @@ class BackgroundLayer(Layer):
         as a step written directly makes them.  Returns it (its copies are released once the
         step is committed), or None if no step was open here."""
         step, self._step = self._step, None
-        with self.lock:
-            self.inner.skip_steps(self._take_dropped())
-        self._direct = [float(step.data_bytes if step is not None else 0), 0.0]
-        self._direct_sizes = [raw.nbytes for raw in step.copies] if step is not None else []
-        if step is not None:
-            try:
-                with self.lock:
-                    self._replay(step)
-            except BaseException:
-                self._drop_open_step()
-                self._release(step)
-                raise
+        if step is None:
+            self._join_direct()
+            return None
+        self._join_direct(step.data_bytes, [raw.nbytes for raw in step.copies])
+        try:
+            with self.lock:
+                self._replay(step)
+        except BaseException:
+            self._drop_open_step()
+            self._release(step)
+            raise
         return step
 
     def _implicit_direct(self) -> None:
@@ -719,10 +713,15 @@ class BackgroundLayer(Layer):
         collective calls than theirs.)  Before the first begin_step the model has not judged
         yet: such a step is copied, on every rank alike."""
         if self._direct is None and self._step is None and self._next_direct and not self._first:
-            with self.lock:
-                self.inner.skip_steps(self._take_dropped())
-            self._direct = [0.0, 0.0]
-            self._direct_sizes = []
+            self._join_direct()
+
+    def _join_direct(self, nbytes: int = 0, sizes: list[int] | None = None) -> None:
+        """A step written directly, open here without begin_step (the engine opens it at the
+        first write, or joins it at its end): *nbytes* put so far, *sizes* of their copies."""
+        with self.lock:
+            self.inner.skip_steps(self._take_dropped())
+        self._direct = [float(nbytes), 0.0]
+        self._direct_sizes = sizes or []
 
     def _direct_call(self, fn, *args) -> None:
         """A write call of a step written directly (io='auto'), timed as the step's I/O."""
@@ -786,7 +785,8 @@ class BackgroundLayer(Layer):
         if not self.active:
             inner(name, *args)
             return
-        self._implicit_direct()
+        if self._step is None and self._direct is None:  # the first write of a step here
+            self._implicit_direct()
         if self._direct is not None:
             self._direct_call(inner, name, *args)
             nbytes = count() * self._lookup(name).dtype.itemsize
