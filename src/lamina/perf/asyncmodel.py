@@ -34,7 +34,12 @@ epoch takes at least ``t_io``.  The consistent form is used here.)
   :data:`~lamina.perf.history.LOCAL_MAX`) predicts instead of the fit to
   every step, which a history of many sizes and conditions bends away from
   any one of them (fit kind ``local``;
-  :meth:`~lamina.perf.history.History.local_rate`).
+  :meth:`~lamina.perf.history.History.local_rate`).  Steps of this run
+  like the one asked (one is enough) come before all of these (fit kind
+  ``run``): the history holds other runs' steps, written when the machine
+  may have been busier or quieter, and a series the run no longer writes
+  (the mode ``io='auto'`` does not pick) would otherwise keep what those
+  runs measured for good.
 * ``t_copy = bytes / copy rate``, the median rate of the copies measured at
   put (series ``async.copy``: one sample per step, its copies together),
   into buffers reused from earlier steps: the copies of the first steps go
@@ -142,6 +147,9 @@ DECISION_FIELDS = (
     "t_comp_measured",
     "epoch_measured",
     "t_io_sync",
+    "t_sync_ranks",
+    "t_async_ranks",
+    "probe",
 )
 
 
@@ -184,12 +192,15 @@ class AsyncModel:
         self.history = history or History()
         self.calibration = calibration  # what a step costs before the history has one
         self.compute: list[float] = []  # compute phases of this run, oldest first
+        self.run = History()  # the steps this run wrote (also in the history), never saved
 
     # -- measurements ---------------------------------------------------------------
     def add_io(self, nbytes: int, ranks: int, seconds: float, waited: bool = False) -> None:
         """A step of *nbytes* (all ranks) written in *seconds*; *waited*: while the program
         waited for it (a synchronous step), else in the background."""
-        self.history.add(SYNC_IO_SERIES if waited else IO_SERIES, nbytes, ranks, seconds)
+        name = SYNC_IO_SERIES if waited else IO_SERIES
+        self.history.add(name, nbytes, ranks, seconds)
+        self.run.add(name, nbytes, ranks, seconds)
 
     def add_copy(self, nbytes: int, seconds: float) -> None:
         if nbytes >= 1 << 16:  # small copies measure call overhead, not a rate
@@ -232,9 +243,13 @@ class AsyncModel:
         return float(np.dot(w, c) / w.sum())
 
     def _io_rate(self, series: str, other: str, nbytes: int, ranks: int) -> tuple[float, Fit]:
-        """The rate of *series* (of *other* while it has no samples) for a step of *nbytes*: the
-        steps of that size and rank count (a run again, the usual case) where the history has
-        enough of them, else the fit to every step; with the fit used (kind ``local``)."""
+        """The rate of *series* (of *other* while it has no samples) for a step of *nbytes*:
+        this run's steps of that size and rank count where it wrote some (kind ``run``), else
+        the history's where it has enough of them (a run again, the usual case: ``local``),
+        else the fit to every step; with the fit used."""
+        own = self.run.local_rate(series, nbytes, ranks, least=1)
+        if own is not None:
+            return own, Fit("run", (), math.nan, len(self.run.samples(series)))
         name = self._series(series, other)
         if self.calibration is not None and not self.history.samples(name):
             t = block_time(self.calibration, "write", nbytes)

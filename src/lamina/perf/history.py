@@ -308,10 +308,10 @@ class History:
             m = self._medians[name] = _median(rates)
         return m
 
-    def local_rate(self, name: str, x1: float, x2: float) -> float | None:
+    def local_rate(self, name: str, x1: float, x2: float, least: int = MIN_FIT) -> float | None:
         """The median rate of the newest :data:`LOCAL_MAX` samples of series *name* with
         ``x1`` within :data:`LOCAL_SPAN` of *x1* and ``x2`` within :data:`LOCAL_X2` of *x2*;
-        None with fewer than :data:`MIN_FIT` of them."""
+        None with fewer than *least* of them."""
         rates = []
         lo2, hi2 = x2 * (1.0 - LOCAL_X2), x2 * (1.0 + LOCAL_X2)
         for s1, s2, t in reversed(self.samples(name)):
@@ -319,7 +319,7 @@ class History:
                 rates.append(s1 / t)
                 if len(rates) == LOCAL_MAX:
                     break
-        if len(rates) < MIN_FIT:
+        if len(rates) < max(least, 1):
             return None
         return statistics.median(rates)  # np.median costs ~30 us here, at every end_step
 
@@ -350,12 +350,13 @@ class History:
         return json.dumps(doc)
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> History:
-        """The history in *text*; FormatError unless it is one of this version, from this host."""
+    def from_json(cls, text: str | bytes, any_host: bool = False) -> History:
+        """The history in *text*; FormatError unless it is one of this version, from this host
+        (from any host with *any_host*: rank 0's history, shared with the ranks of a job)."""
         doc = load_json(text, "history", limit=MAX_FILE_BYTES, constants=False)
         if not isinstance(doc, dict) or doc.get("version") != HISTORY_VERSION:
             raise FormatError("history: not a history of this version")
-        if doc.get("host") != host():
+        if not any_host and doc.get("host") != host():
             raise FormatError("history: measured on another host")
         series = doc.get("series")
         if not isinstance(series, dict) or len(series) > MAX_SERIES:
