@@ -875,6 +875,27 @@ def test_auto_a_rank_joins_a_step_it_did_not_begin(tmp_path, mode):
     assert "OK" in res.stdout
 
 
+@needs_mpiexec
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_auto_decides_on_the_ranks_predictions_together(tmp_path, monkeypatch, ranks):
+    """io='auto' where rank 0 measured its background steps slow (it waited in them for the
+    others) and its model alone prefers writing directly: the ranks' predictions combined
+    (the least I/O, the slowest compute and copy) send every step to the background (each
+    rank's vote had to say so before: every step was written directly)."""
+    monkeypatch.setenv("LAMINA_HISTORY", str(tmp_path / "history.json"))
+    res = mu.run_mpi(ranks, "background", "slowest", tmp_path / "s.lam", timeout=90)
+    assert "OK" in res.stdout
+
+
+@needs_mpiexec
+def test_auto_ranks_share_rank_0_s_history(tmp_path, monkeypatch):
+    """Rank 0 keeps what a process measured (saved at its exit): a second file's first step
+    is judged on it on every rank alike, not on each rank's own load of the file."""
+    monkeypatch.setenv("LAMINA_HISTORY", str(tmp_path / "history.json"))
+    res = mu.run_mpi(2, "background", "shared", tmp_path / "h.lam", timeout=90)
+    assert "OK" in res.stdout
+
+
 #: extra seeds of the randomized switches test: LAMINA_STRESS_RUNS=50 make test (0 in CI)
 STRESS_RUNS = int(os.environ.get("LAMINA_STRESS_RUNS", "0"))
 SWITCHES = [(2, 1, 0), (3, 2, 1), (2, 8, 1), (4, 1, 1)] + [

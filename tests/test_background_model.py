@@ -118,7 +118,10 @@ def _forced(modes):
 
     def predict(model, nbytes, ranks, t_comp=None):
         mode = modes.pop(0)
-        return am.Prediction(nbytes, ranks, 1.0, 0.1, 0.5, 1.5, 1.1, mode, "none", float("nan"))
+        t_copy = 0.1 if mode == "async" else 1.0  # 1.5 s a step written directly
+        return am.Prediction(
+            nbytes, ranks, 1.0, t_copy, 0.5, 1.5, 1.0 + t_copy, mode, "none", 0.0, 1.0
+        )
 
     return predict
 
@@ -502,11 +505,33 @@ def test_steps_of_the_same_size_and_ranks_predict_by_their_median_rate():
     p = m.predict(64 << 20, 1, t_comp=0.0)  # one step of that size: the fit
     assert p.fit != "local"
     for t in (0.020, 0.022, 0.030):  # three steps of 60 MiB on one rank: 3.0, 2.86, 2.1 GB/s
-        m.add_io(60 << 20, 1, t)
+        h.add(am.IO_SERIES, 60 << 20, 1, t)  # written by earlier runs
     p = m.predict(64 << 20, 1, t_comp=0.0)
     assert p.fit == "local" and p.t_io == pytest.approx((64 << 20) / ((60 << 20) / 0.022))
     assert m.predict(64 << 20, 2, t_comp=0.0).fit != "local"  # other rank count: the fit
     assert m.predict(256 << 20, 1, t_comp=0.0).fit != "local"  # 4x the size: the fit
+
+
+def test_steps_of_this_run_predict_before_the_history():
+    """Other runs' steps may have been written on a busier (or quieter) machine: once this
+    run wrote a step like the one asked, its own steps' median rate predicts, for each
+    series apart; the history keeps every step."""
+    h = History()
+    for _ in range(5):  # earlier runs, on a busy machine: 16 MiB in 0.2 s in the background
+        h.add(am.IO_SERIES, 16 << 20, 2, 0.2)
+        h.add(am.SYNC_IO_SERIES, 16 << 20, 2, 0.006)
+    m = am.AsyncModel(h)
+    p = m.predict(16 << 20, 2, t_comp=0.006)
+    assert p.fit == "local" and p.t_io == pytest.approx(0.2) and p.mode == "sync"
+    m.add_io(16 << 20, 2, 0.005)  # this run: one step in the background, at 5 ms
+    p = m.predict(16 << 20, 2, t_comp=0.006)
+    assert p.fit == "run" and p.t_io == pytest.approx(0.005) and p.mode == "async"
+    assert p.t_io_sync == pytest.approx(0.006)  # no step of this run waited for: the history's
+    for t in (0.004, 0.009):
+        m.add_io(16 << 20, 2, t)
+    assert m.predict(16 << 20, 2).t_io == pytest.approx(0.005)  # their median
+    assert m.predict(64 << 20, 2).fit != "run"  # 4x the size: not like this run's steps
+    assert len(m.history.samples(am.IO_SERIES)) == 8
 
 
 @pytest.mark.parametrize("huge", [True, False])
@@ -588,3 +613,88 @@ def test_buffers_of_the_next_step_are_made_while_a_step_is_written(
         for k in range(2):
             np.testing.assert_array_equal(f.at(k)["a"][...], a + k)
             np.testing.assert_array_equal(f.at(k)["b"][...], b + k)
+
+
+def test_auto_writes_a_step_the_other_way_after_a_streak(tmp_path, history_path, monkeypatch):
+    """The model learns what a mode costs only from steps written that way: after
+    PROBE_AFTER decisions in a row for one mode, the next step goes the other way once, and
+    the streak that earns the next such step doubles."""
+    from lamina.layers.background.layer import PROBE_AFTER
+
+    n = PROBE_AFTER + 1 + 2 * PROBE_AFTER + 1 + 3
+    monkeypatch.setattr(am.AsyncModel, "predict", _forced(["sync"] * n))
+    a = np.arange(1 << 12, dtype=np.float64)
+    path = str(tmp_path / "p.lam")
+    with lamina.open(path, "w", io="auto") as f:
+        f.create_dataset("x", a.shape, a.dtype)
+        for k in range(n):
+            with f.step():
+                f["x"][...] = a + k
+        s = f.io_stats
+    d = s["decisions"]
+    probes = [x["step"] for x in d if x["probe"]]
+    # steps 0 to PROBE_AFTER - 1 written directly, then one in the background; then twice
+    # as many directly, and one in the background
+    first = PROBE_AFTER
+    assert probes == [first, first + 2 * PROBE_AFTER + 1] and s["probes"] == 2
+    assert all(x["mode"] == ("async" if x["probe"] else "sync") for x in d)
+    assert all(x["predicted"] == "sync" for x in d)
+    # each probe was copied and written in the background, and so was the step after it
+    # (written as decided, while the program waited: a step after one in the background is
+    # copied before its decision)
+    assert s["steps_background"] == 4 and s["steps_direct"] == n - 4
+    assert all(x["t_sync_ranks"] == pytest.approx(1.5) for x in d)
+    assert all(x["t_async_ranks"] == pytest.approx(2.0) for x in d)
+    with lamina.open(path) as f:
+        for k in range(n):
+            np.testing.assert_array_equal(f.at(k)["x"][...], a + k)
+
+
+def test_no_probe_copies_a_step_over_the_budget(tmp_path, history_path, monkeypatch):
+    """A step that does not fit max_inflight_bytes is written directly: the streak of direct
+    steps earns no step in the background."""
+    from lamina.layers.background.layer import PROBE_AFTER
+
+    n = 2 * PROBE_AFTER + 3
+    monkeypatch.setattr(am.AsyncModel, "predict", _forced(["async"] * n))
+    a = np.arange(1 << 12, dtype=np.float64)
+    with lamina.open(
+        str(tmp_path / "b.lam"), "w", io="auto", max_inflight_bytes=a.nbytes // 2
+    ) as f:
+        f.create_dataset("x", a.shape, a.dtype)
+        for k in range(n):
+            with f.step():
+                f["x"][...] = a + k
+        s = f.io_stats
+    assert s["steps_direct"] == n and s["probes"] == 0
+    assert all(x["t_async_ranks"] is None and x["mode"] == "sync" for x in s["decisions"])
+
+
+def test_auto_leaves_a_history_of_slow_background_steps(tmp_path, history_path):
+    """Other runs wrote steps like these in the background very slowly (a busy machine): the
+    model writes the first steps directly; the step it then writes in the background (a
+    probe) takes what it takes now, and this run's steps decide from there on."""
+    from lamina.layers.background.layer import PROBE_AFTER
+
+    a = np.ones(1 << 19, dtype=np.float64)  # 4 MiB a step
+    h = History()
+    for _ in range(5):
+        h.add(am.IO_SERIES, a.nbytes, 1, 10.0)  # 10 s a step in the background
+        h.add(am.SYNC_IO_SERIES, a.nbytes, 1, 0.004)
+        h.add(am.COPY_SERIES, 1 << 30, 1, (1 << 30) / 5e9)
+    save_history(h, str(history_path))
+    n = PROBE_AFTER + 4
+    with lamina.open(str(tmp_path / "s.lam"), "w", io="auto") as f:
+        f.create_dataset("x", a.shape, a.dtype)
+        for k in range(n):
+            time.sleep(0.03)  # computing: far longer than a step's I/O
+            with f.step():
+                f["x"][...] = a * k
+        d = f.io_stats["decisions"]
+    assert [x["mode"] for x in d[:PROBE_AFTER]] == ["sync"] * PROBE_AFTER
+    assert d[PROBE_AFTER - 1]["fit"] == "local" and d[PROBE_AFTER - 1]["predicted"] == "sync"
+    probed = d[PROBE_AFTER]  # written in the background: it measured the background
+    assert probed["probe"] and probed["mode"] == "async"
+    after = d[PROBE_AFTER + 1 :]
+    assert after[0]["fit"] == "run" and after[0]["t_io"] < 1.0  # not the history's 10 s
+    assert all(x["mode"] == "async" and not x["probe"] for x in after)

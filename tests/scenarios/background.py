@@ -101,6 +101,7 @@ raised the injected error).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -452,8 +453,13 @@ def _force(mode) -> None:
     import lamina.perf.asyncmodel as am
 
     def predict(model, nbytes, ranks, t_comp=None):
+        # a rank that picks sync copies slowly: the ranks together (the slowest copy) pick
+        # the background only where every rank does
         m = mode() if callable(mode) else mode
-        return am.Prediction(nbytes, ranks, 1e-3, 1e-4, 1e-3, 2e-3, 1.1e-3, m, "none", 0.0)
+        t_copy = 1e-4 if m == "async" else 5e-3
+        return am.Prediction(
+            nbytes, ranks, 1e-3, t_copy, 1e-3, 2e-3, 1e-3 + t_copy, m, "none", 0.0, 1e-3
+        )
 
     am.AsyncModel.predict = predict
 
@@ -554,6 +560,84 @@ def joined(path: str, mode: str) -> None:
                 np.testing.assert_array_equal(r.at(k)["x"][...], whole(k, comm.size))
             got = r.at(1)["x"][...]
             np.testing.assert_array_equal(got[ROWS:], whole(1, comm.size)[ROWS:])
+        print("OK", flush=True)
+
+
+def slowest(path: str) -> None:
+    """io='auto' on ranks whose models disagree: rank 0 measured its steps in the background
+    at 8 ms (it came to them first and waited for the others in their commits), the others
+    at 2 ms; every rank computes 3 ms a step, copies in 0.3 ms and measured a step written
+    directly at 2 ms.  Taken alone rank 0's model writes directly (5 against 8.3 ms), the
+    others' in the background (3.3 against 5).  Together (the least I/O, the slowest
+    compute and copy) the background pays: 3.3 against 5 ms, and every step goes there (a
+    vote, or the largest of each rank's epochs, wrote them all directly); the first too."""
+    import lamina.perf.asyncmodel as am
+
+    comm = comm_mod.world()
+    rank = comm.rank
+    t_io = 8e-3 if rank == 0 else 2e-3
+
+    def predict(model, nbytes, ranks, t_comp=None):
+        t_sync, t_async = 2e-3 + 3e-3, max(3e-3, t_io) + 0.3e-3
+        mode = "async" if t_async < t_sync else "sync"
+        return am.Prediction(
+            nbytes, ranks, t_io, 0.3e-3, 3e-3, t_sync, t_async, mode, "none", 0.0, 2e-3
+        )
+
+    am.AsyncModel.predict = predict
+    # the first step is judged on the last step this host wrote with as many ranks
+    if rank == 0:
+        h = am.History()
+        h.add(am.IO_SERIES, ROWS * COLS * 8 * comm.size, comm.size, 1e-3)
+        am.save_history(h, os.environ["LAMINA_HISTORY"])
+    comm.Barrier()
+    with lamina.open(path, "w", io="auto") as f:
+        ds = f.create_dataset("x", (ROWS * comm.size, COLS), "f8")
+        mine = slice(rank * ROWS, (rank + 1) * ROWS)
+        for k in range(4):
+            with f.step():
+                ds[mine, :] = block(k, rank)
+        f.wait()
+        s = f.io_stats
+    d = s["decisions"]
+    assert s["steps_direct"] == 0 and s["steps_background"] == 4, s
+    assert [x["mode"] for x in d] == ["async"] * 4, d
+    assert all(x["t_async_ranks"] == 3.3e-3 and x["t_sync_ranks"] == 5e-3 for x in d), d
+    assert all(x["predicted"] == ("sync" if rank == 0 else "async") for x in d), d
+    comm.Barrier()
+    if rank == 0:
+        with lamina.open(path, "r", comm=comm_mod.self_comm()) as r:
+            for k in range(4):
+                np.testing.assert_array_equal(r.at(k)["x"][...], whole(k, comm.size))
+        print("OK", flush=True)
+
+
+def shared(path: str) -> None:
+    """io='auto', two files one after the other in one process, on a host without history:
+    the first file's steps are measured (rank 0 keeps them, saved at the process's exit);
+    the second file's first step is judged on them on every rank, so it goes to the
+    background (every rank computes far longer than a step's I/O).  Each rank loaded the
+    history itself before: the others had none, and the first step was written directly."""
+    comm = comm_mod.world()
+    rank = comm.rank
+    mine = slice(rank * ROWS, (rank + 1) * ROWS)
+    for name, steps in (("one", 3), ("two", 2)):
+        with lamina.open(f"{path}.{name}", "w", io="auto") as f:
+            ds = f.create_dataset("x", (ROWS * comm.size, COLS), "f8")
+            for k in range(steps):
+                time.sleep(0.03)  # computing
+                with f.step():
+                    ds[mine, :] = block(k, rank)
+            f.wait()
+            s = f.io_stats
+        if name == "one":  # nothing measured before: the first step written directly
+            assert s["steps_direct"] >= 1, s
+    assert s["steps_direct"] == 0 and s["steps_background"] == 2, s
+    comm.Barrier()
+    if rank == 0:
+        with lamina.open(f"{path}.two", "r", comm=comm_mod.self_comm()) as r:
+            for k in range(2):
+                np.testing.assert_array_equal(r.at(k)["x"][...], whole(k, comm.size))
         print("OK", flush=True)
 
 
@@ -674,6 +758,10 @@ def switches(path: str, steps: int, seed: int, discard: bool) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "joined":
         joined(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "shared":
+        shared(sys.argv[2])
+    elif sys.argv[1] == "slowest":
+        slowest(sys.argv[2])
     elif sys.argv[1] == "apart":
         apart(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5])
     elif sys.argv[1] == "switches":

@@ -589,8 +589,10 @@ def _decisions(r: dict) -> list[dict]:
 
 
 def _predicted(d: dict) -> float | None:
-    """The epoch a decision predicted for the mode it took."""
-    return d.get("t_async") if d.get("mode") == "async" else d.get("t_sync")
+    """The epoch a decision predicted for the mode it took: the slowest rank's, where the
+    decision has it (the ranks' epochs are the slowest one's), else this rank's."""
+    mode = "async" if d.get("mode") == "async" else "sync"
+    return d.get(f"t_{mode}_ranks") or d.get(f"t_{mode}")
 
 
 def auto_pairs(r: dict) -> list[tuple[float, float]]:

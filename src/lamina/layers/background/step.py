@@ -92,6 +92,7 @@ class IOStats:
     prefetched_bytes: int = 0
     steps_auto_async: int = 0  # io='auto': steps the model sent to the background
     steps_auto_sync: int = 0  # ... and steps it wrote synchronously
+    probes: int = 0  # ... of them, steps written the other way to measure it again (_probe)
     steps_direct: int = 0  # ... of which straight to the engine (no copy at put, no thread)
     decisions: list[dict[str, Any]] = field(default_factory=list)  # the last ones, with outcomes
 
