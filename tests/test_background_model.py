@@ -698,3 +698,36 @@ def test_auto_leaves_a_history_of_slow_background_steps(tmp_path, history_path):
     after = d[PROBE_AFTER + 1 :]
     assert after[0]["fit"] == "run" and after[0]["t_io"] < 1.0  # not the history's 10 s
     assert all(x["mode"] == "async" and not x["probe"] for x in after)
+
+
+@pytest.mark.parametrize("ratio, switched", [(0.97, False), (0.9, True)])
+def test_auto_changes_mode_where_the_other_is_better_by_a_margin(
+    tmp_path, history_path, monkeypatch, ratio, switched
+):
+    """Within MARGIN of each other the predictions are noise and a change of mode costs what
+    the model leaves out: the mode of the last steps is kept; beyond it, changed."""
+    from lamina.layers.background.layer import MARGIN
+
+    assert 1 - ratio < MARGIN if not switched else 1 - ratio > MARGIN
+    calls = []
+
+    def predict(model, nbytes, ranks, t_comp=None):
+        calls.append(1)
+        # the first decisions: sync clearly; then the background a little (or much) faster
+        t_copy = 1.0 if len(calls) <= 2 else 1.5 * ratio - 1.0
+        mode = "async" if 1.0 + t_copy < 1.5 else "sync"
+        return am.Prediction(
+            nbytes, ranks, 1.0, t_copy, 0.5, 1.5, 1.0 + t_copy, mode, "none", 0.0, 1.0
+        )
+
+    monkeypatch.setattr(am.AsyncModel, "predict", predict)
+    a = np.arange(1 << 12, dtype=np.float64)
+    with lamina.open(str(tmp_path / "m.lam"), "w", io="auto") as f:
+        f.create_dataset("x", a.shape, a.dtype)
+        for k in range(5):
+            with f.step():
+                f["x"][...] = a + k
+        f.wait()
+        d = f.io_stats["decisions"]
+    assert [x["predicted"] for x in d] == ["sync"] * 2 + ["async"] * 3
+    assert [x["mode"] for x in d][3:] == (["async"] * 2 if switched else ["sync"] * 2)

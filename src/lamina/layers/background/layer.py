@@ -171,6 +171,8 @@ SPAN = 2 * KEYS
 #: io='auto': after this many steps in a row written one way, one is written the other way
 #: (BackgroundLayer._probe); then after twice as many, and so on
 PROBE_AFTER = 8
+#: io='auto' changes mode where the other is predicted faster by this fraction of an epoch
+MARGIN = 0.05
 #: a predicted epoch (in microseconds) for a step that cannot be written that way
 NEVER = 1 << 50
 
@@ -1169,7 +1171,16 @@ class BackgroundLayer(Layer):
             self._probe_next = False
             agreed = probe = True
         else:
-            agreed = t_async < t_sync
+            # the mode of the last steps is kept unless the other is predicted better by
+            # MARGIN: within it the prediction is noise (a few percent from step to step),
+            # and a change costs what the model leaves out (the first copies after steps
+            # written directly go into buffers made meanwhile, or new memory)
+            if self._streak_mode is None:
+                agreed = t_async < t_sync
+            elif self._streak_mode:
+                agreed = not t_sync < t_async * (1 - MARGIN)
+            else:
+                agreed = t_async < t_sync * (1 - MARGIN)
             flip = self._probe(agreed, t_async < NEVER)
             agreed ^= flip
             # a decision after a step written directly is for the next step: a probe there
