@@ -888,6 +888,14 @@ def test_auto_decides_on_the_ranks_predictions_together(tmp_path, monkeypatch, r
 
 
 @needs_mpiexec
+def test_auto_a_rank_that_writes_nothing_does_not_decide_the_io(tmp_path):
+    """A rank that takes part in every step and writes nothing predicts no I/O at all: the
+    ranks that write decide the step's I/O (their least), and the background pays."""
+    res = mu.run_mpi(2, "background", "empty", tmp_path / "e.lam", timeout=90)
+    assert "OK" in res.stdout
+
+
+@needs_mpiexec
 def test_auto_ranks_share_rank_0_s_history(tmp_path, monkeypatch):
     """Rank 0 keeps what a process measured (saved at its exit): a second file's first step
     is judged on it on every rank alike, not on each rank's own load of the file."""

@@ -687,9 +687,11 @@ def test_auto_leaves_a_history_of_slow_background_steps(tmp_path, history_path):
     with lamina.open(str(tmp_path / "s.lam"), "w", io="auto") as f:
         f.create_dataset("x", a.shape, a.dtype)
         for k in range(n):
-            time.sleep(0.03)  # computing: far longer than a step's I/O
+            time.sleep(0.05)  # computing: far longer than a step's I/O
             with f.step():
                 f["x"][...] = a * k
+            if k == PROBE_AFTER:  # the probe's write measured before the next decision
+                f.wait()
         d = f.io_stats["decisions"]
     assert [x["mode"] for x in d[:PROBE_AFTER]] == ["sync"] * PROBE_AFTER
     assert d[PROBE_AFTER - 1]["fit"] == "local" and d[PROBE_AFTER - 1]["predicted"] == "sync"

@@ -641,6 +641,46 @@ def shared(path: str) -> None:
         print("OK", flush=True)
 
 
+def empty(path: str) -> None:
+    """io='auto' where the last rank writes nothing (it takes part in every step): its model
+    predicts a step of no bytes, written in no time either way, which says nothing of the
+    step's I/O.  The others' I/O decides: 8.4 ms a step, 3 ms of compute, so every step
+    after the first goes to the background (taking the least I/O over the ranks, the
+    empty rank's nothing, wrote every step directly)."""
+    import lamina.perf.asyncmodel as am
+
+    comm = comm_mod.world()
+    rank = comm.rank
+    writer = rank < comm.size - 1
+
+    def predict(model, nbytes, ranks, t_comp=None):  # 1 GB/s, copies at 10 GB/s
+        t_io, t_copy = nbytes / 1e9, nbytes / ranks / 1e10
+        t_sync, t_async = t_io + 3e-3, max(3e-3, t_io) + t_copy
+        mode = "async" if t_async < t_sync else "sync"
+        return am.Prediction(
+            nbytes, ranks, t_io, t_copy, 3e-3, t_sync, t_async, mode, "none", 0.0, t_io
+        )
+
+    am.AsyncModel.predict = predict
+    rows = (1 << 20) // COLS  # 8 MiB of float64 a writing rank
+    with lamina.open(path, "w", io="auto") as f:
+        ds = f.create_dataset("x", (rows * comm.size, COLS), "f8")
+        for k in range(4):
+            with f.step():
+                if writer:
+                    ds[rank * rows : (rank + 1) * rows, :] = k
+        f.wait()
+        d = f.io_stats["decisions"]
+    assert [x["mode"] for x in d][1:] == ["async"] * 3, d
+    comm.Barrier()
+    if rank == 0:
+        with lamina.open(path, "r", comm=comm_mod.self_comm()) as r:
+            assert r.steps == 4
+            got = r.at(3)["x"][: rows * (comm.size - 1)]
+            assert (got == 3).all()
+        print("OK", flush=True)
+
+
 def switches(path: str, steps: int, seed: int, discard: bool) -> None:
     from lamina.errors import BoundsError, LaminaError
 
@@ -758,6 +798,8 @@ def switches(path: str, steps: int, seed: int, discard: bool) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "joined":
         joined(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "empty":
+        empty(sys.argv[2])
     elif sys.argv[1] == "shared":
         shared(sys.argv[2])
     elif sys.argv[1] == "slowest":

@@ -744,9 +744,11 @@ class BackgroundLayer(Layer):
         t_sync, t_async = self._epochs(pred)
         return t_async < t_sync
 
-    def _epochs(self, pred: Prediction | None) -> tuple[int, int]:
+    def _epochs(self, pred: Prediction | None, writes: bool = True) -> tuple[int, int]:
         """Collective, every rank at the same decision: the epoch of the step in each mode for
         the ranks together (microseconds; NEVER where a rank cannot copy it, *pred* None).
+        A rank that *writes* nothing in the step says nothing of its I/O (its model would
+        predict a step of no bytes: none at all); where no rank writes, the I/O is none.
 
         The parts of the ranks' predictions are combined before the epochs are formed:
         the compute phase and the copy of the slowest rank (the others wait for it at the
@@ -763,10 +765,14 @@ class BackgroundLayer(Layer):
         else:
             comp, copy = _micros(pred.t_comp), _micros(pred.t_copy)
             io, io_sync = _micros(pred.t_io), _micros(pred.t_io_sync)
+        if not writes:
+            io = io_sync = NEVER
         comp = comm_mod.agree(own, None, comp)
         copy = comm_mod.agree(own, None, copy)
         io = -comm_mod.agree(own, None, -io)  # the least over the ranks
         io_sync = -comm_mod.agree(own, None, -io_sync)
+        io = 0 if io >= NEVER else io
+        io_sync = 0 if io_sync >= NEVER else io_sync
         t_sync = min(NEVER, io_sync + comp)
         t_async = NEVER if copy >= NEVER else min(NEVER, max(comp, io) + copy)
         return t_sync, t_async
@@ -1166,7 +1172,9 @@ class BackgroundLayer(Layer):
         fits = copied <= self.budget
         # the ranks' predictions together (every rank came here from the same end_step: its
         # agreement paired them); a step that does not fit on some rank is not copied
-        t_sync, t_async = self._epochs(pred if fits else dataclasses.replace(pred, t_copy=math.inf))
+        t_sync, t_async = self._epochs(
+            pred if fits else dataclasses.replace(pred, t_copy=math.inf), writes=nbytes > 0
+        )
         if self._probe_next:  # the step before decided this (copied) step is a probe
             self._probe_next = False
             agreed = probe = True
@@ -1181,6 +1189,7 @@ class BackgroundLayer(Layer):
                 agreed = not t_sync < t_async * (1 - MARGIN)
             else:
                 agreed = t_async < t_sync * (1 - MARGIN)
+            agreed = agreed and t_async < NEVER  # a step some rank cannot copy: written directly
             flip = self._probe(agreed, t_async < NEVER)
             agreed ^= flip
             # a decision after a step written directly is for the next step: a probe there
