@@ -733,3 +733,59 @@ def test_auto_changes_mode_where_the_other_is_better_by_a_margin(
         d = f.io_stats["decisions"]
     assert [x["predicted"] for x in d] == ["sync"] * 2 + ["async"] * 3
     assert [x["mode"] for x in d][3:] == (["async"] * 2 if switched else ["sync"] * 2)
+
+
+def test_a_probe_of_writing_directly_is_one_step(tmp_path, history_path, monkeypatch):
+    """After PROBE_AFTER steps in the background, one is written directly: it was copied, so
+    it is written while the program waits, and the step after it is copied again (a step
+    decided sync otherwise sends the next one straight to the engine)."""
+    from lamina.layers.background.layer import PROBE_AFTER
+
+    n = PROBE_AFTER + 4
+    monkeypatch.setattr(am.AsyncModel, "predict", _forced(["async"] * (n + 1)))  # + the first
+    h = History()
+    for _ in range(3):  # the first step judged on the history: in the background
+        h.add(am.IO_SERIES, 1 << 15, 1, 1e-5)
+        h.add(am.SYNC_IO_SERIES, 1 << 15, 1, 0.05)
+    save_history(h, str(history_path))
+    a = np.arange(1 << 12, dtype=np.float64)
+    with lamina.open(str(tmp_path / "d.lam"), "w", io="auto") as f:
+        f.create_dataset("x", a.shape, a.dtype)
+        time.sleep(0.01)
+        for k in range(n):
+            with f.step():
+                f["x"][...] = a + k
+        f.wait()
+        s = f.io_stats
+    d = s["decisions"]
+    assert [x["step"] for x in d if x["probe"]] == [PROBE_AFTER - 1] and s["probes"] == 1
+    assert [x["mode"] for x in d] == ["async"] * (PROBE_AFTER - 1) + ["sync"] + ["async"] * 4
+    assert s["steps_direct"] == 0 and s["steps_background"] == n
+
+
+def test_the_first_step_of_an_open_is_not_one_of_the_run_s_samples(
+    tmp_path, history_path, monkeypatch
+):
+    """The first step an open writes creates the file's first bytes (several times a later
+    step's time): the history keeps it, the run's own samples (which predict first) do not."""
+    monkeypatch.setattr(am.AsyncModel, "predict", _forced(["sync"] * 20))
+    seen = []
+    add_io = am.AsyncModel.add_io
+
+    def spy(self, *args, run=True, **kw):
+        seen.append(run)
+        return add_io(self, *args, run=run, **kw)
+
+    monkeypatch.setattr(am.AsyncModel, "add_io", spy)
+    a = np.arange(1 << 12, dtype=np.float64)
+    for mode in ("w", "a"):
+        seen.clear()
+        with lamina.open(str(tmp_path / "r.lam"), mode, io="auto") as f:
+            f.create_dataset("x", a.shape, a.dtype) if mode == "w" else None
+            for k in range(4):
+                with f.step():
+                    f["x"][...] = a + k
+        assert seen == [False, True, True, True], mode
+    m = am.AsyncModel()
+    m.add_io(1 << 20, 1, 0.5, run=False)
+    assert m.history.samples(am.IO_SERIES) and not m.run.samples(am.IO_SERIES)

@@ -195,12 +195,16 @@ class AsyncModel:
         self.run = History()  # the steps this run wrote (also in the history), never saved
 
     # -- measurements ---------------------------------------------------------------
-    def add_io(self, nbytes: int, ranks: int, seconds: float, waited: bool = False) -> None:
+    def add_io(
+        self, nbytes: int, ranks: int, seconds: float, waited: bool = False, run: bool = True
+    ) -> None:
         """A step of *nbytes* (all ranks) written in *seconds*; *waited*: while the program
-        waited for it (a synchronous step), else in the background."""
+        waited for it (a synchronous step), else in the background; *run*: one of this run's
+        own samples too (:attr:`run`), not only the history's."""
         name = SYNC_IO_SERIES if waited else IO_SERIES
         self.history.add(name, nbytes, ranks, seconds)
-        self.run.add(name, nbytes, ranks, seconds)
+        if run:
+            self.run.add(name, nbytes, ranks, seconds)
 
     def add_copy(self, nbytes: int, seconds: float) -> None:
         if nbytes >= 1 << 16:  # small copies measure call overhead, not a rate

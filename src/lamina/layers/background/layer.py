@@ -219,6 +219,7 @@ class BackgroundLayer(Layer):
         # worker cancels the steps ended after it instead of writing them
         self._failed_at: int | None = None
         self._step: Step | None = None  # the application's open step
+        self._opened_at = 0  # the first step this open writes (the file's steps before it)
         self._next = 0  # index of the next step to end (committed + in flight)
         self._committed = 0  # steps committed (by either thread)
         self._frozen = Frozen()  # arrays kept by reference (copy=False), read-only meanwhile
@@ -263,7 +264,7 @@ class BackgroundLayer(Layer):
         self.auto = io == "auto"
 
     def opened(self) -> None:
-        self._committed = self._next = self.inner.steps
+        self._committed = self._next = self._opened_at = self.inner.steps
         level = comm_mod.thread_level()
         if level < comm_mod.THREAD_MULTIPLE:
             warnings.warn(
@@ -280,7 +281,8 @@ class BackgroundLayer(Layer):
             return
         self._fcomm = comm_mod.dup(self.inner.comm)
         self.active = True
-        self.model = AsyncModel(self._shared_history())
+        # io='auto' decides on every rank alike: from rank 0's history (io='async' only records)
+        self.model = AsyncModel(self._shared_history() if self.auto else load_history())
         self._spare_core = cores_per_rank() >= 2
         self._rank = self.inner.comm.rank
         self.stats.mode = "auto" if self.auto else "async"
@@ -1080,7 +1082,10 @@ class BackgroundLayer(Layer):
             if self.auto
             else True
         )
-        self._next_direct = not background  # the next step the same way, without the copies
+        # the next step the same way, without the copies; after a probe of writing directly,
+        # copied again, so that its own decision says (the probe is one step)
+        probe = step.decision is not None and step.decision.get("probe")
+        self._next_direct = not background and not probe
         sizes = [raw.nbytes for raw in step.copies]
         self._submit(step)
         if not background:  # the model expects no overlap to pay: the step is written now
@@ -1126,7 +1131,7 @@ class BackgroundLayer(Layer):
         self._next += 1
         self._committed = self._next
         with self._cond:
-            self._sample_io(nbytes, io, waited=True)
+            self._sample_io(nbytes, io, waited=True, index=index)
         # the step is written (sync); what the model says for its size decides the next one
         agreed = self._decide(
             nbytes, index, t_call, None, done="sync", copied=sum(self._direct_sizes)
@@ -1142,11 +1147,15 @@ class BackgroundLayer(Layer):
         self._epoch_start = time.perf_counter()
         self._in_calls = 0.0
 
-    def _sample_io(self, nbytes: int, seconds: float, waited: bool) -> None:
-        """A step of *nbytes* per rank written in *seconds*, for the model (under ``_cond``)."""
+    def _sample_io(self, nbytes: int, seconds: float, waited: bool, index: int) -> None:
+        """Step *index*, of *nbytes* per rank, written in *seconds*: for the model (under
+        ``_cond``).  The first step this open wrote is not one of the run's own samples
+        (:attr:`AsyncModel.run`), only the history's: it creates the file's first bytes, 5-15x
+        a later step's time here, and as the run's only sample of its mode it outweighed the
+        history's median of that size for the next 7 decisions."""
         if self.model is not None and nbytes:
             size = self.inner.comm.size
-            self.model.add_io(nbytes * size, size, seconds, waited)
+            self.model.add_io(nbytes * size, size, seconds, waited, run=index != self._opened_at)
             self._measured = True
 
     def _decide(
@@ -1344,7 +1353,7 @@ class BackgroundLayer(Layer):
                     self._committed = step.index + 1
                     self.stats.steps_background += 1
                     waited = step.decision is not None and step.decision["mode"] == "sync"
-                    self._sample_io(step.data_bytes, took, waited)
+                    self._sample_io(step.data_bytes, took, waited, step.index)
                     if step.decision is not None:
                         step.decision["t_io_measured"] = took
                 else:
