@@ -795,32 +795,31 @@ def switches(path: str, steps: int, seed: int, discard: bool) -> None:
         )
 
 
+#: the scenarios that take the file's path alone
+BY_PATH = {
+    "empty": empty,
+    "shared": shared,
+    "slowest": slowest,
+    "race": race,
+    "implicit": implicit,
+    "ahead": ahead,
+    "leave": leave,
+}
+
 if __name__ == "__main__":
-    if sys.argv[1] == "joined":
+    if sys.argv[1] in BY_PATH:
+        BY_PATH[sys.argv[1]](sys.argv[2])
+    elif sys.argv[1] == "joined":
         joined(sys.argv[2], sys.argv[3])
-    elif sys.argv[1] == "empty":
-        empty(sys.argv[2])
-    elif sys.argv[1] == "shared":
-        shared(sys.argv[2])
-    elif sys.argv[1] == "slowest":
-        slowest(sys.argv[2])
     elif sys.argv[1] == "apart":
         apart(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5])
     elif sys.argv[1] == "switches":
         switches(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1")
-    elif sys.argv[1] == "race":
-        race(sys.argv[2])
-    elif sys.argv[1] == "implicit":
-        implicit(sys.argv[2])
-    elif sys.argv[1] == "ahead":
-        ahead(sys.argv[2])
     elif sys.argv[1] == "auto":
         auto(sys.argv[2], int(sys.argv[3]))
     elif sys.argv[1] == "fault":
         fault(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "collective":
         collective(sys.argv[2], int(sys.argv[3]))
-    elif sys.argv[1] == "leave":
-        leave(sys.argv[2])
     else:
         stress(sys.argv[2], int(sys.argv[3]))
