@@ -789,3 +789,34 @@ def test_the_first_step_of_an_open_is_not_one_of_the_run_s_samples(
     m = am.AsyncModel()
     m.add_io(1 << 20, 1, 0.5, run=False)
     assert m.history.samples(am.IO_SERIES) and not m.run.samples(am.IO_SERIES)
+
+
+def test_the_model_s_series_packed_for_the_other_ranks_and_bad_bytes():
+    """Rank 0 sends its history's series to the other ranks as packed floats: they come back
+    as they were; bytes that are not that are refused (FormatError), never half-read."""
+    import struct
+
+    from lamina.errors import FormatError
+    from lamina.perf.history import pack_series, unpack_series
+
+    h = History()
+    for k in range(5):
+        h.add(am.IO_SERIES, (k + 1) << 20, 2, 0.01 * (k + 1))
+    h.add(am.COPY_SERIES, 1 << 30, 1, 0.1)
+    names = (am.IO_SERIES, am.SYNC_IO_SERIES, am.COPY_SERIES)
+    raw = pack_series(h, names)
+    got = unpack_series(raw, names)
+    assert got.series == {k: v for k, v in h.series.items() if v}
+    assert not got.added and unpack_series(pack_series(History(), names), names).series == {}
+    bad = [
+        raw[:-1],  # truncated
+        raw + b"\0",  # bytes left over
+        struct.pack("<q", -1) + raw[8:],  # a negative count
+        struct.pack("<q", 1 << 40) + raw[8:],  # a count past the bytes
+        raw[:8] + struct.pack("<d", float("nan")) + raw[16:],  # a sample not usable
+        raw[:8] + struct.pack("<d", -1.0) + raw[16:],
+        b"",
+    ]
+    for b in bad:
+        with pytest.raises(FormatError):
+            unpack_series(b, names)

@@ -85,6 +85,7 @@ from ...errors import (
 )
 from ...geometry import Box
 from ...perf.asyncmodel import (
+    COPY_SERIES,
     DECISIONS_KEY,
     IO_SERIES,
     SYNC_IO_SERIES,
@@ -95,6 +96,7 @@ from ...perf.asyncmodel import (
     load_history,
     save_history_soon,
 )
+from ...perf.history import pack_series, unpack_series
 from ...stats import OneThread
 from ..base import Layer
 from .prefetch import Prefetcher
@@ -479,30 +481,25 @@ class BackgroundLayer(Layer):
         return bool(comm_mod.agree(self._own(), None, flag=int(here)))
 
     def _shared_history(self) -> History:
-        """Collective, at open: the history rank 0 loads, on every rank.
+        """Collective, at open under io='auto': the history rank 0 loads, on every rank
+        (the model's series; rank 0 keeps every series, for its save).
 
         Only rank 0 saves what a run measured, and a process saves at its exit: another
         rank's own load would hold the file as the last process left it, without what
         this process's earlier files measured, and its model would disagree with rank
         0's (on 8 ranks its epochs in the background came out 15 ms where rank 0's said
-        6-8, and every step was written directly).  A history rank 0 cannot send (or
-        another rank cannot read) leaves that rank with none."""
+        6-8, and every step was written directly).  A history another rank cannot read
+        leaves that rank with none."""
         comm = self._own()
         if comm.size == 1:
             return load_history()
-        h: History | None = None
-        raw = b""
-        if comm.rank == 0:
-            h = load_history()
-            try:
-                raw = h.to_json().encode()
-            except (TypeError, ValueError):  # not expected: the samples are numbers
-                raw = b""
-        raw = comm_mod.bcast_bytes(comm, raw, root=0)
+        names = (IO_SERIES, SYNC_IO_SERIES, COPY_SERIES)
+        h = load_history() if comm.rank == 0 else None
+        raw = comm_mod.bcast_bytes(comm, pack_series(h, names) if h is not None else None, 0)
         if h is not None:
             return h
         try:
-            return History.from_json(raw, any_host=True) if raw else History()
+            return unpack_series(raw, names)
         except FormatError:
             return History()
 
