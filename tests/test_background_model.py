@@ -615,7 +615,9 @@ def test_buffers_of_the_next_step_are_made_while_a_step_is_written(
             np.testing.assert_array_equal(f.at(k)["b"][...], b + k)
 
 
-def test_auto_writes_a_step_the_other_way_after_a_streak(tmp_path, history_path, monkeypatch):
+def test_auto_writes_a_step_the_other_way_after_a_streak(
+    tmp_path, history_path, monkeypatch, capsys
+):
     """The model learns what a mode costs only from steps written that way: after
     PROBE_AFTER decisions in a row for one mode, the next step goes the other way once, and
     the streak that earns the next such step doubles."""
@@ -648,6 +650,10 @@ def test_auto_writes_a_step_the_other_way_after_a_streak(tmp_path, history_path,
     with lamina.open(path) as f:
         for k in range(n):
             np.testing.assert_array_equal(f.at(k)["x"][...], a + k)
+    # the decisions in the file say so: lamina ls
+    assert cli_main(["ls", path]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {n} steps: 2 in the background, {n - 2} synchronously, 2 of them the" in out
 
 
 def test_no_probe_copies_a_step_over_the_budget(tmp_path, history_path, monkeypatch):

@@ -54,9 +54,11 @@ def _decisions_line(decisions: list[dict]) -> str:
         and d["t_io_measured"] > 0
     ]
     err = f"; t_io predicted within {100 * float(np.median(errs)):.0f}% (median)" if errs else ""
+    probes = sum(1 for d in decisions if d.get("probe") is True)
+    tried = f", {probes} of them the other way to measure it again" if probes else ""
     return (
         f"io='auto' wrote {plural(len(decisions), 'step')}: {n_async} in the background, "
-        f"{len(decisions) - n_async} synchronously{err} (each decision: lamina ls --json)"
+        f"{len(decisions) - n_async} synchronously{tried}{err} (each decision: lamina ls --json)"
     )
 
 
