@@ -393,7 +393,7 @@ def pack_series(h: History, names: Sequence[str]) -> bytes:
 
 def unpack_series(raw: bytes, names: Sequence[str]) -> History:
     """:func:`pack_series` back (the series *names*, in that order); FormatError if *raw* is
-    not that (a count out of range, bytes left over, a sample :func:`_valid` refuses)."""
+    not that (a count out of range, bytes left over, a sample :func:`_usable` refuses)."""
     out = History()
     pos = 0
     for name in names:
@@ -405,9 +405,7 @@ def unpack_series(raw: bytes, names: Sequence[str]) -> History:
             raise FormatError(f"history: series {name!r}: {n} samples do not fit")
         got = np.frombuffer(raw, np.float64, 3 * n, pos).reshape(n, 3)
         pos += 24 * n
-        x1, x2, t = got.T
-        ok = (0 < x1) & (x1 < math.inf) & (1 <= x2) & (x2 < math.inf) & (0 < t) & (t < math.inf)
-        if not ok.all():
+        if not _usable(*got.T).all():
             raise FormatError(f"history: series {name!r}: a sample is not usable")
         if n:
             out.series[name] = [(a, b, c) for a, b, c in got.tolist()]
@@ -416,11 +414,15 @@ def unpack_series(raw: bytes, names: Sequence[str]) -> History:
     return out
 
 
+def _usable(x1: Any, x2: Any, t: Any) -> Any:
+    """Whether samples are usable: x1 > 0, x2 >= 1, seconds > 0, all finite (NaN fails every
+    comparison, inf the upper bounds); of numbers, or elementwise of arrays of them."""
+    return (0 < x1) & (x1 < math.inf) & (1 <= x2) & (x2 < math.inf) & (0 < t) & (t < math.inf)
+
+
 def _valid(s: Sample) -> bool:
-    """A usable sample: x1 > 0, x2 >= 1, seconds > 0, all finite (NaN fails every comparison,
-    inf the upper bounds)."""
-    x1, x2, t = s
-    return 0 < x1 < math.inf and 1 <= x2 < math.inf and 0 < t < math.inf
+    """A usable sample (:func:`_usable`)."""
+    return bool(_usable(*s))
 
 
 #: per file, the samples handed to save_history_soon and not written yet (one history, all
