@@ -14,6 +14,7 @@ from lamina.derived import (
     check_inputs,
     component_names,
     evaluate,
+    evaluate_regions,
     gpu_available,
     grow_range,
     input_box,
@@ -454,6 +455,56 @@ def test_threads_keep_numpy_quiet_and_raise_errors(two_threads):
     with pytest.raises(ExpressionError, match="negative integer powers"):
         evaluate("a + i ^ i", A, chunk_elements=4)  # only the first blocks fail (not the probe)
     assert two_threads == [2, 2]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_regions_give_what_evaluate_gives_region_by_region(two_threads, threads):
+    """evaluate_regions: per region what evaluate gives, bit for bit, whether the regions are
+    shared among threads or not, for regions of different shapes, with halos, empty ones,
+    and arrays of different dtypes (a probe per set of dtypes)."""
+    shape = (12, 7, 5)
+    A = _arrays(shape, "f8", 21)
+    A32 = {k: v.astype("f4") for k, v in A.items()}
+    boxes = [b for b in decompose(shape, 5)] + [Box((3, 2, 0), (3, 5, 5))]  # one empty
+    for text in ["magnitude(a, b, c)", "a / b - c", "curl(a, b, c)", "a"]:
+        expr = parse(text)
+        items = []
+        for k, box in enumerate(boxes):
+            src = A32 if k % 2 else A
+            inbox = input_box(expr, box, shape) if not box.empty else box
+            arrays = {p: src[p][inbox.slices] for p in sorted(expr.inputs)}
+            items.append((arrays, box, inbox.start))
+        two_threads.clear()
+        got = evaluate_regions(expr, items, shape, chunk_elements=17, threads=threads)
+        # the regions shared among the threads, each region on one of them
+        assert two_threads == [threads]
+        assert len(got) == len(items)
+        for (arrays, box, org), g in zip(items, got, strict=True):
+            want = evaluate(expr, arrays, box, shape, origin=org, chunk_elements=17)
+            assert_same(g, want)
+            for x in g:  # fresh arrays, never the inputs
+                assert all(not np.shares_memory(x, a) for a in arrays.values())
+
+
+def test_regions_are_checked_as_evaluate_checks_them():
+    shape = (8, 6)
+    A = _arrays(shape, "f8", 3, names="uv")
+    box = Box((0, 0), (4, 6))
+    with pytest.raises(ExpressionError, match="unknown dataset 'w'"):
+        evaluate_regions("u + w", [(A, box, (0, 0))], shape)
+    short = {"u": A["u"][:3], "v": A["v"][:4]}
+    with pytest.raises(ShapeError, match="'u' covers"):
+        evaluate_regions(
+            "u + v", [({k: v[:4] for k, v in A.items()}, box, (0, 0)), (short, box, (0, 0))], shape
+        )
+    with pytest.raises(ExpressionError, match="negative integer powers"):
+        evaluate_regions(
+            "u + i ^ i",
+            [({**A, "i": np.arange(48).reshape(shape) - 40}, box, (0, 0))] * 3,
+            shape,
+            threads=2,
+        )
+    assert evaluate_regions("u + v", [], shape) == []
 
 
 def test_default_threads(monkeypatch):

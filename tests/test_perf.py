@@ -43,12 +43,12 @@ def approx(x):
 
 # ------------------------------------------------------------------ model
 def test_magnitude_by_hand():
-    p = predict(MAG, SHAPE, "f8", nblocks=8, query_fraction=0.1, readers=3, calibration=CAL)
+    p = predict(MAG, SHAPE, "f8", nblocks=64, query_fraction=0.1, readers=3, calibration=CAL)
     assert list(p) == ["store", "stats", "expression"]
     # N = 1e6, k = 3, c = 1: S_in = 24e6, S_d = 8e6; b = 32, f = 6
     t_c = max(32e6 / 10e9, 6e6 / 1e9)  # 6 ms: bound by the operation rate
     t_st = 8e6 / 8e9
-    t_g = 2 * 24e6 / 20e9  # 8 blocks: the inputs copied into the box of a writer's blocks
+    t_g = 2 * 24e6 / 20e9  # 64 blocks: the inputs copied into the box of a writer's blocks
     assert p["store"].write_s == approx(t_g + t_c + t_st + 8e6 / 2e9)
     assert p["stats"].write_s == approx(t_g + t_c + t_st)
     assert p["expression"].write_s == 0.0
@@ -61,8 +61,8 @@ def test_magnitude_by_hand():
     ext = 1 + (4 + len("derived:derived")) + 8 + 1 + (4 + len(MAG)) + 4 + 1 + 3 * 8 + (4 + 2)
     dataset = 1 + 4 + (4 + len("derived")) + (4 + len("<f8")) + 1 + 3 * 8 + 8 + (4 + 2)
     s_def = ext + dataset
-    assert p["store"].storage_bytes == 8_000_000 + 8 * 126 + 56 + s_def + len("store")
-    assert p["stats"].storage_bytes == 8 * 126 + 56 + s_def + len("stats")
+    assert p["store"].storage_bytes == 8_000_000 + 64 * 126 + 56 + s_def + len("store")
+    assert p["stats"].storage_bytes == 64 * 126 + 56 + s_def + len("stats")
     assert p["expression"].storage_bytes == s_def + len("expression")
     for s in p.values():
         assert s.total_s == approx(s.write_s + 3 * s.read_s)
@@ -428,7 +428,9 @@ def _tables_for_magnitude() -> Calibration:
     )
 
 
-def test_model_takes_each_term_at_its_block_size():
+def test_model_takes_each_term_at_its_block_size(monkeypatch):
+    # blocks gathered into their box (evaluated where they lie from IN_PLACE_ELEMENTS: below)
+    monkeypatch.setattr(lamina.perf.model, "IN_PLACE_ELEMENTS", 1 << 19)
     cal = _tables_for_magnitude()
     shape = (64, 64, 64)  # N = 262144: 8 blocks of 32768 elements, 256 KiB
     t = lamina.perf.terms(MAG, shape, nblocks=8, calibration=cal)
@@ -492,12 +494,12 @@ def test_model_query_time_counted_once_with_a_history():
 def test_model_counts_new_memory_at_the_write():
     """The gathering of a writer's inputs and the first touches of the new result, at the rate
     of a copy into new memory (the memcpy rate where it was not measured: no first touches)."""
-    assert lamina.perf.terms(MAG, SHAPE, nblocks=8, calibration=CAL).fresh_s == 0.0
+    assert lamina.perf.terms(MAG, SHAPE, nblocks=64, calibration=CAL).fresh_s == 0.0
     cal = dataclasses.replace(CAL, fresh_copy_bandwidth=5e9)  # memcpy 20e9
-    t = lamina.perf.terms(MAG, SHAPE, nblocks=8, calibration=cal)
+    t = lamina.perf.terms(MAG, SHAPE, nblocks=64, calibration=cal)
     assert t.gather_s == pytest.approx(2 * 24e6 / 5e9)
     assert t.fresh_s == pytest.approx(2 * 8e6 * (1 / 5e9 - 1 / 20e9))
-    p = predict(MAG, SHAPE, nblocks=8, calibration=cal)
+    p = predict(MAG, SHAPE, nblocks=64, calibration=cal)
     extra = t.gather_s + t.fresh_s
     assert p["stats"].write_s == pytest.approx(extra + t.compute_s + t.stats_s)
     assert p["store"].write_s == pytest.approx(extra + t.compute_s + t.stats_s + 8e6 / 2e9)
@@ -506,7 +508,7 @@ def test_model_counts_new_memory_at_the_write():
     # a query reads into new buffers and computes into new memory: the same first touches
     touch = 2 * (1 / 5e9 - 1 / 20e9)
     assert t.touch_s_per_byte == pytest.approx(touch)
-    p = predict(MAG, SHAPE, nblocks=8, query_fraction=0.5, calibration=cal)
+    p = predict(MAG, SHAPE, nblocks=64, query_fraction=0.5, calibration=cal)
     assert p["store"].read_s == pytest.approx(0.5 * 8e6 * (1 / 4e9 + touch))
     assert p["stats"].read_s == pytest.approx(
         0.5 * 24e6 * (1 / 4e9 + touch) + 0.5 * t.compute_s + 0.5 * 8e6 * touch

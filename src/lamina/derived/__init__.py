@@ -10,7 +10,8 @@ Pure code (no MPI, no files).  The derived layer and the query engine build on:
 * :func:`check_inputs` -- unknown datasets ("Did you mean ...?"), shapes;
 * :func:`evaluate` -- the values over a region, from arrays covering the
   region grown by the halo, exactly as ``numpy.gradient(edge_order=2)`` on
-  the assembled global array;
+  the assembled global array; :func:`evaluate_regions` -- the same over many
+  regions at once, each from arrays of its own, shared among threads;
 * :func:`result_dtype`, :func:`component_names`, :func:`needed_boxes`;
 * :func:`truth` / :func:`interval` / :class:`Bounds` -- whether a predicate can
   hold in a block given the block's min/max statistics and the inputs' dtypes,
@@ -30,6 +31,7 @@ from .compute import (
     check_inputs,
     component_names,
     evaluate,
+    evaluate_regions,
     gpu_available,
     result_dtype,
 )
@@ -63,6 +65,7 @@ __all__ = [
     "check_stencils",
     "component_names",
     "evaluate",
+    "evaluate_regions",
     "gpu_available",
     "Interval",
     "grow_range",

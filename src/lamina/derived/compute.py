@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import DTypeError, ExpressionError, LaminaError, ShapeError, register, suggest
 from ..geometry import Box
+from . import _parallel
 from .functions import COMPONENTS, FUNCTIONS
 from .halo import as_box, check_stencils, needed_boxes, union
 from .kernels import CHUNK_ELEMENTS, Evaluator, node_pos, probe
@@ -121,6 +122,122 @@ def evaluate(
     check_stencils(expr, shape, text)
     sp = _spacing(spacing, len(shape))
     xp = _array_module(device)
+    prepared = _prepare(expr, arrays, box, shape, origin, xp)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        dtypes = probe(expr, {p: a.dtype for p, (a, _) in prepared.items()}, len(shape), sp, text)
+        if out is not None:
+            _check_out(out, box, dtypes[id(expr)])
+        if box.empty:
+            outs = [xp.empty(box.shape, dtype=dt) for dt in dtypes[id(expr)]]
+        else:
+            ev = Evaluator(
+                xp,
+                prepared,
+                shape,
+                sp,
+                text,
+                managed=xp is np,
+                dtypes=dtypes,
+                chunk=chunk_elements or CHUNK_ELEMENTS,
+            )
+            outs = ev.materialize(expr, box, copy=True, outs=out if xp is np else None)
+    if xp is not np and out is not None:
+        for o, r in zip(out, outs, strict=True):
+            if isinstance(o, np.ndarray) and o.flags.c_contiguous and o.flags.writeable:
+                xp.asnumpy(r, out=o)  # straight into the host array: no second copy
+            else:
+                o[...] = xp.asnumpy(r) if isinstance(o, np.ndarray) else r
+        return list(out)
+    if xp is not np and to_host:
+        outs = [xp.asnumpy(o) for o in outs]
+    if out is not None:
+        for o, r in zip(out, outs, strict=True):
+            if r is not o:
+                o[...] = r
+        return list(out)
+    return outs
+
+
+def evaluate_regions(
+    expr: Expr | str,
+    items: Sequence[tuple[Mapping[str, Any], Any, Any]],
+    global_shape: Sequence[int],
+    *,
+    spacing: float | Sequence[float] | None = None,
+    chunk_elements: int | None = None,
+    threads: int | None = None,
+) -> list[list[np.ndarray]]:
+    """Evaluate *expr* over several regions on the CPU, each from arrays of its own.
+
+    *items* are ``(arrays, region, origin)``, each as :func:`evaluate` takes
+    them; the answer is, per item, what :func:`evaluate` returns for it, value
+    for value (each element is computed by the same operations).  What one
+    call per region would repeat is done once: the checks of the expression,
+    the probe of its dtypes (per set of input dtypes), the threads.  The
+    regions are shared among the kernels' threads (:mod:`._parallel`: *threads*,
+    else the default), each computed on one thread, when there are at least as
+    many regions as threads and together they are worth the threads
+    (:data:`~._parallel.PARALLEL_MIN_ELEMENTS`); otherwise one after the other,
+    each as :func:`evaluate` computes it.  This is how many small blocks are
+    computed where they lie, without first copying them into one array over
+    their box: a region of a few thousand elements costs a fraction of what a
+    call of :func:`evaluate` costs.
+    """
+    expr, text = _as_expr(expr)
+    shape = tuple(int(s) for s in global_shape)
+    check_stencils(expr, shape, text)
+    sp = _spacing(spacing, len(shape))
+    jobs = []
+    for arrays, region, origin in items:
+        check_inputs(expr, arrays.keys(), text)
+        box = as_box(region, shape)
+        jobs.append((box, _prepare(expr, arrays, box, shape, origin, np)))
+    total = sum(box.size for box, _ in jobs)
+    nt = threads or _parallel.default_threads()
+    spread = nt > 1 and len(jobs) >= nt and total >= _parallel.PARALLEL_MIN_ELEMENTS
+    chunk = chunk_elements or CHUNK_ELEMENTS
+    found: dict[tuple, dict[int, list[np.dtype]]] = {}
+    results: list[list[np.ndarray]] = [[] for _ in jobs]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        evs = []
+        for _, prepared in jobs:  # one probe per set of input dtypes
+            key = tuple((p, a.dtype) for p, (a, _) in sorted(prepared.items()))
+            if key not in found:
+                found[key] = probe(expr, dict(key), len(shape), sp, text)
+            evs.append(found[key])
+
+        def work(state: list, i: int) -> None:
+            ev, last = state
+            box, prepared = jobs[i]
+            if box.empty:
+                results[i] = [np.empty(box.shape, dtype=dt) for dt in evs[i][id(expr)]]
+                return
+            if box.shape != last:  # scratch buffers are kept for one shape of region at a time
+                ev.free, state[1] = {}, box.shape
+            ev.arrays, ev.dtypes = prepared, evs[i]
+            results[i] = ev.materialize(expr, box, copy=True)
+
+        first = Evaluator(
+            np,
+            {},
+            shape,
+            sp,
+            text,
+            managed=True,
+            dtypes={},
+            chunk=chunk,
+            threads=1 if spread else nt,
+        )
+        evals = [first, *(first.worker() for _ in range(nt - 1))] if spread else [first]
+        _parallel.run_blocks(range(len(jobs)), work, [[ev, None] for ev in evals])
+    return results
+
+
+def _prepare(
+    expr: Expr, arrays: Mapping[str, Any], box: Box, shape: tuple[int, ...], origin, xp
+) -> dict[str, tuple[Any, tuple[int, ...]]]:
+    """Each input of *expr* as (array, global offset of its element 0), checked to cover what
+    *box* needs (on a GPU: only the needed box, on the device)."""
     needed = needed_boxes(expr, box, shape)
     inbox = None
     for b in needed.values():
@@ -155,39 +272,7 @@ def evaluate(
             prepared[path] = (sub, need.start)
         else:
             prepared[path] = (a, org)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        dtypes = probe(expr, {p: a.dtype for p, (a, _) in prepared.items()}, len(shape), sp, text)
-        if out is not None:
-            _check_out(out, box, dtypes[id(expr)])
-        if box.empty:
-            outs = [xp.empty(box.shape, dtype=dt) for dt in dtypes[id(expr)]]
-        else:
-            ev = Evaluator(
-                xp,
-                prepared,
-                shape,
-                sp,
-                text,
-                managed=xp is np,
-                dtypes=dtypes,
-                chunk=chunk_elements or CHUNK_ELEMENTS,
-            )
-            outs = ev.materialize(expr, box, copy=True, outs=out if xp is np else None)
-    if xp is not np and out is not None:
-        for o, r in zip(out, outs, strict=True):
-            if isinstance(o, np.ndarray) and o.flags.c_contiguous and o.flags.writeable:
-                xp.asnumpy(r, out=o)  # straight into the host array: no second copy
-            else:
-                o[...] = xp.asnumpy(r) if isinstance(o, np.ndarray) else r
-        return list(out)
-    if xp is not np and to_host:
-        outs = [xp.asnumpy(o) for o in outs]
-    if out is not None:
-        for o, r in zip(out, outs, strict=True):
-            if r is not o:
-                o[...] = r
-        return list(out)
-    return outs
+    return prepared
 
 
 def _check_out(out, box: Box, dtypes) -> None:

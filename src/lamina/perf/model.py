@@ -157,7 +157,6 @@ from typing import Any
 import numpy as np
 
 from ..derived import Expr, check_inputs, component_names, parse, result_dtype
-from ..derived._parallel import PARALLEL_MIN_ELEMENTS
 from ..errors import ExpressionError
 from ..stats import SEGMENT
 from .calibrate import FLOP_TABLES, TABLE_KERNELS, Calibration, block_time
@@ -179,7 +178,7 @@ CHECKSUM_BYTES = 4
 DEFAULT_NAME = "derived"
 #: elements per block from which the derived layer evaluates a pointwise expression block by
 #: block at the end of a step (its rule: lamina.layers.derived.exchange.IN_PLACE_ELEMENTS)
-IN_PLACE_ELEMENTS = PARALLEL_MIN_ELEMENTS
+IN_PLACE_ELEMENTS = 1 << 15
 #: relative difference of totals under which two strategies count as tied
 TIE = 1e-9
 

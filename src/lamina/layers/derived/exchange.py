@@ -17,7 +17,6 @@ import numpy as np
 
 from ... import comm as comm_mod
 from ...catalog import DatasetSpec, Decoder, Encoder
-from ...derived._parallel import PARALLEL_MIN_ELEMENTS
 from ...errors import FormatError
 from ...geometry import Box
 
@@ -29,9 +28,11 @@ Held = dict[str, list[tuple[Box, np.ndarray]]]
 
 
 #: a pointwise expression over a rank's blocks of at least this many elements on average is
-#: evaluated block by block: each block's inputs are its arrays as written, nothing is copied
-#: into a box over them, and each block is large enough for the kernels' threads
-IN_PLACE_ELEMENTS = PARALLEL_MIN_ELEMENTS
+#: evaluated block by block (:func:`lamina.derived.evaluate_regions`, the blocks shared among
+#: the kernels' threads): each block's inputs are its arrays as written, nothing is copied
+#: into a box over them.  A block costs about 60 us of Python besides its values, so smaller
+#: blocks are gathered into their box and evaluated in one call (see :func:`regions`)
+IN_PLACE_ELEMENTS = 1 << 15
 
 
 def regions(blocks: list[Box], pointwise: bool = False) -> list[tuple[Box, list[Box]]]:
@@ -41,11 +42,12 @@ def regions(blocks: list[Box], pointwise: bool = False) -> list[tuple[Box, list[
     at once costs one kernel call and reads halos only at the box's faces,
     but first copies every input into new memory over the box.  A
     *pointwise* expression (no halo) over blocks of at least
-    :data:`IN_PLACE_ELEMENTS` on average is evaluated block by block instead:
-    on two cores, 66 MB of inputs in 2 blocks each took 15-18 ms against
-    30-36 over their box, in 4 blocks 19-24 against 28-31, in 8 blocks
-    (below the threshold, where a block's evaluation runs on one thread)
-    34-39 against 32-35.
+    :data:`IN_PLACE_ELEMENTS` on average is evaluated block by block instead,
+    the blocks shared among the kernels' threads.  On two cores, magnitude
+    over three 21 MiB fields, the end of the step (best of 5): in 16 blocks
+    14.3-14.5 ms against 28.6-32.1 over their box, in 64 blocks (43 Ki
+    elements each) 22.5-24.1 against 28.8-30.3, in 256 blocks (11 Ki) 54-74
+    against 40-45, where a block's own cost outweighs the copy.
     """
     if len(blocks) > 1:
         if pointwise and sum(b.size for b in blocks) >= IN_PLACE_ELEMENTS * len(blocks):

@@ -47,13 +47,13 @@ import json
 import math
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from ... import comm as comm_mod
 from ...catalog import CODEC_STATS_ONLY, BlockTable, DatasetSpec, normpath
-from ...derived import evaluate, needed_boxes
+from ...derived import evaluate, evaluate_regions, needed_boxes
 from ...engines.batch import elements
 from ...errors import (
     CollectiveMismatchError,
@@ -477,29 +477,8 @@ class DerivedLayer(Layer):
                 pieces = halo.exchange(self.comm, self._held, specs, reqs)
             g = comm_mod.Guard()
             with g:
-                for j, (region, members) in enumerate(regions):
-                    arrays, origin = {}, {}
-                    for i, p in enumerate(inputs):
-                        box = reqs[(j, i)]
-                        got = same[p].get(box)
-                        arrays[p] = (
-                            got
-                            if got is not None
-                            else halo.assemble(
-                                self._held, self.catalog.datasets[p], box, pieces.get((j, i), [])
-                            )
-                        )
-                        origin[p] = box.start
-                    res = evaluate(
-                        d.expr,
-                        arrays,
-                        region,
-                        d.shape,
-                        origin=origin,
-                        spacing=d.spacing,
-                        device=self.device,
-                    )
-                    del arrays
+                values = self._values(d, regions, inputs, same, reqs, pieces)
+                for (region, members), res in zip(regions, values, strict=True):
                     for c, full in zip(d.components, res, strict=True):
                         for b in members:
                             arr = (
@@ -525,6 +504,56 @@ class DerivedLayer(Layer):
                     n / len(mine),
                     time.perf_counter() - t0 - (self._step_put_s - put0),
                 )
+
+    def _values(
+        self,
+        d: Definition,
+        regions: list[tuple[Box, list[Box]]],
+        inputs: list[str],
+        same: dict[str, dict[Box, np.ndarray]],
+        reqs: dict[tuple[int, int], Box],
+        pieces: dict[tuple[int, int], list[tuple[Box, np.ndarray]]],
+    ) -> Iterator[list[np.ndarray]]:
+        """The values of *d* over each of *regions*, in order.
+
+        A pointwise expression over several regions (blocks evaluated where
+        they lie, :func:`.exchange.regions`) is computed in one call that shares
+        the regions among the kernels' threads; otherwise region by region, so
+        that one region's inputs are held at a time.
+        """
+
+        def inputs_of(j: int) -> tuple[dict[str, np.ndarray], dict[str, tuple[int, ...]]]:
+            arrays, origin = {}, {}
+            for i, p in enumerate(inputs):
+                box = reqs[(j, i)]
+                got = same[p].get(box)
+                arrays[p] = (
+                    got
+                    if got is not None
+                    else halo.assemble(
+                        self._held, self.catalog.datasets[p], box, pieces.get((j, i), [])
+                    )
+                )
+                origin[p] = box.start
+            return arrays, origin
+
+        if d.expr.halo == 0 and len(regions) > 1 and self.device == "cpu":
+            items = [(*inputs_of(j), region) for j, (region, _) in enumerate(regions)]
+            yield from evaluate_regions(
+                d.expr, [(a, r, o) for a, o, r in items], d.shape, spacing=d.spacing
+            )
+            return
+        for j, (region, _) in enumerate(regions):
+            arrays, origin = inputs_of(j)
+            yield evaluate(
+                d.expr,
+                arrays,
+                region,
+                d.shape,
+                origin=origin,
+                spacing=d.spacing,
+                device=self.device,
+            )
 
     def discard_step(self) -> None:
         self._held.clear()
