@@ -415,6 +415,7 @@ def two_threads(monkeypatch):
 
     monkeypatch.setattr(_parallel, "THREADS", 2)
     monkeypatch.setattr(_parallel, "PARALLEL_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(C, "SPREAD_MIN_ELEMENTS", 0)
     run, used = _parallel.run_blocks, []
 
     def counted(items, work, states):
@@ -484,6 +485,25 @@ def test_regions_give_what_evaluate_gives_region_by_region(two_threads, threads)
             assert_same(g, want)
             for x in g:  # fresh arrays, never the inputs
                 assert all(not np.shares_memory(x, a) for a in arrays.values())
+
+
+def test_small_regions_stay_on_one_thread(two_threads, monkeypatch):
+    """Regions below SPREAD_MIN_ELEMENTS on average are not shared among threads (their
+    Python holds the GIL); larger ones are."""
+    shape = (8, 6)
+    A = _arrays(shape, "f8", 5, names="uv")
+    items = [
+        ({k: v[r : r + 2] for k, v in A.items()}, Box((r, 0), (r + 2, 6)), (r, 0))
+        for r in (0, 2, 4, 6)
+    ]
+    monkeypatch.setattr(C, "SPREAD_MIN_ELEMENTS", 13)  # 12 elements a region: too few
+    two_threads.clear()
+    small = evaluate_regions("u * v", items, shape)
+    assert two_threads[0] == 1  # the regions one after the other (each as evaluate computes it)
+    monkeypatch.setattr(C, "SPREAD_MIN_ELEMENTS", 12)
+    two_threads.clear()
+    assert_same(evaluate_regions("u * v", items, shape)[3], small[3])
+    assert two_threads == [2]  # shared among two threads, each region on one
 
 
 def test_regions_are_checked_as_evaluate_checks_them():

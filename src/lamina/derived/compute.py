@@ -158,6 +158,13 @@ def evaluate(
     return outs
 
 
+#: regions of fewer elements than this on average are computed on one thread: their Python
+#: (about 60 us a region) holds the GIL, and two threads ran slower than one (magnitude over
+#: 256 regions of 10,816 elements: 42 against 36 ms; of 43,264: 11.3 against 12.7 ms; of
+#: 173,889: 6.7 against 9.4 ms, on two cores)
+SPREAD_MIN_ELEMENTS = 1 << 15
+
+
 def evaluate_regions(
     expr: Expr | str,
     items: Sequence[tuple[Mapping[str, Any], Any, Any]],
@@ -176,12 +183,13 @@ def evaluate_regions(
     the probe of its dtypes (per set of input dtypes), the threads.  The
     regions are shared among the kernels' threads (:mod:`._parallel`: *threads*,
     else the default), each computed on one thread, when there are at least as
-    many regions as threads and together they are worth the threads
-    (:data:`~._parallel.PARALLEL_MIN_ELEMENTS`); otherwise one after the other,
-    each as :func:`evaluate` computes it.  This is how many small blocks are
-    computed where they lie, without first copying them into one array over
-    their box: a region of a few thousand elements costs a fraction of what a
-    call of :func:`evaluate` costs.
+    many regions as threads, together they are worth the threads
+    (:data:`~._parallel.PARALLEL_MIN_ELEMENTS`) and each is large enough
+    (:data:`SPREAD_MIN_ELEMENTS` on average); otherwise one after the other,
+    each as :func:`evaluate` computes it.  This is how many blocks are computed
+    where they lie, without first copying them into one array over their box:
+    a region costs about 60 us of Python here, a call of :func:`evaluate`
+    about 145.
     """
     expr, text = _as_expr(expr)
     shape = tuple(int(s) for s in global_shape)
@@ -194,7 +202,12 @@ def evaluate_regions(
         jobs.append((box, _prepare(expr, arrays, box, shape, origin, np)))
     total = sum(box.size for box, _ in jobs)
     nt = threads or _parallel.default_threads()
-    spread = nt > 1 and len(jobs) >= nt and total >= _parallel.PARALLEL_MIN_ELEMENTS
+    spread = (
+        nt > 1
+        and len(jobs) >= nt
+        and total >= _parallel.PARALLEL_MIN_ELEMENTS
+        and total >= SPREAD_MIN_ELEMENTS * len(jobs)
+    )
     chunk = chunk_elements or CHUNK_ELEMENTS
     found: dict[tuple, dict[int, list[np.dtype]]] = {}
     results: list[list[np.ndarray]] = [[] for _ in jobs]
