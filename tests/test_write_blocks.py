@@ -1032,3 +1032,45 @@ def test_many_lent_datasets_of_one_block_each_store_what_copied_writes_store(tmp
                 for s in range(len(steps))
             }
     assert tables["copied"] == tables["lent"]
+
+
+def _stats_blocks(path: str, io: str, corners, blocks, many: bool) -> list:
+    """Write the statistics of *blocks* as one step (one call, or a call each), read them back."""
+    with lamina.open(path, "w", io=io) as f:
+        f.create_dataset("s", shape=(2 * blocks[0].shape[0], 3 * blocks[0].shape[1]), dtype="f8")
+        eng = f.engine
+        with f.step():
+            if not many:
+                for c, b in zip(corners, blocks, strict=True):
+                    eng.put_stats("s", Box.from_offset(tuple(c), b.shape), b)
+            else:
+                # a bad block records none of the call
+                with pytest.raises(lamina.ShapeError, match="block 1 of 2 has 3 dimensions"):
+                    eng.put_stats_many("s", corners[:2], [blocks[0], blocks[1][:, :1, None]])
+                with pytest.raises(lamina.BoundsError):
+                    eng.put_stats_many("s", corners[-2:] + np.array([0, 1]), blocks[-2:])
+                eng.put_stats_many("s", corners, blocks)
+                if io == "sync":  # (in the background: found when the step is written)
+                    with pytest.raises(OverlapError):
+                        eng.put_stats_many("s", corners[-1:], blocks[-1:])
+    with lamina.open(path) as f:
+        return sorted((b.box.start, b.stats) for b in f["s"].blocks())
+
+
+@pytest.mark.parametrize("io", ["sync", "async"])
+@pytest.mark.parametrize("edge", [(2, 3), (96, 100)])  # summarized together; one pass each
+def test_statistics_of_many_blocks_in_one_call_are_those_of_one_call_each(tmp_path, rng, io, edge):
+    """Engine.put_stats_many: the statistics-only blocks put_stats records, checked as a whole,
+    through the background layer too."""
+    shape = (2 * edge[0], 3 * edge[1])
+    corners = _grid(shape, edge)
+    vals = rng.standard_normal(shape)
+    vals[0, 0] = np.nan
+    blocks = [vals[x : x + edge[0], y : y + edge[1]] for x, y in corners]
+    one = _stats_blocks(str(tmp_path / "one.lam"), io, corners, blocks, False)
+    many = _stats_blocks(str(tmp_path / "many.lam"), io, corners, blocks, True)
+    assert len(many) == len(corners) == len(one)
+    for (a, s1), (b, s2) in zip(one, many, strict=True):
+        assert a == b
+        assert (s1.min, s1.max, s1.count) == (s2.min, s2.max, s2.count)
+        assert s1.sum == pytest.approx(s2.sum, rel=1e-12)

@@ -256,6 +256,18 @@ class Engine(ABC):
         """
         raise NotImplementedError(f"engine {self.name!r} does not keep statistics-only blocks")
 
+    def put_stats_many(self, name: str, starts: np.ndarray, arrays) -> None:
+        """Independent: :meth:`put_stats` for many blocks of dataset *name* in one call.
+
+        *starts* and *arrays* as :meth:`put_many` takes them.  The built-in
+        engines check every block first and record none if one is bad, and
+        take the statistics of small blocks together.  This default calls
+        :meth:`put_stats` per block.
+        """
+        for k in range(len(starts)):
+            a = np.asarray(arrays[k])
+            self.put_stats(name, Box.from_offset(starts[k], a.shape), a)
+
     @abstractmethod
     def end_step(self) -> None:
         """Collective: commit the current step atomically."""

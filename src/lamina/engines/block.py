@@ -880,6 +880,40 @@ class BlockEngine(Engine):
             (self.session, 0, 0),  # nothing to move
         )
 
+    def put_stats_many(self, name: str, starts, arrays) -> None:
+        """Independent: :meth:`put_stats` for many blocks of *name*, checked as a whole.
+
+        A bad block (shape, dtype, bounds, overlap) raises before any block of
+        the call is recorded; the statistics of blocks of up to :data:`SMALL`
+        bytes are taken together (:func:`lamina.stats.summarize`).
+        """
+        spec = self._prepare(name, None, "write statistics of dataset")
+        if spec.layout is not None:
+            raise ConfigError(
+                f"dataset {spec.path!r} has a multiresolution layout: its statistics come from its data"
+            )
+        batch = check_batch(spec, starts, arrays)
+        n = len(batch)
+        if not n:
+            return
+        enter_boxes(self._local, spec, batch.starts, batch.stops, len(self.catalog.steps))
+        try:
+            blocks = [batch.block(k) for k in range(n)]
+            if int(batch.nbytes.max()) <= SMALL:
+                summary = stats_mod.summarize(blocks, checksum=False)
+                sts = [summary.stats(k) for k in range(n)]
+            else:
+                sts = [stats_mod.compute(a, 0, checksum=False)[0] for a in blocks]
+        except BaseException as e:  # entered, not recorded: this step cannot commit
+            if self._put_error is None:
+                self._put_error = e
+            raise
+        log, loc = self._log, (self.session, 0, 0)  # nothing to move
+        starts_ = map(tuple, batch.starts.tolist())
+        stops_ = map(tuple, batch.stops.tolist())
+        for a, z, st in zip(starts_, stops_, sts, strict=True):
+            log.add(spec.id, a, z, 0, BlockCodec.STATS_ONLY, None, _Done((st, (0,))), loc)
+
     def put_block(
         self,
         spec: DatasetSpec,

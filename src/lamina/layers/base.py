@@ -144,6 +144,9 @@ class Layer(Engine):
     def put_stats(self, name: str, box: Box, array: np.ndarray) -> None:
         self.inner.put_stats(name, box, array)
 
+    def put_stats_many(self, name: str, starts: np.ndarray, arrays) -> None:
+        self.inner.put_stats_many(name, starts, arrays)
+
     def end_step(self) -> None:
         self.inner.end_step()
 

@@ -93,6 +93,11 @@ class BothProducer(Producer):
         self.file.put_stats(name, box, array)
         super().put_stats(name, box, array)
 
+    def put_stats_many(self, name: str, starts: np.ndarray, arrays) -> None:
+        assert self.file is not None
+        self.file.put_stats_many(name, starts, arrays)
+        super().put_stats_many(name, starts, arrays)
+
     def end_step(self) -> None:
         assert self.file is not None
         self.file.end_step()  # durable first, then served

@@ -988,6 +988,18 @@ class BackgroundLayer(Layer):
         self._reserve(step, arr.nbytes, lambda: f"statistics of dataset {name!r} ({box})")
         step.ops.append(("put_stats", name, box, arr))
 
+    def put_stats_many(self, name: str, starts: np.ndarray, arrays) -> None:
+        if not self.active:
+            self.inner.put_stats_many(name, starts, arrays)
+            return
+        path = normpath(name)
+        spec = self.catalog.datasets.get(path)
+        if spec is None:
+            raise dataset_not_found(self.catalog, path)
+        batch = check_batch(spec, starts, arrays)  # every block checked before any is taken
+        for k, box in enumerate(batch.boxes()):
+            self.put_stats(name, box, batch.block(k))  # copied into the step, as one call
+
     def discard_step(self) -> None:
         if not self.active:
             self.inner.discard_step()

@@ -478,6 +478,7 @@ class DerivedLayer(Layer):
             g = comm_mod.Guard()
             with g:
                 values = self._values(d, regions, inputs, same, reqs, pieces)
+                blocks: dict[str, list[tuple[Box, np.ndarray]]] = {c: [] for c in d.components}
                 for (region, members), res in zip(regions, values, strict=True):
                     for c, full in zip(d.components, res, strict=True):
                         for b in members:
@@ -486,15 +487,9 @@ class DerivedLayer(Layer):
                                 if b == region
                                 else np.ascontiguousarray(full[b.relative_to(region)])
                             )
-                            if d.strategy == "store":  # its write: apart, in the step's
-                                t1 = time.perf_counter()
-                                self.inner.put(c, b, arr, copy=False)
-                                self._step_put_s += time.perf_counter() - t1
-                                self._step_bytes += arr.nbytes
-                                self._step_puts += 1
-                            elif d.strategy == "stats":
-                                self.inner.put_stats(c, b, arr)
-                            self._held.setdefault(c, []).append((b, arr))
+                            blocks[c].append((b, arr))
+                for c, got in blocks.items():
+                    self._keep(d, c, got)
             comm_mod.agree(self.comm, g.error)
             if mine:
                 n = sum(b.size for b in mine)
@@ -504,6 +499,25 @@ class DerivedLayer(Layer):
                     n / len(mine),
                     time.perf_counter() - t0 - (self._step_put_s - put0),
                 )
+
+    def _keep(self, d: Definition, c: str, got: list[tuple[Box, np.ndarray]]) -> None:
+        """The blocks *got* of component *c* of *d*, computed at the end of a step: written
+        (Store) or their statistics recorded (Stats) in one call, and held for the quantities
+        computed after *d* in this step."""
+        if not got:
+            return
+        arrays = [a for _, a in got]
+        nd = len(got[0][0].start)
+        starts = np.array([b.start for b, _ in got], dtype=np.int64).reshape(len(got), nd)
+        if d.strategy == "store":  # its write: timed apart, in the step's
+            t1 = time.perf_counter()
+            self.inner.put_many(c, starts, arrays, copy=False)
+            self._step_put_s += time.perf_counter() - t1
+            self._step_bytes += sum(a.nbytes for a in arrays)
+            self._step_puts += len(arrays)
+        elif d.strategy == "stats":
+            self.inner.put_stats_many(c, starts, arrays)
+        self._held.setdefault(c, []).extend(got)
 
     def _values(
         self,
