@@ -552,22 +552,35 @@ class DerivedLayer(Layer):
             return arrays, origin
 
         if d.expr.halo == 0 and len(regions) > 1 and self.device == "cpu":
-            items = [(*inputs_of(j), region) for j, (region, _) in enumerate(regions)]
-            yield from evaluate_regions(
-                d.expr, [(a, r, o) for a, o, r in items], d.shape, spacing=d.spacing
-            )
+            items = []
+            for j, (region, _) in enumerate(regions):
+                arrays, origin = inputs_of(j)
+                items.append((arrays, region, origin))
+            yield from evaluate_regions(d.expr, items, d.shape, spacing=d.spacing)
             return
         for j, (region, _) in enumerate(regions):
-            arrays, origin = inputs_of(j)
-            yield evaluate(
-                d.expr,
-                arrays,
-                region,
-                d.shape,
-                origin=origin,
-                spacing=d.spacing,
-                device=self.device,
-            )
+            yield self._values_over(d, *inputs_of(j), region)
+
+    def _values_over(
+        self,
+        d: Definition,
+        arrays: dict[str, np.ndarray],
+        origin: dict[str, tuple[int, ...]],
+        region: Box,
+        out: list[np.ndarray] | None = None,
+    ) -> list[np.ndarray]:
+        """The values of *d* over *region* from *arrays* (each starting at *origin*), where the
+        layer computes (its device)."""
+        return evaluate(
+            d.expr,
+            arrays,
+            region,
+            d.shape,
+            origin=origin,
+            spacing=d.spacing,
+            device=self.device,
+            out=out,
+        )
 
     def discard_step(self) -> None:
         self._held.clear()
@@ -751,16 +764,7 @@ class DerivedLayer(Layer):
             self.get(p, need, step, buf)
             arrays[p] = buf
             origin[p] = need.start
-        res = evaluate(
-            d.expr,
-            arrays,
-            region,
-            d.shape,
-            origin=origin,
-            spacing=d.spacing,
-            device=self.device,
-            out=out,
-        )
+        res = self._values_over(d, arrays, origin, region, out)
         del arrays
         self._give(taken, res)
         self._computed += region.size
