@@ -343,6 +343,36 @@ def test_pointwise_over_large_blocks_is_computed_in_place(open_file, new_path, m
     )
 
 
+@pytest.mark.parametrize("device", ["cpu", "auto"])
+def test_blocks_evaluated_where_they_lie_in_one_call(new_path, monkeypatch, device):
+    """A pointwise expression over blocks of IN_PLACE_ELEMENTS or more: one evaluate_regions
+    call for the rank's blocks (on the CPU, also under device='auto' without a GPU)."""
+    from lamina.layers.derived import exchange
+    from lamina.layers.derived import layer as dlayer
+
+    monkeypatch.setattr(exchange, "IN_PLACE_ELEMENTS", 4)
+    monkeypatch.setattr(dlayer, "gpu_available", lambda: False)
+    calls = []
+    real = dlayer.evaluate_regions
+    monkeypatch.setattr(
+        dlayer,
+        "evaluate_regions",
+        lambda e, items, *a, **k: calls.append(len(items)) or real(e, items, *a, **k),
+    )
+    uu = np.arange(48.0).reshape(12, 4)
+    with lamina.open(new_path(), "w", device=device) as f:
+        u = f.create_dataset("u", (12, 4), "f8")
+        f.derive("s", "u * 2 - 1", "stats")
+        with f.step():
+            for r in (0, 4, 8):
+                u.write(uu[r : r + 4], offset=(r, 0))
+        assert calls == [3]
+        np.testing.assert_array_equal(f["s"][...], uu * 2 - 1)
+        assert [(b.stats.min, b.stats.max) for b in f["s"].blocks()] == [
+            (uu[r : r + 4].min() * 2 - 1, uu[r : r + 4].max() * 2 - 1) for r in (0, 4, 8)
+        ]
+
+
 # ---------------------------------------------------------------------------
 # reading: region plus halo only
 # ---------------------------------------------------------------------------

@@ -53,7 +53,7 @@ import numpy as np
 
 from ... import comm as comm_mod
 from ...catalog import CODEC_STATS_ONLY, BlockTable, DatasetSpec, normpath
-from ...derived import evaluate, evaluate_regions, needed_boxes
+from ...derived import evaluate, evaluate_regions, gpu_available, needed_boxes
 from ...engines.batch import elements
 from ...errors import (
     CollectiveMismatchError,
@@ -551,7 +551,8 @@ class DerivedLayer(Layer):
                 origin[p] = box.start
             return arrays, origin
 
-        if d.expr.halo == 0 and len(regions) > 1 and self.device == "cpu":
+        on_cpu = self.device == "cpu" or (self.device == "auto" and not gpu_available())
+        if d.expr.halo == 0 and len(regions) > 1 and on_cpu:
             items = []
             for j, (region, _) in enumerate(regions):
                 arrays, origin = inputs_of(j)
