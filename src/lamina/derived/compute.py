@@ -251,10 +251,14 @@ def _prepare(
 ) -> dict[str, tuple[Any, tuple[int, ...]]]:
     """Each input of *expr* as (array, global offset of its element 0), checked to cover what
     *box* needs (on a GPU: only the needed box, on the device)."""
-    needed = needed_boxes(expr, box, shape)
-    inbox = None
-    for b in needed.values():
-        inbox = union(inbox, b)
+    if expr.halo == 0:  # pointwise: every input over the region itself (as needed_boxes says)
+        needed = dict.fromkeys(expr.inputs, box)
+        inbox = box if needed else None
+    else:
+        needed = needed_boxes(expr, box, shape)
+        inbox = None
+        for b in needed.values():
+            inbox = union(inbox, b)
     prepared: dict[str, tuple[Any, tuple[int, ...]]] = {}
     for path in sorted(expr.inputs):
         a = arrays[path]
