@@ -506,7 +506,7 @@ def test_small_regions_stay_on_one_thread(two_threads, monkeypatch):
     assert two_threads == [2]  # shared among two threads, each region on one
 
 
-def test_regions_are_checked_as_evaluate_checks_them():
+def test_regions_are_checked_as_evaluate_checks_them(two_threads):
     shape = (8, 6)
     A = _arrays(shape, "f8", 3, names="uv")
     box = Box((0, 0), (4, 6))
@@ -517,14 +517,37 @@ def test_regions_are_checked_as_evaluate_checks_them():
         evaluate_regions(
             "u + v", [({k: v[:4] for k, v in A.items()}, box, (0, 0)), (short, box, (0, 0))], shape
         )
-    with pytest.raises(ExpressionError, match="negative integer powers"):
+    two_threads.clear()
+    with pytest.raises(ExpressionError, match="negative integer powers"):  # raised in a thread
         evaluate_regions(
             "u + i ^ i",
             [({**A, "i": np.arange(48).reshape(shape) - 40}, box, (0, 0))] * 3,
             shape,
             threads=2,
         )
+    assert two_threads == [2]
     assert evaluate_regions("u + v", [], shape) == []
+
+
+def test_fewer_regions_than_threads(two_threads, monkeypatch):
+    """Fewer regions than threads: too small for threads of their own, they go to as many
+    threads as there are regions; large enough, each takes the threads itself."""
+    from lamina.derived import _parallel
+
+    shape = (8, 6)
+    A = _arrays(shape, "f8", 7, names="uv")
+    items = [
+        ({k: v[r : r + 2] for k, v in A.items()}, Box((r, 0), (r + 2, 6)), (r, 0))
+        for r in (0, 2, 4)
+    ]
+    monkeypatch.setattr(_parallel, "PARALLEL_MIN_ELEMENTS", 13)  # 12 elements a region
+    two_threads.clear()
+    small = evaluate_regions("u - v", items, shape, threads=4)
+    assert two_threads == [3]
+    monkeypatch.setattr(_parallel, "PARALLEL_MIN_ELEMENTS", 12)
+    two_threads.clear()
+    assert_same(evaluate_regions("u - v", items, shape, threads=4)[2], small[2])
+    assert two_threads == [1, 4, 4, 4]  # one after the other, each on the four threads
 
 
 def test_default_threads(monkeypatch):

@@ -344,7 +344,7 @@ def test_pointwise_over_large_blocks_is_computed_in_place(open_file, new_path, m
 
 
 @pytest.mark.parametrize("device", ["cpu", "auto"])
-def test_blocks_evaluated_where_they_lie_in_one_call(new_path, monkeypatch, device):
+def test_blocks_evaluated_where_they_lie_in_one_call(open_file, new_path, monkeypatch, device):
     """A pointwise expression over blocks of IN_PLACE_ELEMENTS or more: one evaluate_regions
     call for the rank's blocks (on the CPU, also under device='auto' without a GPU)."""
     from lamina.layers.derived import exchange
@@ -360,7 +360,7 @@ def test_blocks_evaluated_where_they_lie_in_one_call(new_path, monkeypatch, devi
         lambda e, items, *a, **k: calls.append(len(items)) or real(e, items, *a, **k),
     )
     uu = np.arange(48.0).reshape(12, 4)
-    with lamina.open(new_path(), "w", device=device) as f:
+    with open_file(new_path(), "w", device=device) as f:
         u = f.create_dataset("u", (12, 4), "f8")
         f.derive("s", "u * 2 - 1", "stats")
         with f.step():

@@ -1049,15 +1049,18 @@ def _stats_blocks(path: str, io: str, corners, blocks, many: bool) -> list:
                     eng.put_stats_many("s", corners[:2], [blocks[0], blocks[1][:, :1, None]])
                 with pytest.raises(lamina.BoundsError):
                     eng.put_stats_many("s", corners[-2:] + np.array([0, 1]), blocks[-2:])
+                if io != "async":  # two blocks of one batch that meet
+                    with pytest.raises(OverlapError):
+                        eng.put_stats_many("s", corners[[0, 0]], [blocks[0], blocks[0]])
                 eng.put_stats_many("s", corners, blocks)
-                if io == "sync":  # (in the background: found when the step is written)
+                if io != "async":  # (in the background: found when the step is written)
                     with pytest.raises(OverlapError):
                         eng.put_stats_many("s", corners[-1:], blocks[-1:])
     with lamina.open(path) as f:
         return sorted((b.box.start, b.stats) for b in f["s"].blocks())
 
 
-@pytest.mark.parametrize("io", ["sync", "async"])
+@pytest.mark.parametrize("io", ["sync", "async", "auto"])  # auto: its first step goes directly
 @pytest.mark.parametrize("edge", [(2, 3), (96, 100)])  # summarized together; one pass each
 def test_statistics_of_many_blocks_in_one_call_are_those_of_one_call_each(tmp_path, rng, io, edge):
     """Engine.put_stats_many: the statistics-only blocks put_stats records, checked as a whole,
@@ -1074,3 +1077,37 @@ def test_statistics_of_many_blocks_in_one_call_are_those_of_one_call_each(tmp_pa
         assert a == b
         assert (s1.min, s1.max, s1.count) == (s2.min, s2.max, s2.count)
         assert s1.sum == pytest.approx(s2.sum, rel=1e-12)
+
+
+def test_statistics_of_many_blocks_over_the_budget_record_none(tmp_path, rng):
+    """Under io='async' a batch's copies are counted against max_inflight_bytes as a whole: a
+    batch that does not fit raises before any of its blocks is taken; the step goes on."""
+    path = str(tmp_path / "b.lam")
+    blocks = [rng.standard_normal((4, 4)) for _ in range(3)]
+    corners = np.array([[0, 0], [4, 0], [8, 0]])
+    with lamina.open(path, "w", io="async", max_inflight_bytes=2 * blocks[0].nbytes) as f:
+        f.create_dataset("s", shape=(12, 4), dtype="f8")
+        with f.step():
+            with pytest.raises(lamina.errors.ConfigError, match="statistics of 3 blocks"):
+                f.engine.put_stats_many("s", corners, blocks)
+            f.engine.put_stats_many("s", corners[:2], blocks[:2])
+    with lamina.open(path) as f:
+        got = f["s"].blocks()
+        assert [b.box.start for b in got] == [(0, 0), (4, 0)]
+        assert [b.stats.max for b in got] == [b.max() for b in blocks[:2]]
+
+
+def test_statistics_take_the_casts_writes_take(tmp_path):
+    """put_stats and put_stats_many refuse what a write refuses (float statistics of an
+    integer dataset) and take what it takes (int16 into int32)."""
+    with lamina.open(str(tmp_path / "c.lam"), "w") as f:
+        f.create_dataset("s", shape=(4,), dtype="i4")
+        eng = f.engine
+        with f.step():
+            with pytest.raises(lamina.DTypeError, match="float64"):
+                eng.put_stats("s", Box((0,), (2,)), np.array([2.5, 3.0]))
+            with pytest.raises(lamina.DTypeError, match="float64"):
+                eng.put_stats_many("s", [[0]], [np.array([2.5, 3.0])])
+            eng.put_stats("s", Box((0,), (2,)), np.array([2, 3], dtype="i2"))
+            eng.put_stats_many("s", [[2]], [np.array([5, 7], dtype="i2")])
+        assert [(b.stats.min, b.stats.max) for b in f["s"].blocks()] == [(2, 3), (5, 7)]

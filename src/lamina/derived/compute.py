@@ -182,11 +182,12 @@ def evaluate_regions(
     call per region would repeat is done once: the checks of the expression,
     the probe of its dtypes (per set of input dtypes), the threads.  The
     regions are shared among the kernels' threads (:mod:`._parallel`: *threads*,
-    else the default), each computed on one thread, when there are at least as
-    many regions as threads, together they are worth the threads
-    (:data:`~._parallel.PARALLEL_MIN_ELEMENTS`) and each is large enough
-    (:data:`SPREAD_MIN_ELEMENTS` on average); otherwise one after the other,
-    each as :func:`evaluate` computes it.  This is how many blocks are computed
+    else the default; no more threads than regions), each computed on one
+    thread, when together they are worth the threads
+    (:data:`~._parallel.PARALLEL_MIN_ELEMENTS`), each is large enough
+    (:data:`SPREAD_MIN_ELEMENTS` on average), and there are at least as many
+    regions as threads or the regions are too small for threads of their own;
+    otherwise one after the other, each as :func:`evaluate` computes it.  This is how many blocks are computed
     where they lie, without first copying them into one array over their box:
     a region costs about 60 us of Python here, a call of :func:`evaluate`
     about 145.
@@ -202,12 +203,18 @@ def evaluate_regions(
         jobs.append((box, _prepare(expr, arrays, box, shape, origin, np)))
     total = sum(box.size for box, _ in jobs)
     nt = threads or _parallel.default_threads()
+    # fewer regions than threads: each takes the threads itself where it is large enough,
+    # else the regions go to as many threads as there are regions
+    own = total >= _parallel.PARALLEL_MIN_ELEMENTS * len(jobs)
     spread = (
         nt > 1
-        and len(jobs) >= nt
+        and len(jobs) > 1
+        and (len(jobs) >= nt or not own)
         and total >= _parallel.PARALLEL_MIN_ELEMENTS
         and total >= SPREAD_MIN_ELEMENTS * len(jobs)
     )
+    if spread:
+        nt = min(nt, len(jobs))
     chunk = chunk_elements or CHUNK_ELEMENTS
     found: dict[tuple, dict[int, list[np.dtype]]] = {}
     results: list[list[np.ndarray]] = [[] for _ in jobs]

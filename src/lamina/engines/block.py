@@ -127,7 +127,7 @@ from ..layouts import write as layout_write
 from ..layouts.spec import Layout, level_specs
 from . import collective
 from .base import Engine, step_number
-from .batch import Batch, cast, check_batch
+from .batch import Batch, cast, check_batch, check_dtype
 from .staging import (
     SMALL,
     BoxIndex,
@@ -863,6 +863,7 @@ class BlockEngine(Engine):
             )
         if box.empty:
             return
+        check_dtype(spec, arr.dtype, f"statistics of box {box}")  # the casts put makes
         index = self._enter(spec, box)
         try:
             st, _ = stats_mod.compute(arr.astype(spec.dtype, copy=False), 0, checksum=False)

@@ -992,13 +992,25 @@ class BackgroundLayer(Layer):
         if not self.active:
             self.inner.put_stats_many(name, starts, arrays)
             return
+        self._implicit_direct()
+        if self._direct is not None:  # the engine takes the batch as a whole
+            self._direct_call(self.inner.put_stats_many, name, starts, arrays)
+            return
+        step = self._open_step("write statistics of dataset", name)
         path = normpath(name)
         spec = self.catalog.datasets.get(path)
         if spec is None:
             raise dataset_not_found(self.catalog, path)
         batch = check_batch(spec, starts, arrays)  # every block checked before any is taken
+        n = len(batch)
+        if not n:
+            return
+        # the batch's copies within the budget as a whole, as put_stats takes one
+        self._reserve(
+            step, int(batch.nbytes.sum()), lambda: f"statistics of {n} blocks of dataset {name!r}"
+        )
         for k, box in enumerate(batch.boxes()):
-            self.put_stats(name, box, batch.block(k))  # copied into the step, as one call
+            step.ops.append(("put_stats", name, box, np.array(batch.block(k), copy=True)))
 
     def discard_step(self) -> None:
         if not self.active:
