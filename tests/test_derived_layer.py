@@ -373,6 +373,25 @@ def test_blocks_evaluated_where_they_lie_in_one_call(open_file, new_path, monkey
         ]
 
 
+@pytest.mark.parametrize("io", ["sync", "async", "auto"])
+@pytest.mark.parametrize("strategy", ["store", "stats"])
+def test_zero_dim_inputs_lent_or_copied(open_file, new_path, io, strategy):
+    """A 0-D input held for the end of the step stays 0-D whether it was copied or lent (under
+    io='async' the background layer hands its copies down with copy=False)."""
+    p = new_path()
+    with open_file(p, "w", io=io) as f:
+        f.create_dataset("u", (), "f8")
+        f.create_dataset("v", (), "f8")
+        f.derive("s", "u * v", strategy)
+        for k in range(2):
+            with f.step():
+                f["u"][...] = 2.0 + k
+                f["v"].write(np.array(3.0), copy=False)
+    with open_file(p) as f:
+        assert [float(f.at(k)["s"][...]) for k in range(2)] == [6.0, 9.0]
+        assert [b.stats.max for b in f["s"].blocks(1)] == [9.0]
+
+
 # ---------------------------------------------------------------------------
 # reading: region plus halo only
 # ---------------------------------------------------------------------------

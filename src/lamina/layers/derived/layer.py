@@ -403,7 +403,7 @@ class DerivedLayer(Layer):
         a = (
             np.array(a, dtype=spec.dtype, order="C", copy=True)
             if copy
-            else np.ascontiguousarray(a, dtype=spec.dtype)
+            else np.asarray(a, dtype=spec.dtype, order="C")  # (ascontiguousarray makes 0-D 1-D)
         )
         self._held.setdefault(path, []).append((box, a))
 
@@ -485,7 +485,7 @@ class DerivedLayer(Layer):
                             arr = (
                                 full
                                 if b == region
-                                else np.ascontiguousarray(full[b.relative_to(region)])
+                                else np.asarray(full[b.relative_to(region)], order="C")
                             )
                             blocks[c].append((b, arr))
                 for c, got in blocks.items():
