@@ -548,6 +548,12 @@ def test_fewer_regions_than_threads(two_threads, monkeypatch):
     two_threads.clear()
     assert_same(evaluate_regions("u - v", items, shape, threads=4)[2], small[2])
     assert two_threads == [1, 4, 4, 4]  # one after the other, each on the four threads
+    # one region large enough for threads of its own: not one thread for it, beside a small one
+    uneven = items[:2] + [({k: v[4:8] for k, v in A.items()}, Box((4, 0), (8, 6)), (4, 0))]
+    monkeypatch.setattr(_parallel, "PARALLEL_MIN_ELEMENTS", 20)  # 12, 12 and 24 elements
+    two_threads.clear()
+    evaluate_regions("u - v", uneven, shape, threads=4)
+    assert two_threads == [1, 4]
 
 
 def test_default_threads(monkeypatch):

@@ -203,9 +203,9 @@ def evaluate_regions(
         jobs.append((box, _prepare(expr, arrays, box, shape, origin, np)))
     total = sum(box.size for box, _ in jobs)
     nt = threads or _parallel.default_threads()
-    # fewer regions than threads: each takes the threads itself where it is large enough,
-    # else the regions go to as many threads as there are regions
-    own = total >= _parallel.PARALLEL_MIN_ELEMENTS * len(jobs)
+    # fewer regions than threads: one large enough for threads of its own takes them, one
+    # after the other; else the regions go to as many threads as there are regions
+    own = max((box.size for box, _ in jobs), default=0) >= _parallel.PARALLEL_MIN_ELEMENTS
     spread = (
         nt > 1
         and len(jobs) > 1
