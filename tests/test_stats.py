@@ -154,6 +154,26 @@ def test_integer_sums_of_large_chunks_are_exact(dtype, rng):
     assert (s.min, s.max) == (int(a.min()), int(a.max()))
 
 
+@pytest.mark.parametrize("dtype", ["i4", "u4"])
+@pytest.mark.parametrize("top", [1, 1000, 2**19 - 1, 2**19, 2**22, 2**23 - 1, 2**30])
+def test_32_bit_sums_in_rows_of_their_own_type_are_exact(dtype, top, rng):
+    """32-bit integers are summed in rows whose partial sums cannot leave the type (shorter rows
+    for larger values, none past 2**23 / 2**24 where the rows would get too short): exact, with
+    the extremes at the chunk's edges and a tail that fills no row."""
+    dt = np.dtype(dtype)
+    lo = -top if dt.kind == "i" else 0
+    n = 2 * stats.PASS // dt.itemsize + 4099
+    a = rng.integers(lo, top, n, dtype=dt, endpoint=True)
+    a[0], a[-1] = lo, top
+    a[1 : 1 << 12] = top  # a whole row at the top: its sum is the largest a row can have
+    rows = stats._rows32(dt, lo, top)
+    limit = 1 << (31 if dt.kind == "i" else 32)
+    assert rows == 0 or (max(-lo, top) * rows < limit and rows >= stats.ROWS32_MIN)
+    assert rows or max(-lo, top) * stats.ROWS32_MIN >= limit
+    s, _ = compute(a)
+    assert s.sum == float(int(a.astype(object).sum())) and s.count == n
+
+
 @pytest.mark.parametrize("top", [1, 2, 3])
 def test_sums_of_small_bytes_are_exact(top, rng):
     """Bytes of 0 and 1 (a mask) are counted; any larger byte takes the lanes: both exact."""
