@@ -14,7 +14,8 @@ their values side by side, one ``reduceat`` per statistic, so a block of a
 few kilobytes costs a fraction of a microsecond instead of a few numpy
 calls.  Both give the same min, max and count; sums agree to rounding.
 Large chunks are summed without casting every value to float64: integers
-exactly in a type wide enough (:func:`_int_sum`), float32 in float32 lanes
+exactly in a type wide enough or, 32-bit ones, in rows of their own type
+short enough for their extremes (:func:`_int_sum`), float32 in float32 lanes
 (:func:`_float32_sum`, float32's rounding).
 
 :class:`BlockJob` runs :func:`compute` on a worker thread (numpy
