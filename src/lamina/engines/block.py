@@ -851,11 +851,7 @@ class BlockEngine(Engine):
         its statistics.  Reading its values is up to a layer that can compute
         them (the derived layer).
         """
-        spec = self._prepare(name, box, "write statistics of dataset")
-        if spec.layout is not None:
-            raise ConfigError(
-                f"dataset {spec.path!r} has a multiresolution layout: its statistics come from its data"
-            )
+        spec = self._stats_only(name, box)
         arr = np.asarray(array)
         if arr.shape != box.shape:
             raise ShapeError(
@@ -870,15 +866,29 @@ class BlockEngine(Engine):
         except BaseException:
             index.pop()
             raise
+        self._add_stats_only(spec, box.start, box.stop, st)
+
+    def _stats_only(self, name: str, box: Box | None) -> DatasetSpec:
+        """The dataset *name* for statistics-only blocks (ConfigError for a multiresolution
+        layout, whose statistics come from its data)."""
+        spec = self._prepare(name, box, "write statistics of dataset")
+        if spec.layout is not None:
+            raise ConfigError(
+                f"dataset {spec.path!r} has a multiresolution layout: its statistics come from its data"
+            )
+        return spec
+
+    def _add_stats_only(self, spec: DatasetSpec, start: tuple, stop: tuple, st: Stats) -> None:
+        """Log a statistics-only block (entered already): zero bytes, nothing to move."""
         self._log.add(
             spec.id,
-            box.start,
-            box.stop,
+            start,
+            stop,
             0,
             BlockCodec.STATS_ONLY,
             None,
             _Done((st, (0,))),
-            (self.session, 0, 0),  # nothing to move
+            (self.session, 0, 0),
         )
 
     def put_stats_many(self, name: str, starts, arrays) -> None:
@@ -888,11 +898,7 @@ class BlockEngine(Engine):
         the call is recorded; the statistics of blocks of up to :data:`SMALL`
         bytes are taken together (:func:`lamina.stats.summarize`).
         """
-        spec = self._prepare(name, None, "write statistics of dataset")
-        if spec.layout is not None:
-            raise ConfigError(
-                f"dataset {spec.path!r} has a multiresolution layout: its statistics come from its data"
-            )
+        spec = self._stats_only(name, None)
         batch = check_batch(spec, starts, arrays)
         n = len(batch)
         if not n:
@@ -909,11 +915,10 @@ class BlockEngine(Engine):
             if self._put_error is None:
                 self._put_error = e
             raise
-        log, loc = self._log, (self.session, 0, 0)  # nothing to move
         starts_ = map(tuple, batch.starts.tolist())
         stops_ = map(tuple, batch.stops.tolist())
         for a, z, st in zip(starts_, stops_, sts, strict=True):
-            log.add(spec.id, a, z, 0, BlockCodec.STATS_ONLY, None, _Done((st, (0,))), loc)
+            self._add_stats_only(spec, a, z, st)
 
     def put_block(
         self,

@@ -1010,7 +1010,8 @@ class BackgroundLayer(Layer):
             step, int(batch.nbytes.sum()), lambda: f"statistics of {n} blocks of dataset {name!r}"
         )
         for k, box in enumerate(batch.boxes()):
-            step.ops.append(("put_stats", name, box, np.array(batch.block(k), copy=True)))
+            a = batch.block(k)  # copied, unless the batch's casts made it the layer's own
+            step.ops.append(("put_stats", name, box, a if batch.owned else np.array(a, copy=True)))
 
     def discard_step(self) -> None:
         if not self.active:
