@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .. import buffers
 from ..errors import (
     BoundsError,
     CollectiveMismatchError,
@@ -24,22 +25,12 @@ from ..selection import parse
 from ..stats import crc
 from .attrs import Attributes
 
-PAGE = 4096
-
 
 def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """An uninitialized array whose data starts on a page boundary.
-
-    Copies from the page cache into a buffer that starts a few bytes into a
-    page run several times slower on common x86 CPUs (4K aliasing);
-    numpy's own allocations start 16 bytes in.
-    """
-    n = math.prod(shape) * dtype.itemsize
-    if n < 1 << 16:
-        return np.empty(shape, dtype=dtype)
-    raw = np.empty(n + PAGE, dtype=np.uint8)
-    start = -raw.ctypes.data % PAGE
-    return raw[start : start + n].view(dtype).reshape(shape)
+    """An uninitialized array whose data starts on a page boundary (:mod:`lamina.buffers`:
+    copies from the page cache run several times slower into memory a few bytes into a
+    page, where numpy's own allocations start)."""
+    return buffers.empty(math.prod(shape) * dtype.itemsize).view(dtype).reshape(shape)
 
 
 def _select(key, shape: tuple[int, ...], what: str, read) -> np.ndarray:

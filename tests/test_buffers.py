@@ -1,0 +1,123 @@
+"""Buffers placed for copies from the page cache (lamina.buffers), and reads through them.
+
+A copy from the page cache into memory 1 to 31 bytes past the source
+(within a page) runs 1.5-4x slower on x86 CPUs; the engine's own buffers are
+placed at the cache line at or before the source, and a read into a
+caller's array placed badly goes through such a buffer.  Whatever the path,
+the values are the block's and a flipped byte is caught.
+"""
+
+from __future__ import annotations
+
+import os
+from unittest import mock
+
+import numpy as np
+import pytest
+from test_corruption import flip
+
+import lamina
+from lamina import buffers
+from lamina.engines.native import engine as native
+from lamina.errors import ChecksumError
+
+pytestmark = pytest.mark.usefixtures("fast_native")
+
+OFFSETS = [0, 8, 16, 24, 63, 64, 100, 4095, 4096, 4096 + 40, (1 << 33) + 12]
+
+
+def _addr(a: np.ndarray) -> int:
+    return a.ctypes.data
+
+
+@pytest.mark.parametrize("offset", OFFSETS)
+def test_a_placed_buffer_starts_on_the_cache_line_at_or_before_its_bytes(offset):
+    n = buffers.PLACED_MIN + 123
+    a = buffers.empty(n, offset)
+    assert a.dtype == np.uint8 and a.shape == (n,)
+    assert _addr(a) % buffers.LINE == 0  # aligned for any dtype
+    before = -(_addr(a) - offset) % buffers.PAGE  # bytes before the source's place
+    assert 0 <= before < buffers.LINE
+    assert not buffers.misplaced(a.data, offset)
+    a[:] = 7  # all of it is ours
+    assert buffers.empty(n).ctypes.data % buffers.PAGE == 0
+
+
+def test_small_buffers_are_plain():
+    a = buffers.empty(100, 8)
+    assert a.shape == (100,) and a.dtype == np.uint8 and a.base is None
+
+
+@pytest.mark.parametrize("shift", [0, 1, 16, 4000])
+@pytest.mark.parametrize("offset", OFFSETS)
+def test_a_window_of_a_kept_buffer_is_placed_and_inside_it(offset, shift):
+    n = 5000
+    raw = np.empty(n + buffers.PAGE + shift, dtype=np.uint8)[shift:]  # any start
+    w = buffers.window(raw, offset, n)
+    assert len(w) == n and np.shares_memory(w, raw)
+    assert _addr(raw) <= _addr(w) and _addr(w) + n <= _addr(raw) + len(raw)
+    assert _addr(w) % buffers.LINE == 0 and not buffers.misplaced(w.data, offset)
+
+
+def test_misplaced_is_memory_1_to_31_bytes_past_the_source_within_a_page():
+    raw = np.empty(3 * buffers.PAGE, dtype=np.uint8)
+    base = -_addr(raw) % buffers.PAGE
+    for past in range(0, 64):
+        mv = raw[base + past : base + past + 100].data
+        for offset in (0, 5 * buffers.PAGE):
+            assert buffers.misplaced(mv, offset) == (0 < past < buffers.SLOW_WITHIN)
+        assert not buffers.misplaced(mv, past)  # memory at the source's place
+        assert buffers.misplaced(mv, buffers.PAGE + past - 8)  # 8 bytes past
+        assert not buffers.misplaced(mv, buffers.PAGE + past + 8)  # 8 bytes before
+    assert not buffers.misplaced(raw[:0].data, 3)
+
+
+def _misplaced_array(shape, past: int, offset: int = 0) -> np.ndarray:
+    """An array of float64 whose memory lies *past* bytes past *offset*'s place in a page."""
+    n = int(np.prod(shape)) * 8
+    raw = np.empty(n + 2 * buffers.PAGE, dtype=np.uint8)
+    start = (offset % buffers.PAGE + past - _addr(raw)) % buffers.PAGE
+    return raw[start : start + n].view(np.float64).reshape(shape)
+
+
+@pytest.mark.parametrize("past", [8, 16, 24])
+@pytest.mark.parametrize("piece", [1 << 16, 3 << 16, native.READ_PIECE])
+def test_a_read_into_a_misplaced_array_goes_through_a_placed_buffer(tmp_path, past, piece):
+    """One block of three checksum segments (the last short) read into the caller's array
+    placed badly: through the engine's buffer, a piece at a time, each segment's checksum
+    carried over its pieces; the values are the block's, and a byte flipped in the middle
+    segment is caught and named."""
+    shape = (40, 64, 64)  # 1,310,720 bytes: segments of 512 KiB, 512 KiB and 256 KiB
+    truth = np.random.default_rng(5).random(shape)
+    path = str(tmp_path / "one.lam")
+    with lamina.open(path, "w", checksum_segment=1 << 19) as f:
+        ds = f.create_dataset("u", shape, "f8")
+        with f.step():
+            ds.write(truth, offset=(0, 0, 0))
+    bounced = mock.Mock(wraps=native.NativeEngine._read_bounced)
+    with (
+        mock.patch.object(native, "READ_PIECE", piece),
+        mock.patch.object(
+            native.NativeEngine,
+            "_read_bounced",
+            lambda self, *a: bounced(self, *a),
+        ),
+        lamina.open(path) as f,
+    ):
+        ds = f["u"]
+        (block,) = ds.blocks()
+        out = _misplaced_array(shape, past, block.offset)
+        assert buffers.misplaced(out.data.cast("B"), block.offset)
+        got = ds.read(out=out)
+        assert got is out and bounced.call_count == 1
+        np.testing.assert_array_equal(out, truth)
+        well = _misplaced_array(shape, 0, block.offset)  # placed well: straight in
+        np.testing.assert_array_equal(ds.read(out=well), truth)
+        assert bounced.call_count == 1
+        np.testing.assert_array_equal(ds.read(), truth)  # lamina's own array starts on a page
+        flip(os.path.join(path, block.subfile), block.offset + (1 << 19) + 4321)
+        seg1 = rf"segment 1 \(bytes {block.offset + (1 << 19)}\.\.{block.offset + (1 << 20)}\)"
+        with pytest.raises(ChecksumError, match=seg1):
+            ds.read(out=out)
+        with pytest.raises(ChecksumError, match="segment 1"):
+            ds.read(out=well)
