@@ -74,6 +74,8 @@ def test_bench_read_smoke_json(tmp_path):
         "adios2 BP5",
         "lamina agg=1",
         "lamina agg=2",
+        "lamina agg=1 out=",
+        "lamina agg=2 out=",
         "lamina agg=2 slabs",
     } <= names
     assert all(t["vs_numpy"] and t["vs_numpy"] > 0 for t in doc["targets"])

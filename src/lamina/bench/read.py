@@ -51,6 +51,11 @@ def lamina_name(aggs: int, slabs: bool = False, collective: bool = False) -> str
     )
 
 
+def lamina_out_name(aggs: int) -> str:
+    """The read into an array the program made itself (``read(box, out=...)``)."""
+    return f"lamina agg={aggs} out="
+
+
 def method_names(ranks: int, aggregators: list[str], families: list[str]) -> list[tuple[str, str]]:
     """(name, group) of the rows of a job with *ranks* ranks."""
     aggs = common.resolve_aggregators(aggregators, ranks)
@@ -62,6 +67,7 @@ def method_names(ranks: int, aggregators: list[str], families: list[str]) -> lis
     if "adios2" in families:
         out.append(("adios2 BP5", "same"))
     out += [(lamina_name(a), "same") for a in aggs]
+    out.append((lamina_out_name(max(aggs)), "same"))
     if ranks > 1:
         if "numpy" in families:
             out.append((REF_SLAB, "slabs"))
@@ -100,11 +106,13 @@ def _lamina_write(
                 ds.write(ctx.local, offset=b.start, copy=False)
 
 
-def _lamina_read(ctx: Ctx, path: str, box: Box, collective: bool = False) -> np.ndarray:
+def _lamina_read(
+    ctx: Ctx, path: str, box: Box, collective: bool = False, out: np.ndarray | None = None
+) -> np.ndarray:
     import lamina
 
     with lamina.open(path, "r", comm=ctx.comm) as f:
-        return f[bl.DATASET].read(box, collective=collective)
+        return f[bl.DATASET].read(box, collective=collective, out=out)
 
 
 def _expected_slab_crc(ctx: Ctx, slab: Box) -> int:
@@ -181,6 +189,11 @@ def build_methods(ctx: Ctx, families: list[str]) -> list[Method]:
         )
         notes[lamina_name(a)] = f"{a} subfile{'s' if a > 1 else ''}"
     big = max(ctx.aggregators)
+    # the program's own array, made once with numpy (16 bytes into a page) and read into at
+    # every repetition, as a program reads step after step into one buffer
+    own = np.empty(ctx.local.shape, ctx.local.dtype)
+    runs[lamina_out_name(big)] = lambda: _lamina_read(ctx, _lamina_path(ctx, big), ctx.box, out=own)
+    notes[lamina_out_name(big)] = "into an np.empty array of the program's"
     runs[lamina_name(big, True)] = lambda: _lamina_read(ctx, _lamina_path(ctx, big), slab)
     notes[lamina_name(big, True)] = "box read"
     runs[lamina_name(big, True, True)] = lambda: _lamina_read(
