@@ -50,10 +50,19 @@ def tilings(draw):
 
 
 @settings(deadline=None)  # example counts from the profile (conftest.py)
-@given(tilings(), st.sampled_from([1, 40, 300, native.READ_PIECE]), st.data())
-def test_reads_match_numpy(tiling, piece, data):
-    """*piece*: bytes read at a time (1: a block per piece; the default: whole runs here)."""
-    with mock.patch.object(native, "READ_PIECE", piece):
+@given(
+    tilings(),
+    st.sampled_from([1, 40, 300, native.READ_PIECE]),
+    st.sampled_from([0, native.ROW_PIECE]),
+    st.data(),
+)
+def test_reads_match_numpy(tiling, piece, row, data):
+    """*piece*: bytes read at a time (1: a block per piece; the default: whole runs here);
+    *row*: a grid's pieces a row of cells at least (0: not)."""
+    with (
+        mock.patch.object(native, "READ_PIECE", piece),
+        mock.patch.object(native, "ROW_PIECE", row),
+    ):
         _reads_match_numpy(tiling, data)
 
 
@@ -300,6 +309,42 @@ def test_the_runs_of_one_read_share_one_set_of_threads(tmp_path, monkeypatch, th
         with pytest.raises(ChecksumError, match="checksum mismatch") as err:
             ds[...]
         assert str(victim.box) in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "row,pieces",
+    [
+        (native.ROW_PIECE, 6),  # a row of 4 cells (2 KiB) a piece: whole rows of the output
+        (2048, 6),  # a row that fits exactly
+        (2047, 24),  # a row larger than the bound: a block a piece
+        (0, 24),
+    ],
+)
+def test_a_grid_is_read_a_row_of_cells_at_a_time(tmp_path, monkeypatch, row, pieces):
+    """Blocks of a grid fill whole rows of the output where pieces hold a row of cells along
+    the last axis (up to ``ROW_PIECE`` bytes), even when ``READ_PIECE`` asks for less."""
+    monkeypatch.setattr(native, "READ_PIECE", 1)
+    monkeypatch.setattr(native, "ROW_PIECE", row)
+    run, calls = _parallel.run_blocks, []
+
+    def counted(items, work, states):
+        calls.append(len(list(items)))
+        return run(items, work, states)
+
+    monkeypatch.setattr(_parallel, "run_blocks", counted)
+    edge, grid = (4, 4, 4), (2, 3, 4)  # 24 blocks of 512 bytes
+    full = tuple(e * g for e, g in zip(edge, grid, strict=True))
+    truth = np.random.default_rng(9).random(full)
+    path = str(tmp_path / "rows.lam")
+    with lamina.open(path, "w") as f:
+        ds = f.create_dataset("u", full, "f8")
+        with f.step():
+            for c in np.ndindex(*grid):
+                key = tuple(slice(k * e, (k + 1) * e) for k, e in zip(c, edge, strict=True))
+                ds.write(truth[key], offset=tuple(s.start for s in key))
+    with lamina.open(path) as f:
+        np.testing.assert_array_equal(f["u"][...], truth)
+    assert calls == [pieces]
 
 
 @given(
