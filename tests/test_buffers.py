@@ -121,3 +121,54 @@ def test_a_read_into_a_misplaced_array_goes_through_a_placed_buffer(tmp_path, pa
             ds.read(out=out)
         with pytest.raises(ChecksumError, match="segment 1"):
             ds.read(out=well)
+
+
+def test_a_file_cut_short_is_named_alike_whatever_the_memory_read_into(tmp_path):
+    """A block's subfile cut short after the open: the read into the caller's misplaced array
+    (through a placed buffer, a piece at a time) names the bytes missing as the read straight
+    into memory placed well names them, to the end of the segment."""
+    shape = (40, 64, 64)  # 1,310,720 bytes, one segment
+    path = str(tmp_path / "cut.lam")
+    with lamina.open(path, "w") as f:
+        ds = f.create_dataset("u", shape, "f8")
+        with f.step():
+            ds.write(np.ones(shape), offset=(0, 0, 0))
+    with lamina.open(path) as f:
+        ds = f["u"]
+        (block,) = ds.blocks()
+        os.truncate(os.path.join(path, block.subfile), block.offset + 100_000)
+        messages = []
+        for past in (0, 16):
+            out = _misplaced_array(shape, past, block.offset)
+            with pytest.raises(lamina.errors.FormatError) as err:
+                ds.read(out=out)
+            messages.append(str(err.value))
+    assert messages[0] == messages[1]
+    assert f"expected {block.raw_nbytes - 100_000} more bytes" in messages[0]
+
+
+def test_the_read_buffers_an_engine_keeps_are_bounded(tmp_path, monkeypatch):
+    """A reading engine keeps its run buffers for the next read, a buffer a thread, up to
+    ``RUN_BUFFERS_KEPT`` bytes in all."""
+    from lamina.derived import _parallel
+
+    monkeypatch.setattr(native, "PARALLEL_READ_MIN", 0)
+    monkeypatch.setattr(native, "READ_PIECE", 1)  # a row of cells a piece: 16 of them
+    monkeypatch.setattr(_parallel, "THREADS", 4)
+    edge, grid = (16, 16, 16), (8, 2, 2)  # 32 KiB blocks, rows of 64 KiB
+    full = tuple(e * g for e, g in zip(edge, grid, strict=True))
+    truth = np.random.default_rng(2).random(full)
+    path = str(tmp_path / "kept.lam")
+    with lamina.open(path, "w") as f:
+        ds = f.create_dataset("u", full, "f8")
+        with f.step():
+            for c in np.ndindex(*grid):
+                key = tuple(slice(k * e, (k + 1) * e) for k, e in zip(c, edge, strict=True))
+                ds.write(truth[key], offset=tuple(s.start for s in key))
+    for most, kept in ((1 << 30, 4), (3 * (64 * 1024 + buffers.PAGE), 3), (0, 0)):
+        monkeypatch.setattr(native, "RUN_BUFFERS_KEPT", most)
+        with lamina.open(path) as f:
+            for _ in range(2):
+                np.testing.assert_array_equal(f["u"][...], truth)
+            bufs = f.engine.inner._run_bufs
+            assert len(bufs) == kept and sum(map(len, bufs)) <= most

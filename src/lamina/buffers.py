@@ -26,8 +26,9 @@ PAGE = 4096
 LINE = 64
 #: memory this many bytes or fewer past the source (within a page) is copied into slowly
 SLOW_WITHIN = 32
-#: smaller buffers are plain ``np.empty`` (their copies are short whatever their place)
-PLACED_MIN = 1 << 14
+#: smaller buffers are plain ``np.empty``: their copies are short whatever their place, and
+#: finding an address costs about 2 us
+PLACED_MIN = 1 << 16
 
 
 def _start(raw: np.ndarray, offset: int) -> int:

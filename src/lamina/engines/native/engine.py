@@ -60,6 +60,8 @@ READ_PIECE = 1 << 20
 #: 64^3 float64 in a 256^3 output: 150-270 us a block placed four at a time, 400-560 one
 #: at a time; a read of all of them 323-359 against 459-499 us a block at the least)
 ROW_PIECE = 1 << 23
+#: most bytes of read buffers an engine keeps between reads (a buffer a reading thread)
+RUN_BUFFERS_KEPT = 1 << 25
 #: runs of at least this many bytes are read by a few threads (a thread's start costs ~0.1 ms)
 PARALLEL_READ_MIN = 1 << 22
 #: blocks of at most this many elements, of one shape, go into place with one scatter per piece
@@ -226,13 +228,16 @@ def _verify(rec, seg: int, k: int, got: int, what: str | _Lazy) -> None:
     )
 
 
-def _pread_into(fd: int, mv: memoryview, offset: int, what: str | _Lazy) -> None:
+def _pread_into(fd: int, mv: memoryview, offset: int, what: str | _Lazy, after: int = 0) -> None:
+    """*mv* filled from byte *offset* of *fd*; FormatError where the file ends first, naming
+    the bytes missing (and *after* more the caller reads next)."""
     done = 0
     while done < len(mv):
         n = os.preadv(fd, [mv[done:]], offset + done)
         if n <= 0:
             raise FormatError(
-                f"{what}: file ends at byte {offset + done}, expected {len(mv) - done} more bytes"
+                f"{what}: file ends at byte {offset + done}, expected "
+                f"{len(mv) - done + after} more bytes"
             )
         done += n
 
@@ -1108,6 +1113,7 @@ class NativeEngine(BlockEngine):
                     ROW_PIECE,
                     SCATTER_ELEMENTS,
                     stats_mod.CONCAT_MIN,
+                    _parallel.default_threads(),
                 ),
             )
             layout = t.layout_key(idx)
@@ -1186,8 +1192,7 @@ class NativeEngine(BlockEngine):
             _parallel.run_blocks(items, _place_piece, bufs)
         finally:
             for buf in bufs:
-                if len(self._run_bufs) < threads and len(buf) <= COALESCE_RUN + buffers.PAGE:
-                    self._run_bufs.append(buf)
+                self._keep_run_buffer(buf, threads)
         for r in runs:
             r.check()
 
@@ -1217,8 +1222,10 @@ class NativeEngine(BlockEngine):
         if grid is not None and grid.order is None:  # a slab of the grid per piece
             extent = grid.split[0 : 2 * out.ndim : 2]
             row = int(extent[-1]) * int(lengths[0])  # a row of cells along the last axis
-            limit = max(READ_PIECE, row) if row <= ROW_PIECE else READ_PIECE
-            pieces = list(_slabs(extent, int(lengths[0]), limit))
+            rows = n // int(extent[-1])
+            # rows a piece, where they leave each of the read's threads a piece
+            whole = row <= ROW_PIECE and rows >= _parallel.default_threads()
+            pieces = list(_slabs(extent, int(lengths[0]), max(READ_PIECE, row * whole)))
         else:
             pieces = [(a, b, None) for a, b in _cuts(ends, READ_PIECE)]
         within = at = None
@@ -1319,6 +1326,13 @@ class NativeEngine(BlockEngine):
 
         return _Run(plan.sizes, int(ends[-1]), place, check)
 
+    def _keep_run_buffer(self, buf: np.ndarray, most: int) -> None:
+        """Keep *buf* for the next read unless *most* are kept already, or
+        :data:`RUN_BUFFERS_KEPT` bytes with it."""
+        kept = self._run_bufs
+        if len(kept) < most and len(buf) + sum(map(len, kept)) <= RUN_BUFFERS_KEPT:
+            kept.append(buf)
+
     def _run_buffer(self, need: int) -> np.ndarray:
         """A buffer of at least *need* bytes: one kept from an earlier run, or a new one."""
         try:
@@ -1404,7 +1418,7 @@ class NativeEngine(BlockEngine):
         name = subfile_name(int(t.session[0]), int(t.agg[0]))
         one = _Sole(int(t.offset[0]), int(t.length[0]), int(t.seg[0]), t.block_crcs(0))
         what = _Lazy(lambda: f"{self.path}/{name}: dataset {spec.path!r} block {box}")
-        self._read_verified(self._fd(name), out.data.cast("B"), one.offset, 0, one, what)
+        self._read_whole(self._fd(name), out.data.cast("B"), one.offset, one, what)
         self._bytes_read += one.length
         return True
 
@@ -1418,7 +1432,7 @@ class NativeEngine(BlockEngine):
         item = spec.dtype.itemsize
         if inter == rec.box and dst.flags.c_contiguous:
             # the whole block into the caller's memory: no intermediate copy
-            self._read_verified(fd, dst.data.cast("B"), rec.offset, 0, rec, what)
+            self._read_whole(fd, dst.data.cast("B"), rec.offset, rec, what)
             return
         # byte span of the region in the block's C order, widened to checksum segments
         bshape = rec.box.shape
@@ -1471,9 +1485,6 @@ class NativeEngine(BlockEngine):
         """
         seg = rec.seg if rec.seg else rec.length
         n = len(mv)
-        if n >= buffers.PLACED_MIN and buffers.misplaced(mv, file_off):
-            self._read_bounced(fd, mv, file_off, block_off, rec, what)
-            return
         if n and block_off + n <= (block_off // seg + 1) * seg:
             _pread_into(fd, mv, file_off, what)
             _verify(rec, seg, block_off // seg, stats_mod.crc(mv), what)
@@ -1491,10 +1502,17 @@ class NativeEngine(BlockEngine):
         for k, fut in futures:
             _verify(rec, seg, k, fut.result(), what)
 
-    def _read_bounced(
-        self, fd: int, mv: memoryview, file_off: int, block_off: int, rec, what: _Lazy
-    ) -> None:
-        """:meth:`_read_verified` into memory the page cache copies into at a crawl
+    def _read_whole(self, fd: int, mv: memoryview, file_off: int, rec, what: _Lazy) -> None:
+        """A whole block read and checked into the caller's memory *mv*: straight in
+        (:meth:`_read_verified`), or through a buffer where the page cache would copy into
+        that memory at a crawl (:meth:`_read_bounced`)."""
+        if len(mv) >= buffers.PLACED_MIN and buffers.misplaced(mv, file_off):
+            self._read_bounced(fd, mv, file_off, rec, what)
+        else:
+            self._read_verified(fd, mv, file_off, 0, rec, what)
+
+    def _read_bounced(self, fd: int, mv: memoryview, file_off: int, rec, what: _Lazy) -> None:
+        """A whole block read into memory the page cache copies into at a crawl
         (:func:`lamina.buffers.misplaced`: the caller's array, 16 bytes into a page, for
         bytes that start on a page of the file): each :data:`READ_PIECE` read into a buffer
         placed for it, checked (each segment's checksum carried over its pieces) and copied
@@ -1507,20 +1525,20 @@ class NativeEngine(BlockEngine):
         try:
             pos = 0
             while pos < n:
-                k = (block_off + pos) // seg
-                end = min(n, (k + 1) * seg - block_off)
+                k = pos // seg
+                end = min(n, (k + 1) * seg)
                 got = 0
                 while pos < end:
                     m = min(size, end - pos)
                     piece = buffers.window(buf, file_off + pos, m)
-                    _pread_into(fd, piece.data, file_off + pos, what)
+                    # a file cut short is named as a read of the whole segment names it
+                    _pread_into(fd, piece.data, file_off + pos, what, end - pos - m)
                     got = stats_mod.crc(piece.data, got)
                     mv[pos : pos + m] = piece.data
                     pos += m
                 _verify(rec, seg, k, got, what)
         finally:
-            if len(buf) <= COALESCE_RUN + buffers.PAGE:
-                self._run_bufs.append(buf)
+            self._keep_run_buffer(buf, 1)
 
     def _close_storage(self) -> None:
         fds = list(getattr(self, "_rfds", {}).values())
