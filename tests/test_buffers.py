@@ -15,6 +15,7 @@ from unittest import mock
 import numpy as np
 import pytest
 from test_corruption import flip
+from test_read_runs import write_grid
 
 import lamina
 from lamina import buffers
@@ -155,16 +156,8 @@ def test_the_read_buffers_an_engine_keeps_are_bounded(tmp_path, monkeypatch):
     monkeypatch.setattr(native, "PARALLEL_READ_MIN", 0)
     monkeypatch.setattr(native, "READ_PIECE", 1)  # a row of cells a piece: 16 of them
     monkeypatch.setattr(_parallel, "THREADS", 4)
-    edge, grid = (16, 16, 16), (8, 2, 2)  # 32 KiB blocks, rows of 64 KiB
-    full = tuple(e * g for e, g in zip(edge, grid, strict=True))
-    truth = np.random.default_rng(2).random(full)
     path = str(tmp_path / "kept.lam")
-    with lamina.open(path, "w") as f:
-        ds = f.create_dataset("u", full, "f8")
-        with f.step():
-            for c in np.ndindex(*grid):
-                key = tuple(slice(k * e, (k + 1) * e) for k, e in zip(c, edge, strict=True))
-                ds.write(truth[key], offset=tuple(s.start for s in key))
+    truth = write_grid(path, (16, 16, 16), (8, 2, 2), 2)  # 32 KiB blocks, rows of 64 KiB
     for most, kept in ((1 << 30, 4), (3 * (64 * 1024 + buffers.PAGE), 3), (0, 0)):
         monkeypatch.setattr(native, "RUN_BUFFERS_KEPT", most)
         with lamina.open(path) as f:

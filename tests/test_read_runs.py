@@ -34,6 +34,20 @@ pytestmark = pytest.mark.usefixtures("fast_native")
 FILL = -1.0
 
 
+def write_grid(path: str, edge: tuple, grid: tuple, seed: int) -> np.ndarray:
+    """A step of dataset ``u``: a grid of *grid* blocks of shape *edge*, written in C order of
+    their cells, one ``write`` each; the array they were cut from."""
+    full = tuple(e * g for e, g in zip(edge, grid, strict=True))
+    truth = np.random.default_rng(seed).random(full)
+    with lamina.open(path, "w") as f:
+        ds = f.create_dataset("u", full, "f8")
+        with f.step():
+            for c in np.ndindex(*grid):
+                key = tuple(slice(k * e, (k + 1) * e) for k, e in zip(c, edge, strict=True))
+                ds.write(truth[key], offset=tuple(s.start for s in key))
+    return truth
+
+
 @st.composite
 def tilings(draw):
     nd = draw(st.integers(1, 3))
@@ -335,16 +349,8 @@ def test_a_grid_is_read_a_row_of_cells_at_a_time(tmp_path, monkeypatch, row, thr
         return run(items, work, states)
 
     monkeypatch.setattr(_parallel, "run_blocks", counted)
-    edge, grid = (4, 4, 4), (2, 3, 4)  # 24 blocks of 512 bytes
-    full = tuple(e * g for e, g in zip(edge, grid, strict=True))
-    truth = np.random.default_rng(9).random(full)
     path = str(tmp_path / "rows.lam")
-    with lamina.open(path, "w") as f:
-        ds = f.create_dataset("u", full, "f8")
-        with f.step():
-            for c in np.ndindex(*grid):
-                key = tuple(slice(k * e, (k + 1) * e) for k, e in zip(c, edge, strict=True))
-                ds.write(truth[key], offset=tuple(s.start for s in key))
+    truth = write_grid(path, (4, 4, 4), (2, 3, 4), 9)  # 24 blocks of 512 bytes
     with lamina.open(path) as f:
         np.testing.assert_array_equal(f["u"][...], truth)
     assert calls == [pieces]
