@@ -165,3 +165,46 @@ def test_the_read_buffers_an_engine_keeps_are_bounded(tmp_path, monkeypatch):
                 np.testing.assert_array_equal(f["u"][...], truth)
             bufs = f.engine.inner._run_bufs
             assert len(bufs) == kept and sum(map(len, bufs)) <= most
+
+
+def test_reads_return_arrays_as_numpy_makes_them(tmp_path):
+    """A small read returns an array that owns its memory (as numpy's and h5py's do: it can
+    be resized); a large one starts on a page of memory."""
+    path = str(tmp_path / "own.lam")
+    with lamina.open(path, "w") as f:
+        for name, n in (("small", 1000), ("large", 1 << 14)):
+            ds = f.create_dataset(name, (n,), "f8")
+            with f.step():
+                ds.write(np.arange(n, dtype="f8"), offset=(0,))
+    with lamina.open(path) as f:
+        for a in (f["small"].read(), f["small"][10:20]):
+            assert a.flags.owndata and a.base is None
+        a.resize(40, refcheck=False)
+        big = f["large"].read()
+        assert big.ctypes.data % buffers.PAGE == 0
+        np.testing.assert_array_equal(big, np.arange(1 << 14))
+
+
+def test_two_faults_are_named_alike_whatever_the_memory_read_into(tmp_path):
+    """A byte flipped in the first segment of a block whose subfile is also cut short in its
+    last: the read into the caller's misplaced array names the file cut short first, as the
+    read straight into memory placed well does."""
+    shape = (40, 64, 64)  # 1,310,720 bytes: segments of 512, 512 and 256 KiB
+    path = str(tmp_path / "two.lam")
+    with lamina.open(path, "w", checksum_segment=1 << 19) as f:
+        ds = f.create_dataset("u", shape, "f8")
+        with f.step():
+            ds.write(np.ones(shape), offset=(0, 0, 0))
+    with lamina.open(path) as f:
+        ds = f["u"]
+        (block,) = ds.blocks()
+        sub = os.path.join(path, block.subfile)
+        flip(sub, block.offset + 1000)
+        os.truncate(sub, block.offset + (1 << 20) + 5000)
+        messages = []
+        for past in (0, 16):
+            with pytest.raises(lamina.errors.FormatError) as err:
+                ds.read(out=_misplaced_array(shape, past, block.offset))
+            assert not isinstance(err.value, ChecksumError)
+            messages.append(str(err.value))
+    assert messages[0] == messages[1] and "file ends at byte" in messages[0]

@@ -30,7 +30,10 @@ def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """An uninitialized array whose data starts on a page boundary (:mod:`lamina.buffers`:
     copies from the page cache run several times slower into memory a few bytes into a
     page, where numpy's own allocations start)."""
-    return buffers.empty(math.prod(shape) * dtype.itemsize).view(dtype).reshape(shape)
+    n = math.prod(shape) * dtype.itemsize
+    if n < buffers.PLACED_MIN:  # numpy's own: an array that owns its memory, as numpy gives
+        return np.empty(shape, dtype=dtype)
+    return buffers.empty(n).view(dtype).reshape(shape)
 
 
 def _select(key, shape: tuple[int, ...], what: str, read) -> np.ndarray:

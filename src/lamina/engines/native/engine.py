@@ -60,8 +60,9 @@ READ_PIECE = 1 << 20
 #: 64^3 float64 in a 256^3 output: 150-270 us a block placed four at a time, 400-560 one
 #: at a time; a read of all of them 323-359 against 459-499 us a block at the least)
 ROW_PIECE = 1 << 23
-#: most bytes of read buffers an engine keeps between reads (a buffer a reading thread)
-RUN_BUFFERS_KEPT = 1 << 25
+#: most bytes of read buffers an engine keeps between reads (a buffer a reading thread):
+#: four of a row piece
+RUN_BUFFERS_KEPT = 4 * (ROW_PIECE + buffers.PAGE)
 #: runs of at least this many bytes are read by a few threads (a thread's start costs ~0.1 ms)
 PARALLEL_READ_MIN = 1 << 22
 #: blocks of at most this many elements, of one shape, go into place with one scatter per piece
@@ -1523,20 +1524,22 @@ class NativeEngine(BlockEngine):
         size = min(READ_PIECE, n)
         buf = self._run_buffer(size + buffers.PAGE)
         try:
+            got: list[int] = []  # each segment's checksum, checked once all are read
             pos = 0
             while pos < n:
-                k = pos // seg
-                end = min(n, (k + 1) * seg)
-                got = 0
+                end = min(n, (len(got) + 1) * seg)
+                crc = 0
                 while pos < end:
                     m = min(size, end - pos)
                     piece = buffers.window(buf, file_off + pos, m)
                     # a file cut short is named as a read of the whole segment names it
                     _pread_into(fd, piece.data, file_off + pos, what, end - pos - m)
-                    got = stats_mod.crc(piece.data, got)
+                    crc = stats_mod.crc(piece.data, crc)
                     mv[pos : pos + m] = piece.data
                     pos += m
-                _verify(rec, seg, k, got, what)
+                got.append(crc)
+            for k, crc in enumerate(got):  # as _read_verified: a file cut short is named first
+                _verify(rec, seg, k, crc, what)
         finally:
             self._keep_run_buffer(buf, 1)
 
