@@ -326,21 +326,25 @@ def test_the_runs_of_one_read_share_one_set_of_threads(tmp_path, monkeypatch, th
 
 
 @pytest.mark.parametrize(
-    "row,threads,pieces",
+    "row,threads,big,pieces",
     [
-        (native.ROW_PIECE, 1, 6),  # a row of 4 cells (2 KiB) a piece: whole rows of the output
-        (2048, 6, 6),  # a row that fits exactly, a row for each of 6 threads
-        (2047, 1, 24),  # a row larger than the bound: a block a piece
-        (0, 1, 24),
-        (native.ROW_PIECE, 7, 24),  # fewer rows than threads: a block a piece
+        (native.ROW_PIECE, 1, True, 6),  # a row of 4 cells (2 KiB) a piece: rows of the output
+        (2048, 6, True, 6),  # a row that fits exactly, a row for each of 6 threads
+        (2047, 1, True, 24),  # a row larger than the bound: a block a piece
+        (0, 1, True, 24),
+        (native.ROW_PIECE, 7, True, 24),  # fewer rows than threads: a block a piece
+        (native.ROW_PIECE, 7, False, 6),  # a read too small for threads: rows
     ],
 )
-def test_a_grid_is_read_a_row_of_cells_at_a_time(tmp_path, monkeypatch, row, threads, pieces):
+def test_a_grid_is_read_a_row_of_cells_at_a_time(tmp_path, monkeypatch, row, threads, big, pieces):
     """Blocks of a grid fill whole rows of the output where pieces hold a row of cells along
     the last axis (up to ``ROW_PIECE`` bytes), even when ``READ_PIECE`` asks for less, unless
-    that would leave some of the read's threads without a piece."""
+    that would leave some of the read's threads without a piece (a read of fewer than
+    ``PARALLEL_READ_MIN`` bytes takes one)."""
     monkeypatch.setattr(native, "READ_PIECE", 1)
     monkeypatch.setattr(native, "ROW_PIECE", row)
+    if big:
+        monkeypatch.setattr(native, "PARALLEL_READ_MIN", 0)
     monkeypatch.setattr(_parallel, "THREADS", threads)
     run, calls = _parallel.run_blocks, []
 

@@ -1098,8 +1098,11 @@ class NativeEngine(BlockEngine):
         n = len(idx)
         if n < 2:
             return super()._read_blocks(spec, t, idx, lo, hi, box, out)
+        # the threads the read may take (_read_runs): one below PARALLEL_READ_MIN bytes
+        big = box.size * spec.dtype.itemsize >= PARALLEL_READ_MIN
+        threads = _parallel.default_threads() if big else 1
         if n > PLANNED_MAX:  # planning is a small part of such a read: not kept
-            plan = self._lay_out(t, idx, lo, hi, box, out)
+            plan = self._lay_out(t, idx, lo, hi, box, out, threads)
         else:
             key = (
                 box.start,
@@ -1114,7 +1117,7 @@ class NativeEngine(BlockEngine):
                     ROW_PIECE,
                     SCATTER_ELEMENTS,
                     stats_mod.CONCAT_MIN,
-                    _parallel.default_threads(),
+                    threads,
                 ),
             )
             layout = t.layout_key(idx)
@@ -1125,7 +1128,7 @@ class NativeEngine(BlockEngine):
             if kept is not None and kept[0] == layout:
                 plan = kept[1]
             else:
-                plan = self._lay_out(t, idx, lo, hi, box, out)
+                plan = self._lay_out(t, idx, lo, hi, box, out, threads)
                 with _plans_lock:
                     if key not in _plans and len(_plans) >= READ_PLANS:
                         del _plans[next(iter(_plans))]  # the least recently used
@@ -1136,11 +1139,14 @@ class NativeEngine(BlockEngine):
             k = plan.single
             super()._read_blocks(spec, t, idx[k], lo[k], hi[k], box, out)
 
-    def _lay_out(self, t: BlockTable, idx, lo, hi, box: Box, out: np.ndarray) -> _ReadPlan:
+    def _lay_out(
+        self, t: BlockTable, idx, lo, hi, box: Box, out: np.ndarray, threads: int
+    ) -> _ReadPlan:
         """How :meth:`_read_blocks` reads blocks ``idx`` of *t* (parts ``[lo, hi)``) into
         *out*, which holds *box*: the runs of whole raw blocks back to back in a subfile
-        (:meth:`_lay_out_run`), the others one by one.  Nothing in it depends on where the
-        step's blocks start in their subfile, on their checksums, or on *out*'s memory."""
+        (:meth:`_lay_out_run`), the others one by one, by up to *threads* threads.  Nothing
+        in it depends on where the step's blocks start in their subfile, on their checksums,
+        or on *out*'s memory."""
         n = len(idx)
         length = t.length[idx]
         whole = (
@@ -1165,7 +1171,7 @@ class NativeEngine(BlockEngine):
             if b - a == 1:
                 single.append(int(w[a]))
                 continue
-            runs.append(self._lay_out_run(t, idx, w[a:b], rel_lo, rel_hi, out))
+            runs.append(self._lay_out_run(t, idx, w[a:b], rel_lo, rel_hi, out, threads))
         if not single:
             return _ReadPlan(None, runs)
         single.sort()
@@ -1198,7 +1204,7 @@ class NativeEngine(BlockEngine):
             r.check()
 
     @staticmethod
-    def _lay_out_run(t: BlockTable, idx, ks, rel_lo, rel_hi, out) -> _RunPlan:
+    def _lay_out_run(t: BlockTable, idx, ks, rel_lo, rel_hi, out, threads: int) -> _RunPlan:
         """How to read blocks ``idx[ks]``, back to back in one subfile: in pieces of whole
         blocks (about :data:`READ_PIECE` bytes; a grid's pieces a row of cells at least, up to
         :data:`ROW_PIECE`), each checked and put in place while it is still in the cache
@@ -1224,8 +1230,8 @@ class NativeEngine(BlockEngine):
             extent = grid.split[0 : 2 * out.ndim : 2]
             row = int(extent[-1]) * int(lengths[0])  # a row of cells along the last axis
             rows = n // int(extent[-1])
-            # rows a piece, where they leave each of the read's threads a piece
-            whole = row <= ROW_PIECE and rows >= _parallel.default_threads()
+            # rows a piece, where they leave each of the read's *threads* a piece
+            whole = row <= ROW_PIECE and rows >= threads
             pieces = list(_slabs(extent, int(lengths[0]), max(READ_PIECE, row * whole)))
         else:
             pieces = [(a, b, None) for a, b in _cuts(ends, READ_PIECE)]
