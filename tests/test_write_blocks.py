@@ -678,7 +678,7 @@ def test_hulls_apart_against_brute_force(nranks, nd, seed):
     rng = np.random.default_rng(seed)
     heads, hulls = [], []
     for _ in range(nranks):
-        # a few blocks (their hull taken in Python, cols_min) or more than 16 (numpy, by column)
+        # a few blocks or more than 16 (their hulls: cols_min and cols_max)
         n = int(rng.integers(0, 4)) if rng.random() < 0.8 else int(rng.integers(17, 24))
         if rng.random() < 0.5:  # cells of a grid: hulls that touch without meeting
             lo = rng.integers(0, 4, (n, nd)) * 5

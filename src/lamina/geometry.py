@@ -243,21 +243,23 @@ def rows_prod(a: np.ndarray) -> np.ndarray:
     return out
 
 
-#: at most this many rows are reduced in Python (numpy's two calls a column cost more)
-FEW_ROWS = 16
+#: up to this many rows a reduction along axis 0 is one numpy call (1-2 us up to 64 rows);
+#: more rows are reduced a column at a time (one reduction along axis 0 of 16,384 rows of 3
+#: columns: 220-250 us, against 16 us a column at a time)
+AXIS_ROWS = 256
 
 
 def cols_min(a: np.ndarray) -> np.ndarray:
     """``a.min(axis=0)`` of a non-empty ``(n, ndim)`` array of ints."""
-    if len(a) <= FEW_ROWS:
-        return np.array([min(c) for c in zip(*a.tolist(), strict=True)], dtype=a.dtype)
+    if len(a) <= AXIS_ROWS:
+        return np.minimum.reduce(a, axis=0)
     return np.array([a[:, k].min() for k in range(a.shape[1])], dtype=a.dtype)
 
 
 def cols_max(a: np.ndarray) -> np.ndarray:
     """``a.max(axis=0)`` of a non-empty ``(n, ndim)`` array of ints."""
-    if len(a) <= FEW_ROWS:
-        return np.array([max(c) for c in zip(*a.tolist(), strict=True)], dtype=a.dtype)
+    if len(a) <= AXIS_ROWS:
+        return np.maximum.reduce(a, axis=0)
     return np.array([a[:, k].max() for k in range(a.shape[1])], dtype=a.dtype)
 
 
