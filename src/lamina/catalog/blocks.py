@@ -380,14 +380,18 @@ class BlockTable:
         output's geometry) for the next step.  Statistics and checksums are not in it: a
         plan takes them from the table it reads.  Made at each call, not kept (a key held by
         every table read would double the catalog's memory per block)."""
+        cols: tuple[np.ndarray, ...]
+        where: tuple[np.ndarray, ...]
         if len(rows) == len(self):  # every block (rows ascend, each once)
             cols = (self.start, self.stop, self.length, self.codec, self.ncrc)
             where = (self.session, self.agg, self.offset)
         else:
-            cols = tuple(
-                c[rows] for c in (self.start, self.stop, self.length, self.codec, self.ncrc)
-            )
-            where = tuple(c[rows] for c in (self.session, self.agg, self.offset))
+            # rows one after the other (a rank's own blocks, read back by it): slices
+            at: slice | np.ndarray = rows
+            if len(rows) and int(rows[-1]) - int(rows[0]) == len(rows) - 1:
+                at = slice(int(rows[0]), int(rows[-1]) + 1)
+            cols = tuple(c[at] for c in (self.start, self.stop, self.length, self.codec, self.ncrc))
+            where = tuple(c[at] for c in (self.session, self.agg, self.offset))
         session, agg, off = where
         return (
             cols[0].shape,
