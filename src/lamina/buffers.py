@@ -2,9 +2,9 @@
 
 The kernel copies a ``pread`` or ``pwrite`` between the page cache and the
 caller's memory with ``rep movsb``.  On x86 CPUs that copy runs several
-times slower when the destination lies less than a cache line past the
-source, counted within a 4 KiB page (4K aliasing: each store aliases the
-loads that follow it).  Measured on an AMD EPYC, 2 MiB read from a page of
+times slower when the destination lies 1 to 31 bytes past the source,
+counted within a 4 KiB page (4K aliasing: each store aliases the loads
+that follow it).  Measured on an AMD EPYC, 2 MiB read from a page of
 the page cache: 120-145 us into memory at the same place in a page, 370-400
 us into memory 16 bytes further on, 790-900 us 8 bytes further on; a place
 up to a cache line *before* the source's copies at full speed.
