@@ -81,6 +81,17 @@ def _misplaced_array(shape, past: int, offset: int = 0) -> np.ndarray:
     return raw[start : start + n].view(np.float64).reshape(shape)
 
 
+SHAPE = (40, 64, 64)  # a block of 1,310,720 bytes
+
+
+def _one_block(path: str, values, **options) -> None:
+    """A file of one step of dataset ``u``, one block of *values* (of :data:`SHAPE`)."""
+    with lamina.open(path, "w", **options) as f:
+        ds = f.create_dataset("u", SHAPE, "f8")
+        with f.step():
+            ds.write(values, offset=(0, 0, 0))
+
+
 @pytest.mark.parametrize("past", [8, 16, 24])
 @pytest.mark.parametrize("piece", [1 << 16, 3 << 16, native.READ_PIECE])
 def test_a_read_into_a_misplaced_array_goes_through_a_placed_buffer(tmp_path, past, piece):
@@ -88,13 +99,10 @@ def test_a_read_into_a_misplaced_array_goes_through_a_placed_buffer(tmp_path, pa
     placed badly: through the engine's buffer, a piece at a time, each segment's checksum
     carried over its pieces; the values are the block's, and a byte flipped in the middle
     segment is caught and named."""
-    shape = (40, 64, 64)  # 1,310,720 bytes: segments of 512 KiB, 512 KiB and 256 KiB
+    shape = SHAPE  # segments of 512 KiB, 512 KiB and 256 KiB
     truth = np.random.default_rng(5).random(shape)
     path = str(tmp_path / "one.lam")
-    with lamina.open(path, "w", checksum_segment=1 << 19) as f:
-        ds = f.create_dataset("u", shape, "f8")
-        with f.step():
-            ds.write(truth, offset=(0, 0, 0))
+    _one_block(path, truth, checksum_segment=1 << 19)
     bounced = mock.Mock(wraps=native.NativeEngine._read_bounced)
     with (
         mock.patch.object(native, "READ_PIECE", piece),
@@ -128,12 +136,9 @@ def test_a_file_cut_short_is_named_alike_whatever_the_memory_read_into(tmp_path)
     """A block's subfile cut short after the open: the read into the caller's misplaced array
     (through a placed buffer, a piece at a time) names the bytes missing as the read straight
     into memory placed well names them, to the end of the segment."""
-    shape = (40, 64, 64)  # 1,310,720 bytes, one segment
+    shape = SHAPE  # one segment
     path = str(tmp_path / "cut.lam")
-    with lamina.open(path, "w") as f:
-        ds = f.create_dataset("u", shape, "f8")
-        with f.step():
-            ds.write(np.ones(shape), offset=(0, 0, 0))
+    _one_block(path, np.ones(shape))
     with lamina.open(path) as f:
         ds = f["u"]
         (block,) = ds.blocks()
@@ -189,12 +194,9 @@ def test_two_faults_are_named_alike_whatever_the_memory_read_into(tmp_path):
     """A byte flipped in the first segment of a block whose subfile is also cut short in its
     last: the read into the caller's misplaced array names the file cut short first, as the
     read straight into memory placed well does."""
-    shape = (40, 64, 64)  # 1,310,720 bytes: segments of 512, 512 and 256 KiB
+    shape = SHAPE  # segments of 512, 512 and 256 KiB
     path = str(tmp_path / "two.lam")
-    with lamina.open(path, "w", checksum_segment=1 << 19) as f:
-        ds = f.create_dataset("u", shape, "f8")
-        with f.step():
-            ds.write(np.ones(shape), offset=(0, 0, 0))
+    _one_block(path, np.ones(shape), checksum_segment=1 << 19)
     with lamina.open(path) as f:
         ds = f["u"]
         (block,) = ds.blocks()
