@@ -5,10 +5,12 @@ Set-up (untimed) writes the same per-rank blocks with every method (as in
 
 * **same decomposition**: every rank reads its own block back
   (``numpy fromfile``, ``h5py``, ``adios2 BP5``, ``lamina agg=A`` for each
-  aggregator count the file was written with), plus ``numpy aligned``
-  (for information: ``preadv`` into a page-aligned array; numpy's own arrays
-  start 16 bytes into a page, which makes the kernel's copy out of the page
-  cache slower on some CPUs);
+  aggregator count the file was written with), ``lamina agg=A out=`` (the
+  most aggregators, read into one array the program made with ``np.empty``
+  and reads into at every repetition, as h5py's ``read_direct``), plus
+  ``numpy aligned`` (for information: ``preadv`` into a page-aligned array;
+  numpy's own arrays start 16 bytes into a page, which makes the kernel's
+  copy out of the page cache slower on some CPUs: ``lamina.buffers``);
 * **slabs** (more than one rank): every rank reads a slab of the global
   array along axis 1, which cuts through every rank's block
   (``numpy memmap`` over the per-rank files, h5py hyperslab, ADIOS2
@@ -20,7 +22,7 @@ Set-up (untimed) writes the same per-rank blocks with every method (as in
   ``read_bytes``: bytes fetched from the storage device, meaningful only
   with ``--drop-caches``).
 
-A timed read is open + read + close, into a fresh array, from a common
+A timed read is open + read + close, into a fresh array (but for ``out=``), from a common
 barrier to the slowest rank's end.  Every result is checked (untimed)
 against the CRC-32C of the data written.
 """
