@@ -170,6 +170,7 @@ def test_the_read_buffers_an_engine_keeps_are_bounded(tmp_path, monkeypatch):
                 np.testing.assert_array_equal(f["u"][...], truth)
             bufs = f.engine.inner._run_bufs
             assert len(bufs) == kept and sum(map(len, bufs)) <= most
+        assert f.engine.inner._run_bufs == []  # let go at close
 
 
 def test_reads_return_arrays_as_numpy_makes_them(tmp_path):

@@ -1563,6 +1563,9 @@ class NativeEngine(BlockEngine):
                     pass
         self._rfds = {}
         self._meta_fd = self._commit_fd = self._data_fd = self._held_fd = self._meta_rfd = -1
+        # the read buffers go now, not when the collector frees the engine (a file's catalog
+        # and its engine refer to each other): the next file's reads find their memory
+        self._run_bufs = []
         lock = getattr(self, "_lock", None)
         if lock is not None:  # last: a new writer may start once the logs are closed
             lock.release()
