@@ -157,6 +157,7 @@ from typing import Any
 import numpy as np
 
 from ..derived import Expr, check_inputs, component_names, parse, result_dtype
+from ..derived.compute import IN_PLACE_ELEMENTS  # the derived layer's rule (exchange.regions)
 from ..errors import ExpressionError
 from ..stats import SEGMENT
 from .calibrate import FLOP_TABLES, TABLE_KERNELS, Calibration, block_time
@@ -176,9 +177,6 @@ SECTION_BYTES = 56
 CHECKSUM_BYTES = 4
 #: name assumed for the derived quantity when none is given (its length counts in Eq. 3)
 DEFAULT_NAME = "derived"
-#: elements per block from which the derived layer evaluates a pointwise expression block by
-#: block at the end of a step (its rule: lamina.layers.derived.exchange.IN_PLACE_ELEMENTS)
-IN_PLACE_ELEMENTS = 1 << 15
 #: relative difference of totals under which two strategies count as tied
 TIE = 1e-9
 

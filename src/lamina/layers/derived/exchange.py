@@ -17,6 +17,7 @@ import numpy as np
 
 from ... import comm as comm_mod
 from ...catalog import DatasetSpec, Decoder, Encoder
+from ...derived.compute import IN_PLACE_ELEMENTS
 from ...errors import FormatError
 from ...geometry import Box
 
@@ -25,14 +26,6 @@ if TYPE_CHECKING:
 
 #: blocks a rank holds in the current step: dataset path -> [(box, array)]
 Held = dict[str, list[tuple[Box, np.ndarray]]]
-
-
-#: a pointwise expression over a rank's blocks of at least this many elements on average is
-#: evaluated block by block (:func:`lamina.derived.evaluate_regions`, the blocks shared among
-#: the kernels' threads): each block's inputs are its arrays as written, nothing is copied
-#: into a box over them.  A block costs about 60 us of Python besides its values, so smaller
-#: blocks are gathered into their box and evaluated in one call (see :func:`regions`)
-IN_PLACE_ELEMENTS = 1 << 15
 
 
 def regions(blocks: list[Box], pointwise: bool = False) -> list[tuple[Box, list[Box]]]:
