@@ -831,14 +831,21 @@ class BackgroundLayer(Layer):
             self._step = Step(explicit=False)  # implicit: committed by the next end_step or close
         return self._step
 
-    def _lookup(self, name: str) -> DatasetSpec:
-        spec = self._spec_cache.get(name)
-        if spec is not None:
-            return spec
+    def _dataset(self, name: str) -> DatasetSpec:
+        """The dataset *name* (NotFoundError naming it if there is none)."""
         path = normpath(name)
         spec = self.catalog.datasets.get(path)
         if spec is None:
             raise dataset_not_found(self.catalog, path)
+        return spec
+
+    def _lookup(self, name: str) -> DatasetSpec:
+        """The dataset *name* a program writes (ModeError for a derived one; cached)."""
+        spec = self._spec_cache.get(name)
+        if spec is not None:
+            return spec
+        spec = self._dataset(name)
+        path = spec.path
         d = self.inner.definition(path)
         if d is not None:
             raise ModeError(
@@ -997,11 +1004,10 @@ class BackgroundLayer(Layer):
             self._direct_call(self.inner.put_stats_many, name, starts, arrays)
             return
         step = self._open_step("write statistics of dataset", name)
-        path = normpath(name)
-        spec = self.catalog.datasets.get(path)
-        if spec is None:
-            raise dataset_not_found(self.catalog, path)
-        batch = check_batch(spec, starts, arrays)  # every block checked before any is taken
+        # (not _lookup: the derived layer records statistics of the datasets it computes)
+        batch = check_batch(
+            self._dataset(name), starts, arrays
+        )  # every block checked before any is taken
         n = len(batch)
         if not n:
             return
