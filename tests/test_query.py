@@ -485,6 +485,66 @@ def test_derived_strategies_agree(engine, new_path):
     assert store[1].candidate_bytes_read == 8 * sum(c.size for c in store[1].candidates)
 
 
+LOSSY = [("zfp", 0.1), {"id": "zfpy", "rate": 8}, {"id": "zfpy", "precision": 10}]
+
+
+@pytest.mark.parametrize("compression", LOSSY, ids=["tolerance", "rate", "precision"])
+@pytest.mark.parametrize("dtype", ["f8", "f4"])
+def test_lossy_codecs_answer_for_the_values_read(tmp_path, compression, dtype):
+    """Blocks stored through zfp read back other values than those written: their statistics
+    are of the values read, so that a query prunes and decides by what every read returns.
+    Thresholds at the written extremes, where values read lie on both sides of them."""
+    path = str(tmp_path / "z.lam")
+    data = np.random.default_rng(0).uniform(0, 1, (64, 64)).astype(dtype)
+    with lamina.open(path, "w") as f:
+        a = f.create_dataset("a", data.shape, dtype, compression=compression)
+        with f.step():
+            a[:32] = data[:32]
+            a[32:] = data[32:]
+    with lamina.open(path) as f:
+        seen = f["a"][...]
+        assert not np.array_equal(seen, data)  # lossy: the case this test is about
+        for b in f["a"].blocks():
+            part = seen[b.box.slices]
+            assert (b.stats.min, b.stats.max) == (part.min(), part.max())
+        hi, lo = float(data.max()), float(data.min())
+        for text, want in (
+            (f"a > {hi!r}", seen > hi),
+            (f"a <= {hi!r}", seen <= hi),
+            (f"a < {lo!r}", seen < lo),
+            (f"a >= {lo!r}", seen >= lo),
+        ):
+            r = f.query(text)
+            assert r.count == int(want.sum()), text
+            np.testing.assert_array_equal(r.mask, want)
+
+
+@pytest.mark.parametrize("strategy", ["store", "stats", "expression"])
+def test_derived_over_lossy_inputs_answer_for_the_values_read(tmp_path, strategy):
+    """A quantity computed at write from inputs a lossy codec did not keep: its statistics
+    (strategy "stats") are of values no read returns, so a query does not prune with them;
+    every strategy answers for the values a read of the quantity returns."""
+    path = str(tmp_path / "d.lam")
+    data = np.random.default_rng(1).uniform(0, 1, (64, 64))
+    with lamina.open(path, "w") as f:
+        a = f.create_dataset("a", data.shape, "f8", compression=("zfp", 0.1))
+        f.derive("m", "abs(a) * 2", strategy=strategy)
+        f.derive("n", "m + 1", strategy="stats")  # through a quantity recomputed when read
+        with f.step():
+            a[:32] = data[:32]
+            a[32:] = data[32:]
+    with lamina.open(path) as f:
+        m, n = f["m"][...], f["n"][...]
+        thr = float(2 * data.max())
+        for text, want in (
+            (f"m > {thr!r}", m > thr),
+            (f"m <= {thr!r}", m <= thr),
+            (f"n > {thr + 1!r}", n > thr + 1),
+        ):
+            r = f.query(text)
+            np.testing.assert_array_equal(r.mask, want, err_msg=text)
+
+
 def test_blocks_without_statistics_are_read_together(tmp_path, monkeypatch):
     """Units whose ranges only reading can tell, and that make a box together, are read at once:
     a quantity kept as its expression is evaluated once over many blocks, not once per block;

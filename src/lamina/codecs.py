@@ -147,6 +147,12 @@ def _validate(cfg: dict, dtype: np.dtype, ndim: int) -> dict:
     return cfg
 
 
+def lossy(configs: tuple[dict, ...]) -> bool:
+    """Whether blocks stored through codecs *configs* may read back other values than those
+    written (zfp, in every mode: a tolerance bounds the difference, rate and precision do not)."""
+    return any(cfg.get("id") == "zfpy" for cfg in configs)
+
+
 class Pipeline:
     """Encode/decode a block through a validated codec list."""
 
@@ -156,6 +162,8 @@ class Pipeline:
         self.configs = configs
         #: zfp maps NaN and inf to finite numbers: blocks holding them must not go through it
         self.finite_only = any(cfg.get("id") == "zfpy" for cfg in configs)
+        #: whether a decoded block may differ from the one encoded
+        self.lossy = lossy(configs)
         self.codecs = []
         for i, cfg in enumerate(configs):
             if cfg.get("id") not in ALLOWED:  # re-check: configs may come from disk

@@ -833,7 +833,15 @@ class BlockEngine(Engine):
             finite = not pipe.finite_only or bool(np.isfinite(arr).all())
             payload = pipe.encode(arr) if finite else None
             if payload is not None and len(payload) < nbytes:
-                st = stats_mod.compute(arr, 0, checksum=False)[0] if self._with_stats else None
+                st = None
+                if self._with_stats:
+                    # a lossy codec stores other values than those written: the statistics are
+                    # of the values every read returns, so that queries prune and decide by them
+                    kept = arr
+                    if pipe.lossy:
+                        what = f"block {tuple(start)} of dataset {spec.path!r}"
+                        kept = pipe.decode(payload, arr.dtype, arr.shape, what)
+                    st = stats_mod.compute(kept, 0, checksum=False)[0]
                 self._add_encoded(spec, start, stop, payload, BlockCodec.PIPELINE, st)
                 return
             # incompressible (or not finite for zfp): stored raw, like ADIOS

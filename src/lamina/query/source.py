@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 
+from .. import codecs
 from ..catalog import CODEC_STATS_ONLY, BlockTable
 from ..derived import Interval, needed_boxes
 from ..errors import BoundsError, StepError
@@ -199,8 +200,30 @@ class Source:
             spec = self.eng.catalog.datasets.get(path)
             layout = Layout.of(spec) if spec is not None else None
             got = Table(blocks, len(info.shape), info.dtype, layout.tolerance if layout else 0.0)
+            if blocks is not None and info.definition is not None and self._lossy(info.definition):
+                # the statistics of values computed at write came from the inputs as written,
+                # which a lossy codec did not keep: values recomputed from the stored inputs may
+                # lie outside them, so only reading can tell
+                got.has_stats = got.has_stats & got.stored
             self._tables[path] = got
         return got
+
+    def _lossy(self, d, depth: int = 0) -> bool:
+        """Whether derived quantity *d* is computed from inputs whose stored values may differ
+        from those written (a lossy codec or a lossy multiresolution layout), directly or
+        through quantities recomputed when read."""
+        if depth > MAX_CHAIN:
+            return True
+        for p in d.inputs:
+            spec = self.eng.catalog.datasets.get(p)
+            if spec is not None:
+                layout = Layout.of(spec)
+                if codecs.lossy(spec.codecs) or (layout is not None and layout.tolerance > 0):
+                    return True
+            inner = self.definition(p)
+            if inner is not None and inner.strategy != "store" and self._lossy(inner, depth + 1):
+                return True
+        return False
 
     def coverage(self, path: str) -> list[Box]:
         return list(self._cover(path)[0])
