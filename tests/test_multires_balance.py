@@ -53,6 +53,21 @@ def test_morton_keys_match_geometry():
         assert [int(k) for k in keys] == [morton_key(tuple(p)) for p in pts]
 
 
+def test_grids_of_many_patches_and_four_dimensions_are_keyed():
+    """A grid's Morton keys take as many bits as its largest coordinate: the order of 21 bits
+    where that fits, and grids 21 bits cannot key (4-D, or more than 2^21 patches along an
+    axis) in order too."""
+    g = Grid.of((37, 50, 9), (8, 16, 4))
+    keys = balance.morton_keys(g.coords)
+    assert [int(k) for k in keys] == [morton_key(tuple(c)) for c in g.coords]
+    big = Grid.of(((1 << 22) + 32,), (32,))  # 2^17 + 1 patches: past 21 bits at 2^21 patches
+    assert big.size == (1 << 17) + 1 and bool((np.diff(big.coords[:, 0]) == 1).all())
+    four = Grid.of((8, 8, 4, 4), (2, 2, 2, 2))
+    keys = [morton_key(tuple(c)) for c in four.coords]
+    assert keys == sorted(keys) and four.size == 4 * 4 * 2 * 2
+    assert morton_key((3 << 21, 1)) > morton_key((2 << 21, 1))  # every bit of a coordinate
+
+
 def test_grid_is_in_morton_order_and_covers_once():
     g = Grid.of((37, 50, 9), (8, 16, 4))
     assert g.counts == (5, 4, 3)

@@ -343,6 +343,13 @@ def test_bad_input_names_the_dataset_and_the_limit(tmp_path):
             f.create_dataset("A", (64, 64), "f8", layout=lamina.Multires(order="random"))
         with pytest.raises(TypeError, match="lamina.Multires"):
             f.create_dataset("A", (64, 64), "f8", layout={"patch": 32})
+        for bad in ("8", "16", True, (8.0, 8)):  # no string split into its digits, no bool
+            with pytest.raises(lamina.ShapeError, match=r"'A'.*patch must be an int or a tuple"):
+                f.create_dataset(
+                    "A", (64, 64)[: 1 if bad == "8" else 2], "f8", layout=lamina.Multires(patch=bad)
+                )
+        with pytest.raises(lamina.ShapeError, match=r"'A'.*no empty dimension.*\(0, 4\)"):
+            f.create_dataset("A", (0, 4), "f8", layout=lamina.Multires(patch=(1, 4)))
         t = f.create_dataset("T", (64, 64), "f8", layout=lamina.Multires(tolerance=1e-3))
         t[...] = smooth((64, 64))
         with pytest.raises(ConfigError, match="statistics"):
@@ -357,7 +364,54 @@ def test_bad_input_names_the_dataset_and_the_limit(tmp_path):
             t.read(tolerance=1e-5)
         with pytest.raises(lamina.BoundsError, match="level 1"):
             t.read(Box((0, 0), (33, 2)), level=1)
+        for bad in (2.5, True, "1"):  # no level truncated or parsed
+            with pytest.raises(TypeError, match=r"'T': a level is an int"):
+                t.level(bad)
+            with pytest.raises(TypeError, match=r"'T': a level is an int"):
+                t.stored_bytes(level=bad)
+        with pytest.raises(TypeError, match=r"stored_bytes\(\) of dataset '/T' takes a lamina.Box"):
+            t.stored_bytes([0, 4])
         assert f.keys() == ["T"]  # nothing committed was lost
+
+
+def test_boxes_as_slices_and_empty_boxes_at_every_level(tmp_path):
+    """stored_bytes and progressive take slices as read does; an empty box is empty at every
+    level (its corner scaled, not turned into a cell)."""
+    x = smooth((64, 32))
+    with lamina.open(tmp_path / "f.lam", "w") as f:
+        t = f.create_dataset("T", x.shape, "f8", layout=lamina.Multires(patch=8, tolerance=1e-3))
+        with f.step():
+            t[...] = x
+    with lamina.open(tmp_path / "f.lam") as f:
+        t = f["T"]
+        box = Box((0, 0), (16, 32))
+        assert t.stored_bytes(np.s_[0:16, :]) == t.stored_bytes(box) > 0
+        got = [(k, a.shape) for k, a in t.progressive(np.s_[0:16, :])]
+        assert got == [(k, a.shape) for k, a in t.progressive(box)]
+        assert got[-1] == (0, (16, 32))
+        for k, a in t.progressive(Box((3, 0), (3, 32))):
+            assert a.size == 0, k
+        assert t.read(Box((3, 0), (3, 8)), level=2).size == 0
+
+
+@pytest.mark.parametrize(
+    "shape, patch",
+    [((8, 8, 4, 4), (2, 2, 2, 2)), ((3, 5, 4, 6), 2), ((4,) * 4, 4)],
+    ids=["4d", "4d-uneven", "4d-one-patch"],
+)
+def test_four_dimensions_round_trip(tmp_path, shape, patch):
+    """Every rank of 1 to 4 dimensions is written and read back (patches numbered in Morton
+    order with as many bits as the grid needs: 21 a coordinate do not fit 64 bits in 4-D)."""
+    x = smooth(shape, dtype=np.float32)
+    with lamina.open(tmp_path / "f.lam", "w") as f:
+        t = f.create_dataset("T", shape, "f4", layout=lamina.Multires(patch=patch, tolerance=1e-3))
+        with f.step():
+            t[...] = x
+    with lamina.open(tmp_path / "f.lam") as f:
+        t = f["T"]
+        assert np.abs(t[...] - x).max() <= 1e-3
+        for k in range(len(t.levels)):
+            assert t.level(k)[...].shape == t.levels[k]
 
 
 def test_overlapping_writes_are_refused_naming_both_boxes(tmp_path):

@@ -664,9 +664,11 @@ def _grid_indices(dims: Sequence[int]) -> Iterator[tuple[int, ...]]:
 
 
 def morton_key(point: Sequence[int], bits: int = 21) -> int:
-    """Interleave the bits of a non-negative integer point (Z-order key)."""
+    """Interleave the bits of a non-negative integer point (Z-order key): at least *bits* of
+    each coordinate, all of the largest one's."""
     key = 0
     nd = len(point)
+    bits = max(bits, *(int(x).bit_length() for x in point)) if nd else 0
     for b in range(bits):
         for d, x in enumerate(point):
             key |= ((int(x) >> b) & 1) << (b * nd + d)

@@ -256,9 +256,10 @@ class Dataset:
         box = Box.from_shape(shape) if box is None else self._box(box, shape)
         return bg.prefetch(self._path, box, self._step if step is None else step)
 
-    def _box(self, box, shape: tuple[int, ...]) -> Box:
+    def _box(self, box, shape: tuple[int, ...], call: str = "read") -> Box:
         """*box* as a :class:`Box`: one already, or a tuple of slices of step 1 (``np.s_[a:b,
-        :]``, clipped to *shape* as numpy clips them, one per dimension); TypeError otherwise."""
+        :]``, clipped to *shape* as numpy clips them, one per dimension); TypeError naming
+        *call* otherwise."""
         if isinstance(box, Box):
             return box
         if isinstance(box, slice):
@@ -270,7 +271,7 @@ class Dataset:
                 )
             return Box.from_slices(box, shape)
         raise TypeError(
-            f"read() of {self._what()} takes a lamina.Box or a tuple of slices (np.s_[...]), "
+            f"{call}() of {self._what()} takes a lamina.Box or a tuple of slices (np.s_[...]), "
             f"got {type(box).__name__} {box!r}"
         )
 
@@ -329,7 +330,8 @@ class Dataset:
             raise ValueError(f"{self._what()} is not a multiresolution dataset")
         layout.check_read_tolerance(tolerance, self._path)
         level = layout.check_level(level, self._path)
-        box = Box.from_shape(self.levels[level]) if box is None else box
+        shape = self.levels[level]
+        box = Box.from_shape(shape) if box is None else self._box(box, shape, "stored_bytes")
         layout_read.check_box(self._spec, layout, box, level)
         eng = self._file._engine
         k = eng.check_step(self._step if step is None else step)
@@ -343,7 +345,9 @@ class Dataset:
         dataset yields level 0 alone.
         """
         layout = Layout.of(self._spec)
-        box = Box.from_shape(self.shape) if box is None else box
+        box = (
+            Box.from_shape(self.shape) if box is None else self._box(box, self.shape, "progressive")
+        )
         box.check_inside(self.shape, self._what())
         if layout is None:
             yield 0, self.read(box, step)

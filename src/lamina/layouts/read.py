@@ -38,8 +38,13 @@ class Source(Protocol):
 
 
 def scale_box(box: Box, down: int) -> Box:
-    """*box* in the coordinates of a level *down* levels coarser (the cells it touches)."""
-    return Box(tuple(a >> down for a in box.start), tuple(-((-b) >> down) for b in box.stop))
+    """*box* in the coordinates of a level *down* levels coarser (the cells it touches; an
+    empty extent stays empty)."""
+    start = tuple(a >> down for a in box.start)
+    stop = tuple(
+        -((-b) >> down) if b > a else s for a, b, s in zip(box.start, box.stop, start, strict=True)
+    )
+    return Box(start, stop)
 
 
 def _patches_of(

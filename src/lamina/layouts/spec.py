@@ -98,15 +98,24 @@ class Multires:
             raise DTypeError(
                 f"{where}: the multiresolution layout stores float32 or float64 data, not {np.dtype(dtype)}"
             )
+        if any(n == 0 for n in shape):
+            raise ShapeError(
+                f"{where}: a multiresolution dataset has no empty dimension, got shape {tuple(shape)}"
+            )
         edges = (
             (self.patch,) * len(shape) if isinstance(self.patch, int | np.integer) else self.patch
         )
-        try:
-            patch = tuple(int(n) for n in edges)
-        except TypeError:
+
+        def whole(n) -> bool:  # an int, not a bool, a float or a string of digits
+            return isinstance(n, int | np.integer) and not isinstance(n, bool | np.bool_)
+
+        if isinstance(edges, str | bytes) or not (
+            isinstance(edges, Sequence | np.ndarray) and all(whole(n) for n in edges)
+        ):
             raise ShapeError(
                 f"{where}: patch must be an int or a tuple of ints, got {self.patch!r}"
-            ) from None
+            )
+        patch = tuple(int(n) for n in edges)
         if len(patch) != len(shape):
             raise ShapeError(
                 f"{where}: patch {patch} has {len(patch)} dimensions, the dataset {len(shape)}"
@@ -209,11 +218,11 @@ class Layout:
         return [wavelet.level_shape(shape, k) for k in range(self.levels)]
 
     def check_level(self, level, path: str) -> int:
-        """*level* as an int; BoundsError naming the dataset and its levels if it does not exist."""
-        try:
-            k = int(level)
-        except (TypeError, ValueError):
-            raise TypeError(f"dataset {path!r}: a level is an int, got {level!r}") from None
+        """*level* as an int; TypeError for anything but an int (2.5 is no level), BoundsError
+        naming the dataset and its levels if it does not exist."""
+        if not isinstance(level, int | np.integer) or isinstance(level, bool | np.bool_):
+            raise TypeError(f"dataset {path!r}: a level is an int, got {level!r}")
+        k = int(level)
         if not 0 <= k < self.levels:
             raise BoundsError(
                 f"dataset {path!r} has levels 0 to {self.levels - 1} (patch {self.patch}); "

@@ -147,7 +147,11 @@ class Grid:
             )
         counts = tuple(-(-a // b) for a, b in zip(s, p, strict=True))
         coords = np.indices(counts).reshape(len(s), -1).T.astype(np.int64)
-        coords = coords[np.argsort(morton_keys(coords), kind="stable")]
+        # as many bits as the largest coordinate takes: the same keys as with more bits (the
+        # bits above it are zero), within 64 bits for any grid that fits in memory (a 4-D
+        # grid of 2^16 patches an edge, or a 1-D one of 2^63)
+        bits = max(1, max(counts) - 1).bit_length()
+        coords = coords[np.argsort(morton_keys(coords, bits), kind="stable")]
         lo = coords * np.asarray(p, dtype=np.int64)
         hi = np.minimum(lo + np.asarray(p), np.asarray(s))
         return cls(s, p, coords, lo, hi)
