@@ -330,6 +330,83 @@ def test_flow_latest(tmp_path):
     assert res.lines("OK latest:"), res.describe()
 
 
+AHEAD = {"LAMINA_TRANSPORT": "memory", "LAMINA_TRANSPORT_TIMEOUT": "10"}
+
+
+def _took(res: mu.Result, role: str) -> float:
+    [line] = res.lines(f"OK {role}:")
+    return float(line.split(" in ")[1].split()[0])
+
+
+@pytest.mark.parametrize("role, args", [("start", (8,)), ("wait", ()), ("every", (8,))])
+def test_a_step_asked_for_ahead_releases_the_ones_before(tmp_path, role, args):
+    """``iter_steps(start=3)``, ``wait_for_step(3)`` and ``f.at(3)`` of every second step ask
+    for a step the producer has not committed while it waits for releases (queue_limit 2):
+    the steps before are released, so it goes on at once instead of both sides waiting out
+    the timeout and failing."""
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (1, "transport_ahead", "produce", "s", 8),
+        (1, "transport_ahead", role, "s", *args),
+        cwd=tmp_path,
+        env=AHEAD,
+    )
+    assert res.lines(f"OK {role}:"), res.describe()
+    assert _took(res, "produce") < 8, res.describe()  # no timeout (10 s) waited
+
+
+def test_lent_blocks_reach_the_file_under_both(tmp_path):
+    """Under ``transport="both"`` a block lent (``write(copy=False)``) goes to the file too."""
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (1, "transport_ahead", "produce", "b.lam", 6),
+        (1, "transport_ahead", "start", "b.lam", 6),
+        cwd=tmp_path,
+        env={**AHEAD, "LAMINA_TRANSPORT": "both"},
+    )
+    assert res.lines("OK start:"), res.describe()
+    with lamina.open(tmp_path / "b.lam") as f:
+        assert f.steps == 6
+        for k in range(6):
+            np.testing.assert_array_equal(f.at(k)["x"][...], np.arange(4) + 10 * k)
+
+
+def test_collective_read_of_a_consumer(tmp_path):
+    """``read(..., collective=True)`` on a memory consumer reads as on a file (it raised a bare
+    NotImplementedError)."""
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (2, "transport_ahead", "rows", "g"),
+        (2, "transport_ahead", "columns", "g"),
+        cwd=tmp_path,
+        env=AHEAD,
+    )
+    assert len(res.lines("OK columns")) == 2, res.describe()
+
+
+def test_a_consumer_leaving_after_an_error_says_goodbye(tmp_path):
+    """Consumer ranks that leave after an error (one raises, the other is told) say goodbye
+    as close does: the producer finishes its steps instead of waiting for releases that never
+    come."""
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (1, "transport_ahead", "goes-on", "l", 5),
+        (2, "transport_ahead", "leave", "l"),
+        cwd=tmp_path,
+        env=AHEAD,
+    )
+    assert len(res.lines("OK leave")) == 2, res.describe()
+    assert _took(res, "produce") < 8, res.describe()
+
+
+def test_one_poll_loop_takes_every_message_that_arrived():
+    """``poll_bytes`` until it finds nothing takes every message waiting (a consumer's refresh
+    took up one record a call: MPICH's Iprobe finds what an earlier call moved)."""
+    _skip_without_mpiexec()
+    res = mu.run_mpi(2, "transport_ahead", "drain", timeout=TIMEOUT)
+    assert res.lines("OK drain"), res.describe()
+
+
 def test_steps_seen_on_arrival(tmp_path):
     """iter_steps() with its default polling sees a memory step when its record arrives.
 

@@ -83,6 +83,17 @@ class BothProducer(Producer):
         self.file.put(name, box, array, copy)
         super().put(name, box, array, copy)
 
+    def lend(self, name: str, start: tuple[int, ...], array: np.ndarray) -> bool:
+        """A small block lent (``write(copy=False)``): to the file and to consumers alike, or
+        to neither (then ``put`` writes it to both)."""
+        assert self.file is not None
+        if not self.file.lend(name, start, array):
+            return False
+        if not super().lend(name, start, array):  # the file has it: consumers get it all the same
+            stop = tuple(a + n for a, n in zip(start, array.shape, strict=True))
+            super().put(name, Box(tuple(start), stop), array, copy=False)
+        return True
+
     def put_many(self, name: str, starts: np.ndarray, arrays, copy: bool = True) -> None:
         assert self.file is not None
         self.file.put_many(name, starts, arrays, copy)
@@ -102,6 +113,11 @@ class BothProducer(Producer):
         assert self.file is not None
         self.file.end_step()  # durable first, then served
         super().end_step()
+
+    def skip_steps(self, n: int) -> None:
+        assert self.file is not None
+        self.file.skip_steps(n)
+        super().skip_steps(n)
 
     def discard_step(self) -> None:
         if self.file is not None:

@@ -43,6 +43,10 @@ if TYPE_CHECKING:
 Tag = comm_mod.Tag
 _u8 = wire._u8
 
+#: seconds a consumer leaving after an error waits for the producer to take its goodbye (a
+#: producer that stopped answering is not waited for a whole timeout again)
+ABANDON_PATIENCE = 2.0
+
 
 class Consumer(TransportBase):
     """The consumer side: reads the steps a producer task serves (module docstring)."""
@@ -98,9 +102,11 @@ class Consumer(TransportBase):
         comm_mod.agree(self.comm, g.error)
         self.refresh()
 
-    def _receive(self, until=None, what: str = "") -> None:
-        """Independent: apply the records that have arrived; with *until*, wait for it (timeout)."""
-        poll = Poll(self.timeout)
+    def _receive(self, until=None, what: str = "", timeout: float | None = None) -> None:
+        """Independent: apply the records that have arrived; with *until*, wait for it (at most
+        *timeout* s without a record, by default the transport's)."""
+        timeout = self.timeout if timeout is None else timeout
+        poll = Poll(timeout)
         while True:
             got = comm_mod.poll_bytes(self.inter, self._source, Tag.RECORD)
             if got is not None:
@@ -127,7 +133,7 @@ class Consumer(TransportBase):
                 return
             if poll.expired:
                 raise TransportError(
-                    f"{self.path}: no message from the producer in {self.timeout:g} s waiting for {what}"
+                    f"{self.path}: no message from the producer in {timeout:g} s waiting for {what}"
                 )
             poll.sleep()
 
@@ -158,7 +164,11 @@ class Consumer(TransportBase):
         return self._agreed
 
     def wait_steps(self, count: int, seconds: float) -> None:
-        """Independent: wait up to *seconds* for the record of step *count* - 1 (or the close)."""
+        """Independent: wait up to *seconds* for the record of step *count* - 1 (or the close),
+        every step before it released (``wait_for_step``, ``iter_steps(start=k)``): a producer
+        that waits for releases before it commits more would never send it otherwise."""
+        if not self._ahead and not self.catalog.closed:
+            self._release(count - 1)
         now = time.monotonic()
         if self._waiting is None or self._waiting[0] != count:
             self._waiting = (count, now)
@@ -204,8 +214,10 @@ class Consumer(TransportBase):
         # in the producer's numbering: up to the step before k (k itself may not have arrived)
         if k - 1 < len(self._real):
             real = self._real[k - 1] + 1
-        else:
-            real = k if self.flow == 1 else self._released_real
+        elif self.flow == 1:
+            real = k
+        else:  # step k - 1 has not arrived (its number is not known): every step received has
+            real = self._real[-1] + 1 if self._real else 0
         if real <= self._released_real:
             return
         self._released_real = real
@@ -216,15 +228,16 @@ class Consumer(TransportBase):
         ]
         self._wait(reqs, "the producer to take a release")
 
-    def _wait(self, reqs: list, what: str) -> list[int]:
-        poll = Poll(self.timeout)
+    def _wait(self, reqs: list, what: str, timeout: float | None = None) -> list[int]:
+        timeout = self.timeout if timeout is None else timeout
+        poll = Poll(timeout)
         while True:
             counts = comm_mod.test_requests(reqs)
             if counts is not None:
                 return counts
             if poll.expired:
                 raise TransportError(
-                    f"{self.path}: waited {self.timeout:g} s for {what}; the producer does not answer"
+                    f"{self.path}: waited {timeout:g} s for {what}; the producer does not answer"
                 )
             poll.sleep()
 
@@ -248,6 +261,8 @@ class Consumer(TransportBase):
                 f"step {step} of {self.path!r} was released: the memory transport keeps a step only "
                 f"until its consumers ask for a later one (this rank is at step {self._cursor})"
             )
+        if step >= len(self.catalog.steps) and self.catalog.closed:
+            raise self._never(step)  # before any release: a step asked for in vain frees nothing
         if not self._ahead:
             self._release(step)
         if step >= len(self.catalog.steps):
@@ -256,11 +271,14 @@ class Consumer(TransportBase):
                 what=f"step {step}",
             )
             if step >= len(self.catalog.steps):
-                raise StepError(
-                    f"step {step} will never exist: the producer of {self.path!r} closed it after "
-                    f"{len(self.catalog.steps)} steps"
-                )
+                raise self._never(step)
         return step
+
+    def _never(self, step: int) -> StepError:
+        return StepError(
+            f"step {step} will never exist: the producer of {self.path!r} closed it after "
+            f"{len(self.catalog.steps)} steps"
+        )
 
     def block_table(self, name: str, step: int, stats: bool = True, level: int = 0) -> BlockTable:
         t = super().block_table(name, step, stats, level)
@@ -355,6 +373,15 @@ class Consumer(TransportBase):
             else:
                 poll.sleep(active=True)  # the pipeline moves only while both sides call MPI
 
+    def get_collective(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
+        """Collective: each rank reads its own *box* as :meth:`get` does (the pieces come
+        straight from the producer ranks that hold them: no block is read twice to share
+        out), an error on any rank raised on every rank."""
+        g = comm_mod.Guard()
+        with g:
+            self.get(name, box, step, out)
+        comm_mod.agree(self.comm, g.error)
+
     def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
         spec, step = self.check_read(name, box, step, out)
         layout = Layout.of(spec)
@@ -416,14 +443,15 @@ class Consumer(TransportBase):
             self._goodbye()
         comm_mod.agree(self.comm, g.error)
 
-    def _goodbye(self) -> None:
-        """Consumer: release everything, say goodbye to every producer rank, drain the record stream."""
+    def _goodbye(self, timeout: float | None = None) -> None:
+        """Consumer: release everything, say goodbye to every producer rank, drain the record
+        stream (each wait at most *timeout* s, by default the transport's)."""
         bye = np.array([Request.BYE], dtype=np.int64)
         reqs = [
             comm_mod.isend_bytes(self.inter, _u8(bye), r, Tag.REQUEST)
             for r in range(self.inter.Get_remote_size())
         ]
-        self._wait(reqs, "the producer to take this rank's goodbye")
+        self._wait(reqs, "the producer to take this rank's goodbye", timeout)
 
         def acknowledged() -> bool:
             # answers to requests given up after a timeout may still come: take and drop them
@@ -431,7 +459,20 @@ class Consumer(TransportBase):
                 pass
             return self._ended
 
-        self._receive(until=acknowledged, what="the producer to acknowledge the close")
+        self._receive(
+            until=acknowledged, what="the producer to acknowledge the close", timeout=timeout
+        )
+
+    def abandon(self) -> None:
+        """Independent: leave after an error of this rank's (or another's): say goodbye first,
+        as close does, so that the producer stops waiting for this rank's releases and goes on
+        with its steps (the goodbye's own failure, a producer gone too, changes nothing)."""
+        if not self._closed and self._inter is not None and not self._ended:
+            try:
+                self._goodbye(min(self.timeout, ABANDON_PATIENCE))
+            except Exception:  # noqa: BLE001 - already leaving after an error
+                pass
+        super().abandon()
 
     def _close_storage(self) -> None:
         if self._inter is not None:

@@ -1,0 +1,171 @@
+"""Consumers that ask for steps ahead, read collectively or leave after an error; lent blocks under ``both``.
+
+    transport_ahead.py produce NAME STEPS          x = arange(4) + 10 k at step k (rank 0 writes
+                                                   it, lent: ``write(copy=False)``), queue_limit 2
+    transport_ahead.py start NAME STEPS            iter_steps(start=3): steps 3.. (no hang while
+                                                   the producer waits for releases)
+    transport_ahead.py wait NAME                   wait_for_step(1), then wait_for_step(3)
+    transport_ahead.py every NAME STEPS            flow=2: at(0), then at(3) (the producer's 6)
+    transport_ahead.py rows NAME                   2 producer ranks: an 8 x 8 grid by row slabs
+    transport_ahead.py columns NAME                reads it by column slabs, independently and with
+                                                   ``collective=True``
+    transport_ahead.py leave NAME                  rank 1 raises inside ``with``: both ranks leave
+    transport_ahead.py goes-on NAME STEPS          a producer that must finish its steps although
+                                                   its consumer left
+    transport_ahead.py drain                       2 ranks of one program: rank 0 sends 8 messages,
+                                                   rank 1 takes them all in one poll loop
+
+Each program prints ``OK <role>: ...`` when what it saw is right.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+from transport_common import say
+
+import lamina
+from lamina import comm as lcomm
+
+
+def expected(k: int) -> np.ndarray:
+    return np.arange(4) + 10 * k
+
+
+def produce(name: str, steps: int) -> None:
+    t0 = time.monotonic()
+    with lamina.open(name, "w", queue_limit=2) as f:
+        x = f.create_dataset("x", (4,), np.int64, fill=-1)
+        for k in range(steps):
+            with f.step():
+                if f.comm.rank == 0:
+                    x.write(expected(k), copy=False)
+        rank = f.comm.rank
+    if rank == 0:
+        say(f"OK produce: {steps} steps in {time.monotonic() - t0:.2f} s")
+
+
+def start(name: str, steps: int) -> None:
+    seen = []
+    with lamina.open(name, "r") as f:
+        for v in f.iter_steps(start=3, timeout=60):
+            got = v["x"][...]
+            if not np.array_equal(got, expected(v.index)):
+                raise AssertionError(f"step {v.index}: {got}")
+            seen.append(v.index)
+    if seen != list(range(3, steps)):
+        raise AssertionError(f"saw steps {seen}")
+    say(f"OK start: steps {seen}")
+
+
+def wait(name: str) -> None:
+    with lamina.open(name, "r") as f:
+        one = f.wait_for_step(1, timeout=60)["x"][...]
+        three = f.wait_for_step(3, timeout=60)["x"][...]
+    if not (np.array_equal(one, expected(1)) and np.array_equal(three, expected(3))):
+        raise AssertionError(f"steps 1 and 3: {one} {three}")
+    say("OK wait: steps 1 and 3")
+
+
+def every(name: str, steps: int) -> None:
+    with lamina.open(name, "r", flow=2) as f:
+        zero = f.at(0)["x"][...]
+        three = f.at(3)["x"][...]  # the producer's step 6
+        real = f.engine.stack()[-1].producer_step(3)
+    if not (np.array_equal(zero, expected(0)) and np.array_equal(three, expected(6))):
+        raise AssertionError(f"steps 0 and 3: {zero} {three}")
+    if real != 6:
+        raise AssertionError(f"step 3 is the producer's {real}")
+    say("OK every: steps 0 and 3 (the producer's 6)")
+
+
+GRID = np.arange(64, dtype=np.int64).reshape(8, 8)
+
+
+def rows(name: str) -> None:
+    with lamina.open(name, "w") as f:
+        g = f.create_dataset("g", GRID.shape, GRID.dtype)
+        r = f.comm.rank
+        with f.step():
+            g[4 * r : 4 * r + 4] = GRID[4 * r : 4 * r + 4]
+        rank = f.comm.rank
+    if rank == 0:
+        say("OK rows")
+
+
+def columns(name: str) -> None:
+    with lamina.open(name, "r") as f:
+        r = f.comm.rank
+        v = f.at(0)["g"]
+        cols = np.s_[:, 4 * r : 4 * r + 4]
+        alone = v.read(cols)
+        together = v.read(cols, collective=True)
+    for got in (alone, together):
+        if not np.array_equal(got, GRID[cols]):
+            raise AssertionError(f"rank {r}: {got}")
+    say(f"OK columns {r}: independent and collective")
+
+
+def leave(name: str) -> None:
+    rank = lcomm.task_comm().rank
+    try:
+        with lamina.open(name, "r") as f:
+            for v in f.iter_steps(timeout=60):
+                v["x"][...]
+                if f.comm.rank == 1:
+                    raise ValueError("rank 1 of the consumer fails")
+    except ValueError:
+        if rank != 1:
+            raise
+    except lamina.errors.RemoteError as e:
+        if rank != 0 or not getattr(e, "lamina_left", False):
+            raise
+    say(f"OK leave {rank}")
+
+
+def goes_on(name: str, steps: int) -> None:
+    produce(name, steps)
+
+
+def drain() -> None:
+    """Messages that arrived are all taken by one loop of polls (``lcomm.poll_bytes`` until it
+    finds none): MPICH's ``Iprobe`` finds at one call what an earlier one moved."""
+    c = lcomm.world()
+    if c.rank == 0:
+        reqs = [c.Isend(np.full(300, i, np.uint8), 1, 11) for i in range(8)]
+        lcomm.MPI.Request.Waitall(reqs)
+    else:
+        time.sleep(0.5)  # every message arrived, none probed yet
+        got = []
+        while (m := lcomm.poll_bytes(c, 0, 11)) is not None:
+            got.append(int(m[1][0]))
+        if got != list(range(8)):
+            raise AssertionError(f"one loop of polls took {got}")
+        say("OK drain: 8 messages in one loop")
+    c.Barrier()
+
+
+if __name__ == "__main__":
+    role, name, *rest = [*sys.argv[1:], ""][:2] + sys.argv[3:]
+    if role == "produce":
+        produce(name, int(rest[0]))
+    elif role == "start":
+        start(name, int(rest[0]))
+    elif role == "wait":
+        wait(name)
+    elif role == "every":
+        every(name, int(rest[0]))
+    elif role == "rows":
+        rows(name)
+    elif role == "columns":
+        columns(name)
+    elif role == "leave":
+        leave(name)
+    elif role == "goes-on":
+        goes_on(name, int(rest[0]))
+    elif role == "drain":
+        drain()
+    else:
+        raise SystemExit(f"unknown role {role!r}")
