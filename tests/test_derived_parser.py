@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -500,6 +501,27 @@ def test_literal_limits():
     assert info.value.position == 4
     with pytest.raises(ExpressionError, match="64 bits"):
         lamina.derived.evaluate(tree, {"a": [1.0, 2.0]})
+
+
+def test_integer_constants_fold_exactly_within_64_bits():
+    """Integer constants fold to the number they stand for wherever a literal could be it: the
+    int64 minimum as -9223372036854775808, 2 ^ 63 as the literal 9223372036854775808 (numpy's
+    int64 wrapped or refused those)."""
+    a = np.array([-(2**63), 0, 2**63 - 1], dtype=np.int64)
+    for text, want in (
+        ("a == -9223372036854775808", [True, False, False]),
+        ("a == 0 - 9223372036854775808", [True, False, False]),
+        ("a == -(2 ^ 63)", [True, False, False]),
+        ("a < 2 ^ 63", [True, True, True]),
+        ("a == abs(-9223372036854775807)", [False, False, True]),
+    ):
+        got = lamina.derived.evaluate(parse(text, mode="predicate"), {"a": a})[0]
+        np.testing.assert_array_equal(got, want, err_msg=text)
+    for text in ("a < 2 ^ 64", "a > -9223372036854775808 - 1", "a < 2 ^ 62 * 4"):
+        with pytest.raises(ExpressionError, match="integer overflow in the constant"):
+            lamina.derived.evaluate(parse(text, mode="predicate"), {"a": a})
+    with pytest.raises(ExpressionError, match="negative integer powers"):
+        lamina.derived.evaluate("a + 2 ^ -1", {"a": a})
 
 
 def test_huge_constants_fold_into_expression_errors_quickly():

@@ -122,6 +122,10 @@ _EXACT_INT: dict[str, Callable[..., int]] = {
 }
 
 
+#: the integers a constant may be: those of int64 and of uint64 (a literal may be either)
+_INT_MIN, _UINT_MAX = -(1 << 63), (1 << 64) - 1
+
+
 def _exact_int(name: str, args) -> int | None:
     """The exact integer result of folding ``name(*args)``, or None if it cannot fit 64 bits.
 
@@ -299,6 +303,22 @@ class Evaluator:
         kw = {} if dtype is None else {"dtype": dtype}
         try:
             if first is None:  # constant folding, with numpy's rules
+                if (
+                    name in _EXACT_INT
+                    and not kw
+                    and all(type(a) is int for a in args)
+                    and not (name == "power" and args[1] < 0)  # numpy refuses those
+                ):
+                    # integers folded exactly, as the literals they stand for: any result a
+                    # literal may be (int64 or uint64), where numpy's int64 would wrap or refuse
+                    exact = _exact_int(name, args)
+                    if exact is None or not _INT_MIN <= exact <= _UINT_MAX:
+                        raise ExpressionError(
+                            f"integer overflow in the constant {_short(at)} (write a float, e.g. 2.0 ^ 100)",
+                            node_pos(at),
+                            self.text,
+                        )
+                    return exact, False
                 r = _py(getattr(np, name)(*args, **kw))
                 if type(r) is int and name in _EXACT_INT:  # numpy would wrap around silently
                     exact = _exact_int(name, args)
