@@ -519,6 +519,36 @@ def test_lossy_codecs_answer_for_the_values_read(tmp_path, compression, dtype):
             np.testing.assert_array_equal(r.mask, want)
 
 
+def test_zfp_beyond_its_bound_is_stored_raw(tmp_path, monkeypatch):
+    """A block zfp would read back beyond the tolerance (a corner case of zfp's accuracy mode)
+    is stored raw: every value read lies within the tolerance of the one written."""
+    from lamina import codecs
+
+    decode = codecs.Pipeline.decode
+
+    def off_by_much(self, raw, dtype, shape, what):
+        out = decode(self, raw, dtype, shape, what)
+        if out[0, 0] > 0.5:  # some blocks only
+            out = out + 1.0
+        return out
+
+    monkeypatch.setattr(codecs.Pipeline, "decode", off_by_much)
+    path = str(tmp_path / "b.lam")
+    data = np.zeros((64, 64))
+    data[:32] = np.linspace(0.6, 0.9, 32 * 64).reshape(32, 64)  # its blocks would be off
+    with lamina.open(path, "w") as f:
+        a = f.create_dataset("a", data.shape, "f8", compression=("zfp", 0.1))
+        with f.step():
+            a[:32] = data[:32]
+            a[32:] = data[32:]
+    monkeypatch.setattr(codecs.Pipeline, "decode", decode)
+    with lamina.open(path) as f:
+        blocks = f["a"].blocks()
+        assert [b.codec for b in blocks] == ["raw", "zfpy"]
+        np.testing.assert_array_equal(f["a"][:32], data[:32])
+        assert np.abs(f["a"][32:] - data[32:]).max() <= 0.1
+
+
 @pytest.mark.parametrize("strategy", ["store", "stats", "expression"])
 def test_derived_over_lossy_inputs_answer_for_the_values_read(tmp_path, strategy):
     """A quantity computed at write from inputs a lossy codec did not keep: its statistics

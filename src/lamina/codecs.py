@@ -153,6 +153,15 @@ def lossy(configs: tuple[dict, ...]) -> bool:
     return any(cfg.get("id") == "zfpy" for cfg in configs)
 
 
+def within(decoded: np.ndarray, written: np.ndarray, tolerance: float) -> bool:
+    """Whether every value of *decoded* lies within *tolerance* of *written* (finite values of
+    one shape; the difference taken in float64, so that float32 rounds no error away)."""
+    if not decoded.size:
+        return True
+    diff = np.subtract(decoded, written, dtype=np.float64)
+    return float(np.abs(diff, out=diff).max()) <= tolerance
+
+
 class Pipeline:
     """Encode/decode a block through a validated codec list."""
 
@@ -164,6 +173,11 @@ class Pipeline:
         self.finite_only = any(cfg.get("id") == "zfpy" for cfg in configs)
         #: whether a decoded block may differ from the one encoded
         self.lossy = lossy(configs)
+        #: the absolute error bound of zfp's accuracy mode (None in its other modes, or without zfp)
+        self.tolerance: float | None = next(
+            (float(c["tolerance"]) for c in configs if c.get("id") == "zfpy" and "tolerance" in c),
+            None,
+        )
         self.codecs = []
         for i, cfg in enumerate(configs):
             if cfg.get("id") not in ALLOWED:  # re-check: configs may come from disk

@@ -832,19 +832,21 @@ class BlockEngine(Engine):
             # zfp cannot represent NaN or inf (it would store other numbers): such blocks go raw
             finite = not pipe.finite_only or bool(np.isfinite(arr).all())
             payload = pipe.encode(arr) if finite else None
-            if payload is not None and len(payload) < nbytes:
-                st = None
-                if self._with_stats:
-                    # a lossy codec stores other values than those written: the statistics are
-                    # of the values every read returns, so that queries prune and decide by them
+            kept = arr  # the values a read of the block returns
+            if payload is not None and pipe.lossy and (self._with_stats or pipe.tolerance):
+                # a lossy codec stores other values than those written: decoded once, for
+                # statistics of the values every read returns (queries prune and decide by
+                # them) and to hold zfp to its error bound, which it may miss in corner cases
+                what = f"block {tuple(start)} of dataset {spec.path!r}"
+                kept = pipe.decode(payload, arr.dtype, arr.shape, what)
+                if pipe.tolerance and not codec_mod.within(kept, arr, pipe.tolerance):
+                    payload = None  # stored raw, exactly
                     kept = arr
-                    if pipe.lossy:
-                        what = f"block {tuple(start)} of dataset {spec.path!r}"
-                        kept = pipe.decode(payload, arr.dtype, arr.shape, what)
-                    st = stats_mod.compute(kept, 0, checksum=False)[0]
+            if payload is not None and len(payload) < nbytes:
+                st = stats_mod.compute(kept, 0, checksum=False)[0] if self._with_stats else None
                 self._add_encoded(spec, start, stop, payload, BlockCodec.PIPELINE, st)
                 return
-            # incompressible (or not finite for zfp): stored raw, like ADIOS
+            # incompressible, not finite for zfp, or beyond its bound: stored raw, like ADIOS
         if nbytes <= SMALL:
             log.add_staged(spec.id, start, stop, arr, self._chunk_for(nbytes))
         else:
