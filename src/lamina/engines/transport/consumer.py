@@ -216,8 +216,8 @@ class Consumer(TransportBase):
             real = self._real[k - 1] + 1
         elif self.flow == 1:
             real = k
-        else:  # step k - 1 has not arrived (its number is not known): every step received has
-            real = self._real[-1] + 1 if self._real else 0
+        else:  # step k - 1 has not arrived (its number is not known): every step received
+            real = self._real[-1] + 1 if self._real else 0  # comes before it
         if real <= self._released_real:
             return
         self._released_real = real
