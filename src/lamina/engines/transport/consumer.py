@@ -164,11 +164,16 @@ class Consumer(TransportBase):
         return self._agreed
 
     def wait_steps(self, count: int, seconds: float) -> None:
-        """Independent: wait up to *seconds* for the record of step *count* - 1 (or the close),
-        every step before it released (``wait_for_step``, ``iter_steps(start=k)``): a producer
-        that waits for releases before it commits more would never send it otherwise."""
+        """Independent: wait up to *seconds* for the record of step *count* - 1 (or the close).
+
+        Every step before the one before it is released first (``wait_for_step(k)``,
+        ``iter_steps(start=k)``): a producer that waits for releases before it commits more
+        (``queue_limit``, at least 2) would otherwise never send it.  The step just before
+        stays, so that a program waiting for the next step of a stream that ends can still
+        read the last one it was given; asking for step *k* itself (``f.at(k)``) releases it.
+        """
         if not self._ahead and not self.catalog.closed:
-            self._release(count - 1)
+            self._release(count - 2)
         now = time.monotonic()
         if self._waiting is None or self._waiting[0] != count:
             self._waiting = (count, now)
