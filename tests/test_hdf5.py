@@ -221,6 +221,46 @@ def test_zero_steps_and_definitions_only(tmp_path):
     assert_same_lamina(src, back)
 
 
+def _derived_file(path) -> dict:
+    """Three inputs, a quantity of each strategy over them, a multiresolution dataset; what a
+    reader reads of each at each of two steps."""
+    want: dict = {}
+    with lamina.open(path, "w") as f:
+        for c in "abc":
+            f.create_dataset(c, (6, 4), "f8")
+        for strategy in ("store", "stats", "expression"):
+            f.derive(f"m_{strategy}", "magnitude(a, b, c)", strategy=strategy)
+        mr = f.create_dataset("mr", (16, 16), "f8", layout=lamina.Multires(patch=8, tolerance=1e-3))
+        for k in range(2):
+            with f.step():
+                for i, c in enumerate("abc"):
+                    f[c][: 3 + k] = np.full((3 + k, 4), float(i + k))  # rows past it: fill
+                mr[...] = np.add.outer(np.arange(16.0), np.arange(16.0)) * (k + 1)
+    with lamina.open(path) as f:
+        for name in (*(f"m_{s}" for s in ("store", "stats", "expression")), "mr"):
+            want[name] = [f.at(k)[name][...] for k in range(2)]
+    return want
+
+
+def test_derived_quantities_and_layouts_export_their_values_with_warnings(tmp_path):
+    """Every strategy exports the values a reader reads (a quantity kept as its expression
+    was exported as fill), and a warning names what is written as plain data."""
+    src = tmp_path / "d.lam"
+    want = _derived_file(src)
+    res = hdf5.convert(src, tmp_path / "d.h5", progress=False)
+    with h5py.File(tmp_path / "d.h5") as h:
+        for name, steps in want.items():
+            for k, values in enumerate(steps):
+                np.testing.assert_array_equal(h[name][k], values, err_msg=f"{name} {k}")
+    text = "\n".join(res.warnings)
+    for strategy in ("store", "stats", "expression"):
+        assert (
+            f"/m_{strategy}: derived quantity ('magnitude(a, b, c)', strategy '{strategy}')" in text
+        )
+    assert "/mr: multiresolution layout written at full resolution" in text
+    assert len(res.warnings) == 4
+
+
 def test_large_blocks_move_in_slabs(tmp_path, monkeypatch):
     monkeypatch.setattr(hdf5, "SLAB_BYTES", 100)  # force slabs of a few elements
     src = tmp_path / "big.lam"
@@ -351,6 +391,31 @@ def test_plain_hdf5_large_dataset_in_slabs(tmp_path, monkeypatch):
 
 # --------------------------------------------------------------------------
 # errors and destinations
+
+
+def test_destinations_that_cannot_be_put_in_place_leave_nothing(
+    sample, tmp_path, capsys, monkeypatch
+):
+    """An empty destination, an HDF5 destination ending with a slash, a rename that fails:
+    a one-line error, and no temporary file left next to it."""
+    from lamina import cli
+
+    monkeypatch.chdir(tmp_path)
+    for dst, text in (
+        ("", "no destination given"),
+        ("new.h5/", "ends with a slash"),
+    ):
+        assert cli.main(["convert", str(sample), dst, "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert text in err and err.count("\n") == 1, err
+    blocker = tmp_path / "taken.h5"
+    blocker.mkdir()  # a directory where the file would go: the rename fails
+    (blocker / "x").write_text("keep")
+    with pytest.raises((hdf5.ConvertError, FileExistsError)):
+        hdf5.convert(sample, blocker, overwrite=True, progress=False)
+    leftovers = [p.name for p in tmp_path.iterdir() if ".partial-" in p.name]
+    leftovers += [p.name for p in tmp_path.parent.iterdir() if ".partial-" in p.name]
+    assert leftovers == [] and (blocker / "x").read_text() == "keep"
 
 
 def test_existing_destination_needs_overwrite(sample, tmp_path):

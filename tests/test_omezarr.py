@@ -226,6 +226,48 @@ def test_foreign_time_series(tmp_path, fmt):
         assert "omero" not in ds.attrs
 
 
+def test_empty_numeric_attributes_round_trip(tmp_path):
+    """Attributes of no values (int, bool, complex, 2-D) come back with their dtype and shape
+    (they were dropped, with a warning that [] is not integers)."""
+    src, back = tmp_path / "a.lam", tmp_path / "b.lam"
+    want = {
+        "i": np.zeros(0, np.int32),
+        "b": np.zeros(0, bool),
+        "c": np.zeros(0, np.complex64),
+        "f": np.zeros((2, 0), np.float32),
+    }
+    with lamina.open(src, "w") as f:
+        for k, v in want.items():
+            f.attrs[k] = v
+    r1 = omezarr.convert(src, tmp_path / "a.zarr", progress=False)
+    r2 = omezarr.convert(tmp_path / "a.zarr", back, progress=False)
+    assert r1.warnings == [] and r2.warnings == []
+    with lamina.open(back) as f:
+        for k, v in want.items():
+            got = f.attrs[k]
+            assert got.dtype == v.dtype and got.shape == v.shape, k
+
+
+def test_derived_quantities_export_their_values_with_warnings(tmp_path):
+    """Every strategy exports the values a reader reads (a quantity kept as its expression
+    was exported as fill), a warning names each; a multiresolution dataset keeps its levels."""
+    import test_hdf5
+
+    src = tmp_path / "d.lam"
+    want = test_hdf5._derived_file(src)
+    res = omezarr.convert(src, tmp_path / "d.zarr", progress=False)
+    with lamina.open(src) as f:
+        levels = [f.at(k)["mr"].level(1)[...] for k in range(2)]
+    z = zarr.open(str(tmp_path / "d.zarr"), mode="r")
+    for name, steps in want.items():
+        for k, values in enumerate(steps):
+            np.testing.assert_array_equal(z[f"{name}/0"][k], values, err_msg=f"{name} {k}")
+    for k in range(2):
+        np.testing.assert_array_equal(z["mr/1"][k], levels[k])
+    assert len(res.warnings) == 3
+    assert all("derived quantity" in w for w in res.warnings)
+
+
 @pytest.mark.parametrize("fmt", [2, 3])
 def test_foreign_one_step_and_root_image(tmp_path, fmt):
     src = tmp_path / "plane.zarr"

@@ -199,7 +199,9 @@ def lamina_to_hdf5(
         plan: list[tuple[str, Dataset, list[tuple[int, Box]]]] = []
         for path, obj in nodes:
             if isinstance(obj, Dataset):
-                boxes = [(k, b.box) for k in range(nsteps) for b in obj.blocks(k)]
+                # where it holds values: its blocks, or a derived quantity's computed ones
+                boxes = [(k, b) for k in range(nsteps) for b in obj.coverage(k)]
+                res.warnings += not_kept(f, path, obj, layout=False)
                 plan.append((path, obj, boxes))
                 res.datasets += 1
             else:
@@ -241,6 +243,25 @@ def lamina_to_hdf5(
                         res.blocks += len(step_boxes)
     res.seconds = time.perf_counter() - t0
     return res
+
+
+def not_kept(f, path: str, ds, layout: bool) -> list[str]:
+    """Warnings for what an export of dataset *ds* of *f* writes as plain data: a derived
+    quantity's definition, and a multiresolution layout unless the destination keeps
+    *layout*s."""
+    out = []
+    d = f.engine.definition(path)
+    if d is not None:
+        out.append(
+            f"dataset /{path.lstrip('/')}: derived quantity ({d.text!r}, strategy "
+            f"{d.strategy!r}) written as its values; the definition is not kept"
+        )
+    if not layout and ds.layout is not None:
+        out.append(
+            f"dataset /{path.lstrip('/')}: multiresolution layout written at full resolution "
+            f"(level 0); the layout (patch, tolerance, levels) is not kept"
+        )
+    return out
 
 
 def _create_h5_dataset(h, path: str, ds, nsteps: int, gzip: int | None):
@@ -784,6 +805,11 @@ class _staged:
     """Write to a temporary sibling of *dst*; on success move it to *dst*, on failure remove it."""
 
     def __init__(self, dst: str, overwrite: bool, kind: str):
+        if not dst.strip():
+            raise ConvertError("no destination given (an empty path)")
+        if kind == "hdf5" and dst.endswith(("/", os.sep)):
+            raise ConvertError(f"an HDF5 destination is a file: {dst!r} ends with a slash")
+        dst = dst.rstrip("/" + os.sep) or dst  # a directory's name, whichever way it is spelled
         self.dst = dst
         self.kind = kind
         parent = os.path.dirname(os.path.abspath(dst))
@@ -819,9 +845,15 @@ class _staged:
         if ev is not None:
             _remove(self.tmp)
             return
-        if os.path.lexists(self.dst):
-            _remove(self.dst)
-        os.replace(self.tmp, self.dst)
+        try:
+            if os.path.lexists(self.dst):
+                _remove(self.dst)
+            os.replace(self.tmp, self.dst)
+        except OSError as e:  # nothing half-written is left behind, whatever failed
+            _remove(self.tmp)
+            raise ConvertError(
+                f"cannot put the converted file in place as {self.dst!r}: {e.strerror or e}"
+            ) from e
 
 
 def _remove(path: str) -> None:

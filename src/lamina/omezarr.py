@@ -51,6 +51,7 @@ from .hdf5 import (
     _staged,
     chunk_shape,
     detect,
+    not_kept,
     split_box,
 )
 
@@ -177,6 +178,7 @@ def lamina_to_zarr(
         for path, obj in nodes:
             if isinstance(obj, Dataset):
                 plan.append(_plan_out(path, obj, nsteps))
+                res.warnings += not_kept(f, path, obj, layout=True)
                 res.datasets += 1
             else:
                 res.groups += 1
@@ -976,6 +978,10 @@ def _numbers_from_json(value, typ) -> tuple[bool, Any, str]:
         dt = check_dtype(typ.get("dtype"))
         shape = tuple(int(n) for n in typ.get("shape", ()))
         raw = np.asarray(_unjson(value))
+        if 0 in shape:  # no values: nothing to check but the shape ([] is float64 to numpy)
+            if raw.size:
+                return False, None, f"values {value!r} for the empty shape {shape}"
+            return True, np.zeros(shape, dtype=dt), ""
         if dt.kind == "c":
             raw = raw.astype(np.float64)
             if raw.shape[-1:] != (2,):

@@ -377,8 +377,11 @@ class Dataset:
         return eng.blocks(self._path, eng.check_step(self._step if step is None else step))
 
     def coverage(self, step: int | None = None) -> list[Box]:
-        """Independent: the boxes written in *step*; everything else reads as the fill value."""
-        return [b.box for b in self.blocks(step)]
+        """Independent: the boxes that hold values in *step*; everything else reads as the fill
+        value.  The boxes written, or for a derived quantity those of the dataset it follows
+        (its anchor): one kept as its expression has values there without blocks of its own."""
+        eng = self._file._engine
+        return eng.coverage(self._path, eng.check_step(self._step if step is None else step))
 
     # -- writing (independent) ------------------------------------------
     def __setitem__(self, key, value) -> None:
