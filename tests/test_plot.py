@@ -108,6 +108,44 @@ def test_cli_plot(tmp_path, capsys):
     assert "out of range" in capsys.readouterr().err
 
 
+def test_cli_plot_refuses_bad_options_in_one_line(tmp_path, capsys):
+    """A colormap matplotlib does not know, a resolution of 0 or 100,000 dpi, an output that
+    is not a PNG: a one-line error naming it and exit code 2, nothing drawn."""
+    path = tmp_path / "p.lam"
+    _file(path)
+    out = str(tmp_path / "x.png")
+    for args, text in (
+        (["--cmap", "infern"], "unknown colormap 'infern'. Did you mean 'inferno'"),
+        (["--dpi", "0"], "--dpi must be between 10 and 1200, got 0"),
+        (["--dpi", "100000"], "got 100000"),
+        (["-o", str(tmp_path / "x.txt")], "give -o a name ending in .png"),
+    ):
+        argv = ["plot", str(path), "fields/T", "-o", out, *args]
+        assert main(argv) == 2, args
+        err = capsys.readouterr().err
+        assert text in err and "Traceback" not in err and err.count("\n") == 1, err
+    assert not list(tmp_path.glob("x.*"))
+
+
+def test_static_coordinates_come_from_the_step_that_wrote_them(tmp_path):
+    """A coordinate written once (``to_lamina`` writes those that do not change in step 0)
+    gives the axes of a picture of a later step."""
+    xr = pytest.importorskip("xarray")
+    from lamina.xarray import to_lamina
+
+    x = np.linspace(0.0, 1.0, 5)
+    ds = xr.Dataset(
+        {"T": (("step", "y", "x"), np.random.default_rng(0).random((2, 4, 5)))},
+        coords={"x": x, "y": np.linspace(0.0, 2.0, 4)},
+    )
+    to_lamina(ds, tmp_path / "c.lam")
+    with lamina.open(tmp_path / "c.lam") as f:
+        assert f["x"].coverage(1) == []  # written in step 0 only
+        np.testing.assert_array_equal(plot._coord(f, "/", "x", 5, 1, {}), x)
+        plot.slice_png(f, "T", tmp_path / "c.png", step=1)
+    _not_blank(_image(tmp_path / "c.png"))
+
+
 def test_cli_plot_without_matplotlib(tmp_path, capsys, monkeypatch):
     path = tmp_path / "p.lam"
     _file(path)

@@ -292,6 +292,49 @@ def test_open_datatree(tmp_path):
         np.testing.assert_array_equal(tree["fields"]["time"].values, [0.0, 0.25, 0.5])
 
 
+def test_open_datatree_of_default_dimension_names(tmp_path):
+    """Datasets without ``dims`` in nested groups of other lengths: a node's default names
+    (``dim_0``) of another size than its parent's are made distinct, as within a group, so
+    that the tree aligns (it raised "not aligned with its parents")."""
+    path = tmp_path / "t.lam"
+    with lamina.open(path, "w") as f:
+        for name, n in (("a", 8), ("g/b", 3), ("g/h/c", 8), ("g/h/d", 3), ("k/e", 5)):
+            f.create_dataset(name, (n,), "f8")
+        with f.step():
+            for name in ("a", "g/b", "g/h/c", "g/h/d", "k/e"):
+                f[name][...] = len(name)
+    with xr.open_datatree(path, engine=ENGINE) as tree:
+        assert tree["g"].b.dims == ("step", "dim_0_3")
+        assert tree["g/h"].c.dims == ("step", "dim_0") and tree["g/h"].d.dims == ("step", "dim_0_3")
+        assert tree["k"].e.dims == ("step", "dim_0_5")
+        np.testing.assert_array_equal(tree["g/h"].d.values, [[5.0] * 3])
+    with xr.open_dataset(path, engine=ENGINE, group="g") as one:  # a group alone: as before
+        assert one.b.dims == ("step", "dim_0")
+
+
+def test_to_lamina_refuses_what_would_not_read_back(tmp_path):
+    """A name with '/', an attribute named as the mapping's own, static variables beside a
+    step dimension of length 0: clear errors before anything is written; a step dimension of
+    length 0 alone writes a file of no steps."""
+    cases = (
+        (xr.Dataset({"a/b": ("x", np.arange(3.0))}), "a name with '/'"),
+        (xr.Dataset({"a": ("x", np.arange(3.0), {"dims": "bogus"})}), "attribute 'dims'"),
+        (xr.Dataset({"a": ("x", np.arange(3.0), {"static": 0})}), "attribute 'static'"),
+        (xr.Dataset(attrs={"coordinates": "x"}), "attribute 'coordinates'"),
+        (
+            xr.Dataset({"a": (("step", "x"), np.zeros((0, 2))), "b": ("x", np.ones(2))}),
+            "whose length is 0",
+        ),
+    )
+    for k, (ds, text) in enumerate(cases):
+        with pytest.raises(ValueError, match=text):
+            to_lamina(ds, tmp_path / f"bad{k}.lam")
+        assert not (tmp_path / f"bad{k}.lam").exists()
+    to_lamina(xr.Dataset({"a": (("step", "x"), np.zeros((0, 2)))}), tmp_path / "none.lam")
+    with lamina.open(tmp_path / "none.lam") as f:
+        assert f.steps == 0 and f["a"].shape == (2,)
+
+
 def test_engine_name_and_guess(tmp_path, registered):
     path = tmp_path / "run.lam"
     ref = _flame(path)

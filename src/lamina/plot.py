@@ -111,6 +111,16 @@ class Picture:
     what: str
 
 
+def _written_by(ds: Dataset, step: int) -> int:
+    """The step a coordinate's values come from at *step*: *step* where it was written then,
+    else the last step before it that wrote it (a coordinate written once, in step 0, as
+    ``to_lamina`` writes those that do not change), else *step* (it reads as its fill)."""
+    for k in range(step, -1, -1):
+        if ds.coverage(k):
+            return k
+    return step
+
+
 def _coord(
     f: File, group: str, name: str, n: int, step: int, units: dict[str, str]
 ) -> np.ndarray | None:
@@ -122,7 +132,7 @@ def _coord(
             obj = f.at(step)[full]
             if isinstance(obj, Dataset) and obj.shape == (n,):
                 units[name] = str(obj.attrs["units"]) if "units" in obj.attrs else ""
-                return np.asarray(obj[...], dtype=float)
+                return np.asarray(f.at(_written_by(obj, step))[full][...], dtype=float)
         if not path:
             return None
         path = path.rsplit("/", 1)[0] if "/" in path else ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
+from ..errors import suggest
 from ..text import plural
 from .common import CLIError, open_file
 
@@ -53,6 +54,21 @@ def add_parser(sub) -> None:
     s.set_defaults(func=cmd_plot)
 
 
+#: the resolutions --dpi takes (a picture of a few MiB at the most; 0 is none)
+DPI_MIN, DPI_MAX = 10, 1200
+
+
+def _check_cmap(name: str) -> None:
+    """CLIError naming close colormaps unless matplotlib knows *name* (nothing to check
+    without matplotlib: the picture's own error says what is missing)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return
+    if name not in matplotlib.colormaps:
+        raise CLIError(f"unknown colormap {name!r}.{suggest(name, matplotlib.colormaps)}")
+
+
 def _default_name(args) -> str:
     base = args.dataset.strip("/").replace("/", "_") or "data"
     if args.stats:
@@ -70,6 +86,12 @@ def cmd_plot(args) -> int:
     out = args.output or _default_name(args)
     if os.path.isdir(out):
         raise CLIError(f"{out!r} is a directory; give a file name with -o")
+    ext = os.path.splitext(out)[1]
+    if ext and ext.lower() != ".png":
+        raise CLIError(f"the picture is a PNG: give -o a name ending in .png, not {out!r}")
+    if not DPI_MIN <= args.dpi <= DPI_MAX:
+        raise CLIError(f"--dpi must be between {DPI_MIN} and {DPI_MAX}, got {args.dpi}")
+    _check_cmap(args.cmap)
     try:
         with open_file(args.file) as f:
             if args.stats:

@@ -306,6 +306,7 @@ def group_dataset(
     drop_variables: Iterable[str] | None = None,
     inherit_time: bool = True,
     level: int = 0,
+    inherited: dict[str, int] | None = None,
 ) -> xr.Dataset:
     """The datasets of group *gpath* of *f* as a lazy :class:`xarray.Dataset`.
 
@@ -313,6 +314,9 @@ def group_dataset(
     level (:meth:`lamina.Dataset.level`); 1-D coordinates keep every
     ``2**level``-th value (where the coarse samples sit); other datasets
     have no such level and are left out, with a warning naming them.
+    *inherited*: the sizes of the dimensions of the groups above (a node of a
+    tree): a default name (``dim_0``) of another size here is made distinct,
+    as within a group, for a tree's nodes must agree with their parents.
     """
     g = f if gpath.strip("/") == "" else f[gpath]
     if not isinstance(g, lamina.Group):
@@ -344,7 +348,7 @@ def group_dataset(
         shape = (
             tuple(obj.levels[at_level]) if at_level else tuple(-(-n // stride) for n in obj.shape)
         )
-        dims = _fit_dims(dims, shape, sizes, explicit, what)
+        dims = _fit_dims(dims, shape, sizes, explicit, what, inherited or {})
         static = cv.is_static(attrs) and f.steps > 0
         var_steps: list[int] | None
         var_at: int | None
@@ -436,9 +440,15 @@ def _without_level(f: lamina.File, g, level: int, drop: set[str]) -> set[str]:
 
 
 def _fit_dims(
-    dims: list[str], shape: tuple[int, ...], sizes: dict[str, int], explicit: bool, what: str
+    dims: list[str],
+    shape: tuple[int, ...],
+    sizes: dict[str, int],
+    explicit: bool,
+    what: str,
+    inherited: dict[str, int],
 ) -> list[str]:
-    """Dimension names that agree with those already used in the group (a name has one size)."""
+    """Dimension names that agree with those already used in the group (a name has one size),
+    and default names with those of the groups above (*inherited*)."""
     out = []
     for d, n in zip(dims, shape, strict=True):
         have = sizes.get(d)
@@ -448,6 +458,8 @@ def _fit_dims(
                     f"{what}: dimension {d!r} has size {n} here and {have} in another dataset of "
                     "the group; one name must have one size (fix the 'dims' attribute)"
                 )
+            d = f"{d}_{n}"
+        elif not explicit and inherited.get(d, n) != n:
             d = f"{d}_{n}"
         sizes[d] = n
         out.append(d)
@@ -523,9 +535,15 @@ class LaminaBackendEntrypoint(BackendEntrypoint):
             g = f if top.strip("/") == "" else f[top]
             paths = [top] + [p for p, o in g.walk() if isinstance(o, lamina.Group)]
             out = {}
-            for p in paths:
+            above: dict[str, dict[str, int]] = {}  # dimension sizes of each group and its own
+            for p in paths:  # a group after the groups above it
                 rel = "/" + p[len(top) :].strip("/") if p != top else "/"
-                ds = group_dataset(f, p, step, drop_variables, level=level)
+                parent = above.get(p.rstrip("/").rsplit("/", 1)[0] or "/", {}) if p != top else {}
+                ds = group_dataset(f, p, step, drop_variables, level=level, inherited=parent)
+                above[p.rstrip("/") or "/"] = {
+                    **parent,
+                    **{str(k): int(v) for k, v in ds.sizes.items()},
+                }
                 ds.set_close(close)
                 out[rel] = ds
         except BaseException:

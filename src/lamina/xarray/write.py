@@ -65,6 +65,9 @@ def to_lamina(
     """
     nodes = _nodes(obj)
     nsteps = _step_count(nodes)
+    _check_names(nodes, nsteps)
+    # a file of static variables alone is one step; a step dimension of length 0, none
+    steps = nsteps if any(cv.STEP in ds.dims for _, ds in nodes) else 1
     with lamina.open(path, mode, comm=comm, **options) as f:
         plan: list[tuple[lamina.Dataset, xr.Variable, bool]] = []
         for gpath, ds in nodes:
@@ -78,7 +81,7 @@ def to_lamina(
         rank, size = f.comm.rank, f.comm.size
         turn = itertools.count()
         parts = [(d, v, stepped, _parts(v, stepped, size, turn)) for d, v, stepped in plan]
-        for k in range(max(nsteps, 1)):
+        for k in range(steps):
             with f.step():
                 for d, var, stepped, boxes in parts:
                     if not stepped and k > 0:
@@ -104,6 +107,37 @@ def _nodes(obj) -> list[tuple[str, xr.Dataset]]:
     raise TypeError(
         f"to_lamina takes an xarray Dataset, DataTree or DataArray, not {type(obj).__name__}"
     )
+
+
+def _check_names(nodes: list[tuple[str, xr.Dataset]], nsteps: int) -> None:
+    """ValueError for what the mapping cannot write as it is read back: a variable whose
+    name holds '/' (a dataset of another group), attributes with the names the mapping uses
+    itself, and static variables beside a ``step`` dimension of length 0 (no step to write
+    them in)."""
+    for gpath, ds in nodes:
+        where = f"group {gpath!r}: " if gpath.strip("/") else ""
+        if cv.COORDINATES in ds.attrs:
+            raise ValueError(
+                f"{where}attribute {cv.COORDINATES!r} is the name the lamina mapping keeps the "
+                "non-index coordinates under; rename it"
+            )
+        for name, var in ds.variables.items():
+            if "/" in str(name):
+                raise ValueError(
+                    f"{where}variable {str(name)!r}: a name with '/' would be a dataset of "
+                    "another group; rename it (or write a DataTree)"
+                )
+            for key in (cv.DIMS, cv.STATIC):
+                if key in var.attrs:
+                    raise ValueError(
+                        f"{where}variable {str(name)!r}: attribute {key!r} is a name the lamina "
+                        "mapping uses itself; rename it"
+                    )
+            if nsteps == 0 and cv.STEP not in var.dims and any(cv.STEP in d.dims for _, d in nodes):
+                raise ValueError(
+                    f"{where}variable {str(name)!r} has no {cv.STEP!r} dimension, whose length "
+                    "is 0: there is no step to write it in"
+                )
 
 
 def _step_count(nodes: list[tuple[str, xr.Dataset]]) -> int:
