@@ -1526,13 +1526,11 @@ class BlockEngine(Engine):
             if n == 0:
                 raise StepError(f"file {self.path!r} has no committed steps yet")
             return n - 1
-        step = step_number(step)
-        if step < 0:
-            step += n
+        asked = step_number(step)
+        step = asked + n if asked < 0 else asked
         if not 0 <= step < n:
-            raise StepError(
-                f"step {step} does not exist in {self.path!r}: {n} committed step(s) (0..{n - 1})"
-            )
+            have = f"{n} committed step(s) (0..{n - 1}, or -{n}..-1)" if n else "no committed step"
+            raise StepError(f"step {asked} does not exist in {self.path!r}: {have}")
         return step
 
     def check_read(
