@@ -786,6 +786,44 @@ def test_one_rank_fails_in_the_background(tmp_path, where):
 
 
 @needs_mpiexec
+@pytest.mark.parametrize("case", ["io-env", "io-arg", "budget", "option"])
+def test_an_argument_given_to_one_rank_fails_the_open_everywhere(tmp_path, case):
+    """Rank 1 alone is given an unknown I/O mode ($LAMINA_IO or io=), a negative budget or an
+    unknown option: every rank raises at the open (rank 0 waited forever in its first
+    collective call)."""
+    res = mu.run_mpi(2, "open_args", case, tmp_path / "a.lam", timeout=60)
+    assert res.stdout.count(f"OK {case}") == 2, res.stdout
+
+
+@needs_mpiexec
+def test_a_failed_background_write_is_named_on_every_rank(tmp_path):
+    """A subfile write of rank 1 fails in a background step: every rank's error names rank 1
+    (not rank 0, which failed second-hand in the commit), the dataset and the box."""
+    res = mu.run_mpi(2, "open_args", "enospc", tmp_path / "e.lam", timeout=90)
+    assert res.stdout.count("OK enospc") == 2, res.stdout
+
+
+def test_auto_first_step_from_another_program_s_history_fits_or_goes_direct(tmp_path, monkeypatch):
+    """The history's last step (any program's) stands in for io='auto''s first step; a step
+    of this program that may not fit the budget is written directly instead of refused at its
+    first put (it depended on what another program had written)."""
+    monkeypatch.setenv("LAMINA_HISTORY", str(tmp_path / "history.json"))
+    with lamina.open(tmp_path / "small.lam", "w", io="async") as f:  # small background steps
+        ds = f.create_dataset("y", (4,), "f8")
+        for k in range(4):
+            with f.step():
+                ds[...] = k
+    with lamina.open(tmp_path / "big.lam", "w", io="auto", max_inflight_bytes=20000) as f:
+        ds = f.create_dataset("x", (64, 64), "f8")  # 32 KiB a step
+        for k in range(3):
+            with f.step():
+                ds[...] = np.full((64, 64), float(k))
+        assert f.io_stats["steps_direct"] == 3
+    with lamina.open(tmp_path / "big.lam") as f:
+        np.testing.assert_array_equal(f["x"][...], np.full((64, 64), 2.0))
+
+
+@needs_mpiexec
 def test_a_step_ended_while_another_fails_is_cancelled_on_every_rank(tmp_path):
     """Rank 1 queues step 4 before its thread fails step 3, rank 0 only after: both cancel
     step 4 and say so (rank 0 wrote it and waited forever in its commit), and go on."""

@@ -228,6 +228,28 @@ def _check_prefix(path: str, start: int, sig: str, err: str) -> int:
     return n
 
 
+def test_append_after_a_writer_killed_while_creating(tmp_path):
+    """A writer killed between making the commit log and writing its header leaves a log of
+    no bytes: nothing was committed, so 'a' starts the file afresh (it refused it as not a
+    lamina file)."""
+    path = str(tmp_path / "c.lam")
+    with lamina.open(path, "w"):
+        pass
+    for name in os.listdir(path):
+        if name.startswith("data."):
+            os.unlink(os.path.join(path, name))
+    with open(os.path.join(path, "lamina.commit"), "r+b") as fh:
+        fh.truncate(0)
+    with open(os.path.join(path, "lamina.meta"), "r+b") as fh:
+        fh.truncate(32)  # its header alone
+    with lamina.open(path, "a") as f:
+        d = f.create_dataset("x", (3,), "f4")
+        with f.step():
+            d[...] = 1
+    with lamina.open(path) as f:
+        assert f.steps == 1 and f["x"][...].tolist() == [1.0, 1.0, 1.0]
+
+
 def test_truncated_commit_tail_by_hand(tmp_path):
     """Kill during the commit, simulated on the bytes: a partial or garbled last commit entry is no commit."""
     path = str(tmp_path / "t.lam")

@@ -484,6 +484,11 @@ def wait_quietly(reqs: list) -> None:
             delay = min(2 * delay, QUIET_MAX_SLEEP)
 
 
+#: what a rank that did not fail adds to an agreement, in ranks (an original error counts its
+#: rank, one brought from another rank its rank plus the size: see agree)
+_NONE = 2
+
+
 def agree(
     comm: MPI.Comm,
     exc: BaseException | None,
@@ -515,7 +520,11 @@ def agree(
         if exc is not None:
             raise mark_collective(exc)
         return int(flag)
-    failed = comm.rank if exc is not None else comm.size
+    # the rank whose error is raised everywhere: the lowest one whose error is its own, else the
+    # lowest one that failed with another rank's (an error an earlier agreement brought it)
+    failed = _NONE * comm.size
+    if exc is not None:
+        failed = comm.rank + (comm.size if hasattr(exc, "lamina_from_rank") else 0)
     out = np.empty(2, dtype=np.int64)
     # non-blocking, then waited for: a nonblocking collective matches only nonblocking ones, and
     # leave() and PendingAgree must meet this one
@@ -524,11 +533,11 @@ def agree(
         wait_quietly([req])
     else:
         req.Wait()
-    first = int(out[0])
     if seen is not None:
         seen.append(-int(out[1]))
-    if first == comm.size:
+    if int(out[0]) >= _NONE * comm.size:
         return -int(out[1])
+    first = int(out[0]) % comm.size
     payload = _error_payload(exc, left=False) if comm.rank == first else None
     raw = bcast_bytes(comm, payload, root=first)
     if comm.rank == first:
@@ -545,7 +554,9 @@ class PendingAgree:
         self.out = np.empty(2, dtype=np.int64)
         self.flag = int(flag)
         self.req = (
-            comm.Iallreduce(np.array([comm.size, -self.flag], dtype=np.int64), self.out, op=MPI.MIN)
+            comm.Iallreduce(
+                np.array([_NONE * comm.size, -self.flag], dtype=np.int64), self.out, op=MPI.MIN
+            )
             if comm.size > 1
             else None
         )
@@ -558,9 +569,9 @@ class PendingAgree:
         if self.req is None:
             return self.flag
         self.req.Wait()
-        first = int(self.out[0])
-        if first == self.comm.size:
+        if int(self.out[0]) >= _NONE * self.comm.size:
             return -int(self.out[1])
+        first = int(self.out[0]) % self.comm.size
         raise _error_from_payload(bcast_bytes(self.comm, None, root=first), first)
 
 
@@ -584,7 +595,7 @@ def leave(comm: MPI.Comm, exc: BaseException, timeout: float = 10.0) -> bool:
         if time.monotonic() > deadline:
             return False  # the request stays pending on a communicator nobody uses any more
         time.sleep(1e-3)
-    first = int(out[0])
+    first = int(out[0]) % comm.size
     payload = _error_payload(exc, left=True) if comm.rank == first else None
     bcast_bytes(comm, payload, root=first)  # every rank is in the same agree now
     return True
@@ -607,6 +618,7 @@ def _error_from_payload(raw: bytes, rank: int) -> BaseException:
     err = error_from_wire(kind, text, rank=None if left else rank)
     if left:
         err.lamina_left = True  # type: ignore[attr-defined]
+    err.lamina_from_rank = rank  # type: ignore[attr-defined]  # not this rank's own (agree)
     return mark_collective(err)
 
 

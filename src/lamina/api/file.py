@@ -45,7 +45,16 @@ class File(Group):
     ):
         path = os.fspath(path)
         self._comm = comm_mod.resolve(comm)
-        how = registry.resolve_io(io)
+        # the arguments checked on every rank, then agreed: a rank given an argument the others
+        # were not (an I/O mode, an option, a budget) raises with them instead of leaving them
+        # waiting in the open's first collective call
+        g = comm_mod.Guard()
+        how, built = "sync", None
+        with g:
+            how = registry.resolve_io(io)
+            built = registry.build(path, mode, engine, layers, transport, options, io)
+            built[0].validate_open(mode, built[1], self._comm.size)
+        comm_mod.agree(self._comm, g.error)
         # one I/O mode on every rank: background I/O makes collective calls of its own from the
         # open on (a rank under $LAMINA_IO=async beside sync ones waited forever)
         if not comm_mod.same_everywhere(self._comm, registry.IO_MODES.index(how)):
@@ -55,7 +64,8 @@ class File(Group):
                     f"${registry.IO_ENV}); this rank's is {how!r}"
                 )
             )
-        self._engine, options = registry.build(path, mode, engine, layers, transport, options, io)
+        assert built is not None
+        self._engine, options = built
         self._engine.open(path, mode, self._comm, options)
         self._filename = path
         super().__init__(self, "", None)

@@ -145,6 +145,12 @@ class Engine(ABC):
     catalog: Catalog
 
     # -- lifetime -----------------------------------------------------------
+    def validate_open(self, mode: str, options: dict[str, Any], size: int) -> None:  # noqa: B027
+        """Independent, before any message: raise for *mode* or *options* this engine (with the
+        layers above it) refuses on *size* ranks.  ``lamina.open`` calls it on every rank and
+        agrees on the outcome, so that a rank given other arguments raises with the others
+        instead of leaving them waiting in the open's first collective call."""
+
     @abstractmethod
     def open(self, path: str, mode: str, comm: Comm, options: dict[str, Any]) -> None:
         """Collective: open or create *path* in *mode* ('r', 'w', 'a') over *comm* (duplicated for the engine)."""

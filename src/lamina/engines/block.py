@@ -377,6 +377,8 @@ class BlockEngine(Engine):
         self._committed_cp: tuple | None = (
             None  # the catalog as of the last commit (to undo refused changes)
         )
+        #: what a put is writing, for the message of an I/O error kept until end_step
+        self._writing: Callable[[], str] | None = None
         self._put_error: BaseException | None = (
             None  # an I/O failure in put, raised by end_step on every rank
         )
@@ -395,7 +397,7 @@ class BlockEngine(Engine):
         self.layout_reports: dict[str, layout_write.Report] = {}
 
     # ------------------------------------------------------------------ open
-    def open(self, path: str, mode: str, comm, options: dict) -> None:
+    def validate_open(self, mode: str, options: dict, size: int) -> None:
         if mode not in ("r", "w", "a"):
             raise ValueError(f"mode must be 'r', 'w' or 'a', got {mode!r}")
         unknown = set(options) - self.OPTIONS
@@ -408,18 +410,22 @@ class BlockEngine(Engine):
             raise ValueError(
                 f"checksum_segment must be 0 or a multiple of {stats_mod.CHUNK} bytes, got {seg}"
             )
+        wait = options.get("wait", 0)
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not wait >= 0:
+            raise ValueError(f"wait must be a number of seconds >= 0, got {wait!r}")
+
+    def open(self, path: str, mode: str, comm, options: dict) -> None:
+        self.validate_open(mode, options, comm.size)
         self.path = str(path)
         self.mode = mode
         self.comm = comm_mod.dup(comm)
         self.rank = self.comm.rank
         self.size = self.comm.size
         self.options = dict(options)
-        self.segment = seg
+        self.segment = int(options.get("checksum_segment", stats_mod.SEGMENT))
         self.background_stats = bool(options.get("background_stats", True))
-        wait = options.get("wait", 0)
-        if isinstance(wait, bool) or not isinstance(wait, int | float) or not wait >= 0:
-            raise ValueError(f"wait must be a number of seconds >= 0, got {wait!r}")
-        self.wait = float(wait)  # readers: how long to wait for a file that does not exist yet
+        # readers: how long to wait for a file that does not exist yet
+        self.wait = float(options.get("wait", 0))
         try:
             # ranks that disagree on path, mode or options would diverge later (e.g.
             # different aggregator maps): refuse now, on every rank
@@ -850,7 +856,11 @@ class BlockEngine(Engine):
         if nbytes <= SMALL:
             log.add_staged(spec.id, start, stop, arr, self._chunk_for(nbytes))
         else:
-            payload, job, loc = self._place(spec, arr, copy)
+            self._writing = lambda: f"dataset {spec.path!r} box {box_of(start, arr.shape)}"
+            try:
+                payload, job, loc = self._place(spec, arr, copy)
+            finally:
+                self._writing = None
             log.add(spec.id, start, stop, nbytes, BlockCodec.RAW, payload, job, loc)
 
     def put_stats(self, name: str, box: Box, array: np.ndarray) -> None:

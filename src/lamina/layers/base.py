@@ -88,6 +88,12 @@ class Layer(Engine):
         )
         self.opened()
 
+    def validate_open(self, mode: str, options: dict[str, Any], size: int) -> None:
+        self.configure({k: v for k, v in options.items() if k in self.OPTIONS})
+        self.inner.validate_open(
+            mode, {k: v for k, v in options.items() if k not in self.OPTIONS}, size
+        )
+
     def configure(self, options: dict[str, Any]) -> None:
         """Independent, before the inner engine opens: take this layer's own *options* (check them)."""
 

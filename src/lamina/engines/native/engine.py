@@ -402,14 +402,19 @@ class NativeEngine(BlockEngine):
     OPTIONS = BlockEngine.OPTIONS | {"aggregators", "durable"}
 
     # ------------------------------------------------------------ open
+    def validate_open(self, mode: str, options: dict, size: int) -> None:
+        super().validate_open(mode, options, size)
+        naggs = options.get("aggregators")
+        naggs = size if naggs is None else int(naggs)
+        if not 1 <= naggs <= size:
+            raise ValueError(
+                f"aggregators must be between 1 and the number of ranks ({size}), got {naggs}"
+            )
+
     def _open_storage(self, path: str, mode: str) -> None:
         self.durable = bool(self.options.get("durable", True))
         naggs = self.options.get("aggregators")
         naggs = self.size if naggs is None else int(naggs)
-        if not 1 <= naggs <= self.size:
-            raise ValueError(
-                f"aggregators must be between 1 and the number of ranks ({self.size}), got {naggs}"
-            )
         self.naggs = naggs
         self.agg_of = [0] * self.size
         self.agg_rank = []
@@ -494,7 +499,14 @@ class NativeEngine(BlockEngine):
         self._check_foreign(path)  # before the lock file: leave a stranger's directory as it was
         self._lock = WriterLock(path)
         self._lock.acquire()  # before anything changes: one writing job at a time
-        committed = os.path.lexists(os.path.join(path, fmt.COMMIT_NAME))
+        commit = os.path.join(path, fmt.COMMIT_NAME)
+        # a commit log shorter than its header holds no commit: its writer was killed while
+        # creating the file, between making the log and writing its header (a regular file:
+        # anything else is looked at, and refused, as before)
+        committed = os.path.lexists(commit) and not (
+            stat.S_ISREG(os.lstat(commit).st_mode)
+            and os.lstat(commit).st_size < min(fmt.HEADER_SIZES.values())
+        )
         if mode == "w" or not committed:
             # a new file; or 'a' where nothing was ever committed (a writer killed while creating it)
             self._check_foreign(path)
@@ -905,7 +917,11 @@ class NativeEngine(BlockEngine):
             try:
                 _pwrite_all(self._data_fd, buf, off)
             except OSError as e:
-                self._put_error = e
+                # what was being written, in the message every rank gets (the error's class,
+                # errno and file stay)
+                what = self._writing() if self._writing is not None else "the step's blocks"
+                name = subfile_name(self.session, self.agg_of[self.rank])
+                self._put_error = OSError(e.errno, f"{e.strerror} (writing {what})", name)
         self._data_end += n
         return off
 

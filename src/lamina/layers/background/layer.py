@@ -733,8 +733,19 @@ class BackgroundLayer(Layer):
                 ),
                 None,
             )
-            # a step that did not fit the budget (its bytes over all ranks) is written directly
-            if last is not None and self._epoch_start is not None and last <= self.budget * size:
+            # a step that did not fit the budget (its bytes over all ranks) is written directly;
+            # and the stand-in may be any program's: this one's step is copied only where it
+            # surely fits, every dataset defined whole within the budget (a block that did not
+            # fit would be refused at its put, as under io='async')
+            fits = sum(
+                math.prod(s.shape) * s.dtype.itemsize for s in self.catalog.datasets.values()
+            )
+            if (
+                last is not None
+                and self._epoch_start is not None
+                and last <= self.budget * size
+                and fits <= self.budget
+            ):
                 comp = max(0.0, time.perf_counter() - self._epoch_start - self._in_calls)
                 pred = self.model.predict(int(last), size, t_comp=comp)
         # the agreement of a point (not a blocking allreduce): it meets a rank that left, and

@@ -133,7 +133,9 @@ class BackgroundError:
             )
         err = error_from_wire(kind, msg)
         err.__cause__ = self.exc
-        return err
+        if hasattr(self.exc, "lamina_from_rank"):  # another rank's failure, brought here: the
+            err.lamina_from_rank = self.exc.lamina_from_rank  # type: ignore[attr-defined]
+        return err  # agreement raises that rank's own report everywhere (comm.agree)
 
 
 #: bytes of a page of memory: touching one byte faults the whole page in

@@ -1,0 +1,88 @@
+"""Ranks that open a file with arguments the others were not given, and a background write that fails on one rank.
+
+    open_args.py CASE PATH     rank 1 alone gets a bad argument; every rank must raise at the
+                               open (none waits in its first collective call): io-env, io-arg,
+                               budget, option
+    open_args.py enospc PATH   rank 1's subfile write fails (ENOSPC) in background step 2: every
+                               rank raises an error naming rank 1, the dataset and the box
+
+Each rank prints ``OK <case> <rank>: <error>`` when it saw what it should.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+
+import numpy as np
+
+from lamina import comm as lcomm
+
+
+def bad_open(case: str, path: str) -> None:
+    c = lcomm.world()
+    kw: dict = {}
+    if c.rank == 1:
+        if case == "io-env":
+            os.environ["LAMINA_IO"] = "fast"
+        elif case == "io-arg":
+            kw = {"io": "bogus"}
+        elif case == "budget":
+            kw = {"io": "async", "max_inflight_bytes": -1}
+        elif case == "option":
+            kw = {"bogus_option": 1}
+    import lamina
+
+    try:
+        with lamina.open(path, "w", comm=c, **kw):
+            pass
+    except Exception as e:  # noqa: BLE001 - the scenario reports what every rank got
+        print(f"OK {case} {c.rank}: {type(e).__name__}: {e}", flush=True)
+        return
+    raise AssertionError(f"rank {c.rank} opened {path} although rank 1 was given {kw}")
+
+
+def enospc(path: str) -> None:
+    import lamina
+
+    c = lcomm.world()
+    fail = c.size - 1
+    f = lamina.open(path, "w", io="async", comm=c)
+    bg = f.engine.stack()[0]
+    real = os.pwrite
+    fired = [False]
+
+    def pwrite(fd, data, off):
+        s = bg._running
+        if c.rank == fail and s is not None and s.index == 2 and not fired[0]:
+            fired[0] = True
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data, off)
+
+    os.pwrite = pwrite
+    ds = f.create_dataset("x", (c.size * 512, 1024), "f8")  # 4 MiB a rank: written at its put
+    for k in range(4):
+        with f.step():
+            ds[512 * c.rank : 512 * (c.rank + 1)] = np.full((512, 1024), float(k))
+    try:
+        f.wait()
+    except OSError as e:
+        text = str(e)
+        want = (
+            f"failed on rank {fail}",
+            f"writing dataset 'x' box [{512 * fail}:{512 * (fail + 1)}",
+        )
+        if all(w in text for w in want):
+            print(f"OK enospc {c.rank}: {text}", flush=True)
+        else:
+            print(f"WRONG enospc {c.rank}: {text}", flush=True)
+    f.close()
+
+
+if __name__ == "__main__":
+    case, path = sys.argv[1:3]
+    if case == "enospc":
+        enospc(path)
+    else:
+        bad_open(case, path)
