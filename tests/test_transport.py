@@ -355,6 +355,36 @@ def test_a_step_asked_for_ahead_releases_the_ones_before(tmp_path, role, args):
     assert _took(res, "produce") < 8, res.describe()  # no timeout (10 s) waited
 
 
+@pytest.mark.parametrize("role", ["every", "every-wait"])
+def test_a_step_ahead_of_a_slow_producer_with_a_flow(tmp_path, role):
+    """With flow=2 the producer's number of a step not arrived is not known: each step that
+    arrives before it is released as it comes (the first release named the steps received
+    and no later one, and the producer waited for releases until the timeout)."""
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (1, "transport_ahead", "slow", "s", 10, 0.15),
+        (1, "transport_ahead", role, "s", 10),
+        cwd=tmp_path,
+        env=AHEAD,
+    )
+    assert res.lines(f"OK {role}:"), res.describe()
+    assert _took(res, "produce") < 8, res.describe()
+
+
+def test_a_latest_consumer_that_keeps_up_sees_most_steps(tmp_path):
+    """flow='latest' with iter_steps: waiting for the next step releases the one held, so the
+    producer sends each step it commits to a consumer quicker than it (it saw the first and
+    the last of 12)."""
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (1, "transport_ahead", "slow", "l", 12, 0.15),
+        (1, "transport_ahead", "keep-up", "l", 12),
+        cwd=tmp_path,
+        env=AHEAD,
+    )
+    assert res.lines("OK keep-up:"), res.describe()
+
+
 def test_lent_blocks_reach_the_file_under_both(tmp_path):
     """Under ``transport="both"`` a block lent (``write(copy=False)``) goes to the file too."""
     _skip_without_mpiexec()

@@ -6,6 +6,10 @@
                                                    the producer waits for releases)
     transport_ahead.py wait NAME                   wait_for_step(1), then wait_for_step(3)
     transport_ahead.py every NAME STEPS            flow=2: at(0), then at(3) (the producer's 6)
+    transport_ahead.py every-wait NAME STEPS       flow=2: wait_for_step(3) (the producer's 6)
+    transport_ahead.py slow NAME STEPS GAP         as produce, GAP seconds before each step
+    transport_ahead.py keep-up NAME STEPS          flow='latest', iter_steps, a consumer quicker
+                                                   than the producer: sees most steps
     transport_ahead.py rows NAME                   2 producer ranks: an 8 x 8 grid by row slabs
     transport_ahead.py columns NAME                reads it by column slabs, independently and with
                                                    ``collective=True``
@@ -34,11 +38,12 @@ def expected(k: int) -> np.ndarray:
     return np.arange(4) + 10 * k
 
 
-def produce(name: str, steps: int) -> None:
+def produce(name: str, steps: int, gap: float = 0.0) -> None:
     t0 = time.monotonic()
     with lamina.open(name, "w", queue_limit=2) as f:
         x = f.create_dataset("x", (4,), np.int64, fill=-1)
         for k in range(steps):
+            time.sleep(gap)
             with f.step():
                 if f.comm.rank == 0:
                     x.write(expected(k), copy=False)
@@ -79,6 +84,27 @@ def every(name: str, steps: int) -> None:
     if real != 6:
         raise AssertionError(f"step 3 is the producer's {real}")
     say("OK every: steps 0 and 3 (the producer's 6)")
+
+
+def every_wait(name: str) -> None:
+    with lamina.open(name, "r", flow=2) as f:
+        three = f.wait_for_step(3, timeout=60)["x"][...]  # the producer's step 6
+    if not np.array_equal(three, expected(6)):
+        raise AssertionError(f"step 3: {three}")
+    say("OK every-wait: step 3 (the producer's 6)")
+
+
+def keep_up(name: str, steps: int) -> None:
+    seen = []
+    with lamina.open(name, "r", flow="latest") as f:
+        for v in f.iter_steps(timeout=60):
+            got = v["x"][...]
+            seen.append(int(got[0]) // 10)
+            if not np.array_equal(got, expected(seen[-1])):
+                raise AssertionError(f"step {v.index}: {got}")
+    if seen != sorted(set(seen)) or seen[-1] != steps - 1 or len(seen) < steps // 2:
+        raise AssertionError(f"saw the producer's steps {seen}")
+    say(f"OK keep-up: saw {len(seen)} of {steps} steps: {seen}")
 
 
 GRID = np.arange(64, dtype=np.int64).reshape(8, 8)
@@ -157,6 +183,12 @@ if __name__ == "__main__":
         wait(name)
     elif role == "every":
         every(name, int(rest[0]))
+    elif role == "every-wait":
+        every_wait(name)
+    elif role == "slow":
+        produce(name, int(rest[0]), float(rest[1]))
+    elif role == "keep-up":
+        keep_up(name, int(rest[0]))
     elif role == "rows":
         rows(name)
     elif role == "columns":

@@ -31,7 +31,7 @@ from ...geometry import Box, rows_prod
 from ...layouts import read as layout_read
 from ...layouts.spec import Layout
 from ...workflow import routes
-from ...workflow.routes import parse_flow
+from ...workflow.routes import LATEST, parse_flow
 from ..base import BlockInfo, step_number
 from . import rendezvous, wire
 from .common import MPI, TransportBase
@@ -173,7 +173,8 @@ class Consumer(TransportBase):
         read the last one it was given; asking for step *k* itself (``f.at(k)``) releases it.
         """
         if not self._ahead and not self.catalog.closed:
-            self._release(count - 2)
+            # flow='latest': the producer sends a newer step once the last one sent is released
+            self._release(count - (1 if self.flow == LATEST else 2))
         now = time.monotonic()
         if self._waiting is None or self._waiting[0] != count:
             self._waiting = (count, now)
@@ -212,17 +213,21 @@ class Consumer(TransportBase):
             self._ahead = False
 
     def _release(self, k: int) -> None:
-        """Independent: tell every producer rank that this rank is done with every step before *k*."""
+        """Independent: tell every producer rank that this rank is done with every step before
+        *k* that it can name: all of them where step k - 1 arrived or every step comes, else
+        (a flow that skips steps) those received so far; called again as more arrive."""
         if k <= self._cursor:
             return
-        self._cursor = k
         # in the producer's numbering: up to the step before k (k itself may not have arrived)
         if k - 1 < len(self._real):
-            real = self._real[k - 1] + 1
+            real, cursor = self._real[k - 1] + 1, k
         elif self.flow == 1:
-            real = k
-        else:  # step k - 1 has not arrived (its number is not known): every step received
-            real = self._real[-1] + 1 if self._real else 0  # comes before it
+            real, cursor = k, k
+        else:  # step k - 1 has not arrived (its number is not known): the steps received have
+            if len(self._real) <= self._cursor:
+                return  # none since the last release
+            real, cursor = self._real[-1] + 1, len(self._real)
+        self._cursor = cursor
         if real <= self._released_real:
             return
         self._released_real = real
@@ -271,10 +276,13 @@ class Consumer(TransportBase):
         if not self._ahead:
             self._release(step)
         if step >= len(self.catalog.steps):
-            self._receive(
-                until=lambda: step < len(self.catalog.steps) or self.catalog.closed,
-                what=f"step {step}",
-            )
+
+            def arrived() -> bool:
+                if not self._ahead:  # steps before it that arrive meanwhile go as they come
+                    self._release(step)
+                return step < len(self.catalog.steps) or self.catalog.closed
+
+            self._receive(until=arrived, what=f"step {step}")
             if step >= len(self.catalog.steps):
                 raise self._never(step)
         return step
