@@ -1007,6 +1007,11 @@ ERRORS = {
         ValueError,
         ["unknown hints ['bogus']"],
     ),
+    "unknown hint, any strategy": (
+        _bad_derive("x", "u * 2", "store", bogus=1),
+        ValueError,
+        ["unknown hints ['bogus']"],
+    ),
     "not a string": (_bad_derive("x", 42), TypeError, ["must be a string"]),
 }
 
@@ -1128,6 +1133,8 @@ BAD_RECORDS = {
     "wrong arity": (record(text="curl(u, v)"), "curl() takes 3 arguments"),
     "other shape": (record(text="small * 3"), "no dataset 'm' of shape (5, 5, 5)"),
     "vector over scalar": (record(text="curl(u, v, w)"), "no dataset 'm/x'"),
+    # forged: derive() never records one (reading it looped forever, or opening recursed)
+    "depends on itself": (record(text="m * 3"), "depends on itself (through its input 'm')"),
 }
 
 
@@ -1166,6 +1173,57 @@ def test_damaged_record_warns_and_the_rest_stays_readable(open_file, new_path, c
         g = open_file(p)
     check(g, [s0, s1])
     assert g["m"].blocks(1) == []
+
+
+def test_two_records_that_lead_to_each_other_are_refused(tmp_path):
+    """Records of a, computed from b, and b from a (forged: derive() cannot make them): the
+    second taken up is refused with a warning, reads end (a read looped forever)."""
+    p = str(tmp_path / "c.lam")
+    with lamina.open(p, "w") as f:
+        create_inputs(f)
+        f.derive("a", "u * 2", "expression")
+        f.derive("b", "a + 1", "expression")
+        write_step(f, 0)
+        d = f.engine.definition("a")
+        forged = type(d)(
+            "a",
+            "b * 2",
+            d.expr,
+            d.strategy,
+            d.spacing,
+            d.shape,
+            d.dtypes,
+            d.components,
+            d.anchor,
+            {},
+        )
+        f.engine.set_ext("derived:a", forged.encode())
+    with pytest.warns(UserWarning, match="depends on itself"):
+        g = lamina.open(p)
+    with g:
+        assert len(g.derived) == 1
+        for name in ("a", "b"):
+            g[name][...]  # ends: a value or a clear error, never a loop
+
+
+@pytest.mark.skipif(not _have_mpiexec(), reason="no mpiexec")
+def test_auto_hints_that_differ_between_ranks_are_refused(tmp_path):
+    """strategy='auto' chooses on rank 0's hints for every rank: other hints on rank 1 were
+    taken silently; now every rank raises CollectiveMismatchError."""
+    res = mu.run_mpi(2, "open_args", "auto-hints", tmp_path / "h.lam", timeout=60)
+    assert res.stdout.count("OK auto-hints") == 2, res.stdout
+
+
+def test_a_group_inside_a_vector_quantity_is_refused(open_file, new_path):
+    f = open_file(new_path(), "w")
+    create_inputs(f)
+    f.derive("vort", "curl(u, v, w)", "stats")
+    with pytest.raises(
+        ExistsError, match="group 'vort/extra' clashes with derived quantity 'vort'"
+    ):
+        f.create_group("vort/extra")
+    with pytest.raises(ExistsError, match="clashes with derived quantity 'vort'"):
+        f.create_dataset("vort/y", SH)
 
 
 def test_record_without_its_datasets_is_ignored(open_file, new_path):

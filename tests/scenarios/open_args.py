@@ -5,6 +5,8 @@
                                budget, option
     open_args.py enospc PATH   rank 1's subfile write fails (ENOSPC) in background step 2: every
                                rank raises an error naming rank 1, the dataset and the box
+    open_args.py auto-hints PATH   derive(strategy='auto') with other hints on rank 1: every
+                               rank raises CollectiveMismatchError (rank 0's were taken for all)
 
 Each rank prints ``OK <case> <rank>: <error>`` when it saw what it should.
 """
@@ -80,9 +82,25 @@ def enospc(path: str) -> None:
     f.close()
 
 
+def auto_hints(path: str) -> None:
+    import lamina
+
+    c = lcomm.world()
+    with lamina.open(path, "w", comm=c) as f:
+        f.create_dataset("u", (8, 8), "f8")
+        try:
+            f.derive("g", "u * 2", "auto", query_fraction=0.1 if c.rank == 0 else 0.9)
+        except lamina.errors.CollectiveMismatchError as e:
+            print(f"OK auto-hints {c.rank}: {e}", flush=True)
+            return
+    raise AssertionError(f"rank {c.rank}: different hints were taken")
+
+
 if __name__ == "__main__":
     case, path = sys.argv[1:3]
     if case == "enospc":
         enospc(path)
+    elif case == "auto-hints":
+        auto_hints(path)
     else:
         bad_open(case, path)

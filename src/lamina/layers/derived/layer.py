@@ -88,6 +88,10 @@ CACHE_VECTORS = 2
 SCRATCH_BYTES = 64 << 20
 
 
+#: the hints derive() takes (the cost model's, for strategy='auto'; kept with any strategy)
+HINTS = frozenset({"query_fraction", "readers", "read_bandwidth", "write_bandwidth"})
+
+
 class DerivedLayer(Layer):
     """Derived quantities over any engine (see the module docstring).
 
@@ -142,6 +146,11 @@ class DerivedLayer(Layer):
             try:
                 text, strategy, spacing, info = decode_definition(name, raw)
                 d = self._build(name, text, strategy, spacing, info, check_clash=False)
+                loop = self._cycle(d)
+                if loop is not None:  # a damaged or forged record: derive() never makes one
+                    raise FormatError(
+                        f"derived quantity {name!r} depends on itself (through its input {loop!r})"
+                    )
                 for c in d.components:  # a writer defines them with the record, in one commit
                     spec = self.catalog.datasets.get(c)
                     if spec is None or spec.shape != d.shape:
@@ -159,6 +168,24 @@ class DerivedLayer(Layer):
         for d in self._defs.values():
             if not d.persistent:
                 self._add_virtual_specs(d)
+
+    def _cycle(self, d: Definition) -> str | None:
+        """A quantity of the recorded ones that *d*'s inputs lead to and that leads back to *d*
+        (None: *d* computes from datasets in the end)."""
+        mine = {d.name, *d.components}
+        seen: set[str] = set()
+        todo = [(p, p) for p in d.inputs]  # (a quantity reached, the input of d it came from)
+        while todo:
+            p, via = todo.pop()
+            if p in mine:
+                return via
+            if p in seen:
+                continue
+            seen.add(p)
+            sub = self._by_component.get(p) or self._defs.get(p)
+            if sub is not None:
+                todo.extend((q, via) for q in sub.inputs)
+        return None
 
     def _add(self, d: Definition) -> None:
         self._defs[d.name] = d
@@ -236,6 +263,11 @@ class DerivedLayer(Layer):
                 )
             if reader:
                 strategy = "expression"
+            bad = sorted(set(hints or {}) - HINTS)
+            if bad:
+                raise ValueError(
+                    f"derived quantity {name!r}: unknown hints {bad}; allowed: {sorted(HINTS)}"
+                )
             d = self._build(
                 name,
                 expression,
@@ -252,6 +284,15 @@ class DerivedLayer(Layer):
                 self.comm, g.error
             )  # a rank that refuses must not leave the others waiting
         if strategy == "auto":
+            # rank 0 chooses for every rank: the hints it chooses on must be everyone's
+            said = json.dumps(hints or {}, sort_keys=True, default=str).encode()
+            if not reader and not comm_mod.same_everywhere(self.comm, crc(said)):
+                raise mark_collective(
+                    CollectiveMismatchError(
+                        f"derived quantity {d.name!r}: ranks passed different hints to "
+                        "strategy='auto'; every rank must declare the same"
+                    )
+                )
             d.strategy, d.info = self._choose(d, hints or {})
         elif hints:
             d.info["hints"] = dict(hints)
@@ -286,12 +327,6 @@ class DerivedLayer(Layer):
             if self.comm.rank == 0:
                 from ...perf import recommend
 
-                allowed = {"query_fraction", "readers", "read_bandwidth", "write_bandwidth"}
-                bad = sorted(set(hints) - allowed)
-                if bad:
-                    raise ValueError(
-                        f"derived quantity {d.name!r}: unknown hints {bad}; allowed: {sorted(allowed)}"
-                    )
                 nblocks = max(
                     1,
                     len(self.inner.block_table(d.anchor, self.steps - 1, stats=False))
@@ -324,12 +359,18 @@ class DerivedLayer(Layer):
                 cat.attrs.setdefault(c, {})
 
     def define(self, spec: DatasetSpec) -> DatasetSpec:
-        for existing in self._defs:
-            if spec.path == existing or spec.path.startswith(existing + "/"):
-                raise ExistsError(
-                    f"dataset {spec.path!r} clashes with derived quantity {existing!r}"
-                )
+        self._clash(spec.path, "dataset")
         return self.inner.define(spec)
+
+    def make_group(self, path: str) -> None:
+        self._clash(normpath(path), "group")
+        self.inner.make_group(path)
+
+    def _clash(self, path: str, kind: str) -> None:
+        """ExistsError if *path* is a derived quantity or lies inside one (its components)."""
+        for existing in self._defs:
+            if path == existing or path.startswith(existing + "/"):
+                raise ExistsError(f"{kind} {path!r} clashes with derived quantity {existing!r}")
 
     def _closure(self, d: Definition) -> set[str]:
         out: set[str] = set()
