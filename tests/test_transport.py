@@ -429,6 +429,22 @@ def test_a_consumer_leaving_after_an_error_says_goodbye(tmp_path):
     assert _took(res, "produce") < 8, res.describe()
 
 
+def test_consumers_hear_at_once_that_the_producer_left(tmp_path):
+    """Producer ranks that leave the file after an error (one raised, the other was told)
+    end their consumers' record streams: the consumers raise at once that the producer left,
+    instead of waiting out their timeout twice (the read, then the close)."""
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (2, "transport_ahead", "fails", "p"),
+        (2, "transport_ahead", "follows", "p"),
+        cwd=tmp_path,
+        env=AHEAD,
+    )
+    lines = res.lines("OK follows")
+    assert len(lines) == 2, res.describe()
+    assert all(float(x.split(" in ")[1].split()[0]) < 8 for x in lines), res.describe()
+
+
 def test_one_poll_loop_takes_every_message_that_arrived():
     """``poll_bytes`` until it finds nothing takes every message waiting (a consumer's refresh
     took up one record a call: MPICH's Iprobe finds what an earlier call moved)."""

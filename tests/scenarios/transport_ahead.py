@@ -16,6 +16,10 @@
     transport_ahead.py leave NAME                  rank 1 raises inside ``with``: both ranks leave
     transport_ahead.py goes-on NAME STEPS          a producer that must finish its steps although
                                                    its consumer left
+    transport_ahead.py fails NAME                  2 producer ranks: rank 1 raises after step 1, the
+                                                   program leaves the file on both
+    transport_ahead.py follows NAME                iter_steps: TransportError "the producer left"
+                                                   at once after steps 0 and 1, not after a timeout
     transport_ahead.py drain                       2 ranks of one program: rank 0 sends 8 messages,
                                                    rank 1 takes them all in one poll loop
 
@@ -155,6 +159,38 @@ def goes_on(name: str, steps: int) -> None:
     produce(name, steps)
 
 
+def fails(name: str) -> None:
+    rank = lcomm.task_comm().rank
+    try:
+        with lamina.open(name, "w") as f:
+            x = f.create_dataset("x", (4,), np.int64)
+            for k in range(5):
+                with f.step():
+                    if f.comm.rank == 0:
+                        x.write(expected(k))
+                if k == 1 and f.comm.rank == 1:
+                    raise RuntimeError("producer rank 1 fails")
+    except Exception as e:  # noqa: BLE001 - every rank leaves, one way or another
+        say(f"OK fails {rank}: {type(e).__name__}")
+
+
+def follows(name: str) -> None:
+    rank = lcomm.task_comm().rank
+    seen = []
+    t0 = time.monotonic()
+    try:
+        with lamina.open(name, "r") as f:
+            for v in f.iter_steps(timeout=60):
+                seen.append(int(v["x"][0]) // 10)
+    except lamina.errors.TransportError as e:
+        took = time.monotonic() - t0
+        if "the producer left the stream" in str(e) and seen == [0, 1]:
+            say(f"OK follows {rank}: in {took:.2f} s after {seen}")
+            return
+        raise
+    raise AssertionError(f"rank {rank}: the stream ended without an error after {seen}")
+
+
 def drain() -> None:
     """Messages that arrived are all taken by one loop of polls (``lcomm.poll_bytes`` until it
     finds none): MPICH's ``Iprobe`` finds at one call what an earlier one moved."""
@@ -199,5 +235,9 @@ if __name__ == "__main__":
         goes_on(name, int(rest[0]))
     elif role == "drain":
         drain()
+    elif role == "fails":
+        fails(name)
+    elif role == "follows":
+        follows(name)
     else:
         raise SystemExit(f"unknown role {role!r}")

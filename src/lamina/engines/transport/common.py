@@ -34,6 +34,9 @@ SERVE_ENV = "LAMINA_TRANSPORT_SERVE"
 SERVE_MODES = ("thread", "calls")
 
 #: options only the transport knows (the registry drops them for other engines)
+#: seconds a side leaving after an error waits for the other to take its last message (a
+#: peer that stopped answering is not waited for a whole timeout again)
+ABANDON_PATIENCE = 2.0
 TRANSPORT_OPTIONS = frozenset({"timeout", "queue_limit", "shallow", "flow", "serve", "stats"})
 
 MPI = wire.MPI
@@ -134,4 +137,11 @@ class TransportBase(BlockEngine):
         pending.finish()
 
 
-__all__ = ["DEFAULT_TIMEOUT", "SERVE_MODES", "TRANSPORT_OPTIONS", "TIMEOUT_ENV", "TransportBase"]
+__all__ = [
+    "ABANDON_PATIENCE",
+    "DEFAULT_TIMEOUT",
+    "SERVE_MODES",
+    "TRANSPORT_OPTIONS",
+    "TIMEOUT_ENV",
+    "TransportBase",
+]

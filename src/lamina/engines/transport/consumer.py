@@ -34,7 +34,7 @@ from ...workflow import routes
 from ...workflow.routes import LATEST, parse_flow
 from ..base import BlockInfo, step_number
 from . import rendezvous, wire
-from .common import MPI, TransportBase
+from .common import ABANDON_PATIENCE, MPI, TransportBase
 from .wire import Poll, Request
 
 if TYPE_CHECKING:
@@ -42,10 +42,6 @@ if TYPE_CHECKING:
 
 Tag = comm_mod.Tag
 _u8 = wire._u8
-
-#: seconds a consumer leaving after an error waits for the producer to take its goodbye (a
-#: producer that stopped answering is not waited for a whole timeout again)
-ABANDON_PATIENCE = 2.0
 
 
 class Consumer(TransportBase):
@@ -60,7 +56,8 @@ class Consumer(TransportBase):
         self._cursor = 0  # steps before this one are released
         self._released_real = 0  # the producer's steps before this one are released
         self._real: list[int] = []  # the producer's step number of each step received
-        self._ended = False  # the producer acknowledged this rank's goodbye
+        self._ended = False  # the producer acknowledged this rank's goodbye (or left)
+        self._bye_sent = False  # this rank said goodbye: an empty record answers it
         self._heard = time.monotonic()  # when the last record came
         self._waiting: tuple[int, float] | None = None  # (steps waited for, since when)
         # steps whose statistics are still with the producer ranks (asked for when first used),
@@ -113,6 +110,11 @@ class Consumer(TransportBase):
                 buf = got[1]
                 if not len(buf):
                     self._ended = True
+                    if not self._bye_sent:  # not the answer to a goodbye: the producer left
+                        raise TransportError(
+                            f"{self.path}: the producer left the stream after an error of its "
+                            f"own: no more steps come ({len(self.catalog.steps)} received)"
+                        )
                 elif len(buf) < 17:
                     raise TransportError(
                         f"{self.path}: malformed record message of {len(buf)} bytes"
@@ -460,6 +462,7 @@ class Consumer(TransportBase):
         """Consumer: release everything, say goodbye to every producer rank, drain the record
         stream (each wait at most *timeout* s, by default the transport's)."""
         bye = np.array([Request.BYE], dtype=np.int64)
+        self._bye_sent = True
         reqs = [
             comm_mod.isend_bytes(self.inter, _u8(bye), r, Tag.REQUEST)
             for r in range(self.inter.Get_remote_size())

@@ -63,7 +63,7 @@ from ...workflow.routes import LATEST
 from ..block import StepHeads
 from ..staging import Chunk, PutLog
 from . import rendezvous, wire
-from .common import MPI, TransportBase
+from .common import ABANDON_PATIENCE, MPI, TransportBase
 from .wire import Poll, Request
 
 if TYPE_CHECKING:
@@ -605,6 +605,27 @@ class Producer(TransportBase):
                 else:
                     poll.sleep()
         comm_mod.agree(self.comm, g.error)
+
+    def abandon(self) -> None:
+        """Independent: leave after an error: end the record stream of this rank's consumer ranks
+        (an empty record none of them said goodbye for), so that they stop waiting for steps
+        at once instead of after their timeout; then as any engine."""
+        if not self._closed:
+            try:
+                self._stop_server()
+                ends = wire.SendQueue()
+                empty = np.zeros(0, dtype=np.uint8)
+                for link in self._links:
+                    for r in range(self.rank, link.size, self.size):
+                        if not link.bye[r]:
+                            ends.send(link.inter, [empty, MPI.BYTE], None, r, Tag.RECORD)
+                poll = Poll(min(self.timeout, ABANDON_PATIENCE))
+                while len(ends) and not poll.expired:
+                    if not ends.test():
+                        poll.sleep()
+            except Exception:  # noqa: BLE001 - already leaving after an error
+                pass
+        super().abandon()
 
     def _close_storage(self) -> None:
         self._stop_server()
