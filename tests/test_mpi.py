@@ -107,6 +107,13 @@ def test_roundtrip_n_to_m(tmp_path, n):
     assert "values compared" in res.stdout
 
 
+def test_one_step_named_two_ways_is_one_collective_read(tmp_path):
+    """Step -1 on one rank and the last step's number on another are the same step (it was
+    refused as a collective read of different steps)."""
+    res = mu.run_mpi(2, "open_args", "collective-step", tmp_path / "s.lam", timeout=60)
+    assert res.stdout.count("OK collective-step") == 2, res.stdout
+
+
 @pytest.mark.slow
 def test_many_steps(tmp_path):
     """60 steps (a different uneven decomposition each), 3 writers, 2 readers."""

@@ -430,6 +430,33 @@ def test_empty_batches_and_empty_blocks(tmp_path):
         np.testing.assert_array_equal(f["a"][3:], 7)
 
 
+def test_corners_near_the_int64_limit_are_refused_before_anything_is_stored(tmp_path):
+    """A corner of 2^63 - 2 plus a block of 4 wrapped around int64 and passed the bounds
+    check: the step committed a block table no read could take.  Now a BoundsError naming
+    the dataset and the block (stacked or listed), and nothing committed is lost."""
+    path = tmp_path / "o.lam"
+    with lamina.open(path, "w") as f:
+        ds = f.create_dataset("d", (10,), "f8")
+        with f.step():
+            ds.write(np.full(10, 7.0))
+        for blocks in (np.ones((1, 4)), [np.ones(4)]):
+            with pytest.raises(lamina.BoundsError, match=r"dataset '/?d' \(block 0 of 1\)"):
+                with f.step():
+                    ds.write_blocks(blocks, np.array([[2**63 - 2]]))
+        with pytest.raises(
+            lamina.BoundsError, match=r"\(block 1 of 2\): corner \(-1,\) is negative"
+        ):
+            with f.step():
+                ds.write_blocks(np.ones((2, 2)), [[0], [-1]])
+        for bad in ([[0], [2, 3]], None, 0):
+            with pytest.raises(lamina.ShapeError, match="block offsets must be an array of shape"):
+                with f.step():
+                    ds.write_blocks(np.ones((2, 2)), bad)
+    with lamina.open(path) as f:
+        assert f.steps == 1
+        np.testing.assert_array_equal(f["d"][...], np.full(10, 7.0))
+
+
 def test_zero_dim_dataset_and_bad_offsets(tmp_path):
     path = str(tmp_path / "z.lam")
     with lamina.open(path, "w") as f:

@@ -5,6 +5,7 @@
                                budget, option
     open_args.py enospc PATH   rank 1's subfile write fails (ENOSPC) in background step 2: every
                                rank raises an error naming rank 1, the dataset and the box
+    open_args.py collective-step PATH   a collective read of the last step, as -1 and as 1
     open_args.py auto-hints PATH   derive(strategy='auto') with other hints on rank 1: every
                                rank raises CollectiveMismatchError (rank 0's were taken for all)
 
@@ -96,8 +97,31 @@ def auto_hints(path: str) -> None:
     raise AssertionError(f"rank {c.rank}: different hints were taken")
 
 
+def collective_step(path: str) -> None:
+    """A collective read of the last step, named -1 on rank 0 and by its number on rank 1: the
+    same read (it was refused as a read of different steps)."""
+    import lamina
+
+    c = lcomm.world()
+    with lamina.open(path, "w", comm=c) as f:
+        x = f.create_dataset("x", (4, 4), "f8")
+        for k in range(2):
+            with f.step():
+                x[2 * c.rank : 2 * c.rank + 2] = float(k)
+    with lamina.open(path, comm=c) as f:
+        got = f["x"].read(
+            np.s_[:, 2 * c.rank : 2 * c.rank + 2], step=-1 if c.rank == 0 else 1, collective=True
+        )
+    if not np.array_equal(got, np.ones((4, 2))):
+        raise AssertionError(f"rank {c.rank}: {got}")
+    print(f"OK collective-step {c.rank}", flush=True)
+
+
 if __name__ == "__main__":
     case, path = sys.argv[1:3]
+    if case == "collective-step":
+        collective_step(path)
+        sys.exit()
     if case == "enospc":
         enospc(path)
     elif case == "auto-hints":

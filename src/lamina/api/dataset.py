@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .. import buffers
+from ..engines.base import step_number
 from ..errors import (
     BoundsError,
     CollectiveMismatchError,
@@ -16,6 +17,7 @@ from ..errors import (
     RangeError,
     SelectionError,
     ShapeError,
+    StepError,
     mark_collective,
 )
 from ..geometry import Box, as_int, box_of
@@ -279,7 +281,13 @@ class Dataset:
         """Collective: CollectiveMismatchError on every rank unless all read this dataset at
         the same step and level (a collective read)."""
         eng = self._file._engine
-        key = crc(f"{self._path}\0{step}\0{level}".encode())
+        try:  # one step however it is named (-1 and the last step's number are the same)
+            n = eng.steps
+            k = n - 1 if step is None else int(step_number(step))
+            resolved: object = k + n if k < 0 else k
+        except (StepError, TypeError, ValueError):
+            resolved = repr(step)  # a bad step: read alone, it says what is wrong
+        key = crc(f"{self._path}\0{resolved}\0{level}".encode())
         if eng.agree(key) != -eng.agree(-key):
             raise mark_collective(
                 CollectiveMismatchError(
@@ -505,4 +513,13 @@ class Dataset:
                     f"got {type(blocks).__name__}"
                 )
             blocks = [self._values(b) for b in blocks]
-        self._file._engine.put_many(self._path, np.asarray(offsets), blocks, copy=copy)
+        try:
+            corners = np.asarray(offsets)
+        except (ValueError, TypeError):  # ragged lists of corners
+            corners = None
+        if corners is None or corners.ndim == 0 or corners.dtype.kind == "O":
+            raise ShapeError(
+                f"{self._what()}: block offsets must be an array of shape (blocks, "
+                f"{len(self.shape)}) of integers, one corner a block; got {offsets!r:.80}"
+            )
+        self._file._engine.put_many(self._path, corners, blocks, copy=copy)

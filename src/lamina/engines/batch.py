@@ -130,11 +130,11 @@ def check_batch(spec: DatasetSpec, starts, arrays) -> Batch:
         st = corners(spec, starts, n)
         arr, owned = cast(spec, arrays, f"{n} stacked blocks")
         shape = np.array(arr.shape[1:], dtype=np.int64)
-        stops = st + shape
         if arr.size == 0:  # every block is empty: nothing to store, nothing to overlap
-            st, stops = st[:0], stops[:0]
+            st = st[:0]
             arr = arr[:0]
-        _check_bounds(spec, st, stops)
+        _check_bounds(spec, st, np.broadcast_to(shape, st.shape))
+        stops = st + shape  # within the dataset's shape: no int64 wraps
         nbytes = np.full(len(st), int(np.prod(shape)) * spec.dtype.itemsize, dtype=np.int64)
         return Batch(st, stops, arr, True, owned, owned, nbytes)
     if not isinstance(arrays, Sequence):
@@ -159,8 +159,8 @@ def check_batch(spec: DatasetSpec, starts, arrays) -> Batch:
         any_copy = any_copy or copied
         shapes[k] = a.shape
         out.append(a)
-    stops = st + shapes
-    _check_bounds(spec, st, stops)
+    _check_bounds(spec, st, shapes)
+    stops = st + shapes  # within the dataset's shape: no int64 wraps
     cells = rows_prod(shapes)
     keep = np.flatnonzero(cells > 0) if n else np.zeros(0, dtype=np.int64)
     if len(keep) < n:
@@ -170,15 +170,22 @@ def check_batch(spec: DatasetSpec, starts, arrays) -> Batch:
     return Batch(st, stops, out, False, owned and n > 0, any_copy, nbytes)
 
 
-def _check_bounds(spec: DatasetSpec, starts: np.ndarray, stops: np.ndarray) -> None:
+def _check_bounds(spec: DatasetSpec, starts: np.ndarray, shapes: np.ndarray) -> None:
+    """BoundsError naming the dataset and the first block of corners *starts* and *shapes* that
+    leaves the dataset.  Judged as ``start > extent - block``: a corner near the int64 limit
+    plus its block would wrap around and pass a test of ``start + block > extent``."""
     if not len(starts):
         return
     shape = np.array(spec.shape, dtype=np.int64)
-    bad = rows_any((starts < 0) | (stops > shape))
+    bad = rows_any((starts < 0) | (starts > shape - shapes))
     if bad.any():
         k = int(np.argmax(bad))
-        box = Box(tuple(starts[k].tolist()), tuple(stops[k].tolist()))  # BoundsError if start < 0
-        box.check_inside(spec.shape, f"dataset {spec.path!r} (block {k} of {len(starts)})")
+        a, b = starts[k].tolist(), shapes[k].tolist()
+        where = f"dataset {spec.path!r} (block {k} of {len(starts)})"
+        if min(a) < 0:
+            raise BoundsError(f"{where}: corner {tuple(a)} is negative")
+        stop = tuple(x + y for x, y in zip(a, b, strict=True))  # Python ints: no wrap
+        Box(tuple(a), stop).check_inside(spec.shape, where)
 
 
 def elements(arrays) -> int:
