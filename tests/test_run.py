@@ -781,6 +781,55 @@ LAUGHS = (
 
 
 @pytest.mark.timeout(60)
+def test_hostile_values_are_refused_in_one_line(tmp_path, capsys):
+    """A string referred to 20,000 times (20 GB once expanded, from a file under 1 MiB), an
+    integer of 5,000 digits, a timeout of 400, NUL and lone surrogates, a task name with a new
+    line (which ended a comment of the dry-run script and ran the rest in the shell): a
+    one-line error and status 2, each, before anything is expanded or run."""
+    big = "x" * (1_000_000 - 6 * 20_000 - 200)
+    cases = [
+        (
+            "tasks:\n - command: [echo, &s " + big + ", *s" * 20_000 + "]\n   ranks: 1\n",
+            "bytes of text once its aliases are expanded",
+        ),
+        ("tasks:\n - {command: [echo, " + "1" * 5000 + "], ranks: 1}\n", "digits"),
+        (
+            "timeout: " + "1" * 400 + "\ntasks:\n - {command: [echo, hi], ranks: 1}\n",
+            "at most 31536000",
+        ),
+        ('tasks:\n - {command: [echo, "a\\0b"], ranks: 1}\n', "NUL character"),
+        ('env: {A: "a\\0b"}\ntasks:\n - {command: [echo, hi], ranks: 1}\n', "NUL character"),
+        ('tasks:\n - {command: [echo, "\\ud800"], ranks: 1}\n', "UTF-8 cannot encode"),
+        (
+            'tasks:\n - {name: "x\\ntouch pwned #", command: [echo, hi], ranks: 1}\n',
+            "no control character",
+        ),
+    ]
+    for text, words in cases:
+        path = write(tmp_path, text)
+        t0 = time.monotonic()
+        assert cli.main(["run", path, "--dry-run"]) == 2, words
+        err = capsys.readouterr().err
+        assert words in err and err.count("\n") == 1 and "Traceback" not in err, err
+        assert time.monotonic() - t0 < 10
+    assert not (tmp_path / "pwned").exists()
+    path = write(tmp_path, "tasks:\n - {command: [echo, hi], ranks: 1}\n")
+    assert cli.main(["run", path, "--max-ranks", "0"]) == 2
+    assert "--max-ranks must be at least 1" in capsys.readouterr().err
+
+
+def test_dry_run_comments_stay_comments(tmp_path, capsys):
+    """A command word with a new line (the run takes it as one argument) is written in the
+    dry-run script's comments as its escape: the script still parses and runs only mpiexec's
+    line's equivalent."""
+    path = write(tmp_path, 'tasks:\n - {name: t, command: [echo, "a\\nb"], ranks: 1}\n')
+    assert cli.main(["run", path, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    comments = [x for x in out.splitlines() if x.startswith("#") and "echo" in x]
+    assert comments and all("\\n" in x for x in comments), out
+
+
+@pytest.mark.timeout(60)
 def test_billion_laughs_is_refused(tmp_path, capsys):
     """Nested aliases: 400 bytes that stand for 10^9 values (the error message printed the
     command: it never finished)."""

@@ -55,6 +55,12 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.max_ranks < 1:
+        print(
+            f"lamina run: error: --max-ranks must be at least 1, got {args.max_ranks}",
+            file=sys.stderr,
+        )
+        return 2
     try:
         wf = load(args.file, max_ranks=args.max_ranks)
         if args.dry_run:

@@ -48,6 +48,11 @@ MAX_FILE_BYTES = 1 << 20
 MAX_NODES = 100_000
 #: deepest nesting of a workflow file's mappings and lists, aliases expanded
 MAX_DEPTH = 32
+#: most characters of text a workflow file's values may hold once its aliases are expanded
+#: (a string referred to thousands of times would otherwise take gigabytes)
+MAX_EXPANDED_BYTES = 4 << 20
+#: the longest timeout a workflow may give (a year, in seconds)
+MAX_TIMEOUT = 365 * 86400
 TRANSPORTS = wfmod.TRANSPORTS
 DEFAULT_TRANSPORT = "memory"
 TRANSPORT_ENV = wfmod.TRANSPORT_ENV
@@ -219,7 +224,34 @@ def load(path: str | os.PathLike, max_ranks: int = MAX_RANKS) -> WorkflowFile:
         raise WorkflowFileError(shown, f"not valid YAML: {' '.join(str(e).split())}") from None
     except RecursionError:  # PyYAML composes nested nodes recursively
         raise WorkflowFileError(shown, "nested too deeply for the YAML reader") from None
+    except WorkflowFileError:
+        raise
+    except (ValueError, OverflowError) as e:  # an integer of thousands of digits, say
+        raise WorkflowFileError(shown, f"a value YAML cannot read: {e}") from None
+    _check_text(data, shown)
     return parse(data, os.path.abspath(shown), max_ranks=max_ranks, shown=shown)
+
+
+def _check_text(data, shown: str) -> None:
+    """WorkflowFileError for a string of the file (a key or a value) that no command line,
+    environment or file name can hold: a NUL character, or one UTF-8 cannot encode."""
+    todo = [data]
+    while todo:
+        x = todo.pop()
+        if isinstance(x, dict):
+            todo.extend(x.keys())
+            todo.extend(x.values())
+        elif isinstance(x, list):
+            todo.extend(x)
+        elif isinstance(x, str):
+            if "\0" in x:
+                raise WorkflowFileError(shown, f"{_show(x)} holds a NUL character")
+            try:
+                x.encode("utf-8")
+            except UnicodeEncodeError:
+                raise WorkflowFileError(
+                    shown, f"{_show(x)} holds a character UTF-8 cannot encode"
+                ) from None
 
 
 def _read(shown: str) -> str:
@@ -256,28 +288,37 @@ def _check_expansion(text: str, shown: str) -> None:
     """
     import yaml
 
-    stack: list[list] = []  # per open collection: [anchor, expanded nodes, height]
-    anchors: dict[str, tuple[int, int]] = {}  # closed anchored nodes: (expanded nodes, height)
-    total = 0
+    # per open collection: [anchor, expanded nodes, height, expanded bytes of its scalars]
+    stack: list[list] = []
+    anchors: dict[str, tuple[int, int, int]] = {}  # closed anchored nodes: (nodes, height, bytes)
+    total = [0, 0]  # nodes and bytes outside any collection
 
-    def add(size: int, height: int, line: int) -> None:
-        nonlocal total
+    def add(size: int, height: int, nbytes: int, line: int) -> None:
         if len(stack) + height > MAX_DEPTH:
             raise WorkflowFileError(
                 shown, f"nested more than {MAX_DEPTH} levels deep (line {line}), aliases expanded"
             )
-        if stack:
-            stack[-1][1] += size
-            stack[-1][2] = max(stack[-1][2], height + 1)
-            grown = stack[-1][1]
+        at = stack[-1] if stack else None
+        if at is not None:
+            at[1] += size
+            at[2] = max(at[2], height + 1)
+            at[3] += nbytes
+            grown, grown_bytes = at[1], at[3]
         else:
-            total += size
-            grown = total
+            total[0] += size
+            total[1] += nbytes
+            grown, grown_bytes = total
         if grown > MAX_NODES:
             raise WorkflowFileError(
                 shown,
                 f"more than {MAX_NODES} values once its aliases are expanded (line {line}): "
                 "not a workflow file",
+            )
+        if grown_bytes > MAX_EXPANDED_BYTES:
+            raise WorkflowFileError(
+                shown,
+                f"more than {MAX_EXPANDED_BYTES} bytes of text once its aliases are expanded "
+                f"(line {line}): not a workflow file",
             )
 
     for ev in yaml.parse(text, Loader=yaml.SafeLoader):
@@ -287,16 +328,16 @@ def _check_expansion(text: str, shown: str) -> None:
                 raise WorkflowFileError(
                     shown, f"nested more than {MAX_DEPTH} levels deep (line {line})"
                 )
-            stack.append([ev.anchor, 1, 1])
+            stack.append([ev.anchor, 1, 1, 0])
         elif isinstance(ev, yaml.SequenceEndEvent | yaml.MappingEndEvent):
-            anchor, size, height = stack.pop()
+            anchor, size, height, nbytes = stack.pop()
             if anchor is not None:
-                anchors[anchor] = (size, height)
-            add(size, height, line)
+                anchors[anchor] = (size, height, nbytes)
+            add(size, height, nbytes, line)
         elif isinstance(ev, yaml.ScalarEvent):
             if ev.anchor is not None:
-                anchors[ev.anchor] = (1, 1)
-            add(1, 1, line)
+                anchors[ev.anchor] = (1, 1, len(ev.value))
+            add(1, 1, len(ev.value), line)
         elif isinstance(ev, yaml.AliasEvent):
             if any(frame[0] == ev.anchor for frame in stack):
                 raise WorkflowFileError(
@@ -351,8 +392,13 @@ def parse(data, path: str, max_ranks: int = MAX_RANKS, shown: str | None = None)
     timeout = None
     if data.get("timeout") is not None:
         t = data["timeout"]
-        if not _is_number(t) or not math.isfinite(t) or t <= 0:
-            fail(f"must be a number of seconds > 0, got {_show(t)}", None, "timeout")
+        # compared before math.isfinite, which cannot take an integer of 400 digits
+        if not _is_number(t) or t <= 0 or t > MAX_TIMEOUT or not math.isfinite(t):
+            fail(
+                f"must be a number of seconds > 0 and at most {MAX_TIMEOUT}, got {_show(t)}",
+                None,
+                "timeout",
+            )
         timeout = float(t)
     env = _env(data.get("env"), fail, None, "env", top=True)
     raw_tasks = data.get("tasks")
@@ -372,6 +418,12 @@ def parse(data, path: str, max_ranks: int = MAX_RANKS, shown: str | None = None)
         if not isinstance(name, str) or not name.strip():
             fail(f"must be a non-empty string, got {_show(name)}", label, "name")
         name = name.strip()
+        if any(c < " " or c == "\x7f" for c in name):
+            fail(
+                f"must hold no control character (a new line, say), got {_show(name)}",
+                label,
+                "name",
+            )
         label = f"{_show(name)} ({label})"
         if name in names:
             fail(

@@ -133,6 +133,15 @@ def check_programs(wf: WorkflowFile, env: dict[str, str]) -> list[WorkflowFileEr
     return errors
 
 
+def _comment(line: str) -> str:
+    """A comment line of the dry-run script that stays one line: a control character of a
+    task's name, command or variables (a new line would end the comment, and the shell run
+    the rest) written as its escape."""
+    return "".join(
+        c if " " <= c != "\x7f" else c.encode("unicode_escape").decode("ascii") for c in line
+    )
+
+
 def describe(wf: WorkflowFile, transport: str | None = None) -> list[str]:
     """Comment lines: the tasks and who sends what to whom."""
     choice = wf.transport_for(transport)
@@ -153,7 +162,7 @@ def describe(wf: WorkflowFile, transport: str | None = None) -> list[str]:
                 lines.append(f"#   {w.name}: {t.name} -> {', '.join(readers)}")
             else:
                 lines.append(f"#   {w.name}: written by {t.name}, read by no task: stays a file")
-    return lines
+    return [_comment(x) for x in lines]
 
 
 def _flow_note(flow: int | None) -> str:
@@ -188,9 +197,13 @@ def script(
         run = shlex.join(task_argv(t.command))
         if t.env:
             run = shlex.join(["env", *(f"{k}={v}" for k, v in t.env.items())]) + " " + run
-        lines.append(f"# task {i} {t.name}: cd {shlex.quote(task_directory(wf, i))} && {run}")
+        lines.append(
+            _comment(f"# task {i} {t.name}: cd {shlex.quote(task_directory(wf, i))} && {run}")
+        )
         if label in missing:
-            lines.append(f"#   warning: {missing[label].reason}: the launch would stop here")
+            lines.append(
+                _comment(f"#   warning: {missing[label].reason}: the launch would stop here")
+            )
         name = trampoline.PREFIX + str(i)
         lines.append(f"export {name}={shlex.quote(tasks[name])}")
     sections: list[list[str]] = []
