@@ -31,7 +31,7 @@ from ...geometry import Box, rows_prod
 from ...layouts import read as layout_read
 from ...layouts.spec import Layout
 from ...workflow import routes
-from ...workflow.routes import LATEST, parse_flow
+from ...workflow.routes import parse_flow
 from ..base import BlockInfo, step_number
 from . import rendezvous, wire
 from .common import ABANDON_PATIENCE, MPI, TransportBase
@@ -175,8 +175,7 @@ class Consumer(TransportBase):
         read the last one it was given; asking for step *k* itself (``f.at(k)``) releases it.
         """
         if not self._ahead and not self.catalog.closed:
-            # flow='latest': the producer sends a newer step once the last one sent is released
-            self._release(count - (1 if self.flow == LATEST else 2))
+            self._release(count - 2)
         now = time.monotonic()
         if self._waiting is None or self._waiting[0] != count:
             self._waiting = (count, now)
