@@ -383,6 +383,20 @@ def test_a_latest_consumer_reads_its_last_step_after_the_stream_ends(tmp_path):
     assert res.lines("OK latest-last"), res.describe()
 
 
+def test_a_latest_consumer_that_keeps_up_sees_most_steps(tmp_path):
+    """flow='latest' with iter_steps: a consumer waiting for its next step says it wants a
+    newer one (Request.WANT) and keeps the one it holds, so the producer sends each step it
+    commits to a consumer quicker than it (it saw the first and the last of 12)."""
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (1, "transport_ahead", "slow", "l", 12, 0.15),
+        (1, "transport_ahead", "keep-up", "l", 12),
+        cwd=tmp_path,
+        env=AHEAD,
+    )
+    assert res.lines("OK keep-up:"), res.describe()
+
+
 def test_lent_blocks_reach_the_file_under_both(tmp_path):
     """Under ``transport="both"`` a block lent (``write(copy=False)``) goes to the file too."""
     _skip_without_mpiexec()

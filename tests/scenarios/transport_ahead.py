@@ -10,6 +10,8 @@
     transport_ahead.py slow NAME STEPS GAP         as produce, GAP seconds before each step
     transport_ahead.py latest-last NAME STEPS      flow='latest', iter_steps, then the last step
                                                    read again after the loop ends
+    transport_ahead.py keep-up NAME STEPS          flow='latest', iter_steps, a consumer quicker
+                                                   than the producer: sees most steps
     transport_ahead.py rows NAME                   2 producer ranks: an 8 x 8 grid by row slabs
     transport_ahead.py columns NAME                reads it by column slabs, independently and with
                                                    ``collective=True``
@@ -96,6 +98,19 @@ def every_wait(name: str) -> None:
     if not np.array_equal(three, expected(6)):
         raise AssertionError(f"step 3: {three}")
     say("OK every-wait: step 3 (the producer's 6)")
+
+
+def keep_up(name: str, steps: int) -> None:
+    seen = []
+    with lamina.open(name, "r", flow="latest") as f:
+        for v in f.iter_steps(timeout=60):
+            got = v["x"][...]
+            seen.append(int(got[0]) // 10)
+            if not np.array_equal(got, expected(seen[-1])):
+                raise AssertionError(f"step {v.index}: {got}")
+    if seen != sorted(set(seen)) or seen[-1] != steps - 1 or len(seen) < steps // 2:
+        raise AssertionError(f"saw the producer's steps {seen}")
+    say(f"OK keep-up: saw {len(seen)} of {steps} steps: {seen}")
 
 
 def latest_last(name: str, steps: int) -> None:
@@ -222,6 +237,8 @@ if __name__ == "__main__":
         produce(name, int(rest[0]), float(rest[1]))
     elif role == "latest-last":
         latest_last(name, int(rest[0]))
+    elif role == "keep-up":
+        keep_up(name, int(rest[0]))
     elif role == "rows":
         rows(name)
     elif role == "columns":

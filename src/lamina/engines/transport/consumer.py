@@ -31,7 +31,7 @@ from ...geometry import Box, rows_prod
 from ...layouts import read as layout_read
 from ...layouts.spec import Layout
 from ...workflow import routes
-from ...workflow.routes import parse_flow
+from ...workflow.routes import LATEST, parse_flow
 from ..base import BlockInfo, step_number
 from . import rendezvous, wire
 from .common import ABANDON_PATIENCE, MPI, TransportBase
@@ -55,6 +55,7 @@ class Consumer(TransportBase):
         self._agreed_closed = False
         self._cursor = 0  # steps before this one are released
         self._released_real = 0  # the producer's steps before this one are released
+        self._wanted_real = 0  # flow 'latest': a step of the producer's from this one is wanted
         self._real: list[int] = []  # the producer's step number of each step received
         self._ended = False  # the producer acknowledged this rank's goodbye (or left)
         self._bye_sent = False  # this rank said goodbye: an empty record answers it
@@ -176,6 +177,9 @@ class Consumer(TransportBase):
         """
         if not self._ahead and not self.catalog.closed:
             self._release(count - 2)
+            if self.flow == LATEST and self._real:
+                # ready for a newer step, the one held kept: the producer sends it the newest
+                self._want(self._real[-1] + 1)
         now = time.monotonic()
         if self._waiting is None or self._waiting[0] != count:
             self._waiting = (count, now)
@@ -238,6 +242,19 @@ class Consumer(TransportBase):
             for r in range(self.inter.Get_remote_size())
         ]
         self._wait(reqs, "the producer to take a release")
+
+    def _want(self, real: int) -> None:
+        """Independent (flow 'latest'): tell every producer rank that this rank waits for a
+        step of the producer's *real* or later, once."""
+        if real <= self._wanted_real:
+            return
+        self._wanted_real = real
+        msg = np.array([Request.WANT, real], dtype=np.int64)
+        reqs = [
+            comm_mod.isend_bytes(self.inter, _u8(msg), r, Tag.REQUEST)
+            for r in range(self.inter.Get_remote_size())
+        ]
+        self._wait(reqs, "the producer to take a request")
 
     def _wait(self, reqs: list, what: str, timeout: float | None = None) -> list[int]:
         timeout = self.timeout if timeout is None else timeout

@@ -111,10 +111,19 @@ class Link:
     )  # steps sent, not yet released by all
     last: int = -1  # the last step delivered
     count: int = 0  # steps delivered: the consumer's step count
+    #: per consumer rank (flow 'latest'): it waits for a step of this one or later (Request.WANT)
+    wanted: np.ndarray | None = None
 
     @property
     def low(self) -> int:
         return int(self.released.min())
+
+    @property
+    def ready(self) -> int:
+        """Every consumer rank released, or waits for, the steps from this one on."""
+        if self.wanted is None:
+            return self.low
+        return int(np.maximum(self.released, self.wanted).min())
 
 
 class Producer(TransportBase):
@@ -169,7 +178,15 @@ class Producer(TransportBase):
         for c, inter, flow in links:
             n = inter.Get_remote_size()
             self._links.append(
-                Link(c, inter, n, np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool), flow)
+                Link(
+                    c,
+                    inter,
+                    n,
+                    np.zeros(n, dtype=np.int64),
+                    np.zeros(n, dtype=bool),
+                    flow,
+                    wanted=np.zeros(n, dtype=np.int64),
+                )
             )
         if self.serve_mode == "thread" and self._links:
             self._server = threading.Thread(
@@ -290,7 +307,7 @@ class Producer(TransportBase):
         if self.rank == 0:
             self._serve_once()  # the freshest view of the releases
             flags = bytes(
-                int(link.flow == LATEST and (link.last < 0 or link.low > link.last))
+                int(link.flow == LATEST and (link.last < 0 or link.ready > link.last))
                 for link in self._links
             )
         else:
@@ -421,6 +438,8 @@ class Producer(TransportBase):
         elif kind == Request.RELEASE and len(words) == 2:
             link.released[src] = max(int(link.released[src]), int(words[1]))
             self._dirty = True
+        elif kind == Request.WANT and len(words) == 2 and link.wanted is not None:
+            link.wanted[src] = max(int(link.wanted[src]), int(words[1]))
         elif kind == Request.BYE and len(words) == 1:
             link.bye[src] = True
             link.released[src] = NEVER

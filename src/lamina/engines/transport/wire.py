@@ -55,6 +55,9 @@ class Request(IntEnum):
     #: ``[PAYLOAD, step, dataset id, block]``: send that block's stored bytes whole (the encoded
     #: bands of a multiresolution dataset, which consumers decode as a file reader does)
     PAYLOAD = 5
+    #: ``[WANT, k]``: this consumer rank (flow 'latest') waits for a step of k or later, keeping
+    #: those before: the producer may send it a newer step without a release
+    WANT = 6
 
 
 #: first word after the step in a record message: bit 0 set when the statistics follow on request
