@@ -371,30 +371,22 @@ def test_a_step_ahead_of_a_slow_producer_with_a_flow(tmp_path, role):
     assert _took(res, "produce") < 8, res.describe()
 
 
-def test_a_latest_consumer_reads_its_last_step_after_the_stream_ends(tmp_path):
-    """flow='latest': waiting for a next step that never comes keeps the step held readable."""
-    _skip_without_mpiexec()
-    res = run_mpmd(
-        (1, "transport_ahead", "slow", "l", 4, 0.2),
-        (1, "transport_ahead", "latest-last", "l", 4),
-        cwd=tmp_path,
-        env=AHEAD,
-    )
-    assert res.lines("OK latest-last"), res.describe()
-
-
-def test_a_latest_consumer_that_keeps_up_sees_most_steps(tmp_path):
+@pytest.mark.parametrize(
+    "role, steps, gap", [("latest-last", 4, 0.2), ("keep-up", 12, 0.15)], ids=["last", "keep-up"]
+)
+def test_a_latest_consumer_waiting_for_a_newer_step(tmp_path, role, steps, gap):
     """flow='latest' with iter_steps: a consumer waiting for its next step says it wants a
-    newer one (Request.WANT) and keeps the one it holds, so the producer sends each step it
-    commits to a consumer quicker than it (it saw the first and the last of 12)."""
+    newer one (Request.WANT) and keeps the one it holds.  ``last``: that step is still read
+    once the stream ends; ``keep-up``: the producer sends each step it commits to a consumer
+    quicker than it (it saw the first and the last of 12)."""
     _skip_without_mpiexec()
     res = run_mpmd(
-        (1, "transport_ahead", "slow", "l", 12, 0.15),
-        (1, "transport_ahead", "keep-up", "l", 12),
+        (1, "transport_ahead", "slow", "l", steps, gap),
+        (1, "transport_ahead", role, "l", steps),
         cwd=tmp_path,
         env=AHEAD,
     )
-    assert res.lines("OK keep-up:"), res.describe()
+    assert res.lines(f"OK {role}"), res.describe()
 
 
 def test_lent_blocks_reach_the_file_under_both(tmp_path):

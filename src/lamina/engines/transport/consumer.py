@@ -236,12 +236,7 @@ class Consumer(TransportBase):
         if real <= self._released_real:
             return
         self._released_real = real
-        msg = np.array([Request.RELEASE, real], dtype=np.int64)
-        reqs = [
-            comm_mod.isend_bytes(self.inter, _u8(msg), r, Tag.REQUEST)
-            for r in range(self.inter.Get_remote_size())
-        ]
-        self._wait(reqs, "the producer to take a release")
+        self._tell_all([Request.RELEASE, real], "the producer to take a release")
 
     def _want(self, real: int) -> None:
         """Independent (flow 'latest'): tell every producer rank that this rank waits for a
@@ -249,12 +244,17 @@ class Consumer(TransportBase):
         if real <= self._wanted_real:
             return
         self._wanted_real = real
-        msg = np.array([Request.WANT, real], dtype=np.int64)
+        self._tell_all([Request.WANT, real], "the producer to take a request")
+
+    def _tell_all(self, words: list[int], what: str, timeout: float | None = None) -> None:
+        """Independent: send the request *words* to every producer rank; wait until each took
+        it (at most *timeout* s without progress, by default the transport's)."""
+        msg = np.array(words, dtype=np.int64)
         reqs = [
             comm_mod.isend_bytes(self.inter, _u8(msg), r, Tag.REQUEST)
             for r in range(self.inter.Get_remote_size())
         ]
-        self._wait(reqs, "the producer to take a request")
+        self._wait(reqs, what, timeout)
 
     def _wait(self, reqs: list, what: str, timeout: float | None = None) -> list[int]:
         timeout = self.timeout if timeout is None else timeout
@@ -477,13 +477,8 @@ class Consumer(TransportBase):
     def _goodbye(self, timeout: float | None = None) -> None:
         """Consumer: release everything, say goodbye to every producer rank, drain the record
         stream (each wait at most *timeout* s, by default the transport's)."""
-        bye = np.array([Request.BYE], dtype=np.int64)
         self._bye_sent = True
-        reqs = [
-            comm_mod.isend_bytes(self.inter, _u8(bye), r, Tag.REQUEST)
-            for r in range(self.inter.Get_remote_size())
-        ]
-        self._wait(reqs, "the producer to take this rank's goodbye", timeout)
+        self._tell_all([Request.BYE], "the producer to take this rank's goodbye", timeout)
 
         def acknowledged() -> bool:
             # answers to requests given up after a timeout may still come: take and drop them
