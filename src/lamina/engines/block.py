@@ -377,8 +377,6 @@ class BlockEngine(Engine):
         self._committed_cp: tuple | None = (
             None  # the catalog as of the last commit (to undo refused changes)
         )
-        #: what a put is writing, for the message of an I/O error kept until end_step
-        self._writing: Callable[[], str] | None = None
         self._put_error: BaseException | None = (
             None  # an I/O failure in put, raised by end_step on every rank
         )
@@ -856,11 +854,7 @@ class BlockEngine(Engine):
         if nbytes <= SMALL:
             log.add_staged(spec.id, start, stop, arr, self._chunk_for(nbytes))
         else:
-            self._writing = lambda: f"dataset {spec.path!r} box {box_of(start, arr.shape)}"
-            try:
-                payload, job, loc = self._place(spec, arr, copy)
-            finally:
-                self._writing = None
+            payload, job, loc = self._place(spec, arr, copy, start)
             log.add(spec.id, start, stop, nbytes, BlockCodec.RAW, payload, job, loc)
 
     def put_stats(self, name: str, box: Box, array: np.ndarray) -> None:
@@ -1754,8 +1748,9 @@ class BlockEngine(Engine):
             background=self.background_stats,
         )
 
-    def _place(self, spec: DatasetSpec, arr: np.ndarray, copy: bool) -> tuple:
-        """A large raw block at put time: ``(payload kept, statistics job, location or None)``.
+    def _place(self, spec: DatasetSpec, arr: np.ndarray, copy: bool, start) -> tuple:
+        """A large raw block at its corner *start*, at put time: ``(payload kept, statistics
+        job, location or None)``.
 
         By default the block is kept (a copy, or the caller's array with
         ``copy=False``) until :meth:`_move`.

@@ -39,7 +39,7 @@ from ...catalog import (
 )
 from ...derived import _parallel
 from ...errors import ChecksumError, FormatError, LaminaWarning, NotALaminaFileError
-from ...geometry import Box, cols_max, cols_min, rows_all, split_range
+from ...geometry import Box, box_of, cols_max, cols_min, rows_all, split_range
 from ..block import BlockEngine, StepHeads, wait_for
 from ..staging import Chunk
 from . import format as fmt
@@ -904,8 +904,9 @@ class NativeEngine(BlockEngine):
         return rec, self._blocks(rec, what)
 
     # ------------------------------------------------------------ data
-    def _write_data(self, buf) -> int:
-        """Aggregator: append *buf* to this session's subfile; its offset there.
+    def _write_data(self, buf, what: Callable[[], str] | None = None) -> int:
+        """Aggregator: append *buf* to this session's subfile; its offset there.  *what()*
+        names what *buf* holds, in the message of an I/O error (default: the step's blocks).
 
         An I/O error is kept and raised by end_step, on every rank: raised
         here, on this rank only, it would leave the other ranks waiting in
@@ -919,18 +920,18 @@ class NativeEngine(BlockEngine):
             except OSError as e:
                 # what was being written, in the message every rank gets (the error's class,
                 # errno and file stay)
-                what = self._writing() if self._writing is not None else "the step's blocks"
                 name = subfile_name(self.session, self.agg_of[self.rank])
-                self._put_error = OSError(e.errno, f"{e.strerror} (writing {what})", name)
+                said = what() if what is not None else "the step's blocks"
+                self._put_error = OSError(e.errno, f"{e.strerror} (writing {said})", name)
         self._data_end += n
         return off
 
-    def _place(self, spec, arr: np.ndarray, copy: bool) -> tuple:
+    def _place(self, spec, arr: np.ndarray, copy: bool, start) -> tuple:
         if not self.is_agg:
-            return super()._place(spec, arr, copy)
+            return super()._place(spec, arr, copy, start)
         # write now; the worker thread computes stats/checksums meanwhile
         job = self._job(arr)
-        off = self._write_data(arr)
+        off = self._write_data(arr, lambda: f"dataset {spec.path!r} box {box_of(start, arr.shape)}")
         if copy:
             job.result()  # the caller may reuse its buffer as soon as we return
         return None, job, (self.session, self.agg_of[self.rank], off)

@@ -206,10 +206,10 @@ class Producer(TransportBase):
     def put_many(self, name: str, starts: np.ndarray, arrays, copy: bool = True) -> None:
         super().put_many(name, starts, arrays, True)  # copied, as put
 
-    def _place(self, spec, arr: np.ndarray, copy: bool) -> tuple:
+    def _place(self, spec, arr: np.ndarray, copy: bool, start) -> tuple:
         if copy and any(fnmatch.fnmatchcase(spec.path, pat) for pat in self.shallow):
             copy = False  # shallow: keep the caller's array until consumers release the step
-        return super()._place(spec, arr, copy)
+        return super()._place(spec, arr, copy, start)
 
     def _recycle(self, c: Chunk) -> None:
         """Staging chunks hold the blocks served to consumers: never reused (dropped with their step)."""
