@@ -1899,6 +1899,23 @@ def test_record_directory_checked_at_once_as_one_by_one(nsec, version, seed, spo
         assert got == want
 
 
+def test_record_directory_whose_lengths_pass_2_to_the_64_is_refused():
+    """Section lengths that add up past 2^64 wrap in the 64-bit columns of the check done
+    at once: offsets forged to follow the wrapped sums must be refused as the entry-by-entry
+    check refuses them, not handed on (a read then asked for exabytes)."""
+    from lamina.catalog.record import _ENTRY, _sections_at_once, _sections_one_by_one
+
+    specs = [DatasetSpec(f"d{i}", (4,), np.dtype("f8"), 0, (), i) for i in range(9)]
+    rows, pos = [], 0
+    for k, length in enumerate([(1 << 62) - 1] * 4 + [200] * 5):
+        rows.append((k, 1, pos, length, 0, 0))
+        pos = (pos + length) % (1 << 64)
+    directory = b"".join(_ENTRY[4].pack(*r) for r in rows)
+    assert _sections_at_once(directory, 9, specs, 4) is None
+    with pytest.raises(FormatError, match="dataset 'd5'"):
+        _sections_one_by_one(directory, 9, specs, 4, "record 0")
+
+
 def test_a_checkpoint_restores_alike_however_often():
     """A checkpoint restored, then changed past again, restores to the same state once more:
     a rank that applies records again after a first restore may have to go back again."""

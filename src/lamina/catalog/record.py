@@ -313,7 +313,9 @@ def _sections_at_once(
         return None
     if bool((length >= 1 << 62).any()) or bool((raw >= _MAX_RAW).any()) or bool((n == 0).any()):
         return None
-    end = np.cumsum(length)
+    end = np.cumsum(length)  # uint64: a sum past 2^64 wraps, and then falls somewhere
+    if nsec > 1 and bool((end[1:] < end[:-1]).any()):
+        return None
     if int(off[0]) != 0 or (nsec > 1 and bool((off[1:] != end[:-1]).any())):
         return None
     ids = did.tolist()
