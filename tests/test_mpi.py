@@ -300,6 +300,11 @@ def test_failures_reach_every_rank(tmp_path, case, n):
         "step-apart-close",
         "step-apart-close-async",
         "io-apart",
+        *(
+            f"{c}-{io}"
+            for c in ("close-in-step", "data-then-step")
+            for io in ("sync", "async", "auto")
+        ),
     ],
 )
 @pytest.mark.parametrize("n", [2, 3])

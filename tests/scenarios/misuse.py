@@ -22,12 +22,22 @@ Usage: misuse.py CASE PATH [AGGREGATORS]
                   under sync it leaves the file (it closed, and the others waited forever in
                   their close), under async it waits for their close and closes with them;
                   every rank raises and returns, and the first step is in the file
+  close-in-step IO  rank 0 writes outside a step (a step opened by the write) and closes the
+                  file while the others begin, write and end that step: the counts of steps
+                  agree, but the close met an end_step: every rank raises and returns (the
+                  ranks went on in different collective calls and waited forever), the step
+                  before is in the file
+  data-then-step IO  create_dataset(data=...) (written by rank 0: a step opened by its write)
+                  then `with f.step()` on every rank: rank 0's begin_step takes the step its
+                  write opened (it raised StepError there alone); the data and the step's
+                  writes are step 0
   io-apart        the last rank opens with io='async' (as under $LAMINA_IO set on some ranks),
                   the others with 'sync': every rank raises CollectiveMismatchError at the open
                   (the background layer's own collectives made the ranks wait forever), and
                   the file opened alike next writes
 """
 
+import functools
 import resource
 import signal
 import sys
@@ -255,6 +265,51 @@ def step_apart_close(io: str) -> None:
         np.testing.assert_array_equal(g["x"][...], np.arange(size, dtype=float))
 
 
+def close_in_step(io: str) -> None:
+    f = lamina.open(path, "w", durable=False, io=io)
+    x = f.create_dataset("x", (size,))
+    with f.step():
+        x[rank] = rank
+    said = []
+    try:
+        if rank == 0:
+            x[0] = -1.0  # a step opened by the write, never ended here
+            f.close()
+        else:
+            with f.step():
+                x[rank] = -1.0
+            f.close()
+    except lamina.LaminaError as e:
+        said.append(str(e))
+        try:
+            f.close()  # (a rank whose end_step raised: the file is still open here)
+        except lamina.LaminaError as e2:
+            said.append(str(e2))
+    assert said, "the close met an end_step and nobody raised"
+    comm.Barrier()
+    with lamina.open(path, comm=MPI.COMM_SELF) as g:  # (the close record: maybe not written)
+        assert g.steps == 1, g.steps
+        np.testing.assert_array_equal(g["x"][...], np.arange(size, dtype=float))
+
+
+def data_then_step(io: str) -> None:
+    with lamina.open(path, "w", durable=False, io=io) as f:
+        d = f.create_dataset("d", data=np.arange(4.0))
+        x = f.create_dataset("x", (size,))
+        with f.step() as k:
+            assert k == 0, k
+            x[rank] = rank
+        with f.step() as k:
+            assert k == 1, k
+            x[rank] = 10 + rank
+    comm.Barrier()
+    with lamina.open(path, comm=MPI.COMM_SELF) as g:
+        assert g.steps == 2, g.steps
+        np.testing.assert_array_equal(g["d"].read(step=0), np.arange(4.0))
+        np.testing.assert_array_equal(g["x"].read(step=0), np.arange(size, dtype=float))
+    del d
+
+
 def io_apart() -> None:
     io = "async" if rank == size - 1 else "sync"
     try:
@@ -283,6 +338,11 @@ else:
         "io-apart": io_apart,
         "step-apart-close": lambda: step_apart_close("sync"),
         "step-apart-close-async": lambda: step_apart_close("async"),
+        **{
+            f"{name}-{io}": functools.partial(fn, io)
+            for name, fn in (("close-in-step", close_in_step), ("data-then-step", data_then_step))
+            for io in ("sync", "async", "auto")
+        },
     }[case]()
 comm.Barrier()
 if rank == 0:

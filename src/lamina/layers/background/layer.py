@@ -244,6 +244,8 @@ class BackgroundLayer(Layer):
         self._next_direct = False
         self._direct: list[float] | None = None
         self._direct_sizes: list[int] = []  # the buffers its puts would have copied into
+        self._direct_begun = False  # the step written directly was begun by begin_step
+        self._adopted: Step | None = None  # copies of a step moved to the engine at begin_step
         self._first = False  # io='auto', no step begun yet: the first is judged on history
         self._parted = False  # the last agreement found the ranks at different calls
         self._first_owed = False  # the first step dropped here before it was judged
@@ -688,6 +690,8 @@ class BackgroundLayer(Layer):
         if not self.active:
             return self.inner.begin_step()
         self._require_open("begin a step")
+        if self._adopt():
+            return self._next
         if self._step is not None or self._direct is not None:
             raise StepError(f"step {self._next} is already open; call end_step first")
         if self._first:
@@ -709,9 +713,33 @@ class BackgroundLayer(Layer):
             self._in_calls += took
             self._direct = [0.0, took]
             self._direct_sizes = []
+            self._direct_begun = True
             return self._next
         self._step = Step(explicit=True)
         return self._next
+
+    def _adopt(self) -> bool:
+        """At begin_step: whether a step a write opened here (not begun) was taken as the step
+        begun, as the engine takes one (create_dataset(data=) writes on rank 0 alone).  The
+        first step under io='auto' is judged here with the ranks that begin it."""
+        if self._direct is not None and not self._direct_begun:
+            with self.lock:
+                self.inner.begin_step()  # the engine's step opened by the writes: taken
+            self._direct_begun = True
+            return True
+        if self._step is None or self._step.explicit:
+            return False
+        if self._first:
+            self._first = self._first_owed = False
+            self._next_direct = not self._first_step()
+            if self._next_direct:  # the ranks that begin it write it directly: so does this one
+                self._adopted = self._step_to_engine()
+                with self.lock:
+                    self.inner.begin_step()
+                self._direct_begun = True
+                return True
+        self._step.explicit = True
+        return True
 
     def _first_step(self) -> bool:
         """Collective, at the first explicit begin_step under io='auto': whether that step goes
@@ -822,6 +850,7 @@ class BackgroundLayer(Layer):
             self.inner.skip_steps(self._take_dropped())
         self._direct = [float(nbytes), 0.0]
         self._direct_sizes = sizes or []
+        self._direct_begun = False
 
     def _direct_call(self, fn, *args) -> None:
         """A write call of a step written directly (io='auto'), timed as the step's I/O."""
@@ -1048,6 +1077,9 @@ class BackgroundLayer(Layer):
                 if not self.inner.closed and self.inner.in_step:
                     self.inner.discard_step()
                     counted = True
+            adopted, self._adopted = self._adopted, None
+            if adopted is not None:  # (after the engine let go of them)
+                self._release(adopted)
         step, self._step = self._step, None
         if step is not None:
             self._release(step)
@@ -1089,6 +1121,8 @@ class BackgroundLayer(Layer):
             try:
                 self._end_direct(t_call)
             finally:
+                copied = copied or self._adopted
+                self._adopted = None
                 if copied is not None:  # the engine held its copies until the commit
                     self._release(copied)
             return
