@@ -343,6 +343,144 @@ def test_bad_inputs(tmp_path):
         omezarr.convert(src, tmp_path / "y.lam", gzip=3)
 
 
+def _image(path, shape, axes, fmt: int = 2, **kw):
+    """A store that is one image (array "0" of *shape*); returns the array."""
+    g = zarr.open_group(str(path), mode="w", zarr_format=fmt)
+    a = g.create_array("0", shape=shape, **kw)
+    ms = {"axes": axes, "datasets": [{"path": "0"}]}
+    if fmt == 2:
+        g.attrs["multiscales"] = [{"version": "0.4", **ms}]
+    else:
+        g.attrs["ome"] = {"version": "0.5", "multiscales": [ms]}
+    return a
+
+
+def test_foreign_null_fill_reads_as_zarr_reads(tmp_path):
+    """fill_value null (Zarr format 2): the chunks not stored read as 0, as zarr-python reads them."""
+    src = tmp_path / "fn.zarr"
+    a = _image(src, (4, 4), [Y, X], dtype="f4", chunks=(2, 2), fill_value=None)
+    a[:2, :2] = 1
+    omezarr.convert(src, tmp_path / "fn.lam", progress=False)
+    with lamina.open(tmp_path / "fn.lam") as f:
+        assert f["fn"].fill == 0
+        np.testing.assert_array_equal(f["fn"][...], zarr.open_array(str(src / "0"))[...])
+
+
+def test_foreign_chunks_behind_symlinks(tmp_path):
+    """Chunk directories reached through a symlink are read (as zarr reads them); a link back
+    to a directory already listed (a loop) is not followed, with a warning."""
+    src = tmp_path / "sym.zarr"
+    enc = {"name": "v2", "separator": "/"}
+    a = _image(src, (4, 4), [Y, X], dtype="f4", chunks=(2, 2), chunk_key_encoding=enc)
+    want = np.arange(16.0).reshape(4, 4) + 1
+    a[...] = want
+    os.rename(src / "0" / "1", tmp_path / "elsewhere")
+    os.symlink(tmp_path / "elsewhere", src / "0" / "1")
+    os.symlink(src / "0", tmp_path / "elsewhere" / "loop")
+    res = omezarr.convert(src, tmp_path / "sym.lam", progress=False)
+    assert res.warnings == [
+        "array /0: directory '1/loop' is a link to a directory already "
+        "listed: its chunks are not read again"
+    ]
+    with lamina.open(tmp_path / "sym.lam") as f:
+        np.testing.assert_array_equal(f["sym"][...], want)
+
+
+def test_foreign_time_chunk_is_decoded_once(tmp_path, monkeypatch):
+    """A chunk spanning many time points is read for several steps at once (as many as
+    CACHE_BYTES holds), not once per step."""
+    src = tmp_path / "tc.zarr"
+    t = 40
+    a = _image(src, (t, 8, 8), [T, Y, X], dtype="f4", chunks=(t, 8, 8), fill_value=0)
+    want = np.random.default_rng(0).random((t, 8, 8)).astype("f4")
+    a[...] = want
+    reads = []
+    getitem = zarr.Array.__getitem__
+
+    def counted(self, sel):
+        reads.append(sel)
+        return getitem(self, sel)
+
+    monkeypatch.setattr(zarr.Array, "__getitem__", counted)
+    for cache, n in ((omezarr.CACHE_BYTES, 1), (10 * 8 * 8 * 4, 4)):
+        monkeypatch.setattr(omezarr, "CACHE_BYTES", cache)
+        reads.clear()
+        res = omezarr.convert(src, tmp_path / "tc.lam", overwrite=True, progress=False)
+        assert res.steps == t and len(reads) == n, reads
+        with lamina.open(tmp_path / "tc.lam") as f:
+            for k in (0, 9, 10, 39):
+                np.testing.assert_array_equal(f.at(k)["tc"][...], want[k])
+
+
+def test_foreign_far_time_point_is_refused(tmp_path, monkeypatch):
+    """Steps holding no stored data still commit: more than MAX_EMPTY_STEPS of them (one time
+    point far along the time axis) are refused before anything is written; fewer convert, each
+    time point the step of its index."""
+    monkeypatch.setattr(omezarr, "MAX_EMPTY_STEPS", 8)
+    src = tmp_path / "far.zarr"
+    a = _image(src, (10**9, 2, 2), [T, Y, X], dtype="f4", chunks=(1, 2, 2), fill_value=0)
+    a[20] = 1
+    with pytest.raises(ConvertError, match=r"far\.zarr.*time point 20.*commit 20 steps holding"):
+        omezarr.convert(src, tmp_path / "far.lam", progress=False)
+    assert not os.path.exists(tmp_path / "far.lam")
+    a[20] = 0  # no chunk stored there any more
+    a[5] = 2
+    res = omezarr.convert(src, tmp_path / "far.lam", progress=False)
+    assert res.steps == 6
+    with lamina.open(tmp_path / "far.lam") as f:
+        assert f["far"].coverage(0) == [] and f.at(5)["far"][...].tolist() == [[2, 2], [2, 2]]
+
+
+def test_foreign_image_of_fill_values_is_one_unwritten_step(tmp_path):
+    """An image no chunk of which is stored (all the fill value: an empty label mask) is one
+    step in which it is not written, reading as its fill value."""
+    for axes, shape in (([Y, X], (4, 4)), ([T, Y, X], (3, 4, 4))):
+        src = tmp_path / "blank.zarr"
+        _image(src, shape, axes, dtype="u1", chunks=(2,) * len(shape), fill_value=0)[...] = 0
+        res = omezarr.convert(src, tmp_path / "blank.lam", overwrite=True, progress=False)
+        assert res.steps == 1
+        with lamina.open(tmp_path / "blank.lam") as f:
+            assert f.steps == 1 and f["blank"].coverage(0) == []
+            np.testing.assert_array_equal(f["blank"][...], np.zeros((4, 4), "u1"))
+
+
+def test_foreign_errors_say_why(tmp_path):
+    """A codec this installation lacks, and a store whose only image is not numeric: the
+    error gives the cause."""
+    for fmt in (2, 3):
+        src = tmp_path / f"codec{fmt}.zarr"
+        _image(src, (2, 2), [Y, X], fmt, dtype="f4", chunks=(2, 2))[...] = 1
+        meta = src / "0" / (".zarray" if fmt == 2 else "zarr.json")
+        z = json.loads(meta.read_text())
+        if fmt == 2:
+            z["compressor"] = {"id": "no_such_codec"}
+        else:
+            z["codecs"].append({"name": "no_such_codec", "configuration": {}})
+        meta.write_text(json.dumps(z))
+        with pytest.raises(
+            ConvertError, match=r"cannot open '0'.*UnknownCodecError.*no_such_codec"
+        ):
+            omezarr.convert(src, tmp_path / "x.lam")
+    src = tmp_path / "dates.zarr"
+    _image(src, (2, 2), [Y, X], dtype="M8[s]", chunks=(2, 2))
+    with pytest.raises(ConvertError, match=r"no OME-Zarr image lamina can convert.*datetime64"):
+        omezarr.convert(src, tmp_path / "x.lam")
+    assert not os.path.exists(tmp_path / "x.lam")
+
+
+def test_names_zarr_keeps_its_metadata_under_are_refused(tmp_path):
+    """A dataset or group named like a Zarr metadata file: one error naming it, nothing written."""
+    cases = (".zarray", ".zattrs", ".zgroup", "zarr.json", ".zmetadata", ".zattrs/x")
+    for k, name in enumerate(cases):
+        src = tmp_path / f"n{k}.lam"
+        with lamina.open(src, "w") as f:
+            f.create_dataset(f"g/{name}", (2,), "f4")
+        what = "group /g/.zattrs" if "/" in name else f"dataset /g/{name}"
+        with pytest.raises(ConvertError, match=rf"n{k}\.lam': {what}: .* Zarr metadata file"):
+            omezarr.convert(src, tmp_path / "n.zarr", progress=False)
+        assert not [p for p in os.listdir(tmp_path) if "n.zarr" in p]
+
+
 def test_lamina_made_inconsistent(store, tmp_path):
     import shutil
 

@@ -398,11 +398,19 @@ def hdf5_to_lamina(
             _require_serial(f)
             _copy_attrs_from_h5(h, f.attrs, "/", made, res.warnings)
             for name, g in groups:
-                _copy_attrs_from_h5(g, f.require_group(name).attrs, "/" + name, made, res.warnings)
+                lg = _created(f"{src!r}: group /{name}", made, f.require_group, name)
+                _copy_attrs_from_h5(g, lg.attrs, "/" + name, made, res.warnings)
             targets = {}
             for s in sources:
-                ds = f.create_dataset(
-                    s.path, shape=s.shape, dtype=s.dtype, fill=s.fill, compression=s.codecs or None
+                ds = _created(
+                    f"{src!r}: dataset /{s.path}",
+                    made,
+                    f.create_dataset,
+                    s.path,
+                    shape=s.shape,
+                    dtype=s.dtype,
+                    fill=s.fill,
+                    compression=s.codecs or None,
                 )
                 _copy_attrs_from_h5(s.h5, ds.attrs, "/" + s.path, made, res.warnings)
                 targets[s.path] = ds
@@ -497,7 +505,10 @@ def _walk_h5(
     from .catalog import check_dtype
     from .errors import DTypeError
 
+    first: dict = {}  # object -> the name it is converted under (the first visited)
+
     def visit(name: str, obj) -> None:
+        first.setdefault(obj.id, name)
         if isinstance(obj, h5py.Group):
             groups.append((name, obj))
         elif isinstance(obj, h5py.Dataset):
@@ -531,7 +542,14 @@ def _walk_h5(
     if hasattr(h, "visititems_links"):
 
         def links(name: str, link) -> None:
-            if isinstance(link, h5py.SoftLink):
+            if isinstance(link, h5py.HardLink):
+                seen = first.get(h[name].id)
+                if seen is not None and seen != name:
+                    warnings.append(
+                        f"skipped /{name}: a hard link to the object at /{seen}, "
+                        f"converted once, as /{seen}"
+                    )
+            elif isinstance(link, h5py.SoftLink):
                 warnings.append(f"skipped soft link /{name} -> {link.path}")
             elif isinstance(link, h5py.ExternalLink):
                 warnings.append(f"skipped external link /{name} -> {link.filename}:{link.path}")
@@ -789,6 +807,20 @@ def _h5_int(v, what: str) -> int:
 # helpers
 
 
+def _created(what: str, made: bool, create, *args, **kw):
+    """``create(*args, **kw)``: a lamina group or dataset made for *what* of the source.
+
+    lamina's refusal (a name or a fill value it cannot hold) is one error
+    naming *what*: a FormatError if the source was *made* by lamina, else a
+    ConvertError.
+    """
+    try:
+        return create(*args, **kw)
+    except (LaminaError, ValueError, TypeError) as e:
+        err = FormatError if made else ConvertError
+        raise err(f"{what}: cannot create it: {e}") from None
+
+
 def _check_distinct(src: str, dst: str) -> None:
     if os.path.exists(dst) and os.path.exists(src) and os.path.samefile(src, dst):
         raise ConvertError(f"source and destination are the same file: {src!r}")
@@ -833,13 +865,30 @@ class _staged:
                 raise FileExistsError(
                     f"{dst!r} is a lamina directory; not replacing it with an HDF5 file"
                 )
-        self.tmp = os.path.join(
-            parent, f".{os.path.basename(os.path.abspath(dst))}.partial-{os.getpid()}"
-        )
+        self.parent = parent
+        self.stem = f".{os.path.basename(os.path.abspath(dst))}.partial-{_host()}-"
+        self.tmp = os.path.join(parent, f"{self.stem}{os.getpid()}")
 
     def __enter__(self) -> str:
         _remove(self.tmp)
+        self._remove_stale()
         return self.tmp
+
+    def _remove_stale(self) -> None:
+        """Remove what conversions to the same destination, killed on this host, left behind.
+
+        Only names of this host are looked at: a conversion running on
+        another host (a shared file system) is never touched, nor one whose
+        process is alive here.
+        """
+        try:
+            names = os.listdir(self.parent)
+        except OSError:
+            return
+        for name in names:
+            pid = name[len(self.stem) :]
+            if name.startswith(self.stem) and pid.isdigit() and not _alive(int(pid)):
+                _remove(os.path.join(self.parent, name))
 
     def __exit__(self, et, ev, tb) -> None:
         if ev is not None:
@@ -854,6 +903,24 @@ class _staged:
             raise ConvertError(
                 f"cannot put the converted file in place as {self.dst!r}: {e.strerror or e}"
             ) from e
+
+
+def _host() -> str:
+    """This host's name as a file name may hold it."""
+    import socket
+
+    return "".join(c if c.isalnum() or c in "._" else "_" for c in socket.gethostname()) or "host"
+
+
+def _alive(pid: int) -> bool:
+    """Whether process *pid* of this host exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OverflowError, OSError):  # PermissionError: another user's
+        return True
+    return True
 
 
 def _remove(path: str) -> None:

@@ -21,7 +21,8 @@ coarser levels of its pyramid are not kept (a warning says so).
 Data moves in slabs of at most 64 MiB (one chunk when a chunk is larger),
 aligned on the chunks of the arrays written.  Reading a Zarr store, the
 work is bounded by what the store holds: the chunks copied are the ones
-found on disk, never every chunk its metadata could describe.
+found on disk, never every chunk its metadata could describe, and at most
+MAX_EMPTY_STEPS steps holding no stored data are committed.
 """
 
 from __future__ import annotations
@@ -43,10 +44,12 @@ from .geometry import Box
 from .hdf5 import (
     SLAB_BYTES,
     USER_PREFIX,
+    ZARR_MARKERS,
     ConvertError,
     ConvertResult,
     _bar,
     _check_distinct,
+    _created,
     _require_serial,
     _staged,
     chunk_shape,
@@ -63,6 +66,12 @@ NGFF_VERSION = "0.4"
 KEY = "lamina"
 #: largest chunk of a plain dataset's arrays (viewers read whole chunks)
 CHUNK_BYTES = 4 << 20
+#: values of the time points a chunk spans, read at once and kept for the next steps (bytes)
+CACHE_BYTES = SLAB_BYTES
+#: most steps holding no stored data a conversion from a store not made by lamina commits
+MAX_EMPTY_STEPS = 1 << 16
+#: names Zarr keeps its metadata under, which no group or array may take
+ZARR_NAMES = frozenset({*ZARR_MARKERS, ".zmetadata"})
 #: names of the space axes, by the number of dimensions
 SPACE_AXES = {1: ("x",), 2: ("y", "x"), 3: ("z", "y", "x")}
 #: attributes OME-Zarr readers give a meaning to: not copied from a store
@@ -176,6 +185,7 @@ def lamina_to_zarr(
         nodes = [(p.lstrip("/"), obj) for p, obj in f.walk()]
         plan: list[_Out] = []
         for path, obj in nodes:
+            _check_zarr_name(path, "dataset" if isinstance(obj, Dataset) else "group", src)
             if isinstance(obj, Dataset):
                 plan.append(_plan_out(path, obj, nsteps))
                 res.warnings += not_kept(f, path, obj, layout=True)
@@ -305,6 +315,16 @@ def _multiscales(name: str, nd: int, levels: list[tuple[int, ...]], layout) -> l
     return [ms]
 
 
+def _check_zarr_name(path: str, kind: str, src: str) -> None:
+    """ConvertError if a name in *path* is one of Zarr's metadata files (Zarr could not hold it)."""
+    for name in path.split("/"):
+        if name in ZARR_NAMES:
+            raise ConvertError(
+                f"{src!r}: {kind} /{path}: {name!r} is the name of a Zarr metadata file, so "
+                "Zarr cannot hold it under that name; rename it first"
+            )
+
+
 def _zgroup(root, path: str, src: str):
     """The Zarr group *path* below *root*, created if missing; ConvertError if Zarr cannot name it."""
     try:
@@ -426,25 +446,66 @@ class _Image:
     boxes: dict[int, list[Box]] = field(default_factory=dict)
     time_chunk: int = 1
     made: bool = False
+    #: bytes the values of several time points, read at once, may take (0: one at a time)
+    cache_bytes: int = 0
+    #: box (start, stop) -> (first time point, its values at that and the next time points)
+    cache: dict = field(default_factory=dict)
 
     def boxes_at(self, k: int) -> list[Box]:
         if self.time_axis is None:
             return self.boxes.get(0, []) if k == 0 else []
         return self.boxes.get(k // self.time_chunk, []) if k < self.steps else []
 
+    def spans(self) -> list[tuple[int, int, list[Box]]]:
+        """(first step, stop step, boxes) of each time chunk holding stored data."""
+        if self.time_axis is None:
+            return [(0, 1, self.boxes[0])] if 0 in self.boxes and self.steps else []
+        tc = self.time_chunk
+        return [
+            (c * tc, min((c + 1) * tc, self.steps), boxes)
+            for c, boxes in sorted(self.boxes.items())
+            if c * tc < self.steps
+        ]
+
     def read(self, k: int, box: Box, src: str) -> np.ndarray:
+        """The values of *box* at time point *k*.
+
+        A chunk spanning several time points is decoded whole at each read:
+        the values of the next time points are read along with *k* (as many
+        as *cache_bytes* holds for all the boxes of the chunk) and kept for
+        the next steps, so that each chunk is decoded about once.
+        """
+        if self.time_axis is None or self.time_chunk == 1 or not self.cache_bytes:
+            return self._read(k, k + 1, box, src)[0]
+        key = (box.start, box.stop)
+        hit = self.cache.get(key)
+        if hit is None or not hit[0] <= k < hit[0] + len(hit[1]):
+            stop = min((k // self.time_chunk + 1) * self.time_chunk, self.steps)
+            per_step = sum(b.size for b in self.boxes_at(k)) * self.dtype.itemsize
+            n = min(stop - k, self.cache_bytes // max(1, per_step))
+            if n <= 1:
+                return self._read(k, k + 1, box, src)[0]
+            # the values of earlier time points are never read again (steps go forward)
+            for old in [o for o, (t, v) in self.cache.items() if t + len(v) <= k]:
+                del self.cache[old]
+            hit = self.cache[key] = (k, self._read(k, k + n, box, src))
+        return hit[1][k - hit[0]]
+
+    def _read(self, k0: int, k1: int, box: Box, src: str) -> np.ndarray:
+        """The values of *box* at time points *k0* to *k1* - 1, shape ``(k1 - k0, *box.shape)``."""
         sel: list[Any] = [0] * self.array.ndim
         if self.time_axis is not None:
-            sel[self.time_axis] = k
+            sel[self.time_axis] = slice(k0, k1)
         for ax, s in zip(self.space_axes, box.slices, strict=True):
             sel[ax] = s
         try:
             data = np.asarray(self.array[tuple(sel)])
         except (OSError, ValueError, RuntimeError, KeyError, TypeError) as e:
+            steps = f"step {k0}" if k1 == k0 + 1 else f"steps {k0} to {k1 - 1}"
             raise FormatError(
-                f"{src!r}: image {self.where}: cannot read {box} of step {k}: {e}"
+                f"{src!r}: image {self.where}: cannot read {box} of {steps}: {e}"
             ) from None
-        return data.astype(self.dtype, copy=False).reshape(box.shape)
+        return data.astype(self.dtype, copy=False).reshape((k1 - k0, *box.shape))
 
 
 def zarr_to_lamina(
@@ -497,6 +558,11 @@ def zarr_to_lamina(
     else:
         _walk(zarr, src, root, "", made, nsteps, groups, images, res.warnings)
     if not images and not made:
+        skipped = [w for w in res.warnings if w.startswith("skipped image ")]
+        if skipped:
+            raise ConvertError(
+                f"{src!r} holds no OME-Zarr image lamina can convert: {'; '.join(skipped)}"
+            )
         raise ConvertError(
             f"{src!r} holds no OME-Zarr image: no group has 'multiscales' metadata "
             "(in .zattrs, or under 'ome' in zarr.json)"
@@ -506,6 +572,11 @@ def zarr_to_lamina(
             _bound_steps(img)
     plain_steps = [img.steps for img in images if not img.made]
     nsteps = max([nsteps, *plain_steps])
+    if not made:
+        _check_empty_steps(images, nsteps, src)
+    spanning = [img for img in images if img.time_axis is not None and img.time_chunk > 1]
+    for img in spanning:
+        img.cache_bytes = CACHE_BYTES // len(spanning)
     for img in images:
         if not img.made and img.time_axis is not None:
             declared = int(img.array.shape[img.time_axis])
@@ -517,10 +588,10 @@ def zarr_to_lamina(
     res.steps = nsteps
     res.groups, res.datasets = len(groups), len(images)
     total = sum(
-        b.size * img.dtype.itemsize
+        b.size * img.dtype.itemsize * (stop - first)
         for img in images
-        for k in range(nsteps)
-        for b in img.boxes_at(k)
+        for first, stop, boxes in img.spans()
+        for b in boxes
     )
     with _staged(dst, overwrite, "lamina") as tmp, lamina.open(tmp, "w") as f:
         _require_serial(f, "OME-Zarr")
@@ -641,7 +712,7 @@ def _image(
                 f"skipped {where.rstrip('/')}/{name}: a member of image {where} "
                 "(a lamina dataset holds no members)"
             )
-    _find_boxes(img, src)
+    _find_boxes(img, src, warnings)
     return img
 
 
@@ -785,7 +856,8 @@ def _plain_image(
         return None
     fill = arr.fill_value
     try:
-        fill = np.asarray(fill).astype(dt)[()]
+        # null (Zarr format 2): zarr-python reads missing chunks as 0 (False), not as NaN
+        fill = np.zeros((), dt)[()] if fill is None else np.asarray(fill).astype(dt)[()]
     except (TypeError, ValueError):
         fill = np.zeros((), dt)[()]
     if len(dsets) > 1:
@@ -811,8 +883,12 @@ def _plain_image(
 def _array(zarr, group, path: str, where: str, src: str):
     try:
         arr = group[path]
-    except (KeyError, ValueError, OSError, TypeError):
+    except KeyError:
         arr = None
+    except (ValueError, OSError, TypeError) as e:  # e.g. a codec this installation lacks
+        raise ConvertError(
+            f"{src!r}: image {where}: cannot open {path!r}, its level 0: {type(e).__name__}: {e}"
+        ) from None
     if not isinstance(arr, zarr.Array):
         raise ConvertError(
             f"{src!r}: image {where}: {path!r}, its level 0, is not an array in the store"
@@ -820,10 +896,10 @@ def _array(zarr, group, path: str, where: str, src: str):
     return arr
 
 
-def _find_boxes(img: _Image, src: str) -> None:
+def _find_boxes(img: _Image, src: str, warnings: list[str]) -> None:
     """The boxes of *img* that hold data, by time chunk, from the chunks the store holds."""
     arr = img.array
-    outer, stored = _stored_chunks(arr, src)
+    outer, stored = _stored_chunks(arr, src, warnings)
     space_chunks = tuple(outer[i] for i in img.space_axes)
     by_time: dict[int, set[tuple[int, ...]]] = {}
     for c in stored:
@@ -837,21 +913,52 @@ def _find_boxes(img: _Image, src: str) -> None:
 
 
 def _bound_steps(img: _Image) -> None:
-    """The steps of a plain image: its time points up to the last that holds stored data."""
+    """The steps of a plain image: its time points up to the last that holds stored data.
+
+    An image that holds no stored data (every chunk the fill value) is one
+    step in which it is not written: it reads as its fill value.
+    """
     if img.time_axis is None:
-        img.steps = 1 if img.boxes else 0
+        img.steps = 1
         return
     declared = int(img.array.shape[img.time_axis])
-    last = max(img.boxes, default=-1)
-    img.steps = min(declared, (last + 1) * img.time_chunk)
+    held = (max(img.boxes) + 1) * img.time_chunk if img.boxes else 1
+    img.steps = min(declared, held)
 
 
-def _stored_chunks(arr, src: str) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+def _check_empty_steps(images: list[_Image], nsteps: int, src: str) -> None:
+    """ConvertError if more than MAX_EMPTY_STEPS of the *nsteps* steps hold no stored data.
+
+    Each such step is still a commit: a time point far along the time axis
+    (the only one stored, say) must not make a conversion of a few bytes
+    commit millions of steps.
+    """
+    spans = sorted((first, stop) for img in images for first, stop, _ in img.spans())
+    held, reach = 0, 0
+    for first, stop in spans:
+        held += max(0, stop - max(first, reach))
+        reach = max(reach, stop)
+    empty = nsteps - held
+    if empty > MAX_EMPTY_STEPS:
+        far = max((img for img in images if img.time_axis is not None), key=lambda img: img.steps)
+        raise ConvertError(
+            f"{src!r}: image {far.where}: its stored data reaches time point {far.steps - 1}, "
+            f"but only {held} of the {nsteps} time points hold any: converting would commit "
+            f"{empty} steps holding nothing (at most {MAX_EMPTY_STEPS}); copy the time points "
+            "wanted into a store of their own first"
+        )
+
+
+def _stored_chunks(
+    arr, src: str, warnings: list[str]
+) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
     """(the array's chunk or shard shape, the grid coordinates of the chunks found on disk).
 
     The array's directory is listed and each file name decoded with the
     array's chunk key encoding; names that do not encode a chunk of the
-    grid (metadata, strays) are ignored.
+    grid (metadata, strays) are ignored.  Directories reached through
+    symlinks are listed too, each one once (a link back to a directory
+    already listed, a loop say, is not followed).
     """
     shape = tuple(int(n) for n in arr.shape)
     outer = tuple(int(c) for c in (getattr(arr, "shards", None) or arr.chunks))
@@ -864,9 +971,32 @@ def _stored_chunks(arr, src: str) -> tuple[tuple[int, ...], list[tuple[int, ...]
         sep, prefixed = getattr(md, "dimension_separator", None) or ".", False
     top = os.path.join(src, *arr.path.split("/"))
     found = []
-    for dirpath, _, filenames in os.walk(top):
+    seen = set()
+    try:
+        st = os.stat(top)
+        seen.add((st.st_dev, st.st_ino))
+    except OSError:
+        pass
+    # directories reached through symlinks are followed (zarr reads them), each directory once
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=True):
         rel = os.path.relpath(dirpath, top)
         parts = [] if rel == "." else rel.split(os.sep)
+        if len(parts) >= len(shape):  # deeper than any chunk key reaches
+            dirnames[:] = []
+        for d in list(dirnames):
+            try:
+                st = os.stat(os.path.join(dirpath, d))
+            except OSError:  # a dangling link: no chunk there
+                dirnames.remove(d)
+                continue
+            if (st.st_dev, st.st_ino) in seen:
+                dirnames.remove(d)
+                warnings.append(
+                    f"array {'/' + arr.path}: directory {'/'.join([*parts, d])!r} is a link to "
+                    "a directory already listed: its chunks are not read again"
+                )
+                continue
+            seen.add((st.st_dev, st.st_ino))
         for fn in filenames:
             key = "/".join([*parts, fn])
             coords = _decode_key(key, sep, prefixed, len(shape))
@@ -905,18 +1035,17 @@ def _create(f, img: _Image, src: str, warnings: list[str]):
             layout = lamina.Multires(**params)
         except TypeError as e:
             raise FormatError(f"{what}: attribute {KEY}: 'layout': {e}") from None
-    try:
-        ds = f.create_dataset(
-            img.path,
-            shape=img.shape,
-            dtype=img.dtype,
-            fill=img.fill,
-            compression=img.codecs or None,
-            layout=layout,
-        )
-    except (LaminaError, ValueError, TypeError) as e:
-        err = FormatError if img.made else ConvertError
-        raise err(f"{what}: cannot create it: {e}") from None
+    ds = _created(
+        what,
+        img.made,
+        f.create_dataset,
+        img.path,
+        shape=img.shape,
+        dtype=img.dtype,
+        fill=img.fill,
+        compression=img.codecs or None,
+        layout=layout,
+    )
     _attrs_from_json(img.group.attrs.asdict(), ds.attrs, img.where, img.made, img.types, warnings)
     return ds
 
