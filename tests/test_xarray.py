@@ -477,6 +477,35 @@ def test_write_refuses_what_lamina_cannot_store(tmp_path):
         to_lamina(ds, tmp_path / "s.lam")
 
 
+def test_write_refusals_leave_the_destination_as_it_was(tmp_path):
+    """What lamina cannot store (a datetime coordinate, an attribute None or a dict) is refused
+    before the file is opened: an existing file is kept, none is created."""
+    import pandas as pd
+
+    path = tmp_path / "keep.lam"
+    good = xr.Dataset({"a": ("x", np.arange(4.0))})
+    to_lamina(good, path)
+    cases = (
+        (
+            xr.Dataset(
+                {"t": (("time", "x"), np.ones((3, 4)))},
+                coords={"time": pd.date_range("2020-01-01", periods=3)},
+            ),
+            "variable 'time' has dtype datetime64",
+        ),
+        (xr.Dataset({"a": ("x", np.arange(2.0), {"meta": {"n": 1}})}), "attribute 'meta'"),
+        (xr.Dataset(attrs={"none": None}), "group '/': attribute 'none'"),
+    )
+    for k, (bad, text) in enumerate(cases):
+        with pytest.raises(TypeError, match=text):
+            to_lamina(bad, path)
+        with pytest.raises(TypeError, match=text):
+            to_lamina(bad, tmp_path / f"new{k}.lam")
+        assert not (tmp_path / f"new{k}.lam").exists()
+    with xr.open_dataset(path, engine=ENGINE) as back:
+        xr.testing.assert_identical(back.load(), good)
+
+
 @pytest.mark.slow
 def test_reads_a_file_written_by_four_ranks(tmp_path):
     """4 ranks write one Dataset (each its part) with to_lamina; this process reads it back."""

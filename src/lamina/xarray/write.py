@@ -26,6 +26,7 @@ import numpy as np
 import xarray as xr
 
 import lamina
+from lamina.catalog import normalize_attr
 from lamina.geometry import Box, decompose
 
 from . import conventions as cv
@@ -66,6 +67,7 @@ def to_lamina(
     nodes = _nodes(obj)
     nsteps = _step_count(nodes)
     _check_names(nodes, nsteps)
+    _check_values(nodes)
     # a file of static variables alone is one step; a step dimension of length 0, none
     steps = nsteps if any(cv.STEP in ds.dims for _, ds in nodes) else 1
     with lamina.open(path, mode, comm=comm, **options) as f:
@@ -140,6 +142,31 @@ def _check_names(nodes: list[tuple[str, xr.Dataset]], nsteps: int) -> None:
                 )
 
 
+def _check_values(nodes: list[tuple[str, xr.Dataset]]) -> None:
+    """TypeError for a variable or an attribute lamina cannot store, before the file is opened
+    (an existing file is left as it was)."""
+    for gpath, ds in nodes:
+        _check_attrs(ds.attrs, f"group {gpath!r}")
+        for name, var in ds.variables.items():
+            what = f"variable {str(name)!r}"
+            if var.dtype.kind not in "biufc":
+                raise TypeError(
+                    f"{what} has dtype {var.dtype}: lamina stores numbers only (bool, int, float, "
+                    "complex); encode it first (e.g. datetimes as numbers with units)"
+                )
+            _check_attrs(var.attrs, what)
+
+
+def _check_attrs(attrs: dict, what: str) -> None:
+    for k, v in attrs.items():
+        try:
+            if not str(k):
+                raise ValueError("attribute names are non-empty strings")
+            normalize_attr(_attr_value(v))
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"{what}: attribute {k!r} = {v!r} cannot be stored: {e}") from None
+
+
 def _step_count(nodes: list[tuple[str, xr.Dataset]]) -> int:
     """The length of the ``step`` dimension (0 if no variable has one); the same in every node."""
     found = {ds.sizes[cv.STEP] for _, ds in nodes if cv.STEP in ds.dims}
@@ -150,11 +177,6 @@ def _step_count(nodes: list[tuple[str, xr.Dataset]]) -> int:
 
 def _define(g, name: str, var: xr.Variable, nsteps: int, compression):
     what = f"variable {name!r}"
-    if var.dtype.kind not in "biufc":
-        raise TypeError(
-            f"{what} has dtype {var.dtype}: lamina stores numbers only (bool, int, float, complex); "
-            "encode it first (e.g. datetimes as numbers with units)"
-        )
     stepped = cv.STEP in var.dims
     if stepped:
         var = var.transpose(cv.STEP, ...)
