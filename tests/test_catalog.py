@@ -355,6 +355,8 @@ def test_dataset_spec_decode_errors():
         # valid JSON nested deeper than a codec description ever is: refused before parsing
         ("[" * 2000 + "]" * 2000, "nested 2000 levels deep"),
         ('[{"id": "zstd", "level": [[[[1]]]]}]', "nested 6 levels deep"),
+        ('[{"level": 1}]', "a codec without a name"),
+        ('[{"id": 5}]', "a codec without a name"),
     ]:
         with pytest.raises(FormatError, match=text):
             DatasetSpec.decode(Decoder(with_codecs(js)))
@@ -515,6 +517,14 @@ def test_block_record_decode_errors():
             "statistics-only block .* claims 32 bytes",
         ),
         (BlockRecord(1, Box((0,), (4,)), length=1 << 62, codec=1, crcs=(1,)), "impossible"),
+        (  # (formats 1 and 2: a segment or a count no int64 column holds, found at the open)
+            BlockRecord(0, Box((0, 0), (2, 2)), length=32, seg=1 << 63, crcs=(1,)),
+            "checksum segment",
+        ),
+        (
+            BlockRecord(0, Box((0, 0), (2, 2)), length=32, crcs=(1,), stats=Stats(0, 1, 1, 5)),
+            "counts 5 values, its box holds 4",
+        ),
     ]
     for rec, text in cases:
         with pytest.raises(FormatError, match=text):
@@ -1914,6 +1924,35 @@ def test_record_directory_whose_lengths_pass_2_to_the_64_is_refused():
     assert _sections_at_once(directory, 9, specs, 4) is None
     with pytest.raises(FormatError, match="dataset 'd5'"):
         _sections_one_by_one(directory, 9, specs, 4, "record 0")
+
+
+def test_children_follow_additions_and_restores():
+    """children() keeps an index of the tree: it answers as a scan of every path would, after
+    paths are added (a group, a dataset in it) and after a restore takes them away."""
+
+    def scan(c: Catalog, path: str) -> list[str]:
+        prefix = path + "/" if path else ""
+        return sorted(
+            {
+                p[len(prefix) :].split("/", 1)[0]
+                for p in (*c.groups, *c.datasets)
+                if p and p.startswith(prefix) and p != path
+            }
+        )
+
+    c = Catalog()
+    c.apply_op((OP_GROUP, "g"))
+    c.apply_op((OP_DATASET, DatasetSpec("g/a", (4,), np.dtype("f8"), id=0)))
+    cp = c.checkpoint()
+    for path in ("", "g", "g/a", "nothing"):
+        assert c.children(path) == scan(c, path)
+    c.apply_op((OP_GROUP, "g/h"))
+    c.apply_op((OP_DATASET, DatasetSpec("g/h/b", (2,), np.dtype("i8"), id=1)))
+    assert c.children("g") == ["a", "h"] and c.children("g/h") == ["b"]
+    c.restore(cp)
+    c.apply_op((OP_GROUP, "k"))  # as many paths as before the restore, other ones
+    for path in ("", "g", "g/h", "k"):
+        assert c.children(path) == scan(c, path), path
 
 
 def test_a_checkpoint_restores_alike_however_often():

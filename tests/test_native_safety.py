@@ -411,3 +411,29 @@ def test_waiting_reader_gives_up_with_a_clear_error(native_path, tmp_path):
         lamina.open(native_path, "r", wait=-1)
     with pytest.raises(lamina.NotALaminaFileError, match="after waiting"):
         lamina.open("mem://never", "r", engine="memory", wait=0.1)
+
+
+def test_a_file_whose_sessions_are_used_up_takes_no_writer(native_path, monkeypatch):
+    """Sessions are 32 bits in a record: a file whose last writer had the last one (forged, or
+    4 billion appends) is refused for writing with a FormatError before any subfile is made,
+    and still reads."""
+    from lamina.engines.native.engine import NativeEngine
+
+    with lamina.open(native_path, "w") as f:
+        x = f.create_dataset("x", (4,))
+        with f.step():
+            x[...] = 1
+    before = sorted(os.listdir(native_path))
+    load = NativeEngine._load_new
+
+    def last_session_used_up(self):
+        n = load(self)
+        self.catalog.last_session = 0xFFFFFFFF
+        return n
+
+    monkeypatch.setattr(NativeEngine, "_load_new", last_session_used_up)
+    with pytest.raises(FormatError, match="takes no further writer"):
+        lamina.open(native_path, "a")
+    assert sorted(os.listdir(native_path)) == before
+    with lamina.open(native_path) as f:
+        assert f.steps == 1 and f["x"][...].tolist() == [1.0] * 4

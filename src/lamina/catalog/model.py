@@ -144,6 +144,8 @@ def present_attr(value):
         out = np.empty(len(value), dtype=object)
         out[:] = value
         return out
+    if isinstance(value, np.ndarray):  # a copy: the caller may change it (h5py's is fresh too)
+        return value.copy()
     return value
 
 
@@ -270,6 +272,10 @@ class DatasetSpec:
                 raise FormatError(
                     f"{d.what}: dataset {path!r} has an unknown layout {layout['layout']!r}"
                 )
+        if not all(isinstance(c.get("id"), str) for c in codecs):  # (unknown ids: at a read)
+            raise FormatError(
+                f"{d.what}: codec description of dataset {path!r} has a codec without a name ('id')"
+            )
         try:
             p = normpath(path)
         except ValueError as e:
@@ -470,9 +476,10 @@ class BlockRecord:
         if offset >= 1 << 62 or length >= 1 << 62:
             raise FormatError(f"{d.what}: block of {spec.path!r} has an impossible offset/length")
         seg = d.u64()
-        if seg % SEGMENT_UNIT:
+        if seg % SEGMENT_UNIT or seg >= 1 << 62:
             raise FormatError(
-                f"{d.what}: block of {spec.path!r} has checksum segment {seg}, not a multiple of {SEGMENT_UNIT}"
+                f"{d.what}: block of {spec.path!r} has checksum segment {seg}, not a multiple of "
+                f"{SEGMENT_UNIT} below 2^62"
             )
         ncrc = d.count(4, name="checksums")
         expect = 1 if seg == 0 else max(1, -(-length // seg))
@@ -485,6 +492,11 @@ class BlockRecord:
         if has > 1:
             raise FormatError(f"{d.what}: bad statistics flag {has}")
         stats = Stats.decode(d, spec.dtype) if has else None
+        if stats is not None and not 0 <= stats.count <= box.size:
+            raise FormatError(
+                f"{d.what}: block of {spec.path!r} at {box} counts {stats.count} values, its box "
+                f"holds {box.size}"
+            )
         return cls(did, box, rank, session, agg, offset, length, codec, seg, crcs, stats)
 
 

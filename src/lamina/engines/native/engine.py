@@ -457,6 +457,11 @@ class NativeEngine(BlockEngine):
             self.session = self.catalog.last_session + 1
             g = comm_mod.Guard()
             with g:
+                if self.session > 0xFFFFFFFF:  # (records hold sessions as 32 bits)
+                    raise FormatError(
+                        f"{path!r}: the last writer's session is {self.session - 1}, the "
+                        "largest a record holds: the file takes no further writer"
+                    )
                 if self.is_agg:
                     name = subfile_name(self.session, self.agg_of[self.rank])
                     self._data_fd = _open_in(path, name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
