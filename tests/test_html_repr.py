@@ -76,3 +76,27 @@ def test_file_group_dataset_html(tmp_path, monkeypatch):
         assert "at step 1" in v
         assert reads == []  # metadata only
     assert "closed" in _text(f._repr_html_())
+
+
+def test_html_counts_bytes_from_the_block_tables(tmp_path, monkeypatch):
+    """The repr and `lamina info` sum stored and raw bytes from a step's table columns, not
+    through an object per block (a file of millions of blocks took minutes to show), and
+    find the sums those objects give."""
+    from lamina.api.html import dataset_facts
+    from lamina.engines.base import BlockInfo
+
+    path = tmp_path / "r.lam"
+    _file(path)
+    with lamina.open(path) as f:
+        ds = f["fields/T"]
+        want_stored = sum(b.nbytes for k in range(f.steps) for b in ds.blocks(k))
+        want_raw = sum(b.raw_nbytes for k in range(f.steps) for b in ds.blocks(k))
+
+        def no_objects(*a, **k):
+            raise AssertionError("a block object was built")
+
+        monkeypatch.setattr(BlockInfo, "from_row", no_objects)
+        facts = dataset_facts(ds)
+        assert (facts["stored"], facts["raw"]) == (want_stored, want_raw)
+        assert facts["blocks"] == 6 and want_raw == 3 * 8 * 6 * 4
+        f._repr_html_()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from html import escape
 
+from ..engines.base import storage_of
 from ..text import fmt_codecs, fmt_steps_written, fmt_stored, fmt_value, plural
 
 #: a tree with more nodes than this is shown to this many, then a count
@@ -60,8 +61,9 @@ def dataset_facts(ds) -> dict:
         if blocks:
             written.append(k)
         nblocks += len(blocks)
-        stored += sum(b.nbytes for b in blocks)
-        raw += sum(b.raw_nbytes for b in blocks)
+        s, r = storage_of(blocks)
+        stored += s
+        raw += r
     return {
         "written": written,
         "steps": steps,

@@ -46,6 +46,11 @@ class Catalog:
         # of the step before (then a step's one-block sections are decoded together at once)
         self._reading: StepBlocks | None = None
         self._together = False
+        # children(): every path's child names, rebuilt when paths were added or restored
+        # (paths are only ever added, except by restore, which counts)
+        self._restores = 0
+        self._kids_key: tuple[int, int, int] | None = None
+        self._kids: dict[str, set[str]] = {}
 
     # -- queries --------------------------------------------------------
     def kind_of(self, path: str) -> str | None:
@@ -56,13 +61,18 @@ class Catalog:
         return None
 
     def children(self, path: str) -> list[str]:
-        prefix = path + "/" if path else ""
-        names = set()
-        for p in list(self.groups) + list(self.datasets):
-            if p and p.startswith(prefix) and p != path:
-                rest = p[len(prefix) :]
-                names.add(rest.split("/", 1)[0])
-        return sorted(names)
+        """The names below *path* (groups and datasets), sorted; a walk of n paths costs O(n)."""
+        key = (self._restores, len(self.groups), len(self.datasets))
+        if key != self._kids_key:
+            kids: dict[str, set[str]] = {}
+            for p in (*self.groups, *self.datasets):
+                if not p:
+                    continue
+                parts = p.split("/")
+                for i in range(len(parts)):
+                    kids.setdefault("/".join(parts[:i]), set()).add(parts[i])
+            self._kids, self._kids_key = kids, key
+        return sorted(self._kids.get(path, ()))
 
     def all_paths(self) -> list[str]:
         return sorted((self.groups - {""}) | set(self.datasets))
@@ -131,6 +141,7 @@ class Catalog:
             nrecords,
         ) = cp
         self.groups, self.datasets, self.ext = set(groups), dict(datasets), dict(ext)
+        self._restores += 1
         self.attrs = {k: dict(v) for k, v in attrs.items()}
         self.levels = {k: dict(v) for k, v in levels.items()}
         del self.specs[nspecs:]

@@ -9,6 +9,7 @@ import textwrap
 import numpy as np
 
 from .. import selection
+from ..engines.base import storage_of
 from ..text import (
     fmt_box,
     fmt_bytes,
@@ -126,8 +127,9 @@ def _node_info(f, path: str, obj) -> dict:
             if blocks:
                 written.append(k)
             nblocks += len(blocks)
-            nbytes += sum(b.nbytes for b in blocks)
-            raw += sum(b.raw_nbytes for b in blocks)
+            s, r = storage_of(blocks)
+            nbytes += s
+            raw += r
         info.update(
             shape=list(obj.shape),
             dtype=str(obj.dtype),

@@ -120,6 +120,19 @@ class BlockInfos(Sequence[BlockInfo]):
             raise IndexError(f"block {i} out of range: {n} block(s)")
         return BlockInfo.from_row(self.table, k, self.spec)
 
+    def stored_bytes(self) -> int:
+        """Bytes the blocks take in storage (after compression): ``sum(b.nbytes for b in self)``
+        without an object per block."""
+        return int(self.table.length.sum(dtype=np.int64))
+
+    def raw_bytes(self) -> int:
+        """Bytes of the blocks' values uncompressed: ``sum(b.raw_nbytes for b in self)``."""
+        t = self.table
+        if not len(t):
+            return 0
+        sizes = (t.stop - t.start).prod(axis=1, dtype=np.int64)  # (a 0-D box: the empty product 1)
+        return int(sizes.sum(dtype=np.int64)) * self.spec.dtype.itemsize
+
     def __eq__(self, other) -> bool:
         if isinstance(other, BlockInfos | list | tuple):
             return list(self) == list(other)
@@ -127,6 +140,14 @@ class BlockInfos(Sequence[BlockInfo]):
 
     def __repr__(self) -> str:
         return f"<{len(self)} block(s) of {self.spec.path!r}>"
+
+
+def storage_of(blocks: Sequence[BlockInfo]) -> tuple[int, int]:
+    """(bytes stored, bytes of the values) of *blocks*: from a table's columns where the
+    sequence has one (a step of 100,000 blocks makes no object per block)."""
+    if isinstance(blocks, BlockInfos):
+        return blocks.stored_bytes(), blocks.raw_bytes()
+    return sum(b.nbytes for b in blocks), sum(b.raw_nbytes for b in blocks)
 
 
 class Engine(ABC):
