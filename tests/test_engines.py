@@ -65,6 +65,36 @@ class TestInProcess:
                 assert (g.kind, g.itemsize) == (expect.dtype.kind, expect.dtype.itemsize)
         lamina.engines.memory.drop(path)
 
+    def test_attribute_arrays_are_the_callers_own(self, engine, new_path):
+        """An attribute array read back is a copy, as h5py's: changing it changes neither what
+        is committed nor what the next read returns."""
+        path = new_path()
+        with lamina.open(path, "w", engine=engine) as f:
+            f.attrs["a"] = np.arange(3)
+            f.attrs["a"][0] = 100
+        with lamina.open(path, "r", engine=engine) as f:
+            got = f.attrs["a"]
+            got[1] = -7
+            assert f.attrs["a"].tolist() == [0, 1, 2]
+
+    def test_a_second_writer_is_refused(self, engine, new_path):
+        """One writer at a time, in this process too: the second open raises LockError and the
+        first writer's steps stay readable."""
+        path = new_path()
+        with lamina.open(path, "w", engine=engine) as f:
+            x = f.create_dataset("x", (2,))
+            with f.step():
+                x[...] = 1
+            for mode in ("a", "w"):
+                with pytest.raises(lamina.LockError):
+                    lamina.open(path, mode, engine=engine)
+            with f.step():
+                x[...] = 2
+        with lamina.open(path, "a", engine=engine) as f:  # the writer closed: free again
+            assert f.steps == 2
+        with lamina.open(path, "r", engine=engine) as f:
+            assert f.steps == 2 and f["x"][...].tolist() == [2.0, 2.0]
+
     def test_reader_follows_writer(self, engine, new_path):
         path = new_path()
         w = lamina.open(path, "w", engine=engine)

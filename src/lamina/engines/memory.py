@@ -18,7 +18,7 @@ import numpy as np
 from .. import comm as comm_mod
 from .. import stats as stats_mod
 from ..catalog import Catalog, decode_packed
-from ..errors import ChecksumError, NotALaminaFileError
+from ..errors import ChecksumError, LockError, NotALaminaFileError
 from .block import BlockEngine, StepHeads, wait_for
 
 
@@ -30,6 +30,7 @@ class MemoryStore:
     #: (session, writer rank) -> that rank's blocks of that session, back to back
     data: dict[tuple[int, int], bytearray] = field(default_factory=dict)
     sessions: int = 0
+    writer: bool = False  # a writer has it open (one at a time, as the native engine's lock)
 
 
 _STORES: dict[str, MemoryStore] = {}
@@ -58,6 +59,9 @@ class MemoryEngine(BlockEngine):
                 ),
             )
         with _LOCK:
+            held = _STORES.get(path)
+            if mode != "r" and held is not None and held.writer:
+                raise LockError(f"{path!r} is already open for writing in this process")
             if mode == "w":
                 _STORES[path] = MemoryStore()
             elif path not in _STORES:
@@ -68,6 +72,7 @@ class MemoryEngine(BlockEngine):
         self._seen = 0
         self.refresh_local()
         if mode != "r":
+            self.store.writer = True
             self.session = self.store.sessions
             self.store.sessions += 1
         self._ends = [0] * self.size
@@ -113,6 +118,10 @@ class MemoryEngine(BlockEngine):
                 f"checksum mismatch in {self.path}: dataset {spec.path!r}, block {rec.box}"
             )
         return np.frombuffer(payload, dtype=np.uint8)
+
+    def _close_storage(self) -> None:
+        if self.mode != "r" and getattr(self, "store", None) is not None:
+            self.store.writer = False
 
     def _read_region(self, rec, spec, inter, dst) -> None:
         arr = self.decode_payload(rec, spec, self._payload(rec, spec))
