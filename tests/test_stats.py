@@ -220,6 +220,25 @@ def test_float32_sums_keep_float32_rounding(rng):
         assert abs(compute(a)[0].sum - exact) <= 4 * 2.0**-24 * exact
 
 
+@pytest.mark.parametrize("dt", [np.longdouble, np.clongdouble])
+@pytest.mark.parametrize("n", [3, CHUNK + 5])
+def test_long_double_bounds_hold_every_value(dt, n):
+    """Long double (80-bit on x86, 128-bit elsewhere) blocks of any size: no cast error, and
+    the float64 min and max are rounded outward, so that a query never leaves out a block
+    for a rounding (1 + 4 eps of long double rounds to 1.0 to nearest)."""
+    tiny = np.finfo(np.longdouble).eps * 4
+    a = np.full(n, np.longdouble(1) + tiny, dtype=dt)
+    a[0] = np.longdouble(0.5) - tiny  # the extremes: both round inward to nearest
+    st_, _ = compute(a)
+    flat = stats.summarize_flat(a, np.array([n]))
+    mag = np.abs(a)
+    for lo, hi in ((st_.min, st_.max), (flat.mins[0], flat.maxs[0])):
+        assert lo <= mag.min() and hi >= mag.max(), (lo, hi)
+        assert hi - lo < 2 * (mag.max() - mag.min()) + 1e-9  # outward by one float64 step only
+    assert st_.count == n and flat.counts[0] == n
+    assert abs(st_.sum - complex(np.add.reduce(a))) < 1e-6 * n
+
+
 def test_multidimensional_and_non_contiguous(rng):
     a = rng.standard_normal((30, 40, 5))
     view = a[::2, 5:30, ::-1]

@@ -62,7 +62,19 @@ def _sum(c: np.ndarray, dtype) -> Any:
     ``einsum`` casts and accumulates in one loop: 1.2-1.6x faster than
     ``np.add.reduce(c, dtype=...)``, whose casting goes through a buffer.
     """
+    if c.dtype.itemsize > np.dtype(dtype).itemsize:  # long double: no safe cast to float64
+        return np.add.reduce(c).astype(dtype)
     return np.einsum("i->", c, dtype=dtype)
+
+
+def _outward(mn: Any, mx: Any) -> tuple[Any, Any]:
+    """Extremes of extended precision (long double) as float64, rounded outward: the bounds
+    then hold every value, so that no query leaves out a block on a rounding."""
+    lo, hi = np.asarray(mn).astype(np.float64), np.asarray(mx).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        lo = np.where(lo > mn, np.nextafter(lo, -np.inf), lo)
+        hi = np.where(hi < mx, np.nextafter(hi, np.inf), hi)
+    return lo, hi
 
 
 #: chunks from this many values on are summed in lanes (:func:`_float32_sum`, :func:`_int_sum`)
@@ -406,6 +418,8 @@ def _finish(kind: str, mn, mx, total, count: int) -> Stats:
         return Stats(float("nan"), float("nan"), complex(total) if kind == "c" else float(total), 0)
     if kind in "iub":
         return Stats(int(mn), int(mx), float(total), int(count))
+    if np.asarray(mn).dtype.itemsize > 8:  # long double (or |z| of one)
+        mn, mx = _outward(mn, mx)
     return Stats(float(mn), float(mx), complex(total) if kind == "c" else float(total), int(count))
 
 
@@ -524,8 +538,10 @@ def summarize_flat(values: np.ndarray, sizes: np.ndarray, checksum: bool = True)
             sums = np.add.reduceat(flat, starts, dtype=np.float64)
         else:
             m = np.abs(flat) if kind == "c" else flat
-            mn = np.fmin.reduceat(m, starts).astype(np.float64)
-            mx = np.fmax.reduceat(m, starts).astype(np.float64)
+            mn, mx = np.fmin.reduceat(m, starts), np.fmax.reduceat(m, starts)
+            mn, mx = (
+                _outward(mn, mx) if m.dtype.itemsize > 8 else (mn.astype(slot), mx.astype(slot))
+            )
             sums = np.add.reduceat(flat, starts, dtype=np.complex128 if kind == "c" else np.float64)
             if one:
                 redo = [0] if sums[0] != sums[0] else []  # (a complex NaN is unequal too)
