@@ -14,6 +14,7 @@ from .errors import (
     ChecksumError,
     CodecError,
     CollectiveMismatchError,
+    ConfigError,
     DTypeError,
     ExistsError,
     ExpressionError,
@@ -25,11 +26,13 @@ from .errors import (
     NotALaminaFileError,
     NotFoundError,
     OverlapError,
+    RangeError,
     RemoteError,
     SelectionError,
     ShapeError,
     StepError,
     StepTimeoutError,
+    TransportError,
 )
 from .geometry import Box
 from .layouts import Multires
@@ -44,6 +47,7 @@ __all__ = [
     "ChecksumError",
     "CodecError",
     "CollectiveMismatchError",
+    "ConfigError",
     "DTypeError",
     "Dataset",
     "ExistsError",
@@ -59,11 +63,13 @@ __all__ = [
     "NotALaminaFileError",
     "NotFoundError",
     "OverlapError",
+    "RangeError",
     "RemoteError",
     "SelectionError",
     "ShapeError",
     "StepError",
     "StepTimeoutError",
     "StepView",
+    "TransportError",
     "open",
 ]

@@ -4,7 +4,7 @@
 where bytes live.  Subclasses provide these hooks:
 
 ``_open_storage(path, mode)``   collective: create/open storage, load the catalog
-``_place(row, arr, copy)``      independent: a large raw block at put time: store it now or keep it
+``_place(spec, arr, copy, start)``  independent: a large raw block at put time: store it now or keep it
 ``_seal(chunk)``                independent: a staging chunk is full (write it, or summarize it)
 ``_move(heads)``                collective: place every block not placed yet; return where
 ``_write_record(rec)``          rank 0 only: make one record durable; the bytes every rank applies
