@@ -859,10 +859,49 @@ def test_numpy_refusals_become_expression_errors():
     with pytest.raises(ExpressionError) as info:
         evaluate("s + 1000", A)
     assert info.value.position == 2
-    with pytest.raises(ExpressionError):
-        evaluate("2 ^ -1 + i", A)
+    with pytest.raises(ExpressionError, match="make the base or the exponent a float"):
+        evaluate("i ^ (0 - 2)", A)
+    np.testing.assert_array_equal(evaluate("i ^ -1.0", A)[0], A["i"] ** -1.0)
     with pytest.raises(ExpressionError):
         evaluate("gradient(o, 0)", {"o": np.array(["x", "y", "z", "w"])})
+
+
+@pytest.mark.parametrize(
+    "const, want",
+    [
+        ("2 ^ -1", 2**-1),
+        ("2^-1", 0.5),
+        ("2 ^ -2 ^ 2", 2 ** -(2**2)),
+        ("(0 - 2) ^ -3", (-2) ** -3),
+        ("1 ^ -5", 1**-5),
+        ("3 ^ -1", 3**-1),
+        ("2 ^ -63", 2**-63),
+        ("2 ^ -(2 ^ 10)", 2 ** -(2**10)),
+        ("18446744073709551615 ^ -1", 18446744073709551615**-1),
+    ],
+)
+def test_integer_constants_to_negative_powers_fold_as_python(const, want):
+    """An integer constant to a negative integer power is the float Python computes (numpy refuses it)."""
+    assert type(want) is float
+    f = np.arange(4.0)
+    i = np.arange(1, 5)
+    got = evaluate(f"a + {const}", {"a": f})[0]
+    np.testing.assert_array_equal(got, f + want)
+    got = evaluate(f"i * ({const})", {"i": i})[0]
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, i * want)
+    assert K.fold(parse(const)) == [want]
+
+
+def test_zero_to_a_negative_power_is_an_expression_error():
+    text = "a + 0 ^ -1"
+    with pytest.raises(
+        ExpressionError, match=r"cannot compute 0 \^ -1: 0 cannot be raised"
+    ) as info:
+        evaluate(text, {"a": np.arange(4.0)})
+    assert info.value.position == text.index("^")
+    with pytest.raises(ExpressionError, match="cannot be raised to a negative power"):
+        evaluate("a * (1 - 1) ^ (0 - 3)", {"a": np.arange(4.0)})
 
 
 def test_arrays_that_do_not_cover_the_region():
@@ -1011,7 +1050,7 @@ def test_truth_is_conservative(pred, av, bv, dtype):
     A = {"a": np.array(av[:n], dtype), "b": np.array(bv[:n], dtype)}
     try:
         actual = evaluate(pred, A)[0]
-    except ExpressionError:  # e.g. an integer literal to a negative integer power
+    except ExpressionError:  # e.g. a literal 0 to a negative integer power
         return
     can_true, can_false = truth(
         pred, {k: _stats(v) for k, v in A.items()}, {k: v.dtype for k, v in A.items()}

@@ -35,8 +35,10 @@ boolean inputs in float64, as does ``magnitude``.  ``x ^ 2`` is ``x * x`` for fl
 ``x`` (what numpy's ``x ** 2`` computes).
 Division by zero follows numpy without warnings: ``x / 0`` is ``±inf``,
 ``0 / 0`` and ``log(-1)`` are ``nan``; integer overflow wraps.  A derivative
-of a constant is the constant ``0.0``.  Errors numpy raises (an integer to a
-negative integer power, a literal that does not fit an int8 input) become an
+of a constant is the constant ``0.0``.  An integer constant to a negative
+integer power folds as in Python (``2 ^ -1`` is ``0.5``; ``0 ^ -1`` is an
+error).  Errors numpy raises (an integer array to a negative integer power,
+a literal that does not fit an int8 input) become an
 :class:`~lamina.errors.ExpressionError` at the operation's position.
 
 Kernels
@@ -137,6 +139,11 @@ def _exact_int(name: str, args) -> int | None:
         if type(base) is int and type(n) is int and abs(base) >= 2 and n > 64:
             return None
     return _EXACT_INT[name](*args)
+
+
+def _int_to_negative(args) -> bool:
+    """True for two Python integers, the second negative (``2 ^ -1``)."""
+    return len(args) == 2 and all(type(a) is int for a in args) and args[1] < 0
 
 
 def probe(
@@ -303,12 +310,13 @@ class Evaluator:
         kw = {} if dtype is None else {"dtype": dtype}
         try:
             if first is None:  # constant folding, with numpy's rules
-                if (
-                    name in _EXACT_INT
-                    and not kw
-                    and all(type(a) is int for a in args)
-                    and not (name == "power" and args[1] < 0)  # numpy refuses those
-                ):
+                if name == "power" and not kw and _int_to_negative(args):
+                    # numpy refuses an integer to a negative integer power; a constant is a
+                    # Python number, so it folds as Python computes it: 2 ^ -1 = 0.5
+                    if args[0] == 0:
+                        raise ZeroDivisionError("0 cannot be raised to a negative power")
+                    return operator.pow(*args), False
+                if name in _EXACT_INT and not kw and all(type(a) is int for a in args):
                     # integers folded exactly, as the literals they stand for: any result a
                     # literal may be (int64 or uint64), where numpy's int64 would wrap or refuse
                     exact = _exact_int(name, args)
@@ -356,6 +364,10 @@ class Evaluator:
         except LaminaError:
             raise
         except (TypeError, ValueError, ArithmeticError) as e:
+            if name == "power" and isinstance(e, ValueError) and "negative" in str(e):
+                e = ValueError(
+                    f"{e} (integer arrays: make the base or the exponent a float, e.g. ^ -1.0)"
+                )
             raise self.error(at, e) from None
         self.release(vals, r)
         return r, r is not dest
