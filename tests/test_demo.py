@@ -109,6 +109,14 @@ def test_write_then_read_in_process_and_checker_catches_a_wrong_value(tmp_path, 
     assert r["ok"], r["errors"]
     assert r["values_checked"] == 3 * len(sim.FIELDS) * np.prod(SHAPE)
     assert r["blocks_checked"] == 3 * len(sim.FIELDS) * 4
+    # storage counts the blocks whose bytes it counts: the fields' and those of the derived
+    # quantity kept with "store"; the other derived blocks hold statistics only
+    assert r["blocks_total"] == 3 * (len(sim.FIELDS) + 1) * 4
+    assert r["stored_bytes"] == 3 * (len(sim.FIELDS) + 1) * np.prod(SHAPE) * 8
+    assert r["stats_blocks"] == 3 * (1 + 3) * 4  # speed_stats and vorticity/x, y, z
+    text = report.format_report(w | {"disk_bytes": 1, "subfiles": 1}, r, path, True, 1.0, "test")
+    blocks = 3 * (len(sim.FIELDS) + 1) * 4
+    assert f"storage  {blocks:,} blocks, " in text and "+ 48 blocks of statistics only" in text
     assert [s["step"] for s in r["per_step"]] == [0, 1, 2]
     with lamina.open(path) as f:
         assert f.steps == 3

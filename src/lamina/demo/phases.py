@@ -272,9 +272,16 @@ def read(path: str, comm, max_errors: int = 5) -> dict | None:
                 per_step.append(_summarize_T(infos[dataset_path("T")], k, t, shape))
 
         derived = _check_derived(f, shape, dt, box, rank, fail) if steps else {}
+        stats_blocks = 0  # blocks of derived quantities of which only the statistics are kept
         for d in f.derived.values():  # data of derived quantities kept with the store strategy
             for c in d.components:
-                stored_bytes += sum(b.nbytes for k in range(steps) for b in f[c].blocks(k))
+                for k in range(steps):
+                    for b in f[c].blocks(k):
+                        if b.codec == "stats-only":
+                            stats_blocks += 1
+                        else:
+                            blocks_total += 1
+                            stored_bytes += b.nbytes
 
         res = {
             "ranks": size,
@@ -290,6 +297,7 @@ def read(path: str, comm, max_errors: int = 5) -> dict | None:
             "decomposition": list(process_grid(shape, size)),
             "blocks_total": blocks_total,
             "stored_bytes": stored_bytes,
+            "stats_blocks": stats_blocks,
         }
     gathered = comm_mod.gather_bytes(comm, "\n".join(errors).encode())
     if rank != 0:

@@ -223,9 +223,11 @@ def _main_lines(w: dict, r: dict, path: str, kept: bool) -> list[str]:
         )
         lines += [f"           {e}" for e in r["errors"]]
     overhead = (w["disk_bytes"] - r["stored_bytes"]) / max(1, w["disk_bytes"])
+    stats_only = r.get("stats_blocks", 0)
     lines.append(
         f"  storage  {r['blocks_total']:,} blocks, {fmt_bytes(r['stored_bytes'])} of data, "
         f"{fmt_bytes(w['disk_bytes'])} on disk ({overhead:.2%} metadata)"
+        + (f"; + {stats_only:,} blocks of statistics only" if stats_only else "")
     )
     lines += _derived_lines(r.get("derived") or {})
     lines.append(
