@@ -1970,3 +1970,40 @@ def test_a_checkpoint_restores_alike_however_often():
         c.restore(cp)
         assert (set(c.groups), dict(c.datasets), c.attrs) == want
         assert len(c.specs) == 1 and not c.ext
+
+
+def test_a_compressed_section_claiming_more_than_its_blocks_take_is_not_inflated():
+    """A section of a few compressed bytes whose directory entry claims 100 MB raw (zlib
+    inflates about 1000x) is refused from its head's counts, before the rest is inflated;
+    a sound compressed section still decodes."""
+    import tracemalloc
+    import zlib
+
+    from crc32c import crc32c
+
+    from lamina.catalog.blocks import StepBlocks
+    from lamina.catalog.record import Section
+
+    spec = DatasetSpec("d", (4,), np.dtype("f8"), 0.0, (), 0)
+    raw = 100 << 20
+    stored = zlib.compress(b"\1" + bytes(raw - 1), 9)  # head: 1 block, 0 checksums; then zeros
+    sec = Section(0, 1, 0, len(stored), crc32c(stored), raw)
+    blocks = StepBlocks({0: sec}, [], lambda off, n: stored[off : off + n], "record 0")
+    tracemalloc.start()
+    try:
+        with pytest.raises(FormatError, match="head counts 1 blocks and 0 checksums"):
+            blocks.table(spec, [spec])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, peak
+    good = BlockTable.from_records(
+        [BlockRecord(0, Box((0,), (4,)), length=32, crcs=(5,), stats=Stats(1.0, 2.0, 6.0, 4))],
+        spec,
+    ).encode()
+    packed = zlib.compress(good)
+    sec = Section(0, 1, 0, len(packed), crc32c(packed), len(good))
+    t = StepBlocks({0: sec}, [], lambda off, n: packed[off : off + n], "record 0").table(
+        spec, [spec]
+    )
+    assert len(t) == 1 and t.records(0)[0].crcs == (5,)

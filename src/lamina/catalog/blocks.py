@@ -1581,11 +1581,22 @@ def _back_to_back(dids: Sequence[int], flat, size: int) -> list[Section]:
     return list(map(Section._make, zip(dids, [1] * n, at, [size] * n, crcs, [0] * n, strict=True)))
 
 
-def unsqueeze(raw, size: int, what: str) -> bytes:
-    """The *size* bytes a compressed section holds; FormatError unless it holds exactly that."""
+def unsqueeze(raw, size: int, what: str, head: Callable[[bytes], None] | None = None) -> bytes:
+    """The *size* bytes a compressed section holds; FormatError unless it holds exactly that.
+
+    *head*, if given, judges the first 16 bytes (a table's head: its counts) before the rest
+    is inflated, so that a few compressed bytes claiming more than the table can hold are
+    refused without inflating them.
+    """
     z = zlib.decompressobj()
     try:
-        out = z.decompress(raw, size)
+        out = b""
+        if head is not None:
+            out = z.decompress(raw, min(16, size))
+            if len(out) == min(16, size):  # (short: judged below, as any short stream)
+                head(out)
+            raw = z.unconsumed_tail
+        out += z.decompress(raw, size - len(out))
     except zlib.error as e:
         raise FormatError(f"{what}: compressed blocks do not decompress ({e})") from None
     if len(out) != size or not z.eof or z.unconsumed_tail or z.unused_data:
@@ -1759,7 +1770,9 @@ class StepBlocks:
                 f"{self.what}: blocks of dataset {spec.path!r} fail their checksum: the metadata is corrupt"
             )
         if sec.raw:
-            raw = unsqueeze(raw, sec.raw, f"{self.what}: dataset {spec.path!r}")
+            raw = unsqueeze(
+                raw, sec.raw, f"{self.what}: dataset {spec.path!r}", self._head_check(sec, spec)
+            )
         t = BlockTable.decode(raw, spec, self.what, self.version >= 4 and spec.layout is not None)
         if len(t) != sec.nblocks:
             raise FormatError(
@@ -1767,6 +1780,25 @@ class StepBlocks:
             )
         self._tables[spec.id] = t
         return t
+
+    def _head_check(self, sec: Section, spec: DatasetSpec) -> Callable[[bytes], None]:
+        """What a compressed section's head must say: its directory entry's block count, and
+        a size that those blocks' columns and checksums take (a block of the dataset has at
+        most a checksum per 256 KiB of the dataset's bytes, and one)."""
+        amax = self.version >= 4 and spec.layout is not None
+        row = row_bytes(spec.ndim, spec.dtype) + (8 if amax else 0)
+        most_crcs = 2 + 2 * math.prod(spec.shape) * spec.dtype.itemsize // SEGMENT_UNIT
+
+        def check(head: bytes) -> None:
+            n, ncrcs = _HEAD.unpack_from(head)
+            if n != sec.nblocks or ncrcs > n * most_crcs or 16 + n * row + 4 * ncrcs != sec.raw:
+                raise FormatError(
+                    f"{self.what}: blocks of dataset {spec.path!r}: a compressed section of "
+                    f"{sec.raw} bytes whose head counts {n} blocks and {ncrcs} checksums (its "
+                    f"record says {sec.nblocks} blocks)"
+                )
+
+        return check
 
     def _decode_ones(self, specs: Sequence[DatasetSpec]) -> dict[int, tuple[_OnesColumns, int]]:
         """The step's one-block sections not decoded yet, read with one load and checked
