@@ -33,13 +33,15 @@ def test_bench_multires_quick_json():
         ("balanced", "counts"),
         ("balanced", "local"),
     } <= schemes
+    assert doc["failed_checks"] == []  # every file and read compared with the data
     for r in rows:
-        assert r["stored"] > 0 and r["seconds"] > 0
+        assert r["stored"] > 0 and r["seconds"] > 0 and r["checked"]
         if r["distribution"] == "balanced":
             assert r["patches_spread"] <= 1
     assert all(c["lamina_maxerr"] <= c["tolerance"] for c in doc["compress"]["uneven"])
     levels = doc["read"]["uneven"]
     assert [x["level"] for x in levels] == list(range(len(levels)))
+    assert all(x["ok"] for x in levels) and all(c["ok"] for c in doc["compress"]["uneven"])
     assert levels[-1]["bytes"] < levels[0]["bytes"]
     sim = doc["simulate"][0]
     assert sim["ranks"] == 10_000 and sim["sizes"] == "synthetic"

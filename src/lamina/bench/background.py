@@ -59,6 +59,14 @@ the time in the 8 read calls, each of which allocates its result
 (``view[p].read(box)``, as h5py's ``ds[...]``), so a step read ahead is
 handed over without a copy.
 
+The data differ by step: the compute phase of step k starts with setting
+the first value of each property to a value of that step's own.  Checks,
+untimed: the file of each lamina write method (sync, async, async 2 in
+flight, auto) is read back once per compute factor, every step whole;
+every read run compares every step's first values, the last step's
+properties whole, and the number of steps read with the steps written.
+A failed check is reported (``DATA CHECK FAILED``) and the exit status is 1.
+
 Predictions (docs/background.md): sync epoch = t_io + t_comp; async epoch =
 max(t_comp, t_io) + t_copy.  The targets take t_copy, and the submit target
 its memcpy, as ``numpy thread``'s copy at the same compute factor: a memcpy
@@ -101,6 +109,8 @@ BP5A = "adios2 BP5 async"
 #: the hand-written asynchronous writer: copy into one of two buffer sets, a thread pwrites it
 HAND = "numpy thread"
 WRITES = (SYNC, ASYNC, ASYNC2, AUTO, HAND, BP5, BP5A)
+#: the write methods whose files lamina reads back
+LAMINA_WRITES = (SYNC, ASYNC, ASYNC2, AUTO)
 PREFETCH = "async prefetch"
 READS = (SYNC, PREFETCH)
 SUBMIT_SLACK = 50e-6  # s: the submit target is 1.1 x memcpy + this
@@ -160,6 +170,38 @@ class Worker:
                     common.remove(os.path.join(self.ns.dir, name))
         ctx.barrier()
 
+    def mark(self, step: int) -> np.ndarray:
+        """The first value of each property at *step*: its own per step and property (the
+        random values lie in [0, 1))."""
+        return np.arange(2, 2 + len(PROPS), dtype=np.float32) + np.float32(len(PROPS) * step)
+
+    def stamp(self, step: int) -> None:
+        """Set the first value of each property to *step*'s (:meth:`mark`): every step's data differ."""
+        for a, v in zip(self.props, self.mark(step), strict=True):
+            a[0] = v
+
+    def check_file(self, path: str) -> bool:
+        """Collective, untimed: *path* holds every step this rank wrote, whole (each rank its
+        range of the 8 properties)."""
+        import lamina
+
+        ok, n = True, 0
+        with lamina.open(path, "r", comm=self.ctx.comm) as f:
+            for view in f.iter_steps():
+                got = [view[p].read(self.box) for p in PROPS]
+                ok = ok and self.same(got, n, whole=True)
+                n += 1
+        return self.ctx.all_true(ok and n == self.ns.steps)
+
+    def same(self, got: list[np.ndarray], step: int, whole: bool) -> bool:
+        """Whether *got* (the 8 properties read at *step*) hold that step's marks, and with
+        *whole* everything else too."""
+        if not all(g[0] == v for g, v in zip(got, self.mark(step), strict=True)):
+            return False
+        return not whole or all(
+            np.array_equal(g[1:], a[1:]) for g, a in zip(got, self.props, strict=True)
+        )
+
     def memcpy(self) -> tuple[float, float]:
         """Seconds to copy one step's bytes (the 8 properties), best of 3, slowest rank.
 
@@ -187,10 +229,12 @@ class Worker:
     ) -> tuple[float, float, list[float], list[float]]:
         """The timed loop of a write run: ``--steps`` times a compute phase of *t_comp*
         seconds, then *step* (the calls).  (start, end, each step's submit: its calls, each
-        step's epoch: its compute phase and calls)."""
+        step's epoch: its compute phase and calls).  The compute phase starts with setting
+        the first value of each property to the step's own (:meth:`stamp`, 8 numbers)."""
         submit, epochs = [], []
         t0 = e0 = time.perf_counter()
-        for _ in range(self.ns.steps):
+        for k in range(self.ns.steps):
+            self.stamp(k)
             if t_comp > 0:
                 time.sleep(t_comp)
             s0 = time.perf_counter()
@@ -370,8 +414,11 @@ class Worker:
         # read ahead is handed over as it is, without a copy.  The step before's arrays are let
         # go before the reads are timed: freeing them is the program's work, not the reads' (the
         # first step's, new memory, took 0.4-0.6 ms to free, which the wait at step 1 counted)
+        # Every step's marks (the first value of each property, 8 numbers) are compared in the
+        # loop, the last step's properties whole after it, and the steps counted
         bufs: list[np.ndarray] = []
         waits = []
+        ok = True
         with lamina.open(path, "r", comm=self.ctx.comm, io="async" if prefetch else "sync") as f:
             self.ctx.barrier()
             t0 = time.perf_counter()
@@ -380,11 +427,12 @@ class Worker:
                 s0 = time.perf_counter()
                 bufs = [view[p].read(self.box) for p in PROPS]
                 waits.append(time.perf_counter() - s0)
+                ok = ok and self.same(bufs, len(waits) - 1, whole=False)
                 if t_comp > 0:
                     time.sleep(t_comp)
             loop = time.perf_counter() - t0
             stats = f.io_stats
-        ok = all(np.array_equal(b, a) for b, a in zip(bufs, self.props, strict=True))
+        ok = ok and len(waits) == self.ns.steps and self.same(bufs, len(waits) - 1, whole=True)
         return {"loop": loop, "waits": waits, "io_stats": stats, "ok": ok}
 
     # ------------------------------------------------------------ reductions
@@ -473,7 +521,11 @@ class Worker:
                     if ctx.rank == 0:
                         os.sync()
                     ctx.barrier()
-                    runs[m].append(self.reduce_write(self.write(m, tc)))
+                    run = self.write(m, tc)
+                    runs[m].append(self.reduce_write(run))
+                    # lamina's file read back, once per configuration (untimed)
+                    if rep == 0 and m in LAMINA_WRITES and not self.check_file(run["path"]):
+                        bad.append(f"write {m}")
                     self.clean()
                     ctx.progress(f"write c={c:g} {m} ({rep + 1}/{ns.repeat})")
             for m in methods:
@@ -485,8 +537,8 @@ class Worker:
                 for m in order:
                     ctx.barrier()
                     r = self.reduce_read(self.read(source, m == PREFETCH, tr))
-                    if not r["ok"] and m not in bad:
-                        bad.append(m)
+                    if not r["ok"] and f"read {m}" not in bad:
+                        bad.append(f"read {m}")
                     rruns[m].append(r)
                     ctx.progress(f"read c={c:g} {m} ({rep + 1}/{ns.repeat})")
             for m in READS:

@@ -62,11 +62,8 @@ def numpy_write_pwrite(ctx: Ctx) -> None:
         os.close(fd)
 
 
-def numpy_read_aligned(ctx: Ctx) -> np.ndarray:
-    """Read the block into a page-aligned array (numpy's own arrays start 16 bytes into a page)."""
-    raw = np.empty(ctx.local.nbytes + 4096, dtype=np.uint8)
-    skip = (-raw.ctypes.data) % 4096
-    out = raw[skip : skip + ctx.local.nbytes].view(ctx.local.dtype).reshape(ctx.local.shape)
+def numpy_read_into(ctx: Ctx, out: np.ndarray) -> np.ndarray:
+    """Read the block into *out*, a C-contiguous array of its shape and dtype (``os.preadv``)."""
     mv = memoryview(out).cast("B")
     fd = os.open(numpy_path(ctx), os.O_RDONLY)
     try:
@@ -79,6 +76,14 @@ def numpy_read_aligned(ctx: Ctx) -> np.ndarray:
     finally:
         os.close(fd)
     return out
+
+
+def numpy_read_aligned(ctx: Ctx) -> np.ndarray:
+    """Read the block into a page-aligned array (numpy's own arrays start 16 bytes into a page)."""
+    raw = np.empty(ctx.local.nbytes + 4096, dtype=np.uint8)
+    skip = (-raw.ctypes.data) % 4096
+    out = raw[skip : skip + ctx.local.nbytes].view(ctx.local.dtype).reshape(ctx.local.shape)
+    return numpy_read_into(ctx, out)
 
 
 def numpy_read_slab(ctx: Ctx, slab: Box) -> np.ndarray:
@@ -126,6 +131,15 @@ def h5py_read(ctx: Ctx, box: Box) -> np.ndarray:
 
     with h5py.File(h5py_path(ctx), "r") as f:
         return f[DATASET][box.slices]
+
+
+def h5py_read_direct(ctx: Ctx, box: Box, out: np.ndarray) -> np.ndarray:
+    """Read *box* into *out*, an array of its shape (``read_direct``, no new array)."""
+    import h5py
+
+    with h5py.File(h5py_path(ctx), "r") as f:
+        f[DATASET].read_direct(out, source_sel=box.slices)
+    return out
 
 
 # ------------------------------------------------------------------ adios2

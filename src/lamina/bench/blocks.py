@@ -31,7 +31,13 @@ and close included):
               ADIOS2 its per-block min/max (``blocks_info``), then reads the
               candidates; numpy and h5py read the whole region and compare
 
-Nobody fsyncs.  Every result is checked (untimed) against the data written.
+The data differ by step: at the start of each step the writers set the
+first value of every block to that step's own value (one numpy assignment
+per step, the same for every method), and ``read-all`` keeps those values
+of every step it reads (one numpy gather per step), so that a step read in
+place of another is caught.  Nobody fsyncs.  Every result is checked
+(untimed) against the data written: every step's marks, the last step's
+region whole.
 Costs per block are the phase's time over the blocks one rank handles
 (blocks per step x steps for write and read-all, blocks per step for query).
 """
@@ -92,6 +98,8 @@ class Case:
     threshold: float
     one: int  # the block read by read-one
     step: int  # the step read by read-one and searched by query
+    floor: np.ndarray  # every block's global number: its values lie in [floor, floor + 1)
+    marks: np.ndarray  # where the first value of each block lies in this rank's region (flat)
 
     @classmethod
     def make(cls, edge: int, nblocks: int, steps: int, rank: int, size: int, seed: int) -> Case:
@@ -108,8 +116,10 @@ class Case:
             (nblocks, edge, edge, edge)
         )
         data *= 0.999
-        data += np.arange(first, first + nblocks, dtype=np.float64)[:, None, None, None]
-        return cls(
+        floor = np.arange(first, first + nblocks, dtype=np.float64)
+        data += floor[:, None, None, None]
+        marks = np.ravel_multi_index(tuple((corner - np.asarray(box.start)).T), region)
+        c = cls(
             edge,
             nblocks,
             steps,
@@ -121,7 +131,37 @@ class Case:
             first + nblocks - 1 + 0.5,
             nblocks // 2,
             steps // 2,
+            floor,
+            np.asarray(marks, dtype=np.intp),
         )
+        c.stamp(0)
+        return c
+
+    def stamps(self, step: int) -> np.ndarray:
+        """The first value of every block at *step*: its own per step, in the block's range
+        and under the threshold (so the query's matches and the blocks' ranges stay as they are)."""
+        return self.floor + 0.25 * step / self.steps
+
+    def stamp(self, step: int) -> np.ndarray:
+        """Set the first value of every block to *step*'s (a writer does, at the start of the
+        step); the blocks."""
+        self.data[:, 0, 0, 0] = self.stamps(step)
+        return self.data
+
+    def region_at(self, step: int) -> np.ndarray:
+        """This rank's region as written at *step* (a copy, for the checks)."""
+        out = self.region(self.stamp(step))
+        return out.copy() if np.shares_memory(out, self.data) else out
+
+    def block_at(self, k: int, step: int) -> np.ndarray:
+        """Block *k* as written at *step* (a copy, for the checks)."""
+        out = self.data[k].copy()
+        out.reshape(-1)[0] = self.stamps(step)[k]
+        return out
+
+    def seen(self, region: np.ndarray) -> np.ndarray:
+        """The first value of every block in *region* (this rank's region as read)."""
+        return np.take(region, self.marks)
 
     @property
     def block_bytes(self) -> int:
@@ -150,7 +190,8 @@ def _index_path(ctx: Ctx) -> str:
 def numpy_write(ctx: Ctx, c: Case) -> None:
     blocks = list(c.data)
     with open(bl.numpy_path(ctx), "wb") as f:
-        for _ in range(c.steps):
+        for s in range(c.steps):
+            c.stamp(s)
             for b in blocks:
                 f.write(b)
     np.save(_index_path(ctx), np.asarray(c.starts, dtype=np.int64))
@@ -163,14 +204,16 @@ def _numpy_step(ctx: Ctx, c: Case, f, step: int, into: np.ndarray) -> np.ndarray
     return into
 
 
-def numpy_read_all(ctx: Ctx, c: Case) -> np.ndarray:
+def numpy_read_all(ctx: Ctx, c: Case) -> tuple[np.ndarray, list[np.ndarray]]:
     np.load(_index_path(ctx))
     out = np.empty(c.box.shape)
     buf = np.empty_like(c.data)
+    seen = []
     with open(bl.numpy_path(ctx), "rb", buffering=0) as f:
         for s in range(c.steps):
             out[...] = c.region(_numpy_step(ctx, c, f, s, buf))
-    return out
+            seen.append(c.seen(out))
+    return out, seen
 
 
 def numpy_read_one(ctx: Ctx, c: Case) -> np.ndarray:
@@ -204,7 +247,8 @@ def adios2_write(ctx: Ctx, c: Case) -> None:
     deferred = adios2.bindings.Mode.Deferred
     with adios2.Stream(io, bl.adios2_path(ctx), "w") as s:
         var = io.define_variable(bl.DATASET, blocks[0], list(c.gshape), c.starts[0], count)
-        for _ in range(c.steps):
+        for step in range(c.steps):
+            c.stamp(step)
             s.begin_step()
             for b, start in zip(blocks, c.starts, strict=True):
                 var.set_selection([start, count])
@@ -212,15 +256,17 @@ def adios2_write(ctx: Ctx, c: Case) -> None:
             s.end_step()
 
 
-def adios2_read_all(ctx: Ctx, c: Case) -> np.ndarray:
+def adios2_read_all(ctx: Ctx, c: Case) -> tuple[np.ndarray, list[np.ndarray]]:
     out = np.empty(c.box.shape)
+    seen = []
     with common.adios2_reader(bl.adios2_path(ctx)) as r:
         var = r.inquire_variable(bl.DATASET)
         var.set_selection([list(c.box.start), list(c.box.shape)])
         for s in range(c.steps):
             var.set_step_selection([s, 1])
             r.read_in_buffer(var, out)
-    return out
+            seen.append(c.seen(out))
+    return out, seen
 
 
 def adios2_read_one(ctx: Ctx, c: Case) -> np.ndarray:
@@ -274,21 +320,24 @@ def h5py_write(ctx: Ctx, c: Case) -> None:
         ds = f[bl.DATASET]
     sels = [c.block_box(k).slices for k in range(c.nblocks)]
     for s in range(c.steps):
+        c.stamp(s)
         for b, sel in zip(blocks, sels, strict=True):
             ds.write_direct(b, dest_sel=(s, *sel))
     f.close()
     ctx.token_pass()
 
 
-def h5py_read_all(ctx: Ctx, c: Case) -> np.ndarray:
+def h5py_read_all(ctx: Ctx, c: Case) -> tuple[np.ndarray, list[np.ndarray]]:
     import h5py
 
     out = np.empty(c.box.shape)
+    seen = []
     with h5py.File(bl.h5py_path(ctx), "r") as f:
         ds = f[bl.DATASET]
         for s in range(c.steps):
             ds.read_direct(out, source_sel=(s, *c.box.slices))
-    return out
+            seen.append(c.seen(out))
+    return out, seen
 
 
 def h5py_read_one(ctx: Ctx, c: Case) -> np.ndarray:
@@ -319,7 +368,8 @@ def lamina_write(ctx: Ctx, c: Case) -> None:
         lamina_path(ctx), "w", comm=ctx.comm, aggregators=ctx.size, durable=False
     ) as f:
         ds = f.create_dataset(bl.DATASET, c.gshape, c.data.dtype)
-        for _ in range(c.steps):
+        for s in range(c.steps):
+            c.stamp(s)
             with f.step():
                 for b, start in zip(blocks, c.starts, strict=True):
                     ds.write(b, offset=start, copy=False)
@@ -333,20 +383,22 @@ def lamina_batch_write(ctx: Ctx, c: Case) -> None:
         lamina_path(ctx, BATCH), "w", comm=ctx.comm, aggregators=ctx.size, durable=False
     ) as f:
         ds = f.create_dataset(bl.DATASET, c.gshape, c.data.dtype)
-        for _ in range(c.steps):
+        for s in range(c.steps):
             with f.step():
-                ds.write_blocks(c.data, starts, copy=False)
+                ds.write_blocks(c.stamp(s), starts, copy=False)
 
 
-def lamina_read_all(ctx: Ctx, c: Case) -> np.ndarray:
+def lamina_read_all(ctx: Ctx, c: Case) -> tuple[np.ndarray, list[np.ndarray]]:
     import lamina
 
     out = np.empty(c.box.shape)
+    seen = []
     with lamina.open(lamina_path(ctx), "r", comm=ctx.comm) as f:
         ds = f[bl.DATASET]
         for s in range(c.steps):
             ds.read(c.box, step=s, out=out)
-    return out
+            seen.append(c.seen(out))
+    return out, seen
 
 
 def lamina_read_one(ctx: Ctx, c: Case) -> np.ndarray:
@@ -415,15 +467,23 @@ def phase_methods(ctx: Ctx, c: Case, phase: str, families: list[str]) -> list[Me
         if phase == "write":
             prepare = functools.partial(_remove_outputs, ctx, [fam])
         elif phase == "read-all":
-            want = c.region(c.data)
+            want = c.region_at(c.steps - 1)
+            marks = [c.stamps(s) for s in range(c.steps)]
 
-            def after(out, rep, fam=fam, want=want):
-                ctx.check(np.array_equal(out, want), f"{fam} read-all: data differs")
+            def after(out, rep, fam=fam, want=want, marks=marks):
+                region, seen = out
+                ctx.check(
+                    len(seen) == len(marks)
+                    and all(np.array_equal(a, b) for a, b in zip(seen, marks, strict=True)),
+                    f"{fam} read-all: a step's data differs from that step's",
+                )
+                ctx.check(np.array_equal(region, want), f"{fam} read-all: data differs")
 
         elif phase == "read-one":
+            block = c.block_at(c.one, c.step)
 
-            def after(out, rep, fam=fam):
-                ctx.check(np.array_equal(out, c.data[c.one]), f"{fam} read-one: data differs")
+            def after(out, rep, fam=fam, block=block):
+                ctx.check(np.array_equal(out, block), f"{fam} read-one: data differs")
 
         else:
             count = c.expected_count()

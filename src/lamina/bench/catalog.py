@@ -4,13 +4,14 @@ One process writes ``--steps`` steps of ``--blocks`` blocks each (rows of a
 2-D float32 dataset, 16 bytes a block of random values: the data is
 negligible, the index is what is measured), with lamina (native, ``durable=False``) and with ADIOS2
 BP5 (``Put`` deferred, one ``SetSelection`` per block).  Then, each
-``--repeat`` times, in turn:
+``--repeat`` times, in turn (the tools' order alternating between repetitions):
 
 ``open``        open the file and close it again (lamina decodes no step's blocks here)
 ``step index``  open, then the block index of the middle step: lamina's
                 ``block_table`` (the step's block section decoded), ADIOS2's
                 ``blocks_info`` (per-block start, count, min and max)
-``read one``    open, read one block of the middle step, close
+``read one``    open, read one block of the middle step, close (what it read is checked,
+                untimed: the block read differs by step, its first value the step's own)
 
 It also reports the index on disk (lamina: ``lamina.meta``; ADIOS2:
 ``md.0`` + ``md.idx`` + ``mmd.0``) and lamina's memory (Python's
@@ -46,13 +47,27 @@ def _rows(blocks: int) -> list[np.ndarray]:
     return list(data)
 
 
+def _marked(blocks: int) -> int:
+    """The block ``read one`` reads: its first value is set to each step's own (:func:`_stamp`)."""
+    return blocks // 2
+
+
+def _stamp(rows: list[np.ndarray], step: int) -> np.ndarray:
+    """Set the first value of the block ``read one`` reads to *step*'s (the random values lie
+    in [0, 1)); that block."""
+    row = rows[_marked(len(rows))]
+    row[0, 0] = 1 + step
+    return row
+
+
 def _write_lamina(path: str, steps: int, blocks: int) -> None:
     import lamina
 
     rows = _rows(blocks)
     with lamina.open(path, "w", durable=False) as f:
         ds = f.create_dataset("u", (blocks, ROW), np.float32)
-        for _ in range(steps):
+        for s in range(steps):
+            _stamp(rows, s)
             with f.step():
                 for i, row in enumerate(rows):
                     ds.write(row, offset=(i, 0), copy=False)
@@ -68,7 +83,8 @@ def _write_adios2(path: str, steps: int, blocks: int) -> None:
     deferred = adios2.bindings.Mode.Deferred
     with adios2.Stream(io, path, "w") as s:
         var = io.define_variable("u", rows[0], [blocks, ROW], [0, 0], [1, ROW])
-        for _ in range(steps):
+        for step in range(steps):
+            _stamp(rows, step)
             s.begin_step()
             for i, row in enumerate(rows):
                 var.set_selection([[i, 0], [1, ROW]])
@@ -87,9 +103,9 @@ def _lamina_phases(path: str, step: int, row: int):
         with lamina.open(path, "r") as f:
             f.engine.block_table("u", step)
 
-    def read_one() -> None:
+    def read_one() -> np.ndarray:
         with lamina.open(path, "r") as f:
-            f["u"].read(Box((row, 0), (row + 1, ROW)), step=step)
+            return f["u"].read(Box((row, 0), (row + 1, ROW)), step=step)
 
     return {"open": open_close, "step index": step_index, "read one": read_one}
 
@@ -103,13 +119,14 @@ def _adios2_phases(path: str, step: int, row: int):
         with common.adios2_reader(path) as r:
             r.engine.blocks_info("u", step)
 
-    def read_one() -> None:
+    def read_one() -> np.ndarray:
         out = np.empty((1, ROW), dtype=np.float32)
         with common.adios2_reader(path) as r:
             var = r.inquire_variable("u")
             var.set_selection([[row, 0], [1, ROW]])
             var.set_step_selection([step, 1])
             r.read_in_buffer(var, out)
+        return out
 
     return {"open": open_close, "step index": step_index, "read one": read_one}
 
@@ -148,7 +165,8 @@ def run(ns) -> dict:
     d = ns.dir or tempfile.mkdtemp(prefix="lamina-bench-catalog-")
     os.makedirs(d, exist_ok=True)
     lam, bp = os.path.join(d, "catalog.lam"), os.path.join(d, "catalog.bp")
-    step, row = ns.steps // 2, ns.blocks // 2
+    step, row = ns.steps // 2, _marked(ns.blocks)
+    want = _stamp(_rows(ns.blocks), step)  # the block read one reads, as written
     writes = {}
     try:
         for name, fn, path in (("lamina", _write_lamina, lam), ("adios2 BP5", _write_adios2, bp)):
@@ -161,12 +179,17 @@ def run(ns) -> dict:
             "adios2 BP5": _adios2_phases(bp, step, row),
         }
         times: dict[tuple[str, str], list[float]] = {}
-        for _ in range(ns.repeat):
-            for tool, ph in phases.items():
-                for phase, fn in ph.items():
+        tools = list(phases)
+        for rep in range(ns.repeat):
+            for tool in tools if rep % 2 == 0 else tools[::-1]:
+                for phase, fn in phases[tool].items():
                     t0 = time.perf_counter()
-                    fn()
+                    got = fn()
                     times.setdefault((tool, phase), []).append(time.perf_counter() - t0)
+                    if phase == "read one" and not np.array_equal(got, want):  # untimed
+                        raise common.DataCheckError(
+                            f"{tool} read one: block {row} of step {step} differs from the one written"
+                        )
         mem = _lamina_memory(lam, step, ns.steps, ns.blocks)
         index = {
             "lamina": _dir_bytes(lam, ["lamina.meta", "lamina.commit"]),
@@ -258,7 +281,11 @@ def main(argv: list[str]) -> int:
             "lamina bench catalog: need --steps >= 1, --blocks >= 2, --repeat >= 1", file=sys.stderr
         )
         return 2
-    o = run(ns)
+    try:
+        o = run(ns)
+    except common.DataCheckError as e:
+        print(f"lamina bench catalog: verification failed: {e}", file=sys.stderr)
+        return 1
     text = report(o) + f"\n\ncommand: lamina bench catalog {' '.join(argv)}".rstrip()
     common.emit(ns.json, text, o)
     return 0

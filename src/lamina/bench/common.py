@@ -50,6 +50,24 @@ def parse_int_list(text: str, what: str) -> list[int]:
     return out
 
 
+def positive_seconds(text: str) -> float:
+    """``--timeout``'s type: a number of seconds, more than 0 (argparse reports the error)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not seconds > 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text!r}")
+    return seconds
+
+
+def add_timeout_argument(
+    p, default: float | None = None, help: str = "seconds per MPI job"
+) -> None:
+    """``--timeout``: seconds per MPI job before it is killed, a number > 0."""
+    p.add_argument("--timeout", type=positive_seconds, default=default, help=help)
+
+
 def parse_aggregators(text: str) -> list[str]:
     """'1,all' -> ['1', 'all']; each entry an integer or 'all' (one per rank)."""
     out = []
@@ -197,13 +215,23 @@ def fsync_path(path: str) -> None:
             os.close(fd)
 
 
+class DataCheckError(Exception):
+    """What a benchmark read back differs from what it wrote."""
+
+
 # ------------------------------------------------------------ statistics
-def rounds(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, list[float]]:
+def rounds(
+    fns: dict[str, Callable[[], object]],
+    repeat: int,
+    check: Callable[[str, object], None] | None = None,
+) -> dict[str, list[float]]:
     """Times of each function of one process: one untimed run each, then *repeat* rounds that
     run them all.
 
     The order rotates between rounds, and every round runs every function, so
-    that a burst of load on a shared machine hits all of them alike.
+    that a burst of load on a shared machine hits all of them alike.  *check*,
+    if given, is called untimed with the name and the result of each function's
+    last timed run.
     """
     names = list(fns)
     for n in names:
@@ -212,8 +240,11 @@ def rounds(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, list[
     for r in range(repeat):
         for n in names[r % len(names) :] + names[: r % len(names)]:
             t = time.perf_counter()
-            fns[n]()
+            out = fns[n]()
             times[n].append(time.perf_counter() - t)
+            if check is not None and r == repeat - 1:
+                check(n, out)
+            del out
     return times
 
 
@@ -305,7 +336,7 @@ def add_job_arguments(p) -> None:
     p.add_argument("--dir", default=None, help="directory for the files (default: under $TMPDIR)")
     p.add_argument("--json", action="store_true", help="JSON on stdout, the table on stderr")
     p.add_argument("--seed", type=int, default=12345, help=argparse.SUPPRESS)
-    p.add_argument("--timeout", type=float, default=None, help="seconds per MPI job")
+    add_timeout_argument(p)
 
 
 def add_common_arguments(p) -> None:
@@ -363,12 +394,7 @@ def add_common_arguments(p) -> None:
         help="print the results as JSON on stdout (the table goes to stderr)",
     )
     p.add_argument("--seed", type=int, default=12345, help=argparse.SUPPRESS)
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=None,
-        help="seconds per MPI job before it is killed (default: from the size)",
-    )
+    add_timeout_argument(p, help="seconds per MPI job before it is killed (default: from the size)")
 
 
 def common_options(ns) -> CommonOptions:

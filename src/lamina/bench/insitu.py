@@ -20,6 +20,14 @@ come from one or two producer ranks).  Per job, each method moves the same
                         the consumers follow it (``iter_steps``) and read every step from it
 ``native write+read``   plain lamina native: the producers write all steps, then the consumers read them
 
+The data differ by step: each producer rank holds two sets of its arrays
+and writes step k from set k % 2 (a step's arrays stay as they are until
+its consumers are done with it, as ``shallow`` asks), after setting the
+first value of each piece a consumer rank takes from it to step k's own (a
+few numbers).  Consumers keep those values of every step they read (a few
+numbers) and, after every run (untimed), each step's are compared with
+what was written and the last step's arrays whole.
+
 A timed run goes from a common (sleeping) barrier of all ranks of both
 programs, through open, every step and close, to the slowest rank's end.
 Targets: lamina memory <= 1.1x hand-written; lamina memory >= 5x faster
@@ -82,22 +90,64 @@ class Worker:
         self.C = lcomm.task_size(1)
         self.rank = self.task.rank
         self.ns = ns
+        self.arrays()
+
+    def arrays(self) -> None:
+        """This rank's sizes, pieces and arrays (from ``P``, ``C``, ``rank``, ``producer``, ``ns``)."""
+        ns = self.ns
         lay = layout(ns.size, self.P, self.C)
         self.rows, self.npart, self.step_bytes = lay["rows"], lay["npart"], lay["bytes"]
         parts = self.P if self.producer else self.C
         self.g = split(self.rows, parts, self.rank)  # my grid rows
         self.p = split(self.npart, parts, self.rank)  # my particles
-        if self.producer:
-            a, b = self.g
-            self.grid = np.arange(a * ROW, b * ROW, dtype=np.uint64).reshape(b - a, ROW)
-            a, b = self.p
-            self.part = (np.arange(a * 3, b * 3, dtype=np.float32) * 0.5).reshape(b - a, 3)
+        self.plan = self.pieces()
+        # the first grid row and particle of every piece exchanged with a peer: a step's marks
+        self.gmarks = np.array([ga for _, (ga, gb), _ in self.plan if gb > ga], dtype=np.intp)
+        self.pmarks = np.array([pa for _, _, (pa, pb) in self.plan if pb > pa], dtype=np.intp)
+        if self.producer:  # two sets: step k is written from set k % 2
+            self.sets = [self.expected() for _ in range(2)]
+            self.grid, self.part = self.sets[0]
         else:
             a, b = self.g
             self.grid = np.zeros((b - a, ROW), dtype=np.uint64)
             a, b = self.p
             self.part = np.zeros((b - a, 3), dtype=np.float32)
+        self.seen: list[tuple[np.ndarray, np.ndarray]] = []  # consumer: every step's marks
         self.notes: list[str] = []
+
+    def pieces(self) -> list:
+        """(peer, grid rows a:b, particles a:b), relative to this rank's own, of every rank of
+        the other program: the parts of this rank's arrays that go to or come from it."""
+        out = []
+        for q in range(self.C if self.producer else self.P):
+            qg = split(self.rows, self.C if self.producer else self.P, q)
+            qp = split(self.npart, self.C if self.producer else self.P, q)
+            ga, gb = max(self.g[0], qg[0]), min(self.g[1], qg[1])
+            pa, pb = max(self.p[0], qp[0]), min(self.p[1], qp[1])
+            out.append((q, (ga - self.g[0], gb - self.g[0]), (pa - self.p[0], pb - self.p[0])))
+        return out
+
+    def expected(self) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's grid rows and particles as the producers make them, without marks."""
+        a, b = self.g
+        grid = np.arange(a * ROW, b * ROW, dtype=np.uint64).reshape(b - a, ROW)
+        a, b = self.p
+        return grid, (np.arange(a * 3, b * 3, dtype=np.float32) * 0.5).reshape(b - a, 3)
+
+    @staticmethod
+    def marks(step: int) -> tuple[np.uint64, np.float32]:
+        """Step *step*'s value of the first element of every piece (no other value is either)."""
+        return np.uint64(2**63 + step), np.float32(-1 - step)
+
+    def produce(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """Producer: the arrays of *step* (set step % 2), its pieces marked with the step's values."""
+        grid, part = self.grid, self.part = self.sets[step % 2]
+        grid[self.gmarks, 0], part[self.pmarks, 0] = self.marks(step)
+        return grid, part
+
+    def consumed(self) -> None:
+        """Consumer: keep the marks of the step just read."""
+        self.seen.append((self.grid[self.gmarks, 0], self.part[self.pmarks, 0]))
 
     # ------------------------------------------------------------ sync
     def wait(self, req) -> None:
@@ -121,23 +171,25 @@ class Worker:
 
     # ------------------------------------------------------------ checks
     def check(self) -> bool:
-        """Consumer: the arrays hold what the producers wrote (producers: True)."""
+        """Consumer: every step read, each with its own marks, and the arrays hold what the
+        producers wrote at the last step (producers: True)."""
         if self.producer:
             return True
-        a, b = self.g
-        ok = np.array_equal(
-            self.grid, np.arange(a * ROW, b * ROW, dtype=np.uint64).reshape(b - a, ROW)
-        )
-        a, b = self.p
-        ok = ok and np.array_equal(
-            self.part, (np.arange(a * 3, b * 3, dtype=np.float32) * 0.5).reshape(b - a, 3)
-        )
-        return bool(ok)
+        if len(self.seen) != self.ns.steps:
+            return False
+        for k, (gs, ps) in enumerate(self.seen):
+            gm, pm = self.marks(k)
+            if not ((gs == gm).all() and (ps == pm).all()):
+                return False
+        grid, part = self.expected()
+        grid[self.gmarks, 0], part[self.pmarks, 0] = self.marks(self.ns.steps - 1)
+        return bool(np.array_equal(self.grid, grid) and np.array_equal(self.part, part))
 
     def clear(self) -> None:
         if not self.producer:
             self.grid[...] = 0
             self.part[...] = 0
+            self.seen = []
 
     # ------------------------------------------------------------ methods
     def memcpy(self) -> float:
@@ -161,31 +213,27 @@ class Worker:
         MPI = self.MPI
         inter = self.lcomm.intercomm(self.task, 1 - self.app, 777)
         try:
-            plan = []  # (peer, grid rows a:b relative, particles a:b relative)
-            for q in range(self.C if self.producer else self.P):
-                qg = split(self.rows, self.C if self.producer else self.P, q)
-                qp = split(self.npart, self.C if self.producer else self.P, q)
-                ga, gb = max(self.g[0], qg[0]), min(self.g[1], qg[1])
-                pa, pb = max(self.p[0], qp[0]), min(self.p[1], qp[1])
-                plan.append((q, (ga - self.g[0], gb - self.g[0]), (pa - self.p[0], pb - self.p[0])))
             for k in range(self.ns.steps):
+                grid, part = self.produce(k) if self.producer else (self.grid, self.part)
                 reqs = []
-                for q, (ga, gb), (pa, pb) in plan:
+                for q, (ga, gb), (pa, pb) in self.plan:
                     if gb > ga:
-                        buf = self.grid[ga:gb]
+                        buf = grid[ga:gb]
                         reqs.append(
                             inter.Isend(buf, q, 2 * k)
                             if self.producer
                             else inter.Irecv(buf, q, 2 * k)
                         )
                     if pb > pa:
-                        buf = self.part[pa:pb]
+                        buf = part[pa:pb]
                         reqs.append(
                             inter.Isend(buf, q, 2 * k + 1)
                             if self.producer
                             else inter.Irecv(buf, q, 2 * k + 1)
                         )
                 MPI.Request.Waitall(reqs)
+                if not self.producer:
+                    self.consumed()
         finally:
             inter.Free()
 
@@ -195,10 +243,11 @@ class Worker:
         with lamina.open(path, "w", **options) as f:
             g = f.create_dataset("grid", (self.rows, ROW), np.uint64)
             p = f.create_dataset("particles", (self.npart, 3), np.float32)
-            for _ in range(self.ns.steps):
+            for k in range(self.ns.steps):
+                grid, part = self.produce(k)
                 with f.step():
-                    g.write(self.grid, offset=(self.g[0], 0), copy=False)
-                    p.write(self.part, offset=(self.p[0], 0), copy=False)
+                    g.write(grid, offset=(self.g[0], 0), copy=False)
+                    p.write(part, offset=(self.p[0], 0), copy=False)
 
     def _consume(self, f) -> None:
         from ..geometry import Box
@@ -209,6 +258,7 @@ class Worker:
         for view in f.iter_steps(timeout=120, poll=1e-3):
             view["grid"].read(gbox, out=self.grid)
             view["particles"].read(pbox, out=self.part)
+            self.consumed()
             n += 1
         if n != self.ns.steps:
             raise RuntimeError(f"consumer saw {n} steps, expected {self.ns.steps}")
@@ -291,10 +341,9 @@ class Worker:
                 if self.world.rank == 0:
                     os.sync()
                 dt = self.timed(runs[m])
-                if rep == 0 or rep == -self.ns.warmup:
-                    ok = self.world.allreduce(int(self.check()), op=self.MPI.MIN)
-                    if not ok and m not in bad:
-                        bad.append(m)
+                ok = self.world.allreduce(int(self.check()), op=self.MPI.MIN)
+                if not ok and m not in bad:
+                    bad.append(m)
                 remove_files()
                 if rep >= 0:
                     times[m].append(dt)
@@ -399,9 +448,7 @@ def parser() -> argparse.ArgumentParser:
         default=",".join(SHORT),
         help=f"comma-separated subset of {','.join(SHORT)} (default all)",
     )
-    p.add_argument(
-        "--timeout", type=float, default=None, help="seconds per MPI job (default: from the sizes)"
-    )
+    common.add_timeout_argument(p, help="seconds per MPI job (default: from the sizes)")
     common.add_dir_json(p)
     return p
 
@@ -533,10 +580,11 @@ def main(argv: list[str]) -> int:
         p.error("--steps and --repeat must be at least 1")
     if not methods:
         p.error("--methods: give at least one")
-    timeout = (
-        ns.timeout
-        or 120 + 30 * size * ns.steps / common.GiB * (ns.repeat + ns.warmup) * len(methods) * 4
-    )
+    timeout = ns.timeout
+    if timeout is None:
+        timeout = (
+            120 + 30 * size * ns.steps / common.GiB * (ns.repeat + ns.warmup) * len(methods) * 4
+        )
     own = ns.dir is None
     base = tempfile.mkdtemp(prefix="lamina-bench-insitu-") if own else os.path.abspath(ns.dir)
     os.makedirs(base, exist_ok=True)

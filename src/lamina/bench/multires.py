@@ -40,6 +40,14 @@ In one run, on the same data:
 ``--parts`` picks what runs (default: all but ``size-grid``, which
 ``--size-grid`` adds).
 
+What is written is read back, untimed: each configuration's file of the
+``write`` part once (every rank its rows at full resolution), the
+``compress`` part's lamina encoding at full resolution, and every read of
+the ``read`` part (the plain dataset's region equal to the data; each
+level within the tolerance of the exact approximation of that level,
+:func:`lamina.multires.compress.reference_array`).  A failed check is
+reported (``DATA CHECK FAILED``) and the exit status is 1.
+
 Fields: ``cth`` (the CTH shock pressure of the shared data, tiled to the
 size asked for; skipped when absent), ``uneven`` (a synthetic field whose
 noise grows 100x across the domain: smooth on one side, noisy on the
@@ -56,12 +64,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -127,6 +137,23 @@ def _tolerance(x: np.ndarray, rel: float) -> float:
     return float(np.ptp(x)) * rel
 
 
+def _within(got: np.ndarray, want: np.ndarray, tol: float) -> bool:
+    """Whether *got* has *want*'s shape and lies within *tol* of it (and the rounding of
+    *got*'s dtype: the layout's values are within *tol* before they are rounded to it)."""
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape or not np.isfinite(got).all():
+        return False
+    if not got.size:
+        return True
+    top = np.abs(want).max().astype(got.dtype) if got.dtype.kind == "f" else 0
+    err = np.abs(got.astype(np.float64) - want).max()
+    return bool(err <= tol + float(np.spacing(top)))
+
+
+#: the tolerances, relative to the range, of the compress part (--rel is not one of them)
+COMPRESS_RELS = (1e-2, 1e-3, 1e-4)
+
+
 # --------------------------------------------------------------------------
 # worker: the parallel write
 
@@ -153,7 +180,8 @@ def worker(args) -> None:
         runs = [(d, a, f) for d, a in configs for f in aggs] + [("balanced", "local", n)]
         for dist, agg, naggs in runs:
             best = None
-            for _ in range(args.repeat):
+            checked = True
+            for i in range(args.repeat):
                 path = os.path.join(args.dir, "mr.lam")
                 comm.Barrier()
                 with lamina.open(path, "w", comm=comm, aggregators=naggs, durable=False) as f:
@@ -173,6 +201,9 @@ def worker(args) -> None:
                     phases = {
                         k: comm.allreduce(v, op=MPI.MAX) for k, v in sorted(rep.seconds.items())
                     }
+                if i == 0:  # the file read back once per configuration, untimed
+                    checked = _check_write(comm, path, x, (lo, hi), tol)
+                comm.Barrier()
                 if r == 0:
                     shutil.rmtree(path, ignore_errors=True)
                 row = {
@@ -189,6 +220,7 @@ def worker(args) -> None:
                     "stored": rep.stored_bytes,
                     "raw": x.nbytes,
                     "moved_cells": rep.moved_cells,
+                    "checked": checked,
                 }
                 if best is None or row["seconds"] < best["seconds"]:
                     best = row
@@ -198,6 +230,21 @@ def worker(args) -> None:
     if r == 0:
         with open(args.out, "w") as fh:
             json.dump({"ranks": n, "rows": results}, fh)
+
+
+def _check_write(comm, path: str, x: np.ndarray, rows: tuple[int, int], tol: float) -> bool:
+    """Collective: whether the file at *path* holds, at full resolution, this rank's *rows*
+    of *x* within *tol* (on every rank)."""
+    import lamina
+    from lamina.geometry import Box
+
+    lo, hi = rows
+    ok = True
+    with lamina.open(path, "r", comm=comm) as f:
+        if hi > lo:
+            got = f["T"].read(Box((lo, 0, 0), (hi, *x.shape[1:])))
+            ok = _within(got, x[lo:hi], tol)
+    return comm.allreduce(int(not ok)) == 0
 
 
 # --------------------------------------------------------------------------
@@ -224,6 +271,7 @@ def compression(x: np.ndarray, rels: list[float]) -> list[dict]:
         enc = compress.encode_array(x, PATCH, tol)
         t_enc = time.perf_counter() - t0
         back = compress.decode_array(enc, 0)
+        ok = _within(back, x, tol)
         blob = zfpy.compress_numpy(x, tolerance=tol)
         zback = zfpy.decompress_numpy(blob)
         rows.append(
@@ -238,6 +286,7 @@ def compression(x: np.ndarray, rels: list[float]) -> list[dict]:
                 "zfp_psnr": _psnr(x, zback),
                 "zfp_maxerr": float(np.abs(zback.astype(np.float64) - x).max()),
                 "zstd_ratio": x.nbytes / zstd,
+                "ok": ok,
             }
         )
     return rows
@@ -246,6 +295,9 @@ def compression(x: np.ndarray, rels: list[float]) -> list[dict]:
 def reads(x: np.ndarray, rel: float, directory: str, repeat: int) -> list[dict]:
     import lamina
     from lamina.geometry import Box
+    from lamina.layouts.read import scale_box
+
+    from ..multires import compress
 
     path = os.path.join(directory, "read.lam")
     tol = _tolerance(x, rel)
@@ -258,12 +310,13 @@ def reads(x: np.ndarray, rel: float, directory: str, repeat: int) -> list[dict]:
     rows = []
     with lamina.open(path) as f:
         t, p = f["T"], f["P"]
-        plain = min(_timed(lambda: p.read(region)) for _ in range(repeat))
+        plain, got = _best(lambda: p.read(region), repeat)
+        plain_ok = bool(np.array_equal(got, x[region.slices]))
         for k in range(len(t.levels)):
-            from lamina.layouts.read import scale_box
-
             box = scale_box(region, k)
-            sec = min(_timed(lambda box=box, k=k: t.read(box, level=k)) for _ in range(repeat))
+            sec, got = _best(lambda box=box, k=k: t.read(box, level=k), repeat)
+            # untimed: the level's exact approximation, which the read is within tol of
+            want = compress.reference_array(x, PATCH, k, tol)[box.slices]
             rows.append(
                 {
                     "level": k,
@@ -272,16 +325,21 @@ def reads(x: np.ndarray, rel: float, directory: str, repeat: int) -> list[dict]:
                     "seconds": sec,
                     "plain_bytes": region.size * x.dtype.itemsize,
                     "plain_seconds": plain,
+                    "ok": plain_ok and _within(got, want, tol),
                 }
             )
     shutil.rmtree(path, ignore_errors=True)
     return rows
 
 
-def _timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+def _best(fn, repeat: int) -> tuple[float, Any]:
+    """The shortest time of *repeat* calls of *fn*, and what the last call returned."""
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
 
 
 def simulations(quick: bool, measured: dict[str, np.ndarray] | None = None) -> list[dict]:
@@ -708,16 +766,29 @@ def parser() -> argparse.ArgumentParser:
         "--shape",
         type=int,
         nargs=3,
-        default=[256, 128, 128],
-        help="field shape (default 256 128 128)",
+        default=None,
+        help=f"field shape, at least {' '.join(map(str, PATCH))} (a patch) "
+        f"(default {' '.join(map(str, SHAPE))}; {' '.join(map(str, QUICK_SHAPE))} with --quick)",
     )
     p.add_argument("--fields", nargs="+", default=["cth", "uneven"], choices=list(FIELDS))
-    p.add_argument("--rel", type=float, default=1e-3, help="tolerance relative to the range (1e-3)")
-    p.add_argument("--repeat", type=int, default=3, help="runs per configuration; the best counts")
+    p.add_argument(
+        "--rel",
+        type=float,
+        default=None,
+        help=f"tolerance relative to the range of the write, read and size-grid parts (default "
+        f"{REL:g}; the compress part sweeps {', '.join(f'{r:g}' for r in COMPRESS_RELS)})",
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=None,
+        help=f"runs per configuration; the best counts (default {REPEAT}; 1 with --quick)",
+    )
     p.add_argument(
         "--quick",
         action="store_true",
-        help="small shape, one repeat, 10^4 ranks only, 2 x 2 x 2 patches per size-grid rank",
+        help="small shape, one repeat (unless --shape, --repeat say otherwise), 10^4 ranks only, "
+        "2 x 2 x 2 patches per size-grid rank",
     )
     p.add_argument(
         "--parts",
@@ -745,7 +816,7 @@ def parser() -> argparse.ArgumentParser:
         nargs=3,
         help="patches per size-grid rank along each axis (default: a measured rank's)",
     )
-    p.add_argument("--timeout", type=float, default=1800, help="seconds per MPI job (1800)")
+    common.add_timeout_argument(p, default=1800, help="seconds per MPI job (1800)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--grid-worker", action="store_true", help=argparse.SUPPRESS)
@@ -755,8 +826,52 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+#: the defaults of --shape, --rel and --repeat (--quick: QUICK_SHAPE and one repeat)
+SHAPE, QUICK_SHAPE, REL, REPEAT = (256, 128, 128), (64, 64, 64), 1e-3, 3
+#: the parts that take --rel
+REL_PARTS = ("write", "read", "size-grid")
+
+
+def options(p: argparse.ArgumentParser, args: argparse.Namespace) -> set[str]:
+    """Check the options and fill in the defaults (``p.error`` on nonsense); the parts to run."""
+    parts = set(args.parts)
+    if args.size_grid:
+        parts.add("size-grid")
+    if args.rel is not None and not parts & set(REL_PARTS):
+        p.error(
+            f"--rel: the compress part sweeps {', '.join(f'{r:g}' for r in COMPRESS_RELS)} of "
+            f"the range; --rel is the tolerance of the {', '.join(REL_PARTS)} parts"
+        )
+    if args.rel is None:
+        args.rel = REL
+    if not (math.isfinite(args.rel) and args.rel >= 0):
+        p.error(f"--rel: expected a number >= 0 (0: lossless), got {args.rel:g}")
+    if args.shape is None:
+        args.shape = list(QUICK_SHAPE if args.quick else SHAPE)
+    if any(n < m for n, m in zip(args.shape, PATCH, strict=True)):
+        p.error(
+            f"--shape: every extent must be at least the patch's, {' '.join(map(str, PATCH))}; "
+            f"got {' '.join(map(str, args.shape))}"
+        )
+    if args.repeat is None:
+        args.repeat = 1 if args.quick else REPEAT
+    if args.repeat < 1:
+        p.error(f"--repeat must be at least 1, got {args.repeat}")
+    if args.ranks < 1:
+        p.error(f"--ranks must be at least 1, got {args.ranks}")
+    for name in ("measure_grid", "grid_box"):
+        v = getattr(args, name)
+        if v is not None and min(v) < 1:
+            p.error(
+                f"--{name.replace('_', '-')}: expected positive integers, got {' '.join(map(str, v))}"
+            )
+    return parts
+
+
 def main(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    parts = options(p, args)
     if args.worker:
         worker(args)
         return 0
@@ -764,16 +879,14 @@ def main(argv: list[str]) -> int:
         grid_worker(args)
         return 0
     if args.quick:
-        args.shape, args.repeat = [64, 64, 64], 1
         args.grid_box = args.grid_box or [2, 2, 2]
-    parts = set(args.parts)
-    if args.size_grid:
-        parts.add("size-grid")
-    elif "size-grid" in parts:
+    if "size-grid" in parts and not args.size_grid:
         args.size_grid = [4] if args.quick else [8]
     if "cth" in args.fields and find_cth() is None:
         print(f"lamina bench multires: {CTH} not found; skipping the cth field", file=sys.stderr)
         args.fields = [x for x in args.fields if x != "cth"]
+        if not args.fields:
+            p.error("--fields: no field left to run")
     from .launch import run_json_job
 
     directory = tempfile.mkdtemp(prefix="lamina-bench-multires-")
@@ -809,7 +922,7 @@ def main(argv: list[str]) -> int:
             )
         if "compress" in parts:
             doc["compress"] = {
-                name: compression(field(name, shape), [1e-2, 1e-3, 1e-4]) for name in args.fields
+                name: compression(field(name, shape), list(COMPRESS_RELS)) for name in args.fields
             }
         if "read" in parts:
             doc["read"] = {
@@ -823,8 +936,30 @@ def main(argv: list[str]) -> int:
             doc["simulate"] = simulations(args.quick, None if args.quick else measured)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+    doc["failed_checks"] = failed_checks(doc)
     common.emit(args.json, report(doc), doc)
-    return 0
+    return 1 if doc["failed_checks"] else 0
+
+
+def failed_checks(doc: dict) -> list[str]:
+    """What read back differently from what was written, by part and field."""
+    bad = []
+    for r in doc.get("write", {}).get("rows", []):
+        if not r["checked"]:
+            bad.append(
+                f"write {r['field']} {r['distribution']}/{r['aggregation']} F={r['aggregators']}"
+            )
+    for name, rs in doc.get("compress", {}).items():
+        bad += [f"compress {name} rel={r['rel']:g}" for r in rs if not r["ok"]]
+    for name, rs in doc.get("read", {}).items():
+        bad += [f"read {name} level {r['level']}" for r in rs if not r["ok"]]
+    for job in doc.get("size_grid", {}).get("jobs", []):
+        bad += [
+            f"size-grid {r['field']} P={job['ranks']} {r['aggregation']} F={r['aggregators']}"
+            for r in job["rows"]
+            if not (r["checked"] and r["file_bytes"] == r["bytes"])
+        ]
+    return bad
 
 
 def report(doc: dict) -> str:
@@ -841,6 +976,8 @@ def report(doc: dict) -> str:
             if out:
                 out.append("")
             fn(doc, out)
+    if doc.get("failed_checks"):
+        out.append(f"DATA CHECK FAILED for: {', '.join(doc['failed_checks'])}")
     return "\n".join(out)
 
 

@@ -3,14 +3,19 @@
 Set-up (untimed) writes the same per-rank blocks with every method (as in
 ``lamina bench write``), then each read is timed ``--repeat`` times:
 
-* **same decomposition**: every rank reads its own block back
-  (``numpy fromfile``, ``h5py``, ``adios2 BP5``, ``lamina agg=A`` for each
-  aggregator count the file was written with), ``lamina agg=A out=`` (the
-  most aggregators, read into one array the program made with ``np.empty``
-  and reads into at every repetition, as h5py's ``read_direct``), plus
-  ``numpy aligned`` (for information: ``preadv`` into a page-aligned array;
-  numpy's own arrays start 16 bytes into a page, which makes the kernel's
-  copy out of the page cache slower on some CPUs: ``lamina.buffers``);
+* **same decomposition**: every rank reads its own block back into a new
+  array (``numpy fromfile``, ``h5py``, ``adios2 BP5``, ``lamina agg=A`` for
+  each aggregator count the file was written with), plus ``numpy aligned``
+  (for information: ``preadv`` into a page-aligned array; numpy's own
+  arrays start 16 bytes into a page, which makes the kernel's copy out of
+  the page cache slower on some CPUs: ``lamina.buffers``);
+* **into the program's array**: the same block read into one array the
+  program made with ``np.empty`` and reads into at every repetition:
+  ``numpy readinto`` (``os.preadv``), ``h5py read_direct`` and ``lamina
+  agg=A out=`` (the most aggregators, ``read(box, out=...)``); these rows
+  compare with each other, not with the reads into new arrays.  Before
+  every repetition (untimed) the array is filled with NaN, and after it
+  the array itself is checked;
 * **slabs** (more than one rank): every rank reads a slab of the global
   array along axis 1, which cuts through every rank's block
   (``numpy memmap`` over the per-rank files, h5py hyperslab, ADIOS2
@@ -22,14 +27,16 @@ Set-up (untimed) writes the same per-rank blocks with every method (as in
   ``read_bytes``: bytes fetched from the storage device, meaningful only
   with ``--drop-caches``).
 
-A timed read is open + read + close, into a fresh array (but for ``out=``), from a common
-barrier to the slowest rank's end.  Every result is checked (untimed)
-against the CRC-32C of the data written.
+A timed read is open + read + close, into a fresh array (but for the reads into the program's
+array), from a common barrier to the slowest rank's end.  Every result is checked (untimed)
+against the CRC-32C of the data written.  With ``--fsync`` the set-up writes are durable
+(lamina ``durable=True``, the baselines' files fsynced), as in ``lamina bench write``.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
@@ -43,7 +50,19 @@ from .harness import MPI, Ctx, Method
 
 REF = "numpy fromfile"
 ALIGNED = "numpy aligned"
+#: the baselines of the reads into an array the program made once (group "into")
+REF_INTO = "numpy readinto"
+H5_INTO = "h5py read_direct"
 REF_SLAB = "numpy memmap slabs"
+#: the baselines of each group of rows, one per family of FAMS (None: no such row)
+BASELINES = {
+    "same": (REF, "h5py", "adios2 BP5"),
+    "into": (REF_INTO, H5_INTO, None),
+    "slabs": (REF_SLAB, "h5py slabs", "adios2 slabs"),
+}
+DECOMPOSITION = {"same": "own block", "into": "own block, own array", "slabs": "axis-1 slabs"}
+#: what the reads into the program's array find there if they write nothing
+POISON = np.nan
 PROBE_BLOCKS = 8
 
 
@@ -69,7 +88,11 @@ def method_names(ranks: int, aggregators: list[str], families: list[str]) -> lis
     if "adios2" in families:
         out.append(("adios2 BP5", "same"))
     out += [(lamina_name(a), "same") for a in aggs]
-    out.append((lamina_out_name(max(aggs)), "same"))
+    if "numpy" in families:
+        out.append((REF_INTO, "into"))
+    if "h5py" in families:
+        out.append((H5_INTO, "into"))
+    out.append((lamina_out_name(max(aggs)), "into"))
     if ranks > 1:
         if "numpy" in families:
             out.append((REF_SLAB, "slabs"))
@@ -101,7 +124,7 @@ def _lamina_write(
     gshape = (
         ctx.gshape if comm is ctx.comm else (len(blocks) * ctx.local.shape[0], *ctx.local.shape[1:])
     )
-    with lamina.open(path, "w", comm=comm, aggregators=aggs, durable=False) as f:
+    with lamina.open(path, "w", comm=comm, aggregators=aggs, durable=ctx.fsync) as f:
         ds = f.create_dataset(bl.DATASET, gshape, ctx.local.dtype)
         with f.step():
             for b in blocks:
@@ -158,15 +181,20 @@ def build_methods(ctx: Ctx, families: list[str]) -> list[Method]:
     want_slab = _expected_slab_crc(ctx, slab) if ctx.size > 1 else None
     names = dict(method_names(ctx.size, [str(a) for a in ctx.aggregators], families))
 
-    def checker(name: str, expect: int):
+    def checker(name: str, expect: int, own: np.ndarray | None = None):
         def after(out, rep):
-            ctx.check(
-                out is not None and common.crc_array(out) == expect,
-                f"{name}: the data read differs from the data written",
-            )
+            if own is not None:  # the program's array itself holds the block, and came back
+                ok = out is own and common.crc_array(own) == expect
+            else:
+                ok = out is not None and common.crc_array(out) == expect
+            ctx.check(ok, f"{name}: the data read differs from the data written")
 
         return after
 
+    # the arrays of the reads into the program's array: made once with numpy (16 bytes into
+    # a page), read into at every repetition as a program reads step after step into one
+    # buffer, and poisoned before each (untimed), so that a read that leaves it is caught
+    owns = {n: np.empty(ctx.local.shape, ctx.local.dtype) for n, g in names.items() if g == "into"}
     runs = {
         REF: lambda: bl.numpy_read(ctx),
         ALIGNED: lambda: bl.numpy_read_aligned(ctx),
@@ -191,11 +219,15 @@ def build_methods(ctx: Ctx, families: list[str]) -> list[Method]:
         )
         notes[lamina_name(a)] = f"{a} subfile{'s' if a > 1 else ''}"
     big = max(ctx.aggregators)
-    # the program's own array, made once with numpy (16 bytes into a page) and read into at
-    # every repetition, as a program reads step after step into one buffer
-    own = np.empty(ctx.local.shape, ctx.local.dtype)
-    runs[lamina_out_name(big)] = lambda: _lamina_read(ctx, _lamina_path(ctx, big), ctx.box, out=own)
-    notes[lamina_out_name(big)] = "into an np.empty array of the program's"
+    if REF_INTO in owns:
+        runs[REF_INTO] = lambda: bl.numpy_read_into(ctx, owns[REF_INTO])
+        notes[REF_INTO] = "os.preadv into the program's array"
+    if H5_INTO in owns:
+        runs[H5_INTO] = lambda: bl.h5py_read_direct(ctx, ctx.box, owns[H5_INTO])
+        notes[H5_INTO] = "into the program's array"
+    out_name = lamina_out_name(big)
+    runs[out_name] = lambda: _lamina_read(ctx, _lamina_path(ctx, big), ctx.box, out=owns[out_name])
+    notes[out_name] = "read(box, out=) into the program's array"
     runs[lamina_name(big, True)] = lambda: _lamina_read(ctx, _lamina_path(ctx, big), slab)
     notes[lamina_name(big, True)] = "box read"
     runs[lamina_name(big, True, True)] = lambda: _lamina_read(
@@ -204,14 +236,16 @@ def build_methods(ctx: Ctx, families: list[str]) -> list[Method]:
     notes[lamina_name(big, True, True)] = "read(box, collective=True)"
     ms = []
     for name, group in names.items():
+        own = owns.get(name)
         ms.append(
             Method(
                 name,
                 name.split()[0],
                 runs[name],
+                prepare=None if own is None else functools.partial(own.fill, POISON),
                 group=group,
                 note=notes.get(name, ""),
-                after=checker(name, crc_local if group == "same" else want_slab),
+                after=checker(name, want_slab if group == "slabs" else crc_local, own),
             )
         )
     return ms
@@ -329,8 +363,11 @@ def report(o: common.CommonOptions, jobs: list[dict], argv: list[str]) -> tuple[
         f"(block {tuple(first['local_shape'])}), repeat {o.repeat}, {cache}"
     )
     out.append(
-        "times: open+read+close into a new array, slowest rank; ratios: speed-up of the row over the baseline "
+        "times: open+read+close into a new array (own array rows: the program's), slowest rank; "
+        "ratios: speed-up of the row over the baseline "
         "(> 1 = row faster), median over repetitions of the paired ratio, best case (min/min) in parentheses; "
+        "'own array' rows read into one array the program made and reuses, and compare with "
+        f"{REF_INTO} and {H5_INTO}; "
         "'axis-1 slabs' rows cut through every rank's block and compare with the slab baselines"
     )
     targets = []
@@ -339,16 +376,8 @@ def report(o: common.CommonOptions, jobs: list[dict], argv: list[str]) -> tuple[
         rows = {r["name"]: r for r in job["rows"]}
         total = job["bytes_per_rank"] * R
         base = {
-            "same": dict(
-                zip(FAMS, (rows.get(REF), rows.get("h5py"), rows.get("adios2 BP5")), strict=True)
-            ),
-            "slabs": dict(
-                zip(
-                    FAMS,
-                    (rows.get(REF_SLAB), rows.get("h5py slabs"), rows.get("adios2 slabs")),
-                    strict=True,
-                )
-            ),
+            group: {k: rows.get(n) if n else None for k, n in zip(FAMS, names, strict=True)}
+            for group, names in BASELINES.items()
         }
         hdr = [
             "method",
@@ -367,7 +396,7 @@ def report(o: common.CommonOptions, jobs: list[dict], argv: list[str]) -> tuple[
             body.append(
                 [
                     r["name"],
-                    "own block" if r["group"] == "same" else "axis-1 slabs",
+                    DECOMPOSITION[r["group"]],
                     f"{r['median']:.3f}",
                     f"{r['min']:.3f}",
                     f"{common.gibps(total, r['median']):.2f}",
@@ -398,7 +427,7 @@ def report(o: common.CommonOptions, jobs: list[dict], argv: list[str]) -> tuple[
     body = []
     for t in targets:
         v = common.ratio_cell((t["vs_numpy"], t["vs_numpy_best"]))
-        if t["group"] == "same":
+        if t["group"] != "slabs":
             v += f" {common.verdict(t['vs_numpy'], 0.9, best=t['vs_numpy_best'])}"
         else:
             v += " (info: vs numpy memmap)"
@@ -413,7 +442,13 @@ def report(o: common.CommonOptions, jobs: list[dict], argv: list[str]) -> tuple[
         )
     out.append(
         table(
-            ["ranks", "lamina", "vs numpy (>= 0.9x fromfile)", "vs h5py", "vs adios2"],
+            [
+                "ranks",
+                "lamina",
+                f"vs numpy (>= 0.9x {REF}; own array: {REF_INTO})",
+                "vs h5py",
+                "vs adios2",
+            ],
             body,
             "rllll",
         )

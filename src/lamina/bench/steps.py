@@ -2,7 +2,8 @@
 
 A simulation writes many variables per step; each is a block of its own
 dataset.  One process writes ``--steps`` steps of D datasets (one 1-D
-float64 block of ``--elements`` values each, the same array every time),
+float64 block of ``--elements`` values each, the same arrays every time
+but for their first value, the step's own, set between steps),
 for each D of ``--datasets``, with every method on the same data, the
 methods in rotated order ``--repeat`` times:
 
@@ -23,11 +24,12 @@ after the open:
 ``h5py``        ``ds[s]``
 ``lamina``      ``ds.read(step=s)``
 
-Timed: the steps only, written or read (open, the definitions and close
-are not; ``--warmup`` untimed steps come first in both phases).  Reported:
+Timed: the steps only, written or read, each step on its own clock (open,
+the definitions, close and what happens between steps are not;
+``--warmup`` untimed steps come first in both phases).  Reported:
 microseconds per step and per dataset in a step, and lamina's ratio to
-each baseline (< 1: lamina cheaper).  What every method read at the last
-step is compared with what was written, untimed.
+each baseline (< 1: lamina cheaper).  What every method read at every
+step is compared with what was written at that step, untimed.
 """
 
 from __future__ import annotations
@@ -47,16 +49,36 @@ from . import common
 METHODS = ("numpy", "adios2 BP5", "h5py", "lamina")
 
 
+def stamp(arrays: list[np.ndarray], step: int) -> list[np.ndarray]:
+    """Set the first value of every array to *step*'s own (the random values lie in [0, 1)),
+    so that every step's data differ; the arrays."""
+    for i, a in enumerate(arrays):
+        a[0] = 1 + step + i / len(arrays)
+    return arrays
+
+
+def _steps(step, arrays: list[np.ndarray], steps: int, warmup: int) -> float:
+    """``step(s)`` for every step, each with the arrays stamped for it (untimed); seconds of
+    the steps from *warmup* on."""
+    took = 0.0
+    for s in range(warmup + steps):
+        stamp(arrays, s)
+        t0 = time.perf_counter()
+        step(s)
+        if s >= warmup:
+            took += time.perf_counter() - t0
+    return took
+
+
 def _numpy(path: str, arrays: list[np.ndarray], steps: int, warmup: int) -> float:
     with open(path, "wb") as f:
-        t0 = 0.0
-        for s in range(warmup + steps):
-            if s == warmup:
-                t0 = time.perf_counter()
+
+        def step(s: int) -> None:
             for a in arrays:
                 f.write(a.data)
             f.flush()
-        return time.perf_counter() - t0
+
+        return _steps(step, arrays, steps, warmup)
 
 
 def _adios2(path: str, arrays: list[np.ndarray], steps: int, warmup: int) -> float:
@@ -69,15 +91,14 @@ def _adios2(path: str, arrays: list[np.ndarray], steps: int, warmup: int) -> flo
     vs = [io.define_variable(f"v{i}", a, [n], [0], [n]) for i, a in enumerate(arrays)]
     e = io.open(path, adios2.bindings.Mode.Write)
     try:
-        t0 = 0.0
-        for s in range(warmup + steps):
-            if s == warmup:
-                t0 = time.perf_counter()
+
+        def step(s: int) -> None:
             e.begin_step()
             for v, a in zip(vs, arrays, strict=True):
                 e.put(v, a)
             e.end_step()
-        return time.perf_counter() - t0
+
+        return _steps(step, arrays, steps, warmup)
     finally:
         e.close()
 
@@ -91,14 +112,13 @@ def _h5py(path: str, arrays: list[np.ndarray], steps: int, warmup: int) -> float
             f.create_dataset(f"v{i}", (warmup + steps, n), "f8", chunks=(1, n))
             for i in range(len(arrays))
         ]
-        t0 = 0.0
-        for s in range(warmup + steps):
-            if s == warmup:
-                t0 = time.perf_counter()
+
+        def step(s: int) -> None:
             for ds, a in zip(dss, arrays, strict=True):
                 ds[s] = a
             f.flush()
-        return time.perf_counter() - t0
+
+        return _steps(step, arrays, steps, warmup)
 
 
 def _lamina(path: str, arrays: list[np.ndarray], steps: int, warmup: int) -> float:
@@ -107,28 +127,38 @@ def _lamina(path: str, arrays: list[np.ndarray], steps: int, warmup: int) -> flo
     n = arrays[0].size
     with lamina.open(path, "w", durable=False) as f:
         dss = [f.create_dataset(f"v{i}", (n,), "f8") for i in range(len(arrays))]
-        t0 = 0.0
-        for s in range(warmup + steps):
-            if s == warmup:
-                t0 = time.perf_counter()
+
+        def step(s: int) -> None:
             with f.step():
                 for ds, a in zip(dss, arrays, strict=True):
                     ds.write(a, copy=False)
-        return time.perf_counter() - t0
+
+        return _steps(step, arrays, steps, warmup)
 
 
-# -- reads: every dataset at every step; (seconds of the timed steps, the arrays of the last step)
-def _read_steps(read_step, steps: int, warmup: int) -> tuple[float, list]:
-    """``read_step(s)`` for every step, the clock started at step *warmup*."""
-    t0, got = 0.0, []
+# -- reads: every dataset at every step; (seconds of the timed steps, the steps that differ)
+def _read_steps(read_step, arrays: list[np.ndarray], steps: int, warmup: int) -> tuple[float, list]:
+    """``read_step(s)`` for every step, each on its own clock from step *warmup* on; what
+    each step read is compared (untimed) with *arrays* as written at that step.  (seconds,
+    the (step, dataset) pairs read back different)."""
+    took, bad = 0.0, []
     for s in range(warmup + steps):
-        if s == warmup:
-            t0 = time.perf_counter()
+        t0 = time.perf_counter()
         got = read_step(s)
-    return time.perf_counter() - t0, got
+        if s >= warmup:
+            took += time.perf_counter() - t0
+        want = stamp(arrays, s)
+        bad += [
+            (s, i)
+            for i, (g, a) in enumerate(zip(got, want, strict=True))
+            if not np.array_equal(g, a)
+        ]
+        del got
+    return took, bad
 
 
-def _numpy_read(path: str, d: int, n: int, steps: int, warmup: int) -> tuple[float, list]:
+def _numpy_read(path: str, arrays: list[np.ndarray], steps: int, warmup: int) -> tuple[float, list]:
+    d, n = len(arrays), arrays[0].size
     fd = os.open(path, os.O_RDONLY)
 
     def step(s: int) -> list:
@@ -140,14 +170,16 @@ def _numpy_read(path: str, d: int, n: int, steps: int, warmup: int) -> tuple[flo
         return got
 
     try:
-        return _read_steps(step, steps, warmup)
+        return _read_steps(step, arrays, steps, warmup)
     finally:
         os.close(fd)
 
 
-def _adios2_read(path: str, d: int, n: int, steps: int, warmup: int) -> tuple[float, list]:
+def _adios2_read(
+    path: str, arrays: list[np.ndarray], steps: int, warmup: int
+) -> tuple[float, list]:
     with common.adios2_reader(path) as r:
-        vs = [r.inquire_variable(f"v{i}") for i in range(d)]
+        vs = [r.inquire_variable(f"v{i}") for i in range(len(arrays))]
 
         def step(s: int) -> list:
             got = []
@@ -156,23 +188,25 @@ def _adios2_read(path: str, d: int, n: int, steps: int, warmup: int) -> tuple[fl
                 got.append(r.read(v))
             return got
 
-        return _read_steps(step, steps, warmup)
+        return _read_steps(step, arrays, steps, warmup)
 
 
-def _h5py_read(path: str, d: int, n: int, steps: int, warmup: int) -> tuple[float, list]:
+def _h5py_read(path: str, arrays: list[np.ndarray], steps: int, warmup: int) -> tuple[float, list]:
     import h5py
 
     with h5py.File(path, "r") as f:
-        dss = [f[f"v{i}"] for i in range(d)]
-        return _read_steps(lambda s: [ds[s] for ds in dss], steps, warmup)
+        dss = [f[f"v{i}"] for i in range(len(arrays))]
+        return _read_steps(lambda s: [ds[s] for ds in dss], arrays, steps, warmup)
 
 
-def _lamina_read(path: str, d: int, n: int, steps: int, warmup: int) -> tuple[float, list]:
+def _lamina_read(
+    path: str, arrays: list[np.ndarray], steps: int, warmup: int
+) -> tuple[float, list]:
     import lamina
 
     with lamina.open(path, "r") as f:
-        dss = [f[f"v{i}"] for i in range(d)]
-        return _read_steps(lambda s: [ds.read(step=s) for ds in dss], steps, warmup)
+        dss = [f[f"v{i}"] for i in range(len(arrays))]
+        return _read_steps(lambda s: [ds.read(step=s) for ds in dss], arrays, steps, warmup)
 
 
 RUN = {"numpy": _numpy, "adios2 BP5": _adios2, "h5py": _h5py, "lamina": _lamina}
@@ -207,14 +241,15 @@ def run(ns) -> dict:
                     common.remove(path)
                     took = RUN[m](path, arrays, ns.steps, ns.warmup)
                     times["write"][m].append(took / ns.steps)
-                    took, got = READ[m](path, nd, ns.elements, ns.steps, ns.warmup)
+                    took, bad = READ[m](path, arrays, ns.steps, ns.warmup)
                     times["read"][m].append(took / ns.steps)
                     common.remove(path)
-                    for i, (g, a) in enumerate(zip(got, arrays, strict=True)):  # untimed
-                        if not np.array_equal(g, a):
-                            raise AssertionError(
-                                f"lamina bench steps: {m} read dataset v{i} back different"
-                            )
+                    if bad:
+                        s, i = bad[0]
+                        raise common.DataCheckError(
+                            f"{m} read dataset v{i} of step {s} back different"
+                            + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
+                        )
             row: dict = {"datasets": nd, "elements": ns.elements}
             for ph in PHASES:
                 row[ph] = {m: common.summarize(times[ph][m]) for m in ns.methods}
@@ -310,7 +345,11 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    o = run(ns)
+    try:
+        o = run(ns)
+    except common.DataCheckError as e:
+        print(f"lamina bench steps: verification failed: {e}", file=sys.stderr)
+        return 1
     text = report(o) + f"\n\ncommand: lamina bench steps {' '.join(argv)}".rstrip()
     common.emit(ns.json, text, o)
     return 0
