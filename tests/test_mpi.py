@@ -302,7 +302,7 @@ def test_failures_reach_every_rank(tmp_path, case, n):
         "io-apart",
         *(
             f"{c}-{io}"
-            for c in ("close-in-step", "data-then-step")
+            for c in ("close-in-step", "data-then-step", "derive-apart")
             for io in ("sync", "async", "auto")
         ),
     ],

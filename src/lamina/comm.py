@@ -17,7 +17,13 @@ from enum import IntEnum
 import numpy as np
 from mpi4py import MPI
 
-from .errors import LaminaError, error_from_wire, error_to_wire, mark_collective
+from .errors import (
+    CollectiveMismatchError,
+    LaminaError,
+    error_from_wire,
+    error_to_wire,
+    mark_collective,
+)
 
 Comm = MPI.Comm
 
@@ -488,6 +494,17 @@ def wait_quietly(reqs: list) -> None:
 #: rank, one brought from another rank its rank plus the size: see agree)
 _NONE = 2
 
+#: the collective calls an agreement may name (``agree(call=...)``): the first agreement of
+#: each names its call, so that ranks in different calls raise instead of pairing them
+CALL_END_STEP, CALL_CLOSE, CALL_DERIVE = 1, 2, 3
+CALL_NAMES = {CALL_END_STEP: "end_step", CALL_CLOSE: "close", CALL_DERIVE: "derive"}
+#: what an agreement that names no call adds to the two call slots (the least is taken)
+_NO_CALL = np.iinfo(np.int64).max
+
+
+def _call_slots(call: int) -> list[int]:
+    return [call, -call] if call else [_NO_CALL, _NO_CALL]
+
 
 def agree(
     comm: MPI.Comm,
@@ -495,6 +512,7 @@ def agree(
     flag: int = 0,
     quiet: bool = False,
     seen: list[int] | None = None,
+    call: int = 0,
 ) -> int:
     """Collective: raise on every rank if any rank failed; else return the largest *flag*.
 
@@ -509,6 +527,11 @@ def agree(
     to wait long, so that they leave the CPU to the ones still working).
     *seen*, a list, gets the largest flag appended whether or not a rank
     failed (a caller that must act alike on every rank after a failure).
+    *call* (one of :data:`CALL_NAMES`) names the collective call this
+    agreement begins: where ranks name different calls (a collective call
+    made on some ranks only, paired with another call of the others), every
+    rank raises a :class:`~lamina.errors.CollectiveMismatchError` naming
+    them, instead of the ranks going on through different collectives.
 
     Every collective call of an engine communicates first through this
     function, so that a rank that gives up on a file (:func:`leave`) meets
@@ -525,10 +548,12 @@ def agree(
     failed = _NONE * comm.size
     if exc is not None:
         failed = comm.rank + (comm.size if hasattr(exc, "lamina_from_rank") else 0)
-    out = np.empty(2, dtype=np.int64)
+    out = np.empty(4, dtype=np.int64)
     # non-blocking, then waited for: a nonblocking collective matches only nonblocking ones, and
     # leave() and PendingAgree must meet this one
-    req = comm.Iallreduce(np.array([failed, -int(flag)], dtype=np.int64), out, op=MPI.MIN)
+    req = comm.Iallreduce(
+        np.array([failed, -int(flag), *_call_slots(call)], dtype=np.int64), out, op=MPI.MIN
+    )
     if quiet:
         wait_quietly([req])
     else:
@@ -536,6 +561,15 @@ def agree(
     if seen is not None:
         seen.append(-int(out[1]))
     if int(out[0]) >= _NONE * comm.size:
+        if int(out[2]) != _NO_CALL and int(out[2]) != -int(out[3]):
+            a, b = (CALL_NAMES.get(c, str(c)) for c in (int(out[2]), -int(out[3])))
+            raise mark_collective(
+                CollectiveMismatchError(
+                    f"ranks made different collective calls together: {a} on some, {b} on "
+                    "others (a collective call made on some ranks only); every rank must make "
+                    "the same collective calls in the same order"
+                )
+            )
         return -int(out[1])
     first = int(out[0]) % comm.size
     payload = _error_payload(exc, left=False) if comm.rank == first else None
@@ -551,11 +585,13 @@ class PendingAgree:
 
     def __init__(self, comm: MPI.Comm, flag: int = 0) -> None:
         self.comm = comm
-        self.out = np.empty(2, dtype=np.int64)
+        self.out = np.empty(4, dtype=np.int64)
         self.flag = int(flag)
         self.req = (
             comm.Iallreduce(
-                np.array([_NONE * comm.size, -self.flag], dtype=np.int64), self.out, op=MPI.MIN
+                np.array([_NONE * comm.size, -self.flag, *_call_slots(0)], dtype=np.int64),
+                self.out,
+                op=MPI.MIN,
             )
             if comm.size > 1
             else None
@@ -588,8 +624,10 @@ def leave(comm: MPI.Comm, exc: BaseException, timeout: float = 10.0) -> bool:
     """
     if comm.size == 1:
         return True
-    out = np.empty(2, dtype=np.int64)
-    req = comm.Iallreduce(np.array([comm.rank, 0], dtype=np.int64), out, op=MPI.MIN)
+    out = np.empty(4, dtype=np.int64)
+    req = comm.Iallreduce(
+        np.array([comm.rank, 0, *_call_slots(0)], dtype=np.int64), out, op=MPI.MIN
+    )
     deadline = time.monotonic() + timeout
     while not req.Test():
         if time.monotonic() > deadline:

@@ -31,6 +31,10 @@ Usage: misuse.py CASE PATH [AGGREGATORS]
                   then `with f.step()` on every rank: rank 0's begin_step takes the step its
                   write opened (it raised StepError there alone); the data and the step's
                   writes are step 0
+  derive-apart IO  rank 0 declares a derived quantity that the others do not, then every
+                  rank writes a step: the derive met the others' end_step; every rank raises
+                  CollectiveMismatchError (they waited forever in different collectives), the
+                  step is dropped everywhere, the step before is in the file
   io-apart        the last rank opens with io='async' (as under $LAMINA_IO set on some ranks),
                   the others with 'sync': every rank raises CollectiveMismatchError at the open
                   (the background layer's own collectives made the ranks wait forever), and
@@ -310,6 +314,28 @@ def data_then_step(io: str) -> None:
     del d
 
 
+def derive_apart(io: str) -> None:
+    said = []
+    with lamina.open(path, "w", durable=False, io=io) as f:
+        x = f.create_dataset("x", (size,))
+        with f.step():
+            x[rank] = rank
+        try:
+            if rank == 0:
+                f.derive("twice", "`x` * 2", strategy="store")
+            with f.step():
+                x[rank] = 10 + rank
+        except lamina.CollectiveMismatchError as e:
+            said.append(str(e))
+    assert said, "a derive on one rank met the others' end_step and nobody raised"
+    if io == "sync":
+        assert "derive" in said[0] and "end_step" in said[0], said
+    comm.Barrier()
+    with lamina.open(path, comm=MPI.COMM_SELF) as g:
+        assert g.steps == 1, g.steps
+        np.testing.assert_array_equal(g["x"][...], np.arange(size, dtype=float))
+
+
 def io_apart() -> None:
     io = "async" if rank == size - 1 else "sync"
     try:
@@ -340,7 +366,11 @@ else:
         "step-apart-close-async": lambda: step_apart_close("async"),
         **{
             f"{name}-{io}": functools.partial(fn, io)
-            for name, fn in (("close-in-step", close_in_step), ("data-then-step", data_then_step))
+            for name, fn in (
+                ("close-in-step", close_in_step),
+                ("data-then-step", data_then_step),
+                ("derive-apart", derive_apart),
+            )
             for io in ("sync", "async", "auto")
         },
     }[case]()

@@ -1028,7 +1028,17 @@ class BlockEngine(Engine):
         self._require_write("end a step")
         # a step opened implicitly by a write exists only on the ranks that wrote:
         # decide together, so every rank commits it (ranks that wrote nothing add no blocks)
-        if not comm_mod.agree(self.comm, None, flag=int(self._in_step)):
+        try:
+            active = comm_mod.agree(
+                self.comm, None, flag=int(self._in_step), call=comm_mod.CALL_END_STEP
+            )
+        except CollectiveMismatchError:
+            # the ranks were in different calls: the step is dropped here, as any end_step
+            # that raises drops it (close would commit it with the others' next step)
+            if self._in_step:
+                self.discard_step()
+            raise
+        if not active:
             raise StepError("end_step called without begin_step")
         self._join_step()
         self._commit(KIND_STEP)
@@ -1719,9 +1729,8 @@ class BlockEngine(Engine):
         if self.mode != "r":
             self._commit_close()
         else:
-            comm_mod.agree(
-                self.comm, None
-            )  # meets a rank that left (leave) rather than freeing under it
+            # meets a rank that left (leave) rather than freeing under it
+            comm_mod.agree(self.comm, None, call=comm_mod.CALL_CLOSE)
 
     def agree(self, flag: int = 0) -> int:
         return comm_mod.agree(self.comm, None, flag)
@@ -1734,7 +1743,7 @@ class BlockEngine(Engine):
 
     def _commit_close(self) -> None:
         """Collective (writers): commit the step left open on any rank and pending metadata, then the close record."""
-        if comm_mod.agree(self.comm, None, flag=int(self._in_step)):
+        if comm_mod.agree(self.comm, None, flag=int(self._in_step), call=comm_mod.CALL_CLOSE):
             self._join_step()
             self._closing = True
             try:

@@ -280,9 +280,8 @@ class DerivedLayer(Layer):
             if g.error is not None:
                 raise g.error
         else:
-            comm_mod.agree(
-                self.comm, g.error
-            )  # a rank that refuses must not leave the others waiting
+            # a rank that refuses must not leave the others waiting
+            comm_mod.agree(self.comm, g.error, call=comm_mod.CALL_DERIVE)
         if strategy == "auto":
             # rank 0 chooses for every rank: the hints it chooses on must be everyone's
             said = json.dumps(hints or {}, sort_keys=True, default=str).encode()
@@ -453,7 +452,13 @@ class DerivedLayer(Layer):
         if todo:
             if self.mode == "r":
                 self.inner.end_step()  # raises the engine's own error
-            active = comm_mod.agree(self.comm, None, flag=int(self.in_step))
+            try:
+                active = comm_mod.agree(
+                    self.comm, None, flag=int(self.in_step), call=comm_mod.CALL_END_STEP
+                )
+            except CollectiveMismatchError:  # the ranks were in different calls: as the engine
+                self.discard_step()
+                raise
             if active:
                 try:
                     self._compute_step(todo)
@@ -636,7 +641,7 @@ class DerivedLayer(Layer):
 
     def close(self) -> None:
         if self.mode != "r" and not self.inner.closed and self._plan():
-            if comm_mod.agree(self.comm, None, flag=int(self.in_step)):
+            if comm_mod.agree(self.comm, None, flag=int(self.in_step), call=comm_mod.CALL_CLOSE):
                 self.end_step()
         rank = -1 if self.inner.closed else self.comm.rank  # close frees the communicator
         self._scratch.clear()
