@@ -437,3 +437,24 @@ def test_a_file_whose_sessions_are_used_up_takes_no_writer(native_path, monkeypa
     assert sorted(os.listdir(native_path)) == before
     with lamina.open(native_path) as f:
         assert f.steps == 1 and f["x"][...].tolist() == [1.0] * 4
+
+
+def test_a_short_pwritev_of_a_record_is_written_again_whole(native_path, monkeypatch):
+    """A record's block area and frame go out in one pwritev; where the system writes less
+    than both, they are written again whole at the same offsets (a commit stays readable)."""
+    calls = []
+    real = os.pwritev
+
+    def short(fd, bufs, offset):
+        calls.append(offset)
+        return real(fd, [bytes(memoryview(bufs[0])[:1])], offset)  # one byte only
+
+    monkeypatch.setattr(os, "pwritev", short)
+    with lamina.open(native_path, "w") as f:
+        x = f.create_dataset("x", (4,))
+        for k in range(3):
+            with f.step():
+                x[...] = k
+    assert calls
+    with lamina.open(native_path) as f:
+        assert f.steps == 3 and f["x"].read(step=2).tolist() == [2.0] * 4
