@@ -95,6 +95,33 @@ class TestInProcess:
         with lamina.open(path, "r", engine=engine) as f:
             assert f.steps == 2 and f["x"][...].tolist() == [2.0, 2.0]
 
+    def test_writes_match_numpy_where_lamina_chose_to(self, engine, new_path):
+        """A dataset seen at a committed step is read-only; a numpy integer scalar that does not
+        fit is refused as numpy refuses it (arrays cast within a kind, as numpy's); a read
+        into a masked array fills its data; a read box of another step is a TypeError naming
+        the dataset."""
+        path = new_path()
+        with lamina.open(path, "w", engine=engine) as f:
+            x = f.create_dataset("x", (4,), dtype="i1")
+            with f.step():
+                x[...] = np.arange(4, dtype=np.int8)
+            with pytest.raises(lamina.ModeError, match="committed step 0"):
+                f.at(0)["x"][2:4] = [9, 9]
+            with pytest.raises(lamina.ModeError):
+                f.at(0)["x"].write(np.zeros(2, np.int8), offset=(0,))
+            for v in (np.int64(300), np.uint8(200), np.uint16(65535)):
+                with pytest.raises(lamina.RangeError, match="beyond the range of dtype int8"):
+                    x[0] = v
+            with f.step():
+                x[...] = np.int64(-5)  # fits: taken
+        with lamina.open(path, "r", engine=engine) as f:
+            assert f.steps == 2 and f["x"][...].tolist() == [-5] * 4
+            out = np.ma.zeros(4, dtype=np.int8)
+            f["x"].read(np.s_[:], step=0, out=out)
+            assert out.data.tolist() == [0, 1, 2, 3]
+            with pytest.raises(TypeError, match="dataset '/x'.*step 1"):
+                f["x"].read(np.s_[::2])
+
     def test_reader_follows_writer(self, engine, new_path):
         path = new_path()
         w = lamina.open(path, "w", engine=engine)

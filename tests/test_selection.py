@@ -108,7 +108,7 @@ def test_too_many_indices():
         ((slice(None, None, 0),), "step must be a positive"),
         ((slice(0.5, 2),), "slice bounds must be integers"),
         ((slice(True, 2),), "slice bounds must be integers"),
-        ((None,), "unsupported index"),
+        ((None,), "np.newaxis"),
         ((True,), "unsupported index"),
         ((1.0,), "unsupported index"),
         (([0, 1],), "unsupported index"),
@@ -181,3 +181,16 @@ def test_out_of_bounds_int_always_bounds_error(args):
         key = tuple([0] * dim + [idx])
         with pytest.raises(BoundsError, match=f"dimension {dim}"):
             parse(key, shape, "dataset 'p'")
+
+
+def test_zero_d_integer_arrays_are_integer_indices_as_in_numpy():
+    a = np.arange(105).reshape(SHAPE)
+    for key in (np.array(2), (np.array(-1), np.int16(3)), (Ellipsis, np.array(1, dtype=np.uint8))):
+        np.testing.assert_array_equal(apply(a, key), a[key])
+
+
+@pytest.mark.parametrize("key", [None, (None, 0), (0, None, 1), (None, 0, 0, Ellipsis)])
+def test_newaxis_is_named_as_what_is_refused(key):
+    """np.newaxis takes no dimension: the refusal names it, not a count of indices."""
+    with pytest.raises(LaminaError, match=r"np.newaxis \(None\) is not supported"):
+        parse(key, SHAPE, "dataset 'a'")

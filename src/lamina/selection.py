@@ -16,6 +16,8 @@ import numbers
 import re
 from dataclasses import dataclass
 
+import numpy as np
+
 from .errors import BoundsError, SelectionError
 from .geometry import Box
 
@@ -46,6 +48,15 @@ def parse(key, shape: tuple[int, ...], what: str = "dataset") -> Selection:
     """Parse a ``__getitem__`` key against *shape*; *what* names the dataset in errors."""
     if not isinstance(key, tuple):
         key = (key,)
+    if any(k is None for k in key):  # (before counting indices: it takes no dimension)
+        raise SelectionError(
+            f"{what}: np.newaxis (None) is not supported in a selection; add the axis to the "
+            "array read (a[None])"
+        )
+    # a 0-d integer array is an integer index, as numpy takes it
+    key = tuple(
+        int(k) if type(k) is np.ndarray and k.ndim == 0 and k.dtype.kind in "iu" else k for k in key
+    )
     nd = len(shape)
     n_ell = sum(1 for k in key if k is Ellipsis)
     if n_ell > 1:

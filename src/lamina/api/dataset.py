@@ -14,6 +14,7 @@ from ..errors import (
     CollectiveMismatchError,
     ConfigError,
     DTypeError,
+    ModeError,
     RangeError,
     SelectionError,
     ShapeError,
@@ -271,7 +272,13 @@ class Dataset:
                 raise BoundsError(
                     f"{len(box)} slices for {self._what()} of {len(shape)} dimensions {shape}"
                 )
-            return Box.from_slices(box, shape)
+            try:
+                return Box.from_slices(box, shape)
+            except (BoundsError, TypeError, ValueError) as e:  # a step, float bounds
+                raise TypeError(
+                    f"{call}() of {self._what()} takes slices of step 1 with integer bounds "
+                    f"(np.s_[a:b, ...]): {e}"
+                ) from None
         raise TypeError(
             f"{call}() of {self._what()} takes a lamina.Box or a tuple of slices (np.s_[...]), "
             f"got {type(box).__name__} {box!r}"
@@ -394,6 +401,8 @@ class Dataset:
     # -- writing (independent) ------------------------------------------
     def __setitem__(self, key, value) -> None:
         """Independent: write *value* (broadcast to the selection) in the current step."""
+        if self._step is not None:
+            self._read_only()
         sel = parse(key, self.shape, self._what())
         if sel.strided:
             raise ShapeError(f"{self._what()}: writes need contiguous boxes (slice step 1)")
@@ -420,6 +429,14 @@ class Dataset:
         cast to the dataset's dtype by value, as numpy does: ``5`` fits
         uint8, ``300`` does not fit int8 (RangeError, an OverflowError).
         """
+        if isinstance(value, np.integer) and self.dtype.kind in "iu" and value.dtype != self.dtype:
+            # a numpy integer scalar is one value, as a Python int: numpy refuses one that
+            # does not fit (OverflowError) where arrays cast with wrapping
+            info = np.iinfo(self.dtype)
+            if not info.min <= int(value) <= info.max:
+                raise RangeError(
+                    f"{self._what()}: {value!r} is beyond the range of dtype {self.dtype}"
+                )
         if isinstance(value, np.ndarray | np.generic):
             return np.asarray(value)
         try:
@@ -444,6 +461,8 @@ class Dataset:
         lent is staged by ``end_step``, which also finds its overlaps with the
         step's other blocks of this rank (docs/api.md).
         """
+        if self._step is not None:
+            self._read_only()
         if not copy and type(data) is np.ndarray:
             # a block lent: kept by the engine if it can, as put would (the common case of
             # many small blocks); a corner of ints as a tuple or a list, or the origin
@@ -477,6 +496,12 @@ class Dataset:
             ) from None
         self._file._engine.put(self._path, box, data, copy=copy)
 
+    def _read_only(self) -> None:
+        raise ModeError(
+            f"{self._what()} is seen at committed step {self._step} (f.at({self._step}), a step "
+            "of iter_steps): read-only; write through the file (f[name]) in the current step"
+        )
+
     def _corner(self, offset) -> tuple[int, ...]:
         """A write's *offset* as a tuple of ints: SelectionError for anything but a sequence
         of integers (numpy's too; a float, a string or a bool is not rounded or parsed)."""
@@ -506,6 +531,8 @@ class Dataset:
         is stored.  Small blocks given stacked cost a fraction of a
         ``write`` each (docs/api.md).
         """
+        if self._step is not None:
+            self._read_only()
         if not isinstance(blocks, np.ndarray):
             if isinstance(blocks, str | bytes) or not isinstance(blocks, Sequence):
                 raise TypeError(
