@@ -458,3 +458,45 @@ def test_a_short_pwritev_of_a_record_is_written_again_whole(native_path, monkeyp
     assert calls
     with lamina.open(native_path) as f:
         assert f.steps == 3 and f["x"].read(step=2).tolist() == [2.0] * 4
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names open files through /proc")
+def test_an_append_killed_while_it_cuts_the_unreadable_tail_leaves_the_prefix(native_path):
+    """A file whose last session's subfile was cut short reads as its intact prefix; an
+    appending writer cuts the commit log and the metadata back to it at open.  Killed
+    between the two cuts, it must leave that prefix readable (the metadata cut first left
+    commit entries past its end, and every later open refused the file)."""
+    import warnings
+
+    def write(mode, ks):
+        with lamina.open(native_path, mode) as f:
+            if "x" not in f:
+                f.create_dataset("x", (100,), "int64")
+            for k in ks:
+                with f.step():
+                    f["x"][...] = np.arange(100) + 1000 * k
+
+    write("w", [0, 1])
+    write("a", [2, 3])
+    os.truncate(os.path.join(native_path, "data.1.0"), 10)  # session 1's blocks cut short
+    child = (
+        "import os, signal, sys\n"
+        "import lamina\n"
+        "real = os.ftruncate\n"
+        "def cut(fd, n):\n"
+        "    real(fd, n)\n"
+        "    if os.readlink(f'/proc/self/fd/{fd}').rsplit('/', 1)[-1] in ('lamina.meta', 'lamina.commit'):\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)  # at the first of the two cuts\n"
+        "os.ftruncate = cut\n"
+        "lamina.open(sys.argv[1], 'a')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    r = subprocess.run([sys.executable, "-c", child, native_path], env=env, timeout=60)
+    assert r.returncode == -signal.SIGKILL
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with lamina.open(native_path) as f:
+            assert f.steps == 2 and [int(f.at(k)["x"][0]) for k in range(2)] == [0, 1000]
+        write("a", [7])
+    with lamina.open(native_path) as f:
+        assert f.steps == 3 and int(f["x"][0]) == 7000

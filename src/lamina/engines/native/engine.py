@@ -704,8 +704,13 @@ class NativeEngine(BlockEngine):
                 # drop anything past the intact commits (a killed writer's torn tail, records whose data is gone)
                 assert state is not None  # read on rank 0
                 _n, meta_end, commit_end = state
-                os.ftruncate(self._meta_fd, meta_end)
+                # the commit log first (and durably): a writer killed between the two leaves
+                # entries that point only into the metadata there is (the other order left
+                # entries past its end, and every open then refused the file)
                 os.ftruncate(self._commit_fd, commit_end)
+                if self.durable:
+                    os.fsync(self._commit_fd)
+                os.ftruncate(self._meta_fd, meta_end)
         try:
             comm_mod.agree(self.comm, g.error)
         except Exception:
