@@ -1462,7 +1462,7 @@ class NativeEngine(BlockEngine):
         one = _Sole(int(t.offset[0]), int(t.length[0]), int(t.seg[0]), t.block_crcs(0))
         what = _Lazy(lambda: f"{self.path}/{name}: dataset {spec.path!r} block {box}")
         # (memoryview: an array subclass's .data may be an array, a masked array's)
-        self._read_whole(self._fd(name), memoryview(out).cast("B"), one.offset, one, what)
+        self._read_whole(self._fd(name), np.asarray(out).data.cast("B"), one.offset, one, what)
         self._bytes_read += one.length
         return True
 
@@ -1476,7 +1476,7 @@ class NativeEngine(BlockEngine):
         item = spec.dtype.itemsize
         if inter == rec.box and dst.flags.c_contiguous:
             # the whole block into the caller's memory: no intermediate copy
-            self._read_whole(fd, memoryview(dst).cast("B"), rec.offset, rec, what)
+            self._read_whole(fd, np.asarray(dst).data.cast("B"), rec.offset, rec, what)
             return
         # byte span of the region in the block's C order, widened to checksum segments
         bshape = rec.box.shape
