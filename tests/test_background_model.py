@@ -309,7 +309,11 @@ def test_a_new_machine_is_predicted_from_its_calibration(tmp_path, monkeypatch, 
     save_calibration(cal, str(path))
     monkeypatch.setenv("LAMINA_CALIBRATION", str(path))
     empty = tmp_path / "none.json"
-    args = ["async", "--bytes", "16MiB", "--ranks", "2", "--compute", "0", "--history", str(empty)]
+    args = ["async", "--bytes", "16MiB", "--ranks", "2", "--compute", "0"]
+    # a history named on the command line must be there, as for `lamina model derived`
+    assert model_cli([*args, "--history", str(empty)]) == 2
+    assert "--history" in capsys.readouterr().err
+    monkeypatch.setenv("LAMINA_HISTORY", str(empty))  # this host's, not measured yet
     assert model_cli(args + ["--json"]) == 0
     doc = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(c))  # strict
     assert doc["fit"] == "calibration" and doc["predictions"][0]["t_io"] == pytest.approx(8e-3)

@@ -18,7 +18,7 @@ import perf_util  # noqa: E402
 import lamina.bench
 import lamina.cli
 import lamina.perf
-from lamina.errors import ExpressionError
+from lamina.errors import ExpressionError, LaminaWarning
 from lamina.perf import (
     Calibration,
     calibrate,
@@ -296,9 +296,10 @@ def test_load_uses_cache_and_remeasures(monkeypatch, tmp_path):
     path.write_text(dataclasses.replace(here, version=99).to_json())  # another version
     assert load_calibration().version == calmod.CALIBRATION_VERSION and len(measured) == 3
     path.write_bytes(b"\x00garbage")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError), pytest.warns(LaminaWarning, match="ignored"):
         load_calibration(measure=False)
-    assert load_calibration().flop_rate == 7e9 and len(measured) == 4
+    with pytest.warns(LaminaWarning, match="ignored"):  # a file there, refused: said
+        assert load_calibration().flop_rate == 7e9 and len(measured) == 4
 
 
 def test_calibrate_quick(tmp_path):

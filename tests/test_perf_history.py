@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
 
-from lamina.errors import FormatError
+from lamina.errors import FormatError, LaminaWarning
 from lamina.perf import history as hist
 from lamina.perf.calibrate import host
 
@@ -306,6 +307,22 @@ def test_merged_keeps_every_series():
         json.dumps({"version": 1, "host": host(), "io": [], "copy_rates": []}),  # the old one
         json.dumps({"version": hist.HISTORY_VERSION, "host": "elsewhere", "series": {}}),
         json.dumps({"version": hist.HISTORY_VERSION, "host": host(), "series": []}),
+        json.dumps([]),
+    ],
+)
+def test_unusable_history_is_a_format_error_and_ignored(tmp_path, doc):
+    with pytest.raises(FormatError):
+        hist.History.from_json(doc)
+    path = tmp_path / "h.json"
+    path.write_text(doc)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LaminaWarning)
+        assert hist.load_history(str(path)).series == {}  # a fresh history: measured again
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
         json.dumps({"version": hist.HISTORY_VERSION, "host": host(), "series": {"s": {}}}),
         json.dumps({"version": hist.HISTORY_VERSION, "host": host(), "series": {"s": [[1, 1]]}}),
         json.dumps(
@@ -328,12 +345,13 @@ def test_merged_keeps_every_series():
         + ', "series": {"s": [[1e400, 1, 2]]}}',
     ],
 )
-def test_unusable_history_is_a_format_error_and_ignored(tmp_path, doc):
-    with pytest.raises(FormatError):
-        hist.History.from_json(doc)
+def test_unusable_samples_and_series_are_left_out(tmp_path, doc):
+    got = hist.History.from_json(doc)
+    assert got.series == {} and got.dropped == 1
     path = tmp_path / "h.json"
     path.write_text(doc)
-    assert hist.load_history(str(path)).series == {}  # a fresh history: measured again
+    with pytest.warns(LaminaWarning, match="1 unusable samples or series left out"):
+        assert hist.load_history(str(path)).series == {}  # a fresh history: measured again
 
 
 def test_a_fifo_is_not_read(tmp_path):
@@ -341,7 +359,8 @@ def test_a_fifo_is_not_read(tmp_path):
 
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    assert hist.load_history(str(fifo)).series == {}
+    with pytest.warns(LaminaWarning, match="not a regular file"):
+        assert hist.load_history(str(fifo)).series == {}
 
 
 # -- signatures ----------------------------------------------------------------------------------

@@ -68,7 +68,7 @@ from typing import Any
 import numpy as np
 
 from ..catalog.wire import load_json
-from ..errors import FormatError
+from ..errors import FormatError, LaminaWarning
 
 #: bumped when what is measured changes: older files are measured again
 #: (2: the copy into new memory and the per-block tables; 3: a query's own time)
@@ -109,6 +109,13 @@ MAX_POINTS = 16
 #: bytes a step of the write table writes at least (in blocks of each size, 4 blocks or more;
 #: quick: a quarter)
 TABLE_STEP_BYTES = 8 << 20
+
+#: the rates, the block sizes and the seconds per block a calibration may hold: what no
+#: machine measures (a file damaged or made by hand) would make a prediction overflow, divide
+#: by zero or come out NaN, and the file is refused
+RATE_RANGE = (1e3, 1e16)  # bytes or operations per second
+SIZE_RANGE = (1.0, 1e18)  # elements, bytes or blocks
+SECONDS_RANGE = (1e-12, 1e6)  # seconds per block
 
 RATES = (
     "memcpy_bandwidth",
@@ -195,6 +202,10 @@ class _ReadOnly(dict):
         return (type(self), (dict(self),))
 
 
+class _OtherVersion(ValueError):
+    """A calibration of another version: measured again without a word, as one of another host."""
+
+
 def _check(doc: dict[str, Any]) -> None:
     names = [f.name for f in fields(Calibration)]
     v = doc.get("version")
@@ -204,7 +215,7 @@ def _check(doc: dict[str, Any]) -> None:
         and not isinstance(v, bool)
         and v != CALIBRATION_VERSION
     ):
-        raise ValueError(
+        raise _OtherVersion(
             f"calibration: made by version {v} of the calibration, not {CALIBRATION_VERSION} "
             "(its fields differ): measure again"
         )
@@ -217,6 +228,10 @@ def _check(doc: dict[str, Any]) -> None:
     for key in RATES:
         if not _number(doc[key]):
             raise ValueError(f"calibration: {key!r} must be a finite number > 0, got {doc[key]!r}")
+        if not _within(doc[key], RATE_RANGE):
+            raise ValueError(
+                f"calibration: {key!r} must be in {_range(RATE_RANGE)}, got {doc[key]!r}"
+            )
     if not isinstance(doc["host"], str):
         raise ValueError(f"calibration: 'host' must be text, got {type(doc['host']).__name__}")
     c = doc["created"]
@@ -228,11 +243,24 @@ def _check(doc: dict[str, Any]) -> None:
     c = doc["fresh_copy_bandwidth"]
     if not (_number(c) or _zero(c)):
         raise ValueError(f"calibration: 'fresh_copy_bandwidth' must be finite and >= 0, got {c!r}")
+    if not (_zero(c) or _within(c, RATE_RANGE)):
+        raise ValueError(
+            f"calibration: 'fresh_copy_bandwidth' must be 0 or in {_range(RATE_RANGE)}, got {c!r}"
+        )
     _check_tables(doc["block_seconds"])
 
 
 def _zero(v: Any) -> bool:
     return type(v) in (int, float) and v == 0
+
+
+def _within(v: float, bounds: tuple[float, float]) -> bool:
+    """Whether the number *v* (a finite one: :func:`_number`) is within *bounds*."""
+    return bounds[0] <= v <= bounds[1]
+
+
+def _range(bounds: tuple[float, float]) -> str:
+    return f"[{bounds[0]:g}, {bounds[1]:g}]"
 
 
 def _number(v: Any) -> bool:
@@ -262,6 +290,11 @@ def _check_tables(tables: Any) -> None:
         for pt in points:
             if not isinstance(pt, list | tuple) or len(pt) != 2 or not all(map(_number, pt)):
                 raise ValueError(f"{what}: {pt!r} is not a pair of finite numbers > 0")
+            if not (_within(pt[0], SIZE_RANGE) and _within(pt[1], SECONDS_RANGE)):
+                raise ValueError(
+                    f"{what}: {pt!r}: a block size must be in {_range(SIZE_RANGE)}, its "
+                    f"seconds in {_range(SECONDS_RANGE)}"
+                )
             if pt[0] <= last:
                 raise ValueError(f"{what}: sizes must increase, got {pt[0]!r} after {last!r}")
             last = pt[0]
@@ -642,10 +675,15 @@ def save_calibration(cal: Calibration, path: str) -> None:
 
 
 def cached(path: str | None = None) -> Calibration | None:
-    """The cached calibration if it is usable here (this host, this version), else None."""
+    """The cached calibration if it is usable here (this host, this version), else None (a
+    file that is there but refused, with a warning)."""
+    path = path or default_path()
     try:
-        cal = read_calibration(path or default_path())
-    except (OSError, ValueError):
+        cal = read_calibration(path)
+    except (FileNotFoundError, _OtherVersion):
+        return None
+    except (OSError, ValueError) as e:
+        warnings.warn(f"calibration {path} ignored: {e}", LaminaWarning, stacklevel=2)
         return None
     if cal.host != host() or cal.version != CALIBRATION_VERSION:
         return None

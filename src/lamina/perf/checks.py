@@ -23,7 +23,6 @@ record; nothing read from it is evaluated.
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass
 
@@ -47,6 +46,10 @@ VERSION = 1
 MAX_PAIRS = 4096
 MAX_FILE_BYTES = 1 << 20
 MAX_COMMAND = 1000
+#: seconds a prediction or a measurement may be: beyond, not a timing (a damaged record)
+SECONDS_RANGE = (1e-12, 1e9)
+#: latest time of a record: the end of year 9999 (time.gmtime's range everywhere)
+LATEST = 253402300799.0
 
 
 def default_path() -> str:
@@ -55,15 +58,22 @@ def default_path() -> str:
 
 
 def _pair(p) -> tuple[float, float] | None:
-    """A (predicted, measured) pair of positive finite seconds, or None."""
+    """A (predicted, measured) pair of seconds within :data:`SECONDS_RANGE`, or None."""
     if not isinstance(p, (list, tuple)) or len(p) != 2:
         return None
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in p):
+    a, b = _seconds(p[0]), _seconds(p[1])
+    return None if a is None or b is None else (a, b)
+
+
+def _seconds(v) -> float | None:
+    """*v* as seconds within :data:`SECONDS_RANGE` (NaN fails both bounds), or None."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
         return None
-    a, b = float(p[0]), float(p[1])
-    if not (math.isfinite(a) and math.isfinite(b) and a > 0 and b > 0):
+    try:
+        f = float(v)
+    except OverflowError:  # an integer too large for a float
         return None
-    return a, b
+    return f if SECONDS_RANGE[0] <= f <= SECONDS_RANGE[1] else None
 
 
 @dataclass(frozen=True)
@@ -122,7 +132,13 @@ def _check_of(model: str, d) -> Check | None:
     command, when, where, pairs = d.get("command"), d.get("when"), d.get("host"), d.get("pairs")
     if not (isinstance(command, str) and isinstance(where, str) and isinstance(pairs, list)):
         return None
-    if not isinstance(when, (int, float)) or isinstance(when, bool) or not math.isfinite(when):
+    if not isinstance(when, (int, float)) or isinstance(when, bool):
+        return None
+    try:
+        when = float(when)
+    except OverflowError:
+        return None
+    if not 0 <= when <= LATEST:  # a time lamina ran at (NaN fails both)
         return None
     kept = [q for q in map(_pair, pairs[:MAX_PAIRS]) if q is not None]
     if len(kept) != min(len(pairs), MAX_PAIRS):
@@ -190,7 +206,10 @@ def _pct(x: float | None) -> str:
 
 
 def _utc(t: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))
+    try:
+        return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))
+    except (OverflowError, OSError, ValueError):  # a time the platform cannot write
+        return "-"
 
 
 def table(checks: dict[str, Check], this_run: tuple[str, ...] = ()) -> str:

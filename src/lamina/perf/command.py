@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -27,7 +28,7 @@ from ..errors import ExpressionError
 from ..text import fmt_bytes, fmt_duration, fmt_rate, parse_rate, parse_size, table
 from . import asyncmodel as async_model
 from . import checks
-from .model import STRATEGIES, best, combine, terms
+from .model import MAX_COUNT, STRATEGIES, best, combine, terms
 
 PROG = "lamina model"
 USAGE = f"""usage: {PROG} {{derived,async,checks}} [options]   ({PROG} NAME --help for the options)
@@ -37,6 +38,10 @@ USAGE = f"""usage: {PROG} {{derived,async,checks}} [options]   ({PROG} NAME --he
            the I/O history measured on this machine, and the mode io='auto' would pick
   checks   how far both models' predictions fell from what their benchmarks measured on this
            machine (lamina bench strategies, lamina bench async), side by side"""
+
+
+#: most writer ranks of ``lamina model async`` (a communicator's size is a C int)
+MAX_RANKS = (1 << 31) - 1
 
 
 class UsageError(ValueError):
@@ -83,7 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="global shape of each input, comma-separated (default 512,512,512)",
     )
     p.add_argument("--dtype", default="f8", help="dtype of the inputs (default f8)")
-    p.add_argument("--blocks", default="64", help="blocks per component (default 64)")
+    p.add_argument(
+        "--blocks", default="64", help="blocks per component, at most its elements (default 64)"
+    )
     p.add_argument(
         "--query-fraction",
         default="1",
@@ -117,13 +124,32 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _number(text: str, what: str, integer: bool = False) -> Any:
+def _number(text: str, what: str, integer: bool = False, most: int = MAX_COUNT) -> Any:
+    """*text* as a number (*integer*: an integer of at most *most*); UsageError otherwise."""
     try:
         v = int(text) if integer else float(text)
     except ValueError:
         kind = "an integer" if integer else "a number"
         raise UsageError(f"{what} must be {kind}, got {text!r}") from None
+    if integer and v > most:
+        got = repr(text) if len(text) <= 40 else f"an integer of {len(text.strip())} digits"
+        raise UsageError(f"{what} must be at most {most}, got {got}")
     return v
+
+
+def _strict(v: Any) -> Any:
+    """*v* (JSON's types) with every number that is not finite as None: strict JSON."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _strict(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_strict(x) for x in v]
+    return v
+
+
+def _print_json(doc: dict[str, Any]) -> None:
+    print(json.dumps(_strict(doc), indent=1, allow_nan=False))
 
 
 def _expression_message(e: ExpressionError) -> str:
@@ -147,6 +173,10 @@ def run_derived(argv: list[str]) -> int:
         raise UsageError(f"--readers must be >= 0, got {readers}")
     if nblocks < 1:
         raise UsageError(f"--blocks must be >= 1, got {nblocks}")
+    if nblocks > max(1, math.prod(shape)):
+        raise UsageError(
+            f"--blocks {nblocks}: more blocks than the {math.prod(shape)} elements of --shape"
+        )
     b_r = parse_bandwidth(ns.read_bandwidth) if ns.read_bandwidth is not None else None
     b_w = parse_bandwidth(ns.write_bandwidth) if ns.write_bandwidth is not None else None
 
@@ -211,7 +241,7 @@ def run_derived(argv: list[str]) -> int:
             "calibration": {"path": source, **json.loads(cal.to_json())},
             "history": hist_source,
         }
-        print(json.dumps(doc, indent=1))
+        _print_json(doc)
         return 0
     print(report(ns.expr, shape, ns.dtype, nblocks, q, readers, t, preds, choice, source, cal))
     used = sorted({p.source for p in preds.values()})
@@ -321,12 +351,17 @@ def run_async(argv: list[str]) -> int:
         nbytes = parse_size(ns.bytes)
     except ValueError as e:
         raise UsageError(f"--bytes: {e}") from None
-    ranks = _number(ns.ranks, "--ranks", integer=True)
+    ranks = _number(ns.ranks, "--ranks", integer=True, most=MAX_RANKS)
     comps = [_number(c, "--compute") for c in str(ns.compute).split(",") if c.strip()]
     if nbytes <= 0 or ranks < 1 or not comps or not all(0 <= c < float("inf") for c in comps):
         raise UsageError("need --bytes > 0, --ranks >= 1 and finite compute times >= 0")
     path = ns.history or async_model.default_path()
     hist = async_model.load_history(path)
+    if ns.history is not None and not hist.series:
+        raise UsageError(
+            f"--history {ns.history}: no samples of this host in it (not a measured history, "
+            "another host or version, or empty)"
+        )
     cal = None
     if not hist.samples(async_model.IO_SERIES) and not hist.samples(async_model.SYNC_IO_SERIES):
         from .calibrate import cached
@@ -342,17 +377,13 @@ def run_async(argv: list[str]) -> int:
             "samples": len(m.history.samples(async_model.IO_SERIES)),
             "samples_waited": len(m.history.samples(async_model.SYNC_IO_SERIES)),
             "fit": used.fit,
-            "r2": None if used.r2 != used.r2 else used.r2,
+            "r2": used.r2,
             "fit_all": fit.kind,
-            "r2_all": None if fit.r2 != fit.r2 else fit.r2,
+            "r2_all": fit.r2,
             "copy_rate": m.copy_rate(),
-            # strict JSON: a rate without a fit (r^2 NaN) is null
-            "predictions": [
-                {k: None if isinstance(v, float) and v != v else v for k, v in p.as_dict().items()}
-                for p in preds
-            ],
+            "predictions": [p.as_dict() for p in preds],
         }
-        print(json.dumps(doc, indent=1))
+        _print_json(doc)
         return 0
     rows = [
         [
@@ -418,7 +449,7 @@ def run_checks(argv: list[str]) -> int:
     ns = p.parse_args(argv)
     got = checks.load(ns.file)
     if ns.json:
-        print(json.dumps({m: c.as_dict() for m, c in got.items()}, indent=1))
+        _print_json({m: c.as_dict() for m, c in got.items()})
     else:
         print(checks.table(got))
     return 0

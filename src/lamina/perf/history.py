@@ -43,7 +43,24 @@ The samples persist per machine (:func:`default_path`), like the
 calibration: a run starts from what earlier runs measured on this host, and
 what it measures is merged into the file when the process exits
 (:func:`save_history_soon`; :func:`save_history` at once), appended to what
-other runs saved meanwhile.
+other runs saved meanwhile: a save reads, merges and replaces the file
+holding a lock on ``<file>.lock`` (``fcntl.flock``; waited for at most
+:data:`LOCK_WAIT` seconds, and where a file system has no locks the save
+goes on without; the lock file is removed as the save ends), so that
+processes saving together lose none of each other's samples.  The file keeps, per series, when a save last added to
+it; beyond :data:`MAX_SERIES` series the least recently added are left
+out, never one a save is adding.
+
+A sample is usable only within physical bounds (:func:`_usable`: ``x1``
+and ``x2`` at most :data:`MAX_AMOUNT`, ``seconds`` at most
+:data:`MAX_SECONDS`, the rate ``x1 / seconds`` in [:data:`MIN_RATE`,
+:data:`MAX_RATE`]): anything else is no measurement and would make a
+prediction 0, infinite or NaN.  A file's unusable samples and series are
+left out one by one, and a file that cannot be read at all (damaged, too
+long, not a history) is ignored, each with a
+:class:`~lamina.errors.LaminaWarning` (once per file); the next save
+writes the samples kept.  A file from another host or of another version
+is ignored quietly (measured again here).
 The series in use:
 
 =========================  ==========================  ==========================
@@ -72,6 +89,7 @@ the input dtype, so that ``magnitude(u, v, w)`` learns from
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import json
 import math
@@ -79,21 +97,27 @@ import os
 import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ..catalog.wire import load_json
-from ..errors import FormatError
+from ..errors import FormatError, LaminaWarning
 from .calibrate import cache_path, host, read_cache_file, write_cache_file
+
+try:
+    import fcntl
+except ImportError:  # no flock (Windows): saves go on unlocked
+    fcntl = None  # type: ignore[assignment]
 
 #: bumped when what the history holds changes: older files are ignored
 HISTORY_VERSION = 2
 #: most samples kept per series (the newest)
 MAX_SAMPLES = 256
-#: most series kept
+#: most series kept (the most recently added to)
 MAX_SERIES = 256
 #: samples needed before a regression is fitted
 MIN_FIT = 3
@@ -113,6 +137,14 @@ LAD_ITERATIONS = 10
 #: a series is fitted again once the samples added since its fit are 1/REFIT of it (every
 #: sample while it is short; every 16th of a full series)
 REFIT = 16
+#: bounds of a usable sample: x1 and x2 at most MAX_AMOUNT (an exabyte; elements, ranks),
+#: seconds at most MAX_SECONDS, the rate x1 / seconds within [MIN_RATE, MAX_RATE]
+MAX_AMOUNT = 1e18
+MAX_SECONDS = 1e9
+MIN_RATE = 1e-6
+MAX_RATE = 1e18
+#: longest wait (seconds) for another process's save of the same file; then saved unlocked
+LOCK_WAIT = 10.0
 
 Sample = tuple[float, float, float]
 
@@ -213,9 +245,13 @@ def fit_rate(samples: list[Sample]) -> Fit:
     ss_tot = float(((rate - mean) ** 2).sum())
 
     def r2_of(fitted: np.ndarray) -> float:
-        return 1.0 - float(((fitted - rate) ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0
+        """r^2 of *fitted*: 1 where every rate is the same, 0 where it is not defined."""
+        if not ss_tot > 0:
+            return 1.0 if ss_tot == 0 else 0.0
+        r2 = 1.0 - float(((fitted - rate) ** 2).sum()) / ss_tot
+        return r2 if math.isfinite(r2) else 0.0
 
-    best.r2 = 0.0 if ss_tot > 0 else 1.0  # the median explains nothing of the variation
+    best.r2 = 1.0 if ss_tot == 0 else 0.0  # the median explains nothing of the variation
     n = len(samples)
 
     def error(fitted: np.ndarray, params: int) -> float:
@@ -272,10 +308,16 @@ class History:
     #: while the file still has it, saving need not read the file again
     stamp: tuple | None = field(default=None, repr=False, compare=False)
 
+    #: per series, when a save last added samples to it (Unix time; 0: not known): beyond
+    #: MAX_SERIES series, the least recently added are left out
+    used: dict[str, float] = field(default_factory=dict)
+    #: samples and series of the file this history was read from that were left out
+    dropped: int = field(default=0, repr=False, compare=False)
+
     def add(self, name: str, x1: float, x2: float, seconds: float) -> None:
-        """Record one measurement (ignored unless x1 > 0, x2 >= 1 and seconds > 0, finite)."""
-        s = (float(x1), float(x2), float(seconds))
-        if not _valid(s):
+        """Record one measurement (ignored unless usable: :func:`_usable`)."""
+        s = _sample(x1, x2, seconds)
+        if s is None:
             return
         for d in (self.series, self.added):
             lst = d.setdefault(name, [])
@@ -337,45 +379,66 @@ class History:
         out = History()
         for h in (self, *others):
             _extend(out.series, h.series)
+            for name, t in h.used.items():
+                out.used[name] = max(t, out.used.get(name, 0.0))
         return out
 
     # -- persistence ------------------------------------------------------------------
+    def _order(self, keep: Collection[str] = ()) -> list[str]:
+        """The names of the series, the least recently added to first (those in *keep* last)."""
+        return sorted(self.series, key=lambda n: (n in keep, self.used.get(n, 0.0), n))
+
+    def evict(self, keep: Collection[str] = ()) -> int:
+        """Leave out the least recently added series beyond :data:`MAX_SERIES` (never those in
+        *keep*, unless they alone are more); how many were left out."""
+        extra = len(self.series) - MAX_SERIES
+        if extra <= 0:
+            return 0
+        for name in self._order(keep)[:extra]:
+            for d in (self.series, self.used, self._fits, self._medians, self._stale):
+                d.pop(name, None)
+        return extra
+
     def to_json(self) -> str:
-        names = sorted(self.series)[-MAX_SERIES:]
+        names = self._order()[-MAX_SERIES:]
         doc = {
             "version": HISTORY_VERSION,
             "host": host(),
             "series": {n: [list(s) for s in self.series[n][-MAX_SAMPLES:]] for n in names},
+            "used": {n: self.used.get(n, 0.0) for n in names},
         }
         return json.dumps(doc)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> History:
-        """The history in *text*; FormatError unless it is one of this version, from this host."""
+        """The history in *text*, its unusable samples and series left out (counted in
+        ``dropped``); FormatError unless it is a history of this version, from this host."""
         doc = load_json(text, "history", limit=MAX_FILE_BYTES, constants=False)
-        if not isinstance(doc, dict) or doc.get("version") != HISTORY_VERSION:
-            raise FormatError("history: not a history of this version")
+        if not isinstance(doc, dict):
+            raise FormatError("history: not a JSON object")
+        if doc.get("version") != HISTORY_VERSION:
+            raise _Elsewhere("history: not a history of this version")
         if doc.get("host") != host():
-            raise FormatError("history: measured on another host")
+            raise _Elsewhere("history: measured on another host")
         series = doc.get("series")
-        if not isinstance(series, dict) or len(series) > MAX_SERIES:
-            raise FormatError(f"history: 'series' must be a mapping of at most {MAX_SERIES}")
+        if not isinstance(series, dict):
+            raise FormatError("history: 'series' must be a mapping")
+        used = doc.get("used")
+        if not isinstance(used, dict):
+            used = {}  # a file written before the times were kept
         out = cls()
-        numbers = (int, float)  # not bool (true/false), not strings
+        now = time.time()
         for name, lst in series.items():
             if not isinstance(lst, list):
-                raise FormatError(f"history: series {name!r} is not a list")
-            got = out.series.setdefault(name, [])
-            for s in lst[-MAX_SAMPLES:]:
-                if type(s) is not list or len(s) != 3:
-                    raise FormatError(f"history: series {name!r}: bad sample {s!r}")
-                a, b, c = s
-                if type(a) not in numbers or type(b) not in numbers or type(c) not in numbers:
-                    raise FormatError(f"history: series {name!r}: bad sample {s!r}")
-                sample = (float(a), float(b), float(c))
-                if not _valid(sample):
-                    raise FormatError(f"history: series {name!r}: bad sample {s!r}")
-                got.append(sample)
+                out.dropped += 1
+                continue
+            got = [s for s in map(_sample_of, lst[-MAX_SAMPLES:]) if s is not None]
+            out.dropped += min(len(lst), MAX_SAMPLES) - len(got)
+            if got:
+                out.series[name] = got
+                t = _finite(used.get(name))  # a time to come counts as now
+                out.used[name] = 0.0 if t is None else min(max(t, 0.0), now)
+        out.dropped += out.evict()
         return out
 
 
@@ -415,14 +478,52 @@ def unpack_series(raw: bytes, names: Sequence[str]) -> History:
 
 
 def _usable(x1: Any, x2: Any, t: Any) -> Any:
-    """Whether samples are usable: x1 > 0, x2 >= 1, seconds > 0, all finite (NaN fails every
-    comparison, inf the upper bounds); of numbers, or elementwise of arrays of them."""
-    return (0 < x1) & (x1 < math.inf) & (1 <= x2) & (x2 < math.inf) & (0 < t) & (t < math.inf)
+    """Whether samples are usable: 0 < x1 <= MAX_AMOUNT, 1 <= x2 <= MAX_AMOUNT,
+    0 < seconds <= MAX_SECONDS and the rate x1 / seconds in [MIN_RATE, MAX_RATE] (NaN fails
+    every comparison, inf the upper bounds); of numbers, or elementwise of arrays of them."""
+    return (
+        (0 < x1)
+        & (x1 <= MAX_AMOUNT)
+        & (1 <= x2)
+        & (x2 <= MAX_AMOUNT)
+        & (0 < t)
+        & (t <= MAX_SECONDS)
+        & (t * MIN_RATE <= x1)  # no division by 0, no overflow of unbounded numbers
+        & (x1 / MAX_RATE <= t)
+    )
 
 
-def _valid(s: Sample) -> bool:
-    """A usable sample (:func:`_usable`)."""
-    return bool(_usable(*s))
+def _finite(v: Any) -> float | None:
+    """*v* as a float if it is a finite number (not a bool), else None (also an integer too
+    large for a float)."""
+    if type(v) not in (int, float):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _sample(x1: Any, x2: Any, t: Any) -> Sample | None:
+    """``(x1, x2, t)`` as a sample if it is a usable one (:func:`_usable`), else None."""
+    try:
+        s = (float(x1), float(x2), float(t))
+    except (OverflowError, TypeError, ValueError):
+        return None
+    return s if _usable(*s) else None
+
+
+def _sample_of(v: Any) -> Sample | None:
+    """A sample as a file holds it, a list of three numbers (not bools, not strings), if it
+    is a usable one, else None."""
+    if type(v) is not list or len(v) != 3 or not all(type(x) in (int, float) for x in v):
+        return None
+    return _sample(*v)
+
+
+class _Elsewhere(FormatError):
+    """A history of another host or version: ignored without a word (measured again here)."""
 
 
 #: per file, the samples handed to save_history_soon and not written yet (one history, all
@@ -435,9 +536,11 @@ _AT_EXIT = [False]  # wait_saves registered with atexit
 FLUSH_AFTER = 300.0
 #: held while a history file is read, merged and replaced: one save at a time per process
 _SAVE_ORDER = threading.Lock()
-#: per file, the series last read from it or written to it and the stamp it had then: parsed
-#: again only once the path names another file
-_LOADED: dict[str, tuple[tuple, dict[str, list[Sample]]]] = {}
+#: per file, the series last read from it or written to it, when each was last added to, and
+#: the stamp the file had then: parsed again only once the path names another file
+_LOADED: dict[str, tuple[tuple, dict[str, list[Sample]], dict[str, float]]] = {}
+#: the files (their stamps) found unusable or repaired: warned about once
+_WARNED: set[tuple] = set()
 
 
 def _forget_pending() -> None:
@@ -518,20 +621,40 @@ def load_history(path: str | None = None) -> History:
 
 
 def _load(p: str) -> History:
+    """The history in the file at *p*; an empty one where it is missing or unusable (the
+    history only advises: whatever reading it raises, with a warning once per file)."""
     before = _stamp(p)
     got = _LOADED.get(p)
     if before is not None and got is not None and got[0] == before:
-        h = History(series=_copied(got[1]))
+        h = History(series=_copied(got[1]), used=dict(got[2]))
         h.stamp = before
         return h
     try:
         h = History.from_json(read_cache_file(p, "history", MAX_FILE_BYTES))
-    except (OSError, ValueError):  # FormatError is an OSError
+    except (FileNotFoundError, NotADirectoryError, _Elsewhere):  # none, or not this one's
         return History()
+    except Exception as e:  # noqa: BLE001 - FormatError (an OSError), ValueError, anything
+        _warn_once(p, before, f"not usable ({type(e).__name__}: {e}); ignored")
+        return History()
+    if h.dropped:
+        _warn_once(p, before, f"{h.dropped} unusable samples or series left out")
     h.stamp = before if before == _stamp(p) else None  # None: it changed while being read
     if h.stamp is not None:
-        _LOADED[p] = (h.stamp, _copied(h.series))
+        _LOADED[p] = (h.stamp, _copied(h.series), dict(h.used))
     return h
+
+
+def _warn_once(p: str, stamp: tuple | None, what: str) -> None:
+    """Warn that the history file at *p* is *what*, once for the file it is (*stamp*)."""
+    key = stamp or (os.path.abspath(p),)
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    warnings.warn(
+        f"measured history {p}: {what} (the next save writes what is kept)",
+        LaminaWarning,
+        stacklevel=4,
+    )
 
 
 def _extend(series: dict[str, list[Sample]], more: dict[str, list[Sample]]) -> None:
@@ -575,17 +698,70 @@ def save_history(h: History, path: str | None = None) -> None:
 
 
 def _save(h: History, p: str) -> None:
-    if h.stamp is not None and h.stamp == _stamp(p):  # the file is what h was loaded from
-        merged = h
-    else:
-        merged = _load(p)
-        _extend(merged.series, h.added)
-    st = write_cache_file(p, merged.to_json())
+    with _locked(p):  # no other process's save between the read and the rename
+        if h.stamp is not None and h.stamp == _stamp(p):  # the file is what h was loaded from
+            merged = h
+        else:
+            merged = _load(p)
+            _extend(merged.series, h.added)
+        now = time.time()
+        for name, lst in h.added.items():
+            if lst:
+                merged.used[name] = now
+        merged.evict(keep=h.added)  # what the file keeps, in memory too
+        st = write_cache_file(p, merged.to_json())
     h.added = {}
     after = _stamp_of(p, st)  # the file we wrote
     h.stamp = after if merged is h else None
     # what that file holds: a later load need not parse it while the path still names it
-    _LOADED[p] = (after, _copied(merged.series))
+    _LOADED[p] = (after, _copied(merged.series), dict(merged.used))
+
+
+@contextlib.contextmanager
+def _locked(p: str) -> Iterator[None]:
+    """Hold an exclusive lock on ``p + '.lock'`` (``fcntl.flock``), waiting for another
+    process's at most :data:`LOCK_WAIT` seconds; without locks (no ``fcntl``, a lock file
+    that cannot be made, a file system without them, a wait too long) unlocked, as a save
+    was before.  The lock file is removed before the lock is let go, so none is left beside
+    the history: a process that locked a file no longer at that path locks again."""
+    fd = _lock(p + ".lock") if fcntl is not None else None
+    try:
+        yield
+    finally:
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.remove(p + ".lock")
+            os.close(fd)  # and the lock with it
+
+
+def _lock(path: str) -> int | None:
+    """A descriptor of the file at *path* (made if missing) holding its exclusive lock; None
+    where it cannot be had (see :func:`_locked`)."""
+    deadline = time.monotonic() + LOCK_WAIT
+    pause = 1e-3
+    with contextlib.suppress(OSError):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                return fd  # the lock of the file at that path
+        except BlockingIOError:  # another process saves: wait for it, a while
+            pass
+        except FileNotFoundError:  # removed by the process that held it: lock the next
+            pass
+        except OSError:  # no locks on this file system
+            os.close(fd)
+            return None
+        os.close(fd)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(pause)
+        pause = min(2 * pause, 0.01)
 
 
 class Recorder:

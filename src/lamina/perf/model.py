@@ -179,6 +179,8 @@ CHECKSUM_BYTES = 4
 DEFAULT_NAME = "derived"
 #: relative difference of totals under which two strategies count as tied
 TIE = 1e-9
+#: largest count taken (readers, blocks, a dimension): the integers a float holds exactly
+MAX_COUNT = 1 << 53
 
 
 @dataclass(frozen=True)
@@ -358,6 +360,8 @@ def _count(value: Any, name: str, minimum: int) -> int:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     if int(value) < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    if int(value) > MAX_COUNT:  # not its digits: an integer may have more than str() writes
+        raise ValueError(f"{name} must be at most 2**53 ({MAX_COUNT}), got a larger integer")
     return int(value)
 
 
@@ -366,7 +370,10 @@ def _shape(shape: Any) -> tuple[int, ...]:
         shape = (shape,)
     if not isinstance(shape, Sequence) or isinstance(shape, str) or not shape:
         raise ValueError(f"shape must be a non-empty sequence of integers >= 0, got {shape!r}")
-    return tuple(_count(s, "shape", 0) for s in shape)
+    out = tuple(_count(s, "shape", 0) for s in shape)
+    if math.prod(out) > MAX_COUNT:
+        raise ValueError(f"shape: at most 2**53 ({MAX_COUNT}) elements, got {shape!r}")
+    return out
 
 
 def _expression(expr: Expr | str) -> tuple[Expr, str]:
@@ -714,15 +721,16 @@ def predict(
 
 
 def best(predictions: Mapping[str, Prediction]) -> str:
-    """The strategy of smallest total time; a tie goes to the one that stores less."""
+    """The strategy of smallest total time; a tie goes to the one that stores less (a total
+    that is not a number counts as infinite: where every total is, the least storage wins)."""
 
-    def key(s: str) -> tuple[float, int]:
-        return predictions[s].total_s, predictions[s].storage_bytes
+    def total(s: str) -> float:
+        t = predictions[s].total_s
+        return t if t == t else math.inf  # NaN: no prediction
 
-    order = sorted(predictions, key=key)
-    lowest = predictions[order[0]].total_s
-    tied = [s for s in order if predictions[s].total_s <= lowest + TIE * max(abs(lowest), 1e-300)]
-    return min(tied, key=lambda s: predictions[s].storage_bytes)
+    lowest = min(map(total, predictions))
+    tied = [s for s in predictions if total(s) <= lowest + TIE * max(abs(lowest), 1e-300)]
+    return min(tied, key=lambda s: (predictions[s].storage_bytes, total(s)))
 
 
 def recommend(

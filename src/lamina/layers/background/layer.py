@@ -491,13 +491,21 @@ class BackgroundLayer(Layer):
         this process's earlier files measured, and its model would disagree with rank
         0's (on 8 ranks its epochs in the background came out 15 ms where rank 0's said
         6-8, and every step was written directly).  A history another rank cannot read
-        leaves that rank with none."""
+        leaves that rank with none.  Whatever rank 0 meets loading it (an unusable file is
+        an empty history there) is raised on every rank: none is left waiting for it."""
         comm = self._own()
         if comm.size == 1:
             return load_history()
         names = (IO_SERIES, SYNC_IO_SERIES, COPY_SERIES)
-        h = load_history() if comm.rank == 0 else None
-        raw = comm_mod.bcast_bytes(comm, pack_series(h, names) if h is not None else None, 0)
+        h, packed, failed = None, None, None
+        if comm.rank == 0:
+            try:
+                h = load_history()
+                packed = pack_series(h, names)
+            except BaseException as e:  # noqa: BLE001 - raised on every rank just below
+                failed = e
+        comm_mod.agree(comm, failed)
+        raw = comm_mod.bcast_bytes(comm, packed, 0)
         if h is not None:
             return h
         try:
