@@ -1166,3 +1166,28 @@ def test_flush_waits_for_the_steps_in_flight(path):
         assert time.monotonic() - t0 > 0.2
         with lamina.open(path, "r") as r:
             assert r.steps == 2
+
+
+@pytest.mark.parametrize("io", ["sync", "async", "auto"])
+@pytest.mark.parametrize("opened", ["begin_step", "write"])
+def test_derive_inside_a_step_is_refused_in_every_io_mode(tmp_path, io, opened):
+    """docs/derived.md: inside an open step (begun, or opened by a write) derive raises
+    ModeError.  Under io='async' the step is the layer's, not the engine's yet, and the
+    declaration was taken and computed for the open step; under 'auto' it depended on
+    whether the model wrote the step directly."""
+    with lamina.open(tmp_path / "d.lam", "w", io=io, durable=False) as f:
+        x = f.create_dataset("x", (4,))
+        with f.step():
+            x[...] = 1.0
+        if opened == "begin_step":
+            f.begin_step()
+        x[...] = 2.0
+        with pytest.raises(lamina.ModeError, match="declare it between steps"):
+            f.derive("twice", "`x` * 2", strategy="store")
+        f.end_step()
+        assert "twice" not in f.derived
+        f.derive("twice", "`x` * 2", strategy="store")  # between steps: taken
+        with f.step():
+            x[...] = 3.0
+    with lamina.open(tmp_path / "d.lam") as f:
+        assert f.steps == 3 and f["twice"].read(step=2).tolist() == [6.0] * 4

@@ -669,6 +669,18 @@ class BackgroundLayer(Layer):
         hints: dict | None = None,
     ) -> Any:
         self._guarded(DERIVE)
+        if self.active and self.mode != "r":
+            # a step open here (copied, or written directly) is not the engine's yet: the
+            # derived layer below would not see it.  Between steps only, as without the layer,
+            # judged on every rank alike (a step opened by a write may be open on some only)
+            here = self._step is not None or self._direct is not None
+            if comm_mod.agree(self._own(), None, flag=int(here)):
+                raise mark_collective(
+                    ModeError(
+                        f"derived quantity {name!r}: declare it between steps (step "
+                        f"{self._next} is open on some rank)"
+                    )
+                )
         with self.lock:
             return self.inner.derive(name, expression, strategy, spacing=spacing, hints=hints)
 
