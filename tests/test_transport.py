@@ -433,13 +433,15 @@ def test_a_consumer_leaving_after_an_error_says_goodbye(tmp_path):
     assert _took(res, "produce") < 8, res.describe()
 
 
-def test_consumers_hear_at_once_that_the_producer_left(tmp_path):
-    """Producer ranks that leave the file after an error (one raised, the other was told)
-    end their consumers' record streams: the consumers raise at once that the producer left,
-    instead of waiting out their timeout twice (the read, then the close)."""
+@pytest.mark.parametrize("producers, how", [(2, "one"), (2, "all"), (1, "alone")])
+def test_consumers_hear_at_once_that_the_producer_left(tmp_path, producers, how):
+    """Producer ranks that leave the file after an error (one raised, the other was told; an
+    error every rank raised; the one rank raised) end their consumers' record streams: the
+    consumers raise at once that the producer left, instead of waiting out their timeout
+    twice (the read, then the close), or of seeing a stream that ended as if finished."""
     _skip_without_mpiexec()
     res = run_mpmd(
-        (2, "transport_ahead", "fails", "p"),
+        (producers, "transport_ahead", "fails", "p", how),
         (2, "transport_ahead", "follows", "p"),
         cwd=tmp_path,
         env=AHEAD,

@@ -18,8 +18,10 @@
     transport_ahead.py leave NAME                  rank 1 raises inside ``with``: both ranks leave
     transport_ahead.py goes-on NAME STEPS          a producer that must finish its steps although
                                                    its consumer left
-    transport_ahead.py fails NAME                  2 producer ranks: rank 1 raises after step 1, the
-                                                   program leaves the file on both
+    transport_ahead.py fails NAME [HOW]            rank 1 raises after step 1 (HOW 'one', 2 ranks),
+                                                   or rank 0 of 1 ('alone'), or step 2 overlaps on
+                                                   every rank ('all': a collective OverlapError); the
+                                                   program leaves the file on every rank
     transport_ahead.py follows NAME                iter_steps: TransportError "the producer left"
                                                    at once after steps 0 and 1, not after a timeout
     transport_ahead.py drain                       2 ranks of one program: rank 0 sends 8 messages,
@@ -171,17 +173,17 @@ def goes_on(name: str, steps: int) -> None:
     produce(name, steps)
 
 
-def fails(name: str) -> None:
+def fails(name: str, how: str = "one") -> None:
     rank = lcomm.task_comm().rank
     try:
         with lamina.open(name, "w") as f:
             x = f.create_dataset("x", (4,), np.int64)
             for k in range(5):
                 with f.step():
-                    if f.comm.rank == 0:
-                        x.write(expected(k))
-                if k == 1 and f.comm.rank == 1:
-                    raise RuntimeError("producer rank 1 fails")
+                    if f.comm.rank == 0 or (how == "all" and k == 2):
+                        x.write(expected(k))  # (at step 2 under 'all': the ranks overlap)
+                if k == 1 and f.comm.rank == f.comm.size - 1 and how in ("one", "alone"):
+                    raise RuntimeError(f"producer rank {f.comm.rank} fails")
     except Exception as e:  # noqa: BLE001 - every rank leaves, one way or another
         say(f"OK fails {rank}: {type(e).__name__}")
 
@@ -250,7 +252,7 @@ if __name__ == "__main__":
     elif role == "drain":
         drain()
     elif role == "fails":
-        fails(name)
+        fails(name, *rest)
     elif role == "follows":
         follows(name)
     else:

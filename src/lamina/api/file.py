@@ -313,6 +313,11 @@ class File(Group):
             # call on the others; tell them (they raise at their next collective call) and go
             self._engine.leave(ev)
             return
+        if ev is not None and any(e.ENDS_STREAMS for e in self._engine.stack()):
+            # an in situ producer that failed (on every rank, or alone): a close would end
+            # its consumers' streams as if it had finished; they are told it failed
+            self._engine.abandon()
+            return
         if ev is not None and self._engine.in_step:
             self._engine.discard_step()
         self.close()

@@ -211,6 +211,11 @@ class Engine(ABC):
         """Independent: this engine and, for a layer, the engines under it, outermost first."""
         return [self]
 
+    #: whether other programs follow what this engine writes as it writes it (an in situ
+    #: producer): a program that leaves ``with lamina.open(...)`` on an error then abandons
+    #: it on every rank, so that they learn the stream failed, not that it ended
+    ENDS_STREAMS: ClassVar[bool] = False
+
     # -- metadata (collective on writers) ---------------------------------
     @abstractmethod
     def define(self, spec: DatasetSpec) -> DatasetSpec:

@@ -44,6 +44,10 @@ Tag = comm_mod.Tag
 _u8 = wire._u8
 
 
+#: seconds a transfer waits without progress before it looks whether the producer left
+LEFT_CHECK = 0.05
+
+
 class Consumer(TransportBase):
     """The consumer side: reads the steps a producer task serves (module docstring)."""
 
@@ -393,6 +397,7 @@ class Consumer(TransportBase):
     def _transfer(self, xfer: wire.Transfers, what) -> None:
         """Independent: complete *xfer*; TransportError after *timeout* s without progress."""
         poll = Poll(self.timeout)
+        heard = time.monotonic()
         while len(xfer):
             if xfer.test(wire.BURST):
                 poll.reset()
@@ -402,6 +407,15 @@ class Consumer(TransportBase):
                     f"{self.path}: waited {self.timeout:g} s for {what()}; the producer does not answer"
                 )
             else:
+                if not self._ended and time.monotonic() - heard > LEFT_CHECK:
+                    # no answer yet: a producer that left after an error ended the record
+                    # stream (an empty record); take records in, which raises that at once
+                    heard = time.monotonic()
+                    try:
+                        self._receive()
+                    except TransportError:
+                        xfer.cancel()
+                        raise
                 poll.sleep(active=True)  # the pipeline moves only while both sides call MPI
 
     def get_collective(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:

@@ -129,6 +129,8 @@ class Link:
 class Producer(TransportBase):
     """The producer side: serves its steps to the consumer tasks of its name (module docstring)."""
 
+    ENDS_STREAMS = True
+
     #: statistics follow the record on request (module docstring); BothProducer's file needs them in it
     DEFER_STATS = True
 
