@@ -343,10 +343,16 @@ _BINARY = {"add": "+", "subtract": "-", "multiply": "*", "divide": "/", "pow": "
 
 
 def _fold2(name: str, a: Any, b: Any) -> _V:
-    """Two Python numbers through the ufunc, as the evaluator folds them."""
-    with np.errstate(all="ignore"):
-        r = getattr(np, name)(a, b)
-    return _weak(r.item() if isinstance(r, np.generic) else r)
+    """Two Python numbers through the ufunc, as the evaluator folds them (integers exactly:
+    ``0 * 2^63`` is 0, where numpy's int64 refuses 2^63); ExpressionError where it raises."""
+    from .kernels import ConstantOverflow, fold_numbers
+
+    try:
+        with np.errstate(all="ignore"):
+            r = fold_numbers(name, (a, b))
+    except (ConstantOverflow, ZeroDivisionError, OverflowError) as e:
+        raise ExpressionError(f"cannot compute the constant {a} {name} {b}: {e}") from None
+    return _weak(r)
 
 
 def _op(name: str, vals: Sequence[_V], dt: np.dtype) -> Interval:

@@ -88,7 +88,7 @@ from __future__ import annotations
 import copy
 import itertools
 import operator
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -144,6 +144,37 @@ def _exact_int(name: str, args) -> int | None:
 def _int_to_negative(args) -> bool:
     """True for two Python integers, the second negative (``2 ^ -1``)."""
     return len(args) == 2 and all(type(a) is int for a in args) and args[1] < 0
+
+
+class ConstantOverflow(ArithmeticError):
+    """An integer constant whose exact value no 64-bit literal holds (:func:`fold_numbers`)."""
+
+
+def fold_numbers(name: str, args: Sequence[Any], kw: Mapping[str, Any] | None = None) -> Any:
+    """Python numbers through ufunc *name* as a constant of an expression folds: a Python number.
+
+    Integers are folded exactly, as the literals they stand for: any result
+    a literal may be (int64 or uint64), where numpy's int64 would wrap or
+    refuse (:class:`ConstantOverflow` past them); an integer to a negative
+    integer power as Python computes it (``2 ^ -1`` is 0.5, numpy refuses
+    it); the rest with numpy's rules.  The evaluator and the query's bounds
+    (:mod:`lamina.derived.bounds`) fold alike through this one function.
+    """
+    if name == "power" and not kw and _int_to_negative(args):
+        if args[0] == 0:
+            raise ZeroDivisionError("0 cannot be raised to a negative power")
+        return operator.pow(*args)
+    if name in _EXACT_INT and not kw and all(type(a) is int for a in args):
+        exact = _exact_int(name, args)
+        if exact is None or not _INT_MIN <= exact <= _UINT_MAX:
+            raise ConstantOverflow(name)
+        return exact
+    r = _py(getattr(np, name)(*args, **(kw or {})))
+    if type(r) is int and name in _EXACT_INT:  # numpy would wrap around silently
+        exact = _exact_int(name, args)
+        if exact is None or exact != r:
+            raise ConstantOverflow(name)
+    return r
 
 
 def probe(
@@ -310,33 +341,14 @@ class Evaluator:
         kw = {} if dtype is None else {"dtype": dtype}
         try:
             if first is None:  # constant folding, with numpy's rules
-                if name == "power" and not kw and _int_to_negative(args):
-                    # numpy refuses an integer to a negative integer power; a constant is a
-                    # Python number, so it folds as Python computes it: 2 ^ -1 = 0.5
-                    if args[0] == 0:
-                        raise ZeroDivisionError("0 cannot be raised to a negative power")
-                    return operator.pow(*args), False
-                if name in _EXACT_INT and not kw and all(type(a) is int for a in args):
-                    # integers folded exactly, as the literals they stand for: any result a
-                    # literal may be (int64 or uint64), where numpy's int64 would wrap or refuse
-                    exact = _exact_int(name, args)
-                    if exact is None or not _INT_MIN <= exact <= _UINT_MAX:
-                        raise ExpressionError(
-                            f"integer overflow in the constant {_short(at)} (write a float, e.g. 2.0 ^ 100)",
-                            node_pos(at),
-                            self.text,
-                        )
-                    return exact, False
-                r = _py(getattr(np, name)(*args, **kw))
-                if type(r) is int and name in _EXACT_INT:  # numpy would wrap around silently
-                    exact = _exact_int(name, args)
-                    if exact is None or exact != r:
-                        raise ExpressionError(
-                            f"integer overflow in the constant {_short(at)} (write a float, e.g. 2.0 ^ 100)",
-                            node_pos(at),
-                            self.text,
-                        )
-                return r, False
+                try:
+                    return fold_numbers(name, args, kw), False
+                except ConstantOverflow:
+                    raise ExpressionError(
+                        f"integer overflow in the constant {_short(at)} (write a float, e.g. 2.0 ^ 100)",
+                        node_pos(at),
+                        self.text,
+                    ) from None
             out = dest
             if self.managed:
                 if node is not None:
