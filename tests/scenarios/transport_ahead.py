@@ -196,9 +196,12 @@ def follows(name: str) -> None:
         with lamina.open(name, "r") as f:
             for v in f.iter_steps(timeout=60):
                 seen.append(int(v["x"][0]) // 10)
-    except lamina.errors.TransportError as e:
+    except (lamina.errors.TransportError, lamina.RemoteError) as e:
+        # (RemoteError: another consumer rank heard it first and left.)  The producer left
+        # after step 1 was committed: whether its data were served before is a race, so the
+        # steps read are a prefix of 0, 1
         took = time.monotonic() - t0
-        if "the producer left the stream" in str(e) and seen == [0, 1]:
+        if "the producer left the stream" in str(e) and seen == [0, 1][: len(seen)]:
             say(f"OK follows {rank}: in {took:.2f} s after {seen}")
             return
         raise

@@ -31,6 +31,8 @@ class Layer(Engine):
     """
 
     is_layer = True
+    #: a layer streams nothing itself: whether the engine under it does, stack() tells
+    ENDS_STREAMS = False
 
     def __init__(self, inner: Engine) -> None:
         self.inner = inner
