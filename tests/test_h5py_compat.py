@@ -214,3 +214,47 @@ def test_invalid_names_are_not_found(pair):
     with pytest.raises(lamina.NotFoundError, match="'../../etc/passwd'"):
         f["../../etc/passwd"]
     assert "../x" not in f
+
+
+# ------------------------------------------------------------------ groups, definitions, iteration
+
+
+def test_creating_a_group_that_exists_is_refused_as_h5py_refuses_it(pair):
+    h, f = pair
+    h.create_group("a")
+    f.create_group("a")
+    for name in ("a", "/"):
+        with pytest.raises(ValueError):
+            h.create_group(name)
+        with pytest.raises(lamina.ExistsError, match="require_group returns it"):
+            f.create_group(name)
+    assert f.require_group("a").name == "/a"
+
+
+def test_data_that_does_not_fit_the_shape_defines_nothing(pair):
+    """h5py checks data against the shape before it creates the dataset; so does lamina now
+    (the dataset stayed defined, and a corrected retry was an ExistsError)."""
+    h, f = pair
+    with pytest.raises((ValueError, TypeError)):
+        h.create_dataset("x", shape=(4,), data=[1, 2, 3])
+    with pytest.raises(ShapeError, match=r"data of shape \(3,\) does not fit its shape \(4,\)"):
+        f.create_dataset("x", shape=(4,), data=[1, 2, 3])
+    assert "x" not in f
+    f.create_dataset("x", shape=(4,), data=[1, 2, 3, 4])
+    f.create_dataset("y", shape=(2, 3), data=[[[1, 2, 3]]])  # leading axes of length 1 go
+
+
+def test_iterating_a_dataset_reads_its_rows_as_h5py(pair):
+    """Rows along the first axis; a 0-D dataset cannot be iterated; a missing step raises
+    (without __iter__ Python stopped at the first IndexError, which a StepError is: [])."""
+    h, f = pair
+    ha, fa = both(pair, "a", data=np.arange(6.0).reshape(3, 2))
+    hs, fs = both(pair, "s", data=np.float64(5))
+    with pytest.raises(lamina.StepError):
+        list(fa)  # nothing committed yet
+    f.end_step()
+    assert [r.tolist() for r in fa] == [r.tolist() for r in ha]
+    for ds in (hs, fs):
+        with pytest.raises(TypeError):
+            list(ds)
+        assert bool(ds)

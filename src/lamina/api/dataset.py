@@ -143,6 +143,18 @@ class Dataset:
             raise TypeError("len() of a 0-D dataset")
         return self.shape[0]
 
+    def __iter__(self):
+        """Independent: the rows along the first axis, each read when reached (as h5py's);
+        a 0-D dataset has none to iterate over (TypeError).  Without an ``__iter__`` Python
+        indexed until an IndexError, which a missing step (StepError) is too: it gave []."""
+        if not self.shape:
+            raise TypeError(f"{self._what()}: cannot iterate over a 0-D dataset")
+        for i in range(self.shape[0]):
+            yield self[i]
+
+    def __bool__(self) -> bool:
+        return True  # (as h5py's: a dataset of length 0, or 0-D, is still a dataset)
+
     def __repr__(self) -> str:
         return f"<lamina.Dataset {self.name!r}: shape {self.shape}, dtype {self.dtype}>"
 

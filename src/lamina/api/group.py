@@ -166,6 +166,18 @@ class Group:
         if shape is None:
             raise ShapeError(f"dataset {name!r}: give its shape (or data to take it from)")
         shape = _shape(shape, name)
+        if data is not None:  # before anything is defined (h5py checks it first too)
+            d = data
+            while d.ndim > len(shape) and d.shape[0] == 1:  # as a write takes it
+                d = d[0]
+            try:
+                fits = np.broadcast_shapes(d.shape, shape) == shape
+            except ValueError:
+                fits = False
+            if not fits:
+                raise ShapeError(
+                    f"dataset {name!r}: data of shape {data.shape} does not fit its shape {shape}"
+                )
         dt = check_dtype("f8" if dtype is None else dtype)
         fill_v = _fill_value(fill, dt, name)
         codecs = codec_mod.normalize(compression, dt, len(shape))

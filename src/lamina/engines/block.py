@@ -528,6 +528,11 @@ class BlockEngine(Engine):
         path = normpath(path)
         if path in self.catalog.datasets:
             raise ExistsError(f"cannot create group {path!r}: a dataset of that name exists")
+        if path in self.catalog.groups:  # (as h5py: require_group takes one that exists)
+            raise ExistsError(
+                f"cannot create group {'/' + path!r}: a group of that name exists "
+                "(require_group returns it)"
+            )
         self._check_parents_are_groups(path, "group")
         op = (OP_GROUP, path)
         self.catalog.apply_op(op)
