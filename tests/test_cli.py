@@ -426,3 +426,35 @@ def test_commands_read_files_whatever_the_transport_says(run_file, capsys, monke
         monkeypatch.setenv("LAMINA_TRANSPORT", transport)
         rc, out, err = run(["ls", run_file], capsys)
         assert rc == 0 and "fields/" in out and not err, (transport, err)
+
+
+def test_json_of_long_double_values_and_underscore_attributes(tmp_path, capsys):
+    """--json holds long double values (as float64) and attributes named with '_' (netCDF's
+    _FillValue is data, not one of the command's own keys); an expression-derived dataset
+    covers its anchor's elements in `info`."""
+    path = tmp_path / "odd.lam"
+    with lamina.open(path, "w") as f:
+        f.attrs["_FillValue"] = -999.0
+        f.attrs["ld"] = np.longdouble(1.5)
+        g = f.create_dataset("g", (2,), dtype=np.longdouble)
+        v = f.create_dataset("v", (4,))
+        with f.step():
+            g[...] = 1
+            v[...] = np.arange(4.0)
+        f.derive("twice", "`v` * 2", strategy="expression")
+    for argv in (
+        ["ls", path, "--json"],
+        ["info", path, "g", "--json"],
+        ["dump", path, "g", "--json"],
+    ):
+        rc, out, err = run(argv, capsys)
+        assert rc == 0, err
+        doc = json.loads(out)
+    rc, out, _ = run(["ls", path, "--json"], capsys)
+    text = json.dumps(json.loads(out))
+    assert '"_FillValue": -999.0' in text and '"ld": 1.5' in text
+    rc, out, _ = run(["info", path, "twice"], capsys)
+    assert "computed when read (expression), 4 of 4 elements" in out, out
+    rc, out, _ = run(["info", path, "twice", "--json"], capsys)
+    assert json.loads(out)["steps"][0]["covered"] == 4
+    del doc

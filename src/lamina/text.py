@@ -252,6 +252,8 @@ def json_value(v):
     if isinstance(v, complex):
         v = np.complex128(v)
     a = np.asarray(v)
+    if a.dtype.kind in "fc" and a.dtype.itemsize > (8 if a.dtype.kind == "f" else 16):
+        a = a.astype(np.float64 if a.dtype.kind == "f" else np.complex128)  # long double
     if a.dtype.kind == "c":
         a = np.stack([a.real, a.imag], axis=-1)
     out = a.tolist()
@@ -269,12 +271,15 @@ def _fix_nonfinite(x):
 
 
 def print_json(obj, indent: int | None = 2, file=None) -> None:
-    """Print *obj* as strict JSON (no NaN); keys starting with ``_`` are left out (private to the text form)."""
+    """Print *obj* as strict JSON (no NaN); keys starting with ``_`` are left out (private to
+    the text form), except the names of attributes (under ``attrs``: ``_FillValue`` is data)."""
 
-    def strip(o):
+    def strip(o, names: bool = False):
         if isinstance(o, dict):
             return {
-                k: strip(v) for k, v in o.items() if not (isinstance(k, str) and k.startswith("_"))
+                k: strip(v, k == "attrs")
+                for k, v in o.items()
+                if names or not (isinstance(k, str) and k.startswith("_"))
             }
         if isinstance(o, list):
             return [strip(v) for v in o]

@@ -234,6 +234,10 @@ def cmd_info(args) -> int:
         steps = [eng.check_step(args.step)] if args.step is not None else list(range(f.steps))
         times = eng.catalog.step_times
         per_step = [(k, times[k] if k < len(times) else None, ds.blocks(k)) for k in steps]
+        # what holds values: the blocks, or for a quantity kept as its expression, its anchor's
+        covers = {k: sum(b.size for b in ds.coverage(k)) for k in steps}
+        d = eng.definition(ds.name.strip("/"))
+        computed = d is not None and d.strategy == "expression"
         nsteps, fname = f.steps, f.filename
         lay = _layout(f, ds) if ds.layout is not None else None
     if args.json:
@@ -251,7 +255,7 @@ def cmd_info(args) -> int:
                         "step": k,
                         "time": t,
                         "blocks": [_block_json(b) for b in blocks],
-                        "covered": sum(b.box.size for b in blocks),
+                        "covered": covers[k],
                         "nbytes": sum(b.nbytes for b in blocks),
                         "raw_nbytes": sum(b.raw_nbytes for b in blocks),
                     }
@@ -304,9 +308,15 @@ def cmd_info(args) -> int:
     for k, t, blocks in per_step:
         when = f"  committed {fmt_timestamp(t)}" if t is not None else ""
         if not blocks:
-            print(f"step {k}{when}: no blocks (reads as the fill value {fmt_value(ds.fill)})")
+            if computed and covers[k]:
+                print(
+                    f"step {k}{when}: no blocks: computed when read (expression), "
+                    f"{covers[k]} of {ds.size} elements"
+                )
+            else:
+                print(f"step {k}{when}: no blocks (reads as the fill value {fmt_value(ds.fill)})")
             continue
-        covered = sum(b.box.size for b in blocks)
+        covered = covers[k]
         pct = f" ({100.0 * covered / ds.size:.1f}%)" if ds.size else ""
         stored = sum(b.nbytes for b in blocks)
         raw = sum(b.raw_nbytes for b in blocks)
