@@ -1258,3 +1258,27 @@ def test_stats_only_block_without_definition_is_a_clear_error(open_file, new_pat
     with pytest.raises(FormatError, match="keeps only statistics"):
         g["m"][...]
     assert sum(b.stats.count for b in g["m"].blocks()) == SH[0] * SH[1] * SH[2]
+
+
+@pytest.mark.parametrize("strategy", ["stats", "store", "expression"])
+def test_a_quantity_over_a_patch_written_in_part_reads_as_its_query_judges(tmp_path, strategy):
+    """A multiresolution anchor stores whole patches: a step that writes one cell of a patch
+    stores the patch.  A quantity kept as statistics read its values over the anchor's patch
+    while its statistics (and the query) covered the cell written: the query left out
+    matches a read returns.  Now store and stats read over the boxes they kept, expression
+    over the anchor's patches, and each query answers what its reads return."""
+    path = tmp_path / "p.lam"
+    with lamina.open(path, "w") as f:
+        f.create_dataset("c", (8,), "f8", fill=1.0, layout=lamina.Multires(patch=4, tolerance=0))
+        f.derive("d", "`c`", strategy)
+        with f.step():
+            f["c"][3:4] = 5.0
+    with lamina.open(path) as f:
+        got = f["d"][...]
+        want = [1.0, 1.0, 1.0, 5.0] if strategy == "expression" else [np.nan] * 3 + [5.0]
+        np.testing.assert_array_equal(got, np.array(want + [np.nan] * 4))
+        for text in ("`d` > 0", "`d` != 1"):
+            r = f.query(text)
+            with np.errstate(invalid="ignore"):
+                match = np.flatnonzero(got > 0 if ">" in text else got != 1)
+            assert sorted(r.coords.ravel().tolist()) == match.tolist(), (text, r.coords)

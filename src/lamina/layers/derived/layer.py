@@ -776,7 +776,10 @@ class DerivedLayer(Layer):
         anchor it computed (0 if none)."""
         if box.empty:
             return 0.0
-        parts = self._covered_parts(d.anchor, step, box)
+        # where the quantity holds values: its own blocks if it kept any (statistics-only ones
+        # too: the boxes its statistics and queries judge), else its anchor's.  (The anchor's
+        # are wider where a multiresolution anchor stores whole patches a step wrote in part.)
+        parts = self._covered_parts(d.components[k], step, box)
         if sum(p.size for p in parts) == box.size:
             # one evaluation: inputs read once, halos shared; a scalar goes straight into *out*
             direct = (
