@@ -258,3 +258,10 @@ def test_iterating_a_dataset_reads_its_rows_as_h5py(pair):
         with pytest.raises(TypeError):
             list(ds)
         assert bool(ds)
+
+
+def test_an_attribute_name_that_is_not_a_string_is_a_type_error(pair):
+    h, f = pair
+    f.attrs["a"] = 1
+    with pytest.raises(TypeError, match="attribute names are strings, got 5"):
+        f.attrs[5]

@@ -25,6 +25,8 @@ class Attributes(MutableMapping):
         return self._file._engine.catalog.attrs.get(self._path, {})
 
     def __getitem__(self, name: str):
+        if not isinstance(name, str):
+            raise TypeError(f"attribute names are strings, got {name!r} on {'/' + self._path!r}")
         d = self._d()
         if name not in d:
             raise NotFoundError(f"no attribute {name!r} on {'/' + self._path!r}.{suggest(name, d)}")
