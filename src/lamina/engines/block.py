@@ -382,7 +382,6 @@ class BlockEngine(Engine):
         )
         self._in_step = False
         self._implicit = False  # the open step was opened by a write, not by begin_step
-        self._closing = False  # the commit under way is close's (_commit_close)
         # steps this rank has opened (begun, opened by a write, or joined at end_step): the
         # ranks compare it at each commit, so that a step ended on some ranks and discarded on
         # others (an error inside ``with f.step()`` on one rank) is not committed with another
@@ -1093,10 +1092,7 @@ class BlockEngine(Engine):
             offset,
         )
         # the metadata changes' checksum, and this rank's step count above it (_validate)
-        # (bit 63: the commit is close's; _validate refuses a close met by an end_step)
-        digest = stats_mod.crc(ops.getvalue()) | (self._serial & 0x7FFFFFFF) << 32
-        if self._closing:
-            digest |= 1 << 63
+        digest = stats_mod.crc(ops.getvalue()) | (self._serial & 0xFFFFFFFF) << 32
         return digest, attrs.getvalue(), mine
 
     @staticmethod
@@ -1171,17 +1167,7 @@ class BlockEngine(Engine):
     def _validate(self, heads: StepHeads, step: int) -> None:
         if self.size == 1:
             return  # one rank's boxes were tested against each other at put
-        closing = [r for r, dg in enumerate(heads.digests) if dg >> 63]
-        if step >= 0 and 0 < len(closing) < len(heads.digests):
-            # one rank's close met the others' end_step (a rank made one end_step fewer): the
-            # step would commit, and then the ranks would go on in different collective calls
-            raise StepError(
-                f"ranks {closing} closed the file while ranks "
-                f"{[r for r in range(len(heads.digests)) if r not in closing]} ended a step: "
-                "every rank must end the same steps (a step raised on some ranks only?); "
-                "nothing of this step is committed"
-            )
-        serials = [dg >> 32 & 0x7FFFFFFF for dg in heads.digests]
+        serials = [dg >> 32 for dg in heads.digests]
         if step >= 0 and any(s != serials[0] for s in serials):  # (a step's commit)
             # not counted alike again: the ranks' programs are a step apart from here on, and
             # every later commit would pair one rank's step k with another's k + 1
@@ -1750,11 +1736,7 @@ class BlockEngine(Engine):
         """Collective (writers): commit the step left open on any rank and pending metadata, then the close record."""
         if comm_mod.agree(self.comm, None, flag=int(self._in_step), call=comm_mod.CALL_CLOSE):
             self._join_step()
-            self._closing = True
-            try:
-                self._commit(KIND_STEP)
-            finally:
-                self._closing = False
+            self._commit(KIND_STEP)
         if comm_mod.allreduce_int(self.comm, int(bool(self._pending_ops)), "max"):
             self._commit(KIND_META)
         self._commit(KIND_CLOSE)
