@@ -263,14 +263,23 @@ def _range(bounds: tuple[float, float]) -> str:
     return f"[{bounds[0]:g}, {bounds[1]:g}]"
 
 
+def finite_number(v: Any) -> float | None:
+    """*v*, a number a JSON file gave, as a finite float; None for anything else: a bool, a
+    string, NaN, an infinity, an integer too large for a float (the files lamina reads back:
+    calibration, history, model checks)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
 def _number(v: Any) -> bool:
     """A finite number > 0 that is not a bool (an integer too large for a float is not one)."""
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        return False
-    try:
-        return math.isfinite(float(v)) and v > 0
-    except OverflowError:
-        return False
+    f = finite_number(v)
+    return f is not None and f > 0
 
 
 def _check_tables(tables: Any) -> None:

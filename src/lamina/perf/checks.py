@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from ..catalog.wire import load_json
 from ..errors import FormatError
 from ..text import table as text_table
-from .calibrate import cache_path, host, read_cache_file, write_cache_file
+from .calibrate import cache_path, finite_number, host, read_cache_file, write_cache_file
 
 #: the models, in the table's order, and what each predicts
 MODELS = {
@@ -67,13 +67,8 @@ def _pair(p) -> tuple[float, float] | None:
 
 def _seconds(v) -> float | None:
     """*v* as seconds within :data:`SECONDS_RANGE` (NaN fails both bounds), or None."""
-    if not isinstance(v, (int, float)) or isinstance(v, bool):
-        return None
-    try:
-        f = float(v)
-    except OverflowError:  # an integer too large for a float
-        return None
-    return f if SECONDS_RANGE[0] <= f <= SECONDS_RANGE[1] else None
+    f = finite_number(v)
+    return f if f is not None and SECONDS_RANGE[0] <= f <= SECONDS_RANGE[1] else None
 
 
 @dataclass(frozen=True)
@@ -132,13 +127,8 @@ def _check_of(model: str, d) -> Check | None:
     command, when, where, pairs = d.get("command"), d.get("when"), d.get("host"), d.get("pairs")
     if not (isinstance(command, str) and isinstance(where, str) and isinstance(pairs, list)):
         return None
-    if not isinstance(when, (int, float)) or isinstance(when, bool):
-        return None
-    try:
-        when = float(when)
-    except OverflowError:
-        return None
-    if not 0 <= when <= LATEST:  # a time lamina ran at (NaN fails both)
+    when = finite_number(when)
+    if when is None or not 0 <= when <= LATEST:  # a time lamina ran at
         return None
     kept = [q for q in map(_pair, pairs[:MAX_PAIRS]) if q is not None]
     if len(kept) != min(len(pairs), MAX_PAIRS):

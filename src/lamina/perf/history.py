@@ -106,7 +106,7 @@ import numpy as np
 
 from ..catalog.wire import load_json
 from ..errors import FormatError, LaminaWarning
-from .calibrate import cache_path, host, read_cache_file, write_cache_file
+from .calibrate import cache_path, finite_number, host, read_cache_file, write_cache_file
 
 try:
     import fcntl
@@ -436,7 +436,7 @@ class History:
             out.dropped += min(len(lst), MAX_SAMPLES) - len(got)
             if got:
                 out.series[name] = got
-                t = _finite(used.get(name))  # a time to come counts as now
+                t = finite_number(used.get(name))  # a time to come counts as now
                 out.used[name] = 0.0 if t is None else min(max(t, 0.0), now)
         out.dropped += out.evict()
         return out
@@ -491,18 +491,6 @@ def _usable(x1: Any, x2: Any, t: Any) -> Any:
         & (t * MIN_RATE <= x1)  # no division by 0, no overflow of unbounded numbers
         & (x1 / MAX_RATE <= t)
     )
-
-
-def _finite(v: Any) -> float | None:
-    """*v* as a float if it is a finite number (not a bool), else None (also an integer too
-    large for a float)."""
-    if type(v) not in (int, float):
-        return None
-    try:
-        f = float(v)
-    except OverflowError:
-        return None
-    return f if math.isfinite(f) else None
 
 
 def _sample(x1: Any, x2: Any, t: Any) -> Sample | None:
