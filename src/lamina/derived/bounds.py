@@ -62,7 +62,7 @@ import numpy as np
 
 from ..errors import ExpressionError
 from .compute import node_dtypes
-from .kernels import fold
+from .kernels import ConstantOverflow, fold, fold_numbers
 from .nodes import BinOp, BoolOp, Call, Compare, Expr, Ref, UnaryOp
 from .parser import check
 
@@ -345,8 +345,6 @@ _BINARY = {"add": "+", "subtract": "-", "multiply": "*", "divide": "/", "pow": "
 def _fold2(name: str, a: Any, b: Any) -> _V:
     """Two Python numbers through the ufunc, as the evaluator folds them (integers exactly:
     ``0 * 2^63`` is 0, where numpy's int64 refuses 2^63); ExpressionError where it raises."""
-    from .kernels import ConstantOverflow, fold_numbers
-
     try:
         with np.errstate(all="ignore"):
             r = fold_numbers(name, (a, b))
