@@ -216,6 +216,34 @@ def test_invalid_names_are_not_found(pair):
     assert "../x" not in f
 
 
+def test_dot_names_the_group_and_an_empty_name_nothing(pair):
+    """'.' components name the group they are in; '' names nothing (lamina refused '.' and
+    took '' for the group)."""
+    h, f = pair
+    for g in (h, f):
+        g.create_group("g").create_dataset("x", shape=(2,))
+        assert "" not in g and "." in g and "./g/./x" in g and "g/." in g
+        assert g["."].name == "/" and g["g/."].name == "/g" and g["./g/x"].name == "/g/x"
+        assert g["g"]["."].name == "/g"
+        with pytest.raises(KeyError):
+            g[""]
+    with pytest.raises(ValueError):
+        f.create_group("")
+    assert "g/.." not in f  # '..' stays refused (a difference: h5py has no '..' either)
+
+
+def test_truth_is_whether_the_file_is_open(pair):
+    """As h5py's: an empty group is true while the file is open (it was false: len 0); a
+    group, dataset or file of a closed file is false."""
+    made = []
+    for g in pair:
+        made.append((g, g.create_group("empty"), g.create_dataset("d", shape=(0,))))
+        assert all(made[-1])
+    for g, e, d in made:
+        g.close()
+        assert not g and not e and not d
+
+
 # ------------------------------------------------------------------ groups, definitions, iteration
 
 

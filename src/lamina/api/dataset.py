@@ -153,7 +153,8 @@ class Dataset:
             yield self[i]
 
     def __bool__(self) -> bool:
-        return True  # (as h5py's: a dataset of length 0, or 0-D, is still a dataset)
+        """Whether the file is open (as h5py's: a dataset of length 0, or 0-D, is still one)."""
+        return not self._file._engine.closed
 
     def __repr__(self) -> str:
         return f"<lamina.Dataset {self.name!r}: shape {self.shape}, dtype {self.dtype}>"

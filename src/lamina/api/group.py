@@ -58,6 +58,12 @@ class Group:
 
     # -- navigation ---------------------------------------------------------
     def _abs(self, name: str) -> str:
+        """*name* as an absolute path (no leading slash).  As in h5py, '.' components name the
+        group they are in and an empty name names nothing (ValueError)."""
+        if name == "":
+            raise ValueError("an empty name (the group itself is '.')")
+        if isinstance(name, str) and "." in name:
+            name = "/".join(p for p in name.split("/") if p != ".")
         return normpath(name, self._path)
 
     def __getitem__(self, name: str):
@@ -99,6 +105,10 @@ class Group:
 
     def __len__(self) -> int:
         return len(self.keys())
+
+    def __bool__(self) -> bool:
+        """Whether the file is open (as h5py's: a group without members is still a group)."""
+        return not self._file._engine.closed
 
     def values(self):
         return [self[k] for k in self.keys()]

@@ -27,7 +27,7 @@ import argparse
 import importlib
 import sys
 
-from .common import CLIError, guarded
+from .common import CLIError, glue_dashed, guarded
 from .files import cmd_convert, cmd_dump, cmd_info, cmd_ls
 from .plot import add_parser as add_plot_parser
 
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         return _passthrough(argv[0], argv[1:])
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(glue_dashed(argv, parser))
     except SystemExit as e:  # --help, --version, usage errors (argparse prints them)
         return _code(e.code)
     if args.command is None:
@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-s",
         default="...",
         metavar="SELECT",
-        help="e.g. '0:4,:,7' (default: everything)",
+        help="e.g. '0:4,:,7' or -1,0 (default: everything)",
     )
     s.add_argument(
         "--step", type=int, default=-1, metavar="K", help="step to read (default: the last, -1)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Callable
@@ -11,6 +12,46 @@ from ..errors import LaminaError
 
 class CLIError(Exception):
     """A usage problem found by a command (reported like a lamina error: one line, status 2)."""
+
+
+#: options whose values may start with '-' (a selection '-1,0', a region '-4:', a condition
+#: '-T > 3'); argparse takes such a value for an option of its own unless it is a number
+DASHED_VALUES = frozenset({"--select", "-s", "--slice", "--region", "-r", "--where", "-w"})
+
+
+def glue_dashed(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """*argv* with ``OPT VALUE`` written ``OPT=VALUE`` where OPT is in :data:`DASHED_VALUES`
+    and VALUE starts with '-' but is no option of *parser* or of its subcommands (as
+    ``--select=-1,0`` would be given): argparse's own reading stops at the dash
+    ("expected one argument")."""
+    known: set[str] = set()
+    todo = [parser]
+    while todo:
+        p = todo.pop()
+        known.update(p._option_string_actions)
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                todo.extend(a.choices.values())
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            return out + argv[i:]
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        if (
+            a in DASHED_VALUES
+            and nxt is not None
+            and nxt.startswith("-")
+            and nxt != "-"
+            and nxt.split("=", 1)[0] not in known
+        ):
+            out.append(f"{a}={nxt}")
+            i += 2
+            continue
+        out.append(a)
+        i += 1
+    return out
 
 
 def message(e: BaseException) -> str:

@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import selection
 from ..text import fmt_box, fmt_num, print_json, table
-from .common import CLIError, guarded, open_file
+from .common import CLIError, glue_dashed, guarded, open_file
 
 USAGE_EPILOG = """\
 examples:
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``lamina query`` with *argv* (default: ``sys.argv[1:]``); returns the exit status."""
     parser = build_parser()
     try:
-        args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+        args = parser.parse_args(glue_dashed(list(sys.argv[1:] if argv is None else argv), parser))
     except SystemExit as e:  # --help, usage errors (argparse printed them)
         return e.code if isinstance(e.code, int) else 2
     return guarded("lamina query", lambda: _run(args))
