@@ -194,3 +194,34 @@ def test_newaxis_is_named_as_what_is_refused(key):
     """np.newaxis takes no dimension: the refusal names it, not a count of indices."""
     with pytest.raises(LaminaError, match=r"np.newaxis \(None\) is not supported"):
         parse(key, SHAPE, "dataset 'a'")
+
+
+def test_the_quick_paths_agree_with_the_general_parse():
+    """The whole-dataset and slices-only paths of parse give what the general path gives,
+    errors included (float or bool bounds and steps, numpy integers, out of bounds, 0-D)."""
+    import random
+
+    from lamina import selection
+
+    rng = random.Random(7)
+    bounds = [None, 0, 1, 2, -1, -2, 3, 5, -5, 6, -6, 7, True, False, np.int64(2), 1.0]
+    steps = [None, 1, 2, 0, -1, True, 1.0, np.int64(1)]
+
+    def item():
+        r = rng.random()
+        if r < 0.7:
+            return slice(rng.choice(bounds), rng.choice(bounds), rng.choice(steps))
+        return rng.choice([0, -1, 4, Ellipsis, np.int64(1)])
+
+    def outcome(fn, key, shape):
+        try:
+            s = fn(key, shape, "ds")
+        except Exception as e:
+            return type(e).__name__, str(e)
+        types = [type(x) for x in s.box.start + s.box.stop]
+        return s.box, s.squeeze, s.steps, types
+
+    for _ in range(20_000):
+        shape = tuple(rng.randint(0, 6) for _ in range(rng.randint(0, 3)))
+        key = item() if rng.random() < 0.2 else tuple(item() for _ in range(rng.randint(0, 4)))
+        assert outcome(parse, key, shape) == outcome(selection._parse, key, shape), (key, shape)
