@@ -420,19 +420,23 @@ class Dataset:
         if sel.strided:
             raise ShapeError(f"{self._what()}: writes need contiguous boxes (slice step 1)")
         arr = self._values(value)
-        if arr.shape != sel.result_shape:
-            # numpy's assignment: leading axes of length 1 may go, the rest broadcasts
-            lead = 0
-            while arr.ndim - lead > len(sel.result_shape) and arr.shape[lead] == 1:
-                lead += 1
-            try:
-                arr = np.broadcast_to(arr.reshape(arr.shape[lead:]), sel.result_shape)
-            except ValueError:
-                raise ShapeError(
-                    f"{self._what()}: cannot write an array of shape {arr.shape} to selection {sel.box} "
-                    f"(shape {sel.result_shape})"
-                ) from None
-        self._file._engine.put(self._path, sel.box, arr.reshape(sel.box.shape), copy=True)
+        shape = sel.box.shape
+        if sel.squeeze or arr.shape != shape:  # (else the selection's shape is the box's)
+            want = sel.result_shape
+            if arr.shape != want:
+                # numpy's assignment: leading axes of length 1 may go, the rest broadcasts
+                lead = 0
+                while arr.ndim - lead > len(want) and arr.shape[lead] == 1:
+                    lead += 1
+                try:
+                    arr = np.broadcast_to(arr.reshape(arr.shape[lead:]), want)
+                except ValueError:
+                    raise ShapeError(
+                        f"{self._what()}: cannot write an array of shape {arr.shape} to "
+                        f"selection {sel.box} (shape {want})"
+                    ) from None
+            arr = arr.reshape(shape)
+        self._file._engine.put(self._path, sel.box, arr, copy=True)
 
     def _values(self, value) -> np.ndarray:
         """*value* as an array for this dataset.
