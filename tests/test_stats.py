@@ -116,6 +116,16 @@ def test_nan_only_in_later_chunks(rng):
     assert (s.min, s.max, s.sum, s.count) == (-2.0, 5.0, 3.0, 2)
 
 
+def test_a_complex_value_with_a_nan_part_is_left_out_whatever_its_magnitude():
+    """|inf + NaN j| is inf, but the value is NaN (numpy's isnan): it was counted and its
+    magnitude taken as the maximum."""
+    a = np.array([complex(np.inf, np.nan), 1, 2j, complex(np.nan, -np.inf), 3 + 4j])
+    s, _ = compute(a)
+    assert (s.min, s.max, s.sum, s.count) == (1.0, 5.0, 4 + 6j, 3)
+    many = summarize([a, a[:2]], checksum=False)
+    assert many.counts.tolist() == [3, 1] and many.maxs.tolist() == [5.0, 1.0]
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf + -inf
 def test_special_values():
     s, _ = compute(np.array([np.inf, -np.inf, 1.0]))

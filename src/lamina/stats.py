@@ -402,12 +402,16 @@ def _reduce(c: np.ndarray, kind: str) -> tuple[Any, Any, Any, int]:
         mn, mx = _fmin(m), _fmax(m)  # fmin/fmax skip NaN (NaN only if every value is NaN)
         if not nan:
             return mn, mx, s, c.size
-        ok = ~np.isnan(m)  # a NaN in the sum: some values are NaN (or +inf and -inf met)
+        # a NaN in the sum: some values are NaN (or +inf and -inf met); a complex value is
+        # NaN with NaN in either part (numpy's isnan), though |inf + NaN j| is inf
+        ok = ~np.isnan(c if kind == "c" else m)
         n = int(np.count_nonzero(ok))
         if n == 0:
             return None, None, s * 0, 0
         if n < c.size:
             s = _add(c[ok], dtype=s.dtype)
+            if kind == "c":
+                mn, mx = _fmin(m[ok]), _fmax(m[ok])
         return mn, mx, s, n
 
 

@@ -351,19 +351,20 @@ def _jsonable(v):
 
 
 def _stat_slot(v, dt: np.dtype) -> bytes:
+    """A minimum or maximum as its 8 little-endian bytes (whatever the host's byte order)."""
     if dt.kind == "i":
-        return np.int64(v).tobytes()
+        return np.array(v, "<i8").tobytes()
     if dt.kind in "ub":
-        return np.uint64(v).tobytes()
-    return np.float64(v).tobytes()
+        return np.array(v, "<u8").tobytes()
+    return np.array(v, "<f8").tobytes()
 
 
 def _stat_value(b: bytes, dt: np.dtype):
     if dt.kind == "i":
-        return int(np.frombuffer(b, np.int64)[0])
+        return int(np.frombuffer(b, "<i8")[0])
     if dt.kind in "ub":
-        return int(np.frombuffer(b, np.uint64)[0])
-    return float(np.frombuffer(b, np.float64)[0])
+        return int(np.frombuffer(b, "<u8")[0])
+    return float(np.frombuffer(b, "<f8")[0])
 
 
 # --------------------------------------------------------------------------
