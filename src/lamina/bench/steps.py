@@ -13,6 +13,7 @@ methods in rotated order ``--repeat`` times:
                 ``flush`` at the end of a step
 ``lamina``      native, ``durable=False``, ``ds.write(a, copy=False)`` per dataset in
                 ``with f.step():``
+``lamina ds[...]``  the same with ``ds[...] = a`` (h5py's spelling: a copy of the values)
 
 Then every method reads its file back as a time series is read: for
 every step, every dataset's block, each into a new array, with the
@@ -22,7 +23,7 @@ after the open:
 ``numpy``       ``os.preadv`` of the block's bytes at its offset into a new array
 ``adios2 BP5``  ``FileReader``, ``set_step_selection([s, 1])`` and ``read`` per variable
 ``h5py``        ``ds[s]``
-``lamina``      ``ds.read(step=s)``
+``lamina``      ``ds.read(step=s)`` (both lamina methods)
 
 Timed: the steps only, written or read, each step on its own clock (open,
 the definitions, close and what happens between steps are not;
@@ -46,7 +47,7 @@ import numpy as np
 from ..text import table
 from . import common
 
-METHODS = ("numpy", "adios2 BP5", "h5py", "lamina")
+METHODS = ("numpy", "adios2 BP5", "h5py", "lamina", "lamina ds[...]")
 
 
 def stamp(arrays: list[np.ndarray], step: int) -> list[np.ndarray]:
@@ -136,6 +137,21 @@ def _lamina(path: str, arrays: list[np.ndarray], steps: int, warmup: int) -> flo
         return _steps(step, arrays, steps, warmup)
 
 
+def _lamina_setitem(path: str, arrays: list[np.ndarray], steps: int, warmup: int) -> float:
+    import lamina
+
+    n = arrays[0].size
+    with lamina.open(path, "w", durable=False) as f:
+        dss = [f.create_dataset(f"v{i}", (n,), "f8") for i in range(len(arrays))]
+
+        def step(s: int) -> None:
+            with f.step():
+                for ds, a in zip(dss, arrays, strict=True):
+                    ds[...] = a
+
+        return _steps(step, arrays, steps, warmup)
+
+
 # -- reads: every dataset at every step; (seconds of the timed steps, the steps that differ)
 def _read_steps(read_step, arrays: list[np.ndarray], steps: int, warmup: int) -> tuple[float, list]:
     """``read_step(s)`` for every step, each on its own clock from step *warmup* on; what
@@ -209,15 +225,28 @@ def _lamina_read(
         return _read_steps(lambda s: [ds.read(step=s) for ds in dss], arrays, steps, warmup)
 
 
-RUN = {"numpy": _numpy, "adios2 BP5": _adios2, "h5py": _h5py, "lamina": _lamina}
+RUN = {
+    "numpy": _numpy,
+    "adios2 BP5": _adios2,
+    "h5py": _h5py,
+    "lamina": _lamina,
+    "lamina ds[...]": _lamina_setitem,
+}
 READ = {
     "numpy": _numpy_read,
     "adios2 BP5": _adios2_read,
     "h5py": _h5py_read,
     "lamina": _lamina_read,
+    "lamina ds[...]": _lamina_read,
 }
 PHASES = ("write", "read")
-SUFFIX = {"numpy": ".raw", "adios2 BP5": ".bp", "h5py": ".h5", "lamina": ".lam"}
+SUFFIX = {
+    "numpy": ".raw",
+    "adios2 BP5": ".bp",
+    "h5py": ".h5",
+    "lamina": ".lam",
+    "lamina ds[...]": ".lam",
+}
 
 
 def run(ns) -> dict:
@@ -270,7 +299,7 @@ def run(ns) -> dict:
 
 def _phase_table(o: dict, phase: str) -> str:
     methods = o["methods"]
-    base = [m for m in methods if m != "lamina"]
+    base = [m for m in methods if not m.startswith("lamina")]
     head = ["datasets", *[f"{m} us/step" for m in methods]]
     if "lamina" in methods:
         head += ["lamina us/dataset", *[f"lamina/{m}" for m in base]]
