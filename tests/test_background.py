@@ -1191,3 +1191,64 @@ def test_derive_inside_a_step_is_refused_in_every_io_mode(tmp_path, io, opened):
             x[...] = 3.0
     with lamina.open(tmp_path / "d.lam") as f:
         assert f.steps == 3 and f["twice"].read(step=2).tolist() == [6.0] * 4
+
+
+#: calls put_stats and put_stats_many refuse: (method, name, box or corners, array)
+BAD_STATS = [
+    ("put_stats", "d", Box((0,), (4,)), np.arange(3.0)),  # shape
+    ("put_stats", "d", Box((4,), (6,)), np.ones(2) + 1j),  # unsafe cast
+    ("put_stats", "d", Box((6,), (10,)), np.ones(4)),  # out of bounds
+    ("put_stats", "d", Box((0,), (2,)), np.float64(1.0)),  # a scalar is not broadcast
+    ("put_stats", "nope", Box((0,), (2,)), np.ones(2)),  # unknown dataset
+    ("put_stats_many", "d", np.array([[6]]), [np.arange(4.0)]),  # out of bounds
+    ("put_stats_many", "d", np.array([[0], [1]]), np.ones((2, 2))),  # blocks that meet
+]
+#: calls that meet the statistics-only block [0:2] kept before them in the step
+MEETING = [
+    ("put_stats", "d", Box((1,), (3,)), np.ones(2)),
+    ("put_stats_many", "d", np.array([[4], [1]]), np.ones((2, 2))),
+    ("put", "d", Box((1,), (2,)), np.ones(1)),
+]
+
+
+def _refused(eng, calls, error) -> list[tuple[type, str]]:
+    """Make each of *calls* on engine *eng*; each must raise *error*: their types and messages."""
+    got = []
+    for method, *args in calls:
+        with pytest.raises(error) as err:
+            getattr(eng, method)(*args)
+        got.append((type(err.value), str(err.value)))
+    return got
+
+
+@pytest.mark.parametrize("layers", [[], None])  # the engine alone, or under the derived layer
+def test_put_stats_errors_at_the_call_and_the_step_goes_on(path, layers):
+    """docs/background.md: put_stats and put_stats_many make the checks they make without the
+    layer at the same call (unknown dataset, bounds, shape, unsafe cast, overlap within the
+    step; under the derived layer, its refusal of statistics-only blocks from a program); a
+    refused call leaves the step, and its good writes, to be committed."""
+    errors = {}
+    for io in ("sync", "async"):
+        with lamina.open(path, "w", io=io, layers=layers, durable=False) as f:
+            f.create_dataset("d", (8,), "f8")
+            x = f.create_dataset("x", (8,), "f8")
+            with f.step():
+                x[...] = 1.0
+            e = f.engine
+            with f.step():
+                x[...] = 2.0
+                errors[io] = _refused(e, BAD_STATS, lamina.errors.LaminaError)
+                if layers == []:  # the engine alone keeps them: overlap with a block kept
+                    e.put_stats("d", Box((0,), (2,)), np.ones(2))
+                    errors[io] += _refused(e, MEETING, OverlapError)
+                    e.put_stats_many("d", np.array([[2], [4]]), np.full((2, 2), 3.0))
+            if io == "async":
+                f.wait()  # the step was written: nothing failed in the background
+        with lamina.open(path, layers=layers) as f:
+            assert f.steps == 2 and f["x"].read(step=1).tolist() == [2.0] * 8
+            kept = [(b.box.start, b.stats.max) for b in f["d"].blocks(1)]
+            assert kept == ([((0,), 1.0), ((2,), 3.0), ((4,), 3.0)] if layers == [] else [])
+    assert errors["async"] == errors["sync"]  # the same errors, with the same messages
+    if layers is None:  # under the derived layer every put_stats from a program is refused
+        kinds = [k for k, _ in errors["async"]]
+        assert kinds.count(lamina.ModeError) == 6 and kinds.count(lamina.NotFoundError) == 1

@@ -702,6 +702,123 @@ def test_refresh_picks_up_new_definitions(tmp_path):
     w.close()
 
 
+@pytest.mark.parametrize("kind", ["dataset", "derived", "vector"])
+def test_a_reader_s_quantity_gives_way_to_the_file_s_of_the_same_name(tmp_path, kind):
+    """docs/derived.md: the writer defines a name a reader declared for itself afterwards:
+    refresh goes on (the file's definition wins, the reader's is dropped with a LaminaWarning
+    naming it); a reader's quantity over the dropped one is parsed again over the file's."""
+    p = str(tmp_path / "clash.lam")
+    w = lamina.open(p, "w")
+    create_inputs(w)
+    s0 = write_step(w, 0)
+    r = lamina.open(p, "r")
+    r.derive("mine", "u + 1")
+    r.derive("twice", "mine * 2")
+    r.derive("other", "v - 1")
+    close(r["mine"][...], s0["u"] + 1)  # read before: nothing of it may stay below the layer
+    close(r["twice"][...], 2 * (s0["u"] + 1))
+    if kind == "dataset":
+        w.create_dataset("mine", SH, "f4")
+    elif kind == "derived":
+        w.derive("mine", "u * 100", "stats")
+    else:  # a group of three datasets where the reader's scalar was
+        w.derive("mine", "curl(u, v, w)", "stats")
+    s1 = write_step(w, 1)
+    if kind == "dataset":
+        with w.step():
+            w["mine"][...] = np.full(SH, 7.0, "f4")
+    with pytest.warns(lamina.LaminaWarning, match="'mine'") as caught:
+        r.refresh()
+    assert r.steps == w.steps
+    said = [str(x.message) for x in caught if issubclass(x.category, lamina.LaminaWarning)]
+    assert any("'mine' ('u + 1')" in m and "dropped" in m for m in said)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r.refresh()  # said once: the reader goes on
+    assert r.derived["other"].text == "v - 1" and not r.derived["other"].persistent
+    close(r.at(1)["other"][...], s1["v"] - 1)
+    if kind == "dataset":
+        assert "mine" not in r.derived
+        assert r["mine"].dtype == np.float32
+        np.testing.assert_array_equal(r.at(2)["mine"][...], np.full(SH, 7.0, "f4"))
+        assert (r.at(1)["mine"][...] == 0).all()  # not written at that step: its fill
+        assert r.derived["twice"].dtype == np.float32  # parsed again over the file's dataset
+        np.testing.assert_array_equal(r.at(2)["twice"][...], np.full(SH, 14.0, "f4"))
+    elif kind == "derived":
+        assert r.derived["mine"].persistent and r.derived["mine"].text == "u * 100"
+        close(r.at(1)["mine"][...], s1["u"] * 100)
+        close(r.at(1)["twice"][...], s1["u"] * 200)
+    else:
+        assert sorted(r["mine"].keys()) == ["x", "y", "z"]
+        close(r.at(1)["mine/z"][...], curl_ref(s1["u"], s1["v"], s1["w"])[2])
+        assert "twice" not in r.derived  # reads 'mine', now a group: dropped too, said
+        assert any("'twice'" in m and "dropped" in m for m in said)
+    r.close()
+    w.close()
+
+
+def test_put_stats_of_a_derived_dataset_is_refused_as_put_is(open_file, new_path):
+    """The engine API's statistics-only blocks of a derived dataset are refused with put's
+    ModeError; the quantity's own blocks (computed at the end of the step) are kept."""
+    p = new_path()
+    f = open_file(p, "w")
+    f.create_dataset("u", (8,), "f8")
+    f.derive("s", "u * 2", "stats")
+    f.derive("t", "u * 3", "store")
+    with f.step():
+        f["u"][0:4] = np.arange(4.0)
+        for name in ("s", "t"):
+            with pytest.raises(ModeError) as by_put:
+                f.engine.put(name, Box((4,), (8,)), np.full(4, 100.0))
+            with pytest.raises(ModeError) as by_stats:
+                f.engine.put_stats(name, Box((4,), (8,)), np.full(4, 100.0))
+            assert str(by_stats.value) == str(by_put.value)
+            assert f"{name!r} is derived" in str(by_put.value)
+            with pytest.raises(ModeError, match=f"{name!r} is derived"):
+                f.engine.put_stats_many(name, np.array([[4]]), [np.full(4, 100.0)])
+    f.close()
+    g = open_file(p)
+    want = np.array([0.0, 2, 4, 6, np.nan, np.nan, np.nan, np.nan])
+    close(g["s"][...], want)
+    assert [(b.box, b.codec, b.stats.max) for b in g["s"].blocks()] == [
+        (Box((0,), (4,)), "stats-only", 6.0)
+    ]
+    assert g.query("s > 50").count == 0 and g.query("s < 50").count == 4
+    close(g["t"][...], want * 1.5)
+
+
+def test_put_stats_of_a_plain_dataset_is_refused(open_file, new_path):
+    """Statistics-only blocks are for derived quantities kept with strategy='stats': of a
+    plain dataset they are refused (its values could never be read), and the step goes on.
+    An engine without the derived layer keeps them; reading their values then says why not."""
+    p = new_path()
+    f = open_file(p, "w")
+    f.create_dataset("plain", (8,), "f8")
+    with f.step():
+        f["plain"][4:8] = 1.0
+        with pytest.raises(ModeError, match=r"'plain' is not a derived.*strategy='stats'"):
+            f.engine.put_stats("plain", Box((0,), (4,)), np.arange(4.0))
+        with pytest.raises(ModeError, match=r"'plain' is not a derived.*strategy='stats'"):
+            f.engine.put_stats_many("plain", np.array([[0]]), [np.arange(4.0)])
+        with pytest.raises(lamina.NotFoundError, match="nope"):
+            f.engine.put_stats("nope", Box((0,), (4,)), np.arange(4.0))
+        f["plain"][0:4] = 2.0
+    f.close()
+    g = open_file(p)
+    assert g["plain"][...].tolist() == [2.0] * 4 + [1.0] * 4
+    assert g.query("plain > 1.5").count == 4
+    g.close()
+    q = new_path()
+    f = open_file(q, "w", layers=[])
+    f.create_dataset("plain", (8,), "f8")
+    with f.step():
+        f.engine.put_stats("plain", Box((0,), (4,)), np.arange(4.0))
+    f.close()
+    g = open_file(q, layers=[])
+    with pytest.raises(FormatError, match=r"'plain'.*step 0.*\[0:4\] holds statistics only"):
+        g["plain"][...]
+
+
 @pytest.mark.parametrize("strategy", STRATS)
 def test_quantity_over_quantity_computed_at_end_of_step(open_file, new_path, strategy):
     p = new_path()

@@ -352,8 +352,12 @@ def test_bad_input_names_the_dataset_and_the_limit(tmp_path):
             f.create_dataset("A", (0, 4), "f8", layout=lamina.Multires(patch=(1, 4)))
         t = f.create_dataset("T", (64, 64), "f8", layout=lamina.Multires(tolerance=1e-3))
         t[...] = smooth((64, 64))
-        with pytest.raises(ConfigError, match="statistics"):
+        with pytest.raises(lamina.ModeError, match="'T' is not a derived quantity"):
             f._engine.put_stats("T", Box((0, 0), (2, 2)), np.zeros((2, 2)))
+    with lamina.open(tmp_path / "g.lam", "w", layers=[]) as g:  # the engine's own refusal
+        g.create_dataset("T", (64, 64), "f8", layout=lamina.Multires(tolerance=1e-3))
+        with pytest.raises(ConfigError, match="statistics"):
+            g._engine.put_stats("T", Box((0, 0), (2, 2)), np.zeros((2, 2)))
     with lamina.open(tmp_path / "f.lam") as f:
         t = f["T"]
         with pytest.raises(lamina.BoundsError, match=r"'T' has levels 0 to 5.*level 6"):

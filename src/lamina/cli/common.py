@@ -29,9 +29,9 @@ def glue_dashed(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
     while todo:
         p = todo.pop()
         known.update(p._option_string_actions)
-        for a in p._actions:
-            if isinstance(a, argparse._SubParsersAction):
-                todo.extend(a.choices.values())
+        for act in p._actions:
+            if isinstance(act, argparse._SubParsersAction):
+                todo.extend(act.choices.values())
     out: list[str] = []
     i = 0
     while i < len(argv):

@@ -315,7 +315,7 @@ def fill_uncovered(spec: DatasetSpec, box: Box, lo: np.ndarray, hi: np.ndarray, 
         out[...] = spec.fill_scalar()
 
 
-def _check_out(out, box: Box, spec: DatasetSpec) -> None:
+def check_out(out, box: Box, spec: DatasetSpec) -> None:
     """*out*, the buffer a read of *box* of *spec* fills: a writeable numpy array (any strides)
     of the box's shape and the dataset's dtype, else an error naming the dataset (DTypeError,
     ValueError for a read-only array, ShapeError), before anything is read."""
@@ -343,8 +343,10 @@ def refuse_stats_only(spec: DatasetSpec, t: BlockTable, rows: np.ndarray, step: 
         k = int(rows[int(np.argmax(flags))]) if computed else -1
     if computed:
         raise FormatError(
-            f"dataset {spec.path!r} keeps only statistics at step {step} (block {t.box(k)}); "
-            "its values are computed by the derived layer"
+            f"dataset {spec.path!r} keeps only statistics at step {step}: block {t.box(k)} "
+            "holds statistics only, no values to read (a statistics-only block, whose values "
+            "only the derived layer computes, for a derived quantity kept with strategy='stats'; "
+            f"{spec.path!r} is not read as one here)"
         )
 
 
@@ -1566,7 +1568,7 @@ class BlockEngine(Engine):
         spec = self.lookup(name)
         box.check_inside(spec.shape, f"dataset {spec.path!r}")
         step = self.check_step(step)
-        _check_out(out, box, spec)
+        check_out(out, box, spec)
         return spec, step
 
     def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
@@ -1668,7 +1670,7 @@ class BlockEngine(Engine):
             return 0
         level = layout.check_level(level, spec.path)
         layout_read.check_box(spec, layout, box, level)
-        _check_out(out, box, spec)
+        check_out(out, box, spec)
         return layout_read.read(self, spec, layout, box, step, level, out, cache, tolerance)
 
     def payload(self, spec: DatasetSpec, t: BlockTable, row: int) -> np.ndarray:

@@ -99,6 +99,7 @@ from ...perf.asyncmodel import (
 from ...perf.history import pack_series, unpack_series
 from ...stats import OneThread
 from ..base import Layer
+from ..derived import DerivedLayer
 from .prefetch import Prefetcher
 from .step import (
     DEFAULT_INFLIGHT_BYTES,
@@ -108,6 +109,7 @@ from .step import (
     Pool,
     Step,
     check_put,
+    check_stats_layout,
     touched,
 )
 
@@ -227,6 +229,8 @@ class BackgroundLayer(Layer):
         self._frozen = Frozen()  # arrays kept by reference (copy=False), read-only meanwhile
         self._pool = Pool()  # buffers of written steps' copies, for the next copies
         self._spec_cache: dict[str, DatasetSpec] = {}
+        # the derived layer below, if any: it refuses statistics-only blocks from a program
+        self._derived = next((e for e in inner.stack() if isinstance(e, DerivedLayer)), None)
         self._fcomm: Comm | None = None
         self.active = False  # writer: steps are committed in the background
         self._prefetch: Prefetcher | None = None  # reader: reads may be read ahead
@@ -1042,6 +1046,15 @@ class BackgroundLayer(Layer):
         step.data_bytes += total
         step.ops.append(("put_many", name, batch.starts, out))
 
+    def _stats_spec(self, name: str) -> DatasetSpec:
+        """The dataset *name* a program records statistics-only blocks of, refused at the call
+        as without the layer: NotFoundError, or the derived layer's ModeError (it records them
+        itself, for the quantities it computes, on the inner engine: never through here)."""
+        spec = self._dataset(name)
+        if self._derived is not None:
+            self._derived.refuse_stats(spec.path)
+        return spec
+
     def put_stats(self, name: str, box: Box, array: np.ndarray) -> None:
         if not self.active:
             self.inner.put_stats(name, box, array)
@@ -1051,9 +1064,19 @@ class BackgroundLayer(Layer):
             self._direct_call(self.inner.put_stats, name, box, array)
             return
         step = self._open_step("write statistics of dataset", name)
-        arr = np.array(array, copy=True)
-        self._reserve(step, arr.nbytes, lambda: f"statistics of dataset {name!r} ({box})")
-        step.ops.append(("put_stats", name, box, arr))
+        # the checks put_stats makes without the layer, at the same call: a block refused when
+        # the step is written would fail the whole step
+        spec = self._stats_spec(name)
+        arr = check_put(spec, box, array, stats=True)
+        if box.empty:
+            return
+        index = enter_box(step.boxes, spec, box, self._next)
+        try:
+            self._reserve(step, arr.nbytes, lambda: f"statistics of dataset {spec.path!r} ({box})")
+        except BaseException:
+            index.pop()
+            raise
+        step.ops.append(("put_stats", name, box, np.array(arr, copy=True)))
 
     def put_stats_many(self, name: str, starts: np.ndarray, arrays) -> None:
         if not self.active:
@@ -1064,17 +1087,24 @@ class BackgroundLayer(Layer):
             self._direct_call(self.inner.put_stats_many, name, starts, arrays)
             return
         step = self._open_step("write statistics of dataset", name)
-        # (not _lookup: the derived layer records statistics of the datasets it computes)
-        batch = check_batch(
-            self._dataset(name), starts, arrays
-        )  # every block checked before any is taken
+        spec = self._stats_spec(name)
+        check_stats_layout(spec)
+        batch = check_batch(spec, starts, arrays)  # every block checked before any is taken
         n = len(batch)
         if not n:
             return
-        # the batch's copies within the budget as a whole, as put_stats takes one
-        self._reserve(
-            step, int(batch.nbytes.sum()), lambda: f"statistics of {n} blocks of dataset {name!r}"
-        )
+        index = enter_boxes(step.boxes, spec, batch.starts, batch.stops, self._next)
+        try:
+            # the batch's copies within the budget as a whole, as put_stats takes one
+            self._reserve(
+                step,
+                int(batch.nbytes.sum()),
+                lambda: f"statistics of {n} blocks of dataset {spec.path!r}",
+            )
+        except BaseException:
+            for _ in range(n):
+                index.pop()
+            raise
         for k, box in enumerate(batch.boxes()):
             a = batch.block(k)  # copied, unless the batch's casts made it the layer's own
             step.ops.append(("put_stats", name, box, a if batch.owned else np.array(a, copy=True)))

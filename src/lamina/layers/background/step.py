@@ -14,6 +14,7 @@ from ...catalog import DatasetSpec
 from ...engines.batch import check_dtype
 from ...engines.staging import BoxIndex, make_writeable
 from ...errors import (
+    ConfigError,
     RemoteError,
     ShapeError,
     error_from_wire,
@@ -389,12 +390,33 @@ class Frozen:
         step.nbytes = 0
 
 
-def check_put(spec: DatasetSpec, box: Box, array: Any) -> np.ndarray:
-    """The checks a put makes without the layer, at the same call: the array, of the box's shape."""
+def check_stats_layout(spec: DatasetSpec) -> None:
+    """ConfigError, as the engines raise it, for statistics-only blocks of a dataset with a
+    multiresolution layout (its statistics come from its data)."""
+    if spec.layout is not None:
+        raise ConfigError(
+            f"dataset {spec.path!r} has a multiresolution layout: its statistics come from its data"
+        )
+
+
+def check_put(spec: DatasetSpec, box: Box, array: Any, stats: bool = False) -> np.ndarray:
+    """The checks a put makes without the layer, at the same call: the array, of the box's shape.
+
+    *stats*: those of a ``put_stats`` instead (statistics-only blocks): no
+    multiresolution layout, the array of exactly the box's shape (a scalar is
+    not broadcast), and no dtype check for an empty box, as the engines make them.
+    """
     if not box.inside(spec.shape):
         box.check_inside(spec.shape, f"dataset {spec.path!r}")
+    if stats:
+        check_stats_layout(spec)
     arr = np.asarray(array)
     if arr.shape != box.shape:
+        if stats:
+            raise ShapeError(
+                f"statistics of an array of shape {arr.shape} for box {box} (shape {box.shape}) "
+                f"of dataset {spec.path!r}"
+            )
         if arr.ndim == 0:
             arr = np.broadcast_to(arr, box.shape)
         else:
@@ -402,7 +424,9 @@ def check_put(spec: DatasetSpec, box: Box, array: Any) -> np.ndarray:
                 f"cannot write an array of shape {arr.shape} to box {box} (shape {box.shape}) "
                 f"of dataset {spec.path!r}"
             )
-    check_dtype(spec, arr.dtype)
+    if stats and box.empty:
+        return arr
+    check_dtype(spec, arr.dtype, f"statistics of box {box}" if stats else None)
     return arr
 
 
@@ -415,6 +439,7 @@ __all__ = [
     "Regions",
     "Step",
     "check_put",
+    "check_stats_layout",
     "new_buffer",
     "touched",
 ]

@@ -55,6 +55,7 @@ from ... import comm as comm_mod
 from ...catalog import CODEC_STATS_ONLY, BlockTable, DatasetSpec, normpath
 from ...derived import evaluate, evaluate_regions, gpu_available, needed_boxes
 from ...engines.batch import elements
+from ...engines.block import check_out
 from ...errors import (
     CollectiveMismatchError,
     ExistsError,
@@ -357,6 +358,18 @@ class DerivedLayer(Layer):
                 cat.datasets[c] = DatasetSpec(c, d.shape, dt, fill_for(dt), (), -1)
                 cat.attrs.setdefault(c, {})
 
+    def _remove_virtual_specs(self, d: Definition) -> None:
+        """Take a reader's derived quantity out of its catalog again (:meth:`_add_virtual_specs`)."""
+        cat = self.catalog
+        for c in d.components:
+            spec = cat.datasets.get(c)
+            if spec is not None and spec.id < 0:  # (a file's dataset has an id)
+                del cat.datasets[c]
+                cat.attrs.pop(c, None)
+        if len(d.components) > 1 and not any(p.startswith(d.name + "/") for p in cat.datasets):
+            cat.groups.discard(d.name)
+            cat.attrs.pop(d.name, None)
+
     def define(self, spec: DatasetSpec) -> DatasetSpec:
         self._clash(spec.path, "dataset")
         return self.inner.define(spec)
@@ -420,6 +433,31 @@ class DerivedLayer(Layer):
         self._timed_put(path, self.inner.put, (name, box, array, copy), box.size, 1)
         if path in self._watch:  # an input of a quantity computed at the end of the step
             self._hold(path, box, array, copy)
+
+    def refuse_stats(self, name: str) -> None:
+        """ModeError if a program records statistics-only blocks of dataset *name*.
+
+        lamina records them itself, at the end of a step, for the derived
+        quantities kept with strategy ``stats`` (:meth:`_keep` calls the inner
+        engine directly); a derived dataset is refused as :meth:`put` refuses it,
+        a plain one because no layer could compute the values such blocks leave
+        out.  An unknown name is left to the engine (its NotFoundError).
+        """
+        path = self._written(name)
+        if path in self.catalog.datasets:
+            raise ModeError(
+                f"dataset {path!r} is not a derived quantity: statistics-only blocks (put_stats) "
+                "are for derived quantities kept with strategy='stats', whose statistics lamina "
+                "records itself; write its values with put"
+            )
+
+    def put_stats(self, name: str, box: Box, array: np.ndarray) -> None:
+        self.refuse_stats(name)
+        self.inner.put_stats(name, box, array)
+
+    def put_stats_many(self, name: str, starts: np.ndarray, arrays) -> None:
+        self.refuse_stats(name)
+        self.inner.put_stats_many(name, starts, arrays)
 
     def _timed_put(self, path: str, fn, args: tuple, blocks, puts: int) -> None:
         """``fn(*args)``; in a file with derived quantities, timed as the step's write of *puts*
@@ -672,9 +710,113 @@ class DerivedLayer(Layer):
         self._timed.save_soon(on_error=failed)
 
     def refresh(self) -> int:
-        n = self.inner.refresh()
+        n = self._reader_defs_aside(self.inner.refresh)
         self._load()
         return n
+
+    def wait_steps(self, count: int, seconds: float) -> None:
+        if not any(not d.persistent for d in self._defs.values()):
+            self.inner.wait_steps(count, seconds)
+            return
+        # an engine told of new steps (the in situ transport) takes up their records here too
+        self._reader_defs_aside(self.inner.wait_steps, count, seconds)
+        self._load()  # a name the file took: its definition, as refresh takes it up
+
+    def _reader_defs_aside(self, fn, *args):
+        """``fn(*args)``, a call that takes up the file's new records, with the quantities this
+        reader declared (they live in its catalog only) out of the catalog: the records are
+        checked against the file's own names.  Then each is put back, unless the file now
+        defines its name (:meth:`_settle_reader_defs`)."""
+        mine = [d for d in self._defs.values() if not d.persistent]
+        if not mine:
+            return fn(*args)
+        for d in mine:
+            self._remove_virtual_specs(d)
+        try:
+            return fn(*args)
+        finally:
+            self._settle_reader_defs(mine)
+
+    def _settle_reader_defs(self, mine: list[Definition]) -> None:
+        """Put this reader's quantities *mine* (in declaration order) back in the catalog.
+
+        The file's definition wins: a quantity whose name (or a component's)
+        the file now defines, as a dataset, a group or a derived quantity, is
+        dropped with a LaminaWarning naming it.  One that reads a dropped one
+        is parsed again over the file's datasets (dropped too, with a warning,
+        if it no longer can be).
+        """
+        cat = self.catalog
+        gone: set[str] = set()  # names and components of the quantities dropped or parsed again
+        for d in mine:
+            taken = self._taken_by_file(d)
+            if taken is not None:
+                kind = (
+                    "derived quantity"
+                    if EXT_PREFIX + taken in cat.ext
+                    else cat.kind_of(taken) or "dataset"
+                )
+                self._drop(d)
+                gone.update((d.name, *d.components))
+                warnings.warn(
+                    f"{self.path}: the file now defines {kind} {taken!r}: derived quantity "
+                    f"{d.name!r} ({d.text!r}), declared by this reader, is dropped; {d.name!r} "
+                    "is the file's from now on",
+                    LaminaWarning,
+                    stacklevel=5,
+                )
+                continue
+            if d.inputs & gone:
+                try:
+                    new = self._build(
+                        d.name, d.text, d.strategy, d.spacing, d.info, check_clash=False
+                    )
+                except (ExpressionError, ShapeError, NotFoundError, ValueError) as e:
+                    self._drop(d)
+                    gone.update((d.name, *d.components))
+                    warnings.warn(
+                        f"{self.path}: derived quantity {d.name!r} ({d.text!r}), declared by "
+                        f"this reader, reads a name the file now defines and no longer applies "
+                        f"({e}); it is dropped",
+                        LaminaWarning,
+                        stacklevel=5,
+                    )
+                    continue
+                new.persistent = False
+                for c in d.components:
+                    self._by_component.pop(c, None)
+                self._sigs.pop(d.name, None)
+                self._add(new)  # in d's place: the declaration order stays
+                gone.update((d.name, *d.components))
+                d = new
+            self._add_virtual_specs(d)
+        if gone:
+            self._cache.clear()
+            # names went away and others came: restore() is how the catalog counts paths gone
+            # (its listing of children is built again)
+            cat.restore(cat.checkpoint())
+
+    def _taken_by_file(self, d: Definition) -> str | None:
+        """A name of reader quantity *d* (its name, a component, or a dataset above one) that
+        the file's catalog holds, with *d*'s own names out of it; None if there is none."""
+        cat = self.catalog
+        for p in (d.name, *d.components):
+            if cat.kind_of(p) is not None:
+                return p
+            parts = p.split("/")
+            for i in range(1, len(parts)):
+                q = "/".join(parts[:i])
+                if q in cat.datasets:
+                    return q
+        return None
+
+    def _drop(self, d: Definition) -> None:
+        """Forget quantity *d* (a reader's own: nothing in the file)."""
+        self._defs.pop(d.name, None)
+        for c in d.components:
+            if self._by_component.get(c) is d:
+                del self._by_component[c]
+        self._sigs.pop(d.name, None)
 
     def coverage(self, path: str, step: int | None) -> list[Box]:
         """Independent: boxes of *path* that hold values at *step* (the rest reads as fill)."""
@@ -730,7 +872,13 @@ class DerivedLayer(Layer):
             self.inner.get(path, box, step, out)  # validates box and step first
             self._sample_read(path, box, step, time.perf_counter() - t0)
             return
-        spec, step = self.inner.check_read(path, box, step, out)
+        if d.persistent:
+            spec, step = self.inner.check_read(path, box, step, out)
+        else:  # a reader's own: not a name the engine should keep (the file may take it later)
+            spec = self.catalog.datasets[path]
+            box.check_inside(spec.shape, f"dataset {path!r}")
+            step = self.inner.check_step(step)
+            check_out(out, box, spec)
         if d.strategy == "store" and spec.id >= 0:
             t = self.catalog.table(spec.id, step)
             if len(t) and not bool((t.codec == CODEC_STATS_ONLY).any()):
