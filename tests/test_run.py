@@ -11,9 +11,14 @@ tests without MPI.
 from __future__ import annotations
 
 import json
+import mmap
 import os
+import queue
 import shlex
+import signal
+import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -22,7 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import mpi_util as mu  # noqa: E402
 
-from lamina import cli  # noqa: E402
+from lamina import cli, launch  # noqa: E402
+from lamina.workflow import command as command_mod  # noqa: E402
 from lamina.workflow import exec as exec_mod  # noqa: E402
 from lamina.workflow import file as wr  # noqa: E402
 from lamina.workflow import launcher  # noqa: E402
@@ -908,3 +914,256 @@ def test_help_lists_run(capsys):
     assert "run" in capsys.readouterr().out
     assert cli.main(["run", "--help"]) == 0
     assert "--dry-run" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------- the launcher and its job
+
+LINUX = sys.platform.startswith("linux")
+
+#: a rank that prints its pid and waits (no MPI: nothing of it outlives the test but the process;
+#: one write: ranks share the job's output, unbuffered)
+SLEEPER = "import os, sys, time; sys.stdout.write(f'PID {os.getpid()}\\n'); time.sleep(120)"
+
+
+def _gone(pid: int) -> bool:
+    return mu._is_zombie(pid)  # True also when there is no such process
+
+
+def _wait_gone(pids, seconds: float) -> list[int]:
+    """Wait up to *seconds* for every one of *pids* to end; the ones still running."""
+    deadline = time.monotonic() + seconds
+    left = list(pids)
+    while left and time.monotonic() < deadline:
+        left = [p for p in left if not _gone(p)]
+        if left:
+            time.sleep(0.1)
+    return left
+
+
+def _describe(pid: int) -> str:
+    """A process, for a failure message: its state, its kernel wait channel, its command."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        with open(f"/proc/{pid}/wchan") as f:
+            wchan = f.read()
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        threads = len(os.listdir(f"/proc/{pid}/task"))
+    except OSError as e:
+        return f"{pid}: {e}"
+    return f"{pid} {state} {wchan} threads={threads}: {cmd[:200]}"
+
+
+class _Running:
+    """``lamina run`` of a job of sleeping ranks, started and running: its pid, the job's pids."""
+
+    def __init__(self, tmp_path, ranks: int = 2):
+        _skip_without_mpiexec()
+        path = write(
+            tmp_path,
+            {"tasks": [{"name": "sleepy", "command": ["python", "-c", SLEEPER], "ranks": ranks}]},
+        )
+        self.proc = mu.start([sys.executable, "-m", "lamina.cli", "run", path])
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        ranks_seen = []
+        deadline = time.monotonic() + 60
+        while len(ranks_seen) < ranks and time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=0.5)
+            except queue.Empty:
+                if self.proc.poll() is not None:
+                    break
+                continue
+            if line.startswith("PID "):
+                ranks_seen.append(int(line.split()[1]))
+        self.ranks = ranks_seen
+        self.job = launch.descendants(self.proc.pid)  # mpiexec, its proxy, the ranks
+        if len(ranks_seen) < ranks:
+            tree = "\n".join(_describe(p) for p in [self.proc.pid, *self.job])
+            self.close()
+            pytest.fail(f"the job did not start ({ranks_seen}):\n{tree}\n{self.proc.stderr.read()}")
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.put(line)
+
+    def close(self):
+        """Kill whatever is left (by pid), so that a failing test leaves nothing running."""
+        for p in [self.proc.pid, *self.job, *self.ranks]:
+            if not _gone(p):
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        self.proc.wait(timeout=30)
+
+
+@pytest.mark.skipif(
+    not LINUX, reason="the job follows its launcher through Linux's PR_SET_PDEATHSIG"
+)
+def test_job_dies_with_the_launcher(tmp_path):
+    """lamina run killed with SIGKILL (no chance to clean up) left mpiexec and every rank running,
+    re-parented to init; now mpiexec gets SIGKILL when lamina run dies and takes its ranks down."""
+    run = _Running(tmp_path)
+    try:
+        assert len(run.job) > len(run.ranks), run.job  # mpiexec, hydra's proxy, the ranks
+        os.kill(run.proc.pid, signal.SIGKILL)
+        run.proc.wait(timeout=30)
+        left = _wait_gone(run.job, 15)
+        assert not left, f"still running after lamina run was killed: {left}"
+    finally:
+        run.close()
+
+
+@pytest.mark.skipif(not LINUX, reason="reads /proc")
+def test_launcher_is_not_an_mpi_process_and_sighup_ends_the_job(tmp_path):
+    """Importing lamina initialized MPI in lamina run itself: it held a shared-memory segment,
+    and UCX (loaded with libmpi) caught SIGHUP, so lamina run and its job outlived a closed
+    terminal.  Now the launcher runs without MPI, and SIGHUP kills the job (status 129)."""
+    run = _Running(tmp_path)
+    try:
+        pid = run.proc.pid
+        with open(f"/proc/{pid}/maps") as f:
+            libs = [ln.split()[-1] for ln in f if "libmpi" in ln or "mpich_shm" in ln]
+        assert not libs, libs
+        assert not os.path.exists(f"/dev/shm/mpich_shm_{pid:x}_0")
+        os.kill(pid, signal.SIGHUP)
+        try:
+            rc = run.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pytest.fail("lamina run survived SIGHUP")
+        assert rc == 128 + signal.SIGHUP, rc
+        assert not _wait_gone(run.job, 15)
+        assert "lamina run: hangup: job killed" in run.proc.stderr.read()
+    finally:
+        run.close()
+
+
+def test_only_the_program_replaces_itself():
+    """lamina run leaves MPI by replacing its process; a program calling main() (this test) is
+    never replaced."""
+    assert not command_mod._is_program(["wf.yaml"])
+    assert not command_mod._is_program(sys.argv[1:])
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm")
+def test_run_removes_the_segments_of_a_failed_job(tmp_path):
+    """A job that failed by itself (MPI_Abort) left its /dev/shm/mpich_shm_* segment (MPI_Finalize
+    removes it; lamina run removed segments only of jobs it killed itself)."""
+    _skip_without_mpiexec()
+    code = (
+        "import sys; from mpi4py import MPI\n"
+        "maps = [ln.split()[-1] for ln in open('/proc/self/maps') if 'mpich_shm_' in ln]\n"
+        "sys.stdout.write(' '.join(['SHM', *sorted(set(maps))]) + '\\n')\n"
+        "MPI.COMM_WORLD.Barrier()\n"
+        "MPI.COMM_WORLD.Abort(5) if MPI.COMM_WORLD.rank == 0 else MPI.COMM_WORLD.Barrier()\n"
+    )
+    path = write(
+        tmp_path, {"tasks": [{"name": "aborts", "command": ["python", "-c", code], "ranks": 2}]}
+    )
+    res = lamina_run(path)
+    segments = {s for line in res.lines("SHM") for s in line.split()}
+    try:
+        assert res.returncode not in (0, -9999), res.describe()
+        if not segments:
+            pytest.skip("MPICH made no shared-memory segment for this job")
+        assert not [s for s in segments if os.path.exists(s)], res.describe()
+    finally:
+        launch.remove_files(segments)
+
+
+def test_orphaned_segments(tmp_path):
+    """Segments created since a listing and mapped by no process; the mapped and older ones stay."""
+    d = str(tmp_path)
+
+    def segment(name):
+        path = os.path.join(d, launch.SHM_PREFIX + name)
+        with open(path, "wb") as f:
+            f.write(b"\0" * 4096)
+        return path
+
+    old = segment("old")
+    before = launch.shm_listing(d)
+    assert before == {old}
+    mapped, left = segment("mapped"), segment("left")
+    (tmp_path / "other_file").write_text("x")
+    with open(mapped, "r+b") as f, mmap.mmap(f.fileno(), 4096):
+        t0 = time.monotonic()
+        assert launch.orphaned_segments(before, d, grace=0.2) == {left}
+        assert time.monotonic() - t0 < 5
+        assert launch.orphaned_segments(before | {left}, d, grace=0.2) == set()
+    assert launch.orphaned_segments(before, d, grace=0) == {left, mapped}
+
+
+def test_failed_job_names_its_tasks(tmp_path):
+    """A job that failed said only its status: now which world ranks ran which task of the file."""
+    _skip_without_mpiexec()
+    path = write(
+        tmp_path,
+        {
+            "tasks": [
+                {"name": "sim", "command": "python -c pass", "ranks": 2},
+                {"name": "ana", "command": ["python", "-c", "import sys; sys.exit(3)"], "ranks": 1},
+            ]
+        },
+    )
+    res = lamina_run(path)
+    assert res.returncode == 3, res.describe()
+    assert (
+        "lamina run: job exited with status 3; ranks 0-1: task 0 'sim' (python -c pass); "
+        "ranks 2-2: task 1 'ana' (python -c 'import sys; sys.exit(3)')"
+    ) in res.stderr.splitlines(), res.describe()
+
+
+def test_rank_map_stays_one_short_line(tmp_path):
+    path = write(
+        tmp_path,
+        {"tasks": [{"name": "a", "command": ["python", "-c", "x\n" + "y" * 500], "ranks": 3}]},
+    )
+    line = launcher.rank_map(wr.load(path))
+    assert line.startswith("ranks 0-2: task 0 'a' (python -c '") and line.endswith("...)")
+    assert "\n" not in line and len(line) < 120, line
+
+
+FLOWS = {
+    "tasks": [
+        {"name": "sim", "command": "python -c pass", "ranks": 1, "writes": ["f.lam", "g.lam"]},
+        {
+            "name": "thin",
+            "command": "python -c pass",
+            "ranks": 1,
+            "reads": [{"name": "f.lam", "flow": 2}, {"name": "g.lam", "flow": "all"}],
+        },
+    ]
+}
+
+
+def test_dry_run_says_flow_is_ignored_under_file(tmp_path, capsys):
+    """Under --transport file the flows of the file do nothing (a file's reader gets every step):
+    --dry-run said nothing of it."""
+    path = write(tmp_path, FLOWS)
+    note = (
+        "#   note: flow is ignored under the file transport, every reader gets every step: "
+        "task 'thin' reads 'f.lam' with flow 2"
+    )
+    assert cli.main(["run", path, "--dry-run", "--transport", "file"]) == 0
+    assert note in capsys.readouterr().out.splitlines()
+    for transport in ("memory", "both"):
+        assert cli.main(["run", path, "--dry-run", "--transport", transport]) == 0
+        assert "flow is ignored" not in capsys.readouterr().out
+    only_all = json.loads(json.dumps(FLOWS))
+    only_all["tasks"][1]["reads"] = [{"name": "f.lam", "flow": "all"}, "g.lam"]
+    assert launcher.ignored_flows(wr.load(write(tmp_path, only_all, "all.yaml")), "file") is None
+
+
+def test_launch_says_flow_is_ignored_under_file(tmp_path):
+    _skip_without_mpiexec()
+    res = lamina_run(write(tmp_path, FLOWS), "--transport", "file")
+    assert res.returncode == 0, res.describe()
+    notes = [ln for ln in res.stderr.splitlines() if "flow is ignored" in ln]
+    assert notes == [
+        "lamina run: note: flow is ignored under the file transport, every reader gets "
+        "every step: task 'thin' reads 'f.lam' with flow 2"
+    ], res.describe()

@@ -1,9 +1,12 @@
 """Starting lamina programs under ``mpiexec`` from a running program, and stopping them.
 
-Used by ``lamina demo`` and ``lamina bench`` (and by anything that launches
-MPI jobs of its own).  MPICH's launcher starts each rank in a session of its
-own, so ending ``mpiexec``'s process group does not reach the ranks:
-:func:`kill_job` finds every descendant through ``/proc`` and kills it by pid.
+Used by ``lamina demo``, ``lamina bench`` and ``lamina run`` (and by anything
+that launches MPI jobs of its own).  MPICH's launcher starts each rank in a
+session of its own, so ending ``mpiexec``'s process group does not reach the
+ranks: :func:`kill_job` finds every descendant through ``/proc`` and kills it
+by pid.  :func:`parent_death_signal` ties a job to the process that started
+it (Linux), and :func:`orphaned_segments` finds the shared-memory segments a
+job that ended by itself (an exception, ``MPI_Abort``) left behind.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable, Iterable
 
 # variables a launcher sets for its ranks; a nested mpiexec must not inherit them
 _LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "HYDI_", "HYDRA_", "MPI_LOCALNRANKS", "MPI_LOCALRANKID")
@@ -90,20 +95,114 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def shm_segments(pids: list[int]) -> set[str]:
+#: where MPICH's shared-memory segments live, and how their names start
+SHM_DIR, SHM_PREFIX = "/dev/shm", "mpich_shm_"
+#: prctl(2) option: the signal a process gets when the thread that started it ends
+PR_SET_PDEATHSIG = 1
+
+
+def parent_death_signal(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
+    """A ``preexec_fn`` for :class:`subprocess.Popen`: the child gets *sig* when the thread
+    that started it ends, however it ends (SIGKILL included).
+
+    Linux's ``prctl(PR_SET_PDEATHSIG)``, which the child keeps across ``exec``;
+    a child whose starter died before the call gets *sig* at once.  Given
+    to ``mpiexec``, it takes the ranks down with it.  None where there is no
+    such call (not Linux): the caller then starts the child plainly.
+
+    A ``preexec_fn`` runs between fork and exec: the caller must not run
+    other Python threads at that point (``lamina run`` runs none).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # pragma: no cover - a libc without prctl
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    starter = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)  # fails only for a bad signal number
+        if os.getppid() != starter:  # the starter died before the call above
+            os.kill(os.getpid(), sig)
+
+    return preexec
+
+
+def shm_listing(directory: str = SHM_DIR) -> set[str]:
+    """The MPICH shared-memory segments (``/dev/shm/mpich_shm_*``) that we own."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return set()
+    uid, out = os.geteuid(), set()
+    for name in names:
+        if not name.startswith(SHM_PREFIX):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            if os.lstat(path).st_uid == uid:
+                out.add(path)
+        except OSError:
+            pass
+    return out
+
+
+def _all_pids() -> list[int]:
+    try:
+        return [int(e) for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return []
+
+
+def orphaned_segments(
+    before: Iterable[str], directory: str = SHM_DIR, grace: float = 1.0
+) -> set[str]:
+    """Segments of :func:`shm_listing` that are not in *before* and that no process maps.
+
+    What a job that ended by itself (an exception, ``MPI_Abort``, a rank
+    killed) leaves: its ranks could not run ``MPI_Finalize``, which removes
+    them.  Note :func:`shm_listing` before the launch and remove these
+    (:func:`remove_files`) after the job has ended.  A segment another job
+    maps is left alone; so is one created less than *grace* seconds ago
+    and still unmapped (its creator maps it right after creating it): this
+    waits until it is *grace* seconds old and looks again.
+    """
+    new = shm_listing(directory) - set(before)
+    if not new:
+        return set()
+    newest = 0.0
+    for path in new:
+        try:
+            newest = max(newest, os.stat(path).st_ctime)
+        except OSError:
+            pass
+    wait = newest + grace - time.time()
+    if wait > 0:
+        time.sleep(min(wait, grace))
+    new = {p for p in new if os.path.exists(p)}
+    return new - shm_segments(_all_pids(), directory) if new else set()
+
+
+def shm_segments(pids: list[int], directory: str = SHM_DIR) -> set[str]:
     """MPICH shared-memory segments (``/dev/shm/mpich_shm_*``) mapped by *pids*.
 
     ``MPI_Finalize`` removes them; ranks that are killed (or cannot finish
     it because a peer died) leave them behind, so whoever ends such a job
     collects them first and removes them after (:func:`remove_files`).
     """
+    prefix = os.path.join(directory, SHM_PREFIX)
     out = set()
     for p in pids:
         try:
             with open(f"/proc/{p}/maps") as f:
                 for line in f:
                     parts = line.split()
-                    if len(parts) >= 6 and parts[5].startswith("/dev/shm/mpich_shm_"):
+                    if len(parts) >= 6 and parts[5].startswith(prefix):
                         out.add(parts[5])
         except OSError:
             pass
@@ -121,6 +220,8 @@ def remove_files(paths) -> None:
 
 def kill_job(proc: subprocess.Popen) -> None:
     """Kill a launched job: the launcher and every process below it, by pid, and its shared-memory segments."""
+    if proc.poll() is not None:  # ended and reaped: its pid may be another process's by now
+        return
     pids = descendants(proc.pid)
     shm = shm_segments([proc.pid, *pids])
     for p in [proc.pid, *pids]:

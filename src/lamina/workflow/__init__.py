@@ -8,7 +8,9 @@
 * :mod:`.launcher` -- one ``mpiexec A : B : C`` job for the tasks of a file;
 * :mod:`.exec` -- what each rank of that job runs: a task's command, read
   from a variable, so that no word of the file is on ``mpiexec``'s line;
-* :mod:`.command` -- ``lamina run WORKFLOW.yaml``.
+* :mod:`.command` -- ``lamina run WORKFLOW.yaml``;
+* :mod:`.standalone` -- the same command in a process without MPI, which
+  ``lamina run`` turns into before it launches.
 """
 
 from .file import WorkflowFile, WorkflowFileError, load

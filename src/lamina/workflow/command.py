@@ -1,14 +1,27 @@
-"""``lamina run WORKFLOW.yaml``: launch the tasks of a workflow file as one MPMD job."""
+"""``lamina run WORKFLOW.yaml``: launch the tasks of a workflow file as one MPMD job.
+
+The launcher is not an MPI process: when :func:`main` is the program
+(``lamina run``, ``python -m lamina run``, ``python -m
+lamina.workflow.command``), importing lamina has initialized MPI already,
+so before the launch it finalizes MPI and replaces its process with
+:mod:`.standalone`, which runs the same command without MPI.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .. import launch
 from ..errors import LaminaError
 from .file import MAX_RANKS, TRANSPORTS, load
 from .launcher import command, environment, run, script
+
+#: what ``__main__`` is when this function runs as the program: ``python -m lamina``,
+#: ``python -m lamina.cli`` (``lamina run ARGS``) and ``python -m lamina.workflow.command``
+#: (``ARGS``)
+_PROGRAMS = {"lamina.__main__": True, "lamina.cli.__main__": True, "lamina.workflow.command": False}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,10 +56,46 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _is_program(argv: list[str]) -> bool:
+    """True when this process is the ``lamina run`` command with *argv* (not a program that
+    calls :func:`main`, such as a test)."""
+    top = sys.modules.get("__main__")
+    name = getattr(getattr(top, "__spec__", None), "name", None)
+    if name in _PROGRAMS:
+        with_run = _PROGRAMS[name]
+    elif getattr(getattr(top, "main", None), "__module__", None) == "lamina.cli":
+        with_run = True  # the ``lamina`` console script: ``from lamina.cli import main``
+    else:
+        return False
+    return sys.argv[1:] == (["run", *argv] if with_run else argv)
+
+
+def _leave_mpi(argv: list[str]) -> None:
+    """When this process is the program and has MPI loaded (importing lamina initializes it),
+    finalize MPI and replace this process with :mod:`.standalone`, which runs ``lamina run
+    ARGV`` without it: the launcher must not be an MPI process (its own shared-memory segment,
+    the SIGHUP handler of the library MPI loads).  Returns only when there is nothing to do (or
+    the exec failed: the launch then goes on here)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or os.name != "posix" or not _is_program(argv):
+        return
+    from . import standalone
+
+    if mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execv(sys.executable, [sys.executable, "-P", standalone.PATH, *argv])
+    except OSError:  # pragma: no cover - the running Python cannot be run again
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     p = build_parser()
     try:
-        args = p.parse_args(sys.argv[1:] if argv is None else argv)
+        args = p.parse_args(argv)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
     if args.timeout is not None and not args.timeout > 0:
@@ -61,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if not args.dry_run:
+        _leave_mpi(argv)
     try:
         wf = load(args.file, max_ranks=args.max_ranks)
         if args.dry_run:

@@ -9,7 +9,8 @@ reads task I's command, directory and variables from ``LAMINA_RUN_TASK_<I>``
 (set by :func:`environment`) and replaces itself with the command.
 :func:`check_programs` finds every task's program before anything starts,
 :func:`script` is an equivalent shell script (``lamina run --dry-run``) and
-:func:`run` the launch itself, killed whole on timeout, Ctrl-C or SIGTERM.
+:func:`run` the launch itself, killed whole on timeout, Ctrl-C, SIGTERM or
+SIGHUP, and (Linux) when ``lamina run`` itself is killed.
 """
 
 from __future__ import annotations
@@ -162,6 +163,9 @@ def describe(wf: WorkflowFile, transport: str | None = None) -> list[str]:
                 lines.append(f"#   {w.name}: {t.name} -> {', '.join(readers)}")
             else:
                 lines.append(f"#   {w.name}: written by {t.name}, read by no task: stays a file")
+    note = ignored_flows(wf, transport)
+    if note:
+        lines.append(f"#   note: {note}")
     return [_comment(x) for x in lines]
 
 
@@ -219,12 +223,57 @@ def script(
     return "\n".join(lines)
 
 
+def _short(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def rank_map(wf: WorkflowFile) -> str:
+    """The world ranks of each task, one line: ``ranks 0-1: task 0 'sim' (python sim.py); ...``.
+
+    The index is the task's MPI appnum, the number the transport's messages
+    give a task.
+    """
+    parts, first = [], 0
+    for i, t in enumerate(wf.tasks):
+        last = first + t.ranks - 1
+        parts.append(f"ranks {first}-{last}: task {i} {t.name!r} ({_short(shlex.join(t.command))})")
+        first = last + 1
+    return _comment("; ".join(parts))
+
+
+def ignored_flows(wf: WorkflowFile, transport: str | None = None) -> str | None:
+    """A note when the job runs with the file transport and the file gives a flow other than
+    ``all``, which only the memory transport follows (a file's reader gets every step); None
+    otherwise."""
+    if wf.transport_for(transport) != "file":
+        return None
+    reads = [
+        f"task {t.name!r} reads {r.name!r} with flow {wfmod.flow_name(r.flow)}"
+        for t in wf.tasks
+        for r in t.reads
+        if r.flow is not None and r.flow != 1
+    ]
+    if not reads:
+        return None
+    return _comment(
+        "flow is ignored under the file transport, every reader gets every step: "
+        + "; ".join(reads)
+    )
+
+
 class _Terminated(Exception):
-    pass
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
 
 
-def _on_term(signum, frame):
-    raise _Terminated()
+def _on_signal(signum, frame):
+    raise _Terminated(signum)
+
+
+#: the signals that kill the job and end ``lamina run`` with 128 + the signal's number
+#: (SIGHUP: the terminal closed; left alone when it is ignored, as under nohup)
+_ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def run(
@@ -237,8 +286,14 @@ def run(
 
     Every task's program is looked for first (:func:`check_programs`): the
     first one missing raises its WorkflowFileError and nothing starts.
-    After *timeout* seconds, on Ctrl-C or on SIGTERM the whole job is killed
-    (mpiexec and every rank) and 124, 130 or 143 returned.
+    After *timeout* seconds, on Ctrl-C, SIGTERM or SIGHUP the whole job is
+    killed (mpiexec and every rank) and 124, 130, 143 or 129 returned.  On
+    Linux the job also dies with this process when it is killed outright
+    (SIGKILL): ``mpiexec`` gets SIGKILL (:func:`~lamina.launch.parent_death_signal`)
+    and takes its ranks down.  A job that fails by itself is named: its
+    status and which world ranks ran which task (:func:`rank_map`) on
+    stderr.  However the job ends, the MPICH shared-memory segments it left
+    (no process maps them) are removed.
     """
     exe = mpiexec or launch.find_mpiexec(required=True)
     assert exe is not None  # required: FileNotFoundError otherwise
@@ -247,30 +302,53 @@ def run(
     if missing:
         raise missing[0]
     cmd = command(wf, exe, oversubscribe=launch.is_open_mpi(exe))
-    proc = subprocess.Popen(cmd, cwd=wf.directory, env=env, start_new_session=True)
-    old = None
+    note = ignored_flows(wf, transport)
+    if note:
+        print(f"lamina run: note: {note}", file=sys.stderr)
+    before = launch.shm_listing()
+    old = {}
     try:
-        old = signal.signal(signal.SIGTERM, _on_term)
+        for sig in _ENDING_SIGNALS:
+            if signal.getsignal(sig) != signal.SIG_IGN:
+                old[sig] = signal.signal(sig, _on_signal)
     except ValueError:  # not the main thread: no handler, Ctrl-C and the timeout still work
         pass
+    proc: subprocess.Popen | None = None
     try:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=wf.directory,
+            env=env,
+            start_new_session=True,
+            preexec_fn=launch.parent_death_signal(),
+        )
         rc = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        launch.kill_job(proc)
+        _kill(proc)
         print(f"lamina run: the job ran past --timeout {timeout:g} s: killed", file=sys.stderr)
         return 124
     except KeyboardInterrupt:
-        launch.kill_job(proc)
+        _kill(proc)
         print("lamina run: interrupted: job killed", file=sys.stderr)
         return 130
-    except _Terminated:
-        launch.kill_job(proc)
-        print("lamina run: terminated: job killed", file=sys.stderr)
-        return 143
+    except _Terminated as e:
+        _kill(proc)
+        what = "hangup" if e.signum == signal.SIGHUP else "terminated"
+        print(f"lamina run: {what}: job killed", file=sys.stderr)
+        return 128 + e.signum
     except BaseException:
-        launch.kill_job(proc)
+        _kill(proc)
         raise
     finally:
-        if old is not None:
-            signal.signal(signal.SIGTERM, old)
-    return rc if rc >= 0 else 128 - rc
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        launch.remove_files(launch.orphaned_segments(before))
+    rc = rc if rc >= 0 else 128 - rc
+    if rc:
+        print(f"lamina run: job exited with status {rc}; {rank_map(wf)}", file=sys.stderr)
+    return rc
+
+
+def _kill(proc: subprocess.Popen | None) -> None:
+    if proc is not None:
+        launch.kill_job(proc)
