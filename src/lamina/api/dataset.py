@@ -257,8 +257,9 @@ class Dataset:
         ``max_inflight_bytes`` with what is read ahead already (the later read then reads as
         usual), for a multiresolution dataset (read by level, not ahead), and for a step
         not there yet while its writer (or in situ producer) goes on.  ConfigError on a file
-        without read-ahead (docs/background.md); StepError for a step the file does not
-        have.  It releases no step of an in situ consumer.
+        without read-ahead (docs/background.md); BoundsError for a box outside the dataset,
+        as :meth:`read` raises it (nothing is read ahead); StepError for a step the file does
+        not have.  It releases no step of an in situ consumer.
         """
         bg = self._file._background()
         if bg is None or bg.mode != "r" or not bg.asynchronous:

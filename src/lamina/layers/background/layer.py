@@ -110,6 +110,7 @@ from .step import (
     Step,
     check_put,
     check_stats_layout,
+    same_report,
     touched,
 )
 
@@ -254,6 +255,9 @@ class BackgroundLayer(Layer):
         self._parted = False  # the last agreement found the ranks at different calls
         self._first_owed = False  # the first step dropped here before it was judged
         self._warm: list[int] = []  # buffers for the worker to make ready (under _cond)
+        # bytes of buffers being made for later copies (_make_ahead, _warm), counted in the
+        # budget from the moment they are planned until they are in the pool (under _cond)
+        self._making = 0
         self._ahead: Future | None = None  # buffers being made for the next step (_make_ahead)
         self._last_sizes: list[int] | None = None  # the copies of the last step submitted
         self._spare_core = False  # this rank has a core of its own beside the program's
@@ -457,8 +461,10 @@ class BackgroundLayer(Layer):
             except BaseException as e:
                 if seen is not None:
                     seen.extend(got)
-                if not is_left(e) and got and _kind(got[0]):
-                    self._parted = self._apart(_kind(flag) != _kind(got[0]))
+                if not is_left(e):
+                    same_report(e)  # a background failure: in the words of the rank it names
+                    if got and _kind(got[0]):
+                        self._parted = self._apart(_kind(flag) != _kind(got[0]))
                 raise
             if not _kind(top) or not self._apart(_kind(flag) != _kind(top)):
                 if seen is not None:
@@ -1185,8 +1191,15 @@ class BackgroundLayer(Layer):
         except BaseException as e:
             # a step open on some rank is counted dropped here too, and one the ranks met apart
             # over (this rank behind: it ends a step the others dropped) even if none was here
-            self._drop_open_step(anywhere=bool(opened and opened[0] == ENDING + 1) or self._parted)
+            ended = bool(opened and opened[0] == ENDING + 1)
+            self._drop_open_step(anywhere=ended or self._parted)
             if not is_left(e):
+                if ended and not self._parted and same_report(e, self._next):
+                    # a background failure raised here: the step this end_step ends is dropped
+                    # on every rank, cancelled as the steps ended after the failure are (the
+                    # ranks agreed that some rank had it open, so all count it alike)
+                    with self._cond:
+                        self.stats.steps_cancelled += 1
                 self._on_failure_elsewhere()
             raise
         if not active:
@@ -1387,8 +1400,10 @@ class BackgroundLayer(Layer):
         with self._cond:
             waited = False
             t0 = time.perf_counter()
-            while self.stats.inflight_bytes + nbytes > self.budget and (
-                self._queue or self._running is not None
+            # buffers being made for later copies hold their part of the budget until they are
+            # in the pool (then this copy may take one of them, and the pool gives way)
+            while self.stats.inflight_bytes + nbytes + self._making > self.budget and (
+                self._queue or self._running is not None or self._making
             ):
                 waited = True
                 self._cond.wait(0.5)
@@ -1397,7 +1412,7 @@ class BackgroundLayer(Layer):
                 self.stats.wait_seconds += time.perf_counter() - t0
             raw = self._pool.take(nbytes) if take else None  # first: it may fail (memory)
             self.stats.inflight_bytes += nbytes
-            self._pool.trim(self.budget - self.stats.inflight_bytes)
+            self._pool.trim(self._pool_room())
             self.stats.peak_inflight_bytes = max(
                 self.stats.peak_inflight_bytes, self.stats.inflight_bytes
             )
@@ -1410,8 +1425,23 @@ class BackgroundLayer(Layer):
             self.stats.inflight_bytes -= step.nbytes
             self._frozen.thaw(step)
             # the copies' buffers serve later steps, within the budget with what is in flight
-            self._pool.give(step.copies, self.budget - self.stats.inflight_bytes)
+            self._pool.give(step.copies, self._pool_room())
             self._cond.notify_all()
+
+    def _pool_room(self) -> int:
+        """The bytes the pool may hold (under ``_cond``): the budget less the copies in flight
+        and the buffers being made."""
+        return self.budget - self.stats.inflight_bytes - self._making
+
+    def _claim(self, sizes: list[int]) -> list[int]:
+        """The buffers of *sizes* the pool lacks, counted as being made (under ``_cond``) where
+        the budget has room for all of them beside the copies in flight, the pool and the
+        buffers being made already; else none (nothing to make)."""
+        missing = self._pool.missing(sizes)
+        if not missing or sum(missing) > self._pool_room() - self._pool.nbytes:
+            return []
+        self._making += sum(missing)
+        return missing
 
     # -- the background thread --------------------------------------------------
     def _start(self) -> None:
@@ -1457,9 +1487,11 @@ class BackgroundLayer(Layer):
                 if self._queue:
                     step = self._queue.popleft()
                     self._running = step
-                else:
-                    sizes, self._warm = self._warm, []
-            if sizes:  # nothing to write: buffers for the next step's copies, pages touched
+                else:  # nothing to write: buffers for the next step's copies, if they fit
+                    sizes, self._warm = self._claim(self._warm), []
+                    if not sizes:
+                        continue
+            if sizes:  # their pages touched while the program computes
                 self._make_ready(sizes)
                 continue
             error: BaseException | None = None
@@ -1497,13 +1529,16 @@ class BackgroundLayer(Layer):
         program's next puts, their buffers are not back in time and the next step copies into
         new memory (2-4x a warm copy).  Make what the pool lacks now, on a thread of its own,
         while the program computes and the worker writes; the buffers wait in the pool.  Once
-        the pool holds a step more than is in flight, nothing is made.
+        the pool holds a step more than is in flight, nothing is made.  They count in the
+        budget while they are made (:meth:`_claim`): a put that would exceed it with them
+        waits until they are in the pool, and takes them.
 
         Only where it can pay: the rank has a core beside the program's (with ranks = cores
         the thread's page clearing slowed the worker's writes: 1.2x the time of a step at
         compute = half the I/O, 2 ranks on 2 cores), the copies are the same as the step
         before (a program whose steps differ would make buffers nobody takes), and the budget
-        has room for them beside what is in flight and pooled (else they are dropped)."""
+        has room for them beside what is in flight, pooled and being made (else none are
+        made)."""
         last, self._last_sizes = self._last_sizes, sizes
         if not sizes or not self._spare_core or (last is not None and last != sizes):
             return
@@ -1512,29 +1547,32 @@ class BackgroundLayer(Layer):
                 self._ahead is not None and not self._ahead.done()
             ):
                 return
-            missing = self._pool.missing(sizes)
-            room = self.budget - self.stats.inflight_bytes - self._pool.nbytes
-            if sum(missing) > room:
-                return
+            missing = self._claim(sizes)
         if missing:
             try:
                 self._ahead = _MAKER.get().submit(self._make_ready, missing)
             except RuntimeError:  # the interpreter is stopping: the copies make their own
-                pass
+                with self._cond:
+                    self._making -= sum(missing)
+                    self._cond.notify_all()
 
     def _make_ready(self, sizes: list[int]) -> None:
-        """Worker, idle (or the thread of :meth:`_make_ahead`): buffers of *sizes* with their
-        pages touched, into the pool (within the budget).  Only a saving: a failure (no
-        memory) leaves the copies to make new ones."""
+        """Worker, idle (or the thread of :meth:`_make_ahead`): buffers of *sizes* (counted as
+        being made, :meth:`_claim`) with their pages touched, into the pool (within the
+        budget).  Only a saving: a failure (no memory) leaves the copies to make new ones."""
+        raws: list[np.ndarray] = []
         try:
             raws = touched(sizes)
-        except Exception:
-            return
-        with self._cond:
-            if not self._stopping:
-                # not 'served': these buffers did not come back from a step, and copies into
-                # new memory before any did are still the warm-up (copy_sample)
-                self._pool.give(raws, self.budget - self.stats.inflight_bytes, served=False)
+        except Exception:  # noqa: BLE001 - the copies make their own
+            pass
+        finally:
+            with self._cond:
+                self._making -= sum(sizes)  # in the pool now (or let go): no longer being made
+                if not self._stopping:
+                    # not 'served': these buffers did not come back from a step, and copies
+                    # into new memory before any did are still the warm-up (copy_sample)
+                    self._pool.give(raws, self._pool_room(), served=False)
+                self._cond.notify_all()  # puts waiting for the budget they held
 
     def _cancel_queued(self, failure: BackgroundError | None) -> None:
         """Every queued step will not be written (under ``_cond``): its copies freed, its lent
@@ -1546,7 +1584,7 @@ class BackgroundLayer(Layer):
             self.stats.steps_cancelled += 1
             self.stats.inflight_bytes -= step.nbytes
             self._frozen.thaw(step)
-            self._pool.give(step.copies, self.budget - self.stats.inflight_bytes)
+            self._pool.give(step.copies, self._pool_room())
         self._queue.clear()
         self._cond.notify_all()
 
@@ -1580,7 +1618,7 @@ class BackgroundLayer(Layer):
         if g.error is not None and not isinstance(g.error, RemoteError):
             # say where, in the text that travels: the other ranks raise this one's error
             kind, text = error_to_wire(g.error)
-            err = error_from_wire(kind, f"rank {comm.rank}, {step.doing}: {text}")
+            err = error_from_wire(kind, f"rank {comm.rank} ({step.doing}): {text}")
             err.__cause__ = g.error
             g.error = err
         try:
@@ -1653,6 +1691,12 @@ class BackgroundLayer(Layer):
                 f"(or $LAMINA_IO=async): {self.path!r} is "
                 + ("written" if self.mode != "r" else "read without read-ahead")
             )
+        # the box checked as a read checks it, with the same error: refused here, nothing
+        # reserved for it (the read-ahead thread's error would be raised by nobody, and a box
+        # out of bounds would hold the budget for bytes no read takes)
+        with self.lock:
+            spec = self._dataset(name)
+        box.check_inside(spec.shape, f"dataset {spec.path!r}")
         # resolving the step releases none (the in situ consumer lets earlier steps go when the
         # program asks for a later one) and waits for none: a step not here yet while the
         # writer goes on is read when asked for

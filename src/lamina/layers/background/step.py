@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mmap
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -101,6 +102,23 @@ class IOStats:
         return dict(self.__dict__)
 
 
+#: a rank's error as the background thread words it where it failed in the step's calls
+#: (BackgroundLayer._run), or as another rank's agreement brought it: "rank N: ..."
+_FROM_RANK = re.compile(r"rank (\d+)(?: \((.*?)\))?: (.*)", re.S)
+#: a failure report another rank's agreement brought here (the rank whose report it was first)
+_RELAYED = re.compile(r"rank \d+: (?=background step \d+ of )")
+#: the part of a report that says the step was not committed and which steps were cancelled
+_CANCELLED = re.compile(
+    r" and was not committed(?:; step\(s\) \[([\d, ]*)\] queued after it were cancelled)?"
+    r"; earlier steps are intact: "
+)
+
+
+def _intact(cancelled: list[int]) -> str:
+    cancel = f"; step(s) {cancelled} queued after it were cancelled" if cancelled else ""
+    return f" and was not committed{cancel}; earlier steps are intact: "
+
+
 class BackgroundError:
     """The failure of one background step, as the application thread reports it."""
 
@@ -112,31 +130,69 @@ class BackgroundError:
         self.doing = doing
         self.cancelled: list[int] = []
 
+    def origin(self, text: str) -> tuple[int | None, str, str]:
+        """The rank that failed, what it was doing (or ''), and its error's own words, from
+        *text* (the error's text as it travels).
+
+        A rank's own error is its own.  One another rank sent (a RemoteError, or an error
+        an agreement brought: ``lamina_from_rank``) says whose it was ("rank N: ...", or
+        "rank N (writing dataset 'x' box ...): ..." where that rank failed in the step's
+        calls): every rank words the failure alike, whichever rank's report is raised
+        (the ranks report it together, the lowest rank's report raised everywhere, and a
+        rank whose own failure is not recorded yet reports none).  A failure another rank
+        sent without saying what it was doing came through the step's commit, which this
+        rank was making too."""
+        remote = isinstance(self.exc, RemoteError) or hasattr(self.exc, "lamina_from_rank")
+        m = _FROM_RANK.fullmatch(text)
+        if m is not None and (remote or int(m.group(1)) == self.rank):
+            doing = m.group(2) or (self.doing if self.doing == "committing" else "")
+            return int(m.group(1)), doing, m.group(3)
+        if remote:
+            return getattr(self.exc, "lamina_from_rank", None), "", text
+        return self.rank, self.doing, text
+
     def build(self) -> BaseException:
         """The error to raise: the original's class (or a RemoteError that is also its builtin)."""
         kind, text = error_to_wire(self.exc)
         if text.startswith("background step"):
             msg = text  # already said by the rank that failed first
         else:
-            cancel = (
-                f"; step(s) {self.cancelled} queued after it were cancelled"
-                if self.cancelled
-                else ""
-            )
-            # an error another rank sent says whose it was ("rank N: ...")
-            where = "" if isinstance(self.exc, RemoteError) else f" on rank {self.rank}"
-            doing = (
-                f" ({self.doing})" if self.doing and not isinstance(self.exc, RemoteError) else ""
-            )
+            rank, doing, words = self.origin(text)
+            where = "" if rank is None else f" on rank {rank}"
+            doing = f" ({doing})" if doing else ""
             msg = (
-                f"background step {self.step} of {self.path!r} failed{where}{doing} and was "
-                f"not committed{cancel}; earlier steps are intact: {text}"
+                f"background step {self.step} of {self.path!r} failed{where}{doing}"
+                f"{_intact(self.cancelled)}{words}"
             )
         err = error_from_wire(kind, msg)
         err.__cause__ = self.exc
         if hasattr(self.exc, "lamina_from_rank"):  # another rank's failure, brought here: the
             err.lamina_from_rank = self.exc.lamina_from_rank  # type: ignore[attr-defined]
         return err  # agreement raises that rank's own report everywhere (comm.agree)
+
+
+def same_report(exc: BaseException, ended: int | None = None) -> bool:
+    """Whether *exc* is a background failure's report (:meth:`BackgroundError.build`); if so,
+    worded as on the rank whose report it is: an agreement that brings it from another rank
+    puts that rank in front ("rank N: background step ..."), taken off here, so that every
+    rank raises the same words (the rank that failed is named in them).  *ended*: the step
+    whose ``end_step`` raises it, dropped on every rank, is named among the cancelled."""
+    text = str(exc)
+    relayed = _RELAYED.match(text)
+    if relayed is not None:
+        text = text[relayed.end() :]
+    if not text.startswith("background step "):
+        return False
+    if ended is not None:
+        m = _CANCELLED.search(text)
+        if m is not None:
+            cancelled = [int(k) for k in m.group(1).split(",")] if m.group(1) else []
+            if ended not in cancelled:
+                cancelled.append(ended)
+            text = text[: m.start()] + _intact(cancelled) + text[m.end() :]
+    if text != str(exc):
+        exc.args = (text,)
+    return True
 
 
 #: bytes of a page of memory: touching one byte faults the whole page in
@@ -441,5 +497,6 @@ __all__ = [
     "check_put",
     "check_stats_layout",
     "new_buffer",
+    "same_report",
     "touched",
 ]
