@@ -6,6 +6,11 @@ traffic never mixes with the user's, and a few collective helpers that move
 *bytes* (lamina's own encodings) rather than pickled objects.
 
 Every helper here is collective over the communicator it is given.
+
+Importing this module initializes MPI (``mpi4py.MPI``), unless the program
+did first.  ``MPI_Init`` waits for every process of the launch, as in any
+MPI program: every task of a workflow must initialize MPI (``lamina run
+--timeout`` bounds a launch where one never does).
 """
 
 from __future__ import annotations
@@ -20,10 +25,32 @@ from mpi4py import MPI
 from .errors import (
     CollectiveMismatchError,
     LaminaError,
+    TransportError,
     error_from_wire,
     error_to_wire,
     mark_collective,
 )
+
+#: variables that say a program runs inside a workflow (set by ``lamina run``, or by hand)
+WORKFLOW_VARIABLES = ("LAMINA_WORKFLOW", "LAMINA_TRANSPORT")
+#: the transport timeout (seconds): how long the first task_comm waits for the others
+TIMEOUT_VARIABLE = "LAMINA_TRANSPORT_TIMEOUT"
+DEFAULT_PATIENCE = 60.0
+
+
+def transport_patience() -> float:
+    """``$LAMINA_TRANSPORT_TIMEOUT`` (seconds > 0), else :data:`DEFAULT_PATIENCE`."""
+    try:
+        value = float(os.environ.get(TIMEOUT_VARIABLE, "") or DEFAULT_PATIENCE)
+    except ValueError:
+        return DEFAULT_PATIENCE
+    return value if 0 < value < float("inf") else DEFAULT_PATIENCE
+
+
+def in_workflow() -> bool:
+    """Whether ``$LAMINA_WORKFLOW`` or ``$LAMINA_TRANSPORT`` is set (``lamina run`` sets both)."""
+    return any(os.environ.get(k, "").strip() for k in WORKFLOW_VARIABLES)
+
 
 Comm = MPI.Comm
 
@@ -60,9 +87,16 @@ class Tag(IntEnum):
     ACCEPT = 0x4C4D1
     #: rendezvous: the tag of ``Create_intercomm`` between the two tasks
     INTERCOMM = 0x4C4D2
+    #: first task_comm, on the world, only once a rank gave up waiting for the others:
+    #: "which task are you?" (int64 appnum of the asking rank)
+    ARRIVAL_QUERY = 0x4C4D3
+    #: the answer of a rank waiting in its first task_comm (int64 appnum)
+    ARRIVAL_REPLY = 0x4C4D4
 
 
 _TASK_COMM: MPI.Comm | None = None
+#: when this process imported lamina (seconds since the epoch): see :func:`job_start`
+_STARTED = time.time()
 
 
 def world() -> MPI.Comm:
@@ -88,16 +122,38 @@ def task_comm() -> MPI.Comm:
 
     When several programs share one MPMD launch, the world is split by
     ``APPNUM`` so that each program's ``lamina.open`` sees only its own ranks.
+
+    Under a workflow (:func:`world_patience`) the first call waits at most
+    the transport timeout for every other rank of the world to make it too,
+    then raises :class:`~lamina.errors.TransportError` naming the ranks (and
+    tasks) that never did, instead of waiting for ever for a program that
+    never opens a lamina file.
     """
-    global _TASK_COMM, _APPNUMS, _PEER_COMM
+    global _TASK_COMM, _APPNUMS, _PEER_COMM, _JOB_START, _TASK_FAILURE
     if _TASK_COMM is None:
+        if _TASK_FAILURE is not None:  # the world never met: a second try would not either
+            raise TransportError(_TASK_FAILURE)
         w = MPI.COMM_WORLD
         mine = appnum()
         # every rank's appnum (one allgather instead of the max alone): the in situ
-        # transport finds the other tasks' leaders and sizes from it without more messages
-        apps = np.zeros(w.size, dtype=np.int64)
-        w.Allgather(np.array([mine], dtype=np.int64), apps)
+        # transport finds the other tasks' leaders and sizes from it without more messages;
+        # and when lamina started on each rank (job_start)
+        rows = np.zeros((w.size, 2), dtype=np.int64)
+        row = np.array([mine, int(_STARTED * 1e6)], dtype=np.int64)
+        req = w.Iallgather(row, rows)
+        _KEEP.append((req, row, rows))  # a gather given up on stays pending: its buffers live on
+        patience = world_patience(mine)
+        if not _wait_world(req, patience, mine):
+            assert patience is not None
+            present = _who_is_there(req, mine)
+            if present is not None:  # (None: everyone came after all)
+                _TASK_FAILURE = _absent_message(present, mine, patience)
+                raise TransportError(_TASK_FAILURE)
+        _answer_arrivals(mine)  # a rank that gave up just as the last one came asked
+        _KEEP.clear()
+        apps = rows[:, 0].copy()
         _APPNUMS = apps
+        _JOB_START = float(rows[:, 1].min()) / 1e6
         if apps.max(initial=0) == 0:
             _TASK_COMM = w
         else:
@@ -105,6 +161,167 @@ def task_comm() -> MPI.Comm:
             # a private duplicate of the world for rendezvous between tasks (see peer_comm)
             _PEER_COMM = w.Dup()
     return _TASK_COMM
+
+
+_JOB_START: float | None = None
+_KEEP: list = []
+#: why the first task_comm failed (raised again by every later call)
+_TASK_FAILURE: str | None = None
+
+#: seconds a rank that gave up waiting for the world asks the others which task they are
+ARRIVAL_GRACE = 2.0
+#: worlds larger than this are not asked rank by rank (the error then names no rank)
+ARRIVAL_ASK_LIMIT = 4096
+#: the arrival messages in flight and their buffers (kept alive until sent)
+_ARRIVAL_SENDS: list[tuple[MPI.Request, np.ndarray]] = []
+
+
+def world_patience(app: int | None = None) -> float | None:
+    """Seconds the first :func:`task_comm` waits for the whole world; None: no limit.
+
+    A limit applies where this rank can tell it runs in a workflow: a task
+    other than the first of an MPMD launch (*app* > 0), or ``$LAMINA_WORKFLOW``
+    or ``$LAMINA_TRANSPORT`` set (``lamina run`` sets both).  It is the
+    transport timeout, ``$LAMINA_TRANSPORT_TIMEOUT`` (default 60).  A single
+    program keeps the blocking collective of old: its ranks run the same code.
+    """
+    app = appnum() if app is None else app
+    if MPI.COMM_WORLD.size == 1 or (app == 0 and not in_workflow()):
+        return None
+    return transport_patience()
+
+
+def job_start() -> float | None:
+    """When the job started, as every rank agrees (seconds since the epoch); None before :func:`task_comm`.
+
+    The earliest time any rank of the world imported lamina, taken at the
+    first :func:`task_comm` (or :func:`set_task_comm`): every file a task of
+    this launch creates is created after it (a task creates files only once
+    every rank reached that first call), and every file of an earlier launch
+    before it.
+    """
+    return _JOB_START
+
+
+def _wait_world(req: MPI.Request, patience: float | None, app: int) -> bool:
+    """Wait quietly (see :func:`wait_quietly`) for the first task_comm's gather, answering
+    the questions of ranks that gave up meanwhile; False after *patience* seconds."""
+    deadline = None if patience is None else time.monotonic() + patience
+    spin_until = time.monotonic() + QUIET_SPIN
+    delay = 2e-5
+    while not req.Test():
+        _answer_arrivals(app)
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
+            return False
+        if now < spin_until:
+            os.sched_yield()
+        else:
+            time.sleep(delay)
+            delay = min(2 * delay, QUIET_MAX_SLEEP)
+    return True
+
+
+def _answer_arrivals(app: int, present: dict[int, int] | None = None) -> None:
+    """Answer every ``ARRIVAL_QUERY`` waiting: this rank is in its first task_comm, task *app*.
+
+    Only a rank that gave up waiting sends one, and only lamina ranks in
+    their first task_comm look for them, so the answer goes to a lamina
+    rank (it waits for it).  *present* (the asking rank's own list) gets
+    every asker: it is there too.
+    """
+    w = MPI.COMM_WORLD
+    st = MPI.Status()
+    while w.Iprobe(MPI.ANY_SOURCE, Tag.ARRIVAL_QUERY, st):
+        src = st.Get_source()
+        got = np.zeros(1, dtype=np.int64)
+        w.Recv([got, MPI.INT64_T], src, Tag.ARRIVAL_QUERY)
+        if present is not None:
+            present[src] = int(got[0])
+        _send_arrival(src, Tag.ARRIVAL_REPLY, app)
+    _ARRIVAL_SENDS[:] = [(r, b) for r, b in _ARRIVAL_SENDS if not r.Test()]
+
+
+def _send_arrival(dest: int, tag: int, app: int) -> None:
+    buf = np.array([app], dtype=np.int64)
+    _ARRIVAL_SENDS.append((MPI.COMM_WORLD.Isend([buf, MPI.INT64_T], dest, tag), buf))
+
+
+def _who_is_there(req: MPI.Request, app: int) -> dict[int, int] | None:
+    """After the first task_comm's wait ran out: the world ranks in theirs, by appnum.
+
+    Asks every other rank (only now: a launch whose ranks all come sends
+    nothing) and takes the answers of those waiting in their first
+    task_comm for :data:`ARRIVAL_GRACE` seconds.  None if the gather
+    completed meanwhile (everyone came after all: go on); empty for a world
+    too large to ask.  Ranks that never call lamina get a question they
+    never read.
+    """
+    w = MPI.COMM_WORLD
+    if w.size > ARRIVAL_ASK_LIMIT:
+        return {} if not req.Test() else None
+    present = {w.rank: app}
+    for r in range(w.size):
+        if r != w.rank:
+            _send_arrival(r, Tag.ARRIVAL_QUERY, app)
+    end = time.monotonic() + ARRIVAL_GRACE
+    st = MPI.Status()
+    while time.monotonic() < end and len(present) < w.size:
+        if req.Test():
+            return None
+        _answer_arrivals(app, present)
+        while w.Iprobe(MPI.ANY_SOURCE, Tag.ARRIVAL_REPLY, st):
+            got = np.zeros(1, dtype=np.int64)
+            w.Recv([got, MPI.INT64_T], st.Get_source(), Tag.ARRIVAL_REPLY)
+            present[st.Get_source()] = int(got[0])
+        time.sleep(1e-3)
+    if req.Test():
+        return None
+    return present
+
+
+def _absent_message(present: dict[int, int], app: int, patience: float) -> str:
+    """The error of a first task_comm that waited in vain: who never came, as far as it can tell.
+
+    The ranks of an MPMD launch are numbered program by program, so a run
+    of absent world ranks between ranks of tasks p and q belongs to the
+    tasks in between (or to p and q themselves where nothing lies between).
+    """
+    w = MPI.COMM_WORLD
+    size = w.size
+    missing = [r for r in range(size) if r not in present] if present else []
+    parts = []
+    i = 0
+    while i < len(missing):
+        lo = hi = missing[i]
+        while i + 1 < len(missing) and missing[i + 1] == hi + 1:
+            i += 1
+            hi = missing[i]
+        i += 1
+        ranks = f"world rank {lo}" if lo == hi else f"world ranks {lo}-{hi}"
+        p = present.get(lo - 1)
+        q = present.get(hi + 1)
+        if p is not None and q is not None and q - p >= 2:
+            tasks = f"task {p + 1}" if q - p == 2 else f"tasks {p + 1}-{q - 1}"
+            parts.append(f"{tasks} ({ranks})")
+        elif p is not None and q is None:
+            tasks = f"task {p + 1}" if lo == hi else f"task {p + 1} (and any after it)"
+            parts.append(f"{tasks} ({ranks})")
+        elif p is None and q is not None and q >= 1:
+            tasks = "task 0" if q == 1 else f"tasks 0-{q - 1}"
+            parts.append(f"{tasks} ({ranks})")
+        else:
+            near = sorted({t for t in (p, q) if t is not None})
+            of = f" (of task {' or '.join(map(str, near))})" if near else ""
+            parts.append(f"{ranks}{of}")
+    who = ", ".join(parts) if parts else f"some of the {size} ranks of the launch"
+    return (
+        f"{who} never opened a lamina file within {patience:g} s: every task of a workflow must "
+        f"(seen from task {app}, world rank {w.rank}, in its first lamina.open, which waits for "
+        "every rank of the launch; a program that opens no lamina file calls "
+        "lamina.comm.task_comm() once; the wait is the transport timeout: "
+        f"${TIMEOUT_VARIABLE}, a workflow file's timeout)"
+    )
 
 
 # --- tasks of an MPMD launch (used by the in situ transport) -------------
@@ -128,7 +345,7 @@ def set_task_comm(comm: MPI.Comm, task: int | None = None) -> MPI.Comm:
     world rank.  Must come before the first ``lamina.open`` (or
     :func:`task_comm`) of the process, and only once.
     """
-    global _TASK_COMM, _APPNUMS, _PEER_COMM, _DECLARED
+    global _TASK_COMM, _APPNUMS, _PEER_COMM, _DECLARED, _JOB_START
     if _TASK_COMM is not None:
         raise RuntimeError(
             "set_task_comm must come before the first lamina.open (or lamina.comm.task_comm) "
@@ -141,8 +358,8 @@ def set_task_comm(comm: MPI.Comm, task: int | None = None) -> MPI.Comm:
         raise ValueError(
             f"task must be >= 0, got {task}"
         )  # the same verdict on every rank of a task
-    rows = np.zeros((w.size, 3), dtype=np.int64)
-    w.Allgather(np.array([leader, want, comm.size], dtype=np.int64), rows)
+    rows = np.zeros((w.size, 4), dtype=np.int64)
+    w.Allgather(np.array([leader, want, comm.size, int(_STARTED * 1e6)], dtype=np.int64), rows)
     leaders = np.unique(rows[:, 0])
     problem = None
     for lead in leaders:
@@ -168,6 +385,7 @@ def set_task_comm(comm: MPI.Comm, task: int | None = None) -> MPI.Comm:
     else:
         apps = np.searchsorted(leaders, rows[:, 0]).astype(np.int64)
     _APPNUMS = apps
+    _JOB_START = float(rows[:, 3].min()) / 1e6
     _DECLARED = int(apps[w.rank])
     _TASK_COMM = w.Split(_DECLARED, w.rank)
     if len(leaders) > 1:
@@ -703,6 +921,8 @@ __all__ = [
     "free",
     "gather_bytes",
     "intercomm",
+    "in_workflow",
+    "job_start",
     "PendingAgree",
     "leave",
     "irecv_bytes",
@@ -722,5 +942,7 @@ __all__ = [
     "THREAD_MULTIPLE",
     "thread_level",
     "thread_level_name",
+    "transport_patience",
     "world",
+    "world_patience",
 ]

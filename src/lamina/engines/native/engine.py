@@ -38,8 +38,9 @@ from ...catalog import (
     subfile_name,
 )
 from ...derived import _parallel
-from ...errors import ChecksumError, FormatError, LaminaWarning, NotALaminaFileError
+from ...errors import ChecksumError, FormatError, LaminaError, LaminaWarning, NotALaminaFileError
 from ...geometry import Box, box_of, cols_max, cols_min, rows_all, split_range
+from ...workflow import routes
 from ..block import BlockEngine, StepHeads, wait_for
 from ..staging import Chunk
 from . import format as fmt
@@ -398,6 +399,66 @@ def _read_all(directory: str, name: str) -> tuple[bytes, os.stat_result]:
         os.close(fd)
 
 
+def written_since(path: str, mode: str, wait: float) -> float | None:
+    """When a file *path* opened in *mode* must have been written since: the job's start, or None.
+
+    A reader that waits for a file (``wait=``) under a workflow
+    (``$LAMINA_WORKFLOW``) names a file a task of the workflow writes for
+    its own task to read: it wants the one this run writes, not one an
+    earlier run left under that name, which the writer re-creates under it
+    when it opens it.  None (any file will do) for writers, readers that do
+    not wait, names the workflow does not route to this task, or where the
+    job's start is unknown (the file opened on a communicator of the
+    program's own before any other lamina.open: :func:`lamina.comm.job_start`).
+    """
+    if mode != "r" or not wait:
+        return None
+    try:
+        wf = routes.from_env()
+    except ValueError:  # a malformed workflow: the transport choice reports it where it matters
+        return None
+    route = None if wf is None else wf.route(routes.normname(path))
+    if route is None or comm_mod.appnum() not in route.consumers:
+        return None
+    return comm_mod.job_start()
+
+
+def _written_after(path: str, since: float) -> bool:
+    """Rank 0 of a reader: whether the lamina file *path* holds a record committed at or after
+    *since* (seconds since the epoch).  A file being re-created under the reader (a log
+    without its header, the two logs of different files, a log gone) is not there yet."""
+    try:
+        cbuf, _ = _read_all(path, fmt.COMMIT_NAME)
+        mfd = _open_in(path, fmt.META_NAME, os.O_RDONLY)
+        try:
+            meta_size = os.fstat(mfd).st_size
+            entries, _end, head = fmt.parse_commits(cbuf, meta_size, fmt.COMMIT_NAME)
+            if not entries:
+                return False
+            mhead = fmt.check_header(
+                os.pread(mfd, fmt.HEADER_SIZE, 0), fmt.META_MAGIC, fmt.META_NAME
+            )
+            if (mhead.version, mhead.identity) != (head.version, head.identity):
+                return False
+            last = entries[-1]
+            payload = fmt.parse_frame(os.pread(mfd, last.length, last.offset), last)
+        finally:
+            os.close(mfd)
+        return record_time(payload) >= since
+    except (OSError, LaminaError, ValueError):
+        return False
+
+
+def record_time(payload: bytes) -> float:
+    """The commit time of a record payload (its head: kind, step, session, nranks, time)."""
+    d = Decoder(payload, "metadata record")
+    d.u8()
+    d.i64()
+    d.u32()
+    d.u32()
+    return d.f64()
+
+
 class NativeEngine(BlockEngine):
     """Engine ``native`` (see module docstring).
 
@@ -458,6 +519,9 @@ class NativeEngine(BlockEngine):
         # decodes it (None for formats 1 and 2, or ranks > 1), applied without decoding it
         self._written: tuple[bytes, Record | None] | None = None
 
+        # under a workflow, a reader waiting for a name a task of it writes takes no file left
+        # by an earlier run (rank 0's view is the one that counts)
+        self._since = written_since(path, mode, self.wait)
         g = comm_mod.Guard()
         with g:
             if self.rank == 0:
@@ -487,6 +551,21 @@ class NativeEngine(BlockEngine):
         exists = os.path.exists(path)
         if mode == "r":
             commit = os.path.join(path, fmt.COMMIT_NAME)
+            since = self._since
+            if since is not None and self.wait:  # the file this run's writer makes, not an old one
+                wait_for(
+                    path,
+                    self.wait,
+                    lambda: _written_after(path, since),
+                    lambda s: (
+                        FileNotFoundError if not os.path.exists(path) else NotALaminaFileError
+                    )(
+                        f"no lamina file {path!r} written in this run after waiting {s:g} s for "
+                        "its writer (a task of the workflow) to commit to it"
+                        + ("; the one there is an earlier run's" if os.path.exists(path) else "")
+                    ),
+                )
+                return
             if self.wait and not os.path.lexists(commit):  # its writer may not have created it yet
                 wait_for(
                     path,

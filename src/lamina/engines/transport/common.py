@@ -14,17 +14,20 @@ engines whose catalog is built from the same committed records.
 
 from __future__ import annotations
 
+import atexit
 import os
+import sys
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import numpy as np
 
 from ... import comm as comm_mod
-from ...errors import ModeError
+from ...errors import LaminaWarning, ModeError
 from ...workflow import routes
 from ..block import BlockEngine
-from . import wire
+from . import rendezvous, wire
 from .wire import Poll
 
 DEFAULT_TIMEOUT = 60.0
@@ -94,7 +97,23 @@ class TransportBase(BlockEngine):
         shallow = (shallow,) if isinstance(shallow, str) else shallow
         self.shallow = tuple(str(p).lstrip("/") for p in shallow)  # dataset paths have no leading /
         route = routes.route_for(name, mode, app, comm_mod.task_count(), wf)
+        #: what the rendezvous pairs on: the workflow entry where one matches (two spellings
+        #: of one file pair), else the name
+        self.rendezvous_key = rendezvous.key_for(name, wf)
         self._connect(name, app, route, wf)
+        _track(self)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            _OPEN.pop(id(self), None)
+
+    def abandon(self) -> None:
+        try:
+            super().abandon()
+        finally:
+            _OPEN.pop(id(self), None)
 
     def _connect(
         self, name: str, app: int, route: routes.Route, wf: routes.Workflow | None
@@ -137,6 +156,56 @@ class TransportBase(BlockEngine):
         pending.finish()
 
 
+#: transported files open in this process, in open order (closed at exit: see close_at_exit)
+_OPEN: dict[int, TransportBase] = {}
+_HOOKED = False
+
+
+def _track(engine: TransportBase) -> None:
+    """Keep *engine* (just opened) until it is closed, and close it at exit if the program does not."""
+    global _HOOKED
+    if not _HOOKED:
+        # registered after mpi4py.MPI was imported (lamina.comm imports it), so it runs
+        # before mpi4py's own exit handler finalizes MPI
+        atexit.register(close_at_exit)
+        _HOOKED = True
+    _OPEN[id(engine)] = engine
+
+
+def close_at_exit() -> None:
+    """At interpreter exit: close every transported file the program left open.
+
+    A program that reads every step and ends without ``f.close()`` (or stops
+    early) would otherwise leave its producer waiting for the goodbye of
+    each of its ranks until the timeout, as a file needs no close from its
+    readers.  Consumers go first (each says goodbye: the producer goes on),
+    then producers (their close record, then their consumers' goodbyes);
+    every wait of a close is bounded by the transport timeout.  After an
+    uncaught exception (``sys.last_value``) a file is left as after an
+    error instead (:meth:`abandon`: no collective call, which ranks that
+    did not fail would not make).  What fails is said as a warning: nobody
+    is left to raise it to.
+    """
+    if not _OPEN or MPI.Is_finalized():
+        return
+    failed = getattr(sys, "last_value", None) is not None
+    engines = sorted(_OPEN.values(), key=lambda e: e.mode != "r")  # consumers first, in order
+    for engine in engines:
+        try:
+            if failed:
+                engine.abandon()
+            else:
+                engine.close()
+        except Exception as e:  # noqa: BLE001 - nothing to raise to at exit
+            warnings.warn(
+                f"{engine.path}: closing it at exit (the program did not): {e}",
+                LaminaWarning,
+                stacklevel=1,
+            )
+        finally:
+            _OPEN.pop(id(engine), None)
+
+
 __all__ = [
     "ABANDON_PATIENCE",
     "DEFAULT_TIMEOUT",
@@ -144,4 +213,5 @@ __all__ = [
     "TRANSPORT_OPTIONS",
     "TIMEOUT_ENV",
     "TransportBase",
+    "close_at_exit",
 ]

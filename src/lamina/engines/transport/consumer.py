@@ -89,7 +89,7 @@ class Consumer(TransportBase):
             self.flow = 1 if said is None else said
         patience = max(self.timeout, self.wait)  # for the producer to open the name at all
         self._inter = rendezvous.connect_consumer(
-            self.comm, name, app, route.producer, patience, self.flow
+            self.comm, name, app, route.producer, patience, self.flow, key=self.rendezvous_key
         )
         self._source = (
             self.comm.rank % self.inter.Get_remote_size()

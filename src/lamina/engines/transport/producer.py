@@ -176,7 +176,9 @@ class Producer(TransportBase):
             # them (background_stats=True: on the worker thread from put on, asked or not)
             self._stats_in_record = False
             self._lazy_stats = not self.background_stats
-        links = rendezvous.connect_producer(self.comm, name, app, route.consumers, self.timeout)
+        links = rendezvous.connect_producer(
+            self.comm, name, app, route.consumers, self.timeout, key=self.rendezvous_key
+        )
         for c, inter, flow in links:
             n = inter.Get_remote_size()
             self._links.append(

@@ -12,6 +12,10 @@ private duplicate of the world (:func:`lamina.comm.peer_comm`):
 
 ``seq`` counts the opens of a name in one role by this process, so the
 k-th producer open pairs with the k-th consumer open of the same name.
+Under a workflow the name both sides send is the workflow entry the name
+matches (:func:`key_for`), so that one file spelled two ways (``out.lam``
+by a task running in ``run/``, ``run/out.lam`` by one running above it)
+pairs as it does when it is a file.
 Messages for names this task has not opened yet are kept (``_STASH``)
 until it does.  Every wait polls with a timeout: a consumer of a name that
 nobody produces gets :class:`~lamina.errors.TransportError`, not a hang.
@@ -19,17 +23,44 @@ nobody produces gets :class:`~lamina.errors.TransportError`, not a hang.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ... import comm as comm_mod
 from ...catalog import Decoder, Encoder
 from ...errors import FormatError, TransportError
+from ...workflow import routes
 from .wire import Poll
 
 # (tag, source world rank, name, seq) -> (appnum, size, flow) of messages not yet wanted
 _STASH: dict[tuple[int, int, str, int], tuple[int, int, int]] = {}
 # (name, role) -> number of opens so far in this process
 _SEQ: dict[tuple[str, str], int] = {}
+
+
+def key_for(name: str, wf: routes.Workflow | None) -> str:
+    """The name a rendezvous pairs on for *name* (normalized, as opened): *name* itself,
+    or under a workflow the entry it matches and the part of it the entry looks at.
+
+    Routing matches an entry's pattern against the name or its last path
+    component, so two spellings of one file from different directories
+    (``out.lam`` and ``run/out.lam``) route alike; they pair alike too: by
+    the entry and the last path component (a pattern without ``/``), or the
+    whole name (a pattern with one, which only a whole name can match).
+    """
+    if wf is None:
+        return name
+    i = wf._match(name)
+    if i is None:
+        return name
+    pattern = wf.entries[i][0]
+    return f"{pattern}|{name if '/' in pattern else os.path.basename(name)}"
+
+
+def _shown(key: str) -> str:
+    """The name in a rendezvous key, as messages show it."""
+    return key.rpartition("|")[2]
 
 
 def next_seq(name: str, role: str) -> int:
@@ -83,6 +114,21 @@ def _await(
         poll.sleep()
 
 
+def _opened_instead(leader: int, task: int, key: str) -> str:
+    """For a producer whose consumer task never opened its name: the names that task did open
+    for reading from it (their ``HELLO`` is here, stashed), which tells a name spelled two ways."""
+    other = sorted(
+        {
+            _shown(k[2])
+            for k in _STASH
+            if k[0] == comm_mod.Tag.HELLO and k[1] == leader and k[2] != key
+        }
+    )
+    if not other:
+        return ""
+    return f"; task {task} opened {', '.join(map(repr, other))} for reading instead"
+
+
 def _send(peer, buf: np.ndarray, dest: int, tag: int, poll: Poll, what: str) -> None:
     req = comm_mod.isend_bytes(peer, buf, dest, tag)
     while comm_mod.test_requests([req]) is None:
@@ -103,29 +149,37 @@ def _check_task_comm(comm, app: int) -> None:
         )
 
 
-def connect_producer(comm, name: str, app: int, consumers: tuple[int, ...], timeout: float) -> list:
+def connect_producer(
+    comm, name: str, app: int, consumers: tuple[int, ...], timeout: float, key: str | None = None
+) -> list:
     """Collective over the producer task: ``[(consumer appnum, intercomm, flow)]``, one per consumer task.
 
     *flow* is the consumer task's flow policy from its ``HELLO`` (see :func:`.workflow.parse_flow`).
+    *key* (default *name*) is what the rendezvous pairs on (:func:`key_for`).
     """
     _check_task_comm(comm, app)
+    key = name if key is None else key
     peer = comm_mod.peer_comm()
-    seq = next_seq(name, "w")
+    seq = next_seq(key, "w")
     g = comm_mod.Guard()
     flows = np.ones(len(consumers), dtype=np.int64)
     with g:
         if comm.rank == 0:
             poll = Poll(timeout)
             for i, c in enumerate(consumers):
-                flows[i] = _await(
-                    peer,
-                    comm_mod.Tag.HELLO,
-                    comm_mod.task_leader(c),
-                    name,
-                    seq,
-                    poll,
-                    f"producer of {name!r} (task {app}) waiting for its consumer task {c} to open it",
-                )[2]
+                leader = comm_mod.task_leader(c)
+                try:
+                    flows[i] = _await(
+                        peer,
+                        comm_mod.Tag.HELLO,
+                        leader,
+                        key,
+                        seq,
+                        poll,
+                        f"producer of {name!r} (task {app}) waiting for its consumer task {c} to open it",
+                    )[2]
+                except TransportError as e:
+                    raise TransportError(f"{e}{_opened_instead(leader, c, key)}") from None
     comm_mod.agree(comm, g.error)
     raw = comm_mod.bcast_bytes(comm, flows.tobytes() if comm.rank == 0 else None, root=0)
     flows = np.frombuffer(raw, dtype=np.int64)
@@ -137,7 +191,7 @@ def connect_producer(comm, name: str, app: int, consumers: tuple[int, ...], time
                 if comm.rank == 0:
                     _send(
                         peer,
-                        _encode(name, seq, app, comm.size),
+                        _encode(key, seq, app, comm.size),
                         comm_mod.task_leader(c),
                         comm_mod.Tag.ACCEPT,
                         Poll(timeout),
@@ -158,11 +212,21 @@ def connect_producer(comm, name: str, app: int, consumers: tuple[int, ...], time
     return links
 
 
-def connect_consumer(comm, name: str, app: int, producer: int, timeout: float, flow: int = 1):
-    """Collective over a consumer task: the intercommunicator to the producer task of *name*."""
+def connect_consumer(
+    comm,
+    name: str,
+    app: int,
+    producer: int,
+    timeout: float,
+    flow: int = 1,
+    key: str | None = None,
+):
+    """Collective over a consumer task: the intercommunicator to the producer task of *name*
+    (*key*, default *name*: what the rendezvous pairs on, :func:`key_for`)."""
     _check_task_comm(comm, app)
+    key = name if key is None else key
     peer = comm_mod.peer_comm()
-    seq = next_seq(name, "r")
+    seq = next_seq(key, "r")
     g = comm_mod.Guard()
     with g:
         if comm.rank == 0:
@@ -170,7 +234,7 @@ def connect_consumer(comm, name: str, app: int, producer: int, timeout: float, f
             leader = comm_mod.task_leader(producer)
             _send(
                 peer,
-                _encode(name, seq, app, comm.size, flow),
+                _encode(key, seq, app, comm.size, flow),
                 leader,
                 comm_mod.Tag.HELLO,
                 poll,
@@ -180,7 +244,7 @@ def connect_consumer(comm, name: str, app: int, producer: int, timeout: float, f
                 peer,
                 comm_mod.Tag.ACCEPT,
                 leader,
-                name,
+                key,
                 seq,
                 poll,
                 f"no producer for {name!r}: task {producer} did not open it for writing",
