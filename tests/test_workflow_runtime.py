@@ -6,7 +6,7 @@ variables ``lamina run`` sets, under a wall-clock limit:
 
 * under the file transport a reader waiting for a name of the workflow
   takes the file this run writes, never one an earlier run left;
-* a task that never opens a lamina file, or never initializes MPI, ends
+* a task that never opens a lamina file ends
   the launch with a message instead of leaving the others waiting;
 * a consumer that ends without ``close`` lets its producer finish;
 * one file spelled two ways pairs in memory as it is one file on disk.
