@@ -500,3 +500,40 @@ def test_an_append_killed_while_it_cuts_the_unreadable_tail_leaves_the_prefix(na
         write("a", [7])
     with lamina.open(native_path) as f:
         assert f.steps == 3 and int(f["x"][0]) == 7000
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names open files through /proc")
+@pytest.mark.parametrize(
+    "target, words",
+    [
+        ("data.", r"writing 2 staged blocks of datasets 'a', 'b'\): 'data\.0\.0'"),
+        ("lamina.meta", r"writing the step's record\): '.*lamina\.meta'"),
+        ("lamina.commit", r"writing its commit entry\): '.*lamina\.commit'"),
+    ],
+)
+def test_a_full_disk_names_what_was_being_written(native_path, monkeypatch, target, words):
+    """A write that fails names its file and what it held (small blocks said 'the step's
+    blocks'; the metadata and the commit log named no file at all); nothing is committed."""
+    real = {"pwrite": os.pwrite, "pwritev": os.pwritev}
+
+    def full(name):
+        def write(fd, data, offset):
+            if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith(target):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return real[name](fd, data, offset)
+
+        return write
+
+    with lamina.open(native_path, "w", durable=False) as f:
+        a, b = f.create_dataset("a", (4,)), f.create_dataset("b", (4,))
+        with f.step():
+            a[...], b[...] = 1, 2
+        for name in real:
+            monkeypatch.setattr(os, name, full(name))
+        with pytest.raises(OSError, match=words) as got:
+            with f.step():
+                a[...], b[...] = 3, 4
+        monkeypatch.undo()
+        assert got.value.errno == errno.ENOSPC
+    with lamina.open(native_path) as f:
+        assert f.steps == 1 and f["b"][...].tolist() == [2.0] * 4

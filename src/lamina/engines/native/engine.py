@@ -970,21 +970,28 @@ class NativeEngine(BlockEngine):
             head, area = rec.encode(self.catalog.specs, self._version, area_offset=off)
         framed = fmt.frame(head)
         at = off + len(area)  # the frame follows the area
+        doing = fmt.META_NAME
         try:
             _pwrite_pair(self._meta_fd, area, framed, off)
             if self.durable:
                 os.fsync(self._meta_fd)
             ent = fmt.entry(self._nentries, at, len(framed), stats_mod.crc(head))
+            doing = fmt.COMMIT_NAME
             _pwrite_all(self._commit_fd, ent, self._commit_end)
             if self.durable:
                 os.fsync(self._commit_fd)
-        except BaseException:
+        except BaseException as e:
             # the step is discarded on every rank: make sure no reader can see it either
             for fd, end in ((self._commit_fd, self._commit_end), (self._meta_fd, self._meta_end)):
                 try:
                     os.ftruncate(fd, end)
                 except OSError:
                     pass
+            if isinstance(e, OSError) and e.filename is None:  # say which file, as open does
+                what = "the step's record" if doing == fmt.META_NAME else "its commit entry"
+                raise OSError(
+                    e.errno, f"{e.strerror} (writing {what})", os.path.join(self.path, doing)
+                ) from e
             raise
         self._nentries += 1
         self._meta_end = at + len(framed)
@@ -1034,6 +1041,23 @@ class NativeEngine(BlockEngine):
             job.result()  # the caller may reuse its buffer as soon as we return
         return None, job, (self.session, self.agg_of[self.rank], off)
 
+    def _rows_named(self, rows: list[int]) -> str:
+        """The blocks of put-log *rows* in the words of an I/O error: one block's dataset and
+        box, or how many blocks of which datasets."""
+        log, specs = self._log, self.catalog.specs
+        if len(rows) == 1:
+            r = rows[0]
+            did = log.ds[r]
+            try:
+                i = log.rows[did].index(r)
+                box = f" box {Box(log.starts[did][i], log.stops[did][i])}"
+            except (KeyError, ValueError):
+                box = ""
+            return f"dataset {specs[did].path!r}{box}"
+        names = sorted({specs[log.ds[r]].path for r in rows})
+        shown = ", ".join(repr(n) for n in names[:4]) + (", ..." if len(names) > 4 else "")
+        return f"{len(rows)} staged blocks of dataset{'s' if len(names) > 1 else ''} {shown}"
+
     def _place_payload(self, payload: bytes) -> tuple[int, int, int] | None:
         if not self.is_agg:
             return None
@@ -1044,7 +1068,7 @@ class NativeEngine(BlockEngine):
         self._summarize(c)
         if not self.is_agg:
             return
-        off = self._write_data(c.buf.data[: c.used])
+        off = self._write_data(c.buf.data[: c.used], lambda: self._rows_named(c.rows))
         c.loc = (self.session, self.agg_of[self.rank], off)  # its rows lie at off + their offset
         c.wait()
         self._recycle(c)
@@ -1070,8 +1094,9 @@ class NativeEngine(BlockEngine):
             mine, _ = heads.unplaced(self.rank)
             if mine.size:  # nothing is left unwritten on an aggregator, but be safe
                 base = self._data_end
-                for v in self._log.views(mine.tolist()):
-                    self._write_data(v)
+                rows = mine.tolist()
+                for v in self._log.views(rows):
+                    self._write_data(v, lambda: self._rows_named(rows))
                 bases.append((self.rank, self.session, my_agg, base))
             for r in range(self.size):
                 if r == self.rank or self.agg_of[r] != my_agg:
@@ -1083,6 +1108,11 @@ class NativeEngine(BlockEngine):
                 failed = self._recv_write(
                     r, total, base, self._recv_buffers(total), tag, write=error is None
                 )
+                if failed is not None and error is None:
+                    name = subfile_name(self.session, my_agg)
+                    failed = OSError(
+                        failed.errno, f"{failed.strerror} (writing the blocks of rank {r})", name
+                    )
                 error = error or failed
                 self._data_end += total
                 bases.append((r, self.session, my_agg, base))
