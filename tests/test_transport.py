@@ -433,12 +433,17 @@ def test_a_consumer_leaving_after_an_error_says_goodbye(tmp_path):
     assert _took(res, "produce") < 8, res.describe()
 
 
-@pytest.mark.parametrize("producers, how", [(2, "one"), (2, "all"), (1, "alone")])
+@pytest.mark.parametrize(
+    "producers, how", [(2, "one"), (2, "all"), (1, "alone"), (2, "async"), (2, "close")]
+)
 def test_consumers_hear_at_once_that_the_producer_left(tmp_path, producers, how):
     """Producer ranks that leave the file after an error (one raised, the other was told; an
-    error every rank raised; the one rank raised) end their consumers' record streams: the
-    consumers raise at once that the producer left, instead of waiting out their timeout
-    twice (the read, then the close), or of seeing a stream that ended as if finished."""
+    error every rank raised; the one rank raised; a step that failed in the background,
+    raised at a later call or at close; a close that failed committing the step left open)
+    end their consumers' record streams: the consumers raise at once that the producer left,
+    instead of waiting out their timeout twice (the read, then the close), or of seeing a
+    stream that ended as if finished (the background failure raised at close sent the close
+    record; the failed close sent nothing)."""
     _skip_without_mpiexec()
     res = run_mpmd(
         (producers, "transport_ahead", "fails", "p", how),

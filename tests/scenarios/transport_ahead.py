@@ -174,13 +174,20 @@ def goes_on(name: str, steps: int) -> None:
 
 
 def fails(name: str, how: str = "one") -> None:
+    """Producer ranks that fail after step 1: one rank raises ('one', 'alone'), every rank
+    finds the ranks' overlap at step 2 ('all'), in the background where the program may
+    have ended every step by then ('async'), or in close, which commits step 2 left open
+    ('close')."""
     rank = lcomm.task_comm().rank
     try:
-        with lamina.open(name, "w") as f:
+        with lamina.open(name, "w", io="async" if how == "async" else "sync") as f:
             x = f.create_dataset("x", (4,), np.int64)
             for k in range(5):
+                if how == "close" and k == 2:
+                    x.write(expected(k))  # every rank: close commits the step and finds them meet
+                    break
                 with f.step():
-                    if f.comm.rank == 0 or (how == "all" and k == 2):
+                    if f.comm.rank == 0 or (how in ("all", "async") and k == 2):
                         x.write(expected(k))  # (at step 2 under 'all': the ranks overlap)
                 if k == 1 and f.comm.rank == f.comm.size - 1 and how in ("one", "alone"):
                     raise RuntimeError(f"producer rank {f.comm.rank} fails")

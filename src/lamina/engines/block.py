@@ -1711,6 +1711,13 @@ class BlockEngine(Engine):
             # whose close failed together meet each other here).  Not when a rank left first.
             if not is_left(e) and self.size > 1:
                 comm_mod.leave(self.comm, e)
+            if self.ENDS_STREAMS and not is_left(e):
+                # an in situ producer: its consumers hear that it failed at once, not a stream
+                # cut off that they wait on until their timeout
+                try:
+                    self.abandon()
+                except Exception:  # noqa: BLE001 - already failing: the close's error is raised
+                    pass
             raise
         finally:
             self._closed = True

@@ -371,7 +371,14 @@ class BackgroundLayer(Layer):
                 # how the close goes on is decided with the ranks that close with this one
                 earlier = earlier or e
                 pending = None
+        # an in situ producer's stream does not end as if it had finished after a failure: its
+        # consumers are told it failed (a close record would end their streams normally)
+        ends_streams = any(e.ENDS_STREAMS for e in self.inner.stack())
         if error is None and earlier is not None:
+            if ends_streams:
+                self._drop_open_step()
+                self.abandon()
+                raise earlier
             # the failure raised where the ranks met apart: the file is closed as usual, then
             # it is raised here too
             try:
@@ -381,8 +388,8 @@ class BackgroundLayer(Layer):
             raise earlier
         if error is not None:
             self._drop_open_step()
-            if is_left(error):  # no collective with a rank that left: let go of the file
-                self.abandon()
+            if is_left(error) or ends_streams:  # no collective with a rank that left; or the
+                self.abandon()  # consumers hear of the failure (above)
                 raise error
             try:
                 with self.lock:
