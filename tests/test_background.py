@@ -516,6 +516,29 @@ def test_budget_makes_end_step_wait(path):
     assert len(read_all(path)) == 6
 
 
+def test_lent_arrays_wait_for_the_budget_but_are_never_refused(path):
+    """copy=False arrays count in the budget's waits: a program lending a new array every step
+    cannot run ahead of its writes without bound (nothing held it: under the in situ
+    transport's queue_limit its memory grew with the steps).  One larger than the budget is
+    still taken (once nothing else is in flight)."""
+    block = values(0).nbytes
+    with lamina.open(path, "w", io="async", max_inflight_bytes=2 * block) as f:
+        Gate(f, delay=0.05)
+        ds = f.create_dataset("x", (4, 6), "f8")
+        big = f.create_dataset("big", (8, 6), "f8")
+        for k in range(6):
+            with f.step():
+                ds.write(values(k), copy=False)
+            assert f.io_stats["inflight_bytes"] <= 2 * block
+        with f.step():
+            big.write(values(6, (8, 6)), copy=False)  # twice the budget alone
+        f.wait()
+        stats = f.io_stats
+    assert stats["waits"] >= 1 and stats["peak_inflight_bytes"] == 2 * block
+    assert stats["inflight_bytes"] == 0
+    assert len(read_all(path)) == 7
+
+
 def test_budget_smaller_than_a_block(path):
     with lamina.open(path, "w", io="async", max_inflight_bytes=100) as f:
         ds = f.create_dataset("x", (4, 6), "f8")
@@ -546,7 +569,8 @@ def test_zero_copy_freezes_until_on_disk(path):
             ds.write(a, copy=False)
         with f.step():
             ds.write(ro, copy=False)
-        assert f.io_stats["inflight_bytes"] == 0  # kept by reference, not copied
+        # kept by reference (frozen, below), counted in the budget's waits
+        assert f.io_stats["inflight_bytes"] == 2 * a.nbytes
         with pytest.raises(ValueError, match="read-only"):
             a[0, 0] = -1
         gate.open.set()

@@ -986,11 +986,15 @@ class BackgroundLayer(Layer):
             and arr.dtype == spec.dtype
             and arr.flags.c_contiguous
         )
-        nbytes = 0 if keep else arr.size * spec.dtype.itemsize
+        nbytes = arr.size * spec.dtype.itemsize
         index = enter_box(step.boxes, spec, box, self._next)
         try:
             raw = self._reserve(
-                step, nbytes, lambda: f"a block of dataset {spec.path!r} ({box})", take=not keep
+                step,
+                nbytes,
+                lambda: f"a block of dataset {spec.path!r} ({box})",
+                take=not keep,
+                lent=keep,
             )
         except BaseException:
             index.pop()
@@ -1021,13 +1025,16 @@ class BackgroundLayer(Layer):
         keep = not copy and not batch.copied  # the caller's arrays, frozen until written
         private = batch.owned and not keep  # casts made private copies: nothing to copy
         total = int(batch.nbytes.sum())
-        nbytes = 0 if keep else total
         index = enter_boxes(step.boxes, spec, batch.starts, batch.stops, self._next)
         try:
             # the buffer taken with the budget, under one lock (trimming the pool for the budget
             # would otherwise let go of the very buffer the copy below takes)
             got = self._reserve(
-                step, nbytes, lambda: f"{n} blocks of dataset {spec.path!r}", take=not private
+                step,
+                total,
+                lambda: f"{n} blocks of dataset {spec.path!r}",
+                take=not (private or keep),
+                lent=keep,
             )
         except BaseException:
             for _ in range(n):
@@ -1391,14 +1398,25 @@ class BackgroundLayer(Layer):
 
     # -- the budget -------------------------------------------------------------
     def _reserve(
-        self, step: Step, nbytes: int, what: Callable[[], str], take: bool = False
+        self,
+        step: Step,
+        nbytes: int,
+        what: Callable[[], str],
+        take: bool = False,
+        lent: bool = False,
     ) -> tuple[np.ndarray, bool] | None:
         """Count *nbytes* more of *step* in flight, waiting while the budget is short;
         ConfigError (naming ``what()``) if one step cannot hold them.  With *take*, a buffer of
-        *nbytes* from the pool, taken under the same lock (:meth:`.Pool.take`)."""
+        *nbytes* from the pool, taken under the same lock (:meth:`.Pool.take`).
+
+        *lent*: the bytes of an array kept by reference (``copy=False``): they wait for the
+        budget as copies do, so that a program lending new arrays step after step cannot
+        run ahead of its writes without bound (the in situ transport's ``queue_limit``
+        holds the background thread, not the program), but are never refused: a lent
+        array larger than the budget is taken once nothing else is in flight."""
         if not nbytes:
             return None
-        if step.nbytes + nbytes > self.budget:
+        if not lent and step.nbytes + nbytes > self.budget:
             raise ConfigError(
                 f"{what()} of {nbytes} bytes does not fit max_inflight_bytes={self.budget} with the "
                 f"{step.nbytes} bytes this step already holds: raise max_inflight_bytes to at least "
@@ -1419,17 +1437,20 @@ class BackgroundLayer(Layer):
                 self.stats.wait_seconds += time.perf_counter() - t0
             raw = self._pool.take(nbytes) if take else None  # first: it may fail (memory)
             self.stats.inflight_bytes += nbytes
+            if lent:
+                step.lent += nbytes
             self._pool.trim(self._pool_room())
             self.stats.peak_inflight_bytes = max(
                 self.stats.peak_inflight_bytes, self.stats.inflight_bytes
             )
-        step.nbytes += nbytes
+        if not lent:
+            step.nbytes += nbytes
         return raw
 
     def _release(self, step: Step) -> None:
         """The step is done (written, failed or cancelled): its copies go, its arrays thaw."""
         with self._cond:
-            self.stats.inflight_bytes -= step.nbytes
+            self.stats.inflight_bytes -= step.nbytes + step.lent
             self._frozen.thaw(step)
             # the copies' buffers serve later steps, within the budget with what is in flight
             self._pool.give(step.copies, self._pool_room())
@@ -1589,7 +1610,7 @@ class BackgroundLayer(Layer):
                 failure.cancelled.append(step.index)
             self._dropped += step.skipped  # still to be counted, with the next step handed down
             self.stats.steps_cancelled += 1
-            self.stats.inflight_bytes -= step.nbytes
+            self.stats.inflight_bytes -= step.nbytes + step.lent
             self._frozen.thaw(step)
             self._pool.give(step.copies, self._pool_room())
         self._queue.clear()

@@ -34,6 +34,7 @@ class Step:
     explicit: bool  # begun by begin_step (else opened by a put)
     ops: list[tuple] = field(default_factory=list)
     nbytes: int = 0  # bytes of the copies this step holds (counted in the budget)
+    lent: int = 0  # bytes of the arrays it keeps by reference (the budget's waits count them)
     frozen: list[np.ndarray] = field(default_factory=list)  # arrays kept by reference
     boxes: dict[int, BoxIndex] = field(default_factory=dict)  # dataset id -> boxes (overlap)
     index: int = -1  # the step's index, known at end_step
