@@ -36,6 +36,7 @@ step is compared with what was written at that step, untimed.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import sys
@@ -122,7 +123,9 @@ def _h5py(path: str, arrays: list[np.ndarray], steps: int, warmup: int) -> float
         return _steps(step, arrays, steps, warmup)
 
 
-def _lamina(path: str, arrays: list[np.ndarray], steps: int, warmup: int) -> float:
+def _lamina(
+    path: str, arrays: list[np.ndarray], steps: int, warmup: int, setitem: bool = False
+) -> float:
     import lamina
 
     n = arrays[0].size
@@ -132,22 +135,10 @@ def _lamina(path: str, arrays: list[np.ndarray], steps: int, warmup: int) -> flo
         def step(s: int) -> None:
             with f.step():
                 for ds, a in zip(dss, arrays, strict=True):
-                    ds.write(a, copy=False)
-
-        return _steps(step, arrays, steps, warmup)
-
-
-def _lamina_setitem(path: str, arrays: list[np.ndarray], steps: int, warmup: int) -> float:
-    import lamina
-
-    n = arrays[0].size
-    with lamina.open(path, "w", durable=False) as f:
-        dss = [f.create_dataset(f"v{i}", (n,), "f8") for i in range(len(arrays))]
-
-        def step(s: int) -> None:
-            with f.step():
-                for ds, a in zip(dss, arrays, strict=True):
-                    ds[...] = a
+                    if setitem:
+                        ds[...] = a
+                    else:
+                        ds.write(a, copy=False)
 
         return _steps(step, arrays, steps, warmup)
 
@@ -230,7 +221,7 @@ RUN = {
     "adios2 BP5": _adios2,
     "h5py": _h5py,
     "lamina": _lamina,
-    "lamina ds[...]": _lamina_setitem,
+    "lamina ds[...]": functools.partial(_lamina, setitem=True),
 }
 READ = {
     "numpy": _numpy_read,

@@ -25,14 +25,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ... import comm as comm_mod
-from ...catalog import KIND_STEP, BlockCodec, BlockTable, DatasetSpec, decode_packed
-from ...errors import FormatError, StepError, TransportError
+from ...catalog import KIND_STEP, BlockTable, DatasetSpec, decode_packed
+from ...errors import StepError, TransportError
 from ...geometry import Box, rows_prod
 from ...layouts import read as layout_read
 from ...layouts.spec import Layout
 from ...workflow import routes
 from ...workflow.routes import LATEST, parse_flow
 from ..base import BlockInfo, step_number
+from ..block import refuse_stats_only
 from . import rendezvous, wire
 from .common import ABANDON_PATIENCE, MPI, TransportBase
 from .wire import Poll, Request
@@ -444,12 +445,8 @@ class Consumer(TransportBase):
         xfer = wire.Transfers()
         pieces = []  # (first request, chunk sizes in bytes, scratch or None, box, producer rank)
         neg = tuple(-a for a in box.start)
+        refuse_stats_only(spec, t, idx, step)  # (as a file's reader says it)
         for i, a, b in zip(idx.tolist(), lo.tolist(), hi.tolist(), strict=True):
-            if t.codec[i] == BlockCodec.STATS_ONLY:
-                raise FormatError(
-                    f"dataset {spec.path!r} keeps only statistics at step {step} (block {t.box(i)}); "
-                    "its values are computed by the derived layer"
-                )
             inter = Box(tuple(a), tuple(b))
             rank = int(t.rank[i])
             if (
