@@ -420,10 +420,23 @@ def test_creating_what_exists(writer, engine):
     reopen_ok(writer, engine)
 
 
-@pytest.mark.parametrize("name", ["a/../b", "./x", "a/\0"])
-def test_invalid_names(writer, name):
-    with pytest.raises(ValueError, match="invalid path component"):
+@pytest.mark.parametrize(
+    "name, text",
+    [
+        ("a/../b", "invalid path component"),
+        ("a/\0", "invalid path component"),
+        ("", "an empty name"),
+    ],
+)
+def test_invalid_names(writer, name, text):
+    with pytest.raises(ValueError, match=text):
         writer.create_dataset(name, shape=(1,))
+
+
+def test_dot_names_the_group_it_is_in(writer):
+    """As h5py: create_dataset('./x') creates /x ('.' was refused)."""
+    assert writer.create_dataset("./x", shape=(1,)).name == "/x"
+    assert writer.create_group("g/.").name == "/g"
 
 
 # --------------------------------------------------------------------------
