@@ -116,6 +116,19 @@ def test_nan_only_in_later_chunks(rng):
     assert (s.min, s.max, s.sum, s.count) == (-2.0, 5.0, 3.0, 2)
 
 
+@pytest.mark.parametrize("dtype", ["i8", "u8"])
+def test_64_bit_integer_sums_are_exact_rounded_once_on_every_path(dtype):
+    """A small block (summed whole, with others) and a large one (in chunks) of the same
+    64-bit integers store the same sum: the exact one, rounded once (the small block's was
+    accumulated in float64: 2^53 + 2 for [2^53, 1, 1, 1] through one path, 2^53 + 4 the other)."""
+    a = np.array([2**53, 1, 1, 1] * 3, dtype=dtype)
+    exact = float(int(a.astype(object).sum()))
+    assert compute(a)[0].sum == exact
+    assert summarize([a, a[:4]], checksum=False).sums.tolist() == [exact, float(2**53 + 3)]
+    big = np.concatenate([a, np.zeros(CHUNK // 8 + 5, dtype=dtype)])  # chunks of any size
+    assert compute(big)[0].sum == exact
+
+
 def test_a_complex_value_with_a_nan_part_is_left_out_whatever_its_magnitude():
     """|inf + NaN j| is inf, but the value is NaN (numpy's isnan): it was counted and its
     magnitude taken as the maximum."""

@@ -386,7 +386,9 @@ def _reduce(c: np.ndarray, kind: str) -> tuple[Any, Any, Any, int]:
     """(min, max, sum, count) of one chunk; min and max None when it holds no value (all NaN)."""
     if kind in "iub":  # exact min/max, float64 sum
         mn, mx = c.min(), c.max()
-        if c.size >= LANES_MIN:
+        # (64-bit integers exactly at any size, as summarize_flat sums a small block: the
+        # float64 sum of values past 2^53 would round at every addition)
+        if c.size >= LANES_MIN or c.dtype.itemsize == 8:
             return mn, mx, _int_sum(c, mn, mx), c.size
         return mn, mx, _sum(c, np.float64), c.size
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: a NaN sum is the statistic
@@ -540,6 +542,8 @@ def summarize_flat(values: np.ndarray, sizes: np.ndarray, checksum: bool = True)
             mn = np.minimum.reduceat(flat, starts).astype(slot)
             mx = np.maximum.reduceat(flat, starts).astype(slot)
             sums = np.add.reduceat(flat, starts, dtype=np.float64)
+            if dt.itemsize == 8:  # exact where it cannot overflow, rounded once (as compute)
+                _exact_int_sums(flat, starts, mn, mx, count, sums)
         else:
             m = np.abs(flat) if kind == "c" else flat
             mn, mx = np.fmin.reduceat(m, starts), np.fmax.reduceat(m, starts)
@@ -565,6 +569,21 @@ def summarize_flat(values: np.ndarray, sizes: np.ndarray, checksum: bool = True)
             edges = np.append(starts, flat.size) * dt.itemsize
             crcs = piece_crcs(values.view(np.uint8).data, edges)
     return Summary(mn, mx, sums, count, crcs)
+
+
+def _exact_int_sums(flat, starts, mn, mx, count, sums) -> None:
+    """Into *sums* (float64): the exact sums of 64-bit integer blocks, each rounded once, where
+    ``max(|min|, |max|) x n`` leaves room in the type (as :func:`_int_sum` sums a chunk); the
+    others keep their float64 sums."""
+    signed = flat.dtype.kind == "i"
+    big = np.maximum(np.abs(mn.astype(np.float64)), np.abs(mx.astype(np.float64))) * count
+    ok = big < (2.0**62 if signed else 2.0**63)  # surely (the float bound rounds)
+    limit = 1 << 63 if signed else 1 << 64
+    for i in np.flatnonzero(~ok & (big < 4.0 * limit)).tolist():  # near: judged exactly
+        ok[i] = max(-int(mn[i]), int(mx[i])) * int(count[i]) < limit
+    if ok.any():
+        exact = np.add.reduceat(flat, starts)  # in the dtype: wraps only where not ok
+        sums[ok] = exact[ok].astype(np.float64)
 
 
 #: the start of a block alone in summarize_flat (read-only: shared by every call)
