@@ -54,12 +54,13 @@ with lamina.open(name, "w") as f:
         with f.step():
             x[4 * r : 4 * (r + 1)] = seed * 1000 + k
 if f.comm.rank == 0:
-    print("OK producer", steps, flush=True)
+    os.write(1, f"OK producer {steps}\\n".encode())  # one write: lines of ranks never mix
 """
 
 #: reads NAME as MODE says: 'close' every step, then close; 'all' every step, no close;
 #: 'early' one step, no close
 CONSUMER = """
+import os
 import sys
 import lamina
 name, mode = sys.argv[1], sys.argv[2]
@@ -72,7 +73,7 @@ for v in f.iter_steps(timeout=20):
 if mode == "close":
     f.close()
 if f.comm.rank == 0:
-    print("OK consumer", got, flush=True)
+    os.write(1, f"OK consumer {got}\\n".encode())
 """
 
 
@@ -176,8 +177,8 @@ def test_what_counts_as_a_file_written_since(tmp_path, monkeypatch):
 # ------------------------------------------------ every task must take part
 
 
-LOGGER_MPI = "from mpi4py import MPI; print('logger up', flush=True)"
-LOGGER_TASK = "import lamina; lamina.comm.task_comm(); print('logger up', flush=True)"
+LOGGER_MPI = "import os; from mpi4py import MPI; os.write(1, b'logger up\\n')"
+LOGGER_TASK = "import os, lamina; lamina.comm.task_comm(); os.write(1, b'logger up\\n')"
 
 
 def test_a_task_that_never_opens_a_lamina_file(tmp_path):
