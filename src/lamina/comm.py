@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from enum import IntEnum
 
 import numpy as np
@@ -143,7 +144,8 @@ def task_comm() -> MPI.Comm:
         req = w.Iallgather(row, rows)
         _KEEP.append((req, row, rows))  # a gather given up on stays pending: its buffers live on
         patience = world_patience(mine)
-        if not _wait_world(req, patience, mine):
+        # quietly, answering the questions of ranks that gave up meanwhile
+        if not wait_quietly([req], patience, lambda: _answer_arrivals(mine)):
             assert patience is not None
             present = _who_is_there(req, mine)
             if present is not None:  # (None: everyone came after all)
@@ -201,25 +203,6 @@ def job_start() -> float | None:
     before it.
     """
     return _JOB_START
-
-
-def _wait_world(req: MPI.Request, patience: float | None, app: int) -> bool:
-    """Wait quietly (see :func:`wait_quietly`) for the first task_comm's gather, answering
-    the questions of ranks that gave up meanwhile; False after *patience* seconds."""
-    deadline = None if patience is None else time.monotonic() + patience
-    spin_until = time.monotonic() + QUIET_SPIN
-    delay = 2e-5
-    while not req.Test():
-        _answer_arrivals(app)
-        now = time.monotonic()
-        if deadline is not None and now >= deadline:
-            return False
-        if now < spin_until:
-            os.sched_yield()
-        else:
-            time.sleep(delay)
-            delay = min(2 * delay, QUIET_MAX_SLEEP)
-    return True
 
 
 def _answer_arrivals(app: int, present: dict[int, int] | None = None) -> None:
@@ -685,8 +668,12 @@ QUIET_SPIN = 2e-3
 QUIET_MAX_SLEEP = 1e-3
 
 
-def wait_quietly(reqs: list) -> None:
-    """Independent: wait for every request of *reqs* without holding the CPU meanwhile.
+def wait_quietly(
+    reqs: list, seconds: float | None = None, between: Callable[[], None] | None = None
+) -> bool:
+    """Independent: wait for every request of *reqs* without holding the CPU meanwhile; True
+    when they completed, False after *seconds* (None: no limit).  *between* is called after
+    each test that finds them incomplete.
 
     MPICH's ``Wait`` polls without pause: a rank waiting for another one
     that has work to do takes a core from it when the node has fewer cores
@@ -697,15 +684,23 @@ def wait_quietly(reqs: list) -> None:
     rank while its aggregator writes); short ones are done at the first test.
     """
     if MPI.Request.Testall(reqs):
-        return
-    spin_until = time.monotonic() + QUIET_SPIN
+        return True
+    now = time.monotonic()
+    spin_until = now + QUIET_SPIN
+    deadline = None if seconds is None else now + seconds
     delay = 2e-5
     while not MPI.Request.Testall(reqs):
-        if time.monotonic() < spin_until:
+        if between is not None:
+            between()
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
+            return False
+        if now < spin_until:
             os.sched_yield()
         else:
             time.sleep(delay)
             delay = min(2 * delay, QUIET_MAX_SLEEP)
+    return True
 
 
 #: what a rank that did not fail adds to an agreement, in ranks (an original error counts its

@@ -30,7 +30,7 @@ from ..block import BlockEngine
 from . import rendezvous, wire
 from .wire import Poll
 
-DEFAULT_TIMEOUT = 60.0
+DEFAULT_TIMEOUT = comm_mod.DEFAULT_PATIENCE  # (one default: the first task_comm waits as long)
 TIMEOUT_ENV = routes.TIMEOUT_ENV
 SERVE_ENV = "LAMINA_TRANSPORT_SERVE"
 #: how producers answer requests: a serving thread (default), or only inside lamina calls
