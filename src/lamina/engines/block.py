@@ -607,6 +607,8 @@ class BlockEngine(Engine):
         spec = self.catalog.datasets.get(path)
         if spec is None:
             raise dataset_not_found(self.catalog, path)
+        if spec.id < 0:  # a reader's own (a derived layer's): the file may define the name later
+            return spec
         self._spec_cache[name] = spec
         if spec.shape and not spec.codecs and spec.layout is None:
             self._lendable[name] = spec  # raw blocks of at least one dimension: lend may keep them

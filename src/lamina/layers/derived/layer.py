@@ -55,7 +55,6 @@ from ... import comm as comm_mod
 from ...catalog import CODEC_STATS_ONLY, BlockTable, DatasetSpec, normpath
 from ...derived import evaluate, evaluate_regions, gpu_available, needed_boxes
 from ...engines.batch import elements
-from ...engines.block import check_out
 from ...errors import (
     CollectiveMismatchError,
     ExistsError,
@@ -872,13 +871,7 @@ class DerivedLayer(Layer):
             self.inner.get(path, box, step, out)  # validates box and step first
             self._sample_read(path, box, step, time.perf_counter() - t0)
             return
-        if d.persistent:
-            spec, step = self.inner.check_read(path, box, step, out)
-        else:  # a reader's own: not a name the engine should keep (the file may take it later)
-            spec = self.catalog.datasets[path]
-            box.check_inside(spec.shape, f"dataset {path!r}")
-            step = self.inner.check_step(step)
-            check_out(out, box, spec)
+        spec, step = self.inner.check_read(path, box, step, out)
         if d.strategy == "store" and spec.id >= 0:
             t = self.catalog.table(spec.id, step)
             if len(t) and not bool((t.codec == CODEC_STATS_ONLY).any()):
