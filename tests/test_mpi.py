@@ -297,6 +297,7 @@ def test_failures_reach_every_rank(tmp_path, case, n):
         "left-reader",
         "step-apart",
         "step-apart-async",
+        "step-apart-multires",
         "step-apart-close",
         "step-apart-close-async",
         "io-apart",

@@ -244,6 +244,33 @@ def step_apart() -> None:
     _only_the_first_step()
 
 
+def step_apart_multires() -> None:
+    # a multiresolution dataset's patches are encoded before the commit checks its step: ranks
+    # a step apart must get the same verdict there, not one step's boxes against another's
+    # (each step the ranks write each other's cells of the step before)
+    f = lamina.open(path, "w", durable=False)
+    x = f.create_dataset("x", (size,), layout=lamina.Multires(patch=1, tolerance=0.0))
+    said = []
+    for s in range(5 if rank == 1 else 4):
+        try:
+            with f.step():
+                if rank == 1 and s == 1:
+                    raise ValueError("rank 1 fails in its step")
+                x[(rank + s) % size] = 10 * s + rank
+        except ValueError:
+            assert rank == 1 and s == 1
+        except lamina.LaminaError as e:
+            said.append((s, f"{type(e).__name__}: {e}"))
+    for _, text in said:
+        assert "StepError" in text and "have opened more steps than rank" in text, text
+    assert [s for s, _ in said] == ([2, 3, 4] if rank == 1 else [1, 2, 3]), said
+    f.close()
+    comm.Barrier()
+    with lamina.open(path, comm=MPI.COMM_SELF) as g:
+        assert g.steps == 1 and g.engine.writer_closed, g.steps
+        np.testing.assert_array_equal(g["x"][...], np.arange(size, dtype=float))
+
+
 def step_apart_async() -> None:
     f = lamina.open(path, "w", durable=False, io="async")
     said = [text for _, text in _apart(f, f.create_dataset("x", (size,)))]
@@ -361,6 +388,7 @@ else:
         "left-reader": left_reader,
         "step-apart": step_apart,
         "step-apart-async": step_apart_async,
+        "step-apart-multires": step_apart_multires,
         "io-apart": io_apart,
         "step-apart-close": lambda: step_apart_close("sync"),
         "step-apart-close-async": lambda: step_apart_close("async"),

@@ -283,6 +283,21 @@ def dataset_not_found(catalog: Catalog, name: str) -> NotFoundError:
     return NotFoundError(f"no dataset {name!r} in this file.{suggest(name, catalog.datasets)}")
 
 
+def _check_steps_alike(serials: list[int]) -> None:
+    """Raise StepError where the ranks of a step's commit have opened different numbers of
+    steps (*serials*, one a rank): their programs are a step apart from here on, and every
+    later commit would pair one rank's step k with another's k + 1."""
+    if all(s == serials[0] for s in serials):
+        return
+    ahead = [r for r, s in enumerate(serials) if s != min(serials)]
+    raise StepError(
+        f"ranks {ahead} have opened more steps than rank {serials.index(min(serials))} "
+        f"(steps opened by each rank: {serials}): a step was ended on some ranks and "
+        "discarded on others (an error inside `with f.step()` on one rank), so this "
+        "commit would mix their steps; nothing of it is committed"
+    )
+
+
 def _hulls_apart(boxes: list[tuple[np.ndarray, np.ndarray]]) -> bool:
     """Whether the boxes around each rank's blocks (*boxes*: per rank, ``(starts, stops)``)
     are pairwise disjoint (then no block of one rank overlaps a block of another: each
@@ -1003,6 +1018,11 @@ class BlockEngine(Engine):
             for s in self.catalog.specs
             if s.layout is not None and self.catalog.datasets.get(s.path) is s
         ]
+        if specs and self.size > 1 and not comm_mod.same_everywhere(self.comm, self._serial):
+            # ranks a step apart would encode one rank's step k with another's k + 1 (and
+            # blame boxes that never met): the verdict the commit would give, given first
+            serials = comm_mod.allgather_bytes(self.comm, self._serial.to_bytes(8, "little"))
+            _check_steps_alike([int.from_bytes(b, "little") for b in serials])
         self.layout_reports = layout_write.flush(
             self, specs, self._mr_pending, self.catalog.levels, step, self._with_stats
         )
@@ -1171,17 +1191,8 @@ class BlockEngine(Engine):
     def _validate(self, heads: StepHeads, step: int) -> None:
         if self.size == 1:
             return  # one rank's boxes were tested against each other at put
-        serials = [dg >> 32 for dg in heads.digests]
-        if step >= 0 and any(s != serials[0] for s in serials):  # (a step's commit)
-            # not counted alike again: the ranks' programs are a step apart from here on, and
-            # every later commit would pair one rank's step k with another's k + 1
-            ahead = [r for r, s in enumerate(serials) if s != min(serials)]
-            raise StepError(
-                f"ranks {ahead} have opened more steps than rank {serials.index(min(serials))} "
-                f"(steps opened by each rank: {serials}): a step was ended on some ranks and "
-                "discarded on others (an error inside `with f.step()` on one rank), so this "
-                "commit would mix their steps; nothing of it is committed"
-            )
+        if step >= 0:  # (a step's commit)
+            _check_steps_alike([dg >> 32 for dg in heads.digests])
         digests = [dg & 0xFFFFFFFF for dg in heads.digests]
         bad = [r for r, dg in enumerate(digests) if dg != digests[0]]
         if bad:
@@ -1673,7 +1684,9 @@ class BlockEngine(Engine):
         level = layout.check_level(level, spec.path)
         layout_read.check_box(spec, layout, box, level)
         check_out(out, box, spec)
-        return layout_read.read(self, spec, layout, box, step, level, out, cache, tolerance)
+        n = layout_read.read(self, spec, layout, box, step, level, out, cache, tolerance)
+        self._bytes_read += n
+        return n
 
     def payload(self, spec: DatasetSpec, t: BlockTable, row: int) -> np.ndarray:
         """Independent: the stored bytes of block *row* of table *t* of *spec*, checked against its checksums."""
