@@ -128,6 +128,13 @@ def test_levels_regions_and_bytes(tmp_path):
         assert [k for k, _ in out] == [4, 3, 2, 1, 0]
         assert ds.last_read_bytes == whole[0]
         assert np.abs(out[-1][1] - x).max() <= 1e-4
+        # the file counts what its datasets read (as for plain datasets), once; a query too
+        b0 = f.engine.bytes_read
+        ds.level(2)[...]
+        assert f.engine.bytes_read - b0 == whole[2]
+        b0 = f.engine.bytes_read
+        res = f.query("T > 0", level=2)
+        assert 0 < f.engine.bytes_read - b0 == res.bytes_read <= whole[2]
 
 
 def test_mixed_file_steps_blocks_and_statistics(tmp_path):

@@ -134,7 +134,6 @@ class Source:
         #: the resolution the query runs at: every dataset it names is read at this level
         #: (multiresolution datasets, docs/multires.md), in that level's coordinates
         self.level: int = int(level)
-        self._level_bytes: int = 0  # stored bytes of reads at a level > 0
         self._tables: dict[str, Table] = {}
         self._covers: dict[str, tuple[list[Box], np.ndarray, np.ndarray]] = {}
         self._infos: dict[str, DatasetInfo] = {}
@@ -321,7 +320,7 @@ class Source:
     # -- reading ---------------------------------------------------------------
     @property
     def bytes_read(self) -> int:
-        return int(self.eng.bytes_read) + self._level_bytes
+        return int(self.eng.bytes_read)
 
     def read(self, path: str, box: Box) -> np.ndarray:
         """Values of *path* over *box* (one ``get``, or a read of :attr:`level`); notes the blocks it touches."""
@@ -330,7 +329,7 @@ class Source:
         if not box.empty:
             t0 = time.perf_counter()
             if self.level:
-                self._level_bytes += self.eng.get_level(path, box, self.step, out, self.level)
+                self.eng.get_level(path, box, self.step, out, self.level)
             else:
                 self.eng.get(path, box, self.step, out)
             self.read_seconds += time.perf_counter() - t0
