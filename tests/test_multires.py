@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 import math
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import lamina
 from lamina.errors import BoundsError, CodecError, DTypeError, ShapeError
 from lamina.multires import bound, compress, patches, wavelet
 from lamina.multires.compress import Mode
@@ -413,9 +415,12 @@ def test_all_levels_in_one_pass(shapes, seed):
     c, exact = wavelet.forward_levels(x, levels)
     np.testing.assert_array_equal(c, wavelet.forward(x, levels))
     rec = wavelet.inverse_levels(c, levels)
+    c2, sizes = wavelet.forward_magnitudes(x, levels)
+    np.testing.assert_array_equal(c2, c)
     for k in range(levels):
         np.testing.assert_array_equal(exact[k], wavelet.approximation(x, k))
         np.testing.assert_array_equal(rec[k], wavelet.inverse(c, levels, k))
+        np.testing.assert_array_equal(sizes[:, k], np.abs(exact[k]).reshape(2, -1).max(axis=1))
 
 
 def test_tiny_tolerance_near_float_precision_stays_exact():
@@ -425,6 +430,111 @@ def test_tiny_tolerance_near_float_precision_stays_exact():
     enc = compress.encode(x[None], (16, 16), tol)
     assert (enc.modes == Mode.RAW).all()
     assert np.abs(compress.decode(enc)[0] - x).max() == 0
+
+
+def exact_levels(x, patch, k):
+    """The exact level-*k* approximation of a whole array, unrounded (float64)."""
+    with np.errstate(invalid="ignore"):  # NaN and infinity spread
+        parts = [
+            patches.Batch(b.shape, b.coords, wavelet.approximation(b.data, k))
+            for b in patches.cut(x, patch)
+        ]
+    return patches.join(parts, x.shape, patch, k)
+
+
+def test_raw_levels_are_the_approximation_rounded_to_the_dtype(tmp_path):
+    """A tolerance below float32's resolution of the data stores patches raw: every level reads
+    back as the exact approximation rounded to float32 (what reference gives: error 0), within
+    half an ulp of the unrounded one, which is more than the tolerance; NaN and infinity alike."""
+    rng = np.random.default_rng(0)
+    x = (1000 + rng.standard_normal((32, 32))).astype(np.float32)
+    x[3, 4], x[20, 30] = np.nan, -np.inf  # two of the four patches
+    patch, tol = (16, 16), 1e-6
+    enc = compress.encode_array(x, patch, tol)
+    assert all((e.modes == Mode.RAW).all() for _, e in enc.batches)
+    worst = 0.0
+    for k in range(wavelet.nlevels(patch)):
+        got = compress.decode_array(enc, k)
+        want = compress.reference_array(x, patch, k, tol)
+        assert want.dtype == got.dtype == np.float32
+        np.testing.assert_array_equal(got, want)  # NaN where NaN, infinity where infinity
+        exact = exact_levels(x, patch, k)
+        np.testing.assert_array_equal(want, exact.astype(np.float32))
+        finite = np.isfinite(exact)
+        err = np.abs(got[finite].astype(np.float64) - exact[finite])
+        assert (err <= np.abs(np.spacing(got[finite])) / 2).all(), k
+        worst = max(worst, float(err.max()))
+    assert worst > tol  # the half ulp, not the tolerance, bounds it against the unrounded one
+    p = str(tmp_path / "r.lam")
+    with lamina.open(p, "w") as f:
+        ds = f.create_dataset(
+            "T", x.shape, x.dtype, layout=lamina.Multires(patch=16, tolerance=tol)
+        )
+        with f.step():
+            ds[...] = x
+    with lamina.open(p) as f:
+        ds = f["T"]
+        for k in range(len(ds.levels)):
+            want = compress.reference_array(x, patch, k, tol)
+            np.testing.assert_array_equal(ds.level(k)[...], want)
+            for t in (tol, 1e-3, 10.0):
+                np.testing.assert_array_equal(ds.read(level=k, tolerance=t), want)
+    # float64: the approximation is float64 already, raw levels are it bit for bit
+    x64 = x.astype(np.float64)
+    enc = compress.encode_array(x64, patch, 1e-14)
+    assert all((e.modes == Mode.RAW).all() for _, e in enc.batches)
+    for k in range(wavelet.nlevels(patch)):
+        np.testing.assert_array_equal(compress.decode_array(enc, k), exact_levels(x64, patch, k))
+
+
+@pytest.mark.parametrize(
+    "dtype, top, tols", [(np.float32, 3e38, (0.0, 1e30)), (np.float64, 1.7e308, (0.0, 1e290))]
+)
+def test_finite_data_near_the_largest_float_reads_back_finite(tmp_path, dtype, top, tols):
+    """The approximation overshoots near the largest float: levels are clipped to it, in the
+    values read, the level statistics and the reference alike, with no warning on the way."""
+    rng = np.random.default_rng(0)
+    x = (rng.choice([-1, 1], (32, 32)) * top).astype(dtype)
+    x[20:, 20:] = (rng.uniform(-1, 1, (12, 12)) * top).astype(dtype)
+    big = float(np.finfo(dtype).max)
+    for tol in tols:
+        p = str(tmp_path / f"big{tol:g}.lam")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with lamina.open(p, "w") as f:
+                layout = lamina.Multires(patch=16, tolerance=tol)
+                ds = f.create_dataset("T", x.shape, x.dtype, layout=layout)
+                with f.step():
+                    ds[...] = x
+            with lamina.open(p) as f:
+                ds = f["T"]
+                eng = f.engine.stack()[-1]
+                for k in range(len(ds.levels)):
+                    got = ds.level(k)[...]
+                    assert np.isfinite(got).all(), (tol, k)
+                    want = compress.reference_array(x, (16, 16), k, tol)
+                    assert np.isfinite(want).all()
+                    err = np.abs(got.astype(np.float64) - want.astype(np.float64))
+                    assert err.max() <= tol, (tol, k)
+                    t = eng.block_table("T", 0, level=k)
+                    for i in range(len(t)):
+                        v = got[t.box(i).slices]
+                        assert -big <= t.smin[i] <= v.min() and v.max() <= t.smax[i] <= big
+                if tol == 0:
+                    np.testing.assert_array_equal(ds[...], x)
+                if dtype == np.float32:  # the unclipped approximation leaves the range
+                    assert (np.abs(exact_levels(x, (16, 16), 1)) > big).any()
+        # infinite data stays infinite (its patch is stored raw)
+        y = x.copy()
+        y[1, 1] = np.inf
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            enc = compress.encode_array(y, (16, 16), tol)
+            for k in range(1, 5):
+                got = compress.decode_array(enc, k)
+                np.testing.assert_array_equal(got, compress.reference_array(y, (16, 16), k, tol))
+                assert not np.isfinite(got[0, 0]) and np.isfinite(got[:, -1]).all()
+            assert np.isposinf(compress.decode_array(enc, 1)[0, 0])  # not clipped
 
 
 # --------------------------------------------------------------------------

@@ -61,7 +61,8 @@ class Multires:
     tolerance
         Largest absolute error of any value read, at any level, against the
         written value (level 0) or the exact level-``k`` approximation
-        (level ``k``).  0 stores the data losslessly (bit for bit).
+        rounded to the dataset's dtype (level ``k``; docs/multires.md, "The
+        error bound").  0 stores the data losslessly (bit for bit).
     order
         Order of the blocks in a subfile: ``"patch"`` (every level of a
         patch together: random access) or ``"level"`` (coarse levels of

@@ -3,13 +3,17 @@
 The guarantee
 -------------
 Given a tolerance ``tol > 0``, a patch stored with the tolerances of
-:func:`band_tolerances` reads back so that
+:func:`band_tolerances` (or losslessly, see *Rounding*) reads back so that
+every value at level ``k`` differs by at most ``tol`` from the exact
+level-``k`` approximation (:func:`lamina.multires.wavelet.approximation`)
+rounded to the dataset's dtype (and clipped to its finite range, see
+*Overflow*): what :func:`lamina.multires.compress.reference` gives.  At
+level 0 that is the written value itself.
 
-- every value at full resolution differs from the written one by at most
-  ``tol``, and
-- every value at level ``k`` differs from the exact level-``k``
-  approximation (:func:`lamina.multires.wavelet.approximation`) by at most
-  ``tol``.
+Values read have the dataset's dtype, and a coarser level of float32 data
+is rarely a float32, so against the unrounded approximation ``a`` the
+bound is ``tol`` plus half a unit in the last place of the dtype at ``a``.
+For float64 data the approximation is float64 and rounding changes nothing.
 
 Proof
 -----
@@ -63,20 +67,58 @@ with ``sum_b w_b t_b = (1 - SAFETY) tol`` where ``w_b = 2**d - 1`` for
 detail bands and ``w_{L-1} = 1``, so ``e_k <= (1 - SAFETY) tol`` for every
 ``k``.  Sub-bands that a partial patch leaves empty only remove terms.
 
-*Rounding.*  The transform runs in float64 and the result is rounded to
-the dataset's dtype.  Rounding to the dtype moves a value by at most one
-unit in the last place of the patch's largest magnitude ``M`` (half a unit
-for each of the two values compared).  The float64 passes (at most
-``d (L - 1)`` forward and as many inverse, three roundings per value each,
-spread with the same weights as above, at most ``2**d`` per level) add at
-most ``3 d 2**d (L - 1) 2**-53 M' < 2**-36 M'`` with ``M'`` the largest
-magnitude of the data and its coefficients (:func:`rounding_margin`
-takes a further factor for the intermediate values of a step).  Encoding
-stores a patch whose margin exceeds ``SAFETY * tol`` losslessly instead:
-the bound then holds exactly (``tol`` is within a few float64 ulps of the
-data's magnitude, where nothing is gained by compressing anyway).
+*Rounding.*  The transform runs in float64; decoding clips a level's
+values to the dtype's finite range and rounds them to the dtype, as
+:func:`~lamina.multires.compress.reference` does with the exact
+approximation they are compared with.  Clipping moves two values no
+further apart; rounding moves a value ``v`` by at most half a unit in the
+last place ``ulp(v)`` of the dtype at ``v``.  Let ``M`` be the largest
+magnitude of the patch's data, its coefficients and its approximations at
+every level (:func:`lamina.multires.wavelet.forward_magnitudes`).  The
+exact value is at most ``M`` in magnitude and the one decoded at most
+``M + tol``, so the two roundings add at most ``ulp(M + tol)``.  The
+float64 passes (at most ``d (L - 1)`` forward and as many inverse, three
+roundings per value each, spread with the same weights as above, at most
+``2**d`` per level) add at most ``3 d 2**d (L - 1) 2**-53 M' < 2**-36 M'``
+with ``M'`` the largest magnitude of the values they compute
+(:func:`rounding_margin` takes twice the ulp, and a further factor on the
+float64 term for the intermediate values of a step).  Encoding stores a
+patch whose margin exceeds ``SAFETY * tol`` losslessly instead (``tol``
+within a few units in the last place of the data's magnitude, where
+compressing gains nothing).  Level 0 of such a patch is then the written
+data bit for bit, and level ``k`` is computed from it on reading: the
+exact approximation rounded to the dtype, which is what the bound compares
+with, so its error is 0.  Against the unrounded approximation a coarser
+level of such float32 data is off by up to half a unit in the last place,
+more than ``tol`` when ``tol`` is below that.
 
 So every level reads back within ``(1 - SAFETY) tol + SAFETY tol = tol``.
+
+*Reads that leave bands out.*  A read at a looser tolerance ``t`` reads the
+coefficients of whole bands as 0 (:func:`lamina.multires.compress.skippable`),
+which moves a level by at most ``(1 - READ_SAFETY) s`` before rounding
+(``s = t - tol``).  The value decoded is then at most ``M + tol + s`` in
+magnitude: rounding it costs at most ``ulp(M + tol)`` if ``s <= M + tol``,
+which the factor 2 in the margin covers, and otherwise at most ``ulp(s)``,
+below the ``READ_SAFETY s`` kept back.  Such a read is within ``t``
+(patches encoded with ``optimism`` keep the same room: each of their
+levels is checked against ``tol`` less the patch's margin).
+
+*Overflow.*  The approximation weights' absolute values sum to more than 1,
+so a level of finite data near the largest finite value of the dtype can
+exceed it (float32 data near ``+-3.4e38``).  Such values are clipped to the
+largest finite value of their sign: in the values read, in the level's
+statistics (computed from them) and in
+:func:`~lamina.multires.compress.reference` alike, so finite data reads
+back finite.  Infinite data stays infinite (its patches are stored
+losslessly).  The float64 passes themselves never overflow: a forward
+pass at most doubles magnitudes (quadruples them in its intermediate sums)
+and an inverse pass at most triples them, whatever bands a read leaves
+out, so a patch is compressed only while ``M + tol`` is at most
+:func:`float64_headroom` (the largest float64 over ``2**(2 d (L - 1) + 4)``),
+and the levels of a patch whose data exceed it are computed from its data
+scaled down by that power of two (exact but for values it makes subnormal)
+and scaled back.  Only float64 data comes near it.
 
 Choosing the split
 ------------------
@@ -116,6 +158,10 @@ from .wavelet import band_size, check_patch, nlevels
 #: the part of the tolerance kept for rounding; a patch whose rounding
 #: margin exceeds it is stored losslessly
 SAFETY = 1 / 16
+
+#: the part of a looser read's slack (its tolerance less the written one) kept for
+#: rounding the values it moves (see the module docstring)
+READ_SAFETY = 2.0**-20
 
 #: float64 rounding of the forward and inverse transforms, relative to the
 #: largest magnitude of a patch's values and coefficients (see the module
@@ -201,22 +247,42 @@ def error_bound(tolerances: Sequence[float] | np.ndarray, ndim: int, level: int 
     return float((weights(ndim, levels) * t)[level:].sum())
 
 
+def float64_headroom(ndim: int, levels: int) -> float:
+    """The largest magnitude a patch's float64 transforms take without overflowing.
+
+    The largest float64 over ``2**(2 ndim (levels - 1) + 4)`` (see *Overflow*
+    in the module docstring): a patch is compressed only while its
+    magnitude plus the tolerance stays below it, and the levels of a patch
+    whose data exceed it are computed from the data scaled down by that
+    power of two.
+    """
+    return math.ldexp(float(np.finfo(np.float64).max), -headroom_exponent(ndim, levels))
+
+
+def headroom_exponent(ndim: int, levels: int) -> int:
+    """The power of two :func:`float64_headroom` divides the largest float64 by."""
+    return 2 * ndim * (levels - 1) + 4
+
+
 def rounding_margin(magnitude: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """Per patch, how far rounding can move a value read back (see the module docstring).
 
     Parameters
     ----------
     magnitude
-        Per patch, the largest absolute value of its data and coefficients.
+        Per patch, the largest absolute value of its data, its coefficients
+        and its approximations at every level, plus the tolerance.
     dtype
         The dataset's float dtype.
 
     Returns
     -------
     numpy.ndarray
-        One unit in the last place of *dtype* at *magnitude*, plus the
-        float64 transforms' slack.
+        Two units in the last place of *dtype* at *magnitude*, plus the
+        float64 transforms' slack; inf where *magnitude* is beyond the
+        finite range of *dtype* (or NaN): such patches are stored losslessly.
     """
     m = np.asarray(magnitude, dtype=np.float64)
-    ulp = np.spacing(m.astype(dtype)).astype(np.float64)
-    return 2 * ulp + FLOAT64_SLACK * m
+    inside = m <= float(np.finfo(dtype).max)  # False for NaN
+    ulp = np.spacing(np.where(inside, m, 0.0).astype(dtype)).astype(np.float64)
+    return np.where(inside, 2 * ulp + FLOAT64_SLACK * m, np.inf)

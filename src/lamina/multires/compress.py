@@ -11,20 +11,32 @@ Each patch is stored in one of three modes (:class:`Mode`):
 
 ``WAVELET``
     float64 coefficients, zfp fixed accuracy; every level within the
-    tolerance.
+    tolerance of the exact approximation rounded to the data's dtype
+    (:func:`reference`).
 ``INTEGER``
     tolerance 0: the data as exact integers times a power of two (per
     patch), the integer lifting, and zfp's reversible (lossless) mode:
     full resolution reads back bit for bit, level ``k`` gives the integer
-    transform's approximation exactly (within a rounding unit of the float
-    one).
+    transform's approximation scaled back and rounded to the dtype, exactly
+    as :func:`reference` does (within a rounding unit of the float one).
 ``RAW``
     the patch's bytes, deflated: patches holding NaN or infinity (zfp maps
     them to finite numbers), patches whose tolerance is within rounding of
-    their magnitude, patches on which zfp overshot its tolerance, and at
-    tolerance 0 patches too wide in exponent for int64.  All of the patch
-    sits in the coarsest band, so every level reads it; level ``k`` is
-    computed from it on reading and equals the exact approximation.
+    their magnitude, patches on which zfp overshot its tolerance, float64
+    patches too near its largest value for the float64 transforms
+    (:func:`lamina.multires.bound.float64_headroom`), and at tolerance 0
+    patches too wide in exponent for int64.  All of the patch
+    sits in the coarsest band, so every level reads it; level 0 is the
+    data bit for bit, and level ``k`` is computed from it on reading: the
+    exact approximation rounded to the data's dtype (:func:`reference`),
+    within half a unit in the last place of the unrounded one (where that
+    lies within the dtype's finite range).
+
+Every level is read in the data's dtype.  Where the approximation of
+finite data exceeds the dtype's finite range (data near its largest
+value), the values read are clipped to the largest finite value of that
+sign, as :func:`reference` clips them, so finite data reads back finite;
+infinite data stays infinite (:mod:`lamina.multires.bound`, *Overflow*).
 
 Decoding trusts no byte: each stream must declare the shape and type the
 band has (zfp's header is read before anything is decompressed, and the
@@ -176,12 +188,13 @@ def encode(
         ``"coefficients"`` (default): decode each zfp stream and store a
         patch losslessly if a coefficient is off by more than its band's
         tolerance, so that the bound rests on arithmetic alone;
-        ``"levels"``: also read every level back and compare with the exact
-        approximation; ``"none"``: trust zfp (faster).
+        ``"levels"``: also read every level back and compare with
+        :func:`reference`; ``"none"``: trust zfp (faster).
     optimism
         Try band tolerances this many times larger than the proved ones
         first, keep a patch so encoded only if every level of it reads
-        back within *tolerance* (checked as ``verify="levels"`` does), and
+        back within *tolerance* less its rounding margin (checked as
+        ``verify="levels"`` does), and
         encode the others with the proved tolerances.  The proof bounds
         the worst case of every coefficient error lining up; real errors
         are far smaller, so 8 to 16 typically shrinks the data by a third
@@ -255,25 +268,33 @@ def _encode_wavelet(
 ) -> None:
     """zfp-compress the bands of the finite patches; mark the others RAW.  *amax* gets each
     band's largest decoded coefficient magnitude (without ``verify``: the largest exact one
-    plus the band's tolerance, which zfp's error bound then covers)."""
+    plus the band's tolerance, which zfp's error bound then covers).  Patches whose rounding
+    margin exceeds the part of *tol* kept for it, or whose magnitude leaves the float64
+    transforms too little headroom, are stored RAW (:mod:`lamina.multires.bound`)."""
     import zfpy
 
     levels = len(tolerances)
-    modes[~finite] = Mode.RAW
-    idx = np.flatnonzero(finite)
+    headroom = bound.float64_headroom(x.ndim - 1, levels)
+    if x.shape[0]:
+        fits = finite & (np.abs(x).max(axis=_axes(x)).astype(np.float64) <= headroom)
+    else:
+        fits = finite
+    modes[~fits] = Mode.RAW
+    idx = np.flatnonzero(fits)
     if not idx.size:
         return
     xs = x[idx]
+    axes = _axes(xs)
     check_levels = verify == "levels"
     if check_levels:
         c, exact = wavelet.forward_levels(xs, levels)
+        sizes = np.stack([np.abs(a).max(axis=axes) for a in exact], axis=1)
     else:
-        c = wavelet.forward(xs, levels)
-    axes = _axes(c)
-    magnitude = np.maximum(np.abs(xs).max(axis=axes), np.abs(c).max(axis=axes))
+        c, sizes = wavelet.forward_magnitudes(xs, levels)
+    magnitude = np.maximum(sizes.max(axis=1), np.abs(c).max(axis=axes)) + tol
     margin = bound.rounding_margin(magnitude, x.dtype)
     # NaN-safe: an overflowing margin also sends the patch to RAW
-    ok = margin <= bound.SAFETY * tol
+    ok = (margin <= bound.SAFETY * tol) & (magnitude <= headroom)
     bands = wavelet.pack(c, levels)
     decoded = [np.zeros_like(band) for band in bands] if check_levels else []
     for b, (band, t) in enumerate(zip(bands, tolerances, strict=True)):
@@ -299,10 +320,13 @@ def _encode_wavelet(
         got = wavelet.inverse_levels(
             wavelet.unpack([d[sel] for d in decoded], xs.shape[1:], levels), levels
         )
+        # what decode gives against what reference gives, both clipped and rounded to the
+        # dtype, with the margin kept back for reads that leave bands out
+        room = (tol - margin[sel]).reshape((-1,) + (1,) * len(axes))
         for k in range(levels):
-            # what decode gives: rounded to the data's dtype
-            err = np.abs(got[k].astype(x.dtype).astype(np.float64) - exact[k][sel])
-            ok[sel[~(err.max(axis=_axes(err)) <= tol)]] = False
+            want = _in_range(exact[k][sel], x.dtype).astype(np.float64)
+            err = np.abs(_in_range(got[k], x.dtype).astype(np.float64) - want)
+            ok[sel[~(err <= room).all(axis=axes)]] = False
     modes[idx[~ok]] = Mode.RAW
 
 
@@ -413,6 +437,44 @@ def _zfp_decode(blob: bytes, shape: tuple[int, ...], dtype: np.dtype, what: str)
     return np.asarray(out).reshape(shape)
 
 
+def _in_range(v: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Level values of finite data (float64) in *dtype*: clipped to its finite range, rounded.
+
+    Infinities (from float64 overflow of finite data) become the largest
+    finite value of their sign too.
+    """
+    top = float(np.finfo(dtype).max)
+    return np.clip(v, -top, top).astype(dtype)
+
+
+def _from_values(x: np.ndarray, level: int, levels: int) -> np.ndarray:
+    """Level *level* of patches *x* computed from their values, as lossless storage reads it.
+
+    The exact approximation (:func:`lamina.multires.wavelet.approximation`),
+    finite values clipped to the finite range of the data's dtype and
+    rounded to it; infinite values (only infinite data gives them) and NaN
+    stay.  A patch whose finite values exceed
+    :func:`lamina.multires.bound.float64_headroom` is transformed scaled
+    down by its power of two, so the float64 passes cannot overflow.
+    """
+    if level == 0:
+        return x.copy()
+    n = x.shape[0]
+    e = bound.headroom_exponent(x.ndim - 1, levels)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN and infinity propagate
+        top = np.where(np.isfinite(x), np.abs(x), 0).max(axis=_axes(x)) if n else np.zeros(0)
+        top = top.astype(np.float64)
+        scale = np.where(top > bound.float64_headroom(x.ndim - 1, levels), -e, 0)
+        scale = scale.reshape((n,) + (1,) * (x.ndim - 1))
+        scaled = scale.any()
+        a = wavelet.approximation(np.ldexp(x.astype(np.float64), scale) if scaled else x, level)
+        limit = np.ldexp(float(np.finfo(x.dtype).max), scale)
+        out = np.where(np.isinf(a), a, np.clip(a, -limit, limit))
+        if scaled:
+            out = np.ldexp(out, -scale)
+        return out.astype(x.dtype)
+
+
 def _inflate(blob: bytes, nbytes: int, what: str) -> bytes:
     d = zlib.decompressobj()
     try:
@@ -454,7 +516,8 @@ def skippable(amax: np.ndarray, ndim: int, slack: float, level: int = 0) -> np.n
     bound of :mod:`.bound` a level ``k <= b`` moves by at most ``w_b
     amax[b]`` more.  Per patch, bands are left out finest first (``level``,
     ``level + 1``, ...) while the sum of ``w_b amax[b]`` stays within
-    *slack*; the coarsest approximation is always read.
+    *slack* (less the sliver ``bound.READ_SAFETY`` of it kept for rounding
+    the values to the dtype); the coarsest approximation is always read.
 
     Parameters
     ----------
@@ -480,7 +543,8 @@ def skippable(amax: np.ndarray, ndim: int, slack: float, level: int = 0) -> np.n
         return out
     w = bound.weights(ndim, a.shape[1])
     cost = np.cumsum((w * a)[:, level:-1], axis=1)  # leaving out bands level .. b
-    out[:, level:-1] = cost <= slack
+    # a sliver of the slack stays for rounding the values moved to the dtype
+    out[:, level:-1] = cost <= slack * (1 - bound.READ_SAFETY)
     return out
 
 
@@ -499,7 +563,11 @@ def decode(enc: Encoded, level: int = 0, patches: Sequence[int] | None = None) -
     Returns
     -------
     numpy.ndarray
-        ``(len(patches), *ceil(shape / 2**level))`` in the data's dtype.
+        ``(len(patches), *ceil(shape / 2**level))`` in the data's dtype:
+        the float64 values of the transform rounded to it, clipped to its
+        finite range where finite data gives values beyond it (see the
+        module docstring); a patch stored raw gives exactly what
+        :func:`reference` gives.
 
     Raises
     ------
@@ -514,14 +582,15 @@ def decode(enc: Encoded, level: int = 0, patches: Sequence[int] | None = None) -
     modes = enc.modes[sel]
     j = np.flatnonzero(modes == Mode.WAVELET)
     if j.size:
-        out[j] = _decode_wavelet(enc, sel[j], level)
+        out[j] = _in_range(_decode_wavelet(enc, sel[j], level), enc.dtype)
     j = np.flatnonzero(modes == Mode.INTEGER)
     if j.size:
         bands = _bands(enc, sel[j], level, np.dtype(np.int64))
         c = wavelet.unpack(bands, enc.shape, enc.levels, level)
         big = wavelet.inverse(c, enc.levels, level, integer=True)
         e = enc.exponents[sel[j]].reshape((-1,) + (1,) * len(enc.shape))
-        out[j] = np.ldexp(big.astype(np.float64), e)
+        with np.errstate(over="ignore"):  # clipped below
+            out[j] = _in_range(np.ldexp(big.astype(np.float64), e), enc.dtype)
     j = np.flatnonzero(modes == Mode.RAW)
     if j.size:
         nbytes = math.prod(enc.shape) * enc.dtype.itemsize
@@ -533,34 +602,37 @@ def decode(enc: Encoded, level: int = 0, patches: Sequence[int] | None = None) -
                 for i in sel[j]
             ]
         )
-        with np.errstate(invalid="ignore", over="ignore"):
-            out[j] = raw if level == 0 else wavelet.approximation(raw, level)
+        out[j] = _from_values(raw, level, enc.levels)
     return out
 
 
 def reference(x: np.ndarray, patch: Sequence[int], level: int, tolerance: float) -> np.ndarray:
     """The exact level-*level* approximation that :func:`decode` is bounded against.
 
-    For a tolerance > 0 the float transform's approximation
-    (:func:`lamina.multires.wavelet.approximation`, float64); for tolerance 0
-    what lossless storage gives: the integer transform's approximation
-    scaled back, for patches that take the integer path, else the float
-    one, rounded to the data's dtype.
+    In the data's dtype, as lossless storage reads it: for a tolerance > 0
+    the float transform's approximation
+    (:func:`lamina.multires.wavelet.approximation`, float64) rounded to the
+    dtype; for tolerance 0 the integer transform's approximation scaled
+    back for patches that take the integer path, else the float one, each
+    rounded to the dtype.  Finite data's values beyond the dtype's finite
+    range are clipped to its largest finite value of that sign, as
+    :func:`decode` clips them.  A patch stored raw decodes to exactly this;
+    a compressed one to within the tolerance of it
+    (:mod:`lamina.multires.bound`).
     """
     x = np.asarray(x)
     _, p = _check_data(x, patch)
     levels = wavelet.nlevels(p)
     wavelet.check_level(level, levels)
+    out = _from_values(x, level, levels)
     if bound.check_tolerance(tolerance) > 0:
-        with np.errstate(invalid="ignore", over="ignore"):
-            return wavelet.approximation(x, level)
+        return out
     big, e, fits = _integer_form(x, levels)
-    with np.errstate(invalid="ignore", over="ignore"):
-        out = wavelet.approximation(x, level).astype(x.dtype)
     if fits.any():
         a = wavelet.approximation(big[fits], level, integer=True)
         scale = e[fits].reshape((-1,) + (1,) * (x.ndim - 1))
-        out[fits] = np.ldexp(a.astype(np.float64), scale)
+        with np.errstate(over="ignore"):  # clipped
+            out[fits] = _in_range(np.ldexp(a.astype(np.float64), scale), x.dtype)
     return out
 
 

@@ -392,6 +392,31 @@ def forward_levels(x: np.ndarray, levels: int) -> tuple[np.ndarray, list[np.ndar
     return main, out
 
 
+def forward_magnitudes(x: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`forward`, also returning the largest magnitude of every level on the way.
+
+    Returns
+    -------
+    tuple
+        The coefficients (those of :func:`forward`, bit for bit), and an
+        array ``(npatches, levels)`` whose entry ``[i, k]`` is the largest
+        absolute value of ``approximation(x, k)[i]`` (NaN where it holds NaN).
+    """
+    x = np.asarray(x)
+    shape = _check_batch(x, None, "forward_magnitudes")
+    main = np.array(x, dtype=np.float64, copy=True)
+    scratch = np.empty_like(main)
+    axes = tuple(range(1, main.ndim))
+    out = np.empty((main.shape[0], levels))
+    out[:, 0] = np.abs(main).max(axis=axes)
+    for step in range(1, levels):
+        main, scratch = _passes(
+            main, scratch, level_shape(shape, step - 1), range(len(shape)), _forward_axis, False
+        )
+        out[:, step] = np.abs(main[_corner(level_shape(shape, step))]).max(axis=axes)
+    return main, out
+
+
 def inverse_levels(c: np.ndarray, levels: int) -> list[np.ndarray]:
     """Every level of :func:`inverse` from one pass: entry ``k`` equals ``inverse(c, levels, k)``."""
     c = np.asarray(c)
