@@ -741,3 +741,161 @@ def test_create_dataset_on_a_closed_file_says_so(tmp_path):
     f.close()
     with pytest.raises(ValueError, match="create dataset 'a'.*is closed"):
         f.create_dataset("a", (3,))
+
+
+# --------------------------------------------------------------------------
+# arguments checked before anything is made of them
+
+
+@pytest.mark.parametrize(
+    "dtype, data, kind, words",
+    [
+        ("i4", np.array([1.0, 2.0, 3.0]), DTypeError, "float64 data to dataset 'counts'"),
+        ("u1", [-1, 300], DTypeError, "int64 data to dataset 'counts'"),
+        (None, [[1, 2], [3]], ShapeError, "dataset 'counts': data is not an array"),
+    ],
+)
+def test_create_dataset_whose_data_is_refused_defines_nothing(
+    writer, engine, dtype, data, kind, words
+):
+    """The data's cast (the one its write makes) and shape are checked before the dataset is
+    defined: a refused create leaves nothing behind (it left the dataset defined, all fill,
+    so that the corrected call raised ExistsError), and the corrected call succeeds."""
+    steps = writer.steps
+    with pytest.raises(kind, match=words):
+        writer.create_dataset("counts", dtype=dtype, data=data)
+    assert "counts" not in writer and writer.steps == steps and not writer.engine.in_step
+    ds = writer.create_dataset("counts", data=np.array([1, 2, 3], dtype=dtype or "i4"))
+    with writer.step():  # takes the step the data's write opened
+        writer["fields/temp"][0] = -1.0
+    np.testing.assert_array_equal(ds[...], [1, 2, 3])
+    committed_ok(writer)
+    reopen_ok(writer, engine)
+
+
+def test_box_corners_are_integers():
+    """A Box keeps its corners as tuples of Python ints, numpy's integers and arrays taken;
+    anything else is a TypeError naming the corner (an array start failed deep in a read,
+    a float or a string corner later still)."""
+    b = lamina.Box(np.array([0, 1]), [np.int64(2), 3])
+    assert b == lamina.Box((0, 1), (2, 3)) and hash(b) == hash(lamina.Box((0, 1), (2, 3)))
+    assert all(type(v) is int for v in b.start + b.stop)
+    for start, stop, words in [
+        ((0.0, 0), (2, 2), r"box start \(0.0, 0\) holds 0.0"),
+        ((0, 0), (2, 2.5), r"box stop \(2, 2.5\) holds 2.5"),
+        ((True,), (2,), "box start .* holds True"),
+        ("01", "23", "box start '01' is not a sequence of integers"),
+        (np.zeros((1, 2), int), (1, 2), "box start .* is not a sequence"),
+        (np.array([0.5]), (1,), "box start .* not an integer"),
+        (0, 2, "box start 0 is not a sequence"),
+    ]:
+        with pytest.raises(TypeError, match=words):
+            lamina.Box(start, stop)
+
+
+def test_read_box_far_outside_allocates_nothing(writer):
+    """A Box outside the dataset is a BoundsError naming the dataset, the box and the shape
+    before an array of its shape is made (16 PiB was a MemoryError, 2**63 numpy's ValueError);
+    a Box of numpy arrays reads, alone and collectively."""
+    ds = writer["fields/temp"]
+    whole = ds.read()
+    for box in [
+        lamina.Box((0, 0), (2**31, 2**20)),
+        lamina.Box((0, 0), (2**63, 2)),
+        lamina.Box((0, 0), (5, 6)),
+    ]:
+        for collective in (False, True):
+            with pytest.raises(
+                BoundsError, match=rf"box {re.escape(str(box))} .*'fields/temp' of shape \(4, 6\)"
+            ):
+                ds.read(box, collective=collective)
+    corners = lamina.Box(np.array([1, 2]), np.array([3, 4]))
+    np.testing.assert_array_equal(ds.read(corners), whole[1:3, 2:4])
+    np.testing.assert_array_equal(ds.read(corners, collective=True), whole[1:3, 2:4])
+    committed_ok(writer)
+
+
+def test_a_view_of_a_step_changes_nothing(writer, engine):
+    """f.at(k) is read-only: attributes, datasets and groups made through it are a ModeError
+    (they reached the live file), as its writes are; require_group of a group it has reads."""
+    writer.attrs["kept"] = 1
+    old = writer.at(0)
+    attempts = [
+        lambda: old.attrs.__setitem__("note", "x"),
+        lambda: old.attrs.__delitem__("kept"),
+        lambda: old["fields/temp"].attrs.__setitem__("units", "K"),
+        lambda: old["fields"].attrs.__setitem__("units", "K"),
+        lambda: old.create_dataset("made", shape=(2,)),
+        lambda: old["fields"].create_dataset("made", shape=(2,)),
+        lambda: old.create_group("grp"),
+        lambda: old.require_group("grp"),
+        lambda: old["fields/temp"].__setitem__(0, 1.0),
+    ]
+    for attempt in attempts:
+        with pytest.raises(ModeError, match="committed step 0") as ei:
+            attempt()
+        assert isinstance(ei.value, PermissionError)
+    assert old.require_group("fields").name == "/fields"
+    assert dict(writer.attrs) == {"kept": 1} and dict(writer["fields/temp"].attrs) == {}
+    assert sorted(writer.keys()) == ["fields"] and "made" not in writer["fields"]
+    continue_ok(writer)
+    reopen_ok(writer, engine)
+
+
+def test_bytes_path_names_the_same_file(tmp_path, monkeypatch):
+    """A bytes path (os.fsencode's) opens the file it names; str() of it made a directory
+    named "b'...'" under the working directory."""
+    monkeypatch.chdir(tmp_path)
+    path = str(tmp_path / "b.lam")
+    with lamina.open(os.fsencode(path), "w") as f:
+        assert f.filename == path
+        f.create_dataset("x", shape=(2,))[...] = 1.0
+    assert os.listdir(tmp_path) == ["b.lam"]
+    with lamina.open(os.fsencode(path)) as f:
+        np.testing.assert_array_equal(f["x"][...], [1.0, 1.0])
+
+
+def test_arguments_of_the_wrong_kind_are_named(tmp_path, monkeypatch):
+    """Options and arguments of the wrong type or range: a TypeError or ValueError naming
+    them and what they take (an AttributeError, int()'s and float()'s words, an
+    OverflowError at the first write, numpy's ragged-array error had no name)."""
+    monkeypatch.delenv("LAMINA_TRANSPORT", raising=False)
+    monkeypatch.delenv("LAMINA_TRANSPORT_TIMEOUT", raising=False)
+    p = tmp_path / "a.lam"
+    with pytest.raises(lamina.ConfigError, match="transport must be one of .* got 5"):
+        lamina.open(p, "w", transport=5)
+    for seg in ("4MiB", 2**70, True, 4194304.0):
+        with pytest.raises(ValueError, match=r"checksum_segment must be .* below 2\*\*62"):
+            lamina.open(p, "w", checksum_segment=seg)
+    for options, kind, words in [
+        (dict(queue_limit=1.5), ValueError, "queue_limit must be an integer >= 2, got 1.5"),
+        (dict(queue_limit="2"), ValueError, "queue_limit must be an integer >= 2, got '2'"),
+        (dict(timeout="x"), ValueError, "timeout must be a number of seconds > 0, got 'x'"),
+        (dict(shallow=5), TypeError, "shallow must be a dataset path glob"),
+    ]:
+        with pytest.raises(kind, match=words):
+            lamina.open(p, "w", transport="memory", **options)
+    monkeypatch.setenv("LAMINA_TRANSPORT_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="LAMINA_TRANSPORT_TIMEOUT must be a number"):
+        lamina.open(p, "w", transport="memory")
+    monkeypatch.delenv("LAMINA_TRANSPORT_TIMEOUT")
+    with lamina.open(p, "w", checksum_segment=1 << 18) as f:
+        f.create_dataset("a", shape=(4,))[...] = 1.0
+        with pytest.raises(ShapeError, match="dataset 'r': data is not an array of one shape"):
+            f.create_dataset("r", data=[[1, 2], [3]])
+        with pytest.raises(ValueError, match="cannot set attribute 'r' on '/'"):
+            f.attrs["r"] = [[1, 2], [3]]
+        assert "r" not in f and "r" not in f.attrs
+    with lamina.open(p) as f:
+        with pytest.raises(TypeError, match=r"wait_for_step\(\): step must be an integer.*'1'"):
+            f.wait_for_step("1", timeout=1)
+        with pytest.raises(TypeError, match=r"wait_for_step\(\): timeout must be a number"):
+            f.wait_for_step(5, timeout="1")
+        with pytest.raises(TypeError, match=r"iter_steps\(\): timeout must be a number.*'5'"):
+            list(f.iter_steps(timeout="5"))
+        with pytest.raises(ValueError, match=r"iter_steps\(\): poll must be > 0"):
+            list(f.iter_steps(poll=0))
+        for key in (..., 0, None):
+            with pytest.raises(TypeError, match="group '/' of .* is indexed by the name"):
+                f[key]
+        np.testing.assert_array_equal(f["a"][...], 1.0)

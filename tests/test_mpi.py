@@ -306,6 +306,12 @@ def test_failures_reach_every_rank(tmp_path, case, n):
             for c in ("close-in-step", "data-then-step", "derive-apart")
             for io in ("sync", "async", "auto")
         ),
+        *(
+            f"{c}-{io}"
+            for c in ("refused-define", "define-apart", "flush-apart")
+            for io in ("sync", "async")
+        ),
+        "refused-read",
     ],
 )
 @pytest.mark.parametrize("n", [2, 3])

@@ -709,8 +709,14 @@ _NONE = 2
 
 #: the collective calls an agreement may name (``agree(call=...)``): the first agreement of
 #: each names its call, so that ranks in different calls raise instead of pairing them
-CALL_END_STEP, CALL_CLOSE, CALL_DERIVE = 1, 2, 3
-CALL_NAMES = {CALL_END_STEP: "end_step", CALL_CLOSE: "close", CALL_DERIVE: "derive"}
+CALL_END_STEP, CALL_CLOSE, CALL_DERIVE, CALL_DEFINE, CALL_FLUSH = 1, 2, 3, 4, 5
+CALL_NAMES = {
+    CALL_END_STEP: "end_step",
+    CALL_CLOSE: "close",
+    CALL_DERIVE: "derive",
+    CALL_DEFINE: "create_dataset",
+    CALL_FLUSH: "flush",
+}
 #: what an agreement that names no call adds to the two call slots (the least is taken)
 _NO_CALL = np.iinfo(np.int64).max
 

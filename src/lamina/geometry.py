@@ -31,6 +31,17 @@ class Box:
 
     def __post_init__(self) -> None:
         start, stop = self.start, self.stop
+        if (
+            type(start) is not tuple
+            or type(stop) is not tuple
+            or not _INT.issuperset(map(type, start + stop))
+        ):
+            # numpy arrays or integers, lists: as tuples of Python ints (a corner of floats,
+            # strings or bools is refused, as corners of writes are); tuples of ints, the
+            # boxes lamina makes at every read, pass with this one test
+            start, stop = _corner(start, "start"), _corner(stop, "stop")
+            object.__setattr__(self, "start", start)
+            object.__setattr__(self, "stop", stop)
         if len(start) != len(stop):
             raise ShapeError(f"box start {start} and stop {stop} differ in rank")
         # checked with C-level iteration: boxes are made at every put and read
@@ -147,6 +158,28 @@ class Box:
 
     def __str__(self) -> str:
         return "[" + ", ".join(f"{a}:{b}" for a, b in zip(self.start, self.stop, strict=True)) + "]"
+
+
+#: the one type of a corner's entries that :class:`Box` takes without converting them
+_INT = frozenset({int})
+
+
+def _corner(v: Any, which: str) -> tuple[int, ...]:
+    """Corner *v* of a box (``which``: start or stop) as a tuple of Python ints; TypeError
+    naming it for anything but a sequence (or 1-D array) of integers."""
+    if isinstance(v, np.ndarray):
+        sequence = v.ndim == 1
+    else:
+        sequence = isinstance(v, Sequence) and not isinstance(v, str | bytes)
+    if not sequence:
+        raise TypeError(f"box {which} {v!r} is not a sequence of integers (one per dimension)")
+    out = []
+    for x in v:
+        try:
+            out.append(as_int(x))
+        except TypeError:
+            raise TypeError(f"box {which} {tuple(v)!r} holds {x!r}, not an integer") from None
+    return tuple(out)
 
 
 _new_box = object.__new__

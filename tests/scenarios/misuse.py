@@ -39,6 +39,21 @@ Usage: misuse.py CASE PATH [AGGREGATORS]
                   the others with 'sync': every rank raises CollectiveMismatchError at the open
                   (the background layer's own collectives made the ranks wait forever), and
                   the file opened alike next writes
+  refused-define IO  the last rank passes create_dataset arguments its own checks refuse (a
+                  negative or float shape, a string dtype, a fill that does not fit, an
+                  unknown codec, data that does not cast, a '..' name): every rank raises
+                  that error's class (the others waited forever in the definition), nothing
+                  is defined, and the file goes on and closes
+  define-apart IO  rank 0 creates a dataset while the others close: every rank raises
+                  (CollectiveMismatchError naming both calls under sync) instead of pairing
+                  the two calls, and the file holds what was committed before
+  refused-read    collective reads where the last rank's arguments are refused before any
+                  message (a box that is not one, a level the dataset lacks) or its box lies
+                  far outside the dataset: every rank raises, nothing huge is allocated, and
+                  the next collective read reads
+  flush-apart IO  f.flush(durable=...) with rank 0 alone durable: every rank raises
+                  CollectiveMismatchError (rank 0 waited forever for the others' fsyncs);
+                  an agreed flush and the next step go on
 """
 
 import functools
@@ -378,6 +393,124 @@ def io_apart() -> None:
         np.testing.assert_array_equal(f["x"][...], np.arange(size))
 
 
+def refused_define(io: str) -> None:
+    last = size - 1
+    # (name, the others' arguments, the last rank's, the error every rank raises)
+    cases = [
+        ("c", dict(shape=(4,)), dict(shape=(-1,)), lamina.ShapeError),
+        ("c", dict(shape=(4,)), dict(shape=(4.0,)), lamina.ShapeError),
+        ("c", dict(shape=(4,)), dict(shape=(4,), dtype="U3"), lamina.DTypeError),
+        (
+            "c",
+            dict(shape=(4,), dtype="i4"),
+            dict(shape=(4,), dtype="i4", fill=1.5),
+            lamina.DTypeError,
+        ),
+        ("c", dict(shape=(4,)), dict(shape=(4,), compression="zstdd"), lamina.CodecError),
+        (
+            "c",
+            dict(dtype="i4", data=np.arange(4)),
+            dict(dtype="i4", data=np.arange(4.0) + 0.5),
+            lamina.DTypeError,
+        ),
+        ("../c" if rank == last else "c", dict(shape=(4,)), dict(shape=(4,)), ValueError),
+    ]
+    with lamina.open(path, "w", durable=False, io=io) as f:
+        x = f.create_dataset("x", (size,))
+        with f.step():
+            x[rank] = rank
+        for name, good, bad, kind in cases:
+            try:
+                f.create_dataset(name, **(bad if rank == last else good))
+            except kind as e:
+                if rank != last:  # the last rank's own error, said by rank
+                    assert str(e).startswith(f"rank {last}:"), e
+            else:
+                raise AssertionError(f"rank {rank}: {bad} on rank {last} was not refused")
+            assert "c" not in f and f.steps == 1 and not f.engine.in_step, (bad, list(f))
+        c = f.create_dataset("c", (size,), "i4")
+        with f.step():
+            x[rank] = 10 + rank
+            c[rank] = rank
+    comm.Barrier()
+    with lamina.open(path, comm=MPI.COMM_SELF) as g:
+        assert g.steps == 2 and sorted(g.keys()) == ["c", "x"], (g.steps, list(g))
+        np.testing.assert_array_equal(g["c"][...], np.arange(size))
+        np.testing.assert_array_equal(g.at(0)["x"][...], np.arange(size, dtype=float))
+
+
+def define_apart(io: str) -> None:
+    f = lamina.open(path, "w", durable=False, io=io)
+    x = f.create_dataset("x", (size,))
+    with f.step():
+        x[rank] = rank
+    said = []
+    try:
+        if rank == 0:
+            f.create_dataset("c", (4,))  # the others close meanwhile
+        f.close()
+    except lamina.LaminaError as e:
+        said.append(f"{type(e).__name__}: {e}")
+        try:
+            f.close()  # (a rank whose call raised: the file is still open here)
+        except lamina.LaminaError as e2:
+            said.append(f"{type(e2).__name__}: {e2}")
+    if rank == 0:
+        assert said and said[0].startswith("CollectiveMismatchError"), said
+        if io == "sync":
+            assert "create_dataset" in said[0] and "close" in said[0], said
+    comm.Barrier()
+    with lamina.open(path, comm=MPI.COMM_SELF) as g:
+        assert g.steps == 1 and list(g.keys()) == ["x"], (g.steps, list(g))
+        np.testing.assert_array_equal(g["x"][...], np.arange(size, dtype=float))
+
+
+def refused_read() -> None:
+    last = size - 1
+    with lamina.open(path, "w", durable=False) as f:
+        a = f.create_dataset("a", (size, 6))
+        with f.step():
+            a[rank] = rank
+        whole = np.repeat(np.arange(size, dtype=float), 6).reshape(size, 6)
+        row = lamina.Box((rank, 0), (rank + 1, 6))
+        huge = lamina.Box((0, 0), (2**62, 2**40))  # 2**105 bytes: no array of it is made
+        # (the last rank's arguments, the error every rank raises, words of its message)
+        for bad, kind, words in [
+            (dict(box="0:2"), TypeError, "takes a lamina.Box"),
+            (dict(box=row, level=1), lamina.BoundsError, "one level"),
+            (dict(box=huge), lamina.BoundsError, "out of bounds"),
+        ]:
+            try:
+                a.read(collective=True, **(bad if rank == last else dict(box=row)))
+            except kind as e:
+                assert words in str(e) or (rank != last and f"rank {last}" in str(e)), e
+            else:
+                raise AssertionError(f"rank {rank}: {bad} on rank {last} was not refused")
+        corner = lamina.Box(np.array([rank, 0]), np.array([rank + 1, 6]))  # numpy's ints
+        np.testing.assert_array_equal(a.read(corner, collective=True), whole[rank : rank + 1])
+        np.testing.assert_array_equal(a.read(collective=True), whole)
+
+
+def flush_apart(io: str) -> None:
+    with lamina.open(path, "w", durable=False, io=io) as f:
+        x = f.create_dataset("x", (size,))
+        with f.step():
+            x[rank] = rank
+        try:
+            f.flush(durable=rank == 0)
+        except lamina.CollectiveMismatchError as e:
+            assert "durable" in str(e) and "flush" in str(e), e
+        else:
+            raise AssertionError(f"rank {rank}: flushes with different durable= went on")
+        f.flush()
+        with f.step():
+            x[rank] = 10 + rank
+    comm.Barrier()
+    with lamina.open(path, comm=MPI.COMM_SELF) as g:
+        assert g.steps == 2, g.steps
+        np.testing.assert_array_equal(g["x"][...], 10 + np.arange(size, dtype=float))
+
+
 if case in ("fsize", "eacces"):
     {"fsize": fsize, "eacces": eacces}[case](int(sys.argv[3]))
 else:
@@ -392,12 +525,16 @@ else:
         "io-apart": io_apart,
         "step-apart-close": lambda: step_apart_close("sync"),
         "step-apart-close-async": lambda: step_apart_close("async"),
+        "refused-read": refused_read,
         **{
             f"{name}-{io}": functools.partial(fn, io)
             for name, fn in (
                 ("close-in-step", close_in_step),
                 ("data-then-step", data_then_step),
                 ("derive-apart", derive_apart),
+                ("refused-define", refused_define),
+                ("define-apart", define_apart),
+                ("flush-apart", flush_apart),
             )
             for io in ("sync", "async", "auto")
         },

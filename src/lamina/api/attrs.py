@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, MutableMapping
 
 from ..catalog import present_attr
-from ..errors import NotFoundError, suggest
+from ..errors import ModeError, NotFoundError, suggest
 
 
 class Attributes(MutableMapping):
@@ -15,11 +15,13 @@ class Attributes(MutableMapping):
     say); the change is committed with the next step or close and then seen
     on every rank.  Ranks that change one attribute in a step must leave it
     the same (else CollectiveMismatchError on every rank, naming them).
+    Those of a view of a committed step (``f.at(k)``) are read-only.
     """
 
-    def __init__(self, file, path: str):
+    def __init__(self, file, path: str, step: int | None = None):
         self._file = file
         self._path = path
+        self._step = step  # the step of the view they were reached through (None: the file)
 
     def _d(self) -> dict:
         return self._file._engine.catalog.attrs.get(self._path, {})
@@ -34,11 +36,21 @@ class Attributes(MutableMapping):
 
     def __setitem__(self, name: str, value) -> None:
         """Independent: set attribute *name* (committed with the next step or close)."""
+        self._writable(f"set attribute {name!r}")
         self._file._engine.set_attr(self._path, name, value)
 
     def __delitem__(self, name: str) -> None:
         """Independent: delete attribute *name* (committed with the next step or close)."""
+        self._writable(f"delete attribute {name!r}")
         self._file._engine.del_attr(self._path, name)
+
+    def _writable(self, what: str) -> None:
+        if self._step is not None:
+            raise ModeError(
+                f"cannot {what} on {'/' + self._path!r}: seen at committed step {self._step} "
+                f"(f.at({self._step}), a step of iter_steps), read-only; set attributes "
+                "through the file (f.attrs, f[name].attrs)"
+            )
 
     def __iter__(self) -> Iterator[str]:
         return iter(sorted(self._d()))

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .. import buffers
+from .. import comm as comm_mod
 from ..engines.base import step_number
 from ..errors import (
     BoundsError,
@@ -19,6 +20,8 @@ from ..errors import (
     SelectionError,
     ShapeError,
     StepError,
+    error_from_wire,
+    error_to_wire,
     mark_collective,
 )
 from ..geometry import Box, as_int, box_of
@@ -49,6 +52,54 @@ def _select(key, shape: tuple[int, ...], what: str, read) -> np.ndarray:
         out = out.reshape(sel.result_shape)
     ellipsis = key is Ellipsis or (isinstance(key, tuple) and any(k is Ellipsis for k in key))
     return out[()] if out.ndim == 0 and not (ellipsis and not shape) else out
+
+
+#: what the agreements of a collective read carry: a key of the dataset, step and level below
+#: _KEY, or above it a rank's refusal of its arguments (:func:`_refusal`); the largest wins
+_KEY = (1 << 31) - 1
+#: ranks a refusal names (the lowest refusing one wins; higher ones are said as this one)
+_RANKS = (1 << 22) - 1
+#: the errors a refusal is raised as on the other ranks, by wire name (errors.error_to_wire)
+_REFUSALS = (
+    "RemoteError",
+    "Remote:TypeError",
+    "Remote:ValueError",
+    "Remote:IndexError",
+    "Remote:OverflowError",
+    "Remote:MemoryError",
+    "BoundsError",
+    "SelectionError",
+    "ShapeError",
+    "DTypeError",
+    "RangeError",
+    "StepError",
+    "ModeError",
+    "ConfigError",
+    "NotFoundError",
+)
+
+
+def _refusal(error: BaseException, rank: int) -> int:
+    """The flag of rank *rank*'s refusal *error*, for an agreement: above any key, larger
+    for a lower rank, its class in the low byte (those beyond :data:`_REFUSALS` said as
+    RemoteError).  Below 2**32, as the background layer's agreements need."""
+    name = error_to_wire(error)[0]
+    code = _REFUSALS.index(name) if name in _REFUSALS else 0
+    return _KEY + 1 + ((_RANKS - min(rank, _RANKS)) << 8) + code
+
+
+def _refused_on(flag: int, what: str) -> BaseException:
+    """The error a rank raises for another rank's refusal, *flag* (:func:`_refusal`)."""
+    v = flag - _KEY - 1
+    rank, name = _RANKS - (v >> 8), _REFUSALS[v & 0xFF]
+    said = name.removeprefix("Remote:")
+    return mark_collective(
+        error_from_wire(
+            name,
+            f"rank {rank} refused its arguments to {what} ({said}: see the error raised "
+            "there); no rank read anything",
+        )
+    )
 
 
 class LevelView:
@@ -132,7 +183,7 @@ class Dataset:
 
     @property
     def attrs(self) -> Attributes:
-        return Attributes(self._file, self._path)
+        return Attributes(self._file, self._path, self._step)
 
     @property
     def step(self) -> int | None:
@@ -209,6 +260,30 @@ class Dataset:
         more than the difference, so smooth regions read fewer bytes.  The
         stored bytes the read took are in :attr:`last_read_bytes`.
         """
+        if collective:
+            return self._read_collective(box, step, out, level, tolerance)
+        layout, level, box = self._read_args(box, level, tolerance)
+        step = self._step if step is None else step
+        if out is None and layout is None:
+            ahead = self._file._engine.take_read_ahead(self._path, box, step)
+            if ahead is not None:  # read ahead (iter_steps(prefetch=True)): no copy
+                return ahead
+        if out is None:
+            out = _aligned_empty(box.shape, self.dtype)
+        if layout is None:
+            self._file._engine.get(self._path, box, step, out)
+        else:
+            self.last_read_bytes = self._file._engine.get_level(
+                self._path, box, step, out, level, None, tolerance
+            )
+        return out
+
+    def _read_args(
+        self, box, level, tolerance, bounds: bool = True
+    ) -> tuple[Layout | None, int, Box]:
+        """(layout, level, box) of a read: the level and the tolerance checked, *box* as a
+        :class:`Box` of that level, with *bounds* inside it (BoundsError before anything is
+        allocated for it)."""
         layout, level = self._level(level)
         if layout is None and tolerance is not None:
             raise ValueError(
@@ -223,24 +298,29 @@ class Dataset:
                 if box is None:
                     box = self._whole = Box.from_shape(shape)
             else:
-                box = self._box(box, shape)
+                box = self._box(box, shape, bounds=bounds)
         else:
             shape = layout.shapes(self._spec.shape)[level]
-            box = Box.from_shape(shape) if box is None else self._box(box, shape)
+            box = Box.from_shape(shape) if box is None else self._box(box, shape, level=level)
+        return layout, level, box
+
+    def _read_collective(self, box, step, out, level, tolerance) -> np.ndarray:
+        """:meth:`read` with ``collective=True``: every rank checks its arguments, then the
+        ranks agree on the dataset, step and level; a rank that refused its arguments makes
+        every rank raise, before anything is read or allocated."""
+        layout: Layout | None = None
+        g = comm_mod.Guard()
+        with g:
+            layout, level, box = self._read_args(box, level, tolerance, bounds=False)
+            if out is None:
+                if box.inside(self._spec.shape) or layout is not None:
+                    out = _aligned_empty(box.shape, self.dtype)
+                else:  # outside: the engine's first agreement says so on every rank
+                    out = np.empty((0,) * box.ndim, dtype=self.dtype)
         step = self._step if step is None else step
-        if out is None and layout is None and not collective:
-            # a collective read is one on every rank, whatever this rank has read ahead
-            ahead = self._file._engine.take_read_ahead(self._path, box, step)
-            if ahead is not None:  # read ahead (iter_steps(prefetch=True)): no copy
-                return ahead
-        if collective:
-            self._same_everywhere(step, level)
-        if out is None:
-            out = _aligned_empty(box.shape, self.dtype)
-        if layout is None and collective:
+        self._same_everywhere(step, level, g.error)
+        if layout is None:
             self._file._engine.get_collective(self._path, box, step, out)
-        elif layout is None:
-            self._file._engine.get(self._path, box, step, out)
         else:
             self.last_read_bytes = self._file._engine.get_level(
                 self._path, box, step, out, level, None, tolerance
@@ -273,11 +353,22 @@ class Dataset:
         box = Box.from_shape(shape) if box is None else self._box(box, shape)
         return bg.prefetch(self._path, box, self._step if step is None else step)
 
-    def _box(self, box, shape: tuple[int, ...], call: str = "read") -> Box:
-        """*box* as a :class:`Box`: one already, or a tuple of slices of step 1 (``np.s_[a:b,
-        :]``, clipped to *shape* as numpy clips them, one per dimension); TypeError naming
-        *call* otherwise."""
+    def _box(
+        self,
+        box,
+        shape: tuple[int, ...],
+        call: str = "read",
+        bounds: bool = True,
+        level: int = 0,
+    ) -> Box:
+        """*box* as a :class:`Box`: one already, inside *shape* (that of *level*) with
+        *bounds* (BoundsError naming the dataset, the box and the shape, before anything is
+        allocated for it), or a tuple of slices of step 1 (``np.s_[a:b, :]``, clipped to
+        *shape* as numpy clips them, one per dimension); TypeError naming *call* otherwise."""
         if isinstance(box, Box):
+            if bounds and not box.inside(shape):
+                at = f" at level {level}" if level else ""
+                box.check_inside(shape, f"dataset {self._path!r}{at}")
             return box
         if isinstance(box, slice):
             box = (box,)
@@ -298,9 +389,10 @@ class Dataset:
             f"got {type(box).__name__} {box!r}"
         )
 
-    def _same_everywhere(self, step, level: int) -> None:
+    def _same_everywhere(self, step, level: int, refused: BaseException | None = None) -> None:
         """Collective: CollectiveMismatchError on every rank unless all read this dataset at
-        the same step and level (a collective read)."""
+        the same step and level (a collective read); where a rank *refused* its arguments,
+        every rank raises (that rank its error, the others one of its class naming it)."""
         eng = self._file._engine
         try:  # one step however it is named (-1 and the last step's number are the same)
             n = eng.steps
@@ -308,8 +400,14 @@ class Dataset:
             resolved: object = k + n if k < 0 else k
         except (StepError, TypeError, ValueError):
             resolved = repr(step)  # a bad step: read alone, it says what is wrong
-        key = crc(f"{self._path}\0{resolved}\0{level}".encode())
-        if eng.agree(key) != -eng.agree(-key):
+        key = crc(f"{self._path}\0{resolved}\0{level}".encode()) & _KEY
+        mine = key if refused is None else _refusal(refused, self._file.comm.rank)
+        top, low = eng.agree(mine), -eng.agree(-mine)
+        if top > _KEY:
+            if refused is not None:
+                raise mark_collective(refused)
+            raise _refused_on(top, f"a collective read of {self._what()}")
+        if top != low:
             raise mark_collective(
                 CollectiveMismatchError(
                     f"{self._what()}: ranks made a collective read of different datasets, steps or levels"
@@ -360,7 +458,11 @@ class Dataset:
         layout.check_read_tolerance(tolerance, self._path)
         level = layout.check_level(level, self._path)
         shape = self.levels[level]
-        box = Box.from_shape(shape) if box is None else self._box(box, shape, "stored_bytes")
+        box = (
+            Box.from_shape(shape)
+            if box is None
+            else self._box(box, shape, "stored_bytes", level=level)
+        )
         layout_read.check_box(self._spec, layout, box, level)
         eng = self._file._engine
         k = eng.check_step(self._step if step is None else step)

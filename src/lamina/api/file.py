@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import numbers
 import os
 import time
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from ..errors import (
     is_left,
     mark_collective,
 )
+from ..geometry import as_int
 from ..layers.background import BackgroundLayer, IOStats
 from .group import Group
 
@@ -43,7 +45,9 @@ class File(Group):
         io: str | None = None,
         **options,
     ):
-        path = os.fspath(path)
+        # a bytes path (os.fsencode's, h5py's filename) names the same file as its str: str()
+        # of it made a directory named "b'...'" under the working directory
+        path = os.fsdecode(os.fspath(path))
         self._comm = comm_mod.resolve(comm)
         # the arguments checked on every rank, then agreed: a rank given an argument the others
         # were not (an I/O mode, an option, a budget) raises with them instead of leaving them
@@ -188,7 +192,13 @@ class File(Group):
     def wait_for_step(
         self, step: int, timeout: float | None = None, poll: float = 0.05
     ) -> StepView:
-        """Collective: block until *step* is committed (or raise StepTimeoutError / StepError)."""
+        """Collective: block until *step* is committed (or raise StepTimeoutError / StepError).
+
+        *step* is an integer (negative counts from the end), *timeout* None (no limit) or
+        seconds >= 0, *poll* seconds > 0: anything else is a TypeError or ValueError naming it.
+        """
+        step = _step_arg(step, "wait_for_step")
+        timeout, poll = _wait_args(timeout, poll, "wait_for_step")
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = poll
         while True:
@@ -225,6 +235,8 @@ class File(Group):
         read at one step is read ahead at the next ones on a background
         thread while it works (docs/background.md).
         """
+        start = _step_arg(start, "iter_steps", "start")
+        timeout, poll = _wait_args(timeout, poll, "iter_steps")
         bg = self._background() if prefetch else None
         if prefetch and (bg is None or not bg.asynchronous):
             raise ConfigError(
@@ -286,7 +298,8 @@ class File(Group):
         ``f.flush()`` makes what it committed durable at the points the program
         chooses (every few steps, before a checkpoint is reported done).  Files
         opened with ``durable=True``, readers and engines without storage
-        (``memory``, ``mpi``) have nothing more to do.
+        (``memory``, ``mpi``) have nothing more to do.  Every rank passes the same
+        *durable* (else CollectiveMismatchError on every rank, where a file fsyncs).
         """
         self._engine.flush(durable)
 
@@ -321,6 +334,38 @@ class File(Group):
         if ev is not None and self._engine.in_step:
             self._engine.discard_step()
         self.close()
+
+
+def _step_arg(step, call: str, what: str = "step") -> int:
+    """*step* of *call* as an int; TypeError naming it for anything else (a float, a string or
+    a bool is not rounded, parsed or taken as 0 and 1)."""
+    try:
+        return as_int(step)
+    except TypeError:
+        raise TypeError(
+            f"{call}(): {what} must be an integer (negative counts from the end), got {step!r}"
+        ) from None
+
+
+def _seconds(value, call: str, what: str, zero: bool) -> float:
+    """*value* of *call* as seconds: TypeError unless a real number (not a bool), ValueError
+    unless >= 0 (> 0 where not *zero*)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{call}(): {what} must be a number of seconds, got {value!r}")
+    v = float(value)
+    if not (v >= 0 if zero else v > 0):
+        raise ValueError(
+            f"{call}(): {what} must be {'>= 0' if zero else '> 0'} seconds, got {value!r}"
+        )
+    return v
+
+
+def _wait_args(timeout, poll, call: str) -> tuple[float | None, float]:
+    """*timeout* (None: no limit) and *poll* of a wait for steps, checked (:func:`_seconds`)."""
+    return (
+        None if timeout is None else _seconds(timeout, call, "timeout", True),
+        _seconds(poll, call, "poll", False),
+    )
 
 
 class StepView(Group):

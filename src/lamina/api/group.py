@@ -9,8 +9,11 @@ from typing import Any
 import numpy as np
 
 from .. import codecs as codec_mod
+from .. import comm as comm_mod
 from ..catalog import DatasetSpec, check_dtype, normpath
-from ..errors import DTypeError, NotFoundError, ShapeError, suggest
+from ..engines import batch
+from ..engines.block import BlockEngine, RefusedSpec
+from ..errors import DTypeError, ModeError, NotFoundError, ShapeError, suggest
 from ..geometry import as_int
 from ..layouts.spec import Multires
 from .attrs import Attributes
@@ -40,7 +43,7 @@ class Group:
 
     @property
     def attrs(self) -> Attributes:
-        return Attributes(self._file, self._path)
+        return Attributes(self._file, self._path, self._step)
 
     @property
     def step(self) -> int | None:
@@ -69,6 +72,11 @@ class Group:
     def __getitem__(self, name: str):
         from .dataset import Dataset
 
+        if not isinstance(name, str):  # g[...], g[0]: a group holds members, not values
+            raise TypeError(
+                f"group {self.name!r} of {self._file.filename!r} is indexed by the name of a "
+                f"member (a string), got {name!r}; a group holds no values to select"
+            )
         try:
             path = self._abs(name)
         except ValueError as e:  # '..', '.', NUL: no node has such a name
@@ -125,14 +133,26 @@ class Group:
                 yield from obj.walk()
 
     # -- creation (collective) ---------------------------------------------
+    def _writable(self, what: str) -> None:
+        """ModeError if this group is a view of a committed step (``f.at(k)``, a step of
+        ``iter_steps``): a view reads; groups, datasets and attributes are made through the file."""
+        if self._step is not None:
+            raise ModeError(
+                f"cannot {what}: {self.name!r} of {self._file.filename!r} is seen at committed "
+                f"step {self._step} (f.at({self._step}), a step of iter_steps), read-only; "
+                "create groups, datasets and attributes through the file (f, f[name])"
+            )
+
     def create_group(self, name: str) -> Group:
         """Collective: create a group (and missing parents)."""
+        self._writable(f"create group {name!r}")
         path = self._abs(name)
         self._file._engine.make_group(path)
         return Group(self._file, path, self._step)
 
     def require_group(self, name: str) -> Group:
-        """Collective: the group *name*, created if missing."""
+        """Collective: the group *name*, created if missing (a view of a step has the groups
+        the file has, and creates none: ModeError)."""
         if name in self:
             g = self[name]
             if not isinstance(g, Group):
@@ -166,11 +186,46 @@ class Group:
             zfp, readable by level and region (docs/multires.md); float32
             or float64 only, and without *compression* (the layout has its
             own).
+
+        Every rank checks its arguments (and *data*'s dtype against *dtype*, as
+        the write of *data* does) before anything is defined; where a rank
+        refuses them, every rank raises the error of the lowest such rank
+        (named by rank on the others) and nothing is defined.
         """
         from .dataset import Dataset
 
+        eng = self._file._engine
+        spec: DatasetSpec | None = None
+        g = comm_mod.Guard()
+        with g:
+            self._writable(f"create dataset {name!r}")
+            spec, data = self._definition(name, shape, dtype, fill, compression, data, layout)
+        if g.error is not None:
+            if self._file.comm.size > 1 and isinstance(eng.stack()[-1], BlockEngine):
+                # the other ranks wait in the agreement their definition begins with: this
+                # rank's refusal joins it, and every rank raises
+                where = name if isinstance(name, str) else repr(name)
+                eng.define(RefusedSpec(where, (), np.dtype("f8"), error=g.error))
+            raise g.error
+        assert spec is not None
+        spec = eng.define(spec)
+        ds = Dataset(self._file, spec.path, self._step)
+        if data is not None and self._file.comm.rank == 0:
+            ds[...] = data
+        return ds
+
+    def _definition(
+        self, name: str, shape, dtype, fill, compression, data, layout
+    ) -> tuple[DatasetSpec, np.ndarray | None]:
+        """The definition :meth:`create_dataset` makes of its arguments, and *data* as the
+        array it writes; the error of the first argument refused otherwise."""
         if data is not None:
-            data = np.asarray(data)
+            try:
+                data = np.asarray(data)
+            except ValueError as e:  # a ragged nested list
+                raise ShapeError(
+                    f"dataset {name!r}: data is not an array of one shape (numpy: {e})"
+                ) from None
             shape = data.shape if shape is None else shape
             dtype = data.dtype if dtype is None else dtype
         if shape is None:
@@ -188,7 +243,10 @@ class Group:
                 raise ShapeError(
                     f"dataset {name!r}: data of shape {data.shape} does not fit its shape {shape}"
                 )
-        dt = check_dtype("f8" if dtype is None else dtype)
+        try:
+            dt = check_dtype("f8" if dtype is None else dtype)
+        except DTypeError as e:
+            raise DTypeError(f"dataset {name!r}: {e}") from None
         fill_v = _fill_value(fill, dt, name)
         codecs = codec_mod.normalize(compression, dt, len(shape))
         described = None
@@ -203,13 +261,10 @@ class Group:
                     "give no compression"
                 )
             described = layout.describe(self._abs(name), shape, dt)
-        spec = self._file._engine.define(
-            DatasetSpec(self._abs(name), shape, dt, fill_v, codecs, layout=described)
-        )
-        ds = Dataset(self._file, spec.path, self._step)
-        if data is not None and self._file.comm.rank == 0:
-            ds[...] = data
-        return ds
+        spec = DatasetSpec(self._abs(name), shape, dt, fill_v, codecs, layout=described)
+        if data is not None:  # the cast its write makes, refused before the definition
+            batch.check_dtype(spec, data.dtype)
+        return spec, data
 
 
 def _shape(shape, name: str) -> tuple[int, ...]:

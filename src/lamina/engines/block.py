@@ -96,6 +96,7 @@ from ..catalog import (
     pack,
     parent,
 )
+from ..catalog.blocks import LIMIT as SEGMENT_LIMIT
 from ..catalog.blocks import StepTable, column_extents, dataset_runs, merge_extents
 from ..catalog.model import MAX_ATTR_BYTES, MAX_NDIM, Stats, decode_op, encode_op
 from ..errors import (
@@ -115,6 +116,7 @@ from ..errors import (
 )
 from ..geometry import (
     Box,
+    as_int,
     box_of,
     check_ranks_disjoint,
     cols_max,
@@ -158,6 +160,16 @@ def wait_for(what: str, seconds: float, ready, missing):
             raise missing(seconds)
         time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
         delay = min(delay * 2, 0.5)
+
+
+@dataclass(slots=True)
+class RefusedSpec(DatasetSpec):
+    """A definition whose arguments this rank's own checks refused (``create_dataset``'s,
+    before a :class:`DatasetSpec` could be made of them): :meth:`BlockEngine.define` raises
+    *error* inside the agreement its definition starts with, so that every rank raises it
+    (the others, which took their arguments, waited there for this one forever)."""
+
+    error: BaseException | None = None
 
 
 class _Done:
@@ -421,10 +433,17 @@ class BlockEngine(Engine):
             raise TypeError(
                 f"unknown option(s) {sorted(unknown)} for engine {self.name!r}; accepted: {sorted(self.OPTIONS)}"
             )
-        seg = int(options.get("checksum_segment", stats_mod.SEGMENT))
-        if seg < 0 or (seg and seg % stats_mod.CHUNK):
+        seg = options.get("checksum_segment", stats_mod.SEGMENT)
+        try:
+            n = as_int(seg)
+        except TypeError:
+            n = -1  # (refused below, as it was given)
+        if n < 0 or (n and n % stats_mod.CHUNK) or n >= SEGMENT_LIMIT:
+            # readers refuse a segment of 2**62 bytes or more (the block records): the file
+            # would not open again
             raise ValueError(
-                f"checksum_segment must be 0 or a multiple of {stats_mod.CHUNK} bytes, got {seg}"
+                f"checksum_segment must be 0 or a multiple of {stats_mod.CHUNK} bytes below "
+                f"2**62 (an int), got {seg!r}"
             )
         wait = options.get("wait", 0)
         if isinstance(wait, bool) or not isinstance(wait, int | float) or not wait >= 0:
@@ -484,8 +503,13 @@ class BlockEngine(Engine):
         )  # before any message: a closed file has no communicator
         g = comm_mod.Guard()
         with g:
+            if isinstance(spec, RefusedSpec):  # this rank's arguments, refused before
+                assert spec.error is not None
+                raise spec.error
             spec = self._validate_definition(spec)
-        comm_mod.agree(self.comm, g.error)  # a rank that refuses must not leave the others waiting
+        # a rank that refuses must not leave the others waiting; ranks in another collective
+        # call (a close) raise with this one (the call named)
+        comm_mod.agree(self.comm, g.error, call=comm_mod.CALL_DEFINE)
         self._check_same(
             f"create_dataset({spec.path!r}, shape={spec.shape}, dtype={spec.dtype})",
             spec.digest_bytes(),
@@ -561,11 +585,13 @@ class BlockEngine(Engine):
             raise NotFoundError(f"no group or dataset {path!r} to hold attribute {name!r}")
         if not isinstance(name, str) or not name:
             raise ValueError(f"attribute names are non-empty strings, got {name!r}")
-        op = (OP_ATTR, path, name, normalize_attr(value))
         try:
+            # a ragged nested list is numpy's ValueError: said with the attribute's name
+            op = (OP_ATTR, path, name, normalize_attr(value))
             encode_op(Encoder(), op)  # fail here, not in every later commit (and close)
-        except ValueError as e:
-            raise ValueError(f"cannot set attribute {name!r} on {'/' + path!r}: {e}") from None
+        except (DTypeError, ValueError) as e:
+            kind = DTypeError if isinstance(e, DTypeError) else ValueError
+            raise kind(f"cannot set attribute {name!r} on {'/' + path!r}: {e}") from None
         self.catalog.apply_op(op)
         self._pending_ops.append(op)
 

@@ -276,7 +276,12 @@ TRANSPORTS = ("file", "memory", "both")
 
 
 def transport_choice(transport: str | None = None) -> str:
-    """*transport*, else ``$LAMINA_TRANSPORT``, else ``'file'``; ValueError if unknown."""
+    """*transport*, else ``$LAMINA_TRANSPORT``, else ``'file'``; ConfigError (a ValueError)
+    if unknown or not a string."""
+    if transport is not None and not isinstance(transport, str):
+        raise ConfigError(
+            f"transport must be one of {list(TRANSPORTS)} (a string) or None, got {transport!r}"
+        )
     choice = (transport or os.environ.get(TRANSPORT_ENV) or "file").strip().lower()
     if choice not in TRANSPORTS:
         raise ConfigError(

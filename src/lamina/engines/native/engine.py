@@ -38,7 +38,15 @@ from ...catalog import (
     subfile_name,
 )
 from ...derived import _parallel
-from ...errors import ChecksumError, FormatError, LaminaError, LaminaWarning, NotALaminaFileError
+from ...errors import (
+    ChecksumError,
+    CollectiveMismatchError,
+    FormatError,
+    LaminaError,
+    LaminaWarning,
+    NotALaminaFileError,
+    mark_collective,
+)
 from ...geometry import Box, box_of, cols_max, cols_min, rows_all, split_range
 from ...workflow import routes
 from ..block import BlockEngine, StepHeads, wait_for
@@ -940,10 +948,26 @@ class NativeEngine(BlockEngine):
         aggregator fsyncs its subfile, then rank 0 the metadata and commit logs and the
         directory.  The bytes of a commit are in the operating system's cache once it
         returns; a file opened with ``durable=False`` (no fsync at each commit) is made
-        durable at the points a program chooses this way.  Readers have nothing to flush."""
+        durable at the points a program chooses this way.  Readers have nothing to flush.
+        Ranks that pass different *durable* raise CollectiveMismatchError on every rank."""
         if self._closed:
             raise ValueError(f"cannot flush: file {self.path!r} is closed")
-        if self.mode == "r" or not durable:
+        if self.mode == "r":
+            return
+        durable = bool(durable)
+        if self.size > 1:
+            # one durable= on every rank: a rank that fsyncs waits in the agreement below for
+            # the ranks that would have returned (they raise with it instead); ranks in
+            # another collective call (a close) raise with this one, the call named
+            comm_mod.agree(self.comm, None, call=comm_mod.CALL_FLUSH)
+            if not comm_mod.same_everywhere(self.comm, int(durable)):
+                raise mark_collective(
+                    CollectiveMismatchError(
+                        f"flush of {self.path!r}: ranks passed different durable= (this rank "
+                        f"durable={durable}); every rank must pass the same"
+                    )
+                )
+        if not durable:
             return
         g = comm_mod.Guard()
         with g:

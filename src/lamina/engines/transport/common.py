@@ -15,16 +15,19 @@ engines whose catalog is built from the same committed records.
 from __future__ import annotations
 
 import atexit
+import math
+import numbers
 import os
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import numpy as np
 
 from ... import comm as comm_mod
 from ...errors import LaminaWarning, ModeError
+from ...geometry import as_int
 from ...workflow import routes
 from ..block import BlockEngine
 from . import rendezvous, wire
@@ -43,6 +46,28 @@ ABANDON_PATIENCE = 2.0
 TRANSPORT_OPTIONS = frozenset({"timeout", "queue_limit", "shallow", "flow", "serve", "stats"})
 
 MPI = wire.MPI
+
+
+def _timeout(options: dict) -> float:
+    """The option ``timeout`` (seconds > 0; None: not given), else ``$LAMINA_TRANSPORT_TIMEOUT``,
+    else :data:`DEFAULT_TIMEOUT`; ValueError naming the one given for anything else."""
+    given = options.get("timeout")
+    if given is not None:
+        where = "timeout"
+        real = not isinstance(given, bool) and isinstance(given, numbers.Real)
+        seconds = float(given) if real else math.nan
+    else:
+        given = os.environ.get(TIMEOUT_ENV)
+        if not given:
+            return DEFAULT_TIMEOUT
+        where = f"${TIMEOUT_ENV}"
+        try:
+            seconds = float(given)
+        except ValueError:
+            seconds = math.nan
+    if not seconds > 0:
+        raise ValueError(f"{where} must be a number of seconds > 0, got {given!r}")
+    return seconds
 
 
 class TransportBase(BlockEngine):
@@ -66,14 +91,15 @@ class TransportBase(BlockEngine):
         wf = routes.from_env()
         for k, v in routes.options_for(name, mode, app, wf).items():
             self.options.setdefault(k, v)  # the workflow's defaults; the caller's options win
-        env_timeout = os.environ.get(TIMEOUT_ENV)
-        self.timeout = float(self.options.get("timeout", env_timeout or DEFAULT_TIMEOUT))
-        self.queue_limit = int(self.options.get("queue_limit", 2))
-        if self.timeout <= 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
+        self.timeout = _timeout(self.options)
+        queue_limit = self.options.get("queue_limit", 2)
+        try:
+            self.queue_limit = as_int(queue_limit)
+        except TypeError:  # 1.5 is not 1, "2" not 2
+            self.queue_limit = 0
         if self.queue_limit < 2:
             # a consumer releases step k when it asks for step k+1, which the producer must be free to make
-            raise ValueError(f"queue_limit must be at least 2, got {self.queue_limit}")
+            raise ValueError(f"queue_limit must be an integer >= 2, got {queue_limit!r}")
         self.segment = 0  # no checksums in memory: one placeholder per block (see Producer._stage)
         serve = (
             str(self.options.get("serve", os.environ.get(SERVE_ENV) or "thread")).strip().lower()
@@ -95,7 +121,13 @@ class TransportBase(BlockEngine):
         self.background_stats = bool(self.options.get("background_stats", False))
         shallow = self.options.get("shallow", ())
         shallow = (shallow,) if isinstance(shallow, str) else shallow
-        self.shallow = tuple(str(p).lstrip("/") for p in shallow)  # dataset paths have no leading /
+        shallow = tuple(shallow) if isinstance(shallow, Iterable) else None
+        if shallow is None or not all(isinstance(p, str) for p in shallow):
+            raise TypeError(
+                f"shallow must be a dataset path glob (a string) or a sequence of them, "
+                f"got {self.options.get('shallow')!r}"
+            )
+        self.shallow = tuple(p.lstrip("/") for p in shallow)  # dataset paths have no leading /
         route = routes.route_for(name, mode, app, comm_mod.task_count(), wf)
         #: what the rendezvous pairs on: the workflow entry where one matches (two spellings
         #: of one file pair), else the name
