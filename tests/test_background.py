@@ -208,6 +208,7 @@ def test_a_large_block_lent_is_read_only_until_its_step_ends(path, io, monkeypat
         with f.step():
             ds.write_blocks(stacked, [(0, 0), (128, 0)], copy=False)
             assert not stacked.flags.writeable
+        f.wait()  # (io='auto' may write this step in the background: written once waited for)
         assert stacked.flags.writeable
     with lamina.open(path, "r") as r:
         assert float(r.at(0)["x"][0, 0]) == 0.0 and float(r.at(1)["x"][0, 0]) == 1.0

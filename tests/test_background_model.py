@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -56,9 +57,12 @@ def test_epoch_times_and_the_choice():
     assert p.t_io == pytest.approx(1.0) and p.t_copy == pytest.approx(0.125)
     assert p.t_sync == pytest.approx(3.0) and p.t_async == pytest.approx(2.125)
     assert p.mode == "async"
-    # I/O longer than the compute: the epoch waits for it (max, not t_io - t_comp)
+    # I/O longer than the compute and the copy: the epoch waits for it (max, not t_io -
+    # t_comp), and the copy of the next step is made while this one is written
     p = m.predict(1 << 30, 1, t_comp=0.25)
-    assert p.t_async == pytest.approx(1.0 + 0.125) and p.mode == "async"
+    assert p.t_async == pytest.approx(1.0) and p.mode == "async"
+    p = m.predict(1 << 30, 1, t_comp=0.9)
+    assert p.t_async == pytest.approx(0.9 + 0.125)
     # nothing to overlap: the copy makes async slower
     p = m.predict(1 << 30, 1, t_comp=0.0)
     assert p.t_sync == pytest.approx(1.0) and p.mode == "sync"
@@ -76,9 +80,9 @@ def test_steps_written_in_the_background_and_waited_for_are_timed_apart():
         m.add_io(1 << 30, 1, 1.0, waited=True)  # alone, a step takes half as long
     p = m.predict(1 << 30, 1, t_comp=1.5)
     assert p.t_io == pytest.approx(2.0) and p.t_io_sync == pytest.approx(1.0)
-    assert p.t_sync == pytest.approx(2.5) and p.t_async == pytest.approx(2.125)
+    assert p.t_sync == pytest.approx(2.5) and p.t_async == pytest.approx(2.0)
     p = m.predict(1 << 30, 1, t_comp=0.5)  # too little compute to hide the slower background
-    assert p.t_sync == pytest.approx(1.5) and p.t_async == pytest.approx(2.125)
+    assert p.t_sync == pytest.approx(1.5) and p.t_async == pytest.approx(2.0)
     assert p.mode == "sync"
     assert m.history.samples(am.SYNC_IO_SERIES) == [(float(1 << 30), 1.0, 1.0)] * 3
 
@@ -118,10 +122,9 @@ def _forced(modes):
 
     def predict(model, nbytes, ranks, t_comp=None):
         mode = modes.pop(0)
-        t_copy = 0.1 if mode == "async" else 1.0  # 1.5 s a step written directly
-        return am.Prediction(
-            nbytes, ranks, 1.0, t_copy, 0.5, 1.5, 1.0 + t_copy, mode, "none", 0.0, 1.0
-        )
+        t_copy = 0.1 if mode == "async" else 2.0  # 1.5 s a step written directly
+        t_async = am.async_epoch(0.5, 1.0, t_copy)
+        return am.Prediction(nbytes, ranks, 1.0, t_copy, 0.5, 1.5, t_async, mode, "none", 0.0, 1.0)
 
     return predict
 
@@ -248,6 +251,59 @@ def test_copies_are_one_sample_per_step_into_reused_buffers(tmp_path, history_pa
             f.wait()  # written: the step's buffers serve the next one
     got = load_history(str(history_path)).samples(am.COPY_SERIES)
     assert len(got) == 2 and all(x1 == 4 << 17 for x1, _, _ in got)
+
+
+def test_t_copy_is_the_step_s_hand_over_once_one_was_timed(tmp_path, history_path):
+    """A step's calls cost more than its copies (the calls' own work): the steps' hand-overs
+    (one sample a step, beside the copies') predict t_copy, this run's before the history's;
+    without any, the copy rate does.  Only hand-overs made while no step was being written
+    are samples (a write beside them slows them, and the I/O then bounds the epoch)."""
+    m = am.AsyncModel(_history(io=[(1 << 30, 1, 1.0)] * 3, copy_rates=[1 << 33]))
+    assert m.predict(1 << 30, 1, t_comp=2.0).t_copy == pytest.approx(0.125)
+    for _ in range(3):  # another run's, at this size: the history's median
+        m.history.add(am.SUBMIT_SERIES, 1 << 30, 1, 0.5)
+    assert m.predict(1 << 30, 1, t_comp=2.0).t_copy == pytest.approx(0.5)
+    assert m.predict(1 << 30, 4, t_comp=2.0).t_copy == pytest.approx(0.125 / 4)  # other size
+    m.add_submit(1 << 30, 0.25)  # this run's
+    p = m.predict(1 << 30, 1, t_comp=2.0)
+    assert p.t_copy == pytest.approx(0.25) and p.t_async == pytest.approx(2.25)
+    # steps handed over with nothing in flight leave their hand-over: at least their copies
+    with lamina.open(str(tmp_path / "s.lam"), "w", io="async") as f:
+        f.create_dataset("x", (4, 1 << 14), "f8")
+        for k in range(3):
+            with f.step():
+                for r in range(4):
+                    f["x"][r] = k
+            f.wait()
+    h = load_history(str(history_path))
+    copies, submits = h.samples(am.COPY_SERIES), h.samples(am.SUBMIT_SERIES)
+    assert len(submits) == len(copies) == 2
+    assert all(s[0] == 4 << 17 and s[2] >= c[2] for s, c in zip(submits, copies, strict=True))
+    # a step opened while the one before is being written gives none
+    gate = threading.Event()
+    with lamina.open(str(tmp_path / "t.lam"), "w", io="async") as f:
+        f.create_dataset("x", (4, 1 << 14), "f8")
+        for k in range(3):
+            with f.step():
+                for r in range(4):
+                    f["x"][r] = k
+            f.wait()
+        layer = f.engine
+        inner_end = layer.inner.end_step
+
+        def slow_end_step():
+            gate.wait(10)
+            inner_end()
+
+        layer.inner.end_step = slow_end_step
+        with f.step():  # written on the thread, held there
+            f["x"][0] = 9
+        with f.step():  # handed over beside it
+            f["x"][1] = 9
+        gate.set()
+    got = load_history(str(history_path)).samples(am.SUBMIT_SERIES)
+    # steps 1, 2 and 3 of this file (step 0 copied into new buffers), not step 4
+    assert len(got) == len(submits) + 3
 
 
 def test_async_keeps_a_history_too(tmp_path, history_path):
@@ -650,7 +706,7 @@ def test_auto_writes_a_step_the_other_way_after_a_streak(
     # copied before its decision)
     assert s["steps_background"] == 4 and s["steps_direct"] == n - 4
     assert all(x["t_sync_ranks"] == pytest.approx(1.5) for x in d)
-    assert all(x["t_async_ranks"] == pytest.approx(2.0) for x in d)
+    assert all(x["t_async_ranks"] == pytest.approx(2.5) for x in d)
     with lamina.open(path) as f:
         for k in range(n):
             np.testing.assert_array_equal(f.at(k)["x"][...], a + k)
@@ -726,11 +782,10 @@ def test_auto_changes_mode_where_the_other_is_better_by_a_margin(
     def predict(model, nbytes, ranks, t_comp=None):
         calls.append(1)
         # the first decisions: sync clearly; then the background a little (or much) faster
-        t_copy = 1.0 if len(calls) <= 2 else 1.5 * ratio - 1.0
-        mode = "async" if 1.0 + t_copy < 1.5 else "sync"
-        return am.Prediction(
-            nbytes, ranks, 1.0, t_copy, 0.5, 1.5, 1.0 + t_copy, mode, "none", 0.0, 1.0
-        )
+        t_copy = 2.0 if len(calls) <= 2 else 1.5 * ratio - 0.5
+        t_async = am.async_epoch(0.5, 1.0, t_copy)  # 1.5 x ratio: compute and copy the longer
+        mode = "async" if t_async < 1.5 else "sync"
+        return am.Prediction(nbytes, ranks, 1.0, t_copy, 0.5, 1.5, t_async, mode, "none", 0.0, 1.0)
 
     monkeypatch.setattr(am.AsyncModel, "predict", predict)
     a = np.arange(1 << 12, dtype=np.float64)
@@ -813,7 +868,7 @@ def test_the_model_s_series_packed_for_the_other_ranks_and_bad_bytes():
     for k in range(5):
         h.add(am.IO_SERIES, (k + 1) << 20, 2, 0.01 * (k + 1))
     h.add(am.COPY_SERIES, 1 << 30, 1, 0.1)
-    names = (am.IO_SERIES, am.SYNC_IO_SERIES, am.COPY_SERIES)
+    names = (am.IO_SERIES, am.SYNC_IO_SERIES, am.COPY_SERIES, am.SUBMIT_SERIES)
     raw = pack_series(h, names)
     got = unpack_series(raw, names)
     assert got.series == {k: v for k, v in h.series.items() if v}

@@ -20,7 +20,8 @@ pytest.importorskip("mpi4py")
 def test_predict():
     assert background.predict(background.SYNC, 2.0, 1.0, 0.1) == 3.0
     assert background.predict(background.ASYNC, 2.0, 1.0, 0.1) == pytest.approx(2.1)
-    assert background.predict(background.ASYNC2, 0.5, 1.0, 0.1) == pytest.approx(1.1)
+    assert background.predict(background.ASYNC2, 0.5, 1.0, 0.1) == pytest.approx(1.0)
+    assert background.predict(background.ASYNC2, 0.95, 1.0, 0.1) == pytest.approx(1.05)
     assert background.predict(background.BP5A, 0.5, 1.0, 0.1) is None
 
 

@@ -93,6 +93,7 @@ import numpy as np
 
 from ..geometry import Box
 from ..perf import checks
+from ..perf.asyncmodel import async_epoch
 from ..perf.checks import Check
 from ..text import fmt_bytes, table
 from . import common, launch
@@ -630,11 +631,12 @@ def _ms(x: float | None) -> str:
 
 
 def predict(method: str, t_comp: float, t_io: float, t_copy: float) -> float | None:
-    """The model's epoch time (docs/background.md): sync t_io + t_comp, async max(t_comp, t_io) + t_copy."""
+    """The model's epoch time (docs/background.md): sync t_io + t_comp, async
+    max(t_comp + t_copy, t_io) (:func:`lamina.perf.asyncmodel.async_epoch`)."""
     if method == SYNC:
         return t_io + t_comp
     if method in (ASYNC, ASYNC2, AUTO):
-        return max(t_comp, t_io) + t_copy
+        return async_epoch(t_comp, t_io, t_copy)
     return None
 
 

@@ -5,13 +5,19 @@ epoch is one compute phase and one step of I/O.  Synchronous and
 asynchronous epochs take::
 
     t_sync  = t_io + t_comp
-    t_async = max(t_comp, t_io) + t_copy
+    t_async = max(t_comp + t_copy, t_io)
 
-``t_copy`` is the transactional copy the application thread makes before
-it goes on.  (The seed paper writes ``max(t_comp, t_io - t_comp) + t_ov``;
-that form understates ``t_async`` when ``t_io > 2 t_comp``: once the I/O of
-a step outlasts the compute phase, the next epoch waits for it, so an
-epoch takes at least ``t_io``.  The consistent form is used here.)
+``t_copy`` is what the application thread spends handing a step over (its
+transactional copy and the calls' own work) before it computes again.
+The seed paper writes ``max(t_comp, t_io - t_comp) + t_ov``; that form
+understates ``t_async`` when ``t_io > 2 t_comp``: once the I/O of a step
+outlasts the compute phase, the next epoch waits for it, so an epoch takes
+at least ``t_io``.  ``max(t_comp, t_io) + t_copy`` is consistent there, but
+it adds the hand-over to the I/O, and here the two overlap: the program
+copies step k + 1 while the background thread writes step k (numpy's copy
+and the writes release the GIL).  The program and the background thread are
+the two stages of a pipeline, and an epoch is the longer stage
+(:func:`async_epoch`; docs/performance.md, "The hand-over in the model").
 
 * ``t_io = bytes / rate``, the rate fitted to the measured history of
   steps (:mod:`lamina.perf.history`, the machinery the derived-quantity
@@ -48,6 +54,15 @@ epoch takes at least ``t_io``.  The consistent form is used here.)
   background, and its direct steps copy nothing, so the rate never learned
   better.  A step without any reused buffer after the pool has had
   buffers back samples its copies into new memory (the layer's ``Step.copy_sample``).
+  That is the copy alone: ``t_copy`` is the step's hand-over as measured, the
+  program's time in the step's calls (its copies, the calls' own work and, under
+  ``io='auto'``, the decision; not its waits for the budget or for the other ranks at
+  ``end_step``, which steps still being written cause), series ``async.submit``, one
+  sample per step whose copies all went into reused buffers (or all into new ones
+  once the pool has served, as for the copies) and that was opened and ended while
+  no step was being written (a write beside the calls slows them, and then ``t_io``
+  bounds the epoch): this run's steps of about the size asked (one is enough), else
+  the history's (three), else the copy rate.
 * ``t_comp``: a weighted average of past compute phases (weights halving
   with each older phase), measured as the time between two ``end_step``
   returns minus the time spent inside lamina calls.
@@ -94,6 +109,9 @@ from .history import (
 IO_SERIES = "async.io"
 SYNC_IO_SERIES = "sync.io"
 COPY_SERIES = "async.copy"
+#: the program's time in the calls of a step handed to the background (its copies and the
+#: calls' own work, not its waits for the budget or the other ranks): one sample per step
+SUBMIT_SERIES = "async.submit"
 #: largest record of decisions read back
 MAX_DECISIONS_BYTES = 1 << 20
 
@@ -183,6 +201,12 @@ def decode_decisions(raw: bytes) -> list[dict[str, Any]]:
     return out
 
 
+def async_epoch(t_comp: float, t_io: float, t_copy: float) -> float:
+    """An epoch in the background: the longer of the program's stage (compute, then the
+    step's hand-over) and the background thread's (the step's I/O), which overlap."""
+    return max(t_comp + t_copy, t_io)
+
+
 class AsyncModel:
     """The epoch model (module docstring) over a :class:`History` and this run's compute phases."""
 
@@ -209,6 +233,13 @@ class AsyncModel:
     def add_copy(self, nbytes: int, seconds: float) -> None:
         if nbytes >= 1 << 16:  # small copies measure call overhead, not a rate
             self.history.add(COPY_SERIES, nbytes, 1, seconds)
+
+    def add_submit(self, nbytes: int, seconds: float) -> None:
+        """A step of *nbytes* (this rank's) handed to the background in *seconds* of the
+        program's time in its calls (module docstring, ``t_copy``)."""
+        if nbytes >= 1 << 16:
+            self.history.add(SUBMIT_SERIES, nbytes, 1, seconds)
+            self.run.add(SUBMIT_SERIES, nbytes, 1, seconds)
 
     def add_compute(self, seconds: float) -> None:
         if seconds >= 0 and math.isfinite(seconds):
@@ -237,6 +268,16 @@ class AsyncModel:
         if self.calibration is not None:
             return self.calibration.memcpy_bandwidth / 2
         return DEFAULT_COPY_RATE
+
+    def submit_rate(self, nbytes: int) -> float:
+        """Bytes per second of the program's hand-over of a step of *nbytes* per rank: this
+        run's steps of about that size (one is enough), else the history's (three), else
+        :meth:`copy_rate` (the copies alone: a lower bound)."""
+        for h, least in ((self.run, 1), (self.history, 3)):
+            r = h.local_rate(SUBMIT_SERIES, nbytes, 1, least=least)
+            if r is not None:
+                return r
+        return self.copy_rate()
 
     def t_comp(self) -> float:
         """Weighted average of this run's compute phases (the newest weighs most); 0 before any."""
@@ -272,10 +313,11 @@ class AsyncModel:
         t_io = nbytes / rate
         rate_sync, _ = self._io_rate(SYNC_IO_SERIES, IO_SERIES, nbytes, ranks)
         t_io_sync = nbytes / rate_sync
-        t_copy = nbytes / ranks / self.copy_rate()  # each rank copies its share, at once
+        share = nbytes / ranks  # each rank hands over its share, at once
+        t_copy = share / self.submit_rate(int(share))
         comp = self.t_comp() if t_comp is None else t_comp
         t_sync = t_io_sync + comp
-        t_async = max(comp, t_io) + t_copy
+        t_async = async_epoch(comp, t_io, t_copy)
         return Prediction(
             nbytes,
             ranks,
@@ -295,6 +337,8 @@ __all__ = [
     "DECISIONS_KEY",
     "AsyncModel",
     "COPY_SERIES",
+    "SUBMIT_SERIES",
+    "async_epoch",
     "IO_SERIES",
     "SYNC_IO_SERIES",
     "decode_decisions",

@@ -310,9 +310,9 @@ def build_async_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog=f"{PROG} async",
         description="Epoch times of one step of I/O and one compute phase: t_sync = t_io + t_comp, "
-        "t_async = max(t_comp, t_io) + t_copy, with t_io from the I/O rate fitted to the history "
+        "t_async = max(t_comp + t_copy, t_io), with t_io from the I/O rate fitted to the history "
         "of background steps on this host (linear and linear-log regressions on bytes and ranks) "
-        "and t_copy from the copy rate measured at put.",
+        "and t_copy from the steps' measured hand-over (else the copy rate measured at put).",
     )
     p.add_argument(
         "--bytes", required=True, help="bytes of one step, all ranks together (e.g. 64MiB)"

@@ -88,10 +88,12 @@ from ...perf.asyncmodel import (
     COPY_SERIES,
     DECISIONS_KEY,
     IO_SERIES,
+    SUBMIT_SERIES,
     SYNC_IO_SERIES,
     AsyncModel,
     History,
     Prediction,
+    async_epoch,
     encode_decisions,
     load_history,
     save_history_soon,
@@ -513,7 +515,7 @@ class BackgroundLayer(Layer):
         comm = self._own()
         if comm.size == 1:
             return load_history()
-        names = (IO_SERIES, SYNC_IO_SERIES, COPY_SERIES)
+        names = (IO_SERIES, SYNC_IO_SERIES, COPY_SERIES, SUBMIT_SERIES)
         h, packed, failed = None, None, None
         if comm.rank == 0:
             try:
@@ -752,7 +754,7 @@ class BackgroundLayer(Layer):
             self._direct_sizes = []
             self._direct_begun = True
             return self._next
-        self._step = Step(explicit=True)
+        self._step = Step(explicit=True, idle=self._idle())
         return self._next
 
     def _adopt(self) -> bool:
@@ -849,7 +851,7 @@ class BackgroundLayer(Layer):
         io = 0 if io >= NEVER else io
         io_sync = 0 if io_sync >= NEVER else io_sync
         t_sync = min(NEVER, io_sync + comp)
-        t_async = NEVER if copy >= NEVER else min(NEVER, max(comp, io) + copy)
+        t_async = NEVER if copy >= NEVER else min(NEVER, int(async_epoch(comp, io, copy)))
         return t_sync, t_async
 
     def _step_to_engine(self) -> Step | None:
@@ -905,7 +907,8 @@ class BackgroundLayer(Layer):
         if self.inner.closed:
             raise ValueError(f"cannot {what} {name!r}: file {self.path!r} is closed")
         if self._step is None:
-            self._step = Step(explicit=False)  # implicit: committed by the next end_step or close
+            # implicit: committed by the next end_step or close
+            self._step = Step(explicit=False, idle=self._idle())
         return self._step
 
     def _dataset(self, name: str) -> DatasetSpec:
@@ -1201,7 +1204,9 @@ class BackgroundLayer(Layer):
         try:
             # a step opened by a put exists only on the ranks that wrote: decide together (the
             # flag is ENDING at least: a rank at a point or a close meanwhile is told, see POINT)
+            t_meet = time.perf_counter()
             active = self._meet(pending, ENDING + int(self._step is not None), opened) - ENDING
+            t_meet = time.perf_counter() - t_meet
         except BaseException as e:
             # a step open on some rank is counted dropped here too, and one the ranks met apart
             # over (this rank behind: it ends a step the others dropped) even if none was here
@@ -1220,11 +1225,16 @@ class BackgroundLayer(Layer):
             raise mark_collective(StepError("end_step called without begin_step"))
         step = self._step or Step(explicit=False)
         self._step = None
+        timed = False  # the step's calls are a sample of its hand-over (copies all alike)
         if self.model is not None:  # the step's copies: one sample
             with self._cond:  # the background thread adds samples under it
                 sample = step.copy_sample(self._pool.served)
                 if sample is not None:
                     self.model.add_copy(*sample)
+                    # a hand-over made beside a step being written is slowed by that thread
+                    # (the GIL, memory), which only steps faster than their writes meet, and
+                    # then the I/O bounds the epoch: only those made alone are its samples
+                    timed = not (step.copied and step.fresh_copied) and step.idle and self._idle()
         step.index = self._next
         self._next += 1
         background = (
@@ -1242,6 +1252,12 @@ class BackgroundLayer(Layer):
             self.wait(SYNC_STEP)
         else:
             self._make_ahead(sizes)
+            if timed and self.model is not None:
+                # the program's hand-over of the step, the model's t_copy: not its waits for
+                # the budget or the other ranks, which steps still being written cause
+                spent = self._in_calls + time.perf_counter() - t_call - step.budget_wait - t_meet
+                with self._cond:
+                    self.model.add_submit(step.data_bytes, spent)
         self._epoch_start = time.perf_counter()
         self._in_calls = 0.0
 
@@ -1435,6 +1451,7 @@ class BackgroundLayer(Layer):
             if waited:
                 self.stats.waits += 1
                 self.stats.wait_seconds += time.perf_counter() - t0
+                step.budget_wait += time.perf_counter() - t0
             raw = self._pool.take(nbytes) if take else None  # first: it may fail (memory)
             self.stats.inflight_bytes += nbytes
             if lent:
@@ -1482,6 +1499,11 @@ class BackgroundLayer(Layer):
                 target=self._work, name=f"lamina-io {self.path}", daemon=False
             )
             self._thread.start()
+
+    def _idle(self) -> bool:
+        """Whether no step is queued or being written on this rank (read without the lock: a
+        hint for the model's samples)."""
+        return not self._queue and self._running is None
 
     def _submit(self, step: Step) -> None:
         step.skipped = self._take_dropped()

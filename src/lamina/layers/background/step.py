@@ -47,6 +47,8 @@ class Step:
     copy_seconds: float = 0.0
     fresh_copied: int = 0
     fresh_seconds: float = 0.0
+    budget_wait: float = 0.0  # seconds its puts waited for the budget (not the calls' own work)
+    idle: bool = True  # no step was being written when it was opened (its calls met no thread)
     decision: dict[str, Any] | None = None  # io='auto': the prediction made for it, and the outcome
     # steps this rank dropped before this one without handing them down (Engine.skip_steps)
     skipped: int = 0
