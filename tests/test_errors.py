@@ -25,6 +25,7 @@ from lamina.errors import (
     NotALaminaFileError,
     NotFoundError,
     OverlapError,
+    RangeError,
     SelectionError,
     ShapeError,
     StepError,
@@ -751,7 +752,8 @@ def test_create_dataset_on_a_closed_file_says_so(tmp_path):
     "dtype, data, kind, words",
     [
         ("i4", np.array([1.0, 2.0, 3.0]), DTypeError, "float64 data to dataset 'counts'"),
-        ("u1", [-1, 300], DTypeError, "int64 data to dataset 'counts'"),
+        ("u1", [-1, 300], RangeError, "dataset 'counts': data .* beyond the range of dtype uint8"),
+        ("u1", np.array([1, 2, 3]), DTypeError, "int64 data to dataset 'counts'"),
         (None, [[1, 2], [3]], ShapeError, "dataset 'counts': data is not an array"),
     ],
 )
@@ -771,6 +773,18 @@ def test_create_dataset_whose_data_is_refused_defines_nothing(
     np.testing.assert_array_equal(ds[...], [1, 2, 3])
     committed_ok(writer)
     reopen_ok(writer, engine)
+
+
+def test_create_dataset_casts_python_numbers_by_value(writer):
+    """Python numbers and lists of them are data of the dataset's dtype where their values
+    fit, as a write of them is (and h5py's create_dataset): [1, 2, 3] into uint8."""
+    ds = writer.create_dataset("small", data=[1, 2, 3], dtype="u1")
+    one = writer.create_dataset("one", data=5, dtype="i2")
+    assert ds.dtype == np.uint8 and one.dtype == np.int16
+    with writer.step():
+        writer["fields/temp"][0] = -1.0
+    np.testing.assert_array_equal(ds[...], [1, 2, 3])
+    assert one[...] == 5
 
 
 def test_box_corners_are_integers():

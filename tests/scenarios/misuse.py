@@ -486,6 +486,14 @@ def refused_read() -> None:
                 assert words in str(e) or (rank != last and f"rank {last}" in str(e)), e
             else:
                 raise AssertionError(f"rank {rank}: {bad} on rank {last} was not refused")
+        if size > 2:  # two ranks refuse, each its own way: the lower one's class everywhere
+            mine = {1: dict(box="0:2"), 2: dict(box=row, level=3)}.get(rank, dict(box=row))
+            try:
+                a.read(collective=True, **mine)
+            except TypeError as e:
+                assert rank == 1 or "rank 1" in str(e), e
+            else:
+                raise AssertionError(f"rank {rank}: two ranks' refusals went unraised")
         corner = lamina.Box(np.array([rank, 0]), np.array([rank + 1, 6]))  # numpy's ints
         np.testing.assert_array_equal(a.read(corner, collective=True), whole[rank : rank + 1])
         np.testing.assert_array_equal(a.read(collective=True), whole)

@@ -93,11 +93,12 @@ def _refused_on(flag: int, what: str) -> BaseException:
     v = flag - _KEY - 1
     rank, name = _RANKS - (v >> 8), _REFUSALS[v & 0xFF]
     said = name.removeprefix("Remote:")
+    who = f"rank {rank}" if rank < _RANKS else f"a rank >= {_RANKS}"  # (the field is full)
     return mark_collective(
         error_from_wire(
             name,
-            f"rank {rank} refused its arguments to {what} ({said}: see the error raised "
-            "there); no rank read anything",
+            f"{who} refused its arguments to {what} ({said}: see the error raised there); "
+            "no rank read anything",
         )
     )
 
@@ -404,7 +405,9 @@ class Dataset:
         mine = key if refused is None else _refusal(refused, self._file.comm.rank)
         top, low = eng.agree(mine), -eng.agree(-mine)
         if top > _KEY:
-            if refused is not None:
+            # the lowest refusing rank's error on every rank: that rank raises its own, the
+            # others (those that refused too among them) one of its class naming it
+            if refused is not None and top == mine:
                 raise mark_collective(refused)
             raise _refused_on(top, f"a collective read of {self._what()}")
         if top != low:

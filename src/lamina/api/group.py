@@ -13,7 +13,7 @@ from .. import comm as comm_mod
 from ..catalog import DatasetSpec, check_dtype, normpath
 from ..engines import batch
 from ..engines.block import BlockEngine, RefusedSpec
-from ..errors import DTypeError, ModeError, NotFoundError, ShapeError, suggest
+from ..errors import DTypeError, ModeError, NotFoundError, RangeError, ShapeError, suggest
 from ..geometry import as_int
 from ..layouts.spec import Multires
 from .attrs import Attributes
@@ -219,6 +219,8 @@ class Group:
     ) -> tuple[DatasetSpec, np.ndarray | None]:
         """The definition :meth:`create_dataset` makes of its arguments, and *data* as the
         array it writes; the error of the first argument refused otherwise."""
+        by_value = data is not None and not isinstance(data, np.ndarray | np.generic)
+        given = data
         if data is not None:
             try:
                 data = np.asarray(data)
@@ -262,6 +264,20 @@ class Group:
                 )
             described = layout.describe(self._abs(name), shape, dt)
         spec = DatasetSpec(self._abs(name), shape, dt, fill_v, codecs, layout=described)
+        if by_value and data is not None and data.dtype != dt:
+            # Python numbers and lists of them are cast to the dtype by value, as a write
+            # casts them (Dataset._values): 5 fits uint8, 300 does not (RangeError)
+            try:
+                with np.errstate(over="raise"):
+                    data = np.asarray(given, dtype=dt)
+            except (OverflowError, FloatingPointError):
+                raise RangeError(
+                    f"dataset {name!r}: data {given!r} is beyond the range of dtype {dt}"
+                ) from None
+            except (TypeError, ValueError) as e:
+                raise DTypeError(
+                    f"dataset {name!r} of dtype {dt}: cannot write {given!r} ({e})"
+                ) from None
         if data is not None:  # the cast its write makes, refused before the definition
             batch.check_dtype(spec, data.dtype)
         return spec, data
