@@ -306,6 +306,22 @@ def test_t_copy_is_the_step_s_hand_over_once_one_was_timed(tmp_path, history_pat
     assert len(got) == len(submits) + 3
 
 
+def test_steps_of_lent_arrays_are_handed_over_without_a_copy(tmp_path, history_path):
+    """Steps of arrays written with copy=False copy nothing: their calls are their hand-over
+    (they were predicted as copies of all their bytes)."""
+    a = np.zeros((8, 1 << 17))  # 8 MiB a step
+    with lamina.open(str(tmp_path / "l.lam"), "w", io="auto") as f:
+        f.create_dataset("x", a.shape, a.dtype)
+        for _ in range(6):
+            with f.step():
+                f["x"].write(a, copy=False)
+            f.wait()
+        model = f.engine.model
+        assert model.run.samples(am.SUBMIT_SERIES)
+        p = model.predict(a.nbytes, 1)
+        assert p.t_copy < a.nbytes / model.copy_rate() / 2  # calls, not a copy of 8 MiB
+
+
 def test_async_keeps_a_history_too(tmp_path, history_path):
     with lamina.open(str(tmp_path / "a.lam"), "w", io="async") as f:
         f.create_dataset("x", (1 << 12,), "f8")

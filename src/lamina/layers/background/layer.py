@@ -1231,10 +1231,13 @@ class BackgroundLayer(Layer):
                 sample = step.copy_sample(self._pool.served)
                 if sample is not None:
                     self.model.add_copy(*sample)
-                    # a hand-over made beside a step being written is slowed by that thread
-                    # (the GIL, memory), which only steps faster than their writes meet, and
-                    # then the I/O bounds the epoch: only those made alone are its samples
-                    timed = not (step.copied and step.fresh_copied) and step.idle and self._idle()
+                # a step of arrays lent (copy=False) copies nothing: its calls are its hand-over;
+                # one made beside a step being written is slowed by that thread (the GIL,
+                # memory), which only steps faster than their writes meet, and then the I/O
+                # bounds the epoch: only those made alone are samples
+                alike = not (step.copied and step.fresh_copied)
+                lent = not step.nbytes and step.lent > 0
+                timed = (lent or (sample is not None and alike)) and step.idle and self._idle()
         step.index = self._next
         self._next += 1
         background = (
