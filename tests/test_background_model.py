@@ -253,6 +253,16 @@ def test_copies_are_one_sample_per_step_into_reused_buffers(tmp_path, history_pa
     assert len(got) == 2 and all(x1 == 4 << 17 for x1, _, _ in got)
 
 
+def _steps_one_at_a_time(f) -> None:
+    """Three steps of 4 puts of 128 KiB, each written before the next is opened."""
+    f.create_dataset("x", (4, 1 << 14), "f8")
+    for k in range(3):
+        with f.step():
+            for r in range(4):
+                f["x"][r] = k
+        f.wait()
+
+
 def test_t_copy_is_the_step_s_hand_over_once_one_was_timed(tmp_path, history_path):
     """A step's calls cost more than its copies (the calls' own work): the steps' hand-overs
     (one sample a step, beside the copies') predict t_copy, this run's before the history's;
@@ -269,12 +279,7 @@ def test_t_copy_is_the_step_s_hand_over_once_one_was_timed(tmp_path, history_pat
     assert p.t_copy == pytest.approx(0.25) and p.t_async == pytest.approx(2.25)
     # steps handed over with nothing in flight leave their hand-over: at least their copies
     with lamina.open(str(tmp_path / "s.lam"), "w", io="async") as f:
-        f.create_dataset("x", (4, 1 << 14), "f8")
-        for k in range(3):
-            with f.step():
-                for r in range(4):
-                    f["x"][r] = k
-            f.wait()
+        _steps_one_at_a_time(f)
     h = load_history(str(history_path))
     copies, submits = h.samples(am.COPY_SERIES), h.samples(am.SUBMIT_SERIES)
     assert len(submits) == len(copies) == 2
@@ -282,12 +287,7 @@ def test_t_copy_is_the_step_s_hand_over_once_one_was_timed(tmp_path, history_pat
     # a step opened while the one before is being written gives none
     gate = threading.Event()
     with lamina.open(str(tmp_path / "t.lam"), "w", io="async") as f:
-        f.create_dataset("x", (4, 1 << 14), "f8")
-        for k in range(3):
-            with f.step():
-                for r in range(4):
-                    f["x"][r] = k
-            f.wait()
+        _steps_one_at_a_time(f)
         layer = f.engine
         inner_end = layer.inner.end_step
 
