@@ -174,6 +174,23 @@ def test_nobody_produces(tmp_path):
     assert res.lines("OK orphan")
 
 
+@pytest.mark.parametrize("mode", ["memory", "both"])
+def test_producer_ranks_a_step_apart(tmp_path, mode):
+    """An error inside one producer rank's step puts its ranks a step apart: later commits
+    raise StepError on every rank, the close is clean, and consumers read the one step
+    committed (under both, the file's refused commit left the served step open: every later
+    step and the close failed)."""
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (2, "transport_faults", "apart-write", "s"),
+        (1, "transport_faults", "apart-read", "s"),
+        cwd=tmp_path,
+        env={"LAMINA_TRANSPORT": mode, "LAMINA_TRANSPORT_TIMEOUT": "10"},
+        timeout=60,
+    )
+    assert res.lines("OK apart producer closed") and res.lines("OK apart consumer read step 0")
+
+
 @pytest.mark.parametrize("serve", ["thread", "calls"])
 def test_stalled_producer(tmp_path, serve):
     """A producer busy outside lamina: its serving thread still answers reads (without one, reads

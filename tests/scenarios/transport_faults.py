@@ -3,6 +3,8 @@
     transport_faults.py orphan-idle          a program that opens nothing transported
     transport_faults.py orphan-read NAME     opens NAME for reading; nobody produces it
     transport_faults.py stall-write NAME DIR writes steps 0 and 1, then is busy elsewhere until DIR/gave-up exists
+    transport_faults.py apart-write NAME     two ranks a step apart (an error inside one rank's step)
+    transport_faults.py apart-read NAME      reads the one step committed, then the end of the stream
     transport_faults.py stall-read NAME DIR  reads step 0, then step 1 and step 2 while the producer is busy:
                                              with a serving thread (LAMINA_TRANSPORT_SERVE=thread) step 1 is
                                              answered and only step 2 fails; serving in calls only, both fail
@@ -91,6 +93,34 @@ def main() -> None:
             # close: the producer answers again in its close, late answers are dropped
         if comm.rank == 0:
             say(f"OK stall: step 1 {what} {took:.3f} s, step 2: TransportError after {took2:.1f} s")
+    elif role == "apart-write":
+        # rank 1 fails inside its step 1 and goes on, one step more than the others make: the
+        # commits that would mix two steps raise StepError on every rank, the close is clean
+        said = []
+        with lamina.open(sys.argv[2], "w") as f:
+            x = f.create_dataset("x", (f.comm.size,), np.float64)
+            for k in range(5 if f.comm.rank == 1 else 4):
+                try:
+                    with f.step():
+                        if f.comm.rank == 1 and k == 1:
+                            raise ValueError("rank 1 fails in its step")
+                        x[f.comm.rank] = 10 * k + f.comm.rank
+                except ValueError:
+                    pass
+                except lamina.LaminaError as e:
+                    said.append(type(e).__name__)
+        if not said or set(said) != {"StepError"}:
+            raise AssertionError(f"rank {comm.rank}: {said}")
+        comm.Barrier()
+        if comm.rank == 0:
+            say(f"OK apart producer closed after {len(said)} StepErrors")
+    elif role == "apart-read":
+        with lamina.open(sys.argv[2], "r") as f:
+            got = [view["x"][...].tolist() for view in f.iter_steps()]
+        if got != [[0.0, 1.0]]:
+            raise AssertionError(f"steps read: {got}")
+        if comm.rank == 0:
+            say("OK apart consumer read step 0 alone")
     else:
         raise SystemExit(f"unknown role {role}")
 

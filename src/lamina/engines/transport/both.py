@@ -111,7 +111,15 @@ class BothProducer(Producer):
 
     def end_step(self) -> None:
         assert self.file is not None
-        self.file.end_step()  # durable first, then served
+        try:
+            self.file.end_step()  # durable first, then served
+        except BaseException:
+            # the file dropped the step (on every rank: its commit's errors are collective):
+            # consumers are not served it either, and both sides count their steps alike (a
+            # step left open here failed every later step and the close)
+            if self.in_step:
+                super().discard_step()
+            raise
         super().end_step()
 
     def skip_steps(self, n: int) -> None:
