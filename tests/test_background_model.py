@@ -416,6 +416,26 @@ def test_model_async_command_names_the_rate_its_rows_used(tmp_path, capsys):
     assert f"not the {doc['fit_all']} fit to every step" in out
 
 
+def test_steps_far_larger_than_any_measured_are_predicted_as_on_a_new_machine(
+    tmp_path, capsys, monkeypatch
+):
+    """A history of steps of a few hundred bytes (their fixed costs dominate: 1 MB/s) said
+    nothing of a step of 64 MiB, but the rate at its edge predicted one at 52 s: beyond 16x
+    the largest step measured, the calibration's rate is taken, else the default one."""
+    tiny = [(b, 1, b / 1e6) for b in (160, 300, 538)] * 10
+    m = am.AsyncModel(_history(io=tiny, copy_rates=[4e9]))
+    p = m.predict(64 << 20, 1, t_comp=0.0)
+    assert p.fit == "beyond" and p.t_io == pytest.approx((64 << 20) / am.DEFAULT_IO_RATE)
+    assert m.predict(8 * 538, 1, t_comp=0.0).fit != "beyond"  # within 16x: the history's
+    hist = tmp_path / "h.json"
+    save_history(_history(io=tiny, copy_rates=[4e9]), str(hist))
+    monkeypatch.setattr(sys.modules["lamina.perf.calibrate"], "cached", lambda: None)
+    args = ["async", "--bytes", "64MiB", "--compute", "0", "--history", str(hist)]
+    assert model_cli(args) == 0
+    out = capsys.readouterr().out
+    assert "no step in the history within 16x of this size: the default rate" in out
+
+
 def test_decisions_record_round_trip_and_bad_bytes():
     d = [{"step": 0, "mode": "sync", "t_io": float("nan"), "t_io_measured": 0.25}]
     back = am.decode_decisions(am.encode_decisions(d))

@@ -121,6 +121,8 @@ DECAY = 0.5
 DEFAULT_COPY_RATE = 2e9
 #: I/O rate assumed before any step was measured (bytes/s): async is tried first
 DEFAULT_IO_RATE = 5e8
+#: a step this many times larger than any the history holds is predicted as on a new machine
+BEYOND = 16
 
 
 @dataclass
@@ -297,15 +299,27 @@ class AsyncModel:
             return own, Fit("run", (), math.nan, len(self.run.samples(series)))
         name = self._series(series, other)
         if self.calibration is not None and not self.history.samples(name):
-            t = block_time(self.calibration, "write", nbytes)
-            if t is None:
-                t = nbytes / self.calibration.write_bandwidth
-            return nbytes / max(t, 1e-12), Fit("calibration", (), math.nan, 0)
+            return self._unmeasured_rate(nbytes), Fit("calibration", (), math.nan, 0)
         local = self.history.local_rate(name, nbytes, ranks)
         if local is not None:
             return local, Fit("local", (), math.nan, len(self.history.samples(name)))
         fit = self.history.fit(name)
+        if fit.kind != "none" and nbytes > BEYOND * fit.hi[0]:
+            # no step the history holds comes near this one: the rate at its edge (of steps
+            # whose fixed costs outweigh their bytes) would predict a step of 64 MiB from
+            # steps of 500 bytes at 1 MB/s (52 s); what a new machine is told instead
+            return self._unmeasured_rate(nbytes), Fit("beyond", (), math.nan, fit.samples)
         return fit.rate(nbytes, ranks, DEFAULT_IO_RATE), fit
+
+    def _unmeasured_rate(self, nbytes: int) -> float:
+        """The write rate of a step of *nbytes* the history says nothing of: the calibration's,
+        else :data:`DEFAULT_IO_RATE`."""
+        if self.calibration is None:
+            return DEFAULT_IO_RATE
+        t = block_time(self.calibration, "write", nbytes)
+        if t is None:
+            t = nbytes / self.calibration.write_bandwidth
+        return nbytes / max(t, 1e-12)
 
     def predict(self, nbytes: int, ranks: int, t_comp: float | None = None) -> Prediction:
         """Epoch times of a step of *nbytes* bytes (all ranks together) written by *ranks* ranks."""

@@ -328,7 +328,7 @@ def build_async_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _rate_source(kind: str, r2: float, fit_all: async_model.Fit) -> str:
+def _rate_source(kind: str, r2: float, fit_all: async_model.Fit, calibrated: bool = False) -> str:
     """Words for where a prediction's I/O rate came from: the median rate of the history's
     steps of that size and rank count (kind ``local``) or the fit to every step."""
 
@@ -337,6 +337,10 @@ def _rate_source(kind: str, r2: float, fit_all: async_model.Fit) -> str:
 
     if kind == "calibration":
         return "this machine's calibration (no step in the history)"
+    if kind == "beyond":
+        return f"no step in the history within {async_model.BEYOND}x of this size: " + (
+            "this machine's calibration" if calibrated else "the default rate"
+        )
     if kind == "local":
         return (
             "median of the newest steps of this size and rank count "
@@ -363,10 +367,16 @@ def run_async(argv: list[str]) -> int:
             "another host or version, or empty)"
         )
     cal = None
-    if not hist.samples(async_model.IO_SERIES) and not hist.samples(async_model.SYNC_IO_SERIES):
+    sizes = [
+        x1
+        for name in (async_model.IO_SERIES, async_model.SYNC_IO_SERIES)
+        for x1, _, _ in hist.samples(name)
+    ]
+    if not sizes or nbytes > async_model.BEYOND * max(sizes):
         from .calibrate import cached
 
-        cal = cached()  # a new machine: what its calibration says (never measured here)
+        # a new machine, or steps far larger than any measured here: what its calibration says
+        cal = cached()
     m = async_model.AsyncModel(hist, calibration=cal)
     preds = [m.predict(nbytes, ranks, c) for c in comps]
     fit = m.fit
@@ -401,7 +411,7 @@ def run_async(argv: list[str]) -> int:
         f"one step of {fmt_bytes(nbytes)} from {ranks} rank(s); history {path}: "
         f"{len(m.history.samples(async_model.IO_SERIES))} background steps, "
         f"{len(m.history.samples(async_model.SYNC_IO_SERIES))} waited for; "
-        f"background I/O rate: {_rate_source(used.fit, used.r2, fit)}; "
+        f"background I/O rate: {_rate_source(used.fit, used.r2, fit, cal is not None)}; "
         f"copy rate {fmt_rate(m.copy_rate())}"
     )
     print(
