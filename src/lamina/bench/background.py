@@ -68,6 +68,7 @@ properties whole, and the number of steps read with the steps written.
 A failed check is reported (``DATA CHECK FAILED``) and the exit status is 1.
 
 Predictions (docs/background.md): sync epoch = t_io + t_comp; async epoch =
+max(t_comp + t_copy, t_io); the epoch target keeps the issue's
 max(t_comp, t_io) + t_copy.  The targets take t_copy, and the submit target
 its memcpy, as ``numpy thread``'s copy at the same compute factor: a memcpy
 of the step's bytes where the program makes it, after a compute phase

@@ -436,8 +436,10 @@ def inverse_levels(c: np.ndarray, levels: int) -> list[np.ndarray]:
 def approximation(x: np.ndarray, level: int, *, integer: bool = False) -> np.ndarray:
     """The exact level-*level* approximation of a batch of patches.
 
-    What a reader of *level* gets when nothing is compressed: the
-    approximation coefficients after *level* forward steps.
+    The approximation coefficients after *level* forward steps, in
+    float64; what a reader of *level* gets when nothing is compressed is
+    this rounded to the data's dtype and clipped to its finite range
+    (:func:`lamina.multires.compress.reference`).
 
     Parameters
     ----------

@@ -56,8 +56,9 @@ the two stages of a pipeline, and an epoch is the longer stage
   buffers back samples its copies into new memory (the layer's ``Step.copy_sample``).
   That is the copy alone: ``t_copy`` is the step's hand-over as measured, the
   program's time in the step's calls (its copies, the calls' own work and, under
-  ``io='auto'``, the decision; not its waits for the budget or for the other ranks at
-  ``end_step``, which steps still being written cause), series ``async.submit``, one
+  ``io='auto'``, the decision and its agreements; not its waits for the budget or in
+  ``end_step``'s first agreement with the other ranks, which steps still being written
+  cause), series ``async.submit``, one
   sample per step whose copies all went into reused buffers (or all into new ones
   once the pool has served, as for the copies) and that was opened and ended while
   no step was being written (a write beside the calls slows them, and then ``t_io``
