@@ -311,11 +311,17 @@ def step_apart_close(io: str) -> None:
         np.testing.assert_array_equal(g["x"][...], np.arange(size, dtype=float))
 
 
-def close_in_step(io: str) -> None:
+def _one_step_written(io: str):
+    """A new file (*io*) and its dataset 'x', every rank's cell written in step 0."""
     f = lamina.open(path, "w", durable=False, io=io)
     x = f.create_dataset("x", (size,))
     with f.step():
         x[rank] = rank
+    return f, x
+
+
+def close_in_step(io: str) -> None:
+    f, x = _one_step_written(io)
     said = []
     try:
         if rank == 0:
@@ -440,10 +446,7 @@ def refused_define(io: str) -> None:
 
 
 def define_apart(io: str) -> None:
-    f = lamina.open(path, "w", durable=False, io=io)
-    x = f.create_dataset("x", (size,))
-    with f.step():
-        x[rank] = rank
+    f, x = _one_step_written(io)
     said = []
     try:
         if rank == 0:
