@@ -271,8 +271,14 @@ class Dataset:
                 return ahead
         if out is None:
             out = _aligned_empty(box.shape, self.dtype)
+        return self._read_into(self._file._engine.get, layout, box, step, out, level, tolerance)
+
+    def _read_into(self, get, layout, box, step, out, level, tolerance) -> np.ndarray:
+        """*out* filled: a plain dataset's *box* by *get* (the engine's ``get`` or
+        ``get_collective``), a multiresolution one's by level (its bytes in
+        :attr:`last_read_bytes`)."""
         if layout is None:
-            self._file._engine.get(self._path, box, step, out)
+            get(self._path, box, step, out)
         else:
             self.last_read_bytes = self._file._engine.get_level(
                 self._path, box, step, out, level, None, tolerance
@@ -320,13 +326,8 @@ class Dataset:
                     out = np.empty((0,) * box.ndim, dtype=self.dtype)
         step = self._step if step is None else step
         self._same_everywhere(step, level, g.error)
-        if layout is None:
-            self._file._engine.get_collective(self._path, box, step, out)
-        else:
-            self.last_read_bytes = self._file._engine.get_level(
-                self._path, box, step, out, level, None, tolerance
-            )
-        return out
+        engine = self._file._engine
+        return self._read_into(engine.get_collective, layout, box, step, out, level, tolerance)
 
     def prefetch(self, box: Box | None = None, step: int | None = None) -> bool:
         """Independent: read *box* (as :meth:`read` takes it; default everything) at *step*

@@ -1468,7 +1468,8 @@ class BackgroundLayer(Layer):
         return raw
 
     def _release(self, step: Step) -> None:
-        """The step is done (written, failed or cancelled): its copies go, its arrays thaw."""
+        """The step is done (written, failed or cancelled): its bytes leave the budget, its
+        copies' buffers go back to the pool, its lent arrays thaw."""
         with self._cond:
             self.stats.inflight_bytes -= step.nbytes + step.lent
             self._frozen.thaw(step)
@@ -1635,9 +1636,7 @@ class BackgroundLayer(Layer):
                 failure.cancelled.append(step.index)
             self._dropped += step.skipped  # still to be counted, with the next step handed down
             self.stats.steps_cancelled += 1
-            self.stats.inflight_bytes -= step.nbytes + step.lent
-            self._frozen.thaw(step)
-            self._pool.give(step.copies, self._pool_room())
+            self._release(step)  # (_cond is reentrant)
         self._queue.clear()
         self._cond.notify_all()
 
