@@ -200,6 +200,12 @@ class Record:
         return e.getvalue(), area, (sections, extents)
 
     # -- decoding ---------------------------------------------------------------
+    @staticmethod
+    def read_head(d: Decoder) -> tuple[int, int, int, int, float]:
+        """The fields every record begins with (:meth:`_encode_start`): kind, step, session,
+        ranks and commit time, unchecked."""
+        return d.u8(), d.i64(), d.u32(), d.u32(), d.f64()
+
     @classmethod
     def decode(
         cls,
@@ -216,12 +222,9 @@ class Record:
         checked against the datasets but not decoded.
         """
         d = Decoder(buf, what)
-        kind = d.u8()
+        kind, step, session, nranks, t = cls.read_head(d)
         if kind not in KIND_NAMES:
             raise FormatError(f"{what}: unknown record kind {kind}")
-        step = d.i64()
-        session, nranks = d.u32(), d.u32()
-        t = d.f64()
         rec = cls(kind, step, session, nranks, t, version=version)
         nops = d.count(2, name="operations")
         for _ in range(nops):

@@ -459,12 +459,7 @@ def _written_after(path: str, since: float) -> bool:
 
 def record_time(payload: bytes) -> float:
     """The commit time of a record payload (its head: kind, step, session, nranks, time)."""
-    d = Decoder(payload, "metadata record")
-    d.u8()
-    d.i64()
-    d.u32()
-    d.u32()
-    return d.f64()
+    return Record.read_head(Decoder(payload, "metadata record"))[4]
 
 
 class NativeEngine(BlockEngine):
