@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from enum import IntEnum
 
 import numpy as np
@@ -213,16 +213,22 @@ def _answer_arrivals(app: int, present: dict[int, int] | None = None) -> None:
     rank (it waits for it).  *present* (the asking rank's own list) gets
     every asker: it is there too.
     """
-    w = MPI.COMM_WORLD
-    st = MPI.Status()
-    while w.Iprobe(MPI.ANY_SOURCE, Tag.ARRIVAL_QUERY, st):
-        src = st.Get_source()
-        got = np.zeros(1, dtype=np.int64)
-        w.Recv([got, MPI.INT64_T], src, Tag.ARRIVAL_QUERY)
+    for src, asker in _arrivals(Tag.ARRIVAL_QUERY):
         if present is not None:
-            present[src] = int(got[0])
+            present[src] = asker
         _send_arrival(src, Tag.ARRIVAL_REPLY, app)
     _ARRIVAL_SENDS[:] = [(r, b) for r, b in _ARRIVAL_SENDS if not r.Test()]
+
+
+def _arrivals(tag: int) -> Iterator[tuple[int, int]]:
+    """``(world rank, appnum)`` of each arrival message of *tag* waiting, received."""
+    w = MPI.COMM_WORLD
+    st = MPI.Status()
+    while w.Iprobe(MPI.ANY_SOURCE, tag, st):
+        src = st.Get_source()
+        got = np.zeros(1, dtype=np.int64)
+        w.Recv([got, MPI.INT64_T], src, tag)
+        yield src, int(got[0])
 
 
 def _send_arrival(dest: int, tag: int, app: int) -> None:
@@ -248,15 +254,11 @@ def _who_is_there(req: MPI.Request, app: int) -> dict[int, int] | None:
         if r != w.rank:
             _send_arrival(r, Tag.ARRIVAL_QUERY, app)
     end = time.monotonic() + ARRIVAL_GRACE
-    st = MPI.Status()
     while time.monotonic() < end and len(present) < w.size:
         if req.Test():
             return None
         _answer_arrivals(app, present)
-        while w.Iprobe(MPI.ANY_SOURCE, Tag.ARRIVAL_REPLY, st):
-            got = np.zeros(1, dtype=np.int64)
-            w.Recv([got, MPI.INT64_T], st.Get_source(), Tag.ARRIVAL_REPLY)
-            present[st.Get_source()] = int(got[0])
+        present.update(_arrivals(Tag.ARRIVAL_REPLY))
         time.sleep(1e-3)
     if req.Test():
         return None
