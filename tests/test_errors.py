@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import lamina
+import lamina.comm as comm_mod
 from lamina.errors import (
     BoundsError,
     CodecError,
@@ -889,10 +890,17 @@ def test_arguments_of_the_wrong_kind_are_named(tmp_path, monkeypatch):
     ]:
         with pytest.raises(kind, match=words):
             lamina.open(p, "w", transport="memory", **options)
-    monkeypatch.setenv("LAMINA_TRANSPORT_TIMEOUT", "soon")
-    with pytest.raises(ValueError, match="LAMINA_TRANSPORT_TIMEOUT must be a number"):
-        lamina.open(p, "w", transport="memory")
+    for bad in ("soon", "0", "-1", "nan"):
+        monkeypatch.setenv("LAMINA_TRANSPORT_TIMEOUT", bad)
+        with pytest.raises(ValueError, match="LAMINA_TRANSPORT_TIMEOUT must be a number"):
+            lamina.open(p, "w", transport="memory")
+        # the wait of the first task_comm in a workflow reads it too, and refuses the same
+        with pytest.raises(ValueError, match="LAMINA_TRANSPORT_TIMEOUT must be a number"):
+            comm_mod.transport_patience()
+    monkeypatch.setenv("LAMINA_TRANSPORT_TIMEOUT", "2.5")
+    assert comm_mod.transport_patience() == 2.5
     monkeypatch.delenv("LAMINA_TRANSPORT_TIMEOUT")
+    assert comm_mod.transport_patience() == comm_mod.DEFAULT_PATIENCE
     with lamina.open(p, "w", checksum_segment=1 << 18) as f:
         f.create_dataset("a", shape=(4,))[...] = 1.0
         with pytest.raises(ShapeError, match="dataset 'r': data is not an array of one shape"):

@@ -15,6 +15,7 @@ MPI program: every task of a workflow must initialize MPI (``lamina run
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -40,12 +41,19 @@ DEFAULT_PATIENCE = 60.0
 
 
 def transport_patience() -> float:
-    """``$LAMINA_TRANSPORT_TIMEOUT`` (seconds > 0), else :data:`DEFAULT_PATIENCE`."""
-    try:
-        value = float(os.environ.get(TIMEOUT_VARIABLE, "") or DEFAULT_PATIENCE)
-    except ValueError:
+    """``$LAMINA_TRANSPORT_TIMEOUT`` (seconds > 0), else :data:`DEFAULT_PATIENCE` where it is
+    unset or empty; ValueError naming the variable for anything else (the in situ transport
+    takes its timeout from here too, so that both refuse the same values)."""
+    given = os.environ.get(TIMEOUT_VARIABLE)
+    if not given:
         return DEFAULT_PATIENCE
-    return value if 0 < value < float("inf") else DEFAULT_PATIENCE
+    try:
+        seconds = float(given)
+    except ValueError:
+        seconds = math.nan
+    if not seconds > 0:
+        raise ValueError(f"${TIMEOUT_VARIABLE} must be a number of seconds > 0, got {given!r}")
+    return seconds
 
 
 def in_workflow() -> bool:
@@ -136,6 +144,7 @@ def task_comm() -> MPI.Comm:
             raise TransportError(_TASK_FAILURE)
         w = MPI.COMM_WORLD
         mine = appnum()
+        patience = world_patience(mine)  # (a bad $LAMINA_TRANSPORT_TIMEOUT: before any message)
         # every rank's appnum (one allgather instead of the max alone): the in situ
         # transport finds the other tasks' leaders and sizes from it without more messages;
         # and when lamina started on each rank (job_start)
@@ -143,7 +152,6 @@ def task_comm() -> MPI.Comm:
         row = np.array([mine, int(_STARTED * 1e6)], dtype=np.int64)
         req = w.Iallgather(row, rows)
         _KEEP.append((req, row, rows))  # a gather given up on stays pending: its buffers live on
-        patience = world_patience(mine)
         # quietly, answering the questions of ranks that gave up meanwhile
         if not wait_quietly([req], patience, lambda: _answer_arrivals(mine)):
             assert patience is not None

@@ -52,21 +52,12 @@ def _timeout(options: dict) -> float:
     """The option ``timeout`` (seconds > 0; None: not given), else ``$LAMINA_TRANSPORT_TIMEOUT``,
     else :data:`DEFAULT_TIMEOUT`; ValueError naming the one given for anything else."""
     given = options.get("timeout")
-    if given is not None:
-        where = "timeout"
-        real = not isinstance(given, bool) and isinstance(given, numbers.Real)
-        seconds = float(given) if real else math.nan
-    else:
-        given = os.environ.get(TIMEOUT_ENV)
-        if not given:
-            return DEFAULT_TIMEOUT
-        where = f"${TIMEOUT_ENV}"
-        try:
-            seconds = float(given)
-        except ValueError:
-            seconds = math.nan
+    if given is None:
+        return comm_mod.transport_patience()
+    real = not isinstance(given, bool) and isinstance(given, numbers.Real)
+    seconds = float(given) if real else math.nan
     if not seconds > 0:
-        raise ValueError(f"{where} must be a number of seconds > 0, got {given!r}")
+        raise ValueError(f"timeout must be a number of seconds > 0, got {given!r}")
     return seconds
 
 
