@@ -308,7 +308,7 @@ def test_failures_reach_every_rank(tmp_path, case, n):
         ),
         *(
             f"{c}-{io}"
-            for c in ("refused-define", "define-apart", "flush-apart")
+            for c in ("refused-define", "define-apart", "flush-apart", "read-apart")
             for io in ("sync", "async")
         ),
         "refused-read",

@@ -720,12 +720,16 @@ _NONE = 2
 #: the collective calls an agreement may name (``agree(call=...)``): the first agreement of
 #: each names its call, so that ranks in different calls raise instead of pairing them
 CALL_END_STEP, CALL_CLOSE, CALL_DERIVE, CALL_DEFINE, CALL_FLUSH = 1, 2, 3, 4, 5
+CALL_REFRESH, CALL_READ, CALL_WAIT = 6, 7, 8
 CALL_NAMES = {
     CALL_END_STEP: "end_step",
     CALL_CLOSE: "close",
     CALL_DERIVE: "derive",
     CALL_DEFINE: "create_dataset",
     CALL_FLUSH: "flush",
+    CALL_REFRESH: "refresh",
+    CALL_READ: "read(collective=True)",
+    CALL_WAIT: "wait_for_step",
 }
 #: what an agreement that names no call adds to the two call slots (the least is taken)
 _NO_CALL = np.iinfo(np.int64).max
@@ -733,6 +737,20 @@ _NO_CALL = np.iinfo(np.int64).max
 
 def _call_slots(call: int) -> list[int]:
     return [call, -call] if call else [_NO_CALL, _NO_CALL]
+
+
+def _same_call(out: np.ndarray) -> None:
+    """CollectiveMismatchError where the call slots of an agreement's result *out* show that
+    ranks named different calls (an agreement that names none pairs with any)."""
+    if int(out[2]) != _NO_CALL and int(out[2]) != -int(out[3]):
+        a, b = (CALL_NAMES.get(c, str(c)) for c in (int(out[2]), -int(out[3])))
+        raise mark_collective(
+            CollectiveMismatchError(
+                f"ranks made different collective calls together: {a} on some, {b} on "
+                "others (a collective call made on some ranks only); every rank must make "
+                "the same collective calls in the same order"
+            )
+        )
 
 
 def agree(
@@ -790,15 +808,7 @@ def agree(
     if seen is not None:
         seen.append(-int(out[1]))
     if int(out[0]) >= _NONE * comm.size:
-        if int(out[2]) != _NO_CALL and int(out[2]) != -int(out[3]):
-            a, b = (CALL_NAMES.get(c, str(c)) for c in (int(out[2]), -int(out[3])))
-            raise mark_collective(
-                CollectiveMismatchError(
-                    f"ranks made different collective calls together: {a} on some, {b} on "
-                    "others (a collective call made on some ranks only); every rank must make "
-                    "the same collective calls in the same order"
-                )
-            )
+        _same_call(out)
         return -int(out[1])
     first = int(out[0]) % comm.size
     payload = _error_payload(exc, left=False) if comm.rank == first else None
@@ -810,15 +820,16 @@ def agree(
 
 
 class PendingAgree:
-    """:func:`agree` without blocking: :meth:`test` until True, then :meth:`finish` (for waits that must serve meanwhile)."""
+    """:func:`agree` without blocking: :meth:`test` until True, then :meth:`finish` (for waits
+    that must serve meanwhile).  *call* as :func:`agree`'s."""
 
-    def __init__(self, comm: MPI.Comm, flag: int = 0) -> None:
+    def __init__(self, comm: MPI.Comm, flag: int = 0, call: int = 0) -> None:
         self.comm = comm
         self.out = np.empty(4, dtype=np.int64)
         self.flag = int(flag)
         self.req = (
             comm.Iallreduce(
-                np.array([_NONE * comm.size, -self.flag, *_call_slots(0)], dtype=np.int64),
+                np.array([_NONE * comm.size, -self.flag, *_call_slots(call)], dtype=np.int64),
                 self.out,
                 op=MPI.MIN,
             )
@@ -835,6 +846,7 @@ class PendingAgree:
             return self.flag
         self.req.Wait()
         if int(self.out[0]) >= _NONE * self.comm.size:
+            _same_call(self.out)
             return -int(self.out[1])
         first = int(self.out[0]) % self.comm.size
         raise _error_from_payload(bcast_bytes(self.comm, None, root=first), first)

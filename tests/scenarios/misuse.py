@@ -54,6 +54,12 @@ Usage: misuse.py CASE PATH [AGGREGATORS]
   flush-apart IO  f.flush(durable=...) with rank 0 alone durable: every rank raises
                   CollectiveMismatchError (rank 0 waited forever for the others' fsyncs);
                   an agreed flush and the next step go on
+  read-apart IO   readers of a file on every rank: rank 0 makes one collective call while
+                  the others make another (refresh, read(collective=True), wait_for_step,
+                  close, in pairs): every rank raises CollectiveMismatchError naming both
+                  calls (the ranks went on in different collectives and waited forever),
+                  the pairs without a close read on together, and a close paired with
+                  another call lets the file go on every rank
 """
 
 import functools
@@ -522,6 +528,51 @@ def flush_apart(io: str) -> None:
         np.testing.assert_array_equal(g["x"][...], 10 + np.arange(size, dtype=float))
 
 
+def read_apart(io: str) -> None:
+    writer = None
+    if rank == 0:  # the writer, on its own, open throughout: wait_for_step(2) waits
+        writer = lamina.open(path, "w", comm=MPI.COMM_SELF, durable=False)
+        x = writer.create_dataset("x", (size, 4))
+        for s in range(2):
+            with writer.step():
+                x[...] = np.full((size, 4), float(s))
+    comm.Barrier()
+    row = lamina.Box((rank, 0), (rank + 1, 4))
+    calls = {
+        "refresh": lambda f: f.refresh(),
+        "read(collective=True)": lambda f: f["x"].read(row, step=1, collective=True),
+        "wait_for_step": lambda f: f.wait_for_step(2, timeout=30),
+        "close": lambda f: f.close(),
+    }
+    names = list(calls)
+    for a in names:
+        for b in names[names.index(a) + 1 :]:
+            for first, other in ((a, b), (b, a)):
+                f = lamina.open(path, "r", io=io)
+                mine = first if rank == 0 else other
+                try:
+                    calls[mine](f)
+                except lamina.CollectiveMismatchError as e:
+                    said = str(e)
+                    if io == "sync":
+                        assert first in said and other in said, (mine, said)
+                except lamina.RemoteError as e:  # a close's rank left and told this one
+                    assert "left the file" in str(e), e
+                else:
+                    raise AssertionError(f"rank {rank}: {mine} against {first}/{other} went on")
+                if "close" not in (first, other):
+                    # the file goes on: a collective read pairs as it should
+                    got = f["x"].read(row, step=1, collective=True)
+                    np.testing.assert_array_equal(got, np.ones((1, 4)))
+                try:
+                    f.close()
+                except lamina.RemoteError as e:  # the others closed after the mismatch
+                    assert "left the file" in str(e), e
+                comm.Barrier()
+    if writer is not None:
+        writer.close()
+
+
 if case in ("fsize", "eacces"):
     {"fsize": fsize, "eacces": eacces}[case](int(sys.argv[3]))
 else:
@@ -546,6 +597,7 @@ else:
                 ("refused-define", refused_define),
                 ("define-apart", define_apart),
                 ("flush-apart", flush_apart),
+                ("read-apart", read_apart),
             )
             for io in ("sync", "async", "auto")
         },

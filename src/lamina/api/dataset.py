@@ -404,7 +404,7 @@ class Dataset:
             resolved = repr(step)  # a bad step: read alone, it says what is wrong
         key = crc(f"{self._path}\0{resolved}\0{level}".encode()) & _KEY
         mine = key if refused is None else _refusal(refused, self._file.comm.rank)
-        top, low = eng.agree(mine), -eng.agree(-mine)
+        top, low = eng.agree(mine, comm_mod.CALL_READ), -eng.agree(-mine)
         if top > _KEY:
             # the lowest refusing rank's error on every rank: that rank raises its own, the
             # others (those that refused too among them) one of its class naming it

@@ -210,7 +210,7 @@ class File(Group):
                 )
             expired = deadline is not None and time.monotonic() >= deadline
             # all ranks must agree on timing out, or they would diverge in refresh()
-            if self._engine.agree(int(expired)):
+            if self._engine.agree(int(expired), comm_mod.CALL_WAIT):
                 raise StepTimeoutError(
                     f"no step {step} in {self._filename!r} after {timeout} s ({self.steps} steps committed)"
                 )

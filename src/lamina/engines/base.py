@@ -199,8 +199,11 @@ class Engine(ABC):
         """
 
     @abstractmethod
-    def agree(self, flag: int = 0) -> int:
-        """Collective: the largest *flag* over the ranks; raises if a rank left the file (see :meth:`leave`)."""
+    def agree(self, flag: int = 0, call: int = 0) -> int:
+        """Collective: the largest *flag* over the ranks; raises if a rank left the file (see
+        :meth:`leave`).  *call* (one of :data:`lamina.comm.CALL_NAMES`, 0: none) names the
+        collective call this agreement begins: ranks that name different calls raise
+        CollectiveMismatchError (see :func:`lamina.comm.agree`)."""
 
     @property
     @abstractmethod

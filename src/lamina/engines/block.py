@@ -1773,8 +1773,8 @@ class BlockEngine(Engine):
             # meets a rank that left (leave) rather than freeing under it
             comm_mod.agree(self.comm, None, call=comm_mod.CALL_CLOSE)
 
-    def agree(self, flag: int = 0) -> int:
-        return comm_mod.agree(self.comm, None, flag)
+    def agree(self, flag: int = 0, call: int = 0) -> int:
+        return comm_mod.agree(self.comm, None, flag, call=call)
 
     def leave(self, exc: BaseException) -> None:
         if self._closed:

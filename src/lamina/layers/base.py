@@ -111,8 +111,8 @@ class Layer(Engine):
     def leave(self, exc: BaseException) -> None:
         self.inner.leave(exc)
 
-    def agree(self, flag: int = 0) -> int:
-        return self.inner.agree(flag)
+    def agree(self, flag: int = 0, call: int = 0) -> int:
+        return self.inner.agree(flag, call)
 
     @property
     def closed(self) -> bool:

@@ -706,8 +706,9 @@ class NativeEngine(BlockEngine):
             os.close(mfd)
         return out, new, head.size
 
-    def _load_new(self) -> int:
-        """Collective: read records committed since the last call on rank 0, apply on all ranks.
+    def _load_new(self, call: int = 0) -> int:
+        """Collective: read records committed since the last call on rank 0, apply on all ranks
+        (*call*: the collective call it is, named in its first agreement).
 
         All or nothing: if any record fails to decode or check on any rank,
         every rank restores its catalog and rank 0 keeps its reading position,
@@ -737,7 +738,7 @@ class NativeEngine(BlockEngine):
                     for p in read[0]:
                         e.blob(p)
                     blob = e.getvalue()
-        comm_mod.agree(self.comm, g.error)
+        comm_mod.agree(self.comm, g.error, call=call)
         if self.size > 1:
             blob = comm_mod.bcast_bytes(self.comm, blob, root=0)
         g = comm_mod.Guard()
@@ -936,7 +937,7 @@ class NativeEngine(BlockEngine):
         """Collective: pick up steps committed by a writer since open (for following a live file)."""
         if self.mode != "r":
             return len(self.catalog.steps)
-        return self._load_new()
+        return self._load_new(comm_mod.CALL_REFRESH)
 
     def flush(self, durable: bool = True) -> None:
         """Collective: with *durable*, every step committed so far on stable storage: each

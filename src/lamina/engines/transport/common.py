@@ -156,8 +156,10 @@ class TransportBase(BlockEngine):
         """The program's thread serves for a while (a producer's serving thread rests meanwhile)."""
         yield
 
-    def _gather(self) -> None:
-        """Collective: wait for every rank of this task, serving consumers meanwhile (producers).
+    def _gather(self, call: int = 0) -> None:
+        """Collective: wait for every rank of this task, serving consumers meanwhile (producers);
+        *call* names the collective call this is the first agreement of (see
+        :func:`~lamina.comm.agree`).
 
         Ranks that arrive early would otherwise spin in the blocking
         collectives of the commit and take the CPU from a rank still
@@ -168,7 +170,7 @@ class TransportBase(BlockEngine):
         """
         if self.size == 1:
             return
-        pending = comm_mod.PendingAgree(self.comm)
+        pending = comm_mod.PendingAgree(self.comm, call=call)
         poll = Poll(self.timeout)
         with self._serving():
             while not pending.test():

@@ -159,7 +159,7 @@ class Consumer(TransportBase):
 
     def refresh(self) -> int:
         """Collective: take up the steps every consumer rank has received."""
-        self._gather()
+        self._gather(comm_mod.CALL_REFRESH)
         g = comm_mod.Guard()
         with g:
             self._receive()

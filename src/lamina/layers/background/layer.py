@@ -446,9 +446,11 @@ class BackgroundLayer(Layer):
         comm_mod.leave(self._own(), exc)
         self.abandon()
 
-    def agree(self, flag: int = 0) -> int:
+    def agree(self, flag: int = 0, call: int = 0) -> int:
         if not self.active:
-            return self.inner.agree(flag)
+            return self.inner.agree(flag, call)
+        # (active: the point's flag below names the call, and every other collective call of
+        # the program's thread has a point of its own; *call* adds nothing)
         if not -KEYS < flag < KEYS:
             raise ValueError(f"agree(): flag {flag} out of range (|flag| < 2**32)")
         return self._meet(None, _point(AGREE) + flag) - POINT
