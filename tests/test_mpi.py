@@ -107,6 +107,14 @@ def test_roundtrip_n_to_m(tmp_path, n):
     assert "values compared" in res.stdout
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_differing_arguments_name_the_ranks(tmp_path, n):
+    """create_dataset and open with other arguments on the last rank: every rank's
+    CollectiveMismatchError says which ranks made which call (each said its own)."""
+    res = mu.run_mpi(n, "open_args", "define-args", tmp_path / "d.lam", timeout=60)
+    assert res.stdout.count("OK define-args") == n, res.stdout
+
+
 def test_one_step_named_two_ways_is_one_collective_read(tmp_path):
     """Step -1 on one rank and the last step's number on another are the same step (it was
     refused as a collective read of different steps)."""

@@ -32,6 +32,7 @@ from .errors import (
     error_to_wire,
     mark_collective,
 )
+from .text import fmt_ranges
 
 #: variables that say a program runs inside a workflow (set by ``lamina run``, or by hand)
 WORKFLOW_VARIABLES = ("LAMINA_WORKFLOW", "LAMINA_TRANSPORT")
@@ -667,6 +668,31 @@ def same_everywhere(comm: MPI.Comm, value: int) -> bool:
     return int(out[0]) == -int(out[1])
 
 
+#: variants of a call :func:`who_made` names one by one (the others are counted)
+WHO_MADE_SHOWN = 4
+
+
+def who_made(comm: MPI.Comm, key: int, what: str) -> str:
+    """Collective (once ranks are known to disagree): which ranks made which call, for the
+    message every rank raises.  Ranks are grouped by *key* (the digest of their arguments),
+    each group said with its *what* (the call in words), the group of rank 0 first."""
+    raws = allgather_bytes(comm, int(key).to_bytes(8, "little", signed=True) + what.encode())
+    groups: dict[int, tuple[list[int], str]] = {}
+    for r, raw in enumerate(raws):
+        k = int.from_bytes(raw[:8], "little", signed=True)
+        groups.setdefault(k, ([], raw[8:].decode("utf-8", "replace")))[0].append(r)
+    said = [
+        f"{'rank' if len(ranks) == 1 else 'ranks'} {fmt_ranges(ranks)}: {words}"
+        for ranks, words in list(groups.values())[:WHO_MADE_SHOWN]
+    ]
+    if len(groups) > WHO_MADE_SHOWN:
+        said.append(f"{len(groups) - WHO_MADE_SHOWN} more variants")
+    text = "; ".join(said)
+    if len({words for _, words in groups.values()}) == 1:
+        text += " (alike in these words: the arguments differ elsewhere)"
+    return text
+
+
 def barrier(comm: MPI.Comm) -> None:
     """Collective: wait for all ranks."""
     if comm.size > 1:
@@ -967,5 +993,6 @@ __all__ = [
     "thread_level_name",
     "transport_patience",
     "world",
+    "who_made",
     "world_patience",
 ]

@@ -8,6 +8,9 @@
     open_args.py collective-step PATH   a collective read of the last step, as -1 and as 1
     open_args.py auto-hints PATH   derive(strategy='auto') with other hints on rank 1: every
                                rank raises CollectiveMismatchError (rank 0's were taken for all)
+    open_args.py define-args PATH   create_dataset with another shape on the last rank, then
+                               another codec alone, then open with another path: every rank
+                               raises CollectiveMismatchError naming which ranks made which call
 
 Each rank prints ``OK <case> <rank>: <error>`` when it saw what it should.
 """
@@ -117,10 +120,47 @@ def collective_step(path: str) -> None:
     print(f"OK collective-step {c.rank}", flush=True)
 
 
+def define_args(path: str) -> None:
+    import lamina
+
+    c = lcomm.world()
+    last = c.size - 1
+    others = "rank 0" if c.size == 2 else f"ranks 0-{last - 1}"
+    with lamina.open(path, "w", comm=c) as f:
+        try:
+            f.create_dataset("a", (10 + (c.rank == last),))
+        except lamina.CollectiveMismatchError as e:
+            text = str(e)
+            assert f"{others}: create_dataset('a', shape=(10,)" in text, text
+            assert f"rank {last}: create_dataset('a', shape=(11,)" in text, text
+        else:
+            raise AssertionError(f"rank {c.rank}: different shapes were taken")
+        try:  # the same in words, not in arguments
+            f.create_dataset("b", (4,), compression="zlib" if c.rank == last else None)
+        except lamina.CollectiveMismatchError as e:
+            assert "alike in these words: the arguments differ elsewhere" in str(e), e
+        else:
+            raise AssertionError(f"rank {c.rank}: different codecs were taken")
+        assert list(f.keys()) == [], list(f.keys())
+        f.create_dataset("c", (4,))  # agreed: the file goes on
+    theirs = path + "-last"
+    try:
+        lamina.open(theirs if c.rank == last else path, "w", comm=c)
+    except lamina.CollectiveMismatchError as e:
+        text = str(e)
+        assert f"rank {last}: open({theirs!r}" in text and f"{others}: open({path!r}" in text, text
+    else:
+        raise AssertionError(f"rank {c.rank}: an open of different paths went on")
+    print(f"OK define-args {c.rank}", flush=True)
+
+
 if __name__ == "__main__":
     case, path = sys.argv[1:3]
     if case == "collective-step":
         collective_step(path)
+        sys.exit()
+    if case == "define-args":
+        define_args(path)
         sys.exit()
     if case == "enospc":
         enospc(path)

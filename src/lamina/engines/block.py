@@ -489,12 +489,17 @@ class BlockEngine(Engine):
             raise ModeError(f"cannot {what}: file {self.path!r} is open read-only (mode 'r')")
 
     def _check_same(self, what: str, payload: bytes) -> None:
-        """Collective: raise CollectiveMismatchError if ranks passed different *payload*."""
+        """Collective: raise CollectiveMismatchError if ranks passed different *payload*
+        (*what*: the call in words), naming which ranks made which call."""
         if self.size == 1:
             return
-        if not comm_mod.same_everywhere(self.comm, stats_mod.crc(payload)):
+        key = stats_mod.crc(payload)
+        if not comm_mod.same_everywhere(self.comm, key):
             raise mark_collective(
-                CollectiveMismatchError(f"ranks disagree on the collective call {what}")
+                CollectiveMismatchError(
+                    "ranks disagree on the arguments of a collective call: "
+                    + comm_mod.who_made(self.comm, key, what)
+                )
             )
 
     def define(self, spec: DatasetSpec) -> DatasetSpec:
