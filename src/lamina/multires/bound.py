@@ -82,17 +82,21 @@ roundings per value each, spread with the same weights as above, at most
 ``2**d`` per level) add at most ``3 d 2**d (L - 1) 2**-53 M' < 2**-36 M'``
 with ``M'`` the largest magnitude of the values they compute
 (:func:`rounding_margin` takes twice the ulp, and a further factor on the
-float64 term for the intermediate values of a step).  Encoding stores a
-patch whose margin exceeds ``SAFETY * tol`` losslessly instead (``tol``
-within a few units in the last place of the data's magnitude, where
-compressing gains nothing).  Level 0 of such a patch is then the written
+float64 term for the intermediate values of a step).  Encoding tries a
+patch whose margin exceeds ``SAFETY * tol`` again with band tolerances
+summing to ``(1 - WIDE_SAFETY) tol`` (the same proof with ``WIDE_SAFETY``
+for ``SAFETY``), and stores a patch whose margin exceeds
+``WIDE_SAFETY * tol`` too losslessly instead (``tol`` within a few units
+in the last place of the data's magnitude, where compressing gains
+nothing).  Level 0 of such a patch is then the written
 data bit for bit, and level ``k`` is computed from it on reading: the
 exact approximation rounded to the dtype, which is what the bound compares
 with, so its error is 0.  Against the unrounded approximation a coarser
 level of such float32 data is off by up to half a unit in the last place,
 more than ``tol`` when ``tol`` is below that.
 
-So every level reads back within ``(1 - SAFETY) tol + SAFETY tol = tol``.
+So every level reads back within ``(1 - SAFETY) tol + SAFETY tol = tol``
+(``WIDE_SAFETY`` alike).
 
 *Reads that leave bands out.*  A read at a looser tolerance ``t`` reads the
 coefficients of whole bands as 0 (:func:`lamina.multires.compress.skippable`),
@@ -158,6 +162,10 @@ from .wavelet import band_size, check_patch, nlevels
 #: the part of the tolerance kept for rounding; a patch whose rounding
 #: margin exceeds it is stored losslessly
 SAFETY = 1 / 16
+#: the part kept for rounding in a second try of the patches whose margin exceeds SAFETY's
+#: part (their bands get the other half); a patch whose margin exceeds this part too is
+#: stored losslessly
+WIDE_SAFETY = 1 / 2
 
 #: the part of a looser read's slack (its tolerance less the written one) kept for
 #: rounding the values it moves (see the module docstring)

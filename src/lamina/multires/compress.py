@@ -247,6 +247,7 @@ def encode(
                     blobs[b][i] = again.blobs[b][j]
     else:
         _encode_wavelet(x, finite, tol, tolerances, modes, blobs, verify, amax)
+        _encode_wide(x, p, finite, tol, modes, blobs, verify, amax)
     raw = np.flatnonzero(modes == Mode.RAW)
     amax[modes != Mode.WAVELET] = np.inf
     for i in raw:
@@ -265,12 +266,14 @@ def _encode_wavelet(
     blobs: list[list[bytes | None]],
     verify: str,
     amax: np.ndarray,
+    safety: float = bound.SAFETY,
 ) -> None:
     """zfp-compress the bands of the finite patches; mark the others RAW.  *amax* gets each
     band's largest decoded coefficient magnitude (without ``verify``: the largest exact one
     plus the band's tolerance, which zfp's error bound then covers).  Patches whose rounding
-    margin exceeds the part of *tol* kept for it, or whose magnitude leaves the float64
-    transforms too little headroom, are stored RAW (:mod:`lamina.multires.bound`)."""
+    margin exceeds the part of *tol* kept for it (*safety*; *tolerances* leave it out), or
+    whose magnitude leaves the float64 transforms too little headroom, are stored RAW
+    (:mod:`lamina.multires.bound`)."""
     import zfpy
 
     levels = len(tolerances)
@@ -294,7 +297,7 @@ def _encode_wavelet(
     magnitude = np.maximum(sizes.max(axis=1), np.abs(c).max(axis=axes)) + tol
     margin = bound.rounding_margin(magnitude, x.dtype)
     # NaN-safe: an overflowing margin also sends the patch to RAW
-    ok = (margin <= bound.SAFETY * tol) & (magnitude <= headroom)
+    ok = (margin <= safety * tol) & (magnitude <= headroom)
     bands = wavelet.pack(c, levels)
     decoded = [np.zeros_like(band) for band in bands] if check_levels else []
     for b, (band, t) in enumerate(zip(bands, tolerances, strict=True)):
@@ -328,6 +331,53 @@ def _encode_wavelet(
             err = np.abs(_in_range(got[k], x.dtype).astype(np.float64) - want)
             ok[sel[~(err <= room).all(axis=axes)]] = False
     modes[idx[~ok]] = Mode.RAW
+
+
+def _encode_wide(
+    x: np.ndarray,
+    patch: tuple[int, ...],
+    finite: np.ndarray,
+    tol: float,
+    modes: np.ndarray,
+    blobs: list[list[bytes | None]],
+    verify: str,
+    amax: np.ndarray,
+) -> None:
+    """The finite patches left RAW, encoded again keeping :data:`bound.WIDE_SAFETY` of *tol*
+    for rounding (their bands get the rest), so that a tolerance a few tens of units in the
+    last place of the data's magnitude (1e-3 on float32 values near 2,000) still gives
+    bands: a RAW patch is read whole at every level.  A patch so encoded is kept where its
+    bands hold no more bytes than the patch deflated (near its precision, data with many
+    repeated values deflates smaller, and stays RAW); those whose margin exceeds even that
+    part, or whose zfp streams overshoot, stay RAW too."""
+    redo = np.flatnonzero((modes == Mode.RAW) & finite)
+    if not redo.size:
+        return
+    n = redo.size
+    levels = len(blobs)
+    sub_modes = np.full(n, Mode.WAVELET, dtype=np.uint8)
+    sub_blobs: list[list[bytes | None]] = [[b""] * n for _ in range(levels)]
+    sub_amax = np.full((n, levels), np.inf)
+    wide = bound.band_tolerances(tol, patch, safety=bound.WIDE_SAFETY)
+    _encode_wavelet(
+        x[redo],
+        np.ones(n, dtype=bool),
+        tol,
+        wide,
+        sub_modes,
+        sub_blobs,
+        verify,
+        sub_amax,
+        safety=bound.WIDE_SAFETY,
+    )
+    for j in np.flatnonzero(sub_modes == Mode.WAVELET):
+        i = redo[j]
+        if sum(len(sub_blobs[b][j] or b"") for b in range(levels)) > len(_deflate(x[i])):
+            continue
+        modes[i] = Mode.WAVELET
+        amax[i] = sub_amax[j]
+        for b in range(levels):
+            blobs[b][i] = sub_blobs[b][j]
 
 
 #: the integer lifting may grow magnitudes by up to 2 per axis and level
