@@ -316,7 +316,14 @@ def test_failures_reach_every_rank(tmp_path, case, n):
         ),
         *(
             f"{c}-{io}"
-            for c in ("refused-define", "define-apart", "flush-apart", "read-apart")
+            for c in (
+                "refused-define",
+                "define-apart",
+                "flush-apart",
+                "read-apart",
+                "calls-apart",
+                "close-after-left",
+            )
             for io in ("sync", "async")
         ),
         "refused-read",

@@ -30,6 +30,7 @@ from .errors import (
     TransportError,
     error_from_wire,
     error_to_wire,
+    is_left,
     mark_collective,
 )
 from .text import fmt_ranges
@@ -472,9 +473,29 @@ def dup(comm: MPI.Comm) -> MPI.Comm:
     return comm.Dup()
 
 
+#: the communicators (their handles) on which this rank heard that another rank left (see
+#: :func:`leave`): no collective call on them can complete any more
+_LEFT: set[int] = set()
+
+
+def _heard(comm: MPI.Comm, err: BaseException) -> BaseException:
+    """*err*, an error an agreement on *comm* brought from another rank; a rank that left
+    (``lamina_left``) is remembered for :func:`has_left`."""
+    if is_left(err):
+        _LEFT.add(comm.py2f())
+    return err
+
+
+def has_left(comm: MPI.Comm) -> bool:
+    """Independent: whether this rank heard, in an agreement on *comm*, that another rank
+    left (then a close lets go of the file without a collective call: nobody would meet it)."""
+    return comm.size > 1 and comm.py2f() in _LEFT
+
+
 def free(comm: MPI.Comm) -> None:
     """Free a communicator made by :func:`dup` (ignores predefined ones)."""
     if comm not in (MPI.COMM_WORLD, MPI.COMM_SELF, MPI.COMM_NULL):
+        _LEFT.discard(comm.py2f())
         try:
             comm.Free()
         except MPI.Exception:
@@ -842,7 +863,7 @@ def agree(
     if comm.rank == first:
         assert exc is not None
         raise mark_collective(exc)
-    raise _error_from_payload(raw, first)
+    raise _heard(comm, _error_from_payload(raw, first))
 
 
 class PendingAgree:
@@ -875,7 +896,9 @@ class PendingAgree:
             _same_call(self.out)
             return -int(self.out[1])
         first = int(self.out[0]) % self.comm.size
-        raise _error_from_payload(bcast_bytes(self.comm, None, root=first), first)
+        raise _heard(
+            self.comm, _error_from_payload(bcast_bytes(self.comm, None, root=first), first)
+        )
 
 
 def leave(comm: MPI.Comm, exc: BaseException, timeout: float = 10.0) -> bool:

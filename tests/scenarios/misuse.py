@@ -19,9 +19,10 @@ Usage: misuse.py CASE PATH [AGGREGATORS]
                   at the background step's next collective point, and no step mixes
   step-apart-close  as step-apart, rank 1 making as many steps as the others (one end_step
                   fewer): its close meets the others' last end_step, under sync and async;
-                  under sync it leaves the file (it closed, and the others waited forever in
-                  their close), under async it waits for their close and closes with them;
-                  every rank raises and returns, and the first step is in the file
+                  it leaves the file (it closed, and the others waited forever in their
+                  close; under async it dropped no step just before, so the ranks are not a
+                  call apart, and it does not wait for their close either); every rank
+                  raises and returns, and the first step is in the file
   close-in-step IO  rank 0 writes outside a step (a step opened by the write) and closes the
                   file while the others begin, write and end that step: the counts of steps
                   agree, but the close met an end_step: every rank raises and returns (the
@@ -54,6 +55,15 @@ Usage: misuse.py CASE PATH [AGGREGATORS]
   flush-apart IO  f.flush(durable=...) with rank 0 alone durable: every rank raises
                   CollectiveMismatchError (rank 0 waited forever for the others' fsyncs);
                   an agreed flush and the next step go on
+  calls-apart IO  rank 0 creates a dataset while the others flush (no step dropped anywhere:
+                  the program's ranks went different ways): every rank raises
+                  CollectiveMismatchError at once (under async rank 0 waited in its call for a
+                  next call of the others that never came), then an agreed collective read
+                  reads, an MPI barrier passes, and every rank closes
+  close-after-left IO  rank 0 ends a step while the others close: they let go of the file;
+                  rank 0's next collective call raises, and its close returns without
+                  waiting for ranks that are gone (it waited forever); the first step is in
+                  the file
   read-apart IO   readers of a file on every rank: rank 0 makes one collective call while
                   the others make another (refresh, read(collective=True), wait_for_step,
                   close, in pairs): every rank raises CollectiveMismatchError naming both
@@ -528,6 +538,57 @@ def flush_apart(io: str) -> None:
         np.testing.assert_array_equal(g["x"][...], 10 + np.arange(size, dtype=float))
 
 
+def calls_apart(io: str) -> None:
+    f, x = _one_step_written(io)
+    try:
+        if rank == 0:
+            f.create_dataset("c", (4,))
+        else:
+            f.flush()
+    except lamina.CollectiveMismatchError as e:
+        assert "different collective calls" in str(e), e
+    else:
+        raise AssertionError(f"rank {rank}: create_dataset against flush went on")
+    row = lamina.Box((rank,), (rank + 1,))
+    np.testing.assert_array_equal(x.read(row, step=0, collective=True), [float(rank)])
+    comm.Barrier()  # no rank is left inside its call
+    f.close()
+    _only_the_first_step_of(path)
+
+
+def _only_the_first_step_of(p: str) -> None:
+    comm.Barrier()
+    with lamina.open(p, comm=MPI.COMM_SELF) as g:
+        assert g.steps == 1 and list(g.keys()) == ["x"], (g.steps, list(g))
+        np.testing.assert_array_equal(g["x"][...], np.arange(size, dtype=float))
+
+
+def close_after_left(io: str) -> None:
+    f, x = _one_step_written(io)
+    try:
+        if rank == 0:
+            with f.step():
+                x[0] = -1.0
+        else:
+            f.close()
+    except lamina.LaminaError:
+        pass
+    else:
+        raise AssertionError(f"rank {rank}: end_step against close went on")
+    if rank == 0:
+        try:
+            x.read(lamina.Box((0,), (1,)), collective=True)
+        except lamina.LaminaError:
+            pass
+        else:
+            raise AssertionError("a collective read with ranks that closed went on")
+        try:
+            f.close()  # nobody is left to close with: it lets go
+        except lamina.RemoteError as e:
+            assert "left the file" in str(e), e
+    _only_the_first_step_of(path)
+
+
 def read_apart(io: str) -> None:
     writer = None
     if rank == 0:  # the writer, on its own, open throughout: wait_for_step(2) waits
@@ -598,6 +659,8 @@ else:
                 ("define-apart", define_apart),
                 ("flush-apart", flush_apart),
                 ("read-apart", read_apart),
+                ("calls-apart", calls_apart),
+                ("close-after-left", close_after_left),
             )
             for io in ("sync", "async", "auto")
         },

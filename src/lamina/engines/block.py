@@ -1748,6 +1748,14 @@ class BlockEngine(Engine):
     def close(self) -> None:
         if self._closed:
             return
+        if comm_mod.has_left(self.comm):
+            # another rank let go of the file (an earlier call of this rank heard it): no
+            # collective call with it any more; let go here too
+            try:
+                self.abandon()
+            finally:
+                comm_mod.free(self.comm)
+            return
         try:
             self._finish()
         except BaseException as e:

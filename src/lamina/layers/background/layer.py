@@ -195,6 +195,12 @@ def _point(call: int) -> int:
     return POINT + call * SPAN
 
 
+def _ends_step(kind: int) -> bool:
+    """Whether a call of *kind* (see :func:`_kind`) ends a step: end_step, the first step's
+    judgement, a step written directly under io='auto'."""
+    return kind in (0, 1 + SYNC_STEP, 1 + FIRST)
+
+
 def _kind(flag: int) -> int:
     """0: an end_step; 1 + call: a point (see SPAN); CLOSING: close."""
     if flag >= CLOSING:
@@ -255,6 +261,12 @@ class BackgroundLayer(Layer):
         self._adopted: Step | None = None  # copies of a step moved to the engine at begin_step
         self._first = False  # io='auto', no step begun yet: the first is judged on history
         self._parted = False  # the last agreement found the ranks at different calls
+        # ... not a call apart (no step dropped that others end): the program's ranks went
+        # different ways (see _apart)
+        self._diverged = False
+        # this rank dropped a step and began none since (see _apart): ranks ending that step
+        # meanwhile are a call behind this one
+        self._just_dropped = False
         self._first_owed = False  # the first step dropped here before it was judged
         self._warm: list[int] = []  # buffers for the worker to make ready (under _cond)
         # bytes of buffers being made for later copies (_make_ahead, _warm), counted in the
@@ -347,6 +359,11 @@ class BackgroundLayer(Layer):
         if not self.active or self.inner.closed:
             self.inner.close()
             return
+        if comm_mod.has_left(self._own()) or comm_mod.has_left(self.inner.comm):
+            # another rank let go of the file (an earlier call heard it): nobody meets a close
+            self._drop_open_step()
+            self.abandon()
+            return
         self._drain()
         error: BaseException | None = None
         earlier: BaseException | None = None  # raised with ranks that had not come to close
@@ -390,6 +407,12 @@ class BackgroundLayer(Layer):
             raise earlier
         if error is not None:
             self._drop_open_step()
+            if self._diverged:
+                # the others made another call (not a close): they go on without this rank;
+                # they hear that it left at their next call on the file, as under io='sync'
+                comm_mod.leave(self._own(), error)
+                self.abandon()
+                raise error
             if is_left(error) or ends_streams:  # no collective with a rank that left; or the
                 self.abandon()  # consumers hear of the failure (above)
                 raise error
@@ -464,7 +487,7 @@ class BackgroundLayer(Layer):
         :class:`CollectiveMismatchError` (or the failure the agreement raised) and notes it
         (``_parted``); a rank ahead (its call's flag the largest) agrees again, with the
         others' next call."""
-        self._parted = False
+        self._parted = self._diverged = False
         while True:
             got: list[int] = []
             try:
@@ -475,12 +498,25 @@ class BackgroundLayer(Layer):
                 if not is_left(e):
                     same_report(e)  # a background failure: in the words of the rank it names
                     if got and _kind(got[0]):
-                        self._parted = self._apart(_kind(flag) != _kind(got[0]))
+                        apart = self._apart(flag, got[0])
+                        self._parted, self._diverged = apart == 2, apart == 1
                 raise
-            if not _kind(top) or not self._apart(_kind(flag) != _kind(top)):
+            apart = self._apart(flag, top) if _kind(top) else 0
+            if not apart:
                 if seen is not None:
                     seen.append(top)
                 return top
+            if apart == 1:
+                # different calls, not a step dropped on some ranks: the program's ranks went
+                # different ways; every rank raises, none waits for a call never made
+                self._diverged = True
+                raise mark_collective(
+                    CollectiveMismatchError(
+                        f"ranks made different collective calls together on {self.path!r} "
+                        "(a collective call made on some ranks only); every rank must make "
+                        "the same collective calls in the same order"
+                    )
+                )
             if _kind(flag) != _kind(top):
                 self._parted = True
                 what = (
@@ -498,10 +534,23 @@ class BackgroundLayer(Layer):
                 )
             pending = None  # a call ahead: the ranks behind dropped theirs; meet their next
 
-    def _apart(self, here: bool) -> bool:
-        """Collective, after an agreement whose largest flag was a point's or close's:
-        whether some rank came to a call of another kind (*here*: this one did)."""
-        return bool(comm_mod.agree(self._own(), None, flag=int(here)))
+    def _apart(self, flag: int, top: int) -> int:
+        """Collective, after an agreement whose largest flag *top* was a point's or close's
+        (*flag*: this rank's): 0 where every rank came to the same kind of call; 2 where the
+        ranks are a call apart (some rank ends a step, and the ranks at the call of *top*,
+        ahead, are there because each dropped a step the others end); else 1 (the ranks
+        made different calls: the program's ranks went different ways).  The second
+        agreement this takes is made only where the ranks came to different calls."""
+        mine, last = _kind(flag), _kind(top)
+        other = comm_mod.agree(
+            self._own(), None, flag=0 if mine == last else 1 + int(_ends_step(mine))
+        )
+        if not other:
+            return 0
+        if not (other == 2 or _ends_step(last)):
+            return 1
+        undropped = mine == last and not self._just_dropped
+        return 1 if comm_mod.agree(self._own(), None, flag=int(undropped)) else 2
 
     def _shared_history(self) -> History:
         """Collective, at open under io='auto': the history rank 0 loads, on every rank
@@ -621,7 +670,7 @@ class BackgroundLayer(Layer):
             self.wait(FLUSH)
         except BaseException as e:
             # no collective with a rank that left, nor with ranks that came to another call
-            if is_left(e) or self.inner.closed or self._parted:
+            if is_left(e) or self.inner.closed or self._parted or self._diverged:
                 raise
             try:
                 with self.lock:
@@ -755,8 +804,10 @@ class BackgroundLayer(Layer):
             self._direct = [0.0, took]
             self._direct_sizes = []
             self._direct_begun = True
+            self._just_dropped = False
             return self._next
         self._step = Step(explicit=True, idle=self._idle())
+        self._just_dropped = False
         return self._next
 
     def _adopt(self) -> bool:
@@ -892,6 +943,7 @@ class BackgroundLayer(Layer):
         self._direct = [float(nbytes), 0.0]
         self._direct_sizes = sizes or []
         self._direct_begun = False
+        self._just_dropped = False
 
     def _direct_call(self, fn, *args) -> None:
         """A write call of a step written directly (io='auto'), timed as the step's I/O."""
@@ -911,6 +963,7 @@ class BackgroundLayer(Layer):
         if self._step is None:
             # implicit: committed by the next end_step or close
             self._step = Step(explicit=False, idle=self._idle())
+            self._just_dropped = False
         return self._step
 
     def _dataset(self, name: str) -> DatasetSpec:
@@ -1146,6 +1199,8 @@ class BackgroundLayer(Layer):
         opened by a put exists only on the ranks that wrote), counted here even if none was,
         as ending it would have ended an empty one here: every rank's count stays alike."""
         counted = False  # the engine counted it (it discards a step it opened)
+        if self._direct is not None or self._step is not None or anywhere:
+            self._just_dropped = True
         if self._direct is not None:  # written directly: the engine holds the open step
             self._direct = None
             with self.lock:

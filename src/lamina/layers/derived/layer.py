@@ -677,7 +677,8 @@ class DerivedLayer(Layer):
         self.inner.abandon()
 
     def close(self) -> None:
-        if self.mode != "r" and not self.inner.closed and self._plan():
+        left = not self.inner.closed and comm_mod.has_left(self.comm)  # (the engine lets go)
+        if self.mode != "r" and not self.inner.closed and not left and self._plan():
             if comm_mod.agree(self.comm, None, flag=int(self.in_step), call=comm_mod.CALL_CLOSE):
                 self.end_step()
         rank = -1 if self.inner.closed else self.comm.rank  # close frees the communicator
