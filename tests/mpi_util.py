@@ -176,6 +176,11 @@ def finish(proc: subprocess.Popen, cmd, timeout: float, t0: float | None = None)
         out, err = proc.communicate()
         err = (err or "") + f"\n*** killed: no result after {timeout} s (hang?) ***\n"
         rc = -9999
+    except BaseException:
+        # the test itself was stopped (pytest-timeout, ^C): no rank may outlive it, spinning
+        # in a collective and taking the cores of the tests after it
+        kill_tree(proc)
+        raise
     return Result(cmd, rc, out or "", err or "", time.monotonic() - t0)
 
 
