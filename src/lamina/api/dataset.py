@@ -103,6 +103,28 @@ def _refused_on(flag: int, what: str) -> BaseException:
     )
 
 
+def cast_by_value(value, dtype: np.dtype, what: str, said: str | None = None) -> np.ndarray:
+    """Python numbers and (nested) lists of them as an array of *dtype*, cast by value as
+    numpy casts them: ``5`` fits uint8, ``300`` does not fit int8 (RangeError, an
+    OverflowError), a string no number (DTypeError).  *what* names the dataset in the
+    messages; *said* names the values (``"data "``) in the message of one beyond the
+    dtype's range, which without it gives numpy's words (the one integer that does not
+    fit) where numpy has them."""
+    try:
+        with np.errstate(over="raise"):
+            return np.asarray(value, dtype=dtype)
+    except OverflowError as e:
+        if said is None:
+            raise RangeError(f"{what} of dtype {dtype}: {e}") from None
+        raise RangeError(f"{what}: {said}{value!r} is beyond the range of dtype {dtype}") from None
+    except FloatingPointError:
+        raise RangeError(
+            f"{what}: {said or ''}{value!r} is beyond the range of dtype {dtype}"
+        ) from None
+    except (TypeError, ValueError) as e:
+        raise DTypeError(f"{what} of dtype {dtype}: cannot write {value!r} ({e})") from None
+
+
 class LevelView:
     """One level of a dataset (:meth:`Dataset.level`): shape, dtype and numpy-style reads."""
 
@@ -563,19 +585,7 @@ class Dataset:
                 )
         if isinstance(value, np.ndarray | np.generic):
             return np.asarray(value)
-        try:
-            with np.errstate(over="raise"):
-                return np.asarray(value, dtype=self.dtype)
-        except OverflowError as e:
-            raise RangeError(f"{self._what()} of dtype {self.dtype}: {e}") from None
-        except FloatingPointError:
-            raise RangeError(
-                f"{self._what()}: {value!r} is beyond the range of dtype {self.dtype}"
-            ) from None
-        except (TypeError, ValueError) as e:
-            raise DTypeError(
-                f"{self._what()} of dtype {self.dtype}: cannot write {value!r} ({e})"
-            ) from None
+        return cast_by_value(value, self.dtype, self._what())
 
     def write(self, data, offset=None, copy: bool = True) -> None:
         """Independent: write *data* with its corner at *offset* (default: origin).

@@ -13,10 +13,11 @@ from .. import comm as comm_mod
 from ..catalog import DatasetSpec, check_dtype, normpath
 from ..engines import batch
 from ..engines.block import BlockEngine, RefusedSpec
-from ..errors import DTypeError, ModeError, NotFoundError, RangeError, ShapeError, suggest
+from ..errors import DTypeError, ModeError, NotFoundError, ShapeError, suggest
 from ..geometry import as_int
 from ..layouts.spec import Multires
 from .attrs import Attributes
+from .dataset import cast_by_value
 
 
 class Group:
@@ -267,17 +268,7 @@ class Group:
         if by_value and data is not None and data.dtype != dt:
             # Python numbers and lists of them are cast to the dtype by value, as a write
             # casts them (Dataset._values): 5 fits uint8, 300 does not (RangeError)
-            try:
-                with np.errstate(over="raise"):
-                    data = np.asarray(given, dtype=dt)
-            except (OverflowError, FloatingPointError):
-                raise RangeError(
-                    f"dataset {name!r}: data {given!r} is beyond the range of dtype {dt}"
-                ) from None
-            except (TypeError, ValueError) as e:
-                raise DTypeError(
-                    f"dataset {name!r} of dtype {dt}: cannot write {given!r} ({e})"
-                ) from None
+            data = cast_by_value(given, dt, f"dataset {name!r}", "data ")
         if data is not None:  # the cast its write makes, refused before the definition
             batch.check_dtype(spec, data.dtype)
         return spec, data
