@@ -33,8 +33,6 @@ from ..block import BlockEngine
 from . import rendezvous, wire
 from .wire import Poll
 
-DEFAULT_TIMEOUT = comm_mod.DEFAULT_PATIENCE  # (one default: the first task_comm waits as long)
-TIMEOUT_ENV = routes.TIMEOUT_ENV
 SERVE_ENV = "LAMINA_TRANSPORT_SERVE"
 #: how producers answer requests: a serving thread (default), or only inside lamina calls
 SERVE_MODES = ("thread", "calls")
@@ -50,7 +48,8 @@ MPI = wire.MPI
 
 def _timeout(options: dict) -> float:
     """The option ``timeout`` (seconds > 0; None: not given), else ``$LAMINA_TRANSPORT_TIMEOUT``,
-    else :data:`DEFAULT_TIMEOUT`; ValueError naming the one given for anything else."""
+    else 60 (:func:`lamina.comm.transport_patience`, which the first task_comm waits as
+    long); ValueError naming the one given for anything else."""
     given = options.get("timeout")
     if given is None:
         return comm_mod.transport_patience()
@@ -233,10 +232,8 @@ def close_at_exit() -> None:
 
 __all__ = [
     "ABANDON_PATIENCE",
-    "DEFAULT_TIMEOUT",
     "SERVE_MODES",
     "TRANSPORT_OPTIONS",
-    "TIMEOUT_ENV",
     "TransportBase",
     "close_at_exit",
 ]
