@@ -57,7 +57,7 @@ def assert_matches(s, a):
     else:
         assert isinstance(s.sum, float)
     # chunked float64 sums differ from numpy's pairwise sum only by rounding; float32 sums
-    # of large chunks by float32's, at most 16 roundings of a lane's partial sum
+    # of large chunks by float32's, at most 16 roundings of a partial sum (stats.F32_ROW)
     scale = (
         float(np.sum(np.abs(a[~np.isnan(a)]), dtype=np.float64))
         if a.size and a.dtype.kind in "fc"
@@ -232,11 +232,12 @@ def test_float32_sums_keep_float32_rounding(rng):
     exact = math.fsum(a.astype(np.float64).tolist())
     s, _ = compute(a)
     assert s.count == a.size
-    # the bound is 16 roundings of 2**-24 each; lanes of 16 random values do far better (1e-9
+    # the bound is 16 roundings of 2**-24 each; rows of 256 random values do far better (1e-9
     # here), where one long float32 partial sum drifts by 5e-7 to 3e-6
     assert abs(s.sum - exact) <= 2 * 2.0**-24 * exact
     # one value everywhere, where every lane rounds alike: numpy's own float32 sum errs by
-    # 1.5e-7 to 1.9e-7 here, lanes of 16 values by 1.5e-7 at most (lanes of 64: 6e-7)
+    # 1.5e-7 to 1.9e-7 here, rows of 256 values by 1.5e-7 at most (a row of 0.1 added in one
+    # float32 partial sum, without vector lanes: 2.4e-6)
     for v in (0.1, 1 / 3, 0.7):
         a = np.full(3 * stats.PASS // 4 + 17, v, dtype=np.float32)
         exact = math.fsum(a.astype(np.float64).tolist())

@@ -15,7 +15,7 @@ few kilobytes costs a fraction of a microsecond instead of a few numpy
 calls.  Both give the same min, max and count; sums agree to rounding.
 Large chunks are summed without casting every value to float64: integers
 exactly in a type wide enough or, 32-bit ones, in rows of their own type
-short enough for their extremes (:func:`_int_sum`), float32 in float32 lanes
+short enough for their extremes (:func:`_int_sum`), float32 in float32 rows
 (:func:`_float32_sum`, float32's rounding).
 
 :class:`BlockJob` runs :func:`compute` on a worker thread (numpy
@@ -79,10 +79,11 @@ def _outward(mn: Any, mx: Any) -> tuple[Any, Any]:
 
 #: chunks from this many values on are summed in lanes (:func:`_float32_sum`, :func:`_int_sum`)
 LANES_MIN = 1 << 14
-#: float32 values each float32 lane accumulates (its rounding: at most this many float32
-#: roundings of the lane's partial sum; 1.5e-7 of a sum of 0.1 everywhere, as numpy's own
-#: float32 sum has; lanes of 64 values ran 20 % faster and erred by 6e-7 there)
-F32_LANE = 16
+#: float32 values summed together in float32 (a row of :func:`_float32_sum`); numpy's
+#: einsum adds a row in vector lanes, four vectors a turn, so that each lane's partial sum
+#: rounds at most 256 / 16 = 16 times with 4-wide vectors (SSE, NEON), 8 with AVX2, 4 with
+#: AVX-512: 1.5e-7 of a sum of 0.1 everywhere, as numpy's own float32 sum has
+F32_ROW = 256
 #: narrow integers: (accumulator, values per lane) that cannot overflow it
 _INT_LANES: dict[np.dtype, tuple[np.dtype, int]] = {
     np.dtype(np.int8): (np.dtype(np.int16), 256),
@@ -93,20 +94,19 @@ _INT_LANES: dict[np.dtype, tuple[np.dtype, int]] = {
 
 
 def _float32_sum(c: np.ndarray) -> Any:
-    """Sum of a 1-D float32 chunk as a float64: :data:`F32_LANE` rows added element by element
-    in float32 (vectorized adds of whole rows), the lanes then summed in float64.
+    """Sum of a 1-D float32 chunk as a float64: rows of :data:`F32_ROW` values summed in
+    float32 (``einsum``, in vector registers), the rows' sums then added in float64.
 
-    Casting every value to float64 (``einsum``) cost 70-90 us a MiB in the cache against
-    30-37 for the lanes, and kept the pass over float32 blocks at 2.2x a memcpy.  The sum
-    is then exact to float32's rounding, as numpy's own sum of float32 values is, not
-    float64's: each lane rounds at most :data:`F32_LANE` times.  A sum that comes out
-    NaN or infinite (a NaN value, infinities, or a lane past float32's range) is taken
-    again in float64, so NaN and overflow behave exactly as before.
+    Casting every value to float64 (``einsum`` with ``dtype``) cost 70-90 us a MiB in the
+    cache; lanes of 16 rows added element by element (``add.reduce`` along the outer
+    axis) 30-37; these rows 18-22.  The sum is exact to float32's rounding, as numpy's
+    own sum of float32 values is, not float64's (:data:`F32_ROW`).  A sum that comes out
+    NaN or infinite (a NaN value, infinities, or a row past float32's range) is taken
+    again in float64, so NaN and overflow behave exactly as in float64.
     """
-    rows = F32_LANE
-    body = c.size - c.size % rows
-    lanes = np.add.reduce(c[:body].reshape(rows, -1), axis=0)
-    s = lanes.sum(dtype=np.float64) + np.einsum("i->", c[body:], dtype=np.float64)
+    body = c.size - c.size % F32_ROW
+    rows = np.einsum("ij->i", c[:body].reshape(-1, F32_ROW))
+    s = rows.sum(dtype=np.float64) + np.einsum("i->", c[body:], dtype=np.float64)
     if not np.isfinite(s):
         return np.einsum("i->", c, dtype=np.float64)
     return s

@@ -185,7 +185,7 @@ def check_stats(stats, a: np.ndarray) -> None:
             mx,
         )
     tol = 1e-6 * max(1.0, abs(s))
-    if a.dtype == np.float32:  # float32's rounding (lamina.stats.F32_LANE): of sum |x|, not of s
+    if a.dtype == np.float32:  # float32's rounding (lamina.stats.F32_ROW): of sum |x|, not of s
         tol = max(tol, 16 * 2.0**-24 * float(np.abs(a[~np.isnan(a)]).sum(dtype=np.float64)))
     assert abs(complex(stats.sum) - complex(s)) <= max(tol, 1e-9 * abs(s)), (stats.sum, s)
 
