@@ -207,6 +207,9 @@ def test_query_at_a_coarse_level(tmp_path, engine):
             spent.append(res.bytes_read / fine.bytes_read)
             sub = f.query(f"T >= {thr!r}", region=(slice(0, 4), slice(None)), level=k)
             assert sub.count == int((t[:4] >= thr).sum())
+            # the function of lamina.query answers as the method does, at the level given
+            same = lamina.query.query(f, f"T >= {thr!r} & U < 0", select="T", level=k)
+            assert same.level == k and np.array_equal(same.mask, want)
         assert spent == sorted(spent, reverse=True) and spent[-1] < 0.5, spent
         assert "level 2" in f.query("T > 0", level=2).summary()
         with pytest.raises(lamina.BoundsError, match="'P' has one level"):

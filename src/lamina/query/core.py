@@ -54,7 +54,7 @@ def query(
     method = getattr(f, "query", None)
     if method is None:
         raise TypeError(f"a query needs a lamina File or step view, not {type(f).__name__}")
-    return method(where, select=select, region=region, step=step, exact=exact)
+    return method(where, select=select, region=region, step=step, exact=exact, level=level)
 
 
 def run(
