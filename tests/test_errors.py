@@ -754,6 +754,7 @@ def test_create_dataset_on_a_closed_file_says_so(tmp_path):
     [
         ("i4", np.array([1.0, 2.0, 3.0]), DTypeError, "float64 data to dataset 'counts'"),
         ("u1", [-1, 300], RangeError, "dataset 'counts': data .* beyond the range of dtype uint8"),
+        ("i1", np.int64(300), RangeError, r"data np.int64\(300\) is beyond the range of dtype int8"),
         ("u1", np.array([1, 2, 3]), DTypeError, "int64 data to dataset 'counts'"),
         (None, [[1, 2], [3]], ShapeError, "dataset 'counts': data is not an array"),
     ],
@@ -781,11 +782,12 @@ def test_create_dataset_casts_python_numbers_by_value(writer):
     fit, as a write of them is (and h5py's create_dataset): [1, 2, 3] into uint8."""
     ds = writer.create_dataset("small", data=[1, 2, 3], dtype="u1")
     one = writer.create_dataset("one", data=5, dtype="i2")
-    assert ds.dtype == np.uint8 and one.dtype == np.int16
+    scalar = writer.create_dataset("scalar", data=np.int64(5), dtype="u1")  # as h5py takes it
+    assert ds.dtype == np.uint8 and one.dtype == np.int16 and scalar.dtype == np.uint8
     with writer.step():
         writer["fields/temp"][0] = -1.0
     np.testing.assert_array_equal(ds[...], [1, 2, 3])
-    assert one[...] == 5
+    assert one[...] == 5 and scalar[...] == 5
 
 
 def test_box_corners_are_integers():

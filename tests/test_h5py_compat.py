@@ -115,6 +115,12 @@ def test_python_ints_out_of_range_are_refused(pair, dtype, value):
         ("u8", 2**64 - 1),
         ("f4", 3),
         ("i2", 2.0),
+        # numpy scalars are one value each, as a Python number (numpy and h5py store them)
+        ("u1", np.int64(5)),
+        ("u1", np.int8(5)),
+        ("i4", np.float64(2.0)),
+        ("?", np.int64(1)),
+        ("f4", np.float64(0.5)),
     ],
 )
 def test_python_values_in_range_are_written(pair, dtype, value):
@@ -133,6 +139,8 @@ def test_a_float_too_big_for_float32_is_refused(pair):
     _, ld = both(pair, "x", shape=(1,), dtype="f4")
     with pytest.raises(RangeError, match="float32"):
         ld[0] = 1e300
+    with pytest.raises(RangeError, match=r"np.float64\(1e\+300\).*float32"):
+        ld[0] = np.float64(1e300)  # a numpy scalar as the Python number it holds
     ld[0] = float("inf")  # infinities and NaN are values of the dtype
     pair[1].end_step()
     assert ld[0] == np.inf
@@ -270,6 +278,28 @@ def test_data_that_does_not_fit_the_shape_defines_nothing(pair):
     assert "x" not in f
     f.create_dataset("x", shape=(4,), data=[1, 2, 3, 4])
     f.create_dataset("y", shape=(2, 3), data=[[[1, 2, 3]]])  # leading axes of length 1 go
+
+
+def test_data_of_as_many_elements_is_reshaped_as_h5py_does(pair):
+    """Data of another shape with the dataset's number of elements is taken in C order, as
+    h5py takes it; data that broadcasts to the shape is written broadcast (h5py refuses it)."""
+    h, f = pair
+    for name, shape, data in (
+        ("a", (3, 2), np.arange(6.0).reshape(2, 3)),
+        ("b", (6,), [[0, 1, 2], [3, 4, 5]]),
+    ):
+        hd = h.create_dataset(name, shape=shape, data=data)
+        ld = f.create_dataset(name, shape=shape, data=data, dtype=hd.dtype)
+        assert ld.shape == hd.shape == shape
+    with pytest.raises(ValueError):
+        h.create_dataset("c", shape=(3, 2), data=[1, 2])
+    f.create_dataset("c", shape=(3, 2), data=[1, 2], dtype="i8")
+    with pytest.raises(ShapeError, match=r"\(5,\) does not fit its shape \(3, 2\).*hold 6"):
+        f.create_dataset("d", shape=(3, 2), data=np.arange(5))
+    f.end_step()
+    for name in ("a", "b"):
+        np.testing.assert_array_equal(f[name][...], h[name][...])
+    assert f["c"][...].tolist() == [[1, 2]] * 3
 
 
 def test_iterating_a_dataset_reads_its_rows_as_h5py(pair):

@@ -110,19 +110,24 @@ def cast_by_value(value, dtype: np.dtype, what: str, said: str | None = None) ->
     messages; *said* names the values (``"data "``) in the message of one beyond the
     dtype's range, which without it gives numpy's words (the one integer that does not
     fit) where numpy has them."""
+    given = value
+    if isinstance(value, np.generic) and value.dtype != dtype:
+        # one numpy value (np.int64(5), np.float64(2.0)): by value, as the Python number it
+        # holds and as numpy assigns it (an array cast would wrap np.int64(300) into int8)
+        value = value.item()
     try:
         with np.errstate(over="raise"):
             return np.asarray(value, dtype=dtype)
     except OverflowError as e:
         if said is None:
             raise RangeError(f"{what} of dtype {dtype}: {e}") from None
-        raise RangeError(f"{what}: {said}{value!r} is beyond the range of dtype {dtype}") from None
+        raise RangeError(f"{what}: {said}{given!r} is beyond the range of dtype {dtype}") from None
     except FloatingPointError:
         raise RangeError(
-            f"{what}: {said or ''}{value!r} is beyond the range of dtype {dtype}"
+            f"{what}: {said or ''}{given!r} is beyond the range of dtype {dtype}"
         ) from None
     except (TypeError, ValueError) as e:
-        raise DTypeError(f"{what} of dtype {dtype}: cannot write {value!r} ({e})") from None
+        raise DTypeError(f"{what} of dtype {dtype}: cannot write {given!r} ({e})") from None
 
 
 class LevelView:
@@ -570,10 +575,11 @@ class Dataset:
     def _values(self, value) -> np.ndarray:
         """*value* as an array for this dataset.
 
-        numpy arrays and scalars keep their dtype (the engine casts within a
-        kind and refuses other casts); Python numbers and lists of them are
-        cast to the dataset's dtype by value, as numpy does: ``5`` fits
-        uint8, ``300`` does not fit int8 (RangeError, an OverflowError).
+        numpy arrays keep their dtype (the engine casts within a kind and
+        refuses other casts); Python numbers, numpy scalars and lists of them
+        are cast to the dataset's dtype by value, as numpy assigns them:
+        ``5`` and ``np.int64(5)`` fit uint8, ``300`` does not fit int8
+        (RangeError, an OverflowError).
         """
         if isinstance(value, np.integer) and self.dtype.kind in "iu" and value.dtype != self.dtype:
             # a numpy integer scalar is one value, as a Python int: numpy refuses one that
@@ -583,8 +589,8 @@ class Dataset:
                 raise RangeError(
                     f"{self._what()}: {value!r} is beyond the range of dtype {self.dtype}"
                 )
-        if isinstance(value, np.ndarray | np.generic):
-            return np.asarray(value)
+        if isinstance(value, np.ndarray):
+            return value
         return cast_by_value(value, self.dtype, self._what())
 
     def write(self, data, offset=None, copy: bool = True) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -220,7 +221,7 @@ class Group:
     ) -> tuple[DatasetSpec, np.ndarray | None]:
         """The definition :meth:`create_dataset` makes of its arguments, and *data* as the
         array it writes; the error of the first argument refused otherwise."""
-        by_value = data is not None and not isinstance(data, np.ndarray | np.generic)
+        by_value = data is not None and not isinstance(data, np.ndarray)
         given = data
         if data is not None:
             try:
@@ -234,6 +235,7 @@ class Group:
         if shape is None:
             raise ShapeError(f"dataset {name!r}: give its shape (or data to take it from)")
         shape = _shape(shape, name)
+        reshape = False
         if data is not None:  # before anything is defined (h5py checks it first too)
             d = data
             while d.ndim > len(shape) and d.shape[0] == 1:  # as a write takes it
@@ -242,9 +244,13 @@ class Group:
                 fits = np.broadcast_shapes(d.shape, shape) == shape
             except ValueError:
                 fits = False
-            if not fits:
+            # data of as many elements in another shape is taken in C order, as h5py takes it
+            # (data=np.arange(6), shape=(3, 2)); data that broadcasts to the shape, as a write
+            reshape = not fits and data.size == math.prod(shape)
+            if not fits and not reshape:
                 raise ShapeError(
-                    f"dataset {name!r}: data of shape {data.shape} does not fit its shape {shape}"
+                    f"dataset {name!r}: data of shape {data.shape} does not fit its shape {shape} "
+                    f"(it must broadcast to it, or hold {math.prod(shape)} elements)"
                 )
         try:
             dt = check_dtype("f8" if dtype is None else dtype)
@@ -266,11 +272,13 @@ class Group:
             described = layout.describe(self._abs(name), shape, dt)
         spec = DatasetSpec(self._abs(name), shape, dt, fill_v, codecs, layout=described)
         if by_value and data is not None and data.dtype != dt:
-            # Python numbers and lists of them are cast to the dtype by value, as a write
-            # casts them (Dataset._values): 5 fits uint8, 300 does not (RangeError)
+            # Python numbers, numpy scalars and lists of them are cast to the dtype by value,
+            # as a write casts them (Dataset._values): 5 fits uint8, 300 does not (RangeError)
             data = cast_by_value(given, dt, f"dataset {name!r}", "data ")
         if data is not None:  # the cast its write makes, refused before the definition
             batch.check_dtype(spec, data.dtype)
+            if reshape:
+                data = data.reshape(shape)
         return spec, data
 
 
