@@ -432,8 +432,9 @@ def test_commands_read_files_whatever_the_transport_says(run_file, capsys, monke
 
 def test_json_of_long_double_values_and_underscore_attributes(tmp_path, capsys):
     """--json holds long double values (as float64) and attributes named with '_' (netCDF's
-    _FillValue is data, not one of the command's own keys); an expression-derived dataset
-    covers its anchor's elements in `info`."""
+    _FillValue is data, not one of the command's own keys); an expression-derived dataset,
+    and one kept as statistics at a step before its declaration, cover their anchor's
+    elements in `info`."""
     path = tmp_path / "odd.lam"
     with lamina.open(path, "w") as f:
         f.attrs["_FillValue"] = -999.0
@@ -444,6 +445,7 @@ def test_json_of_long_double_values_and_underscore_attributes(tmp_path, capsys):
             g[...] = 1
             v[...] = np.arange(4.0)
         f.derive("twice", "`v` * 2", strategy="expression")
+        f.derive("thrice", "`v` * 3", strategy="stats")  # stats kept from the next step on
     for argv in (
         ["ls", path, "--json"],
         ["info", path, "g", "--json"],
@@ -457,6 +459,8 @@ def test_json_of_long_double_values_and_underscore_attributes(tmp_path, capsys):
     assert '"_FillValue": -999.0' in text and '"ld": 1.5' in text
     rc, out, _ = run(["info", path, "twice"], capsys)
     assert "computed when read (expression), 4 of 4 elements" in out, out
+    rc, out, _ = run(["info", path, "thrice"], capsys)  # a step before its declaration
+    assert "computed when read (strategy 'stats', nothing stored at this step), 4 of 4" in out, out
     rc, out, _ = run(["info", path, "twice", "--json"], capsys)
     assert json.loads(out)["steps"][0]["covered"] == 4
     del doc

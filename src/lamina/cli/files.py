@@ -236,8 +236,16 @@ def cmd_info(args) -> int:
         per_step = [(k, times[k] if k < len(times) else None, ds.blocks(k)) for k in steps]
         # what holds values: the blocks, or for a quantity kept as its expression, its anchor's
         covers = {k: sum(b.size for b in ds.coverage(k)) for k in steps}
+        # a derived quantity with no blocks at a step is computed when read there: kept as its
+        # expression, or kept as data or statistics from a step after this one (its declaration)
         d = eng.definition(ds.name.strip("/"))
-        computed = d is not None and d.strategy == "expression"
+        computed = (
+            None
+            if d is None
+            else "expression"
+            if d.strategy == "expression"
+            else f"strategy {d.strategy!r}, nothing stored at this step"
+        )
         nsteps, fname = f.steps, f.filename
         lay = _layout(f, ds) if ds.layout is not None else None
     if args.json:
@@ -310,7 +318,7 @@ def cmd_info(args) -> int:
         if not blocks:
             if computed and covers[k]:
                 print(
-                    f"step {k}{when}: no blocks: computed when read (expression), "
+                    f"step {k}{when}: no blocks: computed when read ({computed}), "
                     f"{covers[k]} of {ds.size} elements"
                 )
             else:
