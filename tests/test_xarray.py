@@ -355,6 +355,12 @@ def test_open_file_object_stays_open(tmp_path):
             np.testing.assert_array_equal(ds.T[0, :2].values, ref[0, :2])
         assert not f.engine.closed
         assert f["fields/T"][0, 0, 0] == ref[-1, 0, 0, 0]
+        # a view of one step (the file as of step 1) reads that step, as step=1 does
+        with xr.open_dataset(f.at(1)["fields"], engine=ENGINE) as one:
+            assert "step" not in one.dims and int(one.step) == 1
+            np.testing.assert_array_equal(one.T.values, ref[1])
+        with pytest.raises(ValueError, match="step=0 given for a view of step 1"):
+            xr.open_dataset(f.at(1), engine=ENGINE, step=0)
 
 
 def test_levels_of_multiresolution_datasets(tmp_path):
@@ -446,6 +452,23 @@ def test_roundtrip_steps_and_time(tmp_path):
         xr.testing.assert_identical(back.load(), src)
     with xr.open_dataset(tmp_path / "s.lam", engine=ENGINE, step=1) as one:
         xr.testing.assert_identical(one.load().drop_vars("step"), src.isel(step=1))
+
+
+def test_a_step_coordinate_of_its_own_at_one_step(tmp_path):
+    """A Dataset's own 'step' coordinate (a lamina dataset 'step', as a program's step
+    counter is) is the index over all steps and the scalar coordinate at one step, where
+    xarray refused the two 'step' variables."""
+    src = xr.Dataset(
+        {"a": (("step", "x"), np.arange(6.0).reshape(2, 3))}, coords={"step": [10, 20]}
+    )
+    to_lamina(src, tmp_path / "c.lam")
+    with xr.open_dataset(tmp_path / "c.lam", engine=ENGINE) as back:
+        xr.testing.assert_identical(back.load(), src)
+    with xr.open_dataset(tmp_path / "c.lam", engine=ENGINE, step=-1) as one:
+        xr.testing.assert_identical(one.load(), src.isel(step=-1))
+    tree = xr.open_datatree(tmp_path / "c.lam", engine=ENGINE, step=0)
+    assert int(tree["/"].step) == 10
+    tree.close()
 
 
 def test_roundtrip_dask_writes_chunks_as_blocks(tmp_path):

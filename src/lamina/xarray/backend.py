@@ -205,15 +205,26 @@ class _Closer:
                 self._f.close()
 
 
-def _open(filename_or_obj) -> tuple[lamina.File, str, bool]:
-    """(file, group path, whether we opened it) for a path or an open lamina File/Group."""
+def _open(filename_or_obj, step: int | None = None) -> tuple[lamina.File, str, bool, int | None]:
+    """(file, group path, whether we opened it, the step to read) for a path or an open
+    lamina File/Group: a view of one step (``f.at(k)``) reads that step, as *step=k* does
+    (a *step* that names another one is a ValueError)."""
     if isinstance(filename_or_obj, lamina.Group):
-        return filename_or_obj.file, filename_or_obj.name, False
+        g = filename_or_obj
+        seen = g._step  # (a File's .step is its step() context manager)
+        if seen is not None:
+            if step is not None and g.file.at(step).index != seen:
+                raise ValueError(
+                    f"step={step} given for a view of step {seen} ({g.name!r} of "
+                    f"{g.file.filename!r}): give one of them"
+                )
+            step = seen
+        return g.file, g.name, False, step
     if isinstance(filename_or_obj, lamina.Dataset):
         raise TypeError("open a lamina File or Group (a Dataset is one variable)")
     path = os.fspath(filename_or_obj)
     f = lamina.open(path, "r", comm=comm_mod.self_comm(), transport="file")
-    return f, "/", True
+    return f, "/", True, step
 
 
 def _steps_of(f: lamina.File, step: int | None) -> tuple[list[int] | None, int | None]:
@@ -407,10 +418,16 @@ def group_dataset(
             )
     if cv.TIME in variables and variables[cv.TIME].dims in ((), (cv.STEP,)):
         coord_names.add(cv.TIME)
+    if at is not None and cv.STEP in variables:
+        # a dataset named 'step' (to_lamina's step coordinate, a program's step counter) is
+        # the coordinate over all steps; at one step it is the scalar one, not the index
+        if variables[cv.STEP].dims == ():
+            coord_names.add(cv.STEP)
+    elif at is not None:
+        variables[cv.STEP] = xr.Variable((), np.int64(at))
+        coord_names.add(cv.STEP)
     coords = {k: v for k, v in variables.items() if k in coord_names}
     data_vars = {k: v for k, v in variables.items() if k not in coord_names}
-    if at is not None:
-        coords[cv.STEP] = xr.Variable((), np.int64(at))
     ds = xr.Dataset(data_vars, coords=coords, attrs=cv.plain_attrs(gattrs, cv.GROUP_KEYS))
     return ds
 
@@ -507,7 +524,7 @@ class LaminaBackendEntrypoint(BackendEntrypoint):
         level: int | None = None,
     ) -> xr.Dataset:
         level = _check_level(level)
-        f, base, owned = _open(filename_or_obj)
+        f, base, owned, step = _open(filename_or_obj, step)
         close = _Closer(f, owned)
         try:
             gpath = _join(base, group)
@@ -528,7 +545,7 @@ class LaminaBackendEntrypoint(BackendEntrypoint):
         level: int | None = None,
     ) -> dict[str, xr.Dataset]:
         level = _check_level(level)
-        f, base, owned = _open(filename_or_obj)
+        f, base, owned, step = _open(filename_or_obj, step)
         close = _Closer(f, owned)
         try:
             top = _join(base, group)
