@@ -434,6 +434,34 @@ def test_a_name_lamina_refuses_is_a_convert_error(tmp_path, capsys):
     assert not [p for p in os.listdir(tmp_path) if ".partial-" in p]
 
 
+@pytest.mark.parametrize(
+    "name, value, words",
+    [
+        ("note", "a\x00b", "attribute 'note' holds a string with a NUL"),
+        ("tags", ["ok", "a\x00b"], "attribute 'tags' holds a string with a NUL"),
+        ("a\x00b", 2, r"attribute 'a\\x00b' has a NUL character in its name"),
+    ],
+)
+def test_attributes_hdf5_cannot_hold_are_a_convert_error(tmp_path, capsys, name, value, words):
+    """A NUL in an attribute's string (HDF5's variable-length strings hold none) or in its
+    name (HDF5 ends the name there, and the attribute overwrote 'a'): one error naming the
+    object and the attribute, and no output (a traceback before, or 'a' silently lost)."""
+    from lamina import cli
+
+    src = tmp_path / "nul.lam"
+    with lamina.open(src, "w") as f:
+        d = f.create_dataset("g/T", shape=(2,), dtype="f4")
+        d.attrs["a"] = 1
+        d.attrs[name] = value
+        with f.step():
+            d[:] = 1
+    with pytest.raises(hdf5.ConvertError, match=f"'/g/T': {words}"):
+        hdf5.convert(src, tmp_path / "nul.h5", progress=False)
+    assert cli.main(["convert", str(src), str(tmp_path / "nul.h5")]) == 2
+    assert "'/g/T': attribute" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["nul.lam"]
+
+
 def test_leftovers_of_killed_conversions_are_removed(sample, tmp_path):
     """A conversion removes the temporary copies that conversions to the same destination,
     killed on this host, left; not those of a live process, another host or another name."""

@@ -320,12 +320,35 @@ def split_box(box: Box, itemsize: int, limit: int = SLAB_BYTES) -> list[Box]:
     return out
 
 
+def _has_nul(value) -> bool:
+    """Whether a string attribute value (a str, a list or an array of them) holds a NUL."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    if isinstance(value, np.ndarray) and value.dtype.kind in "UO":  # (lists of str read back as O)
+        return any(isinstance(v, str) and "\x00" in v for v in value.reshape(-1).tolist())
+    return False
+
+
 def _copy_attrs_to_h5(obj, h5attrs) -> None:
     import h5py
 
     for name in obj.attrs:
         value = obj.attrs[name]
         hname = USER_PREFIX + name if name.startswith(PREFIX) else name
+        # HDF5 ends a name at a NUL (the attribute would overwrite another) and its variable-
+        # length strings hold none: refused, naming them, before the output is kept
+        if "\x00" in name:
+            raise ConvertError(
+                f"{obj.name!r}: attribute {name!r} has a NUL character in its name, which "
+                "HDF5 cannot hold (it would end the name there)"
+            )
+        if _has_nul(value):
+            raise ConvertError(
+                f"{obj.name!r}: attribute {name!r} holds a string with a NUL character, "
+                "which HDF5's variable-length strings cannot hold"
+            )
         if isinstance(value, list):
             h5attrs.create(hname, data=value, dtype=h5py.string_dtype())
         else:
