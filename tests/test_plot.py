@@ -146,6 +146,62 @@ def test_static_coordinates_come_from_the_step_that_wrote_them(tmp_path):
     _not_blank(_image(tmp_path / "c.png"))
 
 
+def test_coordinates_without_values_at_the_step_give_index_axes(tmp_path):
+    """A coordinate first written after the step drawn (NaN fill: pcolormesh refused it; fill
+    0: every edge 0, a blank picture) or only in part: that axis is drawn by index, with a
+    warning naming the coordinate; where it holds values, it gives the axis."""
+    path = tmp_path / "c.lam"
+    with lamina.open(path, "w") as f:
+        T = f.create_dataset("T", shape=(4, 6), dtype="f8")
+        T.attrs["dims"] = ["y", "x"]
+        x = f.create_dataset("x", shape=(6,), dtype="f8", fill=np.nan)
+        y = f.create_dataset("y", shape=(4,), dtype="f8")
+        for k in range(2):
+            with f.step():
+                T[...] = np.arange(24.0).reshape(4, 6) + k
+                y[:2] = [0.0, 1.0]  # in part: the rest reads as its fill
+                if k == 1:
+                    x[:] = np.linspace(0, 1, 6)
+    with lamina.open(path) as f:
+        with pytest.warns(UserWarning, match="coordinate 'x' holds no values at step 0"):
+            assert plot._coord(f, "/", "x", 6, 0, {}) is None
+        with pytest.warns(UserWarning, match="coordinate 'y' holds no values at step 1"):
+            assert plot._coord(f, "/", "y", 4, 1, {}) is None
+        np.testing.assert_array_equal(plot._coord(f, "/", "x", 6, 1, {}), np.linspace(0, 1, 6))
+        with pytest.warns(UserWarning, match="drawn by index"):
+            plot.slice_png(f, "T", tmp_path / "c.png", step=0)
+    _not_blank(_image(tmp_path / "c.png"))
+
+
+def test_stats_of_what_has_no_block_statistics_is_an_error(tmp_path, capsys):
+    """--stats of a quantity kept as its expression drew empty axes and said it drew them."""
+    path = tmp_path / "e.lam"
+    with lamina.open(path, "w") as f:
+        T = f.create_dataset("T", shape=(8,), dtype="f8")
+        f.derive("T2", "T * 2", strategy="expression")
+        for k in range(2):
+            with f.step():
+                T[...] = k
+    out = tmp_path / "s.png"
+    assert main(["plot", str(path), "T2", "--stats", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "'/T2' has no block statistics at any of the 2 steps (a derived quantity kept" in err
+    assert not out.exists()
+
+
+def test_output_named_without_extension_is_the_file_written(tmp_path, capsys):
+    """matplotlib added '.png' to a name without one, and the command named a file that was
+    not there."""
+    path = tmp_path / "p.lam"
+    _file(path)
+    for args, name in ((["--slice", "x=2"], "pic"), (["--stats"], "stats")):
+        out = tmp_path / name
+        assert main(["plot", str(path), "fields/T", *args, "-o", str(out)]) == 0
+        assert capsys.readouterr().out.startswith(f"{out}:")
+        _not_blank(_image(out))
+        assert not (tmp_path / f"{name}.png").exists()
+
+
 def test_cli_plot_without_matplotlib(tmp_path, capsys, monkeypatch):
     path = tmp_path / "p.lam"
     _file(path)

@@ -15,6 +15,7 @@ Used by ``lamina plot`` and ``lamina demo``; needs matplotlib (the extra
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -111,14 +112,14 @@ class Picture:
     what: str
 
 
-def _written_by(ds: Dataset, step: int) -> int:
+def _written_by(ds: Dataset, step: int) -> int | None:
     """The step a coordinate's values come from at *step*: *step* where it was written then,
     else the last step before it that wrote it (a coordinate written once, in step 0, as
-    ``to_lamina`` writes those that do not change), else *step* (it reads as its fill)."""
+    ``to_lamina`` writes those that do not change), else None (it holds no values yet)."""
     for k in range(step, -1, -1):
         if ds.coverage(k):
             return k
-    return step
+    return None
 
 
 def _coord(
@@ -131,8 +132,19 @@ def _coord(
         if full in f:
             obj = f.at(step)[full]
             if isinstance(obj, Dataset) and obj.shape == (n,):
+                k = _written_by(obj, step)
+                held = 0 if k is None else sum(b.size for b in obj.coverage(k))
+                values = None if held < n else np.asarray(f.at(k)[full][...], dtype=float)
+                if values is None or not np.isfinite(values).all():
+                    # fill values (or NaN) are no axis: the picture takes index axes instead
+                    warnings.warn(
+                        f"coordinate {full!r} holds {'no' if values is None else 'non-finite'} "
+                        f"values at step {step}: the {name} axis is drawn by index",
+                        stacklevel=3,
+                    )
+                    return None
                 units[name] = str(obj.attrs["units"]) if "units" in obj.attrs else ""
-                return np.asarray(f.at(_written_by(obj, step))[full][...], dtype=float)
+                return values
         if not path:
             return None
         path = path.rsplit("/", 1)[0] if "/" in path else ""
@@ -220,7 +232,7 @@ def slice_png(
             xb if cb is None else _edges(cb, True),
         )
     out = os.fspath(out)
-    fig.savefig(out, dpi=dpi)
+    fig.savefig(out, dpi=dpi, format="png")  # to *out* as named (no '.png' added)
     wpx, hpx = (int(round(v)) for v in fig.get_size_inches() * dpi)
     return Picture(out, wpx, hpx, f"{what} at step {k}" + (f", {where}" if where else ""))
 
@@ -298,6 +310,18 @@ def stats_png(f: File, name: str, out: str | os.PathLike, dpi: int = 110) -> Pic
             f"{obj.name!r} is a group: --stats takes a dataset (a component of a vector)"
         )
     s = step_stats(obj)
+    if f.steps and np.isnan(s["mean"]).all():
+        # nothing to draw: an empty picture would pass for one
+        d = f.engine.definition(obj.name.strip("/"))
+        why = (
+            "a derived quantity kept as its expression, computed when read"
+            if d is not None and d.strategy == "expression"
+            else "no step wrote a block of it"
+        )
+        raise NotFoundError(
+            f"{obj.name!r} has no block statistics at any of the {f.steps} steps ({why}); "
+            "--stats draws those: draw a slice of it instead"
+        )
     times = step_times(f)
     x = times if times is not None else s["step"]
     fig = _figure((6.4, 3.8))
@@ -316,6 +340,6 @@ def stats_png(f: File, name: str, out: str | os.PathLike, dpi: int = 110) -> Pic
     axes.set_title(f"{name.strip('/')} per step, from block statistics", fontsize=10)
     axes.legend(fontsize=8)
     out = os.fspath(out)
-    fig.savefig(out, dpi=dpi)
+    fig.savefig(out, dpi=dpi, format="png")  # to *out* as named (no '.png' added)
     wpx, hpx = (int(round(v)) for v in fig.get_size_inches() * dpi)
     return Picture(out, wpx, hpx, f"statistics of {name.strip('/')} over {f.steps} steps")
