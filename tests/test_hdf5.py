@@ -509,6 +509,11 @@ def test_source_errors(tmp_path):
     with pytest.raises(hdf5.ConvertError, match="the same file"):
         hdf5.convert(h5, h5, overwrite=True)
     assert h5.is_file()
+    cut = tmp_path / "cut.h5"  # a copy cut short: HDF5's own message names no file
+    cut.write_bytes(h5.read_bytes()[: h5.stat().st_size // 2])
+    with pytest.raises(hdf5.ConvertError, match=r"cut\.h5': HDF5 cannot open it \(.*truncated"):
+        hdf5.convert(cut, tmp_path / "cut.lam", progress=False)
+    assert not (tmp_path / "cut.lam").exists()
     with pytest.raises(FileNotFoundError, match="does not exist"):
         hdf5.convert(make_sample(tmp_path / "s.lam"), tmp_path / "no" / "dir" / "x.h5")
 

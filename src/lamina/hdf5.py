@@ -389,7 +389,11 @@ def hdf5_to_lamina(
     _check_distinct(src, dst)
     t0 = time.perf_counter()
     res = ConvertResult(src, dst, "hdf5->lamina")
-    with h5py.File(src, "r") as h:
+    try:
+        h5 = h5py.File(src, "r")
+    except OSError as e:  # a truncated or damaged file: HDF5's words name no file
+        raise ConvertError(f"{src!r}: HDF5 cannot open it ({e})") from None
+    with h5 as h:
         fmt = _h5_str(h.attrs.get(A_FORMAT))
         made = fmt == FORMAT
         res.source_kind = "lamina" if made else "plain"
