@@ -581,17 +581,11 @@ class Dataset:
         ``5`` and ``np.int64(5)`` fit uint8, ``300`` does not fit int8
         (RangeError, an OverflowError).
         """
-        if isinstance(value, np.integer) and self.dtype.kind in "iu" and value.dtype != self.dtype:
-            # a numpy integer scalar is one value, as a Python int: numpy refuses one that
-            # does not fit (OverflowError) where arrays cast with wrapping
-            info = np.iinfo(self.dtype)
-            if not info.min <= int(value) <= info.max:
-                raise RangeError(
-                    f"{self._what()}: {value!r} is beyond the range of dtype {self.dtype}"
-                )
         if isinstance(value, np.ndarray):
             return value
-        return cast_by_value(value, self.dtype, self._what())
+        # (a numpy scalar beyond the dtype is named as given: np.int64(300))
+        said = "" if isinstance(value, np.generic) else None
+        return cast_by_value(value, self.dtype, self._what(), said)
 
     def write(self, data, offset=None, copy: bool = True) -> None:
         """Independent: write *data* with its corner at *offset* (default: origin).
