@@ -253,6 +253,22 @@ def test_prefetch_of_the_next_step_leaves_this_one_readable(tmp_path, n, m):
     assert res.lines("OK consume explicit: 6 steps"), res.describe()
 
 
+@pytest.mark.parametrize("n,m", [(1, 1), (1, 2)])
+def test_a_plain_read_takes_the_agreed_latest_step_and_releases_nothing(tmp_path, n, m):
+    """A plain f[...] on a consumer reads f.steps - 1 (the step every consumer rank has, as a
+    file's latest committed step) and releases nothing: the step iter_steps gave stays
+    readable.  It read this rank's latest received step and released the one iterated over."""
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (n, "transport_prefetch", "produce", "a", 6),
+        (m, "transport_prefetch", "plain", "a", 6),
+        cwd=tmp_path,
+        env={},
+    )
+    assert res.lines("OK produce a: 6 steps"), res.describe()
+    assert res.lines("OK consume plain: 6 steps"), res.describe()
+
+
 # ----------------------------------------------------------------- in process
 
 

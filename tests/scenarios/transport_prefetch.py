@@ -5,6 +5,7 @@
     transport_prefetch.py change NAME STEPS         ... and other boxes from step STEPS // 2 on
     transport_prefetch.py early NAME STEPS          ... and close after 3 steps, with reads in flight
     transport_prefetch.py explicit NAME STEPS       ... with iter_steps() and ds.prefetch(box, k + 1)
+    transport_prefetch.py plain NAME STEPS          ... with iter_steps() and plain f["u"] reads
 
 The consumer opens the name with ``engine="mpi", io="async"``: its reads
 ask producer ranks for their pieces over MPI, on the read-ahead thread
@@ -175,6 +176,31 @@ def explicit(name: str, steps: int) -> None:
         say(f"OK consume explicit: {seen} steps on {size} ranks, {asked} read ahead, {stats}")
 
 
+def plain(name: str, steps: int) -> None:
+    """Plain iter_steps() (no read-ahead), the producer running ahead: at step k, after a
+    pause in which later steps arrive, a plain ``f["u"]`` reads the latest step every rank
+    has (``f.steps - 1``, as for a file) and releases nothing: the view of step k reads
+    again.  (It read this rank's latest received step and released step k: the view's
+    next read raised StepError.)"""
+    with lamina.open(name, "r", engine="mpi") as f:
+        rank, size = f.comm.rank, f.comm.size
+        seen = ahead = 0
+        for view in f.iter_steps(timeout=30):
+            k = view.index
+            box, _ = selections(rank, size, False)
+            check_equal(view["u"][box.slices], u_values(box, k), f"u step {k} {box}")
+            time.sleep(COMPUTE * 3)  # the producer commits the next steps meanwhile
+            latest = f.steps - 1
+            check_equal(f["u"][box.slices], u_values(box, latest), f"plain u, step {latest}")
+            check_equal(view["u"][box.slices], u_values(box, k), f"u step {k} {box} again")
+            ahead += latest > k
+            seen += 1
+    if seen != steps:
+        raise AssertionError(f"saw {seen} steps, expected {steps}")
+    if rank == 0:
+        say(f"OK consume plain: {seen} steps on {size} ranks, {ahead} with a later step read")
+
+
 def check_counts(hits: list[int], misses: list[int], change_at: int | None) -> None:
     """Read-ahead served every read after the first step; changed selections miss, then hit again."""
     where = f"hits after each step {hits}, misses {misses}"
@@ -197,6 +223,8 @@ def main() -> None:
         consume(role, name, steps)
     elif role == "explicit":
         explicit(name, steps)
+    elif role == "plain":
+        plain(name, steps)
     else:
         raise SystemExit(f"unknown role {role}")
 

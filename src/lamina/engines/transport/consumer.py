@@ -275,13 +275,25 @@ class Consumer(TransportBase):
             poll.sleep()
 
     def check_step(self, step: int | None) -> int:
-        """Independent: resolve *step*; on a consumer, wait for it and release every earlier step."""
+        """Independent: resolve *step*; on a consumer, wait for it and release every earlier step.
+
+        ``None`` (a plain ``f[...]``) is the latest step every consumer rank has,
+        ``f.steps - 1`` (as the latest committed step is for a file): the same on every
+        rank, whatever each received since the last ``refresh``; asking for it releases
+        nothing (a step the program iterates over stays readable, as in a file)."""
         self._receive()
         n = len(self.catalog.steps)
         if step is None:
-            if n == 0:
+            if self._agreed == 0:
                 raise StepError(f"{self.path!r} has no steps yet")
-            step = n - 1
+            latest = self._agreed - 1
+            if latest < self._cursor:
+                raise StepError(
+                    f"step {latest} of {self.path!r} (the latest step every consumer rank has, "
+                    f"read by a plain f[...]) was released: this rank asked for step "
+                    f"{self._cursor} (read it with f.at({self._cursor}), or refresh first)"
+                )
+            return latest
         step = step_number(step)
         if step < 0:
             step += n
