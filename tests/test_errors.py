@@ -908,6 +908,17 @@ def test_arguments_of_the_wrong_kind_are_named(tmp_path, monkeypatch):
     assert comm_mod.transport_patience() == 2.5
     monkeypatch.delenv("LAMINA_TRANSPORT_TIMEOUT")
     assert comm_mod.transport_patience() == comm_mod.DEFAULT_PATIENCE
+    # the transport's spin: read where a name opens (at import it stopped `import lamina`)
+    from lamina.engines.transport import wire
+
+    for bad in ("2ms", "-1", "inf"):
+        monkeypatch.setenv("LAMINA_TRANSPORT_SPIN", bad)
+        with pytest.raises(ValueError, match=f"LAMINA_TRANSPORT_SPIN must be .* got '{bad}'"):
+            lamina.open(p, "w", transport="memory")
+    monkeypatch.setenv("LAMINA_TRANSPORT_SPIN", "0.001")
+    assert wire.spin_seconds() == 0.001 and wire.Poll(1.0).spin == 0.001
+    monkeypatch.delenv("LAMINA_TRANSPORT_SPIN")
+    assert wire.spin_seconds() == wire.SPIN and wire.Poll(1.0).spin == wire.SPIN
     with lamina.open(p, "w", checksum_segment=1 << 18) as f:
         f.create_dataset("a", shape=(4,))[...] = 1.0
         with pytest.raises(ShapeError, match="dataset 'r': data is not an array of one shape"):

@@ -82,6 +82,7 @@ class TransportBase(BlockEngine):
         for k, v in routes.options_for(name, mode, app, wf).items():
             self.options.setdefault(k, v)  # the workflow's defaults; the caller's options win
         self.timeout = _timeout(self.options)
+        wire.spin_seconds()  # refused here, before any message, as the timeout is
         queue_limit = self.options.get("queue_limit", 2)
         try:
             self.queue_limit = as_int(queue_limit)

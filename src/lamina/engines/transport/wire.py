@@ -102,7 +102,34 @@ CHUNK = 16 << 20
 #: passes of MPI progress in a row while transfers are in flight (see Transfers.test)
 BURST = 64
 #: seconds of spinning after the last progress before a waiting rank starts to sleep
-SPIN = float(os.environ.get("LAMINA_TRANSPORT_SPIN", "0.002"))
+SPIN = 0.002
+#: the environment variable that sets :data:`SPIN` (:func:`spin_seconds`)
+SPIN_VARIABLE = "LAMINA_TRANSPORT_SPIN"
+
+
+#: the spin every :class:`Poll` takes by default: the last :func:`spin_seconds`
+_spin = SPIN
+
+
+def spin_seconds() -> float:
+    """``$LAMINA_TRANSPORT_SPIN`` (seconds >= 0), else :data:`SPIN` where it is unset or
+    empty, from now on the spin of every :class:`Poll`; ValueError naming the variable for
+    anything else.  Read where the transport opens a name, before any message (read at
+    import before, a value such as '2ms' stopped ``import lamina`` in every program)."""
+    global _spin
+    given = os.environ.get(SPIN_VARIABLE)
+    seconds = SPIN
+    if given:
+        try:
+            seconds = float(given)
+        except ValueError:
+            seconds = math.nan
+        if not 0 <= seconds < math.inf:
+            raise ValueError(f"${SPIN_VARIABLE} must be a number of seconds >= 0, got {given!r}")
+    _spin = seconds
+    return seconds
+
+
 #: longest sleep between polls when idle
 MAX_SLEEP = 1e-3
 
@@ -245,7 +272,7 @@ class Poll:
 
     def __init__(self, timeout: float, spin: float | None = None) -> None:
         self.timeout = float(timeout)
-        self.spin = SPIN if spin is None else float(spin)
+        self.spin = _spin if spin is None else float(spin)
         self.reset()
 
     def reset(self) -> None:
