@@ -46,20 +46,29 @@ LATEST = 0
 OPTION_KEYS = ("queue_limit", "shallow")
 
 
+#: the largest N of a flow 'every N-th step' (the rendezvous sends it as 32 bits, LATEST apart)
+MAX_FLOW = (1 << 32) - 1
+
+
 def parse_flow(value) -> int:
-    """``'all'`` -> 1, ``'latest'`` -> :data:`LATEST`, N or ``'N'`` (N >= 1) -> N; ValueError otherwise."""
+    """``'all'`` -> 1, ``'latest'`` -> :data:`LATEST`, N or ``'N'`` (1 <= N <= :data:`MAX_FLOW`)
+    -> N; ValueError otherwise."""
+    n = None
     if isinstance(value, str):
         text = value.strip().lower()
         if text == "all":
             return 1
         if text == "latest":
             return LATEST
-        if text.isdigit() and int(text) >= 1:
-            return int(text)
-    elif isinstance(value, int | np.integer) and not isinstance(value, bool) and value >= 1:
-        return int(value)
+        if text.isdigit():
+            n = int(text)
+    elif isinstance(value, int | np.integer) and not isinstance(value, bool):
+        n = int(value)
+    if n is not None and 1 <= n <= MAX_FLOW:
+        return n
     raise ValueError(
-        f"flow must be 'all', 'latest' or a positive integer N (every N-th step), got {value!r}"
+        "flow must be 'all', 'latest' or an integer N from 1 to "
+        f"{MAX_FLOW} (every N-th step), got {value!r}"
     )
 
 
