@@ -139,6 +139,52 @@ def test_lock_without_file_system_locks(native_path, monkeypatch):
         assert f.steps == 2
 
 
+def test_lock_file_without_locks_is_never_taken_from_a_live_writer(native_path, monkeypatch):
+    """Without file system locks: two writers taking over one stale lock file at once do not
+    each remove the other's (the second finds the first's new lock and is refused), no writer
+    finds a lock file it must take for free while the holder writes who it is (the file
+    appears whole), and a release removes no other writer's lock."""
+
+    def no_locks(fd, op, *args):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(lock_mod.fcntl, "lockf", no_locks)
+    os.makedirs(native_path)
+    lockfile = os.path.join(native_path, lock_mod.LOCK_NAME)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with open(lockfile, "w") as fh:
+        fh.write(f"host {socket.gethostname()} pid {dead.pid} since then\n")
+    first, second = lock_mod.WriterLock(native_path), lock_mod.WriterLock(native_path)
+    read = lock_mod._read_info
+    calls = []
+
+    def judged_then_overtaken(fd):
+        info = read(fd)
+        if not calls:  # the first writer has judged the stale lock: the second takes it now
+            calls.append(info)
+            second._acquire_without_locks()
+        return info
+
+    monkeypatch.setattr(lock_mod, "_read_info", judged_then_overtaken)
+    with pytest.raises(LockError, match=f"pid {os.getpid()}"):
+        first._acquire_without_locks()
+    assert calls and f"pid {dead.pid}" in calls[0]
+    held = os.fstat(second.fd)
+    there = os.stat(lockfile)
+    assert (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino)  # the second's, kept
+    with open(lockfile) as fh:
+        assert f"pid {os.getpid()}" in fh.read()  # never empty: written before it appeared
+    assert sorted(os.listdir(native_path)) == [lock_mod.LOCK_NAME]  # nothing left aside
+    # a lock file replaced under its holder (removed by hand, another writer's since): kept
+    os.unlink(lockfile)
+    with open(lockfile, "w") as fh:
+        fh.write("host elsewhere.example pid 12 since then\n")
+    second.release()
+    with open(lockfile) as fh:
+        assert "elsewhere.example" in fh.read()
+
+
 def test_lockf_is_what_holds_the_file(native_path):
     """The lock is a POSIX record lock: another process sees it held through fcntl."""
     with lamina.open(native_path, "w") as f:

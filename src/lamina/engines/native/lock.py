@@ -9,10 +9,18 @@ kernel releases them when the holder dies, so a lock left by a killed writer
 is simply taken again: stale locks recover by themselves.
 
 Where the file system refuses locks (``ENOLCK``, ``EOPNOTSUPP``, ``ENOSYS``,
-``EINVAL``), the lock file itself is the lock: created with ``O_EXCL`` and
-removed at close; one left behind by a process that no longer runs on this
-host is taken over; one from another host is reported, with what to remove
-if that process is known to be gone.
+``EINVAL``), the lock file itself is the lock.  It appears whole: the writer
+writes who it is into a file of its own and links that file to
+``lamina.lock`` (``link`` fails where the name exists, atomically, NFS
+included), so no other writer ever finds it empty and takes it for a free
+one.  It is removed at close, if it is still the writer's own.  One left
+behind by a process that no longer runs on this host (or an empty one, left
+where locks were taken with ``lockf``) is taken over: moved aside, and
+removed only if what moved is the file judged stale, so that two writers
+taking over one stale lock do not each remove the other's new one.  One from
+another host is reported, with what to remove if that process is known to be
+gone.  A file system without hard links creates the lock file with
+``O_EXCL`` and writes it after.
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ LOCK_NAME = "lamina.lock"
 #: errors of fcntl.lockf that mean "this file system has no locks" (not "someone holds it")
 _NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
 _HELD = {errno.EACCES, errno.EAGAIN}
+#: errors of os.link that mean "this file system has no hard links"
+_NO_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK, errno.EXDEV}
 MAX_INFO = 512
 #: files this process holds for writing (POSIX locks are per process: a second lockf here would succeed)
 _HELD_HERE: set[str] = set()
@@ -106,32 +116,95 @@ class WriterLock:
         self._write_info()
 
     def _acquire_without_locks(self) -> None:
-        for _ in range(2):
-            try:
-                fd = os.open(
-                    self.name,
-                    os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                    0o644,
-                )
-            except FileExistsError:
-                fd = os.open(self.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-                holder = _read_info(fd)
-                os.close(fd)
-                alive = _alive_here(holder) if holder else False
-                if alive is False:  # nobody, or a writer of this host that is gone: take it over
-                    os.unlink(self.name)
-                    continue
-                more = (
-                    ""
-                    if alive
-                    else f"; this file system has no locks: if that process is gone, remove {self.name}"
-                )
-                raise LockError(f"{self.path!r} is open for writing by {holder}{more}") from None
-            self.fd = fd
-            self.exclusive_file = True
-            self._write_info()
-            return
+        for _ in range(4):
+            fd = self._create_whole()
+            if fd >= 0:
+                self.fd = fd
+                self.exclusive_file = True
+                return
+            self._take_over()  # raises LockError where the holder may live
         raise LockError(f"cannot take the writer lock {self.name}: it keeps coming back")
+
+    def _create_whole(self) -> int:
+        """The lock file, made with who holds it in one step (a file of this process's own
+        linked to the lock's name); its descriptor, or -1 where the name exists."""
+        mine = f"{self.name}.{socket.gethostname()}.{os.getpid()}"
+        fd = os.open(
+            mine, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
+        )
+        try:
+            os.pwrite(fd, (_who() + "\n").encode(), 0)
+            try:
+                os.link(mine, self.name)
+            except FileExistsError:
+                os.close(fd)
+                return -1
+            except OSError as e:
+                if e.errno not in _NO_LINKS:
+                    raise
+                os.close(fd)
+                return self._create_excl()
+        except BaseException:
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            raise
+        finally:
+            try:
+                os.unlink(mine)  # (the lock's name keeps the file)
+            except OSError:
+                pass
+        return fd
+
+    def _create_excl(self) -> int:
+        """:meth:`_create_whole` where the file system has no hard links: ``O_EXCL``, then
+        who holds it (a writer looking in between finds it empty)."""
+        try:
+            fd = os.open(
+                self.name,
+                os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o644,
+            )
+        except FileExistsError:
+            return -1
+        os.pwrite(fd, (_who() + "\n").encode(), 0)
+        return fd
+
+    def _take_over(self) -> None:
+        """The lock file exists: LockError if its holder may run; else it is moved aside and
+        removed, if what moved is the file judged stale (else it is put back)."""
+        try:
+            fd = os.open(self.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return  # released meanwhile: try again
+        try:
+            judged = os.fstat(fd)
+            holder = _read_info(fd)
+        finally:
+            os.close(fd)
+        alive = _alive_here(holder) if holder else False
+        if alive is not False:
+            more = (
+                ""
+                if alive
+                else f"; this file system has no locks: if that process is gone, remove {self.name}"
+            )
+            raise LockError(f"{self.path!r} is open for writing by {holder}{more}")
+        aside = f"{self.name}.stale.{socket.gethostname()}.{os.getpid()}"
+        try:
+            os.rename(self.name, aside)
+        except FileNotFoundError:
+            return  # another writer took it over first
+        moved = os.stat(aside)
+        if (moved.st_dev, moved.st_ino) != (judged.st_dev, judged.st_ino):
+            # another writer's new lock, made since it was judged: back where it was
+            try:
+                os.link(aside, self.name)
+            except OSError:
+                pass
+        os.unlink(aside)
 
     def _write_info(self) -> None:
         info = (_who() + "\n").encode()
@@ -143,7 +216,9 @@ class WriterLock:
             return
         try:
             if self.exclusive_file:
-                os.unlink(self.name)
+                mine, there = os.fstat(self.fd), os.stat(self.name)
+                if (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):
+                    os.unlink(self.name)  # (not another writer's, after a takeover)
             else:
                 os.ftruncate(self.fd, 0)  # nobody holds it (the kernel drops the lock at close)
         except OSError:
