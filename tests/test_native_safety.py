@@ -206,6 +206,51 @@ def test_lockf_is_what_holds_the_file(native_path):
 # ------------------------------------------------------------------ a file re-created under a reader
 
 
+def test_a_reader_amid_a_re_creation_is_told_so(native_path, monkeypatch):
+    """A reader that reads while another run re-creates the file, at the moment the old
+    subfiles are being removed, or that opens it while its logs are replaced: 'the file was
+    re-created', not 'subfile data.0.0 is missing' or a commit entry past the end of
+    lamina.meta (the re-creation removed the subfiles before the commit log, and the first
+    read parsed the old commit log against the new lamina.meta before it compared them)."""
+    from lamina.engines.native import engine as engine_mod
+
+    write_steps(native_path, "w", [1.0, 2.0, 3.0])
+    r = lamina.open(native_path, "r")
+    seen: list[str] = []
+    unlink = os.unlink
+
+    def read_while_removed(path, *a, **k):
+        unlink(path, *a, **k)
+        if not seen and os.path.basename(path).startswith("data."):
+            try:
+                r.at(1)["x"][...]
+                seen.append("read")
+            except FormatError as e:
+                seen.append(str(e))
+
+    monkeypatch.setattr(os, "unlink", read_while_removed)
+    write_steps(native_path, "w", [9.0])  # another run starts over
+    monkeypatch.setattr(os, "unlink", unlink)
+    r.close()
+    assert seen and "re-created while open" in seen[0], seen
+    write_steps(native_path, "w", [1.0, 2.0, 3.0, 4.0, 5.0])
+    real_open = engine_mod._open_in
+    armed = [True]
+
+    def re_created_meanwhile(directory, name, flags, mode=0o644):
+        if name == fmt.META_NAME and flags == os.O_RDONLY and armed[0]:
+            armed[0] = False
+            monkeypatch.setattr(engine_mod, "_open_in", real_open)
+            write_steps(native_path, "w", [9.0])  # a shorter lamina.meta of another run
+        return real_open(directory, name, flags, mode)
+
+    monkeypatch.setattr(engine_mod, "_open_in", re_created_meanwhile)
+    with pytest.raises(FormatError, match="re-created while being opened"):
+        lamina.open(native_path, "r")
+    with lamina.open(native_path, "r") as f:  # the new run's file, whole
+        assert f.steps == 1 and f["x"][0] == 9.0
+
+
 def test_reader_notices_a_file_recreated_under_it(native_path):
     write_steps(native_path, "w", [1.0, 2.0])
     r = lamina.open(native_path, "r")

@@ -376,6 +376,7 @@ def _is_lamina_name(name: str) -> bool:
     return (
         name in (fmt.META_NAME, fmt.COMMIT_NAME, LOCK_NAME)
         or fmt.DATA_NAME.fullmatch(name) is not None
+        or name.startswith(LOCK_NAME + ".")  # a lock being made or taken over (native/lock.py)
     )
 
 
@@ -399,12 +400,27 @@ def _open_in(directory: str, name: str, flags: int, mode: int = 0o644) -> int:
 def _read_all(directory: str, name: str) -> tuple[bytes, os.stat_result]:
     fd = _open_in(directory, name, os.O_RDONLY)
     try:
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks), os.fstat(fd)
+        return _read_fd(fd), os.fstat(fd)
     finally:
         os.close(fd)
+
+
+def _same_inode(directory: str, name: str, inode: tuple[int, int]) -> bool:
+    """Whether *name* in *directory* is still the file of *inode* (device, inode number)."""
+    try:
+        now = os.stat(os.path.join(directory, name), follow_symlinks=False)
+    except OSError:
+        return False
+    return (now.st_dev, now.st_ino) == inode
+
+
+def _read_fd(fd: int) -> bytes:
+    """Every byte of the file open as *fd*, from its start."""
+    chunks, at = [], 0
+    while chunk := os.pread(fd, 1 << 20, at):
+        chunks.append(chunk)
+        at += len(chunk)
+    return b"".join(chunks)
 
 
 def written_since(path: str, mode: str, wait: float) -> float | None:
@@ -625,9 +641,14 @@ class NativeEngine(BlockEngine):
             )
 
     def _create(self, path: str) -> None:
-        """Rank 0, holding the lock: remove what lamina wrote here before, start empty logs."""
-        for name in sorted(os.listdir(path)):
-            if name == LOCK_NAME or not _is_lamina_name(name):
+        """Rank 0, holding the lock: remove what lamina wrote here before, start empty logs.
+
+        The commit log goes first: a reader of the old file then finds it gone or another
+        (re-created, said so) rather than the old log beside missing data or a new
+        ``lamina.meta`` (reported as a corrupt or cut-short file)."""
+        names = sorted(os.listdir(path), key=lambda n: (n != fmt.COMMIT_NAME, n))
+        for name in names:
+            if name.startswith(LOCK_NAME) or not _is_lamina_name(name):
                 continue  # only what lamina wrote goes; a link goes as a link
             full = os.path.join(path, name)
             if os.path.isdir(full) and not os.path.islink(full):
@@ -652,44 +673,57 @@ class NativeEngine(BlockEngine):
         """Rank 0: payloads of records committed since the last call (validated), their
         commit entries, and the header size of the logs."""
         where = f"{self.path}/{fmt.COMMIT_NAME}"
+        held = -1
         try:
-            cbuf, cstat = _read_all(self.path, fmt.COMMIT_NAME)
+            if self._identity is None:
+                # the first read: the commit log read through the descriptor kept open while
+                # this engine is, so that its inode stays this file's (a log re-created after
+                # a close and a new open could get the inode number back, ext4 reuses them)
+                held = _open_in(self.path, fmt.COMMIT_NAME, os.O_RDONLY)
+                cbuf, cstat = _read_fd(held), os.fstat(held)
+            else:
+                cbuf, cstat = _read_all(self.path, fmt.COMMIT_NAME)
             mfd = _open_in(self.path, fmt.META_NAME, os.O_RDONLY)
         except FileNotFoundError as e:
+            if held >= 0:
+                os.close(held)
+            if self._identity is not None:  # a writer re-creating the file removed its logs
+                raise FormatError(self._recreated()) from None
             raise NotALaminaFileError(
                 f"{self.path!r} is not a lamina file: {e.filename} is missing"
             ) from e
         try:
+            if self._identity is not None and (cstat.st_dev, cstat.st_ino) != self._commit_inode:
+                # before the log is parsed against a lamina.meta that may be the new file's
+                raise FormatError(self._recreated())
             meta_size = os.fstat(mfd).st_size
-            entries, _valid_end, head = fmt.parse_commits(cbuf, meta_size, where)
             if self._identity is None:
+                # the two logs of one file, checked before the commit log is parsed against
+                # the other's size (a lamina.meta of a run re-creating the file meanwhile)
+                head = fmt.check_header(cbuf, fmt.COMMIT_MAGIC, where)
                 mhead = fmt.check_header(
                     os.pread(mfd, fmt.HEADER_SIZE, 0),
                     fmt.META_MAGIC,
                     f"{self.path}/{fmt.META_NAME}",
                 )
                 if (mhead.version, mhead.identity) != (head.version, head.identity):
+                    if not _same_inode(self.path, fmt.COMMIT_NAME, (cstat.st_dev, cstat.st_ino)):
+                        raise FormatError(
+                            f"{self.path}: the file was re-created while being opened (another "
+                            "writer opened it in mode 'w'); open it again"
+                        )
                     raise FormatError(
                         f"{self.path}: {fmt.META_NAME} and {fmt.COMMIT_NAME} belong to different files "
                         f"(versions {mhead.version}/{head.version}, identities {mhead.identity}/{head.identity})"
                     )
+            entries, _valid_end, head = fmt.parse_commits(cbuf, meta_size, where)
+            if self._identity is None:
                 self._identity = head.identity
                 self._version = head.version  # appended in its own version
                 self._commit_inode = (cstat.st_dev, cstat.st_ino)
-                # kept open, so that the inode stays this file's and a re-created log gets another
-                self._held_fd = _open_in(self.path, fmt.COMMIT_NAME, os.O_RDONLY)
-                if os.fstat(self._held_fd).st_ino != cstat.st_ino:
-                    raise FormatError(
-                        f"{self.path}: the file was re-created while being opened; open it again"
-                    )
-            elif (
-                head.identity != self._identity
-                or (cstat.st_dev, cstat.st_ino) != self._commit_inode
-            ):
-                raise FormatError(
-                    f"{self.path}: the file was re-created while open (another writer opened it "
-                    "in mode 'w'); open it again to read the new one"
-                )
+                self._held_fd, held = held, -1  # kept open: a re-created log gets another inode
+            elif head.identity != self._identity:
+                raise FormatError(self._recreated())
             if len(entries) < self._nentries:
                 raise FormatError(
                     f"{self.path}: {len(entries)} committed records, {self._nentries} seen before: "
@@ -704,6 +738,8 @@ class NativeEngine(BlockEngine):
             ]
         finally:
             os.close(mfd)
+            if held >= 0:  # (the first read failed: nothing is kept)
+                os.close(held)
         return out, new, head.size
 
     def _load_new(self, call: int = 0) -> int:
@@ -1237,16 +1273,14 @@ class NativeEngine(BlockEngine):
         """
         if self._commit_inode is None:
             return
-        try:
-            st = os.stat(os.path.join(self.path, fmt.COMMIT_NAME), follow_symlinks=False)
-            same = (st.st_dev, st.st_ino) == self._commit_inode
-        except OSError:
-            same = False
-        if not same:
-            raise FormatError(
-                f"{self.path}: the file was re-created while open (another writer opened it "
-                "in mode 'w'); open it again to read the new one"
-            )
+        if not _same_inode(self.path, fmt.COMMIT_NAME, self._commit_inode):
+            raise FormatError(self._recreated())
+
+    def _recreated(self) -> str:
+        return (
+            f"{self.path}: the file was re-created while open (another writer opened it "
+            "in mode 'w'); open it again to read the new one"
+        )
 
     def _read_blocks(self, spec, t: BlockTable, idx, lo, hi, box: Box, out: np.ndarray) -> None:
         """Whole raw blocks that lie back to back in a subfile are read with one pread each run.
