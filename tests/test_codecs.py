@@ -83,6 +83,13 @@ def test_zfp_accepts_dtypes_and_ranks(dtype, ndim):
         ({"id": "zfpy", "rate": float("nan")}, "f8", 2, "rate must be a positive"),
         ({"id": "zfpy", "precision": -3}, "f8", 2, "precision must be a positive"),
         ({"id": "zfpy", "precision": 1000}, "f8", 2, "at most 64"),
+        # below zfp's smallest block (1 + exponent bits per 4**d values) zfpy overran its
+        # buffer: a crash, an abort or a hang of the writing process
+        ({"id": "zfpy", "rate": 2}, "f8", 1, "at least 3 bits per value for 1-D blocks of float64"),
+        ({"id": "zfpy", "rate": 2}, "f4", 1, "at least 2.25 bits per value"),
+        ({"id": "zfpy", "rate": 0.6}, "f8", 2, "at least 0.75 bits per value"),
+        ({"id": "zfpy", "rate": 0.1}, "f4", 3, "at least 0.140625 bits per value"),
+        ({"id": ["zstd"]}, "f8", 1, "unknown codec"),  # (was a TypeError: unhashable list)
         # parameters numcodecs only checks when it compresses: found at definition
         ({"id": "blosc", "cname": "nope"}, "f8", 1, "does not work for float64"),
         ({"id": "blosc", "shuffle": 7}, "f8", 1, "does not work"),
@@ -174,6 +181,24 @@ def test_zfp_rate_and_precision_modes_take_effect():
     raw8 = prec.encode(a)
     prec20 = codecs.pipeline(codecs.normalize({"id": "zfpy", "precision": 20}, a.dtype, 2))
     assert len(raw8) < len(prec20.encode(a)) < a.nbytes
+
+
+@pytest.mark.parametrize("dtype, ndim", [("f8", 1), ("f8", 2), ("f8", 3), ("f4", 1), ("f4", 3)])
+def test_zfp_rates_from_the_smallest_one_round_trip(dtype, ndim):
+    """At zfp's smallest rate (and a little above) a block compresses and decodes (these rates
+    crashed zfpy a little below it); a block of fewer dimensions than the rate was checked for
+    is refused at encode rather than handed to zfpy."""
+    least = codecs.zfp_min_rate(dt(dtype), ndim)
+    shape = {1: (1000,), 2: (40, 40), 3: (12, 12, 12)}[ndim]
+    a = np.random.default_rng(0).random(shape).astype(dtype)
+    for rate in (least, least * 1.5):
+        p = codecs.pipeline(codecs.normalize({"id": "zfpy", "rate": rate}, a.dtype, ndim))
+        assert p.decode(p.encode(a), a.dtype, a.shape, "r").shape == a.shape
+    if ndim > 1:
+        p = codecs.pipeline(codecs.normalize({"id": "zfpy", "rate": least}, a.dtype, ndim))
+        with pytest.raises(CodecError, match="below the .* bits per value of 1-D blocks"):
+            p.encode(a.reshape(-1))
+    assert codecs.zfp_min_rate(dt("i4"), 1) == 0.0
 
 
 @pytest.mark.parametrize("dtype", ["i4", "i8"])

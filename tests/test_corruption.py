@@ -388,6 +388,64 @@ def test_overlapping_blocks_in_forged_metadata_are_a_format_error(native_path):
         np.testing.assert_array_equal(r["z"][4:8], np.full(4, 7))  # no block: the fill
 
 
+def _written_with_layout_or_codecs(path, monkeypatch, **change):
+    """A file whose dataset definitions are recorded with *change* applied (forged metadata
+    whose checksums all match: lamina itself encodes the altered definition)."""
+    from lamina.catalog import model
+
+    encode = model.DatasetSpec.encode
+
+    def forged(self, e):
+        saved = (self.layout, self.codecs)
+        if (
+            self.layout is not None
+            and self.layout.get("layout") == "multires"
+            and "patch" in change
+        ):
+            object.__setattr__(self, "layout", {**self.layout, "patch": change["patch"]})
+        if self.codecs and "codecs" in change:
+            object.__setattr__(self, "codecs", change["codecs"])
+        try:
+            encode(self, e)
+        finally:
+            object.__setattr__(self, "layout", saved[0])
+            object.__setattr__(self, "codecs", saved[1])
+
+    monkeypatch.setattr(model.DatasetSpec, "encode", forged)
+    with lamina.open(path, "w") as f:
+        if "patch" in change:
+            d = f.create_dataset("m", (8, 8), "f4", layout=lamina.Multires(patch=4, tolerance=0))
+        else:
+            d = f.create_dataset("m", (8, 8), "f4", compression="zstd")
+        with f.step():
+            d[...] = np.arange(64.0).reshape(8, 8)
+    monkeypatch.setattr(model.DatasetSpec, "encode", encode)
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        # levels of patch 4 defined, the layout saying patch 8 (a level more): was KeyError: 3
+        (dict(patch=[8, 8]), "dataset 'm': level 3 is not defined in the file"),
+        # int() took "44" for (4, 4), 4.9 for 4, true for 1
+        (dict(patch="44"), "patch '44' is not a list of integers"),
+        (dict(patch=[4.9, 4]), r"patch \[4.9, 4\] is not a list of integers"),
+        (dict(patch=[True, 4]), r"patch \[True, 4\] is not a list of integers"),
+        # a codec outside the allowed list, or bad parameters: was a CodecError naming neither
+        (dict(codecs=({"id": "numcodecs.pickles.Pickle"},)), "is stored with codecs this lamina"),
+        (dict(codecs=({"id": "zstd", "level": "3"},)), "is stored with codecs this lamina"),
+    ],
+)
+def test_forged_layouts_and_codecs_are_format_errors(native_path, monkeypatch, change, words):
+    """Definitions a writer never records, whose checksums match: a FormatError naming the
+    dataset (and the file, for codecs) when it is opened or read, never a KeyError or an
+    import of what the file names."""
+    _written_with_layout_or_codecs(native_path, monkeypatch, **change)
+    with pytest.raises(FormatError, match=words):
+        with lamina.open(native_path) as f:
+            f["m"][...]
+
+
 def test_tables_found_disjoint_once_for_boxes_alike(monkeypatch):
     """The overlap check runs once for a table and once for boxes like the last table found
     disjoint (a step written like the one before); boxes that differ are checked again."""

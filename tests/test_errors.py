@@ -920,6 +920,10 @@ def test_arguments_of_the_wrong_kind_are_named(tmp_path, monkeypatch):
     monkeypatch.delenv("LAMINA_TRANSPORT_SPIN")
     assert wire.spin_seconds() == wire.SPIN and wire.Poll(1.0).spin == wire.SPIN
     with lamina.open(p, "w", checksum_segment=1 << 18) as f:
+        # a codec refused names the dataset, as its dtype and layout refused do
+        for compression in ("nosuch", {"id": ["zstd"]}, {"id": "zfpy", "rate": 1}):
+            with pytest.raises(lamina.CodecError, match="^dataset 'z': "):
+                f.create_dataset("z", shape=(4,), compression=compression)
         f.create_dataset("a", shape=(4,))[...] = 1.0
         with pytest.raises(ShapeError, match="dataset 'r': data is not an array of one shape"):
             f.create_dataset("r", data=[[1, 2], [3]])

@@ -107,9 +107,19 @@ def _check_params(cfg: dict) -> None:
             )
 
 
+def zfp_min_rate(dtype: np.dtype, ndim: int) -> float:
+    """The smallest zfp rate (bits per value) of *ndim*-D blocks of *dtype*: zfp keeps at
+    least 1 + the exponent's bits (9 for float32, 12 for float64) for each block of 4**ndim
+    values, and zfpy, which sizes its buffer by the rate asked for, overruns it below that
+    (a crash or a hang); 0 for integers."""
+    if dtype.kind != "f":
+        return 0.0
+    return (1 + (8 if dtype.itemsize == 4 else 11)) / 4**ndim
+
+
 def _validate(cfg: dict, dtype: np.dtype, ndim: int) -> dict:
     cid = cfg.get("id")
-    if cid not in ALLOWED:
+    if not isinstance(cid, str) or cid not in ALLOWED:
         raise CodecError(f"unknown codec {cid!r}; lamina accepts {sorted(ALLOWED) + ['zfp']}")
     _check_params(cfg)
     if cid == "zfpy":
@@ -142,6 +152,12 @@ def _validate(cfg: dict, dtype: np.dtype, ndim: int) -> dict:
             if not 0 < cfg[key] <= 64:  # bits per value / bit planes; more only wastes memory
                 raise CodecError(
                     f"zfp {key} must be a positive number of at most 64 bits, got {cfg[key]}"
+                )
+            least = zfp_min_rate(dtype, ndim) if key == "rate" else 0.0
+            if cfg[key] < least:
+                raise CodecError(
+                    f"zfp rate must be at least {least:g} bits per value for {ndim}-D blocks "
+                    f"of {dtype} (zfp's smallest block), got {cfg[key]}"
                 )
             cfg.setdefault("mode", mode)  # zfp fixed-rate / fixed-precision mode
     return cfg
@@ -180,7 +196,8 @@ class Pipeline:
         )
         self.codecs = []
         for i, cfg in enumerate(configs):
-            if cfg.get("id") not in ALLOWED:  # re-check: configs may come from disk
+            cid = cfg.get("id")
+            if not isinstance(cid, str) or cid not in ALLOWED:  # re-check: configs from disk
                 raise CodecError(
                     f"refusing codec {cfg.get('id')!r}: not in the allowed list {sorted(ALLOWED)}"
                 )
@@ -198,9 +215,19 @@ class Pipeline:
                     self.codecs.append(numcodecs.get_codec(dict(cfg)))
             except (ImportError, TypeError, ValueError, KeyError) as e:
                 raise CodecError(f"cannot build codec {cfg!r}: {e}") from e
+        #: zfp's fixed rate (bits per value), where it runs in that mode (its type checked above)
+        self.rate: float | None = next(
+            (float(c["rate"]) for c in configs if c["id"] == "zfpy" and "rate" in c), None
+        )
 
     def encode(self, arr: np.ndarray) -> bytes:
         buf = np.ascontiguousarray(arr)
+        if self.rate is not None and self.rate < zfp_min_rate(buf.dtype, buf.ndim):
+            # (checked at create_dataset for the dataset's blocks; zfpy would overrun its buffer)
+            raise CodecError(
+                f"zfp rate {self.rate} is below the {zfp_min_rate(buf.dtype, buf.ndim):g} bits "
+                f"per value of {buf.ndim}-D blocks of {buf.dtype}"
+            )
         data = buf
         try:
             for c in self.codecs:

@@ -14,7 +14,7 @@ from .. import comm as comm_mod
 from ..catalog import DatasetSpec, check_dtype, normpath
 from ..engines import batch
 from ..engines.block import BlockEngine, RefusedSpec
-from ..errors import DTypeError, ModeError, NotFoundError, ShapeError, suggest
+from ..errors import CodecError, DTypeError, ModeError, NotFoundError, ShapeError, suggest
 from ..geometry import as_int
 from ..layouts.spec import Multires
 from .attrs import Attributes
@@ -257,7 +257,10 @@ class Group:
         except DTypeError as e:
             raise DTypeError(f"dataset {name!r}: {e}") from None
         fill_v = _fill_value(fill, dt, name)
-        codecs = codec_mod.normalize(compression, dt, len(shape))
+        try:
+            codecs = codec_mod.normalize(compression, dt, len(shape))
+        except CodecError as e:
+            raise CodecError(f"dataset {name!r}: {e}") from None
         described = None
         if layout is not None:
             if not isinstance(layout, Multires):

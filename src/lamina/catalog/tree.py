@@ -213,8 +213,17 @@ class Catalog:
         self.specs.append(spec)
 
     def level(self, path: str, level: int) -> DatasetSpec:
-        """The definition of *level* of dataset *path* (level 0: the dataset itself)."""
-        return self.datasets[path] if level == 0 else self.levels[path][level]
+        """The definition of *level* of dataset *path* (level 0: the dataset itself);
+        FormatError where the file's layout of it names a level the file does not define."""
+        if level == 0:
+            return self.datasets[path]
+        spec = self.levels.get(path, {}).get(level)
+        if spec is None:
+            raise FormatError(
+                f"dataset {path!r}: level {level} is not defined in the file, though its "
+                "layout says it has that level (the metadata is damaged)"
+            )
+        return spec
 
     def _add_group(self, path: str, what: str) -> None:
         parts = path.split("/") if path else []

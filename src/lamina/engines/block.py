@@ -101,6 +101,7 @@ from ..catalog.blocks import StepTable, column_extents, dataset_runs, merge_exte
 from ..catalog.model import MAX_ATTR_BYTES, MAX_NDIM, Stats, decode_op, encode_op
 from ..errors import (
     BoundsError,
+    CodecError,
     CollectiveMismatchError,
     ConfigError,
     DTypeError,
@@ -1741,9 +1742,18 @@ class BlockEngine(Engine):
         what = f"dataset {spec.path!r} block {rec.box} in {self.path}/{rec.subfile}"
         if rec.codec == BlockCodec.RAW:
             return np.frombuffer(payload, dtype=spec.dtype).reshape(rec.box.shape)
-        return codec_mod.pipeline(spec.codecs).decode(
-            bytes(payload), spec.dtype, rec.box.shape, what
-        )
+        return self._pipeline(spec).decode(bytes(payload), spec.dtype, rec.box.shape, what)
+
+    def _pipeline(self, spec: DatasetSpec) -> codec_mod.Pipeline:
+        """The codecs of *spec* as stored in the file; FormatError naming the file and the
+        dataset where the file names a codec (or parameters) this lamina does not take."""
+        try:
+            return codec_mod.pipeline(spec.codecs)
+        except CodecError as e:
+            raise FormatError(
+                f"{self.path}: dataset {spec.path!r} is stored with codecs this lamina cannot "
+                f"use ({e})"
+            ) from None
 
     def close(self) -> None:
         if self._closed:

@@ -179,9 +179,14 @@ class Layout:
         if d is None or d.get("layout") != MULTIRES:
             return None
         where = f"layout of dataset {spec.path!r}"
+        patch = d.get("patch")
+        if not isinstance(patch, list | tuple) or not all(
+            isinstance(n, int) and not isinstance(n, bool) for n in patch
+        ):  # int() took "44" for (4, 4), 4.9 for 4 and true for 1
+            raise FormatError(f"{where}: patch {patch!r} is not a list of integers")
         try:
             m = Multires(
-                patch=tuple(int(n) for n in d["patch"]),
+                patch=tuple(patch),
                 tolerance=float(d["tolerance"]),
                 order=str(d["order"]),
                 distribution=str(d["distribution"]),
