@@ -133,8 +133,9 @@ def _coord(
             obj = f.at(step)[full]
             if isinstance(obj, Dataset) and obj.shape == (n,):
                 k = _written_by(obj, step)
-                held = 0 if k is None else sum(b.size for b in obj.coverage(k))
-                values = None if held < n else np.asarray(f.at(k)[full][...], dtype=float)
+                values = None
+                if k is not None and sum(b.size for b in obj.coverage(k)) >= n:
+                    values = np.asarray(f.at(k)[full][...], dtype=np.float64)
                 if values is None or not np.isfinite(values).all():
                     # fill values (or NaN) are no axis: the picture takes index axes instead
                     warnings.warn(
