@@ -237,20 +237,25 @@ def test_read_ahead(tmp_path, mode, n, m):
     assert not os.listdir(tmp_path)
 
 
+def _stream_of_six(tmp_path, n: int, m: int, role: str) -> None:
+    """n producer ranks write 6 steps, m consumer ranks read them in scenario *role*."""
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (n, "transport_prefetch", "produce", "a", 6),
+        (m, "transport_prefetch", role, "a", 6),
+        cwd=tmp_path,
+        env={},
+    )
+    assert res.lines("OK produce a: 6 steps"), res.describe()
+    assert res.lines(f"OK consume {role}: 6 steps"), res.describe()
+
+
 @pytest.mark.parametrize("n,m", [(1, 1), (2, 2)])
 def test_prefetch_of_the_next_step_leaves_this_one_readable(tmp_path, n, m):
     """ds.prefetch(box, k + 1) on a consumer task at step k: step k stays readable (the
     step's resolution released it: the next read of step k raised StepError), and a step far
     ahead, not yet sent, is not waited for (False at once)."""
-    _skip_without_mpiexec()
-    res = run_mpmd(
-        (n, "transport_prefetch", "produce", "a", 6),
-        (m, "transport_prefetch", "explicit", "a", 6),
-        cwd=tmp_path,
-        env={},
-    )
-    assert res.lines("OK produce a: 6 steps"), res.describe()
-    assert res.lines("OK consume explicit: 6 steps"), res.describe()
+    _stream_of_six(tmp_path, n, m, "explicit")
 
 
 @pytest.mark.parametrize("n,m", [(1, 1), (1, 2)])
@@ -258,15 +263,7 @@ def test_a_plain_read_takes_the_agreed_latest_step_and_releases_nothing(tmp_path
     """A plain f[...] on a consumer reads f.steps - 1 (the step every consumer rank has, as a
     file's latest committed step) and releases nothing: the step iter_steps gave stays
     readable.  It read this rank's latest received step and released the one iterated over."""
-    _skip_without_mpiexec()
-    res = run_mpmd(
-        (n, "transport_prefetch", "produce", "a", 6),
-        (m, "transport_prefetch", "plain", "a", 6),
-        cwd=tmp_path,
-        env={},
-    )
-    assert res.lines("OK produce a: 6 steps"), res.describe()
-    assert res.lines("OK consume plain: 6 steps"), res.describe()
+    _stream_of_six(tmp_path, n, m, "plain")
 
 
 # ----------------------------------------------------------------- in process
