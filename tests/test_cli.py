@@ -480,3 +480,24 @@ def test_values_starting_with_a_dash(run_file, capsys):
     assert rc == 0 and json.loads(out)["region"] == {"start": [30, 0], "stop": [32, 16]}
     rc, _, err = run(["dump", run_file, "fields/T", "--select", "--json"], capsys)
     assert rc == 2 and "expected one argument" in err
+
+
+def test_info_of_a_multiresolution_dataset_written_in_part(tmp_path, capsys):
+    """Per level, `raw` is the bytes of the patches written, as the step's line says, so that
+    raw / stored is the ratio shown (raw was the whole level: 256 KiB beside a ratio of the
+    part written)."""
+    path = tmp_path / "mr.lam"
+    x = np.add.outer(np.linspace(0, 1, 64), np.linspace(0, 2, 64)).astype("f4")
+    with lamina.open(path, "w") as f:
+        T = f.create_dataset(
+            "T", x.shape, x.dtype, layout=lamina.Multires(patch=16, tolerance=1e-3)
+        )
+        with f.step():
+            T[0:16] = x[0:16]  # a quarter of the patches
+    rc, out, _ = run(["info", path, "T", "--json"], capsys)
+    doc = json.loads(out)
+    levels = doc["layout"]["levels"]
+    assert rc == 0 and levels[0]["raw"] == 16 * 64 * 4 == doc["steps"][0]["raw_nbytes"]
+    for lv in levels:
+        assert lv["raw"] == lv["blocks"] * 4 * (16 >> lv["level"]) ** 2
+        assert lv["ratio"] == pytest.approx(lv["raw"] / lv["stored"])

@@ -247,8 +247,9 @@ def describe(src: Source, spec: DatasetSpec, layout: Layout, step: int) -> dict:
         lspec = cat.level(spec.path, k)
         t = cat.table(lspec.id, step)
         stored = int(t.length.sum())
-        raw = int(np.prod(lspec.shape, dtype=np.int64)) * spec.dtype.itemsize
-        covered = int(rows_prod(t.stop - t.start).sum()) * spec.dtype.itemsize
+        # the bytes of the values its patches hold at this level: the level's whole array
+        # where every patch was written (the ratio is raw / stored, of the same patches)
+        raw = int(rows_prod(t.stop - t.start).sum()) * spec.dtype.itemsize
         levels.append(
             {
                 "level": k,
@@ -256,7 +257,7 @@ def describe(src: Source, spec: DatasetSpec, layout: Layout, step: int) -> dict:
                 "blocks": len(t),
                 "stored": stored,
                 "raw": raw,
-                "ratio": covered / stored if stored else None,
+                "ratio": raw / stored if stored else None,
             }
         )
         for i in range(len(t)):
