@@ -601,6 +601,36 @@ def test_zero_copy_same_array_in_two_steps(path):
     assert [float(x[0, 0]) for x in read_all(path)] == [700.0, 700.0]
 
 
+def test_zero_copy_of_a_view_then_its_base_in_the_next_step(path):
+    """A view lent in one step and its base in the next: the view's step is done while the
+    base is still held read-only, and numpy keeps a view of a read-only base read-only; it
+    thaws with the base (it stayed read-only for good)."""
+    with lamina.open(path, "w", io="async") as f:
+        gate = Gate(f)
+        ds = f.create_dataset("x", (4, 6), "f8")
+        base = values(3)
+        top = base[:2]
+        gate.hold()
+        with f.step():
+            ds.write(top, copy=False)
+        with f.step():
+            ds.write(base, copy=False)
+        gate.open.set()
+        f.wait()
+        assert base.flags.writeable and top.flags.writeable
+        top[0, 0] = 1.0  # the program's again
+        # a view whose base the program itself made read-only stays so, and is not kept
+        own = values(4)
+        view = own[:2]
+        with f.step():
+            ds.write(view, copy=False)
+        own.flags.writeable = False
+        f.wait()
+        assert not view.flags.writeable
+        assert not f.engine.stack()[0]._frozen.pending
+    assert [float(x[0, 0]) for x in read_all(path)] == [300.0, 300.0, 400.0]
+
+
 def test_zero_copy_gives_back_the_flag_the_array_had_at_the_put(path):
     """An array lent with copy=False gets back the flag it had at the put once its step is
     done: the layer cannot tell the program's own read-only setting, made while the step is

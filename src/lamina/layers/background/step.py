@@ -421,6 +421,9 @@ class Frozen:
 
     def __init__(self) -> None:
         self.entries: dict[int, list] = {}  # id(array) -> [array, holders, was writeable]
+        #: views done with whose base another step in flight holds: numpy keeps a view of a
+        #: read-only base read-only, so they thaw with the base
+        self.pending: list[np.ndarray] = []
 
     def freeze(self, step: Step, arr: np.ndarray) -> None:
         entry = self.entries.get(id(arr))
@@ -443,10 +446,23 @@ class Frozen:
                 del self.entries[id(arr)]
                 if entry[2]:
                     thawed.append(arr)
-        make_writeable(thawed)  # (a view after its base, whatever the order they came in)
+        if thawed or self.pending:
+            # (a view after its base, whatever the order they came in)
+            refused = make_writeable(thawed + self.pending)
+            self.pending = [a for a in refused if self._base_held(a)]
         step.frozen.clear()
         step.ops.clear()
         step.nbytes = 0
+
+    def _base_held(self, arr: np.ndarray) -> bool:
+        """Whether an array a step in flight holds is a base of *arr* (else its base was made
+        read-only by the program, and *arr* stays so, as numpy wants)."""
+        b = arr.base
+        while isinstance(b, np.ndarray):
+            if id(b) in self.entries:
+                return True
+            b = b.base
+        return False
 
 
 def check_stats_layout(spec: DatasetSpec) -> None:
