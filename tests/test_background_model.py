@@ -921,3 +921,17 @@ def test_the_model_s_series_packed_for_the_other_ranks_and_bad_bytes():
     for b in bad:
         with pytest.raises(FormatError):
             unpack_series(b, names)
+
+
+def test_ls_says_when_it_shows_the_last_decisions_only():
+    """A writer keeps its last 64 decisions: a longer run is said to have written at least
+    that many steps, and which ones the line counts (it said 'wrote 64 steps' of 80)."""
+    from lamina.cli.files import _decisions_line
+
+    many = [
+        {"step": k, "mode": "async" if k % 8 else "sync", "probe": False} for k in range(16, 80)
+    ]
+    line = _decisions_line(many)
+    assert line.startswith("io='auto' wrote at least 64 steps; of the last 64, steps 16-79: 56")
+    assert _decisions_line(many[:5]).startswith("io='auto' wrote 5 steps: 4 in the background")
+    assert am.DECISIONS_KEPT == 64

@@ -46,6 +46,8 @@ def _io_decisions(f) -> list[dict] | None:
 
 def _decisions_line(decisions: list[dict]) -> str:
     """One line: how io='auto' wrote the steps, and how far its I/O predictions were off."""
+    from lamina.perf.asyncmodel import DECISIONS_KEPT
+
     n_async = sum(1 for d in decisions if d.get("mode") == "async")
     errs = [
         abs(d["t_io"] - d["t_io_measured"]) / d["t_io_measured"]
@@ -57,9 +59,15 @@ def _decisions_line(decisions: list[dict]) -> str:
     err = f"; t_io predicted within {100 * float(np.median(errs)):.0f}% (median)" if errs else ""
     probes = sum(1 for d in decisions if d.get("probe") is True)
     tried = f", {probes} of them the other way to measure it again" if probes else ""
+    n = len(decisions)
+    head = f"io='auto' wrote {plural(n, 'step')}"
+    if n >= DECISIONS_KEPT:  # a writer keeps its last decisions only
+        steps = [d.get("step") for d in decisions]
+        span = f", steps {steps[0]}-{steps[-1]}" if all(isinstance(k, int) for k in steps) else ""
+        head = f"io='auto' wrote at least {n} steps; of the last {n}{span}"
     return (
-        f"io='auto' wrote {plural(len(decisions), 'step')}: {n_async} in the background, "
-        f"{len(decisions) - n_async} synchronously{tried}{err} (each decision: lamina ls --json)"
+        f"{head}: {n_async} in the background, "
+        f"{n - n_async} synchronously{tried}{err} (each decision: lamina ls --json)"
     )
 
 

@@ -150,6 +150,8 @@ _PREDICTION_FIELDS = tuple(f.name for f in fields(Prediction))
 
 #: the extension record where a writer under io='auto' keeps its decisions (rank 0's)
 DECISIONS_KEY = "lamina.io.decisions"
+#: decisions a writer keeps (io_stats, and the file's record): the last ones
+DECISIONS_KEPT = 64
 #: fields of a decision kept in the file, in this order
 DECISION_FIELDS = (
     "step",
@@ -349,6 +351,7 @@ class AsyncModel:
 
 
 __all__ = [
+    "DECISIONS_KEPT",
     "DECISIONS_KEY",
     "AsyncModel",
     "COPY_SERIES",

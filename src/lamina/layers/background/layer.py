@@ -86,6 +86,7 @@ from ...errors import (
 from ...geometry import Box
 from ...perf.asyncmodel import (
     COPY_SERIES,
+    DECISIONS_KEPT,
     DECISIONS_KEY,
     IO_SERIES,
     SUBMIT_SERIES,
@@ -1447,7 +1448,7 @@ class BackgroundLayer(Layer):
             else:
                 self.stats.steps_auto_sync += 1
             self.stats.decisions.append(d)
-            del self.stats.decisions[:-64]
+            del self.stats.decisions[:-DECISIONS_KEPT]
         return bool(agreed)
 
     def _probe(self, background: bool, can: bool) -> bool:
