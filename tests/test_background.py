@@ -373,6 +373,15 @@ def test_below_thread_multiple_writes_synchronously(path, monkeypatch):
         with f.step():
             ds[...] = values(0)
     assert len(read_all(path)) == 1
+    # a reader so opened streams without read-ahead, as its open warned: the program runs on
+    # (iter_steps(prefetch=True) told it to open the file with io='async', which it had)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        r = lamina.open(path, "r", io="async")
+    assert any("read without read-ahead" in str(x.message) for x in w)
+    with r:
+        seen = [float(v["x"][0, 0]) for v in r.iter_steps(prefetch=True, timeout=0.1)]
+        assert seen == [0.0] and r["x"].prefetch(step=0) is False
 
 
 # -- the transaction -----------------------------------------------------------

@@ -365,12 +365,15 @@ class Dataset:
         Returns whether it is being read ahead: False when it would exceed the file's
         ``max_inflight_bytes`` with what is read ahead already (the later read then reads as
         usual), for a multiresolution dataset (read by level, not ahead), and for a step
-        not there yet while its writer (or in situ producer) goes on.  ConfigError on a file
-        without read-ahead (docs/background.md); BoundsError for a box outside the dataset,
+        not there yet while its writer (or in situ producer) goes on, and on a file opened
+        with ``io='async'`` where MPI lacks ``MPI_THREAD_MULTIPLE`` (its open warned).
+        ConfigError on a file opened without read-ahead (docs/background.md); BoundsError for a box outside the dataset,
         as :meth:`read` raises it (nothing is read ahead); StepError for a step the file does
         not have.  It releases no step of an in situ consumer.
         """
         bg = self._file._background()
+        if bg is not None and bg.mode == "r" and bg.without_thread:
+            return False  # opened with io='async' where MPI has no thread support (warned)
         if bg is None or bg.mode != "r" or not bg.asynchronous:
             raise ConfigError(
                 f"{self._what()}: prefetch reads ahead on a background thread: open the file "

@@ -238,7 +238,9 @@ class File(Group):
         start = _step_arg(start, "iter_steps", "start")
         timeout, poll = _wait_args(timeout, poll, "iter_steps")
         bg = self._background() if prefetch else None
-        if prefetch and (bg is None or not bg.asynchronous):
+        # (a file opened with io='async' where MPI has no thread support streams without
+        # read-ahead, as its open warned: the program runs on)
+        if prefetch and (bg is None or not (bg.asynchronous or bg.without_thread)):
             raise ConfigError(
                 "iter_steps(prefetch=True) reads ahead on a background thread: open the file "
                 "with io='async' (or $LAMINA_IO=async)"

@@ -244,6 +244,8 @@ class BackgroundLayer(Layer):
         self._fcomm: Comm | None = None
         self.active = False  # writer: steps are committed in the background
         self._prefetch: Prefetcher | None = None  # reader: reads may be read ahead
+        #: asked for io='async'/'auto', run without the thread (MPI below THREAD_MULTIPLE)
+        self.without_thread = False
         self.budget = DEFAULT_INFLIGHT_BYTES
         self.stats = IOStats()
         self.auto = False  # io='auto': the model picks sync or async per step
@@ -301,6 +303,7 @@ class BackgroundLayer(Layer):
                 LaminaWarning,
                 stacklevel=4,
             )
+            self.without_thread = True  # the program runs on as it is, told once
             return
         self.stats.mode = "async"
         if self.mode == "r":  # readers read as they are, and read ahead when streaming
