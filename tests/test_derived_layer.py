@@ -1399,3 +1399,25 @@ def test_a_quantity_over_a_patch_written_in_part_reads_as_its_query_judges(tmp_p
             with np.errstate(invalid="ignore"):
                 match = np.flatnonzero(got > 0 if ">" in text else got != 1)
             assert sorted(r.coords.ravel().tolist()) == match.tolist(), (text, r.coords)
+
+
+@pytest.mark.parametrize("strategy", ["store", "stats"])
+def test_overlapping_lent_inputs_are_named_as_the_input(tmp_path, strategy):
+    """Blocks of an input written with copy=False that overlap are found when the step is
+    committed, as without derived quantities: the error names the input and the rank (the
+    quantity computed from them first made its own blocks overlap, and the error named the
+    quantity), and the file goes on."""
+    path = tmp_path / "lent.lam"
+    with lamina.open(path, "w") as f:
+        u = f.create_dataset("u", (8, 8), "i4")
+        f.derive("d", "u * 2", strategy=strategy)
+        with pytest.raises(
+            lamina.OverlapError, match=r"dataset 'u', step 0: .*both written by rank 0"
+        ):
+            with f.step():
+                u.write(np.ones((2, 2), "i4"), (0, 0))
+                u.write(np.ones((2, 2), "i4"), (0, 1), copy=False)
+        with f.step():
+            u[...] = 3
+    with lamina.open(path) as f:
+        assert f.steps == 1 and int(f["d"][0, 0]) == 6

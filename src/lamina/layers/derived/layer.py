@@ -55,6 +55,7 @@ from ... import comm as comm_mod
 from ...catalog import CODEC_STATS_ONLY, BlockTable, DatasetSpec, normpath
 from ...derived import evaluate, evaluate_regions, gpu_available, needed_boxes
 from ...engines.batch import elements
+from ...engines.staging import enter_boxes
 from ...errors import (
     CollectiveMismatchError,
     ExistsError,
@@ -107,6 +108,7 @@ class DerivedLayer(Layer):
         self._by_component: dict[str, Definition] = {}
         self._bad: dict[str, str] = {}  # name -> why its record could not be used
         self._held: dict[str, list[tuple[Box, np.ndarray]]] = {}  # path -> blocks of this step
+        self._lent: set[str] = set()  # inputs written with copy=False in this step
         self._watch: set[str] = set()  # primary datasets whose blocks are held until end_step
         self._cache: dict[
             tuple, list[np.ndarray]
@@ -483,6 +485,8 @@ class DerivedLayer(Layer):
             else np.asarray(a, dtype=spec.dtype, order="C")  # (ascontiguousarray makes 0-D 1-D)
         )
         self._held.setdefault(path, []).append((box, a))
+        if not copy:
+            self._lent.add(path)
 
     def end_step(self) -> None:
         todo = self._plan()
@@ -513,6 +517,7 @@ class DerivedLayer(Layer):
                 self._timed.add("write", nbytes, nbytes / puts, put_s + time.perf_counter() - t0)
         finally:
             self._held.clear()
+            self._lent.clear()
 
     def _plan(self) -> list[Definition]:
         """Quantities to compute at this end of step, in an order where inputs come first."""
@@ -534,9 +539,26 @@ class DerivedLayer(Layer):
                 visit(d)
         return want
 
+    def _check_lent(self, todo: list[Definition]) -> None:
+        """OverlapError for overlapping blocks of an input written with ``copy=False`` in this
+        step, as the engine raises it at the commit: computed first, they made the quantity's
+        blocks overlap, and the error named the quantity instead of the input."""
+        inputs = set().union(*(d.inputs for d in todo))
+        for p in sorted(self._lent & inputs):
+            held = self._held.get(p, [])
+            if len(held) > 1:
+                enter_boxes(
+                    {},
+                    self.catalog.datasets[p],
+                    np.array([b.start for b, _ in held], dtype=np.int64),
+                    np.array([b.stop for b, _ in held], dtype=np.int64),
+                    len(self.catalog.steps),
+                    lent_by=self.comm.rank,
+                )
+
     def _compute_step(self, todo: list[Definition]) -> None:
         """Collective: compute every quantity of *todo* over the anchor boxes each rank wrote."""
-        for d in todo:
+        for first, d in enumerate(todo):
             t0, put0 = time.perf_counter(), self._step_put_s
             mine = [b for b, _ in self._held.get(d.anchor, [])]
             regions = halo.regions(mine, pointwise=d.expr.halo == 0)
@@ -547,6 +569,8 @@ class DerivedLayer(Layer):
             reqs: dict[tuple[int, int], Box] = {}  # (region, input index) -> needed box
             local_ok = 1
             with g:
+                if first == 0:  # (in this agreement: no collective call of its own)
+                    self._check_lent(todo)
                 for j, (region, _) in enumerate(regions):
                     need = needed_boxes(d.expr, region, d.shape)
                     for i, p in enumerate(inputs):
