@@ -603,27 +603,67 @@ def _units(
 
 
 def subtract(box: Box, holes: Iterable[Box]) -> list[Box]:
-    """Disjoint boxes covering the part of *box* outside every hole."""
-    pieces = [box]
-    for h in holes:
-        nxt = []
-        for p in pieces:
-            i = p.intersect(h)
-            if i is None:
-                nxt.append(p)
-                continue
-            start, stop = list(p.start), list(p.stop)
-            for d in range(p.ndim):
-                if start[d] < i.start[d]:
-                    hi = list(stop)
-                    hi[d] = i.start[d]
-                    nxt.append(Box(tuple(start), tuple(hi)))
-                if i.stop[d] < stop[d]:
-                    lo = list(start)
-                    lo[d] = i.stop[d]
-                    nxt.append(Box(tuple(lo), tuple(stop)))
-                start[d], stop[d] = i.start[d], i.stop[d]
-        pieces = nxt
-        if not pieces:
-            break
-    return pieces
+    """Disjoint boxes covering the part of *box* outside every hole (holes may overlap).
+
+    The box is cut in two at a median hole boundary, again and again, until each part
+    meets at most one hole, which leaves at most two slabs a dimension: about
+    ``n log n`` work for *n* holes.  (Each hole taken from every piece left so far cost
+    a scan of all the pieces a hole: a query over 8,000 blocks with holes between them
+    took 82 s.)
+    """
+    lo0 = np.asarray(box.start, dtype=np.int64)
+    hi0 = np.asarray(box.stop, dtype=np.int64)
+    hs = [h for h in holes]
+    if box.empty:
+        return []
+    if not hs:
+        return [box]
+    s = np.maximum(np.array([h.start for h in hs], dtype=np.int64).reshape(len(hs), -1), lo0)
+    e = np.minimum(np.array([h.stop for h in hs], dtype=np.int64).reshape(len(hs), -1), hi0)
+    keep = (s < e).all(axis=1)
+    out: list[Box] = []
+    _cut_out(lo0, hi0, s[keep], e[keep], out)
+    return out
+
+
+def _cut_out(lo: np.ndarray, hi: np.ndarray, s: np.ndarray, e: np.ndarray, out: list[Box]) -> None:
+    """:func:`subtract` of the holes ``[s, e)`` (clipped to the box, non-empty) from the box
+    ``[lo, hi)``, into *out*."""
+    n = len(s)
+    if n == 0:
+        out.append(Box(tuple(lo.tolist()), tuple(hi.tolist())))
+        return
+    if n == 1:  # the box less one hole: slabs before and after it, a dimension at a time
+        start, stop = lo.tolist(), hi.tolist()
+        a, b = s[0].tolist(), e[0].tolist()
+        for d in range(len(start)):
+            if start[d] < a[d]:
+                top = list(stop)
+                top[d] = a[d]
+                out.append(Box(tuple(start), tuple(top)))
+            if b[d] < stop[d]:
+                bottom = list(start)
+                bottom[d] = b[d]
+                out.append(Box(tuple(bottom), tuple(stop)))
+            start[d], stop[d] = a[d], b[d]
+        return
+    # the dimension with the most hole boundaries strictly inside the box, cut at their median
+    best, at = -1, 0
+    for d in range(len(lo)):
+        edges = np.concatenate((s[:, d], e[:, d]))
+        inside = np.unique(edges[(edges > lo[d]) & (edges < hi[d])])
+        if len(inside) > best:
+            best, at = len(inside), d
+            cut = int(inside[len(inside) // 2]) if len(inside) else 0
+    if best <= 0:
+        return  # every hole spans the whole box (a 0-D box too): nothing of it is left
+    left = s[:, at] < cut
+    right = e[:, at] > cut
+    hi_l, lo_r = hi.copy(), lo.copy()
+    hi_l[at] = lo_r[at] = cut
+    e_l = e[left].copy()
+    e_l[:, at] = np.minimum(e_l[:, at], cut)
+    s_r = s[right].copy()
+    s_r[:, at] = np.maximum(s_r[:, at], cut)
+    _cut_out(lo, hi_l, s[left], e_l, out)
+    _cut_out(lo_r, hi, s_r, e[right], out)
