@@ -670,7 +670,9 @@ BAD = [
         "writes",
         "written by tasks 'sim' and 'ana'",
     ),
-    (_set("tasks", 1, "writes", ["*.lam"]), "'ana' (tasks[1])", "writes", "patterns overlap"),
+    (_set("tasks", 1, "writes", ["*.lam"]), "'ana' (tasks[1])", "writes", "can match both"),
+    # one name spelled with a directory: routing matches the last component, 'sim.lam' first
+    (_set("tasks", 1, "writes", ["run/sim.lam"]), "'ana' (tasks[1])", "writes", "can match both"),
     (
         _set("tasks", 0, "reads", ["sim.lam"]),
         "'sim' (tasks[0])",

@@ -269,6 +269,30 @@ def test_a_plain_read_takes_the_agreed_latest_step_and_releases_nothing(tmp_path
 # ----------------------------------------------------------------- in process
 
 
+def test_names_two_patterns_share_and_names_that_are_their_own_entry():
+    """Two written patterns clash where one name matches both (neither need match the other:
+    'a*' and '*b.lam' share 'ab.lam'), checked against every name of up to six characters;
+    an entry equal to a name with glob characters routes it ('out[1].lam' went by file)."""
+    import fnmatch
+    import itertools
+    import random
+
+    from lamina.workflow.routes import globs_meet, routes_meet
+
+    assert routes_meet("a*", "*b.lam") and routes_meet("out.lam", "run/out.lam")
+    assert not routes_meet("step_*.lam", "grid_*.lam") and not routes_meet("*.lam", "*.h5")
+    rnd = random.Random(3)
+    atoms = ["a", "b", "?", "*", "[ab]", "[!a]", "[a]"]
+    names = ["".join(t) for n in range(7) for t in itertools.product("abc", repeat=n)]
+    for _ in range(1500):
+        x = "".join(rnd.choice(atoms) for _ in range(rnd.randint(0, 4)))
+        y = "".join(rnd.choice(atoms) for _ in range(rnd.randint(0, 4)))
+        want = any(fnmatch.fnmatchcase(s, x) and fnmatch.fnmatchcase(s, y) for s in names)
+        assert globs_meet(x, y) == want, (x, y)
+    wf = Workflow.parse("out[1].lam=0>1")
+    assert wf.route("out[1].lam") == Route(0, (1,)) and wf.route("run/out[1].lam") == Route(0, (1,))
+
+
 def test_workflow_parse_and_route():
     wf = Workflow.parse("sim*.lam=0>2,1; out/ana.lam = 1>2\n")
     assert wf.route("sim3.lam") == Route(0, (1, 2))

@@ -544,14 +544,17 @@ def _check_names(tasks: list[Task], fail) -> None:
     writers = [(i, w.name) for i, t in enumerate(tasks) for w in t.writes]
     for a, (i, x) in enumerate(writers):
         for j, y in writers[a + 1 :]:
-            if x == y or fnmatch.fnmatchcase(x, y) or fnmatch.fnmatchcase(y, x):
+            if wfmod.routes_meet(x, y):
                 who = (
                     f"tasks {_show(tasks[i].name)} and {_show(tasks[j].name)}"
                     if i != j
                     else "this task twice"
                 )
                 what = (
-                    f"{_show(x)}" if x == y else f"{_show(x)} and {_show(y)} (the patterns overlap)"
+                    f"{_show(x)}"
+                    if x == y
+                    else f"{_show(x)} and {_show(y)} (a name can match both, as a whole or by "
+                    "its last component)"
                 )
                 fail(
                     f"{what} written by {who}: each name has one producer",

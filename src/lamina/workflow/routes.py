@@ -201,7 +201,8 @@ class Workflow:
         name = normname(name)
         base = os.path.basename(name)
         for i, (pattern, _) in enumerate(self.entries):
-            if fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(base, pattern):
+            # (a name such as 'out[1].lam' is itself: as a pattern '[1]' is a class of one)
+            if pattern in (name, base) or matches(name, pattern) or matches(base, pattern):
                 return i
         return None
 
@@ -213,6 +214,84 @@ class Workflow:
         """The flow policy the workflow gives *consumer* for *name* (None: not said)."""
         i = self._match(name)
         return None if i is None else self.flows[i].get(consumer)
+
+
+def matches(name: str, pattern: str) -> bool:
+    """Whether *name* matches the glob *pattern* (``fnmatch``, case-sensitive)."""
+    return fnmatch.fnmatchcase(name, pattern)
+
+
+def _glob_atoms(pattern: str) -> list[str]:
+    """*pattern* as its one-character parts: ``*``, ``?``, a class ``[...]``, or a character."""
+    atoms, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "[":
+            j = i + 1
+            if j < len(pattern) and pattern[j] in "!^":
+                j += 1
+            if j < len(pattern) and pattern[j] == "]":
+                j += 1
+            while j < len(pattern) and pattern[j] != "]":
+                j += 1
+            if j < len(pattern):  # a class; an unclosed '[' is the character itself
+                atoms.append(pattern[i : j + 1])
+                i = j + 1
+                continue
+        atoms.append(c)
+        i += 1
+    return atoms
+
+
+#: characters tried where two character classes might share one (beside those they name)
+_PROBES = "a0_.-x"
+
+
+def _share_char(a: str, b: str) -> bool:
+    """Whether the one-character patterns *a* and *b* (``?``, a class or a character) accept
+    a common character (classes: tried on the characters either names, and a few others)."""
+    if a == "?" or b == "?":
+        return True
+    tries = set(_PROBES) | {c for c in a + b if c not in "[]!^-"}
+    return any(matches(c, a) and matches(c, b) for c in tries)
+
+
+def globs_meet(x: str, y: str) -> bool:
+    """Whether some name matches both glob patterns *x* and *y* (a search over pairs of
+    positions in the two: ``*`` may match nothing or go on by a character)."""
+    p, q = _glob_atoms(x), _glob_atoms(y)
+    seen: set[tuple[int, int]] = set()
+    todo = [(0, 0)]
+    while todo:
+        i, j = todo.pop()
+        if (i, j) in seen:
+            continue
+        seen.add((i, j))
+        if i == len(p) and j == len(q):
+            return True
+        a = p[i] if i < len(p) else None
+        b = q[j] if j < len(q) else None
+        if a == "*":
+            todo.append((i + 1, j))  # matches nothing more
+        if b == "*":
+            todo.append((i, j + 1))
+        if a is not None and b is not None:  # one character both take
+            if a == "*" and b == "*":
+                todo.append((i, j + 1))
+            elif a == "*":
+                todo.append((i, j + 1))  # the star takes b's character
+            elif b == "*":
+                todo.append((i + 1, j))
+            elif _share_char(a, b):
+                todo.append((i + 1, j + 1))
+    return False
+
+
+def routes_meet(x: str, y: str) -> bool:
+    """Whether names written as *x* and as *y* (names or patterns) can be one name as routing
+    sees them: the whole name, or its last component, matching each (:meth:`Workflow._match`)."""
+    bx, by = x.rsplit("/", 1)[-1], y.rsplit("/", 1)[-1]
+    return x == y or globs_meet(x, y) or globs_meet(x, by) or globs_meet(bx, y)
 
 
 def options_for(name: str, mode: str, app: int, wf: Workflow | None) -> dict:
