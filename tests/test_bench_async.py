@@ -232,3 +232,13 @@ def test_hand_written_writer_raises_its_threads_error(tmp_path, monkeypatch):
     w = _hand_worker(tmp_path, 6)
     with pytest.raises(OSError, match="No space left"):
         w.hand_write(0.0)
+
+
+@pytest.mark.parametrize("compute", ["nan", "inf", "1e300", "-1", "x"])
+def test_bench_async_refuses_compute_factors_no_run_can_make(compute, capsys):
+    """nan gave numpy's ValueError, inf and 1e300 an OverflowError from time.sleep and an
+    MPI_Abort: one line naming --compute, exit 2, before any launch."""
+    with pytest.raises(SystemExit) as ei:
+        background.main(["--ranks", "1", "--mib", "1", "--compute", compute])
+    assert ei.value.code == 2
+    assert "--compute: expected" in capsys.readouterr().err

@@ -211,6 +211,45 @@ def test_blocks_catches_a_read_of_another_step(tmp_path, monkeypatch):
     ]
 
 
+def test_blocks_reads_back_what_write_blocks_wrote(tmp_path, monkeypatch):
+    """lamina-batch has a write phase only: its file is read back once, untimed, after it is
+    written (a write_blocks that stored zeros was reported with a time and no failure)."""
+    import lamina
+    from lamina import comm as lcomm
+    from lamina.bench import blocks
+    from lamina.bench.harness import Ctx
+
+    c = blocks.Case.make(4, 8, 2, rank=0, size=1, seed=1)
+    fams = [blocks.BATCH]
+    ctx = Ctx(
+        lcomm.world(),
+        0,
+        1,
+        c.data,
+        c.box,
+        c.gshape,
+        str(tmp_path),
+        False,
+        False,
+        1,
+        0,
+        [1],
+        fams,
+        1,
+    )
+    failed = failures(ctx)
+    ctx.measure(blocks.phase_methods(ctx, c, "write", fams))
+    assert failed == []
+    real = lamina.Dataset.write_blocks
+
+    def zeros(self, arrays, starts, copy=True):
+        return real(self, np.zeros_like(np.asarray(arrays)), starts, copy=True)
+
+    monkeypatch.setattr(lamina.Dataset, "write_blocks", zeros)
+    ctx.measure(blocks.phase_methods(ctx, c, "write", fams))
+    assert failed and failed[0] == "lamina-batch read-all: a step's data differs from that step's"
+
+
 # ------------------------------------------------------------------ steps
 def test_steps_catches_a_read_of_another_step(tmp_path, monkeypatch, capsys):
     from lamina.bench import steps

@@ -31,5 +31,7 @@ def test_bench_steps_refuses_nonsense(capsys):
     assert steps.main(["--datasets", "0"]) == 2
     assert "need --datasets" in capsys.readouterr().err
     assert steps.main(["--datasets", "x"]) == 2
+    assert steps.main(["--seed", "-1"]) == 2  # (numpy's ValueError, a traceback)
+    assert "--seed >= 0" in capsys.readouterr().err
     assert steps.main(["--methods", "lamina,hdf6"]) == 2
     assert "unknown method" in capsys.readouterr().err

@@ -145,6 +145,10 @@ def test_table_puts_the_models_side_by_side(tmp_path):
     assert "this run" in rows[1] and "0 of 1" in rows[1]
     assert "1970-01-01 00:00 UTC" in rows[2] and "1 of 2" in rows[2]
     assert "[3] background I/O (io='auto')" in text and "lamina bench async --ranks 1,2" in text
+    # a command recorded with control characters (a hostile file) is shown escaped
+    odd = _check("async", [(1.0, 1.0)], "lamina bench async\x1b[2J\r\nfake row")
+    text = checks.table({"async": odd})
+    assert "\x1b" not in text and "\\x1b[2J\\r\\nfake row" in text
 
 
 def test_add_to_report_records_this_runs_checks(tmp_path):

@@ -1091,8 +1091,12 @@ def main(argv: list[str]) -> int:
             raise ValueError(
                 f"--compute: expected comma-separated numbers, got {ns.compute!r}"
             ) from None
-        if not compute or any(c < 0 for c in compute):
-            raise ValueError(f"--compute: expected non-negative numbers, got {ns.compute!r}")
+        # (multiples of an I/O time: 1e300 of them is no sleep a run can make)
+        if not compute or not all(0 <= c <= 1e6 for c in compute):
+            raise ValueError(
+                f"--compute: expected numbers from 0 to 1e6 (multiples of the I/O time), "
+                f"got {ns.compute!r}"
+            )
         if ns.steps < 1 or ns.repeat < 1:
             raise ValueError("--steps and --repeat must be at least 1")
     except ValueError as e:

@@ -358,10 +358,11 @@ def main(argv: list[str]) -> int:
         or ns.steps < 1
         or ns.warmup < 0
         or ns.repeat < 1
+        or ns.seed < 0
     ):
         print(
             "lamina bench steps: need --datasets of integers >= 1, --elements >= 1, "
-            "--steps >= 1, --warmup >= 0, --repeat >= 1",
+            "--steps >= 1, --warmup >= 0, --repeat >= 1, --seed >= 0",
             file=sys.stderr,
         )
         return 2

@@ -221,7 +221,9 @@ def table(checks: dict[str, Check], this_run: tuple[str, ...] = ()) -> str:
                 "-" if lo_hi is None else f"{lo_hi[0]:.2f}-{lo_hi[1]:.2f}",
             ]
         )
-        notes.append(f"[{k}] {MODELS[model]}; {c.command}")
+        # (the command as recorded: its control characters escaped, never sent to a terminal)
+        command = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(c.command))
+        notes.append(f"[{k}] {MODELS[model]}; {command}")
     if not rows:
         return "model errors: no model checked on this host yet (lamina bench strategies, lamina bench async)"
     head = [
