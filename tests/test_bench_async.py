@@ -217,6 +217,27 @@ def test_hand_written_writer_writes_every_step(tmp_path):
     assert np.array_equal(data, want)
 
 
+def test_the_baselines_files_are_read_back(tmp_path):
+    """The hand-written thread's file (and ADIOS2's, the same way) is read back after its
+    write, as lamina's are: a file that lost a step's data fails the check (their times were
+    reported unread)."""
+    import numpy as np
+
+    w = _hand_worker(tmp_path, 3)
+    w.n = 1024
+    w.box = background.Box((0,), (1024,))
+    w.ctx.all_true = bool
+    r = w.hand_write(0.0)
+    assert w.check_baseline(background.HAND, r["path"])
+    data = np.fromfile(r["path"], dtype=np.float32)
+    data[8 * 1024 + 5] = -1.0  # one value of step 1
+    data.tofile(r["path"])
+    assert not w.check_baseline(background.HAND, r["path"])
+    with open(r["path"], "r+b") as fh:  # a step short
+        fh.truncate(2 * 8 * 1024 * 4)
+    assert not w.check_baseline(background.HAND, r["path"])
+
+
 def test_hand_written_writer_raises_its_threads_error(tmp_path, monkeypatch):
     """A failed write on the thread is raised at the program's next step: never a hang."""
     real = os.pwrite

@@ -61,8 +61,9 @@ handed over without a copy.
 
 The data differ by step: the compute phase of step k starts with setting
 the first value of each property to a value of that step's own.  Checks,
-untimed: the file of each lamina write method (sync, async, async 2 in
-flight, auto) is read back once per compute factor, every step whole;
+untimed: the file of each write method (lamina's sync, async, async 2 in
+flight and auto, and the baselines' raw and BP5 files) is read back once
+per compute factor, every step whole;
 every read run compares every step's first values, the last step's
 properties whole, and the number of steps read with the steps written.
 A failed check is reported (``DATA CHECK FAILED``) and the exit status is 1.
@@ -193,6 +194,32 @@ class Worker:
                 got = [view[p].read(self.box) for p in PROPS]
                 ok = ok and self.same(got, n, whole=True)
                 n += 1
+        return self.ctx.all_true(ok and n == self.ns.steps)
+
+    def check_baseline(self, method: str, path: str) -> bool:
+        """Collective, untimed: the file of baseline *method* (this rank's own) holds every
+        step this rank wrote, whole, as :meth:`check_file` reads lamina's."""
+        ok, n = True, 0
+        try:
+            if method == HAND:  # the 8 properties back to back, step after step
+                raw = np.fromfile(path, dtype=np.float32)
+                steps = raw.reshape(-1, len(PROPS), self.n) if raw.size else raw
+                for k, got in enumerate(steps):
+                    ok = ok and self.same(list(got), k, whole=True)
+                n = len(steps)
+            else:
+                with common.adios2_reader(path) as r:
+                    for k in range(self.ns.steps):
+                        got = []
+                        for p in PROPS:
+                            var = r.inquire_variable(p)
+                            var.set_selection([list(self.box.start), [self.n]])
+                            var.set_step_selection([k, 1])
+                            got.append(np.asarray(r.read(var)).reshape(-1))
+                        ok = ok and self.same(got, k, whole=True)
+                        n += 1
+        except Exception:  # noqa: BLE001 - a file that does not read back is a failed check
+            ok = False
         return self.ctx.all_true(ok and n == self.ns.steps)
 
     def same(self, got: list[np.ndarray], step: int, whole: bool) -> bool:
@@ -525,9 +552,16 @@ class Worker:
                     ctx.barrier()
                     run = self.write(m, tc)
                     runs[m].append(self.reduce_write(run))
-                    # lamina's file read back, once per configuration (untimed)
-                    if rep == 0 and m in LAMINA_WRITES and not self.check_file(run["path"]):
-                        bad.append(f"write {m}")
+                    # every file read back, once per configuration (untimed): lamina's, and
+                    # the baselines', whose times are reported beside it
+                    if rep == 0:
+                        right = (
+                            self.check_file(run["path"])
+                            if m in LAMINA_WRITES
+                            else self.check_baseline(m, run["path"])
+                        )
+                        if not right:
+                            bad.append(f"write {m}")
                     self.clean()
                     ctx.progress(f"write c={c:g} {m} ({rep + 1}/{ns.repeat})")
             for m in methods:
