@@ -613,7 +613,7 @@ def subtract(box: Box, holes: Iterable[Box]) -> list[Box]:
     """
     lo0 = np.asarray(box.start, dtype=np.int64)
     hi0 = np.asarray(box.stop, dtype=np.int64)
-    hs = [h for h in holes]
+    hs = list(holes)
     if box.empty:
         return []
     if not hs:
