@@ -42,20 +42,27 @@ TIMEOUT_VARIABLE = "LAMINA_TRANSPORT_TIMEOUT"
 DEFAULT_PATIENCE = 60.0
 
 
-def transport_patience() -> float:
-    """``$LAMINA_TRANSPORT_TIMEOUT`` (seconds > 0), else :data:`DEFAULT_PATIENCE` where it is
-    unset or empty; ValueError naming the variable for anything else (the in situ transport
-    takes its timeout from here too, so that both refuse the same values)."""
-    given = os.environ.get(TIMEOUT_VARIABLE)
+def env_seconds(variable: str, default: float, zero: bool = False, finite: bool = False) -> float:
+    """``$variable`` as seconds (> 0, or >= 0 with *zero*; below infinity with *finite*), else
+    *default* where it is unset or empty; ValueError naming the variable for anything else."""
+    given = os.environ.get(variable)
     if not given:
-        return DEFAULT_PATIENCE
+        return default
     try:
         seconds = float(given)
     except ValueError:
         seconds = math.nan
-    if not seconds > 0:
-        raise ValueError(f"${TIMEOUT_VARIABLE} must be a number of seconds > 0, got {given!r}")
+    if not ((seconds >= 0 if zero else seconds > 0) and (seconds < math.inf or not finite)):
+        least = ">= 0" if zero else "> 0"
+        raise ValueError(f"${variable} must be a number of seconds {least}, got {given!r}")
     return seconds
+
+
+def transport_patience() -> float:
+    """``$LAMINA_TRANSPORT_TIMEOUT`` (seconds > 0), else :data:`DEFAULT_PATIENCE` where it is
+    unset or empty; ValueError naming the variable for anything else (the in situ transport
+    takes its timeout from here too, so that both refuse the same values)."""
+    return env_seconds(TIMEOUT_VARIABLE, DEFAULT_PATIENCE)
 
 
 def in_workflow() -> bool:
@@ -1014,6 +1021,7 @@ __all__ = [
     "THREAD_MULTIPLE",
     "thread_level",
     "thread_level_name",
+    "env_seconds",
     "transport_patience",
     "world",
     "who_made",

@@ -117,17 +117,8 @@ def spin_seconds() -> float:
     anything else.  Read where the transport opens a name, before any message (read at
     import before, a value such as '2ms' stopped ``import lamina`` in every program)."""
     global _spin
-    given = os.environ.get(SPIN_VARIABLE)
-    seconds = SPIN
-    if given:
-        try:
-            seconds = float(given)
-        except ValueError:
-            seconds = math.nan
-        if not 0 <= seconds < math.inf:
-            raise ValueError(f"${SPIN_VARIABLE} must be a number of seconds >= 0, got {given!r}")
-    _spin = seconds
-    return seconds
+    _spin = comm_mod.env_seconds(SPIN_VARIABLE, SPIN, zero=True, finite=True)
+    return _spin
 
 
 #: longest sleep between polls when idle
