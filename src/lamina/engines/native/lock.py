@@ -50,6 +50,11 @@ def _who() -> str:
     )
 
 
+def _info() -> bytes:
+    """What a holder writes into its lock file: who it is (:func:`_who`), a line."""
+    return (_who() + "\n").encode()
+
+
 def _read_info(fd: int) -> str:
     """Who holds the lock, as its holder wrote it ('' if nobody wrote anything: a free lock file)."""
     try:
@@ -132,31 +137,25 @@ class WriterLock:
         fd = os.open(
             mine, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
         )
+        linked = False
         try:
-            os.pwrite(fd, (_who() + "\n").encode(), 0)
+            os.pwrite(fd, _info(), 0)
             try:
                 os.link(mine, self.name)
+                linked = True
             except FileExistsError:
-                os.close(fd)
                 return -1
             except OSError as e:
                 if e.errno not in _NO_LINKS:
                     raise
-                os.close(fd)
-                return self._create_excl()
-        except BaseException:
-            if fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-            raise
         finally:
+            if not linked:
+                os.close(fd)
             try:
                 os.unlink(mine)  # (the lock's name keeps the file)
             except OSError:
                 pass
-        return fd
+        return fd if linked else self._create_excl()
 
     def _create_excl(self) -> int:
         """:meth:`_create_whole` where the file system has no hard links: ``O_EXCL``, then
@@ -169,7 +168,7 @@ class WriterLock:
             )
         except FileExistsError:
             return -1
-        os.pwrite(fd, (_who() + "\n").encode(), 0)
+        os.pwrite(fd, _info(), 0)
         return fd
 
     def _take_over(self) -> None:
@@ -207,9 +206,8 @@ class WriterLock:
         os.unlink(aside)
 
     def _write_info(self) -> None:
-        info = (_who() + "\n").encode()
         os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, info, 0)
+        os.pwrite(self.fd, _info(), 0)
 
     def release(self) -> None:
         if self.fd < 0:
