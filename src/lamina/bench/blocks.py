@@ -457,6 +457,23 @@ def _remove_outputs(ctx: Ctx, families: list[str]) -> None:
     ctx.barrier()
 
 
+def _read_all_check(ctx: Ctx, c: Case, fam: str):
+    """The check of a read of everything *fam* wrote: every step's own, the last step whole."""
+    want = c.region_at(c.steps - 1)
+    marks = [c.stamps(s) for s in range(c.steps)]
+
+    def check(out, rep) -> None:
+        region, seen = out
+        ctx.check(
+            len(seen) == len(marks)
+            and all(np.array_equal(a, b) for a, b in zip(seen, marks, strict=True)),
+            f"{fam} read-all: a step's data differs from that step's",
+        )
+        ctx.check(np.array_equal(region, want), f"{fam} read-all: data differs")
+
+    return check
+
+
 def phase_methods(ctx: Ctx, c: Case, phase: str, families: list[str]) -> list[Method]:
     i = PHASES.index(phase)
     ms = []
@@ -466,28 +483,18 @@ def phase_methods(ctx: Ctx, c: Case, phase: str, families: list[str]) -> list[Me
             continue
         run = functools.partial(fn, ctx, c)
         prepare = after = None
-        want = c.region_at(c.steps - 1)
-        marks = [c.stamps(s) for s in range(c.steps)]
-
-        def read_all_right(out, rep, fam=fam, want=want, marks=marks):
-            region, seen = out
-            ctx.check(
-                len(seen) == len(marks)
-                and all(np.array_equal(a, b) for a, b in zip(seen, marks, strict=True)),
-                f"{fam} read-all: a step's data differs from that step's",
-            )
-            ctx.check(np.array_equal(region, want), f"{fam} read-all: data differs")
-
         if phase == "write":
             prepare = functools.partial(_remove_outputs, ctx, [fam])
             if RUNS[fam][PHASES.index("read-all")] is None:
                 # a family of the write phase only (write_blocks): its file read back once,
                 # untimed, as lamina's reads read lamina's (its times were reported unread)
-                def after(out, rep, fam=fam, check=read_all_right):
+                check = _read_all_check(ctx, c, fam)
+
+                def after(out, rep, fam=fam, check=check):
                     check(lamina_read_all(ctx, c, fam), rep)
 
         elif phase == "read-all":
-            after = read_all_right
+            after = _read_all_check(ctx, c, fam)
 
         elif phase == "read-one":
             block = c.block_at(c.one, c.step)
