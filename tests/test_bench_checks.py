@@ -56,6 +56,46 @@ def test_timeout_must_be_positive(argv, capsys):
 @pytest.mark.parametrize(
     "argv,message",
     [
+        (
+            ["write", "--size", "2GiB", "--ranks", "1"],
+            "--size 2GiB on 1 ranks needs at least 2 GiB",
+        ),
+        (
+            ["read", "--size", "1GiB", "--ranks", "1,2"],
+            "--size 1GiB on 2 ranks needs at least 2 GiB",
+        ),
+        (["insitu", "--size", "2GiB"], "--size 2GiB needs at least 2 GiB"),
+        (["stats", "--mib", "1024"], "--mib 1024 needs at least 2 GiB"),
+        (["derived", "--mib", "2048"], "--mib 2048 needs at least 2 GiB"),
+        (["strategies", "--size", "2GiB"], "--size 2GiB needs at least 2 GiB"),
+        (
+            ["async", "--mib", "1024", "--ranks", "1,2"],
+            "--mib 1024 on 2 ranks needs at least 2 GiB",
+        ),
+        (["steps", "--elements", "268435456", "--datasets", "1"], "needs at least 2 GiB"),
+        (["catalog", "--blocks", "100000000"], "--blocks 100000000 needs at least"),
+    ],
+)
+def test_sizes_past_the_machines_memory_are_refused(argv, message, monkeypatch, capsys):
+    """Refused at the command line (exit 2), before any job starts: not killed by the kernel,
+    not a numpy traceback or an MPI_Abort of every rank after the files were made."""
+    from lamina.bench import common
+
+    monkeypatch.setattr(common, "memory_bytes", lambda: 1 << 30)
+    assert bench(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "this machine has 1 GiB" in err, err
+
+
+@pytest.mark.parametrize("sub", ["write", "read", "insitu"])
+def test_negative_warmup_is_refused(sub, capsys):
+    assert bench([sub, "--warmup", "-1"]) == 2
+    assert "--warmup must be at least 0, got -1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
         (["--repeat", "0"], "--repeat must be at least 1"),
         (["--rel", "-1"], "--rel: expected a number >= 0"),
         (["--rel", "nan"], "--rel: expected a number >= 0"),

@@ -1133,6 +1133,8 @@ def main(argv: list[str]) -> int:
             )
         if ns.steps < 1 or ns.repeat < 1:
             raise ValueError("--steps and --repeat must be at least 1")
+        for mib in mibs:  # every rank's arrays at once, on this machine
+            common.check_memory(mib * common.MiB * max(ranks), f"--mib {mib} on {max(ranks)} ranks")
     except ValueError as e:
         p.error(str(e))
     per_run = len(WRITES) + len(READS)

@@ -281,6 +281,11 @@ def main(argv: list[str]) -> int:
             "lamina bench catalog: need --steps >= 1, --blocks >= 2, --repeat >= 1", file=sys.stderr
         )
         return 2
+    try:  # the statistics of a step's blocks, made as float64
+        common.check_memory(ns.blocks * 8 * ROW, f"--blocks {ns.blocks}")
+    except ValueError as e:
+        print(f"lamina bench catalog: {e}", file=sys.stderr)
+        return 2
     try:
         o = run(ns)
     except common.DataCheckError as e:

@@ -152,15 +152,36 @@ def proc_io() -> dict[str, int]:
     return out
 
 
-def machine() -> dict:
-    info: dict = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "numpy": np.__version__}
+def memory_bytes() -> int | None:
+    """This machine's memory (``MemTotal``), None where /proc/meminfo cannot tell."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemTotal:"):
-                    info["mem_gib"] = round(int(line.split()[1]) * KiB / GiB, 1)
-    except OSError:
+                    return int(line.split()[1]) * KiB
+    except (OSError, ValueError, IndexError):
         pass
+    return None
+
+
+def check_memory(need: int, what: str) -> None:
+    """ValueError when *what* needs *need* bytes at once, more than this machine has: a
+    benchmark refused at its command line, not killed by the kernel, a traceback or an
+    MPI_Abort of every job after the files were made.  *need* is a lower bound (the data
+    the benchmark makes before it times anything); a run under it may still run short."""
+    total = memory_bytes()
+    if total is not None and need > total:
+        raise ValueError(
+            f"{what} needs at least {text.fmt_bytes(need)} of memory at once; "
+            f"this machine has {text.fmt_bytes(total)}"
+        )
+
+
+def machine() -> dict:
+    info: dict = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "numpy": np.__version__}
+    total = memory_bytes()
+    if total is not None:
+        info["mem_gib"] = round(total / GiB, 1)
     return info
 
 
@@ -407,16 +428,19 @@ def common_options(ns) -> CommonOptions:
         raise ValueError(f"--methods: unknown {bad}; choose from {', '.join(FAMILIES)}")
     if "lamina" not in methods:
         methods.append("lamina")
+    if ns.warmup < 0:
+        raise ValueError(f"--warmup must be at least 0, got {ns.warmup}")
     size = parse_size(ns.size)
+    check_memory(size * max(ranks), f"--size {ns.size} on {max(ranks)} ranks")
     timeout = ns.timeout
     if timeout is None:
         # generous: ~20 s per GiB touched per method and repetition, plus start-up
-        timeout = 120 + 20 * size / GiB * max(ranks) * (ns.repeat + max(0, ns.warmup) + 2) * 12
+        timeout = 120 + 20 * size / GiB * max(ranks) * (ns.repeat + ns.warmup + 2) * 12
     return CommonOptions(
         size=size,
         ranks=ranks,
         repeat=ns.repeat,
-        warmup=max(0, ns.warmup),
+        warmup=ns.warmup,
         aggregators=parse_aggregators(ns.aggregators),
         dir=ns.dir,
         keep=ns.keep,

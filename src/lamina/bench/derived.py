@@ -425,6 +425,10 @@ def main(argv: list[str]) -> int:
         p.error("--repeat must be at least 1")
     if ns.chunk is not None and ns.chunk < 1:
         p.error("--chunk must be at least 1")
+    try:
+        common.check_memory(ns.mib << 20, f"--mib {ns.mib}")
+    except ValueError as e:
+        p.error(str(e))
     kernels = [k.strip() for k in ns.kernels.split(",") if k.strip()]
     bad = [k for k in kernels if k not in KERNELS]
     if bad or not kernels:

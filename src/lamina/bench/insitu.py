@@ -578,6 +578,12 @@ def main(argv: list[str]) -> int:
         p.error("--ranks: every job needs at least 2 ranks (a producer and a consumer)")
     if ns.steps < 1 or ns.repeat < 1:
         p.error("--steps and --repeat must be at least 1")
+    if ns.warmup < 0:
+        p.error(f"--warmup must be at least 0, got {ns.warmup}")
+    try:
+        common.check_memory(size, f"--size {ns.size}")
+    except ValueError as e:
+        p.error(str(e))
     if not methods:
         p.error("--methods: give at least one")
     timeout = ns.timeout

@@ -118,6 +118,10 @@ def main(argv: list[str]) -> int:
     ns = p.parse_args(argv)
     if ns.mib < 1 or ns.repeat < 1:
         p.error("--mib and --repeat must be at least 1")
+    try:  # the array and the copy a memcpy makes of it
+        common.check_memory(2 * (ns.mib << 20), f"--mib {ns.mib}")
+    except ValueError as e:
+        p.error(str(e))
     try:
         dtypes = [np.dtype(t) for t in ns.dtypes.split(",") if t]
     except TypeError as e:

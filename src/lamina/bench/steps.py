@@ -367,6 +367,14 @@ def main(argv: list[str]) -> int:
         )
         return 2
     try:
+        common.check_memory(
+            ns.elements * 8 * max(ns.datasets),
+            f"--elements {ns.elements} in {max(ns.datasets)} datasets",
+        )
+    except ValueError as e:
+        print(f"lamina bench steps: {e}", file=sys.stderr)
+        return 2
+    try:
         o = run(ns)
     except common.DataCheckError as e:
         print(f"lamina bench steps: verification failed: {e}", file=sys.stderr)

@@ -1005,6 +1005,10 @@ def main(argv: list[str]) -> int:
         p.error("--repeat must be at least 1")
     if ns.readers < 0:
         p.error("--readers must be at least 0")
+    try:
+        common.check_memory(size, f"--size {ns.size}")
+    except ValueError as e:
+        p.error(str(e))
     kernels = [k.strip() for k in ns.kernels.split(",") if k.strip()]
     bad = [k for k in kernels if k not in CASES]
     if bad or not kernels:
