@@ -42,12 +42,60 @@ def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return buffers.empty(n).view(dtype).reshape(shape)
 
 
-def _select(key, shape: tuple[int, ...], what: str, read) -> np.ndarray:
-    """A numpy-style selection *key* of an array of *shape*, read with ``read(box)``."""
+#: the most bytes of a stepped selection's span (``ds[::k]``) read at once: the span is read
+#: in pieces of about this size and only the selected elements kept
+STRIDED_PIECE = 16 << 20
+
+
+def _strided(read, box: Box, steps: tuple[int, ...], itemsize: int) -> np.ndarray:
+    """``read(box)[::steps]``, reading at most about :data:`STRIDED_PIECE` bytes at once:
+    the box is cut along its first axis longer than one into pieces of whole steps (and a
+    piece of one index still too large along the next axis, and so on)."""
+    shape = box.shape
+    sl = tuple(slice(None, None, st) for st in steps)
+    span = math.prod(shape) * itemsize
+    if span <= STRIDED_PIECE or max(shape) <= 1:
+        return read(box)[sl]
+    ax = next(d for d, n in enumerate(shape) if n > 1)
+    st = steps[ax]
+    per = max(1, STRIDED_PIECE // (span // shape[ax] * st))  # selected indices a piece
+    selected = -(-shape[ax] // st)
+    out: np.ndarray | None = None
+    for j in range(0, selected, per):
+        lo = box.start[ax] + j * st
+        hi = min(lo + (per - 1) * st + 1, box.stop[ax])
+        piece = _strided(
+            read,
+            Box(
+                box.start[:ax] + (lo,) + box.start[ax + 1 :],
+                box.stop[:ax] + (hi,) + box.stop[ax + 1 :],
+            ),
+            steps,
+            itemsize,
+        )
+        if out is None:
+            out = np.empty(
+                tuple(-(-n // s) for n, s in zip(shape, steps, strict=True)), dtype=piece.dtype
+            )
+        out[(slice(None),) * ax + (slice(j, j + per),)] = piece
+    assert out is not None
+    return out
+
+
+def _select(key, shape: tuple[int, ...], what: str, read, itemsize: int) -> np.ndarray:
+    """A numpy-style selection *key* of an array of *shape* (of *itemsize* bytes a value),
+    read with ``read(box)``.
+
+    A stepped selection (``ds[::k]``) is read a piece at a time and its result owns its
+    memory, as h5py's does: a view of the whole span read at once held every byte of it
+    for as long as the program kept a few selected values."""
     sel = parse(key, shape, what)
-    out = read(sel.box)
     if sel.strided:
-        out = out[tuple(slice(None, None, s) for s in sel.steps)]
+        out = _strided(read, sel.box, sel.steps, itemsize)
+        if out.base is not None:  # a view into one read of the span (or a piece of it)
+            out = out.copy()
+    else:
+        out = read(sel.box)
     if sel.squeeze:
         out = out.reshape(sel.result_shape)
     ellipsis = key is Ellipsis or (isinstance(key, tuple) and any(k is Ellipsis for k in key))
@@ -155,7 +203,13 @@ class LevelView:
     def __getitem__(self, key) -> np.ndarray:
         """Independent: a selection in this level's coordinates."""
         what = f"{self.dataset._what()} at level {self.level}"
-        return _select(key, self.shape, what, lambda box: self.dataset.read(box, level=self.level))
+        return _select(
+            key,
+            self.shape,
+            what,
+            lambda box: self.dataset.read(box, level=self.level),
+            self.dataset.dtype.itemsize,
+        )
 
     def __array__(self, dtype=None, copy=None):
         out = self[...]
@@ -255,7 +309,7 @@ class Dataset:
         of a 0-D dataset too), except ``ds[...]`` of a 0-D dataset, which
         gives a 0-D array.
         """
-        return _select(key, self.shape, self._what(), self.read)
+        return _select(key, self.shape, self._what(), self.read, self.dtype.itemsize)
 
     def read(
         self,
