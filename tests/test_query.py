@@ -99,7 +99,8 @@ def check(f, r, text, brute_full, arrays, step=None):
     assert r.certain == [not exp[u][1] for u in r.candidates]
     # exact answer: the brute force, within the candidates
     want = brute_full[box.slices]
-    np.testing.assert_array_equal(r.mask, want)
+    # (a region keyed with integer indices: the mask has the shape numpy gives the key)
+    np.testing.assert_array_equal(r.mask, want.reshape(r.mask_shape or want.shape))
     coords = np.argwhere(want) + np.asarray(box.start)
     np.testing.assert_array_equal(r.coords, coords.reshape(-1, len(box.start)))
     assert r.coords.dtype == np.int64
@@ -756,3 +757,26 @@ def test_cli_ls_shows_derived(lam_file, capsys):
     assert nodes["/vmag"]["derived"] == {"expression": "magnitude(vx, vy, vz)", "strategy": "stats"}
     assert nodes["/w/x"]["derived"]["strategy"] == "stats"
     assert "derived" not in nodes["/vx"]
+
+
+def test_a_region_keyed_with_integers_gives_the_mask_numpy_gives(tmp_path):
+    """``region=np.s_[2]`` (or ``"2,:"``) of a 2-D domain: ``r.mask`` is ``(x > t)[key]`` of
+    numpy's shape (one axis), as docs/query.md says; it had the box's (1, 8)."""
+    x = np.arange(48.0).reshape(6, 8)
+    path = str(tmp_path / "q.lam")
+    with lamina.open(path, "w") as f:
+        f.create_dataset("x", data=x)
+    with lamina.open(path) as f:
+        for region, key in (
+            (np.s_[2], np.s_[2]),
+            ("2,:", np.s_[2, :]),
+            (np.s_[..., 3], np.s_[..., 3]),
+            (np.s_[1, 5], np.s_[1, 5]),
+            (np.s_[1:4], np.s_[1:4]),
+            (Box((1, 2), (3, 5)), np.s_[1:3, 2:5]),
+        ):
+            r = f.query("x > 20", region=region)
+            want = (x > 20)[key]
+            assert r.mask.shape == want.shape, region
+            np.testing.assert_array_equal(r.mask, want)
+            assert r.count == int(np.sum(want))

@@ -129,7 +129,7 @@ def run(
     shape = _shape(src, refs + [p for p in sel if p not in refs], text)
     check_stencils(pred, shape, text)
     names = ", ".join(repr(p) for p in dict.fromkeys(refs + sel))
-    box = _region(region, shape, f"the query domain (shape {shape} of {names})")
+    box, keyed = _region(region, shape, f"the query domain (shape {shape} of {names})")
     grid, units, rows = _units(src, refs, box)
 
     result = QueryResult(
@@ -143,6 +143,7 @@ def run(
         candidates=[],
         certain=[],
         candidate_values=[],
+        mask_shape=keyed,
     )
     cache = _block_answer(src, pred, refs, (grid, units, rows), sel, exact, result)
     if src.elements_read and units:
@@ -532,9 +533,11 @@ def _shape(src: Source, paths: Sequence[str], text: str) -> tuple[int, ...]:
     return shape
 
 
-def _region(region, shape: tuple[int, ...], what: str) -> Box:
+def _region(region, shape: tuple[int, ...], what: str) -> tuple[Box, tuple[int, ...] | None]:
+    """The box of *region* and, for a numpy-style key with integer indices, the shape numpy
+    gives that key (the axes they index dropped: the shape of ``r.mask``); else None."""
     if region is None:
-        return Box.from_shape(shape)
+        return Box.from_shape(shape), None
     if isinstance(region, str):
         region = selection_mod.parse_text(region)
     if isinstance(region, Box):
@@ -543,7 +546,7 @@ def _region(region, shape: tuple[int, ...], what: str) -> Box:
                 f"region {region} has {region.ndim} dimensions but {what} has {len(shape)}"
             )
         region.check_inside(shape, what)
-        return region
+        return region, None
     if isinstance(region, list):
         region = tuple(region)
     if (
@@ -556,7 +559,7 @@ def _region(region, shape: tuple[int, ...], what: str) -> Box:
     sel = selection_mod.parse(region, shape, what)
     if sel.strided:
         raise SelectionError(f"{what}: a query region takes slices of step 1")
-    return sel.box
+    return sel.box, (sel.result_shape if sel.squeeze else None)
 
 
 # ---------------------------------------------------------------------------

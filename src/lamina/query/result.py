@@ -60,11 +60,16 @@ class QueryResult:
     level: int = (
         0  # the resolution the query ran at (0: full); region and coords are in its coordinates
     )
+    #: the shape numpy gives the region's key where integer indices drop axes (``region=np.s_[2]``
+    #: of a 2-D domain: one axis), the shape of :attr:`mask`; None: the region's own
+    mask_shape: tuple[int, ...] | None = None
     _mask: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def mask(self) -> np.ndarray | None:
-        """Boolean array of the region's shape, True at the matches (exact answers only).
+        """Boolean array of the region's shape, True at the matches (exact answers only); a
+        region given as a key with integer indices (``np.s_[2]``, ``"2,:"``) has the shape
+        numpy gives that key, as ``(x > t)[key]``.
 
         Made from :attr:`coords` on first access, then kept: it takes one byte
         per element of the region, so over a large region use :attr:`coords`.
@@ -76,7 +81,7 @@ class QueryResult:
             if self.coords.shape[0]:  # (a 0-D region: coords of shape (1, 0), m[()] = True)
                 rel = self.coords - np.asarray(self.region.start, dtype=np.int64)
                 m[tuple(rel.T)] = True
-            self._mask = m
+            self._mask = m if self.mask_shape is None else m.reshape(self.mask_shape)
         return self._mask
 
     # -- derived figures ------------------------------------------------------
