@@ -466,6 +466,19 @@ def test_fill_that_does_not_fit(writer, dtype, fill):
     assert "bad" not in writer
 
 
+@pytest.mark.parametrize(
+    "dtype, fill", [("f4", 1e300), ("f4", np.float64(1e39)), ("f2", 70000), ("c8", -1e300)]
+)
+def test_finite_fill_beyond_a_float_dtype_is_refused_as_a_write_of_it_is(writer, dtype, fill):
+    """A write of 1e300 into float32 is a RangeError; the same value as the fill was stored
+    as inf and every unwritten element read inf.  inf and NaN fills stay allowed."""
+    with pytest.raises(RangeError, match="fill value .* beyond the range of dtype") as ei:
+        writer.create_dataset("bad", shape=(3,), dtype=dtype, fill=fill)
+    assert "bad" in str(ei.value) and "bad" not in writer
+    assert writer.create_dataset("ok", shape=(3,), dtype=dtype, fill=np.inf).fill == np.inf
+    continue_ok(writer)
+
+
 def test_negative_shape(writer):
     with pytest.raises(ValueError, match="negative"):
         writer.create_dataset("neg", shape=(3, -1))

@@ -14,7 +14,15 @@ from .. import comm as comm_mod
 from ..catalog import DatasetSpec, check_dtype, normpath
 from ..engines import batch
 from ..engines.block import BlockEngine, RefusedSpec
-from ..errors import CodecError, DTypeError, ModeError, NotFoundError, ShapeError, suggest
+from ..errors import (
+    CodecError,
+    DTypeError,
+    ModeError,
+    NotFoundError,
+    RangeError,
+    ShapeError,
+    suggest,
+)
 from ..geometry import as_int
 from ..layouts.spec import Multires
 from .attrs import Attributes
@@ -323,4 +331,7 @@ def _fill_value(fill, dt: np.dtype, name: str):
                 ok = bool(v.astype(arr.dtype) == arr) and bool(v == arr)
     if not ok:
         raise DTypeError(f"dataset {name!r}: fill value {fill!r} does not fit dtype {dt}")
+    if dt.kind in "fc" and np.isfinite(arr) and not np.isfinite(v):
+        # (as a write of the value is refused: a finite fill is never stored as inf)
+        raise RangeError(f"dataset {name!r}: fill value {fill!r} is beyond the range of dtype {dt}")
     return v[()]
