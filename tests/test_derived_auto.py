@@ -74,6 +74,33 @@ def test_auto_rejects_unknown_hints(tmp_path, calibration):
         f.derive("b", "a * 2", strategy="stats")  # the name is still free
 
 
+@pytest.mark.parametrize("strategy", ["stats", "store", "expression", "auto"])
+def test_hints_are_checked_and_kept_as_numbers_with_any_strategy(tmp_path, calibration, strategy):
+    """Out-of-range hints were kept in the file with an explicit strategy (a NaN bandwidth
+    as a JSON NaN token in lamina.meta); numpy numbers crashed the JSON encoding."""
+    path = str(tmp_path / "k.lam")
+    with lamina.open(path, "w", durable=False) as f:
+        f.create_dataset("a", SHAPE)
+        for hints, said in (
+            ({"readers": -5}, "readers must be >= 0"),
+            ({"query_fraction": 7.0}, r"query_fraction must be in \[0, 1\]"),
+            ({"read_bandwidth": float("nan")}, "read_bandwidth must be finite"),
+            ({"readers": 2.5}, "readers must be an integer"),
+        ):
+            with pytest.raises(ValueError, match=f"derived quantity 'b': {said}"):
+                f.derive("b", "a * 2", strategy=strategy, **hints)
+            assert "b" not in f
+        f.derive("b", "a * 2", strategy, readers=np.int64(2), query_fraction=np.float32(0.5))
+        with f.step():
+            f["a"][...] = 1.0
+    with lamina.open(path) as f:
+        hints = f.derived["b"].info["hints"]
+        assert hints == {"readers": 2, "query_fraction": 0.5}
+        assert type(hints["readers"]) is int and type(hints["query_fraction"]) is float
+    with open(f"{path}/lamina.meta", "rb") as meta:
+        assert b"NaN" not in meta.read()
+
+
 def test_auto_follows_the_measured_history(tmp_path, calibration):
     """With the calibration alone, no readers keep the expression; a history in which writing
     the statistics costs nothing and recomputing is slow does not change that (no reader ever

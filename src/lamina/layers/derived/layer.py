@@ -270,6 +270,12 @@ class DerivedLayer(Layer):
                 raise ValueError(
                     f"derived quantity {name!r}: unknown hints {bad}; allowed: {sorted(HINTS)}"
                 )
+            from ...perf.model import check_hints
+
+            try:  # (with any strategy: they are kept in the file, as JSON)
+                hints = check_hints(hints or {})
+            except ValueError as e:
+                raise ValueError(f"derived quantity {name!r}: {e}") from None
             d = self._build(
                 name,
                 expression,
