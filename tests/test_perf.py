@@ -829,6 +829,30 @@ def test_history_query_term_is_added_to_every_read():
     assert p["expression"].read_s == approx(base["expression"].read_s + (1 + 2 * 0.1) * n / 1e8)
 
 
+def test_a_read_never_costs_less_with_more_to_read():
+    """With a history of queries alone, a query of no elements (query_fraction 0) took the
+    calibrated fixed query time, more than one of a billionth of the data took from the
+    history (0.0013 s against 3e-11 s), and could flip 'auto'; and the source said
+    'calibration' though the query term came from the history."""
+    from lamina.perf.history import History
+
+    h = History()
+    for n in (1e4, 1e5, 1e6):
+        for _ in range(3):
+            h.add("query", n, 4096.0, 2e-3 + 3e-9 * n)
+    # a calibrated query of 1.28 ms a block at any size
+    cal = dataclasses.replace(CAL, block_seconds={"query": ((1.0, 1.28e-3), (1e9, 1.28e-3))})
+    last: dict[str, float] = {}
+    for q in (0.0, 1e-12, 1e-9, 1e-6, 1e-3, 0.1, 0.5, 1.0):
+        p = predict(
+            MAG, SHAPE, nblocks=64, query_fraction=q, readers=1000, calibration=cal, history=h
+        )
+        for s, v in p.items():
+            assert v.read_s >= last.get(s, 0.0), (s, q, v.read_s, last)
+            last[s] = v.read_s
+            assert v.source == "history+calibration", (s, q, v.source)
+
+
 def test_history_of_another_expression_is_not_used_and_terms_mix():
     from lamina.perf.history import signature
 

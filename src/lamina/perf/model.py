@@ -365,6 +365,24 @@ def _count(value: Any, name: str, minimum: int) -> int:
     return int(value)
 
 
+def check_hints(hints: Mapping[str, Any]) -> dict[str, Any]:
+    """The derive() hints of the model (``query_fraction``, ``readers``, ``read_bandwidth``,
+    ``write_bandwidth``) checked as :func:`predict` checks them, as Python numbers (a numpy
+    integer or float as the value it holds: the hints are kept in the file as JSON).
+    ValueError naming a hint out of range; names it does not know are the caller's to judge."""
+    out: dict[str, Any] = {}
+    for k, v in hints.items():
+        if k == "query_fraction":
+            out[k] = _fraction(v)
+        elif k == "readers":
+            out[k] = _count(v, "readers", 0)
+        elif k in ("read_bandwidth", "write_bandwidth"):
+            out[k] = None if v is None else _positive_rate(v, k)
+        else:
+            out[k] = v
+    return out
+
+
 def _shape(shape: Any) -> tuple[int, ...]:
     if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
         shape = (shape,)
@@ -617,7 +635,9 @@ def _from_history(
     sig = t.signature
 
     def term(series: str, x1: float, x2: float, fallback: float) -> tuple[float, bool]:
-        got = history.seconds(series, x1, x2) if x1 > 0 else None
+        # (nothing to handle, x1 = 0: the series' 0 where it has samples, as its rate gives
+        # for x1 -> 0; the fallback there made a query of no elements dearer than one of a few)
+        got = history.seconds(series, x1, x2)
         return (fallback, False) if got is None else (got, True)
 
     parts: dict[str, list[tuple[float, bool]]] = {
@@ -644,9 +664,11 @@ def _from_history(
         # the series of queries judging this strategy's quantities, else of every query
         own, has_own = term(f"query.{s}", handled[s], per_block, 0.0)
         if not has_own:  # else the calibrated query (0 without the table)
-            own = term("query", handled[s], per_block, t.query_s)[0]
+            own, has_own = term("query", handled[s], per_block, t.query_s)
         read[s] = reads[s][0] + own
         used = [reads[s][1], *(h for _, h in parts.get(s, []))]
+        if has_own or t.query_s:  # (no query calibrated and none measured: no term to say)
+            used.append(has_own)
         source[s] = "history" if all(used) else "history+calibration" if any(used) else source[s]
 
 
