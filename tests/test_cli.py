@@ -482,6 +482,19 @@ def test_values_starting_with_a_dash(run_file, capsys):
     assert rc == 2 and "expected one argument" in err
 
 
+def test_an_expression_error_shows_the_caret_under_its_position(run_file, capsys):
+    """The one-line form of errors put the caret on the line of the message, after it, where
+    it pointed at nothing: the expression and the caret keep their own lines."""
+    rc, _, err = run(["query", run_file, "--where", "`fields/T` >"], capsys)
+    lines = err.rstrip("\n").split("\n")
+    assert rc == 2 and len(lines) == 3, err
+    assert lines[0].startswith("lamina query: error: unexpected end of expression")
+    assert lines[0].endswith("(at position 12)")
+    assert lines[1] == "    `fields/T` >" and lines[2] == " " * (4 + 12) + "^"
+    rc, _, err = run(["query", run_file, "--where", "magnitude() > 1"], capsys)
+    assert rc == 2 and "takes at least 1 argument, got 0" in err
+
+
 def test_info_of_a_multiresolution_dataset_written_in_part(tmp_path, capsys):
     """Per level, `raw` is the bytes of the patches written, as the step's line says, so that
     raw / stored is the ratio shown (raw was the whole level: 256 KiB beside a ratio of the

@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from ..errors import LaminaError
+from ..errors import ExpressionError, LaminaError
 
 
 class CLIError(Exception):
@@ -55,8 +55,13 @@ def glue_dashed(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
 
 
 def message(e: BaseException) -> str:
-    """An error as one line."""
-    return " ".join(str(e).split()) or type(e).__name__
+    """An error as one line; an expression's error keeps its picture (the expression, and a
+    caret under the position it names) on the two lines below."""
+    text = str(e)
+    head, _, picture = text.partition("\n")
+    if isinstance(e, ExpressionError) and picture.count("\n") == 1 and picture.endswith("^"):
+        return " ".join(head.split()) + "\n" + picture
+    return " ".join(text.split()) or type(e).__name__
 
 
 def guarded(prog: str, fn: Callable[[], int | None]) -> int:

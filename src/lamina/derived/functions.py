@@ -58,7 +58,7 @@ class Function:
         lo, hi = self.min_args, self.max_args
         plural = "argument" if (hi == lo == 1) else "arguments"
         if hi is None:
-            return f"at least {lo} {plural}"
+            return f"at least {lo} argument{'' if lo == 1 else 's'}"
         if hi == lo:
             return f"{lo} {plural}"
         if hi == lo + 1:
