@@ -291,6 +291,17 @@ def test_names_two_patterns_share_and_names_that_are_their_own_entry():
         assert globs_meet(x, y) == want, (x, y)
     wf = Workflow.parse("out[1].lam=0>1")
     assert wf.route("out[1].lam") == Route(0, (1,)) and wf.route("run/out[1].lam") == Route(0, (1,))
+    # classes with ranges and negations: every character outside a-e (named by none) behaves
+    # as 'f' does, so names over a-f decide; two classes that leave out every character the
+    # search used to try beside theirs ('[!a-z0-9_.x-]' twice) share 'B'
+    assert globs_meet("[!a-z0-9_.x-]", "[!0-9a-z_.x-]") and not globs_meet("[a-c]", "[d-f]")
+    atoms = ["a", "e", "?", "*", "[a-c]", "[!b-d]", "[c-e]", "[!a]", "[!a-e]", "[b]", "[e-a]"]
+    names = ["".join(t) for n in range(5) for t in itertools.product("abcdef", repeat=n)]
+    for _ in range(600):
+        x = "".join(rnd.choice(atoms) for _ in range(rnd.randint(0, 3)))
+        y = "".join(rnd.choice(atoms) for _ in range(rnd.randint(0, 3)))
+        want = any(fnmatch.fnmatchcase(s, x) and fnmatch.fnmatchcase(s, y) for s in names)
+        assert globs_meet(x, y) == want, (x, y)
 
 
 def test_workflow_parse_and_route():

@@ -243,16 +243,19 @@ def _glob_atoms(pattern: str) -> list[str]:
     return atoms
 
 
-#: characters tried where two character classes might share one (beside those they name)
-_PROBES = "a0_.-x"
-
-
 def _share_char(a: str, b: str) -> bool:
     """Whether the one-character patterns *a* and *b* (``?``, a class or a character) accept
-    a common character (classes: tried on the characters either names, and a few others)."""
-    if a == "?" or b == "?":
-        return True
-    tries = set(_PROBES) | {c for c in a + b if c not in "[]!^-"}
+    a common character.
+
+    Exact: each accepts a union of ranges of code points whose bounds are characters its
+    text names (a range's ends, a member) or the ones after them (a negated class starts
+    again after what it leaves out), or the first character.  So does their intersection:
+    if it is not empty, its lowest character is one of those, and those are all tried."""
+    tries = {"\x01"}  # (a name holds no NUL)
+    for c in (a if a != "?" else "") + (b if b != "?" else ""):
+        tries.add(c)
+        if ord(c) < 0x10FFFF:
+            tries.add(chr(ord(c) + 1))
     return any(matches(c, a) and matches(c, b) for c in tries)
 
 
@@ -279,9 +282,11 @@ def globs_meet(x: str, y: str) -> bool:
             if a == "*" and b == "*":
                 todo.append((i, j + 1))
             elif a == "*":
-                todo.append((i, j + 1))  # the star takes b's character
+                if _share_char(b, "?"):  # the star takes b's character (a class may take none)
+                    todo.append((i, j + 1))
             elif b == "*":
-                todo.append((i + 1, j))
+                if _share_char(a, "?"):
+                    todo.append((i + 1, j))
             elif _share_char(a, b):
                 todo.append((i + 1, j + 1))
     return False
