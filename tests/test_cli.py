@@ -15,6 +15,7 @@ import lamina
 from lamina import cli
 from lamina.errors import SelectionError
 from lamina.selection import parse_text as parse_select
+from lamina.text import fmt_bytes
 
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
 
@@ -514,3 +515,24 @@ def test_info_of_a_multiresolution_dataset_written_in_part(tmp_path, capsys):
     for lv in levels:
         assert lv["raw"] == lv["blocks"] * 4 * (16 >> lv["level"]) ** 2
         assert lv["ratio"] == pytest.approx(lv["raw"] / lv["stored"])
+
+
+def test_info_of_multiresolution_levels_says_what_a_read_of_each_takes(tmp_path, capsys):
+    """A level's `stored` is the bytes a read of it takes (its band and every coarser one,
+    as `stored_bytes(level=k)`), its `band` its own: patches kept lossless hold everything
+    in the coarsest band, and band 0 alone (128 B) made level 0 look 28:1.  The step's line
+    counts every band (it said band 0's bytes), as `lamina ls` does."""
+    path = tmp_path / "mr.lam"
+    x = (1000 + np.sin(np.arange(900).reshape(30, 30) * 0.05)).astype("f4")
+    with lamina.open(path, "w") as f:
+        d = f.create_dataset("d", x.shape, x.dtype, layout=lamina.Multires(patch=8, tolerance=1e-6))
+        with f.step():
+            d[...] = x
+    with lamina.open(path) as f:
+        want = [f["d"].stored_bytes(level=k) for k in range(len(f["d"].levels))]
+    rc, out, _ = run(["info", path, "d", "--json"], capsys)
+    levels = json.loads(out)["layout"]["levels"]
+    assert rc == 0 and [lv["stored"] for lv in levels] == want
+    assert sum(lv["band"] for lv in levels) == want[0] and levels[0]["ratio"] < 1.0
+    rc, out, _ = run(["info", path, "d"], capsys)
+    assert rc == 0 and f"{fmt_bytes(want[0])} stored in all bands" in out, out

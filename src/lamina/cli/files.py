@@ -194,8 +194,7 @@ def _layout(f, ds) -> dict:
         t = eng.catalog.table(spec.id, k)
         if len(t):
             last = k
-            for j in range(layout.levels):
-                stored += int(eng.catalog.table(eng.catalog.level(spec.path, j).id, k).length.sum())
+            stored += _all_bands(eng, ds, k)
     out: dict = {
         "patch": list(layout.patch),
         "tolerance": layout.tolerance,
@@ -208,6 +207,19 @@ def _layout(f, ds) -> dict:
         out["step"] = last
     out["_stored"] = stored
     return out
+
+
+def _all_bands(eng, ds, step: int) -> int:
+    """The bytes multiresolution dataset *ds* stores at *step*: every band of every patch."""
+    from ..layouts.spec import Layout
+
+    spec = eng.catalog.datasets[ds.name.lstrip("/")]
+    layout = Layout.of(spec)
+    assert layout is not None
+    return sum(
+        int(eng.catalog.table(eng.catalog.level(spec.path, j).id, step).length.sum())
+        for j in range(layout.levels)
+    )
 
 
 def _engine_of(eng):
@@ -256,6 +268,7 @@ def cmd_info(args) -> int:
         )
         nsteps, fname = f.steps, f.filename
         lay = _layout(f, ds) if ds.layout is not None else None
+        bands = {k: _all_bands(eng, ds, k) for k in steps} if lay is not None else {}
     if args.json:
         print_json(
             {
@@ -295,6 +308,7 @@ def cmd_info(args) -> int:
                 str(x["level"]),
                 "x".join(map(str, x["shape"])),
                 str(x["blocks"]),
+                fmt_bytes(x["band"]),
                 fmt_bytes(x["stored"]),
                 fmt_bytes(x["raw"]),
                 f"{x['ratio']:.1f}" if x["ratio"] else "-",
@@ -304,13 +318,15 @@ def cmd_info(args) -> int:
         print(
             textwrap.indent(
                 table(
-                    ["level", "shape", "patches", "stored", "raw", "ratio"],
+                    ["level", "shape", "patches", "band", "read", "raw", "ratio"],
                     rows,
-                    align="llrrrr",
+                    align="llrrrrr",
                     markdown=False,
                 ),
                 "  ",
             )
+            + "\n  (band: the level's own band; read: the bytes a read of the level takes, its"
+            " band and every coarser one; ratio: raw / read)"
         )
         loads = list(lay["subfiles"].values())
         mean = sum(loads) / len(loads) if loads else 0
@@ -336,9 +352,16 @@ def cmd_info(args) -> int:
         pct = f" ({100.0 * covered / ds.size:.1f}%)" if ds.size else ""
         stored = sum(b.nbytes for b in blocks)
         raw = sum(b.raw_nbytes for b in blocks)
+        if lay is None:
+            said = f"{fmt_bytes(stored)} stored, {fmt_bytes(raw)} raw"
+        else:  # a block below is a patch's finest band; the step stores every band
+            said = (
+                f"{fmt_bytes(bands[k])} stored in all bands, "
+                f"{fmt_bytes(raw)} raw (a block below: its patch's band 0)"
+            )
         print(
             f"step {k}{when}: {plural(len(blocks), 'block')}, {covered} of {ds.size} elements{pct}, "
-            f"{fmt_bytes(stored)} stored, {fmt_bytes(raw)} raw"
+            + said
         )
         headers = [
             "box",
@@ -346,7 +369,7 @@ def cmd_info(args) -> int:
             "max",
             "sum",
             "count",
-            "stored",
+            "stored" if lay is None else "band 0",
             "raw",
             "subfile",
             "offset",

@@ -246,23 +246,29 @@ def describe(src: Source, spec: DatasetSpec, layout: Layout, step: int) -> dict:
     for k in range(layout.levels):
         lspec = cat.level(spec.path, k)
         t = cat.table(lspec.id, step)
-        stored = int(t.length.sum())
         # the bytes of the values its patches hold at this level: the level's whole array
-        # where every patch was written (the ratio is raw / stored, of the same patches)
+        # where every patch was written
         raw = int(rows_prod(t.stop - t.start).sum()) * spec.dtype.itemsize
         levels.append(
             {
                 "level": k,
                 "shape": list(lspec.shape),
                 "blocks": len(t),
-                "stored": stored,
+                "band": int(t.length.sum()),
                 "raw": raw,
-                "ratio": raw / stored if stored else None,
             }
         )
         for i in range(len(t)):
             name = t.record(i, lspec.id, stats=False).subfile
             subfiles[name] = subfiles.get(name, 0) + int(t.length[i])
+    # a level is read from its band and every coarser one: "stored" is what a read of the
+    # whole level takes, and the ratio is raw / stored of the same patches (band k alone
+    # made a level whose patches are kept lossless, all in the coarsest band, look 28:1)
+    coarser = 0
+    for x in reversed(levels):
+        coarser += x["band"]
+        x["stored"] = coarser
+        x["ratio"] = x["raw"] / coarser if coarser else None
     last = cat.level(spec.path, layout.levels - 1)
     t = cat.table(last.id, step)
     lossless = 0
