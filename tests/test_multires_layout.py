@@ -342,9 +342,16 @@ def test_bad_input_names_the_dataset_and_the_limit(tmp_path):
             f.create_dataset("A", (64, 64), "f8", layout=lamina.Multires(patch=24))
         with pytest.raises(lamina.ShapeError, match=r"'A'.*larger than the dataset's extent 20"):
             f.create_dataset("A", (64, 20), "f8", layout=lamina.Multires(patch=32))
-        for bad in (-1.0, float("nan"), float("inf")):
+        for bad in (-1.0, float("nan"), float("inf"), "1e-3", True):  # (no string, no bool)
             with pytest.raises(ValueError, match=r"'A'.*tolerance"):
                 f.create_dataset("A", (64, 64), "f8", layout=lamina.Multires(tolerance=bad))
+        for bad in (0.5, True, "2", float("inf")):
+            with pytest.raises(ValueError, match=r"'A'.*optimism must be a finite number >= 1"):
+                f.create_dataset("A", (64, 64), "f8", layout=lamina.Multires(optimism=bad))
+        # numpy numbers are numbers (np.int64(2) was refused as 'not a finite number >= 1')
+        with lamina.open(tmp_path / "n.lam", "w") as n:
+            for i, kw in enumerate(({"optimism": np.int64(2)}, {"tolerance": np.float32(1e-3)})):
+                n.create_dataset(f"ok{i}", (64, 64), "f8", layout=lamina.Multires(**kw))
         with pytest.raises(lamina.DTypeError, match=r"'A'.*float32 or float64"):
             f.create_dataset("A", (64, 64), "i4", layout=lamina.Multires())
         with pytest.raises(ValueError, match="compression"):

@@ -22,6 +22,7 @@ dataset instead of reading wavelet bytes as values.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -139,7 +140,11 @@ class Multires:
             raise ValueError(
                 f"{where}: verify must be one of {compress.VERIFY}, got {self.verify!r}"
             )
-        if not (isinstance(self.optimism, int | float) and 1 <= self.optimism < math.inf):
+        if not (
+            isinstance(self.optimism, numbers.Real)
+            and not isinstance(self.optimism, bool)
+            and 1 <= self.optimism < math.inf
+        ):
             raise ValueError(
                 f"{where}: optimism must be a finite number >= 1, got {self.optimism!r}"
             )

@@ -152,6 +152,7 @@ only on arithmetic.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 
 import numpy as np
@@ -178,11 +179,11 @@ FLOAT64_SLACK = 2.0**-36
 
 
 def check_tolerance(tolerance: float) -> float:
-    """*tolerance* as a float; ValueError naming it unless it is finite and >= 0."""
-    try:
-        t = float(tolerance)
-    except (TypeError, ValueError):
-        raise ValueError(f"tolerance must be a number, got {tolerance!r}") from None
+    """*tolerance* as a float; ValueError naming it unless it is a real number (a numpy one
+    too; not a bool, not a string), finite and >= 0."""
+    if isinstance(tolerance, bool) or not isinstance(tolerance, numbers.Real):
+        raise ValueError(f"tolerance must be a number, got {tolerance!r}")
+    t = float(tolerance)
     if not (t >= 0 and math.isfinite(t)):
         raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance!r}")
     return t
