@@ -292,6 +292,16 @@ class Dataset:
     def __repr__(self) -> str:
         return f"<lamina.Dataset {self.name!r}: shape {self.shape}, dtype {self.dtype}>"
 
+    def __eq__(self, other) -> bool:
+        """The same dataset of the same open file, at the same step (as h5py compares them:
+        ``f["d"] == f["d"]``; a view at another step, ``f.at(k)["d"]``, is another)."""
+        if not isinstance(other, Dataset):
+            return NotImplemented
+        return other._file is self._file and (other._path, other._step) == (self._path, self._step)
+
+    def __hash__(self) -> int:
+        return hash((id(self._file), self._path, self._step))
+
     def _repr_html_(self) -> str:
         """Jupyter: shape, dtype, steps written, blocks, sizes, compression, attributes (no data read)."""
         from .html import dataset_html

@@ -63,6 +63,16 @@ class Group:
     def __repr__(self) -> str:
         return f"<lamina.Group {self.name!r} ({len(self)} members)>"
 
+    def __eq__(self, other) -> bool:
+        """The same group of the same open file, at the same step, as h5py compares objects
+        (``f["g"] == f["g"]``, ``f == f["/"]``)."""
+        if not isinstance(other, Group):
+            return NotImplemented
+        return other._file is self._file and (other._path, other._step) == (self._path, self._step)
+
+    def __hash__(self) -> int:
+        return hash((id(self._file), self._path, self._step))
+
     def _repr_html_(self) -> str:
         """Jupyter: the tree below this group, with shapes, steps and sizes (no data read)."""
         from .html import group_html
@@ -76,7 +86,9 @@ class Group:
         if name == "":
             raise ValueError("an empty name (the group itself is '.')")
         if isinstance(name, str) and "." in name:
-            name = "/".join(p for p in name.split("/") if p != ".")
+            parts = [p for p in name.split("/") if p != "."]
+            # ('/.' names the root: its parts without '.' are ['', ''], not [''])
+            name = "/".join(parts) if parts != [""] or not name.startswith("/") else "/"
         return normpath(name, self._path)
 
     def __getitem__(self, name: str):
@@ -171,7 +183,7 @@ class Group:
         return self.create_group(name)
 
     def create_dataset(
-        self, name: str, shape=None, dtype=None, fill=0, compression=None, data=None, layout=None
+        self, name: str, shape=None, dtype=None, data=None, *, fill=0, compression=None, layout=None
     ):
         """Collective: define a dataset of fixed global *shape* and *dtype*.
 
@@ -184,13 +196,15 @@ class Group:
         dtype : numpy dtype, optional
             Any numeric dtype: bool, int, uint, float, complex (default: the
             dtype of *data*, else float64).
+        data : array, optional
+            Written by rank 0 only, in the current (or an implicit) step (the
+            fourth positional argument, as h5py's; the ones after it are
+            keywords only).
         fill : scalar
             Value returned wherever nothing was written (default 0).
         compression : None, str, tuple, dict or list
             Codec pipeline: ``"zstd"``, ``"blosc"``, ``"lz4"``, ``"zlib"``,
             ``("zfp", tolerance)``, or numcodecs-style dicts.  Off by default.
-        data : array, optional
-            Written by rank 0 only, in the current (or an implicit) step.
         layout : lamina.Multires, optional
             Store the dataset as patches of wavelet levels compressed with
             zfp, readable by level and region (docs/multires.md); float32

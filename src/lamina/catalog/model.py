@@ -114,6 +114,16 @@ def normalize_attr(value):
         return value
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
         return [str(v) for v in value]
+    if (
+        isinstance(value, np.ndarray)
+        and value.dtype.kind in "OU"
+        and value.ndim == 1
+        and value.size
+        and all(isinstance(v, str) for v in value.tolist())
+    ):
+        # a list of strings as it reads back (a 1-D array of str objects, as h5py gives it),
+        # or numpy's own strings: stored as the list
+        return [str(v) for v in value.tolist()]
     if isinstance(value, bytes):
         raise DTypeError(
             "attribute values may be numbers, arrays or strings; decode bytes to str first"
@@ -128,6 +138,11 @@ def normalize_attr(value):
     if arr.nbytes > MAX_ATTR_BYTES:
         raise ValueError(
             f"attribute of {arr.nbytes} bytes exceeds the limit of {MAX_ATTR_BYTES}; store it as a dataset"
+        )
+    if math.prod(max(1, n) for n in arr.shape) * arr.itemsize >= 1 << 62:  # as decode_attr
+        raise ValueError(
+            f"attribute of shape {arr.shape} cannot be stored: with each empty dimension "
+            "counted as 1 it spans 2**62 bytes or more, which readers refuse"
         )
     return np.array(arr, order="C")  # a copy; unlike ascontiguousarray, keeps 0-D scalars 0-D
 
