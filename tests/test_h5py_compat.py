@@ -323,6 +323,13 @@ def test_an_attribute_name_that_is_not_a_string_is_a_type_error(pair):
     f.attrs["a"] = 1
     with pytest.raises(TypeError, match="attribute names are strings, got 5"):
         f.attrs[5]
+    for g in pair:  # set and deleted too (a ValueError when set); bytes taken as UTF-8
+        with pytest.raises(TypeError):
+            g.attrs[3] = 1
+        g.attrs[b"x"] = 2
+        assert g.attrs["x"] == g.attrs[b"x"] == 2 and b"x" in g.attrs
+        del g.attrs[b"x"]
+        assert "x" not in g.attrs
 
 
 def test_slash_dot_names_the_root_from_any_group(pair):

@@ -26,9 +26,19 @@ class Attributes(MutableMapping):
     def _d(self) -> dict:
         return self._file._engine.catalog.attrs.get(self._path, {})
 
+    def _name(self, name) -> str:
+        """*name* as a str (bytes decoded as UTF-8, as h5py takes them); TypeError else."""
+        if isinstance(name, bytes):
+            try:
+                return name.decode("utf-8")
+            except UnicodeDecodeError:
+                pass
+        elif isinstance(name, str):
+            return name
+        raise TypeError(f"attribute names are strings, got {name!r} on {'/' + self._path!r}")
+
     def __getitem__(self, name: str):
-        if not isinstance(name, str):
-            raise TypeError(f"attribute names are strings, got {name!r} on {'/' + self._path!r}")
+        name = self._name(name)
         d = self._d()
         if name not in d:
             raise NotFoundError(f"no attribute {name!r} on {'/' + self._path!r}.{suggest(name, d)}")
@@ -36,11 +46,13 @@ class Attributes(MutableMapping):
 
     def __setitem__(self, name: str, value) -> None:
         """Independent: set attribute *name* (committed with the next step or close)."""
+        name = self._name(name)
         self._writable(f"set attribute {name!r}")
         self._file._engine.set_attr(self._path, name, value)
 
     def __delitem__(self, name: str) -> None:
         """Independent: delete attribute *name* (committed with the next step or close)."""
+        name = self._name(name)
         self._writable(f"delete attribute {name!r}")
         self._file._engine.del_attr(self._path, name)
 
