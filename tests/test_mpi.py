@@ -327,6 +327,7 @@ def test_failures_reach_every_rank(tmp_path, case, n):
             for io in ("sync", "async")
         ),
         "refused-read",
+        "groups-apart",
     ],
 )
 @pytest.mark.parametrize("n", [2, 3])

@@ -472,6 +472,24 @@ def define_apart(io: str) -> None:
     _only_the_first_step(closed=False)
 
 
+def groups_apart() -> None:
+    """Each rank creates a group of its own name: the commit raises on every rank, naming
+    the groups rank 0 made (it said only 'different metadata changes'); none is kept and
+    the file goes on."""
+    f, x = _one_step_written("sync")
+    f.create_group(f"grp{rank}")
+    f.begin_step()
+    try:
+        f.end_step()
+    except lamina.CollectiveMismatchError as e:
+        assert "create_group '/grp0'" in str(e) and "different metadata changes" in str(e), e
+    else:
+        raise AssertionError(f"rank {rank}: groups of different names were committed")
+    f.close()
+    with lamina.open(f.filename) as g:
+        assert not any(k.startswith("grp") for k in g), list(g)
+
+
 def refused_read() -> None:
     last = size - 1
     with lamina.open(path, "w", durable=False) as f:
@@ -630,6 +648,7 @@ else:
         "step-apart-close": lambda: step_apart_close("sync"),
         "step-apart-close-async": lambda: step_apart_close("async"),
         "refused-read": refused_read,
+        "groups-apart": groups_apart,
         **{
             f"{name}-{io}": functools.partial(fn, io)
             for name, fn in (

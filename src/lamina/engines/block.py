@@ -1220,6 +1220,20 @@ class BlockEngine(Engine):
         self._commit_ops += merge_attribute_changes(changes)
         return heads
 
+    def _said_changes(self) -> str:
+        """This rank's collective metadata changes since the last commit, in words (for the
+        message of ranks that made different ones)."""
+        said = []
+        for op in self._pending_ops:
+            if op[0] == OP_GROUP:
+                said.append(f"create_group {'/' + op[1]!r}")
+            elif op[0] == OP_DATASET:
+                said.append(f"create_dataset {'/' + op[1].path!r}")
+            elif op[0] == OP_EXT:
+                said.append(f"a definition {op[1]!r}")
+        shown = ", ".join(said[:4]) + (f" and {len(said) - 4} more" if len(said) > 4 else "")
+        return shown or "none"
+
     def _validate(self, heads: StepHeads, step: int) -> None:
         if self.size == 1:
             return  # one rank's boxes were tested against each other at put
@@ -1230,7 +1244,8 @@ class BlockEngine(Engine):
         if bad:
             raise CollectiveMismatchError(
                 f"ranks {bad} made different metadata changes (create_dataset/create_group/attrs) "
-                "than rank 0 before this commit; collective calls need the same arguments on every rank"
+                "than rank 0 before this commit; collective calls need the same arguments on every "
+                f"rank (rank {self.rank} made: {self._said_changes()})"
             )
         rows = [h.by_dataset() for h in heads.ranks]
         for did in sorted(set().union(*rows)):
