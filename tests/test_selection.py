@@ -251,7 +251,9 @@ def test_stepped_reads_are_read_in_pieces_and_own_their_memory(tmp_path, monkeyp
     with lamina.open(path) as f:
         ds = f["a"]
         real = ds.read
-        monkeypatch.setattr(ds, "read", lambda box: reads.append(box.size * 8) or real(box))
+        monkeypatch.setattr(
+            ds, "read", lambda box, out=None: reads.append(box.size * 8) or real(box, out=out)
+        )
         for piece in (8, 40, 1 << 20):
             monkeypatch.setattr(dataset_mod, "STRIDED_PIECE", piece)
             for _ in range(100):

@@ -47,55 +47,53 @@ def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 STRIDED_PIECE = 16 << 20
 
 
-def _strided(read, box: Box, steps: tuple[int, ...], itemsize: int) -> np.ndarray:
-    """``read(box)[::steps]``, reading at most about :data:`STRIDED_PIECE` bytes at once:
-    the box is cut along its first axis longer than one into pieces of whole steps (and a
-    piece of one index still too large along the next axis, and so on)."""
-    shape = box.shape
-    sl = tuple(slice(None, None, st) for st in steps)
-    span = math.prod(shape) * itemsize
-    if span <= STRIDED_PIECE or max(shape) <= 1:
-        return read(box)[sl]
-    ax = next(d for d, n in enumerate(shape) if n > 1)
-    st = steps[ax]
-    per = max(1, STRIDED_PIECE // (span // shape[ax] * st))  # selected indices a piece
-    selected = -(-shape[ax] // st)
-    out: np.ndarray | None = None
-    for j in range(0, selected, per):
-        lo = box.start[ax] + j * st
-        hi = min(lo + (per - 1) * st + 1, box.stop[ax])
-        piece = _strided(
-            read,
-            Box(
-                box.start[:ax] + (lo,) + box.start[ax + 1 :],
-                box.stop[:ax] + (hi,) + box.stop[ax + 1 :],
-            ),
-            steps,
-            itemsize,
-        )
-        if out is None:
-            out = np.empty(
-                tuple(-(-n // s) for n, s in zip(shape, steps, strict=True)), dtype=piece.dtype
-            )
-        out[(slice(None),) * ax + (slice(j, j + per),)] = piece
-    assert out is not None
+def _strided(read, box: Box, steps: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """``read(box)[::steps]`` (``read(box, out)`` fills *out*), reading at most about
+    :data:`STRIDED_PIECE` bytes at once, each piece into one buffer used again (a new
+    buffer a piece paid a page fault every 4 KiB: 111 against 74 ms for ``ds[::2]`` of
+    256 MiB): the box is cut along its first axis longer than one into pieces of whole
+    steps (and a piece of one index still too large along the next axis, and so on)."""
+    out = np.empty(tuple(-(-n // s) for n, s in zip(box.shape, steps, strict=True)), dtype)
+    _fill_strided(read, box, steps, out, [])
     return out
 
 
-def _select(key, shape: tuple[int, ...], what: str, read, itemsize: int) -> np.ndarray:
-    """A numpy-style selection *key* of an array of *shape* (of *itemsize* bytes a value),
-    read with ``read(box)``.
+def _fill_strided(read, box: Box, steps: tuple[int, ...], out: np.ndarray, scratch: list) -> None:
+    """*out* = ``read(box)[::steps]``, a piece at a time (:func:`_strided`); *scratch* holds
+    the pieces' buffer."""
+    shape = box.shape
+    n = math.prod(shape)
+    if n * out.itemsize <= STRIDED_PIECE or max(shape) <= 1:
+        if not scratch or scratch[0].size < n:
+            scratch[:] = [_aligned_empty((n,), out.dtype)]  # (pages: copies from the cache)
+        piece = scratch[0][:n].reshape(shape)
+        read(box, piece)
+        out[...] = piece[tuple(slice(None, None, st) for st in steps)]
+        return
+    ax = next(d for d, m in enumerate(shape) if m > 1)
+    st = steps[ax]
+    per = max(1, STRIDED_PIECE // (n // shape[ax] * out.itemsize * st))  # selected a piece
+    for j in range(0, out.shape[ax], per):
+        lo = box.start[ax] + j * st
+        hi = min(lo + (per - 1) * st + 1, box.stop[ax])
+        sub = Box(
+            box.start[:ax] + (lo,) + box.start[ax + 1 :], box.stop[:ax] + (hi,) + box.stop[ax + 1 :]
+        )
+        _fill_strided(read, sub, steps, out[(slice(None),) * ax + (slice(j, j + per),)], scratch)
+
+
+def _select(key, shape: tuple[int, ...], what: str, read, dtype: np.dtype) -> np.ndarray:
+    """A numpy-style selection *key* of an array of *shape* and *dtype*, read with
+    ``read(box, out)`` (*out* None: a new array).
 
     A stepped selection (``ds[::k]``) is read a piece at a time and its result owns its
     memory, as h5py's does: a view of the whole span read at once held every byte of it
     for as long as the program kept a few selected values."""
     sel = parse(key, shape, what)
     if sel.strided:
-        out = _strided(read, sel.box, sel.steps, itemsize)
-        if out.base is not None:  # a view into one read of the span (or a piece of it)
-            out = out.copy()
+        out = _strided(read, sel.box, sel.steps, dtype)
     else:
-        out = read(sel.box)
+        out = read(sel.box, None)
     if sel.squeeze:
         out = out.reshape(sel.result_shape)
     ellipsis = key is Ellipsis or (isinstance(key, tuple) and any(k is Ellipsis for k in key))
@@ -207,8 +205,8 @@ class LevelView:
             key,
             self.shape,
             what,
-            lambda box: self.dataset.read(box, level=self.level),
-            self.dataset.dtype.itemsize,
+            lambda box, out: self.dataset.read(box, out=out, level=self.level),
+            self.dataset.dtype,
         )
 
     def __array__(self, dtype=None, copy=None):
@@ -319,7 +317,9 @@ class Dataset:
         of a 0-D dataset too), except ``ds[...]`` of a 0-D dataset, which
         gives a 0-D array.
         """
-        return _select(key, self.shape, self._what(), self.read, self.dtype.itemsize)
+        return _select(
+            key, self.shape, self._what(), lambda box, out: self.read(box, out=out), self.dtype
+        )
 
     def read(
         self,
