@@ -428,6 +428,18 @@ def test_empty_batches_and_empty_blocks(tmp_path):
     with lamina.open(path) as f:
         assert len(f["a"].blocks()) == 1
         np.testing.assert_array_equal(f["a"][3:], 7)
+    # empty blocks at corners out of bounds: refused stacked as listed and as write() does
+    # (the stacked form dropped them before the check)
+    with lamina.open(path, "a") as f:
+        ds = f["a"]
+        for call in (
+            lambda: ds.write_blocks(np.zeros((2, 0, 4), "i2"), [[7, 0], [0, 0]]),
+            lambda: ds.write_blocks([np.zeros((0, 4), "i2")] * 2, [[7, 0], [0, 0]]),
+            lambda: ds.write(np.zeros((0, 4), "i2"), offset=(7, 0)),
+        ):
+            with pytest.raises(lamina.BoundsError, match="out of bounds"):
+                with f.step():
+                    call()
 
 
 def test_corners_near_the_int64_limit_are_refused_before_anything_is_stored(tmp_path):

@@ -130,10 +130,12 @@ def check_batch(spec: DatasetSpec, starts, arrays) -> Batch:
         st = corners(spec, starts, n)
         arr, owned = cast(spec, arrays, f"{n} stacked blocks")
         shape = np.array(arr.shape[1:], dtype=np.int64)
+        # (checked before empty blocks are dropped: an empty box past the end is refused,
+        # as write() and the list form refuse it)
+        _check_bounds(spec, st, np.broadcast_to(shape, st.shape))
         if arr.size == 0:  # every block is empty: nothing to store, nothing to overlap
             st = st[:0]
             arr = arr[:0]
-        _check_bounds(spec, st, np.broadcast_to(shape, st.shape))
         stops = st + shape  # within the dataset's shape: no int64 wraps
         nbytes = np.full(len(st), int(np.prod(shape)) * spec.dtype.itemsize, dtype=np.int64)
         return Batch(st, stops, arr, True, owned, owned, nbytes)
