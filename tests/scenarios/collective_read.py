@@ -146,6 +146,15 @@ def main() -> None:
             CollectiveMismatchError,
             "different steps",
         )
+        # each rank says which step it read; one that does not exist is said to be so
+        try:
+            a.read(None, step=99 if r == n - 1 else 0, collective=True)
+        except CollectiveMismatchError as e:
+            said = str(e)
+            assert f"rank {r} read it at step {99 if r == n - 1 else 0}" in said, said
+            assert ("which does not exist" in said) == (r == n - 1), said
+        else:
+            raise AssertionError(f"a read of step 99 on one rank went on, rank {r}")
         bad = Box((0, 0, 0), (A[0] + (1 if r == n - 1 else 0), *A[1:]))
         expect_everywhere(
             comm, lambda: a.read(bad, step=0, collective=True), BoundsError, "a box outside"

@@ -490,10 +490,14 @@ class Dataset:
         the same step and level (a collective read); where a rank *refused* its arguments,
         every rank raises (that rank its error, the others one of its class naming it)."""
         eng = self._file._engine
+        bad = ""
         try:  # one step however it is named (-1 and the last step's number are the same)
             n = eng.steps
             k = n - 1 if step is None else int(step_number(step))
-            resolved: object = k + n if k < 0 else k
+            at = k + n if k < 0 else k
+            resolved: object = at
+            if not 0 <= at < n:
+                bad = f", which does not exist (the file has {n} step{'' if n == 1 else 's'})"
         except (StepError, TypeError, ValueError):
             resolved = repr(step)  # a bad step: read alone, it says what is wrong
         key = crc(f"{self._path}\0{resolved}\0{level}".encode()) & _KEY
@@ -508,7 +512,9 @@ class Dataset:
         if top != low:
             raise mark_collective(
                 CollectiveMismatchError(
-                    f"{self._what()}: ranks made a collective read of different datasets, steps or levels"
+                    f"{self._what()}: ranks made a collective read of different datasets, steps "
+                    f"or levels (rank {self._file.comm.rank} read it at step {resolved}{bad}, "
+                    f"level {level})"
                 )
             )
 
