@@ -324,6 +324,35 @@ def test_a_killed_writers_leftovers_are_cleared(native_path):
         assert f.steps == 1
 
 
+@pytest.mark.parametrize("damage", ["cut 0", "cut 15", "log gone", "log and meta gone"])
+def test_append_refuses_a_file_whose_commit_log_is_damaged_and_changes_nothing(native_path, damage):
+    """A commit log missing or cut inside its header beside records (or data) is a damaged
+    file, not a creation cut short: 'a' removed the file and started it again (5 committed
+    steps gone without a word); it is a FormatError now, the directory as it was, and 'w'
+    still starts it again."""
+    write_steps(native_path, "w", [1.0, 2.0, 3.0])
+    commit = os.path.join(native_path, fmt.COMMIT_NAME)
+    if damage.startswith("cut"):
+        os.truncate(commit, int(damage.split()[1]))
+    else:
+        os.remove(commit)
+        if damage == "log and meta gone":
+            os.remove(os.path.join(native_path, fmt.META_NAME))
+
+    def listing():
+        return sorted(
+            (n, os.path.getsize(os.path.join(native_path, n))) for n in os.listdir(native_path)
+        )
+
+    before = listing()
+    with pytest.raises(FormatError, match="cannot append .* nothing was changed"):
+        write_steps(native_path, "a", [4.0])
+    assert listing() == before
+    write_steps(native_path, "w", [5.0])
+    with lamina.open(native_path, "r") as f:
+        assert f.steps == 1 and f["x"][0] == 5.0
+
+
 # ------------------------------------------------------------------ links planted inside the file
 
 

@@ -621,12 +621,54 @@ class NativeEngine(BlockEngine):
             stat.S_ISREG(os.lstat(commit).st_mode)
             and os.lstat(commit).st_size < min(fmt.HEADER_SIZES.values())
         )
+        if mode == "a" and not committed:
+            self._check_never_committed(path)
         if mode == "w" or not committed:
             # a new file; or 'a' where nothing was ever committed (a writer killed while creating it)
             self._check_foreign(path)
             self._create(path)
         self._meta_fd = _open_in(path, fmt.META_NAME, os.O_RDWR)
         self._commit_fd = _open_in(path, fmt.COMMIT_NAME, os.O_RDWR)
+
+    @staticmethod
+    def _check_never_committed(path: str) -> None:
+        """FormatError unless the file at *path*, whose commit log is missing or shorter than
+        its header, is one a writer was killed while creating (:meth:`_create` writes
+        ``lamina.meta``'s header before it makes the log, and removes the subfiles before
+        ``lamina.meta``): then ``lamina.meta`` is missing or no more than its header, and no
+        subfile holds a byte without it.  Anything else is a damaged file, whose records
+        mode 'a' would have removed with the file."""
+        commit = os.path.join(path, fmt.COMMIT_NAME)
+        meta = os.path.join(path, fmt.META_NAME)
+        meta_size = os.lstat(meta).st_size if os.path.lexists(meta) else None
+        held = []
+        for name in os.listdir(path):
+            full = os.path.join(path, name)
+            if name in (fmt.META_NAME, fmt.COMMIT_NAME) or name.startswith(LOCK_NAME):
+                continue
+            if _is_lamina_name(name) and os.path.isfile(full) and os.path.getsize(full):
+                held.append(name)
+        if (meta_size or 0) <= max(fmt.HEADER_SIZES.values()) and (
+            meta_size is not None or not held
+        ):
+            return
+        log = (
+            "is missing"
+            if not os.path.lexists(commit)
+            else f"is cut inside its header ({os.lstat(commit).st_size} bytes)"
+        )
+        holds = (
+            f"{fmt.META_NAME} holds {meta_size} bytes of records"
+            if meta_size is not None
+            else f"{fmt.META_NAME} is missing and {', '.join(sorted(held)[:3])} "
+            + ("holds data" if len(held) == 1 else "hold data")
+        )
+        raise FormatError(
+            f"cannot append to lamina file {path!r}: its {fmt.COMMIT_NAME} {log} while {holds}: "
+            "a damaged file (or one whose re-creation in mode 'w' was cut short), not one a "
+            "writer was killed creating; nothing was changed. Restore the commit log to read "
+            "it, or open it with mode 'w' to start it again"
+        )
 
     @staticmethod
     def _check_foreign(path: str) -> None:
