@@ -101,6 +101,7 @@ from ..catalog.blocks import StepTable, column_extents, dataset_runs, merge_exte
 from ..catalog.model import MAX_ATTR_BYTES, MAX_NDIM, Stats, decode_op, encode_op
 from ..errors import (
     BoundsError,
+    ChecksumError,
     CodecError,
     CollectiveMismatchError,
     ConfigError,
@@ -1633,6 +1634,12 @@ class BlockEngine(Engine):
 
     def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
         spec, step = self.check_read(name, box, step, out)
+        try:
+            self._get(spec, box, step, out)
+        except ChecksumError as e:  # (the reads name the subfile, dataset and block)
+            raise ChecksumError(f"{e} (step {step})") from None
+
+    def _get(self, spec: DatasetSpec, box: Box, step: int, out: np.ndarray) -> None:
         layout = Layout.of(spec)
         if layout is not None:
             self._bytes_read += layout_read.read(self, spec, layout, box, step, 0, out)

@@ -29,6 +29,7 @@ from ... import comm as comm_mod
 from ... import stats as stats_mod
 from ...catalog import (
     CODEC_RAW,
+    KIND_STEP,
     BlockCodec,
     BlockTable,
     Decoder,
@@ -237,6 +238,12 @@ class _Lazy:
 
     def __str__(self) -> str:
         return self.make()
+
+
+def _of_step(rec: Record, what: str) -> str:
+    """*what* names a record by its number; a step record's blocks are named by the step too
+    (numbers of records and steps part at the first record that is not a step's)."""
+    return f"{what} (step {rec.step})" if rec.kind == KIND_STEP else what
 
 
 def _verify(rec, seg: int, k: int, got: int, what: str | _Lazy) -> None:
@@ -892,7 +899,7 @@ class NativeEngine(BlockEngine):
             what = f"{self.path}/{fmt.META_NAME} record {seq}"
             try:
                 rec = Record.decode(raw, self.catalog, what, version=self._version)
-                self.catalog.apply_record(rec, True, self._blocks(rec, what))
+                self.catalog.apply_record(rec, True, self._blocks(rec, _of_step(rec, what)))
             except Exception as e:  # noqa: BLE001 - raised if rank 0 kept this record
                 return k, e
         return len(raws), None
@@ -932,7 +939,7 @@ class NativeEngine(BlockEngine):
                         stacklevel=5,
                     )
                 break
-            self.catalog.apply_record(rec, True, self._blocks(rec, what))
+            self.catalog.apply_record(rec, True, self._blocks(rec, _of_step(rec, what)))
             good.append(raw)
             prev_end = ent.offset + ent.length
         return good
