@@ -116,13 +116,13 @@ def normalize_attr(value):
         return [str(v) for v in value]
     if (
         isinstance(value, np.ndarray)
-        and value.dtype.kind in "OU"
+        and value.dtype == object
         and value.ndim == 1
         and value.size
         and all(isinstance(v, str) for v in value.tolist())
     ):
-        # a list of strings as it reads back (a 1-D array of str objects, as h5py gives it),
-        # or numpy's own strings: stored as the list
+        # a list of strings as it reads back (a 1-D array of str objects, as h5py gives it):
+        # stored as the list (numpy's own strings, dtype '<U', are refused, as h5py refuses them)
         return [str(v) for v in value.tolist()]
     if isinstance(value, bytes):
         raise DTypeError(
