@@ -437,6 +437,38 @@ def test_the_derived_layer_times_its_work(tmp_path, monkeypatch):
     assert x1 >= n and t > 0
 
 
+def test_a_read_sample_counts_the_bytes_read_and_never_the_checksum_librarys_import(
+    tmp_path, monkeypatch
+):
+    """A read of one value of a 16 KiB block was a sample of 8 bytes (the values selected)
+    in the time of the block's read; and the first large read of a process, which imports
+    the checksums' library (37 ms), was a sample too: a few `lamina dump` runs made the
+    model predict 78 s for a read of 16 KiB."""
+    import lamina
+    from lamina import stats
+
+    path = tmp_path / "history.json"
+    monkeypatch.setenv("LAMINA_HISTORY", str(path))
+    f_path = str(tmp_path / "r.lam")
+    with lamina.open(f_path, "w", durable=False) as f:
+        for c in ("vx", "vy", "vz"):
+            f.create_dataset(c, (16, 16, 8))
+        f.derive("m", "magnitude(vx, vy, vz)", strategy="expression")
+        with f.step():
+            for c in ("vx", "vy", "vz"):
+                f[c][...] = 1.0
+    stats.crc(np.zeros(1 << 15, np.uint8))  # the library loaded: reads below are sampled
+    with lamina.open(f_path) as f:
+        f["vx"][0, 0, 0]  # one value of the block: no sample
+        f["vx"][:9]  # more than half of it: a sample
+    reads = hist.load_history(str(path)).samples("read")
+    assert [x1 for x1, _, _ in reads] == [9 * 16 * 8 * 8], reads
+    monkeypatch.setattr(stats, "_fast_crc", None)  # as in a new process: this read imports it
+    with lamina.open(f_path) as f:
+        f["vy"][...]
+    assert len(hist.load_history(str(path)).samples("read")) == 1
+
+
 def test_a_file_without_derived_quantities_keeps_no_history(tmp_path, monkeypatch):
     import lamina
 

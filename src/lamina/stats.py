@@ -188,6 +188,12 @@ def _load_fast_crc() -> Any:
     return fast
 
 
+def fast_crc_loaded() -> bool:
+    """Whether this process has imported the large checksums' library (a timing that
+    includes its import, about 50 ms, is no sample of a read's rate)."""
+    return _fast_crc is not None
+
+
 def crc(data, value: int = 0) -> int:
     """CRC-32C of a bytes-like object, continuing from *value*."""
     if len(data) >= FAST_MIN:

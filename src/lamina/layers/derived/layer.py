@@ -52,6 +52,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from ... import comm as comm_mod
+from ... import stats as stats_mod
 from ...catalog import CODEC_STATS_ONLY, BlockTable, DatasetSpec, normpath
 from ...derived import evaluate, evaluate_regions, gpu_available, needed_boxes
 from ...engines.batch import elements
@@ -68,7 +69,7 @@ from ...errors import (
     mark_collective,
     suggest,
 )
-from ...geometry import Box
+from ...geometry import Box, rows_prod
 from ...layouts.spec import Layout
 from ...perf.history import Recorder, load_history, signature
 from ...stats import crc
@@ -898,17 +899,17 @@ class DerivedLayer(Layer):
         path = normpath(name)
         d = self._by_component.get(path)
         if d is None:
-            t0 = time.perf_counter()
+            t0, b0 = time.perf_counter(), self._read_count()
             self.inner.get(path, box, step, out)  # validates box and step first
-            self._sample_read(path, box, step, time.perf_counter() - t0)
+            self._sample_read(path, box, step, time.perf_counter() - t0, b0)
             return
         spec, step = self.inner.check_read(path, box, step, out)
         if d.strategy == "store" and spec.id >= 0:
             t = self.catalog.table(spec.id, step)
             if len(t) and not bool((t.codec == CODEC_STATS_ONLY).any()):
-                t0 = time.perf_counter()
+                t0, b0 = time.perf_counter(), self._read_count()
                 self.inner.get(path, box, step, out)
-                self._sample_read(path, box, step, time.perf_counter() - t0)
+                self._sample_read(path, box, step, time.perf_counter() - t0, b0)
                 return
         t0, n0 = time.perf_counter(), self._computed
         per_block = self._recompute(d, d.components.index(path), box, step, out)
@@ -923,25 +924,35 @@ class DerivedLayer(Layer):
     def get_collective(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
         path = normpath(name)
         if path not in self._by_component:  # stored data: read together
-            t0 = time.perf_counter()
+            t0, b0 = time.perf_counter(), self._read_count()
             self.inner.get_collective(path, box, step, out)
-            self._sample_read(path, box, step, time.perf_counter() - t0)
+            self._sample_read(path, box, step, time.perf_counter() - t0, b0)
             return
         self.get(path, box, step, out)  # computed on read: each rank computes its own box
 
-    def _sample_read(self, path: str, box: Box, step, seconds: float) -> None:
+    def _read_count(self) -> bool:
+        """What :meth:`_sample_read` compares after a read: whether the large checksums'
+        library was loaded."""
+        return stats_mod.fast_crc_loaded()
+
+    def _sample_read(self, path: str, box: Box, step, seconds: float, before: bool) -> None:
         """A read of stored data that took *seconds*, a sample of the measured history (files
-        with derived quantities only: the engines count the bytes every read takes)."""
-        if not self._defs or seconds <= 0:
+        with derived quantities only), *before* being :meth:`_read_count` before it.  Left
+        out: a read of less than half the blocks it touches (a value of a 16 KiB block is
+        a read's fixed costs, not a rate: 8 bytes in 38 ms made the model predict 78 s for
+        16 KiB), and a read that imported the checksums' library (the process's first large
+        one, 37 ms: a CLI command reading once put such a sample in the history)."""
+        if not self._defs or seconds <= 0 or stats_mod.fast_crc_loaded() != before:
             return
         spec = self.catalog.datasets.get(path)
         if spec is None or spec.id < 0 or Layout.of(spec) is not None:
             return
         t = self.catalog.table(spec.id, self.check_step(step))
-        blocks = len(t.hits(box.start, box.stop)[0])
-        if blocks:
-            nbytes = box.size * spec.dtype.itemsize
-            self._timed.add("read", nbytes, nbytes / blocks, seconds)
+        idx = t.hits(box.start, box.stop)[0]
+        if not len(idx) or 2 * box.size < int(rows_prod(t.stop[idx] - t.start[idx]).sum()):
+            return
+        nbytes = box.size * spec.dtype.itemsize
+        self._timed.add("read", nbytes, nbytes / len(idx), seconds)
 
     def _recompute(self, d: Definition, k: int, box: Box, step: int, out: np.ndarray) -> float:
         """Component *k* of *d* over *box* into *out*; the mean elements per block of the
