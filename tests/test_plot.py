@@ -189,6 +189,40 @@ def test_stats_of_what_has_no_block_statistics_is_an_error(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_stats_of_infinities_and_complex_values_and_nothing(tmp_path, capsys):
+    """inf and -inf in every step have a NaN mean: --stats said the dataset had no block
+    statistics; complex blocks keep min and max of |z| and a sum of z, and the mean drawn
+    (real part of the sum) fell outside the |z| band; a file of no step and a dataset of
+    no values gave empty pictures and status 0."""
+    path = tmp_path / "c.lam"
+    with lamina.open(path, "w") as f:
+        e = f.create_dataset("e", shape=(4,), dtype="f8")
+        z = f.create_dataset("z", shape=(3,), dtype="c16")
+        f.create_dataset("flat", shape=(0, 3), dtype="f8")
+        for k in range(3):
+            with f.step():
+                e[...] = [1, np.inf, -np.inf, 2]
+                z[...] = 5j * (k + 1)
+    with lamina.open(path) as f:
+        s = plot.step_stats(f["e"])
+        assert s["min"].tolist() == [-np.inf] * 3 and s["max"].tolist() == [np.inf] * 3
+        s = plot.step_stats(f["z"])
+        assert s["min"].tolist() == s["max"].tolist() == [5.0, 10.0, 15.0]
+        assert np.isnan(s["mean"]).all()  # no mean of |z| from the blocks
+    for name in ("e", "z"):
+        out = tmp_path / f"{name}.png"
+        assert main(["plot", str(path), name, "--stats", "-o", str(out)]) == 0
+        _image(out)
+    assert main(["plot", str(path), "flat", "-o", str(tmp_path / "flat.png")]) == 2
+    assert "the slice holds no values" in capsys.readouterr().err
+    empty = tmp_path / "none.lam"
+    with lamina.open(empty, "w") as f:
+        f.create_dataset("x", shape=(4,))
+    assert main(["plot", str(empty), "x", "--stats", "-o", str(tmp_path / "x.png")]) == 2
+    assert "no committed step" in capsys.readouterr().err
+    assert not (tmp_path / "x.png").exists() and not (tmp_path / "flat.png").exists()
+
+
 def test_output_named_without_extension_is_the_file_written(tmp_path, capsys):
     """matplotlib added '.png' to a name without one, and the command named a file that was
     not there."""

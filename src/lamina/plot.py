@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .api import Dataset, File
-from .errors import NotFoundError, SelectionError
+from .errors import NotFoundError, SelectionError, StepError
 
 INSTALL_HINT = "matplotlib is not installed: pip install 'lamina[plot]' (or pip install matplotlib)"
 
@@ -180,6 +180,8 @@ def slice_png(
             f"{name!r} has shape {first.shape}: a picture needs 2 free dimensions, "
             f"{len(free)} are left after --slice"
         )
+    if any(first.shape[ax] == 0 for ax in free):  # (an empty picture would pass for one)
+        raise SelectionError(f"{name!r} has shape {first.shape}: the slice holds no values")
     key = tuple(fixed.get(ax, slice(None)) for ax in range(first.ndim))
     if len(comps) == 1:
         data = np.asarray(first[key])
@@ -272,10 +274,13 @@ def _draw_blocks(
 
 
 def step_stats(ds: Dataset) -> dict[str, np.ndarray]:
-    """Per committed step: min, mean, max from the block statistics (NaN where nothing was written)."""
+    """Per committed step: min, mean, max from the block statistics (NaN where nothing was
+    written).  Of a complex dataset, min and max are those of ``|z|`` (as the blocks keep
+    them) and the mean is NaN: the blocks' sums give the mean of z, not of ``|z|``."""
     f = ds.file
     n = f.steps
     mins, means, maxs = (np.full(n, np.nan) for _ in range(3))
+    complex_ = ds.dtype.kind == "c"
     for k in range(n):
         st = [b.stats for b in ds.blocks(k) if b.stats is not None and b.stats.count]
         if not st:
@@ -283,7 +288,8 @@ def step_stats(ds: Dataset) -> dict[str, np.ndarray]:
         mins[k] = min(float(np.real(s.min)) for s in st)
         maxs[k] = max(float(np.real(s.max)) for s in st)
         total = sum(int(s.count) for s in st)
-        means[k] = float(np.real(sum(s.sum for s in st))) / total if total else np.nan
+        if total and not complex_:
+            means[k] = float(sum(s.sum for s in st)) / total
     return {"step": np.arange(n), "min": mins, "mean": means, "max": maxs}
 
 
@@ -311,8 +317,11 @@ def stats_png(f: File, name: str, out: str | os.PathLike, dpi: int = 110) -> Pic
             f"{obj.name!r} is a group: --stats takes a dataset (a component of a vector)"
         )
     s = step_stats(obj)
-    if f.steps and np.isnan(s["mean"]).all():
-        # nothing to draw: an empty picture would pass for one
+    if np.isnan(s["min"]).all() and np.isnan(s["max"]).all():
+        # nothing to draw: an empty picture would pass for one (a mean alone may be NaN:
+        # inf and -inf in a step, or complex values)
+        if not f.steps:
+            raise StepError(f"{obj.name!r}: the file has no committed step to draw statistics of")
         d = f.engine.definition(obj.name.strip("/"))
         why = (
             "a derived quantity kept as its expression, computed when read"
@@ -327,8 +336,12 @@ def stats_png(f: File, name: str, out: str | os.PathLike, dpi: int = 110) -> Pic
     x = times if times is not None else s["step"]
     fig = _figure((6.4, 3.8))
     axes = fig.add_subplot()
-    axes.fill_between(x, s["min"], s["max"], alpha=0.25, label="min .. max")
-    axes.plot(x, s["mean"], marker="o", ms=3, label="mean")
+    magnitude = obj.dtype.kind == "c"  # (the blocks keep min and max of |z|: no mean of it)
+    axes.fill_between(
+        x, s["min"], s["max"], alpha=0.25, label="|z| min .. max" if magnitude else "min .. max"
+    )
+    if not magnitude:
+        axes.plot(x, s["mean"], marker="o", ms=3, label="mean")
     axes.plot(x, s["min"], lw=0.8, color="C0")
     axes.plot(x, s["max"], lw=0.8, color="C0")
     units = obj.attrs["units"] if "units" in obj.attrs else None
