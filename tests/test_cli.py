@@ -536,3 +536,5 @@ def test_info_of_multiresolution_levels_says_what_a_read_of_each_takes(tmp_path,
     assert sum(lv["band"] for lv in levels) == want[0] and levels[0]["ratio"] < 1.0
     rc, out, _ = run(["info", path, "d"], capsys)
     assert rc == 0 and f"{fmt_bytes(want[0])} stored in all bands" in out, out
+    rc, out, _ = run(["info", path, "d", "--json"], capsys)
+    assert json.loads(out)["steps"][0]["nbytes"] == want[0]  # as the text (it said band 0)

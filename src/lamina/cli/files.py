@@ -285,7 +285,9 @@ def cmd_info(args) -> int:
                         "time": t,
                         "blocks": [_block_json(b) for b in blocks],
                         "covered": covers[k],
-                        "nbytes": sum(b.nbytes for b in blocks),
+                        # (a multiresolution dataset's blocks are its patches' band 0: the
+                        # step stores every band, as the text says and lamina ls counts)
+                        "nbytes": bands[k] if lay is not None else sum(b.nbytes for b in blocks),
                         "raw_nbytes": sum(b.raw_nbytes for b in blocks),
                     }
                     for k, t, blocks in per_step
