@@ -353,6 +353,22 @@ def test_append_refuses_a_file_whose_commit_log_is_damaged_and_changes_nothing(n
         assert f.steps == 1 and f["x"][0] == 5.0
 
 
+@pytest.mark.parametrize("name", ["lamina.lock", "data.1.0"])
+def test_a_directory_where_lamina_keeps_a_file_is_a_lamina_error(native_path, name):
+    """A directory named as the lock or the next session's subfile: 'a' raised a bare
+    IsADirectoryError from deep inside; a LockError or FormatError naming it now, and the
+    file reads as before."""
+    write_steps(native_path, "w", [1.0])
+    full = os.path.join(native_path, name)
+    if os.path.lexists(full):
+        os.remove(full)
+    os.mkdir(full)
+    with pytest.raises(lamina.LaminaError, match=f"{name} is a directory"):
+        write_steps(native_path, "a", [2.0])
+    with lamina.open(native_path, "r") as f:
+        assert f.steps == 1 and f["x"][0] == 1.0
+
+
 # ------------------------------------------------------------------ links planted inside the file
 
 

@@ -401,6 +401,10 @@ def _open_in(directory: str, name: str, flags: int, mode: int = 0o644) -> int:
             raise FormatError(
                 f"{directory}: {name} is a symbolic link; lamina does not follow links inside its files"
             ) from None
+        if e.errno == errno.EISDIR:  # (a file of lamina's name that lamina did not make)
+            raise FormatError(
+                f"{directory}: {name} is a directory where lamina keeps a file of that name"
+            ) from None
         raise
 
 

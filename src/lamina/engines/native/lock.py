@@ -101,7 +101,13 @@ class WriterLock:
         self.key = key
 
     def _acquire(self) -> None:
-        fd = os.open(self.name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            fd = os.open(self.name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except IsADirectoryError:
+            raise LockError(
+                f"{self.path!r}: its lock file {os.path.basename(self.name)} is a directory, "
+                "which lamina did not make; remove it to write the file"
+            ) from None
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
