@@ -13,7 +13,7 @@ shared by several reads (``Dataset.progressive``) reads no band twice.
 from __future__ import annotations
 
 from collections.abc import MutableMapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -241,7 +241,7 @@ def describe(src: Source, spec: DatasetSpec, layout: Layout, step: int) -> dict:
     precision), and bytes per subfile (the aggregators' load).  Reads the coarsest band of
     every patch (its header says how the patch is stored)."""
     cat = src.catalog
-    levels = []
+    levels: list[dict[str, Any]] = []
     subfiles: dict[str, int] = {}
     for k in range(layout.levels):
         lspec = cat.level(spec.path, k)
