@@ -282,13 +282,20 @@ def test_names_two_patterns_share_and_names_that_are_their_own_entry():
     assert routes_meet("a*", "*b.lam") and routes_meet("out.lam", "run/out.lam")
     assert not routes_meet("step_*.lam", "grid_*.lam") and not routes_meet("*.lam", "*.h5")
     rnd = random.Random(3)
-    atoms = ["a", "b", "?", "*", "[ab]", "[!a]", "[a]"]
-    names = ["".join(t) for n in range(7) for t in itertools.product("abc", repeat=n)]
-    for _ in range(1500):
-        x = "".join(rnd.choice(atoms) for _ in range(rnd.randint(0, 4)))
-        y = "".join(rnd.choice(atoms) for _ in range(rnd.randint(0, 4)))
-        want = any(fnmatch.fnmatchcase(s, x) and fnmatch.fnmatchcase(s, y) for s in names)
-        assert globs_meet(x, y) == want, (x, y)
+
+    def against_every_name(atoms, alphabet, longest, pairs, most):
+        """*pairs* random patterns of up to *most* atoms, judged against every name of up to
+        *longest* characters of *alphabet*."""
+        names = [
+            "".join(t) for n in range(longest + 1) for t in itertools.product(alphabet, repeat=n)
+        ]
+        for _ in range(pairs):
+            x = "".join(rnd.choice(atoms) for _ in range(rnd.randint(0, most)))
+            y = "".join(rnd.choice(atoms) for _ in range(rnd.randint(0, most)))
+            want = any(fnmatch.fnmatchcase(s, x) and fnmatch.fnmatchcase(s, y) for s in names)
+            assert globs_meet(x, y) == want, (x, y)
+
+    against_every_name(["a", "b", "?", "*", "[ab]", "[!a]", "[a]"], "abc", 6, 1500, 4)
     wf = Workflow.parse("out[1].lam=0>1")
     assert wf.route("out[1].lam") == Route(0, (1,)) and wf.route("run/out[1].lam") == Route(0, (1,))
     # classes with ranges and negations: every character outside a-e (named by none) behaves
@@ -296,12 +303,7 @@ def test_names_two_patterns_share_and_names_that_are_their_own_entry():
     # search used to try beside theirs ('[!a-z0-9_.x-]' twice) share 'B'
     assert globs_meet("[!a-z0-9_.x-]", "[!0-9a-z_.x-]") and not globs_meet("[a-c]", "[d-f]")
     atoms = ["a", "e", "?", "*", "[a-c]", "[!b-d]", "[c-e]", "[!a]", "[!a-e]", "[b]", "[e-a]"]
-    names = ["".join(t) for n in range(5) for t in itertools.product("abcdef", repeat=n)]
-    for _ in range(600):
-        x = "".join(rnd.choice(atoms) for _ in range(rnd.randint(0, 3)))
-        y = "".join(rnd.choice(atoms) for _ in range(rnd.randint(0, 3)))
-        want = any(fnmatch.fnmatchcase(s, x) and fnmatch.fnmatchcase(s, y) for s in names)
-        assert globs_meet(x, y) == want, (x, y)
+    against_every_name(atoms, "abcdef", 4, 600, 3)
 
 
 def test_workflow_parse_and_route():
