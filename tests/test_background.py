@@ -1197,6 +1197,18 @@ def test_a_step_dropped_on_one_rank_then_the_ranks_pair_again(tmp_path, io, mode
 
 
 @needs_mpiexec
+@pytest.mark.parametrize("io", ["async", "auto"])
+@pytest.mark.parametrize("end", ["close", "wait"])
+def test_steps_after_a_step_dropped_on_one_rank_then_the_ranks_pair_again(tmp_path, io, end):
+    """Rank 0 drops a step, then every rank writes two more steps before a wait or close:
+    the failure of the steps refused while the ranks are a call apart is raised once on
+    every rank, and the wait or close pairs them again (it let go of the file: RemoteError
+    on the others)."""
+    res = mu.run_mpi(2, "background", "apart-steps", tmp_path / "s.lam", io, end, timeout=90)
+    assert "OK" in res.stdout
+
+
+@needs_mpiexec
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_auto_a_rank_joins_a_step_it_did_not_begin(tmp_path, mode):
     """Under io='auto', a rank that ends a step without beginning it or writing, and one

@@ -524,6 +524,45 @@ def apart(path: str, io: str, mode: str, op: str) -> None:
         print("OK", flush=True)
 
 
+def apart_steps(path: str, io: str, end: str) -> None:
+    """Rank 0 drops step 1 on its own; every rank then writes steps 2 and 3 (no other
+    collective call), then *end* (``close``, or ``wait`` and close).  Those steps end one with
+    the other ranks' step before it, and the engine refuses them (the ranks' step counts are
+    apart): that failure is raised on every rank, and the ranks pair again at the wait or
+    close, which closes the file properly on every rank with step 0 in it.  Before, the
+    rank ahead met the others' last end_step at its wait or close, was judged to have made
+    another call (it had begun a step since its drop), and let go of the file."""
+    from lamina.errors import LaminaError, StepError
+
+    comm = comm_mod.world()
+    rank = comm.rank
+    f = lamina.open(path, "w", io=io)
+    ds = f.create_dataset("x", (ROWS * comm.size, COLS), "f8")
+    raised = []
+    for k in range(4):
+        try:
+            with f.step():
+                ds[rank * ROWS : (rank + 1) * ROWS, :] = block(k, rank)
+                if k == 1 and rank == 0:
+                    raise RuntimeError("rank 0 fails on its own")
+        except (LaminaError, RuntimeError) as e:
+            raised.append((k, type(e).__name__))
+    for call in (f.wait, f.close) if end == "wait" else (f.close,):
+        try:
+            call()
+        except StepError as e:  # the refused steps' failure, raised once on each rank
+            raised.append((call.__name__, type(e).__name__))
+    names = [n for _, n in raised]
+    assert names.count("StepError") == 1, raised  # the failure, once on every rank
+    assert names.count("RemoteError") == 0, raised  # no rank let go of the file
+    comm.Barrier()
+    if rank == 0:
+        with lamina.open(path, "r", comm=comm_mod.self_comm()) as r:
+            assert r.steps == 1, r.steps
+            np.testing.assert_array_equal(r.at(0)["x"][...], whole(0, comm.size))
+        print("OK", raised, flush=True)
+
+
 def joined(path: str, mode: str) -> None:
     comm = comm_mod.world()
     rank = comm.rank
@@ -813,6 +852,8 @@ if __name__ == "__main__":
         joined(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "apart":
         apart(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5])
+    elif sys.argv[1] == "apart-steps":
+        apart_steps(sys.argv[2], sys.argv[3], sys.argv[4])
     elif sys.argv[1] == "switches":
         switches(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1")
     elif sys.argv[1] == "auto":

@@ -267,8 +267,10 @@ class BackgroundLayer(Layer):
         # ... not a call apart (no step dropped that others end): the program's ranks went
         # different ways (see _apart)
         self._diverged = False
-        # this rank dropped a step and began none since (see _apart): ranks ending that step
-        # meanwhile are a call behind this one
+        # this rank dropped a step and has not met the others at a point or close since (see
+        # _apart): ranks ending a step there are a call behind this one.  Steps begun since
+        # do not clear it: each ends with the others' step before it (the engine refuses
+        # them, counted apart), so the ranks stay a call apart until they meet again
         self._just_dropped = False
         self._first_owed = False  # the first step dropped here before it was judged
         self._warm: list[int] = []  # buffers for the worker to make ready (under _cond)
@@ -504,9 +506,18 @@ class BackgroundLayer(Layer):
                     if got and _kind(got[0]):
                         apart = self._apart(flag, got[0])
                         self._parted, self._diverged = apart == 2, apart == 1
+                        if apart == 2 and _kind(flag) == _kind(got[0]) != CLOSING:
+                            # ahead at a point, the failure raised here as behind at their
+                            # step's end: meet their next call (this point) first, as without
+                            # a failure (a close meets it in its own loop)
+                            self._meet(None, flag)
                 raise
             apart = self._apart(flag, top) if _kind(top) else 0
             if not apart:
+                if _kind(top) and not _ends_step(_kind(top)):
+                    # every rank at one point or close (not one ending a step: the first
+                    # step's judgement, a step written directly): paired again
+                    self._just_dropped = False
                 if seen is not None:
                     seen.append(top)
                 return top
@@ -808,10 +819,8 @@ class BackgroundLayer(Layer):
             self._direct = [0.0, took]
             self._direct_sizes = []
             self._direct_begun = True
-            self._just_dropped = False
             return self._next
         self._step = Step(explicit=True, idle=self._idle())
-        self._just_dropped = False
         return self._next
 
     def _adopt(self) -> bool:
@@ -947,7 +956,6 @@ class BackgroundLayer(Layer):
         self._direct = [float(nbytes), 0.0]
         self._direct_sizes = sizes or []
         self._direct_begun = False
-        self._just_dropped = False
 
     def _direct_call(self, fn, *args) -> None:
         """A write call of a step written directly (io='auto'), timed as the step's I/O."""
@@ -967,7 +975,6 @@ class BackgroundLayer(Layer):
         if self._step is None:
             # implicit: committed by the next end_step or close
             self._step = Step(explicit=False, idle=self._idle())
-            self._just_dropped = False
         return self._step
 
     def _dataset(self, name: str) -> DatasetSpec:
