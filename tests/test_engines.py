@@ -8,6 +8,8 @@ a writer of the same process, timeouts, and the registry.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -142,6 +144,11 @@ class TestInProcess:
                 r.refresh()
                 assert r.engine.writer_closed
                 assert [v.index for v in r.iter_steps(timeout=1)] == [0, 1]
+                # counted from the end once (it went -2, -1, 0, 1: [0, 1, 0, 1])
+                assert [v.index for v in r.iter_steps(start=-2, timeout=1)] == [0, 1]
+                assert [v.index for v in r.iter_steps(start=-1, timeout=1)] == [1]
+                with pytest.raises(lamina.StepError, match=r"start=-3.* 2 committed steps"):
+                    next(iter(r.iter_steps(start=-3, timeout=1)))
                 with pytest.raises(lamina.StepError, match="never exist"):
                     r.wait_for_step(5, timeout=1)
             finally:
@@ -158,6 +165,14 @@ class TestInProcess:
             with lamina.open(path, "r", engine=engine) as r:
                 with pytest.raises(lamina.StepTimeoutError, match="no step 3"):
                     r.wait_for_step(3, timeout=0.1, poll=0.01)
+                # a poll longer than the timeout waits no longer than the timeout (it waited
+                # the whole poll: 8 s under a timeout of 1 s)
+                t0 = time.monotonic()
+                with pytest.raises(lamina.StepTimeoutError, match="no step 3"):
+                    r.wait_for_step(3, timeout=0.2, poll=30)
+                with pytest.raises(lamina.StepTimeoutError):
+                    next(iter(r.iter_steps(start=1, timeout=0.2, poll=30)))
+                assert time.monotonic() - t0 < 10
 
     @settings(max_examples=25)
     @given(data=st.data())

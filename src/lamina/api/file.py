@@ -214,9 +214,10 @@ class File(Group):
                 raise StepTimeoutError(
                     f"no step {step} in {self._filename!r} after {timeout} s ({self.steps} steps committed)"
                 )
-            self._engine.wait_steps(
-                step + 1, delay
-            )  # returns early when the engine hears of a step
+            # (returns early when the engine hears of a step; never past the deadline: a poll
+            # of 8 s under a timeout of 1 s waited 8 s)
+            left = delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic()))
+            self._engine.wait_steps(step + 1, left)
             delay = min(delay * 1.5, 1.0)
             self.refresh()
 
@@ -245,6 +246,13 @@ class File(Group):
                 "iter_steps(prefetch=True) reads ahead on a background thread: open the file "
                 "with io='async' (or $LAMINA_IO=async)"
             )
+        if start < 0:  # from the end of the steps committed now, once (it counted up from it)
+            if -start > self.steps:
+                raise StepError(
+                    f"iter_steps(start={start}): {self._filename!r} has {self.steps} committed "
+                    "steps to count back from"
+                )
+            start += self.steps
         k = start
         while True:
             if k >= self.steps and self._engine.writer_closed:
