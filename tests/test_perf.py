@@ -9,6 +9,7 @@ import json
 import math
 import os
 import sys
+import warnings
 
 import pytest
 
@@ -918,3 +919,13 @@ def test_cli_predicts_from_the_measured_history(calfile, tmp_path, capsys, monke
     bad.write_text("{}")
     assert model("derived", *args, "--history", str(bad)) == 2
     assert "--history" in capsys.readouterr().err
+    # a file that is not there is said to be missing; one that is not JSON says why, as the
+    # error (it warned that 'the next save' would rewrite it: these commands save nothing)
+    for sub, extra in (("derived", args), ("async", ["--bytes", "8MiB"])):
+        assert model(sub, *extra, "--history", str(tmp_path / "none.json")) == 2
+        assert "none.json: no such file" in capsys.readouterr().err
+        (tmp_path / "x.py").write_text("print(1)")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert model(sub, *extra, "--history", str(tmp_path / "x.py")) == 2
+        assert "not valid JSON" in capsys.readouterr().err

@@ -218,11 +218,7 @@ def run_derived(argv: list[str]) -> int:
         hist, hist_source = None, "none"
     else:
         hist_source = ns.history or history_default()
-        hist = load_history(hist_source)
-        if ns.history is not None and not hist.series:
-            raise UsageError(
-                f"--history {ns.history}: no samples of this host in it (not a measured history, another host or version, or empty)"
-            )
+        hist = _history(ns.history, hist_source, load_history)
     preds = combine(t, q, readers, hist)
     choice = best(preds)
     if ns.json:
@@ -349,6 +345,30 @@ def _rate_source(kind: str, r2: float, fit_all: async_model.Fit, calibrated: boo
     return fit_words(kind, r2)
 
 
+def _history(given: str | None, path: str, load) -> Any:
+    """The history at *path* by *load*; where the command names it (*given*), a UsageError
+    unless it exists and holds samples of this host (the words of a file that is no history
+    are the error's, not a warning that a later save rewrites it: these commands save none)."""
+    import warnings
+
+    from ..errors import LaminaWarning
+
+    if given is None:
+        return load(path)
+    if not os.path.exists(given):
+        raise UsageError(f"--history {given}: no such file")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always", LaminaWarning)
+        hist = load(path)
+    if not hist.series:
+        why = "; ".join(str(w.message).split(" (the next save")[0] for w in said)
+        raise UsageError(
+            f"--history {given}: no samples of this host in it (not a measured history, "
+            f"another host or version, or empty){': ' + why if why else ''}"
+        )
+    return hist
+
+
 def run_async(argv: list[str]) -> int:
     ns = build_async_parser().parse_args(argv)
     try:
@@ -360,12 +380,7 @@ def run_async(argv: list[str]) -> int:
     if nbytes <= 0 or ranks < 1 or not comps or not all(0 <= c < float("inf") for c in comps):
         raise UsageError("need --bytes > 0, --ranks >= 1 and finite compute times >= 0")
     path = ns.history or async_model.default_path()
-    hist = async_model.load_history(path)
-    if ns.history is not None and not hist.series:
-        raise UsageError(
-            f"--history {ns.history}: no samples of this host in it (not a measured history, "
-            "another host or version, or empty)"
-        )
+    hist = _history(ns.history, path, async_model.load_history)
     cal = None
     sizes = [
         x1
