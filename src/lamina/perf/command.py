@@ -366,6 +366,8 @@ def _history(given: str | None, path: str, load) -> Any:
             f"--history {given}: no samples of this host in it (not a measured history, "
             f"another host or version, or empty){': ' + why if why else ''}"
         )
+    for w in said:  # (samples left out of a history that has others: said as before)
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return hist
 
 
