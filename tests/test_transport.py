@@ -90,6 +90,21 @@ def test_producer_consumer(tmp_path, mode, n, m):
             assert int(f.at(2)["grid"][4, 5]) == 4 * 17 + 5 + 2 * 100_000
 
 
+@pytest.mark.parametrize("mode", ["memory", "file"])
+def test_consumer_ranks_at_a_step_see_one_namespace(tmp_path, mode):
+    """A dataset and an attribute made at step 1 reach one consumer rank while it reads step
+    0 alone: every rank still sees step 0's datasets and attributes until they take step 1
+    up together (in memory, that rank saw them at step 0 and the job aborted)."""
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (1, "transport_namespace", "produce", "ns.lam"),
+        (2, "transport_namespace", "consume", "ns.lam"),
+        cwd=tmp_path,
+        env={"LAMINA_TRANSPORT": mode},
+    )
+    assert res.lines("OK producer") and res.lines("OK consumer"), res.describe()
+
+
 def test_fan_out(tmp_path):
     """One producer task, two consumer tasks of different sizes."""
     _skip_without_mpiexec()

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ... import comm as comm_mod
-from ...catalog import KIND_STEP, BlockTable, DatasetSpec, decode_packed
+from ...catalog import KIND_CLOSE, KIND_STEP, BlockTable, DatasetSpec, decode_packed
 from ...errors import StepError, TransportError
 from ...geometry import Box, rows_prod
 from ...layouts import read as layout_read
@@ -71,6 +71,10 @@ class Consumer(TransportBase):
         self._stats_follow: set[int] = set()
         self._stats_got: set[tuple[int, int]] = set()
         self._ahead = False  # reads are made ahead of the program: they release nothing
+        # records received and not applied yet: (message, producer step, flags) from the first
+        # that changes the datasets, groups, attributes or definitions on (applied by refresh,
+        # on every rank alike: see _receive)
+        self._held: list[tuple[np.ndarray, int, int]] = []
 
     @property
     def inter(self) -> Intercomm:
@@ -100,7 +104,8 @@ class Consumer(TransportBase):
         g = comm_mod.Guard()
         with g:
             self._receive(
-                until=lambda: self.catalog.nrecords > 0, what=f"the first step of {name!r}"
+                until=lambda: self.catalog.nrecords + len(self._held) > 0,
+                what=f"the first step of {name!r}",
             )
         comm_mod.agree(self.comm, g.error)
         self.refresh()
@@ -127,13 +132,14 @@ class Consumer(TransportBase):
                     )
                 else:
                     real, flags = (int(v) for v in buf[:16].view(np.int64))
-                    where = f"{self.path}: record {self.catalog.nrecords}"
-                    rec, blocks = decode_packed(buf[16:], self.catalog, where)
-                    self.catalog.apply_record(rec, ops_applied=True, blocks=blocks)
-                    if rec.kind == KIND_STEP:
-                        self._real.append(real)
-                        if flags & wire.STATS_FOLLOW:
-                            self._stats_follow.add(len(self.catalog.steps) - 1)
+                    if self._held or _changes_metadata(buf):
+                        # a record that changes what every rank sees (datasets, groups,
+                        # attributes, definitions), and those after it, wait for refresh:
+                        # applied in an independent call here, ranks at one step saw
+                        # different datasets and made different collective reads
+                        self._held.append((buf, real, flags))
+                    else:
+                        self._apply(buf, real, flags)
                 self._heard = time.monotonic()
                 poll.reset()
                 continue
@@ -144,6 +150,34 @@ class Consumer(TransportBase):
                     f"{self.path}: no message from the producer in {timeout:g} s waiting for {what}"
                 )
             poll.sleep()
+
+    def _apply(self, buf: np.ndarray, real: int, flags: int) -> None:
+        """Apply the record message *buf* (after its 16 bytes of producer step and flags)."""
+        where = f"{self.path}: record {self.catalog.nrecords}"
+        rec, blocks = decode_packed(buf[16:], self.catalog, where)
+        self.catalog.apply_record(rec, ops_applied=True, blocks=blocks)
+        if rec.kind == KIND_STEP:
+            self._real.append(real)
+            if flags & wire.STATS_FOLLOW:
+                self._stats_follow.add(len(self.catalog.steps) - 1)
+
+    def _take_held(self, records: int | None = None, step: int | None = None) -> None:
+        """Apply held records in order: until the catalog holds *records* records, or step
+        *step*, or all of them."""
+        while self._held:
+            if records is not None and self.catalog.nrecords >= records:
+                return
+            if step is not None and step < len(self.catalog.steps):
+                return
+            self._apply(*self._held.pop(0))
+
+    def _steps_in(self) -> int:
+        """Steps received, applied or held."""
+        return len(self.catalog.steps) + sum(_kind_of(b) == KIND_STEP for b, _, _ in self._held)
+
+    def _closed_in(self) -> bool:
+        """Whether the producer's close record was received (applied or held)."""
+        return self.catalog.closed or any(_kind_of(b) == KIND_CLOSE for b, _, _ in self._held)
 
     @property
     def steps(self) -> int:
@@ -164,6 +198,13 @@ class Consumer(TransportBase):
         with g:
             self._receive()
             self._check_silence()
+        comm_mod.agree(self.comm, g.error)
+        # the records every rank has received are applied on every rank (those held: the
+        # first that changes the metadata and those after it)
+        upto = comm_mod.allreduce_int(self.comm, self.catalog.nrecords + len(self._held), "min")
+        g = comm_mod.Guard()
+        with g:
+            self._take_held(records=upto)
         comm_mod.agree(self.comm, g.error)
         self._agreed = comm_mod.allreduce_int(self.comm, len(self.catalog.steps), "min")
         self._agreed_closed = bool(
@@ -190,9 +231,7 @@ class Consumer(TransportBase):
             self._waiting = (count, now)
         end = now + seconds
         self._receive(
-            until=lambda: (
-                len(self.catalog.steps) >= count or self.catalog.closed or time.monotonic() >= end
-            ),
+            until=lambda: self._steps_in() >= count or self._closed_in() or time.monotonic() >= end,
             what=f"step {count - 1}",
         )
 
@@ -201,7 +240,7 @@ class Consumer(TransportBase):
         if self._waiting is None:
             return
         count, since = self._waiting
-        if len(self.catalog.steps) >= count or self.catalog.closed:
+        if self._steps_in() >= count or self._closed_in():
             self._waiting = None
             return
         quiet = time.monotonic() - max(since, self._heard)
@@ -306,7 +345,7 @@ class Consumer(TransportBase):
                 f"step {step} of {self.path!r} was released: the memory transport keeps a step only "
                 f"until its consumers ask for a later one (this rank is at step {self._cursor})"
             )
-        if step >= len(self.catalog.steps) and self.catalog.closed:
+        if step >= self._steps_in() and self._closed_in():
             raise self._never(step)  # before any release: a step asked for in vain frees nothing
         if not self._ahead:
             self._release(step)
@@ -315,9 +354,11 @@ class Consumer(TransportBase):
             def arrived() -> bool:
                 if not self._ahead:  # steps before it that arrive meanwhile go as they come
                     self._release(step)
-                return step < len(self.catalog.steps) or self.catalog.closed
+                return step < self._steps_in() or self._closed_in()
 
             self._receive(until=arrived, what=f"step {step}")
+            # a step past those the ranks agreed on, read alone: its records applied here
+            self._take_held(step=step)
             if step >= len(self.catalog.steps):
                 raise self._never(step)
         return step
@@ -528,6 +569,28 @@ class Consumer(TransportBase):
         if self._inter is not None:
             comm_mod.free(self._inter)
             self._inter = None
+
+
+#: where a record message's head begins (after the producer step and flags, and the head's
+#: length), and where its count of metadata changes lies in the head (after the kind u8,
+#: step i64, session u32, ranks u32 and commit time f64 every record begins with)
+_HEAD_AT = 16 + 8
+_NOPS_AT = 1 + 8 + 4 + 4 + 8
+
+
+def _kind_of(buf: np.ndarray) -> int:
+    """The kind of the record in message *buf* (KIND_STEP, KIND_META, KIND_CLOSE)."""
+    return int(buf[_HEAD_AT]) if len(buf) > _HEAD_AT else -1
+
+
+def _changes_metadata(buf: np.ndarray) -> bool:
+    """Whether the record in message *buf* changes datasets, groups, attributes or
+    definitions (a count of changes other than 0; a message too short to say is decoded,
+    and refused, where it is applied)."""
+    at = _HEAD_AT + _NOPS_AT
+    if len(buf) < at + 4:
+        return False
+    return bool(int.from_bytes(bytes(buf[at : at + 4]), "little"))
 
 
 __all__ = ["Consumer"]
