@@ -254,8 +254,37 @@ def test_memory_files_are_shared_in_process_and_dropped():
     with lamina.open("mem://shared", "r", engine="memory") as f:
         assert f["x"][0] == 4.0
     memory.drop("mem://shared")
-    with pytest.raises(lamina.NotALaminaFileError):
+    with pytest.raises(FileNotFoundError):  # as a file on disk that is not there
         lamina.open("mem://shared", "r", engine="memory")
+
+
+def test_memory_files_are_one_file_under_every_spelling_and_followed_when_re_created(tmp_path):
+    """'./x.lam', its absolute path and 'x.lam/' were three stores: a reader of another
+    spelling found nothing, and a second writer wrote to an empty store without LockError.
+    A reader of a store re-created ('w') read the old one on; a missing one was a
+    NotALaminaFileError (a file on disk: FileNotFoundError)."""
+    import os
+
+    from lamina.engines import memory
+
+    old = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        with lamina.open("x.lam", "w", engine="memory") as f:
+            f.create_dataset("a", shape=(2,))[...] = 1.0
+            with pytest.raises(lamina.LockError):
+                lamina.open(str(tmp_path / "x.lam") + "/", "a", engine="memory")
+        with lamina.open(str(tmp_path / "x.lam"), "r", engine="memory") as r:
+            assert r["a"][...].tolist() == [1.0, 1.0]
+            with lamina.open("./x.lam", "w", engine="memory") as w:
+                w.create_dataset("a", shape=(2,))[...] = 9.0
+            with pytest.raises(lamina.FormatError, match="re-created"):
+                r.refresh()
+        with pytest.raises(FileNotFoundError, match="after waiting"):
+            lamina.open("y.lam", "r", engine="memory", wait=0.1)
+    finally:
+        os.chdir(old)
+        memory.drop(str(tmp_path / "x.lam"))
 
 
 # --------------------------------------------------------------------------

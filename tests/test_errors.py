@@ -530,7 +530,8 @@ def test_nonexistent_path_in_read_mode(tmp_path):
 
 
 def test_memory_file_that_was_never_written():
-    with pytest.raises(NotALaminaFileError, match="no in-memory lamina file"):
+    """As a file on disk that is not there (it was a NotALaminaFileError)."""
+    with pytest.raises(FileNotFoundError, match="no in-memory lamina file"):
         lamina.open("mem://never-written", "r", engine="memory")
 
 

@@ -10,6 +10,7 @@ redistributes point to point instead).
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass, field
 
@@ -18,7 +19,7 @@ import numpy as np
 from .. import comm as comm_mod
 from .. import stats as stats_mod
 from ..catalog import Catalog, decode_packed
-from ..errors import ChecksumError, LockError, NotALaminaFileError
+from ..errors import ChecksumError, FormatError, LockError, NotALaminaFileError
 from .block import BlockEngine, StepHeads, wait_for
 
 
@@ -37,10 +38,20 @@ _STORES: dict[str, MemoryStore] = {}
 _LOCK = threading.Lock()
 
 
+def _key(path: str) -> str:
+    """The store of *path*: one for every spelling of one path, as a file on disk is
+    ('./x.lam', an absolute path and 'x.lam/' opened three stores, and a second writer
+    on another spelling wrote to an empty one without a LockError)."""
+    path = os.fspath(path)
+    if "://" in path:  # a name of its own ("mem://x"), no path of this file system
+        return path
+    return os.path.normpath(os.path.abspath(path))
+
+
 def drop(path: str) -> None:
     """Forget the in-memory file *path* in this process."""
     with _LOCK:
-        _STORES.pop(str(path), None)
+        _STORES.pop(_key(str(path)), None)
 
 
 class MemoryEngine(BlockEngine):
@@ -49,26 +60,34 @@ class MemoryEngine(BlockEngine):
     name = "memory"
 
     def _open_storage(self, path: str, mode: str) -> None:
+        key = _key(path)
         if mode == "r" and self.wait:
             wait_for(
                 path,
                 self.wait,
-                lambda: path in _STORES,
-                lambda s: NotALaminaFileError(
-                    f"no in-memory lamina file {path!r} after waiting {s:g} s"
+                lambda: key in _STORES,
+                lambda s: FileNotFoundError(
+                    f"no in-memory lamina file {path!r} after waiting {s:g} s for its writer "
+                    "to create it"
                 ),
             )
         with _LOCK:
-            held = _STORES.get(path)
+            held = _STORES.get(key)
             if mode != "r" and held is not None and held.writer:
                 raise LockError(f"{path!r} is already open for writing in this process")
             if mode == "w":
-                _STORES[path] = MemoryStore()
-            elif path not in _STORES:
-                if mode == "r":
-                    raise NotALaminaFileError(f"no in-memory lamina file {path!r} in this process")
-                _STORES[path] = MemoryStore()
-            self.store = _STORES[path]
+                _STORES[key] = MemoryStore()
+            elif key not in _STORES:
+                if mode == "r" and "://" not in path and os.path.exists(path):
+                    raise NotALaminaFileError(
+                        f"no in-memory lamina file {path!r} in this process: the path is on "
+                        "disk (a native file is read with engine='native')"
+                    )
+                if mode == "r":  # (as a file on disk that is not there)
+                    raise FileNotFoundError(f"no in-memory lamina file {path!r} in this process")
+                _STORES[key] = MemoryStore()
+            self.store = _STORES[key]
+        self._key = key
         self._seen = 0
         self.refresh_local()
         if mode != "r":
@@ -78,6 +97,13 @@ class MemoryEngine(BlockEngine):
         self._ends = [0] * self.size
 
     def refresh_local(self) -> None:
+        if _STORES.get(self._key) is not self.store:
+            # re-created ('w') or dropped since this engine opened it: its records are another
+            # file's, as a native reader says of a file re-created under it
+            raise FormatError(
+                f"{self.path!r}: the in-memory file was re-created (or dropped) while open "
+                "here; open it again to read the new one"
+            )
         for raw in self.store.records[self._seen :]:
             rec, blocks = decode_packed(raw, self.catalog, f"memory record {self._seen}")
             self.catalog.apply_record(rec, ops_applied=True, blocks=blocks)
