@@ -471,6 +471,53 @@ def test_a_step_coordinate_of_its_own_at_one_step(tmp_path):
     tree.close()
 
 
+def test_a_parents_step_coordinate_labels_its_children_at_one_step(tmp_path):
+    """A tree opened at step=1: the root said step=20 and the child group step=1 (the index),
+    where the tree opened whole passes 20 down; a group opened alone said 1 too."""
+    root = xr.Dataset({"r": (("step",), [1.0, 2.0])}, coords={"step": [10, 20]})
+    child = xr.Dataset({"v": (("step", "x"), np.arange(6.0).reshape(2, 3))})
+    to_lamina(xr.DataTree.from_dict({"/": root, "/c": child}), tmp_path / "t.lam")
+    one = xr.open_datatree(tmp_path / "t.lam", engine=ENGINE, step=1)
+    assert int(one.ds["step"]) == int(one["c"]["step"]) == 20
+    one.close()
+    with xr.open_dataset(tmp_path / "t.lam", engine=ENGINE, group="c", step=1) as g:
+        assert int(g.step) == 20
+
+
+def test_a_static_step_dataset_beside_the_step_dimension(tmp_path):
+    """A 0-D 'step' dataset marked static made every file that has it unreadable without
+    step= (xarray: 'dimension step already exists as a scalar variable'): left out with a
+    warning, read at one step."""
+    path = tmp_path / "s.lam"
+    with lamina.open(path, "w") as f:
+        s = f.create_dataset("step", (), "i8")
+        s.attrs["static"] = 1
+        a = f.create_dataset("a", (3,), "f8")
+        for k in range(2):
+            with f.step():
+                a[...] = k
+                if k == 0:
+                    s[()] = 100
+    with pytest.warns(UserWarning, match="static"):
+        with xr.open_dataset(path, engine=ENGINE) as ds:
+            assert ds.sizes["step"] == 2 and "step" not in ds.data_vars
+            assert ds.a.values.tolist() == [[0.0] * 3, [1.0] * 3]
+    with xr.open_dataset(path, engine=ENGINE, step=1) as one:
+        assert int(one.step) == 100
+
+
+def test_numpy_string_attributes_are_written_as_strings(tmp_path):
+    """flag_meanings as a numpy '<U' array (as xarray reads netCDF attributes) was refused
+    by to_lamina; written as the list of strings (a 0-D one as a string)."""
+    src = xr.Dataset(
+        {"a": (("x",), [1.0], {"flag_meanings": np.array(["low", "high"]), "u": np.array("m")})}
+    )
+    to_lamina(src, tmp_path / "u.lam")
+    with xr.open_dataset(tmp_path / "u.lam", engine=ENGINE) as back:
+        assert back.a.attrs["flag_meanings"].tolist() == ["low", "high"]
+        assert back.a.attrs["u"] == "m"
+
+
 def test_roundtrip_dask_writes_chunks_as_blocks(tmp_path):
     src = _sample("f8").chunk({"y": 2, "x": 3})
     to_lamina(src, tmp_path / "s.lam")

@@ -291,8 +291,11 @@ def _input_dims(f: lamina.File, d, shape: tuple[int, ...]) -> dict:
     return {}
 
 
-def _time_source(f: lamina.File, gpath: str, inherit: bool) -> lamina.Dataset | None:
-    """The 0-D dataset ``time`` of the group (or, with *inherit*, of a parent), if written per step.
+def _time_source(
+    f: lamina.File, gpath: str, inherit: bool, what: str = cv.TIME
+) -> lamina.Dataset | None:
+    """The 0-D dataset ``time`` (or *what*) of the group (or, with *inherit*, of a parent), if
+    written per step.
 
     A group whose datasets have the ``step`` dimension takes its parents'
     ``time``: xarray's trees pass only indexed coordinates down to children.
@@ -302,7 +305,7 @@ def _time_source(f: lamina.File, gpath: str, inherit: bool) -> lamina.Dataset | 
     if not inherit:
         candidates = candidates[:1]
     for g in candidates:
-        name = f"{g}/{cv.TIME}" if g else cv.TIME
+        name = f"{g}/{what}" if g else what
         if name in f:
             obj = f[name]
             if isinstance(obj, lamina.Dataset) and obj.shape == () and not cv.is_static(obj.attrs):
@@ -424,8 +427,31 @@ def group_dataset(
         if variables[cv.STEP].dims == ():
             coord_names.add(cv.STEP)
     elif at is not None:
-        variables[cv.STEP] = xr.Variable((), np.int64(at))
+        # a parent's 'step' is this group's too, as a tree passes it down when every step is
+        # open (the group of a node labelled step=1 where its root said step=20)
+        ssrc = _time_source(f, gpath, inherit_time and stepped, cv.STEP)
+        variables[cv.STEP] = (
+            xr.Variable((), np.int64(at))
+            if ssrc is None
+            else xr.Variable(
+                (),
+                indexing.LazilyIndexedArray(LaminaArray(ssrc, steps, at)),
+                attrs=cv.plain_attrs({k: ssrc.attrs[k] for k in ssrc.attrs}, cv.DATASET_KEYS),
+                encoding={"source": f.filename, "lamina_path": ssrc.name},
+            )
+        )
         coord_names.add(cv.STEP)
+    elif stepped and cv.STEP in variables and variables[cv.STEP].dims == ():
+        # a static 0-D 'step' (the same at every step) beside the step dimension: xarray
+        # takes no variable and dimension of one name; the file opens without it
+        warnings.warn(
+            f"{f.filename}:{variables[cv.STEP].encoding.get('lamina_path', cv.STEP)} is static "
+            "(one value for every step) and is left out beside the dimension 'step'; open "
+            "one step (step=k) to read it",
+            stacklevel=3,
+        )
+        del variables[cv.STEP]
+        coord_names.discard(cv.STEP)
     coords = {k: v for k, v in variables.items() if k in coord_names}
     data_vars = {k: v for k, v in variables.items() if k not in coord_names}
     ds = xr.Dataset(data_vars, coords=coords, attrs=cv.plain_attrs(gattrs, cv.GROUP_KEYS))

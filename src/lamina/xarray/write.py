@@ -211,6 +211,10 @@ def _attr_value(v: Any):
         return np.bool_(v)
     if isinstance(v, list | tuple) and v and all(isinstance(x, str) for x in v):
         return list(v)
+    if isinstance(v, np.ndarray) and v.dtype.kind == "U" and v.ndim <= 1:
+        # numpy strings (netCDF's flag_meanings and the like, as xarray reads them): a
+        # string, or a list of them (lamina's attributes, like h5py's, take no '<U' array)
+        return str(v[()]) if v.ndim == 0 else [str(x) for x in v.tolist()] or v
     return v
 
 
