@@ -1197,6 +1197,16 @@ def test_a_step_dropped_on_one_rank_then_the_ranks_pair_again(tmp_path, io, mode
 
 
 @needs_mpiexec
+@pytest.mark.parametrize("io", ["async", "auto", "sync"])
+def test_attributes_set_while_steps_are_in_flight_go_with_their_own_step(tmp_path, io):
+    """Rank 0 alone changes an attribute every rank set in step 0 while step 0 is in flight:
+    the change went with step 0's record, beside the other ranks' value, and the step
+    failed (both steps lost)."""
+    res = mu.run_mpi(2, "background", "attrs-between", tmp_path / "a.lam", io, timeout=90)
+    assert "OK" in res.stdout
+
+
+@needs_mpiexec
 @pytest.mark.parametrize("io", ["async", "auto"])
 @pytest.mark.parametrize("end", ["close", "wait"])
 def test_steps_after_a_step_dropped_on_one_rank_then_the_ranks_pair_again(tmp_path, io, end):

@@ -563,6 +563,39 @@ def apart_steps(path: str, io: str, end: str) -> None:
         print("OK", raised, flush=True)
 
 
+def attrs_between(path: str, io: str) -> None:
+    """Every rank sets attribute a = 1 in step 0; rank 0 alone sets a = 2 between steps and
+    b in step 1, while step 0 is still in flight (slow to write: large enough blocks).  Each
+    change goes with its own step's record: step 0 commits a = 1 from both ranks, step 1
+    rank 0's a = 2.  They went with step 0's record on rank 0, beside rank 1's a = 1: the
+    step failed, step 1 was cancelled, and the file kept no step."""
+    comm = comm_mod.world()
+    rank = comm.rank
+    with lamina.open(path, "w", io=io) as f:
+        d = f.create_dataset("d", (2 * comm.size, 1 << 16), "f8")
+        with f.step():
+            d[2 * rank : 2 * rank + 2] = rank + 1.0
+            f.attrs["a"] = 1.0
+        if rank == 0:
+            f.attrs["a"] = 2.0
+        with f.step():
+            d[2 * rank : 2 * rank + 2] = rank + 10.0
+            if rank == 0:
+                f.attrs["b"] = "in step 1"
+                del f.attrs["a"]
+                f.attrs["a"] = 3.0
+    comm.Barrier()
+    if rank == 0:
+        with lamina.open(path, "r", comm=comm_mod.self_comm()) as r:
+            assert r.steps == 2, r.steps
+            assert r.attrs["a"] == 3.0 and r.attrs["b"] == "in step 1", dict(r.attrs)
+            for k, base in ((0, 1.0), (1, 10.0)):
+                got = r.at(k)["d"][:, 0]
+                want = np.repeat(np.arange(comm.size) + base, 2)
+                np.testing.assert_array_equal(got, want)
+        print("OK", flush=True)
+
+
 def joined(path: str, mode: str) -> None:
     comm = comm_mod.world()
     rank = comm.rank
@@ -852,6 +885,8 @@ if __name__ == "__main__":
         joined(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "apart":
         apart(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5])
+    elif sys.argv[1] == "attrs-between":
+        attrs_between(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "apart-steps":
         apart_steps(sys.argv[2], sys.argv[3], sys.argv[4])
     elif sys.argv[1] == "switches":

@@ -278,6 +278,24 @@ def merge_attribute_changes(per_rank: list[list[tuple]]) -> list[tuple]:
     return [op for op, _, _ in merged.values()]
 
 
+def attr_change(catalog: Catalog, path: str, name: str, value) -> tuple:
+    """The operation that sets attribute *name* of *path* to *value*, checked as a commit
+    would take it (NotFoundError, ValueError, DTypeError naming the attribute)."""
+    path = normpath(path)
+    if catalog.kind_of(path) is None:
+        raise NotFoundError(f"no group or dataset {path!r} to hold attribute {name!r}")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"attribute names are non-empty strings, got {name!r}")
+    try:
+        # a ragged nested list is numpy's ValueError: said with the attribute's name
+        op = (OP_ATTR, path, name, normalize_attr(value))
+        encode_op(Encoder(), op)  # fail here, not in every later commit (and close)
+    except (DTypeError, ValueError) as e:
+        kind = DTypeError if isinstance(e, DTypeError) else ValueError
+        raise kind(f"cannot set attribute {name!r} on {'/' + path!r}: {e}") from None
+    return op
+
+
 def _attr_change(op: tuple) -> str:
     if op[0] == OP_DELATTR:
         return "deletes it"
@@ -587,18 +605,7 @@ class BlockEngine(Engine):
 
     def set_attr(self, path: str, name: str, value) -> None:
         self._require_write(f"set attribute {name!r}")
-        path = normpath(path)
-        if self.catalog.kind_of(path) is None:
-            raise NotFoundError(f"no group or dataset {path!r} to hold attribute {name!r}")
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"attribute names are non-empty strings, got {name!r}")
-        try:
-            # a ragged nested list is numpy's ValueError: said with the attribute's name
-            op = (OP_ATTR, path, name, normalize_attr(value))
-            encode_op(Encoder(), op)  # fail here, not in every later commit (and close)
-        except (DTypeError, ValueError) as e:
-            kind = DTypeError if isinstance(e, DTypeError) else ValueError
-            raise kind(f"cannot set attribute {name!r} on {'/' + path!r}: {e}") from None
+        op = attr_change(self.catalog, path, name, value)
         self.catalog.apply_op(op)
         self._pending_ops.append(op)
 

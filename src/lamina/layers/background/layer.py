@@ -63,11 +63,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ... import comm as comm_mod
-from ...catalog import BlockTable, DatasetSpec, normpath
+from ...catalog import (
+    BlockTable,
+    DatasetSpec,
+    normpath,
+)
 from ...derived._parallel import cores_per_rank
 from ...engines.base import BlockInfo, Engine, step_number
 from ...engines.batch import check_batch, elements
-from ...engines.block import dataset_not_found
+from ...engines.block import attr_change, dataset_not_found
 from ...engines.registry import BACKGROUND_OPTIONS, inflight_bytes
 from ...engines.staging import enter_box, enter_boxes
 from ...errors import (
@@ -76,6 +80,7 @@ from ...errors import (
     FormatError,
     LaminaWarning,
     ModeError,
+    NotFoundError,
     RemoteError,
     StepError,
     error_from_wire,
@@ -192,6 +197,10 @@ def _micros(seconds: float) -> int:
     return min(NEVER - 1, max(1, math.ceil(seconds * 1e6)))
 
 
+#: the attribute changes a step's calls may hold (see BackgroundLayer._later)
+_ATTR_CALLS = ("attr", "delattr")
+
+
 def _point(call: int) -> int:
     return POINT + call * SPAN
 
@@ -226,6 +235,9 @@ class BackgroundLayer(Layer):
         self._cond = threading.Condition()  # guards the queue, the counters and the failure
         self._queue: collections.deque[Step] = collections.deque()
         self._running: Step | None = None
+        # attribute changes made between steps while steps are in flight: the next step's
+        # (handed to the engine with it, or at the next point where none is in flight)
+        self._between: list[tuple] = []
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._failure: BackgroundError | None = None
@@ -731,13 +743,63 @@ class BackgroundLayer(Layer):
             self.inner.make_group(path)
 
     def set_attr(self, path: str, name: str, value: Any) -> None:
-        # independent: between two background steps, committed with the next record written
-        with self.lock:
-            self.inner.set_attr(path, name, value)
+        # independent: committed with the step it is set in (or the next one, between steps)
+        if not self._later(("attr", path, name, value)):
+            with self.lock:
+                self.inner.set_attr(path, name, value)
 
     def del_attr(self, path: str, name: str) -> None:
-        with self.lock:
-            self.inner.del_attr(path, name)
+        if not self._later(("delattr", path, name)):
+            with self.lock:
+                self.inner.del_attr(path, name)
+
+    def _later(self, op: tuple) -> bool:
+        """Whether the attribute change *op* waits for its step: one open here (handed to the
+        engine with its writes), or, between steps while steps are in flight, the next one.
+        Given to the engine at once, a change went with the record of a step still queued:
+        a rank's value set for step 1 replaced its value of step 0 there, beside another
+        rank's value of step 0, and the ranks' values of one record disagreed (the step
+        failed, the steps after it were cancelled).  The change is checked now, as the
+        engine would check it; the writing rank sees it once its step is handed down."""
+        if not self.active or self._direct is not None:
+            return False
+        if self._step is None:
+            with self._cond:
+                if not (self._queue or self._running is not None):
+                    return False
+        self._check_attr(op)
+        if self._step is not None:
+            self._step.ops.append(op)
+        else:
+            self._between.append(op)
+        return True
+
+    def _check_attr(self, op: tuple) -> None:
+        """The checks the engine makes of an attribute change, made at the program's call."""
+        if op[0] == "attr":
+            attr_change(self.catalog, op[1], op[2], op[3])
+            return
+        path, name = normpath(op[1]), op[2]
+        waiting = (self._step.ops if self._step is not None else []) + self._between
+        if name not in self.catalog.attrs.get(path, {}) and not any(
+            w[0] == "attr" and (normpath(w[1]), w[2]) == (path, name) for w in waiting
+        ):
+            raise NotFoundError(f"no attribute {name!r} on {path or '/'!r}")
+
+    def _hand_between(self) -> None:
+        """Program thread, no step in flight: the changes made between steps go to the engine
+        (committed with its next record, as without the layer)."""
+        if self._between:
+            between, self._between = self._between, []
+            with self.lock:
+                for op in between:
+                    self._attr_call(op)
+
+    def _attr_call(self, op: tuple) -> None:
+        if op[0] == "attr":
+            self.inner.set_attr(op[1], op[2], op[3])
+        else:
+            self.inner.del_attr(op[1], op[2])
 
     def set_ext(self, key: str, payload: bytes) -> None:
         self._guarded(EXT)
@@ -821,6 +883,8 @@ class BackgroundLayer(Layer):
             self._direct_begun = True
             return self._next
         self._step = Step(explicit=True, idle=self._idle())
+        self._step.ops.extend(self._between)
+        self._between = []
         return self._next
 
     def _adopt(self) -> bool:
@@ -975,6 +1039,8 @@ class BackgroundLayer(Layer):
         if self._step is None:
             # implicit: committed by the next end_step or close
             self._step = Step(explicit=False, idle=self._idle())
+            self._step.ops.extend(self._between)
+            self._between = []
         return self._step
 
     def _dataset(self, name: str) -> DatasetSpec:
@@ -1585,10 +1651,13 @@ class BackgroundLayer(Layer):
             self._cond.notify_all()
 
     def _drain(self) -> None:
-        """Independent: wait until no step is queued or running on this rank."""
+        """Independent: wait until no step is queued or running on this rank (then the
+        attribute changes made between steps go to the engine)."""
         with self._cond:
             while self._queue or self._running is not None:
                 self._cond.wait(0.5)
+        if threading.current_thread() is not self._thread:
+            self._hand_between()
 
     def _work(self) -> None:
         main = threading.main_thread()
@@ -1713,12 +1782,16 @@ class BackgroundLayer(Layer):
         if step.skipped:
             self.inner.skip_steps(step.skipped)
             step.skipped = 0
-        if step.explicit or not step.ops:
+        if step.explicit or all(op[0] in _ATTR_CALLS for op in step.ops):
             # an implicit step is opened by its first write; one whose writes were all refused
             # or empty (they open the step without the layer too) is opened here
             step.doing = "beginning the step"
             self.inner.begin_step()
         for op in step.ops:
+            if op[0] in _ATTR_CALLS:
+                step.doing = f"changing attribute {op[2]!r} of {'/' + op[1]!r}"
+                self._attr_call(op)
+                continue
             if op[0] == "put_many":
                 step.doing = f"writing {len(op[2])} blocks of dataset {op[1]!r}"
                 self.inner.put_many(op[1], op[2], op[3], copy=False)
