@@ -578,12 +578,15 @@ def attrs_between(path: str, io: str) -> None:
             f.attrs["a"] = 1.0
         if rank == 0:
             f.attrs["a"] = 2.0
+        assert f.attrs["a"] == (2.0 if rank == 0 else 1.0)  # the writing rank's, at once
         with f.step():
             d[2 * rank : 2 * rank + 2] = rank + 10.0
             if rank == 0:
                 f.attrs["b"] = "in step 1"
                 del f.attrs["a"]
+                assert "a" not in f.attrs and f.attrs["b"] == "in step 1"
                 f.attrs["a"] = 3.0
+                assert dict(f.attrs) == {"a": 3.0, "b": "in step 1"}, dict(f.attrs)
     comm.Barrier()
     if rank == 0:
         with lamina.open(path, "r", comm=comm_mod.self_comm()) as r:

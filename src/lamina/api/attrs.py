@@ -24,7 +24,7 @@ class Attributes(MutableMapping):
         self._step = step  # the step of the view they were reached through (None: the file)
 
     def _d(self) -> dict:
-        return self._file._engine.catalog.attrs.get(self._path, {})
+        return self._file._engine.attrs_of(self._path)
 
     def _name(self, name) -> str:
         """*name* as a str (bytes decoded as UTF-8, as h5py takes them); TypeError else."""

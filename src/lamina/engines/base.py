@@ -236,6 +236,11 @@ class Engine(ABC):
     def del_attr(self, path: str, name: str) -> None:
         """Collective: delete an attribute."""
 
+    def attrs_of(self, path: str) -> dict[str, Any]:
+        """Independent: the attributes of *path* as this rank sees them (its own changes since
+        the last commit included); not to be changed."""
+        return self.catalog.attrs.get(path, {})
+
     def set_ext(self, key: str, payload: bytes) -> None:
         """Collective: record an extension entry (used by layers, e.g. derived definitions)."""
         raise NotImplementedError(f"engine {self.name!r} does not store extension records")

@@ -131,6 +131,9 @@ class Layer(Engine):
     def del_attr(self, path: str, name: str) -> None:
         self.inner.del_attr(path, name)
 
+    def attrs_of(self, path: str) -> dict[str, Any]:
+        return self.inner.attrs_of(path)
+
     def set_ext(self, key: str, payload: bytes) -> None:
         self.inner.set_ext(key, payload)
 

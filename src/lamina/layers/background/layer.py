@@ -63,11 +63,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ... import comm as comm_mod
-from ...catalog import (
-    BlockTable,
-    DatasetSpec,
-    normpath,
-)
+from ...catalog import BlockTable, DatasetSpec, normalize_attr, normpath
 from ...derived._parallel import cores_per_rank
 from ...engines.base import BlockInfo, Engine, step_number
 from ...engines.batch import check_batch, elements
@@ -774,16 +770,34 @@ class BackgroundLayer(Layer):
             self._between.append(op)
         return True
 
+    def attrs_of(self, path: str) -> dict[str, Any]:
+        """The attributes of *path* with this rank's changes still waiting for their steps
+        (see :meth:`_later`) made on them, in order: the writing rank sees its changes at
+        once, as without the layer."""
+        with self._cond:
+            waiting = [
+                op for st in (*self._queue, self._running, self._step) if st for op in st.ops
+            ]
+            waiting += self._between
+        out = self.inner.attrs_of(path)
+        changes = [op for op in waiting if op[0] in _ATTR_CALLS and normpath(op[1]) == path]
+        if not changes:
+            return out
+        out = dict(out)
+        for op in changes:
+            if op[0] == "attr":
+                out[op[2]] = normalize_attr(op[3])
+            else:
+                out.pop(op[2], None)
+        return out
+
     def _check_attr(self, op: tuple) -> None:
         """The checks the engine makes of an attribute change, made at the program's call."""
         if op[0] == "attr":
             attr_change(self.catalog, op[1], op[2], op[3])
             return
         path, name = normpath(op[1]), op[2]
-        waiting = (self._step.ops if self._step is not None else []) + self._between
-        if name not in self.catalog.attrs.get(path, {}) and not any(
-            w[0] == "attr" and (normpath(w[1]), w[2]) == (path, name) for w in waiting
-        ):
+        if name not in self.attrs_of(path):
             raise NotFoundError(f"no attribute {name!r} on {path or '/'!r}")
 
     def _hand_between(self) -> None:
