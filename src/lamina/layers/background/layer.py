@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ... import comm as comm_mod
-from ...catalog import BlockTable, DatasetSpec, normalize_attr, normpath
+from ...catalog import BlockTable, DatasetSpec, normpath
 from ...derived._parallel import cores_per_rank
 from ...engines.base import BlockInfo, Engine, step_number
 from ...engines.batch import check_batch, elements
@@ -756,14 +756,15 @@ class BackgroundLayer(Layer):
         a rank's value set for step 1 replaced its value of step 0 there, beside another
         rank's value of step 0, and the ranks' values of one record disagreed (the step
         failed, the steps after it were cancelled).  The change is checked now, as the
-        engine would check it; the writing rank sees it once its step is handed down."""
+        engine would check it (its value copied, as the engine copies it), and the writing
+        rank sees it at once (:meth:`attrs_of`)."""
         if not self.active or self._direct is not None:
             return False
         if self._step is None:
             with self._cond:
                 if not (self._queue or self._running is not None):
                     return False
-        self._check_attr(op)
+        op = self._check_attr(op)
         if self._step is not None:
             self._step.ops.append(op)
         else:
@@ -786,19 +787,20 @@ class BackgroundLayer(Layer):
         out = dict(out)
         for op in changes:
             if op[0] == "attr":
-                out[op[2]] = normalize_attr(op[3])
+                out[op[2]] = op[3]  # (in the form stored: _check_attr)
             else:
                 out.pop(op[2], None)
         return out
 
-    def _check_attr(self, op: tuple) -> None:
-        """The checks the engine makes of an attribute change, made at the program's call."""
+    def _check_attr(self, op: tuple) -> tuple:
+        """The checks the engine makes of an attribute change, made at the program's call:
+        the change as kept (a value in the form stored, a copy of the program's)."""
         if op[0] == "attr":
-            attr_change(self.catalog, op[1], op[2], op[3])
-            return
+            return ("attr", op[1], op[2], attr_change(self.catalog, op[1], op[2], op[3])[3])
         path, name = normpath(op[1]), op[2]
         if name not in self.attrs_of(path):
             raise NotFoundError(f"no attribute {name!r} on {path or '/'!r}")
+        return op
 
     def _hand_between(self) -> None:
         """Program thread, no step in flight: the changes made between steps go to the engine
