@@ -899,17 +899,13 @@ class DerivedLayer(Layer):
         path = normpath(name)
         d = self._by_component.get(path)
         if d is None:
-            t0, b0 = time.perf_counter(), self._read_count()
-            self.inner.get(path, box, step, out)  # validates box and step first
-            self._sample_read(path, box, step, time.perf_counter() - t0, b0)
+            self._sampled_read(self.inner.get, path, box, step, out)  # (checks box and step)
             return
         spec, step = self.inner.check_read(path, box, step, out)
         if d.strategy == "store" and spec.id >= 0:
             t = self.catalog.table(spec.id, step)
             if len(t) and not bool((t.codec == CODEC_STATS_ONLY).any()):
-                t0, b0 = time.perf_counter(), self._read_count()
-                self.inner.get(path, box, step, out)
-                self._sample_read(path, box, step, time.perf_counter() - t0, b0)
+                self._sampled_read(self.inner.get, path, box, step, out)
                 return
         t0, n0 = time.perf_counter(), self._computed
         per_block = self._recompute(d, d.components.index(path), box, step, out)
@@ -924,25 +920,27 @@ class DerivedLayer(Layer):
     def get_collective(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
         path = normpath(name)
         if path not in self._by_component:  # stored data: read together
-            t0, b0 = time.perf_counter(), self._read_count()
-            self.inner.get_collective(path, box, step, out)
-            self._sample_read(path, box, step, time.perf_counter() - t0, b0)
+            self._sampled_read(self.inner.get_collective, path, box, step, out)
             return
         self.get(path, box, step, out)  # computed on read: each rank computes its own box
 
-    def _read_count(self) -> bool:
-        """What :meth:`_sample_read` compares after a read: whether the large checksums'
-        library was loaded."""
-        return stats_mod.fast_crc_loaded()
+    def _sampled_read(self, read, path: str, box: Box, step, out: np.ndarray) -> None:
+        """``read(path, box, step, out)`` of stored data, timed as a sample of the measured
+        history (:meth:`_sample_read`)."""
+        cold = not stats_mod.fast_crc_loaded()
+        t0 = time.perf_counter()
+        read(path, box, step, out)
+        self._sample_read(path, box, step, time.perf_counter() - t0, cold)
 
-    def _sample_read(self, path: str, box: Box, step, seconds: float, before: bool) -> None:
+    def _sample_read(self, path: str, box: Box, step, seconds: float, cold: bool) -> None:
         """A read of stored data that took *seconds*, a sample of the measured history (files
-        with derived quantities only), *before* being :meth:`_read_count` before it.  Left
-        out: a read of less than half the blocks it touches (a value of a 16 KiB block is
-        a read's fixed costs, not a rate: 8 bytes in 38 ms made the model predict 78 s for
-        16 KiB), and a read that imported the checksums' library (the process's first large
-        one, 37 ms: a CLI command reading once put such a sample in the history)."""
-        if not self._defs or seconds <= 0 or stats_mod.fast_crc_loaded() != before:
+        with derived quantities only); *cold*: the checksums' library was not loaded before
+        it.  Left out: a read of less than half the blocks it touches (a value of a 16 KiB
+        block is a read's fixed costs, not a rate: 8 bytes in 38 ms made the model predict
+        78 s for 16 KiB), and a read that imported the checksums' library (the process's
+        first large one, 37 ms: a CLI command reading once put such a sample in the
+        history)."""
+        if not self._defs or seconds <= 0 or (cold and stats_mod.fast_crc_loaded()):
             return
         spec = self.catalog.datasets.get(path)
         if spec is None or spec.id < 0 or Layout.of(spec) is not None:
