@@ -1667,13 +1667,12 @@ class BackgroundLayer(Layer):
             self._cond.notify_all()
 
     def _drain(self) -> None:
-        """Independent: wait until no step is queued or running on this rank (then the
-        attribute changes made between steps go to the engine)."""
+        """Independent, the program's thread: wait until no step is queued or running on this
+        rank (then the attribute changes made between steps go to the engine)."""
         with self._cond:
             while self._queue or self._running is not None:
                 self._cond.wait(0.5)
-        if threading.current_thread() is not self._thread:
-            self._hand_between()
+        self._hand_between()
 
     def _work(self) -> None:
         main = threading.main_thread()
