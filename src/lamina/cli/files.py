@@ -179,22 +179,24 @@ def _dataset_line(info: dict, nsteps: int) -> str:
 
 
 def _layout(f, ds) -> dict:
-    """:func:`lamina.layouts.read.describe` of the dataset's last step written, plus its
-    bytes over all steps (``_stored``)."""
+    """:func:`lamina.layouts.read.describe` of the dataset's last step written, plus the bytes
+    it stores at each step written (``_bands``: every band of every patch; a block of the
+    dataset is a patch's band 0) and over all steps (``_stored``)."""
     from ..layouts import read as layout_read
     from ..layouts.spec import Layout
 
     eng = f.engine
-    spec = eng.catalog.datasets[ds.name.lstrip("/")]
+    cat = eng.catalog
+    spec = cat.datasets[ds.name.lstrip("/")]
     layout = Layout.of(spec)
     assert layout is not None
-    last = None
-    stored = 0
-    for k in range(f.steps):
-        t = eng.catalog.table(spec.id, k)
-        if len(t):
-            last = k
-            stored += _all_bands(eng, ds, k)
+    bands = {
+        k: sum(
+            int(cat.table(cat.level(spec.path, j).id, k).length.sum()) for j in range(layout.levels)
+        )
+        for k in range(f.steps)
+        if len(cat.table(spec.id, k))
+    }
     out: dict = {
         "patch": list(layout.patch),
         "tolerance": layout.tolerance,
@@ -202,24 +204,13 @@ def _layout(f, ds) -> dict:
         "levels": [{"shape": list(s)} for s in layout.shapes(spec.shape)],
         "subfiles": {},
     }
-    if last is not None:
+    if bands:
+        last = max(bands)
         out = layout_read.describe(_engine_of(eng), spec, layout, last)
         out["step"] = last
-    out["_stored"] = stored
+    out["_bands"] = bands
+    out["_stored"] = sum(bands.values())
     return out
-
-
-def _all_bands(eng, ds, step: int) -> int:
-    """The bytes multiresolution dataset *ds* stores at *step*: every band of every patch."""
-    from ..layouts.spec import Layout
-
-    spec = eng.catalog.datasets[ds.name.lstrip("/")]
-    layout = Layout.of(spec)
-    assert layout is not None
-    return sum(
-        int(eng.catalog.table(eng.catalog.level(spec.path, j).id, step).length.sum())
-        for j in range(layout.levels)
-    )
 
 
 def _engine_of(eng):
@@ -268,7 +259,7 @@ def cmd_info(args) -> int:
         )
         nsteps, fname = f.steps, f.filename
         lay = _layout(f, ds) if ds.layout is not None else None
-        bands = {k: _all_bands(eng, ds, k) for k in steps} if lay is not None else {}
+        bands = {} if lay is None else lay["_bands"]  # (a step that wrote none: 0 bytes)
     if args.json:
         print_json(
             {
@@ -278,7 +269,9 @@ def cmd_info(args) -> int:
                 "dtype": str(ds.dtype),
                 "fill": json_value(ds.fill),
                 "compression": list(ds.compression),
-                "layout": None if lay is None else {k: v for k, v in lay.items() if k != "_stored"},
+                "layout": None
+                if lay is None
+                else {k: v for k, v in lay.items() if not k.startswith("_")},
                 "steps": [
                     {
                         "step": k,
@@ -287,7 +280,9 @@ def cmd_info(args) -> int:
                         "covered": covers[k],
                         # (a multiresolution dataset's blocks are its patches' band 0: the
                         # step stores every band, as the text says and lamina ls counts)
-                        "nbytes": bands[k] if lay is not None else sum(b.nbytes for b in blocks),
+                        "nbytes": bands.get(k, 0)
+                        if lay is not None
+                        else sum(b.nbytes for b in blocks),
                         "raw_nbytes": sum(b.raw_nbytes for b in blocks),
                     }
                     for k, t, blocks in per_step
@@ -358,7 +353,7 @@ def cmd_info(args) -> int:
             said = f"{fmt_bytes(stored)} stored, {fmt_bytes(raw)} raw"
         else:  # a block below is a patch's finest band; the step stores every band
             said = (
-                f"{fmt_bytes(bands[k])} stored in all bands, "
+                f"{fmt_bytes(bands.get(k, 0))} stored in all bands, "
                 f"{fmt_bytes(raw)} raw (a block below: its patch's band 0)"
             )
         print(
