@@ -291,7 +291,7 @@ def _input_dims(f: lamina.File, d, shape: tuple[int, ...]) -> dict:
     return {}
 
 
-def _time_source(
+def _per_step_source(
     f: lamina.File, gpath: str, inherit: bool, what: str = cv.TIME
 ) -> lamina.Dataset | None:
     """The 0-D dataset ``time`` (or *what*) of the group (or, with *inherit*, of a parent), if
@@ -311,6 +311,19 @@ def _time_source(
             if isinstance(obj, lamina.Dataset) and obj.shape == () and not cv.is_static(obj.attrs):
                 return obj
     return None
+
+
+def _per_step_variable(
+    f: lamina.File, src: lamina.Dataset, steps: list[int] | None, at: int | None
+) -> xr.Variable:
+    """The 0-D dataset *src* (:func:`_per_step_source`) as a variable: over *steps*, or its
+    value at step *at*."""
+    return xr.Variable(
+        () if steps is None else (cv.STEP,),
+        indexing.LazilyIndexedArray(LaminaArray(src, steps, at)),
+        attrs=cv.plain_attrs({k: src.attrs[k] for k in src.attrs}, cv.DATASET_KEYS),
+        encoding={"source": f.filename, "lamina_path": src.name},
+    )
 
 
 def group_dataset(
@@ -411,14 +424,9 @@ def group_dataset(
         if len(dims) == 1 and dims[0] == name:
             coord_names.add(name)
     if cv.TIME not in variables and cv.TIME not in drop:
-        tsrc = _time_source(f, gpath, inherit_time and stepped)
+        tsrc = _per_step_source(f, gpath, inherit_time and stepped)
         if tsrc is not None:
-            variables[cv.TIME] = xr.Variable(
-                () if steps is None else (cv.STEP,),
-                indexing.LazilyIndexedArray(LaminaArray(tsrc, steps, at)),
-                attrs=cv.plain_attrs({k: tsrc.attrs[k] for k in tsrc.attrs}, cv.DATASET_KEYS),
-                encoding={"source": f.filename, "lamina_path": tsrc.name},
-            )
+            variables[cv.TIME] = _per_step_variable(f, tsrc, steps, at)
     if cv.TIME in variables and variables[cv.TIME].dims in ((), (cv.STEP,)):
         coord_names.add(cv.TIME)
     if at is not None and cv.STEP in variables:
@@ -429,16 +437,11 @@ def group_dataset(
     elif at is not None:
         # a parent's 'step' is this group's too, as a tree passes it down when every step is
         # open (the group of a node labelled step=1 where its root said step=20)
-        ssrc = _time_source(f, gpath, inherit_time and stepped, cv.STEP)
+        ssrc = _per_step_source(f, gpath, inherit_time and stepped, cv.STEP)
         variables[cv.STEP] = (
             xr.Variable((), np.int64(at))
             if ssrc is None
-            else xr.Variable(
-                (),
-                indexing.LazilyIndexedArray(LaminaArray(ssrc, steps, at)),
-                attrs=cv.plain_attrs({k: ssrc.attrs[k] for k in ssrc.attrs}, cv.DATASET_KEYS),
-                encoding={"source": f.filename, "lamina_path": ssrc.name},
-            )
+            else _per_step_variable(f, ssrc, steps, at)  # (steps is None: at one step)
         )
         coord_names.add(cv.STEP)
     elif stepped and cv.STEP in variables and variables[cv.STEP].dims == ():
