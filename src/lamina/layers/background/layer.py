@@ -193,10 +193,6 @@ def _micros(seconds: float) -> int:
     return min(NEVER - 1, max(1, math.ceil(seconds * 1e6)))
 
 
-#: the attribute changes a step's calls may hold (see BackgroundLayer._later)
-_ATTR_CALLS = ("attr", "delattr")
-
-
 def _point(call: int) -> int:
     return POINT + call * SPAN
 
@@ -766,7 +762,7 @@ class BackgroundLayer(Layer):
                     return False
         op = self._check_attr(op)
         if self._step is not None:
-            self._step.ops.append(op)
+            self._step.attrs.append(op)
         else:
             self._between.append(op)
         return True
@@ -777,11 +773,11 @@ class BackgroundLayer(Layer):
         once, as without the layer."""
         with self._cond:
             waiting = [
-                op for st in (*self._queue, self._running, self._step) if st for op in st.ops
+                op for st in (*self._queue, self._running, self._step) if st for op in st.attrs
             ]
             waiting += self._between
         out = self.inner.attrs_of(path)
-        changes = [op for op in waiting if op[0] in _ATTR_CALLS and normpath(op[1]) == path]
+        changes = [op for op in waiting if normpath(op[1]) == path]
         if not changes:
             return out
         out = dict(out)
@@ -899,7 +895,7 @@ class BackgroundLayer(Layer):
             self._direct_begun = True
             return self._next
         self._step = Step(explicit=True, idle=self._idle())
-        self._step.ops.extend(self._between)
+        self._step.attrs.extend(self._between)
         self._between = []
         return self._next
 
@@ -1055,7 +1051,7 @@ class BackgroundLayer(Layer):
         if self._step is None:
             # implicit: committed by the next end_step or close
             self._step = Step(explicit=False, idle=self._idle())
-            self._step.ops.extend(self._between)
+            self._step.attrs.extend(self._between)
             self._between = []
         return self._step
 
@@ -1797,16 +1793,15 @@ class BackgroundLayer(Layer):
         if step.skipped:
             self.inner.skip_steps(step.skipped)
             step.skipped = 0
-        if step.explicit or all(op[0] in _ATTR_CALLS for op in step.ops):
+        if step.explicit or not step.ops:
             # an implicit step is opened by its first write; one whose writes were all refused
             # or empty (they open the step without the layer too) is opened here
             step.doing = "beginning the step"
             self.inner.begin_step()
+        for op in step.attrs:  # (committed with the step's writes, whatever their order)
+            step.doing = f"changing attribute {op[2]!r} of {'/' + op[1]!r}"
+            self._attr_call(op)
         for op in step.ops:
-            if op[0] in _ATTR_CALLS:
-                step.doing = f"changing attribute {op[2]!r} of {'/' + op[1]!r}"
-                self._attr_call(op)
-                continue
             if op[0] == "put_many":
                 step.doing = f"writing {len(op[2])} blocks of dataset {op[1]!r}"
                 self.inner.put_many(op[1], op[2], op[3], copy=False)

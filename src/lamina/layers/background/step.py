@@ -33,6 +33,9 @@ class Step:
 
     explicit: bool  # begun by begin_step (else opened by a put)
     ops: list[tuple] = field(default_factory=list)
+    #: attribute changes made in it, ("attr", path, name, value) or ("delattr", path, name),
+    #: in order: handed down with its writes (BackgroundLayer._later)
+    attrs: list[tuple] = field(default_factory=list)
     nbytes: int = 0  # bytes of the copies this step holds (counted in the budget)
     lent: int = 0  # bytes of the arrays it keeps by reference (the budget's waits count them)
     frozen: list[np.ndarray] = field(default_factory=list)  # arrays kept by reference
@@ -452,6 +455,7 @@ class Frozen:
             self.pending = [a for a in refused if self._base_held(a)]
         step.frozen.clear()
         step.ops.clear()
+        step.attrs.clear()
         step.nbytes = 0
 
     def _base_held(self, arr: np.ndarray) -> bool:
