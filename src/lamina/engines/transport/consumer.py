@@ -25,8 +25,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ... import comm as comm_mod
-from ...catalog import KIND_CLOSE, KIND_STEP, BlockTable, DatasetSpec, decode_packed
-from ...errors import StepError, TransportError
+from ...catalog import (
+    KIND_CLOSE,
+    KIND_STEP,
+    BlockTable,
+    DatasetSpec,
+    Decoder,
+    Record,
+    decode_packed,
+)
+from ...catalog.record import unpack
+from ...errors import FormatError, StepError, TransportError
 from ...geometry import Box, rows_prod
 from ...layouts import read as layout_read
 from ...layouts.spec import Layout
@@ -71,10 +80,10 @@ class Consumer(TransportBase):
         self._stats_follow: set[int] = set()
         self._stats_got: set[tuple[int, int]] = set()
         self._ahead = False  # reads are made ahead of the program: they release nothing
-        # records received and not applied yet: (message, producer step, flags) from the first
+        # records received and not applied yet: (message, producer step, flags, kind) from the first
         # that changes the datasets, groups, attributes or definitions on (applied by refresh,
         # on every rank alike: see _receive)
-        self._held: list[tuple[np.ndarray, int, int]] = []
+        self._held: list[tuple[np.ndarray, int, int, int]] = []
 
     @property
     def inter(self) -> Intercomm:
@@ -132,12 +141,13 @@ class Consumer(TransportBase):
                     )
                 else:
                     real, flags = (int(v) for v in buf[:16].view(np.int64))
-                    if self._held or _changes_metadata(buf):
+                    kind, changes = _head_of(buf)
+                    if self._held or changes:
                         # a record that changes what every rank sees (datasets, groups,
                         # attributes, definitions), and those after it, wait for refresh:
                         # applied in an independent call here, ranks at one step saw
                         # different datasets and made different collective reads
-                        self._held.append((buf, real, flags))
+                        self._held.append((buf, real, flags, kind))
                     else:
                         self._apply(buf, real, flags)
                 self._heard = time.monotonic()
@@ -169,15 +179,16 @@ class Consumer(TransportBase):
                 return
             if step is not None and step < len(self.catalog.steps):
                 return
-            self._apply(*self._held.pop(0))
+            buf, real, flags, _ = self._held.pop(0)
+            self._apply(buf, real, flags)
 
     def _steps_in(self) -> int:
         """Steps received, applied or held."""
-        return len(self.catalog.steps) + sum(_kind_of(b) == KIND_STEP for b, _, _ in self._held)
+        return len(self.catalog.steps) + sum(h[3] == KIND_STEP for h in self._held)
 
     def _closed_in(self) -> bool:
         """Whether the producer's close record was received (applied or held)."""
-        return self.catalog.closed or any(_kind_of(b) == KIND_CLOSE for b, _, _ in self._held)
+        return self.catalog.closed or any(h[3] == KIND_CLOSE for h in self._held)
 
     @property
     def steps(self) -> int:
@@ -571,26 +582,17 @@ class Consumer(TransportBase):
             self._inter = None
 
 
-#: where a record message's head begins (after the producer step and flags, and the head's
-#: length), and where its count of metadata changes lies in the head (after the kind u8,
-#: step i64, session u32, ranks u32 and commit time f64 every record begins with)
-_HEAD_AT = 16 + 8
-_NOPS_AT = 1 + 8 + 4 + 4 + 8
-
-
-def _kind_of(buf: np.ndarray) -> int:
-    """The kind of the record in message *buf* (KIND_STEP, KIND_META, KIND_CLOSE)."""
-    return int(buf[_HEAD_AT]) if len(buf) > _HEAD_AT else -1
-
-
-def _changes_metadata(buf: np.ndarray) -> bool:
-    """Whether the record in message *buf* changes datasets, groups, attributes or
-    definitions (a count of changes other than 0; a message too short to say is decoded,
-    and refused, where it is applied)."""
-    at = _HEAD_AT + _NOPS_AT
-    if len(buf) < at + 4:
-        return False
-    return bool(int.from_bytes(bytes(buf[at : at + 4]), "little"))
+def _head_of(buf: np.ndarray) -> tuple[int, int]:
+    """The kind of the record in message *buf* (after its producer step and flags) and its
+    count of metadata changes (datasets, groups, attributes, definitions); (-1, 0) where the
+    message cannot say (it is decoded, and refused, where it is applied)."""
+    try:
+        head, _ = unpack(buf[16:], "record message")
+        d = Decoder(bytes(head), "record message")
+        kind = Record.read_head(d)[0]
+        return kind, d.u32()
+    except FormatError:
+        return -1, 0
 
 
 __all__ = ["Consumer"]
