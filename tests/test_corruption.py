@@ -223,6 +223,49 @@ def test_flipped_metadata_is_format_error(native_path, name, where):
     assert native_path in str(ei.value) or "lamina" in str(ei.value)
 
 
+def _last_frame(path: str) -> fmt.CommitEntry:
+    commit = open(os.path.join(path, fmt.COMMIT_NAME), "rb").read()
+    entries, _, _ = fmt.parse_commits(commit, os.path.getsize(os.path.join(path, fmt.META_NAME)))
+    return entries[-1]
+
+
+@pytest.mark.parametrize("last", ["close", "step"])
+def test_a_damaged_last_record_leaves_the_steps_before_it(native_path, last):
+    """A valid last commit entry whose frame fails its checksum (what a power loss can leave
+    with durable=False): a reader opens the steps before it and says what it left out; a
+    writer in 'a' refuses and changes nothing; damage further back stays a FormatError."""
+    truth = make_file(native_path, steps=3)
+    if last == "step":  # a file whose writer was killed after its last step: no close record
+        os.truncate(
+            os.path.join(native_path, fmt.COMMIT_NAME),
+            os.path.getsize(os.path.join(native_path, fmt.COMMIT_NAME)) - fmt.ENTRY_SIZE,
+        )
+    e = _last_frame(native_path)
+    flip(os.path.join(native_path, fmt.META_NAME), e.offset + e.length - 3)
+    kept = 3 if last == "close" else 2
+    with pytest.warns(
+        LaminaWarning, match=rf"record {e.seq} .*fails its checksum.*steps before it open"
+    ):
+        with lamina.open(native_path, "r", engine="native") as f:
+            assert f.steps == kept
+            for k in range(kept):
+                np.testing.assert_array_equal(f.at(k)["grid/u"][...], truth[k])
+    before = {n: open(os.path.join(native_path, n), "rb").read() for n in os.listdir(native_path)}
+    with pytest.raises(FormatError, match=r"does not append after a damaged record"):
+        lamina.open(native_path, "a", engine="native")
+    after = {n: open(os.path.join(native_path, n), "rb").read() for n in os.listdir(native_path)}
+    assert after == before
+    # the same damage in the record before the last is corruption, not a torn commit
+    flip(os.path.join(native_path, fmt.META_NAME), e.offset + e.length - 3)  # undo
+    commit = open(os.path.join(native_path, fmt.COMMIT_NAME), "rb").read()
+    entries, _, _ = fmt.parse_commits(
+        commit, os.path.getsize(os.path.join(native_path, fmt.META_NAME))
+    )
+    flip(os.path.join(native_path, fmt.META_NAME), entries[-2].offset + entries[-2].length - 3)
+    with pytest.raises(FormatError, match=rf"record {entries[-2].seq} .*fails its checksum"):
+        read_everything(native_path)
+
+
 def read_everything(path: str) -> None:
     with lamina.open(path, "r", engine="native") as f:
         for k in range(f.steps):

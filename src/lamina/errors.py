@@ -13,6 +13,9 @@ here can be rebuilt, so nothing read from the wire is ever evaluated.
 from __future__ import annotations
 
 import difflib
+import os
+import sys
+import warnings
 from collections.abc import Iterable
 
 
@@ -22,6 +25,20 @@ class LaminaError(Exception):
 
 class LaminaWarning(UserWarning):
     """Something was left out or done differently, and lamina went on (e.g. steps of a damaged file)."""
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def warn_caller(message: str, category: type[Warning] = LaminaWarning) -> None:
+    """Warn at the first frame outside lamina: the user's call that met it, however deep
+    in the library it was found (an open, a refresh, a step loop)."""
+    frame = sys._getframe(1)
+    level = 2
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back
+        level += 1
+    warnings.warn(message, category, stacklevel=level)
 
 
 class FormatError(LaminaError, OSError):

@@ -18,7 +18,6 @@ import errno
 import os
 import stat
 import threading
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -44,9 +43,9 @@ from ...errors import (
     CollectiveMismatchError,
     FormatError,
     LaminaError,
-    LaminaWarning,
     NotALaminaFileError,
     mark_collective,
+    warn_caller,
 )
 from ...geometry import Box, box_of, cols_max, cols_min, rows_all, split_range
 from ...workflow import routes
@@ -769,7 +768,9 @@ class NativeEngine(BlockEngine):
                         f"{self.path}: {fmt.META_NAME} and {fmt.COMMIT_NAME} belong to different files "
                         f"(versions {mhead.version}/{head.version}, identities {mhead.identity}/{head.identity})"
                     )
-            entries, _valid_end, head = fmt.parse_commits(cbuf, meta_size, where)
+            entries, _valid_end, head = fmt.parse_commits(
+                cbuf, meta_size, where, last_past_end=self.mode == "r"
+            )
             if self._identity is None:
                 self._identity = head.identity
                 self._version = head.version  # appended in its own version
@@ -783,12 +784,33 @@ class NativeEngine(BlockEngine):
                     "the file was truncated or re-created while open"
                 )
             new = entries[self._nentries :]
-            out = [
-                fmt.parse_frame(
-                    os.pread(mfd, e.length, e.offset), e, f"{self.path}/{fmt.META_NAME}"
-                )
-                for e in new
-            ]
+            out = []
+            for e in new:
+                try:
+                    out.append(
+                        fmt.parse_frame(
+                            os.pread(mfd, e.length, e.offset), e, f"{self.path}/{fmt.META_NAME}"
+                        )
+                    )
+                except FormatError as err:
+                    if e is not entries[-1]:
+                        raise
+                    if self.mode != "r":
+                        raise FormatError(
+                            f"{err}: a writer does not append after a damaged record (readers "
+                            "open the steps before it; copy them to a new file to go on)"
+                        ) from None
+                    # The last record damaged: what a power loss leaves when its commit
+                    # entry reached the disk and its frame did not (durable=False). A reader
+                    # opens the steps before it, as it does a file cut short; a writer
+                    # refuses, so that nothing committed is dropped unseen.
+                    new = new[:-1]
+                    if e.seq != self._warned:
+                        self._warned = e.seq
+                        warn_caller(
+                            f"{err}: the steps before it open, this last committed record (a "
+                            "step, a metadata change or the writer's close) is left out"
+                        )
         finally:
             os.close(mfd)
             if held >= 0:  # (the first read failed: nothing is kept)
@@ -936,11 +958,9 @@ class NativeEngine(BlockEngine):
                     raise late
                 if seq != self._warned:
                     self._warned = seq
-                    warnings.warn(
+                    warn_caller(
                         f"{self.path}: {len(payloads) - len(good)} committed record(s) from record {seq} "
-                        f"(step {len(self.catalog.steps)} on) left out: {missing}",
-                        LaminaWarning,
-                        stacklevel=5,
+                        f"(step {len(self.catalog.steps)} on) left out: {missing}"
                     )
                 break
             self.catalog.apply_record(rec, True, self._blocks(rec, _of_step(rec, what)))

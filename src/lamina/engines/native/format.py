@@ -113,14 +113,16 @@ class CommitEntry:
 
 
 def parse_commits(
-    buf: bytes, meta_size: int, what: str = COMMIT_NAME
+    buf: bytes, meta_size: int, what: str = COMMIT_NAME, *, last_past_end: bool = False
 ) -> tuple[list[CommitEntry], int, Header]:
     """Valid commit entries of a commit file, the byte length of that valid prefix, and its header.
 
     A torn last entry (shorter than 32 bytes, or with a bad checksum) is a
     commit that did not happen and is ignored; any other inconsistency is a
     FormatError.  *meta_size* is the size of lamina.meta: every committed
-    record must lie inside it (after a header of the same version).
+    record must lie inside it (after a header of the same version), except
+    the last with *last_past_end* (a reader that leaves out a damaged last
+    record: its frame read short is that record's FormatError).
     """
     head = check_header(buf, COMMIT_MAGIC, what)
     n = (len(buf) - head.size) // ENTRY_SIZE
@@ -143,7 +145,7 @@ def parse_commits(
                 f"{what}: commit entry {i} points at bytes {off}+{length}, expected offset "
                 f"{'at least ' if head.version >= 3 else ''}{expect_off}"
             )
-        if off + length > meta_size:
+        if off + length > meta_size and not (last_past_end and i == n - 1):
             raise FormatError(
                 f"{what}: commit entry {i} points at bytes {off}..{off + length} but {META_NAME} has {meta_size} bytes"
             )
