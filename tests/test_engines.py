@@ -156,6 +156,28 @@ class TestInProcess:
         finally:
             w.close()
 
+    def test_wait_for_a_step_counted_from_the_end(self, engine, new_path):
+        """wait_for_step(-k) waits until there are k steps (it raised 'step -1 does not exist'
+        at once on a file with no step yet), then gives the k-th from the last."""
+        path = new_path()
+        with lamina.open(path, "w", engine=engine) as w:
+            ds = w.create_dataset("x", shape=(1,), dtype="i4")
+            with lamina.open(path, "r", engine=engine) as r:
+                with pytest.raises(
+                    lamina.StepTimeoutError, match=r"no step -1 .*\(0 steps committed\)"
+                ):
+                    r.wait_for_step(-1, timeout=0.1, poll=0.01)
+                with w.step():
+                    pass
+                assert r.wait_for_step(-1, timeout=30, poll=0.01).index == 0
+                with w.step():
+                    ds[...] = [5]
+                r.refresh()
+                assert r.wait_for_step(-1, timeout=1).index == 1
+                assert r.wait_for_step(-2, timeout=1).index == 0
+                with pytest.raises(lamina.StepTimeoutError, match=r"no step -3"):
+                    r.wait_for_step(-3, timeout=0.1, poll=0.01)
+
     def test_wait_for_step_times_out(self, engine, new_path):
         path = new_path()
         with lamina.open(path, "w", engine=engine) as w:

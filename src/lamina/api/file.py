@@ -194,15 +194,17 @@ class File(Group):
     ) -> StepView:
         """Collective: block until *step* is committed (or raise StepTimeoutError / StepError).
 
-        *step* is an integer (negative counts from the end), *timeout* None (no limit) or
-        seconds >= 0, *poll* seconds > 0: anything else is a TypeError or ValueError naming it.
+        *step* is an integer (negative counts from the end: -k waits until there are k
+        steps, then gives the k-th from the last), *timeout* None (no limit) or seconds >= 0,
+        *poll* seconds > 0: anything else is a TypeError or ValueError naming it.
         """
         step = _step_arg(step, "wait_for_step")
         timeout, poll = _wait_args(timeout, poll, "wait_for_step")
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = poll
+        need = -step if step < 0 else step + 1  # the steps there must be
         while True:
-            if step < self.steps:
+            if need <= self.steps:
                 return self.at(step)
             if self._engine.writer_closed:
                 raise StepError(
@@ -217,7 +219,7 @@ class File(Group):
             # (returns early when the engine hears of a step; never past the deadline: a poll
             # of 8 s under a timeout of 1 s waited 8 s)
             left = delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic()))
-            self._engine.wait_steps(step + 1, left)
+            self._engine.wait_steps(need, left)
             delay = min(delay * 1.5, 1.0)
             self.refresh()
 
