@@ -156,6 +156,31 @@ class TestInProcess:
         finally:
             w.close()
 
+    def test_lists_and_masks_read_as_numpy_indexes(self, engine, new_path):
+        """One list of indices or boolean mask a read (h5py's rule), with numpy's result; a
+        write of one stays refused, saying reads take them."""
+        path = new_path()
+        a = np.arange(6 * 7 * 8, dtype="f4").reshape(6, 7, 8)
+        with lamina.open(path, "w", engine=engine) as w:
+            ds = w.create_dataset("x", shape=a.shape, dtype="f4")
+            with w.step():
+                ds[:3] = a[:3]
+                ds[3:] = a[3:]
+            with lamina.open(path, "r", engine=engine) as r:
+                x = r["x"]
+                for key in (
+                    [4, 0, 0, -1],
+                    (0, slice(None), [7, 1]),
+                    (a[..., 0] > 50,),
+                    (..., a[0, 0] > 3),
+                ):
+                    np.testing.assert_array_equal(x[key], a[key])
+            with pytest.raises(
+                lamina.SelectionError, match=r"unsupported index \[0, 2\].*reads only"
+            ):
+                with w.step():
+                    ds[[0, 2]] = 1.0
+
     def test_wait_for_a_step_counted_from_the_end(self, engine, new_path):
         """wait_for_step(-k) waits until there are k steps (it raised 'step -1 does not exist'
         at once on a file with no step yet), then gives the k-th from the last."""

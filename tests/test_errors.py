@@ -741,7 +741,9 @@ def test_errors_name_the_file_and_dataset(writer):
     with pytest.raises(BoundsError, match="'/deep/er/d'"):
         ds[2, 0] = 1
     with pytest.raises(IndexError, match="'/deep/er/d'.*unsupported index"):
-        ds[[0, 1]]
+        ds[[0, 1]] = 1.0
+    with pytest.raises(IndexError, match="'/deep/er/d'.*one list of indices"):
+        ds[[0, 1], [0, 1]]
 
 
 def test_reading_native_file_with_memory_engine(tmp_path, write_simple):

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lamina.errors import BoundsError, LaminaError
+from lamina.api.dataset import _select
+from lamina.errors import BoundsError, LaminaError, SelectionError
 from lamina.geometry import Box
 from lamina.selection import parse
 
@@ -276,3 +277,134 @@ def test_stepped_reads_are_read_in_pieces_and_own_their_memory(tmp_path, monkeyp
                     assert got.base is None or got.base.nbytes == got.nbytes, key
                 # a read is a piece at most, or a part of the result read where it goes
                 assert max(reads, default=0) <= max(piece, want.nbytes), (key, reads)
+
+
+# --------------------------------------------------------------------------
+# reads with a list of indices or a boolean mask (one vector a selection, as h5py)
+
+
+def read_like_a_dataset(a: np.ndarray, key, boxes: list | None = None):
+    """*key* of *a* read the way Dataset.__getitem__ reads it (boxes, then numpy's picking)."""
+
+    def read(box, out):
+        if boxes is not None:
+            boxes.append(box)
+        if out is None:
+            return a[box.slices].copy()
+        out[...] = a[box.slices]
+        return out
+
+    return _select(key, a.shape, "dataset 'a'", read, a.dtype)
+
+
+A3 = np.arange(6 * 7 * 8, dtype="f8").reshape(6, 7, 8)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        [0, 2],
+        [5, 0, 0, -1],
+        np.array([3], dtype=np.uint8),
+        [],
+        np.array([], dtype=np.int64),
+        (slice(None), [1, 2]),
+        (
+            0,
+            slice(None),
+            [1, 7],
+        ),  # an integer apart from the list: numpy puts the list's axis first
+        (0, [1, 2], 0),
+        ([0, 1], slice(None), 0),
+        (Ellipsis, [1, 3]),
+        ([2, 1], Ellipsis),
+        (slice(None, None, 2), [6, 0], slice(1, 5, 2)),
+        (np.int64(1), [0], 2),
+        (np.arange(6) % 2 == 0,),
+        (slice(1, 3), np.arange(7) > 3),
+        (A3[..., 0] > 20,),
+        (A3[:, :, 0] > 2000,),  # selects nothing
+        (A3 > 100,),
+    ],
+    ids=repr,
+)
+def test_a_list_or_a_mask_reads_as_numpy_indexes(key):
+    want = A3[key]
+    got = read_like_a_dataset(A3, key)
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+@st.composite
+def vector_keys(draw, shape):
+    """A basic key (ints, slices) with one axis taken by a list of indices or a 1-D mask."""
+    ax = draw(st.integers(0, len(shape) - 1))
+    items: list = [slice(None)] * len(shape)
+    for d, n in enumerate(shape):
+        if d != ax:
+            items[d] = draw(
+                st.one_of(
+                    st.integers(-n, n - 1),
+                    st.builds(slice, st.integers(0, n), st.integers(0, n), st.integers(1, 3)),
+                    st.just(slice(None)),
+                )
+            )
+    n = shape[ax]
+    if draw(st.booleans()):
+        items[ax] = draw(st.lists(st.integers(-n, n - 1), max_size=8))
+    else:
+        items[ax] = np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n)), dtype=bool)
+    return tuple(items)
+
+
+@given(
+    st.lists(st.integers(1, 6), min_size=1, max_size=3).flatmap(
+        lambda sh: st.tuples(st.just(tuple(sh)), vector_keys(tuple(sh)))
+    )
+)
+def test_vector_reads_match_numpy(args):
+    shape, key = args
+    a = np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape)
+    want = a[key]
+    got = read_like_a_dataset(a, key)
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_sparse_list_reads_its_rows_not_the_span_between():
+    """ds[[0, 999_999]] reads two rows, not the megabytes between them; near rows are read together."""
+    a = np.zeros((1_000_000, 4))
+    boxes: list = []
+    read_like_a_dataset(a, [999_999, 0, 3], boxes)
+    assert sum(b.size for b in boxes) * 8 < 1 << 10, boxes
+    assert len(boxes) == 2  # rows 0 and 3 together, 999_999 apart
+
+
+@pytest.mark.parametrize(
+    "key, error, text",
+    [
+        ([[0, 1]], SelectionError, r"2-D array of indices"),
+        ([0.5], SelectionError, r"list of float64 values"),
+        (
+            ([0], [1]),
+            SelectionError,
+            r"one list of indices or boolean mask per selection.*items 0, 1",
+        ),
+        ([6], BoundsError, r"index 6 is out of bounds for dimension 0 of size 6"),
+        ((0, [-8]), BoundsError, r"index -8 is out of bounds for dimension 1 of size 7"),
+        (
+            np.ones(5, bool),
+            BoundsError,
+            r"mask of shape \(5,\) does not match dimension 0 of size 6",
+        ),
+        ((slice(None), np.ones((7, 8), bool)), SelectionError, r"2-D boolean mask must come first"),
+        ((None, [0]), SelectionError, r"np.newaxis"),
+        ((Ellipsis, [0], Ellipsis), SelectionError, r"single ellipsis"),
+        ((0, 0, 0, [0]), BoundsError, r"too many indices"),
+    ],
+    ids=str,
+)
+def test_bad_vector_keys_name_the_item_and_the_limit(key, error, text):
+    with pytest.raises(error, match=text) as ei:
+        read_like_a_dataset(A3, key)
+    assert "dataset 'a'" in str(ei.value)

@@ -64,6 +64,112 @@ def parse(key, shape: tuple[int, ...], what: str = "dataset") -> Selection:
     return _parse(key, shape, what)
 
 
+@dataclass(frozen=True, slots=True)
+class Vector:
+    """A read selection with one list of indices or boolean mask (numpy's advanced indexing
+    with one index vector, as h5py allows): *key* is the rest, basic (the vector's axes a
+    full slice each); *axis* the first of the dataset axes the vector takes (one for a list
+    or a 1-D mask, ``len(points)`` for an N-D mask); *points* the positions it selects, one
+    int64 array per axis it takes; *front*: numpy puts the result's vector axis first (the
+    vector and the integer indices are not side by side)."""
+
+    key: tuple
+    axis: int
+    points: tuple[np.ndarray, ...]
+    front: bool
+
+
+def _is_vector(k) -> bool:
+    return isinstance(k, list) or (type(k) is np.ndarray and k.ndim >= 1)
+
+
+def vector(key, shape: tuple[int, ...], what: str = "dataset") -> Vector | None:
+    """The :class:`Vector` of a read key holding a list of indices or a boolean mask, else
+    None (the key is basic: :func:`parse`).  As numpy: indices may repeat, come in any order
+    and count from the end; a 1-D boolean mask picks along one axis and must have its
+    length, an N-D one (first in the key) picks along N axes and gives them as one.  As
+    h5py: one vector a selection, and a 1-D one (SelectionError otherwise)."""
+    if not isinstance(key, tuple):
+        key = (key,)
+    vecs = [i for i, k in enumerate(key) if _is_vector(k)]
+    if not vecs:
+        return None
+    if len(vecs) > 1:
+        raise SelectionError(
+            f"{what}: one list of indices or boolean mask per selection (as h5py), got "
+            f"{len(vecs)} (items {', '.join(str(i) for i in vecs)})"
+        )
+    i = vecs[0]
+    arr = np.asarray(key[i])
+    if arr.dtype.kind == "b":
+        points = np.nonzero(arr)
+    elif arr.size == 0 and arr.dtype.kind == "f":  # [] is a float array to numpy, and an index
+        points = (arr.astype(np.int64),)
+    elif arr.dtype.kind in "iu":
+        points = (arr.astype(np.int64),)
+    else:
+        raise SelectionError(
+            f"{what}: item {i} of the selection is a list of {arr.dtype} values; indices are integers "
+            "(or booleans, a mask)"
+        )
+    if arr.dtype.kind != "b" and arr.ndim != 1:
+        raise SelectionError(
+            f"{what}: item {i} of the selection is a {arr.ndim}-D array of indices; lamina takes a "
+            "1-D list (h5py too)"
+        )
+    if arr.dtype.kind == "b" and arr.ndim > 1 and i != 0:
+        raise SelectionError(
+            f"{what}: a {arr.ndim}-D boolean mask must come first in the selection, it is item {i}"
+        )
+    # the rest of the key, with a full slice on each axis the vector takes
+    basic = key[:i] + (slice(None),) * arr.ndim + key[i + 1 :]
+    if any(k is None for k in basic):
+        raise SelectionError(
+            f"{what}: np.newaxis (None) is not supported in a selection; add the axis to the "
+            "array read (a[None])"
+        )
+    n_ell = sum(1 for k in basic if k is Ellipsis)
+    if n_ell > 1:
+        raise SelectionError(f"{what}: an index can only have a single ellipsis ('...')")
+    nd = len(shape)
+    axis = i
+    if n_ell and basic.index(Ellipsis) < i:  # the vector's axes counted from the end
+        axis = nd - len(basic) + i
+    if len(basic) - n_ell > nd:
+        raise BoundsError(
+            f"{what}: too many indices ({len(basic) - n_ell}) for {nd} dimensions (shape {shape})"
+        )
+    if axis < 0 or axis + arr.ndim > nd:
+        raise BoundsError(f"{what}: too many indices for {nd} dimensions (shape {shape})")
+    for j, p in enumerate(points):
+        n = shape[axis + j]
+        if arr.dtype.kind == "b":
+            if arr.shape[j] != n:
+                raise BoundsError(
+                    f"{what}: boolean mask of shape {arr.shape} does not match dimension {axis + j} "
+                    f"of size {n} (shape {shape})"
+                )
+            continue
+        bad = (p < -n) | (p >= n)
+        if bad.any():
+            raise BoundsError(
+                f"{what}: index {int(p[bad][0])} is out of bounds for dimension {axis + j} of size "
+                f"{n} (shape {shape})"
+            )
+    if arr.dtype.kind != "b":
+        n = shape[axis]
+        points = (np.where(points[0] < 0, points[0] + n, points[0]),)
+    # numpy: integer indices are advanced too; apart from the vector, its axis goes first
+    full = basic
+    if n_ell:
+        e = basic.index(Ellipsis)
+        full = basic[:e] + (slice(None),) * (nd - (len(basic) - 1)) + basic[e + 1 :]
+    ints = [d for d, k in enumerate(full) if not isinstance(k, slice)]
+    taken = sorted(set(ints) | set(range(axis, axis + arr.ndim)))
+    front = bool(ints) and taken[-1] - taken[0] + 1 != len(taken)
+    return Vector(tuple(full), axis, tuple(points), front)
+
+
 def _parse(key, shape: tuple[int, ...], what: str) -> Selection:
     """:func:`parse` of any key, the general way."""
     if not isinstance(key, tuple):
@@ -118,8 +224,9 @@ def _parse(key, shape: tuple[int, ...], what: str) -> Selection:
             stop.append(b)
             steps.append(int(st))
         else:
+            also = " (lists of indices and boolean masks: reads only)" if _is_vector(k) else ""
             raise SelectionError(
-                f"{what}: unsupported index {k!r} in dimension {d}; use ints, slices and '...'"
+                f"{what}: unsupported index {k!r} in dimension {d}; use ints, slices and '...'{also}"
             )
     return Selection(Box(tuple(start), tuple(stop)), tuple(squeeze), tuple(steps))
 

@@ -27,7 +27,7 @@ from ..errors import (
 from ..geometry import Box, as_int, box_of
 from ..layouts import read as layout_read
 from ..layouts.spec import Layout, Multires
-from ..selection import parse
+from ..selection import Vector, parse, vector
 from ..stats import crc
 from .attrs import Attributes
 
@@ -102,6 +102,9 @@ def _select(key, shape: tuple[int, ...], what: str, read, dtype: np.dtype) -> np
     A stepped selection (``ds[::k]``) is read a piece at a time and its result owns its
     memory, as h5py's does: a view of the whole span read at once held every byte of it
     for as long as the program kept a few selected values."""
+    vec = vector(key, shape, what)
+    if vec is not None:
+        return _select_vector(vec, shape, what, read, dtype)
     sel = parse(key, shape, what)
     if sel.strided:
         out = _strided(read, sel.box, sel.steps, dtype)
@@ -111,6 +114,44 @@ def _select(key, shape: tuple[int, ...], what: str, read, dtype: np.dtype) -> np
         out = out.reshape(sel.result_shape)
     ellipsis = key is Ellipsis or (isinstance(key, tuple) and any(k is Ellipsis for k in key))
     return out[()] if out.ndim == 0 and not (ellipsis and not shape) else out
+
+
+#: a list of indices is read in runs; rows between two runs closer than this many bytes are
+#: read with them rather than apart (a read costs about what 256 KiB more of a block does)
+VECTOR_GAP = 256 << 10
+
+
+def _select_vector(vec: Vector, shape: tuple[int, ...], what: str, read, dtype: np.dtype):
+    """:func:`_select` of a key with a list of indices or a boolean mask (:class:`Vector`):
+    the positions it takes are read as boxes, a run of them at a time (a mask of several
+    axes: the box around its true elements), and picked out as numpy would."""
+    ax, pts = vec.axis, vec.points
+    # where the vector's axis lies in a basic read's result: after the axes before it that
+    # an integer index does not remove
+    pos = sum(1 for k in vec.key[:ax] if isinstance(k, slice))
+
+    def with_axes(parts: tuple[slice, ...]) -> np.ndarray:
+        return _select(vec.key[:ax] + parts + vec.key[ax + len(parts) :], shape, what, read, dtype)
+
+    if len(pts) > 1:  # a mask of several axes, first in the key (pos 0)
+        lo = [int(p.min()) if p.size else 0 for p in pts]
+        hi = [int(p.max()) + 1 if p.size else 0 for p in pts]
+        sub = with_axes(tuple(slice(a, b) for a, b in zip(lo, hi, strict=True)))
+        out = sub[tuple(p - a for p, a in zip(pts, lo, strict=True))]
+    else:
+        idx = pts[0]
+        uniq, inv = np.unique(idx, return_inverse=True)
+        row = parse(vec.key[:ax] + (slice(0, 1),) + vec.key[ax + 1 :], shape, what).box.size
+        gap = max(1, VECTOR_GAP // max(1, row * dtype.itemsize))
+        parts = []
+        for run in np.split(uniq, np.flatnonzero(np.diff(uniq) > gap) + 1) if uniq.size else [uniq]:
+            a, b = (int(run[0]), int(run[-1]) + 1) if run.size else (0, 0)
+            sub = with_axes((slice(a, b),))
+            parts.append(sub if b - a == run.size else np.take(sub, run - a, axis=pos))
+        out = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=pos)
+        if uniq.size != idx.size or not np.array_equal(uniq, idx):
+            out = np.take(out, inv.reshape(-1), axis=pos)
+    return np.moveaxis(out, pos, 0) if vec.front and pos else out
 
 
 #: what the agreements of a collective read carry: a key of the dataset, step and level below
@@ -324,7 +365,8 @@ class Dataset:
 
     # -- reading (independent) ------------------------------------------
     def __getitem__(self, key) -> np.ndarray:
-        """Independent: read a selection (ints, slices, '...') of this view's step.
+        """Independent: read a selection (ints, slices, '...', and one list of indices or
+        boolean mask, as h5py) of this view's step.
 
         As h5py: a selection of one element gives a numpy scalar (``ds[()]``
         of a 0-D dataset too), except ``ds[...]`` of a 0-D dataset, which
