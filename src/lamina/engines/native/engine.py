@@ -785,15 +785,17 @@ class NativeEngine(BlockEngine):
                 )
             new = entries[self._nentries :]
             out = []
-            for e in new:
+            for ent in new:
                 try:
                     out.append(
                         fmt.parse_frame(
-                            os.pread(mfd, e.length, e.offset), e, f"{self.path}/{fmt.META_NAME}"
+                            os.pread(mfd, ent.length, ent.offset),
+                            ent,
+                            f"{self.path}/{fmt.META_NAME}",
                         )
                     )
                 except FormatError as err:
-                    if e is not entries[-1]:
+                    if ent is not entries[-1]:
                         raise
                     if self.mode != "r":
                         raise FormatError(
@@ -805,8 +807,8 @@ class NativeEngine(BlockEngine):
                     # opens the steps before it, as it does a file cut short; a writer
                     # refuses, so that nothing committed is dropped unseen.
                     new = new[:-1]
-                    if e.seq != self._warned:
-                        self._warned = e.seq
+                    if ent.seq != self._warned:
+                        self._warned = ent.seq
                         warn_caller(
                             f"{err}: the steps before it open, this last committed record (a "
                             "step, a metadata change or the writer's close) is left out"
