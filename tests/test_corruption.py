@@ -341,9 +341,18 @@ def test_missing_metadata_file(native_path, name):
 
 
 def test_truncated_meta_is_format_error(native_path):
-    make_file(native_path)
+    """lamina.meta cut inside its last frame (the writer's close) leaves that record out, with
+    a warning, for readers (a writer refuses the file); cut further back it is corrupt."""
+    truth = make_file(native_path)
     meta = os.path.join(native_path, fmt.META_NAME)
+    last = _last_frame(native_path)
     os.truncate(meta, os.path.getsize(meta) - 3)
+    with pytest.warns(LaminaWarning, match=rf"record {last.seq} is truncated"):
+        with lamina.open(native_path, "r", engine="native") as f:
+            assert f.steps == len(truth)
+    with pytest.raises(FormatError, match="lamina.meta has"):
+        lamina.open(native_path, "a", engine="native")
+    os.truncate(meta, last.offset - 3)
     with pytest.raises(FormatError, match="lamina.meta has"):
         lamina.open(native_path, "r", engine="native")
 
