@@ -394,15 +394,25 @@ def test_readers_do_not_follow_links_either(native_path, tmp_path, name):
         lamina.open(native_path, "r")
 
 
-def test_a_linked_subfile_is_not_read(native_path, tmp_path):
+def test_a_linked_subfile_is_refused_and_nothing_is_dropped(native_path, tmp_path):
+    """A subfile replaced by a link is an error for readers and writers (docs/format.md), not
+    a file cut short: a writer in 'a' cut both logs to their headers before it raised, and
+    every committed step was gone once the subfile was put back."""
     write_steps(native_path, "w", [1.0, 2.0])
+    logs = {
+        n: open(os.path.join(native_path, n), "rb").read() for n in (fmt.META_NAME, fmt.COMMIT_NAME)
+    }
     real = tmp_path / "moved"
     shutil.move(os.path.join(native_path, "data.0.0"), real)
     os.symlink(real, os.path.join(native_path, "data.0.0"))
-    with pytest.warns(lamina.LaminaWarning, match="data.0.0 is a symbolic link"):
-        f = lamina.open(native_path, "r")
-    with f:
-        assert f.steps == 0  # its steps are left out, with a warning
+    for mode in ("r", "a"):
+        with pytest.raises(FormatError, match="data.0.0 is a symbolic link"):
+            lamina.open(native_path, mode)
+        assert {n: open(os.path.join(native_path, n), "rb").read() for n in logs} == logs
+    os.remove(os.path.join(native_path, "data.0.0"))
+    shutil.move(real, os.path.join(native_path, "data.0.0"))
+    with lamina.open(native_path, "r") as f:
+        assert f.steps == 2 and f["x"][0] == 2.0
 
 
 # ------------------------------------------------------------------ files of the previous format version

@@ -1010,10 +1010,15 @@ class NativeEngine(BlockEngine):
                     st = os.lstat(os.path.join(self.path, name))
                 except FileNotFoundError:
                     return f"subfile {name} is missing ({self._first_block_in(rec, session, agg)})"
+                # not a file cut short: an error for readers and writers alike, and a
+                # writer in 'a' must not drop the steps it holds from the logs
                 if stat.S_ISLNK(st.st_mode):
-                    return f"subfile {name} is a symbolic link; lamina does not follow links inside its files"
+                    raise FormatError(
+                        f"{self.path}: subfile {name} is a symbolic link; lamina does not follow "
+                        "links inside its files"
+                    )
                 if not stat.S_ISREG(st.st_mode):
-                    return f"subfile {name} is not a regular file"
+                    raise FormatError(f"{self.path}: subfile {name} is not a regular file")
                 size = self._sizes[name] = st.st_size
             if end > size:
                 return (
