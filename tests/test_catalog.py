@@ -46,6 +46,7 @@ from lamina.catalog.model import (
     encode_attr,
     encode_dtype,
     encode_op,
+    value_bytes,
 )
 from lamina.catalog.wire import MAX_STR
 from lamina.errors import DTypeError, FormatError
@@ -2007,3 +2008,25 @@ def test_a_compressed_section_claiming_more_than_its_blocks_take_is_not_inflated
         spec, [spec]
     )
     assert len(t) == 1 and t.records(0)[0].crcs == (5,)
+
+
+@pytest.mark.skipif(
+    np.finfo(np.longdouble).nmant != 63, reason="long double is not x87's 80-bit format here"
+)
+@pytest.mark.parametrize("dtype", [np.longdouble, np.clongdouble])
+def test_a_long_double_fill_encodes_without_its_padding(dtype):
+    """A float128 fill value's 6 padding bytes held whatever memory had: two ranks creating
+    one dataset disagreed on its definition (CollectiveMismatchError on every rank)."""
+    part = np.dtype(np.longdouble).itemsize
+    value = np.array(1.5, dtype=dtype)
+    dirty = np.frombuffer(bytearray(value.tobytes()), np.uint8).reshape(-1, part).copy()
+    dirty[:, 10:] = 0xA5  # padding as a stack might leave it
+    dirty = dirty.reshape(-1).view(dtype)
+    assert dirty.tobytes() != value.tobytes() or value.tobytes()[10:part] == b"\xa5" * (part - 10)
+    assert dirty[0] == value
+    assert value_bytes(dirty) == value_bytes(value)
+    assert set(value_bytes(dirty)[10:part]) == {0}
+    spec = DatasetSpec("/x", (4,), np.dtype(dtype), value[()], (), 0, None)
+    e = Encoder()
+    spec.encode(e)
+    assert DatasetSpec.decode(Decoder(e.getvalue(), "spec")).fill == value

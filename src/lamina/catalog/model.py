@@ -250,7 +250,7 @@ class DatasetSpec:
         e.u8(self.ndim)
         for n in self.shape:
             e.u64(n)
-        e.raw(np.array(self.fill, dtype=self.dtype).tobytes())
+        e.raw(value_bytes(np.array(self.fill, dtype=self.dtype)))
         described = ([self.layout] if self.layout is not None else []) + list(self.codecs)
         e.str(json.dumps(described, sort_keys=True, separators=(",", ":")))
 
@@ -301,6 +301,30 @@ class DatasetSpec:
         e = Encoder()
         self.encode(e)
         return e.getvalue()
+
+
+#: bytes of a long double that hold its value where it is x87's 80-bit format in 12 or 16
+#: bytes (x86): the rest is padding nobody writes
+_LONGDOUBLE_VALUE = 10 if np.finfo(np.longdouble).nmant == 63 else None
+
+
+def value_bytes(a: np.ndarray) -> bytes:
+    """``a.tobytes()`` with a long double's padding zeroed: the same value gives the same
+    bytes on every rank and in every run (a fill value's padding held whatever the stack
+    had, and ranks creating one dataset disagreed on its definition)."""
+    raw = a.tobytes()
+    if (
+        _LONGDOUBLE_VALUE is None
+        or a.dtype.kind not in "fc"
+        or a.dtype.itemsize not in (12, 16, 24, 32)
+    ):
+        return raw
+    part = a.dtype.itemsize // (2 if a.dtype.kind == "c" else 1)
+    if part == np.dtype(np.longdouble).itemsize:
+        buf = np.frombuffer(bytearray(raw), np.uint8).reshape(-1, part)
+        buf[:, _LONGDOUBLE_VALUE:] = 0
+        return buf.tobytes()
+    return raw
 
 
 # --------------------------------------------------------------------------
