@@ -124,20 +124,22 @@ def _old_file(path, steps: int = 3, seed: int = 1) -> None:
                 x[...] = seed * 1000 + k
 
 
+@pytest.mark.parametrize("described", [True, False], ids=["workflow", "two-programs"])
 @pytest.mark.parametrize("delay", [0.0, 2.0])
-def test_a_reader_waits_for_this_runs_file_not_an_earlier_ones(tmp_path, delay):
+def test_a_reader_waits_for_this_runs_file_not_an_earlier_ones(tmp_path, delay, described):
     """Under the file transport the old file is there when the consumer opens it: it reads
-    the new one, whether the producer re-creates it at once or seconds later."""
+    the new one, whether the producer re-creates it at once or seconds later, and whether
+    LAMINA_WORKFLOW names the file or two programs need no description (there the consumer
+    read the earlier run's steps)."""
     _old_file(tmp_path / "out.lam")
+    env = {"LAMINA_TRANSPORT": "file", "LAMINA_TRANSPORT_TIMEOUT": "20"}
+    if described:
+        env["LAMINA_WORKFLOW"] = "out.lam=0>1"
     res = ok(
         launch(
             tmp_path,
             [producer(2, "out.lam", seed=2, delay=delay), consumer(1, "out.lam")],
-            {
-                "LAMINA_TRANSPORT": "file",
-                "LAMINA_WORKFLOW": "out.lam=0>1",
-                "LAMINA_TRANSPORT_TIMEOUT": "20",
-            },
+            env,
         )
     )
     [got] = res.lines("OK consumer")
@@ -170,7 +172,12 @@ def test_what_counts_as_a_file_written_since(tmp_path, monkeypatch):
     assert native.written_since("other.lam", "r", 5) is None
     monkeypatch.setenv("LAMINA_WORKFLOW", "out.lam=1>2")  # not this task's
     assert native.written_since("out.lam", "r", 5) is None
-    monkeypatch.delenv("LAMINA_WORKFLOW")
+    monkeypatch.delenv("LAMINA_WORKFLOW")  # two programs: each reads what the other writes
+    for tasks, want in ((1, None), (2, 123.0), (3, None)):
+        monkeypatch.setattr(comm_mod, "task_count", lambda tasks=tasks: tasks)
+        assert native.written_since("out.lam", "r", 5) == want
+    monkeypatch.setattr(comm_mod, "_JOB_START", None)  # the job's start unknown
+    monkeypatch.setattr(comm_mod, "task_count", lambda: 2)
     assert native.written_since("out.lam", "r", 5) is None
 
 

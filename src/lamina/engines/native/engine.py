@@ -437,24 +437,29 @@ def written_since(path: str, mode: str, wait: float) -> float | None:
     """When a file *path* opened in *mode* must have been written since: the job's start, or None.
 
     A reader that waits for a file (``wait=``) under a workflow
-    (``$LAMINA_WORKFLOW``) names a file a task of the workflow writes for
-    its own task to read: it wants the one this run writes, not one an
+    (``$LAMINA_WORKFLOW``, or none in a launch of two programs, where each
+    reads what the other writes) names a file a task of the workflow writes
+    for its own task to read: it wants the one this run writes, not one an
     earlier run left under that name, which the writer re-creates under it
     when it opens it.  None (any file will do) for writers, readers that do
-    not wait, names the workflow does not route to this task, or where the
-    job's start is unknown (the file opened on a communicator of the
-    program's own before any other lamina.open: :func:`lamina.comm.job_start`).
+    not wait, names the workflow does not route to this task, one program
+    alone, or where the job's start is unknown (the file opened on a
+    communicator of the program's own before any other lamina.open:
+    :func:`lamina.comm.job_start`).
     """
-    if mode != "r" or not wait:
+    start = comm_mod.job_start()
+    if mode != "r" or not wait or start is None:
         return None
     try:
         wf = routes.from_env()
     except ValueError:  # a malformed workflow: the transport choice reports it where it matters
         return None
-    route = None if wf is None else wf.route(routes.normname(path))
+    if wf is None:  # (task_count is known once job_start is: no message)
+        return start if comm_mod.task_count() == 2 else None
+    route = wf.route(routes.normname(path))
     if route is None or comm_mod.appnum() not in route.consumers:
         return None
-    return comm_mod.job_start()
+    return start
 
 
 def _written_after(path: str, since: float) -> bool:
