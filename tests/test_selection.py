@@ -408,3 +408,12 @@ def test_bad_vector_keys_name_the_item_and_the_limit(key, error, text):
     with pytest.raises(error, match=text) as ei:
         read_like_a_dataset(A3, key)
     assert "dataset 'a'" in str(ei.value)
+
+
+@pytest.mark.parametrize("shape", [(), (4,)])
+@pytest.mark.parametrize("key", [True, np.True_, False, (True,), np.array(False), (Ellipsis, True)])
+def test_a_boolean_scalar_is_refused_alike_on_every_shape(shape, key):
+    """ds[True] of a 0-D dataset said 'too many indices (1) for 0 dimensions'; of a 1-D one
+    'unsupported index': the same refusal, naming it, on both."""
+    with pytest.raises(SelectionError, match=r"unsupported index .*boolean scalar adds an axis"):
+        parse(key, shape, "dataset 'b'")

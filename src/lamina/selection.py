@@ -179,6 +179,14 @@ def _parse(key, shape: tuple[int, ...], what: str) -> Selection:
             f"{what}: np.newaxis (None) is not supported in a selection; add the axis to the "
             "array read (a[None])"
         )
+    for k in key:  # (before counting indices: numpy takes no dimension for it either)
+        if isinstance(k, bool | np.bool_) or (
+            type(k) is np.ndarray and k.ndim == 0 and k.dtype == bool
+        ):
+            raise SelectionError(
+                f"{what}: unsupported index {k!r}; a boolean scalar adds an axis in numpy "
+                "(a[None] of the array read does that)"
+            )
     # a 0-d integer array is an integer index, as numpy takes it
     key = tuple(
         int(k) if type(k) is np.ndarray and k.ndim == 0 and k.dtype.kind in "iu" else k for k in key
