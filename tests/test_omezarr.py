@@ -576,3 +576,130 @@ def test_cli_convert(tiny, tmp_path, capsys):
     zarr.open_group(str(bad), mode="w", zarr_format=2)
     rc, _, err = run(["convert", bad, tmp_path / "b.lam"], capsys)
     assert rc == 2 and "bad.zarr" in err and "no OME-Zarr image" in err
+
+
+# --------------------------------------------------------------------------
+# the axes: names, units, scale and translation
+
+
+def test_dims_name_the_ngff_axes_and_bad_ones_are_said(tmp_path):
+    """A dataset's dims named its axes x, y, z where NGFF said z, y, x (the x axis of 64
+    samples labelled z next to dims saying x); dims that cannot name NGFF axes are said."""
+    src = str(tmp_path / "d.lam")
+    with lamina.open(src, "w") as f:
+        a = f.create_dataset("a", shape=(6, 4, 2), dtype="f4")
+        a.attrs["dims"] = ["x", "y", "z"]
+        a.attrs["axis_units"] = ["meter", "meter", ""]
+        a.attrs["scale"] = [0.5, 0.5, 2.0]
+        b = f.create_dataset("b", shape=(3, 3), dtype="f4")
+        b.attrs["dims"] = ["t", "x"]  # 't' is the time axis's name
+        b.attrs["scale"] = [1.0, -1.0]
+        with f.step():
+            a[...] = 1
+            b[...] = 2
+    res = omezarr.convert(src, tmp_path / "d.zarr", progress=False)
+    ms = zarr.open_group(str(tmp_path / "d.zarr"), mode="r")["a"].attrs["multiscales"][0]
+    assert ms["axes"] == [
+        {"name": "t", "type": "time"},
+        {"name": "x", "type": "space", "unit": "meter"},
+        {"name": "y", "type": "space", "unit": "meter"},
+        {"name": "z", "type": "space"},
+    ]
+    assert ms["datasets"][0]["coordinateTransformations"] == [
+        {"type": "scale", "scale": [1.0, 0.5, 0.5, 2.0]}
+    ]
+    msb = zarr.open_group(str(tmp_path / "d.zarr"), mode="r")["b"].attrs["multiscales"][0]
+    assert [x["name"] for x in msb["axes"]] == ["t", "y", "x"]
+    said = " ".join(res.warnings)
+    assert "dataset /b: its attribute 'dims'" in said and "'t' names the time axis" in said
+    assert "dataset /b: its attribute 'scale'" in said and "must be > 0" in said
+
+
+def test_a_foreign_images_calibration_is_kept_and_written_back(tmp_path):
+    """Axis names, units, scale and translation of an image not made by lamina were dropped
+    without a word: they become the dataset's dims, axis_units, scale and translation, and
+    go back into the NGFF metadata when the file is converted again."""
+    src = tmp_path / "cal.zarr"
+    g = zarr.open_group(str(src), mode="w", zarr_format=2)
+    g.create_array("0", shape=(4, 6, 8), chunks=(2, 3, 4), dtype="u2")[...] = 1
+    um = "micrometer"
+    g.attrs["multiscales"] = [
+        {
+            "version": "0.4",
+            "axes": [{"name": n, "type": "space", "unit": um} for n in "zyx"],
+            "datasets": [
+                {
+                    "path": "0",
+                    "coordinateTransformations": [
+                        {"type": "scale", "scale": [2.0, 0.25, 0.25]},
+                        {"type": "translation", "translation": [10.0, 5.0, 5.0]},
+                    ],
+                }
+            ],
+        }
+    ]
+    omezarr.convert(src, tmp_path / "cal.lam", progress=False)
+    with lamina.open(tmp_path / "cal.lam") as f:
+        at = f["cal"].attrs
+        assert list(at["dims"]) == ["z", "y", "x"] and list(at["axis_units"]) == [um] * 3
+        assert list(at["scale"]) == [2.0, 0.25, 0.25] and list(at["translation"]) == [
+            10.0,
+            5.0,
+            5.0,
+        ]
+    omezarr.convert(tmp_path / "cal.lam", tmp_path / "back.zarr", progress=False)
+    ms = zarr.open_group(str(tmp_path / "back.zarr"), mode="r")["cal"].attrs["multiscales"][0]
+    assert ms["axes"][1:] == [{"name": n, "type": "space", "unit": um} for n in "zyx"]
+    assert ms["datasets"][0]["coordinateTransformations"] == [
+        {"type": "scale", "scale": [1.0, 2.0, 0.25, 0.25]},
+        {"type": "translation", "translation": [0.0, 10.0, 5.0, 5.0]},
+    ]
+
+
+@pytest.mark.parametrize(
+    "axes, transforms, text",
+    [
+        (
+            ["y", "x"],
+            [{"type": "scale", "scale": [1, 1, 1]}],
+            r"scale \[1, 1, 1\] must be 2 finite numbers",
+        ),
+        (["x", "x"], None, r"axes \['x', 'x'\]: axis names must be unique"),
+        (["y", "x"], [{"type": "scale", "scale": [-1.0, 1.0]}], r"must be > 0 on every axis"),
+        (
+            ["y", "x"],
+            [{"type": "translation", "translation": [0, "a"]}],
+            r"translation .* finite numbers",
+        ),
+        (["y", "x"], {"type": "scale"}, r"coordinateTransformations must be a list of objects"),
+    ],
+)
+def test_multiscales_that_break_ngff_rules_are_refused(tmp_path, axes, transforms, text):
+    src = tmp_path / "bad.zarr"
+    g = zarr.open_group(str(src), mode="w", zarr_format=2)
+    g.create_array("0", shape=(2, 2), dtype="f4")[...] = 1
+    d = (
+        {"path": "0"}
+        if transforms is None
+        else {"path": "0", "coordinateTransformations": transforms}
+    )
+    g.attrs["multiscales"] = [
+        {"version": "0.4", "axes": [{"name": n, "type": "space"} for n in axes], "datasets": [d]}
+    ]
+    with pytest.raises(ConvertError, match=r"bad\.zarr.*image /.*" + text):
+        omezarr.convert(src, tmp_path / "bad.lam", progress=False)
+    assert not os.path.exists(tmp_path / "bad.lam")
+
+
+def test_a_store_that_is_one_image_gives_its_attributes_once(tmp_path):
+    """Its attributes went to the lamina root and to the dataset, every warning twice."""
+    src = tmp_path / "one.zarr"
+    g = _image(src, (2, 2), [Y, X], dtype="f4")
+    g[...] = 1
+    root = zarr.open_group(str(src), mode="a")
+    root.attrs["acquired"] = 2024
+    root.attrs["meta"] = {"k": 1}
+    res = omezarr.convert(src, tmp_path / "one.lam", progress=False)
+    assert sum("skipped attribute 'meta'" in w for w in res.warnings) == 1
+    with lamina.open(tmp_path / "one.lam") as f:
+        assert "acquired" not in f.attrs and f["one"].attrs["acquired"] == 2024

@@ -31,6 +31,7 @@ import dataclasses
 import itertools
 import json
 import math
+import numbers
 import os
 import time
 from dataclasses import dataclass, field
@@ -72,8 +73,11 @@ CACHE_BYTES = SLAB_BYTES
 MAX_EMPTY_STEPS = 1 << 16
 #: names Zarr keeps its metadata under, which no group or array may take
 ZARR_NAMES = frozenset({*ZARR_MARKERS, ".zmetadata"})
-#: names of the space axes, by the number of dimensions
+#: names of the space axes, by the number of dimensions (where no ``dims`` attribute names them)
 SPACE_AXES = {1: ("x",), 2: ("y", "x"), 3: ("z", "y", "x")}
+#: a dataset's attributes that describe its space axes in NGFF metadata: names, units, and
+#: level 0's scale and translation; an image not made by lamina gives them to its dataset
+CALIBRATION = ("dims", "axis_units", "scale", "translation")
 #: attributes OME-Zarr readers give a meaning to: not copied from a store
 OME_KEYS = frozenset(
     {
@@ -278,7 +282,9 @@ def _write_image(root, o: _Out, nsteps: int, src: str, warnings: list[str]) -> l
         "attrs": types,
     }
     if nd in SPACE_AXES:
-        attrs["multiscales"] = _multiscales(o.path.rsplit("/", 1)[-1], nd, o.levels, layout)
+        attrs["multiscales"] = _multiscales(
+            o.path.rsplit("/", 1)[-1], nd, o.levels, layout, _calibration(ds, warnings)
+        )
     else:
         warnings.append(
             f"dataset /{o.path} has {nd} dimensions: an OME-Zarr image has 1 to 3 space axes, so "
@@ -295,15 +301,58 @@ def _layout_params(layout) -> dict:
     return params
 
 
-def _multiscales(name: str, nd: int, levels: list[tuple[int, ...]], layout) -> list[dict]:
-    axes = [{"name": "t", "type": "time"}] + [{"name": a, "type": "space"} for a in SPACE_AXES[nd]]
-    datasets = [
-        {
-            "path": str(k),
-            "coordinateTransformations": [{"type": "scale", "scale": [1.0] + [float(2**k)] * nd}],
-        }
-        for k in range(len(levels))
-    ]
+def _calibration(ds, warnings: list[str]) -> dict:
+    """What a dataset's attributes say of its space axes, for NGFF: ``dims`` (their names),
+    ``axis_units``, ``scale`` and ``translation`` (one entry per axis, at level 0), each kept
+    where it is well formed and warned about where it is not (the default is used then)."""
+    nd = len(ds.shape)
+    out: dict[str, list] = {}
+    for key in CALIBRATION:
+        if key not in ds.attrs:
+            continue
+        v = ds.attrs[key]
+        v = list(v) if isinstance(v, list | tuple | np.ndarray) else None
+        why = None
+        if v is None or len(v) != nd:
+            why = f"not a list of {nd} entries, one per axis"
+        elif key in ("dims", "axis_units") and not all(isinstance(x, str) for x in v):
+            why = "not a list of strings"
+        elif key == "dims" and (len(set(v)) != nd or "" in v or "t" in v):
+            why = "NGFF axis names must be distinct and non-empty, and 't' names the time axis"
+        elif key in ("scale", "translation") and not all(
+            isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x) for x in v
+        ):
+            why = "not a list of finite numbers"
+        elif key == "scale" and not all(x > 0 for x in v):
+            why = "a scale must be > 0"
+        if why is None:
+            out[key] = [x if isinstance(x, str) else float(x) for x in v]
+        else:
+            warnings.append(
+                f"dataset {ds.name}: its attribute {key!r} ({ds.attrs[key]!r}) does not describe "
+                f"its axes in the OME-Zarr metadata: {why}"
+            )
+    return out
+
+
+def _multiscales(
+    name: str, nd: int, levels: list[tuple[int, ...]], layout, calib: dict | None = None
+) -> list[dict]:
+    calib = calib or {}
+    names = calib.get("dims") or SPACE_AXES[nd]
+    units = calib.get("axis_units") or [""] * nd
+    axes: list[dict] = [{"name": "t", "type": "time"}]
+    for a, u in zip(names, units, strict=True):
+        axes.append({"name": a, "type": "space", **({"unit": u} if u else {})})
+    scale = calib.get("scale") or [1.0] * nd
+    datasets = []
+    for k in range(len(levels)):
+        transforms: list[dict] = [
+            {"type": "scale", "scale": [1.0] + [float(s * 2**k) for s in scale]}
+        ]
+        if "translation" in calib:
+            transforms.append({"type": "translation", "translation": [0.0, *calib["translation"]]})
+        datasets.append({"path": str(k), "coordinateTransformations": transforms})
     ms: dict[str, Any] = {"version": NGFF_VERSION, "name": name, "axes": axes, "datasets": datasets}
     if layout is not None:
         ms["type"] = "CDF 5/3 wavelet"
@@ -450,6 +499,8 @@ class _Image:
     cache_bytes: int = 0
     #: box (start, stop) -> (first time point, its values at that and the next time points)
     cache: dict = field(default_factory=dict)
+    #: attributes describing the space axes (CALIBRATION), of an image not made by lamina
+    calibration: dict = field(default_factory=dict)
 
     def boxes_at(self, k: int) -> list[Box]:
         if self.time_axis is None:
@@ -550,7 +601,8 @@ def zarr_to_lamina(
         root_types = _types(meta, f"{src!r}: attribute {KEY}")
     groups: list[tuple[str, dict]] = []
     images: list[_Image] = []
-    if not made and _multiscales_of(root_attrs) is not None:  # the store is one image
+    one_image = not made and _multiscales_of(root_attrs) is not None
+    if one_image:
         name = _root_name(src)
         img = _image(zarr, src, name, "/", root, root_attrs, False, 0, res.warnings)
         if img is not None:
@@ -595,7 +647,8 @@ def zarr_to_lamina(
     )
     with _staged(dst, overwrite, "lamina") as tmp, lamina.open(tmp, "w") as f:
         _require_serial(f, "OME-Zarr")
-        _attrs_from_json(root_attrs, f.attrs, "/", made, root_types, res.warnings)
+        if not one_image:  # (a store that is one image: its attributes are the dataset's)
+            _attrs_from_json(root_attrs, f.attrs, "/", made, root_types, res.warnings)
         for path, attrs in groups:
             where = "/" + path
             try:
@@ -828,6 +881,11 @@ def _plain_image(
             f"{what}: multiscales has {len(axes)} axes ({', '.join(names)}) but its array "
             f"{dsets[0]['path']!r} has {arr.ndim} dimensions (shape {tuple(arr.shape)})"
         )
+    if len(set(names)) != len(names):
+        raise ConvertError(
+            f"{what}: multiscales axes {names}: axis names must be unique (OME-NGFF)"
+        )
+    scale, translation = _transforms(dsets[0], len(axes), what)
     times = [i for i, k in enumerate(kinds) if k == "time"]
     space = [i for i, k in enumerate(kinds) if k == "space"]
     if len(times) > 1 or (times and times[0] != 0):
@@ -865,6 +923,14 @@ def _plain_image(
             f"image {where}: the {len(dsets) - 1} coarser levels of its pyramid are not kept; "
             f"lamina keeps level 0 ({dsets[0]['path']!r}) as a plain dataset"
         )
+    calib: dict[str, list] = {"dims": [names[i] for i in space]}
+    units = [a.get("unit") if isinstance(a, dict) else None for a in axes]
+    if any(isinstance(units[i], str) and units[i] for i in space):
+        calib["axis_units"] = [units[i] if isinstance(units[i], str) else "" for i in space]
+    if scale is not None and any(scale[i] != 1 for i in space):
+        calib["scale"] = [scale[i] for i in space]
+    if translation is not None and any(translation[i] != 0 for i in space):
+        calib["translation"] = [translation[i] for i in space]
     img = _Image(
         path,
         where,
@@ -875,9 +941,40 @@ def _plain_image(
         fill,
         times[0] if times else None,
         space,
+        calibration=calib,
     )
     used = {d["path"].strip("/").split("/", 1)[0] for d in dsets}
     return img, used
+
+
+def _transforms(dset: dict, n: int, what: str) -> tuple[list | None, list | None]:
+    """The scale and translation of a multiscales dataset (NGFF 0.4: one number per axis,
+    a scale > 0); (None, None) where it gives none (NGFF 0.3 has no transformations)."""
+    ct = dset.get("coordinateTransformations")
+    if ct is None:
+        return None, None
+    where = f"{what}: multiscales dataset {dset['path']!r}: coordinateTransformations"
+    if not isinstance(ct, list) or not all(isinstance(t, dict) for t in ct):
+        raise ConvertError(f"{where} must be a list of objects, got {ct!r}")
+    found: dict[str, list] = {}
+    for t in ct:
+        kind = t.get("type")
+        if kind not in ("scale", "translation") or kind not in t:
+            continue  # identity, or given by a 'path' (a file of its own): nothing to keep
+        v = t[kind]
+        if (
+            not isinstance(v, list)
+            or len(v) != n
+            or not all(
+                isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+                for x in v
+            )
+        ):
+            raise ConvertError(f"{where}: {kind} {v!r} must be {n} finite numbers, one per axis")
+        if kind == "scale" and not all(x > 0 for x in v):
+            raise ConvertError(f"{where}: scale {v!r} must be > 0 on every axis")
+        found[kind] = [float(x) for x in v]
+    return found.get("scale"), found.get("translation")
 
 
 def _array(zarr, group, path: str, where: str, src: str):
@@ -1047,6 +1144,14 @@ def _create(f, img: _Image, src: str, warnings: list[str]):
         layout=layout,
     )
     _attrs_from_json(img.group.attrs.asdict(), ds.attrs, img.where, img.made, img.types, warnings)
+    for key, value in img.calibration.items():
+        if key in ds.attrs:
+            warnings.append(
+                f"image {img.where}: its axes' {key} ({value!r}) is not kept: the image has an "
+                "attribute of that name"
+            )
+        else:
+            ds.attrs[key] = value
     return ds
 
 
