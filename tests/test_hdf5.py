@@ -708,3 +708,23 @@ def test_fifo_source_is_refused(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(hdf5.ConvertError, match="not a regular file"):
         hdf5.convert(fifo, tmp_path / "x.lam")
+
+
+def test_enum_values_are_kept_and_their_labels_named_as_dropped(tmp_path):
+    src = tmp_path / "enum.h5"
+    color = h5py.enum_dtype({"RED": 0, "GREEN": 1, "BLUE": 2}, basetype="u1")
+    with h5py.File(src, "w") as h:
+        d = h.create_dataset("color", data=np.array([0, 1, 2], dtype="u1"), dtype=color)
+        d.attrs.create("state", data=np.array(1, dtype="u1"), dtype=color)
+        h.create_dataset("flag", data=np.array([True, False]))  # bool: h5py's own enum, kept
+    r = hdf5.convert(src, tmp_path / "enum.lam", progress=False)
+    ds_warn = [w for w in r.warnings if w.startswith("dataset /color:")]
+    at_warn = [w for w in r.warnings if w.startswith("attribute 'state' of /color:")]
+    for w in ds_warn + at_warn:
+        assert "RED=0, GREEN=1, BLUE=2" in w and "uint8 values" in w
+        assert "labels are dropped" in w
+    assert len(ds_warn) == 1 and len(at_warn) == 1, r.warnings
+    assert not any("flag" in w for w in r.warnings), r.warnings
+    with lamina.open(tmp_path / "enum.lam") as f:
+        assert f["color"].dtype == np.uint8 and f["color"][...].tolist() == [0, 1, 2]
+        assert f["color"].attrs["state"] == 1 and f["flag"].dtype == np.bool_

@@ -12,7 +12,8 @@ that were never written stay unwritten (they read as the fill value).
 
 Any HDF5 file not made by lamina converts too: each numeric dataset becomes a
 lamina dataset of the same shape written in one step (datasets and attributes
-lamina cannot hold are skipped with a warning).
+lamina cannot hold are skipped with a warning; of an enum only its labels are, with
+a warning, its values are kept as integers).
 
 Data is streamed: one block (or a slab of at most 64 MiB of one) at a time.
 
@@ -560,8 +561,12 @@ def _walk_h5(
                         f"dataset /{name} has no {A_BLOCKS} attribute: copied whole into step 0"
                     )
                 plain = _plain(name, obj, dt, fill, warnings, src)
-                if plain is not None:
-                    sources.append(plain)
+                if plain is None:
+                    return
+                sources.append(plain)
+            labels = h5py.check_enum_dtype(obj.dtype)  # None for bool (h5py's own enum)
+            if labels:
+                warnings.append(f"dataset /{name}: {_enum_dropped(labels, dt)}")
         else:
             warnings.append(f"skipped /{name}: a named datatype")
 
@@ -740,6 +745,8 @@ def _external_bytes(obj, src: str) -> tuple[int, str]:
 
 
 def _copy_attrs_from_h5(h5obj, attrs, where: str, made: bool, warnings: list[str]) -> None:
+    import h5py
+
     for hname in h5obj.attrs:
         if made and hname.startswith(PREFIX):
             if hname.startswith(USER_PREFIX):
@@ -759,6 +766,7 @@ def _copy_attrs_from_h5(h5obj, attrs, where: str, made: bool, warnings: list[str
                     f"lamina's limit of {MAX_ATTR_BYTES}"
                 )
                 continue
+            labels = h5py.check_enum_dtype(aid.dtype)  # None for bool (h5py's own enum)
             value = h5obj.attrs[hname]
         except (OSError, TypeError, ValueError) as e:  # e.g. a datatype h5py cannot read
             warnings.append(f"skipped attribute {hname!r} of {where}: {e}")
@@ -771,6 +779,23 @@ def _copy_attrs_from_h5(h5obj, attrs, where: str, made: bool, warnings: list[str
             attrs[name] = value
         except (LaminaError, ValueError, TypeError) as e:
             warnings.append(f"skipped attribute {hname!r} of {where}: {e}")
+            continue
+        if labels:
+            warnings.append(
+                f"attribute {hname!r} of {where}: {_enum_dropped(labels, np.asarray(value).dtype)}"
+            )
+
+
+def _enum_dropped(labels: dict, dt: np.dtype) -> str:
+    """Why an HDF5 enum comes over as plain integers: its labels, which lamina cannot keep."""
+    pairs = sorted(labels.items(), key=lambda kv: kv[1])
+    shown = ", ".join(f"{k}={v}" for k, v in pairs[:8])
+    if len(pairs) > 8:
+        shown += f", ... ({len(pairs)} labels)"
+    return (
+        f"an HDF5 enum ({shown}) kept as its {dt} values; "
+        "the labels are dropped (lamina has no enum type)"
+    )
 
 
 def _from_h5_attr(value) -> tuple[bool, object, str]:
