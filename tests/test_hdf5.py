@@ -728,3 +728,14 @@ def test_enum_values_are_kept_and_their_labels_named_as_dropped(tmp_path):
     with lamina.open(tmp_path / "enum.lam") as f:
         assert f["color"].dtype == np.uint8 and f["color"][...].tolist() == [0, 1, 2]
         assert f["color"].attrs["state"] == 1 and f["flag"].dtype == np.bool_
+
+
+def test_hard_link_back_to_the_root_is_named_in_a_warning(tmp_path):
+    src = tmp_path / "loop.h5"
+    with h5py.File(src, "w") as h:
+        h.create_dataset("x", data=np.arange(3))
+        h["loop/up"] = h["/"]  # the root group under a second name
+    r = hdf5.convert(src, tmp_path / "loop.lam", progress=False)
+    assert "skipped /loop/up: a hard link to the object at /, converted once, as /" in r.warnings
+    with lamina.open(tmp_path / "loop.lam") as f:
+        assert "loop" in f and "up" not in f["loop"] and f["x"][...].tolist() == [0, 1, 2]

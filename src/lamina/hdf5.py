@@ -533,7 +533,9 @@ def _walk_h5(
     from .catalog import check_dtype
     from .errors import DTypeError
 
-    first: dict = {}  # object -> the name it is converted under (the first visited)
+    # object -> the name it is converted under (the first visited); visititems never visits
+    # the root, so a link back to it (a loop) must find it here
+    first: dict = {h.id: ""}
 
     def visit(name: str, obj) -> None:
         first.setdefault(obj.id, name)
