@@ -739,3 +739,19 @@ def test_hard_link_back_to_the_root_is_named_in_a_warning(tmp_path):
     assert "skipped /loop/up: a hard link to the object at /, converted once, as /" in r.warnings
     with lamina.open(tmp_path / "loop.lam") as f:
         assert "loop" in f and "up" not in f["loop"] and f["x"][...].tolist() == [0, 1, 2]
+
+
+def test_variable_length_strings_not_utf8_are_decoded_like_fixed_length_ones(tmp_path):
+    src = tmp_path / "vlen.h5"
+    ascii_vlen = h5py.string_dtype("ascii")
+    with h5py.File(src, "w") as h:
+        h.attrs.create("tag", data=np.array([b"ok", b"\xff"], dtype=object), dtype=ascii_vlen)
+        h.attrs.create("one", data=np.array(b"caf\xe9", dtype=object), dtype=ascii_vlen)
+        h.attrs.create("utf8", data=np.array("café".encode(), dtype=object), dtype=ascii_vlen)
+        h.attrs["fixed"] = np.bytes_(b"caf\xe9")
+    r = hdf5.convert(src, tmp_path / "vlen.lam", progress=False)
+    assert r.warnings == []
+    with lamina.open(tmp_path / "vlen.lam") as f:
+        assert f.attrs["tag"].tolist() == ["ok", "\xff"]  # not UTF-8: Latin-1
+        assert f.attrs["one"] == f.attrs["fixed"] == "café"
+        assert f.attrs["utf8"] == "café"

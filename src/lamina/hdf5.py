@@ -809,13 +809,13 @@ def _from_h5_attr(value) -> tuple[bool, object, str]:
     if isinstance(value, (bytes, np.bytes_)):
         return True, _decode(bytes(value)), ""
     if isinstance(value, str):
-        return True, value, ""
+        return True, _vlen_str(value), ""
     arr = np.asarray(value)
     if arr.dtype.kind in "SUO":
         items = arr.reshape(-1).tolist()
         if not all(isinstance(v, (str, bytes)) for v in items):
             return False, None, f"dtype {arr.dtype} is not numeric or string"
-        strs = [_decode(v) if isinstance(v, bytes) else v for v in items]
+        strs = [_decode(v) if isinstance(v, bytes) else _vlen_str(v) for v in items]
         if arr.ndim == 0:
             return True, strs[0], ""
         if arr.ndim != 1 or not strs:
@@ -835,6 +835,25 @@ def _decode(b: bytes) -> str:
         return b.decode("utf-8")
     except UnicodeDecodeError:
         return b.decode("latin-1")
+
+
+def _vlen_str(s: str) -> str:
+    """A variable-length HDF5 string as h5py reads it, decoded as :func:`_decode` does.
+
+    h5py decodes the bytes as UTF-8 whatever the string's declared encoding,
+    with bytes that are not UTF-8 (a Latin-1 byte in an ASCII string, say) as
+    lone surrogates, which no str stored by lamina may hold: such a string is
+    taken back to its bytes and decoded as fixed-length ones are (UTF-8, else
+    Latin-1).
+    """
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        try:
+            return _decode(s.encode("utf-8", "surrogateescape"))
+        except UnicodeEncodeError:  # a surrogate that stands for no byte: lamina says why
+            return s
+    return s
 
 
 def _h5_str(v) -> str | None:
