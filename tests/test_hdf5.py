@@ -755,3 +755,21 @@ def test_variable_length_strings_not_utf8_are_decoded_like_fixed_length_ones(tmp
         assert f.attrs["tag"].tolist() == ["ok", "\xff"]  # not UTF-8: Latin-1
         assert f.attrs["one"] == f.attrs["fixed"] == "café"
         assert f.attrs["utf8"] == "café"
+
+
+def test_empty_string_array_attribute_is_skipped_for_its_real_reason(tmp_path):
+    src = tmp_path / "empty.h5"
+    with h5py.File(src, "w") as h:
+        d = h.create_dataset("d", data=np.arange(2))
+        d.attrs["none"] = np.array([], dtype=h5py.string_dtype("ascii"))
+        d.attrs["fixed"] = np.array([], dtype="S3")
+        d.attrs["grid"] = np.array([[b"a", b"b"]])
+    r = hdf5.convert(src, tmp_path / "empty.lam", progress=False)
+    for name in ("none", "fixed"):
+        (w,) = [w for w in r.warnings if f"attribute {name!r} of /d" in w]
+        assert "an empty array of strings: lamina keeps no empty list of strings" in w
+        assert "(0,)" not in w
+    (w,) = [w for w in r.warnings if "attribute 'grid' of /d" in w]
+    assert "a string array of shape (1, 2) (lamina keeps 1-D lists of strings)" in w
+    with lamina.open(tmp_path / "empty.lam") as f:
+        assert sorted(f["d"].attrs) == []

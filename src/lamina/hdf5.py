@@ -818,7 +818,14 @@ def _from_h5_attr(value) -> tuple[bool, object, str]:
         strs = [_decode(v) if isinstance(v, bytes) else _vlen_str(v) for v in items]
         if arr.ndim == 0:
             return True, strs[0], ""
-        if arr.ndim != 1 or not strs:
+        if arr.ndim == 1 and not strs:
+            return (
+                False,
+                None,
+                "an empty array of strings: lamina keeps no empty list of strings "
+                "(an empty list is stored as an empty float64 array, not as strings)",
+            )
+        if arr.ndim != 1:
             return (
                 False,
                 None,
