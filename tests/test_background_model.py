@@ -434,6 +434,40 @@ def test_steps_far_larger_than_any_measured_are_predicted_as_on_a_new_machine(
     assert model_cli(args) == 0
     out = capsys.readouterr().out
     assert "no step in the history within 16x of this size: the default rate" in out
+    assert "the largest 538 B: t_io assumes 0.5 GB/s;" in out
+
+
+def test_model_async_footnote_says_where_the_rates_came_from(tmp_path, capsys, monkeypatch):
+    """Steps in the history, none within 16x of the size asked: the footnote said "no step
+    measured on this host yet" (the header said otherwise); it names the largest step, and
+    the copy rate from the history's copies is not said to be the calibration's."""
+    from lamina.perf.calibrate import host, save_calibration
+
+    path = tmp_path / "cal.json"
+    save_calibration(perf_util.calibration(host()), str(path))
+    monkeypatch.setenv("LAMINA_CALIBRATION", str(path))
+    tiny = [(b, 1, b / 1e6) for b in (160, 300, 538)] * 10
+    args = ["async", "--bytes", "64MiB", "--compute", "0", "--history"]
+    notes = {}
+    for name, copies in (("copies", [4e9]), ("none", [])):
+        hist = tmp_path / f"{name}.json"
+        save_history(_history(io=tiny, copy_rates=copies), str(hist))
+        assert model_cli([*args, str(hist)]) == 0
+        notes[name] = capsys.readouterr().out.splitlines()[-1]
+    for note in notes.values():
+        assert "yet" not in note
+        assert note.startswith("(no step measured on this host within 16x of this size, ")
+        assert "the largest 538 B: t_io from the calibration's write" in note
+    assert "t_copy" not in notes["copies"] and "t_copy from its memcpy rate" in notes["none"]
+    # steps waited for, none in the background: t_io is theirs, not the default rate
+    hist = tmp_path / "sync.json"
+    h = History()
+    for b in (1 << 20, 4 << 20):
+        h.add(am.SYNC_IO_SERIES, b, 1, b / 2e9)
+    save_history(h, str(hist))
+    assert model_cli(["async", "--bytes", "4MiB", "--compute", "0", "--history", str(hist)]) == 0
+    note = capsys.readouterr().out.splitlines()[-1]
+    assert "no background step measured" in note and "t_io from the steps written while" in note
 
 
 def test_decisions_record_round_trip_and_bad_bytes():

@@ -445,18 +445,42 @@ def run_async(argv: list[str]) -> int:
             rows,
         )
     )
-    if cal is not None:
-        print(
-            "(no step measured on this host yet: t_io from the calibration's write of the "
-            "step's bytes by one process, t_copy from its memcpy rate; runs with io='async' "
-            "or 'auto' measure them)"
-        )
-    elif not m.history.samples(async_model.IO_SERIES):
-        print(
-            f"(no background step measured on this host yet: t_io assumes "
-            f"{fmt_rate(async_model.DEFAULT_IO_RATE)}; runs with io='async' or 'auto' measure it)"
-        )
+    note = _async_note(m, used.fit, cal is not None)
+    if note:
+        print(note)
     return 0
+
+
+def _async_note(m: async_model.AsyncModel, kind: str, calibrated: bool) -> str | None:
+    """The footnote of ``lamina model async``: where ``t_io`` (and ``t_copy``) came from when
+    not from the background steps measured on this host; *kind* the rows' rate source."""
+    if kind not in ("calibration", "beyond") and m.history.samples(async_model.IO_SERIES):
+        return None
+    if kind not in ("calibration", "beyond") and m.history.samples(async_model.SYNC_IO_SERIES):
+        said = ["t_io from the steps written while the program waited"]
+    elif calibrated:
+        said = ["t_io from the calibration's write of the step's bytes by one process"]
+    else:
+        said = [f"t_io assumes {fmt_rate(async_model.DEFAULT_IO_RATE)}"]
+    if m.history.median_rate(async_model.COPY_SERIES) is None:
+        said.append(
+            "t_copy from its memcpy rate"
+            if calibrated
+            else f"t_copy assumes {fmt_rate(async_model.DEFAULT_COPY_RATE)}"
+        )
+    said_, them = ", ".join(said), ("them" if len(said) > 1 else "it")
+    if kind == "calibration":
+        return f"(no step measured on this host yet: {said_}; runs with io='async' or 'auto' measure {them})"
+    if kind == "beyond":
+        return (
+            f"(no step measured on this host within {async_model.BEYOND}x of this size, the "
+            f"largest {fmt_bytes(m.fit.hi[0])}: {said_}; runs with io='async' or 'auto' "
+            f"writing steps of about this size measure {them})"
+        )
+    return (
+        f"(no background step measured on this host yet: {said_}; runs with io='async' or "
+        f"'auto' measure {them})"
+    )
 
 
 def run_checks(argv: list[str]) -> int:
