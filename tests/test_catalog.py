@@ -158,6 +158,12 @@ def test_normpath_and_parent():
         normpath(3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="exceeds"):
         normpath("x" * 5000)
+    # the limit is on the UTF-8 bytes, and the message counts them (it said "2049 characters")
+    assert normpath("g/" + "x" * 4094) == "g/" + "x" * 4094 and normpath("é" * 2048)
+    with pytest.raises(
+        ValueError, match=r"path of 4098 bytes \(UTF-8\) exceeds the limit of 4096 bytes"
+    ):
+        normpath("é" * 2049)
     assert parent("a/b/c") == "a/b" and parent("a") == ""
     assert subfile_name(3, 1) == "data.3.1"
 

@@ -52,8 +52,9 @@ def normpath(path: str, base: str = "") -> str:
     if not absolute and base:
         parts = base.split("/") + parts
     out = "/".join(parts)
-    if len(out.encode()) > MAX_PATH:
-        raise ValueError(f"path of {len(out)} characters exceeds the limit of {MAX_PATH}")
+    size = len(out.encode())
+    if size > MAX_PATH:
+        raise ValueError(f"path of {size} bytes (UTF-8) exceeds the limit of {MAX_PATH} bytes")
     return out
 
 
