@@ -5,7 +5,7 @@ A lamina file is a directory::
     run.lam/
       lamina.meta     header + metadata records, each framed (length, crc32c)
       lamina.commit   header + one 32-byte commit entry per committed record
-      lamina.lock     who writes the file now (see lock.py); empty when nobody does
+      lamina.lock     the writer lock (see lock.py): names its holder; emptied at close
       data.S.A        block data written by aggregator A in writer session S
 
 Nothing else in the directory belongs to lamina; lamina never removes it.
