@@ -14,6 +14,7 @@ chain; and faults give TransportError within the timeout.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 
@@ -81,6 +82,9 @@ def test_producer_consumer(tmp_path, mode, n, m):
     want = "native" if mode == "file" else "mpi" if mode == "memory" else "both"
     assert want in cons and f"{steps} steps on {m} ranks" in cons, res.describe()
     assert f"{n} ranks" in prod
+    # what was read is counted whichever way it came (the memory transport counted nothing)
+    compared, moved = map(int, re.search(r"(\d+) values compared, (\d+) bytes read", cons).groups())
+    assert moved >= compared > 0, cons
     on_disk = (tmp_path / "bench.lam").exists()
     assert on_disk == (mode != "memory"), sorted(os.listdir(tmp_path))
     if mode == "both":  # the file written alongside holds every step too

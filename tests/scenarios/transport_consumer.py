@@ -76,6 +76,7 @@ def main() -> None:
     if seen != args.steps:
         raise AssertionError(f"saw {seen} steps, expected {args.steps}")
     engines = sorted({f.engine.name for f in files})
+    moved = comm.allreduce(sum(f.engine.bytes_read for f in files))
     for f in files:
         f.close()
     if out is not None:
@@ -83,7 +84,8 @@ def main() -> None:
     total = comm.allreduce(compared)
     if rank == 0:
         say(
-            f"OK consumer {args.names}: {seen} steps on {size} ranks ({engines}), {total} values compared"
+            f"OK consumer {args.names}: {seen} steps on {size} ranks ({engines}), {total} values "
+            f"compared, {moved} bytes read"
         )
 
 

@@ -1611,7 +1611,8 @@ class BlockEngine(Engine):
     def bytes_read(self) -> int:
         """Stored bytes of data :meth:`get` and :meth:`get_collective` read: a raw block's
         part in the box, a coded block whole (a collective read counts each rank's box as
-        if it read it alone, whichever rank read each block)."""
+        if it read it alone, whichever rank read each block); a consumer of the memory
+        transport counts the bytes its producers sent it."""
         return self._bytes_read
 
     def check_step(self, step: int | None) -> int:
