@@ -138,6 +138,24 @@ def test_vector_components_and_computed_quantities_chunk_like_their_inputs(tmp_p
         np.testing.assert_allclose(speed[0].values, want)
 
 
+@pytest.mark.parametrize("dims", [None, ["z", "y", "x"], ["a", "b", "c"]])
+def test_a_vectors_components_are_named_alike_whatever_the_dims(tmp_path, dims):
+    """vort_x, vort_y, vort_z as docs/xarray.md says: without dims (or with dims other than
+    x, y, z) the components came out as x, y, z, so code written for one file broke on another."""
+    path = tmp_path / "v.lam"
+    with lamina.open(path, "w") as f:
+        for c in ("u", "v", "w"):
+            ds = f.create_dataset(c, shape=(4, 4, 4))
+            if dims is not None:
+                ds.attrs["dims"] = dims
+        f.derive("vort", "curl(u, v, w)", strategy="expression")
+        with f.step():
+            for c in ("u", "v", "w"):
+                f[c][...] = 1.0
+    with xr.open_datatree(path, engine=ENGINE) as tree:
+        assert sorted(tree["vort"].to_dataset().data_vars) == ["vort_x", "vort_y", "vort_z"]
+
+
 def test_one_step(tmp_path):
     path = tmp_path / "run.lam"
     ref = _flame(path)

@@ -411,8 +411,10 @@ def group_dataset(
             encoding["compression"] = list(obj.compression)
         if d is not None:
             encoding["lamina_derived"] = {"expression": d.text, "strategy": d.strategy}
-        if name in dims and tuple(dims) != (name,):
-            # a vector's component x over dims (x, y, z): xarray would take it for a coordinate
+        component = d is not None and obj.name.strip("/") != d.name.strip("/")
+        if component or (name in dims and tuple(dims) != (name,)):
+            # a vector's component x (over dims x, y, z xarray would take it for a coordinate):
+            # NAME_x, whatever the dims are called
             name = f"{gpath.strip('/').rsplit('/', 1)[-1] or 'var'}_{name}"
         variables[name] = xr.Variable(
             vdims,
