@@ -20,6 +20,10 @@ come from one or two producer ranks).  Per job, each method moves the same
                         the consumers follow it (``iter_steps``) and read every step from it
 ``native write+read``   plain lamina native: the producers write all steps, then the consumers read them
 
+The two file methods open with ``durable=False`` (page cache: nobody
+fsyncs, as the other methods never touch the disk) unless ``--durable``
+(then ``durable=True``: lamina fsyncs at every commit).
+
 The data differ by step: each producer rank holds two sets of its arrays
 and writes step k from set k % 2 (a step's arrays stay as they are until
 its consumers are done with it, as ``shallow`` asks), after setting the
@@ -294,14 +298,14 @@ class Worker:
 
     def file(self, path: str) -> None:
         if self.producer:
-            self._produce(path, transport="file")
+            self._produce(path, transport="file", durable=self.ns.durable)
         else:
             with self._open_reader(path, transport="file") as f:
                 self._consume(f)
 
     def plain(self, path: str) -> None:
         if self.producer:
-            self._produce(path, transport="file")
+            self._produce(path, transport="file", durable=self.ns.durable)
         self.barrier()
         if not self.producer:
             with self._open_reader(path, transport="file") as f:
@@ -363,21 +367,27 @@ class Worker:
             "particles": self.npart,
             "memcpy_step_s": copy,
             "memcpy_floor_s": copy * self.ns.steps,
+            "durable": bool(self.ns.durable),
             "rows": rows,
             "failed_checks": bad,
         }
 
 
-def worker_main(argv: list[str]) -> int:
+def worker_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lamina.bench.insitu")
     p.add_argument("--size", type=int, required=True)
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--durable", action="store_true")
     p.add_argument("--dir", required=True)
     p.add_argument("--out", required=True)
-    ns = p.parse_args(argv)
+    return p
+
+
+def worker_main(argv: list[str]) -> int:
+    ns = worker_parser().parse_args(argv)
     ns.methods = [m for m in ns.methods.split(",") if m]
     w = Worker(ns)
     doc = w.run()
@@ -448,6 +458,12 @@ def parser() -> argparse.ArgumentParser:
         default=",".join(SHORT),
         help=f"comma-separated subset of {','.join(SHORT)} (default all)",
     )
+    p.add_argument(
+        "--durable",
+        action="store_true",
+        help="lamina file and native write+read open with durable=True: an fsync at every commit "
+        "(default: durable=False, page cache, nobody fsyncs)",
+    )
     common.add_timeout_argument(p, help="seconds per MPI job (default: from the sizes)")
     common.add_dir_json(p)
     return p
@@ -463,8 +479,18 @@ SHORT = {
 }
 
 
-def report(jobs: list[dict], command: str) -> str:
-    out = []
+def mode(durable: bool) -> str:
+    """The report's line on what the file methods do with the disk."""
+    what = (
+        "durable=True (lamina fsyncs at every commit)"
+        if durable
+        else "durable=False (page cache, nobody fsyncs)"
+    )
+    return f"lamina file, native write+read: {what}; the other methods never touch the disk"
+
+
+def report(jobs: list[dict], command: str, durable: bool = False) -> str:
+    out = [mode(durable)]
     cpus = os.cpu_count() or 1
     for j in jobs:
         total = j["producers"] + j["consumers"]
@@ -615,6 +641,8 @@ def main(argv: list[str]) -> int:
                 "--dir",
                 d,
             ]
+            if ns.durable:
+                args.append("--durable")
             try:
                 jobs.append(launch_job(prod, cons, args, timeout))
             except (RuntimeError, FileNotFoundError) as e:
@@ -628,8 +656,8 @@ def main(argv: list[str]) -> int:
     command = "lamina bench insitu " + " ".join(argv)
     common.emit(
         ns.json,
-        report(jobs, command),
-        {"command": command, "machine": common.machine(), "jobs": jobs},
+        report(jobs, command, ns.durable),
+        {"command": command, "machine": common.machine(), "durable": ns.durable, "jobs": jobs},
     )
     return 0 if not any(j["failed_checks"] for j in jobs) else 1
 
