@@ -8,6 +8,7 @@ memory figures are there and plausible.
 from __future__ import annotations
 
 import json
+import sys
 
 from lamina.bench import catalog
 
@@ -36,3 +37,16 @@ def test_bench_catalog_smoke_json(tmp_path, capsys):
 def test_bench_catalog_refuses_nonsense(capsys):
     assert catalog.main(["--blocks", "1"]) == 2
     assert "need --steps >= 1" in capsys.readouterr().err
+
+
+def test_bench_catalog_without_adios2(tmp_path, capsys, monkeypatch):
+    """ADIOS2 is an optional extra: without it the bench leaves its rows out with a note and
+    prints lamina's, as write, read, blocks and async do."""
+    monkeypatch.setitem(sys.modules, "adios2", None)  # import adios2 raises ImportError
+    argv = ["--steps", "2", "--blocks", "4", "--repeat", "1", "--dir", str(tmp_path), "--json"]
+    assert catalog.main(argv) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert [r["tool"] for r in out["rows"]] == ["lamina"]
+    assert "note: adios2 BP5 left out: adios2 is not installed" in captured.err
+    assert not list(tmp_path.iterdir())

@@ -8,6 +8,7 @@ gone, and that nonsense arguments are refused.
 from __future__ import annotations
 
 import json
+import sys
 
 from lamina.bench import steps
 
@@ -35,3 +36,17 @@ def test_bench_steps_refuses_nonsense(capsys):
     assert "--seed >= 0" in capsys.readouterr().err
     assert steps.main(["--methods", "lamina,hdf6"]) == 2
     assert "unknown method" in capsys.readouterr().err
+
+
+def test_bench_steps_without_adios2(tmp_path, capsys, monkeypatch):
+    """ADIOS2 is an optional extra: without it the bench leaves its method out with a note
+    and prints lamina's rows, as write, read, blocks and async do."""
+    monkeypatch.setitem(sys.modules, "adios2", None)  # import adios2 raises ImportError
+    argv = ["--datasets", "2", "--elements", "4", "--steps", "1", "--warmup", "0"]
+    assert steps.main([*argv, "--repeat", "1", "--dir", str(tmp_path), "--json"]) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert "adios2 BP5" not in out["methods"] and "lamina" in out["methods"]
+    assert set(out["rows"][0]["write"]) == set(steps.METHODS) - {"adios2 BP5"}
+    assert "note: adios2 BP5 left out: adios2 is not installed" in captured.err
+    assert "lamina/numpy" in captured.err and "lamina/adios2 BP5" not in captured.err

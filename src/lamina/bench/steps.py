@@ -15,6 +15,9 @@ methods in rotated order ``--repeat`` times:
                 ``with f.step():``
 ``lamina ds[...]``  the same with ``ds[...] = a`` (h5py's spelling: a copy of the values)
 
+A baseline whose package is not installed (ADIOS2 is an optional extra)
+is left out with a note; lamina's rows are printed all the same.
+
 Then every method reads its file back as a time series is read: for
 every step, every dataset's block, each into a new array, with the
 handles (h5py datasets, ADIOS2 variables, lamina datasets) taken once
@@ -231,6 +234,24 @@ READ = {
     "lamina ds[...]": _lamina_read,
 }
 PHASES = ("write", "read")
+#: the baselines that need a package of their own, checked with :func:`.baselines.available`
+PACKAGE = {"adios2 BP5": "adios2", "h5py": "h5py"}
+
+
+def usable(methods: list[str]) -> tuple[list[str], list[str]]:
+    """*methods* less those whose package cannot be imported here, and a note for each left out."""
+    from .baselines import available
+
+    keep, notes = [], []
+    for m in methods:
+        why = available(PACKAGE[m]) if m in PACKAGE else None
+        if why:
+            notes.append(f"{m} left out: {why}")
+        else:
+            keep.append(m)
+    return keep, notes
+
+
 SUFFIX = {
     "numpy": ".raw",
     "adios2 BP5": ".bp",
@@ -245,17 +266,15 @@ def run(ns) -> dict:
     os.makedirs(d, exist_ok=True)
     rng = np.random.default_rng(ns.seed)
     rows = []
+    methods, notes = usable(ns.methods)
     try:
         for k, nd in enumerate(ns.datasets):
             arrays = [rng.random(ns.elements) for _ in range(nd)]
             times: dict[str, dict[str, list[float]]] = {
-                ph: {m: [] for m in ns.methods} for ph in PHASES
+                ph: {m: [] for m in methods} for ph in PHASES
             }
             for rep in range(ns.repeat):
-                order = (
-                    ns.methods[(rep + k) % len(ns.methods) :]
-                    + ns.methods[: (rep + k) % len(ns.methods)]
-                )
+                order = methods[(rep + k) % len(methods) :] + methods[: (rep + k) % len(methods)]
                 for m in order:
                     path = os.path.join(d, f"steps-{nd}{SUFFIX[m]}")
                     common.remove(path)
@@ -272,7 +291,7 @@ def run(ns) -> dict:
                         )
             row: dict = {"datasets": nd, "elements": ns.elements}
             for ph in PHASES:
-                row[ph] = {m: common.summarize(times[ph][m]) for m in ns.methods}
+                row[ph] = {m: common.summarize(times[ph][m]) for m in methods}
             rows.append(row)
     finally:
         if not ns.dir:
@@ -283,7 +302,8 @@ def run(ns) -> dict:
         "steps": ns.steps,
         "warmup": ns.warmup,
         "repeat": ns.repeat,
-        "methods": list(ns.methods),
+        "methods": methods,
+        "notes": notes,
         "rows": rows,
     }
 
@@ -314,6 +334,7 @@ def report(o: dict) -> str:
             f"read back a step at a time; medians of {o['repeat']} runs in rotated order; "
             "ratios: lamina's time over the baseline's",
             *[_phase_table(o, ph) for ph in PHASES],
+            *["\n".join(f"note: {n}" for n in o["notes"])][: 1 if o["notes"] else 0],
         ]
     )
 
