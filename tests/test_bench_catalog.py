@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
+
 from lamina.bench import catalog
 
 
@@ -50,3 +52,30 @@ def test_bench_catalog_without_adios2(tmp_path, capsys, monkeypatch):
     assert [r["tool"] for r in out["rows"]] == ["lamina"]
     assert "note: adios2 BP5 left out: adios2 is not installed" in captured.err
     assert not list(tmp_path.iterdir())
+
+
+def test_bench_catalog_writes_imported_alternating_repeated(tmp_path, capsys, monkeypatch):
+    """Each timed write finds its package already imported (the import is not part of the
+    time), and --write-repeat writes each tool that many times in alternating order."""
+    pytest.importorskip("adios2")
+    monkeypatch.delitem(sys.modules, "adios2")  # restored afterwards
+    calls = []
+
+    def recorder(name, fn):
+        def record(path, steps, blocks):
+            calls.append((name, "adios2" in sys.modules))
+            fn(path, steps, blocks)
+
+        return record
+
+    monkeypatch.setattr(catalog, "_write_lamina", recorder("lamina", catalog._write_lamina))
+    monkeypatch.setattr(catalog, "_write_adios2", recorder("adios2 BP5", catalog._write_adios2))
+    argv = ["--steps", "2", "--blocks", "4", "--repeat", "1", "--write-repeat", "3"]
+    assert catalog.main([*argv, "--dir", str(tmp_path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    lam, bp = "lamina", "adios2 BP5"
+    assert [n for n, _ in calls] == [lam, bp, bp, lam, lam, bp]
+    assert all(imported for _, imported in calls)
+    assert all(len(r["write_times"]) == 3 for r in out["rows"])
+    assert not list(tmp_path.iterdir())
+    assert catalog.main(["--write-repeat", "0"]) == 2
