@@ -87,6 +87,36 @@ def test_sizes_past_the_machines_memory_are_refused(argv, message, monkeypatch, 
     assert message in err and "this machine has 1 GiB" in err, err
 
 
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["write", "--ranks", "1,,2"], "--ranks: empty entry in '1,,2'"),
+        (["read", "--ranks", "1,2,"], "--ranks: empty entry in '1,2,'"),
+        (["insitu", "--ranks", "2,,4"], "--ranks: empty entry in '2,,4'"),
+        (["blocks", "--edges", "4,,8"], "--edges: empty entry in '4,,8'"),
+        (["blocks", "--ranks", ",1"], "--ranks: empty entry in ',1'"),
+        (["async", "--mib", "1,,2"], "--mib: empty entry in '1,,2'"),
+        (["multires", "--size-grid", "1,,2"], "--size-grid: empty entry in '1,,2'"),
+        (["write", "--ranks", "1", "--aggregators", "1,,all"], "--aggregators: empty entry"),
+    ],
+)
+def test_empty_list_entries_are_refused(argv, message, capsys):
+    """'1,,2' is a typo, refused at the command line naming the option and the value, not
+    run as 1,2."""
+    assert bench(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "error:" in err, err
+
+
+def test_parse_int_list():
+    from lamina.bench import common
+
+    assert common.parse_int_list(" 1, 2 ,4", "--ranks") == [1, 2, 4]
+    for bad in ("1,,2", "1,", ",", "1, ,2"):
+        with pytest.raises(ValueError, match=f"--ranks: empty entry in {bad!r}"):
+            common.parse_int_list(bad, "--ranks")
+
+
 @pytest.mark.parametrize("sub", ["write", "read", "insitu"])
 def test_negative_warmup_is_refused(sub, capsys):
     assert bench([sub, "--warmup", "-1"]) == 2

@@ -41,13 +41,32 @@ def parse_size(size: str) -> int:
 
 
 def parse_int_list(text: str, what: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4], positive integers; ValueError naming *what* (the option) and
+    *text* otherwise, an empty entry ('1,,2', '1,2,') included: a typo is refused, not read
+    as another list."""
+    entries = str(text).split(",")
+    if len(entries) > 1 and any(not t.strip() for t in entries):
+        raise ValueError(f"{what}: empty entry in {text!r}; expected comma-separated integers")
     try:
-        out = [int(t) for t in str(text).split(",") if t.strip()]
+        out = [int(t) for t in entries if t.strip()]
     except ValueError:
         raise ValueError(f"{what}: expected comma-separated integers, got {text!r}") from None
     if not out or any(v < 1 for v in out):
         raise ValueError(f"{what}: expected positive integers, got {text!r}")
     return out
+
+
+def int_list_type(what: str) -> Callable[[str], list[int]]:
+    """An argparse ``type`` of :func:`parse_int_list` for option *what*: its message, not
+    argparse's 'invalid value'."""
+
+    def parse(text: str) -> list[int]:
+        try:
+            return parse_int_list(text, what)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return parse
 
 
 def positive_seconds(text: str) -> float:
@@ -74,7 +93,7 @@ def parse_aggregators(text: str) -> list[str]:
     for t in str(text).split(","):
         t = t.strip().lower()
         if not t:
-            continue
+            raise ValueError(f"--aggregators: empty entry in {text!r}")
         if t != "all" and not (t.isdigit() and int(t) >= 1):
             raise ValueError(f"--aggregators: entries are positive integers or 'all', got {t!r}")
         out.append(t)

@@ -799,7 +799,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--size-grid",
-        type=lambda t: common.parse_int_list(t, "--size-grid"),
+        type=common.int_list_type("--size-grid"),
         metavar="P1,P2,...",
         help="run the size-grid benchmark with these rank counts (oversubscribed)",
     )
