@@ -133,3 +133,53 @@ def test_adios2_baseline_reads_leave_no_profile_in_tmp(tmp_path):
     profile, existed = done.stdout.split()
     assert existed == "True"  # ADIOS2 still writes it: the check below means something
     assert not os.path.exists(profile)
+
+
+#: the functions of lamina.stats that compute a written block's statistics or checksums
+_STATS_FUNCS = ("compute", "summarize", "summarize_flat", "piece_crcs", "segment_crcs")
+
+
+@pytest.mark.parametrize(
+    "shapes",
+    [
+        [(8192,)],  # one block of 64 KiB (stats.SMALL): staged, summarize_flat
+        [(16,)] * 5,  # small blocks staged together: summarize_flat with piece_crcs
+        [(1 << 17,)],  # one block of 1 MiB: compute
+    ],
+)
+def test_write_no_stats_row_computes_no_statistics(tmp_path, monkeypatch, shapes):
+    """The write bench's no-stats row patches out every statistics path, the one of small
+    blocks (staged in chunks, summarized by summarize_flat) as well as compute."""
+    import numpy as np
+
+    import lamina
+    from lamina import stats
+    from lamina.bench import write
+
+    calls: list[str] = []
+    for name in _STATS_FUNCS:
+        real = getattr(stats, name)
+
+        def spy(*a, _real=real, _name=name, **k):
+            calls.append(_name)
+            return _real(*a, **k)
+
+        monkeypatch.setattr(stats, name, spy)
+
+    def write_blocks(path):
+        n = sum(s[0] for s in shapes)
+        with lamina.open(str(path), "w", durable=False) as f:
+            ds = f.create_dataset("u", (n,), np.float64)
+            with f.step():
+                at = 0
+                for s in shapes:
+                    ds.write(np.arange(at, at + s[0], dtype=np.float64), offset=(at,), copy=False)
+                    at += s[0]
+
+    write_blocks(tmp_path / "with.lam")
+    assert calls  # the spies see the statistics of this write
+    calls.clear()
+    with write._stats_off():
+        write_blocks(tmp_path / "without.lam")
+    assert calls == []
+    assert stats.compute.__name__ == "spy"  # restored afterwards

@@ -11,7 +11,9 @@ times, ``--repeat`` times each (order rotated between repetitions):
 ``lamina agg=A``        lamina native, ``aggregators=A``, ``ds.write(copy=False)``
 ``lamina agg=R copy``   the same with ``ds[box] = a`` (safe copy semantics)
 ``lamina agg=R sync-stats``  statistics and checksums on the calling thread
-``lamina agg=R no-stats``    statistics and checksums replaced by a no-op (measurement only)
+``lamina agg=R no-stats``    statistics and checksums replaced by a no-op (measurement only):
+                        ``stats.compute``, and ``stats.summarize_flat`` / ``summarize`` for blocks
+                        of at most ``stats.SMALL`` (64 KiB), which are summarized a chunk at a time
 ``stats+crc only``      ``lamina.stats.compute`` on the block, nothing written
 
 A timed write is open + define + write + close (everything a program pays),
@@ -93,16 +95,53 @@ def _fake_compute(arr, seg=None, checksum=True):
     return Stats(0.0, 0.0, 0.0, int(arr.size)), (0,) * ncrc
 
 
+def _fake_summarize_flat(values, sizes, checksum=True):
+    """Stand-in for lamina.stats.summarize_flat that does no work: the statistics and checksums
+    of blocks of at most ``stats.SMALL`` bytes, which the engine stages in chunks and
+    summarizes a chunk at a time instead of calling compute (engines/staging.py)."""
+    from ..stats import Summary
+
+    kind = values.dtype.kind
+    slot = np.int64 if kind == "i" else np.uint64 if kind in "ub" else np.float64
+    n = len(sizes)
+    return Summary(
+        np.zeros(n, dtype=slot),
+        np.zeros(n, dtype=slot),
+        np.zeros(n, dtype=np.complex128 if kind == "c" else np.float64),
+        np.asarray(sizes, dtype=np.int64).copy(),
+        np.zeros(n, dtype=np.uint32) if checksum else None,
+    )
+
+
+def _fake_summarize(arrays, checksum=True):
+    """Stand-in for lamina.stats.summarize that does no work (see :func:`_fake_summarize_flat`)."""
+    sizes = np.array([a.size for a in arrays], dtype=np.int64)
+    values = arrays[0].reshape(-1) if len(arrays) else np.zeros(0)
+    return _fake_summarize_flat(values, sizes, checksum)
+
+
+#: what computes the statistics and checksums of a block written: compute (a block of more
+#: than stats.SMALL bytes), summarize_flat and summarize (smaller blocks, staged in chunks)
+_FAKES = {
+    "compute": _fake_compute,
+    "summarize_flat": _fake_summarize_flat,
+    "summarize": _fake_summarize,
+}
+
+
 @contextlib.contextmanager
 def _stats_off():
+    """Every path that computes a written block's statistics and checksums made a no-op."""
     from .. import stats
 
-    orig = stats.compute
-    stats.compute = _fake_compute
+    orig = {name: getattr(stats, name) for name in _FAKES}
+    for name, fake in _FAKES.items():
+        setattr(stats, name, fake)
     try:
         yield
     finally:
-        stats.compute = orig
+        for name, fn in orig.items():
+            setattr(stats, name, fn)
 
 
 def _verify_and_remove(ctx: Ctx, name: str, path: str | None, reader, rep: int) -> None:
@@ -229,7 +268,7 @@ def build_methods(ctx: Ctx) -> list[Method]:
         )
     )
     ms.append(
-        lamina_method(lamina_name(R, "no-stats"), R, off=True, note="stats.compute patched out")
+        lamina_method(lamina_name(R, "no-stats"), R, off=True, note="stats and CRCs patched out")
     )
     ms.append(
         Method(
