@@ -753,6 +753,11 @@ def test_total_ranks_limit(tmp_path):
     assert info.value.field == "tasks"
     with pytest.raises(wr.WorkflowFileError, match="from 1 to 1"):
         wr.load(path, max_ranks=1)
+    # a task's own ranks past --max-ranks: the limit says where it comes from
+    with pytest.raises(wr.WorkflowFileError) as info:
+        wr.load(path, max_ranks=1)
+    assert info.value.reason == "must be an integer from 1 to 1 (--max-ranks), got 2"
+    assert info.value.field == "ranks"
 
 
 def test_unreadable_files(tmp_path, capsys):

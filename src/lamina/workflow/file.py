@@ -470,7 +470,11 @@ def _task(raw: dict, name: str, label: str, base: str, max_ranks: int, fail) -> 
         fail("missing: give the number of ranks (an integer >= 1)", label, "ranks")
     ranks = raw["ranks"]
     if not _is_int(ranks) or not 1 <= ranks <= max_ranks:
-        fail(f"must be an integer from 1 to {max_ranks}, got {_show(ranks)}", label, "ranks")
+        fail(
+            f"must be an integer from 1 to {max_ranks} (--max-ranks), got {_show(ranks)}",
+            label,
+            "ranks",
+        )
 
     cwd = None
     if raw.get("cwd") is not None:
