@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mpi_util as mu  # noqa: E402
 
 from lamina import cli, launch  # noqa: E402
+from lamina.errors import LaminaError  # noqa: E402
 from lamina.workflow import command as command_mod  # noqa: E402
 from lamina.workflow import exec as exec_mod  # noqa: E402
 from lamina.workflow import file as wr  # noqa: E402
@@ -540,6 +541,27 @@ def test_command_and_environment(tmp_path, monkeypatch):
     assert "PMI_RANK" not in env and "LAMINA_TRANSPORT_TIMEOUT" not in wf.variables()
     assert launcher.environment(wf, "file")["LAMINA_TRANSPORT"] == "file"
     assert wf.ranks == 4 and wf.directory == str(tmp_path)
+
+
+def test_a_bad_transport_variable_is_named(tmp_path, monkeypatch, capsys):
+    """A bad $LAMINA_TRANSPORT, used when the file gives no transport, was reported as an error
+    of the workflow file: the variable is named, and a transport of the file or --transport wins
+    over it."""
+    monkeypatch.setenv("LAMINA_TRANSPORT", "shm")
+    path = write(tmp_path, GOOD)
+    wf = wr.load(path)
+    with pytest.raises(LaminaError) as info:
+        wf.transport_for()
+    assert str(info.value) == (
+        "$LAMINA_TRANSPORT must be one of ['file', 'memory', 'both'], got 'shm' "
+        "(the workflow file gives no transport: it comes from the environment)"
+    )
+    assert not isinstance(info.value, wr.WorkflowFileError)
+    assert cli.main(["run", path, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lamina run: error: $LAMINA_TRANSPORT must be one of") and path not in err
+    assert wf.transport_for("file") == "file"
+    assert wr.load(write(tmp_path, {**GOOD, "transport": "both"})).transport_for() == "both"
 
 
 def test_nothing_exchanged_means_files(tmp_path, monkeypatch):

@@ -37,7 +37,7 @@ import shlex
 import stat
 from dataclasses import dataclass, field
 
-from ..errors import LaminaError, suggest
+from ..errors import ConfigError, LaminaError, suggest
 from . import routes as wfmod
 
 #: upper bound of the ranks of one launch unless ``--max-ranks`` says otherwise
@@ -176,12 +176,15 @@ class WorkflowFile:
 
         ``file`` when no task reads what another writes (nothing to transport).
         """
-        choice = (
-            (transport or self.transport or os.environ.get(TRANSPORT_ENV) or DEFAULT_TRANSPORT)
-            .strip()
-            .lower()
-        )
+        given = transport or self.transport
+        from_env = not given and os.environ.get(TRANSPORT_ENV)
+        choice = (given or from_env or DEFAULT_TRANSPORT).strip().lower()
         if choice not in TRANSPORTS:
+            if from_env:  # not the file's: the variable of our environment is wrong
+                raise ConfigError(
+                    f"${TRANSPORT_ENV} must be one of {list(TRANSPORTS)}, got {from_env!r} "
+                    "(the workflow file gives no transport: it comes from the environment)"
+                )
             raise WorkflowFileError(
                 self.path, f"transport must be one of {list(TRANSPORTS)}, got {choice!r}"
             )
