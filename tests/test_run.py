@@ -745,6 +745,16 @@ BAD = [
         "set by lamina run",
     ),
     (_set("env", {"A": True}), None, "env.A", "string or a number"),
+    # a task's own transport timeout, which the task read only at its first open
+    *[
+        (
+            _set("tasks", 1, "env", {"LAMINA_TRANSPORT_TIMEOUT": bad}),
+            "'ana' (tasks[1])",
+            "env.LAMINA_TRANSPORT_TIMEOUT",
+            f"must be a number of seconds > 0, got {shown}",
+        )
+        for bad, shown in (("ten", "'ten'"), (0, "'0'"), ("-1", "'-1'"), ("nan", "'nan'"))
+    ],
     (_set("env", {"1A": "x"}), None, "env", "variable name"),
     (_set("tasks", []), None, "tasks", "non-empty list"),
     (_set("tasks", 0, "oops"), "tasks[0]", None, "a task must be a mapping"),
@@ -763,6 +773,13 @@ def test_bad_files(tmp_path, change, task, fld, words):
     assert isinstance(e, ValueError) and msg.startswith(path), msg
     assert (e.task, e.field) == (task, fld), msg
     assert words in msg, msg
+
+
+def test_a_tasks_own_transport_timeout(tmp_path):
+    """What a task takes as $LAMINA_TRANSPORT_TIMEOUT passes: seconds > 0, infinity, empty."""
+    for value, want in ((10, "10"), ("2.5", "2.5"), ("inf", "inf"), ("", "")):
+        path = write(tmp_path, _with(_set("tasks", 1, "env", {"LAMINA_TRANSPORT_TIMEOUT": value})))
+        assert wr.load(path).tasks[1].env == {"LAMINA_TRANSPORT_TIMEOUT": want}
 
 
 def test_total_ranks_limit(tmp_path):

@@ -686,7 +686,24 @@ def _env(value, fail, task, fld, top: bool) -> dict[str, str]:
                 f"{fld}.{k}",
             )
         out[k] = v if isinstance(v, str) else _number(v)
+        if k == TIMEOUT_ENV and not _seconds(out[k]):  # the task would stop at its first open
+            fail(
+                f"must be a number of seconds > 0, got {_show(out[k])}",
+                task,
+                f"{fld}.{k}",
+            )
     return out
+
+
+def _seconds(text: str) -> bool:
+    """Whether a task takes *text* as ``$LAMINA_TRANSPORT_TIMEOUT``: empty (the default) or
+    a number > 0, as :func:`lamina.comm.env_seconds` reads it."""
+    if not text:
+        return True
+    try:
+        return float(text) > 0
+    except ValueError:
+        return False
 
 
 def _is_int(v) -> bool:
