@@ -844,7 +844,7 @@ def test_hostile_values_are_refused_in_one_line(tmp_path, capsys):
             "tasks:\n - command: [echo, &s " + big + ", *s" * 20_000 + "]\n   ranks: 1\n",
             "bytes of text once its aliases are expanded",
         ),
-        ("tasks:\n - {command: [echo, " + "1" * 5000 + "], ranks: 1}\n", "digits"),
+        ("tasks:\n - {command: [echo], ranks: " + "1" * 5000 + "}\n", "digits"),
         (
             "timeout: " + "1" * 400 + "\ntasks:\n - {command: [echo, hi], ranks: 1}\n",
             "at most 31536000",
@@ -929,6 +929,38 @@ tasks:
     )
     wf = wr.load(path)
     assert wf.env == {"OMP_NUM_THREADS": "1"} and wf.tasks[1].env == {"OMP_NUM_THREADS": "1"}
+
+
+def test_command_words_and_env_values_are_taken_as_written(tmp_path):
+    """YAML 1.1 read an unquoted 1.10 as 1.1, 010 as 8, 1:30 as 90 and 0755 as 493: a list
+    command's arguments and env's values changed silently.  They are taken as written (a
+    task's env merging the top one too); the fields that are numbers stay numbers, and
+    yes/no still need quotes."""
+    path = write(
+        tmp_path,
+        """
+env: &common {VERSION: 1.10, MASK: 0755, WALL: 1:30:00, ID: 010, N: 7, Q: "1.10"}
+timeout: 1.5
+tasks:
+  - name: a
+    command: [prog, --version, 1.10, --id, 010, --wall, 1:30, 0x1F, 1e3, .inf, 2024-01-01]
+    ranks: 0x2
+    env: {<<: *common, E: 1_000}
+""",
+    )
+    wf = wr.load(path)
+    written = {"VERSION": "1.10", "MASK": "0755", "WALL": "1:30:00", "ID": "010", "N": "7"}
+    assert wf.env == {**written, "Q": "1.10"}
+    [task] = wf.tasks
+    assert task.command == tuple(
+        "prog --version 1.10 --id 010 --wall 1:30 0x1F 1e3 .inf 2024-01-01".split()
+    )
+    assert task.env == {**written, "Q": "1.10", "E": "1_000"}
+    assert (task.ranks, wf.timeout) == (2, 1.5)  # numbers where numbers are meant
+    for bad in ("command: [prog, yes]", "command: [prog], env: {A: no}"):
+        path = write(tmp_path, "tasks:\n - {ranks: 1, " + bad + "}\n")
+        with pytest.raises(wr.WorkflowFileError, match="string"):
+            wr.load(path)
 
 
 def test_huge_values_are_shown_short(tmp_path):

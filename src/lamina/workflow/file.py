@@ -213,7 +213,8 @@ def load(path: str | os.PathLike, max_ranks: int = MAX_RANKS) -> WorkflowFile:
     Python object is built from it: at most :data:`MAX_FILE_BYTES` of a
     regular file, at most :data:`MAX_NODES` nodes once aliases are expanded
     (a "billion laughs" of nested aliases is refused, not expanded) and at
-    most :data:`MAX_DEPTH` levels of nesting.
+    most :data:`MAX_DEPTH` levels of nesting.  The words of a list command
+    and the values of an ``env`` are strings as written (:func:`_keep_text`).
     """
     import yaml
 
@@ -221,8 +222,15 @@ def load(path: str | os.PathLike, max_ranks: int = MAX_RANKS) -> WorkflowFile:
     text = _read(shown)
     try:
         _check_expansion(text, shown)
-        data = yaml.safe_load(text)
-        _check_duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader))
+        loader = yaml.SafeLoader(text)
+        try:
+            root = loader.get_single_node()
+            if root is not None:
+                _check_duplicate_keys(root)
+                _keep_text(root, loader)
+            data = loader.construct_document(root) if root is not None else None
+        finally:
+            loader.dispose()
     except yaml.YAMLError as e:
         raise WorkflowFileError(shown, f"not valid YAML: {' '.join(str(e).split())}") from None
     except RecursionError:  # PyYAML composes nested nodes recursively
@@ -373,6 +381,48 @@ def _check_duplicate_keys(root) -> None:
                 todo.append(v)
         elif isinstance(node, yaml.SequenceNode):
             todo.extend(node.value)
+
+
+#: tags YAML 1.1 gives plain scalars that read as numbers or dates (``1.10`` is 1.1, ``010``
+#: is 8, ``1:30`` is 90, ``2024-01-01`` a date)
+_NOT_TEXT = frozenset(f"tag:yaml.org,2002:{kind}" for kind in ("int", "float", "timestamp"))
+
+
+def _keep_text(root, loader) -> None:
+    """Make the words of a list ``command`` and the values of an ``env`` strings exactly as
+    written, in the composed document *root*, before anything is built from it.
+
+    YAML 1.1 reads an unquoted ``1.10`` as the number 1.1, ``010`` as 8 and ``1:30`` as 90:
+    a command's argument or a variable's value would change silently.  Booleans and nulls
+    keep their tags (and are refused by the checks: ``yes`` is meant as text or not).
+    """
+    import yaml
+
+    def get(node, key: str):
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode) and k.value == key:
+                    return v
+        return None
+
+    def text(node):
+        if isinstance(node, yaml.ScalarNode) and node.tag in _NOT_TEXT:
+            return yaml.ScalarNode(
+                "tag:yaml.org,2002:str", node.value, node.start_mark, node.end_mark, node.style
+            )
+        return node
+
+    envs = [get(root, "env")]
+    tasks = get(root, "tasks")
+    for task in tasks.value if isinstance(tasks, yaml.SequenceNode) else ():
+        envs.append(get(task, "env"))
+        command = get(task, "command")
+        if isinstance(command, yaml.SequenceNode):
+            command.value = [text(w) for w in command.value]
+    for env in envs:
+        if isinstance(env, yaml.MappingNode):
+            loader.flatten_mapping(env)  # the values of a merge key (<<: *common) too
+            env.value = [(k, text(v)) for k, v in env.value]
 
 
 def parse(data, path: str, max_ranks: int = MAX_RANKS, shown: str | None = None) -> WorkflowFile:
