@@ -347,6 +347,86 @@ def test_check_programs(tmp_path):
     assert launcher.find_program("run.sh", str(tmp_path), "/nonexistent") is None
 
 
+@pytest.mark.parametrize(
+    "words, script",
+    [
+        ("python ana.py x", "ana.py"),
+        ("python3 -u -O -X dev -W error ana.py", "ana.py"),
+        ("python -Xdev -uB -- ana.py", "ana.py"),
+        ("python -m mpi4py ana.py --steps 3", "ana.py"),
+        ("python -um mpi4py -rc threads=0 sub/ana.py", "sub/ana.py"),
+        ("python -mmpi4py --rc=threads=0 ana.py", "ana.py"),
+        ("/usr/bin/python3.12 ana.py", "ana.py"),
+        ("./venv/bin/python ana.py", "ana.py"),
+        ("python -m other ana.py", None),
+        ("python -c pass ana.py", None),
+        ("python -uc pass", None),
+        ("python -m mpi4py -m mod", None),
+        ("python -m mpi4py -c pass", None),
+        ("python -m mpi4py", None),
+        ("python - ana.py", None),
+        ("python --version", None),
+        ("python", None),
+        ("prog ana.py", None),
+        ("pythonic ana.py", None),
+    ],
+)
+def test_python_script(words, script):
+    assert launcher.python_script(shlex.split(words)) == script
+
+
+def test_missing_python_script_is_refused(tmp_path, capsys):
+    """A misspelled script passed the check (it looked at 'python' only): its task died before
+    MPI_Init and the others waited there until --timeout, or for ever.  It is refused before
+    anything starts, with status 2, and --dry-run warns of it."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "ana.py").write_text("pass\n")
+    (tmp_path / "sim.py").write_text("pass\n")
+    path = write(
+        tmp_path,
+        {
+            "tasks": [
+                {"name": "sim", "command": "python -m mpi4py sim.py", "ranks": 1},
+                {"name": "ana", "command": "python -m mpi4py ana.py", "ranks": 1},
+                {"name": "plain", "command": ["python3", "-u", "gone.py"], "ranks": 1},
+                {"name": "abs", "command": "python /nonexistent/x.py", "ranks": 1},
+                {"name": "here", "command": "python ana.py", "ranks": 1, "cwd": "sub"},
+                {"name": "code", "command": "python -c pass", "ranks": 1},
+            ]
+        },
+    )
+    wf = wr.load(path)
+    errors = {e.task: e.reason for e in launcher.check_programs(wf, launcher.environment(wf))}
+    assert errors == {
+        "'ana' (tasks[1])": f"script 'ana.py' is not found in {tmp_path}",
+        "'plain' (tasks[2])": f"script 'gone.py' is not found in {tmp_path}",
+        "'abs' (tasks[3])": "script '/nonexistent/x.py' is not found",
+    }
+    assert cli.main(["run", path, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        f"#   warning: script 'ana.py' is not found in {tmp_path}: the launch would stop here"
+    ) in out.splitlines()
+    # the launch: nothing starts, status 2, the task and the file named
+    _skip_without_mpiexec()
+    path = write(
+        tmp_path,
+        {
+            "tasks": [
+                {"name": "sim", "command": "python -m mpi4py sim.py", "ranks": 1},
+                {"name": "ana", "command": "python -m mpi4py ana.py", "ranks": 1},
+            ]
+        },
+        "launch.yaml",
+    )
+    res = lamina_run(path, "--timeout", "30")
+    assert res.returncode == 2, res.describe()
+    assert res.stderr.strip() == (
+        f"lamina run: error: {path}: task 'ana' (tasks[1]): command: "
+        f"script 'ana.py' is not found in {tmp_path}"
+    ), res.describe()
+
+
 def _trampoline(env: dict, *args: str) -> mu.Result:
     cmd = [*launcher.TRAMPOLINE, *args]
     return mu.finish(mu.start(cmd, env=env), cmd, 60)

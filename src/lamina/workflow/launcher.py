@@ -7,15 +7,17 @@ EXEC 0 : -n N2 PY EXEC 1 ...`` (a section per task, task order being the
 MPI appnum), where ``PY EXEC I`` is the small program :mod:`.exec`, which
 reads task I's command, directory and variables from ``LAMINA_RUN_TASK_<I>``
 (set by :func:`environment`) and replaces itself with the command.
-:func:`check_programs` finds every task's program before anything starts,
-:func:`script` is an equivalent shell script (``lamina run --dry-run``) and
-:func:`run` the launch itself, killed whole on timeout, Ctrl-C, SIGTERM or
-SIGHUP, and (Linux) when ``lamina run`` itself is killed.
+:func:`check_programs` finds every task's program (and a Python command's
+script) before anything starts, :func:`script` is an equivalent shell
+script (``lamina run --dry-run``) and :func:`run` the launch itself, killed
+whole on timeout, Ctrl-C, SIGTERM or SIGHUP, and (Linux) when ``lamina
+run`` itself is killed.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -114,23 +116,83 @@ def find_program(program: str, cwd: str, path: str | None) -> str | None:
     return None
 
 
+#: a program that is a Python interpreter: ``python``, ``python3``, ``python3.12``, or a path to one
+_PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
+
+
+def python_script(words: tuple[str, ...] | list[str]) -> str | None:
+    """The script file a Python command runs, as written: FILE of ``python [OPTIONS] FILE
+    ...`` or of ``python [OPTIONS] -m mpi4py [-rc ...] FILE ...``.
+
+    None when the program is not a Python interpreter or runs no file: code (``-c``),
+    another module (``-m``), standard input (``-``, nothing), ``--help`` and the like.
+    Interpreter options that take a value (``-W arg``, ``-X opt``) are skipped with it.
+    """
+    if not words or not _PYTHON.fullmatch(os.path.basename(words[0])):
+        return None
+    rest, i = list(words[1:]), 0
+    while i < len(rest) and rest[i].startswith("-") and rest[i] != "-":
+        word = rest[i]
+        if word == "--":  # the end of the options
+            i += 1
+            break
+        if word.startswith("--"):
+            if word != "--check-hash-based-pycs":
+                return None  # --help, --version: no script
+            i += 2
+            continue
+        for j, c in enumerate(word[1:], 2):
+            if c in "WX":  # a value: the rest of the word, else the next word
+                i += 0 if word[j:] else 1
+                break
+            if c == "m":
+                module = word[j:] or (rest[i + 1] if i + 1 < len(rest) else "")
+                after = rest[i + (1 if word[j:] else 2) :]
+                return _mpi4py_script(after) if module == "mpi4py" else None
+            if c in "chV?":  # code, help, the version: no script
+                return None
+        i += 1
+    return rest[i] if i < len(rest) and rest[i] != "-" else None
+
+
+def _mpi4py_script(words: list[str]) -> str | None:
+    """FILE of the arguments of ``python -m mpi4py``: ``[-rc KEY=VALUE] FILE ...``; None for
+    ``-m MODULE``, ``-c CODE``, ``-`` or an option that prints and exits."""
+    i = 0
+    while i < len(words) and words[i].startswith("-"):
+        if words[i] in ("-rc", "--rc"):
+            i += 2
+        elif words[i].startswith("--rc="):
+            i += 1
+        else:
+            return None
+    return words[i] if i < len(words) else None
+
+
 def check_programs(wf: WorkflowFile, env: dict[str, str]) -> list[WorkflowFileError]:
-    """For each task whose program cannot be found (in its directory, on its ``PATH``), the error."""
+    """For each task whose program cannot be found (in its directory, on its ``PATH``), or
+    whose Python script (:func:`python_script`) is not in its directory, the error.
+
+    A missing script ends its task before ``MPI_Init``, where the other tasks wait for it
+    until the job is killed: it is refused here, as a missing program is.
+    """
     errors = []
     for i, t in enumerate(wf.tasks):
         argv = task_argv(t.command)
         cwd = task_directory(wf, i)
         path = t.env.get("PATH", env.get("PATH"))
         if find_program(argv[0], cwd, path) is not None:
-            continue
-        where = f"in {cwd}" if os.sep in argv[0] else "on PATH"
-        exists = os.path.exists(os.path.join(cwd, argv[0])) and os.sep in argv[0]
-        why = "is not an executable file" if exists else f"is not found {where}"
-        errors.append(
-            WorkflowFileError(
-                wf.path, f"program {argv[0]!r} {why}", f"{t.name!r} (tasks[{i}])", "command"
-            )
-        )
+            script = python_script(t.command)
+            if script is None or os.path.exists(os.path.join(cwd, script)):
+                continue
+            where = "" if os.path.isabs(script) else f" in {cwd}"
+            why = f"script {script!r} is not found{where}"
+        else:
+            where = f"in {cwd}" if os.sep in argv[0] else "on PATH"
+            exists = os.path.exists(os.path.join(cwd, argv[0])) and os.sep in argv[0]
+            how = "is not an executable file" if exists else f"is not found {where}"
+            why = f"program {argv[0]!r} {how}"
+        errors.append(WorkflowFileError(wf.path, why, f"{t.name!r} (tasks[{i}])", "command"))
     return errors
 
 
