@@ -354,7 +354,8 @@ def run(
     (SIGKILL): ``mpiexec`` gets SIGKILL (:func:`~lamina.launch.parent_death_signal`)
     and takes its ranks down.  A job that fails by itself is named: its
     status and which world ranks ran which task (:func:`rank_map`) on
-    stderr.  However the job ends, the MPICH shared-memory segments it left
+    stderr; a rank killed by signal N gives MPICH's status N, which this
+    cannot tell from a rank's exit status N.  However the job ends, the MPICH shared-memory segments it left
     (no process maps them) are removed.
     """
     exe = mpiexec or launch.find_mpiexec(required=True)
