@@ -157,11 +157,15 @@ def in_bounds_keys(draw, shape):
     return tuple(items)
 
 
-@given(
-    st.lists(st.integers(0, 6), min_size=0, max_size=4).flatmap(
-        lambda sh: st.tuples(st.just(tuple(sh)), in_bounds_keys(tuple(sh)))
+def shapes_and_keys(keys, sizes: st.SearchStrategy, ndims: tuple[int, int]) -> st.SearchStrategy:
+    """(shape, key) pairs: a shape of *ndims* (lo, hi) dimensions of *sizes*, and a key of
+    strategy *keys* (a function of the shape) for it."""
+    return st.lists(sizes, min_size=ndims[0], max_size=ndims[1]).flatmap(
+        lambda sh: st.tuples(st.just(tuple(sh)), keys(tuple(sh)))
     )
-)
+
+
+@given(shapes_and_keys(in_bounds_keys, st.integers(0, 6), (0, 4)))
 def test_parse_matches_numpy(args):
     shape, key = args
     a = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
@@ -357,18 +361,13 @@ def vector_keys(draw, shape):
     return tuple(items)
 
 
-@given(
-    st.lists(st.integers(1, 6), min_size=1, max_size=3).flatmap(
-        lambda sh: st.tuples(st.just(tuple(sh)), vector_keys(tuple(sh)))
-    )
-)
+@given(shapes_and_keys(vector_keys, st.integers(1, 6), (1, 3)))
 def test_vector_reads_match_numpy(args):
     shape, key = args
     a = np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape)
-    want = a[key]
     got = read_like_a_dataset(a, key)
-    assert got.shape == want.shape
-    np.testing.assert_array_equal(got, want)
+    assert got.shape == a[key].shape
+    np.testing.assert_array_equal(got, a[key])
 
 
 def test_a_sparse_list_reads_its_rows_not_the_span_between():
