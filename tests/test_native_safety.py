@@ -683,3 +683,38 @@ def test_a_full_disk_names_what_was_being_written(native_path, monkeypatch, targ
         assert got.value.errno == errno.ENOSPC
     with lamina.open(native_path) as f:
         assert f.steps == 1 and f["b"][...].tolist() == [2.0] * 4
+
+
+# ------------------------------------------------------------------ a reader following the file
+
+
+def test_a_refresh_reads_and_checks_only_the_new_commit_entries(native_path, monkeypatch):
+    """Each refresh read and checked the whole commit log (a file of n steps cost n entry
+    checksums a refresh: following it to the end, O(n^2)); what the reader saw before is
+    not read again, and a log cut below it is still found."""
+    with lamina.open(native_path, "w", durable=False) as w:
+        x = w.create_dataset("x", shape=(4,), dtype="f8")
+        for k in range(300):
+            with w.step():
+                x[...] = k
+        with lamina.open(native_path, "r") as r:
+            assert r.steps == 300
+            calls = []
+            real = fmt.crc
+            monkeypatch.setattr(fmt, "crc", lambda b, *a: calls.append(len(b)) or real(b, *a))
+            for k in (300, 301):
+                with w.step():
+                    x[...] = k
+                calls.clear()
+                assert r.refresh() == k + 1
+                assert len(calls) <= 3, calls  # the new entry (and its record's frame)
+                np.testing.assert_array_equal(r["x"][...], float(k))
+            monkeypatch.undo()
+            w.close()
+            r.refresh()
+            commit = os.path.join(native_path, fmt.COMMIT_NAME)
+            os.truncate(commit, os.path.getsize(commit) - 3 * fmt.ENTRY_SIZE)
+            with pytest.raises(
+                FormatError, match=r"seen before: the file was truncated or re-created"
+            ):
+                r.refresh()

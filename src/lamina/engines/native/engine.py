@@ -424,9 +424,9 @@ def _same_inode(directory: str, name: str, inode: tuple[int, int]) -> bool:
     return (now.st_dev, now.st_ino) == inode
 
 
-def _read_fd(fd: int) -> bytes:
-    """Every byte of the file open as *fd*, from its start."""
-    chunks, at = [], 0
+def _read_fd(fd: int, at: int = 0) -> bytes:
+    """Every byte of the file open as *fd*, from offset *at* (its start)."""
+    chunks = []
     while chunk := os.pread(fd, 1 << 20, at):
         chunks.append(chunk)
         at += len(chunk)
@@ -543,6 +543,7 @@ class NativeEngine(BlockEngine):
         self._commit_inode: tuple[int, int] | None = None  # (device, inode) of the commit log read
         self._held_fd = -1  # that commit log, open while this engine is
         self._nentries = 0
+        self._commit_head = fmt.HEADER_SIZE  # the commit log's header size (read at open)
         self._meta_end = self._commit_end = fmt.HEADER_SIZE
         self._warned = -1  # the last record a reader warned it had to leave out
         self._version = (
@@ -739,7 +740,15 @@ class NativeEngine(BlockEngine):
                 held = _open_in(self.path, fmt.COMMIT_NAME, os.O_RDONLY)
                 cbuf, cstat = _read_fd(held), os.fstat(held)
             else:
-                cbuf, cstat = _read_all(self.path, fmt.COMMIT_NAME)
+                # what is new only: the header (its identity checked below) and the entries
+                # after those read before (the whole log read and checked again made each
+                # refresh of a file of n steps cost O(n): following it, O(n^2))
+                fd = _open_in(self.path, fmt.COMMIT_NAME, os.O_RDONLY)
+                try:
+                    cstat = os.fstat(fd)
+                    cbuf = os.pread(fd, self._commit_head, 0) + _read_fd(fd, self._commit_end)
+                finally:
+                    os.close(fd)
             mfd = _open_in(self.path, fmt.META_NAME, os.O_RDONLY)
         except FileNotFoundError as e:
             if held >= 0:
@@ -773,22 +782,28 @@ class NativeEngine(BlockEngine):
                         f"{self.path}: {fmt.META_NAME} and {fmt.COMMIT_NAME} belong to different files "
                         f"(versions {mhead.version}/{head.version}, identities {mhead.identity}/{head.identity})"
                     )
+            first = self._identity is None
+            if not first and cstat.st_size < self._commit_end:
+                raise FormatError(
+                    f"{self.path}: {(cstat.st_size - self._commit_head) // fmt.ENTRY_SIZE} committed "
+                    f"records, {self._nentries} seen before: the file was truncated or re-created while open"
+                )
             entries, _valid_end, head = fmt.parse_commits(
-                cbuf, meta_size, where, last_past_end=self.mode == "r"
+                cbuf,
+                meta_size,
+                where,
+                last_past_end=self.mode == "r",
+                after=(0, 0) if first else (self._nentries, self._meta_end),
             )
-            if self._identity is None:
+            if first:
                 self._identity = head.identity
                 self._version = head.version  # appended in its own version
                 self._commit_inode = (cstat.st_dev, cstat.st_ino)
+                self._commit_head = head.size
                 self._held_fd, held = held, -1  # kept open: a re-created log gets another inode
             elif head.identity != self._identity:
                 raise FormatError(self._recreated())
-            if len(entries) < self._nentries:
-                raise FormatError(
-                    f"{self.path}: {len(entries)} committed records, {self._nentries} seen before: "
-                    "the file was truncated or re-created while open"
-                )
-            new = entries[self._nentries :]
+            new = entries[self._nentries :] if first else entries
             out = []
             for ent in new:
                 try:

@@ -113,7 +113,12 @@ class CommitEntry:
 
 
 def parse_commits(
-    buf: bytes, meta_size: int, what: str = COMMIT_NAME, *, last_past_end: bool = False
+    buf: bytes,
+    meta_size: int,
+    what: str = COMMIT_NAME,
+    *,
+    last_past_end: bool = False,
+    after: tuple[int, int] = (0, 0),
 ) -> tuple[list[CommitEntry], int, Header]:
     """Valid commit entries of a commit file, the byte length of that valid prefix, and its header.
 
@@ -123,17 +128,23 @@ def parse_commits(
     record must lie inside it (after a header of the same version), except
     the last with *last_past_end* (a reader that leaves out a damaged last
     record: its frame read short is that record's FormatError).
+
+    *after* ``(k, end)``: *buf* is the header followed by the entries from
+    entry *k* on, the entries before it checked already and their last frame
+    ending at *end* (a reader following the file reads only what is new).
     """
     head = check_header(buf, COMMIT_MAGIC, what)
     n = (len(buf) - head.size) // ENTRY_SIZE
     entries: list[CommitEntry] = []
-    expect_off = head.size
-    for i in range(n):
-        pos = head.size + i * ENTRY_SIZE
+    first, expect_off = after
+    expect_off = max(expect_off, head.size) if first else head.size
+    for j in range(n):
+        i = first + j
+        pos = head.size + j * ENTRY_SIZE
         raw = buf[pos : pos + ENTRY_SIZE]
         seq, off, length, pcrc, ecrc = ENTRY.unpack(raw)
         if ecrc != crc(raw[:28]):
-            if i == n - 1:
+            if j == n - 1:
                 break  # torn final entry: that commit never completed
             raise FormatError(f"{what}: commit entry {i} is corrupt (checksum mismatch)")
         if seq != i:
@@ -145,13 +156,13 @@ def parse_commits(
                 f"{what}: commit entry {i} points at bytes {off}+{length}, expected offset "
                 f"{'at least ' if head.version >= 3 else ''}{expect_off}"
             )
-        if off + length > meta_size and not (last_past_end and i == n - 1):
+        if off + length > meta_size and not (last_past_end and j == n - 1):
             raise FormatError(
                 f"{what}: commit entry {i} points at bytes {off}..{off + length} but {META_NAME} has {meta_size} bytes"
             )
         entries.append(CommitEntry(seq, off, length, pcrc))
         expect_off = off + length
-    return entries, head.size + len(entries) * ENTRY_SIZE, head
+    return entries, head.size + (first + len(entries)) * ENTRY_SIZE, head
 
 
 def parse_frame(buf: bytes, e: CommitEntry, what: str = META_NAME) -> bytes:
