@@ -42,8 +42,8 @@ class Catalog:
         self.closed = False
         self.last_session = -1
         self.nrecords = 0
-        # the step a reader asked tables of last, and whether it took several one-block tables
-        # of the step before (then a step's one-block sections are decoded together at once)
+        # the step a reader asked tables of last, and whether its one-block sections were
+        # decoded together (then the next step's are, from its first table)
         self._reading: StepBlocks | None = None
         self._together = False
         # children(): every path's child names, rebuilt when paths were added or restored
@@ -80,8 +80,8 @@ class Catalog:
     def table(self, dataset_id: int, step: int) -> BlockTable:
         """The blocks of a dataset at *step* as columns (decoded on first use)."""
         sb = self.steps[step]
-        if sb is not self._reading:  # a reader of every variable a step reads them all again
-            self._together = self._reading is not None and self._reading.taken >= 2
+        if sb is not self._reading:  # a reader of many variables a step reads them again
+            self._together = self._reading is not None and self._reading.together
             self._reading = sb
         return sb.table(self.specs[dataset_id], self.specs, self._together)
 
