@@ -2074,3 +2074,28 @@ def test_a_long_double_fill_encodes_without_its_padding(dtype):
     e = Encoder()
     spec.encode(e)
     assert DatasetSpec.decode(Decoder(e.getvalue(), "spec")).fill == value
+
+
+def test_a_reader_keeps_the_tables_of_the_steps_it_read_last_only(tmp_path):
+    """A reader streaming through a run kept every step's decoded tables (about 4.7 KB a
+    step of one small dataset, never let go): it keeps those of the KEEP_STEPS steps read
+    last, and an older step read again is decoded again, with the same values."""
+    import lamina
+    from lamina.catalog.tree import KEEP_STEPS
+
+    path = str(tmp_path / "long.lam")
+    n = KEEP_STEPS + 40
+    with lamina.open(path, "w", durable=False) as f:
+        x = f.create_dataset("x", shape=(4,), dtype="f8")
+        for s in range(n):
+            with f.step():
+                x[...] = s
+    with lamina.open(path) as r:
+        steps = r.engine.stack()[-1].catalog.steps
+        for view in r.iter_steps(timeout=0):
+            assert view["x"][0] == view.index
+            assert len(view["x"].blocks()) == 1  # (blocks() of a step counts as reading it)
+        decoded = [k for k, b in enumerate(steps) if b.nbytes]
+        assert decoded == list(range(n - KEEP_STEPS, n))
+        np.testing.assert_array_equal(r.at(3)["x"][...], 3.0)  # read again from the file
+        assert steps[3].nbytes and not steps[n - KEEP_STEPS].nbytes

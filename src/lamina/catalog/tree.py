@@ -21,6 +21,11 @@ from .model import (
 )
 from .record import Record
 
+#: a catalog keeps the decoded block tables of at most this many steps, the ones read last
+#: (the tables of older ones are read again from the file when next used: a reader streaming
+#: through a long run kept about 4.7 KB for every step it had read, and never let it go)
+KEEP_STEPS = 32
+
 
 class Catalog:
     """Groups, datasets, attributes and per-step block records of one file.
@@ -46,6 +51,8 @@ class Catalog:
         # decoded together (then the next step's are, from its first table)
         self._reading: StepBlocks | None = None
         self._together = False
+        # the steps whose decoded tables are kept, least recently read first (KEEP_STEPS)
+        self._kept: dict[int, StepBlocks] = {}
         # children(): every path's child names, rebuilt when paths were added or restored
         # (paths are only ever added, except by restore, which counts)
         self._restores = 0
@@ -83,7 +90,27 @@ class Catalog:
         if sb is not self._reading:  # a reader of many variables a step reads them again
             self._together = self._reading is not None and self._reading.together
             self._reading = sb
+            self._keep(step, sb)
         return sb.table(self.specs[dataset_id], self.specs, self._together)
+
+    def table_of(self, spec: DatasetSpec, step: int) -> BlockTable:
+        """The blocks of *spec* (a level's too, or a reader's derived quantity: none) at *step*."""
+        sb = self.steps[step]
+        if sb is not self._reading:
+            self._keep(step, sb)
+        return sb.table(spec)
+
+    def _keep(self, step: int, sb: StepBlocks) -> None:
+        """Count *sb* (step *step*) as read last; release the tables of the step read longest
+        ago beyond :data:`KEEP_STEPS` (read again from the file if asked for again)."""
+        kept = self._kept
+        kept.pop(step, None)
+        kept[step] = sb
+        if len(kept) > KEEP_STEPS:
+            oldest = next(iter(kept))
+            old = kept.pop(oldest)
+            if old is not sb:  # (a step re-made by a restore under the same number)
+                old.release()
 
     def blocks(self, dataset_id: int, step: int) -> list[BlockRecord]:
         """The blocks of a dataset at *step* as :class:`BlockRecord` objects (built on each call)."""

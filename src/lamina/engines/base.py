@@ -389,7 +389,7 @@ class Engine(ABC):
     def blocks(self, name: str, step: int) -> Sequence[BlockInfo]:
         """Independent: the blocks of *name* written in committed *step* (each built when used)."""
         spec = self.catalog.datasets[name]
-        return BlockInfos(self.catalog.steps[step].table(spec), spec)
+        return BlockInfos(self.catalog.table_of(spec, step), spec)
 
     def block_table(self, name: str, step: int, stats: bool = True, level: int = 0) -> BlockTable:
         """Independent: the blocks of *name* in committed *step* as columns (for queries and tools).
@@ -402,7 +402,7 @@ class Engine(ABC):
         """
         # (a reader's derived quantity has id -1: no blocks)
         spec = self.catalog.level(name, level)
-        return self.catalog.steps[step].table(spec)
+        return self.catalog.table_of(spec, step)
 
     def coverage(self, path: str, step: int | None) -> list[Box]:
         """Independent: the boxes of *path* that hold values at *step*; the rest reads as the fill value."""
