@@ -544,6 +544,7 @@ class NativeEngine(BlockEngine):
         self._held_fd = -1  # that commit log, open while this engine is
         self._nentries = 0
         self._commit_head = fmt.HEADER_SIZE  # the commit log's header size (read at open)
+        self._last_entry: fmt.CommitEntry | None = None  # the last commit entry seen (or written)
         self._meta_end = self._commit_end = fmt.HEADER_SIZE
         self._warned = -1  # the last record a reader warned it had to leave out
         self._version = (
@@ -746,7 +747,18 @@ class NativeEngine(BlockEngine):
                 fd = _open_in(self.path, fmt.COMMIT_NAME, os.O_RDONLY)
                 try:
                     cstat = os.fstat(fd)
-                    cbuf = os.pread(fd, self._commit_head, 0) + _read_fd(fd, self._commit_end)
+                    cbuf = os.pread(fd, self._commit_head, 0)
+                    last = self._last_entry
+                    if last is not None:
+                        # the last entry seen, still there: a log cut under the reader and
+                        # grown again by another writer is not read on as if it were
+                        seen = os.pread(fd, fmt.ENTRY_SIZE, self._commit_end - fmt.ENTRY_SIZE)
+                        if seen != fmt.entry(last.seq, last.offset, last.length, last.payload_crc):
+                            raise FormatError(
+                                f"{self.path}: commit entry {last.seq}, seen before, is gone or "
+                                "changed: the file was truncated or re-created while open"
+                            )
+                    cbuf += _read_fd(fd, self._commit_end)
                 finally:
                     os.close(fd)
             mfd = _open_in(self.path, fmt.META_NAME, os.O_RDONLY)
@@ -890,6 +902,7 @@ class NativeEngine(BlockEngine):
                     self._nentries + intact,
                     meta_end if meta_end is not None else max(self._meta_end, header_size),
                     header_size + (self._nentries + intact) * fmt.ENTRY_SIZE,
+                    entries[intact - 1] if good else self._last_entry,
                 )
             else:
                 assert blob is not None  # broadcast by rank 0
@@ -919,7 +932,7 @@ class NativeEngine(BlockEngine):
             if self.rank == 0 and self.mode != "r":
                 # drop anything past the intact commits (a killed writer's torn tail, records whose data is gone)
                 assert state is not None  # read on rank 0
-                _n, meta_end, commit_end = state
+                _n, meta_end, commit_end, _last = state
                 # the commit log first (and durably): a writer killed between the two leaves
                 # entries that point only into the metadata there is (the other order left
                 # entries past its end, and every open then refused the file)
@@ -935,7 +948,7 @@ class NativeEngine(BlockEngine):
         if self.rank == 0:
             # only now that every rank applied the records: read on from after them
             assert state is not None
-            self._nentries, self._meta_end, self._commit_end = state
+            self._nentries, self._meta_end, self._commit_end, self._last_entry = state
         return len(self.catalog.steps)
 
     def _apply_raws(self, raws: list[bytes]) -> tuple[int, Exception | None]:
@@ -1149,6 +1162,7 @@ class NativeEngine(BlockEngine):
                     e.errno, f"{e.strerror} (writing {what})", os.path.join(self.path, doing)
                 ) from e
             raise
+        self._last_entry = fmt.CommitEntry(self._nentries, at, len(framed), stats_mod.crc(head))
         self._nentries += 1
         self._meta_end = at + len(framed)
         self._commit_end += len(ent)
