@@ -416,3 +416,27 @@ def test_a_boolean_scalar_is_refused_alike_on_every_shape(shape, key):
     'unsupported index': the same refusal, naming it, on both."""
     with pytest.raises(SelectionError, match=r"unsupported index .*boolean scalar adds an axis"):
         parse(key, shape, "dataset 'b'")
+
+
+@pytest.mark.parametrize(
+    "shape, key",
+    [((0,), []), ((0,), np.zeros(0, bool)), ((3, 0), (slice(None), [])), ((3, 0), (0, []))],
+)
+def test_an_empty_list_on_an_axis_of_size_0_reads_as_numpy(shape, key):
+    """ds[[]] of a dataset of shape (0,) (ds[ds[...] > 0] of an empty one) was a BoundsError."""
+    a = np.zeros(shape)
+    got = read_like_a_dataset(a, key)
+    assert got.shape == a[key].shape
+
+
+def test_a_list_of_spread_indices_reads_a_piece_at_a_time(monkeypatch):
+    """Evenly spread indices were read as one run of their whole span (1e5 of 1e7: twice the
+    dataset's memory for 0.8 MB); a run spans at most STRIDED_PIECE bytes."""
+    from lamina.api import dataset as dataset_mod
+
+    monkeypatch.setattr(dataset_mod, "STRIDED_PIECE", 64 * 8 * 100)  # 100 rows of 64 float64
+    a = np.arange(1000 * 64, dtype="f8").reshape(1000, 64)
+    key = list(range(0, 1000, 3))
+    boxes: list = []
+    np.testing.assert_array_equal(read_like_a_dataset(a, key, boxes), a[key])
+    assert max(b.shape[0] for b in boxes) <= 100 and len(boxes) == 10

@@ -117,8 +117,25 @@ def _select(key, shape: tuple[int, ...], what: str, read, dtype: np.dtype) -> np
 
 
 #: a list of indices is read in runs; rows between two runs closer than this many bytes are
-#: read with them rather than apart (a read costs about what 256 KiB more of a block does)
+#: read with them rather than apart (a read costs about what 256 KiB more of a block does);
+#: a run spans at most STRIDED_PIECE bytes
 VECTOR_GAP = 256 << 10
+
+
+def _runs(uniq: np.ndarray, gap: int, span: int) -> list[np.ndarray]:
+    """Sorted distinct positions *uniq* cut into runs read at once: apart where two are more
+    than *gap* apart, and a run spanning at most *span* positions (a read of evenly spread
+    indices took the whole span at once: twice the dataset's memory for 1e5 of 1e7)."""
+    if not uniq.size:
+        return [uniq]
+    out = []
+    for run in np.split(uniq, np.flatnonzero(np.diff(uniq) > gap) + 1):
+        while int(run[-1]) - int(run[0]) >= span:
+            k = int(np.searchsorted(run, run[0] + span))
+            out.append(run[:k])
+            run = run[k:]
+        out.append(run)
+    return out
 
 
 def _select_vector(vec: Vector, shape: tuple[int, ...], what: str, read, dtype: np.dtype):
@@ -141,10 +158,13 @@ def _select_vector(vec: Vector, shape: tuple[int, ...], what: str, read, dtype: 
     else:
         idx = pts[0]
         uniq, inv = np.unique(idx, return_inverse=True)
-        row = parse(vec.key[:ax] + (slice(0, 1),) + vec.key[ax + 1 :], shape, what).box.size
-        gap = max(1, VECTOR_GAP // max(1, row * dtype.itemsize))
+        one = slice(0, min(1, shape[ax]))  # (an axis of size 0 has no row)
+        row = parse(vec.key[:ax] + (one,) + vec.key[ax + 1 :], shape, what).box.size
+        row_bytes = max(1, row * dtype.itemsize)
+        gap = max(1, VECTOR_GAP // row_bytes)
+        span = max(1, STRIDED_PIECE // row_bytes)  # rows a read may span
         parts = []
-        for run in np.split(uniq, np.flatnonzero(np.diff(uniq) > gap) + 1) if uniq.size else [uniq]:
+        for run in _runs(uniq, gap, span):
             a, b = (int(run[0]), int(run[-1]) + 1) if run.size else (0, 0)
             sub = with_axes((slice(a, b),))
             parts.append(sub if b - a == run.size else np.take(sub, run - a, axis=pos))
