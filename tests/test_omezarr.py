@@ -703,3 +703,33 @@ def test_a_store_that_is_one_image_gives_its_attributes_once(tmp_path):
     assert sum("skipped attribute 'meta'" in w for w in res.warnings) == 1
     with lamina.open(tmp_path / "one.lam") as f:
         assert "acquired" not in f.attrs and f["one"].attrs["acquired"] == 2024
+
+
+def test_the_multiscales_own_transforms_compose_and_the_time_axis_is_said(tmp_path):
+    """NGFF 0.4 applies a multiscales' own coordinateTransformations after its datasets':
+    only the dataset's scale was kept (0.5 where the image says 1.5). The time axis's scale
+    and unit, which lamina does not keep, are said."""
+    src = tmp_path / "outer.zarr"
+    g = zarr.open_group(str(src), mode="w", zarr_format=2)
+    g.create_array("0", shape=(2, 3, 4), chunks=(1, 3, 4), dtype="f4")[...] = 1
+    g.attrs["multiscales"] = [
+        {
+            "version": "0.4",
+            "axes": [{"name": "t", "type": "time", "unit": "second"}, Y, X],
+            "datasets": [
+                {
+                    "path": "0",
+                    "coordinateTransformations": [
+                        {"type": "scale", "scale": [2.0, 0.5, 0.25]},
+                        {"type": "translation", "translation": [0.0, 10.0, 20.0]},
+                    ],
+                }
+            ],
+            "coordinateTransformations": [{"type": "scale", "scale": [1.0, 3.0, 4.0]}],
+        }
+    ]
+    res = omezarr.convert(src, tmp_path / "outer.lam", progress=False)
+    assert any("time axis's scale 2, unit 'second' is not kept" in w for w in res.warnings)
+    with lamina.open(tmp_path / "outer.lam") as f:
+        assert list(f["outer"].attrs["scale"]) == [1.5, 1.0]
+        assert list(f["outer"].attrs["translation"]) == [30.0, 80.0]

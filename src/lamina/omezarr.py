@@ -885,7 +885,7 @@ def _plain_image(
         raise ConvertError(
             f"{what}: multiscales axes {names}: axis names must be unique (OME-NGFF)"
         )
-    scale, translation = _transforms(dsets[0], len(axes), what)
+    scale, translation = _calibrated(m, len(axes), what)
     times = [i for i, k in enumerate(kinds) if k == "time"]
     space = [i for i, k in enumerate(kinds) if k == "space"]
     if len(times) > 1 or (times and times[0] != 0):
@@ -925,6 +925,18 @@ def _plain_image(
         )
     calib: dict[str, list] = {"dims": [names[i] for i in space]}
     units = [a.get("unit") if isinstance(a, dict) else None for a in axes]
+    if times:
+        t = times[0]
+        said = [
+            f"{k} {v[t]:g}"
+            for k, v, default in (("scale", scale, 1.0), ("translation", translation, 0.0))
+            if v is not None and v[t] != default
+        ] + ([f"unit {units[t]!r}"] if isinstance(units[t], str) and units[t] else [])
+        if said:
+            warnings.append(
+                f"image {where}: its time axis's {', '.join(said)} is not kept (a lamina file "
+                "numbers its steps; the step times are when they were written)"
+            )
     if any(isinstance(units[i], str) and units[i] for i in space):
         calib["axis_units"] = [units[i] if isinstance(units[i], str) else "" for i in space]
     if scale is not None and any(scale[i] != 1 for i in space):
@@ -947,13 +959,31 @@ def _plain_image(
     return img, used
 
 
-def _transforms(dset: dict, n: int, what: str) -> tuple[list | None, list | None]:
-    """The scale and translation of a multiscales dataset (NGFF 0.4: one number per axis,
-    a scale > 0); (None, None) where it gives none (NGFF 0.3 has no transformations)."""
-    ct = dset.get("coordinateTransformations")
+def _calibrated(m: dict, n: int, what: str) -> tuple[list | None, list | None]:
+    """Level 0's scale and translation in the image's physical space: its dataset's, then
+    the multiscales' own (NGFF 0.4 applies those after each dataset's), composed."""
+    scale, translation = _transforms(
+        m["datasets"][0], n, f"{what}: multiscales dataset {m['datasets'][0]['path']!r}"
+    )
+    outer_scale, outer_translation = _transforms(m, n, f"{what}: multiscales")
+    if outer_scale is None and outer_translation is None:
+        return scale, translation
+    s2 = outer_scale or [1.0] * n
+    s1, t1 = scale or [1.0] * n, translation or [0.0] * n
+    t2 = outer_translation or [0.0] * n
+    return [a * b for a, b in zip(s2, s1, strict=True)], [
+        a * b + c for a, b, c in zip(s2, t1, t2, strict=True)
+    ]
+
+
+def _transforms(obj: dict, n: int, what: str) -> tuple[list | None, list | None]:
+    """The scale and translation of a multiscales dataset, or of the multiscales (NGFF 0.4:
+    one number per axis, a scale > 0); (None, None) where it gives none (NGFF 0.3 has no
+    transformations)."""
+    ct = obj.get("coordinateTransformations")
     if ct is None:
         return None, None
-    where = f"{what}: multiscales dataset {dset['path']!r}: coordinateTransformations"
+    where = f"{what}: coordinateTransformations"
     if not isinstance(ct, list) or not all(isinstance(t, dict) for t in ct):
         raise ConvertError(f"{where} must be a list of objects, got {ct!r}")
     found: dict[str, list] = {}
