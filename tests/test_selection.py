@@ -400,6 +400,8 @@ def test_a_sparse_list_reads_its_rows_not_the_span_between():
         ((None, [0]), SelectionError, r"np.newaxis"),
         ((Ellipsis, [0], Ellipsis), SelectionError, r"single ellipsis"),
         ((0, 0, 0, [0]), BoundsError, r"too many indices"),
+        # (taken as int64 it was -1: the last row, silently)
+        (np.array([2**64 - 1], dtype=np.uint64), BoundsError, r"index 18446744073709551615 is out"),
     ],
     ids=str,
 )

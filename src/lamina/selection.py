@@ -106,7 +106,7 @@ def vector(key, shape: tuple[int, ...], what: str = "dataset") -> Vector | None:
     elif arr.size == 0 and arr.dtype.kind == "f":  # [] is a float array to numpy, and an index
         points = (arr.astype(np.int64),)
     elif arr.dtype.kind in "iu":
-        points = (arr.astype(np.int64),)
+        points = (arr,)  # (to int64 once in bounds: np.uint64(2**64 - 1) is not -1)
     else:
         raise SelectionError(
             f"{what}: item {i} of the selection is a list of {arr.dtype} values; indices are integers "
@@ -150,7 +150,7 @@ def vector(key, shape: tuple[int, ...], what: str = "dataset") -> Vector | None:
                     f"of size {n} (shape {shape})"
                 )
             continue
-        bad = (p < -n) | (p >= n)
+        bad = (p >= n) if p.dtype.kind == "u" else (p < -n) | (p >= n)
         if bad.any():
             raise BoundsError(
                 f"{what}: index {int(p[bad][0])} is out of bounds for dimension {axis + j} of size "
@@ -158,7 +158,8 @@ def vector(key, shape: tuple[int, ...], what: str = "dataset") -> Vector | None:
             )
     if arr.dtype.kind != "b":
         n = shape[axis]
-        points = (np.where(points[0] < 0, points[0] + n, points[0]),)
+        p = points[0].astype(np.int64)
+        points = (np.where(p < 0, p + n, p),)
     # numpy: integer indices are advanced too; apart from the vector, its axis goes first
     full = basic
     if n_ell:
