@@ -1655,6 +1655,19 @@ def test_steps_of_many_one_block_datasets_round_trip(tmp_path):
                 assert st_.stats is not None and st_.stats.count >= 1
 
 
+def _one_block_steps(path, n: int, size: int, scale: float) -> str:
+    """A file of 3 steps of *n* one-block datasets v0..: v{i} at step s holds scale * s + i."""
+    import lamina
+
+    with lamina.open(path, "w", durable=False) as f:
+        dss = [f.create_dataset(f"v{i}", shape=(size,), dtype="f8") for i in range(n)]
+        for s in range(3):
+            with f.step():
+                for i, ds in enumerate(dss):
+                    ds.write(np.full(size, scale * s + i), copy=False)
+    return str(path)
+
+
 def test_a_reader_of_every_variable_decodes_the_next_steps_sections_together(tmp_path):
     """A reader that took several one-block tables of a step decodes the next step's one-block
     sections together from its first read (the first table of the first step is decoded
@@ -1662,13 +1675,7 @@ def test_a_reader_of_every_variable_decodes_the_next_steps_sections_together(tmp
     keeps decoding that one alone, and the values are the same either way."""
     import lamina
 
-    path = str(tmp_path / "vars.lam")
-    with lamina.open(path, "w", durable=False) as f:
-        dss = [f.create_dataset(f"v{i}", shape=(5,), dtype="f8") for i in range(6)]
-        for s in range(3):
-            with f.step():
-                for i, ds in enumerate(dss):
-                    ds.write(np.full(5, 10.0 * s + i), copy=False)
+    path = _one_block_steps(tmp_path / "vars.lam", 6, 5, 10.0)
     with lamina.open(path) as r:
         steps = r.engine.stack()[-1].catalog.steps
         for s in range(3):
@@ -1688,14 +1695,8 @@ def test_a_reader_of_a_few_of_many_variables_decodes_only_those(tmp_path):
     a step's reads into one decode of them all, and a reader of every variable keeps that."""
     import lamina
 
-    path = str(tmp_path / "few.lam")
     n = 40
-    with lamina.open(path, "w", durable=False) as f:
-        dss = [f.create_dataset(f"v{i}", shape=(3,), dtype="f8") for i in range(n)]
-        for s in range(3):
-            with f.step():
-                for i, ds in enumerate(dss):
-                    ds.write(np.full(3, 100.0 * s + i), copy=False)
+    path = _one_block_steps(tmp_path / "few.lam", n, 3, 100.0)
     with lamina.open(path) as r:
         steps = r.engine.stack()[-1].catalog.steps
         for s in range(3):
