@@ -546,7 +546,7 @@ def test_vector_results_are_a_group_of_x_y_z(open_file, new_path):
     f.close()
     f = open_file(p)
     for name in ("vort", "grad", "cr"):
-        assert f[name].keys() == ["x", "y", "z"]
+        assert list(f[name].keys()) == ["x", "y", "z"]
         assert f.derived[name].components == [f"{name}/x", f"{name}/y", f"{name}/z"]
         for c in "xyz":
             assert isinstance(f[f"{name}/{c}"], lamina.Dataset)

@@ -397,3 +397,35 @@ def test_an_error_out_of_the_file_discards_the_open_step_not_the_definitions(tmp
             raise RuntimeError("a bug after writing")
     with lamina.open(path) as f:
         assert list(f) == ["d"] and f.attrs["a"] == 1 and f.steps == 0
+
+
+# ------------------------------------------------------------------ members as h5py's views
+
+
+def test_keys_values_items_are_set_like_views(pair):
+    """g.keys() was a list: g.keys() == {"a", "b"} was silently False and g.keys() - {"a"}
+    a TypeError, where h5py's KeysViewHDF5 is set-like."""
+    h, f = pair
+    for g in (h, f):
+        g.create_group("b")
+        g.create_dataset("a", shape=(2,), dtype="f8")
+    for g in (h, f):
+        assert g.keys() == {"a", "b"} and g.keys() - {"a"} == {"b"}
+        assert list(g.keys()) == ["a", "b"] and "a" in g.keys() and len(g.keys()) == 2
+        assert [v.name for v in g.values()] == ["/a", "/b"]
+        assert [k for k, _ in g.items()] == ["a", "b"]
+
+
+def test_assignment_creates_a_dataset_and_get_gives_the_class(pair):
+    """f[name] = array was a TypeError; get(name, getclass=True) was refused."""
+    h, f = pair
+    a = np.arange(6.0).reshape(2, 3)
+    h["x"] = a
+    with f.step():
+        f["x"] = a
+    np.testing.assert_array_equal(f["x"][...], h["x"][...])
+    assert f["x"].dtype == h["x"].dtype and f["x"].shape == h["x"].shape
+    assert f.get("x", getclass=True) is lamina.Dataset and h.get("x", getclass=True) is h5py.Dataset
+    assert f.get("nope", getclass=True) is None
+    with pytest.raises(TypeError, match=r"lamina has no hard or soft links"):
+        f["y"] = f["x"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterator
+from collections.abc import ItemsView, Iterator, KeysView, ValuesView
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,21 @@ from ..geometry import as_int
 from ..layouts.spec import Multires
 from .attrs import Attributes
 from .dataset import cast_by_value
+
+
+class _Keys(KeysView):
+    def __repr__(self) -> str:
+        return f"<KeysView {list(self)!r}>"
+
+
+class _Values(ValuesView):
+    def __repr__(self) -> str:
+        return f"<ValuesView {list(self)!r}>"
+
+
+class _Items(ItemsView):
+    def __repr__(self) -> str:
+        return f"<ItemsView {list(self)!r}>"
 
 
 class Group:
@@ -115,11 +130,27 @@ class Group:
             f"no group or dataset {'/' + path!r} in {self._file.filename!r}.{suggest(path, cat.all_paths())}"
         )
 
-    def get(self, name: str, default=None):
+    def get(self, name: str, default=None, getclass: bool = False):
+        """The member *name*, or *default* where there is none; with *getclass* its class
+        (:class:`lamina.Dataset` or :class:`lamina.Group`), as h5py's ``get``."""
         try:
-            return self[name]
+            obj = self[name]
         except NotFoundError:
             return default
+        return type(obj) if getclass else obj
+
+    def __setitem__(self, name: str, value) -> None:
+        """Collective: ``g[name] = array`` creates dataset *name* holding *array*, as h5py
+        does (``create_dataset(name, data=array)``: the values join the current step).  A
+        group or dataset assigned is a TypeError: lamina has no links."""
+        from .dataset import Dataset
+
+        if isinstance(value, Dataset | Group):
+            raise TypeError(
+                f"cannot make {name!r} in group {self.name!r} another name of {value.name!r}: "
+                "lamina has no hard or soft links (copy the values with g[name] = ds[...])"
+            )
+        self.create_dataset(name, data=value)
 
     def __contains__(self, name: str) -> bool:
         try:
@@ -127,24 +158,31 @@ class Group:
         except ValueError:
             return False
 
-    def keys(self) -> list[str]:
+    def _names(self) -> list[str]:
         return self._file._engine.catalog.children(self._path)
 
+    def keys(self) -> KeysView[str]:
+        """The members' names, sorted, as a set-like view (h5py's ``KeysViewHDF5``:
+        ``g.keys() - {"a"}``, ``g.keys() == {"a", "b"}``)."""
+        return _Keys(self)
+
     def __iter__(self) -> Iterator[str]:
-        return iter(self.keys())
+        return iter(self._names())
 
     def __len__(self) -> int:
-        return len(self.keys())
+        return len(self._names())
 
     def __bool__(self) -> bool:
         """Whether the file is open (as h5py's: a group without members is still a group)."""
         return not self._file._engine.closed
 
-    def values(self):
-        return [self[k] for k in self.keys()]
+    def values(self) -> ValuesView:
+        """The members, in the order of :meth:`keys` (a view, as h5py's)."""
+        return _Values(self)
 
-    def items(self):
-        return [(k, self[k]) for k in self.keys()]
+    def items(self) -> ItemsView:
+        """(name, member) pairs, in the order of :meth:`keys` (a view, as h5py's)."""
+        return _Items(self)
 
     def walk(self) -> Iterator[tuple[str, object]]:
         """Every group and dataset below this one, depth first: (path, object)."""

@@ -457,9 +457,9 @@ class GroupsAndNavigation(Case):
 
     def read(self, f, ctx):
         v = ctx.last(f)
-        assert f.keys() == ["a", "new", "top"]
+        assert list(f.keys()) == ["a", "new", "top"]
         assert list(f) == ["a", "new", "top"] and len(f) == 3
-        assert f["a"].keys() == ["b", "x"]
+        assert list(f["a"].keys()) == ["b", "x"]
         assert isinstance(f["a"], lamina.Group) and isinstance(f["a/b/c/data"], lamina.Dataset)
         assert f["a"]["b/c"]["data"].name == "/a/b/c/data"
         assert f["a/b"]["/top"].name == "/top"
@@ -675,7 +675,7 @@ class WriteModeTruncates(Case):
             g.create_dataset("other", shape=(1,))
 
     def read(self, f, ctx):
-        assert f.keys() == ["other"] and f.steps == 0
+        assert list(f.keys()) == ["other"] and f.steps == 0
 
 
 # --------------------------------------------------------------------------- compression
