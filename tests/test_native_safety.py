@@ -745,3 +745,32 @@ def test_a_log_cut_and_grown_again_under_a_reader_is_refused(native_path):
             FormatError, match=r"seen before, is gone or changed: the file was truncated"
         ):
             r.refresh()
+
+
+# ------------------------------------------------------------------ fork
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_forked_child_reads_what_its_parent_had_open(native_path):
+    """A child made by fork (multiprocessing's default on Linux) after its parent read a
+    large block waited for ever on the checksum thread, which the fork did not copy."""
+    with lamina.open(native_path, "w") as w:
+        w.create_dataset("u", (2_000_000,), "f8")
+        with w.step():
+            w["u"][...] = 1.0
+    with lamina.open(native_path) as f:
+        assert f["u"][...].sum() == 2_000_000  # (a block this large is checked on the thread)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            os._exit(0 if f["u"][...].sum() == 2_000_000 else 1)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                assert os.waitstatus_to_exitcode(status) == 0
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child's read did not finish in 30 s")

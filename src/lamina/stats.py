@@ -32,10 +32,12 @@ the write").
 from __future__ import annotations
 
 import math
+import os
 import threading
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, NamedTuple, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 import crc32c as _crc32c
 import numpy as np
@@ -607,12 +609,22 @@ class StatsJob(Protocol):
 
 class OneThread:
     """A thread of its own for background work of one kind, started at the first use (one per
-    process: ``get()`` returns the same executor every time)."""
+    process: ``get()`` returns the same executor every time; a child made by ``fork`` starts
+    its own, for the parent's thread did not come with it and its work would never run)."""
+
+    _every: ClassVar[weakref.WeakSet[OneThread]] = weakref.WeakSet()
 
     def __init__(self, name: str) -> None:
         self.name = name
         self._executor: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        OneThread._every.add(self)
+
+    @classmethod
+    def _forget_in_child(cls) -> None:
+        for one in list(cls._every):
+            one._executor = None
+            one._lock = threading.Lock()
 
     def get(self) -> ThreadPoolExecutor:
         with self._lock:
@@ -622,6 +634,8 @@ class OneThread:
 
 
 _POOL = OneThread("lamina-stats")
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=OneThread._forget_in_child)
 
 
 def _pool() -> ThreadPoolExecutor:
