@@ -181,6 +181,25 @@ class TestInProcess:
                 with w.step():
                     ds[[0, 2]] = 1.0
 
+    def test_following_calls_on_a_closed_file_are_a_value_error(self, engine, new_path):
+        """refresh of a closed reader was mpi4py's 'Invalid communicator', of a closed writer
+        a step count; wait_for_step a StepError: as every call on a closed file, ValueError."""
+        path = new_path()
+        w = lamina.open(path, "w", engine=engine)
+        w.create_dataset("x", shape=(1,))
+        with w.step():
+            pass
+        r = lamina.open(path, "r", engine=engine)
+        r.close()
+        w.close()
+        for f in (r, w):
+            with pytest.raises(ValueError, match=r"cannot refresh: file .* is closed"):
+                f.refresh()
+            with pytest.raises(ValueError, match=r"cannot wait for a step: file .* is closed"):
+                f.wait_for_step(0, timeout=0)
+            with pytest.raises(ValueError, match=r"cannot iterate over steps: file .* is closed"):
+                next(iter(f.iter_steps(timeout=0)))
+
     def test_wait_for_a_step_counted_from_the_end(self, engine, new_path):
         """wait_for_step(-k) waits until there are k steps (it raised 'step -1 does not exist'
         at once on a file with no step yet), then gives the k-th from the last."""

@@ -187,7 +187,14 @@ class File(Group):
 
     def refresh(self) -> int:
         """Collective: pick up steps committed by a concurrent writer; returns the step count."""
+        self._open_for("refresh")
         return self._engine.refresh()
+
+    def _open_for(self, what: str) -> None:
+        """ValueError if the file is closed (as a read of it raises; a closed reader has no
+        communicator left to agree on anything)."""
+        if self._engine.closed:
+            raise ValueError(f"cannot {what}: file {self._filename!r} is closed")
 
     def wait_for_step(
         self, step: int, timeout: float | None = None, poll: float = 0.05
@@ -198,6 +205,7 @@ class File(Group):
         steps, then gives the k-th from the last), *timeout* None (no limit) or seconds >= 0,
         *poll* seconds > 0: anything else is a TypeError or ValueError naming it.
         """
+        self._open_for("wait for a step")
         step = _step_arg(step, "wait_for_step")
         timeout, poll = _wait_args(timeout, poll, "wait_for_step")
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -238,6 +246,7 @@ class File(Group):
         read at one step is read ahead at the next ones on a background
         thread while it works (docs/background.md).
         """
+        self._open_for("iterate over steps")
         start = _step_arg(start, "iter_steps", "start")
         timeout, poll = _wait_args(timeout, poll, "iter_steps")
         bg = self._background() if prefetch else None
