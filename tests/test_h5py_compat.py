@@ -429,3 +429,22 @@ def test_assignment_creates_a_dataset_and_get_gives_the_class(pair):
     assert f.get("nope", getclass=True) is None
     with pytest.raises(TypeError, match=r"lamina has no hard or soft links"):
         f["y"] = f["x"]
+
+
+def test_pickling_is_a_type_error_naming_the_object(pair):
+    """pickle.dumps(ds) failed on whatever it met first inside (a local function, a
+    memoryview, mpi4py's communicator); as h5py, a TypeError saying why. copy.copy is the
+    same view."""
+    import copy
+    import pickle
+
+    h, f = pair
+    for g in (h, f):
+        g.create_dataset("x", shape=(2,), dtype="f8")
+    with pytest.raises(TypeError):
+        pickle.dumps(h["x"])
+    for obj in (f, f["x"], f.require_group("g")):
+        for act in (pickle.dumps, copy.deepcopy):
+            with pytest.raises(TypeError, match=r"cannot be pickled or deep-copied: it is a view"):
+                act(obj)
+        assert copy.copy(obj) is obj

@@ -250,6 +250,15 @@ def cast_by_value(value, dtype: np.dtype, what: str, said: str | None = None) ->
         raise DTypeError(f"{what} of dtype {dtype}: cannot write {given!r} ({e})") from None
 
 
+def not_picklable(obj) -> str:
+    """Why *obj* (a file, group or dataset) cannot be pickled or deep-copied, as h5py says."""
+    return (
+        f"{type(obj).__name__} {obj.name!r} of {obj.file.filename!r} cannot be pickled or "
+        "deep-copied: it is a view of an open file (pass the path and open it again, or the "
+        "values read)"
+    )
+
+
 class LevelView:
     """One level of a dataset (:meth:`Dataset.level`): shape, dtype and numpy-style reads."""
 
@@ -373,6 +382,12 @@ class Dataset:
 
     def __hash__(self) -> int:
         return hash((id(self._file), self._path, self._step))
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError(not_picklable(self))
+
+    def __copy__(self):
+        return self  # a view of an open file: its copy is the same view
 
     def _repr_html_(self) -> str:
         """Jupyter: shape, dtype, steps written, blocks, sizes, compression, attributes (no data read)."""
