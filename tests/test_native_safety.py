@@ -774,3 +774,52 @@ def test_a_forked_child_reads_what_its_parent_had_open(native_path):
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
             pytest.fail("the forked child's read did not finish in 30 s")
+
+
+# ------------------------------------------------------------------ Ctrl-C in end_step
+
+
+@pytest.mark.parametrize("where", ["before the record", "after the record"])
+def test_an_interrupted_end_step_leaves_no_step_open(native_path, monkeypatch, where):
+    """Ctrl-C in end_step, caught as a REPL or Jupyter does: before the record was written
+    the step stayed open (the next step was 'already open' and close committed it); after,
+    close committed its blocks again as a step of their own. Now as an error at the same
+    point: discarded before the record, committed once after it."""
+    import lamina.engines.block as block_mod
+
+    armed = [False]
+    if where == "before the record":
+        real = os.fsync
+
+        def fsync(fd):
+            if armed[0]:
+                armed[0] = False
+                raise KeyboardInterrupt
+            return real(fd)
+
+        monkeypatch.setattr(os, "fsync", fsync)
+    else:
+        real_end = block_mod.BlockEngine._end_of_step
+
+        def end_of_step(self):
+            if armed[0]:
+                armed[0] = False
+                raise KeyboardInterrupt
+            return real_end(self)
+
+        monkeypatch.setattr(block_mod.BlockEngine, "_end_of_step", end_of_step)
+    f = lamina.open(native_path, "w", durable=True)
+    f.create_dataset("u", (4,), "f8")
+    with f.step():
+        f["u"][...] = 0
+    armed[0] = True
+    with pytest.raises(KeyboardInterrupt):
+        with f.step():
+            f["u"][...] = 1
+    kept = [0.0] if where == "before the record" else [0.0, 1.0]
+    assert f.steps == len(kept)
+    with f.step():
+        f["u"][...] = 2
+    f.close()
+    with lamina.open(native_path) as r:
+        assert [r.at(k)["u"][0] for k in range(r.steps)] == [*kept, 2.0]

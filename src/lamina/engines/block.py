@@ -649,6 +649,9 @@ class BlockEngine(Engine):
 
     def _open_step(self) -> int:
         """This engine's own step opens (a put's implicit step does not go through an overridden begin_step)."""
+        if self._log.chunks or self._local or self._mr_pending:
+            # left by a step an interrupt (Ctrl-C) cut short as it ended: none of it is this one's
+            self._end_of_step()
         self._in_step = True
         self._implicit = False
         self._serial += 1
@@ -1536,6 +1539,7 @@ class BlockEngine(Engine):
     def _commit(self, kind: int) -> None:
         """Collective: the phases described in the module docstring."""
         step = len(self.catalog.steps) if kind == KIND_STEP else -1
+        interrupted: BaseException | None = None
         try:
             if kind == KIND_STEP:
                 self._flush_layouts(step)
@@ -1543,34 +1547,56 @@ class BlockEngine(Engine):
                 shared = self._commit_gathered(kind, step)
             else:
                 shared = self._commit_phases(kind, step)
-        except Exception as e:
-            # every error here is raised on all ranks alike (agree, or the same verdict)
-            self.discard_step()
-            if isinstance(e, CollectiveMismatchError):
-                # ranks disagree on the metadata: none of it can be committed, ever; undo it here
-                # so that the file goes on (later steps and close commit) as of the last commit
-                self._undo_metadata()
-            mark_collective(e)
-            raise
-        rec, blocks = self._apply_committed(shared)
-        for op in rec.ops:
-            if op[0] in ATTR_OPS:  # other ranks' attribute changes; this rank's again (the same)
-                self.catalog.apply_op(op, "committed record")
-        self.catalog.apply_record(rec, ops_applied=True, blocks=blocks)
-        self._committed(shared)
-        self._end_of_step()
-        self._pending_ops.clear()
-        self._commit_ops = []
-        self._committed_cp = self.catalog.checkpoint()
-        self._in_step = False
+        except BaseException as e:
+            # an interrupt (Ctrl-C) after this rank wrote the record: the step is committed
+            written = None if isinstance(e, Exception) else self._record_out()
+            if written is None:
+                # every error here is raised on all ranks alike (agree, or the same verdict);
+                # an interrupt before the record discards the step as an error does (it stayed
+                # open, and a later close committed it)
+                self.discard_step()
+                if isinstance(e, CollectiveMismatchError):
+                    # ranks disagree on the metadata: none of it can be committed, ever; undo it
+                    # here so that the file goes on (later steps and close commit) as of the last
+                    self._undo_metadata()
+                if isinstance(e, Exception):
+                    mark_collective(e)
+                raise
+            shared, interrupted = written, e
+        try:
+            rec, blocks = self._apply_committed(shared)
+            for op in rec.ops:
+                if (
+                    op[0] in ATTR_OPS
+                ):  # other ranks' attribute changes; this rank's again (the same)
+                    self.catalog.apply_op(op, "committed record")
+            self.catalog.apply_record(rec, ops_applied=True, blocks=blocks)
+            self._committed(shared)
+            self._committed_cp = self.catalog.checkpoint()
+        finally:
+            # the record is out: the step is over, whatever interrupts this (a later close
+            # committed its blocks again, as a step of their own)
+            self._in_step = False
+            self._pending_ops.clear()
+            self._commit_ops = []
+            self._end_of_step()
+        if interrupted is not None:
+            raise interrupted
+
+    def _record_out(self) -> bytes | None:
+        """The record this rank wrote for the commit under way (what it shares), once it is
+        in the file; None before, or where ranks other than the writer's cannot tell."""
+        return None
 
     def _end_of_step(self) -> None:
-        """Forget this step's blocks (committed or discarded); buffers go back for the next step."""
-        for c in self._log.chunks:
-            if len(c.buf):
-                self._recycle(c)
+        """Forget this step's blocks (committed or discarded); buffers go back for the next step
+        (after: an interrupt while they do leaves no block of this step to a later one)."""
+        chunks = list(self._log.chunks)
         self._log.clear()
         self._local.clear()
+        for c in chunks:
+            if len(c.buf):
+                self._recycle(c)
         self._lent.thaw()
         if self._lent.held:  # after thaw: the lent views of held arrays thaw with them
             self._lent.release()

@@ -1169,6 +1169,9 @@ class NativeEngine(BlockEngine):
         self._written = (head, read)
         return head
 
+    def _record_out(self) -> bytes | None:
+        return None if self._written is None else self._written[0]
+
     def _apply_committed(self, shared: bytes):
         what = f"{self.path}/{fmt.META_NAME} record {self.catalog.nrecords}"
         written, self._written = self._written, None
