@@ -1151,6 +1151,15 @@ def test_one_rank_leaves_with_steps_in_flight(tmp_path):
 
 
 @needs_mpiexec
+def test_a_rank_interrupted_in_a_steps_meeting_leaves_no_rank_waiting(tmp_path):
+    """A signal's exception on rank 1 while it waits in end_step for rank 0: rank 0 met it
+    and handed the step to its thread, which waited for ever in the commit for rank 1's
+    (and rank 0 in its exit). Rank 1 now meets that commit as it leaves."""
+    res = mu.run_mpi(2, "background", "interrupted", tmp_path / "i.lam", timeout=90)
+    assert "OK" in res.stdout
+
+
+@needs_mpiexec
 @pytest.mark.parametrize("n", [2, 3])
 def test_many_steps_no_deadlock(tmp_path, n):
     """Many steps, random compute times, reads of committed and in-flight steps, mixed with sync."""

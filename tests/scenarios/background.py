@@ -102,6 +102,7 @@ raised the injected error).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -870,8 +871,45 @@ def switches(path: str, steps: int, seed: int, discard: bool) -> None:
         )
 
 
+def interrupted(path: str) -> None:
+    """Rank 1 waits in end_step of step 1 for a slow rank 0 when a signal handler raises on
+    it: it leaves the step's meeting halfway; rank 0 met it and handed step 1 to its
+    background thread, which waited for ever in its commit, and rank 0 in its exit."""
+    comm = comm_mod.world()
+    rank = comm.rank
+
+    def on_alarm(*_):
+        raise TimeoutError("rank 1's own time limit")
+
+    if rank == 1:
+        signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        with lamina.open(path, "w", io="async") as f:
+            ds = f.create_dataset("x", (ROWS * comm.size, COLS), "f8")
+            for k in range(3):
+                with f.step():
+                    ds[rank * ROWS : (rank + 1) * ROWS, :] = block(k, rank)
+                    if k == 1:
+                        if rank == 0:
+                            time.sleep(3)  # slow in step 1
+                        else:
+                            signal.alarm(1)  # fires while rank 1 waits in end_step
+    except (TimeoutError, lamina.RemoteError) as e:
+        text = str(e)
+        assert ("own time limit" in text) if rank == 1 else ("rank 1 left" in text), text
+    else:
+        raise AssertionError("no error")
+    comm.Barrier()
+    if rank == 0:
+        with lamina.open(path, "r", comm=comm_mod.self_comm()) as r:
+            assert r.steps == 1, r.steps
+            np.testing.assert_array_equal(r.at(0)["x"][...], whole(0, comm.size))
+        print("OK", flush=True)
+
+
 #: the scenarios that take the file's path alone
 BY_PATH = {
+    "interrupted": interrupted,
     "empty": empty,
     "shared": shared,
     "slowest": slowest,

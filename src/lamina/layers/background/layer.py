@@ -268,6 +268,7 @@ class BackgroundLayer(Layer):
         self._adopted: Step | None = None  # copies of a step moved to the engine at begin_step
         self._first = False  # io='auto', no step begun yet: the first is judged on history
         self._parted = False  # the last agreement found the ranks at different calls
+        self._cut_meeting = False  # the last agreement was left halfway on this rank (leave)
         # ... not a call apart (no step dropped that others end): the program's ranks went
         # different ways (see _apart)
         self._diverged = False
@@ -461,13 +462,20 @@ class BackgroundLayer(Layer):
             self._shutdown()
         self._committed = self._next = self.inner.steps
 
-    def abandon(self) -> None:
+    def abandon(self, left: BaseException | None = None) -> None:
         if self._prefetch is not None:
             self._prefetch.close()
         if self.active:
             self._drop_open_step()
             self._drain()  # the steps queued were ended by every rank: they complete everywhere
             self._shutdown()
+            if left is not None and self._cut_meeting:
+                # this rank left a step's meeting halfway (an interrupt, a signal's exception
+                # raised while it waited): the others may have met without it and handed the
+                # step to their background threads, which wait in its commit for this rank's.
+                # Meet them there too (its thread stopped: the communicator is free), or they
+                # wait for ever, and so does every program thread draining them.
+                comm_mod.leave(self.inner.comm, left)
         with self.lock:
             self.inner.abandon()
 
@@ -477,7 +485,7 @@ class BackgroundLayer(Layer):
             return
         # the others meet this at their next collective call of this layer (all start with agree)
         comm_mod.leave(self._own(), exc)
-        self.abandon()
+        self.abandon(exc)
 
     def agree(self, flag: int = 0, call: int = 0) -> int:
         if not self.active:
@@ -503,6 +511,9 @@ class BackgroundLayer(Layer):
             try:
                 top = comm_mod.agree(self._own(), pending, flag, seen=got)
             except BaseException as e:
+                # raised here before the agreement ended on this rank (an interrupt while it
+                # waited): the others may have ended it with this rank's part (see leave)
+                self._cut_meeting = not got
                 if seen is not None:
                     seen.extend(got)
                 if not is_left(e):
