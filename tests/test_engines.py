@@ -484,3 +484,21 @@ def test_registering_an_engine_and_entry_points(tmp_path, monkeypatch):
     finally:
         registry._ENGINES.pop("from-package", None)
         memory.drop("mem://ep")
+
+
+def test_an_open_file_collected_says_so(tmp_path, recwarn):
+    """A file dropped open said nothing (a writer's last changes lost, the file locked in this
+    process); as Python's own files, a ResourceWarning. A closed one collects silently."""
+    import gc
+
+    f = lamina.open(tmp_path / "dropped.lam", "w")
+    f.create_dataset("x", (2,))
+    with pytest.warns(ResourceWarning, match=r"unclosed lamina file .*dropped\.lam.*mode 'w'"):
+        del f
+        gc.collect()
+    g = lamina.open(tmp_path / "closed.lam", "w")
+    g.close()
+    recwarn.clear()
+    del g
+    gc.collect()
+    assert not [w for w in recwarn if issubclass(w.category, ResourceWarning)]

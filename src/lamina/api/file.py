@@ -6,6 +6,7 @@ import contextlib
 import numbers
 import os
 import time
+import warnings
 from collections.abc import Iterator
 
 from .. import comm as comm_mod
@@ -334,6 +335,21 @@ class File(Group):
     def close(self) -> None:
         """Collective: commit pending changes (writers) and close."""
         self._engine.close()
+
+    def __del__(self) -> None:
+        # as Python's files: one collected open says so (a ResourceWarning, shown with -X dev
+        # or -W default). It is not closed here: a close is collective, and the other ranks
+        # are not collecting theirs at this moment.
+        engine = getattr(self, "_engine", None)  # (None: its open failed)
+        if engine is not None and not engine.closed:
+            warnings.warn(
+                f"unclosed lamina file {self._filename!r} (mode {engine.mode!r}): close it or "
+                "open it in a with block; a writer's open step and later changes are not "
+                "committed, and the file stays locked in this process",
+                ResourceWarning,
+                source=self,
+                stacklevel=2,
+            )
 
     def __enter__(self) -> File:
         return self
