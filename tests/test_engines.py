@@ -8,6 +8,7 @@ a writer of the same process, timeouts, and the registry.
 
 from __future__ import annotations
 
+import sys
 import time
 
 import numpy as np
@@ -486,9 +487,10 @@ def test_registering_an_engine_and_entry_points(tmp_path, monkeypatch):
         memory.drop("mem://ep")
 
 
-def test_an_open_file_collected_says_so(tmp_path, recwarn):
+def test_an_open_file_collected_says_so(tmp_path, recwarn, monkeypatch):
     """A file dropped open said nothing (a writer's last changes lost, the file locked in this
-    process); as Python's own files, a ResourceWarning. A closed one collects silently."""
+    process); as Python's own files, a ResourceWarning. A closed one collects silently, and
+    so does the File of an open that failed."""
     import gc
 
     f = lamina.open(tmp_path / "dropped.lam", "w")
@@ -500,5 +502,10 @@ def test_an_open_file_collected_says_so(tmp_path, recwarn):
     g.close()
     recwarn.clear()
     del g
+    unraisable: list = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    with pytest.raises(FileNotFoundError):
+        lamina.open(tmp_path / "missing.lam", "r")
     gc.collect()
     assert not [w for w in recwarn if issubclass(w.category, ResourceWarning)]
+    assert not unraisable, [u.exc_value for u in unraisable]

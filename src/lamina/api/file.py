@@ -340,8 +340,10 @@ class File(Group):
         # as Python's files: one collected open says so (a ResourceWarning, shown with -X dev
         # or -W default). It is not closed here: a close is collective, and the other ranks
         # are not collecting theirs at this moment.
-        engine = getattr(self, "_engine", None)  # (None: its open failed)
-        if engine is not None and not engine.closed:
+        if "_filename" not in self.__dict__:  # its open failed: nothing was opened
+            return
+        engine = self._engine
+        if not engine.closed:
             warnings.warn(
                 f"unclosed lamina file {self._filename!r} (mode {engine.mode!r}): close it or "
                 "open it in a with block; a writer's open step and later changes are not "
