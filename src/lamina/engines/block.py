@@ -1566,9 +1566,8 @@ class BlockEngine(Engine):
         try:
             rec, blocks = self._apply_committed(shared)
             for op in rec.ops:
-                if (
-                    op[0] in ATTR_OPS
-                ):  # other ranks' attribute changes; this rank's again (the same)
+                # other ranks' attribute changes; this rank's again (the same)
+                if op[0] in ATTR_OPS:
                     self.catalog.apply_op(op, "committed record")
             self.catalog.apply_record(rec, ops_applied=True, blocks=blocks)
             self._committed(shared)

@@ -268,10 +268,10 @@ class BackgroundLayer(Layer):
         self._adopted: Step | None = None  # copies of a step moved to the engine at begin_step
         self._first = False  # io='auto', no step begun yet: the first is judged on history
         self._parted = False  # the last agreement found the ranks at different calls
-        self._cut_meeting = False  # the last agreement was left halfway on this rank (leave)
         # ... not a call apart (no step dropped that others end): the program's ranks went
         # different ways (see _apart)
         self._diverged = False
+        self._cut_meeting = False  # the last agreement was left halfway on this rank (leave)
         # this rank dropped a step and has not met the others at a point or close since (see
         # _apart): ranks ending a step there are a call behind this one.  Steps begun since
         # do not clear it: each ends with the others' step before it (the engine refuses
