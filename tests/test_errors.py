@@ -959,3 +959,29 @@ def test_arguments_of_the_wrong_kind_are_named(tmp_path, monkeypatch):
             with pytest.raises(TypeError, match="group '/' of .* is indexed by the name"):
                 f[key]
         np.testing.assert_array_equal(f["a"][...], 1.0)
+
+
+@pytest.mark.parametrize(
+    "exc, said",
+    [
+        (ValueError("user bug on rank 1"), "(ValueError: user bug on rank 1)"),
+        (KeyboardInterrupt(), "(KeyboardInterrupt)"),
+        (lamina.StepError("no step 4"), "(StepError: no step 4)"),
+    ],
+)
+def test_a_rank_that_left_is_said_once_by_its_error(exc, said):
+    """'(Remote:ValueError: ValueError: user bug)' and '(RemoteError: KeyboardInterrupt: )':
+    the class once, and no empty message after it."""
+    err = comm_mod._error_from_payload(comm_mod._error_payload(exc, left=True), 1)
+    assert f"rank 1 left the file after an error of its own {said}; let go" in str(err)
+
+
+def test_a_second_writer_in_one_process_is_told_when_the_first_opened(tmp_path, monkeypatch):
+    """The in-process LockError said 'since' the time of the second open, not the first's."""
+    from lamina.engines.native import lock as lock_mod
+
+    monkeypatch.setattr(lock_mod, "_who", lambda: "host h pid 1 since FIRST")
+    with lamina.open(tmp_path / "held.lam", "w"):
+        monkeypatch.setattr(lock_mod, "_who", lambda: "host h pid 1 since SECOND")
+        with pytest.raises(lamina.LockError, match=r"in this process \(host h pid 1 since FIRST\)"):
+            lamina.open(tmp_path / "held.lam", "a")

@@ -948,7 +948,9 @@ def _error_from_payload(raw: bytes, rank: int) -> BaseException:
     text = msg.decode("utf-8", "replace")
     kind = name.decode("ascii", "replace")
     if left:  # not this rank's error: a RemoteError that says whose it was
-        text = f"rank {rank} left the file after an error of its own ({kind}: {text}); let go of the file here too"
+        # (a builtin's text names its class already: 'ValueError: ...', not 'Remote:ValueError')
+        said = text if kind.startswith("Remote") else f"{kind}: {text}"
+        text = f"rank {rank} left the file after an error of its own ({said}); let go of the file here too"
         kind = "RemoteError"
     err = error_from_wire(kind, text, rank=None if left else rank)
     if left:

@@ -238,7 +238,8 @@ def error_to_wire(exc: BaseException) -> tuple[str, str]:
         return type(exc).__name__, str(exc)
     base = next((b.__name__ for b in type(exc).__mro__ if _REMOTE_BASES.get(b.__name__) is b), None)
     name = f"Remote:{base}" if base else "RemoteError"
-    return name, f"{type(exc).__name__}: {exc}"
+    said = str(exc)
+    return name, f"{type(exc).__name__}: {said}" if said else type(exc).__name__
 
 
 def error_from_wire(name: str, message: str, rank: int | None = None) -> LaminaError:
