@@ -41,7 +41,7 @@ _HELD = {errno.EACCES, errno.EAGAIN}
 _NO_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK, errno.EXDEV}
 MAX_INFO = 512
 #: files this process holds for writing (POSIX locks are per process: a second lockf here would succeed)
-_HELD_HERE: set[str] = set()
+_HELD_HERE: dict[str, str] = {}  # the files this process holds: real path -> since when (_who)
 
 
 def _who() -> str:
@@ -95,9 +95,11 @@ class WriterLock:
     def acquire(self) -> None:
         key = os.path.realpath(self.path)
         if key in _HELD_HERE:
-            raise LockError(f"{self.path!r} is already open for writing in this process ({_who()})")
+            raise LockError(
+                f"{self.path!r} is already open for writing in this process ({_HELD_HERE[key]})"
+            )
         self._acquire()
-        _HELD_HERE.add(key)
+        _HELD_HERE[key] = _who()
         self.key = key
 
     def _acquire(self) -> None:
@@ -230,7 +232,7 @@ class WriterLock:
         finally:
             os.close(self.fd)
             self.fd = -1
-            _HELD_HERE.discard(self.key)
+            _HELD_HERE.pop(self.key, None)
 
 
 __all__ = ["LOCK_NAME", "WriterLock"]
