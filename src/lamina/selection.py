@@ -121,26 +121,13 @@ def vector(key, shape: tuple[int, ...], what: str = "dataset") -> Vector | None:
         raise SelectionError(
             f"{what}: a {arr.ndim}-D boolean mask must come first in the selection, it is item {i}"
         )
-    # the rest of the key, with a full slice on each axis the vector takes
-    basic = key[:i] + (slice(None),) * arr.ndim + key[i + 1 :]
-    if any(k is None for k in basic):
-        raise SelectionError(
-            f"{what}: np.newaxis (None) is not supported in a selection; add the axis to the "
-            "array read (a[None])"
-        )
-    n_ell = sum(1 for k in basic if k is Ellipsis)
-    if n_ell > 1:
-        raise SelectionError(f"{what}: an index can only have a single ellipsis ('...')")
-    nd = len(shape)
-    axis = i
-    if n_ell and basic.index(Ellipsis) < i:  # the vector's axes counted from the end
-        axis = nd - len(basic) + i
-    if len(basic) - n_ell > nd:
-        raise BoundsError(
-            f"{what}: too many indices ({len(basic) - n_ell}) for {nd} dimensions (shape {shape})"
-        )
-    if axis < 0 or axis + arr.ndim > nd:
-        raise BoundsError(f"{what}: too many indices for {nd} dimensions (shape {shape})")
+    # the rest of the key, one entry per dimension: a full slice on each axis the vector
+    # takes, the first marked to find where the Ellipsis put it
+    full = _whole(
+        key[:i] + (_VECTOR,) + (slice(None),) * (arr.ndim - 1) + key[i + 1 :], shape, what
+    )
+    axis = next(d for d, k in enumerate(full) if k is _VECTOR)
+    full = full[:axis] + (slice(None),) + full[axis + 1 :]
     for j, p in enumerate(points):
         n = shape[axis + j]
         if arr.dtype.kind == "b":
@@ -161,26 +148,26 @@ def vector(key, shape: tuple[int, ...], what: str = "dataset") -> Vector | None:
         p = points[0].astype(np.int64)
         points = (np.where(p < 0, p + n, p),)
     # numpy: integer indices are advanced too; apart from the vector, its axis goes first
-    full = basic
-    if n_ell:
-        e = basic.index(Ellipsis)
-        full = basic[:e] + (slice(None),) * (nd - (len(basic) - 1)) + basic[e + 1 :]
     ints = [d for d, k in enumerate(full) if not isinstance(k, slice)]
     taken = sorted(set(ints) | set(range(axis, axis + arr.ndim)))
     front = bool(ints) and taken[-1] - taken[0] + 1 != len(taken)
     return Vector(tuple(full), axis, tuple(points), front)
 
 
-def _parse(key, shape: tuple[int, ...], what: str) -> Selection:
-    """:func:`parse` of any key, the general way."""
-    if not isinstance(key, tuple):
-        key = (key,)
-    if any(k is None for k in key):  # (before counting indices: it takes no dimension)
+#: where a vector lies in its key while :func:`_whole` places the key's Ellipsis
+_VECTOR = object()
+
+
+def _whole(key: tuple, shape: tuple[int, ...], what: str) -> tuple:
+    """*key* with one entry per dimension: its Ellipsis expanded, full slices added at the end;
+    np.newaxis, a boolean scalar (numpy adds an axis for either: refused before indices are
+    counted), two ellipses and too many indices refused."""
+    if any(k is None for k in key):
         raise SelectionError(
             f"{what}: np.newaxis (None) is not supported in a selection; add the axis to the "
             "array read (a[None])"
         )
-    for k in key:  # (before counting indices: numpy takes no dimension for it either)
+    for k in key:
         if isinstance(k, bool | np.bool_) or (
             type(k) is np.ndarray and k.ndim == 0 and k.dtype == bool
         ):
@@ -188,10 +175,6 @@ def _parse(key, shape: tuple[int, ...], what: str) -> Selection:
                 f"{what}: unsupported index {k!r}; a boolean scalar adds an axis in numpy "
                 "(a[None] of the array read does that)"
             )
-    # a 0-d integer array is an integer index, as numpy takes it
-    key = tuple(
-        int(k) if type(k) is np.ndarray and k.ndim == 0 and k.dtype.kind in "iu" else k for k in key
-    )
     nd = len(shape)
     n_ell = sum(1 for k in key if k is Ellipsis)
     if n_ell > 1:
@@ -206,7 +189,16 @@ def _parse(key, shape: tuple[int, ...], what: str) -> Selection:
         raise BoundsError(
             f"{what}: too many indices ({len(key)}) for {nd} dimensions (shape {shape})"
         )
-    key = key + (slice(None),) * (nd - len(key))
+    return key + (slice(None),) * (nd - len(key))
+
+
+def _parse(key, shape: tuple[int, ...], what: str) -> Selection:
+    """:func:`parse` of any key, the general way."""
+    key = _whole(key if isinstance(key, tuple) else (key,), shape, what)
+    # a 0-d integer array is an integer index, as numpy takes it
+    key = tuple(
+        int(k) if type(k) is np.ndarray and k.ndim == 0 and k.dtype.kind in "iu" else k for k in key
+    )
     start, stop, squeeze, steps = [], [], [], []
     for d, (k, n) in enumerate(zip(key, shape, strict=True)):
         if isinstance(k, (numbers.Integral,)) and not isinstance(k, bool):
