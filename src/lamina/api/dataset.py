@@ -250,13 +250,19 @@ def cast_by_value(value, dtype: np.dtype, what: str, said: str | None = None) ->
         raise DTypeError(f"{what} of dtype {dtype}: cannot write {given!r} ({e})") from None
 
 
-def not_picklable(obj) -> str:
-    """Why *obj* (a file, group or dataset) cannot be pickled or deep-copied, as h5py says."""
-    return (
-        f"{type(obj).__name__} {obj.name!r} of {obj.file.filename!r} cannot be pickled or "
-        "deep-copied: it is a view of an open file (pass the path and open it again, or the "
-        "values read)"
-    )
+class OpenFileView:
+    """What a file, group or dataset is to pickle and copy: a view of an open file.  Pickling
+    or deep-copying one is a TypeError saying so, as h5py's; its copy is the same view."""
+
+    def __reduce_ex__(self, protocol):
+        what = f"{type(self).__name__} {self.name!r} of {self.file.filename!r}"  # type: ignore[attr-defined]
+        raise TypeError(
+            f"{what} cannot be pickled or deep-copied: it is a view of an open file (pass the "
+            "path and open it again, or the values read)"
+        )
+
+    def __copy__(self):
+        return self
 
 
 class LevelView:
@@ -297,7 +303,7 @@ class LevelView:
         return out if dtype is None else out.astype(dtype)
 
 
-class Dataset:
+class Dataset(OpenFileView):
     """A dataset, like an h5py dataset but parallel and stepped.
 
     ``ds[sel] = array`` (independent) writes a box in the current step;
@@ -382,12 +388,6 @@ class Dataset:
 
     def __hash__(self) -> int:
         return hash((id(self._file), self._path, self._step))
-
-    def __reduce_ex__(self, protocol):
-        raise TypeError(not_picklable(self))
-
-    def __copy__(self):
-        return self  # a view of an open file: its copy is the same view
 
     def _repr_html_(self) -> str:
         """Jupyter: shape, dtype, steps written, blocks, sizes, compression, attributes (no data read)."""

@@ -26,7 +26,7 @@ from ..errors import (
 from ..geometry import as_int
 from ..layouts.spec import Multires
 from .attrs import Attributes
-from .dataset import cast_by_value, not_picklable
+from .dataset import OpenFileView, cast_by_value
 
 
 class _Keys(KeysView):
@@ -44,7 +44,7 @@ class _Items(ItemsView):
         return f"<ItemsView {list(self)!r}>"
 
 
-class Group:
+class Group(OpenFileView):
     """A group: holds groups and datasets, like an h5py group.
 
     A group reached through ``File.at(k)`` reads step *k*; otherwise reads
@@ -87,12 +87,6 @@ class Group:
 
     def __hash__(self) -> int:
         return hash((id(self._file), self._path, self._step))
-
-    def __reduce_ex__(self, protocol):
-        raise TypeError(not_picklable(self))
-
-    def __copy__(self):
-        return self  # a view of an open file: its copy is the same view
 
     def _repr_html_(self) -> str:
         """Jupyter: the tree below this group, with shapes, steps and sizes (no data read)."""

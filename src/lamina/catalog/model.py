@@ -314,18 +314,14 @@ def value_bytes(a: np.ndarray) -> bytes:
     bytes on every rank and in every run (a fill value's padding held whatever the stack
     had, and ranks creating one dataset disagreed on its definition)."""
     raw = a.tobytes()
-    if (
-        _LONGDOUBLE_VALUE is None
-        or a.dtype.kind not in "fc"
-        or a.dtype.itemsize not in (12, 16, 24, 32)
-    ):
+    if _LONGDOUBLE_VALUE is None or a.dtype.kind not in "fc":
         return raw
     part = a.dtype.itemsize // (2 if a.dtype.kind == "c" else 1)
-    if part == np.dtype(np.longdouble).itemsize:
-        buf = np.frombuffer(bytearray(raw), np.uint8).reshape(-1, part)
-        buf[:, _LONGDOUBLE_VALUE:] = 0
-        return buf.tobytes()
-    return raw
+    if part != np.dtype(np.longdouble).itemsize:
+        return raw
+    buf = np.frombuffer(bytearray(raw), np.uint8).reshape(-1, part)
+    buf[:, _LONGDOUBLE_VALUE:] = 0
+    return buf.tobytes()
 
 
 # --------------------------------------------------------------------------
