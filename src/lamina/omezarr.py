@@ -301,6 +301,14 @@ def _layout_params(layout) -> dict:
     return params
 
 
+def _finite_numbers(values) -> bool:
+    """Whether every one of *values* is a finite real number (not a bool): what a scale or
+    translation of NGFF holds, read from an attribute or from a store's JSON."""
+    return all(
+        isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x) for x in values
+    )
+
+
 def _calibration(ds, warnings: list[str]) -> dict:
     """What a dataset's attributes say of its space axes, for NGFF: ``dims`` (their names),
     ``axis_units``, ``scale`` and ``translation`` (one entry per axis, at level 0), each kept
@@ -319,9 +327,7 @@ def _calibration(ds, warnings: list[str]) -> dict:
             why = "not a list of strings"
         elif key == "dims" and (len(set(v)) != nd or "" in v or "t" in v):
             why = "NGFF axis names must be distinct and non-empty, and 't' names the time axis"
-        elif key in ("scale", "translation") and not all(
-            isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x) for x in v
-        ):
+        elif key in ("scale", "translation") and not _finite_numbers(v):
             why = "not a list of finite numbers"
         elif key == "scale" and not all(x > 0 for x in v):
             why = "a scale must be > 0"
@@ -992,14 +998,7 @@ def _transforms(obj: dict, n: int, what: str) -> tuple[list | None, list | None]
         if kind not in ("scale", "translation") or kind not in t:
             continue  # identity, or given by a 'path' (a file of its own): nothing to keep
         v = t[kind]
-        if (
-            not isinstance(v, list)
-            or len(v) != n
-            or not all(
-                isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
-                for x in v
-            )
-        ):
+        if not isinstance(v, list) or len(v) != n or not _finite_numbers(v):
             raise ConvertError(f"{where}: {kind} {v!r} must be {n} finite numbers, one per axis")
         if kind == "scale" and not all(x > 0 for x in v):
             raise ConvertError(f"{where}: scale {v!r} must be > 0 on every axis")
