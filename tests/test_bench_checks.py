@@ -98,6 +98,17 @@ def test_sizes_past_the_machines_memory_are_refused(argv, message, monkeypatch, 
         (["async", "--mib", "1,,2"], "--mib: empty entry in '1,,2'"),
         (["multires", "--size-grid", "1,,2"], "--size-grid: empty entry in '1,,2'"),
         (["write", "--ranks", "1", "--aggregators", "1,,all"], "--aggregators: empty entry"),
+        (["write", "--ranks", "1", "--methods", "h5py,"], "--methods: empty entry in 'h5py,'"),
+        (["blocks", "--methods", ",adios2"], "--methods: empty entry in ',adios2'"),
+        (["steps", "--datasets", "1,,8"], "--datasets: empty entry in '1,,8'"),
+        (["steps", "--methods", "numpy,,h5py"], "--methods: empty entry in 'numpy,,h5py'"),
+        (["insitu", "--methods", "hand,"], "--methods: empty entry in 'hand,'"),
+        (["async", "--compute", "1,,2"], "--compute: empty entry in '1,,2'"),
+        (["derived", "--kernels", "add,"], "--kernels: empty entry in 'add,'"),
+        (["strategies", "--kernels", ",magnitude"], "--kernels: empty entry in ',magnitude'"),
+        (["strategies", "--fractions", "1,,5"], "--fractions: empty entry in '1,,5'"),
+        (["strategies", "--blocks", "8,"], "--blocks: empty entry in '8,'"),
+        (["stats", "--dtypes", "float64,,int8"], "--dtypes: empty entry in 'float64,,int8'"),
     ],
 )
 def test_empty_list_entries_are_refused(argv, message, capsys):
@@ -106,6 +117,23 @@ def test_empty_list_entries_are_refused(argv, message, capsys):
     assert bench(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "error:" in err, err
+
+
+def test_parse_choices():
+    """Names matched without regard to case, returned as the choices spell them; an
+    unknown, an empty entry or an empty list refused naming the option."""
+    from lamina.bench import common
+
+    choices = ("numpy", "adios2 BP5", "lamina")
+    assert common.parse_choices(" ADIOS2 bp5,numpy", "--methods", choices) == [
+        "adios2 BP5",
+        "numpy",
+    ]
+    with pytest.raises(ValueError, match=r"--methods: unknown \['hdf'\]; choose from numpy"):
+        common.parse_choices("numpy,hdf", "--methods", choices)
+    for bad, why in (("", "expected comma-separated"), ("numpy,", "empty entry")):
+        with pytest.raises(ValueError, match=f"--methods: {why}"):
+            common.parse_choices(bad, "--methods", choices)
 
 
 def test_parse_int_list():

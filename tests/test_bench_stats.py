@@ -33,7 +33,7 @@ def test_bench_stats_smoke_json(capsys):
 @pytest.mark.parametrize(
     "args, why",
     [
-        (["--dtypes", "f8,x"], "data type 'x' not understood"),
+        (["--dtypes", "f8,x"], "--dtypes: expected comma-separated dtypes, got 'f8,x'"),
         (["--dtypes", "S4"], "numeric dtypes only, got |S4"),
         (["--mib", "0"], "--mib and --repeat must be at least 1"),
     ],

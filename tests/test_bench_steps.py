@@ -29,13 +29,16 @@ def test_bench_steps_smoke_json(tmp_path, capsys):
 
 
 def test_bench_steps_refuses_nonsense(capsys):
-    assert steps.main(["--datasets", "0"]) == 2
-    assert "need --datasets" in capsys.readouterr().err
-    assert steps.main(["--datasets", "x"]) == 2
-    assert steps.main(["--seed", "-1"]) == 2  # (numpy's ValueError, a traceback)
-    assert "--seed >= 0" in capsys.readouterr().err
-    assert steps.main(["--methods", "lamina,hdf6"]) == 2
-    assert "unknown method" in capsys.readouterr().err
+    from lamina.bench import main as bench
+
+    for argv, message in (
+        (["--datasets", "0"], "--datasets: expected positive integers, got '0'"),
+        (["--datasets", "x"], "--datasets: expected comma-separated integers, got 'x'"),
+        (["--seed", "-1"], "--seed >= 0"),  # (numpy's ValueError, a traceback)
+        (["--methods", "lamina,hdf6"], "--methods: unknown ['hdf6']"),
+    ):
+        assert bench(["steps", *argv]) == 2
+        assert message in capsys.readouterr().err
 
 
 def test_bench_steps_without_adios2(tmp_path, capsys, monkeypatch):

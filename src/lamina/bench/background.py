@@ -1119,14 +1119,9 @@ def main(argv: list[str]) -> int:
     try:
         ranks = common.parse_int_list(ns.ranks, "--ranks")
         mibs = common.parse_int_list(ns.mib, "--mib")
-        try:
-            compute = [float(x) for x in ns.compute.split(",") if x.strip()]
-        except ValueError:
-            raise ValueError(
-                f"--compute: expected comma-separated numbers, got {ns.compute!r}"
-            ) from None
+        compute = common.parse_list(ns.compute, "--compute", float, "numbers")
         # (multiples of an I/O time: 1e300 of them is no sleep a run can make)
-        if not compute or not all(0 <= c <= 1e6 for c in compute):
+        if not all(0 <= c <= 1e6 for c in compute):
             raise ValueError(
                 f"--compute: expected numbers from 0 to 1e6 (multiples of the I/O time), "
                 f"got {ns.compute!r}"

@@ -825,10 +825,7 @@ def main(argv: list[str]) -> int:
         nblocks = common.parse_int_list(ns.blocks, "--blocks")
         ranks = common.parse_int_list(ns.ranks, "--ranks")
         max_bytes = common.parse_size(ns.max_bytes)
-        methods = [m.strip().lower() for m in ns.methods.split(",") if m.strip()]
-        bad = [m for m in methods if m not in FAMILIES]
-        if bad:
-            raise ValueError(f"--methods: unknown {bad}; choose from {', '.join(FAMILIES)}")
+        methods = common.parse_choices(ns.methods, "--methods", FAMILIES)
         if ns.steps < 1 or ns.repeat < 1 or ns.warmup < 0:
             raise ValueError("--steps and --repeat must be at least 1, --warmup at least 0")
     except ValueError as e:

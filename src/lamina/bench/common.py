@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -40,18 +41,38 @@ def parse_size(size: str) -> int:
     return n
 
 
-def parse_int_list(text: str, what: str) -> list[int]:
-    """'1,2,4' -> [1, 2, 4], positive integers; ValueError naming *what* (the option) and
-    *text* otherwise, an empty entry ('1,,2', '1,2,') included: a typo is refused, not read
-    as another list."""
-    entries = str(text).split(",")
-    if len(entries) > 1 and any(not t.strip() for t in entries):
-        raise ValueError(f"{what}: empty entry in {text!r}; expected comma-separated integers")
+def parse_list(
+    text: str, what: str, item: Callable[[str], Any] = str, expected: str = "names"
+) -> list:
+    """'a,b' -> [item('a'), item('b')], each entry stripped; ValueError naming *what* (the
+    option) and *text* for an empty list, an empty entry ('a,,b', 'a,b,': a typo is refused,
+    not read as another list) or an entry *item* refuses (``expected`` says what an entry is)."""
+    entries = [t.strip() for t in str(text).split(",")]
+    if entries == [""]:
+        raise ValueError(f"{what}: expected comma-separated {expected}, got {text!r}")
+    if not all(entries):
+        raise ValueError(f"{what}: empty entry in {text!r}; expected comma-separated {expected}")
     try:
-        out = [int(t) for t in entries if t.strip()]
-    except ValueError:
-        raise ValueError(f"{what}: expected comma-separated integers, got {text!r}") from None
-    if not out or any(v < 1 for v in out):
+        return [item(t) for t in entries]
+    except (ValueError, TypeError):
+        raise ValueError(f"{what}: expected comma-separated {expected}, got {text!r}") from None
+
+
+def parse_choices(text: str, what: str, choices: Sequence[str]) -> list[str]:
+    """'a,B' -> ['a', 'b'] (:func:`parse_list`), each one of *choices*, matched without
+    regard to case and returned as *choices* spells it."""
+    spelled = {c.lower(): c for c in choices}
+    names = parse_list(text, what)
+    bad = [n for n in names if n.lower() not in spelled]
+    if bad:
+        raise ValueError(f"{what}: unknown {bad}; choose from {', '.join(choices)}")
+    return [spelled[n.lower()] for n in names]
+
+
+def parse_int_list(text: str, what: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4], positive integers (:func:`parse_list`)."""
+    out = parse_list(text, what, int, "integers")
+    if any(v < 1 for v in out):
         raise ValueError(f"{what}: expected positive integers, got {text!r}")
     return out
 
@@ -441,10 +462,7 @@ def common_options(ns) -> CommonOptions:
     ranks = parse_int_list(ns.ranks, "--ranks")
     if ns.repeat < 1:
         raise ValueError("--repeat must be at least 1")
-    methods = [m.strip().lower() for m in ns.methods.split(",") if m.strip()]
-    bad = [m for m in methods if m not in FAMILIES]
-    if bad:
-        raise ValueError(f"--methods: unknown {bad}; choose from {', '.join(FAMILIES)}")
+    methods = parse_choices(ns.methods, "--methods", FAMILIES)
     if "lamina" not in methods:
         methods.append("lamina")
     if ns.warmup < 0:

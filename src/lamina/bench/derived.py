@@ -429,10 +429,10 @@ def main(argv: list[str]) -> int:
         common.check_memory(ns.mib << 20, f"--mib {ns.mib}")
     except ValueError as e:
         p.error(str(e))
-    kernels = [k.strip() for k in ns.kernels.split(",") if k.strip()]
-    bad = [k for k in kernels if k not in KERNELS]
-    if bad or not kernels:
-        p.error(f"--kernels: unknown {bad}; choose from {', '.join(KERNELS)}")
+    try:
+        kernels = common.parse_choices(ns.kernels, "--kernels", KERNELS)
+    except ValueError as e:
+        p.error(str(e))
     try:
         doc = run(
             ns.mib,

@@ -595,9 +595,7 @@ def main(argv: list[str]) -> int:
     try:
         ranks = common.parse_int_list(ns.ranks, "--ranks")
         size = common.parse_size(ns.size)
-        methods = [SHORT[m.strip()] for m in ns.methods.split(",") if m.strip()]
-    except KeyError as e:
-        p.error(f"--methods: unknown {e}; choose from {', '.join(SHORT)}")
+        methods = [SHORT[m] for m in common.parse_choices(ns.methods, "--methods", list(SHORT))]
     except ValueError as e:
         p.error(str(e))
     if any(r < 2 for r in ranks):

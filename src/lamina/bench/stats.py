@@ -123,11 +123,11 @@ def main(argv: list[str]) -> int:
     except ValueError as e:
         p.error(str(e))
     try:
-        dtypes = [np.dtype(t) for t in ns.dtypes.split(",") if t]
-    except TypeError as e:
-        p.error(f"--dtypes {ns.dtypes!r}: {e}")
+        dtypes = common.parse_list(ns.dtypes, "--dtypes", np.dtype, "dtypes")
+    except ValueError as e:
+        p.error(str(e))
     bad = [dt.str for dt in dtypes if dt.kind not in "biufc"]
-    if bad or not dtypes:
+    if bad:
         p.error(f"--dtypes: numeric dtypes only, got {', '.join(bad) or 'none'}")
     nbytes = ns.mib << 20
     rows = run(dtypes, nbytes, ns.repeat)

@@ -359,42 +359,19 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    ns = parser().parse_args(argv)
+    p = parser()
+    ns = p.parse_args(argv)
     try:
-        ns.datasets = [int(v) for v in ns.datasets.split(",") if v.strip()]
-    except ValueError:
-        ns.datasets = []
-    ns.methods = [m.strip() for m in ns.methods.split(",") if m.strip()]
-    bad = [m for m in ns.methods if m not in RUN]
-    if bad or not ns.methods:
-        print(
-            f"lamina bench steps: unknown method(s) {bad}; choose from {', '.join(METHODS)}",
-            file=sys.stderr,
-        )
-        return 2
-    if (
-        not ns.datasets
-        or min(ns.datasets) < 1
-        or ns.elements < 1
-        or ns.steps < 1
-        or ns.warmup < 0
-        or ns.repeat < 1
-        or ns.seed < 0
-    ):
-        print(
-            "lamina bench steps: need --datasets of integers >= 1, --elements >= 1, "
-            "--steps >= 1, --warmup >= 0, --repeat >= 1, --seed >= 0",
-            file=sys.stderr,
-        )
-        return 2
-    try:
+        ns.datasets = common.parse_int_list(ns.datasets, "--datasets")
+        ns.methods = common.parse_choices(ns.methods, "--methods", METHODS)
         common.check_memory(
             ns.elements * 8 * max(ns.datasets),
             f"--elements {ns.elements} in {max(ns.datasets)} datasets",
         )
     except ValueError as e:
-        print(f"lamina bench steps: {e}", file=sys.stderr)
-        return 2
+        p.error(str(e))
+    if ns.elements < 1 or ns.steps < 1 or ns.warmup < 0 or ns.repeat < 1 or ns.seed < 0:
+        p.error("need --elements >= 1, --steps >= 1, --warmup >= 0, --repeat >= 1, --seed >= 0")
     try:
         o = run(ns)
     except common.DataCheckError as e:

@@ -813,13 +813,8 @@ def parser(prog: str = "lamina bench strategies") -> argparse.ArgumentParser:
 
 
 def _fractions(text: str) -> list[float]:
-    try:
-        vals = [float(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise ValueError(
-            f"--fractions: expected comma-separated percentages, got {text!r}"
-        ) from None
-    if not vals or any(not (0 < v <= 100) for v in vals):
+    vals = common.parse_list(text, "--fractions", float, "percentages")
+    if not all(0 < v <= 100 for v in vals):
         raise ValueError(f"--fractions: percentages in (0, 100], got {text!r}")
     return [v / 100 for v in vals]
 
@@ -996,10 +991,10 @@ def main(argv: list[str]) -> int:
     except ValueError as e:
         p.error(str(e))
     try:
-        blocks = [int(t) for t in ns.blocks.split(",") if t.strip()]
-    except ValueError:
-        p.error(f"--blocks: expected comma-separated integers, got {ns.blocks!r}")
-    if not blocks or min(blocks) < 1 or len(set(blocks)) != len(blocks):
+        blocks = common.parse_int_list(ns.blocks, "--blocks")
+    except ValueError as e:
+        p.error(str(e))
+    if len(set(blocks)) != len(blocks):
         p.error(f"--blocks: distinct integers of at least 1, got {ns.blocks!r}")
     if ns.repeat < 1:
         p.error("--repeat must be at least 1")
@@ -1009,10 +1004,10 @@ def main(argv: list[str]) -> int:
         common.check_memory(size, f"--size {ns.size}")
     except ValueError as e:
         p.error(str(e))
-    kernels = [k.strip() for k in ns.kernels.split(",") if k.strip()]
-    bad = [k for k in kernels if k not in CASES]
-    if bad or not kernels:
-        p.error(f"--kernels: unknown {bad}; choose from {', '.join(CASES)}")
+    try:
+        kernels = common.parse_choices(ns.kernels, "--kernels", CASES)
+    except ValueError as e:
+        p.error(str(e))
     command = "lamina bench strategies" + ("" if not argv else " " + shlex.join(argv))
     try:
         doc = run(
