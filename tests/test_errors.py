@@ -778,6 +778,8 @@ def test_create_dataset_on_a_closed_file_says_so(tmp_path):
         ),
         ("u1", np.array([1, 2, 3]), DTypeError, "int64 data to dataset 'counts'"),
         (None, [[1, 2], [3]], ShapeError, "dataset 'counts': data is not an array"),
+        # an array-like of a dtype is an array of it, not numbers cast by value
+        ("i4", memoryview(np.array([1.5, 2.0])), DTypeError, "float64 data to dataset 'counts'"),
     ],
 )
 def test_create_dataset_whose_data_is_refused_defines_nothing(
@@ -796,6 +798,68 @@ def test_create_dataset_whose_data_is_refused_defines_nothing(
     np.testing.assert_array_equal(ds[...], [1, 2, 3])
     committed_ok(writer)
     reopen_ok(writer, engine)
+
+
+def _array_likes(a: np.ndarray) -> list:
+    """*a* as the array-likes a program hands a write: each carries *a*'s dtype."""
+    import array
+
+    xr = pytest.importorskip("xarray")
+    out = [memoryview(a), xr.DataArray(a)]
+    if a.dtype.char in array.typecodes:
+        out.append(array.array(a.dtype.char, a.tolist()))
+    return out
+
+
+@pytest.mark.parametrize(
+    "dtype, values",
+    [
+        ("i4", np.array([1.7, 1e30, np.nan])),  # numpy's cast: 1, then INT_MIN twice
+        ("f8", np.array([1 + 5j, 2 + 0j])),  # the imaginary part dropped
+        ("i1", np.array([-1, 2], dtype="i8")),
+    ],
+)
+def test_array_likes_take_the_rule_of_arrays_not_of_values(writer, dtype, values):
+    """A memoryview, an array.array or an xarray DataArray carries a dtype: a write takes
+    it as an array of that dtype, refused where the array is (float into int, complex into
+    real), not as numbers cast by value, which numpy does unsafely (1e30 became INT_MIN)."""
+    ds = writer.create_dataset("x", shape=values.shape, dtype=dtype)
+    writes = (
+        lambda a: ds.__setitem__(..., a),
+        lambda a: ds.write(a),
+        lambda a: ds.write_blocks([a], [(0,)]),
+    )
+    for given in [values, *_array_likes(values)]:
+        for write in writes:
+            with writer.step():
+                if values.dtype.kind == "i":  # int64 into int8: a cast within a kind
+                    write(given)
+                    continue
+                with pytest.raises(DTypeError, match=f"{values.dtype} data to dataset 'x'"):
+                    write(given)
+            if values.dtype.kind == "i":
+                np.testing.assert_array_equal(ds[...], values.astype(dtype))
+
+
+@pytest.mark.parametrize(
+    "dtype, value, kind",
+    [
+        ("i8", np.longdouble(2**63), RangeError),
+        ("i4", np.longdouble("1e30"), RangeError),
+        ("u1", np.longdouble(-5), RangeError),
+        ("i4", np.longdouble("nan"), DTypeError),
+        ("f8", np.clongdouble(1 + 2j), DTypeError),
+    ],
+)
+def test_long_double_scalars_are_cast_by_value(writer, dtype, value, kind):
+    """A long double scalar is one value, as np.float64 is: beyond the dtype a RangeError,
+    NaN into an integer a DTypeError, where numpy's array cast stored INT_MIN or 251."""
+    ds = writer.create_dataset("x", shape=(2,), dtype=dtype)
+    with writer.step():
+        with pytest.raises(kind, match="dataset '/x'"):
+            ds[0] = value
+        ds[1] = np.longdouble(3.9)  # into an integer truncated, as a Python float is
+    assert ds[1] == (3 if dtype != "f8" else 3.9)
 
 
 def test_create_dataset_casts_python_numbers_by_value(writer):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 
 import numpy as np
@@ -223,6 +224,16 @@ def _refused_on(flag: int, what: str) -> BaseException:
     )
 
 
+def takes_by_value(value) -> bool:
+    """Whether a write casts *value* to the dataset's dtype by value (Python numbers, numpy
+    scalars, lists and tuples of them, and what numpy makes of a string or None) rather than
+    as an array of its own dtype: a numpy array, and an array-like that carries a dtype
+    (memoryview, array.array, an xarray or pandas object), which take the same-kind rule."""
+    return value is None or isinstance(
+        value, numbers.Number | np.generic | list | tuple | str | bytes
+    )
+
+
 def cast_by_value(value, dtype: np.dtype, what: str, said: str | None = None) -> np.ndarray:
     """Python numbers and (nested) lists of them as an array of *dtype*, cast by value as
     numpy casts them: ``5`` fits uint8, ``300`` does not fit int8 (RangeError, an
@@ -235,6 +246,13 @@ def cast_by_value(value, dtype: np.dtype, what: str, said: str | None = None) ->
         # one numpy value (np.int64(5), np.float64(2.0)): by value, as the Python number it
         # holds and as numpy assigns it (an array cast would wrap np.int64(300) into int8)
         value = value.item()
+        if isinstance(value, np.generic):  # a long double: no Python number holds it
+            if np.iscomplexobj(value):
+                value = complex(value)  # (into a real dtype: refused as a Python complex is)
+            elif dtype.kind in "iub" and np.isfinite(value):
+                value = int(value)  # truncated and range-checked as a Python float is
+            elif dtype.kind in "iub":
+                value = float(value)  # NaN or an infinity: no integer, as for a Python float
     try:
         with np.errstate(over="raise"):
             return np.asarray(value, dtype=dtype)
@@ -738,14 +756,20 @@ class Dataset(OpenFileView):
     def _values(self, value) -> np.ndarray:
         """*value* as an array for this dataset.
 
-        numpy arrays keep their dtype (the engine casts within a kind and
-        refuses other casts); Python numbers, numpy scalars and lists of them
+        numpy arrays and array-likes of a dtype (a memoryview, an xarray
+        DataArray: :func:`takes_by_value`) keep their dtype (the engine casts
+        within a kind and refuses other casts); Python numbers, numpy scalars
+        and lists of them
         are cast to the dataset's dtype by value, as numpy assigns them:
         ``5`` and ``np.int64(5)`` fit uint8, ``300`` does not fit int8
         (RangeError, an OverflowError).
         """
         if isinstance(value, np.ndarray):
             return value
+        if not takes_by_value(value):  # an array-like of its own dtype, as an array
+            arr = np.asarray(value)
+            if arr.dtype.kind != "O":
+                return arr
         # (a numpy scalar beyond the dtype is named as given: np.int64(300))
         said = "" if isinstance(value, np.generic) else None
         return cast_by_value(value, self.dtype, self._what(), said)

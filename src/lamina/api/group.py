@@ -26,7 +26,7 @@ from ..errors import (
 from ..geometry import as_int
 from ..layouts.spec import Multires
 from .attrs import Attributes
-from .dataset import OpenFileView, cast_by_value
+from .dataset import OpenFileView, cast_by_value, takes_by_value
 
 
 class _Keys(KeysView):
@@ -281,7 +281,7 @@ class Group(OpenFileView):
     ) -> tuple[DatasetSpec, np.ndarray | None]:
         """The definition :meth:`create_dataset` makes of its arguments, and *data* as the
         array it writes; the error of the first argument refused otherwise."""
-        by_value = data is not None and not isinstance(data, np.ndarray)
+        by_value = data is not None and takes_by_value(data)
         given = data
         if data is not None:
             try:
