@@ -139,6 +139,25 @@ def test_a_complex_value_with_a_nan_part_is_left_out_whatever_its_magnitude():
     assert many.counts.tolist() == [3, 1] and many.maxs.tolist() == [5.0, 1.0]
 
 
+@pytest.mark.parametrize(
+    "dtype, bits",
+    [("f8", 0x7FF0000000000123), ("f8", 0xFFF0000000000001), ("f4", 0x7F800001)],
+)
+@pytest.mark.parametrize("n", [3, CHUNK // 4 + 3])
+def test_a_signalling_nan_is_left_out_as_a_quiet_one(dtype, bits, n):
+    """fmin and fmax return NaN for a signalling NaN (imported data can hold one): the
+    extremes of [2, sNaN, 1] came out 1 and 1, and a query for values > 1.5 missed the 2."""
+    a = np.ones(n, dtype=dtype)
+    a[0] = 2.0
+    a[1:2].view(np.uint64 if dtype == "f8" else np.uint32)[0] = bits
+    assert np.isnan(a[1])
+    s, _ = compute(a)
+    assert (s.min, s.max, s.count) == (1.0, 2.0, n - 1) and s.sum == n
+    many = summarize([a, a[:2]], checksum=False)
+    assert many.mins.tolist() == [1.0, 2.0] and many.maxs.tolist() == [2.0, 2.0]
+    assert many.counts.tolist() == [n - 1, 1]
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf + -inf
 def test_special_values():
     s, _ = compute(np.array([np.inf, -np.inf, 1.0]))

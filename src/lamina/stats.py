@@ -418,10 +418,9 @@ def _reduce(c: np.ndarray, kind: str) -> tuple[Any, Any, Any, int]:
         n = int(np.count_nonzero(ok))
         if n == 0:
             return None, None, s * 0, 0
-        if n < c.size:
+        if n < c.size:  # (fmin/fmax give NaN for a signalling NaN: taken again without)
             s = _add(c[ok], dtype=s.dtype)
-            if kind == "c":
-                mn, mx = _fmin(m[ok]), _fmax(m[ok])
+            mn, mx = _fmin(m[ok]), _fmax(m[ok])
         return mn, mx, s, n
 
 
