@@ -509,3 +509,23 @@ def test_an_open_file_collected_says_so(tmp_path, recwarn, monkeypatch):
     gc.collect()
     assert not [w for w in recwarn if issubclass(w.category, ResourceWarning)]
     assert not unraisable, [u.exc_value for u in unraisable]
+
+
+@pytest.mark.parametrize("end", ["close", "abandon"])
+def test_a_closed_writer_keeps_no_staging_buffers(tmp_path, end):
+    """A closed engine lives on in reference cycles until the cycle collector runs: it held
+    its pool of staging buffers (4 MiB each) all that time, 64 MiB after 200 open-write-close
+    cycles of one process."""
+    f = lamina.open(tmp_path / "f.lam", "w")
+    eng = f.engine.stack()[-1]
+    f.create_dataset("x", (64, 64))
+    for k in range(3):
+        with f.step():
+            f["x"][...] = np.full((64, 64), float(k))
+    assert eng._free_chunks  # the pool this test is about
+    if end == "close":
+        f.close()
+    else:
+        eng.abandon()
+        f.close()
+    assert eng._free_chunks == []

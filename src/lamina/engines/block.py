@@ -1840,6 +1840,7 @@ class BlockEngine(Engine):
             raise
         finally:
             self._closed = True
+            self._free_chunks.clear()  # (a closed engine may live on in a cycle until collected)
             self._close_storage()
             comm_mod.free(self.comm)
 
@@ -1880,6 +1881,7 @@ class BlockEngine(Engine):
             return
         self.discard_step()
         self._closed = True
+        self._free_chunks.clear()
         self._close_storage()
 
     # ---------------------------------------------------------- hooks
