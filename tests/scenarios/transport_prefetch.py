@@ -28,6 +28,7 @@ from _common import check_equal
 from transport_common import cuts, say
 
 import lamina
+from lamina.catalog import ReleasedStep
 from lamina.geometry import Box
 
 U = (30, 20)  # float64: producers write row slabs of uneven height
@@ -195,6 +196,19 @@ def plain(name: str, steps: int) -> None:
             check_equal(view["u"][box.slices], u_values(box, k), f"u step {k} {box} again")
             ahead += latest > k
             seen += 1
+        # the steps released are gone from memory (a stream kept every step's record and
+        # tables): a read of one says so
+        cat = f.engine.stack()[-1].catalog
+        kept = [j for j in range(seen - 1) if not isinstance(cat.steps[j], ReleasedStep)]
+        if kept:
+            raise AssertionError(f"released steps {kept} still held")
+        try:
+            f.at(0)["u"][box.slices]
+        except lamina.StepError as e:
+            if "step 0 of 'a' was released" not in str(e):
+                raise
+        else:
+            raise AssertionError("step 0 read after its release")
     if seen != steps:
         raise AssertionError(f"saw {seen} steps, expected {steps}")
     if rank == 0:

@@ -1,6 +1,6 @@
 """The metadata tree (groups, datasets, attributes, per-step block tables) and its encoding."""
 
-from .blocks import BlockTable, Section, StepBlocks
+from .blocks import BlockTable, ReleasedStep, Section, StepBlocks
 from .model import (
     CODEC_MULTIRES,
     CODEC_RAW,
@@ -50,6 +50,7 @@ __all__ = [
     "Record",
     "Section",
     "Stats",
+    "ReleasedStep",
     "StepBlocks",
     "check_dtype",
     "decode_packed",

@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from crc32c import crc32c
 
-from ..errors import FormatError
+from ..errors import FormatError, StepError
 from ..geometry import Box, cols_max, cols_min, find_overlap_arrays, rows_any, rows_less, rows_prod
 from .model import (
     CODEC_MULTIRES,
@@ -1888,3 +1888,21 @@ class StepBlocks:
     def nbytes(self) -> int:
         """Memory held by the decoded tables."""
         return sum(t.nbytes for t in self._tables.values())
+
+
+class ReleasedStep(StepBlocks):
+    """A step whose blocks are gone from memory (the memory transport released it): its
+    tables are a StepError saying *why*, not the empty tables of a step that wrote nothing."""
+
+    __slots__ = ()
+
+    def __init__(self, why: str) -> None:
+        super().__init__({}, [], None, why)
+
+    def nblocks(self, dataset: int) -> int:
+        raise StepError(self.what)
+
+    def table(
+        self, spec: DatasetSpec, specs: Sequence[DatasetSpec] | None = None, eager: bool = False
+    ) -> BlockTable:
+        raise StepError(self.what)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import FormatError
 from ..geometry import Box
-from .blocks import BlockTable, StepBlocks
+from .blocks import BlockTable, ReleasedStep, StepBlocks
 from .model import (
     KIND_CLOSE,
     KIND_STEP,
@@ -128,6 +128,13 @@ class Catalog:
             (t.record(int(i), dataset_id), Box(tuple(a.tolist()), tuple(b.tolist())))
             for i, a, b in zip(idx, lo, hi, strict=True)
         ]
+
+    def forget(self, step: int, why: str) -> None:
+        """Drop the blocks of *step* (a step nobody may read again: the memory transport
+        released it): its tables are then a StepError saying *why*.  A stream of many steps
+        kept each one's record and tables, about 120 bytes a block a step."""
+        if 0 <= step < len(self.steps) and not isinstance(self.steps[step], ReleasedStep):
+            self.steps[step] = ReleasedStep(why)
 
     @property
     def nbytes(self) -> int:

@@ -168,8 +168,11 @@ class Consumer(TransportBase):
         self.catalog.apply_record(rec, ops_applied=True, blocks=blocks)
         if rec.kind == KIND_STEP:
             self._real.append(real)
-            if flags & wire.STATS_FOLLOW:
-                self._stats_follow.add(len(self.catalog.steps) - 1)
+            step = len(self.catalog.steps) - 1
+            if step < self._cursor:  # released before it arrived (a wait for a later step)
+                self.catalog.forget(step, self._released(step))
+            elif flags & wire.STATS_FOLLOW:
+                self._stats_follow.add(step)
 
     def _take_held(self, records: int | None = None, step: int | None = None) -> None:
         """Apply held records in order: until the catalog holds *records* records, or step
@@ -287,11 +290,22 @@ class Consumer(TransportBase):
             if len(self._real) <= self._cursor:
                 return  # none since the last release
             real, cursor = self._real[-1] + 1, len(self._real)
-        self._cursor = cursor
+        before, self._cursor = self._cursor, cursor
+        for gone in range(before, cursor):  # never read again here: their blocks go
+            self.catalog.forget(gone, self._released(gone))
+            self._stats_follow.discard(gone)
+        if self._stats_got:
+            self._stats_got = {got for got in self._stats_got if got[0] >= cursor}
         if real <= self._released_real:
             return
         self._released_real = real
         self._tell_all([Request.RELEASE, real], "the producer to take a release")
+
+    def _released(self, step: int) -> str:
+        return (
+            f"step {step} of {self.path!r} was released: the memory transport keeps a step only "
+            f"until its consumers ask for a later one (this rank is at step {self._cursor})"
+        )
 
     def _want(self, real: int) -> None:
         """Independent (flow 'latest'): tell every producer rank that this rank waits for a
@@ -352,10 +366,7 @@ class Consumer(TransportBase):
                     f"step {step - n} does not exist in {self.path!r}: {n} step(s) so far"
                 )
         if step < self._cursor:
-            raise StepError(
-                f"step {step} of {self.path!r} was released: the memory transport keeps a step only "
-                f"until its consumers ask for a later one (this rank is at step {self._cursor})"
-            )
+            raise StepError(self._released(step))
         if step >= self._steps_in() and self._closed_in():
             raise self._never(step)  # before any release: a step asked for in vain frees nothing
         if not self._ahead:
