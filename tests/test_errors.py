@@ -866,9 +866,11 @@ def test_create_dataset_casts_python_numbers_by_value(writer):
     """Python numbers and lists of them are data of the dataset's dtype where their values
     fit, as a write of them is (and h5py's create_dataset): [1, 2, 3] into uint8."""
     ds = writer.create_dataset("small", data=[1, 2, 3], dtype="u1")
+    ranged = writer.create_dataset("ranged", data=range(3), dtype="u1")  # a range is numbers
     one = writer.create_dataset("one", data=5, dtype="i2")
     scalar = writer.create_dataset("scalar", data=np.int64(5), dtype="u1")  # as h5py takes it
     assert ds.dtype == np.uint8 and one.dtype == np.int16 and scalar.dtype == np.uint8
+    assert ranged.dtype == np.uint8
     with writer.step():
         writer["fields/temp"][0] = -1.0
     np.testing.assert_array_equal(ds[...], [1, 2, 3])

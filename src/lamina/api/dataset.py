@@ -226,11 +226,12 @@ def _refused_on(flag: int, what: str) -> BaseException:
 
 def takes_by_value(value) -> bool:
     """Whether a write casts *value* to the dataset's dtype by value (Python numbers, numpy
-    scalars, lists and tuples of them, and what numpy makes of a string or None) rather than
-    as an array of its own dtype: a numpy array, and an array-like that carries a dtype
-    (memoryview, array.array, an xarray or pandas object), which take the same-kind rule."""
+    scalars, lists, tuples and ranges of them, and what numpy makes of a string or None)
+    rather than as an array of its own dtype: a numpy array, and an array-like that carries
+    a dtype (memoryview, array.array, an xarray or pandas object), which take the same-kind
+    rule."""
     return value is None or isinstance(
-        value, numbers.Number | np.generic | list | tuple | str | bytes
+        value, numbers.Number | np.generic | list | tuple | range | str | bytes
     )
 
 
