@@ -72,6 +72,9 @@ class Consumer(TransportBase):
         self._wanted_real = 0  # flow 'latest': a step of the producer's from this one is wanted
         self._real: list[int] = []  # the producer's step number of each step received
         self._ended = False  # the producer acknowledged this rank's goodbye (or left)
+        # the producer left after an error (its empty record came unasked): it sends nothing
+        # more, and every wait for it raises that at once (see _receive and _left_error)
+        self._left = False
         self._bye_sent = False  # this rank said goodbye: an empty record answers it
         self._heard = time.monotonic()  # when the last record came
         self._waiting: tuple[int, float] | None = None  # (steps waited for, since when)
@@ -121,7 +124,12 @@ class Consumer(TransportBase):
 
     def _receive(self, until=None, what: str = "", timeout: float | None = None) -> None:
         """Independent: apply the records that have arrived; with *until*, wait for it (at most
-        *timeout* s without a record, by default the transport's)."""
+        *timeout* s without a record, by default the transport's).
+
+        A producer that left after an error ends the stream with an empty record: that is
+        remembered, not raised here, so that the steps received before it are still taken up
+        (``refresh``) and handed out; a wait for anything more (*until* not met) raises it at
+        once, whichever thread (the program's, the read-ahead's) took the record in."""
         timeout = self.timeout if timeout is None else timeout
         poll = Poll(timeout)
         while True:
@@ -131,10 +139,7 @@ class Consumer(TransportBase):
                 if not len(buf):
                     self._ended = True
                     if not self._bye_sent:  # not the answer to a goodbye: the producer left
-                        raise TransportError(
-                            f"{self.path}: the producer left the stream after an error of its "
-                            f"own: no more steps come ({len(self.catalog.steps)} received)"
-                        )
+                        self._left = True
                 elif len(buf) < 17:
                     raise TransportError(
                         f"{self.path}: malformed record message of {len(buf)} bytes"
@@ -155,11 +160,25 @@ class Consumer(TransportBase):
                 continue
             if until is None or until():
                 return
+            if self._left:
+                raise self._left_error()
             if poll.expired:
                 raise TransportError(
                     f"{self.path}: no message from the producer in {timeout:g} s waiting for {what}"
                 )
             poll.sleep()
+
+    def _left_error(self) -> TransportError:
+        return TransportError(
+            f"{self.path}: the producer left the stream after an error of its own: no more "
+            f"steps come ({self._steps_in()} received)"
+        )
+
+    def _heard_left(self) -> bool:
+        """Independent, while this rank waits for answers: take in the records that arrived;
+        whether the producer left (it answers nothing more)."""
+        self._receive()
+        return self._left
 
     def _apply(self, buf: np.ndarray, real: int, flags: int) -> None:
         """Apply the record message *buf* (after its 16 bytes of producer step and flags)."""
@@ -212,6 +231,9 @@ class Consumer(TransportBase):
         with g:
             self._receive()
             self._check_silence()
+            if self._left and self._agreed >= self._steps_in():
+                # every step received was taken up by an earlier refresh: none comes any more
+                raise self._left_error()
         comm_mod.agree(self.comm, g.error)
         # the records every rank has received are applied on every rank (those held: the
         # first that changes the metadata and those after it)
@@ -318,6 +340,8 @@ class Consumer(TransportBase):
     def _tell_all(self, words: list[int], what: str, timeout: float | None = None) -> None:
         """Independent: send the request *words* to every producer rank; wait until each took
         it (at most *timeout* s without progress, by default the transport's)."""
+        if self._left:
+            return  # a producer that left takes no request (nor needs any)
         msg = np.array(words, dtype=np.int64)
         reqs = [
             comm_mod.isend_bytes(self.inter, _u8(msg), r, Tag.REQUEST)
@@ -421,6 +445,7 @@ class Consumer(TransportBase):
         what = f"statistics of {spec.path!r} at step {step}"
         left = set(ranks)
         poll = Poll(self.timeout)
+        heard = time.monotonic()
         while left:
             got = comm_mod.poll_bytes(self.inter, comm_mod.ANY_SOURCE, Tag.STATS)
             if got is None:
@@ -428,6 +453,10 @@ class Consumer(TransportBase):
                     raise TransportError(
                         f"{self.path}: waited {self.timeout:g} s for the {what}; the producer does not answer"
                     )
+                if time.monotonic() - heard > LEFT_CHECK:
+                    heard = time.monotonic()
+                    if self._heard_left():  # (answers that had come were taken above)
+                        raise self._left_error()
                 poll.sleep()
                 continue
             src, buf = got
@@ -483,15 +512,19 @@ class Consumer(TransportBase):
                     f"{self.path}: waited {self.timeout:g} s for {what()}; the producer does not answer"
                 )
             else:
-                if not self._ended and time.monotonic() - heard > LEFT_CHECK:
+                if time.monotonic() - heard > LEFT_CHECK:
                     # no answer yet: a producer that left after an error ended the record
-                    # stream (an empty record); take records in, which raises that at once
+                    # stream (an empty record), taken in here or earlier by any call of this
+                    # rank's (the read-ahead thread's too): it answers nothing more
                     heard = time.monotonic()
                     try:
-                        self._receive()
-                    except TransportError:
+                        gone = self._heard_left()
+                    except BaseException:
                         xfer.cancel()
                         raise
+                    if gone:
+                        xfer.cancel()
+                        raise self._left_error()
                 poll.sleep(active=True)  # the pipeline moves only while both sides call MPI
 
     def get_collective(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
