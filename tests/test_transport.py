@@ -542,6 +542,30 @@ def test_consumers_hear_at_once_that_the_producer_left(tmp_path, producers, how)
     assert all(float(x.split(" in ")[1].split()[0]) < 8 for x in lines), res.describe()
 
 
+@pytest.mark.parametrize(
+    "io, how", [("async", "ahead"), ("async", "plain"), ("async", "skip"), ("sync", "ahead")]
+)
+def test_steps_received_before_the_producer_left_are_handed_out(tmp_path, io, how):
+    """A producer that leaves after step 3 ended on every rank (rank 1 raised, queue_limit 3),
+    its consumer slow at step 2: every step received (0 to 3) is handed out, reads the
+    producer no longer answers and the end of the stream raise "the producer left" at once.
+
+    (The read-ahead thread that met the producer's end of the stream first kept that error
+    to itself: the program's own read of step 3 then waited the whole timeout for data that
+    never came and raised "the producer does not answer"; and a refresh that took in step
+    3's record and the end together raised before handing out step 3.)"""
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (2, "transport_ahead", "fails-late", "p", io),
+        (1, "transport_ahead", "hands-out", "p", how),
+        cwd=tmp_path,
+        env=AHEAD,
+    )
+    assert res.lines("OK hands-out"), res.describe()
+    assert len(res.lines("OK fails-late")) == 2, res.describe()
+    assert _took(res, "hands-out") < 8, res.describe()  # no timeout (10 s) waited
+
+
 def test_one_poll_loop_takes_every_message_that_arrived():
     """``poll_bytes`` until it finds nothing takes every message waiting (a consumer's refresh
     took up one record a call: MPICH's Iprobe finds what an earlier call moved)."""

@@ -24,6 +24,12 @@
                                                    program leaves the file on every rank
     transport_ahead.py follows NAME                iter_steps: TransportError "the producer left"
                                                    at once after steps 0 and 1, not after a timeout
+    transport_ahead.py fails-late NAME IO          2 ranks, queue_limit 3, io IO: rank 1 raises
+                                                   after step 3 ended on every rank
+    transport_ahead.py hands-out NAME HOW          io='async', iter_steps with read-ahead ('ahead')
+                                                   or without ('plain'; 'skip': step 2 not read),
+                                                   slow at step 2: steps 0 to 3 handed out, then
+                                                   "the producer left" at once
     transport_ahead.py drain                       2 ranks of one program: rank 0 sends 8 messages,
                                                    rank 1 takes them all in one poll loop
 
@@ -215,6 +221,70 @@ def follows(name: str) -> None:
     raise AssertionError(f"rank {rank}: the stream ended without an error after {seen}")
 
 
+def fails_late(name: str, io: str) -> None:
+    """Producer ranks (2, each writing half of x) that leave after step 3 ended on every rank:
+    rank 1 raises, rank 0 is told.  With queue_limit 3 the producer ends step 3 only once its
+    consumer asked for step 2 (released step 1), so steps 0 and 1 are always served."""
+    rank = lcomm.task_comm().rank
+    try:
+        with lamina.open(name, "w", io=io, queue_limit=3) as f:
+            x = f.create_dataset("x", (4,), np.int64)
+            r = f.comm.rank
+            for k in range(6):
+                with f.step():
+                    x[2 * r : 2 * r + 2] = expected(k)[2 * r : 2 * r + 2]
+                if k == 3 and r == 1:
+                    raise RuntimeError("producer rank 1 fails after step 3")
+    except Exception as e:  # noqa: BLE001 - every rank leaves, one way or another
+        say(f"OK fails-late {rank}: {type(e).__name__}")
+
+
+def hands_out(name: str, how: str) -> None:
+    """One consumer rank, io='async', iter_steps with read-ahead ('ahead') or without ('plain';
+    'skip' reads nothing at step 2, so that the records of step 3 and of the producer's end
+    arrive together at the wait for step 3) of the producer of ``fails-late``; it lingers at
+    step 2 while the producer leaves.
+
+    Every step received (0 to 3) is handed out before the stream ends; a read of a step's
+    data gives its values or, where the producer left before serving them, "the producer
+    left" at once (each failure is caught and the stream goes on); the stream then ends with
+    "the producer left ... (4 received)" at once: no timeout (10 s) is waited anywhere."""
+    handed: list[int] = []
+    read: list[int] = []
+    t0 = time.monotonic()
+    try:
+        with lamina.open(name, "r", io="async") as f:
+            for v in f.iter_steps(timeout=60, prefetch=how == "ahead"):
+                handed.append(v.index)
+                if v.index == 2:
+                    time.sleep(1.0)  # the producer, released up to step 2, leaves meanwhile
+                    if how == "skip":
+                        continue
+                t = time.monotonic()
+                try:
+                    got = v["x"][...]
+                except lamina.errors.TransportError as e:
+                    if "the producer left the stream" not in str(e) or time.monotonic() - t > 2:
+                        raise
+                    continue
+                if not np.array_equal(got, expected(v.index)):
+                    raise AssertionError(f"step {v.index}: {got}")
+                read.append(v.index)
+    except lamina.errors.TransportError as e:
+        took = time.monotonic() - t0
+        if (
+            "the producer left the stream" in str(e)
+            and "(4 received)" in str(e)
+            and handed == [0, 1, 2, 3]
+            and read == [k for k in handed if k != 2 or how != "skip"][: len(read)]
+            and len(read) >= 2
+        ):
+            say(f"OK hands-out: handed out {handed}, read {read}, in {took:.2f} s")
+            return
+        raise AssertionError(f"handed out {handed}, read {read}, after {took:.1f} s: {e}") from e
+    raise AssertionError(f"the stream ended without an error after {handed}")
+
+
 def drain() -> None:
     """Messages that arrived are all taken by one loop of polls (``lcomm.poll_bytes`` until it
     finds none): MPICH's ``Iprobe`` finds at one call what an earlier one moved."""
@@ -265,5 +335,9 @@ if __name__ == "__main__":
         fails(name, *rest)
     elif role == "follows":
         follows(name)
+    elif role == "fails-late":
+        fails_late(name, *rest)
+    elif role == "hands-out":
+        hands_out(name, *rest)
     else:
         raise SystemExit(f"unknown role {role!r}")
