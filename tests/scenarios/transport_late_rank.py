@@ -15,6 +15,7 @@ import sys
 import time
 
 import numpy as np
+from transport_common import say
 
 import lamina
 from lamina.engines.transport import producer
@@ -51,7 +52,7 @@ def consume(name: str, steps: int) -> None:
     if n != steps:
         raise AssertionError(f"saw {n} of {steps} steps")
     if f.comm.rank == 0:
-        print(f"OK late rank: {steps} steps read whole", flush=True)
+        say(f"OK late rank: {steps} steps read whole")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import sys
 import time
 
 import numpy as np
+from transport_common import say
 
 import lamina
 from lamina.geometry import Box
@@ -35,7 +36,7 @@ def produce(name: str) -> None:
                 a[...] = np.arange(4.0) + k
                 if k >= 1:
                     f["late"][0:2] = float(k)
-    print("OK producer", flush=True)
+    say("OK producer")
 
 
 def consume(name: str) -> None:
@@ -59,7 +60,7 @@ def consume(name: str) -> None:
     assert [k for k, _, _ in seen] == [0, 1, 2], seen
     assert seen[0][1] == ["a"] and seen[-1][1] == ["a", "late"], seen
     if r == 0:
-        print("OK consumer", seen, flush=True)
+        say(f"OK consumer {seen}")
 
 
 if __name__ == "__main__":
