@@ -685,6 +685,42 @@ def test_a_full_disk_names_what_was_being_written(native_path, monkeypatch, targ
         assert f.steps == 1 and f["b"][...].tolist() == [2.0] * 4
 
 
+FULL_AT_OPEN = """
+import resource, signal, sys, lamina
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), resource.RLIM_INFINITY))
+try:
+    lamina.open(sys.argv[1], "w")
+except OSError as e:
+    print(e.errno, e.filename, e.strerror, sep="|")
+"""
+
+
+@pytest.mark.parametrize(
+    "limit, name, words",
+    [(0, "lamina.lock", "who holds the lock"), (10, "lamina.meta", "the header of lamina.meta")],
+)
+def test_a_full_disk_at_open_names_the_file(native_path, limit, name, words):
+    """A file-size limit (a full disk) hit by open('w') while the lock's holder or the logs'
+    headers are written was a bare '[Errno 27] File too large', naming no file; and what
+    was written stays openable."""
+    env = {**os.environ, "PYTHONPATH": SRC}
+    env.pop("LAMINA_ENGINE", None)
+    out = subprocess.run(
+        [sys.executable, "-c", FULL_AT_OPEN, native_path, str(limit)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.strip()
+    code, filename, strerror = out.split("|")
+    assert int(code) == errno.EFBIG and filename == os.path.join(native_path, name), out
+    assert f"(writing {words})" in strerror, out
+    for mode in ("w", "a"):
+        with lamina.open(native_path, mode):
+            pass
+
+
 # ------------------------------------------------------------------ a reader following the file
 
 

@@ -722,6 +722,12 @@ class NativeEngine(BlockEngine):
                 _pwrite_all(fd, fmt.header(magic, identity), 0)
                 if self.durable:
                     os.fsync(fd)
+            except OSError as e:  # (a full disk: say which file, as open does)
+                raise OSError(
+                    e.errno,
+                    f"{e.strerror} (writing the header of {name})",
+                    os.path.join(path, name),
+                ) from None
             finally:
                 os.close(fd)
         if self.durable:

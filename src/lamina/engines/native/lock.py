@@ -214,8 +214,13 @@ class WriterLock:
         os.unlink(aside)
 
     def _write_info(self) -> None:
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, _info(), 0)
+        try:
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, _info(), 0)
+        except OSError as e:  # (a full disk: say which file, as open does)
+            raise OSError(
+                e.errno, f"{e.strerror} (writing who holds the lock)", self.name
+            ) from None
 
     def release(self) -> None:
         if self.fd < 0:
