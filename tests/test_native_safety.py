@@ -652,9 +652,12 @@ def test_an_append_killed_while_it_cuts_the_unreadable_tail_leaves_the_prefix(na
 @pytest.mark.parametrize(
     "target, words",
     [
-        ("data.", r"writing 2 staged blocks of datasets 'a', 'b'\): 'data\.0\.0'"),
-        ("lamina.meta", r"writing the step's record\): '.*lamina\.meta'"),
-        ("lamina.commit", r"writing its commit entry\): '.*lamina\.commit'"),
+        ("data.", r"writing step 1: 2 staged blocks of datasets 'a', 'b'\): '/.*/data\.0\.0'"),
+        ("lamina.meta", r"writing the record of step 1\): '.*lamina\.meta'"),
+        (
+            "lamina.commit",
+            r"writing the commit entry of the record of step 1\): '.*lamina\.commit'",
+        ),
     ],
 )
 def test_a_full_disk_names_what_was_being_written(native_path, monkeypatch, target, words):
@@ -683,6 +686,55 @@ def test_a_full_disk_names_what_was_being_written(native_path, monkeypatch, targ
         assert got.value.errno == errno.ENOSPC
     with lamina.open(native_path) as f:
         assert f.steps == 1 and f["b"][...].tolist() == [2.0] * 4
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names open files through /proc")
+@pytest.mark.parametrize(
+    "target, record, words",
+    [
+        ("data.", "step", r"writing step 1: dataset 'a' box \[0:65536\]\): '/.*/data\.0\.0'"),
+        (
+            "lamina.meta",
+            "meta",
+            r"writing the metadata record of changes made outside a step\): '/.*/lamina\.meta'",
+        ),
+        ("lamina.meta", "close", r"writing the close record\): '/.*/lamina\.meta'"),
+        ("lamina.commit", "close", r"writing the commit entry of the close record\)"),
+    ],
+)
+def test_a_full_disk_names_the_step_or_record_and_the_whole_path(
+    native_path, monkeypatch, target, record, words
+):
+    """A full subfile was named by its bare name ('data.0.0', relative to nothing) without
+    the step; a close or metadata record that did not fit was 'the step's record'."""
+    real = {"pwrite": os.pwrite, "pwritev": os.pwritev}
+
+    def full(name):
+        def write(fd, data, offset):
+            if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith(target):
+                raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
+            return real[name](fd, data, offset)
+
+        return write
+
+    f = lamina.open(native_path, "w", durable=False)
+    a = f.create_dataset("a", (1 << 16,))
+    with f.step():
+        a[...] = 1
+    if record == "meta":
+        f.attrs["note"] = "pending"  # committed at close by a metadata record
+    for name in real:
+        monkeypatch.setattr(os, name, full(name))
+    with pytest.raises(OSError, match=words) as got:
+        if record == "step":
+            with f.step():
+                a[...] = 2
+        f.close()
+    monkeypatch.undo()
+    assert got.value.errno == errno.EFBIG and os.path.isabs(got.value.filename)
+    f.close()
+    with lamina.open(native_path) as g:  # nothing committed is lost
+        assert g.steps == 1 and g["a"][0] == 1.0
 
 
 FULL_AT_OPEN = """

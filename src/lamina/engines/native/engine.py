@@ -28,6 +28,7 @@ from ... import comm as comm_mod
 from ... import stats as stats_mod
 from ...catalog import (
     CODEC_RAW,
+    KIND_CLOSE,
     KIND_STEP,
     BlockCodec,
     BlockTable,
@@ -1163,7 +1164,15 @@ class NativeEngine(BlockEngine):
                 except OSError:
                     pass
             if isinstance(e, OSError) and e.filename is None:  # say which file, as open does
-                what = "the step's record" if doing == fmt.META_NAME else "its commit entry"
+                what = (
+                    f"the record of step {rec.step}"
+                    if rec.kind == KIND_STEP
+                    else "the close record"
+                    if rec.kind == KIND_CLOSE
+                    else "the metadata record of changes made outside a step"
+                )
+                if doing == fmt.COMMIT_NAME:
+                    what = f"the commit entry of {what}"
                 raise OSError(
                     e.errno, f"{e.strerror} (writing {what})", os.path.join(self.path, doing)
                 ) from e
@@ -1190,7 +1199,7 @@ class NativeEngine(BlockEngine):
     # ------------------------------------------------------------ data
     def _write_data(self, buf, what: Callable[[], str] | None = None) -> int:
         """Aggregator: append *buf* to this session's subfile; its offset there.  *what()*
-        names what *buf* holds, in the message of an I/O error (default: the step's blocks).
+        names what *buf* holds, in the message of an I/O error (default: its blocks).
 
         An I/O error is kept and raised by end_step, on every rank: raised
         here, on this rank only, it would leave the other ranks waiting in
@@ -1204,11 +1213,17 @@ class NativeEngine(BlockEngine):
             except OSError as e:
                 # what was being written, in the message every rank gets (the error's class,
                 # errno and file stay)
-                name = subfile_name(self.session, self.agg_of[self.rank])
-                said = what() if what is not None else "the step's blocks"
-                self._put_error = OSError(e.errno, f"{e.strerror} (writing {said})", name)
+                said = what() if what is not None else "its blocks"
+                self._put_error = self._write_error(e, said)
         self._data_end += n
         return off
+
+    def _write_error(self, e: OSError, what: str) -> OSError:
+        """*e*, an aggregator's failed write of *what* into its subfile, as every rank gets it:
+        its class and errno, the step and the subfile's path named."""
+        name = os.path.join(self.path, subfile_name(self.session, self.agg_of[self.rank]))
+        step = len(self.catalog.steps)  # (blocks are written for the step being committed)
+        return OSError(e.errno, f"{e.strerror} (writing step {step}: {what})", name)
 
     def _place(self, spec, arr: np.ndarray, copy: bool, start) -> tuple:
         if not self.is_agg:
@@ -1288,10 +1303,7 @@ class NativeEngine(BlockEngine):
                     r, total, base, self._recv_buffers(total), tag, write=error is None
                 )
                 if failed is not None and error is None:
-                    name = subfile_name(self.session, my_agg)
-                    failed = OSError(
-                        failed.errno, f"{failed.strerror} (writing the blocks of rank {r})", name
-                    )
+                    failed = self._write_error(failed, f"the blocks of rank {r}")
                 error = error or failed
                 self._data_end += total
                 bases.append((r, self.session, my_agg, base))
