@@ -773,6 +773,59 @@ def test_a_full_disk_at_open_names_the_file(native_path, limit, name, words):
             pass
 
 
+UNPRIVILEGED = [
+    "setpriv",
+    "--bounding-set=-dac_override,-dac_read_search",
+    "--inh-caps=-dac_override,-dac_read_search",
+]
+
+
+def run_unprivileged(code: str, *args: str) -> str:
+    """*code* run by Python in a process that file permissions hold (as root: without the
+    capabilities that override them); its output.  Skipped where that cannot be had."""
+    env = {**os.environ, "PYTHONPATH": SRC}
+    env.pop("LAMINA_ENGINE", None)
+    cmd = [sys.executable, "-c", code, *args]
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("root, and no setpriv to drop the capabilities that override permissions")
+        cmd = UNPRIVILEGED + cmd
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    if os.geteuid() == 0 and r.returncode and "setpriv" in r.stderr:
+        pytest.skip(f"cannot drop capabilities here: {r.stderr.strip()}")
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+OPEN_TO_READ = """
+import sys, time, lamina
+t0 = time.monotonic()
+try:
+    lamina.open(sys.argv[1], "r", wait=float(sys.argv[2]))
+    print("opened")
+except Exception as e:
+    print(type(e).__name__, getattr(e, "filename", None), time.monotonic() - t0, e, sep="|")
+"""
+
+
+@pytest.mark.parametrize("wait", [0, 3])
+@pytest.mark.parametrize("locked", ["file", "parent"])
+def test_a_reader_not_let_in_gets_a_permission_error(native_path, locked, wait):
+    """A lamina file (or its parent directory) the user may not enter was 'not a lamina
+    file (no lamina.commit inside)' or 'no such lamina file' (after the whole wait): the
+    existence checks took EACCES for 'missing'. Writers got PermissionError already."""
+    write_steps(native_path, "w", [1.0])
+    shut = native_path if locked == "file" else os.path.dirname(native_path)
+    os.chmod(shut, 0o000)
+    try:
+        out = run_unprivileged(OPEN_TO_READ, native_path, str(wait))
+    finally:
+        os.chmod(shut, 0o755)
+    kind, filename, took, _ = out.strip().split("|", 3)
+    assert kind == "PermissionError" and filename.startswith(native_path), out
+    assert float(took) < 2.5, f"waited {float(took):.1f} s for a file it may not read"
+
+
 # ------------------------------------------------------------------ a reader following the file
 
 

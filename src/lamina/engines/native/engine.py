@@ -408,6 +408,16 @@ def _open_in(directory: str, name: str, flags: int, mode: int = 0o644) -> int:
         raise
 
 
+def _stat_or_none(path: str, follow: bool = True) -> os.stat_result | None:
+    """``os.stat`` of *path* (``os.lstat`` without *follow*), None where nothing is there; a
+    directory on the way that may not be searched raises PermissionError naming *path*
+    (``os.path.exists`` and ``lexists`` take it for "nothing there")."""
+    try:
+        return os.stat(path, follow_symlinks=follow)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
 def _read_all(directory: str, name: str) -> tuple[bytes, os.stat_result]:
     fd = _open_in(directory, name, os.O_RDONLY)
     try:
@@ -485,6 +495,8 @@ def _written_after(path: str, since: float) -> bool:
         finally:
             os.close(mfd)
         return record_time(payload) >= since
+    except PermissionError:  # (not a file being made: waiting would not let this user in)
+        raise
     except (OSError, LaminaError, ValueError):
         return False
 
@@ -585,8 +597,10 @@ class NativeEngine(BlockEngine):
 
     def _prepare_dir(self, path: str, mode: str) -> None:
         """Rank 0: check the directory for *mode*; writers take the lock, then create or truncate."""
-        exists = os.path.exists(path)
         if mode == "r":
+            # (a directory on the way this user may not search is a PermissionError naming
+            # it, not a file "missing": os.path.exists says False for both)
+            exists = _stat_or_none(path) is not None
             commit = os.path.join(path, fmt.COMMIT_NAME)
             since = self._since
             if since is not None and self.wait:  # the file this run's writer makes, not an old one
@@ -595,31 +609,35 @@ class NativeEngine(BlockEngine):
                     self.wait,
                     lambda: _written_after(path, since),
                     lambda s: (
-                        FileNotFoundError if not os.path.exists(path) else NotALaminaFileError
+                        FileNotFoundError if _stat_or_none(path) is None else NotALaminaFileError
                     )(
                         f"no lamina file {path!r} written in this run after waiting {s:g} s for "
                         "its writer (a task of the workflow) to commit to it"
-                        + ("; the one there is an earlier run's" if os.path.exists(path) else "")
+                        + ("; the one there is an earlier run's" if _stat_or_none(path) else "")
                     ),
                 )
                 return
-            if self.wait and not os.path.lexists(commit):  # its writer may not have created it yet
+            if (
+                self.wait and _stat_or_none(commit, False) is None
+            ):  # its writer may not have created it yet
                 wait_for(
                     path,
                     self.wait,
-                    lambda: os.path.lexists(commit),
+                    lambda: _stat_or_none(commit, False) is not None,
                     lambda s: (
-                        FileNotFoundError if not os.path.exists(path) else NotALaminaFileError
+                        FileNotFoundError if _stat_or_none(path) is None else NotALaminaFileError
                     )(f"no lamina file {path!r} after waiting {s:g} s for its writer to create it"),
                 )
                 return
             if not exists:
                 raise FileNotFoundError(f"no such lamina file: {path!r}")
-            if not os.path.isdir(path) or not os.path.lexists(commit):
+            st = _stat_or_none(path)
+            if st is None or not stat.S_ISDIR(st.st_mode) or _stat_or_none(commit, False) is None:
                 raise NotALaminaFileError(
                     f"{path!r} is not a lamina file (no {fmt.COMMIT_NAME} inside)"
                 )
             return
+        exists = os.path.exists(path)
         if exists and not os.path.isdir(path):
             raise NotALaminaFileError(
                 f"cannot create lamina file {path!r}: a file of that name exists"
