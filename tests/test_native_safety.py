@@ -237,12 +237,12 @@ def test_a_reader_amid_a_re_creation_is_told_so(native_path, monkeypatch):
     real_open = engine_mod._open_in
     armed = [True]
 
-    def re_created_meanwhile(directory, name, flags, mode=0o644):
+    def re_created_meanwhile(directory, name, flags, mode=0o644, **kw):
         if name == fmt.META_NAME and flags == os.O_RDONLY and armed[0]:
             armed[0] = False
             monkeypatch.setattr(engine_mod, "_open_in", real_open)
             write_steps(native_path, "w", [9.0])  # a shorter lamina.meta of another run
-        return real_open(directory, name, flags, mode)
+        return real_open(directory, name, flags, mode, **kw)
 
     monkeypatch.setattr(engine_mod, "_open_in", re_created_meanwhile)
     with pytest.raises(FormatError, match="re-created while being opened"):
@@ -860,6 +860,49 @@ def test_a_refresh_reads_and_checks_only_the_new_commit_entries(native_path, mon
                 FormatError, match=r"seen before.*: the file was truncated or re-created"
             ):
                 r.refresh()
+
+
+def test_a_reader_reads_and_follows_a_file_renamed_while_open(native_path):
+    """A file moved (mv) while a reader had it open was 're-created while open (another
+    writer opened it in mode 'w')' at the next refresh, and a step it had seen could not be
+    read (FileNotFoundError: lamina.meta, opened by name when first needed).  As an open
+    h5py file, it reads on: the reader holds its directory, not its name."""
+    w = lamina.open(native_path, "w", durable=False)
+    x = w.create_dataset("x", shape=(4,))
+    for k in range(2):
+        with w.step():
+            x[...] = k
+    r = lamina.open(native_path, "r")
+    try:
+        os.rename(native_path, native_path + ".moved")
+        with w.step():  # the writer goes on in the moved file
+            x[...] = 2
+        assert r.refresh() == 3
+        assert [r.at(k)["x"][0] for k in range(3)] == [0.0, 1.0, 2.0]
+        w.close()
+        assert r.wait_for_step(-1, timeout=5)["x"][0] == 2.0
+    finally:
+        r.close()
+        w.close()
+
+
+def test_a_reader_of_a_file_deleted_while_open_is_told_so(native_path):
+    """A file deleted (rm -rf) under a reader was 're-created while open (another writer
+    opened it in mode 'w')' though nobody re-created it, and a read of a step it had seen a
+    raw FileNotFoundError on lamina.meta."""
+    write_steps(native_path, "w", [1.0, 2.0])
+    r = lamina.open(native_path, "r")
+    try:
+        shutil.rmtree(native_path)
+        for read in (r.refresh, lambda: r.at(0)["x"][...]):
+            with pytest.raises(FormatError, match="deleted while open") as got:
+                read()
+            assert "re-created" not in str(got.value)
+        write_steps(native_path, "w", [9.0])  # another file at the name: not this reader's
+        with pytest.raises(FormatError, match="deleted while open"):
+            r.refresh()
+    finally:
+        r.close()
 
 
 def test_a_log_cut_and_grown_again_under_a_reader_is_refused(native_path):

@@ -392,10 +392,18 @@ def _foreign(path: str) -> str | None:
     return next((n for n in sorted(os.listdir(path)) if not _is_lamina_name(n)), None)
 
 
-def _open_in(directory: str, name: str, flags: int, mode: int = 0o644) -> int:
-    """``os.open`` of *name* inside a lamina directory, never through a symbolic link."""
+#: a directory held open (a reader's: what it reads is found in it, wherever it is moved)
+_DIR_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def _open_in(directory: str, name: str, flags: int, mode: int = 0o644, *, dir_fd: int = -1) -> int:
+    """``os.open`` of *name* inside a lamina directory, never through a symbolic link; with
+    *dir_fd*, in that directory held open (*directory* names it in messages)."""
+    where = os.path.join(directory, name) if dir_fd < 0 else name
     try:
-        return os.open(os.path.join(directory, name), flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        return os.open(
+            where, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=None if dir_fd < 0 else dir_fd
+        )
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.EMLINK):
             raise FormatError(
@@ -426,10 +434,14 @@ def _read_all(directory: str, name: str) -> tuple[bytes, os.stat_result]:
         os.close(fd)
 
 
-def _same_inode(directory: str, name: str, inode: tuple[int, int]) -> bool:
-    """Whether *name* in *directory* is still the file of *inode* (device, inode number)."""
+def _same_inode(directory: str, name: str, inode: tuple[int, int], dir_fd: int = -1) -> bool:
+    """Whether *name* in *directory* (held open as *dir_fd*) is still the file of *inode*
+    (device, inode number)."""
     try:
-        now = os.stat(os.path.join(directory, name), follow_symlinks=False)
+        if dir_fd < 0:
+            now = os.stat(os.path.join(directory, name), follow_symlinks=False)
+        else:
+            now = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except OSError:
         return False
     return (now.st_dev, now.st_ino) == inode
@@ -564,6 +576,9 @@ class NativeEngine(BlockEngine):
             fmt.VERSION
         )  # the file's format version (an older file is appended in its own)
         self._meta_rfd = -1  # lamina.meta, read-only: block areas are read from it when used
+        # the file's directory, held open: what is read is opened in it, so that a file moved
+        # (renamed) while open reads on as an open h5py file does, and one deleted says so
+        self._dir_fd = -1
         # a writer alone: the head of the record it wrote last and that record as a reader
         # decodes it (None for formats 1 and 2, or ranks > 1), applied without decoding it
         self._written: tuple[bytes, Record | None] | None = None
@@ -575,6 +590,10 @@ class NativeEngine(BlockEngine):
         with g:
             if self.rank == 0:
                 self._prepare_dir(path, mode)
+        comm_mod.agree(self.comm, g.error)
+        g = comm_mod.Guard()
+        with g:
+            self._dir_fd = os.open(path, _DIR_FLAGS)
         comm_mod.agree(self.comm, g.error)
         self._load_new()
         if mode != "r":
@@ -763,13 +782,13 @@ class NativeEngine(BlockEngine):
                 # the first read: the commit log read through the descriptor kept open while
                 # this engine is, so that its inode stays this file's (a log re-created after
                 # a close and a new open could get the inode number back, ext4 reuses them)
-                held = _open_in(self.path, fmt.COMMIT_NAME, os.O_RDONLY)
+                held = _open_in(self.path, fmt.COMMIT_NAME, os.O_RDONLY, dir_fd=self._dir_fd)
                 cbuf, cstat = _read_fd(held), os.fstat(held)
             else:
                 # what is new only: the header (its identity checked below) and the entries
                 # after those read before (the whole log read and checked again made each
                 # refresh of a file of n steps cost O(n): following it, O(n^2))
-                fd = _open_in(self.path, fmt.COMMIT_NAME, os.O_RDONLY)
+                fd = _open_in(self.path, fmt.COMMIT_NAME, os.O_RDONLY, dir_fd=self._dir_fd)
                 try:
                     cstat = os.fstat(fd)
                     cbuf = os.pread(fd, self._commit_head, 0)
@@ -786,19 +805,19 @@ class NativeEngine(BlockEngine):
                     cbuf += _read_fd(fd, self._commit_end)
                 finally:
                     os.close(fd)
-            mfd = _open_in(self.path, fmt.META_NAME, os.O_RDONLY)
+            mfd = _open_in(self.path, fmt.META_NAME, os.O_RDONLY, dir_fd=self._dir_fd)
         except FileNotFoundError as e:
             if held >= 0:
                 os.close(held)
-            if self._identity is not None:  # a writer re-creating the file removed its logs
-                raise FormatError(self._recreated()) from None
+            if self._identity is not None:  # deleted, or a writer re-creating it removed its logs
+                raise FormatError(self._gone()) from None
             raise NotALaminaFileError(
                 f"{self.path!r} is not a lamina file: {e.filename} is missing"
             ) from e
         try:
             if self._identity is not None and (cstat.st_dev, cstat.st_ino) != self._commit_inode:
                 # before the log is parsed against a lamina.meta that may be the new file's
-                raise FormatError(self._recreated())
+                raise FormatError(self._gone())
             meta_size = os.fstat(mfd).st_size
             if self._identity is None:
                 # the two logs of one file, checked before the commit log is parsed against
@@ -810,7 +829,8 @@ class NativeEngine(BlockEngine):
                     f"{self.path}/{fmt.META_NAME}",
                 )
                 if (mhead.version, mhead.identity) != (head.version, head.identity):
-                    if not _same_inode(self.path, fmt.COMMIT_NAME, (cstat.st_dev, cstat.st_ino)):
+                    inode = (cstat.st_dev, cstat.st_ino)
+                    if not _same_inode(self.path, fmt.COMMIT_NAME, inode, self._dir_fd):
                         raise FormatError(
                             f"{self.path}: the file was re-created while being opened (another "
                             "writer opened it in mode 'w'); open it again"
@@ -839,7 +859,7 @@ class NativeEngine(BlockEngine):
                 self._commit_head = head.size
                 self._held_fd, held = held, -1  # kept open: a re-created log gets another inode
             elif head.identity != self._identity:
-                raise FormatError(self._recreated())
+                raise FormatError(self._gone())
             new = entries[self._nentries :] if first else entries
             out = []
             for ent in new:
@@ -1049,7 +1069,13 @@ class NativeEngine(BlockEngine):
 
     def _meta_reader(self) -> int:
         if self._meta_rfd < 0:
-            self._meta_rfd = _open_in(self.path, fmt.META_NAME, os.O_RDONLY)
+            try:
+                self._meta_rfd = _open_in(
+                    self.path, fmt.META_NAME, os.O_RDONLY, dir_fd=self._dir_fd
+                )
+            except FileNotFoundError:
+                self._check_identity()  # a file deleted or re-created under this reader says so
+                raise
             try:
                 self._check_identity()
             except BaseException:
@@ -1065,7 +1091,7 @@ class NativeEngine(BlockEngine):
             size = self._sizes.get(name)
             if size is None or end > size:
                 try:
-                    st = os.lstat(os.path.join(self.path, name))
+                    st = os.stat(name, dir_fd=self._dir_fd, follow_symlinks=False)
                 except FileNotFoundError:
                     return f"subfile {name} is missing ({self._first_block_in(rec, session, agg)})"
                 # not a file cut short: an error for readers and writers alike, and a
@@ -1406,9 +1432,9 @@ class NativeEngine(BlockEngine):
         fd = self._rfds.get(name)
         if fd is None:
             try:
-                fd = _open_in(self.path, name, os.O_RDONLY)
+                fd = _open_in(self.path, name, os.O_RDONLY, dir_fd=self._dir_fd)
             except FileNotFoundError:
-                self._check_identity()  # a file re-created under this reader says so, not "missing"
+                self._check_identity()  # a file deleted or re-created under this reader says so
                 raise FormatError(f"{self.path}: subfile {name} is missing") from None
             try:
                 self._check_identity()  # the subfile opened now must be of the file this rank knows
@@ -1426,10 +1452,25 @@ class NativeEngine(BlockEngine):
         """
         if self._commit_inode is None:
             return
-        if not _same_inode(self.path, fmt.COMMIT_NAME, self._commit_inode):
-            raise FormatError(self._recreated())
+        if not _same_inode(self.path, fmt.COMMIT_NAME, self._commit_inode, self._dir_fd):
+            raise FormatError(self._gone())
 
-    def _recreated(self) -> str:
+    def _gone(self) -> str:
+        """What became of the file open here, whose commit log is no longer the one held:
+        deleted (its directory, held open, is gone), or re-created (another log in its place;
+        none, for a moment, while a writer re-creates it or it is being deleted)."""
+        try:
+            os.stat(fmt.COMMIT_NAME, dir_fd=self._dir_fd, follow_symlinks=False)
+        except OSError:
+            if os.fstat(self._dir_fd).st_nlink == 0:
+                return (
+                    f"{self.path}: the file was deleted while open; only what this reader had "
+                    "opened of it still reads: open the file again to read what is there now"
+                )
+            return (
+                f"{self.path}: the file was re-created while open (another writer opened it in "
+                f"mode 'w') or is being deleted: its {fmt.COMMIT_NAME} is gone; open it again"
+            )
         return (
             f"{self.path}: the file was re-created while open (another writer opened it "
             "in mode 'w'); open it again to read the new one"
@@ -1906,7 +1947,7 @@ class NativeEngine(BlockEngine):
         fds = list(getattr(self, "_rfds", {}).values())
         fds += [
             getattr(self, n, -1)
-            for n in ("_meta_fd", "_commit_fd", "_data_fd", "_held_fd", "_meta_rfd")
+            for n in ("_meta_fd", "_commit_fd", "_data_fd", "_held_fd", "_meta_rfd", "_dir_fd")
         ]
         for fd in fds:
             if fd >= 0:
@@ -1916,6 +1957,7 @@ class NativeEngine(BlockEngine):
                     pass
         self._rfds = {}
         self._meta_fd = self._commit_fd = self._data_fd = self._held_fd = self._meta_rfd = -1
+        self._dir_fd = -1
         # the read buffers go now, not when the collector frees the engine (a file's catalog
         # and its engine refer to each other): the next file's reads find their memory
         self._run_bufs = []
