@@ -357,6 +357,33 @@ def test_truncated_meta_is_format_error(native_path):
         lamina.open(native_path, "r", engine="native")
 
 
+def test_a_copy_whose_metadata_was_copied_first_opens_the_steps_it_holds(native_path):
+    """A copy of a file being written (cp -r copies lamina.meta, then lamina.commit) holds
+    commit entries of records lamina.meta does not: it could not be opened at all ('commit
+    entry 3 points at bytes ... but lamina.meta has ...'), though docs/format.md lists an
+    interrupted copy among the files cut short whose steps before open."""
+    truth = make_file(native_path, steps=6)
+    commit = open(os.path.join(native_path, fmt.COMMIT_NAME), "rb").read()
+    meta = os.path.join(native_path, fmt.META_NAME)
+    entries, _, _ = fmt.parse_commits(commit, os.path.getsize(meta))
+    assert len(entries) == 7  # six steps and the close
+    os.truncate(meta, entries[2].offset + entries[2].length)  # as copied after step 2
+    with pytest.warns(
+        LaminaWarning,
+        match=r"4 committed records \(records 3\.\.6\) point past the end of lamina\.meta .*"
+        r"copied or cut at different moments",
+    ):
+        with lamina.open(native_path, "r", engine="native") as f:
+            assert f.steps == 3
+            for k in range(3):
+                np.testing.assert_array_equal(f.at(k)["grid/u"][...], truth[k])
+    before = {n: open(os.path.join(native_path, n), "rb").read() for n in os.listdir(native_path)}
+    with pytest.raises(FormatError, match="lamina.meta has"):
+        lamina.open(native_path, "a", engine="native")
+    after = {n: open(os.path.join(native_path, n), "rb").read() for n in os.listdir(native_path)}
+    assert after == before
+
+
 def test_truncated_commit_drops_only_the_torn_step(native_path):
     truth = make_file(native_path, steps=3)
     commit = os.path.join(native_path, fmt.COMMIT_NAME)

@@ -861,6 +861,24 @@ class NativeEngine(BlockEngine):
             elif head.identity != self._identity:
                 raise FormatError(self._gone())
             new = entries[self._nentries :] if first else entries
+            cut = next((k for k, e in enumerate(new) if e.offset >= meta_size), len(new))
+            if cut < len(new):
+                # records whose frames start past the end of lamina.meta (only a reader gets
+                # them): the logs copied or cut at different moments, lamina.meta first. A
+                # file cut short: the records before open, a writer refuses (above)
+                gone, new = new[cut:], new[:cut]
+                if gone[0].seq != self._warned:
+                    self._warned = gone[0].seq
+                    warn_caller(
+                        f"{where}: {len(gone)} committed record{'s' if len(gone) > 1 else ''} "
+                        f"(record{'s' if len(gone) > 1 else ''} {gone[0].seq}"
+                        + (f"..{gone[-1].seq}" if len(gone) > 1 else "")
+                        + f") point past the end of {fmt.META_NAME} ({meta_size} bytes): the "
+                        "logs were copied or cut at different moments (lamina.meta before "
+                        "lamina.commit, as a copy of a file being written is); the steps before "
+                        "open, these records (steps, metadata changes or the writer's close) "
+                        "are left out"
+                    )
             out = []
             for ent in new:
                 try:

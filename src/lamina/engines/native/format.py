@@ -125,9 +125,11 @@ def parse_commits(
     A torn last entry (shorter than 32 bytes, or with a bad checksum) is a
     commit that did not happen and is ignored; any other inconsistency is a
     FormatError.  *meta_size* is the size of lamina.meta: every committed
-    record must lie inside it (after a header of the same version), except
-    the last with *last_past_end* (a reader that leaves out a damaged last
-    record: its frame read short is that record's FormatError).
+    record must lie inside it (after a header of the same version), except,
+    with *last_past_end* (a reader, which leaves them out), the last (its
+    frame read short is that record's FormatError) and those whose frames
+    start at or past the end of lamina.meta (a suffix, as frames only move
+    forward: the logs copied or cut at different moments).
 
     *after* ``(k, end)``: *buf* is the header followed by the entries from
     entry *k* on, the entries before it checked already and their last frame
@@ -156,9 +158,15 @@ def parse_commits(
                 f"{what}: commit entry {i} points at bytes {off}+{length}, expected offset "
                 f"{'at least ' if head.version >= 3 else ''}{expect_off}"
             )
-        if off + length > meta_size and not (last_past_end and j == n - 1):
+        if off + length > meta_size and not (last_past_end and (j == n - 1 or off >= meta_size)):
             raise FormatError(
                 f"{what}: commit entry {i} points at bytes {off}..{off + length} but {META_NAME} has {meta_size} bytes"
+                + (
+                    " (the logs copied or cut at different moments: readers open the records "
+                    "before it; a writer does not append to such a file)"
+                    if off >= meta_size
+                    else ""
+                )
             )
         entries.append(CommitEntry(seq, off, length, pcrc))
         expect_off = off + length
