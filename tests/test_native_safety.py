@@ -384,6 +384,54 @@ def test_planted_link_to_a_data_file_is_refused(native_path, tmp_path):
         assert f.steps == 1 and f["x"][0] == 1.0
 
 
+@pytest.mark.parametrize("mode", ["w", "a"])
+def test_a_planted_link_for_the_lock_is_refused_as_the_others(native_path, tmp_path, mode):
+    """A link at lamina.lock was a raw 'OSError: [Errno 40] Too many levels of symbolic
+    links'; every other planted link is a FormatError saying lamina does not follow it."""
+    write_steps(native_path, "w", [1.0])
+    victim = tmp_path / "victim.txt"
+    victim.write_text("do not touch")
+    lock = os.path.join(native_path, lock_mod.LOCK_NAME)
+    if os.path.lexists(lock):
+        os.unlink(lock)
+    os.symlink(victim, lock)
+    with pytest.raises(FormatError, match="lamina.lock is a symbolic link"):
+        lamina.open(native_path, mode)
+    assert victim.read_text() == "do not touch"
+    with lamina.open(native_path, "r") as f:
+        assert f.steps == 1 and f["x"][0] == 1.0
+
+
+WRITE_OVER = """
+import sys, lamina
+try:
+    lamina.open(sys.argv[1], "w").close()
+    print("opened")
+except Exception as e:
+    print(type(e).__name__, getattr(e, "filename", None), e, sep="|")
+"""
+
+
+@pytest.mark.parametrize("name", [fmt.COMMIT_NAME, fmt.META_NAME, "data.0.0"])
+@pytest.mark.parametrize("perm", [0o444, 0o000])
+def test_mode_w_refuses_read_only_files_and_removes_nothing(native_path, name, perm):
+    """Mode 'w' deleted read-only logs and subfiles wherever the directory and the lock
+    were writable; h5py's 'w' of a read-only file fails: a PermissionError naming the
+    file, and every file left as it was."""
+    write_steps(native_path, "w", [1.0, 2.0])
+    os.chmod(os.path.join(native_path, name), perm)
+    names = sorted(os.listdir(native_path))
+    try:
+        out = run_unprivileged(WRITE_OVER, native_path)
+    finally:
+        os.chmod(os.path.join(native_path, name), 0o644)
+    kind, filename, _ = out.strip().split("|", 2)
+    assert kind == "PermissionError" and filename == os.path.join(native_path, name), out
+    assert sorted(os.listdir(native_path)) == names
+    with lamina.open(native_path, "r") as f:
+        assert f.steps == 2 and f["x"][0] == 2.0
+
+
 @pytest.mark.parametrize("name", [fmt.META_NAME, fmt.COMMIT_NAME])
 def test_readers_do_not_follow_links_either(native_path, tmp_path, name):
     write_steps(native_path, "w", [1.0])

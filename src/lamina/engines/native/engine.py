@@ -744,6 +744,19 @@ class NativeEngine(BlockEngine):
         (re-created, said so) rather than the old log beside missing data or a new
         ``lamina.meta`` (reported as a corrupt or cut-short file)."""
         names = sorted(os.listdir(path), key=lambda n: (n != fmt.COMMIT_NAME, n))
+        for name in names:  # a read-only file is refused, as h5py's 'w' does, before any goes
+            full = os.path.join(path, name)
+            if (
+                _is_lamina_name(name)
+                and not name.startswith(LOCK_NAME)
+                and stat.S_ISREG(os.lstat(full).st_mode)
+                and not os.access(full, os.W_OK)
+            ):
+                raise PermissionError(
+                    errno.EACCES,
+                    f"cannot truncate lamina file {path!r}: {name} is read-only",
+                    full,
+                )
         for name in names:
             if name.startswith(LOCK_NAME) or not _is_lamina_name(name):
                 continue  # only what lamina wrote goes; a link goes as a link

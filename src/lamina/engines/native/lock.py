@@ -31,7 +31,7 @@ import os
 import socket
 import time
 
-from ...errors import LockError
+from ...errors import FormatError, LockError
 
 LOCK_NAME = "lamina.lock"
 #: errors of fcntl.lockf that mean "this file system has no locks" (not "someone holds it")
@@ -110,6 +110,13 @@ class WriterLock:
                 f"{self.path!r}: its lock file {os.path.basename(self.name)} is a directory, "
                 "which lamina did not make; remove it to write the file"
             ) from None
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.EMLINK):  # (O_NOFOLLOW met a link)
+                raise FormatError(
+                    f"{self.path}: {LOCK_NAME} is a symbolic link; lamina does not follow links "
+                    "inside its files"
+                ) from None
+            raise
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
