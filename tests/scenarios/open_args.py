@@ -77,7 +77,8 @@ def enospc(path: str) -> None:
         text = str(e)
         want = (
             f"failed on rank {fail}",
-            f"writing dataset 'x' box [{512 * fail}:{512 * (fail + 1)}",
+            f"writing step 2: dataset 'x' box [{512 * fail}:{512 * (fail + 1)}",
+            os.path.join(path, f"data.0.{fail}"),
         )
         if all(w in text for w in want):
             print(f"OK enospc {c.rank}: {text}", flush=True)
