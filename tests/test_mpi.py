@@ -348,3 +348,32 @@ def test_collective_read(tmp_path, n, writers):
     """ds.read(box, collective=True): any boxes, every value checked; misuse and damage raise everywhere."""
     res = mu.run_mpi(n, "collective_read", tmp_path / "c.lam", writers, timeout=120)
     assert "OK collective reads" in res.stdout
+
+
+@pytest.mark.parametrize(
+    "case, n",
+    [
+        ("not-initialized", 1),
+        ("comm-null", 1),
+        ("intercomm", 2),
+        ("intercomm", 3),
+        ("finalize-async", 1),
+        ("finalize-async", 2),
+        ("finalize-sync", 2),
+    ],
+)
+def test_mpi_not_in_the_state_a_file_needs(tmp_path, case, n):
+    """MPI not initialized, finalized by the program, or a communicator a file cannot use:
+    clear errors on every rank, where MPICH ended the process with no Python error, one
+    rank raised a bare AssertionError and the others hung, or a background step met a
+    finalized MPI (a segfault, its steps lost). Steps ended before a finalize are kept."""
+    import numpy as np
+
+    import lamina
+
+    path = tmp_path / "f.lam"
+    mu.run_mpi(n, "mpi_state", case, path, timeout=90)
+    if case.startswith("finalize"):
+        with lamina.open(path) as f:
+            assert f.steps == 3
+            np.testing.assert_array_equal(f.at(2)["u"][...], 200 + np.arange(8.0 * n))

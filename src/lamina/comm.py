@@ -27,6 +27,7 @@ from mpi4py import MPI
 from .errors import (
     CollectiveMismatchError,
     LaminaError,
+    MPIStateError,
     TransportError,
     error_from_wire,
     error_to_wire,
@@ -445,13 +446,61 @@ def intercomm(local: MPI.Intracomm, remote_app: int, tag: int) -> MPI.Intercomm:
     return local.Create_intercomm(0, peer, task_leader(remote_app), tag)
 
 
+def finalized() -> bool:
+    """Independent: whether MPI was finalized (no MPI call may be made any more)."""
+    return bool(MPI.Is_finalized())
+
+
+def check_mpi(what: str) -> None:
+    """Independent: an :class:`~lamina.errors.MPIStateError` naming *what* where MPI cannot
+    be used now (a call into MPICH then ends the process with no Python error): not
+    initialized yet (``mpi4py.rc.initialize = False``), or finalized."""
+    if finalized():
+        raise MPIStateError(
+            f"{what}: MPI was finalized (MPI.Finalize was called): close lamina files before "
+            "finalizing MPI; the steps committed before stay"
+        )
+    if not MPI.Is_initialized():
+        raise MPIStateError(
+            f"{what}: MPI is not initialized (mpi4py.rc.initialize is False): call "
+            "MPI.Init() or MPI.Init_thread() first"
+        )
+
+
 def resolve(comm: MPI.Comm | None) -> MPI.Comm:
-    """The communicator a file should use: *comm*, else the task communicator."""
+    """The communicator a file should use: *comm*, else the task communicator; a
+    TypeError or ValueError naming ``comm`` for one a file cannot use."""
+    check_mpi("lamina.open")
     if comm is None:
         return task_comm()
     if not isinstance(comm, MPI.Comm):
         raise TypeError(f"comm must be an mpi4py communicator, got {type(comm).__name__}")
+    if comm == MPI.COMM_NULL:
+        raise ValueError(
+            "comm is MPI.COMM_NULL (a communicator freed, or one this rank is not a member "
+            "of): give the communicator of the ranks that open the file"
+        )
+    if comm.Is_inter():
+        raise TypeError(
+            "comm is an intercommunicator: a file is opened by the ranks of one group; give "
+            "an intracommunicator (e.g. comm.Merge() or each side's own communicator)"
+        )
     return comm
+
+
+def at_finalize(fn: Callable[[], None]) -> None:
+    """Independent: call *fn* when the program calls ``MPI.Finalize`` itself (first thing in
+    it, while MPI still works: a delete callback of an attribute of ``MPI.COMM_SELF``,
+    which MPI frees first), as HDF5 closes its library there."""
+
+    def deleted(comm, keyval, value) -> None:
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - nothing to raise to inside MPI_Finalize
+            pass
+
+    keyval = MPI.Comm.Create_keyval(delete_fn=deleted)
+    MPI.COMM_SELF.Set_attr(keyval, 1)
 
 
 #: the thread level background I/O needs (two threads calling MPI at once)

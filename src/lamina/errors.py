@@ -116,6 +116,10 @@ class CodecError(LaminaError, ValueError):
     """A compression codec is unknown, misconfigured or failed."""
 
 
+class MPIStateError(LaminaError, RuntimeError):
+    """MPI cannot be used now: not initialized yet, or finalized while a file was open."""
+
+
 class RemoteError(LaminaError, RuntimeError):
     """Another rank failed inside a collective call; this rank aborts with it."""
 

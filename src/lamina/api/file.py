@@ -334,6 +334,8 @@ class File(Group):
     # -- lifetime ---------------------------------------------------------
     def close(self) -> None:
         """Collective: commit pending changes (writers) and close."""
+        if not self._engine.closed:  # (no MPI call may be made after MPI.Finalize)
+            comm_mod.check_mpi(f"close of {self._filename!r}")
         self._engine.close()
 
     def __del__(self) -> None:
@@ -357,6 +359,8 @@ class File(Group):
         return self
 
     def __exit__(self, et, ev, tb) -> None:
+        if ev is not None and not self._engine.closed and comm_mod.finalized():
+            self.close()  # MPIStateError (what there is to say; the program's error chained)
         if is_left(ev):  # another rank let go of the file: no collective call with it any more
             self._engine.abandon()
             return

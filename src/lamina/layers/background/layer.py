@@ -155,6 +155,9 @@ def _hook_exit() -> None:
     register = getattr(threading, "_register_atexit", None)  # CPython >= 3.9
     if register is not None:
         register(_at_exit)
+    # and where the program finalizes MPI itself before that: its background threads, in MPI
+    # calls of their own, met a finalized MPI (a segfault, and the steps ended were lost)
+    comm_mod.at_finalize(_at_exit)
 
 
 #: The flags of the agreement every collective call of the program's thread starts with
