@@ -552,7 +552,10 @@ def calls_apart(io: str) -> None:
         else:
             f.flush()
     except lamina.CollectiveMismatchError as e:
-        assert "different collective calls" in str(e), e
+        # naming both calls, under io="async" too (it named none there)
+        said = str(e)
+        assert "different collective calls" in said and "create_dataset" in said, e
+        assert "flush" in said, e
     else:
         raise AssertionError(f"rank {rank}: create_dataset against flush went on")
     row = lamina.Box((rank,), (rank + 1,))

@@ -206,6 +206,24 @@ def _ends_step(kind: int) -> bool:
     return kind in (0, 1 + SYNC_STEP, 1 + FIRST)
 
 
+#: the program's call each kind of flag stands for (:func:`_kind`), in messages
+_KIND_NAMES = {
+    0: "end_step",
+    1 + AGREE: "an agreement of the file's (refresh, iter_steps)",
+    1 + WAIT: "wait",
+    1 + FLUSH: "flush",
+    1 + DEFINE: "create_dataset",
+    1 + GROUP: "create_group",
+    1 + EXT: "a change of the file's metadata",
+    1 + DERIVE: "derive",
+    1 + REFRESH: "refresh",
+    1 + READ: "read(collective=True)",
+    1 + SYNC_STEP: "end_step",
+    1 + FIRST: "end_step",
+    CLOSING: "close",
+}
+
+
 def _kind(flag: int) -> int:
     """0: an end_step; 1 + call: a point (see SPAN); CLOSING: close."""
     if flag >= CLOSING:
@@ -541,13 +559,17 @@ class BackgroundLayer(Layer):
                 return top
             if apart == 1:
                 # different calls, not a step dropped on some ranks: the program's ranks went
-                # different ways; every rank raises, none waits for a call never made
+                # different ways; every rank raises, none waits for a call never made, and
+                # says which calls met (every rank is here: one more agreement names them)
                 self._diverged = True
+                least = comm_mod.allreduce_int(self._own(), _kind(flag), "min")
+                a, b = (_KIND_NAMES.get(k, f"call {k}") for k in (least, _kind(top)))
                 raise mark_collective(
                     CollectiveMismatchError(
-                        f"ranks made different collective calls together on {self.path!r} "
-                        "(a collective call made on some ranks only); every rank must make "
-                        "the same collective calls in the same order"
+                        f"ranks made different collective calls together on {self.path!r}: "
+                        f"{a} on some, {b} on others (a collective call made on some ranks "
+                        "only); every rank must make the same collective calls in the same "
+                        "order"
                     )
                 )
             if _kind(flag) != _kind(top):
