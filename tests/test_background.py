@@ -367,6 +367,10 @@ def test_below_thread_multiple_writes_synchronously(path, monkeypatch):
     assert any(
         issubclass(x.category, LaminaWarning) and "MPI_THREAD_MULTIPLE" in str(x.message) for x in w
     )
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        lamina.open(path.replace(".lam", "-auto.lam"), "w", io="auto").close()
+    assert any("io='auto' needs MPI_THREAD_MULTIPLE" in str(x.message) for x in w)  # not 'async'
     with f:
         assert f.io == "sync"
         ds = f.create_dataset("x", (4, 6), "f8")

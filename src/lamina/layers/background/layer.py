@@ -325,7 +325,8 @@ class BackgroundLayer(Layer):
         level = comm_mod.thread_level()
         if level < comm_mod.THREAD_MULTIPLE:
             warnings.warn(
-                f"io='async' needs MPI_THREAD_MULTIPLE, MPI provides {comm_mod.thread_level_name(level)}: "
+                f"io={'auto' if self.auto else 'async'!r} needs MPI_THREAD_MULTIPLE, MPI provides "
+                f"{comm_mod.thread_level_name(level)}: "
                 f"{self.path!r} is "
                 + ("read without read-ahead" if self.mode == "r" else "written synchronously"),
                 LaminaWarning,
