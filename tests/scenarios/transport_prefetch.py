@@ -62,6 +62,10 @@ def produce(name: str, steps: int) -> None:
                 f["u"][box.slices] = u_values(box, k)
                 a, b = cuts(NP, [(r + k) % 3 + 1 for r in range(size)])[rank]
                 f["p"][a:b] = p_values(a, b, k)
+        # the producer keeps what it wrote of every step, released or not, as a file's
+        # writer does (a consumer's release made its blocks a StepError here)
+        if len(f["u"].blocks(0)) != size or not f["u"].coverage(0):
+            raise AssertionError(f"step 0's blocks: {f['u'].blocks(0)}")
     if rank == 0:
         say(f"OK produce {name}: {steps} steps from {size} ranks")
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import math
 import struct
+import types
 import zlib
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -1890,14 +1891,25 @@ class StepBlocks:
         return sum(t.nbytes for t in self._tables.values())
 
 
+#: the empty sections, extents and tables every :class:`ReleasedStep` shares (never changed)
+_NOTHING: Any = types.MappingProxyType({})
+_NO_EXTENTS: Any = ()
+
+
 class ReleasedStep(StepBlocks):
     """A step whose blocks are gone from memory (the memory transport released it): its
     tables are a StepError saying *why*, not the empty tables of a step that wrote nothing."""
 
     __slots__ = ()
 
-    def __init__(self, why: str) -> None:
-        super().__init__({}, [], None, why)
+    def __init__(self, why: str) -> None:  # one per step of a long stream: no containers of
+        self.sections = _NOTHING  # its own (the empty ones shared, never changed)
+        self.extents = _NO_EXTENTS
+        self._load = None
+        self._tables = _NOTHING
+        self.what = why
+        self.version = 4
+        self._ones = None
 
     def nblocks(self, dataset: int) -> int:
         raise StepError(self.what)

@@ -371,9 +371,6 @@ class Producer(TransportBase):
         for k in [k for k in self._data if k not in keep]:
             del self._data[k]
             self._stats_logs.pop(k, None)
-            self.catalog.forget(
-                k, f"step {k} of {self.path!r} was released: every consumer is done with it"
-            )
 
     def _serve_once(self) -> bool:
         """Independent: answer every waiting request; True if anything happened (either thread)."""
