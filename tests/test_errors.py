@@ -862,6 +862,19 @@ def test_long_double_scalars_are_cast_by_value(writer, dtype, value, kind):
     assert ds[1] == (3 if dtype != "f8" else 3.9)
 
 
+def test_a_long_double_fraction_into_bool_is_true(writer):
+    """Nonzero is True, as numpy and h5py cast np.longdouble(0.5) (it was truncated to 0)."""
+    ds = writer.create_dataset("flags", shape=(2,), dtype=bool)
+    with writer.step():
+        ds[0] = np.longdouble(0.5)
+        ds[1] = np.longdouble(0)
+    assert ds[...].tolist() == [True, False]
+    made = writer.create_dataset("made", data=np.longdouble(0.5), dtype=bool)
+    with writer.step():
+        writer["fields/temp"][0] = -1.0
+    assert bool(made[...]) is True
+
+
 def test_create_dataset_casts_python_numbers_by_value(writer):
     """Python numbers and lists of them are data of the dataset's dtype where their values
     fit, as a write of them is (and h5py's create_dataset): [1, 2, 3] into uint8."""

@@ -250,9 +250,11 @@ def cast_by_value(value, dtype: np.dtype, what: str, said: str | None = None) ->
         if isinstance(value, np.generic):  # a long double: no Python number holds it
             if np.iscomplexobj(value):
                 value = complex(value)  # (into a real dtype: refused as a Python complex is)
-            elif dtype.kind in "iub" and np.isfinite(value):
+            elif dtype.kind == "b":
+                value = bool(value)  # nonzero (0.5 included) is True, as numpy casts it
+            elif dtype.kind in "iu" and np.isfinite(value):
                 value = int(value)  # truncated and range-checked as a Python float is
-            elif dtype.kind in "iub":
+            elif dtype.kind in "iu":
                 value = float(value)  # NaN or an infinity: no integer, as for a Python float
     try:
         with np.errstate(over="raise"):
