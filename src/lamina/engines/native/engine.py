@@ -886,7 +886,8 @@ class NativeEngine(BlockEngine):
                         f"{where}: {len(gone)} committed record{'s' if len(gone) > 1 else ''} "
                         f"(record{'s' if len(gone) > 1 else ''} {gone[0].seq}"
                         + (f"..{gone[-1].seq}" if len(gone) > 1 else "")
-                        + f") point past the end of {fmt.META_NAME} ({meta_size} bytes): the "
+                        + f") point{'' if len(gone) > 1 else 's'} past the end of "
+                        f"{fmt.META_NAME} ({meta_size} bytes): the "
                         "logs were copied or cut at different moments (lamina.meta before "
                         "lamina.commit, as a copy of a file being written is); the steps before "
                         "open, these records (steps, metadata changes or the writer's close) "
