@@ -862,6 +862,14 @@ def test_long_double_scalars_are_cast_by_value(writer, dtype, value, kind):
     assert ds[1] == (3 if dtype != "f8" else 3.9)
 
 
+def test_a_matrix_of_one_row_fills_a_1d_selection(writer):
+    """As an array of shape (1, 6) does (leading axes of length 1 may go): a matrix, which
+    stays 2-D under reshape, was a ShapeError."""
+    with writer.step():
+        writer["fields/temp"][0] = np.matrix([[1.0, 2, 3, 4, 5, 6]])
+    assert writer["fields/temp"][0].tolist() == [1.0, 2, 3, 4, 5, 6]
+
+
 def test_a_long_double_fraction_into_bool_is_true(writer):
     """Nonzero is True, as numpy and h5py cast np.longdouble(0.5) (it was truncated to 0)."""
     ds = writer.create_dataset("flags", shape=(2,), dtype=bool)

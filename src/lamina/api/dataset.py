@@ -768,7 +768,8 @@ class Dataset(OpenFileView):
         (RangeError, an OverflowError).
         """
         if isinstance(value, np.ndarray):
-            return value
+            # (a matrix stays 2-D under reshape: as the array it holds, leading 1s may go)
+            return np.asarray(value) if isinstance(value, np.matrix) else value
         if not takes_by_value(value):  # an array-like of its own dtype, as an array
             arr = np.asarray(value)
             if arr.dtype.kind != "O":
