@@ -862,6 +862,7 @@ def test_long_double_scalars_are_cast_by_value(writer, dtype, value, kind):
     assert ds[1] == (3 if dtype != "f8" else 3.9)
 
 
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # numpy's, of np.matrix
 def test_a_matrix_of_one_row_fills_a_1d_selection(writer):
     """As an array of shape (1, 6) does (leading axes of length 1 may go): a matrix, which
     stays 2-D under reshape, was a ShapeError."""
