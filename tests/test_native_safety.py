@@ -696,6 +696,23 @@ def test_an_append_killed_while_it_cuts_the_unreadable_tail_leaves_the_prefix(na
         assert f.steps == 3 and int(f["x"][0]) == 7000
 
 
+def _fill_disk(monkeypatch, target: str, err: int) -> None:
+    """Every write of this process to a file whose name starts with *target* fails with
+    *err* (a full disk: ENOSPC, or EFBIG past a size limit) until ``monkeypatch.undo()``."""
+    real = {"pwrite": os.pwrite, "pwritev": os.pwritev}
+
+    def full(name):
+        def write(fd, data, offset):
+            if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith(target):
+                raise OSError(err, os.strerror(err))
+            return real[name](fd, data, offset)
+
+        return write
+
+    for name in real:
+        monkeypatch.setattr(os, name, full(name))
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names open files through /proc")
 @pytest.mark.parametrize(
     "target, words",
@@ -711,22 +728,11 @@ def test_an_append_killed_while_it_cuts_the_unreadable_tail_leaves_the_prefix(na
 def test_a_full_disk_names_what_was_being_written(native_path, monkeypatch, target, words):
     """A write that fails names its file and what it held (small blocks said 'the step's
     blocks'; the metadata and the commit log named no file at all); nothing is committed."""
-    real = {"pwrite": os.pwrite, "pwritev": os.pwritev}
-
-    def full(name):
-        def write(fd, data, offset):
-            if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith(target):
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            return real[name](fd, data, offset)
-
-        return write
-
     with lamina.open(native_path, "w", durable=False) as f:
         a, b = f.create_dataset("a", (4,)), f.create_dataset("b", (4,))
         with f.step():
             a[...], b[...] = 1, 2
-        for name in real:
-            monkeypatch.setattr(os, name, full(name))
+        _fill_disk(monkeypatch, target, errno.ENOSPC)
         with pytest.raises(OSError, match=words) as got:
             with f.step():
                 a[...], b[...] = 3, 4
@@ -755,24 +761,13 @@ def test_a_full_disk_names_the_step_or_record_and_the_whole_path(
 ):
     """A full subfile was named by its bare name ('data.0.0', relative to nothing) without
     the step; a close or metadata record that did not fit was 'the step's record'."""
-    real = {"pwrite": os.pwrite, "pwritev": os.pwritev}
-
-    def full(name):
-        def write(fd, data, offset):
-            if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith(target):
-                raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
-            return real[name](fd, data, offset)
-
-        return write
-
     f = lamina.open(native_path, "w", durable=False)
     a = f.create_dataset("a", (1 << 16,))
     with f.step():
         a[...] = 1
     if record == "meta":
         f.attrs["note"] = "pending"  # committed at close by a metadata record
-    for name in real:
-        monkeypatch.setattr(os, name, full(name))
+    _fill_disk(monkeypatch, target, errno.EFBIG)
     with pytest.raises(OSError, match=words) as got:
         if record == "step":
             with f.step():
