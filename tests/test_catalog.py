@@ -969,6 +969,47 @@ def test_hits_keeps_the_last_search_and_only_for_its_box():
     assert back is not first and back[0].tolist() == first[0].tolist() == [0, 1]
 
 
+# -- threads: a table, a step and a catalog are read by several threads at once -----------
+# (thread_util.interleavings runs a second call at every bytecode of the first one: a
+# value published before it is whole is met half-made at some switch, every time)
+
+
+def _rows_of_four(n: int = 16) -> tuple[np.ndarray, np.ndarray]:
+    """Corners of *n* blocks of 4 rows by 8 columns, one under the other."""
+    lo = np.stack([np.arange(0, 4 * n, 4), np.zeros(n, np.int64)], axis=1).astype(np.int64)
+    return lo, lo + np.array([4, 8], dtype=np.int64)
+
+
+def test_hits_from_a_thread_switched_to_while_the_sorted_order_is_made():
+    """The second search of a table makes its sorted order (starts, and the widest block's
+    extent): a search by another thread switched to at any point of it finds every block
+    of its box, the blocks that start before the box too (the order was published before
+    the extent, 0 until then: blocks begun before the box were left out, and a read filled
+    their part with the fill value)."""
+    from thread_util import interleavings
+
+    lo, hi = _rows_of_four()
+
+    def setup() -> BlockTable:
+        t = _table_of_boxes(lo, hi)
+        t.hits((0, 0), (1, 1))  # the first search: a scan (the next ones sort)
+        return t
+
+    n = 0
+    for _k, out, inner, _t in interleavings(
+        [BlockTable.hits],
+        setup,
+        lambda t: t.hits((41, 2), (47, 5)),
+        lambda t: t.hits((5, 0), (7, 8)),
+    ):
+        assert out.get()[0].tolist() == [10, 11]
+        idx, a, b = inner.get()
+        assert idx.tolist() == [1] and a.tolist() == [[5, 0]] and b.tolist() == [[7, 8]]
+        n += 1
+    assert n > 20  # (the search was traced)
+
+
+
 @pytest.mark.parametrize(
     "column, k, value, text",
     [

@@ -285,7 +285,7 @@ _I8, _U8, _U4, _U1, _F8 = (np.dtype(t) for t in ("<i8", "<u8", "<u4", "u1", "<f8
 
 
 #: the slots of a :class:`BlockTable` that hold no column (its dtype, shape and search state)
-_NOT_COLUMNS = frozenset("dtype ndim _order _first _reach _hull _whole _last _disjoint".split())
+_NOT_COLUMNS = frozenset("dtype ndim _sorted _hull _whole _last _disjoint".split())
 
 
 class BlockTable:
@@ -318,9 +318,7 @@ class BlockTable:
         "ssum",
         "count",
         "amax",
-        "_order",
-        "_first",
-        "_reach",
+        "_sorted",
         "_hull",
         "_whole",
         "_last",
@@ -361,9 +359,10 @@ class BlockTable:
         #: bands of multiresolution datasets (format 4): the largest magnitude of each band's
         #: decoded coefficients (inf: unknown); None for other tables
         self.amax = amax
-        self._order: np.ndarray | None = None  # rows sorted by start in dimension 0 (hits)
-        self._first: np.ndarray | None = None  # their starts in dimension 0
-        self._reach = 0  # the widest block's extent in dimension 0
+        # (hits) the rows sorted by start in dimension 0, their starts in dimension 0 and the
+        # widest block's extent in dimension 0, made whole before they are stored: a thread
+        # sees none of them or all three (one half-made searched with the extent 0)
+        self._sorted: tuple[np.ndarray, np.ndarray, int] | None = None
         # the box around every block, as tuples of ints; the answer of a search that holds it
         self._hull: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         self._whole: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
@@ -714,12 +713,13 @@ class BlockTable:
         if last is None:  # the first search: one scan of dimension 0, ascending rows
             cand = np.flatnonzero((self.start[:, 0] < e[0]) & (self.stop[:, 0] > s[0]))
         else:
-            if self._order is None or self._first is None:
-                self._order = np.argsort(self.start[:, 0], kind="stable")
-                self._first = self.start[self._order, 0]
-                self._reach = int((self.stop[:, 0] - self.start[:, 0]).max())
-            order, first = self._order, self._first
-            a = int(np.searchsorted(first, int(s[0]) - self._reach, side="right"))
+            by_start = self._sorted
+            if by_start is None:
+                order = np.argsort(self.start[:, 0], kind="stable")
+                reach = int((self.stop[:, 0] - self.start[:, 0]).max())
+                by_start = self._sorted = (order, self.start[order, 0], reach)
+            order, first, reach = by_start
+            a = int(np.searchsorted(first, int(s[0]) - reach, side="right"))
             b = int(np.searchsorted(first, int(e[0]), side="left"))
             cand = np.sort(order[a:b])
         lo = np.maximum(self.start[cand], s)
