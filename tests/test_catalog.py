@@ -1009,6 +1009,33 @@ def test_hits_from_a_thread_switched_to_while_the_sorted_order_is_made():
     assert n > 20  # (the search was traced)
 
 
+def test_block_checksums_from_a_thread_switched_to_while_their_pointer_is_made():
+    """Where each block's checksums start is made at the first use (crc_ptr): another
+    thread asking for a block's checksums at any point of it gets them all (the pointer
+    was published zeroed, then summed: a block had no checksums, and a read of an intact
+    file failed as corrupt)."""
+    from thread_util import interleavings
+
+    lo, hi = _rows_of_four(3)
+    crcs = [[11, 12], [13], [14, 15, 16]]
+
+    def setup() -> BlockTable:
+        return BlockTable.build(np.dtype("f8"), lo, hi, crcs=crcs)
+
+    def outer(t: BlockTable):
+        return t.crc_ptr.tolist()
+
+    assert BlockTable.crc_ptr.fget is not None
+    n = 0
+    for _k, out, inner, _t in interleavings(
+        [BlockTable.crc_ptr.fget], setup, outer, lambda t: [t.block_crcs(i) for i in range(3)]
+    ):
+        assert out.get() == [0, 2, 3, 6]
+        assert inner.get() == [tuple(c) for c in crcs]
+        n += 1
+    assert n > 5
+
+
 
 @pytest.mark.parametrize(
     "column, k, value, text",

@@ -295,6 +295,11 @@ class BlockTable:
     in ``put`` order).  Tables are immutable once built, but for statistics
     that arrive after the record (:meth:`set_stats`); columns may be
     read-only views of the bytes they were decoded from.
+
+    Readers of one table in several threads (dask's threaded scheduler): what a table
+    makes at its first use (the search order, the checksum pointer, the hull) is made
+    whole in local variables and then stored with one assignment, so that a thread finds
+    it whole or not at all (then makes its own); no lock is taken on a read.
     """
 
     __slots__ = (
@@ -406,11 +411,14 @@ class BlockTable:
     def crc_ptr(self) -> np.ndarray:
         """Where each block's checksums start in :attr:`crcs` (``n + 1`` entries, the last the
         total).  Made at the first use: a commit encodes tables that never need it, and its
-        cumulative sum costs a few microseconds a table."""
+        cumulative sum costs a few microseconds a table.  Stored once summed: another
+        thread finds it whole or not at all (one stored zeroed, then summed, gave a block
+        no checksums, and a read of it failed as corrupt)."""
         p = self._crc_ptr
         if p is None:
-            p = self._crc_ptr = np.zeros(len(self.ncrc) + 1, dtype=np.int64)
+            p = np.zeros(len(self.ncrc) + 1, dtype=np.int64)
             np.cumsum(self.ncrc, out=p[1:])
+            self._crc_ptr = p
         return p
 
     def set_stats(
