@@ -1036,6 +1036,37 @@ def test_block_checksums_from_a_thread_switched_to_while_their_pointer_is_made()
     assert n > 5
 
 
+def test_a_step_released_by_a_thread_while_another_takes_a_table_of_it(rng):
+    """A catalog releases the tables of a step read long ago while another thread may be
+    taking a table of it: one taken from the one-block sections decoded together, at any
+    point, is the table decoded alone (the step's sections were looked up again after
+    the release had dropped them: AttributeError)."""
+    from thread_util import interleavings
+
+    from lamina.catalog.blocks import StepBlocks, encode_area
+
+    specs, tables = _one_block_tables(rng)
+    secs, area = encode_area(tables)
+    did, other = [s.dataset for s in secs if s.nblocks == 1][:2]
+    alone = StepBlocks({s.dataset: s for s in secs}, [], lambda o, n: area[o : o + n], "step 0")
+    want = alone.table(specs[did])
+
+    def setup() -> StepBlocks:
+        sb = StepBlocks({s.dataset: s for s in secs}, [], lambda o, n: area[o : o + n], "step 0")
+        sb.table(specs[other], specs, eager=True)  # the one-block sections, together
+        assert sb.together
+        return sb
+
+    n = 0
+    for _k, out, inner, _sb in interleavings(
+        [StepBlocks.table], setup, lambda sb: sb.table(specs[did], specs), lambda sb: sb.release()
+    ):
+        inner.get()
+        _columns_equal(out.get(), want)
+        n += 1
+    assert n > 10
+
+
 
 @pytest.mark.parametrize(
     "column, k, value, text",

@@ -1765,16 +1765,18 @@ class StepBlocks:
         sec = self.sections.get(spec.id) if spec.id >= 0 else None
         if sec is None:
             return BlockTable.empty(spec.ndim, spec.dtype)
+        # read once: another thread's release() may drop them meanwhile (dict.pop is atomic)
+        ones = self._ones
         if (
-            self._ones is None
+            ones is None
             and specs is not None
             and (eager or len(self._tables) >= max(1, len(self.sections) // ONES_SHARE))
             and self._load is not None
             and sec.nblocks == 1
             and len(self.sections) >= ONES_MIN
         ):
-            self._ones = self._decode_ones(specs)
-        got = self._ones.pop(spec.id, None) if self._ones else None
+            ones = self._ones = self._decode_ones(specs)
+        got = ones.pop(spec.id, None) if ones else None
         if got is not None:
             t = self._tables[spec.id] = got[0].table(got[1], spec.dtype)
             return t
@@ -1896,7 +1898,8 @@ class StepBlocks:
     @property
     def nbytes(self) -> int:
         """Memory held by the decoded tables."""
-        return sum(t.nbytes for t in self._tables.values())
+        # (a copy of the tables, made at once: a reader's thread may add one meanwhile)
+        return sum(t.nbytes for t in tuple(self._tables.values()))
 
 
 #: the empty sections, extents and tables every :class:`ReleasedStep` shares (never changed)
