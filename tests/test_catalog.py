@@ -1067,6 +1067,44 @@ def test_a_step_released_by_a_thread_while_another_takes_a_table_of_it(rng):
     assert n > 10
 
 
+def test_steps_kept_by_two_threads_at_once():
+    """Two threads reading steps of one file keep them in the catalog at once: at any
+    point of one's keeping the other's, both are kept, the oldest two are released (once
+    each), and KEEP_STEPS are kept (two threads dropped the same oldest step: KeyError,
+    or one iterated the steps while the other changed them: RuntimeError)."""
+    from thread_util import interleavings
+
+    from lamina.catalog.tree import KEEP_STEPS
+
+    class Step:
+        def __init__(self, k: int, released: list[int]) -> None:
+            self.k, self.released = k, released
+
+        def release(self) -> None:
+            self.released.append(self.k)
+
+    def setup() -> tuple[Catalog, list[int]]:
+        cat, released = Catalog(), []
+        for k in range(KEEP_STEPS):
+            cat._keep(k, Step(k, released))  # type: ignore[arg-type]
+        assert not released
+        return cat, released
+
+    def keep(state, k: int) -> None:
+        cat, released = state
+        cat._keep(k, Step(k, released))
+
+    n = 0
+    for _k, out, inner, (cat, released) in interleavings(
+        [Catalog._keep], setup, lambda s: keep(s, 100), lambda s: keep(s, 101)
+    ):
+        out.get()
+        inner.get()
+        assert sorted(released) == [0, 1]
+        assert sorted(cat._kept) == [*range(2, KEEP_STEPS), 100, 101]
+        n += 1
+    assert n > 10
+
 
 @pytest.mark.parametrize(
     "column, k, value, text",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from ..errors import FormatError
 from ..geometry import Box
 from .blocks import BlockTable, ReleasedStep, StepBlocks
@@ -51,8 +53,9 @@ class Catalog:
         # decoded together (then the next step's are, from its first table)
         self._reading: StepBlocks | None = None
         self._together = False
-        # the steps whose decoded tables are kept, least recently read first (KEEP_STEPS)
-        self._kept: dict[int, StepBlocks] = {}
+        # the steps whose decoded tables are kept, least recently read first (KEEP_STEPS);
+        # an OrderedDict: its oldest step is taken with one call, never by iterating it
+        self._kept: OrderedDict[int, StepBlocks] = OrderedDict()
         # children(): every path's child names, rebuilt when paths were added or restored
         # (paths are only ever added, except by restore, which counts)
         self._restores = 0
@@ -102,13 +105,21 @@ class Catalog:
 
     def _keep(self, step: int, sb: StepBlocks) -> None:
         """Count *sb* (step *step*) as read last; release the tables of the step read longest
-        ago beyond :data:`KEEP_STEPS` (read again from the file if asked for again)."""
+        ago beyond :data:`KEEP_STEPS` (read again from the file if asked for again).
+
+        Threads reading steps of one file call this at once: each change of the steps kept
+        is one call of the OrderedDict's, atomic under the GIL (the oldest step found by
+        iterating it, then dropped, was dropped by two threads: KeyError, or met a change
+        by another: RuntimeError).  At worst a step is dropped early, and read from the
+        file again when next asked for."""
         kept = self._kept
         kept.pop(step, None)
         kept[step] = sb
         if len(kept) > KEEP_STEPS:
-            oldest = next(iter(kept))
-            old = kept.pop(oldest)
+            try:
+                _, old = kept.popitem(last=False)
+            except KeyError:  # (none left: other threads dropped them meanwhile)
+                return
             if old is not sb:  # (a step re-made by a restore under the same number)
                 old.release()
 
