@@ -555,6 +555,8 @@ class NativeEngine(BlockEngine):
             for r in range(lo, hi):
                 self.agg_of[r] = a
         self.is_agg = self.agg_rank[self.agg_of[self.rank]] == self.rank
+        # what reads open read-only, by name (the subfiles, lamina.meta): one descriptor
+        # each, every thread's (_open_reader)
         self._rfds: dict[str, int] = {}
         # the buffers of the pieces of runs read (_read_run), one per reading thread, used
         # again: a piece into fresh memory pays a page fault per 4 KiB; a thread takes one
@@ -575,7 +577,6 @@ class NativeEngine(BlockEngine):
         self._version = (
             fmt.VERSION
         )  # the file's format version (an older file is appended in its own)
-        self._meta_rfd = -1  # lamina.meta, read-only: block areas are read from it when used
         # the file's directory, held open: what is read is opened in it, so that a file moved
         # (renamed) while open reads on as an open h5py file does, and one deleted says so
         self._dir_fd = -1
@@ -1100,21 +1101,31 @@ class NativeEngine(BlockEngine):
         return rec.step_blocks(load, what)
 
     def _meta_reader(self) -> int:
-        if self._meta_rfd < 0:
+        fd = self._rfds.get(fmt.META_NAME)
+        if fd is None:
             try:
-                self._meta_rfd = _open_in(
-                    self.path, fmt.META_NAME, os.O_RDONLY, dir_fd=self._dir_fd
-                )
+                fd = self._open_reader(fmt.META_NAME)
             except FileNotFoundError:
                 self._check_identity()  # a file deleted or re-created under this reader says so
                 raise
-            try:
-                self._check_identity()
-            except BaseException:
-                os.close(self._meta_rfd)
-                self._meta_rfd = -1
-                raise
-        return self._meta_rfd
+        return fd
+
+    def _open_reader(self, name: str) -> int:
+        """*name* in the file's directory opened read-only, once for every thread: the
+        descriptor kept in :attr:`_rfds` (FileNotFoundError, or FormatError where the file
+        was re-created meanwhile).  Threads reading at once may each open it: the first one
+        kept is every thread's, the others are closed (each kept its own in turn: all but
+        the last were left open)."""
+        fd = _open_in(self.path, name, os.O_RDONLY, dir_fd=self._dir_fd)
+        try:
+            self._check_identity()  # what is opened now must be of the file this rank knows
+        except BaseException:
+            os.close(fd)
+            raise
+        kept = self._rfds.setdefault(name, fd)  # atomic: one descriptor wins
+        if kept != fd:
+            os.close(fd)
+        return kept
 
     def _missing_data(self, rec: Record) -> str | None:
         """What of *rec*'s block data is not in its subfiles (None if everything is)."""
@@ -1464,16 +1475,10 @@ class NativeEngine(BlockEngine):
         fd = self._rfds.get(name)
         if fd is None:
             try:
-                fd = _open_in(self.path, name, os.O_RDONLY, dir_fd=self._dir_fd)
+                fd = self._open_reader(name)
             except FileNotFoundError:
                 self._check_identity()  # a file deleted or re-created under this reader says so
                 raise FormatError(f"{self.path}: subfile {name} is missing") from None
-            try:
-                self._check_identity()  # the subfile opened now must be of the file this rank knows
-            except BaseException:
-                os.close(fd)
-                raise
-            self._rfds[name] = fd
         return fd
 
     def _check_identity(self) -> None:
@@ -1979,7 +1984,7 @@ class NativeEngine(BlockEngine):
         fds = list(getattr(self, "_rfds", {}).values())
         fds += [
             getattr(self, n, -1)
-            for n in ("_meta_fd", "_commit_fd", "_data_fd", "_held_fd", "_meta_rfd", "_dir_fd")
+            for n in ("_meta_fd", "_commit_fd", "_data_fd", "_held_fd", "_dir_fd")
         ]
         for fd in fds:
             if fd >= 0:
@@ -1988,7 +1993,7 @@ class NativeEngine(BlockEngine):
                 except OSError:
                     pass
         self._rfds = {}
-        self._meta_fd = self._commit_fd = self._data_fd = self._held_fd = self._meta_rfd = -1
+        self._meta_fd = self._commit_fd = self._data_fd = self._held_fd = -1
         self._dir_fd = -1
         # the read buffers go now, not when the collector frees the engine (a file's catalog
         # and its engine refer to each other): the next file's reads find their memory

@@ -1,0 +1,109 @@
+"""Reads of one open file from several threads at once (dask's threaded scheduler, a
+ThreadPoolExecutor): every value as written, no error, no file descriptor left open.
+
+The switches that matter are made deterministic by :func:`thread_util.interleavings`;
+a stress test reads many steps from many threads with thread switches as often as
+CPython makes them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from thread_util import interleavings
+
+import lamina
+from lamina.catalog.tree import KEEP_STEPS
+from lamina.engines.native import engine as native_engine
+
+#: steps of the files read: more than a catalog keeps the tables of
+NSTEPS = KEEP_STEPS + 8
+
+
+def _expected(step: int) -> np.ndarray:
+    """Step *step* of dataset "a" (64 x 8): 16 blocks of 4 rows, each its own value."""
+    rows = np.arange(64, dtype=np.float64) // 4
+    return (1000.0 * step + rows)[:, None] + 0.01 * np.arange(8)
+
+
+@pytest.fixture(scope="module")
+def steps_file(tmp_path_factory) -> str:
+    path = str(tmp_path_factory.mktemp("threads") / "steps.lam")
+    with lamina.open(path, "w", durable=False) as f:
+        d = f.create_dataset("a", (64, 8), "f8")
+        for k in range(NSTEPS):
+            with f.step():
+                v = _expected(k)
+                for i in range(0, 64, 4):
+                    d.write(v[i : i + 4], (i, 0))
+    return path
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _forget_readers(eng) -> None:
+    """The engine as opened, before its first read: no subfile or metadata reader open."""
+    for fd in eng._rfds.values():
+        os.close(fd)
+    eng._rfds.clear()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts /proc/self/fd")
+@pytest.mark.parametrize("which", ["subfile", "metadata"])
+def test_a_file_opened_by_two_threads_at_once_is_opened_once(steps_file, which):
+    """Two threads opening one of the file's subfiles (or lamina.meta, which step tables are
+    read from) at once, switched at any point of it: both read through one descriptor,
+    and the other one opened is closed (both kept theirs in turn: one was lost, open)."""
+    with lamina.open(steps_file) as f:
+        f.at(0)["a"][1:3]  # opens what a read opens
+        eng = f.engine.stack()[-1]
+        name = next(n for n in eng._rfds if n != "lamina.meta")
+
+        def open_it(e) -> int:
+            return e._fd(name) if which == "subfile" else e._meta_reader()
+
+        def setup():
+            _forget_readers(eng)
+            setup.fds = _open_fds()  # type: ignore[attr-defined]
+            return eng
+
+        n = 0
+        for k, out, inner, e in interleavings([native_engine], setup, open_it, open_it):
+            assert out.get() == inner.get() == open_it(e), k
+            assert _open_fds() == setup.fds + 1, k  # type: ignore[attr-defined]
+            n += 1
+        assert n > 10
+        _forget_readers(eng)
+        np.testing.assert_array_equal(f.at(3)["a"][5:9], _expected(3)[5:9])
+
+
+def test_threads_reading_many_steps_of_one_file_read_every_value(steps_file):
+    """Threads of a pool read parts of blocks (boxes that start inside one) of every step
+    of one open file, more steps than its catalog keeps, with a thread switch as often as
+    CPython makes one: every value is the one written, and nothing raises (tables searched
+    as their sorted order was made, checksums as their pointer was, steps kept by two
+    threads at once).  By chance: the tests of each switch are in test_catalog.py."""
+
+    def read(f, k: int, lo: int) -> tuple[int, int, bool]:
+        got = f.at(k)["a"][lo : lo + 3, 1:7]
+        return k, lo, bool(np.array_equal(got, _expected(k)[lo : lo + 3, 1:7]))
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for rnd in range(3):
+            with lamina.open(steps_file) as f, ThreadPoolExecutor(8) as pool:
+                jobs = [
+                    pool.submit(read, f, (7 * j + rnd) % NSTEPS, (5 * j + rnd) % 60 + 1)
+                    for j in range(6 * NSTEPS)
+                ]
+                wrong = [(k, lo) for k, lo, ok in (j.result() for j in jobs) if not ok]
+                assert not wrong, f"round {rnd}: wrong values at (step, row) {wrong[:5]}"
+    finally:
+        sys.setswitchinterval(before)
