@@ -107,3 +107,91 @@ def test_threads_reading_many_steps_of_one_file_read_every_value(steps_file):
                 assert not wrong, f"round {rnd}: wrong values at (step, row) {wrong[:5]}"
     finally:
         sys.setswitchinterval(before)
+
+
+def test_parsed_trees_asked_for_their_halo_by_threads_at_once_do_not_deadlock():
+    """Each tree's halo, inputs and depth are computed at first use: with functools'
+    cached_property, on Python 3.11 a lock per property shared by every instance of a
+    class, taken in both orders by nested nodes (Compare, then Call; Call, then Ref):
+    threads parsing queries and quantities at once hung for ever (every run here)."""
+    import threading
+    import time
+
+    from lamina.derived import parse
+
+    def work(k: int) -> None:
+        for i in range(200):
+            text = "abs(x) < 0.1" if (k + i) % 2 else "magnitude(x, y, z)"
+            assert parse(text, mode="predicate" if "<" in text else "expr").halo is not None
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(3):
+            threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(8)]
+            for t in threads:
+                t.start()
+            end = time.monotonic() + 60
+            for t in threads:
+                t.join(max(0.0, end - time.monotonic()))
+            assert not any(t.is_alive() for t in threads), "threads asking for halos hung"
+    finally:
+        sys.setswitchinterval(before)
+
+
+@pytest.fixture(scope="module")
+def derived_file(tmp_path_factory) -> str:
+    """Inputs of two dtypes and quantities computed on read (a scalar of each, a vector)."""
+    path = str(tmp_path_factory.mktemp("derived") / "d.lam")
+    with lamina.open(path, "w", durable=False) as f:
+        for name, dt in (("x", "f8"), ("k", "i2"), ("vx", "f8"), ("vy", "f8"), ("vz", "f8")):
+            f.create_dataset(name, (40, 30, 4), dt)
+        f.derive("a", "x + k", "expression")
+        f.derive("b", "k * 2 + x", "expression")
+        f.derive("w", "curl(vx, vy, vz)", "expression")
+        for s in range(3):
+            with f.step():
+                for i0 in range(0, 40, 10):
+                    for j0 in range(0, 30, 15):
+                        box = np.s_[i0 : i0 + 10, j0 : j0 + 15]
+                        for name, v in _derived_inputs(s).items():
+                            f[name][box] = v[box]
+    return path
+
+
+def _derived_inputs(s: int) -> dict[str, np.ndarray]:
+    i, j, _ = np.indices((40, 30, 4))
+    return {
+        "x": 1000.0 * s + i + j / 100,
+        "k": ((7 * s + 3 * i - 2 * j) % 500).astype(np.int16),
+        "vx": np.sin(i / 7 + s) * j,
+        "vy": np.cos(j / 5) * i,
+        "vz": 0.5 * i * j + s,
+    }
+
+
+def test_threads_reading_quantities_computed_on_read(derived_file):
+    """Quantities kept as their expression, read from the threads of a pool (dask's
+    scheduler reads so): their inputs are read into scratch buffers shared by the layer,
+    and vectors' components are kept for the next read. An index into the buffers chosen,
+    then popped by another thread, handed out one too small or of another dtype
+    (ValueError, IndexError, ShapeError), and a vector evicted between its check and its
+    read was a KeyError. Every value is checked against a single-threaded read."""
+    with lamina.open(derived_file) as f:
+        want = {(n, s): f.at(s)[n][...] for n in ("a", "b", "w/x", "w/y", "w/z") for s in range(3)}
+    np.testing.assert_array_equal(want[("a", 1)], _derived_inputs(1)["x"] + _derived_inputs(1)["k"])
+
+    def read(f, j: int) -> bool:
+        n = ("a", "b", "w/x", "w/y", "w/z")[j % 5]
+        s, i0, j0 = j % 3, (3 * j) % 30, (7 * j) % 20
+        got = f.at(s)[n][i0 : i0 + 9, j0 : j0 + 8]
+        return bool(np.array_equal(got, want[(n, s)][i0 : i0 + 9, j0 : j0 + 8]))
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(5):
+            with lamina.open(derived_file) as f, ThreadPoolExecutor(8) as pool:
+                assert all(pool.map(lambda j, f=f: read(f, j), range(120)))
+    finally:
+        sys.setswitchinterval(before)

@@ -19,13 +19,39 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
-from functools import cached_property
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .functions import FUNCTIONS, stencil_ops, vector_ops
 
 if TYPE_CHECKING:  # pragma: no cover
+    from functools import cached_property
+
     from ..geometry import Box
+else:
+
+    class cached_property:
+        """A value computed at its first use and kept in the instance, as
+        ``functools.cached_property`` keeps it, without its lock: on Python 3.11 that lock
+        is one per property of a class, shared by every instance, and trees read from
+        several threads at once (queries, reads of quantities) took the locks of two
+        properties in both orders (``Expr.halo`` then ``Call.halo``, and the reverse): a
+        deadlock.  Two threads may compute a value twice; both get the same."""
+
+        def __init__(self, fn: Any) -> None:
+            self.fn = fn
+            self.name = fn.__name__
+            self.__doc__ = fn.__doc__
+
+        def __set_name__(self, owner: type, name: str) -> None:
+            self.name = name
+
+        def __get__(self, obj: Any, cls: type | None = None) -> Any:
+            if obj is None:
+                return self
+            value = self.fn(obj)
+            obj.__dict__[self.name] = value  # found there from now on (no __set__ here)
+            return value
+
 
 #: a dataset path written without backticks
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
