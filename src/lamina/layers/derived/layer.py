@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -124,6 +125,10 @@ class DerivedLayer(Layer):
         self._step_put_s = 0.0  # seconds inside the engine's put in this step
         self._computed = 0  # elements evaluated when read (recomputed quantities)
         self._scratch: list[np.ndarray] = []  # flat buffers free for the inputs of the next read
+        # readers of one file in several threads (dask's): the scratch buffers and the cache of
+        # vectors are taken and changed under it (an index chosen, then popped by another
+        # thread, handed out a buffer too small or of another dtype)
+        self._shared = threading.Lock()
 
     def configure(self, options: dict) -> None:
         self.device = options.get("device", "cpu")
@@ -985,8 +990,11 @@ class DerivedLayer(Layer):
         self, d: Definition, region: Box, step: int, out: list[np.ndarray] | None = None
     ) -> list[np.ndarray]:
         key = (d.name, step, region)
-        if key in self._cache and out is None:
-            return self._cache[key]
+        if out is None:
+            with self._shared:
+                cached = self._cache.get(key)
+            if cached is not None:
+                return cached
         arrays, origin = {}, {}
         taken: list[np.ndarray] = []  # scratch buffers holding the inputs
         for p, need in needed_boxes(d.expr, region, d.shape).items():
@@ -1000,9 +1008,10 @@ class DerivedLayer(Layer):
         self._give(taken, res)
         self._computed += region.size
         if len(res) > 1:  # the other components of a vector are likely read next
-            if len(self._cache) >= CACHE_VECTORS:
-                del self._cache[next(iter(self._cache))]
-            self._cache[key] = res
+            with self._shared:
+                while len(self._cache) >= CACHE_VECTORS:
+                    del self._cache[next(iter(self._cache))]
+                self._cache[key] = res
         return res
 
     def _take(self, shape: tuple[int, ...], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -1014,24 +1023,30 @@ class DerivedLayer(Layer):
         """
         n = math.prod(shape)
         best = -1
-        for i, b in enumerate(self._scratch):
-            if b.dtype == dtype and b.size >= n and (best < 0 or b.size < self._scratch[best].size):
-                best = i
-        flat = self._scratch.pop(best) if best >= 0 else np.empty(n, dtype=dtype)
+        with self._shared:
+            kept = self._scratch
+            for i, b in enumerate(kept):
+                if b.dtype == dtype and b.size >= n and (best < 0 or b.size < kept[best].size):
+                    best = i
+            flat = kept.pop(best) if best >= 0 else None
+        if flat is None:
+            flat = np.empty(n, dtype=dtype)
         return flat, flat[:n].reshape(shape)
 
     def _give(self, flats: list[np.ndarray], results: list[np.ndarray]) -> None:
         """Keep the buffers *flats* for the next reads (at most :data:`SCRATCH_BYTES` in all),
         except any that *results* may share memory with."""
-        for flat in flats:
-            if flat.nbytes > SCRATCH_BYTES or any(
-                isinstance(r, np.ndarray) and np.may_share_memory(r, flat) for r in results
-            ):
-                continue
-            self._scratch.append(flat)
-        total = sum(b.nbytes for b in self._scratch)
-        while total > SCRATCH_BYTES:  # the oldest go first
-            total -= self._scratch.pop(0).nbytes
+        free = [
+            flat
+            for flat in flats
+            if flat.nbytes <= SCRATCH_BYTES
+            and not any(isinstance(r, np.ndarray) and np.may_share_memory(r, flat) for r in results)
+        ]
+        with self._shared:
+            self._scratch.extend(free)
+            total = sum(b.nbytes for b in self._scratch)
+            while total > SCRATCH_BYTES:  # the oldest go first
+                total -= self._scratch.pop(0).nbytes
 
 
 __all__ = ["DerivedLayer"]
