@@ -342,7 +342,9 @@ def test_missing_metadata_file(native_path, name):
 
 def test_truncated_meta_is_format_error(native_path):
     """lamina.meta cut inside its last frame (the writer's close) leaves that record out, with
-    a warning, for readers (a writer refuses the file); cut further back it is corrupt."""
+    a warning, for readers (a writer refuses the file); cut further back, inside the last
+    step's frame, the records from that one on are left out as those of a copy taken while
+    it was written (a torn copy), and a writer refuses it too."""
     truth = make_file(native_path)
     meta = os.path.join(native_path, fmt.META_NAME)
     last = _last_frame(native_path)
@@ -353,8 +355,11 @@ def test_truncated_meta_is_format_error(native_path):
     with pytest.raises(FormatError, match="lamina.meta has"):
         lamina.open(native_path, "a", engine="native")
     os.truncate(meta, last.offset - 3)
+    with pytest.warns(LaminaWarning, match="copied or cut at different moments"):
+        with lamina.open(native_path, "r", engine="native") as f:
+            assert f.steps == len(truth) - 1
     with pytest.raises(FormatError, match="lamina.meta has"):
-        lamina.open(native_path, "r", engine="native")
+        lamina.open(native_path, "a", engine="native")
 
 
 def test_a_copy_whose_metadata_was_copied_first_opens_the_steps_it_holds(native_path):
@@ -382,6 +387,23 @@ def test_a_copy_whose_metadata_was_copied_first_opens_the_steps_it_holds(native_
         lamina.open(native_path, "a", engine="native")
     after = {n: open(os.path.join(native_path, n), "rb").read() for n in os.listdir(native_path)}
     assert after == before
+
+
+def test_a_copy_taken_in_the_middle_of_a_frame_opens_the_steps_before(native_path):
+    """lamina.meta copied while a record's frame was being written: that frame runs past
+    its end and the later ones start past it. The same torn copy, not corruption (it was
+    'commit entry 3 points at bytes ... but lamina.meta has ...', no step opened)."""
+    truth = make_file(native_path, steps=6)
+    commit = open(os.path.join(native_path, fmt.COMMIT_NAME), "rb").read()
+    meta = os.path.join(native_path, fmt.META_NAME)
+    entries, _, _ = fmt.parse_commits(commit, os.path.getsize(meta))
+    os.truncate(meta, entries[3].offset + entries[3].length // 2)
+    with pytest.warns(LaminaWarning, match=r"4 committed records \(records 3\.\.6\) point"):
+        with lamina.open(native_path, "r", engine="native") as f:
+            assert f.steps == 3
+            np.testing.assert_array_equal(f.at(2)["grid/u"][...], truth[2])
+    with pytest.raises(FormatError, match="copied or cut at different moments"):
+        lamina.open(native_path, "a", engine="native")
 
 
 def test_truncated_commit_drops_only_the_torn_step(native_path):

@@ -875,11 +875,20 @@ class NativeEngine(BlockEngine):
             elif head.identity != self._identity:
                 raise FormatError(self._gone())
             new = entries[self._nentries :] if first else entries
-            cut = next((k for k, e in enumerate(new) if e.offset >= meta_size), len(new))
+            cut = next(
+                (
+                    k
+                    for k, e in enumerate(new)
+                    if e.offset >= meta_size
+                    or (e.offset + e.length > meta_size and e is not entries[-1])
+                ),
+                len(new),
+            )
             if cut < len(new):
-                # records whose frames start past the end of lamina.meta (only a reader gets
-                # them): the logs copied or cut at different moments, lamina.meta first. A
-                # file cut short: the records before open, a writer refuses (above)
+                # records whose frames run past the end of lamina.meta, not the last alone
+                # (only a reader gets them): the logs copied or cut at different moments,
+                # lamina.meta first, in the middle of a frame or between two. A file cut
+                # short: the records before open, a writer refuses (above)
                 gone, new = new[cut:], new[:cut]
                 if gone[0].seq != self._warned:
                     self._warned = gone[0].seq
@@ -890,7 +899,7 @@ class NativeEngine(BlockEngine):
                         + f") point{'' if len(gone) > 1 else 's'} past the end of "
                         f"{fmt.META_NAME} ({meta_size} bytes): the "
                         "logs were copied or cut at different moments (lamina.meta before "
-                        "lamina.commit, as a copy of a file being written is); the steps before "
+                        "lamina.commit, as a copy of a file being written may be); the steps before "
                         "open, these records (steps, metadata changes or the writer's close) "
                         "are left out"
                     )

@@ -126,10 +126,11 @@ def parse_commits(
     commit that did not happen and is ignored; any other inconsistency is a
     FormatError.  *meta_size* is the size of lamina.meta: every committed
     record must lie inside it (after a header of the same version), except,
-    with *last_past_end* (a reader, which leaves them out), the last (its
-    frame read short is that record's FormatError) and those whose frames
-    start at or past the end of lamina.meta (a suffix, as frames only move
-    forward: the logs copied or cut at different moments).
+    with *last_past_end* (a reader, which leaves them out), those that run
+    past its end: a suffix, as frames only move forward (an entry in the
+    middle that did is followed by one misplaced), the logs copied or cut at
+    different moments; the last alone is a record whose frame did not reach
+    the disk (its frame read short is that record's FormatError).
 
     *after* ``(k, end)``: *buf* is the header followed by the entries from
     entry *k* on, the entries before it checked already and their last frame
@@ -158,13 +159,13 @@ def parse_commits(
                 f"{what}: commit entry {i} points at bytes {off}+{length}, expected offset "
                 f"{'at least ' if head.version >= 3 else ''}{expect_off}"
             )
-        if off + length > meta_size and not (last_past_end and (j == n - 1 or off >= meta_size)):
+        if off + length > meta_size and not last_past_end:
             raise FormatError(
                 f"{what}: commit entry {i} points at bytes {off}..{off + length} but {META_NAME} has {meta_size} bytes"
                 + (
                     " (the logs copied or cut at different moments: readers open the records "
                     "before it; a writer does not append to such a file)"
-                    if off >= meta_size
+                    if off >= meta_size or j < n - 1
                     else ""
                 )
             )
