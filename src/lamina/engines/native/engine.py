@@ -405,10 +405,9 @@ def _open_in(directory: str, name: str, flags: int, mode: int = 0o644, *, dir_fd
             where, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=None if dir_fd < 0 else dir_fd
         )
     except OSError as e:
-        if e.errno in (errno.ELOOP, errno.EMLINK):
-            raise FormatError(
-                f"{directory}: {name} is a symbolic link; lamina does not follow links inside its files"
-            ) from None
+        link = fmt.link_refused(e, directory, name)
+        if link is not None:
+            raise link from None
         if e.errno == errno.EISDIR:  # (a file of lamina's name that lamina did not make)
             raise FormatError(
                 f"{directory}: {name} is a directory where lamina keeps a file of that name"
@@ -434,14 +433,11 @@ def _read_all(directory: str, name: str) -> tuple[bytes, os.stat_result]:
         os.close(fd)
 
 
-def _same_inode(directory: str, name: str, inode: tuple[int, int], dir_fd: int = -1) -> bool:
-    """Whether *name* in *directory* (held open as *dir_fd*) is still the file of *inode*
+def _same_inode(dir_fd: int, name: str, inode: tuple[int, int]) -> bool:
+    """Whether *name* in the directory held open as *dir_fd* is still the file of *inode*
     (device, inode number)."""
     try:
-        if dir_fd < 0:
-            now = os.stat(os.path.join(directory, name), follow_symlinks=False)
-        else:
-            now = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        now = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except OSError:
         return False
     return (now.st_dev, now.st_ino) == inode
@@ -620,7 +616,7 @@ class NativeEngine(BlockEngine):
         if mode == "r":
             # (a directory on the way this user may not search is a PermissionError naming
             # it, not a file "missing": os.path.exists says False for both)
-            exists = _stat_or_none(path) is not None
+            st = _stat_or_none(path)
             commit = os.path.join(path, fmt.COMMIT_NAME)
             since = self._since
             if since is not None and self.wait:  # the file this run's writer makes, not an old one
@@ -637,9 +633,7 @@ class NativeEngine(BlockEngine):
                     ),
                 )
                 return
-            if (
-                self.wait and _stat_or_none(commit, False) is None
-            ):  # its writer may not have created it yet
+            if self.wait and _stat_or_none(commit, False) is None:  # not created yet, maybe
                 wait_for(
                     path,
                     self.wait,
@@ -649,10 +643,9 @@ class NativeEngine(BlockEngine):
                     )(f"no lamina file {path!r} after waiting {s:g} s for its writer to create it"),
                 )
                 return
-            if not exists:
+            if st is None:
                 raise FileNotFoundError(f"no such lamina file: {path!r}")
-            st = _stat_or_none(path)
-            if st is None or not stat.S_ISDIR(st.st_mode) or _stat_or_none(commit, False) is None:
+            if not stat.S_ISDIR(st.st_mode) or _stat_or_none(commit, False) is None:
                 raise NotALaminaFileError(
                     f"{path!r} is not a lamina file (no {fmt.COMMIT_NAME} inside)"
                 )
@@ -844,7 +837,7 @@ class NativeEngine(BlockEngine):
                 )
                 if (mhead.version, mhead.identity) != (head.version, head.identity):
                     inode = (cstat.st_dev, cstat.st_ino)
-                    if not _same_inode(self.path, fmt.COMMIT_NAME, inode, self._dir_fd):
+                    if not _same_inode(self._dir_fd, fmt.COMMIT_NAME, inode):
                         raise FormatError(
                             f"{self.path}: the file was re-created while being opened (another "
                             "writer opened it in mode 'w'); open it again"
@@ -1247,7 +1240,8 @@ class NativeEngine(BlockEngine):
             _pwrite_pair(self._meta_fd, area, framed, off)
             if self.durable:
                 os.fsync(self._meta_fd)
-            ent = fmt.entry(self._nentries, at, len(framed), stats_mod.crc(head))
+            last = fmt.CommitEntry(self._nentries, at, len(framed), stats_mod.crc(head))
+            ent = fmt.entry(last.seq, last.offset, last.length, last.payload_crc)
             doing = fmt.COMMIT_NAME
             _pwrite_all(self._commit_fd, ent, self._commit_end)
             if self.durable:
@@ -1273,7 +1267,7 @@ class NativeEngine(BlockEngine):
                     e.errno, f"{e.strerror} (writing {what})", os.path.join(self.path, doing)
                 ) from e
             raise
-        self._last_entry = fmt.CommitEntry(self._nentries, at, len(framed), stats_mod.crc(head))
+        self._last_entry = last
         self._nentries += 1
         self._meta_end = at + len(framed)
         self._commit_end += len(ent)
@@ -1498,7 +1492,7 @@ class NativeEngine(BlockEngine):
         """
         if self._commit_inode is None:
             return
-        if not _same_inode(self.path, fmt.COMMIT_NAME, self._commit_inode, self._dir_fd):
+        if not _same_inode(self._dir_fd, fmt.COMMIT_NAME, self._commit_inode):
             raise FormatError(self._gone())
 
     def _gone(self) -> str:
