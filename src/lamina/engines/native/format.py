@@ -23,6 +23,7 @@ leaves every earlier step readable.  See ``docs/format.md``.
 
 from __future__ import annotations
 
+import errno
 import re
 import secrets
 import struct
@@ -92,6 +93,17 @@ def check_header(buf: bytes, magic: bytes, what: str) -> Header:
     if declared != size or identity == 0:
         raise FormatError(f"{what}: inconsistent header (size {declared}, identity {identity})")
     return Header(version, size, identity)
+
+
+def link_refused(e: OSError, directory: str, name: str) -> FormatError | None:
+    """The error of *e*, an ``os.open`` with ``O_NOFOLLOW`` of *name* in the lamina file
+    *directory*, where it met a symbolic link (None for any other error): lamina does not
+    follow links planted inside its files."""
+    if e.errno not in (errno.ELOOP, errno.EMLINK):
+        return None
+    return FormatError(
+        f"{directory}: {name} is a symbolic link; lamina does not follow links inside its files"
+    )
 
 
 def frame(payload: bytes) -> bytes:

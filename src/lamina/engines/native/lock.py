@@ -31,7 +31,8 @@ import os
 import socket
 import time
 
-from ...errors import FormatError, LockError
+from ...errors import LockError
+from .format import link_refused
 
 LOCK_NAME = "lamina.lock"
 #: errors of fcntl.lockf that mean "this file system has no locks" (not "someone holds it")
@@ -111,11 +112,9 @@ class WriterLock:
                 "which lamina did not make; remove it to write the file"
             ) from None
         except OSError as e:
-            if e.errno in (errno.ELOOP, errno.EMLINK):  # (O_NOFOLLOW met a link)
-                raise FormatError(
-                    f"{self.path}: {LOCK_NAME} is a symbolic link; lamina does not follow links "
-                    "inside its files"
-                ) from None
+            link = link_refused(e, self.path, LOCK_NAME)  # (O_NOFOLLOW met a link)
+            if link is not None:
+                raise link from None
             raise
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
