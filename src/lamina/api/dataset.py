@@ -762,10 +762,9 @@ class Dataset(OpenFileView):
         numpy arrays and array-likes of a dtype (a memoryview, an xarray
         DataArray: :func:`takes_by_value`) keep their dtype (the engine casts
         within a kind and refuses other casts); Python numbers, numpy scalars
-        and lists of them
-        are cast to the dataset's dtype by value, as numpy assigns them:
-        ``5`` and ``np.int64(5)`` fit uint8, ``300`` does not fit int8
-        (RangeError, an OverflowError).
+        and lists of them are cast to the dataset's dtype by value, as numpy
+        assigns them: ``5`` and ``np.int64(5)`` fit uint8, ``300`` does not
+        fit int8 (RangeError, an OverflowError).
         """
         if isinstance(value, np.ndarray):
             # (a matrix stays 2-D under reshape: as the array it holds, leading 1s may go)
