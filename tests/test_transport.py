@@ -256,6 +256,21 @@ def test_read_ahead(tmp_path, mode, n, m):
     assert not os.listdir(tmp_path)
 
 
+def test_producer_forgets_released_steps_past_its_limit(tmp_path):
+    """A producer keeps the block tables of steps its consumers released within
+    RECORDS_KEPT, the newest first: past it the oldest are a StepError naming the limit
+    (a stream of many steps kept every step's tables, about 100 bytes a block a step)."""
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (1, "transport_prefetch", "produce-forget", "a", 8),
+        (1, "transport_prefetch", "plain", "a", 8),
+        cwd=tmp_path,
+        env={},
+    )
+    assert res.lines("OK produce a: 8 steps"), res.describe()
+    assert res.lines("OK consume plain: 8 steps"), res.describe()
+
+
 def _stream_of_six(tmp_path, n: int, m: int, role: str) -> None:
     """n producer ranks write 6 steps, m consumer ranks read them in scenario *role*."""
     _skip_without_mpiexec()

@@ -1,6 +1,7 @@
 """Read-ahead over the in situ transport: a consumer task streams with ``iter_steps(prefetch=True)``.
 
     transport_prefetch.py produce NAME STEPS        n producer ranks write u and p for STEPS steps
+    transport_prefetch.py produce-forget NAME STEPS ... keeping the tables of one released step
     transport_prefetch.py same NAME STEPS           m consumer ranks read the same boxes at every step
     transport_prefetch.py change NAME STEPS         ... and other boxes from step STEPS // 2 on
     transport_prefetch.py early NAME STEPS          ... and close after 3 steps, with reads in flight
@@ -29,6 +30,7 @@ from transport_common import cuts, say
 
 import lamina
 from lamina.catalog import ReleasedStep
+from lamina.engines.transport import producer
 from lamina.geometry import Box
 
 U = (30, 20)  # float64: producers write row slabs of uneven height
@@ -50,7 +52,11 @@ def p_values(a: int, b: int, step: int) -> np.ndarray:
     return np.arange(a, b, dtype=np.int64) * 7 + step * 100_000
 
 
-def produce(name: str, steps: int) -> None:
+def produce(name: str, steps: int, forget: bool = False) -> None:
+    """Write *steps* steps; with *forget*, a producer that keeps the tables of one released
+    step only (RECORDS_KEPT of one byte): the oldest steps' blocks are then a StepError."""
+    if forget:
+        producer.RECORDS_KEPT = 1
     with lamina.open(name, "w", engine="mpi", queue_limit=QUEUE) as f:
         rank, size = f.comm.rank, f.comm.size
         f.create_dataset("u", U, np.float64)
@@ -62,12 +68,39 @@ def produce(name: str, steps: int) -> None:
                 f["u"][box.slices] = u_values(box, k)
                 a, b = cuts(NP, [(r + k) % 3 + 1 for r in range(size)])[rank]
                 f["p"][a:b] = p_values(a, b, k)
+        if forget:
+            forgotten(f, steps)
         # the producer keeps what it wrote of every step, released or not, as a file's
-        # writer does (a consumer's release made its blocks a StepError here)
-        if len(f["u"].blocks(0)) != size or not f["u"].coverage(0):
+        # writer does (a consumer's release made its blocks a StepError here), within
+        # RECORDS_KEPT
+        elif len(f["u"].blocks(0)) != size or not f["u"].coverage(0):
             raise AssertionError(f"step 0's blocks: {f['u'].blocks(0)}")
     if rank == 0:
         say(f"OK produce {name}: {steps} steps from {size} ranks")
+
+
+def forgotten(f, steps: int) -> None:
+    """Steps 0 and 1, released (the queue holds QUEUE steps) and older than the one released
+    step kept, raise StepError naming the limit; the last step still answers; the tables
+    kept of released steps are one step's."""
+    for k in (0, 1):
+        try:
+            f["u"].blocks(k)
+        except lamina.StepError as e:
+            if f"step {k} was released by every consumer" not in str(
+                e
+            ) or "RECORDS_KEPT" not in str(e):
+                raise
+        else:
+            raise AssertionError(f"step {k}'s blocks kept past RECORDS_KEPT")
+    if len(f["u"].blocks(steps - 1)) != f.comm.size:
+        raise AssertionError(f"the last step's blocks: {f['u'].blocks(steps - 1)}")
+    cat = f.engine.stack()[-1].catalog
+    released = sum(isinstance(s, ReleasedStep) for s in cat.steps)
+    if released < steps - QUEUE - 1:
+        raise AssertionError(
+            f"{released} of {steps} steps forgotten, expected {steps - QUEUE - 1} or more"
+        )
 
 
 def selections(rank: int, size: int, changed: bool) -> tuple[Box, tuple[int, int]]:
@@ -235,8 +268,8 @@ def check_counts(hits: list[int], misses: list[int], change_at: int | None) -> N
 
 def main() -> None:
     role, name, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    if role == "produce":
-        produce(name, steps)
+    if role in ("produce", "produce-forget"):
+        produce(name, steps, forget=role == "produce-forget")
     elif role in ("same", "change", "early"):
         consume(role, name, steps)
     elif role == "explicit":

@@ -1909,23 +1909,34 @@ _NO_EXTENTS: Any = ()
 
 class ReleasedStep(StepBlocks):
     """A step whose blocks are gone from memory (the memory transport released it): its
-    tables are a StepError saying *why*, not the empty tables of a step that wrote nothing."""
+    tables are a StepError saying *why*, not the empty tables of a step that wrote nothing.
 
-    __slots__ = ()
+    *why* is the message, or a function of *step* that makes it when it is raised: one
+    function shared by every step of a long stream, where a message each took 250 bytes a
+    step."""
 
-    def __init__(self, why: str) -> None:  # one per step of a long stream: no containers of
-        self.sections = _NOTHING  # its own (the empty ones shared, never changed)
+    __slots__ = ("step",)
+
+    def __init__(self, why: str | Callable[[int], str], step: int = -1) -> None:
+        # one per step of a long stream: no containers of its own (the empty ones shared,
+        # never changed)
+        self.sections = _NOTHING
         self.extents = _NO_EXTENTS
         self._load = None
         self._tables = _NOTHING
-        self.what = why
+        self.what = why  # type: ignore[assignment]
         self.version = 4
         self._ones = None
+        self.step = step
+
+    def _gone(self) -> StepError:
+        why: Any = self.what
+        return StepError(why if isinstance(why, str) else why(self.step))
 
     def nblocks(self, dataset: int) -> int:
-        raise StepError(self.what)
+        raise self._gone()
 
     def table(
         self, spec: DatasetSpec, specs: Sequence[DatasetSpec] | None = None, eager: bool = False
     ) -> BlockTable:
-        raise StepError(self.what)
+        raise self._gone()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 from ..errors import FormatError
 from ..geometry import Box
@@ -140,12 +141,13 @@ class Catalog:
             for i, a, b in zip(idx, lo, hi, strict=True)
         ]
 
-    def forget(self, step: int, why: str) -> None:
+    def forget(self, step: int, why: str | Callable[[int], str]) -> None:
         """Drop the blocks of *step* (a step nobody may read again: the memory transport
-        released it): its tables are then a StepError saying *why*.  A stream of many steps
-        kept each one's record and tables, about 120 bytes a block a step."""
+        released it): its tables are then a StepError saying *why* (a message, or a function
+        of the step that makes it).  A stream of many steps kept each one's record and
+        tables, about 120 bytes a block a step."""
         if 0 <= step < len(self.steps) and not isinstance(self.steps[step], ReleasedStep):
-            self.steps[step] = ReleasedStep(why)
+            self.steps[step] = ReleasedStep(why, step)
 
     @property
     def nbytes(self) -> int:

@@ -26,6 +26,7 @@ class BothProducer(Producer):
     OPTIONS = Producer.OPTIONS | NativeEngine.OPTIONS
     #: the file's record carries the statistics, and consumers get that same record
     DEFER_STATS = False
+    FORGETS = False  # the file keeps every step's blocks
 
     def __init__(self) -> None:
         super().__init__("both")

@@ -33,6 +33,7 @@ hang.  See ``docs/transport.md`` for the protocol.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import fnmatch
 import os
@@ -58,6 +59,7 @@ from ...catalog import (
 from ...catalog.record import unpack
 from ...errors import ModeError, TransportError
 from ...geometry import Box
+from ...text import fmt_bytes
 from ...workflow import routes
 from ...workflow.routes import LATEST
 from ..block import StepHeads
@@ -92,6 +94,11 @@ class _Reduce:
 
 
 NEVER = np.iinfo(np.int64).max
+#: bytes of block tables a producer keeps of the steps every consumer released, for
+#: ``ds.blocks(k)``, ``coverage`` and the like on the producer's side: past it the oldest
+#: are forgotten (a long stream's metadata would otherwise grow by about 100 bytes a block
+#: a step); a forgotten step's tables raise StepError
+RECORDS_KEPT = 64 << 20
 #: longest sleep of an idle serving thread between polls (a new request waits at most this long)
 SERVER_IDLE = 2e-3
 
@@ -133,6 +140,8 @@ class Producer(TransportBase):
 
     #: statistics follow the record on request (module docstring); BothProducer's file needs them in it
     DEFER_STATS = True
+    #: the tables of released steps are forgotten past RECORDS_KEPT (BothProducer's file keeps them)
+    FORGETS = True
 
     def __init__(self, name: str = "mpi") -> None:
         super().__init__(name)
@@ -148,6 +157,10 @@ class Producer(TransportBase):
         self._answers = wire.SendQueue()  # data answers to GETs
         self._dirty = False  # releases or steps changed since the last _drop_released
         self._worst = 0  # _unreleased() as of the last _drop_released
+        # released steps whose block tables are kept, oldest first, with their bytes
+        self._kept: collections.deque[tuple[int, int]] = collections.deque()
+        self._kept_bytes = 0
+        self._why_forgotten = self._forgotten  # one bound method for every forgotten step
         self._newest: tuple[int, bytes] | None = None  # the last step's record, for late delivery
         self._steps_held = 0  # steps whose blocks this rank holds (committed here)
         # GETs for a step this rank has not committed yet: a consumer may have its record (from
@@ -371,6 +384,30 @@ class Producer(TransportBase):
         for k in [k for k in self._data if k not in keep]:
             del self._data[k]
             self._stats_logs.pop(k, None)
+            self._keep_tables(k)
+
+    def _keep_tables(self, step: int) -> None:
+        """Keep the block tables of *step*, released by every consumer, while the released
+        steps' tables fit in :data:`RECORDS_KEPT`; forget the oldest beyond it."""
+        if not self.FORGETS or step >= len(self.catalog.steps):
+            return
+        sb = self.catalog.steps[step]
+        # its decoded tables and the encoded sections its loader holds (the committed record)
+        n = sb.nbytes + sum(sec.length for sec in sb.sections.values())
+        self._kept.append((step, n))
+        self._kept_bytes += n
+        while self._kept_bytes > RECORDS_KEPT and len(self._kept) > 1:
+            old, n = self._kept.popleft()
+            self._kept_bytes -= n
+            self.catalog.forget(old, self._why_forgotten)
+
+    def _forgotten(self, step: int) -> str:
+        return (
+            f"{self.path}: step {step} was released by every consumer and its blocks "
+            f"forgotten: a producer keeps those of its released steps up to "
+            f"{fmt_bytes(RECORDS_KEPT)} (lamina.engines.transport.producer.RECORDS_KEPT), "
+            f"the newest first"
+        )
 
     def _serve_once(self) -> bool:
         """Independent: answer every waiting request; True if anything happened (either thread)."""
