@@ -195,3 +195,38 @@ def test_threads_reading_quantities_computed_on_read(derived_file):
                 assert all(pool.map(lambda j, f=f: read(f, j), range(120)))
     finally:
         sys.setswitchinterval(before)
+
+
+@pytest.mark.parametrize("rows", [(4, 8), (5, 7)], ids=["block", "part"])
+def test_bytes_read_by_two_threads_at_once_are_all_counted(steps_file, rows):
+    """Two threads reading one open file at once, the second switched to at any point of
+    the first's read (a whole block, part of one): ``bytes_read`` counts
+    both reads.  Added to from two threads without a lock, the count lost one of them
+    when the switch fell between its load and its store."""
+    from lamina.engines import block as block_engine
+    from lamina.geometry import Box
+
+    box = Box((rows[0], 0), (rows[1], 8))
+    with lamina.open(steps_file) as f:
+        eng = f.engine.stack()[-1]
+
+        def read(e) -> None:
+            e.get("a", box, 1, np.empty(box.shape))
+
+        before = eng.bytes_read
+        read(eng)
+        one = eng.bytes_read - before
+        assert one > 0
+
+        def setup():
+            setup.before = eng.bytes_read  # type: ignore[attr-defined]
+            return eng
+
+        n = 0
+        modules = [block_engine, native_engine]
+        for k, out, inner, e in interleavings(modules, setup, read, read, thread=True):
+            out.get()
+            inner.get()
+            assert e.bytes_read - setup.before == 2 * one, k  # type: ignore[attr-defined]
+            n += 1
+        assert n > 10

@@ -5,11 +5,17 @@ bytecode boundary of the functions named (not of what they call), and at boundar
 runs a second call to its end there, as a thread switched to at that point would, before
 the first call goes on.  A lazily built value published before it is complete is seen
 half-made by the second call at some boundary, every time, not by chance.
+
+With ``thread=True`` the second call runs on a thread of its own, so that a lock the first
+call holds at boundary *k* is held against it: the first call waits for it to end, or to
+stop moving (blocked on what the first call holds), and goes on.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from types import ModuleType
@@ -39,17 +45,28 @@ def interleavings(
     outer: Callable[[Any], Any],
     inner: Callable[[Any], Any],
     most: int = 10_000,
+    thread: bool = False,
 ) -> Iterator[tuple[int, Outcome, Outcome, Any]]:
     """For each bytecode boundary *k* that ``outer(state)`` reaches in frames of *functions*
     (plain functions, methods, a property's getter, or a module: every function of it),
     on a fresh ``state = setup()``: ``outer(state)`` with ``inner(state)`` run once at
     boundary *k*.  Yields ``(k, outer's outcome, inner's outcome, state)``, until *outer*
-    ends before reaching boundary *k*."""
+    ends before reaching boundary *k*.  With *thread*, *inner* runs on a thread of its own
+    (:func:`_on_a_thread`): a lock *outer* holds at boundary *k* blocks it, as it would
+    block another thread, instead of being taken again or waited for by one thread.  An
+    *inner* that nothing blocks ends before *outer* goes on, as without *thread* (unless
+    it stays :data:`STALL` seconds at one bytecode: a lost switch, never a false failure
+    of a locked update)."""
     codes = {getattr(f, "__func__", f).__code__ for f in functions if callable(f)}
     files = {f.__file__ for f in functions if isinstance(f, ModuleType)}
     for k in range(most):
         state = setup()
-        out, got = _switched_at(k, codes, files, partial(outer, state), partial(inner, state))
+        second = partial(inner, state)
+        if thread:
+            second = partial(_on_a_thread, second)
+        out, got = _switched_at(k, codes, files, partial(outer, state), second)
+        if got is not None and thread:
+            got = got.get().join()
         if got is None:
             return
         yield k, out, got, state
@@ -84,3 +101,44 @@ def _switched_at(
     finally:
         sys.settrace(before)
     return out, got[0] if got else None
+
+
+#: how long a second call on its own thread may stay at one bytecode before the first goes
+#: on (it waits for what the first holds); a read of a few bytes stays microseconds
+STALL = 0.1
+
+
+class _Running:
+    """A call on a thread of its own, run to its end by :meth:`join`."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.outcome: Outcome | None = None
+        self.thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self.thread.start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        self.outcome = Outcome(fn)
+
+    def join(self) -> Outcome:
+        self.thread.join(60)
+        if self.outcome is None:
+            raise AssertionError("the second call did not end: a deadlock")
+        return self.outcome
+
+
+def _on_a_thread(fn: Callable[[], Any]) -> _Running:
+    """*fn* started on a thread of its own, and waited for until it ends or stops moving
+    for :data:`STALL` seconds (the bytecode its frame is at unchanged): then it waits for
+    what the caller holds, and the caller goes on (:meth:`_Running.join` waits for it)."""
+    run = _Running(fn)
+    ident = run.thread.ident
+    where, since = None, time.monotonic()
+    while run.thread.is_alive():
+        frame = sys._current_frames().get(ident) if ident is not None else None
+        now = (id(frame.f_code), frame.f_lasti) if frame is not None else None
+        if now != where:
+            where, since = now, time.monotonic()
+        elif time.monotonic() - since > STALL:
+            break
+        run.thread.join(STALL / 5)
+    return run

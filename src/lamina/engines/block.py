@@ -63,6 +63,7 @@ import collections
 import itertools
 import math
 import operator
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -420,6 +421,8 @@ class BlockEngine(Engine):
         self._stats_in_record = True
         self._pending_ops: list[tuple] = []
         self._bytes_read = 0  # stored bytes read by get and get_collective (bytes_read)
+        # taken to add to _bytes_read: threads reading one file at once (_count_read)
+        self._count_lock = threading.Lock()
         self._commit_ops: list[
             tuple
         ] = []  # the ops of the record being committed (after merging attributes)
@@ -1640,6 +1643,12 @@ class BlockEngine(Engine):
         transport counts the bytes its producers sent it."""
         return self._bytes_read
 
+    def _count_read(self, n: int) -> None:
+        """*n* stored bytes more read (:attr:`bytes_read`), under a lock: threads read one
+        file at once, and an unlocked ``+=`` of two of them keeps only one."""
+        with self._count_lock:
+            self._bytes_read += n
+
     def check_step(self, step: int | None) -> int:
         if self._closed:  # as h5py: a dataset of a closed file reads nothing (nor reopens it)
             raise ValueError(f"cannot read: file {self.path!r} is closed")
@@ -1675,7 +1684,7 @@ class BlockEngine(Engine):
     def _get(self, spec: DatasetSpec, box: Box, step: int, out: np.ndarray) -> None:
         layout = Layout.of(spec)
         if layout is not None:
-            self._bytes_read += layout_read.read(self, spec, layout, box, step, 0, out)
+            self._count_read(layout_read.read(self, spec, layout, box, step, 0, out))
             return
         t = self.catalog.table(spec.id, step)
         if len(t) == 1 and self._read_sole(spec, t, box, out):
@@ -1690,7 +1699,7 @@ class BlockEngine(Engine):
             return
         refuse_stats_only(spec, t, idx, step)
         self._read_blocks(spec, t, idx, lo, hi, box, out)
-        self._bytes_read += stored
+        self._count_read(stored)
 
     def get_collective(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
         """Collective: each rank reads its own *box*; a block several ranks need is read once
@@ -1727,7 +1736,7 @@ class BlockEngine(Engine):
         if dst is not out:
             out[...] = dst
         # counted as this rank's box read alone, whichever rank read each block
-        self._bytes_read += t.read_cost(*t.hits(box.start, box.stop))[1]
+        self._count_read(t.read_cost(*t.hits(box.start, box.stop))[1])
 
     def _read_blocks(
         self,
@@ -1772,7 +1781,7 @@ class BlockEngine(Engine):
         layout_read.check_box(spec, layout, box, level)
         check_out(out, box, spec)
         n = layout_read.read(self, spec, layout, box, step, level, out, cache, tolerance)
-        self._bytes_read += n
+        self._count_read(n)
         return n
 
     def payload(self, spec: DatasetSpec, t: BlockTable, row: int) -> np.ndarray:

@@ -1860,7 +1860,7 @@ class NativeEngine(BlockEngine):
         what = _Lazy(lambda: f"{self.path}/{name}: dataset {spec.path!r} block {box}")
         # (memoryview: an array subclass's .data may be an array, a masked array's)
         self._read_whole(self._fd(name), np.asarray(out).data.cast("B"), one.offset, one, what)
-        self._bytes_read += one.length
+        self._count_read(one.length)
         return True
 
     def _read_region(self, rec, spec, inter: Box, dst: np.ndarray) -> None:

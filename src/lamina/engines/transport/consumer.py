@@ -540,7 +540,7 @@ class Consumer(TransportBase):
         spec, step = self.check_read(name, box, step, out)
         layout = Layout.of(spec)
         if layout is not None:  # encoded bands, fetched whole and decoded here
-            self._bytes_read += layout_read.read(self, spec, layout, box, step, 0, out)
+            self._count_read(layout_read.read(self, spec, layout, box, step, 0, out))
             return
         t = self.catalog.table(spec.id, step)
         idx, lo, hi = t.hits(box.start, box.stop)
@@ -586,7 +586,7 @@ class Consumer(TransportBase):
                 )
             if tmp is not None:
                 out[inter.shift(neg).slices] = tmp
-        self._bytes_read += covered * item  # what the producer ranks sent
+        self._count_read(covered * item)  # what the producer ranks sent
 
     def _finish(self) -> None:
         g = comm_mod.Guard()
