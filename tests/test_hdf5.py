@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -710,24 +711,32 @@ def test_fifo_source_is_refused(tmp_path):
         hdf5.convert(fifo, tmp_path / "x.lam")
 
 
-def test_enum_values_are_kept_and_their_labels_named_as_dropped(tmp_path):
+def test_enum_values_are_kept_and_an_attribute_s_labels_named_as_dropped(tmp_path):
+    """An enum dataset keeps its labels (hdf5_enum), an enum attribute only its values:
+    a warning names the labels dropped; bool, h5py's own enum, is bool."""
     src = tmp_path / "enum.h5"
     color = h5py.enum_dtype({"RED": 0, "GREEN": 1, "BLUE": 2}, basetype="u1")
     with h5py.File(src, "w") as h:
         d = h.create_dataset("color", data=np.array([0, 1, 2], dtype="u1"), dtype=color)
         d.attrs.create("state", data=np.array(1, dtype="u1"), dtype=color)
+        d.attrs["hdf5_enum"] = "the type's labels take its place"
         h.create_dataset("flag", data=np.array([True, False]))  # bool: h5py's own enum, kept
+        h["flag"].attrs["hdf5_enum"] = "kept: no enum takes its place"
     r = hdf5.convert(src, tmp_path / "enum.lam", progress=False)
-    ds_warn = [w for w in r.warnings if w.startswith("dataset /color:")]
     at_warn = [w for w in r.warnings if w.startswith("attribute 'state' of /color:")]
-    for w in ds_warn + at_warn:
+    for w in at_warn:
         assert "RED=0, GREEN=1, BLUE=2" in w and "uint8 values" in w
         assert "labels are dropped" in w
-    assert len(ds_warn) == 1 and len(at_warn) == 1, r.warnings
-    assert not any("flag" in w for w in r.warnings), r.warnings
+    assert len(at_warn) == 1, r.warnings
+    skipped = (
+        "skipped attribute 'hdf5_enum' of /color: the name holds the labels of its HDF5 enum type"
+    )
+    assert sorted(r.warnings) == sorted([at_warn[0], skipped]), r.warnings
     with lamina.open(tmp_path / "enum.lam") as f:
         assert f["color"].dtype == np.uint8 and f["color"][...].tolist() == [0, 1, 2]
         assert f["color"].attrs["state"] == 1 and f["flag"].dtype == np.bool_
+        assert f["color"].attrs["hdf5_enum"] == '{"RED": 0, "GREEN": 1, "BLUE": 2}'
+        assert f["flag"].attrs["hdf5_enum"] == "kept: no enum takes its place"
 
 
 def test_hard_link_back_to_the_root_is_named_in_a_warning(tmp_path):
@@ -773,3 +782,67 @@ def test_empty_string_array_attribute_is_skipped_for_its_real_reason(tmp_path):
     assert "a string array of shape (1, 2) (lamina keeps 1-D lists of strings)" in w
     with lamina.open(tmp_path / "empty.lam") as f:
         assert sorted(f["d"].attrs) == []
+
+
+def test_enum_labels_come_back_to_hdf5_through_lamina(tmp_path):
+    """An HDF5 enum dataset converted to lamina keeps its labels in the dataset's attribute
+    ``hdf5_enum`` (JSON, label -> value), and converted back to HDF5 it is the same enum
+    again, as h5py sees it; a lamina-made HDF5 file converted back keeps them too."""
+    labels = {"RED": 0, "GREEN": 1, "BLUE": 200, "dark blue": 3}
+    src = tmp_path / "enum.h5"
+    with h5py.File(src, "w") as h:
+        color = h5py.enum_dtype(labels, basetype="u1")
+        h.create_dataset("g/color", data=np.array([0, 1, 200, 3], dtype="u1"), dtype=color)
+        big = h5py.enum_dtype({"LOW": -(2**40), "HIGH": 2**40}, basetype="<i8")
+        h.create_dataset("level", data=np.array([2**40, -(2**40)]), dtype=big)
+    r = hdf5.convert(src, tmp_path / "enum.lam", progress=False)
+    assert not any("color" in w or "level" in w for w in r.warnings), r.warnings
+    with lamina.open(tmp_path / "enum.lam") as f:
+        assert f["g/color"].dtype == np.uint8 and f["g/color"][...].tolist() == [0, 1, 200, 3]
+        assert json.loads(f["g/color"].attrs["hdf5_enum"]) == labels
+        assert json.loads(f["level"].attrs["hdf5_enum"]) == {"LOW": -(2**40), "HIGH": 2**40}
+    r = hdf5.convert(tmp_path / "enum.lam", tmp_path / "again.h5", progress=False)
+    assert not r.warnings, r.warnings
+    with h5py.File(tmp_path / "again.h5", "r") as h:
+        d = h["g/color"]
+        assert h5py.check_enum_dtype(d.dtype) == labels
+        assert d.dtype == np.uint8 and d[0].tolist() == [0, 1, 200, 3]
+        assert "hdf5_enum" not in d.attrs  # the labels are the dataset's type again
+        assert h5py.check_enum_dtype(h["level"].dtype) == {"LOW": -(2**40), "HIGH": 2**40}
+    hdf5.convert(tmp_path / "again.h5", tmp_path / "back.lam", progress=False)
+    with lamina.open(tmp_path / "back.lam") as f:
+        assert json.loads(f["g/color"].attrs["hdf5_enum"]) == labels
+        assert f["g/color"][...].tolist() == [0, 1, 200, 3]
+
+
+def test_an_hdf5_enum_attribute_that_is_no_enum_of_its_dataset_is_copied_as_it_is(tmp_path):
+    """A lamina dataset's ``hdf5_enum`` that is not labels of integers its dtype holds is
+    written as a plain attribute (a warning says why) over a plain dataset."""
+    path = tmp_path / "x.lam"
+    cases = {
+        "floats": ("f4", '{"A": 0}'),
+        "range": ("u1", '{"A": 0, "B": 256}'),
+        "text": ("i2", "not JSON"),
+        "list": ("i2", "[1, 2]"),
+        "value": ("i2", '{"A": 1.5}'),
+        "same": ("i2", '{"A": 1, "B": 1}'),
+        "none": ("i2", "{}"),
+        "nonstr": ("i2", ["a", "b"]),
+    }
+    with lamina.open(path, "w", durable=False) as f:
+        for name, (dt, value) in cases.items():
+            f.create_dataset(name, (2,), dt).attrs["hdf5_enum"] = value
+        with f.step():
+            for name, (dt, _) in cases.items():
+                f[name][...] = np.array([1, 0], dtype=dt)
+    r = hdf5.convert(path, tmp_path / "x.h5", progress=False)
+    for name in cases:
+        assert any(w.startswith(f"dataset /{name}: attribute 'hdf5_enum'") for w in r.warnings), (
+            name,
+            r.warnings,
+        )
+    with h5py.File(tmp_path / "x.h5", "r") as h:
+        for name, (_, value) in cases.items():
+            assert h5py.check_enum_dtype(h[name].dtype) is None, name
+            got = h[name].attrs["hdf5_enum"]
+            assert (list(got) if isinstance(value, list) else got) == value, name

@@ -12,8 +12,10 @@ that were never written stay unwritten (they read as the fill value).
 
 Any HDF5 file not made by lamina converts too: each numeric dataset becomes a
 lamina dataset of the same shape written in one step (datasets and attributes
-lamina cannot hold are skipped with a warning; of an enum only its labels are, with
-a warning, its values are kept as integers).
+lamina cannot hold are skipped with a warning).  A dataset of an HDF5 enum type keeps
+its values as integers and its labels in its attribute ``hdf5_enum`` (:data:`A_ENUM`),
+from which an export to HDF5 makes the enum type again; of an enum attribute only the
+labels are dropped, with a warning.
 
 Data is streamed: one block (or a slab of at most 64 MiB of one) at a time.
 
@@ -71,6 +73,10 @@ BOOKKEEPING = {
     A_STEPS_WRITTEN,
     A_BLOCKS,
 }
+
+#: the lamina attribute of a dataset holding the labels of its HDF5 enum type: JSON, an
+#: object of label -> integer value (docs/hdf5.md)
+A_ENUM = "hdf5_enum"
 
 #: largest piece of data held in memory at once when a block can be split (bytes)
 SLAB_BYTES = 64 << 20
@@ -197,17 +203,21 @@ def lamina_to_hdf5(
         nsteps = f.steps
         res.steps = nsteps
         nodes = list(f.walk())
-        plan: list[tuple[str, Dataset, list[tuple[int, Box]]]] = []
+        # path, dataset, (step, box) it holds values in, the labels of its HDF5 enum type
+        plan: list[tuple[str, Dataset, list[tuple[int, Box]], dict[str, int] | None]] = []
         for path, obj in nodes:
             if isinstance(obj, Dataset):
                 # where it holds values: its blocks, or a derived quantity's computed ones
                 boxes = [(k, b) for k in range(nsteps) for b in obj.coverage(k)]
                 res.warnings += not_kept(f, path, obj, layout=False)
-                plan.append((path, obj, boxes))
+                enum, why = _enum_labels(obj)
+                if why:
+                    res.warnings.append(f"dataset /{path.lstrip('/')}: {why}")
+                plan.append((path, obj, boxes, enum))
                 res.datasets += 1
             else:
                 res.groups += 1
-        total = sum(b.size * ds.dtype.itemsize for _, ds, boxes in plan for _, b in boxes)
+        total = sum(b.size * ds.dtype.itemsize for _, ds, boxes, _ in plan for _, b in boxes)
         with (
             _staged(dst, overwrite, "hdf5") as tmp,
             h5py.File(tmp, "w", libver=("v108", "v110"), rdcc_nbytes=CHUNK_CACHE_BYTES) as h,
@@ -224,8 +234,8 @@ def lamina_to_hdf5(
                 if not isinstance(obj, Dataset):
                     _copy_attrs_to_h5(obj, h.require_group(path).attrs)
             with _bar(total, os.path.basename(dst.rstrip("/")) or dst, progress) as bar:
-                for path, ds, boxes in plan:
-                    hd = _create_h5_dataset(h, path, ds, nsteps, gzip)
+                for path, ds, boxes, enum in plan:
+                    hd = _create_h5_dataset(h, path, ds, nsteps, gzip, enum)
                     by_step: dict[int, list[Box]] = {}
                     for k, box in boxes:
                         by_step.setdefault(k, []).append(box)
@@ -265,7 +275,41 @@ def not_kept(f, path: str, ds, layout: bool) -> list[str]:
     return out
 
 
-def _create_h5_dataset(h, path: str, ds, nsteps: int, gzip: int | None):
+def _enum_labels(ds) -> tuple[dict[str, int] | None, str]:
+    """(labels, "") of the HDF5 enum type dataset *ds* is written as: its attribute
+    :data:`A_ENUM`, a JSON object of distinct labels -> distinct integers its dtype holds;
+    (None, "") where it has none; (None, why) where it is no such labels (it is written as
+    a plain attribute, over a plain dataset)."""
+    if A_ENUM not in ds.attrs:
+        return None, ""
+    text = ds.attrs[A_ENUM]
+    dt = np.dtype(ds.dtype)
+    plain = f"attribute {A_ENUM!r} written as a plain attribute of a plain {dt} dataset: "
+    if dt.kind not in "iu":
+        return None, plain + f"an HDF5 enum holds integers, not {dt}"
+    try:
+        labels = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        labels = None
+    if not isinstance(labels, dict) or not labels:
+        return None, plain + "it is not a JSON object of labels -> values"
+    info = np.iinfo(dt)
+    for label, value in labels.items():
+        if not label or "\x00" in label:
+            return None, plain + f"label {label!r} is empty or holds a NUL character"
+        if type(value) is not int or not info.min <= value <= info.max:
+            return None, plain + f"the value of {label!r}, {value!r}, is no {dt} integer"
+    if len(set(labels.values())) < len(labels):
+        return None, plain + "two labels have the same value"
+    return labels, ""
+
+
+def _create_h5_dataset(
+    h, path: str, ds, nsteps: int, gzip: int | None, enum: dict[str, int] | None = None
+):
+    """The HDF5 dataset of *ds* (of its dtype, or the enum type of labels *enum* over it)."""
+    import h5py
+
     shape = tuple(ds.shape)
     cap = GZIP_CHUNK_BYTES if gzip is not None else CHUNK_BYTES
     kw = {}
@@ -276,11 +320,12 @@ def _create_h5_dataset(h, path: str, ds, nsteps: int, gzip: int | None):
         shape=(nsteps, *shape),
         maxshape=(None, *(None if n == 0 else n for n in shape)),
         chunks=chunk_shape(shape, ds.dtype.itemsize, cap),
-        dtype=ds.dtype,
+        dtype=ds.dtype if enum is None else h5py.enum_dtype(enum, basetype=ds.dtype),
         fillvalue=ds.fill,
         **kw,
     )
-    _copy_attrs_to_h5(ds, hd.attrs)
+    # the labels are the dataset's type: not an attribute too
+    _copy_attrs_to_h5(ds, hd.attrs, skip=A_ENUM if enum is not None else None)
     nd = len(shape)
     rows = [(k, *b.start, *b.stop) for k in range(nsteps) for b in ds.coverage(k)]
     blocks = np.array(rows, dtype=np.int64).reshape(len(rows), 1 + 2 * nd)
@@ -332,10 +377,12 @@ def _has_nul(value) -> bool:
     return False
 
 
-def _copy_attrs_to_h5(obj, h5attrs) -> None:
+def _copy_attrs_to_h5(obj, h5attrs, skip: str | None = None) -> None:
     import h5py
 
     for name in obj.attrs:
+        if name == skip:
+            continue
         value = obj.attrs[name]
         hname = USER_PREFIX + name if name.startswith(PREFIX) else name
         # HDF5 ends a name at a NUL (the attribute would overwrite another) and its variable-
@@ -372,6 +419,7 @@ class _Src:
     codecs: list
     stepped: bool  # True: made by lamina, leading step axis
     boxes: list[tuple[int, Box]]
+    enum: dict[str, int] | None = None  # the labels of its HDF5 enum type (bool's excepted)
 
 
 def hdf5_to_lamina(
@@ -440,7 +488,11 @@ def hdf5_to_lamina(
                     fill=s.fill,
                     compression=s.codecs or None,
                 )
-                _copy_attrs_from_h5(s.h5, ds.attrs, "/" + s.path, made, res.warnings)
+                _copy_attrs_from_h5(
+                    s.h5, ds.attrs, "/" + s.path, made, res.warnings, s.enum is not None
+                )
+                if s.enum is not None:
+                    _keep_enum(ds, s, res.warnings)
                 targets[s.path] = ds
             with _bar(total, os.path.basename(dst.rstrip("/")) or dst, progress) as bar:
                 for k in range(nsteps):
@@ -566,9 +618,8 @@ def _walk_h5(
                 if plain is None:
                     return
                 sources.append(plain)
-            labels = h5py.check_enum_dtype(obj.dtype)  # None for bool (h5py's own enum)
-            if labels:
-                warnings.append(f"dataset /{name}: {_enum_dropped(labels, dt)}")
+            # kept in the attribute A_ENUM (_keep_enum); None for bool (h5py's own enum)
+            sources[-1].enum = h5py.check_enum_dtype(obj.dtype) or None
         else:
             warnings.append(f"skipped /{name}: a named datatype")
 
@@ -746,10 +797,31 @@ def _external_bytes(obj, src: str) -> tuple[int, str]:
     return held, f"its external files hold {held} of its {need} bytes"
 
 
-def _copy_attrs_from_h5(h5obj, attrs, where: str, made: bool, warnings: list[str]) -> None:
+def _keep_enum(ds, s: _Src, warnings: list[str]) -> None:
+    """The labels of *s*'s HDF5 enum type kept in the attribute :data:`A_ENUM` of its lamina
+    dataset *ds*, ordered by value (a warning where lamina refuses them: too large)."""
+    assert s.enum is not None
+    pairs = sorted(s.enum.items(), key=lambda kv: kv[1])
+    try:
+        ds.attrs[A_ENUM] = json.dumps(dict(pairs), ensure_ascii=False)
+    except (LaminaError, ValueError, TypeError) as e:
+        warnings.append(f"dataset /{s.path}: {_enum_dropped(s.enum, s.dtype)} ({e})")
+
+
+def _copy_attrs_from_h5(
+    h5obj, attrs, where: str, made: bool, warnings: list[str], enum: bool = False
+) -> None:
+    """The attributes of *h5obj* copied into lamina's *attrs* (of *where*); an object of an
+    *enum* type keeps its labels in :data:`A_ENUM`, which no attribute of it may replace."""
     import h5py
 
     for hname in h5obj.attrs:
+        if enum and hname == A_ENUM:
+            warnings.append(
+                f"skipped attribute {hname!r} of {where}: the name holds the labels "
+                "of its HDF5 enum type"
+            )
+            continue
         if made and hname.startswith(PREFIX):
             if hname.startswith(USER_PREFIX):
                 name = hname[len(USER_PREFIX) :]
@@ -789,7 +861,8 @@ def _copy_attrs_from_h5(h5obj, attrs, where: str, made: bool, warnings: list[str
 
 
 def _enum_dropped(labels: dict, dt: np.dtype) -> str:
-    """Why an HDF5 enum comes over as plain integers: its labels, which lamina cannot keep."""
+    """Why an HDF5 enum comes over as plain integers: its labels, which lamina cannot keep
+    (those of an attribute; a dataset's too large for :data:`A_ENUM`)."""
     pairs = sorted(labels.items(), key=lambda kv: kv[1])
     shown = ", ".join(f"{k}={v}" for k, v in pairs[:8])
     if len(pairs) > 8:
