@@ -538,3 +538,44 @@ def test_info_of_multiresolution_levels_says_what_a_read_of_each_takes(tmp_path,
     assert rc == 0 and f"{fmt_bytes(want[0])} stored in all bands" in out, out
     rc, out, _ = run(["info", path, "d", "--json"], capsys)
     assert json.loads(out)["steps"][0]["nbytes"] == want[0]  # as the text (it said band 0)
+
+
+@pytest.mark.parametrize("cut", ["metadata", "metadata-mid-frame", "subfile"])
+def test_ls_of_a_copy_cut_short_says_so_not_open_for_writing(tmp_path, capsys, cut):
+    """A copy of a file taken while it was written (lamina.meta copied before
+    lamina.commit, between two frames or inside one), or with a subfile cut short, opens
+    the steps before the records left out (docs/format.md, Files cut short): ``lamina ls``
+    says how many records were left out; the writer's close among them, it said the file
+    was "open for writing", which no writer has it."""
+    import warnings
+
+    from lamina.engines.native import format as fmt
+
+    path = str(tmp_path / "copy.lam")
+    with lamina.open(path, "w", engine="native") as f:
+        d = f.create_dataset("u", shape=(8,), dtype="f8")
+        for k in range(5):
+            with f.step():
+                d[...] = np.full(8, float(k))
+    meta = os.path.join(path, fmt.META_NAME)
+    commit = open(os.path.join(path, fmt.COMMIT_NAME), "rb").read()
+    entries, _, _ = fmt.parse_commits(commit, os.path.getsize(meta))
+    assert len(entries) == 6  # five steps and the close
+    if cut == "metadata":  # copied after step 2's frame
+        os.truncate(meta, entries[2].offset + entries[2].length)
+    elif cut == "metadata-mid-frame":
+        os.truncate(meta, entries[3].offset + entries[3].length // 2)
+    else:  # the subfile copied before step 3's blocks were in it
+        with lamina.open(path) as f:
+            b = f["u"].blocks(3)[0]
+        os.truncate(os.path.join(path, b.subfile), b.offset + 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", lamina.LaminaWarning)  # (said on opening it)
+        rc, out, _ = run(["ls", path], capsys)
+        assert rc == 0
+        head = out.splitlines()[0]
+        assert "open for writing" not in head and "3 steps" in head, head
+        assert "cut short: 3 committed records left out" in head, head
+        rc, out, _ = run(["ls", path, "--json"], capsys)
+    doc = json.loads(out)
+    assert doc["steps"] == 3 and doc["closed"] is False and doc["records_left_out"] == 3

@@ -10,7 +10,8 @@ step 2's block is cut short.  ``read`` opens the file on every rank: rank 0
 finds step 2's data missing and keeps steps 0-1 (a LaminaWarning says what
 was left out); every other rank, which decoded every record rank 0 read
 while rank 0 checked them, must drop step 2 and dataset ``late`` with it,
-and every rank reads steps 0 and 1 back.  ``append`` opens it in mode 'a' on every
+and every rank reads steps 0 and 1 back, and says that two records were left out (step 2
+and the writer's close: ``records_left_out``).  ``append`` opens it in mode 'a' on every
 rank (the same two steps), writes a new step 2, and every rank reads it back.
 """
 
@@ -56,8 +57,8 @@ elif mode == "append":
         warnings.simplefilter("ignore", LaminaWarning)
         f = lamina.open(path, "a")
     with f:
-        seen = comm.allgather((f.steps, sorted(f.keys())))
-        assert all(x == (2, ["u"]) for x in seen), seen
+        seen = comm.allgather((f.steps, sorted(f.keys()), f.engine.records_left_out))
+        assert all(x == (2, ["u"], 0) for x in seen), seen  # (dropped from the logs)
         lo, hi = comm.rank * N // comm.size, (comm.rank + 1) * N // comm.size
         with f.step():
             f["u"][lo:hi] = -step_values(2)[lo:hi]
@@ -73,9 +74,9 @@ else:
         f = lamina.open(path, "r")
     with f:
         names = sorted(f.keys())
-        seen = comm.allgather((f.steps, names))
+        seen = comm.allgather((f.steps, names, f.engine.records_left_out))
         assert all(x == seen[0] for x in seen), seen
-        assert seen[0] == (2, ["u"]), seen[0]
+        assert seen[0] == (2, ["u"], 2), seen[0]  # left out: step 2 and the writer's close
         for s in range(2):
             got = f["u"].read(step=s)
             assert np.array_equal(got, step_values(s)), (comm.rank, s)

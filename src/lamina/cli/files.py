@@ -87,6 +87,7 @@ def cmd_ls(args) -> int:
             "steps": f.steps,
             "step_times": list(f.engine.catalog.step_times[: f.steps]),
             "closed": bool(f.engine.writer_closed),
+            "records_left_out": int(f.engine.records_left_out),
             "datasets": nds,
             "nbytes": sum(i.get("nbytes", 0) for i in infos),
             "raw_nbytes": sum(i.get("raw_nbytes", 0) for i in infos),
@@ -98,6 +99,8 @@ def cmd_ls(args) -> int:
         print_json({**head, "nodes": infos})
         return 0
     state = "closed" if head["closed"] else "open for writing"
+    if head["records_left_out"]:  # a copy cut short: whether a writer closed it is not known
+        state = f"cut short: {plural(head['records_left_out'], 'committed record')} left out"
     print(
         f"{head['file']}: {head['engine']}, {plural(head['steps'], 'step')} ({state}), "
         f"{plural(nds, 'dataset')}, {fmt_bytes(head['nbytes'])} stored"

@@ -427,6 +427,13 @@ class Engine(ABC):
         """Independent: True when the last writer of this file has closed it (no more steps coming)."""
         return self.catalog.closed
 
+    @property
+    def records_left_out(self) -> int:
+        """Independent: committed records a reader left out as it last read the file (one cut
+        short: a copy taken while it was written, a subfile truncated; docs/format.md), the
+        steps before them open; 0 where it read every one."""
+        return 0
+
     def wait_steps(self, count: int, seconds: float) -> None:
         """Independent: wait up to *seconds* for the writer to reach *count* steps or close.
 

@@ -231,6 +231,10 @@ class Layer(Engine):
     def writer_closed(self) -> bool:
         return self.inner.writer_closed
 
+    @property
+    def records_left_out(self) -> int:
+        return self.inner.records_left_out
+
     def wait_steps(self, count: int, seconds: float) -> None:
         self.inner.wait_steps(count, seconds)
 

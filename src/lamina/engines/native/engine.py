@@ -570,6 +570,8 @@ class NativeEngine(BlockEngine):
         self._last_entry: fmt.CommitEntry | None = None  # the last commit entry seen (or written)
         self._meta_end = self._commit_end = fmt.HEADER_SIZE
         self._warned = -1  # the last record a reader warned it had to leave out
+        # committed records the last read of the logs left out (records_left_out)
+        self._left_out = 0
         self._version = (
             fmt.VERSION
         )  # the file's format version (an older file is appended in its own)
@@ -779,9 +781,10 @@ class NativeEngine(BlockEngine):
             _fsync_dir(path)
 
     # ------------------------------------------------------ metadata I/O
-    def _read_new_records(self) -> tuple[list[bytes], list[fmt.CommitEntry], int]:
+    def _read_new_records(self) -> tuple[list[bytes], list[fmt.CommitEntry], int, int]:
         """Rank 0: payloads of records committed since the last call (validated), their
-        commit entries, and the header size of the logs."""
+        commit entries, the header size of the logs, and how many records committed since
+        were left out (past the end of lamina.meta, or a damaged last one: a reader's)."""
         where = f"{self.path}/{fmt.COMMIT_NAME}"
         held = -1
         try:
@@ -868,6 +871,7 @@ class NativeEngine(BlockEngine):
             elif head.identity != self._identity:
                 raise FormatError(self._gone())
             new = entries[self._nentries :] if first else entries
+            committed = len(new)
             cut = next(
                 (
                     k
@@ -929,7 +933,7 @@ class NativeEngine(BlockEngine):
             os.close(mfd)
             if held >= 0:  # (the first read failed: nothing is kept)
                 os.close(held)
-        return out, new, head.size
+        return out, new, head.size, committed - len(new)
 
     def _load_new(self, call: int = 0) -> int:
         """Collective: read records committed since the last call on rank 0, apply on all ranks
@@ -951,7 +955,8 @@ class NativeEngine(BlockEngine):
         g = comm_mod.Guard()
         blob = None
         state = None
-        read: tuple[list[bytes], list[fmt.CommitEntry], int] | None = None
+        read: tuple[list[bytes], list[fmt.CommitEntry], int, int] | None = None
+        left_out = 0  # records rank 0 left out as it read the logs (past lamina.meta's end)
         cp = self.catalog.checkpoint()
         with g:
             if self.rank == 0:
@@ -959,6 +964,7 @@ class NativeEngine(BlockEngine):
                 if self.size > 1:
                     e = Encoder()
                     e.u32(self._version)
+                    e.u64(read[3])
                     e.u32(len(read[0]))
                     for p in read[0]:
                         e.blob(p)
@@ -974,7 +980,8 @@ class NativeEngine(BlockEngine):
         with g:
             if self.rank == 0:
                 assert read is not None
-                payloads, entries, header_size = read
+                payloads, entries, header_size, left_out = read
+                raws = payloads
                 good = self._intact_prefix(payloads, entries, cp)
                 intact = len(good)
                 meta_end = entries[intact - 1].offset + entries[intact - 1].length if good else None
@@ -988,6 +995,7 @@ class NativeEngine(BlockEngine):
                 assert blob is not None  # broadcast by rank 0
                 d = Decoder(blob, "metadata broadcast")
                 self._version = d.u32()
+                left_out = d.u64()
                 raws = [d.blob() for _ in range(d.count(8, name="records"))]
                 d.expect_end()
                 applied, late = self._apply_raws(raws)
@@ -1029,7 +1037,15 @@ class NativeEngine(BlockEngine):
             # only now that every rank applied the records: read on from after them
             assert state is not None
             self._nentries, self._meta_end, self._commit_end, self._last_entry = state
+        # the records left out are read again by the next call (a writer dropped its own)
+        self._left_out = left_out + len(raws) - intact if self.mode == "r" else 0
         return len(self.catalog.steps)
+
+    @property
+    def records_left_out(self) -> int:
+        """Committed records a reader left out of the file as it last read its logs (a file
+        cut short, docs/format.md): the steps before them open."""
+        return self._left_out
 
     def _apply_raws(self, raws: list[bytes]) -> tuple[int, Exception | None]:
         """Decode and apply records *raws* in order (the other ranks' records, or rank 0's
