@@ -10,6 +10,7 @@ tests without MPI.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 import os
@@ -860,6 +861,35 @@ def test_a_tasks_own_transport_timeout(tmp_path):
     for value, want in ((10, "10"), ("2.5", "2.5"), ("inf", "inf"), ("", "")):
         path = write(tmp_path, _with(_set("tasks", 1, "env", {"LAMINA_TRANSPORT_TIMEOUT": value})))
         assert wr.load(path).tasks[1].env == {"LAMINA_TRANSPORT_TIMEOUT": want}
+
+
+def test_a_workflow_file_takes_the_transport_timeout_a_task_reads(tmp_path, monkeypatch):
+    """lamina run checks a task's $LAMINA_TRANSPORT_TIMEOUT with the parser the task reads
+    it with (lamina.text.parse_seconds, under lamina.comm.env_seconds): a value passes
+    the one exactly where it passes the other, and both name the limit."""
+    from lamina import comm as comm_mod
+    from lamina.text import parse_seconds
+
+    values = ("10", "2.5", "inf", "", " 3 ", "1e-3", "1_0", "ten", "0", "-1", "nan", "-inf", "0x10")
+    for value in values:
+        monkeypatch.setenv("LAMINA_TRANSPORT_TIMEOUT", value)
+        try:
+            comm_mod.transport_patience()
+            task = None
+        except ValueError as e:
+            task = str(e)
+            assert (
+                task == f"$LAMINA_TRANSPORT_TIMEOUT must be a number of seconds > 0, got {value!r}"
+            )
+        if value:
+            with pytest.raises(ValueError) if task else contextlib.nullcontext():
+                parse_seconds(value)
+        path = write(tmp_path, _with(_set("tasks", 1, "env", {"LAMINA_TRANSPORT_TIMEOUT": value})))
+        if task is None:
+            assert wr.load(path).tasks[1].env == {"LAMINA_TRANSPORT_TIMEOUT": value}, value
+        else:
+            with pytest.raises(wr.WorkflowFileError, match="must be a number of seconds > 0"):
+                wr.load(path)
 
 
 def test_total_ranks_limit(tmp_path):

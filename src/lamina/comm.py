@@ -15,7 +15,6 @@ MPI program: every task of a workflow must initialize MPI (``lamina run
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -34,7 +33,7 @@ from .errors import (
     is_left,
     mark_collective,
 )
-from .text import fmt_ranges
+from .text import fmt_ranges, parse_seconds
 
 #: variables that say a program runs inside a workflow (set by ``lamina run``, or by hand)
 WORKFLOW_VARIABLES = ("LAMINA_WORKFLOW", "LAMINA_TRANSPORT")
@@ -44,19 +43,16 @@ DEFAULT_PATIENCE = 60.0
 
 
 def env_seconds(variable: str, default: float, zero: bool = False, finite: bool = False) -> float:
-    """``$variable`` as seconds (> 0, or >= 0 with *zero*; below infinity with *finite*), else
-    *default* where it is unset or empty; ValueError naming the variable for anything else."""
+    """``$variable`` as seconds (> 0, or >= 0 with *zero*; below infinity with *finite*:
+    :func:`lamina.text.parse_seconds`), else *default* where it is unset or empty;
+    ValueError naming the variable, the limit and the value for anything else."""
     given = os.environ.get(variable)
     if not given:
         return default
     try:
-        seconds = float(given)
-    except ValueError:
-        seconds = math.nan
-    if not ((seconds >= 0 if zero else seconds > 0) and (seconds < math.inf or not finite)):
-        least = ">= 0" if zero else "> 0"
-        raise ValueError(f"${variable} must be a number of seconds {least}, got {given!r}")
-    return seconds
+        return parse_seconds(given, zero, finite)
+    except ValueError as e:
+        raise ValueError(f"${variable} {e}, got {given!r}") from None
 
 
 def transport_patience() -> float:

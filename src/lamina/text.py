@@ -106,6 +106,21 @@ def parse_rate(text: str) -> float:
 # ----------------------------------------------------------------- times
 
 
+def parse_seconds(text: str, zero: bool = False, finite: bool = False) -> float:
+    """*text* as a number of seconds: ``'2.5'``, ``'1e-3'``, ``'inf'`` -> float, > 0 (>= 0
+    with *zero*; below infinity with *finite*); otherwise ValueError ``must be a number of
+    seconds > 0`` (``>= 0``), to which the caller adds what it read and the value.  The one
+    reading of a timeout in an environment variable (:func:`lamina.comm.env_seconds`) and
+    of one ``lamina run`` passes to a task (``lamina.workflow.file``)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not ((seconds >= 0 if zero else seconds > 0) and (seconds < math.inf or not finite)):
+        raise ValueError(f"must be a number of seconds {'>= 0' if zero else '> 0'}")
+    return seconds
+
+
 def fmt_duration(seconds: float) -> str:
     """A duration: ``'0'``, ``'12.5 us'``, ``'3.1 ms'``, ``'2.40 s'``."""
     s = float(seconds)

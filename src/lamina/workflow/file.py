@@ -38,6 +38,7 @@ import stat
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError, LaminaError, suggest
+from ..text import parse_seconds
 from . import routes as wfmod
 
 #: upper bound of the ranks of one launch unless ``--max-ranks`` says otherwise
@@ -736,24 +737,12 @@ def _env(value, fail, task, fld, top: bool) -> dict[str, str]:
                 f"{fld}.{k}",
             )
         out[k] = v if isinstance(v, str) else _number(v)
-        if k == TIMEOUT_ENV and not _seconds(out[k]):  # the task would stop at its first open
-            fail(
-                f"must be a number of seconds > 0, got {_show(out[k])}",
-                task,
-                f"{fld}.{k}",
-            )
+        if k == TIMEOUT_ENV and out[k]:  # (empty: the default) read as the task reads it
+            try:
+                parse_seconds(out[k])  # (lamina.comm.env_seconds: the task's first open)
+            except ValueError as e:
+                fail(f"{e}, got {_show(out[k])}", task, f"{fld}.{k}")
     return out
-
-
-def _seconds(text: str) -> bool:
-    """Whether a task takes *text* as ``$LAMINA_TRANSPORT_TIMEOUT``: empty (the default) or
-    a number > 0, as :func:`lamina.comm.env_seconds` reads it."""
-    if not text:
-        return True
-    try:
-        return float(text) > 0
-    except ValueError:
-        return False
 
 
 def _is_int(v) -> bool:

@@ -16,8 +16,8 @@ This script imports :mod:`lamina.workflow.command` without running the
 package's ``__init__`` (a bare ``lamina`` package stands in for it), so
 neither ``mpi4py.MPI`` nor libmpi is loaded, and it tells mpi4py not to
 initialize MPI should anything import it after all.  What ``lamina run``
-imports (:mod:`lamina.workflow`, :mod:`lamina.launch`, :mod:`lamina.errors`)
-must not need the package's ``__init__``.
+imports (:mod:`lamina.workflow`, :mod:`lamina.launch`, :mod:`lamina.errors`,
+:mod:`lamina.text`) must not need the package's ``__init__``.
 """
 
 from __future__ import annotations
