@@ -229,7 +229,7 @@ def test_dot_names_the_group_and_an_empty_name_nothing(pair):
     took '' for the group)."""
     h, f = pair
     for g in (h, f):
-        g.create_group("g").create_dataset("x", shape=(2,))
+        g.create_group("g").create_dataset("x", shape=(2,), dtype="f4")
         assert "" not in g and "." in g and "./g/./x" in g and "g/." in g
         assert g["."].name == "/" and g["g/."].name == "/g" and g["./g/x"].name == "/g/x"
         assert g["g"]["."].name == "/g"
@@ -245,7 +245,7 @@ def test_truth_is_whether_the_file_is_open(pair):
     group, dataset or file of a closed file is false."""
     made = []
     for g in pair:
-        made.append((g, g.create_group("empty"), g.create_dataset("d", shape=(0,))))
+        made.append((g, g.create_group("empty"), g.create_dataset("d", shape=(0,), dtype="f4")))
         assert all(made[-1])
     for g, e, d in made:
         g.close()
