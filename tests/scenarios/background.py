@@ -453,7 +453,7 @@ def _force(mode) -> None:
     """io='auto' picks *mode* (a str, or a callable giving one) at every decision."""
     import lamina.perf.asyncmodel as am
 
-    def predict(model, nbytes, ranks, t_comp=None):
+    def predict(model, nbytes, ranks, t_comp=None, copied=None):
         # a rank that picks sync copies slowly: the ranks together (the slowest copy) pick
         # the background only where every rank does
         m = mode() if callable(mode) else mode
@@ -653,7 +653,7 @@ def slowest(path: str) -> None:
     rank = comm.rank
     t_io = 8e-3 if rank == 0 else 2e-3
 
-    def predict(model, nbytes, ranks, t_comp=None):
+    def predict(model, nbytes, ranks, t_comp=None, copied=None):
         t_sync, t_async = 2e-3 + 3e-3, max(3e-3, t_io) + 0.3e-3
         mode = "async" if t_async < t_sync else "sync"
         return am.Prediction(
@@ -729,7 +729,7 @@ def empty(path: str) -> None:
     rank = comm.rank
     writer = rank < comm.size - 1
 
-    def predict(model, nbytes, ranks, t_comp=None):  # 1 GB/s, copies at 10 GB/s
+    def predict(model, nbytes, ranks, t_comp=None, copied=None):  # 1 GB/s, copies at 10 GB/s
         t_io, t_copy = nbytes / 1e9, nbytes / ranks / 1e10
         t_sync, t_async = t_io + 3e-3, max(3e-3, t_io) + t_copy
         mode = "async" if t_async < t_sync else "sync"

@@ -90,6 +90,7 @@ from ...perf.asyncmodel import (
     DECISIONS_KEPT,
     DECISIONS_KEY,
     IO_SERIES,
+    LENT_SERIES,
     SUBMIT_SERIES,
     SYNC_IO_SERIES,
     AsyncModel,
@@ -622,7 +623,7 @@ class BackgroundLayer(Layer):
         comm = self._own()
         if comm.size == 1:
             return load_history()
-        names = (IO_SERIES, SYNC_IO_SERIES, COPY_SERIES, SUBMIT_SERIES)
+        names = (IO_SERIES, SYNC_IO_SERIES, COPY_SERIES, SUBMIT_SERIES, LENT_SERIES)
         h, packed, failed = None, None, None
         if comm.rank == 0:
             try:
@@ -1409,22 +1410,26 @@ class BackgroundLayer(Layer):
         step = self._step or Step(explicit=False)
         self._step = None
         timed = False  # the step's calls are a sample of its hand-over (copies all alike)
+        lent = False  # it copied nothing: arrays lent (copy=False) alone
         if self.model is not None:  # the step's copies: one sample
             with self._cond:  # the background thread adds samples under it
                 sample = step.copy_sample(self._pool.served)
                 if sample is not None:
                     self.model.add_copy(*sample)
-                # a step of arrays lent (copy=False) copies nothing: its calls are its hand-over;
+                # a step of arrays lent (copy=False) copies nothing: its calls are its hand-over,
+                # a sample kept apart from the copies' (it says nothing of a step that copies);
                 # one made beside a step being written is slowed by that thread (the GIL,
                 # memory), which only steps faster than their writes meet, and then the I/O
                 # bounds the epoch: only those made alone are samples
                 alike = not (step.copied and step.fresh_copied)
                 lent = not step.nbytes and step.lent > 0
                 timed = (lent or (sample is not None and alike)) and step.idle and self._idle()
+        # the bytes it copied (the background thread frees them once the step is written)
+        copied_bytes = step.nbytes
         step.index = self._next
         self._next += 1
         background = (
-            self._decide(step.data_bytes, step.index, t_call, step, copied=step.nbytes)
+            self._decide(step.data_bytes, step.index, t_call, step, copied=copied_bytes)
             if self.auto
             else True
         )
@@ -1443,7 +1448,9 @@ class BackgroundLayer(Layer):
                 # the budget or the other ranks, which steps still being written cause
                 spent = self._in_calls + time.perf_counter() - t_call - step.budget_wait - t_meet
                 with self._cond:
-                    self.model.add_submit(step.data_bytes, spent)
+                    self.model.add_submit(
+                        step.data_bytes if lent else copied_bytes, spent, lent=lent
+                    )
         self._epoch_start = time.perf_counter()
         self._in_calls = 0.0
 
@@ -1526,7 +1533,7 @@ class BackgroundLayer(Layer):
         assert self.model is not None
         size = self.inner.comm.size
         with self._cond:  # the background thread adds samples under it
-            pred: Prediction = self.model.predict(max(nbytes, 1) * size, size)
+            pred: Prediction = self.model.predict(max(nbytes, 1) * size, size, copied=copied * size)
         # the next step copied only if one like this one fits the budget: else it is written
         # directly (in the background it would be refused at the put that overflows); what
         # it lent (copy=False) is kept by reference, outside the budget
