@@ -183,6 +183,45 @@ def test_auto_follows_the_model_per_step(tmp_path, history_path, monkeypatch, ca
     )
 
 
+def test_every_decision_of_a_long_run_is_in_the_file(tmp_path, history_path, monkeypatch, capsys):
+    """A run of more steps than io_stats keeps (the last 64) has every decision in the file,
+    each with its outcome, read back after the file is opened again (it kept the last 64).
+    Rank 0 encodes each as soon as its step is done, not the whole list at every step, and
+    the file holds them in records of a bounded size."""
+    n = 100
+    monkeypatch.setattr(am.AsyncModel, "predict", _forced(["async", "sync", "async", "async"] * n))
+    monkeypatch.setattr(am, "DECISIONS_PART_BYTES", 4096)  # a few records, not one
+    path = str(tmp_path / "long.lam")
+    a = np.arange(1 << 13, dtype=np.float64)
+    with lamina.open(path, "w", io="auto") as f:
+        f.create_dataset("x", a.shape, a.dtype)
+        for k in range(n):
+            with f.step():
+                f["x"][...] = a + k
+            # encoded as their steps are done: the last decision and those of steps in flight
+            # wait (every 4th step is written directly, after the steps in flight)
+            layer = f.engine
+            assert len(layer._decisions_open) <= 4
+            assert len(layer._decisions_open) + len(layer._decision_rows) == k + 1
+        s = f.io_stats
+    assert len(s["decisions"]) == am.DECISIONS_KEPT
+    with lamina.open(path) as f:
+        assert f.steps == n
+        got, complete = am.read_decisions(f.engine.catalog.ext)
+        assert complete and len(got) == n
+        assert sum(1 for k in f.engine.catalog.ext if k.startswith(am.DECISIONS_KEY)) > 2
+    assert [d["step"] for d in got] == list(range(n))
+    assert all(d["t_io_measured"] > 0 for d in got)
+    assert all(d["epoch_measured"] > 0 for d in got[:-1])
+    assert [d["predicted"] for d in got] == (["async", "sync", "async", "async"] * n)[:n]
+    assert cli_main(["ls", path, "--json"]) == 0
+    assert [d["step"] for d in json.loads(capsys.readouterr().out)["io_decisions"]] == list(
+        range(n)
+    )
+    assert cli_main(["ls", path]) == 0
+    assert f"io='auto' wrote {n} steps: " in capsys.readouterr().out
+
+
 def test_a_step_written_directly_behaves_as_a_synchronous_one(tmp_path, history_path, monkeypatch):
     """Errors at the put that made them, discard_step, implicit steps and close, in a step
     io='auto' writes straight to the engine."""
@@ -497,15 +536,43 @@ def test_model_async_footnote_says_where_the_rates_came_from(tmp_path, capsys, m
     assert "no background step measured" in note and "t_io from the steps written while" in note
 
 
-def test_decisions_record_round_trip_and_bad_bytes():
+def test_decisions_record_round_trip_and_bad_bytes(monkeypatch):
     d = [{"step": 0, "mode": "sync", "t_io": float("nan"), "t_io_measured": 0.25}]
-    back = am.decode_decisions(am.encode_decisions(d))
+    (raw,) = am.encode_decisions(d)
+    back = am.decode_decisions(raw)
     assert (
         back[0]["mode"] == "sync" and back[0]["t_io"] is None and back[0]["epoch_measured"] is None
     )
     for bad in (b"[1]", b'{"fields": ["a"], "decisions": [[1, 2]]}', b"\xff"):
         with pytest.raises(FormatError):
             am.decode_decisions(bad)
+    # many decisions: records of a bounded size, read back in order, every one
+    monkeypatch.setattr(am, "DECISIONS_PART_BYTES", 1000)
+    many = [{"step": k, "mode": "async", "t_io": 0.001 * k} for k in range(200)]
+    parts = am.encode_decisions(many)
+    assert len(parts) > 10 and all(len(p) < 2000 for p in parts)
+    ext = {am.decisions_key(i): p for i, p in enumerate(parts)}
+    got, complete = am.read_decisions(ext)
+    assert complete and [x["step"] for x in got] == list(range(200))
+    assert am.read_decisions({}) is None
+    del ext[am.decisions_key(3)]
+    with pytest.raises(FormatError, match="record 3 of"):
+        am.read_decisions(ext)
+    # a file of an earlier version: one record, without "parts", of the run's last 64 at most
+    old = json.dumps(
+        {"fields": ["step", "mode"], "decisions": [[k, "sync"] for k in range(16, 80)]}
+    ).encode()
+    got, complete = am.read_decisions({am.DECISIONS_KEY: old})
+    assert [x["step"] for x in got] == list(range(16, 80)) and not complete
+    got, complete = am.read_decisions({am.DECISIONS_KEY: am.encode_decisions(many[:5])[0]})
+    assert len(got) == 5 and complete
+    assert am.read_decisions({am.DECISIONS_KEY: am.encode_decisions([])[0]}) == ([], True)
+    with pytest.raises(FormatError, match="record 1 of 9 is missing"):
+        am.read_decisions({am.DECISIONS_KEY: b'{"fields": [], "decisions": [], "parts": 9}'})
+    for n in ("0", "-1", "true", "1.0"):
+        raw = b'{"fields": [], "decisions": [], "parts": %s}' % n.encode()
+        with pytest.raises(FormatError, match="not a number of records"):
+            am.read_decisions({am.DECISIONS_KEY: raw})
 
 
 def test_copies_into_new_buffers_count_once_the_pool_has_served(tmp_path, history_path):
@@ -985,14 +1052,16 @@ def test_the_model_s_series_packed_for_the_other_ranks_and_bad_bytes():
 
 
 def test_ls_says_when_it_shows_the_last_decisions_only():
-    """A writer keeps its last 64 decisions: a longer run is said to have written at least
-    that many steps, and which ones the line counts (it said 'wrote 64 steps' of 80)."""
+    """A writer of an earlier version kept its last 64 decisions: a longer run is said to have
+    written at least that many steps, and which ones the line counts (it said 'wrote 64
+    steps' of 80).  A file that holds every decision says how many."""
     from lamina.cli.files import _decisions_line
 
     many = [
         {"step": k, "mode": "async" if k % 8 else "sync", "probe": False} for k in range(16, 80)
     ]
-    line = _decisions_line(many)
+    line = _decisions_line(many, complete=False)
     assert line.startswith("io='auto' wrote at least 64 steps; of the last 64, steps 16-79: 56")
     assert _decisions_line(many[:5]).startswith("io='auto' wrote 5 steps: 4 in the background")
+    assert _decisions_line(many).startswith("io='auto' wrote 64 steps: 56 in the background")
     assert am.DECISIONS_KEPT == 64

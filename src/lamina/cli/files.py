@@ -30,24 +30,21 @@ from .common import find_dataset, open_file
 # ls
 
 
-def _io_decisions(f) -> list[dict] | None:
-    """The decisions of the last writer under io='auto' (docs/background.md), if the file has them."""
+def _io_decisions(f) -> tuple[list[dict], bool] | None:
+    """The decisions of the last writer under io='auto' (docs/background.md), if the file has
+    them, and whether they are all of its run (a file of an earlier version kept the last 64)."""
     from lamina.errors import FormatError
-    from lamina.perf.asyncmodel import DECISIONS_KEY, decode_decisions
+    from lamina.perf.asyncmodel import read_decisions
 
-    raw = f.engine.catalog.ext.get(DECISIONS_KEY)
-    if raw is None:
-        return None
     try:
-        return decode_decisions(raw)
+        return read_decisions(f.engine.catalog.ext)
     except FormatError:
         return None
 
 
-def _decisions_line(decisions: list[dict]) -> str:
-    """One line: how io='auto' wrote the steps, and how far its I/O predictions were off."""
-    from lamina.perf.asyncmodel import DECISIONS_KEPT
-
+def _decisions_line(decisions: list[dict], complete: bool = True) -> str:
+    """One line: how io='auto' wrote the steps, and how far its I/O predictions were off;
+    *complete*: *decisions* are every one of the run (else its last ones)."""
     n_async = sum(1 for d in decisions if d.get("mode") == "async")
     errs = [
         abs(d["t_io"] - d["t_io_measured"]) / d["t_io_measured"]
@@ -61,7 +58,7 @@ def _decisions_line(decisions: list[dict]) -> str:
     tried = f", {probes} of them the other way to measure it again" if probes else ""
     n = len(decisions)
     head = f"io='auto' wrote {plural(n, 'step')}"
-    if n >= DECISIONS_KEPT:  # a writer keeps its last decisions only
+    if not complete:  # a writer of an earlier version kept its last decisions only
         steps = [d.get("step") for d in decisions]
         span = f", steps {steps[0]}-{steps[-1]}" if all(isinstance(k, int) for k in steps) else ""
         head = f"io='auto' wrote at least {n} steps; of the last {n}{span}"
@@ -92,7 +89,8 @@ def cmd_ls(args) -> int:
             "nbytes": sum(i.get("nbytes", 0) for i in infos),
             "raw_nbytes": sum(i.get("raw_nbytes", 0) for i in infos),
         }
-        decisions = _io_decisions(f)
+        got = _io_decisions(f)
+        decisions, complete = got if got is not None else (None, True)
         if decisions is not None:
             head["io_decisions"] = decisions
     if args.json:
@@ -106,7 +104,7 @@ def cmd_ls(args) -> int:
         f"{plural(nds, 'dataset')}, {fmt_bytes(head['nbytes'])} stored"
     )
     if decisions:
-        print(_decisions_line(decisions))
+        print(_decisions_line(decisions, complete))
     base = nodes[0][0].rstrip("/").count("/") if nodes[0][0] != "/" else 0
     for info in infos:
         depth = 0 if info["path"] == "/" else info["path"].count("/") - base

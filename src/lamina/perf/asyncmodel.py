@@ -93,6 +93,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -159,10 +160,14 @@ class Prediction:
 
 _PREDICTION_FIELDS = tuple(f.name for f in fields(Prediction))
 
-#: the extension record where a writer under io='auto' keeps its decisions (rank 0's)
+#: the extension record where a writer under io='auto' keeps its decisions (rank 0's): the
+#: first of them, and how many records hold them all (:func:`decisions_key`)
 DECISIONS_KEY = "lamina.io.decisions"
-#: decisions a writer keeps (io_stats, and the file's record): the last ones
+#: decisions a writer keeps in ``io_stats``: the last ones (the file keeps every one; files of
+#: earlier versions kept these only)
 DECISIONS_KEPT = 64
+#: a record of decisions holds rows up to about this many bytes, then the next record begins
+DECISIONS_PART_BYTES = 256 << 10
 #: fields of a decision kept in the file, in this order
 DECISION_FIELDS = (
     "step",
@@ -187,20 +192,51 @@ DECISION_FIELDS = (
 )
 
 
-def encode_decisions(decisions: list[dict[str, Any]]) -> bytes:
-    """The decisions as the JSON of their :data:`DECISION_FIELDS` (missing ones: null; NaN: null)."""
-
-    def value(v: Any) -> Any:
-        if isinstance(v, float) and not math.isfinite(v):
-            return None
-        return round(v, 6) if isinstance(v, float) else v
-
-    rows = [[value(d.get(k)) for k in DECISION_FIELDS] for d in decisions]
-    return json.dumps({"fields": list(DECISION_FIELDS), "decisions": rows}).encode()
+def decisions_key(part: int) -> str:
+    """The extension record of part *part* of a writer's decisions: :data:`DECISIONS_KEY`, then
+    ``lamina.io.decisions.1``, ``.2``, ..."""
+    return DECISIONS_KEY if part == 0 else f"{DECISIONS_KEY}.{part}"
 
 
-def decode_decisions(raw: bytes) -> list[dict[str, Any]]:
-    """:func:`encode_decisions` back; FormatError if it is not that."""
+def _value(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return round(v, 6) if isinstance(v, float) else v
+
+
+def decision_row(d: dict[str, Any]) -> str:
+    """One decision as the JSON list of its :data:`DECISION_FIELDS` (missing ones: null; NaN:
+    null): what a writer keeps of it once it is measured, until close (some 250 bytes)."""
+    return json.dumps([_value(d.get(k)) for k in DECISION_FIELDS])
+
+
+def encode_decision_rows(rows: Sequence[str]) -> list[bytes]:
+    """The records that hold the decisions *rows* (:func:`decision_row`), in order, each of
+    about :data:`DECISIONS_PART_BYTES` at most (one row at least): the JSON ``{"fields": [...],
+    "decisions": [rows]}``, the first with ``"parts"``, the number of records (at least one,
+    none of them empty unless there are no rows)."""
+    head = json.dumps(list(DECISION_FIELDS))
+    groups: list[list[str]] = [[]]
+    size = 0
+    for r in rows:
+        if groups[-1] and size + len(r) > DECISIONS_PART_BYTES:
+            groups.append([])
+            size = 0
+        groups[-1].append(r)
+        size += len(r) + 1
+    out = []
+    for i, g in enumerate(groups):
+        parts = f', "parts": {len(groups)}' if i == 0 else ""
+        out.append(f'{{"fields": {head}, "decisions": [{", ".join(g)}]{parts}}}'.encode())
+    return out
+
+
+def encode_decisions(decisions: Sequence[dict[str, Any]]) -> list[bytes]:
+    """The records that hold *decisions* (:func:`encode_decision_rows`)."""
+    return encode_decision_rows([decision_row(d) for d in decisions])
+
+
+def _decode(raw: bytes) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     doc = load_json(raw, "io decisions", limit=MAX_DECISIONS_BYTES, constants=False)
     if not isinstance(doc, dict) or not isinstance(doc.get("fields"), list):
         raise FormatError("io decisions: not a record of decisions")
@@ -214,7 +250,35 @@ def decode_decisions(raw: bytes) -> list[dict[str, Any]]:
                 f"io decisions: a row of {len(r) if isinstance(r, list) else '?'} values"
             )
         out.append(dict(zip(names, r, strict=True)))
-    return out
+    return doc, out
+
+
+def decode_decisions(raw: bytes) -> list[dict[str, Any]]:
+    """The decisions of one record (:func:`encode_decision_rows`, or the one record of a
+    file of an earlier version); FormatError if it is not that."""
+    return _decode(raw)[1]
+
+
+def read_decisions(ext: Mapping[str, bytes]) -> tuple[list[dict[str, Any]], bool] | None:
+    """The decisions a file's extension records *ext* hold, in order, and whether they are
+    every decision of the run (a file of an earlier version holds the run's last
+    :data:`DECISIONS_KEPT`: where it holds that many, the run may have had more); None
+    without any.  FormatError for a record that is not one, or a part missing."""
+    raw = ext.get(DECISIONS_KEY)
+    if raw is None:
+        return None
+    doc, out = _decode(raw)
+    if "parts" not in doc:  # one record of the last decisions (files of earlier versions)
+        return out, len(out) < DECISIONS_KEPT
+    n = doc["parts"]
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:  # a part missing stops the loop
+        raise FormatError(f"io decisions: {n!r} records is not a number of records")
+    for i in range(1, n):
+        part = ext.get(decisions_key(i))
+        if part is None:
+            raise FormatError(f"io decisions: record {i} of {n} is missing")
+        out += decode_decisions(part)
+    return out, True
 
 
 def async_epoch(t_comp: float, t_io: float, t_copy: float) -> float:
@@ -387,6 +451,7 @@ class AsyncModel:
 __all__ = [
     "DECISIONS_KEPT",
     "DECISIONS_KEY",
+    "DECISIONS_PART_BYTES",
     "AsyncModel",
     "COPY_SERIES",
     "LENT_SERIES",
@@ -394,8 +459,12 @@ __all__ = [
     "async_epoch",
     "IO_SERIES",
     "SYNC_IO_SERIES",
+    "decision_row",
+    "decisions_key",
     "decode_decisions",
+    "encode_decision_rows",
     "encode_decisions",
+    "read_decisions",
     "Fit",
     "History",
     "Prediction",

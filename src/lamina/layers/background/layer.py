@@ -88,7 +88,6 @@ from ...geometry import Box
 from ...perf.asyncmodel import (
     COPY_SERIES,
     DECISIONS_KEPT,
-    DECISIONS_KEY,
     IO_SERIES,
     LENT_SERIES,
     SUBMIT_SERIES,
@@ -97,7 +96,9 @@ from ...perf.asyncmodel import (
     History,
     Prediction,
     async_epoch,
-    encode_decisions,
+    decision_row,
+    decisions_key,
+    encode_decision_rows,
     load_history,
     save_history_soon,
 )
@@ -280,6 +281,11 @@ class BackgroundLayer(Layer):
         self._epoch_start: float | None = None  # when the last end_step returned
         self._in_calls = 0.0  # seconds inside this layer's write calls since then
         self._decision: dict[str, Any] | None = None  # the last auto decision, measured next
+        # rank 0, io='auto': every decision for the file (_record_decisions), each encoded
+        # (decision_row) once its step is done and the phase after it measured; those not yet
+        # (the last, and those of steps in flight) wait as they are, oldest first (under _cond)
+        self._decision_rows: list[str] = []
+        self._decisions_open: collections.deque[dict[str, Any]] = collections.deque()
         self._decision_started = 0.0
         # io='auto': the last decision was sync, so the next explicit step is written directly
         # (no copy at put, no thread); _direct: such a step is open (bytes put, seconds in I/O)
@@ -646,11 +652,21 @@ class BackgroundLayer(Layer):
         return self._fcomm
 
     def _record_decisions(self) -> None:
-        """Collective, at close under io='auto': rank 0's decisions go into the file (``lamina ls``)."""
+        """Collective, at close under io='auto': rank 0's decisions, every one, go into the
+        file (``lamina info``, ``lamina ls``), in records of a bounded size
+        (:func:`encode_decision_rows`; the extension records :func:`decisions_key`)."""
         if not self.auto or not self.stats.decisions:
             return
-        mine = encode_decisions(self.stats.decisions) if self._rank == 0 else None
-        self.inner.set_ext(DECISIONS_KEY, comm_mod.bcast_bytes(self.inner.comm, mine, root=0))
+        comm, parts = self.inner.comm, []
+        if self._rank == 0:
+            with self._cond:
+                rows = self._decision_rows + [decision_row(d) for d in self._decisions_open]
+            parts = encode_decision_rows(rows)
+        count = len(parts).to_bytes(8, "little") if self._rank == 0 else None
+        n = int.from_bytes(comm_mod.bcast_bytes(comm, count, root=0), "little")
+        for i in range(n):
+            mine = parts[i] if self._rank == 0 else None
+            self.inner.set_ext(decisions_key(i), comm_mod.bcast_bytes(comm, mine, root=0))
 
     def _save_history(self) -> None:
         """Rank 0: keep what this run measured for the next runs on this host (model.py)."""
@@ -1581,7 +1597,22 @@ class BackgroundLayer(Layer):
                 self.stats.steps_auto_sync += 1
             self.stats.decisions.append(d)
             del self.stats.decisions[:-DECISIONS_KEPT]
+            if self._rank == 0:
+                self._decisions_open.append(d)
+                self._encode_decisions()
         return bool(agreed)
+
+    def _encode_decisions(self) -> None:
+        """Rank 0, under ``_cond``: the decisions measured for good, encoded for the file
+        (a row each, :func:`decision_row`).  Not the last one (the compute phase after it is
+        measured at the next end_step), nor those of steps queued or being written (their
+        I/O is measured as they end).  Each decision is encoded once: a run's every decision
+        goes into the file at close (the whole list again at every step would cost more at
+        each step than the one before)."""
+        pending = self._decisions_open
+        first = self._running if self._running is not None else next(iter(self._queue), None)
+        while len(pending) > 1 and (first is None or pending[0]["step"] < first.index):
+            self._decision_rows.append(decision_row(pending.popleft()))
 
     def _probe(self, background: bool, can: bool) -> bool:
         """Whether the step the ranks agreed to write in the background (*background*) or
