@@ -386,6 +386,46 @@ def test_subprocess(run_file, tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+def test_info_of_a_file_shows_its_io_decisions(tmp_path, run_file, capsys):
+    """`lamina info FILE` without a dataset: the file, and every decision io='auto' made with
+    its predictions and what was measured (`lamina info` required a dataset and showed none)."""
+    path = str(tmp_path / "auto.lam")
+    with lamina.open(path, "w", io="auto") as f:
+        x = f.create_dataset("x", (1 << 12,), "f8")
+        for k in range(5):
+            with f.step():
+                x[...] = k
+    rc, out, err = run(["info", path], capsys)
+    assert rc == 0 and err == ""
+    assert out.startswith(f"{path}: native, 5 steps (closed), 1 dataset, ")
+    assert "io='auto' wrote 5 steps: " in out
+    assert "t_io measured" in out and "epoch measured" in out
+    rows = [ln.split() for ln in out.splitlines() if ln.split() and ln.split()[0].isdigit()]
+    assert [int(r[0]) for r in rows] == list(range(5))
+    assert all(r[1] in ("async", "sync") for r in rows)
+    rc, out, _ = run(["info", path, "--step", "-1"], capsys)
+    rows = [ln.split() for ln in out.splitlines() if ln.split() and ln.split()[0].isdigit()]
+    assert rc == 0 and [r[0] for r in rows] == ["4"]
+    rc, out, _ = run(["info", path, "--json"], capsys)
+    doc = json.loads(out)
+    assert rc == 0 and doc["steps"] == 5 and doc["datasets"] == 1 and doc["io_decisions_all"]
+    got = doc["io_decisions"]
+    assert [d["step"] for d in got] == list(range(5))
+    assert all(d["t_io_measured"] > 0 and d["mode"] in ("async", "sync") for d in got)
+    # a file written without io='auto' has none, and says so
+    rc, out, _ = run(["info", run_file], capsys)
+    assert rc == 0 and "2 steps" in out and "no io='auto' decisions" in out
+    rc, out, _ = run(["info", run_file, "--json"], capsys)
+    assert json.loads(out)["io_decisions"] is None
+    # the dataset form is as it was
+    rc, out, _ = run(["info", run_file, "fields/T", "--step", "0"], capsys)
+    assert rc == 0 and "io='auto'" not in out and "step 0" in out
+    r = subprocess.run(
+        [*_command(), "info", path], capture_output=True, text=True, timeout=120, env=_env()
+    )
+    assert r.returncode == 0 and "io='auto' wrote 5 steps" in r.stdout, r.stderr
+
+
 def test_broken_pipe_is_quiet(tmp_path):
     path = str(tmp_path / "big.lam")
     with lamina.open(path, "w") as f:

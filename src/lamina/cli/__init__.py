@@ -3,7 +3,8 @@
 ::
 
     lamina ls FILE [PATH] [--json]              tree of groups and datasets, with attributes
-    lamina info FILE DATASET [--step K] [--json]  blocks per step: box, statistics, size, location
+    lamina info FILE [DATASET] [--step K] [--json]  blocks per step: box, statistics, size, location;
+                                                without DATASET the file and io='auto''s decisions
     lamina dump FILE DATASET [--select S] [--step K] [--level L] [--json]   values of a selection
     lamina convert SRC DST [--force] [--quiet] [--gzip N]     lamina <-> HDF5, OME-Zarr (docs/hdf5.md, docs/omezarr.md)
     lamina plot FILE DATASET [--slice z=32] [--step K] [-o OUT.png] [--blocks] [--stats]
@@ -95,16 +96,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser(
         "info",
-        help="blocks of a dataset per step",
+        help="blocks of a dataset per step; without DATASET the file and io='auto''s decisions",
         description=(
             "Blocks of a dataset in each step: box, statistics (min, max, sum, count), "
-            "stored and raw size, subfile, offset, codec, writer rank."
+            "stored and raw size, subfile, offset, codec, writer rank. Without DATASET: the "
+            "file (engine, steps, datasets, bytes stored) and every decision io='auto' made "
+            "in writing it (docs/background.md): the mode each step was written in, the "
+            "epochs predicted for both modes and their parts, and what was measured after it."
         ),
     )
     s.add_argument("file", metavar="FILE")
-    s.add_argument("dataset", metavar="DATASET")
     s.add_argument(
-        "--step", type=int, metavar="K", help="only step K (negative counts from the end)"
+        "dataset",
+        metavar="DATASET",
+        nargs="?",
+        help="the dataset whose blocks to show (default: the file and its io decisions)",
+    )
+    s.add_argument(
+        "--step",
+        type=int,
+        metavar="K",
+        help="only step K (negative counts from the end): its blocks, or its io decision",
     )
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_info)

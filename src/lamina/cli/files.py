@@ -14,6 +14,7 @@ from ..text import (
     fmt_box,
     fmt_bytes,
     fmt_codecs,
+    fmt_duration,
     fmt_num,
     fmt_steps_written,
     fmt_stored,
@@ -64,7 +65,32 @@ def _decisions_line(decisions: list[dict], complete: bool = True) -> str:
         head = f"io='auto' wrote at least {n} steps; of the last {n}{span}"
     return (
         f"{head}: {n_async} in the background, "
-        f"{n - n_async} synchronously{tried}{err} (each decision: lamina ls --json)"
+        f"{n - n_async} synchronously{tried}{err} (each decision: lamina info FILE)"
+    )
+
+
+def _file_head(f, infos: list[dict]) -> dict:
+    """What ``lamina ls`` and ``lamina info FILE`` say of the file, *infos* its nodes'."""
+    return {
+        "file": f.filename,
+        "engine": f.engine.name,
+        "steps": f.steps,
+        "step_times": list(f.engine.catalog.step_times[: f.steps]),
+        "closed": bool(f.engine.writer_closed),
+        "records_left_out": int(f.engine.records_left_out),
+        "datasets": sum(1 for i in infos if i["type"] == "dataset"),
+        "nbytes": sum(i.get("nbytes", 0) for i in infos),
+        "raw_nbytes": sum(i.get("raw_nbytes", 0) for i in infos),
+    }
+
+
+def _head_line(head: dict) -> str:
+    state = "closed" if head["closed"] else "open for writing"
+    if head["records_left_out"]:  # a copy cut short: whether a writer closed it is not known
+        state = f"cut short: {plural(head['records_left_out'], 'committed record')} left out"
+    return (
+        f"{head['file']}: {head['engine']}, {plural(head['steps'], 'step')} ({state}), "
+        f"{plural(head['datasets'], 'dataset')}, {fmt_bytes(head['nbytes'])} stored"
     )
 
 
@@ -77,18 +103,7 @@ def cmd_ls(args) -> int:
         if not isinstance(top, Dataset):
             nodes += list(top.walk())
         infos = [_node_info(f, path, obj) for path, obj in nodes]
-        nds = sum(1 for i in infos if i["type"] == "dataset")
-        head = {
-            "file": f.filename,
-            "engine": f.engine.name,
-            "steps": f.steps,
-            "step_times": list(f.engine.catalog.step_times[: f.steps]),
-            "closed": bool(f.engine.writer_closed),
-            "records_left_out": int(f.engine.records_left_out),
-            "datasets": nds,
-            "nbytes": sum(i.get("nbytes", 0) for i in infos),
-            "raw_nbytes": sum(i.get("raw_nbytes", 0) for i in infos),
-        }
+        head = _file_head(f, infos)
         got = _io_decisions(f)
         decisions, complete = got if got is not None else (None, True)
         if decisions is not None:
@@ -96,13 +111,7 @@ def cmd_ls(args) -> int:
     if args.json:
         print_json({**head, "nodes": infos})
         return 0
-    state = "closed" if head["closed"] else "open for writing"
-    if head["records_left_out"]:  # a copy cut short: whether a writer closed it is not known
-        state = f"cut short: {plural(head['records_left_out'], 'committed record')} left out"
-    print(
-        f"{head['file']}: {head['engine']}, {plural(head['steps'], 'step')} ({state}), "
-        f"{plural(nds, 'dataset')}, {fmt_bytes(head['nbytes'])} stored"
-    )
+    print(_head_line(head))
     if decisions:
         print(_decisions_line(decisions, complete))
     base = nodes[0][0].rstrip("/").count("/") if nodes[0][0] != "/" else 0
@@ -239,7 +248,87 @@ def _derived_note(info: dict) -> str:
 # info
 
 
+def _info_file(args) -> int:
+    """``lamina info FILE``: the file (as ``lamina ls`` heads it) and every decision
+    ``io='auto'`` made in writing it, with its predictions and what was measured after it
+    (docs/background.md, "When async pays"); ``--step K``: step K's."""
+    with open_file(args.file) as f:
+        infos = [_node_info(f, "/", f)] + [_node_info(f, p, o) for p, o in f.walk()]
+        head = _file_head(f, infos)
+        step = f.engine.check_step(args.step) if args.step is not None else None
+        got = _io_decisions(f)
+    decisions, complete = got if got is not None else (None, True)
+    if decisions is not None and step is not None:
+        decisions = [d for d in decisions if d.get("step") == step]
+    if args.json:
+        print_json({**head, "io_decisions": decisions, "io_decisions_all": complete})
+        return 0
+    print(_head_line(head))
+    if decisions is None:
+        print("no io='auto' decisions (the file was not written with io='auto')")
+    elif step is None:
+        print(_decisions_line(decisions, complete))
+    if decisions:
+        print(textwrap.indent(_decisions_table(decisions), "  "))
+        print(
+            "  (t_sync, t_async: the epochs predicted, the ranks together; t_io, t_copy, t_comp:"
+            " rank 0's predictions; mode: as written, predicted: rank 0's model alone)"
+        )
+    elif decisions is not None:
+        print(f"no io='auto' decision for step {step}")
+    print("(the blocks of a dataset per step: lamina info FILE DATASET)")
+    return 0
+
+
+def _decisions_table(decisions: list[dict]) -> str:
+    """One row per decision: the mode, the epochs predicted and measured, their parts."""
+
+    def t(d: dict, *keys: str) -> str:
+        for k in keys:
+            v = d.get(k)
+            if isinstance(v, int | float) and not isinstance(v, bool):
+                return fmt_duration(v)
+        return "-"
+
+    headers = [
+        "step",
+        "mode",
+        "predicted",
+        "probe",
+        "t_sync",
+        "t_async",
+        "epoch measured",
+        "t_io",
+        "t_io measured",
+        "t_copy",
+        "t_comp",
+        "t_comp measured",
+        "fit",
+    ]
+    rows = [
+        [
+            str(d.get("step", "-")),
+            str(d.get("mode", "-")),
+            str(d.get("predicted", "-")),
+            "yes" if d.get("probe") is True else "",
+            t(d, "t_sync_ranks", "t_sync"),
+            t(d, "t_async_ranks", "t_async"),
+            t(d, "epoch_measured"),
+            t(d, "t_io"),
+            t(d, "t_io_measured"),
+            t(d, "t_copy"),
+            t(d, "t_comp"),
+            t(d, "t_comp_measured"),
+            str(d.get("fit") or "-"),
+        ]
+        for d in decisions
+    ]
+    return table(headers, rows, align="rlllrrrrrrrrl", markdown=False)
+
+
 def cmd_info(args) -> int:
+    if args.dataset is None:
+        return _info_file(args)
     with open_file(args.file) as f:
         ds = find_dataset(f, args.dataset)
         eng = f.engine
