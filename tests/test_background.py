@@ -19,6 +19,7 @@ import pytest
 
 import lamina
 from lamina import comm as comm_mod
+from lamina.engines import registry
 from lamina.errors import (
     BoundsError,
     ConfigError,
@@ -1470,6 +1471,36 @@ def test_flush_makes_the_steps_ended_so_far_durable(path, monkeypatch, io):
     with lamina.open("flushed", "w", engine="memory") as m:
         m.flush()
     assert len(read_all(path)) == 4
+
+
+@pytest.mark.parametrize("io", ["sync", "async"])
+def test_durable_must_be_a_bool(path, io):
+    """``durable=`` of ``flush`` and of ``lamina.open``: a bool (numpy's too); anything else
+    is a TypeError naming the argument and the value (``flush(durable="no")`` was taken as
+    True and fsynced, ``durable="yes"`` at open alike), also where the engine ignores it."""
+    bad = ("yes", "no", 1, 0, None, 1.0, np.array([True]))
+    for v in bad:
+        with pytest.raises(TypeError, match=r"durable must be a bool \(True or False\), got"):
+            lamina.open(path, "w", io=io, durable=v)
+        with pytest.raises(TypeError, match=r"durable must be a bool"):  # mpi ignores it
+            registry.build("ignored", "w", engine="mpi", options={"durable": v}, io=io)
+    with lamina.open(path, "w", io=io, durable=np.bool_(False)) as f:
+        assert f.engine.stack()[-1].durable is False
+        with f.step():
+            f.create_dataset("x", (4, 6), "f8")[...] = values(0)
+        for v in bad:
+            with pytest.raises(TypeError, match=r"flush\(\): durable must be a bool .*got"):
+                f.flush(durable=v)
+        with pytest.raises(TypeError, match="got 'yes'"):
+            f.flush("yes")
+        f.flush(durable=np.True_)
+        f.flush(np.False_)
+        f.flush(durable=False)
+    with lamina.open("flushed", "w", engine="memory") as m:
+        with pytest.raises(TypeError, match=r"flush\(\): durable must be a bool"):
+            m.flush(durable="yes")
+        m.flush(durable=np.True_)
+    assert len(read_all(path)) == 1
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names fds through /proc")

@@ -13,7 +13,7 @@ from .. import comm as comm_mod
 from .. import layers as _layers  # noqa: F401 - registers the built-in layers
 from .. import query as query_mod
 from ..engines import registry
-from ..engines.base import Engine
+from ..engines.base import Engine, durable_flag
 from ..errors import (
     CollectiveMismatchError,
     ConfigError,
@@ -321,9 +321,10 @@ class File(Group):
         chooses (every few steps, before a checkpoint is reported done).  Files
         opened with ``durable=True``, readers and engines without storage
         (``memory``, ``mpi``) have nothing more to do.  Every rank passes the same
-        *durable* (else CollectiveMismatchError on every rank, where a file fsyncs).
+        *durable* (else CollectiveMismatchError on every rank, where a file fsyncs); it is a
+        bool (numpy's too), else TypeError.
         """
-        self._engine.flush(durable)
+        self._engine.flush(durable_flag(durable, "flush()"))
 
     @property
     def io_stats(self) -> dict:

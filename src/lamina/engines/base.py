@@ -476,4 +476,13 @@ class Engine(ABC):
         return None
 
 
-__all__ = ["BlockInfo", "BlockInfos", "Engine"]
+def durable_flag(value: object, call: str) -> bool:
+    """*value* of ``durable=`` (of *call*: ``flush()``, ``lamina.open()``) as a bool: a bool
+    or numpy's; anything else is a TypeError naming it (``"no"`` or ``0`` is not taken for
+    what Python's truth says of it)."""
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(f"{call}: durable must be a bool (True or False), got {value!r}")
+    return bool(value)
+
+
+__all__ = ["BlockInfo", "BlockInfos", "Engine", "durable_flag"]

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError, suggest
 from ..workflow import routes
-from .base import Engine
+from .base import Engine, durable_flag
 
 ENGINE_ENV = "LAMINA_ENGINE"
 DEFAULT_ENGINE = "native"
@@ -334,7 +334,9 @@ def build(
         raise TypeError(f"engine must be a name or an Engine, got {type(engine).__name__}")
     entry = engine_entry(choose_engine(path, mode, engine, transport))
     lays = [layer_entry(n) for n in names]
-    options = split_options(entry, lays, options)
+    given, options = options, split_options(entry, lays, options)
+    if "durable" in given:  # known here: checked where the engine ignores it too (mpi)
+        durable_flag(given["durable"], "lamina.open()")
     top = entry.factory(mode)
     taken = set(
         top.OPTIONS

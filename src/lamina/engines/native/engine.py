@@ -50,6 +50,7 @@ from ...errors import (
 )
 from ...geometry import Box, box_of, cols_max, cols_min, rows_all, split_range
 from ...workflow import routes
+from ..base import durable_flag
 from ..block import BlockEngine, StepHeads, wait_for
 from ..staging import Chunk
 from . import format as fmt
@@ -563,7 +564,7 @@ class NativeEngine(BlockEngine):
             )
 
     def _open_storage(self, path: str, mode: str) -> None:
-        self.durable = bool(self.options.get("durable", True))
+        self.durable = durable_flag(self.options.get("durable", True), "lamina.open()")
         naggs = self.options.get("aggregators")
         naggs = self.size if naggs is None else int(naggs)
         self.naggs = naggs
@@ -1222,7 +1223,7 @@ class NativeEngine(BlockEngine):
             raise ValueError(f"cannot flush: file {self.path!r} is closed")
         if self.mode == "r":
             return
-        durable = bool(durable)
+        durable = durable_flag(durable, "flush()")
         if self.size > 1:
             # one durable= on every rank: a rank that fsyncs waits in the agreement below for
             # the ranks that would have returned (they raise with it instead); ranks in
