@@ -619,3 +619,45 @@ def test_ls_of_a_copy_cut_short_says_so_not_open_for_writing(tmp_path, capsys, c
         rc, out, _ = run(["ls", path, "--json"], capsys)
     doc = json.loads(out)
     assert doc["steps"] == 3 and doc["closed"] is False and doc["records_left_out"] == 3
+
+
+_WRITER = """
+import sys, time, numpy as np, lamina
+f = lamina.open(sys.argv[1], "w", engine="native")
+f.create_dataset("u", shape=(8,), dtype="f8")
+with f.step():
+    f["u"][...] = np.arange(8.0)
+print("written", flush=True)
+time.sleep(120)
+"""
+
+
+def test_ls_tells_a_running_writer_from_one_that_ended_without_closing(tmp_path, capsys):
+    """A file whose writer holds it open is "open for writing"; once that writer is killed
+    (SIGKILL, no close) ``lamina ls`` says it ended without closing the file (it said "open
+    for writing" then too); ``--json`` gives ``writer_running``.  The probe asks who holds
+    the lock without taking it."""
+    path = str(tmp_path / "w.lam")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, path], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == "written"
+        rc, out, _ = run(["ls", path], capsys)
+        assert rc == 0 and "(open for writing)" in out.splitlines()[0], out
+        rc, out, _ = run(["ls", path, "--json"], capsys)
+        assert json.loads(out)["writer_running"] is True
+    finally:
+        proc.kill()
+        proc.wait()
+    rc, out, _ = run(["ls", path], capsys)
+    head = out.splitlines()[0]
+    assert rc == 0 and "1 step (not closed: its writer ended without closing it)" in head, head
+    rc, out, _ = run(["ls", path, "--json"], capsys)
+    assert json.loads(out)["writer_running"] is False
+    with lamina.open(path, "a") as f:  # taken over, as the crash tests do
+        with f.step():
+            f["u"][...] = np.zeros(8)
+    rc, out, _ = run(["ls", path, "--json"], capsys)
+    doc = json.loads(out)
+    assert doc["closed"] is True and doc["writer_running"] is None and doc["steps"] == 2

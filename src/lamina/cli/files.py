@@ -78,16 +78,29 @@ def _file_head(f, infos: list[dict]) -> dict:
         "step_times": list(f.engine.catalog.step_times[: f.steps]),
         "closed": bool(f.engine.writer_closed),
         "records_left_out": int(f.engine.records_left_out),
+        "writer_running": _writer_running(f),
         "datasets": sum(1 for i in infos if i["type"] == "dataset"),
         "nbytes": sum(i.get("nbytes", 0) for i in infos),
         "raw_nbytes": sum(i.get("raw_nbytes", 0) for i in infos),
     }
 
 
+def _writer_running(f) -> bool | None:
+    """Whether a writer holds a native file that is not closed open now (None: closed, not a
+    native file, or it cannot be told); False: its writer ended without closing it."""
+    if f.engine.writer_closed or f.engine.name != "native":
+        return None
+    from lamina.engines.native.lock import writer_running
+
+    return writer_running(f.filename)
+
+
 def _head_line(head: dict) -> str:
     state = "closed" if head["closed"] else "open for writing"
     if head["records_left_out"]:  # a copy cut short: whether a writer closed it is not known
         state = f"cut short: {plural(head['records_left_out'], 'committed record')} left out"
+    elif head["writer_running"] is False:
+        state = "not closed: its writer ended without closing it"
     return (
         f"{head['file']}: {head['engine']}, {plural(head['steps'], 'step')} ({state}), "
         f"{plural(head['datasets'], 'dataset')}, {fmt_bytes(head['nbytes'])} stored"

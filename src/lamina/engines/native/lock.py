@@ -29,6 +29,8 @@ import errno
 import fcntl
 import os
 import socket
+import struct
+import sys
 import time
 
 from ...errors import LockError
@@ -81,6 +83,47 @@ def _alive_here(info: str) -> bool | None:
     except PermissionError:
         return True
     return True
+
+
+#: ``struct flock`` of 64-bit Linux (type, whence, start, length, pid), for F_GETLK
+_FLOCK = struct.Struct("@hhqqi4x")
+
+
+def _held_elsewhere(fd: int) -> bool | None:
+    """Whether another process holds a lock on *fd*'s file (asked with F_GETLK, which takes
+    none: a probe that took one could make a writer starting that moment fail); None where
+    that cannot be asked (not 64-bit Linux, a file system without locks)."""
+    if not sys.platform.startswith("linux") or struct.calcsize("P") != 8:
+        return None
+    probe = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+    try:
+        got = fcntl.fcntl(fd, fcntl.F_GETLK, probe)
+    except OSError:
+        return None
+    return _FLOCK.unpack(got)[0] != fcntl.F_UNLCK
+
+
+def writer_running(path: str) -> bool | None:
+    """Whether a writer holds the file in directory *path* open now: True, False (a writer
+    that took the lock ended without closing the file: killed, or its program ended first),
+    or None where that cannot be told (no writer's trace, another host's writer on a file
+    system without locks).  Reads only: never takes the lock."""
+    if os.path.realpath(path) in _HELD_HERE:
+        return True
+    try:
+        fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        info = _read_info(fd)
+        if not info:  # released at close (or never taken)
+            return None
+        held = _held_elsewhere(fd)
+        if held is not None:
+            return held
+        return _alive_here(info)  # the lock file is the lock: its writer's process
+    finally:
+        os.close(fd)
 
 
 class WriterLock:
@@ -246,4 +289,4 @@ class WriterLock:
             _HELD_HERE.pop(self.key, None)
 
 
-__all__ = ["LOCK_NAME", "WriterLock"]
+__all__ = ["LOCK_NAME", "WriterLock", "writer_running"]
