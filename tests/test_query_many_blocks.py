@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import lamina
+from lamina import geometry
 from lamina.geometry import Box
 from lamina.query import source as source_mod
 
@@ -393,3 +394,41 @@ def test_answers_pinned_with_some_statistics_missing(grid_file, monkeypatch, tex
     monkeypatch.setattr(source_mod.Source, "table", partly)
     with lamina.open(grid_file) as f:
         assert fingerprint(f.query(text, **kw)) == want
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_a_box_per_candidate_not_per_block(tmp_path, monkeypatch, exact):
+    """Over a step of 10,000 blocks of which a few can match, the query makes Python boxes for
+    the candidates (and their reads), not one per block: the units stay columns of the block
+    table, and ``r.unit_boxes`` makes a box only when one is asked for."""
+    nb = 10_000
+    path = str(tmp_path / "many.lam")
+    values = np.random.default_rng(0).random((nb, 4))
+    with lamina.open(path, "w", durable=False) as f:
+        ds = f.create_dataset("x", (nb * 4,), "f8")
+        with f.step():
+            ds.write_blocks(values, np.arange(nb).reshape(nb, 1) * 4)
+    made = []
+    post_init = geometry.Box.__post_init__
+
+    def counted(self):
+        made.append(1)
+        post_init(self)
+
+    with lamina.open(path) as f:
+        view = f.at(0)
+        monkeypatch.setattr(geometry.Box, "__post_init__", counted)
+        r = view.query("x > 0.9995", exact=exact)
+        monkeypatch.undo()
+    hits = values.max(axis=1) > 0.9995
+    assert r.units == nb and len(r.candidates) == int(hits.sum()) > 0
+    assert r.candidates == [Box((4 * i,), (4 * i + 4,)) for i in np.flatnonzero(hits).tolist()]
+    if exact:
+        assert r.count == int((values > 0.9995).sum())
+    assert len(made) < 20 * len(r.candidates) + 100 < nb // 10
+    # the units as a sequence of boxes, made when asked for
+    units = r.unit_boxes
+    assert units[0] == Box((0,), (4,)) and units[-1] == Box((4 * nb - 4,), (4 * nb,))
+    assert units[1:3] == [Box((4,), (8,)), Box((8,), (12,))]
+    assert Box((4,), (8,)) in units and Box((4,), (9,)) not in units
+    assert sum(u.size for u in units) == 4 * nb

@@ -30,8 +30,8 @@ from ..errors import (
     suggest,
 )
 from ..geometry import Box, rows_less, rows_prod
-from .result import QueryResult
-from .source import FULL, INF, Interval, Source, exact_range
+from .result import QueryResult, Units
+from .source import FULL, INF, Interval, Ranges, Source, exact_range, start_order
 
 #: most bytes of values read while pruning (datasets without statistics) that are kept for the
 #: exact phase instead of being read again
@@ -179,30 +179,34 @@ def _block_answer(
     cache: dict[tuple[str, Box], np.ndarray] = {}
     cached = 0
     grid, units, rows = layout
+    n = len(units)
     # the bounds follow the dtypes' own arithmetic (wrapping integers, float16 and float32
     # rounding, literals cast to the data's dtype): pruning and "certain" are proven
     bounds = Bounds(pred, {p: src.info(p).dtype for p in refs})
-    per_ref = {
-        p: src.unit_ranges(p, units, rows)
-        if p == grid and rows is not None
-        else [src.stat_range(p, u) for u in units]
-        for p in refs
-    }
-    decided = _decide(bounds, refs, per_ref, len(units))
+    per_ref = {p: src.unit_ranges(p, units, src.unit_rows(p, grid, rows, n)) for p in refs}
+    decided = _decide(bounds, refs, per_ref, n)
+    # the units judged here one by one, as boxes: those that may need a read (a dataset without
+    # statistics there), or all of a few units; the others were judged as columns, and become
+    # boxes only if they are candidates
+    rest = np.flatnonzero(~decided[0])
+    found: list[int] = []
+    found_certain: list[bool] = []
+    made: dict[int, Box] = {}
     # consecutive undecided units that read the same datasets and together make a box of at
     # most PART_ELEMENTS elements (a run) are read at once: one read per run, not one per unit,
     # so that the cost of a read does not grow with the number of blocks
-    pending: list[tuple[Box, dict]] = []
+    pending: list[tuple[int, Box, dict]] = []
     unknown_of_pending: list[str] = []
     run: Box | None = None
 
-    def judge(u: Box, can: bool, can_fail: bool, arrays: dict) -> list[str]:
-        """Take unit *u* as a candidate or not; the datasets whose *arrays* are kept."""
+    def judge(k: int, u: Box, can: bool, can_fail: bool, arrays: dict) -> list[str]:
+        """Take unit *k* (box *u*) as a candidate or not; the datasets whose *arrays* are kept."""
         nonlocal cached
         kept = []
         if can:
-            result.candidates.append(u)
-            result.certain.append(not can_fail)
+            found.append(k)
+            found_certain.append(not can_fail)
+            made[k] = u
             for p, a in arrays.items():
                 if (p in sel or (exact and can_fail)) and cached + a.nbytes <= CACHE_BYTES:
                     cache[(p, u)] = a
@@ -216,16 +220,15 @@ def _block_answer(
         if run is None:
             return
         values = {p: src.read(p, run) for p in unknown_of_pending}
-        members = [u for u, _ in pending]
         kept: dict[str, list[Box]] = {p: [] for p in values}
-        for u, ranges in pending:
+        for k, u, ranges in pending:
             arrays = {p: _part(v, u, run) for p, v in values.items()}
             for p, a in arrays.items():
                 ranges[p] = exact_range(a)
-            for p in judge(u, *bounds.truth(ranges), arrays):
+            for p in judge(k, u, *bounds.truth(ranges), arrays):
                 kept[p].append(u)
         for p, us in kept.items():
-            if len(us) < len(members):  # views would keep all of the run's values alive
+            if len(us) < len(pending):  # views would keep all of the run's values alive
                 for u in us:
                     a = cache[(p, u)]
                     if a.base is not None:
@@ -233,15 +236,16 @@ def _block_answer(
         pending.clear()
         run = None
 
-    for k, u in enumerate(units):
-        if decided is not None and k in decided:
+    last = -1
+    for k in rest.tolist():
+        if k != last + 1:  # a unit judged by its statistics lies between: the run ends there
             flush()
-            judge(u, *decided[k], {})
-            continue
+        last = k
+        u = units[k]
         ranges = {}
         unknown = []
         for p in refs:
-            r = per_ref[p][k]
+            r = per_ref[p].at(k)
             if r is None:
                 unknown.append(p)
                 r = FULL
@@ -255,7 +259,7 @@ def _block_answer(
                 if joined is None or joined.size > PART_ELEMENTS:
                     flush()
                     joined = u
-                pending.append((u, ranges))
+                pending.append((k, u, ranges))
                 unknown_of_pending = unknown
                 run = joined
                 continue
@@ -263,11 +267,25 @@ def _block_answer(
                 ranges[p] = _range_by_parts(src, p, u)
             can, can_fail = bounds.truth(ranges)
         flush()
-        judge(u, can, can_fail, {})
+        judge(k, u, can, can_fail, {})
     flush()
+    # the candidates in the order of the units: those judged as columns, made boxes now, with
+    # those judged one by one
+    judged, can_be, can_fail_be = decided
+    by_stats = np.flatnonzero(judged & can_be)
+    ks = np.concatenate((by_stats, np.asarray(found, dtype=np.int64)))
+    sure = np.concatenate((~can_fail_be[by_stats], np.asarray(found_certain, dtype=bool)))
+    order = np.argsort(ks, kind="stable")
+    ks, sure = ks[order], sure[order]
+    boxes = units.boxes(ks)
+    for i, k in enumerate(ks.tolist()):
+        if k in made:  # the box its cached values are keyed by
+            boxes[i] = made[k]
+    result.candidates.extend(boxes)
+    result.certain.extend(sure.tolist())
     cands = result.candidates
     got: list[dict[str, np.ndarray]] = [{} for _ in cands]
-    for _, group in _runs(cands):
+    for _, group in _runs(cands) if sel else ():
         for p in sel:  # the components of a vector one after the other: computed once per run
             todo = []
             for i in group:
@@ -321,9 +339,10 @@ def _part(values: np.ndarray, u: Box, run: Box) -> np.ndarray:
 
 
 def _decide(
-    bounds: Bounds, refs, per_ref: dict[str, list[Interval | None]], n: int
-) -> dict[int, tuple[bool, bool]] | None:
-    """``(can, can_fail)`` of every unit whose inputs all have statistics, judged in groups.
+    bounds: Bounds, refs, per_ref: dict[str, Ranges], n: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(decided, can, can_fail)``, boolean arrays over the *n* units: the units judged by
+    their statistics alone, in groups, and the verdict of each.
 
     A group of units is judged by the hull of its units' ranges: when the
     predicate cannot hold anywhere in the hull, it holds in none of them
@@ -332,44 +351,78 @@ def _decide(
     which get exactly the verdict of their own ranges.  Units are ordered
     by their ranges first, so that alike units share groups: a query that
     matches few of many blocks judges tens of groups, not every block.
+
+    Units whose inputs all have statistics are decided so.  Units where some
+    input has none (only reading tells its range: any value meanwhile) are
+    decided only where the others prove that the predicate cannot hold, the
+    verdict that needs no read; the rest is left to be judged one by one.
     """
-    known = [k for k in range(n) if all(per_ref[p][k] is not None for p in refs)]
-    if len(known) < max(GROUP_MIN, 2):
-        return None  # few units: one by one
+    decided = np.zeros(n, dtype=bool)
+    can_be = np.zeros(n, dtype=bool)
+    can_fail_be = np.zeros(n, dtype=bool)
+    known = np.ones(n, dtype=bool)
+    some = np.zeros(n, dtype=bool)
+    for p in refs:
+        known &= per_ref[p].known
+        some |= per_ref[p].known
+    verdicts = (decided, can_be, can_fail_be)
+    _judge_groups(bounds, refs, per_ref, np.flatnonzero(known), True, verdicts)
+    _judge_groups(bounds, refs, per_ref, np.flatnonzero(some & ~known), False, verdicts)
+    return verdicts
+
+
+def _judge_groups(
+    bounds: Bounds,
+    refs,
+    per_ref: dict[str, Ranges],
+    index: np.ndarray,
+    whole: bool,
+    verdicts: tuple[np.ndarray, np.ndarray, np.ndarray],
+) -> None:
+    """:func:`_decide` over the units at *index*: with *whole*, every unit (their inputs all
+    have statistics); else only those proven not to match (unknown ranges taken as any value)."""
+    if len(index) < max(GROUP_MIN, 2):
+        return  # few units: one by one
+    decided, can_be, can_fail_be = verdicts
     cols = {}
     for p in refs:
-        ivs = [iv for k in known if (iv := per_ref[p][k]) is not None]
-        exact = any(isinstance(iv.lo, int) for iv in ivs)  # integer bounds are Python ints
-        dt = np.dtype(object) if exact else np.dtype(np.float64)
-        cols[p] = (
-            np.array([iv.lo for iv in ivs], dtype=dt),
-            np.array([iv.hi for iv in ivs], dtype=dt),
-            np.array([iv.nan for iv in ivs], dtype=np.bool_),
-        )
-    lo0, hi0, _ = cols[refs[0]]
+        r = per_ref[p]
+        lo, hi, nan = r.lo[index], r.hi[index], r.nan[index]
+        if not whole:  # no statistics: any value, NaN too (FULL); lo, hi are copies
+            unknown = ~r.known[index]
+            lo[unknown], hi[unknown], nan = -INF, INF, nan | unknown
+        if lo.dtype == object and not any(isinstance(v, int) for v in lo.tolist()):
+            lo, hi = lo.astype(np.float64), hi.astype(np.float64)  # no Python int bound: floats
+        cols[p] = (lo, hi, nan)
+    # ordered by the first dataset's ranges (when pruning, the first with statistics there)
+    first = refs[0] if whole else next(p for p in refs if per_ref[p].known[index].any())
+    lo0, hi0, _ = cols[first]
     order = np.lexsort((lo0.astype(np.float64), hi0.astype(np.float64)))
-    index = np.asarray(known, dtype=np.int64)[order]
+    index = index[order]
     cols = {p: (lo[order], hi[order], nan[order]) for p, (lo, hi, nan) in cols.items()}
-    out: dict[int, tuple[bool, bool]] = {}
     stack = [(0, len(index))]
     while stack:
         a, b = stack.pop()
         if b - a == 1:
             k = int(index[a])
-            out[k] = bounds.truth({p: per_ref[p][k] for p in refs})
+            ranges = {p: per_ref[p].at(k) for p in refs}
+            can, can_fail = bounds.truth({p: FULL if r is None else r for p, r in ranges.items()})
+            if whole or not can:
+                decided[k], can_be[k], can_fail_be[k] = True, can, can_fail
             continue
         hull = {
             p: Interval(lo[a:b].min(), hi[a:b].max(), bool(nan[a:b].any()))
             for p, (lo, hi, nan) in cols.items()
         }
         can, can_fail = bounds.truth(hull)
-        if can and can_fail:
+        if (can and can_fail) or (can and not whole):
             step = -(-(b - a) // FANOUT)
             stack.extend((c, min(c + step, b)) for c in range(a, b, step))
             continue
-        for k in index[a:b].tolist():
-            out[k] = (can, can_fail)
-    return out
+        group = index[a:b]
+        decided[group] = True
+        can_be[group] = can
+        can_fail_be[group] = can_fail
 
 
 def _exact_answer(src: Source, pred: Expr, shape, cache: dict, result: QueryResult) -> None:
@@ -568,41 +621,60 @@ def _region(region, shape: tuple[int, ...], what: str) -> tuple[Box, tuple[int, 
 
 def _units(
     src: Source, refs: Sequence[str], region: Box
-) -> tuple[str | None, list[Box], np.ndarray | None]:
+) -> tuple[str | None, Units, np.ndarray | None]:
     """The grid dataset, the units (its blocks in the region, then the rest of the region, in
     order of their starts) and, per unit, the grid's block it lies in (-1: none; None when the
-    grid is the coverage of a derived quantity without blocks)."""
+    grid is the coverage of a derived quantity without blocks).
+
+    Made as columns of the grid's block table (corners clipped to the region, the holes
+    between them, :func:`numpy.lexsort` for the order): a step of many blocks costs no Python
+    object per block here.
+    """
+    nd = region.ndim
     for p in refs:
         t = src.table(p)
         if t.n:
             break
     else:
         for p in refs:  # derived without blocks: the blocks they follow
-            cov = src.coverage(p)
-            if cov:
+            starts, stops = src.coverage(p)
+            if len(starts):
                 if region.empty:
-                    return p, [], None
-                units = [b for b in (g.intersect(region) for g in cov) if b is not None]
-                units += subtract(region, units)
-                units.sort(key=lambda b: b.start)
-                return p, units, None
-        return None, subtract(region, []) if not region.empty else [], None
+                    return p, Units.of([], nd), None
+                lo, hi, _ = _clip(starts, stops, region)
+                return p, _with_holes(region, lo, hi)[0], None
+        return None, Units.of([region] if not region.empty else [], nd), None
     if region.empty:
-        return p, [], np.zeros(0, dtype=np.int64)
-    # the grid's blocks clipped to the region (blocks of a step never overlap)
-    lo = np.maximum(t.starts, np.asarray(region.start, dtype=np.int64))
-    hi = np.minimum(t.stops, np.asarray(region.stop, dtype=np.int64))
+        return p, Units.of([], nd), np.zeros(0, dtype=np.int64)
+    lo, hi, rows = _clip(t.starts, t.stops, region)
+    units, order = _with_holes(region, lo, hi)
+    rows = np.concatenate((rows, np.full(len(units) - len(rows), -1, dtype=np.int64)))
+    return p, units, rows[order]
+
+
+def _clip(
+    starts: np.ndarray, stops: np.ndarray, region: Box
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The boxes ``[starts, stops)`` cut to *region*: the corners of those that meet it, and
+    their rows."""
+    lo = np.maximum(starts, np.asarray(region.start, dtype=np.int64))
+    hi = np.minimum(stops, np.asarray(region.stop, dtype=np.int64))
     rows = np.flatnonzero(rows_less(lo, hi))
-    lo, hi = lo[rows], hi[rows]
-    units = [
-        Box(a, b) for a, b in zip(map(tuple, lo.tolist()), map(tuple, hi.tolist()), strict=True)
-    ]
+    return lo[rows], hi[rows], rows
+
+
+def _with_holes(region: Box, lo: np.ndarray, hi: np.ndarray) -> tuple[Units, np.ndarray]:
+    """The units of the boxes ``[lo, hi)`` in *region* and the parts of *region* outside them,
+    in order of their starts, and that order (indices into the boxes, then the parts).
+
+    The boxes are blocks of one step, which never overlap: when their sizes add up to the
+    region's, there are no parts outside them to look for.
+    """
     if int(rows_prod(hi - lo).sum()) < region.size:
-        holes = subtract(region, units)
-        units += holes
-        rows = np.concatenate([rows, np.full(len(holes), -1, dtype=np.int64)])
-    order = sorted(range(len(units)), key=lambda k: units[k].start)
-    return p, [units[k] for k in order], rows[np.asarray(order, dtype=np.int64)]
+        s, e = _subtract(region, lo, hi)
+        lo, hi = np.concatenate((lo, s)), np.concatenate((hi, e))
+    order = start_order(lo)
+    return Units(lo[order], hi[order]), order
 
 
 def subtract(box: Box, holes: Iterable[Box]) -> list[Box]:
@@ -614,27 +686,44 @@ def subtract(box: Box, holes: Iterable[Box]) -> list[Box]:
     a scan of all the pieces a hole: a query over 8,000 blocks with holes between them
     took 82 s.)
     """
-    lo0 = np.asarray(box.start, dtype=np.int64)
-    hi0 = np.asarray(box.stop, dtype=np.int64)
     hs = list(holes)
     if box.empty:
         return []
     if not hs:
         return [box]
-    s = np.maximum(np.array([h.start for h in hs], dtype=np.int64).reshape(len(hs), -1), lo0)
-    e = np.minimum(np.array([h.stop for h in hs], dtype=np.int64).reshape(len(hs), -1), hi0)
-    keep = (s < e).all(axis=1)
-    out: list[Box] = []
+    units = Units.of(hs, box.ndim)
+    return Units(*_subtract(box, units.starts, units.stops)).boxes()
+
+
+def _subtract(box: Box, starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`subtract` of the holes ``[starts, stops)`` (``(n, ndim)`` corners) from a
+    non-empty *box*, as the corners of the parts left."""
+    lo0 = np.asarray(box.start, dtype=np.int64)
+    hi0 = np.asarray(box.stop, dtype=np.int64)
+    s = np.maximum(starts, lo0)
+    e = np.minimum(stops, hi0)
+    keep = rows_less(s, e)
+    out: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
     _cut_out(lo0, hi0, s[keep], e[keep], out)
-    return out
+    n, nd = len(out), box.ndim
+    return (
+        np.array([a for a, _ in out], dtype=np.int64).reshape(n, nd),
+        np.array([b for _, b in out], dtype=np.int64).reshape(n, nd),
+    )
 
 
-def _cut_out(lo: np.ndarray, hi: np.ndarray, s: np.ndarray, e: np.ndarray, out: list[Box]) -> None:
+def _cut_out(
+    lo: np.ndarray,
+    hi: np.ndarray,
+    s: np.ndarray,
+    e: np.ndarray,
+    out: list[tuple[tuple[int, ...], tuple[int, ...]]],
+) -> None:
     """:func:`subtract` of the holes ``[s, e)`` (clipped to the box, non-empty) from the box
-    ``[lo, hi)``, into *out*."""
+    ``[lo, hi)``, into *out* as ``(start, stop)`` pairs."""
     n = len(s)
     if n == 0:
-        out.append(Box(tuple(lo.tolist()), tuple(hi.tolist())))
+        out.append((tuple(lo.tolist()), tuple(hi.tolist())))
         return
     if n == 1:  # the box less one hole: slabs before and after it, a dimension at a time
         start, stop = lo.tolist(), hi.tolist()
@@ -643,11 +732,11 @@ def _cut_out(lo: np.ndarray, hi: np.ndarray, s: np.ndarray, e: np.ndarray, out: 
             if start[d] < a[d]:
                 top = list(stop)
                 top[d] = a[d]
-                out.append(Box(tuple(start), tuple(top)))
+                out.append((tuple(start), tuple(top)))
             if b[d] < stop[d]:
                 bottom = list(start)
                 bottom[d] = b[d]
-                out.append(Box(tuple(bottom), tuple(stop)))
+                out.append((tuple(bottom), tuple(stop)))
             start[d], stop[d] = a[d], b[d]
         return
     # the dimension with the most hole boundaries strictly inside the box, cut at their median

@@ -2,12 +2,92 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
 import numpy as np
 
 from ..geometry import Box
 from ..text import fmt_box, fmt_bytes, json_value
+
+
+class Units(Sequence[Box]):
+    """The units of a query, in order of their starts: a sequence of boxes kept as two
+    ``(n, ndim)`` int64 columns of corners, ``starts`` and ``stops``.
+
+    The units of a step of many blocks are its block table's corners cut to
+    the region: the query judges them as columns, and a :class:`Box` is made
+    only for a unit asked for (by index or by iterating), so that a query
+    that answers a few candidates of 100,000 blocks makes a few boxes, not
+    100,000.  Compares equal to any sequence of the same boxes in the same
+    order (a list of boxes too).
+    """
+
+    __slots__ = ("starts", "stops")
+
+    def __init__(self, starts: np.ndarray, stops: np.ndarray) -> None:
+        self.starts = starts
+        self.stops = stops
+
+    @classmethod
+    def of(cls, boxes: Sequence[Box], ndim: int) -> Units:
+        """The units of a few *boxes* (of *ndim* dimensions), in the order given."""
+        n = len(boxes)
+        return cls(
+            np.array([b.start for b in boxes], dtype=np.int64).reshape(n, ndim),
+            np.array([b.stop for b in boxes], dtype=np.int64).reshape(n, ndim),
+        )
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    @overload
+    def __getitem__(self, k: int) -> Box: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> Units: ...
+
+    def __getitem__(self, k: int | slice) -> Box | Units:
+        if isinstance(k, slice):
+            return Units(self.starts[k], self.stops[k])
+        return Box(tuple(self.starts[k].tolist()), tuple(self.stops[k].tolist()))
+
+    def __iter__(self) -> Iterator[Box]:
+        return iter(self.boxes())
+
+    def boxes(self, rows: np.ndarray | None = None) -> list[Box]:
+        """The boxes of the units at *rows* (default: all), in that order: the corners
+        converted at once, not unit by unit."""
+        starts = self.starts if rows is None else self.starts[rows]
+        stops = self.stops if rows is None else self.stops[rows]
+        return [
+            Box(a, b)
+            for a, b in zip(map(tuple, starts.tolist()), map(tuple, stops.tolist()), strict=True)
+        ]
+
+    def __contains__(self, box: object) -> bool:
+        if not isinstance(box, Box) or box.ndim != self.starts.shape[1]:
+            return False
+        same = np.ones(len(self), dtype=bool)
+        for d, (a, b) in enumerate(zip(box.start, box.stop, strict=True)):
+            same &= (self.starts[:, d] == a) & (self.stops[:, d] == b)
+        return bool(same.any())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Units):
+            return np.array_equal(self.starts, other.starts) and np.array_equal(
+                self.stops, other.stops
+            )
+        if isinstance(other, Sequence) and not isinstance(other, str | bytes):
+            return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        head = ", ".join(repr(b) for b in self[:3])
+        return f"Units([{head}{', ...' if len(self) > 3 else ''}], {len(self)} units)"
 
 
 @dataclass
@@ -33,6 +113,9 @@ class QueryResult:
       region: it evaluates the candidates unit by unit, a large unit part by
       part.
 
+    ``unit_boxes`` are the units the region was cut into (:class:`Units`: the
+    boxes as columns of corners, a box made for each unit asked for).
+
     Bytes are storage bytes as the engine counts them (``bytes_read``);
     blocks are distinct stored blocks (dataset, block) whose data a read
     touched, including the inputs a derived value was computed from.
@@ -43,7 +126,7 @@ class QueryResult:
     region: Box
     grid: str | None
     select: tuple[str, ...]
-    unit_boxes: list[Box]
+    unit_boxes: Units
     candidates: list[Box]
     certain: list[bool]
     candidate_values: list[dict[str, np.ndarray]]

@@ -20,6 +20,7 @@ from ..derived import Interval, needed_boxes
 from ..errors import BoundsError, StepError
 from ..geometry import Box, rows_less, rows_prod
 from ..layouts.spec import Layout
+from .result import Units
 
 INF = math.inf
 #: any value, possibly NaN
@@ -63,6 +64,64 @@ def exact_range(a: np.ndarray) -> Interval:
             return Interval(float(np.nanmin(a)), float(np.nanmax(a)), True)
         return Interval(float(a.min()), float(a.max()), False)
     return Interval(int(a.min()), int(a.max()), False)  # integers and booleans: exact
+
+
+def start_order(starts: np.ndarray) -> np.ndarray:
+    """The order of the boxes with corners *starts* (``(n, ndim)``) by their starts, as tuples
+    compare (stable: equal starts keep their order)."""
+    n, ndim = starts.shape
+    if n < 2 or ndim == 0:
+        return np.arange(n, dtype=np.int64)
+    return np.lexsort(starts.T[::-1])
+
+
+class Ranges:
+    """The range of one dataset over every unit of a query, as columns: ``lo``, ``hi`` (object
+    arrays of Python ints for integer data, else float64), ``nan``, and ``known`` (False: only
+    reading can tell, the None of :meth:`Source.stat_range`).
+
+    Units are judged by these columns; :meth:`at` makes the :class:`Interval` of one unit, for
+    the units judged one by one.
+    """
+
+    __slots__ = ("lo", "hi", "nan", "known", "exact")
+
+    def __init__(
+        self, lo: np.ndarray, hi: np.ndarray, nan: np.ndarray, known: np.ndarray, exact: bool
+    ) -> None:
+        self.lo, self.hi, self.nan, self.known, self.exact = lo, hi, nan, known, exact
+
+    @classmethod
+    def filled(cls, n: int, iv: Interval | None, exact: bool) -> Ranges:
+        """*n* units, each of range *iv* (None: unknown)."""
+        dt = np.dtype(object) if exact else np.dtype(np.float64)
+        lo, hi, nan = (EMPTY.lo, EMPTY.hi, False) if iv is None else (iv.lo, iv.hi, iv.nan)
+        return cls(
+            np.full(n, lo, dtype=dt),
+            np.full(n, hi, dtype=dt),
+            np.full(n, nan, dtype=bool),
+            np.full(n, iv is not None, dtype=bool),
+            exact,
+        )
+
+    @classmethod
+    def of(cls, ivs: list[Interval | None], exact: bool) -> Ranges:
+        """The columns of a list of ranges (None: unknown)."""
+        got = cls.filled(len(ivs), EMPTY, exact)
+        for k, iv in enumerate(ivs):
+            if iv is None:
+                got.known[k] = False
+            else:
+                got.lo[k], got.hi[k], got.nan[k] = iv.lo, iv.hi, iv.nan
+        return got
+
+    def at(self, k: int) -> Interval | None:
+        """The range over unit *k*, as :meth:`Source.stat_range` gives it."""
+        if not self.known[k]:
+            return None
+        if self.exact:
+            return Interval(self.lo[k], self.hi[k], bool(self.nan[k]))
+        return Interval(float(self.lo[k]), float(self.hi[k]), bool(self.nan[k]))
 
 
 class Table:
@@ -136,6 +195,7 @@ class Source:
         self.level: int = int(level)
         self._tables: dict[str, Table] = {}
         self._covers: dict[str, tuple[list[Box], np.ndarray, np.ndarray]] = {}
+        self._same: dict[tuple[str, str], np.ndarray | None] = {}
         self._infos: dict[str, DatasetInfo] = {}
         self.touched: set[tuple[str, int]] = set()
         #: elements read through :meth:`read`, and the seconds those reads took
@@ -224,8 +284,10 @@ class Source:
                 return True
         return False
 
-    def coverage(self, path: str) -> list[Box]:
-        return list(self._cover(path)[0])
+    def coverage(self, path: str) -> tuple[np.ndarray, np.ndarray]:
+        """The starts and stops (``(n, ndim)``) of the boxes of the coverage of *path*."""
+        _, starts, stops = self._cover(path)
+        return starts, stops
 
     def _cover(self, path: str) -> tuple[list[Box], np.ndarray, np.ndarray]:
         """The coverage of *path* at this step (asked of the engine once), with its starts and
@@ -283,39 +345,81 @@ class Source:
             lo, hi = float(lo), float(hi)
         return Interval(lo, hi, nan)
 
-    def unit_ranges(self, path: str, units: list[Box], rows: np.ndarray) -> list[Interval | None]:
-        """:meth:`stat_range` of each unit, where unit *k* lies inside block ``rows[k]`` of *path*.
+    def unit_rows(
+        self, path: str, grid: str | None, rows: np.ndarray | None, n: int
+    ) -> np.ndarray | None:
+        """The block of *path* each of *n* units lies in (-1: it meets none), given *rows*, the
+        grid's block of each unit; None where only a search per unit can tell.
 
-        ``rows[k] == -1``: unit *k* meets no block of *path*.  Vectorized
-        over the units (the statistics of the one block a unit lies in); the
-        same Intervals as :meth:`stat_range`.
+        A dataset without blocks meets no unit; the grid's own blocks are *rows*;
+        a dataset whose blocks are the grid's, in any order (datasets written
+        together), has the grid's rows mapped onto its own.
+        """
+        t = self.table(path)
+        if t.n == 0:
+            return np.full(n, -1, dtype=np.int64)
+        if rows is None or grid is None:
+            return None
+        if path == grid:
+            return rows
+        to = self._same_blocks(path, grid)
+        if to is None:
+            return None
+        return np.where(rows >= 0, to[np.maximum(rows, 0)], -1)
+
+    def _same_blocks(self, path: str, grid: str) -> np.ndarray | None:
+        """Row of *path*'s block with the same box as each of *grid*'s blocks, or None if
+        their blocks differ (asked once a pair)."""
+        key = (path, grid)
+        if key in self._same:
+            return self._same[key]
+        t, g = self.table(path), self.table(grid)
+        to = None
+        if t.n == g.n:
+            if np.array_equal(t.starts, g.starts) and np.array_equal(t.stops, g.stops):
+                to = np.arange(t.n, dtype=np.int64)
+            elif t.starts.shape[1]:
+                ot, og = start_order(t.starts), start_order(g.starts)
+                if np.array_equal(t.starts[ot], g.starts[og]) and np.array_equal(
+                    t.stops[ot], g.stops[og]
+                ):
+                    to = np.empty(t.n, dtype=np.int64)
+                    to[og] = ot
+        self._same[key] = to
+        return to
+
+    def unit_ranges(self, path: str, units: Units, rows: np.ndarray | None) -> Ranges:
+        """:meth:`stat_range` of each unit, as columns: unit *k* lies inside block ``rows[k]``
+        of *path* (-1: it meets no block of *path*).
+
+        Vectorized over the units (the statistics of the one block a unit lies
+        in; the fill value for a unit outside every block); the same ranges as
+        :meth:`stat_range`.  *rows* None (blocks that do not follow the grid's):
+        :meth:`stat_range` unit by unit.
         """
         info = self.info(path)
         t = self.table(path)
-        if info.dtype.kind == "c" or (t.n == 0 and info.definition is not None):
-            return [self.stat_range(path, u) for u in units]  # no statistics to look up
+        n = len(units)
+        exact = info.dtype.kind in "biu"  # integers: exact Python ints
+        if info.dtype.kind == "c":  # no statistics bound comparisons of complex values
+            return Ranges.filled(n, FULL, exact)
+        if t.n == 0 and info.definition is not None:  # computed when read
+            return Ranges.filled(n, None, exact)
+        if rows is None:
+            return Ranges.of([self.stat_range(path, u) for u in units], exact)
         inside = rows >= 0
-        r = np.where(inside, rows, 0)
-        known = np.where(inside, t.has_stats[r] if t.n else False, True)
-        exact = info.dtype.kind in "biu"
-        lo = np.where(inside, t.lo[r] if t.n else INF, INF).tolist()
-        hi = np.where(inside, t.hi[r] if t.n else -INF, -INF).tolist()
-        nan = (inside & (t.nan[r] if t.n else False)).tolist()
-        out: list[Interval | None] = []
-        fill = None
-        for k, ok in enumerate(known.tolist()):
-            if not ok:
-                out.append(None)
-            elif inside[k]:
-                a, b = lo[k], hi[k]
-                out.append(
-                    Interval(a, b, nan[k]) if exact else Interval(float(a), float(b), nan[k])
-                )
-            else:  # unwritten: the fill value alone
-                if fill is None:
-                    fill = self.stat_range(path, units[k])
-                out.append(fill)
-        return out
+        at = rows[inside]
+        got = Ranges.filled(n, EMPTY, exact)
+        got.known[inside] = t.has_stats[at]
+        got.lo[inside] = t.lo[at]
+        got.hi[inside] = t.hi[at]
+        got.nan[inside] = t.nan[at]
+        if not inside.all():  # unwritten: the fill value alone, the same in every such unit
+            fill = self.stat_range(path, units[int(np.argmin(inside))])
+            assert fill is not None  # no block: the fill value is known
+            out = ~inside
+            got.lo[out], got.hi[out], got.nan[out] = fill.lo, fill.hi, fill.nan
+        return got
 
     # -- reading ---------------------------------------------------------------
     @property
