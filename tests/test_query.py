@@ -783,3 +783,30 @@ def test_a_region_keyed_with_integers_gives_the_mask_numpy_gives(tmp_path):
             assert r.mask.shape == want.shape, region
             np.testing.assert_array_equal(r.mask, want)
             assert r.count == int(np.sum(want))
+
+
+def test_an_answer_larger_than_memory_is_refused_before_it_is_made(tmp_path, monkeypatch):
+    """A predicate true on the fill value of a huge dataset holding a few blocks: the exact
+    answer (2**40 coordinates) is a MemoryError naming the query and saying what to ask
+    instead, before anything is made (the process was killed for memory); exact=False and
+    a predicate false on the fill still answer.  Matches found part by part are counted
+    against the limit too."""
+    from lamina.query import core
+
+    path = str(tmp_path / "sparse.lam")
+    with lamina.open(path, "w") as f:
+        d = f.create_dataset("d", shape=(1 << 40,), dtype="u1", fill=7)
+        with f.step():
+            d.write(np.arange(8, dtype="u1"), offset=(0,))
+            d.write(np.arange(8, dtype="u1"), offset=((1 << 40) - 8,))
+    with lamina.open(path) as f:
+        with pytest.raises(MemoryError, match=r"query 'd > 2'.*exact=False"):
+            f.query("d > 2")
+        assert len(f.query("d > 2", exact=False).candidates) == 3  # the fill between counts
+        assert f.query("d > 100").count == 0
+        assert f.query("d > 2", region=np.s_[:16]).count == 5 + 8  # a region answers
+        # evaluated part by part: 5 matches in the first block, the limit 4 elements
+        monkeypatch.setattr(core, "answer_limit", lambda: 4 * 8)
+        with pytest.raises(MemoryError, match="holds 5 elements at least"):
+            f.query("d > 2", region=np.s_[:8])
+        assert f.query("d > 3", region=np.s_[:8]).count == 4

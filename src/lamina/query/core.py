@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+import os
 import time
 from collections.abc import Iterable, Sequence
 
@@ -30,6 +31,7 @@ from ..errors import (
     suggest,
 )
 from ..geometry import Box, rows_less, rows_prod
+from ..text import fmt_bytes
 from .result import QueryResult, Units
 from .source import FULL, INF, Interval, Ranges, Source, exact_range, start_order
 
@@ -39,6 +41,30 @@ CACHE_BYTES = 256 << 20
 #: most elements of a unit read or evaluated at once (for an exact range, for the exact answer):
 #: a larger unit is taken part by part, so memory does not grow with the size of the domain
 PART_ELEMENTS = 1 << 22
+#: the largest exact answer (coordinates and selected values) a query makes, in bytes: half
+#: the machine's memory (:func:`answer_limit`); an answer past it is a MemoryError that says
+#: so before it is made, where it ended the process (a predicate true on the fill value of
+#: a huge dataset holding a few blocks)
+ANSWER_FRACTION = 0.5
+
+
+def answer_limit() -> int:
+    """Bytes an exact answer may take: :data:`ANSWER_FRACTION` of physical memory (1 TiB
+    where that cannot be asked)."""
+    try:
+        mem = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        mem = 2 << 40
+    return int(mem * ANSWER_FRACTION)
+
+
+def _too_large(what: str, n: int, per: int) -> MemoryError:
+    return MemoryError(
+        f"query {what}: the exact answer holds {n} elements at least, "
+        f"{fmt_bytes(n * per)} as coordinates and selected values, more than "
+        f"{fmt_bytes(answer_limit())} (half this machine's memory); ask exact=False for the "
+        "blocks that may match, or a smaller region"
+    )
 
 
 def query(
@@ -435,6 +461,12 @@ def _exact_answer(src: Source, pred: Expr, shape, cache: dict, result: QueryResu
     t1, b1 = time.perf_counter(), src.bytes_read
     src.touched = set()
     box, sel = result.region, result.select
+    per = 8 * box.ndim + sum(src.info(p).dtype.itemsize for p in sel)  # bytes an element
+    limit = answer_limit() // max(per, 1)
+    sure = sum(u.size for u, s in zip(result.candidates, result.certain, strict=True) if s)
+    if sure > limit:  # matches known whole (their statistics say so), counted before any
+        raise _too_large(repr(result.where), sure, per)
+    total = 0
     found: list[np.ndarray] = []
     picked: dict[str, list[np.ndarray]] = {p: [] for p in sel}
     for u, sure, got in zip(
@@ -447,6 +479,9 @@ def _exact_answer(src: Source, pred: Expr, shape, cache: dict, result: QueryResu
                 kept[p] = got[p]
         for part in chunks(u, PART_ELEMENTS):
             local = None if sure else _evaluate_part(src, pred, shape, u, part, kept)
+            total += part.size if local is None else int(np.count_nonzero(local))
+            if total > limit:
+                raise _too_large(repr(result.where), total, per)
             found.append(_coords(part, local))
             rel = part.relative_to(u)
             for p in sel:
