@@ -69,6 +69,8 @@ class Consumer(TransportBase):
         self._agreed_closed = False
         self._cursor = 0  # steps before this one are released
         self._released_real = 0  # the producer's steps before this one are released
+        # what a released step raises, made when raised: one bound method for every step
+        self._why_released = self._released
         self._wanted_real = 0  # flow 'latest': a step of the producer's from this one is wanted
         self._real: list[int] = []  # the producer's step number of each step received
         self._ended = False  # the producer acknowledged this rank's goodbye (or left)
@@ -189,7 +191,7 @@ class Consumer(TransportBase):
             self._real.append(real)
             step = len(self.catalog.steps) - 1
             if step < self._cursor:  # released before it arrived (a wait for a later step)
-                self.catalog.forget(step, self._released(step))
+                self.catalog.forget(step, self._why_released)
             elif flags & wire.STATS_FOLLOW:
                 self._stats_follow.add(step)
 
@@ -314,7 +316,7 @@ class Consumer(TransportBase):
             real, cursor = self._real[-1] + 1, len(self._real)
         before, self._cursor = self._cursor, cursor
         for gone in range(before, cursor):  # never read again here: their blocks go
-            self.catalog.forget(gone, self._released(gone))
+            self.catalog.forget(gone, self._why_released)
             self._stats_follow.discard(gone)
         if self._stats_got:
             self._stats_got = {got for got in self._stats_got if got[0] >= cursor}
