@@ -457,9 +457,7 @@ def test_foreign_errors_say_why(tmp_path):
         else:
             z["codecs"].append({"name": "no_such_codec", "configuration": {}})
         meta.write_text(json.dumps(z))
-        with pytest.raises(
-            ConvertError, match=r"cannot open '0'.*UnknownCodecError.*no_such_codec"
-        ):
+        with pytest.raises(ConvertError, match=r"cannot open '0'.*no_such_codec"):
             omezarr.convert(src, tmp_path / "x.lam")
     src = tmp_path / "dates.zarr"
     _image(src, (2, 2), [Y, X], dtype="M8[s]", chunks=(2, 2))

@@ -434,6 +434,16 @@ class Evaluator:
             and x.dtype.kind in "fc"
         ):
             return self.call("multiply", [left, left], node, node, 0, dest)  # as numpy's x ** 2
+        if (
+            op == "^"
+            and type(r) in (int, float)
+            and r == 0.5
+            and _is_array(x)
+            and x.dtype.kind in "fc"
+        ):
+            # as numpy's x ** 0.5 (and np.power from numpy 2.3 on): a square root, where
+            # np.power of numpy 2.0-2.2 could differ from it in the last place
+            return self.call("sqrt", [left], node, node, 0, dest)
         return self.call(_ARITH[op], [left, right], node, node, 0, dest)
 
     def _ceval_call(self, node: Call, C: Box, dests, pre):

@@ -859,7 +859,8 @@ def _crc_columns(
     for i, cr in mine:
         ncrc[i] = len(cr)
     flat = np.repeat(crcs, ncrc)
-    first = np.cumsum(ncrc) - ncrc  # where each row's checksums start
+    # where each row's checksums start (int64: numpy 1.x made a uint64 plus an int a float)
+    first = (np.cumsum(ncrc) - ncrc).astype(np.int64)
     for i, cr in mine:
         flat[first[i] : first[i] + len(cr)] = cr
     return ncrc, flat
