@@ -2155,6 +2155,139 @@ def test_a_checkpoint_restores_alike_however_often():
         assert len(c.specs) == 1 and not c.ext
 
 
+def _catalog_state(c: Catalog) -> tuple:
+    """Everything a restore must bring back, copied (attribute values compared by repr)."""
+    return (
+        set(c.groups),
+        dict(c.datasets),
+        {k: dict(v) for k, v in c.levels.items()},
+        list(c.specs),
+        {k: {a: repr(v) for a, v in d.items()} for k, d in c.attrs.items()},
+        dict(c.ext),
+        len(c.steps),
+        list(c.step_times),
+        (c.closed, c.last_session, c.nrecords),
+        {p: c.children(p) for p in ("", *c.groups)},
+    )
+
+
+def _multires_ops(path: str, first_id: int) -> list[tuple]:
+    """The definition of a multiresolution dataset *path* and of its coarser levels."""
+    from lamina.layouts.spec import Layout, Multires, level_specs
+
+    shape, dtype = (64, 64), np.dtype("f4")
+    layout = Multires(patch=16).describe(path, shape, dtype)
+    spec = DatasetSpec(path, shape, dtype, 0, (), first_id, layout)
+    layout = Layout.of(spec)
+    assert layout is not None
+    return [(OP_DATASET, s) for s in [spec, *level_specs(spec, layout, first_id + 1)]]
+
+
+def test_a_restore_undoes_every_change_of_a_failed_apply():
+    """Records applied after a checkpoint, the last failing part way (a dataset defined
+    twice): restore brings back every group, dataset, level, attribute (set, changed,
+    deleted, deleted and set again), extension record, step and count as they were, and
+    the listing of children too, however often it is done."""
+    c = Catalog()
+    for op in [
+        (OP_GROUP, "g"),
+        (OP_DATASET, DatasetSpec("g/a", (4,), np.dtype("f8"), id=0)),
+        (OP_ATTR, "", "title", "run 7"),
+        (OP_ATTR, "g/a", "units", "K"),
+        (OP_ATTR, "g/a", "scale", np.arange(3.0)),
+        (OP_ATTR, "g", "gone", 1),
+        (OP_EXT, "x", b"1"),
+        *_multires_ops("m", 1),
+    ]:
+        c.apply_op(op)
+    c.apply_record(Record(KIND_STEP, step=0, session=2, time=1.5))
+    cp = c.checkpoint()
+    want = _catalog_state(c)
+    nspecs = len(c.specs)
+    for _ in range(3):
+        ops = [
+            (OP_GROUP, "g/h/k"),
+            (OP_DATASET, DatasetSpec("g/h/b", (2,), np.dtype("i8"), id=nspecs)),
+            (OP_DATASET, DatasetSpec("c", (2,), np.dtype("i8"), id=nspecs + 1)),
+            *_multires_ops("g/m2", nspecs + 2),
+            (OP_ATTR, "g/a", "units", "m"),  # changed
+            (OP_ATTR, "g/h/b", "new", 2),  # on a new dataset
+            (OP_ATTR, "", "more", [1, 2]),  # a new one on an old node
+            (OP_DELATTR, "g/a", "scale"),  # deleted
+            (OP_DELATTR, "g", "gone"),
+            (OP_ATTR, "g", "gone", 3),  # deleted, then set again
+            (OP_DELATTR, "", "never"),  # deletes nothing
+            (OP_EXT, "x", b"2"),
+            (OP_EXT, "y", b"3"),
+        ]
+        c.apply_record(Record(KIND_STEP, step=1, session=3, time=2.5, ops=ops))
+        c.apply_record(Record(KIND_CLOSE, session=3))
+        with pytest.raises(FormatError, match="defined twice"):
+            c.apply_record(
+                Record(
+                    KIND_META,
+                    session=4,
+                    ops=[
+                        (OP_ATTR, "c", "half", 1),
+                        (OP_DATASET, DatasetSpec("g/a", (4,), np.dtype("f8"), id=len(c.specs))),
+                    ],
+                )
+            )
+        assert c.children("g") == ["a", "h", "m2"]
+        c.restore(cp)
+        assert _catalog_state(c) == want
+        assert c.attrs["g/a"] == {"units": "K", "scale": c.attrs["g/a"]["scale"]}
+        np.testing.assert_array_equal(c.attrs["g/a"]["scale"], np.arange(3.0))
+
+
+def test_only_the_latest_checkpoint_restores():
+    """A checkpoint is superseded by the next one: restoring the older one is refused (it
+    could not bring back what it saw), the latest one still restores."""
+    c = Catalog()
+    old = c.checkpoint()
+    c.apply_op((OP_GROUP, "g"))
+    cp = c.checkpoint()
+    c.apply_op((OP_GROUP, "h"))
+    with pytest.raises(RuntimeError, match="checkpoint"):
+        c.restore(old)
+    c.restore(cp)
+    assert c.groups == {"", "g"}
+
+
+def test_a_checkpoint_and_a_restore_cost_what_changed_not_the_catalog():
+    """Writers take a checkpoint at every commit and readers at every refresh: its cost (and
+    a restore's) does not grow with the groups, datasets and attributes the catalog holds
+    (a copy of them all made every commit quadratic in a run that adds datasets)."""
+    import tracemalloc
+
+    def cost(n: int) -> tuple[int, int]:
+        c = Catalog()
+        for i in range(n):
+            c.apply_op((OP_DATASET, DatasetSpec(f"g{i % 50}/d{i}", (4,), np.dtype("f8"), id=i)))
+            c.apply_op((OP_ATTR, f"g{i % 50}/d{i}", "units", "K"))
+            c.apply_op((OP_ATTR, "", f"a{i}", i))
+        c.checkpoint()  # (the first one's log of the ops above is dropped)
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            cp = c.checkpoint()
+            taken = tracemalloc.get_traced_memory()[0] - before
+            c.apply_op((OP_ATTR, "", "a0", -1))
+            c.apply_op((OP_DATASET, DatasetSpec("new", (4,), np.dtype("f8"), id=n)))
+            tracemalloc.reset_peak()
+            before = tracemalloc.get_traced_memory()[0]
+            c.restore(cp)
+            restored = tracemalloc.get_traced_memory()[1] - before
+        finally:
+            tracemalloc.stop()
+        assert c.attrs[""]["a0"] == 0 and "new" not in c.datasets
+        return taken, restored
+
+    small, large = cost(10), cost(5000)
+    assert large[0] <= small[0] + 512, (small, large)  # a copy: about 1 MB
+    assert large[1] <= small[1] + 512, (small, large)
+
+
 def test_a_compressed_section_claiming_more_than_its_blocks_take_is_not_inflated():
     """A section of a few compressed bytes whose directory entry claims 100 MB raw (zlib
     inflates about 1000x) is refused from its head's counts, before the rest is inflated;

@@ -25,7 +25,7 @@ from .model import (
     subfile_name,
 )
 from .record import Record, decode_packed, pack
-from .tree import Catalog
+from .tree import Catalog, Checkpoint
 from .wire import Decoder, Encoder, load_json
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "BlockRecord",
     "BlockTable",
     "Catalog",
+    "Checkpoint",
     "DatasetSpec",
     "Decoder",
     "Encoder",

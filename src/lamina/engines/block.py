@@ -87,6 +87,7 @@ from ..catalog import (
     BlockRecord,
     BlockTable,
     Catalog,
+    Checkpoint,
     DatasetSpec,
     Decoder,
     Encoder,
@@ -426,7 +427,7 @@ class BlockEngine(Engine):
         self._commit_ops: list[
             tuple
         ] = []  # the ops of the record being committed (after merging attributes)
-        self._committed_cp: tuple | None = (
+        self._committed_cp: Checkpoint | None = (
             None  # the catalog as of the last commit (to undo refused changes)
         )
         self._put_error: BaseException | None = (

@@ -32,6 +32,7 @@ from ...catalog import (
     KIND_STEP,
     BlockCodec,
     BlockTable,
+    Checkpoint,
     Decoder,
     Encoder,
     Record,
@@ -1062,6 +1063,7 @@ class NativeEngine(BlockEngine):
             # only now that every rank applied the records: read on from after them
             assert state is not None
             self._nentries, self._meta_end, self._commit_end, self._last_entry = state
+        self.catalog.release(cp)  # (a reader keeps no log of the records it took up)
         # the records left out are read again by the next call (a writer dropped its own)
         self._left_out = left_out + len(raws) - intact if self.mode == "r" else 0
         return len(self.catalog.steps)
@@ -1087,12 +1089,11 @@ class NativeEngine(BlockEngine):
         return len(raws), None
 
     def _intact_prefix(
-        self, payloads: list[bytes], entries: list[fmt.CommitEntry], cp: tuple
+        self, payloads: list[bytes], entries: list[fmt.CommitEntry], cp: Checkpoint
     ) -> list[bytes]:
         """Rank 0: decode and apply *payloads* in order up to the first whose blocks are not all
-        there (the catalog as of checkpoint *cp* before the first: no checkpoint a record,
-        which copies the catalog's names and attributes, is taken for the rare record left
-        out; the catalog goes back to *cp* and the intact ones are applied again)."""
+        there (the catalog as of checkpoint *cp* before the first: for the rare record left
+        out, the catalog goes back to *cp* and the intact ones are applied again)."""
         good: list[bytes] = []
         prev_end = self._meta_end
         for raw, ent in zip(payloads, entries, strict=True):

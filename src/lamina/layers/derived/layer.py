@@ -828,9 +828,8 @@ class DerivedLayer(Layer):
             self._add_virtual_specs(d)
         if gone:
             self._cache.clear()
-            # names went away and others came: restore() is how the catalog counts paths gone
-            # (its listing of children is built again)
-            cat.restore(cat.checkpoint())
+            # names went away and others came: the catalog's listing of children is built again
+            cat.paths_changed()
 
     def _taken_by_file(self, d: Definition) -> str | None:
         """A name of reader quantity *d* (its name, a component, or a dataset above one) that
