@@ -40,6 +40,7 @@ class Checkpoint(NamedTuple):
 
     serial: int
     nspecs: int
+    nlayered: int
     nsteps: int
     ntimes: int
     closed: bool
@@ -60,6 +61,9 @@ class Catalog:
         #: the coarser levels of multiresolution datasets: path -> {level: internal definition}
         self.levels: dict[str, dict[int, DatasetSpec]] = {}
         self.specs: list[DatasetSpec] = []
+        #: the datasets with a layout (multiresolution), in the order defined: what a commit
+        #: encodes levels of (a scan of every definition cost a commit O(datasets))
+        self.layered: list[DatasetSpec] = []
         self.attrs: dict[str, dict[str, object]] = {"": {}}
         self.ext: dict[str, bytes] = {}
         self.steps: list[StepBlocks] = []
@@ -191,6 +195,7 @@ class Catalog:
         return Checkpoint(
             self._serial,
             len(self.specs),
+            len(self.layered),
             len(self.steps),
             len(self.step_times),
             self.closed,
@@ -223,6 +228,7 @@ class Catalog:
         undo.clear()
         self._restores += 1
         del self.specs[cp.nspecs :]
+        del self.layered[cp.nlayered :]
         del self.steps[cp.nsteps :]
         del self.step_times[cp.ntimes :]
         self.closed, self.last_session, self.nrecords = cp.closed, cp.last_session, cp.nrecords
@@ -266,6 +272,8 @@ class Catalog:
             self._add_group(parent(spec.path), what)
             self._set(self.datasets, spec.path, spec)
             self.specs.append(spec)
+            if spec.layout is not None:
+                self.layered.append(spec)
             self._node_attrs(spec.path)
         elif code == OP_ATTR:
             if self.kind_of(op[1]) is None:

@@ -1060,11 +1060,7 @@ class BlockEngine(Engine):
 
     def _flush_layouts(self, step: int) -> None:
         """Collective: encode this step's pieces of multiresolution datasets into level blocks."""
-        specs = [
-            s
-            for s in self.catalog.specs
-            if s.layout is not None and self.catalog.datasets.get(s.path) is s
-        ]
+        specs = self.catalog.layered
         if specs and self.size > 1 and not comm_mod.same_everywhere(self.comm, self._serial):
             # ranks a step apart would encode one rank's step k with another's k + 1 (and
             # blame boxes that never met): the verdict the commit would give, given first
