@@ -2290,6 +2290,54 @@ def test_a_checkpoint_and_a_restore_cost_what_changed_not_the_catalog():
     assert large[1] <= small[1] + 512, (small, large)
 
 
+def test_counting_and_listing_children_sorts_once(monkeypatch):
+    """len(group) counts the children it holds without building and sorting their list, and a
+    listing is sorted once until paths change (a loop of len(g) sorted every child each time)."""
+    import lamina.catalog.tree as tree
+
+    c = Catalog()
+    for i in range(300):
+        c.apply_op((OP_GROUP, f"g/k{i}"))
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return sorted(*args, **kwargs)
+
+    monkeypatch.setattr(tree, "sorted", counted, raising=False)
+    assert [c.nchildren("g") for _ in range(50)] == [300] * 50
+    assert c.nchildren("") == 1 and c.nchildren("g/k0") == 0 and c.nchildren("none") == 0
+    assert not calls
+    names = [c.children("g") for _ in range(50)]
+    assert len(calls) == 1 and names[0] == sorted(f"k{i}" for i in range(300))
+    names[0].append("mine")  # a caller's list is its own
+    assert c.children("g") == names[1]
+    c.apply_op((OP_GROUP, "g/a"))
+    assert c.children("g")[0] == "a" and c.nchildren("g") == 301
+
+
+def test_len_of_a_group_sorts_nothing(engine, new_path, monkeypatch):
+    """len(f) and len(g) in a loop cost one count each, not a sorted list of the members."""
+    import lamina
+    import lamina.catalog.tree as tree
+
+    with lamina.open(new_path(), "w", engine=engine) as f:
+        g = f.create_group("g")
+        for i in range(200):
+            g.create_group(f"k{i}")
+        calls = []
+
+        def counted(*args, **kwargs):
+            calls.append(1)
+            return sorted(*args, **kwargs)
+
+        monkeypatch.setattr(tree, "sorted", counted, raising=False)
+        assert [len(g) for _ in range(20)] == [200] * 20 and len(f) == 1
+        assert not calls
+        assert [list(g) for _ in range(5)][-1] == sorted(f"k{i}" for i in range(200))
+        assert len(calls) == 1
+
+
 def _commit_work(engine: str, path: str, ndatasets: int) -> tuple[int, int]:
     """Python lines run and bytes allocated at its peak by one step of a writer of
     *ndatasets* datasets (with an attribute each) that writes one block and changes one

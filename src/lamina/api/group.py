@@ -170,7 +170,7 @@ class Group(OpenFileView):
         return iter(self._names())
 
     def __len__(self) -> int:
-        return len(self._names())
+        return self._file._engine.catalog.nchildren(self._path)
 
     def __bool__(self) -> bool:
         """Whether the file is open (as h5py's: a group without members is still a group)."""

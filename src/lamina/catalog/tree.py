@@ -79,10 +79,15 @@ class Catalog:
         # an OrderedDict: its oldest step is taken with one call, never by iterating it
         self._kept: OrderedDict[int, StepBlocks] = OrderedDict()
         # children(): every path's child names, rebuilt when paths were added or restored
-        # (paths are only ever added, except by restore and paths_changed, which count)
+        # (paths are only ever added, except by restore and paths_changed, which count), and
+        # the sorted lists made of them so far; one tuple (key, names, sorted lists), made
+        # whole and stored with one assignment: threads reading the file share it
         self._restores = 0
-        self._kids_key: tuple[int, int, int] | None = None
-        self._kids: dict[str, set[str]] = {}
+        self._kids: tuple[tuple[int, int, int], dict[str, set[str]], dict[str, list[str]]] = (
+            (-1, 0, 0),
+            {},
+            {},
+        )
         # the changes since the live checkpoint, undone in reverse by restore: (container,
         # key, old value or _NEW); None: no checkpoint is live, nothing is logged
         self._undo: list[tuple] | None = None
@@ -96,10 +101,11 @@ class Catalog:
             return "group"
         return None
 
-    def children(self, path: str) -> list[str]:
-        """The names below *path* (groups and datasets), sorted; a walk of n paths costs O(n)."""
+    def _index(self) -> tuple[tuple[int, int, int], dict[str, set[str]], dict[str, list[str]]]:
+        """Every path's child names (built again when paths were added or taken away)."""
         key = (self._restores, len(self.groups), len(self.datasets))
-        if key != self._kids_key:
+        index = self._kids
+        if index[0] != key:
             kids: dict[str, set[str]] = {}
             for p in (*self.groups, *self.datasets):
                 if not p:
@@ -107,8 +113,21 @@ class Catalog:
                 parts = p.split("/")
                 for i in range(len(parts)):
                     kids.setdefault("/".join(parts[:i]), set()).add(parts[i])
-            self._kids, self._kids_key = kids, key
-        return sorted(self._kids.get(path, ()))
+            index = self._kids = (key, kids, {})
+        return index
+
+    def children(self, path: str) -> list[str]:
+        """The names below *path* (groups and datasets), sorted; a walk of n paths costs O(n).
+        Sorted once until paths change (the list returned is the caller's)."""
+        _, kids, done = self._index()
+        names = done.get(path)
+        if names is None:
+            names = done[path] = sorted(kids.get(path, ()))
+        return list(names)
+
+    def nchildren(self, path: str) -> int:
+        """How many names are below *path*: ``len(children(path))`` without the list."""
+        return len(self._index()[1].get(path, ()))
 
     def all_paths(self) -> list[str]:
         return sorted((self.groups - {""}) | set(self.datasets))
