@@ -288,8 +288,8 @@ def _enum_labels(ds) -> tuple[dict[str, int] | None, str]:
     if dt.kind not in "iu":
         return None, plain + f"an HDF5 enum holds integers, not {dt}"
     try:
-        labels = json.loads(text) if isinstance(text, str) else None
-    except ValueError:
+        labels = load_json(text, f"attribute {A_ENUM!r}") if isinstance(text, str) else None
+    except FormatError:
         labels = None
     if not isinstance(labels, dict) or not labels:
         return None, plain + "it is not a JSON object of labels -> values"
