@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
 import stat
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -54,6 +55,7 @@ from ...workflow import routes
 from ..base import durable_flag
 from ..block import BlockEngine, StepHeads, wait_for
 from ..staging import Chunk
+from . import descriptors
 from . import format as fmt
 from .lock import LOCK_NAME, WriterLock
 
@@ -577,8 +579,11 @@ class NativeEngine(BlockEngine):
             for r in range(lo, hi):
                 self.agg_of[r] = a
         self.is_agg = self.agg_rank[self.agg_of[self.rank]] == self.rank
-        # what reads open read-only, by name (the subfiles, lamina.meta): one descriptor
-        # each, every thread's (_open_reader)
+        # the subfiles reads open read-only, the most recently read kept open for every
+        # thread (descriptors.py: a file may have more subfiles than a process may open)
+        self._subfiles = descriptors.Subfiles(descriptors.subfiles_kept())
+        # what else reads open read-only, by name (lamina.meta): one descriptor each, every
+        # thread's (_meta_reader)
         self._rfds: dict[str, int] = {}
         # the buffers of the pieces of runs read (_read_run), one per reading thread, used
         # again: a piece into fresh memory pays a page fault per 4 KiB; a thread takes one
@@ -1132,31 +1137,59 @@ class NativeEngine(BlockEngine):
         return rec.step_blocks(_AreaLoader(self, rec.area_offset, what), what)
 
     def _meta_reader(self) -> int:
+        """lamina.meta open read-only, once for every thread.  Threads reading at once may
+        each open it: the first one kept is every thread's, the others are closed."""
         fd = self._rfds.get(fmt.META_NAME)
-        if fd is None:
-            try:
-                fd = self._open_reader(fmt.META_NAME)
-            except FileNotFoundError:
-                self._check_identity()  # a file deleted or re-created under this reader says so
-                raise
-        return fd
+        if fd is not None:
+            return fd
+        try:
+            fd = self._open_reader(fmt.META_NAME)
+        except FileNotFoundError:
+            self._check_identity()  # a file deleted or re-created under this reader says so
+            raise
+        kept = self._rfds.setdefault(fmt.META_NAME, fd)  # atomic: one descriptor wins
+        if kept != fd:
+            os.close(fd)
+        return kept
 
     def _open_reader(self, name: str) -> int:
-        """*name* in the file's directory opened read-only, once for every thread: the
-        descriptor kept in :attr:`_rfds` (FileNotFoundError, or FormatError where the file
-        was re-created meanwhile).  Threads reading at once may each open it: the first one
-        kept is every thread's, the others are closed (each kept its own in turn: all but
-        the last were left open)."""
-        fd = _open_in(self.path, name, os.O_RDONLY, dir_fd=self._dir_fd)
+        """*name* in the file's directory opened read-only (FileNotFoundError, or
+        FormatError where the file was re-created meanwhile).  Where the process has no
+        descriptor left, the subfiles kept open that no read holds are closed and the open
+        tried again; if it fails again, the error names the file and what to do."""
+        try:
+            fd = _open_in(self.path, name, os.O_RDONLY, dir_fd=self._dir_fd)
+        except OSError as e:
+            if e.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+            if not self._subfiles.close_idle():
+                raise self._no_descriptor(e, name) from None
+            try:
+                fd = _open_in(self.path, name, os.O_RDONLY, dir_fd=self._dir_fd)
+            except OSError as again:
+                if again.errno not in (errno.EMFILE, errno.ENFILE):
+                    raise
+                raise self._no_descriptor(again, name) from None
         try:
             self._check_identity()  # what is opened now must be of the file this rank knows
         except BaseException:
             os.close(fd)
             raise
-        kept = self._rfds.setdefault(name, fd)  # atomic: one descriptor wins
-        if kept != fd:
-            os.close(fd)
-        return kept
+        return fd
+
+    def _no_descriptor(self, e: OSError, name: str) -> OSError:
+        """*e*, an open of *name* for reading that failed for want of a descriptor (the
+        process's, EMFILE, or the system's, ENFILE), with the file's whole path and what to do."""
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        may = "no limit" if soft == resource.RLIM_INFINITY else f"at most {soft} files open"
+        return type(e)(
+            e.errno,
+            f"{e.strerror} (opening {name} to read it: the process may have {may} (ulimit -n) "
+            f"and a reader keeps at most {self._subfiles.most} of a file's subfiles open, "
+            "those it has open all in use now; raise the limit (ulimit -n), close other files, "
+            "or write the file with fewer subfiles: aggregators=N, fewer writer sessions)",
+            os.path.join(self.path, name),
+        )
 
     def _missing_data(self, rec: Record) -> str | None:
         """What of *rec*'s block data is not in its subfiles (None if everything is)."""
@@ -1503,15 +1536,20 @@ class NativeEngine(BlockEngine):
         return error
 
     # ------------------------------------------------------------ read
-    def _fd(self, name: str) -> int:
-        fd = self._rfds.get(name)
-        if fd is None:
-            try:
-                fd = self._open_reader(name)
-            except FileNotFoundError:
-                self._check_identity()  # a file deleted or re-created under this reader says so
-                raise FormatError(f"{self.path}: subfile {name} is missing") from None
-        return fd
+    def _subfile(self, name: str) -> descriptors.Held:
+        """Subfile *name* held open for a read until :meth:`_release` (or the end of a
+        ``with``, which gives its descriptor): see :mod:`.descriptors`."""
+        return self._subfiles.hold(name, lambda: self._open_subfile(name))
+
+    def _release(self, held: descriptors.Held) -> None:
+        self._subfiles.release(held)
+
+    def _open_subfile(self, name: str) -> int:
+        try:
+            return self._open_reader(name)
+        except FileNotFoundError:
+            self._check_identity()  # a file deleted or re-created under this reader says so
+            raise FormatError(f"{self.path}: subfile {name} is missing") from None
 
     def _check_identity(self) -> None:
         """FormatError if the file at this path is no longer the one opened (re-created since).
@@ -1731,7 +1769,7 @@ class NativeEngine(BlockEngine):
         i0 = int(rows[0])
         first = int(t.offset[i0])
         name = subfile_name(int(t.session[i0]), int(t.agg[i0]))
-        fd, what = self._fd(name), _Lazy(lambda: f"{self.path}/{name}: dataset {spec.path!r}")
+        what = _Lazy(lambda: f"{self.path}/{name}: dataset {spec.path!r}")
         dt = spec.dtype
         expected = t.crcs[t.crc_ptr[rows]]
         lengths, ends, pieces, one_crc = plan.lengths, plan.ends, plan.pieces, plan.one_crc
@@ -1750,7 +1788,8 @@ class NativeEngine(BlockEngine):
             a, b, key = pieces[k]
             begin = int(ends[a - 1]) if a else 0
             piece = buffers.window(buf, first + begin, int(ends[b - 1]) - begin)
-            _pread_into(fd, piece.data, first + begin, what)
+            with self._subfile(name) as fd:  # (held by each piece: few open at once)
+                _pread_into(fd, piece.data, first + begin, what)
             if one_crc:
                 got[k] = stats_mod.crc(piece.data)
             else:
@@ -1784,7 +1823,8 @@ class NativeEngine(BlockEngine):
             ):
                 return
             again = buffers.empty(int(ends[-1]), first)  # which block: each one's CRC
-            _pread_into(fd, again.data, first, what)
+            with self._subfile(name) as fd:
+                _pread_into(fd, again.data, first, what)
             j = stats_mod.first_bad_piece(again, lengths, expected)
             if j >= 0:
                 raise corrupt(j)
@@ -1843,7 +1883,8 @@ class NativeEngine(BlockEngine):
         r0 = int(rows[pos[0]])
         name = subfile_name(int(t.session[r0]), int(t.agg[r0]))
         buf = buffers.empty(int(lengths.sum()), first)
-        _pread_into(self._fd(name), buf.data, first, f"{self.path}/{name}: dataset {spec.path!r}")
+        with self._subfile(name) as fd:
+            _pread_into(fd, buf.data, first, f"{self.path}/{name}: dataset {spec.path!r}")
         begin = 0
         for g, p, n in zip(grp.tolist(), pos.tolist(), lengths.tolist(), strict=True):
             _, spec, t, rows = cols[g]
@@ -1862,17 +1903,18 @@ class NativeEngine(BlockEngine):
 
     def _payload(self, rec, spec) -> np.ndarray:
         what = self._block_name(rec, spec)
-        fd = self._fd(rec.subfile)
-        # an encoded block's length is its record's word alone (a raw one's is its box's
-        # bytes): held to the subfile's size before its buffer is made
-        size = os.fstat(fd).st_size
-        if rec.offset + rec.length > size:
-            raise FormatError(
-                f"{what}: its {rec.length} bytes at offset {rec.offset} lie past the end of the "
-                f"subfile ({size} bytes): the metadata is corrupt or the subfile was cut short"
-            )
-        buf = buffers.empty(rec.length, rec.offset)
-        self._read_verified(fd, buf.data, rec.offset, 0, rec, what)
+        with self._subfile(rec.subfile) as fd:
+            # an encoded block's length is its record's word alone (a raw one's is its box's
+            # bytes): held to the subfile's size before its buffer is made
+            size = os.fstat(fd).st_size
+            if rec.offset + rec.length > size:
+                raise FormatError(
+                    f"{what}: its {rec.length} bytes at offset {rec.offset} lie past the end of "
+                    f"the subfile ({size} bytes): the metadata is corrupt or the subfile was cut "
+                    "short"
+                )
+            buf = buffers.empty(rec.length, rec.offset)
+            self._read_verified(fd, buf.data, rec.offset, 0, rec, what)
         return buf
 
     def _read_sole(self, spec, t: BlockTable, box: Box, out: np.ndarray) -> bool:
@@ -1888,13 +1930,13 @@ class NativeEngine(BlockEngine):
         one = _Sole(int(t.offset[0]), int(t.length[0]), int(t.seg[0]), t.block_crcs(0))
         what = _Lazy(lambda: f"{self.path}/{name}: dataset {spec.path!r} block {box}")
         # (memoryview: an array subclass's .data may be an array, a masked array's)
-        self._read_whole(self._fd(name), np.asarray(out).data.cast("B"), one.offset, one, what)
+        with self._subfile(name) as fd:
+            self._read_whole(fd, np.asarray(out).data.cast("B"), one.offset, one, what)
         self._count_read(one.length)
         return True
 
     def _read_region(self, rec, spec, inter: Box, dst: np.ndarray) -> None:
         what = self._block_name(rec, spec)
-        fd = self._fd(rec.subfile)
         if rec.codec != BlockCodec.RAW:
             arr = self.decode_payload(rec, spec, self._payload(rec, spec))
             dst[...] = arr[inter.relative_to(rec.box)]
@@ -1902,7 +1944,8 @@ class NativeEngine(BlockEngine):
         item = spec.dtype.itemsize
         if inter == rec.box and dst.flags.c_contiguous:
             # the whole block into the caller's memory: no intermediate copy
-            self._read_whole(fd, np.asarray(dst).data.cast("B"), rec.offset, rec, what)
+            with self._subfile(rec.subfile) as fd:
+                self._read_whole(fd, np.asarray(dst).data.cast("B"), rec.offset, rec, what)
             return
         # byte span of the region in the block's C order, widened to checksum segments
         bshape = rec.box.shape
@@ -1932,7 +1975,8 @@ class NativeEngine(BlockEngine):
         else:
             lo, hi = 0, rec.length
         buf = buffers.empty(hi - lo, rec.offset + lo)
-        self._read_verified(fd, buf.data, rec.offset + lo, lo, rec, what)
+        with self._subfile(rec.subfile) as fd:
+            self._read_verified(fd, buf.data, rec.offset + lo, lo, rec, what)
         strides = tuple(
             item * int(np.prod(bshape[i + 1 :], dtype=np.int64)) for i in range(len(bshape))
         )
@@ -2013,6 +2057,9 @@ class NativeEngine(BlockEngine):
             self._keep_run_buffer(buf, 1)
 
     def _close_storage(self) -> None:
+        subfiles = getattr(self, "_subfiles", None)
+        if subfiles is not None:
+            subfiles.close()
         fds = list(getattr(self, "_rfds", {}).values())
         fds += [
             getattr(self, n, -1)
