@@ -230,9 +230,14 @@ def lamina_to_hdf5(
                 f.engine.catalog.step_times[:nsteps], dtype=np.float64
             )
             _copy_attrs_to_h5(f, h.attrs)
+            # each group made in its parent, made before it (the walk's order), not by its
+            # path from the root: h5py looks up each part of a path, O(depth) a group
+            made = {"": h}
             for path, obj in nodes:
                 if not isinstance(obj, Dataset):
-                    _copy_attrs_to_h5(obj, h.require_group(path).attrs)
+                    up, _, name = path.rpartition("/")
+                    made[path] = made[up].require_group(name)
+                    _copy_attrs_to_h5(obj, made[path].attrs)
             with _bar(total, os.path.basename(dst.rstrip("/")) or dst, progress) as bar:
                 for path, ds, boxes, enum in plan:
                     hd = _create_h5_dataset(h, path, ds, nsteps, gzip, enum)

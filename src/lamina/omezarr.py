@@ -716,8 +716,17 @@ def _walk(
     images: list,
     warnings: list[str],
 ) -> None:
-    """Collect groups and images below *group*, depth first."""
-    for name, child in _members(group, "/" + path, src):
+    """Collect groups and images below *group*, depth first (each member, sorted by name,
+    then what is below it), with a stack of the members still to visit: a store's groups
+    may nest deeper than Python's recursion limit."""
+    todo = [(path, iter(_members(group, "/" + path, src)))]
+    while todo:
+        path, members = todo[-1]
+        member = next(members, None)
+        if member is None:
+            todo.pop()
+            continue
+        name, child = member
         cpath = f"{path}/{name}" if path else name
         if isinstance(child, zarr.Array):
             warnings.append(f"skipped array /{cpath}: it is not part of an OME-Zarr image")
@@ -731,7 +740,7 @@ def _walk(
                 images.append(img)
         else:
             groups.append((cpath, attrs))
-            _walk(zarr, src, child, cpath, made, nsteps, groups, images, warnings)
+            todo.append((cpath, iter(_members(child, "/" + cpath, src))))
 
 
 def _multiscales_of(attrs: dict):

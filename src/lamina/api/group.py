@@ -185,12 +185,25 @@ class Group(OpenFileView):
         return _Items(self)
 
     def walk(self) -> Iterator[tuple[str, object]]:
-        """Every group and dataset below this one, depth first: (path, object)."""
-        for k in self.keys():
-            obj = self[k]
+        """Every group and dataset below this one, depth first: (path, object), each member
+        (sorted by name) followed by everything below it.
+
+        With a stack of the members still to visit, not a generator per level: a tree
+        may be deeper than Python's recursion limit (a path has up to 2,048 parts), and
+        each object passes through one generator, not one per level above it."""
+        todo: list[Iterator[str]] = [iter(self.keys())]
+        groups: list[Group] = [self]
+        while todo:
+            k = next(todo[-1], None)
+            if k is None:
+                todo.pop()
+                groups.pop()
+                continue
+            obj = groups[-1][k]
             yield obj.name, obj
             if isinstance(obj, Group):
-                yield from obj.walk()
+                todo.append(iter(obj.keys()))
+                groups.append(obj)
 
     # -- creation (collective) ---------------------------------------------
     def _writable(self, what: str) -> None:

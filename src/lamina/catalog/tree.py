@@ -108,11 +108,17 @@ class Catalog:
         if index[0] != key:
             kids: dict[str, set[str]] = {}
             for p in (*self.groups, *self.datasets):
-                if not p:
-                    continue
-                parts = p.split("/")
-                for i in range(len(parts)):
-                    kids.setdefault("/".join(parts[:i]), set()).add(parts[i])
+                # p under its parent, and each parent not seen yet under its own: every
+                # prefix of every path made once, not once per path below it (a chain of
+                # 1,500 groups made 1.1 million prefixes of up to 3,000 characters: 8 s)
+                while p:
+                    up, _, name = p.rpartition("/")
+                    seen = kids.get(up)
+                    if seen is not None:
+                        seen.add(name)
+                        break
+                    kids[up] = {name}
+                    p = up
             index = self._kids = (key, kids, {})
         return index
 
@@ -357,15 +363,19 @@ class Catalog:
         return spec
 
     def _add_group(self, path: str, what: str) -> None:
-        parts = path.split("/") if path else []
-        for i in range(1, len(parts) + 1):
-            p = "/".join(parts[:i])
+        """*path* and its parents made groups: up from *path* to the first one that is
+        (every group's parents are), each checked before any is made."""
+        new = []
+        p = path
+        while p and p not in self.groups:
             if p in self.datasets:
                 raise FormatError(f"{what}: group {path!r} would pass through dataset {p!r}")
-            if p not in self.groups:
-                if self._undo is not None:
-                    self._undo.append((self.groups, p, _NEW))
-                self.groups.add(p)
+            new.append(p)
+            p = p.rpartition("/")[0]
+        for p in new:
+            if self._undo is not None:
+                self._undo.append((self.groups, p, _NEW))
+            self.groups.add(p)
             self._node_attrs(p)
 
     def apply_record(
