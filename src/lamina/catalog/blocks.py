@@ -1889,6 +1889,55 @@ class StepBlocks:
                 out[good[k].dataset] = (cols, k)
         return out
 
+    def storage(
+        self, specs: Sequence[DatasetSpec], ids: Collection[int]
+    ) -> dict[int, tuple[int, int, int]]:
+        """``{dataset: (blocks, bytes stored, bytes of the values)}`` of each dataset of *ids*
+        (by id, a set) that has blocks in this step, as the dataset's table gives them
+        (``len``, :meth:`BlockInfos.stored_bytes`, ``raw_bytes``), without a table for each.
+
+        Block counts are the section directory's; the bytes are summed from the columns
+        of the one-block sections decoded together (one load and one set of checks for
+        the step, :meth:`_decode_ones`, kept nowhere), the other sections' tables decoded
+        one by one (and kept, as :meth:`table` keeps them).  A section that fails its
+        checks raises the error :meth:`table` raises for it."""
+        secs = self.sections
+        if len(ids) < len(secs):
+            todo = [d for d in ids if d in secs and secs[d].nblocks]
+        else:
+            todo = [d for d, sec in secs.items() if sec.nblocks and d in ids]
+        ones: dict[int, tuple[_OnesColumns, int]] = {}
+        alone = sum(1 for d in todo if secs[d].nblocks == 1 and d not in self._tables)
+        # all of the step's one-block sections decoded together where those asked for are
+        # enough of them (as table() judges it: one alone costs about ONES_SHARE together)
+        if (
+            self._load is not None
+            and len(secs) >= ONES_MIN
+            and alone >= max(ONES_MIN, len(secs) // ONES_SHARE)
+        ):
+            ones = self._decode_ones(specs)
+        out: dict[int, tuple[int, int, int]] = {}
+        together: dict[int, tuple[_OnesColumns, list[int], list[int]]] = {}
+        for d in todo:
+            got = ones.get(d) if d not in self._tables else None
+            if got is not None:
+                cols, k = got
+                _, dids, rows = together.setdefault(id(cols), (cols, [], []))
+                dids.append(d)
+                rows.append(k)
+                continue
+            t = self.table(specs[d])
+            ext = (t.stop - t.start).prod(axis=1, dtype=np.int64)  # (0-D: the empty product)
+            raw = int(ext.sum(dtype=np.int64)) * specs[d].dtype.itemsize
+            out[d] = (len(t), int(t.length.sum(dtype=np.int64)), raw)
+        for cols, dids, rows in together.values():
+            at = np.asarray(rows, dtype=np.int64)
+            stored = cols.length[at, 0].tolist()
+            size = (cols.stop[at, 0] - cols.start[at, 0]).prod(axis=1, dtype=np.int64).tolist()
+            for d, n, v in zip(dids, stored, size, strict=True):
+                out[d] = (1, n, v * specs[d].dtype.itemsize)
+        return out
+
     def release(self) -> None:
         """Forget the decoded tables that can be loaded again (they are read back when next used)."""
         if self._load is not None:
@@ -1934,6 +1983,11 @@ class ReleasedStep(StepBlocks):
         return StepError(why if isinstance(why, str) else why(self.step))
 
     def nblocks(self, dataset: int) -> int:
+        raise self._gone()
+
+    def storage(
+        self, specs: Sequence[DatasetSpec], ids: Collection[int]
+    ) -> dict[int, tuple[int, int, int]]:
         raise self._gone()
 
     def table(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import NamedTuple
 
 from ..errors import FormatError
@@ -173,6 +173,28 @@ class Catalog:
                 return
             if old is not sb:  # (a step re-made by a restore under the same number)
                 old.release()
+
+    def storage(
+        self, ids: Collection[int], steps: int | None = None
+    ) -> dict[int, tuple[list[int], int, int, int]]:
+        """``{dataset: (steps written, blocks, bytes stored, bytes of the values)}`` over the
+        first *steps* committed steps (all of them by default) of each dataset of *ids*, as
+        the sum over steps of the dataset's tables would give them, without a table or a
+        record each: step by step, each step's block area read once
+        (:meth:`StepBlocks.storage`).  Datasets by the id of their spec; a multiresolution
+        dataset's blocks are its patches' band 0."""
+        n = len(self.steps) if steps is None else steps
+        wanted = set(ids)
+        out: dict[int, tuple[list[int], int, int, int]] = {d: ([], 0, 0, 0) for d in wanted}
+        for k in range(n):
+            sb = self.steps[k]
+            if sb is not self._reading:
+                self._keep(k, sb)  # (its tables released with the steps read longest ago)
+            for d, (nb, stored, raw) in sb.storage(self.specs, wanted).items():
+                written, nb0, stored0, raw0 = out[d]
+                written.append(k)
+                out[d] = (written, nb0 + nb, stored0 + stored, raw0 + raw)
+        return out
 
     def blocks(self, dataset_id: int, step: int) -> list[BlockRecord]:
         """The blocks of a dataset at *step* as :class:`BlockRecord` objects (built on each call)."""

@@ -115,7 +115,8 @@ def cmd_ls(args) -> int:
         nodes = [(top.name, top)]
         if not isinstance(top, Dataset):
             nodes += list(top.walk())
-        infos = [_node_info(f, path, obj) for path, obj in nodes]
+        stored = _storage(f, [obj for _, obj in nodes if isinstance(obj, Dataset)])
+        infos = [_node_info(f, path, obj, stored) for path, obj in nodes]
         head = _file_head(f, infos)
         got = _io_decisions(f)
         decisions, complete = got if got is not None else (None, True)
@@ -141,7 +142,19 @@ def cmd_ls(args) -> int:
     return 0
 
 
-def _node_info(f, path: str, obj) -> dict:
+def _storage(f, datasets: list) -> dict[str, tuple[list[int], int, int, int]]:
+    """``{path: (steps written, blocks, bytes stored, bytes of the values)}`` of *datasets*
+    over every step, as their blocks at each step would sum to, step by step: each step's
+    block area is read once for all of them, and no block becomes a record
+    (:meth:`lamina.catalog.Catalog.storage`).  A dataset by the path of its node."""
+    cat = f.engine.catalog
+    specs = {ds.name: cat.datasets.get(ds.name.strip("/")) for ds in datasets}
+    ids = {spec.id for spec in specs.values() if spec is not None}
+    sums = cat.storage(ids, f.steps) if ids else {}
+    return {name: sums[spec.id] for name, spec in specs.items() if spec is not None}
+
+
+def _node_info(f, path: str, obj, stored: dict | None = None) -> dict:
     from lamina import Dataset
 
     attrs = {k: obj.attrs[k] for k in obj.attrs}
@@ -152,15 +165,19 @@ def _node_info(f, path: str, obj) -> dict:
         if len(d.components) > 1:
             info["derived"]["components"] = list(d.components)
     if isinstance(obj, Dataset):
-        written, nblocks, nbytes, raw = [], 0, 0, 0
-        for k in range(f.steps):
-            blocks = obj.blocks(k)
-            if blocks:
-                written.append(k)
-            nblocks += len(blocks)
-            s, r = storage_of(blocks)
-            nbytes += s
-            raw += r
+        summed = None if stored is None else stored.get(path)
+        if summed is not None:
+            written, nblocks, nbytes, raw = summed
+        else:
+            written, nblocks, nbytes, raw = [], 0, 0, 0
+            for k in range(f.steps):
+                blocks = obj.blocks(k)
+                if blocks:
+                    written.append(k)
+                nblocks += len(blocks)
+                s, r = storage_of(blocks)
+                nbytes += s
+                raw += r
         info.update(
             shape=list(obj.shape),
             dtype=str(obj.dtype),
@@ -347,9 +364,19 @@ def cmd_info(args) -> int:
         eng = f.engine
         steps = [eng.check_step(args.step)] if args.step is not None else list(range(f.steps))
         times = eng.catalog.step_times
-        per_step = [(k, times[k] if k < len(times) else None, ds.blocks(k)) for k in steps]
-        # what holds values: the blocks, or for a quantity kept as its expression, its anchor's
-        covers = {k: sum(b.size for b in ds.coverage(k)) for k in steps}
+        # step by step, each step's table read once: its blocks (each made once, the table
+        # let go), their bytes summed from its columns, and the elements that hold values:
+        # the blocks' own, or where a step has none (a quantity kept as its expression),
+        # its anchor's
+        per_step, covers, sums = [], {}, {}
+        for k in steps:
+            blocks = ds.blocks(k)
+            stored, raw = storage_of(blocks)
+            sums[k] = (stored, raw)
+            covers[k] = (
+                raw // ds.dtype.itemsize if len(blocks) else sum(b.size for b in ds.coverage(k))
+            )
+            per_step.append((k, times[k] if k < len(times) else None, list(blocks)))
         # a derived quantity with no blocks at a step is computed when read there: kept as its
         # expression, or kept as data or statistics from a step after this one (its declaration)
         d = eng.definition(ds.name.strip("/"))
@@ -383,10 +410,8 @@ def cmd_info(args) -> int:
                         "covered": covers[k],
                         # (a multiresolution dataset's blocks are its patches' band 0: the
                         # step stores every band, as the text says and lamina ls counts)
-                        "nbytes": bands.get(k, 0)
-                        if lay is not None
-                        else sum(b.nbytes for b in blocks),
-                        "raw_nbytes": sum(b.raw_nbytes for b in blocks),
+                        "nbytes": bands.get(k, 0) if lay is not None else sums[k][0],
+                        "raw_nbytes": sums[k][1],
                     }
                     for k, t, blocks in per_step
                 ],
@@ -437,21 +462,21 @@ def cmd_info(args) -> int:
         )
     if not per_step:
         print("no committed steps")
+    size = ds.size  # (a product of the shape each time it is asked for)
     for k, t, blocks in per_step:
         when = f"  committed {fmt_timestamp(t)}" if t is not None else ""
         if not blocks:
             if computed and covers[k]:
                 print(
                     f"step {k}{when}: no blocks: computed when read ({computed}), "
-                    f"{covers[k]} of {ds.size} elements"
+                    f"{covers[k]} of {size} elements"
                 )
             else:
                 print(f"step {k}{when}: no blocks (reads as the fill value {fmt_value(ds.fill)})")
             continue
         covered = covers[k]
-        pct = f" ({100.0 * covered / ds.size:.1f}%)" if ds.size else ""
-        stored = sum(b.nbytes for b in blocks)
-        raw = sum(b.raw_nbytes for b in blocks)
+        pct = f" ({100.0 * covered / size:.1f}%)" if size else ""
+        stored, raw = sums[k]
         if lay is None:
             said = f"{fmt_bytes(stored)} stored, {fmt_bytes(raw)} raw"
         else:  # a block below is a patch's finest band; the step stores every band
@@ -460,7 +485,7 @@ def cmd_info(args) -> int:
                 f"{fmt_bytes(raw)} raw (a block below: its patch's band 0)"
             )
         print(
-            f"step {k}{when}: {plural(len(blocks), 'block')}, {covered} of {ds.size} elements{pct}, "
+            f"step {k}{when}: {plural(len(blocks), 'block')}, {covered} of {size} elements{pct}, "
             + said
         )
         headers = [
