@@ -772,3 +772,37 @@ def test_info_reads_each_steps_blocks_once(tmp_path, capsys, monkeypatch):
     rc, out, _ = run(["info", path, "x"], capsys)
     assert rc == 0 and out.count("1 block, 4 of 4 elements (100.0%), 32 B stored, 32 B raw") == 80
     assert loads[0] == 80, loads
+
+
+def test_names_with_control_characters_are_one_line_each(tmp_path, capsys):
+    """A dataset named 'new<LF>line' printed as two lines of the tree, the second one
+    unindented, as if it were another node.  Text output escapes what Python's repr
+    escapes (and doubles backslashes, so an escape reads back one way); JSON keeps names."""
+    path = tmp_path / "names.lam"
+    names = ["new\nline", "tab\there", "back\\slash", "esc\x1b[31mred", "sep\u2028x", "ok é 日"]
+    with lamina.open(path, "w", durable=False) as f:
+        for n in names:
+            f.create_dataset(f"g\rr/{n}", (2,))
+        f["g\rr/ok é 日"].attrs["unit\nname"] = "a\nb"
+        with f.step():
+            f["g\rr/new\nline"][...] = 1
+    rc, out, err = run(["ls", path], capsys)
+    assert rc == 0 and err == ""
+    lines = out.splitlines()
+    assert len(lines) == 2 + 1 + len(names) + 1, out  # head, /, g\rr/, the datasets, @unit
+    assert lines[2] == "  g\\rr/"
+    shown = [ln[4:].split("  ")[0] for ln in lines[3:] if not ln.startswith("      @")]
+    assert shown == sorted(
+        ["new\\nline", "tab\\there", "back\\\\slash", "esc\\x1b[31mred", "sep\\u2028x", "ok é 日"]
+    )
+    assert "      @unit\\nname = 'a\\nb'" in lines
+    assert "steps 0 (1 of 1)" in next(ln for ln in lines if "new\\nline" in ln)
+    rc, out, _ = run(["ls", path, "--json"], capsys)
+    assert rc == 0
+    paths = [n["path"] for n in json.loads(out)["nodes"]]
+    assert sorted(paths[2:]) == sorted(f"/g\rr/{n}" for n in names)
+    rc, out, _ = run(["info", path, "g\rr/new\nline"], capsys)
+    assert rc == 0 and out.startswith("/g\\rr/new\\nline: float64 (2,)"), out
+    assert len(out.splitlines()[0].split("\n")) == 1
+    rc, out, _ = run(["dump", path, "g\rr/tab\there"], capsys)
+    assert rc == 0 and out.startswith("/g\\rr/tab\\there[...] at step 0"), out

@@ -393,6 +393,37 @@ def test_dataset_beyond_format_limits(writer, engine, shape):
     reopen_ok(writer, engine)
 
 
+def test_a_dataset_of_exactly_2_62_bytes_is_refused_as_the_message_says(writer, engine):
+    """The message said "at most 2**62 bytes" and refused exactly 2**62 (readers refuse a
+    definition of 2**62 bytes or more): it says what is refused."""
+    with pytest.raises(ShapeError, match=r"fewer than 2\*\*62 bytes") as got:
+        writer.create_dataset("huge", shape=(2**59,), dtype="f8")  # 2**62 bytes
+    assert "at most 2**62" not in str(got.value)
+    with pytest.raises(ShapeError, match=r"fewer than 2\*\*62 bytes"):
+        writer.create_dataset("huge", shape=(2**61, 0), dtype="i2")  # (0 counted as 1)
+    writer.create_dataset("largest", shape=(2**59 - 1,), dtype="f8")  # 2**62 - 8 bytes
+    assert "huge" not in writer and writer["largest"].shape == (2**59 - 1,)
+    continue_ok(writer)
+    reopen_ok(writer, engine)
+
+
+@pytest.mark.parametrize("make", ["create_dataset", "create_group", "require_group"])
+def test_a_name_with_a_lone_surrogate_is_a_value_error_naming_it(writer, engine, make):
+    """A name holding a character UTF-8 cannot encode (a lone surrogate, as os.fsdecode makes
+    of bytes that are not UTF-8) raised a bare UnicodeEncodeError that named no name."""
+    name = "fields/bad\udc80name"
+    args = {"shape": (2,)} if make == "create_dataset" else {}
+    with pytest.raises(ValueError) as got:
+        getattr(writer, make)(name, **args)
+    assert not isinstance(got.value, UnicodeError), repr(got.value)
+    assert "'bad\\udc80name'" in str(got.value) and "lone surrogate" in str(got.value)
+    assert name not in writer
+    with pytest.raises(KeyError, match="lone surrogate"):
+        writer[name]
+    continue_ok(writer)
+    reopen_ok(writer, engine)
+
+
 def test_oversized_extension_record_refused(writer, engine):
     with pytest.raises(ValueError, match="exceeds the limit"):
         writer.engine.set_ext("layer/x", b"\0" * (2 << 20))

@@ -173,6 +173,23 @@ def fmt_ranges(values: Sequence[int]) -> str:
     return ",".join(out)
 
 
+def fmt_name(name: str) -> str:
+    """*name* (a group's, a dataset's, an attribute's, a path) as text output shows it, on
+    one line and read back unambiguously: as it is, but for each character Python's repr
+    escapes (``str.isprintable``: a newline, a tab, other control and format characters, a
+    line separator, a lone surrogate), written as repr writes it (``\\n``, ``\\x1b``,
+    ``\\u2028``, ``\\udc80``), and backslashes doubled (``ls --escape`` of coreutils)."""
+    if name.isprintable() and "\\" not in name:
+        return name
+    return "".join(_escaped(c) for c in name)
+
+
+def _escaped(c: str) -> str:
+    if c == "\\":
+        return "\\\\"
+    return c if c.isprintable() else repr(c)[1:-1]
+
+
 def fmt_box(box) -> str:
     """A box as numpy-style slices: ``'[0:4, 2:8]'``."""
     return "[" + ", ".join(f"{a}:{b}" for a, b in zip(box.start, box.stop, strict=True)) + "]"

@@ -40,7 +40,8 @@ def normpath(path: str, base: str = "") -> str:
     """Canonical form of a node path: 'a/b/c' (no leading slash; '' is the root).
 
     Relative paths are resolved against *base*.  Components may not be empty,
-    '.', '..', or contain NUL.
+    '.', '..', contain NUL, or hold a character UTF-8 cannot encode (a lone surrogate,
+    as ``os.fsdecode`` makes of bytes that are not UTF-8).
     """
     if not isinstance(path, str):
         raise TypeError(f"node names are strings, got {type(path).__name__}")
@@ -49,6 +50,14 @@ def normpath(path: str, base: str = "") -> str:
     for p in parts:
         if p in (".", "..") or "\0" in p:
             raise ValueError(f"invalid path component {p!r} in {path!r}")
+        if not p.isascii():
+            try:
+                p.encode()
+            except UnicodeEncodeError as e:
+                raise ValueError(
+                    f"invalid path component {p!r} in {path!r}: {p[e.start]!r} at position "
+                    f"{e.start} is a lone surrogate, which UTF-8 cannot encode"
+                ) from None
     if not absolute and base:
         parts = base.split("/") + parts
     out = "/".join(parts)

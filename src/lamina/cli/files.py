@@ -15,6 +15,7 @@ from ..text import (
     fmt_bytes,
     fmt_codecs,
     fmt_duration,
+    fmt_name,
     fmt_num,
     fmt_steps_written,
     fmt_stored,
@@ -102,7 +103,7 @@ def _head_line(head: dict) -> str:
     elif head["writer_running"] is False:
         state = "not closed: its writer ended without closing it"
     return (
-        f"{head['file']}: {head['engine']}, {plural(head['steps'], 'step')} ({state}), "
+        f"{fmt_name(head['file'])}: {head['engine']}, {plural(head['steps'], 'step')} ({state}), "
         f"{plural(head['datasets'], 'dataset')}, {fmt_bytes(head['nbytes'])} stored"
     )
 
@@ -132,13 +133,14 @@ def cmd_ls(args) -> int:
     for info in infos:
         depth = 0 if info["path"] == "/" else info["path"].count("/") - base
         pad = "  " * depth
-        name = info["path"] if info is infos[0] else info["path"].rsplit("/", 1)[-1]
+        # (a name is one line: a newline or another control character in it escaped)
+        name = fmt_name(info["path"] if info is infos[0] else info["path"].rsplit("/", 1)[-1])
         if info["type"] == "group":
             print(f"{pad}{name if name == '/' else name.rstrip('/') + '/'}{_derived_note(info)}")
         else:
             print(f"{pad}{name}  {_dataset_line(info, head['steps'])}")
         for k, v in info["_attrs"].items():
-            print(f"{pad}  @{k} = {fmt_value(v)}")
+            print(f"{pad}  @{fmt_name(k)} = {fmt_value(v)}")
     return 0
 
 
@@ -282,8 +284,12 @@ def _info_file(args) -> int:
     """``lamina info FILE``: the file (as ``lamina ls`` heads it) and every decision
     ``io='auto'`` made in writing it, with its predictions and what was measured after it
     (docs/background.md, "When async pays"); ``--step K``: step K's."""
+    from lamina import Dataset
+
     with open_file(args.file) as f:
-        infos = [_node_info(f, "/", f)] + [_node_info(f, p, o) for p, o in f.walk()]
+        nodes = [("/", f), *f.walk()]
+        stored = _storage(f, [o for _, o in nodes if isinstance(o, Dataset)])
+        infos = [_node_info(f, p, o, stored) for p, o in nodes]
         head = _file_head(f, infos)
         step = f.engine.check_step(args.step) if args.step is not None else None
         got = _io_decisions(f)
@@ -419,9 +425,9 @@ def cmd_info(args) -> int:
         )
         return 0
     print(
-        f"{ds.name}: {ds.dtype} {tuple(ds.shape)}, fill {fmt_value(ds.fill)}, "
+        f"{fmt_name(ds.name)}: {ds.dtype} {tuple(ds.shape)}, fill {fmt_value(ds.fill)}, "
         f"compression {fmt_codecs(ds.compression) if lay is None else _layout_words(lay)}; "
-        f"{fname}: {plural(nsteps, 'step')}"
+        f"{fmt_name(fname)}: {plural(nsteps, 'step')}"
     )
     if lay is not None and "step" in lay:
         print(
@@ -576,7 +582,9 @@ def cmd_dump(args) -> int:
         )
         return 0
     at = f" level {level}" if level else ""
-    print(f"{ds.name}[{sel}]{at} at step {k} of {nsteps}: {data.dtype} {tuple(data.shape)}")
+    print(
+        f"{fmt_name(ds.name)}[{sel}]{at} at step {k} of {nsteps}: {data.dtype} {tuple(data.shape)}"
+    )
     width = max(40, shutil.get_terminal_size((120, 24)).columns)
     with np.printoptions(threshold=sys.maxsize, linewidth=width):
         print(fmt_value(data[()]) if data.ndim == 0 else np.array2string(data, separator=" "))

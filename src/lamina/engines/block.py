@@ -581,7 +581,8 @@ class BlockEngine(Engine):
             # readers refuse such a definition (DatasetSpec.decode): the file would not open again
             raise ShapeError(
                 f"cannot create dataset {path!r} of shape {spec.shape}: the format allows at most "
-                f"{MAX_NDIM} dimensions and 2**62 bytes"
+                f"{MAX_NDIM} dimensions and fewer than 2**62 bytes (each empty dimension counted "
+                "as 1)"
             )
         return spec
 
