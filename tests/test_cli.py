@@ -661,6 +661,8 @@ def test_ls_tells_a_running_writer_from_one_that_ended_without_closing(tmp_path,
     rc, out, _ = run(["ls", path, "--json"], capsys)
     doc = json.loads(out)
     assert doc["closed"] is True and doc["writer_running"] is None and doc["steps"] == 2
+
+
 # --------------------------------------------------------------------------
 # ls and info: each step's blocks read once
 
