@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from html import escape
 
-from ..engines.base import storage_of
+from ..engines.base import storage_by_step
 from ..text import fmt_codecs, fmt_steps_written, fmt_stored, fmt_value, plural
 
 #: a tree with more nodes than this is shown to this many, then a count
@@ -55,15 +55,7 @@ def dataset_facts(ds) -> dict:
     """What the repr shows of a dataset, from the block index only."""
     file = ds.file
     steps = file.steps
-    written, nblocks, stored, raw = [], 0, 0, 0
-    for k in range(steps):
-        blocks = ds.blocks(k)
-        if blocks:
-            written.append(k)
-        nblocks += len(blocks)
-        s, r = storage_of(blocks)
-        stored += s
-        raw += r
+    written, nblocks, stored, raw = storage_by_step(ds, steps)
     return {
         "written": written,
         "steps": steps,

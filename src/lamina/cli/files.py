@@ -9,7 +9,7 @@ import textwrap
 import numpy as np
 
 from .. import selection
-from ..engines.base import storage_of
+from ..engines.base import storage_by_step, storage_of
 from ..text import (
     fmt_box,
     fmt_bytes,
@@ -171,15 +171,7 @@ def _node_info(f, path: str, obj, stored: dict | None = None) -> dict:
         if summed is not None:
             written, nblocks, nbytes, raw = summed
         else:
-            written, nblocks, nbytes, raw = [], 0, 0, 0
-            for k in range(f.steps):
-                blocks = obj.blocks(k)
-                if blocks:
-                    written.append(k)
-                nblocks += len(blocks)
-                s, r = storage_of(blocks)
-                nbytes += s
-                raw += r
+            written, nblocks, nbytes, raw = storage_by_step(obj, f.steps)
         info.update(
             shape=list(obj.shape),
             dtype=str(obj.dtype),

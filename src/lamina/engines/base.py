@@ -150,6 +150,21 @@ def storage_of(blocks: Sequence[BlockInfo]) -> tuple[int, int]:
     return sum(b.nbytes for b in blocks), sum(b.raw_nbytes for b in blocks)
 
 
+def storage_by_step(ds, steps: int) -> tuple[list[int], int, int, int]:
+    """(steps with blocks, blocks, bytes stored, bytes of the values) of dataset view *ds*
+    over its first *steps* steps, step by step from its block index."""
+    written, nblocks, stored, raw = [], 0, 0, 0
+    for k in range(steps):
+        blocks = ds.blocks(k)
+        if blocks:
+            written.append(k)
+        nblocks += len(blocks)
+        s, r = storage_of(blocks)
+        stored += s
+        raw += r
+    return written, nblocks, stored, raw
+
+
 class Engine(ABC):
     """Abstract engine.  See the module docstring for the calling rules."""
 
