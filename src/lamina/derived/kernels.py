@@ -426,24 +426,14 @@ class Evaluator:
 
     def _arith(self, op, left, right, node, dest):
         x, r = left[0], right[0]
-        if (
-            op == "^"
-            and type(r) in (int, float)
-            and r == 2
-            and _is_array(x)
-            and x.dtype.kind in "fc"
-        ):
-            return self.call("multiply", [left, left], node, node, 0, dest)  # as numpy's x ** 2
-        if (
-            op == "^"
-            and type(r) in (int, float)
-            and r == 0.5
-            and _is_array(x)
-            and x.dtype.kind in "fc"
-        ):
-            # as numpy's x ** 0.5 (and np.power from numpy 2.3 on): a square root, where
-            # np.power of numpy 2.0-2.2 could differ from it in the last place
-            return self.call("sqrt", [left], node, node, 0, dest)
+        if op == "^" and type(r) in (int, float) and _is_array(x) and x.dtype.kind in "fc":
+            # as numpy's x ** 2 and x ** 0.5 compute them: a product and a square root (the
+            # latter as np.power from numpy 2.3 on; that of numpy 2.0-2.2 could differ from
+            # it in the last place)
+            if r == 2:
+                return self.call("multiply", [left, left], node, node, 0, dest)
+            if r == 0.5:
+                return self.call("sqrt", [left], node, node, 0, dest)
         return self.call(_ARITH[op], [left, right], node, node, 0, dest)
 
     def _ceval_call(self, node: Call, C: Box, dests, pre):
