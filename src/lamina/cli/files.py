@@ -32,16 +32,18 @@ from .common import find_dataset, open_file
 # ls
 
 
-def _io_decisions(f) -> tuple[list[dict], bool] | None:
-    """The decisions of the last writer under io='auto' (docs/background.md), if the file has
-    them, and whether they are all of its run (a file of an earlier version kept the last 64)."""
+def _io_decisions(f) -> tuple[list[dict] | None, bool]:
+    """The decisions of the last writer under io='auto' (docs/background.md), None if the file
+    has none, and whether they are all of its run (a file of an earlier version kept the
+    last 64)."""
     from lamina.errors import FormatError
     from lamina.perf.asyncmodel import read_decisions
 
     try:
-        return read_decisions(f.engine.catalog.ext)
+        got = read_decisions(f.engine.catalog.ext)
     except FormatError:
-        return None
+        got = None
+    return got if got is not None else (None, True)
 
 
 def _decisions_line(decisions: list[dict], complete: bool = True) -> str:
@@ -116,11 +118,9 @@ def cmd_ls(args) -> int:
         nodes = [(top.name, top)]
         if not isinstance(top, Dataset):
             nodes += list(top.walk())
-        stored = _storage(f, [obj for _, obj in nodes if isinstance(obj, Dataset)])
-        infos = [_node_info(f, path, obj, stored) for path, obj in nodes]
+        infos = _nodes_info(f, nodes)
         head = _file_head(f, infos)
-        got = _io_decisions(f)
-        decisions, complete = got if got is not None else (None, True)
+        decisions, complete = _io_decisions(f)
         if decisions is not None:
             head["io_decisions"] = decisions
     if args.json:
@@ -142,6 +142,15 @@ def cmd_ls(args) -> int:
         for k, v in info["_attrs"].items():
             print(f"{pad}  @{fmt_name(k)} = {fmt_value(v)}")
     return 0
+
+
+def _nodes_info(f, nodes: list) -> list[dict]:
+    """What ``lamina ls`` says of each of *nodes* (``(path, group or dataset)``), the
+    storage of every dataset summed step by step at once (:func:`_storage`)."""
+    from lamina import Dataset
+
+    stored = _storage(f, [obj for _, obj in nodes if isinstance(obj, Dataset)])
+    return [_node_info(f, path, obj, stored) for path, obj in nodes]
 
 
 def _storage(f, datasets: list) -> dict[str, tuple[list[int], int, int, int]]:
@@ -276,16 +285,10 @@ def _info_file(args) -> int:
     """``lamina info FILE``: the file (as ``lamina ls`` heads it) and every decision
     ``io='auto'`` made in writing it, with its predictions and what was measured after it
     (docs/background.md, "When async pays"); ``--step K``: step K's."""
-    from lamina import Dataset
-
     with open_file(args.file) as f:
-        nodes = [("/", f), *f.walk()]
-        stored = _storage(f, [o for _, o in nodes if isinstance(o, Dataset)])
-        infos = [_node_info(f, p, o, stored) for p, o in nodes]
-        head = _file_head(f, infos)
+        head = _file_head(f, _nodes_info(f, [("/", f), *f.walk()]))
         step = f.engine.check_step(args.step) if args.step is not None else None
-        got = _io_decisions(f)
-    decisions, complete = got if got is not None else (None, True)
+        decisions, complete = _io_decisions(f)
     if decisions is not None and step is not None:
         decisions = [d for d in decisions if d.get("step") == step]
     if args.json:
