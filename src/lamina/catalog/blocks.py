@@ -619,6 +619,17 @@ class BlockTable:
             if name not in _NOT_COLUMNS and getattr(self, name) is not None
         )
 
+    def stored_bytes(self) -> int:
+        """Bytes the blocks take in storage (after compression), summed from the column."""
+        return int(self.length.sum(dtype=np.int64))
+
+    def value_bytes(self, itemsize: int) -> int:
+        """Bytes of the blocks' values uncompressed, *itemsize* bytes each."""
+        if not len(self):
+            return 0
+        sizes = (self.stop - self.start).prod(axis=1, dtype=np.int64)  # (0-D: the empty product)
+        return int(sizes.sum(dtype=np.int64)) * itemsize
+
     def box(self, i: int) -> Box:
         return Box(tuple(self.start[i].tolist()), tuple(self.stop[i].tolist()))
 
@@ -1927,9 +1938,7 @@ class StepBlocks:
                 rows.append(k)
                 continue
             t = self.table(specs[d])
-            ext = (t.stop - t.start).prod(axis=1, dtype=np.int64)  # (0-D: the empty product)
-            raw = int(ext.sum(dtype=np.int64)) * specs[d].dtype.itemsize
-            out[d] = (len(t), int(t.length.sum(dtype=np.int64)), raw)
+            out[d] = (len(t), t.stored_bytes(), t.value_bytes(specs[d].dtype.itemsize))
         for cols, dids, rows in together.values():
             at = np.asarray(rows, dtype=np.int64)
             stored = cols.length[at, 0].tolist()

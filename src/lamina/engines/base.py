@@ -123,15 +123,11 @@ class BlockInfos(Sequence[BlockInfo]):
     def stored_bytes(self) -> int:
         """Bytes the blocks take in storage (after compression): ``sum(b.nbytes for b in self)``
         without an object per block."""
-        return int(self.table.length.sum(dtype=np.int64))
+        return self.table.stored_bytes()
 
     def raw_bytes(self) -> int:
         """Bytes of the blocks' values uncompressed: ``sum(b.raw_nbytes for b in self)``."""
-        t = self.table
-        if not len(t):
-            return 0
-        sizes = (t.stop - t.start).prod(axis=1, dtype=np.int64)  # (a 0-D box: the empty product 1)
-        return int(sizes.sum(dtype=np.int64)) * self.spec.dtype.itemsize
+        return self.table.value_bytes(self.spec.dtype.itemsize)
 
     def __eq__(self, other) -> bool:
         if isinstance(other, BlockInfos | list | tuple):
