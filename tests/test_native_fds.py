@@ -144,7 +144,7 @@ def test_a_subfile_held_by_a_read_is_not_closed_when_evicted(many_subfiles, monk
         now = os.fstat(fd)  # still open, still that subfile
         assert (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino)
         assert os.pread(fd, 32, 0) == _value(0).tobytes()
-        eng._release(held)
+        eng._subfiles.release(held)
         with pytest.raises(OSError) as got:
             os.fstat(fd)
         assert got.value.errno == errno.EBADF

@@ -1157,19 +1157,15 @@ class NativeEngine(BlockEngine):
         FormatError where the file was re-created meanwhile).  Where the process has no
         descriptor left, the subfiles kept open that no read holds are closed and the open
         tried again; if it fails again, the error names the file and what to do."""
-        try:
-            fd = _open_in(self.path, name, os.O_RDONLY, dir_fd=self._dir_fd)
-        except OSError as e:
-            if e.errno not in (errno.EMFILE, errno.ENFILE):
-                raise
-            if not self._subfiles.close_idle():
-                raise self._no_descriptor(e, name) from None
+        for last in (False, True):
             try:
                 fd = _open_in(self.path, name, os.O_RDONLY, dir_fd=self._dir_fd)
-            except OSError as again:
-                if again.errno not in (errno.EMFILE, errno.ENFILE):
+                break
+            except OSError as e:
+                if e.errno not in (errno.EMFILE, errno.ENFILE):
                     raise
-                raise self._no_descriptor(again, name) from None
+                if last or not self._subfiles.close_idle():
+                    raise self._no_descriptor(e, name) from None
         try:
             self._check_identity()  # what is opened now must be of the file this rank knows
         except BaseException:
@@ -1537,12 +1533,9 @@ class NativeEngine(BlockEngine):
 
     # ------------------------------------------------------------ read
     def _subfile(self, name: str) -> descriptors.Held:
-        """Subfile *name* held open for a read until :meth:`_release` (or the end of a
-        ``with``, which gives its descriptor): see :mod:`.descriptors`."""
+        """Subfile *name* held open for a read until the end of a ``with`` (which gives its
+        descriptor): see :mod:`.descriptors`."""
         return self._subfiles.hold(name, lambda: self._open_subfile(name))
-
-    def _release(self, held: descriptors.Held) -> None:
-        self._subfiles.release(held)
 
     def _open_subfile(self, name: str) -> int:
         try:
