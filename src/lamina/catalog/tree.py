@@ -291,13 +291,17 @@ class Catalog:
             self._undo.append((where, key, where.get(key, _NEW)))
         where[key] = value
 
-    def _node_attrs(self, path: str) -> dict[str, object]:
-        """The attributes of node *path*, an empty dict made (and logged) on first use."""
-        d = self.attrs.get(path)
+    def _made(self, where: dict, key: object) -> dict:
+        """``where[key]``, a dict, an empty one made (and logged) on first use."""
+        d = where.get(key)
         if d is None:
             d = {}
-            self._set(self.attrs, path, d)
+            self._set(where, key, d)
         return d
+
+    def _node_attrs(self, path: str) -> dict[str, object]:
+        """The attributes of node *path*, an empty dict made (and logged) on first use."""
+        return self._made(self.attrs, path)
 
     # -- changes --------------------------------------------------------
     def apply_op(self, op: tuple, what: str = "metadata") -> None:
@@ -353,10 +357,7 @@ class Catalog:
             raise FormatError(
                 f"{what}: level definition {spec.path!r} belongs to no multiresolution dataset"
             )
-        levels = self.levels.get(base.path)
-        if levels is None:
-            levels = {}
-            self._set(self.levels, base.path, levels)
+        levels = self._made(self.levels, base.path)
         expect = tuple(-(-n // (1 << k)) for n in base.shape)
         if (
             k in levels
