@@ -48,6 +48,8 @@ VERSION = 4
 _ENTRY = {3: struct.Struct("<IQQQI"), 4: struct.Struct("<IQQQIQ")}
 #: an extent: session, aggregator, end
 _EXTENT_ENTRY = struct.Struct("<IIQ")
+#: the fields every record begins with: kind, step, session, ranks, commit time
+_HEAD = struct.Struct("<BqIId")
 #: longest table a compressed section may claim to hold
 _MAX_RAW = 1 << 40
 
@@ -204,7 +206,7 @@ class Record:
     def read_head(d: Decoder) -> tuple[int, int, int, int, float]:
         """The fields every record begins with (:meth:`_encode_start`): kind, step, session,
         ranks and commit time, unchecked."""
-        return d.u8(), d.i64(), d.u32(), d.u32(), d.f64()
+        return d.fields(_HEAD)
 
     @classmethod
     def decode(
@@ -255,7 +257,7 @@ class Record:
         next_ = d.count(_EXTENT_ENTRY.size, name="subfile extents")
         prev = (-1, -1)
         for _ in range(next_):
-            sess, agg, e = _EXTENT_ENTRY.unpack(d.raw(_EXTENT_ENTRY.size))
+            sess, agg, e = d.fields(_EXTENT_ENTRY)
             if (sess, agg) <= prev or e >= 1 << 62:
                 raise FormatError(f"{what}: subfile extents out of order or impossible")
             prev = (sess, agg)
