@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+import lamina
 from lamina import codecs
 from lamina.errors import CodecError
 
@@ -264,6 +265,145 @@ def test_encode_failure_is_codec_error():
     p = codecs.pipeline(codecs.normalize(("zfp", 1e-3), dt("f8"), 1))
     with pytest.raises(CodecError, match="compression with"):
         p.encode(np.zeros((2, 2, 2, 2, 2)))  # zfp has no 5-D mode
+
+
+# --------------------------------------------------------------------------
+# blocks beyond what a codec's format or library takes: stored raw
+
+
+@pytest.mark.parametrize("ndim, most", [(1, 2**48), (2, 2**24), (3, 65536), (4, 4096)])
+def test_zfp_header_limit_per_rank(ndim, most):
+    """zfp's header shares 48 bits among the axes' lengths (each less one)."""
+    assert codecs.zfp_max_extent(ndim) == most
+    assert codecs.limit_refusal("zfpy", (most,) * ndim, 8) is None
+    for k in range(ndim):
+        shape = tuple(most + 1 if j == k else 1 for j in range(ndim))
+        why = codecs.limit_refusal("zfpy", shape, 8)
+        assert why is not None and f"at most {most} values in {ndim}-D" in why
+
+
+@pytest.mark.parametrize("shape", [(4097, 1, 1, 1), (1, 1, 1, 4097), (1, 65537, 1)])
+def test_zfp_refuses_a_block_its_header_cannot_record(shape):
+    """zfp itself writes no header beyond its limit ("Failed to write header to stream"): the
+    pipeline says so before trying, and a block just within it goes through."""
+    p = codecs.pipeline(codecs.normalize(("zfp", 1e-3), dt("f4"), len(shape)))
+    within = tuple(n - 1 if n > 1 else 1 for n in shape)
+    out = p.decode(p.encode(np.ones(within, "f4")), dt("f4"), within, "block w")
+    np.testing.assert_allclose(out, 1.0, atol=1e-3)
+    with pytest.raises(codecs.CodecLimitError, match=r"block x: zfp's header records axes"):
+        p.encode(np.zeros(shape, "f4"), "block x")
+    with pytest.raises(Exception, match="header"):
+        p.codecs[0].encode(np.zeros(shape, "f4"))  # what zfp says without the check
+
+
+@pytest.mark.parametrize("name", ["lz4", "blosc"])
+def test_lz4_and_blosc_buffer_limit(name):
+    """numcodecs' LZ4 and Blosc refuse buffers over about 2 GiB; the check looks at the size
+    only (the zeros here are never touched, so never allocated)."""
+    import numcodecs
+
+    most = codecs.MAX_INPUT[name]
+    assert codecs.limit_refusal(name, (), most) is None
+    why = codecs.limit_refusal(name, (), most + 1)
+    assert why is not None and f"at most {most} bytes" in why
+    if name == "blosc":
+        assert most == numcodecs.blosc.MAX_BUFFERSIZE
+    else:
+        with pytest.raises(ValueError, match="does not support buffers"):
+            numcodecs.LZ4().encode(np.zeros(most + 1, "u1"))
+    p = codecs.pipeline(codecs.normalize(name, dt("u1"), 1))
+    with pytest.raises(codecs.CodecLimitError, match=f"block x: numcodecs' {name} takes"):
+        p.encode(np.zeros(most + 1, "u1"), "block x")
+    # a later stage is checked on its input, the stage before's output
+    chain = codecs.Pipeline(codecs.normalize(["zstd", name], dt("u1"), 1))
+    chain.codecs[0] = _Expanding(most + 1)
+    with pytest.raises(codecs.CodecLimitError, match=f"numcodecs' {name} takes"):
+        chain.encode(np.zeros(10, "u1"), "block x")
+
+
+class _Expanding:
+    """A codec whose output is *n* bytes, whatever its input."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def encode(self, buf):
+        return np.zeros(self.n, "u1")
+
+
+def test_zfp_block_beyond_its_header_is_stored_raw(tmp_path):
+    """A 4-D block with an axis over 4096 values is stored raw, its statistics those of the
+    values written, while blocks of the same dataset within the limit go through zfp: the same
+    program writes on one rank (one block) as on two (two blocks of half the rows)."""
+    a = np.sin(np.arange(6000 * 64) / 500).reshape(6000, 4, 4, 4)  # smooth: zfp compresses
+    path = str(tmp_path / "z.lam")
+    with lamina.open(path, "w") as f:
+        x = f.create_dataset("g/x", a.shape, "f8", compression=("zfp", 1e-3))
+        with f.step():
+            x[...] = a
+        with f.step():
+            f.create_dataset("g/y", data=a, compression=("zfp", 1e-3))
+        with f.step():
+            x[:3000] = a[:3000]
+            x[3000:] = a[3000:]
+    with lamina.open(path) as f:
+        assert f.steps == 3
+        for view, name in [(f.at(0), "g/x"), (f.at(1), "g/y")]:
+            (b,) = view[name].blocks()
+            assert b.codec == "raw"
+            assert (b.stats.min, b.stats.max) == (a.min(), a.max())
+            np.testing.assert_array_equal(view[name][...], a)
+        assert [b.codec for b in f.at(2)["g/x"].blocks()] == ["zfpy", "zfpy"]
+        assert np.abs(f.at(2)["g/x"][...] - a).max() <= 1e-3
+
+
+def test_block_beyond_lz4s_buffer_is_stored_raw(tmp_path, monkeypatch):
+    """A block over LZ4's buffer limit (here lowered to 1000 bytes, for a small test) is stored
+    raw; one within it through LZ4."""
+    monkeypatch.setitem(codecs.MAX_INPUT, "lz4", 1000)
+    a = np.arange(3000, dtype="u2") % 7
+    path = str(tmp_path / "l.lam")
+    with lamina.open(path, "w") as f:
+        x = f.create_dataset("x", a.shape, "u2", compression="lz4")
+        with f.step():
+            x[:500] = a[:500]  # 1000 bytes
+            x[500:] = a[500:]
+    with lamina.open(path) as f:
+        assert [b.codec for b in f["x"].blocks()] == ["lz4", "raw"]
+        assert [(b.stats.min, b.stats.max) for b in f["x"].blocks()] == [(0, 6), (0, 6)]
+        np.testing.assert_array_equal(f["x"][...], a)
+
+
+def test_encode_failure_names_the_dataset_block_and_codec(tmp_path, monkeypatch):
+    class Failing:  # (create_dataset's probe, a one-value block, goes through)
+        def encode(self, buf):
+            if memoryview(buf).nbytes > 64:
+                raise RuntimeError("simulated failure")
+            return real.encode(buf)
+
+    path = str(tmp_path / "e.lam")
+    with lamina.open(path, "w") as f:
+        x = f.create_dataset("g/x", (10, 4), "f8", compression=["zstd", "zlib"])
+        p = codecs.pipeline(({"id": "zstd"}, {"id": "zlib"}))
+        real = p.codecs[1]
+        monkeypatch.setattr(p, "codecs", [p.codecs[0], Failing()])
+        with pytest.raises(CodecError) as ei:
+            with f.step():
+                x[5:] = np.random.default_rng(0).standard_normal((5, 4))
+        msg = str(ei.value)
+        assert "dataset 'g/x' block [5:10, 0:4]" in msg, msg
+        assert "compression with zlib" in msg and "simulated failure" in msg, msg
+        # create_dataset's write of data comes after the definition: the dataset stays
+        with pytest.raises(CodecError, match=r"dataset 'g/y' block \[0:100\]"):
+            with f.step():
+                f.create_dataset("g/y", data=np.arange(100.0), compression=["zstd", "zlib"])
+        monkeypatch.undo()
+        assert "g/y" in f
+        with f.step():
+            x[...] = 2.0
+    with lamina.open(path) as f:
+        assert f.steps == 1 and not f["g/y"].blocks()
+        np.testing.assert_array_equal(f["g/y"][...], np.zeros(100))
 
 
 # --------------------------------------------------------------------------

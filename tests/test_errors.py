@@ -287,7 +287,7 @@ def test_failed_put_can_be_retried(writer, engine, monkeypatch):
 
     z = writer.create_dataset("z", shape=(8,), dtype="f8", compression="zstd")
 
-    def broken(self, arr):
+    def broken(self, arr, what="a block"):
         raise CodecError("compression failed: simulated")
 
     with writer.step():

@@ -41,6 +41,38 @@ ALLOWED: dict[str, dict[str, tuple[type, ...]]] = {
 
 _ALIASES = {"zfp": "zfpy", "gzip": "zlib"}
 
+#: the most bytes numcodecs' LZ4 (LZ4_MAX_INPUT_SIZE) and Blosc (BLOSC_MAX_BUFFERSIZE: INT_MAX
+#: less its 16-byte header) take in one buffer; they refuse anything larger
+MAX_INPUT = {"lz4": 0x7E000000, "blosc": 2**31 - 1 - 16}
+
+
+class CodecLimitError(CodecError):
+    """A block beyond what a codec's format or library can encode (an axis longer than zfp's
+    header records, a buffer larger than LZ4 or Blosc take): stored raw instead."""
+
+
+def zfp_max_extent(ndim: int) -> int:
+    """The longest axis zfp's header records for an *ndim*-D field: the sizes share 48 bits,
+    each axis storing its length less one (2**48 values in 1-D, 2**24 in 2-D, 65536 in 3-D,
+    4096 in 4-D); zfp cannot write the header of a longer one."""
+    return 1 << (48 // ndim)
+
+
+def limit_refusal(cid: str, shape: tuple[int, ...], nbytes: int) -> str | None:
+    """Why codec *cid* cannot encode an input of *shape* and *nbytes* bytes (a limit of its
+    format or of numcodecs), or None where it can."""
+    if cid == "zfpy" and 1 <= len(shape) <= 4:
+        most = zfp_max_extent(len(shape))
+        if max(shape) > most:
+            return (
+                f"zfp's header records axes of at most {most} values in {len(shape)}-D, "
+                f"the block's shape is {tuple(shape)}"
+            )
+    largest = MAX_INPUT.get(cid)
+    if largest is not None and nbytes > largest:
+        return f"numcodecs' {cid} takes buffers of at most {largest} bytes, not {nbytes}"
+    return None
+
 
 def normalize(compression, dtype: np.dtype, ndim: int) -> tuple[dict, ...]:
     """User compression argument -> tuple of validated codec configs.
@@ -220,7 +252,13 @@ class Pipeline:
             (float(c["rate"]) for c in configs if c["id"] == "zfpy" and "rate" in c), None
         )
 
-    def encode(self, arr: np.ndarray) -> bytes:
+    def encode(self, arr: np.ndarray, what: str = "a block") -> bytes:
+        """The stored bytes of *arr*; *what* names it in errors.
+
+        CodecLimitError where a codec cannot take its input by the limits of its format or
+        library (checked before each stage: the block is then to be stored raw), CodecError
+        naming *what* and the codec where a codec fails otherwise.
+        """
         buf = np.ascontiguousarray(arr)
         if self.rate is not None and self.rate < zfp_min_rate(buf.dtype, buf.ndim):
             # (checked at create_dataset for the dataset's blocks; zfpy would overrun its buffer)
@@ -228,12 +266,19 @@ class Pipeline:
                 f"zfp rate {self.rate} is below the {zfp_min_rate(buf.dtype, buf.ndim):g} bits "
                 f"per value of {buf.ndim}-D blocks of {buf.dtype}"
             )
-        data = buf
-        try:
-            for c in self.codecs:
+        data: Any = buf
+        for cfg, c in zip(self.configs, self.codecs, strict=True):
+            shape = data.shape if cfg["id"] == "zfpy" else ()  # (zfp comes first: the block)
+            why = limit_refusal(cfg["id"], shape, memoryview(data).nbytes)
+            if why is not None:
+                raise CodecLimitError(f"{what}: {why}")
+            try:
                 data = c.encode(data)
-        except Exception as e:  # codec libraries raise assorted types
-            raise CodecError(f"compression with {self.configs} failed: {e}") from e
+            except Exception as e:  # codec libraries raise assorted types
+                raise CodecError(
+                    f"{what}: compression with {cfg['id']} {cfg} failed "
+                    f"(pipeline {list(self.configs)}): {e}"
+                ) from e
         return bytes(data) if not isinstance(data, bytes) else data
 
     def decode(self, raw: bytes, dtype: np.dtype, shape: tuple[int, ...], what: str) -> np.ndarray:

@@ -265,7 +265,12 @@ class Group(OpenFileView):
         Every rank checks its arguments (and *data*'s dtype against *dtype*, as
         the write of *data* does) before anything is defined; where a rank
         refuses them, every rank raises the error of the lowest such rank
-        (named by rank on the others) and nothing is defined.
+        (named by rank on the others) and nothing is defined.  The write of
+        *data* comes after the definition, on rank 0 alone, as
+        ``ds[...] = data`` would: where it fails (an I/O error, a codec
+        failing), rank 0 raises that write's error, and the dataset remains
+        defined on every rank (recorded with the next step committed), holding
+        nothing from *data*.
         """
         from .dataset import Dataset
 

@@ -914,13 +914,18 @@ class BlockEngine(Engine):
             pipe = codec_mod.pipeline(spec.codecs)
             # zfp cannot represent NaN or inf (it would store other numbers): such blocks go raw
             finite = not pipe.finite_only or bool(np.isfinite(arr).all())
-            payload = pipe.encode(arr) if finite else None
+            what = f"dataset {spec.path!r} block {Box(start, stop)}"
+            payload = None
+            if finite:
+                try:
+                    payload = pipe.encode(arr, what)
+                except codec_mod.CodecLimitError:
+                    pass  # beyond what a codec's format or library takes: stored raw
             kept = arr  # the values a read of the block returns
             if payload is not None and pipe.lossy and (self._with_stats or pipe.tolerance):
                 # a lossy codec stores other values than those written: decoded once, for
                 # statistics of the values every read returns (queries prune and decide by
                 # them) and to hold zfp to its error bound, which it may miss in corner cases
-                what = f"block {tuple(start)} of dataset {spec.path!r}"
                 kept = pipe.decode(payload, arr.dtype, arr.shape, what)
                 if pipe.tolerance and not codec_mod.within(kept, arr, pipe.tolerance):
                     payload = None  # stored raw, exactly
@@ -929,7 +934,8 @@ class BlockEngine(Engine):
                 st = stats_mod.compute(kept, 0, checksum=False)[0] if self._with_stats else None
                 self._add_encoded(spec, start, stop, payload, BlockCodec.PIPELINE, st)
                 return
-            # incompressible, not finite for zfp, or beyond its bound: stored raw, like ADIOS
+            # incompressible, not finite for zfp, beyond its bound or beyond a codec's limits
+            # (zfp's header, LZ4's and Blosc's buffers): stored raw, like ADIOS
         if nbytes <= SMALL:
             log.add_staged(spec.id, start, stop, arr, self._chunk_for(nbytes))
         else:
