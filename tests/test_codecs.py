@@ -35,6 +35,10 @@ def dt(s):
         ({"id": "zfp", "tolerance": 0.5}, ({"id": "zfpy", "tolerance": 0.5, "mode": 4},)),
         ({"id": "zfpy", "rate": 8}, ({"id": "zfpy", "rate": 8, "mode": 2},)),
         ({"id": "zfpy", "precision": 16}, ({"id": "zfpy", "precision": 16, "mode": 3},)),
+        # a mode that matches the parameter given (as files and programs may carry it)
+        ({"id": "zfpy", "rate": 8, "mode": 2}, ({"id": "zfpy", "rate": 8, "mode": 2},)),
+        ({"id": "zfpy", "precision": 16, "mode": 3}, ({"id": "zfpy", "precision": 16, "mode": 3},)),
+        (("zfp", {"tolerance": 0.5, "mode": 4}), ({"id": "zfpy", "tolerance": 0.5, "mode": 4},)),
         (("zstd", {"level": 9}), ({"id": "zstd", "level": 9},)),
         (
             {"id": "blosc", "cname": "zstd", "clevel": 3, "shuffle": 2},
@@ -51,6 +55,17 @@ def test_normalize_does_not_mutate_input():
     cfg = {"id": "zfp", "tolerance": 1}
     codecs.normalize(cfg, dt("f4"), 3)
     assert cfg == {"id": "zfp", "tolerance": 1}
+
+
+def test_contradicting_zfp_settings_are_refused_naming_the_dataset(tmp_path):
+    with lamina.open(str(tmp_path / "m.lam"), "w") as f:
+        with pytest.raises(
+            CodecError, match=r"dataset 'x': zfp takes one of .*rate=4, precision=8"
+        ):
+            f.create_dataset("x", (8, 8), compression={"id": "zfpy", "rate": 4, "precision": 8})
+        with pytest.raises(CodecError, match=r"dataset 'y': zfp mode 2 contradicts precision=8"):
+            f.create_dataset("y", (8, 8), compression={"id": "zfpy", "precision": 8, "mode": 2})
+        assert "x" not in f and "y" not in f
 
 
 @pytest.mark.parametrize("dtype", ["f4", "f8", "i4", "i8"])
@@ -79,6 +94,13 @@ def test_zfp_accepts_dtypes_and_ranks(dtype, ndim):
         (("zfp", 1e-3), "f8", 0, "0-D"),
         (("zfp", 1e-3), "f8", 5, "5-D"),
         ({"id": "zfpy"}, "f8", 2, "error bound"),
+        # numcodecs runs the mode given (fixed accuracy without one) and drops the rest
+        ({"id": "zfpy", "precision": 8, "mode": 2}, "f8", 2, "mode 2 contradicts precision=8"),
+        ({"id": "zfpy", "rate": 4, "mode": 4}, "f8", 2, r"mode 4 contradicts rate=4.*mode 2"),
+        ({"id": "zfpy", "rate": 4, "mode": 3}, "f8", 2, "mode 3 contradicts rate=4"),
+        ({"id": "zfpy", "tolerance": 0.1, "mode": 5}, "f8", 2, "mode 5 contradicts tolerance"),
+        ({"id": "zfpy", "rate": 4, "precision": 8}, "f8", 2, "one of .*rate=4, precision=8"),
+        ({"id": "zfpy", "rate": 4, "tolerance": 0.1}, "f8", 2, "got tolerance=0.1, rate=4"),
         ({"id": "zfpy", "rate": 0}, "f8", 2, "rate must be a positive"),
         ({"id": "zfpy", "rate": 1e6}, "f8", 2, "at most 64"),
         ({"id": "zfpy", "rate": float("nan")}, "f8", 2, "rate must be a positive"),

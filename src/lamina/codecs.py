@@ -149,6 +149,11 @@ def zfp_min_rate(dtype: np.dtype, ndim: int) -> float:
     return (1 + (8 if dtype.itemsize == 4 else 11)) / 4**ndim
 
 
+#: zfp's parameter of each mode lamina runs -> numcodecs' (zfp's) number of that mode
+_ZFP_MODES = {"tolerance": 4, "rate": 2, "precision": 3}
+_ZFP_MODE_NAMES = {4: "fixed-accuracy", 2: "fixed-rate", 3: "fixed-precision"}
+
+
 def _validate(cfg: dict, dtype: np.dtype, ndim: int) -> dict:
     cid = cfg.get("id")
     if not isinstance(cid, str) or cid not in ALLOWED:
@@ -161,10 +166,26 @@ def _validate(cfg: dict, dtype: np.dtype, ndim: int) -> dict:
             raise CodecError(f"zfp compresses native byte order data, not {dtype.str}")
         if not 1 <= ndim <= 4:
             raise CodecError(f"zfp compresses 1-4 dimensional blocks, not {ndim}-D")
-        if not any(k in cfg for k in ("tolerance", "rate", "precision")):
+        given = [k for k in _ZFP_MODES if k in cfg]
+        if not given:
             raise CodecError(
                 "zfp needs an error bound: ('zfp', tolerance) or {'id': 'zfpy', 'tolerance': ...}"
             )
+        # numcodecs takes any of these together and runs the mode it is given (fixed accuracy
+        # without one), silently dropping the other parameters: refused rather than guessed
+        if len(given) > 1:
+            raise CodecError(
+                "zfp takes one of tolerance, rate and precision (one mode), got "
+                + ", ".join(f"{k}={cfg[k]!r}" for k in given)
+            )
+        want = _ZFP_MODES[given[0]]
+        if "mode" in cfg and cfg["mode"] != want:
+            raise CodecError(
+                f"zfp mode {cfg['mode']!r} contradicts {given[0]}={cfg[given[0]]!r}, which runs "
+                f"zfp's {_ZFP_MODE_NAMES[want]} mode ({want}); give mode {want} or none"
+            )
+        # without a mode numcodecs' ZFPY runs fixed-accuracy and ignores rate/precision
+        cfg.setdefault("mode", want)
         if "tolerance" in cfg:
             if dtype.kind != "f":
                 # zfp ignores the tolerance for integer data: the bound would silently not hold
@@ -177,10 +198,8 @@ def _validate(cfg: dict, dtype: np.dtype, ndim: int) -> dict:
                 raise CodecError(
                     f"zfp tolerance must be a positive finite number, got {cfg['tolerance']}"
                 )
-            cfg.setdefault("mode", 4)  # zfp fixed-accuracy mode
         else:
-            # without a mode numcodecs' ZFPY runs fixed-accuracy and ignores rate/precision
-            key, mode = ("rate", 2) if "rate" in cfg else ("precision", 3)
+            key = given[0]
             if not 0 < cfg[key] <= 64:  # bits per value / bit planes; more only wastes memory
                 raise CodecError(
                     f"zfp {key} must be a positive number of at most 64 bits, got {cfg[key]}"
@@ -191,7 +210,6 @@ def _validate(cfg: dict, dtype: np.dtype, ndim: int) -> dict:
                     f"zfp rate must be at least {least:g} bits per value for {ndim}-D blocks "
                     f"of {dtype} (zfp's smallest block), got {cfg[key]}"
                 )
-            cfg.setdefault("mode", mode)  # zfp fixed-rate / fixed-precision mode
     return cfg
 
 
