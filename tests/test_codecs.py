@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import struct
 import tracemalloc
 
@@ -279,8 +280,46 @@ def test_decode_wrong_size_is_codec_error(name):
 def test_zfp_decode_wrong_shape_is_codec_error():
     p = codecs.pipeline(codecs.normalize(("zfp", 1e-3), dt("f8"), 1))
     raw = p.encode(np.arange(10.0))
-    with pytest.raises(CodecError, match="decompressed 10 values, expected 12"):
+    with pytest.raises(CodecError, match=r"block z: the zfp header \(shape \(10,\).*\(12,\)"):
         p.decode(raw, dt("f8"), (12,), "block z")
+
+
+def _zfp_with_shape(raw: bytes, shape: tuple[int, ...]) -> bytes:
+    """zfp data *raw* with its header's shape (numpy's axis order) replaced by *shape*."""
+    v = int.from_bytes(raw[:12], "little")
+    meta = (v >> 32) & ((1 << 52) - 1)
+    width = 48 // len(shape)
+    sizes = sum((n - 1) << (width * j) for j, n in enumerate(reversed(shape)))
+    meta = (meta & 0xF) | (sizes << 4)
+    v = (v & ~(((1 << 52) - 1) << 32)) | (meta << 32)
+    return v.to_bytes(12, "little") + raw[12:]
+
+
+@pytest.mark.parametrize("shape", [(32, 16), (16, 32), (3, 5, 7), (2, 3, 5, 7), (1, 5), (9,)])
+def test_zfp_header_shape_is_the_blocks(shape, rng):
+    """zfp records the shape fastest axis first; read back in numpy's order it is the block's,
+    on blocks of unequal sides too."""
+    a = rng.standard_normal(shape)
+    p = codecs.pipeline(codecs.normalize(("zfp", 1e-3), dt("f8"), len(shape)))
+    raw = p.encode(a)
+    assert codecs._zfp_header(raw, "b")[1] == shape
+    assert _zfp_with_shape(raw, shape) == raw
+    assert np.abs(p.decode(raw, dt("f8"), shape, "b") - a).max() <= 1e-3
+
+
+@pytest.mark.parametrize(
+    "shape, forged", [((32, 32), (16, 64)), ((32, 16), (16, 32)), ((3, 5, 7), (7, 5, 3))]
+)
+def test_zfp_header_of_another_shape_of_as_many_values_is_refused(shape, forged, rng):
+    """A header declaring another shape of the same count and rank decoded, and the values
+    were reshaped into the block: other values in other places, with no error."""
+    p = codecs.pipeline(codecs.normalize(("zfp", 1e-3), dt("f8"), len(shape)))
+    raw = _zfp_with_shape(p.encode(rng.standard_normal(shape)), forged)
+    assert codecs._zfp_header(raw, "b")[1] == forged
+    with pytest.raises(
+        CodecError, match=rf"block 9: the zfp header \(shape {re.escape(str(forged))}"
+    ):
+        p.decode(raw, dt("f8"), shape, "block 9")
 
 
 def test_encode_failure_is_codec_error():

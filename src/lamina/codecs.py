@@ -529,7 +529,8 @@ def _zfp_decode(
         )
     blocks, values = _zfp_blocks(hshape)
     need = -(-(header_bits + blocks * per_block) // 64) * 8 + 16
-    if len(hshape) != len(shape) or need > zfp_bound(shape):
+    # another shape of as many values would decode and be reshaped: other values in place
+    if hshape != tuple(shape) or need > zfp_bound(shape):
         raise CodecError(
             f"{what}: the zfp header (shape {hshape}, {per_block} bits a block) does not fit "
             f"a block of shape {shape}"
