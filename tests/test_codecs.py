@@ -52,6 +52,54 @@ def test_normalize_accepted_forms(arg, expect):
     assert codecs.normalize(arg, dt("f8"), 2) == expect
 
 
+@pytest.mark.parametrize(
+    "value, key",
+    [
+        (np.float32(1e-3), "tolerance"),
+        (np.float64(0.5), "tolerance"),
+        (np.int64(2), "tolerance"),
+        (np.int64(16), "precision"),
+        (np.int32(8), "rate"),
+        (np.float32(8), "rate"),
+        (True, "tolerance"),
+        (np.True_, "tolerance"),
+        (True, "precision"),
+        (False, "rate"),
+        (np.float32(16), "precision"),
+    ],
+)
+def test_zfp_parameters_are_judged_alike_however_spelled(value, key):
+    """numpy numbers are numbers and bools are not, in ("zfp", tolerance) as in a dict; what
+    is recorded is a plain Python number (the pipeline is stored as JSON)."""
+    spellings = [{"id": "zfpy", key: value}, ("zfp", {key: value})]
+    if key == "tolerance":
+        spellings.append(("zfp", value))
+    outcomes = []
+    for arg in spellings:
+        try:
+            (cfg,) = codecs.normalize(arg, dt("f8"), 2)
+        except CodecError as e:
+            outcomes.append(str(e))
+        else:
+            plain = float if key == "tolerance" or isinstance(value, np.floating) else int
+            assert type(cfg[key]) is plain and cfg[key] == value
+            outcomes.append(cfg)
+    assert all(o == outcomes[0] for o in outcomes), outcomes
+    accepted = not isinstance(value, bool | np.bool_) and not (
+        key == "precision" and isinstance(value, np.floating)
+    )
+    assert isinstance(outcomes[0], dict) == accepted, outcomes[0]
+    if not accepted:
+        assert f"parameter {key!r} must be" in outcomes[0]
+
+
+def test_numpy_integer_parameters_of_lossless_codecs_are_recorded_as_ints():
+    (cfg,) = codecs.normalize({"id": "zstd", "level": np.int32(3)}, dt("f8"), 1)
+    assert cfg == {"id": "zstd", "level": 3} and type(cfg["level"]) is int
+    with pytest.raises(CodecError, match="parameter 'level' must be int"):
+        codecs.normalize({"id": "zstd", "level": np.float64(3)}, dt("f8"), 1)
+
+
 def test_normalize_does_not_mutate_input():
     cfg = {"id": "zfp", "tolerance": 1}
     codecs.normalize(cfg, dt("f4"), 3)

@@ -93,10 +93,10 @@ def normalize(compression, dtype: np.dtype, ndim: int) -> tuple[dict, ...]:
             cfg = {"id": _ALIASES.get(item, item)}
         elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
             name = _ALIASES.get(item[0], item[0])
-            if name == "zfpy" and isinstance(item[1], numbers.Real):
-                cfg = {"id": "zfpy", "tolerance": float(item[1])}
-            elif isinstance(item[1], dict):
+            if isinstance(item[1], dict):
                 cfg = {"id": name, **item[1]}
+            elif name == "zfpy" and isinstance(item[1], numbers.Number | np.generic):
+                cfg = {"id": "zfpy", "tolerance": item[1]}  # judged as a dict's: bool refused
             else:
                 raise CodecError(
                     f"compression {item!r}: expected (name, params-dict) or ('zfp', tolerance)"
@@ -124,19 +124,35 @@ def normalize(compression, dtype: np.dtype, ndim: int) -> tuple[dict, ...]:
     return configs
 
 
-def _check_params(cfg: dict) -> None:
-    """Each parameter of an allowed codec's *cfg* is one it has, of an accepted type."""
+def _check_params(cfg: dict) -> dict:
+    """Each parameter of an allowed codec's *cfg* is one it has, of an accepted type: its
+    parameters as plain Python values (numpy numbers are numbers too; bool is no number)."""
     cid = cfg["id"]
     params = ALLOWED[cid]
+    plain = {}
     for k, v in cfg.items():
         if k == "id":
             continue
         if k not in params:
             raise CodecError(f"codec {cid!r} has no parameter {k!r} (accepted: {sorted(params)})")
-        if not isinstance(v, params[k]) or isinstance(v, bool) and bool not in params[k]:
+        plain[k] = _plain(v, params[k])
+        if plain[k] is None:
             raise CodecError(
                 f"codec {cid!r} parameter {k!r} must be {params[k][0].__name__}, got {v!r}"
             )
+    return plain
+
+
+def _plain(v, types: tuple[type, ...]) -> Any:
+    """*v* as the plain Python value of one of *types* (None if it is none of them): numpy
+    integers and floats are taken as Python's, bools only where bool is asked for."""
+    if isinstance(v, bool | np.bool_):
+        return bool(v) if bool in types else None
+    if float in types and isinstance(v, numbers.Real):
+        return int(v) if isinstance(v, numbers.Integral) else float(v)
+    if int in types and isinstance(v, numbers.Integral):
+        return int(v)
+    return v if isinstance(v, types) else None
 
 
 def zfp_min_rate(dtype: np.dtype, ndim: int) -> float:
@@ -158,7 +174,7 @@ def _validate(cfg: dict, dtype: np.dtype, ndim: int) -> dict:
     cid = cfg.get("id")
     if not isinstance(cid, str) or cid not in ALLOWED:
         raise CodecError(f"unknown codec {cid!r}; lamina accepts {sorted(ALLOWED) + ['zfp']}")
-    _check_params(cfg)
+    cfg.update(_check_params(cfg))  # (recorded as JSON: numpy numbers become Python's)
     if cid == "zfpy":
         if dtype.kind not in "fi" or dtype.itemsize not in (4, 8):
             raise CodecError(f"zfp compresses float32/float64/int32/int64 data, not {dtype}")
