@@ -288,6 +288,27 @@ def test_zfp_integers(rng, dtype):
     assert out.dtype == np.dtype(dtype) and out.shape == a.shape and len(raw) < a.nbytes
 
 
+@pytest.mark.parametrize("dtype, bits", [("i4", 30), ("i8", 62)])
+def test_zfp_integers_hold_within_the_documented_range(dtype, bits):
+    """zfp requires integers of magnitude below 2**30 (int32) or 2**62 (int64), as
+    docs/api.md says: the extremes of that range, side by side, read back at full
+    precision within a few units of zfp's last bits, while the extremes of the dtype flip."""
+    top = 2**bits - 1
+    a = np.zeros((4, 4, 4), dtype=dtype)
+    a[::2] = top
+    a[1::2] = -top
+    a[:, ::2] *= -1
+    full = 32 if dtype == "i4" else 64
+    p = codecs.pipeline(codecs.normalize({"id": "zfpy", "precision": full}, a.dtype, 3))
+    out = p.decode(p.encode(a), a.dtype, a.shape, "ints")
+    assert np.array_equal(np.sign(out), np.sign(a))
+    assert np.abs(out.astype(float) - a).max() <= 2.0 ** (bits - 24)
+    info = np.iinfo(a.dtype)
+    b = np.where(a > 0, info.max, info.min).astype(dtype)
+    out = p.decode(p.encode(b), b.dtype, b.shape, "ints")
+    assert not np.array_equal(np.sign(out), np.sign(b))  # beyond it: what the docs warn of
+
+
 # --------------------------------------------------------------------------
 # configurations and bytes from disk are not trusted
 

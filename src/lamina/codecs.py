@@ -80,8 +80,11 @@ def normalize(compression, dtype: np.dtype, ndim: int) -> tuple[dict, ...]:
     Accepts None, a codec name ("zstd", "blosc", "lz4", "zlib"), ``("zfp",
     tolerance)`` or ``{"id": "zfpy", "tolerance": 1e-3}``, or a list of
     those applied in order.  zfp needs a float or 32/64-bit int dtype and 1-4
-    dimensions, and an absolute error bound (``tolerance``) unless rate or
-    precision is given.
+    dimensions, and one of an absolute error bound (``tolerance``, floats
+    only), a rate or a precision.  On integers zfp's lossy modes hold only
+    for values of magnitude below 2**30 (int32) or 2**62 (int64): beyond,
+    its transform overflows and values read back wrong (docs/api.md); the
+    values are not checked.
     """
     if compression is None or compression is False or compression == ():
         return ()
