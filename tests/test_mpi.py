@@ -115,6 +115,15 @@ def test_differing_arguments_name_the_ranks(tmp_path, n):
     assert res.stdout.count("OK define-args") == n, res.stdout
 
 
+@pytest.mark.parametrize("case", ["engine-env", "engine-arg", "transport-env", "layers-arg"])
+def test_another_engine_on_one_rank_fails_the_open_everywhere(tmp_path, case):
+    """Rank 1 alone chooses another engine ($LAMINA_ENGINE, engine=, $LAMINA_TRANSPORT) or
+    other layers: every rank raises CollectiveMismatchError at the open naming what differs
+    (the ranks waited forever in the engines' first collective calls)."""
+    res = mu.run_mpi(2, "open_args", case, tmp_path / "a.lam", timeout=60)
+    assert res.stdout.count(f"OK {case}") == 2, res.stdout + res.stderr
+
+
 def test_one_step_named_two_ways_is_one_collective_read(tmp_path):
     """Step -1 on one rank and the last step's number on another are the same step (it was
     refused as a collective read of different steps)."""

@@ -3,6 +3,11 @@
     open_args.py CASE PATH     rank 1 alone gets a bad argument; every rank must raise at the
                                open (none waits in its first collective call): io-env, io-arg,
                                budget, option
+    open_args.py CASE PATH     rank 1 alone chooses another engine or stack: every rank raises
+                               CollectiveMismatchError naming what differs and which rank chose
+                               what (the ranks waited forever in the engines' first collective
+                               call): engine-env ($LAMINA_ENGINE), engine-arg (engine=),
+                               transport-env ($LAMINA_TRANSPORT), layers-arg (layers=)
     open_args.py enospc PATH   rank 1's subfile write fails (ENOSPC) in background step 2: every
                                rank raises an error naming rank 1, the dataset and the box
     open_args.py collective-step PATH   a collective read of the last step, as -1 and as 1
@@ -25,6 +30,21 @@ import numpy as np
 
 from lamina import comm as lcomm
 
+#: what every rank's error says where rank 1 alone chose another engine or stack
+STACK_CASES = {
+    "engine-env": (
+        "different engines",
+        "rank 0: engine 'native' (the default)",
+        "rank 1: engine 'memory' ($LAMINA_ENGINE)",
+    ),
+    "engine-arg": ("different engines", "rank 1: engine 'memory' (engine=)"),
+    "transport-env": (
+        "different engines",
+        "rank 1: engine 'mpi' (transport 'memory' from $LAMINA_TRANSPORT)",
+    ),
+    "layers-arg": ("different layers", "rank 0: layers ['derived']", "rank 1: layers []"),
+}
+
 
 def bad_open(case: str, path: str) -> None:
     c = lcomm.world()
@@ -38,12 +58,24 @@ def bad_open(case: str, path: str) -> None:
             kw = {"io": "async", "max_inflight_bytes": -1}
         elif case == "option":
             kw = {"bogus_option": 1}
+        elif case == "engine-env":
+            os.environ["LAMINA_ENGINE"] = "memory"
+        elif case == "engine-arg":
+            kw = {"engine": "memory"}
+        elif case == "transport-env":
+            os.environ["LAMINA_TRANSPORT"] = "memory"
+        elif case == "layers-arg":
+            kw = {"layers": []}
     import lamina
 
     try:
         with lamina.open(path, "w", comm=c, **kw):
             pass
     except Exception as e:  # noqa: BLE001 - the scenario reports what every rank got
+        if case in STACK_CASES:
+            want = STACK_CASES[case]
+            assert isinstance(e, lamina.CollectiveMismatchError), repr(e)
+            assert all(w in str(e) for w in want), (want, str(e))
         print(f"OK {case} {c.rank}: {type(e).__name__}: {e}", flush=True)
         return
     raise AssertionError(f"rank {c.rank} opened {path} although rank 1 was given {kw}")

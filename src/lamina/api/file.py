@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from .. import comm as comm_mod
 from .. import layers as _layers  # noqa: F401 - registers the built-in layers
 from .. import query as query_mod
+from .. import stats as stats_mod
 from ..engines import registry
 from ..engines.base import Engine, durable_flag
 from ..errors import (
@@ -25,7 +26,62 @@ from ..errors import (
 )
 from ..geometry import as_int
 from ..layers.background import BackgroundLayer, IOStats
+from ..text import fmt_ranges
+from ..workflow import routes
 from .group import Group
+
+#: what the ranks opening a file must choose alike: (what, the variables and arguments choosing it)
+_CHOICES = (
+    ("engines", f"engine=, transport=, ${routes.TRANSPORT_ENV} or ${registry.ENGINE_ENV}"),
+    ("I/O modes", f"io= or ${registry.IO_ENV}"),
+    ("layers", "layers="),
+)
+
+
+def _chosen(top: Engine, path, mode, engine, layers, transport, io) -> list[tuple[str, str]]:
+    """This rank's choices for the file, in :data:`_CHOICES`' order: (the value, what chose it)."""
+    if isinstance(engine, Engine):
+        name, why = top.stack()[-1].name, "an engine= object"
+    else:
+        name, why = registry.engine_choice(path, mode, engine, transport)
+    how = registry.resolve_io(io)
+    io_why = (
+        "io="
+        if io is not None
+        else f"${registry.IO_ENV}"
+        if os.environ.get(registry.IO_ENV)
+        else "the default"
+    )
+    lays = registry.layers_of(top)
+    return [
+        (f"engine {name!r}", why),
+        (f"io {how!r}", io_why),
+        (f"layers {lays}", "layers=" if layers is not None else "the default"),
+    ]
+
+
+def _same_stack(comm, path: str, chosen: list[tuple[str, str]]) -> None:
+    """Collective: CollectiveMismatchError on every rank unless every rank made the same
+    *chosen* (:func:`_chosen`), naming what differs and which ranks chose what."""
+    key = stats_mod.crc(repr([value for value, _ in chosen]).encode())
+    if comm_mod.same_everywhere(comm, key):
+        return
+    mine = "\0".join(f"{value}\0{why}" for value, why in chosen).encode()
+    every = []
+    for raw in comm_mod.allgather_bytes(comm, mine):
+        parts = raw.decode("utf-8", "replace").split("\0")
+        every.append(list(zip(parts[::2], parts[1::2], strict=False)))
+    apart = [i for i in range(len(_CHOICES)) if len({c[i][0] for c in every}) > 1] or [0, 1, 2]
+    groups: dict[str, list[int]] = {}
+    for r, c in enumerate(every):
+        words = ", ".join(f"{c[i][0]} ({c[i][1]})" for i in apart)
+        groups.setdefault(words, []).append(r)
+    said = "; ".join(
+        f"{'rank' if len(ranks) == 1 else 'ranks'} {fmt_ranges(ranks)}: {words}"
+        for words, ranks in groups.items()
+    )
+    what = " and ".join(f"different {_CHOICES[i][0]} ({_CHOICES[i][1]})" for i in apart)
+    raise mark_collective(CollectiveMismatchError(f"{path}: ranks open it with {what}: {said}"))
 
 
 class File(Group):
@@ -54,21 +110,18 @@ class File(Group):
         # were not (an I/O mode, an option, a budget) raises with them instead of leaving them
         # waiting in the open's first collective call
         g = comm_mod.Guard()
-        how, built = "sync", None
+        built, chosen = None, []
         with g:
-            how = registry.resolve_io(io)
             built = registry.build(path, mode, engine, layers, transport, options, io)
             built[0].validate_open(mode, built[1], self._comm.size)
+            chosen = _chosen(built[0], path, mode, engine, layers, transport, io)
         comm_mod.agree(self._comm, g.error)
-        # one I/O mode on every rank: background I/O makes collective calls of its own from the
-        # open on (a rank under $LAMINA_IO=async beside sync ones waited forever)
-        if not comm_mod.same_everywhere(self._comm, registry.IO_MODES.index(how)):
-            raise mark_collective(
-                CollectiveMismatchError(
-                    f"{path}: ranks open it with different I/O modes (io= or "
-                    f"${registry.IO_ENV}); this rank's is {how!r}"
-                )
-            )
+        # one engine, one stack of layers and one I/O mode on every rank (one allreduce): an
+        # engine or background I/O makes collective calls of its own from the open on (a rank
+        # under $LAMINA_ENGINE, $LAMINA_TRANSPORT or $LAMINA_IO beside ranks without it waited
+        # forever).  Only the ranks of this communicator: the programs of an in situ launch
+        # open their sides of a name with engines of their own.
+        _same_stack(self._comm, path, chosen)
         assert built is not None
         self._engine, options = built
         self._engine.open(path, mode, self._comm, options)

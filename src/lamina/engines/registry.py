@@ -232,11 +232,21 @@ def choose_engine(
 
     ValueError for a transport that does not exist (argument or environment).
     """
+    return engine_choice(path, mode, engine, transport)[0]
+
+
+def engine_choice(
+    path: str, mode: str, engine: str | None = None, transport: str | None = None
+) -> tuple[str, str]:
+    """:func:`choose_engine`'s name and, in words, what chose it (``"$LAMINA_ENGINE"``,
+    ``"transport 'memory' from $LAMINA_TRANSPORT"``, ...): ``lamina.open`` names both
+    where ranks chose different engines."""
     if engine:
-        return engine
+        return engine, "engine="
     routed = routes.engine_for(path, mode, transport)
     if routed:
-        return routed
+        where = "transport=" if transport else f"${routes.TRANSPORT_ENV}"
+        return routed, f"transport {routes.transport_choice(transport)!r} from {where}"
     env = os.environ.get(ENGINE_ENV)
     if env and env not in _ENGINES:
         _load_entry_points(ENGINE_GROUP)
@@ -244,7 +254,7 @@ def choose_engine(
             raise ConfigError(
                 f"${ENGINE_ENV}={env!r} names no engine; available: {sorted(_ENGINES)}.{suggest(env, _ENGINES)}"
             )
-    return env or DEFAULT_ENGINE
+    return (env, f"${ENGINE_ENV}") if env else (DEFAULT_ENGINE, "the default")
 
 
 def resolve_io(io: str | None = None) -> str:
@@ -260,6 +270,18 @@ def resolve_io(io: str | None = None) -> str:
             raise ConfigError(f"{where}={value!r} is not an I/O mode; allowed: {list(IO_MODES)}")
         return value
     return "sync"
+
+
+def layers_of(top: Engine) -> list[str]:
+    """The names of the layers in *top*'s stack, innermost first, but for the background
+    layer (the I/O mode's): their registered names (a class's name for one not registered)."""
+    names = {e.factory: e.name for e in _LAYERS.values()}
+    bg = _LAYERS.get(BACKGROUND_LAYER)
+    return [
+        names.get(type(e), type(e).__name__)
+        for e in reversed(top.stack())
+        if e.is_layer and (bg is None or type(e) is not bg.factory)
+    ]
 
 
 def split_options(entry: EngineEntry, layers: list[LayerEntry], options: dict) -> dict:
@@ -358,10 +380,12 @@ __all__ = [
     "build",
     "choose_engine",
     "default_layers",
+    "engine_choice",
     "engine_entry",
     "engine_names",
     "layer_entry",
     "layer_names",
+    "layers_of",
     "register_engine",
     "register_layer",
     "resolve_io",
