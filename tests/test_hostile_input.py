@@ -11,11 +11,12 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import warnings
 
 import pytest
 
 from lamina.catalog.wire import MAX_JSON_DEPTH, json_depth, load_json
-from lamina.errors import FormatError
+from lamina.errors import FormatError, LaminaWarning
 
 calmod = importlib.import_module("lamina.perf.calibrate")  # the module, not the function
 
@@ -148,6 +149,40 @@ def test_bad_calibration_is_measured_again(tmp_path, monkeypatch):
 
 
 def test_calibration_directory_is_reported(tmp_path):
-    with pytest.raises((ValueError, OSError)):
+    with pytest.raises(ValueError, match=f"{tmp_path} is a directory, not a regular file"):
         calmod.read_calibration(str(tmp_path))
-    assert calmod.cached(str(tmp_path)) is None
+    with pytest.warns(LaminaWarning, match=f"calibration {tmp_path} is a directory"):
+        assert calmod.cached(str(tmp_path)) is None
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_a_calibration_or_model_checks_fifo_is_not_replaced(tmp_path, monkeypatch):
+    """A save replaced the FIFO (a device, as root /dev/null itself) with a regular file:
+    nothing is written, one warning naming the path; the null device keeps nothing without
+    a word."""
+    import stat
+
+    from lamina.perf import checks
+
+    fresh = calmod.Calibration(
+        *(1e9 for _ in calmod.RATES), host=calmod.host(), created=1.0, version=1
+    )
+    monkeypatch.setattr(calmod, "calibrate", lambda quick=False, directory=None: fresh)
+    check = checks.Check("async", "lamina model async", 1.0, calmod.host(), ())
+    for name, save in (
+        ("calibration", lambda p: calmod.load_calibration(p) and calmod.save_calibration(fresh, p)),
+        ("model checks", lambda p: checks.record([check], p)),
+    ):
+        fifo = tmp_path / name.replace(" ", "-")
+        os.mkfifo(fifo)
+        with pytest.warns(LaminaWarning) as said:
+            save(str(fifo))
+            save(str(fifo))
+        assert stat.S_ISFIFO(os.lstat(fifo).st_mode), name
+        assert len(said) == 1 and f"{name} {fifo} is a FIFO" in str(said[0].message), said
+        null = tmp_path / (fifo.name + "-null")
+        null.symlink_to(os.devnull)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            save(str(null))
+        assert null.is_symlink(), name

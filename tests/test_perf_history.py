@@ -220,8 +220,8 @@ def test_a_save_racing_another_keeps_the_others_samples(tmp_path, monkeypatch):
     path = str(tmp_path / "h.json")
     real = hist.write_cache_file
 
-    def racy(p, text):
-        st = real(p, text)
+    def racy(p, text, *what):
+        st = real(p, text, *what)
         other = hist.History.from_json(open(p).read())  # another process adds its sample
         other.series.setdefault("other", []).append((1.0, 1.0, 1.0))
         real(p, other.to_json() + " " * 3)
@@ -361,6 +361,74 @@ def test_a_fifo_is_not_read(tmp_path):
     os.mkfifo(fifo)
     with pytest.warns(LaminaWarning, match="not a regular file"):
         assert hist.load_history(str(fifo)).series == {}
+
+
+def _one_sample() -> hist.History:
+    h = hist.History()
+    h.add("x", 1024.0, 1.0, 0.001)
+    return h
+
+
+def test_a_fifo_is_not_replaced_by_a_save(tmp_path):
+    """A save left a regular file in the FIFO's place (as root, LAMINA_HISTORY=/dev/null
+    replaced the device): nothing is written, with one warning naming the path for the
+    load and the saves together."""
+    import os
+    import stat
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.warns(LaminaWarning) as said:
+        hist.load_history(str(fifo))
+        hist.save_history(_one_sample(), str(fifo))
+        hist.save_history_soon(_one_sample(), str(fifo))
+        hist.wait_saves()
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert [str(w.message) for w in said] == [
+        f"measured history {fifo} is a FIFO, not a regular file: it is neither read nor "
+        "replaced, and nothing measured is kept there (give a regular file's path, or "
+        f"{os.devnull} to keep nothing)"
+    ]
+    assert sorted(os.listdir(tmp_path)) == ["fifo"]  # no lock file, no temporary file left
+
+
+def test_a_directory_as_history_is_named_once(tmp_path):
+    """A directory: its path named (not 'Is a directory: 24', a descriptor), once."""
+    d = tmp_path / "dir"
+    d.mkdir()
+    with pytest.warns(LaminaWarning) as said:
+        assert hist.load_history(str(d)).series == {}
+        hist.save_history(_one_sample(), str(d))
+    assert len(said) == 1 and f"{d} is a directory, not a regular file" in str(said[0].message)
+    assert list(d.iterdir()) == []
+
+
+def test_the_null_device_keeps_no_history_without_a_word(tmp_path):
+    """LAMINA_HISTORY=/dev/null (here through a link to it): nothing read, nothing saved,
+    no warning, the link stays (a save replaced it with a file)."""
+    import os
+
+    link = tmp_path / "null"
+    link.symlink_to(os.devnull)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert hist.load_history(str(link)).series == {}
+        hist.save_history(_one_sample(), str(link))
+        hist.save_history_soon(_one_sample(), str(link))
+        hist.wait_saves()
+    assert link.is_symlink() and os.readlink(link) == os.devnull
+
+
+def test_a_link_to_a_history_is_kept_and_its_file_written(tmp_path):
+    """A symbolic link at the path: the file it names is written (as editors do), the link
+    stays a link."""
+    real = tmp_path / "shared" / "h.json"
+    link = tmp_path / "h.json"
+    link.symlink_to(real)  # the file does not exist yet
+    hist.save_history(_one_sample(), str(link))
+    assert link.is_symlink() and real.is_file()
+    assert hist.load_history(str(link)).samples("x") == [(1024.0, 1.0, 0.001)]
+    assert hist.load_history(str(real)).samples("x") == [(1024.0, 1.0, 0.001)]
 
 
 # -- signatures ----------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ another host or by another version of the calibration.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import itertools
 import json
@@ -631,31 +632,110 @@ def cache_path(env: str, name: str) -> str:
     return os.path.join(cache, "lamina", name)
 
 
+class NotRegularFile(ValueError):
+    """A cache file's path names something other than a regular file (a device, a FIFO, a
+    directory): it is neither read nor replaced."""
+
+
+#: the paths (their targets) of cache files warned about as not regular files: once each
+_NOT_REGULAR: set[str] = set()
+
+
+def discards(path: str) -> bool:
+    """Whether *path* names the null device (through links too): a cache there keeps nothing,
+    without a word (``LAMINA_HISTORY=/dev/null``)."""
+    return os.path.realpath(path) == os.devnull
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+
+    return "not a file"
+
+
+def not_kept(path: str, what: str, mode: int) -> None:
+    """Warn once per process (a :class:`~lamina.errors.LaminaWarning`) that *what* at *path*
+    is not a regular file and so is neither read nor replaced; nothing for the null device
+    (:func:`discards`)."""
+    if discards(path):
+        return
+    key = os.path.realpath(path)
+    if key in _NOT_REGULAR:
+        return
+    _NOT_REGULAR.add(key)
+    warnings.warn(
+        f"{what} {path} is {_kind(mode)}, not a regular file: it is neither read nor "
+        "replaced, and nothing measured is kept there (give a regular file's path, or "
+        f"{os.devnull} to keep nothing)",
+        LaminaWarning,
+        stacklevel=3,
+    )
+
+
 def read_cache_file(path: str, what: str, limit: int) -> bytes:
     """At most *limit* + 1 bytes of the file at *path* (OSError, ValueError).
 
     Only a regular file is read (a FIFO or a device would block or never
-    end).
+    end): anything else is a :class:`NotRegularFile` naming *path*.
     """
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError(f"{what}: {path} is not a regular file")
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(f"{what}: {path} is {_kind(mode)}, not a regular file")
+        f = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with f:
         return f.read(limit + 1)
 
 
-def write_cache_file(path: str, text: str) -> os.stat_result:
+def writable_path(path: str, what: str) -> str | None:
+    """The path a cache file at *path* is written to: the file a symbolic link names (the
+    link stays, as an editor keeps it), else *path*; None where something other than a
+    regular file is there (a device, a FIFO, a directory: not replaced, see
+    :func:`not_kept`)."""
+    target = os.path.realpath(path)
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        return target
+    if stat.S_ISREG(mode):
+        return target
+    not_kept(path, what, mode)
+    return None
+
+
+def write_cache_file(path: str, text: str, what: str = "cache file") -> os.stat_result | None:
     """Write *text* to *path* atomically (a temporary file renamed over it); the status of the
-    file written, taken before the rename (a stat after it could see another process's file)."""
-    d = os.path.dirname(os.path.abspath(path))
+    file written, taken before the rename (a stat after it could see another process's file).
+
+    A symbolic link is followed (the file it names is replaced, the link
+    stays); where *path* names something other than a regular file (the
+    null device, a FIFO, a directory) nothing is written and this returns
+    None (:func:`writable_path`).
+    """
+    target = writable_path(path, what)
+    if target is None:
+        return None
+    d = os.path.dirname(target)
     os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + "-", dir=d)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(target) + "-", dir=d)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             st = os.fstat(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, target)
         return st
     except BaseException:
         try:
@@ -679,8 +759,9 @@ def read_calibration(path: str) -> Calibration:
 
 
 def save_calibration(cal: Calibration, path: str) -> None:
-    """Write *cal* to *path* atomically (a temporary file renamed over it)."""
-    write_cache_file(path, cal.to_json())
+    """Write *cal* to *path* atomically (a temporary file renamed over it); nothing where
+    *path* is not a regular file (see :func:`write_cache_file`)."""
+    write_cache_file(path, cal.to_json(), "calibration")
 
 
 def cached(path: str | None = None) -> Calibration | None:
@@ -690,6 +771,10 @@ def cached(path: str | None = None) -> Calibration | None:
     try:
         cal = read_calibration(path)
     except (FileNotFoundError, _OtherVersion):
+        return None
+    except NotRegularFile:  # a device, a FIFO: measured, and not saved there
+        with contextlib.suppress(OSError):
+            not_kept(path, "calibration", os.stat(path).st_mode)
         return None
     except (OSError, ValueError) as e:
         warnings.warn(f"calibration {path} ignored: {e}", LaminaWarning, stacklevel=2)

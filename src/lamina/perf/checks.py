@@ -177,7 +177,7 @@ def record(checks: list[Check], path: str | None = None) -> None:
 def _write(path: str, kept: dict[str, Check], checks: list[Check]) -> None:
     """The records *kept* (as read from *path*) with *checks* in their models' place."""
     body = {m: c.stored() for m, c in {**kept, **{c.model: c for c in checks}}.items()}
-    write_cache_file(path, json.dumps({"version": VERSION, "checks": body}))
+    write_cache_file(path, json.dumps({"version": VERSION, "checks": body}), "model checks")
 
 
 def side_by_side(mine: list[Check], path: str | None = None) -> dict[str, Check]:

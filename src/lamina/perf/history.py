@@ -60,7 +60,11 @@ left out one by one, and a file that cannot be read at all (damaged, too
 long, not a history) is ignored, each with a
 :class:`~lamina.errors.LaminaWarning` (once per file); the next save
 writes the samples kept.  A file from another host or of another version
-is ignored quietly (measured again here).
+is ignored quietly (measured again here).  A path that names something
+other than a regular file (a device, a FIFO, a directory) is neither read
+nor replaced, with one warning per process (none for the null device:
+``LAMINA_HISTORY=/dev/null`` keeps no history); a symbolic link's file is
+written, the link kept.
 The series in use:
 
 =========================  ==========================  ==========================
@@ -106,7 +110,16 @@ import numpy as np
 
 from ..catalog.wire import load_json
 from ..errors import FormatError, LaminaWarning
-from .calibrate import cache_path, finite_number, host, read_cache_file, write_cache_file
+from .calibrate import (
+    NotRegularFile,
+    cache_path,
+    finite_number,
+    host,
+    not_kept,
+    read_cache_file,
+    writable_path,
+    write_cache_file,
+)
 
 try:
     import fcntl
@@ -145,6 +158,8 @@ MIN_RATE = 1e-6
 MAX_RATE = 1e18
 #: longest wait (seconds) for another process's save of the same file; then saved unlocked
 LOCK_WAIT = 10.0
+#: the file in words
+WHAT = "measured history"
 
 Sample = tuple[float, float, float]
 
@@ -621,6 +636,10 @@ def _load(p: str) -> History:
         h = History.from_json(read_cache_file(p, "history", MAX_FILE_BYTES))
     except (FileNotFoundError, NotADirectoryError, _Elsewhere):  # none, or not this one's
         return History()
+    except NotRegularFile:  # a device, a FIFO: once, or never for the null device
+        with contextlib.suppress(OSError):
+            not_kept(p, WHAT, os.stat(p).st_mode)
+        return History()
     except Exception as e:  # noqa: BLE001 - FormatError (an OSError), ValueError, anything
         _warn_once(p, before, f"not usable ({type(e).__name__}: {e}); ignored")
         return History()
@@ -686,7 +705,11 @@ def save_history(h: History, path: str | None = None) -> None:
 
 
 def _save(h: History, p: str) -> None:
-    with _locked(p):  # no other process's save between the read and the rename
+    target = writable_path(p, WHAT)
+    if target is None:  # the null device, a FIFO: nothing kept (one warning, see not_kept)
+        h.added = {}
+        return
+    with _locked(target):  # no other process's save between the read and the rename
         if h.stamp is not None and h.stamp == _stamp(p):  # the file is what h was loaded from
             merged = h
         else:
@@ -697,8 +720,11 @@ def _save(h: History, p: str) -> None:
             if lst:
                 merged.used[name] = now
         merged.evict(keep=h.added)  # what the file keeps, in memory too
-        st = write_cache_file(p, merged.to_json())
+        st = write_cache_file(p, merged.to_json(), WHAT)
     h.added = {}
+    if st is None:  # replaced by something other than a file meanwhile: nothing written
+        h.stamp = None
+        return
     after = _stamp_of(p, st)  # the file we wrote
     h.stamp = after if merged is h else None
     # what that file holds: a later load need not parse it while the path still names it
