@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
@@ -415,6 +416,7 @@ def two_threads(monkeypatch):
 
     monkeypatch.setattr(_parallel, "THREADS", 2)
     monkeypatch.setattr(_parallel, "PARALLEL_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(_parallel, "THREAD_MIN_ELEMENTS", 1)
     monkeypatch.setattr(C, "SPREAD_MIN_ELEMENTS", 0)
     run, used = _parallel.run_blocks, []
 
@@ -574,10 +576,78 @@ def test_default_threads(monkeypatch):
     assert P.default_threads() == 1
     monkeypatch.setenv("LAMINA_THREADS", "16")
     assert P.default_threads() == 16
-    monkeypatch.setenv("LAMINA_THREADS", "many")
+    monkeypatch.setenv("LAMINA_THREADS", "")  # empty: unset
     assert P.default_threads() == 1
     monkeypatch.setattr(P, "THREADS", 5)
     assert P.default_threads() == 5
+
+
+@pytest.mark.parametrize("value", ["many", "-3", "0", "1.5", "+2", "0x10", "1e3"])
+def test_lamina_threads_that_is_no_count_is_refused(monkeypatch, value):
+    """Nonsense was taken silently as the default number of threads."""
+    from lamina.derived import _parallel as P
+    from lamina.errors import ConfigError
+
+    monkeypatch.setattr(P.os, "sched_getaffinity", lambda pid: set(range(12)), raising=False)
+    monkeypatch.setenv("LAMINA_THREADS", value)
+    want = r"\$LAMINA_THREADS must be an integer >= 1 .*one above 48, 4 per core"
+    with pytest.raises(ConfigError, match=want + ".*got " + re.escape(repr(value))):
+        P.default_threads()
+
+
+def test_lamina_threads_is_at_most_four_per_core(monkeypatch):
+    """A million threads failed at end_step (can't start new thread), 100,000 made a step
+    100 times slower: above 4 per core a value counts as 4 per core."""
+    from lamina.derived import _parallel as P
+
+    monkeypatch.setattr(P.os, "sched_getaffinity", lambda pid: set(range(3)), raising=False)
+    for asked, used in (("1", 1), ("12", 12), ("13", 12), ("1000000", 12)):
+        monkeypatch.setenv("LAMINA_THREADS", asked)
+        assert P.default_threads() == used, asked
+
+
+def test_a_region_gives_each_thread_enough_elements(monkeypatch):
+    """A region was split among as many threads as asked, down to one element each."""
+    from lamina.derived import _parallel as P
+
+    monkeypatch.setattr(P, "THREADS", 1 << 20)
+    sizes = []
+    run = P.run_blocks
+
+    def counted(items, work, states):
+        items = list(items)
+        sizes.append((len(items), len(states)))
+        run(items, work, states)
+
+    monkeypatch.setattr(P, "run_blocks", counted)
+    n = P.PARALLEL_MIN_ELEMENTS * 2
+    A = {"a": np.arange(n, dtype="f8"), "b": np.ones(n)}
+    np.testing.assert_array_equal(evaluate(parse("a + b"), A)[0], A["a"] + 1)
+    assert sizes == [(n // P.THREAD_MIN_ELEMENTS, n // P.THREAD_MIN_ELEMENTS)], sizes
+    assert P.split_threads(8, P.PARALLEL_MIN_ELEMENTS - 1) == 1
+    assert P.split_threads(8, 3 * P.THREAD_MIN_ELEMENTS + 5) in (1, 3)
+
+
+def test_threads_started_are_joined_when_a_start_fails(monkeypatch):
+    """A thread that cannot be started left those started before it running (never joined);
+    now the threads started share the work, and every one has ended on return."""
+    import threading
+
+    from lamina.derived import _parallel as P
+
+    real, started = threading.Thread.start, []
+
+    def start(self):
+        if len(started) == 2:
+            raise RuntimeError("can't start new thread")
+        real(self)
+        started.append(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    done = []
+    P.run_blocks(range(100), lambda s, i: done.append(i), [None] * 6)
+    assert sorted(done) == list(range(100))
+    assert len(started) == 2 and not any(t.is_alive() for t in started)
 
 
 # ---------------------------------------------------------------------------

@@ -592,7 +592,7 @@ class Evaluator:
         # one operation without temporaries needs no blocks: one call over the whole box (or one
         # part per thread)
         step = B.size if _single_op(node, pre) else self.chunk
-        nt = self.threads if B.size >= _parallel.PARALLEL_MIN_ELEMENTS else 1
+        nt = _parallel.split_threads(self.threads, B.size)
         if nt > 1 and step >= B.size:
             step = -(-B.size // nt)
         boxes = list(chunks(B, step))
