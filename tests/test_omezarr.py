@@ -731,3 +731,21 @@ def test_the_multiscales_own_transforms_compose_and_the_time_axis_is_said(tmp_pa
     with lamina.open(tmp_path / "outer.lam") as f:
         assert list(f["outer"].attrs["scale"]) == [1.5, 1.0]
         assert list(f["outer"].attrs["translation"]) == [30.0, 80.0]
+
+
+def test_conversions_open_files_on_disk_whatever_the_environment_says(
+    sample, tmp_path, monkeypatch
+):
+    """LAMINA_ENGINE=memory, LAMINA_TRANSPORT=memory or LAMINA_IO=bogus set for a job's
+    programs: the conversions still read and write the files on disk."""
+    monkeypatch.setenv("LAMINA_ENGINE", "memory")
+    monkeypatch.setenv("LAMINA_TRANSPORT", "memory")
+    monkeypatch.setenv("LAMINA_IO", "bogus")
+    omezarr.convert(sample, tmp_path / "a.zarr", progress=False)
+    omezarr.convert(tmp_path / "a.zarr", tmp_path / "back.lam", progress=False)
+    assert os.path.isdir(tmp_path / "back.lam")
+    monkeypatch.delenv("LAMINA_ENGINE")
+    monkeypatch.delenv("LAMINA_TRANSPORT")
+    monkeypatch.delenv("LAMINA_IO")
+    with lamina.open(tmp_path / "back.lam") as f:
+        assert f.steps >= 1

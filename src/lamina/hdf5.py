@@ -44,6 +44,7 @@ import numpy as np
 
 from .catalog.model import MAX_ATTR_BYTES, MAX_CODEC_DEPTH, MAX_CODEC_JSON
 from .catalog.wire import load_json
+from .engines.registry import ON_DISK
 from .errors import FormatError, LaminaError, register
 from .geometry import Box
 
@@ -198,7 +199,7 @@ def lamina_to_hdf5(
         raise ConvertError(f"gzip level must be an integer 0-9, got {gzip!r}")
     t0 = time.perf_counter()
     res = ConvertResult(src, dst, "lamina->hdf5")
-    with lamina.open(src, "r") as f:
+    with lamina.open(src, "r", **ON_DISK) as f:
         _require_serial(f)
         nsteps = f.steps
         res.steps = nsteps
@@ -475,7 +476,7 @@ def hdf5_to_lamina(
         for s in sources:
             for k, b in s.boxes:
                 by_step.setdefault(k, []).append((s, b))
-        with _staged(dst, overwrite, "lamina") as tmp, lamina.open(tmp, "w") as f:
+        with _staged(dst, overwrite, "lamina") as tmp, lamina.open(tmp, "w", **ON_DISK) as f:
             _require_serial(f)
             _copy_attrs_from_h5(h, f.attrs, "/", made, res.warnings)
             for name, g in groups:

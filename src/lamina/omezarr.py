@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from .catalog.model import MAX_CODEC_DEPTH, MAX_CODEC_JSON
+from .engines.registry import ON_DISK
 from .errors import FormatError, LaminaError
 from .geometry import Box
 from .hdf5 import (
@@ -182,7 +183,7 @@ def lamina_to_zarr(
     _check_distinct(src, dst)
     t0 = time.perf_counter()
     res = ConvertResult(src, dst, "lamina->zarr")
-    with lamina.open(src, "r") as f:
+    with lamina.open(src, "r", **ON_DISK) as f:
         _require_serial(f, "OME-Zarr")
         nsteps = f.steps
         res.steps = nsteps
@@ -651,7 +652,7 @@ def zarr_to_lamina(
         for first, stop, boxes in img.spans()
         for b in boxes
     )
-    with _staged(dst, overwrite, "lamina") as tmp, lamina.open(tmp, "w") as f:
+    with _staged(dst, overwrite, "lamina") as tmp, lamina.open(tmp, "w", **ON_DISK) as f:
         _require_serial(f, "OME-Zarr")
         if not one_image:  # (a store that is one image: its attributes are the dataset's)
             _attrs_from_json(root_attrs, f.attrs, "/", made, root_types, res.warnings)

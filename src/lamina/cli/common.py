@@ -97,14 +97,16 @@ def silence_stdout() -> None:
 def open_file(path: str):
     """Open the file at *path* for reading on this one process; an HDF5 file gets a hint to convert it.
 
-    A path names a file on disk whatever ``$LAMINA_TRANSPORT`` says (the
+    A path names a native file on disk, read in this thread, whatever
+    ``$LAMINA_ENGINE``, ``$LAMINA_TRANSPORT`` and ``$LAMINA_IO`` say (the
     commands inspect files; they are not a program of an in situ workflow).
     """
     import lamina
+    from lamina.engines.registry import ON_DISK
     from lamina.errors import NotALaminaFileError
 
     try:
-        return lamina.open(path, "r", transport="file")
+        return lamina.open(path, "r", **ON_DISK)
     except NotALaminaFileError:
         if os.path.isfile(path) and _is_hdf5(path):
             raise CLIError(

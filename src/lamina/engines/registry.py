@@ -48,6 +48,11 @@ BACKGROUND_LAYER = "background"
 #: its options, accepted and ignored under ``io='sync'`` so that one program runs both ways
 BACKGROUND_OPTIONS = frozenset({"max_inflight_bytes", "io"})
 
+#: the arguments of ``lamina.open`` that make a path a native file on disk, read and written
+#: in the calling thread, whatever ``$LAMINA_ENGINE``, ``$LAMINA_TRANSPORT`` and ``$LAMINA_IO``
+#: say (for the programs of a job): the ``lamina`` commands and the conversions open files so
+ON_DISK = {"engine": DEFAULT_ENGINE, "transport": "file", "io": "sync"}
+
 ENGINE_GROUP = "lamina.engines"
 LAYER_GROUP = "lamina.layers"
 
@@ -371,6 +376,7 @@ def build(
 
 __all__ = [
     "BACKGROUND_LAYER",
+    "ON_DISK",
     "DEFAULT_ENGINE",
     "ENGINE_ENV",
     "IO_ENV",
