@@ -74,7 +74,41 @@ def test_records_of_another_host_are_not_this_machines(tmp_path):
     checks.record([_check(host="elsewhere"), _check("derived-history")], p)
     assert list(checks.load(p)) == ["derived-history"]
     # kept in the file all the same: the other host's record is its own
-    assert set(json.loads(open(p).read())["checks"]) == {"async", "derived-history"}
+    doc = json.loads(open(p).read())
+    assert set(doc["checks"]) == {"derived-history"} and set(doc["others"]["elsewhere"]) == {
+        "async"
+    }
+
+
+def test_another_hosts_records_at_the_path_are_kept(tmp_path, monkeypatch):
+    """A benchmark on another host replaced this host's last record of the model it checked
+    (one record per model, whichever host): each host's records are kept side by side; a
+    file of the old form is read record by record, each its host's."""
+    p = str(tmp_path / "checks.json")
+    theirs = _check("async", [(1.0, 2.0)], "on login01", host="login01")
+    old = {"version": checks.VERSION, "checks": {"async": theirs.stored()}}
+    with open(p, "w") as f:
+        json.dump(old, f)
+    assert checks.load(p) == {}
+    mine = _check("async", [(1.0, 1.0)], "here")
+    checks.record([mine], p)
+    assert checks.load(p) == {"async": mine}
+    me = checks.host()
+    monkeypatch.setattr(checks, "host", lambda: "login01")
+    assert checks.load(p) == {"async": theirs}
+    again = _check("derived-history", [(1.0, 1.0)], "again on login01", host="login01")
+    checks.record([again], p)
+    assert checks.load(p) == {"derived-history": again, "async": theirs}
+    monkeypatch.setattr(checks, "host", lambda: me)
+    assert checks.load(p) == {"async": mine}
+
+
+def test_a_checks_file_keeps_the_most_recently_checked_hosts(tmp_path):
+    p = str(tmp_path / "checks.json")
+    n = checks.MAX_HOSTS + 2
+    checks.record([_check(host=f"node{i:02d}", when=1000.0 + i) for i in range(n)], p)
+    doc = json.loads(open(p).read())
+    assert sorted(doc["others"]) == [f"node{i:02d}" for i in range(3, n)]
 
 
 @pytest.mark.parametrize(

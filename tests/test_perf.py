@@ -303,6 +303,46 @@ def test_load_uses_cache_and_remeasures(monkeypatch, tmp_path):
         assert load_calibration().flop_rate == 7e9 and len(measured) == 4
 
 
+def test_another_hosts_calibration_at_the_path_is_kept(monkeypatch, tmp_path):
+    """A calibration of another host at the same path (a shared home directory) was
+    replaced by this host's: each host measured again at every run, in turn.  Both are
+    kept; a file of one host, as written before, is that host's."""
+    path = tmp_path / "cal.json"
+    theirs = dataclasses.replace(CAL, host="login01", flop_rate=1e9)
+    path.write_text(theirs.to_json())  # the form of one host
+    here = dataclasses.replace(CAL, host=calmod.host(), flop_rate=7e9)
+    measured = []
+
+    def fake(quick=False, directory=None):
+        measured.append(1)
+        return here
+
+    monkeypatch.setattr(calmod, "calibrate", fake)
+    assert load_calibration(str(path)) == here and len(measured) == 1
+    assert load_calibration(str(path)) == here and len(measured) == 1  # cached beside theirs
+    me = calmod.host()
+    monkeypatch.setattr(calmod, "host", lambda: "login01")
+    assert load_calibration(str(path)) == theirs and len(measured) == 1
+    later = dataclasses.replace(theirs, flop_rate=2e9, created=CAL.created + 1)
+    calmod.save_calibration(later, str(path))
+    assert calmod.cached(str(path)) == later
+    monkeypatch.setattr(calmod, "host", lambda: me)
+    assert calmod.cached(str(path)) == here
+    doc = json.loads(path.read_text())
+    assert doc["host"] == "login01" and set(doc["others"]) == {me}
+
+
+def test_a_calibration_file_keeps_the_most_recent_hosts(monkeypatch, tmp_path):
+    path = tmp_path / "cal.json"
+    for i in range(calmod.MAX_HOSTS + 3):
+        cal = dataclasses.replace(CAL, host=f"node{i:02d}", created=CAL.created + i)
+        calmod.save_calibration(cal, str(path))
+    doc = json.loads(path.read_text())
+    hosts = {doc["host"], *doc["others"]}
+    assert hosts == {f"node{i:02d}" for i in range(3, calmod.MAX_HOSTS + 3)}
+    assert len(path.read_bytes()) <= calmod.MAX_FILE_BYTES
+
+
 def test_calibrate_quick(tmp_path):
     cal = calibrate(quick=True, directory=str(tmp_path))
     for name in (*calmod.RATES, "fresh_copy_bandwidth"):

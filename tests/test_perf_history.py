@@ -431,6 +431,60 @@ def test_a_link_to_a_history_is_kept_and_its_file_written(tmp_path):
     assert hist.load_history(str(real)).samples("x") == [(1024.0, 1.0, 0.001)]
 
 
+def _as_host(monkeypatch, name: str) -> None:
+    """This process as host *name* (what it read of the files is forgotten: a process of
+    that host reads them afresh)."""
+    monkeypatch.setattr(hist, "host", lambda: name)
+    hist._LOADED.clear()
+
+
+def test_another_hosts_history_at_the_path_is_kept(tmp_path, monkeypatch):
+    """A history of another host at the same path (a home directory the hosts of a cluster
+    share) was taken as empty and replaced: its samples were lost.  Each host's part is
+    kept side by side; a file of one host, as written before, is that host's part."""
+    path = tmp_path / "h.json"
+    theirs = [[1024.0, 1.0, 0.003]] * 50
+    doc = {"version": 2, "host": "login01", "series": {"async.io": theirs}, "used": {}}
+    path.write_text(json.dumps(doc))
+    assert hist.load_history(str(path)).series == {}  # not this host's
+    hist.save_history(_one_sample(), str(path))
+    assert hist.load_history(str(path)).samples("x") == [(1024.0, 1.0, 0.001)]
+    saved = json.loads(path.read_text())
+    assert saved["host"] == host() and saved["others"]["login01"]["series"]["async.io"] == theirs
+    _as_host(monkeypatch, "login01")  # the other host reads its own, then adds to it
+    assert len(hist.load_history(str(path)).samples("async.io")) == 50
+    h = hist.History()
+    h.add("async.io", 2048.0, 1.0, 0.004)
+    hist.save_history(h, str(path))
+    assert len(hist.load_history(str(path)).samples("async.io")) == 51
+    monkeypatch.undo()  # this host again: its part is there still
+    hist._LOADED.clear()
+    assert hist.load_history(str(path)).samples("x") == [(1024.0, 1.0, 0.001)]
+    saved = json.loads(path.read_text())
+    assert saved["host"] == "login01" and set(saved["others"]) == {host()}
+
+
+def test_a_history_file_keeps_the_most_recently_saved_hosts(tmp_path, monkeypatch):
+    """At most MAX_HOSTS hosts (the least recently saved left out first), and never more
+    than a reader takes (MAX_FILE_BYTES)."""
+    path = tmp_path / "h.json"
+    others = {
+        f"node{i:02d}": {"series": {"s": [[1024.0, 1.0, 0.001]]}, "used": {"s": 1000.0 + i}}
+        for i in range(hist.MAX_HOSTS + 4)
+    }
+    doc = {"version": 2, "host": "login", "series": {}, "used": {}, "others": others}
+    path.write_text(json.dumps(doc))
+    hist.save_history(_one_sample(), str(path))
+    kept = json.loads(path.read_text())["others"]
+    newest = sorted(others)[-(hist.MAX_HOSTS - 1) :]  # "login" (used nothing) left out too
+    assert sorted(kept) == newest
+    monkeypatch.setattr(hist, "MAX_FILE_BYTES", len(path.read_text()) - 10)
+    hist.save_history(_one_sample(), str(path))
+    text = path.read_text()
+    assert len(text) <= hist.MAX_FILE_BYTES
+    assert sorted(json.loads(text)["others"]) == newest[1:]  # the oldest one left out
+
+
 # -- signatures ----------------------------------------------------------------------------------
 
 

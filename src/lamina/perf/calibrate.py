@@ -43,8 +43,9 @@ registers a probe (:func:`register_probe`) that :func:`calibrate` calls.
 
 :func:`load_calibration` keeps the result at ``$LAMINA_CALIBRATION``, else
 ``$XDG_CACHE_HOME/lamina/calibration.json`` (``~/.cache`` by default), and
-measures again when the file is missing, does not parse, or was made on
-another host or by another version of the calibration.
+measures again when the file is missing, does not parse, holds no
+calibration of this host, or was made by another version of the calibration.
+Hosts that share the path keep theirs side by side (:func:`save_calibration`).
 """
 
 from __future__ import annotations
@@ -61,12 +62,17 @@ import stat
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import Any
 
 import numpy as np
+
+try:
+    import fcntl
+except ImportError:  # no flock (Windows): saves go on unlocked
+    fcntl = None  # type: ignore[assignment]
 
 from ..catalog.wire import load_json
 from ..errors import FormatError, LaminaWarning
@@ -77,8 +83,10 @@ CALIBRATION_VERSION = 3
 #: bytes of the arrays measured (quick: a quarter)
 SIZE = 64 << 20
 QUICK_SIZE = 16 << 20
-#: largest calibration file read (a real one is about two kilobytes)
+#: largest calibration file read (a real one is about two kilobytes a host)
 MAX_FILE_BYTES = 1 << 16
+#: deepest nesting of a calibration (an object of tables of [size, seconds] pairs)
+DEPTH = 4
 #: block sizes of the per-block tables: float64 elements (kernels, statistics) and bytes
 #: (the engine's writes and reads); quick calibrations leave out the largest
 BLOCK_ELEMENTS = (1 << 12, 1 << 15, 1 << 18, 1 << 21)
@@ -164,9 +172,13 @@ class Calibration:
         object.__setattr__(self, "block_seconds", _ReadOnly(tables))
 
     def to_json(self) -> str:
+        return json.dumps(self.as_doc(), indent=1, sort_keys=True) + "\n"
+
+    def as_doc(self) -> dict[str, Any]:
+        """The calibration as a JSON object holds it."""
         doc = {f.name: getattr(self, f.name) for f in fields(self)}
         doc["block_seconds"] = {k: [list(p) for p in v] for k, v in self.block_seconds.items()}
-        return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+        return doc
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Calibration:
@@ -180,7 +192,9 @@ class Calibration:
             raise ValueError(f"calibration: expected text, got {type(text).__name__}")
         try:
             # the shared reader bounds its length and nesting before parsing (tables: 4 deep)
-            doc = load_json(text, "calibration", limit=MAX_FILE_BYTES, max_depth=4, constants=False)
+            doc = load_json(
+                text, "calibration", limit=MAX_FILE_BYTES, max_depth=DEPTH, constants=False
+            )
         except FormatError as e:
             raise ValueError(str(e)) from None
         if not isinstance(doc, dict):
@@ -745,23 +759,166 @@ def write_cache_file(path: str, text: str, what: str = "cache file") -> os.stat_
         raise
 
 
+# ------------------------------------------------------------- one file, many hosts
+# A cache file under a home directory shared by the hosts of a cluster (the default place) is
+# one path for all of them: each keeps its part side by side with the others' (the part of
+# the host that saved last at the top, as a file of one host was; the others' under
+# OTHERS), and a save replaces its own part only.
+
+#: hosts a cache file keeps: this one and the most recently saved others
+MAX_HOSTS = 16
+#: the key of the other hosts' parts in a cache file
+OTHERS = "others"
+#: longest wait (seconds) for another process's save of the same file; then saved unlocked
+LOCK_WAIT = 10.0
+
+
+def others_of(doc: Any) -> dict[str, Any]:
+    """The other hosts' parts of a cache file's JSON *doc*: host name -> part (an object);
+    none where there are none or they are not that."""
+    got = doc.get(OTHERS) if isinstance(doc, dict) else None
+    if not isinstance(got, dict):
+        return {}
+    return {h: part for h, part in got.items() if isinstance(part, dict) and h}
+
+
+def with_others(
+    doc: dict[str, Any],
+    others: Mapping[str, Any],
+    recency: Callable[[Any], float],
+    limit: int,
+    **dumps: Any,
+) -> tuple[str, dict[str, Any]]:
+    """The JSON of *doc* (this host's part) with the parts of *others* beside it, and those
+    kept: the most recent (*recency* of a part, larger: newer) at most :data:`MAX_HOSTS` - 1,
+    and as many as keep the text within *limit* bytes (the least recent left out first)."""
+
+    def newness(item: tuple[str, Any]) -> float:
+        try:
+            t = float(recency(item[1]))
+        except (TypeError, ValueError, OverflowError):
+            return 0.0
+        return t if math.isfinite(t) else 0.0
+
+    order = sorted(others.items(), key=newness, reverse=True)[: MAX_HOSTS - 1]
+    while True:
+        kept = dict(order)
+        text = json.dumps({**doc, OTHERS: kept} if kept else doc, **dumps)
+        if not order or len(text.encode()) <= limit:
+            return text, kept
+        order.pop()
+
+
+@contextlib.contextmanager
+def locked(path: str) -> Iterator[None]:
+    """Hold an exclusive lock on ``path + '.lock'`` (``fcntl.flock``) while a cache file is
+    read, merged and replaced, waiting for another process's at most :data:`LOCK_WAIT`
+    seconds; without locks (no ``fcntl``, a lock file that cannot be made, a file system
+    without them, a wait too long) unlocked.  The lock file is removed before the lock is let
+    go, so none is left beside the file: a process that locked a file no longer at that path
+    locks again."""
+    fd = _lock(path + ".lock") if fcntl is not None else None
+    try:
+        yield
+    finally:
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.remove(path + ".lock")
+            os.close(fd)  # and the lock with it
+
+
+def _lock(path: str) -> int | None:
+    """A descriptor of the file at *path* (made if missing) holding its exclusive lock; None
+    where it cannot be had (see :func:`locked`)."""
+    assert fcntl is not None
+    deadline = time.monotonic() + LOCK_WAIT
+    pause = 1e-3
+    with contextlib.suppress(OSError):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                return fd  # the lock of the file at that path
+        except BlockingIOError:  # another process saves: wait for it, a while
+            pass
+        except FileNotFoundError:  # removed by the process that held it: lock the next
+            pass
+        except OSError:  # no locks on this file system
+            os.close(fd)
+            return None
+        os.close(fd)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(pause)
+        pause = min(2 * pause, 0.01)
+
+
 def default_path() -> str:
     """``$LAMINA_CALIBRATION``, else ``$XDG_CACHE_HOME/lamina/calibration.json`` (default ``~/.cache``)."""
     return cache_path("LAMINA_CALIBRATION", "calibration.json")
 
 
 def read_calibration(path: str) -> Calibration:
-    """The calibration in file *path*, whatever host made it (OSError, ValueError).
+    """The calibration in file *path*: this host's where the file holds one, else that of
+    the host that saved last (OSError, ValueError).
 
     Only a regular file is read, and at most :data:`MAX_FILE_BYTES` + 1 bytes of it.
     """
-    return Calibration.from_json(read_cache_file(path, "calibration", MAX_FILE_BYTES))
+    doc = _file_doc(read_cache_file(path, "calibration", MAX_FILE_BYTES))
+    mine = others_of(doc).get(host()) if doc.get("host") != host() else None
+    return _of_doc(mine if mine is not None else doc)
+
+
+def _file_doc(text: str | bytes) -> dict[str, Any]:
+    """The JSON object of a calibration file (ValueError): a calibration at the top, the other
+    hosts' beside it (:data:`OTHERS`, each as deep as the top one)."""
+    try:
+        doc = load_json(
+            text, "calibration", limit=MAX_FILE_BYTES, max_depth=DEPTH + 2, constants=False
+        )
+    except FormatError as e:
+        raise ValueError(str(e)) from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"calibration: expected a JSON object, got {type(doc).__name__}")
+    return doc
+
+
+def _of_doc(doc: dict[str, Any]) -> Calibration:
+    """The calibration at the top of a calibration file's object (ValueError)."""
+    return Calibration.from_json(json.dumps({k: v for k, v in doc.items() if k != OTHERS}))
 
 
 def save_calibration(cal: Calibration, path: str) -> None:
-    """Write *cal* to *path* atomically (a temporary file renamed over it); nothing where
-    *path* is not a regular file (see :func:`write_cache_file`)."""
-    write_cache_file(path, cal.to_json(), "calibration")
+    """Write *cal* to *path* atomically (a temporary file renamed over it), beside the other
+    hosts' calibrations the file holds (at most :data:`MAX_HOSTS` hosts, the least recently
+    made left out first); nothing where *path* is not a regular file (see
+    :func:`write_cache_file`)."""
+    target = writable_path(path, "calibration")
+    if target is None:
+        return
+    with locked(target):  # no other host's save between the read and the rename
+        try:
+            doc = _file_doc(read_cache_file(path, "calibration", MAX_FILE_BYTES))
+        except (OSError, ValueError):  # none, or not usable: written over
+            doc = {}
+        others = others_of(doc)
+        if isinstance(doc.get("host"), str) and doc["host"]:  # the top one is a host's too
+            others[doc["host"]] = {k: v for k, v in doc.items() if k != OTHERS}
+        others.pop(cal.host, None)
+        text, _ = with_others(
+            cal.as_doc(),
+            others,
+            lambda part: part.get("created", 0.0),
+            MAX_FILE_BYTES,
+            indent=1,
+            sort_keys=True,
+        )
+        write_cache_file(path, text + "\n", "calibration")
 
 
 def cached(path: str | None = None) -> Calibration | None:

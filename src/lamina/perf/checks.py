@@ -14,22 +14,33 @@ An error is ``|predicted / measured - 1|`` for every model: a prediction
 within 25 % (the issues' target) or 15 % (their goal) of what was measured.
 
 The records are a small JSON file (``$LAMINA_MODEL_CHECKS``, else
-``$XDG_CACHE_HOME/lamina/model-checks.json``): per model, the command, when
-and on which host it ran, and its (predicted, measured) pairs in seconds.
+``$XDG_CACHE_HOME/lamina/model-checks.json``): per host and model, the
+command, when and on which host it ran, and its (predicted, measured) pairs
+in seconds; a record replaces only its own host's.
 A file that cannot be read or holds anything else is ignored, record by
 record; nothing read from it is evaluated.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 
 from ..catalog.wire import load_json
 from ..errors import FormatError
 from ..text import table as text_table
-from .calibrate import cache_path, finite_number, host, read_cache_file, write_cache_file
+from .calibrate import (
+    MAX_HOSTS,  # noqa: F401 - named here (record)
+    cache_path,
+    finite_number,
+    host,
+    locked,
+    others_of,
+    read_cache_file,
+    with_others,
+    writable_path,
+    write_cache_file,
+)
 
 #: the models, in the table's order, and what each predicts
 MODELS = {
@@ -46,6 +57,8 @@ VERSION = 1
 MAX_PAIRS = 4096
 MAX_FILE_BYTES = 1 << 20
 MAX_COMMAND = 1000
+#: the file in words
+WHAT = "model checks"
 #: seconds a prediction or a measurement may be: beyond, not a timing (a damaged record)
 SECONDS_RANGE = (1e-12, 1e9)
 #: latest time of a record: the end of year 9999 (time.gmtime's range everywhere)
@@ -136,9 +149,14 @@ def _check_of(model: str, d) -> Check | None:
     return Check(model, command[:MAX_COMMAND], float(when), where, tuple(kept))
 
 
-def _read(path: str) -> dict[str, Check]:
-    """Every model's record in the file at *path*, whichever host made it (none where the
-    file is missing, unreadable, too long or not a record of this version)."""
+def _read(path: str) -> dict[str, dict[str, Check]]:
+    """Every record in the file at *path*, by host, then by model in the table's order (none
+    where the file is missing, unreadable, too long or not a record of this version).
+
+    The records of the host that saved last are under ``checks`` (a file from before
+    records were kept per host holds each model's last record, whichever host made it),
+    the other hosts' under ``others``; each record names its host.
+    """
     try:
         raw = read_cache_file(path, "model checks", MAX_FILE_BYTES)
         doc = load_json(raw, "model checks", limit=MAX_FILE_BYTES, constants=False)
@@ -146,38 +164,47 @@ def _read(path: str) -> dict[str, Check]:
         return {}
     if not isinstance(doc, dict) or doc.get("version") != VERSION:
         return {}
-    checks = doc.get("checks")
-    if not isinstance(checks, dict):
-        return {}
-    out = {}
-    for model in MODELS:
-        c = _check_of(model, checks.get(model))
-        if c is not None:
-            out[model] = c
-    return out
-
-
-def _on_this_host(every: dict[str, Check]) -> dict[str, Check]:
-    me = host()
-    return {m: c for m, c in every.items() if c.host == me}
+    found: dict[str, dict[str, Check]] = {}
+    for records in (doc.get("checks"), *others_of(doc).values()):
+        if not isinstance(records, dict):
+            continue
+        for model in MODELS:
+            c = _check_of(model, records.get(model))
+            if c is None:
+                continue
+            have = found.setdefault(c.host, {}).get(model)
+            if have is None or c.when > have.when:
+                found[c.host][model] = c
+    return {h: {m: got[m] for m in MODELS if m in got} for h, got in found.items()}
 
 
 def load(path: str | None = None) -> dict[str, Check]:
     """The last recorded check of each model made on this host."""
-    return _on_this_host(_read(path or default_path()))
+    return _read(path or default_path()).get(host(), {})
 
 
 def record(checks: list[Check], path: str | None = None) -> None:
-    """Keep *checks* as their models' last records (others' records stay); OSError if the
-    file cannot be written."""
+    """Keep *checks* as their models' last records on their host (the other models' and the
+    other hosts' records stay: at most :data:`MAX_HOSTS` hosts, the least recently checked
+    left out first); OSError if the file cannot be written, nothing where its path is not a
+    regular file (:func:`~lamina.perf.calibrate.write_cache_file`)."""
     p = path or default_path()
-    _write(p, _read(p), checks)
-
-
-def _write(path: str, kept: dict[str, Check], checks: list[Check]) -> None:
-    """The records *kept* (as read from *path*) with *checks* in their models' place."""
-    body = {m: c.stored() for m, c in {**kept, **{c.model: c for c in checks}}.items()}
-    write_cache_file(path, json.dumps({"version": VERSION, "checks": body}), "model checks")
+    target = writable_path(p, WHAT)
+    if target is None:
+        return
+    with locked(target):  # read again: what another host or process recorded meanwhile stays
+        every = _read(p)
+        for c in checks:
+            every.setdefault(c.host, {})[c.model] = c
+        mine = every.pop(host(), {})
+        others = {h: {m: c.stored() for m, c in got.items()} for h, got in every.items() if got}
+        text, _ = with_others(
+            {"version": VERSION, "checks": {m: c.stored() for m, c in mine.items()}},
+            others,
+            lambda part: max((r["when"] for r in part.values()), default=0.0),
+            MAX_FILE_BYTES,
+        )
+        write_cache_file(p, text, WHAT)
 
 
 def side_by_side(mine: list[Check], path: str | None = None) -> dict[str, Check]:
@@ -185,8 +212,8 @@ def side_by_side(mine: list[Check], path: str | None = None) -> dict[str, Check]
     return _beside(_read(path or default_path()), mine)
 
 
-def _beside(every: dict[str, Check], mine: list[Check]) -> dict[str, Check]:
-    out = _on_this_host(every)
+def _beside(every: dict[str, dict[str, Check]], mine: list[Check]) -> dict[str, Check]:
+    out = dict(every.get(host(), {}))
     out.update((c.model, c) for c in mine)
     return {m: out[m] for m in MODELS if m in out}
 
@@ -250,13 +277,12 @@ def add_to_report(mine: list[Check], text: str, doc: dict, path: str | None = No
     other models' last records; *mine* recorded as their models' last, and every row in
     ``doc["model_checks"]``.  A file that cannot be written is said, not raised."""
     p = path or default_path()
-    every = _read(p)  # read once: shown beside this run, and kept when this run is recorded
-    both = _beside(every, mine)
+    both = _beside(_read(p), mine)
     doc["model_checks"] = {m: c.as_dict() for m, c in both.items()}
     note = ""
     if mine:
         try:
-            _write(p, every, mine)
+            record(mine, p)
         except OSError as e:
             note = f"\n(this run's model errors not recorded: {e})"
     return text + "\n\n" + table(both, tuple(c.model for c in mine)) + note

@@ -59,8 +59,15 @@ prediction 0, infinite or NaN.  A file's unusable samples and series are
 left out one by one, and a file that cannot be read at all (damaged, too
 long, not a history) is ignored, each with a
 :class:`~lamina.errors.LaminaWarning` (once per file); the next save
-writes the samples kept.  A file from another host or of another version
-is ignored quietly (measured again here).  A path that names something
+writes the samples kept.  A file of another version is ignored quietly
+(measured again here).  Hosts that share the path (a home directory the
+nodes of a cluster share, the default place) each keep their part, side by
+side under the host name: the host that saved last at the top (a file of one
+host, as written before several were kept, is that host's part), the others
+under ``others``; a save replaces this host's part and keeps the others',
+at most :data:`~lamina.perf.calibrate.MAX_HOSTS` hosts and
+:data:`MAX_FILE_BYTES` in all, the hosts least recently added to left out
+first.  A path that names something
 other than a regular file (a device, a FIFO, a directory) is neither read
 nor replaced, with one warning per process (none for the null device:
 ``LAMINA_HISTORY=/dev/null`` keeps no history); a symbolic link's file is
@@ -95,14 +102,13 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
-import json
 import math
 import os
 import statistics
 import threading
 import time
 import warnings
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,20 +117,20 @@ import numpy as np
 from ..catalog.wire import load_json
 from ..errors import FormatError, LaminaWarning
 from .calibrate import (
+    LOCK_WAIT,  # noqa: F401 - named here (the module's description)
+    MAX_HOSTS,  # noqa: F401 - named here (to_json)
     NotRegularFile,
     cache_path,
     finite_number,
     host,
+    locked,
     not_kept,
+    others_of,
     read_cache_file,
+    with_others,
     writable_path,
     write_cache_file,
 )
-
-try:
-    import fcntl
-except ImportError:  # no flock (Windows): saves go on unlocked
-    fcntl = None  # type: ignore[assignment]
 
 #: bumped when what the history holds changes: older files are ignored
 HISTORY_VERSION = 2
@@ -156,8 +162,6 @@ MAX_AMOUNT = 1e18
 MAX_SECONDS = 1e9
 MIN_RATE = 1e-6
 MAX_RATE = 1e18
-#: longest wait (seconds) for another process's save of the same file; then saved unlocked
-LOCK_WAIT = 10.0
 #: the file in words
 WHAT = "measured history"
 
@@ -414,7 +418,15 @@ class History:
                 d.pop(name, None)
         return extra
 
-    def to_json(self) -> str:
+    def to_json(self, others: Mapping[str, Any] | None = None) -> str:
+        """This history as this host's part of a history file, with the parts of the other
+        hosts *others* (host name -> part, as :func:`_parse` gives them) beside it: the most
+        recently saved of them, :data:`MAX_HOSTS` hosts at most and the text within
+        :data:`MAX_FILE_BYTES`."""
+        return self._file_text(others or {})[0]
+
+    def _file_text(self, others: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+        """:meth:`to_json`, and the parts of *others* it kept."""
         names = self._order()[-MAX_SERIES:]
         doc = {
             "version": HISTORY_VERSION,
@@ -422,19 +434,21 @@ class History:
             "series": {n: [list(s) for s in self.series[n][-MAX_SAMPLES:]] for n in names},
             "used": {n: self.used.get(n, 0.0) for n in names},
         }
-        return json.dumps(doc)
+        return with_others(doc, others, _saved, MAX_FILE_BYTES)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> History:
-        """The history in *text*, its unusable samples and series left out (counted in
-        ``dropped``); FormatError unless it is a history of this version, from this host."""
-        doc = load_json(text, "history", limit=MAX_FILE_BYTES, constants=False)
-        if not isinstance(doc, dict):
-            raise FormatError("history: not a JSON object")
-        if doc.get("version") != HISTORY_VERSION:
-            raise _Elsewhere("history: not a history of this version")
-        if doc.get("host") != host():
-            raise _Elsewhere("history: measured on another host")
+        """This host's history in *text* (a history file), its unusable samples and series
+        left out (counted in ``dropped``); FormatError unless it is a history of this
+        version holding a part of this host."""
+        h, _ = _parse(text)
+        if h is None:
+            raise _Elsewhere("history: measured on other hosts only")
+        return h
+
+    @classmethod
+    def _of_part(cls, doc: dict) -> History:
+        """The history of one host's part of a file (FormatError)."""
         series = doc.get("series")
         if not isinstance(series, dict):
             raise FormatError("history: 'series' must be a mapping")
@@ -455,6 +469,40 @@ class History:
                 out.used[name] = 0.0 if t is None else min(max(t, 0.0), now)
         out.dropped += out.evict()
         return out
+
+
+def _parse(text: str | bytes) -> tuple[History | None, dict[str, Any]]:
+    """This host's history in the history file *text* (None where it holds none) and the
+    other hosts' parts, as they are (host name -> ``{"series": ..., "used": ...}``).
+
+    The host that saved last is at the top of the file (a file of one host, as lamina wrote
+    before it kept several, is that host's alone), the others under ``others``.
+    FormatError for text that is not a history; :class:`_Elsewhere` for one of another
+    version.
+    """
+    doc = load_json(text, "history", limit=MAX_FILE_BYTES, constants=False)
+    if not isinstance(doc, dict):
+        raise FormatError("history: not a JSON object")
+    if doc.get("version") != HISTORY_VERSION:
+        raise _Elsewhere("history: not a history of this version")
+    me, top = host(), doc.get("host")
+    parts = others_of(doc)
+    if isinstance(top, str) and top:
+        parts[top] = doc
+    mine = parts.pop(me, None)
+    others = {
+        h: {"series": part["series"], "used": part.get("used", {})}
+        for h, part in parts.items()
+        if isinstance(h, str) and isinstance(part.get("series"), dict)
+    }
+    return (None if mine is None else History._of_part(mine)), others
+
+
+def _saved(part: Any) -> float:
+    """When a host's part of a history file was last added to (0 where it does not say)."""
+    used = part.get("used") if isinstance(part, dict) else None
+    times = [t for t in map(finite_number, used.values())] if isinstance(used, dict) else []
+    return max((t for t in times if t is not None), default=0.0)
 
 
 def pack_series(h: History, names: Sequence[str]) -> bytes:
@@ -541,7 +589,7 @@ FLUSH_AFTER = 300.0
 _SAVE_ORDER = threading.Lock()
 #: per file, the series last read from it or written to it, when each was last added to, and
 #: the stamp the file had then: parsed again only once the path names another file
-_LOADED: dict[str, tuple[tuple, dict[str, list[Sample]], dict[str, float]]] = {}
+_LOADED: dict[str, tuple[tuple, dict[str, list[Sample]], dict[str, float], dict[str, Any]]] = {}
 #: the files (their stamps) found unusable or repaired: warned about once
 _WARNED: set[tuple] = set()
 
@@ -626,29 +674,35 @@ def load_history(path: str | None = None) -> History:
 def _load(p: str) -> History:
     """The history in the file at *p*; an empty one where it is missing or unusable (the
     history only advises: whatever reading it raises, with a warning once per file)."""
+    return _read(p)[0]
+
+
+def _read(p: str) -> tuple[History, dict[str, Any]]:
+    """:func:`_load`, and the other hosts' parts of the file (kept by a save)."""
     before = _stamp(p)
     got = _LOADED.get(p)
     if before is not None and got is not None and got[0] == before:
         h = History(series=_copied(got[1]), used=dict(got[2]))
         h.stamp = before
-        return h
+        return h, got[3]
     try:
-        h = History.from_json(read_cache_file(p, "history", MAX_FILE_BYTES))
-    except (FileNotFoundError, NotADirectoryError, _Elsewhere):  # none, or not this one's
-        return History()
+        mine, others = _parse(read_cache_file(p, "history", MAX_FILE_BYTES))
+    except (FileNotFoundError, NotADirectoryError, _Elsewhere):  # none, or of another version
+        return History(), {}
     except NotRegularFile:  # a device, a FIFO: once, or never for the null device
         with contextlib.suppress(OSError):
             not_kept(p, WHAT, os.stat(p).st_mode)
-        return History()
+        return History(), {}
     except Exception as e:  # noqa: BLE001 - FormatError (an OSError), ValueError, anything
         _warn_once(p, before, f"not usable ({type(e).__name__}: {e}); ignored")
-        return History()
+        return History(), {}
+    h = History() if mine is None else mine  # (None: only other hosts measured yet)
     if h.dropped:
         _warn_once(p, before, f"{h.dropped} unusable samples or series left out")
     h.stamp = before if before == _stamp(p) else None  # None: it changed while being read
     if h.stamp is not None:
-        _LOADED[p] = (h.stamp, _copied(h.series), dict(h.used))
-    return h
+        _LOADED[p] = (h.stamp, _copied(h.series), dict(h.used), others)
+    return h, others
 
 
 def _warn_once(p: str, stamp: tuple | None, what: str) -> None:
@@ -709,18 +763,23 @@ def _save(h: History, p: str) -> None:
     if target is None:  # the null device, a FIFO: nothing kept (one warning, see not_kept)
         h.added = {}
         return
-    with _locked(target):  # no other process's save between the read and the rename
-        if h.stamp is not None and h.stamp == _stamp(p):  # the file is what h was loaded from
-            merged = h
+    # no other process's save between the read and the rename (other hosts' included: a
+    # file under a home directory that hosts share)
+    with locked(target):
+        stamp = _stamp(p)
+        got = _LOADED.get(p)
+        if h.stamp is not None and h.stamp == stamp and got is not None and got[0] == stamp:
+            merged, others = h, got[3]  # the file is what h was loaded from
         else:
-            merged = _load(p)
+            merged, others = _read(p)
             _extend(merged.series, h.added)
         now = time.time()
         for name, lst in h.added.items():
             if lst:
                 merged.used[name] = now
         merged.evict(keep=h.added)  # what the file keeps, in memory too
-        st = write_cache_file(p, merged.to_json(), WHAT)
+        text, others = merged._file_text(others)  # this host's part replaced, the others kept
+        st = write_cache_file(p, text, WHAT)
     h.added = {}
     if st is None:  # replaced by something other than a file meanwhile: nothing written
         h.stamp = None
@@ -728,54 +787,7 @@ def _save(h: History, p: str) -> None:
     after = _stamp_of(p, st)  # the file we wrote
     h.stamp = after if merged is h else None
     # what that file holds: a later load need not parse it while the path still names it
-    _LOADED[p] = (after, _copied(merged.series), dict(merged.used))
-
-
-@contextlib.contextmanager
-def _locked(p: str) -> Iterator[None]:
-    """Hold an exclusive lock on ``p + '.lock'`` (``fcntl.flock``), waiting for another
-    process's at most :data:`LOCK_WAIT` seconds; without locks (no ``fcntl``, a lock file
-    that cannot be made, a file system without them, a wait too long) unlocked, as a save
-    was before.  The lock file is removed before the lock is let go, so none is left beside
-    the history: a process that locked a file no longer at that path locks again."""
-    fd = _lock(p + ".lock") if fcntl is not None else None
-    try:
-        yield
-    finally:
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.remove(p + ".lock")
-            os.close(fd)  # and the lock with it
-
-
-def _lock(path: str) -> int | None:
-    """A descriptor of the file at *path* (made if missing) holding its exclusive lock; None
-    where it cannot be had (see :func:`_locked`)."""
-    deadline = time.monotonic() + LOCK_WAIT
-    pause = 1e-3
-    with contextlib.suppress(OSError):
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError:
-            return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if os.fstat(fd).st_ino == os.stat(path).st_ino:
-                return fd  # the lock of the file at that path
-        except BlockingIOError:  # another process saves: wait for it, a while
-            pass
-        except FileNotFoundError:  # removed by the process that held it: lock the next
-            pass
-        except OSError:  # no locks on this file system
-            os.close(fd)
-            return None
-        os.close(fd)
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(pause)
-        pause = min(2 * pause, 0.01)
+    _LOADED[p] = (after, _copied(merged.series), dict(merged.used), others)
 
 
 class Recorder:
