@@ -259,6 +259,22 @@ def test_usage_errors_return_2(capsys):
     capsys.readouterr()
 
 
+@pytest.mark.parametrize("value", ["-1", "0", "nan", "soon"])
+def test_a_timeout_that_is_no_time_is_refused(value, capsys, monkeypatch):
+    """--timeout -1 or 0 started the writer and reported it "timed out after -1 s"; nan gave
+    a traceback.  Refused as lamina bench refuses it, before anything is launched."""
+    monkeypatch.setattr(launch, "run", lambda *a, **k: pytest.fail("a program was launched"))
+    assert main(["--timeout", value, "--skip-insitu"]) == 2
+    err = capsys.readouterr().err
+    assert "--timeout:" in err and "seconds" in err and "Traceback" not in err
+
+
+def test_launch_without_a_time_limit():
+    """--timeout inf: no limit (a traceback before: communicate() takes no infinite timeout)."""
+    done = launch.run([sys.executable, "-c", "print('ran')"], timeout=float("inf"))
+    assert not done.timed_out and done.returncode == 0 and "ran" in done.output
+
+
 def test_launch_times_out_and_ends_the_process_group():
     done = launch.run([sys.executable, "-c", "import time; time.sleep(60)"], timeout=0.5)
     assert done.timed_out and done.seconds < 30

@@ -121,6 +121,21 @@ def parse_seconds(text: str, zero: bool = False, finite: bool = False) -> float:
     return seconds
 
 
+def positive_seconds(text: str) -> float:
+    """A ``--timeout`` option's type: a number of seconds, more than 0 (``inf``: no limit);
+    ``argparse.ArgumentTypeError`` otherwise, NaN included (argparse reports the error).
+    The commands that launch MPI jobs (``lamina bench``, ``lamina demo``) all read it so."""
+    import argparse
+
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not seconds > 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text!r}")
+    return seconds
+
+
 def fmt_duration(seconds: float) -> str:
     """A duration: ``'0'``, ``'12.5 us'``, ``'3.1 ms'``, ``'2.40 s'``."""
     s = float(seconds)

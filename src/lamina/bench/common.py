@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from .. import text
+from ..text import positive_seconds
 
 KiB, MiB, GiB = text.KiB, text.MiB, text.GiB
 #: worker -> parent progress lines start with this
@@ -88,17 +89,6 @@ def int_list_type(what: str) -> Callable[[str], list[int]]:
             raise argparse.ArgumentTypeError(str(e)) from None
 
     return parse
-
-
-def positive_seconds(text: str) -> float:
-    """``--timeout``'s type: a number of seconds, more than 0 (argparse reports the error)."""
-    try:
-        seconds = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not seconds > 0:  # NaN too
-        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text!r}")
-    return seconds
 
 
 def add_timeout_argument(

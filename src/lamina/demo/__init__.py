@@ -36,6 +36,7 @@ import tempfile
 import time
 
 from .. import comm as comm_mod
+from ..text import positive_seconds
 from . import launch, pair, phases, report
 from .simulation import DEFAULT_SHAPE
 
@@ -122,9 +123,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", action="store_true", help="keep the temporary directory and the file")
     p.add_argument(
         "--timeout",
-        type=float,
+        type=positive_seconds,
         default=300.0,
-        help="seconds allowed to each MPI program (default 300)",
+        help="seconds allowed to each MPI program, more than 0 (default 300; inf: no limit)",
     )
     p.add_argument(
         "--insitu-steps",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import time
@@ -65,7 +66,7 @@ def run(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> La
         start_new_session=True,
     )
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        out, _ = proc.communicate(timeout=timeout if math.isfinite(timeout) else None)
         return Launched(cmd, proc.returncode, out, time.perf_counter() - t0)
     except subprocess.TimeoutExpired:
         _end_group(proc)
