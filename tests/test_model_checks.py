@@ -217,9 +217,34 @@ def test_the_async_benchmark_checks_the_steps_auto_decided_from_step_3():
     assert background.model_checks([{"writes": [{"method": background.SYNC}]}], "x") == []
 
 
+@pytest.mark.parametrize(
+    "name, text, said",
+    [
+        ("missing.json", None, "no such file"),
+        ("dir", "", "is a directory, not a regular file"),
+        ("garbage.json", "{bad", "not valid JSON"),
+        ("other.json", '{"version": 99, "checks": {}}', "not records of version 1"),
+        ("list.json", "[]", "not records of version 1"),
+    ],
+)
+def test_lamina_model_checks_of_a_file_that_is_none(tmp_path, capsys, name, text, said):
+    """--file naming a missing file, a directory or garbage printed "no model checked on this
+    host yet" and exited 0: an error (status 2) as lamina model async --history says it."""
+    p = tmp_path / name
+    if name == "dir":
+        p.mkdir()
+    elif text is not None:
+        p.write_text(text)
+    assert model_main(["checks", "--file", str(p)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "Traceback" not in err
+    assert f"lamina model checks: error: --file {p}: " in err and said in err
+
+
 def test_lamina_model_checks(tmp_path, capsys, monkeypatch):
     p = str(tmp_path / "checks.json")
-    assert model_main(["checks", "--file", p]) == 0
+    checks.record([_check("async", [(1.0, 1.1)], "elsewhere", host="elsewhere")], p)
+    assert model_main(["checks", "--file", p]) == 0  # records, none of this host
     assert "no model checked on this host yet" in capsys.readouterr().out
     checks.record([_check("async", [(1.0, 1.1)], "lamina bench async --ranks 2")], p)
     assert model_main(["checks", "--file", p]) == 0

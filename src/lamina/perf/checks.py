@@ -158,12 +158,21 @@ def _read(path: str) -> dict[str, dict[str, Check]]:
     the other hosts' under ``others``; each record names its host.
     """
     try:
-        raw = read_cache_file(path, "model checks", MAX_FILE_BYTES)
+        return read_records(path)
+    except (OSError, ValueError):  # FormatError is an OSError
+        return {}
+
+
+def read_records(path: str) -> dict[str, dict[str, Check]]:
+    """:func:`_read`, raising what is wrong with the file: OSError (FileNotFoundError, ...),
+    ValueError (not a regular file, too long, not JSON, not records of this version)."""
+    raw = read_cache_file(path, "model checks", MAX_FILE_BYTES)
+    try:
         doc = load_json(raw, "model checks", limit=MAX_FILE_BYTES, constants=False)
-    except (OSError, ValueError, FormatError):
-        return {}
+    except FormatError as e:
+        raise ValueError(str(e)) from None
     if not isinstance(doc, dict) or doc.get("version") != VERSION:
-        return {}
+        raise ValueError(f"model checks: not records of version {VERSION} of model checks")
     found: dict[str, dict[str, Check]] = {}
     for records in (doc.get("checks"), *others_of(doc).values()):
         if not isinstance(records, dict):

@@ -498,7 +498,16 @@ def run_checks(argv: list[str]) -> int:
     )
     p.add_argument("--json", action="store_true", help="print the records as JSON")
     ns = p.parse_args(argv)
-    got = checks.load(ns.file)
+    if ns.file is None:
+        got = checks.load()
+    else:  # named: a file that is no records is an error, not "nothing checked yet"
+        try:
+            got = checks.read_records(ns.file).get(checks.host(), {})
+        except FileNotFoundError:
+            raise UsageError(f"--file {ns.file}: no such file") from None
+        except (OSError, ValueError) as e:
+            why = str(e).removeprefix("model checks: ")
+            raise UsageError(f"--file {ns.file}: not model checks ({why})") from None
     if ns.json:
         _print_json({m: c.as_dict() for m, c in got.items()})
     else:
