@@ -407,6 +407,20 @@ def test_memory_transport_needs_mpmd(tmp_path):
     assert not os.listdir(tmp_path)
 
 
+def test_a_serve_mode_from_the_environment_is_named_so(tmp_path, monkeypatch):
+    """LAMINA_TRANSPORT_SERVE=bogus was refused as the option 'serve', which the program
+    never passed: the error names the variable, as $LAMINA_TRANSPORT_SPIN's does."""
+    monkeypatch.setenv("LAMINA_TRANSPORT_SERVE", "bogus")
+    want = r"^\$LAMINA_TRANSPORT_SERVE must be one of thread, calls, got 'bogus'$"
+    with pytest.raises(ValueError, match=want):
+        lamina.open(tmp_path / "x.lam", "w", transport="memory")
+    with pytest.raises(TransportError, match="MPMD"):  # the option wins over the variable
+        lamina.open(tmp_path / "x.lam", "w", transport="memory", serve="calls")
+    with pytest.raises(ValueError, match="^serve must be one of thread, calls, got 'Bogus'$"):
+        lamina.open(tmp_path / "x.lam", "w", transport="memory", serve="Bogus")
+    assert not os.listdir(tmp_path)
+
+
 # ----------------------------------------------------------------- flow control
 
 

@@ -92,15 +92,18 @@ class TransportBase(BlockEngine):
             # a consumer releases step k when it asks for step k+1, which the producer must be free to make
             raise ValueError(f"queue_limit must be an integer >= 2, got {queue_limit!r}")
         self.segment = 0  # no checksums in memory: one placeholder per block (see Producer._stage)
-        serve = (
-            str(self.options.get("serve", os.environ.get(SERVE_ENV) or "thread")).strip().lower()
-        )
+        # the option, else the variable, else a thread: an error names the one given
+        given, where = self.options.get("serve"), "serve"
+        if given is None and os.environ.get(SERVE_ENV):
+            given, where = os.environ[SERVE_ENV], f"${SERVE_ENV}"
+        serve = str("thread" if given is None else given).strip().lower()
         if serve not in SERVE_MODES:
-            raise ValueError(f"serve must be one of {', '.join(SERVE_MODES)}, got {serve!r}")
+            raise ValueError(f"{where} must be one of {', '.join(SERVE_MODES)}, got {given!r}")
         if serve == "thread" and MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+            use = "serve='calls'" if where == "serve" else f"{where}=calls"
             raise ValueError(
-                "serve='thread' needs MPI initialized with MPI_THREAD_MULTIPLE "
-                f"(this MPI gives level {MPI.Query_thread()}); use serve='calls'"
+                f"{where}='thread' needs MPI initialized with MPI_THREAD_MULTIPLE "
+                f"(this MPI gives level {MPI.Query_thread()}); use {use}"
             )
         self.serve_mode = serve
         stats = self.options.get("stats", True)
