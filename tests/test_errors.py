@@ -1021,6 +1021,14 @@ def test_arguments_of_the_wrong_kind_are_named(tmp_path, monkeypatch):
     p = tmp_path / "a.lam"
     with pytest.raises(lamina.ConfigError, match="transport must be one of .* got 5"):
         lamina.open(p, "w", transport=5)
+    # an empty argument is refused, as io='' is (engine='' and transport='' were the defaults)
+    with pytest.raises(lamina.ConfigError, match="transport must be one of .* got ''"):
+        lamina.open(p, "w", transport="")
+    with pytest.raises(lamina.ConfigError, match="transport must be one of .* got ''"):
+        lamina.open(p, "w", engine="native", transport="")
+    with pytest.raises(lamina.ConfigError, match="engine='' names no engine"):
+        lamina.open(p, "w", engine="")
+    assert not p.exists()
     for seg in ("4MiB", 2**70, True, 4194304.0):
         with pytest.raises(ValueError, match=r"checksum_segment must be .* below 2\*\*62"):
             lamina.open(p, "w", checksum_segment=seg)
@@ -1048,7 +1056,9 @@ def test_arguments_of_the_wrong_kind_are_named(tmp_path, monkeypatch):
 
     for bad in ("2ms", "-1", "inf"):
         monkeypatch.setenv("LAMINA_TRANSPORT_SPIN", bad)
-        with pytest.raises(ValueError, match=f"LAMINA_TRANSPORT_SPIN must be .* got '{bad}'"):
+        # (inf was refused as "must be a number of seconds >= 0", which it is)
+        want = f"LAMINA_TRANSPORT_SPIN must be a finite number of seconds >= 0, got '{bad}'"
+        with pytest.raises(ValueError, match=re.escape(want)):
             lamina.open(p, "w", transport="memory")
     monkeypatch.setenv("LAMINA_TRANSPORT_SPIN", "0.001")
     assert wire.spin_seconds() == 0.001 and wire.Poll(1.0).spin == 0.001

@@ -343,6 +343,16 @@ def test_a_calibration_file_keeps_the_most_recent_hosts(monkeypatch, tmp_path):
     assert len(path.read_bytes()) <= calmod.MAX_FILE_BYTES
 
 
+def test_a_calibration_that_cannot_be_cached_warns_as_lamina(monkeypatch, tmp_path):
+    """The warning was a plain UserWarning, which a filter of lamina's warnings missed."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    here = dataclasses.replace(CAL, host=calmod.host())
+    monkeypatch.setattr(calmod, "calibrate", lambda quick=False, directory=None: here)
+    with pytest.warns(LaminaWarning, match="could not cache the calibration at"):
+        assert load_calibration(str(blocker / "cal.json")) == here
+
+
 def test_calibrate_quick(tmp_path):
     cal = calibrate(quick=True, directory=str(tmp_path))
     for name in (*calmod.RATES, "fresh_copy_bandwidth"):

@@ -109,7 +109,7 @@ def parse_rate(text: str) -> float:
 def parse_seconds(text: str, zero: bool = False, finite: bool = False) -> float:
     """*text* as a number of seconds: ``'2.5'``, ``'1e-3'``, ``'inf'`` -> float, > 0 (>= 0
     with *zero*; below infinity with *finite*); otherwise ValueError ``must be a number of
-    seconds > 0`` (``>= 0``), to which the caller adds what it read and the value.  The one
+    seconds > 0`` (``>= 0``; ``a finite number`` with *finite*), to which the caller adds what it read and the value.  The one
     reading of a timeout in an environment variable (:func:`lamina.comm.env_seconds`) and
     of one ``lamina run`` passes to a task (``lamina.workflow.file``)."""
     try:
@@ -117,7 +117,8 @@ def parse_seconds(text: str, zero: bool = False, finite: bool = False) -> float:
     except ValueError:
         seconds = math.nan
     if not ((seconds >= 0 if zero else seconds > 0) and (seconds < math.inf or not finite)):
-        raise ValueError(f"must be a number of seconds {'>= 0' if zero else '> 0'}")
+        kind = "a finite number" if finite else "a number"
+        raise ValueError(f"must be {kind} of seconds {'>= 0' if zero else '> 0'}")
     return seconds
 
 

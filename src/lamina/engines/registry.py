@@ -246,6 +246,13 @@ def engine_choice(
     """:func:`choose_engine`'s name and, in words, what chose it (``"$LAMINA_ENGINE"``,
     ``"transport 'memory' from $LAMINA_TRANSPORT"``, ...): ``lamina.open`` names both
     where ranks chose different engines."""
+    if transport is not None:  # checked where an engine is named too
+        routes.transport_choice(transport)
+    if engine == "":  # (io='' is refused too: an empty argument is no default)
+        raise ConfigError(
+            f"engine='' names no engine; give a name (one of {sorted(_ENGINES)}) or None for "
+            "the default"
+        )
     if engine:
         return engine, "engine="
     routed = routes.engine_for(path, mode, transport)

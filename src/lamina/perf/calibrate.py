@@ -971,5 +971,7 @@ def load_calibration(
     try:
         save_calibration(cal, path)
     except OSError as e:
-        warnings.warn(f"could not cache the calibration at {path}: {e}", stacklevel=2)
+        warnings.warn(
+            f"could not cache the calibration at {path}: {e}", LaminaWarning, stacklevel=2
+        )
     return cal

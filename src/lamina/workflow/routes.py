@@ -371,7 +371,8 @@ TRANSPORTS = ("file", "memory", "both")
 def transport_choice(transport: str | None = None) -> str:
     """*transport*, else ``$LAMINA_TRANSPORT``, else ``'file'``; ConfigError (a ValueError)
     if unknown or not a string."""
-    if transport is not None and not isinstance(transport, str):
+    if transport is not None and (not isinstance(transport, str) or not transport):
+        # (an empty argument is no default: io='' and engine='' are refused too)
         raise ConfigError(
             f"transport must be one of {list(TRANSPORTS)} (a string) or None, got {transport!r}"
         )
