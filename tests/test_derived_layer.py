@@ -373,6 +373,45 @@ def test_blocks_evaluated_where_they_lie_in_one_call(open_file, new_path, monkey
         ]
 
 
+@pytest.mark.parametrize("io", ["sync", "async"])
+def test_a_gpu_that_is_not_there_is_refused_at_the_open(open_file, new_path, monkeypatch, io):
+    """device='gpu' without CuPy or a CUDA device: DeviceUnavailableError at the open, naming
+    the device and what is missing, for a writer (before the file is made) and a reader alike
+    (it was accepted, and every step then failed at its commit, or under io='async' at close)."""
+    from lamina.derived import compute
+
+    monkeypatch.setattr(compute, "gpu_missing", lambda: "CuPy does not import (simulated)")
+    p = new_path()
+    with pytest.raises(lamina.DeviceUnavailableError) as info:
+        open_file(p, "w", device="gpu", io=io)
+    assert "device='gpu'" in str(info.value) and "CuPy does not import" in str(info.value)
+    assert not os.path.exists(p)
+    with open_file(p, "w", io=io) as f:  # the same stack on the CPU
+        f.create_dataset("a", (4, 4))
+        f.derive("b", "a * 2", "expression")
+        with f.step():
+            f["a"][...] = 1.0
+    with pytest.raises(lamina.DeviceUnavailableError, match="device='gpu'.*simulated"):
+        open_file(p, "r", device="gpu")
+    # a GPU that is there: the open goes on (nothing computed here, so CuPy is not needed)
+    monkeypatch.setattr(compute, "gpu_missing", lambda: None)
+    with open_file(p, "r", device="gpu") as f:
+        assert f.steps == 1
+
+
+def test_device_cpu_or_auto_does_not_look_for_a_gpu_at_the_open(open_file, new_path, monkeypatch):
+    from lamina.derived import compute
+
+    def look():
+        raise AssertionError("CuPy looked for at the open")
+
+    monkeypatch.setattr(compute, "gpu_missing", look)
+    for device in ("cpu", "auto"):
+        with open_file(new_path(), "w", device=device) as f:
+            layer = next(e for e in f.engine.stack() if isinstance(e, DerivedLayer))
+            assert layer.device == device
+
+
 @pytest.mark.parametrize("io", ["sync", "async", "auto"])
 @pytest.mark.parametrize("strategy", ["store", "stats"])
 def test_zero_dim_inputs_lent_or_copied(open_file, new_path, io, strategy):
@@ -1329,6 +1368,16 @@ def test_auto_hints_that_differ_between_ranks_are_refused(tmp_path):
     taken silently; now every rank raises CollectiveMismatchError."""
     res = mu.run_mpi(2, "open_args", "auto-hints", tmp_path / "h.lam", timeout=60)
     assert res.stdout.count("OK auto-hints") == 2, res.stdout
+
+
+@pytest.mark.skipif(not _have_mpiexec(), reason="no mpiexec")
+def test_a_gpu_on_some_ranks_only_fails_the_open_everywhere(tmp_path):
+    """device='gpu' where rank 1 has no GPU and rank 0 has one: both raise
+    DeviceUnavailableError at the open (rank 0 is not left to open the file alone)."""
+    res = mu.run_mpi(2, "open_args", "gpu", tmp_path / "g.lam", timeout=60)
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("OK gpu")]
+    assert len(lines) == 2, res.stdout
+    assert all("DeviceUnavailableError" in ln and "simulated" in ln for ln in lines), lines
 
 
 def test_a_group_inside_a_vector_quantity_is_refused(open_file, new_path):

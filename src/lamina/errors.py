@@ -145,6 +145,10 @@ class ExpressionError(LaminaError, ValueError):
         super().__init__(message)
 
 
+class DeviceUnavailableError(LaminaError, RuntimeError):
+    """``device="gpu"`` was asked for but CuPy or a CUDA device is missing."""
+
+
 def suggest(name: str, candidates: Iterable[str], n: int = 3) -> str:
     """Return ' Did you mean ...?' for close matches of *name*, or ''."""
     cands = list(candidates)

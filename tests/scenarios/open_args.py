@@ -2,7 +2,8 @@
 
     open_args.py CASE PATH     rank 1 alone gets a bad argument; every rank must raise at the
                                open (none waits in its first collective call): io-env, io-arg,
-                               budget, option
+                               budget, option; gpu: device='gpu' everywhere, with a GPU
+                               on rank 0 alone (simulated)
     open_args.py CASE PATH     rank 1 alone chooses another engine or stack: every rank raises
                                CollectiveMismatchError naming what differs and which rank chose
                                what (the ranks waited forever in the engines' first collective
@@ -66,6 +67,12 @@ def bad_open(case: str, path: str) -> None:
             os.environ["LAMINA_TRANSPORT"] = "memory"
         elif case == "layers-arg":
             kw = {"layers": []}
+    if case == "gpu":
+        from lamina.derived import compute
+
+        kw = {"device": "gpu"}
+        there = c.rank == 0
+        compute.gpu_missing = lambda: None if there else "CuPy sees no CUDA device (simulated)"
     import lamina
 
     try:

@@ -28,6 +28,7 @@ Pure code (no MPI, no files).  The derived layer and the query engine build on:
 from .bounds import Bounds, Interval, interval, truth
 from .compute import (
     DeviceUnavailableError,
+    check_device,
     check_inputs,
     component_names,
     evaluate,
@@ -61,6 +62,7 @@ __all__ = [
     "STENCILS",
     "UnaryOp",
     "check",
+    "check_device",
     "check_inputs",
     "check_stencils",
     "component_names",

@@ -14,7 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DTypeError, ExpressionError, LaminaError, ShapeError, register, suggest
+from ..errors import (
+    DeviceUnavailableError,
+    DTypeError,
+    ExpressionError,
+    ShapeError,
+    suggest,
+)
 from ..geometry import Box
 from . import _parallel
 from .functions import COMPONENTS, FUNCTIONS
@@ -22,12 +28,6 @@ from .halo import as_box, check_stencils, needed_boxes, union
 from .kernels import CHUNK_ELEMENTS, Evaluator, node_pos, probe
 from .nodes import Call, Expr
 from .parser import axis_value, check, parse
-
-
-@register
-class DeviceUnavailableError(LaminaError, RuntimeError):
-    """``device="gpu"`` was asked for but CuPy or a CUDA device is missing."""
-
 
 # ---------------------------------------------------------------------------
 # public entry points
@@ -409,14 +409,40 @@ def component_names(name: str, expr: Expr | int) -> list[str]:
     return [name] if n == 1 else [f"{name}/{c}" for c in COMPONENTS[:n]]
 
 
-def gpu_available() -> bool:
-    """True if CuPy imports and sees at least one CUDA device."""
+def gpu_missing() -> str | None:
+    """What a GPU computation lacks here (CuPy, or a CUDA device it sees), or None if nothing."""
     try:
         import cupy
+    except Exception as e:  # noqa: BLE001 - any failure means: no usable CuPy
+        return f"CuPy does not import ({type(e).__name__}: {e})"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # noqa: BLE001 - any failure means: no usable device
+        return f"CuPy finds no CUDA device ({type(e).__name__}: {e})"
+    if count <= 0:
+        return "CuPy sees no CUDA device"
+    return None
 
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # noqa: BLE001 - any failure means: no usable GPU
-        return False
+
+def gpu_available() -> bool:
+    """True if CuPy imports and sees at least one CUDA device."""
+    return gpu_missing() is None
+
+
+def check_device(device: str) -> None:
+    """Refuse *device* unless it is ``"cpu"``, ``"gpu"`` or ``"auto"`` and, for ``"gpu"``, usable.
+
+    Cheap for ``"cpu"`` and ``"auto"`` (CuPy is not imported); ``"gpu"`` without CuPy or a
+    CUDA device is a :class:`DeviceUnavailableError` saying which is missing.
+    """
+    if device not in ("cpu", "gpu", "auto"):
+        raise ExpressionError(f"device must be 'cpu', 'gpu' or 'auto', not {device!r}")
+    if device == "gpu":
+        missing = gpu_missing()
+        if missing is not None:
+            raise DeviceUnavailableError(
+                f"device='gpu' needs CuPy and a CUDA device: {missing}; use device='cpu' or 'auto'"
+            )
 
 
 # ---------------------------------------------------------------------------
@@ -482,17 +508,12 @@ def _spacing(spacing, ndim: int) -> tuple[float, ...]:
 def _array_module(device: str):
     if device == "cpu":
         return np
-    if device not in ("gpu", "auto"):
-        raise ExpressionError(f"device must be 'cpu', 'gpu' or 'auto', not {device!r}")
-    if gpu_available():
+    check_device(device)  # "gpu": raises unless CuPy sees a device
+    if device == "gpu" or gpu_available():
         import cupy
 
         return cupy
-    if device == "auto":
-        return np
-    raise DeviceUnavailableError(
-        "device='gpu' needs CuPy and a CUDA device; use device='cpu' or 'auto'"
-    )
+    return np
 
 
 def _origin(path, a, origin, need, inbox, shape) -> tuple[int, ...]:

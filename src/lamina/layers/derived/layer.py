@@ -55,7 +55,7 @@ import numpy as np
 from ... import comm as comm_mod
 from ... import stats as stats_mod
 from ...catalog import CODEC_STATS_ONLY, BlockTable, DatasetSpec, normpath
-from ...derived import evaluate, evaluate_regions, gpu_available, needed_boxes
+from ...derived import check_device, evaluate, evaluate_regions, gpu_available, needed_boxes
 from ...engines.batch import elements
 from ...engines.staging import enter_boxes
 from ...errors import (
@@ -99,7 +99,8 @@ class DerivedLayer(Layer):
     """Derived quantities over any engine (see the module docstring).
 
     Option ``device``: where quantities are computed, ``'cpu'`` (default),
-    ``'gpu'`` (CuPy) or ``'auto'``.
+    ``'gpu'`` (CuPy; refused at the open with DeviceUnavailableError where
+    CuPy or a CUDA device is missing) or ``'auto'``.
     """
 
     OPTIONS = frozenset({"device"})
@@ -134,6 +135,10 @@ class DerivedLayer(Layer):
         self.device = options.get("device", "cpu")
         if self.device not in ("cpu", "gpu", "auto"):
             raise ValueError(f"device must be 'cpu', 'gpu' or 'auto', got {self.device!r}")
+        # a GPU that is not there is refused at the open (validate_open runs this under the
+        # open's agreement, so every rank raises if one lacks it), not at the first step that
+        # computes a quantity: that step, and under io="async" every later one, would be lost
+        check_device(self.device)
 
     def opened(self) -> None:
         self._load()
