@@ -16,7 +16,8 @@ from lamina.engines import memory
 from lamina.testing.engines import PEER_TIMEOUT, EngineTests, LaunchedEngineTests, filename
 
 #: the transport's consumers take steps as a stream (each released when the next is asked for),
-#: blocks travel raw, producers cannot read back, and nothing outlives the launch: none of the extras
+#: blocks travel raw, producers cannot read back (but those of 'both', from their file), and nothing
+#: outlives the launch: none of the extras
 TRANSPORT: frozenset[str] = frozenset()
 
 
@@ -60,7 +61,8 @@ class TestBoth(LaunchedEngineTests):
 
     engine = "both"
     reread_engine = "native"
-    capabilities = TRANSPORT
+    # its producers read back from the file they write
+    capabilities = TRANSPORT | {"writer_reads"}
     mpmd = True
     options = {"timeout": PEER_TIMEOUT, "durable": False}
     read_options = {"timeout": PEER_TIMEOUT}

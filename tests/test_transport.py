@@ -94,6 +94,21 @@ def test_producer_consumer(tmp_path, mode, n, m):
             assert int(f.at(2)["grid"][4, 5]) == 4 * 17 + 5 + 2 * 100_000
 
 
+@pytest.mark.parametrize("mode", ["memory", "file", "both"])
+def test_what_a_producer_reads_back(tmp_path, mode):
+    """A producer's queries and reads: under 'both' from its file, as under 'file' (they
+    answered only when statistics ruled out every block, and raised ModeError otherwise);
+    under 'memory' a ModeError whatever the values and boxes."""
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (2, "transport_producer_reads", "produce", "pr.lam"),
+        (1, "transport_producer_reads", "consume", "pr.lam"),
+        cwd=tmp_path,
+        env={"LAMINA_TRANSPORT": mode},
+    )
+    assert res.lines(f"OK producer {mode}") and res.lines("OK consumer 1 steps"), res.describe()
+
+
 @pytest.mark.parametrize("mode", ["memory", "file"])
 def test_consumer_ranks_at_a_step_see_one_namespace(tmp_path, mode):
     """A dataset and an attribute made at step 1 reach one consumer rank while it reads step

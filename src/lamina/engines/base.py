@@ -354,6 +354,12 @@ class Engine(ABC):
     ) -> tuple[DatasetSpec, int]:
         """Independent: ``(spec, step)`` of a read of *box* of *name* into *out*, after checking all four."""
 
+    def check_can_read(self) -> None:  # noqa: B027 - a no-op unless overridden
+        """Independent: raise :class:`~lamina.errors.ModeError` if this engine cannot read
+        back the values of its steps (a producer of the memory transport: its blocks are
+        served to its consumers).  A query asks before it looks at any statistics, so that
+        whether it raises never depends on the values."""
+
     @abstractmethod
     def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
         """Independent: read *box* of dataset *name* at *step* into *out* (shape of box, dtype of the dataset)."""

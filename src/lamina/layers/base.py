@@ -184,6 +184,9 @@ class Layer(Engine):
     ) -> tuple[DatasetSpec, int]:
         return self.inner.check_read(name, box, step, out)
 
+    def check_can_read(self) -> None:
+        self.inner.check_can_read()
+
     def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
         self.inner.get(name, box, step, out)
 

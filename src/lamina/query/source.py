@@ -183,6 +183,9 @@ class Source:
     """An open file (or a view of it) at one step, as the query sees it."""
 
     def __init__(self, engine, filename: str, step, level: int = 0) -> None:
+        # an engine that cannot read (a producer of the memory transport) refuses every query,
+        # not only those its statistics cannot answer
+        engine.check_can_read()
         self.eng = engine
         self.filename = filename
         if step is not None and (not isinstance(step, numbers.Integral) or isinstance(step, bool)):

@@ -79,6 +79,36 @@ class BothProducer(Producer):
         assert self.file is not None
         self.file.flush(durable)
 
+    # -- reading: from the file, as a writer of engine "native" reads (the blocks in memory are
+    # the consumers'); the file commits each step as the transport does
+    def check_can_read(self) -> None:
+        pass
+
+    def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
+        assert self.file is not None
+        self.file.get(name, box, step, out)
+
+    def get_collective(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
+        assert self.file is not None
+        self.file.get_collective(name, box, step, out)
+
+    def get_level(
+        self,
+        name: str,
+        box: Box,
+        step: int | None,
+        out: np.ndarray,
+        level: int = 0,
+        cache: dict | None = None,
+        tolerance: float | None = None,
+    ) -> int:
+        assert self.file is not None
+        return self.file.get_level(name, box, step, out, level, cache, tolerance)
+
+    @property
+    def bytes_read(self) -> int:
+        return 0 if self.file is None else self.file.bytes_read
+
     def put(self, name: str, box: Box, array: np.ndarray, copy: bool = True) -> None:
         assert self.file is not None
         self.file.put(name, box, array, copy)

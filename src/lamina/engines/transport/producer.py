@@ -639,10 +639,37 @@ class Producer(TransportBase):
     def _data_in_flight(self) -> bool:
         return len(self._answers) > 0
 
-    def _read_region(self, rec, spec, inter, dst) -> None:
+    def check_can_read(self) -> None:
         raise ModeError(
             f"{self.path}: a producer of the memory transport cannot read back what it wrote"
         )
+
+    # every read is refused once its arguments are checked, whatever the box holds (a box
+    # without blocks read as the fill value, one with blocks raised)
+    def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
+        self.check_read(name, box, step, out)
+        self.check_can_read()
+
+    def get_collective(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
+        self.check_read(name, box, step, out)
+        self.check_can_read()
+
+    def get_level(
+        self,
+        name: str,
+        box: Box,
+        step: int | None,
+        out: np.ndarray,
+        level: int = 0,
+        cache: dict | None = None,
+        tolerance: float | None = None,
+    ) -> int:
+        self.check_step(step)
+        self.check_can_read()
+        return 0
+
+    def _read_region(self, rec, spec, inter, dst) -> None:
+        self.check_can_read()
 
     def _finish(self) -> None:
         self._gather()
