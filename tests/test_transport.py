@@ -637,14 +637,16 @@ def test_steps_seen_on_arrival(tmp_path):
     assert max(late[1:]) < 0.25, res.describe()  # step 0 also waits for the open
 
 
-def test_no_statistics(tmp_path):
-    """stats=False: blocks travel without statistics; values and queries stay right (no pruning)."""
+@pytest.mark.parametrize("mode", ["memory", "both"])
+def test_no_statistics(tmp_path, mode):
+    """stats=False: blocks travel without statistics; values and queries stay right (no pruning).
+    A derived quantity kept as statistics keeps them (it reached consumers with none at all)."""
     _skip_without_mpiexec()
     res = run_mpmd(
         (2, "transport_flow", "bare", "b", 3),
         (1, "transport_flow", "bare-read", "b", 3),
         cwd=tmp_path,
-        env={"LAMINA_TRANSPORT": "memory"},
+        env={"LAMINA_TRANSPORT": mode},
     )
     assert res.lines("OK bare: 3 steps"), res.describe()
 

@@ -6,8 +6,10 @@
     transport_flow.py slow NAME STEPS GAP         writes a step every GAP seconds
     transport_flow.py punctual NAME STEPS         iter_steps() with its default polling: reports how
                                                   late after its commit each step was seen
-    transport_flow.py bare NAME STEPS             writes x = arange(8) + k with stats=False
-    transport_flow.py bare-read NAME STEPS        blocks carry no statistics; reads and queries still right
+    transport_flow.py bare NAME STEPS             writes x = arange(8) + k with stats=False, and
+                                                  derives s = x * 2 kept as statistics
+    transport_flow.py bare-read NAME STEPS        blocks of x carry no statistics, those of s theirs;
+                                                  reads and queries still right
 
 The producer reports how many steps it held at most after each ``end_step``
 (its memory) and how long its steps took (it never waits for a latest
@@ -90,6 +92,7 @@ def punctual(name: str, steps: int) -> list[float]:
 def bare(name: str, steps: int) -> None:
     with lamina.open(name, "w", stats=False) as f:
         f.create_dataset("x", (8,), np.int64)
+        f.derive("s", "x * 2", "stats")  # its statistics are all it keeps: stats=False spares them
         for k in range(steps):
             with f.step():
                 a, b = 8 * f.comm.rank // f.comm.size, 8 * (f.comm.rank + 1) // f.comm.size
@@ -111,6 +114,21 @@ def bare_read(name: str, steps: int) -> None:
                 raise AssertionError(
                     f"step {k}: query x > 5 gave {res.count} matches, read {res.candidate_blocks_read} blocks"
                 )
+            s = (np.arange(8) + k) * 2
+            for blk in view["s"].blocks():
+                st, v = blk.stats, s[blk.box.slices]
+                if st is None or (st.min, st.max, st.sum, st.count) != (
+                    v.min(),
+                    v.max(),
+                    v.sum(),
+                    v.size,
+                ):
+                    raise AssertionError(f"step {k}: block {blk.box} of s has statistics {st}")
+            res = view.query("s > 1000")  # the statistics rule out every block: nothing read
+            if res.count or res.candidates or res.candidate_blocks_read or res.exact_blocks_read:
+                raise AssertionError(f"step {k}: query s > 1000 read blocks: {res}")
+            if view.query("s > 10").count != int((s > 10).sum()):
+                raise AssertionError(f"step {k}: query s > 10 gave {view.query('s > 10').count}")
             n += 1
     if n != steps:
         raise AssertionError(f"saw {n} of {steps} steps")

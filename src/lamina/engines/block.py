@@ -1297,6 +1297,9 @@ class BlockEngine(Engine):
             self.segment,
             self.CHECKSUMS,
             self._with_stats and self._stats_in_record,
+            # stats=False spares the statistics of data; a statistics-only block (a derived
+            # quantity kept as statistics) holds nothing else, so it keeps them
+            stats_only=self._stats_in_record,
         )
         amax = None
         for did, rows in log.rows.items():

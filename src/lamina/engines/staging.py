@@ -536,12 +536,20 @@ class PutLog:
         ncrc, crcs = _crc_columns(one, many, sel)
         return segs[sel], ncrc, crcs, has[sel], smin, smax, ssum, count[sel]
 
-    def _stat_rows(self, dtypes: dict[int, np.dtype], seg: int, checksum: bool, stats: bool):
+    def _stat_rows(
+        self,
+        dtypes: dict[int, np.dtype],
+        seg: int,
+        checksum: bool,
+        stats: bool,
+        stats_only: bool = False,
+    ):
         """Statistics and checksums of every row, from one pass over the chunks and jobs of
         the datasets in *dtypes*: ``(segs, one, many, has, mins, maxs, sums, count)``, with
         *one* the checksum of each block of one segment, *many* the checksums of the others
         (by row), and min, max and sum by their stored dtype's ``str`` (a column each, zero
-        in the rows of other dtypes)."""
+        in the rows of other dtypes).  Without *stats*, statistics-only blocks keep theirs
+        with *stats_only* (their statistics were given at put, nothing is waited for)."""
         n = len(self.ds)
         many: dict[int, tuple[int, ...]] = {}  # blocks with another number of checksums
         # min/max by their stored dtype (int64, uint64 or float64), sums float64 or complex128
@@ -613,6 +621,20 @@ class PutLog:
                     col(maxs, stat_dtype(dt))[r] = st.max
                     col(sums, sum_dtype(dt))[r] = st.sum
                     count[r] = st.count
+        if stats_only and not stats:
+            codec, rows_ds = self.codec, self.ds
+            for r in self.jobbed:
+                job = self.job[r]
+                dt = dtypes.get(rows_ds[r])
+                if codec[r] != CODEC_STATS_ONLY or job is None or dt is None:
+                    continue
+                st, _ = job.result()  # given at put: done already
+                if st is not None:
+                    has[r] = True
+                    col(mins, stat_dtype(dt))[r] = st.min
+                    col(maxs, stat_dtype(dt))[r] = st.max
+                    col(sums, sum_dtype(dt))[r] = st.sum
+                    count[r] = st.count
         return self._segs(n, seg, checksum), one, many, has, mins, maxs, sums, count
 
     def _segs(self, n: int, seg: int, checksum: bool) -> np.ndarray:
@@ -640,13 +662,21 @@ class PutLog:
             return None  # (rows are ascending: n of them from 0 to n - 1 are every row)
         return got[0][1]
 
-    def step_stats(self, dtypes: dict[int, np.dtype], seg: int, checksum: bool, stats: bool):
+    def step_stats(
+        self,
+        dtypes: dict[int, np.dtype],
+        seg: int,
+        checksum: bool,
+        stats: bool,
+        stats_only: bool = False,
+    ):
         """The columns of :meth:`stats_columns` for every row of the step at once, in row
         order (*dtypes*: every dataset of the step): seg, ncrc, crcs (flat), has_stats, min
         and max as their 8 stored bytes (``<u8``), sum (float64, or complex128 where any
-        dataset is complex), count."""
+        dataset is complex), count.  With *stats_only*, statistics-only blocks keep their
+        statistics even without *stats* (they are all such a block holds)."""
         segs, one, many, has, mins, maxs, sums, count = self._stat_rows(
-            dtypes, seg, checksum, stats
+            dtypes, seg, checksum, stats, stats_only
         )
         n = len(segs)
         ncrc, crcs = _crc_columns(one, many, None)
