@@ -776,6 +776,109 @@ def test_read_of_a_failed_step(path):
         f.close()
 
 
+def _interrupt_once(monkeypatch, when=lambda *a, **k: True):
+    """The next agreement of the program's thread (for which *when* holds) raises
+    KeyboardInterrupt, as a Ctrl-C while it waits for the other ranks."""
+    real, armed = comm_mod.agree, [True]
+
+    def agree(*args, **kw):
+        if armed[0] and threading.current_thread() is threading.main_thread() and when(*args):
+            armed[0] = False
+            raise KeyboardInterrupt
+        return real(*args, **kw)
+
+    monkeypatch.setattr(comm_mod, "agree", agree)
+    return armed
+
+
+def test_an_interrupt_in_end_step_keeps_the_steps_ended_before(path, monkeypatch):
+    """Ctrl-C while end_step waits for the other ranks: the steps every rank ended before
+    are still written (by close); only the step being ended is dropped. They were cancelled
+    as if a background step had failed."""
+    f = lamina.open(path, "w", io="async")
+    gate = Gate(f)
+    ds = f.create_dataset("x", (4, 6), "f8")
+    gate.hold()  # steps 0-3 in flight: step 0 at its commit, 1-3 queued
+    for k in range(4):
+        with f.step():
+            ds[...] = values(k)
+    f.begin_step()
+    ds[...] = values(4)
+    _interrupt_once(monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        f.end_step()
+    assert f.io_stats["steps_cancelled"] == 0
+    assert not f.engine.in_step and f.steps == 4
+    gate.open.set()
+    f.close()
+    assert f.io_stats["steps_background"] == 4
+    assert [float(a[0, 0]) for a in read_all(path)] == [0.0, 100.0, 200.0, 300.0]
+
+
+def test_an_interrupt_in_wait_keeps_the_steps_ended(path, monkeypatch):
+    """Ctrl-C while wait() waits for the steps in flight: they are still written."""
+    f = lamina.open(path, "w", io="async")
+    gate = Gate(f)
+    ds = f.create_dataset("x", (4, 6), "f8")
+    gate.hold()
+    for k in range(4):
+        with f.step():
+            ds[...] = values(k)
+    bg = f.engine
+    real, calls = bg._drain, [0]
+
+    def drain():
+        calls[0] += 1
+        if calls[0] == 1:
+            raise KeyboardInterrupt  # in the wait for the steps in flight
+        gate.open.set()
+        real()
+
+    monkeypatch.setattr(bg, "_drain", drain)
+    with pytest.raises(KeyboardInterrupt):
+        f.wait()
+    assert f.io_stats["steps_cancelled"] == 0
+    gate.open.set()
+    f.close()
+    assert [float(a[0, 0]) for a in read_all(path)] == [0.0, 100.0, 200.0, 300.0]
+
+
+def test_a_failure_taken_when_an_interrupt_came_is_raised_at_the_next_call(path, monkeypatch):
+    """A background failure this rank was reporting when Ctrl-C reached end_step is not
+    lost: the next collective call raises it (and the file goes on from there)."""
+    f, ds, gate = _three_then_fail(path, more=0)  # step 2 fails
+    deadline = time.monotonic() + 10
+    while f.io_stats["steps_failed"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    f.begin_step()
+    ds[...] = values(3)
+    _interrupt_once(monkeypatch, lambda comm, exc, *a: exc is not None)
+    with pytest.raises(KeyboardInterrupt):
+        f.end_step()
+    with pytest.raises(OSError, match=r"background step 2 .*failed on rank 0"):
+        f.wait()
+    gate.fail_at = None
+    with f.step() as k:
+        assert k == 2
+        ds[...] = values(5)
+    f.close()
+    assert [float(a[0, 0]) for a in read_all(path)] == [0.0, 100.0, 500.0]
+
+
+def test_a_step_whose_commit_met_a_rank_leaving_is_not_called_a_failure():
+    """Rank 0 let go of the file (Ctrl-C) while rank 1's thread waited in a step's commit: the
+    report names rank 0's leaving, not a background failure on rank 0."""
+    from lamina.layers.background.step import BackgroundError, same_report
+
+    left = comm_mod._error_from_payload(comm_mod._error_payload(KeyboardInterrupt(), left=True), 0)
+    err = BackgroundError(5, left, 1, "r.lam", "committing").build()
+    text = str(err)
+    assert "failed" not in text, text
+    assert text.startswith("background step 5 of 'r.lam' was abandoned by rank 0 and "), text
+    assert "rank 0 left the file after an error of its own (KeyboardInterrupt)" in text, text
+    assert same_report(err)
+
+
 # -- reading ahead ---------------------------------------------------------------
 
 

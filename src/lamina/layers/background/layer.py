@@ -256,6 +256,9 @@ class BackgroundLayer(Layer):
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._failure: BackgroundError | None = None
+        # a failure taken to be reported at a call that raised something else before the ranks
+        # heard it (an interrupt while the call waited): reported at the next call instead
+        self._unsaid: BaseException | None = None
         # the step that failed, until every rank has raised it (_on_failure_elsewhere): the
         # worker cancels the steps ended after it instead of writing them
         self._failed_at: int | None = None
@@ -704,7 +707,12 @@ class BackgroundLayer(Layer):
         rank (*call*: which call of the program's this is, see SPAN)."""
         self._drain()
         self._judge_owed()
-        self._meet(self._take_failure(), _point(call))
+        pending = self._take_failure()
+        try:
+            self._meet(pending, _point(call))
+        except BaseException as e:
+            self._reported(e, pending)
+            raise
 
     def _judge_owed(self) -> None:
         """Collective where this rank dropped its first step before it was judged (see
@@ -717,11 +725,31 @@ class BackgroundLayer(Layer):
         """The failure to report (once); afterwards the file goes on from the last committed step."""
         with self._cond:
             f, self._failure = self._failure, None
+            unsaid, self._unsaid = self._unsaid, None
             if f is not None:  # what is queued behind it is cancelled (the worker would): say so
                 self._cancel_queued(f)
+        if unsaid is not None:  # taken before, not heard by the ranks: the first failure
+            return unsaid
         if f is None:
             return None
         return f.build()
+
+    def _reported(
+        self, e: BaseException, pending: BaseException | None, ended: int | None = None
+    ) -> bool:
+        """Whether *e*, raised by the agreement of a collective call (or the wait before it),
+        is a background failure's report (:func:`same_report`; *ended* as there).  Anything
+        else (an interrupt while the call waited, a call made on some ranks only) is not:
+        the steps every rank ended are still written, and the failure this rank took to
+        report there (*pending*), unheard, is reported at its next collective call."""
+        if is_left(e):
+            return False
+        if same_report(e, ended):
+            return True
+        if pending is not None:
+            with self._cond:
+                self._unsaid = self._unsaid or pending
+        return False
 
     def _on_failure_elsewhere(self) -> None:
         """Another rank reported a background failure: cancel what is queued here, forget the rest."""
@@ -763,7 +791,9 @@ class BackgroundLayer(Layer):
         try:
             self._collective_point(call)
         except BaseException as e:
-            if not is_left(e):  # a rank that left: the steps ended by all still complete (abandon)
+            # a rank that left: the steps ended by all still complete (abandon); an interrupt
+            # (or another error of this thread's): they are still written, as they were ended
+            if not is_left(e) and same_report(e):
                 self._on_failure_elsewhere()
             raise
 
@@ -1412,14 +1442,18 @@ class BackgroundLayer(Layer):
             # over (this rank behind: it ends a step the others dropped) even if none was here
             ended = bool(opened and opened[0] == ENDING + 1)
             self._drop_open_step(anywhere=ended or self._parted)
-            if not is_left(e):
-                if ended and not self._parted and same_report(e, self._next):
+            dropped = ended and not self._parted
+            if self._reported(e, pending, self._next if dropped else None):
+                if dropped:
                     # a background failure raised here: the step this end_step ends is dropped
                     # on every rank, cancelled as the steps ended after the failure are (the
                     # ranks agreed that some rank had it open, so all count it alike)
                     with self._cond:
                         self.stats.steps_cancelled += 1
                 self._on_failure_elsewhere()
+            # else not a background failure (an interrupt while this rank waited for the
+            # others, ...): only the step being ended is dropped; the steps ended before it
+            # are still written (at the next call that waits for them, close, or the exit)
             raise
         if not active:
             raise mark_collective(StepError("end_step called without begin_step"))

@@ -20,6 +20,7 @@ from ...errors import (
     ShapeError,
     error_from_wire,
     error_to_wire,
+    is_left,
 )
 from ...geometry import Box
 
@@ -162,6 +163,13 @@ class BackgroundError:
         kind, text = error_to_wire(self.exc)
         if text.startswith("background step"):
             msg = text  # already said by the rank that failed first
+        elif is_left(self.exc):
+            # nothing failed here: another rank let go of the file (its own error, an
+            # interrupt) while this step waited in its commit for that rank
+            rank = getattr(self.exc, "lamina_from_rank", None)
+            by = "another rank" if rank is None else f"rank {rank}"
+            msg = f"background step {self.step} of {self.path!r} was abandoned by {by}"
+            msg += _intact(self.cancelled) + text
         else:
             rank, doing, words = self.origin(text)
             where = "" if rank is None else f" on rank {rank}"
