@@ -470,6 +470,38 @@ def test_implicit_step_discard_and_close(path):
     np.testing.assert_array_equal(got[1], values(1))
 
 
+@pytest.mark.parametrize("io, in_flight", [("sync", False), ("async", False), ("async", True)])
+def test_attributes_set_in_a_step_that_raises_are_kept_as_without_the_layer(path, io, in_flight):
+    """A step that raises drops its data, not the attribute changes made in it: the engine's
+    discard keeps them (committed with the next step or close), so io='async' does too (it
+    dropped them with the step's writes)."""
+    with lamina.open(path, "w", io=io) as f:
+        x = f.create_dataset("x", (4, 6), "f8")
+        gate = Gate(f)
+        with f.step():
+            x[...] = values(0)
+            x.attrs["time"] = 0.0
+        f.wait()
+        if in_flight:  # a step ended before it is still being written
+            gate.hold()
+            with f.step():
+                x[...] = values(1)
+        try:
+            with pytest.raises(FloatingPointError), f.step():
+                x[...] = values(2)
+                x.attrs["time"] = 2.0
+                x.attrs["converged"] = False
+                del f["x"].attrs["time"]
+                x.attrs["time"] = 2.5
+                raise FloatingPointError("diverged")
+            assert dict(x.attrs) == {"time": 2.5, "converged": False}
+        finally:
+            gate.open.set()
+    with lamina.open(path) as r:
+        assert r.steps == 1 + in_flight
+        assert dict(r["x"].attrs) == {"time": 2.5, "converged": False}
+
+
 def _second_step_held(f):
     """Step 0 of dataset "x" committed, step 1 held at the gate for 0.3 s from now: "x"."""
     gate = Gate(f)

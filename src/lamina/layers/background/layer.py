@@ -1385,6 +1385,7 @@ class BackgroundLayer(Layer):
                 self._release(adopted)
         step, self._step = self._step, None
         if step is not None:
+            self._keep_attrs(step)  # (before the release, which lets go of its calls)
             self._release(step)
             # the first step, opened by a put here, dropped before it was judged: the ranks
             # that end it judge it at its end (or at their begin_step): this rank owes them
@@ -1393,6 +1394,20 @@ class BackgroundLayer(Layer):
         if not counted and (step is not None or anywhere):
             with self._cond:
                 self._dropped += 1
+
+    def _keep_attrs(self, step: Step) -> None:
+        """The attribute changes of *step*, dropped, are kept: the engine's discard drops a
+        step's data, not the metadata changes made in it (attributes are not versioned by
+        step), which its next record commits, as under io='sync'.  They wait as changes made
+        between steps do (:meth:`_later`), handed to the engine at once where no step is in
+        flight."""
+        if not step.attrs:
+            return
+        with self._cond:
+            self._between = step.attrs + self._between
+            idle = not (self._queue or self._running is not None)
+        if idle and not self.inner.closed:
+            self._hand_between()
 
     def _take_dropped(self) -> int:
         """The steps dropped here since the last one handed down (they go with the next)."""
