@@ -800,6 +800,33 @@ def test_failed_step_raised_at_close(path):
         assert r.engine.writer_closed
 
 
+class SolverDiverged(Exception):
+    pass
+
+
+def test_a_program_s_error_out_of_the_file_is_not_replaced_by_a_background_failure(path):
+    """On one rank a background failure met by the close after the program's own error
+    replaced that error (SolverDiverged only as its __context__); on more ranks the
+    program's error propagated and the failure was said in a LaminaWarning. Now on every
+    rank count: the program's error, unchanged, and the failure in a LaminaWarning."""
+    with pytest.warns(LaminaWarning, match=r"after SolverDiverged.*background step 2 .*failed"):
+        with pytest.raises(SolverDiverged, match="residual is NaN") as e:
+            with lamina.open(path, "w", io="async") as f:
+                gate = Gate(f, fail_at=2)
+                ds = f.create_dataset("x", (4, 6), "f8")
+                for k in range(3):
+                    with f.step():
+                        ds[...] = values(k)
+                f.engine._drain()  # step 2 failed in the background; nothing raised it yet
+                assert f.io_stats["steps_failed"] == 1
+                with f.step():
+                    ds[...] = values(3)
+                    raise SolverDiverged("residual is NaN")
+    assert type(e.value) is SolverDiverged and e.value.__context__ is None
+    assert gate.seen == [0, 1, 2] and f.engine.closed
+    assert [float(a[0, 0]) for a in read_all(path)] == [0.0, 100.0]
+
+
 def test_read_of_a_failed_step(path):
     f, ds, _ = _three_then_fail(path, more=0)
     with pytest.raises(StepError, match="step 2 .* was not committed"):

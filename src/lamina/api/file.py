@@ -18,6 +18,7 @@ from ..engines.base import Engine, durable_flag
 from ..errors import (
     CollectiveMismatchError,
     ConfigError,
+    LaminaWarning,
     StepError,
     StepTimeoutError,
     is_collective,
@@ -430,7 +431,20 @@ class File(Group):
             return
         if ev is not None and self._engine.in_step:
             self._engine.discard_step()
-        self.close()
+        if ev is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except Exception as late:
+            # the program's error goes on unchanged, on any number of ranks (where this rank
+            # left the others, above, a background failure is said at exit): what the close
+            # met (a background step's failure, io="async") is said beside it
+            warnings.warn(
+                f"closing {self._filename!r} after {type(ev).__name__} in its with block: {late}",
+                LaminaWarning,
+                stacklevel=2,
+            )
 
 
 def _step_arg(step, call: str, what: str = "step") -> int:
