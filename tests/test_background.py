@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 
 import numpy as np
 import pytest
@@ -787,6 +788,92 @@ def test_the_step_whose_end_step_raises_a_failure_is_cancelled_too(path):
         ds[...] = values(6)
     f.close()
     assert [float(a[0, 0]) for a in read_all(path)] == [0.0, 100.0, 600.0]
+
+
+def _held_at_exit(f, monkeypatch, n=4):
+    """Steps 0..n-1 ended, step 0 held at its commit, the rest queued; the exit hook sees this
+    file alone. Returns the gate."""
+    from lamina.layers.background import layer as layer_mod
+
+    gate = Gate(f)
+    ds = f.create_dataset("x", (4, 6), "f8")
+    gate.hold()
+    for k in range(n):
+        with f.step():
+            ds[...] = values(k)
+    deadline = time.monotonic() + 10
+    while not gate.seen and time.monotonic() < deadline:  # step 0 at its commit
+        time.sleep(0.01)
+    assert gate.seen == [0]
+    monkeypatch.setattr(layer_mod, "_LIVE", weakref.WeakSet([f.engine]))
+    return gate
+
+
+def _exit_hook_warnings() -> list[str]:
+    from lamina.layers.background import layer as layer_mod
+
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        layer_mod._at_exit()
+    return [str(w.message) for w in got if issubclass(w.category, LaminaWarning)]
+
+
+def test_the_exit_hook_says_what_it_is_still_writing(path, monkeypatch):
+    """A file never closed, its steps in flight at exit: the exit hook writes them, saying so
+    (the process seemed to hang with nothing said)."""
+    f = lamina.open(path, "w", io="async")
+    gate = _held_at_exit(f, monkeypatch)
+    bg = f.engine
+    real = bg._drain
+
+    def drain():
+        gate.open.set()
+        real()
+
+    monkeypatch.setattr(bg, "_drain", drain)
+    try:
+        said = _exit_hook_warnings()
+    finally:
+        gate.open.set()
+    assert len(said) == 1, said
+    assert "at exit: the file was not closed; writing steps 0-3 still in flight" in said[0], said
+    f.close()
+    assert len(read_all(path)) == 4
+
+
+def test_an_interrupt_of_the_exit_hook_says_which_steps_were_not_written(path, monkeypatch):
+    """Ctrl-C while the exit hook writes the steps of a file never closed: it said nothing but
+    'Exception ignored in threading' (and the process exited 0). It now says which steps
+    were not written; the step being committed is finished."""
+    f = lamina.open(path, "w", io="async")
+    gate = _held_at_exit(f, monkeypatch)
+    bg = f.engine
+
+    def drain():
+        raise KeyboardInterrupt  # while the hook waits for the steps
+
+    real_cancel = bg._cancel_queued
+
+    def cancel(failure):
+        real_cancel(failure)
+        gate.open.set()  # step 0 commits once the others are cancelled
+
+    monkeypatch.setattr(bg, "_drain", drain)
+    monkeypatch.setattr(bg, "_cancel_queued", cancel)
+    try:
+        said = _exit_hook_warnings()
+    finally:
+        gate.open.set()
+    assert len(said) == 2, said
+    assert "writing steps 0-3 still in flight" in said[0], said
+    assert (
+        f"background I/O of {path!r} interrupted at exit: steps 1-3 were not written; step 0, "
+        "being committed, is finished first" in said[1]
+    ), said
+    assert f.io_stats["steps_cancelled"] == 3 and f.io_stats["steps_background"] == 1
+    monkeypatch.undo()
+    f.close()
+    assert len(read_all(path)) == 1
 
 
 def test_failed_step_raised_at_close(path):

@@ -135,18 +135,22 @@ def _at_exit() -> None:
 
     Runs among ``threading``'s own exit calls (after the main program, before
     ``concurrent.futures`` shuts its pools, which the engines' statistics use),
-    so that a program that ends without ``close`` loses no step it ended.
+    so that a program that ends without ``close`` loses no step it ended.  It says
+    what it writes; an interrupt meanwhile (Ctrl-C) stops it, the steps not written said
+    (CPython ignores an exception out of these calls: nothing else would say it).
     """
+    stopped = False
     for layer in list(_LIVE):
-        try:
-            layer._drain()
-            failure = layer._take_failure()  # nobody is left to raise it to: say it
-        except Exception as e:  # pragma: no cover - nothing to raise to at exit
-            failure = e
-        if failure is not None:
-            warnings.warn(
-                f"background I/O of {layer.path!r} at exit: {failure}", LaminaWarning, stacklevel=1
-            )
+        stopped = layer._write_at_exit(stopped)
+
+
+def _steps_text(indexes: list[int]) -> str:
+    """'step 4', 'steps 4-7' or 'steps [4, 6]'."""
+    if len(indexes) == 1:
+        return f"step {indexes[0]}"
+    if indexes == list(range(indexes[0], indexes[0] + len(indexes))):
+        return f"steps {indexes[0]}-{indexes[-1]}"
+    return f"steps {indexes}"
 
 
 def _hook_exit() -> None:
@@ -1408,6 +1412,70 @@ class BackgroundLayer(Layer):
             idle = not (self._queue or self._running is not None)
         if idle and not self.inner.closed:
             self._hand_between()
+
+    def _write_at_exit(self, stopped: bool) -> bool:
+        """At exit (:func:`_at_exit`): write the steps still in flight, saying so, and say a
+        failure nobody is left to raise to.  *stopped*: an interrupt stopped the hook at an
+        earlier file, so these steps are not written either.  Returns whether it stopped."""
+        with self._cond:
+            waiting = [s.index for s in self._queue]
+            if self._running is not None:
+                waiting.insert(0, self._running.index)
+        if waiting and not stopped:
+            warnings.warn(
+                f"background I/O of {self.path!r} at exit: the file was not closed; writing "
+                f"{_steps_text(waiting)} still in flight before the process exits (an "
+                "interrupt now leaves them out of the file)",
+                LaminaWarning,
+                stacklevel=1,
+            )
+        failure: BaseException | None = None
+        try:
+            if stopped:
+                raise KeyboardInterrupt
+            self._drain()
+            failure = self._take_failure()  # nobody is left to raise it to: say it
+        except Exception as e:  # pragma: no cover - nothing to raise to at exit
+            failure = e
+        except BaseException:  # an interrupt (a signal handler's exception) while it waits
+            self._stop_at_exit()
+            return True
+        if failure is not None:
+            warnings.warn(
+                f"background I/O of {self.path!r} at exit: {failure}", LaminaWarning, stacklevel=1
+            )
+        return stopped
+
+    def _stop_at_exit(self) -> None:
+        """The exit hook was interrupted: the steps queued are not written (said), the step
+        being committed is finished (the thread may not be left in the commit's MPI calls
+        while MPI finalizes; another interrupt stops that wait too)."""
+        with self._cond:
+            queued = [s.index for s in self._queue]
+            running = self._running
+            self._cancel_queued(None)
+            self._stopping = True
+            self._cond.notify_all()
+        if not queued and running is None:
+            return
+        said = []
+        if queued:
+            said.append(
+                f"{_steps_text(queued)} {'was' if len(queued) == 1 else 'were'} not written"
+            )
+        if running is not None:
+            said.append(
+                f"step {running.index}, being committed, is finished first (another interrupt "
+                "leaves it out too)"
+            )
+        warnings.warn(
+            f"background I/O of {self.path!r} interrupted at exit: {'; '.join(said)}",
+            LaminaWarning,
+            stacklevel=1,
+        )
+        with self._cond:
+            while self._running is not None:
+                self._cond.wait(0.5)
 
     def _take_dropped(self) -> int:
         """The steps dropped here since the last one handed down (they go with the next)."""
