@@ -589,25 +589,31 @@ class PutLog:
                 got = into[dt.str] = np.zeros(n, dtype=dt)
             return got
 
-        if stats or checksum:
-            for c in chunks:  # staged rows: their chunk's summaries, run by run
-                c.wait()
-                crows = index_of(c.rows)
-                for first, s in c.summaries or ():
-                    j = crows[first : first + len(s.counts)]
-                    if stats:
-                        col(mins, s.mins.dtype)[j] = s.mins
-                        col(maxs, s.maxs.dtype)[j] = s.maxs
-                        col(sums, s.sums.dtype)[j] = s.sums
-                        count[j] = s.counts
-                        has[j] = True
-                    if checksum and s.crcs is not None:
-                        one[j] = s.crcs
-            ds = self.ds
+        if stats or checksum or stats_only:
+            if stats or checksum:
+                for c in chunks:  # staged rows: their chunk's summaries, run by run
+                    c.wait()
+                    crows = index_of(c.rows)
+                    for first, s in c.summaries or ():
+                        j = crows[first : first + len(s.counts)]
+                        if stats:
+                            col(mins, s.mins.dtype)[j] = s.mins
+                            col(maxs, s.maxs.dtype)[j] = s.maxs
+                            col(sums, s.sums.dtype)[j] = s.sums
+                            count[j] = s.counts
+                            has[j] = True
+                        if checksum and s.crcs is not None:
+                            one[j] = s.crcs
+            ds, codec = self.ds, self.codec
+            # without *stats*, statistics-only blocks keep theirs (given at put: done already)
+            alone = not stats and stats_only
             for r in self.jobbed:  # blocks summarized on their own
                 job = self.job[r]
                 dt = dtypes.get(ds[r])
                 if job is None or dt is None:
+                    continue
+                kept = stats or (alone and codec[r] == CODEC_STATS_ONLY)
+                if not (kept or checksum):
                     continue
                 st, cr = job.result()
                 if checksum:
@@ -615,21 +621,7 @@ class PutLog:
                         one[r] = cr[0]
                     else:
                         many[r] = cr
-                if st is not None and stats:
-                    has[r] = True
-                    col(mins, stat_dtype(dt))[r] = st.min
-                    col(maxs, stat_dtype(dt))[r] = st.max
-                    col(sums, sum_dtype(dt))[r] = st.sum
-                    count[r] = st.count
-        if stats_only and not stats:
-            codec, rows_ds = self.codec, self.ds
-            for r in self.jobbed:
-                job = self.job[r]
-                dt = dtypes.get(rows_ds[r])
-                if codec[r] != CODEC_STATS_ONLY or job is None or dt is None:
-                    continue
-                st, _ = job.result()  # given at put: done already
-                if st is not None:
+                if st is not None and kept:
                     has[r] = True
                     col(mins, stat_dtype(dt))[r] = st.min
                     col(maxs, stat_dtype(dt))[r] = st.max
