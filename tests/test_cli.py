@@ -702,6 +702,27 @@ def test_ls_tells_a_running_writer_from_one_that_ended_without_closing(tmp_path,
     assert doc["closed"] is True and doc["writer_running"] is None and doc["steps"] == 2
 
 
+def test_ls_says_a_writer_that_let_go_without_closing_ended(tmp_path, capsys):
+    """Ranks that leave a file after an error let go of it without a close record: its lock
+    is emptied, held by nobody.  ``lamina ls`` said "(open for writing)" (``writer_running``
+    null) though no writer runs and the next one opens it at once."""
+    path = str(tmp_path / "left.lam")
+    f = lamina.open(path, "w")
+    f.create_dataset("u", shape=(4,), dtype="f8")
+    with f.step():
+        f["u"][...] = 1.0
+    f._engine.abandon()  # what each rank does after the leave (no close record)
+    assert os.path.getsize(os.path.join(path, "lamina.lock")) == 0
+    rc, out, _ = run(["ls", path], capsys)
+    head = out.splitlines()[0]
+    assert rc == 0 and "1 step (not closed: its writer ended without closing it)" in head, head
+    rc, out, _ = run(["ls", path, "--json"], capsys)
+    doc = json.loads(out)
+    assert doc["closed"] is False and doc["writer_running"] is False
+    with lamina.open(path, "a") as g:  # taken at once
+        assert g.steps == 1
+
+
 # --------------------------------------------------------------------------
 # ls and info: each step's blocks read once
 

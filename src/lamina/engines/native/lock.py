@@ -105,9 +105,11 @@ def _held_elsewhere(fd: int) -> bool | None:
 
 def writer_running(path: str) -> bool | None:
     """Whether a writer holds the file in directory *path* open now: True, False (a writer
-    that took the lock ended without closing the file: killed, or its program ended first),
-    or None where that cannot be told (no writer's trace, another host's writer on a file
-    system without locks).  Reads only: never takes the lock."""
+    that took the lock ended without closing the file: killed, its program ended first, or
+    it let go of the file without a close, as ranks that leave after an error do), or None
+    where that cannot be told (no writer's trace, another host's writer on a file system
+    without locks).  Asked only of a file with no close record.  Reads only: never takes
+    the lock."""
     if os.path.realpath(path) in _HELD_HERE:
         return True
     try:
@@ -116,9 +118,11 @@ def writer_running(path: str) -> bool | None:
         return None
     try:
         info = _read_info(fd)
-        if not info:  # released at close (or never taken)
-            return None
         held = _held_elsewhere(fd)
+        if not info:
+            # released without a close record: its writer let go of the file (a writer that
+            # has just taken the lock, before it wrote who it is, still holds it)
+            return False if held is None else held
         if held is not None:
             return held
         return _alive_here(info)  # the lock file is the lock: its writer's process
