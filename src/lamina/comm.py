@@ -548,6 +548,7 @@ def free(comm: MPI.Comm) -> None:
     """Free a communicator made by :func:`dup` (ignores predefined ones)."""
     if comm not in (MPI.COMM_WORLD, MPI.COMM_SELF, MPI.COMM_NULL):
         _LEFT.discard(comm.py2f())
+        _CUT.pop(comm.py2f(), None)
         try:
             comm.Free()
         except MPI.Exception:
@@ -882,6 +883,17 @@ def agree(
     Every collective call of an engine communicates first through this
     function, so that a rank that gives up on a file (:func:`leave`) meets
     the others at their next collective call, whichever it is.
+
+    An exception a signal's handler raises meanwhile (``KeyboardInterrupt``
+    at Ctrl-C) is raised once this rank took its part: where the allreduce
+    completed and a rank failed, the others go on to the broadcast of its
+    error with this one, so it takes part in that first (else they would
+    wait for it); the exception carries the marks of the error the others
+    raise (``lamina_collective``, ``lamina_left``), and *seen* is told as
+    for that error.  Where none failed, the others go on with their call
+    and this rank raises at once (*seen* not told: it left the call
+    halfway).  Where it came before the allreduce completed here, the
+    agreement is kept for :func:`leave`, which ends it first.
     """
     if comm.size == 1:
         if seen is not None:
@@ -900,10 +912,17 @@ def agree(
     req = comm.Iallreduce(
         np.array([failed, -int(flag), *_call_slots(call)], dtype=np.int64), out, op=MPI.MIN
     )
-    if quiet:
-        wait_quietly([req])
-    else:
-        req.Wait()
+    cut: BaseException | None = None
+    try:
+        _wait(req, quiet)
+    except BaseException as e:  # a signal's (Ctrl-C): raised during the wait or just after
+        if not req.Test():
+            _CUT[comm.py2f()] = _Cut(req, out)
+            raise
+        cut = e
+    if int(out[0]) >= _NONE * comm.size and cut is not None:
+        # the others go on with their call, this rank not: left halfway (*seen* not told)
+        raise cut
     if seen is not None:
         seen.append(-int(out[1]))
     if int(out[0]) >= _NONE * comm.size:
@@ -911,11 +930,110 @@ def agree(
         return -int(out[1])
     first = int(out[0]) % comm.size
     payload = _error_payload(exc, left=False) if comm.rank == first else None
-    raw = bcast_bytes(comm, payload, root=first)
+    # (interrupted: the others are in this broadcast already, or never come)
+    seconds = SAID_TIMEOUT if cut is None else INTERRUPTED_WAIT
+    raw, late = _said(comm, payload, first, seconds)
+    cut = cut or late
     if comm.rank == first:
         assert exc is not None
-        raise mark_collective(exc)
-    raise _heard(comm, _error_from_payload(raw, first))
+        err = mark_collective(exc)
+    elif raw is None:
+        err = _unsaid(comm, first, seconds)
+    else:
+        err = _heard(comm, _error_from_payload(raw, first))
+    if cut is not None:
+        raise _marked_as(cut, err)
+    raise err
+
+
+def _wait(req: MPI.Request, quiet: bool) -> None:
+    """The wait of an agreement's allreduce (:func:`agree`)."""
+    if quiet:
+        wait_quietly([req])
+    else:
+        req.Wait()
+
+
+class _Cut:
+    """An agreement that an exception (a signal's) cut on this rank before its allreduce
+    completed: the request still pending, and its result (:func:`leave`)."""
+
+    def __init__(self, req: MPI.Request, out: np.ndarray) -> None:
+        self.req, self.out = req, out
+
+
+#: the agreements cut on this rank, by communicator (handle), for :func:`leave`
+_CUT: dict[int, _Cut] = {}
+
+#: how long the broadcast of a failing rank's error waits for it (it follows an allreduce that
+#: every rank completed: it takes longer only where an interrupt cut the agreement on a rank)
+SAID_TIMEOUT = 10.0
+#: how long a rank waits for the others once interrupted (``KeyboardInterrupt``, ``SystemExit``:
+#: :func:`interrupted`), in :func:`leave` and in an agreement: Ctrl-C reaches every rank of a
+#: job, which leaves too or waits in a collective call that this rank meets at once
+INTERRUPTED_WAIT = 1.0
+
+
+def _wait_until(reqs: list, seconds: float) -> tuple[bool, BaseException | None]:
+    """:func:`wait_quietly` for at most *seconds*, not cut by an exception (a signal's): the
+    completion, and the first such exception raised meanwhile, returned for the caller to
+    raise once it took its part (it waits :data:`INTERRUPTED_WAIT` more at most then)."""
+    deadline = time.monotonic() + seconds
+    cut: BaseException | None = None
+    while True:
+        try:
+            return wait_quietly(reqs, max(0.0, deadline - time.monotonic())), cut
+        except BaseException as e:  # noqa: BLE001 - returned, raised by the caller
+            cut = cut or e
+            deadline = min(deadline, time.monotonic() + INTERRUPTED_WAIT)
+
+
+def _said(
+    comm: MPI.Comm, payload: bytes | None, root: int, seconds: float
+) -> tuple[bytes | None, BaseException | None]:
+    """The second phase of an agreement in which a rank failed or left: *root*'s *payload*
+    on every rank, in nonblocking broadcasts (:func:`agree`, :func:`leave` and
+    :meth:`PendingAgree.finish` meet in them), waited for at most *seconds* (None where it
+    did not come: a rank that an interrupt cut may never take part).  An exception raised
+    meanwhile is returned (:func:`_wait_until`): the others would wait for this rank."""
+    n = np.array([len(payload) if comm.rank == root and payload is not None else 0], np.int64)
+    deadline = time.monotonic() + seconds
+    done, cut = _wait_until([comm.Ibcast(n, root=root)], seconds)
+    if not done:
+        return None, cut
+    buf = np.empty(int(n[0]), dtype=np.uint8)
+    if n[0]:
+        if comm.rank == root and payload is not None:
+            buf[:] = _as_u8(payload)
+        done, late = _wait_until(
+            [comm.Ibcast(buf, root=root)], max(0.0, deadline - time.monotonic())
+        )
+        cut = cut or late
+        if not done:
+            return None, cut
+    return buf.tobytes(), cut
+
+
+def _unsaid(comm: MPI.Comm, rank: int, seconds: float) -> BaseException:
+    """What a rank raises where *rank* failed or left in an agreement and its error did not
+    come within *seconds* (:func:`_said`): that rank is gone from the file, as one that left."""
+    err = error_from_wire(
+        "RemoteError",
+        f"rank {rank} failed or left the file, and did not say why within {seconds:g} s "
+        "(interrupted there?); let go of the file here too",
+    )
+    err.lamina_left = True  # type: ignore[attr-defined]
+    err.lamina_from_rank = rank  # type: ignore[attr-defined]
+    return _heard(comm, mark_collective(err))
+
+
+def _marked_as(cut: BaseException, err: BaseException) -> BaseException:
+    """*cut* (a signal's exception, raised instead of *err*, the error of an agreement that
+    this rank took its part in) with the marks that tell the callers what *err* tells."""
+    for mark in ("lamina_collective", "lamina_left"):
+        if getattr(err, mark, False):
+            setattr(cut, mark, True)
+    return cut
 
 
 class PendingAgree:
@@ -935,6 +1053,8 @@ class PendingAgree:
             if comm.size > 1
             else None
         )
+        if self.req is not None:  # cut where an exception leaves the caller's loop (a signal's)
+            _CUT[comm.py2f()] = _Cut(self.req, self.out)
 
     def test(self) -> bool:
         return self.req is None or bool(self.req.Test())
@@ -943,17 +1063,34 @@ class PendingAgree:
         """The largest flag; raises what a rank that left said (as :func:`agree`)."""
         if self.req is None:
             return self.flag
+        _CUT.pop(self.comm.py2f(), None)
         self.req.Wait()
         if int(self.out[0]) >= _NONE * self.comm.size:
             _same_call(self.out)
             return -int(self.out[1])
         first = int(self.out[0]) % self.comm.size
-        raise _heard(
-            self.comm, _error_from_payload(bcast_bytes(self.comm, None, root=first), first)
+        raw, cut = _said(self.comm, None, first, SAID_TIMEOUT)
+        err = (
+            _unsaid(self.comm, first, SAID_TIMEOUT)
+            if raw is None
+            else _heard(self.comm, _error_from_payload(raw, first))
         )
+        if cut is not None:
+            raise _marked_as(cut, err)
+        raise err
 
 
-def leave(comm: MPI.Comm, exc: BaseException, timeout: float = 10.0) -> bool:
+#: how long :func:`leave` waits for the others after an error of this rank's own
+LEAVE_TIMEOUT = 10.0
+
+
+def interrupted(exc: BaseException | None) -> bool:
+    """Whether *exc* stops the program (Ctrl-C's ``KeyboardInterrupt``, a ``SystemExit``)
+    rather than reports an error."""
+    return isinstance(exc, (KeyboardInterrupt, SystemExit))
+
+
+def leave(comm: MPI.Comm, exc: BaseException, timeout: float | None = None) -> bool:
     """Tell the other ranks that this one gives up on the file after *exc*; True if they heard it.
 
     For a rank that leaves a file after an error only it saw: the others
@@ -962,23 +1099,45 @@ def leave(comm: MPI.Comm, exc: BaseException, timeout: float = 10.0) -> bool:
     :class:`~lamina.errors.RemoteError` marked ``lamina_left`` (let go of
     the file too: a collective with this rank would wait forever) instead of
     waiting.  If nobody comes within *timeout* seconds (the others finished
-    with the file), it gives up waiting.
+    with the file), it gives up waiting: by default :data:`LEAVE_TIMEOUT`,
+    :data:`INTERRUPTED_WAIT` after an interrupt (:func:`interrupted`).
+    Where this rank heard that another rank left, nobody waits for it: it
+    returns at once.  An agreement that an interrupt cut on this rank before
+    it completed (:func:`agree`) is ended first, the others meeting it there.
     """
     if comm.size == 1:
         return True
+    if timeout is None:
+        timeout = INTERRUPTED_WAIT if interrupted(exc) else LEAVE_TIMEOUT
+    deadline = time.monotonic() + timeout
+    cut = _CUT.pop(comm.py2f(), None)
+    if cut is not None:
+        # the others meet this rank in that agreement first (its part was sent)
+        done, _ = _wait_until([cut.req], timeout)
+        if not done:
+            return False  # the request stays pending on a communicator nobody uses any more
+        if int(cut.out[0]) < _NONE * comm.size:  # a rank failed or left in it: its word first
+            first = int(cut.out[0]) % comm.size
+            payload = _error_payload(exc, left=True) if comm.rank == first else None
+            raw, _ = _said(comm, payload, first, max(timeout, 0.1))
+            if raw is None or comm.rank == first or raw[:1] == b"L":
+                # told them (they let go: nobody calls on the file any more), or a rank left
+                return raw is not None
+        # the others went on to their next collective call: met there, as below
+    if has_left(comm):
+        return True  # every rank heard it in that agreement: nobody calls on the file again
     out = np.empty(4, dtype=np.int64)
     req = comm.Iallreduce(
         np.array([comm.rank, 0, *_call_slots(0)], dtype=np.int64), out, op=MPI.MIN
     )
-    deadline = time.monotonic() + timeout
-    while not req.Test():
-        if time.monotonic() > deadline:
-            return False  # the request stays pending on a communicator nobody uses any more
-        time.sleep(1e-3)
+    done, _ = _wait_until([req], max(0.0, deadline - time.monotonic()))
+    if not done:
+        return False  # the request stays pending on a communicator nobody uses any more
     first = int(out[0]) % comm.size
     payload = _error_payload(exc, left=True) if comm.rank == first else None
-    bcast_bytes(comm, payload, root=first)  # every rank is in the same agree now
-    return True
+    # every rank is in the same agreement now; bounded all the same (an interrupt may cut one)
+    raw, _ = _said(comm, payload, first, max(timeout, 0.1))
+    return raw is not None
 
 
 def _error_payload(exc: BaseException | None, left: bool) -> bytes:

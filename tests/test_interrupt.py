@@ -1,0 +1,50 @@
+"""Ctrl-C on a job of several ranks, out of ``with lamina.open(...)``: every rank ends
+within a few seconds (``tests/scenarios/interrupt.py``), with ``-m mpi4py`` and without."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import mpi_util as mu  # noqa: E402
+
+pytest.importorskip("mpi4py")
+
+try:
+    mu.mpiexec()
+except RuntimeError:  # pragma: no cover - depends on the installation
+    pytest.skip("no mpiexec", allow_module_level=True)
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.mark.parametrize("io", ["sync", "async"])
+@pytest.mark.parametrize("n", [2, 3])
+def test_ctrl_c_while_a_rank_waits_in_end_step(tmp_path, n, io):
+    """SIGINT on every rank while rank 0 waits in end_step: each leaves within seconds."""
+    res = mu.run_mpi(n, "interrupt", "ctrlc", io, tmp_path / "c.lam", timeout=90)
+    assert res.stdout.count(" out after ") == n, res.describe()
+
+
+@pytest.mark.parametrize("io, n", [("sync", 2), ("async", 2), ("sync", 3)])
+def test_an_interrupt_between_an_agreements_two_phases(tmp_path, n, io):
+    """A KeyboardInterrupt raised just after an agreement's allreduce completed: the rank
+    still takes its part in the rest, and raises it; nobody waits for it."""
+    res = mu.run_mpi(n, "interrupt", "cut", io, tmp_path / "c.lam", timeout=90)
+    assert res.stdout.count(" out after ") == n, res.describe()
+
+
+@pytest.mark.parametrize("io", ["sync", "async"])
+def test_ctrl_c_without_mpi4py_main_ends_the_job(tmp_path, io):
+    """The KeyboardInterrupt not caught, under plain ``python`` (no MPI_Abort): each rank
+    exits by itself, none is left waiting (one waited for ever in a broadcast)."""
+    cmd = [mu.mpiexec(), "-n", "2", sys.executable, mu.scenario("interrupt")]
+    cmd += ["uncaught", io, str(tmp_path / "u.lam")]
+    res = mu.finish(mu.start(cmd), cmd, 60)
+    assert res.returncode not in (0, -9999), res.describe()
+    assert res.stderr.count("KeyboardInterrupt") >= 2, res.describe()
+    assert res.seconds < 20, res.describe()
