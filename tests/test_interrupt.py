@@ -1,5 +1,8 @@
-"""Ctrl-C on a job of several ranks, out of ``with lamina.open(...)``: every rank ends
-within a few seconds (``tests/scenarios/interrupt.py``), with ``-m mpi4py`` and without."""
+"""Leaving ``with lamina.open(...)`` by an exception on several ranks.
+
+Ctrl-C: every rank ends within a few seconds (``tests/scenarios/interrupt.py``), with
+``-m mpi4py`` and without.  An error on every rank: the file is closed as one rank closes it
+(``tests/scenarios/all_fail.py``)."""
 
 from __future__ import annotations
 
@@ -48,3 +51,11 @@ def test_ctrl_c_without_mpi4py_main_ends_the_job(tmp_path, io):
     assert res.returncode not in (0, -9999), res.describe()
     assert res.stderr.count("KeyboardInterrupt") >= 2, res.describe()
     assert res.seconds < 20, res.describe()
+
+
+@pytest.mark.parametrize("case", ["between", "in-step", "implicit", "mixed"])
+@pytest.mark.parametrize("io, n", [("sync", 1), ("sync", 2), ("sync", 3), ("async", 2)])
+def test_an_error_on_every_rank_closes_the_file(tmp_path, case, io, n):
+    """The datasets and attributes defined before the error are committed by the close, and
+    the file is closed, on one rank as on several (there each rank left the file)."""
+    mu.run_mpi(n, "all_fail", case, io, tmp_path / "a.lam", timeout=90)

@@ -816,6 +816,9 @@ def wait_quietly(
 #: what a rank that did not fail adds to an agreement, in ranks (an original error counts its
 #: rank, one brought from another rank its rank plus the size: see agree)
 _NONE = 2
+#: the int64 of an agreement's allreduce (MIN): the failing rank, the largest flag (negated),
+#: the two call slots (:func:`_call_slots`), and 1 where every rank leaves (:func:`leave`)
+_SLOTS = 5
 
 #: the collective calls an agreement may name (``agree(call=...)``): the first agreement of
 #: each names its call, so that ranks in different calls raise instead of pairing them
@@ -906,11 +909,11 @@ def agree(
     failed = _NONE * comm.size
     if exc is not None:
         failed = comm.rank + (comm.size if hasattr(exc, "lamina_from_rank") else 0)
-    out = np.empty(4, dtype=np.int64)
+    out = np.empty(_SLOTS, dtype=np.int64)
     # non-blocking, then waited for: a nonblocking collective matches only nonblocking ones, and
     # leave() and PendingAgree must meet this one
     req = comm.Iallreduce(
-        np.array([failed, -int(flag), *_call_slots(call)], dtype=np.int64), out, op=MPI.MIN
+        np.array([failed, -int(flag), *_call_slots(call), 0], dtype=np.int64), out, op=MPI.MIN
     )
     cut: BaseException | None = None
     try:
@@ -1042,11 +1045,11 @@ class PendingAgree:
 
     def __init__(self, comm: MPI.Comm, flag: int = 0, call: int = 0) -> None:
         self.comm = comm
-        self.out = np.empty(4, dtype=np.int64)
+        self.out = np.empty(_SLOTS, dtype=np.int64)
         self.flag = int(flag)
         self.req = (
             comm.Iallreduce(
-                np.array([_NONE * comm.size, -self.flag, *_call_slots(call)], dtype=np.int64),
+                np.array([_NONE * comm.size, -self.flag, *_call_slots(call), 0], dtype=np.int64),
                 self.out,
                 op=MPI.MIN,
             )
@@ -1104,6 +1107,12 @@ def leave(comm: MPI.Comm, exc: BaseException, timeout: float | None = None) -> b
     Where this rank heard that another rank left, nobody waits for it: it
     returns at once.  An agreement that an interrupt cut on this rank before
     it completed (:func:`agree`) is ended first, the others meeting it there.
+
+    Where every rank leaves in the same agreement (each after an error of
+    its own: the same error on every rank, raised outside any collective
+    call), none is told, and none is in another collective call: *exc* is
+    marked collective (:func:`~lamina.errors.mark_collective`), and the
+    ranks close the file together, as one rank does after its error.
     """
     if comm.size == 1:
         return True
@@ -1126,13 +1135,18 @@ def leave(comm: MPI.Comm, exc: BaseException, timeout: float | None = None) -> b
         # the others went on to their next collective call: met there, as below
     if has_left(comm):
         return True  # every rank heard it in that agreement: nobody calls on the file again
-    out = np.empty(4, dtype=np.int64)
+    out = np.empty(_SLOTS, dtype=np.int64)
     req = comm.Iallreduce(
-        np.array([comm.rank, 0, *_call_slots(0)], dtype=np.int64), out, op=MPI.MIN
+        np.array([comm.rank, 0, *_call_slots(0), 1], dtype=np.int64), out, op=MPI.MIN
     )
     done, _ = _wait_until([req], max(0.0, deadline - time.monotonic()))
     if not done:
         return False  # the request stays pending on a communicator nobody uses any more
+    if int(out[4]):
+        # every rank leaves in this agreement, each after an error of its own: nobody is left
+        # to tell, and none is in another collective call; they close the file together
+        mark_collective(exc)
+        return True
     first = int(out[0]) % comm.size
     payload = _error_payload(exc, left=True) if comm.rank == first else None
     # every rank is in the same agreement now; bounded all the same (an interrupt may cut one)

@@ -421,9 +421,12 @@ class File(Group):
             return
         if ev is not None and self._comm.size > 1 and not is_collective(ev):
             # only this rank failed: a collective close could pair with a different collective
-            # call on the others; tell them (they raise at their next collective call) and go
+            # call on the others; tell them (they raise at their next collective call) and go.
+            # Where every rank leaves at once, each after an error of its own, the leave marks
+            # the error collective: they close together below, as one rank does
             self._engine.leave(ev)
-            return
+            if not is_collective(ev):
+                return
         if ev is not None and any(e.ENDS_STREAMS for e in self._engine.stack()):
             # an in situ producer that failed (on every rank, or alone): a close would end
             # its consumers' streams as if it had finished; they are told it failed

@@ -206,7 +206,9 @@ class Engine(ABC):
 
         Unlike :meth:`abandon`, tells the other ranks first: they raise a
         ``RemoteError`` (marked ``lamina_left``) at their next collective call
-        on this file instead of waiting for this rank there.
+        on this file instead of waiting for this rank there.  Where every rank
+        leaves at once (:func:`lamina.comm.leave` marks *exc* collective), it
+        lets go of nothing: the ranks close the file together.
         """
 
     @abstractmethod

@@ -114,6 +114,7 @@ from ..errors import (
     NotFoundError,
     ShapeError,
     StepError,
+    is_collective,
     is_left,
     mark_collective,
     suggest,
@@ -1875,7 +1876,8 @@ class BlockEngine(Engine):
         if self._closed:
             return
         comm_mod.leave(self.comm, exc)
-        self.abandon()
+        if not is_collective(exc):  # (every rank left at once: they close the file together)
+            self.abandon()
 
     def _commit_close(self) -> None:
         """Collective (writers): commit the step left open on any rank and pending metadata, then the close record."""

@@ -81,6 +81,7 @@ from ...errors import (
     StepError,
     error_from_wire,
     error_to_wire,
+    is_collective,
     is_left,
     mark_collective,
 )
@@ -521,7 +522,8 @@ class BackgroundLayer(Layer):
             return
         # the others meet this at their next collective call of this layer (all start with agree)
         comm_mod.leave(self._own(), exc)
-        self.abandon(exc)
+        if not is_collective(exc):  # (every rank left at once: they close the file together)
+            self.abandon(exc)
 
     def agree(self, flag: int = 0, call: int = 0) -> int:
         if not self.active:
