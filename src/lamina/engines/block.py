@@ -434,6 +434,14 @@ class BlockEngine(Engine):
         self._put_error: BaseException | None = (
             None  # an I/O failure in put, raised by end_step on every rank
         )
+        # _log.putting: a write call (put, put_many, put_stats) under way, set as it starts,
+        # cleared as it returns or raises an error (an Exception: its checks', or a codec's,
+        # before anything of the call is kept, or a failure the call keeps in _put_error).
+        # Left set by an interrupt (KeyboardInterrupt, SystemExit) that escapes it wherever it
+        # lands, the put log half added to, the block not written: the open step cannot be
+        # committed (_cut_short); the next call sets _log.cut to say so. A test and two stores
+        # of an attribute a call, what a small block's write can pay for (a try block costs
+        # nothing until it catches).
         self._in_step = False
         self._implicit = False  # the open step was opened by a write, not by begin_step
         # steps this rank has opened (begun, opened by a write, or joined at end_step): the
@@ -651,6 +659,7 @@ class BlockEngine(Engine):
                 self._implicit = False
                 return len(self.catalog.steps)
             raise StepError(f"step {len(self.catalog.steps)} is already open; call end_step first")
+        self._log.putting = self._log.cut = False  # a write cut short before: it opened no step
         return self._open_step()
 
     def _open_step(self) -> int:
@@ -696,42 +705,57 @@ class BlockEngine(Engine):
         return enter_box(self._local, spec, box, len(self.catalog.steps))
 
     def put(self, name: str, box: Box, array: np.ndarray, copy: bool = True) -> None:
-        spec = self._prepare(name, box, "write dataset")
-        lent = not copy  # the caller's word (a cast below may make copy False as well)
-        arr = array if type(array) is np.ndarray else np.asarray(array)
-        bshape = box.shape
-        if arr.shape != bshape:
-            if arr.size == box.size and arr.ndim == 0:
-                arr = np.broadcast_to(arr, bshape)
-            else:
-                raise ShapeError(
-                    f"cannot write an array of shape {arr.shape} to box {box} (shape {bshape}) of dataset {spec.path!r}"
-                )
-        if arr.dtype != spec.dtype or not arr.flags.c_contiguous:
-            arr, private = cast(spec, arr)
-            copy = copy and not private  # a cast or reordering made a private copy already
-        if arr.size == 0:  # an empty box: nothing to store, nothing it could overlap
-            return
-        if spec.layout is not None:  # encoded at end_step, with every rank's pieces
-            enter_box(self._mr_local, spec, box, len(self.catalog.steps))
-            self._mr_pending.setdefault(spec.id, []).append((box, arr.copy() if copy else arr))
-            if lent and arr is array:
-                self._lent.hold(arr)
-            return
-        if lent and arr.nbytes <= SMALL and arr.ndim and not spec.codecs:
-            # lent, small and raw: kept as it is until the commit enters and stages it with the
-            # step's other lent blocks (_flush_lent), as ADIOS2 defers a Put; the caller's
-            # array is read-only until then, so that a change too early fails, not corrupts
-            self._lent.add(spec, box.start, arr, arr is array and arr.flags.writeable)
-            return
-        index = self._enter(spec, box)
+        log = self._log
+        if log.putting:  # the last write call never returned: an interrupt cut it short
+            log.cut = True
+        log.putting = True
         try:
-            self._put(spec, box.start, box.stop, arr, copy)
-        except BaseException:
-            index.pop()  # a put that failed wrote nothing: the box may be written again
+            spec = self._prepare(name, box, "write dataset")
+            lent = not copy  # the caller's word (a cast below may make copy False as well)
+            arr = array if type(array) is np.ndarray else np.asarray(array)
+            bshape = box.shape
+            if arr.shape != bshape:
+                if arr.size == box.size and arr.ndim == 0:
+                    arr = np.broadcast_to(arr, bshape)
+                else:
+                    raise ShapeError(
+                        f"cannot write an array of shape {arr.shape} to box {box} (shape {bshape}) of dataset {spec.path!r}"
+                    )
+            if arr.dtype != spec.dtype or not arr.flags.c_contiguous:
+                arr, private = cast(spec, arr)
+                copy = copy and not private  # a cast or reordering made a private copy already
+            if arr.size == 0:  # an empty box: nothing to store, nothing it could overlap
+                log.putting = False
+                return
+            if spec.layout is not None:  # encoded at end_step, with every rank's pieces
+                enter_box(self._mr_local, spec, box, len(self.catalog.steps))
+                self._mr_pending.setdefault(spec.id, []).append((box, arr.copy() if copy else arr))
+                if lent and arr is array:
+                    self._lent.hold(arr)
+                log.putting = False
+                return
+            if lent and arr.nbytes <= SMALL and arr.ndim and not spec.codecs:
+                # lent, small and raw: kept as it is until the commit enters and stages it with
+                # the step's other lent blocks (_flush_lent), as ADIOS2 defers a Put; the
+                # caller's array is read-only until then, so that a change too early fails,
+                # not corrupts
+                self._lent.add(spec, box.start, arr, arr is array and arr.flags.writeable)
+                log.putting = False
+                return
+            index = self._enter(spec, box)
+            try:
+                self._put(spec, box.start, box.stop, arr, copy)
+            except BaseException:
+                index.pop()  # a put that failed wrote nothing: the box may be written again
+                raise
+            if lent and arr is array and arr.nbytes > SMALL:
+                self._lent.hold(arr)  # kept by reference (staged blocks were copied)
+        except Exception:
+            # raised by the checks, or by a codec before the block was logged: nothing of it
+            # is kept (an I/O failure is kept in _put_error)
+            log.putting = False
             raise
-        if lent and arr is array and arr.nbytes > SMALL:
-            self._lent.hold(arr)  # kept by reference (staged blocks were copied)
+        log.putting = False
 
     def lend(self, name: str, start: tuple[int, ...], array: np.ndarray) -> bool:
         """Independent: keep a small raw block lent inside a step, as :meth:`put` keeps it.
@@ -754,6 +778,9 @@ class BlockEngine(Engine):
         of the call is stored.  Small raw blocks given stacked are staged
         with one copy per staging chunk instead of one ``put`` each.
         """
+        self._write_call(self._put_many, name, starts, arrays, copy)
+
+    def _put_many(self, name: str, starts, arrays, copy: bool) -> None:
         spec = self._prepare(name, None, "write dataset")
         batch = check_batch(spec, starts, arrays)
         n = len(batch)
@@ -774,8 +801,9 @@ class BlockEngine(Engine):
         enter_boxes(self._local, spec, batch.starts, batch.stops, step)
         try:
             self._put_batch(spec, batch, copy)
-        except BaseException as e:
-            # some blocks may be staged or written already: this step cannot commit
+        except Exception as e:
+            # some blocks may be staged or written already: this step cannot commit (an
+            # interrupt leaves _log.putting set, which says so)
             if self._put_error is None:
                 self._put_error = e
             raise
@@ -951,6 +979,23 @@ class BlockEngine(Engine):
         its statistics.  Reading its values is up to a layer that can compute
         them (the derived layer).
         """
+        self._write_call(self._put_stats, name, box, array)
+
+    def _write_call(self, call: Callable[..., None], *args) -> None:
+        """``call(*args)``, a write call other than put (which spells this out): marked under
+        way as put is (``_log.putting``)."""
+        log = self._log
+        if log.putting:  # as put: an interrupt cut the last write call short
+            log.cut = True
+        log.putting = True
+        try:
+            call(*args)
+        except Exception:  # the checks' (nothing kept), or kept in _put_error
+            log.putting = False
+            raise
+        log.putting = False
+
+    def _put_stats(self, name: str, box: Box, array: np.ndarray) -> None:
         spec = self._stats_only(name, box)
         arr = np.asarray(array)
         if arr.shape != box.shape:
@@ -998,6 +1043,9 @@ class BlockEngine(Engine):
         the call is recorded; the statistics of blocks of up to :data:`SMALL`
         bytes are taken together (:func:`lamina.stats.summarize`).
         """
+        self._write_call(self._put_stats_many, name, starts, arrays)
+
+    def _put_stats_many(self, name: str, starts, arrays) -> None:
         spec = self._stats_only(name, None)
         batch = check_batch(spec, starts, arrays)
         n = len(batch)
@@ -1011,7 +1059,7 @@ class BlockEngine(Engine):
                 sts = [summary.stats(k) for k in range(n)]
             else:
                 sts = [stats_mod.compute(a, 0, checksum=False)[0] for a in blocks]
-        except BaseException as e:  # entered, not recorded: this step cannot commit
+        except Exception as e:  # entered, not recorded: this step cannot commit
             if self._put_error is None:
                 self._put_error = e
             raise
@@ -1136,10 +1184,21 @@ class BlockEngine(Engine):
         """Phase 1 on this rank: the digest of its collective metadata changes, its attribute
         changes (encoded) and its blocks (one :class:`RankHead` for every dataset), as
         :meth:`_unpack_heads` gives them back."""
+        if self._in_step and self._cut_short():
+            raise StepError(
+                f"step {len(self.catalog.steps)} of {self.path!r} is not committed: a write "
+                f"into it on rank {self.rank} was interrupted before it returned; the steps "
+                "before it are intact"
+            )
         self._flush_lent()
         if self._put_error is not None:  # put could not store a block: the step cannot commit
             raise self._put_error
         log = self._log
+        if not log.consistent():  # (what _cut_short prevents: never a record of a torn log)
+            raise StepError(
+                f"step {len(self.catalog.steps)} of {self.path!r} is not committed: the blocks "
+                f"put on rank {self.rank} were left inconsistent by a write that failed partway"
+            )
         for c in log.chunks:  # the last chunk's statistics start now, while the heads travel
             self._summarize(c)
         ops = Encoder()
@@ -1631,6 +1690,13 @@ class BlockEngine(Engine):
         self._end_of_step()
         self._put_error = None
         self._in_step = False
+        self._log.putting = self._log.cut = False  # (after: cut short, close drops it again)
+
+    def _cut_short(self) -> bool:
+        """Whether a write call of the open step never returned (an interrupt cut it short,
+        see ``_log.putting``): its blocks may be missing or half logged, so that the step
+        is never committed (``end_step`` raises, ``close`` drops it)."""
+        return self._log.putting or self._log.cut
 
     def _summarize(self, c: Chunk) -> None:
         """Start the statistics and checksums of the blocks staged in *c* (on the worker thread)."""
@@ -1880,10 +1946,21 @@ class BlockEngine(Engine):
             self.abandon()
 
     def _commit_close(self) -> None:
-        """Collective (writers): commit the step left open on any rank and pending metadata, then the close record."""
-        if comm_mod.agree(self.comm, None, flag=int(self._in_step), call=comm_mod.CALL_CLOSE):
-            self._join_step()
-            self._commit(KIND_STEP)
+        """Collective (writers): commit the step left open on any rank and pending metadata, then the close record.
+
+        A step that a write into was cut short on some rank (an interrupt) is
+        dropped on every rank instead (nothing of it is committed: a step is
+        all or nothing), as an error out of ``with lamina.open(...)`` drops it.
+        """
+        # (cut short here, the write may not have opened the step it was writing into)
+        flag = 3 if self._cut_short() else int(self._in_step)
+        open_ = comm_mod.agree(self.comm, None, flag=flag, call=comm_mod.CALL_CLOSE)
+        if open_:
+            self._join_step()  # (counted on every rank alike, committed or dropped)
+            if open_ > 1:
+                self.discard_step()
+            else:
+                self._commit(KIND_STEP)
         if comm_mod.allreduce_int(self.comm, int(bool(self._pending_ops)), "max"):
             self._commit(KIND_META)
         self._commit(KIND_CLOSE)

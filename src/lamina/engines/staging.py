@@ -184,6 +184,13 @@ class PutLog:
     """The blocks of the current step on this rank, one row per block in put order (module docstring)."""
 
     def __init__(self) -> None:
+        # a write call into the step under way (BlockEngine.put): set as it starts, cleared as
+        # it returns; and a write call cut short so before (an interrupt escaped it). Kept
+        # here, not on the engine: an attribute of this object costs a few nanoseconds, one
+        # of the engine's (a large instance dictionary) ten or more, at every block's put.
+        # Not cleared with the rows: the engine says when a step is over (discard_step).
+        self.putting = False
+        self.cut = False
         self.clear()
 
     def clear(self) -> None:
@@ -211,6 +218,27 @@ class PutLog:
 
     def __len__(self) -> int:
         return len(self.ds)
+
+    def consistent(self) -> bool:
+        """Whether every column has a row for each block, and every dataset a box for each of
+        its rows: what a commit takes for granted, and what an addition cut short between
+        its parts (an interrupt) leaves untrue.  A few sums, per dataset, not per block."""
+        n = len(self.ds)
+        if not (
+            len(self.length) == len(self.codec) == len(self.payload) == n
+            and len(self.chunk) == len(self.coff) == len(self.job) == n
+        ):
+            return False
+        rows = 0
+        for did, mine in self.rows.items():
+            boxes = len(self.starts.get(did, ()))
+            if boxes != len(self.stops.get(did, ())):
+                return False
+            boxes += sum(len(a) for a, _ in self.pieces.get(did, ()))
+            if boxes != len(mine):
+                return False
+            rows += len(mine)
+        return rows == n
 
     def add(
         self,

@@ -1,0 +1,145 @@
+"""Ctrl-C (KeyboardInterrupt) at an unlucky point of a write or a close, caught as a REPL, a
+notebook or ``try: ... except KeyboardInterrupt: f.close()`` catches it: the file stays
+readable, no step is committed with blocks missing, and a close cut short can be made again.
+
+The interrupt is injected where a signal's handler would raise it: at the entry of a function
+the write or the close calls, once (the function is put back first).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import lamina
+from lamina.engines import staging
+from lamina.errors import StepError
+
+pytestmark = pytest.mark.usefixtures("fast_native")
+
+
+def interrupt_once(monkeypatch, owner, name: str, exc: type[BaseException] = KeyboardInterrupt):
+    """``owner.name`` raises *exc* the first time it is called, then is itself again."""
+    real = getattr(owner, name)
+
+    def cut(*args, **kwargs):
+        monkeypatch.setattr(owner, name, real)
+        raise exc("injected")
+
+    monkeypatch.setattr(owner, name, cut)
+
+
+def first_step(path: str, io: str = "sync", shape=(64, 1024)) -> lamina.File:
+    """A writer with step 0 committed (dataset "x" all 0), no step open."""
+    f = lamina.open(path, "w", io=io, durable=False)
+    x = f.create_dataset("x", shape, "f8")
+    with f.step():
+        x[...] = 0.0
+    return f
+
+
+def steps_of(path: str) -> list[float]:
+    """Each committed step's one value of dataset "x" (every step written whole, one value),
+    after checking that the writer closed the file."""
+    with lamina.open(path) as r:
+        assert r.engine.writer_closed
+        out = []
+        for k in range(r.steps):
+            v = r.at(k)["x"][...]
+            assert (v == v.flat[0]).all(), f"step {k} has blocks missing"
+            out.append(float(v.flat[0]))
+        return out
+
+
+# ------------------------------------------------------------------ a write cut short
+
+
+def _small_rows(x, value: float) -> None:
+    for i in range(x.shape[0]):  # 4 KiB blocks: staged
+        x.write(np.full((1, x.shape[1]), value), (i, 0))
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "PutLog._add_box",  # a large block: written, its box not logged yet
+        "Chunk.add",  # a small block: its columns logged, not its bytes
+        "PutLog.add_staged",
+        "PutLog.stage_run",  # a batch: its rows logged, not staged
+    ],
+)
+def test_a_write_cut_short_then_close_keeps_the_file_and_drops_the_step(
+    native_path, monkeypatch, where
+):
+    """The close of a step a write into was cut short wrote a record the reader refused
+    ("record 1: block section of dataset 'x' ... is inconsistent": the whole file, step 0
+    included, could not be opened), raised a bare IndexError, or committed the step with
+    blocks missing (they read as the fill value). Now the step is dropped, as an error out
+    of ``with lamina.open(...)`` drops it, and the file closes properly."""
+    owner, name = where.split(".")
+    f = first_step(native_path, shape=(64, 512))
+    x = f["x"]
+    f.begin_step()
+    interrupt_once(monkeypatch, getattr(staging, owner), name)
+    with pytest.raises(KeyboardInterrupt):
+        if name == "stage_run":
+            corners = np.stack([np.arange(64), np.zeros(64, dtype=np.int64)], 1)
+            x.write_blocks(np.ones((64, 1, 512)), corners)
+        elif name == "_add_box":
+            x[...] = 1.0
+        else:
+            _small_rows(x, 1.0)
+    f.close()
+    assert steps_of(native_path) == [0.0]
+    with lamina.open(native_path, "a") as g:  # the file goes on, in this process too
+        with g.step():
+            g["x"][...] = 2.0
+    assert steps_of(native_path) == [0.0, 2.0]
+
+
+def test_end_step_after_a_write_cut_short_raises_and_drops_the_step(native_path, monkeypatch):
+    """end_step refuses the step (StepError), as when a put failed; the next step commits."""
+    f = first_step(native_path)
+    x = f["x"]
+    f.begin_step()
+    interrupt_once(monkeypatch, staging.PutLog, "_add_box")
+    with pytest.raises(KeyboardInterrupt):
+        x[...] = 1.0
+    x[...] = 1.0  # written again in full: the step still lacks nothing, but is refused
+    with pytest.raises(
+        StepError, match="step 1 .* is not committed: a write into it .* interrupted"
+    ):
+        f.end_step()
+    assert f.steps == 1 and not f.engine.in_step
+    with f.step():
+        x[...] = 2.0
+    f.close()
+    assert steps_of(native_path) == [0.0, 2.0]
+
+
+def test_a_write_cut_short_in_a_step_of_its_own_is_dropped(native_path, monkeypatch):
+    """A write outside begin_step opens a step (committed by close): cut short, it is not."""
+    f = first_step(native_path)
+    interrupt_once(monkeypatch, staging.PutLog, "_add_box")
+    with pytest.raises(KeyboardInterrupt):
+        f["x"][...] = 1.0
+    f.close()
+    assert steps_of(native_path) == [0.0]
+
+
+def test_a_put_log_left_inconsistent_is_never_committed(native_path, monkeypatch):
+    """An error between the parts of a block's logging (not an interrupt: the write raises it
+    as its own) left a log whose record no reader can open; the commit refuses it instead."""
+    f = first_step(native_path)
+    x = f["x"]
+    f.begin_step()
+    interrupt_once(monkeypatch, staging.PutLog, "_add_box", RuntimeError)
+    with pytest.raises(RuntimeError, match="injected"):
+        x[:32] = 1.0
+    x[32:] = 1.0
+    with pytest.raises(StepError, match="left inconsistent by a write that failed partway"):
+        f.end_step()
+    with f.step():
+        x[...] = 2.0
+    f.close()
+    assert steps_of(native_path) == [0.0, 2.0]
