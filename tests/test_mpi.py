@@ -320,7 +320,7 @@ def test_failures_reach_every_rank(tmp_path, case, n):
         "io-apart",
         *(
             f"{c}-{io}"
-            for c in ("close-in-step", "data-then-step", "derive-apart")
+            for c in ("close-in-step", "cut-write", "data-then-step", "derive-apart")
             for io in ("sync", "async", "auto")
         ),
         *(

@@ -23,6 +23,10 @@ Usage: misuse.py CASE PATH [AGGREGATORS]
                   close; under async it dropped no step just before, so the ranks are not a
                   call apart, and it does not wait for their close either); every rank
                   raises and returns, and the first step is in the file
+  cut-write IO    the last rank's write is cut short by an interrupt (Ctrl-C, caught): every
+                  rank's end_step raises StepError and drops the step, the next commits; a
+                  step opened by writes, one cut short so, is dropped by every rank's close,
+                  which closes the file
   close-in-step IO  rank 0 writes outside a step (a step opened by the write) and closes the
                   file while the others begin, write and end that step: the counts of steps
                   agree, but the close met an end_step: every rank raises and returns (the
@@ -354,6 +358,53 @@ def close_in_step(io: str) -> None:
     _only_the_first_step(closed=False)  # (the close record: maybe not written)
 
 
+def cut_write(io: str) -> None:
+    """The last rank's write into step 1 is cut short by an interrupt (KeyboardInterrupt,
+    injected in the API's part of the call), caught: every rank's end_step raises StepError
+    and the step is dropped everywhere; the next step commits. Then a step opened by the
+    writes, the last rank's cut short again: every rank's close drops it and closes the
+    file (a close record), with the two steps before."""
+    import lamina.api.dataset as dataset_mod
+
+    def cut_once() -> None:
+        real = dataset_mod.box_of
+
+        def cut(*args):
+            dataset_mod.box_of = real
+            raise KeyboardInterrupt
+
+        dataset_mod.box_of = cut
+
+    def write(value: float) -> None:
+        if rank == size - 1:
+            cut_once()
+        try:
+            x.write(np.full(1, value), (rank,))
+        except KeyboardInterrupt:
+            assert rank == size - 1
+        else:
+            assert rank != size - 1
+
+    f, x = _one_step_written(io)
+    f.begin_step()
+    write(1.0)
+    try:
+        f.end_step()
+    except lamina.StepError as e:
+        assert "interrupted" in str(e), e
+    else:
+        raise AssertionError(f"rank {rank}: a step a write into was cut short was committed")
+    with f.step():
+        x[rank] = 2.0
+    write(3.0)
+    f.close()
+    comm.Barrier()
+    with lamina.open(path, comm=MPI.COMM_SELF) as r:
+        assert r.engine.writer_closed and r.steps == 2, (r.engine.writer_closed, r.steps)
+        np.testing.assert_array_equal(r.at(0)["x"][...], np.arange(size))
+        np.testing.assert_array_equal(r.at(1)["x"][...], np.full(size, 2.0))
+
+
 def data_then_step(io: str) -> None:
     with lamina.open(path, "w", durable=False, io=io) as f:
         d = f.create_dataset("d", data=np.arange(4.0))
@@ -656,6 +707,7 @@ else:
             f"{name}-{io}": functools.partial(fn, io)
             for name, fn in (
                 ("close-in-step", close_in_step),
+                ("cut-write", cut_write),
                 ("data-then-step", data_then_step),
                 ("derive-apart", derive_apart),
                 ("refused-define", refused_define),

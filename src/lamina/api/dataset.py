@@ -732,29 +732,38 @@ class Dataset(OpenFileView):
     # -- writing (independent) ------------------------------------------
     def __setitem__(self, key, value) -> None:
         """Independent: write *value* (broadcast to the selection) in the current step."""
-        if self._step is not None:
-            self._read_only()
-        sel = parse(key, self.shape, self._what())
-        if sel.strided:
-            raise ShapeError(f"{self._what()}: writes need contiguous boxes (slice step 1)")
-        arr = self._values(value)
-        shape = sel.box.shape
-        if sel.squeeze or arr.shape != shape:  # (else the selection's shape is the box's)
-            want = sel.result_shape
-            if arr.shape != want:
-                # numpy's assignment: leading axes of length 1 may go, the rest broadcasts
-                lead = 0
-                while arr.ndim - lead > len(want) and arr.shape[lead] == 1:
-                    lead += 1
-                try:
-                    arr = np.broadcast_to(arr.reshape(arr.shape[lead:]), want)
-                except ValueError:
-                    raise ShapeError(
-                        f"{self._what()}: cannot write an array of shape {arr.shape} to "
-                        f"selection {sel.box} (shape {want})"
-                    ) from None
-            arr = arr.reshape(shape)
-        self._file._engine.put(self._path, sel.box, arr, copy=True)
+        f = self._file
+        if f._writing:  # the last write call never returned: an interrupt cut it short
+            f._cut_short()
+        f._writing = True  # until it returns (File._writing)
+        try:
+            if self._step is not None:
+                self._read_only()
+            sel = parse(key, self.shape, self._what())
+            if sel.strided:
+                raise ShapeError(f"{self._what()}: writes need contiguous boxes (slice step 1)")
+            arr = self._values(value)
+            shape = sel.box.shape
+            if sel.squeeze or arr.shape != shape:  # (else the selection's shape is the box's)
+                want = sel.result_shape
+                if arr.shape != want:
+                    # numpy's assignment: leading axes of length 1 may go, the rest broadcasts
+                    lead = 0
+                    while arr.ndim - lead > len(want) and arr.shape[lead] == 1:
+                        lead += 1
+                    try:
+                        arr = np.broadcast_to(arr.reshape(arr.shape[lead:]), want)
+                    except ValueError:
+                        raise ShapeError(
+                            f"{self._what()}: cannot write an array of shape {arr.shape} to "
+                            f"selection {sel.box} (shape {want})"
+                        ) from None
+                arr = arr.reshape(shape)
+            self._file._engine.put(self._path, sel.box, arr, copy=True)
+        except Exception:  # its checks' (nothing written), or the engine's (which keeps what
+            f._writing = False  # must fail the step)
+            raise
+        f._writing = False
 
     def _values(self, value) -> np.ndarray:
         """*value* as an array for this dataset.
@@ -785,40 +794,50 @@ class Dataset(OpenFileView):
         lent is staged by ``end_step``, which also finds its overlaps with the
         step's other blocks of this rank (docs/api.md).
         """
-        if self._step is not None:
-            self._read_only()
-        if not copy and type(data) is np.ndarray:
-            # a block lent: kept by the engine if it can, as put would (the common case of
-            # many small blocks); a corner of ints as a tuple or a list, or the origin
-            start: tuple | None = None
-            if type(offset) is tuple:
-                start = offset
-            elif offset is None:
-                start = (0,) * len(self._spec.shape)
-            elif type(offset) is list:
-                start = tuple(offset)
-            if start is not None and self._file._engine.lend(self._path, start, data):
-                return
-        if type(data) is not np.ndarray:  # a plain array is taken as it is
-            data = self._values(data)
-        shape = data.shape
-        nd = len(self._spec.shape)
-        if len(shape) != nd:
-            raise ShapeError(
-                f"{self._what()}: data has {data.ndim} dimensions, dataset has {nd} (shape {self.shape})"
-            )
-        offset = (0,) * nd if offset is None else self._corner(offset)
-        if len(offset) != nd:
-            raise ShapeError(
-                f"{self._what()}: offset {offset} has {len(offset)} entries, dataset has {nd} dimensions"
-            )
+        f = self._file
+        if f._writing:  # as __setitem__
+            f._cut_short()
+        f._writing = True
         try:
-            box = box_of(offset, shape)
-        except BoundsError as e:
-            raise BoundsError(
-                f"{self._what()} of shape {self.shape}: offset {offset}: {e}"
-            ) from None
-        self._file._engine.put(self._path, box, data, copy=copy)
+            if self._step is not None:
+                self._read_only()
+            if not copy and type(data) is np.ndarray:
+                # a block lent: kept by the engine if it can, as put would (the common case of
+                # many small blocks); a corner of ints as a tuple or a list, or the origin
+                start: tuple | None = None
+                if type(offset) is tuple:
+                    start = offset
+                elif offset is None:
+                    start = (0,) * len(self._spec.shape)
+                elif type(offset) is list:
+                    start = tuple(offset)
+                if start is not None and f._engine.lend(self._path, start, data):
+                    f._writing = False
+                    return
+            if type(data) is not np.ndarray:  # a plain array is taken as it is
+                data = self._values(data)
+            shape = data.shape
+            nd = len(self._spec.shape)
+            if len(shape) != nd:
+                raise ShapeError(
+                    f"{self._what()}: data has {data.ndim} dimensions, dataset has {nd} (shape {self.shape})"
+                )
+            offset = (0,) * nd if offset is None else self._corner(offset)
+            if len(offset) != nd:
+                raise ShapeError(
+                    f"{self._what()}: offset {offset} has {len(offset)} entries, dataset has {nd} dimensions"
+                )
+            try:
+                box = box_of(offset, shape)
+            except BoundsError as e:
+                raise BoundsError(
+                    f"{self._what()} of shape {self.shape}: offset {offset}: {e}"
+                ) from None
+            f._engine.put(self._path, box, data, copy=copy)
+        except Exception:
+            f._writing = False
+            raise
+        f._writing = False
 
     def _read_only(self) -> None:
         raise ModeError(
@@ -855,22 +874,31 @@ class Dataset(OpenFileView):
         is stored.  Small blocks given stacked cost a fraction of a
         ``write`` each (docs/api.md).
         """
-        if self._step is not None:
-            self._read_only()
-        if not isinstance(blocks, np.ndarray):
-            if isinstance(blocks, str | bytes) or not isinstance(blocks, Sequence):
-                raise TypeError(
-                    f"{self._what()}: blocks must be one stacked array or a sequence of arrays, "
-                    f"got {type(blocks).__name__}"
-                )
-            blocks = [self._values(b) for b in blocks]
+        f = self._file
+        if f._writing:  # as __setitem__
+            f._cut_short()
+        f._writing = True
         try:
-            corners = np.asarray(offsets)
-        except (ValueError, TypeError):  # ragged lists of corners
-            corners = None
-        if corners is None or corners.ndim == 0 or corners.dtype.kind == "O":
-            raise ShapeError(
-                f"{self._what()}: block offsets must be an array of shape (blocks, "
-                f"{len(self.shape)}) of integers, one corner a block; got {offsets!r:.80}"
-            )
-        self._file._engine.put_many(self._path, corners, blocks, copy=copy)
+            if self._step is not None:
+                self._read_only()
+            if not isinstance(blocks, np.ndarray):
+                if isinstance(blocks, str | bytes) or not isinstance(blocks, Sequence):
+                    raise TypeError(
+                        f"{self._what()}: blocks must be one stacked array or a sequence of arrays, "
+                        f"got {type(blocks).__name__}"
+                    )
+                blocks = [self._values(b) for b in blocks]
+            try:
+                corners = np.asarray(offsets)
+            except (ValueError, TypeError):  # ragged lists of corners
+                corners = None
+            if corners is None or corners.ndim == 0 or corners.dtype.kind == "O":
+                raise ShapeError(
+                    f"{self._what()}: block offsets must be an array of shape (blocks, "
+                    f"{len(self.shape)}) of integers, one corner a block; got {offsets!r:.80}"
+                )
+            self._file._engine.put_many(self._path, corners, blocks, copy=copy)
+        except Exception:
+            f._writing = False
+            raise
+        f._writing = False

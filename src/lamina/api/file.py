@@ -106,6 +106,11 @@ class File(Group):
         # a bytes path (os.fsencode's, h5py's filename) names the same file as its str: str()
         # of it made a directory named "b'...'" under the working directory
         path = os.fsdecode(os.fspath(path))
+        # a write call of this file's datasets under way: set as it starts, cleared as it
+        # returns or raises an error. Left set by an interrupt (Ctrl-C) that escapes it, from
+        # wherever in the call, the engine is told (_cut_short) that the open step lacks
+        # what that call was writing: it is not committed (end_step raises, close drops it)
+        self._writing = False
         self._comm = comm_mod.resolve(comm)
         # the arguments checked on every rank, then agreed: a rank given an argument the others
         # were not (an I/O mode, an option, a budget) raises with them instead of leaving them
@@ -159,11 +164,22 @@ class File(Group):
 
     def begin_step(self) -> int:
         """Collective: start a step; returns its index."""
+        if self._writing:
+            self._cut_short()
         return self._engine.begin_step()
 
     def end_step(self) -> None:
         """Collective: commit the current step atomically (data, then metadata, then commit record)."""
+        if self._writing:
+            self._cut_short()
         self._engine.end_step()
+
+    def _cut_short(self) -> None:
+        """A write call never returned (an interrupt cut it short, see ``_writing``): the
+        engine is told, and does not commit the step that call was writing into."""
+        self._writing = False
+        if not self._engine.closed:
+            self._engine.cut_step()
 
     # on a File, ``step`` begins a step (``with f.step():``), as documented; on views
     # (Group.step) it is the step a view reads, which a File, reading the latest, has not
@@ -178,6 +194,7 @@ class File(Group):
         try:
             yield k
         except BaseException:
+            self._writing = False  # (a write cut short was of the step dropped)
             self._engine.discard_step()
             raise
         self.end_step()
@@ -391,6 +408,8 @@ class File(Group):
         """Collective: commit pending changes (writers) and close."""
         if not self._engine.closed:  # (no MPI call may be made after MPI.Finalize)
             comm_mod.check_mpi(f"close of {self._filename!r}")
+        if self._writing:
+            self._cut_short()
         self._engine.close()
 
     def __del__(self) -> None:
@@ -433,6 +452,7 @@ class File(Group):
             self._engine.abandon()
             return
         if ev is not None and self._engine.in_step:
+            self._writing = False  # (as in step())
             self._engine.discard_step()
         if ev is None:
             self.close()

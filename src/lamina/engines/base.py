@@ -329,6 +329,15 @@ class Engine(ABC):
     def discard_step(self) -> None:
         """Independent: drop what this rank put in the current step; nothing committed changes."""
 
+    def cut_step(self) -> None:  # noqa: B027 - a no-op unless overridden
+        """Independent: a write call into the current step was cut short above this engine
+        (an interrupt, KeyboardInterrupt, escaped it before it returned, wherever it was),
+        so that the step may lack what that call was writing: the step must not be
+        committed (``end_step`` raises on every rank, ``close`` drops it on every rank).
+        Where no step is open, the step the next write opens (that call's) is meant;
+        ``begin_step`` starts a new one, which it does not touch.  Engines that keep no
+        steps ignore it."""
+
     def skip_steps(self, n: int) -> None:  # noqa: B027 - a no-op unless overridden
         """Independent: *n* steps this rank began and discarded in a layer above this engine,
         which never handed them down: counted as the engine counts the steps it opens, so

@@ -769,6 +769,8 @@ class BlockEngine(Engine):
         spec = self._lendable.get(name)
         if spec is None or not self._in_step or self._closed or array.dtype is not spec.dtype:
             return False
+        # (not marked under way as put is: its one caller, Dataset.write, marks the whole call,
+        # and an interrupt in it reaches this step through cut_step)
         return self._lent.take(spec, start, array)
 
     def put_many(self, name: str, starts, arrays, copy: bool = True) -> None:
@@ -1691,6 +1693,10 @@ class BlockEngine(Engine):
         self._put_error = None
         self._in_step = False
         self._log.putting = self._log.cut = False  # (after: cut short, close drops it again)
+
+    def cut_step(self) -> None:
+        if not self._closed:
+            self._log.cut = True
 
     def _cut_short(self) -> bool:
         """Whether a write call of the open step never returned (an interrupt cut it short,

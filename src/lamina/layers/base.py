@@ -167,6 +167,9 @@ class Layer(Engine):
     def skip_steps(self, n: int) -> None:
         self.inner.skip_steps(n)
 
+    def cut_step(self) -> None:
+        self.inner.cut_step()
+
     @property
     def in_step(self) -> bool:
         return self.inner.in_step

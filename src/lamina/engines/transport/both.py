@@ -158,6 +158,11 @@ class BothProducer(Producer):
         self.file.skip_steps(n)
         super().skip_steps(n)
 
+    def cut_step(self) -> None:
+        if self.file is not None:
+            self.file.cut_step()
+        super().cut_step()
+
     def discard_step(self) -> None:
         if self.file is not None:
             self.file.discard_step()

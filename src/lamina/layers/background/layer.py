@@ -58,7 +58,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
@@ -288,6 +288,11 @@ class BackgroundLayer(Layer):
         self._measured = False  # the model got samples this run (saved at close)
         self._epoch_start: float | None = None  # when the last end_step returned
         self._in_calls = 0.0  # seconds inside this layer's write calls since then
+        # a write call into the open step under way, as the engine's (PutLog.putting):
+        # left set by an interrupt that escapes it, the step lacks its block (or some of a
+        # batch's) and is never committed (_cut_short)
+        self._writing = False
+        self._write_cut = False  # a write call before the current one was cut short so
         self._decision: dict[str, Any] | None = None  # the last auto decision, measured next
         # rank 0, io='auto': every decision for the file (_record_decisions), each encoded
         # (decision_row) once its step is done and the phase after it measured; those not yet
@@ -476,6 +481,10 @@ class BackgroundLayer(Layer):
         """Collective, in close, every rank closing with no failure: commit a step left open,
         the decisions, and close the inner stack."""
         try:
+            # unless a write into it was cut short on some rank (an interrupt): then it is
+            # dropped on every rank, as the engine's close drops such a step
+            if comm_mod.allreduce_int(self._own(), int(self._cut_short()), "max"):
+                self._drop_open_step(anywhere=True)
             with self.lock:
                 # a step left open is committed by close, as without the layer
                 step, self._step = self._step, None
@@ -963,6 +972,7 @@ class BackgroundLayer(Layer):
             return self._next
         if self._step is not None or self._direct is not None:
             raise StepError(f"step {self._next} is already open; call end_step first")
+        self._forget_cut()  # a write cut short before: it opened no step
         if self._first:
             self._first = self._first_owed = False
             self._next_direct = not self._first_step()
@@ -1205,10 +1215,61 @@ class BackgroundLayer(Layer):
                 self._direct_sizes.append(nbytes)
             return
         t0 = time.perf_counter()
+        if self._writing:  # the last write call never returned: an interrupt cut it short
+            self._write_cut = True
+        self._writing = True
         try:
             own(name, *args)
+        except Exception:  # the checks' (the box is taken back): nothing of it is kept
+            self._writing = False
+            raise
         finally:
             self._in_calls += time.perf_counter() - t0
+        self._writing = False
+
+    def _own_write(self, call, *args) -> None:
+        """``call(*args)``, a write call of statistics into the open step, marked under way
+        as :meth:`_write` marks a put."""
+        if self._writing:
+            self._write_cut = True
+        self._writing = True
+        try:
+            call(*args)
+        except Exception:
+            self._writing = False
+            raise
+        self._writing = False
+
+    def _cut_short(self) -> bool:
+        """Whether a write call into the open step (or one it opened) never returned (an
+        interrupt cut it short): the step lacks what it was writing, and is never committed."""
+        return self._writing or self._write_cut
+
+    def cut_step(self) -> None:
+        if not self.active:
+            self.inner.cut_step()
+        elif self._direct is not None:  # the engine holds the step
+            with self.lock:
+                self.inner.cut_step()
+        else:
+            self._write_cut = True
+
+    def _forget_cut(self) -> None:
+        """The open step is gone (ended, dropped): a write cut short was of that step."""
+        self._writing = self._write_cut = False
+
+    def _drop_cut_step(self) -> NoReturn:
+        """Collective, every rank alike, at an end_step whose agreement said that a write into
+        the step was cut short on some rank: the step is dropped on every rank (counted
+        alike) and a StepError raised on every rank, as a commit that fails raises it."""
+        k = self._next
+        self._drop_open_step(anywhere=True)
+        raise mark_collective(
+            StepError(
+                f"step {k} of {self.path!r} is not committed: a write into it was interrupted "
+                "before it returned (on this rank or another); the steps before it are intact"
+            )
+        )
 
     def _put(self, name: str, box: Box, array: np.ndarray, copy: bool) -> None:
         step = self._open_step("write dataset", name)
@@ -1320,6 +1381,9 @@ class BackgroundLayer(Layer):
         if self._direct is not None:
             self._direct_call(self.inner.put_stats, name, box, array)
             return
+        self._own_write(self._put_stats, name, box, array)
+
+    def _put_stats(self, name: str, box: Box, array: np.ndarray) -> None:
         step = self._open_step("write statistics of dataset", name)
         # the checks put_stats makes without the layer, at the same call: a block refused when
         # the step is written would fail the whole step
@@ -1343,6 +1407,9 @@ class BackgroundLayer(Layer):
         if self._direct is not None:  # the engine takes the batch as a whole
             self._direct_call(self.inner.put_stats_many, name, starts, arrays)
             return
+        self._own_write(self._put_stats_many, name, starts, arrays)
+
+    def _put_stats_many(self, name: str, starts: np.ndarray, arrays) -> None:
         step = self._open_step("write statistics of dataset", name)
         spec = self._stats_spec(name)
         check_stats_layout(spec)
@@ -1400,6 +1467,7 @@ class BackgroundLayer(Layer):
         if not counted and (step is not None or anywhere):
             with self._cond:
                 self._dropped += 1
+        self._forget_cut()
 
     def _keep_attrs(self, step: Step) -> None:
         """The attribute changes of *step*, dropped, are kept: the engine's discard drops a
@@ -1516,16 +1584,18 @@ class BackgroundLayer(Layer):
             return
         pending = self._take_failure()
         opened: list[int] = []  # whether a step was open on some rank, even if this raises
+        # a step a write into was cut short (an interrupt) on some rank: 2, the largest
+        here = 2 if self._cut_short() else int(self._step is not None)
         try:
             # a step opened by a put exists only on the ranks that wrote: decide together (the
             # flag is ENDING at least: a rank at a point or a close meanwhile is told, see POINT)
             t_meet = time.perf_counter()
-            active = self._meet(pending, ENDING + int(self._step is not None), opened) - ENDING
+            active = self._meet(pending, ENDING + here, opened) - ENDING
             t_meet = time.perf_counter() - t_meet
         except BaseException as e:
             # a step open on some rank is counted dropped here too, and one the ranks met apart
             # over (this rank behind: it ends a step the others dropped) even if none was here
-            ended = bool(opened and opened[0] == ENDING + 1)
+            ended = bool(opened and opened[0] > ENDING)
             self._drop_open_step(anywhere=ended or self._parted)
             dropped = ended and not self._parted
             if self._reported(e, pending, self._next if dropped else None):
@@ -1542,8 +1612,11 @@ class BackgroundLayer(Layer):
             raise
         if not active:
             raise mark_collective(StepError("end_step called without begin_step"))
+        if active > 1:
+            self._drop_cut_step()
         step = self._step or Step(explicit=False)
         self._step = None
+        self._forget_cut()
         timed = False  # the step's calls are a sample of its hand-over (copies all alike)
         lent = False  # it copied nothing: arrays lent (copy=False) alone
         if self.model is not None:  # the step's copies: one sample
@@ -1607,13 +1680,17 @@ class BackgroundLayer(Layer):
         assert self._direct is not None
         nbytes, io = int(self._direct[0]), self._direct[1]
         t0 = time.perf_counter()
+        # a step copied here first, cut short, then handed to the engine (_step_to_engine): 2
+        here = 2 if self._cut_short() else int(self.inner.in_step)
         try:
             # the agreement every end_step starts with (nothing is in flight to fail): so that
             # a rank that closes meanwhile meets it here, not the engine's commit
-            self._meet(None, ENDING + int(self.inner.in_step))
+            active = self._meet(None, ENDING + here) - ENDING
         except BaseException:
             self._drop_open_step(anywhere=self._parted)  # as end_step's
             raise
+        if active > 1:
+            self._drop_cut_step()
         try:
             with self.lock:
                 self.inner.end_step()  # raises as a synchronous end_step does; the step is gone

@@ -111,6 +111,9 @@ class DerivedLayer(Layer):
         self._by_component: dict[str, Definition] = {}
         self._bad: dict[str, str] = {}  # name -> why its record could not be used
         self._held: dict[str, list[tuple[Box, np.ndarray]]] = {}  # path -> blocks of this step
+        # a write into the open step was cut short (cut_step): close leaves the step to the
+        # engine, which drops it, instead of computing its quantities and ending it
+        self._cut = False
         self._lent: set[str] = set()  # inputs written with copy=False in this step
         self._watch: set[str] = set()  # primary datasets whose blocks are held until end_step
         self._cache: dict[
@@ -535,6 +538,16 @@ class DerivedLayer(Layer):
         finally:
             self._held.clear()
             self._lent.clear()
+            self._cut = False
+
+    def begin_step(self) -> int:
+        if not self.in_step:  # a new step (one a write opened is taken as it is, as the engine)
+            self._cut = False
+        return self.inner.begin_step()
+
+    def cut_step(self) -> None:
+        self._cut = True
+        self.inner.cut_step()
 
     def _plan(self) -> list[Definition]:
         """Quantities to compute at this end of step, in an order where inputs come first."""
@@ -708,6 +721,7 @@ class DerivedLayer(Layer):
         )
 
     def discard_step(self) -> None:
+        self._cut = False
         self._held.clear()
         self._step_bytes = self._step_puts = 0
         self._step_put_s = 0.0
@@ -720,7 +734,10 @@ class DerivedLayer(Layer):
     def close(self) -> None:
         left = not self.inner.closed and comm_mod.has_left(self.comm)  # (the engine lets go)
         if self.mode != "r" and not self.inner.closed and not left and self._plan():
-            if comm_mod.agree(self.comm, None, flag=int(self.in_step), call=comm_mod.CALL_CLOSE):
+            # a step left open is ended here, its quantities computed, unless a write into it
+            # was cut short on some rank (2): the engine's close drops it on every rank
+            flag = 2 if self._cut else int(self.in_step)
+            if comm_mod.agree(self.comm, None, flag=flag, call=comm_mod.CALL_CLOSE) == 1:
                 self.end_step()
         rank = -1 if self.inner.closed else self.comm.rank  # close frees the communicator
         self._scratch.clear()
