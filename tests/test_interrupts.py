@@ -255,3 +255,77 @@ def test_a_write_cut_short_with_derived_quantities(native_path, monkeypatch, io)
     assert steps_of(native_path) == [0.0, 1.0]
     with lamina.open(native_path) as r:
         assert float(r.at(1)["y"][0, 0]) == 2.0
+
+
+# ------------------------------------------------------------------ a close cut short
+
+
+def _records(path: str) -> int:
+    """How many records the file's commit log holds."""
+    import os
+
+    from lamina.engines.native import format as fmt
+
+    commit, meta = os.path.join(path, fmt.COMMIT_NAME), os.path.join(path, fmt.META_NAME)
+    with open(commit, "rb") as fh:
+        entries, _, _ = fmt.parse_commits(fh.read(), os.path.getsize(meta))
+    return len(entries)
+
+
+NATIVE, BLOCK, LOCK = (
+    "lamina.engines.native.engine",
+    "lamina.engines.block",
+    "lamina.engines.native.lock",
+)
+CLOSE_POINTS = {
+    # before the first record of the close is written (the metadata's, or the close record)
+    "meta-record": (NATIVE, "NativeEngine", "_write_record", True),
+    "close-record": (NATIVE, "NativeEngine", "_write_record", False),
+    # after it, while it is applied
+    "meta-applied": (BLOCK, "BlockEngine", "_committed", True),
+    "close-applied": (BLOCK, "BlockEngine", "_committed", False),
+    # as the files are closed, the lock last
+    "storage": (NATIVE, "NativeEngine", "_close_storage", True),
+    "lock": (LOCK, "WriterLock", "release", True),
+}
+
+
+@pytest.mark.parametrize("io", IOS)
+@pytest.mark.parametrize("where", sorted(CLOSE_POINTS))
+def test_a_close_cut_short_is_completed_by_a_close_again(native_path, monkeypatch, where, io):
+    """A close cut short marked the file closed all the same: a close again returned at once,
+    leaving no close record (an interrupt before it) or the writer lock held for good (an
+    interrupt as it was released: LockError at every open for writing in this process). The
+    close again completes what was left, and commits nothing twice."""
+    import importlib
+
+    module, cls, name, meta = CLOSE_POINTS[where]
+    f = first_step(native_path, io)
+    with f.step():
+        f["x"][...] = 1.0
+    if meta:
+        f.attrs["note"] = "pending"  # a metadata record at close
+    f.wait()
+    interrupt_once(monkeypatch, getattr(importlib.import_module(module), cls), name)
+    with pytest.raises(KeyboardInterrupt):
+        f.close()
+    f.close()
+    assert f.engine.closed
+    assert steps_of(native_path) == [0.0, 1.0]
+    assert _records(native_path) == 3 + meta  # two steps, the metadata, one close record
+    with lamina.open(native_path, "a") as g:  # not locked in this process
+        assert g.attrs.get("note") == ("pending" if meta else None)
+
+
+def test_a_close_cut_short_in_the_commit_of_the_open_step(native_path, monkeypatch):
+    """An interrupt in the commit of the step close ends, before its record: the step is
+    dropped (as an end_step cut short there drops it), and a close again closes the file."""
+    from lamina.engines.native.engine import NativeEngine
+
+    f = first_step(native_path)
+    f["x"][...] = 1.0  # a step opened by the write, committed by close
+    interrupt_once(monkeypatch, NativeEngine, "_write_record")
+    with pytest.raises(KeyboardInterrupt):
+        f.close()
+    f.close()
+    assert steps_of(native_path) == [0.0]

@@ -450,6 +450,10 @@ class BlockEngine(Engine):
         # rank's next step (_validate)
         self._serial = 0
         self._closed = False
+        # close committed what it had to (or failed): only its release is left (an interrupt
+        # may cut that short too, and a close again completes it)
+        self._finished = False
+        self._close_recorded = False  # the close record is committed (a close again: not twice)
         self.session = 0
         # multiresolution datasets: this rank's pieces in this step (encoded at end_step)
         self._mr_pending: dict[int, list[tuple[Box, np.ndarray]]] = {}
@@ -1642,6 +1646,8 @@ class BlockEngine(Engine):
                 if op[0] in ATTR_OPS:
                     self.catalog.apply_op(op, "committed record")
             self.catalog.apply_record(rec, ops_applied=True, blocks=blocks)
+            if kind == KIND_CLOSE:
+                self._close_recorded = True
             self._committed(shared)
             self._committed_cp = self.catalog.checkpoint()
         finally:
@@ -1902,6 +1908,9 @@ class BlockEngine(Engine):
     def close(self) -> None:
         if self._closed:
             return
+        if self._finished:  # an interrupt cut the release short: the rest of it
+            self._let_go()
+            return
         if comm_mod.has_left(self.comm):
             # another rank let go of the file (an earlier call of this rank heard it): no
             # collective call with it any more; let go here too
@@ -1913,25 +1922,47 @@ class BlockEngine(Engine):
         try:
             self._finish()
         except BaseException as e:
-            # the close failed on this rank: if another rank is in another collective call (a
-            # program that put the ranks a step apart, its close paired with their end_step),
-            # it would wait forever for this one; tell it, as a rank that leaves does (ranks
-            # whose close failed together meet each other here).  Not when a rank left first.
-            if not is_left(e) and self.size > 1:
-                comm_mod.leave(self.comm, e)
-            if self.ENDS_STREAMS and not is_left(e):
-                # an in situ producer: its consumers hear that it failed at once, not a stream
-                # cut off that they wait on until their timeout
-                try:
-                    self.abandon()
-                except Exception:  # noqa: BLE001 - already failing: the close's error is raised
-                    pass
+            if (
+                not isinstance(e, Exception)
+                and self.size == 1
+                and self.mode != "r"
+                and not self.ENDS_STREAMS
+            ):
+                # an interrupt (Ctrl-C) in the close of a file one process writes: nothing is
+                # let go, so that close again completes it (what this one committed, a step,
+                # pending metadata or the close record, is not committed twice); the file
+                # stays open (and locked) until then, as a file never closed
+                raise
+            self._finished = True
+            try:
+                # the close failed on this rank: if another rank is in another collective call
+                # (a program that put the ranks a step apart, its close paired with their
+                # end_step), it would wait forever for this one; tell it, as a rank that leaves
+                # does (ranks whose close failed together meet each other here).  Not when a
+                # rank left first.
+                if not is_left(e) and self.size > 1:
+                    comm_mod.leave(self.comm, e)
+                if self.ENDS_STREAMS and not is_left(e):
+                    # an in situ producer: its consumers hear that it failed at once, not a
+                    # stream cut off that they wait on until their timeout
+                    try:
+                        self.abandon()
+                    except Exception:  # noqa: BLE001 - already failing: the close's error is raised
+                        pass
+            finally:
+                self._let_go()
             raise
-        finally:
-            self._closed = True
-            self._free_chunks.clear()  # (a closed engine may live on in a cycle until collected)
-            self._close_storage()
-            comm_mod.free(self.comm)
+        self._finished = True
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """The end of a close: this rank's resources go (the writer lock last), then the engine
+        is closed.  An interrupt in between leaves it open: close again releases the rest
+        (what is released already stays so)."""
+        self._free_chunks.clear()  # (a closed engine may live on in a cycle until collected)
+        self._close_storage()
+        comm_mod.free(self.comm)
+        self._closed = True
 
     def _finish(self) -> None:
         """Collective, in close, before resources go: writers commit what is pending."""
@@ -1969,7 +2000,8 @@ class BlockEngine(Engine):
                 self._commit(KIND_STEP)
         if comm_mod.allreduce_int(self.comm, int(bool(self._pending_ops)), "max"):
             self._commit(KIND_META)
-        self._commit(KIND_CLOSE)
+        if not self._close_recorded:  # (a close again, after an interrupt past the record)
+            self._commit(KIND_CLOSE)
 
     def abandon(self) -> None:
         """Independent: release this rank's resources without committing anything.
@@ -1981,9 +2013,10 @@ class BlockEngine(Engine):
         if self._closed:
             return
         self.discard_step()
-        self._closed = True
+        self._finished = True  # (an interrupt below: close, or abandon again, releases the rest)
         self._free_chunks.clear()
         self._close_storage()
+        self._closed = True
 
     # ---------------------------------------------------------- hooks
     def _open_storage(self, path: str, mode: str) -> None:

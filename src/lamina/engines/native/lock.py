@@ -288,9 +288,11 @@ class WriterLock:
         except OSError:
             pass
         finally:
-            os.close(self.fd)
-            self.fd = -1
+            # forgotten first: an interrupt here may leave the descriptor open (the kernel
+            # drops the lock at exit), never closed twice (the number may be another file's)
+            fd, self.fd = self.fd, -1
             _HELD_HERE.pop(self.key, None)
+            os.close(fd)
 
 
 __all__ = ["LOCK_NAME", "WriterLock", "writer_running"]

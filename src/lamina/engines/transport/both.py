@@ -175,6 +175,8 @@ class BothProducer(Producer):
 
     def close(self) -> None:
         if self._closed:
+            if self.file is not None and not self.file.closed:
+                self.file.close()  # an interrupt cut the file's close short: the rest of it
             return
         try:
             if self.file is not None:
