@@ -969,8 +969,9 @@ class _Cut:
 _CUT: dict[int, _Cut] = {}
 
 #: how long the broadcast of a failing rank's error waits for it (it follows an allreduce that
-#: every rank completed: it takes longer only where an interrupt cut the agreement on a rank)
-SAID_TIMEOUT = 10.0
+#: every rank completed, and the failing rank takes part even when interrupted: it does not
+#: come only where that rank died; generous, for ranks that share cores under load)
+SAID_TIMEOUT = 60.0
 #: how long a rank waits for the others once interrupted (``KeyboardInterrupt``, ``SystemExit``:
 #: :func:`interrupted`), in :func:`leave` and in an agreement: Ctrl-C reaches every rank of a
 #: job, which leaves too or waits in a collective call that this rank meets at once
