@@ -97,8 +97,16 @@ def encode_dtype(e: Encoder, dt: np.dtype) -> None:
 _DTYPE_STR = re.compile(r"[<>|=]?[biufc][0-9]{1,2}")
 
 
+#: the dtypes decode_dtype accepted, by their string (a few dozen at most: numpy parses only
+#: the numeric scalar dtypes of _DTYPE_STR's form): a record of attribute changes names one each
+_DECODED_DTYPES: dict[str, np.dtype] = {}
+
+
 def decode_dtype(d: Decoder) -> np.dtype:
     s = d.str()
+    dt = _DECODED_DTYPES.get(s)
+    if dt is not None:
+        return dt
     if len(s) > 8:
         raise FormatError(f"{d.what}: dtype string {s!r} is too long")
     # only hand numpy strings of the form lamina writes: np.dtype() of arbitrary
@@ -111,6 +119,7 @@ def decode_dtype(d: Decoder) -> np.dtype:
         raise FormatError(f"{d.what}: unknown dtype {s!r}") from e
     if dt.kind not in NUMERIC_KINDS or dt.fields is not None or dt.subdtype is not None:
         raise FormatError(f"{d.what}: dtype {s!r} is not a numeric scalar dtype")
+    _DECODED_DTYPES[s] = dt
     return dt
 
 
