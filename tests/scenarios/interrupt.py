@@ -31,7 +31,7 @@ comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
 case, io, path = sys.argv[1], sys.argv[2], sys.argv[3]
 #: seconds a rank may take from the interrupt to the end of its with block
-PROMPT = 4.0
+PROMPT = 8.0  # (about 1 s here; 10 s and more before a rank interrupted stopped waiting)
 
 
 def interrupt_at_wait() -> None:
