@@ -1154,3 +1154,15 @@ def test_integer_constants_do_not_wrap_silently():
     assert info.value.position == 6
     assert evaluate("a * 2 ^ 62", A)[0][0] == 2.0**62
     assert evaluate("a * 2.0 ^ 100", A)[0][0] == 2.0**100
+
+
+def test_lamina_threads_that_is_no_count_is_refused_at_the_open(monkeypatch, tmp_path):
+    """A bad $LAMINA_THREADS was named only where kernels or reads first used threads: at a
+    step's end, which then failed; the open names it, before anything is written."""
+    import lamina
+    from lamina.errors import ConfigError
+
+    monkeypatch.setenv("LAMINA_THREADS", "many")
+    with pytest.raises(ConfigError, match=r"\$LAMINA_THREADS must be an integer >= 1"):
+        lamina.open(str(tmp_path / "t.lam"), "w")
+    assert not (tmp_path / "t.lam").exists()

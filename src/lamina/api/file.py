@@ -13,6 +13,7 @@ from .. import comm as comm_mod
 from .. import layers as _layers  # noqa: F401 - registers the built-in layers
 from .. import query as query_mod
 from .. import stats as stats_mod
+from ..derived import _parallel
 from ..engines import registry
 from ..engines.base import Engine, durable_flag
 from ..errors import (
@@ -118,6 +119,8 @@ class File(Group):
         g = comm_mod.Guard()
         built, chosen = None, []
         with g:
+            # a bad $LAMINA_THREADS named here, not where threads are first used (a step's end)
+            _parallel.env_threads()
             built = registry.build(path, mode, engine, layers, transport, options, io)
             built[0].validate_open(mode, built[1], self._comm.size)
             chosen = _chosen(built[0], path, mode, engine, layers, transport, io)
