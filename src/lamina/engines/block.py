@@ -434,14 +434,12 @@ class BlockEngine(Engine):
         self._put_error: BaseException | None = (
             None  # an I/O failure in put, raised by end_step on every rank
         )
-        # _log.putting: a write call (put, put_many, put_stats) under way, set as it starts,
-        # cleared as it returns or raises an error (an Exception: its checks', or a codec's,
-        # before anything of the call is kept, or a failure the call keeps in _put_error).
-        # Left set by an interrupt (KeyboardInterrupt, SystemExit) that escapes it wherever it
-        # lands, the put log half added to, the block not written: the open step cannot be
-        # committed (_cut_short); the next call sets _log.cut to say so. A test and two stores
-        # of an attribute a call, what a small block's write can pay for (a try block costs
-        # nothing until it catches).
+        # the put log marks the write calls (put, put_many, put_stats) under way (WriteMark):
+        # an error out of a call (its checks', a codec's before anything is kept, or a failure
+        # kept in _put_error) clears the mark; an interrupt leaves it set, the put log half
+        # added to, and the open step is not committed (_cut_short).  put spells the mark
+        # out: a test and two stores of an attribute, what a small block's write can pay for
+        # (a try block costs nothing until it catches).
         self._in_step = False
         self._implicit = False  # the open step was opened by a write, not by begin_step
         # steps this rank has opened (begun, opened by a write, or joined at end_step): the
@@ -663,7 +661,7 @@ class BlockEngine(Engine):
                 self._implicit = False
                 return len(self.catalog.steps)
             raise StepError(f"step {len(self.catalog.steps)} is already open; call end_step first")
-        self._log.putting = self._log.cut = False  # a write cut short before: it opened no step
+        self._log.forget()  # a write cut short before: it opened no step
         return self._open_step()
 
     def _open_step(self) -> int:
@@ -784,7 +782,7 @@ class BlockEngine(Engine):
         of the call is stored.  Small raw blocks given stacked are staged
         with one copy per staging chunk instead of one ``put`` each.
         """
-        self._write_call(self._put_many, name, starts, arrays, copy)
+        self._log.call(self._put_many, name, starts, arrays, copy)
 
     def _put_many(self, name: str, starts, arrays, copy: bool) -> None:
         spec = self._prepare(name, None, "write dataset")
@@ -985,21 +983,7 @@ class BlockEngine(Engine):
         its statistics.  Reading its values is up to a layer that can compute
         them (the derived layer).
         """
-        self._write_call(self._put_stats, name, box, array)
-
-    def _write_call(self, call: Callable[..., None], *args) -> None:
-        """``call(*args)``, a write call other than put (which spells this out): marked under
-        way as put is (``_log.putting``)."""
-        log = self._log
-        if log.putting:  # as put: an interrupt cut the last write call short
-            log.cut = True
-        log.putting = True
-        try:
-            call(*args)
-        except Exception:  # the checks' (nothing kept), or kept in _put_error
-            log.putting = False
-            raise
-        log.putting = False
+        self._log.call(self._put_stats, name, box, array)
 
     def _put_stats(self, name: str, box: Box, array: np.ndarray) -> None:
         spec = self._stats_only(name, box)
@@ -1049,7 +1033,7 @@ class BlockEngine(Engine):
         the call is recorded; the statistics of blocks of up to :data:`SMALL`
         bytes are taken together (:func:`lamina.stats.summarize`).
         """
-        self._write_call(self._put_stats_many, name, starts, arrays)
+        self._log.call(self._put_stats_many, name, starts, arrays)
 
     def _put_stats_many(self, name: str, starts, arrays) -> None:
         spec = self._stats_only(name, None)
@@ -1698,7 +1682,7 @@ class BlockEngine(Engine):
         self._end_of_step()
         self._put_error = None
         self._in_step = False
-        self._log.putting = self._log.cut = False  # (after: cut short, close drops it again)
+        self._log.forget()  # (after: cut short, close drops it again)
 
     def cut_step(self) -> None:
         if not self._closed:
@@ -1708,7 +1692,7 @@ class BlockEngine(Engine):
         """Whether a write call of the open step never returned (an interrupt cut it short,
         see ``_log.putting``): its blocks may be missing or half logged, so that the step
         is never committed (``end_step`` raises, ``close`` drops it)."""
-        return self._log.putting or self._log.cut
+        return self._log.cut_short()
 
     def _summarize(self, c: Chunk) -> None:
         """Start the statistics and checksums of the blocks staged in *c* (on the worker thread)."""

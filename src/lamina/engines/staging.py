@@ -180,17 +180,49 @@ class Chunk:
         self.loc = None
 
 
-class PutLog:
+class WriteMark:
+    """Whether a write call into the open step is under way (:attr:`putting`: set as it
+    starts, cleared as it returns or raises an ``Exception``), and whether one was cut short
+    before (:attr:`cut`): an interrupt (``KeyboardInterrupt``, ``SystemExit``) that escapes a
+    call leaves :attr:`putting` set wherever it lands, its blocks missing or half added, and
+    the step must not be committed (:meth:`cut_short`).  The engine's put log is one (its
+    ``put`` spells :meth:`call` out, a call less a block); the background layer holds one."""
+
+    def __init__(self) -> None:
+        self.putting = False
+        self.cut = False
+
+    def call(self, fn: Callable[..., None], *args) -> None:
+        """``fn(*args)``, marked under way; an ``Exception`` out of it (its checks', before
+        anything of it is kept, or a failure its owner keeps) clears the mark."""
+        if self.putting:  # the last write call never returned: an interrupt cut it short
+            self.cut = True
+        self.putting = True
+        try:
+            fn(*args)
+        except Exception:
+            self.putting = False
+            raise
+        self.putting = False
+
+    def cut_short(self) -> bool:
+        """Whether a write call into the open step never returned (an interrupt cut it short)."""
+        return self.putting or self.cut
+
+    def forget(self) -> None:
+        """The open step is gone (ended, dropped): a write cut short was of that step."""
+        self.putting = self.cut = False
+
+
+class PutLog(WriteMark):
     """The blocks of the current step on this rank, one row per block in put order (module docstring)."""
 
     def __init__(self) -> None:
-        # a write call into the step under way (BlockEngine.put): set as it starts, cleared as
-        # it returns; and a write call cut short so before (an interrupt escaped it). Kept
-        # here, not on the engine: an attribute of this object costs a few nanoseconds, one
-        # of the engine's (a large instance dictionary) ten or more, at every block's put.
-        # Not cleared with the rows: the engine says when a step is over (discard_step).
-        self.putting = False
-        self.cut = False
+        # the mark (WriteMark) is kept here, not on the engine: an attribute of this object
+        # costs a few nanoseconds, one of the engine's (a large instance dictionary) ten or
+        # more, at every block's put.  Not cleared with the rows: the engine says when a step
+        # is over (discard_step).
+        super().__init__()
         self.clear()
 
     def clear(self) -> None:

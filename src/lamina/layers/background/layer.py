@@ -69,7 +69,7 @@ from ...engines.base import BlockInfo, Engine, step_number
 from ...engines.batch import check_batch, elements
 from ...engines.block import attr_change, dataset_not_found
 from ...engines.registry import BACKGROUND_OPTIONS, inflight_bytes
-from ...engines.staging import enter_box, enter_boxes
+from ...engines.staging import WriteMark, enter_box, enter_boxes
 from ...errors import (
     CollectiveMismatchError,
     ConfigError,
@@ -288,11 +288,10 @@ class BackgroundLayer(Layer):
         self._measured = False  # the model got samples this run (saved at close)
         self._epoch_start: float | None = None  # when the last end_step returned
         self._in_calls = 0.0  # seconds inside this layer's write calls since then
-        # a write call into the open step under way, as the engine's (PutLog.putting):
-        # left set by an interrupt that escapes it, the step lacks its block (or some of a
+        # the write calls into the open step under way, as the engine's put log marks them:
+        # left set by an interrupt that escapes one, the step lacks its block (or some of a
         # batch's) and is never committed (_cut_short)
-        self._writing = False
-        self._write_cut = False  # a write call before the current one was cut short so
+        self._mark = WriteMark()
         self._decision: dict[str, Any] | None = None  # the last auto decision, measured next
         # rank 0, io='auto': every decision for the file (_record_decisions), each encoded
         # (decision_row) once its step is done and the phase after it measured; those not yet
@@ -1215,35 +1214,15 @@ class BackgroundLayer(Layer):
                 self._direct_sizes.append(nbytes)
             return
         t0 = time.perf_counter()
-        if self._writing:  # the last write call never returned: an interrupt cut it short
-            self._write_cut = True
-        self._writing = True
         try:
-            own(name, *args)
-        except Exception:  # the checks' (the box is taken back): nothing of it is kept
-            self._writing = False
-            raise
+            self._mark.call(own, name, *args)  # (an error: its checks', the box taken back)
         finally:
             self._in_calls += time.perf_counter() - t0
-        self._writing = False
-
-    def _own_write(self, call, *args) -> None:
-        """``call(*args)``, a write call of statistics into the open step, marked under way
-        as :meth:`_write` marks a put."""
-        if self._writing:
-            self._write_cut = True
-        self._writing = True
-        try:
-            call(*args)
-        except Exception:
-            self._writing = False
-            raise
-        self._writing = False
 
     def _cut_short(self) -> bool:
         """Whether a write call into the open step (or one it opened) never returned (an
         interrupt cut it short): the step lacks what it was writing, and is never committed."""
-        return self._writing or self._write_cut
+        return self._mark.cut_short()
 
     def cut_step(self) -> None:
         if not self.active:
@@ -1252,11 +1231,11 @@ class BackgroundLayer(Layer):
             with self.lock:
                 self.inner.cut_step()
         else:
-            self._write_cut = True
+            self._mark.cut = True
 
     def _forget_cut(self) -> None:
         """The open step is gone (ended, dropped): a write cut short was of that step."""
-        self._writing = self._write_cut = False
+        self._mark.forget()
 
     def _drop_cut_step(self) -> NoReturn:
         """Collective, every rank alike, at an end_step whose agreement said that a write into
@@ -1381,7 +1360,7 @@ class BackgroundLayer(Layer):
         if self._direct is not None:
             self._direct_call(self.inner.put_stats, name, box, array)
             return
-        self._own_write(self._put_stats, name, box, array)
+        self._mark.call(self._put_stats, name, box, array)
 
     def _put_stats(self, name: str, box: Box, array: np.ndarray) -> None:
         step = self._open_step("write statistics of dataset", name)
@@ -1407,7 +1386,7 @@ class BackgroundLayer(Layer):
         if self._direct is not None:  # the engine takes the batch as a whole
             self._direct_call(self.inner.put_stats_many, name, starts, arrays)
             return
-        self._own_write(self._put_stats_many, name, starts, arrays)
+        self._mark.call(self._put_stats_many, name, starts, arrays)
 
     def _put_stats_many(self, name: str, starts: np.ndarray, arrays) -> None:
         step = self._open_step("write statistics of dataset", name)
