@@ -105,6 +105,7 @@ from ...perf.asyncmodel import (
 )
 from ...perf.history import pack_series, unpack_series
 from ...stats import OneThread
+from ...text import fmt_ranges
 from ..base import Layer
 from ..derived import DerivedLayer
 from .prefetch import Prefetcher
@@ -146,12 +147,8 @@ def _at_exit() -> None:
 
 
 def _steps_text(indexes: list[int]) -> str:
-    """'step 4', 'steps 4-7' or 'steps [4, 6]'."""
-    if len(indexes) == 1:
-        return f"step {indexes[0]}"
-    if indexes == list(range(indexes[0], indexes[0] + len(indexes))):
-        return f"steps {indexes[0]}-{indexes[-1]}"
-    return f"steps {indexes}"
+    """'step 4', 'steps 4-7' or 'steps 4,6'."""
+    return f"step{'s' if len(indexes) > 1 else ''} {fmt_ranges(indexes)}"
 
 
 def _hook_exit() -> None:
