@@ -904,7 +904,7 @@ def test_auto_leaves_a_history_of_slow_background_steps(tmp_path, history_path):
     """Other runs wrote steps like these in the background very slowly (a busy machine): the
     model writes the first steps directly; the step it then writes in the background (a
     probe) takes what it takes now, and this run's steps decide from there on."""
-    from lamina.layers.background.layer import PROBE_AFTER
+    from lamina.layers.background.layer import MARGIN, PROBE_AFTER
 
     a = np.ones(1 << 19, dtype=np.float64)  # 4 MiB a step
     h = History()
@@ -927,9 +927,14 @@ def test_auto_leaves_a_history_of_slow_background_steps(tmp_path, history_path):
     assert d[PROBE_AFTER - 1]["fit"] == "local" and d[PROBE_AFTER - 1]["predicted"] == "sync"
     probed = d[PROBE_AFTER]  # written in the background: it measured the background
     assert probed["probe"] and probed["mode"] == "async"
-    after = d[PROBE_AFTER + 1 :]
-    assert after[0]["fit"] == "run" and after[0]["t_io"] < 1.0  # not the history's 10 s
-    assert all(x["mode"] == "async" and not x["probe"] for x in after)
+    # from here this run's own steps decide, not the history's 10 s: which mode wins is
+    # what this machine measures now (a copy against a direct write, a few milliseconds
+    # each; a loaded machine may tip it), so a step written directly must be one the run's
+    # measurements predicted no faster in the background
+    for x in d[PROBE_AFTER + 1 :]:
+        assert x["fit"] == "run" and x["t_io"] < 1.0 and not x["probe"], x
+        assert x["t_async_ranks"] is not None and x["t_async_ranks"] < 1.0, x
+        assert x["mode"] == "async" or x["t_async_ranks"] >= x["t_sync_ranks"] * (1 - MARGIN), x
 
 
 @pytest.mark.parametrize("ratio, switched", [(0.97, False), (0.9, True)])
