@@ -156,6 +156,22 @@ def test_a_vectors_components_are_named_alike_whatever_the_dims(tmp_path, dims):
         assert sorted(tree["vort"].to_dataset().data_vars) == ["vort_x", "vort_y", "vort_z"]
 
 
+@pytest.mark.parametrize(
+    "var, value", [("LAMINA_ENGINE", "memory"), ("LAMINA_ENGINE", "mpi"), ("LAMINA_IO", "async")]
+)
+def test_a_path_opens_the_file_on_disk_whatever_the_jobs_settings(
+    tmp_path, monkeypatch, var, value
+):
+    """The variables that switch a job's own programs (an in situ consumer launched with
+    ``LAMINA_ENGINE=mpi``) do not turn ``xr.open_dataset(path)`` away from the file on disk,
+    as they do not turn ``lamina ls`` or ``lamina convert``."""
+    path = tmp_path / "run.lam"
+    ref = _flame(path)
+    monkeypatch.setenv(var, value)
+    with xr.open_dataset(path, engine=ENGINE, group="fields") as ds:
+        np.testing.assert_array_equal(ds.T.values, ref)
+
+
 def test_one_step(tmp_path):
     path = tmp_path / "run.lam"
     ref = _flame(path)

@@ -28,6 +28,7 @@ from xarray.core import indexing
 import lamina
 
 from .. import comm as comm_mod
+from ..engines.registry import ON_DISK
 from . import conventions as cv
 
 #: the file-name ending of native lamina files
@@ -223,7 +224,9 @@ def _open(filename_or_obj, step: int | None = None) -> tuple[lamina.File, str, b
     if isinstance(filename_or_obj, lamina.Dataset):
         raise TypeError("open a lamina File or Group (a Dataset is one variable)")
     path = os.fspath(filename_or_obj)
-    f = lamina.open(path, "r", comm=comm_mod.self_comm(), transport="file")
+    # a path is a file on disk, whatever $LAMINA_ENGINE/_TRANSPORT/_IO say to the job's own
+    # programs (as for the `lamina` commands); an in-memory file is passed as its File
+    f = lamina.open(path, "r", comm=comm_mod.self_comm(), **ON_DISK)
     return f, "/", True, step
 
 
