@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numbers
-import os
 import time
 from collections.abc import Iterable, Sequence
 
@@ -31,6 +30,7 @@ from ..errors import (
     suggest,
 )
 from ..geometry import Box, rows_less, rows_prod
+from ..machine import usable_memory
 from ..text import fmt_bytes
 from .result import QueryResult, Units
 from .source import FULL, INF, Interval, Ranges, Source, exact_range, start_order
@@ -42,27 +42,25 @@ CACHE_BYTES = 256 << 20
 #: a larger unit is taken part by part, so memory does not grow with the size of the domain
 PART_ELEMENTS = 1 << 22
 #: the largest exact answer (coordinates and selected values) a query makes, in bytes: half
-#: the machine's memory (:func:`answer_limit`); an answer past it is a MemoryError that says
+#: the memory this process may use (:func:`answer_limit`); an answer past it is a MemoryError that says
 #: so before it is made, where it ended the process (a predicate true on the fill value of
 #: a huge dataset holding a few blocks)
 ANSWER_FRACTION = 0.5
 
 
 def answer_limit() -> int:
-    """Bytes an exact answer may take: :data:`ANSWER_FRACTION` of physical memory (1 TiB
-    where that cannot be asked)."""
-    try:
-        mem = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        mem = 2 << 40
-    return int(mem * ANSWER_FRACTION)
+    """Bytes an exact answer may take: :data:`ANSWER_FRACTION` of the memory this process may
+    use (physical memory, or its job's control group limit where smaller:
+    :func:`lamina.machine.usable_memory`; 1 TiB where neither can be asked)."""
+    mem = usable_memory()
+    return int((2 << 40 if mem is None else mem) * ANSWER_FRACTION)
 
 
 def _too_large(what: str, n: int, per: int) -> MemoryError:
     return MemoryError(
         f"query {what}: the exact answer holds {n} elements at least, "
         f"{fmt_bytes(n * per)} as coordinates and selected values, more than "
-        f"{fmt_bytes(answer_limit())} (half this machine's memory); ask exact=False for the "
+        f"{fmt_bytes(answer_limit())} (half the memory this process may use); ask exact=False for the "
         "blocks that may match, or a smaller region"
     )
 
