@@ -1,0 +1,167 @@
+"""``lamina verify``: every stored block read and checked; damage named block by block."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import lamina
+from lamina import cli
+from lamina.layouts import Multires
+
+
+def _write(path: str) -> None:
+    """Three steps of a raw dataset in two blocks, a compressed one, a multiresolution one,
+    a derived quantity kept as statistics and one kept as its expression."""
+    rng = np.random.default_rng(7)
+    with lamina.open(path, "w") as f:
+        a = f.create_dataset("a", (16, 16), "f8")
+        z = f.create_dataset("z", (16, 16), "f4", compression="zstd")
+        m = f.create_dataset("m", (32, 32), "f8", layout=Multires(patch=(16, 16), tolerance=1e-3))
+        f.derive("s", "a * 2", strategy="stats")
+        f.derive("e", "a + 1", strategy="expression")
+        for k in range(3):
+            with f.step():
+                a[:8] = k
+                a[8:] = k + 1
+                z[...] = np.arange(256, dtype="f4").reshape(16, 16) + k
+                m[...] = rng.random((32, 32))
+
+
+def _blocks(path: str, name: str, step: int, level: int = 0):
+    """(subfile, offset, length) of each stored block of *name* (its *level*) at *step*."""
+    with lamina.open(path) as f:
+        eng = f.engine.stack()[-1]
+        cat = eng.catalog
+        t = cat.table_of(cat.level(name, level), step)
+        return [
+            (f"data.{int(s)}.{int(g)}", int(o), int(n))
+            for s, g, o, n in zip(t.session, t.agg, t.offset, t.length, strict=True)
+        ]
+
+
+def _flip(path: str, offset: int) -> None:
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        b = fh.read(1)
+        fh.seek(offset)
+        fh.write(bytes([b[0] ^ 0x10]))
+
+
+def run(argv, capsys) -> tuple[int, str, str]:
+    rc = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.fixture
+def good(tmp_path) -> str:
+    path = str(tmp_path / "good.lam")
+    _write(path)
+    return path
+
+
+def test_an_intact_file(good, capsys):
+    rc, out, err = run(["verify", good], capsys)
+    # a: 2 blocks a step, z: 1, m: 4 patches x 5 levels; s: statistics only, e: no blocks
+    assert rc == 0 and err == ""
+    assert out.strip() == f"{good}: 3 steps, 69 blocks, {_size(good)} read and checked: intact"
+    rc, out, _ = run(["verify", good, "--json"], capsys)
+    rep = json.loads(out)
+    assert rc == 0 and rep["intact"] and rep["blocks"] == 69 and rep["problems"] == []
+
+
+def _size(path: str) -> str:
+    """The stored bytes of every block, as verify says them."""
+    from lamina.text import fmt_bytes
+
+    parts = [("a", 0), ("z", 0)] + [("m", lv) for lv in range(5)]
+    total = sum(n for name, lv in parts for s in range(3) for _, _, n in _blocks(path, name, s, lv))
+    return fmt_bytes(total)
+
+
+def test_each_damaged_block_is_named_and_the_rest_checked(good, tmp_path, capsys):
+    """A flipped byte in a raw block, a compressed one and a multiresolution band: each
+    named by step, dataset, box and bytes; every other block still checked."""
+    path = str(tmp_path / "bad.lam")
+    shutil.copytree(good, path)
+    sub, off, _ = _blocks(path, "a", 1)[1]
+    _flip(os.path.join(path, sub), off + 100)
+    sub, off, _ = _blocks(path, "z", 0)[0]
+    _flip(os.path.join(path, sub), off + 40)
+    sub, off, _ = _blocks(path, "m", 2, level=2)[3]
+    _flip(os.path.join(path, sub), off + 20)
+    rc, out, err = run(["verify", path], capsys)
+    lines = out.strip().splitlines()
+    assert rc == 1 and err == "", out
+    assert len(lines) == 4, out
+    assert lines[0].startswith(f"{path}: step 0: checksum mismatch") and "dataset 'z'" in lines[0]
+    assert "step 1:" in lines[1] and "dataset 'a' block [8:16, 0:16]" in lines[1]
+    assert "step 2:" in lines[2] and "dataset 'm level 2'" in lines[2]
+    assert lines[3] == (
+        f"{path}: DAMAGED: 3 of 69 blocks damaged (steps 0-2); 3 steps, 69 blocks, "
+        f"{_size(good)} read and checked"
+    )
+    rc, out, _ = run(["verify", path, "--json"], capsys)
+    rep = json.loads(out)
+    assert rc == 1 and not rep["intact"]
+    assert [(p["step"], p["dataset"], p["box"]) for p in rep["problems"]] == [
+        (0, "z", "[0:16, 0:16]"),
+        (1, "a", "[8:16, 0:16]"),
+        (2, "m level 2", _box_of(path, "m", 2, 2, 3)),
+    ]
+    # the file still reads where it is intact, and refuses where it is not
+    with lamina.open(path) as f:
+        np.testing.assert_array_equal(f["a"].read(step=2)[:8], 2)
+        with pytest.raises(lamina.errors.ChecksumError):
+            f["a"].read(step=1)
+
+
+def _box_of(path, name, step, level, row) -> str:
+    from lamina.text import fmt_box
+
+    with lamina.open(path) as f:
+        cat = f.engine.stack()[-1].catalog
+        return fmt_box(cat.table_of(cat.level(name, level), step).box(row))
+
+
+def test_a_codec_this_installation_cannot_decode(good, capsys, monkeypatch):
+    """Intact bytes that do not decode here (a codec missing, a codec's bug) are named too."""
+    from lamina import codecs
+
+    def refuse(self, data, dtype, shape, what):
+        raise lamina.errors.CodecError(f"{what}: zstd is not installed")
+
+    monkeypatch.setattr(codecs.Pipeline, "decode", refuse)
+    rc, out, _ = run(["verify", good], capsys)
+    lines = out.strip().splitlines()
+    assert rc == 1
+    assert [ln.split(": ")[1] for ln in lines[:-1]] == ["step 0", "step 1", "step 2"]
+    assert all("dataset 'z'" in ln and "zstd is not installed" in ln for ln in lines[:-1])
+
+
+def test_a_subfile_cut_short_or_missing_is_damage_of_the_metadata_kind(good, tmp_path, capsys):
+    """A cut subfile leaves the steps that need its bytes out of the open (said as it opens):
+    verify reports them as left out and exits 1; with the subfile gone, every step."""
+    path = str(tmp_path / "cut.lam")
+    shutil.copytree(good, path)
+    sub, off, n = _blocks(path, "a", 2)[0]
+    os.truncate(os.path.join(path, sub), off + n // 2)
+    rc, out, _ = run(["verify", path], capsys)
+    assert rc == 1
+    assert "left out" in out.splitlines()[0]
+    assert out.strip().splitlines()[-1].startswith(f"{path}: DAMAGED: ")
+    assert "committed record" in out.strip().splitlines()[-1]
+    os.remove(os.path.join(path, sub))
+    rc, out, _ = run(["verify", path], capsys)
+    assert rc == 1 and "subfile data.0.0 is missing" in out
+    assert "0 steps, 0 blocks" in out.strip().splitlines()[-1]
+
+
+def test_not_a_file_is_status_2(tmp_path, capsys):
+    rc, _, err = run(["verify", tmp_path / "absent.lam"], capsys)
+    assert rc == 2 and err.startswith("lamina verify: error:") and "Traceback" not in err
