@@ -165,3 +165,26 @@ def test_a_subfile_cut_short_or_missing_is_damage_of_the_metadata_kind(good, tmp
 def test_not_a_file_is_status_2(tmp_path, capsys):
     rc, _, err = run(["verify", tmp_path / "absent.lam"], capsys)
     assert rc == 2 and err.startswith("lamina verify: error:") and "Traceback" not in err
+
+
+def test_ranks_share_the_reading_and_rank_0_speaks_for_all(good, tmp_path):
+    """``mpiexec -n 3 lamina verify``: each rank reads its share; one report, the same as
+    one process's, and the job's status 1."""
+    import sys
+
+    import mpi_util as mu
+
+    path = str(tmp_path / "bad.lam")
+    shutil.copytree(good, path)
+    sub, off, _ = _blocks(path, "a", 1)[1]
+    _flip(os.path.join(path, sub), off + 100)
+    sub, off, _ = _blocks(path, "m", 2, level=2)[3]
+    _flip(os.path.join(path, sub), off + 20)
+    cmd = [mu.mpiexec(), "-n", "3", sys.executable, "-m", "lamina", "verify", path]
+    res = mu.finish(mu.start(cmd), cmd, timeout=120)
+    assert res.returncode != 0, res.describe()
+    lines = res.stdout.strip().splitlines()
+    assert len(lines) == 3, res.describe()  # two blocks and the summary, once
+    assert "step 1:" in lines[0] and "dataset 'a'" in lines[0]
+    assert "step 2:" in lines[1] and "dataset 'm level 2'" in lines[1]
+    assert lines[2].startswith(f"{path}: DAMAGED: 2 of 69 blocks damaged (steps 1-2)")

@@ -9,7 +9,8 @@ codec this installation lacks is found now), and a multiresolution band's
 header is checked.  It goes on past a damaged block and names each one:
 its step, dataset, box, subfile and bytes.  The metadata is checked by
 opening the file: a record left out there (a damaged or cut-short last
-record, logs copied at different moments) is reported as damage.
+record, logs copied at different moments) is reported as damage.  Under
+``mpiexec -n N`` the ranks share the reading and rank 0 prints the report.
 
 Exit status: 0 when everything is intact, 1 when something is damaged, 2
 when the file cannot be opened at all (as the other commands).  HDF5's
@@ -18,6 +19,7 @@ when the file cannot be opened at all (as the other commands).  HDF5's
 
 from __future__ import annotations
 
+import json
 import sys
 import warnings
 from collections.abc import Iterator
@@ -25,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import comm as comm_mod
 from ..catalog.model import BlockCodec
 from ..errors import CodecError, FormatError
 from ..text import fmt_box, fmt_bytes, fmt_ranges, plural, print_json
@@ -78,16 +81,24 @@ def _check_decoded(eng, spec, t, row: int, payload) -> None:
 
 
 def verify(f) -> dict[str, Any]:
-    """Every stored block of open file *f* read and checked: a report (see :func:`main`)."""
+    """Every stored block of open file *f* read and checked: a report (see :func:`cmd_verify`).
+
+    Collective over the file's ranks (``mpiexec -n N lamina verify FILE``): each reads the
+    (step, dataset) pairs dealt to it in turn, and rank 0 gets every rank's findings, in
+    the order of steps and datasets (the others get their own)."""
     eng = f.engine.stack()[-1]  # the block engine under the layers: it reads stored bytes
     cat = eng.catalog
+    comm = f.comm
+    rank, size = comm.rank, comm.size
     problems: list[dict[str, Any]] = []
     blocks = nbytes = 0
+    pair = -1
     for step in range(f.steps):
         for spec in _specs(cat):
-            t = cat.table_of(spec, step)
-            if not len(t):
+            pair += 1
+            if pair % size != rank:
                 continue
+            t = cat.table_of(spec, step)
             rows = np.flatnonzero((t.codec != BlockCodec.STATS_ONLY) & (t.length > 0))
             for batch in _batches(t, rows):
                 try:
@@ -101,13 +112,26 @@ def verify(f) -> dict[str, Any]:
                     except (FormatError, CodecError, OSError, ValueError) as e:
                         box = fmt_box(t.box(row))
                         problems.append(
-                            {"step": step, "dataset": spec.path, "box": box, "error": str(e)}
-                        )
+                            {"step": step, "dataset": spec.path, "box": box, "error": str(e),
+                             "_order": (pair, row)}
+                        )  # fmt: skip
                     blocks += 1
                     nbytes += int(t.length[row])
+    if size > 1:  # JSON between the ranks: findings are text and numbers
+        mine = json.dumps([blocks, nbytes, problems]).encode()
+        parts = comm_mod.gather_bytes(comm, mine)
+        if parts is not None:
+            blocks = nbytes = 0
+            problems = []
+            for raw in parts:
+                b, n, p = json.loads(raw)
+                blocks, nbytes = blocks + b, nbytes + n
+                problems.extend(p)
+            problems.sort(key=lambda p: tuple(p["_order"]))
     return {
         "file": f.filename,
         "steps": f.steps,
+        "ranks": size,
         "blocks": blocks,
         "bytes": nbytes,
         "records_left_out": int(getattr(eng, "records_left_out", 0)),
@@ -125,6 +149,8 @@ def cmd_verify(args) -> int:
     finally:
         f.close()
     report["metadata"] = notes
+    if report["ranks"] > 1 and f.comm.rank != 0:
+        return 0  # rank 0 speaks for all (every rank's status: rank 0's is the job's)
     damaged = bool(report["problems"] or report["records_left_out"])
     if args.json:
         print_json({**report, "intact": not damaged})
