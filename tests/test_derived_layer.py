@@ -1331,6 +1331,25 @@ def test_damaged_record_warns_and_the_rest_stays_readable(open_file, new_path, c
     assert g["m"].blocks(1) == []
 
 
+def test_an_unusable_record_warns_with_lamina_warning_at_the_open(tmp_path):
+    """The warning is a LaminaWarning shown at the program's ``lamina.open`` (it was a plain
+    UserWarning shown at a line of lamina's own layers)."""
+    p = str(tmp_path / "w.lam")
+    with lamina.open(p, "w") as f:
+        create_inputs(f)
+        f.derive("m", "u * 3", "expression")
+        write_step(f, 0)
+        f.engine.set_ext("derived:m", record(version=2))
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        g = lamina.open(p)
+    g.close()
+    said = [w for w in rec if "derived quantity 'm' cannot be used" in str(w.message)]
+    assert len(said) == 1, [str(w.message) for w in rec]
+    assert said[0].category is lamina.errors.LaminaWarning
+    assert said[0].filename == __file__, said[0].filename
+
+
 def test_two_records_that_lead_to_each_other_are_refused(tmp_path):
     """Records of a, computed from b, and b from a (forged: derive() cannot make them): the
     second taken up is refused with a warning, reads end (a read looped forever)."""

@@ -69,6 +69,7 @@ from ...errors import (
     ShapeError,
     mark_collective,
     suggest,
+    warn_caller,
 )
 from ...geometry import Box, rows_prod
 from ...layouts.spec import Layout
@@ -175,9 +176,8 @@ class DerivedLayer(Layer):
                         )
             except (FormatError, ExpressionError, ShapeError, NotFoundError, ValueError) as e:
                 self._bad[name] = str(e)
-                warnings.warn(
-                    f"{self.path}: derived quantity {name!r} cannot be used: {e}", stacklevel=3
-                )
+                # at the program's call (an open, a refresh), not at a line of the layers
+                warn_caller(f"{self.path}: derived quantity {name!r} cannot be used: {e}")
                 continue
             self._add(d)
         # definitions made by this reader live outside the file: keep them visible after a refresh
