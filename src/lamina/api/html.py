@@ -41,6 +41,16 @@ def _definition(file, path: str):
     return d.get(p)
 
 
+def _unusable(file, path: str) -> str | None:
+    """Why the derived quantity *path* is (or is a component of) cannot be evaluated by this
+    lamina, or None."""
+    p = path.strip("/")
+    for name, why in file.engine.unusable().items():
+        if p == name or p.startswith(name + "/"):
+            return why
+    return None
+
+
 def _attrs_table(obj) -> str:
     keys = list(obj.attrs)
     if not keys:
@@ -63,12 +73,16 @@ def dataset_facts(ds) -> dict:
         "stored": stored,
         "raw": raw,
         "definition": _definition(file, ds.name),
+        "unusable": _unusable(file, ds.name),
     }
 
 
 def _dataset_line(ds, facts: dict) -> str:
     d = facts["definition"]
     steps = fmt_steps_written(facts["written"], facts["steps"], d is not None)
+    bad = facts.get("unusable")
+    if bad is not None and not facts["written"]:
+        steps = "cannot be evaluated"
     size = fmt_stored(facts["stored"], facts["raw"])
     parts = [
         f"{escape(str(ds.dtype))} {_shape(ds.shape)}",
@@ -81,6 +95,8 @@ def _dataset_line(ds, facts: dict) -> str:
     line = " &nbsp; ".join(parts)
     if d is not None:
         line += f" &nbsp; derived = <code>{escape(d.text)}</code> (strategy {escape(d.strategy)})"
+    elif bad is not None:
+        line += f" &nbsp; derived, cannot be evaluated by this lamina: {escape(bad)}"
     return line
 
 

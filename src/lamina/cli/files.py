@@ -175,6 +175,10 @@ def _node_info(f, path: str, obj, stored: dict | None = None) -> dict:
         info["derived"] = {"expression": d.text, "strategy": d.strategy}
         if len(d.components) > 1:
             info["derived"]["components"] = list(d.components)
+    bad = _unusable_of(f, path)
+    if bad is not None and (isinstance(obj, Dataset) or path.strip("/") == bad[0]):
+        # a quantity the file defines that this lamina cannot evaluate: not a plain dataset
+        info["derived"] = {"name": bad[0], "unusable": bad[1]}
     if isinstance(obj, Dataset):
         summed = None if stored is None else stored.get(path)
         if summed is not None:
@@ -202,6 +206,16 @@ def _node_info(f, path: str, obj, stored: dict | None = None) -> dict:
     return info
 
 
+def _unusable_of(f, path: str) -> tuple[str, str] | None:
+    """(name, why) of the derived quantity this lamina cannot evaluate that dataset or group
+    *path* is (or is a component of), or None."""
+    p = path.strip("/")
+    for name, why in f.engine.unusable().items():
+        if p == name or p.startswith(name + "/"):
+            return name, why
+    return None
+
+
 def _dataset_line(info: dict, nsteps: int) -> str:
     shape = (
         "("
@@ -210,6 +224,8 @@ def _dataset_line(info: dict, nsteps: int) -> str:
         + ")"
     )
     steps = fmt_steps_written(info["steps_written"], nsteps, info.get("derived") is not None)
+    if not info["steps_written"] and "unusable" in info.get("derived", {}):
+        steps = "cannot be evaluated"
     size = fmt_stored(info["nbytes"], info["raw_nbytes"])
     comp = fmt_codecs(info["compression"])
     lay = info.get("layout")
@@ -274,6 +290,8 @@ def _derived_note(info: dict) -> str:
     d = info.get("derived")
     if d is None:
         return ""
+    if "unusable" in d:
+        return f"  derived, cannot be evaluated by this lamina: {d['unusable']}"
     return f"  derived = {d['expression']} (strategy {d['strategy']})"
 
 
@@ -370,12 +388,19 @@ def cmd_info(args) -> int:
         # the blocks' own, or where a step has none (a quantity kept as its expression),
         # its anchor's
         per_step, covers, sums = [], {}, {}
+        # a derived quantity this lamina cannot evaluate: where it holds values is not known
+        # (its coverage is refused), its blocks are what the file lists
+        bad = _unusable_of(f, ds.name)
         for k in steps:
             blocks = ds.blocks(k)
             stored, raw = storage_of(blocks)
             sums[k] = (stored, raw)
             covers[k] = (
-                raw // ds.dtype.itemsize if len(blocks) else sum(b.size for b in ds.coverage(k))
+                raw // ds.dtype.itemsize
+                if len(blocks)
+                else 0
+                if bad is not None
+                else sum(b.size for b in ds.coverage(k))
             )
             per_step.append((k, times[k] if k < len(times) else None, list(blocks)))
         # a derived quantity with no blocks at a step is computed when read there: kept as its
@@ -400,6 +425,7 @@ def cmd_info(args) -> int:
                 "dtype": str(ds.dtype),
                 "fill": json_value(ds.fill),
                 "compression": list(ds.compression),
+                **({} if bad is None else {"derived": {"name": bad[0], "unusable": bad[1]}}),
                 "layout": None
                 if lay is None
                 else {k: v for k, v in lay.items() if not k.startswith("_")},
@@ -424,6 +450,11 @@ def cmd_info(args) -> int:
         f"compression {fmt_codecs(ds.compression) if lay is None else _layout_words(lay)}; "
         f"{fmt_name(fname)}: {plural(nsteps, 'step')}"
     )
+    if bad is not None:
+        print(
+            f"derived quantity {fmt_name(bad[0])}, cannot be evaluated by this lamina: {bad[1]}; "
+            "reading it raises FormatError at a step that stores no values of it"
+        )
     if lay is not None and "step" in lay:
         print(
             f"layout at step {lay['step']}: {lay['patches']} patches, order {lay['order']}, "
@@ -467,7 +498,9 @@ def cmd_info(args) -> int:
     for k, t, blocks in per_step:
         when = f"  committed {fmt_timestamp(t)}" if t is not None else ""
         if not blocks:
-            if computed and covers[k]:
+            if bad is not None:
+                print(f"step {k}{when}: no blocks (cannot be evaluated by this lamina)")
+            elif computed and covers[k]:
                 print(
                     f"step {k}{when}: no blocks: computed when read ({computed}), "
                     f"{covers[k]} of {size} elements"

@@ -495,6 +495,12 @@ class Engine(ABC):
         """Independent: the definition of derived quantity or component *path*, None for a plain dataset."""
         return None
 
+    def unusable(self) -> dict[str, str]:
+        """Independent: the derived quantities the file records that this lamina cannot
+        evaluate (a newer definition version, an unknown function, a damaged record), by
+        name: why.  Reading one raises FormatError where the file stores no values of it."""
+        return {}
+
     def note_query(
         self, elements: int, per_unit: float, seconds: float, judged: Sequence[str] = ()
     ) -> None:

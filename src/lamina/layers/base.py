@@ -262,6 +262,9 @@ class Layer(Engine):
     def definition(self, path: str) -> Any:
         return self.inner.definition(path)
 
+    def unusable(self) -> dict[str, str]:
+        return self.inner.unusable()
+
     def note_query(
         self, elements: int, per_unit: float, seconds: float, judged: Sequence[str] = ()
     ) -> None:

@@ -93,8 +93,10 @@ def decode_definition(name: str, raw: bytes) -> tuple[str, str, tuple[float, ...
     d = Decoder(raw, f"definition of derived quantity {name!r}")
     version = d.u8()
     if version != FORMAT_VERSION:
+        newer = "; a newer lamina wrote it" if version > FORMAT_VERSION else ""
         raise FormatError(
-            f"derived quantity {name!r}: definition version {version} is not supported (expected {FORMAT_VERSION})"
+            f"derived quantity {name!r}: definition version {version} is not supported (this "
+            f"lamina reads version {FORMAT_VERSION}{newer})"
         )
     text = d.str()
     strategy = d.str()

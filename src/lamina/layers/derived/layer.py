@@ -96,6 +96,19 @@ SCRATCH_BYTES = 64 << 20
 HINTS = frozenset({"query_fraction", "readers", "read_bandwidth", "write_bandwidth"})
 
 
+def _why(name: str, text: str | None, e: Exception) -> str:
+    """Why the record of quantity *name* (expression *text*, None if it could not be decoded)
+    cannot be used, from the error *e* met: the unknown function or mistake and its position
+    in the expression, without the hints meant for someone typing one."""
+    if isinstance(e, ExpressionError) and text is not None:
+        reason = e.reason.split(" The functions are:")[0].split(" Did you mean")[0].rstrip(".")
+        at = f" at position {e.position}" if e.position is not None else ""
+        return f"expression {text!r}: {reason}{at}"
+    why = str(e)
+    own = f"derived quantity {name!r}: "
+    return why[len(own) :] if why.startswith(own) else why
+
+
 class DerivedLayer(Layer):
     """Derived quantities over any engine (see the module docstring).
 
@@ -160,9 +173,17 @@ class DerivedLayer(Layer):
             name = key[len(EXT_PREFIX) :]
             if name in self._defs or name in self._bad:
                 continue
+            text = None
             try:
                 text, strategy, spacing, info = decode_definition(name, raw)
                 d = self._build(name, text, strategy, spacing, info, check_clash=False)
+                for p in sorted(d.inputs):
+                    q = self._unusable_of(p)
+                    if q is not None:
+                        raise FormatError(
+                            f"derived quantity {name!r}: its input {p!r} is derived quantity "
+                            f"{q!r}, which cannot be used either"
+                        )
                 loop = self._cycle(d)
                 if loop is not None:  # a damaged or forged record: derive() never makes one
                     raise FormatError(
@@ -175,9 +196,13 @@ class DerivedLayer(Layer):
                             f"derived quantity {name!r}: no dataset {c!r} of shape {d.shape} in the file"
                         )
             except (FormatError, ExpressionError, ShapeError, NotFoundError, ValueError) as e:
-                self._bad[name] = str(e)
+                why = self._bad[name] = _why(name, text, e)
+                then = "; steps written here do not compute it" if self.mode != "r" else ""
                 # at the program's call (an open, a refresh), not at a line of the layers
-                warn_caller(f"{self.path}: derived quantity {name!r} cannot be used: {e}")
+                warn_caller(
+                    f"{self.path}: derived quantity {name!r} cannot be used: {why}; reading it "
+                    f"raises FormatError where the file stores no values of it{then}"
+                )
                 continue
             self._add(d)
         # definitions made by this reader live outside the file: keep them visible after a refresh
@@ -223,6 +248,45 @@ class DerivedLayer(Layer):
     def definitions(self) -> dict[str, Definition]:
         """Every derived quantity known here, in declaration order."""
         return dict(self._defs)
+
+    def unusable(self) -> dict[str, str]:
+        """The derived quantities the file records that this lamina cannot evaluate (a newer
+        definition version, a function it does not know, a damaged record), by name: why."""
+        return dict(self._bad)
+
+    def _unusable_of(self, path: str) -> str | None:
+        """The quantity this lamina cannot evaluate that *path* is (or is a component of), or None."""
+        for name in self._bad:
+            if path == name or path.startswith(name + "/"):
+                return name
+        return None
+
+    def _refuse_unusable(self, name: str, step: int | None) -> None:
+        """FormatError if *name* belongs to a quantity this lamina cannot evaluate and *step*
+        stores no values of it (no block, or statistics only): what it holds there is known
+        only to a lamina that can evaluate it, never its fill value.  Steps that stored its
+        values (strategy ``store``) read them as plain data.  Raised alike on every rank (the
+        ranks hold the same records), before any collective call of a read."""
+        try:
+            path = normpath(name)
+        except ValueError:
+            return  # (the engine's own error)
+        q = self._unusable_of(path)
+        if q is None:
+            return
+        spec = self.catalog.datasets.get(path)
+        if spec is None or spec.id < 0:
+            return  # a component the file does not have: the engine's NotFoundError
+        k = self.inner.check_step(step)
+        t = self.catalog.table(spec.id, k)
+        stats_only = bool(len(t)) and bool((t.codec == CODEC_STATS_ONLY).any())
+        if len(t) and not stats_only:
+            return
+        held = "only statistics of it" if stats_only else "no values of it"
+        raise FormatError(
+            f"{self.path}: cannot read {path!r} at step {k}: it is derived quantity {q!r}, "
+            f"which this lamina cannot evaluate ({self._bad[q]}); the step stores {held}"
+        )
 
     def note_query(
         self, elements: int, per_unit: float, seconds: float, judged: Sequence[str] = ()
@@ -401,7 +465,7 @@ class DerivedLayer(Layer):
 
     def _clash(self, path: str, kind: str) -> None:
         """ExistsError if *path* is a derived quantity or lies inside one (its components)."""
-        for existing in self._defs:
+        for existing in (*self._defs, *self._bad):
             if path == existing or path.startswith(existing + "/"):
                 raise ExistsError(f"{kind} {path!r} clashes with derived quantity {existing!r}")
 
@@ -430,6 +494,12 @@ class DerivedLayer(Layer):
             raise ModeError(
                 f"dataset {path!r} is derived ({d.text!r}, strategy {d.strategy!r}): lamina computes it; write its inputs"
             )
+        q = self._unusable_of(path) if self._bad else None
+        if q is not None:
+            raise ModeError(
+                f"dataset {path!r} is derived quantity {q!r}, which this lamina cannot evaluate "
+                f"({self._bad[q]}): a lamina that can computes it; write its inputs"
+            )
         return path
 
     def put_many(self, name: str, starts: np.ndarray, arrays, copy: bool = True) -> None:
@@ -444,10 +514,10 @@ class DerivedLayer(Layer):
 
     def lend(self, name: str, start: tuple[int, ...], array: np.ndarray) -> bool:
         # no derived quantity: nothing to refuse, hold or time
-        return not self._defs and self.inner.lend(name, start, array)
+        return not self._defs and not self._bad and self.inner.lend(name, start, array)
 
     def put(self, name: str, box: Box, array: np.ndarray, copy: bool = True) -> None:
-        if not self._defs:  # no derived quantity: nothing to refuse, hold or time
+        if not self._defs and not self._bad:  # no derived quantity: nothing to refuse, hold or time
             self.inner.put(name, box, array, copy)
             return
         path = self._written(name)
@@ -875,8 +945,31 @@ class DerivedLayer(Layer):
                 del self._by_component[c]
         self._sigs.pop(d.name, None)
 
+    def get_level(
+        self,
+        name: str,
+        box: Box,
+        step: int | None,
+        out: np.ndarray,
+        level: int = 0,
+        cache: dict | None = None,
+        tolerance: float | None = None,
+    ) -> int:
+        if self._bad:
+            self._refuse_unusable(name, step)
+        return self.inner.get_level(name, box, step, out, level, cache, tolerance)
+
+    def block_table(self, name: str, step: int, stats: bool = True, level: int = 0) -> BlockTable:
+        # (a query judges a quantity by its statistics: none of its blocks are to be trusted
+        # where reading it is refused)
+        if self._bad:
+            self._refuse_unusable(name, step)
+        return self.inner.block_table(name, step, stats, level)
+
     def coverage(self, path: str, step: int | None) -> list[Box]:
         """Independent: boxes of *path* that hold values at *step* (the rest reads as fill)."""
+        if self._bad:
+            self._refuse_unusable(path, step)
         blocks = self._anchor_blocks(normpath(path), self.check_step(step))
         return [] if blocks is None else [blocks.box(i) for i in range(len(blocks))]
 
@@ -898,6 +991,8 @@ class DerivedLayer(Layer):
         the chain of anchors (a quantity without blocks of its own, or a component of one
         whose anchor wrote them); None if nothing was written."""
         while True:
+            if self._bad:  # (an anchor this lamina cannot evaluate: where it has values is unknown)
+                self._refuse_unusable(path, step)
             blocks = (
                 self.inner.block_table(path, step, stats=False)
                 if path in self.catalog.datasets
@@ -919,6 +1014,8 @@ class DerivedLayer(Layer):
             path = d.anchor
 
     def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
+        if self._bad:
+            self._refuse_unusable(name, step)
         if not self._defs:  # no derived quantities: nothing to compute, no history to keep
             self.inner.get(name, box, step, out)
             return
@@ -944,6 +1041,8 @@ class DerivedLayer(Layer):
             )
 
     def get_collective(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
+        if self._bad:  # (on every rank alike, before the read's first message)
+            self._refuse_unusable(name, step)
         path = normpath(name)
         if path not in self._by_component:  # stored data: read together
             self._sampled_read(self.inner.get_collective, path, box, step, out)
