@@ -294,13 +294,18 @@ def test_load_uses_cache_and_remeasures(monkeypatch, tmp_path):
     with pytest.raises(ValueError, match="host"):
         load_calibration(measure=False)
     assert load_calibration().flop_rate == 7e9 and len(measured) == 2
-    path.write_text(dataclasses.replace(here, version=99).to_json())  # another version
-    assert load_calibration().version == calmod.CALIBRATION_VERSION and len(measured) == 3
+    path.write_text(dataclasses.replace(here, version=99).to_json())  # a newer lamina's
+    with pytest.warns(LaminaWarning, match="newer lamina"):
+        assert load_calibration().version == calmod.CALIBRATION_VERSION and len(measured) == 3
+    assert json.loads(path.read_text())["version"] == 99  # measured here, not saved there
+    path.write_text(dataclasses.replace(here, version=1).to_json())  # an older one's
+    assert load_calibration().version == calmod.CALIBRATION_VERSION and len(measured) == 4
+    assert json.loads(path.read_text())["version"] == calmod.CALIBRATION_VERSION
     path.write_bytes(b"\x00garbage")
     with pytest.raises(ValueError), pytest.warns(LaminaWarning, match="ignored"):
         load_calibration(measure=False)
     with pytest.warns(LaminaWarning, match="ignored"):  # a file there, refused: said
-        assert load_calibration().flop_rate == 7e9 and len(measured) == 4
+        assert load_calibration().flop_rate == 7e9 and len(measured) == 5
 
 
 def test_another_hosts_calibration_at_the_path_is_kept(monkeypatch, tmp_path):
@@ -330,6 +335,34 @@ def test_another_hosts_calibration_at_the_path_is_kept(monkeypatch, tmp_path):
     assert calmod.cached(str(path)) == here
     doc = json.loads(path.read_text())
     assert doc["host"] == "login01" and set(doc["others"]) == {me}
+
+
+def test_a_calibration_of_a_newer_lamina_is_neither_read_nor_replaced(monkeypatch, tmp_path):
+    """A calibration file written by a newer lamina (a newer calibration version) was
+    replaced by this lamina's: two lamina versions sharing a home directory measured again in
+    turn, each losing the other's.  It is now neither read nor replaced, with one warning
+    naming the path; this lamina measures for itself."""
+    path = tmp_path / "cal.json"
+    doc = {**CAL.as_doc(), "version": calmod.CALIBRATION_VERSION + 1, "new_rate": 1.0}
+    text = json.dumps(doc)
+    path.write_text(text)
+    here = dataclasses.replace(CAL, host=calmod.host(), flop_rate=7e9)
+    measured = []
+
+    def fake(quick=False, directory=None):
+        measured.append(1)
+        return here
+
+    monkeypatch.setattr(calmod, "calibrate", fake)
+    with pytest.warns(LaminaWarning) as said:
+        assert load_calibration(str(path)) == here
+        calmod.save_calibration(here, str(path))
+        assert load_calibration(str(path)) == here
+    assert path.read_text() == text
+    msgs = [str(w.message) for w in said]
+    assert len(msgs) == 1, msgs
+    assert str(path) in msgs[0] and "neither read nor replaced" in msgs[0], msgs
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cal.json"]
 
 
 def test_a_calibration_file_keeps_the_most_recent_hosts(monkeypatch, tmp_path):

@@ -631,3 +631,36 @@ def test_per_block_cost_extrapolates_to_smaller_blocks():
     assert fit.kind == "per-block" and fit.coef == pytest.approx((10e-9, 0.7e-3), rel=1e-6)
     assert fit.seconds(n, n / 32) == pytest.approx(secs(32), rel=0.05)
     assert fit.seconds(2 * n, n / 32) == pytest.approx(2 * secs(32), rel=0.05)
+
+
+@pytest.mark.parametrize("version", [hist.HISTORY_VERSION + 1, 99])
+def test_a_history_of_a_newer_lamina_is_neither_read_nor_replaced(tmp_path, version):
+    """A history written by a newer lamina (one $HOME, two lamina versions on a cluster) was
+    replaced by this lamina's at the next save: the newer lamina's measurements were lost.
+    It is now neither read nor replaced, with one warning naming the path."""
+    path = tmp_path / "history.json"
+    text = json.dumps(
+        {"version": version, "host": host(), "series": {"future.series": [[1.0, 1.0, 0.1]]}}
+    )
+    path.write_text(text)
+    with pytest.warns(LaminaWarning) as said:
+        assert hist.load_history(str(path)).series == {}
+        hist.save_history(_one_sample(), str(path))
+        hist.save_history_soon(_one_sample(), str(path))
+        hist.wait_saves()
+        assert hist.load_history(str(path)).series == {}
+    assert path.read_text() == text
+    msgs = [str(w.message) for w in said]
+    assert len(msgs) == 1, msgs
+    assert str(path) in msgs[0] and f"version {version}" in msgs[0], msgs
+    assert "neither read nor replaced" in msgs[0], msgs
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["history.json"]
+
+
+def test_a_history_of_an_older_version_is_replaced_quietly(tmp_path):
+    path = tmp_path / "history.json"
+    path.write_text(json.dumps({"version": 1, "host": host(), "io": [], "copy_rates": []}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hist.save_history(_one_sample(), str(path))
+    assert json.loads(path.read_text())["version"] == hist.HISTORY_VERSION

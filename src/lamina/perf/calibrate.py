@@ -44,7 +44,9 @@ registers a probe (:func:`register_probe`) that :func:`calibrate` calls.
 :func:`load_calibration` keeps the result at ``$LAMINA_CALIBRATION``, else
 ``$XDG_CACHE_HOME/lamina/calibration.json`` (``~/.cache`` by default), and
 measures again when the file is missing, does not parse, holds no
-calibration of this host, or was made by another version of the calibration.
+calibration of this host, or was made by another version of the calibration;
+a file of a newer version (a newer lamina's) is neither read nor replaced
+(:func:`newer_file`).
 Hosts that share the path keep theirs side by side (:func:`save_calibration`).
 """
 
@@ -75,7 +77,7 @@ except ImportError:  # no flock (Windows): saves go on unlocked
     fcntl = None  # type: ignore[assignment]
 
 from ..catalog.wire import load_json
-from ..errors import FormatError, LaminaWarning
+from ..errors import FormatError, LaminaWarning, warn_caller
 
 #: bumped when what is measured changes: older files are measured again
 #: (2: the copy into new memory and the per-block tables; 3: a query's own time)
@@ -219,6 +221,16 @@ class _ReadOnly(dict):
 
 class _OtherVersion(ValueError):
     """A calibration of another version: measured again without a word, as one of another host."""
+
+
+class _NewerFile(_OtherVersion):
+    """A calibration file of a newer version, a newer lamina's: neither read nor replaced."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__(
+            f"calibration: version {version} of the calibration, newer than {CALIBRATION_VERSION}"
+        )
+        self.version = version
 
 
 def _check(doc: dict[str, Any]) -> None:
@@ -653,6 +665,8 @@ class NotRegularFile(ValueError):
 
 #: the paths (their targets) of cache files warned about as not regular files: once each
 _NOT_REGULAR: set[str] = set()
+#: the files written by a newer lamina warned about (:func:`newer_file`)
+_NEWER: set[str] = set()
 
 
 def discards(path: str) -> bool:
@@ -691,6 +705,23 @@ def not_kept(path: str, what: str, mode: int) -> None:
         f"{os.devnull} to keep nothing)",
         LaminaWarning,
         stacklevel=3,
+    )
+
+
+def newer_file(path: str, what: str, version: int, mine: int, env: str) -> None:
+    """Warn once per process (a :class:`~lamina.errors.LaminaWarning`, at the program's call)
+    that *what* at *path* was written by a newer lamina (its *version*, this lamina's *mine*)
+    and so is neither read nor replaced: two lamina versions may share one home directory,
+    and the newer one's file is not this lamina's to write over (*env*: the variable that
+    gives another path)."""
+    key = os.path.realpath(path)
+    if key in _NEWER:
+        return
+    _NEWER.add(key)
+    warn_caller(
+        f"{what} {path} was written by a newer lamina (version {version}, this lamina keeps "
+        f"version {mine}): it is neither read nor replaced, and nothing measured here is kept "
+        f"there (set ${env} to another file to keep this lamina's)"
     )
 
 
@@ -885,6 +916,9 @@ def _file_doc(text: str | bytes) -> dict[str, Any]:
         raise ValueError(str(e)) from None
     if not isinstance(doc, dict):
         raise ValueError(f"calibration: expected a JSON object, got {type(doc).__name__}")
+    v = doc.get("version")
+    if isinstance(v, int) and not isinstance(v, bool) and v > CALIBRATION_VERSION:
+        raise _NewerFile(v)  # (its host's calibration at the top: the file is a newer lamina's)
     return doc
 
 
@@ -904,6 +938,9 @@ def save_calibration(cal: Calibration, path: str) -> None:
     with locked(target):  # no other host's save between the read and the rename
         try:
             doc = _file_doc(read_cache_file(path, "calibration", MAX_FILE_BYTES))
+        except _NewerFile as e:  # a newer lamina's: left as it is
+            newer_file(path, "calibration", e.version, CALIBRATION_VERSION, "LAMINA_CALIBRATION")
+            return
         except (OSError, ValueError):  # none, or not usable: written over
             doc = {}
         others = others_of(doc)
@@ -927,6 +964,9 @@ def cached(path: str | None = None) -> Calibration | None:
     path = path or default_path()
     try:
         cal = read_calibration(path)
+    except _NewerFile as e:  # measured here, and not saved there
+        newer_file(path, "calibration", e.version, CALIBRATION_VERSION, "LAMINA_CALIBRATION")
+        return None
     except (FileNotFoundError, _OtherVersion):
         return None
     except NotRegularFile:  # a device, a FIFO: measured, and not saved there

@@ -59,8 +59,11 @@ prediction 0, infinite or NaN.  A file's unusable samples and series are
 left out one by one, and a file that cannot be read at all (damaged, too
 long, not a history) is ignored, each with a
 :class:`~lamina.errors.LaminaWarning` (once per file); the next save
-writes the samples kept.  A file of another version is ignored quietly
-(measured again here).  Hosts that share the path (a home directory the
+writes the samples kept.  A file of an earlier version is ignored quietly
+(measured again here, replaced at the next save); one of a newer version,
+a newer lamina's, is neither read nor replaced (two lamina versions may
+share one home directory), with one LaminaWarning naming it
+(:func:`~lamina.perf.calibrate.newer_file`).  Hosts that share the path (a home directory the
 nodes of a cluster share, the default place) each keep their part, side by
 side under the host name: the host that saved last at the top (a file of one
 host, as written before several were kept, is that host's part), the others
@@ -124,6 +127,7 @@ from .calibrate import (
     finite_number,
     host,
     locked,
+    newer_file,
     not_kept,
     others_of,
     read_cache_file,
@@ -483,7 +487,10 @@ def _parse(text: str | bytes) -> tuple[History | None, dict[str, Any]]:
     doc = load_json(text, "history", limit=MAX_FILE_BYTES, constants=False)
     if not isinstance(doc, dict):
         raise FormatError("history: not a JSON object")
-    if doc.get("version") != HISTORY_VERSION:
+    v = doc.get("version")
+    if isinstance(v, int) and not isinstance(v, bool) and v > HISTORY_VERSION:
+        raise _Newer(v)
+    if v != HISTORY_VERSION:
         raise _Elsewhere("history: not a history of this version")
     me, top = host(), doc.get("host")
     parts = others_of(doc)
@@ -575,6 +582,14 @@ def _sample_of(v: Any) -> Sample | None:
 
 class _Elsewhere(FormatError):
     """A history of another host or version: ignored without a word (measured again here)."""
+
+
+class _Newer(_Elsewhere):
+    """A history of a newer version, a newer lamina's: neither read nor replaced."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__(f"history: version {version}, newer than {HISTORY_VERSION}")
+        self.version = version
 
 
 #: per file, the samples handed to save_history_soon and not written yet (one history, all
@@ -677,8 +692,10 @@ def _load(p: str) -> History:
     return _read(p)[0]
 
 
-def _read(p: str) -> tuple[History, dict[str, Any]]:
-    """:func:`_load`, and the other hosts' parts of the file (kept by a save)."""
+def _read(p: str) -> tuple[History, dict[str, Any] | None]:
+    """:func:`_load`, and the other hosts' parts of the file (kept by a save); None instead
+    of them for a file of a newer version (a newer lamina's, which a save must not replace:
+    hosts, or two lamina versions, sharing one home directory)."""
     before = _stamp(p)
     got = _LOADED.get(p)
     if before is not None and got is not None and got[0] == before:
@@ -687,7 +704,10 @@ def _read(p: str) -> tuple[History, dict[str, Any]]:
         return h, got[3]
     try:
         mine, others = _parse(read_cache_file(p, "history", MAX_FILE_BYTES))
-    except (FileNotFoundError, NotADirectoryError, _Elsewhere):  # none, or of another version
+    except _Newer as e:  # a newer lamina's: neither read nor replaced, said once
+        newer_file(p, WHAT, e.version, HISTORY_VERSION, "LAMINA_HISTORY")
+        return History(), None
+    except (FileNotFoundError, NotADirectoryError, _Elsewhere):  # none, or of an older version
         return History(), {}
     except NotRegularFile:  # a device, a FIFO: once, or never for the null device
         with contextlib.suppress(OSError):
@@ -771,7 +791,12 @@ def _save(h: History, p: str) -> None:
         if h.stamp is not None and h.stamp == stamp and got is not None and got[0] == stamp:
             merged, others = h, got[3]  # the file is what h was loaded from
         else:
-            merged, others = _read(p)
+            merged, found = _read(p)
+            if found is None:  # a newer lamina's file: left as it is
+                h.added = {}
+                h.stamp = None
+                return
+            others = found
             _extend(merged.series, h.added)
         now = time.time()
         for name, lst in h.added.items():
