@@ -69,6 +69,23 @@ def test_records_round_trip_and_keep_the_other_models(tmp_path):
     assert checks.load(p)["async"] == a2 and checks.load(p)["derived-history"] == d
 
 
+def test_records_of_a_newer_lamina_are_neither_read_nor_replaced(tmp_path):
+    """Two lamina versions sharing one home directory: the older one's checks do not throw
+    away the newer one's file (it warns once, keeps nothing there)."""
+    from lamina.errors import LaminaWarning
+
+    p = tmp_path / "checks.json"
+    text = '{"version": 2, "checks": {"async": {"anything": "of version 2"}}}'
+    p.write_text(text)
+    a = _check("async", [(1.0, 1.2)], "lamina bench async --ranks 1")
+    with pytest.warns(LaminaWarning, match="written by a newer lamina .version 2"):
+        checks.record([a], str(p))
+        assert checks.load(str(p)) == {}
+    assert p.read_text() == text
+    with pytest.raises(checks.Newer, match="version 2, newer than 1"):
+        checks.read_records(str(p))
+
+
 def test_records_of_another_host_are_not_this_machines(tmp_path):
     p = str(tmp_path / "checks.json")
     checks.record([_check(host="elsewhere"), _check("derived-history")], p)
@@ -116,7 +133,7 @@ def test_a_checks_file_keeps_the_most_recently_checked_hosts(tmp_path):
     [
         "not json",
         "[]",
-        '{"version": 99, "checks": {}}',
+        '{"version": 0, "checks": {}}',  # an older lamina's (a newer one's is kept: below)
         '{"version": 1, "checks": []}',
         '{"version": 1}',
         '{"version": 1, "checks": {"async": NaN}}',
@@ -223,7 +240,7 @@ def test_the_async_benchmark_checks_the_steps_auto_decided_from_step_3():
         ("missing.json", None, "no such file"),
         ("dir", "", "is a directory, not a regular file"),
         ("garbage.json", "{bad", "not valid JSON"),
-        ("other.json", '{"version": 99, "checks": {}}', "not records of version 1"),
+        ("other.json", '{"version": 99, "checks": {}}', "records of version 99, newer than 1"),
         ("list.json", "[]", "not records of version 1"),
     ],
 )

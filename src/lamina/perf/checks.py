@@ -18,7 +18,8 @@ The records are a small JSON file (``$LAMINA_MODEL_CHECKS``, else
 command, when and on which host it ran, and its (predicted, measured) pairs
 in seconds; a record replaces only its own host's.
 A file that cannot be read or holds anything else is ignored, record by
-record; nothing read from it is evaluated.
+record; nothing read from it is evaluated.  A file of a newer version (a
+newer lamina's) is neither read nor replaced, with one LaminaWarning.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from .calibrate import (
     finite_number,
     host,
     locked,
+    newer_file,
     others_of,
     read_cache_file,
     with_others,
@@ -159,8 +161,22 @@ def _read(path: str) -> dict[str, dict[str, Check]]:
     """
     try:
         return read_records(path)
+    except Newer as e:  # a newer lamina's records: neither read nor replaced, said once
+        newer_file(path, WHAT, e.version, VERSION, "LAMINA_MODEL_CHECKS")
+        return {}
     except (OSError, ValueError):  # FormatError is an OSError
         return {}
+
+
+class Newer(ValueError):
+    """Records of a newer version, a newer lamina's: neither read nor replaced (two lamina
+    versions may share one home directory)."""
+
+    def __init__(self, path: str, version: int) -> None:
+        super().__init__(
+            f"model checks: {path} holds records of version {version}, newer than {VERSION}"
+        )
+        self.version = version
 
 
 def read_records(path: str) -> dict[str, dict[str, Check]]:
@@ -171,7 +187,10 @@ def read_records(path: str) -> dict[str, dict[str, Check]]:
         doc = load_json(raw, "model checks", limit=MAX_FILE_BYTES, constants=False)
     except FormatError as e:
         raise ValueError(str(e)) from None
-    if not isinstance(doc, dict) or doc.get("version") != VERSION:
+    v = doc.get("version") if isinstance(doc, dict) else None
+    if isinstance(v, int) and not isinstance(v, bool) and v > VERSION:
+        raise Newer(path, v)
+    if not isinstance(doc, dict) or v != VERSION:
         raise ValueError(f"model checks: not records of version {VERSION} of model checks")
     found: dict[str, dict[str, Check]] = {}
     for records in (doc.get("checks"), *others_of(doc).values()):
@@ -202,7 +221,13 @@ def record(checks: list[Check], path: str | None = None) -> None:
     if target is None:
         return
     with locked(target):  # read again: what another host or process recorded meanwhile stays
-        every = _read(p)
+        try:
+            every = read_records(p)
+        except Newer as e:  # a newer lamina's records: left as they are
+            newer_file(p, WHAT, e.version, VERSION, "LAMINA_MODEL_CHECKS")
+            return
+        except (OSError, ValueError):  # none, or unreadable: replaced
+            every = {}
         for c in checks:
             every.setdefault(c.host, {})[c.model] = c
         mine = every.pop(host(), {})
