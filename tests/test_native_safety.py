@@ -538,6 +538,51 @@ def test_version_3_files_read_and_append(tmp_path):
         np.testing.assert_array_equal(f.at(2)["M"][...], m[2])
 
 
+def test_early_version_4_files_read_and_append(tmp_path, capsys):
+    """The first writers of format 4 wrote the sections of multiresolution datasets without
+    the amax column (compressed for M's 9 bands a level, stored as they are for L's one):
+    they read fully, the bands' magnitudes unknown, and so does the file once this lamina
+    appended a step with the column (docs/format.md, Block sections)."""
+    from lamina import cli
+
+    path = str(tmp_path / "v4e.lam")
+    shutil.copytree(os.path.join(DATA, "format-v4-early.lam"), path)
+    want = [np.arange(20.0).reshape(4, 5) + k for k in range(2)]
+    m = [(np.arange(24 * 24, dtype=np.float32).reshape(24, 24) % 29 + k) for k in range(2)]
+    lo = [np.arange(64, dtype=np.float32).reshape(8, 8) * (k + 1) for k in range(2)]
+
+    def check(f, steps):
+        for k in steps:
+            np.testing.assert_array_equal(f.at(k)["T"][...], want[k])
+            assert np.abs(f.at(k)["M"][...] - m[k]).max() <= 0.01
+            np.testing.assert_array_equal(f.at(k)["L"][...], lo[k])
+        assert f["M"].levels == [(24, 24), (12, 12), (6, 6), (3, 3)]
+        assert f.at(1)["M"].level(3)[...].shape == (3, 3)
+        assert f.at(1)["M"].read(tolerance=1.0).shape == (24, 24)
+
+    with lamina.open(path, "r") as f:
+        assert f.steps == 2 and f.attrs["title"] == "written by the first format version 4 writer"
+        check(f, range(2))
+        cat = f.engine.stack()[-1].catalog
+        assert cat.table(cat.level("M", 0).id, 0).amax is None  # unknown, not made up
+    assert cli.main(["ls", path]) == 0
+    out = capsys.readouterr().out
+    assert "M  float32 (24, 24)" in out and "L  float32 (8, 8)" in out
+    with lamina.open(path, "a") as f:
+        with f.step():
+            f["T"][...] = want[0]
+            f["M"][...] = m[0]
+            f["L"][...] = lo[0]
+    with lamina.open(path, "r") as f:
+        assert f.steps == 3
+        check(f, range(2))
+        np.testing.assert_array_equal(f.at(2)["L"][...], lo[0])
+        assert np.abs(f.at(2)["M"][...] - m[0]).max() <= 0.01
+        cat = f.engine.stack()[-1].catalog
+        assert cat.table(cat.level("M", 0).id, 2).amax is not None
+    assert cli.main(["ls", path]) == 0
+
+
 def test_format_4_keeps_band_metadata_small(tmp_path):
     """Version 4 compresses the block tables of multiresolution datasets: lamina.meta holds
     less than a third of what the tables take uncompressed, and reads back the same."""

@@ -813,8 +813,15 @@ class BlockTable:
         return b"".join([head, *(_col(a, t) for a, t in cols)])
 
     @classmethod
-    def decode(cls, buf, spec: DatasetSpec, what: str, amax: bool = False) -> BlockTable:
+    def decode(cls, buf, spec: DatasetSpec, what: str, amax: bool | None = False) -> BlockTable:
         """The table a section encodes, checked against *spec*; FormatError for anything else.
+
+        *amax*: whether the section ends with the ``amax`` column; None where
+        either may be (a multiresolution dataset in format 4, whose first
+        writers did not write it): the section's size, with the block and
+        checksum counts of its head, tells (a section of n blocks is 8 n
+        bytes longer with it; of no blocks, the same: read as without it).
+        Without the column the table has no magnitudes (unknown).
 
         Every check is on whole columns: boxes inside the dataset, known
         codecs, raw lengths equal to the box's bytes, offsets and lengths
@@ -829,15 +836,21 @@ class BlockTable:
                 f"{where}: section of {len(mv)} bytes is shorter than its 16-byte head"
             )
         n, ncrcs = _HEAD.unpack_from(mv)
+        if amax is None:
+            amax = n > 0 and len(mv) == 16 + n * (row_bytes(nd, dt) + 8) + 4 * ncrcs
+            either = True
+        else:
+            either = False
         row = row_bytes(nd, dt) + (8 if amax else 0)
         if n > (len(mv) - 16) // row or ncrcs > (len(mv) - 16) // 4:
             raise FormatError(
                 f"{where}: {n} blocks and {ncrcs} checksums cannot fit in a section of {len(mv)} bytes"
             )
         if 16 + n * row + 4 * ncrcs != len(mv):
+            also = f" (or {16 + n * (row + 8) + 4 * ncrcs} with magnitudes)" if either else ""
             raise FormatError(
-                f"{where}: section of {len(mv)} bytes, {16 + n * row + 4 * ncrcs} expected for "
-                f"{n} blocks and {ncrcs} checksums"
+                f"{where}: section of {len(mv)} bytes, {16 + n * row + 4 * ncrcs}{also} expected "
+                f"for {n} blocks and {ncrcs} checksums"
             )
         # every column a field of one record: one frombuffer (count=1: an empty table's
         # record may have no bytes at all)
@@ -1806,7 +1819,11 @@ class StepBlocks:
             raw = unsqueeze(
                 raw, sec.raw, f"{self.what}: dataset {spec.path!r}", self._head_check(sec, spec)
             )
-        t = BlockTable.decode(raw, spec, self.what, self.version >= 4 and spec.layout is not None)
+        # format 4: a multiresolution dataset's section has the amax column or, written by
+        # the first writers of format 4, not: its size tells (BlockTable.decode)
+        t = BlockTable.decode(
+            raw, spec, self.what, None if self.version >= 4 and spec.layout is not None else False
+        )
         if len(t) != sec.nblocks:
             raise FormatError(
                 f"{self.what}: dataset {spec.path!r} has {len(t)} blocks, its record says {sec.nblocks}"
@@ -1817,14 +1834,20 @@ class StepBlocks:
     def _head_check(self, sec: Section, spec: DatasetSpec) -> Callable[[bytes], None]:
         """What a compressed section's head must say: its directory entry's block count, and
         a size that those blocks' columns and checksums take (a block of the dataset has at
-        most a checksum per 256 KiB of the dataset's bytes, and one)."""
+        most a checksum per 256 KiB of the dataset's bytes, and one), with the amax column of a
+        multiresolution dataset's section in format 4 or without it (its first writers')."""
         amax = self.version >= 4 and spec.layout is not None
-        row = row_bytes(spec.ndim, spec.dtype) + (8 if amax else 0)
+        row = row_bytes(spec.ndim, spec.dtype)
         most_crcs = 2 + 2 * math.prod(spec.shape) * spec.dtype.itemsize // SEGMENT_UNIT
 
         def check(head: bytes) -> None:
             n, ncrcs = _HEAD.unpack_from(head)
-            if n != sec.nblocks or ncrcs > n * most_crcs or 16 + n * row + 4 * ncrcs != sec.raw:
+            size = 16 + n * row + 4 * ncrcs
+            if (
+                n != sec.nblocks
+                or ncrcs > n * most_crcs
+                or sec.raw not in ((size, size + 8 * n) if amax else (size,))
+            ):
                 raise FormatError(
                     f"{self.what}: blocks of dataset {spec.path!r}: a compressed section of "
                     f"{sec.raw} bytes whose head counts {n} blocks and {ncrcs} checksums (its "
@@ -1848,6 +1871,8 @@ class StepBlocks:
             if sec.nblocks != 1 or sec.raw or sec.dataset in self._tables:
                 continue
             spec = specs[sec.dataset]
+            # (a section of the first format-4 writers, without the amax column, taken for one
+            # with it fails the head's checksum count in sound(): it is decoded alone)
             amax = version >= 4 and spec.layout is not None
             c, rest = divmod(sec.length - 16 - row_bytes(spec.ndim, spec.dtype) - 8 * amax, 4)
             if c >= 1 and not rest:
