@@ -511,6 +511,33 @@ def test_version_2_files_read_and_append(tmp_path):
         np.testing.assert_array_equal(f.at(2)["fields/T"][...], want[2])
 
 
+@pytest.mark.parametrize("version", [1, 2])
+def test_no_multiresolution_dataset_in_a_file_of_a_version_before_it(tmp_path, version):
+    """A file of format 1 or 2 is appended to in its own version, which has no band blocks
+    (codec 3): a multiresolution dataset there would make the file unreadable to the lamina
+    that wrote it, so creating one is refused, naming the file and the versions; the writer
+    goes on and the file stays in its version."""
+    from lamina.errors import ConfigError
+
+    path = str(tmp_path / f"v{version}.lam")
+    shutil.copytree(os.path.join(DATA, f"format-v{version}.lam"), path)
+    with lamina.open(path, "a") as f:
+        with pytest.raises(
+            ConfigError,
+            match=rf"{path}: cannot create the multiresolution dataset 'MR': the file is in format "
+            rf"version {version}, and multiresolution datasets came with format version 3 .*"
+            r"new file \(mode 'w' writes format version 4\)",
+        ):
+            f.create_dataset("MR", (16, 16), "f4", layout=lamina.Multires(patch=8))
+        assert "MR" not in f
+        with f.step():
+            f["fields/T"][...] = 5.0
+    with open(os.path.join(path, fmt.COMMIT_NAME), "rb") as fh:
+        assert fmt.check_header(fh.read(64), fmt.COMMIT_MAGIC, "c").version == version
+    with lamina.open(path, "r") as f:
+        assert f.steps == 4 and "MR" not in f and f["fields/T"][0, 0] == 5.0
+
+
 def test_version_3_files_read_and_append(tmp_path):
     """Format version 3 (block sections stored as they are), with a multiresolution dataset
     (lossless, patches of 8): written by 2 ranks; a writer appends in version 3."""

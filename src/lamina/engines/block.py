@@ -575,6 +575,8 @@ class BlockEngine(Engine):
                 f"cannot create dataset {path!r} with the {spec.layout.get('layout')!r} layout: "
                 f"engine {self.name!r} does not store layouts (use a file or the memory engine)"
             )
+        if spec.layout is not None:
+            self._check_layout_format(path)
         spec = DatasetSpec(
             path,
             tuple(int(n) for n in spec.shape),
@@ -596,6 +598,10 @@ class BlockEngine(Engine):
                 "as 1)"
             )
         return spec
+
+    def _check_layout_format(self, path: str) -> None:
+        """Refuse a dataset with a layout at *path* where the file's format predates layouts
+        (an engine that appends to older files in their own version says so)."""
 
     def _check_parents_are_groups(self, path: str, kind: str) -> None:
         p = parent(path)

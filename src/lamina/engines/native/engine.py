@@ -44,6 +44,7 @@ from ...derived import _parallel
 from ...errors import (
     ChecksumError,
     CollectiveMismatchError,
+    ConfigError,
     FormatError,
     LaminaError,
     NotALaminaFileError,
@@ -1554,6 +1555,18 @@ class NativeEngine(BlockEngine):
             return
         if not _same_inode(self._dir_fd, fmt.COMMIT_NAME, self._commit_inode):
             raise FormatError(self._gone())
+
+    def _check_layout_format(self, path: str) -> None:
+        """A file of a format version before multiresolution datasets is appended to in its
+        own version: a multiresolution dataset there would be band blocks (codec 3) that the
+        lamina which wrote the file cannot read, and it would no longer open the file."""
+        if self._version < fmt.MULTIRES_VERSION:
+            raise ConfigError(
+                f"{self.path}: cannot create the multiresolution dataset {path!r}: the file is in "
+                f"format version {self._version}, and multiresolution datasets came with format "
+                f"version {fmt.MULTIRES_VERSION} (the lamina that wrote this file could no longer "
+                f"open it); write them to a new file (mode 'w' writes format version {fmt.VERSION})"
+            )
 
     def _gone(self) -> str:
         """What became of the file open here, whose commit log is no longer the one held:

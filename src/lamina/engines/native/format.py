@@ -33,6 +33,9 @@ from ...errors import FormatError, NotALaminaFileError
 from ...stats import crc
 
 VERSION = 4
+#: the first format version with multiresolution datasets (band blocks, codec 3): a writer
+#: appending to a file of an earlier version refuses to create one
+MULTIRES_VERSION = 3
 META_MAGIC = b"LAMINA\x89M"
 COMMIT_MAGIC = b"LAMINA\x89C"
 META_NAME = "lamina.meta"
