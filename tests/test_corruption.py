@@ -548,6 +548,79 @@ def test_forged_layouts_and_codecs_are_format_errors(native_path, monkeypatch, c
             f["m"][...]
 
 
+def _written_with_layout_fields(path, monkeypatch, change, level: bool = False):
+    """A file of a plain dataset T and a multiresolution dataset m whose layout record (or,
+    with *level*, its level 1's) is recorded with *change* applied (None: a field left out),
+    its checksums matching."""
+    from lamina.catalog import model
+
+    encode = model.DatasetSpec.encode
+    kind = "multires-level" if level else "multires"
+
+    def forged(self, e):
+        saved = self.layout
+        if saved is not None and saved.get("layout") == kind:
+            lay = {**saved, **change}
+            object.__setattr__(self, "layout", {k: v for k, v in lay.items() if v is not None})
+        try:
+            encode(self, e)
+        finally:
+            object.__setattr__(self, "layout", saved)
+
+    monkeypatch.setattr(model.DatasetSpec, "encode", forged)
+    with lamina.open(path, "w") as f:
+        t = f.create_dataset("T", (4,), "f8")
+        d = f.create_dataset("m", (8, 8), "f4", layout=lamina.Multires(patch=4, tolerance=0))
+        with f.step():
+            t[...] = 1.0
+            d[...] = np.arange(64.0).reshape(8, 8)
+    monkeypatch.setattr(model.DatasetSpec, "encode", encode)
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"optimism": None}, "the layout has no field 'optimism'"),
+        ({"optimism": None, "verify": None}, "the layout has no fields 'verify', 'optimism'"),
+        # a newer writer's field may change what the bands mean: not read as if absent
+        ({"wavelet": "cdf97"}, "the layout has the field 'wavelet', which this lamina does not"),
+    ],
+)
+def test_a_layout_missing_a_field_or_with_an_unknown_one_is_refused(
+    native_path, monkeypatch, capsys, change, words
+):
+    """A multiresolution layout record without one of its fields, or with one this lamina
+    does not write: a FormatError naming the file, the record, the dataset and the field
+    (was a bare KeyError text, or the field silently ignored); the file's other datasets
+    read, and ``lamina ls`` lists them and marks that one with the reason."""
+    import json
+
+    from lamina import cli
+
+    _written_with_layout_fields(native_path, monkeypatch, change)
+    where = re.escape(f"{native_path}/{fmt.META_NAME} record ") + r"\d+: layout of dataset 'm': "
+    with lamina.open(native_path) as f:
+        assert f["T"][0] == 1.0
+        with pytest.raises(FormatError, match=where + re.escape(words)):
+            f["m"][...]
+    assert cli.main(["ls", native_path]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"\n  m  float32 \(8, 8\)  unreadable: .*" + re.escape(words), out), out
+    assert "\n  T  float64 (4,)  steps 0 (1 of 1)" in out
+    assert cli.main(["ls", native_path, "--json"]) == 0
+    nodes = {n["path"]: n for n in json.loads(capsys.readouterr().out)["nodes"]}
+    assert words in nodes["/m"]["error"] and "error" not in nodes["/T"]
+
+
+def test_a_level_definition_with_an_unknown_field_is_refused(native_path, monkeypatch):
+    _written_with_layout_fields(native_path, monkeypatch, {"wavelet": "cdf97"}, level=True)
+    with pytest.raises(
+        FormatError,
+        match=r"record \d+: level definition 'm level 1' has the field 'wavelet', which this",
+    ):
+        lamina.open(native_path)
+
+
 def test_tables_found_disjoint_once_for_boxes_alike(monkeypatch):
     """The overlap check runs once for a table and once for boxes like the last table found
     disjoint (a step written like the one before); boxes that differ are checked again."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 
 import numpy as np
@@ -254,6 +254,9 @@ class DatasetSpec:
     codecs: tuple[dict, ...] = ()
     id: int = -1
     layout: dict | None = None
+    #: where a definition read from a file was read (its file and record, for messages about
+    #: it found later, as a layout's); no part of the definition
+    origin: str = field(default="", compare=False, repr=False)
 
     @property
     def ndim(self) -> int:
@@ -314,7 +317,7 @@ class DatasetSpec:
             p = normpath(path)
         except ValueError as e:
             raise FormatError(f"{d.what}: bad dataset path {path!r}") from e
-        return cls(p, shape, dt, fill[()], tuple(codecs), did, layout)
+        return cls(p, shape, dt, fill[()], tuple(codecs), did, layout, origin=d.what)
 
     def digest_bytes(self) -> bytes:
         e = Encoder()

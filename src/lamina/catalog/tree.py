@@ -357,6 +357,12 @@ class Catalog:
             raise FormatError(
                 f"{what}: level definition {spec.path!r} belongs to no multiresolution dataset"
             )
+        unknown = sorted(set(spec.layout) - {"layout", "of", "level"})
+        if unknown:
+            raise FormatError(
+                f"{what}: level definition {spec.path!r} has the field{'s' * (len(unknown) > 1)} "
+                f"{', '.join(map(repr, unknown))}, which this lamina does not know"
+            )
         levels = self._made(self.levels, base.path)
         expect = tuple(-(-n // (1 << k)) for n in base.shape)
         if (

@@ -167,6 +167,7 @@ def _storage(f, datasets: list) -> dict[str, tuple[list[int], int, int, int]]:
 
 def _node_info(f, path: str, obj, stored: dict | None = None) -> dict:
     from lamina import Dataset
+    from lamina.errors import FormatError
 
     attrs = {k: obj.attrs[k] for k in obj.attrs}
     info: dict = {"path": path, "type": "dataset" if isinstance(obj, Dataset) else "group"}
@@ -196,8 +197,12 @@ def _node_info(f, path: str, obj, stored: dict | None = None) -> dict:
             raw_nbytes=raw,
         )
         info["_fill"] = obj.fill
-        if obj.layout is not None:
-            lay = _layout(f, obj)
+        try:
+            lay = _layout(f, obj) if obj.layout is not None else None
+        except FormatError as e:  # a layout this lamina cannot read: the others are listed
+            info["error"] = str(e)
+            lay = None
+        if lay is not None:
             info["layout"] = {k: v for k, v in lay.items() if k not in ("levels", "subfiles")}
             info["layout"]["levels"] = [x["shape"] for x in lay["levels"]]
             info["nbytes"] = lay["_stored"]
@@ -231,6 +236,8 @@ def _dataset_line(info: dict, nsteps: int) -> str:
     lay = info.get("layout")
     if lay is not None:
         comp = _layout_words(lay)
+    if info.get("error"):  # (its layout: what it stores cannot be told)
+        return f"{info['dtype']} {shape}  unreadable: {info['error']}"
     return (
         f"{info['dtype']} {shape}  {steps}  {plural(info['blocks'], 'block')}  {size}  "
         f"compression {comp}  fill {fmt_value(info['_fill'])}{_derived_note(info)}"

@@ -160,6 +160,19 @@ class Multires:
         }
 
 
+#: the fields of a multiresolution layout record, as :meth:`Multires.describe` writes them
+LAYOUT_FIELDS = (
+    "layout",
+    "patch",
+    "tolerance",
+    "order",
+    "distribution",
+    "aggregation",
+    "verify",
+    "optimism",
+)
+
+
 @dataclass(frozen=True)
 class Layout:
     """A multiresolution dataset's layout, checked (from a user or from disk)."""
@@ -184,6 +197,23 @@ class Layout:
         if d is None or d.get("layout") != MULTIRES:
             return None
         where = f"layout of dataset {spec.path!r}"
+        if spec.origin:
+            where = f"{spec.origin}: {where}"
+        # every field is needed, and one this lamina does not write may be a newer writer's
+        # that changes what the bands mean: both are refused, not guessed
+        missing = [k for k in LAYOUT_FIELDS if k not in d]
+        if missing:
+            raise FormatError(
+                f"{where}: the layout has no field{'s' * (len(missing) > 1)} "
+                f"{', '.join(map(repr, missing))}"
+            )
+        unknown = sorted(k for k in d if k not in LAYOUT_FIELDS)
+        if unknown:
+            raise FormatError(
+                f"{where}: the layout has the field{'s' * (len(unknown) > 1)} "
+                f"{', '.join(map(repr, unknown))}, which this lamina does not know (written by a "
+                "newer lamina?): the dataset is not read"
+            )
         patch = d.get("patch")
         if not isinstance(patch, list | tuple) or not all(
             isinstance(n, int) and not isinstance(n, bool) for n in patch
