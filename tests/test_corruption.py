@@ -621,6 +621,31 @@ def test_a_level_definition_with_an_unknown_field_is_refused(native_path, monkey
         lamina.open(native_path)
 
 
+def test_an_unknown_band_header_names_the_file_the_subfile_and_the_step(native_path, monkeypatch):
+    """Bands whose header says a version this lamina does not read (a newer writer's), their
+    checksums matching: the FormatError names the dataset, the step, the block, the level and
+    the subfile of the file, as a read's other errors do."""
+    from lamina.layouts import write as layout_write
+
+    with lamina.open(native_path, "w") as f:
+        d = f.create_dataset("m", (8, 8), "f4", layout=lamina.Multires(patch=8, tolerance=0))
+        with f.step():
+            d[...] = 1.0
+        monkeypatch.setattr(layout_write, "HEADER_VERSION", 2)
+        with f.step():
+            d[...] = 2.0
+    monkeypatch.undo()
+    words = (
+        re.escape("dataset 'm' step 1: block [0:8, 0:8] of level 0 in ")
+        + re.escape(native_path)
+        + r"/data\.0\.0 has an unknown header \(version 2, mode \d; this lamina reads version 1"
+    )
+    with lamina.open(native_path) as f:
+        assert f.at(0)["m"][0, 0] == 1.0
+        with pytest.raises(FormatError, match=words):
+            f.at(1)["m"][...]
+
+
 def test_tables_found_disjoint_once_for_boxes_alike(monkeypatch):
     """The overlap check runs once for a table and once for boxes like the last table found
     disjoint (a step written like the one before); boxes that differ are checked again."""

@@ -200,10 +200,18 @@ def read(
                 HEADER.unpack_from(bytes(raw[: HEADER.size])) if not bad else (0, 0, 0)
             )
             if not bad and (version != HEADER_VERSION or mode > max(compress.Mode)):
-                bad = f"has an unknown header (version {version}, mode {mode})"
+                bad = (
+                    f"has an unknown header (version {version}, mode {mode}; this lamina reads "
+                    f"version {HEADER_VERSION}, modes 0 to {int(max(compress.Mode))})"
+                )
             if bad:
                 t = cat.table(cat.level(spec.path, j).id, step)
-                raise FormatError(f"dataset {spec.path!r}: block {t.box(row)} of level {j} {bad}")
+                # named as the other errors of a read name a block: file, subfile, step
+                sub = f"data.{int(t.session[row])}.{int(t.agg[row])}"
+                raise FormatError(
+                    f"dataset {spec.path!r} step {step}: block {t.box(row)} of level {j} in "
+                    f"{getattr(src, 'path', '?')}/{sub} {bad}"
+                )
             if j == nl - 1:
                 modes[i], exps[i] = mode, exp
             blobs[j][i] = bytes(raw[HEADER.size :])
