@@ -286,6 +286,44 @@ def test_identity_in_both_headers(native_path):
         lamina.open(native_path, "r")
 
 
+def _set_version(path: str, name: str, version: int) -> None:
+    """Label *name*'s 32-byte header with format *version* (its CRC fixed)."""
+    import struct
+
+    from lamina.stats import crc
+
+    with open(os.path.join(path, name), "r+b") as fh:
+        head = bytearray(fh.read(32))
+        head[8:10] = struct.pack("<H", version)
+        head[28:32] = struct.pack("<I", crc(bytes(head[:28])))
+        fh.seek(0)
+        fh.write(head)
+
+
+def test_version_messages_say_what_reads_the_file(native_path):
+    """A newer format names the versions this lamina reads and that a newer lamina reads it;
+    logs of one file (one identity) whose versions differ are said to disagree, not to
+    belong to different files."""
+    write_steps(native_path, "w", [1.0])
+    _set_version(native_path, fmt.META_NAME, 3)
+    for mode in ("r", "a"):
+        with pytest.raises(
+            FormatError,
+            match=r"the format versions of lamina.meta \(3\) and lamina.commit \(4\) disagree "
+            r"\(identity \d+ in both\): the file is damaged",
+        ):
+            lamina.open(native_path, mode)
+    for name in (fmt.META_NAME, fmt.COMMIT_NAME):
+        _set_version(native_path, name, 5)
+    for mode in ("r", "a"):
+        with pytest.raises(
+            FormatError,
+            match=r"lamina.commit: format version 5 is newer than this lamina reads \(versions 1 "
+            r"to 4\): a newer lamina reads it",
+        ):
+            lamina.open(native_path, mode)
+
+
 # ------------------------------------------------------------------ directories lamina did not make
 
 

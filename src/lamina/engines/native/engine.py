@@ -877,6 +877,13 @@ class NativeEngine(BlockEngine):
                             f"{self.path}: the file was re-created while being opened (another "
                             "writer opened it in mode 'w'); open it again"
                         )
+                    if mhead.identity == head.identity and mhead.identity:
+                        # one file's logs (its identity), one of them labelled another version
+                        raise FormatError(
+                            f"{self.path}: the format versions of {fmt.META_NAME} "
+                            f"({mhead.version}) and {fmt.COMMIT_NAME} ({head.version}) disagree "
+                            f"(identity {head.identity} in both): the file is damaged"
+                        )
                     raise FormatError(
                         f"{self.path}: {fmt.META_NAME} and {fmt.COMMIT_NAME} belong to different files "
                         f"(versions {mhead.version}/{head.version}, identities {mhead.identity}/{head.identity})"

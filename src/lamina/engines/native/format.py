@@ -80,7 +80,8 @@ def check_header(buf: bytes, magic: bytes, what: str) -> Header:
     version, _flags = struct.unpack("<HH", buf[8:12])
     if version > VERSION:
         raise FormatError(
-            f"{what}: format version {version} is newer than this lamina reads ({VERSION})"
+            f"{what}: format version {version} is newer than this lamina reads (versions "
+            f"{min(HEADER_SIZES)} to {VERSION}): a newer lamina reads it"
         )
     if version not in HEADER_SIZES:
         raise FormatError(f"{what}: unknown format version {version}")
