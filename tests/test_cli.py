@@ -397,7 +397,7 @@ def test_info_of_a_file_shows_its_io_decisions(tmp_path, run_file, capsys):
                 x[...] = k
     rc, out, err = run(["info", path], capsys)
     assert rc == 0 and err == ""
-    assert out.startswith(f"{path}: native, 5 steps (closed), 1 dataset, ")
+    assert out.startswith(f"{path}: native (format 4), 5 steps (closed), 1 dataset, ")
     assert "io='auto' wrote 5 steps: " in out
     assert "t_io measured" in out and "epoch measured" in out
     rows = [ln.split() for ln in out.splitlines() if ln.split() and ln.split()[0].isdigit()]

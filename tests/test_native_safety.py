@@ -286,6 +286,33 @@ def test_identity_in_both_headers(native_path):
         lamina.open(native_path, "r")
 
 
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
+def test_the_format_version_is_shown(tmp_path, capsys, version):
+    """File.format_version, 'lamina ls' and 'lamina info' (and their --json) give the file's
+    format version; a new file's is the latest, a memory file has none."""
+    import json
+
+    from lamina import cli
+
+    if version == 4:
+        path = str(tmp_path / "new.lam")
+        write_steps(path, "w", [1.0])
+    else:
+        path = str(tmp_path / f"v{version}.lam")
+        shutil.copytree(os.path.join(DATA, f"format-v{version}.lam"), path)
+    with lamina.open(path) as f:
+        assert f.format_version == version
+    with lamina.open(path, "a") as f:  # an appending writer keeps the file's
+        assert f.format_version == version
+    for cmd in ("ls", "info"):
+        assert cli.main([cmd, path]) == 0
+        assert capsys.readouterr().out.startswith(f"{path}: native (format {version}), ")
+        assert cli.main([cmd, path, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["format_version"] == version
+    with lamina.open("mem://fv", "w", engine="memory") as f:
+        assert f.format_version is None
+
+
 def _set_version(path: str, name: str, version: int) -> None:
     """Label *name*'s 32-byte header with format *version* (its CRC fixed)."""
     import struct

@@ -152,6 +152,13 @@ class File(Group):
         return self._engine.mode
 
     @property
+    def format_version(self) -> int | None:
+        """The on-disk format version of a native file (1 to 4, docs/format.md): the one its
+        headers give, which an appending writer keeps; a new file's is the latest.  None for
+        engines that keep no such file (memory, transports)."""
+        return self._engine.format_version
+
+    @property
     def engine(self) -> Engine:
         return self._engine
 

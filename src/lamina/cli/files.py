@@ -77,6 +77,7 @@ def _file_head(f, infos: list[dict]) -> dict:
     return {
         "file": f.filename,
         "engine": f.engine.name,
+        "format_version": f.format_version,
         "steps": f.steps,
         "step_times": list(f.engine.catalog.step_times[: f.steps]),
         "closed": bool(f.engine.writer_closed),
@@ -104,8 +105,10 @@ def _head_line(head: dict) -> str:
         state = f"cut short: {plural(head['records_left_out'], 'committed record')} left out"
     elif head["writer_running"] is False:
         state = "not closed: its writer ended without closing it"
+    version = head.get("format_version")
+    engine = head["engine"] + (f" (format {version})" if version is not None else "")
     return (
-        f"{fmt_name(head['file'])}: {head['engine']}, {plural(head['steps'], 'step')} ({state}), "
+        f"{fmt_name(head['file'])}: {engine}, {plural(head['steps'], 'step')} ({state}), "
         f"{plural(head['datasets'], 'dataset')}, {fmt_bytes(head['nbytes'])} stored"
     )
 

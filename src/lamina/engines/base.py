@@ -456,6 +456,13 @@ class Engine(ABC):
         return self.catalog.closed
 
     @property
+    def format_version(self) -> int | None:
+        """Independent: the on-disk format version of the file (docs/format.md: a reader's, the
+        file's; a writer's, the version it writes, an appending one the file's); None for
+        engines that keep no file of that format."""
+        return None
+
+    @property
     def records_left_out(self) -> int:
         """Independent: committed records a reader left out as it last read the file (one cut
         short: a copy taken while it was written, a subfile truncated; docs/format.md), the

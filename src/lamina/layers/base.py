@@ -238,6 +238,10 @@ class Layer(Engine):
         return self.inner.writer_closed
 
     @property
+    def format_version(self) -> int | None:
+        return self.inner.format_version
+
+    @property
     def records_left_out(self) -> int:
         return self.inner.records_left_out
 

@@ -1082,6 +1082,12 @@ class NativeEngine(BlockEngine):
         return len(self.catalog.steps)
 
     @property
+    def format_version(self) -> int:
+        """The file's format version (1 to 4), as its headers say; a new file's: the
+        latest."""
+        return self._version
+
+    @property
     def records_left_out(self) -> int:
         """Committed records a reader left out of the file as it last read its logs (a file
         cut short, docs/format.md): the steps before them open."""
