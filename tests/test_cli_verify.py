@@ -69,10 +69,14 @@ def test_an_intact_file(good, capsys):
     rc, out, err = run(["verify", good], capsys)
     # a: 2 blocks a step, z: 1, m: 4 patches x 5 levels; s: statistics only, e: no blocks
     assert rc == 0 and err == ""
-    assert out.strip() == f"{good}: 3 steps, 69 blocks, {_size(good)} read and checked: intact"
+    assert (
+        out.strip()
+        == f"{good}: format 4, 3 steps, 69 blocks, {_size(good)} read and checked: intact"
+    )
     rc, out, _ = run(["verify", good, "--json"], capsys)
     rep = json.loads(out)
     assert rc == 0 and rep["intact"] and rep["blocks"] == 69 and rep["problems"] == []
+    assert rep["format_version"] == 4
 
 
 def _size(path: str) -> str:
@@ -103,7 +107,7 @@ def test_each_damaged_block_is_named_and_the_rest_checked(good, tmp_path, capsys
     assert "step 1:" in lines[1] and "dataset 'a' block [8:16, 0:16]" in lines[1]
     assert "step 2:" in lines[2] and "dataset 'm level 2'" in lines[2]
     assert lines[3] == (
-        f"{path}: DAMAGED: 3 of 69 blocks damaged (steps 0-2); 3 steps, 69 blocks, "
+        f"{path}: DAMAGED: 3 of 69 blocks damaged (steps 0-2); format 4, 3 steps, 69 blocks, "
         f"{_size(good)} read and checked"
     )
     rc, out, _ = run(["verify", path, "--json"], capsys)
@@ -159,7 +163,7 @@ def test_a_subfile_cut_short_or_missing_is_damage_of_the_metadata_kind(good, tmp
     os.remove(os.path.join(path, sub))
     rc, out, _ = run(["verify", path], capsys)
     assert rc == 1 and "subfile data.0.0 is missing" in out
-    assert "0 steps, 0 blocks" in out.strip().splitlines()[-1]
+    assert "format 4, 0 steps, 0 blocks" in out.strip().splitlines()[-1]
 
 
 def test_not_a_file_is_status_2(tmp_path, capsys):
@@ -188,3 +192,14 @@ def test_ranks_share_the_reading_and_rank_0_speaks_for_all(good, tmp_path):
     assert "step 1:" in lines[0] and "dataset 'a'" in lines[0]
     assert "step 2:" in lines[1] and "dataset 'm level 2'" in lines[1]
     assert lines[2].startswith(f"{path}: DAMAGED: 2 of 69 blocks damaged (steps 1-2)")
+
+
+@pytest.mark.parametrize("name", ["format-v1", "format-v2", "format-v3", "format-v4-early"])
+def test_files_of_every_format_version_verify(name, capsys):
+    """Version 1-2 block records, version 3-4 sections, early version 4's sections without
+    magnitudes: read and checked alike."""
+    path = os.path.join(os.path.dirname(__file__), "data", f"{name}.lam")
+    rc, out, err = run(["verify", path], capsys)
+    assert rc == 0 and err == "", out
+    assert out.strip().endswith("read and checked: intact")
+    assert f"format {name[8]}, " in out

@@ -130,6 +130,7 @@ def verify(f) -> dict[str, Any]:
             problems.sort(key=lambda p: tuple(p["_order"]))
     return {
         "file": f.filename,
+        "format_version": f.format_version,
         "steps": f.steps,
         "ranks": size,
         "blocks": blocks,
@@ -160,6 +161,7 @@ def cmd_verify(args) -> int:
     for p in report["problems"]:
         print(f"{args.file}: step {p['step']}: {p['error']}")
     checked = (
+        f"format {report['format_version']}, "
         f"{plural(report['steps'], 'step')}, {plural(report['blocks'], 'block')}, "
         f"{fmt_bytes(report['bytes'])} read and checked"
     )
