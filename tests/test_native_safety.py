@@ -313,18 +313,35 @@ def test_the_format_version_is_shown(tmp_path, capsys, version):
         assert f.format_version is None
 
 
-def _set_version(path: str, name: str, version: int) -> None:
-    """Label *name*'s 32-byte header with format *version* (its CRC fixed)."""
+def _set_version(path: str, name: str, version: int, at: int = 8) -> None:
+    """Label *name*'s 32-byte header with format *version* (its flags with *at* = 10), its
+    CRC fixed."""
     import struct
 
     from lamina.stats import crc
 
     with open(os.path.join(path, name), "r+b") as fh:
         head = bytearray(fh.read(32))
-        head[8:10] = struct.pack("<H", version)
+        head[at : at + 2] = struct.pack("<H", version)
         head[28:32] = struct.pack("<I", crc(bytes(head[:28])))
         fh.seek(0)
         fh.write(head)
+
+
+@pytest.mark.parametrize("name", [fmt.META_NAME, fmt.COMMIT_NAME])
+def test_a_header_flag_this_lamina_does_not_know_is_refused(native_path, name):
+    """Flags mark features a reader must know to read the file (none yet): a later lamina
+    can mark one without a new version, and this one refuses rather than misreads, in
+    'r' and in 'a' (which would write beside what it does not understand)."""
+    write_steps(native_path, "w", [1.0])
+    _set_version(native_path, name, 0x0004, at=10)
+    for mode in ("r", "a"):
+        with pytest.raises(
+            FormatError,
+            match=rf"{name}: header flags 0x0004 mark features this lamina does not know "
+            r"\(it knows none\): a newer lamina reads it",
+        ):
+            lamina.open(native_path, mode)
 
 
 def test_version_messages_say_what_reads_the_file(native_path):

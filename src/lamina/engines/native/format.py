@@ -43,6 +43,10 @@ COMMIT_NAME = "lamina.commit"
 #: header bytes per format version (version 1: no file identity)
 HEADER_SIZES = {1: 16, 2: 32, 3: 32, 4: 32}
 HEADER_SIZE = HEADER_SIZES[VERSION]
+#: header flag bits this lamina knows: flags mark features a reader must know to read the
+#: file (as ext4's incompatible features), so that a later lamina can mark one without a
+#: new version; a reader refuses a file with a bit it does not know.  None is defined.
+KNOWN_FLAGS = 0
 #: the names of block data files; with META_NAME, COMMIT_NAME and the lock, all lamina writes
 DATA_NAME = re.compile(r"data\.(0|[1-9][0-9]{0,9})\.(0|[1-9][0-9]{0,9})")
 FRAME_HEAD = struct.Struct("<QI")  # payload length, crc32c of payload
@@ -77,7 +81,7 @@ def check_header(buf: bytes, magic: bytes, what: str) -> Header:
     """Validate the header at the start of *buf* (at least its first 32 bytes, or the whole file)."""
     if len(buf) < 12 or buf[:8] != magic:
         raise NotALaminaFileError(f"{what} is not a lamina file (bad magic)")
-    version, _flags = struct.unpack("<HH", buf[8:12])
+    version, flags = struct.unpack("<HH", buf[8:12])
     if version > VERSION:
         raise FormatError(
             f"{what}: format version {version} is newer than this lamina reads (versions "
@@ -91,6 +95,11 @@ def check_header(buf: bytes, magic: bytes, what: str) -> Header:
     (c,) = struct.unpack("<I", buf[size - 4 : size])
     if c != crc(buf[: size - 4]):
         raise FormatError(f"{what}: header checksum mismatch")
+    if flags & ~KNOWN_FLAGS:
+        raise FormatError(
+            f"{what}: header flags 0x{flags:04x} mark features this lamina does not know (it "
+            "knows none): a newer lamina reads it"
+        )
     if version == 1:
         return Header(1, size, 0)
     declared, identity, _reserved = struct.unpack("<IQI", buf[12:28])
