@@ -203,3 +203,52 @@ def test_files_of_every_format_version_verify(name, capsys):
     assert rc == 0 and err == "", out
     assert out.strip().endswith("read and checked: intact")
     assert f"format {name[8]}, " in out
+
+
+def test_stats_checks_each_blocks_statistics_against_its_values(tmp_path, capsys, monkeypatch):
+    """--stats: statistics that are not those of the values (a writer's bug) are named;
+    no false alarm over dtypes whose sums round (float32, NaN, long double, extremes)."""
+    from lamina import stats
+
+    path = str(tmp_path / "s.lam")
+    rng = np.random.default_rng(3)
+    with lamina.open(path, "w") as f:
+        dts = ["f8", "f4", ">f4", "f2", "g", "i1", "u8", "i8", "?", "c8", "c16"]
+        made = {dt: f.create_dataset(f"d{i}", (200, 100), dt) for i, dt in enumerate(dts)}
+        z = f.create_dataset("z", (200, 100), "f8", compression="zstd")
+        with f.step():
+            for dt, d in made.items():
+                t = np.dtype(dt)
+                if t.kind in "fc":
+                    a = (rng.standard_normal((200, 100)) * 1e4).astype(t)
+                    a[rng.random(a.shape) < 0.05] = np.nan
+                elif t.kind == "b":
+                    a = rng.random((200, 100)) < 0.5
+                else:
+                    i = np.iinfo(t)
+                    a = rng.integers(i.min, i.max, (200, 100), dtype=t, endpoint=True)
+                d[:20] = a[:20]  # a small block (staged, summed in a batch) and a large one
+                d[20:] = a[20:]
+            z[...] = rng.random((200, 100))
+    rc, out, _ = run(["verify", "--stats", path], capsys)
+    assert rc == 0 and out.strip().endswith("intact"), out
+    # a writer whose large blocks' maxima are off by one
+    real = stats._finish
+
+    def off(kind, mn, mx, total, count):
+        s = real(kind, mn, mx, total, count)
+        return s if kind != "f" else stats.Stats(s.min, s.max + 1, s.sum, s.count)
+
+    monkeypatch.setattr(stats, "_finish", off)
+    bad = str(tmp_path / "bad.lam")
+    with lamina.open(bad, "w") as f:
+        d = f.create_dataset("d", (200, 100), "f8")
+        with f.step():
+            d[...] = np.arange(20000.0).reshape(200, 100)
+    monkeypatch.setattr(stats, "_finish", real)
+    rc, out, _ = run(["verify", bad], capsys)
+    assert rc == 0  # the bytes are what was written
+    rc, out, _ = run(["verify", "--stats", bad], capsys)
+    assert rc == 1
+    assert "dataset 'd' block [0:200, 0:100]: its statistics disagree with its values (max " in out
+    assert "20000.0, the values' 19999.0)" in out

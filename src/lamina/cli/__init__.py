@@ -194,6 +194,12 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     s.add_argument("file", metavar="FILE")
+    s.add_argument(
+        "--stats",
+        action="store_true",
+        help="also check each block's statistics against its values (raw and losslessly "
+        "compressed blocks: count, min, max exactly, the sum within rounding)",
+    )
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_verify)
 

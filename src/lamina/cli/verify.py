@@ -20,6 +20,7 @@ when the file cannot be opened at all (as the other commands).  HDF5's
 from __future__ import annotations
 
 import json
+import math
 import sys
 import warnings
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from .. import comm as comm_mod
+from .. import stats as stats_mod
 from ..catalog.model import BlockCodec
 from ..errors import CodecError, FormatError
 from ..text import fmt_box, fmt_bytes, fmt_ranges, plural, print_json
@@ -59,13 +61,19 @@ def _batches(t, rows: np.ndarray) -> Iterator[np.ndarray]:
         yield rows[start:]
 
 
-def _check_decoded(eng, spec, t, row: int, payload) -> None:
+def _check_decoded(eng, spec, t, row: int, payload, stats: bool = False) -> None:
     """What the bytes of a block say beyond their checksums: a pipeline's block decodes to its
     box (the codec's error names the block); a multiresolution band starts with a header
-    this lamina reads."""
+    this lamina reads.  With *stats*, a block whose values read back as written (raw, or
+    through lossless codecs) holds the statistics its record says (:func:`_check_stats`)."""
     codec = int(t.codec[row])
-    if codec == BlockCodec.PIPELINE:
-        eng.decode_payload(t.record(row, spec.id, stats=False), spec, payload)
+    if codec in (BlockCodec.RAW, BlockCodec.PIPELINE):
+        rec = t.record(row, spec.id, stats=False)
+        if codec == BlockCodec.PIPELINE or (stats and t.has_stats[row]):
+            values = eng.decode_payload(rec, spec, payload)
+            exact = codec == BlockCodec.RAW or not eng._pipeline(spec).lossy
+            if stats and t.has_stats[row] and exact:
+                _check_stats(eng, spec, t, row, values)
     elif codec == BlockCodec.MULTIRES:
         from ..layouts.write import HEADER, HEADER_VERSION
         from ..multires import compress
@@ -80,7 +88,35 @@ def _check_decoded(eng, spec, t, row: int, payload) -> None:
             )
 
 
-def verify(f) -> dict[str, Any]:
+def _check_stats(eng, spec, t, row: int, values: np.ndarray) -> None:
+    """FormatError unless the statistics of block *row* are those of its *values*: count,
+    min and max exactly (docs/format.md, "Block statistics"), the sum within the bound the
+    format gives any writer's sum (``n 2^-53 sum |x|``, float32 ``2^-20 sum |x|``), here
+    taken four times over."""
+    want = t.stats(row)
+    got, _ = stats_mod.compute(values, checksum=False)
+    bad = []
+    if got.count != want.count:
+        bad.append(f"count {want.count}, the values' {got.count}")
+    for name in ("min", "max"):
+        a, b = getattr(want, name), getattr(got, name)
+        if not (a == b or (a != a and b != b)):  # (NaN: a block of NaN values only)
+            bad.append(f"{name} {a!r}, the values' {b!r}")
+    if not bad and got.count:
+        v = values[~np.isnan(values)] if values.dtype.kind in "fc" else values
+        scale = float(np.abs(v.astype(np.complex128 if v.dtype.kind == "c" else np.float64)).sum())
+        eps = 2.0**-18 if values.dtype == np.float32 else 2.0**-51
+        diff = abs(complex(want.sum) - complex(got.sum))
+        if not diff <= eps * max(got.count, 1) * scale and math.isfinite(scale):
+            bad.append(f"sum {want.sum!r}, the values' {got.sum!r}")
+    if bad:
+        raise FormatError(
+            f"{eng.path}: dataset {spec.path!r} block {fmt_box(t.box(row))}: its statistics "
+            f"disagree with its values ({'; '.join(bad)}): the writer stored wrong statistics"
+        )
+
+
+def verify(f, stats: bool = False) -> dict[str, Any]:
     """Every stored block of open file *f* read and checked: a report (see :func:`cmd_verify`).
 
     Collective over the file's ranks (``mpiexec -n N lamina verify FILE``): each reads the
@@ -108,7 +144,7 @@ def verify(f) -> dict[str, Any]:
                 for k, row in enumerate(batch.tolist()):
                     try:
                         payload = got[k] if got is not None else eng.payload(spec, t, row)
-                        _check_decoded(eng, spec, t, row, payload)
+                        _check_decoded(eng, spec, t, row, payload, stats)
                     except (FormatError, CodecError, OSError, ValueError) as e:
                         box = fmt_box(t.box(row))
                         problems.append(
@@ -146,7 +182,7 @@ def cmd_verify(args) -> int:
         f = open_file(args.file)
     notes = [str(w.message) for w in caught]
     try:
-        report = verify(f)
+        report = verify(f, stats=args.stats)
     finally:
         f.close()
     report["metadata"] = notes
