@@ -610,11 +610,11 @@ def test_steps_received_before_the_producer_left_are_handed_out(tmp_path, io, ho
     assert _took(res, "hands-out") < 8, res.describe()  # no timeout (10 s) waited
 
 
-def test_one_poll_loop_takes_every_message_that_arrived():
+def test_one_poll_loop_takes_every_message_that_arrived(tmp_path):
     """``poll_bytes`` until it finds nothing takes every message waiting (a consumer's refresh
     took up one record a call: MPICH's Iprobe finds what an earlier call moved)."""
     _skip_without_mpiexec()
-    res = mu.run_mpi(2, "transport_ahead", "drain", timeout=TIMEOUT)
+    res = mu.run_mpi(2, "transport_ahead", "drain", tmp_path / "sent", timeout=TIMEOUT)
     assert res.lines("OK drain"), res.describe()
 
 

@@ -30,14 +30,15 @@
                                                    or without ('plain'; 'skip': step 2 not read),
                                                    slow at step 2: steps 0 to 3 handed out, then
                                                    "the producer left" at once
-    transport_ahead.py drain                       2 ranks of one program: rank 0 sends 8 messages,
-                                                   rank 1 takes them all in one poll loop
+    transport_ahead.py drain SENT                  2 ranks of one program: rank 0 sends 8 messages,
+                                                   makes SENT; rank 1 takes them all in one poll loop
 
 Each program prints ``OK <role>: ...`` when what it saw is right.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -285,14 +286,23 @@ def hands_out(name: str, how: str) -> None:
     raise AssertionError(f"the stream ended without an error after {handed}")
 
 
-def drain() -> None:
+def drain(sent: str) -> None:
     """Messages that arrived are all taken by one loop of polls (``lcomm.poll_bytes`` until it
-    finds none): MPICH's ``Iprobe`` finds at one call what an earlier one moved."""
+    finds none): MPICH's ``Iprobe`` finds at one call what an earlier one moved.  Rank 0 makes
+    the file *sent* once its sends are complete; rank 1 waits for it without an MPI call (a
+    sleep alone ran out before a rank 0 slower to start had sent anything)."""
     c = lcomm.world()
     if c.rank == 0:
         reqs = [c.Isend(np.full(300, i, np.uint8), 1, 11) for i in range(8)]
         lcomm.MPI.Request.Waitall(reqs)
+        with open(sent, "w") as fh:
+            fh.write("sent\n")
     else:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(sent):
+            if time.monotonic() > deadline:
+                raise AssertionError("rank 0 did not send within 60 s")
+            time.sleep(0.01)
         time.sleep(0.5)  # every message arrived, none probed yet
         got = []
         while (m := lcomm.poll_bytes(c, 0, 11)) is not None:
@@ -330,7 +340,7 @@ if __name__ == "__main__":
     elif role == "goes-on":
         goes_on(name, int(rest[0]))
     elif role == "drain":
-        drain()
+        drain(name)
     elif role == "fails":
         fails(name, *rest)
     elif role == "follows":
