@@ -504,7 +504,9 @@ def test_attributes_set_in_a_step_that_raises_are_kept_as_without_the_layer(path
 
 
 def _second_step_held(f):
-    """Step 0 of dataset "x" committed, step 1 held at the gate for 0.3 s from now: "x"."""
+    """Step 0 of dataset "x" committed, step 1 held at the gate for 0.3 s from now: "x" and
+    the gate (a call that waited for step 1 returns with ``gate.open`` set; a clock read after
+    this returns may start late on a loaded machine, and then measures less than 0.3 s)."""
     gate = Gate(f)
     ds = f.create_dataset("x", (4, 6), "f8")
     with f.step():
@@ -514,15 +516,14 @@ def _second_step_held(f):
     with f.step():
         ds[...] = values(1)
     threading.Timer(0.3, gate.open.set).start()
-    return ds
+    return ds, gate
 
 
 def test_read_of_a_step_in_flight_waits(path):
     with lamina.open(path, "w", io="async") as f:
-        ds = _second_step_held(f)
-        t0 = time.monotonic()
+        ds, gate = _second_step_held(f)
         np.testing.assert_array_equal(ds[...], values(1))  # the last step ended: waits for it
-        assert time.monotonic() - t0 > 0.2
+        assert gate.open.is_set()  # returned only once step 1 was let go
         np.testing.assert_array_equal(f.at(-2)["x"][...], values(0))
         np.testing.assert_array_equal(f.at(0)["x"][...], values(0))
         with pytest.raises(StepError):
@@ -1087,8 +1088,12 @@ def test_dataset_prefetch_reads_a_box_of_a_step_ahead(path):
         assert ds.prefetch(np.s_[1:3, 2:], step=2)
         assert ds.prefetch(step=3)  # everything: 192 bytes, 224 with the box above
         assert not ds.prefetch(step=1)  # past the budget: read when asked for
-        time.sleep(0.2)
-        assert ("lamina-prefetch", 2) in fetched and ("lamina-prefetch", 3) in fetched
+        # read on the read-ahead thread while the program does not read (a fixed sleep could
+        # end before a loaded machine ran that thread)
+        deadline = time.monotonic() + 30
+        while not {("lamina-prefetch", 2), ("lamina-prefetch", 3)} <= set(fetched):
+            assert time.monotonic() < deadline, fetched
+            time.sleep(0.01)
         np.testing.assert_array_equal(ds.read(np.s_[1:3, 2:], step=2), values(2)[1:3, 2:])
         np.testing.assert_array_equal(f.at(3)["x"][...], values(3))
         np.testing.assert_array_equal(ds.read(step=1), values(1))  # not read ahead
@@ -1769,10 +1774,9 @@ def test_flush_after_a_failed_step_makes_the_steps_before_it_durable(path, monke
 def test_flush_waits_for_the_steps_in_flight(path):
     """A step held in the background: ``flush`` returns only once it is committed."""
     with lamina.open(path, "w", io="async", durable=False) as f:
-        _second_step_held(f)
-        t0 = time.monotonic()
+        _, gate = _second_step_held(f)
         f.flush()
-        assert time.monotonic() - t0 > 0.2
+        assert gate.open.is_set()  # returned only once step 1 was let go
         with lamina.open(path, "r") as r:
             assert r.steps == 2
 
