@@ -26,6 +26,11 @@ from transport_common import say
 
 import lamina
 
+#: seconds a latest consumer spends on each step it sees: far longer than a producer's step
+#: (20 ms, and up to about 60 ms where 3 ranks share one loaded core), so that it sees a
+#: few steps only and a producer that waited for it would take 12 x LATEST_DELAY
+LATEST_DELAY = 0.3
+
 
 def produce(name: str, steps: int) -> None:
     with lamina.open(name, "w", queue_limit=2) as f:
@@ -141,7 +146,7 @@ def main() -> None:
         produce(name, steps)
     elif role == "latest":
         flow = sys.argv[4] if len(sys.argv) > 4 else None
-        seen = consume(name, steps, None if flow == "-" else flow or "latest", 0.12)
+        seen = consume(name, steps, None if flow == "-" else flow or "latest", LATEST_DELAY)
         if any(b <= a for a, b in zip(seen, seen[1:], strict=False)) or seen[-1] != steps - 1:
             raise AssertionError(
                 f"latest: not an increasing sequence ending at {steps - 1}: {seen}"
