@@ -9,7 +9,8 @@ of many small blocks (write, read, one-block read, query) against the same
 baselines; ``lamina bench steps`` the cost of a step by the number of
 datasets written in it.  ``lamina bench async`` measures background I/O (``io='async'``)
 against synchronous I/O and ADIOS2 BP5 ``AsyncWrite``; ``lamina bench stats`` the
-statistics and checksum pass against a memcpy.  ``lamina bench
+statistics and checksum pass against a memcpy; ``lamina bench verify``
+``lamina verify`` against reading the file's bytes.  ``lamina bench
 multires`` measures the multiresolution layout's write pipeline per
 balancing scheme, its compression next to zfp and zstd, and reads by
 level.  Absolute times on a shared machine are noise; the
@@ -31,6 +32,7 @@ BENCHMARKS = {
     "steps": "the cost of a step by the number of datasets in it: numpy, ADIOS2 BP5, h5py, lamina",
     "async": "background I/O: VPIC-IO-like write, BD-CATS-IO-like read, sync vs async vs ADIOS2 BP5 AsyncWrite",
     "stats": "the statistics and checksum pass of a block against a memcpy, by dtype",
+    "verify": "lamina verify of a file against reading its bytes (and their CRC-32C) and h5py's fletcher32",
     "multires": "multiresolution layout: write phases and balance per scheme, compression vs zfp and zstd, reads by level, the size-grid micro-benchmark (--size-grid), 10^4-10^5 simulated ranks",
 }
 
@@ -73,6 +75,8 @@ def main(argv: list[str]) -> int:
         from .multires import main as run
     elif name == "stats":
         from .stats import main as run
+    elif name == "verify":
+        from .verify import main as run
     else:
         print(
             f"lamina bench: unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}",
