@@ -252,3 +252,122 @@ def test_stats_checks_each_blocks_statistics_against_its_values(tmp_path, capsys
     assert rc == 1
     assert "dataset 'd' block [0:200, 0:100]: its statistics disagree with its values (max " in out
     assert "20000.0, the values' 19999.0)" in out
+
+
+def _section_at(path: str, name: str, step: int) -> int:
+    """Where in lamina.meta the record of *step* keeps the table of *name*'s blocks."""
+    with lamina.open(path) as f:
+        cat = f.engine.stack()[-1].catalog
+        sb = cat.steps[step]
+        return sb._load.base + sb.sections[cat.datasets[name].id].offset
+
+
+def test_a_damaged_table_of_blocks_is_named_and_the_rest_checked(good, tmp_path, capsys):
+    """A step's table of one dataset's blocks (a section of its record, read when first used)
+    that fails its checksum: the file opens, so verify reports it and checks the rest (it
+    stopped with status 2 and no report, and under mpiexec one rank left the others waiting
+    in the gather of findings)."""
+    import sys
+
+    import mpi_util as mu
+
+    path = str(tmp_path / "sec.lam")
+    shutil.copytree(good, path)
+    _flip(os.path.join(path, "lamina.meta"), _section_at(path, "a", 1) + 3)
+    rc, out, _ = run(["verify", path], capsys)
+    lines = out.strip().splitlines()
+    assert rc == 1 and len(lines) == 2, out
+    assert lines[0].startswith(f"{path}: step 1: ") and "blocks of dataset 'a' fail" in lines[0]
+    # a's two blocks of step 1 unread: 67 of the 69 blocks checked
+    assert lines[1].startswith(
+        f"{path}: DAMAGED: 1 dataset unreadable (step 1); format 4, 3 steps, 67 blocks"
+    )
+    cmd = [mu.mpiexec(), "-n", "2", sys.executable, "-m", "lamina", "verify", path]
+    res = mu.finish(mu.start(cmd), cmd, timeout=120)
+    assert res.returncode != 0 and res.stdout.strip().splitlines() == lines, res.describe()
+
+
+def test_patches_that_do_not_decode_are_found(good, capsys, monkeypatch):
+    """A multiresolution dataset's bands pass their checksums and headers, and its patches
+    are decoded as a read would (zfp missing here, or a stream a writer got wrong):
+    named by dataset, step and region (verify checked only the bands' headers)."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "zfpy", None)  # import zfpy: ImportError
+    rc, out, _ = run(["verify", good], capsys)
+    lines = out.strip().splitlines()
+    assert rc == 1 and len(lines) == 4, out
+    for k, ln in enumerate(lines[:3]):
+        assert ln.startswith(
+            f"{good}: step {k}: dataset 'm': the patches of [0:32, 0:32] do not decode"
+        )
+        assert "zfpy cannot be imported" in ln
+    assert lines[3].startswith(
+        f"{good}: DAMAGED: 1 dataset unreadable (steps 0-2); format 4, 3 steps, 69 blocks"
+    )
+
+
+def test_a_layout_this_lamina_cannot_read_is_found(tmp_path, capsys):
+    """A multiresolution dataset whose layout record holds a field this lamina does not
+    know (a newer writer's): `lamina ls` marks it unreadable, a read refuses it, and verify
+    says so once (it said the file was intact)."""
+    from lamina.catalog import model
+
+    path = str(tmp_path / "new.lam")
+    real = model.DatasetSpec.encode
+
+    def newer(self, e):  # a writer that adds a field to the layout record
+        if self.layout is not None and self.layout.get("layout") == "multires":
+            self = model.DatasetSpec(
+                self.path, self.shape, self.dtype, self.fill, self.codecs, self.id,
+                {**self.layout, "wavelet": "cdf97"},
+            )  # fmt: skip
+        real(self, e)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(model.DatasetSpec, "encode", newer)
+        with lamina.open(path, "w") as f:
+            m = f.create_dataset("m", (32, 32), "f8", layout=Multires(patch=(16, 16)))
+            for k in range(2):
+                with f.step():
+                    m[...] = k
+    rc, out, _ = run(["verify", path], capsys)
+    lines = out.strip().splitlines()
+    assert rc == 1 and len(lines) == 2, out
+    assert "dataset 'm'" in lines[0] and "'wavelet', which this lamina does not know" in lines[0]
+    assert lines[1].startswith(f"{path}: DAMAGED: 1 dataset unreadable (step 0); format 4, 2 steps")
+
+
+def test_a_damaged_last_commit_entry_is_said(good, tmp_path, capsys):
+    """The commit log's last entry whole in length but failing its checksum: an open takes it
+    for a commit cut short (the record it names left out, silently, as a follower may see an
+    entry being written), and verify said the file was intact with the close (or the last
+    step) gone. It says so now; a tail shorter than an entry (a write that never ended, a
+    crash in it) is no damage of anything committed."""
+    from lamina.engines.native import format as fmt
+
+    path = str(tmp_path / "entry.lam")
+    shutil.copytree(good, path)
+    log = os.path.join(path, "lamina.commit")
+    size = os.path.getsize(log)
+    with open(log, "ab") as fh:  # a commit cut short by a crash: part of an entry
+        fh.write(b"\x07" * (fmt.ENTRY_SIZE - 5))
+    rc, out, _ = run(["verify", path], capsys)
+    assert rc == 0 and out.strip().endswith(": intact"), out
+    os.truncate(log, size)
+    _flip(log, size - 10)  # the last entry: the writer's close record
+    rc, out, _ = run(["verify", path], capsys)
+    lines = out.strip().splitlines()
+    assert rc == 1 and len(lines) == 2, out
+    n = (size - fmt.HEADER_SIZE) // fmt.ENTRY_SIZE - 1
+    assert lines[0] == (
+        f"{log}: commit entry {n} (bytes {size - fmt.ENTRY_SIZE}..{size}), the last, fails its "
+        "checksum: a commit cut short by a crash, or a damaged entry of a committed record; the "
+        "record it names is left out"
+    )
+    assert lines[1].startswith(
+        f"{path}: DAMAGED: the commit log's last entry damaged; format 4, 3 steps"
+    )
+    rc, out, _ = run(["verify", path, "--json"], capsys)
+    rep = json.loads(out)
+    assert rc == 1 and not rep["intact"] and rep["commit_log"] == lines[0]

@@ -30,8 +30,9 @@ import numpy as np
 
 from .. import comm as comm_mod
 from .. import stats as stats_mod
-from ..catalog.model import BlockCodec
+from ..catalog.model import LAYOUT_LEVEL, BlockCodec
 from ..errors import CodecError, FormatError
+from ..geometry import Box
 from ..text import fmt_box, fmt_bytes, fmt_ranges, plural, print_json
 from .common import open_file
 
@@ -93,7 +94,17 @@ def _check_stats(eng, spec, t, row: int, values: np.ndarray) -> None:
     min and max exactly (docs/format.md, "Block statistics"), the sum within the bound the
     format gives any writer's sum (``n 2^-53 sum |x|``, float32 ``2^-20 sum |x|``), here
     taken four times over."""
-    want = t.stats(row)
+    with np.errstate(over="ignore", invalid="ignore"):  # (long double beyond float64, inf sums)
+        bad = _stats_disagree(t.stats(row), values)
+    if bad:
+        raise FormatError(
+            f"{eng.path}: dataset {spec.path!r} block {fmt_box(t.box(row))}: its statistics "
+            f"disagree with its values ({'; '.join(bad)}): the writer stored wrong statistics"
+        )
+
+
+def _stats_disagree(want, values: np.ndarray) -> list[str]:
+    """What of the statistics *want* the *values* disagree with, said (none: agree)."""
     got, _ = stats_mod.compute(values, checksum=False)
     bad = []
     if got.count != want.count:
@@ -109,11 +120,63 @@ def _check_stats(eng, spec, t, row: int, values: np.ndarray) -> None:
         diff = abs(complex(want.sum) - complex(got.sum))
         if not diff <= eps * max(got.count, 1) * scale and math.isfinite(scale):
             bad.append(f"sum {want.sum!r}, the values' {got.sum!r}")
-    if bad:
-        raise FormatError(
-            f"{eng.path}: dataset {spec.path!r} block {fmt_box(t.box(row))}: its statistics "
-            f"disagree with its values ({'; '.join(bad)}): the writer stored wrong statistics"
+    return bad
+
+
+def _check_blocks(eng, spec, t, step: int, stats: bool, found) -> tuple[int, int]:
+    """Every stored block of table *t* (of *spec* at *step*) read and checked, each damaged
+    one given to *found*: (blocks, bytes)."""
+    rows = np.flatnonzero((t.codec != BlockCodec.STATS_ONLY) & (t.length > 0))
+    nbytes = 0
+    for batch in _batches(t, rows):
+        try:
+            got = eng.payloads(step, [(spec, t, batch)])[0]
+        except (FormatError, CodecError, OSError):
+            got = None  # some block of the batch: found one by one below
+        for k, row in enumerate(batch.tolist()):
+            try:
+                payload = got[k] if got is not None else eng.payload(spec, t, row)
+                _check_decoded(eng, spec, t, row, payload, stats)
+            except (FormatError, CodecError, OSError, ValueError) as e:
+                found("block", fmt_box(t.box(row)), e)
+            nbytes += int(t.length[row])
+    return len(rows), nbytes
+
+
+def _check_layout(f, spec, step: int, t, found, said: set[str]) -> None:
+    """A multiresolution dataset at *step*: its layout is one this lamina reads, and its
+    patches decode from their bands (every level: what a full-resolution read takes), a
+    slab of whole patches at a time.  A band that fails its checksum or its header is
+    found by :func:`_check_blocks` (on the rank that reads its level), not again here;
+    a stream that does not decode is found here."""
+    from ..layouts.spec import Layout
+
+    try:
+        layout = Layout.of(spec)
+    except FormatError as e:
+        if spec.path not in said:  # (the same at every step: said once)
+            said.add(spec.path)
+            found("layout", None, e)
+        return
+    if layout is None or not len(t) or not spec.shape:
+        return
+    ds = f[spec.path]
+    row_bytes = math.prod(spec.shape[1:]) * spec.dtype.itemsize
+    rows = max(1, BATCH_BYTES // max(1, row_bytes * layout.patch[0])) * layout.patch[0]
+    for a in range(0, spec.shape[0], rows):
+        box = Box(
+            (a,) + (0,) * (len(spec.shape) - 1), (min(a + rows, spec.shape[0]),) + spec.shape[1:]
         )
+        try:
+            ds.read(box, step=step)
+        except FormatError:
+            continue  # a band's checksum or header: named block by block
+        except (CodecError, OSError, ValueError, ImportError) as e:
+            found(
+                "patches",
+                fmt_box(box),
+                f"dataset {spec.path!r}: the patches of {fmt_box(box)} do not decode: {e}",
+            )
 
 
 def verify(f, stats: bool = False) -> dict[str, Any]:
@@ -129,30 +192,33 @@ def verify(f, stats: bool = False) -> dict[str, Any]:
     problems: list[dict[str, Any]] = []
     blocks = nbytes = 0
     pair = -1
-    for step in range(f.steps):
-        for spec in _specs(cat):
-            pair += 1
-            if pair % size != rank:
-                continue
-            t = cat.table_of(spec, step)
-            rows = np.flatnonzero((t.codec != BlockCodec.STATS_ONLY) & (t.length > 0))
-            for batch in _batches(t, rows):
-                try:
-                    got = eng.payloads(step, [(spec, t, batch)])[0]
-                except (FormatError, CodecError, OSError):
-                    got = None  # some block of the batch: found one by one below
-                for k, row in enumerate(batch.tolist()):
-                    try:
-                        payload = got[k] if got is not None else eng.payload(spec, t, row)
-                        _check_decoded(eng, spec, t, row, payload, stats)
-                    except (FormatError, CodecError, OSError, ValueError) as e:
-                        box = fmt_box(t.box(row))
-                        problems.append(
-                            {"step": step, "dataset": spec.path, "box": box, "error": str(e),
-                             "_order": (pair, row)}
-                        )  # fmt: skip
-                    blocks += 1
-                    nbytes += int(t.length[row])
+    bad_layouts: set[str] = set()  # datasets whose layout this lamina cannot read
+    g = comm_mod.Guard()
+    with g:  # (an error out of this rank's part is raised on every rank: no rank left waiting)
+        for step in range(f.steps):
+            for spec in _specs(cat):
+                pair += 1
+                if pair % size != rank:
+                    continue
+
+                def found(
+                    what: str, box: str | None, e: object, step=step, spec=spec, pair=pair
+                ) -> None:
+                    problems.append(
+                        {"step": step, "dataset": spec.path, "what": what, "box": box,
+                         "error": str(e), "_order": (pair, len(problems))}
+                    )  # fmt: skip
+
+                try:  # its table of blocks: a section of the record, decoded when first asked for
+                    t = cat.table_of(spec, step)
+                except (FormatError, OSError, ValueError) as e:
+                    found("table", None, e)
+                    continue
+                n, nb = _check_blocks(eng, spec, t, step, stats, found)
+                blocks, nbytes = blocks + n, nbytes + nb
+                if spec.layout is not None and spec.layout.get("layout") != LAYOUT_LEVEL:
+                    _check_layout(f, spec, step, t, found, bad_layouts)
+    comm_mod.agree(comm, g.error)
     if size > 1:  # JSON between the ranks: findings are text and numbers
         mine = json.dumps([blocks, nbytes, problems]).encode()
         parts = comm_mod.gather_bytes(comm, mine)
@@ -164,6 +230,8 @@ def verify(f, stats: bool = False) -> dict[str, Any]:
                 blocks, nbytes = blocks + b, nbytes + n
                 problems.extend(p)
             problems.sort(key=lambda p: tuple(p["_order"]))
+    ask = getattr(eng, "unfinished_commit", None)  # (the native engine's commit log)
+    commit_log = ask() if ask is not None and rank == 0 else None
     return {
         "file": f.filename,
         "format_version": f.format_version,
@@ -172,8 +240,14 @@ def verify(f, stats: bool = False) -> dict[str, Any]:
         "blocks": blocks,
         "bytes": nbytes,
         "records_left_out": int(getattr(eng, "records_left_out", 0)),
+        "commit_log": commit_log,
         "problems": problems,
     }
+
+
+def _steps_words(problems: list[dict[str, Any]]) -> str:
+    steps = sorted({p["step"] for p in problems})
+    return f"step{'s' if len(steps) > 1 else ''} {fmt_ranges(steps)}"
 
 
 def cmd_verify(args) -> int:
@@ -188,12 +262,14 @@ def cmd_verify(args) -> int:
     report["metadata"] = notes
     if report["ranks"] > 1 and f.comm.rank != 0:
         return 0  # rank 0 speaks for all (every rank's status: rank 0's is the job's)
-    damaged = bool(report["problems"] or report["records_left_out"])
+    damaged = bool(report["problems"] or report["records_left_out"] or report["commit_log"])
     if args.json:
         print_json({**report, "intact": not damaged})
         return 1 if damaged else 0
     for note in notes:  # (each names the file)
         print(note)
+    if report["commit_log"]:
+        print(report["commit_log"])
     for p in report["problems"]:
         print(f"{args.file}: step {p['step']}: {p['error']}")
     checked = (
@@ -205,12 +281,18 @@ def cmd_verify(args) -> int:
         print(f"{args.file}: {checked}: intact")
         return 0
     parts = []
-    if report["problems"]:
-        steps = sorted({p["step"] for p in report["problems"]})
+    blocks_bad = [p for p in report["problems"] if p["what"] == "block"]
+    if blocks_bad:
         parts.append(
-            f"{len(report['problems'])} of {plural(report['blocks'], 'block')} damaged "
-            f"(step{'s' if len(steps) > 1 else ''} {fmt_ranges(steps)})"
+            f"{len(blocks_bad)} of {plural(report['blocks'], 'block')} damaged "
+            f"({_steps_words(blocks_bad)})"
         )
+    other = [p for p in report["problems"] if p["what"] != "block"]
+    if other:  # a step's table of blocks, a layout, patches that do not decode
+        n = len({p["dataset"] for p in other})
+        parts.append(f"{plural(n, 'dataset')} unreadable ({_steps_words(other)})")
+    if report["commit_log"]:
+        parts.append("the commit log's last entry damaged")
     if report["records_left_out"]:
         parts.append(f"{plural(report['records_left_out'], 'committed record')} left out")
     print(f"{args.file}: DAMAGED: {'; '.join(parts)}; {checked}", file=sys.stdout)

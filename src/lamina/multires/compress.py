@@ -463,7 +463,10 @@ def _zfp_bound(shape: tuple[int, ...]) -> int:
 
 def _zfp_decode(blob: bytes, shape: tuple[int, ...], dtype: np.dtype, what: str) -> np.ndarray:
     """One zfp stream -> array of *shape*; CodecError unless its header says so."""
-    import zfpy
+    try:
+        import zfpy
+    except ImportError as e:  # (a dependency: an installation without it is broken)
+        raise CodecError(f"{what}: zfp data, and zfpy cannot be imported: {e}") from e
 
     if len(blob) < 16 or blob[:3] != b"zfp":
         raise CodecError(f"{what}: not zfp data (no zfp header)")

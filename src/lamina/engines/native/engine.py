@@ -1087,6 +1087,33 @@ class NativeEngine(BlockEngine):
         latest."""
         return self._version
 
+    def unfinished_commit(self) -> str | None:
+        """Independent: what the commit log holds after its last valid entry, where that is
+        an entry whole in length that fails its checksum (said, naming it), else None.
+
+        Opening a file takes such an entry for a commit cut short (its record left out, as a
+        follower reading it while the writer writes it may see it): what a crash in the
+        middle of the write leaves, and what a flipped bit in a committed step's entry
+        leaves too.  ``lamina verify`` asks, once the rest is read, and says it."""
+        where = f"{self.path}/{fmt.COMMIT_NAME}"
+        try:
+            fd = _open_in(self.path, fmt.COMMIT_NAME, os.O_RDONLY, dir_fd=self._dir_fd)
+            try:
+                buf = _read_fd(fd)
+            finally:
+                os.close(fd)
+            meta_size = os.stat(fmt.META_NAME, dir_fd=self._dir_fd).st_size
+            entries, valid_end, _ = fmt.parse_commits(buf, meta_size, where, last_past_end=True)
+        except (FormatError, OSError) as e:
+            return str(e)
+        if len(buf) - valid_end < fmt.ENTRY_SIZE:
+            return None  # nothing after it, or an entry cut short: a write that never ended
+        return (
+            f"{where}: commit entry {len(entries)} (bytes {valid_end}..{valid_end + fmt.ENTRY_SIZE}), "
+            "the last, fails its checksum: a commit cut short by a crash, or a damaged entry of "
+            "a committed record; the record it names is left out"
+        )
+
     @property
     def records_left_out(self) -> int:
         """Committed records a reader left out of the file as it last read its logs (a file
