@@ -78,3 +78,19 @@ def test_the_path_of_a_group_cannot_climb_out_of_the_mount(tmp_path):
     proc.write_text("0::/../..\n")
     assert machine.cgroup_limit(str(root), str(proc)) == 4096
     assert os.path.exists(tmp_path / "memory.max")
+
+
+def test_a_group_outside_the_namespace_reads_only_the_mount_root(tmp_path):
+    """``0::/../sib``: the process's group lies outside the namespace's root, so no group of
+    its own is visible; "sib" under the root is another group, whose limit is not read."""
+    root = tmp_path / "cg"
+    _tree(root, {"memory.max": "4096\n", "sib/memory.max": "1024\n"})
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/../sib\n")
+    assert machine.cgroup_limit(str(root), str(proc)) == 4096
+
+
+def test_a_path_with_a_nul_byte_reads_nothing(tmp_path):
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/a\x00b\n")
+    assert machine.cgroup_limit(str(tmp_path / "cg"), str(proc)) is None

@@ -32,7 +32,7 @@ def _read_limit(path: str) -> int | None:
     try:
         with open(path, "rb") as fh:
             text = fh.read(64).strip()
-    except OSError:
+    except (OSError, ValueError):  # (ValueError: a path with a NUL byte)
         return None
     if not text.isdigit():  # "max" (v2: none), or something this does not know
         return None
@@ -60,7 +60,9 @@ def _up(base: str, path: str, name: str) -> list[str]:
     (a container sees its own group as the root of the mount: the path from
     ``/proc/self/cgroup`` may not exist there, the root does)."""
     out = []
-    parts = [p for p in path.split("/") if p and p not in (".", "..")]
+    parts = [p for p in path.split("/") if p and p != "."]
+    if ".." in parts:  # a group outside this namespace's root: none of its own is visible here
+        parts = []  # (with the ".." dropped, "/../sib" named another group, "sib", under the root)
     for k in range(len(parts), -1, -1):
         out.append(os.path.join(base, *parts[:k], name))
     return out
