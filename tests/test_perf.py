@@ -365,6 +365,30 @@ def test_a_calibration_of_a_newer_lamina_is_neither_read_nor_replaced(monkeypatc
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cal.json"]
 
 
+def test_this_host_s_calibration_of_a_newer_lamina_beside_another_s_is_kept(monkeypatch, tmp_path):
+    """A file shared by hosts: another host's calibration at the top (this version), this
+    host's part beside it a newer lamina's. It was taken for one of another version and
+    replaced by this lamina's measurement; it is now neither read nor replaced, as a file of
+    a newer lamina is."""
+    path = tmp_path / "cal.json"
+    theirs = dataclasses.replace(CAL, host="login01")
+    mine_newer = {
+        **dataclasses.replace(CAL, host=calmod.host()).as_doc(),
+        "version": calmod.CALIBRATION_VERSION + 1,
+        "new_rate": 1.0,
+    }
+    text = json.dumps({**theirs.as_doc(), "others": {calmod.host(): mine_newer}})
+    path.write_text(text)
+    here = dataclasses.replace(CAL, host=calmod.host(), flop_rate=7e9)
+    monkeypatch.setattr(calmod, "calibrate", lambda quick=False, directory=None: here)
+    with pytest.warns(LaminaWarning) as said:
+        assert load_calibration(str(path)) == here
+        calmod.save_calibration(here, str(path))
+    assert path.read_text() == text
+    msgs = [str(w.message) for w in said]
+    assert len(msgs) == 1 and "neither read nor replaced" in msgs[0], msgs
+
+
 def test_a_calibration_file_keeps_the_most_recent_hosts(monkeypatch, tmp_path):
     path = tmp_path / "cal.json"
     for i in range(calmod.MAX_HOSTS + 3):

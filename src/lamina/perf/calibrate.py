@@ -902,7 +902,16 @@ def read_calibration(path: str) -> Calibration:
     """
     doc = _file_doc(read_cache_file(path, "calibration", MAX_FILE_BYTES))
     mine = others_of(doc).get(host()) if doc.get("host") != host() else None
+    if mine is not None:
+        _not_newer(mine)  # (this host's part a newer lamina's, another host's at the top)
     return _of_doc(mine if mine is not None else doc)
+
+
+def _not_newer(part: dict[str, Any]) -> None:
+    """_NewerFile where the calibration *part* is of a version newer than this lamina's."""
+    v = part.get("version")
+    if isinstance(v, int) and not isinstance(v, bool) and v > CALIBRATION_VERSION:
+        raise _NewerFile(v)
 
 
 def _file_doc(text: str | bytes) -> dict[str, Any]:
@@ -916,9 +925,7 @@ def _file_doc(text: str | bytes) -> dict[str, Any]:
         raise ValueError(str(e)) from None
     if not isinstance(doc, dict):
         raise ValueError(f"calibration: expected a JSON object, got {type(doc).__name__}")
-    v = doc.get("version")
-    if isinstance(v, int) and not isinstance(v, bool) and v > CALIBRATION_VERSION:
-        raise _NewerFile(v)  # (its host's calibration at the top: the file is a newer lamina's)
+    _not_newer(doc)  # (its host's calibration at the top: the file is a newer lamina's)
     return doc
 
 
@@ -946,7 +953,11 @@ def save_calibration(cal: Calibration, path: str) -> None:
         others = others_of(doc)
         if isinstance(doc.get("host"), str) and doc["host"]:  # the top one is a host's too
             others[doc["host"]] = {k: v for k, v in doc.items() if k != OTHERS}
-        others.pop(cal.host, None)
+        try:  # this host's part, a newer lamina's (another host's at the top): left as it is
+            _not_newer(others.pop(cal.host, {}))
+        except _NewerFile as e:
+            newer_file(path, "calibration", e.version, CALIBRATION_VERSION, "LAMINA_CALIBRATION")
+            return
         text, _ = with_others(
             cal.as_doc(),
             others,
