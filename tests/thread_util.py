@@ -59,17 +59,25 @@ def interleavings(
     of a locked update)."""
     codes = {getattr(f, "__func__", f).__code__ for f in functions if callable(f)}
     files = {f.__file__ for f in functions if isinstance(f, ModuleType)}
-    for k in range(most):
-        state = setup()
-        second = partial(inner, state)
-        if thread:
-            second = partial(_on_a_thread, second)
-        out, got = _switched_at(k, codes, files, partial(outer, state), second)
-        if got is not None and thread:
-            got = got.get().join()
-        if got is None:
-            return
-        yield k, out, got, state
+    monitor = _Monitor(codes | _codes_of(files)) if hasattr(sys, "monitoring") else None
+    try:
+        for k in range(most):
+            state = setup()
+            second = partial(inner, state)
+            if thread:
+                second = partial(_on_a_thread, second)
+            if monitor is not None:
+                out, got = monitor.run(k, partial(outer, state), second)
+            else:
+                out, got = _switched_at(k, codes, files, partial(outer, state), second)
+            if got is not None and thread:
+                got = got.get().join()
+            if got is None:
+                return
+            yield k, out, got, state
+    finally:
+        if monitor is not None:
+            monitor.close()
     raise AssertionError(f"more than {most} bytecodes: not the call meant")
 
 
@@ -101,6 +109,85 @@ def _switched_at(
     finally:
         sys.settrace(before)
     return out, got[0] if got else None
+
+
+def _codes_of(files: set) -> set:
+    """The code objects of every function of the modules whose files are *files* (methods,
+    properties, nested functions and lambdas included)."""
+    found: set = set()
+
+    def add(code) -> None:
+        if code not in found:
+            found.add(code)
+            for c in code.co_consts:
+                if hasattr(c, "co_code"):
+                    add(c)
+
+    def take(obj, depth: int = 0) -> None:
+        for name in ("fget", "fset", "fdel", "__func__", "__wrapped__"):
+            inner = getattr(obj, name, None)
+            if inner is not None and inner is not obj:
+                take(inner, depth)
+        code = getattr(obj, "__code__", None)
+        if code is not None and code.co_filename in files:
+            add(code)
+        elif isinstance(obj, type) and depth < 3:
+            for v in vars(obj).values():
+                take(v, depth + 1)
+
+    for mod in list(sys.modules.values()):
+        if getattr(mod, "__file__", None) in files:
+            for v in vars(mod).values():
+                take(v)
+    return found
+
+
+class _Monitor:
+    """:func:`_switched_at` by ``sys.monitoring`` (PEP 669), for Python 3.12 and later: they
+    deliver no opcode events to a frame whose tracer turns them on at its call event (3.12.1
+    none at all), so no boundary was ever reached there.  The bytecodes counted are the
+    program thread's in the code objects given (those of the files' functions found by
+    :func:`_codes_of`); *inner* runs once, and no bytecode it runs, on this thread or its
+    own, is counted or switched at.  One monitoring tool for all the runs of a test."""
+
+    def __init__(self, codes: set) -> None:
+        mon = sys.monitoring
+        self.tool = next(i for i in range(6) if mon.get_tool(i) is None)
+        self.codes = codes
+        self.me = threading.get_ident()
+        self.k = self.seen = 0
+        self.fired = False
+        self.inner: Callable[[], Any] | None = None
+        self.got: list[Outcome] = []
+        mon.use_tool_id(self.tool, "lamina tests: thread switches")
+        mon.register_callback(self.tool, mon.events.INSTRUCTION, self._at)
+        for code in codes:
+            mon.set_local_events(self.tool, code, mon.events.INSTRUCTION)
+
+    def _at(self, code, offset) -> None:
+        if self.fired or self.inner is None or threading.get_ident() != self.me:
+            return
+        if self.seen == self.k:
+            self.fired = True
+            self.got.append(Outcome(self.inner))
+        self.seen += 1
+
+    def run(
+        self, k: int, outer: Callable[[], Any], inner: Callable[[], Any]
+    ) -> tuple[Outcome, Outcome | None]:
+        self.k, self.seen, self.fired, self.got, self.inner = k, 0, False, [], inner
+        try:
+            out = Outcome(outer)
+        finally:
+            self.inner = None
+        return out, self.got[0] if self.got else None
+
+    def close(self) -> None:
+        mon = sys.monitoring
+        for code in self.codes:
+            mon.set_local_events(self.tool, code, 0)
+        mon.register_callback(self.tool, mon.events.INSTRUCTION, None)
+        mon.free_tool_id(self.tool)
 
 
 #: how long a second call on its own thread may stay at one bytecode before the first goes
