@@ -5,11 +5,15 @@ subfile cut short by a copy is found by the read that meets it, maybe
 years later.  ``lamina verify FILE`` reads every block of every committed
 step once, as stored, and checks it against the CRC-32C segments its
 record holds; a block stored through a codec pipeline is decoded too (so a
-codec this installation lacks is found now), and a multiresolution band's
-header is checked.  It goes on past a damaged block and names each one:
-its step, dataset, box, subfile and bytes.  The metadata is checked by
-opening the file: a record left out there (a damaged or cut-short last
-record, logs copied at different moments) is reported as damage.  Under
+codec this installation lacks is found now), a multiresolution band's
+header is checked and the dataset's patches decoded from their bands.  It
+goes on past a damaged block and names each one: its step, dataset, box,
+subfile and bytes; a step's table of a dataset's blocks that fails its
+checksum, or a layout this lamina cannot read, is named as the dataset's.
+The metadata is checked by opening the file: a record left out there (a
+damaged or cut-short last record, logs copied at different moments) is
+reported as damage, and so is a last commit entry that fails its checksum
+(:meth:`NativeEngine.unfinished_commit`).  Under
 ``mpiexec -n N`` the ranks share the reading and rank 0 prints the report.
 
 Exit status: 0 when everything is intact, 1 when something is damaged, 2
