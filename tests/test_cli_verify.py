@@ -371,3 +371,28 @@ def test_a_damaged_last_commit_entry_is_said(good, tmp_path, capsys):
     rc, out, _ = run(["verify", path, "--json"], capsys)
     rep = json.loads(out)
     assert rc == 1 and not rep["intact"] and rep["commit_log"] == lines[0]
+
+
+def test_a_file_whose_metadata_does_not_open_is_damaged_not_absent(good, tmp_path, capsys):
+    """A record in the middle of lamina.meta damaged: the file does not open. That is a
+    damaged file (status 1, said as such), not a path without a lamina file (status 2, as
+    before, which a script could not tell from a typo in the path)."""
+    from lamina.engines.native import format as fmt
+
+    path = str(tmp_path / "mid.lam")
+    shutil.copytree(good, path)
+    with open(os.path.join(path, "lamina.commit"), "rb") as fh:
+        entries, _, _ = fmt.parse_commits(
+            fh.read(), os.path.getsize(os.path.join(path, "lamina.meta"))
+        )
+    _flip(os.path.join(path, "lamina.meta"), entries[1].offset + entries[1].length - 5)
+    rc, out, err = run(["verify", path], capsys)
+    assert rc == 1 and err == "", err
+    assert out.startswith(f"{path}: DAMAGED: the file does not open: ") and "record 1" in out, out
+    rc, out, _ = run(["verify", path, "--json"], capsys)
+    rep = json.loads(out)
+    assert (
+        rc == 1 and rep["intact"] is False and rep["opens"] is False and "record 1" in rep["error"]
+    )
+    rc, _, err = run(["verify", str(tmp_path / "absent.lam")], capsys)
+    assert rc == 2 and "no such lamina file" in err

@@ -16,8 +16,9 @@ reported as damage, and so is a last commit entry that fails its checksum
 (:meth:`NativeEngine.unfinished_commit`).  Under
 ``mpiexec -n N`` the ranks share the reading and rank 0 prints the report.
 
-Exit status: 0 when everything is intact, 1 when something is damaged, 2
-when the file cannot be opened at all (as the other commands).  HDF5's
+Exit status: 0 when everything is intact, 1 when something is damaged (a
+file whose damaged metadata keeps it from opening too), 2 when there is no
+lamina file at the path or the command is wrong (as the other commands).  HDF5's
 ``h5check`` checks a file's format; ADIOS2 and zarr have no such command.
 """
 
@@ -249,15 +250,33 @@ def verify(f, stats: bool = False) -> dict[str, Any]:
     }
 
 
+def _unopenable(args, e: FormatError) -> int:
+    """A lamina file that does not open (a record in the middle of its metadata damaged,
+    its logs of two files): damage, status 1, said by the first rank alone."""
+    if comm_mod.world().rank == 0:
+        if args.json:
+            print_json({"file": args.file, "intact": False, "opens": False, "error": str(e)})
+        else:
+            print(f"{args.file}: DAMAGED: the file does not open: {e}")
+    return 1
+
+
 def _steps_words(problems: list[dict[str, Any]]) -> str:
     steps = sorted({p["step"] for p in problems})
     return f"step{'s' if len(steps) > 1 else ''} {fmt_ranges(steps)}"
 
 
 def cmd_verify(args) -> int:
+    from ..errors import NotALaminaFileError
+
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        f = open_file(args.file)
+        try:
+            f = open_file(args.file)
+        except FormatError as e:
+            if isinstance(e, NotALaminaFileError):
+                raise  # no lamina file there: status 2, as the other commands
+            return _unopenable(args, e)  # a lamina file whose metadata is damaged: 1
     notes = [str(w.message) for w in caught]
     try:
         report = verify(f, stats=args.stats)
