@@ -36,7 +36,7 @@ def test_bench_verify_smoke_json(capsys, tmp_path):
 def test_bench_verify_fails_where_verify_would_say_damage(monkeypatch, tmp_path):
     """The benchmark checks verify's answer: a verify that found damage in the file it just
     wrote is an error, not a time."""
-    from lamina.cli import verify as verify_mod
+    from lamina import check as verify_mod
 
     real = verify_mod.verify
 

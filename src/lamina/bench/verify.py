@@ -17,7 +17,7 @@ every method opens its file inside its time):
                   (:func:`lamina.stats.crc`, the checksum lamina keeps)
 ``h5py``          every step of the HDF5 dataset read (each chunk's
                   fletcher32 checked)
-``verify``        ``lamina verify``: :func:`lamina.cli.verify.verify` of the
+``verify``        ``lamina verify``: :func:`lamina.check.verify` of the
                   file opened for reading
 ``verify-stats``  ``lamina verify --stats``: also each block's statistics
                   taken again from its values and compared
@@ -96,7 +96,7 @@ def _h5py_read(h5: str, out: np.ndarray) -> float:
 
 def _verify(lam: str, with_stats: bool) -> dict:
     import lamina
-    from lamina.cli.verify import verify
+    from lamina.check import verify
 
     with lamina.open(lam, "r") as f:
         return verify(f, stats=with_stats)
