@@ -396,3 +396,10 @@ def test_a_file_whose_metadata_does_not_open_is_damaged_not_absent(good, tmp_pat
     )
     rc, _, err = run(["verify", str(tmp_path / "absent.lam")], capsys)
     assert rc == 2 and "no such lamina file" in err
+    shutil.rmtree(path)
+    shutil.copytree(good, path)
+    _flip(os.path.join(path, "lamina.meta"), 0)  # its magic: the open says "not a lamina file"
+    rc, out, _ = run(["verify", path], capsys)
+    assert (
+        rc == 1 and out.startswith(f"{path}: DAMAGED: the file does not open: ") and "magic" in out
+    )
