@@ -403,3 +403,27 @@ def test_a_file_whose_metadata_does_not_open_is_damaged_not_absent(good, tmp_pat
     assert (
         rc == 1 and out.startswith(f"{path}: DAMAGED: the file does not open: ") and "magic" in out
     )
+
+
+def test_an_entry_being_written_by_a_running_writer_is_not_said(good, tmp_path):
+    """A last entry that fails its checksum is looked at again after a pause: one a running
+    writer was writing (here: made whole meanwhile) is no damage."""
+    import threading
+
+    from lamina.engines.native import format as fmt
+
+    path = str(tmp_path / "live.lam")
+    shutil.copytree(good, path)
+    log = os.path.join(path, "lamina.commit")
+    size = os.path.getsize(log)
+    with open(log, "ab") as fh:  # an entry whole in length, not yet right
+        fh.write(b"\x07" * fmt.ENTRY_SIZE)
+    with lamina.open(path) as f:
+        eng = f.engine.stack()[-1]
+        assert "commit entry" in eng.unfinished_commit(pause=0.0)
+        fixed = threading.Timer(0.05, os.truncate, (log, size))  # (as if the writer finished)
+        fixed.start()
+        try:
+            assert eng.unfinished_commit(pause=1.0) is None
+        finally:
+            fixed.join()

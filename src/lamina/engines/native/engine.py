@@ -19,6 +19,7 @@ import os
 import resource
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -1087,32 +1088,43 @@ class NativeEngine(BlockEngine):
         latest."""
         return self._version
 
-    def unfinished_commit(self) -> str | None:
+    def unfinished_commit(self, pause: float = 0.1) -> str | None:
         """Independent: what the commit log holds after its last valid entry, where that is
         an entry whole in length that fails its checksum (said, naming it), else None.
 
         Opening a file takes such an entry for a commit cut short (its record left out, as a
         follower reading it while the writer writes it may see it): what a crash in the
         middle of the write leaves, and what a flipped bit in a committed step's entry
-        leaves too.  ``lamina verify`` asks, once the rest is read, and says it."""
+        leaves too.  ``lamina verify`` asks, once the rest is read, and says it.  An entry
+        found so is looked at again after *pause* seconds: one a running writer was writing
+        then is whole by now, or followed by others."""
         where = f"{self.path}/{fmt.COMMIT_NAME}"
-        try:
-            fd = _open_in(self.path, fmt.COMMIT_NAME, os.O_RDONLY, dir_fd=self._dir_fd)
+
+        def look() -> tuple[str | None, int]:
             try:
-                buf = _read_fd(fd)
-            finally:
-                os.close(fd)
-            meta_size = os.stat(fmt.META_NAME, dir_fd=self._dir_fd).st_size
-            entries, valid_end, _ = fmt.parse_commits(buf, meta_size, where, last_past_end=True)
-        except (FormatError, OSError) as e:
-            return str(e)
-        if len(buf) - valid_end < fmt.ENTRY_SIZE:
-            return None  # nothing after it, or an entry cut short: a write that never ended
-        return (
-            f"{where}: commit entry {len(entries)} (bytes {valid_end}..{valid_end + fmt.ENTRY_SIZE}), "
-            "the last, fails its checksum: a commit cut short by a crash, or a damaged entry of "
-            "a committed record; the record it names is left out"
-        )
+                fd = _open_in(self.path, fmt.COMMIT_NAME, os.O_RDONLY, dir_fd=self._dir_fd)
+                try:
+                    buf = _read_fd(fd)
+                finally:
+                    os.close(fd)
+                meta_size = os.stat(fmt.META_NAME, dir_fd=self._dir_fd).st_size
+                entries, end, _ = fmt.parse_commits(buf, meta_size, where, last_past_end=True)
+            except (FormatError, OSError) as e:
+                return str(e), -1
+            if len(buf) - end < fmt.ENTRY_SIZE:
+                return None, len(buf)  # nothing after it, or an entry cut short: never ended
+            return (
+                f"{where}: commit entry {len(entries)} (bytes {end}..{end + fmt.ENTRY_SIZE}), the "
+                "last, fails its checksum: a commit cut short by a crash, or a damaged entry of "
+                "a committed record; the record it names is left out"
+            ), len(buf)
+
+        said, size = look()
+        if said is None:
+            return None
+        time.sleep(pause)
+        again, size_now = look()
+        return again if again == said and size_now == size else None
 
     @property
     def records_left_out(self) -> int:
