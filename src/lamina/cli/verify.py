@@ -32,14 +32,14 @@ from typing import Any
 from .. import comm as comm_mod
 from ..check import verify
 from ..engines.native.format import COMMIT_NAME
-from ..errors import FormatError
+from ..errors import FormatError, NotALaminaFileError
 from ..text import fmt_bytes, fmt_ranges, plural, print_json
 from .common import open_file
 
 
 def _unopenable(args, e: FormatError) -> int:
     """A lamina file that does not open (a record in the middle of its metadata damaged,
-    its logs of two files): damage, status 1, said by the first rank alone."""
+    its two logs from different files): damage, status 1, said by the first rank alone."""
     if comm_mod.world().rank == 0:
         if args.json:
             print_json({"file": args.file, "intact": False, "opens": False, "error": str(e)})
@@ -54,8 +54,6 @@ def _steps_words(problems: list[dict[str, Any]]) -> str:
 
 
 def cmd_verify(args) -> int:
-    from ..errors import NotALaminaFileError
-
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
