@@ -427,3 +427,28 @@ def test_an_entry_being_written_by_a_running_writer_is_not_said(good, tmp_path):
             assert eng.unfinished_commit(pause=1.0) is None
         finally:
             fixed.join()
+
+
+def test_payloads_read_into_a_buffer_given_keep_each_run_apart(tmp_path):
+    """``payloads(..., into=buf)``: blocks of runs apart in the subfile (another dataset's
+    blocks between them) each in a part of *buf* of their own, the same bytes as read into
+    fresh memory (the runs were all read at the start of *buf*, each over the last: the
+    checksums passed as each run was read, and the values were the last run's)."""
+    path = str(tmp_path / "runs.lam")
+    rng = np.random.default_rng(3)
+    with lamina.open(path, "w") as f:
+        a = f.create_dataset("a", (4, 1 << 14), "f8")
+        b = f.create_dataset("b", (4, 1 << 14), "f8")
+        with f.step():
+            for k in range(4):  # a0 b0 a1 b1 ... in the subfile: a's blocks in four runs
+                a[k : k + 1] = rng.random((1, 1 << 14))
+                b[k : k + 1] = rng.random((1, 1 << 14))
+    with lamina.open(path) as f:
+        eng = f.engine.stack()[-1]
+        spec = eng.catalog.datasets["a"]
+        t = eng.catalog.table_of(spec, 0)
+        rows = np.arange(len(t))
+        fresh = [bytes(p) for p in eng.payloads(0, [(spec, t, rows)])[0]]
+        buf = np.empty(int(t.length.sum()) + 4096 * (len(t) + 1), np.uint8)
+        into = [bytes(p) for p in eng.payloads(0, [(spec, t, rows)], into=buf)[0]]
+    assert len(fresh) == 4 and into == fresh

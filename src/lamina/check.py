@@ -24,6 +24,7 @@ import numpy as np
 
 from . import comm as comm_mod
 from . import stats as stats_mod
+from .buffers import PAGE
 from .catalog.model import LAYOUT_LEVEL, BlockCodec
 from .errors import CodecError, FormatError
 from .geometry import Box
@@ -116,14 +117,22 @@ def _stats_disagree(want, values: np.ndarray) -> list[str]:
     return bad
 
 
-def _check_blocks(eng, spec, t, step: int, stats: bool, found) -> tuple[int, int]:
+def _check_blocks(
+    eng, spec, t, step: int, stats: bool, found, scratch: list[np.ndarray]
+) -> tuple[int, int]:
     """Every stored block of table *t* (of *spec* at *step*) read and checked, each damaged
-    one given to *found*: (blocks, bytes)."""
+    one given to *found*: (blocks, bytes).  The bytes are read into ``scratch[0]``, made
+    larger where a batch needs it, and done with before the next batch is read (memory
+    reused: fresh memory for every batch cost a page fault per 4 KiB, a third of the
+    time of a file read whole)."""
     rows = np.flatnonzero((t.codec != BlockCodec.STATS_ONLY) & (t.length > 0))
     nbytes = 0
     for batch in _batches(t, rows):
+        need = int(t.length[batch].sum()) + PAGE * (len(batch) + 1)  # (each run placed)
+        if scratch[0].size < need:
+            scratch[0] = np.empty(need, np.uint8)
         try:
-            got = eng.payloads(step, [(spec, t, batch)])[0]
+            got = eng.payloads(step, [(spec, t, batch)], into=scratch[0])[0]
         except (FormatError, CodecError, OSError):
             got = None  # some block of the batch: found one by one below
         for k, row in enumerate(batch.tolist()):
@@ -186,6 +195,7 @@ def verify(f, stats: bool = False) -> dict[str, Any]:
     blocks = nbytes = 0
     pair = -1
     bad_layouts: set[str] = set()  # datasets whose layout this lamina cannot read
+    scratch = [np.empty(0, np.uint8)]  # the bytes of a batch of blocks, read there
     g = comm_mod.Guard()
     with g:  # (an error out of this rank's part is raised on every rank: no rank left waiting)
         for step in range(f.steps):
@@ -207,7 +217,7 @@ def verify(f, stats: bool = False) -> dict[str, Any]:
                 except (FormatError, OSError, ValueError) as e:
                     found("table", None, e)
                     continue
-                n, nb = _check_blocks(eng, spec, t, step, stats, found)
+                n, nb = _check_blocks(eng, spec, t, step, stats, found, scratch)
                 blocks, nbytes = blocks + n, nbytes + nb
                 if spec.layout is not None and spec.layout.get("layout") != LAYOUT_LEVEL:
                     _check_layout(f, spec, step, t, found, bad_layouts)

@@ -1865,12 +1865,18 @@ class BlockEngine(Engine):
         return self._payload(t.record(row, spec.id, stats=False), spec)
 
     def payloads(
-        self, step: int, wanted: Sequence[tuple[DatasetSpec, BlockTable, np.ndarray]]
+        self,
+        step: int,
+        wanted: Sequence[tuple[DatasetSpec, BlockTable, np.ndarray]],
+        into: np.ndarray | None = None,
     ) -> list[list[np.ndarray]]:
         """Independent: the stored bytes of many blocks of *step*, ``[spec, table, rows]`` per group, checked.
 
         By default one :meth:`payload` per block; engines that can read blocks
-        lying back to back in storage with one request override this.
+        lying back to back in storage with one request override this.  *into*: a
+        uint8 buffer the engine may read into (views of it returned), for a caller
+        that drops them before its next call (``lamina verify``): fresh memory costs a
+        page fault per 4 KiB; engines may ignore it.
         """
         return [[self.payload(spec, t, int(r)) for r in rows.tolist()] for spec, t, rows in wanted]
 

@@ -1911,10 +1911,12 @@ class NativeEngine(BlockEngine):
     def aggregator_ranks(self) -> list[int]:
         return list(self.agg_rank)
 
-    def payloads(self, step: int, wanted) -> list[list[np.ndarray]]:
+    def payloads(self, step: int, wanted, into: np.ndarray | None = None) -> list[list[np.ndarray]]:
         """Blocks that lie back to back in a subfile (bands of a multiresolution dataset in
         patch or level order) are read with one pread per run, then each is checked against
-        its segment checksums; a run holds at most :data:`COALESCE_RUN` bytes."""
+        its segment checksums; a run holds at most :data:`COALESCE_RUN` bytes.  A run that
+        fits *into* (less a page: it is placed as :func:`buffers.window` places it) is read
+        there."""
         out: list[list[np.ndarray]] = [[np.empty(0, np.uint8)] * len(rows) for _, _, rows in wanted]
         cols = [
             (g, spec, t, np.asarray(rows, dtype=np.int64))
@@ -1931,16 +1933,27 @@ class NativeEngine(BlockEngine):
         ln = np.concatenate([t.length[r].astype(np.int64) for _, _, t, r in cols])
         order = np.lexsort((off, key))
         grp, pos, key, off, ln = grp[order], pos[order], key[order], off[order], ln[order]
+        free = into
         for a, b in _runs(key, off, ln):
-            self._payload_run(cols, grp[a:b], pos[a:b], int(off[a]), ln[a:b], out)
+            # each run in a part of *into* of its own: the views of every run are returned
+            free = self._payload_run(cols, grp[a:b], pos[a:b], int(off[a]), ln[a:b], out, free)
         return out
 
-    def _payload_run(self, cols, grp, pos, first: int, lengths, out) -> None:
-        """Blocks back to back from byte *first* of one subfile: one pread, then each checked."""
+    def _payload_run(
+        self, cols, grp, pos, first: int, lengths, out, into: np.ndarray | None = None
+    ) -> np.ndarray | None:
+        """Blocks back to back from byte *first* of one subfile: one pread, then each checked.
+        Read into *into* where the run fits there (less a page, for its place); returns
+        what of *into* is left after it."""
         _, spec, t, rows = cols[int(grp[0])]
         r0 = int(rows[pos[0]])
         name = subfile_name(int(t.session[r0]), int(t.agg[r0]))
-        buf = buffers.empty(int(lengths.sum()), first)
+        n = int(lengths.sum())
+        if into is not None and into.size >= n + buffers.PAGE:
+            buf = buffers.window(into, first, n)
+            into = into[buf.ctypes.data - into.ctypes.data + n :]
+        else:
+            buf = buffers.empty(n, first)
         with self._subfile(name) as fd:
             _pread_into(fd, buf.data, first, f"{self.path}/{name}: dataset {spec.path!r}")
         begin = 0
@@ -1955,6 +1968,7 @@ class NativeEngine(BlockEngine):
                 )
             out[g][p] = piece
             begin += n
+        return into
 
     def _block_name(self, rec, spec) -> _Lazy:
         return _Lazy(lambda: f"{self.path}/{rec.subfile}: dataset {spec.path!r} block {rec.box}")

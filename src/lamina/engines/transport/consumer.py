@@ -473,7 +473,7 @@ class Consumer(TransportBase):
             poll.reset()
         self._wait(reqs, f"the producer to take a request for the {what}")
 
-    def payloads(self, step: int, wanted) -> list[list[np.ndarray]]:
+    def payloads(self, step: int, wanted, into: np.ndarray | None = None) -> list[list[np.ndarray]]:
         """The stored bytes of blocks (bands of multiresolution datasets), whole, from the producer
         ranks that hold them: one ``PAYLOAD`` request and one receive per block, all in flight
         together; the layout decodes them as it does a file's."""
