@@ -108,13 +108,31 @@ def _stats_disagree(want, values: np.ndarray) -> list[str]:
         if not (a == b or (a != a and b != b)):  # (NaN: a block of NaN values only)
             bad.append(f"{name} {a!r}, the values' {b!r}")
     if not bad and got.count:
-        v = values[~np.isnan(values)] if values.dtype.kind in "fc" else values
-        scale = float(np.abs(v.astype(np.complex128 if v.dtype.kind == "c" else np.float64)).sum())
+        scale = _abs_sum(values)
         eps = 2.0**-18 if values.dtype == np.float32 else 2.0**-51
         diff = abs(complex(want.sum) - complex(got.sum))
         if not diff <= eps * max(got.count, 1) * scale and math.isfinite(scale):
             bad.append(f"sum {want.sum!r}, the values' {got.sum!r}")
     return bad
+
+
+#: values taken at a time by :func:`_abs_sum` (1 MiB of float64)
+CHUNK = 1 << 17
+
+
+def _abs_sum(values: np.ndarray) -> float:
+    """The sum of ``|x|`` over the values that are not NaN (complex: neither part), in
+    float64, a chunk at a time: temporaries the size of a block (4 MiB each, three of them)
+    came from fresh memory at every block, a page fault per 4 KiB, and took two thirds of
+    the time of ``--stats``."""
+    flat = values.reshape(-1)
+    wide = np.complex128 if flat.dtype.kind == "c" else np.float64
+    total = 0.0
+    for i in range(0, flat.size, CHUNK):
+        c = flat[i : i + CHUNK]
+        a = np.abs(c.astype(wide, copy=False))
+        total += float(a.sum(where=~np.isnan(c)) if flat.dtype.kind in "fc" else a.sum())
+    return total
 
 
 def _check_blocks(
