@@ -18,7 +18,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/lamina demo
 
+# the suite starts hundreds of Python processes (mpiexec): the package's bytecode compiled
+# once first, so that none compiles it again where PYTHONDONTWRITEBYTECODE keeps imports
+# from caching it (0.7 s an import without, 0.3 s with)
 test: $(STAMP)
+	$(BIN)/python -m compileall -q src/lamina > /dev/null
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
 
 # the checks CI runs before the tests (.pre-commit-config.yaml runs the same on each commit)
