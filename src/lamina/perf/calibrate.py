@@ -907,10 +907,18 @@ def read_calibration(path: str) -> Calibration:
     return _of_doc(mine if mine is not None else doc)
 
 
+def newer_version(doc: Any, mine: int) -> int | None:
+    """The ``version`` of the JSON object *doc* (a cache file, or one host's part of one)
+    where it is an integer larger than *mine*, this lamina's: a newer lamina's, which is
+    neither read nor replaced (:func:`newer_file`); else None."""
+    v = doc.get("version") if isinstance(doc, dict) else None
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > mine else None
+
+
 def _not_newer(part: dict[str, Any]) -> None:
     """_NewerFile where the calibration *part* is of a version newer than this lamina's."""
-    v = part.get("version")
-    if isinstance(v, int) and not isinstance(v, bool) and v > CALIBRATION_VERSION:
+    v = newer_version(part, CALIBRATION_VERSION)
+    if v is not None:
         raise _NewerFile(v)
 
 

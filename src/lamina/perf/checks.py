@@ -37,6 +37,7 @@ from .calibrate import (
     host,
     locked,
     newer_file,
+    newer_version,
     others_of,
     read_cache_file,
     with_others,
@@ -187,10 +188,10 @@ def read_records(path: str) -> dict[str, dict[str, Check]]:
         doc = load_json(raw, "model checks", limit=MAX_FILE_BYTES, constants=False)
     except FormatError as e:
         raise ValueError(str(e)) from None
-    v = doc.get("version") if isinstance(doc, dict) else None
-    if isinstance(v, int) and not isinstance(v, bool) and v > VERSION:
-        raise Newer(path, v)
-    if not isinstance(doc, dict) or v != VERSION:
+    newer = newer_version(doc, VERSION)
+    if newer is not None:
+        raise Newer(path, newer)
+    if not isinstance(doc, dict) or doc.get("version") != VERSION:
         raise ValueError(f"model checks: not records of version {VERSION} of model checks")
     found: dict[str, dict[str, Check]] = {}
     for records in (doc.get("checks"), *others_of(doc).values()):

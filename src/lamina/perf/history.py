@@ -128,6 +128,7 @@ from .calibrate import (
     host,
     locked,
     newer_file,
+    newer_version,
     not_kept,
     others_of,
     read_cache_file,
@@ -487,10 +488,10 @@ def _parse(text: str | bytes) -> tuple[History | None, dict[str, Any]]:
     doc = load_json(text, "history", limit=MAX_FILE_BYTES, constants=False)
     if not isinstance(doc, dict):
         raise FormatError("history: not a JSON object")
-    v = doc.get("version")
-    if isinstance(v, int) and not isinstance(v, bool) and v > HISTORY_VERSION:
-        raise _Newer(v)
-    if v != HISTORY_VERSION:
+    newer = newer_version(doc, HISTORY_VERSION)
+    if newer is not None:
+        raise _Newer(newer)
+    if doc.get("version") != HISTORY_VERSION:
         raise _Elsewhere("history: not a history of this version")
     me, top = host(), doc.get("host")
     parts = others_of(doc)
