@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from html import escape
 
-from ..engines.base import storage_by_step
+from ..engines.base import storage_by_step, unusable_of
 from ..text import fmt_codecs, fmt_steps_written, fmt_stored, fmt_value, plural
 
 #: a tree with more nodes than this is shown to this many, then a count
@@ -41,16 +41,6 @@ def _definition(file, path: str):
     return d.get(p)
 
 
-def _unusable(file, path: str) -> str | None:
-    """Why the derived quantity *path* is (or is a component of) cannot be evaluated by this
-    lamina, or None."""
-    p = path.strip("/")
-    for name, why in file.engine.unusable().items():
-        if p == name or p.startswith(name + "/"):
-            return why
-    return None
-
-
 def _attrs_table(obj) -> str:
     keys = list(obj.attrs)
     if not keys:
@@ -66,6 +56,8 @@ def dataset_facts(ds) -> dict:
     file = ds.file
     steps = file.steps
     written, nblocks, stored, raw = storage_by_step(ds, steps)
+    # the derived quantity this lamina cannot evaluate that it is (or is a component of)
+    bad = unusable_of(file.engine.unusable(), ds.name)
     return {
         "written": written,
         "steps": steps,
@@ -73,7 +65,7 @@ def dataset_facts(ds) -> dict:
         "stored": stored,
         "raw": raw,
         "definition": _definition(file, ds.name),
-        "unusable": _unusable(file, ds.name),
+        "unusable": None if bad is None else bad[1],  # why
     }
 
 

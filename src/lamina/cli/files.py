@@ -9,7 +9,7 @@ import textwrap
 import numpy as np
 
 from .. import selection
-from ..engines.base import storage_by_step, storage_of
+from ..engines.base import storage_by_step, storage_of, unusable_of
 from ..text import (
     fmt_box,
     fmt_bytes,
@@ -179,7 +179,7 @@ def _node_info(f, path: str, obj, stored: dict | None = None) -> dict:
         info["derived"] = {"expression": d.text, "strategy": d.strategy}
         if len(d.components) > 1:
             info["derived"]["components"] = list(d.components)
-    bad = _unusable_of(f, path)
+    bad = unusable_of(f.engine.unusable(), path)
     if bad is not None and (isinstance(obj, Dataset) or path.strip("/") == bad[0]):
         # a quantity the file defines that this lamina cannot evaluate: not a plain dataset
         info["derived"] = {"name": bad[0], "unusable": bad[1]}
@@ -212,16 +212,6 @@ def _node_info(f, path: str, obj, stored: dict | None = None) -> dict:
     info["attrs"] = {k: json_value(v) for k, v in attrs.items()}
     info["_attrs"] = attrs
     return info
-
-
-def _unusable_of(f, path: str) -> tuple[str, str] | None:
-    """(name, why) of the derived quantity this lamina cannot evaluate that dataset or group
-    *path* is (or is a component of), or None."""
-    p = path.strip("/")
-    for name, why in f.engine.unusable().items():
-        if p == name or p.startswith(name + "/"):
-            return name, why
-    return None
 
 
 def _dataset_line(info: dict, nsteps: int) -> str:
@@ -400,7 +390,7 @@ def cmd_info(args) -> int:
         per_step, covers, sums = [], {}, {}
         # a derived quantity this lamina cannot evaluate: where it holds values is not known
         # (its coverage is refused), its blocks are what the file lists
-        bad = _unusable_of(f, ds.name)
+        bad = unusable_of(f.engine.unusable(), ds.name)
         for k in steps:
             blocks = ds.blocks(k)
             stored, raw = storage_of(blocks)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import operator
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, overload
@@ -526,4 +526,14 @@ def durable_flag(value: object, call: str) -> bool:
     return bool(value)
 
 
-__all__ = ["BlockInfo", "BlockInfos", "Engine", "durable_flag"]
+def unusable_of(unusable: Mapping[str, str], path: str) -> tuple[str, str] | None:
+    """``(name, why)`` of the derived quantity among *unusable* (:meth:`Engine.unusable`)
+    that dataset or group *path* is, or is a component of; None where it is none."""
+    p = path.strip("/")
+    for name, why in unusable.items():
+        if p == name or p.startswith(name + "/"):
+            return name, why
+    return None
+
+
+__all__ = ["BlockInfo", "BlockInfos", "Engine", "durable_flag", "unusable_of"]

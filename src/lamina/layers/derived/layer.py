@@ -56,6 +56,7 @@ from ... import comm as comm_mod
 from ... import stats as stats_mod
 from ...catalog import CODEC_STATS_ONLY, BlockTable, DatasetSpec, normpath
 from ...derived import check_device, evaluate, evaluate_regions, gpu_available, needed_boxes
+from ...engines.base import unusable_of
 from ...engines.batch import elements
 from ...engines.staging import enter_boxes
 from ...errors import (
@@ -256,10 +257,8 @@ class DerivedLayer(Layer):
 
     def _unusable_of(self, path: str) -> str | None:
         """The quantity this lamina cannot evaluate that *path* is (or is a component of), or None."""
-        for name in self._bad:
-            if path == name or path.startswith(name + "/"):
-                return name
-        return None
+        bad = unusable_of(self._bad, path)
+        return None if bad is None else bad[0]
 
     def _refuse_unusable(self, name: str, step: int | None) -> None:
         """FormatError if *name* belongs to a quantity this lamina cannot evaluate and *step*
