@@ -189,6 +189,12 @@ def fmt_ranges(values: Sequence[int]) -> str:
     return ",".join(out)
 
 
+def fmt_steps(indexes: Sequence[int]) -> str:
+    """``[4]`` -> ``'step 4'``, ``[4, 5, 6, 7]`` -> ``'steps 4-7'``, ``[4, 6]`` -> ``'steps 4,6'``
+    (*indexes* in increasing order)."""
+    return f"step{'s' if len(indexes) > 1 else ''} {fmt_ranges(indexes)}"
+
+
 def fmt_name(name: str) -> str:
     """*name* (a group's, a dataset's, an attribute's, a path) as text output shows it, on
     one line and read back unambiguously: as it is, but for each character Python's repr

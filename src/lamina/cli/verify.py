@@ -33,7 +33,7 @@ from .. import comm as comm_mod
 from ..check import verify
 from ..engines.native.format import COMMIT_NAME
 from ..errors import FormatError, NotALaminaFileError
-from ..text import fmt_bytes, fmt_ranges, plural, print_json
+from ..text import fmt_bytes, fmt_steps, plural, print_json
 from .common import open_file
 
 
@@ -49,8 +49,7 @@ def _unopenable(args, e: FormatError) -> int:
 
 
 def _steps_words(problems: list[dict[str, Any]]) -> str:
-    steps = sorted({p["step"] for p in problems})
-    return f"step{'s' if len(steps) > 1 else ''} {fmt_ranges(steps)}"
+    return fmt_steps(sorted({p["step"] for p in problems}))
 
 
 def cmd_verify(args) -> int:

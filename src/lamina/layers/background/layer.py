@@ -105,7 +105,7 @@ from ...perf.asyncmodel import (
 )
 from ...perf.history import pack_series, unpack_series
 from ...stats import OneThread
-from ...text import fmt_ranges
+from ...text import fmt_steps
 from ..base import Layer
 from ..derived import DerivedLayer
 from .prefetch import Prefetcher
@@ -144,11 +144,6 @@ def _at_exit() -> None:
     stopped = False
     for layer in list(_LIVE):
         stopped = layer._write_at_exit(stopped)
-
-
-def _steps_text(indexes: list[int]) -> str:
-    """'step 4', 'steps 4-7' or 'steps 4,6'."""
-    return f"step{'s' if len(indexes) > 1 else ''} {fmt_ranges(indexes)}"
 
 
 def _hook_exit() -> None:
@@ -1470,7 +1465,7 @@ class BackgroundLayer(Layer):
         if waiting and not stopped:
             warnings.warn(
                 f"background I/O of {self.path!r} at exit: the file was not closed; writing "
-                f"{_steps_text(waiting)} still in flight before the process exits (an "
+                f"{fmt_steps(waiting)} still in flight before the process exits (an "
                 "interrupt now leaves them out of the file)",
                 LaminaWarning,
                 stacklevel=1,
@@ -1506,9 +1501,7 @@ class BackgroundLayer(Layer):
             return
         said = []
         if queued:
-            said.append(
-                f"{_steps_text(queued)} {'was' if len(queued) == 1 else 'were'} not written"
-            )
+            said.append(f"{fmt_steps(queued)} {'was' if len(queued) == 1 else 'were'} not written")
         if running is not None:
             said.append(
                 f"step {running.index}, being committed, is finished first (another interrupt "
