@@ -2481,3 +2481,82 @@ def test_a_reader_keeps_the_tables_of_the_steps_it_read_last_only(tmp_path):
         assert decoded == list(range(n - KEEP_STEPS, n))
         np.testing.assert_array_equal(r.at(3)["x"][...], 3.0)  # read again from the file
         assert steps[3].nbytes and not steps[n - KEEP_STEPS].nbytes
+
+
+# -- the garbage collector paused while records are decoded ---------------------------------
+
+
+def test_paused_gc_nests_and_restores():
+    import gc
+
+    from lamina.catalog.tree import paused_gc
+
+    assert gc.isenabled()
+    with paused_gc():
+        assert not gc.isenabled()
+        with paused_gc():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer pause still runs
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), paused_gc():
+        raise RuntimeError("inside")
+    assert gc.isenabled()  # on again after an error too
+    gc.disable()  # a program that turned it off keeps it off
+    try:
+        with paused_gc():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_paused_gc_of_threads_ends_with_the_last():
+    """Pauses of two threads that overlap: the collector is on again once both ended, not
+    when the first did."""
+    import gc
+    import threading
+
+    from lamina.catalog.tree import paused_gc
+
+    inside, leave = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with paused_gc():
+            inside.set()
+            leave.wait(10)
+
+    t = threading.Thread(target=other)
+    t.start()
+    assert inside.wait(10)
+    with paused_gc():
+        pass
+    assert not gc.isenabled()  # the other thread's pause goes on
+    leave.set()
+    t.join(10)
+    assert gc.isenabled()
+
+
+def test_records_are_read_with_the_collector_paused(tmp_path, monkeypatch):
+    import gc
+
+    import lamina
+    from lamina.engines.native.engine import NativeEngine
+
+    path = str(tmp_path / "g.lam")
+    with lamina.open(path, "w") as f:
+        d = f.create_dataset("a", (4,), np.float64)
+        for s in range(3):
+            with f.step():
+                d.write(np.full(4, s, np.float64), offset=(0,))
+    seen = []
+    load = NativeEngine._load_records
+
+    def spy(self, call):
+        seen.append(gc.isenabled())
+        return load(self, call)
+
+    monkeypatch.setattr(NativeEngine, "_load_records", spy)
+    with lamina.open(path, "r") as f:
+        assert f["a"].read(step=2).tolist() == [2.0] * 4
+    assert seen and not any(seen)
+    assert gc.isenabled()

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import threading
 from collections import OrderedDict
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from typing import NamedTuple
 
 from ..errors import FormatError
@@ -46,6 +49,36 @@ class Checkpoint(NamedTuple):
     closed: bool
     last_session: int
     nrecords: int
+
+
+_gc_lock = threading.Lock()
+_gc_pauses = 0  # calls inside paused_gc now, in any thread
+_gc_was_on = False  # whether the collector ran when the first of them began
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """Python's cyclic garbage collector off while the block inside runs (then as before).
+
+    Decoding a file's records makes a dozen objects a record, none of them in a cycle, and
+    the collector, run again and again as they are made, looks at every object the program
+    holds each time it reaches the oldest generation: opening a file of 100,000 steps took
+    3.0 s with it, 1.5 s without.  The cycles the block makes are collected after it, as
+    usual.  Nested and concurrent pauses (threads) count: the last to end turns it back on,
+    unless it was off when the first began."""
+    global _gc_pauses, _gc_was_on
+    with _gc_lock:
+        if _gc_pauses == 0:
+            _gc_was_on = gc.isenabled()
+            gc.disable()
+        _gc_pauses += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_pauses -= 1
+            if _gc_pauses == 0 and _gc_was_on:
+                gc.enable()
 
 
 class Catalog:

@@ -41,6 +41,7 @@ from ...catalog import (
     StepBlocks,
     subfile_name,
 )
+from ...catalog.tree import paused_gc
 from ...derived import _parallel
 from ...errors import (
     ChecksumError,
@@ -977,7 +978,14 @@ class NativeEngine(BlockEngine):
 
     def _load_new(self, call: int = 0) -> int:
         """Collective: read records committed since the last call on rank 0, apply on all ranks
-        (*call*: the collective call it is, named in its first agreement).
+        (*call*: the collective call it is, named in its first agreement); the garbage
+        collector paused meanwhile (:func:`~lamina.catalog.tree.paused_gc`).
+        """
+        with paused_gc():
+            return self._load_records(call)
+
+    def _load_records(self, call: int) -> int:
+        """:meth:`_load_new`.
 
         All or nothing: if any record fails to decode or check on any rank,
         every rank restores its catalog and rank 0 keeps its reading position,
