@@ -1670,6 +1670,43 @@ def test_one_block_sections_decoded_together_name_a_bad_one(rng):
             _columns_equal(blocks.table(specs[did], specs), alone.table(specs[did]))
 
 
+def test_storage_of_one_block_sections_alone_as_their_tables_say(rng):
+    """StepBlocks.storage takes a one-block section's sizes from its columns without making
+    its table (where the step has too few for them to be decoded together): the same
+    blocks, bytes stored and bytes of values as the table gives, for every kind of section;
+    the same error as table() for a damaged one (its checksum, or a bad value under a good
+    checksum); and nothing kept (a later table() loads it)."""
+    from crc32c import crc32c
+
+    from lamina.catalog.blocks import StepBlocks, encode_area
+
+    specs, tables = _one_block_tables(rng)
+    secs, area = encode_area(tables)
+    for sec in secs:  # each section the only one of its step
+        did, spec = sec.dataset, specs[sec.dataset]
+        step = StepBlocks({did: sec}, [], lambda o, n: area[o : o + n], "step 3")
+        t = tables[did]
+        want = (len(t), t.stored_bytes(), t.value_bytes(spec.dtype.itemsize))
+        assert step.storage(specs, {did}) == {did: want}, spec
+        assert bool(step._tables) == (sec.nblocks > 1)  # a table made only for more blocks
+        assert len(step.table(spec)) == len(t) and step._tables
+    ones = [s for s in secs if s.nblocks == 1 and specs[s.dataset].dtype == np.dtype("f8")]
+    flipped, wrong = ones[2], ones[3]
+    raw = bytearray(area)
+    raw[flipped.offset + 20] ^= 0x10
+    codec_at = wrong.offset + wrong.length - 2 - (8 if specs[wrong.dataset].layout else 0)
+    raw[codec_at] = 250
+    fixed = wrong._replace(crc=crc32c(bytes(raw[wrong.offset : wrong.offset + wrong.length])))
+    for sec, why in ((flipped, "fail their checksum"), (fixed, r"block 0 .* unknown codec id")):
+        did = sec.dataset
+        step = StepBlocks({did: sec}, [], lambda o, n: memoryview(bytes(raw))[o : o + n], "s")
+        with pytest.raises(FormatError, match=f"dataset 'd{did}'.*{why}") as e:
+            step.storage(specs, {did})
+        with pytest.raises(FormatError) as e2:
+            step.table(specs[did])
+        assert str(e.value) == str(e2.value)
+
+
 @pytest.mark.parametrize("band", [False, True])
 def test_one_block_sections_judged_like_the_last_sound_group_get_the_same_verdict(
     rng, monkeypatch, band

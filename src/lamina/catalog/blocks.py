@@ -108,6 +108,8 @@ _FIELDS = (
     "has",
     "amax",
 )
+#: the columns of a section its checks do not judge (:func:`_section`)
+_SECTION_REST = ("smin", "smax", "ssum", "rank", "session", "agg", "crcs")
 
 
 @functools.lru_cache(maxsize=256)
@@ -828,50 +830,13 @@ class BlockTable:
         below 2**62, checksum segments that are multiples of 256 KiB and
         checksum counts that match them.
         """
-        mv = memoryview(buf).cast("B")
-        dt, nd = spec.dtype, spec.ndim
-        where = f"{what}: blocks of dataset {spec.path!r}"
-        if len(mv) < 16:
-            raise FormatError(
-                f"{where}: section of {len(mv)} bytes is shorter than its 16-byte head"
-            )
-        n, ncrcs = _HEAD.unpack_from(mv)
-        if amax is None:
-            amax = n > 0 and len(mv) == 16 + n * (row_bytes(nd, dt) + 8) + 4 * ncrcs
-            either = True
-        else:
-            either = False
-        row = row_bytes(nd, dt) + (8 if amax else 0)
-        if n > (len(mv) - 16) // row or ncrcs > (len(mv) - 16) // 4:
-            raise FormatError(
-                f"{where}: {n} blocks and {ncrcs} checksums cannot fit in a section of {len(mv)} bytes"
-            )
-        if 16 + n * row + 4 * ncrcs != len(mv):
-            also = f" (or {16 + n * (row + 8) + 4 * ncrcs} with magnitudes)" if either else ""
-            raise FormatError(
-                f"{where}: section of {len(mv)} bytes, {16 + n * row + 4 * ncrcs}{also} expected "
-                f"for {n} blocks and {ncrcs} checksums"
-            )
-        # every column a field of one record: one frombuffer (count=1: an empty table's
-        # record may have no bytes at all)
-        sec = np.frombuffer(mv, dtype=_section_dtype(n, nd, dt, ncrcs, amax), count=1, offset=16)[0]
-        start, stop, offset, length, seg, smin, smax, ssum, count = [sec[k] for k in _FIELDS[:9]]
-        rank, session, agg, ncrc, crcs, codec, has = [sec[k] for k in _FIELDS[9:16]]
-        mags = sec["amax"] if amax else None
-
-        cols = _Columns(start, stop, offset, length, seg, ncrc, ncrcs, codec, has, count, mags)
-        if n == 1:  # one block (a dataset written once a step): the same checks, on its values
-            _check_one(spec, where, cols)
-        elif n > JUDGED_MAX:
-            _check_columns(spec, where, cols)
-        else:
-            judged = _judged_bytes(mv, sec.dtype, spec, ncrcs)
-            if judged != _sound_last or (n and int(offset.max()) >= LIMIT):
-                _check_columns(spec, where, cols)
-                _remember_sound(judged)
+        sec, cols = _section(buf, spec, what, amax)
+        start, stop, offset, length, seg, ncrc, _, codec, has, count, mags = cols
+        smin, smax, ssum, rank, session, agg, crcs = [sec[k] for k in _SECTION_REST]
+        n = len(offset)
         off64, len64, seg64 = offset.view("<i8"), length.view("<i8"), seg.view("<i8")
         table = cls(
-            dt,
+            spec.dtype,
             start,
             stop,
             rank=rank,
@@ -991,6 +956,61 @@ class _Columns(NamedTuple):
     has: np.ndarray
     counts: np.ndarray  # uint64: the values each block counts
     mags: np.ndarray | None  # float64, the bands' magnitudes (multiresolution), else None
+
+
+def _section(buf, spec: DatasetSpec, what: str, amax: bool | None) -> tuple[np.void, _Columns]:
+    """A section's columns as one packed record (the fields :meth:`BlockTable.decode` makes
+    its table of) and those its checks judged (:class:`_Columns`), every check passed;
+    FormatError for anything else.  *amax* as :meth:`BlockTable.decode` takes it."""
+    mv = memoryview(buf).cast("B")
+    dt, nd = spec.dtype, spec.ndim
+    where = f"{what}: blocks of dataset {spec.path!r}"
+    if len(mv) < 16:
+        raise FormatError(f"{where}: section of {len(mv)} bytes is shorter than its 16-byte head")
+    n, ncrcs = _HEAD.unpack_from(mv)
+    if amax is None:
+        amax = n > 0 and len(mv) == 16 + n * (row_bytes(nd, dt) + 8) + 4 * ncrcs
+        either = True
+    else:
+        either = False
+    row = row_bytes(nd, dt) + (8 if amax else 0)
+    if n > (len(mv) - 16) // row or ncrcs > (len(mv) - 16) // 4:
+        raise FormatError(
+            f"{where}: {n} blocks and {ncrcs} checksums cannot fit in a section of {len(mv)} bytes"
+        )
+    if 16 + n * row + 4 * ncrcs != len(mv):
+        also = f" (or {16 + n * (row + 8) + 4 * ncrcs} with magnitudes)" if either else ""
+        raise FormatError(
+            f"{where}: section of {len(mv)} bytes, {16 + n * row + 4 * ncrcs}{also} expected "
+            f"for {n} blocks and {ncrcs} checksums"
+        )
+    # every column a field of one record: one frombuffer (count=1: an empty table's
+    # record may have no bytes at all)
+    sec = np.frombuffer(mv, dtype=_section_dtype(n, nd, dt, ncrcs, amax), count=1, offset=16)[0]
+    offset = sec["offset"]
+    cols = _Columns(
+        sec["start"],
+        sec["stop"],
+        offset,
+        sec["length"],
+        sec["seg"],
+        sec["ncrc"],
+        ncrcs,
+        sec["codec"],
+        sec["has"],
+        sec["count"],
+        sec["amax"] if amax else None,
+    )
+    if n == 1:  # one block (a dataset written once a step): the same checks, on its values
+        _check_one(spec, where, cols)
+    elif n > JUDGED_MAX:
+        _check_columns(spec, where, cols)
+    else:
+        judged = _judged_bytes(mv, sec.dtype, spec, ncrcs)
+        if judged != _sound_last or (n and int(offset.max()) >= LIMIT):
+            _check_columns(spec, where, cols)
+            _remember_sound(judged)
+    return sec, cols
 
 
 def _check_columns(spec: DatasetSpec, where: str, cols: _Columns) -> None:
@@ -1804,6 +1824,16 @@ class StepBlocks:
         if got is not None:
             t = self._tables[spec.id] = got[0].table(got[1], spec.dtype)
             return t
+        # format 4: a multiresolution dataset's section has the amax column or, written by
+        # the first writers of format 4, not: its size tells (BlockTable.decode)
+        t = BlockTable.decode(self._section_bytes(spec, sec), spec, self.what, self._amax(spec))
+        self._check_count(spec, sec, len(t))
+        self._tables[spec.id] = t
+        return t
+
+    def _section_bytes(self, spec: DatasetSpec, sec: Section):
+        """The bytes of *spec*'s section *sec* (loaded, checked against the section's CRC-32C,
+        decompressed), as :meth:`BlockTable.decode` takes them."""
         if self._load is None:
             raise FormatError(f"{self.what}: the blocks of dataset {spec.path!r} are not available")
         raw = self._load(sec.offset, sec.length)
@@ -1819,17 +1849,27 @@ class StepBlocks:
             raw = unsqueeze(
                 raw, sec.raw, f"{self.what}: dataset {spec.path!r}", self._head_check(sec, spec)
             )
-        # format 4: a multiresolution dataset's section has the amax column or, written by
-        # the first writers of format 4, not: its size tells (BlockTable.decode)
-        t = BlockTable.decode(
-            raw, spec, self.what, None if self.version >= 4 and spec.layout is not None else False
-        )
-        if len(t) != sec.nblocks:
+        return raw
+
+    def _amax(self, spec: DatasetSpec) -> bool | None:
+        """Whether *spec*'s sections end with the amax column (None: their size tells)."""
+        return None if self.version >= 4 and spec.layout is not None else False
+
+    def _check_count(self, spec: DatasetSpec, sec: Section, n: int) -> None:
+        """FormatError unless *n*, the blocks *spec*'s section holds, is what the directory says."""
+        if n != sec.nblocks:
             raise FormatError(
-                f"{self.what}: dataset {spec.path!r} has {len(t)} blocks, its record says {sec.nblocks}"
+                f"{self.what}: dataset {spec.path!r} has {n} blocks, its record says {sec.nblocks}"
             )
-        self._tables[spec.id] = t
-        return t
+
+    def _one_storage(self, spec: DatasetSpec, sec: Section) -> tuple[int, int, int]:
+        """:meth:`storage` of a section of one block: its section loaded and checked as
+        :meth:`table` does, its sizes taken from the columns with no table made or kept
+        (``lamina ls`` of a file of 100,000 steps of two such datasets: about 3x faster)."""
+        _, cols = _section(self._section_bytes(spec, sec), spec, self.what, self._amax(spec))
+        self._check_count(spec, sec, len(cols.offset))
+        size = math.prod((cols.stop[0] - cols.start[0]).tolist())
+        return 1, int(cols.length[0]), size * spec.dtype.itemsize
 
     def _head_check(self, sec: Section, spec: DatasetSpec) -> Callable[[bytes], None]:
         """What a compressed section's head must say: its directory entry's block count, and
@@ -1961,6 +2001,10 @@ class StepBlocks:
                 _, dids, rows = together.setdefault(id(cols), (cols, [], []))
                 dids.append(d)
                 rows.append(k)
+                continue
+            sec = secs[d]
+            if sec.nblocks == 1 and d not in self._tables:
+                out[d] = self._one_storage(specs[d], sec)
                 continue
             t = self.table(specs[d])
             out[d] = (len(t), t.stored_bytes(), t.value_bytes(specs[d].dtype.itemsize))
