@@ -1707,6 +1707,40 @@ def test_storage_of_one_block_sections_alone_as_their_tables_say(rng):
         assert str(e.value) == str(e2.value)
 
 
+def test_storage_of_a_damaged_one_block_section_as_its_table_says(rng):
+    """Bytes of one-block sections changed under a checksum made again (what no CRC finds):
+    StepBlocks.storage, which unpacks such a section's values itself, gives the sizes the
+    table would, or raises the error decoding the table raises, whatever byte changed."""
+    from crc32c import crc32c
+
+    from lamina.catalog.blocks import StepBlocks, encode_area
+
+    specs, tables = _one_block_tables(rng, n_each=2)
+    secs, area = encode_area(tables)
+    said = set()
+    for sec in secs:
+        if sec.nblocks != 1:
+            continue
+        spec = specs[sec.dataset]
+        for at in rng.choice(sec.length, min(sec.length, 24), replace=False).tolist():
+            raw = bytearray(area[sec.offset : sec.offset + sec.length])
+            raw[at] ^= 1 << int(rng.integers(8))
+            got = sec._replace(offset=0, crc=crc32c(bytes(raw)))
+
+            def outcome(fn, raw=bytes(raw), got=got):
+                try:
+                    return fn(StepBlocks({got.dataset: got}, [], lambda o, n: raw[o : o + n], "s"))
+                except FormatError as e:
+                    return str(e)
+
+            t = outcome(lambda b, spec=spec: b.table(spec))
+            if not isinstance(t, str):
+                t = (1, t.stored_bytes(), t.value_bytes(spec.dtype.itemsize))
+            assert outcome(lambda b, spec=spec: b.storage(specs, {spec.id})[spec.id]) == t
+            said.add(isinstance(t, str))
+    assert said == {True, False}  # both outcomes met
+
+
 @pytest.mark.parametrize("band", [False, True])
 def test_one_block_sections_judged_like_the_last_sound_group_get_the_same_verdict(
     rng, monkeypatch, band
