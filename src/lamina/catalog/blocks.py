@@ -1931,7 +1931,8 @@ class StepBlocks:
     def _one_storage(self, spec: DatasetSpec, sec: Section) -> tuple[int, int, int]:
         """:meth:`storage` of a section of one block: its section loaded and checked as
         :meth:`table` does, its sizes taken from the columns with no table made or kept
-        (``lamina ls`` of a file of 100,000 steps of two such datasets: about 3x faster)."""
+        (``lamina ls`` of a file of 100,000 steps of two such datasets: 17.2 s with a
+        table each, 7.3 s now)."""
         raw, amax = self._section_bytes(spec, sec), self._amax(spec)
         got = _one_sizes(raw, spec, self.what, amax)
         if got is not None:
@@ -2044,7 +2045,8 @@ class StepBlocks:
 
         Block counts are the section directory's; the bytes are summed from the columns
         of the one-block sections decoded together (one load and one set of checks for
-        the step, :meth:`_decode_ones`, kept nowhere), the other sections' tables decoded
+        the step, :meth:`_decode_ones`, kept nowhere), or of a one-block section alone
+        (:meth:`_one_storage`, kept nowhere either), the other sections' tables decoded
         one by one (and kept, as :meth:`table` keeps them).  A section that fails its
         checks raises the error :meth:`table` raises for it."""
         secs = self.sections
