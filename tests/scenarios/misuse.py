@@ -1,6 +1,8 @@
 """One rank's mistake or failure, on 2-4 ranks: the others hear of it, the file goes on or is let go, nobody hangs.
 
-Usage: misuse.py CASE PATH [AGGREGATORS]
+Usage: misuse.py CASE[,CASE...] PATH [AGGREGATORS]
+  (several cases run one after another in one launch, each on a file of its own next to PATH:
+  each also shows that the cases before it left MPI and lamina fit for the next program call)
   attrs-subset    attributes set by rank 0 only (as ADIOS2 programs do): committed, seen by every rank
   attrs-conflict  two ranks set one attribute differently: every rank raises, naming both; the file goes on
   fsize N         the aggregators' disk fills during put (RLIMIT_FSIZE): end_step raises on every
@@ -687,39 +689,47 @@ def read_apart(io: str) -> None:
         writer.close()
 
 
+CASES = {
+    "attrs-subset": attrs_subset,
+    "attrs-conflict": attrs_conflict,
+    "left-writer": left_writer,
+    "left-reader": left_reader,
+    "step-apart": step_apart,
+    "step-apart-async": step_apart_async,
+    "step-apart-multires": step_apart_multires,
+    "io-apart": io_apart,
+    "step-apart-close": lambda: step_apart_close("sync"),
+    "step-apart-close-async": lambda: step_apart_close("async"),
+    "refused-read": refused_read,
+    "groups-apart": groups_apart,
+    **{
+        f"{name}-{io}": functools.partial(fn, io)
+        for name, fn in (
+            ("close-in-step", close_in_step),
+            ("cut-write", cut_write),
+            ("data-then-step", data_then_step),
+            ("derive-apart", derive_apart),
+            ("refused-define", refused_define),
+            ("define-apart", define_apart),
+            ("flush-apart", flush_apart),
+            ("read-apart", read_apart),
+            ("calls-apart", calls_apart),
+            ("close-after-left", close_after_left),
+        )
+        for io in ("sync", "async", "auto")
+    },
+}
+
 if case in ("fsize", "eacces"):
     {"fsize": fsize, "eacces": eacces}[case](int(sys.argv[3]))
+    comm.Barrier()
+    if rank == 0:
+        print("OK", case)
 else:
-    {
-        "attrs-subset": attrs_subset,
-        "attrs-conflict": attrs_conflict,
-        "left-writer": left_writer,
-        "left-reader": left_reader,
-        "step-apart": step_apart,
-        "step-apart-async": step_apart_async,
-        "step-apart-multires": step_apart_multires,
-        "io-apart": io_apart,
-        "step-apart-close": lambda: step_apart_close("sync"),
-        "step-apart-close-async": lambda: step_apart_close("async"),
-        "refused-read": refused_read,
-        "groups-apart": groups_apart,
-        **{
-            f"{name}-{io}": functools.partial(fn, io)
-            for name, fn in (
-                ("close-in-step", close_in_step),
-                ("cut-write", cut_write),
-                ("data-then-step", data_then_step),
-                ("derive-apart", derive_apart),
-                ("refused-define", refused_define),
-                ("define-apart", define_apart),
-                ("flush-apart", flush_apart),
-                ("read-apart", read_apart),
-                ("calls-apart", calls_apart),
-                ("close-after-left", close_after_left),
-            )
-            for io in ("sync", "async", "auto")
-        },
-    }[case]()
-comm.Barrier()
-if rank == 0:
-    print("OK", case)
+    base = path
+    for k, one in enumerate(case.split(",")):
+        path = f"{base}.{k}" if k else base
+        CASES[one]()
+        comm.Barrier()
+        if rank == 0:
+            print("OK", one, flush=True)
