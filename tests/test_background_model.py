@@ -575,6 +575,146 @@ def test_decisions_record_round_trip_and_bad_bytes(monkeypatch):
             am.read_decisions({am.DECISIONS_KEY: raw})
 
 
+def test_decisions_handed_down_while_a_writer_runs_read_back_alone():
+    """Records a writer hands down with its steps (``"run"``: its first step) are read up to
+    the first missing one or one of another run (left by an earlier writer of the file); the
+    head of a run under way holds no row and says the decisions are not all; a closed run's
+    head says how many records hold its decisions."""
+    rows = [am.decision_row({"step": k, "mode": "sync"}) for k in range(12)]
+    mine = am.encode_decision_parts(rows[8:12], run=8)
+    assert len(mine) == 1 and am.encode_decision_parts([], run=8) == []
+    stale = am.encode_decision_parts(rows[:8], run=0)  # an earlier writer's, closed
+    ext = {
+        am.DECISIONS_KEY: am.decisions_head(8),
+        am.decisions_key(1): mine[0],
+        am.decisions_key(2): stale[0],  # left over: not this run's
+    }
+    got, complete = am.read_decisions(ext)
+    assert [d["step"] for d in got] == [8, 9, 10, 11] and not complete
+    assert am.decisions_unfinished(ext)
+    del ext[am.decisions_key(1)]  # the first record missing: none read
+    assert am.read_decisions(ext) == ([], False)
+    # closed: the head counts the records, its own included
+    closed = {am.DECISIONS_KEY: am.decisions_head(8, 3), am.decisions_key(1): mine[0]}
+    closed[am.decisions_key(2)] = am.encode_decision_parts([am.decision_row({"step": 12})], 8)[0]
+    got, complete = am.read_decisions(closed)
+    assert [d["step"] for d in got] == [8, 9, 10, 11, 12] and complete
+    assert not am.decisions_unfinished(closed) and not am.decisions_unfinished({})
+    assert not am.decisions_unfinished({am.DECISIONS_KEY: b"nonsense"})
+    # the old single record (no "parts", no "run") is still an earlier version's last ones
+    old = {am.DECISIONS_KEY: b'{"fields": ["step"], "decisions": [[3]]}'}
+    assert am.read_decisions(old) == ([{"step": 3}], True) and not am.decisions_unfinished(old)
+
+
+_AUTO_WRITER = """
+import os, signal, sys
+import numpy as np
+import lamina
+path, mode, first, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+a = np.arange(1 << 14, dtype=np.float64)
+f = lamina.open(path, mode, io="auto", durable=False)
+if mode == "w":
+    f.create_dataset("x", a.shape, a.dtype)
+for k in range(first, first + n):
+    with f.step():
+        f["x"][...] = a + k
+if sys.argv[5] == "kill":
+    f.wait()  # every step committed
+    os.kill(os.getpid(), signal.SIGKILL)
+f.close()
+"""
+
+
+def test_a_killed_auto_writer_leaves_the_decisions_of_its_steps(tmp_path, history_path, capsys):
+    """io='auto' hands each decision down with a step once it is measured, so that a writer
+    killed before its close leaves the decisions of the steps it committed (they were
+    written at close only: none survived).  ``lamina ls`` and ``lamina info`` say that the
+    last ones are missing.  A writer that appends to the file afterwards and closes has
+    its own decisions read back, none of the killed writer's mixed in."""
+    import subprocess
+
+    path = str(tmp_path / "killed.lam")
+    env = {**os.environ, "LAMINA_HISTORY": str(history_path)}
+    n = 12
+    proc = subprocess.run(
+        [sys.executable, "-c", _AUTO_WRITER, path, "w", "0", str(n), "kill"], env=env, timeout=120
+    )
+    assert proc.returncode == -9, proc
+    with lamina.open(path) as f:
+        assert f.steps == n
+        ext = dict(f.engine.catalog.ext)
+    got, complete = am.read_decisions(ext)
+    assert not complete and am.decisions_unfinished(ext)
+    steps = [d["step"] for d in got]
+    assert steps == list(range(len(steps))) and len(steps) >= n - 4, steps
+    assert all(d["mode"] in ("sync", "async") and d["t_io_measured"] > 0 for d in got)
+    assert cli_main(["ls", path]) == 0
+    said = capsys.readouterr().out
+    assert f"io='auto' wrote at least {len(steps)} steps (its writer did not close" in said, said
+    assert cli_main(["info", path, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["io_decisions_unfinished"] is True and doc["io_decisions_all"] is False
+    assert [d["step"] for d in doc["io_decisions"]] == steps
+    # the next writer appends and closes: its decisions alone, every one
+    proc = subprocess.run(
+        [sys.executable, "-c", _AUTO_WRITER, path, "a", str(n), "5", "close"], env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc
+    with lamina.open(path) as f:
+        assert f.steps == n + 5
+        got, complete = am.read_decisions(f.engine.catalog.ext)
+        assert complete and not am.decisions_unfinished(f.engine.catalog.ext)
+    assert [d["step"] for d in got] == list(range(n, n + 5))
+
+
+def test_decisions_of_a_step_that_failed_early_reach_the_file_at_close(
+    tmp_path, history_path, monkeypatch
+):
+    """A step that holds records of decisions and fails before it hands them to the engine
+    (its begin_step, in the background) leaves them out of the file: the close writes them
+    again, so that the file still holds every decision (a record missing made the whole
+    list unreadable)."""
+    monkeypatch.setattr(am.AsyncModel, "predict", _forced(["async"] * 40))
+    path = str(tmp_path / "failed.lam")
+    f = lamina.open(path, "w", io="auto")
+    eng = f.engine.stack()[-1]
+    begin, gate, failed = eng.begin_step, threading.Event(), []
+    gate.set()
+
+    def begin_step():
+        assert gate.wait(30)
+        if len(eng.catalog.steps) == 3 and not failed:
+            failed.append(3)
+            raise OSError("injected failure in step 3")
+        return begin()
+
+    eng.begin_step = begin_step
+    ds = f.create_dataset("x", (64,), "f8")
+    for k in range(3):
+        with f.step():
+            ds[...] = float(k)
+    f.wait()
+    gate.clear()  # steps 3-5 queue: 3 fails before its writes, 4 and 5 are cancelled
+    for k in range(3, 6):
+        with f.step():
+            ds[...] = float(k)
+    held = {s.index: [k for k, _ in s.exts] for s in f.engine._queue}
+    assert held[3] == [am.decisions_key(2)], held  # (the rows of steps 0 and 1; 2 is open)
+    gate.set()
+    with pytest.raises(OSError, match="injected failure in step 3"):
+        f.wait()
+    assert am.decisions_key(2) not in eng.catalog.ext  # never handed to the engine
+    for k in range(3, 6):
+        with f.step():
+            ds[...] = float(k)
+    decided = [d["step"] for d in f.io_stats["decisions"]]
+    f.close()
+    with lamina.open(path) as r:
+        assert r.steps == 6
+        got, complete = am.read_decisions(r.engine.catalog.ext)
+    assert complete and [d["step"] for d in got] == decided
+
+
 def test_copies_into_new_buffers_count_once_the_pool_has_served(tmp_path, history_path):
     """Blocks whose size changes every step never find a reused buffer: after the first
     step is written their copies into new memory are this run's copies, and are sampled;

@@ -110,6 +110,7 @@ import numpy as np
 
 import lamina
 from lamina import comm as comm_mod
+from lamina.perf.asyncmodel import DECISIONS_KEY, read_decisions
 
 ROWS = 4  # rows of x per rank
 COLS = 6
@@ -312,6 +313,12 @@ def auto(path: str, steps: int) -> None:
                 f["x"][ROWS * comm.rank : ROWS * (comm.rank + 1)] = block(k, comm.rank)
             if comm.rank:
                 time.sleep(0.02)  # a compute phase on every rank but 0
+            if k == steps - 2:  # rank 0's decisions went into the file with the steps, alike
+                f.wait()
+                ext = f.engine.catalog.ext
+                parts = sorted((key, v) for key, v in ext.items() if key.startswith(DECISIONS_KEY))
+                if not parts or any(p != parts for p in comm.allgather(parts)):
+                    raise AssertionError(f"rank {comm.rank}: decision records {parts}")
         modes = [d["mode"] for d in f.io_stats["decisions"]]
     everyone = comm.allgather(modes)
     if any(m != everyone[0] for m in everyone) or len(modes) != steps:
@@ -319,6 +326,8 @@ def auto(path: str, steps: int) -> None:
     with lamina.open(path, "r") as f:
         for k in range(steps):
             np.testing.assert_array_equal(f.at(k)["x"][...], whole(k, comm.size))
+        got, complete = read_decisions(f.engine.catalog.ext)
+        assert complete and [d["mode"] for d in got] == modes, (got, modes)
     if comm.rank == 0:
         print(f"OK {modes}", flush=True)
 

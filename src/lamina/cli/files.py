@@ -32,23 +32,28 @@ from .common import find_dataset, open_file
 # ls
 
 
-def _io_decisions(f) -> tuple[list[dict] | None, bool]:
+def _io_decisions(f) -> tuple[list[dict] | None, bool, bool]:
     """The decisions of the last writer under io='auto' (docs/background.md), None if the file
-    has none, and whether they are all of its run (a file of an earlier version kept the
-    last 64)."""
+    has none; whether they are all of its run (a file of an earlier version kept the last
+    64); and whether that writer stopped without closing the file (it holds the decisions
+    of the steps it committed)."""
     from lamina.errors import FormatError
-    from lamina.perf.asyncmodel import read_decisions
+    from lamina.perf.asyncmodel import decisions_unfinished, read_decisions
 
+    ext = f.engine.catalog.ext
     try:
-        got = read_decisions(f.engine.catalog.ext)
+        got = read_decisions(ext)
     except FormatError:
         got = None
-    return got if got is not None else (None, True)
+    if got is None:
+        return None, True, False
+    return got[0], got[1], decisions_unfinished(ext)
 
 
-def _decisions_line(decisions: list[dict], complete: bool = True) -> str:
+def _decisions_line(decisions: list[dict], complete: bool = True, unfinished: bool = False) -> str:
     """One line: how io='auto' wrote the steps, and how far its I/O predictions were off;
-    *complete*: *decisions* are every one of the run (else its last ones)."""
+    *complete*: *decisions* are every one of the run (else its last ones, or with
+    *unfinished* those of the steps a writer that did not close the file committed)."""
     n_async = sum(1 for d in decisions if d.get("mode") == "async")
     errs = [
         abs(d["t_io"] - d["t_io_measured"]) / d["t_io_measured"]
@@ -62,7 +67,12 @@ def _decisions_line(decisions: list[dict], complete: bool = True) -> str:
     tried = f", {probes} of them the other way to measure it again" if probes else ""
     n = len(decisions)
     head = f"io='auto' wrote {plural(n, 'step')}"
-    if not complete:  # a writer of an earlier version kept its last decisions only
+    if unfinished:  # a writer killed (or whose close failed): its committed steps' decisions
+        head = (
+            f"io='auto' wrote at least {plural(n, 'step')} (its writer did not close the file: "
+            "the decisions of its last steps are not in it)"
+        )
+    elif not complete:  # a writer of an earlier version kept its last decisions only
         steps = [d.get("step") for d in decisions]
         span = f", steps {steps[0]}-{steps[-1]}" if all(isinstance(k, int) for k in steps) else ""
         head = f"io='auto' wrote at least {n} steps; of the last {n}{span}"
@@ -123,7 +133,7 @@ def cmd_ls(args) -> int:
             nodes += list(top.walk())
         infos = _nodes_info(f, nodes)
         head = _file_head(f, infos)
-        decisions, complete = _io_decisions(f)
+        decisions, complete, unfinished = _io_decisions(f)
         if decisions is not None:
             head["io_decisions"] = decisions
     if args.json:
@@ -131,7 +141,7 @@ def cmd_ls(args) -> int:
         return 0
     print(_head_line(head))
     if decisions:
-        print(_decisions_line(decisions, complete))
+        print(_decisions_line(decisions, complete, unfinished))
     base = nodes[0][0].rstrip("/").count("/") if nodes[0][0] != "/" else 0
     for info in infos:
         depth = 0 if info["path"] == "/" else info["path"].count("/") - base
@@ -306,17 +316,24 @@ def _info_file(args) -> int:
     with open_file(args.file) as f:
         head = _file_head(f, _nodes_info(f, [("/", f), *f.walk()]))
         step = f.engine.check_step(args.step) if args.step is not None else None
-        decisions, complete = _io_decisions(f)
+        decisions, complete, unfinished = _io_decisions(f)
     if decisions is not None and step is not None:
         decisions = [d for d in decisions if d.get("step") == step]
     if args.json:
-        print_json({**head, "io_decisions": decisions, "io_decisions_all": complete})
+        print_json(
+            {
+                **head,
+                "io_decisions": decisions,
+                "io_decisions_all": complete,
+                "io_decisions_unfinished": unfinished,
+            }
+        )
         return 0
     print(_head_line(head))
     if decisions is None:
         print("no io='auto' decisions (the file was not written with io='auto')")
     elif step is None:
-        print(_decisions_line(decisions, complete))
+        print(_decisions_line(decisions, complete, unfinished))
     if decisions:
         print(textwrap.indent(_decisions_table(decisions), "  "))
         print(

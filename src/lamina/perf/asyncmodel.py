@@ -210,12 +210,9 @@ def decision_row(d: dict[str, Any]) -> str:
     return json.dumps([_value(d.get(k)) for k in DECISION_FIELDS])
 
 
-def encode_decision_rows(rows: Sequence[str]) -> list[bytes]:
-    """The records that hold the decisions *rows* (:func:`decision_row`), in order, each of
-    about :data:`DECISIONS_PART_BYTES` at most (one row at least): the JSON ``{"fields": [...],
-    "decisions": [rows]}``, the first with ``"parts"``, the number of records (at least one,
-    none of them empty unless there are no rows)."""
-    head = json.dumps(list(DECISION_FIELDS))
+def _groups(rows: Sequence[str]) -> list[list[str]]:
+    """*rows* in groups of about :data:`DECISIONS_PART_BYTES` at most (one row at least; one
+    group, empty, for no rows)."""
     groups: list[list[str]] = [[]]
     size = 0
     for r in rows:
@@ -224,11 +221,38 @@ def encode_decision_rows(rows: Sequence[str]) -> list[bytes]:
             size = 0
         groups[-1].append(r)
         size += len(r) + 1
-    out = []
-    for i, g in enumerate(groups):
-        parts = f', "parts": {len(groups)}' if i == 0 else ""
-        out.append(f'{{"fields": {head}, "decisions": [{", ".join(g)}]{parts}}}'.encode())
-    return out
+    return groups
+
+
+_FIELDS_JSON = json.dumps(list(DECISION_FIELDS))
+
+
+def _record(rows: Sequence[str], tail: str = "") -> bytes:
+    return f'{{"fields": {_FIELDS_JSON}, "decisions": [{", ".join(rows)}]{tail}}}'.encode()
+
+
+def encode_decision_rows(rows: Sequence[str]) -> list[bytes]:
+    """The records that hold the decisions *rows* (:func:`decision_row`), in order, each of
+    about :data:`DECISIONS_PART_BYTES` at most (one row at least): the JSON ``{"fields": [...],
+    "decisions": [rows]}``, the first with ``"parts"``, the number of records (at least one,
+    none of them empty unless there are no rows)."""
+    groups = _groups(rows)
+    return [_record(g, f', "parts": {len(groups)}' if i == 0 else "") for i, g in enumerate(groups)]
+
+
+def encode_decision_parts(rows: Sequence[str], run: int) -> list[bytes]:
+    """Records ``lamina.io.decisions.<k>`` of the decisions *rows* that a writer hands down with
+    a step, while it runs: as :func:`encode_decision_rows` makes its records after the first,
+    each with ``"run"``, the first step the writer wrote (what tells its records from those
+    an earlier writer of the file left, :func:`read_decisions`)."""
+    return [_record(g, f', "run": {int(run)}') for g in _groups(rows) if g]
+
+
+def decisions_head(run: int, parts: int | None = None) -> bytes:
+    """Record ``lamina.io.decisions`` of a writer that hands its decisions down with its steps
+    (:func:`encode_decision_parts`), which holds none itself: while it runs (*parts* None), the
+    first step it wrote; at its close, the number of records, this one included."""
+    return _record([], f', "parts": {int(parts)}' if parts is not None else f', "run": {int(run)}')
 
 
 def encode_decisions(decisions: Sequence[dict[str, Any]]) -> list[bytes]:
@@ -261,15 +285,29 @@ def decode_decisions(raw: bytes) -> list[dict[str, Any]]:
 
 def read_decisions(ext: Mapping[str, bytes]) -> tuple[list[dict[str, Any]], bool] | None:
     """The decisions a file's extension records *ext* hold, in order, and whether they are
-    every decision of the run (a file of an earlier version holds the run's last
-    :data:`DECISIONS_KEPT`: where it holds that many, the run may have had more); None
-    without any.  FormatError for a record that is not one, or a part missing."""
+    every decision of the run; None without any.  Not every one: a file of an earlier
+    version holds the run's last :data:`DECISIONS_KEPT` (where it holds that many, the run
+    may have had more), and a writer that stopped without closing the file (killed) handed
+    down those of the steps it committed (:func:`decisions_unfinished`).  FormatError for a
+    record that is not one, or a part missing."""
     raw = ext.get(DECISIONS_KEY)
     if raw is None:
         return None
     doc, out = _decode(raw)
-    if "parts" not in doc:  # one record of the last decisions (files of earlier versions)
-        return out, len(out) < DECISIONS_KEPT
+    if "parts" not in doc:
+        run = doc.get("run")
+        if run is None:  # one record of the last decisions (files of earlier versions)
+            return out, len(out) < DECISIONS_KEPT
+        # a writer that did not close: its records, up to the first missing or one another
+        # writer of the file left (their rows are of steps before this writer's)
+        k = 1
+        while (part := ext.get(decisions_key(k))) is not None:
+            more, rows = _decode(part)
+            if more.get("run") != run:
+                break
+            out += rows
+            k += 1
+        return out, False
     n = doc["parts"]
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:  # a part missing stops the loop
         raise FormatError(f"io decisions: {n!r} records is not a number of records")
@@ -279,6 +317,20 @@ def read_decisions(ext: Mapping[str, bytes]) -> tuple[list[dict[str, Any]], bool
             raise FormatError(f"io decisions: record {i} of {n} is missing")
         out += decode_decisions(part)
     return out, True
+
+
+def decisions_unfinished(ext: Mapping[str, bytes]) -> bool:
+    """Whether the decisions in *ext* are those a writer handed down with its steps and did not
+    close the file after (killed, or its close failed): the decisions of its last steps are
+    not in it.  False where there are none, or for a record that is not one."""
+    raw = ext.get(DECISIONS_KEY)
+    if raw is None:
+        return False
+    try:
+        doc, _ = _decode(raw)
+    except FormatError:
+        return False
+    return "parts" not in doc and doc.get("run") is not None
 
 
 def async_epoch(t_comp: float, t_io: float, t_copy: float) -> float:
@@ -460,8 +512,11 @@ __all__ = [
     "IO_SERIES",
     "SYNC_IO_SERIES",
     "decision_row",
+    "decisions_head",
     "decisions_key",
+    "decisions_unfinished",
     "decode_decisions",
+    "encode_decision_parts",
     "encode_decision_rows",
     "encode_decisions",
     "read_decisions",

@@ -89,6 +89,7 @@ from ...geometry import Box
 from ...perf.asyncmodel import (
     COPY_SERIES,
     DECISIONS_KEPT,
+    DECISIONS_KEY,
     IO_SERIES,
     LENT_SERIES,
     SUBMIT_SERIES,
@@ -98,8 +99,9 @@ from ...perf.asyncmodel import (
     Prediction,
     async_epoch,
     decision_row,
+    decisions_head,
     decisions_key,
-    encode_decision_rows,
+    encode_decision_parts,
     load_history,
     save_history_soon,
 )
@@ -290,6 +292,12 @@ class BackgroundLayer(Layer):
         # (the last, and those of steps in flight) wait as they are, oldest first (under _cond)
         self._decision_rows: list[str] = []
         self._decisions_open: collections.deque[dict[str, Any]] = collections.deque()
+        # the rows handed down with the steps so far (_hand_decisions; rank 0), the records
+        # that hold them (key, bytes: rank 0's, kept until close, which makes sure each is in
+        # the file), and how many records every rank handed down
+        self._rows_handed = 0
+        self._handed: list[tuple[str, bytes]] = []
+        self._parts_handed = 0
         self._decision_started = 0.0
         # io='auto': the last decision was sync, so the next explicit step is written directly
         # (no copy at put, no thread); _direct: such a step is open (bytes put, seconds in I/O)
@@ -661,21 +669,65 @@ class BackgroundLayer(Layer):
         return self._fcomm
 
     def _record_decisions(self) -> None:
-        """Collective, at close under io='auto': rank 0's decisions, every one, go into the
-        file (``lamina info``, ``lamina ls``), in records of a bounded size
-        (:func:`encode_decision_rows`; the extension records :func:`decisions_key`)."""
-        if not self.auto or not self.stats.decisions:
+        """Collective, at close under io='auto': rank 0's decisions, every one, are in the file
+        (``lamina info``, ``lamina ls``), in records of a bounded size: those handed down with
+        the steps (:meth:`_hand_decisions`), again where a step that held one was cancelled
+        (a background failure: the record never reached the engine), then the rows of the
+        last steps, and the record :func:`decisions_head` saying how many there are."""
+        if not self.auto or not (self.stats.decisions or self._parts_handed):
             return
-        comm, parts = self.inner.comm, []
+        comm, sends = self.inner.comm, []
         if self._rank == 0:
             with self._cond:
-                rows = self._decision_rows + [decision_row(d) for d in self._decisions_open]
-            parts = encode_decision_rows(rows)
-        count = len(parts).to_bytes(8, "little") if self._rank == 0 else None
-        n = int.from_bytes(comm_mod.bcast_bytes(comm, count, root=0), "little")
+                rest = self._decision_rows[self._rows_handed :]
+                rest += [decision_row(d) for d in self._decisions_open]
+            ext = self.inner.catalog.ext  # (what the engine took, committed by this close)
+            sends = [(k, raw) for k, raw in self._handed if ext.get(k) != raw]
+            parts = encode_decision_parts(rest, self._opened_at)
+            n = self._parts_handed + len(parts)
+            sends += [(decisions_key(n - len(parts) + 1 + i), p) for i, p in enumerate(parts)]
+            sends.append((DECISIONS_KEY, decisions_head(self._opened_at, n + 1)))
+        count = len(sends).to_bytes(8, "little") if self._rank == 0 else None
+        for i in range(int.from_bytes(comm_mod.bcast_bytes(comm, count, root=0), "little")):
+            key = sends[i][0].encode() if self._rank == 0 else None
+            raw = sends[i][1] if self._rank == 0 else None
+            self.inner.set_ext(
+                comm_mod.bcast_bytes(comm, key, root=0).decode(),
+                comm_mod.bcast_bytes(comm, raw, root=0),
+            )
+
+    def _hand_decisions(self, step: Step | None) -> None:
+        """Collective, at each decision under io='auto': rank 0's rows measured for good since
+        the last decision go into extension records (:func:`encode_decision_parts`) that
+        every rank hands down with *step* (or now, between steps, after a step written
+        directly): committed with it, so that a run killed before its close leaves the
+        decisions of the steps it committed.  The first such record also marks the file's
+        record :data:`DECISIONS_KEY` as one of a run under way.  One nonblocking agreement
+        (the count) where no row is new, as at most decisions; then a broadcast."""
+        parts: list[bytes] = []
+        if self._rank == 0:
+            with self._cond:
+                new = self._decision_rows[self._rows_handed :]
+                self._rows_handed = len(self._decision_rows)
+            parts = encode_decision_parts(new, self._opened_at)
+        n = comm_mod.agree(self._own(), None, len(parts))
+        exts = []
         for i in range(n):
-            mine = parts[i] if self._rank == 0 else None
-            self.inner.set_ext(decisions_key(i), comm_mod.bcast_bytes(comm, mine, root=0))
+            raw = comm_mod.bcast_bytes(self._own(), parts[i] if self._rank == 0 else None, root=0)
+            self._parts_handed += 1
+            exts.append((decisions_key(self._parts_handed), raw))
+            if self._parts_handed == 1:
+                exts.append((DECISIONS_KEY, decisions_head(self._opened_at)))
+        if self._rank == 0:
+            self._handed += exts
+        if not exts:
+            return
+        if step is not None:
+            step.exts += exts
+        else:
+            with self.lock:
+                for key, raw in exts:
+                    self.inner.set_ext(key, raw)
 
     def _save_history(self) -> None:
         """Rank 0: keep what this run measured for the next runs on this host (model.py)."""
@@ -1765,6 +1817,7 @@ class BackgroundLayer(Layer):
             if self._rank == 0:
                 self._decisions_open.append(d)
                 self._encode_decisions()
+        self._hand_decisions(step)
         return bool(agreed)
 
     def _encode_decisions(self) -> None:
@@ -2041,6 +2094,9 @@ class BackgroundLayer(Layer):
         for op in step.attrs:  # (committed with the step's writes, whatever their order)
             step.doing = f"changing attribute {op[2]!r} of {'/' + op[1]!r}"
             self._attr_call(op)
+        for key, raw in step.exts:  # io='auto': decisions of the steps before (every rank)
+            step.doing = f"recording {key!r}"
+            self.inner.set_ext(key, raw)
         for op in step.ops:
             if op[0] == "put_many":
                 step.doing = f"writing {len(op[2])} blocks of dataset {op[1]!r}"

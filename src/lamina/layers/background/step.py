@@ -54,6 +54,9 @@ class Step:
     budget_wait: float = 0.0  # seconds its puts waited for the budget (not the calls' own work)
     idle: bool = True  # no step was being written when it was opened (its calls met no thread)
     decision: dict[str, Any] | None = None  # io='auto': the prediction made for it, and the outcome
+    #: io='auto': extension records of the decisions of steps before it, (key, bytes), set with
+    #: its writes on every rank (BackgroundLayer._hand_decisions)
+    exts: list[tuple[str, bytes]] = field(default_factory=list)
     # steps this rank dropped before this one without handing them down (Engine.skip_steps)
     skipped: int = 0
 
