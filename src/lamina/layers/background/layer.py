@@ -287,15 +287,15 @@ class BackgroundLayer(Layer):
         # batch's) and is never committed (_cut_short)
         self._mark = WriteMark()
         self._decision: dict[str, Any] | None = None  # the last auto decision, measured next
-        # rank 0, io='auto': every decision for the file (_record_decisions), each encoded
-        # (decision_row) once its step is done and the phase after it measured; those not yet
-        # (the last, and those of steps in flight) wait as they are, oldest first (under _cond)
+        # rank 0, io='auto': every decision for the file (_hand_decisions, _record_decisions),
+        # each encoded (decision_row) once its step is done and the phase after it measured,
+        # until it is handed down; those not yet measured (the last, and those of steps in
+        # flight) wait as they are, oldest first (under _cond)
         self._decision_rows: list[str] = []
         self._decisions_open: collections.deque[dict[str, Any]] = collections.deque()
-        # the rows handed down with the steps so far (_hand_decisions; rank 0), the records
-        # that hold them (key, bytes: rank 0's, kept until close, which makes sure each is in
-        # the file), and how many records every rank handed down
-        self._rows_handed = 0
+        # the records handed down with the steps (_hand_decisions), whose rows leave
+        # _decision_rows then: key, bytes (rank 0's, kept until close, which makes sure each
+        # is in the file); and how many records every rank handed down
         self._handed: list[tuple[str, bytes]] = []
         self._parts_handed = 0
         self._decision_started = 0.0
@@ -679,8 +679,7 @@ class BackgroundLayer(Layer):
         comm, sends = self.inner.comm, []
         if self._rank == 0:
             with self._cond:
-                rest = self._decision_rows[self._rows_handed :]
-                rest += [decision_row(d) for d in self._decisions_open]
+                rest = self._decision_rows + [decision_row(d) for d in self._decisions_open]
             ext = self.inner.catalog.ext  # (what the engine took, committed by this close)
             sends = [(k, raw) for k, raw in self._handed if ext.get(k) != raw]
             parts = encode_decision_parts(rest, self._opened_at)
@@ -707,8 +706,7 @@ class BackgroundLayer(Layer):
         parts: list[bytes] = []
         if self._rank == 0:
             with self._cond:
-                new = self._decision_rows[self._rows_handed :]
-                self._rows_handed = len(self._decision_rows)
+                new, self._decision_rows = self._decision_rows, []
             parts = encode_decision_parts(new, self._opened_at)
         n = comm_mod.agree(self._own(), None, len(parts))
         exts = []
