@@ -852,11 +852,14 @@ def switches(path: str, steps: int, seed: int, discard: bool) -> None:
         elif op == "define" and defined < 3:
             f.create_dataset(f"y{defined}", (size,), "i8")
             defined += 1
+    decided = [d["step"] for d in f.io_stats.get("decisions", [])]
+    closed = True
     try:  # first: a rank a call behind makes it here while the others close
         f.close()
     except LaminaError:  # a refused step's failure, raised at the close on every rank
         if where < 0:
             raise
+        closed = False
     g.close()
     comm.Barrier()
     if rank == 0:
@@ -874,6 +877,14 @@ def switches(path: str, steps: int, seed: int, discard: bool) -> None:
                 later.append(k)
             assert all(where < a < b for a, b in zip(later[:-1], later[1:], strict=True)), later
             assert not later or later[0] > where, later
+            # io='auto': rank 0's decisions in the file, every one where the close went through
+            # (else those handed down with the committed steps, the first ones)
+            got = read_decisions(r.engine.catalog.ext)
+            steps = [d["step"] for d in got[0]] if got is not None else []
+            if closed:
+                assert steps == decided and (got is None or got[1]), (steps, decided)
+            else:
+                assert steps == decided[: len(steps)], (steps, decided)
         print(
             f"OK {len(committed)} steps, then {len(later)}; dropped at {where} on rank {who}",
             flush=True,
