@@ -67,6 +67,32 @@ def _skip_without_mpiexec():
 # ----------------------------------------------------------------- MPMD runs
 
 
+def test_producer_consumer_under_io_auto(tmp_path):
+    """The same programs under LAMINA_IO=auto, the steps going to the consumers and to the
+    file alongside: every step arrives, and the file holds every decision rank 0 made, in
+    order (handed down with the steps through the transport's layers)."""
+    _skip_without_mpiexec()
+    from lamina.perf.asyncmodel import read_decisions
+
+    steps = 6
+    res = run_mpmd(
+        (2, "transport_producer", "bench.lam", steps),
+        (1, "transport_consumer", "bench.lam", steps),
+        cwd=tmp_path,
+        env={
+            "LAMINA_TRANSPORT": "both",
+            "LAMINA_IO": "auto",
+            "LAMINA_HISTORY": str(tmp_path / "history.json"),
+        },
+    )
+    [cons] = res.lines("OK consumer")
+    assert f"{steps} steps on 1 ranks" in cons, res.describe()
+    with lamina.open(tmp_path / "bench.lam", "r") as f:
+        assert f.steps == steps
+        got, complete = read_decisions(f.engine.catalog.ext)
+    assert complete and [d["step"] for d in got] == list(range(steps)), got
+
+
 @pytest.mark.parametrize("mode", ["memory", "file", "both"])
 @pytest.mark.parametrize("n,m", [(3, 2), (2, 3), (1, 1)])
 def test_producer_consumer(tmp_path, mode, n, m):
