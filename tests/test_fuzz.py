@@ -16,6 +16,7 @@ Three levels:
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import struct
@@ -54,6 +55,7 @@ from lamina.catalog.wire import load_json
 from lamina.engines.native import format as fmt
 from lamina.errors import CodecError, FormatError
 from lamina.geometry import Box
+from lamina.perf import asyncmodel as am
 from lamina.stats import crc
 
 #: no reader may allocate more than this for inputs of a few KiB
@@ -385,6 +387,34 @@ def test_read_metadata_random(meta_tail, commit_tail):
 def test_load_json_random(text):
     r = guarded(load_json, text, "json")
     assert r is None or isinstance(r, (FormatError, int, float, str, list, dict))
+
+
+_DECISION_VALUES = st.one_of(
+    st.integers(-3, 3), st.booleans(), st.none(), st.text("sa", max_size=3), st.just([1])
+)
+_DECISION_RECORD = st.fixed_dictionaries(
+    # mostly well-formed rows, so that the parts and runs they name are what is tried
+    {
+        "fields": st.one_of(st.just(["step"]), st.lists(st.sampled_from(["step", 1]), max_size=2)),
+        "decisions": st.lists(st.tuples(_DECISION_VALUES).map(list), max_size=3),
+    },
+    optional={"parts": _DECISION_VALUES, "run": _DECISION_VALUES},
+)
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from([am.decisions_key(k) for k in range(4)] + ["other"]),
+        st.one_of(_DECISION_RECORD.map(lambda d: json.dumps(d).encode()), st.binary(max_size=16)),
+        max_size=5,
+    )
+)
+def test_io_decision_records_random(ext):
+    """Any extension records named as io='auto' decisions: read back as decisions, or a
+    FormatError; never another error, and whether the run was unfinished always answers."""
+    r = guarded(am.read_decisions, ext)
+    assert r is None or isinstance(r, FormatError) or (isinstance(r, tuple) and len(r) == 2)
+    assert am.decisions_unfinished(ext) in (True, False)
 
 
 _BLOCK = np.random.default_rng(3).standard_normal(1000)
