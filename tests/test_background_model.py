@@ -672,6 +672,74 @@ def test_a_killed_auto_writer_leaves_the_decisions_of_its_steps(tmp_path, histor
     assert [d["step"] for d in got] == list(range(n, n + 5))
 
 
+_KILLED_HISTORY = """
+import os, signal, sys, time
+import numpy as np
+import lamina
+import lamina.perf.history as ph
+ph.FLUSH_AFTER = float(sys.argv[2])  # samples older than this are saved at the next handing-over
+a = np.arange(1 << 14, dtype=np.float64)
+with lamina.open(sys.argv[1], "w", io=sys.argv[3], durable=False) as f:
+    f.create_dataset("x", a.shape, a.dtype)
+    for k in range(8):
+        with f.step():
+            f["x"][...] = a + k
+        f.wait() if k % 2 else time.sleep(0.01)  # a compute phase, or a wait for the step
+    os.kill(os.getpid(), signal.SIGKILL)  # at its time limit, say: no close, no exit
+"""
+
+
+@pytest.mark.parametrize("io", ["auto", "async"])
+def test_a_killed_writer_keeps_the_history_it_measured(tmp_path, history_path, io):
+    """The samples a writer measured are handed over at each end_step, and those that waited
+    FLUSH_AFTER seconds are saved then: a long job killed before its close keeps its
+    history but the last minutes (it lost all of it: samples were handed over at close).
+    With the 300 s of FLUSH_AFTER, a job as short as this one keeps none."""
+    import subprocess
+
+    env = {**os.environ, "LAMINA_HISTORY": str(history_path)}
+
+    def killed(after: float) -> list:
+        path = str(tmp_path / f"k{after}.lam")
+        proc = subprocess.run(
+            [sys.executable, "-c", _KILLED_HISTORY, path, str(after), io], env=env, timeout=120
+        )
+        assert proc.returncode == -9, proc
+        h = load_history(str(history_path))
+        return h.samples(am.IO_SERIES) + h.samples(am.SYNC_IO_SERIES)
+
+    got = killed(0.0)  # the steps measured before the last end_step: saved
+    assert len(got) >= 5 and all(b == (1 << 14) * 8 and r == 1 for b, r, _ in got), got
+    assert len(killed(300.0)) == len(got)  # none waited 300 s: none saved, the file unchanged
+
+
+def test_a_history_that_cannot_be_saved_is_warned_of_once(tmp_path, monkeypatch):
+    """Samples handed over at many end_steps and at close, then a save that fails: one
+    LaminaWarning naming the history, not one for every handing-over."""
+    import warnings
+
+    from lamina.errors import LaminaWarning
+
+    (tmp_path / "plain").write_text("a file, not a directory")
+    monkeypatch.setenv("LAMINA_HISTORY", str(tmp_path / "plain" / "history.json"))
+    path = str(tmp_path / "w.lam")
+    a = np.arange(1 << 12, dtype=np.float64)
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        with lamina.open(path, "w", io="auto") as f:
+            f.create_dataset("x", a.shape, a.dtype)
+            for k in range(6):
+                with f.step():
+                    f["x"][...] = a + k
+                f.wait()
+                f.engine._history_handed = 0.0  # the next end_step hands samples over again
+        wait_saves()
+    said = [w for w in got if "cannot keep the I/O history" in str(w.message)]
+    assert len(said) == 1 and issubclass(said[0].category, LaminaWarning), [
+        str(w.message) for w in got
+    ]
+
+
 def test_decisions_of_a_step_that_failed_early_reach_the_file_at_close(
     tmp_path, history_path, monkeypatch
 ):

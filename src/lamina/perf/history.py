@@ -664,7 +664,7 @@ def save_history_soon(
             for x1, x2, t in samples:
                 acc.add(name, x1, x2, t)
         h.added = {}
-        if on_error is not None:
+        if on_error is not None and on_error not in callbacks:  # (one warning, not one a call)
             callbacks.append(on_error)
         if not _AT_EXIT[0]:
             atexit.register(wait_saves)

@@ -86,6 +86,7 @@ from ...errors import (
     mark_collective,
 )
 from ...geometry import Box
+from ...perf import history as history_mod
 from ...perf.asyncmodel import (
     COPY_SERIES,
     DECISIONS_KEPT,
@@ -280,6 +281,7 @@ class BackgroundLayer(Layer):
         self.auto = False  # io='auto': the model picks sync or async per step
         self.model: AsyncModel | None = None  # writers: what steps cost here (model.py)
         self._measured = False  # the model got samples this run (saved at close)
+        self._history_handed = 0.0  # when they were last handed over to be saved (monotonic)
         self._epoch_start: float | None = None  # when the last end_step returned
         self._in_calls = 0.0  # seconds inside this layer's write calls since then
         # the write calls into the open step under way, as the engine's put log marks them:
@@ -727,20 +729,31 @@ class BackgroundLayer(Layer):
                 for key, raw in exts:
                     self.inner.set_ext(key, raw)
 
-    def _save_history(self) -> None:
-        """Rank 0: keep what this run measured for the next runs on this host (model.py)."""
-        if self.model is None or not self._measured or self._rank != 0:
+    def _save_history(self, now: float | None = None) -> None:
+        """Rank 0: hand what this run measured over, to be kept for the next runs on this host
+        (model.py), at close and at an end_step (*now*) a second or more after the last
+        handing-over (at most FLUSH_AFTER).  The samples are saved at the interpreter's exit
+        (or wait_saves), so that neither waits for the file, or at the handing-over after
+        they waited FLUSH_AFTER seconds: a job killed before its close (at its time limit,
+        say) loses the last minutes of its samples, not the whole run's (they were handed
+        over at close only)."""
+        if self.model is None or self._rank != 0:
             return
-        self._measured = False
-        mode = self.stats.mode
+        if now is not None:
+            if now - self._history_handed < min(1.0, history_mod.FLUSH_AFTER):
+                return
+            self._history_handed = now
+        with self._cond:  # (the background thread adds samples under it)
+            if not self._measured:
+                return
+            self._measured = False
+            # (one callback, however often this run hands samples over before a save)
+            save_history_soon(self.model.history, on_error=self._history_failed)
 
-        def failed(e: OSError) -> None:
-            warnings.warn(
-                f"io={mode!r}: cannot keep the I/O history: {e}", LaminaWarning, stacklevel=2
-            )
-
-        # at the interpreter's exit (or wait_saves): the close need not wait for the file
-        save_history_soon(self.model.history, on_error=failed)
+    def _history_failed(self, e: OSError) -> None:
+        warnings.warn(
+            f"io={self.stats.mode!r}: cannot keep the I/O history: {e}", LaminaWarning, stacklevel=2
+        )
 
     def _shutdown(self) -> None:
         with self._cond:
@@ -1678,6 +1691,7 @@ class BackgroundLayer(Layer):
                     self.model.add_submit(
                         step.data_bytes if lent else copied_bytes, spent, lent=lent
                     )
+        self._save_history(time.monotonic())
         self._epoch_start = time.perf_counter()
         self._in_calls = 0.0
 
@@ -1734,6 +1748,7 @@ class BackgroundLayer(Layer):
                 self._warm = self._pool.missing(self._direct_sizes)
                 self._cond.notify_all()
         self._direct_sizes = []
+        self._save_history(time.monotonic())
         self._epoch_start = time.perf_counter()
         self._in_calls = 0.0
 
