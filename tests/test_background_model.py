@@ -740,6 +740,27 @@ def test_a_history_that_cannot_be_saved_is_warned_of_once(tmp_path, monkeypatch)
     ]
 
 
+def test_a_closed_writer_is_not_held_by_its_history_waiting_to_be_saved(tmp_path):
+    """The samples a closed writer handed over wait for the save at the interpreter's exit:
+    what they wait with (the warning of a failed save) holds no writer alive, so that a
+    program that writes many files does not keep every one's layers and catalog."""
+    import gc
+    import weakref
+
+    a = np.arange(1 << 12, dtype=np.float64)
+    f = lamina.open(str(tmp_path / "w.lam"), "w", io="auto")
+    f.create_dataset("x", a.shape, a.dtype)
+    for k in range(3):
+        with f.step():
+            f["x"][...] = a + k
+    layer = weakref.ref(f.engine)
+    f.close()
+    del f
+    gc.collect()
+    assert layer() is None, gc.get_referrers(layer())
+    wait_saves()
+
+
 def test_decisions_of_a_step_that_failed_early_reach_the_file_at_close(
     tmp_path, history_path, monkeypatch
 ):

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import math
 import threading
 import time
@@ -233,6 +234,18 @@ def _kind(flag: int) -> int:
     if flag <= POINT - KEYS:
         return 0
     return 1 + (flag - POINT + KEYS) // SPAN
+
+
+@functools.cache
+def _history_warning(mode: str) -> Callable[[OSError], None]:
+    """What warns that the I/O history of writers under io=*mode* could not be saved: one
+    function per mode, so that a save that fails warns once, however many times and from
+    however many files samples were handed over for it (and holds no writer alive)."""
+
+    def failed(e: OSError) -> None:
+        warnings.warn(f"io={mode!r}: cannot keep the I/O history: {e}", LaminaWarning, stacklevel=2)
+
+    return failed
 
 
 class BackgroundLayer(Layer):
@@ -747,13 +760,7 @@ class BackgroundLayer(Layer):
             if not self._measured:
                 return
             self._measured = False
-            # (one callback, however often this run hands samples over before a save)
-            save_history_soon(self.model.history, on_error=self._history_failed)
-
-    def _history_failed(self, e: OSError) -> None:
-        warnings.warn(
-            f"io={self.stats.mode!r}: cannot keep the I/O history: {e}", LaminaWarning, stacklevel=2
-        )
+            save_history_soon(self.model.history, on_error=_history_warning(self.stats.mode))
 
     def _shutdown(self) -> None:
         with self._cond:
