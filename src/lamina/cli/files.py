@@ -47,7 +47,7 @@ def _io_decisions(f) -> tuple[list[dict] | None, bool, bool]:
         got = None
     if got is None:
         return None, True, False
-    return got[0], got[1], decisions_unfinished(ext)
+    return got[0], got[1], not got[1] and decisions_unfinished(ext)  # (its head read again)
 
 
 def _decisions_line(decisions: list[dict], complete: bool = True, unfinished: bool = False) -> str:

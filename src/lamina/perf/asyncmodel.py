@@ -235,7 +235,9 @@ def encode_decision_rows(rows: Sequence[str]) -> list[bytes]:
     """The records that hold the decisions *rows* (:func:`decision_row`), in order, each of
     about :data:`DECISIONS_PART_BYTES` at most (one row at least): the JSON ``{"fields": [...],
     "decisions": [rows]}``, the first with ``"parts"``, the number of records (at least one,
-    none of them empty unless there are no rows)."""
+    none of them empty unless there are no rows).  What a writer of the previous version
+    wrote at its close (writers now hand records down with their steps,
+    :func:`encode_decision_parts`): kept to make such files, which still read."""
     groups = _groups(rows)
     return [_record(g, f', "parts": {len(groups)}' if i == 0 else "") for i, g in enumerate(groups)]
 

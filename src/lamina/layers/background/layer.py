@@ -689,7 +689,7 @@ class BackgroundLayer(Layer):
         the steps (:meth:`_hand_decisions`), again where a step that held one was cancelled
         (a background failure: the record never reached the engine), then the rows of the
         last steps, and the record :func:`decisions_head` saying how many there are."""
-        if not self.auto or not (self.stats.decisions or self._parts_handed):
+        if not self.auto or not self.stats.decisions:  # (none made, none handed down)
             return
         comm, sends = self.inner.comm, []
         if self._rank == 0:
@@ -698,9 +698,9 @@ class BackgroundLayer(Layer):
             ext = self.inner.catalog.ext  # (what the engine took, committed by this close)
             sends = [(k, raw) for k, raw in self._handed if ext.get(k) != raw]
             parts = encode_decision_parts(rest, self._opened_at)
-            n = self._parts_handed + len(parts)
-            sends += [(decisions_key(n - len(parts) + 1 + i), p) for i, p in enumerate(parts)]
-            sends.append((DECISIONS_KEY, decisions_head(self._opened_at, n + 1)))
+            first = self._parts_handed + 1  # the records after those handed down
+            sends += [(decisions_key(first + i), p) for i, p in enumerate(parts)]
+            sends.append((DECISIONS_KEY, decisions_head(self._opened_at, first + len(parts))))
         count = len(sends).to_bytes(8, "little") if self._rank == 0 else None
         for i in range(int.from_bytes(comm_mod.bcast_bytes(comm, count, root=0), "little")):
             key = sends[i][0].encode() if self._rank == 0 else None
