@@ -173,12 +173,20 @@ def test_read_out_of_bounds(writer):
 
 
 def test_read_takes_a_box_or_slices_and_names_anything_else(writer):
-    """read() takes a Box or a tuple of slices (numpy's clipping); anything else is a TypeError
+    """read() takes a Box or a tuple of slices (negative bounds from the end, as numpy; a
+    bound past either end a BoundsError, as ds[...] gives it); anything else is a TypeError
     naming the dataset and what was given, not an error from inside the engine."""
     ds = writer["fields/temp"]
     whole = ds.read()
     assert np.array_equal(ds.read(np.s_[1:3, 2:]), whole[1:3, 2:])
-    assert np.array_equal(ds.read(np.s_[1:99, :]), whole[1:99, :])
+    assert np.array_equal(ds.read(np.s_[-3:-1, :-2]), whole[-3:-1, :-2])
+    assert ds.read(np.s_[3:1, :]).shape == whole[3:1, :].shape == (0, 6)
+    for sl, bound, dim in ((np.s_[1:99, :], 99, 0), (np.s_[:, -7:], -7, 1)):
+        with pytest.raises(BoundsError, match=rf"'.*temp': slice bound {bound} is out of bounds "
+                           rf"for dimension {dim} of size \d+ \(shape \(\d+, 6\)\)"):  # fmt: skip
+            ds.read(sl)
+        with pytest.raises(BoundsError, match=rf"slice bound {bound} is out of bounds"):
+            ds[sl]  # the same bound, the same error
     out = np.empty((2, 6))
     assert ds.read(np.s_[0:2, :], out=out) is out and np.array_equal(out, whole[:2])
     with pytest.raises(BoundsError, match=r"1 slices for dataset '.*temp' of 2 dimensions"):

@@ -445,7 +445,8 @@ class Dataset(OpenFileView):
         """Independent: read *box* (default: everything) at *step* (default: this view's step).
 
         *box* is a :class:`~lamina.Box` or a tuple of slices of step 1, one per
-        dimension (``np.s_[0:16, :]``; clipped to the shape as numpy clips them).
+        dimension (``np.s_[0:16, :]``; negative bounds count from the end, a bound past
+        either end is a BoundsError, as in ``ds[...]``).
 
         With ``collective=True`` the call is collective: every rank calls it
         for the same dataset and step, each with its own *box* (possibly
@@ -570,8 +571,8 @@ class Dataset(OpenFileView):
     ) -> Box:
         """*box* as a :class:`Box`: one already, inside *shape* (that of *level*) with
         *bounds* (BoundsError naming the dataset, the box and the shape, before anything is
-        allocated for it), or a tuple of slices of step 1 (``np.s_[a:b, :]``, clipped to
-        *shape* as numpy clips them, one per dimension); TypeError naming *call* otherwise."""
+        allocated for it), or a tuple of slices of step 1 (``np.s_[a:b, :]``, one per
+        dimension, inside *shape*: :meth:`_slices_box`); TypeError naming *call* otherwise."""
         if isinstance(box, Box):
             if bounds and not box.inside(shape):
                 at = f" at level {level}" if level else ""
@@ -584,17 +585,48 @@ class Dataset(OpenFileView):
                 raise BoundsError(
                     f"{len(box)} slices for {self._what()} of {len(shape)} dimensions {shape}"
                 )
-            try:
-                return Box.from_slices(box, shape)
-            except (BoundsError, TypeError, ValueError) as e:  # a step, float bounds
-                raise TypeError(
-                    f"{call}() of {self._what()} takes slices of step 1 with integer bounds "
-                    f"(np.s_[a:b, ...]): {e}"
-                ) from None
+            return self._slices_box(box, shape, call, level)
         raise TypeError(
             f"{call}() of {self._what()} takes a lamina.Box or a tuple of slices (np.s_[...]), "
             f"got {type(box).__name__} {box!r}"
         )
+
+    def _slices_box(
+        self, slices: tuple[slice, ...], shape: tuple[int, ...], call: str, level: int
+    ) -> Box:
+        """The box of *slices* (step 1, integer bounds, one per dimension of *shape*): negative
+        bounds count from the end as numpy's do; a bound past either end is a BoundsError
+        naming the dataset, the dimension and its size, as ``ds[...]`` gives it (a slab that
+        does not fit is a decomposition bug: not clipped); TypeError naming *call* for a
+        step other than 1 or a bound that is not an integer."""
+        start, stop = [], []
+        for d, (s, n) in enumerate(zip(slices, shape, strict=True)):
+            bounds = []
+            for v, default in ((s.start, 0), (s.stop, n)):
+                if v is None:
+                    bounds.append(default)
+                    continue
+                if not isinstance(v, numbers.Integral) or isinstance(v, bool):
+                    raise TypeError(
+                        f"{call}() of {self._what()} takes slices of step 1 with integer bounds "
+                        f"(np.s_[a:b, ...]): bound {v!r} in dimension {d}"
+                    )
+                j = int(v) + n if v < 0 else int(v)
+                if not 0 <= j <= n:
+                    at = f" at level {level}" if level else ""
+                    raise BoundsError(
+                        f"{self._what()}{at}: slice bound {int(v)} is out of bounds for "
+                        f"dimension {d} of size {n} (shape {tuple(shape)})"
+                    )
+                bounds.append(j)
+            if not (s.step is None or (isinstance(s.step, numbers.Integral) and s.step == 1)):
+                raise TypeError(
+                    f"{call}() of {self._what()} takes slices of step 1 with integer bounds "
+                    f"(np.s_[a:b, ...]): slice {s} has step {s.step!r}"
+                )
+            start.append(bounds[0])
+            stop.append(max(bounds))
+        return Box(tuple(start), tuple(stop))
 
     def _same_everywhere(self, step, level: int, refused: BaseException | None = None) -> None:
         """Collective: CollectiveMismatchError on every rank unless all read this dataset at
