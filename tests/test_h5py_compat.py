@@ -448,3 +448,108 @@ def test_pickling_is_a_type_error_naming_the_object(pair):
             with pytest.raises(TypeError, match=r"cannot be pickled or deep-copied: it is a view"):
                 act(obj)
         assert copy.copy(obj) is obj
+
+
+# ------------------------------------------------------------------ h5py's descriptive attributes and visits
+
+
+def _tree(pair):
+    """The same small tree in both files: /a (3, 4) int32, /g/b (5,) float64, /g/h/c () float32."""
+    h, f = pair
+    data = {"a": np.arange(12, dtype="i4").reshape(3, 4), "g/b": np.linspace(0, 1, 5)}
+    data["g/h/c"] = np.float32(1.5)
+    for name, v in data.items():
+        h.create_dataset(name, data=v)
+        f.create_dataset(name, data=v)
+    f.end_step()
+    return h, f
+
+
+def test_nbytes_maxshape_and_parent_as_h5py(pair):
+    h, f = _tree(pair)
+    for name in ("a", "g/b", "g/h/c"):
+        assert f[name].nbytes == h[name].nbytes
+        assert f[name].maxshape == h[name].maxshape
+        assert f[name].parent.name == h[name].parent.name
+    for name in ("/", "g", "g/h"):
+        assert f[name].parent.name == h[name].parent.name
+    assert f.at(0)["g/b"].parent.step == 0  # a view of a step stays at its step
+
+
+def test_visit_and_visititems_as_h5py(pair):
+    h, f = _tree(pair)
+    for root in ("/", "g"):
+        seen_h: list[str] = []
+        seen_l: list[str] = []
+        assert h[root].visit(seen_h.append) is None
+        assert f[root].visit(seen_l.append) is None
+        assert sorted(seen_l) == sorted(seen_h)  # (h5py's order: by name, as lamina's walk)
+        kinds_h = {}
+        kinds_l = {}
+        h[root].visititems(lambda n, o, d=kinds_h: d.update({n: isinstance(o, h5py.Group)}))
+        f[root].visititems(lambda n, o, d=kinds_l: d.update({n: isinstance(o, lamina.Group)}))
+        assert kinds_l == kinds_h and kinds_l
+    # the first value other than None stops the walk and is returned
+    stop = lambda n: n if n.endswith("b") else None  # noqa: E731
+    assert f.visit(stop) == h.visit(stop) == "g/b"
+    found = f.visititems(lambda n, o: o if n == "g/h/c" else None)
+    assert isinstance(found, lamina.Dataset) and found.name == "/g/h/c"
+
+
+@pytest.mark.parametrize(
+    "source_sel, dest_shape, dest_sel",
+    [
+        (None, (3, 4), None),
+        (np.s_[1:3, :], (3, 4), np.s_[0:2, :]),
+        (np.s_[0:2, 1:3], (5, 6), np.s_[2:4, 3:5]),
+        (np.s_[2, :], (4,), None),
+        (np.s_[:, ::2], (3, 2), None),
+    ],
+)
+@pytest.mark.parametrize("dtype", ["i4", "f8"])
+def test_read_direct_as_h5py(pair, source_sel, dest_shape, dest_sel, dtype):
+    h, f = _tree(pair)
+    want = np.full(dest_shape, -1, dtype=dtype)
+    got = want.copy()
+    h["a"].read_direct(want, source_sel, dest_sel)
+    assert f["a"].read_direct(got, source_sel, dest_sel) is None
+    assert np.array_equal(got, want) and got.dtype == want.dtype
+    view = np.full((6, 8), -1, dtype="i4")[::2, ::2]  # any strides: read straight into them
+    f["a"].read_direct(view)
+    assert np.array_equal(view, h["a"][...])
+
+
+def test_read_direct_refuses_what_does_not_fit(pair):
+    h, f = _tree(pair)
+    with pytest.raises(TypeError):
+        h["a"].read_direct(np.zeros((2, 2), "i4"), np.s_[0:3, :])
+    with pytest.raises(
+        ShapeError, match=r"read_direct\(\) of dataset '/a'.*shape \(3, 4\).*\(2, 2\)"
+    ):
+        f["a"].read_direct(np.zeros((2, 2), "i4"), np.s_[0:3, :])
+    with pytest.raises(lamina.BoundsError, match="slice bound 5 is out of bounds"):
+        f["a"].read_direct(np.zeros((5, 4), "i4"), np.s_[0:5, :])
+    frozen = np.zeros((3, 4), "i4")
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        f["a"].read_direct(frozen)
+    with pytest.raises(TypeError, match="must be a numpy array"):
+        f["a"].read_direct([[0] * 4] * 3)
+    with pytest.raises(TypeError, match="a part of dest"):
+        f["a"].read_direct(np.zeros((5, 4), "i4"), np.s_[0:2, :], [0, 2])
+
+
+def test_astype_reads_cast_as_h5py(pair):
+    h, f = _tree(pair)
+    for name, key in (("a", np.s_[1:3, ::2]), ("a", np.s_[...]), ("g/b", np.s_[2]), ("g/h/c", ())):
+        for dt in ("f4", "i2", "u1"):
+            want, got = h[name].astype(dt)[key], f[name].astype(dt)[key]
+            assert np.asarray(got).dtype == np.asarray(want).dtype and np.array_equal(got, want)
+        # (HDF5 has no conversion to complex; lamina casts as numpy does)
+        want = np.asarray(h[name][key]).astype("c16")
+        assert np.array_equal(f[name].astype("c16")[key], want)
+    assert len(f["a"].astype("f4")) == len(h["a"].astype("f4")) == 3
+    assert np.array_equal(np.asarray(f["a"].astype("f4")), np.asarray(h["a"].astype("f4")))
+    assert np.asarray(f["a"].astype("f4")).dtype == np.float32
+    with pytest.raises(DTypeError, match=r"dataset '/a': astype\(<U3\)"):
+        f["a"].astype("U3")

@@ -324,6 +324,40 @@ class LevelView:
         return out if dtype is None else out.astype(dtype)
 
 
+class AsType:
+    """``ds.astype(dtype)``: reads of *ds* cast to *dtype* (``[sel]``, ``len``, numpy's
+    ``__array__``), as h5py's ``AstypeWrapper``."""
+
+    def __init__(self, ds: Dataset, dtype) -> None:
+        try:
+            dt = np.dtype(dtype)
+        except TypeError as e:
+            raise DTypeError(f"{ds._what()}: astype({dtype!r}) is not a dtype: {e}") from None
+        if dt.kind not in "biufc":
+            raise DTypeError(
+                f"{ds._what()}: astype({dt}): values are read as numeric scalars "
+                "(bool, int, uint, float, complex)"
+            )
+        self._ds, self.dtype = ds, dt
+
+    def __getitem__(self, key):
+        return self._ds[key].astype(self.dtype)
+
+    def __len__(self) -> int:
+        return len(self._ds)
+
+    def __repr__(self) -> str:
+        return f"<lamina.AsType of {self._ds!r} as {self.dtype}>"
+
+    def __array__(self, dtype=None, copy=None):
+        if copy is False:  # (as the dataset's own)
+            raise ValueError(
+                f"{self._ds._what()}: np.array(ds.astype(...), copy=False) cannot avoid a copy"
+            )
+        a = self._ds.read().astype(self.dtype, copy=False)
+        return a if dtype is None else a.astype(dtype, copy=False)
+
+
 class Dataset(OpenFileView):
     """A dataset, like an h5py dataset but parallel and stepped.
 
@@ -362,6 +396,25 @@ class Dataset(OpenFileView):
     @property
     def size(self) -> int:
         return int(np.prod(self._spec.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the values at one step, uncompressed (``size * itemsize``, as h5py's and
+        numpy's ``nbytes``); what a step stores is in ``lamina info``."""
+        return self.size * self.dtype.itemsize
+
+    @property
+    def maxshape(self) -> tuple[int, ...]:
+        """The shape: a dataset's shape is fixed (as h5py gives it for a dataset made without
+        ``maxshape``); time goes into steps."""
+        return self._spec.shape
+
+    @property
+    def parent(self):
+        """The group holding this dataset, at this view's step (as h5py's ``parent``)."""
+        from .group import Group
+
+        return Group(self._file, self._path.rpartition("/")[0], self._step)
 
     @property
     def fill(self):
@@ -431,6 +484,54 @@ class Dataset(OpenFileView):
         return _select(
             key, self.shape, self._what(), lambda box, out: self.read(box, out=out), self.dtype
         )
+
+    def read_direct(self, dest: np.ndarray, source_sel=None, dest_sel=None) -> None:
+        """Independent: read selection *source_sel* of this view's step (default everything;
+        as ``ds[...]`` takes it) into ``dest[dest_sel]`` (default all of *dest*), as h5py's
+        ``read_direct``: *dest* a writeable numpy array, the values cast to its dtype as
+        numpy assigns them.  The part of *dest* must have the selection's shape
+        (ShapeError naming both; h5py's is a TypeError).  A box of step-1 slices read into
+        a part of the dataset's dtype goes straight into *dest*, any strides, no copy."""
+        if not isinstance(dest, np.ndarray):
+            raise TypeError(
+                f"read_direct() of {self._what()}: dest must be a numpy array, "
+                f"not {type(dest).__name__}"
+            )
+        if not dest.flags.writeable:
+            raise ValueError(f"read_direct() of {self._what()}: dest is read-only")
+        target = dest if dest_sel is None else dest[dest_sel]
+        if not isinstance(target, np.ndarray) or not (
+            target.size == 0 or np.may_share_memory(target, dest)
+        ):
+            raise TypeError(
+                f"read_direct() of {self._what()}: dest_sel {dest_sel!r} must select a part "
+                "of dest by slices and integers (np.s_[...]), not a copy of it"
+            )
+        key = ... if source_sel is None else source_sel
+        box = None
+        if isinstance(key, tuple) and all(isinstance(k, slice) for k in key):
+            if len(key) == self.ndim and all(k.step in (None, 1) for k in key):
+                box = self._box(key, self.shape, "read_direct")
+        elif key is ...:
+            box = Box.from_shape(self.shape)
+        if box is not None and target.dtype == self.dtype and target.shape == box.shape:
+            self.read(box, out=target)
+            return
+        values = np.asarray(self[key])
+        if values.shape != target.shape:
+            raise ShapeError(
+                f"read_direct() of {self._what()}: the selection {key!r} has shape "
+                f"{values.shape}, "
+                + ("dest" if dest_sel is None else f"dest[{dest_sel!r}]")
+                + f" has shape {target.shape}"
+            )
+        target[...] = values
+
+    def astype(self, dtype) -> AsType:
+        """A view reading this dataset's values as *dtype* (``ds.astype(np.float64)[0:4]``,
+        ``np.asarray(ds.astype(...))``), cast as numpy's ``astype`` casts, as h5py's
+        ``astype``.  *dtype* must be one a dataset may hold (DTypeError otherwise)."""
+        return AsType(self, dtype)
 
     def read(
         self,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import ItemsView, Iterator, KeysView, ValuesView
+from collections.abc import Callable, ItemsView, Iterator, KeysView, ValuesView
 from typing import Any
 
 import numpy as np
@@ -69,6 +69,11 @@ class Group(OpenFileView):
     @property
     def attrs(self) -> Attributes:
         return Attributes(self._file, self._path, self._step)
+
+    @property
+    def parent(self) -> Group:
+        """The group holding this one (the root's is the root), at this view's step, as h5py's."""
+        return Group(self._file, self._path.rpartition("/")[0], self._step)
 
     @property
     def step(self) -> int | None:
@@ -204,6 +209,22 @@ class Group(OpenFileView):
             if isinstance(obj, Group):
                 todo.append(iter(obj.keys()))
                 groups.append(obj)
+
+    def visit(self, func: Callable[[str], Any]) -> Any:
+        """``func(name)`` for every group and dataset below this one, depth first in
+        :meth:`walk`'s order, *name* relative to this group (``"g/v"``), as h5py's ``visit``:
+        the first value other than None that *func* returns stops the walk and is returned."""
+        return self.visititems(lambda name, _obj: func(name))
+
+    def visititems(self, func: Callable[[str, Any], Any]) -> Any:
+        """``func(name, obj)`` for every group and dataset below this one, as :meth:`visit`
+        (h5py's ``visititems``)."""
+        cut = len(self.name.rstrip("/")) + 1  # "/g/v" below "/" is "g/v", below "/g" is "v"
+        for path, obj in self.walk():
+            got = func(path[cut:], obj)
+            if got is not None:
+                return got
+        return None
 
     # -- creation (collective) ---------------------------------------------
     def _writable(self, what: str) -> None:
