@@ -553,3 +553,26 @@ def test_astype_reads_cast_as_h5py(pair):
     assert np.asarray(f["a"].astype("f4")).dtype == np.float32
     with pytest.raises(DTypeError, match=r"dataset '/a': astype\(<U3\)"):
         f["a"].astype("U3")
+
+
+def test_require_dataset_as_h5py(pair):
+    h, f = _tree(pair)
+    for obj in (h, f):
+        made = obj.require_dataset("new/d", (2, 3), "f4")
+        assert made.shape == (2, 3) and made.dtype == np.float32
+        assert obj.require_dataset("new/d", (2, 3), "f4", exact=True) == made
+        assert obj.require_dataset("new/d", (2, 3), "f2") == made  # casts safely
+        assert obj["g"].require_dataset("b", 5, "f8") == obj["g/b"]  # an int is a shape
+    cases = [
+        (("a", (4, 3), "i4"), r"dataset '/a' exists with shape \(3, 4\), not the shape \(4, 3\)"),
+        (("a", (3, 4), "i8"), r"dtype int32: the dtype int64 asked does not cast safely"),
+        (("a", (3, 4), "i2", True), r"dtype int32: the dtype int16 asked is not it"),
+        (("g", (3, 4), "i4"), r"'/g' is a group, not a dataset"),
+    ]
+    for args, message in cases:
+        with pytest.raises(TypeError):
+            h.require_dataset(*args)
+        with pytest.raises(TypeError, match=message):
+            f.require_dataset(*args)
+    with pytest.raises(DTypeError):
+        f.require_dataset("a", (3, 4), "f8")

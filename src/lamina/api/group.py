@@ -254,6 +254,32 @@ class Group(OpenFileView):
             return g
         return self.create_group(name)
 
+    def require_dataset(self, name: str, shape, dtype, exact: bool = False, **kwds):
+        """Collective: the dataset *name*, defined as ``create_dataset(name, shape, dtype,
+        **kwds)`` if missing, as h5py's ``require_dataset``.  One that exists must have
+        *shape* and a dtype *dtype* casts to safely (``np.can_cast``; the same dtype with
+        *exact*): TypeError otherwise (DTypeError for the dtype), naming it and both; the
+        other keywords are used only to define it."""
+        from .dataset import Dataset
+
+        if name not in self:
+            return self.create_dataset(name, shape, dtype, **kwds)
+        ds = self[name]
+        if not isinstance(ds, Dataset):
+            raise TypeError(f"{ds.name!r} is a group, not a dataset")
+        want = _shape(shape, name)  # (an int is a shape of one dimension)
+        if want != ds.shape:
+            raise TypeError(
+                f"dataset {ds.name!r} exists with shape {ds.shape}, not the shape {want} asked"
+            )
+        dt = np.dtype(dtype)
+        if dt != ds.dtype and (exact or not np.can_cast(dt, ds.dtype)):
+            how = "is not" if exact else "does not cast safely to"
+            raise DTypeError(
+                f"dataset {ds.name!r} exists with dtype {ds.dtype}: the dtype {dt} asked {how} it"
+            )
+        return ds
+
     def create_dataset(
         self, name: str, shape=None, dtype=None, data=None, *, fill=0, compression=None, layout=None
     ):
