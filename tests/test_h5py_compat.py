@@ -576,3 +576,41 @@ def test_require_dataset_as_h5py(pair):
             f.require_dataset(*args)
     with pytest.raises(DTypeError):
         f.require_dataset("a", (3, 4), "f8")
+
+
+def test_attrs_create_and_modify_as_h5py(pair):
+    h, f = _tree(pair)
+    for obj in (h, f):
+        a = obj["a"].attrs
+        a.create("n", 3, dtype="i2")
+        a.create("grid", np.arange(6), shape=(2, 3), dtype="f4")
+        a.create("plain", [1.5, 2.5])
+        a["keep"] = np.int16(7)
+        a.modify("keep", 300.9)  # cast to the attribute's int16
+        a["v"] = np.zeros(3, "f4")
+        a.modify("v", [1, 2, 3])
+        a["one"] = np.array([5], "i4")
+        a.modify("one", 6)  # a 1-element value into a 1-element attribute
+        a.modify("fresh", 2.5)  # none yet: set as given
+        a["s"] = "text"
+        a.modify("s", "other")
+    f.close()  # (committed with it) and read back from the file
+    g = lamina.open(f.filename, "r")
+    ha, fa = h["a"].attrs, g["a"].attrs
+    assert sorted(fa) == sorted(ha)
+    for k in ha:
+        want, got = ha[k], fa[k]
+        assert type(got) is type(want), k
+        assert np.asarray(got).dtype == np.asarray(want).dtype, k
+        assert np.array_equal(got, want), k
+    g.close()
+    f = lamina.open(f.filename, "a")
+    with pytest.raises(ValueError):
+        h["a"].attrs.create("bad", np.arange(6), shape=(4,))
+    with pytest.raises(ShapeError, match=r"attribute 'bad' on '/a': shape \(4,\) holds 4 values"):
+        f["a"].attrs.create("bad", np.arange(6), shape=(4,))
+    with pytest.raises(TypeError):
+        h["a"].attrs.modify("v", [1, 2])
+    with pytest.raises(ShapeError, match=r"attribute 'v' on '/a': it has shape \(3,\)"):
+        f["a"].attrs.modify("v", [1, 2])
+    f.close()

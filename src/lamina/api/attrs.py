@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Iterator, MutableMapping
 
+import numpy as np
+
 from ..catalog import present_attr
-from ..errors import ModeError, NotFoundError, suggest
+from ..errors import ModeError, NotFoundError, ShapeError, suggest
 
 
 class Attributes(MutableMapping):
@@ -49,6 +53,47 @@ class Attributes(MutableMapping):
         name = self._name(name)
         self._writable(f"set attribute {name!r}")
         self._file._engine.set_attr(self._path, name, value)
+
+    def create(self, name: str, data, shape=None, dtype=None) -> None:
+        """Independent: set attribute *name* to *data* made an array of *dtype* and *shape*
+        (defaults: the data's), as h5py's ``create``: ``attrs.create("n", 3, dtype="i2")``.
+        A shape of another size than the data's is a ShapeError (h5py: ValueError)."""
+        name = self._name(name)
+        if shape is None and dtype is None:
+            self[name] = data
+            return
+        a = np.asarray(data, dtype=dtype)
+        if shape is not None:
+            want = (shape,) if isinstance(shape, numbers.Integral) else tuple(shape)
+            if math.prod(want) != a.size:
+                raise ShapeError(
+                    f"cannot create attribute {name!r} on {'/' + self._path!r}: shape {want} "
+                    f"holds {math.prod(want)} values, the data {a.size}"
+                )
+            a = a.reshape(want)
+        self[name] = a
+
+    def modify(self, name: str, value) -> None:
+        """Independent: set attribute *name* to *value* keeping the dtype and shape of the
+        value it has (a new one is set as given), as h5py's ``modify``: *value* cast to that
+        dtype as numpy casts (a Python number or list is made an array of it directly), a
+        1-element value fits a 1-element attribute of either shape; another shape is a
+        ShapeError (h5py: TypeError).  A string attribute takes the value as given."""
+        name = self._name(name)
+        if name not in self._d():
+            self[name] = value
+            return
+        old = self[name]
+        if not isinstance(old, np.ndarray | np.generic) or old.dtype.kind not in "biufc":
+            self[name] = value
+            return
+        a = np.asarray(value, dtype=None if isinstance(value, np.ndarray) else old.dtype)
+        if a.shape != old.shape and not (a.size == 1 and old.size == 1):
+            raise ShapeError(
+                f"cannot modify attribute {name!r} on {'/' + self._path!r}: it has shape "
+                f"{old.shape}, the value {a.shape}"
+            )
+        self[name] = a.astype(old.dtype, copy=False).reshape(old.shape)
 
     def __delitem__(self, name: str) -> None:
         """Independent: delete attribute *name* (committed with the next step or close)."""
