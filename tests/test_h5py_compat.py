@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import lamina
-from lamina.errors import DTypeError, RangeError, ShapeError
+from lamina.errors import CodecError, DTypeError, RangeError, ShapeError
 
 pytestmark = pytest.mark.usefixtures("fast_native")
 
@@ -614,3 +614,38 @@ def test_attrs_create_and_modify_as_h5py(pair):
     with pytest.raises(ShapeError, match=r"attribute 'v' on '/a': it has shape \(3,\)"):
         f["a"].attrs.modify("v", [1, 2])
     f.close()
+
+
+def test_create_dataset_takes_h5py_spellings(pair):
+    h, f = pair
+    for obj in (h, f):
+        obj.create_dataset("z", (4,), "f8", fillvalue=2.5)
+        obj.create_dataset("g", (64,), "f8", compression="gzip", compression_opts=9, chunks=True)
+        obj.create_dataset("p", (3,), "i4", chunks=None, maxshape=None, shuffle=False)
+        obj.create_dataset("q", (2,), "i4", fletcher32=False, track_times=False)
+        obj["g"][...] = np.sin(np.arange(64.0))
+    f.end_step()
+    assert f["z"].fill == h["z"].fillvalue == 2.5
+    assert np.array_equal(f["z"][...], h["z"][...])
+    assert np.array_equal(f["g"][...], h["g"][...])
+    assert f["g"].compression == ({"id": "zlib", "level": 9},)
+
+
+@pytest.mark.parametrize(
+    "kw, error, message",
+    [
+        (dict(chunks=(2, 2)), TypeError, r"h5py's chunks=\(2, 2\) has no use in lamina: .*block"),
+        (dict(maxshape=(None, 4)), TypeError, r"maxshape=.*shape is fixed; time goes into steps"),
+        (dict(shuffle=True), TypeError, r"shuffle=True .*'blosc'"),
+        (dict(fletcher32=True), TypeError, r"fletcher32=True .*CRC-32C"),
+        (dict(fillvalue=1, fill=2), TypeError, r"give fill= or h5py's fillvalue=, not both"),
+        (dict(compression="zstd", compression_opts=3), CodecError, r"level of compression='gzip'"),
+        (dict(compression_opts=3), CodecError, r"compression_opts=3 is the level"),
+        (dict(colour="red"), TypeError, r"create_dataset\('d'\) got an unexpected keyword.*colour"),
+    ],
+)
+def test_h5py_keywords_lamina_cannot_honour_say_what_it_does(pair, kw, error, message):
+    _, f = pair
+    with pytest.raises(error, match=message):
+        f.create_dataset("d", (4, 4), "f4", **kw)
+    assert "d" not in f  # nothing defined

@@ -281,7 +281,18 @@ class Group(OpenFileView):
         return ds
 
     def create_dataset(
-        self, name: str, shape=None, dtype=None, data=None, *, fill=0, compression=None, layout=None
+        self,
+        name: str,
+        shape=None,
+        dtype=None,
+        data=None,
+        *,
+        fill=0,
+        compression=None,
+        layout=None,
+        fillvalue=None,
+        compression_opts=None,
+        **h5py_only,
     ):
         """Collective: define a dataset of fixed global *shape* and *dtype*.
 
@@ -308,6 +319,12 @@ class Group(OpenFileView):
             zfp, readable by level and region (docs/multires.md); float32
             or float64 only, and without *compression* (the layout has its
             own).
+        fillvalue, compression_opts :
+            h5py's spellings, taken as h5py takes them: ``fillvalue`` is
+            *fill*; ``compression_opts`` the level of ``compression="gzip"``.
+            h5py's other keywords (``chunks``, ``maxshape``, ``shuffle``,
+            ``fletcher32``, ...) are taken at their defaults only; any other
+            value is a TypeError saying what lamina does instead.
 
         Every rank checks its arguments (and *data*'s dtype against *dtype*, as
         the write of *data* does) before anything is defined; where a rank
@@ -326,6 +343,9 @@ class Group(OpenFileView):
         g = comm_mod.Guard()
         with g:
             self._writable(f"create dataset {name!r}")
+            fill, compression = _h5py_keywords(
+                name, fill, fillvalue, compression, compression_opts, h5py_only
+            )
             spec, data = self._definition(name, shape, dtype, fill, compression, data, layout)
         if g.error is not None:
             if self._file.comm.size > 1 and isinstance(eng.stack()[-1], BlockEngine):
@@ -408,6 +428,50 @@ class Group(OpenFileView):
             if reshape:
                 data = data.reshape(shape)
         return spec, data
+
+
+#: h5py's keywords of create_dataset that lamina has no use for: (their defaults, what
+#: lamina does instead)
+_H5PY_ONLY: dict[str, tuple[tuple, str]] = {
+    "chunks": (
+        (None, True),  # (True: chunked, the sizes left to the library, as lamina's blocks are)
+        "lamina stores each write as a block: the writers' decomposition is the chunking "
+        "(ds.write_blocks writes many at once)",
+    ),
+    "maxshape": ((None,), "a dataset's shape is fixed; time goes into steps (f.step())"),
+    "shuffle": ((False,), "byte shuffling is a parameter of compression=('blosc', {...})"),
+    "fletcher32": ((False,), "every block is stored with CRC-32C checksums already"),
+    "scaleoffset": ((None,), "lossy compression is compression=('zfp', tolerance)"),
+    "track_times": ((None, False), "lamina records no times of objects (each commit has its time)"),
+    "track_order": ((None, False), "members are listed sorted by name"),
+    "external": ((None, False), "the values are stored in the file's own subfiles"),
+}
+
+
+def _h5py_keywords(name, fill, fillvalue, compression, opts, others: dict) -> tuple:
+    """(fill, compression) of create_dataset's h5py spellings: ``fillvalue`` for *fill*,
+    ``compression_opts`` the gzip level; h5py's other keywords at their defaults only
+    (TypeError naming what lamina does instead), any other keyword a TypeError."""
+    where = f"create_dataset({name!r})"
+    for k, v in others.items():
+        if k not in _H5PY_ONLY:
+            raise TypeError(f"{where} got an unexpected keyword argument {k!r}")
+        defaults, instead = _H5PY_ONLY[k]
+        if not any(v is d or (type(v) is type(d) and v == d) for d in defaults):
+            raise TypeError(f"{where}: h5py's {k}={v!r} has no use in lamina: {instead}")
+    if fillvalue is not None:
+        if not (isinstance(fill, int) and not isinstance(fill, bool) and fill == 0):
+            raise TypeError(f"{where}: give fill= or h5py's fillvalue=, not both")
+        fill = fillvalue
+    if opts is not None:
+        if compression not in ("gzip", "zlib"):
+            raise CodecError(
+                f"dataset {name!r}: compression_opts={opts!r} is the level of "
+                f"compression='gzip' (0-9), not of {compression!r}: give other codecs' "
+                "parameters in a dict, {'id': 'zstd', 'level': 5}"
+            )
+        compression = {"id": "zlib", "level": opts}
+    return fill, compression
 
 
 def _shape(shape, name: str) -> tuple[int, ...]:
