@@ -310,7 +310,8 @@ class LevelView:
 
     def __getitem__(self, key) -> np.ndarray:
         """Independent: a selection in this level's coordinates."""
-        what = f"{self.dataset._what()} at level {self.level}"
+        at = f" at level {self.level}" if self.level else ""  # (level 0: the dataset's own)
+        what = f"{self.dataset._what()}{at}"
         return _select(
             key,
             self.shape,
