@@ -517,6 +517,9 @@ def test_read_direct_as_h5py(pair, source_sel, dest_shape, dest_sel, dtype):
     view = np.full((6, 8), -1, dtype="i4")[::2, ::2]  # any strides: read straight into them
     f["a"].read_direct(view)
     assert np.array_equal(view, h["a"][...])
+    part = np.zeros((2, 2), dtype=dtype)  # lamina's own Box as the source, as read() takes it
+    f["a"].read_direct(part, lamina.Box((1, 2), (3, 4)))
+    assert np.array_equal(part, h["a"][1:3, 2:4])
 
 
 def test_read_direct_refuses_what_does_not_fit(pair):

@@ -510,7 +510,9 @@ class Dataset(OpenFileView):
             )
         key = ... if source_sel is None else source_sel
         box = None
-        if isinstance(key, tuple) and all(isinstance(k, slice) for k in key):
+        if isinstance(key, Box):  # (lamina's own box: read as read() reads it)
+            box = key = self._box(key, self.shape, "read_direct")
+        elif isinstance(key, tuple) and all(isinstance(k, slice) for k in key):
             if len(key) == self.ndim and all(k.step in (None, 1) for k in key):
                 box = self._box(key, self.shape, "read_direct")
         elif key is ...:
@@ -518,7 +520,7 @@ class Dataset(OpenFileView):
         if box is not None and target.dtype == self.dtype and target.shape == box.shape:
             self.read(box, out=target)
             return
-        values = np.asarray(self[key])
+        values = np.asarray(self.read(box) if isinstance(key, Box) else self[key])
         if values.shape != target.shape:
             raise ShapeError(
                 f"read_direct() of {self._what()}: the selection {key!r} has shape "
