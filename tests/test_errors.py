@@ -620,8 +620,16 @@ def test_bad_mode_engine_and_options(tmp_path, engine):
 
 
 def test_native_aggregators_option(tmp_path):
-    with pytest.raises(ValueError, match="aggregators"):
-        lamina.open(tmp_path / "a.lam", "w", engine="native", aggregators=2)
+    for bad in (2, 0, -1):
+        with pytest.raises(
+            ValueError, match=rf"between 1 and the number of ranks \(1\), got {bad}"
+        ):
+            lamina.open(tmp_path / "a.lam", "w", engine="native", aggregators=bad)
+    for bad in ("all", 1.0, True, "1"):  # no count: refused, not converted
+        with pytest.raises(TypeError, match=r"aggregators must be an int from 1 .*, got"):
+            lamina.open(tmp_path / "a.lam", "w", engine="native", aggregators=bad)
+    assert not (tmp_path / "a.lam").exists()  # nothing made
+    lamina.open(tmp_path / "a.lam", "w", engine="native", aggregators=np.int64(1)).close()
 
 
 def test_writing_in_read_mode(writer, engine):

@@ -15,6 +15,7 @@ reads new records and broadcasts them, so every rank sees the same steps.
 from __future__ import annotations
 
 import errno
+import numbers
 import os
 import resource
 import stat
@@ -269,6 +270,23 @@ class _AreaLoader:
             raise
         buf.flags.writeable = False
         return buf.data
+
+
+def aggregators_option(value, size: int) -> int:
+    """The subfiles of a write session that ``lamina.open(..., aggregators=value)`` asks for
+    on *size* ranks (None: one per rank): TypeError for anything but an integer (a float,
+    a bool or a string such as ``"all"`` is no count), ValueError outside 1..*size*."""
+    if value is None:
+        return size
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool | np.bool_):
+        raise TypeError(
+            f"lamina.open(): aggregators must be an int from 1 to the number of ranks ({size}), "
+            f"got {value!r}"
+        )
+    n = int(value)
+    if not 1 <= n <= size:
+        raise ValueError(f"aggregators must be between 1 and the number of ranks ({size}), got {n}")
+    return n
 
 
 def _of_step(rec: Record, what: str) -> str:
@@ -562,17 +580,11 @@ class NativeEngine(BlockEngine):
     # ------------------------------------------------------------ open
     def validate_open(self, mode: str, options: dict, size: int) -> None:
         super().validate_open(mode, options, size)
-        naggs = options.get("aggregators")
-        naggs = size if naggs is None else int(naggs)
-        if not 1 <= naggs <= size:
-            raise ValueError(
-                f"aggregators must be between 1 and the number of ranks ({size}), got {naggs}"
-            )
+        aggregators_option(options.get("aggregators"), size)
 
     def _open_storage(self, path: str, mode: str) -> None:
         self.durable = durable_flag(self.options.get("durable", True), "lamina.open()")
-        naggs = self.options.get("aggregators")
-        naggs = self.size if naggs is None else int(naggs)
+        naggs = aggregators_option(self.options.get("aggregators"), self.size)
         self.naggs = naggs
         self.agg_of = [0] * self.size
         self.agg_rank = []
