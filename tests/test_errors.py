@@ -632,6 +632,17 @@ def test_native_aggregators_option(tmp_path):
     lamina.open(tmp_path / "a.lam", "w", engine="native", aggregators=np.int64(1)).close()
 
 
+@pytest.mark.parametrize("value", ["no", 0, None])
+def test_flag_options_are_bools_not_truths(tmp_path, value):
+    """background_stats="no" used to be taken as True (Python's truth of a string): every
+    flag of lamina.open is a bool, anything else a TypeError naming it, nothing made."""
+    for name in ("background_stats", "durable"):
+        with pytest.raises(TypeError, match=rf"{name} must be a bool \(True or False\), got"):
+            lamina.open(tmp_path / "f.lam", "w", engine="native", **{name: value})
+    assert not (tmp_path / "f.lam").exists()
+    lamina.open(tmp_path / "f.lam", "w", background_stats=np.bool_(False)).close()
+
+
 def test_writing_in_read_mode(writer, engine):
     path = writer.path_for_test
     writer.close()

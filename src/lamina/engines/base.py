@@ -517,13 +517,18 @@ class Engine(ABC):
         return None
 
 
-def durable_flag(value: object, call: str) -> bool:
-    """*value* of ``durable=`` (of *call*: ``flush()``, ``lamina.open()``) as a bool: a bool
-    or numpy's; anything else is a TypeError naming it (``"no"`` or ``0`` is not taken for
-    what Python's truth says of it)."""
+def flag_option(value: object, name: str, call: str = "lamina.open()") -> bool:
+    """*value* of option *name* (of *call*) as a bool: a bool or numpy's; anything else is a
+    TypeError naming it (``"no"`` or ``0`` is not taken for what Python's truth says of it)."""
     if not isinstance(value, bool | np.bool_):
-        raise TypeError(f"{call}: durable must be a bool (True or False), got {value!r}")
+        raise TypeError(f"{call}: {name} must be a bool (True or False), got {value!r}")
     return bool(value)
+
+
+def durable_flag(value: object, call: str) -> bool:
+    """*value* of ``durable=`` (of *call*: ``flush()``, ``lamina.open()``) as a bool
+    (:func:`flag_option`)."""
+    return flag_option(value, "durable", call)
 
 
 def unusable_of(unusable: Mapping[str, str], path: str) -> tuple[str, str] | None:

@@ -133,7 +133,7 @@ from ..layouts import read as layout_read
 from ..layouts import write as layout_write
 from ..layouts.spec import Layout, level_specs
 from . import collective
-from .base import Engine, step_number
+from .base import Engine, flag_option, step_number
 from .batch import Batch, cast, check_batch, check_dtype
 from .staging import (
     SMALL,
@@ -480,6 +480,7 @@ class BlockEngine(Engine):
                 f"checksum_segment must be 0 or a multiple of {stats_mod.CHUNK} bytes below "
                 f"2**62 (an int), got {seg!r}"
             )
+        flag_option(options.get("background_stats", True), "background_stats")
         wait = options.get("wait", 0)
         if isinstance(wait, bool) or not isinstance(wait, int | float) or not wait >= 0:
             raise ValueError(f"wait must be a number of seconds >= 0, got {wait!r}")
@@ -493,7 +494,9 @@ class BlockEngine(Engine):
         self.size = self.comm.size
         self.options = dict(options)
         self.segment = int(options.get("checksum_segment", stats_mod.SEGMENT))
-        self.background_stats = bool(options.get("background_stats", True))
+        self.background_stats = flag_option(
+            options.get("background_stats", True), "background_stats"
+        )
         # readers: how long to wait for a file that does not exist yet
         self.wait = float(options.get("wait", 0))
         try:

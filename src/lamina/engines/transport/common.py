@@ -29,6 +29,7 @@ from ... import comm as comm_mod
 from ...errors import LaminaWarning, ModeError
 from ...geometry import as_int
 from ...workflow import routes
+from ..base import flag_option
 from ..block import BlockEngine
 from . import rendezvous, wire
 from .wire import Poll
@@ -112,7 +113,9 @@ class TransportBase(BlockEngine):
         self.with_stats = self._with_stats = bool(stats)
         # statistics on the program's thread unless asked: the serving thread holds the GIL
         # and competes for the CPU
-        self.background_stats = bool(self.options.get("background_stats", False))
+        self.background_stats = flag_option(
+            self.options.get("background_stats", False), "background_stats"
+        )
         shallow = self.options.get("shallow", ())
         shallow = (shallow,) if isinstance(shallow, str) else shallow
         shallow = tuple(shallow) if isinstance(shallow, Iterable) else None
