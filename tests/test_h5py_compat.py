@@ -538,8 +538,32 @@ def test_read_direct_refuses_what_does_not_fit(pair):
         f["a"].read_direct(frozen)
     with pytest.raises(TypeError, match="must be a numpy array"):
         f["a"].read_direct([[0] * 4] * 3)
-    with pytest.raises(TypeError, match="a part of dest"):
-        f["a"].read_direct(np.zeros((5, 4), "i4"), np.s_[0:2, :], [0, 2])
+    with pytest.raises(ShapeError, match=r"shape \(2, 4\), which does not broadcast to"):
+        f["a"].read_direct(np.zeros((5, 4), "i4"), np.s_[0:2, :], [0, 2, 4])
+
+
+@pytest.mark.parametrize(
+    "dataset, source_sel, dest_shape, dest_sel",
+    [
+        ("a", np.s_[1, 2], (3, 6), np.s_[2, 3]),  # one element into one element
+        ("g/h/c", None, (), ()),  # 0-D into 0-D
+        ("g/h/c", None, (1,), np.s_[0]),
+        ("g/h/c", None, (1,), None),  # broadcast, as h5py's simple selections
+        ("a", np.s_[0:1, :], (4, 4), None),
+        ("a", None, (1, 3, 4), None),
+        ("a", np.s_[1, 2], (1,), None),
+        ("a", np.s_[1, :], (9,), np.s_[[0, 2, 4, 6]]),  # a list into dest, as numpy assigns
+    ],
+)
+def test_read_direct_broadcasts_and_takes_any_part_as_h5py(
+    pair, dataset, source_sel, dest_shape, dest_sel
+):
+    h, f = _tree(pair)
+    want = np.full(dest_shape, -1.0)
+    got = want.copy()
+    h[dataset].read_direct(want, source_sel, dest_sel)
+    f[dataset].read_direct(got, source_sel, dest_sel)
+    assert np.array_equal(got, want)
 
 
 def test_astype_reads_cast_as_h5py(pair):
@@ -552,6 +576,8 @@ def test_astype_reads_cast_as_h5py(pair):
         want = np.asarray(h[name][key]).astype("c16")
         assert np.array_equal(f[name].astype("c16")[key], want)
     assert len(f["a"].astype("f4")) == len(h["a"].astype("f4")) == 3
+    for k in ("shape", "ndim", "size", "dtype"):
+        assert getattr(f["a"].astype("f4"), k) == getattr(h["a"].astype("f4"), k), k
     assert np.array_equal(np.asarray(f["a"].astype("f4")), np.asarray(h["a"].astype("f4")))
     assert np.asarray(f["a"].astype("f4")).dtype == np.float32
     with pytest.raises(DTypeError, match=r"dataset '/a': astype\(<U3\)"):
@@ -614,6 +640,13 @@ def test_attrs_create_and_modify_as_h5py(pair):
         f["a"].attrs.create("bad", np.arange(6), shape=(4,))
     with pytest.raises(TypeError):
         h["a"].attrs.modify("v", [1, 2])
+    for obj in (h, f):  # strings stay strings
+        with pytest.raises(TypeError):
+            obj["a"].attrs.modify("s", 5)
+    f["a"].attrs.create("names", ["x", "yy"], shape=(2,))
+    assert f["a"].attrs["names"].tolist() == ["x", "yy"]
+    with pytest.raises(ShapeError, match="strings are held as a string or a list"):
+        f["a"].attrs.create("grid", ["x", "yy"], shape=(2, 1))
     with pytest.raises(ShapeError, match=r"attribute 'v' on '/a': it has shape \(3,\)"):
         f["a"].attrs.modify("v", [1, 2])
     f.close()
@@ -626,12 +659,15 @@ def test_create_dataset_takes_h5py_spellings(pair):
         obj.create_dataset("g", (64,), "f8", compression="gzip", compression_opts=9, chunks=True)
         obj.create_dataset("p", (3,), "i4", chunks=None, maxshape=None, shuffle=False)
         obj.create_dataset("q", (2,), "i4", fletcher32=False, track_times=False)
+        obj.create_dataset("l", (64,), "f8", compression=4)  # an integer: the gzip level
         obj["g"][...] = np.sin(np.arange(64.0))
     f.end_step()
     assert f["z"].fill == h["z"].fillvalue == 2.5
     assert np.array_equal(f["z"][...], h["z"][...])
     assert np.array_equal(f["g"][...], h["g"][...])
     assert f["g"].compression == ({"id": "zlib", "level": 9},)
+    assert f["l"].compression == ({"id": "zlib", "level": 4},)
+    assert (h["l"].compression, h["l"].compression_opts) == ("gzip", 4)
 
 
 @pytest.mark.parametrize(
@@ -645,6 +681,7 @@ def test_create_dataset_takes_h5py_spellings(pair):
         (dict(compression="zstd", compression_opts=3), CodecError, r"level of compression='gzip'"),
         (dict(compression_opts=3), CodecError, r"compression_opts=3 is the level"),
         (dict(colour="red"), TypeError, r"create_dataset\('d'\) got an unexpected keyword.*colour"),
+        (dict(compression=12), CodecError, r"compression=12: an integer is the gzip level, 0-9"),
     ],
 )
 def test_h5py_keywords_lamina_cannot_honour_say_what_it_does(pair, kw, error, message):

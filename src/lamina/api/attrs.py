@@ -9,7 +9,15 @@ from collections.abc import Iterator, MutableMapping
 import numpy as np
 
 from ..catalog import present_attr
-from ..errors import ModeError, NotFoundError, ShapeError, suggest
+from ..errors import DTypeError, ModeError, NotFoundError, ShapeError, suggest
+
+
+def _strings(values, n: int | None = None) -> bool:
+    """Whether *values* is a sequence (or array) of strings only (*n* of them, if given)."""
+    if isinstance(values, str | bytes) or not isinstance(values, list | tuple | np.ndarray):
+        return False
+    items = values.reshape(-1).tolist() if isinstance(values, np.ndarray) else list(values)
+    return (n is None or len(items) == n) and all(isinstance(v, str) for v in items)
 
 
 class Attributes(MutableMapping):
@@ -71,6 +79,15 @@ class Attributes(MutableMapping):
                     f"holds {math.prod(want)} values, the data {a.size}"
                 )
             a = a.reshape(want)
+        if a.dtype.kind in "US" or (a.dtype.kind == "O" and a.size and _strings(a)):
+            # strings: a string, or a list of them, as attributes hold them
+            if a.ndim > 1:
+                raise ShapeError(
+                    f"cannot create attribute {name!r} on {'/' + self._path!r}: strings are "
+                    f"held as a string or a list of them, not of shape {a.shape}"
+                )
+            self[name] = a.tolist()
+            return
         self[name] = a
 
     def modify(self, name: str, value) -> None:
@@ -84,6 +101,18 @@ class Attributes(MutableMapping):
             self[name] = value
             return
         old = self[name]
+        if isinstance(old, str) or (
+            isinstance(old, np.ndarray) and old.dtype.kind == "O" and _strings(old)
+        ):  # strings stay strings, as many as there are (h5py cannot convert numbers to them)
+            fits = isinstance(value, str) if isinstance(old, str) else _strings(value, old.size)
+            if not fits:
+                what = "a string" if isinstance(old, str) else f"a list of {old.size} strings"
+                raise DTypeError(
+                    f"cannot modify attribute {name!r} on {'/' + self._path!r}: it holds "
+                    f"{what}, the value is {value!r}"
+                )
+            self[name] = value if isinstance(value, str) else [str(v) for v in value]
+            return
         if not isinstance(old, np.ndarray | np.generic) or old.dtype.kind not in "biufc":
             self[name] = value
             return

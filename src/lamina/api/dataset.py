@@ -341,6 +341,18 @@ class AsType:
             )
         self._ds, self.dtype = ds, dt
 
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._ds.shape
+
+    @property
+    def ndim(self) -> int:
+        return self._ds.ndim
+
+    @property
+    def size(self) -> int:
+        return self._ds.size
+
     def __getitem__(self, key):
         return self._ds[key].astype(self.dtype)
 
@@ -488,11 +500,13 @@ class Dataset(OpenFileView):
 
     def read_direct(self, dest: np.ndarray, source_sel=None, dest_sel=None) -> None:
         """Independent: read selection *source_sel* of this view's step (default everything;
-        as ``ds[...]`` takes it) into ``dest[dest_sel]`` (default all of *dest*), as h5py's
-        ``read_direct``: *dest* a writeable numpy array, the values cast to its dtype as
-        numpy assigns them.  The part of *dest* must have the selection's shape
-        (ShapeError naming both; h5py's is a TypeError).  A box of step-1 slices read into
-        a part of the dataset's dtype goes straight into *dest*, any strides, no copy."""
+        as ``ds[...]`` takes it, or a :class:`~lamina.Box`) into ``dest[dest_sel]`` (default
+        all of *dest*; numpy's indexing, lists and masks too), as h5py's ``read_direct``:
+        *dest* a writeable numpy array, the values cast to its dtype as numpy assigns them
+        and broadcast to the part as numpy broadcasts (ShapeError naming both shapes where
+        they do not broadcast; h5py's is a TypeError).  A box of step-1 slices read into a
+        part of its shape and of the dataset's dtype goes straight into *dest*, any
+        strides, no copy."""
         if not isinstance(dest, np.ndarray):
             raise TypeError(
                 f"read_direct() of {self._what()}: dest must be a numpy array, "
@@ -500,14 +514,12 @@ class Dataset(OpenFileView):
             )
         if not dest.flags.writeable:
             raise ValueError(f"read_direct() of {self._what()}: dest is read-only")
-        target = dest if dest_sel is None else dest[dest_sel]
-        if not isinstance(target, np.ndarray) or not (
-            target.size == 0 or np.may_share_memory(target, dest)
-        ):
-            raise TypeError(
-                f"read_direct() of {self._what()}: dest_sel {dest_sel!r} must select a part "
-                "of dest by slices and integers (np.s_[...]), not a copy of it"
-            )
+        where: tuple = (...,)
+        if dest_sel is not None:  # (an Ellipsis kept last: integers alone give a 0-D view)
+            where = np.index_exp[dest_sel]
+            if not any(k is Ellipsis for k in where):
+                where = (*where, ...)
+        part = dest[where]  # a view of dest, or a copy of the elements a list or mask picks
         key = ... if source_sel is None else source_sel
         box = None
         if isinstance(key, Box):  # (lamina's own box: read as read() reads it)
@@ -517,18 +529,27 @@ class Dataset(OpenFileView):
                 box = self._box(key, self.shape, "read_direct")
         elif key is ...:
             box = Box.from_shape(self.shape)
-        if box is not None and target.dtype == self.dtype and target.shape == box.shape:
-            self.read(box, out=target)
+        if (
+            box is not None
+            and part.dtype == self.dtype
+            and part.shape == box.shape
+            and (part.size == 0 or np.may_share_memory(part, dest))
+        ):
+            self.read(box, out=part)
             return
         values = np.asarray(self.read(box) if isinstance(key, Box) else self[key])
-        if values.shape != target.shape:
+        try:
+            fits = np.broadcast_shapes(values.shape, part.shape) == part.shape
+        except ValueError:
+            fits = False
+        if not fits:
             raise ShapeError(
                 f"read_direct() of {self._what()}: the selection {key!r} has shape "
-                f"{values.shape}, "
+                f"{values.shape}, which does not broadcast to "
                 + ("dest" if dest_sel is None else f"dest[{dest_sel!r}]")
-                + f" has shape {target.shape}"
+                + f" of shape {part.shape}"
             )
-        target[...] = values
+        dest[where] = values
 
     def astype(self, dtype) -> AsType:
         """A view reading this dataset's values as *dtype* (``ds.astype(np.float64)[0:4]``,

@@ -450,7 +450,8 @@ _H5PY_ONLY: dict[str, tuple[tuple, str]] = {
 
 def _h5py_keywords(name, fill, fillvalue, compression, opts, others: dict) -> tuple:
     """(fill, compression) of create_dataset's h5py spellings: ``fillvalue`` for *fill*,
-    ``compression_opts`` the gzip level; h5py's other keywords at their defaults only
+    ``compression_opts`` (or an integer *compression*) the gzip level; h5py's other
+    keywords at their defaults only
     (TypeError naming what lamina does instead), any other keyword a TypeError."""
     where = f"create_dataset({name!r})"
     for k, v in others.items():
@@ -463,6 +464,12 @@ def _h5py_keywords(name, fill, fillvalue, compression, opts, others: dict) -> tu
         if not (isinstance(fill, int) and not isinstance(fill, bool) and fill == 0):
             raise TypeError(f"{where}: give fill= or h5py's fillvalue=, not both")
         fill = fillvalue
+    if isinstance(compression, int | np.integer) and not isinstance(compression, bool):
+        if not 0 <= compression <= 9:  # (h5py: an integer is the gzip level)
+            raise CodecError(
+                f"dataset {name!r}: compression={compression!r}: an integer is the gzip level, 0-9"
+            )
+        compression, opts = "gzip", int(compression) if opts is None else opts
     if opts is not None:
         if compression not in ("gzip", "zlib"):
             raise CodecError(
