@@ -1865,3 +1865,25 @@ def test_put_stats_errors_at_the_call_and_the_step_goes_on(path, layers):
     if layers is None:  # under the derived layer every put_stats from a program is refused
         kinds = [k for k, _ in errors["async"]]
         assert kinds.count(lamina.ModeError) == 6 and kinds.count(lamina.NotFoundError) == 1
+
+
+@pytest.mark.parametrize("io", ["sync", "async"])
+def test_a_writer_iterates_the_steps_it_committed_and_waits_for_none_of_its_own(path, io):
+    """iter_steps on a file open for writing waited for a step only this process could
+    write: a 30 s hang, then StepTimeoutError.  It now yields the steps committed (the
+    background ones waited for) and ends; wait_for_step of a step not ended is a StepError
+    at once, in 'w' and in 'a'."""
+    for mode in ("w", "a"):
+        t0 = time.monotonic()
+        with lamina.open(path, mode, io=io) as f:
+            ds = f["u"] if mode == "a" else f.create_dataset("u", (4,))
+            for s in range(3):
+                with f.step():
+                    ds[...] = s
+            got = [float(v["u"][0]) for v in f.iter_steps(timeout=20)]
+            assert got == [0.0, 1.0, 2.0] * (1 if mode == "w" else 2)
+            assert [float(v["u"][0]) for v in f.iter_steps(start=-2, timeout=20)] == [1.0, 2.0]
+            assert float(f.wait_for_step(-1, timeout=20)["u"][0]) == 2.0
+            with pytest.raises(StepError, match=r"this process writes it and has committed"):
+                f.wait_for_step(f.steps, timeout=20)
+        assert time.monotonic() - t0 < 15  # (nothing waited for the timeout)

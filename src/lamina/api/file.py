@@ -283,6 +283,9 @@ class File(Group):
     ) -> StepView:
         """Collective: block until *step* is committed (or raise StepTimeoutError / StepError).
 
+        On a file open for writing there is nothing to wait for but the steps it ended in
+        the background: a step it has not ended is a StepError at once.
+
         *step* is an integer (negative counts from the end: -k waits until there are k
         steps, then gives the k-th from the last), *timeout* None (no limit) or seconds >= 0,
         *poll* seconds > 0: anything else is a TypeError or ValueError naming it.
@@ -296,6 +299,15 @@ class File(Group):
         while True:
             if need <= self.steps:
                 return self.at(step)
+            if self.mode != "r":  # this process writes the file: no other adds a step
+                self.wait()  # (the steps it ended in the background, committed)
+                if need <= self.steps:
+                    return self.at(step)
+                raise StepError(
+                    f"step {step} does not exist in {self._filename!r}: this process writes it "
+                    f"and has committed {self.steps} steps; a step exists once its end_step "
+                    "returns"
+                )
             if self._engine.writer_closed:
                 raise StepError(
                     f"step {step} will never exist: the writer of {self._filename!r} closed it after {self.steps} steps"
@@ -324,6 +336,8 @@ class File(Group):
 
         Ends when the writer has closed the file and every step was yielded;
         raises StepTimeoutError if no new step arrives within *timeout* seconds.
+        On a file open for writing, the steps it has committed (those it ended in the
+        background waited for) and no more: this process is the file's writer.
         With *prefetch* (a file opened with ``io='async'``), what the program
         read at one step is read ahead at the next ones on a background
         thread while it works (docs/background.md).
@@ -348,6 +362,10 @@ class File(Group):
             start += self.steps
         k = start
         while True:
+            if k >= self.steps and self.mode != "r":
+                self.wait()
+                if k >= self.steps:
+                    return  # (no other process adds a step to a file this one writes)
             if k >= self.steps and self._engine.writer_closed:
                 self.refresh()
                 if k >= self.steps and self._engine.writer_closed:
