@@ -467,7 +467,8 @@ def _h5py_keywords(name, fill, fillvalue, compression, opts, others: dict) -> tu
     if isinstance(compression, int | np.integer) and not isinstance(compression, bool):
         if not 0 <= compression <= 9:  # (h5py: an integer is the gzip level)
             raise CodecError(
-                f"dataset {name!r}: compression={compression!r}: an integer is the gzip level, 0-9"
+                f"dataset {name!r}: compression={compression!r}: an integer is the gzip level "
+                "(0-9, as in h5py); else give a codec name, tuple or dict"
             )
         compression, opts = "gzip", int(compression) if opts is None else opts
     if opts is not None:
