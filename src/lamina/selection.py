@@ -218,8 +218,8 @@ def _parse(key, shape: tuple[int, ...], what: str) -> Selection:
                 raise SelectionError(
                     f"{what}: slice step must be a positive integer, got {k.step!r} in dimension {d}"
                 )
-            a = _bound(k.start, 0, n, d, what, shape)
-            b = _bound(k.stop, n, n, d, what, shape)
+            a = slice_bound(k.start, 0, n, d, what, shape)
+            b = slice_bound(k.stop, n, n, d, what, shape)
             b = max(a, b)
             start.append(a)
             stop.append(b)
@@ -265,7 +265,9 @@ def _slices(key, shape: tuple[int, ...]) -> Selection | None:
     return Selection(Box(tuple(start), tuple(stop)), (), (1,) * nd)
 
 
-def _bound(v, default: int, n: int, d: int, what: str, shape) -> int:
+def slice_bound(v, default: int, n: int, d: int, what: str, shape) -> int:
+    """Bound *v* of a slice of dimension *d* (size *n*) as an index 0..n (*default* for None,
+    negative from the end); SelectionError if not an integer, BoundsError past either end."""
     if v is None:
         return default
     if not isinstance(v, numbers.Integral) or isinstance(v, bool):

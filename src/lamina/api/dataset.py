@@ -28,7 +28,7 @@ from ..errors import (
 from ..geometry import Box, as_int, box_of
 from ..layouts import read as layout_read
 from ..layouts.spec import Layout, Multires
-from ..selection import Vector, parse, vector
+from ..selection import Vector, parse, slice_bound, vector
 from ..stats import crc
 from .attrs import Attributes
 
@@ -724,34 +724,30 @@ class Dataset(OpenFileView):
         naming the dataset, the dimension and its size, as ``ds[...]`` gives it (a slab that
         does not fit is a decomposition bug: not clipped); TypeError naming *call* for a
         step other than 1 or a bound that is not an integer."""
+        at = f" at level {level}" if level else ""
         start, stop = [], []
         for d, (s, n) in enumerate(zip(slices, shape, strict=True)):
-            bounds = []
-            for v, default in ((s.start, 0), (s.stop, n)):
-                if v is None:
-                    bounds.append(default)
-                    continue
-                if not isinstance(v, numbers.Integral) or isinstance(v, bool):
-                    raise TypeError(
-                        f"{call}() of {self._what()} takes slices of step 1 with integer bounds "
-                        f"(np.s_[a:b, ...]): bound {v!r} in dimension {d}"
-                    )
-                j = int(v) + n if v < 0 else int(v)
-                if not 0 <= j <= n:
-                    at = f" at level {level}" if level else ""
-                    raise BoundsError(
-                        f"{self._what()}{at}: slice bound {int(v)} is out of bounds for "
-                        f"dimension {d} of size {n} (shape {tuple(shape)})"
-                    )
-                bounds.append(j)
+            a = self._slice_bound(s.start, 0, n, d, shape, call, at)
+            b = self._slice_bound(s.stop, n, n, d, shape, call, at)
             if not (s.step is None or (isinstance(s.step, numbers.Integral) and s.step == 1)):
                 raise TypeError(
                     f"{call}() of {self._what()} takes slices of step 1 with integer bounds "
                     f"(np.s_[a:b, ...]): slice {s} has step {s.step!r}"
                 )
-            start.append(bounds[0])
-            stop.append(max(bounds))
+            start.append(a)
+            stop.append(max(a, b))
         return Box(tuple(start), tuple(stop))
+
+    def _slice_bound(self, v, default: int, n: int, d: int, shape, call: str, at: str) -> int:
+        """Bound *v* of a slice of dimension *d* as :func:`~lamina.selection.slice_bound`
+        gives it (BoundsError past either end, as ``ds[...]``); TypeError naming *call* for
+        a bound that is not an integer."""
+        if v is not None and (not isinstance(v, numbers.Integral) or isinstance(v, bool)):
+            raise TypeError(
+                f"{call}() of {self._what()} takes slices of step 1 with integer bounds "
+                f"(np.s_[a:b, ...]): bound {v!r} in dimension {d}"
+            )
+        return slice_bound(v, default, n, d, f"{self._what()}{at}", shape)
 
     def _same_everywhere(self, step, level: int, refused: BaseException | None = None) -> None:
         """Collective: CollectiveMismatchError on every rank unless all read this dataset at
