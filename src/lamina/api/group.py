@@ -451,8 +451,8 @@ _H5PY_ONLY: dict[str, tuple[tuple, str]] = {
 def _h5py_keywords(name, fill, fillvalue, compression, opts, others: dict) -> tuple:
     """(fill, compression) of create_dataset's h5py spellings: ``fillvalue`` for *fill*,
     ``compression_opts`` (or an integer *compression*) the gzip level; h5py's other
-    keywords at their defaults only
-    (TypeError naming what lamina does instead), any other keyword a TypeError."""
+    keywords at their defaults only (TypeError naming what lamina does instead), any other
+    keyword a TypeError."""
     where = f"create_dataset({name!r})"
     for k, v in others.items():
         if k not in _H5PY_ONLY:
