@@ -1164,11 +1164,20 @@ def test_auto_leaves_a_history_of_slow_background_steps(tmp_path, history_path):
     # from here this run's own steps decide, not the history's 10 s: which mode wins is
     # what this machine measures now (a copy against a direct write, a few milliseconds
     # each; a loaded machine may tip it), so a step written directly must be one the run's
-    # measurements predicted no faster in the background
-    for x in d[PROBE_AFTER + 1 :]:
+    # measurements predicted no faster in the background.  The decision that made it so is
+    # its own where the step before was copied (decided at its end_step), and the step
+    # before's where that one was written directly (its decision, made once it was
+    # written, is for the next step): then a direct step whose measurements favour the
+    # background is followed by a copied one.
+    for i in range(PROBE_AFTER + 1, len(d)):
+        x = d[i]
         assert x["fit"] == "run" and x["t_io"] < 1.0 and not x["probe"], x
         assert x["t_async_ranks"] is not None and x["t_async_ranks"] < 1.0, x
-        assert x["mode"] == "async" or x["t_async_ranks"] >= x["t_sync_ranks"] * (1 - MARGIN), x
+        if x["mode"] == "sync":
+            by = d[i - 1] if d[i - 1]["mode"] == "sync" else x
+            assert by["t_async_ranks"] >= by["t_sync_ranks"] * (1 - MARGIN), (by, x)
+            if i + 1 < len(d) and x["t_async_ranks"] < x["t_sync_ranks"] * (1 - MARGIN):
+                assert d[i + 1]["mode"] == "async", (x, d[i + 1])
 
 
 @pytest.mark.parametrize("ratio, switched", [(0.97, False), (0.9, True)])
