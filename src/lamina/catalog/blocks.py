@@ -262,6 +262,9 @@ SMALL_TABLE = 256
 #: folded where every row holds one value (BlockTable._fold); smaller ones stay views of
 #: their section's bytes (a few hundred bytes, and a fold costs a few numpy calls a column)
 FOLD_MIN = 256
+#: steps of at most this many blocks are grouped by dataset as Python ints (dataset_runs):
+#: 0.4-3.6 us against numpy's 7-14 for 2-256 blocks of one dataset
+RUNS_IN_PYTHON = 256
 #: the columns a decoded table folds where every row holds one value
 _FOLDABLE = (
     "length",
@@ -1362,6 +1365,13 @@ def dataset_runs(did: np.ndarray) -> tuple[np.ndarray | None, list[int], list[in
     n = len(did)
     if n < 2:  # no block or one: one run at most
         return None, [0, *([n] if n else [])], did.tolist()
+    if n <= RUNS_IN_PYTHON:  # a few rows: as Python ints, a tenth of numpy's calls
+        ids = did.tolist()
+        if ids[0] == ids[-1] and ids.count(ids[0]) == n:  # one dataset (most steps)
+            return None, [0, n], ids[:1]
+        if ids == sorted(ids):
+            bounds = [0, *[k for k in range(1, n) if ids[k] != ids[k - 1]], n]
+            return None, bounds, [ids[b] for b in bounds[:-1]]
     order = None
     if bool((did[1:] < did[:-1]).any()):
         order = np.argsort(did, kind="stable")
