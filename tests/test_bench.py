@@ -136,7 +136,14 @@ def test_adios2_baseline_reads_leave_no_profile_in_tmp(tmp_path):
 
 
 #: the functions of lamina.stats that compute a written block's statistics or checksums
-_STATS_FUNCS = ("compute", "summarize", "summarize_flat", "piece_crcs", "segment_crcs")
+_STATS_FUNCS = (
+    "compute",
+    "summarize",
+    "summarize_flat",
+    "summarize_rows",
+    "piece_crcs",
+    "segment_crcs",
+)
 
 
 @pytest.mark.parametrize(

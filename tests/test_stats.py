@@ -565,6 +565,26 @@ def test_summarize_a_block_alone_as_among_others(dtype, rng):
         stats.summarize_flat(blocks[0].reshape(-1)[:0], np.zeros(1, np.int64))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,size", [(1, 1), (1, 64), (2, 64), (7, 3), (64, 64), (3, 5000)])
+def test_blocks_of_one_size_summarize_as_blocks_of_any_size(dtype, n, size, rng):
+    """summarize_rows (blocks of one size, the staged blocks of one shape) gives what
+    summarize_flat gives for the same blocks, bit for bit: NaN inside, checksums or none."""
+    values = make(dtype, n * size, rng, nan_frac=0.1)
+    for checksum in (True, False):
+        rows = stats.summarize_rows(values, n, checksum)
+        flat = stats.summarize_flat(values, np.full(n, size, np.int64), checksum)
+        for col in ("mins", "maxs", "sums", "counts", "crcs"):
+            a, b = getattr(rows, col), getattr(flat, col)
+            if not checksum and col == "crcs":
+                assert a is None and b is None
+                continue
+            assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), (col, checksum)
+    for bad, k in ((values[:5], 2), (values[:0], 1), (values[:4], 0)):  # sizes differ; empty
+        with pytest.raises(ValueError, match=rf"summarize_rows\(\) takes {k} non-empty blocks"):
+            stats.summarize_rows(bad, k)
+
+
 def test_summarize_refuses_empty_blocks():
     with pytest.raises(ValueError, match="non-empty"):
         summarize([np.ones(3), np.ones(0)])

@@ -531,19 +531,38 @@ def summarize_flat(values: np.ndarray, sizes: np.ndarray, checksum: bool = True)
     Every statistic is one ``reduceat`` over *values*; blocks with NaN in
     their sum are done again one by one.
     """
-    dt = values.dtype
-    kind = dt.kind
     one = len(sizes) == 1  # a block alone (a dataset written once a step): fewer calls
     if (int(sizes[0]) <= 0) if one else (sizes.size and sizes.min() <= 0):
         raise ValueError("summarize() takes non-empty blocks")
-    slot = np.int64 if kind == "i" else np.uint64 if kind in "ub" else np.float64
-    flat = values.view(np.uint8) if kind == "b" else values
     if one:
         starts = _FIRST
     else:
         starts = np.zeros(len(sizes), dtype=np.int64)
         np.cumsum(sizes[:-1], out=starts[1:])
-    count = sizes.astype(np.int64, copy=True)
+    return _summarized(values, starts, sizes.astype(np.int64, copy=True), None, checksum)
+
+
+def summarize_rows(values: np.ndarray, n: int, checksum: bool = True) -> Summary:
+    """:func:`summarize_flat` of *n* blocks of one size (*values*, 1-D, holds them back to back):
+    the same statistics and checksums, without an array of sizes to add up (steps of a few
+    blocks of one shape: 20-30 us less of a step's fixed cost)."""
+    size = len(values) // n if n > 0 else 0
+    if size <= 0 or size * n != len(values):
+        raise ValueError(f"summarize_rows() takes {n} non-empty blocks of one size")
+    starts = _FIRST if n == 1 else np.arange(0, n * size, size, dtype=np.int64)
+    return _summarized(values, starts, np.full(n, size, dtype=np.int64), size, checksum)
+
+
+def _summarized(
+    values: np.ndarray, starts: np.ndarray, count: np.ndarray, size: int | None, checksum: bool
+) -> Summary:
+    """The statistics (and checksums) of the blocks of *values* starting at *starts*, *count*
+    elements each (a new array: the counts come back in it); *size* their one size, or None."""
+    dt = values.dtype
+    kind = dt.kind
+    n = len(starts)
+    slot = np.int64 if kind == "i" else np.uint64 if kind in "ub" else np.float64
+    flat = values.view(np.uint8) if kind == "b" else values
     with np.errstate(invalid="ignore", over="ignore"):
         if kind in "iub":
             mn = np.minimum.reduceat(flat, starts).astype(slot)
@@ -558,7 +577,7 @@ def summarize_flat(values: np.ndarray, sizes: np.ndarray, checksum: bool = True)
                 _outward(mn, mx) if m.dtype.itemsize > 8 else (mn.astype(slot), mx.astype(slot))
             )
             sums = np.add.reduceat(flat, starts, dtype=np.complex128 if kind == "c" else np.float64)
-            if one:
+            if n == 1:
                 redo = [0] if sums[0] != sums[0] else []  # (a complex NaN is unequal too)
             else:
                 redo = np.flatnonzero(
@@ -566,15 +585,19 @@ def summarize_flat(values: np.ndarray, sizes: np.ndarray, checksum: bool = True)
                 ).tolist()
             for i in redo:  # NaN values inside: counted and left out, one by one
                 a = int(starts[i])
-                st, _ = compute(values[a : a + int(sizes[i])], 0, checksum=False)
+                st, _ = compute(values[a : a + int(count[i])], 0, checksum=False)
                 mn[i], mx[i], sums[i], count[i] = st.min, st.max, st.sum, st.count
     crcs = None
     if checksum:
-        if one:
-            crcs = np.array([crc(values.view(np.uint8).data)], dtype=np.uint32)
+        raw = values.view(np.uint8)
+        if n == 1:
+            crcs = np.array([crc(raw.data)], dtype=np.uint32)
+        elif size is not None:  # rows of one size: each row's checksum, no edges to work out
+            c: Any = crc if size * dt.itemsize >= FAST_MIN else crc_raw
+            crcs = np.fromiter(map(c, raw.reshape(n, -1)), np.uint32, n)
         else:
             edges = np.append(starts, flat.size) * dt.itemsize
-            crcs = piece_crcs(values.view(np.uint8).data, edges)
+            crcs = piece_crcs(raw.data, edges)
     return Summary(mn, mx, sums, count, crcs)
 
 

@@ -12,8 +12,9 @@ times, ``--repeat`` times each (order rotated between repetitions):
 ``lamina agg=R copy``   the same with ``ds[box] = a`` (safe copy semantics)
 ``lamina agg=R sync-stats``  statistics and checksums on the calling thread
 ``lamina agg=R no-stats``    statistics and checksums replaced by a no-op (measurement only):
-                        ``stats.compute``, and ``stats.summarize_flat`` / ``summarize`` for blocks
-                        of at most ``stats.SMALL`` (64 KiB), which are summarized a chunk at a time
+                        ``stats.compute``, and ``stats.summarize_flat``, ``summarize_rows`` and
+                        ``summarize`` for blocks of at most ``stats.SMALL`` (64 KiB), which are
+                        summarized a chunk at a time
 ``stats+crc only``      ``lamina.stats.compute`` on the block, nothing written
 
 A timed write is open + define + write + close (everything a program pays),
@@ -113,6 +114,11 @@ def _fake_summarize_flat(values, sizes, checksum=True):
     )
 
 
+def _fake_summarize_rows(values, n, checksum=True):
+    """Stand-in for lamina.stats.summarize_rows (see :func:`_fake_summarize_flat`)."""
+    return _fake_summarize_flat(values, np.full(n, len(values) // max(n, 1)), checksum)
+
+
 def _fake_summarize(arrays, checksum=True):
     """Stand-in for lamina.stats.summarize that does no work (see :func:`_fake_summarize_flat`)."""
     sizes = np.array([a.size for a in arrays], dtype=np.int64)
@@ -125,6 +131,7 @@ def _fake_summarize(arrays, checksum=True):
 _FAKES = {
     "compute": _fake_compute,
     "summarize_flat": _fake_summarize_flat,
+    "summarize_rows": _fake_summarize_rows,
     "summarize": _fake_summarize,
 }
 

@@ -127,10 +127,11 @@ class Chunk:
             a = offsets[k]
             b = offsets[j - 1] + lengths[j - 1]
             values = self.buf[a:b].view(dt)
-            if j - k == 1:  # a block alone (a dataset written once a step): no array of lengths
-                sizes = np.array([lengths[k] // dt.itemsize], dtype=np.int64)
-            else:
-                sizes = np.array(lengths[k:j], dtype=np.int64) // dt.itemsize
+            mine = lengths[k:j]
+            if mine.count(mine[0]) == j - k:  # blocks of one size (of one shape, or alone)
+                out.append((k, stats_mod.summarize_rows(values, j - k, checksum)))
+                continue
+            sizes = np.array(mine, dtype=np.int64) // dt.itemsize
             out.append((k, stats_mod.summarize_flat(values, sizes, checksum)))
         self.summaries = out
 
