@@ -320,6 +320,33 @@ def test_a_single_lent_block_overlap_names_the_lent_write(tmp_path):
         np.testing.assert_array_equal(f["u"].read(step=0), want)
 
 
+@pytest.mark.parametrize("count", [2, 3, 15, 16, 40])
+def test_a_few_lent_blocks_of_one_shape_that_overlap_are_refused(tmp_path, count):
+    """Lent blocks of one shape, fewer than a batch entered with numpy or more: the last
+    meets the first, and end_step raises OverlapError naming both; the step is dropped and
+    the same blocks placed apart go in."""
+    path = str(tmp_path / "few.lam")
+    with lamina.open(path, "w") as f:
+        ds = f.create_dataset("u", shape=(2 * count, 4), dtype="f4", fill=-1)
+        f.begin_step()
+        for k in range(count - 1):
+            ds.write(np.full((2, 4), k, "f4"), offset=(2 * k, 0), copy=False)
+        ds.write(np.full((2, 4), 99, "f4"), offset=(1, 0), copy=False)  # meets blocks 0 and 1
+        with pytest.raises(OverlapError, match=r"box \[1:3, 0:4\] overlaps box \[0:2, 0:4\]"):
+            f.end_step()
+        assert f.steps == 0
+        with f.step():
+            for k in range(count):
+                ds.write(np.full((2, 4), k, "f4"), offset=(2 * k, 0), copy=False)
+    with lamina.open(path) as f:
+        assert f.steps == 1
+        got = f["u"][...]
+        np.testing.assert_array_equal(
+            got, np.repeat(np.arange(count, dtype="f4"), 2)[:, None] + 0 * got
+        )
+        assert [b.stats.max for b in f["u"].blocks(0)] == list(range(count))
+
+
 def test_lent_blocks_of_two_shapes_that_overlap_are_refused(tmp_path):
     """Two lent blocks of one dataset, of different shapes (each the only one of its shape),
     that overlap: end_step raises OverlapError naming both; a dataset's single lent block
