@@ -339,6 +339,44 @@ def test_a_list_or_a_mask_reads_as_numpy_indexes(key):
     np.testing.assert_array_equal(got, want)
 
 
+def test_index_sequences_of_any_kind_read_as_numpy_takes_them(tmp_path):
+    """numpy (and h5py) take any sequence of indices inside a key: a tuple, a range, an
+    array of a subclass (a memory map, a masked array) or anything numpy makes an array
+    of (an xarray DataArray); a 0-d masked integer is an integer.  A file's dataset
+    reads them alike."""
+    import xarray as xr
+
+    import lamina
+
+    mm = np.memmap(tmp_path / "idx.bin", dtype=np.int64, mode="w+", shape=(2,))
+    mm[:] = [1, 3]
+    keys = [
+        (slice(None), (1, 3)),
+        (slice(None), range(1, 3)),
+        (Ellipsis, range(0, 8, 3)),
+        (slice(None), np.ma.array([1, 3])),
+        (slice(None), mm),
+        (slice(None), xr.DataArray([1, 3])),
+        (np.ma.array(1),),
+        (slice(None), np.ma.array(np.arange(7) > 3)),
+        (1, (0, 2), slice(2, 4)),
+        (slice(None), ()),
+    ]
+    with lamina.open(str(tmp_path / "a.lam"), "w") as f:
+        f.create_dataset("a", data=A3)
+    with lamina.open(str(tmp_path / "a.lam")) as f:
+        for key in keys:
+            want = A3[key]
+            got = f["a"][key]
+            assert got.shape == want.shape, key
+            np.testing.assert_array_equal(got, want)
+            assert read_like_a_dataset(A3, key).shape == want.shape
+        with pytest.raises(SelectionError, match=r"one list of indices .* got 2 \(items 1, 2\)"):
+            f["a"][:, (1, 3), range(2)]
+        with pytest.raises(SelectionError, match=r"item 1 of the selection is a list of <U1"):
+            f["a"][:, ("a",)]
+
+
 @st.composite
 def vector_keys(draw, shape):
     """A basic key (ints, slices) with one axis taken by a list of indices or a 1-D mask."""

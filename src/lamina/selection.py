@@ -80,7 +80,19 @@ class Vector:
 
 
 def _is_vector(k) -> bool:
-    return isinstance(k, list) or (type(k) is np.ndarray and k.ndim >= 1)
+    """Whether *k*, an item of a key, is a list of indices or a mask, as numpy takes it: a
+    list, tuple or range, or an array of at least one dimension (a subclass, such as a
+    memory map or a masked array, or anything numpy makes one of: an xarray DataArray)."""
+    if isinstance(k, list | tuple | range):
+        return True
+    if isinstance(k, np.ndarray):
+        return k.ndim >= 1
+    return hasattr(k, "__array__") and not isinstance(k, np.generic) and np.ndim(k) >= 1
+
+
+def _int_array(k) -> bool:
+    """Whether *k* is a 0-d integer array (numpy takes it as an integer index)."""
+    return isinstance(k, np.ndarray) and k.ndim == 0 and k.dtype.kind in "iu"
 
 
 def vector(key, shape: tuple[int, ...], what: str = "dataset") -> Vector | None:
@@ -169,7 +181,7 @@ def _whole(key: tuple, shape: tuple[int, ...], what: str) -> tuple:
         )
     for k in key:
         if isinstance(k, bool | np.bool_) or (
-            type(k) is np.ndarray and k.ndim == 0 and k.dtype == bool
+            isinstance(k, np.ndarray) and k.ndim == 0 and k.dtype == bool
         ):
             raise SelectionError(
                 f"{what}: unsupported index {k!r}; a boolean scalar adds an axis in numpy "
@@ -196,9 +208,7 @@ def _parse(key, shape: tuple[int, ...], what: str) -> Selection:
     """:func:`parse` of any key, the general way."""
     key = _whole(key if isinstance(key, tuple) else (key,), shape, what)
     # a 0-d integer array is an integer index, as numpy takes it
-    key = tuple(
-        int(k) if type(k) is np.ndarray and k.ndim == 0 and k.dtype.kind in "iu" else k for k in key
-    )
+    key = tuple(int(k) if _int_array(k) else k for k in key)
     start, stop, squeeze, steps = [], [], [], []
     for d, (k, n) in enumerate(zip(key, shape, strict=True)):
         if isinstance(k, (numbers.Integral,)) and not isinstance(k, bool):
