@@ -97,7 +97,8 @@ def test_open_dataset_steps_dims_attrs_time(tmp_path):
         np.testing.assert_array_equal(ds.time.values, [0.0, 0.25, 0.5])
         np.testing.assert_array_equal(ds.T.values, ref)
         np.testing.assert_array_equal(ds.P.values, (2 * ref).astype("f4"))
-        assert ds.T.encoding["compression"] == [{"id": "zstd"}]
+        assert ds.T.encoding["lamina_compression"] == [{"id": "zstd"}]
+        assert "compression" not in ds.T.encoding  # (xarray's netCDF backends take that key)
 
 
 def test_derived_quantity_is_a_variable(tmp_path):
@@ -600,14 +601,65 @@ def test_write_refusals_leave_the_destination_as_it_was(tmp_path):
         (xr.Dataset({"a": ("x", np.arange(2.0), {"meta": {"n": 1}})}), "attribute 'meta'"),
         (xr.Dataset(attrs={"none": None}), "group '/': attribute 'none'"),
     )
+    lzf = xr.Dataset({"v": ("x", np.arange(3.0))})
+    lzf.v.encoding["compression"] = "lzf"  # (an HDF5 filter lamina has not)
+    cases += (
+        (lzf, "variable 'v': unknown codec 'lzf'"),
+        (xr.Dataset({"a": ("x", np.arange(2.0))}), None),  # (fine: a control)
+        (xr.Dataset({".": ("x", np.arange(2.0))}), "variable '.': a dataset needs a name"),
+        (xr.Dataset({"": ("x", np.arange(2.0))}), "variable '': a dataset needs a name"),
+        (xr.Dataset({"..": ("x", np.arange(2.0))}), "variable '..': invalid path component"),
+        (xr.Dataset({"a": ("x", np.arange(2.0))}), None),
+    )
     for k, (bad, text) in enumerate(cases):
-        with pytest.raises(TypeError, match=text):
+        if text is None:
+            continue
+        with pytest.raises((TypeError, ValueError), match=text):
             to_lamina(bad, path)
-        with pytest.raises(TypeError, match=text):
+        with pytest.raises((TypeError, ValueError), match=text):
             to_lamina(bad, tmp_path / f"new{k}.lam")
         assert not (tmp_path / f"new{k}.lam").exists()
     with xr.open_dataset(path, engine=ENGINE) as back:
         xr.testing.assert_identical(back.load(), good)
+
+
+def test_writing_over_the_file_a_dataset_reads_from_is_refused(tmp_path):
+    """A Dataset read lazily from a lamina file, written back to that file in mode 'w',
+    would have removed what it still had to read (h5py refuses to truncate an open file):
+    refused before the file is touched; once loaded it may be written there."""
+    path = tmp_path / "self.lam"
+    to_lamina(xr.Dataset({"T": ("x", np.arange(1000.0))}), path)
+    with xr.open_dataset(path, engine=ENGINE) as ds:
+        edited = ds.assign_attrs(note="edited")
+        with pytest.raises(ValueError, match=r"variable 'T' is read lazily from .*self.lam"):
+            to_lamina(edited, str(path) + "/")  # (another spelling of the same path)
+        np.testing.assert_array_equal(ds.T.values, np.arange(1000.0))
+        to_lamina(edited, tmp_path / "other.lam")  # another file: fine
+        loaded = edited.load()
+    to_lamina(loaded, path)
+    with xr.open_dataset(path, engine=ENGINE) as back:
+        assert back.attrs["note"] == "edited"
+        np.testing.assert_array_equal(back.T.values, np.arange(1000.0))
+
+
+def test_a_compressed_variable_keeps_its_codec_under_a_key_of_its_own(tmp_path):
+    """A lamina dataset's codecs come as encoding['lamina_compression'] (xarray's netCDF
+    backends take 'compression' as a string: h5netcdf failed on lamina's list), and
+    to_lamina writes them again; an explicit encoding['compression'] still counts."""
+    path = tmp_path / "comp.lam"
+    with lamina.open(str(path), "w") as f:
+        f.create_dataset("v", data=np.arange(100.0).reshape(10, 10), compression="zstd")
+    with xr.open_dataset(path, engine=ENGINE) as ds:
+        assert ds.v.encoding["lamina_compression"] == [{"id": "zstd"}]
+        assert "compression" not in ds.v.encoding
+        to_lamina(ds, tmp_path / "copy.lam")
+        other = ds.copy()
+        other.v.encoding = {"compression": "gzip"}
+        to_lamina(other, tmp_path / "gzip.lam")
+    with lamina.open(str(tmp_path / "copy.lam")) as f:
+        assert [c["id"] for c in f["v"].compression] == ["zstd"]
+    with lamina.open(str(tmp_path / "gzip.lam")) as f:
+        assert [c["id"] for c in f["v"].compression] == ["zlib"]
 
 
 @pytest.mark.slow

@@ -411,7 +411,8 @@ def group_dataset(
         if level:
             encoding["lamina_level"] = level
         if obj.compression:
-            encoding["compression"] = list(obj.compression)
+            # (not "compression": xarray's netCDF backends take that key, as a string)
+            encoding["lamina_compression"] = list(obj.compression)
         if d is not None:
             encoding["lamina_derived"] = {"expression": d.text, "strategy": d.strategy}
         component = d is not None and obj.name.strip("/") != d.name.strip("/")

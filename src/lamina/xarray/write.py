@@ -26,7 +26,10 @@ import numpy as np
 import xarray as xr
 
 import lamina
-from lamina.catalog import normalize_attr
+from lamina import codecs as codec_mod
+from lamina.api.group import _h5py_keywords
+from lamina.catalog import normalize_attr, normpath
+from lamina.errors import CodecError
 from lamina.geometry import Box, decompose
 
 from . import conventions as cv
@@ -60,14 +63,17 @@ def to_lamina(
         every rank passes the same *obj* and writes its part.
     compression : optional
         Codec of every dataset (see ``create_dataset``); a variable's
-        ``encoding["compression"]`` takes precedence.
+        ``encoding["lamina_compression"]`` (what reading a lamina file gives)
+        or ``encoding["compression"]`` takes precedence.
     **options
         Passed to :func:`lamina.open` (``aggregators=``, ``durable=`` ...).
     """
     nodes = _nodes(obj)
     nsteps = _step_count(nodes)
     _check_names(nodes, nsteps)
-    _check_values(nodes)
+    _check_values(nodes, compression)
+    if mode == "w":
+        _check_not_reading(nodes, path)
     # a file of static variables alone is one step; a step dimension of length 0, none
     steps = nsteps if any(cv.STEP in ds.dims for _, ds in nodes) else 1
     with lamina.open(path, mode, comm=comm, **options) as f:
@@ -129,6 +135,15 @@ def _check_names(nodes: list[tuple[str, xr.Dataset]], nsteps: int) -> None:
                     f"{where}variable {str(name)!r}: a name with '/' would be a dataset of "
                     "another group; rename it (or write a DataTree)"
                 )
+            if str(name) in ("", "."):
+                raise ValueError(
+                    f"{where}variable {str(name)!r}: a dataset needs a name ({str(name)!r} "
+                    "names the group itself); rename it"
+                )
+            try:
+                normpath(str(name), gpath.strip("/"))
+            except ValueError as e:
+                raise ValueError(f"{where}variable {str(name)!r}: {e}; rename it") from None
             for key in (cv.DIMS, cv.STATIC):
                 if key in var.attrs:
                     raise ValueError(
@@ -142,9 +157,9 @@ def _check_names(nodes: list[tuple[str, xr.Dataset]], nsteps: int) -> None:
                 )
 
 
-def _check_values(nodes: list[tuple[str, xr.Dataset]]) -> None:
-    """TypeError for a variable or an attribute lamina cannot store, before the file is opened
-    (an existing file is left as it was)."""
+def _check_values(nodes: list[tuple[str, xr.Dataset]], compression) -> None:
+    """TypeError for a variable or an attribute lamina cannot store, CodecError for a codec
+    it does not have, before the file is opened (an existing file is left as it was)."""
     for gpath, ds in nodes:
         _check_attrs(ds.attrs, f"group {gpath!r}")
         for name, var in ds.variables.items():
@@ -155,6 +170,41 @@ def _check_values(nodes: list[tuple[str, xr.Dataset]]) -> None:
                     "complex); encode it first (e.g. datetimes as numbers with units)"
                 )
             _check_attrs(var.attrs, what)
+            ndim = var.ndim - (cv.STEP in var.dims)
+            comp = _compression_of(var, compression)
+            try:  # as create_dataset takes it (an integer: the gzip level)
+                _, comp = _h5py_keywords(str(name), 0, None, comp, None, {})
+                codec_mod.normalize(comp, var.dtype, ndim)
+            except (CodecError, TypeError, ValueError) as e:
+                raise CodecError(f"{what}: {e}") from None
+
+
+def _compression_of(var: xr.Variable, compression):
+    """The codec of *var*'s dataset: its ``lamina_compression`` encoding (a lamina file's),
+    its ``compression`` encoding, else *compression*."""
+    enc = var.encoding
+    if "lamina_compression" in enc:
+        return enc["lamina_compression"]
+    return enc.get("compression", compression)
+
+
+def _check_not_reading(nodes: list[tuple[str, xr.Dataset]], path) -> None:
+    """ValueError where a variable reads, lazily, from the file at *path*: creating it
+    ('w') would remove what the variable still has to read (h5py refuses to truncate an
+    open file; a lamina file is a directory any number of readers may hold)."""
+    target = os.path.realpath(os.fspath(path))
+    for _, ds in nodes:
+        for name, var in ds.variables.items():
+            source = var.encoding.get("source")
+            if not isinstance(source, str) or os.path.realpath(source) != target:
+                continue
+            if getattr(var, "_in_memory", False):  # loaded: nothing left to read from the file
+                continue
+            raise ValueError(
+                f"variable {str(name)!r} is read lazily from {os.fspath(path)!r}: writing that "
+                "file in mode 'w' would remove it first; load() the data, or write another "
+                "file and move it"
+            )
 
 
 def _check_attrs(attrs: dict, what: str) -> None:
@@ -182,7 +232,7 @@ def _define(g, name: str, var: xr.Variable, nsteps: int, compression):
         var = var.transpose(cv.STEP, ...)
     dims = [str(d) for d in var.dims if d != cv.STEP]
     shape = tuple(var.shape[1:] if stepped else var.shape)
-    comp = var.encoding.get("compression", compression)
+    comp = _compression_of(var, compression)
     fill = var.encoding.get("lamina_fill", 0)
     try:
         d = g.create_dataset(name, shape, var.dtype, fill=fill, compression=comp)
