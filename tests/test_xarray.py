@@ -623,6 +623,40 @@ def test_write_refusals_leave_the_destination_as_it_was(tmp_path):
         xr.testing.assert_identical(back.load(), good)
 
 
+def test_a_renamed_dataset_does_not_replace_another(tmp_path):
+    """A dataset named like one of its dimensions is renamed (NAME_y); where the group holds
+    a dataset of that name already, it is NAME_y_2 (with a warning), not written over it."""
+    path = str(tmp_path / "rename.lam")
+    with lamina.open(path, "w") as f:
+        a = f.create_dataset("var_y", data=np.ones((2, 3)))
+        a.attrs["dims"] = ["y", "n"]
+        b = f.create_dataset("y", data=-np.ones((2, 3)))
+        b.attrs["dims"] = ["y", "n"]
+    with pytest.warns(
+        UserWarning, match=r"'var_y' is taken in the group: it is the variable 'var_y_2'"
+    ):
+        ds = xr.open_dataset(path, engine=ENGINE)
+    with ds:
+        assert sorted(ds.data_vars) == ["var_y", "var_y_2"]
+        np.testing.assert_array_equal(ds["var_y"].values, np.ones((1, 2, 3)))  # (one step)
+        np.testing.assert_array_equal(ds["var_y_2"].values, -np.ones((1, 2, 3)))
+
+
+@pytest.mark.parametrize("first", ["a", "z"])
+def test_named_dimensions_win_over_default_names_in_either_order(tmp_path, first):
+    """A dataset without 'dims' gets dim_0; one whose 'dims' names dim_0 (as xarray's own
+    default) of another length keeps it, whichever comes first: the default is the one made
+    distinct (dim_0_3), where the file failed to open when the default came first."""
+    path = str(tmp_path / "dims.lam")
+    unnamed, named = ("a", "z") if first == "a" else ("z", "a")
+    with lamina.open(path, "w") as f:
+        f.create_dataset(unnamed, data=np.arange(3.0))
+        f.create_dataset(named, data=np.arange(5.0)).attrs["dims"] = ["dim_0"]
+    with xr.open_dataset(path, engine=ENGINE) as ds:
+        assert ds[named].dims == ("step", "dim_0") and ds[unnamed].dims == ("step", "dim_0_3")
+        assert ds.sizes == {"step": 1, "dim_0": 5, "dim_0_3": 3}
+
+
 def test_writing_over_the_file_a_dataset_reads_from_is_refused(tmp_path):
     """A Dataset read lazily from a lamina file, written back to that file in mode 'w',
     would have removed what it still had to read (h5py refuses to truncate an open file):

@@ -18,6 +18,7 @@ import os
 import threading
 import warnings
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -329,6 +330,22 @@ def _per_step_variable(
     )
 
 
+@dataclass(slots=True)
+class _Member:
+    """A dataset of a group as :func:`group_dataset` sees it before its variable is made."""
+
+    name: str
+    obj: lamina.Dataset
+    attrs: dict
+    what: str  # how messages name it
+    d: Any  # its derived definition, or None
+    dims: list[str]
+    explicit: bool  # dims named by its attribute
+    at_level: int
+    stride: int
+    shape: tuple[int, ...]
+
+
 def group_dataset(
     f: lamina.File,
     gpath: str,
@@ -361,9 +378,9 @@ def group_dataset(
     sizes: dict[str, int] = {}
     variables: dict[str, xr.Variable] = {}
     stepped = False
-    for name, obj in g.items():
-        if not isinstance(obj, lamina.Dataset) or name in drop:
-            continue
+    members = [(n, o) for n, o in g.items() if isinstance(o, lamina.Dataset) and n not in drop]
+    planned = []
+    for name, obj in members:
         attrs = {k: obj.attrs[k] for k in obj.attrs}
         what = f"{f.filename}:{obj.name}"
         d = _definition(f, obj.name)
@@ -378,7 +395,15 @@ def group_dataset(
         shape = (
             tuple(obj.levels[at_level]) if at_level else tuple(-(-n // stride) for n in obj.shape)
         )
-        dims = _fit_dims(dims, shape, sizes, explicit, what, inherited or {})
+        planned.append(_Member(name, obj, attrs, what, d, dims, explicit, at_level, stride, shape))
+    # names given ('dims') first: a default name (dim_0) of another size is the one made
+    # distinct, whichever dataset comes first
+    for m in sorted(planned, key=lambda m: not m.explicit):
+        m.dims = _fit_dims(m.dims, m.shape, sizes, m.explicit, m.what, inherited or {})
+    taken = {name for name, _ in members}
+    for m in planned:
+        name, obj, attrs, what, d, dims = m.name, m.obj, m.attrs, m.what, m.d, m.dims
+        at_level, stride = m.at_level, m.stride
         static = cv.is_static(attrs) and f.steps > 0
         var_steps: list[int] | None
         var_at: int | None
@@ -418,8 +443,20 @@ def group_dataset(
         component = d is not None and obj.name.strip("/") != d.name.strip("/")
         if component or (name in dims and tuple(dims) != (name,)):
             # a vector's component x (over dims x, y, z xarray would take it for a coordinate):
-            # NAME_x, whatever the dims are called
-            name = f"{gpath.strip('/').rsplit('/', 1)[-1] or 'var'}_{name}"
+            # NAME_x, whatever the dims are called; NAME_x_2 ... where the group holds NAME_x
+            renamed = f"{gpath.strip('/').rsplit('/', 1)[-1] or 'var'}_{name}"
+            if renamed in taken or renamed in variables:
+                k = 2
+                while f"{renamed}_{k}" in taken or f"{renamed}_{k}" in variables:
+                    k += 1
+                free = f"{renamed}_{k}"
+                warnings.warn(
+                    f"{what} is named like one of its dimensions, and {renamed!r} is taken in "
+                    f"the group: it is the variable {free!r}",
+                    stacklevel=4,
+                )
+                renamed = free
+            name = renamed
         variables[name] = xr.Variable(
             vdims,
             indexing.LazilyIndexedArray(array),
