@@ -203,6 +203,37 @@ def test_lockf_is_what_holds_the_file(native_path):
     assert fcntl  # the module the lock uses
 
 
+# ------------------------------------------------------------------ logs that are not files
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", [fmt.META_NAME, fmt.COMMIT_NAME])
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_a_log_that_is_not_a_regular_file_is_refused_by_name(native_path, name, kind):
+    """A named pipe in place of lamina.meta or lamina.commit made open wait for a writer of
+    the pipe for ever (info and verify with it); a directory gave a bare IsADirectoryError
+    naming nothing. Both are a FormatError naming the file, for readers and writers, and
+    'lamina verify' says the file is damaged (exit 1)."""
+    write_steps(native_path, "w", [1.0])
+    where = os.path.join(native_path, name)
+    os.unlink(where)
+    if kind == "fifo":
+        os.mkfifo(where)
+    else:
+        os.mkdir(where)
+    said = "is a directory" if kind == "directory" else "is a named pipe"
+    for mode in ("r", "a"):
+        with pytest.raises(FormatError, match=rf"{name} {said} where lamina keeps a file"):
+            lamina.open(native_path, mode)
+    out = subprocess.run(
+        [sys.executable, "-m", "lamina", "verify", native_path],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1 and f"{name} {said}" in out.stdout + out.stderr, out
+
+
 # ------------------------------------------------------------------ a file re-created under a reader
 
 

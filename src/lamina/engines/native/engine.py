@@ -15,6 +15,7 @@ reads new records and broadcasts them, so every rank sees the same steps.
 from __future__ import annotations
 
 import errno
+import fcntl
 import numbers
 import os
 import resource
@@ -446,22 +447,46 @@ _DIR_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 def _open_in(directory: str, name: str, flags: int, mode: int = 0o644, *, dir_fd: int = -1) -> int:
-    """``os.open`` of *name* inside a lamina directory, never through a symbolic link; with
-    *dir_fd*, in that directory held open (*directory* names it in messages)."""
+    """``os.open`` of *name* inside a lamina directory, never through a symbolic link, and
+    only of a regular file: FormatError for a directory, a named pipe (whose open would wait
+    for a writer to come) or a device of that name; with *dir_fd*, in that directory held
+    open (*directory* names it in messages)."""
     where = os.path.join(directory, name) if dir_fd < 0 else name
     try:
-        return os.open(
-            where, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=None if dir_fd < 0 else dir_fd
+        fd = os.open(
+            where,
+            flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+            mode,
+            dir_fd=None if dir_fd < 0 else dir_fd,
         )
     except OSError as e:
         link = fmt.link_refused(e, directory, name)
         if link is not None:
             raise link from None
         if e.errno == errno.EISDIR:  # (a file of lamina's name that lamina did not make)
-            raise FormatError(
-                f"{directory}: {name} is a directory where lamina keeps a file of that name"
-            ) from None
+            raise _not_a_file(directory, name, "a directory") from None
         raise
+    try:
+        kind = os.fstat(fd).st_mode
+        if not stat.S_ISREG(kind):
+            what = (
+                "a directory"
+                if stat.S_ISDIR(kind)
+                else "a named pipe"
+                if stat.S_ISFIFO(kind)
+                else "not a regular file"
+            )
+            raise _not_a_file(directory, name, what)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _not_a_file(directory: str, name: str, what: str) -> FormatError:
+    """The error of a name lamina keeps a file under that holds something else (*what*)."""
+    return FormatError(f"{directory}: {name} is {what} where lamina keeps a file of that name")
 
 
 def _stat_or_none(path: str, follow: bool = True) -> os.stat_result | None:
