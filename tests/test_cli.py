@@ -660,6 +660,27 @@ def test_ls_of_a_copy_cut_short_says_so_not_open_for_writing(tmp_path, capsys, c
     assert doc["steps"] == 3 and doc["closed"] is False and doc["records_left_out"] == 3
 
 
+def test_a_file_cut_short_is_said_in_a_warning_line_of_the_command(tmp_path):
+    """The warning that steps were left out reads 'lamina info: warning: ...', as the other
+    messages of the commands do, not Python's warning with its line of source."""
+    path = str(tmp_path / "cut.lam")
+    with lamina.open(path, "w", engine="native") as f:
+        d = f.create_dataset("u", shape=(8,), dtype="f8")
+        for k in range(3):
+            with f.step():
+                d[...] = np.full(8, float(k))
+    with lamina.open(path) as f:
+        b = f["u"].blocks(1)[0]
+    os.truncate(os.path.join(path, b.subfile), b.offset + 3)
+    for cmd in ("info", "ls"):
+        out = subprocess.run(
+            [sys.executable, "-m", "lamina", cmd, path], capture_output=True, text=True, timeout=120
+        )
+        assert out.returncode == 0, out
+        assert f"lamina {cmd}: warning: " in out.stderr and "left out" in out.stderr, out.stderr
+        assert "sys.exit" not in out.stderr and "LaminaWarning" not in out.stderr, out.stderr
+
+
 _WRITER = """
 import sys, time, numpy as np, lamina
 f = lamina.open(sys.argv[1], "w", engine="native")

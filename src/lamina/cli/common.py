@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from collections.abc import Callable
+from typing import TextIO
 
-from ..errors import ExpressionError, LaminaError
+from ..errors import ExpressionError, LaminaError, LaminaWarning
 
 
 class CLIError(Exception):
@@ -70,10 +72,28 @@ def guarded(prog: str, fn: Callable[[], int | None]) -> int:
     Lamina errors, OS errors (a missing file) and :class:`CLIError` print
     ``PROG: error: MESSAGE`` on stderr (status 2); a closed pipe
     (``lamina dump ... | head``) ends quietly with status 1; Ctrl-C says so
-    (status 130).
+    (status 130).  A lamina warning (steps left out of a damaged file) prints
+    ``PROG: warning: MESSAGE``, not Python's line of source.
     """
     try:
-        return int(fn() or 0)
+        with warnings.catch_warnings():
+            shown = warnings.showwarning
+
+            def show(
+                message: Warning | str,
+                category: type[Warning],
+                filename: str,
+                lineno: int,
+                file: TextIO | None = None,
+                line: str | None = None,
+            ) -> None:
+                if issubclass(category, LaminaWarning):
+                    print(f"{prog}: warning: {message}", file=sys.stderr)
+                else:
+                    shown(message, category, filename, lineno, file, line)
+
+            warnings.showwarning = show
+            return int(fn() or 0)
     except BrokenPipeError:
         silence_stdout()
         return 1
