@@ -660,6 +660,58 @@ def test_ls_of_a_copy_cut_short_says_so_not_open_for_writing(tmp_path, capsys, c
     assert doc["steps"] == 3 and doc["closed"] is False and doc["records_left_out"] == 3
 
 
+def test_ls_and_info_list_a_file_whose_one_step_table_is_damaged(tmp_path, capsys):
+    """One byte flipped in the block table of one dataset at one step: the file opens and
+    its other steps and datasets read, so ls and info list them all, that (dataset, step)
+    marked unreadable with its error and left out of the counts, where both refused the
+    whole file (status 2) before."""
+    from lamina.engines.native import format as fmt
+
+    path = str(tmp_path / "r.lam")
+    with lamina.open(path, "w", engine="native") as f:
+        t = f.create_dataset("fields/T", (16, 8), "f8")
+        i = f.create_dataset("i32", (10,), "i4")
+        for k in range(3):
+            with f.step():
+                for b in range(4):
+                    t[4 * b : 4 * b + 4] = k + b
+                i[...] = np.arange(10) + k
+    meta = os.path.join(path, fmt.META_NAME)
+    commit = open(os.path.join(path, fmt.COMMIT_NAME), "rb").read()
+    entries, _, _ = fmt.parse_commits(commit, os.path.getsize(meta))
+    with open(meta, "r+b") as fh:  # a byte of step 2's block area, i32's section (the last)
+        fh.seek(entries[2].offset - 60)
+        b = fh.read(1)
+        fh.seek(entries[2].offset - 60)
+        fh.write(bytes([b[0] ^ 0xFF]))
+    with lamina.open(path) as f:  # (what the library keeps readable)
+        assert f.at(2)["fields/T"][0, 0] == 2.0 and f.at(1)["i32"][0] == 1
+        with pytest.raises(lamina.FormatError, match="dataset 'i32' fail their checksum"):
+            f.at(2)["i32"][...]
+    rc, out, _ = run(["ls", path], capsys)
+    assert rc == 0
+    lines = out.splitlines()
+    assert "DAMAGED: 1 dataset step unreadable" in lines[0], out
+    (line,) = [x for x in lines if x.strip().startswith("i32")]
+    assert "steps 0-1 (2 of 3)" in line and "2 blocks" in line, line
+    assert "unreadable at step 2: " in line and "fail their checksum" in line, line
+    (line,) = [x for x in lines if x.strip().startswith("T ")]
+    assert "steps 0-2" in line and "unreadable" not in line, line
+    rc, out, _ = run(["ls", path, "--json"], capsys)
+    doc = json.loads(out)
+    assert rc == 0 and doc["unreadable"] == 1
+    (node,) = [n for n in doc["nodes"] if n["path"] == "/i32"]
+    assert list(node["unreadable_steps"]) == ["2"] and node["steps_written"] == [0, 1]
+    rc, out, _ = run(["info", path], capsys)
+    assert rc == 0 and "DAMAGED" in out.splitlines()[0]
+    rc, out, _ = run(["info", path, "i32"], capsys)
+    assert rc == 0 and "step 1 " in out and "step 2 " in out, out
+    assert "unreadable: " in out.split("step 2 ", 1)[1], out
+    rc, out, _ = run(["info", path, "i32", "--json"], capsys)
+    steps = json.loads(out)["steps"]
+    assert [s.get("error") is not None for s in steps] == [False, False, True]
+
+
 def test_a_file_cut_short_is_said_in_a_warning_line_of_the_command(tmp_path):
     """The warning that steps were left out reads 'lamina info: warning: ...', as the other
     messages of the commands do, not Python's warning with its line of source."""

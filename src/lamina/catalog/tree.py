@@ -208,14 +208,21 @@ class Catalog:
                 old.release()
 
     def storage(
-        self, ids: Collection[int], steps: int | None = None
+        self,
+        ids: Collection[int],
+        steps: int | None = None,
+        damaged: dict[tuple[int, int], str] | None = None,
     ) -> dict[int, tuple[list[int], int, int, int]]:
         """``{dataset: (steps written, blocks, bytes stored, bytes of the values)}`` over the
         first *steps* committed steps (all of them by default) of each dataset of *ids*, as
         the sum over steps of the dataset's tables would give them, without a table or a
         record each: step by step, each step's block area read once
         (:meth:`StepBlocks.storage`).  Datasets by the id of their spec; a multiresolution
-        dataset's blocks are its patches' band 0."""
+        dataset's blocks are its patches' band 0.
+
+        A step whose blocks fail their checks raises that FormatError; with *damaged* (a
+        dict), the error of each dataset whose blocks fail them at a step goes there by
+        ``(step, dataset)``, that dataset left out at that step, and the others are summed."""
         n = len(self.steps) if steps is None else steps
         wanted = set(ids)
         out: dict[int, tuple[list[int], int, int, int]] = {d: ([], 0, 0, 0) for d in wanted}
@@ -223,7 +230,18 @@ class Catalog:
             sb = self.steps[k]
             if sb is not self._reading:
                 self._keep(k, sb)  # (its tables released with the steps read longest ago)
-            for d, (nb, stored, raw) in sb.storage(self.specs, wanted).items():
+            try:
+                sums = sb.storage(self.specs, wanted)
+            except FormatError:
+                if damaged is None:
+                    raise
+                sums = {}
+                for d in sorted(wanted):  # dataset by dataset: which ones, and the others
+                    try:
+                        sums.update(sb.storage(self.specs, {d}))
+                    except FormatError as e:
+                        damaged[(k, d)] = str(e)
+            for d, (nb, stored, raw) in sums.items():
                 written, nb0, stored0, raw0 = out[d]
                 written.append(k)
                 out[d] = (written, nb0 + nb, stored0 + stored, raw0 + raw)

@@ -96,6 +96,8 @@ def _file_head(f, infos: list[dict]) -> dict:
         "datasets": sum(1 for i in infos if i["type"] == "dataset"),
         "nbytes": sum(i.get("nbytes", 0) for i in infos),
         "raw_nbytes": sum(i.get("raw_nbytes", 0) for i in infos),
+        # (dataset, step) pairs whose blocks fail their checks: left out of the sums
+        "unreadable": sum(len(i.get("unreadable_steps", ())) for i in infos),
     }
 
 
@@ -117,9 +119,15 @@ def _head_line(head: dict) -> str:
         state = "not closed: its writer ended without closing it"
     version = head.get("format_version")
     engine = head["engine"] + (f" (format {version})" if version is not None else "")
+    damaged = (
+        f"; DAMAGED: {plural(head['unreadable'], 'dataset step')} unreadable (lamina verify "
+        "tells every block)"
+        if head.get("unreadable")
+        else ""
+    )
     return (
         f"{fmt_name(head['file'])}: {engine}, {plural(head['steps'], 'step')} ({state}), "
-        f"{plural(head['datasets'], 'dataset')}, {fmt_bytes(head['nbytes'])} stored"
+        f"{plural(head['datasets'], 'dataset')}, {fmt_bytes(head['nbytes'])} stored{damaged}"
     )
 
 
@@ -162,19 +170,32 @@ def _nodes_info(f, nodes: list) -> list[dict]:
     storage of every dataset summed step by step at once (:func:`_storage`)."""
     from lamina import Dataset
 
-    stored = _storage(f, [obj for _, obj in nodes if isinstance(obj, Dataset)])
-    return [_node_info(f, path, obj, stored) for path, obj in nodes]
+    damaged: dict[str, dict[int, str]] = {}
+    stored = _storage(f, [obj for _, obj in nodes if isinstance(obj, Dataset)], damaged)
+    infos = [_node_info(f, path, obj, stored) for path, obj in nodes]
+    for info in infos:
+        if info["path"] in damaged:
+            info["unreadable_steps"] = {str(k): e for k, e in damaged[info["path"]].items()}
+    return infos
 
 
-def _storage(f, datasets: list) -> dict[str, tuple[list[int], int, int, int]]:
+def _storage(
+    f, datasets: list, damaged: dict[str, dict[int, str]]
+) -> dict[str, tuple[list[int], int, int, int]]:
     """``{path: (steps written, blocks, bytes stored, bytes of the values)}`` of *datasets*
     over every step, as their blocks at each step would sum to, step by step: each step's
     block area is read once for all of them, and no block becomes a record
-    (:meth:`lamina.catalog.Catalog.storage`).  A dataset by the path of its node."""
+    (:meth:`lamina.catalog.Catalog.storage`).  A dataset by the path of its node; the steps
+    where its blocks fail their checks (a damaged file) are left out of its sums and go
+    into *damaged* (``{path: {step: error}}``)."""
     cat = f.engine.catalog
     specs = {ds.name: cat.datasets.get(ds.name.strip("/")) for ds in datasets}
     ids = {spec.id for spec in specs.values() if spec is not None}
-    sums = cat.storage(ids, f.steps) if ids else {}
+    bad: dict[tuple[int, int], str] = {}
+    sums = cat.storage(ids, f.steps, bad) if ids else {}
+    names = {spec.id: name for name, spec in specs.items() if spec is not None}
+    for (k, d), e in sorted(bad.items()):
+        damaged.setdefault(names[d], {})[k] = e
     return {name: sums[spec.id] for name, spec in specs.items() if spec is not None}
 
 
@@ -241,9 +262,14 @@ def _dataset_line(info: dict, nsteps: int) -> str:
         comp = _layout_words(lay)
     if info.get("error"):  # (its layout: what it stores cannot be told)
         return f"{info['dtype']} {shape}  unreadable: {info['error']}"
+    bad = info.get("unreadable_steps")
+    damaged = ""
+    if bad:  # (the steps whose blocks fail their checks: left out of the counts)
+        first = next(iter(bad.values()))
+        damaged = f"  unreadable at step {', '.join(bad)}: {first}"
     return (
         f"{info['dtype']} {shape}  {steps}  {plural(info['blocks'], 'block')}  {size}  "
-        f"compression {comp}  fill {fmt_value(info['_fill'])}{_derived_note(info)}"
+        f"compression {comp}  fill {fmt_value(info['_fill'])}{_derived_note(info)}{damaged}"
     )
 
 
@@ -393,6 +419,8 @@ def _decisions_table(decisions: list[dict]) -> str:
 
 
 def cmd_info(args) -> int:
+    from lamina.errors import FormatError
+
     if args.dataset is None:
         return _info_file(args)
     with open_file(args.file) as f:
@@ -404,12 +432,20 @@ def cmd_info(args) -> int:
         # let go), their bytes summed from its columns, and the elements that hold values:
         # the blocks' own, or where a step has none (a quantity kept as its expression),
         # its anchor's
-        per_step, covers, sums = [], {}, {}
+        per_step: list[tuple[int, float | None, list | None]] = []  # None: unreadable
+        covers: dict[int, int] = {}
+        sums: dict[int, tuple[int, int]] = {}
         # a derived quantity this lamina cannot evaluate: where it holds values is not known
         # (its coverage is refused), its blocks are what the file lists
         bad = unusable_of(f.engine.unusable(), ds.name)
+        unreadable: dict[int, str] = {}  # the steps whose blocks fail their checks
         for k in steps:
-            blocks = ds.blocks(k)
+            try:
+                blocks = ds.blocks(k)
+            except FormatError as e:  # (a damaged file: the other steps are listed)
+                unreadable[k] = str(e)
+                per_step.append((k, times[k] if k < len(times) else None, None))
+                continue
             stored, raw = storage_of(blocks)
             sums[k] = (stored, raw)
             covers[k] = (
@@ -447,7 +483,9 @@ def cmd_info(args) -> int:
                 if lay is None
                 else {k: v for k, v in lay.items() if not k.startswith("_")},
                 "steps": [
-                    {
+                    {"step": k, "time": t, "error": unreadable[k]}
+                    if blocks is None
+                    else {
                         "step": k,
                         "time": t,
                         "blocks": [_block_json(b) for b in blocks],
@@ -514,6 +552,9 @@ def cmd_info(args) -> int:
     size = ds.size  # (a product of the shape each time it is asked for)
     for k, t, blocks in per_step:
         when = f"  committed {fmt_timestamp(t)}" if t is not None else ""
+        if blocks is None:
+            print(f"step {k}{when}: unreadable: {unreadable[k]}")
+            continue
         if not blocks:
             if bad is not None:
                 print(f"step {k}{when}: no blocks (cannot be evaluated by this lamina)")
