@@ -912,15 +912,6 @@ class BlockEngine(Engine):
                 # enters the index after the commit that flushes it (the step forgets it then)
                 alone.append((spec, start, arr))
                 continue
-            if len(arrays) < BoxIndex.LAZY_BATCH:
-                # a few blocks: entered one by one (as a batch this small would be) and staged
-                # with those alone, no arrays of corners made for them (a step of 2 blocks:
-                # 30-40 us less)
-                shape = arrays[0].shape
-                for start in corners:
-                    enter_box(self._local, spec, box_of(start, shape), step, lent_by=self.rank)
-                alone.extend(zip(itertools.repeat(spec), corners, arrays))
-                continue
             self._stage_alone(alone)
             n, nd = len(arrays), spec.ndim
             starts = np.fromiter(_chain(corners), np.int64, n * nd).reshape(n, nd)
