@@ -7,7 +7,6 @@ import os
 import sys
 import warnings
 from collections.abc import Callable
-from typing import TextIO
 
 from ..errors import ExpressionError, LaminaError, LaminaWarning
 
@@ -75,25 +74,23 @@ def guarded(prog: str, fn: Callable[[], int | None]) -> int:
     (status 130).  A lamina warning (steps left out of a damaged file) prints
     ``PROG: warning: MESSAGE``, not Python's line of source.
     """
+    formatted = warnings.formatwarning
+
+    def format_warning(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        line: str | None = None,
+    ) -> str:
+        if issubclass(category, LaminaWarning):
+            return f"{prog}: warning: {message}\n"
+        return formatted(message, category, filename, lineno, line)
+
+    # (the format, not the display: a program or a test that records warnings still gets them)
+    warnings.formatwarning = format_warning
     try:
-        with warnings.catch_warnings():
-            shown = warnings.showwarning
-
-            def show(
-                message: Warning | str,
-                category: type[Warning],
-                filename: str,
-                lineno: int,
-                file: TextIO | None = None,
-                line: str | None = None,
-            ) -> None:
-                if issubclass(category, LaminaWarning):
-                    print(f"{prog}: warning: {message}", file=sys.stderr)
-                else:
-                    shown(message, category, filename, lineno, file, line)
-
-            warnings.showwarning = show
-            return int(fn() or 0)
+        return int(fn() or 0)
     except BrokenPipeError:
         silence_stdout()
         return 1
@@ -103,6 +100,8 @@ def guarded(prog: str, fn: Callable[[], int | None]) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        warnings.formatwarning = formatted
 
 
 def silence_stdout() -> None:
