@@ -753,3 +753,75 @@ def test_statistics_follow_the_record(tmp_path, eager):
     )
     assert res.lines("OK check every 1: 5 steps"), res.describe()
     assert res.lines("OK check every 2: 3 steps"), res.describe()
+
+
+@pytest.mark.parametrize(
+    "producer,consumer,want",
+    [
+        # rank 0 defines a dataset while rank 1 ends a step (the end_step met the define's
+        # agreement and both ranks went on to collectives of their own: a hang)
+        (
+            (2, "write-define"),
+            (1, "read"),
+            {
+                "write-define 0": "CollectiveMismatchError",
+                "write-define 1": "CollectiveMismatchError",
+                "read 0": "OK",
+            },
+        ),
+        # rank 0 closes while rank 1 defines: the same with the close
+        (
+            (2, "write-close"),
+            (1, "read"),
+            {
+                "write-close 0": "CollectiveMismatchError",
+                "write-close 1": "CollectiveMismatchError,RemoteError",
+                "read 0": "TransportError",
+            },
+        ),
+        # the ranks a step apart, the error caught and the file closed: rank 0's close hears
+        # that rank 1 left, and its consumer hears at once that the producer left (it waited
+        # for its timeout: rank 0 did not end its stream after a RemoteError)
+        (
+            (2, "write-caught"),
+            (1, "read"),
+            {
+                "write-caught 0": "CollectiveMismatchError,RemoteError",
+                "write-caught 1": "OK,CollectiveMismatchError",
+                "read 0": "TransportError",
+            },
+        ),
+        # a consumer rank closes while the other waits for the next step (it waited for ever)
+        (
+            (1, "write-slow"),
+            (2, "read-close"),
+            {
+                "write-slow 0": "OK",
+                "read-close 0": "CollectiveMismatchError,RemoteError",
+                "read-close 1": "OK,CollectiveMismatchError",
+            },
+        ),
+    ],
+    ids=["define-vs-end_step", "close-vs-define", "caught-and-closed", "consumer-close-vs-wait"],
+)
+def test_ranks_of_one_side_in_different_collective_calls_raise_not_hang(
+    tmp_path, producer, consumer, want
+):
+    """In situ (memory), the ranks of one program in different collective calls: every rank
+    raises CollectiveMismatchError (as on files) within a second or two, where the producer's
+    end_step and close and the consumer's close met any other call and waited for ever; the
+    other side hears at once, not after its timeout (20 s here)."""
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (producer[0], "transport_mismatch", producer[1], "s.lam"),
+        (consumer[0], "transport_mismatch", consumer[1], "s.lam"),
+        cwd=tmp_path,
+        env={"LAMINA_TRANSPORT": "memory"},
+        expect_ok="RESULT",
+    )
+    got = {}
+    for line in res.lines("RESULT"):
+        role, rank, what, seconds = line.split()
+        got[f"{role} {rank}"] = what
+        assert float(seconds) < 10, res.describe()
+    assert got == want, res.describe()

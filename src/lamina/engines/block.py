@@ -1941,9 +1941,10 @@ class BlockEngine(Engine):
                 # rank left first.
                 if not is_left(e) and self.size > 1:
                     comm_mod.leave(self.comm, e)
-                if self.ENDS_STREAMS and not is_left(e):
+                if self.ENDS_STREAMS:
                     # an in situ producer: its consumers hear that it failed at once, not a
-                    # stream cut off that they wait on until their timeout
+                    # stream cut off that they wait on until their timeout; so too where
+                    # another rank left first (each rank feeds consumer ranks of its own)
                     try:
                         self.abandon()
                     except Exception:  # noqa: BLE001 - already failing: the close's error is raised

@@ -594,7 +594,9 @@ class Consumer(TransportBase):
         g = comm_mod.Guard()
         with g:
             self._goodbye()
-        comm_mod.agree(self.comm, g.error)
+        # (named, as a reader's close: a rank still in a refresh or a collective read raises
+        # with this one, where it waited for ever)
+        comm_mod.agree(self.comm, g.error, call=comm_mod.CALL_CLOSE)
 
     def _goodbye(self, timeout: float | None = None) -> None:
         """Consumer: release everything, say goodbye to every producer rank, drain the record

@@ -616,7 +616,9 @@ class Producer(TransportBase):
 
     def end_step(self) -> None:
         self._check_server()
-        self._gather()
+        # (named: a rank in another collective call, a define or a close, raises with this
+        # one instead of meeting it and going on to a collective of its own)
+        self._gather(comm_mod.CALL_END_STEP)
         super().end_step()
         g = comm_mod.Guard()
         with g:
@@ -672,7 +674,7 @@ class Producer(TransportBase):
         self.check_can_read()
 
     def _finish(self) -> None:
-        self._gather()
+        self._gather(comm_mod.CALL_CLOSE)
         self._commit_close()
         g = comm_mod.Guard()
         with g:
