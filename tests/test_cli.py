@@ -619,6 +619,15 @@ def test_info_of_multiresolution_levels_says_what_a_read_of_each_takes(tmp_path,
     assert json.loads(out)["steps"][0]["nbytes"] == want[0]  # as the text (it said band 0)
 
 
+def _steps_of_u(path: str, steps: int) -> None:
+    """A native file of *steps* steps of a dataset 'u' of 8 float64 values, k at step k."""
+    with lamina.open(path, "w", engine="native") as f:
+        d = f.create_dataset("u", shape=(8,), dtype="f8")
+        for k in range(steps):
+            with f.step():
+                d[...] = np.full(8, float(k))
+
+
 @pytest.mark.parametrize("cut", ["metadata", "metadata-mid-frame", "subfile"])
 def test_ls_of_a_copy_cut_short_says_so_not_open_for_writing(tmp_path, capsys, cut):
     """A copy of a file taken while it was written (lamina.meta copied before
@@ -631,11 +640,7 @@ def test_ls_of_a_copy_cut_short_says_so_not_open_for_writing(tmp_path, capsys, c
     from lamina.engines.native import format as fmt
 
     path = str(tmp_path / "copy.lam")
-    with lamina.open(path, "w", engine="native") as f:
-        d = f.create_dataset("u", shape=(8,), dtype="f8")
-        for k in range(5):
-            with f.step():
-                d[...] = np.full(8, float(k))
+    _steps_of_u(path, 5)
     meta = os.path.join(path, fmt.META_NAME)
     commit = open(os.path.join(path, fmt.COMMIT_NAME), "rb").read()
     entries, _, _ = fmt.parse_commits(commit, os.path.getsize(meta))
@@ -716,11 +721,7 @@ def test_a_file_cut_short_is_said_in_a_warning_line_of_the_command(tmp_path):
     """The warning that steps were left out reads 'lamina info: warning: ...', as the other
     messages of the commands do, not Python's warning with its line of source."""
     path = str(tmp_path / "cut.lam")
-    with lamina.open(path, "w", engine="native") as f:
-        d = f.create_dataset("u", shape=(8,), dtype="f8")
-        for k in range(3):
-            with f.step():
-                d[...] = np.full(8, float(k))
+    _steps_of_u(path, 3)
     with lamina.open(path) as f:
         b = f["u"].blocks(1)[0]
     os.truncate(os.path.join(path, b.subfile), b.offset + 3)

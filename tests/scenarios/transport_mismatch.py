@@ -24,8 +24,15 @@ from transport_common import say
 import lamina
 
 
-def result(role: str, rank: int, what: str, t0: float) -> None:
-    say(f"RESULT {role} {rank} {what} {time.monotonic() - t0:.1f}")
+def close_and_say(f, role: str, got: str, t0: float) -> None:
+    """Close *f* as a program would after *got* (the error of the calls before, or OK), and
+    say both: ``RESULT role rank got[,close's error] seconds``."""
+    rank = f.comm.rank
+    try:
+        f.close()
+    except Exception as e:  # noqa: BLE001
+        got += "," + type(e).__name__
+    say(f"RESULT {role} {rank} {got} {time.monotonic() - t0:.1f}")
 
 
 def write(role: str, name: str) -> None:
@@ -58,11 +65,7 @@ def write(role: str, name: str) -> None:
                 u[0:4] = 2
     except Exception as e:  # noqa: BLE001 - said, and the file closed as a program would
         got = type(e).__name__
-    try:
-        f.close()
-    except Exception as e:  # noqa: BLE001
-        got += "," + type(e).__name__
-    result(role, rank, got, t0)
+    close_and_say(f, role, got, t0)
 
 
 def read(role: str, name: str) -> None:
@@ -76,11 +79,7 @@ def read(role: str, name: str) -> None:
                 break
     except Exception as e:  # noqa: BLE001
         got = type(e).__name__
-    try:
-        f.close()
-    except Exception as e:  # noqa: BLE001
-        got += "," + type(e).__name__
-    result(role, rank, got, t0)
+    close_and_say(f, role, got, t0)
 
 
 def main() -> None:
