@@ -493,6 +493,19 @@ def test_existing_destination_needs_overwrite(sample, tmp_path):
     with pytest.raises(FileExistsError, match="not a lamina file"):
         hdf5.convert(h5, other, progress=False, overwrite=True)
     assert (other / "keep.txt").read_text() == "precious"
+    # a file of another kind is never replaced either: not by HDF5, not by a lamina directory
+    notes = tmp_path / "notes.txt"
+    notes.write_text("precious")
+    for a, b, what in ((sample, notes, "not an HDF5 file"), (h5, notes, "not a lamina file")):
+        with pytest.raises(FileExistsError, match=f"notes.txt' is {what}; not replacing it"):
+            hdf5.convert(a, b, progress=False, overwrite=True)
+    assert notes.read_text() == "precious"
+    os.symlink(tmp_path / "nowhere.h5", tmp_path / "dangling.h5")
+    with pytest.raises(FileExistsError, match="not an HDF5 file"):
+        hdf5.convert(sample, tmp_path / "dangling.h5", progress=False, overwrite=True)
+    with h5py.File(tmp_path / "ub.h5", "w", userblock_size=512) as h:
+        h["x"] = 1  # HDF5 after a user block: still HDF5, replaced
+    hdf5.convert(sample, tmp_path / "ub.h5", progress=False, overwrite=True)
     assert not [p for p in os.listdir(tmp_path) if ".partial-" in p]
 
 

@@ -479,6 +479,41 @@ def test_names_zarr_keeps_its_metadata_under_are_refused(tmp_path):
         assert not [p for p in os.listdir(tmp_path) if "n.zarr" in p]
 
 
+def test_names_with_a_backslash_are_refused(tmp_path):
+    """zarr-python takes a backslash for a path separator: ``a\\b`` would come back as a group
+    ``a`` holding ``b``. One error naming it, nothing written."""
+    for k, (path, what) in enumerate(
+        (("a\\b", "dataset /a\\b"), ("g\\h/x", "group /g\\h"), ("g/x\\", "dataset /g/x\\"))
+    ):
+        src = tmp_path / f"b{k}.lam"
+        with lamina.open(src, "w") as f:
+            f.create_dataset(path, (2,), "f4")
+        with pytest.raises(ConvertError) as got:
+            omezarr.convert(src, tmp_path / "b.zarr", progress=False)
+        assert f"{what}: " in str(got.value) and "backslash" in str(got.value), got.value
+        assert not [p for p in os.listdir(tmp_path) if "b.zarr" in p]
+
+
+def test_datasets_of_32_dimensions_are_refused_before_writing(tmp_path):
+    """The step axis makes 33 dimensions, more than HDF5 and Zarr hold: an error naming the
+    dataset, before any destination exists; 31 dimensions convert."""
+    src, ok = tmp_path / "deep.lam", tmp_path / "ok.lam"
+    for path, deep in ((src, True), (ok, False)):
+        with lamina.open(path, "w") as f:
+            f.create_dataset("ok", (31 * (1,)), "f8", fill=2.0)
+            if deep:
+                f.create_dataset("g/deep", (32 * (1,)), "f8")
+    for dst in ("deep.zarr", "deep.h5"):
+        with pytest.raises(ConvertError, match=r"dataset /g/deep has 32 dimensions.* \(32\)"):
+            omezarr.convert(src, tmp_path / dst, progress=False)
+        assert not [p for p in os.listdir(tmp_path) if dst in p]
+    for dst in ("ok.zarr", "ok.h5"):
+        omezarr.convert(ok, tmp_path / dst, progress=False)
+        omezarr.convert(tmp_path / dst, tmp_path / f"{dst}.lam", progress=False)
+        with lamina.open(tmp_path / f"{dst}.lam") as back:
+            assert back["ok"].shape == 31 * (1,) and back["ok"].fill == 2.0
+
+
 def test_lamina_made_inconsistent(store, tmp_path):
     import shutil
 

@@ -119,6 +119,16 @@ class ConvertResult:
 ZARR_MARKERS = (".zgroup", ".zattrs", ".zarray", "zarr.json")
 
 
+def _is_hdf5_file(path: str) -> bool:
+    """Whether *path* is a regular file HDF5 recognizes (its signature, after any user block)."""
+    try:
+        import h5py
+
+        return os.path.isfile(path) and bool(h5py.is_hdf5(path))
+    except OSError:
+        return False
+
+
 def is_zarr_store(path) -> bool:
     """Whether *path* is a directory holding Zarr metadata (a Zarr store, not a lamina file)."""
     path = os.fspath(path)
@@ -208,6 +218,7 @@ def lamina_to_hdf5(
         plan: list[tuple[str, Dataset, list[tuple[int, Box]], dict[str, int] | None]] = []
         for path, obj in nodes:
             if isinstance(obj, Dataset):
+                check_rank(src, path, obj, "HDF5")
                 # where it holds values: its blocks, or a derived quantity's computed ones
                 boxes = [(k, b) for k in range(nsteps) for b in obj.coverage(k)]
                 res.warnings += not_kept(f, path, obj, layout=False)
@@ -260,6 +271,20 @@ def lamina_to_hdf5(
                         res.blocks += len(step_boxes)
     res.seconds = time.perf_counter() - t0
     return res
+
+
+#: the most dimensions an HDF5 dataset (``H5S_MAX_RANK``) or a Zarr array written through
+#: numpy has: an exported dataset has one more than in lamina, its step axis
+MAX_EXPORT_NDIM = 32
+
+
+def check_rank(src: str, path: str, ds, kind: str) -> None:
+    """ConvertError if dataset *ds* with its step axis has more dimensions than *kind* holds."""
+    if ds.ndim + 1 > MAX_EXPORT_NDIM:
+        raise ConvertError(
+            f"{src!r}: dataset /{path.lstrip('/')} has {ds.ndim} dimensions; with the step "
+            f"axis that is {ds.ndim + 1}, more than {kind} holds ({MAX_EXPORT_NDIM})"
+        )
 
 
 def not_kept(f, path: str, ds, layout: bool) -> list[str]:
@@ -1024,6 +1049,11 @@ class _staged:
                 raise FileExistsError(
                     f"{dst!r} is a lamina directory; not replacing it with an HDF5 file"
                 )
+            if not os.path.isdir(dst) and (kind != "hdf5" or not _is_hdf5_file(dst)):
+                # (a file of something else, or a link to nothing: what --force replaces is
+                # the kind of thing it writes, as for directories)
+                want = {"hdf5": "an HDF5 file", "zarr": "a Zarr store"}.get(kind, "a lamina file")
+                raise FileExistsError(f"{dst!r} is not {want}; not replacing it")
         self.parent = parent
         self.stem = f".{os.path.basename(os.path.abspath(dst))}.partial-{_host()}-"
         self.tmp = os.path.join(parent, f"{self.stem}{os.getpid()}")

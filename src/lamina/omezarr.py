@@ -54,6 +54,7 @@ from .hdf5 import (
     _created,
     _require_serial,
     _staged,
+    check_rank,
     chunk_shape,
     detect,
     not_kept,
@@ -192,6 +193,7 @@ def lamina_to_zarr(
         for path, obj in nodes:
             _check_zarr_name(path, "dataset" if isinstance(obj, Dataset) else "group", src)
             if isinstance(obj, Dataset):
+                check_rank(src, path, obj, "Zarr")
                 plan.append(_plan_out(path, obj, nsteps))
                 res.warnings += not_kept(f, path, obj, layout=True)
                 res.datasets += 1
@@ -372,8 +374,14 @@ def _multiscales(
 
 
 def _check_zarr_name(path: str, kind: str, src: str) -> None:
-    """ConvertError if a name in *path* is one of Zarr's metadata files (Zarr could not hold it)."""
+    """ConvertError if a name in *path* is one of Zarr's metadata files, or holds a backslash
+    (Zarr takes it for a separator): Zarr could not hold it under that name."""
     for name in path.split("/"):
+        if "\\" in name:
+            raise ConvertError(
+                f"{src!r}: {kind} /{path}: {name!r} holds a backslash, which Zarr takes for a "
+                "path separator, so Zarr cannot hold it under that name; rename it first"
+            )
         if name in ZARR_NAMES:
             raise ConvertError(
                 f"{src!r}: {kind} /{path}: {name!r} is the name of a Zarr metadata file, so "
