@@ -57,6 +57,11 @@ def _brute(pred, arrays):
         ("f4", [[np.inf, np.inf], [1.0, 2.0]], "a == 1e300"),
         ("f4", [[np.inf, np.inf], [1.0, 2.0]], "a > 1e300"),
         ("f4", [[3e38, 3e38], [1.0, 2.0]], "a + a > 1e300"),
+        # long double (80-bit on x86): 2^53 + 1 is a value there, numpy compares with it exactly
+        ("g", [[2**53, 2**53], [1, 2]], "a < 9007199254740993"),
+        ("g", [[2**53, 2**53], [1, 2]], "a >= 9007199254740993"),
+        ("g", [[2**53, 2**53], [1, 2]], "a != 9007199254740993"),
+        ("g", [[2**53 + 1, 2**53 + 1], [1, 2]], "a - 1 == 9007199254740992"),
     ],
 )
 def test_pruning_follows_the_dtype(dtype, blocks, pred):
@@ -77,6 +82,23 @@ def test_pruning_follows_the_dtype(dtype, blocks, pred):
     finally:
         f.close()
         memory_engine.drop(name)
+
+
+def test_a_dataset_cast_to_long_double_is_bounded_outward():
+    """int64 2^53 + 1 against long double 2^53 + 0.5: numpy casts the int64 to long double
+    exactly; its bound, cast through float64 to nearest, was 2^53 and pruned the block."""
+    name = f"mem://query-sound/{next(_names)}"
+    k = np.full(4, 2**53 + 1, dtype=np.int64)
+    y = np.full(4, np.longdouble(2**53) + np.longdouble(0.5))
+    with lamina.open(name, "w", engine="memory") as f:
+        for path, a in (("k", k), ("y", y)):
+            f.create_dataset(path, a.shape, a.dtype)
+        with f.step():
+            f["k"][...], f["y"][...] = k, y
+        for pred in ("k > y", "y < k", "k == y", "k - y > 0"):
+            want = _brute(pred, {"k": k, "y": y})
+            assert f.query(pred).count == int(want.sum()), pred
+    memory_engine.drop(name)
 
 
 @pytest.mark.parametrize(

@@ -322,15 +322,32 @@ def _cast(v: _V, dt: np.dtype) -> Interval:
             return _unknown(dt)
         return iv
     if v.dt is None:  # numpy's own conversion of the Python number (0.1 -> float16(0.1))
-        c = float(np.array(v.value, dtype=dt))
-        return Interval(INF, -INF, True) if math.isnan(c) else Interval(c, c)
+        x = np.array(v.value, dtype=dt)[()]
+        if np.isnan(x):
+            return Interval(INF, -INF, True)
+        return Interval(_below(x), _above(x))
     if iv.empty or v.dt == dt:
         return iv
     # numpy's cast (int64 -> float64 rounds to nearest, 70000 -> float16 is inf) is monotone:
     # the casts of the bounds bound the casts of the values
-    lo = float(np.array(iv.lo, dtype=v.dt).astype(dt))
-    hi = float(np.array(iv.hi, dtype=v.dt).astype(dt))
+    lo = _below(np.array(iv.lo, dtype=v.dt).astype(dt)[()])
+    hi = _above(np.array(iv.hi, dtype=v.dt).astype(dt)[()])
     return Interval(lo, hi, iv.nan)
+
+
+def _below(x: np.floating) -> float:
+    """The largest float64 <= *x*, a value of a floating dtype: *x* itself but where the dtype
+    is wider than float64 (a long double: 2^53 + 1 is one, and nearest would be 2^53)."""
+    if x.dtype.itemsize <= 8 or not np.isfinite(x):
+        return float(x)
+    return _f64(Fraction(*x.as_integer_ratio()), up=False)
+
+
+def _above(x: np.floating) -> float:
+    """The smallest float64 >= *x* (as :func:`_below`)."""
+    if x.dtype.itemsize <= 8 or not np.isfinite(x):
+        return float(x)
+    return _f64(Fraction(*x.as_integer_ratio()), up=True)
 
 
 # ---------------------------------------------------------------------------
