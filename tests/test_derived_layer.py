@@ -1152,6 +1152,16 @@ ERRORS = {
         ValueError,
         ["must be finite and > 0"],
     ),
+    "spacing string": (
+        _bad_derive("x", "u * 2", spacing="12"),
+        TypeError,
+        ["spacing '12' holds '12', not a real number"],
+    ),
+    "spacing bool": (
+        _bad_derive("x", "u * 2", spacing=(1.0, True, 1.0)),
+        TypeError,
+        ["holds True, not a real number"],
+    ),
     "in an open step": (
         _declare_in_step(False),
         ModeError,

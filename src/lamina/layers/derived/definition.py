@@ -124,6 +124,13 @@ def check_spacing(spacing, ndim: int, name: str) -> tuple[float, ...]:
         raise ValueError(
             f"derived quantity {name!r}: spacing has {len(vals)} entries, the data has {ndim} dimensions"
         )
+    for v in vals:  # (float() would take the string "12", and True as 1)
+        if isinstance(v, str | bytes | bool | np.bool_) or not isinstance(
+            v, int | float | np.integer | np.floating
+        ):
+            raise TypeError(
+                f"derived quantity {name!r}: spacing {spacing!r} holds {v!r}, not a real number"
+            )
     out = tuple(float(v) for v in vals)
     if not all(math.isfinite(v) and v > 0 for v in out):
         raise ValueError(
