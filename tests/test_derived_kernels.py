@@ -878,8 +878,13 @@ def test_unknown_dataset_suggests_close_names():
     with pytest.raises(ExpressionError) as info:
         check_inputs(parse("vx + vyy"), ["vx", "vy", "vz"])
     assert info.value.position == 5 and "Did you mean 'vy'" in str(info.value)
-    with pytest.raises(ExpressionError, match="backticks"):
+    with pytest.raises(
+        ExpressionError, match=r"'fields' is a group: .* in backticks \(`fields/T`\)"
+    ):
         check_inputs(parse("fields/T"), ["fields/T", "fields/p"])
+    # a name already in backticks: the group, not the spelling, is what is wrong
+    with pytest.raises(ExpressionError, match=r"'c' is a group: name one of its datasets"):
+        check_inputs(parse("`c` * 2"), ["c/x", "c/y"])
     with pytest.raises(ExpressionError, match="is a function"):
         check_inputs(parse("sqrt + 1"), ["a"])
     with pytest.raises(ExpressionError, match="Available: 'alpha', 'beta'"):

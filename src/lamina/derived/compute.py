@@ -369,9 +369,11 @@ def check_inputs(expr: Expr, available: Any, text: str | None = None) -> tuple[i
             continue
         if ref.path in FUNCTIONS:
             hint = f" {ref.path!r} is a function: call it as {ref.path}(...)."
-        elif any(n.startswith(ref.path + "/") for n in names):
-            hint = " Paths with '/' must be written in backticks, e.g. `a/b`." + suggest(
-                ref.path, names
+        elif inside := sorted(n for n in names if n.startswith(ref.path + "/")):
+            # (a group, or a vector quantity: its datasets are its components)
+            hint = (
+                f" {ref.path!r} is a group: name one of its datasets, a path with '/' in "
+                f"backticks (`{inside[0]}`)." + suggest(ref.path, names)
             )
         else:
             hint = suggest(ref.path, names)
