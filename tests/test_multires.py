@@ -479,6 +479,22 @@ def exact_levels(x, patch, k):
     return patches.join(parts, x.shape, patch, k)
 
 
+@pytest.mark.parametrize("patch", [(1024, 2, 2, 2), (32768, 2, 2), (8192, 1, 1, 1)])
+def test_bands_longer_than_zfp_records_are_stored_raw(patch):
+    """A detail band packs its 2^d - 1 sub-bands along axis 0: patches of (1024, 2, 2, 2) give
+    4-D bands of 7,680 rows, past the 4,096 zfp's header records, and the write failed in
+    zfpy.  Such patches are stored raw (as codecs store blocks past zfp's limits): level 0
+    exact, every level the reference."""
+    x = np.cumsum(np.random.default_rng(0).standard_normal((2 * patch[0], *patch[1:])), axis=0)
+    tol = 1e-3
+    enc = compress.encode_array(x, patch, tol)
+    assert all((e.modes == Mode.RAW).all() for _, e in enc.batches)
+    for k in range(wavelet.nlevels(patch)):
+        got = compress.decode_array(enc, k)
+        np.testing.assert_array_equal(got, compress.reference_array(x, patch, k, tol))
+    np.testing.assert_array_equal(compress.decode_array(enc, 0), x)
+
+
 def test_raw_levels_are_the_approximation_rounded_to_the_dtype(tmp_path):
     """A tolerance below float32's resolution of the data stores patches raw: every level reads
     back as the exact approximation rounded to float32 (what reference gives: error 0), within
