@@ -155,6 +155,24 @@ def test_patches_fully_inside_a_rank_stay():
     assert list(np.bincount(dist.owner)) == [8, 8]
 
 
+def test_only_written_patches_are_shared_out():
+    """M counts the patches written at the step: rank 0 writing 8 whole patches of 64 and rank
+    1 nothing gave 8 and 0 (the 56 unwritten patches took rank 1's share); now 4 and 4."""
+    g = Grid.of((64, 64), (8, 8))
+    rank, lo, hi = np.array([0]), np.array([[0, 0]]), np.array([[32, 16]])
+    for prefer in ("rank", "piece"):
+        dist = balance.distribute(g, 2, balance.pieces(g, rank, lo, hi), prefer=prefer)
+        assert list(dist.counts(2)) == [4, 4]
+        assert int((dist.owner >= 0).sum()) == 8 and dist.moved() == 4 * 64
+    # greedy: the written patches to the rank holding them, the others to nobody
+    dist = balance.distribute(g, 2, balance.pieces(g, rank, lo, hi), scheme="greedy")
+    assert list(dist.counts(2)) == [8, 0] and int((dist.owner >= 0).sum()) == 8
+    # a part of a patch counts as written; 3 written patches over 2 ranks: 2 and 1
+    rank, lo, hi = np.array([1, 1]), np.array([[0, 0], [60, 60]]), np.array([[8, 9], [61, 61]])
+    dist = balance.distribute(g, 2, balance.pieces(g, rank, lo, hi))
+    assert sorted(dist.counts(2)) == [1, 2] and int((dist.owner >= 0).sum()) == 3
+
+
 def test_more_ranks_than_patches():
     g = Grid.of((16, 16), (8, 8))
     rank, lo, hi = balance.block_decomposition((16, 16), 10, jitter=0.4, seed=1)

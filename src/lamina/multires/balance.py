@@ -6,7 +6,8 @@ Writing a multiresolution dataset takes two moves of data:
    not align with the patch grid; the wavelet needs whole patches, so each
    patch gets one owner rank that gathers its pieces and transforms it.
    Balanced, every rank owns ``floor(M/N)`` or ``floor(M/N) + 1`` of the
-   ``M`` patches, so that the transform's work is even.
+   ``M`` patches written at the step (a patch nobody wrote any of is not
+   encoded, and not shared out), so that the transform's work is even.
 2. *Compressed patches to aggregators* (:func:`aggregate`).  Compressed
    sizes vary widely (an empty region compresses to almost nothing, a
    shock front hardly at all); ``F`` aggregator ranks write contiguous
@@ -251,7 +252,8 @@ class Distribution:
     Attributes
     ----------
     owner
-        ``(M,)`` owner rank of each patch (Morton-numbered).
+        ``(M,)`` owner rank of each patch (Morton-numbered); -1 where no rank wrote any
+        of the patch (nothing to encode: it is not shared out).
     src, dst, lo, hi
         The moves: piece ``[lo, hi)`` goes from rank ``src`` to ``dst``.
     """
@@ -264,7 +266,7 @@ class Distribution:
 
     def counts(self, nranks: int) -> np.ndarray:
         """Patches per rank."""
-        return np.bincount(self.owner, minlength=nranks)
+        return np.bincount(self.owner[self.owner >= 0], minlength=nranks)
 
     def moved(self) -> int:
         """Cells moved between ranks."""
@@ -359,8 +361,10 @@ def distribute(
     uk, inv = np.unique(key, return_inverse=True)
     vol = np.bincount(inv, weights=pcs.volume, minlength=uk.size)
     cp, cr = uk // nranks, uk % nranks
+    written = np.zeros(m, dtype=bool)  # patches some rank holds part of: the M shared out
+    written[cp] = True
     if scheme == "greedy":
-        owner = np.zeros(m, dtype=np.int64)
+        owner = np.full(m, -1, dtype=np.int64)
         order = np.lexsort((cr, -vol, cp))  # per patch: largest piece, then smallest rank
         first = order[np.r_[True, cp[order][1:] != cp[order][:-1]]]
         owner[cp[first]] = cr[first]
@@ -372,7 +376,7 @@ def distribute(
         cp, cr, vol = cp[order], cr[order], vol[order]
     elif prefer != "rank":
         raise ValueError(f"prefer must be 'rank' or 'piece', not {prefer!r}")
-    q, r = divmod(m, nranks)
+    q, r = divmod(int(written.sum()), nranks)
     owner = np.full(m, -1, dtype=np.int64)
     patch_vol = np.prod(grid.hi - grid.lo, axis=1)
     whole = vol == patch_vol[cp]  # one rank holds all of the patch
@@ -399,7 +403,7 @@ def distribute(
     count += np.bincount(ar, minlength=nranks)
     left = r - ap.size
     # 4. the rest to the first ranks below target
-    rest = np.flatnonzero(owner < 0)
+    rest = np.flatnonzero((owner < 0) & written)
     if rest.size:
         deficit = np.repeat(np.arange(nranks), np.maximum(q - count, 0))  # in rank order
         extras = np.flatnonzero(np.maximum(count, q) == q)[:left]
