@@ -383,6 +383,11 @@ def test_bad_input_names_the_dataset_and_the_limit(tmp_path):
             t.read(level=-1)
         with pytest.raises(ValueError, match=r"'T' was written with tolerance 0.001.*1e-05"):
             t.read(tolerance=1e-5)
+        for bad in (-1, float("nan"), True, "1"):
+            with pytest.raises(ValueError, match=r"^dataset 'T': read tolerance must be a"):
+                t.read(tolerance=bad)
+            with pytest.raises(ValueError, match=r"^dataset 'T': read tolerance must be a"):
+                t.stored_bytes(tolerance=bad)
         with pytest.raises(lamina.BoundsError, match="level 1"):
             t.read(Box((0, 0), (33, 2)), level=1)
         for bad in (2.5, True, "1"):  # no level truncated or parsed

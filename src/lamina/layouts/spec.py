@@ -275,7 +275,10 @@ class Layout:
         """A reader's tolerance: None, or no tighter than the one written."""
         if tolerance is None:
             return
-        t = bound.check_tolerance(tolerance)
+        try:
+            t = bound.check_tolerance(tolerance)
+        except ValueError as e:
+            raise ValueError(f"dataset {path!r}: read {e}") from None
         if t < self.tolerance:
             raise ValueError(
                 f"dataset {path!r} was written with tolerance {self.tolerance:g}; "
