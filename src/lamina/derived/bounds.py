@@ -335,7 +335,7 @@ def _cast(v: _V, dt: np.dtype) -> Interval:
     return Interval(lo, hi, iv.nan)
 
 
-def _below(x: np.floating) -> float:
+def _below(x: Any) -> float:
     """The largest float64 <= *x*, a value of a floating dtype: *x* itself but where the dtype
     is wider than float64 (a long double: 2^53 + 1 is one, and nearest would be 2^53)."""
     if x.dtype.itemsize <= 8 or not np.isfinite(x):
@@ -343,7 +343,7 @@ def _below(x: np.floating) -> float:
     return _f64(Fraction(*x.as_integer_ratio()), up=False)
 
 
-def _above(x: np.floating) -> float:
+def _above(x: Any) -> float:
     """The smallest float64 >= *x* (as :func:`_below`)."""
     if x.dtype.itemsize <= 8 or not np.isfinite(x):
         return float(x)
