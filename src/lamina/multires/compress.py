@@ -55,7 +55,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..codecs import zfp_max_extent
 from ..errors import CodecError, DTypeError, ShapeError
 from . import bound, patches, wavelet
 
@@ -301,7 +300,8 @@ def _encode_wavelet(
     ok = (margin <= safety * tol) & (magnitude <= headroom)
     bands = wavelet.pack(c, levels)
     for band in bands:
-        if band.ndim > 1 and max(band.shape[1:]) > zfp_max_extent(band.ndim - 1):
+        # (the sizes of zfp's header share 48 bits: lamina.codecs.zfp_max_extent, a layer up)
+        if band.ndim > 1 and max(band.shape[1:]) > 1 << (48 // (band.ndim - 1)):
             # zfp's header cannot record an axis this long (a detail band packs its 2^d - 1
             # sub-bands along axis 0: patches of (1024, 2, 2, 2) give 15 * 512 = 7,680 rows,
             # past 4,096 in 4-D): every patch of this shape is stored raw
