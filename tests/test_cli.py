@@ -8,6 +8,7 @@ import subprocess
 import sys
 import types
 
+import h5py
 import numpy as np
 import pytest
 
@@ -286,6 +287,16 @@ def test_not_a_lamina_file(tmp_path, run_file, capsys):
     assert run(["convert", run_file, h5, "-q"], capsys)[0] == 0
     rc, _, err = run(["ls", h5], capsys)
     assert "is an HDF5 file" in one_error_line(rc, err) and "lamina convert" in err
+    # lamina.open says the same; after a user block too, and not for other files
+    with pytest.raises(lamina.NotALaminaFileError, match=r"HDF5 file, .*'lamina convert .*x\.h5"):
+        lamina.open(h5)
+    with h5py.File(tmp_path / "ub.h5", "w", userblock_size=1024) as h:
+        h["x"] = 1
+    with pytest.raises(lamina.NotALaminaFileError, match="is an HDF5 file"):
+        lamina.open(tmp_path / "ub.h5")
+    (tmp_path / "junk.h5").write_bytes(b"\x89HDF\r\n" + bytes(600))  # cut short: not HDF5
+    with pytest.raises(lamina.NotALaminaFileError, match=r"not a lamina file \(no lamina.commit"):
+        lamina.open(tmp_path / "junk.h5")
 
 
 def test_usage(capsys):

@@ -122,25 +122,8 @@ def open_file(path: str):
     """
     import lamina
     from lamina.engines.registry import ON_DISK
-    from lamina.errors import NotALaminaFileError
 
-    try:
-        return lamina.open(path, "r", **ON_DISK)
-    except NotALaminaFileError:
-        if os.path.isfile(path) and _is_hdf5(path):
-            raise CLIError(
-                f"{path!r} is an HDF5 file, not a lamina file; convert it with 'lamina convert {path} OUT.lam'"
-            ) from None
-        raise
-
-
-def _is_hdf5(path: str) -> bool:
-    try:
-        import h5py
-
-        return bool(h5py.is_hdf5(path))
-    except Exception:
-        return False
+    return lamina.open(path, "r", **ON_DISK)  # (an HDF5 file: the error says how to convert it)
 
 
 def find_dataset(f, name: str):

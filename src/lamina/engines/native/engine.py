@@ -489,6 +489,27 @@ def _not_a_file(directory: str, name: str, what: str) -> FormatError:
     return FormatError(f"{directory}: {name} is {what} where lamina keeps a file of that name")
 
 
+#: the signature an HDF5 file starts with, at offset 0 or after a user block of 512, 1024,
+#: 2048, ... bytes
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def _is_hdf5(path: str) -> bool:
+    """Whether the regular file *path* holds HDF5's signature where HDF5 looks for it."""
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            at = 0
+            while at + len(HDF5_SIGNATURE) <= size:
+                fh.seek(at)
+                if fh.read(len(HDF5_SIGNATURE)) == HDF5_SIGNATURE:
+                    return True
+                at = 512 if at == 0 else 2 * at
+    except OSError:
+        pass
+    return False
+
+
 def _stat_or_none(path: str, follow: bool = True) -> os.stat_result | None:
     """``os.stat`` of *path* (``os.lstat`` without *follow*), None where nothing is there; a
     directory on the way that may not be searched raises PermissionError naming *path*
@@ -718,6 +739,11 @@ class NativeEngine(BlockEngine):
                 return
             if st is None:
                 raise FileNotFoundError(f"no such lamina file: {path!r}")
+            if stat.S_ISREG(st.st_mode) and _is_hdf5(path):
+                raise NotALaminaFileError(
+                    f"{path!r} is an HDF5 file, not a lamina file; convert it with "
+                    f"'lamina convert {path} OUT.lam' (lamina.hdf5.convert), or read it with h5py"
+                )
             if not stat.S_ISDIR(st.st_mode) or _stat_or_none(commit, False) is None:
                 raise NotALaminaFileError(
                     f"{path!r} is not a lamina file (no {fmt.COMMIT_NAME} inside)"
