@@ -51,6 +51,29 @@ class CodecLimitError(CodecError):
     header records, a buffer larger than LZ4 or Blosc take): stored raw instead."""
 
 
+def h5py_compression(name: str, compression: Any, opts: Any = None) -> Any:
+    """*compression* of dataset *name* with h5py's spellings read as lamina's: an integer
+    is the gzip level (0-9), ``compression_opts`` *opts* the level of ``"gzip"``; anything
+    else as given (:func:`normalize` judges it).  CodecError for an integer out of range or
+    *opts* beside another codec."""
+    if isinstance(compression, int | np.integer) and not isinstance(compression, bool):
+        if not 0 <= compression <= 9:  # (h5py: an integer is the gzip level)
+            raise CodecError(
+                f"dataset {name!r}: compression={compression!r}: an integer is the gzip level "
+                "(0-9, as in h5py); else give a codec name, tuple or dict"
+            )
+        compression, opts = "gzip", int(compression) if opts is None else opts
+    if opts is not None:
+        if compression not in ("gzip", "zlib"):
+            raise CodecError(
+                f"dataset {name!r}: compression_opts={opts!r} is the level of "
+                f"compression='gzip' (0-9), not of {compression!r}: give other codecs' "
+                "parameters in a dict, {'id': 'zstd', 'level': 5}"
+            )
+        compression = {"id": "zlib", "level": opts}
+    return compression
+
+
 def zfp_max_extent(ndim: int) -> int:
     """The longest axis zfp's header records for an *ndim*-D field: the sizes share 48 bits,
     each axis storing its length less one (2**48 values in 1-D, 2**24 in 2-D, 65536 in 3-D,

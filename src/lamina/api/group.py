@@ -464,22 +464,7 @@ def _h5py_keywords(name, fill, fillvalue, compression, opts, others: dict) -> tu
         if not (isinstance(fill, int) and not isinstance(fill, bool) and fill == 0):
             raise TypeError(f"{where}: give fill= or h5py's fillvalue=, not both")
         fill = fillvalue
-    if isinstance(compression, int | np.integer) and not isinstance(compression, bool):
-        if not 0 <= compression <= 9:  # (h5py: an integer is the gzip level)
-            raise CodecError(
-                f"dataset {name!r}: compression={compression!r}: an integer is the gzip level "
-                "(0-9, as in h5py); else give a codec name, tuple or dict"
-            )
-        compression, opts = "gzip", int(compression) if opts is None else opts
-    if opts is not None:
-        if compression not in ("gzip", "zlib"):
-            raise CodecError(
-                f"dataset {name!r}: compression_opts={opts!r} is the level of "
-                f"compression='gzip' (0-9), not of {compression!r}: give other codecs' "
-                "parameters in a dict, {'id': 'zstd', 'level': 5}"
-            )
-        compression = {"id": "zlib", "level": opts}
-    return fill, compression
+    return fill, codec_mod.h5py_compression(name, compression, opts)
 
 
 def _shape(shape, name: str) -> tuple[int, ...]:

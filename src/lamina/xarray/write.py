@@ -27,7 +27,6 @@ import xarray as xr
 
 import lamina
 from lamina import codecs as codec_mod
-from lamina.api.group import _h5py_keywords
 from lamina.catalog import normalize_attr, normpath
 from lamina.errors import CodecError
 from lamina.geometry import Box, decompose
@@ -173,7 +172,7 @@ def _check_values(nodes: list[tuple[str, xr.Dataset]], compression) -> None:
             ndim = var.ndim - (cv.STEP in var.dims)
             comp = _compression_of(var, compression)
             try:  # as create_dataset takes it (an integer: the gzip level)
-                _, comp = _h5py_keywords(str(name), 0, None, comp, None, {})
+                comp = codec_mod.h5py_compression(str(name), comp)
                 codec_mod.normalize(comp, var.dtype, ndim)
             except (CodecError, TypeError, ValueError) as e:
                 raise CodecError(f"{what}: {e}") from None
