@@ -834,7 +834,7 @@ def test_create_dataset_on_a_closed_file_says_so(tmp_path):
             RangeError,
             r"data np.int64\(300\) is beyond the range of dtype int8",
         ),
-        ("u1", np.array([1, 2, 3]), DTypeError, "int64 data to dataset 'counts'"),
+        ("u1", np.array([1.0, 2.0, 3.0]), DTypeError, "float64 data to dataset 'counts'"),
         (None, [[1, 2], [3]], ShapeError, "dataset 'counts': data is not an array"),
         # an array-like of a dtype is an array of it, not numbers cast by value
         ("i4", memoryview(np.array([1.5, 2.0])), DTypeError, "float64 data to dataset 'counts'"),

@@ -6,6 +6,8 @@ in docs/api.md ("Differences from h5py") and tested here as a difference.
 
 from __future__ import annotations
 
+import re
+
 import h5py
 import numpy as np
 import pytest
@@ -152,6 +154,43 @@ def test_complex_into_real_is_refused(pair):
         hd[0] = 1j
     with pytest.raises(DTypeError):
         ld[0] = 1j
+
+
+@pytest.mark.parametrize("dtype", ["u1", "u4", "?", "i1"])
+@pytest.mark.parametrize("src", ["i8", "i1", "u8", "?"])
+def test_integer_arrays_into_any_integer_or_bool_dataset(pair, dtype, src):
+    """An ``np.arange`` into a uint dataset, a 0/1 array into a bool one: h5py and numpy take
+    them, and lamina does too, as numpy's astype makes them (h5py saturates, lamina wraps:
+    docs/api.md); in every way of writing."""
+    data = np.array([0, 1, 2, 100, 3, 1], dtype=np.int64).astype(src).reshape(2, 3)
+    want = data.astype(dtype)
+    hd, ld = both(pair, "v", shape=(2, 3), dtype=dtype)
+    hd[...] = data
+    np.testing.assert_array_equal(hd[...], want)  # (all in range: h5py's saturation agrees)
+    f = pair[1]
+    w = f.create_dataset("w", (2, 3), dtype)
+    b = f.create_dataset("b", (2, 3), dtype)
+    ld[...] = data
+    w.write(data[:1], offset=(0, 0))
+    w.write(data[1:], offset=(1, 0), copy=False)
+    b.write_blocks([data[:, :2], data[:, 2:]], [(0, 0), (0, 2)])
+    d = f.create_dataset("d", data=data, dtype=dtype)
+    f.end_step()
+    for got in (ld, w, b, d):
+        assert got.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(got[...], want)
+    if src == "i8" and dtype == "u1":  # out of range: numpy's astype wraps
+        f.create_dataset("neg", data=np.array([-1, 300]), dtype="u1")
+        f.end_step()
+        assert f["neg"][...].tolist() == [255, 44]
+
+
+def test_float_arrays_into_integer_or_bool_datasets_are_refused(pair):
+    f = pair[1]
+    for dtype in ("i4", "u1", "?"):
+        ds = f.create_dataset(f"x{dtype}", (2,), dtype)
+        with pytest.raises(DTypeError, match=f"float64 data to dataset 'x{re.escape(dtype)}'"):
+            ds[...] = np.array([1.0, 0.0])
 
 
 # ------------------------------------------------------------------ create_dataset

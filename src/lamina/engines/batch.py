@@ -58,11 +58,15 @@ class Batch:
 
 
 def check_dtype(spec: DatasetSpec, dtype: np.dtype, what: str | None = None) -> None:
-    """DTypeError unless data of *dtype* may be written to *spec* (the same kind or a safe
-    cast within numbers, as numpy's ``same_kind``); *what* says which block, if any."""
+    """DTypeError unless data of *dtype* may be written to *spec*: the same kind or a safe
+    cast within numbers, as numpy's ``same_kind``, or integers (and bools) to any integer
+    or bool type, as numpy's ``astype`` makes them (int64 -1 into uint8 is 255, 2 into bool
+    True; numpy's and h5py's assignments take them too); *what* says which block, if any."""
     dt = spec.dtype
-    if dtype != dt and (
-        dtype.kind not in "biufc" or not np.can_cast(dtype, dt, casting="same_kind")
+    if (
+        dtype != dt
+        and not (dtype.kind in "biu" and dt.kind in "biu")
+        and (dtype.kind not in "biufc" or not np.can_cast(dtype, dt, casting="same_kind"))
     ):
         raise DTypeError(
             f"cannot write {dtype} data to dataset {spec.path!r} of dtype {dt} "
