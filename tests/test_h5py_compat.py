@@ -90,6 +90,25 @@ def test_writes_that_do_not_broadcast_fail_on_both(pair):
         ld[:] = np.ones((2, 10))
 
 
+def test_a_ragged_list_is_a_value_error_on_both(pair):
+    """Rows of different lengths: numpy and h5py raise ValueError; lamina a ShapeError (a
+    ValueError) naming the dataset, in every way of writing, as create_dataset's data= does."""
+    hd, ld = both(pair, "r", shape=(2, 2), dtype="i4")
+    ragged = [[1, 2], [3]]
+    with pytest.raises(ValueError):
+        hd[...] = ragged
+    for write in (
+        lambda: ld.__setitem__(Ellipsis, ragged),
+        lambda: ld.write(ragged),
+        lambda: ld.write_blocks([ragged], [(0, 0)]),
+        lambda: ld.__setitem__(Ellipsis, ([1, 2], (3,))),
+    ):
+        with pytest.raises(ShapeError, match="dataset '/r': the value is not an array of one"):
+            write()
+    with pytest.raises(DTypeError, match="cannot write"):  # one shape, but no numbers
+        ld[...] = [[1, "a"], [2, 3]]
+
+
 @pytest.mark.parametrize(
     "dtype, value",
     [("i1", 300), ("i1", -129), ("u1", -1), ("u1", 256), ("u2", 70000), ("i8", 2**63), ("u8", -5)],

@@ -268,7 +268,23 @@ def cast_by_value(value, dtype: np.dtype, what: str, said: str | None = None) ->
             f"{what}: {said or ''}{given!r} is beyond the range of dtype {dtype}"
         ) from None
     except (TypeError, ValueError) as e:
+        if isinstance(value, list | tuple) and _shape_of(value) is None:
+            # (a ValueError in numpy and h5py: a ShapeError, as create_dataset's data)
+            raise ShapeError(
+                f"{what}: the value is not an array of one shape (numpy: {e})"
+            ) from None
         raise DTypeError(f"{what} of dtype {dtype}: cannot write {given!r} ({e})") from None
+
+
+def _shape_of(value) -> tuple[int, ...] | None:
+    """The shape numpy gives nested sequence *value*; None where its rows differ in length
+    (numpy refuses it for its shape, not for its values)."""
+    if not isinstance(value, list | tuple):
+        return np.shape(value)
+    subs = [_shape_of(v) for v in value]
+    if any(sub is None for sub in subs) or len(set(subs)) > 1:
+        return None
+    return (len(value), *(subs[0] if subs else ()))
 
 
 class OpenFileView:
