@@ -173,6 +173,12 @@ def test_complex_into_real_is_refused(pair):
         hd[0] = 1j
     with pytest.raises(DTypeError):
         ld[0] = 1j
+    # a numpy complex scalar: h5py stores its real part; lamina refuses it as a Python complex
+    with pytest.warns(np.exceptions.ComplexWarning):
+        hd[0] = np.complex128(2 + 0j)
+    assert hd[0] == 2.0
+    with pytest.raises(DTypeError):
+        ld[0] = np.complex128(2 + 0j)
 
 
 @pytest.mark.parametrize("dtype", ["u1", "u4", "?", "i1"])
@@ -234,6 +240,17 @@ def test_shapes_must_be_integers(pair, shape):
         np.empty(shape)
     with pytest.raises(ShapeError, match="not an integer|not an int"):
         f.create_dataset("s", shape=shape)
+
+
+def test_a_shape_may_be_a_numpy_array_as_in_h5py(pair):
+    for given, want in ((np.array([2, 3]), (2, 3)), ([np.int8(2)], (2,))):
+        hd, ld = both(pair, f"s{len(want)}{want[0]}", shape=given, dtype="f4")
+        assert hd.shape == ld.shape == want
+    assert pair[1].create_dataset("s0", shape=np.array(4)).shape == (4,)  # as np.empty, not h5py
+    with pytest.raises(
+        ShapeError, match=r"shape array\(\[\[1, 2\]\]\) is not an int or a sequence"
+    ):
+        pair[1].create_dataset("bad", shape=np.array([[1, 2]]))
 
 
 # ------------------------------------------------------------------ numpy conversion and attributes
@@ -655,6 +672,7 @@ def test_require_dataset_as_h5py(pair):
         (("a", (3, 4), "i8"), r"dtype int32: the dtype int64 asked does not cast safely"),
         (("a", (3, 4), "i2", True), r"dtype int32: the dtype int16 asked is not it"),
         (("g", (3, 4), "i4"), r"'/g' is a group, not a dataset"),
+        (("a", (3, 4), "nope"), r"^dataset '/a': not a numpy dtype: 'nope'"),
     ]
     for args, message in cases:
         with pytest.raises(TypeError):

@@ -272,7 +272,10 @@ class Group(OpenFileView):
             raise TypeError(
                 f"dataset {ds.name!r} exists with shape {ds.shape}, not the shape {want} asked"
             )
-        dt = np.dtype(dtype)
+        try:
+            dt = check_dtype(dtype)
+        except DTypeError as e:
+            raise DTypeError(f"dataset {ds.name!r}: {e}") from None
         if dt != ds.dtype and (exact or not np.can_cast(dt, ds.dtype)):
             how = "is not" if exact else "does not cast safely to"
             raise DTypeError(
@@ -469,11 +472,13 @@ def _h5py_keywords(name, fill, fillvalue, compression, opts, others: dict) -> tu
 
 def _shape(shape, name: str) -> tuple[int, ...]:
     """*shape* as a tuple of ints >= 0; ShapeError for anything else (2.5 is not 2)."""
+    if isinstance(shape, np.ndarray) and shape.ndim <= 1:  # (h5py takes one: np.array([2, 3]))
+        shape = shape.tolist()
     dims: list[Any] | None = (
         [shape] if np.isscalar(shape) else list(shape) if isinstance(shape, tuple | list) else None
     )
     if dims is None:
-        raise ShapeError(f"dataset {name!r}: shape {shape!r} is not an int or a tuple of ints")
+        raise ShapeError(f"dataset {name!r}: shape {shape!r} is not an int or a sequence of ints")
     out = []
     for n in dims:
         try:
