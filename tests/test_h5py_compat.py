@@ -683,6 +683,22 @@ def test_require_dataset_as_h5py(pair):
         f.require_dataset("a", (3, 4), "f8")
 
 
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        ([["a", "b"], ["c", "d"]], r"not a nested list of them \(2-D\)"),
+        (np.array(["a", "b"]), r"not an array of numpy strings \(dtype <U1\): give .tolist\(\)"),
+        (b"xy", "decode bytes to str first"),
+        ([b"x", b"y"], "decode bytes to str first"),
+    ],
+)
+def test_attribute_strings_lamina_does_not_store_say_what_it_stores(pair, value, words):
+    """A flat list of str and one str are the strings lamina stores; the others say so (a
+    nested list of str said 'dtype <U1 is not supported: use ... strings')."""
+    with pytest.raises(DTypeError, match=f"attribute 'a' on '/': .*{words}"):
+        pair[1].attrs["a"] = value
+
+
 def test_attrs_create_and_modify_as_h5py(pair):
     h, f = _tree(pair)
     for obj in (h, f):

@@ -143,11 +143,18 @@ def normalize_attr(value):
         # a list of strings as it reads back (a 1-D array of str objects, as h5py gives it):
         # stored as the list (numpy's own strings, dtype '<U', are refused, as h5py refuses them)
         return [str(v) for v in value.tolist()]
-    if isinstance(value, bytes):
+    arr = np.asarray(value)
+    if arr.dtype.kind == "S":
         raise DTypeError(
             "attribute values may be numbers, arrays or strings; decode bytes to str first"
         )
-    arr = np.asarray(value)
+    if arr.dtype.kind == "U":  # (h5py refuses numpy's strings too)
+        what = (
+            f"a nested list of them ({arr.ndim}-D)"
+            if isinstance(value, list | tuple)
+            else f"an array of numpy strings (dtype {arr.dtype}): give .tolist()"
+        )
+        raise DTypeError(f"attribute strings are one str or a flat list of str, not {what}")
     if arr.dtype.kind not in NUMERIC_KINDS:
         raise DTypeError(
             f"attribute value of dtype {arr.dtype} is not supported: use numbers, numeric arrays or strings"
