@@ -792,6 +792,86 @@ def test_waiting_reader_gives_up_with_a_clear_error(native_path, tmp_path):
         lamina.open("mem://never", "r", engine="memory", wait=0.1)
 
 
+def test_a_waiting_reader_waits_for_the_commit_logs_header(native_path):
+    """Between making ``lamina.commit`` and writing its header, a writer's new file has an
+    empty log: a reader with wait= waits on (it said 'bad magic' at once)."""
+    with lamina.open(native_path, "w"):
+        pass
+    with open(os.path.join(native_path, fmt.META_NAME), "rb") as fh:
+        meta = fh.read(min(fmt.HEADER_SIZES.values()))
+    shutil.rmtree(native_path)
+    os.mkdir(native_path)
+    with open(os.path.join(native_path, fmt.META_NAME), "wb") as fh:
+        fh.write(meta)
+    open(os.path.join(native_path, fmt.COMMIT_NAME), "wb").close()
+    with pytest.raises(NotALaminaFileError, match=r"after waiting 0.2 s"):
+        lamina.open(native_path, "r", wait=0.2)
+
+
+def _file_of_steps(path, steps: int):
+    """A writer of *path* (left open) that committed *steps* steps of dataset a."""
+    w = lamina.open(path, "w")
+    w.create_dataset("a", (2,), "i8")
+    for k in range(steps):
+        with w.step():
+            w["a"][...] = k
+    return w
+
+
+def test_waits_look_at_the_file_before_judging_it(native_path):
+    """What the reader's last refresh saw is not taken for the file now: a timeout of 0 looks
+    once (as ADIOS2's BeginStep with timeout 0), a writer that closed and opened the file
+    again in mode 'a' adds steps, and iter_steps(start=-k) counts from the steps committed
+    at the call."""
+    w = _file_of_steps(native_path, 1)
+    r = lamina.open(native_path, "r")
+    with w.step():
+        w["a"][...] = 1
+    assert r.wait_for_step(1, timeout=0).index == 1
+    with pytest.raises(lamina.StepTimeoutError, match=r"no step 2 .* after 0(\.0)? s"):
+        r.wait_for_step(2, timeout=0)
+    w.close()
+    r.refresh()  # the writer closed: step 2 will never come...
+    with pytest.raises(lamina.StepError, match="will never exist"):
+        r.wait_for_step(2, timeout=5)
+    with lamina.open(native_path, "a") as w:  # ...until it opens the file again
+        for k in range(2, 10):
+            with w.step():
+                w["a"][...] = k
+    assert r.wait_for_step(2, timeout=5).index == 2
+    assert [int(v["a"][0]) for v in r.iter_steps(start=-2)] == [8, 9]
+    assert r.steps == 10
+    r.close()
+
+
+def test_seconds_past_a_float_wait_for_ever(native_path):
+    """timeout=10**400 (and open's wait=) is no limit, as inf is, not an OverflowError; a poll
+    of inf looks again after the longest pause."""
+    w = _file_of_steps(native_path, 1)
+    with lamina.open(native_path, "r", wait=10**400) as r:
+        assert r.wait_for_step(0, timeout=10**400).index == 0
+        assert next(r.iter_steps(timeout=10**400)).index == 0
+        with pytest.raises(lamina.StepTimeoutError):
+            r.wait_for_step(1, timeout=0.2, poll=1e300)
+    w.close()
+
+
+def test_ls_of_a_file_closed_while_it_was_read_says_closed(native_path):
+    """ls reads the logs, then asks whether a writer holds the file: a writer that closed in
+    between was said to have ended without closing it."""
+    from lamina.cli.files import _file_head, _head_line
+
+    w = _file_of_steps(native_path, 1)
+    with lamina.open(native_path, "r") as r:
+        w.close()
+        line = _head_line(_file_head(r, []))
+    assert "1 step (closed)" in line and "without closing" not in line, line
+    w = lamina.open(native_path, "a")
+    with lamina.open(native_path, "r") as r:
+        assert "open for writing" in _head_line(_file_head(r, []))
+    w.close()
+
+
 def test_a_file_whose_sessions_are_used_up_takes_no_writer(native_path, monkeypatch):
     """Sessions are 32 bits in a record: a file whose last writer had the last one (forged, or
     4 billion appends) is refused for writing with a FormatError before any subfile is made,

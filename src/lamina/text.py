@@ -106,6 +106,15 @@ def parse_rate(text: str) -> float:
 # ----------------------------------------------------------------- times
 
 
+def as_seconds(value: Any) -> float:
+    """``float(value)`` of a number of seconds, an int too large for a float as infinity
+    (longer than any wait lasts) instead of an OverflowError."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
 def parse_seconds(text: str, zero: bool = False, finite: bool = False) -> float:
     """*text* as a number of seconds: ``'2.5'``, ``'1e-3'``, ``'inf'`` -> float, > 0 (>= 0
     with *zero*; below infinity with *finite*); otherwise ValueError ``must be a number of

@@ -28,7 +28,7 @@ from ..errors import (
 )
 from ..geometry import as_int
 from ..layers.background import BackgroundLayer, IOStats
-from ..text import fmt_ranges
+from ..text import as_seconds, fmt_ranges
 from ..workflow import routes
 from .group import Group
 
@@ -296,6 +296,7 @@ class File(Group):
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = poll
         need = -step if step < 0 else step + 1  # the steps there must be
+        looked = False  # whether this call has looked at the file yet
         while True:
             if need <= self.steps:
                 return self.at(step)
@@ -308,6 +309,12 @@ class File(Group):
                     f"and has committed {self.steps} steps; a step exists once its end_step "
                     "returns"
                 )
+            if not looked:
+                # what the last refresh saw may be old: steps committed since (a timeout of 0
+                # looks once), a writer that opened the file again (mode 'a') after closing it
+                looked = True
+                self.refresh()
+                continue
             if self._engine.writer_closed:
                 raise StepError(
                     f"step {step} will never exist: the writer of {self._filename!r} closed it after {self.steps} steps"
@@ -321,7 +328,7 @@ class File(Group):
             # (returns early when the engine hears of a step; never past the deadline: a poll
             # of 8 s under a timeout of 1 s waited 8 s)
             left = delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic()))
-            self._engine.wait_steps(need, left)
+            self._engine.wait_steps(need, min(left, LONGEST_PAUSE))
             delay = min(delay * 1.5, 1.0)
             self.refresh()
 
@@ -354,6 +361,8 @@ class File(Group):
                 "with io='async' (or $LAMINA_IO=async)"
             )
         if start < 0:  # from the end of the steps committed now, once (it counted up from it)
+            if self.mode == "r":
+                self.refresh()  # (now: not at the last refresh)
             if -start > self.steps:
                 raise StepError(
                     f"iter_steps(start={start}): {self._filename!r} has {self.steps} committed "
@@ -498,6 +507,11 @@ class File(Group):
             )
 
 
+#: the longest pause between two looks for new steps: a longer *poll* looks again after it
+#: (time.sleep refuses pauses past the platform's time_t)
+LONGEST_PAUSE = 3600.0
+
+
 def _step_arg(step, call: str, what: str = "step") -> int:
     """*step* of *call* as an int; TypeError naming it for anything else (a float, a string or
     a bool is not rounded, parsed or taken as 0 and 1)."""
@@ -514,7 +528,7 @@ def _seconds(value, call: str, what: str, zero: bool) -> float:
     unless >= 0 (> 0 where not *zero*)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{call}(): {what} must be a number of seconds, got {value!r}")
-    v = float(value)
+    v = as_seconds(value)
     if not (v >= 0 if zero else v > 0):
         raise ValueError(
             f"{call}(): {what} must be {'>= 0' if zero else '> 0'} seconds, got {value!r}"

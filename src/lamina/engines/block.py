@@ -132,6 +132,7 @@ from ..geometry import (
 from ..layouts import read as layout_read
 from ..layouts import write as layout_write
 from ..layouts.spec import Layout, level_specs
+from ..text import as_seconds
 from . import collective
 from .base import Engine, flag_option, step_number
 from .batch import Batch, cast, check_batch, check_dtype
@@ -498,7 +499,7 @@ class BlockEngine(Engine):
             options.get("background_stats", True), "background_stats"
         )
         # readers: how long to wait for a file that does not exist yet
-        self.wait = float(options.get("wait", 0))
+        self.wait = as_seconds(options.get("wait", 0))
         try:
             # ranks that disagree on path, mode or options would diverge later (e.g.
             # different aggregator maps): refuse now, on every rank
