@@ -84,6 +84,7 @@ def _decisions_line(decisions: list[dict], complete: bool = True, unfinished: bo
 
 def _file_head(f, infos: list[dict]) -> dict:
     """What ``lamina ls`` and ``lamina info FILE`` say of the file, *infos* its nodes'."""
+    running = _writer_running(f)  # (first: it may look at the file again)
     return {
         "file": f.filename,
         "engine": f.engine.name,
@@ -92,7 +93,7 @@ def _file_head(f, infos: list[dict]) -> dict:
         "step_times": list(f.engine.catalog.step_times[: f.steps]),
         "closed": bool(f.engine.writer_closed),
         "records_left_out": int(f.engine.records_left_out),
-        "writer_running": _writer_running(f),
+        "writer_running": running,
         "datasets": sum(1 for i in infos if i["type"] == "dataset"),
         "nbytes": sum(i.get("nbytes", 0) for i in infos),
         "raw_nbytes": sum(i.get("raw_nbytes", 0) for i in infos),
@@ -108,7 +109,12 @@ def _writer_running(f) -> bool | None:
         return None
     from lamina.engines.native.lock import writer_running
 
-    return writer_running(f.filename)
+    if writer_running(f.filename):
+        return True
+    # no writer now: it ended without closing, or it closed since the file was read (its
+    # close record is there now), and the steps it committed meanwhile too
+    f.refresh()
+    return None if f.engine.writer_closed else False
 
 
 def _head_line(head: dict) -> str:

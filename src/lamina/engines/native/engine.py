@@ -510,6 +510,17 @@ def _is_hdf5(path: str) -> bool:
     return False
 
 
+def _log_begun(commit: str) -> bool:
+    """Whether commit log *commit* is there with its header: a log shorter than its header
+    holds no commit (its writer is creating the file, between making the log and writing
+    its header, or was killed there); anything but a regular file is looked at, and
+    refused, as a log."""
+    st = _stat_or_none(commit, False)
+    return st is not None and (
+        not stat.S_ISREG(st.st_mode) or st.st_size >= min(fmt.HEADER_SIZES.values())
+    )
+
+
 def _stat_or_none(path: str, follow: bool = True) -> os.stat_result | None:
     """``os.stat`` of *path* (``os.lstat`` without *follow*), None where nothing is there; a
     directory on the way that may not be searched raises PermissionError naming *path*
@@ -727,11 +738,11 @@ class NativeEngine(BlockEngine):
                     ),
                 )
                 return
-            if self.wait and _stat_or_none(commit, False) is None:  # not created yet, maybe
+            if self.wait and not _log_begun(commit):  # not created yet, maybe
                 wait_for(
                     path,
                     self.wait,
-                    lambda: _stat_or_none(commit, False) is not None,
+                    lambda: _log_begun(commit),
                     lambda s: (
                         FileNotFoundError if _stat_or_none(path) is None else NotALaminaFileError
                     )(f"no lamina file {path!r} after waiting {s:g} s for its writer to create it"),
@@ -762,13 +773,7 @@ class NativeEngine(BlockEngine):
         self._lock = WriterLock(path)
         self._lock.acquire()  # before anything changes: one writing job at a time
         commit = os.path.join(path, fmt.COMMIT_NAME)
-        # a commit log shorter than its header holds no commit: its writer was killed while
-        # creating the file, between making the log and writing its header (a regular file:
-        # anything else is looked at, and refused, as before)
-        committed = os.path.lexists(commit) and not (
-            stat.S_ISREG(os.lstat(commit).st_mode)
-            and os.lstat(commit).st_size < min(fmt.HEADER_SIZES.values())
-        )
+        committed = _log_begun(commit)
         if mode == "a" and not committed:
             self._check_never_committed(path)
         if mode == "w" or not committed:
