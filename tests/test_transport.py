@@ -681,6 +681,20 @@ def test_no_statistics(tmp_path, mode):
     assert res.lines("OK bare: 3 steps"), res.describe()
 
 
+@pytest.mark.parametrize("mode", ["memory", "both"])
+def test_a_step_read_alone_takes_up_its_definitions(tmp_path, mode):
+    """f.at(k) past the steps the consumer ranks agreed on: the derived quantities the producer
+    declared meanwhile are there, as on a file (an expression's values were NaN)."""
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (1, "transport_flow", "late-derive", "d", 3),
+        (2, "transport_flow", "at-read", "d", 3),
+        cwd=tmp_path,
+        env={"LAMINA_TRANSPORT": mode},
+    )
+    assert res.lines("OK at-read: 3 steps"), res.describe()
+
+
 def test_flow_workflow(tmp_path):
     """Flows from LAMINA_WORKFLOW: one consumer task takes the latest step, another every 3rd."""
     _skip_without_mpiexec()

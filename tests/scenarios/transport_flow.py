@@ -10,6 +10,10 @@
                                                   derives s = x * 2 kept as statistics
     transport_flow.py bare-read NAME STEPS        blocks of x carry no statistics, those of s theirs;
                                                   reads and queries still right
+    transport_flow.py late-derive NAME STEPS      derives e = x * 2 (expression) and t = x + 1
+                                                  (stats) after step 0
+    transport_flow.py at-read NAME STEPS          reads step 0, then f.at(k) of each later step
+                                                  alone: e and t there, e's values right
 
 The producer reports how many steps it held at most after each ``end_step``
 (its memory) and how long its steps took (it never waits for a latest
@@ -139,6 +143,34 @@ def bare_read(name: str, steps: int) -> None:
         raise AssertionError(f"saw {n} of {steps} steps")
 
 
+def late_derive(name: str, steps: int) -> None:
+    with lamina.open(name, "w") as f:
+        f.create_dataset("x", (4,), np.int64)
+        for k in range(steps):
+            if k == 1:  # declared mid-run, between steps
+                f.derive("e", "x * 2", "expression")
+                f.derive("t", "x + 1", "stats")
+            with f.step():
+                if f.comm.rank == 0:
+                    f["x"][...] = np.arange(4) + k
+
+
+def at_read(name: str, steps: int) -> None:
+    """f.at(k) past the steps the ranks agreed on takes up the step's records alone: the
+    definitions they bring too (a definition read as an expression gave NaN, kept as
+    statistics a FormatError, on the memory transport)."""
+    with lamina.open(name, "r", wait=30) as f:
+        f.at(0)["x"][...]
+        for k in range(1, steps):
+            v = f.at(k)
+            if sorted(f.derived) != ["e", "t"]:
+                raise AssertionError(f"step {k}: derived {sorted(f.derived)}")
+            if list(v["e"][...]) != list(2 * (np.arange(4) + k)):
+                raise AssertionError(f"step {k}: e = {v['e'][...]}")
+            if [b.stats.max for b in v["t"].blocks()] != [k + 4]:
+                raise AssertionError(f"step {k}: t's blocks {v['t'].blocks()}")
+
+
 def main() -> None:
     role, name, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
     comm = lamina.comm.task_comm()
@@ -170,6 +202,12 @@ def main() -> None:
         bare_read(name, steps)
         if comm.rank == 0:
             say(f"OK bare: {steps} steps without statistics")
+    elif role == "late-derive":
+        late_derive(name, steps)
+    elif role == "at-read":
+        at_read(name, steps)
+        if comm.rank == 0:
+            say(f"OK at-read: {steps} steps")
     elif role == "punctual":
         late = punctual(name, steps)
         if comm.rank == 0:

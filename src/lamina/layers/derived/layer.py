@@ -841,6 +841,15 @@ class DerivedLayer(Layer):
         self._load()
         return n
 
+    def check_step(self, step: int | None) -> int:
+        if step is None or step < self.steps:
+            return self.inner.check_step(step)
+        # a step past those the ranks agreed on, read alone (``f.at(k)``): an engine told of
+        # new steps (the in situ transport) takes up their records here, definitions too
+        k = self._reader_defs_aside(self.inner.check_step, step)
+        self._load()
+        return k
+
     def wait_steps(self, count: int, seconds: float) -> None:
         if not any(not d.persistent for d in self._defs.values()):
             self.inner.wait_steps(count, seconds)
