@@ -684,7 +684,9 @@ def test_no_statistics(tmp_path, mode):
 @pytest.mark.parametrize("mode", ["memory", "both"])
 def test_a_step_read_alone_takes_up_its_definitions(tmp_path, mode):
     """f.at(k) past the steps the consumer ranks agreed on: the derived quantities the producer
-    declared meanwhile are there, as on a file (an expression's values were NaN)."""
+    declared meanwhile are there, as on a file (an expression's values were NaN). The HTML
+    reprs of the file, the view and a dataset say the steps released (they raised StepError
+    once a step was)."""
     _skip_without_mpiexec()
     res = run_mpmd(
         (1, "transport_flow", "late-derive", "d", 3),

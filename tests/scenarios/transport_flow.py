@@ -13,7 +13,8 @@
     transport_flow.py late-derive NAME STEPS      derives e = x * 2 (expression) and t = x + 1
                                                   (stats) after step 0
     transport_flow.py at-read NAME STEPS          reads step 0, then f.at(k) of each later step
-                                                  alone: e and t there, e's values right
+                                                  alone: e and t there, e's values right, the
+                                                  reprs say the steps released
 
 The producer reports how many steps it held at most after each ``end_step``
 (its memory) and how long its steps took (it never waits for a latest
@@ -169,6 +170,11 @@ def at_read(name: str, steps: int) -> None:
                 raise AssertionError(f"step {k}: e = {v['e'][...]}")
             if [b.stats.max for b in v["t"].blocks()] != [k + 4]:
                 raise AssertionError(f"step {k}: t's blocks {v['t'].blocks()}")
+            # the reprs read no data: released steps are said, not asked for (StepError)
+            f._repr_html_()
+            v._repr_html_()
+            if k == steps - 1 and "released" not in v["x"]._repr_html_():
+                raise AssertionError(f"step {k}: {v['x']._repr_html_()}")
 
 
 def main() -> None:

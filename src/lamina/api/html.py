@@ -55,7 +55,8 @@ def dataset_facts(ds) -> dict:
     """What the repr shows of a dataset, from the block index only."""
     file = ds.file
     steps = file.steps
-    written, nblocks, stored, raw = storage_by_step(ds, steps)
+    released: list[int] = []  # (an in situ consumer's steps gone: no data is read for a repr)
+    written, nblocks, stored, raw = storage_by_step(ds, steps, released)
     # the derived quantity this lamina cannot evaluate that it is (or is a component of)
     bad = unusable_of(file.engine.unusable(), ds.name)
     return {
@@ -66,6 +67,7 @@ def dataset_facts(ds) -> dict:
         "raw": raw,
         "definition": _definition(file, ds.name),
         "unusable": None if bad is None else bad[1],  # why
+        "released": len(released),
     }
 
 
@@ -75,6 +77,8 @@ def _dataset_line(ds, facts: dict) -> str:
     bad = facts.get("unusable")
     if bad is not None and not facts["written"]:
         steps = "cannot be evaluated"
+    if facts.get("released"):
+        steps += f" ({plural(facts['released'], 'step')} released)"
     size = fmt_stored(facts["stored"], facts["raw"])
     parts = [
         f"{escape(str(ds.dtype))} {_shape(ds.shape)}",

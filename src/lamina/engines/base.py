@@ -146,12 +146,22 @@ def storage_of(blocks: Sequence[BlockInfo]) -> tuple[int, int]:
     return sum(b.nbytes for b in blocks), sum(b.raw_nbytes for b in blocks)
 
 
-def storage_by_step(ds, steps: int) -> tuple[list[int], int, int, int]:
+def storage_by_step(
+    ds, steps: int, released: list[int] | None = None
+) -> tuple[list[int], int, int, int]:
     """(steps with blocks, blocks, bytes stored, bytes of the values) of dataset view *ds*
-    over its first *steps* steps, step by step from its block index."""
+    over its first *steps* steps, step by step from its block index.  With a list
+    *released*, the steps the engine no longer holds (an in situ consumer's, released) are
+    put there and left out, instead of raising StepError."""
     written, nblocks, stored, raw = [], 0, 0, 0
     for k in range(steps):
-        blocks = ds.blocks(k)
+        try:
+            blocks = ds.blocks(k)
+        except StepError:
+            if released is None:
+                raise
+            released.append(k)
+            continue
         if blocks:
             written.append(k)
         nblocks += len(blocks)
