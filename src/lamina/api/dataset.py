@@ -282,9 +282,10 @@ def _shape_of(value) -> tuple[int, ...] | None:
     if not isinstance(value, list | tuple):
         return np.shape(value)
     subs = [_shape_of(v) for v in value]
-    if any(sub is None for sub in subs) or len(set(subs)) > 1:
+    first = subs[0] if subs else ()
+    if first is None or any(sub != first for sub in subs):
         return None
-    return (len(value), *(subs[0] if subs else ()))
+    return (len(value), *first)
 
 
 class OpenFileView:
