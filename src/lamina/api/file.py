@@ -309,27 +309,29 @@ class File(Group):
                     f"and has committed {self.steps} steps; a step exists once its end_step "
                     "returns"
                 )
-            if not looked:
-                # what the last refresh saw may be old: steps committed since (a timeout of 0
-                # looks once), a writer that opened the file again (mode 'a') after closing it
-                looked = True
-                self.refresh()
-                continue
-            if self._engine.writer_closed:
+            # (what the last refresh saw may be old: steps committed since, a writer that
+            # opened the file again in mode 'a' after closing it; so the first turn looks at
+            # the file before it judges, and a timeout of 0 looks once)
+            if looked and self._engine.writer_closed:
                 raise StepError(
                     f"step {step} will never exist: the writer of {self._filename!r} closed it after {self.steps} steps"
                 )
-            expired = deadline is not None and time.monotonic() >= deadline
-            # all ranks must agree on timing out, or they would diverge in refresh()
+            expired = looked and deadline is not None and time.monotonic() >= deadline
+            # all ranks must agree on timing out, or they would diverge in refresh() (the call
+            # named: ranks in another collective call raise CollectiveMismatchError)
             if self._engine.agree(int(expired), comm_mod.CALL_WAIT):
                 raise StepTimeoutError(
                     f"no step {step} in {self._filename!r} after {timeout} s ({self.steps} steps committed)"
                 )
-            # (returns early when the engine hears of a step; never past the deadline: a poll
-            # of 8 s under a timeout of 1 s waited 8 s)
-            left = delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic()))
-            self._engine.wait_steps(need, min(left, LONGEST_PAUSE))
-            delay = min(delay * 1.5, 1.0)
+            if looked:
+                # (returns early when the engine hears of a step; never past the deadline: a
+                # poll of 8 s under a timeout of 1 s waited 8 s)
+                left = (
+                    delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic()))
+                )
+                self._engine.wait_steps(need, min(left, LONGEST_PAUSE))
+                delay = min(delay * 1.5, 1.0)
+            looked = True
             self.refresh()
 
     def iter_steps(

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import threading
 import time
 import warnings
@@ -842,8 +843,8 @@ class DerivedLayer(Layer):
         return n
 
     def check_step(self, step: int | None) -> int:
-        if step is None or step < self.steps:
-            return self.inner.check_step(step)
+        if not isinstance(step, numbers.Integral) or step < self.steps:
+            return self.inner.check_step(step)  # (it refuses what is not a step)
         # a step past those the ranks agreed on, read alone (``f.at(k)``): an engine told of
         # new steps (the in situ transport) takes up their records here, definitions too
         k = self._reader_defs_aside(self.inner.check_step, step)
