@@ -699,6 +699,18 @@ def test_attribute_strings_lamina_does_not_store_say_what_it_stores(pair, value,
         pair[1].attrs["a"] = value
 
 
+def test_deleting_a_member_is_refused_in_words(pair):
+    """h5py deletes; lamina keeps every member (docs/api.md): a TypeError saying so, not
+    Python's bare 'AttributeError: __delitem__'."""
+    hd, ld = both(pair, "g/x", shape=(2,), dtype="f4")
+    del pair[0]["g/x"]
+    assert "g/x" not in pair[0]
+    for group, name in ((pair[1], "g/x"), (pair[1]["g"], "x")):
+        with pytest.raises(TypeError, match=f"cannot delete '{name}' from .*does not delete"):
+            del group[name]
+    assert "g/x" in pair[1]
+
+
 def test_attrs_create_and_modify_as_h5py(pair):
     h, f = _tree(pair)
     for obj in (h, f):

@@ -111,6 +111,15 @@ class Group(OpenFileView):
             name = "/".join(parts) if parts != [""] or not name.startswith("/") else "/"
         return normpath(name, self._path)
 
+    def __delitem__(self, name: str) -> None:
+        """TypeError: lamina keeps every member it defined (docs/api.md, "Differences from
+        h5py"), where Python's own word would be a bare ``AttributeError: __delitem__``."""
+        raise TypeError(
+            f"cannot delete {name!r} from {self.name!r}: lamina does not delete or move members "
+            "(a file's steps are appended, never rewritten); leave it unwritten: it reads as "
+            "its fill value"
+        )
+
     def __getitem__(self, name: str):
         from .dataset import Dataset
 
