@@ -8,10 +8,19 @@ the write or the close calls, once (the function is put back first).
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
-import lamina
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import mpi_util as mu  # noqa: E402
+
+import lamina  # noqa: E402
 from lamina.engines import staging
 from lamina.errors import StepError
 
@@ -329,3 +338,43 @@ def test_a_close_cut_short_in_the_commit_of_the_open_step(native_path, monkeypat
         f.close()
     f.close()
     assert steps_of(native_path) == [0.0]
+
+
+EXIT_AFTER_CTRL_C = r"""
+import shutil, signal, sys, threading, time
+import numpy as np, lamina
+path, io, name = sys.argv[1], sys.argv[2], sys.argv[3]
+main = threading.main_thread().ident
+def watch():  # Ctrl-C the moment lamina's thread of that name comes up
+    while not any(t.name.startswith(name) for t in threading.enumerate()):
+        time.sleep(0)
+    signal.pthread_kill(main, signal.SIGINT)
+threading.Thread(target=watch, daemon=True).start()
+try:
+    with lamina.open(path, "w", io=io, durable=False) as f:
+        f.create_dataset("u", (128, 64, 32), "f8")
+        for k in range(20):
+            with f.step():
+                f["u"][...] = np.full((128, 64, 32), float(k))
+except KeyboardInterrupt:
+    pass
+with lamina.open(path) as g:
+    print("steps", g.steps, flush=True)
+print("end of program", flush=True)
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs pthread_kill")
+@pytest.mark.parametrize("io, name", [("async", "lamina-buffers"), ("sync", "lamina-stats")])
+def test_ctrl_c_as_a_worker_thread_starts_leaves_a_program_that_exits(tmp_path, io, name):
+    """A thread pool starts its worker at the first submit and registers it for Python's exit
+    after starting it: a KeyboardInterrupt between the two left a thread that exit waited for
+    for ever (every run, Ctrl-C sent as lamina's first worker came up)."""
+    res = subprocess.run(
+        [sys.executable, "-c", EXIT_AFTER_CTRL_C, str(tmp_path / "f.lam"), io, name],
+        env=mu.child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0 and "end of program" in res.stdout, res.stdout + res.stderr

@@ -651,8 +651,21 @@ class OneThread:
     def get(self) -> ThreadPoolExecutor:
         with self._lock:
             if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.name)
+                ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.name)
+                try:
+                    ex.submit(_nothing)  # its worker started here, once
+                except BaseException:
+                    # interrupted (Ctrl-C) while the worker started: an executor can start
+                    # a thread and be cut before it registers it for Python's exit, which
+                    # then waits for that thread for ever; told to end, it ends
+                    ex.shutdown(wait=False)
+                    raise
+                self._executor = ex
             return self._executor
+
+
+def _nothing() -> None:
+    """The first job of a :class:`OneThread`: it starts the thread."""
 
 
 _POOL = OneThread("lamina-stats")
