@@ -239,6 +239,19 @@ def test_dump_human(run_file, capsys):
     assert out.splitlines()[1] == "[7 7]"
 
 
+def test_dump_shows_every_value_as_stored(tmp_path, capsys):
+    """numpy's default print rounds to 8 digits: [1.0000000001, 0.30000000000000004] showed as
+    [1.  0.3], though a 0-d selection and --json gave the values."""
+    path = tmp_path / "digits.lam"
+    values = [1.0000000001, 0.30000000000000004, 2.5]
+    with lamina.open(path, "w") as f:
+        f.create_dataset("p", (3,), "f8")
+        with f.step():
+            f["p"][...] = values
+    rc, out, _ = run(["dump", path, "p"], capsys)
+    assert rc == 0 and [float(v) for v in out.splitlines()[1].strip("[]").split()] == values
+
+
 def test_dump_json_special_values(run_file, capsys):
     rc, out, _ = run(["dump", run_file, "z", "--json", "--step", "0"], capsys)
     doc = json.loads(out)

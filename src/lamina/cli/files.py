@@ -678,7 +678,8 @@ def cmd_dump(args) -> int:
         f"{fmt_name(ds.name)}[{sel}]{at} at step {k} of {nsteps}: {data.dtype} {tuple(data.shape)}"
     )
     width = max(40, shutil.get_terminal_size((120, 24)).columns)
-    with np.printoptions(threshold=sys.maxsize, linewidth=width):
+    # (every value as stored: the shortest digits that tell it, as a 0-d value and --json give)
+    with np.printoptions(threshold=sys.maxsize, linewidth=width, floatmode="unique"):
         print(fmt_value(data[()]) if data.ndim == 0 else np.array2string(data, separator=" "))
     return 0
 
