@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -250,6 +251,34 @@ def test_dump_shows_every_value_as_stored(tmp_path, capsys):
             f["p"][...] = values
     rc, out, _ = run(["dump", path, "p"], capsys)
     assert rc == 0 and [float(v) for v in out.splitlines()[1].strip("[]").split()] == values
+
+
+def test_names_with_control_characters_stay_escaped_in_every_command(tmp_path, capsys):
+    """A newline or an escape sequence in a name (or in the file's path) is shown escaped, as
+    ls and info show it: in the error naming a group's datasets (which listed the whole
+    file's), in query's table head, in verify's lines and in plot's default file name."""
+    from lamina.cli.plot import _default_name
+
+    path = tmp_path / "v\x1b[31m.lam"
+    nl, esc = "g/n\nl", "g/x\x1b[31mRED"
+    with lamina.open(path, "w") as f:
+        for name in (nl, esc, "p"):
+            f.create_dataset(name, (2,), "i4")
+        with f.step():
+            for name in (nl, esc, "p"):
+                f[name][...] = [1, 2]
+    for cmd in ("dump", "info"):
+        rc, _, err = run([cmd, path, "g"], capsys)
+        line = one_error_line(rc, err)
+        assert line.endswith("datasets in it: /g/n\\nl, /g/x\\x1b[31mRED"), line
+    rc, out, _ = run(["query", path, "-w", "`g/n\nl` > 0", "--select", f"{nl},{esc}"], capsys)
+    assert rc == 0 and re.search(r"index +g/n\\nl +g/x\\x1b\[31mRED\n", out), out
+    assert "\x1b" not in out and "n\nl" not in out
+    rc, out, _ = run(["verify", path], capsys)
+    assert rc == 0 and out.startswith(str(tmp_path).replace("\\", "\\\\") + "/v\\x1b[31m.lam: ")
+    assert "\x1b" not in out
+    args = types.SimpleNamespace(dataset=nl, stats=False, slice=[], step=-1)
+    assert _default_name(args) == "g_n_l_steplast.png"
 
 
 def test_dump_json_special_values(run_file, capsys):

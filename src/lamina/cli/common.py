@@ -130,10 +130,13 @@ def find_dataset(f, name: str):
     """The dataset *name* of open file *f*; NotFoundError naming the datasets there if it is a group."""
     from lamina import Dataset
     from lamina.errors import NotFoundError
+    from lamina.text import fmt_name
 
     obj = f[name]
     if not isinstance(obj, Dataset):
-        names = [p for p, o in f.walk() if isinstance(o, Dataset)]
-        shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
-        raise NotFoundError(f"{obj.name!r} is a group, not a dataset; datasets: {shown or 'none'}")
+        names = [o.name for _, o in obj.walk() if isinstance(o, Dataset)]  # (in the group)
+        shown = ", ".join(map(fmt_name, names[:8])) + (", ..." if len(names) > 8 else "")
+        raise NotFoundError(
+            f"{obj.name!r} is a group, not a dataset; datasets in it: {shown or 'none'}"
+        )
     return obj

@@ -6,7 +6,7 @@ import os
 import sys
 
 from ..errors import suggest
-from ..text import plural
+from ..text import fmt_name, plural
 from .common import CLIError, open_file
 
 
@@ -70,7 +70,10 @@ def _check_cmap(name: str) -> None:
 
 
 def _default_name(args) -> str:
-    base = args.dataset.strip("/").replace("/", "_") or "data"
+    # (a file name of printable characters: a newline or an escape in a dataset's name
+    # made one holding them)
+    base = "".join(c if c.isprintable() else "_" for c in args.dataset.strip("/"))
+    base = base.replace("/", "_") or "data"
     if args.stats:
         return f"{base}_stats.png"
     where = "_".join(s.replace("=", "") for s in args.slice)
@@ -113,6 +116,7 @@ def cmd_plot(args) -> int:
         print(f"lamina plot: {e}", file=sys.stderr)
         return 2
     print(
-        f"{pic.path}: {pic.what} ({pic.width}x{pic.height} px; {plural(steps, 'step')} in {args.file})"
+        f"{fmt_name(str(pic.path))}: {fmt_name(pic.what)} ({pic.width}x{pic.height} px; "
+        f"{plural(steps, 'step')} in {fmt_name(args.file)})"
     )
     return 0

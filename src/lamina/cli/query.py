@@ -9,7 +9,7 @@ import textwrap
 import numpy as np
 
 from .. import selection
-from ..text import fmt_box, fmt_num, print_json, table
+from ..text import fmt_box, fmt_name, fmt_num, print_json, table
 from .common import CLIError, glue_dashed, guarded, open_file
 
 USAGE_EPILOG = """\
@@ -138,4 +138,5 @@ def _print_text(res, limit: int) -> None:
         + [fmt_num(np.asarray(vals[p])[()]) for p in res.select]
         for idx, vals in rows
     ]
-    print(textwrap.indent(table(["index", *res.select], rows_text, markdown=False), "  "))
+    head = ["index", *map(fmt_name, res.select)]  # (names on one line, escaped)
+    print(textwrap.indent(table(head, rows_text, markdown=False), "  "))

@@ -33,7 +33,7 @@ from .. import comm as comm_mod
 from ..check import verify
 from ..engines.native.format import COMMIT_NAME
 from ..errors import FormatError, NotALaminaFileError
-from ..text import fmt_bytes, fmt_steps, plural, print_json
+from ..text import fmt_bytes, fmt_name, fmt_steps, plural, print_json
 from .common import open_file
 
 
@@ -44,7 +44,7 @@ def _unopenable(args, e: FormatError) -> int:
         if args.json:
             print_json({"file": args.file, "intact": False, "opens": False, "error": str(e)})
         else:
-            print(f"{args.file}: DAMAGED: the file does not open: {e}")
+            print(f"{fmt_name(args.file)}: DAMAGED: the file does not open: {e}")
     return 1
 
 
@@ -76,19 +76,20 @@ def cmd_verify(args) -> int:
     if args.json:
         print_json({**report, "intact": not damaged})
         return 1 if damaged else 0
+    shown = fmt_name(args.file)  # (on one line, escaped, as ls and info show it)
     for note in notes:  # (each names the file)
         print(note)
     if report["commit_log"]:
         print(report["commit_log"])
     for p in report["problems"]:
-        print(f"{args.file}: step {p['step']}: {p['error']}")
+        print(f"{shown}: step {p['step']}: {p['error']}")
     checked = (
         f"format {report['format_version']}, "
         f"{plural(report['steps'], 'step')}, {plural(report['blocks'], 'block')}, "
         f"{fmt_bytes(report['bytes'])} read and checked"
     )
     if not damaged:
-        print(f"{args.file}: {checked}: intact")
+        print(f"{shown}: {checked}: intact")
         return 0
     parts = []
     blocks_bad = [p for p in report["problems"] if p["what"] == "block"]
@@ -105,5 +106,5 @@ def cmd_verify(args) -> int:
         parts.append("the commit log's last entry damaged")
     if report["records_left_out"]:
         parts.append(f"{plural(report['records_left_out'], 'committed record')} left out")
-    print(f"{args.file}: DAMAGED: {'; '.join(parts)}; {checked}", file=sys.stdout)
+    print(f"{shown}: DAMAGED: {'; '.join(parts)}; {checked}", file=sys.stdout)
     return 1
