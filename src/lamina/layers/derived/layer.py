@@ -810,7 +810,8 @@ class DerivedLayer(Layer):
             if comm_mod.agree(self.comm, None, flag=flag, call=comm_mod.CALL_CLOSE) == 1:
                 self.end_step()
         rank = -1 if self.inner.closed else self.comm.rank  # close frees the communicator
-        self._scratch.clear()
+        with self._shared:  # (a read on another thread may be taking a buffer: IndexError)
+            self._scratch.clear()
         self.inner.close()
         if rank == 0:
             self._save_timings()
