@@ -1313,3 +1313,19 @@ def test_ls_says_when_it_shows_the_last_decisions_only():
     assert _decisions_line(many[:5]).startswith("io='auto' wrote 5 steps: 4 in the background")
     assert _decisions_line(many).startswith("io='auto' wrote 64 steps: 56 in the background")
     assert am.DECISIONS_KEPT == 64
+
+
+def test_the_t_io_error_compares_the_prediction_for_the_way_a_step_was_written():
+    """A synchronous step's measured write is compared with t_io_sync, the series of steps
+    written while the program waits (it was compared with t_io, the background's, and an
+    info line said 'within 57746%' of steps all written synchronously)."""
+    from lamina.cli.files import _decisions_line, _decisions_table
+
+    steps = [
+        {"step": 0, "mode": "sync", "t_io": 7.5, "t_io_sync": 0.02, "t_io_measured": 0.025},
+        {"step": 1, "mode": "async", "t_io": 0.03, "t_io_sync": 9.0, "t_io_measured": 0.025},
+        {"step": 2, "mode": "sync", "t_io": 7.5, "t_io_measured": 0.025},  # (an older file)
+    ]
+    assert "t_io predicted within 20% (median)" in _decisions_line(steps)
+    table = _decisions_table(steps)
+    assert "7.5" not in table.splitlines()[1] and "20.0 ms" in table.splitlines()[1], table

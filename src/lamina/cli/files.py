@@ -50,15 +50,24 @@ def _io_decisions(f) -> tuple[list[dict] | None, bool, bool]:
     return got[0], got[1], not got[1] and decisions_unfinished(ext)  # (its head read again)
 
 
+def _io_predicted(d: dict):
+    """The t_io a decision predicted for the way its step was written: ``t_io_sync`` (the
+    series of steps written while the program waited) for a synchronous one, else ``t_io``
+    (written in the background): ``t_io_measured`` is the step's write in that mode."""
+    if d.get("mode") == "sync" and isinstance(d.get("t_io_sync"), float | int):
+        return d["t_io_sync"]
+    return d.get("t_io")
+
+
 def _decisions_line(decisions: list[dict], complete: bool = True, unfinished: bool = False) -> str:
     """One line: how io='auto' wrote the steps, and how far its I/O predictions were off;
     *complete*: *decisions* are every one of the run (else its last ones, or with
     *unfinished* those of the steps a writer that did not close the file committed)."""
     n_async = sum(1 for d in decisions if d.get("mode") == "async")
     errs = [
-        abs(d["t_io"] - d["t_io_measured"]) / d["t_io_measured"]
+        abs(_io_predicted(d) - d["t_io_measured"]) / d["t_io_measured"]
         for d in decisions
-        if isinstance(d.get("t_io"), float | int)
+        if isinstance(_io_predicted(d), float | int)
         and isinstance(d.get("t_io_measured"), float | int)
         and d["t_io_measured"] > 0
     ]
@@ -412,7 +421,7 @@ def _decisions_table(decisions: list[dict]) -> str:
             t(d, "t_sync_ranks", "t_sync"),
             t(d, "t_async_ranks", "t_async"),
             t(d, "epoch_measured"),
-            t(d, "t_io"),
+            t({"t_io": _io_predicted(d)}, "t_io"),  # (for the way the step was written)
             t(d, "t_io_measured"),
             t(d, "t_copy"),
             t(d, "t_comp"),
