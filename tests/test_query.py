@@ -244,6 +244,8 @@ def test_blocks_only_and_presentation(two_fields):
     json.dumps(d, allow_nan=False)
     assert "matching elements: 2" in r.summary()
     assert r.matches(5)[1][0] == (9, 2)
+    one = query(f, "T == T", region=(slice(0, 1), slice(0, 1)), step=0).summary()
+    assert "(1 element)" in one and "1 block read" in one and "1 blocks" not in one, one
 
 
 def test_complex_and_unwritten_datasets(open_file, new_path):

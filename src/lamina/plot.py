@@ -23,6 +23,7 @@ import numpy as np
 
 from .api import Dataset, File
 from .errors import NotFoundError, SelectionError, StepError
+from .text import plural
 
 INSTALL_HINT = "matplotlib is not installed: pip install 'lamina[plot]' (or pip install matplotlib)"
 
@@ -356,4 +357,4 @@ def stats_png(f: File, name: str, out: str | os.PathLike, dpi: int = 110) -> Pic
     out = os.fspath(out)
     fig.savefig(out, dpi=dpi, format="png")  # to *out* as named (no '.png' added)
     wpx, hpx = (int(round(v)) for v in fig.get_size_inches() * dpi)
-    return Picture(out, wpx, hpx, f"statistics of {name.strip('/')} over {f.steps} steps")
+    return Picture(out, wpx, hpx, f"statistics of {name.strip('/')} over {plural(f.steps, 'step')}")

@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from ..errors import ExpressionError
-from ..text import fmt_bytes, fmt_duration, fmt_rate, parse_rate, parse_size, table
+from ..text import fmt_bytes, fmt_duration, fmt_rate, parse_rate, parse_size, plural, table
 from . import asyncmodel as async_model
 from . import checks
 from .model import MAX_COUNT, STRATEGIES, best, combine, terms
@@ -425,7 +425,7 @@ def run_async(argv: list[str]) -> int:
         for p in preds
     ]
     print(
-        f"one step of {fmt_bytes(nbytes)} from {ranks} rank(s); history {path}: "
+        f"one step of {fmt_bytes(nbytes)} from {plural(ranks, 'rank')}; history {path}: "
         f"{len(m.history.samples(async_model.IO_SERIES))} background steps, "
         f"{len(m.history.samples(async_model.SYNC_IO_SERIES))} waited for; "
         f"background I/O rate: {_rate_source(used.fit, used.r2, fit, cal is not None)}; "

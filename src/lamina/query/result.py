@@ -9,7 +9,7 @@ from typing import overload
 import numpy as np
 
 from ..geometry import Box
-from ..text import fmt_box, fmt_bytes, json_value
+from ..text import fmt_box, fmt_bytes, json_value, plural
 
 
 class Units(Sequence[Box]):
@@ -210,16 +210,16 @@ class QueryResult:
             f"query {self.where!r} at step {self.step}"
             + (f", level {self.level}" if self.level else "")
             + f", region {fmt_box(self.region)} "
-            f"({self.region.size} elements)",
+            f"({plural(self.region.size, 'element')})",
             f"units: {self.units} (grid: {grid})",
             f"candidate blocks: {len(self.candidates)} of {self.units} ({ncert} certain), "
-            f"{self.candidate_elements} elements",
-            f"block answer: {self.candidate_blocks_read} blocks read, "
+            f"{plural(self.candidate_elements, 'element')}",
+            f"block answer: {plural(self.candidate_blocks_read, 'block')} read, "
             f"{fmt_bytes(self.candidate_bytes_read)} read ({self.candidate_bytes_read} B)",
         ]
         if self.exact:
             lines.append(
-                f"exact answer: {self.exact_blocks_read} blocks read, "
+                f"exact answer: {plural(self.exact_blocks_read, 'block')} read, "
                 f"{fmt_bytes(self.exact_bytes_read)} read ({self.exact_bytes_read} B)"
             )
             lines.append(f"matching elements: {self.count}")
