@@ -699,6 +699,14 @@ def test_attribute_strings_lamina_does_not_store_say_what_it_stores(pair, value,
         pair[1].attrs["a"] = value
 
 
+def test_a_ragged_attribute_is_a_shape_error_naming_it(pair):
+    """numpy and h5py raise ValueError; lamina a ShapeError (a ValueError), as for data."""
+    with pytest.raises(ValueError):
+        pair[0].attrs["a"] = [[1, 2], [3]]
+    with pytest.raises(ShapeError, match="attribute 'a' on '/': .* not an array of one shape"):
+        pair[1].attrs["a"] = [[1, 2], [3]]
+
+
 def test_deleting_a_member_is_refused_in_words(pair):
     """h5py deletes; lamina keeps every member (docs/api.md): a TypeError saying so, not
     Python's bare 'AttributeError: __delitem__'."""

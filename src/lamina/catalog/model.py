@@ -15,7 +15,7 @@ from enum import IntEnum
 
 import numpy as np
 
-from ..errors import DTypeError, FormatError
+from ..errors import DTypeError, FormatError, ShapeError
 from ..geometry import Box
 from .wire import Decoder, Encoder, load_json
 
@@ -143,7 +143,10 @@ def normalize_attr(value):
         # a list of strings as it reads back (a 1-D array of str objects, as h5py gives it):
         # stored as the list (numpy's own strings, dtype '<U', are refused, as h5py refuses them)
         return [str(v) for v in value.tolist()]
-    arr = np.asarray(value)
+    try:
+        arr = np.asarray(value)
+    except ValueError as e:  # a ragged nested list (numpy's words say so)
+        raise ShapeError(f"attribute value is not an array of one shape (numpy: {e})") from None
     if arr.dtype.kind == "S":
         raise DTypeError(
             "attribute values may be numbers, arrays or strings; decode bytes to str first"

@@ -295,7 +295,7 @@ def attr_change(catalog: Catalog, path: str, name: str, value) -> tuple:
         op = (OP_ATTR, path, name, normalize_attr(value))
         encode_op(Encoder(), op)  # fail here, not in every later commit (and close)
     except (DTypeError, ValueError) as e:
-        kind = DTypeError if isinstance(e, DTypeError) else ValueError
+        kind = type(e) if isinstance(e, DTypeError | ShapeError) else ValueError
         raise kind(f"cannot set attribute {name!r} on {'/' + path!r}: {e}") from None
     return op
 
