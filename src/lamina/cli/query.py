@@ -138,5 +138,5 @@ def _print_text(res, limit: int) -> None:
         + [fmt_num(np.asarray(vals[p])[()]) for p in res.select]
         for idx, vals in rows
     ]
-    head = ["index", *map(fmt_name, res.select)]  # (names on one line, escaped)
-    print(textwrap.indent(table(head, rows_text, markdown=False), "  "))
+    columns = ["index", *map(fmt_name, res.select)]  # (names on one line, escaped)
+    print(textwrap.indent(table(columns, rows_text, markdown=False), "  "))
