@@ -268,24 +268,15 @@ def cast_by_value(value, dtype: np.dtype, what: str, said: str | None = None) ->
             f"{what}: {said or ''}{given!r} is beyond the range of dtype {dtype}"
         ) from None
     except (TypeError, ValueError) as e:
-        if isinstance(value, list | tuple) and _shape_of(value) is None:
-            # (a ValueError in numpy and h5py: a ShapeError, as create_dataset's data)
-            raise ShapeError(
-                f"{what}: the value is not an array of one shape (numpy: {e})"
-            ) from None
+        if isinstance(value, list | tuple):
+            try:  # (numpy's ValueError without a dtype: rows of different lengths)
+                np.asarray(value)
+            except ValueError:
+                # (a ValueError in numpy and h5py: a ShapeError, as create_dataset's data)
+                raise ShapeError(
+                    f"{what}: the value is not an array of one shape (numpy: {e})"
+                ) from None
         raise DTypeError(f"{what} of dtype {dtype}: cannot write {given!r} ({e})") from None
-
-
-def _shape_of(value) -> tuple[int, ...] | None:
-    """The shape numpy gives nested sequence *value*; None where its rows differ in length
-    (numpy refuses it for its shape, not for its values)."""
-    if not isinstance(value, list | tuple):
-        return np.shape(value)
-    subs = [_shape_of(v) for v in value]
-    first = subs[0] if subs else ()
-    if first is None or any(sub != first for sub in subs):
-        return None
-    return (len(value), *first)
 
 
 class OpenFileView:
