@@ -44,6 +44,7 @@ import numpy as np
 
 from .catalog.model import MAX_ATTR_BYTES, MAX_CODEC_DEPTH, MAX_CODEC_JSON
 from .catalog.wire import load_json
+from .engines.native.engine import is_hdf5_file
 from .engines.registry import ON_DISK
 from .errors import FormatError, LaminaError, register
 from .geometry import Box
@@ -119,16 +120,6 @@ class ConvertResult:
 ZARR_MARKERS = (".zgroup", ".zattrs", ".zarray", "zarr.json")
 
 
-def _is_hdf5_file(path: str) -> bool:
-    """Whether *path* is a regular file HDF5 recognizes (its signature, after any user block)."""
-    try:
-        import h5py
-
-        return os.path.isfile(path) and bool(h5py.is_hdf5(path))
-    except OSError:
-        return False
-
-
 def is_zarr_store(path) -> bool:
     """Whether *path* is a directory holding Zarr metadata (a Zarr store, not a lamina file)."""
     path = os.fspath(path)
@@ -151,9 +142,7 @@ def detect(path) -> str:
         return "lamina"  # lamina.open says precisely what is wrong if it is not one
     if not os.path.isfile(path):  # a FIFO or a device: reading it would block or never end
         raise ConvertError(f"{path!r} is not a regular file")
-    import h5py
-
-    if h5py.is_hdf5(path):
+    if is_hdf5_file(path):
         return "hdf5"
     raise ConvertError(f"{path!r} is neither a lamina file (a .lam directory) nor an HDF5 file")
 
@@ -1049,7 +1038,7 @@ class _staged:
                 raise FileExistsError(
                     f"{dst!r} is a lamina directory; not replacing it with an HDF5 file"
                 )
-            if not os.path.isdir(dst) and (kind != "hdf5" or not _is_hdf5_file(dst)):
+            if not os.path.isdir(dst) and (kind != "hdf5" or not is_hdf5_file(dst)):
                 # (a file of something else, or a link to nothing: what --force replaces is
                 # the kind of thing it writes, as for directories)
                 want = {"hdf5": "an HDF5 file", "zarr": "a Zarr store"}.get(kind, "a lamina file")

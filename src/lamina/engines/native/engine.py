@@ -494,8 +494,11 @@ def _not_a_file(directory: str, name: str, what: str) -> FormatError:
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 
-def _is_hdf5(path: str) -> bool:
-    """Whether the regular file *path* holds HDF5's signature where HDF5 looks for it."""
+def is_hdf5_file(path: str) -> bool:
+    """Whether *path* is a regular file holding HDF5's signature where HDF5 looks for it (what
+    ``h5py.is_hdf5`` looks at, without importing h5py)."""
+    if not os.path.isfile(path):
+        return False
     try:
         with open(path, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
@@ -750,7 +753,7 @@ class NativeEngine(BlockEngine):
                 return
             if st is None:
                 raise FileNotFoundError(f"no such lamina file: {path!r}")
-            if stat.S_ISREG(st.st_mode) and _is_hdf5(path):
+            if is_hdf5_file(path):
                 raise NotALaminaFileError(
                     f"{path!r} is an HDF5 file, not a lamina file; convert it with "
                     f"'lamina convert {path} OUT.lam' (lamina.hdf5.convert), or read it with h5py"
