@@ -29,6 +29,7 @@ import numpy as np
 
 from .catalog.model import MAX_CODEC_JSON
 from .errors import CodecError
+from .multires.compress import zfp_max_extent  # (a layer down: its bands are zfp fields too)
 
 #: codec id -> {parameter: accepted python types}
 ALLOWED: dict[str, dict[str, tuple[type, ...]]] = {
@@ -72,13 +73,6 @@ def h5py_compression(name: str, compression: Any, opts: Any = None) -> Any:
             )
         compression = {"id": "zlib", "level": opts}
     return compression
-
-
-def zfp_max_extent(ndim: int) -> int:
-    """The longest axis zfp's header records for an *ndim*-D field: the sizes share 48 bits,
-    each axis storing its length less one (2**48 values in 1-D, 2**24 in 2-D, 65536 in 3-D,
-    4096 in 4-D); zfp cannot write the header of a longer one."""
-    return 1 << (48 // ndim)
 
 
 def limit_refusal(cid: str, shape: tuple[int, ...], nbytes: int) -> str | None:

@@ -257,6 +257,14 @@ def encode(
     return Encoded(shape, p, x.dtype, tol, tolerances, modes, exponents, blobs, amax)
 
 
+def zfp_max_extent(ndim: int) -> int:
+    """The longest axis zfp's header records for an *ndim*-D field: the sizes share 48 bits,
+    each axis storing its length less one (2**48 values in 1-D, 2**24 in 2-D, 65536 in 3-D,
+    4096 in 4-D); zfp cannot write the header of a longer one (a band of patches here, a
+    block in :mod:`lamina.codecs`)."""
+    return 1 << (48 // ndim)
+
+
 def _encode_wavelet(
     x: np.ndarray,
     finite: np.ndarray,
@@ -300,8 +308,7 @@ def _encode_wavelet(
     ok = (margin <= safety * tol) & (magnitude <= headroom)
     bands = wavelet.pack(c, levels)
     for band in bands:
-        # (the sizes of zfp's header share 48 bits: lamina.codecs.zfp_max_extent, a layer up)
-        if band.ndim > 1 and max(band.shape[1:]) > 1 << (48 // (band.ndim - 1)):
+        if band.ndim > 1 and max(band.shape[1:]) > zfp_max_extent(band.ndim - 1):
             # zfp's header cannot record an axis this long (a detail band packs its 2^d - 1
             # sub-bands along axis 0: patches of (1024, 2, 2, 2) give 15 * 512 = 7,680 rows,
             # past 4,096 in 4-D): every patch of this shape is stored raw
