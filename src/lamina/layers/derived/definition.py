@@ -125,9 +125,7 @@ def check_spacing(spacing, ndim: int, name: str) -> tuple[float, ...]:
             f"derived quantity {name!r}: spacing has {len(vals)} entries, the data has {ndim} dimensions"
         )
     for v in vals:  # (float() would take the string "12", and True as 1)
-        if isinstance(v, str | bytes | bool | np.bool_) or not isinstance(
-            v, int | float | np.integer | np.floating
-        ):
+        if isinstance(v, bool) or not isinstance(v, int | float | np.integer | np.floating):
             raise TypeError(
                 f"derived quantity {name!r}: spacing {spacing!r} holds {v!r}, not a real number"
             )
