@@ -667,34 +667,37 @@ def test_steps_seen_on_arrival(tmp_path):
     assert max(late[1:]) < 0.25, res.describe()  # step 0 also waits for the open
 
 
-@pytest.mark.parametrize("mode", ["memory", "both"])
-def test_no_statistics(tmp_path, mode):
-    """stats=False: blocks travel without statistics; values and queries stay right (no pruning).
-    A derived quantity kept as statistics keeps them (it reached consumers with none at all)."""
-    _skip_without_mpiexec()
-    res = run_mpmd(
-        (2, "transport_flow", "bare", "b", 3),
-        (1, "transport_flow", "bare-read", "b", 3),
-        cwd=tmp_path,
-        env={"LAMINA_TRANSPORT": mode},
-    )
-    assert res.lines("OK bare: 3 steps"), res.describe()
+#: two programs of transport_flow.py, (ranks, role) each, and what the consumer says at the end
+FLOW_PAIRS = {
+    # stats=False: blocks travel without statistics; values and queries stay right (no
+    # pruning). A derived quantity kept as statistics keeps them (it reached consumers with
+    # none at all).
+    "no statistics": ((2, "bare"), (1, "bare-read"), "OK bare: 3 steps"),
+    # f.at(k) past the steps the consumer ranks agreed on: the derived quantities the producer
+    # declared meanwhile are there, as on a file (an expression's values were NaN). The HTML
+    # reprs of the file, the view and a dataset say the steps released (they raised
+    # StepError once a step was).
+    "a step read alone takes up its definitions": (
+        (1, "late-derive"),
+        (2, "at-read"),
+        "OK at-read: 3 steps",
+    ),
+}
 
 
 @pytest.mark.parametrize("mode", ["memory", "both"])
-def test_a_step_read_alone_takes_up_its_definitions(tmp_path, mode):
-    """f.at(k) past the steps the consumer ranks agreed on: the derived quantities the producer
-    declared meanwhile are there, as on a file (an expression's values were NaN). The HTML
-    reprs of the file, the view and a dataset say the steps released (they raised StepError
-    once a step was)."""
+@pytest.mark.parametrize("case", FLOW_PAIRS)
+def test_flow_pairs(tmp_path, case, mode):
+    """Each pair of FLOW_PAIRS, 3 steps, through memory and through memory and a file."""
     _skip_without_mpiexec()
+    (np_, producer), (nc, consumer), said = FLOW_PAIRS[case]
     res = run_mpmd(
-        (1, "transport_flow", "late-derive", "d", 3),
-        (2, "transport_flow", "at-read", "d", 3),
+        (np_, "transport_flow", producer, "s", 3),
+        (nc, "transport_flow", consumer, "s", 3),
         cwd=tmp_path,
         env={"LAMINA_TRANSPORT": mode},
     )
-    assert res.lines("OK at-read: 3 steps"), res.describe()
+    assert res.lines(said), res.describe()
 
 
 def test_flow_workflow(tmp_path):
