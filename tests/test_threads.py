@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -236,3 +237,40 @@ def test_bytes_read_by_two_threads_at_once_are_all_counted(steps_file, rows):
             assert e.bytes_read - setup.before == 2 * one, k  # type: ignore[attr-defined]
             n += 1
         assert n > 10
+
+
+@pytest.mark.parametrize("first", ["records", "values"])
+def test_a_file_closed_while_another_thread_reads_waits_for_the_read(
+    steps_file, monkeypatch, first
+):
+    """A close in one thread while another reads (a step's block records from lamina.meta,
+    or values from a subfile): the close waits for the read, which gives every value, and
+    reads after it raise ValueError (as h5py's lock orders them).  Closed under the read,
+    its descriptor gave EBADF, or another file's bytes once its number was reused."""
+    k = NSTEPS - 1
+    f = lamina.open(steps_file)
+    if first == "values":
+        f.at(k)["a"].blocks()  # the step's records read: the read paused reads values
+    entered, go = threading.Event(), threading.Event()
+    pread = native_engine._pread_into
+
+    def paused(*args, **kwargs):
+        if not entered.is_set():
+            entered.set()
+            go.wait(30)
+        return pread(*args, **kwargs)
+
+    monkeypatch.setattr(native_engine, "_pread_into", paused)
+    with ThreadPoolExecutor(1) as pool:
+        read = pool.submit(lambda: f.at(k)["a"][...])
+        assert entered.wait(30)
+        closer = threading.Thread(target=f.close)
+        closer.start()
+        closer.join(0.3)
+        assert closer.is_alive(), "the file was closed under a read"
+        go.set()
+        closer.join(30)
+        assert not closer.is_alive()
+        np.testing.assert_array_equal(read.result(), _expected(k))
+    with pytest.raises(ValueError, match="is closed"):
+        f.at(0)["a"][...]

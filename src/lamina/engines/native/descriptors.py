@@ -143,6 +143,45 @@ class Subfiles:
         return drop
 
 
+class InUse:
+    """The reads of one file under way, in any thread: ``with`` around a read that uses the
+    file's descriptors.  :meth:`close` (the file closed, in another thread) waits for the
+    reads under way, then refuses new ones with the ValueError a read of a closed file
+    raises: a descriptor is never closed under a read (EBADF, or another file's bytes once
+    its number is reused).  h5py's global lock orders a close and the reads alike.  A lock
+    taken twice a read, as :class:`Subfiles` takes its own."""
+
+    __slots__ = ("_closed", "_idle", "_lock", "_n", "_path")
+
+    def __init__(self, path: str) -> None:
+        self._lock = threading.Lock()
+        self._idle = threading.Event()  # set by the last read under way once closed
+        self._closed = False
+        self._n = 0
+        self._path = path
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._closed:
+                raise ValueError(f"cannot read: file {self._path!r} is closed")
+            self._n += 1
+
+    def __exit__(self, *exc) -> None:
+        with self._lock:
+            self._n -= 1
+            if self._closed and not self._n:
+                self._idle.set()
+
+    def close(self) -> None:
+        """Refuse new reads, and wait for those under way (a close is never made inside a
+        read of the same file: the read has ended, by an error, before a close it leads to)."""
+        with self._lock:
+            self._closed = True
+            if not self._n:
+                return
+        self._idle.wait()
+
+
 def _close_all(fds: list[int]) -> None:
     for fd in fds:
         try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import numbers
 import os
 import resource
@@ -23,7 +24,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar, cast
 
 import numpy as np
 
@@ -63,6 +64,8 @@ from ..staging import Chunk
 from . import descriptors
 from . import format as fmt
 from .lock import LOCK_NAME, WriterLock
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 MSG_CHUNK = 1 << 25  # 32 MiB pieces: pipelined, and far below MPI's 2 GiB count limit
 #: a member rank waits for its aggregator without polling when the aggregator writes this much
@@ -264,13 +267,26 @@ class _AreaLoader:
         # read into memory nobody cleared, handed over read-only: no second copy
         at = self.base + off
         buf = buffers.empty(n, at)
-        try:
-            _pread_into(self.eng._meta_reader(), buf.data, at, self.what)
-        except FormatError:
-            self.eng._check_identity()  # a file re-created under this reader says so
-            raise
+        with self.eng._in_use:
+            try:
+                _pread_into(self.eng._meta_reader(), buf.data, at, self.what)
+            except FormatError:
+                self.eng._check_identity()  # a file re-created under this reader says so
+                raise
         buf.flags.writeable = False
         return buf.data
+
+
+def _reading(method: _F) -> _F:
+    """A method that reads with the file's descriptors: a close in another thread waits for
+    it (:class:`.descriptors.InUse`)."""
+
+    @functools.wraps(method)
+    def read(self, *args, **kwargs):
+        with self._in_use:
+            return method(self, *args, **kwargs)
+
+    return cast(_F, read)
 
 
 def aggregators_option(value, size: int) -> int:
@@ -637,6 +653,12 @@ class NativeEngine(BlockEngine):
     name = "native"
     OPTIONS = BlockEngine.OPTIONS | {"aggregators", "durable"}
 
+    # reads that a close in another thread waits for, whole (descriptors.InUse)
+    get = _reading(BlockEngine.get)
+    get_collective = _reading(BlockEngine.get_collective)
+    get_level = _reading(BlockEngine.get_level)
+    payload = _reading(BlockEngine.payload)
+
     # ------------------------------------------------------------ open
     def validate_open(self, mode: str, options: dict, size: int) -> None:
         super().validate_open(mode, options, size)
@@ -657,6 +679,8 @@ class NativeEngine(BlockEngine):
         # the subfiles reads open read-only, the most recently read kept open for every
         # thread (descriptors.py: a file may have more subfiles than a process may open)
         self._subfiles = descriptors.Subfiles(descriptors.subfiles_kept())
+        # the reads under way, that a close from another thread waits for (descriptors.py)
+        self._in_use = descriptors.InUse(path)
         # what else reads open read-only, by name (lamina.meta): one descriptor each, every
         # thread's (_meta_reader)
         self._rfds: dict[str, int] = {}
@@ -1047,6 +1071,7 @@ class NativeEngine(BlockEngine):
                 os.close(held)
         return out, new, head.size, committed - len(new)
 
+    @_reading
     def _load_new(self, call: int = 0) -> int:
         """Collective: read records committed since the last call on rank 0, apply on all ranks
         (*call*: the collective call it is, named in its first agreement); the garbage
@@ -1167,6 +1192,7 @@ class NativeEngine(BlockEngine):
         latest."""
         return self._version
 
+    @_reading
     def unfinished_commit(self, pause: float = 0.1) -> str | None:
         """Independent: what the commit log holds after its last valid entry, where that is
         an entry whole in length that fails its checksum (said, naming it), else None.
@@ -1990,6 +2016,7 @@ class NativeEngine(BlockEngine):
     def aggregator_ranks(self) -> list[int]:
         return list(self.agg_rank)
 
+    @_reading
     def payloads(self, step: int, wanted, into: np.ndarray | None = None) -> list[list[np.ndarray]]:
         """Blocks that lie back to back in a subfile (bands of a multiresolution dataset in
         patch or level order) are read with one pread per run, then each is checked against
@@ -2208,6 +2235,9 @@ class NativeEngine(BlockEngine):
             self._keep_run_buffer(buf, 1)
 
     def _close_storage(self) -> None:
+        in_use = getattr(self, "_in_use", None)
+        if in_use is not None:  # (reads under way in other threads end first)
+            in_use.close()
         subfiles = getattr(self, "_subfiles", None)
         if subfiles is not None:
             subfiles.close()
