@@ -417,6 +417,19 @@ def test_slash_dot_names_the_root_from_any_group(pair):
         assert "units" in g0.attrs and "units" not in g.attrs
 
 
+def test_dot_and_empty_parts_keep_a_name_relative(pair):
+    """'.//x' in group '/sub' is '/sub/x', as in h5py: with its '.' dropped, the name began
+    with '/' and was taken from the root (a dataset made there; a read of '/y' for '/sub/y')."""
+    for g0 in pair:
+        sub = g0.create_group("sub")
+        g0.create_group("y")
+        sub.create_group("y")
+        assert sub.create_group(".//x").name == "/sub/x" and "x" in sub and "x" not in g0
+        assert sub.create_dataset(".//z", shape=(2,), dtype="f4").name == "/sub/z"
+        assert sub[".//y"].name == "/sub/y" and sub[".//"].name == "/sub"
+        assert sub["/./y"].name == "/y" and sub["/.//./y"].name == "/y"
+
+
 def test_attributes_read_back_are_written_again_as_they_read(pair):
     """A list of strings reads back as an array of str objects (h5py's form); writing that
     back was a DTypeError on lamina."""

@@ -106,9 +106,9 @@ class Group(OpenFileView):
         if name == "":
             raise ValueError("an empty name (the group itself is '.')")
         if isinstance(name, str) and "." in name:
-            parts = [p for p in name.split("/") if p != "."]
-            # ('/.' names the root: its parts without '.' are ['', ''], not [''])
-            name = "/".join(parts) if parts != [""] or not name.startswith("/") else "/"
+            # absolute by its own leading '/' alone: './/x' in group 'g' is 'g/x', not '/x'
+            rest = "/".join(p for p in name.split("/") if p != ".").lstrip("/")
+            name = "/" + rest if name.startswith("/") else rest
         return normpath(name, self._path)
 
     def __delitem__(self, name: str) -> None:
