@@ -774,6 +774,14 @@ def test_attrs_create_and_modify_as_h5py(pair):
         f["a"].attrs.create("grid", ["x", "yy"], shape=(2, 1))
     with pytest.raises(ShapeError, match=r"attribute 'v' on '/a': it has shape \(3,\)"):
         f["a"].attrs.modify("v", [1, 2])
+    # a Python number beyond the dtype: h5py's OverflowError, lamina's names the attribute
+    f["a"].attrs["u"] = h["a"].attrs["u"] = np.uint8(7)
+    with pytest.raises(OverflowError):
+        h["a"].attrs.modify("u", 300)
+    with pytest.raises(RangeError, match=r"attribute 'u' on '/a': 300 is beyond .* uint8"):
+        f["a"].attrs.modify("u", 300)
+    f["a"].attrs.modify("u", np.int64(300))  # a numpy value: cast as astype casts
+    assert f["a"].attrs["u"] == 44
     f.close()
 
 

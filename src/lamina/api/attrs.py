@@ -9,7 +9,7 @@ from collections.abc import Iterator, MutableMapping
 import numpy as np
 
 from ..catalog import present_attr
-from ..errors import DTypeError, ModeError, NotFoundError, ShapeError, suggest
+from ..errors import DTypeError, ModeError, NotFoundError, RangeError, ShapeError, suggest
 
 
 def _strings(values, n: int | None = None) -> bool:
@@ -116,7 +116,13 @@ class Attributes(MutableMapping):
         if not isinstance(old, np.ndarray | np.generic) or old.dtype.kind not in "biufc":
             self[name] = value
             return
-        a = np.asarray(value, dtype=None if isinstance(value, np.ndarray) else old.dtype)
+        try:
+            a = np.asarray(value, dtype=None if isinstance(value, np.ndarray) else old.dtype)
+        except OverflowError:  # a Python number beyond the dtype's range, as a write says it
+            raise RangeError(
+                f"cannot modify attribute {name!r} on {'/' + self._path!r}: {value!r} is beyond "
+                f"the range of its dtype {old.dtype}"
+            ) from None
         if a.shape != old.shape and not (a.size == 1 and old.size == 1):
             raise ShapeError(
                 f"cannot modify attribute {name!r} on {'/' + self._path!r}: it has shape "
