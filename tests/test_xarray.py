@@ -600,6 +600,10 @@ def test_write_refusals_leave_the_destination_as_it_was(tmp_path):
         ),
         (xr.Dataset({"a": ("x", np.arange(2.0), {"meta": {"n": 1}})}), "attribute 'meta'"),
         (xr.Dataset(attrs={"none": None}), "group '/': attribute 'none'"),
+        # refused by the format only (surrogates, strings past 64 KiB): once refused late,
+        # after mode 'w' had emptied the file
+        (xr.Dataset(attrs={"source": "caf\udce9"}), "attribute 'source'.*surrogates"),
+        (xr.Dataset({"a": ("x", [1.0], {"h": "x" * 70000})}), "attribute 'h'.*format limit"),
     )
     lzf = xr.Dataset({"v": ("x", np.arange(3.0))})
     lzf.v.encoding["compression"] = "lzf"  # (an HDF5 filter lamina has not)

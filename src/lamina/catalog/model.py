@@ -212,6 +212,17 @@ def encode_attr(e: Encoder, value) -> None:
         e.blob(value.tobytes())
 
 
+def checked_attr(name: str, value):
+    """*value* as attribute *name* holds it (:func:`normalize_attr`), refused now as a commit
+    would refuse it: ValueError (a name or string of more than ``MAX_STR`` bytes of UTF-8, a
+    lone surrogate) or DTypeError."""
+    e = Encoder()
+    e.str(name)
+    value = normalize_attr(value)
+    encode_attr(e, value)
+    return value
+
+
 def decode_attr(d: Decoder):
     tag = d.u8()
     if tag == 1:

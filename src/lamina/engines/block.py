@@ -92,8 +92,8 @@ from ..catalog import (
     Decoder,
     Encoder,
     Record,
+    checked_attr,
     decode_packed,
-    normalize_attr,
     normpath,
     pack,
     parent,
@@ -292,8 +292,7 @@ def attr_change(catalog: Catalog, path: str, name: str, value) -> tuple:
         raise ValueError(f"attribute names are non-empty strings, got {name!r}")
     try:
         # a ragged nested list is numpy's ValueError: said with the attribute's name
-        op = (OP_ATTR, path, name, normalize_attr(value))
-        encode_op(Encoder(), op)  # fail here, not in every later commit (and close)
+        op = (OP_ATTR, path, name, checked_attr(name, value))  # here, not at every commit
     except (DTypeError, ValueError) as e:
         kind = type(e) if isinstance(e, DTypeError | ShapeError) else ValueError
         raise kind(f"cannot set attribute {name!r} on {'/' + path!r}: {e}") from None

@@ -27,7 +27,7 @@ import xarray as xr
 
 import lamina
 from lamina import codecs as codec_mod
-from lamina.catalog import normalize_attr, normpath
+from lamina.catalog import checked_attr, normpath
 from lamina.errors import CodecError
 from lamina.geometry import Box, decompose
 
@@ -211,7 +211,7 @@ def _check_attrs(attrs: dict, what: str) -> None:
         try:
             if not str(k):
                 raise ValueError("attribute names are non-empty strings")
-            normalize_attr(_attr_value(v))
+            checked_attr(str(k), _attr_value(v))  # (as the file would refuse it once open)
         except (TypeError, ValueError) as e:
             raise TypeError(f"{what}: attribute {k!r} = {v!r} cannot be stored: {e}") from None
 
