@@ -314,6 +314,14 @@ def test_producer_forgets_released_steps_past_its_limit(tmp_path):
     assert res.lines("OK consume plain: 8 steps"), res.describe()
 
 
+@pytest.mark.parametrize("n,m", [(2, 1)])
+def test_threads_of_a_consumer_read_at_once(tmp_path, n, m):
+    """Reads and statistics of one consumer from 4 threads at once (docs/api.md, "Threads")
+    give every value written: the answers of one producer rank to two threads' requests went
+    to whichever receive was posted first (wrong values, or MPI's truncation error)."""
+    _stream_of_six(tmp_path, n, m, "threads")
+
+
 def _stream_of_six(tmp_path, n: int, m: int, role: str) -> None:
     """n producer ranks write 6 steps, m consumer ranks read them in scenario *role*."""
     _skip_without_mpiexec()

@@ -7,6 +7,7 @@
     transport_prefetch.py early NAME STEPS          ... and close after 3 steps, with reads in flight
     transport_prefetch.py explicit NAME STEPS       ... with iter_steps() and ds.prefetch(box, k + 1)
     transport_prefetch.py plain NAME STEPS          ... with iter_steps() and plain f["u"] reads
+    transport_prefetch.py threads NAME STEPS        ... many boxes and statistics from 4 threads
 
 The consumer opens the name with ``engine="mpi", io="async"``: its reads
 ask producer ranks for their pieces over MPI, on the read-ahead thread
@@ -252,6 +253,39 @@ def plain(name: str, steps: int) -> None:
         say(f"OK consume plain: {seen} steps on {size} ranks, {ahead} with a later step read")
 
 
+def threads(name: str, steps: int) -> None:
+    """Plain iter_steps(); at each step 4 threads read 40 boxes of u (each across the
+    producers' blocks) and p, and the blocks' statistics, at once: every value as written
+    (the answers to two threads' requests to one producer rank took each other's buffers:
+    wrong values, or MPI's truncation error)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    boxes = [Box((i, j), (i + 9, j + 7)) for i in range(0, 21, 4) for j in range(0, 13, 3)]
+    with lamina.open(name, "r", engine="mpi") as f, ThreadPoolExecutor(4) as pool:
+        rank, size = f.comm.rank, f.comm.size
+        seen = 0
+        for view in f.iter_steps(timeout=30):
+            k = view.index
+
+            def read(box: Box, k: int = k, view=view) -> None:
+                check_equal(view["u"][box.slices], u_values(box, k), f"u step {k} {box}")
+                a = box.start[0] * 3
+                check_equal(view["p"][a : a + 20], p_values(a, a + 20, k), f"p step {k} {a}")
+
+            def stats(k: int = k, view=view) -> None:
+                got = max(b.stats.max for b in view["u"].blocks())
+                check_equal(np.array(got), np.array(u_values(Box((0, 0), U), k).max()), "max")
+
+            jobs = [pool.submit(read, b) for b in boxes] + [pool.submit(stats) for _ in range(4)]
+            for j in jobs:
+                j.result()
+            seen += 1
+    if seen != steps:
+        raise AssertionError(f"saw {seen} steps, expected {steps}")
+    if rank == 0:
+        say(f"OK consume threads: {seen} steps on {size} ranks, {len(boxes)} boxes a step")
+
+
 def check_counts(hits: list[int], misses: list[int], change_at: int | None) -> None:
     """Read-ahead served every read after the first step; changed selections miss, then hit again."""
     where = f"hits after each step {hits}, misses {misses}"
@@ -276,6 +310,8 @@ def main() -> None:
         explicit(name, steps)
     elif role == "plain":
         plain(name, steps)
+    elif role == "threads":
+        threads(name, steps)
     else:
         raise SystemExit(f"unknown role {role}")
 

@@ -17,10 +17,12 @@ answering gives :class:`~lamina.errors.TransportError` instead of a hang.
 
 from __future__ import annotations
 
+import functools
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 
@@ -58,6 +60,23 @@ _u8 = wire._u8
 LEFT_CHECK = 0.05
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _exchange(method: _F) -> _F:
+    """A method that asks producer ranks and takes their answers: one thread of a rank at a
+    time.  Answers come on (producer rank, tag) and MPI gives each to the oldest receive
+    posted for it: the reads of two threads at once took each other's bytes (wrong values,
+    or a truncation error)."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self._exchanging:
+            return method(self, *args, **kwargs)
+
+    return cast(_F, run)
+
+
 class Consumer(TransportBase):
     """The consumer side: reads the steps a producer task serves (module docstring)."""
 
@@ -85,6 +104,7 @@ class Consumer(TransportBase):
         self._stats_follow: set[int] = set()
         self._stats_got: set[tuple[int, int]] = set()
         self._ahead = False  # reads are made ahead of the program: they release nothing
+        self._exchanging = threading.RLock()  # held by a read's requests and answers (_exchange)
         # records received and not applied yet: (message, producer step, flags, kind) from the first
         # that changes the datasets, groups, attributes or definitions on (applied by refresh,
         # on every rank alike: see _receive)
@@ -430,6 +450,7 @@ class Consumer(TransportBase):
         self.block_table(name, step)  # the statistics first, where they follow the record
         return super().blocks(name, step)
 
+    @_exchange
     def _fetch_stats(self, spec: DatasetSpec, step: int, t: BlockTable) -> None:
         """Independent: ask every producer rank that wrote blocks of *spec* in *step* for their statistics.
 
@@ -473,6 +494,7 @@ class Consumer(TransportBase):
             poll.reset()
         self._wait(reqs, f"the producer to take a request for the {what}")
 
+    @_exchange
     def payloads(self, step: int, wanted, into: np.ndarray | None = None) -> list[list[np.ndarray]]:
         """The stored bytes of blocks (bands of multiresolution datasets), whole, from the producer
         ranks that hold them: one ``PAYLOAD`` request and one receive per block, all in flight
@@ -538,6 +560,7 @@ class Consumer(TransportBase):
             self.get(name, box, step, out)
         comm_mod.agree(self.comm, g.error)
 
+    @_exchange
     def get(self, name: str, box: Box, step: int | None, out: np.ndarray) -> None:
         spec, step = self.check_read(name, box, step, out)
         layout = Layout.of(spec)
