@@ -101,6 +101,31 @@ def test_open_dataset_steps_dims_attrs_time(tmp_path):
         assert "compression" not in ds.T.encoding  # (xarray's netCDF backends take that key)
 
 
+def test_cf_decoders_are_taken_and_off_unless_asked(tmp_path):
+    """xarray's decoders (decode_times=, mask_and_scale=, ...) are taken, as zarr's backend
+    takes them (each was a TypeError): given true, xr.decode_cf decodes with them; not given,
+    or False, nothing is decoded (lamina's default, docs/xarray.md)."""
+    path = tmp_path / "cf.lam"
+    with lamina.open(path, "w") as f:
+        t = f.create_dataset("time", data=np.array([0.0, 1.0, 2.0]))
+        t.attrs.update({"units": "days since 2000-01-01", "dims": ["time"]})
+        v = f.create_dataset("v", data=np.array([10, 20, -1], np.int16))
+        v.attrs.update({"scale_factor": 0.5, "_FillValue": np.int16(-1), "dims": ["time"]})
+    with xr.open_dataset(path, engine=ENGINE, step=0) as ds:
+        assert ds.time.dtype == np.float64 and ds.v.dtype == np.int16
+    for off in ({"decode_times": False}, {"decode_cf": False}, {"mask_and_scale": False}):
+        with xr.open_dataset(path, engine=ENGINE, step=0, **off) as ds:
+            assert ds.time.dtype == np.float64 and ds.v.dtype == np.int16, off
+    with xr.open_dataset(path, engine=ENGINE, step=0, decode_times=True) as ds:
+        assert ds.time.values[1] == np.datetime64("2000-01-02") and ds.v.dtype == np.int16
+    with xr.open_dataset(path, engine=ENGINE, step=0, mask_and_scale=True) as ds:
+        np.testing.assert_array_equal(ds.v.values, [5.0, 10.0, np.nan])
+        assert ds.time.dtype == np.float64
+    tree = xr.open_datatree(path, engine=ENGINE, step=0, decode_times=True, decode_coords=False)
+    with tree:
+        assert tree["time"].dtype.kind == "M"
+
+
 def test_derived_quantity_is_a_variable(tmp_path):
     path = tmp_path / "run.lam"
     ref = _flame(path)

@@ -558,6 +558,17 @@ def _fit_dims(
 # ----------------------------------------------------------------------------- entry point
 
 
+#: xarray's CF decoders, which xarray hands a backend where they are given
+DECODERS = (
+    "mask_and_scale",
+    "decode_times",
+    "decode_timedelta",
+    "concat_characters",
+    "use_cftime",
+    "decode_coords",
+)
+
+
 class LaminaBackendEntrypoint(BackendEntrypoint):
     """``engine="lamina"``: lamina files (``*.lam``) as xarray Datasets and DataTrees.
 
@@ -572,7 +583,14 @@ class LaminaBackendEntrypoint(BackendEntrypoint):
 
     description = "Open lamina files (.lam) lazily: blocks read on demand, steps as a dimension"
     url = ""
-    open_dataset_parameters = ("filename_or_obj", "drop_variables", "group", "step", "level")
+    open_dataset_parameters = (
+        "filename_or_obj",
+        "drop_variables",
+        "group",
+        "step",
+        "level",
+        *DECODERS,
+    )
     supports_groups = True
 
     def guess_can_open(self, filename_or_obj) -> bool:
@@ -594,13 +612,21 @@ class LaminaBackendEntrypoint(BackendEntrypoint):
         group: str | None = None,
         step: int | None = None,
         level: int | None = None,
+        mask_and_scale: Any = None,
+        decode_times: Any = None,
+        decode_timedelta: Any = None,
+        concat_characters: Any = None,
+        use_cftime: Any = None,
+        decode_coords: Any = None,
     ) -> xr.Dataset:
         level = _check_level(level)
+        decoders = {k: v for k, v in locals().items() if k in DECODERS}
         f, base, owned, step = _open(filename_or_obj, step)
         close = _Closer(f, owned)
         try:
             gpath = _join(base, group)
             ds = group_dataset(f, gpath, step, drop_variables, level=level)
+            ds = _decoded(ds, decoders)
         except BaseException:
             close()
             raise
@@ -615,8 +641,15 @@ class LaminaBackendEntrypoint(BackendEntrypoint):
         group: str | None = None,
         step: int | None = None,
         level: int | None = None,
+        mask_and_scale: Any = None,
+        decode_times: Any = None,
+        decode_timedelta: Any = None,
+        concat_characters: Any = None,
+        use_cftime: Any = None,
+        decode_coords: Any = None,
     ) -> dict[str, xr.Dataset]:
         level = _check_level(level)
+        decoders = {k: v for k, v in locals().items() if k in DECODERS}
         f, base, owned, step = _open(filename_or_obj, step)
         close = _Closer(f, owned)
         try:
@@ -629,6 +662,7 @@ class LaminaBackendEntrypoint(BackendEntrypoint):
                 rel = "/" + p[len(top) :].strip("/") if p != top else "/"
                 parent = above.get(p.rstrip("/").rsplit("/", 1)[0] or "/", {}) if p != top else {}
                 ds = group_dataset(f, p, step, drop_variables, level=level, inherited=parent)
+                ds = _decoded(ds, decoders)
                 above[p.rstrip("/") or "/"] = {
                     **parent,
                     **{str(k): int(v) for k, v in ds.sizes.items()},
@@ -648,15 +682,46 @@ class LaminaBackendEntrypoint(BackendEntrypoint):
         group: str | None = None,
         step: int | None = None,
         level: int | None = None,
+        mask_and_scale: Any = None,
+        decode_times: Any = None,
+        decode_timedelta: Any = None,
+        concat_characters: Any = None,
+        use_cftime: Any = None,
+        decode_coords: Any = None,
     ) -> xr.DataTree:
         groups = self.open_groups_as_dict(
-            filename_or_obj, drop_variables=drop_variables, group=group, step=step, level=level
+            filename_or_obj,
+            drop_variables=drop_variables,
+            group=group,
+            step=step,
+            level=level,
+            **{k: v for k, v in locals().items() if k in DECODERS},
         )
         tree = xr.DataTree.from_dict(groups)
         closer = next(iter(groups.values()))._close
         if closer is not None:
             tree.set_close(closer)
         return tree
+
+
+def _decoded(ds: xr.Dataset, given: dict[str, Any]) -> xr.Dataset:
+    """*ds* decoded by the CF decoders *given* true (``decode_times=True``, as
+    ``xr.decode_cf`` decodes).  lamina decodes nothing by default (its fill is a value, not a
+    missing-data mark: docs/xarray.md): a decoder not given, or given False, is off."""
+    on = {k: given.get(k) for k in DECODERS}
+    if not any(v for k, v in on.items() if k != "use_cftime"):
+        return ds
+    out = xr.decode_cf(
+        ds,
+        concat_characters=on["concat_characters"] or False,
+        mask_and_scale=on["mask_and_scale"] or False,
+        decode_times=on["decode_times"] or False,
+        decode_coords=on["decode_coords"] or False,
+        use_cftime=on["use_cftime"],
+        decode_timedelta=on["decode_timedelta"] or False,
+    )
+    out.set_close(ds._close)
+    return out
 
 
 def _check_level(level: int | None) -> int:
