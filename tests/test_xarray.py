@@ -703,6 +703,17 @@ def test_writing_over_the_file_a_dataset_reads_from_is_refused(tmp_path):
     with xr.open_dataset(path, engine=ENGINE) as back:
         assert back.attrs["note"] == "edited"
         np.testing.assert_array_equal(back.T.values, np.arange(1000.0))
+    # a result computed from it lazily has no source any more, but its graph reads the file
+    # (it was written over it: the file emptied, the write failing)
+    ds = xr.open_dataset(path, engine=ENGINE, chunks={})
+    doubled = ds * 2
+    assert "source" not in doubled.T.encoding
+    with pytest.raises(ValueError, match=r"self.lam' is open for reading .* variable 'T'"):
+        to_lamina(doubled, path)
+    ds.close()
+    to_lamina(xr.Dataset({"T": ("x", np.arange(3.0))}) * 2, path)  # in memory: written
+    with xr.open_dataset(path, engine=ENGINE) as back:
+        np.testing.assert_array_equal(back.T.values, [0.0, 2.0, 4.0])
 
 
 def test_a_compressed_variable_keeps_its_codec_under_a_key_of_its_own(tmp_path):

@@ -28,6 +28,7 @@ import xarray as xr
 import lamina
 from lamina import codecs as codec_mod
 from lamina.catalog import checked_attr, normpath
+from lamina.engines.native.engine import read_here
 from lamina.errors import CodecError
 from lamina.geometry import Box, decompose
 
@@ -204,6 +205,22 @@ def _check_not_reading(nodes: list[tuple[str, xr.Dataset]], path) -> None:
                 "file in mode 'w' would remove it first; load() the data, or write another "
                 "file and move it"
             )
+    # a result computed from the file (ds * 2, a reduction) has lost its source, but its
+    # dask graph reads the file still: refused while this process has the file open and a
+    # variable is not in memory
+    lazy = [
+        str(name)
+        for _, ds in nodes
+        for name, var in ds.variables.items()
+        if not getattr(var, "_in_memory", True)
+    ]
+    if lazy and read_here(target):
+        raise ValueError(
+            f"{os.fspath(path)!r} is open for reading in this process and variable {lazy[0]!r} "
+            "is not loaded: it may still read from that file, which writing it in mode 'w' "
+            "would remove first; close the Datasets read from it, load() the data, or write "
+            "another file and move it"
+        )
 
 
 def _check_attrs(attrs: dict, what: str) -> None:

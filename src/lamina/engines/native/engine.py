@@ -23,6 +23,7 @@ import resource
 import stat
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple, TypeVar, cast
 
@@ -510,6 +511,17 @@ def _not_a_file(directory: str, name: str, what: str) -> FormatError:
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 
+#: the native files open for reading in this process (:func:`read_here`)
+_READERS: weakref.WeakSet[NativeEngine] = weakref.WeakSet()
+
+
+def read_here(path) -> bool:
+    """Whether this process has the file at *path* open for reading (``lamina.open`` in mode
+    'r', an ``xr.open_dataset`` not closed)."""
+    key = os.path.realpath(path)
+    return any(not e.closed and os.path.realpath(e.path) == key for e in list(_READERS))
+
+
 def is_hdf5_file(path: str) -> bool:
     """Whether *path* is a regular file holding HDF5's signature where HDF5 looks for it (what
     ``h5py.is_hdf5`` looks at, without importing h5py)."""
@@ -725,6 +737,8 @@ class NativeEngine(BlockEngine):
             self._dir_fd = os.open(path, _DIR_FLAGS)
         comm_mod.agree(self.comm, g.error)
         self._load_new()
+        if mode == "r":
+            _READERS.add(self)
         if mode != "r":
             self.session = self.catalog.last_session + 1
             g = comm_mod.Guard()
