@@ -716,6 +716,44 @@ def test_writing_over_the_file_a_dataset_reads_from_is_refused(tmp_path):
         np.testing.assert_array_equal(back.T.values, [0.0, 2.0, 4.0])
 
 
+def test_append_adds_names_and_refuses_clashes_before_writing(tmp_path):
+    """mode='a' adds variables beside the file's, coordinates too (the file's 'lat' became a
+    data variable: the list of coordinates was replaced); a name the file holds, or a
+    dimension of another length, is refused before the file is touched (refused midway, the
+    group's attributes were replaced and the variables before the clash left empty; the
+    other length was written, and the group no longer opened)."""
+    path = tmp_path / "app.lam"
+    first = xr.Dataset(
+        {"T": ("y", [1.0, 2.0, 3.0])},
+        coords={"lat": ("y", [10.0, 20.0, 30.0])},
+        attrs={"title": "original"},
+    )
+    to_lamina(first, path)
+    with lamina.open(path) as f:
+        before = (dict(f.attrs), sorted(f), f.steps)
+    clashes = (
+        (
+            xr.Dataset(
+                {"new": ("y", [5.0, 6.0, 7.0]), "T": ("y", [3.0, 4.0, 5.0])}, attrs={"title": "X"}
+            ),
+            lamina.ExistsError,
+            "holds 'T' already",
+        ),
+        (xr.Dataset({"w": ("y", [1.0, 2.0])}), ValueError, "dimension 'y' has length 2, and 3"),
+    )
+    for bad, kind, text in clashes:
+        with pytest.raises(kind, match=text):
+            to_lamina(bad, path, mode="a")
+        with lamina.open(path) as f:
+            assert (dict(f.attrs), sorted(f), f.steps) == before
+    more = xr.Dataset({"P": ("y", [4.0, 5.0, 6.0])}, coords={"lon": ("y", [1.0, 2.0, 3.0])})
+    to_lamina(more, path, mode="a")
+    with xr.open_dataset(path, engine=ENGINE, step=-1) as ds:
+        assert sorted(ds.coords) == ["lat", "lon", "step"] and sorted(ds.data_vars) == ["P", "T"]
+        np.testing.assert_array_equal(ds.P.values, [4.0, 5.0, 6.0])
+        np.testing.assert_array_equal(ds.lat.values, [10.0, 20.0, 30.0])
+
+
 def test_a_compressed_variable_keeps_its_codec_under_a_key_of_its_own(tmp_path):
     """A lamina dataset's codecs come as encoding['lamina_compression'] (xarray's netCDF
     backends take 'compression' as a string: h5netcdf failed on lamina's list), and

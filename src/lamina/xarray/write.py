@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import warnings
 from typing import Any
 
 import numpy as np
@@ -27,9 +28,11 @@ import xarray as xr
 
 import lamina
 from lamina import codecs as codec_mod
+from lamina import comm as comm_mod
 from lamina.catalog import checked_attr, normpath
 from lamina.engines.native.engine import read_here
-from lamina.errors import CodecError
+from lamina.engines.registry import ON_DISK
+from lamina.errors import CodecError, ExistsError, LaminaError
 from lamina.geometry import Box, decompose
 
 from . import conventions as cv
@@ -74,6 +77,8 @@ def to_lamina(
     _check_values(nodes, compression)
     if mode == "w":
         _check_not_reading(nodes, path)
+    elif mode == "a":
+        _check_append(nodes, path)
     # a file of static variables alone is one step; a step dimension of length 0, none
     steps = nsteps if any(cv.STEP in ds.dims for _, ds in nodes) else 1
     with lamina.open(path, mode, comm=comm, **options) as f:
@@ -82,6 +87,8 @@ def to_lamina(
             g = f if gpath.strip("/") == "" else f.require_group(gpath)
             _copy_attrs(g, ds.attrs, f"group {gpath!r}")
             listed = sorted(str(c) for c in ds.coords if ds[c].dims != (c,))
+            if cv.COORDINATES in g.attrs:  # (mode 'a': the file's stay coordinates)
+                listed = sorted(set(cv.names(g.attrs[cv.COORDINATES])) | set(listed))
             if listed:
                 g.attrs[cv.COORDINATES] = listed
             for name, var in ds.variables.items():
@@ -221,6 +228,47 @@ def _check_not_reading(nodes: list[tuple[str, xr.Dataset]], path) -> None:
             "would remove first; close the Datasets read from it, load() the data, or write "
             "another file and move it"
         )
+
+
+def _check_append(nodes: list[tuple[str, xr.Dataset]], path) -> None:
+    """Mode 'a': a name the file's group holds already (ExistsError), or a dimension of
+    another length than the group's in the file (ValueError: the group would no longer open
+    in xarray, as ``to_zarr(mode="a")`` refuses it), refused before the file is opened for
+    writing: a refusal leaves the file as it was (it was refused midway, the group's
+    attributes and the datasets defined before the clash written)."""
+    from .backend import group_dataset
+
+    where = os.fspath(path)
+    try:
+        f = lamina.open(where, "r", comm=comm_mod.self_comm(), **ON_DISK)
+    except (OSError, LaminaError):  # none yet (created), or what opening to write says
+        return
+    with f:
+        for gpath, ds in nodes:
+            g = f.get(gpath) if gpath.strip("/") else f
+            if not isinstance(g, lamina.Group):
+                continue  # (a group made now; a dataset there: the write says so)
+            for name in ds.variables:
+                if str(name) in g:
+                    raise ExistsError(
+                        f"{where}: group {g.name!r} holds {str(name)!r} already; mode 'a' adds "
+                        "names the file does not hold (rename the variable, or write the file "
+                        "in mode 'w')"
+                    )
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    have = dict(group_dataset(f, g.name).sizes)
+            except (ValueError, LaminaError):  # (a group xarray cannot open as it is)
+                continue
+            for name, var in ds.variables.items():
+                for d, n in var.sizes.items():
+                    if d != cv.STEP and have.get(d, n) != n:
+                        raise ValueError(
+                            f"variable {str(name)!r}: dimension {str(d)!r} has length {n}, and "
+                            f"{have[d]} in group {g.name!r} of {where}; xarray would no longer "
+                            "open the group: rename the dimension"
+                        )
 
 
 def _check_attrs(attrs: dict, what: str) -> None:
