@@ -652,6 +652,19 @@ def test_write_refusals_leave_the_destination_as_it_was(tmp_path):
         xr.testing.assert_identical(back.load(), good)
 
 
+def test_a_renamed_variable_is_dropped_by_the_name_it_shows(tmp_path):
+    """drop_variables takes the names the Dataset shows: a dataset 'y' over (y, x) is the
+    variable 'var_y', and drop_variables=['var_y'] left it there."""
+    path = str(tmp_path / "drop.lam")
+    with lamina.open(path, "w") as f:
+        for name in ("y", "v"):
+            f.create_dataset(name, data=np.ones((3, 4))).attrs["dims"] = ["y", "x"]
+    with xr.open_dataset(path, engine=ENGINE) as ds:
+        assert sorted(ds.data_vars) == ["v", "var_y"]
+    with xr.open_dataset(path, engine=ENGINE, drop_variables=["var_y"]) as ds:
+        assert list(ds.data_vars) == ["v"]
+
+
 def test_a_renamed_dataset_does_not_replace_another(tmp_path):
     """A dataset named like one of its dimensions is renamed (NAME_y); where the group holds
     a dataset of that name already, it is NAME_y_2 (with a warning), not written over it."""

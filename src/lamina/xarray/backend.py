@@ -457,6 +457,8 @@ def group_dataset(
                 )
                 renamed = free
             name = renamed
+            if name in drop:  # (named as the Dataset shows it)
+                continue
         variables[name] = xr.Variable(
             vdims,
             indexing.LazilyIndexedArray(array),
