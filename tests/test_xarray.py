@@ -126,6 +126,33 @@ def test_cf_decoders_are_taken_and_off_unless_asked(tmp_path):
         assert tree["time"].dtype.kind == "M"
 
 
+def test_lazy_datasets_pickle_and_read_where_unpickled(tmp_path):
+    """A Dataset opened lazily pickles as its file's path (dask's processes and distributed
+    schedulers, copy.deepcopy), as xarray's netCDF backends do: it was a TypeError.  A file
+    in memory cannot be opened again: a TypeError says so."""
+    import copy
+    import pickle
+
+    path = tmp_path / "run.lam"
+    ref = _flame(path)
+    with xr.open_dataset(path, engine=ENGINE, group="fields") as ds:
+        back = pickle.loads(pickle.dumps(ds))
+        np.testing.assert_array_equal(back.T.values, ref)
+        np.testing.assert_array_equal(back.TP[1].values, ds.TP[1].values)  # computed on read
+        np.testing.assert_array_equal(copy.deepcopy(ds).T[2, 1:3].values, ref[2, 1:3])
+        back.close()  # (the file opened again stays open for the other copies)
+        np.testing.assert_array_equal(copy.deepcopy(ds).T[0].values, ref[0])
+    with xr.open_dataset(path, engine=ENGINE, group="fields", chunks={}) as ds:
+        got = ds.T.sum().compute(scheduler="processes", num_workers=2)
+        assert float(got) == pytest.approx(float(ref.sum()))
+    with lamina.open(str(tmp_path / "m.lam"), "w", engine="memory") as f:
+        f.create_dataset("a", data=np.arange(3.0))
+        f.end_step()
+        with xr.open_dataset(f, engine=ENGINE) as ds:
+            with pytest.raises(TypeError, match="cannot be pickled: its file is not on disk"):
+                pickle.dumps(ds)
+
+
 def test_derived_quantity_is_a_variable(tmp_path):
     path = tmp_path / "run.lam"
     ref = _flame(path)

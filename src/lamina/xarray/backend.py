@@ -14,6 +14,7 @@ an analysis may open it and read its own part, as with any lamina reader.
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 import warnings
@@ -67,6 +68,21 @@ class LaminaArray(BackendArray):
         self._base = base
         self.shape = base if steps is None else (len(steps), *base)
         self.dtype = np.dtype(dataset.dtype)
+
+    def __reduce__(self):
+        """Pickled (dask's processes and distributed schedulers, ``copy.deepcopy``) as the
+        file's path and the dataset's name, opened again where unpickled (:func:`_reopened`),
+        as xarray's netCDF backends reopen theirs; a file not on disk (in memory, in situ)
+        cannot be opened again: a TypeError says so."""
+        f = self._ds.file
+        if f.engine.stack()[-1].name != "native":
+            raise TypeError(
+                f"variable {self._ds.name!r} of {f.filename!r} cannot be pickled: its file is "
+                f"not on disk (engine {f.engine.stack()[-1].name!r}) and cannot be opened "
+                "again elsewhere; load() it first, or use dask's threaded scheduler"
+            )
+        where = os.path.abspath(f.filename)
+        return (_reopened, (where, self._ds.name, self._steps, self._at, self._level, self._stride))
 
     def __getitem__(self, key: indexing.ExplicitIndexer) -> np.ndarray:
         return indexing.explicit_indexing_adapter(
@@ -193,17 +209,49 @@ def _apply(block: np.ndarray, post: list) -> np.ndarray:
 # ----------------------------------------------------------------------- groups -> Datasets
 
 
-class _Closer:
-    """Closes the lamina file once, when the last object that uses it is closed."""
+#: files opened again where variables were unpickled, by path: one reader per process and
+#: file, closed at exit (:func:`_reopened`)
+_REOPENED: dict[str, lamina.File] = {}
+_REOPENED_LOCK = threading.Lock()
 
-    def __init__(self, f: lamina.File, owned: bool):
+
+def _reopened(
+    path: str, name: str, steps: list[int] | None, at: int | None, level: int, stride: int
+) -> LaminaArray:
+    """A :class:`LaminaArray` unpickled: the file at *path* opened again (once in this process,
+    kept open for the variables that need it), its dataset *name*."""
+    with _REOPENED_LOCK:
+        f = _REOPENED.get(path)
+        if f is None or f.engine.closed:
+            if not _REOPENED:
+                atexit.register(_close_reopened)
+            f = _REOPENED[path] = lamina.open(path, "r", comm=comm_mod.self_comm(), **ON_DISK)
+    return LaminaArray(f[name], steps, at, level, stride)
+
+
+def _close_reopened() -> None:
+    with _REOPENED_LOCK:
+        for f in _REOPENED.values():
+            f.close()
+        _REOPENED.clear()
+
+
+class _Closer:
+    """Closes the lamina file once, when the last object that uses it is closed.  Unpickled,
+    it closes nothing: the variables unpickled read from a file opened again there
+    (:func:`_reopened`), kept open for them."""
+
+    def __init__(self, f: lamina.File | None, owned: bool):
         self._f = f
         self._owned = owned
         self._lock = threading.Lock()
 
+    def __reduce__(self):
+        return (_Closer, (None, False))
+
     def __call__(self) -> None:
         with self._lock:
-            if self._owned and not self._f.engine.closed:
+            if self._owned and self._f is not None and not self._f.engine.closed:
                 self._f.close()
 
 
