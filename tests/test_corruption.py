@@ -760,3 +760,40 @@ def test_a_step_records_damaged_blocks_are_named_by_step_and_record(native_path)
                 saw.append(str(e))
         flip(os.path.join(native_path, fmt.META_NAME), off)  # back
     assert saw and all("record 5 (step 3): blocks of dataset 'grid/u'" in m for m in saw), saw
+
+
+def test_blocks_read_as_a_run_longer_than_their_subfile_are_refused_before_allocation(
+    native_path, monkeypatch
+):
+    """Blocks read back to back in one run (bands of a multiresolution dataset, lamina
+    verify's batches) whose recorded lengths reach past the subfile (damaged or forged
+    metadata under valid checksums) are a FormatError naming the subfile and dataset, raised
+    before a buffer of that length is made: a read asked numpy for 32 TiB, and verify died
+    with a traceback instead of reporting the block."""
+    from lamina.check import verify
+
+    with lamina.open(native_path, "w") as f:
+        z = f.create_dataset("z", shape=(4096,), dtype="i8", compression="zlib")
+        with f.step():
+            z[:2048] = 0
+            z[2048:] = 1
+    with lamina.open(native_path) as r:
+        eng = r.engine.stack()[-1]
+        spec = eng.catalog.datasets["z"]
+        t = eng.catalog.table(spec.id, 0)
+        forged = _with_boxes(t, t.start, t.stop)
+        forged.length = np.array([t.length[0], 1 << 45], dtype=np.int64)
+        forged.seg = np.array([t.seg[0], 0], dtype=np.int64)
+        eng.catalog.steps[0]._tables[spec.id] = forged
+        made = []
+        real = np.empty
+        for where in ("lamina.buffers.np.empty", "lamina.check.np.empty"):
+            monkeypatch.setattr(where, lambda n, *a, **k: (made.append(n), real(n, *a, **k))[1])
+        with pytest.raises(
+            FormatError, match=r"data.0.0: dataset 'z': its blocks at bytes .* lie past"
+        ):
+            eng.payloads(0, [(spec, forged, np.arange(2))])
+        report = verify(r)
+        assert [(p["what"], p["box"]) for p in report["problems"]] == [("block", "[2048:4096]")]
+        assert "lie past the end of the subfile" in report["problems"][0]["error"]
+        assert all(int(n) < 1 << 40 for n in made if np.isscalar(n))

@@ -147,9 +147,11 @@ def _check_blocks(
     nbytes = 0
     for batch in _batches(t, rows):
         need = int(t.length[batch].sum()) + PAGE * (len(batch) + 1)  # (each run placed)
-        if scratch[0].size < need:
+        if scratch[0].size < need <= 2 * BATCH_BYTES:
             scratch[0] = np.empty(need, np.uint8)
         try:
+            # (a batch of one block larger than that, its length the record's word alone,
+            # is read into memory the read makes once it has held it to the subfile's size)
             got = eng.payloads(step, [(spec, t, batch)], into=scratch[0])[0]
         except (FormatError, CodecError, OSError):
             got = None  # some block of the batch: found one by one below

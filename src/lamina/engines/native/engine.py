@@ -2069,12 +2069,21 @@ class NativeEngine(BlockEngine):
         r0 = int(rows[pos[0]])
         name = subfile_name(int(t.session[r0]), int(t.agg[r0]))
         n = int(lengths.sum())
-        if into is not None and into.size >= n + buffers.PAGE:
-            buf = buffers.window(into, first, n)
-            into = into[buf.ctypes.data - into.ctypes.data + n :]
-        else:
-            buf = buffers.empty(n, first)
         with self._subfile(name) as fd:
+            # the lengths are the records' words alone: held to the subfile's size before
+            # the run's buffer is made, as _payload holds one block's
+            size = os.fstat(fd).st_size
+            if first + n > size:
+                raise FormatError(
+                    f"{self.path}/{name}: dataset {spec.path!r}: its blocks at bytes "
+                    f"{first}..{first + n} lie past the end of the subfile ({size} bytes): "
+                    "the metadata is corrupt or the subfile was cut short"
+                )
+            if into is not None and into.size >= n + buffers.PAGE:
+                buf = buffers.window(into, first, n)
+                into = into[buf.ctypes.data - into.ctypes.data + n :]
+            else:
+                buf = buffers.empty(n, first)
             _pread_into(fd, buf.data, first, f"{self.path}/{name}: dataset {spec.path!r}")
         begin = 0
         for g, p, n in zip(grp.tolist(), pos.tolist(), lengths.tolist(), strict=True):
