@@ -797,3 +797,36 @@ def test_blocks_read_as_a_run_longer_than_their_subfile_are_refused_before_alloc
         assert [(p["what"], p["box"]) for p in report["problems"]] == [("block", "[2048:4096]")]
         assert "lie past the end of the subfile" in report["problems"][0]["error"]
         assert all(int(n) < 1 << 40 for n in made if np.isscalar(n))
+
+
+@pytest.mark.parametrize("forge", ["moved", "twice"])
+def test_a_band_not_its_patchs_extent_is_a_format_error(native_path, forge):
+    """A multiresolution band whose box (forged or damaged metadata under valid checksums)
+    is not its patch's extent at its level, or a second band of one patch, is refused by
+    reads and found by verify: the band was decoded as another patch's, values wrong by up
+    to 1e38 and verify saying the file was intact."""
+    from lamina.check import verify
+
+    x = np.linspace(0, 1, 32)
+    with lamina.open(native_path, "w") as f:
+        m = f.create_dataset("mr", (32, 32), "f4", layout=lamina.Multires(patch=8, tolerance=1e-3))
+        with f.step():
+            m[...] = (np.sin(x[:, None] * 3) * np.cos(x[None, :] * 2)).astype("f4")
+    with lamina.open(native_path) as r:
+        eng = r.engine.stack()[-1]
+        spec = eng.catalog.datasets["mr"]
+        t = eng.catalog.table(spec.id, 0)
+        start, stop = t.start.copy(), t.stop.copy()
+        i = int(np.flatnonzero((start == [8, 16]).all(axis=1))[0])
+        j = int(np.flatnonzero((start == [8, 0]).all(axis=1))[0])
+        if forge == "moved":  # [8:16, 16:24] made [8:16, 0:24], over two other patches
+            start[i] = (8, 0)
+            said = r"band \[8:16, 0:24\] of level 0 is no patch's extent there"
+        else:  # [8:16, 16:24] made [8:16, 0:8], the box of another band
+            start[i], stop[i] = start[j], stop[j]
+            said = r"bands \[8:16, 0:8\] and \[8:16, 0:8\] of level 0 are both of one patch"
+        eng.catalog.steps[0]._tables[spec.id] = _with_boxes(t, start, stop)
+        with pytest.raises(FormatError, match=r"dataset 'mr', step 0: " + said):
+            r["mr"][...]
+        problems = verify(r)["problems"]
+        assert problems and all(re.search(said, p["error"]) for p in problems), problems

@@ -171,6 +171,7 @@ def _check_layout(f, spec, step: int, t, found, said: set[str]) -> None:
     slab of whole patches at a time.  A band that fails its checksum or its header is
     found by :func:`_check_blocks` (on the rank that reads its level), not again here;
     a stream that does not decode is found here."""
+    from .layouts import read as layout_read
     from .layouts.spec import Layout
 
     try:
@@ -181,6 +182,13 @@ def _check_layout(f, spec, step: int, t, found, said: set[str]) -> None:
             found("layout", None, e)
         return
     if layout is None or not len(t) or not spec.shape:
+        return
+    try:  # the bands' boxes: each its patch's at its level, one a patch (as a read plans them)
+        layout_read.plan(
+            f.engine.stack()[-1].catalog, spec, layout, Box.from_shape(spec.shape), step, 0
+        )
+    except FormatError as e:
+        found("bands", None, e)
         return
     ds = f[spec.path]
     row_bytes = math.prod(spec.shape[1:]) * spec.dtype.itemsize

@@ -48,12 +48,41 @@ def scale_box(box: Box, down: int) -> Box:
 
 
 def _patches_of(
-    t: BlockTable, box: Box, patch_k: np.ndarray, counts: np.ndarray
+    t: BlockTable, box: Box, patch: np.ndarray, level: int, shape: np.ndarray, what: str
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Rows of *t* meeting *box*, and the linear patch number of each."""
+    """Rows of *t* (the bands of *level*) meeting *box*, and the linear patch number of each.
+    A band whose box is not its patch's at that level, or a second band of one patch (forged
+    or damaged metadata under valid checksums: a writer never records one), is a FormatError:
+    its coefficients were decoded as another patch's, values wrong by any amount."""
     idx, _, _ = t.hits(box.start, box.stop)
-    coords = t.start[idx] // patch_k
-    return idx, np.ravel_multi_index(tuple(coords.T), tuple(counts.tolist())) if idx.size else idx
+    if not idx.size:
+        return idx, idx
+    counts = -(-shape // patch)
+    coords = t.start[idx] // (patch >> level)
+    lo = coords * patch
+    hi = np.minimum(lo + patch, shape)
+    bad = np.flatnonzero(
+        np.any(
+            (coords >= counts) | (t.start[idx] != lo >> level) | (t.stop[idx] != -((-hi) >> level)),
+            axis=1,
+        )
+    )
+    if bad.size:
+        i = int(idx[bad[0]])
+        raise FormatError(
+            f"{what}: band {t.box(i)} of level {level} is no patch's extent there: the metadata "
+            "is corrupt"
+        )
+    lin = np.ravel_multi_index(tuple(coords.T), tuple(counts.tolist()))
+    if np.unique(lin).size < lin.size:
+        srt = np.sort(lin)
+        twice = int(srt[np.flatnonzero(srt[1:] == srt[:-1])[0]])
+        rows = idx[lin == twice][:2].tolist()
+        raise FormatError(
+            f"{what}: bands {t.box(rows[0])} and {t.box(rows[1])} of level {level} are both of one "
+            "patch: the metadata is corrupt"
+        )
+    return idx, lin
 
 
 def plan(
@@ -65,22 +94,24 @@ def plan(
     patch ``i``'s block in the table of level ``j``.
     """
     patch = np.asarray(layout.patch, dtype=np.int64)
-    counts = -(-np.asarray(spec.shape, dtype=np.int64) // patch)
-    t = catalog.table(catalog.level(spec.path, level).id, step)
-    rows_k, lin = _patches_of(t, box, patch >> level, counts)
+    shape = np.asarray(spec.shape, dtype=np.int64)
+    what = f"dataset {spec.path!r}, step {step}"
+    specs = [catalog.level(spec.path, j) for j in range(level, layout.levels)]  # (each defined)
+    t = catalog.table(specs[0].id, step)
+    rows_k, lin = _patches_of(t, box, patch, level, shape, what)
     order = np.argsort(lin, kind="stable")
     lin, rows_k = lin[order], rows_k[order]
     rows = [rows_k]
     for j in range(level + 1, layout.levels):
-        tj = catalog.table(catalog.level(spec.path, j).id, step)
-        r, lj = _patches_of(tj, scale_box(box, j - level), patch >> j, counts)
+        tj = catalog.table(specs[j - level].id, step)
+        r, lj = _patches_of(tj, scale_box(box, j - level), patch, j, shape, what)
         srt = np.argsort(lj, kind="stable")
         ls = lj[srt]
         pos = np.minimum(np.searchsorted(ls, lin), max(ls.size - 1, 0))
         if lin.size and (not ls.size or not bool(np.all(ls[pos] == lin))):
             raise FormatError(
-                f"dataset {spec.path!r}, step {step}: the blocks of level {j} do not match those of "
-                f"level {level} (a patch lacks a band); the step is damaged"
+                f"{what}: the blocks of level {j} do not match those of level {level} (a patch "
+                "lacks a band); the step is damaged"
             )
         rows.append(r[srt][pos] if lin.size else r[:0])
     return lin, rows
