@@ -190,3 +190,24 @@ def test_write_no_stats_row_computes_no_statistics(tmp_path, monkeypatch, shapes
         write_blocks(tmp_path / "without.lam")
     assert calls == []
     assert stats.compute.__name__ == "spy"  # restored afterwards
+
+
+def test_json_documents_are_strict_json(capsys):
+    """A measurement that is not a number (the r^2 of a fit of one point) is null in --json
+    output: `lamina bench async --json` printed NaN, which JSON readers refuse."""
+    import json
+
+    from lamina.bench.common import emit
+
+    emit(True, "table", {"r2": float("nan"), "rates": [1.5, float("inf")], "n": 2.0})
+    out = capsys.readouterr()
+    assert out.err.strip() == "table"
+
+    def refuse(c):
+        raise ValueError(c)
+
+    assert json.loads(out.out, parse_constant=refuse) == {
+        "r2": None,
+        "rates": [1.5, None],
+        "n": 2.0,
+    }

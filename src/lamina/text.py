@@ -333,6 +333,18 @@ def _fix_nonfinite(x):
     return x
 
 
+def finite_json(v: Any) -> Any:
+    """*v* (JSON's types) with every number that is not finite as None: strict JSON, for
+    measurements (a fit of one point has no r^2)."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: finite_json(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [finite_json(x) for x in v]
+    return v
+
+
 def print_json(obj, indent: int | None = 2, file=None) -> None:
     """Print *obj* as strict JSON (no NaN); keys starting with ``_`` are left out (private to
     the text form), except the names of attributes (under ``attrs``: ``_FillValue`` is data)."""

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from .. import text
-from ..text import positive_seconds
+from ..text import finite_json, positive_seconds
 
 KiB, MiB, GiB = text.KiB, text.MiB, text.GiB
 #: worker -> parent progress lines start with this
@@ -494,7 +494,7 @@ def emit(as_json: bool, text: str, doc: dict) -> None:
     """Print the table (stdout, or stderr with --json) and the JSON document (stdout with --json)."""
     if as_json:
         print(text, file=sys.stderr)
-        print(json.dumps(doc, indent=1, default=str))
+        print(json.dumps(finite_json(doc), indent=1, default=str, allow_nan=False))
     else:
         print(text)
     sys.stdout.flush()

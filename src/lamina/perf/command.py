@@ -25,7 +25,16 @@ from typing import Any, NoReturn
 import numpy as np
 
 from ..errors import ExpressionError
-from ..text import fmt_bytes, fmt_duration, fmt_rate, parse_rate, parse_size, plural, table
+from ..text import (
+    finite_json,
+    fmt_bytes,
+    fmt_duration,
+    fmt_rate,
+    parse_rate,
+    parse_size,
+    plural,
+    table,
+)
 from . import asyncmodel as async_model
 from . import checks
 from .model import MAX_COUNT, STRATEGIES, best, combine, terms
@@ -137,19 +146,8 @@ def _number(text: str, what: str, integer: bool = False, most: int = MAX_COUNT) 
     return v
 
 
-def _strict(v: Any) -> Any:
-    """*v* (JSON's types) with every number that is not finite as None: strict JSON."""
-    if isinstance(v, float):
-        return v if math.isfinite(v) else None
-    if isinstance(v, dict):
-        return {k: _strict(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [_strict(x) for x in v]
-    return v
-
-
 def _print_json(doc: dict[str, Any]) -> None:
-    print(json.dumps(_strict(doc), indent=1, allow_nan=False))
+    print(json.dumps(finite_json(doc), indent=1, allow_nan=False))
 
 
 def _expression_message(e: ExpressionError) -> str:
