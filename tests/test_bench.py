@@ -211,3 +211,19 @@ def test_json_documents_are_strict_json(capsys):
         "rates": [1.5, None],
         "n": 2.0,
     }
+
+
+def test_a_dir_that_cannot_be_made_is_one_line(tmp_path, capsys):
+    """--dir naming a file (or a place that cannot be made) is one line naming it, status 1:
+    eight benchmarks ended in a traceback."""
+    from lamina.bench import main
+
+    there = tmp_path / "a-file"
+    there.write_text("x")
+    argv = ["catalog", "--steps", "2", "--blocks", "4", "--repeat", "1", "--dir", str(there)]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert (
+        "Traceback" not in err
+        and err.strip() == f"lamina bench catalog: [Errno 17] File exists: {str(there)!r}"
+    )

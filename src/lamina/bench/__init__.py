@@ -90,6 +90,9 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         print("lamina bench: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:  # the machine's say (--dir a file, a disk full): one line, not a traceback
+        print(f"lamina bench {name}: {e}", file=sys.stderr)
+        return 1
 
 
 __all__ = ["main"]

@@ -105,6 +105,7 @@ def _verify(lam: str, with_stats: bool) -> dict:
 def run(steps: int, nbytes: int, block_bytes: int, repeat: int, where: str) -> dict:
     """The times of every method (``common.summarize`` each) and the ratios."""
     n, block = nbytes // 8, block_bytes // 8
+    os.makedirs(where, exist_ok=True)  # (--dir made where missing, as the other benchmarks do)
     d = tempfile.mkdtemp(prefix="lamina-bench-verify-", dir=where)
     try:
         lam, h5 = os.path.join(d, "v.lam"), os.path.join(d, "v.h5")
