@@ -498,6 +498,14 @@ def test_steps_far_larger_than_any_measured_are_predicted_as_on_a_new_machine(
     p = m.predict(64 << 20, 1, t_comp=0.0)
     assert p.fit == "beyond" and p.t_io == pytest.approx((64 << 20) / am.DEFAULT_IO_RATE)
     assert m.predict(8 * 538, 1, t_comp=0.0).fit != "beyond"  # within 16x: the history's
+    # a slow history (1 MiB steps at 10 MB/s): past the edge, never less time than at it
+    # (16 MiB took 1.7 s, and 16.1 MiB 34 ms)
+    slow = am.AsyncModel(_history(io=[(1 << 20, 1, 0.1)] * 10, copy_rates=[4e9]))
+    edge = slow.predict(16 << 20, 1, t_comp=0.0)
+    assert edge.fit != "beyond" and edge.t_io > 1.0
+    for n in ((16 << 20) + (1 << 17), 32 << 20, 1 << 30):
+        past = slow.predict(n, 1, t_comp=0.0)
+        assert past.fit == "beyond" and past.t_io >= edge.t_io, (n, past.t_io, edge.t_io)
     hist = tmp_path / "h.json"
     save_history(_history(io=tiny, copy_rates=[4e9]), str(hist))
     monkeypatch.setattr(sys.modules["lamina.perf.calibrate"], "cached", lambda: None)

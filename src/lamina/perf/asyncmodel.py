@@ -454,8 +454,13 @@ class AsyncModel:
         if fit.kind != "none" and nbytes > BEYOND * fit.hi[0]:
             # no step the history holds comes near this one: the rate at its edge (of steps
             # whose fixed costs outweigh their bytes) would predict a step of 64 MiB from
-            # steps of 500 bytes at 1 MB/s (52 s); what a new machine is told instead
-            return self._unmeasured_rate(nbytes), Fit("beyond", (), math.nan, fit.samples)
+            # steps of 500 bytes at 1 MB/s (52 s); what a new machine is told instead, but
+            # never less time than the step at the edge takes (a slow history's 16 MiB took
+            # 1.4 s, and 16.1 MiB 34 ms: io='auto' turned at the edge)
+            edge = BEYOND * fit.hi[0]
+            least = edge / fit.rate(edge, ranks, DEFAULT_IO_RATE)
+            rate = min(self._unmeasured_rate(nbytes), nbytes / max(least, 1e-12))
+            return rate, Fit("beyond", (), math.nan, fit.samples)
         return fit.rate(nbytes, ranks, DEFAULT_IO_RATE), fit
 
     def _unmeasured_rate(self, nbytes: int) -> float:
