@@ -109,3 +109,16 @@ def test_size_grid_interpolation():
     ramp = np.broadcast_to(np.rint(100 * 100 ** (np.arange(8) / 7))[:, None, None], (8, 4, 4))
     v = virtual_ranks(ramp, 64, (4, 2, 2))
     assert (v["sizes"].min(), v["sizes"].max()) == (100, 10_000)
+
+
+def test_a_constant_field_is_reported_without_its_error_ratio():
+    """A field whose range is 0 (the real data cut to 32^3 is all zeros) has tolerance 0:
+    its row says '-' for maxerr/tol, where the report divided by 0 after every measurement."""
+    from lamina.bench.multires import _report_compress
+
+    row = dict(rel=0.01, lamina_ratio=240.0, lamina_psnr=float("inf"), lamina_maxerr=0.0)
+    row.update(tolerance=0.0, zfp_ratio=1489.5, zfp_psnr=float("inf"), zstd_ratio=5957.8)
+    out: list[str] = []
+    _report_compress({"compress": {"cth": [dict(row, lamina_mibps=12.0)]}}, out)
+    line = next(x for x in "\n".join(out).splitlines() if x.startswith("| cth"))
+    assert [c.strip() for c in line.split("|")[1:-1]][3:5] == ["inf", "-"]

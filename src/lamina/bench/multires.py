@@ -1041,7 +1041,8 @@ def _report_compress(doc: dict, out: list[str]) -> None:
                     f"{r['rel']:g}",
                     f"{r['lamina_ratio']:.1f}",
                     f"{r['lamina_psnr']:.1f}",
-                    f"{r['lamina_maxerr'] / r['tolerance']:.2f}",
+                    # (a constant field's tolerance is 0: written exactly)
+                    f"{r['lamina_maxerr'] / r['tolerance']:.2f}" if r["tolerance"] > 0 else "-",
                     f"{r['zfp_ratio']:.1f}",
                     f"{r['zfp_psnr']:.1f}",
                     f"{r['zstd_ratio']:.2f}",
