@@ -263,3 +263,13 @@ def test_bench_async_refuses_compute_factors_no_run_can_make(compute, capsys):
         background.main(["--ranks", "1", "--mib", "1", "--compute", compute])
     assert ei.value.code == 2
     assert "--compute: expected" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("steps", ["1", "0"])
+def test_bench_async_refuses_too_few_steps_to_judge(steps, capsys):
+    """--steps 1 judged the prefetch target on no step after the first ("met", 0.00 s):
+    at least 2, said before any launch."""
+    with pytest.raises(SystemExit) as ei:
+        background.main(["--ranks", "1", "--mib", "1", "--steps", steps])
+    assert ei.value.code == 2
+    assert "--steps must be at least 2" in capsys.readouterr().err

@@ -1097,7 +1097,7 @@ def parser() -> argparse.ArgumentParser:
         default="8,32",
         help="MiB per rank per step, the 8 properties together (default 8,32)",
     )
-    p.add_argument("--steps", type=int, default=6, help="steps per run (default 6)")
+    p.add_argument("--steps", type=int, default=6, help="steps per run (default 6, at least 2)")
     p.add_argument(
         "--compute",
         default="0.1,0.5,1,2,10",
@@ -1126,8 +1126,12 @@ def main(argv: list[str]) -> int:
                 f"--compute: expected numbers from 0 to 1e6 (multiples of the I/O time), "
                 f"got {ns.compute!r}"
             )
-        if ns.steps < 1 or ns.repeat < 1:
-            raise ValueError("--steps and --repeat must be at least 1")
+        if ns.steps < 2 or ns.repeat < 1:
+            # (a step alone judged the prefetch target on nothing: "met", 0.00 s)
+            raise ValueError(
+                "--steps must be at least 2 (the targets judge the steps after the first) "
+                "and --repeat at least 1"
+            )
         for mib in mibs:  # every rank's arrays at once, on this machine
             common.check_memory(mib * common.MiB * max(ranks), f"--mib {mib} on {max(ranks)} ranks")
     except ValueError as e:
