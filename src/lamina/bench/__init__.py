@@ -19,7 +19,9 @@ ratios are the result.
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 
 BENCHMARKS = {
     "write": "write throughput: numpy tofile, h5py, ADIOS2 BP5, lamina native (several aggregator counts)",
@@ -83,16 +85,34 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return run(rest)
     except SystemExit as e:  # argparse --help / usage errors
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        if isinstance(e, Terminated):
+            print("lamina bench: terminated", file=sys.stderr)
+            return 128 + signal.SIGTERM
         print("lamina bench: interrupted", file=sys.stderr)
         return 130
     except OSError as e:  # the machine's say (--dir a file, a disk full): one line, not a traceback
         print(f"lamina bench {name}: {e}", file=sys.stderr)
         return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``timeout``, a batch scheduler's limit, ``kill``): unwound as a Ctrl-C is, so
+    that the files and jobs a benchmark made are removed (they were left: 1.1 GB once)."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated()
 
 
 __all__ = ["main"]
