@@ -67,7 +67,14 @@ def test_timeout_must_be_positive(argv, capsys):
         (["insitu", "--size", "2GiB"], "--size 2GiB needs at least 2 GiB"),
         (["stats", "--mib", "1024"], "--mib 1024 needs at least 2 GiB"),
         (["derived", "--mib", "2048"], "--mib 2048 needs at least 2 GiB"),
-        (["strategies", "--size", "2GiB"], "--size 2GiB needs at least 2 GiB"),
+        (["strategies", "--size", "2GiB"], "--size 2GiB in --blocks 64 needs at least 4 GiB"),
+        # each block at least 3 x 3 x 3, whatever --size says: 3 GB from --size 1MiB
+        (["strategies", "--size", "1MiB", "--blocks", "3000000"], "--blocks 3000000 needs"),
+        (["multires", "--shape", "100000", "100000", "100000"], "--shape 100000 100000 100000"),
+        (
+            ["blocks", "--edges", "4", "--blocks", "9999999", "--max-bytes", "1TiB"],
+            "9999999 blocks of edge 4 on 4 ranks needs at least",
+        ),
         (
             ["async", "--mib", "1024", "--ranks", "1,2"],
             "--mib 1024 on 2 ranks needs at least 2 GiB",

@@ -834,6 +834,13 @@ def main(argv: list[str]) -> int:
     cases, skipped = plan(edges, nblocks, max_bytes)
     if not cases:
         p.error(f"every case is over --max-bytes {ns.max_bytes}")
+    e, n = max(cases, key=lambda c: case_bytes(*c))  # every rank's blocks of it, at once
+    try:
+        common.check_memory(
+            case_bytes(e, n) * max(ranks), f"{n} blocks of edge {e} on {max(ranks)} ranks"
+        )
+    except ValueError as err:
+        p.error(str(err))
     o = {
         "edges": edges,
         "blocks": nblocks,

@@ -75,7 +75,7 @@ from typing import Any
 
 import numpy as np
 
-from ..text import fmt_bytes, table
+from ..text import fmt_bytes, plural, table
 from . import common
 
 CTH = "cth_shock_128x64x64.npz"
@@ -853,6 +853,12 @@ def options(p: argparse.ArgumentParser, args: argparse.Namespace) -> set[str]:
             f"--shape: every extent must be at least the patch's, {' '.join(map(str, PATCH))}; "
             f"got {' '.join(map(str, args.shape))}"
         )
+    try:  # every rank builds the whole float32 field, and its noise beside it
+        shape = " ".join(map(str, args.shape))
+        need = 2 * math.prod(args.shape) * 4 * max(1, args.ranks)
+        common.check_memory(need, f"--shape {shape} on {plural(args.ranks, 'rank')}")
+    except ValueError as e:
+        p.error(str(e))
     if args.repeat is None:
         args.repeat = 1 if args.quick else REPEAT
     if args.repeat < 1:

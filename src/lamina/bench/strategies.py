@@ -1001,7 +1001,11 @@ def main(argv: list[str]) -> int:
     if ns.readers < 0:
         p.error("--readers must be at least 0")
     try:
-        common.check_memory(size, f"--size {ns.size}")
+        # the fields of the largest block count (axis 0 a multiple of it, each block at
+        # least 3 x 3 x 3, whatever --size says: --blocks 3000000 of --size 1MiB made 3 GB),
+        # and as much again for what is computed and read back from them
+        most = max(2 * math.prod(grid(size, b)) * len(INPUTS) * common.ITEM for b in blocks)
+        common.check_memory(max(size, most), f"--size {ns.size} in --blocks {max(blocks)}")
     except ValueError as e:
         p.error(str(e))
     try:
