@@ -236,6 +236,21 @@ def test_nobody_produces(tmp_path):
     assert res.lines("OK orphan")
 
 
+def test_a_consumer_that_opens_again_pairs_with_a_late_producer(tmp_path):
+    """A consumer opens again after its open timed out (no producer yet): the producer's
+    open pairs with the retry (it answered the first open's stale greeting and waited for
+    ever in MPI's intercommunicator creation)."""
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (1, "transport_retry", "produce", "r.lam"),
+        (1, "transport_retry", "consume", "r.lam"),
+        cwd=tmp_path,
+        env={"LAMINA_TRANSPORT": "memory"},
+        timeout=60,
+    )
+    assert res.lines("OK produce") and res.lines("OK consume"), res.describe()
+
+
 @pytest.mark.parametrize("mode", ["memory", "both"])
 def test_producer_ranks_a_step_apart(tmp_path, mode):
     """An error inside one producer rank's step puts its ranks a step apart: later commits

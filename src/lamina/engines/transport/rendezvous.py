@@ -64,10 +64,17 @@ def _shown(key: str) -> str:
 
 
 def next_seq(name: str, role: str) -> int:
-    key = (name, role)
-    n = _SEQ.get(key, 0)
-    _SEQ[key] = n + 1
-    return n
+    """The number of this task's next open of *name* in *role* ('r', 'w'), taken by
+    :func:`opened` once the open has paired: an open that failed (no partner within its
+    timeout) leaves it to the next one, so that a program that opens again after a
+    TransportError pairs with its partner's first open (its number taken, the retry's
+    greeting went unanswered, and a partner that had answered the first waited for ever)."""
+    return _SEQ.get((name, role), 0)
+
+
+def opened(name: str, role: str, seq: int) -> None:
+    """Open number *seq* of *name* in *role* paired: the next open takes the next number."""
+    _SEQ[(name, role)] = seq + 1
 
 
 def _encode(name: str, seq: int, app: int, size: int, flow: int = 1) -> np.ndarray:
@@ -209,6 +216,7 @@ def connect_producer(
         for _, inter, _ in links:
             comm_mod.free(inter)
         raise
+    opened(key, "w", seq)
     return links
 
 
@@ -250,4 +258,6 @@ def connect_consumer(
                 f"no producer for {name!r}: task {producer} did not open it for writing",
             )
     comm_mod.agree(comm, g.error)
-    return comm_mod.intercomm(comm, producer, comm_mod.Tag.INTERCOMM)
+    inter = comm_mod.intercomm(comm, producer, comm_mod.Tag.INTERCOMM)
+    opened(key, "r", seq)
+    return inter
