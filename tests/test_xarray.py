@@ -153,6 +153,22 @@ def test_lazy_datasets_pickle_and_read_where_unpickled(tmp_path):
                 pickle.dumps(ds)
 
 
+def test_a_selection_reads_after_its_dataset_is_closed(tmp_path):
+    """A lazy selection taken inside ``with xr.open_dataset(...)`` reads after it, the file
+    opened again by path, as zarr's and the netCDF backends do; so do the other groups of
+    open_groups once one is closed (each was a ValueError, "file is closed")."""
+    path = tmp_path / "run.lam"
+    ref = _flame(path)
+    with xr.open_dataset(path, engine=ENGINE, group="fields") as ds:
+        last = ds.T.isel(step=-1)
+        chunked = ds.T.chunk({"step": 1})
+    np.testing.assert_array_equal(last.values, ref[-1])
+    np.testing.assert_array_equal(chunked.sum("step").values, ref.sum(axis=0))
+    groups = xr.open_groups(path, engine=ENGINE)
+    groups["/"].close()  # (the groups share one file)
+    np.testing.assert_array_equal(groups["/fields"].T.values, ref)
+
+
 def test_derived_quantity_is_a_variable(tmp_path):
     path = tmp_path / "run.lam"
     ref = _flame(path)

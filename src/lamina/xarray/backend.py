@@ -57,6 +57,7 @@ class LaminaArray(BackendArray):
         stride: int = 1,
     ):
         self._ds = dataset
+        self._path = os.path.abspath(dataset.file.filename)  # (opened again by it: _dataset)
         self._steps = steps  # the steps along the leading axis; None: no step axis
         self._at = at  # the step read when there is no step axis
         self._level = level  # a multiresolution dataset's level (its own coordinates)
@@ -81,8 +82,19 @@ class LaminaArray(BackendArray):
                 f"not on disk (engine {f.engine.stack()[-1].name!r}) and cannot be opened "
                 "again elsewhere; load() it first, or use dask's threaded scheduler"
             )
-        where = os.path.abspath(f.filename)
-        return (_reopened, (where, self._ds.name, self._steps, self._at, self._level, self._stride))
+        args = (self._path, self._ds.name, self._steps, self._at, self._level, self._stride)
+        return (_reopened, args)
+
+    def _dataset(self) -> lamina.Dataset:
+        """The dataset read: where its file (on disk) was closed, the file opened again by
+        path (:func:`_reopened_file`), as xarray's netCDF backends reopen theirs: a selection
+        made inside ``with xr.open_dataset(...)`` reads after it, and so do the other groups
+        of ``open_groups`` once one is closed (a ValueError, "file is closed")."""
+        ds = self._ds
+        f = ds.file
+        if f.engine.closed and f.engine.stack()[-1].name == "native":
+            ds = self._ds = _reopened_file(self._path)[ds.name]
+        return ds
 
     def __getitem__(self, key: indexing.ExplicitIndexer) -> np.ndarray:
         return indexing.explicit_indexing_adapter(
@@ -118,12 +130,14 @@ class LaminaArray(BackendArray):
         if 0 in shape:
             block = np.empty(shape, dtype=self.dtype)
         elif self._level:
-            block = self._ds.read(lamina.Box(tuple(lo), tuple(hi)), step=step, level=self._level)
+            block = self._dataset().read(
+                lamina.Box(tuple(lo), tuple(hi)), step=step, level=self._level
+            )
         elif s > 1:  # the fine elements the coarse ones sit on: every s-th, from lo * s
             box = lamina.Box(tuple(a * s for a in lo), tuple((b - 1) * s + 1 for b in hi))
-            block = self._ds.read(box, step=step)[(slice(None, None, s),) * len(lo)]
+            block = self._dataset().read(box, step=step)[(slice(None, None, s),) * len(lo)]
         else:
-            block = self._ds.read(lamina.Box(tuple(lo), tuple(hi)), step=step)
+            block = self._dataset().read(lamina.Box(tuple(lo), tuple(hi)), step=step)
         return _apply(block, post)
 
 
@@ -218,15 +232,21 @@ _REOPENED_LOCK = threading.Lock()
 def _reopened(
     path: str, name: str, steps: list[int] | None, at: int | None, level: int, stride: int
 ) -> LaminaArray:
-    """A :class:`LaminaArray` unpickled: the file at *path* opened again (once in this process,
-    kept open for the variables that need it), its dataset *name*."""
+    """A :class:`LaminaArray` unpickled: its dataset *name* of the file at *path* opened
+    again (:func:`_reopened_file`)."""
+    return LaminaArray(_reopened_file(path)[name], steps, at, level, stride)
+
+
+def _reopened_file(path: str) -> lamina.File:
+    """The file at *path* opened again for variables whose own is not open here (unpickled,
+    or closed): once in this process, kept open for every variable that needs it."""
     with _REOPENED_LOCK:
         f = _REOPENED.get(path)
         if f is None or f.engine.closed:
             if not _REOPENED:
                 atexit.register(_close_reopened)
             f = _REOPENED[path] = lamina.open(path, "r", comm=comm_mod.self_comm(), **ON_DISK)
-    return LaminaArray(f[name], steps, at, level, stride)
+        return f
 
 
 def _close_reopened() -> None:
