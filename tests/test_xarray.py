@@ -878,3 +878,25 @@ def test_listing_engines_does_not_import_lamina(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_a_static_attribute_that_says_false_is_not_static(tmp_path):
+    """A 'static' attribute spelled as a string: "false" (or "0") says not static, as 0 and
+    False do; it was taken for true, as any string but '' was."""
+    from lamina.xarray import conventions as cv
+
+    assert [cv.is_static({"static": v}) for v in ("false", "0", "no", "")] == [False] * 4
+    assert [cv.is_static({"static": v}) for v in ("true", "1", "Yes", 1, np.bool_(True))] == [
+        True
+    ] * 5
+    assert not cv.is_static({}) and not cv.is_static({"static": 0})
+    path = str(tmp_path / "s.lam")
+    with lamina.open(path, "w") as f:
+        a = f.create_dataset("a", (3,), "f8")
+        a.attrs.update({"static": "false", "dims": ["x"]})
+        for k in range(2):
+            with f.step():
+                a[...] = k
+    with xr.open_dataset(path, engine=ENGINE) as ds:
+        assert ds.a.dims == ("step", "x")
+        np.testing.assert_array_equal(ds.a.values, [[0.0] * 3, [1.0] * 3])

@@ -70,8 +70,14 @@ def dims_of(attrs: Mapping, shape: tuple[int, ...], what: str) -> tuple[list[str
 
 
 def is_static(attrs: Mapping) -> bool:
+    """Whether attribute ``static`` says true: a number or bool not 0, or a string spelling
+    true ("true", "yes", "1"; "false" was taken for true, as any string but '' was)."""
     v = attrs.get(STATIC)
-    return bool(np.asarray(v).any()) if v is not None else False
+    if v is None:
+        return False
+    if isinstance(v, str):
+        return v.strip().lower() in ("1", "true", "yes")
+    return bool(np.asarray(v).any())
 
 
 def plain_attrs(attrs: Mapping, reserved: Iterable[str]) -> dict:
