@@ -830,3 +830,24 @@ def test_a_band_not_its_patchs_extent_is_a_format_error(native_path, forge):
             r["mr"][...]
         problems = verify(r)["problems"]
         assert problems and all(re.search(said, p["error"]) for p in problems), problems
+
+
+def test_a_step_record_out_of_order_names_the_file_and_record(native_path):
+    """A step record whose step number is not the next (damaged or forged under valid
+    checksums) is a FormatError naming lamina.meta and the record, as the file's other
+    errors do; it said "step record 33554434 out of order" alone."""
+    from types import SimpleNamespace
+
+    from lamina.catalog import KIND_STEP
+
+    make_file(native_path, steps=2)
+    with lamina.open(native_path) as r:
+        cat = r.engine.stack()[-1].catalog
+        forged = SimpleNamespace(kind=KIND_STEP, step=33554434, session=0, time=0.0)
+        with pytest.raises(
+            FormatError,
+            match=r"lamina.meta record 2: step record 33554434 out of order: expected step 2",
+        ):
+            cat.apply_record(forged, True, None, f"{native_path}/lamina.meta record 2")
+    with pytest.raises(FormatError, match=r"^step record 5 out of order"):  # (no file: none said)
+        cat.apply_record(SimpleNamespace(kind=KIND_STEP, step=5, session=0, time=0.0), True)

@@ -459,12 +459,16 @@ class Catalog:
             self._node_attrs(p)
 
     def apply_record(
-        self, rec: Record, ops_applied: bool = False, blocks: StepBlocks | None = None
+        self,
+        rec: Record,
+        ops_applied: bool = False,
+        blocks: StepBlocks | None = None,
+        what: str = "",
     ) -> None:
         """Apply a whole record (its ops unless already applied while decoding).
 
         *blocks*: the step's blocks (how to load them); by default those the
-        record holds already.
+        record holds already.  *what*: the record, as an error names it (file and number).
         """
         if not ops_applied:
             for op in rec.ops:
@@ -474,7 +478,8 @@ class Catalog:
         if rec.kind == KIND_STEP:
             if rec.step != len(self.steps):
                 raise FormatError(
-                    f"step record {rec.step} out of order: expected step {len(self.steps)}"
+                    f"{what + ': ' if what else ''}step record {rec.step} out of order: "
+                    f"expected step {len(self.steps)}"
                 )
             self.steps.append(
                 blocks if blocks is not None else rec.step_blocks(None, f"step {rec.step}")

@@ -1260,7 +1260,7 @@ class NativeEngine(BlockEngine):
             what = f"{self.path}/{fmt.META_NAME} record {seq}"
             try:
                 rec = Record.decode(raw, self.catalog, what, version=self._version)
-                self.catalog.apply_record(rec, True, self._blocks(rec, _of_step(rec, what)))
+                self.catalog.apply_record(rec, True, self._blocks(rec, _of_step(rec, what)), what)
             except Exception as e:  # noqa: BLE001 - raised if rank 0 kept this record
                 return k, e
         return len(raws), None
@@ -1297,7 +1297,7 @@ class NativeEngine(BlockEngine):
                         f"(step {len(self.catalog.steps)} on) left out: {missing}"
                     )
                 break
-            self.catalog.apply_record(rec, True, self._blocks(rec, _of_step(rec, what)))
+            self.catalog.apply_record(rec, True, self._blocks(rec, _of_step(rec, what)), what)
             good.append(raw)
             prev_end = ent.offset + ent.length
         return good
