@@ -1178,3 +1178,93 @@ def test_statistics_take_the_casts_writes_take(tmp_path):
             eng.put_stats("s", Box((0,), (2,)), np.array([2, 3], dtype="i2"))
             eng.put_stats_many("s", [[2]], [np.array([5, 7], dtype="i2")])
         assert [(b.stats.min, b.stats.max) for b in f["s"].blocks()] == [(2, 3), (5, 7)]
+
+
+@pytest.mark.parametrize("io", ["sync", "async"])
+@pytest.mark.parametrize("form", ["memmap", "mixed list", "memmap list"])
+def test_every_array_kept_by_reference_is_read_only_while_kept(tmp_path, io, form):
+    """copy=False: every caller's array lamina keeps by reference is read-only until its step
+    is written, whatever else the call holds, and what is stored is the array as lent: a
+    block cast in a list left the others of the list writeable (a change then failed its
+    checksum on read), and an np.memmap (np.asarray of it is a plain view, which was frozen
+    instead) was never read-only, its change stored or the block corrupt."""
+    path = str(tmp_path / "a.lam")
+    if form == "mixed list":
+        big = np.ones((64, 512))
+    else:
+        big = np.lib.format.open_memmap(str(tmp_path / "big.npy"), "w+", "f8", (64, 512))
+        big[...] = 1.0
+    small = np.full((2, 512), 2.0, dtype="f4")  # cast to f8: lamina's own copy
+    with lamina.open(path, "w", io=io) as f:
+        ds = f.create_dataset("x", (66, 512), "f8")
+        with f.step():
+            if form == "memmap":
+                ds.write(big, offset=(0, 0), copy=False)
+                ds.write(small, offset=(64, 0), copy=False)
+            else:  # a block to cast beside it, or none
+                other = small if form == "mixed list" else small.astype("f8")
+                ds.write_blocks([big, other], [[0, 0], [64, 0]], copy=False)
+            # (io='async' copies a single memmap, and a list with a block to cast, at once)
+            copied = io == "async" and form != "memmap list"
+            assert big.flags.writeable == copied
+            if copied:
+                big[1, 1] = 42.0  # not stored: the step holds a copy
+            else:
+                with pytest.raises(ValueError, match="read-only"):
+                    big[0, 0] = 42.0
+            small[0, 0] = 5.0  # a cast copy was kept: the caller's own stays writeable
+        f.wait()
+        assert big.flags.writeable
+        big[0, 0] = 42.0
+    with lamina.open(path) as f:
+        got = f["x"][...]
+    np.testing.assert_array_equal(got[:64], 1.0)
+    np.testing.assert_array_equal(got[64:], 2.0)
+
+
+def test_an_input_of_a_derived_quantity_is_read_only_while_held(tmp_path):
+    """A lent input of a quantity computed at the end of the step is read-only until then,
+    staged or encoded by the engine at once or not: a change made meanwhile computed the
+    quantity from values the file does not hold (u = 1, u2 = 10)."""
+    path = str(tmp_path / "d.lam")
+    with lamina.open(path, "w") as f:
+        u = f.create_dataset("u", (8, 4), "f8")
+        z = f.create_dataset("z", (8, 4), "f8", compression="zlib")
+        f.derive("u2", "u * 2", strategy="store")
+        f.derive("z2", "z * 2", strategy="store")
+        stacked = np.ones((2, 4, 4))
+        zs = np.ones((8, 4))
+        with f.step():
+            u.write_blocks(stacked, [[0, 0], [4, 0]], copy=False)  # small: staged at once
+            z.write(zs, offset=(0, 0), copy=False)  # compressed at once
+            for a in (stacked, zs):
+                with pytest.raises(ValueError, match="read-only"):
+                    a[...] = 5.0
+        assert stacked.flags.writeable and zs.flags.writeable
+        with pytest.raises(RuntimeError), f.step():  # a step dropped thaws them too
+            z.write(zs, offset=(0, 0), copy=False)
+            raise RuntimeError("the program fails inside the step")
+        assert zs.flags.writeable
+    with lamina.open(path) as f:
+        assert (f["u2"][...] == 2.0).all() and (f["z2"][...] == 2.0).all()
+
+
+def test_lent_arrays_are_writeable_once_wait_returns(tmp_path):
+    """io='async': f.wait() returns once the step's lent arrays are writeable again (they
+    were thawed after the waiters were told the step was done: a change right after wait()
+    raised 'read-only' now and then)."""
+    import sys
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with lamina.open(str(tmp_path / "w.lam"), "w", io="async") as f:
+            ds = f.create_dataset("a", (1 << 15,), "f8")
+            a = np.zeros(1 << 15)
+            for k in range(60):
+                with f.step():
+                    ds.write(a, offset=(0,), copy=False)
+                f.wait()
+                a[:] = k  # raises if the step's arrays were not thawed yet
+    finally:
+        sys.setswitchinterval(before)

@@ -14,7 +14,7 @@ ndim)`` integer array.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -30,8 +30,10 @@ class Batch:
     ``arrays`` is one C-contiguous array of shape ``(n, *shape)`` when
     *stacked*, else a list of C-contiguous arrays.  *owned*: every array is a
     private copy made by a cast or a reordering (a caller's ``copy=True``
-    need not copy them again); *copied*: at least one is.  Blocks of no
-    element are left out.
+    need not copy them again); *copied*: at least one is.  *lent*: the caller's own
+    array objects whose memory ``arrays`` are (not copied): what a write with
+    ``copy=False`` makes read-only while it keeps them (an ``np.memmap``, not the
+    plain view of it ``arrays`` holds).  Blocks of no element are left out.
     """
 
     starts: np.ndarray  # (n, ndim) int64
@@ -41,6 +43,7 @@ class Batch:
     owned: bool
     copied: bool
     nbytes: np.ndarray  # (n,) int64, bytes of each block
+    lent: list[np.ndarray] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -142,7 +145,7 @@ def check_batch(spec: DatasetSpec, starts, arrays) -> Batch:
             arr = arr[:0]
         stops = st + shape  # within the dataset's shape: no int64 wraps
         nbytes = np.full(len(st), int(np.prod(shape)) * spec.dtype.itemsize, dtype=np.int64)
-        return Batch(st, stops, arr, True, owned, owned, nbytes)
+        return Batch(st, stops, arr, True, owned, owned, nbytes, [] if owned else [arrays])
     if not isinstance(arrays, Sequence):
         raise TypeError(
             f"dataset {spec.path!r}: blocks must be one stacked array or a sequence of arrays, "
@@ -153,8 +156,9 @@ def check_batch(spec: DatasetSpec, starts, arrays) -> Batch:
     out: list[np.ndarray] = []
     shapes = np.empty((n, nd), dtype=np.int64)
     owned, any_copy = True, False
-    for k, a in enumerate(arrays):
-        a = np.asarray(a)
+    lent: list[np.ndarray] = []
+    for k, given in enumerate(arrays):
+        a = np.asarray(given)
         if a.ndim != nd:
             raise ShapeError(
                 f"dataset {spec.path!r}: block {k} of {n} has {a.ndim} dimensions "
@@ -163,6 +167,8 @@ def check_batch(spec: DatasetSpec, starts, arrays) -> Batch:
         a, copied = cast(spec, a, f"block {k} of {n}")
         owned = owned and copied
         any_copy = any_copy or copied
+        if not copied and isinstance(given, np.ndarray):
+            lent.append(given)
         shapes[k] = a.shape
         out.append(a)
     _check_bounds(spec, st, shapes)
@@ -173,7 +179,7 @@ def check_batch(spec: DatasetSpec, starts, arrays) -> Batch:
         st, stops, shapes, cells = st[keep], stops[keep], shapes[keep], cells[keep]
         out = [out[k] for k in keep.tolist()]
     nbytes = cells * spec.dtype.itemsize
-    return Batch(st, stops, out, False, owned and n > 0, any_copy, nbytes)
+    return Batch(st, stops, out, False, owned and n > 0, any_copy, nbytes, lent)
 
 
 def _check_bounds(spec: DatasetSpec, starts: np.ndarray, shapes: np.ndarray) -> None:

@@ -724,6 +724,9 @@ class BlockEngine(Engine):
             spec = self._prepare(name, box, "write dataset")
             lent = not copy  # the caller's word (a cast below may make copy False as well)
             arr = array if type(array) is np.ndarray else np.asarray(array)
+            # the caller's array whose memory arr is: what a lent block makes read-only (an
+            # np.memmap, not the plain view of it np.asarray makes)
+            mine: np.ndarray | None = array if isinstance(array, np.ndarray) else None
             bshape = box.shape
             if arr.shape != bshape:
                 if arr.size == box.size and arr.ndim == 0:
@@ -735,14 +738,16 @@ class BlockEngine(Engine):
             if arr.dtype != spec.dtype or not arr.flags.c_contiguous:
                 arr, private = cast(spec, arr)
                 copy = copy and not private  # a cast or reordering made a private copy already
+                if private:
+                    mine = None
             if arr.size == 0:  # an empty box: nothing to store, nothing it could overlap
                 log.putting = False
                 return
             if spec.layout is not None:  # encoded at end_step, with every rank's pieces
                 enter_box(self._mr_local, spec, box, len(self.catalog.steps))
                 self._mr_pending.setdefault(spec.id, []).append((box, arr.copy() if copy else arr))
-                if lent and arr is array:
-                    self._lent.hold(arr)
+                if lent and mine is not None:
+                    self._lent.hold(mine)
                 log.putting = False
                 return
             if lent and arr.nbytes <= SMALL and arr.ndim and not spec.codecs:
@@ -750,7 +755,7 @@ class BlockEngine(Engine):
                 # the step's other lent blocks (_flush_lent), as ADIOS2 defers a Put; the
                 # caller's array is read-only until then, so that a change too early fails,
                 # not corrupts
-                self._lent.add(spec, box.start, arr, arr is array and arr.flags.writeable)
+                self._lent.add(spec, box.start, arr, mine)
                 log.putting = False
                 return
             index = self._enter(spec, box)
@@ -759,8 +764,8 @@ class BlockEngine(Engine):
             except BaseException:
                 index.pop()  # a put that failed wrote nothing: the box may be written again
                 raise
-            if lent and arr is array and arr.nbytes > SMALL:
-                self._lent.hold(arr)  # kept by reference (staged blocks were copied)
+            if lent and mine is not None and arr.nbytes > SMALL:
+                self._lent.hold(mine)  # kept by reference (staged blocks were copied)
         except Exception:
             # raised by the checks, or by a codec before the block was logged: nothing of it
             # is kept (an I/O failure is kept in _put_error)
@@ -799,7 +804,7 @@ class BlockEngine(Engine):
         n = len(batch)
         if not n:
             return
-        lent = not copy and not batch.copied  # the caller's own arrays, kept by reference
+        lent = not copy  # the caller's arrays not cast (batch.lent) are kept by reference
         copy = copy and not batch.owned
         step = len(self.catalog.steps)
         if spec.layout is not None:  # encoded at end_step, with every rank's pieces
@@ -824,9 +829,9 @@ class BlockEngine(Engine):
             self._hold_batch(batch)
 
     def _hold_batch(self, batch: Batch) -> None:
-        """The caller's arrays of *batch*, lent and kept by reference: read-only until the step ends."""
-        arrays = [batch.arrays] if isinstance(batch.arrays, np.ndarray) else batch.arrays
-        for a in arrays:
+        """The caller's arrays of *batch*, lent and kept by reference: read-only until the step
+        ends (each not cast: one block cast in a list left the others writeable)."""
+        for a in batch.lent:
             self._lent.hold(a)
 
     def _put_batch(self, spec: DatasetSpec, batch: Batch, copy: bool) -> None:

@@ -803,17 +803,20 @@ class LentBlocks:
     def __len__(self) -> int:
         return len(self.arrays)
 
-    def add(self, spec: DatasetSpec, start: tuple, arr: np.ndarray, freeze: bool) -> None:
-        """Keep *arr* (C-contiguous, of *spec*'s dtype) for the box at *start*; read-only until
-        :meth:`thaw` when *freeze* (the caller's own array, writeable)."""
+    def add(
+        self, spec: DatasetSpec, start: tuple, arr: np.ndarray, mine: np.ndarray | None
+    ) -> None:
+        """Keep *arr* (C-contiguous, of *spec*'s dtype) for the box at *start*; *mine*, the
+        caller's array whose memory it is (None: a copy), read-only until :meth:`thaw` where
+        it is writeable."""
         if self.arrays:
             if spec is not self._spec or arr.shape != self._shape:
                 self.uniform = False
         else:
             self._spec, self._shape = spec, arr.shape
-        if freeze:
-            _setflags(arr, False)
-            self.frozen.append(arr)
+        if mine is not None and mine.flags.writeable:
+            _setflags(mine, False)
+            self.frozen.append(mine)
         self.specs.append(spec)
         self.starts.append(start)
         self.arrays.append(arr)

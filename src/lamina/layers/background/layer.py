@@ -1382,8 +1382,7 @@ class BackgroundLayer(Layer):
         out: np.ndarray | list[np.ndarray] = batch.arrays
         if keep:
             with self._cond:
-                lent = [batch.arrays] if isinstance(batch.arrays, np.ndarray) else batch.arrays
-                for a in lent:
+                for a in batch.lent:  # (the caller's objects: an np.memmap, not a view of it)
                     self._frozen.freeze(step, a)
         elif got is not None:
             raw, warm = got
@@ -2036,8 +2035,10 @@ class BackgroundLayer(Layer):
                         self._failure = f
                     if self._failed_at is None:
                         self._failed_at = step.index
+                # released in the same hold of the lock that says it is done: f.wait() (or a
+                # read of the step) returned before the step's lent arrays were writeable again
+                self._release(step)
                 self._cond.notify_all()
-            self._release(step)
 
     def _make_ahead(self, sizes: list[int]) -> None:
         """A step of copies of *sizes* bytes was submitted: unless it is written before the

@@ -59,7 +59,7 @@ from ...catalog import CODEC_STATS_ONLY, BlockTable, DatasetSpec, normpath
 from ...derived import check_device, evaluate, evaluate_regions, gpu_available, needed_boxes
 from ...engines.base import unusable_of
 from ...engines.batch import elements
-from ...engines.staging import enter_boxes
+from ...engines.staging import enter_boxes, make_writeable
 from ...errors import (
     CollectiveMismatchError,
     ExistsError,
@@ -131,6 +131,7 @@ class DerivedLayer(Layer):
         # engine, which drops it, instead of computing its quantities and ending it
         self._cut = False
         self._lent: set[str] = set()  # inputs written with copy=False in this step
+        self._frozen: list[np.ndarray] = []  # the caller's arrays _hold made read-only
         self._watch: set[str] = set()  # primary datasets whose blocks are held until end_step
         self._cache: dict[
             tuple, list[np.ndarray]
@@ -509,8 +510,9 @@ class DerivedLayer(Layer):
         )
         if path in self._watch:  # the engine checked the batch: hold each block as put does
             for k in range(len(starts)):
+                given = arrays if isinstance(arrays, np.ndarray) else arrays[k]
                 a = np.asarray(arrays[k])
-                self._hold(path, Box.from_offset(starts[k], a.shape), a, copy)
+                self._hold(path, Box.from_offset(starts[k], a.shape), a, copy, given)
 
     def lend(self, name: str, start: tuple[int, ...], array: np.ndarray) -> bool:
         # no derived quantity: nothing to refuse, hold or time
@@ -523,7 +525,7 @@ class DerivedLayer(Layer):
         path = self._written(name)
         self._timed_put(path, self.inner.put, (name, box, array, copy), box.size, 1)
         if path in self._watch:  # an input of a quantity computed at the end of the step
-            self._hold(path, box, array, copy)
+            self._hold(path, box, array, copy, array)
 
     def refuse_stats(self, name: str) -> None:
         """ModeError if a program records statistics-only blocks of dataset *name*.
@@ -563,8 +565,12 @@ class DerivedLayer(Layer):
         self._step_bytes += n * self.catalog.datasets[path].dtype.itemsize
         self._step_puts += puts
 
-    def _hold(self, path: str, box: Box, array: np.ndarray, copy: bool) -> None:
-        """Keep a block of an input of a quantity computed at the end of the step."""
+    def _hold(self, path: str, box: Box, array: np.ndarray, copy: bool, given=None) -> None:
+        """Keep a block of an input of a quantity computed at the end of the step; kept by
+        reference (``copy=False``), *given*, the caller's array it is, read-only until the
+        step ends, as the engine makes the arrays it keeps (it kept none where it staged or
+        encoded the block at once: a change made then computed the quantity from values the
+        file does not hold)."""
         spec = self.catalog.datasets[path]
         a = np.asarray(array)
         if a.shape != box.shape:
@@ -577,6 +583,13 @@ class DerivedLayer(Layer):
         self._held.setdefault(path, []).append((box, a))
         if not copy:
             self._lent.add(path)
+            if (
+                isinstance(given, np.ndarray)
+                and given.flags.writeable
+                and np.may_share_memory(a, given)
+            ):
+                given.flags.writeable = False
+                self._frozen.append(given)
 
     def end_step(self) -> None:
         todo = self._plan()
@@ -608,7 +621,13 @@ class DerivedLayer(Layer):
         finally:
             self._held.clear()
             self._lent.clear()
+            self._thaw()
             self._cut = False
+
+    def _thaw(self) -> None:
+        """The arrays :meth:`_hold` made read-only, writeable again (the step ended)."""
+        frozen, self._frozen = self._frozen, []
+        make_writeable(frozen)
 
     def begin_step(self) -> int:
         if not self.in_step:  # a new step (one a write opened is taken as it is, as the engine)
@@ -793,12 +812,14 @@ class DerivedLayer(Layer):
     def discard_step(self) -> None:
         self._cut = False
         self._held.clear()
+        self._thaw()
         self._step_bytes = self._step_puts = 0
         self._step_put_s = 0.0
         self.inner.discard_step()
 
     def abandon(self) -> None:
         self._held.clear()
+        self._thaw()
         self.inner.abandon()
 
     def close(self) -> None:
@@ -812,7 +833,10 @@ class DerivedLayer(Layer):
         rank = -1 if self.inner.closed else self.comm.rank  # close frees the communicator
         with self._shared:  # (a read on another thread may be taking a buffer: IndexError)
             self._scratch.clear()
-        self.inner.close()
+        try:
+            self.inner.close()
+        finally:
+            self._thaw()  # (a step left open and dropped)
         if rank == 0:
             self._save_timings()
 
