@@ -100,3 +100,43 @@ def test_html_counts_bytes_from_the_block_tables(tmp_path, monkeypatch):
         assert (facts["stored"], facts["raw"]) == (want_stored, want_raw)
         assert facts["blocks"] == 6 and want_raw == 3 * 8 * 6 * 4
         f._repr_html_()
+
+
+def test_html_says_what_lamina_ls_says_of_every_dataset(tmp_path, monkeypatch, capsys):
+    """The repr's line of a multiresolution dataset names its layout and counts every band
+    (it said 'compression none' and counted the patches' band 0 alone), a component of a
+    vector quantity shows its definition (it said 'never written'), and a tree's storage is
+    summed for all its datasets at once (one dataset at a time, a tree of 200 datasets over
+    1,000 steps took 16-46 s)."""
+    from lamina.catalog import Catalog
+    from lamina.cli import main as cli
+
+    path = str(tmp_path / "h.lam")
+    x = np.linspace(0, 1, 40)
+    with lamina.open(path, "w") as f:
+        m = f.create_dataset("mr", (40, 40), layout=lamina.Multires(patch=16, tolerance=1e-6))
+        for c in ("u", "v", "w"):
+            f.create_dataset(c, (4, 5, 6))
+        f.derive("vex", "curl(u, v, w)", strategy="expression")
+        with f.step():
+            m[...] = np.sin(x[:, None] * 3) * np.cos(x[None, :] * 2)
+            for c in ("u", "v", "w"):
+                f[c][...] = np.random.default_rng(1).random((4, 5, 6))
+    assert cli(["ls", path]) == 0
+    ls = capsys.readouterr().out
+    mr_line = next(line.strip() for line in ls.splitlines() if line.strip().startswith("mr "))
+    with lamina.open(path) as f:
+        calls = []
+        storage = Catalog.storage
+        monkeypatch.setattr(
+            Catalog, "storage", lambda self, *a, **k: calls.append(a) or storage(self, *a, **k)
+        )
+        text = _text(f._repr_html_())
+        assert len(calls) == 1  # every dataset of the tree at once
+        assert " ".join(mr_line.split()[1:]) in text, (mr_line, text)
+        assert "compression multires(patch 16x16, tolerance 1e-06, 5 levels)" in text
+        comp = _text(f["vex/x"]._repr_html_())
+        assert (
+            "computed when read" in comp and "derived = curl(u, v, w) (strategy expression)" in comp
+        )
+        assert "derived = curl(u, v, w)" in _text(f["vex"]._repr_html_())

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from html import escape
 
-from ..engines.base import storage_by_step, unusable_of
+from ..engines.base import unusable_of
+from ..errors import FormatError
 from ..text import fmt_codecs, fmt_steps_written, fmt_stored, fmt_value, plural
+from .facts import layout_facts, layout_words, storage_of_datasets
 
 #: a tree with more nodes than this is shown to this many, then a count
 MAX_NODES = 200
@@ -35,10 +37,12 @@ def _shape(shape: tuple[int, ...]) -> str:
     return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
 
 
-def _definition(file, path: str):
-    d = file.derived
+def _definition(file, path: str, group: bool = False):
+    """The derived quantity *path* is (a dataset: or a component of; a group: a vector's
+    group), as ``lamina ls`` finds it (a component ``vort/x`` was shown as never written)."""
     p = path.strip("/")
-    return d.get(p)
+    d = file.engine.definition(p) if p else None
+    return d if d is not None and (not group or d.name == p) else None
 
 
 def _attrs_table(obj) -> str:
@@ -51,24 +55,41 @@ def _attrs_table(obj) -> str:
     return f"<table>{rows}</table>"
 
 
+def facts_of(file, datasets: list) -> dict[str, dict]:
+    """What the repr shows of each of *datasets* (by name), from the block index only: their
+    storage summed over the steps for all of them at once, as ``lamina ls`` sums it."""
+    released: list[int] = []  # (an in situ consumer's steps gone: no data is read for a repr)
+    sums = storage_of_datasets(file, datasets, released=released)
+    unusable = file.engine.unusable()
+    out = {}
+    for ds in datasets:
+        written, nblocks, stored, raw = sums.get(ds.name, ([], 0, 0, 0))
+        compression = fmt_codecs(ds.compression)
+        if ds.layout is not None:  # every band of every patch, as ls counts them
+            try:
+                lay = layout_facts(file, ds)
+                stored, compression = lay["_stored"], layout_words(lay)
+            except FormatError as e:
+                compression = f"unreadable layout: {e}"
+        # the derived quantity this lamina cannot evaluate that it is (or is a component of)
+        bad = unusable_of(unusable, ds.name)
+        out[ds.name] = {
+            "written": written,
+            "steps": file.steps,
+            "blocks": nblocks,
+            "stored": stored,
+            "raw": raw,
+            "compression": compression,
+            "definition": _definition(file, ds.name),
+            "unusable": None if bad is None else bad[1],  # why
+            "released": len(released),
+        }
+    return out
+
+
 def dataset_facts(ds) -> dict:
     """What the repr shows of a dataset, from the block index only."""
-    file = ds.file
-    steps = file.steps
-    released: list[int] = []  # (an in situ consumer's steps gone: no data is read for a repr)
-    written, nblocks, stored, raw = storage_by_step(ds, steps, released)
-    # the derived quantity this lamina cannot evaluate that it is (or is a component of)
-    bad = unusable_of(file.engine.unusable(), ds.name)
-    return {
-        "written": written,
-        "steps": steps,
-        "blocks": nblocks,
-        "stored": stored,
-        "raw": raw,
-        "definition": _definition(file, ds.name),
-        "unusable": None if bad is None else bad[1],  # why
-        "released": len(released),
-    }
+    return facts_of(ds.file, [ds])[ds.name]
 
 
 def _dataset_line(ds, facts: dict) -> str:
@@ -85,7 +106,7 @@ def _dataset_line(ds, facts: dict) -> str:
         steps,
         plural(facts["blocks"], "block"),
         size,
-        f"compression {escape(fmt_codecs(ds.compression))}",
+        f"compression {escape(facts['compression'])}",
         f"fill {escape(fmt_value(ds.fill))}",
     ]
     line = " &nbsp; ".join(parts)
@@ -96,23 +117,23 @@ def _dataset_line(ds, facts: dict) -> str:
     return line
 
 
-def _node(obj, budget: list[int]) -> str:
+def _node(obj, budget: list[int], facts: dict[str, dict]) -> str:
     from .dataset import Dataset
 
     budget[0] -= 1
     name = obj.name.rsplit("/", 1)[-1] or "/"
     if isinstance(obj, Dataset):
-        line = _dataset_line(obj, dataset_facts(obj))
+        line = _dataset_line(obj, facts[obj.name])
         attrs = _attrs_table(obj)
         head = f"<span class='lam-name'>{escape(name)}</span> <span class='lam-dim'>{line}</span>"
         if attrs:
             return f"<li><details><summary>{head}</summary>{attrs}</details></li>"
         return f"<li>{head}</li>"
-    return f"<li><details open><summary>{_group_head(obj, name)}</summary>{_children(obj, budget)}</details></li>"
+    return f"<li><details open><summary>{_group_head(obj, name)}</summary>{_children(obj, budget, facts)}</details></li>"
 
 
 def _group_head(g, name: str) -> str:
-    d = _definition(g.file, g.name) if g.name != "/" else None
+    d = _definition(g.file, g.name, group=True) if g.name != "/" else None
     note = (
         f" <span class='lam-dim'>derived = <code>{escape(d.text)}</code> (strategy {escape(d.strategy)})</span>"
         if d is not None
@@ -122,15 +143,38 @@ def _group_head(g, name: str) -> str:
     return f"<span class='lam-name'>{escape(label)}</span> <span class='lam-dim'>{plural(len(g), 'member')}</span>{note}"
 
 
-def _children(g, budget: list[int]) -> str:
+def _children(g, budget: list[int], facts: dict[str, dict]) -> str:
     items = []
     keys = g.keys()
     for i, k in enumerate(keys):
         if budget[0] <= 0:
             items.append(f"<li class='lam-dim'>... {len(keys) - i} more</li>")
             break
-        items.append(_node(g[k], budget))
+        items.append(_node(g[k], budget, facts))
     return _attrs_table(g) + "<ul>" + "".join(items) + "</ul>"
+
+
+def _shown(g, most: int) -> list:
+    """The datasets of the first *most* nodes of *g*'s tree, in the order :func:`_children`
+    shows them."""
+    from .dataset import Dataset
+
+    out: list = []
+    left = [most]
+
+    def visit(group) -> None:
+        for k in group.keys():
+            if left[0] <= 0:
+                return
+            left[0] -= 1
+            obj = group[k]
+            if isinstance(obj, Dataset):
+                out.append(obj)
+            else:
+                visit(obj)
+
+    visit(g)
+    return out
 
 
 def group_html(g) -> str:
@@ -152,7 +196,7 @@ def group_html(g) -> str:
             f"<b>lamina.Group</b> {escape(g.name)} &nbsp;<span class='lam-dim'>"
             f"{plural(len(g), 'member')} in {escape(file.filename)}{step}</span>"
         )
-    body = _children(g, [MAX_NODES])
+    body = _children(g, [MAX_NODES], facts_of(file, _shown(g, MAX_NODES)))
     return f"{_STYLE}<div class='lamina-repr'>{title}{body}</div>"
 
 

@@ -212,6 +212,7 @@ class Catalog:
         ids: Collection[int],
         steps: int | None = None,
         damaged: dict[tuple[int, int], str] | None = None,
+        released: list[int] | None = None,
     ) -> dict[int, tuple[list[int], int, int, int]]:
         """``{dataset: (steps written, blocks, bytes stored, bytes of the values)}`` over the
         first *steps* committed steps (all of them by default) of each dataset of *ids*, as
@@ -222,12 +223,17 @@ class Catalog:
 
         A step whose blocks fail their checks raises that FormatError; with *damaged* (a
         dict), the error of each dataset whose blocks fail them at a step goes there by
-        ``(step, dataset)``, that dataset left out at that step, and the others are summed."""
+        ``(step, dataset)``, that dataset left out at that step, and the others are summed.
+        A step the engine no longer holds (an in situ consumer's, released) raises StepError;
+        with *released* (a list), it goes there and is left out."""
         n = len(self.steps) if steps is None else steps
         wanted = set(ids)
         out: dict[int, tuple[list[int], int, int, int]] = {d: ([], 0, 0, 0) for d in wanted}
         for k in range(n):
             sb = self.steps[k]
+            if released is not None and isinstance(sb, ReleasedStep):
+                released.append(k)
+                continue
             if sb is not self._reading:
                 self._keep(k, sb)  # (its tables released with the steps read longest ago)
             try:

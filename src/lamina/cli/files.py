@@ -9,6 +9,7 @@ import textwrap
 import numpy as np
 
 from .. import selection
+from ..api.facts import layout_facts, layout_words, storage_of_datasets
 from ..engines.base import storage_by_step, storage_of, unusable_of
 from ..text import (
     fmt_box,
@@ -182,36 +183,16 @@ def cmd_ls(args) -> int:
 
 def _nodes_info(f, nodes: list) -> list[dict]:
     """What ``lamina ls`` says of each of *nodes* (``(path, group or dataset)``), the
-    storage of every dataset summed step by step at once (:func:`_storage`)."""
+    storage of every dataset summed step by step at once (:func:`~lamina.api.facts.storage_of_datasets`)."""
     from lamina import Dataset
 
     damaged: dict[str, dict[int, str]] = {}
-    stored = _storage(f, [obj for _, obj in nodes if isinstance(obj, Dataset)], damaged)
+    stored = storage_of_datasets(f, [obj for _, obj in nodes if isinstance(obj, Dataset)], damaged)
     infos = [_node_info(f, path, obj, stored) for path, obj in nodes]
     for info in infos:
         if info["path"] in damaged:
             info["unreadable_steps"] = {str(k): e for k, e in damaged[info["path"]].items()}
     return infos
-
-
-def _storage(
-    f, datasets: list, damaged: dict[str, dict[int, str]]
-) -> dict[str, tuple[list[int], int, int, int]]:
-    """``{path: (steps written, blocks, bytes stored, bytes of the values)}`` of *datasets*
-    over every step, as their blocks at each step would sum to, step by step: each step's
-    block area is read once for all of them, and no block becomes a record
-    (:meth:`lamina.catalog.Catalog.storage`).  A dataset by the path of its node; the steps
-    where its blocks fail their checks (a damaged file) are left out of its sums and go
-    into *damaged* (``{path: {step: error}}``)."""
-    cat = f.engine.catalog
-    specs = {ds.name: cat.datasets.get(ds.name.strip("/")) for ds in datasets}
-    ids = {spec.id for spec in specs.values() if spec is not None}
-    bad: dict[tuple[int, int], str] = {}
-    sums = cat.storage(ids, f.steps, bad) if ids else {}
-    names = {spec.id: name for name, spec in specs.items() if spec is not None}
-    for (k, d), e in sorted(bad.items()):
-        damaged.setdefault(names[d], {})[k] = e
-    return {name: sums[spec.id] for name, spec in specs.items() if spec is not None}
 
 
 def _node_info(f, path: str, obj, stored: dict | None = None) -> dict:
@@ -247,7 +228,7 @@ def _node_info(f, path: str, obj, stored: dict | None = None) -> dict:
         )
         info["_fill"] = obj.fill
         try:
-            lay = _layout(f, obj) if obj.layout is not None else None
+            lay = layout_facts(f, obj) if obj.layout is not None else None
         except FormatError as e:  # a layout this lamina cannot read: the others are listed
             info["error"] = str(e)
             lay = None
@@ -274,7 +255,7 @@ def _dataset_line(info: dict, nsteps: int) -> str:
     comp = fmt_codecs(info["compression"])
     lay = info.get("layout")
     if lay is not None:
-        comp = _layout_words(lay)
+        comp = layout_words(lay)
     if info.get("error"):  # (its layout: what it stores cannot be told)
         return f"{info['dtype']} {shape}  unreadable: {info['error']}"
     bad = info.get("unreadable_steps")
@@ -286,54 +267,6 @@ def _dataset_line(info: dict, nsteps: int) -> str:
         f"{info['dtype']} {shape}  {steps}  {plural(info['blocks'], 'block')}  {size}  "
         f"compression {comp}  fill {fmt_value(info['_fill'])}{_derived_note(info)}{damaged}"
     )
-
-
-def _layout(f, ds) -> dict:
-    """:func:`lamina.layouts.read.describe` of the dataset's last step written, plus the bytes
-    it stores at each step written (``_bands``: every band of every patch; a block of the
-    dataset is a patch's band 0) and over all steps (``_stored``)."""
-    from ..layouts import read as layout_read
-    from ..layouts.spec import Layout
-
-    eng = f.engine
-    cat = eng.catalog
-    spec = cat.datasets[ds.name.lstrip("/")]
-    layout = Layout.of(spec)
-    assert layout is not None
-    bands = {
-        k: sum(
-            int(cat.table(cat.level(spec.path, j).id, k).length.sum()) for j in range(layout.levels)
-        )
-        for k in range(f.steps)
-        if len(cat.table(spec.id, k))
-    }
-    out: dict = {
-        "patch": list(layout.patch),
-        "tolerance": layout.tolerance,
-        "order": layout.order,
-        "levels": [{"shape": list(s)} for s in layout.shapes(spec.shape)],
-        "subfiles": {},
-    }
-    if bands:
-        last = max(bands)
-        out = layout_read.describe(_engine_of(eng), spec, layout, last)
-        out["step"] = last
-    out["_bands"] = bands
-    out["_stored"] = sum(bands.values())
-    return out
-
-
-def _engine_of(eng):
-    """The block engine under the layers (it reads stored bytes)."""
-    return eng.stack()[-1]
-
-
-def _layout_words(lay: dict) -> str:
-    patch = "x".join(str(p) for p in lay["patch"])
-    words = f"multires(patch {patch}, tolerance {lay['tolerance']:g}, {len(lay['levels'])} levels"
-    if lay.get("lossless_patches"):
-        words += f", {lay['lossless_patches']} patches lossless (NaN/inf or precision)"
-    return words + ")"
 
 
 def _derived_note(info: dict) -> str:
@@ -482,7 +415,7 @@ def cmd_info(args) -> int:
             else f"strategy {d.strategy!r}, nothing stored at this step"
         )
         nsteps, fname = f.steps, f.filename
-        lay = _layout(f, ds) if ds.layout is not None else None
+        lay = layout_facts(f, ds) if ds.layout is not None else None
         bands = {} if lay is None else lay["_bands"]  # (a step that wrote none: 0 bytes)
     if args.json:
         print_json(
@@ -517,7 +450,7 @@ def cmd_info(args) -> int:
         return 0
     print(
         f"{fmt_name(ds.name)}: {ds.dtype} {tuple(ds.shape)}, fill {fmt_value(ds.fill)}, "
-        f"compression {fmt_codecs(ds.compression) if lay is None else _layout_words(lay)}; "
+        f"compression {fmt_codecs(ds.compression) if lay is None else layout_words(lay)}; "
         f"{fmt_name(fname)}: {plural(nsteps, 'step')}"
     )
     if bad is not None:
