@@ -173,6 +173,27 @@ def test_coordinates_without_values_at_the_step_give_index_axes(tmp_path):
     _not_blank(_image(tmp_path / "c.png"))
 
 
+def test_coordinates_out_of_order_give_index_axes(tmp_path):
+    """Coordinate centers that neither rise nor fall throughout ([3, 1, 2, 0]: cells drawn
+    at the wrong places; constant: cells of no width, a blank picture) give an index axis,
+    with a warning naming the coordinate; falling ones are an axis."""
+    path = tmp_path / "o.lam"
+    with lamina.open(path, "w") as f:
+        for name, values in (
+            ("x", [3.0, 1.0, 2.0, 0.0]),
+            ("y", [0.0] * 4),
+            ("z", [4.0, 3.0, 1.0, 0.0]),
+        ):
+            f.create_dataset(name, data=np.array(values))
+    with lamina.open(path) as f:
+        for name in ("x", "y"):
+            with pytest.warns(
+                UserWarning, match=f"'{name}' holds values that neither rise nor fall"
+            ):
+                assert plot._coord(f, "/", name, 4, 0, {}) is None
+        np.testing.assert_array_equal(plot._coord(f, "/", "z", 4, 0, {}), [4.0, 3.0, 1.0, 0.0])
+
+
 def test_stats_of_what_has_no_block_statistics_is_an_error(tmp_path, capsys):
     """--stats of a quantity kept as its expression drew empty axes and said it drew them."""
     path = tmp_path / "e.lam"

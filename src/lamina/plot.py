@@ -137,11 +137,21 @@ def _coord(
                 values = None
                 if k is not None and sum(b.size for b in obj.coverage(k)) >= n:
                     values = np.asarray(f.at(k)[full][...], dtype=np.float64)
-                if values is None or not np.isfinite(values).all():
-                    # fill values (or NaN) are no axis: the picture takes index axes instead
+                why = None
+                if values is None:
+                    why = "no values"
+                elif not np.isfinite(values).all():
+                    why = "non-finite values"
+                elif n > 1:
+                    d = np.diff(values)
+                    if not ((d > 0).all() or (d < 0).all()):
+                        why = "values that neither rise nor fall throughout"
+                if why is not None:
+                    # fill values, NaN, or centers out of order are no axis (cells drawn at
+                    # the wrong places, or of no width): the picture takes index axes instead
                     warnings.warn(
-                        f"coordinate {full!r} holds {'no' if values is None else 'non-finite'} "
-                        f"values at step {step}: the {name} axis is drawn by index",
+                        f"coordinate {full!r} holds {why} at step {step}: the {name} axis is "
+                        "drawn by index",
                         stacklevel=3,
                     )
                     return None
