@@ -265,3 +265,26 @@ def test_cli_plot_without_matplotlib(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
     assert main(["plot", str(path), "fields/T", "-o", str(tmp_path / "x.png")]) == 2
     assert "pip install 'lamina[plot]'" in capsys.readouterr().err
+
+
+def test_stats_says_why_it_has_nothing_and_refuses_a_slices_options(tmp_path, capsys):
+    """--stats of a dataset written with NaN alone said "no step wrote a block of it"; of
+    one of no element, that too; and --slice, --step, --blocks and --index (nonsense ones
+    too) were taken with --stats and left unused."""
+    path = tmp_path / "n.lam"
+    with lamina.open(path, "w") as f:
+        v = f.create_dataset("v", shape=(4,), dtype="f8")
+        f.create_dataset("none", shape=(0,), dtype="f8")
+        for _ in range(2):
+            with f.step():
+                v[...] = np.nan
+    out = str(tmp_path / "s.png")
+    assert main(["plot", str(path), "v", "--stats", "-o", out]) == 2
+    assert "its blocks hold no value that is not NaN" in capsys.readouterr().err
+    assert main(["plot", str(path), "none", "--stats", "-o", out]) == 2
+    assert "it holds no element" in capsys.readouterr().err
+    for extra in (["--slice", "nosuch=99"], ["--step", "42"], ["--blocks"], ["--index"]):
+        assert main(["plot", str(path), "v", "--stats", "-o", out, *extra]) == 2
+        err = capsys.readouterr().err
+        assert f"{extra[0]}: for a slice; --stats draws every step's statistics" in err, err
+    assert not (tmp_path / "s.png").exists()

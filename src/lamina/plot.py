@@ -334,9 +334,14 @@ def stats_png(f: File, name: str, out: str | os.PathLike, dpi: int = 110) -> Pic
         if not f.steps:
             raise StepError(f"{obj.name!r}: the file has no committed step to draw statistics of")
         d = f.engine.definition(obj.name.strip("/"))
+        written = any(len(obj.blocks(k)) for k in range(f.steps))
         why = (
             "a derived quantity kept as its expression, computed when read"
             if d is not None and d.strategy == "expression"
+            else "its blocks hold no value that is not NaN"
+            if written and obj.size
+            else "it holds no element"
+            if not obj.size
             else "no step wrote a block of it"
         )
         raise NotFoundError(

@@ -95,6 +95,21 @@ def cmd_plot(args) -> int:
     if not DPI_MIN <= args.dpi <= DPI_MAX:
         raise CLIError(f"--dpi must be between {DPI_MIN} and {DPI_MAX}, got {args.dpi}")
     _check_cmap(args.cmap)
+    if args.stats:  # (a slice's options: taken and left unused, even nonsense, before)
+        given = [
+            o
+            for o, on in (
+                ("--slice", args.slice),
+                ("--step", args.step != -1),
+                ("--blocks", args.blocks),
+                ("--index", args.index),
+            )
+            if on
+        ]
+        if given:
+            raise CLIError(
+                f"{', '.join(given)}: for a slice; --stats draws every step's statistics"
+            )
     try:
         with open_file(args.file) as f:
             if args.stats:
