@@ -140,3 +140,12 @@ def test_html_says_what_lamina_ls_says_of_every_dataset(tmp_path, monkeypatch, c
             "computed when read" in comp and "derived = curl(u, v, w) (strategy expression)" in comp
         )
         assert "derived = curl(u, v, w)" in _text(f["vex"]._repr_html_())
+
+
+def test_reprs_count_in_the_singular(tmp_path):
+    """repr() of a file of one step and a group of one member: '1 steps', '(1 members)'."""
+    with lamina.open(str(tmp_path / "one.lam"), "w") as f:
+        f.create_dataset("g/a", shape=(2,))
+        with f.step():
+            f["g/a"][...] = 1.0
+        assert repr(f).endswith("1 step)>") and repr(f["g"]) == "<lamina.Group '/g' (1 member)>"

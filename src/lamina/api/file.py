@@ -28,7 +28,7 @@ from ..errors import (
 )
 from ..geometry import as_int
 from ..layers.background import BackgroundLayer, IOStats
-from ..text import as_seconds, fmt_ranges
+from ..text import as_seconds, fmt_ranges, plural
 from ..workflow import routes
 from .group import Group
 
@@ -164,7 +164,8 @@ class File(Group):
 
     def __repr__(self) -> str:
         state = "closed" if self._engine.closed else f"mode {self.mode!r}"
-        return f"<lamina.File {self._filename!r} ({state}, engine {self._engine.name!r}, {self.steps} steps)>"
+        steps = plural(self.steps, "step")
+        return f"<lamina.File {self._filename!r} ({state}, engine {self._engine.name!r}, {steps})>"
 
     # -- steps (writers) --------------------------------------------------
     @property

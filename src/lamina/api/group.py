@@ -25,6 +25,7 @@ from ..errors import (
 )
 from ..geometry import as_int
 from ..layouts.spec import Multires
+from ..text import plural
 from .attrs import Attributes
 from .dataset import OpenFileView, cast_by_value, takes_by_value
 
@@ -81,7 +82,7 @@ class Group(OpenFileView):
         return self._step
 
     def __repr__(self) -> str:
-        return f"<lamina.Group {self.name!r} ({len(self)} members)>"
+        return f"<lamina.Group {self.name!r} ({plural(len(self), 'member')})>"
 
     def __eq__(self, other) -> bool:
         """The same group of the same open file, at the same step, as h5py compares objects
