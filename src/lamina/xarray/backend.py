@@ -682,15 +682,10 @@ class LaminaBackendEntrypoint(BackendEntrypoint):
         group: str | None = None,
         step: int | None = None,
         level: int | None = None,
-        mask_and_scale: Any = None,
-        decode_times: Any = None,
-        decode_timedelta: Any = None,
-        concat_characters: Any = None,
-        use_cftime: Any = None,
-        decode_coords: Any = None,
+        **decoders: Any,
     ) -> xr.Dataset:
         level = _check_level(level)
-        decoders = {k: v for k, v in locals().items() if k in DECODERS}
+        _check_decoders(decoders)
         f, base, owned, step = _open(filename_or_obj, step)
         close = _Closer(f, owned)
         try:
@@ -711,15 +706,10 @@ class LaminaBackendEntrypoint(BackendEntrypoint):
         group: str | None = None,
         step: int | None = None,
         level: int | None = None,
-        mask_and_scale: Any = None,
-        decode_times: Any = None,
-        decode_timedelta: Any = None,
-        concat_characters: Any = None,
-        use_cftime: Any = None,
-        decode_coords: Any = None,
+        **decoders: Any,
     ) -> dict[str, xr.Dataset]:
         level = _check_level(level)
-        decoders = {k: v for k, v in locals().items() if k in DECODERS}
+        _check_decoders(decoders)
         f, base, owned, step = _open(filename_or_obj, step)
         close = _Closer(f, owned)
         try:
@@ -752,12 +742,7 @@ class LaminaBackendEntrypoint(BackendEntrypoint):
         group: str | None = None,
         step: int | None = None,
         level: int | None = None,
-        mask_and_scale: Any = None,
-        decode_times: Any = None,
-        decode_timedelta: Any = None,
-        concat_characters: Any = None,
-        use_cftime: Any = None,
-        decode_coords: Any = None,
+        **decoders: Any,
     ) -> xr.DataTree:
         groups = self.open_groups_as_dict(
             filename_or_obj,
@@ -765,13 +750,20 @@ class LaminaBackendEntrypoint(BackendEntrypoint):
             group=group,
             step=step,
             level=level,
-            **{k: v for k, v in locals().items() if k in DECODERS},
+            **decoders,
         )
         tree = xr.DataTree.from_dict(groups)
         closer = next(iter(groups.values()))._close
         if closer is not None:
             tree.set_close(closer)
         return tree
+
+
+def _check_decoders(given: dict[str, Any]) -> None:
+    """TypeError for a keyword that is none of xarray's decoders, as Python says it."""
+    for k in given:
+        if k not in DECODERS:
+            raise TypeError(f"open_dataset() got an unexpected keyword argument {k!r}")
 
 
 def _decoded(ds: xr.Dataset, given: dict[str, Any]) -> xr.Dataset:
