@@ -101,6 +101,23 @@ def test_a_dataset_cast_to_long_double_is_bounded_outward():
     memory_engine.drop(name)
 
 
+@pytest.mark.skipif(np.finfo(np.longdouble).nmant <= 52, reason="long double is float64 here")
+def test_a_long_double_fill_bounds_the_unwritten_elements_outward():
+    """The unwritten elements of a long double dataset read as its fill, 1 + 2^-60 here: its
+    bound, rounded to the nearest float64 (1.0), let ``x > 1`` skip them all."""
+    name = f"mem://query-sound/{next(_names)}"
+    fill = np.longdouble(1) + np.longdouble(2) ** -60
+    with lamina.open(name, "w", engine="memory") as f:
+        x = f.create_dataset("x", (16,), np.longdouble, fill=fill)
+        with f.step():
+            x[:8] = 0
+        full = f["x"][...]
+        for pred in ("x > 1", "x >= 1 + 2^-60", "x < 1", "x != 1"):
+            want = _brute(pred, {"x": full})
+            assert f.query(pred).count == int(want.sum()), pred
+    memory_engine.drop(name)
+
+
 @pytest.mark.parametrize(
     "pred, pos",
     [("a > 1" + "0" * 400, 4), ("a < .\u00b9", 4), ("a + 2 ^ 1000000000000 > 0", 6)],

@@ -325,17 +325,17 @@ def _cast(v: _V, dt: np.dtype) -> Interval:
         x = np.array(v.value, dtype=dt)[()]
         if np.isnan(x):
             return Interval(INF, -INF, True)
-        return Interval(_f64_of(x, up=False), _f64_of(x, up=True))
+        return Interval(f64_of(x, up=False), f64_of(x, up=True))
     if iv.empty or v.dt == dt:
         return iv
     # numpy's cast (int64 -> float64 rounds to nearest, 70000 -> float16 is inf) is monotone:
     # the casts of the bounds bound the casts of the values
-    lo = _f64_of(np.array(iv.lo, dtype=v.dt).astype(dt)[()], up=False)
-    hi = _f64_of(np.array(iv.hi, dtype=v.dt).astype(dt)[()], up=True)
+    lo = f64_of(np.array(iv.lo, dtype=v.dt).astype(dt)[()], up=False)
+    hi = f64_of(np.array(iv.hi, dtype=v.dt).astype(dt)[()], up=True)
     return Interval(lo, hi, iv.nan)
 
 
-def _f64_of(x: Any, up: bool) -> float:
+def f64_of(x: Any, up: bool) -> float:
     """The float64 nearest to *x*, a value of a floating dtype, in the direction asked (down:
     the largest <= x; up: the smallest >= x): *x* itself but where the dtype is wider than
     float64 (a long double: 2^53 + 1 is one, and nearest would be 2^53)."""

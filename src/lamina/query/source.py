@@ -17,6 +17,7 @@ import numpy as np
 from .. import codecs
 from ..catalog import CODEC_STATS_ONLY, BlockTable
 from ..derived import Interval, needed_boxes
+from ..derived.bounds import f64_of
 from ..errors import BoundsError, StepError
 from ..geometry import Box, rows_less, rows_prod
 from ..layouts.spec import Layout
@@ -32,8 +33,11 @@ MAX_CHAIN = 32
 
 
 def lower(v) -> float:
-    """A float <= *v* (ints beyond 2**53 do not convert exactly)."""
-    if isinstance(v, float | np.floating):
+    """A float <= *v* (ints beyond 2**53 do not convert exactly, nor long doubles: a fill of
+    1 + 2**-60 bounded by 1.0 let ``x > 1`` skip the elements it fills)."""
+    if isinstance(v, np.floating):
+        return f64_of(v, up=False)
+    if isinstance(v, float):
         return float(v)
     x = int(v)
     f = float(x)
@@ -42,7 +46,9 @@ def lower(v) -> float:
 
 def upper(v) -> float:
     """A float >= *v*."""
-    if isinstance(v, float | np.floating):
+    if isinstance(v, np.floating):
+        return f64_of(v, up=True)
+    if isinstance(v, float):
         return float(v)
     x = int(v)
     f = float(x)
