@@ -254,6 +254,24 @@ def test_stats_checks_each_blocks_statistics_against_its_values(tmp_path, capsys
     assert "20000.0, the values' 19999.0)" in out
 
 
+def test_stats_bounds_a_float32_sum_by_its_values_not_their_number():
+    """A float32 block's sum may differ from its values' by 2^-20 sum |x| (docs/format.md),
+    taken four times over, with no factor of n: with one, a block of 2^20 ones passed a
+    stored sum of 4,145,728.  Large blocks of float32 and float64 summed alike agree."""
+    from lamina import check, stats
+
+    ones = np.ones(1 << 20, np.float32)
+    right, _ = stats.compute(ones, checksum=False)
+    assert not check._stats_disagree(right, ones)
+    wrong = stats.Stats(right.min, right.max, 3 * right.sum + 1e6, right.count)
+    assert check._stats_disagree(wrong, ones) == ["sum 4145728.0, the values' 1048576.0"]
+    rng = np.random.default_rng(4)
+    for dt in ("f4", "f8"):
+        a = (rng.standard_normal(1 << 20) * 1e4).astype(dt)
+        got, _ = stats.compute(a, checksum=False)
+        assert not check._stats_disagree(got, a), dt
+
+
 def _section_at(path: str, name: str, step: int) -> int:
     """Where in lamina.meta the record of *step* keeps the table of *name*'s blocks."""
     with lamina.open(path) as f:
