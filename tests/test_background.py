@@ -1211,6 +1211,74 @@ def test_prefetch_hands_its_arrays_over_without_a_copy(path, monkeypatch):
         assert f.io_stats["prefetch_hits"] >= 3
 
 
+def test_a_read_waiting_for_a_fetch_ends_when_the_file_is_closed(path):
+    """A thread reading a selection queued for read-ahead while another thread closes the
+    file gets its values or the ValueError of a closed file, at once: the close emptied the
+    queue without marking its fetches done, and the read waited for ever."""
+    sh = (400, 100)
+    with lamina.open(path, "w") as f:
+        f.create_dataset("u", shape=sh, dtype="f8")
+        with f.step():
+            f["u"][...] = np.arange(sh[0] * sh[1], dtype="f8").reshape(sh)
+    f = lamina.open(path, "r", io="async")
+    u = f["u"]
+    boxes = [np.s_[i * 10 : (i + 1) * 10 + j, :] for j in range(3) for i in range(39)]
+    for b in boxes:
+        assert u.prefetch(b)
+    pf = f.engine._prefetch
+    with pf.cond:  # the worker stopped: every fetch stays queued
+        pf.waiting = 0
+        pf.reading = 1
+    res: dict = {}
+
+    def reader() -> None:
+        try:
+            res["value"] = u[boxes[-1]]
+        except ValueError as e:
+            res["error"] = e
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 30
+    while not pf.waiting and time.monotonic() < deadline:  # the read waits on its fetch
+        time.sleep(0.001)
+    assert pf.waiting
+    f.close()
+    t.join(30)
+    assert not t.is_alive(), "the read waited for ever"
+    if "value" in res:
+        np.testing.assert_array_equal(res["value"], np.arange(sh[0] * sh[1]).reshape(sh)[boxes[-1]])
+    else:
+        assert "is closed" in str(res["error"])
+
+
+def test_two_threads_reading_one_fetched_selection_get_arrays_of_their_own(path):
+    """A selection read ahead and read by two threads at once: one is handed the fetch, the
+    other reads its own (both were given the one array: a change by one showed in the
+    other's)."""
+    _write_steps(path, 2)
+    with lamina.open(path, "r", io="async") as f:
+        x = f["x"]
+        for trial in range(20):
+            assert x.prefetch(np.s_[0:4, 0:6], step=1), trial
+            got: list = [None, None]
+            barrier = threading.Barrier(2)
+
+            def read(i: int, got=got, barrier=barrier) -> None:
+                barrier.wait()
+                got[i] = f.at(1)["x"][0:4, 0:6]
+
+            ts = [threading.Thread(target=read, args=(i,)) for i in range(2)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join(30)
+            assert got[0] is not got[1]
+            np.testing.assert_array_equal(got[0], values(1))
+            got[0][0, 0] = -1.0
+            np.testing.assert_array_equal(got[1], values(1))
+
+
 def test_prefetch_needs_async(path):
     _write_steps(path, 2)
     with lamina.open(path, "r", io="sync") as f, pytest.raises(ConfigError, match="io='async'"):

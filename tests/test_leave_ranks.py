@@ -63,3 +63,10 @@ def test_an_error_on_every_rank_closes_the_file(tmp_path, io, n):
     res = mu.run_mpi(n, "all_fail", ",".join(cases), io, tmp_path / "a.lam", timeout=120)
     done = [line.split()[1] for line in res.stdout.splitlines() if line.startswith("OK ")]
     assert done == cases, res.describe()
+
+
+def test_a_reader_that_leaves_after_its_error_lets_its_read_ahead_go(tmp_path):
+    """A rank of an io="async" reader that leaves the file after an error of its own stops
+    its read-ahead thread and drops what it read ahead, as the others do (it kept both)."""
+    res = mu.run_mpi(2, "reader_leaves", tmp_path / "r.lam", timeout=120)
+    assert sorted(res.stdout.split()) == ["0", "1", "OK", "OK"], res.describe()

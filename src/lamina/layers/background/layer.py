@@ -541,6 +541,8 @@ class BackgroundLayer(Layer):
 
     def leave(self, exc: BaseException) -> None:
         if not self.active or self.inner.closed:
+            if self._prefetch is not None:  # (a reader: its read-ahead thread and arrays go)
+                self._prefetch.close()
             self.inner.leave(exc)
             return
         # the others meet this at their next collective call of this layer (all start with agree)

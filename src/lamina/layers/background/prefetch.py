@@ -175,13 +175,22 @@ class Prefetcher:
                 with self.cond:
                     self.waiting -= 1
         with self.cond:
-            if self.cache.get(key) is fetch:
+            mine = self.cache.get(key) is fetch
+            if mine:
                 self._drop(key)
-        return fetch.array
+        # the array goes to one read alone (take hands it over, no copy): another thread that
+        # waited on the same fetch reads for itself (two threads were given one array)
+        return fetch.array if mine else None
 
     def close(self) -> None:
         with self.cond:
             self.stopping = True
+            # a read waiting for a fetch that will not be made now reads for itself (it waited
+            # for ever: the close emptied the queue, and no fetch of it was marked done)
+            for _, fetch in self.jobs:
+                fetch.done.set()
+            for fetch in self.cache.values():
+                fetch.done.set()
             self.jobs.clear()
             self.cond.notify_all()
         if self.thread is not None:
