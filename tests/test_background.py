@@ -1279,6 +1279,26 @@ def test_two_threads_reading_one_fetched_selection_get_arrays_of_their_own(path)
             np.testing.assert_array_equal(got[1], values(1))
 
 
+def test_breaking_out_of_a_stream_drops_what_it_read_ahead(path):
+    """A loop over iter_steps(prefetch=True) left by break: what was read ahead of the next
+    steps goes, and reads at the step left read nothing ahead (kept until the close, within
+    the budget of every later read)."""
+    _write_steps(path, 6)
+    with lamina.open(path, "r", io="async") as f:
+        pf = f.engine._prefetch
+        for view in f.iter_steps(prefetch=True, timeout=5):
+            view["x"][...]
+            if view.index == 2:
+                deadline = time.monotonic() + 10  # step 3 is read ahead meanwhile
+                while not any(k[0] == 3 for k in pf.cache) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert any(k[0] == 3 for k in pf.cache)
+                break
+        assert pf.stream is None and not pf.cache and pf.held == 0
+        np.testing.assert_array_equal(f.at(2)["x"][0:2, :], values(2)[0:2])
+        assert not pf.cache and pf.held == 0
+
+
 def test_prefetch_needs_async(path):
     _write_steps(path, 2)
     with lamina.open(path, "r", io="sync") as f, pytest.raises(ConfigError, match="io='async'"):

@@ -373,25 +373,29 @@ class File(Group):
                 )
             start += self.steps
         k = start
-        while True:
-            if k >= self.steps and self.mode != "r":
-                self.wait()
-                if k >= self.steps:
-                    return  # (no other process adds a step to a file this one writes)
-            if k >= self.steps and self._engine.writer_closed:
-                self.refresh()
+        try:  # (a break, an error or the last step ends the stream's read-ahead)
+            while True:
+                if k >= self.steps and self.mode != "r":
+                    self.wait()
+                    if k >= self.steps:
+                        return  # (no other process adds a step to a file this one writes)
                 if k >= self.steps and self._engine.writer_closed:
-                    return
-            try:
-                view = self.wait_for_step(k, timeout=timeout, poll=poll)
-            except StepError:
-                if self._engine.writer_closed and k >= self.steps:
-                    return
-                raise
+                    self.refresh()
+                    if k >= self.steps and self._engine.writer_closed:
+                        return
+                try:
+                    view = self.wait_for_step(k, timeout=timeout, poll=poll)
+                except StepError:
+                    if self._engine.writer_closed and k >= self.steps:
+                        return
+                    raise
+                if bg is not None:
+                    bg.streaming(k)
+                yield view
+                k += 1
+        finally:
             if bg is not None:
-                bg.streaming(k)
-            yield view
-            k += 1
+                bg.stream_ended()
 
     def __iter__(self):
         return super().__iter__()

@@ -416,6 +416,11 @@ class BackgroundLayer(Layer):
         self._prefetch.streaming(k)
         return True
 
+    def stream_ended(self) -> None:
+        """Independent: the program's ``iter_steps`` ended (a break, an error, its last step)."""
+        if self._prefetch is not None:
+            self._prefetch.stream_ended()
+
     def _require_open(self, what: str) -> None:
         if self.inner.closed:
             raise ValueError(f"cannot {what}: file {self.path!r} is closed")

@@ -108,6 +108,18 @@ class Prefetcher:
                 for name, box in like:
                     self._schedule((step, name, box))
 
+    def stream_ended(self) -> None:
+        """Independent: ``iter_steps`` ended: nothing more is read ahead for the stream, and
+        what was read ahead of steps it did not hand out goes (a loop left by ``break`` kept
+        them, and what it read at its step was read ahead of the next, until the close)."""
+        last, self.stream = self.stream, None
+        if last is None:
+            return
+        with self.cond:
+            for key in [key for key in self.cache if key[0] > last]:
+                self._drop(key)
+            self.pattern.clear()
+
     def request(self, name: str, box: Box, step: int) -> bool:
         """Independent: read (*step*, *name*, *box*) ahead now (``ds.prefetch``); whether it is
         fetched or being fetched (False: over the budget with what is fetched already, an
