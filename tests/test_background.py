@@ -1299,6 +1299,21 @@ def test_breaking_out_of_a_stream_drops_what_it_read_ahead(path):
         assert not pf.cache and pf.held == 0
 
 
+def test_hits_and_misses_add_up_to_the_reads_after_a_request(path):
+    """With ds.prefetch (no stream), every read after the first request is a hit or a miss:
+    one that came once the cache was empty was neither."""
+    _write_steps(path, 3)
+    with lamina.open(path, "r", io="async") as f:
+        x = f["x"]
+        assert x.prefetch(np.s_[0:2, :], 1) and x.prefetch(np.s_[2:4, :], 1)
+        for box, step in ((np.s_[0:1, :], 1), (np.s_[0:2, :], 1), (np.s_[2:4, :], 1)):
+            x.read(box, step)
+        x.read(np.s_[0:1, :], 1)  # the cache empty now
+        x.read(np.s_[0:1, :], 2)
+        st = f.io_stats
+        assert (st["prefetch_hits"], st["prefetch_misses"]) == (2, 3)
+
+
 def test_prefetch_needs_async(path):
     _write_steps(path, 2)
     with lamina.open(path, "r", io="sync") as f, pytest.raises(ConfigError, match="io='async'"):

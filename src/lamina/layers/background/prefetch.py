@@ -77,6 +77,7 @@ class Prefetcher:
         self.budget = budget
         self.stats = stats
         self.stream: int | None = None  # the step iter_steps handed out last
+        self.asked = False  # the program asked for read-ahead itself (ds.prefetch)
         self.pattern: dict[int, list[tuple[str, Box]]] = {}  # step -> selections read at it
         self.cache: dict[tuple[int, str, Box], _Fetch] = {}
         self.held = 0  # bytes of the fetches in the cache
@@ -128,6 +129,7 @@ class Prefetcher:
         moved past them, and boxes it asked for and did not read do not keep the budget
         from later ones."""
         key = (step, name, box)
+        self.asked = True
         with self.cond:
             for old in [k for k in self.cache if k[0] < step - 1]:
                 self._drop(old)
@@ -137,8 +139,11 @@ class Prefetcher:
 
     @property
     def serving(self) -> bool:
-        """Whether reads should look here: a stream is read ahead, or fetches were asked for."""
-        return self.stream is not None or bool(self.cache)
+        """Whether reads should look here (and count a hit or a miss): a stream is read
+        ahead, or the program asked for fetches (each read after its first request counts:
+        a read that came once the cache was empty was no miss, and hits and misses did not
+        add up to the reads)."""
+        return self.stream is not None or self.asked or bool(self.cache)
 
     def get(self, name: str, box: Box, step: int, out: np.ndarray) -> bool:
         """Independent: fill *out* from a fetch of (*step*, *name*, *box*) if there is one; True if so."""
