@@ -851,3 +851,23 @@ def test_a_step_record_out_of_order_names_the_file_and_record(native_path):
             cat.apply_record(forged, True, None, f"{native_path}/lamina.meta record 2")
     with pytest.raises(FormatError, match=r"^step record 5 out of order"):  # (no file: none said)
         cat.apply_record(SimpleNamespace(kind=KIND_STEP, step=5, session=0, time=0.0), True)
+
+
+def test_a_read_past_the_end_names_where_the_file_ends(tmp_path):
+    """A read from an offset past the end (forged or damaged metadata under valid checksums)
+    names the file's size: it said the file ended at the offset read from."""
+    from lamina.engines.native.engine import _pread_into
+
+    p = tmp_path / "ten"
+    p.write_bytes(bytes(10))
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        buf = bytearray(4)
+        with pytest.raises(
+            FormatError, match=r"^x: file ends at byte 10, before byte 100, where 4 more"
+        ):
+            _pread_into(fd, memoryview(buf), 100, "x")
+        with pytest.raises(FormatError, match=r"^x: file ends at byte 10, expected 2 more bytes$"):
+            _pread_into(fd, memoryview(buf), 8, "x")
+    finally:
+        os.close(fd)

@@ -330,9 +330,15 @@ def _pread_into(fd: int, mv: memoryview, offset: int, what: str | _Lazy, after: 
     while done < len(mv):
         n = os.preadv(fd, [mv[done:]], offset + done)
         if n <= 0:
+            # the file's size, not where the read stood: a forged offset past the end was
+            # said to be where the file ends
+            size = os.fstat(fd).st_size
+            more = f"{len(mv) - done + after} more bytes"
             raise FormatError(
-                f"{what}: file ends at byte {offset + done}, expected "
-                f"{len(mv) - done + after} more bytes"
+                f"{what}: file ends at byte {size}, expected {more}"
+                if size == offset + done
+                else f"{what}: file ends at byte {size}, before byte {offset + done}, where "
+                f"{more} were expected"
             )
         done += n
 
