@@ -258,3 +258,35 @@ def test_sigterm_removes_what_the_benchmark_made(tmp_path):
     assert p.returncode == 128 + signal.SIGTERM, err
     assert "lamina bench: terminated" in err and "Traceback" not in err
     assert not list(tmp_path.iterdir())
+
+
+def test_adios2_profiles_of_a_killed_reader_go_with_the_benchmarks_files(tmp_path):
+    """ADIOS2's BP5 reader leaves /tmp/<name>_<pid>_profiling.json at every close; a worker
+    killed before its exit (a timeout, Ctrl-C, SIGTERM) left it there for good.  Readers list
+    it beside the files they read, and the benchmark's clean-up removes it."""
+    import subprocess
+
+    pytest.importorskip("adios2")
+    from lamina.bench import common
+
+    job = tmp_path / "job"
+    job.mkdir()
+    bp = str(job / f"killed-{os.getpid()}.bp")
+    code = f"""
+import os, numpy as np, adios2
+from lamina.bench import common
+with adios2.Stream({bp!r}, "w") as s:
+    s.begin_step()
+    s.write("x", np.arange(4.0), [4], [0], [4])
+    s.end_step()
+with common.adios2_reader({bp!r}) as r:
+    r.read("x")
+print(f"/tmp/{{os.path.basename({bp!r})}}_{{os.getpid():x}}_profiling.json", flush=True)
+os._exit(0)  # as a kill: no exit handlers
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    profile = out.stdout.strip()
+    assert os.path.exists(profile), "ADIOS2 wrote no profile here: nothing to test"
+    common.remove(str(tmp_path))
+    assert not os.path.exists(profile) and not tmp_path.exists()

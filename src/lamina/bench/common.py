@@ -217,6 +217,7 @@ def machine() -> dict:
 
 def remove(path: str) -> None:
     if os.path.isdir(path) and not os.path.islink(path):
+        _remove_listed_profiles(path)
         shutil.rmtree(path, ignore_errors=True)
     else:
         try:
@@ -227,11 +228,30 @@ def remove(path: str) -> None:
 
 #: profiles ADIOS2's BP5 reader left in /tmp for this process (adios2_reader)
 _ADIOS2_PROFILES: set[str] = set()
+#: the list, in the directory of the files read, of the profiles their readers leave
+ADIOS2_PROFILE_LIST = ".adios2-profiles"
 
 
 def _remove_adios2_profiles() -> None:
     for name in _ADIOS2_PROFILES:
         remove(name)
+
+
+def _remove_listed_profiles(top: str) -> None:
+    """The ADIOS2 profiles that readers of files under *top* listed there: a worker killed
+    (a timeout, Ctrl-C, SIGTERM, the kernel) never ran its exit's removal, and left them in
+    /tmp, whatever $TMPDIR said."""
+    for where, _, names in os.walk(top):
+        if ADIOS2_PROFILE_LIST not in names:
+            continue
+        try:
+            with open(os.path.join(where, ADIOS2_PROFILE_LIST)) as f:
+                listed = f.read().split("\n")
+        except OSError:
+            continue
+        for name in listed:
+            if name.startswith("/tmp/") and name.endswith("_profiling.json"):
+                remove(name)
 
 
 def adios2_reader(path: str):
@@ -250,6 +270,17 @@ def adios2_reader(path: str):
         if not _ADIOS2_PROFILES:
             atexit.register(_remove_adios2_profiles)
         _ADIOS2_PROFILES.add(name)
+        # listed beside the file too: the benchmark's clean-up removes it where this
+        # process is killed before its exit (one line, appended at once: ranks share the list)
+        listing = os.path.join(os.path.dirname(os.path.abspath(path)), ADIOS2_PROFILE_LIST)
+        try:
+            fd = os.open(listing, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                os.write(fd, (name + "\n").encode())
+            finally:
+                os.close(fd)
+        except OSError:
+            pass  # (the exit's removal is still there)
     return adios2.FileReader(path)
 
 
