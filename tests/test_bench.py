@@ -288,5 +288,6 @@ os._exit(0)  # as a kill: no exit handlers
     assert out.returncode == 0, out.stderr
     profile = out.stdout.strip()
     assert os.path.exists(profile), "ADIOS2 wrote no profile here: nothing to test"
-    common.remove(str(tmp_path))
-    assert not os.path.exists(profile) and not tmp_path.exists()
+    assert os.listdir(job) == [os.path.basename(bp)]  # (the list is the file's own)
+    common.remove(bp)
+    assert not os.path.exists(profile) and not os.path.exists(bp)

@@ -228,7 +228,8 @@ def remove(path: str) -> None:
 
 #: profiles ADIOS2's BP5 reader left in /tmp for this process (adios2_reader)
 _ADIOS2_PROFILES: set[str] = set()
-#: the list, in the directory of the files read, of the profiles their readers leave
+#: the list, in the directory of a BP5 file read (or beside another), of the profiles its
+#: readers leave
 ADIOS2_PROFILE_LIST = ".adios2-profiles"
 
 
@@ -270,9 +271,11 @@ def adios2_reader(path: str):
         if not _ADIOS2_PROFILES:
             atexit.register(_remove_adios2_profiles)
         _ADIOS2_PROFILES.add(name)
-        # listed beside the file too: the benchmark's clean-up removes it where this
-        # process is killed before its exit (one line, appended at once: ranks share the list)
-        listing = os.path.join(os.path.dirname(os.path.abspath(path)), ADIOS2_PROFILE_LIST)
+        # listed in the file's own directory (a BP5 file is one) too: the removal of the
+        # file removes it where this process is killed before its exit (one line, appended
+        # at once: ranks share the list)
+        where = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+        listing = os.path.join(where, ADIOS2_PROFILE_LIST)
         try:
             fd = os.open(listing, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             try:
