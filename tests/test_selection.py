@@ -408,6 +408,33 @@ def test_vector_reads_match_numpy(args):
     np.testing.assert_array_equal(got, a[key])
 
 
+def test_vector_keys_with_an_ellipsis_read_as_numpy_indexes():
+    """Every key of up to 4 items over 3 axes with one list or mask, integers, slices and
+    at most one Ellipsis, against numpy: an Ellipsis between the list and an integer parts
+    them even where it stands for no axis, and numpy then puts the list's axis first
+    (a[:, 0, ..., [0, 1, 2]] read transposed)."""
+    import itertools
+
+    a = np.arange(60, dtype=np.int32).reshape(3, 4, 5)
+    items = [slice(None), slice(1, 3), 0, -1, Ellipsis]
+    checked = 0
+    for n in range(1, 5):
+        for rest in itertools.product(items, repeat=n - 1):
+            if sum(k is Ellipsis for k in rest) > 1:
+                continue
+            for at in range(n):
+                key = rest[:at] + ([0, 2, -1],) + rest[at:]
+                try:
+                    want = a[key]
+                except IndexError:
+                    continue
+                got = read_like_a_dataset(a, key)
+                assert got.shape == want.shape, key
+                np.testing.assert_array_equal(got, want, err_msg=repr(key))
+                checked += 1
+    assert checked > 250
+
+
 def test_a_sparse_list_reads_its_rows_not_the_span_between():
     """ds[[0, 999_999]] reads two rows, not the megabytes between them; near rows are read together."""
     a = np.zeros((1_000_000, 4))

@@ -159,10 +159,11 @@ def vector(key, shape: tuple[int, ...], what: str = "dataset") -> Vector | None:
         n = shape[axis]
         p = points[0].astype(np.int64)
         points = (np.where(p < 0, p + n, p),)
-    # numpy: integer indices are advanced too; apart from the vector, its axis goes first
-    ints = [d for d, k in enumerate(full) if not isinstance(k, slice)]
-    taken = sorted(set(ints) | set(range(axis, axis + arr.ndim)))
-    front = bool(ints) and taken[-1] - taken[0] + 1 != len(taken)
+    # numpy: integer indices are advanced too; apart from the vector, its axis goes first.
+    # Apart in the key as written: an Ellipsis between them parts them, even one that
+    # stands for no axis (a[:, 0, ..., [0, 1]] of 3 axes), as a slice does
+    adv = [j for j, k in enumerate(key) if j == i or not (k is Ellipsis or isinstance(k, slice))]
+    front = len(adv) > 1 and adv[-1] - adv[0] + 1 != len(adv)
     return Vector(tuple(full), axis, tuple(points), front)
 
 
