@@ -726,3 +726,18 @@ def test_fits_is_box_of_inside(case):
     except BoundsError:
         want = False  # below 0
     assert got is want
+
+
+def test_box_constructors_take_integers_only():
+    """Box.from_offset and Box.from_shape refuse what a corner refuses (a float, a string, a
+    bool): int() took 1.7 as 1, '12' as the corner (1, 2) and True as 1, and a read of
+    Box.from_offset((2.999,), (2,)) read [2:4]."""
+    import numpy as np
+
+    for offset, shape in (((1.7, 0), (2, 3)), ("12", (2, 3)), ((1, 0), (True, 3)), ((0,), (2.0,))):
+        with pytest.raises(TypeError, match="not an integer|not a sequence of integers"):
+            Box.from_offset(offset, shape)
+    with pytest.raises(TypeError, match=r"box shape \(True, 3\) holds True"):
+        Box.from_shape((True, 3))
+    assert Box.from_offset((np.int64(1), 2), np.array([2, 3])) == Box((1, 2), (3, 5))
+    assert Box.from_shape(np.array([2, 2])) == Box((0, 0), (2, 2))

@@ -51,16 +51,18 @@ class Box:
     # -- construction -----------------------------------------------------
     @classmethod
     def from_shape(cls, shape: Sequence[int]) -> Box:
-        """The box covering a whole array of *shape*."""
-        return cls(tuple(0 for _ in shape), tuple(int(s) for s in shape))
+        """The box covering a whole array of *shape* (integers: a float, a string or a bool is
+        a TypeError, as in a corner; int() took 1.7 as 1 and '12' as 1 and 2)."""
+        stop = _corner(shape, "shape")
+        return cls((0,) * len(stop), stop)
 
     @classmethod
     def from_offset(cls, offset: Sequence[int], shape: Sequence[int]) -> Box:
-        """The box of *shape* placed at *offset*."""
-        start = tuple(map(int, offset))
-        if len(start) != len(shape):
-            raise ShapeError(f"offset {start} and shape {tuple(shape)} differ in rank")
-        return cls(start, tuple(map(operator.add, start, map(int, shape))))
+        """The box of *shape* placed at *offset* (integers, as :meth:`from_shape`)."""
+        start, extent = _corner(offset, "offset"), _corner(shape, "shape")
+        if len(start) != len(extent):
+            raise ShapeError(f"offset {start} and shape {extent} differ in rank")
+        return cls(start, tuple(map(operator.add, start, extent)))
 
     @classmethod
     def from_slices(cls, slices: Sequence[slice], shape: Sequence[int]) -> Box:
