@@ -782,6 +782,11 @@ def test_attrs_create_and_modify_as_h5py(pair):
         f["a"].attrs.modify("u", 300)
     f["a"].attrs.modify("u", np.int64(300))  # a numpy value: cast as astype casts
     assert f["a"].attrs["u"] == 44
+    h["a"].attrs.modify("u", "5")  # h5py parses a string into numbers; lamina refuses it
+    assert h["a"].attrs["u"] == 5
+    for value in ("5", "x", ["1", "2"]):  # ('x' was numpy's bare ValueError)
+        with pytest.raises(DTypeError, match=r"attribute 'u' on '/a': it holds numbers \(uint8\)"):
+            f["a"].attrs.modify("u", value)
     f.close()
 
 

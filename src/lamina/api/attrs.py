@@ -116,6 +116,13 @@ class Attributes(MutableMapping):
         if not isinstance(old, np.ndarray | np.generic) or old.dtype.kind not in "biufc":
             self[name] = value
             return
+        if isinstance(value, str | bytes) or (
+            isinstance(value, np.ndarray | list | tuple) and np.asarray(value).dtype.kind in "USO"
+        ):  # (numpy parses '5' into 5, and 'x' is its bare ValueError)
+            raise DTypeError(
+                f"cannot modify attribute {name!r} on {'/' + self._path!r}: it holds numbers "
+                f"({old.dtype}), the value is {value!r}"
+            )
         try:
             a = np.asarray(value, dtype=None if isinstance(value, np.ndarray) else old.dtype)
         except OverflowError:  # a Python number beyond the dtype's range, as a write says it
