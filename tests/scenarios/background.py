@@ -710,7 +710,10 @@ def shared(path: str) -> None:
         with lamina.open(f"{path}.{name}", "w", io="auto") as f:
             ds = f.create_dataset("x", (ROWS * comm.size, COLS), "f8")
             for k in range(steps):
-                time.sleep(0.03)  # computing
+                # computing: far longer than a step's I/O even on a loaded machine (with 0.03 s,
+                # a background step measured at 0.08 s under a full test run made the
+                # second file's steps go directly)
+                time.sleep(0.25)
                 with f.step():
                     ds[mine, :] = block(k, rank)
             f.wait()
