@@ -18,13 +18,14 @@ This module imports no engine: the built-in ones register themselves in
 
 from __future__ import annotations
 
+import functools
 import operator
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, overload
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast, overload
 
 import numpy as np
 
@@ -47,6 +48,24 @@ def step_number(step: Any) -> int:
 
 if TYPE_CHECKING:
     from mpi4py.MPI import Comm
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def under(attr: str) -> Callable[[_F], _F]:
+    """A decorator: the method runs inside ``with self.<attr>:`` (a lock, or a gate such
+    as :class:`.native.descriptors.InUse` that a close waits on)."""
+
+    def wrap(method: _F) -> _F:
+        @functools.wraps(method)
+        def run(self, *args, **kwargs):
+            with getattr(self, attr):
+                return method(self, *args, **kwargs)
+
+        return cast(_F, run)
+
+    return wrap
 
 
 @dataclass(frozen=True, slots=True)

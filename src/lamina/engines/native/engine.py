@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import functools
 import numbers
 import os
 import resource
@@ -25,7 +24,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple, TypeVar, cast
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -59,14 +58,12 @@ from ...errors import (
 )
 from ...geometry import Box, box_of, cols_max, cols_min, rows_all, split_range
 from ...workflow import routes
-from ..base import durable_flag
+from ..base import durable_flag, under
 from ..block import BlockEngine, StepHeads, wait_for
 from ..staging import Chunk
 from . import descriptors
 from . import format as fmt
 from .lock import LOCK_NAME, WriterLock
-
-_F = TypeVar("_F", bound=Callable[..., Any])
 
 MSG_CHUNK = 1 << 25  # 32 MiB pieces: pipelined, and far below MPI's 2 GiB count limit
 #: a member rank waits for its aggregator without polling when the aggregator writes this much
@@ -278,16 +275,9 @@ class _AreaLoader:
         return buf.data
 
 
-def _reading(method: _F) -> _F:
-    """A method that reads with the file's descriptors: a close in another thread waits for
-    it (:class:`.descriptors.InUse`)."""
-
-    @functools.wraps(method)
-    def read(self, *args, **kwargs):
-        with self._in_use:
-            return method(self, *args, **kwargs)
-
-    return cast(_F, read)
+#: a method that reads with the file's descriptors: a close in another thread waits for it
+#: (:class:`.descriptors.InUse`)
+_reading = under("_in_use")
 
 
 def aggregators_option(value, size: int) -> int:
@@ -745,7 +735,7 @@ class NativeEngine(BlockEngine):
         self._load_new()
         if mode == "r":
             _READERS.add(self)
-        if mode != "r":
+        else:
             self.session = self.catalog.last_session + 1
             g = comm_mod.Guard()
             with g:

@@ -17,12 +17,11 @@ answering gives :class:`~lamina.errors.TransportError` instead of a hang.
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -43,7 +42,7 @@ from ...layouts import read as layout_read
 from ...layouts.spec import Layout
 from ...workflow import routes
 from ...workflow.routes import LATEST, parse_flow
-from ..base import BlockInfo, step_number
+from ..base import BlockInfo, step_number, under
 from ..block import refuse_stats_only
 from . import rendezvous, wire
 from .common import ABANDON_PATIENCE, MPI, TransportBase
@@ -60,21 +59,11 @@ _u8 = wire._u8
 LEFT_CHECK = 0.05
 
 
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def _exchange(method: _F) -> _F:
-    """A method that asks producer ranks and takes their answers: one thread of a rank at a
-    time.  Answers come on (producer rank, tag) and MPI gives each to the oldest receive
-    posted for it: the reads of two threads at once took each other's bytes (wrong values,
-    or a truncation error)."""
-
-    @functools.wraps(method)
-    def run(self, *args, **kwargs):
-        with self._exchanging:
-            return method(self, *args, **kwargs)
-
-    return cast(_F, run)
+#: a method that asks producer ranks and takes their answers: one thread of a rank at a
+#: time.  Answers come on (producer rank, tag) and MPI gives each to the oldest receive
+#: posted for it: the reads of two threads at once took each other's bytes (wrong values,
+#: or a truncation error).
+_exchange = under("_exchanging")
 
 
 class Consumer(TransportBase):
