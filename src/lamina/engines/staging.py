@@ -776,6 +776,32 @@ def make_writeable(arrays: list[np.ndarray]) -> list[np.ndarray]:
         left = refused
 
 
+class Held:
+    """The caller's own arrays a writer keeps by reference (``copy=False``) past the call
+    that lent them: made read-only by :meth:`hold` until :meth:`release` (the step ended),
+    so that a change before then fails with numpy's error instead of leaving a block whose
+    checksum or statistics are not those of its bytes.  An array read-only already is left
+    as it is (and so after the step)."""
+
+    __slots__ = ("arrays",)
+
+    def __init__(self) -> None:
+        self.arrays: list[np.ndarray] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.arrays)
+
+    def hold(self, arr: np.ndarray) -> None:
+        if arr.flags.writeable:
+            _setflags(arr, False)
+            self.arrays.append(arr)
+
+    def release(self) -> None:
+        """Make writeable again what :meth:`hold` made read-only, the last held first."""
+        arrays, self.arrays = self.arrays, []
+        make_writeable(arrays)
+
+
 class LentBlocks:
     """Small raw blocks a program lent (``put`` with ``copy=False``), kept until the commit
     enters and stages them with the step's other blocks (``BlockEngine._flush_lent``).
@@ -795,7 +821,7 @@ class LentBlocks:
         self.arrays: list[np.ndarray] = []
         self.frozen: list[np.ndarray] = []  # the arrays add made read-only
         # larger arrays lent to put, made read-only by hold until the step ends (release)
-        self.held: list[np.ndarray] = []
+        self.held = Held()
         self.uniform = True
         self._spec: DatasetSpec | None = None
         self._shape: tuple = ()
@@ -876,18 +902,13 @@ class LentBlocks:
         """*arr*, the caller's own array lent to ``put`` with ``copy=False`` and kept by
         reference past the call (written by its aggregator while its statistics are taken on a
         thread, sent to the aggregator at the commit, or encoded then): read-only until
-        :meth:`release`, so that a change before the step ends fails instead of leaving a
-        block whose checksum or statistics are not those of its bytes.  An array read-only
-        already is left as it is (and so after the step)."""
-        if arr.flags.writeable:
-            _setflags(arr, False)
-            self.held.append(arr)
+        :meth:`release` (:class:`Held`)."""
+        self.held.hold(arr)
 
     def release(self) -> None:
         """Make writeable again the arrays :meth:`hold` made read-only (the step ended), and
         the lent ones :meth:`thaw` could not thaw while a base of theirs was held."""
-        held, self.held = self.held, []
-        make_writeable(held)
+        self.held.release()
 
     def thaw(self) -> None:
         """Make writeable again the arrays :meth:`add` made read-only, and forget every block
@@ -896,7 +917,7 @@ class LentBlocks:
         self.specs, self.starts, self.arrays, self.frozen = [], [], [], []
         self.uniform, self._spec = True, None
         if frozen:
-            self.held.extend(make_writeable(frozen)[::-1])
+            self.held.arrays.extend(make_writeable(frozen)[::-1])
 
 
 def _one_after_another(runs: list[list[int]]) -> bool:

@@ -59,7 +59,7 @@ from ...catalog import CODEC_STATS_ONLY, BlockTable, DatasetSpec, normpath
 from ...derived import check_device, evaluate, evaluate_regions, gpu_available, needed_boxes
 from ...engines.base import unusable_of
 from ...engines.batch import elements
-from ...engines.staging import enter_boxes, make_writeable
+from ...engines.staging import Held, enter_boxes
 from ...errors import (
     CollectiveMismatchError,
     ExistsError,
@@ -131,7 +131,7 @@ class DerivedLayer(Layer):
         # engine, which drops it, instead of computing its quantities and ending it
         self._cut = False
         self._lent: set[str] = set()  # inputs written with copy=False in this step
-        self._frozen: list[np.ndarray] = []  # the caller's arrays _hold made read-only
+        self._frozen = Held()  # the caller's arrays _hold made read-only
         self._watch: set[str] = set()  # primary datasets whose blocks are held until end_step
         self._cache: dict[
             tuple, list[np.ndarray]
@@ -583,13 +583,8 @@ class DerivedLayer(Layer):
         self._held.setdefault(path, []).append((box, a))
         if not copy:
             self._lent.add(path)
-            if (
-                isinstance(given, np.ndarray)
-                and given.flags.writeable
-                and np.may_share_memory(a, given)
-            ):
-                given.flags.writeable = False
-                self._frozen.append(given)
+            if isinstance(given, np.ndarray) and np.may_share_memory(a, given):
+                self._frozen.hold(given)
 
     def end_step(self) -> None:
         todo = self._plan()
@@ -626,8 +621,7 @@ class DerivedLayer(Layer):
 
     def _thaw(self) -> None:
         """The arrays :meth:`_hold` made read-only, writeable again (the step ended)."""
-        frozen, self._frozen = self._frozen, []
-        make_writeable(frozen)
+        self._frozen.release()
 
     def begin_step(self) -> int:
         if not self.in_step:  # a new step (one a write opened is taken as it is, as the engine)
