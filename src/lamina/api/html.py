@@ -10,7 +10,9 @@ exported HTML page or in a plain browser.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from html import escape
+from typing import Any, NamedTuple
 
 from ..engines.base import unusable_of
 from ..errors import FormatError
@@ -117,19 +119,48 @@ def _dataset_line(ds, facts: dict) -> str:
     return line
 
 
-def _node(obj, budget: list[int], facts: dict[str, dict]) -> str:
+class _Shown(NamedTuple):
+    """The part of a group's tree a repr shows: its members in order (a dataset, or a group
+    with its own shown part), and how many more it leaves out."""
+
+    members: list[tuple[Any, _Shown | None]]
+    more: int
+
+
+def _shown(g, budget: list[int]) -> _Shown:
+    """The first ``budget[0]`` nodes of *g*'s tree, depth first, in the order of its keys
+    (one walk: the facts of their datasets are then fetched together)."""
     from .dataset import Dataset
 
-    budget[0] -= 1
+    members: list[tuple[Any, _Shown | None]] = []
+    keys = g.keys()
+    for i, k in enumerate(keys):
+        if budget[0] <= 0:
+            return _Shown(members, len(keys) - i)
+        budget[0] -= 1
+        obj = g[k]
+        members.append((obj, None if isinstance(obj, Dataset) else _shown(obj, budget)))
+    return _Shown(members, 0)
+
+
+def _datasets(shown: _Shown) -> Iterator:
+    for obj, sub in shown.members:
+        if sub is None:
+            yield obj
+        else:
+            yield from _datasets(sub)
+
+
+def _node(obj, sub: _Shown | None, facts: dict[str, dict]) -> str:
     name = obj.name.rsplit("/", 1)[-1] or "/"
-    if isinstance(obj, Dataset):
+    if sub is None:
         line = _dataset_line(obj, facts[obj.name])
         attrs = _attrs_table(obj)
         head = f"<span class='lam-name'>{escape(name)}</span> <span class='lam-dim'>{line}</span>"
         if attrs:
             return f"<li><details><summary>{head}</summary>{attrs}</details></li>"
         return f"<li>{head}</li>"
-    return f"<li><details open><summary>{_group_head(obj, name)}</summary>{_children(obj, budget, facts)}</details></li>"
+    return f"<li><details open><summary>{_group_head(obj, name)}</summary>{_children(obj, sub, facts)}</details></li>"
 
 
 def _group_head(g, name: str) -> str:
@@ -143,38 +174,11 @@ def _group_head(g, name: str) -> str:
     return f"<span class='lam-name'>{escape(label)}</span> <span class='lam-dim'>{plural(len(g), 'member')}</span>{note}"
 
 
-def _children(g, budget: list[int], facts: dict[str, dict]) -> str:
-    items = []
-    keys = g.keys()
-    for i, k in enumerate(keys):
-        if budget[0] <= 0:
-            items.append(f"<li class='lam-dim'>... {len(keys) - i} more</li>")
-            break
-        items.append(_node(g[k], budget, facts))
+def _children(g, shown: _Shown, facts: dict[str, dict]) -> str:
+    items = [_node(obj, sub, facts) for obj, sub in shown.members]
+    if shown.more:
+        items.append(f"<li class='lam-dim'>... {shown.more} more</li>")
     return _attrs_table(g) + "<ul>" + "".join(items) + "</ul>"
-
-
-def _shown(g, most: int) -> list:
-    """The datasets of the first *most* nodes of *g*'s tree, in the order :func:`_children`
-    shows them."""
-    from .dataset import Dataset
-
-    out: list = []
-    left = [most]
-
-    def visit(group) -> None:
-        for k in group.keys():
-            if left[0] <= 0:
-                return
-            left[0] -= 1
-            obj = group[k]
-            if isinstance(obj, Dataset):
-                out.append(obj)
-            else:
-                visit(obj)
-
-    visit(g)
-    return out
 
 
 def group_html(g) -> str:
@@ -196,7 +200,8 @@ def group_html(g) -> str:
             f"<b>lamina.Group</b> {escape(g.name)} &nbsp;<span class='lam-dim'>"
             f"{plural(len(g), 'member')} in {escape(file.filename)}{step}</span>"
         )
-    body = _children(g, [MAX_NODES], facts_of(file, _shown(g, MAX_NODES)))
+    shown = _shown(g, [MAX_NODES])
+    body = _children(g, shown, facts_of(file, list(_datasets(shown))))
     return f"{_STYLE}<div class='lamina-repr'>{title}{body}</div>"
 
 
