@@ -603,6 +603,31 @@ def test_decompose_gives_more_parts_to_longer_dimensions():
     assert {b.shape for b in decompose((10, 100), 2)} == {(10, 50)}
 
 
+@pytest.mark.parametrize(
+    ("shape", "nparts", "grid"),
+    [
+        ((1, 1, 64), 8, (1, 1, 8)),  # was 2 x 2 x 2: six ranks with nothing
+        ((64, 1, 1), 12, (12, 1, 1)),
+        ((1, 50), 4, (1, 4)),  # was 2 x 2
+        ((2, 3, 64), 27, (1, 3, 9)),  # was 3 x 3 x 3; of the grids using all 27, the
+        # smallest largest box (2 x 1 x 8, where 1 x 1 x 27 gives 2 x 3 x 3)
+        ((3, 3, 64), 8, (2, 2, 2)),  # the usual grid leaves none empty: kept
+        ((5, 7), 12, (3, 4)),
+    ],
+)
+def test_decompose_leaves_no_rank_empty_where_the_shape_allows(shape, nparts, grid):
+    bs = decompose(shape, nparts)
+    assert all(b.size > 0 for b in bs), [b for b in bs if b.size == 0]
+    counts = tuple(len({b.start[d] for b in bs}) for d in range(len(shape)))
+    assert counts == grid
+
+
+def test_decompose_of_fewer_cells_than_parts_leaves_only_the_excess_empty():
+    bs = decompose((2, 2, 2), 16)
+    assert sum(b.size > 0 for b in bs) == 8
+    assert sum(b.size for b in bs) == 8
+
+
 # --------------------------------------------------------------------------
 # Morton order, covered volume
 

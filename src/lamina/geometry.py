@@ -654,8 +654,9 @@ def split_range(n: int, parts: int, index: int) -> tuple[int, int]:
 def decompose(shape: Sequence[int], nparts: int, dims: Sequence[int] | None = None) -> list[Box]:
     """Split *shape* into *nparts* boxes on a grid of *dims* (default: dims_create).
 
-    Boxes are returned in row-major order of the process grid; some may be
-    empty when a dimension is shorter than its number of parts.
+    Boxes are returned in row-major order of the process grid.  Without *dims*, the grid
+    leaves no box empty where *nparts* allows (a shape of fewer cells than parts leaves
+    some empty); with *dims*, a dimension shorter than its number of parts has empty boxes.
     """
     shape = tuple(int(s) for s in shape)
     if not shape:
@@ -680,13 +681,35 @@ def decompose(shape: Sequence[int], nparts: int, dims: Sequence[int] | None = No
 
 
 def _fit_dims(shape: tuple[int, ...], nparts: int) -> tuple[int, ...]:
-    """dims_create, with the largest factors given to the longest dimensions."""
+    """dims_create, with the largest factors given to the longest dimensions; where that
+    cuts a dimension into more parts than it has cells (ranks left empty: (1, 1, 64) over
+    8 parts as 2 x 2 x 2), the grid of *nparts* with the most non-empty boxes instead, the
+    smallest largest box among those."""
     dims = dims_create(nparts, len(shape))
     order = sorted(range(len(shape)), key=lambda d: -shape[d])
     out = [1] * len(shape)
     for d, f in zip(order, dims, strict=True):
         out[d] = f
-    return tuple(out)
+    if all(p <= n for p, n in zip(out, shape, strict=True)) or 0 in shape:
+        return tuple(out)
+
+    def score(grid: tuple[int, ...]) -> tuple[int, int]:
+        used = math.prod(min(p, n) for p, n in zip(grid, shape, strict=True))
+        largest = math.prod(-(-n // p) for p, n in zip(grid, shape, strict=True))
+        return -used, largest
+
+    return min(_grids(nparts, len(shape)), key=score, default=tuple(out))
+
+
+def _grids(nparts: int, ndim: int) -> Iterator[tuple[int, ...]]:
+    """Every grid of *ndim* factors whose product is *nparts*."""
+    if ndim == 1:
+        yield (nparts,)
+        return
+    small = [f for f in range(1, math.isqrt(nparts) + 1) if nparts % f == 0]
+    for f in small + [nparts // f for f in reversed(small) if f * f != nparts]:
+        for rest in _grids(nparts // f, ndim - 1):
+            yield (f, *rest)
 
 
 def _grid_indices(dims: Sequence[int]) -> Iterator[tuple[int, ...]]:
