@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 import h5py
 import numpy as np
@@ -693,6 +694,76 @@ def test_plain_external_and_virtual_datasets_are_bounded(tmp_path):
         assert f["ok"][...].tolist() == list(np.arange(6.0))
         assert f["v"].coverage(0) == [Box((100,), (110,))]
         assert f["v"][98:112].tolist() == [-1, -1, *range(10), -1, -1]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_virtual_datasets_that_hdf5_cannot_read_safely_are_skipped(tmp_path):
+    """A mapping of a FIFO would block the read for ever; one of the dataset itself, or a
+    loop of virtual datasets, crashes HDF5 (a segfault): each is skipped with a warning
+    naming why; a mapping of another dataset of the file is copied."""
+    src = tmp_path / "v.h5"
+    os.mkfifo(tmp_path / "pipe.h5")
+    with h5py.File(src, "w") as h:
+        h["x"] = np.arange(4, dtype="i4")
+
+        def virtual(name, source, path):
+            lay = h5py.VirtualLayout(shape=(4,), dtype="i4")
+            lay[:] = h5py.VirtualSource(source, path, shape=(4,))
+            h.create_virtual_dataset(name, lay, fillvalue=-1)
+
+        virtual("fifo", "pipe.h5", "x")
+        virtual("self", ".", "self")
+        virtual("a", ".", "b")
+        virtual("b", ".", "a")
+        virtual("ok", ".", "x")
+    r = hdf5.convert(src, tmp_path / "v.lam", progress=False)
+    text = "\n".join(r.warnings)
+    assert "skipped dataset /fifo: its source file" in text and "not a regular file" in text
+    assert (
+        "skipped dataset /self: it maps itself through a loop of virtual datasets (/self -> /self)"
+        in text
+    )
+    assert "(/a -> /b -> /a)" in text and "(/b -> /a -> /b)" in text
+    with lamina.open(tmp_path / "v.lam") as f:
+        assert sorted(f) == ["ok", "x"]
+        assert f["ok"][...].tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("direction", ["to-hdf5", "from-hdf5", "from-zarr"])
+def test_conversion_on_several_ranks_says_it_runs_on_one(sample, tmp_path, direction):
+    """From HDF5 or Zarr the destination's temporary name (of the rank's pid) made the ranks
+    disagree on the open: the error spoke of a collective call's arguments."""
+    import mpi_util
+
+    if direction == "to-hdf5":
+        src, dst = sample, tmp_path / "out.h5"
+    elif direction == "from-hdf5":
+        src, dst = tmp_path / "in.h5", tmp_path / "out.lam"
+        hdf5.convert(sample, src, progress=False)
+    else:
+        pytest.importorskip("zarr")
+        from lamina import omezarr
+
+        src, dst = tmp_path / "in.zarr", tmp_path / "out.lam"
+        omezarr.convert(sample, src, progress=False)
+    cmd = [
+        mpi_util.mpiexec(),
+        "-n",
+        "2",
+        sys.executable,
+        "-m",
+        "lamina",
+        "convert",
+        str(src),
+        str(dst),
+    ]
+    res = mpi_util.finish(mpi_util.start(cmd), cmd, 100)
+    assert res.returncode != 0, res.describe()
+    assert "conversion runs on one rank; it was started on 2 (run it without mpiexec)" in res.stderr
+    assert "disagree" not in res.stderr and "Traceback" not in res.stderr
+    assert not dst.exists() and not [p for p in os.listdir(tmp_path) if "partial" in p]
 
 
 def test_large_attribute_is_skipped_unread(tmp_path):

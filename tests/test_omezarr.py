@@ -784,3 +784,89 @@ def test_conversions_open_files_on_disk_whatever_the_environment_says(
     monkeypatch.delenv("LAMINA_IO")
     with lamina.open(tmp_path / "back.lam") as f:
         assert f.steps >= 1
+
+
+def test_attributes_json_rounds_come_back_exactly(tmp_path):
+    """Values JSON or numpy would round or spoil come back exactly: a complex number with an
+    infinite part (re + 1j * im made its real part NaN), uint64 past int64 beside smaller
+    ones (numpy took the list for float64, and the attribute was dropped), long doubles
+    (float64 in JSON: their exact digits are kept beside); a complex fill too."""
+    src, back = tmp_path / "a.lam", tmp_path / "b.lam"
+    third = np.longdouble(1) / 3
+    want = {
+        "z": np.complex128(complex(2.0, -np.inf)),
+        "zn": np.array([complex(np.inf, np.nan), complex(-0.0, np.inf)], np.complex64),
+        "ids": np.array([2**63, 1], np.uint64),
+        "big": np.array([[2**64 - 1], [0]], np.uint64),
+        "third": third,
+        "thirds": np.array([third, -third, np.inf, np.nan], np.longdouble),
+        "zl": np.array([complex(1, 1)], np.clongdouble) / 3,
+    }
+    with lamina.open(src, "w") as f:
+        ds = f.create_dataset("d", (4,), "c16", fill=complex(1.0, np.inf))
+        for k, v in want.items():
+            f.attrs[k] = v
+        with f.step():
+            ds[0:1] = 5
+    r1 = omezarr.convert(src, tmp_path / "a.zarr", progress=False)
+    r2 = omezarr.convert(tmp_path / "a.zarr", back, progress=False)
+    assert r1.warnings == [] and r2.warnings == []
+    with lamina.open(back) as f:
+        for k, v in want.items():
+            got = f.attrs[k]
+            assert np.asarray(got).dtype == np.asarray(v).dtype, k
+            np.testing.assert_array_equal(got, v, err_msg=k)
+        assert f["d"].fill == complex(1.0, np.inf)
+        np.testing.assert_array_equal(f["d"][...], [5, *[complex(1.0, np.inf)] * 3])
+
+
+def test_foreign_integer_lists_past_int64_are_not_rounded(tmp_path):
+    """numpy takes [2**63 + 1, 1] for float64 (2**63 + 1 rounded to 2**63)."""
+    src = tmp_path / "big.zarr"
+    _image(src, (2, 2), [Y, X], dtype="f4")[...] = 1
+    root = zarr.open_group(str(src), mode="a")
+    root.attrs["ids"] = [2**63 + 1, 1]
+    root.attrs["huge"] = [2**64, 1]
+    r = omezarr.convert(src, tmp_path / "big.lam", progress=False)
+    with lamina.open(tmp_path / "big.lam") as f:
+        ids = f["big"].attrs["ids"]
+        assert ids.dtype == np.uint64 and ids.tolist() == [2**63 + 1, 1]
+        assert "huge" not in f["big"].attrs
+    assert any("'huge'" in w for w in r.warnings), r.warnings
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_a_chunk_that_is_a_fifo_is_refused_not_read(tmp_path):
+    """(zarr-python would block in the read for ever.)"""
+    store = tmp_path / "q.zarr"
+    a = _image(
+        store,
+        (8, 8),
+        [Y, X],
+        dtype="f4",
+        chunks=(4, 4),
+        chunk_key_encoding={"name": "v2", "separator": "/"},
+    )
+    a[...] = 1
+    os.remove(store / "0" / "1" / "1")
+    os.mkfifo(store / "0" / "1" / "1")
+    with pytest.raises(FormatError, match=r"chunk '.*0/1/1' is not a regular file"):
+        omezarr.convert(store, tmp_path / "q.lam", progress=False)
+    assert [p.name for p in tmp_path.iterdir()] == ["q.zarr"]
+
+
+def test_bytes_paths_convert_as_lamina_open_takes_them(sample, tmp_path):
+    for dst in (tmp_path / "b.zarr", tmp_path / "b.h5"):
+        r = omezarr.convert(os.fsencode(sample), os.fsencode(dst), progress=False)
+        assert r.dst == str(dst) and dst.exists()
+    r = omezarr.convert(
+        os.fsencode(tmp_path / "b.zarr"), os.fsencode(tmp_path / "c.lam"), progress=False
+    )
+    assert r.direction == "zarr->lamina"
+
+
+def test_a_zarr_store_is_not_written_under_an_hdf5_name(store, tmp_path):
+    with pytest.raises(ConvertError, match="names an HDF5 file: convert the store to lamina first"):
+        omezarr.convert(store[0], tmp_path / "x.h5", progress=False)
+    assert not (tmp_path / "x.h5").exists()

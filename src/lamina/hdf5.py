@@ -35,6 +35,7 @@ import json
 import math
 import os
 import shutil
+import stat
 import sys
 import time
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from . import comm as comm_mod
 from .catalog.model import MAX_ATTR_BYTES, MAX_CODEC_DEPTH, MAX_CODEC_JSON
 from .catalog.wire import load_json
 from .engines.native.engine import is_hdf5_file
@@ -122,7 +124,7 @@ ZARR_MARKERS = (".zgroup", ".zattrs", ".zarray", "zarr.json")
 
 def is_zarr_store(path) -> bool:
     """Whether *path* is a directory holding Zarr metadata (a Zarr store, not a lamina file)."""
-    path = os.fspath(path)
+    path = os.fsdecode(path)
     return os.path.isdir(path) and any(os.path.isfile(os.path.join(path, m)) for m in ZARR_MARKERS)
 
 
@@ -133,7 +135,7 @@ def detect(path) -> str:
     ``zarr.json`` is a Zarr store (:mod:`lamina.omezarr` converts it); any
     other directory is taken for a lamina file.
     """
-    path = os.fspath(path)
+    path = os.fsdecode(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"no such file: {path!r}")
     if is_zarr_store(path):
@@ -167,7 +169,7 @@ def convert(
     kind = detect(src)
     if kind == "zarr":
         raise ConvertError(
-            f"{os.fspath(src)!r} is a Zarr store: lamina.omezarr.convert converts it "
+            f"{os.fsdecode(src)!r} is a Zarr store: lamina.omezarr.convert converts it "
             "(as 'lamina convert' does)"
         )
     if kind == "lamina":
@@ -192,7 +194,7 @@ def lamina_to_hdf5(
     from . import __version__
     from .api import Dataset
 
-    src, dst = os.fspath(src), os.fspath(dst)
+    src, dst = os.fsdecode(src), os.fsdecode(dst)  # (bytes paths too, as lamina.open)
     _check_distinct(src, dst)
     if gzip is not None and not (isinstance(gzip, int) and 0 <= gzip <= 9):
         raise ConvertError(f"gzip level must be an integer 0-9, got {gzip!r}")
@@ -454,8 +456,9 @@ def hdf5_to_lamina(
 
     import lamina
 
-    src, dst = os.fspath(src), os.fspath(dst)
+    src, dst = os.fsdecode(src), os.fsdecode(dst)  # (bytes paths too, as lamina.open)
     _check_distinct(src, dst)
+    _require_serial(None)
     t0 = time.perf_counter()
     res = ConvertResult(src, dst, "hdf5->lamina")
     try:
@@ -752,6 +755,10 @@ def _plain(name: str, obj, dt: np.dtype, fill, warnings: list[str], src: str = "
                 and all(0 <= o < n for o, n in zip(off, shape, strict=True))
             ]
     elif layout == "virtual":
+        why = _virtual_refused(obj, src)
+        if why:
+            warnings.append(f"skipped dataset /{name}: {why}")
+            return None
         regions = _virtual_regions(obj, shape)
     elif layout == "external":
         held, why = _external_bytes(obj, src)
@@ -763,6 +770,44 @@ def _plain(name: str, obj, dt: np.dtype, fill, warnings: list[str], src: str = "
         regions = [whole]
     boxes = [(0, b) for r in regions for b in split_box(r, dt.itemsize, SLAB_BYTES)]
     return _Src(name, obj, dt, shape, fill, [], False, boxes)
+
+
+def _virtual_refused(obj, src: str, path: tuple[str, ...] = ()) -> str:
+    """Why the mappings of the virtual dataset *obj* must not be read (empty: they may).
+
+    A source file that is not a regular file (a FIFO blocks the read for ever, a device
+    may never end), looked up where HDF5 looks (``HDF5_VDS_PREFIX``, the directory of
+    *src*, the name as given); a dataset of this file that maps itself, directly or through
+    other virtual datasets of it (HDF5 recurses until it crashes).
+    """
+    path = (*path, obj.name)
+    for m in obj.virtual_sources():
+        fname = m.file_name
+        if fname == ".":
+            target = obj.file.get(m.dset_name if m.dset_name.startswith("/") else "/" + m.dset_name)
+            if target is None or not hasattr(target, "is_virtual") or not target.is_virtual:
+                continue
+            if target.name in path:
+                loop = " -> ".join((*path, target.name))
+                return f"it maps itself through a loop of virtual datasets ({loop})"
+            why = _virtual_refused(target, src, path)
+            if why:
+                return why
+            continue
+        places = [fname]
+        if not os.path.isabs(fname):
+            prefix = os.environ.get("HDF5_VDS_PREFIX", "")
+            places += [os.path.join(os.path.dirname(os.path.abspath(src)), fname)]
+            if prefix:
+                places.append(os.path.join(prefix, fname))
+        for place in places:
+            try:
+                st = os.stat(place)
+            except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                return f"its source file {place!r} is not a regular file (a FIFO or a device)"
+    return ""
 
 
 def _virtual_regions(obj, shape: tuple[int, ...]) -> list[Box]:
@@ -1000,9 +1045,13 @@ def _check_distinct(src: str, dst: str) -> None:
 
 
 def _require_serial(f, what: str = "HDF5") -> None:
-    if f.comm.size != 1:
+    """ConvertError unless the conversion runs on one rank: that of the open file *f*, or
+    (None) of the file lamina.open would open (checked before a destination is staged: its
+    temporary name differs from rank to rank)."""
+    size = f.comm.size if f is not None else comm_mod.task_comm().size
+    if size != 1:
         raise ConvertError(
-            f"{what} conversion runs on one rank; it was started on {f.comm.size} (run it without mpiexec)"
+            f"{what} conversion runs on one rank; it was started on {size} (run it without mpiexec)"
         )
 
 

@@ -33,6 +33,7 @@ import json
 import math
 import numbers
 import os
+import stat
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -105,9 +106,13 @@ NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 # entry points
 
 
+#: destination names taken for HDF5 files, which a Zarr store does not convert to
+HDF5_SUFFIXES = (".h5", ".hdf5", ".he5", ".hdf")
+
+
 def wants_zarr(path) -> bool:
     """Whether *path* names an OME-Zarr destination: its name ends in ``.zarr``."""
-    return os.fspath(path).rstrip("/" + os.sep).lower().endswith(".zarr")
+    return os.fsdecode(path).rstrip("/" + os.sep).lower().endswith(".zarr")
 
 
 def convert(
@@ -126,16 +131,22 @@ def convert(
     if kind == "zarr":
         if wants_zarr(dst):
             raise ConvertError(
-                f"{os.fspath(src)!r} is a Zarr store and {os.fspath(dst)!r} ends in .zarr: "
+                f"{os.fsdecode(src)!r} is a Zarr store and {os.fsdecode(dst)!r} ends in .zarr: "
                 "conversion goes to or from lamina; give a lamina destination"
             )
         if gzip is not None:
             raise ConvertError("gzip applies to HDF5 output only (the source is a Zarr store)")
+        if os.fsdecode(dst).rstrip("/" + os.sep).lower().endswith(HDF5_SUFFIXES):
+            raise ConvertError(
+                f"{os.fsdecode(src)!r} is a Zarr store, which converts to lamina, and "
+                f"{os.fsdecode(dst)!r} names an HDF5 file: convert the store to lamina first, "
+                "then the lamina file to HDF5"
+            )
         return zarr_to_lamina(src, dst, overwrite=overwrite, progress=progress)
     if wants_zarr(dst):
         if kind != "lamina":
             raise ConvertError(
-                f"{os.fspath(src)!r} is an HDF5 file: convert it to lamina first, then the "
+                f"{os.fsdecode(src)!r} is an HDF5 file: convert it to lamina first, then the "
                 "lamina file to OME-Zarr"
             )
         if gzip is not None:
@@ -180,7 +191,7 @@ def lamina_to_zarr(
     from . import __version__
     from .api import Dataset
 
-    src, dst = os.fspath(src), os.fspath(dst)
+    src, dst = os.fsdecode(src), os.fsdecode(dst)  # (bytes paths too, as lamina.open)
     _check_distinct(src, dst)
     t0 = time.perf_counter()
     res = ConvertResult(src, dst, "lamina->zarr")
@@ -588,8 +599,9 @@ def zarr_to_lamina(
 
     import lamina
 
-    src, dst = os.fspath(src), os.fspath(dst)
+    src, dst = os.fsdecode(src), os.fsdecode(dst)  # (bytes paths too, as lamina.open)
     _check_distinct(src, dst)
+    _require_serial(None, "OME-Zarr")
     t0 = time.perf_counter()
     res = ConvertResult(src, dst, "zarr->lamina")
     root = _open_root(zarr, src)
@@ -1149,8 +1161,23 @@ def _stored_chunks(
                 and all(0 <= c < g for c, g in zip(coords, grid, strict=True))
                 and md.encode_chunk_key(coords) == key
             ):
+                _check_regular(os.path.join(dirpath, fn), src)
                 found.append(coords)
     return outer, found
+
+
+def _check_regular(path: str, src: str) -> None:
+    """FormatError unless the chunk file *path* is a regular file (reading a FIFO would
+    block for ever, a device might never end)."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise FormatError(f"{src!r}: chunk {path!r} cannot be read: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise FormatError(
+            f"{src!r}: chunk {path!r} is not a regular file (a FIFO or a device): "
+            "the store is not converted"
+        )
 
 
 def _decode_key(key: str, sep: str, prefixed: bool, ndim: int) -> tuple[int, ...] | None:
@@ -1222,7 +1249,28 @@ def _attrs_to_json(obj) -> tuple[dict, dict]:
             continue
         out[zname] = _json_numbers(arr)
         types[zname] = {"dtype": arr.dtype.str, "shape": list(arr.shape)}
+        if _wider_than_f8(arr.dtype):  # (JSON numbers are float64: the exact digits beside)
+            types[zname]["exact"] = _exact_digits(arr)
     return out, types
+
+
+def _wider_than_f8(dt: np.dtype) -> bool:
+    """Whether *dt* is a long double (complex) type, whose values float64 would round."""
+    return (dt.kind == "f" and dt.itemsize > 8) or (dt.kind == "c" and dt.itemsize > 16)
+
+
+def _exact_digits(arr: np.ndarray):
+    """Long double values as the shortest decimal strings that read back exactly (complex as
+    [re, im]), in nested lists; NaN and infinities as :func:`_json_numbers` writes them."""
+    if arr.dtype.kind == "c":
+        arr = np.stack([arr.real, arr.imag], axis=-1)
+    flat = [
+        np.format_float_scientific(v, unique=True)
+        if np.isfinite(v)
+        else ("NaN" if np.isnan(v) else "Infinity" if v > 0 else "-Infinity")
+        for v in arr.reshape(-1)
+    ]
+    return np.array(flat, dtype=object).reshape(arr.shape).tolist()
 
 
 def _json_numbers(arr: np.ndarray):
@@ -1258,22 +1306,36 @@ def _numbers_from_json(value, typ) -> tuple[bool, Any, str]:
     try:
         dt = check_dtype(typ.get("dtype"))
         shape = tuple(int(n) for n in typ.get("shape", ()))
-        raw = np.asarray(_unjson(value))
-        if 0 in shape:  # no values: nothing to check but the shape ([] is float64 to numpy)
+        exact = typ.get("exact")
+        if exact is not None and _wider_than_f8(dt):
+            # (strings NumPy parses to the type's full precision; "NaN", "Infinity" among them)
+            raw = np.asarray(_unjson(exact), dtype=object)
+            if any(not isinstance(v, str | float) for v in raw.reshape(-1).tolist()):
+                return False, None, f"exact values {exact!r} are not decimal strings"
+            part = np.dtype(f"f{dt.itemsize // 2}") if dt.kind == "c" else dt
+            raw = raw.astype(str).astype(part)
+        else:
+            raw = np.asarray(_unjson(value), dtype=object)  # (Python ints kept exact)
+        if 0 in shape:  # no values: nothing to check but the shape
             if raw.size:
                 return False, None, f"values {value!r} for the empty shape {shape}"
             return True, np.zeros(shape, dtype=dt), ""
         if dt.kind == "c":
-            raw = raw.astype(np.float64)
+            if raw.dtype == object:
+                raw = raw.astype(np.float64)
             if raw.shape[-1:] != (2,):
                 return False, None, "a complex value is not a list of [re, im] pairs"
-            arr = (raw[..., 0] + 1j * raw[..., 1]).astype(dt)
+            arr = np.empty(raw.shape[:-1], dtype=dt)
+            arr.real, arr.imag = raw[..., 0], raw[..., 1]  # (re + 1j * im made inf * 0 = NaN)
         elif dt.kind == "f":
-            arr = raw.astype(np.float64).astype(dt)
+            arr = (raw.astype(np.float64) if raw.dtype == object else raw).astype(dt)
         else:
-            if raw.dtype.kind not in "biu":
+            if any(
+                not isinstance(v, int) or (isinstance(v, bool) and dt.kind != "b")
+                for v in raw.reshape(-1).tolist()
+            ):
                 return False, None, f"values {value!r} are not integers"
-            arr = raw.astype(dt)
+            arr = raw.astype(dt)  # (OverflowError for a value outside the type)
     except (DTypeError, TypeError, ValueError, OverflowError) as e:
         return False, None, str(e)
     if arr.shape != shape:
@@ -1301,6 +1363,8 @@ def _from_json(value) -> tuple[bool, Any, str]:
     if isinstance(value, list) and value:
         try:
             arr = np.asarray(value)
+            if arr.dtype.kind == "f" and not _any_float(value):  # integers past int64
+                arr = np.asarray(value, dtype=np.uint64)  # (OverflowError past uint64)
         except (ValueError, OverflowError):
             arr = None
         if arr is not None and arr.dtype.kind in "biuf":
@@ -1308,6 +1372,14 @@ def _from_json(value) -> tuple[bool, Any, str]:
         return False, None, "a list that is not an array of numbers or a list of strings"
     kind = "null" if value is None else type(value).__name__
     return False, None, f"a JSON {kind} (lamina attributes are numbers, strings and arrays of them)"
+
+
+def _any_float(value) -> bool:
+    """Whether nested lists of JSON numbers hold a float (integers past int64 alone make
+    NumPy choose float64, rounding them)."""
+    if isinstance(value, list):
+        return any(_any_float(v) for v in value)
+    return isinstance(value, float)
 
 
 def _attrs_from_json(
