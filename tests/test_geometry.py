@@ -124,6 +124,29 @@ def test_box_errors_subclass_builtins():
         Box((2,), (1,))
 
 
+def test_relations_of_boxes_of_other_ranks_name_them():
+    a, b = Box((0,), (4,)), Box((0, 0), (4, 4))
+    with pytest.raises(ShapeError, match="1-D box cannot contain a 2-D box"):
+        a.contains(b)
+    with pytest.raises(ShapeError, match="2-D box by 1 offsets"):
+        b.shift((1,))
+    with pytest.raises(ShapeError, match="1-D box is not inside a 2-D box"):
+        a.relative_to(b)
+    with pytest.raises(ShapeError, match="2-D box is not inside a 1-D box"):
+        b.relative_to(a)
+
+
+def test_relative_to_refuses_a_box_outside():
+    outer = Box((4, 4), (8, 8))
+    assert Box((5, 4), (8, 6)).relative_to(outer) == (slice(1, 4), slice(0, 2))
+    # (slices -1:1 would select nothing, 3:5 a part, without a word)
+    for inner in (Box((3, 4), (5, 6)), Box((7, 4), (9, 6)), Box((0, 0), (2, 2))):
+        with pytest.raises(BoundsError, match="is not inside"):
+            inner.relative_to(outer)
+    with pytest.raises(BoundsError):
+        Box((3, 4), (5, 6)).within(outer)
+
+
 def test_intersect_rank_mismatch():
     with pytest.raises(ShapeError, match="1-D box with a 2-D box"):
         Box((0,), (2,)).intersect(Box((0, 0), (1, 1)))

@@ -112,17 +112,25 @@ class Box:
         return self.intersect(other) is not None
 
     def contains(self, other: Box) -> bool:
-        """True if *other* lies entirely inside this box."""
+        """True if *other* lies entirely inside this box (ShapeError for another rank)."""
+        if len(other.start) != len(self.start):
+            raise ShapeError(f"a {self.ndim}-D box cannot contain a {other.ndim}-D box")
         return all(
             a <= c and d <= b
             for a, b, c, d in zip(self.start, self.stop, other.start, other.stop, strict=True)
         )
 
     def relative_to(self, outer: Box) -> tuple[slice, ...]:
-        """Slices that select this box inside an array holding *outer*."""
-        return tuple(
-            slice(a - o, b - o) for a, b, o in zip(self.start, self.stop, outer.start, strict=True)
-        )
+        """Slices that select this box inside an array holding *outer*: BoundsError where
+        it leaves *outer* (slices would wrap around or stop short without a word)."""
+        out = []
+        for a, b, o, p in zip(self.start, self.stop, outer.start, outer.stop, strict=False):
+            if a < o or b > p:
+                raise BoundsError(f"box {self} is not inside {outer}")
+            out.append(slice(a - o, b - o))
+        if len(out) != len(self.start) or len(outer.start) != len(self.start):
+            raise ShapeError(f"a {self.ndim}-D box is not inside a {outer.ndim}-D box")
+        return tuple(out)
 
     def within(self, outer: Box) -> tuple[slice | EllipsisType, ...]:
         """An index that selects this box inside an array holding *outer* as an array (also when 0-D).
@@ -133,6 +141,11 @@ class Box:
         return (*self.relative_to(outer), Ellipsis)
 
     def shift(self, offset: Sequence[int]) -> Box:
+        """This box moved by *offset* (one integer per dimension)."""
+        if len(offset) != len(self.start):
+            raise ShapeError(
+                f"cannot shift a {self.ndim}-D box by {len(offset)} offsets ({tuple(offset)})"
+            )
         return Box(
             tuple(a + o for a, o in zip(self.start, offset, strict=True)),
             tuple(b + o for b, o in zip(self.stop, offset, strict=True)),
