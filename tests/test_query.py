@@ -177,6 +177,7 @@ def test_matches_brute_force(two_fields, text, fn):
         "0:1, :",
         (7, ...),
         ((0, 0), (3, 10)),
+        [(0, 0), [3, 10]],
         "5:5,:",
     ],
 )
@@ -323,6 +324,9 @@ def test_errors(two_fields):
         query(f, "T > 1", region=(slice(0, 10, 2),))
     with pytest.raises(SelectionError):
         query(f, "T > 1", region="0:2:x")
+    # (numpy's (x > 1)[[1, 2]] is rows 1 and 2: the list was taken for the element (1, 2))
+    with pytest.raises(SelectionError, match=r"a list \[1, 2\] indexes numpy's way"):
+        query(f, "T > 1", region=[1, 2])
     f.create_dataset("small", (3,))
     with pytest.raises(ShapeError, match=r"'small' has shape \(3,\) but 'T' has shape \(12, 10\)"):
         query(f, "T > small")

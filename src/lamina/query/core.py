@@ -633,15 +633,18 @@ def _region(region, shape: tuple[int, ...], what: str) -> tuple[Box, tuple[int, 
             )
         region.check_inside(shape, what)
         return region, None
-    if isinstance(region, list):
-        region = tuple(region)
     if (
-        isinstance(region, tuple)
+        isinstance(region, tuple | list)
         and len(region) == 2
         and all(isinstance(x, tuple | list) for x in region)
         and all(isinstance(v, numbers.Integral) for x in region for v in x)
     ):
         return _region(Box(tuple(map(int, region[0])), tuple(map(int, region[1]))), shape, what)
+    if isinstance(region, list):  # (numpy: an index array, rows 1 and 2 for [1, 2], no box)
+        raise SelectionError(
+            f"{what}: a query region is a box: a list {region!r} indexes numpy's way (an "
+            "index array); give slices, a Box, (start, stop) or text such as '0:10,:'"
+        )
     sel = selection_mod.parse(region, shape, what)
     if sel.strided:
         raise SelectionError(f"{what}: a query region takes slices of step 1")
