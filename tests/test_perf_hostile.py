@@ -319,6 +319,9 @@ def test_counts_too_large_for_a_float_are_refused(files, tmp_path, capsys):
         [*derived, "--blocks", str(BIG)],
         [*derived, "--blocks", "65"],  # more blocks than elements
         ["derived", "--expr", "a + b", "--shape", "4,4,4", "--blocks", "1000", *cal],
+        ["derived", "--expr", "a + b", "--shape", "-5,4,4", *cal],  # (was: expected one argument)
+        ["derived", "--expr", "a + b", "--shape", "\u00b2,4", *cal],  # (int() raised)
+        ["derived", "--expr", "a + b", "--shape", "\u0663,4", *cal],  # (taken as 3)
         ["async", "--bytes", "64MiB", "--ranks", str(BIG)],
         ["async", "--bytes", "64MiB", "--ranks", str(1 << 31)],
     ):
@@ -327,6 +330,8 @@ def test_counts_too_large_for_a_float_are_refused(files, tmp_path, capsys):
         assert err.count("\n") == 1 and len(err) < 300, err
     assert model_cli([*derived, "--blocks", "64"]) == 0
     capsys.readouterr()
+    assert model_cli(["derived", "--expr", "a + b", "--shape", "-5,4,4", *cal]) == 2
+    assert "--shape: a size is an integer >= 0, got -5 in '-5,4,4'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="readers"):
         predict("a + b", 64, readers=BIG, calibration=perf_util.calibration(host()))
     with pytest.raises(ValueError, match="shape"):

@@ -68,9 +68,13 @@ def parse_bandwidth(text: str) -> float:
 def parse_shape(text: str) -> tuple[int, ...]:
     """``'512,512,512'`` (or ``512x512x512``) -> (512, 512, 512)."""
     parts = [p.strip() for p in re.split(r"[,x]", str(text))]
-    if not parts or any(not p.isdigit() for p in parts):
+    if not parts or any(re.fullmatch(r"[+-]?[0-9]+", p) is None for p in parts):
+        # (ASCII digits only: str.isdigit takes '²', which int() refuses, and '٣' as 3)
         raise UsageError(f"--shape: expected integers separated by commas, got {text!r}")
-    return tuple(int(p) for p in parts)
+    shape = tuple(int(p) for p in parts)
+    if min(shape) < 0:
+        raise UsageError(f"--shape: a size is an integer >= 0, got {min(shape)} in {text!r}")
+    return shape
 
 
 class _Parser(argparse.ArgumentParser):
@@ -513,6 +517,19 @@ def run_checks(argv: list[str]) -> int:
     return 0
 
 
+def _glue_shape(argv: list[str]) -> list[str]:
+    """*argv* with ``--shape -5,4`` written ``--shape=-5,4``: argparse takes a value starting
+    with '-' for an option and says the shape is missing; :func:`parse_shape` says why it is
+    wrong."""
+    out: list[str] = []
+    for a in argv:
+        if out and out[-1] == "--shape" and a.startswith("-"):
+            out[-1] = f"--shape={a}"
+        else:
+            out.append(a)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``lamina model ARGS`` (*argv* without ``model``); returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -528,6 +545,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    rest = _glue_shape(rest)
     try:
         return commands[name](rest)
     except BrokenPipeError:  # e.g. `lamina model derived ... --json | head`

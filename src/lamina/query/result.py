@@ -204,7 +204,11 @@ class QueryResult:
     # -- presentation ---------------------------------------------------------
     def summary(self) -> str:
         """A few lines for humans: units, candidates, the cost of each answer, the count."""
-        grid = f"the blocks of {self.grid!r}" if self.grid else "none (no dataset has blocks)"
+        grid = (
+            f"the blocks of {self.grid!r}"
+            if self.grid
+            else "none (no dataset the condition names has blocks)"
+        )
         ncert = sum(self.certain)
         lines = [
             f"query {self.where!r} at step {self.step}"
