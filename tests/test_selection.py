@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -109,6 +111,9 @@ def test_too_many_indices():
         ((slice(None, None, 0),), "step must be a positive"),
         ((slice(0.5, 2),), "slice bounds must be integers"),
         ((slice(True, 2),), "slice bounds must be integers"),
+        ((slice(np.array(1.0), 2),), "slice bounds must be integers"),
+        ((slice(np.array(True), 2),), "slice bounds must be integers"),
+        ((slice(np.array([1]), 2),), "slice bounds must be integers"),
         ((None,), "np.newaxis"),
         ((True,), "unsupported index"),
         ((1.0,), "unsupported index"),
@@ -120,6 +125,18 @@ def test_unsupported_keys_raise_index_error(key, text):
     with pytest.raises(IndexError, match=text) as ei:
         parse(key, SHAPE, "dataset 'x'")
     assert "dataset 'x'" in str(ei.value)
+
+
+def test_zero_d_integer_arrays_bound_slices_as_in_numpy():
+    """numpy takes a 0-D integer array for a slice bound (its __index__); lamina refused it."""
+    a = np.arange(math.prod(SHAPE)).reshape(SHAPE)
+    for key in [
+        (slice(np.array(1), np.array(3)),),
+        (slice(None, np.array(-1)), slice(np.uint8(1), None)),
+        (Ellipsis, slice(np.array(1, dtype=np.uint64), np.array(3, dtype=np.int8))),
+    ]:
+        sel = parse(key, SHAPE, "dataset 'x'")
+        assert np.array_equal(a[sel.box.slices].reshape(sel.result_shape), a[key]), key
 
 
 # --------------------------------------------------------------------------

@@ -13,6 +13,7 @@ decomposition bug, and a clear error beats a short read.
 from __future__ import annotations
 
 import numbers
+import operator
 import re
 from dataclasses import dataclass
 
@@ -281,9 +282,16 @@ def slice_bound(v, default: int, n: int, d: int, what: str, shape) -> int:
     negative from the end); SelectionError if not an integer, BoundsError past either end."""
     if v is None:
         return default
-    if not isinstance(v, numbers.Integral) or isinstance(v, bool):
+    if isinstance(v, bool | np.bool_) or not (
+        isinstance(v, numbers.Integral) or (isinstance(v, np.ndarray) and v.ndim == 0)
+    ):
         raise SelectionError(f"{what}: slice bounds must be integers, got {v!r} in dimension {d}")
-    v = int(v)
+    try:
+        v = operator.index(v)  # (a 0-D integer array as numpy takes it; a 0-D float is not)
+    except TypeError:
+        raise SelectionError(
+            f"{what}: slice bounds must be integers, got {v!r} in dimension {d}"
+        ) from None
     j = v + n if v < 0 else v
     if not 0 <= j <= n:
         raise BoundsError(
