@@ -16,6 +16,8 @@ MPI program: every task of a workflow must initialize MPI (``lamina run
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from enum import IntEnum
@@ -1178,6 +1180,56 @@ def _error_from_payload(raw: bytes, rank: int) -> BaseException:
     return mark_collective(err)
 
 
+class HeldInterrupts:
+    """Context manager: Ctrl-C (SIGINT) held while the ranks go through a protocol together.
+
+    Between the agreements of a collective call (:func:`agree`) ranks exchange in MPI calls
+    of their own (an allgather, sends and receives): an interrupt raised on one rank after
+    such a call completed there, the others gone on to the next, left them waiting for it for
+    ever.  Inside, the first SIGINT is kept and raised as the handler raises it (the
+    ``KeyboardInterrupt``) once the block ends, the protocol done on every rank; a second
+    SIGINT is raised at once (the program is stuck: the user insists).  An exception leaving
+    the block meanwhile is raised as the interrupt, with its marks (``lamina_collective``,
+    ``lamina_left``; as :func:`agree` does).  Only in the main thread (signals are handled
+    there), and only where the handler is a Python one (not ignored, not the default's kill).
+    """
+
+    __slots__ = ("prev", "count")
+
+    def __init__(self) -> None:
+        self.prev: Callable | None = None
+        self.count = 0
+
+    def __enter__(self) -> HeldInterrupts:
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        prev = signal.getsignal(signal.SIGINT)
+        if callable(prev):
+            self.prev = prev
+            signal.signal(signal.SIGINT, self._hold)
+        return self
+
+    def _hold(self, signum, frame) -> None:
+        self.count += 1
+        if self.count > 1 and self.prev is not None:
+            prev, self.prev = self.prev, None
+            signal.signal(signal.SIGINT, prev)
+            prev(signum, frame)
+
+    def __exit__(self, et, ev, tb) -> None:
+        prev, self.prev = self.prev, None
+        if prev is None:
+            return
+        signal.signal(signal.SIGINT, prev)
+        if self.count == 1:
+            try:
+                prev(signal.SIGINT, None)
+            except BaseException as cut:
+                if ev is not None:
+                    raise _marked_as(cut, ev) from ev
+                raise
+
+
 class Guard:
     """Context manager that records an exception for :func:`agree` instead of raising.
 
@@ -1209,6 +1261,7 @@ __all__ = [
     "Tag",
     "LaminaError",
     "Guard",
+    "HeldInterrupts",
     "exchange_pairs",
     "agree",
     "allgather_bytes",

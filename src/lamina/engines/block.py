@@ -66,6 +66,7 @@ import operator
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -1155,8 +1156,19 @@ class BlockEngine(Engine):
             self._free_chunks.append(c.buf)
         c.set_buffer(np.empty(0, dtype=np.uint8))
 
+    def _interrupts_held(self) -> AbstractContextManager:
+        """Ctrl-C held through a collective call's protocol (:class:`~lamina.comm.HeldInterrupts`;
+        nothing to hold on one rank)."""
+        return comm_mod.HeldInterrupts() if self.size > 1 else nullcontext()
+
     def end_step(self) -> None:
         self._require_write("end a step")
+        # (from the agreement on: a rank interrupted once it completed went its way, the others
+        # on to the exchanges of the commit, waiting for it there for ever)
+        with self._interrupts_held():
+            self._end_step()
+
+    def _end_step(self) -> None:
         # a step opened implicitly by a write exists only on the ranks that wrote:
         # decide together, so every rank commits it (ranks that wrote nothing add no blocks)
         try:
@@ -1611,7 +1623,13 @@ class BlockEngine(Engine):
         return False
 
     def _commit(self, kind: int) -> None:
-        """Collective: the phases described in the module docstring."""
+        """Collective: the phases described in the module docstring.  Ctrl-C is held until
+        they are done (:meth:`_interrupts_held`): raised between two exchanges of one rank, it left the
+        others waiting for ever in the next."""
+        with self._interrupts_held():
+            self._commit_held(kind)
+
+    def _commit_held(self, kind: int) -> None:
         step = len(self.catalog.steps) if kind == KIND_STEP else -1
         interrupted: BaseException | None = None
         try:
@@ -1996,17 +2014,18 @@ class BlockEngine(Engine):
         """
         # (cut short here, the write may not have opened the step it was writing into)
         flag = 3 if self._cut_short() else int(self._in_step)
-        open_ = comm_mod.agree(self.comm, None, flag=flag, call=comm_mod.CALL_CLOSE)
-        if open_:
-            self._join_step()  # (counted on every rank alike, committed or dropped)
-            if open_ > 1:
-                self.discard_step()
-            else:
-                self._commit(KIND_STEP)
-        if comm_mod.allreduce_int(self.comm, int(bool(self._pending_ops)), "max"):
-            self._commit(KIND_META)
-        if not self._close_recorded:  # (a close again, after an interrupt past the record)
-            self._commit(KIND_CLOSE)
+        with self._interrupts_held():  # (as end_step)
+            open_ = comm_mod.agree(self.comm, None, flag=flag, call=comm_mod.CALL_CLOSE)
+            if open_:
+                self._join_step()  # (counted on every rank alike, committed or dropped)
+                if open_ > 1:
+                    self.discard_step()
+                else:
+                    self._commit(KIND_STEP)
+            if comm_mod.allreduce_int(self.comm, int(bool(self._pending_ops)), "max"):
+                self._commit(KIND_META)
+            if not self._close_recorded:  # (a close again, after an interrupt past the record)
+                self._commit(KIND_CLOSE)
 
     def abandon(self) -> None:
         """Independent: release this rank's resources without committing anything.
