@@ -639,6 +639,25 @@ def test_consumers_hear_at_once_that_the_producer_left(tmp_path, producers, how)
     assert all(float(x.split(" in ")[1].split()[0]) < 8 for x in lines), res.describe()
 
 
+@pytest.mark.parametrize("how", ["one", "close"])
+def test_under_both_a_producer_rank_leaving_reaches_the_others_in_the_file(tmp_path, how):
+    """Under ``both`` the other producer ranks wait in the file's collective calls (its
+    commit comes before the step is served): the producer's leave alone met them nowhere, and
+    they waited for ever; the file keeps the steps committed before."""
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (2, "transport_ahead", "fails", "p", how),
+        (2, "transport_ahead", "follows", "p"),
+        cwd=tmp_path,
+        env={**AHEAD, "LAMINA_TRANSPORT": "both"},
+    )
+    lines = res.lines("OK follows")
+    assert len(lines) == 2 and len(res.lines("OK fails")) == 2, res.describe()
+    assert all(float(x.split(" in ")[1].split()[0]) < 8 for x in lines), res.describe()
+    with lamina.open(str(tmp_path / "p")) as f:
+        assert f.steps >= 2 and [int(f.at(k)["x"][0]) // 10 for k in range(2)] == [0, 1]
+
+
 @pytest.mark.parametrize(
     "io, how", [("async", "ahead"), ("async", "plain"), ("async", "skip"), ("sync", "ahead")]
 )

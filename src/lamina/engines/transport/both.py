@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from ... import comm as comm_mod
+from ...errors import is_collective
 from ...geometry import Box
 from ..native import NativeEngine
 from .producer import Producer
@@ -172,6 +174,17 @@ class BothProducer(Producer):
         if self.file is not None:
             self.file.abandon()
         super().abandon()
+
+    def leave(self, exc: BaseException) -> None:
+        # the other ranks wait in the file's collective calls first (end_step commits the file
+        # before it serves the step): met there only by the file's leave (the producer's alone
+        # left them waiting for ever); where they heard it, they let go of both
+        f = self.file
+        if f is not None and not f.closed and not self._closed and comm_mod.leave(f.comm, exc):
+            if not is_collective(exc):  # (every rank left at once: they close together)
+                self.abandon()
+            return
+        super().leave(exc)
 
     def close(self) -> None:
         if self._closed:
