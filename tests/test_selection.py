@@ -461,6 +461,18 @@ def test_a_sparse_list_reads_its_rows_not_the_span_between():
     assert len(boxes) == 2  # rows 0 and 3 together, 999_999 apart
 
 
+@pytest.mark.parametrize("dtype", [">i4", ">f8", "<i2"])
+def test_a_list_read_in_several_runs_keeps_the_dataset_s_dtype(dtype):
+    """Rows read in several runs were joined by np.concatenate, which makes big-endian
+    native: ds[[1, 999_999]] of a '>i4' dataset gave int32 where numpy and h5py give '>i4'."""
+    a = np.arange(1_000_000).astype(dtype)
+    for key in ([1, 999_999], [5, 900_000, 3], np.arange(a.size) % 250_000 == 7):
+        boxes: list = []
+        got = read_like_a_dataset(a, key, boxes)
+        assert len(boxes) > 1
+        assert got.dtype == a[key].dtype and np.array_equal(got, a[key])
+
+
 @pytest.mark.parametrize(
     "key, error, text",
     [

@@ -169,7 +169,8 @@ def _select_vector(vec: Vector, shape: tuple[int, ...], what: str, read, dtype: 
             a, b = (int(run[0]), int(run[-1]) + 1) if run.size else (0, 0)
             sub = with_axes((slice(a, b),))
             parts.append(sub if b - a == run.size else np.take(sub, run - a, axis=pos))
-        out = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=pos)
+        # (concatenate makes big-endian parts native: the dataset's dtype, as numpy and h5py give)
+        out = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=pos, dtype=parts[0].dtype)
         if uniq.size != idx.size or not np.array_equal(uniq, idx):
             out = np.take(out, inv.reshape(-1), axis=pos)
     return np.moveaxis(out, pos, 0) if vec.front and pos else out
