@@ -253,6 +253,22 @@ def test_dump_shows_every_value_as_stored(tmp_path, capsys):
     assert rc == 0 and [float(v) for v in out.splitlines()[1].strip("[]").split()] == values
 
 
+def test_dump_of_more_than_it_prints_is_refused_before_a_read(tmp_path, capsys):
+    """A dataset of 10^12 float64 (a few elements written) was read whole: a traceback of
+    numpy's MemoryError (7.3 TiB); a part of it dumps."""
+    path = tmp_path / "huge.lam"
+    with lamina.open(path, "w") as f:
+        d = f.create_dataset("h", (10**6, 10**6), "f8", fill=-1.0)
+        with f.step():
+            d[0:2, 0:2] = 1.0
+    for extra in ([], ["--json"], ["-s", "0:1000"]):
+        rc, _, err = run(["dump", path, "h", *extra], capsys)
+        line = one_error_line(rc, err)
+        assert "more than dump prints (1 GiB): select a part with --select" in line, line
+    rc, out, _ = run(["dump", path, "h", "-s", "0:3,0:3"], capsys)
+    assert rc == 0 and out.splitlines()[1] == "[[ 1.  1. -1.]"
+
+
 def test_names_with_control_characters_stay_escaped_in_every_command(tmp_path, capsys):
     """A newline or an escape sequence in a name (or in the file's path) is shown escaped, as
     ls and info show it: in the error naming a group's datasets (which listed the whole

@@ -97,6 +97,9 @@ def guarded(prog: str, fn: Callable[[], int | None]) -> int:
     except (LaminaError, OSError, CLIError) as e:
         print(f"{prog}: error: {message(e)}", file=sys.stderr)
         return 2
+    except MemoryError as e:  # (numpy's names the bytes it could not allocate)
+        print(f"{prog}: error: out of memory: {e or 'an allocation failed'}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import shutil
 import sys
 import textwrap
@@ -27,7 +28,7 @@ from ..text import (
     print_json,
     table,
 )
-from .common import find_dataset, open_file
+from .common import CLIError, find_dataset, open_file
 
 # --------------------------------------------------------------------------
 # ls
@@ -589,6 +590,11 @@ def _stats_json(st) -> dict:
 # dump
 
 
+#: the most bytes of values ``lamina dump`` reads and prints (1 GiB of float64 is already some
+#: 3 GB of text): a larger selection is refused before anything is read
+DUMP_LIMIT = 1 << 30
+
+
 def cmd_dump(args) -> int:
     key = selection.parse_text(args.select)
     with open_file(args.file) as f:
@@ -596,7 +602,16 @@ def cmd_dump(args) -> int:
         view = f.at(args.step)
         k = view.index
         level = getattr(args, "level", 0)
-        data = np.asarray(view[ds.name].level(level)[key])
+        src = view[ds.name].level(level)
+        shape = selection.parse(key, src.shape, f"dataset {ds.name!r}").result_shape
+        size = math.prod(shape) * src.dtype.itemsize
+        if size > DUMP_LIMIT:
+            raise CLIError(
+                f"{ds.name}[{selection.format_key(key)}] is {fmt_bytes(size)} "
+                f"(shape {shape}), more than dump prints ({fmt_bytes(DUMP_LIMIT)}): select a part "
+                "with --select (-s '0:10,:')"
+            )
+        data = np.asarray(src[key])
         nsteps = f.steps
         fname = f.filename
     sel = selection.format_key(key)
