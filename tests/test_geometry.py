@@ -124,6 +124,11 @@ def test_box_errors_subclass_builtins():
         Box((2,), (1,))
 
 
+def test_a_0_d_box_reads_as_numpy_indexes_the_scalar():
+    """An overlap of two writes of a 0-D dataset said 'box [] ... overlaps box []'."""
+    assert str(Box((), ())) == "[()]" and str(Box((1,), (3,))) == "[1:3]"
+
+
 def test_relations_of_boxes_of_other_ranks_name_them():
     a, b = Box((0,), (4,)), Box((0, 0), (4, 4))
     with pytest.raises(ShapeError, match="1-D box cannot contain a 2-D box"):

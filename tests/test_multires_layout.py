@@ -354,6 +354,11 @@ def test_bad_input_names_the_dataset_and_the_limit(tmp_path):
                 n.create_dataset(f"ok{i}", (64, 64), "f8", layout=lamina.Multires(**kw))
         with pytest.raises(lamina.DTypeError, match=r"'A'.*float32 or float64"):
             f.create_dataset("A", (64, 64), "i4", layout=lamina.Multires())
+        swapped = np.dtype("f8").newbyteorder()  # (was 'float32 or float64 data, not >f8')
+        with pytest.raises(
+            lamina.DTypeError, match=r"in this machine's byte order, not .f8: give float64"
+        ):
+            f.create_dataset("A", (64, 64), swapped, layout=lamina.Multires())
         with pytest.raises(ValueError, match="compression"):
             f.create_dataset("A", (64, 64), "f8", compression="zstd", layout=lamina.Multires())
         with pytest.raises(ValueError, match="order"):

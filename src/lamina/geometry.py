@@ -172,6 +172,8 @@ class Box:
                 raise BoundsError(f"box {self} starts below 0 in dimension {d}")
 
     def __str__(self) -> str:
+        if not self.start:  # (the one element of a 0-D dataset, as numpy indexes it: x[()])
+            return "[()]"
         return "[" + ", ".join(f"{a}:{b}" for a, b in zip(self.start, self.stop, strict=True)) + "]"
 
 

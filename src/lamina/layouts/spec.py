@@ -96,9 +96,16 @@ class Multires:
         shape = tuple(int(n) for n in shape)
         if not shape:
             raise ShapeError(f"{where}: a multiresolution dataset needs 1 to 4 dimensions, not 0")
-        if np.dtype(dtype) not in (np.float32, np.float64):
+        dt = np.dtype(dtype)
+        if dt not in (np.float32, np.float64):
+            native = dt.newbyteorder("=") if dt.kind == "f" else dt
+            if native in (np.float32, np.float64):  # (>f8 on a little-endian machine)
+                raise DTypeError(
+                    f"{where}: the multiresolution layout stores float32 or float64 data in "
+                    f"this machine's byte order, not {dt.str}: give {native.name}"
+                )
             raise DTypeError(
-                f"{where}: the multiresolution layout stores float32 or float64 data, not {np.dtype(dtype)}"
+                f"{where}: the multiresolution layout stores float32 or float64 data, not {dt}"
             )
         if any(n == 0 for n in shape):
             raise ShapeError(
