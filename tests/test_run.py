@@ -123,6 +123,41 @@ def test_run_producer_consumer(tmp_path, transport):
     )
 
 
+@pytest.mark.parametrize("transport", ["memory", "file"])
+def test_a_name_with_a_directory_pairs_from_a_task_s_own_cwd(tmp_path, transport):
+    """The consumer runs in run/ and opens out.lam, the file the producer, above it, writes as
+    run/out.lam (as the workflow names it): under memory they never met (the name did not
+    match run/out.lam) and the producer gave up waiting for its consumer."""
+    _skip_without_mpiexec()
+    (tmp_path / "run").mkdir()
+    path = write(
+        tmp_path,
+        {
+            "transport": transport,
+            "timeout": 30,
+            "tasks": [
+                {
+                    "name": "sim",
+                    "command": py("transport_producer", "run/out.lam", 3),
+                    "ranks": 1,
+                    "writes": ["run/out.lam"],
+                },
+                {
+                    "name": "ana",
+                    "command": py("transport_consumer", "out.lam", 3),
+                    "ranks": 1,
+                    "cwd": "run",
+                    "reads": ["run/out.lam"],
+                },
+            ],
+        },
+    )
+    res = mu.check(lamina_run(path, "--timeout", str(TIMEOUT - 10)), "OK consumer")
+    [cons] = res.lines("OK consumer")
+    assert "3 steps on 1 ranks" in cons, res.describe()
+    assert (tmp_path / "run" / "out.lam").exists() == (transport == "file")
+
+
 def test_run_flows_from_the_file(tmp_path):
     """Per-consumer flows in the file: one consumer task takes the latest step, another every 3rd."""
     _skip_without_mpiexec()

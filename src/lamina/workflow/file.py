@@ -162,7 +162,8 @@ class WorkflowFile:
                 ]
                 if not readers:
                     continue  # nobody reads it: it stays a file
-                entries.append((w.name, wfmod.Route(p, tuple(sorted(c for c, _ in readers)))))
+                route = wfmod.Route(p, tuple(sorted(c for c, _ in readers)))
+                entries.append((self._routed(w.name), route))
                 flows.append({c: r.flow for c, r in readers if r.flow is not None})
                 opt: dict = {}
                 if w.queue_limit is not None:
@@ -171,6 +172,17 @@ class WorkflowFile:
                     opt["shallow"] = w.shallow
                 options.append(opt)
         return wfmod.Workflow(entries, flows, options) if entries else None
+
+    def _routed(self, name: str) -> str:
+        """*name* as its route gives it: a name with a directory part (``run/out.lam``) made
+        absolute from the workflow's directory, so that a task running in ``run/`` opening
+        ``out.lam`` meets it (tasks run in their own ``cwd``); a bare name as it is (matched
+        by the last component of what a task opens), or one whose absolute path holds a
+        separator of ``LAMINA_WORKFLOW``."""
+        if "/" not in name or os.path.isabs(name):
+            return name
+        full = os.path.normpath(os.path.join(self.directory, name))
+        return name if any(c in full for c in ";|\n") else full
 
     def transport_for(self, transport: str | None = None) -> str:
         """The transport the job gets: *transport*, else the file's, else ``$LAMINA_TRANSPORT``, else memory.

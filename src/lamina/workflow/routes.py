@@ -200,10 +200,15 @@ class Workflow:
     def _match(self, name: str) -> int | None:
         name = normname(name)
         base = os.path.basename(name)
+        full = None
         for i, (pattern, _) in enumerate(self.entries):
             # (a name such as 'out[1].lam' is itself: as a pattern '[1]' is a class of one)
             if pattern in (name, base) or matches(name, pattern) or matches(base, pattern):
                 return i
+            if os.path.isabs(pattern):  # (lamina run: a name with a directory, made absolute)
+                full = full or os.path.abspath(name)
+                if pattern == full or matches(full, pattern):
+                    return i
         return None
 
     def route(self, name: str) -> Route | None:

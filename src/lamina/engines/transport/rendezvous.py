@@ -47,7 +47,8 @@ def key_for(name: str, wf: routes.Workflow | None) -> str:
     component, so two spellings of one file from different directories
     (``out.lam`` and ``run/out.lam``) route alike; they pair alike too: by
     the entry and the last path component (a pattern without ``/``), or the
-    whole name (a pattern with one, which only a whole name can match).
+    whole name (a pattern with one, which only a whole name can match; the
+    absolute path where ``lamina run`` made the pattern absolute).
     """
     if wf is None:
         return name
@@ -55,6 +56,8 @@ def key_for(name: str, wf: routes.Workflow | None) -> str:
     if i is None:
         return name
     pattern = wf.entries[i][0]
+    if os.path.isabs(pattern):  # (the file on disk, whichever directory a task opened it from)
+        return f"{pattern}|{os.path.abspath(name)}"
     return f"{pattern}|{name if '/' in pattern else os.path.basename(name)}"
 
 
