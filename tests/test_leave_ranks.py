@@ -41,6 +41,47 @@ def test_an_interrupt_between_an_agreements_two_phases(tmp_path, n, io):
     assert res.stdout.count(" out after ") == n, res.describe()
 
 
+def test_held_interrupts_raise_the_first_at_the_end_and_a_second_at_once():
+    import os
+    import signal
+
+    import lamina
+    from lamina import comm as comm_mod
+
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with comm_mod.HeldInterrupts():
+            os.kill(os.getpid(), signal.SIGINT)
+            done.append(1)  # (the protocol goes on)
+    assert done == [1] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(KeyboardInterrupt):
+        with comm_mod.HeldInterrupts():
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)  # the user insists: raised here
+            done.append(2)
+    assert done == [1]
+    err = lamina.RemoteError("rank 1 left")
+    err.lamina_left = True
+    with pytest.raises(KeyboardInterrupt) as ei:
+        with comm_mod.HeldInterrupts():
+            os.kill(os.getpid(), signal.SIGINT)
+            raise err
+    assert ei.value.lamina_left and ei.value.__cause__ is err
+    with comm_mod.HeldInterrupts():  # nothing held: nothing raised
+        pass
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_ctrl_c_inside_a_commit_is_raised_once_it_is_done(tmp_path, n):
+    """SIGINT on one rank just before the heads' allgather of end_step's commit: it raised at
+    once and the others waited in the allgather for ever; now the step is committed, then
+    that rank raises, and the others hear at their next end_step that it left."""
+    res = mu.run_mpi(n, "interrupt", "in-commit", "sync", tmp_path / "c.lam", timeout=90)
+    assert res.stdout.count(" out after ") == n, res.describe()
+    assert res.stdout.count("(told)") == n - 1, res.describe()
+
+
 @pytest.mark.parametrize("io", ["sync", "async"])
 def test_ctrl_c_without_mpi4py_main_ends_the_job(tmp_path, io):
     """The KeyboardInterrupt not caught, under plain ``python`` (no MPI_Abort): each rank

@@ -8,6 +8,11 @@ Usage: interrupt.py CASE IO PATH
             ever); the first step is intact
   uncaught  the same, the KeyboardInterrupt not caught (run without ``-m mpi4py``: no
             MPI_Abort ends the job, each rank's own exit does)
+  in-commit SIGINT on the last rank inside end_step's commit, just before its heads are
+            exchanged (a collective the others are in already): the commit completes on
+            every rank, then the last rank raises KeyboardInterrupt (it raised it at once,
+            and the others waited in the allgather for ever); the others hear at their next
+            end_step that it left; steps 0 and 1 are in the file
   cut       as ctrlc without a signal: the others raise KeyboardInterrupt inside their
             step, and rank 0's wait in end_step raises it just after the wait completed
             (where a signal's handler runs): rank 0 still takes its part in the rest of
@@ -84,6 +89,47 @@ def write() -> None:
     raise AssertionError(f"rank {rank}: no KeyboardInterrupt")
 
 
+def in_commit() -> None:
+    armed = [False]
+    when["start"] = time.monotonic()
+
+    def signalled(real):
+        def exchange(*args, **kwargs):
+            if armed[0] and threading.current_thread() is threading.main_thread():
+                armed[0] = False
+                ctrl_c()  # (its handler runs at once, here: before this rank's part)
+            return real(*args, **kwargs)
+
+        return exchange
+
+    # (the commit's first exchange after its agreement: a gather where ranks place their
+    # own blocks, an allgather of the heads otherwise)
+    for fn in ("allgather_bytes", "gather_bytes"):
+        setattr(comm_mod, fn, signalled(getattr(comm_mod, fn)))
+    try:
+        with lamina.open(path, "w", io=io, durable=False) as f:
+            x = f.create_dataset("x", (size, 1000), "f8")
+            for k in range(3):
+                with f.step():
+                    x[rank] = float(k)
+                    armed[0] = k == 1 and rank == size - 1
+        raise AssertionError(f"rank {rank}: no error")
+    except KeyboardInterrupt as e:
+        assert rank == size - 1, f"rank {rank}: {e!r}"
+        say(f"rank {rank}: out after {time.monotonic() - when['signal']:.2f} s")
+    except lamina.RemoteError as e:
+        assert rank != size - 1 and getattr(e, "lamina_left", False), repr(e)
+        say(f"rank {rank}: out after {time.monotonic() - when['start']:.2f} s (told)")
+    comm.Barrier()
+    if rank == 0:
+        with lamina.open(path, "r", comm=MPI.COMM_SELF) as f:
+            assert f.steps == 2 and np.all(f.at(1)["x"][...] == 1.0), f.steps
+        say(f"OK {case} {io}")
+
+
+if case == "in-commit":
+    in_commit()
+    sys.exit(0)
 if case == "uncaught":
     write()
 try:
