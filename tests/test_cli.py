@@ -269,6 +269,22 @@ def test_dump_of_more_than_it_prints_is_refused_before_a_read(tmp_path, capsys):
     assert rc == 0 and out.splitlines()[1] == "[[ 1.  1. -1.]"
 
 
+def test_query_selects_a_name_holding_a_comma_in_backticks(tmp_path, capsys):
+    """--select split every comma: a dataset named 'a,b' could not be shown."""
+    path = tmp_path / "c.lam"
+    with lamina.open(path, "w") as f:
+        for name in ("a,b", "p"):
+            f.create_dataset(name, (3,), "i4")
+        with f.step():
+            f["a,b"][...] = [7, 8, 9]
+            f["p"][...] = [1, 2, 3]
+    rc, out, _ = run(["query", path, "-w", "p > 1", "--select", "`a,b`, p"], capsys)
+    assert rc == 0 and re.search(r"index +a,b +p\n", out), out
+    assert re.search(r"\(2\) +9 +3\n", out), out
+    rc, _, err = run(["query", path, "-w", "p > 1", "--select", "`a,b"], capsys)
+    assert "--select: a backtick is not closed in '`a,b'" in one_error_line(rc, err)
+
+
 def test_names_with_control_characters_stay_escaped_in_every_command(tmp_path, capsys):
     """A newline or an escape sequence in a name (or in the file's path) is shown escaped, as
     ls and info show it: in the error naming a group's datasets (which listed the whole

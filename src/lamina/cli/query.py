@@ -24,6 +24,24 @@ Paths with '/' go in backticks. The condition combines comparisons with
 """
 
 
+def select_names(text: str) -> list[str]:
+    """``--select``'s names: split at commas, except inside backticks (a name holding a comma,
+    written as the condition writes a path: `` `a,b` ``); CLIError for a backtick not closed."""
+    names, cur, quoted = [], [], False
+    for ch in text:
+        if ch == "`":
+            quoted = not quoted
+        elif ch == "," and not quoted:
+            names.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    if quoted:
+        raise CLIError(f"--select: a backtick is not closed in {text!r}")
+    names.append("".join(cur))
+    return [n.strip() for n in names if n.strip()]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="lamina query",
@@ -44,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
         "-s",
         default="",
         metavar="A,B,...",
-        help="datasets whose values to show at the matches (comma-separated paths)",
+        help="datasets whose values to show at the matches (comma-separated paths; a name "
+        "holding a comma in backticks, as in --where: `a,b`)",
     )
     p.add_argument(
         "--step",
@@ -97,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args) -> int:
     if args.limit < 0:
         raise CLIError(f"--limit must be >= 0, got {args.limit}")
-    select = [s.strip() for s in args.select.split(",") if s.strip()]
+    select = select_names(args.select)
     region = selection.parse_text(args.region) if args.region is not None else None
     with open_file(args.file) as f:
         res = f.query(
