@@ -251,6 +251,22 @@ def test_a_consumer_that_opens_again_pairs_with_a_late_producer(tmp_path):
     assert res.lines("OK produce") and res.lines("OK consume"), res.describe()
 
 
+def test_a_producer_answering_a_consumer_that_gave_up_for_good_raises(tmp_path):
+    """The consumer's open gave up before the producer opened, and it never opened again:
+    the producer's answer to its greeting was sent all the same (a small message), and the
+    producer waited in MPI's intercommunicator creation for ever.  It now waits for the
+    consumer to say it took the answer, within its timeout."""
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (1, "transport_retry", "produce-alone", "g.lam"),
+        (1, "transport_retry", "consume-once", "g.lam"),
+        cwd=tmp_path,
+        env={"LAMINA_TRANSPORT": "memory"},
+        timeout=60,
+    )
+    assert res.lines("OK produce-alone") and res.lines("OK consume-once"), res.describe()
+
+
 @pytest.mark.parametrize("mode", ["memory", "both"])
 def test_producer_ranks_a_step_apart(tmp_path, mode):
     """An error inside one producer rank's step puts its ranks a step apart: later commits

@@ -104,6 +104,9 @@ class Tag(IntEnum):
     ACCEPT = 0x4C4D1
     #: rendezvous: the tag of ``Create_intercomm`` between the two tasks
     INTERCOMM = 0x4C4D2
+    #: rendezvous, consumer leader -> producer leader: ACCEPT taken, its task goes on to
+    #: ``Create_intercomm``
+    READY = 0x4C4D5
     #: first task_comm, on the world, only once a rank gave up waiting for the others:
     #: "which task are you?" (int64 appnum of the asking rank)
     ARRIVAL_QUERY = 0x4C4D3

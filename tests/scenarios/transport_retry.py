@@ -3,6 +3,9 @@
     transport_retry.py produce NAME    opens NAME for writing 3 s after the launch, writes a step
     transport_retry.py consume NAME    opens NAME with a 0.5 s timeout, again after each failure
 
+    transport_retry.py produce-alone NAME   opens NAME for writing 3 s after the launch
+    transport_retry.py consume-once NAME    opens NAME with a 0.5 s timeout once, then stays
+
 The producer's open must pair with the consumer's retry: a failed open had taken the
 number the rendezvous pairs opens on, the producer's first open answered the stale
 greeting of the consumer's first one, and waited for ever in MPI's intercommunicator
@@ -53,6 +56,38 @@ def consume(name: str) -> None:
     say(f"OK consume: {failed} failed opens first")
 
 
+def produce_alone(name: str) -> None:
+    """The consumer gave up before this opened, for good: the open raises within its timeout
+    (it answered the stale greeting, and waited in Create_intercomm for ever)."""
+    lamina.comm.task_comm()
+    time.sleep(LATE)
+    t0 = time.monotonic()
+    try:
+        lamina.open(name, "w", timeout=4)
+    except lamina.TransportError as e:
+        if "did not take its answer" not in str(e):
+            raise
+        say(f"OK produce-alone in {time.monotonic() - t0:.1f} s")
+        return
+    raise AssertionError("the open paired with a consumer that had given up")
+
+
+def consume_once(name: str) -> None:
+    lamina.comm.task_comm()
+    try:
+        lamina.open(name, "r", timeout=TIMEOUT)
+    except lamina.TransportError:
+        time.sleep(LATE + 6)  # alive, in no MPI call, while the producer opens
+        say("OK consume-once")
+        return
+    raise AssertionError(f"the open paired: the producer opened within {TIMEOUT} s")
+
+
 if __name__ == "__main__":
     role, name = sys.argv[1], sys.argv[2]
-    produce(name) if role == "produce" else consume(name)
+    {
+        "produce": produce,
+        "consume": consume,
+        "produce-alone": produce_alone,
+        "consume-once": consume_once,
+    }[role](name)

@@ -7,8 +7,12 @@ private duplicate of the world (:func:`lamina.comm.peer_comm`):
    producer's leader and waits for ``ACCEPT``;
 2. the producer leader, in its ``open``, waits for the ``HELLO`` of every
    consumer task of the name (in appnum order), then for each one sends
-   ``ACCEPT`` and its whole task calls ``Create_intercomm`` with it, while
-   the consumer task, having got ``ACCEPT``, does the same.
+   ``ACCEPT`` and waits for its ``READY``; then its whole task calls
+   ``Create_intercomm`` with it, while the consumer task, having got
+   ``ACCEPT`` and sent ``READY``, does the same.  (Without ``READY`` a
+   producer whose ``ACCEPT`` answered a consumer that had given up waiting
+   for it, and never opened again, waited in ``Create_intercomm`` for ever:
+   a small message's send completes whether or not it is ever received.)
 
 ``seq`` counts the opens of a name in one role by this process, so the
 k-th producer open pairs with the k-th consumer open of the same name.
@@ -199,13 +203,26 @@ def connect_producer(
             g = comm_mod.Guard()
             with g:
                 if comm.rank == 0:
+                    leader = comm_mod.task_leader(c)
+                    poll = Poll(timeout)
                     _send(
                         peer,
                         _encode(key, seq, app, comm.size),
-                        comm_mod.task_leader(c),
+                        leader,
                         comm_mod.Tag.ACCEPT,
-                        Poll(timeout),
+                        poll,
                         f"producer of {name!r} accepting task {c}",
+                    )
+                    _await(
+                        peer,
+                        comm_mod.Tag.READY,
+                        leader,
+                        key,
+                        seq,
+                        poll,
+                        f"producer of {name!r} (task {app}): consumer task {c} did not take "
+                        "its answer (it gave up waiting before it came, and did not open the "
+                        "name again)",
                     )
             comm_mod.agree(comm, g.error)
             links.append(
@@ -261,6 +278,15 @@ def connect_consumer(
                 f"no producer for {name!r}: task {producer} did not open it for writing",
             )
     comm_mod.agree(comm, g.error)
+    if comm.rank == 0:
+        # every rank of this task goes on to Create_intercomm: the producer, which waits for
+        # this before it does, may too (a small message, sent at once)
+        comm_mod.isend_bytes(
+            peer,
+            _encode(key, seq, app, comm.size, flow),
+            comm_mod.task_leader(producer),
+            comm_mod.Tag.READY,
+        ).Wait()
     inter = comm_mod.intercomm(comm, producer, comm_mod.Tag.INTERCOMM)
     opened(key, "r", seq)
     return inter
