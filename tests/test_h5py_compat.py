@@ -831,3 +831,53 @@ def test_h5py_keywords_lamina_cannot_honour_say_what_it_does(pair, kw, error, me
     with pytest.raises(error, match=message):
         f.create_dataset("d", (4, 4), "f4", **kw)
     assert "d" not in f  # nothing defined
+
+
+def test_names_given_as_bytes_and_keys_reversed_as_h5py(pair):
+    """h5py takes b'g' for a member's name (lamina: TypeError, and f[b'g'] said a group holds
+    no values to select); reversed(f.keys()) was not reversible."""
+    h, f = pair
+    for x in (h, f):
+        x.create_group(b"g")
+        x.create_group("h")
+        assert b"g" in x and x[b"g"].name == "/g"
+        assert list(reversed(x.keys())) == ["h", "g"]
+    with pytest.raises(ValueError, match="is not UTF-8"):
+        f.create_group(b"\xff")
+
+
+def test_views_of_a_dataset_iterate_as_the_dataset_and_as_h5py(tmp_path):
+    """ds.astype(...) and ds.level(k) had no __iter__: Python indexed them until an IndexError,
+    which a file without steps (StepError) and a 0-D index (BoundsError) are: []."""
+    with lamina.open(tmp_path / "v.lam", "w") as f:
+        a = f.create_dataset("a", (3,), "i4")
+        z = f.create_dataset("z", (), "f8")
+        for view in (a.astype("f4"), a.level(0)):
+            with pytest.raises(lamina.StepError, match="no committed steps"):
+                list(view)
+        for view in (z.astype("i4"), z.level(0)):
+            with pytest.raises(TypeError, match="cannot iterate over a 0-D dataset"):
+                list(view)
+        with f.step():
+            a[...] = [1, 2, 3]
+        assert [x.dtype for x in a.astype("f4")] == [np.float32] * 3
+        assert [int(x) for x in a.level(0)] == [1, 2, 3]
+        with pytest.raises(ValueError, match=r"np.array\(ds.level\(k\), copy=False\)"):
+            np.array(a.level(0), copy=False)
+
+
+@pytest.mark.parametrize("engine", ["native", "memory"])
+def test_calls_on_a_closed_file_say_it_is_closed(tmp_path, engine):
+    """A collective read raised mpi4py's error on a freed communicator; flush on the memory
+    engine returned; prefetch said to open with io='async'."""
+    path = tmp_path / "c.lam"
+    with lamina.open(path, "w", engine=engine) as f:
+        d = f.create_dataset("d", data=np.arange(4.0))
+    for call in (
+        lambda: d.read(collective=True),
+        lambda: d.read(),
+        f.flush,
+        lambda: d.prefetch(),
+    ):
+        with pytest.raises(ValueError, match="file .* is closed"):
+            call()

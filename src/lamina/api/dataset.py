@@ -329,9 +329,26 @@ class LevelView:
             self.dataset.dtype,
         )
 
+    def __iter__(self):
+        return _rows(self, f"level {self.level} of {self.dataset._what()}")
+
     def __array__(self, dtype=None, copy=None):
+        if copy is False:  # (as the dataset's own)
+            raise ValueError(
+                f"{self.dataset._what()}: np.array(ds.level(k), copy=False) cannot avoid a copy"
+            )
         out = self[...]
         return out if dtype is None else out.astype(dtype)
+
+
+def _rows(view, what: str):
+    """The rows of *view* along its first axis, each read when reached (as h5py iterates); a
+    0-D view has none (TypeError).  Without an ``__iter__`` Python indexes until an
+    IndexError, which a missing step (StepError) and a 0-D view's index (BoundsError) are
+    too: iteration gave [] instead of the error."""
+    if not view.shape:
+        raise TypeError(f"{what}: cannot iterate over a 0-D dataset")
+    return (view[i] for i in range(view.shape[0]))
 
 
 class AsType:
@@ -367,6 +384,9 @@ class AsType:
 
     def __len__(self) -> int:
         return len(self._ds)
+
+    def __iter__(self):
+        return _rows(self, f"{self._ds._what()} as {self.dtype}")
 
     def __repr__(self) -> str:
         return f"<lamina.AsType of {self._ds!r} as {self.dtype}>"
@@ -463,10 +483,7 @@ class Dataset(OpenFileView):
         """Independent: the rows along the first axis, each read when reached (as h5py's);
         a 0-D dataset has none to iterate over (TypeError).  Without an ``__iter__`` Python
         indexed until an IndexError, which a missing step (StepError) is too: it gave []."""
-        if not self.shape:
-            raise TypeError(f"{self._what()}: cannot iterate over a 0-D dataset")
-        for i in range(self.shape[0]):
-            yield self[i]
+        return _rows(self, self._what())
 
     def __bool__(self) -> bool:
         """Whether the file is open (as h5py's: a dataset of length 0, or 0-D, is still one)."""
@@ -652,6 +669,8 @@ class Dataset(OpenFileView):
         """:meth:`read` with ``collective=True``: every rank checks its arguments, then the
         ranks agree on the dataset, step and level; a rank that refused its arguments makes
         every rank raise, before anything is read or allocated."""
+        # (a closed file has no communicator left to agree on: every rank raises this alike)
+        self._file._open_for("read")
         layout: Layout | None = None
         g = comm_mod.Guard()
         with g:
@@ -681,6 +700,7 @@ class Dataset(OpenFileView):
         as :meth:`read` raises it (nothing is read ahead); StepError for a step the file does
         not have.  It releases no step of an in situ consumer.
         """
+        self._file._open_for("read ahead")
         bg = self._file._background()
         if bg is not None and bg.mode == "r" and bg.without_thread:
             return False  # opened with io='async' where MPI has no thread support (warned)

@@ -437,8 +437,9 @@ class File(Group):
         opened with ``durable=True``, readers and engines without storage
         (``memory``, ``mpi``) have nothing more to do.  Every rank passes the same
         *durable* (else CollectiveMismatchError on every rank, where a file fsyncs); it is a
-        bool (numpy's too), else TypeError.
+        bool (numpy's too), else TypeError.  ValueError on a closed file (on every engine).
         """
+        self._open_for("flush")
         self._engine.flush(durable_flag(durable, "flush()"))
 
     @property

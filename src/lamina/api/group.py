@@ -34,6 +34,9 @@ class _Keys(KeysView):
     def __repr__(self) -> str:
         return f"<KeysView {list(self)!r}>"
 
+    def __reversed__(self):  # (as h5py's and dict's keys)
+        return reversed(list(self))
+
 
 class _Values(ValuesView):
     def __repr__(self) -> str:
@@ -124,7 +127,7 @@ class Group(OpenFileView):
     def __getitem__(self, name: str):
         from .dataset import Dataset
 
-        if not isinstance(name, str):  # g[...], g[0]: a group holds members, not values
+        if not isinstance(name, str | bytes):  # g[...], g[0]: a group holds members, not values
             raise TypeError(
                 f"group {self.name!r} of {self._file.filename!r} is indexed by the name of a "
                 f"member (a string), got {name!r}; a group holds no values to select"

@@ -39,10 +39,18 @@ NUMERIC_KINDS = "biufc"
 def normpath(path: str, base: str = "") -> str:
     """Canonical form of a node path: 'a/b/c' (no leading slash; '' is the root).
 
-    Relative paths are resolved against *base*.  Components may not be empty,
+    Relative paths are resolved against *base*; bytes are decoded as UTF-8 (as h5py takes
+    them).  Components may not be empty,
     '.', '..', contain NUL, or hold a character UTF-8 cannot encode (a lone surrogate,
     as ``os.fsdecode`` makes of bytes that are not UTF-8).
     """
+    if isinstance(path, bytes):  # (UTF-8, as h5py takes a name given as bytes)
+        try:
+            path = path.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(
+                f"node name {path!r} is not UTF-8: {e.reason} at byte {e.start}"
+            ) from None
     if not isinstance(path, str):
         raise TypeError(f"node names are strings, got {type(path).__name__}")
     absolute = path.startswith("/")
