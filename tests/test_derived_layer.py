@@ -1103,7 +1103,12 @@ ERRORS = {
         ExistsError,
         ["a group 'grp' already exists"],
     ),
-    "clash with derived": (_bad_derive("m", "v * 2"), ExistsError, ["'m' already exists"]),
+    # (said "a dataset 'm' already exists": its components are datasets of the catalog)
+    "clash with derived": (
+        _bad_derive("m", "v * 2"),
+        ExistsError,
+        ["derived quantity 'm' is defined already as", "declare this one under another name"],
+    ),
     "inside a derived vector": (
         _bad_derive("c/x/y", "v * 2"),
         ExistsError,

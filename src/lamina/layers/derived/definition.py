@@ -181,18 +181,24 @@ def build_definition(
     ncomp = expr.ncomponents
     comps = component_names(name, ncomp)
     if check_clash:
+        # (derived quantities first: their components are datasets of the catalog too, which
+        # said "a dataset 'd' already exists" of a quantity declared again)
+        for p in (name, *comps):
+            for existing, d in known.items():
+                if p == existing or p.startswith(existing + "/") or existing.startswith(p + "/"):
+                    said = (
+                        f"is defined already as {d.text!r} (strategy {d.strategy}): a quantity "
+                        "is declared once; declare this one under another name"
+                        if existing == name
+                        else f"clashes with derived quantity {existing!r} = {d.text!r}"
+                    )
+                    raise ExistsError(f"derived quantity {name!r} {said}")
         for p in [name, *comps]:
             kind = cat.kind_of(p)
             if kind is not None:
                 raise ExistsError(
                     f"derived quantity {name!r}: a {kind} {p!r} already exists in {where!r}"
                 )
-        for p in (name, *comps):
-            for existing in known:
-                if p == existing or p.startswith(existing + "/") or existing.startswith(p + "/"):
-                    raise ExistsError(
-                        f"derived quantity {name!r} clashes with derived quantity {existing!r}"
-                    )
     dtypes = result_dtype(expr, {p: cat.datasets[p].dtype for p in expr.inputs}, len(shape))
     anchor = next(expr.refs()).path
     sp = check_spacing(spacing, len(shape), name)
