@@ -714,6 +714,7 @@ def test_virtual_datasets_that_hdf5_cannot_read_safely_are_skipped(tmp_path):
 
         virtual("fifo", "pipe.h5", "x")
         virtual("self", ".", "self")
+        virtual("named", "./v.h5", "named")  # (the file itself by its name: a segfault too)
         virtual("a", ".", "b")
         virtual("b", ".", "a")
         virtual("ok", ".", "x")
@@ -725,9 +726,28 @@ def test_virtual_datasets_that_hdf5_cannot_read_safely_are_skipped(tmp_path):
         in text
     )
     assert "(/a -> /b -> /a)" in text and "(/b -> /a -> /b)" in text
+    assert "skipped dataset /named: it maps itself through a loop of virtual datasets" in text
     with lamina.open(tmp_path / "v.lam") as f:
         assert sorted(f) == ["ok", "x"]
         assert f["ok"][...].tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.timeout(120)
+def test_a_long_chain_of_virtual_datasets_is_walked_once(tmp_path):
+    """The walk recursed once per link (RecursionError past about 1000) and walked each
+    dataset's chain again (600 links: minutes)."""
+    src = tmp_path / "chain.h5"
+    n = 1500
+    with h5py.File(src, "w") as h:
+        h["d0"] = np.arange(4.0)
+        for i in range(1, n):
+            lay = h5py.VirtualLayout(shape=(4,), dtype="f8")
+            lay[:] = h5py.VirtualSource(".", f"d{i - 1}", shape=(4,))
+            h.create_virtual_dataset(f"d{i}", lay)
+    r = hdf5.convert(src, tmp_path / "chain.lam", progress=False)
+    assert r.datasets == n and not r.warnings
+    with lamina.open(tmp_path / "chain.lam") as f:
+        assert f[f"d{n - 1}"][...].tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
 @pytest.mark.timeout(120)

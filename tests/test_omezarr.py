@@ -824,6 +824,24 @@ def test_attributes_json_rounds_come_back_exactly(tmp_path):
         np.testing.assert_array_equal(f["d"][...], [5, *[complex(1.0, np.inf)] * 3])
 
 
+def test_recorded_exact_digits_that_are_no_long_double_are_refused_cheaply():
+    """A store's 'exact' strings were converted as one fixed-width array (one string of 20,000
+    characters beside 20,000 short ones: 1.5 GiB), a value past the range came back inf,
+    nesting past Python's recursion limit raised RecursionError."""
+    from lamina.omezarr import _numbers_from_json
+
+    typ = {"dtype": np.dtype(np.longdouble).str, "shape": [1]}
+    for exact in (["1" * 20000], ["1e+99999"], ["0x1p3"], [[]], [None], ["1.5"]):
+        ok, _, why = _numbers_from_json([1.0], {**typ, "exact": exact})
+        assert not ok and why, exact
+    deep: list = [1.0]
+    for _ in range(5000):
+        deep = [deep]
+    assert _numbers_from_json(deep, {"dtype": "<f8", "shape": [1]})[0] is False
+    ok, v, _ = _numbers_from_json([1.0], {**typ, "exact": ["Infinity"]})
+    assert ok and v == np.inf
+
+
 def test_foreign_integer_lists_past_int64_are_not_rounded(tmp_path):
     """numpy takes [2**63 + 1, 1] for float64 (2**63 + 1 rounded to 2**63)."""
     src = tmp_path / "big.zarr"

@@ -772,42 +772,75 @@ def _plain(name: str, obj, dt: np.dtype, fill, warnings: list[str], src: str = "
     return _Src(name, obj, dt, shape, fill, [], False, boxes)
 
 
-def _virtual_refused(obj, src: str, path: tuple[str, ...] = ()) -> str:
+#: verdicts of :func:`_virtual_refused` that found nothing wrong, by (the file's device,
+#: inode and modification time, dataset name)
+_CLEAN: set[tuple[int, int, int, str]] = set()
+
+
+def _virtual_refused(obj, src: str) -> str:
     """Why the mappings of the virtual dataset *obj* must not be read (empty: they may).
 
     A source file that is not a regular file (a FIFO blocks the read for ever, a device
     may never end), looked up where HDF5 looks (``HDF5_VDS_PREFIX``, the directory of
-    *src*, the name as given); a dataset of this file that maps itself, directly or through
-    other virtual datasets of it (HDF5 recurses until it crashes).
+    *src*, the name as given); a dataset of this file (named ``.`` or by any path to it)
+    that maps itself, directly or through other virtual datasets of it (HDF5 recurses
+    until it crashes).  Walked without recursion, a dataset found clean once not again (a
+    chain of thousands, or mappings that branch, cost one visit each).
     """
-    path = (*path, obj.name)
-    for m in obj.virtual_sources():
-        fname = m.file_name
-        if fname == ".":
-            target = obj.file.get(m.dset_name if m.dset_name.startswith("/") else "/" + m.dset_name)
-            if target is None or not hasattr(target, "is_virtual") or not target.is_virtual:
-                continue
-            if target.name in path:
-                loop = " -> ".join((*path, target.name))
-                return f"it maps itself through a loop of virtual datasets ({loop})"
-            why = _virtual_refused(target, src, path)
-            if why:
-                return why
+    here = os.stat(src)
+    tag = (here.st_dev, here.st_ino, here.st_mtime_ns)
+    if (*tag, obj.name) in _CLEAN:
+        return ""
+    if len(_CLEAN) > 1 << 20:
+        _CLEAN.clear()
+    path: list[str] = [obj.name]  # the datasets being walked, outermost first
+    stack: list[tuple[Any, Any]] = [(obj, iter(obj.virtual_sources()))]
+    while stack:
+        node, mappings = stack[-1]
+        m = next(mappings, None)
+        if m is None:  # every mapping of it walked: clean
+            stack.pop()
+            path.pop()
+            _CLEAN.add((*tag, node.name))
             continue
-        places = [fname]
-        if not os.path.isabs(fname):
-            prefix = os.environ.get("HDF5_VDS_PREFIX", "")
-            places += [os.path.join(os.path.dirname(os.path.abspath(src)), fname)]
-            if prefix:
-                places.append(os.path.join(prefix, fname))
-        for place in places:
-            try:
-                st = os.stat(place)
-            except OSError:
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                return f"its source file {place!r} is not a regular file (a FIFO or a device)"
+        same, why = _mapped_file(m.file_name, src, here)
+        if why:
+            return why
+        if not same:
+            continue
+        name = m.dset_name if m.dset_name.startswith("/") else "/" + m.dset_name
+        target = obj.file.get(name)
+        if target is None or not getattr(target, "is_virtual", False):
+            continue
+        if target.name in path:
+            loop = " -> ".join((*path[path.index(target.name) :], target.name))
+            return f"it maps itself through a loop of virtual datasets ({loop})"
+        if (*tag, target.name) not in _CLEAN:
+            stack.append((target, iter(target.virtual_sources())))
+            path.append(target.name)
     return ""
+
+
+def _mapped_file(fname: str, src: str, here: os.stat_result) -> tuple[bool, str]:
+    """(whether a mapping's source file *fname* is *src* itself, why it must not be read)."""
+    if fname == ".":
+        return True, ""
+    places = [fname]
+    if not os.path.isabs(fname):
+        places.append(os.path.join(os.path.dirname(os.path.abspath(src)), fname))
+        prefix = os.environ.get("HDF5_VDS_PREFIX", "")
+        if prefix:
+            places.append(os.path.join(prefix, fname))
+    for place in places:
+        try:
+            st = os.stat(place)
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            return False, f"its source file {place!r} is not a regular file (a FIFO or a device)"
+        if (st.st_dev, st.st_ino) == (here.st_dev, here.st_ino):
+            return True, ""
+    return False, ""
 
 
 def _virtual_regions(obj, shape: tuple[int, ...]) -> list[Box]:

@@ -33,8 +33,10 @@ import json
 import math
 import numbers
 import os
+import re
 import stat
 import time
+import warnings as warnings_mod
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -1161,16 +1163,19 @@ def _stored_chunks(
                 and all(0 <= c < g for c, g in zip(coords, grid, strict=True))
                 and md.encode_chunk_key(coords) == key
             ):
-                _check_regular(os.path.join(dirpath, fn), src)
-                found.append(coords)
+                if _check_regular(os.path.join(dirpath, fn), src):
+                    found.append(coords)
     return outer, found
 
 
-def _check_regular(path: str, src: str) -> None:
-    """FormatError unless the chunk file *path* is a regular file (reading a FIFO would
+def _check_regular(path: str, src: str) -> bool:
+    """Whether the chunk file *path* is there (a dangling link is not: as zarr-python reads
+    it, a chunk not stored); FormatError unless it is a regular file (reading a FIFO would
     block for ever, a device might never end)."""
     try:
         st = os.stat(path)
+    except FileNotFoundError:
+        return False
     except OSError as e:
         raise FormatError(f"{src!r}: chunk {path!r} cannot be read: {e.strerror}") from None
     if not stat.S_ISREG(st.st_mode):
@@ -1178,6 +1183,7 @@ def _check_regular(path: str, src: str) -> None:
             f"{src!r}: chunk {path!r} is not a regular file (a FIFO or a device): "
             "the store is not converted"
         )
+    return True
 
 
 def _decode_key(key: str, sep: str, prefixed: bool, ndim: int) -> tuple[int, ...] | None:
@@ -1254,6 +1260,15 @@ def _attrs_to_json(obj) -> tuple[dict, dict]:
     return out, types
 
 
+#: a long double as :func:`_exact_digits` writes it: at most 40 characters of a decimal
+#: number in scientific notation (NumPy's shortest digits of a 128-bit float take 36)
+_DECIMAL = re.compile(r"[+-]?[0-9](\.[0-9]*)?e[+-][0-9]{1,5}")
+
+
+def _decimal(v) -> bool:
+    return isinstance(v, str) and len(v) <= 40 and _DECIMAL.fullmatch(v) is not None
+
+
 def _wider_than_f8(dt: np.dtype) -> bool:
     """Whether *dt* is a long double (complex) type, whose values float64 would round."""
     return (dt.kind == "f" and dt.itemsize > 8) or (dt.kind == "c" and dt.itemsize > 16)
@@ -1310,10 +1325,19 @@ def _numbers_from_json(value, typ) -> tuple[bool, Any, str]:
         if exact is not None and _wider_than_f8(dt):
             # (strings NumPy parses to the type's full precision; "NaN", "Infinity" among them)
             raw = np.asarray(_unjson(exact), dtype=object)
-            if any(not isinstance(v, str | float) for v in raw.reshape(-1).tolist()):
-                return False, None, f"exact values {exact!r} are not decimal strings"
             part = np.dtype(f"f{dt.itemsize // 2}") if dt.kind == "c" else dt
-            raw = raw.astype(str).astype(part)
+            flat = raw.reshape(-1).tolist()
+            if any(not isinstance(v, float) and not _decimal(v) for v in flat):
+                return False, None, "exact values are not decimal strings of a long double"
+            with warnings_mod.catch_warnings():  # (NumPy warns of overflow at the largest)
+                warnings_mod.simplefilter("ignore", RuntimeWarning)
+                parsed = [v if isinstance(v, float) else part.type(v) for v in flat]
+            if any(
+                not isinstance(v, float) and not np.isfinite(x)
+                for v, x in zip(flat, parsed, strict=True)
+            ):
+                return False, None, "an exact value is past the range of a long double"
+            raw = np.array(parsed, dtype=part).reshape(raw.shape)
         else:
             raw = np.asarray(_unjson(value), dtype=object)  # (Python ints kept exact)
         if 0 in shape:  # no values: nothing to check but the shape
@@ -1336,8 +1360,10 @@ def _numbers_from_json(value, typ) -> tuple[bool, Any, str]:
             ):
                 return False, None, f"values {value!r} are not integers"
             arr = raw.astype(dt)  # (OverflowError for a value outside the type)
-    except (DTypeError, TypeError, ValueError, OverflowError) as e:
+    except (DTypeError, TypeError, ValueError, OverflowError, FloatingPointError) as e:
         return False, None, str(e)
+    except RecursionError:  # (lists nested past what the walk takes)
+        return False, None, "values nested too deeply"
     if arr.shape != shape:
         return False, None, f"shape {arr.shape} does not match the recorded {shape}"
     return True, arr[()] if arr.ndim == 0 else arr, ""
