@@ -123,12 +123,19 @@ def test_run_producer_consumer(tmp_path, transport):
     )
 
 
-@pytest.mark.parametrize("transport", ["memory", "file"])
-def test_a_name_with_a_directory_pairs_from_a_task_s_own_cwd(tmp_path, transport):
+@pytest.mark.parametrize(
+    "transport, linked", [("memory", False), ("file", False), ("memory", True)]
+)
+def test_a_name_with_a_directory_pairs_from_a_task_s_own_cwd(tmp_path, transport, linked):
     """The consumer runs in run/ and opens out.lam, the file the producer, above it, writes as
     run/out.lam (as the workflow names it): under memory they never met (the name did not
-    match run/out.lam) and the producer gave up waiting for its consumer."""
+    match run/out.lam) and the producer gave up waiting for its consumer.  The workflow's
+    directory reached through a link: its tasks' working directories are the real ones."""
     _skip_without_mpiexec()
+    if linked:
+        (tmp_path / "real").mkdir()
+        os.symlink(tmp_path / "real", tmp_path / "link")
+        tmp_path = tmp_path / "link"
     (tmp_path / "run").mkdir()
     path = write(
         tmp_path,

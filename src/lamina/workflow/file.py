@@ -177,12 +177,13 @@ class WorkflowFile:
         """*name* as its route gives it: a name with a directory part (``run/out.lam``) made
         absolute from the workflow's directory, so that a task running in ``run/`` opening
         ``out.lam`` meets it (tasks run in their own ``cwd``); a bare name as it is (matched
-        by the last component of what a task opens), or one whose absolute path holds a
-        separator of ``LAMINA_WORKFLOW``."""
-        if "/" not in name or os.path.isabs(name):
+        by the last component of what a task opens), a glob, or one whose path holds a glob
+        character or a separator of ``LAMINA_WORKFLOW``.  The path is the real one (links
+        resolved: a task's working directory is), as the routes take the names opened."""
+        if "/" not in name or os.path.isabs(name) or any(c in name for c in "*?["):
             return name
-        full = os.path.normpath(os.path.join(self.directory, name))
-        return name if any(c in full for c in ";|\n") else full
+        full = os.path.realpath(os.path.join(self.directory, name))
+        return name if any(c in full for c in ";|\n*?[") else full
 
     def transport_for(self, transport: str | None = None) -> str:
         """The transport the job gets: *transport*, else the file's, else ``$LAMINA_TRANSPORT``, else memory.

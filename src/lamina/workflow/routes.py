@@ -205,9 +205,9 @@ class Workflow:
             # (a name such as 'out[1].lam' is itself: as a pattern '[1]' is a class of one)
             if pattern in (name, base) or matches(name, pattern) or matches(base, pattern):
                 return i
-            if os.path.isabs(pattern):  # (lamina run: a name with a directory, made absolute)
-                full = full or os.path.abspath(name)
-                if pattern == full or matches(full, pattern):
+            if os.path.isabs(pattern):  # (lamina run: a name with a directory, made real)
+                full = full or os.path.realpath(name)
+                if pattern == full:
                     return i
         return None
 

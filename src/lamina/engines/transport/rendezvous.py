@@ -9,10 +9,12 @@ private duplicate of the world (:func:`lamina.comm.peer_comm`):
    consumer task of the name (in appnum order), then for each one sends
    ``ACCEPT`` and waits for its ``READY``; then its whole task calls
    ``Create_intercomm`` with it, while the consumer task, having got
-   ``ACCEPT`` and sent ``READY``, does the same.  (Without ``READY`` a
-   producer whose ``ACCEPT`` answered a consumer that had given up waiting
-   for it, and never opened again, waited in ``Create_intercomm`` for ever:
-   a small message's send completes whether or not it is ever received.)
+   ``ACCEPT`` and sent ``READY``, does the same once the producer's ``GO``
+   came.  (Without ``READY`` a producer whose ``ACCEPT`` answered a
+   consumer that had given up waiting for it, and never opened again,
+   waited in ``Create_intercomm`` for ever: a small message's send
+   completes whether or not it is ever received; without ``GO`` so did a
+   consumer that took the ``ACCEPT`` of a producer that had given up.)
 
 ``seq`` counts the opens of a name in one role by this process, so the
 k-th producer open pairs with the k-th consumer open of the same name.
@@ -61,7 +63,7 @@ def key_for(name: str, wf: routes.Workflow | None) -> str:
         return name
     pattern = wf.entries[i][0]
     if os.path.isabs(pattern):  # (the file on disk, whichever directory a task opened it from)
-        return f"{pattern}|{os.path.abspath(name)}"
+        return f"{pattern}|{os.path.realpath(name)}"
     return f"{pattern}|{name if '/' in pattern else os.path.basename(name)}"
 
 
@@ -126,6 +128,14 @@ def _await(
         if poll.expired:
             raise TransportError(f"{what}: nothing after {poll.timeout:g} s")
         poll.sleep()
+
+
+def _forget(peer, tag: int, source: int, name: str, seq: int) -> None:
+    """Drop a message of *tag* from *source* for open *seq* of *name* that came already: the
+    answer to an earlier try of this open, which gave up (a reply counts only after the
+    message it answers)."""
+    _drain(peer, tag)
+    _STASH.pop((tag, source, name, seq), None)
 
 
 def _opened_instead(leader: int, task: int, key: str) -> str:
@@ -205,6 +215,7 @@ def connect_producer(
                 if comm.rank == 0:
                     leader = comm_mod.task_leader(c)
                     poll = Poll(timeout)
+                    _forget(peer, comm_mod.Tag.READY, leader, key, seq)  # (an earlier try's)
                     _send(
                         peer,
                         _encode(key, seq, app, comm.size),
@@ -223,6 +234,14 @@ def connect_producer(
                         f"producer of {name!r} (task {app}): consumer task {c} did not take "
                         "its answer (it gave up waiting before it came, and did not open the "
                         "name again)",
+                    )
+                    _send(
+                        peer,
+                        _encode(key, seq, app, comm.size),
+                        leader,
+                        comm_mod.Tag.GO,
+                        poll,
+                        f"producer of {name!r} going on with task {c}",
                     )
             comm_mod.agree(comm, g.error)
             links.append(
@@ -278,15 +297,34 @@ def connect_consumer(
                 f"no producer for {name!r}: task {producer} did not open it for writing",
             )
     comm_mod.agree(comm, g.error)
-    if comm.rank == 0:
-        # every rank of this task goes on to Create_intercomm: the producer, which waits for
-        # this before it does, may too (a small message, sent at once)
-        comm_mod.isend_bytes(
-            peer,
-            _encode(key, seq, app, comm.size, flow),
-            comm_mod.task_leader(producer),
-            comm_mod.Tag.READY,
-        ).Wait()
+    g = comm_mod.Guard()
+    with g:
+        if comm.rank == 0:
+            # this task goes on to Create_intercomm once the producer, told so, does too: an
+            # answer (ACCEPT) of a producer that gave up waiting for this since comes with no
+            # GO (a small message is sent whether or not anyone receives it)
+            leader = comm_mod.task_leader(producer)
+            poll = Poll(timeout)
+            _forget(peer, comm_mod.Tag.GO, leader, key, seq)  # (an earlier try's)
+            _send(
+                peer,
+                _encode(key, seq, app, comm.size, flow),
+                leader,
+                comm_mod.Tag.READY,
+                poll,
+                f"consumer of {name!r} (task {app}) confirming to producer task {producer}",
+            )
+            _await(
+                peer,
+                comm_mod.Tag.GO,
+                leader,
+                key,
+                seq,
+                poll,
+                f"producer of {name!r} (task {producer}) answered this task's open, then gave up "
+                "waiting for it",
+            )
+    comm_mod.agree(comm, g.error)
     inter = comm_mod.intercomm(comm, producer, comm_mod.Tag.INTERCOMM)
     opened(key, "r", seq)
     return inter
