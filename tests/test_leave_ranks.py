@@ -67,6 +67,12 @@ def test_held_interrupts_raise_the_first_at_the_end_and_a_second_at_once():
             os.kill(os.getpid(), signal.SIGINT)
             raise err
     assert ei.value.lamina_left and ei.value.__cause__ is err
+    with pytest.raises(KeyboardInterrupt):  # nested (end_step, then its commit): one holds
+        with comm_mod.HeldInterrupts(), comm_mod.HeldInterrupts():
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+            done.append(3)
+    assert done == [1]
     with comm_mod.HeldInterrupts():  # nothing held: nothing raised
         pass
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -107,6 +108,9 @@ class Tag(IntEnum):
     #: rendezvous, consumer leader -> producer leader: ACCEPT taken, its task goes on to
     #: ``Create_intercomm``
     READY = 0x4C4D5
+    #: rendezvous, producer leader -> consumer leader: READY taken, its task goes on to
+    #: ``Create_intercomm``
+    GO = 0x4C4D6
     #: first task_comm, on the world, only once a rank gave up waiting for the others:
     #: "which task are you?" (int64 appnum of the asking rank)
     ARRIVAL_QUERY = 0x4C4D3
@@ -1207,7 +1211,8 @@ class HeldInterrupts:
         if threading.current_thread() is not threading.main_thread():
             return self
         prev = signal.getsignal(signal.SIGINT)
-        if callable(prev):
+        # (inside another hold, that one holds: counted there, a second SIGINT is at once)
+        if callable(prev) and not isinstance(getattr(prev, "__self__", None), HeldInterrupts):
             self.prev = prev
             signal.signal(signal.SIGINT, self._hold)
         return self
@@ -1224,9 +1229,9 @@ class HeldInterrupts:
         if prev is None:
             return
         signal.signal(signal.SIGINT, prev)
-        if self.count == 1:
+        if self.count:  # (a second one between the two lines above was not raised either)
             try:
-                prev(signal.SIGINT, None)
+                prev(signal.SIGINT, sys._getframe())
             except BaseException as cut:
                 if ev is not None:
                     raise _marked_as(cut, ev) from ev
