@@ -669,9 +669,11 @@ def split_range(n: int, parts: int, index: int) -> tuple[int, int]:
 def decompose(shape: Sequence[int], nparts: int, dims: Sequence[int] | None = None) -> list[Box]:
     """Split *shape* into *nparts* boxes on a grid of *dims* (default: dims_create).
 
-    Boxes are returned in row-major order of the process grid.  Without *dims*, the grid
-    leaves no box empty where *nparts* allows (a shape of fewer cells than parts leaves
-    some empty); with *dims*, a dimension shorter than its number of parts has empty boxes.
+    Boxes are returned in row-major order of the process grid.  Without *dims*, where the
+    usual grid would cut a dimension into more parts than it has cells, the grid of the
+    most non-empty boxes is taken (some stay empty where no grid of *nparts* fits the
+    shape: (3, 3) over 8 parts); with *dims*, a dimension shorter than its number of parts
+    has empty boxes.
     """
     shape = tuple(int(s) for s in shape)
     if not shape:

@@ -1081,7 +1081,7 @@ def _require_serial(f, what: str = "HDF5") -> None:
     """ConvertError unless the conversion runs on one rank: that of the open file *f*, or
     (None) of the file lamina.open would open (checked before a destination is staged: its
     temporary name differs from rank to rank)."""
-    size = f.comm.size if f is not None else comm_mod.task_comm().size
+    size = (f.comm if f is not None else comm_mod.resolve(None)).size  # (MPI usable: said)
     if size != 1:
         raise ConvertError(
             f"{what} conversion runs on one rank; it was started on {size} (run it without mpiexec)"
