@@ -27,7 +27,9 @@ Paths with '/' go in backticks. The condition combines comparisons with
 def select_names(text: str) -> list[str]:
     """``--select``'s names: split at commas, except inside backticks (a name holding a comma,
     written as the condition writes a path: `` `a,b` ``); CLIError for a backtick not closed."""
-    names, cur, quoted = [], [], False
+    names: list[str] = []
+    cur: list[str] = []
+    quoted = False
     for ch in text:
         if ch == "`":
             quoted = not quoted

@@ -130,6 +130,24 @@ def _await(
         poll.sleep()
 
 
+def _ask(
+    peer,
+    tags: tuple[int, int],
+    dest: int,
+    name: str,
+    seq: int,
+    buf,
+    poll: Poll,
+    asking: str,
+    waiting: str,
+) -> None:
+    """Send *buf* with the first of *tags* to *dest*, then wait for its reply with the second
+    (within *poll*'s timeout; one of an earlier try of this open dropped first)."""
+    _forget(peer, tags[1], dest, name, seq)
+    _send(peer, buf, dest, tags[0], poll, asking)
+    _await(peer, tags[1], dest, name, seq, poll, waiting)
+
+
 def _forget(peer, tag: int, source: int, name: str, seq: int) -> None:
     """Drop a message of *tag* from *source* for open *seq* of *name* that came already: the
     answer to an earlier try of this open, which gave up (a reply counts only after the
@@ -215,22 +233,15 @@ def connect_producer(
                 if comm.rank == 0:
                     leader = comm_mod.task_leader(c)
                     poll = Poll(timeout)
-                    _forget(peer, comm_mod.Tag.READY, leader, key, seq)  # (an earlier try's)
-                    _send(
+                    _ask(
                         peer,
-                        _encode(key, seq, app, comm.size),
-                        leader,
-                        comm_mod.Tag.ACCEPT,
-                        poll,
-                        f"producer of {name!r} accepting task {c}",
-                    )
-                    _await(
-                        peer,
-                        comm_mod.Tag.READY,
+                        (comm_mod.Tag.ACCEPT, comm_mod.Tag.READY),
                         leader,
                         key,
                         seq,
+                        _encode(key, seq, app, comm.size),
                         poll,
+                        f"producer of {name!r} accepting task {c}",
                         f"producer of {name!r} (task {app}): consumer task {c} did not take "
                         "its answer (it gave up waiting before it came, and did not open the "
                         "name again)",
@@ -305,22 +316,15 @@ def connect_consumer(
             # GO (a small message is sent whether or not anyone receives it)
             leader = comm_mod.task_leader(producer)
             poll = Poll(timeout)
-            _forget(peer, comm_mod.Tag.GO, leader, key, seq)  # (an earlier try's)
-            _send(
+            _ask(
                 peer,
-                _encode(key, seq, app, comm.size, flow),
-                leader,
-                comm_mod.Tag.READY,
-                poll,
-                f"consumer of {name!r} (task {app}) confirming to producer task {producer}",
-            )
-            _await(
-                peer,
-                comm_mod.Tag.GO,
+                (comm_mod.Tag.READY, comm_mod.Tag.GO),
                 leader,
                 key,
                 seq,
+                _encode(key, seq, app, comm.size, flow),
                 poll,
+                f"consumer of {name!r} (task {app}) confirming to producer task {producer}",
                 f"producer of {name!r} (task {producer}) answered this task's open, then gave up "
                 "waiting for it",
             )
