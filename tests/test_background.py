@@ -962,6 +962,27 @@ def test_an_interrupt_in_end_step_keeps_the_steps_ended_before(path, monkeypatch
     assert [float(a[0, 0]) for a in read_all(path)] == [0.0, 100.0, 200.0, 300.0]
 
 
+def test_a_hold_of_the_lock_an_interrupt_left_does_not_stop_the_close(path):
+    """An interrupt raised as the program's thread entered ``with`` on the layer's condition
+    (in Condition.__enter__, once it took the lock) leaves the lock held, no ``with`` to let go
+    of it: close then joined the background thread, which waited for that lock for ever."""
+    f = lamina.open(path, "w", io="async")
+    ds = f.create_dataset("x", (4, 6), "f8")
+    for k in range(2):
+        with f.step():
+            ds[...] = values(k)
+    done = threading.Event()
+
+    def closer() -> None:  # (on a thread of its own: the test ends where the close hangs)
+        f.engine._cond.acquire()  # the hold the interrupt left, never let go of
+        f.close()
+        done.set()
+
+    threading.Thread(target=closer, daemon=True).start()
+    assert done.wait(30), "close waited for the background thread for ever"
+    assert [float(a[0, 0]) for a in read_all(path)] == [0.0, 100.0]
+
+
 def test_an_interrupt_in_wait_keeps_the_steps_ended(path, monkeypatch):
     """Ctrl-C while wait() waits for the steps in flight: they are still written."""
     f = lamina.open(path, "w", io="async")
@@ -1518,6 +1539,25 @@ def test_a_rank_interrupted_in_a_steps_meeting_leaves_no_rank_waiting(tmp_path):
     and handed the step to its thread, which waited for ever in the commit for rank 1's
     (and rank 0 in its exit). Rank 1 now meets that commit as it leaves."""
     res = mu.run_mpi(2, "background", "interrupted", tmp_path / "i.lam", timeout=90)
+    assert "OK" in res.stdout
+
+
+@needs_mpiexec
+def test_ranks_leaving_at_once_one_of_them_halfway_through_a_steps_meeting(tmp_path):
+    """As above, and rank 0 then fails on its own before its next collective call: both
+    ranks leave in one agreement, which closed the file together although rank 0's thread
+    held step 1, which rank 1 dropped (both waited for ever). Now both let go of the file,
+    rank 0's commit of step 1 meeting rank 1's leave."""
+    res = mu.run_mpi(2, "background", "interrupted-both", tmp_path / "i.lam", timeout=90)
+    assert "OK" in res.stdout
+
+
+@needs_mpiexec
+def test_a_rank_interrupted_once_a_steps_meeting_completed_leaves_no_rank_waiting(tmp_path):
+    """A signal's exception on rank 1 after end_step's meeting completed there, before the
+    step went to its thread: rank 0's thread waited for ever in the step's commit (rank 0 in
+    its drain). Rank 1 now meets that commit as it leaves, as when cut in the meeting."""
+    res = mu.run_mpi(2, "background", "handing-cut", tmp_path / "h.lam", timeout=90)
     assert "OK" in res.stdout
 
 

@@ -751,6 +751,26 @@ def same_everywhere(comm: MPI.Comm, value: int) -> bool:
     return int(out[0]) == -int(out[1])
 
 
+def spread_leaving(comm: MPI.Comm, value: int, seconds: float = 10.0) -> tuple[int, int] | None:
+    """Collective, every rank leaving a file in the same agreement (:func:`leave`): the
+    least and the largest int64 *value* of the ranks (one allreduce); None where they did
+    not all come within *seconds* (they come at once: nothing waits between).  Not cut by an
+    exception a signal's handler raises meanwhile (a second Ctrl-C), nor shortened by it:
+    the rank is leaving on one already, and every rank must learn the same."""
+    if comm.size == 1:
+        return int(value), int(value)
+    out = np.zeros(2, dtype=np.int64)
+    req = comm.Iallreduce(np.array([-value, value], dtype=np.int64), out, op=MPI.MAX)
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            done = wait_quietly([req], max(0.0, deadline - time.monotonic()))
+            break
+        except BaseException:  # noqa: BLE001 - a signal's exception: see above
+            continue
+    return (-int(out[0]), int(out[1])) if done else None
+
+
 #: variants of a call :func:`who_made` names one by one (the others are counted)
 WHO_MADE_SHOWN = 4
 
@@ -1286,6 +1306,7 @@ __all__ = [
     "job_start",
     "PendingAgree",
     "leave",
+    "spread_leaving",
     "irecv_bytes",
     "isend_bytes",
     "poll_bytes",

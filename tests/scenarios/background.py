@@ -930,9 +930,87 @@ def interrupted(path: str) -> None:
         print("OK", flush=True)
 
 
+def interrupted_both(path: str) -> None:
+    """Rank 1 leaves step 1's meeting halfway (as in :func:`interrupted`); rank 0 met it and
+    handed step 1 to its thread, then fails on its own in step 2, before any collective call:
+    every rank leaves in the same agreement.  They closed the file together, rank 0's drain
+    waiting for ever in the commit of step 1, rank 1's close for rank 0's.  Now every rank
+    lets go of the file: step 0 is in it, step 1 (being ended on rank 1) is not."""
+    comm = comm_mod.world()
+    rank = comm.rank
+
+    def on_alarm(*_):
+        raise TimeoutError("rank 1's own time limit")
+
+    if rank == 1:
+        signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        with lamina.open(path, "w", io="async") as f:
+            ds = f.create_dataset("x", (ROWS * comm.size, COLS), "f8")
+            for k in range(3):
+                with f.step():
+                    ds[rank * ROWS : (rank + 1) * ROWS, :] = block(k, rank)
+                    if k == 1:
+                        if rank == 0:
+                            time.sleep(3)  # slow in step 1
+                        else:
+                            signal.alarm(1)  # fires while rank 1 waits in end_step
+                    if k == 2 and rank == 0:
+                        raise TimeoutError("rank 0's own time limit")
+    except TimeoutError as e:
+        assert f"rank {rank}'s own" in str(e), e
+    else:
+        raise AssertionError("no error")
+    comm.Barrier()
+    if rank == 0:
+        with lamina.open(path, "r", comm=comm_mod.self_comm()) as r:
+            assert r.steps == 1, r.steps
+            np.testing.assert_array_equal(r.at(0)["x"][...], whole(0, comm.size))
+        print("OK", flush=True)
+
+
+def handing_cut(path: str) -> None:
+    """A signal handler's exception on rank 1 once step 1's meeting completed there, before
+    it handed the step to its thread (as in ``_submit``, where an interrupt can come): rank 0
+    handed it, and its thread waited for ever in its commit, rank 0 in its drain, as rank 1
+    left without meeting that commit.  Now rank 1 meets it as it leaves."""
+    from lamina.layers.background.layer import BackgroundLayer
+
+    comm = comm_mod.world()
+    rank = comm.rank
+    if rank == 1:
+        real = BackgroundLayer._submit
+
+        def submit(self, step):
+            if step.index == 1:
+                raise TimeoutError("rank 1's own time limit")
+            real(self, step)
+
+        BackgroundLayer._submit = submit  # type: ignore[method-assign]
+    try:
+        with lamina.open(path, "w", io="async") as f:
+            ds = f.create_dataset("x", (ROWS * comm.size, COLS), "f8")
+            for k in range(3):
+                with f.step():
+                    ds[rank * ROWS : (rank + 1) * ROWS, :] = block(k, rank)
+    except (TimeoutError, lamina.RemoteError) as e:
+        text = str(e)
+        assert ("own time limit" in text) if rank == 1 else ("rank 1 left" in text), text
+    else:
+        raise AssertionError("no error")
+    comm.Barrier()
+    if rank == 0:
+        with lamina.open(path, "r", comm=comm_mod.self_comm()) as r:
+            assert r.steps == 1, r.steps
+            np.testing.assert_array_equal(r.at(0)["x"][...], whole(0, comm.size))
+        print("OK", flush=True)
+
+
 #: the scenarios that take the file's path alone
 BY_PATH = {
+    "handing-cut": handing_cut,
     "interrupted": interrupted,
+    "interrupted-both": interrupted_both,
     "empty": empty,
     "shared": shared,
     "slowest": slowest,

@@ -327,6 +327,10 @@ class BackgroundLayer(Layer):
         # different ways (see _apart)
         self._diverged = False
         self._cut_meeting = False  # the last agreement was left halfway on this rank (leave)
+        self._handed_count = 0  # steps handed to the background thread (_submit) since open
+        # every rank left at once, and the others handed the thread a step this rank dropped
+        # (an interrupt cut its end_step's agreement after theirs completed): see leave
+        self._behind = False
         # this rank dropped a step and has not met the others at a point or close since (see
         # _apart): ranks ending a step there are a call behind this one.  Steps begun since
         # do not clear it: each ends with the others' step before it (the engine refuses
@@ -534,13 +538,17 @@ class BackgroundLayer(Layer):
             self._drop_open_step()
             self._drain()  # the steps queued were ended by every rank: they complete everywhere
             self._shutdown()
-            if left is not None and self._cut_meeting:
+            if left is not None and (self._cut_meeting or self._behind):
                 # this rank left a step's meeting halfway (an interrupt, a signal's exception
                 # raised while it waited): the others may have met without it and handed the
                 # step to their background threads, which wait in its commit for this rank's.
                 # Meet them there too (its thread stopped: the communicator is free), or they
-                # wait for ever, and so does every program thread draining them.
-                comm_mod.leave(self.inner.comm, left)
+                # wait for ever, and so does every program thread draining them.  Where the
+                # ranks know that they did (_behind), their threads come for certain once
+                # they wrote the steps before it: waited for as after an error of its own
+                comm_mod.leave(
+                    self.inner.comm, left, timeout=comm_mod.LEAVE_TIMEOUT if self._behind else None
+                )
         with self.lock:
             self.inner.abandon()
 
@@ -552,8 +560,25 @@ class BackgroundLayer(Layer):
             return
         # the others meet this at their next collective call of this layer (all start with agree)
         comm_mod.leave(self._own(), exc)
+        if is_collective(exc) and self._handed_apart():
+            # every rank left at once, but an interrupt cut the end_step agreement of some
+            # rank after the others' completed: they handed that step to their threads, it
+            # dropped it.  Closed together, their threads would wait for ever in its commit,
+            # and its close for them; so every rank lets go of the file instead, as where one
+            # rank leaves: the steps every rank handed over are written, and the others'
+            # commit of that step meets the leave of the rank behind (abandon)
+            exc.lamina_collective = False  # type: ignore[attr-defined]
         if not is_collective(exc):  # (every rank left at once: they close the file together)
             self.abandon(exc)
+
+    def _handed_apart(self) -> bool:
+        """Collective, every rank leaving at once (:meth:`leave`): whether some rank handed its
+        thread more steps than this one (then this rank is ``_behind``) or fewer."""
+        spread = comm_mod.spread_leaving(self._own(), self._handed_count)
+        if spread is None:  # (not every rank came: none closes together)
+            return True
+        self._behind = self._handed_count < spread[1]
+        return spread[0] != spread[1]
 
     def agree(self, flag: int = 0, call: int = 0) -> int:
         if not self.active:
@@ -776,6 +801,13 @@ class BackgroundLayer(Layer):
             self._stopping = True
             self._cond.notify_all()
         if self._thread is not None and self._thread is not threading.current_thread():
+            # waited for in the condition's wait, not in join alone: an interrupt raised as
+            # this thread entered `with self._cond` (in Condition.__enter__, after it took the
+            # lock) left the lock held here, no `with` to let go of it; the wait lets go of
+            # it meanwhile, so that the thread can take it and see that it stops
+            with self._cond:
+                while self._thread.is_alive():
+                    self._cond.wait(0.1)
             self._thread.join()
         self._thread = None
         self._save_history()  # after the join: the save's JSON holds the GIL the thread needs
@@ -1636,8 +1668,16 @@ class BackgroundLayer(Layer):
             # flag is ENDING at least: a rank at a point or a close meanwhile is told, see POINT)
             t_meet = time.perf_counter()
             active = self._meet(pending, ENDING + here, opened) - ENDING
+            # until the step is handed to the thread (_submit), the others may hold it in
+            # theirs: an exception of this rank's own (an interrupt) leaves it here (abandon)
+            self._cut_meeting = True
             t_meet = time.perf_counter() - t_meet
         except BaseException as e:
+            if not is_collective(e):
+                # raised on this rank alone (an interrupt), maybe once the agreement completed
+                # (after its wait, in _meet): the others may have handed the step to their
+                # threads, whose commit of it waits for this rank's (see abandon)
+                self._cut_meeting = True
             # a step open on some rank is counted dropped here too, and one the ranks met apart
             # over (this rank behind: it ends a step the others dropped) even if none was here
             ended = bool(opened and opened[0] > ENDING)
@@ -1656,8 +1696,10 @@ class BackgroundLayer(Layer):
             # are still written (at the next call that waits for them, close, or the exit)
             raise
         if not active:
+            self._cut_meeting = False  # (raised on every rank)
             raise mark_collective(StepError("end_step called without begin_step"))
         if active > 1:
+            self._cut_meeting = False
             self._drop_cut_step()
         step = self._step or Step(explicit=False)
         self._step = None
@@ -1692,6 +1734,7 @@ class BackgroundLayer(Layer):
         self._next_direct = not background and not probe
         sizes = [raw.nbytes for raw in step.copies]
         self._submit(step)
+        self._cut_meeting = False  # handed, as on the others
         if not background:  # the model expects no overlap to pay: the step is written now
             self.wait(SYNC_STEP)
         else:
@@ -1976,6 +2019,7 @@ class BackgroundLayer(Layer):
 
     def _submit(self, step: Step) -> None:
         step.skipped = self._take_dropped()
+        self._handed_count += 1
         with self._cond:
             self._start()
             self._queue.append(step)
