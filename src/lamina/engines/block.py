@@ -512,7 +512,8 @@ class BlockEngine(Engine):
                 # Reopened for writing: commit an empty record at once so that readers stop
                 # taking the last writer's close record for the end of the file (a reader
                 # opening before this session's first step would otherwise end iter_steps early).
-                self._commit(KIND_META)
+                with self._interrupts_held():
+                    self._commit(KIND_META)
             self._committed_cp = self.catalog.checkpoint()
         except BaseException:
             # every failure above is raised on all ranks alike, so freeing is safe
@@ -1623,13 +1624,9 @@ class BlockEngine(Engine):
         return False
 
     def _commit(self, kind: int) -> None:
-        """Collective: the phases described in the module docstring.  Ctrl-C is held until
-        they are done (:meth:`_interrupts_held`): raised between two exchanges of one rank, it left the
-        others waiting for ever in the next."""
-        with self._interrupts_held():
-            self._commit_held(kind)
-
-    def _commit_held(self, kind: int) -> None:
+        """Collective: the phases described in the module docstring.  Called with Ctrl-C held
+        (:meth:`_interrupts_held`, by the caller, from its agreement on): raised between two
+        exchanges of one rank, it left the others waiting for ever in the next."""
         step = len(self.catalog.steps) if kind == KIND_STEP else -1
         interrupted: BaseException | None = None
         try:

@@ -233,13 +233,14 @@ def connect_producer(
                 if comm.rank == 0:
                     leader = comm_mod.task_leader(c)
                     poll = Poll(timeout)
+                    mine = _encode(key, seq, app, comm.size)  # (sent twice: ACCEPT, then GO)
                     _ask(
                         peer,
                         (comm_mod.Tag.ACCEPT, comm_mod.Tag.READY),
                         leader,
                         key,
                         seq,
-                        _encode(key, seq, app, comm.size),
+                        mine,
                         poll,
                         f"producer of {name!r} accepting task {c}",
                         f"producer of {name!r} (task {app}): consumer task {c} did not take "
@@ -248,7 +249,7 @@ def connect_producer(
                     )
                     _send(
                         peer,
-                        _encode(key, seq, app, comm.size),
+                        mine,
                         leader,
                         comm_mod.Tag.GO,
                         poll,
