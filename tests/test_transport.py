@@ -808,6 +808,20 @@ def test_request_before_the_rank_holds_the_step(tmp_path):
     assert res.lines("OK late rank")
 
 
+def test_small_pieces_travel_packed(tmp_path):
+    """A read's small pieces come many in one message from each producer rank (cut where a
+    message would pass its count of pieces or its bytes), large ones each in their own, in one
+    read together: every value as written, big-endian and 0-D too (transport_packed.py)."""
+    _skip_without_mpiexec()
+    res = run_mpmd(
+        (2, "transport_packed", "produce", "p", 2),
+        (2, "transport_packed", "check", "p", 2),
+        cwd=tmp_path,
+        env={"LAMINA_TRANSPORT": "memory"},
+    )
+    assert res.lines("OK check: 2 steps"), res.describe()
+
+
 @pytest.mark.parametrize("eager", [0, 1])
 def test_statistics_follow_the_record(tmp_path, eager):
     """Producers reduce their blocks after the commit; consumers fetch the statistics when used.

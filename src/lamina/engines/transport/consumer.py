@@ -17,6 +17,8 @@ answering gives :class:`~lamina.errors.TransportError` instead of a hang.
 
 from __future__ import annotations
 
+import math
+import operator
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -568,7 +570,10 @@ class Consumer(TransportBase):
         pieces = []  # (first request, chunk sizes in bytes, scratch or None, box, producer rank)
         neg = tuple(-a for a in box.start)
         refuse_stats_only(spec, t, idx, step)  # (as a file's reader says it)
-        for i, a, b in zip(idx.tolist(), lo.tolist(), hi.tolist(), strict=True):
+        small = rows_prod(hi - lo) * item <= wire.PACKED
+        packs = self._ask_packed(xfer, spec, real, t, idx[small], lo[small], hi[small])
+        big = ~small
+        for i, a, b in zip(idx[big].tolist(), lo[big].tolist(), hi[big].tolist(), strict=True):
             inter = Box(tuple(a), tuple(b))
             rank = int(t.rank[i])
             if (
@@ -600,7 +605,65 @@ class Consumer(TransportBase):
                 )
             if tmp is not None:
                 out[inter.shift(neg).slices] = tmp
+        for first, scratch, a, b, rank in packs:
+            if xfer.counts[first] != len(scratch):
+                first_box = Box(tuple(a[0].tolist()), tuple(b[0].tolist()))
+                held = (
+                    f"{spec.path!r} {first_box}"
+                    if len(a) == 1
+                    else f"every one of {len(a)} pieces of {spec.path!r} asked together, the "
+                    f"first {first_box},"
+                )
+                raise TransportError(
+                    f"{self.path}: producer rank {rank} no longer holds {held} of step {step}"
+                )
+            _unpack(scratch.view(spec.dtype), a - np.asarray(box.start), b - a, out)
         self._count_read(covered * item)  # what the producer ranks sent
+
+    def _ask_packed(
+        self,
+        xfer: wire.Transfers,
+        spec: DatasetSpec,
+        real: int,
+        t: BlockTable,
+        idx: np.ndarray,
+        lo: np.ndarray,
+        hi: np.ndarray,
+    ) -> list[tuple[int, np.ndarray, np.ndarray, np.ndarray, int]]:
+        """Ask for the pieces *lo*..*hi* of blocks *idx* of *t*, each small, packed many in a
+        message (``Request.GETS``: one request and one answer per producer rank and
+        :data:`.wire.PACKED_PIECES`, at most :data:`.wire.CHUNK` bytes); the receives posted
+        in *xfer*.  Per message ``(its request, scratch, starts, stops, producer rank)``."""
+        out: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, int]] = []
+        if not len(idx):
+            return out
+        item = spec.dtype.itemsize
+        ranks = t.rank[idx]
+        nbytes = rows_prod(hi - lo) * item
+        for rank in np.unique(ranks).tolist():
+            mine = np.flatnonzero(ranks == rank)
+            # cut where a message would pass either limit
+            ends = np.cumsum(nbytes[mine])
+            k = 0
+            while k < len(mine):
+                base = int(ends[k - 1]) if k else 0
+                stop = int(np.searchsorted(ends, base + wire.CHUNK, side="right"))
+                stop = min(max(stop, k + 1), k + wire.PACKED_PIECES, len(mine))
+                sel = mine[k:stop]
+                a, b = lo[sel], hi[sel]
+                scratch = np.empty(int(ends[stop - 1]) - base, dtype=np.uint8)
+                first = xfer.recv(self.inter, [scratch, MPI.BYTE], None, rank, Tag.DATA)
+                rows = np.column_stack([idx[sel], a, b]).astype(np.int64, copy=False)
+                hdr = np.concatenate(
+                    [
+                        np.array([Request.GETS, real, spec.id, spec.ndim, len(sel)], np.int64),
+                        rows.reshape(-1),
+                    ]
+                )
+                xfer.send(self.inter, [_u8(hdr), MPI.BYTE], None, rank, Tag.REQUEST)
+                out.append((first, scratch, a, b, rank))
+                k = stop
+        return out
 
     def _finish(self) -> None:
         g = comm_mod.Guard()
@@ -641,6 +704,18 @@ class Consumer(TransportBase):
         if self._inter is not None:
             comm_mod.free(self._inter)
             self._inter = None
+
+
+def _unpack(values: np.ndarray, at: np.ndarray, shapes: np.ndarray, out: np.ndarray) -> None:
+    """Boxes of *shapes* (rows), their values one after another in *values*, into *out* at
+    the corners *at* (rows, relative to *out*)."""
+    k = 0
+    for corner, shape in zip(at.tolist(), shapes.tolist(), strict=True):
+        n = math.prod(shape)
+        out[tuple(map(slice, corner, map(operator.add, corner, shape)))] = values[
+            k : k + n
+        ].reshape(shape)
+        k += n
 
 
 def _head_of(buf: np.ndarray) -> tuple[int, int]:

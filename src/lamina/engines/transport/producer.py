@@ -466,6 +466,22 @@ class Producer(TransportBase):
                     held_box, held = found
                     spec, dt = wire.region_spec(held, c.shift(tuple(-a for a in held_box.start)))
                     self._answers.send(link.inter, spec, dt, src, Tag.DATA)
+        elif kind == Request.GETS and len(words) >= 5:
+            step, did, nd, n = int(words[1]), int(words[2]), int(words[3]), int(words[4])
+            if step >= self._steps_held:  # not committed here yet: answered at its commit
+                self._deferred.append((link, src, buf))
+                return
+            if not (
+                0 <= nd <= 64
+                and 0 < n <= wire.PACKED_PIECES
+                and len(words) == 5 + n * (1 + 2 * nd)
+                and 0 <= did < len(self.catalog.specs)
+            ):
+                raise TransportError(
+                    f"malformed data request from consumer task {link.app} rank {src}"
+                )
+            packed = self._packed(step, did, words[5:].reshape(n, 1 + 2 * nd))
+            self._answers.send(link.inter, [packed, MPI.BYTE], None, src, Tag.DATA)
         elif kind == Request.PAYLOAD and len(words) == 4:
             step, did, row = int(words[1]), int(words[2]), int(words[3])
             if step >= self._steps_held:  # not committed here yet: answered at its commit
@@ -526,6 +542,40 @@ class Producer(TransportBase):
             return None  # (a band is bytes: served whole, never as a box)
         box = got[0].box(row)
         return (box, got[1]) if box.contains(want) else None
+
+    def _packed(self, step: int, did: int, asked: np.ndarray) -> np.ndarray:
+        """The boxes *asked* (rows of block, start..., stop...) of dataset *did* at *step*, their
+        values one after another (``Request.GETS``); empty unless this rank holds every block
+        asked and each contains its box."""
+        none = np.zeros(0, dtype=np.uint8)
+        arrays = self._data.get(step, {}).get(did)
+        if arrays is None:
+            return none
+        t = self.catalog.table(did, step)
+        nd = t.ndim
+        rows, start, stop = asked[:, 0], asked[:, 1 : 1 + nd], asked[:, 1 + nd :]
+        if asked.shape[1] != 1 + 2 * nd or ((rows < 0) | (rows >= len(t))).any():
+            return none
+        if (t.rank[rows] != self.rank).any() or (t.codec[rows] == BlockCodec.MULTIRES).any():
+            return none  # (a band is bytes: served whole, never as a box)
+        if ((start < t.start[rows]) | (stop > t.stop[rows]) | (start > stop)).any():
+            return none
+        local = rows - int(np.searchsorted(t.rank, self.rank, side="left"))
+        if ((local < 0) | (local >= len(arrays))).any():
+            return none
+        item = self.catalog.specs[did].dtype.itemsize
+        sizes = np.prod(stop - start, axis=1, dtype=np.int64) * item
+        out = np.empty(int(sizes.sum()), dtype=np.uint8)
+        at = 0
+        rel0, rel1 = (start - t.start[rows]).tolist(), (stop - t.start[rows]).tolist()
+        for k, (j, n) in enumerate(zip(local.tolist(), sizes.tolist(), strict=True)):
+            held = arrays[j]
+            if held is None:
+                return none
+            piece = held[tuple(map(slice, rel0[k], rel1[k]))]
+            out[at : at + n].view(held.dtype).reshape(piece.shape)[...] = piece
+            at += n
+        return out
 
     def _held_band(self, step: int, did: int, row: int) -> np.ndarray | None:
         """The stored bytes of band *row* of dataset *did* at *step*, if this rank holds it."""

@@ -60,6 +60,18 @@ class Request(IntEnum):
     #: ``[WANT, k]``: this consumer rank (flow 'latest') waits for a step of k or later, keeping
     #: those before: the producer may send it a newer step without a release
     WANT = 6
+    #: ``[GETS, step, dataset id, ndim, n, then n times (block, start..., stop...)]``: send these
+    #: boxes of those blocks of that step in one message, each box's values in C order one
+    #: after another (:data:`PACKED`); an empty message where this rank holds any of them no more
+    GETS = 7
+
+
+#: pieces of a read up to this many bytes travel packed, many in one message (``Request.GETS``):
+#: a message of its own costs a request, a receive and an answer, hundreds of microseconds of
+#: both sides' time for a piece of a few hundred bytes, where copying it costs well under one
+PACKED = 1 << 16
+#: pieces of one ``GETS`` at most (its request of 8 bytes a number stays small)
+PACKED_PIECES = 4096
 
 
 #: first word after the step in a record message: bit 0 set when the statistics follow on request
