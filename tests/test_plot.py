@@ -288,3 +288,18 @@ def test_stats_says_why_it_has_nothing_and_refuses_a_slices_options(tmp_path, ca
         err = capsys.readouterr().err
         assert f"{extra[0]}: for a slice; --stats draws every step's statistics" in err, err
     assert not (tmp_path / "s.png").exists()
+
+
+def test_an_empty_axis_the_picture_cuts_itself_says_the_slice_is_empty(tmp_path):
+    """A dataset of shape (0, 4, 5): its empty first axis, cut in the middle by the picture
+    (no --slice given), holds no value; the same error as an empty free axis (it was a
+    BoundsError about an index 0 the user never gave)."""
+    path = str(tmp_path / "e.lam")
+    with lamina.open(path, "w") as f:
+        e = f.create_dataset("e", (0, 4, 5), "f8")
+        e.attrs["dims"] = ["z", "y", "x"]
+        with f.step():
+            pass
+    with lamina.open(path) as f:
+        with pytest.raises(lamina.SelectionError, match=r"shape \(0, 4, 5\): the slice holds no"):
+            plot.slice_png(f, "e", str(tmp_path / "e.png"))

@@ -7,6 +7,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -167,6 +168,109 @@ def test_a_selection_reads_after_its_dataset_is_closed(tmp_path):
     groups = xr.open_groups(path, engine=ENGINE)
     groups["/"].close()  # (the groups share one file)
     np.testing.assert_array_equal(groups["/fields"].T.values, ref)
+
+
+def test_a_file_opened_again_sees_the_steps_written_since(tmp_path):
+    """A selection read after its Dataset was closed, and an unpickled Dataset, read steps the
+    file gained since it was opened again for them (the file kept for the process was never
+    refreshed: StepError "step 3 does not exist ... 2 committed step(s)")."""
+    import pickle
+
+    path = str(tmp_path / "grows.lam")
+    with lamina.open(path, "w") as f:
+        a = f.create_dataset("a", (3,), "f8")
+        a.attrs["dims"] = ["x"]
+        for k in range(2):
+            with f.step():
+                a[...] = k
+    with xr.open_dataset(path, engine=ENGINE) as ds:
+        first = ds.a.isel(step=0)
+    np.testing.assert_array_equal(first.values, [0, 0, 0])  # (the file opened again, kept)
+    with lamina.open(path, "a") as f:
+        for k in range(2, 4):
+            with f.step():
+                f["a"][...] = k
+    with xr.open_dataset(path, engine=ENGINE) as ds:
+        last = ds.a.isel(step=3)
+        blob = pickle.dumps(ds)
+    np.testing.assert_array_equal(last.values, [3, 3, 3])
+    np.testing.assert_array_equal(pickle.loads(blob).a.isel(step=3).values, [3, 3, 3])
+
+
+def test_a_step_outside_the_file_is_an_index_error_naming_the_axis(tmp_path):
+    """As zarr's: the dimension and its length, not a bare 'list index out of range'."""
+    path = tmp_path / "s.lam"
+    _flame(path)
+    with xr.open_dataset(path, engine=ENGINE, group="fields") as ds:
+        for key in (3, [0, 3]):
+            with pytest.raises(IndexError, match="dimension 'step' of length 3"):
+                ds.T.isel(step=key).load()
+        np.testing.assert_array_equal(ds.T.isel(step=-3).values, ds.T.isel(step=0).values)
+
+
+def test_a_group_with_a_time_dimension_takes_no_time_from_its_parent(tmp_path):
+    """A probe's history over its own dimension 'time': the root's per-step 'time' is not
+    pushed in beside it (at one step, a ValueError "dimension 'time' already exists as a
+    scalar variable" stopped open_dataset and open_datatree)."""
+    path = str(tmp_path / "probe.lam")
+    with lamina.open(path, "w") as f:
+        t = f.create_dataset("time", (), "f8")
+        h = f.create_dataset("probe/hist", (5,), "f8")
+        h.attrs["dims"] = ["time"]
+        for k in range(2):
+            with f.step():
+                t[()] = 0.1 * k
+                h[...] = np.arange(5.0) + k
+    with xr.open_dataset(path, engine=ENGINE, group="probe") as ds:
+        assert dict(ds.sizes) == {"step": 2, "time": 5}
+        assert "time" not in ds.coords
+    with xr.open_dataset(path, engine=ENGINE, group="probe", step=1) as ds:
+        np.testing.assert_array_equal(ds.hist.values, np.arange(5.0) + 1)
+    tree = xr.open_datatree(path, engine=ENGINE, step=1)
+    try:
+        assert float(tree["/"].time) == 0.1
+        np.testing.assert_array_equal(tree["/probe"].hist.values, np.arange(5.0) + 1)
+    finally:
+        tree.close()
+
+
+def test_trees_and_groups_of_a_dataset_name_it(tmp_path):
+    """open_datatree and open_groups with group= naming a dataset say so, as open_dataset
+    does (an AttributeError: 'Dataset' object has no attribute 'walk')."""
+    path = str(tmp_path / "g.lam")
+    with lamina.open(path, "w") as f:
+        a = f.create_dataset("g/a", (4,), "f8")
+        with f.step():
+            a[...] = 1
+    for fn in (xr.open_dataset, xr.open_datatree, xr.open_groups):
+        with pytest.raises(TypeError, match="'/g/a' in .* is a dataset, not a group"):
+            fn(path, engine=ENGINE, group="g/a")
+
+
+def test_listed_coordinates_keep_every_other_value_at_a_coarser_level(tmp_path):
+    """A 1-D coordinate the group lists in 'coordinates' (lat over y, as to_lamina writes it)
+    is strided at level k as an index coordinate is (it was left out with a warning)."""
+    path = str(tmp_path / "lat.lam")
+    lat_values = np.linspace(-60, 60, 16)
+    with lamina.open(path, "w") as f:
+        f.attrs["coordinates"] = ["lat"]
+        T = f.create_dataset("T", (16, 16), "f8", layout=lamina.Multires(patch=8, tolerance=0))
+        T.attrs["dims"] = ["y", "x"]
+        y = f.create_dataset("y", (16,), "f8")
+        y.attrs.update({"dims": ["y"], "static": 1})
+        lat = f.create_dataset("lat", (16,), "f8")
+        lat.attrs.update({"dims": ["y"], "static": 1})
+        with f.step():
+            T[...] = np.arange(256.0).reshape(16, 16)
+            y[...] = np.arange(16.0)
+            lat[...] = lat_values
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with xr.open_dataset(path, engine=ENGINE, level=1) as ds:
+            assert sorted(ds.coords) == ["lat", "y"]
+            np.testing.assert_array_equal(ds.lat.values, lat_values[::2])
+            np.testing.assert_array_equal(ds.y.values, np.arange(16.0)[::2])
+            assert ds.lat.dims == ("y",)
 
 
 def test_derived_quantity_is_a_variable(tmp_path):

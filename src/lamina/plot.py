@@ -191,7 +191,8 @@ def slice_png(
             f"{name!r} has shape {first.shape}: a picture needs 2 free dimensions, "
             f"{len(free)} are left after --slice"
         )
-    if any(first.shape[ax] == 0 for ax in free):  # (an empty picture would pass for one)
+    # (an empty picture would pass for one; an empty axis cut in its middle holds no index)
+    if any(first.shape[ax] == 0 for ax in free) or 0 in first.shape:
         raise SelectionError(f"{name!r} has shape {first.shape}: the slice holds no values")
     key = tuple(fixed.get(ax, slice(None)) for ax in range(first.ndim))
     if len(comps) == 1:

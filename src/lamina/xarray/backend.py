@@ -93,8 +93,14 @@ class LaminaArray(BackendArray):
         ds = self._ds
         f = ds.file
         if f.engine.closed and f.engine.stack()[-1].name == "native":
-            ds = self._ds = _reopened_file(self._path)[ds.name]
+            ds = self._ds = _reopened_file(self._path, self._last_step())[ds.name]
         return ds
+
+    def _last_step(self) -> int | None:
+        """The last step this variable reads (None: the file's last, whatever it is)."""
+        if self._steps is not None:
+            return max(self._steps, default=None)
+        return self._at
 
     def __getitem__(self, key: indexing.ExplicitIndexer) -> np.ndarray:
         return indexing.explicit_indexing_adapter(
@@ -160,14 +166,18 @@ def _empty_slices_forward(key: indexing.ExplicitIndexer, shape: tuple[int, ...])
 
 
 def _positions(k, n: int):
-    """An axis key -> an int, or an array of positions."""
-    if isinstance(k, int | np.integer):
-        i = int(k)
-        return i + n if i < 0 else i
+    """A key of the ``step`` axis (of *n* steps) -> an int, or an array of positions;
+    IndexError naming the axis and its length for a position outside it (as zarr's)."""
     if isinstance(k, slice):
         return np.arange(n)[k]
     a = np.asarray(k, dtype=np.int64)
-    return np.where(a < 0, a + n, a)
+    bad = (a < -n) | (a >= n)
+    if bad.any():
+        raise IndexError(
+            f"index {int(a[bad].flat[0])} is out of bounds for dimension 'step' of length {n}"
+        )
+    a = np.where(a < 0, a + n, a)
+    return int(a) if isinstance(k, int | np.integer) else a
 
 
 def _bounds(key: tuple, shape: tuple[int, ...]) -> tuple[list[int], list[int], list[Any]]:
@@ -234,18 +244,23 @@ def _reopened(
 ) -> LaminaArray:
     """A :class:`LaminaArray` unpickled: its dataset *name* of the file at *path* opened
     again (:func:`_reopened_file`)."""
-    return LaminaArray(_reopened_file(path)[name], steps, at, level, stride)
+    last = max(steps, default=None) if steps is not None else at
+    return LaminaArray(_reopened_file(path, last)[name], steps, at, level, stride)
 
 
-def _reopened_file(path: str) -> lamina.File:
+def _reopened_file(path: str, step: int | None = None) -> lamina.File:
     """The file at *path* opened again for variables whose own is not open here (unpickled,
-    or closed): once in this process, kept open for every variable that needs it."""
+    or closed): once in this process, kept open for every variable that needs it, and
+    refreshed where a variable reads a *step* it opened before (a file a run goes on
+    writing, followed with dask's process or distributed workers)."""
     with _REOPENED_LOCK:
         f = _REOPENED.get(path)
         if f is None or f.engine.closed:
             if not _REOPENED:
                 atexit.register(_close_reopened)
             f = _REOPENED[path] = lamina.open(path, "r", comm=comm_mod.self_comm(), **ON_DISK)
+        elif step is not None and step >= f.steps:
+            f.refresh()
         return f
 
 
@@ -536,7 +551,12 @@ def group_dataset(
         stepped = stepped or not static
         if len(dims) == 1 and dims[0] == name:
             coord_names.add(name)
-    if cv.TIME not in variables and cv.TIME not in drop:
+    # (not where a dimension of the group is named 'time': a probe's history over its own)
+    if (
+        cv.TIME not in variables
+        and cv.TIME not in drop
+        and not any(cv.TIME in v.dims for v in variables.values())
+    ):
         tsrc = _per_step_source(f, gpath, inherit_time and stepped)
         if tsrc is not None:
             variables[cv.TIME] = _per_step_variable(f, tsrc, steps, at)
@@ -578,13 +598,15 @@ def _without_level(f: lamina.File, g, level: int, drop: set[str]) -> set[str]:
     """Names of the datasets of *g* that a view at *level* leaves out (with one warning): all
     but multiresolution datasets with that level, 0-D datasets and 1-D coordinates."""
     out = []
+    listed = set(cv.names(g.attrs[cv.COORDINATES])) if cv.COORDINATES in g.attrs else set()
     for name, obj in g.items():
         if not isinstance(obj, lamina.Dataset) or name in drop:
             continue
         if obj.layout is not None and level < len(obj.levels):
             continue
         dims = cv.names(obj.attrs[cv.DIMS]) if cv.DIMS in obj.attrs else []
-        coordinate = obj.ndim == 1 and list(dims) == [name]
+        # (an index coordinate, or one the group lists: lat over y, as to_lamina writes it)
+        coordinate = obj.ndim == 1 and (list(dims) == [name] or name in listed)
         if obj.ndim == 0 or (coordinate and _definition(f, obj.name) is None):
             continue
         out.append(name)
@@ -715,6 +737,8 @@ class LaminaBackendEntrypoint(BackendEntrypoint):
         try:
             top = _join(base, group)
             g = f if top.strip("/") == "" else f[top]
+            if not isinstance(g, lamina.Group):  # (as open_dataset says it)
+                raise TypeError(f"{top!r} in {f.filename!r} is a dataset, not a group")
             paths = [top] + [p for p, o in g.walk() if isinstance(o, lamina.Group)]
             out = {}
             above: dict[str, dict[str, int]] = {}  # dimension sizes of each group and its own
