@@ -268,6 +268,7 @@ class BackgroundLayer(Layer):
         self._between: list[tuple] = []
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._work_done = False  # the background thread returned (it says so: see _shutdown)
         self._failure: BackgroundError | None = None
         # a failure taken to be reported at a call that raised something else before the ranks
         # heard it (an interrupt while the call waited): reported at the next call instead
@@ -804,9 +805,10 @@ class BackgroundLayer(Layer):
             # waited for in the condition's wait, not in join alone: an interrupt raised as
             # this thread entered `with self._cond` (in Condition.__enter__, after it took the
             # lock) left the lock held here, no `with` to let go of it; the wait lets go of
-            # it meanwhile, so that the thread can take it and see that it stops
+            # it meanwhile, so that the thread can take it and see that it stops (the thread
+            # says so as it returns: a wait for its end alone lasted the wait's whole timeout)
             with self._cond:
-                while self._thread.is_alive():
+                while not self._work_done and self._thread.is_alive():
                     self._cond.wait(0.1)
             self._thread.join()
         self._thread = None
@@ -2007,6 +2009,7 @@ class BackgroundLayer(Layer):
             _hook_exit()
             _LIVE.add(self)
             self._stopping = False
+            self._work_done = False
             self._thread = threading.Thread(
                 target=self._work, name=f"lamina-io {self.path}", daemon=False
             )
@@ -2039,7 +2042,11 @@ class BackgroundLayer(Layer):
             with self._cond:
                 while not self._queue and not (self._warm and not self._stopping):
                     if self._stopping or not main.is_alive():
-                        return  # at interpreter exit, once every step ended is written
+                        # at interpreter exit, once every step ended is written; told to a
+                        # _shutdown waiting on the condition (see there)
+                        self._work_done = True
+                        self._cond.notify_all()
+                        return
                     self._cond.wait(0.1)
                 sizes: list[int] = []
                 if self._queue and self._failed_at is not None:
