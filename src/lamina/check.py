@@ -248,6 +248,10 @@ def verify(f, stats: bool = False) -> dict[str, Any]:
                 except (FormatError, OSError, ValueError) as e:
                     found("table", None, e)
                     continue
+                try:  # (as a read asks before it puts blocks together)
+                    t.check_disjoint(f"dataset {spec.path!r}")
+                except FormatError as e:
+                    found("table", None, e)
                 n, nb = _check_blocks(eng, spec, t, step, stats, found, scratch)
                 blocks, nbytes = blocks + n, nbytes + nb
                 if spec.layout is not None and spec.layout.get("layout") != LAYOUT_LEVEL:

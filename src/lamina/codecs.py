@@ -30,6 +30,7 @@ import numpy as np
 from .catalog.model import MAX_CODEC_JSON
 from .errors import CodecError
 from .multires.compress import zfp_max_extent  # (a layer down: its bands are zfp fields too)
+from .zfpstream import zfp_bound, zfp_header, zfp_need
 
 #: codec id -> {parameter: accepted python types}
 ALLOWED: dict[str, dict[str, tuple[type, ...]]] = {
@@ -472,79 +473,6 @@ def _inflate(buf, limit: int, what: str) -> np.ndarray:
     return np.frombuffer(out, np.uint8)
 
 
-# zfp (https://zfp.readthedocs.io): a stream of bits, least significant first, starting with a
-# header of 'zfp', a version byte, 52 bits of field metadata and a 12- or 64-bit mode; the
-# data follows in blocks of 4^d values (a field is padded to multiples of 4 along each axis).
-
-_ZFP_TYPES: dict[int, np.dtype] = {
-    1: np.dtype("i4"),
-    2: np.dtype("i8"),
-    3: np.dtype("f4"),
-    4: np.dtype("f8"),
-}
-#: header bits at most: magic 32, field 52, long mode 64
-_ZFP_HEADER_BITS = 148
-
-
-def _zfp_blocks(shape: tuple[int, ...]) -> tuple[int, int]:
-    """(blocks, values per block) of a zfp field of *shape*."""
-    return math.prod(-(-max(n, 1) // 4) for n in shape), 4 ** len(shape)
-
-
-def _zfp_block_bits(values: int) -> int:
-    """Most bits lamina's zfp modes spend on a block of *values* values.
-
-    A rate or precision of at most 64 bits a value (:func:`normalize`
-    refuses more), plus zfp's per-block sign, exponent and group-test bits.
-    """
-    return values * 66 + 96
-
-
-def zfp_bound(shape: tuple[int, ...]) -> int:
-    """Most bytes of zfp data for a block of *shape* (the header, every block at its most, a word more)."""
-    blocks, values = _zfp_blocks(shape)
-    return -(-(_ZFP_HEADER_BITS + blocks * _zfp_block_bits(values)) // 64) * 8 + 16
-
-
-def _zfp_header(buf, what: str) -> tuple[np.dtype, tuple[int, ...], int, int]:
-    """(dtype, shape, most bits a block may take, header bits) of zfp data; CodecError if absent."""
-    head = bytes(buf[:19])
-    if len(head) < 12 or head[:3] != b"zfp":
-        raise CodecError(f"{what}: not zfp data (no zfp header)")
-    v = int.from_bytes(head, "little")
-    meta = (v >> 32) & ((1 << 52) - 1)
-    dt = _ZFP_TYPES[(meta & 3) + 1]
-    dims = ((meta >> 2) & 3) + 1
-    width = 48 // dims
-    sizes = meta >> 4
-    shape = tuple(((sizes >> (width * j)) & ((1 << width) - 1)) + 1 for j in reversed(range(dims)))
-    _, values = _zfp_blocks(shape)
-    prec = dt.itemsize * 8
-
-    def variable(maxprec: int) -> int:  # zfp_stream_maximum_size, with a margin
-        return values * (min(maxprec, prec) + 2) + 64
-
-    mode = (v >> 84) & 0xFFF
-    if mode < 0xFFF:  # the short forms
-        bits = 96
-        if mode < 2048:  # fixed rate: every block takes exactly maxbits
-            per_block = mode + 1
-        elif mode < 2176:  # fixed precision
-            per_block = variable(mode - 2047)
-        else:  # reversible, fixed accuracy
-            per_block = variable(prec)
-    else:
-        if len(head) < 19:
-            raise CodecError(f"{what}: zfp header truncated ({len(head)} bytes)")
-        bits = _ZFP_HEADER_BITS
-        long = (v >> 84) & ((1 << 64) - 1)
-        minbits = ((long >> 12) & 0x7FFF) + 1
-        maxbits = ((long >> 27) & 0x7FFF) + 1
-        maxprec = ((long >> 42) & 0x7F) + 1
-        per_block = max(minbits, min(maxbits, variable(maxprec)))
-    return dt, shape, per_block, bits
-
-
 def _zfp_decode(
     codec, buf, dtype: np.dtype, shape: tuple[int, ...], limit: int, what: str
 ) -> np.ndarray:
@@ -554,7 +482,7 @@ def _zfp_decode(
     and mode take it: data shorter than that is padded with zeros (at most
     :func:`zfp_bound` of the block) instead of letting it read past the end.
     """
-    dt, hshape, per_block, header_bits = _zfp_header(buf, what)
+    dt, hshape, per_block, header_bits = zfp_header(buf, what)
     count = math.prod(hshape)
     if dt != dtype:
         raise CodecError(f"{what}: the zfp data holds {dt} values, the dataset {dtype}")
@@ -563,8 +491,7 @@ def _zfp_decode(
             f"{what}: the zfp header declares {hshape} values ({count * dt.itemsize} bytes), "
             f"more than the {limit} this block can hold"
         )
-    blocks, values = _zfp_blocks(hshape)
-    need = -(-(header_bits + blocks * per_block) // 64) * 8 + 16
+    need = zfp_need(hshape, per_block, header_bits)
     # another shape of as many values would decode and be reshaped: other values in place
     if hshape != tuple(shape) or need > zfp_bound(shape):
         raise CodecError(

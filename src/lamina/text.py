@@ -227,11 +227,15 @@ def fmt_box(box) -> str:
 
 
 def fmt_codecs(codecs: Iterable[dict]) -> str:
-    """A codec pipeline: ``'zstd(level=3)+...'``, or ``'none'``."""
+    """A codec pipeline: ``'zstd(level=3)+...'``, or ``'none'``; its names and values as
+    :func:`fmt_name` shows names (they come from the file: a newline or a terminal escape
+    in one would make or colour lines of the output)."""
     out = []
     for c in codecs:
-        params = ",".join(f"{k}={v}" for k, v in sorted(c.items()) if k != "id")
-        out.append(c.get("id", "?") + (f"({params})" if params else ""))
+        params = ",".join(
+            f"{fmt_name(str(k))}={fmt_name(str(v))}" for k, v in sorted(c.items()) if k != "id"
+        )
+        out.append(fmt_name(str(c.get("id", "?"))) + (f"({params})" if params else ""))
     return "+".join(out) if out else "none"
 
 

@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import CodecError, DTypeError, ShapeError
+from ..zfpstream import zfp_header, zfp_need
 from . import bound, patches, wavelet
 
 
@@ -496,7 +497,15 @@ def _zfp_decode(blob: bytes, shape: tuple[int, ...], dtype: np.dtype, what: str)
             f"{what}: the zfp stream holds {np.dtype(h['type'])} of shape {got}, "
             f"expected {dtype} of shape {shape}"
         )
-    need = _zfp_bound(shape)
+    # zfp reads as far as the header's mode takes it: a mode that lets a block take more than
+    # the stream's bound (a forged fixed rate of 32,768 bits a block) read past the buffer
+    _, _, per_block, header_bits = zfp_header(blob, what)
+    need = zfp_need(shape, per_block, header_bits)
+    if need > _zfp_bound(shape):
+        raise CodecError(
+            f"{what}: the zfp header lets a block of the stream take {per_block} bits, more "
+            f"than a band of shape {shape} can hold"
+        )
     data = blob if len(blob) >= need else blob + bytes(need - len(blob))
     try:
         out = zfpy.decompress_numpy(data)

@@ -1051,7 +1051,11 @@ class NativeEngine(BlockEngine):
                 try:
                     out.append(
                         fmt.parse_frame(
-                            os.pread(mfd, ent.length, ent.offset),
+                            # (no more than lamina.meta holds: a last entry may claim up to
+                            # MAX_RECORD bytes past its end, and pread allocates what it asks)
+                            os.pread(
+                                mfd, min(ent.length, max(0, meta_size - ent.offset)), ent.offset
+                            ),
                             ent,
                             f"{self.path}/{fmt.META_NAME}",
                         )

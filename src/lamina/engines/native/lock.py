@@ -29,6 +29,7 @@ import errno
 import fcntl
 import os
 import socket
+import stat
 import struct
 import sys
 import time
@@ -103,6 +104,27 @@ def _held_elsewhere(fd: int) -> bool | None:
     return _FLOCK.unpack(got)[0] != fcntl.F_UNLCK
 
 
+def _open_lock(name: str, flags: int, mode: int = 0o644) -> int:
+    """``os.open`` of the lock file *name*, never through a link, without waiting: LockError
+    where it is not a regular file (a named pipe's open waited for a writer to come for ever;
+    a directory, a device), as with any other name of the file (the native engine's
+    ``_open_in``)."""
+    fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
+    try:
+        kind = os.fstat(fd).st_mode
+        if not stat.S_ISREG(kind):
+            what = "a named pipe" if stat.S_ISFIFO(kind) else "not a regular file"
+            raise LockError(
+                f"{os.path.dirname(name)!r}: its lock file {os.path.basename(name)} is {what}, "
+                "which lamina did not make; remove it to write the file"
+            )
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def writer_running(path: str) -> bool | None:
     """Whether a writer holds the file in directory *path* open now: True, False (a writer
     that took the lock ended without closing the file: killed, its program ended first, or
@@ -113,8 +135,8 @@ def writer_running(path: str) -> bool | None:
     if os.path.realpath(path) in _HELD_HERE:
         return True
     try:
-        fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+        fd = _open_lock(os.path.join(path, LOCK_NAME), os.O_RDONLY)
+    except (OSError, LockError):  # (none, or not lamina's: no writer's trace to ask)
         return None
     try:
         info = _read_info(fd)
@@ -152,7 +174,7 @@ class WriterLock:
 
     def _acquire(self) -> None:
         try:
-            fd = os.open(self.name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            fd = _open_lock(self.name, os.O_RDWR | os.O_CREAT)
         except IsADirectoryError:
             raise LockError(
                 f"{self.path!r}: its lock file {os.path.basename(self.name)} is a directory, "
@@ -236,7 +258,7 @@ class WriterLock:
         """The lock file exists: LockError if its holder may run; else it is moved aside and
         removed, if what moved is the file judged stale (else it is put back)."""
         try:
-            fd = os.open(self.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = _open_lock(self.name, os.O_RDONLY)
         except FileNotFoundError:
             return  # released meanwhile: try again
         try:
