@@ -962,6 +962,27 @@ def test_an_interrupt_in_end_step_keeps_the_steps_ended_before(path, monkeypatch
     assert [float(a[0, 0]) for a in read_all(path)] == [0.0, 100.0, 200.0, 300.0]
 
 
+def test_steps_queued_wait_for_room_beyond_the_queues_length(path):
+    """A program of small steps faster than their writes queued every one (a thousand steps
+    took half a minute to write after a Ctrl-C): end_step now waits for room beyond
+    QUEUE_STEPS, counted as a wait for the budget is, and every step is written."""
+    from lamina.layers.background.step import QUEUE_STEPS
+
+    f = lamina.open(path, "w", io="async")
+    Gate(f, delay=0.003)  # each step's commit 3 ms: the program runs ahead
+    ds = f.create_dataset("x", (4, 6), "f8")
+    n = 3 * QUEUE_STEPS
+    longest = 0
+    for k in range(n):
+        with f.step():
+            ds[...] = values(k)
+        longest = max(longest, len(f.engine._queue))
+    waits = f.io_stats["waits"]
+    f.close()
+    assert longest == QUEUE_STEPS and waits > 0, (longest, waits)
+    assert [float(a[0, 0]) for a in read_all(path)] == [100.0 * k for k in range(n)]
+
+
 def test_a_hold_of_the_lock_an_interrupt_left_does_not_stop_the_close(path):
     """An interrupt raised as the program's thread entered ``with`` on the layer's condition
     (in Condition.__enter__, once it took the lock) leaves the lock held, no ``with`` to let go

@@ -115,6 +115,7 @@ from ..derived import DerivedLayer
 from .prefetch import Prefetcher
 from .step import (
     DEFAULT_INFLIGHT_BYTES,
+    QUEUE_STEPS,
     BackgroundError,
     Frozen,
     IOStats,
@@ -2022,10 +2023,25 @@ class BackgroundLayer(Layer):
 
     def _submit(self, step: Step) -> None:
         step.skipped = self._take_dropped()
-        self._handed_count += 1
         with self._cond:
             self._start()
+            # room in the queue (QUEUE_STEPS), waited for as for the budget: the thread writes
+            # the steps queued whatever this thread does (it never waits for this one)
+            t0 = time.perf_counter()
+            waited = False
+            while (
+                len(self._queue) >= QUEUE_STEPS
+                and self._failed_at is None
+                and (self._thread is not None and self._thread.is_alive())
+            ):
+                waited = True
+                self._cond.wait(0.5)
+            if waited:
+                self.stats.waits += 1
+                self.stats.wait_seconds += time.perf_counter() - t0
+                step.budget_wait += time.perf_counter() - t0
             self._queue.append(step)
+            self._handed_count += 1  # (after the wait: an interrupt in it hands nothing)
             self._cond.notify_all()
 
     def _drain(self) -> None:

@@ -26,6 +26,11 @@ from ...geometry import Box
 
 #: default budget of the copies of the steps in flight
 DEFAULT_INFLIGHT_BYTES = 1 << 30
+#: steps queued for the background thread at most (beside the one it writes): an end_step that
+#: would queue more waits, as a put waits for the budget, so that a program of many small steps
+#: faster than their writes does not run ahead without bound (an interrupted program writes
+#: every step its ranks ended before it stops: a thousand small steps queued took half a minute)
+QUEUE_STEPS = 32
 
 
 @dataclass
@@ -51,7 +56,8 @@ class Step:
     copy_seconds: float = 0.0
     fresh_copied: int = 0
     fresh_seconds: float = 0.0
-    budget_wait: float = 0.0  # seconds its puts waited for the budget (not the calls' own work)
+    budget_wait: float = 0.0  # seconds its puts waited for the budget, its end_step for room in
+    # the queue (QUEUE_STEPS): not the calls' own work
     idle: bool = True  # no step was being written when it was opened (its calls met no thread)
     decision: dict[str, Any] | None = None  # io='auto': the prediction made for it, and the outcome
     #: io='auto': extension records of the decisions of steps before it, (key, bytes), set with
