@@ -983,6 +983,50 @@ def test_steps_queued_wait_for_room_beyond_the_queues_length(path):
     assert [float(a[0, 0]) for a in read_all(path)] == [100.0 * k for k in range(n)]
 
 
+def test_an_interrupt_while_end_step_waits_for_room_drops_that_step_alone(path):
+    """Ctrl-C while end_step waited for room in the queue, once the step was numbered: the
+    writer counted a step more than the file held (a read of step k gave step k+1's values),
+    the array lent to it stayed read-only for good and its bytes in the budget.  The wait is
+    now before end_step's meeting: as an interrupt there, only that step is dropped."""
+    from lamina.layers.background.step import QUEUE_STEPS
+
+    f = lamina.open(path, "w", io="async")
+    gate = Gate(f)
+    ds = f.create_dataset("x", (4, 6), "f8")
+    gate.hold()  # step 0 at its commit, the next QUEUE_STEPS queued
+    n = QUEUE_STEPS + 1
+    for k in range(n):
+        with f.step():
+            ds[...] = values(k)
+    eng = f.engine
+    inflight = f.io_stats["inflight_bytes"]
+    real = eng._cond.wait
+
+    def wait(timeout=None):
+        if threading.current_thread() is threading.main_thread():
+            eng._cond.wait = real
+            raise KeyboardInterrupt
+        return real(timeout)
+
+    eng._cond.wait = wait
+    lent = values(n)
+    f.begin_step()
+    ds.write(lent, copy=False)
+    with pytest.raises(KeyboardInterrupt):
+        f.end_step()
+    assert f.steps == n and not eng.in_step
+    assert lent.flags.writeable and f.io_stats["inflight_bytes"] == inflight
+    gate.open.set()
+    for k in range(n + 1, n + 4):  # the program goes on (a notebook's interrupted cell)
+        with f.step():
+            ds[...] = values(k)
+    assert f.steps == n + 3
+    assert float(ds.read(step=n)[0, 0]) == 100.0 * (n + 1)
+    f.close()
+    want = [100.0 * k for k in range(n)] + [100.0 * k for k in range(n + 1, n + 4)]
+    assert [float(a[0, 0]) for a in read_all(path)] == want
+
+
 def test_a_hold_of_the_lock_an_interrupt_left_does_not_stop_the_close(path):
     """An interrupt raised as the program's thread entered ``with`` on the layer's condition
     (in Condition.__enter__, once it took the lock) leaves the lock held, no ``with`` to let go

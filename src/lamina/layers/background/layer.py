@@ -1666,7 +1666,11 @@ class BackgroundLayer(Layer):
         opened: list[int] = []  # whether a step was open on some rank, even if this raises
         # a step a write into was cut short (an interrupt) on some rank: 2, the largest
         here = 2 if self._cut_short() else int(self._step is not None)
+        room = 0.0
         try:
+            # room in the queue first (before the meeting: an interrupt in this wait is one
+            # in the meeting, before this rank came to it)
+            room = self._wait_for_room()
             # a step opened by a put exists only on the ranks that wrote: decide together (the
             # flag is ENDING at least: a rank at a point or a close meanwhile is told, see POINT)
             t_meet = time.perf_counter()
@@ -1705,6 +1709,7 @@ class BackgroundLayer(Layer):
             self._cut_meeting = False
             self._drop_cut_step()
         step = self._step or Step(explicit=False)
+        step.budget_wait += room
         self._step = None
         self._forget_cut()
         timed = False  # the step's calls are a sample of its hand-over (copies all alike)
@@ -2025,24 +2030,29 @@ class BackgroundLayer(Layer):
         step.skipped = self._take_dropped()
         with self._cond:
             self._start()
-            # room in the queue (QUEUE_STEPS), waited for as for the budget: the thread writes
-            # the steps queued whatever this thread does (it never waits for this one)
+            self._queue.append(step)
+            self._handed_count += 1
+            self._cond.notify_all()
+
+    def _wait_for_room(self) -> float:
+        """Independent, end_step before its meeting: wait while :data:`QUEUE_STEPS` steps are
+        queued (the oldest being written), counted as a wait for the budget is; the seconds
+        waited.  The thread writes the steps queued whatever this thread does: it never waits
+        for this one.  (Only this thread queues steps: the room is there at the hand-over.)"""
+        with self._cond:
+            if len(self._queue) < QUEUE_STEPS:
+                return 0.0
             t0 = time.perf_counter()
-            waited = False
             while (
                 len(self._queue) >= QUEUE_STEPS
                 and self._failed_at is None
                 and (self._thread is not None and self._thread.is_alive())
             ):
-                waited = True
                 self._cond.wait(0.5)
-            if waited:
-                self.stats.waits += 1
-                self.stats.wait_seconds += time.perf_counter() - t0
-                step.budget_wait += time.perf_counter() - t0
-            self._queue.append(step)
-            self._handed_count += 1  # (after the wait: an interrupt in it hands nothing)
-            self._cond.notify_all()
+            took = time.perf_counter() - t0
+            self.stats.waits += 1
+            self.stats.wait_seconds += took
+            return took
 
     def _drain(self) -> None:
         """Independent, the program's thread: wait until no step is queued or running on this
