@@ -894,10 +894,11 @@ def switches(path: str, steps: int, seed: int, discard: bool) -> None:
         )
 
 
-def interrupted(path: str) -> None:
+def _interrupted(path: str, both: bool) -> None:
     """Rank 1 waits in end_step of step 1 for a slow rank 0 when a signal handler raises on
-    it: it leaves the step's meeting halfway; rank 0 met it and handed step 1 to its
-    background thread, which waited for ever in its commit, and rank 0 in its exit."""
+    it: it leaves the step's meeting halfway; with *both*, rank 0 then fails on its own in
+    step 2, before any collective call (see :func:`interrupted`, :func:`interrupted_both`).
+    Either way step 0 is in the file, step 1 (being ended on rank 1) is not."""
     comm = comm_mod.world()
     rank = comm.rank
 
@@ -917,9 +918,14 @@ def interrupted(path: str) -> None:
                             time.sleep(3)  # slow in step 1
                         else:
                             signal.alarm(1)  # fires while rank 1 waits in end_step
+                    if both and k == 2 and rank == 0:
+                        raise TimeoutError("rank 0's own time limit")
     except (TimeoutError, lamina.RemoteError) as e:
         text = str(e)
-        assert ("own time limit" in text) if rank == 1 else ("rank 1 left" in text), text
+        if both:
+            assert isinstance(e, TimeoutError) and f"rank {rank}'s own" in text, e
+        else:
+            assert ("own time limit" in text) if rank == 1 else ("rank 1 left" in text), text
     else:
         raise AssertionError("no error")
     comm.Barrier()
@@ -928,45 +934,19 @@ def interrupted(path: str) -> None:
             assert r.steps == 1, r.steps
             np.testing.assert_array_equal(r.at(0)["x"][...], whole(0, comm.size))
         print("OK", flush=True)
+
+
+def interrupted(path: str) -> None:
+    """Rank 1 is interrupted halfway through step 1's meeting; rank 0 met it and handed step 1
+    to its background thread, which waited for ever in its commit, and rank 0 in its exit."""
+    _interrupted(path, both=False)
 
 
 def interrupted_both(path: str) -> None:
-    """Rank 1 leaves step 1's meeting halfway (as in :func:`interrupted`); rank 0 met it and
-    handed step 1 to its thread, then fails on its own in step 2, before any collective call:
-    every rank leaves in the same agreement.  They closed the file together, rank 0's drain
-    waiting for ever in the commit of step 1, rank 1's close for rank 0's.  Now every rank
-    lets go of the file: step 0 is in it, step 1 (being ended on rank 1) is not."""
-    comm = comm_mod.world()
-    rank = comm.rank
-
-    def on_alarm(*_):
-        raise TimeoutError("rank 1's own time limit")
-
-    if rank == 1:
-        signal.signal(signal.SIGALRM, on_alarm)
-    try:
-        with lamina.open(path, "w", io="async") as f:
-            ds = f.create_dataset("x", (ROWS * comm.size, COLS), "f8")
-            for k in range(3):
-                with f.step():
-                    ds[rank * ROWS : (rank + 1) * ROWS, :] = block(k, rank)
-                    if k == 1:
-                        if rank == 0:
-                            time.sleep(3)  # slow in step 1
-                        else:
-                            signal.alarm(1)  # fires while rank 1 waits in end_step
-                    if k == 2 and rank == 0:
-                        raise TimeoutError("rank 0's own time limit")
-    except TimeoutError as e:
-        assert f"rank {rank}'s own" in str(e), e
-    else:
-        raise AssertionError("no error")
-    comm.Barrier()
-    if rank == 0:
-        with lamina.open(path, "r", comm=comm_mod.self_comm()) as r:
-            assert r.steps == 1, r.steps
-            np.testing.assert_array_equal(r.at(0)["x"][...], whole(0, comm.size))
-        print("OK", flush=True)
+    """As :func:`interrupted`, and rank 0 then fails on its own in step 2: every rank leaves
+    in the same agreement.  They closed the file together, rank 0's drain waiting for ever
+    in the commit of step 1, rank 1's close for rank 0's.  Now every rank lets go of it."""
+    _interrupted(path, both=True)
 
 
 def handing_cut(path: str) -> None:
