@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import CodecError, DTypeError, ShapeError
-from ..zfpstream import zfp_header, zfp_need
+from ..zfpstream import zfp_bound, zfp_header, zfp_need
 from . import bound, patches, wavelet
 
 
@@ -470,13 +470,6 @@ def _encode_integer(
 _ZFP_TYPES = {np.dtype(np.float64): "float64", np.dtype(np.int64): "int64"}
 
 
-def _zfp_bound(shape: tuple[int, ...]) -> int:
-    """Most bytes zfp reads for a field of *shape* (every block at 64 bits a value and more)."""
-    blocks = math.prod(-(-n // 4) for n in shape)
-    values = 4 ** len(shape)
-    return -(-(148 + blocks * (values * 66 + 96)) // 64) * 8 + 16
-
-
 def _zfp_decode(blob: bytes, shape: tuple[int, ...], dtype: np.dtype, what: str) -> np.ndarray:
     """One zfp stream -> array of *shape*; CodecError unless its header says so."""
     try:
@@ -501,7 +494,7 @@ def _zfp_decode(blob: bytes, shape: tuple[int, ...], dtype: np.dtype, what: str)
     # the stream's bound (a forged fixed rate of 32,768 bits a block) read past the buffer
     _, _, per_block, header_bits = zfp_header(blob, what)
     need = zfp_need(shape, per_block, header_bits)
-    if need > _zfp_bound(shape):
+    if need > zfp_bound(shape):
         raise CodecError(
             f"{what}: the zfp header lets a block of the stream take {per_block} bits, more "
             f"than a band of shape {shape} can hold"
