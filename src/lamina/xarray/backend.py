@@ -98,9 +98,7 @@ class LaminaArray(BackendArray):
 
     def _last_step(self) -> int | None:
         """The last step this variable reads (None: the file's last, whatever it is)."""
-        if self._steps is not None:
-            return max(self._steps, default=None)
-        return self._at
+        return _last_step(self._steps, self._at)
 
     def __getitem__(self, key: indexing.ExplicitIndexer) -> np.ndarray:
         return indexing.explicit_indexing_adapter(
@@ -244,8 +242,13 @@ def _reopened(
 ) -> LaminaArray:
     """A :class:`LaminaArray` unpickled: its dataset *name* of the file at *path* opened
     again (:func:`_reopened_file`)."""
-    last = max(steps, default=None) if steps is not None else at
-    return LaminaArray(_reopened_file(path, last)[name], steps, at, level, stride)
+    return LaminaArray(_reopened_file(path, _last_step(steps, at))[name], steps, at, level, stride)
+
+
+def _last_step(steps: list[int] | None, at: int | None) -> int | None:
+    """The last step a variable of *steps* (every one) or *at* (one) reads; None: the file's
+    last, whatever it is."""
+    return max(steps, default=None) if steps is not None else at
 
 
 def _reopened_file(path: str, step: int | None = None) -> lamina.File:

@@ -570,8 +570,11 @@ class Consumer(TransportBase):
         pieces = []  # (first request, chunk sizes in bytes, scratch or None, box, producer rank)
         neg = tuple(-a for a in box.start)
         refuse_stats_only(spec, t, idx, step)  # (as a file's reader says it)
-        small = rows_prod(hi - lo) * item <= wire.PACKED
-        packs = self._ask_packed(xfer, spec, real, t, idx[small], lo[small], hi[small])
+        piece_bytes = rows_prod(hi - lo) * item
+        small = piece_bytes <= wire.PACKED
+        packs = self._ask_packed(
+            xfer, spec, real, t, idx[small], lo[small], hi[small], piece_bytes[small]
+        )
         big = ~small
         for i, a, b in zip(idx[big].tolist(), lo[big].tolist(), hi[big].tolist(), strict=True):
             inter = Box(tuple(a), tuple(b))
@@ -629,17 +632,16 @@ class Consumer(TransportBase):
         idx: np.ndarray,
         lo: np.ndarray,
         hi: np.ndarray,
+        nbytes: np.ndarray,
     ) -> list[tuple[int, np.ndarray, np.ndarray, np.ndarray, int]]:
-        """Ask for the pieces *lo*..*hi* of blocks *idx* of *t*, each small, packed many in a
-        message (``Request.GETS``: one request and one answer per producer rank and
+        """Ask for the pieces *lo*..*hi* (of *nbytes* each) of blocks *idx* of *t*, each small,
+        packed many in a message (``Request.GETS``: one request and one answer per producer rank and
         :data:`.wire.PACKED_PIECES`, at most :data:`.wire.CHUNK` bytes); the receives posted
         in *xfer*.  Per message ``(its request, scratch, starts, stops, producer rank)``."""
         out: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, int]] = []
         if not len(idx):
             return out
-        item = spec.dtype.itemsize
         ranks = t.rank[idx]
-        nbytes = rows_prod(hi - lo) * item
         for rank in np.unique(ranks).tolist():
             mine = np.flatnonzero(ranks == rank)
             # cut where a message would pass either limit
