@@ -894,6 +894,17 @@ def switches(path: str, steps: int, seed: int, discard: bool) -> None:
         )
 
 
+def _step_0_alone(path: str, comm) -> None:
+    """Collective, once every rank left the file: rank 0 checks that it holds step 0 alone,
+    whole, and says OK."""
+    comm.Barrier()
+    if comm.rank == 0:
+        with lamina.open(path, "r", comm=comm_mod.self_comm()) as r:
+            assert r.steps == 1, r.steps
+            np.testing.assert_array_equal(r.at(0)["x"][...], whole(0, comm.size))
+        print("OK", flush=True)
+
+
 def _interrupted(path: str, both: bool) -> None:
     """Rank 1 waits in end_step of step 1 for a slow rank 0 when a signal handler raises on
     it: it leaves the step's meeting halfway; with *both*, rank 0 then fails on its own in
@@ -928,12 +939,7 @@ def _interrupted(path: str, both: bool) -> None:
             assert ("own time limit" in text) if rank == 1 else ("rank 1 left" in text), text
     else:
         raise AssertionError("no error")
-    comm.Barrier()
-    if rank == 0:
-        with lamina.open(path, "r", comm=comm_mod.self_comm()) as r:
-            assert r.steps == 1, r.steps
-            np.testing.assert_array_equal(r.at(0)["x"][...], whole(0, comm.size))
-        print("OK", flush=True)
+    _step_0_alone(path, comm)
 
 
 def interrupted(path: str) -> None:
@@ -978,12 +984,7 @@ def handing_cut(path: str) -> None:
         assert ("own time limit" in text) if rank == 1 else ("rank 1 left" in text), text
     else:
         raise AssertionError("no error")
-    comm.Barrier()
-    if rank == 0:
-        with lamina.open(path, "r", comm=comm_mod.self_comm()) as r:
-            assert r.steps == 1, r.steps
-            np.testing.assert_array_equal(r.at(0)["x"][...], whole(0, comm.size))
-        print("OK", flush=True)
+    _step_0_alone(path, comm)
 
 
 #: the scenarios that take the file's path alone
