@@ -39,10 +39,10 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, ClassVar, NamedTuple, Protocol
 
-import crc32c as _crc32c
 import numpy as np
 
 from .catalog.model import Stats
+from .checksum import crc32c as _crc32c_fn
 
 #: checksum segments are multiples of this many bytes (the format's unit)
 CHUNK = 1 << 18
@@ -165,7 +165,7 @@ def _int_sum(c: np.ndarray, mn: int, mx: int) -> Any:
 
 
 #: crc itself, without the wrapper's call: for loops over many small pieces
-crc_raw = _crc32c.crc32c
+crc_raw = _crc32c_fn
 
 #: buffers from this many bytes are checksummed by awscrt's CRC-32C (:func:`crc`)
 FAST_MIN = 1 << 14
@@ -185,7 +185,7 @@ def _load_fast_crc() -> Any:
     try:
         from awscrt.checksums import crc32c as fast
     except ImportError:  # pragma: no cover - awscrt is a dependency; the result is the same
-        fast = _crc32c.crc32c
+        fast = _crc32c_fn
     _fast_crc = fast
     return fast
 
@@ -200,7 +200,7 @@ def crc(data, value: int = 0) -> int:
     """CRC-32C of a bytes-like object, continuing from *value*."""
     if len(data) >= FAST_MIN:
         return (_fast_crc or _load_fast_crc())(data, value)
-    return _crc32c.crc32c(data, value)
+    return _crc32c_fn(data, value)
 
 
 # -- checking many pieces with one CRC call -------------------------------

@@ -41,8 +41,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
-from crc32c import crc32c
 
+from ..checksum import crc32c
 from ..errors import FormatError, StepError
 from ..geometry import Box, cols_max, cols_min, find_overlap_arrays, rows_any, rows_less, rows_prod
 from .model import (

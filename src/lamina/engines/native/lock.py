@@ -28,7 +28,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import socket
 import stat
 import struct
 import sys
@@ -48,10 +47,14 @@ MAX_INFO = 512
 _HELD_HERE: dict[str, str] = {}  # the files this process holds: real path -> since when (_who)
 
 
+def _host() -> str:
+    """This machine's name, as ``socket.gethostname()`` gives it on POSIX (the ``uname`` node
+    name), without importing ``socket`` (3 ms of every process's start)."""
+    return os.uname().nodename
+
+
 def _who() -> str:
-    return (
-        f"host {socket.gethostname()} pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}"
-    )
+    return f"host {_host()} pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}"
 
 
 def _info() -> bytes:
@@ -75,7 +78,7 @@ def _alive_here(info: str) -> bool | None:
         host, pid = words[words.index("host") + 1], int(words[words.index("pid") + 1])
     except (ValueError, IndexError):
         return None
-    if host != socket.gethostname():
+    if host != _host():
         return None
     try:
         os.kill(pid, 0)
@@ -216,7 +219,7 @@ class WriterLock:
     def _create_whole(self) -> int:
         """The lock file, made with who holds it in one step (a file of this process's own
         linked to the lock's name); its descriptor, or -1 where the name exists."""
-        mine = f"{self.name}.{socket.gethostname()}.{os.getpid()}"
+        mine = f"{self.name}.{_host()}.{os.getpid()}"
         fd = os.open(
             mine, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
         )
@@ -274,7 +277,7 @@ class WriterLock:
                 else f"; this file system has no locks: if that process is gone, remove {self.name}"
             )
             raise LockError(f"{self.path!r} is open for writing by {holder}{more}")
-        aside = f"{self.name}.stale.{socket.gethostname()}.{os.getpid()}"
+        aside = f"{self.name}.stale.{_host()}.{os.getpid()}"
         try:
             os.rename(self.name, aside)
         except FileNotFoundError:
