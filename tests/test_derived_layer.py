@@ -348,14 +348,13 @@ def test_blocks_evaluated_where_they_lie_in_one_call(open_file, new_path, monkey
     """A pointwise expression over blocks of IN_PLACE_ELEMENTS or more: one evaluate_regions
     call for the rank's blocks (on the CPU, also under device='auto' without a GPU)."""
     from lamina.layers.derived import exchange
-    from lamina.layers.derived import layer as dlayer
 
     monkeypatch.setattr(exchange, "IN_PLACE_ELEMENTS", 4)
-    monkeypatch.setattr(dlayer, "gpu_available", lambda: False)
+    monkeypatch.setattr(lamina.derived, "gpu_available", lambda: False)
     calls = []
-    real = dlayer.evaluate_regions
+    real = lamina.derived.evaluate_regions
     monkeypatch.setattr(
-        dlayer,
+        lamina.derived,
         "evaluate_regions",
         lambda e, items, *a, **k: calls.append(len(items)) or real(e, items, *a, **k),
     )
@@ -550,13 +549,13 @@ def test_reading_block_by_block_costs_the_same_per_block(open_file, new_path, mo
 
     monkeypatch.setattr(BlockTable, "box", box)
     outs = []
-    evaluate = layer_mod.evaluate
+    evaluate = lamina.derived.evaluate
 
     def spy(*args, **kw):
         outs.append(kw.get("out"))
         return evaluate(*args, **kw)
 
-    monkeypatch.setattr(layer_mod, "evaluate", spy)
+    monkeypatch.setattr(lamina.derived, "evaluate", spy)
     f = open_file(p)
     e = f.engine
     for b in [*slabs, Box((5, 0, 0), (10, 4, 5))]:

@@ -619,8 +619,6 @@ def test_blocks_without_statistics_are_read_together(tmp_path, monkeypatch):
     """Units whose ranges only reading can tell, and that make a box together, are read at once:
     a quantity kept as its expression is evaluated once over many blocks, not once per block;
     the answers are those of the stored quantity, and only the candidates' values are kept."""
-    from lamina.layers.derived import layer as layer_mod
-
     n = 40
     shape = (n, 6, 5)
     rng = np.random.default_rng(5)
@@ -629,13 +627,13 @@ def test_blocks_without_statistics_are_read_together(tmp_path, monkeypatch):
     slabs = [Box((i, 0, 0), (i + 1, 6, 5)) for i in range(n)]
     results = {}
     evaluations = []
-    evaluate = layer_mod.evaluate
+    evaluate = lamina.derived.evaluate
 
     def spy(*args, **kw):
         evaluations.append(args[2])
         return evaluate(*args, **kw)
 
-    monkeypatch.setattr(layer_mod, "evaluate", spy)
+    monkeypatch.setattr(lamina.derived, "evaluate", spy)
     for strategy in ("store", "expression"):
         path = str(tmp_path / f"{strategy}.lam")
         with lamina.open(path, "w") as f:

@@ -25,22 +25,71 @@ Pure code (no MPI, no files).  The derived layer and the query engine build on:
 'a + b * -c ^ 2'
 """
 
-from .bounds import Bounds, Interval, interval, truth
-from .compute import (
-    DeviceUnavailableError,
-    check_device,
-    check_inputs,
-    component_names,
-    evaluate,
-    evaluate_regions,
-    gpu_available,
-    result_dtype,
-)
-from .functions import COMPONENTS, FUNCTIONS, STENCILS, Function
-from .halo import check_stencils, grow_range, input_box, needed_boxes
-from .kernels import CHUNK_ELEMENTS
-from .nodes import BinOp, BoolOp, Call, Compare, Expr, Num, Ref, UnaryOp
-from .parser import MAX_DEPTH, MAX_INT_LITERAL, MAX_NESTING, check, parse, tokenize
+from typing import TYPE_CHECKING
+
+from .. import lazy
+
+if TYPE_CHECKING:
+    from .bounds import Bounds, Interval, interval, truth
+    from .compute import (
+        DeviceUnavailableError,
+        check_device,
+        check_inputs,
+        component_names,
+        evaluate,
+        evaluate_regions,
+        gpu_available,
+        result_dtype,
+    )
+    from .functions import COMPONENTS, FUNCTIONS, STENCILS, Function
+    from .halo import check_stencils, grow_range, input_box, needed_boxes
+    from .kernels import CHUNK_ELEMENTS
+    from .nodes import BinOp, BoolOp, Call, Compare, Expr, Num, Ref, UnaryOp
+    from .parser import MAX_DEPTH, MAX_INT_LITERAL, MAX_NESTING, check, parse, tokenize
+
+#: where each name below lives: imported at its first use (lamina.lazy)
+_WHERE = {
+    "Bounds": ".bounds",
+    "Interval": ".bounds",
+    "interval": ".bounds",
+    "truth": ".bounds",
+    "DeviceUnavailableError": ".compute",
+    "check_device": ".compute",
+    "check_inputs": ".compute",
+    "component_names": ".compute",
+    "evaluate": ".compute",
+    "evaluate_regions": ".compute",
+    "gpu_available": ".compute",
+    "result_dtype": ".compute",
+    "COMPONENTS": ".functions",
+    "FUNCTIONS": ".functions",
+    "STENCILS": ".functions",
+    "Function": ".functions",
+    "check_stencils": ".halo",
+    "grow_range": ".halo",
+    "input_box": ".halo",
+    "needed_boxes": ".halo",
+    "CHUNK_ELEMENTS": ".kernels",
+    "BinOp": ".nodes",
+    "BoolOp": ".nodes",
+    "Call": ".nodes",
+    "Compare": ".nodes",
+    "Expr": ".nodes",
+    "Num": ".nodes",
+    "Ref": ".nodes",
+    "UnaryOp": ".nodes",
+    "MAX_DEPTH": ".parser",
+    "MAX_INT_LITERAL": ".parser",
+    "MAX_NESTING": ".parser",
+    "check": ".parser",
+    "parse": ".parser",
+    "tokenize": ".parser",
+}
+
+
+def __getattr__(name: str) -> object:
+    return lazy.attribute(__name__, _WHERE, name, globals())
+
 
 __all__ = [
     "BinOp",

@@ -42,6 +42,12 @@ THREAD_MIN_ELEMENTS = 1 << 16
 PER_CORE = 4
 #: the variable
 ENV = "LAMINA_THREADS"
+#: blocks of at least this many elements on average are worth evaluating where they lie, a
+#: region each (:func:`lamina.derived.evaluate_regions`: about 60 us of Python a region besides
+#: its values); smaller ones are worth gathering into one box first.  The derived layer's rule
+#: at the end of a step (:func:`lamina.layers.derived.exchange.regions`) and its cost model's;
+#: here, where the layer finds it without importing the kernels
+IN_PLACE_ELEMENTS = 1 << 15
 
 _LOCAL_SIZE = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
 _LAUNCHED = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID")

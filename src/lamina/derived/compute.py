@@ -163,11 +163,6 @@ def evaluate(
 #: 256 regions of 10,816 elements: 42 against 36 ms; of 43,264: 11.3 against 12.7 ms; of
 #: 173,889: 6.7 against 9.4 ms, on two cores)
 SPREAD_MIN_ELEMENTS = 1 << 15
-#: blocks of at least this many elements on average are worth evaluating where they lie, a
-#: region each (:func:`evaluate_regions`: about 60 us of Python a region besides its values);
-#: smaller ones are worth gathering into one box first.  The derived layer's rule at the end
-#: of a step (:func:`lamina.layers.derived.exchange.regions`) and its cost model's
-IN_PLACE_ELEMENTS = 1 << 15
 
 
 def evaluate_regions(

@@ -16,6 +16,12 @@
 'expression'
 """
 
+from typing import TYPE_CHECKING
+
+from .. import lazy
+
+# eager: the function ``calibrate`` shares its name with its module, which an import of
+# ``lamina.perf.calibrate`` after this package's would otherwise bind here instead
 from .calibrate import (
     CALIBRATION_VERSION,
     Calibration,
@@ -25,8 +31,28 @@ from .calibrate import (
     read_calibration,
     save_calibration,
 )
-from .command import main, parse_bandwidth
-from .model import STRATEGIES, Prediction, Terms, predict, recommend, terms
+
+if TYPE_CHECKING:
+    from .command import main, parse_bandwidth
+    from .model import STRATEGIES, Prediction, Terms, predict, recommend, terms
+
+#: where each name below lives: imported at its first use (lamina.lazy): the model imports
+#: the expression parser, the command argparse
+_WHERE = {
+    "main": ".command",
+    "parse_bandwidth": ".command",
+    "STRATEGIES": ".model",
+    "Prediction": ".model",
+    "Terms": ".model",
+    "predict": ".model",
+    "recommend": ".model",
+    "terms": ".model",
+}
+
+
+def __getattr__(name: str) -> object:
+    return lazy.attribute(__name__, _WHERE, name, globals())
+
 
 __all__ = [
     "CALIBRATION_VERSION",

@@ -157,7 +157,7 @@ from typing import Any
 import numpy as np
 
 from ..derived import Expr, check_inputs, component_names, parse, result_dtype
-from ..derived.compute import IN_PLACE_ELEMENTS  # the derived layer's rule (exchange.regions)
+from ..derived._parallel import IN_PLACE_ELEMENTS  # the derived layer's rule (exchange.regions)
 from ..errors import ExpressionError
 from ..stats import SEGMENT
 from .calibrate import FLOP_TABLES, TABLE_KERNELS, Calibration, block_time

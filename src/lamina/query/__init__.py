@@ -33,8 +33,31 @@ engine stack (:class:`~.source.Source`): ``File.query`` calls :func:`run`.  Quer
 >>> f.close()
 """
 
-from . import probe as _probe  # noqa: F401 - registers the calibration's query probe
-from .core import query, run, subtract
-from .result import QueryResult
+from typing import TYPE_CHECKING
+
+from .. import lazy
+from ..perf.calibrate import register_probe
+
+if TYPE_CHECKING:
+    from .core import query, run, subtract
+    from .result import QueryResult
+
+#: where each name below lives: imported at its first use (lamina.lazy), with the expression
+#: parser and kernels the query code imports
+_WHERE = {"query": ".core", "run": ".core", "subtract": ".core", "QueryResult": ".result"}
+
+
+def __getattr__(name: str) -> object:
+    return lazy.attribute(__name__, _WHERE, name, globals())
+
+
+def _probe(directory: str | None, quick: bool) -> dict[str, list[tuple[float, float]]]:
+    """The calibration's query probe (:mod:`.probe`), imported when a calibration runs."""
+    from .probe import probe
+
+    return probe(directory, quick)
+
+
+register_probe("query", _probe)
 
 __all__ = ["QueryResult", "query", "run", "subtract"]

@@ -1,7 +1,7 @@
 """A query's own time, measured for the cost model's calibration (:mod:`lamina.perf.calibrate`).
 
 The calibration package sits below the query engine and cannot call it;
-this module registers :func:`probe`, which :func:`lamina.perf.calibrate.calibrate`
+``lamina.query`` registers :func:`probe`, which :func:`lamina.perf.calibrate.calibrate`
 calls.  It writes, through the native engine alone, a 1-D dataset of
 :data:`~lamina.perf.calibrate.QUERY_BLOCKS` blocks of :data:`BLOCK` elements
 each, and times a query whose condition matches one block: its statistics
@@ -22,7 +22,7 @@ from .. import comm as comm_mod
 from ..catalog import DatasetSpec
 from ..engines.native import NativeEngine
 from ..geometry import Box
-from ..perf.calibrate import QUERY_BLOCKS, register_probe
+from ..perf.calibrate import QUERY_BLOCKS
 from .core import run
 
 #: elements of a block of the probe's dataset (small: its read is a small part of the query)
@@ -79,6 +79,3 @@ def _best_query(path: str, runs: int) -> float:
         if r:
             times.append(dt)
     return max(min(times), 1e-9)
-
-
-register_probe("query", probe)

@@ -13,7 +13,26 @@
   ``lamina run`` turns into before it launches.
 """
 
-from .file import WorkflowFile, WorkflowFileError, load
-from .routes import Route, Workflow
+from typing import TYPE_CHECKING
+
+from .. import lazy
+
+if TYPE_CHECKING:
+    from .file import WorkflowFile, WorkflowFileError, load
+    from .routes import Route, Workflow
+
+#: where each name below lives: imported at its first use (lamina.lazy)
+_WHERE = {
+    "WorkflowFile": ".file",
+    "WorkflowFileError": ".file",
+    "load": ".file",
+    "Route": ".routes",
+    "Workflow": ".routes",
+}
+
+
+def __getattr__(name: str) -> object:
+    return lazy.attribute(__name__, _WHERE, name, globals())
+
 
 __all__ = ["Route", "Workflow", "WorkflowFile", "WorkflowFileError", "load"]

@@ -12,13 +12,16 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ... import derived
 from ...catalog import Catalog, Decoder, Encoder, load_json
-from ...derived import Expr, check_inputs, check_stencils, component_names, parse, result_dtype
 from ...errors import ExistsError, ExpressionError, FormatError, ShapeError
+
+if TYPE_CHECKING:
+    from ...derived import Expr
 
 STRATEGIES = ("store", "stats", "expression")
 EXT_PREFIX = "derived:"
@@ -158,7 +161,7 @@ def build_definition(
         raise TypeError(
             f"derived quantity {name!r}: the expression must be a string, got {type(text).__name__}"
         )
-    expr = parse(text)
+    expr = derived.parse(text)
     if expr.is_predicate:
         pass  # a boolean quantity (a mask) is allowed
     if not expr.inputs:
@@ -171,15 +174,15 @@ def build_definition(
         spec = cat.datasets.get(p)
         if spec is not None:
             shapes[p] = spec.shape
-    check_inputs(expr, cat.datasets.keys(), text)  # unknown names first, with suggestions
+    derived.check_inputs(expr, cat.datasets.keys(), text)  # unknown names first, with suggestions
     distinct = sorted(set(shapes.values()))
     if len(distinct) > 1:
         listing = ", ".join(f"{p} {s}" for p, s in sorted(shapes.items()))
         raise ShapeError(f"derived quantity {name!r}: inputs have different shapes: {listing}")
     shape = distinct[0]
-    check_stencils(expr, shape, text)
+    derived.check_stencils(expr, shape, text)
     ncomp = expr.ncomponents
-    comps = component_names(name, ncomp)
+    comps = derived.component_names(name, ncomp)
     if check_clash:
         # (derived quantities first: their components are datasets of the catalog too, which
         # said "a dataset 'd' already exists" of a quantity declared again)
@@ -199,7 +202,7 @@ def build_definition(
                 raise ExistsError(
                     f"derived quantity {name!r}: a {kind} {p!r} already exists in {where!r}"
                 )
-    dtypes = result_dtype(expr, {p: cat.datasets[p].dtype for p in expr.inputs}, len(shape))
+    dtypes = derived.result_dtype(expr, {p: cat.datasets[p].dtype for p in expr.inputs}, len(shape))
     anchor = next(expr.refs()).path
     sp = check_spacing(spacing, len(shape), name)
     return Definition(

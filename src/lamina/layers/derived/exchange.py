@@ -17,7 +17,7 @@ import numpy as np
 
 from ... import comm as comm_mod
 from ...catalog import DatasetSpec, Decoder, Encoder
-from ...derived.compute import IN_PLACE_ELEMENTS
+from ...derived._parallel import IN_PLACE_ELEMENTS
 from ...errors import FormatError
 from ...geometry import Box
 

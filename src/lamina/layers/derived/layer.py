@@ -54,9 +54,9 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from ... import comm as comm_mod
+from ... import derived
 from ... import stats as stats_mod
 from ...catalog import CODEC_STATS_ONLY, BlockTable, DatasetSpec, normpath
-from ...derived import check_device, evaluate, evaluate_regions, gpu_available, needed_boxes
 from ...engines.base import unusable_of
 from ...engines.batch import elements
 from ...engines.staging import Held, enter_boxes
@@ -158,7 +158,9 @@ class DerivedLayer(Layer):
         # a GPU that is not there is refused at the open (validate_open runs this under the
         # open's agreement, so every rank raises if one lacks it), not at the first step that
         # computes a quantity: that step, and under io="async" every later one, would be lost
-        check_device(self.device)
+        # ("cpu" and "auto" need no check: nor the kernels' import)
+        if self.device == "gpu":
+            derived.check_device(self.device)
 
     def opened(self) -> None:
         self._load()
@@ -685,7 +687,7 @@ class DerivedLayer(Layer):
                 if first == 0:  # (in this agreement: no collective call of its own)
                     self._check_lent(todo)
                 for j, (region, _) in enumerate(regions):
-                    need = needed_boxes(d.expr, region, d.shape)
+                    need = derived.needed_boxes(d.expr, region, d.shape)
                     for i, p in enumerate(inputs):
                         reqs[(j, i)] = need[p]
                         if need[p] not in same[p] and not halo.covered(self._held, p, need[p]):
@@ -771,13 +773,13 @@ class DerivedLayer(Layer):
                 origin[p] = box.start
             return arrays, origin
 
-        on_cpu = self.device == "cpu" or (self.device == "auto" and not gpu_available())
+        on_cpu = self.device == "cpu" or (self.device == "auto" and not derived.gpu_available())
         if d.expr.halo == 0 and len(regions) > 1 and on_cpu:
             items = []
             for j, (region, _) in enumerate(regions):
                 arrays, origin = inputs_of(j)
                 items.append((arrays, region, origin))
-            yield from evaluate_regions(d.expr, items, d.shape, spacing=d.spacing)
+            yield from derived.evaluate_regions(d.expr, items, d.shape, spacing=d.spacing)
             return
         for j, (region, _) in enumerate(regions):
             yield self._values_over(d, *inputs_of(j), region)
@@ -792,7 +794,7 @@ class DerivedLayer(Layer):
     ) -> list[np.ndarray]:
         """The values of *d* over *region* from *arrays* (each starting at *origin*), where the
         layer computes (its device)."""
-        return evaluate(
+        return derived.evaluate(
             d.expr,
             arrays,
             region,
@@ -1145,7 +1147,7 @@ class DerivedLayer(Layer):
                 return cached
         arrays, origin = {}, {}
         taken: list[np.ndarray] = []  # scratch buffers holding the inputs
-        for p, need in needed_boxes(d.expr, region, d.shape).items():
+        for p, need in derived.needed_boxes(d.expr, region, d.shape).items():
             flat, buf = self._take(need.shape, self.catalog.datasets[p].dtype)
             taken.append(flat)
             self.get(p, need, step, buf)
