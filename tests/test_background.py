@@ -1768,7 +1768,7 @@ EXIT_PROGRAM = """
 import sys, time
 import lamina
 f = lamina.open(sys.argv[1], "w", io="async")
-ds = f.create_dataset("x", (4,), "f8")
+ds = f.create_dataset("x", (int(sys.argv[2]),), "f8")
 eng = f.engine.stack()[-1]
 orig = eng.end_step
 def slow():
@@ -1782,11 +1782,14 @@ print("left with", f.steps - f.io_stats["steps_background"], "step(s) in flight"
 """
 
 
-def test_program_ending_without_close_loses_no_step(path, tmp_path):
-    """Steps ended but still in flight when the program ends are written before it exits."""
+@pytest.mark.parametrize("n", [4, 1 << 18], ids=["small", "2MiB"])
+def test_program_ending_without_close_loses_no_step(path, tmp_path, n):
+    """Steps ended but still in flight when the program ends are written before it exits;
+    blocks of 2 MiB too, whose statistics take a thread pool (the pools' own exit call, which
+    refuses work, must come after the one that writes the steps)."""
     script = tmp_path / "noclose.py"
     script.write_text(EXIT_PROGRAM)
-    res = mu.finish(mu.start(mu.python_command(str(script), path)), "noclose", 60)
+    res = mu.finish(mu.start(mu.python_command(str(script), path, n)), "noclose", 60)
     assert res.returncode == 0, res.describe()
     assert "in flight" in res.stdout
     got = read_all(path)
@@ -1804,7 +1807,7 @@ def test_a_failure_found_at_exit_is_said(path, tmp_path):
     left to raise the failure to, so it is said, as a LaminaWarning naming the step."""
     script = tmp_path / "failing.py"
     script.write_text(FAILING_EXIT_PROGRAM)
-    res = mu.finish(mu.start(mu.python_command(str(script), path)), "failing", 60)
+    res = mu.finish(mu.start(mu.python_command(str(script), path, 4)), "failing", 60)
     assert "LaminaWarning" in res.stderr and "disk gone" in res.stderr, res.describe()
     assert "was not committed" in res.stderr, res.describe()
 

@@ -26,6 +26,9 @@ NOT_AT_IMPORT = [
     "argparse",
     "socket",
     "secrets",
+    "statistics",  # fractions, decimal, random
+    "concurrent.futures",  # logging; imported at the first large block's statistics
+    "difflib",  # an error's suggestions
     "lamina.derived.nodes",
     "lamina.derived.bounds",
     "lamina.derived.compute",

@@ -12,7 +12,6 @@ here can be rebuilt, so nothing read from the wire is ever evaluated.
 
 from __future__ import annotations
 
-import difflib
 import os
 import sys
 import warnings
@@ -151,6 +150,8 @@ class DeviceUnavailableError(LaminaError, RuntimeError):
 
 def suggest(name: str, candidates: Iterable[str], n: int = 3) -> str:
     """Return ' Did you mean ...?' for close matches of *name*, or ''."""
+    import difflib  # (here: an error's path, not every process's start)
+
     cands = list(candidates)
     close = difflib.get_close_matches(name, cands, n=n, cutoff=0.6)
     if not close:

@@ -36,12 +36,14 @@ import os
 import threading
 import weakref
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, ClassVar, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
 import numpy as np
 
 from .catalog.model import Stats
+
+if TYPE_CHECKING:  # (concurrent.futures imports logging: 5 ms of every process's start)
+    from concurrent.futures import Future, ThreadPoolExecutor
 from .checksum import crc32c as _crc32c_fn
 
 #: checksum segments are multiples of this many bytes (the format's unit)
@@ -651,6 +653,8 @@ class OneThread:
     def get(self) -> ThreadPoolExecutor:
         with self._lock:
             if self._executor is None:
+                from concurrent.futures import ThreadPoolExecutor
+
                 ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.name)
                 try:
                     ex.submit(_nothing)  # its worker started here, once

@@ -26,8 +26,7 @@ from __future__ import annotations
 import itertools
 from array import array
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,6 +35,9 @@ from ..catalog import CODEC_STATS_ONLY, BlockCodec, DatasetSpec
 from ..catalog.blocks import stat_dtype, sum_dtype
 from ..errors import OverlapError
 from ..geometry import Box, fits
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 #: raw blocks of at most this many bytes are staged in chunks and summarized in batches
 SMALL = stats_mod.SMALL

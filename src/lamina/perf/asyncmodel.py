@@ -92,7 +92,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -109,6 +108,7 @@ from .history import (
     default_path,
     fit_rate,
     load_history,
+    median,
     save_history,
     save_history_soon,
 )
@@ -426,7 +426,7 @@ class AsyncModel:
             if r is not None:
                 return nbytes / r
         got = self.history.samples(LENT_SERIES)[-LOCAL_MAX:]
-        return statistics.median(t for _, _, t in got) if got else 0.0
+        return median([t for _, _, t in got]) if got else 0.0
 
     def t_comp(self) -> float:
         """Weighted average of this run's compute phases (the newest weighs most); 0 before any."""

@@ -59,9 +59,7 @@ import json
 import math
 import os
 import platform
-import shutil
 import stat
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -422,6 +420,9 @@ def _kernel_rates(size: int, repeat: int, rng) -> dict[str, float]:
 
 def _io_rates(size: int, repeat: int, directory: str | None, rng) -> dict[str, float]:
     """Write and read rates of a native file on this process alone, through the engine (no layers)."""
+    import shutil
+    import tempfile
+
     from .. import comm as comm_mod
     from ..catalog import DatasetSpec
     from ..engines.native import NativeEngine
@@ -533,6 +534,9 @@ def _io_tables(
 ) -> dict[str, list[tuple[float, float]]]:
     """Seconds per block of a step written through the engine and of a block read alone, at
     *sizes* bytes of float64 per block (:func:`_io_block`)."""
+    import shutil
+    import tempfile
+
     tables: dict[str, list[tuple[float, float]]] = {"write": [], "read": []}
     base = tempfile.mkdtemp(prefix="lamina-calibrate-", dir=directory)
     try:
@@ -549,6 +553,8 @@ def _io_block(path: str, size: int, repeat: int, rng, step_bytes: int) -> tuple[
     """(write, read) seconds per block of *size* bytes: steps of at least 4 blocks and
     *step_bytes* written to one file opened once (each step timed, the first not), then every
     block read alone (each pass timed)."""
+    import shutil
+
     from .. import comm as comm_mod
     from ..catalog import DatasetSpec
     from ..engines.native import NativeEngine
@@ -769,6 +775,8 @@ def write_cache_file(path: str, text: str, what: str = "cache file") -> os.stat_
     null device, a FIFO, a directory) nothing is written and this returns
     None (:func:`writable_path`).
     """
+    import tempfile
+
     target = writable_path(path, what)
     if target is None:
         return None

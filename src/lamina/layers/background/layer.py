@@ -58,7 +58,6 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
@@ -128,6 +127,8 @@ from .step import (
 )
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from mpi4py.MPI import Comm
 
 #: layers with a background thread, written out before the interpreter stops its thread pools
@@ -156,6 +157,11 @@ def _hook_exit() -> None:
     if _HOOKED:
         return
     _HOOKED = True
+    # threading runs these calls last registered first: the pools' own (registered when
+    # concurrent.futures.thread is first imported, which lamina does at a first use) must be
+    # registered before this one, so that they still take work while it runs
+    import concurrent.futures.thread  # noqa: F401
+
     register = getattr(threading, "_register_atexit", None)  # CPython >= 3.9
     if register is not None:
         register(_at_exit)
