@@ -118,6 +118,39 @@ def test_a_long_double_fill_bounds_the_unwritten_elements_outward():
     memory_engine.drop(name)
 
 
+@pytest.mark.skipif(np.finfo(np.longdouble).nmant <= 52, reason="long double is float64 here")
+@pytest.mark.parametrize("strategy", ["store", "stats", "expression"])
+def test_a_long_double_quantity_read_for_its_range_is_bounded_outward(strategy):
+    """A quantity without statistics of its own (kept as its expression) is read to find its
+    range: that range, rounded to the nearest float64 (1 + 2^-60 as 1.0), let ``d > 1`` drop
+    every match."""
+    name = f"mem://query-sound/{next(_names)}"
+    x = np.longdouble(1) + np.longdouble(2) ** -60
+    with lamina.open(name, "w", engine="memory") as f:
+        a = f.create_dataset("a", (8,), np.longdouble)
+        f.derive("d", "a * 1", strategy)
+        with f.step():
+            a[0:4] = np.full(4, x)
+            a[4:8] = 0
+        full = f["a"][...]
+        for pred in ("d > 1", "d + a > 2", "d < 1", "d >= 1 + 2^-60"):
+            want = _brute(pred.replace("d", "(a * 1)"), {"a": full})
+            assert f.query(pred).count == int(want.sum()), (strategy, pred)
+    memory_engine.drop(name)
+
+
+@pytest.mark.skipif(np.finfo(np.longdouble).nmant <= 52, reason="long double is float64 here")
+def test_long_double_ranges_given_to_truth_are_taken_outward():
+    """``truth`` with the range of a long double dataset given as numbers of its dtype."""
+    from lamina.derived import parse, truth
+
+    x = np.longdouble(1) + np.longdouble(2) ** -60
+    can, _ = truth(parse("a > 1", "predicate"), {"a": (x, x)}, {"a": np.longdouble})
+    assert can
+    can, _ = truth(parse("a < -1", "predicate"), {"a": (-x, -x)}, {"a": np.longdouble})
+    assert can
+
+
 @pytest.mark.parametrize(
     "pred, pos",
     [("a > 1" + "0" * 400, 4), ("a < .\u00b9", 4), ("a + 2 ^ 1000000000000 > 0", 6)],

@@ -95,18 +95,22 @@ class Interval:
         vals = list(value)
         if len(vals) not in (2, 3):
             raise ExpressionError(f"a range is (lo, hi) or (lo, hi, may_have_nan), got {value!r}")
-        lo, hi = _number(vals[0]), _number(vals[1])
+        lo, hi = _number(vals[0], up=False), _number(vals[1], up=True)
         nan = bool(vals[2]) if len(vals) == 3 else False
         if (isinstance(lo, float) and math.isnan(lo)) or (isinstance(hi, float) and math.isnan(hi)):
             return cls(-INF, INF, True)
         return cls(lo, hi, nan)
 
 
-def _number(v) -> int | float:
+def _number(v, up: bool) -> int | float:
+    """A bound as a Python number: integers exact, floats of a wider dtype than float64 (a long
+    double) rounded outward, *up* for an upper bound."""
     if isinstance(v, bool | np.bool_):
         return int(v)
     if isinstance(v, int | np.integer):
         return int(v)
+    if isinstance(v, np.floating):
+        return f64_of(v, up)
     return float(v)
 
 
@@ -288,8 +292,7 @@ class _V(NamedTuple):
 def _weak(value: Any) -> _V:
     if isinstance(value, float) and math.isnan(value):
         return _V(Interval(INF, -INF, True), None, value)
-    v = _number(value)
-    return _V(Interval(v, v), None, value)
+    return _V(Interval(_number(value, up=False), _number(value, up=True)), None, value)
 
 
 def _desc(v: _V) -> Any:

@@ -67,8 +67,10 @@ def exact_range(a: np.ndarray) -> Interval:
         if nan:
             if bool(np.isnan(a).all()):
                 return Interval(INF, -INF, True)
-            return Interval(float(np.nanmin(a)), float(np.nanmax(a)), True)
-        return Interval(float(a.min()), float(a.max()), False)
+            return Interval(lower(np.nanmin(a)), upper(np.nanmax(a)), True)
+        # outward: a long double's nearest float64 can lie inside its range (1 + 2**-60 as
+        # 1.0 let ``x > 1`` skip it)
+        return Interval(lower(a.min()), upper(a.max()), False)
     return Interval(int(a.min()), int(a.max()), False)  # integers and booleans: exact
 
 
