@@ -285,6 +285,25 @@ def test_query_selects_a_name_holding_a_comma_in_backticks(tmp_path, capsys):
     assert "--select: a backtick is not closed in '`a,b'" in one_error_line(rc, err)
 
 
+def test_query_selects_a_name_holding_a_backtick_as_the_condition_writes_it(tmp_path, capsys):
+    """--select dropped every backtick: `a``b` (as the condition writes 'a`b') selected the
+    dataset 'ab' and printed its values as the answer, with exit status 0."""
+    path = tmp_path / "b.lam"
+    with lamina.open(path, "w") as f:
+        for name in ("a`b", "ab", " s "):
+            f.create_dataset(name, (4,), "f8")
+        with f.step():
+            f["a`b"][...] = [1.0, 2.0, 3.0, 4.0]
+            f["ab"][...] = [-1.0, -2.0, -3.0, -4.0]
+            f[" s "][...] = [5.0, 6.0, 7.0, 8.0]
+    rc, out, _ = run(
+        ["query", path, "-w", "`a``b` > 2", "--select", "`a``b`, ` s ` ,ab", "--json"], capsys
+    )
+    assert rc == 0, out
+    values = json.loads(out)["exact_answer"]["values"]
+    assert values == {"a`b": [3.0, 4.0], " s ": [7.0, 8.0], "ab": [-3.0, -4.0]}, values
+
+
 def test_names_with_control_characters_stay_escaped_in_every_command(tmp_path, capsys):
     """A newline or an escape sequence in a name (or in the file's path) is shown escaped, as
     ls and info show it: in the error naming a group's datasets (which listed the whole

@@ -279,6 +279,19 @@ def test_error_message_shows_a_caret():
     assert lines[2].index("^") - lines[1].index("a") == 4
 
 
+@pytest.mark.parametrize("blank", ["\t\t", "\r", "\f"])
+def test_the_caret_stands_under_its_position_after_tabs_and_returns(blank):
+    """The caret line pads one space a character: after a tab it stood in another column on a
+    terminal, and a carriage return printed the expression over itself."""
+    text = f"a{blank}> (b"
+    with pytest.raises(ExpressionError) as info:
+        parse(text, "predicate")
+    lines = str(info.value).splitlines()
+    assert all(line.isprintable() for line in lines), lines
+    assert lines[2].index("^") - lines[1].index("a") == info.value.position
+    assert info.value.expression == text  # the expression itself kept as given
+
+
 def test_expression_error_is_a_lamina_value_error_and_travels():
     assert issubclass(ExpressionError, LaminaError) and issubclass(ExpressionError, ValueError)
     assert lamina.ExpressionError is ExpressionError

@@ -123,6 +123,10 @@ class RemoteError(LaminaError, RuntimeError):
     """Another rank failed inside a collective call; this rank aborts with it."""
 
 
+#: whitespace an expression may hold that does not take one column: shown as a space
+_BLANKS = {ord(c): " " for c in "\t\r\v\f"}
+
+
 class ExpressionError(LaminaError, ValueError):
     """A derived-quantity expression or query predicate is malformed or cannot be evaluated.
 
@@ -139,8 +143,12 @@ class ExpressionError(LaminaError, ValueError):
         self.reason = message
         if position is not None:
             message = f"{message} (at position {position})"
-            if expression is not None and "\n" not in expression and len(expression) <= 200:
-                message += f"\n    {expression}\n    {' ' * position}^"
+            # the caret one column a character: a tab or a carriage return shown as a space (a
+            # tab moved the caret's column, a return printed the line over itself); other
+            # control characters, a line of their own: no echo
+            shown = None if expression is None else expression.translate(_BLANKS)
+            if shown is not None and shown.isprintable() and len(shown) <= 200:
+                message += f"\n    {shown}\n    {' ' * position}^"
         super().__init__(message)
 
 

@@ -25,23 +25,47 @@ Paths with '/' go in backticks. The condition combines comparisons with
 
 
 def select_names(text: str) -> list[str]:
-    """``--select``'s names: split at commas, except inside backticks (a name holding a comma,
-    written as the condition writes a path: `` `a,b` ``); CLIError for a backtick not closed."""
+    """``--select``'s names: split at commas, except inside backticks, where a name is written
+    as the condition writes a path (`` `a,b` ``, a doubled backtick for one: `` `a``b` ``) and
+    kept as written (spaces too); bare names lose the spaces around them.  CLIError for a
+    backtick not closed."""
     names: list[str] = []
-    cur: list[str] = []
-    quoted = False
-    for ch in text:
-        if ch == "`":
-            quoted = not quoted
-        elif ch == "," and not quoted:
-            names.append("".join(cur))
-            cur = []
+    pieces: list[tuple[bool, str]] = []  # (quoted, text) of the name being read
+
+    def end_name() -> None:
+        if pieces and not pieces[0][0]:
+            pieces[0] = (False, pieces[0][1].lstrip())
+        if pieces and not pieces[-1][0]:
+            pieces[-1] = (False, pieces[-1][1].rstrip())
+        name = "".join(t for _, t in pieces)
+        if name:
+            names.append(name)
+        pieces.clear()
+
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch == ",":
+            end_name()
+            i += 1
+        elif ch == "`":
+            j, part = i + 1, []
+            while True:
+                if j >= n:
+                    raise CLIError(f"--select: a backtick is not closed in {text!r}")
+                if text[j] == "`":
+                    if text[j + 1 : j + 2] != "`":
+                        break
+                    j += 1  # a doubled backtick: one, inside the name
+                part.append(text[j])
+                j += 1
+            pieces.append((True, "".join(part)))
+            i = j + 1
         else:
-            cur.append(ch)
-    if quoted:
-        raise CLIError(f"--select: a backtick is not closed in {text!r}")
-    names.append("".join(cur))
-    return [n.strip() for n in names if n.strip()]
+            pieces.append((False, ch))
+            i += 1
+    end_name()
+    return names
 
 
 def build_parser() -> argparse.ArgumentParser:
