@@ -62,9 +62,15 @@ def test_timeout_must_be_positive(argv, capsys):
         ),
         (
             ["read", "--size", "1GiB", "--ranks", "1,2"],
-            "--size 1GiB on 2 ranks needs at least 2 GiB",
+            "--size 1GiB on 2 ranks needs at least 2.1 GiB",
         ),
-        (["insitu", "--size", "2GiB"], "--size 2GiB needs at least 2 GiB"),
+        (["insitu", "--size", "2GiB"], "--size 2GiB on 8 ranks needs at least 2.4 GiB"),
+        # each launched rank its own memory (Python, numpy, MPI) before any data
+        (
+            ["write", "--size", "8", "--ranks", "100000"],
+            "--size 8 on 100000 ranks needs at least 4.6 TiB",
+        ),
+        (["multires", "--quick", "--size-grid", "1000000"], "--size-grid 1000000 needs at least"),
         (["stats", "--mib", "1024"], "--mib 1024 needs at least 2 GiB"),
         (["derived", "--mib", "2048"], "--mib 2048 needs at least 2 GiB"),
         (["strategies", "--size", "2GiB"], "--size 2GiB in --blocks 64 needs at least 4 GiB"),
@@ -77,7 +83,7 @@ def test_timeout_must_be_positive(argv, capsys):
         ),
         (
             ["async", "--mib", "1024", "--ranks", "1,2"],
-            "--mib 1024 on 2 ranks needs at least 2 GiB",
+            "--mib 1024 on 2 ranks needs at least 2.1 GiB",
         ),
         (["steps", "--elements", "268435456", "--datasets", "1"], "needs at least 2 GiB"),
         (["catalog", "--blocks", "100000000"], "--blocks 100000000 needs at least"),
@@ -92,6 +98,51 @@ def test_sizes_past_the_machines_memory_are_refused(argv, message, monkeypatch, 
     assert bench(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "this machine has 1 GiB" in err, err
+
+
+@pytest.mark.parametrize(
+    "argv,what",
+    [
+        (["write", "--size", "8", "--ranks", "2147483649"], "--ranks: 2147483649 ranks"),
+        (["read", "--ranks", "1,4294967298"], "--ranks: 4294967298 ranks"),
+        (["insitu", "--ranks", "99999999999999999999999"], "--ranks: 99999999999999999999999"),
+        (["blocks", "--ranks", "2147483648"], "--ranks: 2147483648 ranks"),
+        (["async", "--ranks", "2147483648"], "--ranks: 2147483648 ranks"),
+        (["multires", "--quick", "--ranks", "2147483648"], "2147483648"),
+        (
+            ["multires", "--size-grid", "99999999999999999999999"],
+            "--size-grid: 99999999999999999999",
+        ),
+    ],
+)
+def test_rank_counts_past_what_mpi_numbers_are_refused(argv, what, monkeypatch, capsys):
+    """MPICH's mpiexec takes a count of 2**32 + 2 as 2 without a word: the benchmark ran on 2
+    ranks, said it ran on as many as asked, and exited 0.  (The size grid's count went to a
+    trial division that ran for ever first.)"""
+    from lamina.bench import common
+
+    monkeypatch.setattr(common, "memory_bytes", lambda: 1 << 60)
+    assert bench(argv) == 2
+    err = capsys.readouterr().err
+    assert what in err and "more than MPI can number" in err or "memory" in err, err
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (
+            ["verify", "--mib", "1", "--block-mib", "1", "--steps", "99999999999999999999999"],
+            "--steps 99999999999999999999999 of --mib 1 writes at least",
+        ),
+        (["catalog", "--steps", "99999999999999999999999"], "--steps 99999999999999999999999 x"),
+    ],
+)
+def test_files_past_the_disks_free_space_are_refused(argv, message, tmp_path, capsys):
+    """verify's huge --steps gave h5py's OverflowError as a traceback; the catalog's started
+    writing and ran until killed."""
+    assert bench([*argv, "--dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "free" in err, err
 
 
 @pytest.mark.parametrize(

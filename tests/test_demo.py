@@ -259,6 +259,21 @@ def test_usage_errors_return_2(capsys):
     capsys.readouterr()
 
 
+def test_rank_counts_mpi_cannot_number_or_this_machine_hold_are_refused(capsys, monkeypatch):
+    """--ranks 10^23 was printed as asked while mpiexec ran a rank; 2^31 - 1 ranks of one
+    in situ launch plus one more wrapped the same way; 100,000 ranks of ~50 MiB each do not fit."""
+    import lamina.demo as demo
+
+    assert main(["--ranks", "99999999999999999999999"]) == 2
+    assert "more than MPI can number" in capsys.readouterr().err
+    assert main(["--insitu-ranks", "2147483647:1"]) == 2
+    assert "more than MPI can number" in capsys.readouterr().err
+    monkeypatch.setattr(demo, "usable_memory", lambda: 1 << 30)
+    assert main(["--ranks", "100000"]) == 2
+    err = capsys.readouterr().err
+    assert "a launch of 100000 ranks needs at least" in err and "has 1 GiB" in err, err
+
+
 @pytest.mark.parametrize("value", ["-1", "0", "nan", "soon"])
 def test_a_timeout_that_is_no_time_is_refused(value, capsys, monkeypatch):
     """--timeout -1 or 0 started the writer and reported it "timed out after -1 s"; nan gave

@@ -1019,7 +1019,11 @@ def test_hostile_values_are_refused_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "pwned").exists()
     path = write(tmp_path, "tasks:\n - {command: [echo, hi], ranks: 1}\n")
     assert cli.main(["run", path, "--max-ranks", "0"]) == 2
-    assert "--max-ranks must be at least 1" in capsys.readouterr().err
+    assert "--max-ranks must be from 1 to 2,147,483,647" in capsys.readouterr().err
+    # a task of 2^32 + 1 ranks under such a limit: mpiexec would have run 1 rank, exit 0
+    path = write(tmp_path, "tasks:\n - {command: [echo, hi], ranks: 4294967297}\n")
+    assert cli.main(["run", path, "--max-ranks", "99999999999"]) == 2
+    assert "got 99999999999" in capsys.readouterr().err
 
 
 def test_dry_run_comments_stay_comments(tmp_path, capsys):

@@ -51,9 +51,27 @@ def is_open_mpi(mpiexec: str) -> bool:
     return "Open MPI" in out or "OpenRTE" in out
 
 
+#: most ranks of one launch: MPI numbers ranks with a C int, and MPICH's ``mpiexec`` takes a
+#: larger count modulo 2**32 without a word (``-n 4294967298`` starts 2 ranks)
+MAX_RANKS = 2**31 - 1
+#: a launched rank's own memory before any data (Python, numpy, mpi4py, lamina: about 50 MiB):
+#: a launch of many ranks on this machine is refused where they would not fit
+RANK_MEMORY = 48 << 20
+
+
+def check_ranks(n: int, what: str) -> int:
+    """*n*, a count of ranks that *what* asks for; ValueError above :data:`MAX_RANKS`."""
+    if n > MAX_RANKS:
+        raise ValueError(
+            f"{what}: {n} ranks is more than MPI can number (at most {MAX_RANKS:,} in a launch)"
+        )
+    return n
+
+
 def mpi_command(mpiexec: str, nranks: int, module: str, args: list[str]) -> list[str]:
     """``mpiexec -n N python -m mpi4py -m MODULE ARGS`` (Open MPI: with ``--oversubscribe``, so
     that more ranks than cores may run, as MPICH allows)."""
+    check_ranks(nranks, "mpiexec -n")
     cmd = [mpiexec, "--oversubscribe"] if is_open_mpi(mpiexec) else [mpiexec]
     return [*cmd, "-n", str(nranks), sys.executable, "-m", "mpi4py", "-m", module, *args]
 

@@ -1117,7 +1117,7 @@ def main(argv: list[str]) -> int:
     p = parser()
     ns = p.parse_args(argv)
     try:
-        ranks = common.parse_int_list(ns.ranks, "--ranks")
+        ranks = common.parse_ranks(ns.ranks)
         mibs = common.parse_int_list(ns.mib, "--mib")
         compute = common.parse_list(ns.compute, "--compute", float, "numbers")
         # (multiples of an I/O time: 1e300 of them is no sleep a run can make)
@@ -1133,7 +1133,9 @@ def main(argv: list[str]) -> int:
                 "and --repeat at least 1"
             )
         for mib in mibs:  # every rank's arrays at once, on this machine
-            common.check_memory(mib * common.MiB * max(ranks), f"--mib {mib} on {max(ranks)} ranks")
+            common.check_memory(
+                mib * common.MiB * max(ranks), f"--mib {mib} on {max(ranks)} ranks", max(ranks)
+            )
     except ValueError as e:
         p.error(str(e))
     per_run = len(WRITES) + len(READS)

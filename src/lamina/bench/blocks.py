@@ -823,7 +823,7 @@ def main(argv: list[str]) -> int:
     try:
         edges = common.parse_int_list(ns.edges, "--edges")
         nblocks = common.parse_int_list(ns.blocks, "--blocks")
-        ranks = common.parse_int_list(ns.ranks, "--ranks")
+        ranks = common.parse_ranks(ns.ranks)
         max_bytes = common.parse_size(ns.max_bytes)
         methods = common.parse_choices(ns.methods, "--methods", FAMILIES)
         if ns.steps < 1 or ns.repeat < 1 or ns.warmup < 0:
@@ -837,7 +837,9 @@ def main(argv: list[str]) -> int:
     e, n = max(cases, key=lambda c: case_bytes(*c))  # every rank's blocks of it, at once
     try:
         common.check_memory(
-            case_bytes(e, n) * max(ranks), f"{n} blocks of edge {e} on {max(ranks)} ranks"
+            case_bytes(e, n) * max(ranks),
+            f"{n} blocks of edge {e} on {max(ranks)} ranks",
+            max(ranks),
         )
     except ValueError as err:
         p.error(str(err))

@@ -328,6 +328,13 @@ def main(argv: list[str]) -> int:
         return 2
     try:  # the statistics of a step's blocks, made as float64
         common.check_memory(ns.blocks * 8 * ROW, f"--blocks {ns.blocks}")
+        # each block's values and its row of the block table (statistics, box, checksum...),
+        # in the lamina file and in ADIOS2's
+        common.check_disk(
+            2 * ns.steps * ns.blocks * (ROW * 4 + 64),
+            ns.dir,
+            f"--steps {ns.steps} x --blocks {ns.blocks}",
+        )
     except ValueError as e:
         print(f"lamina bench catalog: {e}", file=sys.stderr)
         return 2

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import text
+from .. import launch, text
 from ..text import finite_json, positive_seconds
 
 KiB, MiB, GiB = text.KiB, text.MiB, text.GiB
@@ -70,21 +70,29 @@ def parse_choices(text: str, what: str, choices: Sequence[str]) -> list[str]:
     return [spelled[n.lower()] for n in names]
 
 
-def parse_int_list(text: str, what: str) -> list[int]:
-    """'1,2,4' -> [1, 2, 4], positive integers (:func:`parse_list`)."""
+def parse_int_list(text: str, what: str, most: int | None = None, unit: str = "") -> list[int]:
+    """'1,2,4' -> [1, 2, 4], positive integers (:func:`parse_list`), each at most *most* (where
+    given; *unit* says why, in the error).  Rank counts: :func:`parse_ranks`."""
     out = parse_list(text, what, int, "integers")
     if any(v < 1 for v in out):
         raise ValueError(f"{what}: expected positive integers, got {text!r}")
+    if most is not None and max(out) > most:
+        raise ValueError(f"{what}: {max(out)} is more than {most:,}{unit}")
     return out
 
 
-def int_list_type(what: str) -> Callable[[str], list[int]]:
+def parse_ranks(text: str, what: str = "--ranks") -> list[int]:
+    """Rank counts, one MPI job each: :func:`parse_int_list` below :data:`launch.MAX_RANKS`."""
+    return [launch.check_ranks(n, what) for n in parse_int_list(text, what)]
+
+
+def int_list_type(what: str, most: int | None = None, unit: str = "") -> Callable[[str], list[int]]:
     """An argparse ``type`` of :func:`parse_int_list` for option *what*: its message, not
     argparse's 'invalid value'."""
 
     def parse(text: str) -> list[int]:
         try:
-            return parse_int_list(text, what)
+            return parse_int_list(text, what, most, unit)
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -194,11 +202,35 @@ def memory_bytes() -> int | None:
     return None
 
 
-def check_memory(need: int, what: str) -> None:
+def check_disk(need: int, directory: str | None, what: str) -> None:
+    """ValueError when *what* writes *need* bytes, more than the file system of *directory*
+    (None: the temporary directory) has free: refused at the command line, not after filling
+    the disk."""
+    import tempfile
+
+    where = directory or tempfile.gettempdir()
+    while where and not os.path.isdir(where):  # (a directory to be made: its parent's space)
+        where = os.path.dirname(where.rstrip(os.sep))
+    try:
+        free = shutil.disk_usage(where or ".").free
+    except OSError:
+        return
+    if need > free:
+        raise ValueError(
+            f"{what} writes at least {text.fmt_bytes(need)}; {where} has {text.fmt_bytes(free)} free"
+        )
+
+
+RANK_MEMORY = launch.RANK_MEMORY
+
+
+def check_memory(need: int, what: str, ranks: int = 0) -> None:
     """ValueError when *what* needs *need* bytes at once, more than this machine has: a
     benchmark refused at its command line, not killed by the kernel, a traceback or an
     MPI_Abort of every job after the files were made.  *need* is a lower bound (the data
-    the benchmark makes before it times anything); a run under it may still run short."""
+    the benchmark makes before it times anything), to which a job of *ranks* ranks adds
+    :data:`RANK_MEMORY` a rank; a run under it may still run short."""
+    need += ranks * RANK_MEMORY
     total = memory_bytes()
     if total is not None and need > total:
         raise ValueError(
@@ -483,7 +515,7 @@ def add_common_arguments(p) -> None:
 
 
 def common_options(ns) -> CommonOptions:
-    ranks = parse_int_list(ns.ranks, "--ranks")
+    ranks = parse_ranks(ns.ranks)
     if ns.repeat < 1:
         raise ValueError("--repeat must be at least 1")
     methods = parse_choices(ns.methods, "--methods", FAMILIES)
@@ -492,7 +524,7 @@ def common_options(ns) -> CommonOptions:
     if ns.warmup < 0:
         raise ValueError(f"--warmup must be at least 0, got {ns.warmup}")
     size = parse_size(ns.size)
-    check_memory(size * max(ranks), f"--size {ns.size} on {max(ranks)} ranks")
+    check_memory(size * max(ranks), f"--size {ns.size} on {max(ranks)} ranks", max(ranks))
     timeout = ns.timeout
     if timeout is None:
         # generous: ~20 s per GiB touched per method and repetition, plus start-up

@@ -257,7 +257,8 @@ class Worker:
                         continue
                     for ds, a, first in ((g, grid, self.g[0]), (p, part, self.p[0])):
                         # n blocks of rows (fewer where the rank has fewer rows), in one call
-                        cuts = sorted({len(a) * i // n for i in range(n + 1)})
+                        m = min(n, len(a))  # (a loop of n, not of the rows: --blocks 10^20)
+                        cuts = sorted({len(a) * i // m for i in range(m + 1)})
                         ds.write_blocks(
                             [a[x:y] for x, y in zip(cuts, cuts[1:], strict=False)],
                             [(first + x, 0) for x in cuts[:-1]],
@@ -620,7 +621,7 @@ def main(argv: list[str]) -> int:
     p = parser()
     ns = p.parse_args(argv)
     try:
-        ranks = common.parse_int_list(ns.ranks, "--ranks")
+        ranks = common.parse_ranks(ns.ranks)
         size = common.parse_size(ns.size)
         methods = [SHORT[m] for m in common.parse_choices(ns.methods, "--methods", list(SHORT))]
     except ValueError as e:
@@ -634,7 +635,7 @@ def main(argv: list[str]) -> int:
     if ns.blocks < 1:
         p.error(f"--blocks must be at least 1, got {ns.blocks}")
     try:
-        common.check_memory(size, f"--size {ns.size}")
+        common.check_memory(size, f"--size {ns.size} on {max(ranks)} ranks", max(ranks))
     except ValueError as e:
         p.error(str(e))
     if not methods:

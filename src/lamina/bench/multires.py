@@ -75,6 +75,7 @@ from typing import Any
 
 import numpy as np
 
+from ..launch import check_ranks
 from ..text import fmt_bytes, plural, table
 from . import common
 
@@ -856,7 +857,9 @@ def options(p: argparse.ArgumentParser, args: argparse.Namespace) -> set[str]:
     try:  # every rank builds the whole float32 field, and its noise beside it
         shape = " ".join(map(str, args.shape))
         need = 2 * math.prod(args.shape) * 4 * max(1, args.ranks)
-        common.check_memory(need, f"--shape {shape} on {plural(args.ranks, 'rank')}")
+        common.check_memory(need, f"--shape {shape} on {plural(args.ranks, 'rank')}", args.ranks)
+        for n in args.size_grid or ():  # a job of n ranks, each with its patches' bytes
+            common.check_memory(0, f"--size-grid {n}", check_ranks(n, "--size-grid"))
     except ValueError as e:
         p.error(str(e))
     if args.repeat is None:
@@ -865,6 +868,10 @@ def options(p: argparse.ArgumentParser, args: argparse.Namespace) -> set[str]:
         p.error(f"--repeat must be at least 1, got {args.repeat}")
     if args.ranks < 1:
         p.error(f"--ranks must be at least 1, got {args.ranks}")
+    try:
+        check_ranks(args.ranks, "--ranks")
+    except ValueError as e:
+        p.error(str(e))
     for name in ("measure_grid", "grid_box"):
         v = getattr(args, name)
         if v is not None and min(v) < 1:

@@ -194,6 +194,10 @@ def main(argv: list[str]) -> int:
         p.error(f"--block-mib {ns.block_mib} is more than a step (--mib {ns.mib})")
     try:  # a step's values as written and as h5py reads them, and the read buffer
         common.check_memory(2 * (ns.mib << 20) + PIECE, f"--mib {ns.mib}")
+        # the lamina file and the HDF5 file
+        common.check_disk(
+            2 * ns.steps * (ns.mib << 20), ns.dir, f"--steps {ns.steps} of --mib {ns.mib}"
+        )
     except ValueError as e:
         p.error(str(e))
     o = run(ns.steps, ns.mib << 20, ns.block_mib << 20, ns.repeat, ns.dir or tempfile.gettempdir())

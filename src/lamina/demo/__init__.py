@@ -36,7 +36,9 @@ import tempfile
 import time
 
 from .. import comm as comm_mod
-from ..text import positive_seconds
+from ..launch import RANK_MEMORY, check_ranks
+from ..machine import usable_memory
+from ..text import fmt_bytes, positive_seconds
 from . import launch, pair, phases, report
 from .simulation import DEFAULT_SHAPE
 
@@ -69,6 +71,15 @@ def _positive(text: str) -> int:
     return n
 
 
+def _ranks(text: str) -> int:
+    """A count of ranks: at least 1, at most what MPI numbers (:data:`lamina.launch.MAX_RANKS`)."""
+    n = _positive(text)
+    try:
+        return check_ranks(n, "ranks")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _ranks_pair(text: str) -> tuple[int, int]:
     """'P:C': simulation ranks : analysis ranks."""
     try:
@@ -79,6 +90,10 @@ def _ranks_pair(text: str) -> tuple[int, int]:
         ) from None
     if min(p, c) < 1:
         raise argparse.ArgumentTypeError(f"both rank counts must be at least 1, got {text!r}")
+    try:
+        check_ranks(p + c, f"{text} (one launch)")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     return p, c
 
 
@@ -90,12 +105,8 @@ def parser() -> argparse.ArgumentParser:
         "simulation and an analysis side by side in one MPMD launch, in memory and through a file, "
         "and compare.",
     )
-    p.add_argument(
-        "--ranks", type=_positive, default=4, help="writer (simulation) ranks (default 4)"
-    )
-    p.add_argument(
-        "--readers", type=_positive, default=3, help="reader (analysis) ranks (default 3)"
-    )
+    p.add_argument("--ranks", type=_ranks, default=4, help="writer (simulation) ranks (default 4)")
+    p.add_argument("--readers", type=_ranks, default=3, help="reader (analysis) ranks (default 3)")
     p.add_argument("--steps", type=_positive, default=5, help="steps to write (default 5)")
     p.add_argument(
         "--shape",
@@ -168,6 +179,16 @@ def main(argv: list[str] | None = None) -> int:
         args = parser().parse_args(sys.argv[1:] if argv is None else list(argv))
     except SystemExit as e:  # --help, or a usage error already printed
         return int(e.code or 0) if not isinstance(e.code, str) else 2
+    most = max(args.ranks, args.readers, sum(args.insitu_ranks))  # the largest launch
+    have = usable_memory()
+    if have is not None and most * RANK_MEMORY > have:
+        print(
+            f"lamina demo: error: a launch of {most} ranks needs at least "
+            f"{fmt_bytes(most * RANK_MEMORY)} of memory for the ranks alone; this machine has "
+            f"{fmt_bytes(have)}",
+            file=sys.stderr,
+        )
+        return 2
     world = comm_mod.world()
     if world.size > 1:
         if args.insitu_only:

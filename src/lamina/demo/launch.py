@@ -41,6 +41,7 @@ def mpi_command(mpiexec: str, nranks: int, module_args: list[str]) -> list[str]:
 
 def mpmd_command(mpiexec: str, programs: list[tuple[int, str, list[str]]]) -> list[str]:
     """One MPMD launch: ``mpiexec -n N1 python -m mpi4py -m MODULE1 ARGS1 : -n N2 ...``."""
+    _launch.check_ranks(sum(n for n, _, _ in programs), "mpiexec (every program's ranks)")
     cmd = [mpiexec]
     if _launch.is_open_mpi(mpiexec):
         cmd.append("--oversubscribe")

@@ -104,9 +104,10 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.max_ranks < 1:
+    if not 1 <= args.max_ranks <= launch.MAX_RANKS:
         print(
-            f"lamina run: error: --max-ranks must be at least 1, got {args.max_ranks}",
+            f"lamina run: error: --max-ranks must be from 1 to {launch.MAX_RANKS:,} (what MPI "
+            f"numbers in a launch), got {args.max_ranks}",
             file=sys.stderr,
         )
         return 2
