@@ -297,7 +297,8 @@ def test_query_selects_a_name_holding_a_backtick_as_the_condition_writes_it(tmp_
             f["ab"][...] = [-1.0, -2.0, -3.0, -4.0]
             f[" s "][...] = [5.0, 6.0, 7.0, 8.0]
     rc, out, _ = run(
-        ["query", path, "-w", "`a``b` > 2", "--select", "`a``b`, ` s ` ,ab", "--json"], capsys
+        ["query", path, "-w", "`a``b` > 2", "--select", "`a``b`,  ` s `  ,\t ab\t", "--json"],
+        capsys,
     )
     assert rc == 0, out
     values = json.loads(out)["exact_answer"]["values"]

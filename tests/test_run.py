@@ -1024,6 +1024,9 @@ def test_hostile_values_are_refused_in_one_line(tmp_path, capsys):
     path = write(tmp_path, "tasks:\n - {command: [echo, hi], ranks: 4294967297}\n")
     assert cli.main(["run", path, "--max-ranks", "99999999999"]) == 2
     assert "got 99999999999" in capsys.readouterr().err
+    wf = wr.load(path, max_ranks=2**40)  # the same through the Python API: the launch refuses
+    with pytest.raises(ValueError, match="4294967297 ranks is more than MPI can number"):
+        launcher.command(wf, "mpiexec")
 
 
 def test_dry_run_comments_stay_comments(tmp_path, capsys):

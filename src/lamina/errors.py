@@ -127,6 +127,14 @@ class RemoteError(LaminaError, RuntimeError):
 _BLANKS = {ord(c): " " for c in "\t\r\v\f"}
 
 
+def _breaks_line(text: str) -> bool:
+    """Whether *text* holds a control character or a line or paragraph separator (a non-breaking
+    space, a letter of any script, is shown as it is)."""
+    import unicodedata
+
+    return any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in text)
+
+
 class ExpressionError(LaminaError, ValueError):
     """A derived-quantity expression or query predicate is malformed or cannot be evaluated.
 
@@ -147,7 +155,7 @@ class ExpressionError(LaminaError, ValueError):
             # tab moved the caret's column, a return printed the line over itself); other
             # control characters, a line of their own: no echo
             shown = None if expression is None else expression.translate(_BLANKS)
-            if shown is not None and shown.isprintable() and len(shown) <= 200:
+            if shown is not None and len(shown) <= 200 and not _breaks_line(shown):
                 message += f"\n    {shown}\n    {' ' * position}^"
         super().__init__(message)
 

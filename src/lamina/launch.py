@@ -54,9 +54,11 @@ def is_open_mpi(mpiexec: str) -> bool:
 #: most ranks of one launch: MPI numbers ranks with a C int, and MPICH's ``mpiexec`` takes a
 #: larger count modulo 2**32 without a word (``-n 4294967298`` starts 2 ranks)
 MAX_RANKS = 2**31 - 1
-#: a launched rank's own memory before any data (Python, numpy, mpi4py, lamina: about 50 MiB):
-#: a launch of many ranks on this machine is refused where they would not fit
-RANK_MEMORY = 48 << 20
+#: a launched rank's own memory before any data, a lower bound: Python, numpy, mpi4py and lamina
+#: take about 47 MiB resident a rank, 27 MiB of it private (the libraries' pages are shared
+#: among the ranks of a machine); a launch of many ranks on this machine is refused where
+#: they would not fit
+RANK_MEMORY = 24 << 20
 
 
 def check_ranks(n: int, what: str) -> int:

@@ -61,8 +61,11 @@ def select_names(text: str) -> list[str]:
                 j += 1
             pieces.append((True, "".join(part)))
             i = j + 1
-        else:
-            pieces.append((False, ch))
+        else:  # bare characters: one piece up to the next comma or backtick
+            if pieces and not pieces[-1][0]:
+                pieces[-1] = (False, pieces[-1][1] + ch)
+            else:
+                pieces.append((False, ch))
             i += 1
     end_name()
     return names

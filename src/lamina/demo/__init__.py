@@ -179,16 +179,6 @@ def main(argv: list[str] | None = None) -> int:
         args = parser().parse_args(sys.argv[1:] if argv is None else list(argv))
     except SystemExit as e:  # --help, or a usage error already printed
         return int(e.code or 0) if not isinstance(e.code, str) else 2
-    most = max(args.ranks, args.readers, sum(args.insitu_ranks))  # the largest launch
-    have = usable_memory()
-    if have is not None and most * RANK_MEMORY > have:
-        print(
-            f"lamina demo: error: a launch of {most} ranks needs at least "
-            f"{fmt_bytes(most * RANK_MEMORY)} of memory for the ranks alone; this machine has "
-            f"{fmt_bytes(have)}",
-            file=sys.stderr,
-        )
-        return 2
     world = comm_mod.world()
     if world.size > 1:
         if args.insitu_only:
@@ -219,7 +209,28 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return _run_in_place(args, world)
+    if not _launches_fit(args):
+        return 2
     return _run_launched(args, mpiexec)
+
+
+def _launches_fit(args) -> bool:
+    """Whether the ranks of the largest launch the demo will make fit in this machine's memory
+    (:data:`lamina.launch.RANK_MEMORY` a rank, before any data); says why not."""
+    sizes = [] if args.insitu_only else [args.ranks, args.readers]
+    if not args.skip_insitu:
+        sizes.append(sum(args.insitu_ranks))
+    most = max(sizes)
+    have = usable_memory()
+    if have is not None and most * RANK_MEMORY > have:
+        print(
+            f"lamina demo: error: a launch of {most} ranks needs at least "
+            f"{fmt_bytes(most * RANK_MEMORY)} of memory for the ranks alone; this machine has "
+            f"{fmt_bytes(have)}",
+            file=sys.stderr,
+        )
+        return False
+    return True
 
 
 # ------------------------------------------------------------------ helpers

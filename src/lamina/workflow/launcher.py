@@ -87,8 +87,10 @@ def command(wf: WorkflowFile, mpiexec: str, oversubscribe: bool = False) -> list
     Only lamina's own words are on this line: each section runs
     :data:`TRAMPOLINE` with the task's index, which runs the task's command
     (from :func:`environment`) in the task's directory with its variables.
-    *oversubscribe* adds Open MPI's ``--oversubscribe``.
+    *oversubscribe* adds Open MPI's ``--oversubscribe``.  ValueError for more ranks than MPI
+    numbers (:func:`lamina.launch.check_ranks`: a file loaded with a *max_ranks* above it).
     """
+    launch.check_ranks(wf.ranks, f"{wf.path}: its tasks")
     cmd = [mpiexec]
     if oversubscribe:
         cmd.append("--oversubscribe")
