@@ -41,10 +41,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 import numpy as np
 
 from .catalog.model import Stats
+from .checksum import crc32c as _crc32c_fn
 
 if TYPE_CHECKING:  # (concurrent.futures imports logging: 5 ms of every process's start)
     from concurrent.futures import Future, ThreadPoolExecutor
-from .checksum import crc32c as _crc32c_fn
 
 #: checksum segments are multiples of this many bytes (the format's unit)
 CHUNK = 1 << 18

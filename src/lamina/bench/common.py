@@ -70,14 +70,12 @@ def parse_choices(text: str, what: str, choices: Sequence[str]) -> list[str]:
     return [spelled[n.lower()] for n in names]
 
 
-def parse_int_list(text: str, what: str, most: int | None = None, unit: str = "") -> list[int]:
-    """'1,2,4' -> [1, 2, 4], positive integers (:func:`parse_list`), each at most *most* (where
-    given; *unit* says why, in the error).  Rank counts: :func:`parse_ranks`."""
+def parse_int_list(text: str, what: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4], positive integers (:func:`parse_list`).  Rank counts:
+    :func:`parse_ranks`."""
     out = parse_list(text, what, int, "integers")
     if any(v < 1 for v in out):
         raise ValueError(f"{what}: expected positive integers, got {text!r}")
-    if most is not None and max(out) > most:
-        raise ValueError(f"{what}: {max(out)} is more than {most:,}{unit}")
     return out
 
 
@@ -86,13 +84,13 @@ def parse_ranks(text: str, what: str = "--ranks") -> list[int]:
     return [launch.check_ranks(n, what) for n in parse_int_list(text, what)]
 
 
-def int_list_type(what: str, most: int | None = None, unit: str = "") -> Callable[[str], list[int]]:
+def int_list_type(what: str) -> Callable[[str], list[int]]:
     """An argparse ``type`` of :func:`parse_int_list` for option *what*: its message, not
     argparse's 'invalid value'."""
 
     def parse(text: str) -> list[int]:
         try:
-            return parse_int_list(text, what, most, unit)
+            return parse_int_list(text, what)
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -221,16 +219,13 @@ def check_disk(need: int, directory: str | None, what: str) -> None:
         )
 
 
-RANK_MEMORY = launch.RANK_MEMORY
-
-
 def check_memory(need: int, what: str, ranks: int = 0) -> None:
     """ValueError when *what* needs *need* bytes at once, more than this machine has: a
     benchmark refused at its command line, not killed by the kernel, a traceback or an
     MPI_Abort of every job after the files were made.  *need* is a lower bound (the data
     the benchmark makes before it times anything), to which a job of *ranks* ranks adds
-    :data:`RANK_MEMORY` a rank; a run under it may still run short."""
-    need += ranks * RANK_MEMORY
+    :data:`lamina.launch.RANK_MEMORY` a rank; a run under it may still run short."""
+    need += ranks * launch.RANK_MEMORY
     total = memory_bytes()
     if total is not None and need > total:
         raise ValueError(
