@@ -135,10 +135,19 @@ def test_rank_counts_past_what_mpi_numbers_are_refused(argv, what, monkeypatch, 
             "--steps 99999999999999999999999 of --mib 1 writes at least",
         ),
         (["catalog", "--steps", "99999999999999999999999"], "--steps 99999999999999999999999 x"),
+        (["steps", "--steps", "99999999999999999999"], "--steps 99999999999999999999 (+"),
+        (
+            ["blocks", "--steps", "99999999999999999999", "--edges", "4", "--blocks", "64"],
+            "--steps 99999999999999999999 of 64 blocks of edge 4",
+        ),
+        (
+            ["async", "--steps", "99999999999999999999", "--mib", "8"],
+            "--steps 99999999999999999999",
+        ),
     ],
 )
 def test_files_past_the_disks_free_space_are_refused(argv, message, tmp_path, capsys):
-    """verify's huge --steps gave h5py's OverflowError as a traceback; the catalog's started
+    """verify's huge --steps gave h5py's OverflowError as a traceback; the others started
     writing and ran until killed."""
     assert bench([*argv, "--dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err

@@ -1136,6 +1136,11 @@ def main(argv: list[str]) -> int:
             common.check_memory(
                 mib * common.MiB * max(ranks), f"--mib {mib} on {max(ranks)} ranks", max(ranks)
             )
+        common.check_disk(  # one run's file of the largest size, at least
+            max(mibs) * common.MiB * max(ranks) * ns.steps,
+            ns.dir,
+            f"--steps {ns.steps} of --mib {max(mibs)} on {max(ranks)} ranks",
+        )
     except ValueError as e:
         p.error(str(e))
     per_run = len(WRITES) + len(READS)

@@ -841,6 +841,11 @@ def main(argv: list[str]) -> int:
             f"{n} blocks of edge {e} on {max(ranks)} ranks",
             max(ranks),
         )
+        common.check_disk(  # one method's file of that case, at least
+            case_bytes(e, n) * max(ranks) * ns.steps,
+            ns.dir,
+            f"--steps {ns.steps} of {n} blocks of edge {e} on {max(ranks)} ranks",
+        )
     except ValueError as err:
         p.error(str(err))
     o = {

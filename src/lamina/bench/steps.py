@@ -372,6 +372,15 @@ def main(argv: list[str]) -> int:
         p.error(str(e))
     if ns.elements < 1 or ns.steps < 1 or ns.warmup < 0 or ns.repeat < 1 or ns.seed < 0:
         p.error("need --elements >= 1, --steps >= 1, --warmup >= 0, --repeat >= 1, --seed >= 0")
+    try:  # one method's file of the most datasets, at least
+        steps = ns.steps + ns.warmup
+        common.check_disk(
+            steps * ns.elements * 8 * max(ns.datasets),
+            ns.dir,
+            f"--steps {ns.steps} (+ --warmup {ns.warmup}) of {max(ns.datasets)} datasets",
+        )
+    except ValueError as e:
+        p.error(str(e))
     try:
         o = run(ns)
     except common.DataCheckError as e:
