@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 import numpy as np
 
 from .catalog.model import Stats
-from .checksum import crc32c as _crc32c_fn
+from .checksum import crc32c as crc_raw  # crc without its wrapper: loops of small pieces
 
 if TYPE_CHECKING:  # (concurrent.futures imports logging: 5 ms of every process's start)
     from concurrent.futures import Future, ThreadPoolExecutor
@@ -166,9 +166,6 @@ def _int_sum(c: np.ndarray, mn: int, mx: int) -> Any:
     return _sum(c, np.float64)
 
 
-#: crc itself, without the wrapper's call: for loops over many small pieces
-crc_raw = _crc32c_fn
-
 #: buffers from this many bytes are checksummed by awscrt's CRC-32C (:func:`crc`)
 FAST_MIN = 1 << 14
 _fast_crc: Any = None
@@ -187,7 +184,7 @@ def _load_fast_crc() -> Any:
     try:
         from awscrt.checksums import crc32c as fast
     except ImportError:  # pragma: no cover - awscrt is a dependency; the result is the same
-        fast = _crc32c_fn
+        fast = crc_raw
     _fast_crc = fast
     return fast
 
@@ -202,7 +199,7 @@ def crc(data, value: int = 0) -> int:
     """CRC-32C of a bytes-like object, continuing from *value*."""
     if len(data) >= FAST_MIN:
         return (_fast_crc or _load_fast_crc())(data, value)
-    return _crc32c_fn(data, value)
+    return crc_raw(data, value)
 
 
 # -- checking many pieces with one CRC call -------------------------------

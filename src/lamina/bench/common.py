@@ -17,6 +17,7 @@ import math
 import os
 import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -204,8 +205,6 @@ def check_disk(need: int, directory: str | None, what: str) -> None:
     """ValueError when *what* writes *need* bytes, more than the file system of *directory*
     (None: the temporary directory) has free: refused at the command line, not after filling
     the disk."""
-    import tempfile
-
     where = directory or tempfile.gettempdir()
     while where and not os.path.isdir(where):  # (a directory to be made: its parent's space)
         where = os.path.dirname(where.rstrip(os.sep))

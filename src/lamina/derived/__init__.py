@@ -86,9 +86,7 @@ _WHERE = {
     "tokenize": ".parser",
 }
 
-
-def __getattr__(name: str) -> object:
-    return lazy.attribute(__name__, _WHERE, name, globals())
+__getattr__ = lazy.getattr_for(__name__, _WHERE, globals())
 
 
 __all__ = [

@@ -46,9 +46,7 @@ if TYPE_CHECKING:
 #: parser and kernels the query code imports
 _WHERE = {"query": ".core", "run": ".core", "subtract": ".core", "QueryResult": ".result"}
 
-
-def __getattr__(name: str) -> object:
-    return lazy.attribute(__name__, _WHERE, name, globals())
+__getattr__ = lazy.getattr_for(__name__, _WHERE, globals())
 
 
 def _probe(directory: str | None, quick: bool) -> dict[str, list[tuple[float, float]]]:

@@ -30,9 +30,7 @@ _WHERE = {
     "Workflow": ".routes",
 }
 
-
-def __getattr__(name: str) -> object:
-    return lazy.attribute(__name__, _WHERE, name, globals())
+__getattr__ = lazy.getattr_for(__name__, _WHERE, globals())
 
 
 __all__ = ["Route", "Workflow", "WorkflowFile", "WorkflowFileError", "load"]

@@ -27,9 +27,10 @@ from ...geometry import Box
 #: default budget of the copies of the steps in flight
 DEFAULT_INFLIGHT_BYTES = 1 << 30
 #: steps queued for the background thread at most (beside the one it writes): an end_step that
-#: would queue more waits, before its meeting, as a put waits for the budget, so that a program of many small steps
-#: faster than their writes does not run ahead without bound (an interrupted program writes
-#: every step its ranks ended before it stops: a thousand small steps queued took half a minute)
+#: would queue more waits, before its meeting, as a put waits for the budget, so that a program
+#: of many small steps faster than their writes does not run ahead without bound (an
+#: interrupted program writes every step its ranks ended before it stops: a thousand small
+#: steps queued took half a minute)
 QUEUE_STEPS = 32
 
 
