@@ -26,7 +26,7 @@ from test_corruption import flip
 import lamina
 from lamina.derived import _parallel
 from lamina.engines.native import engine as native
-from lamina.engines.native.engine import _grid_plan_for, _grid_view
+from lamina.engines.placement import grid_plan_for, grid_view
 from lamina.errors import ChecksumError
 
 pytestmark = pytest.mark.usefixtures("fast_native")
@@ -130,10 +130,10 @@ def _reads_match_numpy(tiling, data):
 def _place_grid(out, corner, shape, values) -> bool:
     """Blocks of one *shape* (values back to back, block k at ``corner[k]``) into *out* through
     the view the grid's plan gives; False (nothing written) when they do not tile a box of it."""
-    plan = _grid_plan_for(out, corner, shape)
+    plan = grid_plan_for(out, corner, shape)
     if plan is None:
         return False
-    view = _grid_view(out, plan)
+    view = grid_view(out, plan)
     src = np.asarray(values).reshape(len(corner), *(int(v) for v in shape))
     if plan.order is not None:
         src = src[plan.order]
@@ -453,3 +453,83 @@ def test_a_read_planned_once_for_steps_written_alike(tmp_path, monkeypatch):
         with pytest.raises(ChecksumError, match="checksum mismatch") as err:
             ds.read(step=1, out=out)
         assert str(victim.box) in str(err.value)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(st.data())
+def test_place_pieces_is_a_slice_assignment_per_piece(data):
+    """The in situ consumer's placement of packed pieces (grids, scatters, the rest one by
+    one) gives what a slice assignment per piece gives, for any output layout."""
+    from lamina.engines.placement import place_pieces
+
+    nd = data.draw(st.integers(1, 3))
+    out_shape = tuple(data.draw(st.integers(1, 9)) for _ in range(nd))
+    # disjoint pieces: the cells of a random tiling of the output, a random subset, in a random order
+    edges = []
+    for n in out_shape:
+        cuts = sorted(set(data.draw(st.lists(st.integers(1, n - 1), max_size=3)) if n > 1 else []))
+        edges.append([0, *cuts, n])
+    cells = list(np.ndindex(*(len(e) - 1 for e in edges)))
+    keep = data.draw(st.lists(st.booleans(), min_size=len(cells), max_size=len(cells)))
+    chosen = [c for c, k in zip(cells, keep, strict=True) if k] or cells[:1]
+    order = data.draw(st.permutations(range(len(chosen))))
+    if data.draw(st.booleans()):  # in the output's order (as a producer holds its blocks)
+        order = sorted(order)
+    lo = np.array([[edges[d][c[d]] for d in range(nd)] for c in chosen], dtype=np.int64)[order]
+    hi = np.array([[edges[d][c[d] + 1] for d in range(nd)] for c in chosen], dtype=np.int64)[order]
+    shapes = hi - lo
+    values = np.arange(1, int(np.prod(shapes, axis=1).sum()) + 1, dtype=np.float64)
+    want = np.zeros(out_shape)
+    k = 0
+    for a, s in zip(lo.tolist(), shapes.tolist(), strict=True):
+        n = int(np.prod(s))
+        want[tuple(map(slice, a, np.add(a, s)))] = values[k : k + n].reshape(s)
+        k += n
+    layout = data.draw(st.sampled_from(["c", "f", "strided"]))
+    if layout == "c":
+        out = np.zeros(out_shape)
+    elif layout == "f":
+        out = np.zeros(out_shape, order="F")
+    else:
+        out = np.zeros(tuple(2 * v for v in out_shape))[(slice(None, None, 2),) * nd]
+    place_pieces(values, lo, shapes, out)
+    np.testing.assert_array_equal(out, want)
+
+
+def test_place_pieces_takes_each_kind_of_group():
+    """Many equal pieces tiling the output (the grid), many equal pieces that do not tile it
+    (the scatter), large ones (one by one) and a mix: each equal to slice assignments."""
+    from lamina.engines import placement
+
+    def check(out_shape, lo, shape_rows):
+        lo = np.asarray(lo, dtype=np.int64)
+        shapes = np.asarray(shape_rows, dtype=np.int64)
+        values = np.random.default_rng(1).random(int(np.prod(shapes, axis=1).sum()))
+        want = np.zeros(out_shape)
+        k = 0
+        for a, s in zip(lo.tolist(), shapes.tolist(), strict=True):
+            n = int(np.prod(s))
+            want[tuple(map(slice, a, np.add(a, s)))] = values[k : k + n].reshape(s)
+            k += n
+        out = np.zeros(out_shape)
+        placement.place_pieces(values, lo, shapes, out)
+        np.testing.assert_array_equal(out, want)
+
+    grid = [(i, j) for j in range(0, 16, 4) for i in range(0, 16, 4)]  # not in C order
+    check((16, 16), grid, [(4, 4)] * 16)
+    checker = [(i, j) for i in range(0, 16, 4) for j in range(0, 16, 4) if (i + j) % 8 == 0]
+    check((16, 16), checker, [(4, 4)] * len(checker))  # holes: the scatter
+    big = [(0, 0), (0, 32), (32, 0), (32, 32)]
+    check((64, 64), big, [(32, 32)] * 4)  # over SCATTER_ELEMENTS, no tiling of a box... a grid
+    check((64, 80), [(0, 0), (0, 40), (32, 0)], [(32, 40)] * 3)  # too few: one by one
+    mixed_lo = [*grid, (16, 0), (16, 8), (16, 16)]
+    check((20, 20), mixed_lo, [(4, 4)] * 16 + [(4, 8), (4, 8), (4, 4)])
+    # whole rows of uneven counts (a particle array cut in blocks): stretches of memory
+    starts = [0, 3, 7, 10, 14, 17, 21, 24, 28, 31]
+    counts = [b - a for a, b in zip(starts, [*starts[1:], 35], strict=True)]
+    check((35, 3), [(a, 0) for a in starts], [(c, 3) for c in counts])  # in order: one copy
+    order = [0, 1, 2, 3, 4, 9, 5, 6, 7, 8]  # one out of order: two stretches
+    check((35, 3), [(starts[k], 0) for k in order], [(counts[k], 3) for k in order])
+    order = [9, 3, 6, 0, 8, 2, 5, 1, 7, 4]  # shuffled: by shape
+    check((35, 3), [(starts[k], 0) for k in order], [(counts[k], 3) for k in order])
+    check((35,), [(a,) for a in starts], [(c,) for c in counts])

@@ -56,10 +56,11 @@ from ...errors import (
     mark_collective,
     warn_caller,
 )
-from ...geometry import Box, box_of, cols_max, cols_min, rows_all, split_range
+from ...geometry import Box, box_of, rows_all, split_range
 from ...workflow import routes
 from ..base import durable_flag, under
 from ..block import BlockEngine, StepHeads, wait_for
+from ..placement import SCATTER_ELEMENTS, GridPlan, grid_plan_for, grid_view
 from ..staging import Chunk
 from . import descriptors
 from . import format as fmt
@@ -85,11 +86,6 @@ ROW_PIECE = 1 << 23
 RUN_BUFFERS_KEPT = 4 * (ROW_PIECE + buffers.PAGE)
 #: runs of at least this many bytes are read by a few threads (a thread's start costs ~0.1 ms)
 PARALLEL_READ_MIN = 1 << 22
-#: blocks of at most this many elements, of one shape, go into place with one scatter per piece
-#: (an index per element); larger ones a copy each (16^3 blocks scattered: 1.4-1.7x the copies)
-SCATTER_ELEMENTS = 512
-
-
 PREALLOCATE_MIN = 1 << 20
 
 #: reads planned that are kept (:meth:`NativeEngine._read_blocks`), one per box and output
@@ -98,80 +94,6 @@ READ_PLANS = 4
 #: reads of more blocks than this are planned each time (planning costs a few percent of
 #: them) and not kept (a plan and its key take about 250 bytes a block)
 PLANNED_MAX = 4096
-
-
-class _GridPlan(NamedTuple):
-    """How blocks of one shape tile a box of the output without gaps (:func:`_grid_plan_for`),
-    apart from the output array (:func:`_grid_view` makes the view into one)."""
-
-    cells: np.ndarray  # (n, ndim): each block's cell, blocks in their order
-    order: np.ndarray | None  # the blocks in C order of their cells; None when they come so
-    slices: tuple[slice, ...]  # the box of the output
-    split: list[int]  # the box's shape as (cells, block) pairs, axis by axis
-
-
-#: the last plan found, with its key: a reader of one region step after step meets the
-#: same blocks at the same corners every step (kept whole, so threads see a key and its plan)
-_last_plan: tuple[tuple, _GridPlan | None] | None = None
-
-
-def _grid_plan_for(out: np.ndarray, corner: np.ndarray, shape) -> _GridPlan | None:
-    """How blocks of one *shape* (block k at ``corner[k]`` of *out*) tile a box of *out*,
-    or None when they do not (a hole, a cell twice, off the grid's phase, out of bounds):
-    the same for any output of *out*'s shape and strides."""
-    global _last_plan
-    n = len(corner)
-    shape = np.asarray(shape, dtype=np.int64)
-    if n < 2 or out.ndim == 0 or bool(np.any(shape <= 0)):
-        return None
-    key = (corner.dtype.str, corner.shape, corner.tobytes(), shape.tobytes(), out.shape)
-    last = _last_plan
-    if last is not None and last[0] == key:
-        plan = last[1]
-    else:
-        plan = _grid_plan(corner, shape, out.shape)
-        _last_plan = (key, plan)
-    if plan is None:
-        return None
-    if not np.may_share_memory(_grid_view(out, plan), out):
-        return None  # splitting axes is a view for any strides; be sure
-    return plan
-
-
-def _grid_view(out: np.ndarray, plan: _GridPlan) -> np.ndarray:
-    """The box of *out* that *plan* found, split as (cells along each axis..., block shape...)."""
-    nd = out.ndim
-    view = out[plan.slices].reshape(plan.split)
-    return view.transpose([*range(0, 2 * nd, 2), *range(1, 2 * nd, 2)])
-
-
-def _grid_plan(corner: np.ndarray, shape: np.ndarray, out_shape: tuple) -> _GridPlan | None:
-    """:func:`_grid_plan_for`'s search, for an output of *out_shape* (its cells are read-only)."""
-    n = len(corner)
-    cell, phase = np.divmod(corner, shape)
-    if bool(np.any(phase != phase[0])):
-        return None
-    low = cols_min(cell)
-    extent = cols_max(cell) - low + 1
-    if int(np.prod(extent)) != n:
-        return None
-    cell -= low
-    lin = np.ravel_multi_index(tuple(cell.T), tuple(int(v) for v in extent))
-    in_order = bool(np.array_equal(lin, np.arange(n)))
-    order = None
-    if not in_order:
-        order = np.argsort(lin, kind="stable")
-        if not bool(np.array_equal(lin[order], np.arange(n))):
-            return None  # a cell twice (overlapping blocks): not a tiling
-        order.flags.writeable = False
-    start = phase[0] + low * shape
-    stop = start + extent * shape
-    if bool(np.any(stop > np.asarray(out_shape))):
-        return None
-    cell.flags.writeable = False
-    box = tuple(slice(int(a), int(b)) for a, b in zip(start, stop, strict=True))
-    split = [int(v) for pair in zip(extent, shape, strict=True) for v in pair]
-    return _GridPlan(cell, order, box, split)
 
 
 def _slabs(extent: Sequence[int], block_bytes: int, limit: int) -> Iterator[tuple[int, int, tuple]]:
@@ -388,7 +310,7 @@ class _RunPlan(NamedTuple):
     ends: np.ndarray  # each block's end in the run (the cumulative lengths)
     pieces: list[tuple[int, int, Any]]  # (first block, end block, slab of the grid or None)
     sizes: list[int]  # each piece's bytes
-    grid: _GridPlan | None  # blocks of one shape tiling a box of the output
+    grid: GridPlan | None  # blocks of one shape tiling a box of the output
     within: np.ndarray | None  # the scatter: each element's index in a block at 0
     at: np.ndarray | None  # and each block's first element in the output
     corner: np.ndarray  # each block's part in the output: [corner, hi)
@@ -1901,7 +1823,7 @@ class NativeEngine(BlockEngine):
         shape = t.stop[int(rows[0])] - t.start[int(rows[0])]
         one_shape = one_length and bool(np.all(t.stop[rows] - t.start[rows] == shape))
         corner = rel_lo[ks]
-        grid = _grid_plan_for(out, corner, shape) if one_shape else None
+        grid = grid_plan_for(out, corner, shape) if one_shape else None
         pieces: list[tuple[int, int, Any]]
         if grid is not None and grid.order is None:  # a slab of the grid per piece
             extent = grid.split[0 : 2 * out.ndim : 2]
@@ -1950,7 +1872,7 @@ class NativeEngine(BlockEngine):
         dt = spec.dtype
         expected = t.crcs[t.crc_ptr[rows]]
         lengths, ends, pieces, one_crc = plan.lengths, plan.ends, plan.pieces, plan.one_crc
-        grid = None if plan.grid is None else _grid_view(out, plan.grid)
+        grid = None if plan.grid is None else grid_view(out, plan.grid)
         got = [0] * len(pieces)  # each piece's CRC (one_crc)
 
         def corrupt(j: int) -> ChecksumError:

@@ -17,8 +17,6 @@ answering gives :class:`~lamina.errors.TransportError` instead of a hang.
 
 from __future__ import annotations
 
-import math
-import operator
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -46,6 +44,7 @@ from ...workflow import routes
 from ...workflow.routes import LATEST, parse_flow
 from ..base import BlockInfo, step_number, under
 from ..block import refuse_stats_only
+from ..placement import place_pieces
 from . import rendezvous, wire
 from .common import ABANDON_PATIENCE, MPI, TransportBase
 from .wire import Poll, Request
@@ -620,7 +619,7 @@ class Consumer(TransportBase):
                 raise TransportError(
                     f"{self.path}: producer rank {rank} no longer holds {held} of step {step}"
                 )
-            _unpack(scratch.view(spec.dtype), a - np.asarray(box.start), b - a, out)
+            place_pieces(scratch.view(spec.dtype), a - np.asarray(box.start), b - a, out)
         self._count_read(covered * item)  # what the producer ranks sent
 
     def _ask_packed(
@@ -706,18 +705,6 @@ class Consumer(TransportBase):
         if self._inter is not None:
             comm_mod.free(self._inter)
             self._inter = None
-
-
-def _unpack(values: np.ndarray, at: np.ndarray, shapes: np.ndarray, out: np.ndarray) -> None:
-    """Boxes of *shapes* (rows), their values one after another in *values*, into *out* at
-    the corners *at* (rows, relative to *out*)."""
-    k = 0
-    for corner, shape in zip(at.tolist(), shapes.tolist(), strict=True):
-        n = math.prod(shape)
-        out[tuple(map(slice, corner, map(operator.add, corner, shape)))] = values[
-            k : k + n
-        ].reshape(shape)
-        k += n
 
 
 def _head_of(buf: np.ndarray) -> tuple[int, int]:
