@@ -71,6 +71,40 @@ def programs(draw):
 def test_overlap_index_agrees_with_brute_force(prog, lazy):
     """A batch is entered whole or not at all; it is refused exactly when a box of it meets an
     entered box or an earlier box of the batch, and the pair named does meet."""
+    _agrees_with_brute_force(prog, lazy)
+
+
+@st.composite
+def slabs(draw):
+    """A first batch of slabs of uneven widths across the domain along one axis, in any order
+    (a particle array cut in blocks), sometimes with one slab stretched into the next."""
+    axis = draw(st.integers(0, 1))
+    n = SHAPE[axis]
+    cuts = sorted(set(draw(st.lists(st.integers(1, n - 1), min_size=1, max_size=n - 1))))
+    edges = [0, *cuts, n]
+    out = []
+    for a, b in zip(edges, edges[1:], strict=False):
+        lo, hi = [0, 0], list(SHAPE)
+        lo[axis], hi[axis] = a, b
+        out.append((tuple(lo), tuple(hi)))
+    if len(out) > 1 and draw(st.booleans()):  # one slab reaches into the next: refused
+        k = draw(st.integers(0, len(out) - 2))
+        lo, hi = out[k]
+        hi = list(hi)
+        hi[axis] += 1
+        out[k] = (lo, tuple(hi))
+    return draw(st.permutations(out))
+
+
+@settings(max_examples=200, deadline=None)
+@given(first=slabs(), prog=programs(), lazy=st.sampled_from([1, 3]))
+def test_a_first_batch_found_apart_by_a_sweep_agrees_with_brute_force(first, prog, lazy):
+    """The step's first batch of uneven slabs is kept as arrays once a sweep finds them apart
+    along an axis; what comes after it meets them exactly as brute force says."""
+    _agrees_with_brute_force([("many", list(first)), *prog], lazy)
+
+
+def _agrees_with_brute_force(prog, lazy) -> None:
     old = staging.BoxIndex.LAZY_BATCH
     staging.BoxIndex.LAZY_BATCH = lazy  # small: the numpy path sees hypothesis-sized batches
     try:
@@ -200,6 +234,45 @@ def test_a_batch_stores_what_single_writes_store(tmp_path, rng, edge):
                 [(b.box, b.stats, b.nbytes, b.offset, b.subfile, b.codec) for b in blocks]
             )
     assert tables[0] == tables[1] == tables[2] == tables[3]
+
+
+def test_a_batch_of_small_blocks_of_uneven_shapes_stores_what_single_writes_store(tmp_path, rng):
+    """Small blocks of several shapes in one call (a particle array cut in uneven blocks) are
+    staged as many to a copy as a chunk holds: over several chunks (a step of 7 MiB), the same
+    blocks, statistics, offsets and values as one write each."""
+    shape = (96, 96, 96)
+    cuts = [0]
+    while cuts[-1] < shape[0]:
+        cuts.append(min(shape[0], cuts[-1] + int(rng.integers(1, 3))))
+    ycuts = [0, 40, 41, 96]
+    a = rng.standard_normal(shape)
+    a[3, 4, 5] = np.nan
+    boxes = [
+        ((x0, y0, z), (x1, y1, z + 32))
+        for x0, x1 in zip(cuts, cuts[1:], strict=False)
+        for y0, y1 in zip(ycuts, ycuts[1:], strict=False)
+        for z in (0, 32, 64)
+    ]
+    order = rng.permutation(len(boxes))
+    boxes = [boxes[k] for k in order]
+    tables = []
+    for how in ("write", "list"):
+        path = str(tmp_path / f"{how}.lam")
+        with lamina.open(path, "w") as f:
+            ds = f.create_dataset("u", shape=shape, dtype="f8")
+            for step in range(2):
+                blocks = [a[tuple(map(slice, lo, hi))] + step for lo, hi in boxes]
+                with f.step():
+                    if how == "write":
+                        for (lo, _), b in zip(boxes, blocks, strict=True):
+                            ds.write(b, offset=lo)
+                    else:
+                        ds.write_blocks(blocks, [lo for lo, _ in boxes])
+        with lamina.open(path) as f:
+            np.testing.assert_array_equal(f["u"].read(step=1), a + 1)
+            got = f["u"].blocks(1)
+            tables.append([(b.box, b.stats, b.nbytes, b.offset, b.subfile, b.codec) for b in got])
+    assert tables[0] == tables[1]
 
 
 def test_lent_blocks_of_many_shapes_dtypes_and_datasets(tmp_path, rng):

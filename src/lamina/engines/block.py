@@ -848,6 +848,9 @@ class BlockEngine(Engine):
             if spec.ndim and bool((shapes == shapes[0]).all()):  # a list of one shape
                 self._stage_run(spec, batch.starts, batch.stops, b, batch.arrays)
                 return
+            if int(batch.nbytes.max()) <= SMALL:  # small blocks of several shapes
+                self._stage_each(spec, batch)
+                return
         starts = map(tuple, batch.starts.tolist())
         stops = map(tuple, batch.stops.tolist())
         for k, (a, z) in enumerate(zip(starts, stops, strict=True)):  # each as put stores it
@@ -867,6 +870,25 @@ class BlockEngine(Engine):
             piece = data[k : k + fit] if lists else data[k * b : (k + fit) * b]
             log.stage_run(first + k, fit, b, spec.dtype, piece, c)
             k += fit
+
+    def _stage_each(self, spec: DatasetSpec, batch: Batch) -> None:
+        """Small raw blocks of *batch* (entered already), of several shapes, staged as ``put``
+        stages each: as many as the current chunk has room for with one copy."""
+        n = len(batch)
+        ends = np.cumsum(batch.nbytes)
+        sizes = batch.nbytes.tolist()
+        starts = list(map(tuple, batch.starts.tolist()))
+        stops = list(map(tuple, batch.stops.tolist()))
+        ids = [spec.id] * n
+        k = 0
+        while k < n:
+            c = self._chunk_for(sizes[k])
+            base = int(ends[k - 1]) if k else 0
+            j = int(np.searchsorted(ends, base + len(c.buf) - c.used, side="right"))
+            j = min(max(j, k + 1), n)
+            arrays = batch.arrays[k:j]  # (a list: stacked blocks are of one shape)
+            self._log.add_staged_each(ids[k:j], starts[k:j], stops[k:j], list(arrays), c)
+            k = j
 
     def _flush_lent(self) -> None:
         """Enter and stage the small blocks ``put`` kept with ``copy=False``, grouped by dataset

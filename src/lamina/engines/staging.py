@@ -1003,6 +1003,7 @@ class BoxIndex:
         "keys",
         "lazy",
         "loose",
+        "swept",
     )
 
     def __init__(self, ndim: int, shape: tuple[int, ...] | None = None) -> None:
@@ -1011,6 +1012,8 @@ class BoxIndex:
         # boxes of batches not entered in the grid yet: their (sorted) cell numbers and arrays
         self.keys: np.ndarray | None = None
         self.lazy: list[tuple[np.ndarray, np.ndarray]] = []
+        # the lazy boxes are one batch found apart by a sweep (no cell numbers: keys is None)
+        self.swept = False
         self.cell: tuple[int, ...] | None = None
         self.grid: dict[tuple[int, ...], list[int]] = {}
         self.starts: list[tuple[int, ...]] = []
@@ -1102,8 +1105,9 @@ class BoxIndex:
         entered box or an earlier one of them: then ``(k, index of the box it meets)`` and
         nothing is entered (a box of this batch met has index ``self.n + its position``).
 
-        A large batch of one-cell boxes in distinct new cells is checked with numpy
-        (:meth:`_insert_lazy`); any other batch box by box, as :meth:`insert` enters them."""
+        A large batch of one-cell boxes in distinct new cells, or a large first batch whose
+        boxes lie apart along an axis, is checked with numpy (:meth:`_insert_lazy`); any other
+        batch box by box, as :meth:`insert` enters them."""
         if self._insert_lazy(starts, stops):
             return None
         return self._insert_each(starts, stops)
@@ -1115,12 +1119,16 @@ class BoxIndex:
         cell; a batch whose cells are all distinct and new holds no
         overlap.  Only while the grid is empty (every box so far came this
         way) and for large batches; otherwise False and nothing is entered.
+        The step's first batch may instead be found apart by a sweep
+        (:func:`apart`: boxes of uneven shapes, a particle array cut in
+        blocks); a batch after it is then entered box by box.
         """
         if (
             self.ndim == 0
             or len(starts) < self.LAZY_BATCH
             or self.shape is None
             or (self.n and not self.lazy)
+            or self.swept
         ):
             return False
         global _lazy_last
@@ -1138,14 +1146,15 @@ class BoxIndex:
         cell = np.array(self.cell, dtype=np.int64)
         lo = starts // cell
         if not ((stops - 1) // cell == lo).all():  # a box over several cells
-            return False
+            return self._insert_swept(starts, stops)
         dims = -(-np.array(self.shape, dtype=np.int64) // cell)
         if float(np.prod(dims.astype(np.float64))) >= 2.0**62:
             return False
         keys = np.ravel_multi_index(tuple(lo.T), tuple(dims.tolist()))
         keys.sort()
         if bool((keys[1:] == keys[:-1]).any()):
-            return False  # two boxes in one cell: the grid tells whether they meet
+            # two boxes in one cell: the grid tells whether they meet, unless a sweep does
+            return self._insert_swept(starts, stops)
         if self.keys is not None and len(self.keys):
             at = np.searchsorted(self.keys, keys).clip(max=len(self.keys) - 1)
             if bool((self.keys[at] == keys).any()):
@@ -1160,9 +1169,19 @@ class BoxIndex:
         self.n += len(starts)
         return True
 
+    def _insert_swept(self, starts: np.ndarray, stops: np.ndarray) -> bool:
+        """Keep the step's first batch as arrays where its boxes lie apart along an axis
+        (:func:`apart`: none meets another); otherwise False and nothing is entered."""
+        if self.n or not apart(starts, stops):
+            return False
+        self.swept = True
+        self.lazy.append((starts, stops))
+        self.n = len(starts)
+        return True
+
     def _materialize(self) -> None:
         """Enter the boxes kept as arrays in the grid, in order (before any other change)."""
-        pieces, self.lazy, self.keys = self.lazy, [], None
+        pieces, self.lazy, self.keys, self.swept = self.lazy, [], None, False
         self.n -= sum(len(p[0]) for p in pieces)
         for starts, stops in pieces:
             for a, b in zip(map(tuple, starts.tolist()), map(tuple, stops.tolist()), strict=True):
@@ -1251,6 +1270,19 @@ class BoxIndex:
         self.starts, self.stops, self.n = [], [], 0
         for a, b in zip(starts, stops, strict=True):
             self._append(a, b, self._cells(a, b))
+
+
+def apart(starts: np.ndarray, stops: np.ndarray) -> bool:
+    """Whether boxes ``[starts[k], stops[k])`` lie apart along one of the axes (their
+    intervals on it, sorted, each begin where the ones before end or later): then no two
+    meet.  False says nothing (boxes apart along no single axis may still not meet)."""
+    for d in range(starts.shape[1]):
+        lo = starts[:, d]
+        order = np.argsort(lo, kind="stable")
+        hi = stops[order, d]
+        if bool((np.maximum.accumulate(hi)[:-1] <= lo[order][1:]).all()):
+            return True
+    return False
 
 
 #: the last batch of boxes entered into an empty index with numpy (BoxIndex._insert_lazy),
