@@ -455,6 +455,18 @@ def test_a_read_planned_once_for_steps_written_alike(tmp_path, monkeypatch):
         assert str(victim.box) in str(err.value)
 
 
+def _assigned(out_shape, values, lo, shapes) -> np.ndarray:
+    """The pieces (corners *lo*, *shapes*; values one after another) put in a new array one
+    slice assignment each: what place_pieces must give."""
+    want = np.zeros(out_shape)
+    k = 0
+    for a, s in zip(lo.tolist(), shapes.tolist(), strict=True):
+        n = int(np.prod(s))
+        want[tuple(map(slice, a, np.add(a, s)))] = values[k : k + n].reshape(s)
+        k += n
+    return want
+
+
 @settings(max_examples=150, deadline=None, derandomize=True)
 @given(st.data())
 def test_place_pieces_is_a_slice_assignment_per_piece(data):
@@ -479,12 +491,7 @@ def test_place_pieces_is_a_slice_assignment_per_piece(data):
     hi = np.array([[edges[d][c[d] + 1] for d in range(nd)] for c in chosen], dtype=np.int64)[order]
     shapes = hi - lo
     values = np.arange(1, int(np.prod(shapes, axis=1).sum()) + 1, dtype=np.float64)
-    want = np.zeros(out_shape)
-    k = 0
-    for a, s in zip(lo.tolist(), shapes.tolist(), strict=True):
-        n = int(np.prod(s))
-        want[tuple(map(slice, a, np.add(a, s)))] = values[k : k + n].reshape(s)
-        k += n
+    want = _assigned(out_shape, values, lo, shapes)
     layout = data.draw(st.sampled_from(["c", "f", "strided"]))
     if layout == "c":
         out = np.zeros(out_shape)
@@ -505,12 +512,7 @@ def test_place_pieces_takes_each_kind_of_group():
         lo = np.asarray(lo, dtype=np.int64)
         shapes = np.asarray(shape_rows, dtype=np.int64)
         values = np.random.default_rng(1).random(int(np.prod(shapes, axis=1).sum()))
-        want = np.zeros(out_shape)
-        k = 0
-        for a, s in zip(lo.tolist(), shapes.tolist(), strict=True):
-            n = int(np.prod(s))
-            want[tuple(map(slice, a, np.add(a, s)))] = values[k : k + n].reshape(s)
-            k += n
+        want = _assigned(out_shape, values, lo, shapes)
         out = np.zeros(out_shape)
         placement.place_pieces(values, lo, shapes, out)
         np.testing.assert_array_equal(out, want)
