@@ -154,23 +154,29 @@ def check_batch(spec: DatasetSpec, starts, arrays) -> Batch:
     n = len(arrays)
     st = corners(spec, starts, n)
     out: list[np.ndarray] = []
-    shapes = np.empty((n, nd), dtype=np.int64)
+    shape_rows: list[tuple[int, ...]] = []
     owned, any_copy = True, False
     lent: list[np.ndarray] = []
+    dt = spec.dtype
     for k, given in enumerate(arrays):
-        a = np.asarray(given)
+        if type(given) is np.ndarray and given.dtype == dt and given.flags.c_contiguous:
+            a, copied = given, False  # (cast's answer, without its calls: the common block)
+        else:
+            a = np.asarray(given)
+            if a.ndim == nd:
+                a, copied = cast(spec, a, f"block {k} of {n}")
         if a.ndim != nd:
             raise ShapeError(
                 f"dataset {spec.path!r}: block {k} of {n} has {a.ndim} dimensions "
                 f"(shape {a.shape}), the dataset {nd}"
             )
-        a, copied = cast(spec, a, f"block {k} of {n}")
         owned = owned and copied
         any_copy = any_copy or copied
         if not copied and isinstance(given, np.ndarray):
             lent.append(given)
-        shapes[k] = a.shape
+        shape_rows.append(a.shape)
         out.append(a)
+    shapes = np.array(shape_rows, dtype=np.int64).reshape(n, nd)
     _check_bounds(spec, st, shapes)
     stops = st + shapes  # within the dataset's shape: no int64 wraps
     cells = rows_prod(shapes)
