@@ -458,7 +458,7 @@ def test_a_read_planned_once_for_steps_written_alike(tmp_path, monkeypatch):
 def _assigned(out_shape, values, lo, shapes) -> np.ndarray:
     """The pieces (corners *lo*, *shapes*; values one after another) put in a new array one
     slice assignment each: what place_pieces must give."""
-    want = np.zeros(out_shape)
+    want = np.zeros(out_shape, values.dtype)
     k = 0
     for a, s in zip(lo.tolist(), shapes.tolist(), strict=True):
         n = int(np.prod(s))
@@ -467,6 +467,7 @@ def _assigned(out_shape, values, lo, shapes) -> np.ndarray:
     return want
 
 
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # np.matrix, on purpose
 @settings(max_examples=150, deadline=None, derandomize=True)
 @given(st.data())
 def test_place_pieces_is_a_slice_assignment_per_piece(data):
@@ -490,19 +491,25 @@ def test_place_pieces_is_a_slice_assignment_per_piece(data):
     lo = np.array([[edges[d][c[d]] for d in range(nd)] for c in chosen], dtype=np.int64)[order]
     hi = np.array([[edges[d][c[d] + 1] for d in range(nd)] for c in chosen], dtype=np.int64)[order]
     shapes = hi - lo
-    values = np.arange(1, int(np.prod(shapes, axis=1).sum()) + 1, dtype=np.float64)
+    dtype = data.draw(st.sampled_from(["<f8", ">f8", ">i4", "<u2"]))
+    values = np.arange(1, int(np.prod(shapes, axis=1).sum()) + 1).astype(dtype)
     want = _assigned(out_shape, values, lo, shapes)
-    layout = data.draw(st.sampled_from(["c", "f", "strided"]))
+    layout = data.draw(st.sampled_from(["c", "f", "strided", "reversed", "matrix"]))
     if layout == "c":
-        out = np.zeros(out_shape)
+        out = np.zeros(out_shape, dtype)
     elif layout == "f":
-        out = np.zeros(out_shape, order="F")
-    else:
-        out = np.zeros(tuple(2 * v for v in out_shape))[(slice(None, None, 2),) * nd]
+        out = np.zeros(out_shape, dtype, order="F")
+    elif layout == "strided":
+        out = np.zeros(tuple(2 * v for v in out_shape), dtype)[(slice(None, None, 2),) * nd]
+    elif layout == "reversed":
+        out = np.zeros(out_shape, dtype)[::-1]
+    else:  # an ndarray subclass that reshapes its own way
+        out = np.asmatrix(np.zeros(out_shape, dtype)) if nd == 2 else np.zeros(out_shape, dtype)
     place_pieces(values, lo, shapes, out)
-    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(np.asarray(out), want)
 
 
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # np.matrix, on purpose
 def test_place_pieces_takes_each_kind_of_group():
     """Many equal pieces tiling the output (the grid), many equal pieces that do not tile it
     (the scatter), large ones (one by one) and a mix: each equal to slice assignments."""
@@ -535,3 +542,49 @@ def test_place_pieces_takes_each_kind_of_group():
     order = [9, 3, 6, 0, 8, 2, 5, 1, 7, 4]  # shuffled: by shape
     check((35, 3), [(starts[k], 0) for k in order], [(counts[k], 3) for k in order])
     check((35,), [(a,) for a in starts], [(c,) for c in counts])
+    # many shapes, few pieces of each, shuffled (groups and the rest one by one)
+    rows = [1 + k % 9 for k in range(60)] + [4] * 12
+    firsts = np.cumsum([0, *rows[:-1]])
+    mix = np.random.default_rng(3).permutation(len(rows))
+    check((sum(rows), 3), [(int(firsts[k]), 0) for k in mix], [(rows[k], 3) for k in mix])
+    check((sum(rows), 5), [(int(firsts[k]), 1) for k in mix], [(rows[k], 3) for k in mix])
+    # into an np.matrix (an ndarray subclass whose reshape keeps two dimensions)
+    for lo, shape_rows in (
+        ([(a, 0) for a in starts], [(c, 3) for c in counts]),  # whole rows in order
+        (checker, [(4, 4)] * len(checker)),  # the scatter
+    ):
+        lo = np.asarray(lo, dtype=np.int64)
+        shapes = np.asarray(shape_rows, dtype=np.int64)
+        full = (int((lo + shapes)[:, 0].max()), int((lo + shapes)[:, 1].max()))
+        values = np.arange(1.0, int(np.prod(shapes, axis=1).sum()) + 1)
+        out = np.asmatrix(np.zeros(full))
+        placement.place_pieces(values, lo, shapes, out)
+        np.testing.assert_array_equal(np.asarray(out), _assigned(full, values, lo, shapes))
+
+
+def test_pieces_of_many_shapes_are_grouped_once(monkeypatch):
+    """Pieces of many shapes (a particle array cut in blocks of every row count) are sorted
+    into groups once and the pieces of small groups placed in one pass, not a pass over every
+    piece for each shape (which made 4,096 pieces of distinct shapes take seconds)."""
+    from lamina.engines import placement
+
+    passes = []
+    real = placement._one_by_one
+
+    def counted(values, at, shapes, ends, rows, out):
+        passes.append(len(rows))
+        real(values, at, shapes, ends, rows, out)
+
+    monkeypatch.setattr(placement, "_one_by_one", counted)
+    rng = np.random.default_rng(5)
+    counts = rng.permutation(np.arange(1, 513))
+    firsts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    at = np.stack([firsts, np.zeros_like(firsts)], 1).astype(np.int64)
+    shapes = np.stack([counts, np.full_like(counts, 3)], 1).astype(np.int64)
+    order = rng.permutation(len(counts))
+    at, shapes = at[order], shapes[order]
+    values = rng.random(int(counts.sum()) * 3)
+    out = np.zeros((int(counts.sum()), 3))
+    placement.place_pieces(values, at, shapes, out)
+    assert passes == [len(counts)]
+    np.testing.assert_array_equal(out, _assigned(out.shape, values, at, shapes))

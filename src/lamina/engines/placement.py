@@ -100,6 +100,9 @@ def _search(corner: np.ndarray, shape: np.ndarray, out_shape: tuple) -> GridPlan
 GROUP_MIN = 4
 #: pieces of whole rows go a copy per stretch of them where a stretch holds this many on average
 RUNS_PER_GROUP = 8
+#: outputs of more dimensions take their pieces one by one (a shape as one int64 key: exact for
+#: any extents up to 2^62 elements in all below this many dimensions)
+GROUP_NDIM_MAX = 16
 
 
 def place_pieces(values: np.ndarray, at: np.ndarray, shapes: np.ndarray, out: np.ndarray) -> None:
@@ -108,16 +111,18 @@ def place_pieces(values: np.ndarray, at: np.ndarray, shapes: np.ndarray, out: np
 
     Pieces of whole rows of a C-contiguous *out* (every axis but the first whole) are
     stretches of its memory: those that follow each other there are copied together.
-    Otherwise pieces of one shape go together: those that tile a box of *out* through its grid view,
-    small ones through one scatter (C-contiguous *out*), the rest one by one.  The pieces
-    do not overlap (parts of the blocks of one step, which never do): the result is that of a
-    slice assignment per piece."""
+    Otherwise pieces of one shape go together: those that tile a box of *out* through its
+    grid view, small ones through one scatter (C-contiguous *out*), the rest (and shapes of
+    fewer than :data:`GROUP_MIN` pieces) one by one.  The pieces do not overlap (parts of the
+    blocks of one step, which never do): the result is that of a slice assignment per piece."""
     n = len(at)
     if not n:
         return
+    if type(out) is not np.ndarray:  # a subclass (np.matrix) reshapes its own way
+        out = out.view(np.ndarray)
     sizes = np.prod(shapes, axis=1, dtype=np.int64)
     ends = np.cumsum(sizes)
-    if n < GROUP_MIN:
+    if n < GROUP_MIN or out.ndim == 0 or out.ndim > GROUP_NDIM_MAX:
         _one_by_one(values, at, shapes, ends, range(n), out)
         return
     if out.flags.c_contiguous and bool((shapes[:, 1:] == out.shape[1:]).all()):
@@ -127,18 +132,12 @@ def place_pieces(values: np.ndarray, at: np.ndarray, shapes: np.ndarray, out: np
         if len(cut) * RUNS_PER_GROUP < n:
             _runs(values, dest, cut, sizes, ends, out.reshape(-1))
             return
-    if bool((shapes == shapes[0]).all()):
-        kinds, which = shapes[:1], None
-    else:  # a shape as one integer (np.unique of rows sorts them as bytes: 30x slower)
-        mult = np.cumprod([1, *(v + 1 for v in out.shape[:0:-1])], dtype=np.int64)[::-1]
-        _, first, which = np.unique(shapes @ mult, return_index=True, return_inverse=True)
-        kinds = shapes[first]
-    for g, kind in enumerate(kinds.tolist()):
-        sel = np.arange(n) if which is None else np.flatnonzero(which == g)
+    groups, rest = _by_shape(shapes, out.shape)
+    for sel in groups:
+        kind = shapes[int(sel[0])].tolist()
         m = math.prod(kind)
-        if len(sel) < GROUP_MIN or m == 0:
-            _one_by_one(values, at, shapes, ends, sel.tolist(), out)
-            continue
+        if m == 0:
+            continue  # pieces of no element: nothing to place
         if len(sel) == n:
             vals = values[: n * m].reshape(n, *kind)
         else:
@@ -149,14 +148,36 @@ def place_pieces(values: np.ndarray, at: np.ndarray, shapes: np.ndarray, out: np
         if grid is not None:  # the blocks in C order of their cells, then one copy
             view = grid_view(out, grid)
             view[...] = (vals if grid.order is None else vals[grid.order]).reshape(view.shape)
-        elif m <= SCATTER_ELEMENTS and out.flags.c_contiguous and out.ndim:
+        elif m <= SCATTER_ELEMENTS and out.flags.c_contiguous:
             strides = np.asarray(out.strides, dtype=np.int64) // out.itemsize
             cells = np.indices(tuple(kind)).reshape(len(kind), -1)
             within = (cells.T @ strides).astype(np.int64)
             flat = out.reshape(-1)
             flat[((corner @ strides)[:, None] + within[None, :]).reshape(-1)] = vals.reshape(-1)
         else:
-            _one_by_one(values, at, shapes, ends, sel.tolist(), out)
+            rest.append(sel)
+    if rest:
+        _one_by_one(values, at, shapes, ends, np.sort(np.concatenate(rest)).tolist(), out)
+
+
+def _by_shape(shapes: np.ndarray, out_shape: tuple) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The pieces (rows of *shapes*, each within *out_shape*) by shape: the groups of at least
+    :data:`GROUP_MIN` pieces, and the pieces of the other shapes (none or one array)."""
+    n = len(shapes)
+    if bool((shapes == shapes[0]).all()):
+        return [np.arange(n)], []
+    # a shape as one integer (np.unique of rows sorts them as bytes: 30x slower); exact below
+    # GROUP_NDIM_MAX dimensions, each extent at most the output's
+    mult = np.cumprod([1, *(v + 1 for v in out_shape[:0:-1])], dtype=np.int64)[::-1]
+    keys = shapes @ mult
+    order = np.argsort(keys, kind="stable")
+    bounds = np.flatnonzero(keys[order][1:] != keys[order][:-1]) + 1
+    first = np.concatenate(([0], bounds))
+    last = np.concatenate((bounds, [n]))
+    big = last - first >= GROUP_MIN
+    groups = [order[a:b] for a, b in zip(first[big].tolist(), last[big].tolist(), strict=True)]
+    few = order[np.repeat(~big, last - first)]
+    return groups, [few] if len(few) else []
 
 
 def _runs(values, dest, cut, sizes, ends, flat) -> None:
