@@ -10,8 +10,10 @@ each test a fresh location that fits the engine: a directory under
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -29,6 +31,8 @@ HISTORY_DIR = tempfile.mkdtemp(prefix="lamina-tests-")
 os.environ["LAMINA_HISTORY"] = os.path.join(HISTORY_DIR, "history.json")
 # the benchmarks record their models' errors per machine too (lamina.perf.checks)
 os.environ["LAMINA_MODEL_CHECKS"] = os.path.join(HISTORY_DIR, "model-checks.json")
+# (removed when the run ends: every launched program has ended by then)
+atexit.register(shutil.rmtree, HISTORY_DIR, ignore_errors=True)
 _histories = itertools.count()
 
 
