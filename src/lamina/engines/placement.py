@@ -100,8 +100,9 @@ def _search(corner: np.ndarray, shape: np.ndarray, out_shape: tuple) -> GridPlan
 GROUP_MIN = 4
 #: pieces of whole rows go a copy per stretch of them where a stretch holds this many on average
 RUNS_PER_GROUP = 8
-#: outputs of more dimensions take their pieces one by one (a shape as one int64 key: exact for
-#: any extents up to 2^62 elements in all below this many dimensions)
+#: outputs of more dimensions take their pieces one by one (a shape is grouped by one int64
+#: key below the product of (extent + 1) over the axes: at most 2^ndim times the output's
+#: elements, within int64 for any output that fits in memory up to this many dimensions)
 GROUP_NDIM_MAX = 16
 
 
@@ -166,8 +167,8 @@ def _by_shape(shapes: np.ndarray, out_shape: tuple) -> tuple[list[np.ndarray], l
     n = len(shapes)
     if bool((shapes == shapes[0]).all()):
         return [np.arange(n)], []
-    # a shape as one integer (np.unique of rows sorts them as bytes: 30x slower); exact below
-    # GROUP_NDIM_MAX dimensions, each extent at most the output's
+    # a shape as one integer (np.unique of rows sorts them as bytes: 30x slower): each extent
+    # at most the output's, so the key is exact (GROUP_NDIM_MAX)
     mult = np.cumprod([1, *(v + 1 for v in out_shape[:0:-1])], dtype=np.int64)[::-1]
     keys = shapes @ mult
     order = np.argsort(keys, kind="stable")
